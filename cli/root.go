@@ -1,0 +1,103 @@
+// Package cli implements the fence command: the server (`fence serve`) and
+// the client commands. Run is the whole program; cmd/fence only calls it.
+package cli
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"os"
+	"strings"
+
+	"github.com/spf13/cobra"
+
+	"github.com/fencelock/fence/client"
+)
+
+// Version is set at build time with -ldflags "-X github.com/fencelock/fence/cli.Version=...".
+var Version = "dev"
+
+// ExitError asks Run to exit with Code after printing Err, if any.
+type ExitError struct {
+	Code int
+	Err  error
+}
+
+func (e *ExitError) Error() string {
+	if e.Err == nil {
+		return fmt.Sprintf("exit status %d", e.Code)
+	}
+	return e.Err.Error()
+}
+
+func (e *ExitError) Unwrap() error { return e.Err }
+
+// Exit codes of fence itself; a command run by `fence lock` exits with its own.
+const (
+	exitFailure  = 1
+	exitLockLost = 75  // the lock was lost while CMD ran (EX_TEMPFAIL)
+	exitTimeout  = 124 // the lock was not granted within --timeout
+	exitNoExec   = 126 // CMD could not be started
+	exitNotFound = 127 // CMD was not found
+)
+
+type globals struct {
+	endpoints string
+	stdin     io.Reader
+	stdout    io.Writer
+	stderr    io.Writer
+}
+
+// client returns a client for --endpoints, or FENCE_ENDPOINTS, or the default.
+func (g *globals) client() (*client.Client, error) {
+	var eps []string
+	for _, e := range strings.Split(g.endpoints, ",") {
+		if e = strings.TrimSpace(e); e != "" {
+			eps = append(eps, e)
+		}
+	}
+	if len(eps) == 0 {
+		eps = []string{client.DefaultEndpoint}
+	}
+	return client.New(client.WithEndpoints(eps...))
+}
+
+// Run runs the fence command with args (without the program name) and
+// returns the process exit code.
+func Run(ctx context.Context, args []string, stdin io.Reader, stdout, stderr io.Writer) int {
+	g := &globals{stdin: stdin, stdout: stdout, stderr: stderr}
+	root := &cobra.Command{
+		Use:           "fence",
+		Short:         "A lock service whose every grant carries a fencing token",
+		Version:       Version,
+		SilenceUsage:  true,
+		SilenceErrors: true,
+	}
+	root.SetArgs(args)
+	root.SetIn(stdin)
+	root.SetOut(stdout)
+	root.SetErr(stderr)
+	root.PersistentFlags().StringVar(&g.endpoints, "endpoints", os.Getenv("FENCE_ENDPOINTS"),
+		"comma-separated fence nodes, host:port (env FENCE_ENDPOINTS; default "+client.DefaultEndpoint+")")
+	root.AddCommand(
+		serveCommand(g),
+		lockCommand(g),
+		locksCommand(g),
+		statusCommand(g),
+		benchCommand(g),
+	)
+	err := root.ExecuteContext(ctx)
+	if err == nil {
+		return 0
+	}
+	var exit *ExitError
+	if errors.As(err, &exit) {
+		if exit.Err != nil {
+			fmt.Fprintf(stderr, "fence: %v\n", exit.Err)
+		}
+		return exit.Code
+	}
+	fmt.Fprintf(stderr, "fence: %v\n", err)
+	return exitFailure
+}

@@ -1,0 +1,54 @@
+package cli
+
+import (
+	"fmt"
+	"log/slog"
+
+	"github.com/spf13/cobra"
+
+	"github.com/fencelock/fence/server"
+)
+
+func serveCommand(g *globals) *cobra.Command {
+	cfg := server.DefaultConfig()
+	var logLevel string
+	cmd := &cobra.Command{
+		Use:   "serve",
+		Short: "Run a fence node (a single-node cluster by default, data in ./fence-data)",
+		Args:  cobra.NoArgs,
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			var level slog.Level
+			if err := level.UnmarshalText([]byte(logLevel)); err != nil {
+				return fmt.Errorf("--log-level: %w", err)
+			}
+			cfg.Logger = slog.New(slog.NewTextHandler(g.stderr, &slog.HandlerOptions{Level: level}))
+			cfg.Version = Version
+			srv, err := server.Start(cfg)
+			if err != nil {
+				return err
+			}
+			fmt.Fprintf(g.stderr, "fence %s serving on %s (raft %s, data %s)\n", Version, srv.Addr(), srv.RaftAddr(), cfg.DataDir)
+			<-cmd.Context().Done()
+			fmt.Fprintln(g.stderr, "fence: shutting down")
+			return srv.Close()
+		},
+	}
+	f := cmd.Flags()
+	f.StringVar(&cfg.DataDir, "data-dir", cfg.DataDir, "directory for the raft log and snapshots")
+	f.StringVar(&cfg.Listen, "listen", cfg.Listen, "API address (Connect, gRPC, JSON over HTTP, /metrics)")
+	f.StringVar(&cfg.RaftListen, "raft-listen", cfg.RaftListen, "address raft peers reach this node on")
+	f.StringVar(&cfg.NodeID, "node-id", cfg.NodeID, "this node's id in its raft group; keep it across restarts")
+	f.DurationVar(&cfg.DefaultTTL, "default-ttl", cfg.DefaultTTL, "session TTL when a client names none")
+	f.DurationVar(&cfg.MinTTL, "min-ttl", cfg.MinTTL, "shortest session TTL allowed")
+	f.DurationVar(&cfg.MaxTTL, "max-ttl", cfg.MaxTTL, "longest session TTL allowed")
+	f.DurationVar(&cfg.MaxLockDelay, "max-lock-delay", cfg.MaxLockDelay, "longest lock-delay allowed")
+	f.IntVar(&cfg.MaxNameBytes, "max-name-bytes", cfg.MaxNameBytes, "longest lock name, in bytes")
+	f.IntVar(&cfg.MaxSessions, "max-sessions", cfg.MaxSessions, "most live sessions (0: no limit)")
+	f.IntVar(&cfg.MaxWaitersPerLock, "max-waiters", cfg.MaxWaitersPerLock, "most waiters per lock (0: no limit)")
+	f.IntVar(&cfg.MaxRequestBytes, "max-request-bytes", cfg.MaxRequestBytes, "largest request message, in bytes")
+	f.DurationVar(&cfg.HeartbeatTimeout, "heartbeat-timeout", cfg.HeartbeatTimeout, "raft heartbeat timeout")
+	f.DurationVar(&cfg.ElectionTimeout, "election-timeout", cfg.ElectionTimeout, "raft election timeout")
+	f.Uint64Var(&cfg.SnapshotThreshold, "snapshot-threshold", cfg.SnapshotThreshold, "log entries between snapshots")
+	f.StringVar(&logLevel, "log-level", "info", "debug, info, warn or error")
+	return cmd
+}

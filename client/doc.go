@@ -1,0 +1,27 @@
+// Package client is the Go client of the fence lock service.
+//
+// # Basics
+//
+// A Client talks to one or more nodes. A Session is a lease on the service
+// that keeps itself alive in the background; everything a session holds is
+// released when it is closed or expires. A Mutex is a named exclusive lock
+// held through a session, and every Grant carries a fencing token:
+//
+//	c, _ := client.New(client.WithEndpoints("127.0.0.1:7420"))
+//	s, _ := c.NewSession(ctx, client.WithTTL(10*time.Second))
+//	defer s.Close(ctx)
+//	m := client.NewMutex(s, "orders")
+//	g, _ := m.Lock(ctx)
+//	write(g.Context(), g.Token()) // the resource rejects stale tokens
+//	m.Unlock(ctx)
+//
+// # Caveats
+//
+// A lock cannot stop a holder that pauses: when a session's "safe until"
+// deadline passes without a renewal, its context and its grants' contexts
+// are cancelled, so the holder learns early that it may have lost the lock;
+// but a paused process cannot act on anything. Send the token with each
+// write and let the resource reject stale ones (package fencing).
+//
+// Errors wrap the sentinels of package fence; test them with errors.Is.
+package client

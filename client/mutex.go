@@ -1,0 +1,172 @@
+package client
+
+import (
+	"context"
+	"fmt"
+	"sync"
+	"time"
+
+	"connectrpc.com/connect"
+	"google.golang.org/protobuf/types/known/durationpb"
+
+	"github.com/fencelock/fence"
+	fencev1 "github.com/fencelock/fence/api/fence/v1"
+)
+
+// Grant is a held lock: its name, its fencing token, and a context that
+// ends when the lock may be lost (the session ended) or was released. Send
+// the token with every write to a fenced resource.
+type Grant struct {
+	lock   string
+	token  uint64
+	shared bool
+	ctx    context.Context
+	cancel context.CancelCauseFunc
+}
+
+// Lock returns the lock's name.
+func (g *Grant) Lock() string { return g.lock }
+
+// Token returns the grant's fencing token. Tokens strictly increase across
+// all grants of the service.
+func (g *Grant) Token() uint64 { return g.token }
+
+// Context is cancelled when the grant ends: released, or its session ended
+// (context.Cause says which).
+func (g *Grant) Context() context.Context { return g.ctx }
+
+// Done is closed when the grant ends.
+func (g *Grant) Done() <-chan struct{} { return g.ctx.Done() }
+
+// Err returns nil while the grant holds, then why it ended.
+func (g *Grant) Err() error {
+	if g.ctx.Err() == nil {
+		return nil
+	}
+	return context.Cause(g.ctx)
+}
+
+// errReleased is the cause of a grant's end after Unlock.
+var errReleased = fmt.Errorf("fence: lock released")
+
+// LockOption configures a Mutex.
+type LockOption func(*lockOptions)
+
+type lockOptions struct {
+	lockDelay   time.Duration
+	waitTimeout time.Duration
+}
+
+// WithLockDelay asks that, if this holder's session expires (not on an
+// explicit release), the lock is not granted to anyone else until d has
+// passed, so that writes of the lost holder still in flight can drain.
+func WithLockDelay(d time.Duration) LockOption {
+	return func(o *lockOptions) { o.lockDelay = d }
+}
+
+// WithWaitTimeout makes Lock give up with fence.ErrWaitTimeout after waiting d.
+func WithWaitTimeout(d time.Duration) LockOption {
+	return func(o *lockOptions) { o.waitTimeout = d }
+}
+
+// Mutex is an exclusive lock held through a session. Waiters are granted in
+// FIFO order. A Mutex is safe for concurrent use, but it is one holder: to
+// contend for a lock, use one session per contender.
+type Mutex struct {
+	s    *Session
+	name string
+	opts lockOptions
+
+	mu    sync.Mutex
+	grant *Grant
+}
+
+// NewMutex returns a mutex on the named lock, held through s.
+func NewMutex(s *Session, name string, opts ...LockOption) *Mutex {
+	m := &Mutex{s: s, name: name}
+	for _, opt := range opts {
+		opt(&m.opts)
+	}
+	return m
+}
+
+// Lock waits until the lock is granted and returns the grant. It fails when
+// ctx ends, the wait timeout passes (fence.ErrWaitTimeout) or the session
+// ends. Locking a mutex already held returns the same grant.
+func (m *Mutex) Lock(ctx context.Context) (*Grant, error) { return m.acquire(ctx, false) }
+
+// TryLock takes the lock if it is free and nobody waits for it, and fails
+// with fence.ErrLocked otherwise, without waiting.
+func (m *Mutex) TryLock(ctx context.Context) (*Grant, error) { return m.acquire(ctx, true) }
+
+// Grant returns the current grant, or nil when the mutex is not held.
+func (m *Mutex) Grant() *Grant {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	return m.grant
+}
+
+func (m *Mutex) acquire(ctx context.Context, try bool) (*Grant, error) {
+	s := m.s
+	if err := s.Err(); err != nil {
+		return nil, err
+	}
+	// Give up the wait as soon as the session ends.
+	ctx, cancel := context.WithCancelCause(ctx)
+	defer cancel(nil)
+	stop := context.AfterFunc(s.ctx, func() { cancel(context.Cause(s.ctx)) })
+	defer stop()
+
+	req := &fencev1.AcquireRequest{
+		SessionId: s.id,
+		Lock:      m.name,
+		Try:       try,
+		Mode:      fencev1.Mode_MODE_EXCLUSIVE,
+	}
+	if m.opts.lockDelay > 0 {
+		req.LockDelay = durationpb.New(m.opts.lockDelay)
+	}
+	if m.opts.waitTimeout > 0 {
+		req.WaitTimeout = durationpb.New(m.opts.waitTimeout)
+	}
+	var resp *fencev1.AcquireResponse
+	err := s.client.call(ctx, func(ctx context.Context, ep *endpoint) error {
+		r, err := ep.locks.Acquire(ctx, connect.NewRequest(req))
+		if err == nil {
+			resp = r.Msg
+		}
+		return err
+	})
+	if err != nil {
+		if cause := context.Cause(ctx); cause != nil && s.Err() != nil {
+			return nil, cause
+		}
+		return nil, err
+	}
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	if m.grant != nil && m.grant.token == resp.GetToken() && m.grant.Err() == nil {
+		return m.grant, nil
+	}
+	g := &Grant{lock: m.name, token: resp.GetToken(), shared: resp.GetMode() == fencev1.Mode_MODE_SHARED}
+	g.ctx, g.cancel = context.WithCancelCause(s.ctx)
+	m.grant = g
+	return g, nil
+}
+
+// Unlock releases the lock. The grant's context is cancelled first, so
+// work under it stops before the lock is handed on.
+func (m *Mutex) Unlock(ctx context.Context) error {
+	m.mu.Lock()
+	g := m.grant
+	m.grant = nil
+	m.mu.Unlock()
+	if g == nil {
+		return fmt.Errorf("%w: mutex %q is not locked", fence.ErrNotHolder, m.name)
+	}
+	g.cancel(errReleased)
+	return m.s.client.call(ctx, func(ctx context.Context, ep *endpoint) error {
+		_, err := ep.locks.Release(ctx, connect.NewRequest(&fencev1.ReleaseRequest{SessionId: m.s.id, Lock: m.name, Token: g.token}))
+		return err
+	})
+}

@@ -1,0 +1,242 @@
+package client
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"sync"
+	"time"
+
+	"connectrpc.com/connect"
+	"google.golang.org/protobuf/types/known/durationpb"
+
+	"github.com/fencelock/fence"
+	fencev1 "github.com/fencelock/fence/api/fence/v1"
+)
+
+// ErrSessionClosed is the cause of a session's end after Close.
+var ErrSessionClosed = errors.New("fence: session closed")
+
+// Session is a client's lease on the service. It renews itself in the
+// background every third of its TTL. Each successful renewal makes it safe
+// until sent + TTL*(1-drift) - margin, counted on this process's monotonic
+// clock from before the renewal was sent; when that instant passes without a
+// renewal, or the server reports the session gone, the session ends: Done is
+// closed, Err says why, and every lock taken through it must be presumed
+// lost. A session that ended stays ended; create a new one.
+//
+// This narrows the window in which a paused holder believes it holds a
+// lock the server gave away; it does not close it. Fencing tokens do.
+type Session struct {
+	client *Client
+	id     uint64
+	ttl    time.Duration
+	drift  float64
+	margin time.Duration
+
+	ctx    context.Context
+	cancel context.CancelCauseFunc
+
+	mu        sync.Mutex
+	safeUntil time.Time
+
+	stop chan struct{}
+	wg   sync.WaitGroup
+}
+
+type sessionOptions struct {
+	ttl    time.Duration
+	owner  string
+	drift  float64
+	margin time.Duration
+}
+
+// SessionOption configures a Session.
+type SessionOption func(*sessionOptions)
+
+// WithTTL sets the session's time to live (default 10s; the server allows 1s to 1h).
+func WithTTL(d time.Duration) SessionOption {
+	return func(o *sessionOptions) { o.ttl = d }
+}
+
+// WithOwner labels the session in listings, such as "worker-3 pid 4121".
+func WithOwner(owner string) SessionOption {
+	return func(o *sessionOptions) { o.owner = owner }
+}
+
+// WithSafety sets the bound on clock drift between client and leader
+// (default 0.01, 1%) and the safety margin (default 100ms) that shorten
+// the client's "safe until" deadline.
+func WithSafety(drift float64, margin time.Duration) SessionOption {
+	return func(o *sessionOptions) { o.drift, o.margin = drift, margin }
+}
+
+// NewSession creates a session on the service and starts keeping it alive.
+func (c *Client) NewSession(ctx context.Context, opts ...SessionOption) (*Session, error) {
+	o := sessionOptions{ttl: 10 * time.Second, drift: 0.01, margin: 100 * time.Millisecond}
+	for _, opt := range opts {
+		opt(&o)
+	}
+	if o.drift < 0 || o.drift >= 1 || o.margin < 0 {
+		return nil, fmt.Errorf("%w: drift must be in [0, 1) and margin not negative", fence.ErrInvalidArgument)
+	}
+	var resp *fencev1.CreateSessionResponse
+	var sent time.Time
+	err := c.call(ctx, func(ctx context.Context, ep *endpoint) error {
+		sent = c.opts.clock.Now()
+		r, err := ep.sessions.CreateSession(ctx, connect.NewRequest(&fencev1.CreateSessionRequest{
+			Ttl:   durationpb.New(o.ttl),
+			Owner: o.owner,
+		}))
+		if err == nil {
+			resp = r.Msg
+		}
+		return err
+	})
+	if err != nil {
+		return nil, err
+	}
+	s := &Session{
+		client: c,
+		id:     resp.GetSessionId(),
+		ttl:    resp.GetTtl().AsDuration(),
+		drift:  o.drift,
+		margin: o.margin,
+		stop:   make(chan struct{}),
+	}
+	s.ctx, s.cancel = context.WithCancelCause(context.Background())
+	s.safeUntil = s.deadlineFrom(sent)
+	s.wg.Add(1)
+	go s.keepAlive()
+	return s, nil
+}
+
+// ID returns the session's id on the service.
+func (s *Session) ID() uint64 { return s.id }
+
+// TTL returns the session's time to live.
+func (s *Session) TTL() time.Duration { return s.ttl }
+
+// Done is closed when the session ends: closed, expired, or no longer known
+// to be alive.
+func (s *Session) Done() <-chan struct{} { return s.ctx.Done() }
+
+// Err returns nil while the session lives, and then why it ended:
+// ErrSessionClosed, fence.ErrSessionLost or fence.ErrSessionNotFound.
+func (s *Session) Err() error {
+	if s.ctx.Err() == nil {
+		return nil
+	}
+	return context.Cause(s.ctx)
+}
+
+// Context returns a context that is cancelled when the session ends. Do
+// protected work under it (or under a grant's context).
+func (s *Session) Context() context.Context { return s.ctx }
+
+// SafeUntil returns the instant, on this process's monotonic clock, until
+// which the session is known to be alive.
+func (s *Session) SafeUntil() time.Time {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.safeUntil
+}
+
+func (s *Session) deadlineFrom(sent time.Time) time.Time {
+	return sent.Add(time.Duration(float64(s.ttl)*(1-s.drift)) - s.margin)
+}
+
+// Close ends the session and releases everything it holds. After a failed
+// Close the session still ends locally and expires on the server after its TTL.
+func (s *Session) Close(ctx context.Context) error {
+	select {
+	case <-s.stop:
+		return nil
+	default:
+	}
+	close(s.stop)
+	s.wg.Wait()
+	s.end(ErrSessionClosed)
+	return s.client.call(ctx, func(ctx context.Context, ep *endpoint) error {
+		_, err := ep.sessions.CloseSession(ctx, connect.NewRequest(&fencev1.CloseSessionRequest{SessionId: s.id}))
+		return err
+	})
+}
+
+func (s *Session) end(cause error) { s.cancel(cause) }
+
+// lose ends a session that may have expired on the server, then closes it
+// there, best effort, so that locks the client has given up on are released
+// at once rather than at expiry.
+func (s *Session) lose(cause error) {
+	s.end(cause)
+	ctx, cancel := context.WithTimeout(context.Background(), time.Second)
+	defer cancel()
+	ep := s.client.leader()
+	_, _ = ep.sessions.CloseSession(ctx, connect.NewRequest(&fencev1.CloseSessionRequest{SessionId: s.id}))
+}
+
+// keepAlive renews the session every TTL/3 and ends it when its safe-until
+// deadline passes without a renewal. A failed renewal is retried sooner.
+func (s *Session) keepAlive() {
+	defer s.wg.Done()
+	clk := s.client.opts.clock
+	interval := s.ttl / 3
+	retry := min(interval, 250*time.Millisecond)
+	next := clk.NewTimer(interval)
+	defer next.Stop()
+	for {
+		safe := s.SafeUntil()
+		lost := clk.NewTimer(safe.Sub(clk.Now()))
+		select {
+		case <-s.stop:
+			lost.Stop()
+			return
+		case <-lost.C():
+			s.lose(fmt.Errorf("%w: no renewal of session %d reached the service in time; its locks may be held by others", fence.ErrSessionLost, s.id))
+			return
+		case <-next.C():
+		}
+		lost.Stop()
+		// A process that was paused (SIGSTOP, GC, VM migration) must not
+		// renew a session whose deadline passed while it slept.
+		if !clk.Now().Before(safe) {
+			s.lose(fmt.Errorf("%w: session %d was not renewed before its safe-until deadline", fence.ErrSessionLost, s.id))
+			return
+		}
+		err := s.renew(safe)
+		switch {
+		case err == nil:
+			next.Reset(interval)
+		case errors.Is(err, fence.ErrSessionNotFound):
+			s.end(err)
+			return
+		default:
+			next.Reset(retry)
+		}
+	}
+}
+
+// renew sends one keepalive; the call may not outlive the safe deadline.
+func (s *Session) renew(safe time.Time) error {
+	clk := s.client.opts.clock
+	ctx, cancel := context.WithCancel(s.ctx)
+	defer cancel()
+	timer := clk.AfterFunc(safe.Sub(clk.Now()), cancel)
+	defer timer.Stop()
+	var sent time.Time
+	err := s.client.call(ctx, func(ctx context.Context, ep *endpoint) error {
+		sent = clk.Now()
+		_, err := ep.sessions.KeepAlive(ctx, connect.NewRequest(&fencev1.KeepAliveRequest{SessionId: s.id}))
+		return err
+	})
+	if err != nil {
+		return err
+	}
+	s.mu.Lock()
+	if d := s.deadlineFrom(sent); d.After(s.safeUntil) {
+		s.safeUntil = d
+	}
+	s.mu.Unlock()
+	return nil
+}

@@ -1,0 +1,70 @@
+package fence
+
+import (
+	"errors"
+	"fmt"
+)
+
+// Sentinel errors. Errors returned by fence wrap exactly one of them.
+var (
+	// ErrInvalidArgument reports a malformed request: a bad lock name, a TTL
+	// out of bounds, an oversized value. Retrying the same request fails again.
+	ErrInvalidArgument = errors.New("fence: invalid argument")
+
+	// ErrSessionNotFound reports a session that does not exist or has expired;
+	// everything it held has been released.
+	ErrSessionNotFound = errors.New("fence: session not found or expired")
+
+	// ErrLocked reports that a lock could not be taken without waiting.
+	ErrLocked = errors.New("fence: lock is held")
+
+	// ErrNotHolder reports a release or check by a session, or with a token,
+	// that does not hold the lock.
+	ErrNotHolder = errors.New("fence: not the lock's holder")
+
+	// ErrStaleToken reports a write carrying a fencing token lower than one
+	// the resource has already accepted. Nothing of the write was applied.
+	ErrStaleToken = errors.New("fence: stale fencing token")
+
+	// ErrWaitTimeout reports that a lock was not granted within the wait timeout.
+	ErrWaitTimeout = errors.New("fence: timed out waiting for the lock")
+
+	// ErrUnavailable reports that the node has no leader right now or is
+	// shutting down; the request may be retried, here or on another node.
+	ErrUnavailable = errors.New("fence: service unavailable")
+
+	// ErrLimit reports that a configured limit (sessions, waiters, request
+	// size) was reached.
+	ErrLimit = errors.New("fence: limit reached")
+
+	// ErrRevisionMismatch reports a compare-and-swap whose expected revision
+	// was not the current one.
+	ErrRevisionMismatch = errors.New("fence: revision mismatch")
+
+	// ErrSessionLost is reported by the client when a session's "safe until"
+	// deadline passed without a renewal: the server may already have expired
+	// the session and given its locks to others.
+	ErrSessionLost = errors.New("fence: session may be lost")
+)
+
+// StaleTokenError is the ErrStaleToken of a fenced write: it names the token
+// presented and the highest one the resource had accepted for the key.
+type StaleTokenError struct {
+	// Key is the protected resource key, or the lock name.
+	Key string
+	// Token is the token the write carried.
+	Token uint64
+	// Highest is the highest token accepted for Key before the write.
+	Highest uint64
+}
+
+// Error returns a message such as "stale fencing token 33 < 34 for key orders/17".
+func (e *StaleTokenError) Error() string {
+	if e.Key == "" {
+		return fmt.Sprintf("stale fencing token %d < %d", e.Token, e.Highest)
+	}
+	return fmt.Sprintf("stale fencing token %d < %d for key %s", e.Token, e.Highest, e.Key)
+}
+
+// Is makes errors.Is(err, ErrStaleToken) true.
+func (e *StaleTokenError) Is(target error) bool { return target == ErrStaleToken }

@@ -1,0 +1,84 @@
+package fsm
+
+import "fmt"
+
+// CheckInvariants verifies the state's structural invariants and returns the
+// first one broken. Tests and the fuzzer call it after every command; Restore
+// calls it on every snapshot.
+//
+//   - an exclusive holder is the lock's only holder; shared holders share only with shared ones;
+//   - no token is above the counter, and no two holders have the same token;
+//   - every holder and waiter is a live session, which indexes the lock, and
+//     no session both holds and waits for one lock or appears twice;
+//   - no session id is above the session counter;
+//   - no idle lock is kept.
+func (s *State) CheckInvariants() error {
+	tokens := map[uint64]string{}
+	for name, l := range s.locks {
+		if l.name != name {
+			return fmt.Errorf("lock %q is filed under %q", l.name, name)
+		}
+		if l.idle() {
+			return fmt.Errorf("lock %q is idle but kept", name)
+		}
+		seen := map[uint64]bool{}
+		for _, h := range l.holders {
+			if h.mode == Exclusive && len(l.holders) > 1 {
+				return fmt.Errorf("lock %q has an exclusive holder and %d others", name, len(l.holders)-1)
+			}
+			if h.mode != Exclusive && h.mode != Shared {
+				return fmt.Errorf("lock %q has a holder in %s", name, h.mode)
+			}
+			if h.token == 0 || h.token > s.lastToken {
+				return fmt.Errorf("lock %q holder token %d is outside 1..%d", name, h.token, s.lastToken)
+			}
+			if other, dup := tokens[h.token]; dup {
+				return fmt.Errorf("token %d is held on both %q and %q", h.token, other, name)
+			}
+			tokens[h.token] = name
+			if err := s.checkMember(name, h.session, seen, true); err != nil {
+				return err
+			}
+		}
+		for _, w := range l.waiters {
+			if err := s.checkMember(name, w.session, seen, false); err != nil {
+				return err
+			}
+		}
+	}
+	for id, sess := range s.sessions {
+		if id == 0 || id > s.lastSessionID {
+			return fmt.Errorf("session id %d is outside 1..%d", id, s.lastSessionID)
+		}
+		for name := range sess.holds {
+			if l := s.locks[name]; l == nil || l.holderIndex(id) < 0 {
+				return fmt.Errorf("session %d indexes lock %q it does not hold", id, name)
+			}
+		}
+		for name := range sess.waits {
+			if l := s.locks[name]; l == nil || l.waiterIndex(id) < 0 {
+				return fmt.Errorf("session %d indexes lock %q it does not wait for", id, name)
+			}
+		}
+	}
+	return nil
+}
+
+func (s *State) checkMember(name string, id uint64, seen map[uint64]bool, holds bool) error {
+	if seen[id] {
+		return fmt.Errorf("session %d appears twice on lock %q", id, name)
+	}
+	seen[id] = true
+	sess, ok := s.sessions[id]
+	if !ok {
+		return fmt.Errorf("lock %q lists unknown session %d", name, id)
+	}
+	index := sess.waits
+	if holds {
+		index = sess.holds
+	}
+	if _, ok := index[name]; !ok {
+		return fmt.Errorf("session %d is on lock %q but does not index it", id, name)
+	}
+	return nil
+}

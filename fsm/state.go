@@ -1,0 +1,506 @@
+package fsm
+
+import (
+	"fmt"
+	"sort"
+	"strings"
+	"time"
+
+	"github.com/fencelock/fence"
+	"github.com/fencelock/fence/internal/fsmpb"
+)
+
+// Mode says which holders a lock may have at once.
+type Mode uint32
+
+const (
+	// Exclusive allows one holder.
+	Exclusive Mode = 1
+	// Shared allows any number of shared holders and no exclusive one.
+	Shared Mode = 2
+)
+
+func (m Mode) String() string {
+	switch m {
+	case Exclusive:
+		return "exclusive"
+	case Shared:
+		return "shared"
+	}
+	return fmt.Sprintf("mode(%d)", uint32(m))
+}
+
+// compatible reports whether a grant in mode m may coexist with a holder in mode h.
+func (m Mode) compatible(h Mode) bool { return m == Shared && h == Shared }
+
+// Grant is a lock granted to a session, with its fencing token.
+type Grant struct {
+	Session uint64
+	Lock    string
+	Token   uint64
+	Mode    Mode
+}
+
+// Delay is a lock held back by lock-delay after its holder's session expired.
+// The leader commits a LiftDelay for it once Delay has passed.
+type Delay struct {
+	Lock  string
+	Delay time.Duration
+}
+
+// Result is what applying one command did. Besides the command's own answer
+// it lists every side effect that waiting clients and the leader must learn
+// of: grants made (including hand-offs to waiters), sessions that ended and
+// locks put under lock-delay.
+type Result struct {
+	// Err is the command's failure; a failed command changes nothing.
+	Err error
+	// SessionID is the id of a session created by CreateSession.
+	SessionID uint64
+	// Grant answers Acquire when the lock is held by the session (newly or
+	// already), and CancelWait when the wait had already been granted.
+	Grant *Grant
+	// Queued answers Acquire when the session now waits for the lock.
+	Queued bool
+	// Grants lists every grant this command made, in token order.
+	Grants []Grant
+	// Ended lists the sessions this command closed or expired.
+	Ended []uint64
+	// Delayed lists the locks this command put under lock-delay.
+	Delayed []Delay
+}
+
+type holder struct {
+	session   uint64
+	token     uint64
+	mode      Mode
+	lockDelay time.Duration
+}
+
+type waiter struct {
+	session   uint64
+	mode      Mode
+	lockDelay time.Duration
+}
+
+type lock struct {
+	name    string
+	holders []holder
+	waiters []waiter
+	// delay is non-zero while the lock is held back by lock-delay.
+	delay time.Duration
+}
+
+func (l *lock) holderIndex(session uint64) int {
+	for i, h := range l.holders {
+		if h.session == session {
+			return i
+		}
+	}
+	return -1
+}
+
+func (l *lock) waiterIndex(session uint64) int {
+	for i, w := range l.waiters {
+		if w.session == session {
+			return i
+		}
+	}
+	return -1
+}
+
+// grantable reports whether a request in mode m may be granted now, ahead of
+// nobody: the lock is not delayed and every holder is compatible.
+func (l *lock) grantable(m Mode) bool {
+	if l.delay > 0 {
+		return false
+	}
+	for _, h := range l.holders {
+		if !m.compatible(h.mode) {
+			return false
+		}
+	}
+	return true
+}
+
+func (l *lock) idle() bool { return len(l.holders) == 0 && len(l.waiters) == 0 && l.delay == 0 }
+
+type session struct {
+	id    uint64
+	ttl   time.Duration
+	owner string
+	// holds and waits index the locks the session appears in.
+	holds map[string]struct{}
+	waits map[string]struct{}
+}
+
+// State is fence's replicated state: sessions, locks and the token counter.
+// It is a pure function of the commands applied to it, in order: it reads no
+// clock, draws no random number, and never lets map order reach a result.
+// State is not safe for concurrent use; FSM guards it.
+type State struct {
+	lastToken     uint64
+	lastSessionID uint64
+	sessions      map[uint64]*session
+	locks         map[string]*lock
+}
+
+// NewState returns an empty state: no sessions, no locks, token counter 0.
+func NewState() *State {
+	return &State{sessions: map[uint64]*session{}, locks: map[string]*lock{}}
+}
+
+// Apply applies one command and reports what it did. It never panics on a
+// well-formed protobuf message, whatever its field values.
+func (s *State) Apply(cmd *fsmpb.Command) Result {
+	switch op := cmd.GetOp().(type) {
+	case *fsmpb.Command_CreateSession:
+		return s.createSession(op.CreateSession)
+	case *fsmpb.Command_CloseSession:
+		return s.endSessions([]uint64{op.CloseSession.GetSessionId()}, false)
+	case *fsmpb.Command_ExpireSessions:
+		return s.endSessions(op.ExpireSessions.GetSessionIds(), true)
+	case *fsmpb.Command_Acquire:
+		return s.acquire(op.Acquire)
+	case *fsmpb.Command_CancelWait:
+		return s.cancelWait(op.CancelWait)
+	case *fsmpb.Command_Release:
+		return s.release(op.Release)
+	case *fsmpb.Command_LiftDelay:
+		return s.liftDelay(op.LiftDelay.GetLock())
+	}
+	return Result{Err: fmt.Errorf("%w: unknown command", fence.ErrInvalidArgument)}
+}
+
+func (s *State) createSession(c *fsmpb.CreateSession) Result {
+	if max := c.GetMaxSessions(); max > 0 && uint64(len(s.sessions)) >= max {
+		return Result{Err: fmt.Errorf("%w: the server already has %d sessions, its limit; close unused sessions or raise --max-sessions", fence.ErrLimit, len(s.sessions))}
+	}
+	s.lastSessionID++
+	id := s.lastSessionID
+	s.sessions[id] = &session{
+		id:    id,
+		ttl:   time.Duration(c.GetTtlNs()),
+		owner: c.GetOwner(),
+		holds: map[string]struct{}{},
+		waits: map[string]struct{}{},
+	}
+	return Result{SessionID: id}
+}
+
+func (s *State) session(id uint64) (*session, error) {
+	sess, ok := s.sessions[id]
+	if !ok {
+		return nil, fmt.Errorf("%w: session %d does not exist or has expired; create a new session", fence.ErrSessionNotFound, id)
+	}
+	return sess, nil
+}
+
+func (s *State) acquire(c *fsmpb.Acquire) Result {
+	sess, err := s.session(c.GetSessionId())
+	if err != nil {
+		return Result{Err: err}
+	}
+	mode := Mode(c.GetMode())
+	if mode != Exclusive && mode != Shared {
+		return Result{Err: fmt.Errorf("%w: unknown lock mode %d", fence.ErrInvalidArgument, c.GetMode())}
+	}
+	name := c.GetLock()
+	l := s.locks[name]
+	if l == nil {
+		l = &lock{name: name}
+	}
+	if i := l.holderIndex(sess.id); i >= 0 {
+		h := l.holders[i]
+		if h.mode != mode {
+			return Result{Err: fmt.Errorf("%w: session %d holds lock %q in %s mode, not %s; release it first", fence.ErrInvalidArgument, sess.id, name, h.mode, mode)}
+		}
+		return Result{Grant: &Grant{Session: sess.id, Lock: name, Token: h.token, Mode: h.mode}}
+	}
+	if i := l.waiterIndex(sess.id); i >= 0 {
+		if l.waiters[i].mode != mode {
+			return Result{Err: fmt.Errorf("%w: session %d already waits for lock %q in %s mode", fence.ErrInvalidArgument, sess.id, name, l.waiters[i].mode)}
+		}
+		return Result{Queued: true}
+	}
+	w := waiter{session: sess.id, mode: mode, lockDelay: time.Duration(c.GetLockDelayNs())}
+	if len(l.waiters) == 0 && l.grantable(mode) {
+		s.locks[name] = l
+		g := s.grant(l, w)
+		return Result{Grant: &g, Grants: []Grant{g}}
+	}
+	if c.GetTry() {
+		return Result{Err: s.lockedError(l)}
+	}
+	if max := c.GetMaxWaiters(); max > 0 && uint64(len(l.waiters)) >= max {
+		return Result{Err: fmt.Errorf("%w: lock %q already has %d waiters, its limit", fence.ErrLimit, name, len(l.waiters))}
+	}
+	s.locks[name] = l
+	l.waiters = append(l.waiters, w)
+	sess.waits[name] = struct{}{}
+	return Result{Queued: true}
+}
+
+func (s *State) lockedError(l *lock) error {
+	switch {
+	case l.delay > 0:
+		return fmt.Errorf("%w: lock %q is under lock-delay after its holder's session expired", fence.ErrLocked, l.name)
+	case len(l.holders) > 0:
+		h := l.holders[len(l.holders)-1]
+		return fmt.Errorf("%w: lock %q is held by session %d with token %d", fence.ErrLocked, l.name, h.session, h.token)
+	}
+	return fmt.Errorf("%w: lock %q has %d waiters ahead", fence.ErrLocked, l.name, len(l.waiters))
+}
+
+// grant makes w a holder of l with the next token.
+func (s *State) grant(l *lock, w waiter) Grant {
+	s.lastToken++
+	l.holders = append(l.holders, holder{session: w.session, token: s.lastToken, mode: w.mode, lockDelay: w.lockDelay})
+	s.sessions[w.session].holds[l.name] = struct{}{}
+	return Grant{Session: w.session, Lock: l.name, Token: s.lastToken, Mode: w.mode}
+}
+
+// grantWaiters grants l to the waiters at the head of its queue for as long
+// as they are compatible with the holders: one exclusive waiter, or a run of
+// shared ones. FIFO is kept: a waiter is never granted ahead of an earlier one.
+func (s *State) grantWaiters(l *lock) []Grant {
+	var grants []Grant
+	for len(l.waiters) > 0 && l.grantable(l.waiters[0].mode) {
+		w := l.waiters[0]
+		l.waiters = l.waiters[1:]
+		delete(s.sessions[w.session].waits, l.name)
+		grants = append(grants, s.grant(l, w))
+	}
+	if len(l.waiters) == 0 {
+		l.waiters = nil
+	}
+	return grants
+}
+
+// forget drops l from the state once nobody holds, waits for or delays it,
+// so that the state stays bounded under churn of lock names.
+func (s *State) forget(l *lock) {
+	if l.idle() {
+		delete(s.locks, l.name)
+	}
+}
+
+func (s *State) release(c *fsmpb.Release) Result {
+	sess, err := s.session(c.GetSessionId())
+	if err != nil {
+		return Result{Err: err}
+	}
+	name := c.GetLock()
+	l := s.locks[name]
+	i := -1
+	if l != nil {
+		i = l.holderIndex(sess.id)
+	}
+	if i < 0 {
+		return Result{Err: fmt.Errorf("%w: session %d does not hold lock %q", fence.ErrNotHolder, sess.id, name)}
+	}
+	if h := l.holders[i]; h.token != c.GetToken() {
+		return Result{Err: fmt.Errorf("%w: session %d holds lock %q with token %d, not %d", fence.ErrNotHolder, sess.id, name, h.token, c.GetToken())}
+	}
+	l.holders = append(l.holders[:i], l.holders[i+1:]...)
+	delete(sess.holds, name)
+	grants := s.grantWaiters(l)
+	s.forget(l)
+	return Result{Grants: grants}
+}
+
+func (s *State) cancelWait(c *fsmpb.CancelWait) Result {
+	sess, err := s.session(c.GetSessionId())
+	if err != nil {
+		return Result{Err: err}
+	}
+	l := s.locks[c.GetLock()]
+	if l == nil {
+		return Result{}
+	}
+	if i := l.holderIndex(sess.id); i >= 0 {
+		h := l.holders[i]
+		return Result{Grant: &Grant{Session: sess.id, Lock: l.name, Token: h.token, Mode: h.mode}}
+	}
+	i := l.waiterIndex(sess.id)
+	if i < 0 {
+		return Result{}
+	}
+	l.waiters = append(l.waiters[:i], l.waiters[i+1:]...)
+	delete(sess.waits, l.name)
+	// The cancelled waiter may have blocked shared waiters behind it.
+	grants := s.grantWaiters(l)
+	s.forget(l)
+	return Result{Grants: grants}
+}
+
+// endSessions closes (expired=false) or expires sessions: each releases
+// everything it holds and drops its waits. Expiry, unlike a close, puts a
+// lock whose holder asked for a lock-delay under that delay. Unknown ids are
+// skipped: the session may have been closed while the leader decided.
+func (s *State) endSessions(ids []uint64, expired bool) Result {
+	var res Result
+	for _, id := range ids {
+		sess, ok := s.sessions[id]
+		if !ok {
+			continue
+		}
+		for _, name := range sortedKeys(sess.waits) {
+			l := s.locks[name]
+			i := l.waiterIndex(id)
+			l.waiters = append(l.waiters[:i], l.waiters[i+1:]...)
+		}
+		for _, name := range sortedKeys(sess.holds) {
+			l := s.locks[name]
+			i := l.holderIndex(id)
+			h := l.holders[i]
+			l.holders = append(l.holders[:i], l.holders[i+1:]...)
+			if expired && h.lockDelay > 0 && h.lockDelay > l.delay {
+				l.delay = h.lockDelay
+				res.Delayed = append(res.Delayed, Delay{Lock: name, Delay: h.lockDelay})
+			}
+		}
+		delete(s.sessions, id)
+		res.Ended = append(res.Ended, id)
+		// Hand the locks on only once the session is gone entirely, so that
+		// none of them goes back to it.
+		for _, name := range sortedKeys(union(sess.holds, sess.waits)) {
+			l := s.locks[name]
+			res.Grants = append(res.Grants, s.grantWaiters(l)...)
+			s.forget(l)
+		}
+	}
+	return res
+}
+
+func (s *State) liftDelay(name string) Result {
+	l := s.locks[name]
+	if l == nil || l.delay == 0 {
+		return Result{}
+	}
+	l.delay = 0
+	grants := s.grantWaiters(l)
+	s.forget(l)
+	return Result{Grants: grants}
+}
+
+func sortedKeys(m map[string]struct{}) []string {
+	keys := make([]string, 0, len(m))
+	for k := range m {
+		keys = append(keys, k)
+	}
+	sort.Strings(keys)
+	return keys
+}
+
+func union(a, b map[string]struct{}) map[string]struct{} {
+	u := make(map[string]struct{}, len(a)+len(b))
+	for k := range a {
+		u[k] = struct{}{}
+	}
+	for k := range b {
+		u[k] = struct{}{}
+	}
+	return u
+}
+
+// SessionInfo describes a session.
+type SessionInfo struct {
+	ID    uint64
+	TTL   time.Duration
+	Owner string
+}
+
+// HolderInfo describes a holder of a lock.
+type HolderInfo struct {
+	Session uint64
+	Token   uint64
+	Mode    Mode
+}
+
+// WaiterInfo describes a waiter for a lock.
+type WaiterInfo struct {
+	Session uint64
+	Mode    Mode
+}
+
+// LockInfo describes a lock: holders in grant order, waiters in queue order.
+type LockInfo struct {
+	Name    string
+	Holders []HolderInfo
+	Waiters []WaiterInfo
+	// Delay is non-zero while the lock is held back by lock-delay.
+	Delay time.Duration
+}
+
+// LastToken returns the last fencing token issued, 0 before the first grant.
+func (s *State) LastToken() uint64 { return s.lastToken }
+
+// Session returns the session with the given id.
+func (s *State) Session(id uint64) (SessionInfo, bool) {
+	sess, ok := s.sessions[id]
+	if !ok {
+		return SessionInfo{}, false
+	}
+	return SessionInfo{ID: sess.id, TTL: sess.ttl, Owner: sess.owner}, true
+}
+
+// Sessions returns every session, in id order.
+func (s *State) Sessions() []SessionInfo {
+	out := make([]SessionInfo, 0, len(s.sessions))
+	for _, sess := range s.sessions {
+		out = append(out, SessionInfo{ID: sess.id, TTL: sess.ttl, Owner: sess.owner})
+	}
+	sort.Slice(out, func(i, j int) bool { return out[i].ID < out[j].ID })
+	return out
+}
+
+// NumSessions returns the number of sessions.
+func (s *State) NumSessions() int { return len(s.sessions) }
+
+// NumLocks returns the number of locks held, waited for or delayed.
+func (s *State) NumLocks() int { return len(s.locks) }
+
+// Lock returns the named lock; ok is false when it is free and unwaited.
+func (s *State) Lock(name string) (LockInfo, bool) {
+	l, ok := s.locks[name]
+	if !ok {
+		return LockInfo{Name: name}, false
+	}
+	return lockInfo(l), true
+}
+
+// Locks returns the locks whose names start with prefix, in name order.
+func (s *State) Locks(prefix string) []LockInfo {
+	var out []LockInfo
+	for name, l := range s.locks {
+		if strings.HasPrefix(name, prefix) {
+			out = append(out, lockInfo(l))
+		}
+	}
+	sort.Slice(out, func(i, j int) bool { return out[i].Name < out[j].Name })
+	return out
+}
+
+// DelayedLocks returns the locks under lock-delay, in name order.
+func (s *State) DelayedLocks() []Delay {
+	var out []Delay
+	for name, l := range s.locks {
+		if l.delay > 0 {
+			out = append(out, Delay{Lock: name, Delay: l.delay})
+		}
+	}
+	sort.Slice(out, func(i, j int) bool { return out[i].Lock < out[j].Lock })
+	return out
+}
+
+func lockInfo(l *lock) LockInfo {
+	info := LockInfo{Name: l.name, Delay: l.delay}
+	for _, h := range l.holders {
+		info.Holders = append(info.Holders, HolderInfo{Session: h.session, Token: h.token, Mode: h.mode})
+	}
+	for _, w := range l.waiters {
+		info.Waiters = append(info.Waiters, WaiterInfo{Session: w.session, Mode: w.mode})
+	}
+	return info
+}

@@ -1,0 +1,190 @@
+// Package clock lets time-based code take its clock as a dependency, so that
+// tests drive a fake one by hand instead of sleeping.
+//
+// Real is the system's monotonic clock. Fake starts at a fixed instant and
+// moves only when Advance is called; timers due by then fire in deadline order.
+package clock
+
+import (
+	"sort"
+	"sync"
+	"time"
+)
+
+// Clock is the time source of session deadlines, keepalive schedules, wait
+// timeouts and the client's "safe until". Implementations are safe for
+// concurrent use.
+type Clock interface {
+	// Now returns the current time. Durations between two Now values of a
+	// Real clock are monotonic.
+	Now() time.Time
+	// NewTimer returns a timer that sends the time on C after d.
+	NewTimer(d time.Duration) Timer
+	// AfterFunc calls f in its own goroutine after d.
+	AfterFunc(d time.Duration, f func()) Timer
+}
+
+// Timer is the part of *time.Timer that fence uses.
+type Timer interface {
+	// C is nil for timers made by AfterFunc.
+	C() <-chan time.Time
+	Stop() bool
+	Reset(d time.Duration) bool
+}
+
+// Real is the system clock.
+var Real Clock = realClock{}
+
+type realClock struct{}
+
+func (realClock) Now() time.Time { return time.Now() }
+
+func (realClock) NewTimer(d time.Duration) Timer { return realTimer{time.NewTimer(d)} }
+
+func (realClock) AfterFunc(d time.Duration, f func()) Timer {
+	return realTimer{time.AfterFunc(d, f)}
+}
+
+type realTimer struct{ t *time.Timer }
+
+func (r realTimer) C() <-chan time.Time        { return r.t.C }
+func (r realTimer) Stop() bool                 { return r.t.Stop() }
+func (r realTimer) Reset(d time.Duration) bool { return r.t.Reset(d) }
+
+// Fake is a clock that moves only when told to. The zero value is not
+// usable; call NewFake.
+type Fake struct {
+	mu     sync.Mutex
+	now    time.Time
+	timers []*fakeTimer
+	// changed is closed and replaced whenever a timer is added, so that
+	// tests can wait for the code under test to arm one.
+	changed chan struct{}
+}
+
+// NewFake returns a fake clock set to a fixed instant.
+func NewFake() *Fake {
+	return &Fake{now: time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC), changed: make(chan struct{})}
+}
+
+// Now returns the fake time.
+func (f *Fake) Now() time.Time {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	return f.now
+}
+
+// NewTimer returns a timer that fires when the fake time reaches now+d.
+func (f *Fake) NewTimer(d time.Duration) Timer {
+	t := &fakeTimer{clock: f, c: make(chan time.Time, 1)}
+	t.Reset(d)
+	return t
+}
+
+// AfterFunc calls fn in its own goroutine when the fake time reaches now+d.
+func (f *Fake) AfterFunc(d time.Duration, fn func()) Timer {
+	t := &fakeTimer{clock: f, fn: fn}
+	t.Reset(d)
+	return t
+}
+
+// Advance moves the fake time forward by d and fires every timer that is due.
+func (f *Fake) Advance(d time.Duration) {
+	f.mu.Lock()
+	f.now = f.now.Add(d)
+	now := f.now
+	var due []*fakeTimer
+	kept := f.timers[:0]
+	for _, t := range f.timers {
+		if !t.when.After(now) {
+			due = append(due, t)
+		} else {
+			kept = append(kept, t)
+		}
+	}
+	f.timers = kept
+	f.mu.Unlock()
+	sort.SliceStable(due, func(i, j int) bool { return due[i].when.Before(due[j].when) })
+	for _, t := range due {
+		t.fire(now)
+	}
+}
+
+// Timers returns how many timers are armed.
+func (f *Fake) Timers() int {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	return len(f.timers)
+}
+
+// WaitForTimers blocks until at least n timers are armed, so a test can
+// advance the clock only once the code under test is waiting on it.
+func (f *Fake) WaitForTimers(n int) {
+	for {
+		f.mu.Lock()
+		armed, changed := len(f.timers), f.changed
+		f.mu.Unlock()
+		if armed >= n {
+			return
+		}
+		<-changed
+	}
+}
+
+type fakeTimer struct {
+	clock *Fake
+	c     chan time.Time
+	fn    func()
+	when  time.Time
+}
+
+func (t *fakeTimer) C() <-chan time.Time { return t.c }
+
+func (t *fakeTimer) fire(now time.Time) {
+	if t.fn != nil {
+		go t.fn()
+		return
+	}
+	select {
+	case t.c <- now:
+	default:
+	}
+}
+
+// Stop disarms the timer and reports whether it was armed.
+func (t *fakeTimer) Stop() bool {
+	f := t.clock
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	return f.removeLocked(t)
+}
+
+// Reset rearms the timer to fire d after the fake now and reports whether it
+// was armed.
+func (t *fakeTimer) Reset(d time.Duration) bool {
+	f := t.clock
+	f.mu.Lock()
+	armed := f.removeLocked(t)
+	t.when = f.now.Add(d)
+	if d <= 0 {
+		now := f.now
+		f.mu.Unlock()
+		t.fire(now)
+		return armed
+	}
+	f.timers = append(f.timers, t)
+	close(f.changed)
+	f.changed = make(chan struct{})
+	f.mu.Unlock()
+	return armed
+}
+
+func (f *Fake) removeLocked(t *fakeTimer) bool {
+	for i, x := range f.timers {
+		if x == t {
+			f.timers = append(f.timers[:i], f.timers[i+1:]...)
+			return true
+		}
+	}
+	return false
+}

@@ -1,0 +1,162 @@
+// Package rpcerr carries fence's errors across Connect and gRPC: the server
+// turns a sentinel-wrapping error into a status code plus an ErrorDetail, and
+// the client turns that back into an error that wraps the same sentinel, so
+// errors.Is works on both sides of the wire.
+package rpcerr
+
+import (
+	"context"
+	"errors"
+
+	"connectrpc.com/connect"
+
+	"github.com/fencelock/fence"
+	fencev1 "github.com/fencelock/fence/api/fence/v1"
+)
+
+var table = []struct {
+	sentinel error
+	code     connect.Code
+	reason   fencev1.Reason
+}{
+	{fence.ErrInvalidArgument, connect.CodeInvalidArgument, fencev1.Reason_REASON_INVALID_ARGUMENT},
+	{fence.ErrSessionNotFound, connect.CodeNotFound, fencev1.Reason_REASON_SESSION_NOT_FOUND},
+	{fence.ErrLocked, connect.CodeFailedPrecondition, fencev1.Reason_REASON_LOCKED},
+	{fence.ErrNotHolder, connect.CodeFailedPrecondition, fencev1.Reason_REASON_NOT_HOLDER},
+	{fence.ErrStaleToken, connect.CodeFailedPrecondition, fencev1.Reason_REASON_STALE_TOKEN},
+	{fence.ErrRevisionMismatch, connect.CodeFailedPrecondition, fencev1.Reason_REASON_REVISION_MISMATCH},
+	{fence.ErrWaitTimeout, connect.CodeDeadlineExceeded, fencev1.Reason_REASON_WAIT_TIMEOUT},
+	{fence.ErrUnavailable, connect.CodeUnavailable, fencev1.Reason_REASON_NOT_LEADER},
+	{fence.ErrLimit, connect.CodeResourceExhausted, fencev1.Reason_REASON_LIMIT},
+}
+
+// Detail is the extra information an error may carry across the wire.
+type Detail struct {
+	Lock          string
+	SessionID     uint64
+	LeaderAddress string
+}
+
+// DetailError attaches a Detail to an error.
+type DetailError struct {
+	Err    error
+	Detail Detail
+}
+
+func (e *DetailError) Error() string { return e.Err.Error() }
+func (e *DetailError) Unwrap() error { return e.Err }
+
+// ToConnect converts a server-side error to a Connect error with a code and
+// an ErrorDetail. Errors that wrap no fence sentinel become Internal, except
+// context errors, which keep their meaning.
+func ToConnect(err error) error {
+	if err == nil {
+		return nil
+	}
+	var ce *connect.Error
+	if errors.As(err, &ce) {
+		return err
+	}
+	detail := &fencev1.ErrorDetail{}
+	var de *DetailError
+	if errors.As(err, &de) {
+		detail.Lock = de.Detail.Lock
+		detail.SessionId = de.Detail.SessionID
+		detail.LeaderAddress = de.Detail.LeaderAddress
+	}
+	var stale *fence.StaleTokenError
+	if errors.As(err, &stale) {
+		detail.Token, detail.CurrentToken = stale.Token, stale.Highest
+		if detail.Lock == "" {
+			detail.Lock = stale.Key
+		}
+	}
+	code := connect.CodeInternal
+	switch {
+	case errors.Is(err, context.Canceled):
+		code = connect.CodeCanceled
+	case errors.Is(err, context.DeadlineExceeded):
+		code = connect.CodeDeadlineExceeded
+	}
+	for _, row := range table {
+		if errors.Is(err, row.sentinel) {
+			code, detail.Reason = row.code, row.reason
+			break
+		}
+	}
+	out := connect.NewError(code, errors.New(err.Error()))
+	if d, derr := connect.NewErrorDetail(detail); derr == nil {
+		out.AddDetail(d)
+	}
+	return out
+}
+
+// RemoteError is an error the service returned. It wraps the fence sentinel
+// named by the error's reason (or by its code, for peers that send none).
+type RemoteError struct {
+	// Code is the Connect/gRPC status code.
+	Code connect.Code
+	// Message is the server's message, meant for people.
+	Message string
+	// Detail is the structured detail, when the server sent one.
+	Detail   *fencev1.ErrorDetail
+	sentinel error
+}
+
+func (e *RemoteError) Error() string { return e.Message }
+
+// Unwrap returns the fence sentinel, so errors.Is(err, fence.ErrLocked) works.
+func (e *RemoteError) Unwrap() error { return e.sentinel }
+
+// FromConnect converts an error returned by a Connect client call. Errors
+// that are not Connect errors are returned as they are; Unavailable and
+// transport failures wrap fence.ErrUnavailable.
+func FromConnect(err error) error {
+	if err == nil {
+		return nil
+	}
+	var ce *connect.Error
+	if !errors.As(err, &ce) {
+		return err
+	}
+	re := &RemoteError{Code: ce.Code(), Message: ce.Message()}
+	for _, d := range ce.Details() {
+		if v, derr := d.Value(); derr == nil {
+			if detail, ok := v.(*fencev1.ErrorDetail); ok {
+				re.Detail = detail
+			}
+		}
+	}
+	if re.Detail != nil {
+		for _, row := range table {
+			if row.reason == re.Detail.GetReason() {
+				re.sentinel = row.sentinel
+			}
+		}
+		if re.sentinel == fence.ErrStaleToken {
+			re.sentinel = &fence.StaleTokenError{Key: re.Detail.GetLock(), Token: re.Detail.GetToken(), Highest: re.Detail.GetCurrentToken()}
+		}
+	}
+	if re.sentinel == nil {
+		re.sentinel = sentinelForCode(ce.Code())
+	}
+	return re
+}
+
+func sentinelForCode(code connect.Code) error {
+	switch code {
+	case connect.CodeCanceled:
+		return context.Canceled
+	case connect.CodeDeadlineExceeded:
+		return context.DeadlineExceeded
+	case connect.CodeUnavailable:
+		return fence.ErrUnavailable
+	case connect.CodeInvalidArgument:
+		return fence.ErrInvalidArgument
+	case connect.CodeNotFound:
+		return fence.ErrSessionNotFound
+	case connect.CodeResourceExhausted:
+		return fence.ErrLimit
+	}
+	return nil
+}

@@ -1,0 +1,120 @@
+package server
+
+import (
+	"errors"
+	"fmt"
+	"log/slog"
+	"net"
+	"time"
+
+	"github.com/fencelock/fence/internal/clock"
+)
+
+// Config is a node's configuration. Start from DefaultConfig and change what
+// you need; Start calls Validate.
+type Config struct {
+	// NodeID names this node in its raft group. It must stay the same across
+	// restarts of the node.
+	NodeID string
+	// DataDir holds the raft log, its stable store and the snapshots.
+	DataDir string
+	// Listen is the API address: Connect, gRPC and JSON over HTTP, plus
+	// /metrics and /healthz. Port 0 picks a free port (see Server.Addr).
+	Listen string
+	// RaftListen is the address raft peers reach this node on.
+	RaftListen string
+
+	// DefaultTTL is a session's TTL when the request names none.
+	DefaultTTL time.Duration
+	// MinTTL and MaxTTL bound the TTLs clients may ask for.
+	MinTTL, MaxTTL time.Duration
+	// MaxLockDelay bounds the lock-delay an acquire may ask for.
+	MaxLockDelay time.Duration
+	// MaxNameBytes bounds lock names.
+	MaxNameBytes int
+	// MaxOwnerBytes bounds a session's owner text.
+	MaxOwnerBytes int
+	// MaxSessions bounds the number of live sessions; 0 means no limit.
+	MaxSessions int
+	// MaxWaitersPerLock bounds each lock's queue; 0 means no limit.
+	MaxWaitersPerLock int
+	// MaxRequestBytes bounds the size of one request message.
+	MaxRequestBytes int
+
+	// ApplyTimeout bounds how long a write waits to be committed.
+	ApplyTimeout time.Duration
+	// HeartbeatTimeout and ElectionTimeout are raft's; lower values fail
+	// over faster and tolerate less network delay.
+	HeartbeatTimeout, ElectionTimeout time.Duration
+	// SnapshotThreshold is how many log entries may accumulate before a
+	// snapshot compacts them.
+	SnapshotThreshold uint64
+	// SnapshotInterval is how often raft considers taking a snapshot.
+	SnapshotInterval time.Duration
+
+	// Clock is the leader's monotonic clock for session expiry and
+	// lock-delay, and the clock of wait timeouts. Tests inject a fake.
+	Clock clock.Clock
+	// Logger receives the node's logs; nil discards them.
+	Logger *slog.Logger
+	// Version is reported by Status.
+	Version string
+}
+
+// DefaultConfig returns the configuration `fence serve` runs with when given
+// no flags: a single node keeping its data in ./fence-data.
+func DefaultConfig() Config {
+	return Config{
+		NodeID:            "fence1",
+		DataDir:           "fence-data",
+		Listen:            "127.0.0.1:7420",
+		RaftListen:        "127.0.0.1:7421",
+		DefaultTTL:        10 * time.Second,
+		MinTTL:            time.Second,
+		MaxTTL:            time.Hour,
+		MaxLockDelay:      time.Minute,
+		MaxNameBytes:      512,
+		MaxOwnerBytes:     256,
+		MaxSessions:       100_000,
+		MaxWaitersPerLock: 10_000,
+		MaxRequestBytes:   1 << 20,
+		ApplyTimeout:      10 * time.Second,
+		HeartbeatTimeout:  time.Second,
+		ElectionTimeout:   time.Second,
+		SnapshotThreshold: 8192,
+		SnapshotInterval:  30 * time.Second,
+		Clock:             clock.Real,
+		Version:           "dev",
+	}
+}
+
+// Validate reports the first setting that cannot work, in words that name it.
+func (c Config) Validate() error {
+	var errs []error
+	check := func(ok bool, format string, args ...any) {
+		if !ok {
+			errs = append(errs, fmt.Errorf(format, args...))
+		}
+	}
+	check(c.NodeID != "", "node id is empty")
+	check(c.DataDir != "", "data dir is empty")
+	_, _, err := net.SplitHostPort(c.Listen)
+	check(err == nil, "listen address %q: want host:port", c.Listen)
+	_, _, err = net.SplitHostPort(c.RaftListen)
+	check(err == nil, "raft listen address %q: want host:port", c.RaftListen)
+	check(c.MinTTL > 0, "min TTL %v must be positive", c.MinTTL)
+	check(c.MinTTL <= c.DefaultTTL && c.DefaultTTL <= c.MaxTTL, "default TTL %v must lie within %v..%v", c.DefaultTTL, c.MinTTL, c.MaxTTL)
+	check(c.MaxLockDelay >= 0, "max lock-delay %v is negative", c.MaxLockDelay)
+	check(c.MaxNameBytes > 0, "max name bytes must be positive")
+	check(c.MaxOwnerBytes >= 0, "max owner bytes is negative")
+	check(c.MaxSessions >= 0, "max sessions is negative")
+	check(c.MaxWaitersPerLock >= 0, "max waiters per lock is negative")
+	check(c.MaxRequestBytes >= 1024, "max request bytes %d is below 1024", c.MaxRequestBytes)
+	check(c.ApplyTimeout > 0, "apply timeout must be positive")
+	check(c.HeartbeatTimeout >= 5*time.Millisecond, "heartbeat timeout %v is below 5ms", c.HeartbeatTimeout)
+	check(c.ElectionTimeout >= c.HeartbeatTimeout, "election timeout %v is below the heartbeat timeout", c.ElectionTimeout)
+	check(c.SnapshotThreshold > 0, "snapshot threshold must be positive")
+	check(c.SnapshotInterval > 0, "snapshot interval must be positive")
+	check(c.Clock != nil, "clock is nil")
+	return errors.Join(errs...)
+}

@@ -1,0 +1,308 @@
+package server
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"strconv"
+	"time"
+
+	"connectrpc.com/connect"
+	"github.com/hashicorp/raft"
+	"google.golang.org/protobuf/types/known/durationpb"
+
+	"github.com/fencelock/fence"
+	fencev1 "github.com/fencelock/fence/api/fence/v1"
+	"github.com/fencelock/fence/fsm"
+	"github.com/fencelock/fence/internal/fsmpb"
+)
+
+// The handlers validate every field at the edge, so that what reaches the
+// state machine is well-formed, and return errors that wrap fence sentinels;
+// the error interceptor turns those into codes and details.
+
+// CreateSession implements fencev1connect.SessionServiceHandler.
+func (s *Server) CreateSession(ctx context.Context, req *connect.Request[fencev1.CreateSessionRequest]) (*connect.Response[fencev1.CreateSessionResponse], error) {
+	ttl, err := s.sessionTTL(req.Msg.GetTtl())
+	if err != nil {
+		return nil, err
+	}
+	if err := checkText("owner", req.Msg.GetOwner(), s.cfg.MaxOwnerBytes, false); err != nil {
+		return nil, err
+	}
+	res, err := s.apply(&fsmpb.Command{Op: &fsmpb.Command_CreateSession{CreateSession: &fsmpb.CreateSession{
+		TtlNs:       int64(ttl),
+		Owner:       req.Msg.GetOwner(),
+		MaxSessions: uint64(s.cfg.MaxSessions),
+	}}})
+	if err != nil {
+		return nil, err
+	}
+	return connect.NewResponse(&fencev1.CreateSessionResponse{SessionId: res.SessionID, Ttl: durationpb.New(ttl)}), nil
+}
+
+// KeepAlive implements fencev1connect.SessionServiceHandler. It is answered
+// by the leader from memory, without a raft write.
+func (s *Server) KeepAlive(ctx context.Context, req *connect.Request[fencev1.KeepAliveRequest]) (*connect.Response[fencev1.KeepAliveResponse], error) {
+	if err := checkSessionID(req.Msg.GetSessionId()); err != nil {
+		return nil, err
+	}
+	ttl, err := s.tracker.keepAlive(req.Msg.GetSessionId())
+	if err != nil {
+		return nil, err
+	}
+	return connect.NewResponse(&fencev1.KeepAliveResponse{Ttl: durationpb.New(ttl)}), nil
+}
+
+// CloseSession implements fencev1connect.SessionServiceHandler. Closing a
+// session that does not exist succeeds: the call is idempotent.
+func (s *Server) CloseSession(ctx context.Context, req *connect.Request[fencev1.CloseSessionRequest]) (*connect.Response[fencev1.CloseSessionResponse], error) {
+	if err := checkSessionID(req.Msg.GetSessionId()); err != nil {
+		return nil, err
+	}
+	if _, err := s.apply(&fsmpb.Command{Op: &fsmpb.Command_CloseSession{CloseSession: &fsmpb.CloseSession{SessionId: req.Msg.GetSessionId()}}}); err != nil {
+		return nil, err
+	}
+	return connect.NewResponse(&fencev1.CloseSessionResponse{}), nil
+}
+
+// Acquire implements fencev1connect.LockServiceHandler.
+func (s *Server) Acquire(ctx context.Context, req *connect.Request[fencev1.AcquireRequest]) (*connect.Response[fencev1.AcquireResponse], error) {
+	m := req.Msg
+	if err := checkSessionID(m.GetSessionId()); err != nil {
+		return nil, err
+	}
+	if err := s.checkLockName(m.GetLock()); err != nil {
+		return nil, err
+	}
+	md, err := mode(m.GetMode())
+	if err != nil {
+		return nil, err
+	}
+	waitTimeout, err := duration("wait_timeout", m.GetWaitTimeout(), 0)
+	if err != nil {
+		return nil, err
+	}
+	lockDelay, err := duration("lock_delay", m.GetLockDelay(), 0)
+	if err != nil {
+		return nil, err
+	}
+	if lockDelay > s.cfg.MaxLockDelay {
+		return nil, invalid("lock_delay %v is over the limit of %v", lockDelay, s.cfg.MaxLockDelay)
+	}
+
+	// Register before proposing, so that a grant handed over by a release
+	// committed right after our enqueue is not missed.
+	w := s.hub.register(m.GetSessionId(), m.GetLock())
+	defer s.hub.unregister(w)
+	res, err := s.apply(&fsmpb.Command{Op: &fsmpb.Command_Acquire{Acquire: &fsmpb.Acquire{
+		SessionId:   m.GetSessionId(),
+		Lock:        m.GetLock(),
+		Mode:        uint32(md),
+		Try:         m.GetTry(),
+		LockDelayNs: int64(lockDelay),
+		MaxWaiters:  uint64(s.cfg.MaxWaitersPerLock),
+	}}})
+	if err != nil {
+		return nil, err
+	}
+	if res.Grant != nil {
+		return grantResponse(*res.Grant), nil
+	}
+	g, err := s.wait(ctx, w, waitTimeout)
+	if err != nil {
+		return nil, err
+	}
+	return grantResponse(g), nil
+}
+
+// wait blocks a queued Acquire until its grant is committed, its session
+// ends, the wait times out or the call is cancelled. Only a grant is ever
+// reported as one, and no grant is left behind that the caller never learns of.
+func (s *Server) wait(ctx context.Context, w *waiter, timeout time.Duration) (fsm.Grant, error) {
+	var expired <-chan time.Time
+	if timeout > 0 {
+		t := s.cfg.Clock.NewTimer(timeout)
+		defer t.Stop()
+		expired = t.C()
+	}
+	select {
+	case o := <-w.ch:
+		return o.grant, o.err
+	case <-expired:
+		g, granted, err := s.cancelWait(w.key)
+		if err != nil {
+			return fsm.Grant{}, err
+		}
+		if granted {
+			return g, nil // granted just as the wait timed out: the caller is still there
+		}
+		return fsm.Grant{}, fmt.Errorf("%w: lock %q was not granted within %v", fence.ErrWaitTimeout, w.key.lock, timeout)
+	case <-ctx.Done():
+		g, granted, err := s.cancelWait(w.key)
+		if err == nil && granted && !s.hub.unregister(w) {
+			// Granted as the caller went away, and no other call of the
+			// same session waits to report it: give the lock back.
+			s.releaseQuietly(g)
+		}
+		return fsm.Grant{}, ctx.Err()
+	case <-s.done:
+		return fsm.Grant{}, fmt.Errorf("%w: the node is shutting down", fence.ErrUnavailable)
+	}
+}
+
+// cancelWait takes a wait out of the lock's queue. If the lock had already
+// been granted, it returns that grant instead.
+func (s *Server) cancelWait(key waitKey) (fsm.Grant, bool, error) {
+	res, err := s.apply(&fsmpb.Command{Op: &fsmpb.Command_CancelWait{CancelWait: &fsmpb.CancelWait{SessionId: key.session, Lock: key.lock}}})
+	if err != nil {
+		return fsm.Grant{}, false, err
+	}
+	if res.Grant != nil {
+		return *res.Grant, true, nil
+	}
+	return fsm.Grant{}, false, nil
+}
+
+func (s *Server) releaseQuietly(g fsm.Grant) {
+	_, err := s.apply(&fsmpb.Command{Op: &fsmpb.Command_Release{Release: &fsmpb.Release{SessionId: g.Session, Lock: g.Lock, Token: g.Token}}})
+	if err != nil {
+		s.logger.Warn("releasing a grant whose caller went away", "lock", g.Lock, "session", g.Session, "token", g.Token, "err", err)
+	}
+}
+
+func grantResponse(g fsm.Grant) *connect.Response[fencev1.AcquireResponse] {
+	return connect.NewResponse(&fencev1.AcquireResponse{Lock: g.Lock, Token: g.Token, Mode: apiMode(g.Mode)})
+}
+
+// Release implements fencev1connect.LockServiceHandler.
+func (s *Server) Release(ctx context.Context, req *connect.Request[fencev1.ReleaseRequest]) (*connect.Response[fencev1.ReleaseResponse], error) {
+	m := req.Msg
+	if err := checkSessionID(m.GetSessionId()); err != nil {
+		return nil, err
+	}
+	if err := s.checkLockName(m.GetLock()); err != nil {
+		return nil, err
+	}
+	if m.GetToken() == 0 {
+		return nil, invalid("token is missing; pass the token of the grant to release")
+	}
+	if _, err := s.apply(&fsmpb.Command{Op: &fsmpb.Command_Release{Release: &fsmpb.Release{
+		SessionId: m.GetSessionId(), Lock: m.GetLock(), Token: m.GetToken(),
+	}}}); err != nil {
+		return nil, err
+	}
+	return connect.NewResponse(&fencev1.ReleaseResponse{}), nil
+}
+
+// Check implements fencev1connect.LockServiceHandler.
+func (s *Server) Check(ctx context.Context, req *connect.Request[fencev1.CheckRequest]) (*connect.Response[fencev1.CheckResponse], error) {
+	m := req.Msg
+	if err := s.checkLockName(m.GetLock()); err != nil {
+		return nil, err
+	}
+	if err := s.read(ctx, m.GetStale()); err != nil {
+		return nil, err
+	}
+	out := &fencev1.CheckResponse{}
+	s.fsm.Read(func(st *fsm.State) {
+		info, _ := st.Lock(m.GetLock())
+		for _, h := range info.Holders {
+			out.Held = true
+			out.CurrentToken = max(out.CurrentToken, h.Token)
+			if h.Token == m.GetToken() {
+				out.Current = true
+			}
+		}
+	})
+	return connect.NewResponse(out), nil
+}
+
+// ListLocks implements fencev1connect.LockServiceHandler.
+func (s *Server) ListLocks(ctx context.Context, req *connect.Request[fencev1.ListLocksRequest]) (*connect.Response[fencev1.ListLocksResponse], error) {
+	m := req.Msg
+	if err := checkText("prefix", m.GetPrefix(), s.cfg.MaxNameBytes, false); err != nil {
+		return nil, err
+	}
+	if err := s.read(ctx, m.GetStale()); err != nil {
+		return nil, err
+	}
+	out := &fencev1.ListLocksResponse{}
+	s.fsm.Read(func(st *fsm.State) {
+		owner := func(id uint64) string {
+			info, _ := st.Session(id)
+			return info.Owner
+		}
+		for _, l := range st.Locks(m.GetPrefix()) {
+			li := &fencev1.LockInfo{Name: l.Name, Delayed: l.Delay > 0}
+			for _, h := range l.Holders {
+				li.Holders = append(li.Holders, &fencev1.Holder{SessionId: h.Session, Token: h.Token, Mode: apiMode(h.Mode), Owner: owner(h.Session)})
+			}
+			for _, w := range l.Waiters {
+				li.Waiters = append(li.Waiters, &fencev1.Waiter{SessionId: w.Session, Mode: apiMode(w.Mode), Owner: owner(w.Session)})
+			}
+			out.Locks = append(out.Locks, li)
+		}
+	})
+	return connect.NewResponse(out), nil
+}
+
+// Status implements fencev1connect.ClusterServiceHandler. It answers from
+// this node's view and needs no leader.
+func (s *Server) Status(ctx context.Context, req *connect.Request[fencev1.StatusRequest]) (*connect.Response[fencev1.StatusResponse], error) {
+	r := s.node.raft
+	stats := r.Stats()
+	leaderAddr, leaderID := r.LeaderWithID()
+	out := &fencev1.StatusResponse{
+		NodeId:        s.cfg.NodeID,
+		State:         r.State().String(),
+		LeaderId:      string(leaderID),
+		LeaderAddress: string(leaderAddr),
+		Term:          parseUint(stats["term"]),
+		LastIndex:     r.LastIndex(),
+		CommitIndex:   parseUint(stats["commit_index"]),
+		AppliedIndex:  r.AppliedIndex(),
+		Version:       s.cfg.Version,
+	}
+	s.fsm.Read(func(st *fsm.State) {
+		out.LastToken = st.LastToken()
+		out.Sessions = uint64(st.NumSessions())
+		out.Locks = uint64(st.NumLocks())
+	})
+	if f := r.GetConfiguration(); f.Error() == nil {
+		for _, srv := range f.Configuration().Servers {
+			out.Members = append(out.Members, &fencev1.Member{Id: string(srv.ID), RaftAddress: string(srv.Address), Voter: srv.Suffrage == raft.Voter})
+		}
+	}
+	return connect.NewResponse(out), nil
+}
+
+func parseUint(s string) uint64 {
+	v, _ := strconv.ParseUint(s, 10, 64)
+	return v
+}
+
+// apply proposes a command and returns its result, with the command's own
+// failure (Result.Err) as the error.
+func (s *Server) apply(cmd *fsmpb.Command) (fsm.Result, error) {
+	select {
+	case <-s.done:
+		return fsm.Result{}, fmt.Errorf("%w: the node is shutting down", fence.ErrUnavailable)
+	default:
+	}
+	res, err := s.node.propose(cmd)
+	if err != nil {
+		return fsm.Result{}, err
+	}
+	return res, res.Err
+}
+
+// read prepares a read of the FSM: linearizable unless stale is set.
+func (s *Server) read(ctx context.Context, stale bool) error {
+	if stale {
+		return nil
+	}
+	return s.node.readBarrier(ctx)
+}
+
+var errShutdown = errors.New("server closed")

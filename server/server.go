@@ -1,0 +1,311 @@
+// Package server is fence's lock service node: a replicated state machine
+// (package fsm) on hashicorp/raft, served over Connect, gRPC and JSON on one
+// port.
+//
+// Writes go through raft and are answered only once committed. Session
+// deadlines live in the leader's memory on its monotonic clock; keepalives
+// touch only that memory, and an expiry is committed as a command. A node
+// that is not the leader answers writes with Unavailable.
+package server
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	"net"
+	"net/http"
+	"sync"
+	"time"
+
+	"connectrpc.com/connect"
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/promhttp"
+
+	"github.com/fencelock/fence"
+	"github.com/fencelock/fence/api/fence/v1/fencev1connect"
+	"github.com/fencelock/fence/fsm"
+	"github.com/fencelock/fence/internal/fsmpb"
+	"github.com/fencelock/fence/internal/rpcerr"
+)
+
+// Server is a running fence node. Start returns one; Close stops it.
+type Server struct {
+	cfg     Config
+	logger  *slog.Logger
+	fsm     *fsm.FSM
+	node    *node
+	hub     *waitHub
+	tracker *sessionTracker
+	delays  *delayScheduler
+	metrics *metrics
+
+	ln   net.Listener
+	http *http.Server
+
+	done      chan struct{}
+	wg        sync.WaitGroup
+	closeOnce sync.Once
+	closeErr  error
+}
+
+// Start opens the node's data, joins (or bootstraps) its raft group and
+// serves the API on cfg.Listen. It returns once the port is open; a single
+// node becomes leader about one heartbeat timeout later.
+func Start(cfg Config) (*Server, error) {
+	if err := cfg.Validate(); err != nil {
+		return nil, fmt.Errorf("invalid config: %w", err)
+	}
+	logger := cfg.Logger
+	if logger == nil {
+		logger = slog.New(slog.NewTextHandler(io.Discard, nil))
+	}
+	s := &Server{cfg: cfg, logger: logger, hub: newWaitHub(), done: make(chan struct{})}
+	s.fsm = fsm.New(observer{s})
+	s.metrics = newMetrics(s)
+	s.tracker = newSessionTracker(cfg.Clock, logger, s.expireSessions)
+	s.delays = newDelayScheduler(cfg.Clock, s.liftDelay)
+
+	ln, err := net.Listen("tcp", cfg.Listen)
+	if err != nil {
+		s.tracker.stop()
+		return nil, fmt.Errorf("listening on %s: %w", cfg.Listen, err)
+	}
+	s.ln = ln
+	s.node, err = openNode(cfg, s.fsm, logger)
+	if err != nil {
+		ln.Close()
+		s.tracker.stop()
+		return nil, err
+	}
+
+	s.wg.Add(2)
+	go s.watchLeadership()
+	go s.serveHTTP()
+	logger.Info("fence node started", "node", cfg.NodeID, "listen", s.Addr(), "raft", s.node.transport.LocalAddr(), "data", cfg.DataDir)
+	return s, nil
+}
+
+// Addr returns the address the API listens on.
+func (s *Server) Addr() string { return s.ln.Addr().String() }
+
+// RaftAddr returns the address raft listens on.
+func (s *Server) RaftAddr() string { return string(s.node.transport.LocalAddr()) }
+
+// Close stops serving, fails blocked calls with Unavailable, shuts raft down
+// and closes the data files. It is safe to call more than once.
+func (s *Server) Close() error {
+	s.closeOnce.Do(func() {
+		close(s.done)
+		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+		defer cancel()
+		errs := []error{s.http.Shutdown(ctx)}
+		s.tracker.stop()
+		s.delays.becomeFollower()
+		errs = append(errs, s.node.close())
+		s.wg.Wait()
+		s.closeErr = errors.Join(errs...)
+	})
+	return s.closeErr
+}
+
+func (s *Server) handler() http.Handler {
+	opts := []connect.HandlerOption{
+		connect.WithReadMaxBytes(s.cfg.MaxRequestBytes),
+		connect.WithInterceptors(s.metrics.interceptor(), errorInterceptor{}),
+		connect.WithRecover(func(ctx context.Context, spec connect.Spec, _ http.Header, p any) error {
+			s.logger.Error("handler panicked", "procedure", spec.Procedure, "panic", p)
+			return connect.NewError(connect.CodeInternal, fmt.Errorf("internal error in %s", spec.Procedure))
+		}),
+	}
+	mux := http.NewServeMux()
+	mux.Handle(fencev1connect.NewSessionServiceHandler(s, opts...))
+	mux.Handle(fencev1connect.NewLockServiceHandler(s, opts...))
+	mux.Handle(fencev1connect.NewClusterServiceHandler(s, opts...))
+	mux.Handle("/metrics", promhttp.HandlerFor(s.metrics.registry, promhttp.HandlerOpts{}))
+	mux.HandleFunc("/healthz", func(w http.ResponseWriter, r *http.Request) {
+		if _, id := s.node.raft.LeaderWithID(); id == "" {
+			http.Error(w, "no leader", http.StatusServiceUnavailable)
+			return
+		}
+		fmt.Fprintln(w, "ok")
+	})
+	return mux
+}
+
+func (s *Server) serveHTTP() {
+	defer s.wg.Done()
+	var protocols http.Protocols
+	protocols.SetHTTP1(true)
+	protocols.SetUnencryptedHTTP2(true) // gRPC without TLS
+	s.http = &http.Server{
+		Handler:           s.handler(),
+		Protocols:         &protocols,
+		ReadHeaderTimeout: 10 * time.Second,
+		ErrorLog:          slog.NewLogLogger(s.logger.Handler(), slog.LevelWarn),
+	}
+	if err := s.http.Serve(s.ln); err != nil && !errors.Is(err, http.ErrServerClosed) {
+		s.logger.Error("API server stopped", "err", err)
+	}
+}
+
+// watchLeadership starts and stops the leader's duties: session expiry,
+// lock-delays, and blocked waits (which fail over to the new leader).
+func (s *Server) watchLeadership() {
+	defer s.wg.Done()
+	ch := s.node.raft.LeaderCh()
+	for {
+		select {
+		case <-s.done:
+			return
+		case leader := <-ch:
+			if leader {
+				s.becomeLeader()
+			} else {
+				s.logger.Info("lost leadership")
+				s.tracker.becomeFollower()
+				s.delays.becomeFollower()
+				s.hub.failAll(fmt.Errorf("%w: this node lost leadership; retry against the new leader", fence.ErrUnavailable))
+			}
+		}
+	}
+}
+
+func (s *Server) becomeLeader() {
+	// Apply everything committed in earlier terms before taking decisions.
+	if err := s.node.raft.Barrier(s.cfg.ApplyTimeout).Error(); err != nil {
+		s.logger.Warn("barrier after election failed", "err", err)
+		return
+	}
+	var delayed []fsm.Delay
+	s.fsm.Read(func(st *fsm.State) { delayed = st.DelayedLocks() })
+	s.tracker.becomeLeader()
+	s.delays.becomeLeader(delayed)
+	s.logger.Info("became leader", "node", s.cfg.NodeID)
+}
+
+func (s *Server) expireSessions(ids []uint64) error {
+	res, err := s.apply(&fsmpb.Command{Op: &fsmpb.Command_ExpireSessions{ExpireSessions: &fsmpb.ExpireSessions{SessionIds: ids}}})
+	if err == nil {
+		s.logger.Info("sessions expired", "sessions", res.Ended)
+		s.metrics.expired.Add(float64(len(res.Ended)))
+	}
+	return err
+}
+
+func (s *Server) liftDelay(lock string) {
+	if _, err := s.apply(&fsmpb.Command{Op: &fsmpb.Command_LiftDelay{LiftDelay: &fsmpb.LiftDelay{Lock: lock}}}); err != nil {
+		s.logger.Warn("lifting lock-delay failed", "lock", lock, "err", err)
+	}
+}
+
+// observer routes the FSM's effects to the parts of the server that act on
+// them. It runs on raft's apply goroutine and does not block.
+type observer struct{ s *Server }
+
+func (o observer) Applied(index uint64, res fsm.Result) {
+	s := o.s
+	if res.SessionID != 0 {
+		var ttl time.Duration
+		s.fsm.Read(func(st *fsm.State) {
+			info, _ := st.Session(res.SessionID)
+			ttl = info.TTL
+		})
+		s.tracker.created(res.SessionID, ttl)
+	}
+	for _, id := range res.Ended {
+		s.tracker.ended(id)
+	}
+	s.hub.applied(res)
+	s.delays.schedule(res.Delayed)
+	s.metrics.grants.Add(float64(len(res.Grants)))
+}
+
+func (o observer) Restored() {
+	s := o.s
+	var sessions []fsm.SessionInfo
+	s.fsm.Read(func(st *fsm.State) { sessions = st.Sessions() })
+	s.tracker.reset(sessions)
+	s.hub.restored(s.fsm.Read)
+}
+
+// errorInterceptor maps the handlers' errors to Connect codes with details.
+type errorInterceptor struct{}
+
+func (errorInterceptor) WrapUnary(next connect.UnaryFunc) connect.UnaryFunc {
+	return func(ctx context.Context, req connect.AnyRequest) (connect.AnyResponse, error) {
+		resp, err := next(ctx, req)
+		return resp, rpcerr.ToConnect(err)
+	}
+}
+
+func (errorInterceptor) WrapStreamingClient(next connect.StreamingClientFunc) connect.StreamingClientFunc {
+	return next
+}
+
+func (errorInterceptor) WrapStreamingHandler(next connect.StreamingHandlerFunc) connect.StreamingHandlerFunc {
+	return func(ctx context.Context, conn connect.StreamingHandlerConn) error {
+		return rpcerr.ToConnect(next(ctx, conn))
+	}
+}
+
+// metrics are served on /metrics, one registry per server.
+type metrics struct {
+	registry *prometheus.Registry
+	requests *prometheus.CounterVec
+	latency  *prometheus.HistogramVec
+	grants   prometheus.Counter
+	expired  prometheus.Counter
+}
+
+func newMetrics(s *Server) *metrics {
+	m := &metrics{
+		registry: prometheus.NewRegistry(),
+		requests: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "fence_requests_total", Help: "API requests by procedure and result code.",
+		}, []string{"procedure", "code"}),
+		latency: prometheus.NewHistogramVec(prometheus.HistogramOpts{
+			Name: "fence_request_seconds", Help: "API request latency by procedure (Acquire includes waiting).",
+			Buckets: prometheus.ExponentialBuckets(0.0001, 4, 10),
+		}, []string{"procedure"}),
+		grants:  prometheus.NewCounter(prometheus.CounterOpts{Name: "fence_grants_total", Help: "Lock grants applied, hand-offs included."}),
+		expired: prometheus.NewCounter(prometheus.CounterOpts{Name: "fence_sessions_expired_total", Help: "Sessions expired by this node as leader."}),
+	}
+	gauge := func(name, help string, read func(st *fsm.State) float64) prometheus.Collector {
+		return prometheus.NewGaugeFunc(prometheus.GaugeOpts{Name: name, Help: help}, func() float64 {
+			var v float64
+			s.fsm.Read(func(st *fsm.State) { v = read(st) })
+			return v
+		})
+	}
+	m.registry.MustRegister(m.requests, m.latency, m.grants, m.expired,
+		gauge("fence_sessions", "Live sessions.", func(st *fsm.State) float64 { return float64(st.NumSessions()) }),
+		gauge("fence_locks", "Locks held, waited for or delayed.", func(st *fsm.State) float64 { return float64(st.NumLocks()) }),
+		gauge("fence_last_token", "The last fencing token issued.", func(st *fsm.State) float64 { return float64(st.LastToken()) }),
+		prometheus.NewGaugeFunc(prometheus.GaugeOpts{Name: "fence_is_leader", Help: "1 if this node is the raft leader."}, func() float64 {
+			if s.node != nil && s.node.isLeader() {
+				return 1
+			}
+			return 0
+		}),
+	)
+	return m
+}
+
+func (m *metrics) interceptor() connect.Interceptor {
+	return connect.UnaryInterceptorFunc(func(next connect.UnaryFunc) connect.UnaryFunc {
+		return func(ctx context.Context, req connect.AnyRequest) (connect.AnyResponse, error) {
+			start := time.Now()
+			resp, err := next(ctx, req)
+			proc := req.Spec().Procedure
+			m.latency.WithLabelValues(proc).Observe(time.Since(start).Seconds())
+			code := "ok"
+			if err != nil {
+				code = connect.CodeOf(err).String()
+			}
+			m.requests.WithLabelValues(proc, code).Inc()
+			return resp, err
+		}
+	})
+}

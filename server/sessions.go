@@ -1,0 +1,319 @@
+package server
+
+import (
+	"container/heap"
+	"fmt"
+	"log/slog"
+	"slices"
+	"sync"
+	"time"
+
+	"github.com/fencelock/fence"
+	"github.com/fencelock/fence/fsm"
+	"github.com/fencelock/fence/internal/clock"
+)
+
+// expiryRetry is how long the tracker waits before proposing an expiry
+// again after a failed proposal.
+const expiryRetry = 100 * time.Millisecond
+
+// sessionTracker keeps each session's deadline on the leader's monotonic
+// clock and proposes the expiry of sessions whose deadline passed. Every
+// node mirrors the set of sessions from the FSM, but only the leader renews
+// deadlines and expires sessions; a node that becomes leader gives every
+// session a fresh full TTL, never a shorter one.
+type sessionTracker struct {
+	clock  clock.Clock
+	expire func(ids []uint64) error
+	logger *slog.Logger
+
+	mu       sync.Mutex
+	leader   bool
+	sessions map[uint64]*trackedSession
+	queue    deadlineQueue
+	kick     chan struct{}
+	done     chan struct{}
+	wg       sync.WaitGroup
+}
+
+type trackedSession struct {
+	ttl      time.Duration
+	deadline time.Time
+	// expiring is set once the leader has proposed the session's expiry:
+	// from then on keepalives fail, so no client is told its session lives
+	// while its expiry is being committed.
+	expiring bool
+}
+
+func newSessionTracker(c clock.Clock, logger *slog.Logger, expire func(ids []uint64) error) *sessionTracker {
+	t := &sessionTracker{
+		clock:    c,
+		expire:   expire,
+		logger:   logger,
+		sessions: map[uint64]*trackedSession{},
+		kick:     make(chan struct{}, 1),
+		done:     make(chan struct{}),
+	}
+	t.wg.Add(1)
+	go t.run()
+	return t
+}
+
+func (t *sessionTracker) stop() {
+	close(t.done)
+	t.wg.Wait()
+}
+
+func (t *sessionTracker) wake() {
+	select {
+	case t.kick <- struct{}{}:
+	default:
+	}
+}
+
+// created starts tracking a session committed with the given TTL.
+func (t *sessionTracker) created(id uint64, ttl time.Duration) {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	s := &trackedSession{ttl: ttl, deadline: t.clock.Now().Add(ttl)}
+	t.sessions[id] = s
+	heap.Push(&t.queue, deadlineEntry{id: id, deadline: s.deadline})
+	t.wake()
+}
+
+// ended stops tracking a session that was closed or expired.
+func (t *sessionTracker) ended(id uint64) {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	delete(t.sessions, id)
+}
+
+// reset mirrors the FSM's sessions after a snapshot restore. Sessions the
+// tracker already knew keep their deadlines; new ones get a full TTL.
+func (t *sessionTracker) reset(sessions []fsm.SessionInfo) {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	now := t.clock.Now()
+	next := make(map[uint64]*trackedSession, len(sessions))
+	for _, info := range sessions {
+		if s, ok := t.sessions[info.ID]; ok {
+			next[info.ID] = s
+			continue
+		}
+		next[info.ID] = &trackedSession{ttl: info.TTL, deadline: now.Add(info.TTL)}
+	}
+	t.sessions = next
+	t.rebuildQueueLocked()
+}
+
+// becomeLeader gives every session a fresh full TTL and starts expiring.
+func (t *sessionTracker) becomeLeader() {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	now := t.clock.Now()
+	for _, s := range t.sessions {
+		s.deadline = now.Add(s.ttl)
+		s.expiring = false
+	}
+	t.rebuildQueueLocked()
+	t.leader = true
+	t.wake()
+}
+
+func (t *sessionTracker) becomeFollower() {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	t.leader = false
+}
+
+func (t *sessionTracker) rebuildQueueLocked() {
+	t.queue = t.queue[:0]
+	for id, s := range t.sessions {
+		t.queue = append(t.queue, deadlineEntry{id: id, deadline: s.deadline})
+	}
+	heap.Init(&t.queue)
+}
+
+// keepAlive renews a session for a full TTL from now.
+func (t *sessionTracker) keepAlive(id uint64) (time.Duration, error) {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	if !t.leader {
+		return 0, fmt.Errorf("%w: this node is not the leader; keepalives go to the leader", fence.ErrUnavailable)
+	}
+	s, ok := t.sessions[id]
+	if !ok || s.expiring {
+		return 0, fmt.Errorf("%w: session %d does not exist or has expired; create a new session", fence.ErrSessionNotFound, id)
+	}
+	s.deadline = t.clock.Now().Add(s.ttl)
+	heap.Push(&t.queue, deadlineEntry{id: id, deadline: s.deadline})
+	return s.ttl, nil
+}
+
+// run sleeps until the earliest deadline and expires what is due.
+func (t *sessionTracker) run() {
+	defer t.wg.Done()
+	timer := t.clock.NewTimer(time.Hour)
+	defer timer.Stop()
+	for {
+		timer.Stop()
+		timer.Reset(t.nextWake())
+		select {
+		case <-t.done:
+			return
+		case <-t.kick:
+		case <-timer.C():
+			t.expireDue()
+		}
+	}
+}
+
+// nextWake returns how long until the earliest live deadline, dropping
+// queue entries that a keepalive or an end has made stale.
+func (t *sessionTracker) nextWake() time.Duration {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	if !t.leader {
+		return time.Hour
+	}
+	for len(t.queue) > 0 {
+		e := t.queue[0]
+		if s, ok := t.sessions[e.id]; ok && !s.expiring && s.deadline.Equal(e.deadline) {
+			return max(e.deadline.Sub(t.clock.Now()), 0)
+		}
+		heap.Pop(&t.queue)
+	}
+	return time.Hour
+}
+
+func (t *sessionTracker) expireDue() {
+	t.mu.Lock()
+	if !t.leader {
+		t.mu.Unlock()
+		return
+	}
+	now := t.clock.Now()
+	var due []uint64
+	for len(t.queue) > 0 && !t.queue[0].deadline.After(now) {
+		e := heap.Pop(&t.queue).(deadlineEntry)
+		if s, ok := t.sessions[e.id]; ok && !s.expiring && s.deadline.Equal(e.deadline) {
+			s.expiring = true
+			due = append(due, e.id)
+		}
+	}
+	t.mu.Unlock()
+	if len(due) == 0 {
+		return
+	}
+	slices.Sort(due)
+	t.wg.Add(1)
+	go func() {
+		defer t.wg.Done()
+		if err := t.expire(due); err != nil {
+			t.logger.Warn("expiring sessions failed; will retry", "sessions", due, "err", err)
+			t.retry(due)
+		}
+	}()
+}
+
+// retry makes sessions whose expiry failed to commit due again shortly.
+func (t *sessionTracker) retry(ids []uint64) {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	deadline := t.clock.Now().Add(expiryRetry)
+	for _, id := range ids {
+		if s, ok := t.sessions[id]; ok && s.expiring {
+			s.expiring = false
+			s.deadline = deadline
+			heap.Push(&t.queue, deadlineEntry{id: id, deadline: deadline})
+		}
+	}
+	t.wake()
+}
+
+type deadlineEntry struct {
+	id       uint64
+	deadline time.Time
+}
+
+// deadlineQueue is a min-heap of deadlines. Entries go stale when a session
+// is renewed or ends; they are dropped when they reach the top.
+type deadlineQueue []deadlineEntry
+
+func (q deadlineQueue) Len() int { return len(q) }
+func (q deadlineQueue) Less(i, j int) bool {
+	if q[i].deadline.Equal(q[j].deadline) {
+		return q[i].id < q[j].id
+	}
+	return q[i].deadline.Before(q[j].deadline)
+}
+func (q deadlineQueue) Swap(i, j int)  { q[i], q[j] = q[j], q[i] }
+func (q *deadlineQueue) Push(x any)    { *q = append(*q, x.(deadlineEntry)) }
+func (q *deadlineQueue) Pop() any {
+	old := *q
+	e := old[len(old)-1]
+	*q = old[:len(old)-1]
+	return e
+}
+
+// delayScheduler lifts lock-delays on the leader: when a lock is put under
+// a delay, it commits LiftDelay once the delay has passed on the leader's
+// clock. A new leader restarts every pending delay in full.
+type delayScheduler struct {
+	clock clock.Clock
+	lift  func(lock string)
+
+	mu     sync.Mutex
+	leader bool
+	timers map[string]clock.Timer
+}
+
+func newDelayScheduler(c clock.Clock, lift func(lock string)) *delayScheduler {
+	return &delayScheduler{clock: c, lift: lift, timers: map[string]clock.Timer{}}
+}
+
+func (d *delayScheduler) schedule(delays []fsm.Delay) {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	if !d.leader {
+		return
+	}
+	for _, delay := range delays {
+		d.scheduleLocked(delay)
+	}
+}
+
+func (d *delayScheduler) scheduleLocked(delay fsm.Delay) {
+	if t, ok := d.timers[delay.Lock]; ok {
+		t.Stop()
+	}
+	name := delay.Lock
+	d.timers[name] = d.clock.AfterFunc(delay.Delay, func() {
+		d.mu.Lock()
+		delete(d.timers, name)
+		leader := d.leader
+		d.mu.Unlock()
+		if leader {
+			d.lift(name)
+		}
+	})
+}
+
+func (d *delayScheduler) becomeLeader(pending []fsm.Delay) {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	d.leader = true
+	for _, delay := range pending {
+		d.scheduleLocked(delay)
+	}
+}
+
+func (d *delayScheduler) becomeFollower() {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	d.leader = false
+	for name, t := range d.timers {
+		t.Stop()
+		delete(d.timers, name)
+	}
+}

@@ -1,0 +1,91 @@
+package server
+
+import (
+	"fmt"
+	"time"
+	"unicode"
+	"unicode/utf8"
+
+	"google.golang.org/protobuf/types/known/durationpb"
+
+	"github.com/fencelock/fence"
+	fencev1 "github.com/fencelock/fence/api/fence/v1"
+	"github.com/fencelock/fence/fsm"
+)
+
+func invalid(format string, args ...any) error {
+	return fmt.Errorf("%w: %s", fence.ErrInvalidArgument, fmt.Sprintf(format, args...))
+}
+
+// checkText validates free text: valid UTF-8, no control characters, at
+// most max bytes, and (for names) not empty.
+func checkText(what, s string, max int, required bool) error {
+	switch {
+	case required && s == "":
+		return invalid("%s is empty", what)
+	case len(s) > max:
+		return invalid("%s is %d bytes, over the limit of %d", what, len(s), max)
+	case !utf8.ValidString(s):
+		return invalid("%s is not valid UTF-8", what)
+	}
+	for i, r := range s {
+		if unicode.IsControl(r) {
+			return invalid("%s has control character %U at byte %d", what, r, i)
+		}
+	}
+	return nil
+}
+
+func (s *Server) checkLockName(name string) error {
+	return checkText("lock name", name, s.cfg.MaxNameBytes, true)
+}
+
+func checkSessionID(id uint64) error {
+	if id == 0 {
+		return invalid("session_id is missing; create a session first")
+	}
+	return nil
+}
+
+// duration converts an optional protobuf duration; a nil one gives def.
+func duration(what string, d *durationpb.Duration, def time.Duration) (time.Duration, error) {
+	if d == nil {
+		return def, nil
+	}
+	if err := d.CheckValid(); err != nil {
+		return 0, invalid("%s: %v", what, err)
+	}
+	v := d.AsDuration()
+	if v < 0 {
+		return 0, invalid("%s %v is negative", what, v)
+	}
+	return v, nil
+}
+
+func (s *Server) sessionTTL(d *durationpb.Duration) (time.Duration, error) {
+	ttl, err := duration("ttl", d, s.cfg.DefaultTTL)
+	if err != nil {
+		return 0, err
+	}
+	if ttl < s.cfg.MinTTL || ttl > s.cfg.MaxTTL {
+		return 0, invalid("ttl %v is outside the allowed %v to %v", ttl, s.cfg.MinTTL, s.cfg.MaxTTL)
+	}
+	return ttl, nil
+}
+
+func mode(m fencev1.Mode) (fsm.Mode, error) {
+	switch m {
+	case fencev1.Mode_MODE_UNSPECIFIED, fencev1.Mode_MODE_EXCLUSIVE:
+		return fsm.Exclusive, nil
+	case fencev1.Mode_MODE_SHARED:
+		return fsm.Shared, nil
+	}
+	return 0, invalid("unknown mode %d; use MODE_EXCLUSIVE or MODE_SHARED", m)
+}
+
+func apiMode(m fsm.Mode) fencev1.Mode {
+	if m == fsm.Shared {
+		return fencev1.Mode_MODE_SHARED
+	}
+	return fencev1.Mode_MODE_EXCLUSIVE
+}
