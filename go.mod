@@ -14,6 +14,7 @@ require (
 	github.com/hashicorp/raft-boltdb/v2 v2.3.1
 	github.com/prometheus/client_golang v1.25.0
 	github.com/spf13/cobra v1.10.2
+	go.uber.org/goleak v1.3.0
 	google.golang.org/protobuf v1.36.12
 )
 

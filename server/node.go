@@ -1,7 +1,6 @@
 package server
 
 import (
-	"context"
 	"errors"
 	"fmt"
 	"io"
@@ -129,18 +128,9 @@ func (n *node) propose(cmd *fsmpb.Command) (fsm.Result, error) {
 	return res, nil
 }
 
-// readBarrier makes a following read of the FSM linearizable: it confirms
-// that this node is still the leader with a quorum, then waits until every
-// entry the leader had when the read arrived has been applied.
-func (n *node) readBarrier(ctx context.Context) error {
+// verifyLeader confirms with a quorum that this node is still the leader.
+func (n *node) verifyLeader() error {
 	if err := n.raft.VerifyLeader().Error(); err != nil {
-		return n.raftError(err)
-	}
-	timeout := n.timeout
-	if d, ok := ctx.Deadline(); ok && time.Until(d) < timeout {
-		timeout = time.Until(d)
-	}
-	if err := n.raft.Barrier(timeout).Error(); err != nil {
 		return n.raftError(err)
 	}
 	return nil

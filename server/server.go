@@ -17,6 +17,7 @@ import (
 	"net"
 	"net/http"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"connectrpc.com/connect"
@@ -43,6 +44,10 @@ type Server struct {
 
 	ln   net.Listener
 	http *http.Server
+
+	// leaderReady is set while this node is the leader and has applied
+	// every entry of earlier terms.
+	leaderReady atomic.Bool
 
 	done      chan struct{}
 	wg        sync.WaitGroup
@@ -164,6 +169,7 @@ func (s *Server) watchLeadership() {
 				s.becomeLeader()
 			} else {
 				s.logger.Info("lost leadership")
+				s.leaderReady.Store(false)
 				s.tracker.becomeFollower()
 				s.delays.becomeFollower()
 				s.hub.failAll(fmt.Errorf("%w: this node lost leadership; retry against the new leader", fence.ErrUnavailable))
@@ -174,14 +180,26 @@ func (s *Server) watchLeadership() {
 
 func (s *Server) becomeLeader() {
 	// Apply everything committed in earlier terms before taking decisions.
-	if err := s.node.raft.Barrier(s.cfg.ApplyTimeout).Error(); err != nil {
+	for {
+		err := s.node.raft.Barrier(s.cfg.ApplyTimeout).Error()
+		if err == nil {
+			break
+		}
 		s.logger.Warn("barrier after election failed", "err", err)
-		return
+		if !s.node.isLeader() {
+			return
+		}
+		select {
+		case <-s.done:
+			return
+		case <-time.After(50 * time.Millisecond):
+		}
 	}
 	var delayed []fsm.Delay
 	s.fsm.Read(func(st *fsm.State) { delayed = st.DelayedLocks() })
 	s.tracker.becomeLeader()
 	s.delays.becomeLeader(delayed)
+	s.leaderReady.Store(true)
 	s.logger.Info("became leader", "node", s.cfg.NodeID)
 }
 
@@ -308,4 +326,18 @@ func (m *metrics) interceptor() connect.Interceptor {
 			return resp, err
 		}
 	})
+}
+
+// WaitLeader blocks until some node of the group is the leader, or timeout.
+func (s *Server) WaitLeader(timeout time.Duration) error {
+	deadline := time.Now().Add(timeout)
+	for {
+		if _, id := s.node.raft.LeaderWithID(); id != "" {
+			return nil
+		}
+		if time.Now().After(deadline) {
+			return fmt.Errorf("%w: no leader elected within %v", fence.ErrUnavailable, timeout)
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
 }

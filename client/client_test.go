@@ -1,0 +1,202 @@
+package client
+
+import (
+	"context"
+	"errors"
+	"strings"
+	"testing"
+	"time"
+
+	"go.uber.org/goleak"
+
+	"github.com/fencelock/fence"
+	"github.com/fencelock/fence/internal/clock"
+	"github.com/fencelock/fence/server"
+)
+
+// Lock, Unlock and Lock again: tokens rise, a grant's context ends on
+// Unlock, and locking a held mutex returns the same grant. The client's
+// goroutines are all gone once the session and client are closed.
+func TestMutexLifecycle(t *testing.T) {
+	srv := startServer(t, nil)
+	defer goleak.VerifyNone(t, goleak.IgnoreCurrent())
+	c := mustClient(t, srv, nil)
+	ctx := context.Background()
+	s, err := c.NewSession(ctx, WithTTL(5*time.Second), WithOwner("test"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	m := NewMutex(s, "orders")
+	g1, err := m.Lock(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if again, err := m.Lock(ctx); err != nil || again.Token() != g1.Token() {
+		t.Fatalf("re-lock = %v, %v; want the same grant %d", again, err, g1.Token())
+	}
+	if err := m.Unlock(ctx); err != nil {
+		t.Fatal(err)
+	}
+	select {
+	case <-g1.Done():
+	default:
+		t.Fatal("grant context still live after Unlock")
+	}
+	g2, err := m.Lock(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if g2.Token() <= g1.Token() {
+		t.Fatalf("second token %d is not above %d", g2.Token(), g1.Token())
+	}
+	locks, err := c.Locks(ctx, "orders")
+	if err != nil || len(locks) != 1 || locks[0].GetHolders()[0].GetToken() != g2.Token() || locks[0].GetHolders()[0].GetOwner() != "test" {
+		t.Fatalf("Locks = %v, %v", locks, err)
+	}
+	if res, err := c.Check(ctx, "orders", g1.Token()); err != nil || res.Current || res.CurrentToken != g2.Token() {
+		t.Fatalf("Check(old token) = %+v, %v", res, err)
+	}
+	if err := s.Close(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if !errors.Is(s.Err(), ErrSessionClosed) || g2.Err() == nil {
+		t.Fatalf("after Close: session %v, grant %v", s.Err(), g2.Err())
+	}
+	c.Close()
+}
+
+// Errors keep their identity across the wire.
+func TestErrorsAreSentinels(t *testing.T) {
+	srv := startServer(t, nil)
+	c := mustClient(t, srv, nil)
+	ctx := context.Background()
+	a, err := c.NewSession(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer a.Close(ctx)
+	b, err := c.NewSession(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer b.Close(ctx)
+	if _, err := NewMutex(a, "l").Lock(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := NewMutex(b, "l").TryLock(ctx); !errors.Is(err, fence.ErrLocked) {
+		t.Fatalf("TryLock on a held lock: %v, want ErrLocked", err)
+	}
+	if _, err := NewMutex(b, "l", WithWaitTimeout(100*time.Millisecond)).Lock(ctx); !errors.Is(err, fence.ErrWaitTimeout) {
+		t.Fatalf("Lock with wait timeout: %v, want ErrWaitTimeout", err)
+	}
+	if _, err := NewMutex(b, "").Lock(ctx); !errors.Is(err, fence.ErrInvalidArgument) || !strings.Contains(err.Error(), "lock name") {
+		t.Fatalf("empty name: %v, want ErrInvalidArgument naming the lock name", err)
+	}
+	if err := NewMutex(b, "l").Unlock(ctx); !errors.Is(err, fence.ErrNotHolder) {
+		t.Fatalf("Unlock of a mutex never locked: %v, want ErrNotHolder", err)
+	}
+	if _, err := c.NewSession(ctx, WithTTL(time.Millisecond)); !errors.Is(err, fence.ErrInvalidArgument) {
+		t.Fatalf("TTL 1ms: %v, want ErrInvalidArgument", err)
+	}
+}
+
+// When no renewal gets through before the safe-until deadline, the session
+// and its grants end with ErrSessionLost: the holder learns of the possible
+// loss before the server's TTL (counted from later) runs out.
+func TestSessionLostWhenRenewalsStop(t *testing.T) {
+	srv := startServer(t, nil)
+	clk := clock.NewFake()
+	c := mustClient(t, srv, clk)
+	ctx := context.Background()
+	s, err := c.NewSession(ctx, WithTTL(3*time.Second))
+	if err != nil {
+		t.Fatal(err)
+	}
+	g, err := NewMutex(s, "l").Lock(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	want := clk.Now().Add(3*time.Second*99/100 - 100*time.Millisecond)
+	if got := s.SafeUntil(); got.After(want) {
+		t.Fatalf("safe until %v is later than sent+TTL*(1-drift)-margin = %v", got, want)
+	}
+	srv.Close() // no renewal can get through any more
+	clk.WaitForTimers(2)
+	clk.Advance(3 * time.Second)
+	select {
+	case <-g.Done():
+	case <-time.After(10 * time.Second):
+		t.Fatal("grant still live 10s after its safe-until deadline passed")
+	}
+	if !errors.Is(s.Err(), fence.ErrSessionLost) || !errors.Is(g.Err(), fence.ErrSessionLost) {
+		t.Fatalf("session err %v, grant err %v; want ErrSessionLost", s.Err(), g.Err())
+	}
+	if _, err := NewMutex(s, "l").Lock(ctx); !errors.Is(err, fence.ErrSessionLost) {
+		t.Fatalf("Lock on a lost session: %v", err)
+	}
+}
+
+// Renewals keep a session alive well past its TTL.
+func TestKeepAliveRenews(t *testing.T) {
+	srv := startServer(t, nil)
+	clk := clock.NewFake()
+	c := mustClient(t, srv, clk)
+	ctx := context.Background()
+	s, err := c.NewSession(ctx, WithTTL(3*time.Second))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer s.Close(ctx)
+	for range 10 {
+		before := s.SafeUntil()
+		clk.WaitForTimers(2)
+		clk.Advance(time.Second)
+		deadline := time.Now().Add(10 * time.Second)
+		for !s.SafeUntil().After(before) {
+			if time.Now().After(deadline) || s.Err() != nil {
+				t.Fatalf("no renewal: err %v", s.Err())
+			}
+			time.Sleep(2 * time.Millisecond)
+		}
+	}
+	if s.Err() != nil {
+		t.Fatalf("session ended: %v", s.Err())
+	}
+}
+
+// A session the server expired ends with ErrSessionNotFound on the next
+// renewal.
+func TestSessionExpiredByServer(t *testing.T) {
+	srvClock := clock.NewFake()
+	srv := startServer(t, func(c *server.Config) { c.Clock = srvClock })
+	clk := clock.NewFake()
+	c := mustClient(t, srv, clk)
+	ctx := context.Background()
+	s, err := c.NewSession(ctx, WithTTL(3*time.Second))
+	if err != nil {
+		t.Fatal(err)
+	}
+	srvClock.Advance(4 * time.Second)
+	// Wait until the server has expired it: a fresh client's Lock fails.
+	deadline := time.Now().Add(10 * time.Second)
+	for {
+		_, err := NewMutex(s, "probe").TryLock(ctx)
+		if errors.Is(err, fence.ErrSessionNotFound) {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("server did not expire the session: %v", err)
+		}
+		time.Sleep(5 * time.Millisecond)
+	}
+	clk.WaitForTimers(2)
+	clk.Advance(time.Second) // the next renewal
+	select {
+	case <-s.Done():
+	case <-time.After(10 * time.Second):
+		t.Fatal("session still live after the server expired it")
+	}
+	if !errors.Is(s.Err(), fence.ErrSessionNotFound) {
+		t.Fatalf("session err %v, want ErrSessionNotFound", s.Err())
+	}
+}

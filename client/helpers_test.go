@@ -1,0 +1,48 @@
+package client
+
+import (
+	"testing"
+	"time"
+
+	"github.com/fencelock/fence/internal/clock"
+	"github.com/fencelock/fence/server"
+)
+
+// startServer runs a real single-node server on a temp dir and loopback
+// ports, and returns it once it is the leader.
+func startServer(tb testing.TB, edit func(*server.Config)) *server.Server {
+	tb.Helper()
+	cfg := server.DefaultConfig()
+	cfg.DataDir = tb.TempDir()
+	cfg.Listen = "127.0.0.1:0"
+	cfg.RaftListen = "127.0.0.1:0"
+	cfg.HeartbeatTimeout = 50 * time.Millisecond
+	cfg.ElectionTimeout = 50 * time.Millisecond
+	if edit != nil {
+		edit(&cfg)
+	}
+	s, err := server.Start(cfg)
+	if err != nil {
+		tb.Fatal(err)
+	}
+	tb.Cleanup(func() { s.Close() })
+	if err := s.WaitLeader(10 * time.Second); err != nil {
+		tb.Fatal(err)
+	}
+	return s
+}
+
+// mustClient returns a client of s; a nil clk means the real clock.
+func mustClient(tb testing.TB, s *server.Server, clk clock.Clock) *Client {
+	tb.Helper()
+	opts := []Option{WithEndpoints(s.Addr())}
+	if clk != nil {
+		opts = append(opts, withClock(clk))
+	}
+	c, err := New(opts...)
+	if err != nil {
+		tb.Fatal(err)
+	}
+	tb.Cleanup(func() { c.Close() })
+	return c
+}

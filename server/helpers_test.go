@@ -1,0 +1,165 @@
+package server
+
+import (
+	"context"
+	"errors"
+	"net/http"
+	"testing"
+	"time"
+
+	"connectrpc.com/connect"
+	"google.golang.org/protobuf/types/known/durationpb"
+
+	fencev1 "github.com/fencelock/fence/api/fence/v1"
+	"github.com/fencelock/fence/api/fence/v1/fencev1connect"
+)
+
+// startTestServer runs a real node (raft on a temp dir, loopback ports) and
+// returns it once it is a ready leader.
+func startTestServer(tb testing.TB, edit func(*Config)) *Server {
+	tb.Helper()
+	cfg := DefaultConfig()
+	cfg.DataDir = tb.TempDir()
+	cfg.Listen = "127.0.0.1:0"
+	cfg.RaftListen = "127.0.0.1:0"
+	cfg.HeartbeatTimeout = 50 * time.Millisecond
+	cfg.ElectionTimeout = 50 * time.Millisecond
+	if edit != nil {
+		edit(&cfg)
+	}
+	return mustStart(tb, cfg)
+}
+
+func mustStart(tb testing.TB, cfg Config) *Server {
+	tb.Helper()
+	s, err := Start(cfg)
+	if err != nil {
+		tb.Fatal(err)
+	}
+	tb.Cleanup(func() { s.Close() })
+	waitFor(tb, "a ready leader", s.leaderReady.Load)
+	return s
+}
+
+// waitFor polls cond until it holds, failing the test after 10 s.
+func waitFor(tb testing.TB, what string, cond func() bool) {
+	tb.Helper()
+	deadline := time.Now().Add(10 * time.Second)
+	for !cond() {
+		if time.Now().After(deadline) {
+			tb.Fatalf("timed out waiting for %s", what)
+		}
+		time.Sleep(5 * time.Millisecond)
+	}
+}
+
+// api is a raw Connect client of one server, so tests see the wire API.
+type api struct {
+	tb       testing.TB
+	sessions fencev1connect.SessionServiceClient
+	locks    fencev1connect.LockServiceClient
+}
+
+func newAPI(tb testing.TB, s *Server) *api {
+	url := "http://" + s.Addr()
+	return &api{
+		tb:       tb,
+		sessions: fencev1connect.NewSessionServiceClient(http.DefaultClient, url),
+		locks:    fencev1connect.NewLockServiceClient(http.DefaultClient, url),
+	}
+}
+
+func (a *api) session(ttl time.Duration) uint64 {
+	a.tb.Helper()
+	resp, err := a.sessions.CreateSession(context.Background(), connect.NewRequest(&fencev1.CreateSessionRequest{Ttl: durationpb.New(ttl)}))
+	if err != nil {
+		a.tb.Fatalf("CreateSession: %v", err)
+	}
+	return resp.Msg.GetSessionId()
+}
+
+func (a *api) acquire(ctx context.Context, req *fencev1.AcquireRequest) (uint64, error) {
+	resp, err := a.locks.Acquire(ctx, connect.NewRequest(req))
+	if err != nil {
+		return 0, err
+	}
+	return resp.Msg.GetToken(), nil
+}
+
+func (a *api) mustAcquire(session uint64, lock string) uint64 {
+	a.tb.Helper()
+	token, err := a.acquire(context.Background(), &fencev1.AcquireRequest{SessionId: session, Lock: lock})
+	if err != nil {
+		a.tb.Fatalf("Acquire(%d, %q): %v", session, lock, err)
+	}
+	return token
+}
+
+func (a *api) release(session uint64, lock string, token uint64) error {
+	_, err := a.locks.Release(context.Background(), connect.NewRequest(&fencev1.ReleaseRequest{SessionId: session, Lock: lock, Token: token}))
+	return err
+}
+
+func (a *api) keepAlive(session uint64) error {
+	_, err := a.sessions.KeepAlive(context.Background(), connect.NewRequest(&fencev1.KeepAliveRequest{SessionId: session}))
+	return err
+}
+
+func (a *api) lock(name string) *fencev1.LockInfo {
+	a.tb.Helper()
+	resp, err := a.locks.ListLocks(context.Background(), connect.NewRequest(&fencev1.ListLocksRequest{Prefix: name}))
+	if err != nil {
+		a.tb.Fatalf("ListLocks: %v", err)
+	}
+	for _, l := range resp.Msg.GetLocks() {
+		if l.GetName() == name {
+			return l
+		}
+	}
+	return &fencev1.LockInfo{Name: name}
+}
+
+// pending is an Acquire running in the background.
+type pending struct {
+	token uint64
+	err   error
+	done  chan struct{}
+}
+
+func (a *api) acquireAsync(ctx context.Context, req *fencev1.AcquireRequest) *pending {
+	p := &pending{done: make(chan struct{})}
+	go func() {
+		defer close(p.done)
+		p.token, p.err = a.acquire(ctx, req)
+	}()
+	return p
+}
+
+// result waits for the Acquire to return, failing after 10 s.
+func (p *pending) result(tb testing.TB) (uint64, error) {
+	tb.Helper()
+	select {
+	case <-p.done:
+		return p.token, p.err
+	case <-time.After(10 * time.Second):
+		tb.Fatal("Acquire did not return within 10s")
+		return 0, nil
+	}
+}
+
+func (p *pending) returned() bool {
+	select {
+	case <-p.done:
+		return true
+	default:
+		return false
+	}
+}
+
+func codeOf(err error) connect.Code {
+	var ce *connect.Error
+	if errors.As(err, &ce) {
+		return ce.Code()
+	}
+	return 0
+}

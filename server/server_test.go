@@ -1,0 +1,232 @@
+package server
+
+import (
+	"context"
+	"testing"
+	"time"
+
+	"connectrpc.com/connect"
+	"google.golang.org/protobuf/types/known/durationpb"
+
+	fencev1 "github.com/fencelock/fence/api/fence/v1"
+	"github.com/fencelock/fence/internal/clock"
+)
+
+// A release hands the lock to the first waiter, whose blocked Acquire
+// returns a higher token; asking again for a held lock returns the same grant.
+func TestReleaseHandsLockToWaiter(t *testing.T) {
+	s := startTestServer(t, nil)
+	a := newAPI(t, s)
+	sa, sb := a.session(time.Minute), a.session(time.Minute)
+
+	t1 := a.mustAcquire(sa, "orders")
+	if again := a.mustAcquire(sa, "orders"); again != t1 {
+		t.Fatalf("re-acquire returned token %d, want the same grant %d", again, t1)
+	}
+	p := a.acquireAsync(context.Background(), &fencev1.AcquireRequest{SessionId: sb, Lock: "orders"})
+	waitFor(t, "b to queue", func() bool { return len(a.lock("orders").GetWaiters()) == 1 })
+	if p.returned() {
+		t.Fatal("b was granted while a holds the lock")
+	}
+	if err := a.release(sa, "orders", t1); err != nil {
+		t.Fatal(err)
+	}
+	t2, err := p.result(t)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if t2 <= t1 {
+		t.Fatalf("hand-off token %d is not above %d", t2, t1)
+	}
+	holders := a.lock("orders").GetHolders()
+	if len(holders) != 1 || holders[0].GetSessionId() != sb || holders[0].GetToken() != t2 {
+		t.Fatalf("holders after hand-off = %v, want session %d with token %d", holders, sb, t2)
+	}
+}
+
+// The leader expires a session whose keepalives stop, on its own clock:
+// not before the TTL has passed since the last keepalive, and then it
+// releases the session's locks to waiters and refuses further keepalives.
+func TestSessionExpiresOnLeaderClock(t *testing.T) {
+	clk := clock.NewFake()
+	s := startTestServer(t, func(c *Config) { c.Clock = clk })
+	a := newAPI(t, s)
+	sa := a.session(5 * time.Second)
+	sb := a.session(time.Hour)
+	a.mustAcquire(sa, "job")
+	p := a.acquireAsync(context.Background(), &fencev1.AcquireRequest{SessionId: sb, Lock: "job"})
+	waitFor(t, "b to queue", func() bool { return len(a.lock("job").GetWaiters()) == 1 })
+
+	clk.Advance(4 * time.Second)
+	if err := a.keepAlive(sa); err != nil {
+		t.Fatalf("keepalive within the TTL: %v", err)
+	}
+	clk.Advance(4 * time.Second) // 8s after creation, 4s after the keepalive
+	time.Sleep(50 * time.Millisecond)
+	if p.returned() {
+		t.Fatal("the session expired although it was kept alive")
+	}
+	clk.Advance(2 * time.Second) // 6s after the keepalive
+	if _, err := p.result(t); err != nil {
+		t.Fatalf("waiter after expiry: %v", err)
+	}
+	if err := a.keepAlive(sa); codeOf(err) != connect.CodeNotFound {
+		t.Fatalf("keepalive of an expired session: %v, want NotFound", err)
+	}
+}
+
+// A waiter whose own session expires is told so at once and never granted.
+func TestWaiterWhoseSessionExpiresIsToldAtOnce(t *testing.T) {
+	clk := clock.NewFake()
+	s := startTestServer(t, func(c *Config) { c.Clock = clk })
+	a := newAPI(t, s)
+	holder := a.session(time.Hour)
+	waiter := a.session(2 * time.Second)
+	a.mustAcquire(holder, "l")
+	p := a.acquireAsync(context.Background(), &fencev1.AcquireRequest{SessionId: waiter, Lock: "l"})
+	waitFor(t, "the waiter to queue", func() bool { return len(a.lock("l").GetWaiters()) == 1 })
+	clk.Advance(3 * time.Second)
+	if _, err := p.result(t); codeOf(err) != connect.CodeNotFound {
+		t.Fatalf("waiter whose session expired got %v, want NotFound", err)
+	}
+	if w := a.lock("l").GetWaiters(); len(w) != 0 {
+		t.Fatalf("expired waiter still queued: %v", w)
+	}
+}
+
+// Lock-delay: after the holder's session expires, nobody gets the lock
+// until the delay has passed on the leader's clock.
+func TestLockDelayHoldsLockAfterExpiry(t *testing.T) {
+	clk := clock.NewFake()
+	s := startTestServer(t, func(c *Config) { c.Clock = clk })
+	a := newAPI(t, s)
+	sa, sb := a.session(2*time.Second), a.session(time.Hour)
+	if _, err := a.acquire(context.Background(), &fencev1.AcquireRequest{SessionId: sa, Lock: "l", LockDelay: durationpb.New(10 * time.Second)}); err != nil {
+		t.Fatal(err)
+	}
+	p := a.acquireAsync(context.Background(), &fencev1.AcquireRequest{SessionId: sb, Lock: "l"})
+	waitFor(t, "b to queue", func() bool { return len(a.lock("l").GetWaiters()) == 1 })
+	clk.Advance(3 * time.Second)
+	waitFor(t, "the lock to be delayed", func() bool { return a.lock("l").GetDelayed() })
+	clk.Advance(9 * time.Second)
+	time.Sleep(50 * time.Millisecond)
+	if p.returned() {
+		t.Fatal("b was granted before the lock-delay passed")
+	}
+	clk.Advance(time.Second)
+	if _, err := p.result(t); err != nil {
+		t.Fatalf("b after the lock-delay: %v", err)
+	}
+}
+
+// A wait timeout ends in DeadlineExceeded and leaves no waiter behind.
+func TestWaitTimeout(t *testing.T) {
+	clk := clock.NewFake()
+	s := startTestServer(t, func(c *Config) { c.Clock = clk })
+	a := newAPI(t, s)
+	sa, sb := a.session(time.Hour), a.session(time.Hour)
+	a.mustAcquire(sa, "l")
+	p := a.acquireAsync(context.Background(), &fencev1.AcquireRequest{SessionId: sb, Lock: "l", WaitTimeout: durationpb.New(2 * time.Second)})
+	waitFor(t, "b to queue", func() bool { return len(a.lock("l").GetWaiters()) == 1 })
+	clk.Advance(2 * time.Second)
+	if _, err := p.result(t); codeOf(err) != connect.CodeDeadlineExceeded {
+		t.Fatalf("timed-out wait: %v, want DeadlineExceeded", err)
+	}
+	if w := a.lock("l").GetWaiters(); len(w) != 0 {
+		t.Fatalf("timed-out waiter still queued: %v", w)
+	}
+}
+
+// A caller that goes away while waiting leaves nothing behind: no waiter,
+// and no grant nobody knows of.
+func TestCancelledWaitLeavesNothing(t *testing.T) {
+	s := startTestServer(t, nil)
+	a := newAPI(t, s)
+	sa, sb := a.session(time.Hour), a.session(time.Hour)
+	token := a.mustAcquire(sa, "l")
+	ctx, cancel := context.WithCancel(context.Background())
+	p := a.acquireAsync(ctx, &fencev1.AcquireRequest{SessionId: sb, Lock: "l"})
+	waitFor(t, "b to queue", func() bool { return len(a.lock("l").GetWaiters()) == 1 })
+	cancel()
+	if _, err := p.result(t); err == nil {
+		t.Fatal("cancelled Acquire succeeded")
+	}
+	waitFor(t, "the cancelled waiter to leave the queue", func() bool { return len(a.lock("l").GetWaiters()) == 0 })
+	if err := a.release(sa, "l", token); err != nil {
+		t.Fatal(err)
+	}
+	waitFor(t, "the lock to be free", func() bool { return len(a.lock("l").GetHolders()) == 0 })
+}
+
+// Tokens survive a restart: the lock is still held with its token, and the
+// next grant is higher than any before.
+func TestRestartKeepsGrantsAndTokens(t *testing.T) {
+	dir := t.TempDir()
+	edit := func(c *Config) { c.DataDir = dir; c.SnapshotThreshold = 16 }
+	s := startTestServer(t, edit)
+	a := newAPI(t, s)
+	sess := a.session(time.Hour)
+	var last uint64
+	for range 40 { // enough entries for a snapshot or two
+		last = a.mustAcquire(sess, "churn")
+		if err := a.release(sess, "churn", last); err != nil {
+			t.Fatal(err)
+		}
+	}
+	held := a.mustAcquire(sess, "kept")
+	if err := s.node.raft.Snapshot().Error(); err != nil {
+		t.Fatalf("snapshot: %v", err)
+	}
+	for range 3 {
+		last = a.mustAcquire(sess, "churn")
+		if err := a.release(sess, "churn", last); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if err := s.Close(); err != nil {
+		t.Fatal(err)
+	}
+
+	s2 := startTestServer(t, edit)
+	a2 := newAPI(t, s2)
+	if h := a2.lock("kept").GetHolders(); len(h) != 1 || h[0].GetToken() != held || h[0].GetSessionId() != sess {
+		t.Fatalf("after restart lock kept = %v, want session %d token %d", h, sess, held)
+	}
+	next := a2.mustAcquire(a2.session(time.Minute), "new")
+	if next <= last {
+		t.Fatalf("token after restart %d is not above %d", next, last)
+	}
+}
+
+// Configured limits are enforced with ResourceExhausted.
+func TestLimits(t *testing.T) {
+	s := startTestServer(t, func(c *Config) { c.MaxSessions = 3; c.MaxWaitersPerLock = 1 })
+	a := newAPI(t, s)
+	s1, s2, s3 := a.session(time.Minute), a.session(time.Minute), a.session(time.Minute)
+	_, err := a.sessions.CreateSession(context.Background(), connect.NewRequest(&fencev1.CreateSessionRequest{}))
+	if codeOf(err) != connect.CodeResourceExhausted {
+		t.Fatalf("session over the limit: %v, want ResourceExhausted", err)
+	}
+	a.mustAcquire(s1, "l")
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	a.acquireAsync(ctx, &fencev1.AcquireRequest{SessionId: s2, Lock: "l"})
+	waitFor(t, "one waiter", func() bool { return len(a.lock("l").GetWaiters()) == 1 })
+	if _, err := a.acquire(context.Background(), &fencev1.AcquireRequest{SessionId: s3, Lock: "l"}); codeOf(err) != connect.CodeResourceExhausted {
+		t.Fatalf("waiter over the limit: %v, want ResourceExhausted", err)
+	}
+}
+
+// TryLock on a held lock fails at once with FailedPrecondition.
+func TestTryOnHeldLock(t *testing.T) {
+	s := startTestServer(t, nil)
+	a := newAPI(t, s)
+	sa, sb := a.session(time.Minute), a.session(time.Minute)
+	a.mustAcquire(sa, "l")
+	if _, err := a.acquire(context.Background(), &fencev1.AcquireRequest{SessionId: sb, Lock: "l", Try: true}); codeOf(err) != connect.CodeFailedPrecondition {
+		t.Fatalf("try on a held lock: %v, want FailedPrecondition", err)
+	}
+	if w := a.lock("l").GetWaiters(); len(w) != 0 {
+		t.Fatalf("try left a waiter: %v", w)
+	}
+}
