@@ -16,4 +16,3 @@ func BenchmarkPropose(b *testing.B) {
 		}
 	}
 }
-

@@ -247,8 +247,8 @@ func (q deadlineQueue) Less(i, j int) bool {
 	}
 	return q[i].deadline.Before(q[j].deadline)
 }
-func (q deadlineQueue) Swap(i, j int)  { q[i], q[j] = q[j], q[i] }
-func (q *deadlineQueue) Push(x any)    { *q = append(*q, x.(deadlineEntry)) }
+func (q deadlineQueue) Swap(i, j int) { q[i], q[j] = q[j], q[i] }
+func (q *deadlineQueue) Push(x any)   { *q = append(*q, x.(deadlineEntry)) }
 func (q *deadlineQueue) Pop() any {
 	old := *q
 	e := old[len(old)-1]
