@@ -90,6 +90,7 @@ func runLocked(ctx context.Context, g *globals, f lockFlags, name string, argv [
 
 	child := exec.Command(argv[0], argv[1:]...)
 	child.Stdin, child.Stdout, child.Stderr = g.stdin, g.stdout, g.stderr
+	guardChild(child)
 	child.Env = append(os.Environ(),
 		"FENCE_LOCK="+name,
 		"FENCE_TOKEN="+strconv.FormatUint(grant.Token(), 10),
