@@ -37,6 +37,7 @@ func serveCommand(g *globals) *cobra.Command {
 	f.StringVar(&cfg.DataDir, "data-dir", cfg.DataDir, "directory for the raft log and snapshots")
 	f.StringVar(&cfg.Listen, "listen", cfg.Listen, "API address (Connect, gRPC, JSON over HTTP, /metrics)")
 	f.StringVar(&cfg.RaftListen, "raft-listen", cfg.RaftListen, "address raft peers reach this node on")
+	f.StringVar(&cfg.LogStore, "log-store", cfg.LogStore, "raft log: wal (one fsync per batch) or bolt; fixed when the data dir is created")
 	f.StringVar(&cfg.NodeID, "node-id", cfg.NodeID, "this node's id in its raft group; keep it across restarts")
 	f.DurationVar(&cfg.DefaultTTL, "default-ttl", cfg.DefaultTTL, "session TTL when a client names none")
 	f.DurationVar(&cfg.MinTTL, "min-ttl", cfg.MinTTL, "shortest session TTL allowed")

@@ -23,6 +23,9 @@ type Config struct {
 	Listen string
 	// RaftListen is the address raft peers reach this node on.
 	RaftListen string
+	// LogStore is where the raft log lives: LogStoreWAL (default) or
+	// LogStoreBolt. A data dir keeps the store it was created with.
+	LogStore string
 
 	// DefaultTTL is a session's TTL when the request names none.
 	DefaultTTL time.Duration
@@ -69,6 +72,7 @@ func DefaultConfig() Config {
 		DataDir:           "fence-data",
 		Listen:            "127.0.0.1:7420",
 		RaftListen:        "127.0.0.1:7421",
+		LogStore:          LogStoreWAL,
 		DefaultTTL:        10 * time.Second,
 		MinTTL:            time.Second,
 		MaxTTL:            time.Hour,
@@ -102,6 +106,7 @@ func (c Config) Validate() error {
 	check(err == nil, "listen address %q: want host:port", c.Listen)
 	_, _, err = net.SplitHostPort(c.RaftListen)
 	check(err == nil, "raft listen address %q: want host:port", c.RaftListen)
+	check(c.LogStore == LogStoreWAL || c.LogStore == LogStoreBolt, "log store %q: want %q or %q", c.LogStore, LogStoreWAL, LogStoreBolt)
 	check(c.MinTTL > 0, "min TTL %v must be positive", c.MinTTL)
 	check(c.MinTTL <= c.DefaultTTL && c.DefaultTTL <= c.MaxTTL, "default TTL %v must lie within %v..%v", c.DefaultTTL, c.MinTTL, c.MaxTTL)
 	check(c.MaxLockDelay >= 0, "max lock-delay %v is negative", c.MaxLockDelay)

@@ -13,6 +13,8 @@ import (
 	"github.com/hashicorp/go-hclog"
 	"github.com/hashicorp/raft"
 	raftboltdb "github.com/hashicorp/raft-boltdb/v2"
+	wal "github.com/hashicorp/raft-wal"
+	"github.com/hashicorp/raft-wal/metadb"
 
 	"github.com/fencelock/fence"
 	"github.com/fencelock/fence/fsm"
@@ -24,7 +26,9 @@ import (
 type node struct {
 	raft      *raft.Raft
 	fsm       *fsm.FSM
-	store     *raftboltdb.BoltStore
+	store     *raftboltdb.BoltStore // the stable store (term, vote), and the log with LogStoreBolt
+	wal       *wal.WAL              // the log with LogStoreWAL
+	walMeta   *metadb.BoltMetaDB
 	transport *raft.NetworkTransport
 	timeout   time.Duration
 }
@@ -38,16 +42,35 @@ func openNode(cfg Config, f *fsm.FSM, logger *slog.Logger) (*node, error) {
 		Level:  hclog.Warn,
 		Output: slogWriter{logger},
 	})
+	kind, err := logStoreKind(cfg.DataDir, cfg.LogStore)
+	if err != nil {
+		return nil, err
+	}
 	store, err := raftboltdb.New(raftboltdb.Options{Path: filepath.Join(cfg.DataDir, "raft.db")})
 	if err != nil {
-		return nil, fmt.Errorf("opening raft log in %s: %w", cfg.DataDir, err)
+		return nil, fmt.Errorf("opening raft store in %s: %w", cfg.DataDir, err)
 	}
 	n := &node{fsm: f, store: store, timeout: cfg.ApplyTimeout}
 	fail := func(err error) (*node, error) {
 		n.close()
 		return nil, err
 	}
-	logs, err := raft.NewLogCache(1024, store)
+	var logStore raft.LogStore = store
+	if kind == LogStoreWAL {
+		walDir := filepath.Join(cfg.DataDir, "wal")
+		if err := os.MkdirAll(walDir, 0o700); err != nil {
+			return fail(err)
+		}
+		// raft-wal v0.4.0's Close leaves its meta store open (and locked),
+		// so the node owns the meta store and closes it itself.
+		n.walMeta = &metadb.BoltMetaDB{}
+		n.wal, err = wal.Open(walDir, wal.WithLogger(hlog), wal.WithMetaStore(n.walMeta))
+		if err != nil {
+			return fail(fmt.Errorf("opening raft log in %s: %w", cfg.DataDir, err))
+		}
+		logStore = n.wal
+	}
+	logs, err := raft.NewLogCache(1024, logStore)
 	if err != nil {
 		return fail(err)
 	}
@@ -109,6 +132,40 @@ func openNode(cfg Config, f *fsm.FSM, logger *slog.Logger) (*node, error) {
 	return n, nil
 }
 
+// Log stores. Both keep raft's term and vote in raft-boltdb's raft.db.
+const (
+	// LogStoreWAL keeps the raft log in hashicorp/raft-wal segment files:
+	// one fsync per batch of entries.
+	LogStoreWAL = "wal"
+	// LogStoreBolt keeps the raft log in raft-boltdb's bbolt file, whose
+	// transactions fsync twice per batch.
+	LogStoreBolt = "bolt"
+)
+
+// logStoreKind returns the log store a data dir uses: the one it was
+// created with, recorded in the file log-store, or want for a new dir.
+func logStoreKind(dir, want string) (string, error) {
+	marker := filepath.Join(dir, "log-store")
+	data, err := os.ReadFile(marker)
+	switch {
+	case err == nil:
+		have := string(trimNewline(data))
+		if have != want {
+			return "", fmt.Errorf("data dir %s keeps its raft log in %q, not %q; start with --log-store %s", dir, have, want, have)
+		}
+		return have, nil
+	case !errors.Is(err, os.ErrNotExist):
+		return "", err
+	}
+	if _, err := os.Stat(filepath.Join(dir, "raft.db")); err == nil {
+		return "", fmt.Errorf("data dir %s has a raft.db but no log-store file; it was not written by this version of fence", dir)
+	}
+	if err := os.WriteFile(marker, []byte(want+"\n"), 0o600); err != nil {
+		return "", err
+	}
+	return want, nil
+}
+
 // propose commits cmd and returns the result of applying it. It waits for
 // the commit even when ctx ends first, because a command's effects (a grant)
 // must be seen by whoever proposed it; ApplyTimeout bounds the wait.
@@ -161,6 +218,9 @@ func (n *node) close() error {
 	}
 	if n.transport != nil {
 		errs = append(errs, n.transport.Close())
+	}
+	if n.wal != nil {
+		errs = append(errs, n.wal.Close(), n.walMeta.Close())
 	}
 	if n.store != nil {
 		errs = append(errs, n.store.Close())
