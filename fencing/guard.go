@@ -1,0 +1,129 @@
+package fencing
+
+import (
+	"context"
+	"fmt"
+	"sync"
+	"time"
+
+	"github.com/fencelock/fence"
+	"github.com/fencelock/fence/client"
+)
+
+// Checker asks the fence service whether a token is a lock's current grant.
+// *client.Client implements it.
+type Checker interface {
+	Check(ctx context.Context, lock string, token uint64) (client.CheckResult, error)
+}
+
+// Guard admits writes to a Store, optionally in strict mode. It is what the
+// HTTP and Connect middleware use. A Guard is safe for concurrent use.
+type Guard struct {
+	store   Store
+	checker Checker
+	ttl     time.Duration
+	max     int
+
+	mu    sync.Mutex
+	cache map[checkKey]checkEntry
+}
+
+type checkKey struct {
+	lock  string
+	token uint64
+}
+
+type checkEntry struct {
+	res     client.CheckResult
+	expires time.Time
+}
+
+// GuardOption configures a Guard.
+type GuardOption func(*Guard)
+
+// WithChecker turns on strict mode: besides the highest-token rule, a
+// write's token must be its lock's current grant, as the service answers.
+// Answers are cached for ttl (at most 1s; default 100ms when ttl is 0), for
+// at most 4096 lock-token pairs; writes without a lock name are rejected.
+func WithChecker(c Checker, ttl time.Duration) GuardOption {
+	return func(g *Guard) {
+		g.checker = c
+		g.ttl = min(max(ttl, 0), time.Second)
+		if g.ttl == 0 {
+			g.ttl = 100 * time.Millisecond
+		}
+	}
+}
+
+// NewGuard returns a guard over store.
+func NewGuard(store Store, opts ...GuardOption) *Guard {
+	g := &Guard{store: store, max: 4096, cache: map[checkKey]checkEntry{}}
+	for _, opt := range opts {
+		opt(g)
+	}
+	return g
+}
+
+// Store returns the guard's store.
+func (g *Guard) Store() Store { return g.store }
+
+// Admit applies the fenced write rule for key (and, in strict mode, checks
+// that token is lock's current grant), then runs write, atomically with
+// recording token (see Store.Admit).
+func (g *Guard) Admit(ctx context.Context, key, lock string, token uint64, write func(ctx context.Context) error) error {
+	if key == "" {
+		return fmt.Errorf("%w: the resource key is empty", fence.ErrInvalidArgument)
+	}
+	if g.checker != nil {
+		if err := g.checkCurrent(ctx, lock, token); err != nil {
+			return err
+		}
+	}
+	return g.store.Admit(ctx, key, token, write)
+}
+
+func (g *Guard) checkCurrent(ctx context.Context, lock string, token uint64) error {
+	if lock == "" {
+		return fmt.Errorf("%w: strict fencing needs the lock name with the token", fence.ErrInvalidArgument)
+	}
+	res, err := g.check(ctx, lock, token)
+	if err != nil {
+		return fmt.Errorf("checking token %d of lock %q with the fence service: %w", token, lock, err)
+	}
+	switch {
+	case res.Current:
+		return nil
+	case !res.Held:
+		return fmt.Errorf("%w: token %d is not a current grant: lock %q is not held", fence.ErrNotHolder, token, lock)
+	}
+	return fmt.Errorf("%w: token %d is not the current grant of lock %q (the current token is %d)", fence.ErrNotHolder, token, lock, res.CurrentToken)
+}
+
+func (g *Guard) check(ctx context.Context, lock string, token uint64) (client.CheckResult, error) {
+	key := checkKey{lock, token}
+	now := time.Now()
+	g.mu.Lock()
+	e, ok := g.cache[key]
+	g.mu.Unlock()
+	if ok && now.Before(e.expires) {
+		return e.res, nil
+	}
+	res, err := g.checker.Check(ctx, lock, token)
+	if err != nil {
+		return res, err
+	}
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	if len(g.cache) >= g.max {
+		for k, e := range g.cache {
+			if !now.Before(e.expires) {
+				delete(g.cache, k)
+			}
+		}
+		if len(g.cache) >= g.max {
+			g.cache = map[checkKey]checkEntry{}
+		}
+	}
+	g.cache[key] = checkEntry{res: res, expires: now.Add(g.ttl)}
+	return res, nil
+}
