@@ -40,7 +40,13 @@ func (s *State) CheckInvariants() error {
 				return err
 			}
 		}
+		if l.delay < 0 {
+			return fmt.Errorf("lock %q has a negative lock-delay %v", name, l.delay)
+		}
 		for _, w := range l.waiters {
+			if w.mode != Exclusive && w.mode != Shared {
+				return fmt.Errorf("lock %q has a waiter in %s", name, w.mode)
+			}
 			if err := s.checkMember(name, w.session, seen, false); err != nil {
 				return err
 			}
@@ -60,6 +66,27 @@ func (s *State) CheckInvariants() error {
 				return fmt.Errorf("session %d indexes lock %q it does not wait for", id, name)
 			}
 		}
+	}
+	live := 0
+	for key, e := range s.kv {
+		if e.kv.Key != key {
+			return fmt.Errorf("key %q is filed under %q", e.kv.Key, key)
+		}
+		if e.kv.Token > e.kv.HighestToken {
+			return fmt.Errorf("key %q was written with token %d above its highest %d", key, e.kv.Token, e.kv.HighestToken)
+		}
+		if e.kv.ModRevision > s.kvRevision || e.kv.CreateRevision > e.kv.ModRevision {
+			return fmt.Errorf("key %q has revisions create %d, mod %d beyond the store's %d", key, e.kv.CreateRevision, e.kv.ModRevision, s.kvRevision)
+		}
+		if e.deleted && e.kv.HighestToken == 0 {
+			return fmt.Errorf("key %q is an unfenced tombstone", key)
+		}
+		if !e.deleted {
+			live++
+		}
+	}
+	if live != s.liveKeys {
+		return fmt.Errorf("%d live keys counted as %d", live, s.liveKeys)
 	}
 	return nil
 }

@@ -2,6 +2,7 @@ package fsm
 
 import (
 	"fmt"
+	"sort"
 	"time"
 
 	"github.com/fencelock/fence/internal/fsmpb"
@@ -25,6 +26,20 @@ func (s *State) Snapshot() *fsmpb.Snapshot {
 			pl.Waiters = append(pl.Waiters, &fsmpb.Waiter{SessionId: w.session, Mode: uint32(w.mode), LockDelayNs: int64(w.lockDelay)})
 		}
 		snap.Locks = append(snap.Locks, pl)
+	}
+	snap.KvRevision = s.kvRevision
+	keys := make([]string, 0, len(s.kv))
+	for k := range s.kv {
+		keys = append(keys, k)
+	}
+	sort.Strings(keys)
+	for _, k := range keys {
+		e := s.kv[k]
+		snap.Kvs = append(snap.Kvs, &fsmpb.KV{
+			Key: k, Value: append([]byte(nil), e.kv.Value...), Token: e.kv.Token, Lock: e.kv.Lock,
+			HighestToken: e.kv.HighestToken, CreateRevision: e.kv.CreateRevision,
+			ModRevision: e.kv.ModRevision, Version: e.kv.Version, Deleted: e.deleted,
+		})
 	}
 	return snap
 }
@@ -69,6 +84,20 @@ func Restore(snap *fsmpb.Snapshot) (*State, error) {
 			sess.waits[l.name] = struct{}{}
 		}
 		s.locks[l.name] = l
+	}
+	s.kvRevision = snap.GetKvRevision()
+	for _, pk := range snap.GetKvs() {
+		if _, dup := s.kv[pk.GetKey()]; dup {
+			return nil, fmt.Errorf("fsm: snapshot has key %q twice", pk.GetKey())
+		}
+		s.kv[pk.GetKey()] = &kvEntry{deleted: pk.GetDeleted(), kv: KeyValue{
+			Key: pk.GetKey(), Value: pk.GetValue(), Token: pk.GetToken(), Lock: pk.GetLock(),
+			HighestToken: pk.GetHighestToken(), CreateRevision: pk.GetCreateRevision(),
+			ModRevision: pk.GetModRevision(), Version: pk.GetVersion(),
+		}}
+		if !pk.GetDeleted() {
+			s.liveKeys++
+		}
 	}
 	if err := s.CheckInvariants(); err != nil {
 		return nil, fmt.Errorf("fsm: snapshot is inconsistent: %w", err)

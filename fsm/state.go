@@ -68,6 +68,10 @@ type Result struct {
 	Ended []uint64
 	// Delayed lists the locks this command put under lock-delay.
 	Delayed []Delay
+	// Revision is the KV store's revision after a KV command.
+	Revision uint64
+	// Events lists the KV changes this command made.
+	Events []KVEvent
 }
 
 type holder struct {
@@ -143,11 +147,14 @@ type State struct {
 	lastSessionID uint64
 	sessions      map[uint64]*session
 	locks         map[string]*lock
+	kvRevision    uint64
+	kv            map[string]*kvEntry // live keys and fenced tombstones
+	liveKeys      int
 }
 
 // NewState returns an empty state: no sessions, no locks, token counter 0.
 func NewState() *State {
-	return &State{sessions: map[uint64]*session{}, locks: map[string]*lock{}}
+	return &State{sessions: map[uint64]*session{}, locks: map[string]*lock{}, kv: map[string]*kvEntry{}}
 }
 
 // Apply applies one command and reports what it did. It never panics on a
@@ -168,6 +175,10 @@ func (s *State) Apply(cmd *fsmpb.Command) Result {
 		return s.release(op.Release)
 	case *fsmpb.Command_LiftDelay:
 		return s.liftDelay(op.LiftDelay.GetLock())
+	case *fsmpb.Command_KvPut:
+		return s.kvPut(op.KvPut)
+	case *fsmpb.Command_KvDelete:
+		return s.kvDelete(op.KvDelete)
 	}
 	return Result{Err: fmt.Errorf("%w: unknown command", fence.ErrInvalidArgument)}
 }
@@ -340,6 +351,7 @@ func (s *State) cancelWait(c *fsmpb.CancelWait) Result {
 // skipped: the session may have been closed while the leader decided.
 func (s *State) endSessions(ids []uint64, expired bool) Result {
 	var res Result
+	touched := map[string]struct{}{}
 	for _, id := range ids {
 		sess, ok := s.sessions[id]
 		if !ok {
@@ -362,13 +374,17 @@ func (s *State) endSessions(ids []uint64, expired bool) Result {
 		}
 		delete(s.sessions, id)
 		res.Ended = append(res.Ended, id)
-		// Hand the locks on only once the session is gone entirely, so that
-		// none of them goes back to it.
-		for _, name := range sortedKeys(union(sess.holds, sess.waits)) {
-			l := s.locks[name]
-			res.Grants = append(res.Grants, s.grantWaiters(l)...)
-			s.forget(l)
+		for name := range union(sess.holds, sess.waits) {
+			touched[name] = struct{}{}
 		}
+	}
+	// Hand the locks on only once every session this command ends is gone
+	// entirely, so that none of them goes to one of those sessions: a
+	// waiter whose session expires is never granted.
+	for _, name := range sortedKeys(touched) {
+		l := s.locks[name]
+		res.Grants = append(res.Grants, s.grantWaiters(l)...)
+		s.forget(l)
 	}
 	return res
 }

@@ -39,6 +39,8 @@ type Command struct {
 	//	*Command_CancelWait
 	//	*Command_Release
 	//	*Command_LiftDelay
+	//	*Command_KvPut
+	//	*Command_KvDelete
 	Op            isCommand_Op `protobuf_oneof:"op"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
@@ -144,6 +146,24 @@ func (x *Command) GetLiftDelay() *LiftDelay {
 	return nil
 }
 
+func (x *Command) GetKvPut() *KVPut {
+	if x != nil {
+		if x, ok := x.Op.(*Command_KvPut); ok {
+			return x.KvPut
+		}
+	}
+	return nil
+}
+
+func (x *Command) GetKvDelete() *KVDelete {
+	if x != nil {
+		if x, ok := x.Op.(*Command_KvDelete); ok {
+			return x.KvDelete
+		}
+	}
+	return nil
+}
+
 type isCommand_Op interface {
 	isCommand_Op()
 }
@@ -176,6 +196,14 @@ type Command_LiftDelay struct {
 	LiftDelay *LiftDelay `protobuf:"bytes,7,opt,name=lift_delay,json=liftDelay,proto3,oneof"`
 }
 
+type Command_KvPut struct {
+	KvPut *KVPut `protobuf:"bytes,8,opt,name=kv_put,json=kvPut,proto3,oneof"`
+}
+
+type Command_KvDelete struct {
+	KvDelete *KVDelete `protobuf:"bytes,9,opt,name=kv_delete,json=kvDelete,proto3,oneof"`
+}
+
 func (*Command_CreateSession) isCommand_Op() {}
 
 func (*Command_CloseSession) isCommand_Op() {}
@@ -189,6 +217,10 @@ func (*Command_CancelWait) isCommand_Op() {}
 func (*Command_Release) isCommand_Op() {}
 
 func (*Command_LiftDelay) isCommand_Op() {}
+
+func (*Command_KvPut) isCommand_Op() {}
+
+func (*Command_KvDelete) isCommand_Op() {}
 
 type CreateSession struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
@@ -583,19 +615,215 @@ func (x *LiftDelay) GetLock() string {
 	return ""
 }
 
+// KVFence is the fencing of one KV write. A write with token 0 is unfenced,
+// and is refused on a key that was ever written with a token.
+type KVFence struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	Lock  string                 `protobuf:"bytes,1,opt,name=lock,proto3" json:"lock,omitempty"`
+	Token uint64                 `protobuf:"varint,2,opt,name=token,proto3" json:"token,omitempty"`
+	// The token must be the lock's current grant, not only the highest seen.
+	Strict bool `protobuf:"varint,3,opt,name=strict,proto3" json:"strict,omitempty"`
+	// When set, the key's mod revision must equal it (0: the key must not exist).
+	ExpectRevision *uint64 `protobuf:"varint,4,opt,name=expect_revision,json=expectRevision,proto3,oneof" json:"expect_revision,omitempty"`
+	unknownFields  protoimpl.UnknownFields
+	sizeCache      protoimpl.SizeCache
+}
+
+func (x *KVFence) Reset() {
+	*x = KVFence{}
+	mi := &file_fsmpb_fsm_proto_msgTypes[8]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *KVFence) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*KVFence) ProtoMessage() {}
+
+func (x *KVFence) ProtoReflect() protoreflect.Message {
+	mi := &file_fsmpb_fsm_proto_msgTypes[8]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use KVFence.ProtoReflect.Descriptor instead.
+func (*KVFence) Descriptor() ([]byte, []int) {
+	return file_fsmpb_fsm_proto_rawDescGZIP(), []int{8}
+}
+
+func (x *KVFence) GetLock() string {
+	if x != nil {
+		return x.Lock
+	}
+	return ""
+}
+
+func (x *KVFence) GetToken() uint64 {
+	if x != nil {
+		return x.Token
+	}
+	return 0
+}
+
+func (x *KVFence) GetStrict() bool {
+	if x != nil {
+		return x.Strict
+	}
+	return false
+}
+
+func (x *KVFence) GetExpectRevision() uint64 {
+	if x != nil && x.ExpectRevision != nil {
+		return *x.ExpectRevision
+	}
+	return 0
+}
+
+type KVPut struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	Key   string                 `protobuf:"bytes,1,opt,name=key,proto3" json:"key,omitempty"`
+	Value []byte                 `protobuf:"bytes,2,opt,name=value,proto3" json:"value,omitempty"`
+	Fence *KVFence               `protobuf:"bytes,3,opt,name=fence,proto3" json:"fence,omitempty"`
+	// The leader's configured limit on live keys, carried so every replica
+	// enforces the same one. 0 means no limit.
+	MaxKeys       uint64 `protobuf:"varint,4,opt,name=max_keys,json=maxKeys,proto3" json:"max_keys,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *KVPut) Reset() {
+	*x = KVPut{}
+	mi := &file_fsmpb_fsm_proto_msgTypes[9]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *KVPut) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*KVPut) ProtoMessage() {}
+
+func (x *KVPut) ProtoReflect() protoreflect.Message {
+	mi := &file_fsmpb_fsm_proto_msgTypes[9]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use KVPut.ProtoReflect.Descriptor instead.
+func (*KVPut) Descriptor() ([]byte, []int) {
+	return file_fsmpb_fsm_proto_rawDescGZIP(), []int{9}
+}
+
+func (x *KVPut) GetKey() string {
+	if x != nil {
+		return x.Key
+	}
+	return ""
+}
+
+func (x *KVPut) GetValue() []byte {
+	if x != nil {
+		return x.Value
+	}
+	return nil
+}
+
+func (x *KVPut) GetFence() *KVFence {
+	if x != nil {
+		return x.Fence
+	}
+	return nil
+}
+
+func (x *KVPut) GetMaxKeys() uint64 {
+	if x != nil {
+		return x.MaxKeys
+	}
+	return 0
+}
+
+type KVDelete struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Key           string                 `protobuf:"bytes,1,opt,name=key,proto3" json:"key,omitempty"`
+	Fence         *KVFence               `protobuf:"bytes,2,opt,name=fence,proto3" json:"fence,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *KVDelete) Reset() {
+	*x = KVDelete{}
+	mi := &file_fsmpb_fsm_proto_msgTypes[10]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *KVDelete) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*KVDelete) ProtoMessage() {}
+
+func (x *KVDelete) ProtoReflect() protoreflect.Message {
+	mi := &file_fsmpb_fsm_proto_msgTypes[10]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use KVDelete.ProtoReflect.Descriptor instead.
+func (*KVDelete) Descriptor() ([]byte, []int) {
+	return file_fsmpb_fsm_proto_rawDescGZIP(), []int{10}
+}
+
+func (x *KVDelete) GetKey() string {
+	if x != nil {
+		return x.Key
+	}
+	return ""
+}
+
+func (x *KVDelete) GetFence() *KVFence {
+	if x != nil {
+		return x.Fence
+	}
+	return nil
+}
+
 type Snapshot struct {
 	state         protoimpl.MessageState `protogen:"open.v1"`
 	LastToken     uint64                 `protobuf:"varint,1,opt,name=last_token,json=lastToken,proto3" json:"last_token,omitempty"`
 	LastSessionId uint64                 `protobuf:"varint,2,opt,name=last_session_id,json=lastSessionId,proto3" json:"last_session_id,omitempty"`
 	Sessions      []*Session             `protobuf:"bytes,3,rep,name=sessions,proto3" json:"sessions,omitempty"`
 	Locks         []*Lock                `protobuf:"bytes,4,rep,name=locks,proto3" json:"locks,omitempty"`
+	KvRevision    uint64                 `protobuf:"varint,5,opt,name=kv_revision,json=kvRevision,proto3" json:"kv_revision,omitempty"`
+	Kvs           []*KV                  `protobuf:"bytes,6,rep,name=kvs,proto3" json:"kvs,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
 
 func (x *Snapshot) Reset() {
 	*x = Snapshot{}
-	mi := &file_fsmpb_fsm_proto_msgTypes[8]
+	mi := &file_fsmpb_fsm_proto_msgTypes[11]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -607,7 +835,7 @@ func (x *Snapshot) String() string {
 func (*Snapshot) ProtoMessage() {}
 
 func (x *Snapshot) ProtoReflect() protoreflect.Message {
-	mi := &file_fsmpb_fsm_proto_msgTypes[8]
+	mi := &file_fsmpb_fsm_proto_msgTypes[11]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -620,7 +848,7 @@ func (x *Snapshot) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Snapshot.ProtoReflect.Descriptor instead.
 func (*Snapshot) Descriptor() ([]byte, []int) {
-	return file_fsmpb_fsm_proto_rawDescGZIP(), []int{8}
+	return file_fsmpb_fsm_proto_rawDescGZIP(), []int{11}
 }
 
 func (x *Snapshot) GetLastToken() uint64 {
@@ -651,6 +879,133 @@ func (x *Snapshot) GetLocks() []*Lock {
 	return nil
 }
 
+func (x *Snapshot) GetKvRevision() uint64 {
+	if x != nil {
+		return x.KvRevision
+	}
+	return 0
+}
+
+func (x *Snapshot) GetKvs() []*KV {
+	if x != nil {
+		return x.Kvs
+	}
+	return nil
+}
+
+// KV is one key of the fenced KV store. A deleted key whose writes were
+// fenced is kept as a tombstone with its highest token, so that a stale
+// writer cannot bring it back.
+type KV struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	Key   string                 `protobuf:"bytes,1,opt,name=key,proto3" json:"key,omitempty"`
+	Value []byte                 `protobuf:"bytes,2,opt,name=value,proto3" json:"value,omitempty"`
+	// The token and lock of the last write; 0 for an unfenced write.
+	Token uint64 `protobuf:"varint,3,opt,name=token,proto3" json:"token,omitempty"`
+	Lock  string `protobuf:"bytes,4,opt,name=lock,proto3" json:"lock,omitempty"`
+	// The highest token ever accepted for the key.
+	HighestToken   uint64 `protobuf:"varint,5,opt,name=highest_token,json=highestToken,proto3" json:"highest_token,omitempty"`
+	CreateRevision uint64 `protobuf:"varint,6,opt,name=create_revision,json=createRevision,proto3" json:"create_revision,omitempty"`
+	ModRevision    uint64 `protobuf:"varint,7,opt,name=mod_revision,json=modRevision,proto3" json:"mod_revision,omitempty"`
+	Version        uint64 `protobuf:"varint,8,opt,name=version,proto3" json:"version,omitempty"`
+	Deleted        bool   `protobuf:"varint,9,opt,name=deleted,proto3" json:"deleted,omitempty"`
+	unknownFields  protoimpl.UnknownFields
+	sizeCache      protoimpl.SizeCache
+}
+
+func (x *KV) Reset() {
+	*x = KV{}
+	mi := &file_fsmpb_fsm_proto_msgTypes[12]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *KV) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*KV) ProtoMessage() {}
+
+func (x *KV) ProtoReflect() protoreflect.Message {
+	mi := &file_fsmpb_fsm_proto_msgTypes[12]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use KV.ProtoReflect.Descriptor instead.
+func (*KV) Descriptor() ([]byte, []int) {
+	return file_fsmpb_fsm_proto_rawDescGZIP(), []int{12}
+}
+
+func (x *KV) GetKey() string {
+	if x != nil {
+		return x.Key
+	}
+	return ""
+}
+
+func (x *KV) GetValue() []byte {
+	if x != nil {
+		return x.Value
+	}
+	return nil
+}
+
+func (x *KV) GetToken() uint64 {
+	if x != nil {
+		return x.Token
+	}
+	return 0
+}
+
+func (x *KV) GetLock() string {
+	if x != nil {
+		return x.Lock
+	}
+	return ""
+}
+
+func (x *KV) GetHighestToken() uint64 {
+	if x != nil {
+		return x.HighestToken
+	}
+	return 0
+}
+
+func (x *KV) GetCreateRevision() uint64 {
+	if x != nil {
+		return x.CreateRevision
+	}
+	return 0
+}
+
+func (x *KV) GetModRevision() uint64 {
+	if x != nil {
+		return x.ModRevision
+	}
+	return 0
+}
+
+func (x *KV) GetVersion() uint64 {
+	if x != nil {
+		return x.Version
+	}
+	return 0
+}
+
+func (x *KV) GetDeleted() bool {
+	if x != nil {
+		return x.Deleted
+	}
+	return false
+}
+
 type Session struct {
 	state         protoimpl.MessageState `protogen:"open.v1"`
 	Id            uint64                 `protobuf:"varint,1,opt,name=id,proto3" json:"id,omitempty"`
@@ -662,7 +1017,7 @@ type Session struct {
 
 func (x *Session) Reset() {
 	*x = Session{}
-	mi := &file_fsmpb_fsm_proto_msgTypes[9]
+	mi := &file_fsmpb_fsm_proto_msgTypes[13]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -674,7 +1029,7 @@ func (x *Session) String() string {
 func (*Session) ProtoMessage() {}
 
 func (x *Session) ProtoReflect() protoreflect.Message {
-	mi := &file_fsmpb_fsm_proto_msgTypes[9]
+	mi := &file_fsmpb_fsm_proto_msgTypes[13]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -687,7 +1042,7 @@ func (x *Session) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Session.ProtoReflect.Descriptor instead.
 func (*Session) Descriptor() ([]byte, []int) {
-	return file_fsmpb_fsm_proto_rawDescGZIP(), []int{9}
+	return file_fsmpb_fsm_proto_rawDescGZIP(), []int{13}
 }
 
 func (x *Session) GetId() uint64 {
@@ -723,7 +1078,7 @@ type Lock struct {
 
 func (x *Lock) Reset() {
 	*x = Lock{}
-	mi := &file_fsmpb_fsm_proto_msgTypes[10]
+	mi := &file_fsmpb_fsm_proto_msgTypes[14]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -735,7 +1090,7 @@ func (x *Lock) String() string {
 func (*Lock) ProtoMessage() {}
 
 func (x *Lock) ProtoReflect() protoreflect.Message {
-	mi := &file_fsmpb_fsm_proto_msgTypes[10]
+	mi := &file_fsmpb_fsm_proto_msgTypes[14]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -748,7 +1103,7 @@ func (x *Lock) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Lock.ProtoReflect.Descriptor instead.
 func (*Lock) Descriptor() ([]byte, []int) {
-	return file_fsmpb_fsm_proto_rawDescGZIP(), []int{10}
+	return file_fsmpb_fsm_proto_rawDescGZIP(), []int{14}
 }
 
 func (x *Lock) GetName() string {
@@ -791,7 +1146,7 @@ type Holder struct {
 
 func (x *Holder) Reset() {
 	*x = Holder{}
-	mi := &file_fsmpb_fsm_proto_msgTypes[11]
+	mi := &file_fsmpb_fsm_proto_msgTypes[15]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -803,7 +1158,7 @@ func (x *Holder) String() string {
 func (*Holder) ProtoMessage() {}
 
 func (x *Holder) ProtoReflect() protoreflect.Message {
-	mi := &file_fsmpb_fsm_proto_msgTypes[11]
+	mi := &file_fsmpb_fsm_proto_msgTypes[15]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -816,7 +1171,7 @@ func (x *Holder) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Holder.ProtoReflect.Descriptor instead.
 func (*Holder) Descriptor() ([]byte, []int) {
-	return file_fsmpb_fsm_proto_rawDescGZIP(), []int{11}
+	return file_fsmpb_fsm_proto_rawDescGZIP(), []int{15}
 }
 
 func (x *Holder) GetSessionId() uint64 {
@@ -858,7 +1213,7 @@ type Waiter struct {
 
 func (x *Waiter) Reset() {
 	*x = Waiter{}
-	mi := &file_fsmpb_fsm_proto_msgTypes[12]
+	mi := &file_fsmpb_fsm_proto_msgTypes[16]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -870,7 +1225,7 @@ func (x *Waiter) String() string {
 func (*Waiter) ProtoMessage() {}
 
 func (x *Waiter) ProtoReflect() protoreflect.Message {
-	mi := &file_fsmpb_fsm_proto_msgTypes[12]
+	mi := &file_fsmpb_fsm_proto_msgTypes[16]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -883,7 +1238,7 @@ func (x *Waiter) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Waiter.ProtoReflect.Descriptor instead.
 func (*Waiter) Descriptor() ([]byte, []int) {
-	return file_fsmpb_fsm_proto_rawDescGZIP(), []int{12}
+	return file_fsmpb_fsm_proto_rawDescGZIP(), []int{16}
 }
 
 func (x *Waiter) GetSessionId() uint64 {
@@ -911,7 +1266,7 @@ var File_fsmpb_fsm_proto protoreflect.FileDescriptor
 
 const file_fsmpb_fsm_proto_rawDesc = "" +
 	"\n" +
-	"\x0ffsmpb/fsm.proto\x12\ffence.fsm.v1\"\xbe\x03\n" +
+	"\x0ffsmpb/fsm.proto\x12\ffence.fsm.v1\"\xa3\x04\n" +
 	"\aCommand\x12D\n" +
 	"\x0ecreate_session\x18\x01 \x01(\v2\x1b.fence.fsm.v1.CreateSessionH\x00R\rcreateSession\x12A\n" +
 	"\rclose_session\x18\x02 \x01(\v2\x1a.fence.fsm.v1.CloseSessionH\x00R\fcloseSession\x12G\n" +
@@ -921,7 +1276,9 @@ const file_fsmpb_fsm_proto_rawDesc = "" +
 	"cancelWait\x121\n" +
 	"\arelease\x18\x06 \x01(\v2\x15.fence.fsm.v1.ReleaseH\x00R\arelease\x128\n" +
 	"\n" +
-	"lift_delay\x18\a \x01(\v2\x17.fence.fsm.v1.LiftDelayH\x00R\tliftDelayB\x04\n" +
+	"lift_delay\x18\a \x01(\v2\x17.fence.fsm.v1.LiftDelayH\x00R\tliftDelay\x12,\n" +
+	"\x06kv_put\x18\b \x01(\v2\x13.fence.fsm.v1.KVPutH\x00R\x05kvPut\x125\n" +
+	"\tkv_delete\x18\t \x01(\v2\x16.fence.fsm.v1.KVDeleteH\x00R\bkvDeleteB\x04\n" +
 	"\x02op\"_\n" +
 	"\rCreateSession\x12\x15\n" +
 	"\x06ttl_ns\x18\x01 \x01(\x03R\x05ttlNs\x12\x14\n" +
@@ -953,13 +1310,40 @@ const file_fsmpb_fsm_proto_rawDesc = "" +
 	"\x04lock\x18\x02 \x01(\tR\x04lock\x12\x14\n" +
 	"\x05token\x18\x03 \x01(\x04R\x05token\"\x1f\n" +
 	"\tLiftDelay\x12\x12\n" +
-	"\x04lock\x18\x01 \x01(\tR\x04lock\"\xae\x01\n" +
+	"\x04lock\x18\x01 \x01(\tR\x04lock\"\x8d\x01\n" +
+	"\aKVFence\x12\x12\n" +
+	"\x04lock\x18\x01 \x01(\tR\x04lock\x12\x14\n" +
+	"\x05token\x18\x02 \x01(\x04R\x05token\x12\x16\n" +
+	"\x06strict\x18\x03 \x01(\bR\x06strict\x12,\n" +
+	"\x0fexpect_revision\x18\x04 \x01(\x04H\x00R\x0eexpectRevision\x88\x01\x01B\x12\n" +
+	"\x10_expect_revision\"w\n" +
+	"\x05KVPut\x12\x10\n" +
+	"\x03key\x18\x01 \x01(\tR\x03key\x12\x14\n" +
+	"\x05value\x18\x02 \x01(\fR\x05value\x12+\n" +
+	"\x05fence\x18\x03 \x01(\v2\x15.fence.fsm.v1.KVFenceR\x05fence\x12\x19\n" +
+	"\bmax_keys\x18\x04 \x01(\x04R\amaxKeys\"I\n" +
+	"\bKVDelete\x12\x10\n" +
+	"\x03key\x18\x01 \x01(\tR\x03key\x12+\n" +
+	"\x05fence\x18\x02 \x01(\v2\x15.fence.fsm.v1.KVFenceR\x05fence\"\xf3\x01\n" +
 	"\bSnapshot\x12\x1d\n" +
 	"\n" +
 	"last_token\x18\x01 \x01(\x04R\tlastToken\x12&\n" +
 	"\x0flast_session_id\x18\x02 \x01(\x04R\rlastSessionId\x121\n" +
 	"\bsessions\x18\x03 \x03(\v2\x15.fence.fsm.v1.SessionR\bsessions\x12(\n" +
-	"\x05locks\x18\x04 \x03(\v2\x12.fence.fsm.v1.LockR\x05locks\"F\n" +
+	"\x05locks\x18\x04 \x03(\v2\x12.fence.fsm.v1.LockR\x05locks\x12\x1f\n" +
+	"\vkv_revision\x18\x05 \x01(\x04R\n" +
+	"kvRevision\x12\"\n" +
+	"\x03kvs\x18\x06 \x03(\v2\x10.fence.fsm.v1.KVR\x03kvs\"\xfb\x01\n" +
+	"\x02KV\x12\x10\n" +
+	"\x03key\x18\x01 \x01(\tR\x03key\x12\x14\n" +
+	"\x05value\x18\x02 \x01(\fR\x05value\x12\x14\n" +
+	"\x05token\x18\x03 \x01(\x04R\x05token\x12\x12\n" +
+	"\x04lock\x18\x04 \x01(\tR\x04lock\x12#\n" +
+	"\rhighest_token\x18\x05 \x01(\x04R\fhighestToken\x12'\n" +
+	"\x0fcreate_revision\x18\x06 \x01(\x04R\x0ecreateRevision\x12!\n" +
+	"\fmod_revision\x18\a \x01(\x04R\vmodRevision\x12\x18\n" +
+	"\aversion\x18\b \x01(\x04R\aversion\x12\x18\n" +
+	"\adeleted\x18\t \x01(\bR\adeleted\"F\n" +
 	"\aSession\x12\x0e\n" +
 	"\x02id\x18\x01 \x01(\x04R\x02id\x12\x15\n" +
 	"\x06ttl_ns\x18\x02 \x01(\x03R\x05ttlNs\x12\x14\n" +
@@ -993,7 +1377,7 @@ func file_fsmpb_fsm_proto_rawDescGZIP() []byte {
 	return file_fsmpb_fsm_proto_rawDescData
 }
 
-var file_fsmpb_fsm_proto_msgTypes = make([]protoimpl.MessageInfo, 13)
+var file_fsmpb_fsm_proto_msgTypes = make([]protoimpl.MessageInfo, 17)
 var file_fsmpb_fsm_proto_goTypes = []any{
 	(*Command)(nil),        // 0: fence.fsm.v1.Command
 	(*CreateSession)(nil),  // 1: fence.fsm.v1.CreateSession
@@ -1003,11 +1387,15 @@ var file_fsmpb_fsm_proto_goTypes = []any{
 	(*CancelWait)(nil),     // 5: fence.fsm.v1.CancelWait
 	(*Release)(nil),        // 6: fence.fsm.v1.Release
 	(*LiftDelay)(nil),      // 7: fence.fsm.v1.LiftDelay
-	(*Snapshot)(nil),       // 8: fence.fsm.v1.Snapshot
-	(*Session)(nil),        // 9: fence.fsm.v1.Session
-	(*Lock)(nil),           // 10: fence.fsm.v1.Lock
-	(*Holder)(nil),         // 11: fence.fsm.v1.Holder
-	(*Waiter)(nil),         // 12: fence.fsm.v1.Waiter
+	(*KVFence)(nil),        // 8: fence.fsm.v1.KVFence
+	(*KVPut)(nil),          // 9: fence.fsm.v1.KVPut
+	(*KVDelete)(nil),       // 10: fence.fsm.v1.KVDelete
+	(*Snapshot)(nil),       // 11: fence.fsm.v1.Snapshot
+	(*KV)(nil),             // 12: fence.fsm.v1.KV
+	(*Session)(nil),        // 13: fence.fsm.v1.Session
+	(*Lock)(nil),           // 14: fence.fsm.v1.Lock
+	(*Holder)(nil),         // 15: fence.fsm.v1.Holder
+	(*Waiter)(nil),         // 16: fence.fsm.v1.Waiter
 }
 var file_fsmpb_fsm_proto_depIdxs = []int32{
 	1,  // 0: fence.fsm.v1.Command.create_session:type_name -> fence.fsm.v1.CreateSession
@@ -1017,15 +1405,20 @@ var file_fsmpb_fsm_proto_depIdxs = []int32{
 	5,  // 4: fence.fsm.v1.Command.cancel_wait:type_name -> fence.fsm.v1.CancelWait
 	6,  // 5: fence.fsm.v1.Command.release:type_name -> fence.fsm.v1.Release
 	7,  // 6: fence.fsm.v1.Command.lift_delay:type_name -> fence.fsm.v1.LiftDelay
-	9,  // 7: fence.fsm.v1.Snapshot.sessions:type_name -> fence.fsm.v1.Session
-	10, // 8: fence.fsm.v1.Snapshot.locks:type_name -> fence.fsm.v1.Lock
-	11, // 9: fence.fsm.v1.Lock.holders:type_name -> fence.fsm.v1.Holder
-	12, // 10: fence.fsm.v1.Lock.waiters:type_name -> fence.fsm.v1.Waiter
-	11, // [11:11] is the sub-list for method output_type
-	11, // [11:11] is the sub-list for method input_type
-	11, // [11:11] is the sub-list for extension type_name
-	11, // [11:11] is the sub-list for extension extendee
-	0,  // [0:11] is the sub-list for field type_name
+	9,  // 7: fence.fsm.v1.Command.kv_put:type_name -> fence.fsm.v1.KVPut
+	10, // 8: fence.fsm.v1.Command.kv_delete:type_name -> fence.fsm.v1.KVDelete
+	8,  // 9: fence.fsm.v1.KVPut.fence:type_name -> fence.fsm.v1.KVFence
+	8,  // 10: fence.fsm.v1.KVDelete.fence:type_name -> fence.fsm.v1.KVFence
+	13, // 11: fence.fsm.v1.Snapshot.sessions:type_name -> fence.fsm.v1.Session
+	14, // 12: fence.fsm.v1.Snapshot.locks:type_name -> fence.fsm.v1.Lock
+	12, // 13: fence.fsm.v1.Snapshot.kvs:type_name -> fence.fsm.v1.KV
+	15, // 14: fence.fsm.v1.Lock.holders:type_name -> fence.fsm.v1.Holder
+	16, // 15: fence.fsm.v1.Lock.waiters:type_name -> fence.fsm.v1.Waiter
+	16, // [16:16] is the sub-list for method output_type
+	16, // [16:16] is the sub-list for method input_type
+	16, // [16:16] is the sub-list for extension type_name
+	16, // [16:16] is the sub-list for extension extendee
+	0,  // [0:16] is the sub-list for field type_name
 }
 
 func init() { file_fsmpb_fsm_proto_init() }
@@ -1041,14 +1434,17 @@ func file_fsmpb_fsm_proto_init() {
 		(*Command_CancelWait)(nil),
 		(*Command_Release)(nil),
 		(*Command_LiftDelay)(nil),
+		(*Command_KvPut)(nil),
+		(*Command_KvDelete)(nil),
 	}
+	file_fsmpb_fsm_proto_msgTypes[8].OneofWrappers = []any{}
 	type x struct{}
 	out := protoimpl.TypeBuilder{
 		File: protoimpl.DescBuilder{
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_fsmpb_fsm_proto_rawDesc), len(file_fsmpb_fsm_proto_rawDesc)),
 			NumEnums:      0,
-			NumMessages:   13,
+			NumMessages:   17,
 			NumExtensions: 0,
 			NumServices:   0,
 		},

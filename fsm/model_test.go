@@ -1,0 +1,795 @@
+// Model-based checking of the state machine on command streams. A
+// modelChecker follows a State through any stream, keeping its own model of
+// each lock's holders and FIFO queue (built only from the Results it sees),
+// and after every step checks design.md invariants:
+//
+//  1. every token in Result.Grants is above every token issued before, none
+//     is issued twice, and LastToken moves only by reported grants;
+//  2. an exclusive lock has at most one holder (CheckInvariants and a scan
+//     of Locks(""));
+//  4. every grant to a waiter goes to the head of the queue as ordered by the
+//     Queued answers, and a new request is never granted past a waiter;
+//  5. a session that a CloseSession/ExpireSessions ended holds and waits for
+//     nothing, is never granted (not even by the command that ends it), and
+//     every later command for it fails with ErrSessionNotFound.
+//
+// It also checks that a failed command changes nothing, that a queued
+// request could not have been granted, that no waiter is left at a head it
+// could be granted from, and that lock-delays appear only on expiry.
+// runStream adds invariant 7 (determinism): the same stream applied to a
+// second fresh State and to a third State rebuilt from Snapshot/Restore at
+// intervals must give identical Results and identical snapshot bytes.
+// TestRandomCommandStreams runs it on seeded random streams and
+// FuzzStateMachine on fuzzer-made ones.
+package fsm_test
+
+import (
+	"bytes"
+	"errors"
+	"fmt"
+	"math/rand/v2"
+	"reflect"
+	"slices"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/fencelock/fence"
+	"github.com/fencelock/fence/fsm"
+	"github.com/fencelock/fence/internal/fsmpb"
+)
+
+// modelChecker is the model that observe checks a State against.
+type modelChecker struct {
+	maxToken    uint64
+	issued      map[uint64]bool
+	holders     map[string][]fsm.HolderInfo
+	queues      map[string][]fsm.WaiterInfo
+	live        map[uint64]bool
+	ended       map[uint64]bool
+	lastSession uint64
+	// before is the state's locks as of the end of the previous step.
+	before map[string]fsm.LockInfo
+}
+
+func newModelChecker() *modelChecker {
+	return &modelChecker{
+		issued:  map[uint64]bool{},
+		holders: map[string][]fsm.HolderInfo{},
+		queues:  map[string][]fsm.WaiterInfo{},
+		live:    map[uint64]bool{},
+		ended:   map[uint64]bool{},
+		before:  map[string]fsm.LockInfo{},
+	}
+}
+
+// observe checks the step that applied cmd to s and answered res; before is
+// the state's snapshot encoding from just before the step.
+func (m *modelChecker) observe(tb testing.TB, cmd *fsmpb.Command, res fsm.Result, s *fsm.State, before []byte) error {
+	if err := s.CheckInvariants(); err != nil {
+		return fmt.Errorf("CheckInvariants: %w", err)
+	}
+	if res.Err != nil {
+		if !bytes.Equal(before, snapshotBytes(tb, s)) {
+			return fmt.Errorf("failed command (%v) changed the state", res.Err)
+		}
+		rest := res
+		rest.Err = nil
+		if !reflect.DeepEqual(cmpForm(rest), comparableResult{}) {
+			return fmt.Errorf("failed command (%v) reported effects: %s", res.Err, describe(res))
+		}
+		if err := m.checkFailure(cmd, res.Err); err != nil {
+			return err
+		}
+		return m.compare(s, cmd, res)
+	}
+	if err := m.checkTokens(res, s); err != nil {
+		return err
+	}
+	immediate, err := m.checkSuccess(cmd, res)
+	if err != nil {
+		return err
+	}
+	if !immediate {
+		if err := m.handOut(res.Grants); err != nil {
+			return err
+		}
+	}
+	return m.compare(s, cmd, res)
+}
+
+// targetSession returns the session a per-session command acts for.
+func targetSession(cmd *fsmpb.Command) (uint64, bool) {
+	switch op := cmd.GetOp().(type) {
+	case *fsmpb.Command_Acquire:
+		return op.Acquire.GetSessionId(), true
+	case *fsmpb.Command_Release:
+		return op.Release.GetSessionId(), true
+	case *fsmpb.Command_CancelWait:
+		return op.CancelWait.GetSessionId(), true
+	}
+	return 0, false
+}
+
+func validMode(m uint32) bool { return fsm.Mode(m) == fsm.Exclusive || fsm.Mode(m) == fsm.Shared }
+
+// checkFailure checks that a failed command had a reason to fail, and the
+// right sentinel for it.
+func (m *modelChecker) checkFailure(cmd *fsmpb.Command, err error) error {
+	if sid, ok := targetSession(cmd); ok {
+		if !m.live[sid] {
+			if !errors.Is(err, fence.ErrSessionNotFound) {
+				return fmt.Errorf("command for session %d that is not live failed with %v, want ErrSessionNotFound", sid, err)
+			}
+			return nil
+		}
+		if errors.Is(err, fence.ErrSessionNotFound) {
+			return fmt.Errorf("command for live session %d failed with %v", sid, err)
+		}
+	}
+	switch op := cmd.GetOp().(type) {
+	case *fsmpb.Command_CreateSession:
+		max := op.CreateSession.GetMaxSessions()
+		if !errors.Is(err, fence.ErrLimit) || max == 0 || uint64(len(m.live)) < max {
+			return fmt.Errorf("create session with %d of max %d sessions failed with %v", len(m.live), max, err)
+		}
+	case *fsmpb.Command_Acquire:
+		return m.checkAcquireFailure(op.Acquire, err)
+	case *fsmpb.Command_Release:
+		r := op.Release
+		if !errors.Is(err, fence.ErrNotHolder) {
+			return fmt.Errorf("release failed with %v, want ErrNotHolder", err)
+		}
+		if m.holderIndex(r.GetLock(), r.GetSessionId(), r.GetToken()) >= 0 {
+			return fmt.Errorf("release by holder %d of %q with its token %d failed: %v", r.GetSessionId(), r.GetLock(), r.GetToken(), err)
+		}
+	case nil:
+		if !errors.Is(err, fence.ErrInvalidArgument) {
+			return fmt.Errorf("empty command failed with %v, want ErrInvalidArgument", err)
+		}
+	default:
+		return fmt.Errorf("%T cannot fail, but failed with %v", op, err)
+	}
+	return nil
+}
+
+func (m *modelChecker) checkAcquireFailure(a *fsmpb.Acquire, err error) error {
+	sid, name, mode := a.GetSessionId(), a.GetLock(), fsm.Mode(a.GetMode())
+	held, waits := m.holdsIn(name, sid), m.waitsIn(name, sid)
+	switch {
+	case errors.Is(err, fence.ErrInvalidArgument):
+		if validMode(a.GetMode()) && (held == 0 || held == mode) && (waits == 0 || waits == mode) {
+			return fmt.Errorf("acquire(%d, %q, %s) failed with %v but is valid", sid, name, mode, err)
+		}
+	case errors.Is(err, fence.ErrLocked):
+		if !a.GetTry() || held != 0 || waits != 0 {
+			return fmt.Errorf("acquire(%d, %q, try=%v) failed with %v though not a fresh try", sid, name, a.GetTry(), err)
+		}
+	case errors.Is(err, fence.ErrLimit):
+		if max := a.GetMaxWaiters(); max == 0 || uint64(len(m.queues[name])) < max || held != 0 || waits != 0 {
+			return fmt.Errorf("acquire(%d, %q) failed with %v with %d waiters of max %d", sid, name, err, len(m.queues[name]), max)
+		}
+	default:
+		return fmt.Errorf("acquire failed with unexpected %v", err)
+	}
+	return nil
+}
+
+// checkTokens checks invariant 1 on the grants of one successful command.
+func (m *modelChecker) checkTokens(res fsm.Result, s *fsm.State) error {
+	for _, g := range res.Grants {
+		if m.issued[g.Token] {
+			return fmt.Errorf("invariant 1: token %d issued twice (%+v)", g.Token, g)
+		}
+		if g.Token <= m.maxToken {
+			return fmt.Errorf("invariant 1: token %d granted after token %d (%+v)", g.Token, m.maxToken, g)
+		}
+		m.issued[g.Token] = true
+		m.maxToken = g.Token
+	}
+	if s.LastToken() != m.maxToken {
+		return fmt.Errorf("LastToken() = %d but the highest token reported is %d", s.LastToken(), m.maxToken)
+	}
+	return nil
+}
+
+// checkSuccess checks a successful command's own answer and updates the
+// model for everything but hand-offs to waiters. immediate reports an
+// Acquire granted at once, whose grant is already accounted for.
+func (m *modelChecker) checkSuccess(cmd *fsmpb.Command, res fsm.Result) (immediate bool, err error) {
+	_, isAcquire := cmd.GetOp().(*fsmpb.Command_Acquire)
+	_, isCancel := cmd.GetOp().(*fsmpb.Command_CancelWait)
+	_, isCreate := cmd.GetOp().(*fsmpb.Command_CreateSession)
+	_, isClose := cmd.GetOp().(*fsmpb.Command_CloseSession)
+	_, isExpire := cmd.GetOp().(*fsmpb.Command_ExpireSessions)
+	switch {
+	case res.SessionID != 0 && !isCreate:
+		return false, fmt.Errorf("%v answered a session id", cmd)
+	case (res.Grant != nil || res.Queued) && !isAcquire && !isCancel:
+		return false, fmt.Errorf("%v answered a grant or a queue place", cmd)
+	case len(res.Ended) > 0 && !isClose && !isExpire:
+		return false, fmt.Errorf("%v ended sessions", cmd)
+	case len(res.Delayed) > 0 && !isExpire:
+		return false, fmt.Errorf("%v put locks under delay; only expiry may", cmd)
+	}
+	if sid, ok := targetSession(cmd); ok && !m.live[sid] {
+		return false, fmt.Errorf("invariant 5: %v succeeded for session %d, which is not live", cmd, sid)
+	}
+	switch op := cmd.GetOp().(type) {
+	case *fsmpb.Command_CreateSession:
+		id := res.SessionID
+		if id <= m.lastSession {
+			return false, fmt.Errorf("session id %d created after %d", id, m.lastSession)
+		}
+		if max := op.CreateSession.GetMaxSessions(); max > 0 && uint64(len(m.live)) >= max {
+			return false, fmt.Errorf("session %d created with %d of max %d sessions", id, len(m.live), max)
+		}
+		m.lastSession, m.live[id] = id, true
+	case *fsmpb.Command_Acquire:
+		return m.acquired(op.Acquire, res)
+	case *fsmpb.Command_Release:
+		r := op.Release
+		i := m.holderIndex(r.GetLock(), r.GetSessionId(), r.GetToken())
+		if i < 0 {
+			return false, fmt.Errorf("release(%d, %q, %d) succeeded for a non-holder", r.GetSessionId(), r.GetLock(), r.GetToken())
+		}
+		m.holders[r.GetLock()] = slices.Delete(m.holders[r.GetLock()], i, i+1)
+	case *fsmpb.Command_CancelWait:
+		return false, m.cancelled(op.CancelWait, res)
+	case *fsmpb.Command_CloseSession:
+		return false, m.endSessions([]uint64{op.CloseSession.GetSessionId()}, res)
+	case *fsmpb.Command_ExpireSessions:
+		return false, m.endSessions(op.ExpireSessions.GetSessionIds(), res)
+	case *fsmpb.Command_LiftDelay:
+		if len(res.Grants) > 0 && m.before[op.LiftDelay.GetLock()].Delay == 0 {
+			return false, fmt.Errorf("LiftDelay(%q) of a lock not delayed granted %+v", op.LiftDelay.GetLock(), res.Grants)
+		}
+	default:
+		return false, fmt.Errorf("unknown command %v succeeded", cmd)
+	}
+	return false, nil
+}
+
+func (m *modelChecker) acquired(a *fsmpb.Acquire, res fsm.Result) (immediate bool, err error) {
+	sid, name, mode := a.GetSessionId(), a.GetLock(), fsm.Mode(a.GetMode())
+	if !validMode(a.GetMode()) {
+		return false, fmt.Errorf("acquire in %s succeeded", mode)
+	}
+	held, waits := m.holdsIn(name, sid), m.waitsIn(name, sid)
+	switch {
+	case res.Queued && res.Grant == nil && len(res.Grants) == 0:
+		if waits == mode {
+			return false, nil // idempotent: already waiting
+		}
+		if held != 0 || waits != 0 {
+			return false, fmt.Errorf("acquire(%d, %q, %s) queued a session that holds in %s or waits in %s", sid, name, mode, held, waits)
+		}
+		if a.GetTry() {
+			return false, fmt.Errorf("try acquire(%d, %q) was queued", sid, name)
+		}
+		if m.grantableNow(name, mode) {
+			return false, fmt.Errorf("acquire(%d, %q, %s) was queued though the lock was free for it: %+v", sid, name, mode, m.before[name])
+		}
+		m.queues[name] = append(m.queues[name], fsm.WaiterInfo{Session: sid, Mode: mode})
+		return false, nil
+	case res.Grant != nil && !res.Queued && len(res.Grants) == 0:
+		if m.holdsIn(name, sid) != mode || m.tokenOf(name, sid) != res.Grant.Token || *res.Grant != grant(sid, name, res.Grant.Token, mode) {
+			return false, fmt.Errorf("re-acquire answered %+v, which the session does not hold", *res.Grant)
+		}
+		return true, nil
+	case res.Grant != nil && !res.Queued && len(res.Grants) == 1:
+		g := res.Grants[0]
+		if *res.Grant != g || g != grant(sid, name, g.Token, mode) {
+			return false, fmt.Errorf("acquire(%d, %q, %s) answered %+v and made %+v", sid, name, mode, *res.Grant, g)
+		}
+		if held != 0 || waits != 0 {
+			return false, fmt.Errorf("acquire(%d, %q) made a second grant to a session that holds in %s or waits in %s", sid, name, held, waits)
+		}
+		if !m.grantableNow(name, mode) {
+			return false, fmt.Errorf("invariant 4: acquire(%d, %q, %s) was granted past waiters %+v or holders %+v (delay %v)", sid, name, mode, m.queues[name], m.holders[name], m.before[name].Delay)
+		}
+		m.holders[name] = append(m.holders[name], fsm.HolderInfo{Session: sid, Token: g.Token, Mode: mode})
+		return true, nil
+	}
+	return false, fmt.Errorf("acquire answered %s", describe(res))
+}
+
+func (m *modelChecker) cancelled(c *fsmpb.CancelWait, res fsm.Result) error {
+	sid, name := c.GetSessionId(), c.GetLock()
+	if res.Queued {
+		return fmt.Errorf("cancel wait answered Queued")
+	}
+	if held := m.holdsIn(name, sid); held != 0 {
+		want := grant(sid, name, m.tokenOf(name, sid), held)
+		if res.Grant == nil || *res.Grant != want || len(res.Grants) > 0 {
+			return fmt.Errorf("cancel wait by holder %d of %q answered %s, want grant %+v", sid, name, describe(res), want)
+		}
+		return nil
+	}
+	if res.Grant != nil {
+		return fmt.Errorf("cancel wait by non-holder answered grant %+v", *res.Grant)
+	}
+	if i := m.queueIndex(name, sid); i >= 0 {
+		m.queues[name] = slices.Delete(m.queues[name], i, i+1)
+	} else if len(res.Grants) > 0 {
+		return fmt.Errorf("cancel wait by a session not waiting granted %+v", res.Grants)
+	}
+	return nil
+}
+
+// endSessions checks the Ended list against the live sessions named, and
+// removes them from the model before any hand-off is checked, so that a
+// grant to one of them counts as a violation.
+func (m *modelChecker) endSessions(ids []uint64, res fsm.Result) error {
+	var want []uint64
+	for _, id := range ids {
+		if m.live[id] && !slices.Contains(want, id) {
+			want = append(want, id)
+		}
+	}
+	if !slices.Equal(res.Ended, want) {
+		return fmt.Errorf("ended %v, want the live sessions among %v: %v", res.Ended, ids, want)
+	}
+	heldByEnded := map[string]bool{}
+	for _, id := range want {
+		for name, hs := range m.holders {
+			if i := slices.IndexFunc(hs, func(h fsm.HolderInfo) bool { return h.Session == id }); i >= 0 {
+				heldByEnded[name] = true
+				m.holders[name] = slices.Delete(hs, i, i+1)
+			}
+		}
+		for name := range m.queues {
+			if i := m.queueIndex(name, id); i >= 0 {
+				m.queues[name] = slices.Delete(m.queues[name], i, i+1)
+			}
+		}
+		delete(m.live, id)
+		m.ended[id] = true
+	}
+	for _, d := range res.Delayed {
+		if !heldByEnded[d.Lock] || d.Delay <= 0 {
+			return fmt.Errorf("lock %q put under delay %v, but no ended session held it", d.Lock, d.Delay)
+		}
+	}
+	return nil
+}
+
+// handOut checks invariants 4 and 5 on grants made to waiters.
+func (m *modelChecker) handOut(grants []fsm.Grant) error {
+	for _, g := range grants {
+		if !m.live[g.Session] {
+			return fmt.Errorf("invariant 5: %+v granted to session %d, which is not live (ended: %v)", g, g.Session, m.ended[g.Session])
+		}
+		q := m.queues[g.Lock]
+		if len(q) == 0 || q[0] != (fsm.WaiterInfo{Session: g.Session, Mode: g.Mode}) {
+			return fmt.Errorf("invariant 4: %+v granted, but the queue for %q is %+v", g, g.Lock, q)
+		}
+		m.queues[g.Lock] = q[1:]
+		m.holders[g.Lock] = append(m.holders[g.Lock], fsm.HolderInfo{Session: g.Session, Token: g.Token, Mode: g.Mode})
+	}
+	return nil
+}
+
+// compare checks the state against the model after a step, and the
+// invariants that need only the state.
+func (m *modelChecker) compare(s *fsm.State, cmd *fsmpb.Command, res fsm.Result) error {
+	now := map[string]fsm.LockInfo{}
+	for _, l := range s.Locks("") {
+		now[l.Name] = l
+		if err := checkLockShape(l); err != nil {
+			return err
+		}
+		if !slices.Equal(l.Holders, m.holders[l.Name]) {
+			return fmt.Errorf("lock %q holders %+v, model %+v", l.Name, l.Holders, m.holders[l.Name])
+		}
+		if !slices.Equal(l.Waiters, m.queues[l.Name]) {
+			return fmt.Errorf("invariant 4: lock %q queue %+v, model (order of Queued answers) %+v", l.Name, l.Waiters, m.queues[l.Name])
+		}
+		for _, h := range l.Holders {
+			if !m.live[h.Session] {
+				return fmt.Errorf("invariant 5: lock %q held by session %d, which is not live", l.Name, h.Session)
+			}
+		}
+		for _, w := range l.Waiters {
+			if !m.live[w.Session] {
+				return fmt.Errorf("invariant 5: lock %q awaited by session %d, which is not live", l.Name, w.Session)
+			}
+		}
+	}
+	for name := range m.holders {
+		if len(m.holders[name]) == 0 {
+			delete(m.holders, name)
+		} else if _, ok := now[name]; !ok {
+			return fmt.Errorf("lock %q is gone but the model has holders %+v", name, m.holders[name])
+		}
+	}
+	for name := range m.queues {
+		if len(m.queues[name]) == 0 {
+			delete(m.queues, name)
+		} else if _, ok := now[name]; !ok {
+			return fmt.Errorf("lock %q is gone but the model has waiters %+v", name, m.queues[name])
+		}
+	}
+	if err := m.checkDelays(now, cmd, res); err != nil {
+		return err
+	}
+	var ids []uint64
+	for _, si := range s.Sessions() {
+		ids = append(ids, si.ID)
+	}
+	if want := m.liveIDs(); !slices.Equal(ids, want) {
+		return fmt.Errorf("sessions %v, model %v", ids, want)
+	}
+	m.before = now
+	return nil
+}
+
+// checkLockShape checks invariant 2 on one lock, and that no waiter is left
+// at the head of a queue that it could be granted from.
+func checkLockShape(l fsm.LockInfo) error {
+	for _, h := range l.Holders {
+		if !validMode(uint32(h.Mode)) {
+			return fmt.Errorf("lock %q holder %d in %s", l.Name, h.Session, h.Mode)
+		}
+		if h.Mode == fsm.Exclusive && len(l.Holders) > 1 {
+			return fmt.Errorf("invariant 2: exclusive lock %q has %d holders: %+v", l.Name, len(l.Holders), l.Holders)
+		}
+	}
+	if l.Delay == 0 && len(l.Waiters) > 0 && compatibleWithAll(l.Waiters[0].Mode, l.Holders) {
+		return fmt.Errorf("lock %q: head waiter %+v could be granted now but waits (holders %+v)", l.Name, l.Waiters[0], l.Holders)
+	}
+	if len(l.Holders) == 0 && len(l.Waiters) == 0 && l.Delay == 0 {
+		return fmt.Errorf("lock %q is idle but listed", l.Name)
+	}
+	return nil
+}
+
+func compatibleWithAll(mode fsm.Mode, holders []fsm.HolderInfo) bool {
+	for _, h := range holders {
+		if mode != fsm.Shared || h.Mode != fsm.Shared {
+			return false
+		}
+	}
+	return true
+}
+
+// checkDelays checks that lock-delays change only on expiry (to the delays
+// the result reports) and on LiftDelay (to none), and that no lock is under
+// delay right after being granted.
+func (m *modelChecker) checkDelays(now map[string]fsm.LockInfo, cmd *fsmpb.Command, res fsm.Result) error {
+	lifted := ""
+	if op, ok := cmd.GetOp().(*fsmpb.Command_LiftDelay); ok && res.Err == nil {
+		lifted = op.LiftDelay.GetLock()
+		if now[lifted].Delay != 0 {
+			return fmt.Errorf("LiftDelay(%q) left delay %v", lifted, now[lifted].Delay)
+		}
+	}
+	reported := map[string]time.Duration{}
+	for _, d := range res.Delayed {
+		reported[d.Lock] = d.Delay
+	}
+	names := map[string]bool{}
+	for n := range now {
+		names[n] = true
+	}
+	for n := range m.before {
+		names[n] = true
+	}
+	for n := range names {
+		was, is := m.before[n].Delay, now[n].Delay
+		if was == is || n == lifted {
+			continue
+		}
+		if d, ok := reported[n]; !ok || d != is {
+			return fmt.Errorf("lock %q delay changed %v -> %v, but the result reports %+v", n, was, is, res.Delayed)
+		}
+	}
+	for _, g := range res.Grants {
+		if now[g.Lock].Delay != 0 {
+			return fmt.Errorf("%+v granted, but the lock is under delay %v after the command", g, now[g.Lock].Delay)
+		}
+	}
+	return nil
+}
+
+// grantableNow reports whether a fresh request in mode may be granted at
+// once according to the model and the previous state: no waiter ahead, no
+// delay, every holder compatible.
+func (m *modelChecker) grantableNow(name string, mode fsm.Mode) bool {
+	return len(m.queues[name]) == 0 && m.before[name].Delay == 0 && compatibleWithAll(mode, m.holders[name])
+}
+
+func (m *modelChecker) holderIndex(name string, sid, token uint64) int {
+	return slices.IndexFunc(m.holders[name], func(h fsm.HolderInfo) bool { return h.Session == sid && h.Token == token })
+}
+
+func (m *modelChecker) queueIndex(name string, sid uint64) int {
+	return slices.IndexFunc(m.queues[name], func(w fsm.WaiterInfo) bool { return w.Session == sid })
+}
+
+// holdsIn returns the mode in which sid holds name, or 0.
+func (m *modelChecker) holdsIn(name string, sid uint64) fsm.Mode {
+	for _, h := range m.holders[name] {
+		if h.Session == sid {
+			return h.Mode
+		}
+	}
+	return 0
+}
+
+func (m *modelChecker) tokenOf(name string, sid uint64) uint64 {
+	for _, h := range m.holders[name] {
+		if h.Session == sid {
+			return h.Token
+		}
+	}
+	return 0
+}
+
+// waitsIn returns the mode in which sid waits for name, or 0.
+func (m *modelChecker) waitsIn(name string, sid uint64) fsm.Mode {
+	if i := m.queueIndex(name, sid); i >= 0 {
+		return m.queues[name][i].Mode
+	}
+	return 0
+}
+
+func (m *modelChecker) liveIDs() []uint64 {
+	var ids []uint64
+	for id := range m.live {
+		ids = append(ids, id)
+	}
+	slices.Sort(ids)
+	return ids
+}
+
+// commandSource decodes bytes into commands over a small universe: live
+// sessions plus ids 1..6 (some unknown or ended), locks "a", "b", "c", both
+// modes and a few bad ones, try, lock-delays, waiter and session limits,
+// releases with right and wrong tokens, expiry and close of holders and
+// waiters together, and LiftDelay. Where a command needs a token or a
+// holder it reads the state it is given, so a stream is decoded once, from
+// the first State, and the same commands are fed to the others.
+type commandSource struct {
+	data []byte
+	pos  int
+}
+
+var lockNames = []string{"a", "b", "c"}
+
+func (c *commandSource) byte() byte {
+	if c.pos >= len(c.data) {
+		return 0
+	}
+	b := c.data[c.pos]
+	c.pos++
+	return b
+}
+
+func (c *commandSource) session(s *fsm.State, b byte) uint64 {
+	live := s.Sessions()
+	if b&7 == 7 || len(live) == 0 {
+		return 1 + uint64(b>>3)%6
+	}
+	return live[int(b>>3)%len(live)].ID
+}
+
+func lockName(b byte) string { return lockNames[int(b)%len(lockNames)] }
+
+// holderOf picks a holder of a lock, if it has one.
+func holderOf(s *fsm.State, name string, b byte) (fsm.HolderInfo, bool) {
+	l, ok := s.Lock(name)
+	if !ok || len(l.Holders) == 0 {
+		return fsm.HolderInfo{}, false
+	}
+	return l.Holders[int(b)%len(l.Holders)], true
+}
+
+// next returns the next command, or false once the data is used up.
+func (c *commandSource) next(s *fsm.State) (*fsmpb.Command, bool) {
+	if c.pos >= len(c.data) {
+		return nil, false
+	}
+	op := c.byte()
+	if op == 0xff {
+		return &fsmpb.Command{}, true
+	}
+	switch op % 16 {
+	case 0, 1:
+		b := c.byte()
+		return createSession(time.Duration(1+b%10)*time.Second, []string{"", "x"}[b>>7], []uint64{0, 0, 0, 3, 4, 5}[(b>>4)%6]), true
+	case 2:
+		return closeSession(c.session(s, c.byte())), true
+	case 3:
+		n := 1 + int(c.byte())%3
+		ids := make([]uint64, n)
+		for i := range ids {
+			ids[i] = c.session(s, c.byte())
+		}
+		return expireSessions(ids...), true
+	case 4, 5, 6, 7:
+		sid, b, o := c.session(s, c.byte()), c.byte(), c.byte()
+		mode := []fsm.Mode{excl, shared, excl, shared, 0, excl, shared, 3}[(b/3)%8]
+		opts := []acquireOpt{withDelay([]time.Duration{0, 0, time.Second, 2 * time.Second}[(o>>1)&3]), maxWaiters([]uint64{0, 0, 0, 1, 2, 0, 0, 0}[(o>>3)&7])}
+		if o&1 == 1 {
+			opts = append(opts, try)
+		}
+		return acquire(sid, lockName(b), mode, opts...), true
+	case 8:
+		return cancelWait(c.session(s, c.byte()), lockName(c.byte())), true
+	case 9:
+		sid, name := c.session(s, c.byte()), lockName(c.byte())
+		token := s.LastToken()
+		if l, ok := s.Lock(name); ok {
+			for _, h := range l.Holders {
+				if h.Session == sid {
+					token = h.Token
+				}
+			}
+		}
+		return release(sid, name, token), true
+	case 10:
+		name, b := lockName(c.byte()), c.byte()
+		if h, ok := holderOf(s, name, b); ok {
+			return release(h.Session, name, []uint64{h.Token + 1, h.Token - 1, 0, s.LastToken() + 1}[(b>>4)%4]), true
+		}
+		return release(c.session(s, b), name, uint64(b>>4)), true
+	case 11:
+		name, b := lockName(c.byte()), c.byte()
+		if h, ok := holderOf(s, name, b); ok {
+			return release(h.Session, name, h.Token), true
+		}
+		return release(c.session(s, b), name, 1), true
+	case 12:
+		return liftDelay(lockName(c.byte())), true
+	case 13:
+		b := c.byte()
+		if d := s.DelayedLocks(); len(d) > 0 {
+			return liftDelay(d[int(b)%len(d)].Lock), true
+		}
+		return liftDelay(lockName(b)), true
+	case 14:
+		name, b := lockName(c.byte()), c.byte()
+		sid := c.session(s, b)
+		if h, ok := holderOf(s, name, b); ok {
+			sid = h.Session
+		}
+		if b&0x80 != 0 {
+			return closeSession(sid), true
+		}
+		return expireSessions(sid), true
+	default: // 15: expire the holders and waiters of one lock together
+		name, b := lockName(c.byte()), c.byte()
+		l, _ := s.Lock(name)
+		var holders, waiters []uint64
+		for _, h := range l.Holders {
+			holders = append(holders, h.Session)
+		}
+		for _, w := range l.Waiters {
+			waiters = append(waiters, w.Session)
+		}
+		if b&1 == 1 {
+			return expireSessions(append(waiters, holders...)...), true
+		}
+		return expireSessions(append(holders, waiters...)...), true
+	}
+}
+
+// maxStreamSteps bounds a stream, so that a fuzz input runs quickly.
+const maxStreamSteps = 400
+
+// runStream applies the stream decoded from data to three States: a, which
+// the modelChecker follows; b, a second fresh State; and c, rebuilt from a's
+// snapshot every few steps. Every Result and the final snapshot bytes must
+// be identical across them (invariant 7).
+func runStream(tb testing.TB, data []byte) {
+	tb.Helper()
+	src := &commandSource{data: data}
+	a, b := fsm.NewState(), fsm.NewState()
+	c := fsm.NewState()
+	check := newModelChecker()
+	period := 5
+	if len(data) > 0 {
+		period += int(data[0] % 32)
+	}
+	var history []string
+	fail := func(step int, format string, args ...any) {
+		tb.Helper()
+		from := max(0, len(history)-40)
+		tb.Fatalf("step %d: %s\nlast commands:\n%s", step, fmt.Sprintf(format, args...), strings.Join(history[from:], "\n"))
+	}
+	prologue := []*fsmpb.Command{newSession(), newSession(), newSession(), newSession()}
+	for step := 0; step < maxStreamSteps; step++ {
+		if step > 0 && step%period == 0 {
+			if !bytes.Equal(snapshotBytes(tb, a), snapshotBytes(tb, c)) {
+				fail(step, "invariant 7: the state restored at an earlier step has drifted from the original")
+			}
+			c = mustRestore(tb, a)
+		}
+		var cmd *fsmpb.Command
+		if step < len(prologue) {
+			cmd = prologue[step]
+		} else if next, ok := src.next(a); ok {
+			cmd = next
+		} else {
+			break
+		}
+		before := snapshotBytes(tb, a)
+		ra := a.Apply(cmd)
+		history = append(history, fmt.Sprintf("  %d: %v -> %s", step, cmd, describe(ra)))
+		if err := check.observe(tb, cmd, ra, a, before); err != nil {
+			fail(step, "%v", err)
+		}
+		for name, other := range map[string]*fsm.State{"second fresh state": b, "restored state": c} {
+			if ro := other.Apply(cmd); !reflect.DeepEqual(cmpForm(ro), cmpForm(ra)) {
+				fail(step, "invariant 7: %s answered %s, the first %s", name, describe(ro), describe(ra))
+			}
+		}
+	}
+	want := snapshotBytes(tb, a)
+	if !bytes.Equal(snapshotBytes(tb, b), want) || !bytes.Equal(snapshotBytes(tb, c), want) {
+		tb.Fatalf("invariant 7: final snapshots differ")
+	}
+}
+
+// TestRandomCommandStreams runs runStream on seeded pseudo-random streams,
+// so that the model and determinism checks run on every go test, not only
+// under -fuzz.
+func TestRandomCommandStreams(t *testing.T) {
+	n := 150
+	if testing.Short() {
+		n = 30
+	}
+	for seed := range uint64(n) {
+		r := rand.New(rand.NewPCG(seed, 0x5eed))
+		data := make([]byte, 64+r.IntN(700))
+		for i := range data {
+			data[i] = byte(r.Uint32())
+		}
+		t.Run(fmt.Sprint(seed), func(t *testing.T) { runStream(t, data) })
+	}
+}
+
+// TestModelCheckerCatchesViolations shows that the checker can fail: fed
+// results that break invariants 1, 4 and 5, observe reports each.
+func TestModelCheckerCatchesViolations(t *testing.T) {
+	setup := func(t *testing.T) (*fsm.State, *modelChecker) {
+		s, m := fsm.NewState(), newModelChecker()
+		for _, cmd := range []*fsmpb.Command{newSession(), newSession(), newSession(), acquire(1, "a", excl), acquire(2, "a", excl), acquire(3, "a", excl)} {
+			before := snapshotBytes(t, s)
+			if err := m.observe(t, cmd, s.Apply(cmd), s, before); err != nil {
+				t.Fatalf("setup %v: %v", cmd, err)
+			}
+		}
+		return s, m
+	}
+	cases := []struct {
+		name string
+		res  func(real fsm.Result) fsm.Result
+	}{
+		{"a token reused (1)", func(r fsm.Result) fsm.Result { r.Grants[0].Token = 1; return r }},
+		{"the grant skips the head of the queue (4)", func(r fsm.Result) fsm.Result { r.Grants[0].Session = 3; return r }},
+		{"a grant goes missing from the result (1)", func(r fsm.Result) fsm.Result { r.Grants = nil; return r }},
+	}
+	for _, tc := range cases {
+		t.Run(tc.name, func(t *testing.T) {
+			s, m := setup(t)
+			cmd := release(1, "a", 1)
+			before := snapshotBytes(t, s)
+			res := s.Apply(cmd)
+			if err := m.observe(t, cmd, tc.res(res), s, before); err == nil {
+				t.Fatal("observe accepted a broken result")
+			}
+		})
+	}
+	t.Run("a grant to a session the same command ends (5)", func(t *testing.T) {
+		s, m := setup(t)
+		cmd := expireSessions(1, 2)
+		before := snapshotBytes(t, s)
+		res := s.Apply(cmd)
+		res.Grants = append([]fsm.Grant{grant(2, "a", 2, excl)}, res.Grants...)
+		if err := m.observe(t, cmd, res, s, before); err == nil || !strings.Contains(err.Error(), "invariant") {
+			t.Fatalf("observe = %v, want an invariant violation", err)
+		}
+	})
+}

@@ -1,0 +1,279 @@
+// Snapshot and Restore tests. They prove that a snapshot captures the whole
+// state (a restored state snapshots identically, to the byte, and behaves
+// identically on every further command, including the token and session
+// counters and lock-delays), that a snapshot is a copy independent of the
+// state it came from, and that Restore refuses snapshots that break the
+// state's invariants instead of loading them.
+package fsm_test
+
+import (
+	"bytes"
+	"reflect"
+	"strings"
+	"testing"
+	"time"
+
+	"google.golang.org/protobuf/proto"
+
+	"github.com/fencelock/fence/fsm"
+	"github.com/fencelock/fence/internal/fsmpb"
+)
+
+// richScript builds a state with every kind of content: sessions with
+// different TTLs and owners and a gap in the ids, exclusive and shared
+// holders, queues of both modes, lock-delays held and pending, and a lock
+// under delay with a waiter.
+func richScript() []*fsmpb.Command {
+	const sec = time.Second
+	return []*fsmpb.Command{
+		createSession(sec, "alice", 0),                // 1
+		createSession(2*sec, "bob", 0),                // 2
+		createSession(3*sec, "", 0),                   // 3
+		createSession(4*sec, "carol", 0),              // 4
+		createSession(5*sec, "dave", 0),               // 5
+		createSession(6*sec, "erin", 0),               // 6
+		createSession(7*sec, "frank", 0),              // 7
+		acquire(1, "a", excl, withDelay(2*sec)),       // token 1
+		acquire(2, "a", shared, withDelay(sec)),       // waits
+		acquire(3, "a", excl),                         // waits
+		acquire(4, "a", shared),                       // waits
+		acquire(2, "b", shared),                       // token 2
+		acquire(4, "b", shared, withDelay(3*sec)),     // token 3
+		acquire(5, "b", excl),                         // waits
+		acquire(6, "d", excl, withDelay(4*sec)),       // token 4
+		acquire(7, "d", excl),                         // waits
+		expireSessions(6),                             // d delayed, 7 waits
+		acquire(5, "e", excl),                         // token 5
+		closeSession(5),                               // e freed, 5 leaves b's queue
+		acquire(1, "e", shared, withDelay(time.Hour)), // token 6
+	}
+}
+
+// followUp exercises the restored state: counters, hand-offs, delays, and
+// failures.
+func followUp() []*fsmpb.Command {
+	return []*fsmpb.Command{
+		newSession(),                      // id 8: the session counter survived
+		acquire(8, "f", excl),             // token 7: the token counter survived
+		acquire(8, "a", excl, try),        // locked
+		release(1, "a", 99),               // wrong token
+		expireSessions(1),                 // a and e delayed by 1's lock-delays
+		acquire(8, "a", shared),           // queues behind the delay
+		liftDelay("d"),                    // d to 7
+		liftDelay("a"),                    // a to 2 (shared); 3 (exclusive) blocks 4 and 8
+		cancelWait(3, "a"),                // 4 and 8 join 2
+		release(2, "b", 2),                // b stays with 4 (shared)
+		expireSessions(4, 2, 7),           // a and b delayed, d freed
+		acquire(3, "d", excl),             // d free again
+		liftDelay("a"),                    //
+		liftDelay("b"),                    //
+		liftDelay("e"),                    //
+		acquire(3, "a", excl),             // a was left to 8
+		closeSession(8),                   // a to 3
+		createSession(time.Second, "", 3), // limit
+		acquire(3, "a", fsm.Mode(9)),      // bad mode
+	}
+}
+
+func buildState(t *testing.T, cmds []*fsmpb.Command) *fsm.State {
+	t.Helper()
+	s := fsm.NewState()
+	for _, cmd := range cmds {
+		if res := mustApply(t, s, cmd); res.Err != nil {
+			t.Fatalf("building state: %v: %v", cmd, res.Err)
+		}
+	}
+	return s
+}
+
+// TestSnapshotRestoreRoundTrip proves a restored state equals the original
+// (proto.Equal, same bytes, same queries) and answers every further command
+// exactly as the original does.
+func TestSnapshotRestoreRoundTrip(t *testing.T) {
+	orig := buildState(t, richScript())
+	snap := orig.Snapshot()
+	if len(snap.GetSessions()) != 5 || len(snap.GetLocks()) != 4 || snap.GetLastToken() != 6 || snap.GetLastSessionId() != 7 {
+		t.Fatalf("the rich state is not what the script meant to build: %v", snap)
+	}
+	restored, err := fsm.Restore(snap)
+	if err != nil {
+		t.Fatalf("Restore: %v", err)
+	}
+	if err := restored.CheckInvariants(); err != nil {
+		t.Fatal(err)
+	}
+	if got := restored.Snapshot(); !proto.Equal(got, snap) {
+		t.Fatalf("restored snapshot differs:\n got %v\nwant %v", got, snap)
+	}
+	if !bytes.Equal(snapshotBytes(t, restored), snapshotBytes(t, orig)) {
+		t.Fatal("restored snapshot encodes to different bytes")
+	}
+	for _, q := range []struct {
+		name string
+		got  any
+		want any
+	}{
+		{"Sessions", restored.Sessions(), orig.Sessions()},
+		{"Locks", restored.Locks(""), orig.Locks("")},
+		{"DelayedLocks", restored.DelayedLocks(), orig.DelayedLocks()},
+		{"LastToken", restored.LastToken(), orig.LastToken()},
+	} {
+		if !reflect.DeepEqual(q.got, q.want) {
+			t.Fatalf("%s: restored %+v, original %+v", q.name, q.got, q.want)
+		}
+	}
+
+	var failures, grants int
+	for i, cmd := range followUp() {
+		want := mustApply(t, orig, cmd)
+		got := mustApply(t, restored, cmd)
+		if !reflect.DeepEqual(cmpForm(got), cmpForm(want)) {
+			t.Fatalf("follow-up %d %v: restored answered %s, original %s", i, cmd, describe(got), describe(want))
+		}
+		if !bytes.Equal(snapshotBytes(t, restored), snapshotBytes(t, orig)) {
+			t.Fatalf("follow-up %d %v: states diverged", i, cmd)
+		}
+		if want.Err != nil {
+			failures++
+		}
+		grants += len(want.Grants)
+	}
+	// The follow-up must have exercised both paths for the comparison to mean anything.
+	if failures < 3 || grants < 6 {
+		t.Fatalf("follow-up made %d failures and %d grants; the script no longer exercises the state", failures, grants)
+	}
+}
+
+// TestSnapshotIsACopy proves a snapshot shares nothing with the state it
+// was taken from or the state restored from it.
+func TestSnapshotIsACopy(t *testing.T) {
+	s := buildState(t, richScript())
+	snap := s.Snapshot()
+	want := snapshotBytes(t, s)
+	for _, cmd := range followUp() {
+		mustApply(t, s, cmd)
+	}
+	got, err := proto.MarshalOptions{Deterministic: true}.Marshal(snap)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !bytes.Equal(got, want) {
+		t.Fatal("applying commands changed a snapshot taken earlier")
+	}
+
+	// Neither does the state restored from a snapshot share anything with it.
+	restored, err := fsm.Restore(snap)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, cmd := range followUp() {
+		mustApply(t, restored, cmd)
+	}
+	got, err = proto.MarshalOptions{Deterministic: true}.Marshal(snap)
+	if err != nil || !bytes.Equal(got, want) {
+		t.Fatal("applying commands to a restored state changed the snapshot it came from")
+	}
+}
+
+// TestRestoreEmpty proves an empty (or nil) snapshot restores to an empty
+// state whose counters start afresh.
+func TestRestoreEmpty(t *testing.T) {
+	for _, snap := range []*fsmpb.Snapshot{{}, nil} {
+		s, err := fsm.Restore(snap)
+		if err != nil {
+			t.Fatalf("Restore(%v): %v", snap, err)
+		}
+		if s.NumSessions() != 0 || s.NumLocks() != 0 || s.LastToken() != 0 {
+			t.Fatalf("Restore(%v) is not empty", snap)
+		}
+		if res := mustApply(t, s, newSession()); res.SessionID != 1 {
+			t.Fatalf("first session of a restored empty state is %d", res.SessionID)
+		}
+	}
+}
+
+// validSnapshot is a consistent snapshot: session 1 holds a (exclusive,
+// token 1) with session 2 waiting; sessions 2 and 3 share b (tokens 2, 3).
+func validSnapshot() *fsmpb.Snapshot {
+	return &fsmpb.Snapshot{
+		LastToken:     3,
+		LastSessionId: 3,
+		Sessions:      []*fsmpb.Session{{Id: 1, TtlNs: 1e9}, {Id: 2, TtlNs: 1e9}, {Id: 3, TtlNs: 1e9}},
+		Locks: []*fsmpb.Lock{
+			{Name: "a", Holders: []*fsmpb.Holder{{SessionId: 1, Token: 1, Mode: uint32(excl)}}, Waiters: []*fsmpb.Waiter{{SessionId: 2, Mode: uint32(excl)}}},
+			{Name: "b", Holders: []*fsmpb.Holder{{SessionId: 2, Token: 2, Mode: uint32(shared)}, {SessionId: 3, Token: 3, Mode: uint32(shared)}}},
+		},
+	}
+}
+
+// TestRestoreRejectsInconsistentSnapshots breaks one invariant at a time in
+// a valid snapshot and proves Restore refuses each, for that reason.
+func TestRestoreRejectsInconsistentSnapshots(t *testing.T) {
+	if _, err := fsm.Restore(validSnapshot()); err != nil {
+		t.Fatalf("the valid snapshot is rejected: %v", err)
+	}
+	cases := []struct {
+		name   string
+		break_ func(s *fsmpb.Snapshot)
+		// why is a word the error must contain, to show the snapshot was
+		// rejected for the broken invariant and not another.
+		why string
+	}{
+		{"holder session missing", func(s *fsmpb.Snapshot) { s.Sessions = s.Sessions[1:] }, "unknown session 1"},
+		{"waiter session missing", func(s *fsmpb.Snapshot) { s.Locks[0].Waiters[0].SessionId = 9 }, "unknown session 9"},
+		{"duplicate lock", func(s *fsmpb.Snapshot) { s.Locks = append(s.Locks, proto.Clone(s.Locks[0]).(*fsmpb.Lock)) }, "twice"},
+		{"duplicate session", func(s *fsmpb.Snapshot) { s.Sessions = append(s.Sessions, &fsmpb.Session{Id: 2}) }, "twice"},
+		{"two exclusive holders", func(s *fsmpb.Snapshot) {
+			s.Locks[0].Waiters = nil
+			s.Locks[0].Holders = append(s.Locks[0].Holders, &fsmpb.Holder{SessionId: 2, Token: 4, Mode: uint32(excl)})
+			s.LastToken = 4
+		}, "exclusive"},
+		{"exclusive holder beside a shared one", func(s *fsmpb.Snapshot) { s.Locks[1].Holders[1].Mode = uint32(excl) }, "exclusive"},
+		{"holder in an unknown mode", func(s *fsmpb.Snapshot) { s.Locks[0].Holders[0].Mode = 0 }, "mode"},
+		{"token above the counter", func(s *fsmpb.Snapshot) { s.LastToken = 2 }, "token"},
+		{"token zero", func(s *fsmpb.Snapshot) { s.Locks[0].Holders[0].Token = 0 }, "token"},
+		{"one token on two locks", func(s *fsmpb.Snapshot) { s.Locks[1].Holders[0].Token = 1 }, "token 1"},
+		{"session id above the counter", func(s *fsmpb.Snapshot) { s.LastSessionId = 2 }, "session id 3"},
+		{"session id zero", func(s *fsmpb.Snapshot) { s.Sessions = append(s.Sessions, &fsmpb.Session{Id: 0}) }, "session id 0"},
+		{"idle lock", func(s *fsmpb.Snapshot) { s.Locks = append(s.Locks, &fsmpb.Lock{Name: "c"}) }, "idle"},
+		{"session holds and waits for one lock", func(s *fsmpb.Snapshot) {
+			s.Locks[1].Waiters = []*fsmpb.Waiter{{SessionId: 2, Mode: uint32(excl)}}
+		}, "twice"},
+		{"session twice in a queue", func(s *fsmpb.Snapshot) {
+			s.Locks[0].Waiters = append(s.Locks[0].Waiters, &fsmpb.Waiter{SessionId: 2, Mode: uint32(excl)})
+		}, "twice"},
+		{"session holds a lock twice", func(s *fsmpb.Snapshot) {
+			s.Locks[1].Holders = append(s.Locks[1].Holders, &fsmpb.Holder{SessionId: 3, Token: 4, Mode: uint32(shared)})
+			s.LastToken = 4
+		}, "twice"},
+	}
+	for _, tc := range cases {
+		t.Run(tc.name, func(t *testing.T) {
+			snap := validSnapshot()
+			tc.break_(snap)
+			s, err := fsm.Restore(snap)
+			if err == nil {
+				t.Fatalf("Restore accepted an inconsistent snapshot: %v", snap)
+			}
+			if s != nil {
+				t.Fatal("Restore returned a state with its error")
+			}
+			if !strings.Contains(err.Error(), tc.why) {
+				t.Fatalf("Restore rejected it for another reason: %v (want one mentioning %q)", err, tc.why)
+			}
+		})
+	}
+}
+
+// TestRestoreRejectsWaiterInUnknownMode: a queued waiter in mode 0 would
+// become a holder that breaks the invariants at the next hand-off, so
+// Restore must refuse the snapshot.
+func TestRestoreRejectsWaiterInUnknownMode(t *testing.T) {
+	snap := validSnapshot()
+	snap.Locks[0].Waiters[0].Mode = 0
+	s, err := fsm.Restore(snap)
+	if err == nil {
+		res := s.Apply(release(1, "a", 1))
+		t.Fatalf("Restore accepted a waiter in mode 0; releasing a then answered %s and CheckInvariants says %v", describe(res), s.CheckInvariants())
+	}
+}
