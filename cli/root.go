@@ -86,6 +86,7 @@ func Run(ctx context.Context, args []string, stdin io.Reader, stdout, stderr io.
 		locksCommand(g),
 		statusCommand(g),
 		benchCommand(g),
+		kvCommand(g),
 	)
 	err := root.ExecuteContext(ctx)
 	if err == nil {
@@ -94,10 +95,16 @@ func Run(ctx context.Context, args []string, stdin io.Reader, stdout, stderr io.
 	var exit *ExitError
 	if errors.As(err, &exit) {
 		if exit.Err != nil {
-			fmt.Fprintf(stderr, "fence: %v\n", exit.Err)
+			printError(stderr, exit.Err)
 		}
 		return exit.Code
 	}
-	fmt.Fprintf(stderr, "fence: %v\n", err)
+	printError(stderr, err)
 	return exitFailure
+}
+
+// printError prints err once prefixed with "fence: ", whether or not its
+// message already starts with it (fence's sentinels do).
+func printError(w io.Writer, err error) {
+	fmt.Fprintf(w, "fence: %s\n", strings.TrimPrefix(err.Error(), "fence: "))
 }

@@ -41,6 +41,7 @@ type endpoint struct {
 	sessions fencev1connect.SessionServiceClient
 	locks    fencev1connect.LockServiceClient
 	cluster  fencev1connect.ClusterServiceClient
+	kv       fencev1connect.KVServiceClient
 }
 
 type options struct {
@@ -110,6 +111,7 @@ func New(opts ...Option) (*Client, error) {
 			sessions: fencev1connect.NewSessionServiceClient(c.http, url, copts...),
 			locks:    fencev1connect.NewLockServiceClient(c.http, url, copts...),
 			cluster:  fencev1connect.NewClusterServiceClient(c.http, url, copts...),
+			kv:       fencev1connect.NewKVServiceClient(c.http, url, copts...),
 		})
 	}
 	return c, nil

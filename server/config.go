@@ -43,6 +43,12 @@ type Config struct {
 	MaxWaitersPerLock int
 	// MaxRequestBytes bounds the size of one request message.
 	MaxRequestBytes int
+	// MaxKeyBytes and MaxValueBytes bound the fenced KV store's keys and values.
+	MaxKeyBytes, MaxValueBytes int
+	// MaxKeys bounds the live keys of the KV store; 0 means no limit.
+	MaxKeys int
+	// MaxWatchers bounds the KV watches open on this node; 0 means no limit.
+	MaxWatchers int
 
 	// ApplyTimeout bounds how long a write waits to be committed.
 	ApplyTimeout time.Duration
@@ -82,6 +88,10 @@ func DefaultConfig() Config {
 		MaxSessions:       100_000,
 		MaxWaitersPerLock: 10_000,
 		MaxRequestBytes:   1 << 20,
+		MaxKeyBytes:       1024,
+		MaxValueBytes:     256 << 10,
+		MaxKeys:           1_000_000,
+		MaxWatchers:       10_000,
 		ApplyTimeout:      10 * time.Second,
 		HeartbeatTimeout:  time.Second,
 		ElectionTimeout:   time.Second,
@@ -115,6 +125,10 @@ func (c Config) Validate() error {
 	check(c.MaxSessions >= 0, "max sessions is negative")
 	check(c.MaxWaitersPerLock >= 0, "max waiters per lock is negative")
 	check(c.MaxRequestBytes >= 1024, "max request bytes %d is below 1024", c.MaxRequestBytes)
+	check(c.MaxKeyBytes > 0, "max key bytes must be positive")
+	check(c.MaxValueBytes >= 0 && c.MaxValueBytes < c.MaxRequestBytes, "max value bytes %d must be below max request bytes %d", c.MaxValueBytes, c.MaxRequestBytes)
+	check(c.MaxKeys >= 0, "max keys is negative")
+	check(c.MaxWatchers >= 0, "max watchers is negative")
 	check(c.ApplyTimeout > 0, "apply timeout must be positive")
 	check(c.HeartbeatTimeout >= 5*time.Millisecond, "heartbeat timeout %v is below 5ms", c.HeartbeatTimeout)
 	check(c.ElectionTimeout >= c.HeartbeatTimeout, "election timeout %v is below the heartbeat timeout", c.ElectionTimeout)

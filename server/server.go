@@ -38,6 +38,7 @@ type Server struct {
 	fsm     *fsm.FSM
 	node    *node
 	hub     *waitHub
+	watches *watchHub
 	tracker *sessionTracker
 	delays  *delayScheduler
 	metrics *metrics
@@ -66,7 +67,7 @@ func Start(cfg Config) (*Server, error) {
 	if logger == nil {
 		logger = slog.New(slog.NewTextHandler(io.Discard, nil))
 	}
-	s := &Server{cfg: cfg, logger: logger, hub: newWaitHub(), done: make(chan struct{})}
+	s := &Server{cfg: cfg, logger: logger, hub: newWaitHub(), watches: newWatchHub(), done: make(chan struct{})}
 	s.fsm = fsm.New(observer{s})
 	s.metrics = newMetrics(s)
 	s.tracker = newSessionTracker(cfg.Clock, logger, s.expireSessions)
@@ -127,6 +128,7 @@ func (s *Server) handler() http.Handler {
 	mux := http.NewServeMux()
 	mux.Handle(fencev1connect.NewSessionServiceHandler(s, opts...))
 	mux.Handle(fencev1connect.NewLockServiceHandler(s, opts...))
+	mux.Handle(fencev1connect.NewKVServiceHandler(s, opts...))
 	mux.Handle(fencev1connect.NewClusterServiceHandler(s, opts...))
 	mux.Handle("/metrics", promhttp.HandlerFor(s.metrics.registry, promhttp.HandlerOpts{}))
 	mux.HandleFunc("/healthz", func(w http.ResponseWriter, r *http.Request) {
@@ -236,6 +238,7 @@ func (o observer) Applied(index uint64, res fsm.Result) {
 		s.tracker.ended(id)
 	}
 	s.hub.applied(res)
+	s.watches.publish(res.Events)
 	s.delays.schedule(res.Delayed)
 	s.metrics.grants.Add(float64(len(res.Grants)))
 }

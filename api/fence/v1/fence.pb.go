@@ -84,6 +84,55 @@ func (Mode) EnumDescriptor() ([]byte, []int) {
 	return file_fence_v1_fence_proto_rawDescGZIP(), []int{0}
 }
 
+type EventType int32
+
+const (
+	EventType_EVENT_TYPE_UNSPECIFIED EventType = 0
+	EventType_EVENT_TYPE_PUT         EventType = 1
+	EventType_EVENT_TYPE_DELETE      EventType = 2
+)
+
+// Enum value maps for EventType.
+var (
+	EventType_name = map[int32]string{
+		0: "EVENT_TYPE_UNSPECIFIED",
+		1: "EVENT_TYPE_PUT",
+		2: "EVENT_TYPE_DELETE",
+	}
+	EventType_value = map[string]int32{
+		"EVENT_TYPE_UNSPECIFIED": 0,
+		"EVENT_TYPE_PUT":         1,
+		"EVENT_TYPE_DELETE":      2,
+	}
+)
+
+func (x EventType) Enum() *EventType {
+	p := new(EventType)
+	*p = x
+	return p
+}
+
+func (x EventType) String() string {
+	return protoimpl.X.EnumStringOf(x.Descriptor(), protoreflect.EnumNumber(x))
+}
+
+func (EventType) Descriptor() protoreflect.EnumDescriptor {
+	return file_fence_v1_fence_proto_enumTypes[1].Descriptor()
+}
+
+func (EventType) Type() protoreflect.EnumType {
+	return &file_fence_v1_fence_proto_enumTypes[1]
+}
+
+func (x EventType) Number() protoreflect.EnumNumber {
+	return protoreflect.EnumNumber(x)
+}
+
+// Deprecated: Use EventType.Descriptor instead.
+func (EventType) EnumDescriptor() ([]byte, []int) {
+	return file_fence_v1_fence_proto_rawDescGZIP(), []int{1}
+}
+
 // Reason says precisely why a call failed. It travels as an error detail so
 // that clients map errors to sentinels without matching strings.
 type Reason int32
@@ -140,11 +189,11 @@ func (x Reason) String() string {
 }
 
 func (Reason) Descriptor() protoreflect.EnumDescriptor {
-	return file_fence_v1_fence_proto_enumTypes[1].Descriptor()
+	return file_fence_v1_fence_proto_enumTypes[2].Descriptor()
 }
 
 func (Reason) Type() protoreflect.EnumType {
-	return &file_fence_v1_fence_proto_enumTypes[1]
+	return &file_fence_v1_fence_proto_enumTypes[2]
 }
 
 func (x Reason) Number() protoreflect.EnumNumber {
@@ -153,7 +202,7 @@ func (x Reason) Number() protoreflect.EnumNumber {
 
 // Deprecated: Use Reason.Descriptor instead.
 func (Reason) EnumDescriptor() ([]byte, []int) {
-	return file_fence_v1_fence_proto_rawDescGZIP(), []int{1}
+	return file_fence_v1_fence_proto_rawDescGZIP(), []int{2}
 }
 
 type CreateSessionRequest struct {
@@ -1336,6 +1385,769 @@ func (x *Member) GetVoter() bool {
 	return false
 }
 
+// Fence is how a KV write is fenced.
+type Fence struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// The lock whose grant the token belongs to.
+	Lock string `protobuf:"bytes,1,opt,name=lock,proto3" json:"lock,omitempty"`
+	// The fencing token. 0 writes unfenced, which a key that was ever written
+	// with a token refuses.
+	Token uint64 `protobuf:"varint,2,opt,name=token,proto3" json:"token,omitempty"`
+	// Strict: the token must be the lock's current grant, not only at least
+	// the highest token the key has seen (Chubby's sequencer check).
+	Strict bool `protobuf:"varint,3,opt,name=strict,proto3" json:"strict,omitempty"`
+	// Compare-and-swap: the key's mod_revision must equal this (0: the key
+	// must not exist), or the write fails with FailedPrecondition.
+	ExpectRevision *uint64 `protobuf:"varint,4,opt,name=expect_revision,json=expectRevision,proto3,oneof" json:"expect_revision,omitempty"`
+	unknownFields  protoimpl.UnknownFields
+	sizeCache      protoimpl.SizeCache
+}
+
+func (x *Fence) Reset() {
+	*x = Fence{}
+	mi := &file_fence_v1_fence_proto_msgTypes[20]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *Fence) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*Fence) ProtoMessage() {}
+
+func (x *Fence) ProtoReflect() protoreflect.Message {
+	mi := &file_fence_v1_fence_proto_msgTypes[20]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use Fence.ProtoReflect.Descriptor instead.
+func (*Fence) Descriptor() ([]byte, []int) {
+	return file_fence_v1_fence_proto_rawDescGZIP(), []int{20}
+}
+
+func (x *Fence) GetLock() string {
+	if x != nil {
+		return x.Lock
+	}
+	return ""
+}
+
+func (x *Fence) GetToken() uint64 {
+	if x != nil {
+		return x.Token
+	}
+	return 0
+}
+
+func (x *Fence) GetStrict() bool {
+	if x != nil {
+		return x.Strict
+	}
+	return false
+}
+
+func (x *Fence) GetExpectRevision() uint64 {
+	if x != nil && x.ExpectRevision != nil {
+		return *x.ExpectRevision
+	}
+	return 0
+}
+
+type PutRequest struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Key           string                 `protobuf:"bytes,1,opt,name=key,proto3" json:"key,omitempty"`
+	Value         []byte                 `protobuf:"bytes,2,opt,name=value,proto3" json:"value,omitempty"`
+	Fence         *Fence                 `protobuf:"bytes,3,opt,name=fence,proto3" json:"fence,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *PutRequest) Reset() {
+	*x = PutRequest{}
+	mi := &file_fence_v1_fence_proto_msgTypes[21]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *PutRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*PutRequest) ProtoMessage() {}
+
+func (x *PutRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_fence_v1_fence_proto_msgTypes[21]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use PutRequest.ProtoReflect.Descriptor instead.
+func (*PutRequest) Descriptor() ([]byte, []int) {
+	return file_fence_v1_fence_proto_rawDescGZIP(), []int{21}
+}
+
+func (x *PutRequest) GetKey() string {
+	if x != nil {
+		return x.Key
+	}
+	return ""
+}
+
+func (x *PutRequest) GetValue() []byte {
+	if x != nil {
+		return x.Value
+	}
+	return nil
+}
+
+func (x *PutRequest) GetFence() *Fence {
+	if x != nil {
+		return x.Fence
+	}
+	return nil
+}
+
+type PutResponse struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// The store's revision after the write: the key's new mod_revision.
+	Revision      uint64 `protobuf:"varint,1,opt,name=revision,proto3" json:"revision,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *PutResponse) Reset() {
+	*x = PutResponse{}
+	mi := &file_fence_v1_fence_proto_msgTypes[22]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *PutResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*PutResponse) ProtoMessage() {}
+
+func (x *PutResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_fence_v1_fence_proto_msgTypes[22]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use PutResponse.ProtoReflect.Descriptor instead.
+func (*PutResponse) Descriptor() ([]byte, []int) {
+	return file_fence_v1_fence_proto_rawDescGZIP(), []int{22}
+}
+
+func (x *PutResponse) GetRevision() uint64 {
+	if x != nil {
+		return x.Revision
+	}
+	return 0
+}
+
+type KeyValue struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	Key   string                 `protobuf:"bytes,1,opt,name=key,proto3" json:"key,omitempty"`
+	Value []byte                 `protobuf:"bytes,2,opt,name=value,proto3" json:"value,omitempty"`
+	// The token and lock of the write that set the value (0 if unfenced).
+	Token uint64 `protobuf:"varint,3,opt,name=token,proto3" json:"token,omitempty"`
+	Lock  string `protobuf:"bytes,4,opt,name=lock,proto3" json:"lock,omitempty"`
+	// The highest token the key has accepted.
+	HighestToken   uint64 `protobuf:"varint,5,opt,name=highest_token,json=highestToken,proto3" json:"highest_token,omitempty"`
+	CreateRevision uint64 `protobuf:"varint,6,opt,name=create_revision,json=createRevision,proto3" json:"create_revision,omitempty"`
+	ModRevision    uint64 `protobuf:"varint,7,opt,name=mod_revision,json=modRevision,proto3" json:"mod_revision,omitempty"`
+	Version        uint64 `protobuf:"varint,8,opt,name=version,proto3" json:"version,omitempty"`
+	unknownFields  protoimpl.UnknownFields
+	sizeCache      protoimpl.SizeCache
+}
+
+func (x *KeyValue) Reset() {
+	*x = KeyValue{}
+	mi := &file_fence_v1_fence_proto_msgTypes[23]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *KeyValue) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*KeyValue) ProtoMessage() {}
+
+func (x *KeyValue) ProtoReflect() protoreflect.Message {
+	mi := &file_fence_v1_fence_proto_msgTypes[23]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use KeyValue.ProtoReflect.Descriptor instead.
+func (*KeyValue) Descriptor() ([]byte, []int) {
+	return file_fence_v1_fence_proto_rawDescGZIP(), []int{23}
+}
+
+func (x *KeyValue) GetKey() string {
+	if x != nil {
+		return x.Key
+	}
+	return ""
+}
+
+func (x *KeyValue) GetValue() []byte {
+	if x != nil {
+		return x.Value
+	}
+	return nil
+}
+
+func (x *KeyValue) GetToken() uint64 {
+	if x != nil {
+		return x.Token
+	}
+	return 0
+}
+
+func (x *KeyValue) GetLock() string {
+	if x != nil {
+		return x.Lock
+	}
+	return ""
+}
+
+func (x *KeyValue) GetHighestToken() uint64 {
+	if x != nil {
+		return x.HighestToken
+	}
+	return 0
+}
+
+func (x *KeyValue) GetCreateRevision() uint64 {
+	if x != nil {
+		return x.CreateRevision
+	}
+	return 0
+}
+
+func (x *KeyValue) GetModRevision() uint64 {
+	if x != nil {
+		return x.ModRevision
+	}
+	return 0
+}
+
+func (x *KeyValue) GetVersion() uint64 {
+	if x != nil {
+		return x.Version
+	}
+	return 0
+}
+
+type GetRequest struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Key           string                 `protobuf:"bytes,1,opt,name=key,proto3" json:"key,omitempty"`
+	Stale         bool                   `protobuf:"varint,2,opt,name=stale,proto3" json:"stale,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *GetRequest) Reset() {
+	*x = GetRequest{}
+	mi := &file_fence_v1_fence_proto_msgTypes[24]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *GetRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*GetRequest) ProtoMessage() {}
+
+func (x *GetRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_fence_v1_fence_proto_msgTypes[24]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use GetRequest.ProtoReflect.Descriptor instead.
+func (*GetRequest) Descriptor() ([]byte, []int) {
+	return file_fence_v1_fence_proto_rawDescGZIP(), []int{24}
+}
+
+func (x *GetRequest) GetKey() string {
+	if x != nil {
+		return x.Key
+	}
+	return ""
+}
+
+func (x *GetRequest) GetStale() bool {
+	if x != nil {
+		return x.Stale
+	}
+	return false
+}
+
+type GetResponse struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	Found bool                   `protobuf:"varint,1,opt,name=found,proto3" json:"found,omitempty"`
+	Kv    *KeyValue              `protobuf:"bytes,2,opt,name=kv,proto3" json:"kv,omitempty"`
+	// The store's revision when the read was served.
+	Revision      uint64 `protobuf:"varint,3,opt,name=revision,proto3" json:"revision,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *GetResponse) Reset() {
+	*x = GetResponse{}
+	mi := &file_fence_v1_fence_proto_msgTypes[25]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *GetResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*GetResponse) ProtoMessage() {}
+
+func (x *GetResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_fence_v1_fence_proto_msgTypes[25]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use GetResponse.ProtoReflect.Descriptor instead.
+func (*GetResponse) Descriptor() ([]byte, []int) {
+	return file_fence_v1_fence_proto_rawDescGZIP(), []int{25}
+}
+
+func (x *GetResponse) GetFound() bool {
+	if x != nil {
+		return x.Found
+	}
+	return false
+}
+
+func (x *GetResponse) GetKv() *KeyValue {
+	if x != nil {
+		return x.Kv
+	}
+	return nil
+}
+
+func (x *GetResponse) GetRevision() uint64 {
+	if x != nil {
+		return x.Revision
+	}
+	return 0
+}
+
+type DeleteRequest struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Key           string                 `protobuf:"bytes,1,opt,name=key,proto3" json:"key,omitempty"`
+	Fence         *Fence                 `protobuf:"bytes,2,opt,name=fence,proto3" json:"fence,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *DeleteRequest) Reset() {
+	*x = DeleteRequest{}
+	mi := &file_fence_v1_fence_proto_msgTypes[26]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *DeleteRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*DeleteRequest) ProtoMessage() {}
+
+func (x *DeleteRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_fence_v1_fence_proto_msgTypes[26]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use DeleteRequest.ProtoReflect.Descriptor instead.
+func (*DeleteRequest) Descriptor() ([]byte, []int) {
+	return file_fence_v1_fence_proto_rawDescGZIP(), []int{26}
+}
+
+func (x *DeleteRequest) GetKey() string {
+	if x != nil {
+		return x.Key
+	}
+	return ""
+}
+
+func (x *DeleteRequest) GetFence() *Fence {
+	if x != nil {
+		return x.Fence
+	}
+	return nil
+}
+
+type DeleteResponse struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Deleted       bool                   `protobuf:"varint,1,opt,name=deleted,proto3" json:"deleted,omitempty"`
+	Revision      uint64                 `protobuf:"varint,2,opt,name=revision,proto3" json:"revision,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *DeleteResponse) Reset() {
+	*x = DeleteResponse{}
+	mi := &file_fence_v1_fence_proto_msgTypes[27]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *DeleteResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*DeleteResponse) ProtoMessage() {}
+
+func (x *DeleteResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_fence_v1_fence_proto_msgTypes[27]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use DeleteResponse.ProtoReflect.Descriptor instead.
+func (*DeleteResponse) Descriptor() ([]byte, []int) {
+	return file_fence_v1_fence_proto_rawDescGZIP(), []int{27}
+}
+
+func (x *DeleteResponse) GetDeleted() bool {
+	if x != nil {
+		return x.Deleted
+	}
+	return false
+}
+
+func (x *DeleteResponse) GetRevision() uint64 {
+	if x != nil {
+		return x.Revision
+	}
+	return 0
+}
+
+type ListRequest struct {
+	state  protoimpl.MessageState `protogen:"open.v1"`
+	Prefix string                 `protobuf:"bytes,1,opt,name=prefix,proto3" json:"prefix,omitempty"`
+	// At most this many keys; 0 means the server's maximum (1000).
+	Limit         uint32 `protobuf:"varint,2,opt,name=limit,proto3" json:"limit,omitempty"`
+	Stale         bool   `protobuf:"varint,3,opt,name=stale,proto3" json:"stale,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *ListRequest) Reset() {
+	*x = ListRequest{}
+	mi := &file_fence_v1_fence_proto_msgTypes[28]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ListRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ListRequest) ProtoMessage() {}
+
+func (x *ListRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_fence_v1_fence_proto_msgTypes[28]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ListRequest.ProtoReflect.Descriptor instead.
+func (*ListRequest) Descriptor() ([]byte, []int) {
+	return file_fence_v1_fence_proto_rawDescGZIP(), []int{28}
+}
+
+func (x *ListRequest) GetPrefix() string {
+	if x != nil {
+		return x.Prefix
+	}
+	return ""
+}
+
+func (x *ListRequest) GetLimit() uint32 {
+	if x != nil {
+		return x.Limit
+	}
+	return 0
+}
+
+func (x *ListRequest) GetStale() bool {
+	if x != nil {
+		return x.Stale
+	}
+	return false
+}
+
+type ListResponse struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	Kvs   []*KeyValue            `protobuf:"bytes,1,rep,name=kvs,proto3" json:"kvs,omitempty"`
+	// More keys match than were returned.
+	More          bool   `protobuf:"varint,2,opt,name=more,proto3" json:"more,omitempty"`
+	Revision      uint64 `protobuf:"varint,3,opt,name=revision,proto3" json:"revision,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *ListResponse) Reset() {
+	*x = ListResponse{}
+	mi := &file_fence_v1_fence_proto_msgTypes[29]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ListResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ListResponse) ProtoMessage() {}
+
+func (x *ListResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_fence_v1_fence_proto_msgTypes[29]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ListResponse.ProtoReflect.Descriptor instead.
+func (*ListResponse) Descriptor() ([]byte, []int) {
+	return file_fence_v1_fence_proto_rawDescGZIP(), []int{29}
+}
+
+func (x *ListResponse) GetKvs() []*KeyValue {
+	if x != nil {
+		return x.Kvs
+	}
+	return nil
+}
+
+func (x *ListResponse) GetMore() bool {
+	if x != nil {
+		return x.More
+	}
+	return false
+}
+
+func (x *ListResponse) GetRevision() uint64 {
+	if x != nil {
+		return x.Revision
+	}
+	return 0
+}
+
+type WatchRequest struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Prefix        string                 `protobuf:"bytes,1,opt,name=prefix,proto3" json:"prefix,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *WatchRequest) Reset() {
+	*x = WatchRequest{}
+	mi := &file_fence_v1_fence_proto_msgTypes[30]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *WatchRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*WatchRequest) ProtoMessage() {}
+
+func (x *WatchRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_fence_v1_fence_proto_msgTypes[30]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use WatchRequest.ProtoReflect.Descriptor instead.
+func (*WatchRequest) Descriptor() ([]byte, []int) {
+	return file_fence_v1_fence_proto_rawDescGZIP(), []int{30}
+}
+
+func (x *WatchRequest) GetPrefix() string {
+	if x != nil {
+		return x.Prefix
+	}
+	return ""
+}
+
+type Event struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	Type  EventType              `protobuf:"varint,1,opt,name=type,proto3,enum=fence.v1.EventType" json:"type,omitempty"`
+	// For a delete: the key, its new mod_revision, and the token of the delete.
+	Kv            *KeyValue `protobuf:"bytes,2,opt,name=kv,proto3" json:"kv,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *Event) Reset() {
+	*x = Event{}
+	mi := &file_fence_v1_fence_proto_msgTypes[31]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *Event) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*Event) ProtoMessage() {}
+
+func (x *Event) ProtoReflect() protoreflect.Message {
+	mi := &file_fence_v1_fence_proto_msgTypes[31]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use Event.ProtoReflect.Descriptor instead.
+func (*Event) Descriptor() ([]byte, []int) {
+	return file_fence_v1_fence_proto_rawDescGZIP(), []int{31}
+}
+
+func (x *Event) GetType() EventType {
+	if x != nil {
+		return x.Type
+	}
+	return EventType_EVENT_TYPE_UNSPECIFIED
+}
+
+func (x *Event) GetKv() *KeyValue {
+	if x != nil {
+		return x.Kv
+	}
+	return nil
+}
+
+type WatchResponse struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Events        []*Event               `protobuf:"bytes,1,rep,name=events,proto3" json:"events,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *WatchResponse) Reset() {
+	*x = WatchResponse{}
+	mi := &file_fence_v1_fence_proto_msgTypes[32]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *WatchResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*WatchResponse) ProtoMessage() {}
+
+func (x *WatchResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_fence_v1_fence_proto_msgTypes[32]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use WatchResponse.ProtoReflect.Descriptor instead.
+func (*WatchResponse) Descriptor() ([]byte, []int) {
+	return file_fence_v1_fence_proto_rawDescGZIP(), []int{32}
+}
+
+func (x *WatchResponse) GetEvents() []*Event {
+	if x != nil {
+		return x.Events
+	}
+	return nil
+}
+
 // ErrorDetail is attached to every error fence returns.
 type ErrorDetail struct {
 	state     protoimpl.MessageState `protogen:"open.v1"`
@@ -1353,7 +2165,7 @@ type ErrorDetail struct {
 
 func (x *ErrorDetail) Reset() {
 	*x = ErrorDetail{}
-	mi := &file_fence_v1_fence_proto_msgTypes[20]
+	mi := &file_fence_v1_fence_proto_msgTypes[33]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1365,7 +2177,7 @@ func (x *ErrorDetail) String() string {
 func (*ErrorDetail) ProtoMessage() {}
 
 func (x *ErrorDetail) ProtoReflect() protoreflect.Message {
-	mi := &file_fence_v1_fence_proto_msgTypes[20]
+	mi := &file_fence_v1_fence_proto_msgTypes[33]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1378,7 +2190,7 @@ func (x *ErrorDetail) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ErrorDetail.ProtoReflect.Descriptor instead.
 func (*ErrorDetail) Descriptor() ([]byte, []int) {
-	return file_fence_v1_fence_proto_rawDescGZIP(), []int{20}
+	return file_fence_v1_fence_proto_rawDescGZIP(), []int{33}
 }
 
 func (x *ErrorDetail) GetReason() Reason {
@@ -1513,7 +2325,58 @@ const file_fence_v1_fence_proto_rawDesc = "" +
 	"\x06Member\x12\x0e\n" +
 	"\x02id\x18\x01 \x01(\tR\x02id\x12!\n" +
 	"\fraft_address\x18\x02 \x01(\tR\vraftAddress\x12\x14\n" +
-	"\x05voter\x18\x03 \x01(\bR\x05voter\"\xcc\x01\n" +
+	"\x05voter\x18\x03 \x01(\bR\x05voter\"\x8b\x01\n" +
+	"\x05Fence\x12\x12\n" +
+	"\x04lock\x18\x01 \x01(\tR\x04lock\x12\x14\n" +
+	"\x05token\x18\x02 \x01(\x04R\x05token\x12\x16\n" +
+	"\x06strict\x18\x03 \x01(\bR\x06strict\x12,\n" +
+	"\x0fexpect_revision\x18\x04 \x01(\x04H\x00R\x0eexpectRevision\x88\x01\x01B\x12\n" +
+	"\x10_expect_revision\"[\n" +
+	"\n" +
+	"PutRequest\x12\x10\n" +
+	"\x03key\x18\x01 \x01(\tR\x03key\x12\x14\n" +
+	"\x05value\x18\x02 \x01(\fR\x05value\x12%\n" +
+	"\x05fence\x18\x03 \x01(\v2\x0f.fence.v1.FenceR\x05fence\")\n" +
+	"\vPutResponse\x12\x1a\n" +
+	"\brevision\x18\x01 \x01(\x04R\brevision\"\xe7\x01\n" +
+	"\bKeyValue\x12\x10\n" +
+	"\x03key\x18\x01 \x01(\tR\x03key\x12\x14\n" +
+	"\x05value\x18\x02 \x01(\fR\x05value\x12\x14\n" +
+	"\x05token\x18\x03 \x01(\x04R\x05token\x12\x12\n" +
+	"\x04lock\x18\x04 \x01(\tR\x04lock\x12#\n" +
+	"\rhighest_token\x18\x05 \x01(\x04R\fhighestToken\x12'\n" +
+	"\x0fcreate_revision\x18\x06 \x01(\x04R\x0ecreateRevision\x12!\n" +
+	"\fmod_revision\x18\a \x01(\x04R\vmodRevision\x12\x18\n" +
+	"\aversion\x18\b \x01(\x04R\aversion\"4\n" +
+	"\n" +
+	"GetRequest\x12\x10\n" +
+	"\x03key\x18\x01 \x01(\tR\x03key\x12\x14\n" +
+	"\x05stale\x18\x02 \x01(\bR\x05stale\"c\n" +
+	"\vGetResponse\x12\x14\n" +
+	"\x05found\x18\x01 \x01(\bR\x05found\x12\"\n" +
+	"\x02kv\x18\x02 \x01(\v2\x12.fence.v1.KeyValueR\x02kv\x12\x1a\n" +
+	"\brevision\x18\x03 \x01(\x04R\brevision\"H\n" +
+	"\rDeleteRequest\x12\x10\n" +
+	"\x03key\x18\x01 \x01(\tR\x03key\x12%\n" +
+	"\x05fence\x18\x02 \x01(\v2\x0f.fence.v1.FenceR\x05fence\"F\n" +
+	"\x0eDeleteResponse\x12\x18\n" +
+	"\adeleted\x18\x01 \x01(\bR\adeleted\x12\x1a\n" +
+	"\brevision\x18\x02 \x01(\x04R\brevision\"Q\n" +
+	"\vListRequest\x12\x16\n" +
+	"\x06prefix\x18\x01 \x01(\tR\x06prefix\x12\x14\n" +
+	"\x05limit\x18\x02 \x01(\rR\x05limit\x12\x14\n" +
+	"\x05stale\x18\x03 \x01(\bR\x05stale\"d\n" +
+	"\fListResponse\x12$\n" +
+	"\x03kvs\x18\x01 \x03(\v2\x12.fence.v1.KeyValueR\x03kvs\x12\x12\n" +
+	"\x04more\x18\x02 \x01(\bR\x04more\x12\x1a\n" +
+	"\brevision\x18\x03 \x01(\x04R\brevision\"&\n" +
+	"\fWatchRequest\x12\x16\n" +
+	"\x06prefix\x18\x01 \x01(\tR\x06prefix\"T\n" +
+	"\x05Event\x12'\n" +
+	"\x04type\x18\x01 \x01(\x0e2\x13.fence.v1.EventTypeR\x04type\x12\"\n" +
+	"\x02kv\x18\x02 \x01(\v2\x12.fence.v1.KeyValueR\x02kv\"8\n" +
+	"\rWatchResponse\x12'\n" +
+	"\x06events\x18\x01 \x03(\v2\x0f.fence.v1.EventR\x06events\"\xcc\x01\n" +
 	"\vErrorDetail\x12(\n" +
 	"\x06reason\x18\x01 \x01(\x0e2\x10.fence.v1.ReasonR\x06reason\x12\x12\n" +
 	"\x04lock\x18\x02 \x01(\tR\x04lock\x12\x1d\n" +
@@ -1525,7 +2388,11 @@ const file_fence_v1_fence_proto_rawDesc = "" +
 	"\x04Mode\x12\x14\n" +
 	"\x10MODE_UNSPECIFIED\x10\x00\x12\x12\n" +
 	"\x0eMODE_EXCLUSIVE\x10\x01\x12\x0f\n" +
-	"\vMODE_SHARED\x10\x02*\xfd\x01\n" +
+	"\vMODE_SHARED\x10\x02*R\n" +
+	"\tEventType\x12\x1a\n" +
+	"\x16EVENT_TYPE_UNSPECIFIED\x10\x00\x12\x12\n" +
+	"\x0eEVENT_TYPE_PUT\x10\x01\x12\x15\n" +
+	"\x11EVENT_TYPE_DELETE\x10\x02*\xfd\x01\n" +
 	"\x06Reason\x12\x16\n" +
 	"\x12REASON_UNSPECIFIED\x10\x00\x12\x1b\n" +
 	"\x17REASON_INVALID_ARGUMENT\x10\x01\x12\x1c\n" +
@@ -1545,7 +2412,13 @@ const file_fence_v1_fence_proto_rawDesc = "" +
 	"\aAcquire\x12\x18.fence.v1.AcquireRequest\x1a\x19.fence.v1.AcquireResponse\"\x00\x12@\n" +
 	"\aRelease\x12\x18.fence.v1.ReleaseRequest\x1a\x19.fence.v1.ReleaseResponse\"\x00\x12:\n" +
 	"\x05Check\x12\x16.fence.v1.CheckRequest\x1a\x17.fence.v1.CheckResponse\"\x00\x12F\n" +
-	"\tListLocks\x12\x1a.fence.v1.ListLocksRequest\x1a\x1b.fence.v1.ListLocksResponse\"\x002O\n" +
+	"\tListLocks\x12\x1a.fence.v1.ListLocksRequest\x1a\x1b.fence.v1.ListLocksResponse\"\x002\xad\x02\n" +
+	"\tKVService\x124\n" +
+	"\x03Put\x12\x14.fence.v1.PutRequest\x1a\x15.fence.v1.PutResponse\"\x00\x124\n" +
+	"\x03Get\x12\x14.fence.v1.GetRequest\x1a\x15.fence.v1.GetResponse\"\x00\x12=\n" +
+	"\x06Delete\x12\x17.fence.v1.DeleteRequest\x1a\x18.fence.v1.DeleteResponse\"\x00\x127\n" +
+	"\x04List\x12\x15.fence.v1.ListRequest\x1a\x16.fence.v1.ListResponse\"\x00\x12<\n" +
+	"\x05Watch\x12\x16.fence.v1.WatchRequest\x1a\x17.fence.v1.WatchResponse\"\x000\x012O\n" +
 	"\x0eClusterService\x12=\n" +
 	"\x06Status\x12\x17.fence.v1.StatusRequest\x1a\x18.fence.v1.StatusResponse\"\x00B1Z/github.com/fencelock/fence/api/fence/v1;fencev1b\x06proto3"
 
@@ -1561,70 +2434,101 @@ func file_fence_v1_fence_proto_rawDescGZIP() []byte {
 	return file_fence_v1_fence_proto_rawDescData
 }
 
-var file_fence_v1_fence_proto_enumTypes = make([]protoimpl.EnumInfo, 2)
-var file_fence_v1_fence_proto_msgTypes = make([]protoimpl.MessageInfo, 21)
+var file_fence_v1_fence_proto_enumTypes = make([]protoimpl.EnumInfo, 3)
+var file_fence_v1_fence_proto_msgTypes = make([]protoimpl.MessageInfo, 34)
 var file_fence_v1_fence_proto_goTypes = []any{
 	(Mode)(0),                     // 0: fence.v1.Mode
-	(Reason)(0),                   // 1: fence.v1.Reason
-	(*CreateSessionRequest)(nil),  // 2: fence.v1.CreateSessionRequest
-	(*CreateSessionResponse)(nil), // 3: fence.v1.CreateSessionResponse
-	(*KeepAliveRequest)(nil),      // 4: fence.v1.KeepAliveRequest
-	(*KeepAliveResponse)(nil),     // 5: fence.v1.KeepAliveResponse
-	(*CloseSessionRequest)(nil),   // 6: fence.v1.CloseSessionRequest
-	(*CloseSessionResponse)(nil),  // 7: fence.v1.CloseSessionResponse
-	(*AcquireRequest)(nil),        // 8: fence.v1.AcquireRequest
-	(*AcquireResponse)(nil),       // 9: fence.v1.AcquireResponse
-	(*ReleaseRequest)(nil),        // 10: fence.v1.ReleaseRequest
-	(*ReleaseResponse)(nil),       // 11: fence.v1.ReleaseResponse
-	(*CheckRequest)(nil),          // 12: fence.v1.CheckRequest
-	(*CheckResponse)(nil),         // 13: fence.v1.CheckResponse
-	(*ListLocksRequest)(nil),      // 14: fence.v1.ListLocksRequest
-	(*Holder)(nil),                // 15: fence.v1.Holder
-	(*Waiter)(nil),                // 16: fence.v1.Waiter
-	(*LockInfo)(nil),              // 17: fence.v1.LockInfo
-	(*ListLocksResponse)(nil),     // 18: fence.v1.ListLocksResponse
-	(*StatusRequest)(nil),         // 19: fence.v1.StatusRequest
-	(*StatusResponse)(nil),        // 20: fence.v1.StatusResponse
-	(*Member)(nil),                // 21: fence.v1.Member
-	(*ErrorDetail)(nil),           // 22: fence.v1.ErrorDetail
-	(*durationpb.Duration)(nil),   // 23: google.protobuf.Duration
+	(EventType)(0),                // 1: fence.v1.EventType
+	(Reason)(0),                   // 2: fence.v1.Reason
+	(*CreateSessionRequest)(nil),  // 3: fence.v1.CreateSessionRequest
+	(*CreateSessionResponse)(nil), // 4: fence.v1.CreateSessionResponse
+	(*KeepAliveRequest)(nil),      // 5: fence.v1.KeepAliveRequest
+	(*KeepAliveResponse)(nil),     // 6: fence.v1.KeepAliveResponse
+	(*CloseSessionRequest)(nil),   // 7: fence.v1.CloseSessionRequest
+	(*CloseSessionResponse)(nil),  // 8: fence.v1.CloseSessionResponse
+	(*AcquireRequest)(nil),        // 9: fence.v1.AcquireRequest
+	(*AcquireResponse)(nil),       // 10: fence.v1.AcquireResponse
+	(*ReleaseRequest)(nil),        // 11: fence.v1.ReleaseRequest
+	(*ReleaseResponse)(nil),       // 12: fence.v1.ReleaseResponse
+	(*CheckRequest)(nil),          // 13: fence.v1.CheckRequest
+	(*CheckResponse)(nil),         // 14: fence.v1.CheckResponse
+	(*ListLocksRequest)(nil),      // 15: fence.v1.ListLocksRequest
+	(*Holder)(nil),                // 16: fence.v1.Holder
+	(*Waiter)(nil),                // 17: fence.v1.Waiter
+	(*LockInfo)(nil),              // 18: fence.v1.LockInfo
+	(*ListLocksResponse)(nil),     // 19: fence.v1.ListLocksResponse
+	(*StatusRequest)(nil),         // 20: fence.v1.StatusRequest
+	(*StatusResponse)(nil),        // 21: fence.v1.StatusResponse
+	(*Member)(nil),                // 22: fence.v1.Member
+	(*Fence)(nil),                 // 23: fence.v1.Fence
+	(*PutRequest)(nil),            // 24: fence.v1.PutRequest
+	(*PutResponse)(nil),           // 25: fence.v1.PutResponse
+	(*KeyValue)(nil),              // 26: fence.v1.KeyValue
+	(*GetRequest)(nil),            // 27: fence.v1.GetRequest
+	(*GetResponse)(nil),           // 28: fence.v1.GetResponse
+	(*DeleteRequest)(nil),         // 29: fence.v1.DeleteRequest
+	(*DeleteResponse)(nil),        // 30: fence.v1.DeleteResponse
+	(*ListRequest)(nil),           // 31: fence.v1.ListRequest
+	(*ListResponse)(nil),          // 32: fence.v1.ListResponse
+	(*WatchRequest)(nil),          // 33: fence.v1.WatchRequest
+	(*Event)(nil),                 // 34: fence.v1.Event
+	(*WatchResponse)(nil),         // 35: fence.v1.WatchResponse
+	(*ErrorDetail)(nil),           // 36: fence.v1.ErrorDetail
+	(*durationpb.Duration)(nil),   // 37: google.protobuf.Duration
 }
 var file_fence_v1_fence_proto_depIdxs = []int32{
-	23, // 0: fence.v1.CreateSessionRequest.ttl:type_name -> google.protobuf.Duration
-	23, // 1: fence.v1.CreateSessionResponse.ttl:type_name -> google.protobuf.Duration
-	23, // 2: fence.v1.KeepAliveResponse.ttl:type_name -> google.protobuf.Duration
+	37, // 0: fence.v1.CreateSessionRequest.ttl:type_name -> google.protobuf.Duration
+	37, // 1: fence.v1.CreateSessionResponse.ttl:type_name -> google.protobuf.Duration
+	37, // 2: fence.v1.KeepAliveResponse.ttl:type_name -> google.protobuf.Duration
 	0,  // 3: fence.v1.AcquireRequest.mode:type_name -> fence.v1.Mode
-	23, // 4: fence.v1.AcquireRequest.wait_timeout:type_name -> google.protobuf.Duration
-	23, // 5: fence.v1.AcquireRequest.lock_delay:type_name -> google.protobuf.Duration
+	37, // 4: fence.v1.AcquireRequest.wait_timeout:type_name -> google.protobuf.Duration
+	37, // 5: fence.v1.AcquireRequest.lock_delay:type_name -> google.protobuf.Duration
 	0,  // 6: fence.v1.AcquireResponse.mode:type_name -> fence.v1.Mode
 	0,  // 7: fence.v1.Holder.mode:type_name -> fence.v1.Mode
 	0,  // 8: fence.v1.Waiter.mode:type_name -> fence.v1.Mode
-	15, // 9: fence.v1.LockInfo.holders:type_name -> fence.v1.Holder
-	16, // 10: fence.v1.LockInfo.waiters:type_name -> fence.v1.Waiter
-	17, // 11: fence.v1.ListLocksResponse.locks:type_name -> fence.v1.LockInfo
-	21, // 12: fence.v1.StatusResponse.members:type_name -> fence.v1.Member
-	1,  // 13: fence.v1.ErrorDetail.reason:type_name -> fence.v1.Reason
-	2,  // 14: fence.v1.SessionService.CreateSession:input_type -> fence.v1.CreateSessionRequest
-	4,  // 15: fence.v1.SessionService.KeepAlive:input_type -> fence.v1.KeepAliveRequest
-	6,  // 16: fence.v1.SessionService.CloseSession:input_type -> fence.v1.CloseSessionRequest
-	8,  // 17: fence.v1.LockService.Acquire:input_type -> fence.v1.AcquireRequest
-	10, // 18: fence.v1.LockService.Release:input_type -> fence.v1.ReleaseRequest
-	12, // 19: fence.v1.LockService.Check:input_type -> fence.v1.CheckRequest
-	14, // 20: fence.v1.LockService.ListLocks:input_type -> fence.v1.ListLocksRequest
-	19, // 21: fence.v1.ClusterService.Status:input_type -> fence.v1.StatusRequest
-	3,  // 22: fence.v1.SessionService.CreateSession:output_type -> fence.v1.CreateSessionResponse
-	5,  // 23: fence.v1.SessionService.KeepAlive:output_type -> fence.v1.KeepAliveResponse
-	7,  // 24: fence.v1.SessionService.CloseSession:output_type -> fence.v1.CloseSessionResponse
-	9,  // 25: fence.v1.LockService.Acquire:output_type -> fence.v1.AcquireResponse
-	11, // 26: fence.v1.LockService.Release:output_type -> fence.v1.ReleaseResponse
-	13, // 27: fence.v1.LockService.Check:output_type -> fence.v1.CheckResponse
-	18, // 28: fence.v1.LockService.ListLocks:output_type -> fence.v1.ListLocksResponse
-	20, // 29: fence.v1.ClusterService.Status:output_type -> fence.v1.StatusResponse
-	22, // [22:30] is the sub-list for method output_type
-	14, // [14:22] is the sub-list for method input_type
-	14, // [14:14] is the sub-list for extension type_name
-	14, // [14:14] is the sub-list for extension extendee
-	0,  // [0:14] is the sub-list for field type_name
+	16, // 9: fence.v1.LockInfo.holders:type_name -> fence.v1.Holder
+	17, // 10: fence.v1.LockInfo.waiters:type_name -> fence.v1.Waiter
+	18, // 11: fence.v1.ListLocksResponse.locks:type_name -> fence.v1.LockInfo
+	22, // 12: fence.v1.StatusResponse.members:type_name -> fence.v1.Member
+	23, // 13: fence.v1.PutRequest.fence:type_name -> fence.v1.Fence
+	26, // 14: fence.v1.GetResponse.kv:type_name -> fence.v1.KeyValue
+	23, // 15: fence.v1.DeleteRequest.fence:type_name -> fence.v1.Fence
+	26, // 16: fence.v1.ListResponse.kvs:type_name -> fence.v1.KeyValue
+	1,  // 17: fence.v1.Event.type:type_name -> fence.v1.EventType
+	26, // 18: fence.v1.Event.kv:type_name -> fence.v1.KeyValue
+	34, // 19: fence.v1.WatchResponse.events:type_name -> fence.v1.Event
+	2,  // 20: fence.v1.ErrorDetail.reason:type_name -> fence.v1.Reason
+	3,  // 21: fence.v1.SessionService.CreateSession:input_type -> fence.v1.CreateSessionRequest
+	5,  // 22: fence.v1.SessionService.KeepAlive:input_type -> fence.v1.KeepAliveRequest
+	7,  // 23: fence.v1.SessionService.CloseSession:input_type -> fence.v1.CloseSessionRequest
+	9,  // 24: fence.v1.LockService.Acquire:input_type -> fence.v1.AcquireRequest
+	11, // 25: fence.v1.LockService.Release:input_type -> fence.v1.ReleaseRequest
+	13, // 26: fence.v1.LockService.Check:input_type -> fence.v1.CheckRequest
+	15, // 27: fence.v1.LockService.ListLocks:input_type -> fence.v1.ListLocksRequest
+	24, // 28: fence.v1.KVService.Put:input_type -> fence.v1.PutRequest
+	27, // 29: fence.v1.KVService.Get:input_type -> fence.v1.GetRequest
+	29, // 30: fence.v1.KVService.Delete:input_type -> fence.v1.DeleteRequest
+	31, // 31: fence.v1.KVService.List:input_type -> fence.v1.ListRequest
+	33, // 32: fence.v1.KVService.Watch:input_type -> fence.v1.WatchRequest
+	20, // 33: fence.v1.ClusterService.Status:input_type -> fence.v1.StatusRequest
+	4,  // 34: fence.v1.SessionService.CreateSession:output_type -> fence.v1.CreateSessionResponse
+	6,  // 35: fence.v1.SessionService.KeepAlive:output_type -> fence.v1.KeepAliveResponse
+	8,  // 36: fence.v1.SessionService.CloseSession:output_type -> fence.v1.CloseSessionResponse
+	10, // 37: fence.v1.LockService.Acquire:output_type -> fence.v1.AcquireResponse
+	12, // 38: fence.v1.LockService.Release:output_type -> fence.v1.ReleaseResponse
+	14, // 39: fence.v1.LockService.Check:output_type -> fence.v1.CheckResponse
+	19, // 40: fence.v1.LockService.ListLocks:output_type -> fence.v1.ListLocksResponse
+	25, // 41: fence.v1.KVService.Put:output_type -> fence.v1.PutResponse
+	28, // 42: fence.v1.KVService.Get:output_type -> fence.v1.GetResponse
+	30, // 43: fence.v1.KVService.Delete:output_type -> fence.v1.DeleteResponse
+	32, // 44: fence.v1.KVService.List:output_type -> fence.v1.ListResponse
+	35, // 45: fence.v1.KVService.Watch:output_type -> fence.v1.WatchResponse
+	21, // 46: fence.v1.ClusterService.Status:output_type -> fence.v1.StatusResponse
+	34, // [34:47] is the sub-list for method output_type
+	21, // [21:34] is the sub-list for method input_type
+	21, // [21:21] is the sub-list for extension type_name
+	21, // [21:21] is the sub-list for extension extendee
+	0,  // [0:21] is the sub-list for field type_name
 }
 
 func init() { file_fence_v1_fence_proto_init() }
@@ -1632,15 +2536,16 @@ func file_fence_v1_fence_proto_init() {
 	if File_fence_v1_fence_proto != nil {
 		return
 	}
+	file_fence_v1_fence_proto_msgTypes[20].OneofWrappers = []any{}
 	type x struct{}
 	out := protoimpl.TypeBuilder{
 		File: protoimpl.DescBuilder{
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_fence_v1_fence_proto_rawDesc), len(file_fence_v1_fence_proto_rawDesc)),
-			NumEnums:      2,
-			NumMessages:   21,
+			NumEnums:      3,
+			NumMessages:   34,
 			NumExtensions: 0,
-			NumServices:   3,
+			NumServices:   4,
 		},
 		GoTypes:           file_fence_v1_fence_proto_goTypes,
 		DependencyIndexes: file_fence_v1_fence_proto_depIdxs,

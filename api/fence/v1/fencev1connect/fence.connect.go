@@ -34,6 +34,8 @@ const (
 	SessionServiceName = "fence.v1.SessionService"
 	// LockServiceName is the fully-qualified name of the LockService service.
 	LockServiceName = "fence.v1.LockService"
+	// KVServiceName is the fully-qualified name of the KVService service.
+	KVServiceName = "fence.v1.KVService"
 	// ClusterServiceName is the fully-qualified name of the ClusterService service.
 	ClusterServiceName = "fence.v1.ClusterService"
 )
@@ -63,6 +65,16 @@ const (
 	LockServiceCheckProcedure = "/fence.v1.LockService/Check"
 	// LockServiceListLocksProcedure is the fully-qualified name of the LockService's ListLocks RPC.
 	LockServiceListLocksProcedure = "/fence.v1.LockService/ListLocks"
+	// KVServicePutProcedure is the fully-qualified name of the KVService's Put RPC.
+	KVServicePutProcedure = "/fence.v1.KVService/Put"
+	// KVServiceGetProcedure is the fully-qualified name of the KVService's Get RPC.
+	KVServiceGetProcedure = "/fence.v1.KVService/Get"
+	// KVServiceDeleteProcedure is the fully-qualified name of the KVService's Delete RPC.
+	KVServiceDeleteProcedure = "/fence.v1.KVService/Delete"
+	// KVServiceListProcedure is the fully-qualified name of the KVService's List RPC.
+	KVServiceListProcedure = "/fence.v1.KVService/List"
+	// KVServiceWatchProcedure is the fully-qualified name of the KVService's Watch RPC.
+	KVServiceWatchProcedure = "/fence.v1.KVService/Watch"
 	// ClusterServiceStatusProcedure is the fully-qualified name of the ClusterService's Status RPC.
 	ClusterServiceStatusProcedure = "/fence.v1.ClusterService/Status"
 )
@@ -363,6 +375,194 @@ func (UnimplementedLockServiceHandler) Check(context.Context, *connect.Request[v
 
 func (UnimplementedLockServiceHandler) ListLocks(context.Context, *connect.Request[v1.ListLocksRequest]) (*connect.Response[v1.ListLocksResponse], error) {
 	return nil, connect.NewError(connect.CodeUnimplemented, errors.New("fence.v1.LockService.ListLocks is not implemented"))
+}
+
+// KVServiceClient is a client for the fence.v1.KVService service.
+type KVServiceClient interface {
+	// Put writes a value, fenced by a lock's token.
+	Put(context.Context, *connect.Request[v1.PutRequest]) (*connect.Response[v1.PutResponse], error)
+	// Get reads one key.
+	Get(context.Context, *connect.Request[v1.GetRequest]) (*connect.Response[v1.GetResponse], error)
+	// Delete removes a key, fenced like Put. Deleting a missing key succeeds
+	// with deleted = false.
+	Delete(context.Context, *connect.Request[v1.DeleteRequest]) (*connect.Response[v1.DeleteResponse], error)
+	// List reads the keys that start with a prefix, in key order.
+	List(context.Context, *connect.Request[v1.ListRequest]) (*connect.Response[v1.ListResponse], error)
+	// Watch streams the changes to keys that start with a prefix, in commit
+	// order, from the moment the watch starts.
+	Watch(context.Context, *connect.Request[v1.WatchRequest]) (*connect.ServerStreamForClient[v1.WatchResponse], error)
+}
+
+// NewKVServiceClient constructs a client for the fence.v1.KVService service. By default, it uses
+// the Connect protocol with the binary Protobuf Codec, asks for gzipped responses, and sends
+// uncompressed requests. To use the gRPC or gRPC-Web protocols, supply the connect.WithGRPC() or
+// connect.WithGRPCWeb() options.
+//
+// The URL supplied here should be the base URL for the Connect or gRPC server (for example,
+// http://api.acme.com or https://acme.com/grpc).
+func NewKVServiceClient(httpClient connect.HTTPClient, baseURL string, opts ...connect.ClientOption) KVServiceClient {
+	baseURL = strings.TrimRight(baseURL, "/")
+	kVServiceMethods := v1.File_fence_v1_fence_proto.Services().ByName("KVService").Methods()
+	return &kVServiceClient{
+		put: connect.NewClient[v1.PutRequest, v1.PutResponse](
+			httpClient,
+			baseURL+KVServicePutProcedure,
+			connect.WithSchema(kVServiceMethods.ByName("Put")),
+			connect.WithClientOptions(opts...),
+		),
+		get: connect.NewClient[v1.GetRequest, v1.GetResponse](
+			httpClient,
+			baseURL+KVServiceGetProcedure,
+			connect.WithSchema(kVServiceMethods.ByName("Get")),
+			connect.WithClientOptions(opts...),
+		),
+		delete: connect.NewClient[v1.DeleteRequest, v1.DeleteResponse](
+			httpClient,
+			baseURL+KVServiceDeleteProcedure,
+			connect.WithSchema(kVServiceMethods.ByName("Delete")),
+			connect.WithClientOptions(opts...),
+		),
+		list: connect.NewClient[v1.ListRequest, v1.ListResponse](
+			httpClient,
+			baseURL+KVServiceListProcedure,
+			connect.WithSchema(kVServiceMethods.ByName("List")),
+			connect.WithClientOptions(opts...),
+		),
+		watch: connect.NewClient[v1.WatchRequest, v1.WatchResponse](
+			httpClient,
+			baseURL+KVServiceWatchProcedure,
+			connect.WithSchema(kVServiceMethods.ByName("Watch")),
+			connect.WithClientOptions(opts...),
+		),
+	}
+}
+
+// kVServiceClient implements KVServiceClient.
+type kVServiceClient struct {
+	put    *connect.Client[v1.PutRequest, v1.PutResponse]
+	get    *connect.Client[v1.GetRequest, v1.GetResponse]
+	delete *connect.Client[v1.DeleteRequest, v1.DeleteResponse]
+	list   *connect.Client[v1.ListRequest, v1.ListResponse]
+	watch  *connect.Client[v1.WatchRequest, v1.WatchResponse]
+}
+
+// Put calls fence.v1.KVService.Put.
+func (c *kVServiceClient) Put(ctx context.Context, req *connect.Request[v1.PutRequest]) (*connect.Response[v1.PutResponse], error) {
+	return c.put.CallUnary(ctx, req)
+}
+
+// Get calls fence.v1.KVService.Get.
+func (c *kVServiceClient) Get(ctx context.Context, req *connect.Request[v1.GetRequest]) (*connect.Response[v1.GetResponse], error) {
+	return c.get.CallUnary(ctx, req)
+}
+
+// Delete calls fence.v1.KVService.Delete.
+func (c *kVServiceClient) Delete(ctx context.Context, req *connect.Request[v1.DeleteRequest]) (*connect.Response[v1.DeleteResponse], error) {
+	return c.delete.CallUnary(ctx, req)
+}
+
+// List calls fence.v1.KVService.List.
+func (c *kVServiceClient) List(ctx context.Context, req *connect.Request[v1.ListRequest]) (*connect.Response[v1.ListResponse], error) {
+	return c.list.CallUnary(ctx, req)
+}
+
+// Watch calls fence.v1.KVService.Watch.
+func (c *kVServiceClient) Watch(ctx context.Context, req *connect.Request[v1.WatchRequest]) (*connect.ServerStreamForClient[v1.WatchResponse], error) {
+	return c.watch.CallServerStream(ctx, req)
+}
+
+// KVServiceHandler is an implementation of the fence.v1.KVService service.
+type KVServiceHandler interface {
+	// Put writes a value, fenced by a lock's token.
+	Put(context.Context, *connect.Request[v1.PutRequest]) (*connect.Response[v1.PutResponse], error)
+	// Get reads one key.
+	Get(context.Context, *connect.Request[v1.GetRequest]) (*connect.Response[v1.GetResponse], error)
+	// Delete removes a key, fenced like Put. Deleting a missing key succeeds
+	// with deleted = false.
+	Delete(context.Context, *connect.Request[v1.DeleteRequest]) (*connect.Response[v1.DeleteResponse], error)
+	// List reads the keys that start with a prefix, in key order.
+	List(context.Context, *connect.Request[v1.ListRequest]) (*connect.Response[v1.ListResponse], error)
+	// Watch streams the changes to keys that start with a prefix, in commit
+	// order, from the moment the watch starts.
+	Watch(context.Context, *connect.Request[v1.WatchRequest], *connect.ServerStream[v1.WatchResponse]) error
+}
+
+// NewKVServiceHandler builds an HTTP handler from the service implementation. It returns the path
+// on which to mount the handler and the handler itself.
+//
+// By default, handlers support the Connect, gRPC, and gRPC-Web protocols with the binary Protobuf
+// and JSON codecs. They also support gzip compression.
+func NewKVServiceHandler(svc KVServiceHandler, opts ...connect.HandlerOption) (string, http.Handler) {
+	kVServiceMethods := v1.File_fence_v1_fence_proto.Services().ByName("KVService").Methods()
+	kVServicePutHandler := connect.NewUnaryHandler(
+		KVServicePutProcedure,
+		svc.Put,
+		connect.WithSchema(kVServiceMethods.ByName("Put")),
+		connect.WithHandlerOptions(opts...),
+	)
+	kVServiceGetHandler := connect.NewUnaryHandler(
+		KVServiceGetProcedure,
+		svc.Get,
+		connect.WithSchema(kVServiceMethods.ByName("Get")),
+		connect.WithHandlerOptions(opts...),
+	)
+	kVServiceDeleteHandler := connect.NewUnaryHandler(
+		KVServiceDeleteProcedure,
+		svc.Delete,
+		connect.WithSchema(kVServiceMethods.ByName("Delete")),
+		connect.WithHandlerOptions(opts...),
+	)
+	kVServiceListHandler := connect.NewUnaryHandler(
+		KVServiceListProcedure,
+		svc.List,
+		connect.WithSchema(kVServiceMethods.ByName("List")),
+		connect.WithHandlerOptions(opts...),
+	)
+	kVServiceWatchHandler := connect.NewServerStreamHandler(
+		KVServiceWatchProcedure,
+		svc.Watch,
+		connect.WithSchema(kVServiceMethods.ByName("Watch")),
+		connect.WithHandlerOptions(opts...),
+	)
+	return "/fence.v1.KVService/", http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		switch r.URL.Path {
+		case KVServicePutProcedure:
+			kVServicePutHandler.ServeHTTP(w, r)
+		case KVServiceGetProcedure:
+			kVServiceGetHandler.ServeHTTP(w, r)
+		case KVServiceDeleteProcedure:
+			kVServiceDeleteHandler.ServeHTTP(w, r)
+		case KVServiceListProcedure:
+			kVServiceListHandler.ServeHTTP(w, r)
+		case KVServiceWatchProcedure:
+			kVServiceWatchHandler.ServeHTTP(w, r)
+		default:
+			http.NotFound(w, r)
+		}
+	})
+}
+
+// UnimplementedKVServiceHandler returns CodeUnimplemented from all methods.
+type UnimplementedKVServiceHandler struct{}
+
+func (UnimplementedKVServiceHandler) Put(context.Context, *connect.Request[v1.PutRequest]) (*connect.Response[v1.PutResponse], error) {
+	return nil, connect.NewError(connect.CodeUnimplemented, errors.New("fence.v1.KVService.Put is not implemented"))
+}
+
+func (UnimplementedKVServiceHandler) Get(context.Context, *connect.Request[v1.GetRequest]) (*connect.Response[v1.GetResponse], error) {
+	return nil, connect.NewError(connect.CodeUnimplemented, errors.New("fence.v1.KVService.Get is not implemented"))
+}
+
+func (UnimplementedKVServiceHandler) Delete(context.Context, *connect.Request[v1.DeleteRequest]) (*connect.Response[v1.DeleteResponse], error) {
+	return nil, connect.NewError(connect.CodeUnimplemented, errors.New("fence.v1.KVService.Delete is not implemented"))
+}
+
+func (UnimplementedKVServiceHandler) List(context.Context, *connect.Request[v1.ListRequest]) (*connect.Response[v1.ListResponse], error) {
+	return nil, connect.NewError(connect.CodeUnimplemented, errors.New("fence.v1.KVService.List is not implemented"))
+}
+
+func (UnimplementedKVServiceHandler) Watch(context.Context, *connect.Request[v1.WatchRequest], *connect.ServerStream[v1.WatchResponse]) error {
+	return connect.NewError(connect.CodeUnimplemented, errors.New("fence.v1.KVService.Watch is not implemented"))
 }
 
 // ClusterServiceClient is a client for the fence.v1.ClusterService service.

@@ -1,0 +1,210 @@
+package cli
+
+import (
+	"fmt"
+	"os"
+	"strconv"
+
+	"github.com/spf13/cobra"
+	"google.golang.org/protobuf/encoding/protojson"
+
+	"github.com/fencelock/fence/client"
+)
+
+type fenceFlags struct {
+	lock     string
+	token    string
+	strict   bool
+	revision int64
+}
+
+func (f *fenceFlags) register(cmd *cobra.Command) {
+	fl := cmd.Flags()
+	fl.StringVar(&f.lock, "lock", os.Getenv("FENCE_LOCK"), "lock the token was granted under (default $FENCE_LOCK)")
+	fl.StringVar(&f.token, "token", os.Getenv("FENCE_TOKEN"), "fencing token of the write (default $FENCE_TOKEN)")
+	fl.BoolVar(&f.strict, "strict", false, "the token must be the lock's current grant")
+	fl.Int64Var(&f.revision, "if-revision", -1, "write only if the key is at this revision (0: only if absent)")
+}
+
+func (f *fenceFlags) options() ([]client.WriteOption, error) {
+	var opts []client.WriteOption
+	if f.token != "" {
+		token, err := strconv.ParseUint(f.token, 10, 64)
+		if err != nil || token == 0 {
+			return nil, fmt.Errorf("--token %q is not a fencing token (a decimal number from 1 up)", f.token)
+		}
+		opts = append(opts, client.WithToken(f.lock, token))
+	}
+	if f.strict {
+		opts = append(opts, client.Strict())
+	}
+	if f.revision >= 0 {
+		opts = append(opts, client.IfRevision(uint64(f.revision)))
+	}
+	return opts, nil
+}
+
+func kvCommand(g *globals) *cobra.Command {
+	cmd := &cobra.Command{
+		Use:   "kv",
+		Short: "Read and write the service's fenced key-value store",
+		Long: `The fenced KV store refuses a write whose token is lower than one the key
+has already accepted. Under "fence lock", --lock and --token default to the
+lock's FENCE_LOCK and FENCE_TOKEN, so "fence lock L -- fence kv put k v" is fenced.`,
+	}
+	cmd.AddCommand(kvPutCommand(g), kvGetCommand(g), kvDelCommand(g), kvListCommand(g), kvWatchCommand(g))
+	return cmd
+}
+
+func kvPutCommand(g *globals) *cobra.Command {
+	var f fenceFlags
+	cmd := &cobra.Command{
+		Use:   "put KEY VALUE",
+		Short: "Write a value, fenced by --lock/--token",
+		Args:  cobra.ExactArgs(2),
+		RunE: func(cmd *cobra.Command, args []string) error {
+			opts, err := f.options()
+			if err != nil {
+				return err
+			}
+			c, err := g.client()
+			if err != nil {
+				return err
+			}
+			defer c.Close()
+			rev, err := c.KV().Put(cmd.Context(), args[0], []byte(args[1]), opts...)
+			if err != nil {
+				return err
+			}
+			fmt.Fprintf(g.stdout, "revision %d\n", rev)
+			return nil
+		},
+	}
+	f.register(cmd)
+	return cmd
+}
+
+func kvDelCommand(g *globals) *cobra.Command {
+	var f fenceFlags
+	cmd := &cobra.Command{
+		Use:   "del KEY",
+		Short: "Delete a key, fenced by --lock/--token",
+		Args:  cobra.ExactArgs(1),
+		RunE: func(cmd *cobra.Command, args []string) error {
+			opts, err := f.options()
+			if err != nil {
+				return err
+			}
+			c, err := g.client()
+			if err != nil {
+				return err
+			}
+			defer c.Close()
+			deleted, err := c.KV().Delete(cmd.Context(), args[0], opts...)
+			if err != nil {
+				return err
+			}
+			if !deleted {
+				fmt.Fprintf(g.stdout, "%s did not exist\n", args[0])
+			}
+			return nil
+		},
+	}
+	f.register(cmd)
+	return cmd
+}
+
+func kvGetCommand(g *globals) *cobra.Command {
+	var asJSON bool
+	cmd := &cobra.Command{
+		Use:   "get KEY",
+		Short: "Print a key's value (exit 1 if it does not exist)",
+		Args:  cobra.ExactArgs(1),
+		RunE: func(cmd *cobra.Command, args []string) error {
+			c, err := g.client()
+			if err != nil {
+				return err
+			}
+			defer c.Close()
+			kv, err := c.KV().Get(cmd.Context(), args[0])
+			if err != nil {
+				return err
+			}
+			if kv == nil {
+				return &ExitError{Code: exitFailure, Err: fmt.Errorf("key %s does not exist", args[0])}
+			}
+			if asJSON {
+				return printJSON(g, kv)
+			}
+			_, err = fmt.Fprintf(g.stdout, "%s\n", kv.GetValue())
+			return err
+		},
+	}
+	cmd.Flags().BoolVar(&asJSON, "json", false, "print the key with its token and revisions as JSON")
+	return cmd
+}
+
+func kvListCommand(g *globals) *cobra.Command {
+	return &cobra.Command{
+		Use:   "list [PREFIX]",
+		Short: "List keys with their tokens and revisions",
+		Args:  cobra.MaximumNArgs(1),
+		RunE: func(cmd *cobra.Command, args []string) error {
+			prefix := ""
+			if len(args) == 1 {
+				prefix = args[0]
+			}
+			c, err := g.client()
+			if err != nil {
+				return err
+			}
+			defer c.Close()
+			kvs, more, err := c.KV().List(cmd.Context(), prefix)
+			if err != nil {
+				return err
+			}
+			for _, kv := range kvs {
+				fmt.Fprintf(g.stdout, "%s\trev %d\ttoken %d\t%s\n", kv.GetKey(), kv.GetModRevision(), kv.GetToken(), kv.GetValue())
+			}
+			if more {
+				fmt.Fprintln(g.stdout, "(more keys match)")
+			}
+			return nil
+		},
+	}
+}
+
+func kvWatchCommand(g *globals) *cobra.Command {
+	return &cobra.Command{
+		Use:   "watch [PREFIX]",
+		Short: "Print changes to keys as they are committed, one JSON object a line",
+		Args:  cobra.MaximumNArgs(1),
+		RunE: func(cmd *cobra.Command, args []string) error {
+			prefix := ""
+			if len(args) == 1 {
+				prefix = args[0]
+			}
+			c, err := g.client()
+			if err != nil {
+				return err
+			}
+			defer c.Close()
+			w, err := c.KV().Watch(cmd.Context(), prefix)
+			if err != nil {
+				return err
+			}
+			defer w.Close()
+			for ev := range w.Events() {
+				data, err := protojson.Marshal(ev)
+				if err != nil {
+					return err
+				}
+				fmt.Fprintln(g.stdout, string(data))
+			}
+			if cmd.Context().Err() != nil {
+				return nil // interrupted
+			}
+			return w.Err()
+		},
+	}
+}

@@ -1,0 +1,195 @@
+package client
+
+import (
+	"context"
+
+	"connectrpc.com/connect"
+
+	fencev1 "github.com/fencelock/fence/api/fence/v1"
+	"github.com/fencelock/fence/internal/rpcerr"
+)
+
+// KeyValue is one key of the fenced KV store.
+type KeyValue = fencev1.KeyValue
+
+// KV is the service's fenced key-value store: it keeps, per key, the highest
+// fencing token it accepted and refuses writes with a lower one
+// (fence.ErrStaleToken, as a *fence.StaleTokenError). Get it from Client.KV.
+// It is safe for concurrent use.
+type KV struct{ c *Client }
+
+// KV returns the client's view of the fenced KV store.
+func (c *Client) KV() *KV { return &KV{c: c} }
+
+// WriteOption fences a KV write.
+type WriteOption func(*fencev1.Fence)
+
+// WithGrant fences the write with a grant's lock and token.
+func WithGrant(g *Grant) WriteOption {
+	return func(f *fencev1.Fence) { f.Lock, f.Token = g.Lock(), g.Token() }
+}
+
+// WithToken fences the write with a lock name and token, as passed on by
+// `fence lock` in FENCE_LOCK and FENCE_TOKEN.
+func WithToken(lock string, token uint64) WriteOption {
+	return func(f *fencev1.Fence) { f.Lock, f.Token = lock, token }
+}
+
+// Strict requires the token to be the lock's current grant, not only at
+// least the highest the key has seen (fence.ErrNotHolder otherwise).
+func Strict() WriteOption {
+	return func(f *fencev1.Fence) { f.Strict = true }
+}
+
+// IfRevision makes the write a compare-and-swap: it applies only if the
+// key's mod revision is rev (0: the key must not exist), and fails with
+// fence.ErrRevisionMismatch otherwise.
+func IfRevision(rev uint64) WriteOption {
+	return func(f *fencev1.Fence) { f.ExpectRevision = &rev }
+}
+
+func fenceOf(opts []WriteOption) *fencev1.Fence {
+	f := &fencev1.Fence{}
+	for _, opt := range opts {
+		opt(f)
+	}
+	return f
+}
+
+// Put writes value under key and returns the key's new mod revision.
+// A call that fails with fence.ErrUnavailable may or may not have applied.
+func (k *KV) Put(ctx context.Context, key string, value []byte, opts ...WriteOption) (uint64, error) {
+	req := &fencev1.PutRequest{Key: key, Value: value, Fence: fenceOf(opts)}
+	var rev uint64
+	err := k.c.call(ctx, func(ctx context.Context, ep *endpoint) error {
+		resp, err := ep.kv.Put(ctx, connect.NewRequest(req))
+		if err == nil {
+			rev = resp.Msg.GetRevision()
+		}
+		return err
+	})
+	return rev, err
+}
+
+// Get reads key, linearizably. It returns nil and no error when the key
+// does not exist.
+func (k *KV) Get(ctx context.Context, key string) (*KeyValue, error) {
+	var kv *KeyValue
+	err := k.c.call(ctx, func(ctx context.Context, ep *endpoint) error {
+		resp, err := ep.kv.Get(ctx, connect.NewRequest(&fencev1.GetRequest{Key: key}))
+		if err == nil && resp.Msg.GetFound() {
+			kv = resp.Msg.GetKv()
+		}
+		return err
+	})
+	return kv, err
+}
+
+// Delete removes key, fenced like Put, and reports whether it existed.
+func (k *KV) Delete(ctx context.Context, key string, opts ...WriteOption) (bool, error) {
+	req := &fencev1.DeleteRequest{Key: key, Fence: fenceOf(opts)}
+	var deleted bool
+	err := k.c.call(ctx, func(ctx context.Context, ep *endpoint) error {
+		resp, err := ep.kv.Delete(ctx, connect.NewRequest(req))
+		if err == nil {
+			deleted = resp.Msg.GetDeleted()
+		}
+		return err
+	})
+	return deleted, err
+}
+
+// List reads up to 1000 keys that start with prefix, in key order, and
+// reports whether more match.
+func (k *KV) List(ctx context.Context, prefix string) ([]*KeyValue, bool, error) {
+	var (
+		kvs  []*KeyValue
+		more bool
+	)
+	err := k.c.call(ctx, func(ctx context.Context, ep *endpoint) error {
+		resp, err := ep.kv.List(ctx, connect.NewRequest(&fencev1.ListRequest{Prefix: prefix}))
+		if err == nil {
+			kvs, more = resp.Msg.GetKvs(), resp.Msg.GetMore()
+		}
+		return err
+	})
+	return kvs, more, err
+}
+
+// Event is a change to a watched key.
+type Event = fencev1.Event
+
+// Watch streams the changes to keys that start with prefix.
+type Watch struct {
+	events chan *Event
+	err    error
+	cancel context.CancelFunc
+	done   chan struct{}
+}
+
+// Watch starts watching prefix and returns once the watch is in place:
+// every change committed after Watch returns is delivered, in commit order.
+func (k *KV) Watch(ctx context.Context, prefix string) (*Watch, error) {
+	ctx, cancel := context.WithCancel(ctx)
+	var stream *connect.ServerStreamForClient[fencev1.WatchResponse]
+	err := k.c.call(ctx, func(ctx context.Context, ep *endpoint) error {
+		s, err := ep.kv.Watch(ctx, connect.NewRequest(&fencev1.WatchRequest{Prefix: prefix}))
+		if err != nil {
+			return err
+		}
+		if !s.Receive() { // the server's "watch in place" message
+			err := s.Err()
+			s.Close()
+			return err
+		}
+		stream = s
+		return nil
+	})
+	if err != nil {
+		cancel()
+		return nil, err
+	}
+	w := &Watch{events: make(chan *Event), cancel: cancel, done: make(chan struct{})}
+	go w.run(ctx, stream)
+	return w, nil
+}
+
+func (w *Watch) run(ctx context.Context, stream *connect.ServerStreamForClient[fencev1.WatchResponse]) {
+	defer close(w.done)
+	defer close(w.events)
+	defer stream.Close()
+	for stream.Receive() {
+		for _, ev := range stream.Msg().GetEvents() {
+			select {
+			case w.events <- ev:
+			case <-ctx.Done():
+				w.err = ctx.Err()
+				return
+			}
+		}
+	}
+	w.err = rpcerr.FromConnect(stream.Err())
+	if w.err == nil {
+		w.err = ctx.Err()
+	}
+}
+
+// Events delivers the changes; it is closed when the watch ends, after
+// which Err says why.
+func (w *Watch) Events() <-chan *Event { return w.events }
+
+// Err returns why the watch ended, once Events is closed.
+func (w *Watch) Err() error {
+	select {
+	case <-w.done:
+		return w.err
+	default:
+		return nil
+	}
+}
+
+// Close ends the watch and waits for its goroutine to exit.
+func (w *Watch) Close() {
+	w.cancel()
+	<-w.done
+}

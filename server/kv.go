@@ -1,0 +1,229 @@
+package server
+
+import (
+	"context"
+	"fmt"
+	"strings"
+	"sync"
+
+	"connectrpc.com/connect"
+
+	"github.com/fencelock/fence"
+	fencev1 "github.com/fencelock/fence/api/fence/v1"
+	"github.com/fencelock/fence/fsm"
+	"github.com/fencelock/fence/internal/fsmpb"
+)
+
+// maxList bounds the keys one List returns.
+const maxList = 1000
+
+func (s *Server) checkKey(key string) error {
+	return checkText("key", key, s.cfg.MaxKeyBytes, true)
+}
+
+// kvFence validates a write's fence and converts it for the state machine.
+func (s *Server) kvFence(f *fencev1.Fence) (*fsmpb.KVFence, error) {
+	if f.GetLock() != "" {
+		if err := s.checkLockName(f.GetLock()); err != nil {
+			return nil, err
+		}
+	}
+	if f.GetStrict() && (f.GetLock() == "" || f.GetToken() == 0) {
+		return nil, invalid("a strict write needs fence.lock and fence.token")
+	}
+	return &fsmpb.KVFence{Lock: f.GetLock(), Token: f.GetToken(), Strict: f.GetStrict(), ExpectRevision: f.ExpectRevision}, nil
+}
+
+// Put implements fencev1connect.KVServiceHandler.
+func (s *Server) Put(ctx context.Context, req *connect.Request[fencev1.PutRequest]) (*connect.Response[fencev1.PutResponse], error) {
+	m := req.Msg
+	if err := s.checkKey(m.GetKey()); err != nil {
+		return nil, err
+	}
+	if len(m.GetValue()) > s.cfg.MaxValueBytes {
+		return nil, invalid("value is %d bytes, over the limit of %d", len(m.GetValue()), s.cfg.MaxValueBytes)
+	}
+	f, err := s.kvFence(m.GetFence())
+	if err != nil {
+		return nil, err
+	}
+	res, err := s.apply(&fsmpb.Command{Op: &fsmpb.Command_KvPut{KvPut: &fsmpb.KVPut{
+		Key: m.GetKey(), Value: m.GetValue(), Fence: f, MaxKeys: uint64(s.cfg.MaxKeys),
+	}}})
+	if err != nil {
+		return nil, err
+	}
+	return connect.NewResponse(&fencev1.PutResponse{Revision: res.Revision}), nil
+}
+
+// Delete implements fencev1connect.KVServiceHandler.
+func (s *Server) Delete(ctx context.Context, req *connect.Request[fencev1.DeleteRequest]) (*connect.Response[fencev1.DeleteResponse], error) {
+	m := req.Msg
+	if err := s.checkKey(m.GetKey()); err != nil {
+		return nil, err
+	}
+	f, err := s.kvFence(m.GetFence())
+	if err != nil {
+		return nil, err
+	}
+	res, err := s.apply(&fsmpb.Command{Op: &fsmpb.Command_KvDelete{KvDelete: &fsmpb.KVDelete{Key: m.GetKey(), Fence: f}}})
+	if err != nil {
+		return nil, err
+	}
+	return connect.NewResponse(&fencev1.DeleteResponse{Deleted: len(res.Events) > 0, Revision: res.Revision}), nil
+}
+
+// Get implements fencev1connect.KVServiceHandler.
+func (s *Server) Get(ctx context.Context, req *connect.Request[fencev1.GetRequest]) (*connect.Response[fencev1.GetResponse], error) {
+	m := req.Msg
+	if err := s.checkKey(m.GetKey()); err != nil {
+		return nil, err
+	}
+	if err := s.read(ctx, m.GetStale()); err != nil {
+		return nil, err
+	}
+	out := &fencev1.GetResponse{}
+	s.fsm.Read(func(st *fsm.State) {
+		out.Revision = st.KVRevision()
+		if kv, ok := st.Get(m.GetKey()); ok {
+			out.Found, out.Kv = true, apiKV(kv)
+		}
+	})
+	return connect.NewResponse(out), nil
+}
+
+// List implements fencev1connect.KVServiceHandler.
+func (s *Server) List(ctx context.Context, req *connect.Request[fencev1.ListRequest]) (*connect.Response[fencev1.ListResponse], error) {
+	m := req.Msg
+	if err := checkText("prefix", m.GetPrefix(), s.cfg.MaxKeyBytes, false); err != nil {
+		return nil, err
+	}
+	limit := int(m.GetLimit())
+	if limit == 0 || limit > maxList {
+		limit = maxList
+	}
+	if err := s.read(ctx, m.GetStale()); err != nil {
+		return nil, err
+	}
+	out := &fencev1.ListResponse{}
+	s.fsm.Read(func(st *fsm.State) {
+		out.Revision = st.KVRevision()
+		kvs, more := st.List(m.GetPrefix(), limit)
+		out.More = more
+		for _, kv := range kvs {
+			out.Kvs = append(out.Kvs, apiKV(kv))
+		}
+	})
+	return connect.NewResponse(out), nil
+}
+
+// Watch implements fencev1connect.KVServiceHandler. A watcher that falls
+// more than a buffer behind is ended with ResourceExhausted; it should
+// re-read and watch again.
+func (s *Server) Watch(ctx context.Context, req *connect.Request[fencev1.WatchRequest], stream *connect.ServerStream[fencev1.WatchResponse]) error {
+	if err := checkText("prefix", req.Msg.GetPrefix(), s.cfg.MaxKeyBytes, false); err != nil {
+		return err
+	}
+	w, err := s.watches.add(req.Msg.GetPrefix(), s.cfg.MaxWatchers)
+	if err != nil {
+		return err
+	}
+	defer s.watches.remove(w)
+	// Tell the client at once that the watch is in place.
+	if err := stream.Send(&fencev1.WatchResponse{}); err != nil {
+		return err
+	}
+	for {
+		select {
+		case <-ctx.Done():
+			return ctx.Err()
+		case <-s.done:
+			return fmt.Errorf("%w: the node is shutting down", fence.ErrUnavailable)
+		case <-w.overflow:
+			return fmt.Errorf("%w: the watcher fell more than %d changes behind; read again and watch again", fence.ErrLimit, watchBuffer)
+		case events := <-w.ch:
+			resp := &fencev1.WatchResponse{}
+			for _, ev := range events {
+				typ := fencev1.EventType_EVENT_TYPE_PUT
+				if ev.Deleted {
+					typ = fencev1.EventType_EVENT_TYPE_DELETE
+				}
+				resp.Events = append(resp.Events, &fencev1.Event{Type: typ, Kv: apiKV(ev.KV)})
+			}
+			if err := stream.Send(resp); err != nil {
+				return err
+			}
+		}
+	}
+}
+
+func apiKV(kv fsm.KeyValue) *fencev1.KeyValue {
+	return &fencev1.KeyValue{
+		Key: kv.Key, Value: kv.Value, Token: kv.Token, Lock: kv.Lock, HighestToken: kv.HighestToken,
+		CreateRevision: kv.CreateRevision, ModRevision: kv.ModRevision, Version: kv.Version,
+	}
+}
+
+// watchBuffer is how many batches of changes a watcher may fall behind.
+const watchBuffer = 1024
+
+type watcher struct {
+	prefix   string
+	ch       chan []fsm.KVEvent
+	overflow chan struct{}
+	dropped  bool
+}
+
+// watchHub fans committed KV changes out to watchers, in commit order,
+// without ever blocking the apply loop.
+type watchHub struct {
+	mu       sync.Mutex
+	watchers map[*watcher]struct{}
+}
+
+func newWatchHub() *watchHub { return &watchHub{watchers: map[*watcher]struct{}{}} }
+
+func (h *watchHub) add(prefix string, limit int) (*watcher, error) {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	if limit > 0 && len(h.watchers) >= limit {
+		return nil, fmt.Errorf("%w: the node already has %d watchers, its limit", fence.ErrLimit, len(h.watchers))
+	}
+	w := &watcher{prefix: prefix, ch: make(chan []fsm.KVEvent, watchBuffer), overflow: make(chan struct{})}
+	h.watchers[w] = struct{}{}
+	return w, nil
+}
+
+func (h *watchHub) remove(w *watcher) {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	delete(h.watchers, w)
+}
+
+func (h *watchHub) publish(events []fsm.KVEvent) {
+	if len(events) == 0 {
+		return
+	}
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	for w := range h.watchers {
+		if w.dropped {
+			continue
+		}
+		var mine []fsm.KVEvent
+		for _, ev := range events {
+			if strings.HasPrefix(ev.KV.Key, w.prefix) {
+				mine = append(mine, ev)
+			}
+		}
+		if len(mine) == 0 {
+			continue
+		}
+		select {
+		case w.ch <- mine:
+		default:
+			w.dropped = true
+			close(w.overflow)
+		}
+	}
+}
