@@ -1,0 +1,151 @@
+package client
+
+import (
+	"context"
+	"errors"
+	"testing"
+	"time"
+
+	"github.com/fencelock/fence"
+	fencev1 "github.com/fencelock/fence/api/fence/v1"
+)
+
+// The article's timeline against the fenced KV: A writes with its token,
+// loses the lock, B takes it and writes, A's late write is refused and B's
+// value survives.
+func TestKVRejectsStaleWriter(t *testing.T) {
+	srv := startServer(t, nil)
+	c := mustClient(t, srv, nil)
+	ctx := context.Background()
+	kv := c.KV()
+
+	a, err := c.NewSession(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ma := NewMutex(a, "orders")
+	ga, err := ma.Lock(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := kv.Put(ctx, "orders/17", []byte("a1"), WithGrant(ga)); err != nil {
+		t.Fatal(err)
+	}
+	if err := a.Close(ctx); err != nil { // A's lease ends (as if it expired)
+		t.Fatal(err)
+	}
+	b, err := c.NewSession(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer b.Close(ctx)
+	gb, err := NewMutex(b, "orders").Lock(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := kv.Put(ctx, "orders/17", []byte("b"), WithGrant(gb)); err != nil {
+		t.Fatal(err)
+	}
+
+	_, err = kv.Put(ctx, "orders/17", []byte("a2"), WithToken("orders", ga.Token()))
+	var stale *fence.StaleTokenError
+	if !errors.As(err, &stale) || stale.Token != ga.Token() || stale.Highest != gb.Token() || stale.Key != "orders/17" {
+		t.Fatalf("late write of A: %v, want a StaleTokenError %d < %d", err, ga.Token(), gb.Token())
+	}
+	if _, err := kv.Delete(ctx, "orders/17", WithToken("orders", ga.Token())); !errors.Is(err, fence.ErrStaleToken) {
+		t.Fatalf("late delete of A: %v, want ErrStaleToken", err)
+	}
+	got, err := kv.Get(ctx, "orders/17")
+	if err != nil || got == nil || string(got.GetValue()) != "b" || got.GetToken() != gb.Token() {
+		t.Fatalf("Get = %v, %v; want B's value with token %d", got, err, gb.Token())
+	}
+}
+
+// Strict mode needs the lock's current grant; CAS needs the revision.
+func TestKVStrictAndCompareAndSwap(t *testing.T) {
+	srv := startServer(t, nil)
+	c := mustClient(t, srv, nil)
+	ctx := context.Background()
+	kv := c.KV()
+	s, err := c.NewSession(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer s.Close(ctx)
+	m := NewMutex(s, "l")
+	g, err := m.Lock(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := kv.Put(ctx, "k", []byte("1"), WithGrant(g), Strict()); err != nil {
+		t.Fatalf("strict write by the holder: %v", err)
+	}
+	if err := m.Unlock(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := kv.Put(ctx, "k", []byte("2"), WithGrant(g), Strict()); !errors.Is(err, fence.ErrNotHolder) {
+		t.Fatalf("strict write after release: %v, want ErrNotHolder", err)
+	}
+	rev, err := kv.Put(ctx, "cas", []byte("v1"), IfRevision(0))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := kv.Put(ctx, "cas", []byte("v2"), IfRevision(0)); !errors.Is(err, fence.ErrRevisionMismatch) {
+		t.Fatalf("create of an existing key: %v, want ErrRevisionMismatch", err)
+	}
+	if _, err := kv.Put(ctx, "cas", []byte("v2"), IfRevision(rev)); err != nil {
+		t.Fatalf("CAS at the right revision: %v", err)
+	}
+	kvs, more, err := kv.List(ctx, "")
+	if err != nil || more || len(kvs) != 2 || kvs[0].GetKey() != "cas" || string(kvs[0].GetValue()) != "v2" {
+		t.Fatalf("List = %v, %v, %v", kvs, more, err)
+	}
+}
+
+// A watch delivers every committed change under its prefix, in order.
+func TestKVWatch(t *testing.T) {
+	srv := startServer(t, nil)
+	c := mustClient(t, srv, nil)
+	ctx := context.Background()
+	kv := c.KV()
+	w, err := kv.Watch(ctx, "jobs/")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer w.Close()
+	for _, key := range []string{"jobs/1", "other", "jobs/2"} {
+		if _, err := kv.Put(ctx, key, []byte(key)); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if _, err := kv.Delete(ctx, "jobs/1"); err != nil {
+		t.Fatal(err)
+	}
+	want := []struct {
+		typ fencev1.EventType
+		key string
+	}{
+		{fencev1.EventType_EVENT_TYPE_PUT, "jobs/1"},
+		{fencev1.EventType_EVENT_TYPE_PUT, "jobs/2"},
+		{fencev1.EventType_EVENT_TYPE_DELETE, "jobs/1"},
+	}
+	var lastRev uint64
+	for _, wt := range want {
+		select {
+		case ev, ok := <-w.Events():
+			if !ok {
+				t.Fatalf("watch ended: %v", w.Err())
+			}
+			if ev.GetType() != wt.typ || ev.GetKv().GetKey() != wt.key || ev.GetKv().GetModRevision() <= lastRev {
+				t.Fatalf("event %v, want %v %s after revision %d", ev, wt.typ, wt.key, lastRev)
+			}
+			lastRev = ev.GetKv().GetModRevision()
+		case <-time.After(10 * time.Second):
+			t.Fatalf("no event for %s", wt.key)
+		}
+	}
+	w.Close()
+	if _, ok := <-w.Events(); ok {
+		t.Fatal("events after Close")
+	}
+}
