@@ -1,0 +1,221 @@
+// Command fenced-storage plays the article's story with real processes: a
+// storage service that checks fencing tokens, and workers that take a lock
+// from fence and write.
+//
+//	fenced-storage storage --listen 127.0.0.1:8080 --db tokens.db
+//	fenced-storage worker --name A --key orders/17 --value A --delay 5s --target http://127.0.0.1:8080
+//	fenced-storage worker --name B --key orders/17 --value B --target kv
+//
+// A worker takes the lock (named after the key's first path segment unless
+// --lock says otherwise), prints its token, waits --delay ("work", during
+// which it may be paused with SIGSTOP), then writes its value with the token
+// it was granted, without checking whether it still holds the lock: that is
+// what a process does that wakes from a pause. The storage, not the lock,
+// refuses the stale write. Exit status: 0 written, 2 refused as stale, 1 error.
+package main
+
+import (
+	"context"
+	"errors"
+	"flag"
+	"fmt"
+	"io"
+	"net/http"
+	"os"
+	"os/signal"
+	"strings"
+	"sync"
+	"syscall"
+	"time"
+
+	"github.com/fencelock/fence"
+	"github.com/fencelock/fence/client"
+	"github.com/fencelock/fence/fencing"
+	"github.com/fencelock/fence/fencing/boltfence"
+)
+
+func main() {
+	if len(os.Args) < 2 {
+		fmt.Fprintln(os.Stderr, "usage: fenced-storage storage|worker [flags]")
+		os.Exit(1)
+	}
+	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
+	defer stop()
+	var err error
+	switch os.Args[1] {
+	case "storage":
+		err = runStorage(ctx, os.Args[2:])
+	case "worker":
+		err = runWorker(ctx, os.Args[2:])
+	default:
+		err = fmt.Errorf("unknown mode %q: want storage or worker", os.Args[1])
+	}
+	if errors.Is(err, fence.ErrStaleToken) {
+		os.Exit(2)
+	}
+	if err != nil {
+		fmt.Fprintln(os.Stderr, "fenced-storage:", err)
+		os.Exit(1)
+	}
+}
+
+// store is the storage's data: the last value per key.
+type store struct {
+	mu     sync.Mutex
+	values map[string]string
+}
+
+func (s *store) ServeHTTP(w http.ResponseWriter, r *http.Request) {
+	key := strings.TrimPrefix(r.URL.Path, "/")
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	switch r.Method {
+	case http.MethodGet:
+		v, ok := s.values[key]
+		if !ok {
+			http.NotFound(w, r)
+			return
+		}
+		fmt.Fprint(w, v)
+	case http.MethodPut:
+		body, err := io.ReadAll(io.LimitReader(r.Body, 1<<20))
+		if err != nil {
+			http.Error(w, err.Error(), http.StatusBadRequest)
+			return
+		}
+		s.values[key] = string(body)
+		lock, token, _ := fencing.TokenFrom(r.Context())
+		fmt.Printf("%s storage: accepted %s=%q with token %d of lock %s\n", stamp(), key, body, token, lock)
+		w.WriteHeader(http.StatusNoContent)
+	default:
+		http.Error(w, "GET or PUT", http.StatusMethodNotAllowed)
+	}
+}
+
+func runStorage(ctx context.Context, args []string) error {
+	fs := flag.NewFlagSet("storage", flag.ContinueOnError)
+	listen := fs.String("listen", "127.0.0.1:8080", "address to serve on")
+	db := fs.String("db", "", "bbolt file for the highest tokens (default: in memory)")
+	if err := fs.Parse(args); err != nil {
+		return err
+	}
+	var tokens fencing.Store = fencing.NewMemory()
+	if *db != "" {
+		s, err := boltfence.Open(*db)
+		if err != nil {
+			return err
+		}
+		tokens = s
+	}
+	defer tokens.Close()
+	guard := fencing.NewGuard(tokens)
+	handler := fencing.Middleware(guard, fencing.WithKey(func(r *http.Request) string {
+		return strings.TrimPrefix(r.URL.Path, "/")
+	}))(&store{values: map[string]string{}})
+	rejecting := http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		rec := &statusWriter{ResponseWriter: w}
+		handler.ServeHTTP(rec, r)
+		if rec.code == http.StatusConflict {
+			fmt.Printf("%s storage: REJECTED %s with token %s: stale\n", stamp(), r.URL.Path, r.Header.Get(fencing.HeaderToken))
+		}
+	})
+	srv := &http.Server{Addr: *listen, Handler: rejecting, ReadHeaderTimeout: 5 * time.Second}
+	go func() {
+		<-ctx.Done()
+		srv.Close()
+	}()
+	fmt.Printf("%s storage: serving on %s\n", stamp(), *listen)
+	if err := srv.ListenAndServe(); !errors.Is(err, http.ErrServerClosed) {
+		return err
+	}
+	return nil
+}
+
+type statusWriter struct {
+	http.ResponseWriter
+	code int
+}
+
+func (w *statusWriter) WriteHeader(code int) {
+	w.code = code
+	w.ResponseWriter.WriteHeader(code)
+}
+
+func runWorker(ctx context.Context, args []string) error {
+	fs := flag.NewFlagSet("worker", flag.ContinueOnError)
+	name := fs.String("name", "worker", "the worker's name in the output")
+	endpoints := fs.String("endpoints", envOr("FENCE_ENDPOINTS", client.DefaultEndpoint), "fence nodes")
+	key := fs.String("key", "orders/17", "key to write")
+	lockName := fs.String("lock", "", "lock to take (default: the key's first path segment)")
+	value := fs.String("value", "", "value to write (default: the worker's name)")
+	target := fs.String("target", "kv", `where to write: "kv" (fence's fenced KV) or the storage's URL`)
+	ttl := fs.Duration("ttl", 2*time.Second, "session TTL")
+	delay := fs.Duration("delay", 0, "time between taking the lock and writing")
+	if err := fs.Parse(args); err != nil {
+		return err
+	}
+	if *lockName == "" {
+		*lockName, _, _ = strings.Cut(*key, "/")
+	}
+	if *value == "" {
+		*value = *name
+	}
+	c, err := client.New(client.WithEndpoints(strings.Split(*endpoints, ",")...))
+	if err != nil {
+		return err
+	}
+	defer c.Close()
+	s, err := c.NewSession(ctx, client.WithTTL(*ttl), client.WithOwner("worker "+*name))
+	if err != nil {
+		return err
+	}
+	defer s.Close(context.Background())
+	m := client.NewMutex(s, *lockName)
+	g, err := m.Lock(ctx)
+	if err != nil {
+		return err
+	}
+	fmt.Printf("%s %s: got lock %s with token %d\n", stamp(), *name, *lockName, g.Token())
+	time.Sleep(*delay) // a paused process resumes here, believing it holds the lock
+	fmt.Printf("%s %s: writing %s=%q with token %d\n", stamp(), *name, *key, *value, g.Token())
+	if *target == "kv" {
+		_, err = c.KV().Put(context.Background(), *key, []byte(*value), client.WithToken(*lockName, g.Token()))
+	} else {
+		err = putHTTP(*target+"/"+*key, *value, fencing.WithToken(context.Background(), *lockName, g.Token()))
+	}
+	if err != nil {
+		fmt.Printf("%s %s: write REJECTED: %v\n", stamp(), *name, err)
+		return err
+	}
+	fmt.Printf("%s %s: write accepted\n", stamp(), *name)
+	_ = m.Unlock(context.Background())
+	return nil
+}
+
+func putHTTP(url, value string, ctx context.Context) error {
+	req, err := http.NewRequestWithContext(ctx, http.MethodPut, url, strings.NewReader(value))
+	if err != nil {
+		return err
+	}
+	resp, err := (&http.Client{Transport: &fencing.Transport{}, Timeout: 10 * time.Second}).Do(req)
+	if err != nil {
+		return err
+	}
+	if err := fencing.ResponseError(resp); err != nil {
+		return err
+	}
+	defer resp.Body.Close()
+	if resp.StatusCode >= 300 {
+		return fmt.Errorf("storage answered %s", resp.Status)
+	}
+	return nil
+}
+
+func stamp() string { return time.Now().Format("15:04:05.000") }
+
+func envOr(name, def string) string {
+	if v := os.Getenv(name); v != "" {
+		return v
+	}
+	return def
+}
