@@ -87,6 +87,8 @@ func Run(ctx context.Context, args []string, stdin io.Reader, stdout, stderr io.
 		statusCommand(g),
 		benchCommand(g),
 		kvCommand(g),
+		checkCommand(g),
+		checkWorkerCommand(g),
 	)
 	err := root.ExecuteContext(ctx)
 	if err == nil {

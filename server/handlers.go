@@ -94,7 +94,7 @@ func (s *Server) Acquire(ctx context.Context, req *connect.Request[fencev1.Acqui
 	// committed right after our enqueue is not missed.
 	w := s.hub.register(m.GetSessionId(), m.GetLock())
 	defer s.hub.unregister(w)
-	res, err := s.apply(&fsmpb.Command{Op: &fsmpb.Command_Acquire{Acquire: &fsmpb.Acquire{
+	res, index, err := s.applyAt(&fsmpb.Command{Op: &fsmpb.Command_Acquire{Acquire: &fsmpb.Acquire{
 		SessionId:   m.GetSessionId(),
 		Lock:        m.GetLock(),
 		Mode:        uint32(md),
@@ -108,7 +108,7 @@ func (s *Server) Acquire(ctx context.Context, req *connect.Request[fencev1.Acqui
 	if res.Grant != nil {
 		return grantResponse(*res.Grant), nil
 	}
-	g, err := s.wait(ctx, w, waitTimeout)
+	g, err := s.wait(ctx, w, index, waitTimeout)
 	if err != nil {
 		return nil, err
 	}
@@ -118,35 +118,39 @@ func (s *Server) Acquire(ctx context.Context, req *connect.Request[fencev1.Acqui
 // wait blocks a queued Acquire until its grant is committed, its session
 // ends, the wait times out or the call is cancelled. Only a grant is ever
 // reported as one, and no grant is left behind that the caller never learns of.
-func (s *Server) wait(ctx context.Context, w *waiter, timeout time.Duration) (fsm.Grant, error) {
+func (s *Server) wait(ctx context.Context, w *waiter, index uint64, timeout time.Duration) (fsm.Grant, error) {
 	var expired <-chan time.Time
 	if timeout > 0 {
 		t := s.cfg.Clock.NewTimer(timeout)
 		defer t.Stop()
 		expired = t.C()
 	}
-	select {
-	case o := <-w.ch:
-		return o.grant, o.err
-	case <-expired:
-		g, granted, err := s.cancelWait(w.key)
-		if err != nil {
-			return fsm.Grant{}, err
+	for {
+		select {
+		case <-w.notify:
+			if o, ok := w.take(index); ok {
+				return o.grant, o.err
+			}
+		case <-expired:
+			g, granted, err := s.cancelWait(w.key)
+			if err != nil {
+				return fsm.Grant{}, err
+			}
+			if granted {
+				return g, nil // granted just as the wait timed out: the caller is still there
+			}
+			return fsm.Grant{}, fmt.Errorf("%w: lock %q was not granted within %v", fence.ErrWaitTimeout, w.key.lock, timeout)
+		case <-ctx.Done():
+			g, granted, err := s.cancelWait(w.key)
+			if err == nil && granted && !s.hub.unregister(w) {
+				// Granted as the caller went away, and no other call of the
+				// same session waits to report it: give the lock back.
+				s.releaseQuietly(g)
+			}
+			return fsm.Grant{}, ctx.Err()
+		case <-s.done:
+			return fsm.Grant{}, fmt.Errorf("%w: the node is shutting down", fence.ErrUnavailable)
 		}
-		if granted {
-			return g, nil // granted just as the wait timed out: the caller is still there
-		}
-		return fsm.Grant{}, fmt.Errorf("%w: lock %q was not granted within %v", fence.ErrWaitTimeout, w.key.lock, timeout)
-	case <-ctx.Done():
-		g, granted, err := s.cancelWait(w.key)
-		if err == nil && granted && !s.hub.unregister(w) {
-			// Granted as the caller went away, and no other call of the
-			// same session waits to report it: give the lock back.
-			s.releaseQuietly(g)
-		}
-		return fsm.Grant{}, ctx.Err()
-	case <-s.done:
-		return fsm.Grant{}, fmt.Errorf("%w: the node is shutting down", fence.ErrUnavailable)
 	}
 }
 
@@ -284,16 +288,34 @@ func parseUint(s string) uint64 {
 // apply proposes a command and returns its result, with the command's own
 // failure (Result.Err) as the error.
 func (s *Server) apply(cmd *fsmpb.Command) (fsm.Result, error) {
+	res, _, err := s.applyAt(cmd)
+	return res, err
+}
+
+// applyAt is apply that also returns the command's log index. Only a ready
+// leader proposes: one that has applied every entry of earlier terms, so
+// that nothing it replays can be mistaken for an effect of a new command.
+func (s *Server) applyAt(cmd *fsmpb.Command) (fsm.Result, uint64, error) {
 	select {
 	case <-s.done:
-		return fsm.Result{}, fmt.Errorf("%w: the node is shutting down", fence.ErrUnavailable)
+		return fsm.Result{}, 0, fmt.Errorf("%w: the node is shutting down", fence.ErrUnavailable)
 	default:
 	}
-	res, err := s.node.propose(cmd)
-	if err != nil {
-		return fsm.Result{}, err
+	if !s.leaderReady.Load() {
+		return fsm.Result{}, 0, s.notReady()
 	}
-	return res, res.Err
+	res, index, err := s.node.propose(cmd)
+	if err != nil {
+		return fsm.Result{}, 0, err
+	}
+	return res, index, res.Err
+}
+
+func (s *Server) notReady() error {
+	if s.node.isLeader() {
+		return fmt.Errorf("%w: the leader is still applying its log; retry shortly", fence.ErrUnavailable)
+	}
+	return s.node.raftError(raft.ErrNotLeader)
 }
 
 // read prepares a read of the FSM: linearizable unless stale is set.
@@ -308,7 +330,7 @@ func (s *Server) read(ctx context.Context, stale bool) error {
 		return nil
 	}
 	if !s.leaderReady.Load() {
-		return s.node.raftError(raft.ErrNotLeader)
+		return s.notReady()
 	}
 	return s.node.verifyLeader()
 }

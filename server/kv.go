@@ -124,6 +124,10 @@ func (s *Server) Watch(ctx context.Context, req *connect.Request[fencev1.WatchRe
 	if err := checkText("prefix", req.Msg.GetPrefix(), s.cfg.MaxKeyBytes, false); err != nil {
 		return err
 	}
+	// A node that is still replaying its log would send old changes as new.
+	if err := s.read(ctx, false); err != nil {
+		return err
+	}
 	w, err := s.watches.add(req.Msg.GetPrefix(), s.cfg.MaxWatchers)
 	if err != nil {
 		return err

@@ -169,20 +169,21 @@ func logStoreKind(dir, want string) (string, error) {
 // propose commits cmd and returns the result of applying it. It waits for
 // the commit even when ctx ends first, because a command's effects (a grant)
 // must be seen by whoever proposed it; ApplyTimeout bounds the wait.
-func (n *node) propose(cmd *fsmpb.Command) (fsm.Result, error) {
+// It also returns the command's log index.
+func (n *node) propose(cmd *fsmpb.Command) (fsm.Result, uint64, error) {
 	data, err := fsm.Encode(cmd)
 	if err != nil {
-		return fsm.Result{}, fmt.Errorf("encoding command: %w", err)
+		return fsm.Result{}, 0, fmt.Errorf("encoding command: %w", err)
 	}
 	f := n.raft.Apply(data, n.timeout)
 	if err := f.Error(); err != nil {
-		return fsm.Result{}, n.raftError(err)
+		return fsm.Result{}, 0, n.raftError(err)
 	}
 	res, ok := f.Response().(fsm.Result)
 	if !ok {
-		return fsm.Result{}, fmt.Errorf("raft returned %T, not a result", f.Response())
+		return fsm.Result{}, 0, fmt.Errorf("raft returned %T, not a result", f.Response())
 	}
-	return res, nil
+	return res, f.Index(), nil
 }
 
 // verifyLeader confirms with a quorum that this node is still the leader.

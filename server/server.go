@@ -237,7 +237,7 @@ func (o observer) Applied(index uint64, res fsm.Result) {
 	for _, id := range res.Ended {
 		s.tracker.ended(id)
 	}
-	s.hub.applied(res)
+	s.hub.applied(index, res)
 	s.watches.publish(res.Events)
 	s.delays.schedule(res.Delayed)
 	s.metrics.grants.Add(float64(len(res.Grants)))

@@ -2,6 +2,7 @@ package server
 
 import (
 	"fmt"
+	"math"
 	"sync"
 
 	"github.com/fencelock/fence"
@@ -20,11 +21,44 @@ type waitKey struct {
 type outcome struct {
 	grant fsm.Grant
 	err   error
+	// index is the log index of the command that had this effect. A wait
+	// takes only outcomes of commands after its own Acquire: a node that
+	// replays its log must not wake a new waiter with an old grant.
+	index uint64
 }
 
+// always is the index of outcomes that concern every wait, whenever it began.
+const always = math.MaxUint64
+
 type waiter struct {
-	key waitKey
-	ch  chan outcome // buffered: the hub never blocks on a slow handler
+	key    waitKey
+	notify chan struct{} // capacity 1: the hub never blocks on a slow handler
+
+	mu     sync.Mutex
+	latest outcome
+	has    bool
+}
+
+func (w *waiter) deliver(o outcome) {
+	w.mu.Lock()
+	if !w.has || o.index >= w.latest.index {
+		w.latest, w.has = o, true
+	}
+	w.mu.Unlock()
+	select {
+	case w.notify <- struct{}{}:
+	default:
+	}
+}
+
+// take returns the latest outcome of a command after index, if any.
+func (w *waiter) take(index uint64) (outcome, bool) {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	if w.has && w.latest.index > index {
+		return w.latest, true
+	}
+	return outcome{}, false
 }
 
 // waitHub wakes blocked Acquire calls by push: the FSM observer hands it
@@ -40,7 +74,7 @@ func newWaitHub() *waitHub { return &waitHub{waits: map[waitKey][]*waiter{}} }
 // register must be called before the Acquire is proposed, so that a grant
 // committed at once cannot be missed.
 func (h *waitHub) register(session uint64, lock string) *waiter {
-	w := &waiter{key: waitKey{session, lock}, ch: make(chan outcome, 1)}
+	w := &waiter{key: waitKey{session, lock}, notify: make(chan struct{}, 1)}
 	h.mu.Lock()
 	h.waits[w.key] = append(h.waits[w.key], w)
 	h.mu.Unlock()
@@ -68,22 +102,19 @@ func (h *waitHub) unregister(w *waiter) (others bool) {
 
 func (h *waitHub) deliverLocked(key waitKey, o outcome) {
 	for _, w := range h.waits[key] {
-		select {
-		case w.ch <- o:
-		default: // already ended
-		}
+		w.deliver(o)
 	}
 }
 
-// applied delivers the effects of one committed command.
-func (h *waitHub) applied(res fsm.Result) {
+// applied delivers the effects of the command at index.
+func (h *waitHub) applied(index uint64, res fsm.Result) {
 	if len(res.Grants) == 0 && len(res.Ended) == 0 {
 		return
 	}
 	h.mu.Lock()
 	defer h.mu.Unlock()
 	for _, g := range res.Grants {
-		h.deliverLocked(waitKey{g.Session, g.Lock}, outcome{grant: g})
+		h.deliverLocked(waitKey{g.Session, g.Lock}, outcome{grant: g, index: index})
 	}
 	if len(res.Ended) == 0 {
 		return
@@ -94,7 +125,7 @@ func (h *waitHub) applied(res fsm.Result) {
 	}
 	for key := range h.waits {
 		if ended[key.session] {
-			h.deliverLocked(key, outcome{err: fmt.Errorf("%w: session %d ended while waiting for lock %q", fence.ErrSessionNotFound, key.session, key.lock)})
+			h.deliverLocked(key, outcome{err: fmt.Errorf("%w: session %d ended while waiting for lock %q", fence.ErrSessionNotFound, key.session, key.lock), index: index})
 		}
 	}
 }
@@ -106,7 +137,7 @@ func (h *waitHub) failAll(err error) {
 	h.mu.Lock()
 	defer h.mu.Unlock()
 	for key := range h.waits {
-		h.deliverLocked(key, outcome{err: err})
+		h.deliverLocked(key, outcome{err: err, index: always})
 	}
 }
 
@@ -117,13 +148,13 @@ func (h *waitHub) restored(read func(fn func(*fsm.State))) {
 	read(func(s *fsm.State) {
 		for key := range h.waits {
 			if _, ok := s.Session(key.session); !ok {
-				h.deliverLocked(key, outcome{err: fmt.Errorf("%w: session %d no longer exists", fence.ErrSessionNotFound, key.session)})
+				h.deliverLocked(key, outcome{err: fmt.Errorf("%w: session %d no longer exists", fence.ErrSessionNotFound, key.session), index: always})
 				continue
 			}
 			info, _ := s.Lock(key.lock)
 			for _, hd := range info.Holders {
 				if hd.Session == key.session {
-					h.deliverLocked(key, outcome{grant: fsm.Grant{Session: key.session, Lock: key.lock, Token: hd.Token, Mode: hd.Mode}})
+					h.deliverLocked(key, outcome{grant: fsm.Grant{Session: key.session, Lock: key.lock, Token: hd.Token, Mode: hd.Mode}, index: always})
 				}
 			}
 		}

@@ -1,0 +1,439 @@
+// Package check is fence's safety checker, in the style of Jepsen: worker
+// processes take a lock and read-modify-write data in the fenced KV store
+// (and optionally a fenced SQL table) while a seeded schedule of faults
+// pauses them past their leases, kills them, and kills and restarts the
+// server. From the history of every operation it checks that no stale
+// write was accepted, no acknowledged increment or append was lost, grant
+// tokens rise in real-time order, and the KV history is linearizable.
+//
+// With Unsafe, the workers write without tokens, to a resource that does
+// not check them; the checker must then find lost updates, which shows
+// that it can fail.
+package check
+
+import (
+	"bufio"
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"math/rand/v2"
+	"net"
+	"net/http"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"sync"
+	"syscall"
+	"time"
+
+	"github.com/fencelock/fence/client"
+)
+
+// Config configures a run.
+type Config struct {
+	// Binary is the fence executable that runs the server and the workers.
+	Binary string
+	// Endpoints of a running service; empty starts a server of our own,
+	// which allows the server faults.
+	Endpoints []string
+	Workers   int
+	Duration  time.Duration
+	Seed      uint64
+	// TTL of the workers' sessions; pauses last longer than it.
+	TTL time.Duration
+	// Faults to inject, from FaultKinds; nil means all that apply.
+	Faults []string
+	// FaultInterval is the mean time between faults.
+	FaultInterval time.Duration
+	Unsafe        bool
+	// Postgres is a DSN; when set, workers also increment a fenced counter there.
+	Postgres string
+	// DataDir holds the server's data; empty means a temporary directory.
+	DataDir string
+	// Log receives progress lines.
+	Log io.Writer
+}
+
+// Fault kinds.
+const (
+	FaultPause      = "pause"       // SIGSTOP a worker past its TTL, then SIGCONT
+	FaultKillWorker = "kill-worker" // SIGKILL a worker, start a new one
+	FaultKillServer = "kill-server" // SIGKILL the server, restart it on its data
+)
+
+// FaultKinds lists the faults the checker knows, in a stable order. New
+// kinds (leader kills, partitions) are added here as clustering arrives.
+var FaultKinds = []string{FaultPause, FaultKillWorker, FaultKillServer}
+
+// FaultEvent is a fault that was injected.
+type FaultEvent struct {
+	Kind   string
+	Target string
+	Start  time.Time
+	End    time.Time
+}
+
+// Result is a run's outcome.
+type Result struct {
+	Seed     uint64
+	Faults   []FaultEvent
+	Ops      []Op
+	Final    Final
+	Analysis Analysis
+	Started  time.Time
+	Ended    time.Time
+}
+
+// Failed reports whether any guarantee was broken.
+func (r *Result) Failed() bool { return len(r.Analysis.Violations) > 0 }
+
+type proc struct {
+	cmd  *exec.Cmd
+	name string
+	done chan struct{}
+}
+
+func (p *proc) signal(sig syscall.Signal) { _ = p.cmd.Process.Signal(sig) }
+
+func (p *proc) kill() {
+	p.signal(syscall.SIGCONT)
+	p.signal(syscall.SIGKILL)
+	<-p.done
+}
+
+type runner struct {
+	cfg     Config
+	rng     *rand.Rand
+	hist    *History
+	prefix  string
+	log     io.Writer
+	mu      sync.Mutex
+	server  *proc
+	workers []*proc
+	runs    []int
+	faults  []FaultEvent
+	api     string
+	raft    string
+	dataDir string
+	wg      sync.WaitGroup
+}
+
+// Run runs the checker and returns what it found. An error means the run
+// itself could not be carried out; broken guarantees are in the Result.
+func Run(ctx context.Context, cfg Config) (*Result, error) {
+	if cfg.Workers <= 0 {
+		cfg.Workers = 5
+	}
+	if cfg.TTL <= 0 {
+		cfg.TTL = time.Second
+	}
+	if cfg.FaultInterval <= 0 {
+		cfg.FaultInterval = 2 * time.Second
+	}
+	if cfg.Log == nil {
+		cfg.Log = io.Discard
+	}
+	r := &runner{
+		cfg:    cfg,
+		rng:    rand.New(rand.NewPCG(cfg.Seed, 0x5eed)),
+		hist:   newHistory(),
+		prefix: fmt.Sprintf("check/%d-%d/", cfg.Seed, time.Now().UnixNano()),
+		log:    cfg.Log,
+	}
+	kinds, err := r.faultKinds()
+	if err != nil {
+		return nil, err
+	}
+	res := &Result{Seed: cfg.Seed, Started: time.Now()}
+	if len(cfg.Endpoints) == 0 {
+		if err := r.startServer(ctx); err != nil {
+			return nil, err
+		}
+	}
+	defer r.stopAll()
+	var sql *sqlCounter
+	if cfg.Postgres != "" {
+		if sql, err = openSQLCounter(ctx, cfg.Postgres, r.prefix); err != nil {
+			return nil, err
+		}
+		defer sql.Close()
+	}
+	r.workers = make([]*proc, cfg.Workers)
+	r.runs = make([]int, cfg.Workers)
+	for i := range r.workers {
+		if err := r.startWorker(i); err != nil {
+			return nil, err
+		}
+	}
+	fmt.Fprintf(r.log, "check: %d workers, seed %d, faults %v, for %v\n", cfg.Workers, cfg.Seed, kinds, cfg.Duration)
+
+	runCtx, cancel := context.WithTimeout(ctx, cfg.Duration)
+	r.injectFaults(runCtx, kinds)
+	cancel()
+	r.stopWorkers()
+	if ctx.Err() != nil {
+		return nil, ctx.Err()
+	}
+	res.Final, err = r.readFinal(ctx, sql)
+	if err != nil {
+		return nil, err
+	}
+	res.Ended = time.Now()
+	res.Ops = r.hist.Ops()
+	res.Faults = r.faults
+	res.Analysis = Analyze(res.Ops, res.Final, r.prefix, 30*time.Second)
+	return res, nil
+}
+
+func (r *runner) faultKinds() ([]string, error) {
+	kinds := r.cfg.Faults
+	if kinds == nil {
+		kinds = FaultKinds
+	}
+	var out []string
+	for _, k := range kinds {
+		known := false
+		for _, f := range FaultKinds {
+			known = known || f == k
+		}
+		if !known {
+			return nil, fmt.Errorf("unknown fault %q: want one of %v", k, FaultKinds)
+		}
+		if k == FaultKillServer && len(r.cfg.Endpoints) > 0 {
+			continue // not our server to kill
+		}
+		out = append(out, k)
+	}
+	return out, nil
+}
+
+func freePort() (string, error) {
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		return "", err
+	}
+	defer ln.Close()
+	return ln.Addr().String(), nil
+}
+
+func (r *runner) startServer(ctx context.Context) error {
+	var err error
+	if r.api, err = freePort(); err != nil {
+		return err
+	}
+	if r.raft, err = freePort(); err != nil {
+		return err
+	}
+	r.dataDir = r.cfg.DataDir
+	if r.dataDir == "" {
+		if r.dataDir, err = os.MkdirTemp("", "fence-check-"); err != nil {
+			return err
+		}
+	}
+	if err := os.MkdirAll(r.dataDir, 0o700); err != nil {
+		return err
+	}
+	r.cfg.Endpoints = []string{r.api}
+	return r.launchServer(ctx)
+}
+
+func (r *runner) launchServer(ctx context.Context) error {
+	cmd := exec.Command(r.cfg.Binary, "serve", "--data-dir", filepath.Join(r.dataDir, "server"),
+		"--listen", r.api, "--raft-listen", r.raft, "--heartbeat-timeout", "100ms", "--election-timeout", "100ms", "--log-level", "warn")
+	logFile, err := os.OpenFile(filepath.Join(r.dataDir, "server.log"), os.O_CREATE|os.O_APPEND|os.O_WRONLY, 0o600)
+	if err != nil {
+		return err
+	}
+	cmd.Stdout, cmd.Stderr = logFile, logFile
+	if err := cmd.Start(); err != nil {
+		logFile.Close()
+		return fmt.Errorf("starting the server: %w", err)
+	}
+	p := &proc{cmd: cmd, name: "server", done: make(chan struct{})}
+	go func() { cmd.Wait(); logFile.Close(); close(p.done) }()
+	r.mu.Lock()
+	r.server = p
+	r.mu.Unlock()
+	return waitHealthy(ctx, r.api, p.done)
+}
+
+func waitHealthy(ctx context.Context, addr string, exited <-chan struct{}) error {
+	deadline := time.Now().Add(20 * time.Second)
+	for time.Now().Before(deadline) {
+		resp, err := http.Get("http://" + addr + "/healthz")
+		if err == nil {
+			resp.Body.Close()
+			if resp.StatusCode == http.StatusOK {
+				return nil
+			}
+		}
+		select {
+		case <-ctx.Done():
+			return ctx.Err()
+		case <-exited:
+			return errors.New("the server exited while starting; see server.log in its data dir")
+		case <-time.After(20 * time.Millisecond):
+		}
+	}
+	return fmt.Errorf("the server at %s did not become healthy within 20s", addr)
+}
+
+func (r *runner) startWorker(i int) error {
+	r.runs[i]++
+	args := []string{"check-worker", "--endpoints", strings.Join(r.cfg.Endpoints, ","), "--id", strconv.Itoa(i), "--run", strconv.Itoa(r.runs[i]),
+		"--ttl", r.cfg.TTL.String(), "--prefix", r.prefix, "--seed", strconv.FormatUint(r.cfg.Seed, 10)}
+	if r.cfg.Unsafe {
+		args = append(args, "--unsafe")
+	}
+	if r.cfg.Postgres != "" {
+		args = append(args, "--postgres", r.cfg.Postgres)
+	}
+	cmd := exec.Command(r.cfg.Binary, args...)
+	stdout, err := cmd.StdoutPipe()
+	if err != nil {
+		return err
+	}
+	cmd.Stderr = os.Stderr
+	if err := cmd.Start(); err != nil {
+		return fmt.Errorf("starting worker %d: %w", i, err)
+	}
+	p := &proc{cmd: cmd, name: fmt.Sprintf("worker %d", i), done: make(chan struct{})}
+	r.wg.Add(1)
+	go func() {
+		defer r.wg.Done()
+		sc := bufio.NewScanner(stdout)
+		sc.Buffer(make([]byte, 1<<20), 16<<20)
+		for sc.Scan() {
+			var op Op
+			if json.Unmarshal(sc.Bytes(), &op) == nil {
+				r.hist.add(op)
+			}
+		}
+		cmd.Wait()
+		close(p.done)
+	}()
+	r.mu.Lock()
+	r.workers[i] = p
+	r.mu.Unlock()
+	return nil
+}
+
+// injectFaults runs the seeded schedule until ctx ends.
+func (r *runner) injectFaults(ctx context.Context, kinds []string) {
+	if len(kinds) == 0 {
+		<-ctx.Done()
+		return
+	}
+	for {
+		wait := time.Duration((0.5 + r.rng.Float64()) * float64(r.cfg.FaultInterval))
+		select {
+		case <-ctx.Done():
+			return
+		case <-time.After(wait):
+		}
+		kind := kinds[r.rng.IntN(len(kinds))]
+		ev := FaultEvent{Kind: kind, Start: time.Now()}
+		switch kind {
+		case FaultPause:
+			// Pause the worker that holds the lock, if any: that is the
+			// pause the article is about. Otherwise a random one.
+			i, ok := r.hist.holder()
+			if !ok || r.rng.IntN(4) == 0 {
+				i = r.rng.IntN(len(r.workers))
+			}
+			hold := r.cfg.TTL + time.Duration((0.5+r.rng.Float64())*float64(r.cfg.TTL))
+			ev.Target = r.workers[i].name
+			r.workers[i].signal(syscall.SIGSTOP)
+			select {
+			case <-ctx.Done():
+			case <-time.After(hold):
+			}
+			r.workers[i].signal(syscall.SIGCONT)
+		case FaultKillWorker:
+			i := r.rng.IntN(len(r.workers))
+			ev.Target = r.workers[i].name
+			r.workers[i].kill()
+			if err := r.startWorker(i); err != nil {
+				fmt.Fprintf(r.log, "check: restarting worker %d: %v\n", i, err)
+			}
+		case FaultKillServer:
+			ev.Target = "server"
+			r.server.kill()
+			time.Sleep(time.Duration(r.rng.IntN(300)) * time.Millisecond)
+			if err := r.launchServer(context.Background()); err != nil {
+				fmt.Fprintf(r.log, "check: restarting the server: %v\n", err)
+			}
+		}
+		ev.End = time.Now()
+		fmt.Fprintf(r.log, "check: %s %s (%v)\n", ev.Kind, ev.Target, ev.End.Sub(ev.Start).Round(time.Millisecond))
+		r.faults = append(r.faults, ev)
+	}
+}
+
+// stopWorkers ends every worker (continuing any paused one first) and
+// waits until their reports are read.
+func (r *runner) stopWorkers() {
+	for _, p := range r.workers {
+		if p != nil {
+			p.signal(syscall.SIGCONT)
+			p.signal(syscall.SIGTERM)
+		}
+	}
+	timeout := time.After(10 * time.Second)
+	for _, p := range r.workers {
+		if p == nil {
+			continue
+		}
+		select {
+		case <-p.done:
+		case <-timeout:
+			p.kill()
+		}
+	}
+	r.wg.Wait()
+}
+
+func (r *runner) stopAll() {
+	r.stopWorkers()
+	if r.server != nil {
+		r.server.signal(syscall.SIGTERM)
+		select {
+		case <-r.server.done:
+		case <-time.After(5 * time.Second):
+			r.server.kill()
+		}
+		if r.cfg.DataDir == "" {
+			os.RemoveAll(r.dataDir)
+		}
+	}
+}
+
+// readFinal reads the counter and the list once every worker has stopped.
+func (r *runner) readFinal(ctx context.Context, sql *sqlCounter) (Final, error) {
+	c, err := client.New(client.WithEndpoints(r.cfg.Endpoints...), client.WithRetryBudget(30*time.Second))
+	if err != nil {
+		return Final{}, err
+	}
+	defer c.Close()
+	var f Final
+	for key, dst := range map[string]*string{r.prefix + "counter": &f.Counter, r.prefix + "list": &f.List} {
+		kv, err := c.KV().Get(ctx, key)
+		if err != nil {
+			return Final{}, fmt.Errorf("reading %s at the end: %w", key, err)
+		}
+		if kv != nil {
+			*dst = string(kv.GetValue())
+		}
+	}
+	if sql != nil {
+		if f.SQLCounter, err = sql.value(ctx); err != nil {
+			return Final{}, err
+		}
+		f.HaveSQL = true
+	}
+	return f, nil
+}
