@@ -1,0 +1,417 @@
+package e2e
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"fmt"
+	"io"
+	"net"
+	"net/http"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"runtime/debug"
+	"strings"
+	"sync"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/fencelock/fence/client"
+)
+
+// fenceBin is the fence binary built by TestMain.
+var fenceBin string
+
+const (
+	// pollInterval is how often waitFor re-checks a condition.
+	pollInterval = 10 * time.Millisecond
+	// startTimeout bounds how long a node may take to elect itself.
+	startTimeout = 20 * time.Second
+)
+
+func TestMain(m *testing.M) { os.Exit(runTests(m)) }
+
+func runTests(m *testing.M) int {
+	dir, err := os.MkdirTemp("", "fence-e2e-")
+	if err != nil {
+		fmt.Fprintln(os.Stderr, "e2e:", err)
+		return 1
+	}
+	defer os.RemoveAll(dir)
+	fenceBin = filepath.Join(dir, "fence")
+	args := []string{"build", "-o", fenceBin}
+	if raceEnabled() {
+		args = append(args, "-race")
+	}
+	args = append(args, "github.com/fencelock/fence/cmd/fence")
+	build := exec.Command("go", args...)
+	build.Stdout, build.Stderr = os.Stderr, os.Stderr
+	if err := build.Run(); err != nil {
+		fmt.Fprintf(os.Stderr, "e2e: go %s: %v\n", strings.Join(args, " "), err)
+		return 1
+	}
+	return m.Run()
+}
+
+// raceEnabled reports whether this test binary was built with -race; the
+// fence binary is then built with -race too.
+func raceEnabled() bool {
+	info, ok := debug.ReadBuildInfo()
+	if !ok {
+		return false
+	}
+	for _, s := range info.Settings {
+		if s.Key == "-race" {
+			return s.Value == "true"
+		}
+	}
+	return false
+}
+
+// waitFor polls cond every pollInterval until it holds, and fails the test
+// if it does not within timeout. It must run on the test's goroutine.
+func waitFor(t *testing.T, timeout time.Duration, what string, cond func() bool) {
+	t.Helper()
+	deadline := time.Now().Add(timeout)
+	for !cond() {
+		if time.Now().After(deadline) {
+			t.Fatalf("timed out after %v waiting for %s", timeout, what)
+		}
+		time.Sleep(pollInterval)
+	}
+}
+
+// freeAddrs returns n distinct loopback addresses whose ports were free a
+// moment ago. The probe listeners stay open until all n are chosen, so the
+// kernel cannot hand out one port twice.
+func freeAddrs(t *testing.T, n int) []string {
+	t.Helper()
+	addrs := make([]string, n)
+	for i := range addrs {
+		ln, err := net.Listen("tcp", "127.0.0.1:0")
+		if err != nil {
+			t.Fatalf("finding a free port: %v", err)
+		}
+		defer ln.Close()
+		addrs[i] = ln.Addr().String()
+	}
+	return addrs
+}
+
+// syncBuffer is a bytes.Buffer safe for one writer (exec's copier) and
+// concurrent readers (the test).
+type syncBuffer struct {
+	mu  sync.Mutex
+	buf bytes.Buffer
+}
+
+func (b *syncBuffer) Write(p []byte) (int, error) {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return b.buf.Write(p)
+}
+
+func (b *syncBuffer) String() string {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return b.buf.String()
+}
+
+// proc is a fence process started by a test. It runs in its own process
+// group, so that cleanup also reaches the commands `fence lock` started.
+type proc struct {
+	name   string
+	cmd    *exec.Cmd
+	stdout syncBuffer
+	stderr syncBuffer
+	done   chan struct{} // closed once the process has exited and been reaped
+}
+
+// startFence starts the fence binary with args. At cleanup the process group
+// gets SIGCONT (in case it was stopped) and SIGKILL, and the test fails if the
+// process reported a data race.
+func startFence(t *testing.T, name string, args ...string) *proc {
+	t.Helper()
+	p := newProc(t, name, args...)
+	t.Cleanup(func() { p.cleanup(t) })
+	return p
+}
+
+// newProc starts the fence binary with args; the caller arranges cleanup.
+func newProc(t *testing.T, name string, args ...string) *proc {
+	t.Helper()
+	p := &proc{name: name, done: make(chan struct{})}
+	p.cmd = exec.Command(fenceBin, args...)
+	p.cmd.Stdout, p.cmd.Stderr = &p.stdout, &p.stderr
+	p.cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
+	p.cmd.WaitDelay = 5 * time.Second
+	if err := p.cmd.Start(); err != nil {
+		t.Fatalf("starting %s: %v", name, err)
+	}
+	go func() {
+		_ = p.cmd.Wait() // the exit status is read from ProcessState
+		close(p.done)
+	}()
+	return p
+}
+
+// cleanup kills what is left of p's process group, waits for p, and fails
+// the test if p reported a data race.
+func (p *proc) cleanup(t *testing.T) {
+	p.killGroup()
+	select {
+	case <-p.done:
+	case <-time.After(10 * time.Second):
+		t.Errorf("%s (pid %d) did not exit after SIGKILL", p.name, p.pid())
+	}
+	if strings.Contains(p.stderr.String(), "WARNING: DATA RACE") {
+		t.Errorf("%s (pid %d) reported a data race:\n%s", p.name, p.pid(), p.stderr.String())
+	} else if t.Failed() {
+		t.Logf("%s (pid %d) stderr (tail):\n%s", p.name, p.pid(), tail(p.stderr.String(), 3000))
+	}
+}
+
+func (p *proc) pid() int { return p.cmd.Process.Pid }
+
+// exited reports whether the process has exited.
+func (p *proc) exited() bool {
+	select {
+	case <-p.done:
+		return true
+	default:
+		return false
+	}
+}
+
+// signal sends sig to the process itself, not its group.
+func (p *proc) signal(t *testing.T, sig syscall.Signal) {
+	t.Helper()
+	if err := syscall.Kill(p.pid(), sig); err != nil {
+		t.Fatalf("sending %v to %s (pid %d): %v", sig, p.name, p.pid(), err)
+	}
+}
+
+// killGroup resumes and kills the process and everything in its group.
+func (p *proc) killGroup() {
+	_ = syscall.Kill(-p.pid(), syscall.SIGCONT)
+	_ = syscall.Kill(-p.pid(), syscall.SIGKILL)
+}
+
+// waitExit waits for the process to exit and returns its exit code (-1 if a
+// signal ended it).
+func (p *proc) waitExit(t *testing.T, timeout time.Duration) int {
+	t.Helper()
+	select {
+	case <-p.done:
+		return p.cmd.ProcessState.ExitCode()
+	case <-time.After(timeout):
+		t.Fatalf("%s (pid %d) did not exit within %v; stderr:\n%s", p.name, p.pid(), timeout, tail(p.stderr.String(), 3000))
+		return 0
+	}
+}
+
+// failIfExited fails the test at once if p has exited, showing why.
+func (p *proc) failIfExited(t *testing.T) {
+	t.Helper()
+	if p.exited() {
+		t.Fatalf("%s (pid %d) exited early with status %d; stderr:\n%s", p.name, p.pid(), p.cmd.ProcessState.ExitCode(), tail(p.stderr.String(), 3000))
+	}
+}
+
+// runFence runs a fence client command to completion.
+func runFence(t *testing.T, args ...string) (stdout, stderr string, code int) {
+	t.Helper()
+	p := startFence(t, "fence "+args[0], args...)
+	code = p.waitExit(t, 30*time.Second)
+	return p.stdout.String(), p.stderr.String(), code
+}
+
+func tail(s string, n int) string {
+	if len(s) <= n {
+		return s
+	}
+	return "..." + s[len(s)-n:]
+}
+
+// server is a single-node `fence serve` on loopback ports with its own data
+// directory. It can be killed and restarted on the same data and ports.
+type server struct {
+	dataDir  string
+	addr     string // API, host:port
+	raftAddr string
+	extra    []string
+	proc     *proc   // the running (or last) process
+	procs    []*proc // every process run for this node, for cleanup
+}
+
+// startServer starts a node and waits until it is the leader and serves
+// linearizable reads. extra flags go to `fence serve`.
+func startServer(t *testing.T, extra ...string) *server {
+	t.Helper()
+	s := &server{dataDir: t.TempDir(), extra: extra}
+	// One cleanup for every incarnation, registered before any client or
+	// session of the test, so that those are closed while the node still runs.
+	t.Cleanup(func() {
+		for _, p := range s.procs {
+			p.cleanup(t)
+		}
+	})
+	// A port found free can be taken by someone else before the node binds
+	// it; then try other ports.
+	for attempt := 1; ; attempt++ {
+		addrs := freeAddrs(t, 2)
+		s.addr, s.raftAddr = addrs[0], addrs[1]
+		if s.start(t) || attempt == 3 {
+			break
+		}
+	}
+	s.waitReady(t)
+	return s
+}
+
+// restart starts the node again on the same data and ports, after kill.
+func (s *server) restart(t *testing.T) {
+	t.Helper()
+	// The ports were freed by the kill; an outgoing connection may hold one
+	// for a moment, so retry rather than fail.
+	waitFor(t, 10*time.Second, "fence serve to bind its ports again", func() bool { return s.start(t) })
+	s.waitReady(t)
+}
+
+// start runs `fence serve` and reports false if it exited at once because
+// a port was taken.
+func (s *server) start(t *testing.T) bool {
+	t.Helper()
+	args := []string{"serve",
+		"--data-dir", s.dataDir,
+		"--listen", s.addr,
+		"--raft-listen", s.raftAddr,
+		"--heartbeat-timeout", "100ms",
+		"--election-timeout", "100ms",
+	}
+	s.proc = newProc(t, "fence serve "+s.addr, append(args, s.extra...)...)
+	s.procs = append(s.procs, s.proc)
+	// `fence serve` says "serving on" once both ports are bound.
+	waitFor(t, startTimeout, "fence serve on "+s.addr+" to open its ports", func() bool {
+		return s.proc.exited() || strings.Contains(s.proc.stderr.String(), " serving on "+s.addr)
+	})
+	if s.proc.exited() && strings.Contains(s.proc.stderr.String(), "address already in use") {
+		t.Logf("fence serve could not bind %s or %s; retrying: %s", s.addr, s.raftAddr, strings.TrimSpace(s.proc.stderr.String()))
+		return false
+	}
+	return true
+}
+
+// waitReady polls /healthz until it answers 200, then ListLocks (a
+// linearizable read) until it succeeds, so the node is a ready leader.
+func (s *server) waitReady(t *testing.T) {
+	t.Helper()
+	waitFor(t, startTimeout, "fence serve on "+s.addr+" to be healthy", func() bool {
+		s.proc.failIfExited(t)
+		resp, err := httpClient.Get("http://" + s.addr + "/healthz")
+		if err != nil {
+			return false
+		}
+		resp.Body.Close()
+		return resp.StatusCode == http.StatusOK
+	})
+	waitFor(t, startTimeout, "fence serve on "+s.addr+" to serve reads", func() bool {
+		s.proc.failIfExited(t)
+		status, _ := post(t, s.addr, "fence.v1.LockService/ListLocks", `{}`)
+		return status == http.StatusOK
+	})
+}
+
+// kill sends SIGKILL to the node and waits until it is gone.
+func (s *server) kill(t *testing.T) {
+	t.Helper()
+	s.proc.signal(t, syscall.SIGKILL)
+	if code := s.proc.waitExit(t, 10*time.Second); code != -1 {
+		t.Fatalf("fence serve exited with status %d, not by SIGKILL", code)
+	}
+}
+
+// endpoints returns the global flag that points a fence command at s.
+func (s *server) endpoints() []string { return []string{"--endpoints", s.addr} }
+
+var httpClient = &http.Client{Timeout: 10 * time.Second}
+
+// post sends a Connect unary call as JSON and returns the HTTP status and body.
+func post(t *testing.T, addr, procedure, body string) (int, []byte) {
+	t.Helper()
+	resp, err := httpClient.Post("http://"+addr+"/"+procedure, "application/json", strings.NewReader(body))
+	if err != nil {
+		return 0, []byte(err.Error())
+	}
+	defer resp.Body.Close()
+	data, err := io.ReadAll(resp.Body)
+	if err != nil {
+		t.Fatalf("reading %s response: %v", procedure, err)
+	}
+	return resp.StatusCode, data
+}
+
+// mustPost is post for calls that must succeed; it decodes the answer into out.
+func mustPost(t *testing.T, addr, procedure, body string, out any) {
+	t.Helper()
+	status, data := post(t, addr, procedure, body)
+	if status != http.StatusOK {
+		t.Fatalf("%s %s: HTTP %d: %s", procedure, body, status, data)
+	}
+	if out != nil {
+		if err := json.Unmarshal(data, out); err != nil {
+			t.Fatalf("%s: decoding %s: %v", procedure, data, err)
+		}
+	}
+}
+
+// newClient returns a Go client for addr, closed at cleanup.
+func newClient(t *testing.T, addr string, opts ...client.Option) *client.Client {
+	t.Helper()
+	c, err := client.New(append([]client.Option{client.WithEndpoints(addr)}, opts...)...)
+	if err != nil {
+		t.Fatalf("client.New: %v", err)
+	}
+	t.Cleanup(func() { c.Close() })
+	return c
+}
+
+// newSession opens a session, closed at cleanup (before the node is killed).
+func newSession(t *testing.T, c *client.Client, ttl time.Duration, owner string) *client.Session {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	s, err := c.NewSession(ctx, client.WithTTL(ttl), client.WithOwner(owner))
+	if err != nil {
+		t.Fatalf("creating session %q: %v", owner, err)
+	}
+	t.Cleanup(func() {
+		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+		defer cancel()
+		_ = s.Close(ctx)
+	})
+	return s
+}
+
+// lockInfo returns the listing of one lock; a lock nobody holds or waits
+// for is not listed and comes back empty.
+func lockInfo(t *testing.T, c *client.Client, name string) *client.LockInfo {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	locks, err := c.Locks(ctx, name)
+	if err != nil {
+		t.Fatalf("listing locks: %v", err)
+	}
+	for _, l := range locks {
+		if l.GetName() == name {
+			return l
+		}
+	}
+	return &client.LockInfo{Name: name}
+}
+
+// ownerOf is the owner text `fence lock` gives its session.
+func ownerOf(p *proc) string { return fmt.Sprintf("fence lock pid %d on ", p.pid()) }
