@@ -17,6 +17,22 @@ go vet ./...
 echo "== generated code"
 scripts/check-generated.sh
 
+echo "== postgres"
+# The PostgreSQL tests use the server at FENCE_TEST_POSTGRES; without one,
+# start a throwaway server (scripts/postgres.sh). Under CI a server that
+# cannot be had fails the run; elsewhere those tests are skipped.
+if [ -z "${FENCE_TEST_POSTGRES:-}" ]; then
+  if FENCE_TEST_POSTGRES=$(scripts/postgres.sh); then
+    export FENCE_TEST_POSTGRES
+  elif [ -n "${CI:-}" ]; then
+    echo "scripts/postgres.sh failed, and CI needs PostgreSQL"; exit 1
+  else
+    echo "scripts/postgres.sh failed: the PostgreSQL tests will be skipped"
+    unset FENCE_TEST_POSTGRES
+  fi
+fi
+echo "FENCE_TEST_POSTGRES=${FENCE_TEST_POSTGRES:-} (PostgreSQL for the tests)"
+
 echo "== go test -race"
 if [ $# -eq 0 ]; then set -- ./...; fi
 go test -race -count=1 -timeout 20m "$@"

@@ -1,0 +1,317 @@
+package pgfence_test
+
+import (
+	"context"
+	"errors"
+	"math"
+	"sync"
+	"testing"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
+
+	"github.com/fencelock/fence"
+	"github.com/fencelock/fence/fencing"
+	"github.com/fencelock/fence/fencing/fencingtest"
+	"github.com/fencelock/fence/fencing/internal/pgtest"
+	"github.com/fencelock/fence/fencing/internal/sqlgen"
+	"github.com/fencelock/fence/fencing/internal/sqlgen/rowtest"
+	"github.com/fencelock/fence/fencing/pgfence"
+)
+
+var ctx = context.Background()
+
+func mustOpen(t *testing.T, dsn string) *pgfence.Store {
+	t.Helper()
+	s, err := pgfence.Open(ctx, dsn)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return s
+}
+
+func mustPool(t *testing.T, dsn string) *pgxpool.Pool {
+	t.Helper()
+	pool, err := pgxpool.New(ctx, dsn)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(pool.Close)
+	return pool
+}
+
+func TestConformance(t *testing.T) {
+	t.Parallel()
+	pgtest.DSN(t)
+	var mu sync.Mutex
+	dsns := map[fencing.Store]string{}
+	fencingtest.Run(t, fencingtest.Factory{
+		Open: func(t *testing.T) fencing.Store {
+			dsn := pgtest.Schema(t)
+			s := mustOpen(t, dsn)
+			mu.Lock()
+			defer mu.Unlock()
+			dsns[s] = dsn
+			return s
+		},
+		Reopen: func(t *testing.T, s fencing.Store) fencing.Store {
+			mu.Lock()
+			dsn := dsns[s]
+			mu.Unlock()
+			if err := s.Close(); err != nil {
+				t.Fatal(err)
+			}
+			s2 := mustOpen(t, dsn) // a new pool, new connections
+			mu.Lock()
+			defer mu.Unlock()
+			dsns[s2] = dsn
+			return s2
+		},
+	})
+}
+
+// TestConformanceOnConn runs the suite on a Store from New on one
+// *pgx.Conn, serialized by a mutex since a Conn is not concurrency-safe.
+func TestConformanceOnConn(t *testing.T) {
+	t.Parallel()
+	pgtest.DSN(t)
+	fencingtest.Run(t, fencingtest.Factory{
+		Open: func(t *testing.T) fencing.Store {
+			conn, err := pgx.Connect(ctx, pgtest.Schema(t))
+			if err != nil {
+				t.Fatal(err)
+			}
+			t.Cleanup(func() { conn.Close(ctx) })
+			s, err := pgfence.New(ctx, conn)
+			if err != nil {
+				t.Fatal(err)
+			}
+			return &serialized{s: s}
+		},
+	})
+}
+
+type serialized struct {
+	mu sync.Mutex
+	s  *pgfence.Store
+}
+
+func (s *serialized) Admit(ctx context.Context, key string, token uint64, write func(context.Context) error) error {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.s.Admit(ctx, key, token, write)
+}
+
+func (s *serialized) Highest(ctx context.Context, key string) (uint64, error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.s.Highest(ctx, key)
+}
+
+func (s *serialized) Close() error { return s.s.Close() }
+
+// TestAdmitTxCommitsWithTheToken: the write's statements commit with the
+// token, and roll back with it when the write fails or the token is stale.
+func TestAdmitTxCommitsWithTheToken(t *testing.T) {
+	t.Parallel()
+	dsn := pgtest.Schema(t)
+	pool := mustPool(t, dsn)
+	s, err := pgfence.New(ctx, pool)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer s.Close()
+	if _, err := pool.Exec(ctx, `CREATE TABLE balances (id int PRIMARY KEY, amount int NOT NULL)`); err != nil {
+		t.Fatal(err)
+	}
+	setAmount := func(amount int) func(tx pgx.Tx) error {
+		return func(tx pgx.Tx) error {
+			_, err := tx.Exec(ctx, `INSERT INTO balances VALUES (1, $1) ON CONFLICT (id) DO UPDATE SET amount = EXCLUDED.amount`, amount)
+			return err
+		}
+	}
+	wantState := func(amount int, highest uint64) {
+		t.Helper()
+		var got int
+		if err := pool.QueryRow(ctx, `SELECT amount FROM balances WHERE id = 1`).Scan(&got); err != nil || got != amount {
+			t.Fatalf("amount %d, %v; want %d", got, err, amount)
+		}
+		if h, err := s.Highest(ctx, "balances/1"); err != nil || h != highest {
+			t.Fatalf("highest %d, %v; want %d", h, err, highest)
+		}
+	}
+	if err := s.AdmitTx(ctx, "balances/1", 34, setAmount(100)); err != nil {
+		t.Fatal(err)
+	}
+	wantState(100, 34)
+
+	boom := errors.New("boom")
+	err = s.AdmitTx(ctx, "balances/1", 40, func(tx pgx.Tx) error {
+		if err := setAmount(666)(tx); err != nil {
+			return err
+		}
+		return boom // after writing: the write and the token roll back
+	})
+	if !errors.Is(err, boom) {
+		t.Fatalf("failing write: %v", err)
+	}
+	wantState(100, 34)
+
+	called := false
+	err = s.AdmitTx(ctx, "balances/1", 33, func(tx pgx.Tx) error { called = true; return setAmount(1)(tx) })
+	var stale *fence.StaleTokenError
+	if called || !errors.As(err, &stale) || stale.Token != 33 || stale.Highest != 34 {
+		t.Fatalf("stale AdmitTx: called %v, %v", called, err)
+	}
+	wantState(100, 34)
+
+	// A panicking write rolls back too, and the pool stays usable.
+	func() {
+		defer func() { recover() }()
+		s.AdmitTx(ctx, "balances/1", 50, func(tx pgx.Tx) error {
+			setAmount(555)(tx)
+			panic("write panicked")
+		})
+	}()
+	wantState(100, 34)
+
+	// Admit's write reaches the transaction through Tx(ctx).
+	err = s.Admit(ctx, "balances/1", 35, func(ctx context.Context) error {
+		tx := pgfence.Tx(ctx)
+		if tx == nil {
+			return errors.New("no transaction in the write's context")
+		}
+		return setAmount(200)(tx)
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	wantState(200, 35)
+	if pgfence.Tx(ctx) != nil {
+		t.Fatal("Tx of a plain context is not nil")
+	}
+}
+
+func TestTokenAboveMaxInt64(t *testing.T) {
+	t.Parallel()
+	s := mustOpen(t, pgtest.Schema(t))
+	defer s.Close()
+	err := s.Admit(ctx, "k", math.MaxInt64+1, func(context.Context) error { t.Error("write ran"); return nil })
+	if !errors.Is(err, fence.ErrInvalidArgument) {
+		t.Fatalf("token 2^63: %v, want ErrInvalidArgument", err)
+	}
+	if err := s.Admit(ctx, "k", math.MaxInt64, func(context.Context) error { return nil }); err != nil {
+		t.Fatalf("token 2^63-1: %v", err)
+	}
+	if h, err := s.Highest(ctx, "k"); err != nil || h != math.MaxInt64 {
+		t.Fatalf("highest %d, %v", h, err)
+	}
+}
+
+// TestStoresShareTheTable: two Stores on separate pools (as two processes
+// would have) fence each other, and concurrent New calls on an empty
+// schema all succeed.
+func TestStoresShareTheTable(t *testing.T) {
+	t.Parallel()
+	dsn := pgtest.Schema(t)
+	stores := make([]*pgfence.Store, 4)
+	errs := make([]error, len(stores))
+	var wg sync.WaitGroup
+	for i := range stores {
+		wg.Go(func() { stores[i], errs[i] = pgfence.Open(ctx, dsn) })
+	}
+	wg.Wait()
+	for i, err := range errs {
+		if err != nil {
+			t.Fatalf("concurrent Open %d: %v", i, err)
+		}
+		defer stores[i].Close()
+	}
+	if err := stores[0].Admit(ctx, "k", 10, func(context.Context) error { return nil }); err != nil {
+		t.Fatal(err)
+	}
+	if err := stores[1].Admit(ctx, "k", 9, func(context.Context) error { return nil }); !errors.Is(err, fence.ErrStaleToken) {
+		t.Fatalf("the other store admitted a stale token: %v", err)
+	}
+}
+
+func TestRows(t *testing.T) {
+	t.Parallel()
+	pgtest.DSN(t)
+	rowtest.Run(t, rowtest.Backend{
+		Dialect: sqlgen.Postgres,
+		New: func(t *testing.T) rowtest.DB {
+			return pgDB{mustPool(t, pgtest.Schema(t))}
+		},
+	})
+}
+
+// TestUpdateInCallersTransaction: Update runs inside the caller's pgx.Tx
+// and rolls back with it.
+func TestUpdateInCallersTransaction(t *testing.T) {
+	t.Parallel()
+	pool := mustPool(t, pgtest.Schema(t))
+	if _, err := pool.Exec(ctx, `CREATE TABLE orders (id int PRIMARY KEY, status text NOT NULL); INSERT INTO orders VALUES (17, 'new')`); err != nil {
+		t.Fatal(err)
+	}
+	if err := pgfence.AddTokenColumn(ctx, pool, "orders", ""); err != nil {
+		t.Fatal(err)
+	}
+	update := func(db pgfence.Querier, status string, token uint64) error {
+		return pgfence.Update(ctx, db, pgfence.UpdateRow{
+			Table: "orders",
+			Set:   []pgfence.Column{{Name: "status", Value: status}},
+			Where: []pgfence.Column{{Name: "id", Value: 17}},
+			Token: token,
+		})
+	}
+	tx, err := pool.Begin(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := update(tx, "paid", 34); err != nil {
+		t.Fatal(err)
+	}
+	if err := tx.Rollback(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if err := update(pool, "shipped", 33); err != nil { // 34 was rolled back
+		t.Fatal(err)
+	}
+	err = update(pool, "late", 32)
+	if want := "stale fencing token 32 < 33 for key orders/17"; err == nil || err.Error() != want {
+		t.Fatalf("stale update: %v, want %q", err, want)
+	}
+}
+
+// pgDB adapts a pool to the row-level suite.
+type pgDB struct{ pool *pgxpool.Pool }
+
+func (d pgDB) Exec(ctx context.Context, sql string, args ...any) error {
+	_, err := d.pool.Exec(ctx, sql, args...)
+	return err
+}
+
+func (d pgDB) QueryRow(ctx context.Context, sql string, args ...any) rowtest.Row {
+	return d.pool.QueryRow(ctx, sql, args...)
+}
+
+func cols(cs []sqlgen.Column) []pgfence.Column {
+	var out []pgfence.Column
+	for _, c := range cs {
+		out = append(out, pgfence.Column{Name: c.Name, Value: c.Value})
+	}
+	return out
+}
+
+func (d pgDB) Update(ctx context.Context, w rowtest.Write) error {
+	return pgfence.Update(ctx, d.pool, pgfence.UpdateRow{Table: w.Table, Set: cols(w.Set), Where: cols(w.Key), Token: w.Token, TokenColumn: w.TokenColumn})
+}
+
+func (d pgDB) Upsert(ctx context.Context, w rowtest.Write) error {
+	return pgfence.Upsert(ctx, d.pool, pgfence.UpsertRow{Table: w.Table, Key: cols(w.Key), Set: cols(w.Set), Token: w.Token, TokenColumn: w.TokenColumn})
+}
+
+func (d pgDB) AddTokenColumn(ctx context.Context, table, column string) error {
+	return pgfence.AddTokenColumn(ctx, d.pool, table, column)
+}
