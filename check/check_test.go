@@ -9,6 +9,7 @@ import (
 	"time"
 
 	"github.com/fencelock/fence/check"
+	"github.com/fencelock/fence/internal/pgtest"
 )
 
 var fenceBin string
@@ -80,4 +81,17 @@ type testWriter struct{ t *testing.T }
 func (w testWriter) Write(p []byte) (int, error) {
 	w.t.Log(string(p))
 	return len(p), nil
+}
+
+// The same with a fenced PostgreSQL counter: every acknowledged increment
+// is there, through pauses and kills.
+func TestCheckPostgres(t *testing.T) {
+	dsn := pgtest.DSN(t)
+	res := run(t, check.Config{Workers: 3, Duration: 10 * time.Second, Seed: 3, TTL: time.Second, FaultInterval: 1500 * time.Millisecond, Postgres: dsn})
+	for _, v := range res.Analysis.Violations {
+		t.Errorf("%s: %s", v.Kind, v.Detail)
+	}
+	if !res.Final.HaveSQL || res.Final.SQLCounter == 0 {
+		t.Fatalf("the SQL counter was not exercised: %+v", res.Final)
+	}
 }

@@ -9,7 +9,7 @@ import (
 
 	"github.com/jackc/pgx/v5"
 
-	"github.com/fencelock/fence/fencing/internal/pgtest"
+	"github.com/fencelock/fence/internal/pgtest"
 )
 
 // TestMissingDSN runs TestDSNHelper in a child process, without a DSN, with
