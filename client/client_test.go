@@ -200,3 +200,28 @@ func TestSessionExpiredByServer(t *testing.T) {
 		t.Fatalf("session err %v, want ErrSessionNotFound", s.Err())
 	}
 }
+
+// Close does not wait out the retry budget of a renewal in flight when the
+// service is gone.
+func TestCloseDoesNotHangWhenServiceIsDown(t *testing.T) {
+	srv := startServer(t, nil)
+	c := mustClient(t, srv, nil)
+	s, err := c.NewSession(context.Background(), WithTTL(3*time.Second))
+	if err != nil {
+		t.Fatal(err)
+	}
+	srv.Close()
+	time.Sleep(1500 * time.Millisecond) // a renewal (every TTL/3) is now retrying
+	ctx, cancel := context.WithTimeout(context.Background(), time.Second)
+	defer cancel()
+	done := make(chan struct{})
+	go func() {
+		s.Close(ctx)
+		close(done)
+	}()
+	select {
+	case <-done:
+	case <-time.After(5 * time.Second):
+		t.Fatal("Close hung with the service down")
+	}
+}

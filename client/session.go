@@ -40,8 +40,10 @@ type Session struct {
 	mu        sync.Mutex
 	safeUntil time.Time
 
-	stop chan struct{}
-	wg   sync.WaitGroup
+	stop      chan struct{}
+	stopOnce  sync.Once
+	stopRenew context.CancelFunc // ends a renewal in flight when the session is closed
+	wg        sync.WaitGroup
 }
 
 type sessionOptions struct {
@@ -105,9 +107,11 @@ func (c *Client) NewSession(ctx context.Context, opts ...SessionOption) (*Sessio
 		stop:   make(chan struct{}),
 	}
 	s.ctx, s.cancel = context.WithCancelCause(context.Background())
+	var renewCtx context.Context
+	renewCtx, s.stopRenew = context.WithCancel(s.ctx)
 	s.safeUntil = s.deadlineFrom(sent)
 	s.wg.Add(1)
-	go s.keepAlive()
+	go s.keepAlive(renewCtx)
 	return s, nil
 }
 
@@ -147,14 +151,18 @@ func (s *Session) deadlineFrom(sent time.Time) time.Time {
 }
 
 // Close ends the session and releases everything it holds. After a failed
-// Close the session still ends locally and expires on the server after its TTL.
+// Close the session still ends locally and expires on the server after its
+// TTL. Close is safe to call concurrently; calls after the first do nothing.
 func (s *Session) Close(ctx context.Context) error {
-	select {
-	case <-s.stop:
+	first := false
+	s.stopOnce.Do(func() {
+		first = true
+		close(s.stop)
+		s.stopRenew()
+	})
+	if !first {
 		return nil
-	default:
 	}
-	close(s.stop)
 	s.wg.Wait()
 	s.end(ErrSessionClosed)
 	return s.client.call(ctx, func(ctx context.Context, ep *endpoint) error {
@@ -178,7 +186,7 @@ func (s *Session) lose(cause error) {
 
 // keepAlive renews the session every TTL/3 and ends it when its safe-until
 // deadline passes without a renewal. A failed renewal is retried sooner.
-func (s *Session) keepAlive() {
+func (s *Session) keepAlive(ctx context.Context) {
 	defer s.wg.Done()
 	clk := s.client.opts.clock
 	interval := s.ttl / 3
@@ -204,7 +212,7 @@ func (s *Session) keepAlive() {
 			s.lose(fmt.Errorf("%w: session %d was not renewed before its safe-until deadline", fence.ErrSessionLost, s.id))
 			return
 		}
-		err := s.renew(safe)
+		err := s.renew(ctx, safe)
 		switch {
 		case err == nil:
 			next.Reset(interval)
@@ -218,9 +226,9 @@ func (s *Session) keepAlive() {
 }
 
 // renew sends one keepalive; the call may not outlive the safe deadline.
-func (s *Session) renew(safe time.Time) error {
+func (s *Session) renew(ctx context.Context, safe time.Time) error {
 	clk := s.client.opts.clock
-	ctx, cancel := context.WithCancel(s.ctx)
+	ctx, cancel := context.WithCancel(ctx)
 	defer cancel()
 	timer := clk.AfterFunc(safe.Sub(clk.Now()), cancel)
 	defer timer.Stop()

@@ -126,7 +126,7 @@ func (c Config) Validate() error {
 	check(c.MaxWaitersPerLock >= 0, "max waiters per lock is negative")
 	check(c.MaxRequestBytes >= 1024, "max request bytes %d is below 1024", c.MaxRequestBytes)
 	check(c.MaxKeyBytes > 0, "max key bytes must be positive")
-	check(c.MaxValueBytes >= 0 && c.MaxValueBytes < c.MaxRequestBytes, "max value bytes %d must be below max request bytes %d", c.MaxValueBytes, c.MaxRequestBytes)
+	check(c.MaxValueBytes >= 0, "max value bytes is negative")
 	check(c.MaxKeys >= 0, "max keys is negative")
 	check(c.MaxWatchers >= 0, "max watchers is negative")
 	check(c.ApplyTimeout > 0, "apply timeout must be positive")

@@ -119,6 +119,7 @@ func (s *Server) Close() error {
 func (s *Server) handler() http.Handler {
 	opts := []connect.HandlerOption{
 		connect.WithReadMaxBytes(s.cfg.MaxRequestBytes),
+		connect.WithCodec(strictJSON{}),
 		connect.WithInterceptors(s.metrics.interceptor(), errorInterceptor{}),
 		connect.WithRecover(func(ctx context.Context, spec connect.Spec, _ http.Header, p any) error {
 			s.logger.Error("handler panicked", "procedure", spec.Procedure, "panic", p)
