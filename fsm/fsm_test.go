@@ -323,9 +323,17 @@ func TestFSMRestoreRefusesBadSnapshots(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
+	inconsistentKV, err := proto.Marshal(&fsmpb.Snapshot{
+		KvRevision: 1,
+		Kvs:        []*fsmpb.KV{{Key: "k", Token: 2, HighestToken: 1, CreateRevision: 1, ModRevision: 1, Version: 1}},
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
 	for name, data := range map[string][]byte{
-		"garbage":      {0xff, 0xff, 0xff},
-		"inconsistent": inconsistent,
+		"garbage":         {0xff, 0xff, 0xff},
+		"inconsistent":    inconsistent,
+		"inconsistent KV": inconsistentKV,
 	} {
 		t.Run(name, func(t *testing.T) {
 			f, rec := newRecordedFSM()

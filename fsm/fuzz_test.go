@@ -1,10 +1,10 @@
 // Native fuzz tests. FuzzStateMachine proves, for any command stream the
-// fuzzer makes, what runStream checks: design.md invariants 1, 2, 4, 5 and 7
-// after every step. FuzzApplyBytes proves that no log entry, however
-// malformed, panics FSM.ApplyBatch, breaks the state's invariants or
-// half-applies: bytes that do not decode fail alone with ErrInvalidArgument
-// and change nothing, and bytes that do decode are checked by the same model
-// as any command. Both run their seed corpus as ordinary tests.
+// fuzzer makes, what runStream checks: design.md invariants 1, 2, 4, 5, 6
+// (fenced KV) and 7 after every step. FuzzApplyBytes proves that no log
+// entry, however malformed, panics FSM.ApplyBatch, breaks the state's
+// invariants or half-applies: bytes that do not decode fail alone with
+// ErrInvalidArgument and change nothing, and bytes that do decode are
+// checked by the same model as any command. Both run their seed corpus as ordinary tests.
 package fsm_test
 
 import (
@@ -56,6 +56,37 @@ func FuzzStateMachine(f *testing.F) {
 		10, 0, 0, // a release with a wrong token
 		0, 0x33, 0xff, // a session with a limit, an empty command
 	})
+	// A KV command is {op, key+lock, token choice, options} with op
+	// 0xa0..0xfe (see kvOp): 0xa4 puts "v1", 0xa8 puts "v2", 0xa0 puts "",
+	// 0xa3 deletes. Key byte 2 is "orders/17" fenced by lock "a". Token
+	// choice 1 is a holder's token, 3 the key's highest, 4 one below it, 7
+	// one above any issued, 0x16 token 1. Options 0x00 strict, 0x02 plain,
+	// 0x06 CAS on the current revision, 0x0e CAS on 0, 0x12 CAS on a wrong
+	// revision, 0x82 max_keys 1, 0xa2 max_keys 2.
+	f.Add([]byte{ // the article's timeline
+		4, 0, 0, 0, // session 1 acquires a: token 1
+		0xa4, 2, 1, 0x00, // strict put of orders/17 with token 1
+		14, 0, 0, // the holder of a expires
+		4, 8, 0, 0, // session 3 acquires a: token 2
+		0xa4, 2, 1, 0x00, // strict put with token 2
+		0xa8, 2, 4, 0x02, // put with token 1: stale
+		0xa4, 2, 0x16, 0x00, // strict put with token 1: stale
+		0xa0, 2, 0, 0x02, // unfenced put: refused
+		0xa3, 2, 3, 0x02, // delete with token 2: tombstone
+		0xa4, 2, 4, 0x02, // put with token 1 on the tombstone: stale
+	})
+	f.Add([]byte{ // compare-and-swap, max_keys, tombstones, no-op deletes
+		0xa4, 0, 0, 0x0e, // put x if absent
+		0xa4, 0, 0, 0x0e, // again: revision mismatch
+		0xa4, 0, 0, 0x06, // CAS on x's revision
+		0xa4, 0, 0, 0x12, // CAS on a wrong revision
+		0xa4, 1, 7, 0x82, // fenced put of y with max_keys 1: limit
+		0xa4, 1, 7, 0xa2, // with max_keys 2
+		0xa3, 1, 3, 0x02, // fenced delete of y: tombstone
+		0xa3, 1, 3, 0x02, // again: no-op
+		0xa3, 0, 0, 0x02, // unfenced delete of x: gone
+		0xa4, 1, 0, 0x02, // unfenced put on y's tombstone: refused
+	})
 	r := rand.New(rand.NewPCG(1, 2))
 	for range 3 {
 		data := make([]byte, 200)
@@ -70,8 +101,8 @@ func FuzzStateMachine(f *testing.F) {
 }
 
 // FuzzApplyBytes feeds the input, whole and halved, as raft command entries
-// to an FSM holding locks, waiters and a delay, one entry at a time and
-// again as one batch.
+// to an FSM holding locks, waiters, a delay, KV keys and a tombstone, one
+// entry at a time and again as one batch.
 func FuzzApplyBytes(f *testing.F) {
 	for _, cmd := range []*fsmpb.Command{
 		newSession(),
@@ -84,6 +115,13 @@ func FuzzApplyBytes(f *testing.F) {
 		closeSession(2),
 		expireSessions(1, 2, 3, 1, 0),
 		liftDelay("c"),
+		kvPut("k", "v", fenced("a", 1), strict, expectRev(1)),
+		kvPut("k", "v", fenced("a", 0)),
+		kvPut("t", "v", fenced("b", 2), maxKeys(2)),
+		kvDel("t", fenced("b", 9)),
+		kvDel("k", fenced("a", 1), expectRev(0)),
+		{Op: &fsmpb.Command_KvPut{KvPut: &fsmpb.KVPut{Key: "k"}}}, // no fence
+		{Op: &fsmpb.Command_KvDelete{KvDelete: &fsmpb.KVDelete{Key: "p"}}},
 		{},
 	} {
 		data, err := fsm.Encode(cmd)
@@ -145,6 +183,8 @@ func FuzzApplyBytes(f *testing.F) {
 			acquire(1, "a", excl, withDelay(time.Second)), acquire(2, "a", excl),
 			acquire(3, "b", shared), acquire(2, "b", shared), acquire(4, "b", excl),
 			acquire(4, "c", excl, withDelay(time.Second)), expireSessions(4),
+			kvPut("k", "v", fenced("a", 1), strict), kvPut("t", "v", fenced("b", 3), strict),
+			kvDel("t", fenced("b", 3)), kvPut("p", "v"),
 		} {
 			applyOne(mustEncode(t, cmd))
 		}

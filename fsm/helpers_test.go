@@ -98,6 +98,70 @@ func waiting(sess uint64, mode fsm.Mode) fsm.WaiterInfo {
 	return fsm.WaiterInfo{Session: sess, Mode: mode}
 }
 
+// kvArgs collects the options of a KV command.
+type kvArgs struct {
+	fence   fsmpb.KVFence
+	maxKeys uint64
+}
+
+type kvOpt func(*kvArgs)
+
+// fenced sets the write's lock and fencing token.
+func fenced(lock string, token uint64) kvOpt {
+	return func(a *kvArgs) { a.fence.Lock, a.fence.Token = lock, token }
+}
+
+// strict asks for the token to be the lock's current grant.
+func strict(a *kvArgs) { a.fence.Strict = true }
+
+// expectRev makes the write a compare-and-swap on the key's mod revision.
+func expectRev(rev uint64) kvOpt {
+	return func(a *kvArgs) { a.fence.ExpectRevision = &rev }
+}
+
+func maxKeys(n uint64) kvOpt { return func(a *kvArgs) { a.maxKeys = n } }
+
+func kvOpts(opts []kvOpt) *kvArgs {
+	a := &kvArgs{}
+	for _, o := range opts {
+		o(a)
+	}
+	return a
+}
+
+func kvPut(key, value string, opts ...kvOpt) *fsmpb.Command {
+	a := kvOpts(opts)
+	return &fsmpb.Command{Op: &fsmpb.Command_KvPut{KvPut: &fsmpb.KVPut{Key: key, Value: []byte(value), Fence: &a.fence, MaxKeys: a.maxKeys}}}
+}
+
+func kvDel(key string, opts ...kvOpt) *fsmpb.Command {
+	a := kvOpts(opts)
+	return &fsmpb.Command{Op: &fsmpb.Command_KvDelete{KvDelete: &fsmpb.KVDelete{Key: key, Fence: &a.fence}}}
+}
+
+// val is a value as the state stores it: nil when empty.
+func val(s string) []byte {
+	if s == "" {
+		return nil
+	}
+	return []byte(s)
+}
+
+// wrote is the result of a put that made the store's revision rev and left kv.
+func wrote(rev uint64, kv fsm.KeyValue) fsm.Result {
+	return fsm.Result{Revision: rev, Events: []fsm.KVEvent{{KV: kv}}}
+}
+
+// removed is the result of a delete that made the store's revision rev; kv
+// is the key as deleted (no value; the delete's token and lock).
+func removed(rev uint64, kv fsm.KeyValue) fsm.Result {
+	return fsm.Result{Revision: rev, Events: []fsm.KVEvent{{Deleted: true, KV: kv}}}
+}
+
+// unchanged is the result of a delete of a missing key: the store's
+// revision, no event.
+func unchanged(rev uint64) fsm.Result { return fsm.Result{Revision: rev} }
+
 // comparableResult is a Result whose error is reduced to its message, so
 // that two results can be compared with reflect.DeepEqual; empty slices are
 // nil.
@@ -109,12 +173,17 @@ type comparableResult struct {
 	Grants    []fsm.Grant
 	Ended     []uint64
 	Delayed   []fsm.Delay
+	Revision  uint64
+	Events    []fsm.KVEvent
 }
 
 func cmpForm(r fsm.Result) comparableResult {
-	c := comparableResult{SessionID: r.SessionID, Grant: r.Grant, Queued: r.Queued}
+	c := comparableResult{SessionID: r.SessionID, Grant: r.Grant, Queued: r.Queued, Revision: r.Revision}
 	if r.Err != nil {
 		c.Err = r.Err.Error()
+	}
+	if len(r.Events) > 0 {
+		c.Events = r.Events
 	}
 	if len(r.Grants) > 0 {
 		c.Grants = r.Grants
@@ -185,6 +254,23 @@ func describe(r fsm.Result) string {
 	if c.Grant != nil {
 		grant = fmt.Sprintf("%+v", *c.Grant)
 	}
-	return fmt.Sprintf("{Err:%q SessionID:%d Grant:%s Queued:%v Grants:%+v Ended:%v Delayed:%v}",
+	out := fmt.Sprintf("{Err:%q SessionID:%d Grant:%s Queued:%v Grants:%+v Ended:%v Delayed:%v",
 		c.Err, c.SessionID, grant, c.Queued, c.Grants, c.Ended, c.Delayed)
+	if c.Revision != 0 || len(c.Events) > 0 {
+		out += fmt.Sprintf(" Revision:%d Events:[", c.Revision)
+		for i, ev := range c.Events {
+			if i > 0 {
+				out += " "
+			}
+			out += fmt.Sprintf("{Deleted:%v KV:%s}", ev.Deleted, describeKV(ev.KV))
+		}
+		out += "]"
+	}
+	return out + "}"
+}
+
+// describeKV formats a key with its value as a string.
+func describeKV(kv fsm.KeyValue) string {
+	return fmt.Sprintf("{Key:%q Value:%q Token:%d Lock:%q Highest:%d Create:%d Mod:%d Version:%d}",
+		kv.Key, kv.Value, kv.Token, kv.Lock, kv.HighestToken, kv.CreateRevision, kv.ModRevision, kv.Version)
 }

@@ -11,7 +11,11 @@ import "fmt"
 //   - every holder and waiter is a live session, which indexes the lock, and
 //     no session both holds and waits for one lock or appears twice;
 //   - no session id is above the session counter;
-//   - no idle lock is kept.
+//   - no idle lock is kept;
+//   - every KV entry is filed under its key, has a token no higher than its
+//     highest, revisions within the store's, and is a tombstone only if
+//     fenced; a live key was written (create revision and version >= 1);
+//     the live-key count is right.
 func (s *State) CheckInvariants() error {
 	tokens := map[uint64]string{}
 	for name, l := range s.locks {
@@ -77,6 +81,9 @@ func (s *State) CheckInvariants() error {
 		}
 		if e.kv.ModRevision > s.kvRevision || e.kv.CreateRevision > e.kv.ModRevision {
 			return fmt.Errorf("key %q has revisions create %d, mod %d beyond the store's %d", key, e.kv.CreateRevision, e.kv.ModRevision, s.kvRevision)
+		}
+		if !e.deleted && (e.kv.CreateRevision == 0 || e.kv.Version == 0) {
+			return fmt.Errorf("live key %q has create revision %d and version %d, but was never written", key, e.kv.CreateRevision, e.kv.Version)
 		}
 		if e.deleted && e.kv.HighestToken == 0 {
 			return fmt.Errorf("key %q is an unfenced tombstone", key)

@@ -112,7 +112,7 @@ func (s *State) checkKVFence(key string, e *kvEntry, f *fsmpb.KVFence) error {
 			return err
 		}
 	}
-	if f.ExpectRevision != nil {
+	if f != nil && f.ExpectRevision != nil { // f is nil for a command without a fence
 		var rev uint64
 		if e.live() {
 			rev = e.kv.ModRevision

@@ -13,6 +13,9 @@
 //     nothing, is never granted (not even by the command that ends it), and
 //     every later command for it fails with ErrSessionNotFound.
 //
+// It also checks invariant 6 on the fenced KV store (see kvModel in
+// model_kv_test.go).
+//
 // It also checks that a failed command changes nothing, that a queued
 // request could not have been granted, that no waiter is left at a head it
 // could be granted from, and that lock-delays appear only on expiry.
@@ -50,6 +53,7 @@ type modelChecker struct {
 	lastSession uint64
 	// before is the state's locks as of the end of the previous step.
 	before map[string]fsm.LockInfo
+	kv     *kvModel
 }
 
 func newModelChecker() *modelChecker {
@@ -60,6 +64,7 @@ func newModelChecker() *modelChecker {
 		live:    map[uint64]bool{},
 		ended:   map[uint64]bool{},
 		before:  map[string]fsm.LockInfo{},
+		kv:      newKVModel(),
 	}
 }
 
@@ -85,6 +90,12 @@ func (m *modelChecker) observe(tb testing.TB, cmd *fsmpb.Command, res fsm.Result
 	}
 	if err := m.checkTokens(res, s); err != nil {
 		return err
+	}
+	if _, _, _, _, _, isKV := kvCommand(cmd); isKV {
+		if err := m.kv.observe(cmd, res, m.holders); err != nil {
+			return err
+		}
+		return m.compare(s, cmd, res)
 	}
 	immediate, err := m.checkSuccess(cmd, res)
 	if err != nil {
@@ -126,6 +137,9 @@ func (m *modelChecker) checkFailure(cmd *fsmpb.Command, err error) error {
 		if errors.Is(err, fence.ErrSessionNotFound) {
 			return fmt.Errorf("command for live session %d failed with %v", sid, err)
 		}
+	}
+	if _, _, _, _, _, isKV := kvCommand(cmd); isKV {
+		return m.kv.observe(cmd, fsm.Result{Err: err}, m.holders)
 	}
 	switch op := cmd.GetOp().(type) {
 	case *fsmpb.Command_CreateSession:
@@ -211,6 +225,8 @@ func (m *modelChecker) checkSuccess(cmd *fsmpb.Command, res fsm.Result) (immedia
 		return false, fmt.Errorf("%v ended sessions", cmd)
 	case len(res.Delayed) > 0 && !isExpire:
 		return false, fmt.Errorf("%v put locks under delay; only expiry may", cmd)
+	case res.Revision != 0 || len(res.Events) > 0:
+		return false, fmt.Errorf("%v answered a KV revision or events", cmd)
 	}
 	if sid, ok := targetSession(cmd); ok && !m.live[sid] {
 		return false, fmt.Errorf("invariant 5: %v succeeded for session %d, which is not live", cmd, sid)
@@ -420,6 +436,9 @@ func (m *modelChecker) compare(s *fsm.State, cmd *fsmpb.Command, res fsm.Result)
 	if want := m.liveIDs(); !slices.Equal(ids, want) {
 		return fmt.Errorf("sessions %v, model %v", ids, want)
 	}
+	if err := m.kv.compare(s); err != nil {
+		return err
+	}
 	m.before = now
 	return nil
 }
@@ -547,7 +566,8 @@ func (m *modelChecker) liveIDs() []uint64 {
 // sessions plus ids 1..6 (some unknown or ended), locks "a", "b", "c", both
 // modes and a few bad ones, try, lock-delays, waiter and session limits,
 // releases with right and wrong tokens, expiry and close of holders and
-// waiters together, and LiftDelay. Where a command needs a token or a
+// waiters together, and LiftDelay; an op byte of 0xa0..0xfe is a KV put or
+// delete (see kvOp). Where a command needs a token or a
 // holder it reads the state it is given, so a stream is decoded once, from
 // the first State, and the same commands are fed to the others.
 type commandSource struct {
@@ -593,6 +613,9 @@ func (c *commandSource) next(s *fsm.State) (*fsmpb.Command, bool) {
 	op := c.byte()
 	if op == 0xff {
 		return &fsmpb.Command{}, true
+	}
+	if op >= 0xa0 {
+		return c.kvOp(s, op), true
 	}
 	switch op % 16 {
 	case 0, 1:
@@ -681,8 +704,9 @@ const maxStreamSteps = 400
 // runStream applies the stream decoded from data to three States: a, which
 // the modelChecker follows; b, a second fresh State; and c, rebuilt from a's
 // snapshot every few steps. Every Result and the final snapshot bytes must
-// be identical across them (invariant 7).
-func runStream(tb testing.TB, data []byte) {
+// be identical across them (invariant 7). It returns how many KV commands
+// had each outcome (see kvOutcome).
+func runStream(tb testing.TB, data []byte) map[string]int {
 	tb.Helper()
 	src := &commandSource{data: data}
 	a, b := fsm.NewState(), fsm.NewState()
@@ -698,6 +722,7 @@ func runStream(tb testing.TB, data []byte) {
 		from := max(0, len(history)-40)
 		tb.Fatalf("step %d: %s\nlast commands:\n%s", step, fmt.Sprintf(format, args...), strings.Join(history[from:], "\n"))
 	}
+	outcomes := map[string]int{}
 	prologue := []*fsmpb.Command{newSession(), newSession(), newSession(), newSession()}
 	for step := 0; step < maxStreamSteps; step++ {
 		if step > 0 && step%period == 0 {
@@ -720,6 +745,9 @@ func runStream(tb testing.TB, data []byte) {
 		if err := check.observe(tb, cmd, ra, a, before); err != nil {
 			fail(step, "%v", err)
 		}
+		if o := kvOutcome(cmd, ra); o != "" {
+			outcomes[o]++
+		}
 		for name, other := range map[string]*fsm.State{"second fresh state": b, "restored state": c} {
 			if ro := other.Apply(cmd); !reflect.DeepEqual(cmpForm(ro), cmpForm(ra)) {
 				fail(step, "invariant 7: %s answered %s, the first %s", name, describe(ro), describe(ra))
@@ -730,28 +758,46 @@ func runStream(tb testing.TB, data []byte) {
 	if !bytes.Equal(snapshotBytes(tb, b), want) || !bytes.Equal(snapshotBytes(tb, c), want) {
 		tb.Fatalf("invariant 7: final snapshots differ")
 	}
+	return outcomes
 }
 
 // TestRandomCommandStreams runs runStream on seeded pseudo-random streams,
 // so that the model and determinism checks run on every go test, not only
-// under -fuzz.
+// under -fuzz. It also proves the streams reach every KV outcome, so that
+// the KV model check is not passing on streams that never test it.
 func TestRandomCommandStreams(t *testing.T) {
 	n := 150
 	if testing.Short() {
 		n = 30
 	}
+	total := map[string]int{}
 	for seed := range uint64(n) {
 		r := rand.New(rand.NewPCG(seed, 0x5eed))
 		data := make([]byte, 64+r.IntN(700))
 		for i := range data {
 			data[i] = byte(r.Uint32())
 		}
-		t.Run(fmt.Sprint(seed), func(t *testing.T) { runStream(t, data) })
+		t.Run(fmt.Sprint(seed), func(t *testing.T) {
+			for o, c := range runStream(t, data) {
+				total[o] += c
+			}
+		})
+	}
+	t.Logf("KV outcomes: %v", total)
+	for _, o := range []string{"fenced put", "fenced delete", "unfenced write", "strict write", "CAS write", "no-op delete",
+		"stale", "invalid", "not holder", "revision mismatch", "limit"} {
+		if total[o] < 3 && !t.Failed() {
+			t.Errorf("the streams made only %d KV commands with outcome %q: %v", total[o], o, total)
+		}
+	}
+	if total["other error"] > 0 {
+		t.Errorf("KV commands failed with unexpected errors: %v", total)
 	}
 }
 
 // TestModelCheckerCatchesViolations shows that the checker can fail: fed
-// results that break invariants 1, 4 and 5, observe reports each.
+// results (or states) that break invariants 1, 4, 5 and 6, observe reports
+// each.
 func TestModelCheckerCatchesViolations(t *testing.T) {
 	setup := func(t *testing.T) (*fsm.State, *modelChecker) {
 		s, m := fsm.NewState(), newModelChecker()
@@ -779,6 +825,76 @@ func TestModelCheckerCatchesViolations(t *testing.T) {
 			res := s.Apply(cmd)
 			if err := m.observe(t, cmd, tc.res(res), s, before); err == nil {
 				t.Fatal("observe accepted a broken result")
+			}
+		})
+	}
+	kvSetup := func(t *testing.T) (*fsm.State, *modelChecker) {
+		s, m := fsm.NewState(), newModelChecker()
+		for _, cmd := range []*fsmpb.Command{
+			newSession(), acquire(1, "a", excl),
+			kvPut("k", "v", fenced("a", 5)), kvPut("t", "v", fenced("a", 5)), kvDel("t", fenced("a", 5)),
+		} {
+			before := snapshotBytes(t, s)
+			if err := m.observe(t, cmd, s.Apply(cmd), s, before); err != nil {
+				t.Fatalf("setup %v: %v", cmd, err)
+			}
+		}
+		return s, m
+	}
+	// restoreBroken returns a copy of s whose snapshot was changed by breakIt.
+	restoreBroken := func(t *testing.T, s *fsm.State, breakIt func(*fsmpb.Snapshot)) *fsm.State {
+		snap := s.Snapshot()
+		breakIt(snap)
+		b, err := fsm.Restore(snap)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return b
+	}
+	kvCases := []struct {
+		name string
+		run  func(t *testing.T, s *fsm.State, m *modelChecker) error
+	}{
+		{"a stale put reported as accepted (6)", func(t *testing.T, s *fsm.State, m *modelChecker) error {
+			cmd := kvPut("k", "old", fenced("a", 4))
+			before := snapshotBytes(t, s)
+			if res := s.Apply(cmd); !errors.Is(res.Err, fence.ErrStaleToken) {
+				t.Fatalf("setup: %s", describe(res))
+			}
+			return m.observe(t, cmd, wrote(3, kvAt("k", "old", "a", 4, 5, 1, 4, 2)), s, before)
+		}},
+		{"a stale put on a tombstone applied by the state (6)", func(t *testing.T, s *fsm.State, m *modelChecker) error {
+			cmd := kvPut("t", "old", fenced("a", 4))
+			before := snapshotBytes(t, s)
+			broken := restoreBroken(t, s, func(snap *fsmpb.Snapshot) {
+				snap.KvRevision = 4
+				snap.Kvs[1] = &fsmpb.KV{Key: "t", Value: []byte("old"), Token: 4, Lock: "a", HighestToken: 5, CreateRevision: 4, ModRevision: 4, Version: 1}
+			})
+			return m.observe(t, cmd, wrote(4, kvAt("t", "old", "a", 4, 5, 4, 4, 1)), broken, before)
+		}},
+		{"a stale delete applied by the state (6)", func(t *testing.T, s *fsm.State, m *modelChecker) error {
+			cmd := kvDel("k", fenced("a", 4))
+			before := snapshotBytes(t, s)
+			broken := restoreBroken(t, s, func(snap *fsmpb.Snapshot) {
+				snap.KvRevision = 4
+				snap.Kvs[0] = &fsmpb.KV{Key: "k", Token: 4, Lock: "a", HighestToken: 5, CreateRevision: 1, ModRevision: 4, Version: 1, Deleted: true}
+			})
+			return m.observe(t, cmd, removed(4, kvAt("k", "", "a", 4, 5, 1, 4, 1)), broken, before)
+		}},
+		{"a key's highest token goes down (6)", func(t *testing.T, s *fsm.State, m *modelChecker) error {
+			broken := restoreBroken(t, s, func(snap *fsmpb.Snapshot) { snap.Kvs[0].Token, snap.Kvs[0].HighestToken = 3, 3 })
+			return m.observe(t, liftDelay("z"), fsm.Result{}, broken, snapshotBytes(t, broken))
+		}},
+		{"a tombstone is forgotten (6)", func(t *testing.T, s *fsm.State, m *modelChecker) error {
+			broken := restoreBroken(t, s, func(snap *fsmpb.Snapshot) { snap.Kvs = snap.Kvs[:1] })
+			return m.observe(t, liftDelay("z"), fsm.Result{}, broken, snapshotBytes(t, broken))
+		}},
+	}
+	for _, tc := range kvCases {
+		t.Run(tc.name, func(t *testing.T) {
+			s, m := kvSetup(t)
+			if err := tc.run(t, s, m); err == nil || !strings.Contains(err.Error(), "invariant 6") {
+				t.Fatalf("observe = %v, want an invariant 6 violation", err)
 			}
 		})
 	}

@@ -41,6 +41,9 @@ func (s *State) Snapshot() *fsmpb.Snapshot {
 			ModRevision: e.kv.ModRevision, Version: e.kv.Version, Deleted: e.deleted,
 		})
 	}
+	for _, id := range sortedNodeIDs(s.nodes) {
+		snap.Nodes = append(snap.Nodes, &fsmpb.RegisterNode{NodeId: id, ApiAddress: s.nodes[id]})
+	}
 	return snap
 }
 
@@ -98,6 +101,9 @@ func Restore(snap *fsmpb.Snapshot) (*State, error) {
 		if !pk.GetDeleted() {
 			s.liveKeys++
 		}
+	}
+	for _, n := range snap.GetNodes() {
+		s.nodes[n.GetNodeId()] = n.GetApiAddress()
 	}
 	if err := s.CheckInvariants(); err != nil {
 		return nil, fmt.Errorf("fsm: snapshot is inconsistent: %w", err)

@@ -15,37 +15,47 @@ import (
 
 	"google.golang.org/protobuf/proto"
 
+	"github.com/fencelock/fence"
 	"github.com/fencelock/fence/fsm"
 	"github.com/fencelock/fence/internal/fsmpb"
 )
 
 // richScript builds a state with every kind of content: sessions with
 // different TTLs and owners and a gap in the ids, exclusive and shared
-// holders, queues of both modes, lock-delays held and pending, and a lock
-// under delay with a waiter.
+// holders, queues of both modes, lock-delays held and pending, a lock
+// under delay with a waiter, and KV keys: fenced, unfenced, empty, a
+// tombstone, and a key deleted without one.
 func richScript() []*fsmpb.Command {
 	const sec = time.Second
 	return []*fsmpb.Command{
-		createSession(sec, "alice", 0),                // 1
-		createSession(2*sec, "bob", 0),                // 2
-		createSession(3*sec, "", 0),                   // 3
-		createSession(4*sec, "carol", 0),              // 4
-		createSession(5*sec, "dave", 0),               // 5
-		createSession(6*sec, "erin", 0),               // 6
-		createSession(7*sec, "frank", 0),              // 7
-		acquire(1, "a", excl, withDelay(2*sec)),       // token 1
-		acquire(2, "a", shared, withDelay(sec)),       // waits
-		acquire(3, "a", excl),                         // waits
-		acquire(4, "a", shared),                       // waits
-		acquire(2, "b", shared),                       // token 2
-		acquire(4, "b", shared, withDelay(3*sec)),     // token 3
-		acquire(5, "b", excl),                         // waits
-		acquire(6, "d", excl, withDelay(4*sec)),       // token 4
-		acquire(7, "d", excl),                         // waits
-		expireSessions(6),                             // d delayed, 7 waits
-		acquire(5, "e", excl),                         // token 5
-		closeSession(5),                               // e freed, 5 leaves b's queue
-		acquire(1, "e", shared, withDelay(time.Hour)), // token 6
+		createSession(sec, "alice", 0),                      // 1
+		createSession(2*sec, "bob", 0),                      // 2
+		createSession(3*sec, "", 0),                         // 3
+		createSession(4*sec, "carol", 0),                    // 4
+		createSession(5*sec, "dave", 0),                     // 5
+		createSession(6*sec, "erin", 0),                     // 6
+		createSession(7*sec, "frank", 0),                    // 7
+		acquire(1, "a", excl, withDelay(2*sec)),             // token 1
+		acquire(2, "a", shared, withDelay(sec)),             // waits
+		acquire(3, "a", excl),                               // waits
+		acquire(4, "a", shared),                             // waits
+		acquire(2, "b", shared),                             // token 2
+		acquire(4, "b", shared, withDelay(3*sec)),           // token 3
+		acquire(5, "b", excl),                               // waits
+		acquire(6, "d", excl, withDelay(4*sec)),             // token 4
+		acquire(7, "d", excl),                               // waits
+		expireSessions(6),                                   // d delayed, 7 waits
+		acquire(5, "e", excl),                               // token 5
+		closeSession(5),                                     // e freed, 5 leaves b's queue
+		acquire(1, "e", shared, withDelay(time.Hour)),       // token 6
+		kvPut("k/live", "v1", fenced("a", 1), strict),       // KV revision 1
+		kvPut("k/plain", "p"),                               // 2
+		kvPut("k/tomb", "t", fenced("b", 3), strict),        // 3
+		kvDel("k/tomb", fenced("b", 3)),                     // 4: tombstone, highest 3
+		kvPut("k/gone", "g"),                                // 5
+		kvDel("k/gone"),                                     // 6: no tombstone
+		kvPut("k/live", "v2", fenced("e", 6), expectRev(1)), // 7
+		kvPut("k/empty", "", fenced("b", 2)),                // 8
 	}
 }
 
@@ -53,25 +63,36 @@ func richScript() []*fsmpb.Command {
 // failures.
 func followUp() []*fsmpb.Command {
 	return []*fsmpb.Command{
-		newSession(),                      // id 8: the session counter survived
-		acquire(8, "f", excl),             // token 7: the token counter survived
-		acquire(8, "a", excl, try),        // locked
-		release(1, "a", 99),               // wrong token
-		expireSessions(1),                 // a and e delayed by 1's lock-delays
-		acquire(8, "a", shared),           // queues behind the delay
-		liftDelay("d"),                    // d to 7
-		liftDelay("a"),                    // a to 2 (shared); 3 (exclusive) blocks 4 and 8
-		cancelWait(3, "a"),                // 4 and 8 join 2
-		release(2, "b", 2),                // b stays with 4 (shared)
-		expireSessions(4, 2, 7),           // a and b delayed, d freed
-		acquire(3, "d", excl),             // d free again
-		liftDelay("a"),                    //
-		liftDelay("b"),                    //
-		liftDelay("e"),                    //
-		acquire(3, "a", excl),             // a was left to 8
-		closeSession(8),                   // a to 3
-		createSession(time.Second, "", 3), // limit
-		acquire(3, "a", fsm.Mode(9)),      // bad mode
+		newSession(),          // id 8: the session counter survived
+		acquire(8, "f", excl), // token 7: the token counter survived
+		kvPut("k/live", "v3", fenced("f", 7), strict, expectRev(7)), // KV revision 9: the KV revision survived
+		kvPut("k/live", "stale", fenced("e", 6)),                    // stale
+		kvPut("k/tomb", "x", fenced("b", 2)),                        // stale: the tombstone kept token 3
+		kvPut("k/tomb", "x"),                                        // unfenced on a fenced key
+		kvPut("k/new", "n", maxKeys(3)),                             // limit: 3 live keys
+		kvPut("k/plain", "p2", maxKeys(3)),                          // 10: overwriting at the limit
+		acquire(8, "a", excl, try),                                  // locked
+		release(1, "a", 99),                                         // wrong token
+		expireSessions(1),                                           // a and e delayed by 1's lock-delays
+		acquire(8, "a", shared),                                     // queues behind the delay
+		liftDelay("d"),                                              // d to 7
+		liftDelay("a"),                                              // a to 2 (shared); 3 (exclusive) blocks 4 and 8
+		cancelWait(3, "a"),                                          // 4 and 8 join 2
+		release(2, "b", 2),                                          // b stays with 4 (shared)
+		expireSessions(4, 2, 7),                                     // a and b delayed, d freed
+		acquire(3, "d", excl),                                       // d free again
+		liftDelay("a"),                                              //
+		liftDelay("b"),                                              //
+		liftDelay("e"),                                              //
+		acquire(3, "a", excl),                                       // a was left to 8
+		closeSession(8),                                             // a to 3
+		createSession(time.Second, "", 3),                           // limit
+		acquire(3, "a", fsm.Mode(9)),                                // bad mode
+		kvDel("k/live", fenced("f", 7), strict),                     // f was released with session 8
+		kvDel("k/plain"),                                            // 11
+		kvDel("k/plain"),                                            // missing: no-op
+		kvPut("k/tomb", "back", fenced("b", 3)),                     // 12: the tombstone comes back
+		kvPut("k/gone", "g2", expectRev(0)),                         // 13
 	}
 }
 
@@ -95,6 +116,14 @@ func TestSnapshotRestoreRoundTrip(t *testing.T) {
 	if len(snap.GetSessions()) != 5 || len(snap.GetLocks()) != 4 || snap.GetLastToken() != 6 || snap.GetLastSessionId() != 7 {
 		t.Fatalf("the rich state is not what the script meant to build: %v", snap)
 	}
+	var keys []string
+	for _, kv := range snap.GetKvs() {
+		keys = append(keys, kv.GetKey())
+	}
+	if snap.GetKvRevision() != 8 || !reflect.DeepEqual(keys, []string{"k/empty", "k/live", "k/plain", "k/tomb"}) ||
+		!snap.GetKvs()[3].GetDeleted() || snap.GetKvs()[3].GetHighestToken() != 3 || orig.NumKeys() != 3 {
+		t.Fatalf("the rich KV is not what the script meant to build: %v", snap)
+	}
 	restored, err := fsm.Restore(snap)
 	if err != nil {
 		t.Fatalf("Restore: %v", err)
@@ -117,13 +146,16 @@ func TestSnapshotRestoreRoundTrip(t *testing.T) {
 		{"Locks", restored.Locks(""), orig.Locks("")},
 		{"DelayedLocks", restored.DelayedLocks(), orig.DelayedLocks()},
 		{"LastToken", restored.LastToken(), orig.LastToken()},
+		{"KVRevision", restored.KVRevision(), orig.KVRevision()},
+		{"NumKeys", restored.NumKeys(), orig.NumKeys()},
+		{"List", listAll(restored), listAll(orig)},
 	} {
 		if !reflect.DeepEqual(q.got, q.want) {
 			t.Fatalf("%s: restored %+v, original %+v", q.name, q.got, q.want)
 		}
 	}
 
-	var failures, grants int
+	var failures, grants, events int
 	for i, cmd := range followUp() {
 		want := mustApply(t, orig, cmd)
 		got := mustApply(t, restored, cmd)
@@ -137,11 +169,26 @@ func TestSnapshotRestoreRoundTrip(t *testing.T) {
 			failures++
 		}
 		grants += len(want.Grants)
+		events += len(want.Events)
 	}
 	// The follow-up must have exercised both paths for the comparison to mean anything.
-	if failures < 3 || grants < 6 {
-		t.Fatalf("follow-up made %d failures and %d grants; the script no longer exercises the state", failures, grants)
+	if failures < 8 || grants < 6 || events < 5 {
+		t.Fatalf("follow-up made %d failures, %d grants and %d KV changes; the script no longer exercises the state", failures, grants, events)
 	}
+	if orig.KVRevision() != 13 {
+		t.Fatalf("KV revision after the follow-up is %d, want 13", orig.KVRevision())
+	}
+}
+
+// listAll returns every live key with its value as a string, so that
+// values compare by content.
+func listAll(s *fsm.State) []string {
+	kvs, _ := s.List("", 0)
+	var out []string
+	for _, kv := range kvs {
+		out = append(out, describeKV(kv))
+	}
+	return out
 }
 
 // TestSnapshotIsACopy proves a snapshot shares nothing with the state it
@@ -183,7 +230,7 @@ func TestRestoreEmpty(t *testing.T) {
 		if err != nil {
 			t.Fatalf("Restore(%v): %v", snap, err)
 		}
-		if s.NumSessions() != 0 || s.NumLocks() != 0 || s.LastToken() != 0 {
+		if s.NumSessions() != 0 || s.NumLocks() != 0 || s.LastToken() != 0 || s.KVRevision() != 0 || s.NumKeys() != 0 {
 			t.Fatalf("Restore(%v) is not empty", snap)
 		}
 		if res := mustApply(t, s, newSession()); res.SessionID != 1 {
@@ -193,7 +240,8 @@ func TestRestoreEmpty(t *testing.T) {
 }
 
 // validSnapshot is a consistent snapshot: session 1 holds a (exclusive,
-// token 1) with session 2 waiting; sessions 2 and 3 share b (tokens 2, 3).
+// token 1) with session 2 waiting; sessions 2 and 3 share b (tokens 2, 3);
+// KV revision 5 with fenced key k, unfenced key p and tombstone t.
 func validSnapshot() *fsmpb.Snapshot {
 	return &fsmpb.Snapshot{
 		LastToken:     3,
@@ -202,6 +250,12 @@ func validSnapshot() *fsmpb.Snapshot {
 		Locks: []*fsmpb.Lock{
 			{Name: "a", Holders: []*fsmpb.Holder{{SessionId: 1, Token: 1, Mode: uint32(excl)}}, Waiters: []*fsmpb.Waiter{{SessionId: 2, Mode: uint32(excl)}}},
 			{Name: "b", Holders: []*fsmpb.Holder{{SessionId: 2, Token: 2, Mode: uint32(shared)}, {SessionId: 3, Token: 3, Mode: uint32(shared)}}},
+		},
+		KvRevision: 5,
+		Kvs: []*fsmpb.KV{
+			{Key: "k", Value: []byte("v"), Token: 3, Lock: "b", HighestToken: 3, CreateRevision: 1, ModRevision: 4, Version: 2},
+			{Key: "p", Value: []byte("x"), CreateRevision: 2, ModRevision: 2, Version: 1},
+			{Key: "t", Token: 1, Lock: "a", HighestToken: 1, CreateRevision: 3, ModRevision: 5, Version: 1, Deleted: true},
 		},
 	}
 }
@@ -242,6 +296,19 @@ func TestRestoreRejectsInconsistentSnapshots(t *testing.T) {
 		{"session twice in a queue", func(s *fsmpb.Snapshot) {
 			s.Locks[0].Waiters = append(s.Locks[0].Waiters, &fsmpb.Waiter{SessionId: 2, Mode: uint32(excl)})
 		}, "twice"},
+		{"duplicate key", func(s *fsmpb.Snapshot) { s.Kvs = append(s.Kvs, proto.Clone(s.Kvs[0]).(*fsmpb.KV)) }, `key "k" twice`},
+		{"duplicate tombstone", func(s *fsmpb.Snapshot) {
+			dup := proto.Clone(s.Kvs[0]).(*fsmpb.KV)
+			dup.Key, dup.Deleted = "t", true
+			s.Kvs = append(s.Kvs, dup)
+		}, `key "t" twice`},
+		{"key token above its highest", func(s *fsmpb.Snapshot) { s.Kvs[0].Token = 4 }, "token 4 above its highest 3"},
+		{"tombstone token above its highest", func(s *fsmpb.Snapshot) { s.Kvs[2].Token = 2 }, "token 2 above its highest 1"},
+		{"unfenced tombstone", func(s *fsmpb.Snapshot) { s.Kvs[2].Token, s.Kvs[2].HighestToken = 0, 0 }, "unfenced tombstone"},
+		{"key revision beyond the store's", func(s *fsmpb.Snapshot) { s.KvRevision = 4 }, `key "t" has revisions`},
+		{"key created after its last change", func(s *fsmpb.Snapshot) { s.Kvs[0].CreateRevision = 5 }, `key "k" has revisions create 5, mod 4`},
+		{"live key never written", func(s *fsmpb.Snapshot) { s.Kvs[1].CreateRevision, s.Kvs[1].ModRevision = 0, 0 }, `key "p"`},
+		{"live key with version 0", func(s *fsmpb.Snapshot) { s.Kvs[1].Version = 0 }, `key "p"`},
 		{"session holds a lock twice", func(s *fsmpb.Snapshot) {
 			s.Locks[1].Holders = append(s.Locks[1].Holders, &fsmpb.Holder{SessionId: 3, Token: 4, Mode: uint32(shared)})
 			s.LastToken = 4
@@ -262,6 +329,44 @@ func TestRestoreRejectsInconsistentSnapshots(t *testing.T) {
 				t.Fatalf("Restore rejected it for another reason: %v (want one mentioning %q)", err, tc.why)
 			}
 		})
+	}
+}
+
+// TestRestoreKVQueries proves the valid snapshot's keys load as written:
+// live keys readable, the tombstone hidden but still fencing, the live-key
+// count (which max_keys uses) rebuilt.
+func TestRestoreKVQueries(t *testing.T) {
+	s, err := fsm.Restore(validSnapshot())
+	if err != nil {
+		t.Fatal(err)
+	}
+	all(
+		storeIs(5, 2),
+		getIs("k", kvAt("k", "v", "b", 3, 3, 1, 4, 2)),
+		getIs("p", kvAt("p", "x", "", 0, 0, 2, 2, 1)),
+		notFound("t"),
+		listIs("", 0, false, "k", "p"),
+	)(t, s)
+	runSteps(t, s, []applyStep{
+		{cmd: kvPut("t", "x"), want: fails(fence.ErrInvalidArgument)},
+		{cmd: kvPut("t", "x", fenced("a", 0)), want: fails(fence.ErrInvalidArgument)},
+		{cmd: kvPut("k", "x", fenced("b", 2)), want: fails(fence.ErrStaleToken)},
+		{cmd: kvPut("q", "x", maxKeys(2)), want: fails(fence.ErrLimit)},
+		{cmd: kvPut("t", "x", fenced("a", 1), strict, maxKeys(3)), want: wrote(6, kvAt("t", "x", "a", 1, 1, 6, 6, 1))},
+	})
+}
+
+// TestRestoreRejectsLiveKeyWithoutRevision: a live key with create and mod
+// revision 0 would look absent to a compare-and-swap, so a "create only if
+// absent" put (expect revision 0) would overwrite it. Restore must refuse
+// such a snapshot.
+func TestRestoreRejectsLiveKeyWithoutRevision(t *testing.T) {
+	snap := validSnapshot()
+	snap.Kvs[1].CreateRevision, snap.Kvs[1].ModRevision = 0, 0
+	s, err := fsm.Restore(snap)
+	if err == nil {
+		res := s.Apply(kvPut("p", "overwritten", expectRev(0)))
+		t.Fatalf("Restore accepted a live key at revision 0; a create-only put of it then answered %s", describe(res))
 	}
 }
 

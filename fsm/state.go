@@ -150,11 +150,12 @@ type State struct {
 	kvRevision    uint64
 	kv            map[string]*kvEntry // live keys and fenced tombstones
 	liveKeys      int
+	nodes         map[string]string // node id -> API address
 }
 
 // NewState returns an empty state: no sessions, no locks, token counter 0.
 func NewState() *State {
-	return &State{sessions: map[uint64]*session{}, locks: map[string]*lock{}, kv: map[string]*kvEntry{}}
+	return &State{sessions: map[uint64]*session{}, locks: map[string]*lock{}, kv: map[string]*kvEntry{}, nodes: map[string]string{}}
 }
 
 // Apply applies one command and reports what it did. It never panics on a
@@ -179,6 +180,8 @@ func (s *State) Apply(cmd *fsmpb.Command) Result {
 		return s.kvPut(op.KvPut)
 	case *fsmpb.Command_KvDelete:
 		return s.kvDelete(op.KvDelete)
+	case *fsmpb.Command_RegisterNode:
+		return s.registerNode(op.RegisterNode)
 	}
 	return Result{Err: fmt.Errorf("%w: unknown command", fence.ErrInvalidArgument)}
 }

@@ -21,6 +21,8 @@ import (
 type applyStep struct {
 	cmd  *fsmpb.Command
 	want fsm.Result
+	// errMsg, if set, is the exact message the step's error must have.
+	errMsg string
 	// after, if set, checks the state after this step.
 	after func(t *testing.T, s *fsm.State)
 }
@@ -79,6 +81,9 @@ func runSteps(t *testing.T, s *fsm.State, steps []applyStep) {
 		}
 		if !sameResult(got, st.want) {
 			t.Fatalf("step %d %v:\n got %s\nwant %s", i, st.cmd, describe(got), describe(st.want))
+		}
+		if st.errMsg != "" && (got.Err == nil || got.Err.Error() != st.errMsg) {
+			t.Fatalf("step %d %v: error %v, want the message %q", i, st.cmd, got.Err, st.errMsg)
 		}
 		if got.Err != nil && !bytes.Equal(before, snapshotBytes(t, s)) {
 			t.Fatalf("step %d %v failed with %v but changed the state", i, st.cmd, got.Err)

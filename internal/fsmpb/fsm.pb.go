@@ -41,6 +41,7 @@ type Command struct {
 	//	*Command_LiftDelay
 	//	*Command_KvPut
 	//	*Command_KvDelete
+	//	*Command_RegisterNode
 	Op            isCommand_Op `protobuf_oneof:"op"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
@@ -164,6 +165,15 @@ func (x *Command) GetKvDelete() *KVDelete {
 	return nil
 }
 
+func (x *Command) GetRegisterNode() *RegisterNode {
+	if x != nil {
+		if x, ok := x.Op.(*Command_RegisterNode); ok {
+			return x.RegisterNode
+		}
+	}
+	return nil
+}
+
 type isCommand_Op interface {
 	isCommand_Op()
 }
@@ -204,6 +214,10 @@ type Command_KvDelete struct {
 	KvDelete *KVDelete `protobuf:"bytes,9,opt,name=kv_delete,json=kvDelete,proto3,oneof"`
 }
 
+type Command_RegisterNode struct {
+	RegisterNode *RegisterNode `protobuf:"bytes,10,opt,name=register_node,json=registerNode,proto3,oneof"`
+}
+
 func (*Command_CreateSession) isCommand_Op() {}
 
 func (*Command_CloseSession) isCommand_Op() {}
@@ -222,6 +236,62 @@ func (*Command_KvPut) isCommand_Op() {}
 
 func (*Command_KvDelete) isCommand_Op() {}
 
+func (*Command_RegisterNode) isCommand_Op() {}
+
+// RegisterNode records where a member of the raft group serves its API, so
+// that every node can point clients at the leader. A leader registers itself.
+type RegisterNode struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	NodeId        string                 `protobuf:"bytes,1,opt,name=node_id,json=nodeId,proto3" json:"node_id,omitempty"`
+	ApiAddress    string                 `protobuf:"bytes,2,opt,name=api_address,json=apiAddress,proto3" json:"api_address,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *RegisterNode) Reset() {
+	*x = RegisterNode{}
+	mi := &file_fsmpb_fsm_proto_msgTypes[1]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *RegisterNode) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*RegisterNode) ProtoMessage() {}
+
+func (x *RegisterNode) ProtoReflect() protoreflect.Message {
+	mi := &file_fsmpb_fsm_proto_msgTypes[1]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use RegisterNode.ProtoReflect.Descriptor instead.
+func (*RegisterNode) Descriptor() ([]byte, []int) {
+	return file_fsmpb_fsm_proto_rawDescGZIP(), []int{1}
+}
+
+func (x *RegisterNode) GetNodeId() string {
+	if x != nil {
+		return x.NodeId
+	}
+	return ""
+}
+
+func (x *RegisterNode) GetApiAddress() string {
+	if x != nil {
+		return x.ApiAddress
+	}
+	return ""
+}
+
 type CreateSession struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
 	TtlNs int64                  `protobuf:"varint,1,opt,name=ttl_ns,json=ttlNs,proto3" json:"ttl_ns,omitempty"`
@@ -235,7 +305,7 @@ type CreateSession struct {
 
 func (x *CreateSession) Reset() {
 	*x = CreateSession{}
-	mi := &file_fsmpb_fsm_proto_msgTypes[1]
+	mi := &file_fsmpb_fsm_proto_msgTypes[2]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -247,7 +317,7 @@ func (x *CreateSession) String() string {
 func (*CreateSession) ProtoMessage() {}
 
 func (x *CreateSession) ProtoReflect() protoreflect.Message {
-	mi := &file_fsmpb_fsm_proto_msgTypes[1]
+	mi := &file_fsmpb_fsm_proto_msgTypes[2]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -260,7 +330,7 @@ func (x *CreateSession) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CreateSession.ProtoReflect.Descriptor instead.
 func (*CreateSession) Descriptor() ([]byte, []int) {
-	return file_fsmpb_fsm_proto_rawDescGZIP(), []int{1}
+	return file_fsmpb_fsm_proto_rawDescGZIP(), []int{2}
 }
 
 func (x *CreateSession) GetTtlNs() int64 {
@@ -293,7 +363,7 @@ type CloseSession struct {
 
 func (x *CloseSession) Reset() {
 	*x = CloseSession{}
-	mi := &file_fsmpb_fsm_proto_msgTypes[2]
+	mi := &file_fsmpb_fsm_proto_msgTypes[3]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -305,7 +375,7 @@ func (x *CloseSession) String() string {
 func (*CloseSession) ProtoMessage() {}
 
 func (x *CloseSession) ProtoReflect() protoreflect.Message {
-	mi := &file_fsmpb_fsm_proto_msgTypes[2]
+	mi := &file_fsmpb_fsm_proto_msgTypes[3]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -318,7 +388,7 @@ func (x *CloseSession) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CloseSession.ProtoReflect.Descriptor instead.
 func (*CloseSession) Descriptor() ([]byte, []int) {
-	return file_fsmpb_fsm_proto_rawDescGZIP(), []int{2}
+	return file_fsmpb_fsm_proto_rawDescGZIP(), []int{3}
 }
 
 func (x *CloseSession) GetSessionId() uint64 {
@@ -338,7 +408,7 @@ type ExpireSessions struct {
 
 func (x *ExpireSessions) Reset() {
 	*x = ExpireSessions{}
-	mi := &file_fsmpb_fsm_proto_msgTypes[3]
+	mi := &file_fsmpb_fsm_proto_msgTypes[4]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -350,7 +420,7 @@ func (x *ExpireSessions) String() string {
 func (*ExpireSessions) ProtoMessage() {}
 
 func (x *ExpireSessions) ProtoReflect() protoreflect.Message {
-	mi := &file_fsmpb_fsm_proto_msgTypes[3]
+	mi := &file_fsmpb_fsm_proto_msgTypes[4]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -363,7 +433,7 @@ func (x *ExpireSessions) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ExpireSessions.ProtoReflect.Descriptor instead.
 func (*ExpireSessions) Descriptor() ([]byte, []int) {
-	return file_fsmpb_fsm_proto_rawDescGZIP(), []int{3}
+	return file_fsmpb_fsm_proto_rawDescGZIP(), []int{4}
 }
 
 func (x *ExpireSessions) GetSessionIds() []uint64 {
@@ -388,7 +458,7 @@ type Acquire struct {
 
 func (x *Acquire) Reset() {
 	*x = Acquire{}
-	mi := &file_fsmpb_fsm_proto_msgTypes[4]
+	mi := &file_fsmpb_fsm_proto_msgTypes[5]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -400,7 +470,7 @@ func (x *Acquire) String() string {
 func (*Acquire) ProtoMessage() {}
 
 func (x *Acquire) ProtoReflect() protoreflect.Message {
-	mi := &file_fsmpb_fsm_proto_msgTypes[4]
+	mi := &file_fsmpb_fsm_proto_msgTypes[5]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -413,7 +483,7 @@ func (x *Acquire) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Acquire.ProtoReflect.Descriptor instead.
 func (*Acquire) Descriptor() ([]byte, []int) {
-	return file_fsmpb_fsm_proto_rawDescGZIP(), []int{4}
+	return file_fsmpb_fsm_proto_rawDescGZIP(), []int{5}
 }
 
 func (x *Acquire) GetSessionId() uint64 {
@@ -468,7 +538,7 @@ type CancelWait struct {
 
 func (x *CancelWait) Reset() {
 	*x = CancelWait{}
-	mi := &file_fsmpb_fsm_proto_msgTypes[5]
+	mi := &file_fsmpb_fsm_proto_msgTypes[6]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -480,7 +550,7 @@ func (x *CancelWait) String() string {
 func (*CancelWait) ProtoMessage() {}
 
 func (x *CancelWait) ProtoReflect() protoreflect.Message {
-	mi := &file_fsmpb_fsm_proto_msgTypes[5]
+	mi := &file_fsmpb_fsm_proto_msgTypes[6]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -493,7 +563,7 @@ func (x *CancelWait) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CancelWait.ProtoReflect.Descriptor instead.
 func (*CancelWait) Descriptor() ([]byte, []int) {
-	return file_fsmpb_fsm_proto_rawDescGZIP(), []int{5}
+	return file_fsmpb_fsm_proto_rawDescGZIP(), []int{6}
 }
 
 func (x *CancelWait) GetSessionId() uint64 {
@@ -521,7 +591,7 @@ type Release struct {
 
 func (x *Release) Reset() {
 	*x = Release{}
-	mi := &file_fsmpb_fsm_proto_msgTypes[6]
+	mi := &file_fsmpb_fsm_proto_msgTypes[7]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -533,7 +603,7 @@ func (x *Release) String() string {
 func (*Release) ProtoMessage() {}
 
 func (x *Release) ProtoReflect() protoreflect.Message {
-	mi := &file_fsmpb_fsm_proto_msgTypes[6]
+	mi := &file_fsmpb_fsm_proto_msgTypes[7]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -546,7 +616,7 @@ func (x *Release) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Release.ProtoReflect.Descriptor instead.
 func (*Release) Descriptor() ([]byte, []int) {
-	return file_fsmpb_fsm_proto_rawDescGZIP(), []int{6}
+	return file_fsmpb_fsm_proto_rawDescGZIP(), []int{7}
 }
 
 func (x *Release) GetSessionId() uint64 {
@@ -580,7 +650,7 @@ type LiftDelay struct {
 
 func (x *LiftDelay) Reset() {
 	*x = LiftDelay{}
-	mi := &file_fsmpb_fsm_proto_msgTypes[7]
+	mi := &file_fsmpb_fsm_proto_msgTypes[8]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -592,7 +662,7 @@ func (x *LiftDelay) String() string {
 func (*LiftDelay) ProtoMessage() {}
 
 func (x *LiftDelay) ProtoReflect() protoreflect.Message {
-	mi := &file_fsmpb_fsm_proto_msgTypes[7]
+	mi := &file_fsmpb_fsm_proto_msgTypes[8]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -605,7 +675,7 @@ func (x *LiftDelay) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use LiftDelay.ProtoReflect.Descriptor instead.
 func (*LiftDelay) Descriptor() ([]byte, []int) {
-	return file_fsmpb_fsm_proto_rawDescGZIP(), []int{7}
+	return file_fsmpb_fsm_proto_rawDescGZIP(), []int{8}
 }
 
 func (x *LiftDelay) GetLock() string {
@@ -631,7 +701,7 @@ type KVFence struct {
 
 func (x *KVFence) Reset() {
 	*x = KVFence{}
-	mi := &file_fsmpb_fsm_proto_msgTypes[8]
+	mi := &file_fsmpb_fsm_proto_msgTypes[9]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -643,7 +713,7 @@ func (x *KVFence) String() string {
 func (*KVFence) ProtoMessage() {}
 
 func (x *KVFence) ProtoReflect() protoreflect.Message {
-	mi := &file_fsmpb_fsm_proto_msgTypes[8]
+	mi := &file_fsmpb_fsm_proto_msgTypes[9]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -656,7 +726,7 @@ func (x *KVFence) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use KVFence.ProtoReflect.Descriptor instead.
 func (*KVFence) Descriptor() ([]byte, []int) {
-	return file_fsmpb_fsm_proto_rawDescGZIP(), []int{8}
+	return file_fsmpb_fsm_proto_rawDescGZIP(), []int{9}
 }
 
 func (x *KVFence) GetLock() string {
@@ -701,7 +771,7 @@ type KVPut struct {
 
 func (x *KVPut) Reset() {
 	*x = KVPut{}
-	mi := &file_fsmpb_fsm_proto_msgTypes[9]
+	mi := &file_fsmpb_fsm_proto_msgTypes[10]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -713,7 +783,7 @@ func (x *KVPut) String() string {
 func (*KVPut) ProtoMessage() {}
 
 func (x *KVPut) ProtoReflect() protoreflect.Message {
-	mi := &file_fsmpb_fsm_proto_msgTypes[9]
+	mi := &file_fsmpb_fsm_proto_msgTypes[10]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -726,7 +796,7 @@ func (x *KVPut) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use KVPut.ProtoReflect.Descriptor instead.
 func (*KVPut) Descriptor() ([]byte, []int) {
-	return file_fsmpb_fsm_proto_rawDescGZIP(), []int{9}
+	return file_fsmpb_fsm_proto_rawDescGZIP(), []int{10}
 }
 
 func (x *KVPut) GetKey() string {
@@ -767,7 +837,7 @@ type KVDelete struct {
 
 func (x *KVDelete) Reset() {
 	*x = KVDelete{}
-	mi := &file_fsmpb_fsm_proto_msgTypes[10]
+	mi := &file_fsmpb_fsm_proto_msgTypes[11]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -779,7 +849,7 @@ func (x *KVDelete) String() string {
 func (*KVDelete) ProtoMessage() {}
 
 func (x *KVDelete) ProtoReflect() protoreflect.Message {
-	mi := &file_fsmpb_fsm_proto_msgTypes[10]
+	mi := &file_fsmpb_fsm_proto_msgTypes[11]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -792,7 +862,7 @@ func (x *KVDelete) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use KVDelete.ProtoReflect.Descriptor instead.
 func (*KVDelete) Descriptor() ([]byte, []int) {
-	return file_fsmpb_fsm_proto_rawDescGZIP(), []int{10}
+	return file_fsmpb_fsm_proto_rawDescGZIP(), []int{11}
 }
 
 func (x *KVDelete) GetKey() string {
@@ -817,13 +887,14 @@ type Snapshot struct {
 	Locks         []*Lock                `protobuf:"bytes,4,rep,name=locks,proto3" json:"locks,omitempty"`
 	KvRevision    uint64                 `protobuf:"varint,5,opt,name=kv_revision,json=kvRevision,proto3" json:"kv_revision,omitempty"`
 	Kvs           []*KV                  `protobuf:"bytes,6,rep,name=kvs,proto3" json:"kvs,omitempty"`
+	Nodes         []*RegisterNode        `protobuf:"bytes,7,rep,name=nodes,proto3" json:"nodes,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
 
 func (x *Snapshot) Reset() {
 	*x = Snapshot{}
-	mi := &file_fsmpb_fsm_proto_msgTypes[11]
+	mi := &file_fsmpb_fsm_proto_msgTypes[12]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -835,7 +906,7 @@ func (x *Snapshot) String() string {
 func (*Snapshot) ProtoMessage() {}
 
 func (x *Snapshot) ProtoReflect() protoreflect.Message {
-	mi := &file_fsmpb_fsm_proto_msgTypes[11]
+	mi := &file_fsmpb_fsm_proto_msgTypes[12]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -848,7 +919,7 @@ func (x *Snapshot) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Snapshot.ProtoReflect.Descriptor instead.
 func (*Snapshot) Descriptor() ([]byte, []int) {
-	return file_fsmpb_fsm_proto_rawDescGZIP(), []int{11}
+	return file_fsmpb_fsm_proto_rawDescGZIP(), []int{12}
 }
 
 func (x *Snapshot) GetLastToken() uint64 {
@@ -893,6 +964,13 @@ func (x *Snapshot) GetKvs() []*KV {
 	return nil
 }
 
+func (x *Snapshot) GetNodes() []*RegisterNode {
+	if x != nil {
+		return x.Nodes
+	}
+	return nil
+}
+
 // KV is one key of the fenced KV store. A deleted key whose writes were
 // fenced is kept as a tombstone with its highest token, so that a stale
 // writer cannot bring it back.
@@ -915,7 +993,7 @@ type KV struct {
 
 func (x *KV) Reset() {
 	*x = KV{}
-	mi := &file_fsmpb_fsm_proto_msgTypes[12]
+	mi := &file_fsmpb_fsm_proto_msgTypes[13]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -927,7 +1005,7 @@ func (x *KV) String() string {
 func (*KV) ProtoMessage() {}
 
 func (x *KV) ProtoReflect() protoreflect.Message {
-	mi := &file_fsmpb_fsm_proto_msgTypes[12]
+	mi := &file_fsmpb_fsm_proto_msgTypes[13]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -940,7 +1018,7 @@ func (x *KV) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use KV.ProtoReflect.Descriptor instead.
 func (*KV) Descriptor() ([]byte, []int) {
-	return file_fsmpb_fsm_proto_rawDescGZIP(), []int{12}
+	return file_fsmpb_fsm_proto_rawDescGZIP(), []int{13}
 }
 
 func (x *KV) GetKey() string {
@@ -1017,7 +1095,7 @@ type Session struct {
 
 func (x *Session) Reset() {
 	*x = Session{}
-	mi := &file_fsmpb_fsm_proto_msgTypes[13]
+	mi := &file_fsmpb_fsm_proto_msgTypes[14]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1029,7 +1107,7 @@ func (x *Session) String() string {
 func (*Session) ProtoMessage() {}
 
 func (x *Session) ProtoReflect() protoreflect.Message {
-	mi := &file_fsmpb_fsm_proto_msgTypes[13]
+	mi := &file_fsmpb_fsm_proto_msgTypes[14]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1042,7 +1120,7 @@ func (x *Session) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Session.ProtoReflect.Descriptor instead.
 func (*Session) Descriptor() ([]byte, []int) {
-	return file_fsmpb_fsm_proto_rawDescGZIP(), []int{13}
+	return file_fsmpb_fsm_proto_rawDescGZIP(), []int{14}
 }
 
 func (x *Session) GetId() uint64 {
@@ -1078,7 +1156,7 @@ type Lock struct {
 
 func (x *Lock) Reset() {
 	*x = Lock{}
-	mi := &file_fsmpb_fsm_proto_msgTypes[14]
+	mi := &file_fsmpb_fsm_proto_msgTypes[15]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1090,7 +1168,7 @@ func (x *Lock) String() string {
 func (*Lock) ProtoMessage() {}
 
 func (x *Lock) ProtoReflect() protoreflect.Message {
-	mi := &file_fsmpb_fsm_proto_msgTypes[14]
+	mi := &file_fsmpb_fsm_proto_msgTypes[15]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1103,7 +1181,7 @@ func (x *Lock) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Lock.ProtoReflect.Descriptor instead.
 func (*Lock) Descriptor() ([]byte, []int) {
-	return file_fsmpb_fsm_proto_rawDescGZIP(), []int{14}
+	return file_fsmpb_fsm_proto_rawDescGZIP(), []int{15}
 }
 
 func (x *Lock) GetName() string {
@@ -1146,7 +1224,7 @@ type Holder struct {
 
 func (x *Holder) Reset() {
 	*x = Holder{}
-	mi := &file_fsmpb_fsm_proto_msgTypes[15]
+	mi := &file_fsmpb_fsm_proto_msgTypes[16]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1158,7 +1236,7 @@ func (x *Holder) String() string {
 func (*Holder) ProtoMessage() {}
 
 func (x *Holder) ProtoReflect() protoreflect.Message {
-	mi := &file_fsmpb_fsm_proto_msgTypes[15]
+	mi := &file_fsmpb_fsm_proto_msgTypes[16]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1171,7 +1249,7 @@ func (x *Holder) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Holder.ProtoReflect.Descriptor instead.
 func (*Holder) Descriptor() ([]byte, []int) {
-	return file_fsmpb_fsm_proto_rawDescGZIP(), []int{15}
+	return file_fsmpb_fsm_proto_rawDescGZIP(), []int{16}
 }
 
 func (x *Holder) GetSessionId() uint64 {
@@ -1213,7 +1291,7 @@ type Waiter struct {
 
 func (x *Waiter) Reset() {
 	*x = Waiter{}
-	mi := &file_fsmpb_fsm_proto_msgTypes[16]
+	mi := &file_fsmpb_fsm_proto_msgTypes[17]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1225,7 +1303,7 @@ func (x *Waiter) String() string {
 func (*Waiter) ProtoMessage() {}
 
 func (x *Waiter) ProtoReflect() protoreflect.Message {
-	mi := &file_fsmpb_fsm_proto_msgTypes[16]
+	mi := &file_fsmpb_fsm_proto_msgTypes[17]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1238,7 +1316,7 @@ func (x *Waiter) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Waiter.ProtoReflect.Descriptor instead.
 func (*Waiter) Descriptor() ([]byte, []int) {
-	return file_fsmpb_fsm_proto_rawDescGZIP(), []int{16}
+	return file_fsmpb_fsm_proto_rawDescGZIP(), []int{17}
 }
 
 func (x *Waiter) GetSessionId() uint64 {
@@ -1266,7 +1344,7 @@ var File_fsmpb_fsm_proto protoreflect.FileDescriptor
 
 const file_fsmpb_fsm_proto_rawDesc = "" +
 	"\n" +
-	"\x0ffsmpb/fsm.proto\x12\ffence.fsm.v1\"\xa3\x04\n" +
+	"\x0ffsmpb/fsm.proto\x12\ffence.fsm.v1\"\xe6\x04\n" +
 	"\aCommand\x12D\n" +
 	"\x0ecreate_session\x18\x01 \x01(\v2\x1b.fence.fsm.v1.CreateSessionH\x00R\rcreateSession\x12A\n" +
 	"\rclose_session\x18\x02 \x01(\v2\x1a.fence.fsm.v1.CloseSessionH\x00R\fcloseSession\x12G\n" +
@@ -1278,8 +1356,14 @@ const file_fsmpb_fsm_proto_rawDesc = "" +
 	"\n" +
 	"lift_delay\x18\a \x01(\v2\x17.fence.fsm.v1.LiftDelayH\x00R\tliftDelay\x12,\n" +
 	"\x06kv_put\x18\b \x01(\v2\x13.fence.fsm.v1.KVPutH\x00R\x05kvPut\x125\n" +
-	"\tkv_delete\x18\t \x01(\v2\x16.fence.fsm.v1.KVDeleteH\x00R\bkvDeleteB\x04\n" +
-	"\x02op\"_\n" +
+	"\tkv_delete\x18\t \x01(\v2\x16.fence.fsm.v1.KVDeleteH\x00R\bkvDelete\x12A\n" +
+	"\rregister_node\x18\n" +
+	" \x01(\v2\x1a.fence.fsm.v1.RegisterNodeH\x00R\fregisterNodeB\x04\n" +
+	"\x02op\"H\n" +
+	"\fRegisterNode\x12\x17\n" +
+	"\anode_id\x18\x01 \x01(\tR\x06nodeId\x12\x1f\n" +
+	"\vapi_address\x18\x02 \x01(\tR\n" +
+	"apiAddress\"_\n" +
 	"\rCreateSession\x12\x15\n" +
 	"\x06ttl_ns\x18\x01 \x01(\x03R\x05ttlNs\x12\x14\n" +
 	"\x05owner\x18\x02 \x01(\tR\x05owner\x12!\n" +
@@ -1324,7 +1408,7 @@ const file_fsmpb_fsm_proto_rawDesc = "" +
 	"\bmax_keys\x18\x04 \x01(\x04R\amaxKeys\"I\n" +
 	"\bKVDelete\x12\x10\n" +
 	"\x03key\x18\x01 \x01(\tR\x03key\x12+\n" +
-	"\x05fence\x18\x02 \x01(\v2\x15.fence.fsm.v1.KVFenceR\x05fence\"\xf3\x01\n" +
+	"\x05fence\x18\x02 \x01(\v2\x15.fence.fsm.v1.KVFenceR\x05fence\"\xa5\x02\n" +
 	"\bSnapshot\x12\x1d\n" +
 	"\n" +
 	"last_token\x18\x01 \x01(\x04R\tlastToken\x12&\n" +
@@ -1333,7 +1417,8 @@ const file_fsmpb_fsm_proto_rawDesc = "" +
 	"\x05locks\x18\x04 \x03(\v2\x12.fence.fsm.v1.LockR\x05locks\x12\x1f\n" +
 	"\vkv_revision\x18\x05 \x01(\x04R\n" +
 	"kvRevision\x12\"\n" +
-	"\x03kvs\x18\x06 \x03(\v2\x10.fence.fsm.v1.KVR\x03kvs\"\xfb\x01\n" +
+	"\x03kvs\x18\x06 \x03(\v2\x10.fence.fsm.v1.KVR\x03kvs\x120\n" +
+	"\x05nodes\x18\a \x03(\v2\x1a.fence.fsm.v1.RegisterNodeR\x05nodes\"\xfb\x01\n" +
 	"\x02KV\x12\x10\n" +
 	"\x03key\x18\x01 \x01(\tR\x03key\x12\x14\n" +
 	"\x05value\x18\x02 \x01(\fR\x05value\x12\x14\n" +
@@ -1377,48 +1462,51 @@ func file_fsmpb_fsm_proto_rawDescGZIP() []byte {
 	return file_fsmpb_fsm_proto_rawDescData
 }
 
-var file_fsmpb_fsm_proto_msgTypes = make([]protoimpl.MessageInfo, 17)
+var file_fsmpb_fsm_proto_msgTypes = make([]protoimpl.MessageInfo, 18)
 var file_fsmpb_fsm_proto_goTypes = []any{
 	(*Command)(nil),        // 0: fence.fsm.v1.Command
-	(*CreateSession)(nil),  // 1: fence.fsm.v1.CreateSession
-	(*CloseSession)(nil),   // 2: fence.fsm.v1.CloseSession
-	(*ExpireSessions)(nil), // 3: fence.fsm.v1.ExpireSessions
-	(*Acquire)(nil),        // 4: fence.fsm.v1.Acquire
-	(*CancelWait)(nil),     // 5: fence.fsm.v1.CancelWait
-	(*Release)(nil),        // 6: fence.fsm.v1.Release
-	(*LiftDelay)(nil),      // 7: fence.fsm.v1.LiftDelay
-	(*KVFence)(nil),        // 8: fence.fsm.v1.KVFence
-	(*KVPut)(nil),          // 9: fence.fsm.v1.KVPut
-	(*KVDelete)(nil),       // 10: fence.fsm.v1.KVDelete
-	(*Snapshot)(nil),       // 11: fence.fsm.v1.Snapshot
-	(*KV)(nil),             // 12: fence.fsm.v1.KV
-	(*Session)(nil),        // 13: fence.fsm.v1.Session
-	(*Lock)(nil),           // 14: fence.fsm.v1.Lock
-	(*Holder)(nil),         // 15: fence.fsm.v1.Holder
-	(*Waiter)(nil),         // 16: fence.fsm.v1.Waiter
+	(*RegisterNode)(nil),   // 1: fence.fsm.v1.RegisterNode
+	(*CreateSession)(nil),  // 2: fence.fsm.v1.CreateSession
+	(*CloseSession)(nil),   // 3: fence.fsm.v1.CloseSession
+	(*ExpireSessions)(nil), // 4: fence.fsm.v1.ExpireSessions
+	(*Acquire)(nil),        // 5: fence.fsm.v1.Acquire
+	(*CancelWait)(nil),     // 6: fence.fsm.v1.CancelWait
+	(*Release)(nil),        // 7: fence.fsm.v1.Release
+	(*LiftDelay)(nil),      // 8: fence.fsm.v1.LiftDelay
+	(*KVFence)(nil),        // 9: fence.fsm.v1.KVFence
+	(*KVPut)(nil),          // 10: fence.fsm.v1.KVPut
+	(*KVDelete)(nil),       // 11: fence.fsm.v1.KVDelete
+	(*Snapshot)(nil),       // 12: fence.fsm.v1.Snapshot
+	(*KV)(nil),             // 13: fence.fsm.v1.KV
+	(*Session)(nil),        // 14: fence.fsm.v1.Session
+	(*Lock)(nil),           // 15: fence.fsm.v1.Lock
+	(*Holder)(nil),         // 16: fence.fsm.v1.Holder
+	(*Waiter)(nil),         // 17: fence.fsm.v1.Waiter
 }
 var file_fsmpb_fsm_proto_depIdxs = []int32{
-	1,  // 0: fence.fsm.v1.Command.create_session:type_name -> fence.fsm.v1.CreateSession
-	2,  // 1: fence.fsm.v1.Command.close_session:type_name -> fence.fsm.v1.CloseSession
-	3,  // 2: fence.fsm.v1.Command.expire_sessions:type_name -> fence.fsm.v1.ExpireSessions
-	4,  // 3: fence.fsm.v1.Command.acquire:type_name -> fence.fsm.v1.Acquire
-	5,  // 4: fence.fsm.v1.Command.cancel_wait:type_name -> fence.fsm.v1.CancelWait
-	6,  // 5: fence.fsm.v1.Command.release:type_name -> fence.fsm.v1.Release
-	7,  // 6: fence.fsm.v1.Command.lift_delay:type_name -> fence.fsm.v1.LiftDelay
-	9,  // 7: fence.fsm.v1.Command.kv_put:type_name -> fence.fsm.v1.KVPut
-	10, // 8: fence.fsm.v1.Command.kv_delete:type_name -> fence.fsm.v1.KVDelete
-	8,  // 9: fence.fsm.v1.KVPut.fence:type_name -> fence.fsm.v1.KVFence
-	8,  // 10: fence.fsm.v1.KVDelete.fence:type_name -> fence.fsm.v1.KVFence
-	13, // 11: fence.fsm.v1.Snapshot.sessions:type_name -> fence.fsm.v1.Session
-	14, // 12: fence.fsm.v1.Snapshot.locks:type_name -> fence.fsm.v1.Lock
-	12, // 13: fence.fsm.v1.Snapshot.kvs:type_name -> fence.fsm.v1.KV
-	15, // 14: fence.fsm.v1.Lock.holders:type_name -> fence.fsm.v1.Holder
-	16, // 15: fence.fsm.v1.Lock.waiters:type_name -> fence.fsm.v1.Waiter
-	16, // [16:16] is the sub-list for method output_type
-	16, // [16:16] is the sub-list for method input_type
-	16, // [16:16] is the sub-list for extension type_name
-	16, // [16:16] is the sub-list for extension extendee
-	0,  // [0:16] is the sub-list for field type_name
+	2,  // 0: fence.fsm.v1.Command.create_session:type_name -> fence.fsm.v1.CreateSession
+	3,  // 1: fence.fsm.v1.Command.close_session:type_name -> fence.fsm.v1.CloseSession
+	4,  // 2: fence.fsm.v1.Command.expire_sessions:type_name -> fence.fsm.v1.ExpireSessions
+	5,  // 3: fence.fsm.v1.Command.acquire:type_name -> fence.fsm.v1.Acquire
+	6,  // 4: fence.fsm.v1.Command.cancel_wait:type_name -> fence.fsm.v1.CancelWait
+	7,  // 5: fence.fsm.v1.Command.release:type_name -> fence.fsm.v1.Release
+	8,  // 6: fence.fsm.v1.Command.lift_delay:type_name -> fence.fsm.v1.LiftDelay
+	10, // 7: fence.fsm.v1.Command.kv_put:type_name -> fence.fsm.v1.KVPut
+	11, // 8: fence.fsm.v1.Command.kv_delete:type_name -> fence.fsm.v1.KVDelete
+	1,  // 9: fence.fsm.v1.Command.register_node:type_name -> fence.fsm.v1.RegisterNode
+	9,  // 10: fence.fsm.v1.KVPut.fence:type_name -> fence.fsm.v1.KVFence
+	9,  // 11: fence.fsm.v1.KVDelete.fence:type_name -> fence.fsm.v1.KVFence
+	14, // 12: fence.fsm.v1.Snapshot.sessions:type_name -> fence.fsm.v1.Session
+	15, // 13: fence.fsm.v1.Snapshot.locks:type_name -> fence.fsm.v1.Lock
+	13, // 14: fence.fsm.v1.Snapshot.kvs:type_name -> fence.fsm.v1.KV
+	1,  // 15: fence.fsm.v1.Snapshot.nodes:type_name -> fence.fsm.v1.RegisterNode
+	16, // 16: fence.fsm.v1.Lock.holders:type_name -> fence.fsm.v1.Holder
+	17, // 17: fence.fsm.v1.Lock.waiters:type_name -> fence.fsm.v1.Waiter
+	18, // [18:18] is the sub-list for method output_type
+	18, // [18:18] is the sub-list for method input_type
+	18, // [18:18] is the sub-list for extension type_name
+	18, // [18:18] is the sub-list for extension extendee
+	0,  // [0:18] is the sub-list for field type_name
 }
 
 func init() { file_fsmpb_fsm_proto_init() }
@@ -1436,15 +1524,16 @@ func file_fsmpb_fsm_proto_init() {
 		(*Command_LiftDelay)(nil),
 		(*Command_KvPut)(nil),
 		(*Command_KvDelete)(nil),
+		(*Command_RegisterNode)(nil),
 	}
-	file_fsmpb_fsm_proto_msgTypes[8].OneofWrappers = []any{}
+	file_fsmpb_fsm_proto_msgTypes[9].OneofWrappers = []any{}
 	type x struct{}
 	out := protoimpl.TypeBuilder{
 		File: protoimpl.DescBuilder{
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_fsmpb_fsm_proto_rawDesc), len(file_fsmpb_fsm_proto_rawDesc)),
 			NumEnums:      0,
-			NumMessages:   17,
+			NumMessages:   18,
 			NumExtensions: 0,
 			NumServices:   0,
 		},
