@@ -1,14 +1,19 @@
 package cli
 
 import (
+	"context"
 	"encoding/json"
 	"fmt"
 	"strings"
 	"text/tabwriter"
+	"time"
 
 	"github.com/spf13/cobra"
 	"google.golang.org/protobuf/encoding/protojson"
 	"google.golang.org/protobuf/proto"
+
+	fencev1 "github.com/fencelock/fence/api/fence/v1"
+	"github.com/fencelock/fence/client"
 )
 
 func printJSON(g *globals, m proto.Message) error {
@@ -83,7 +88,7 @@ func statusCommand(g *globals) *cobra.Command {
 	var asJSON bool
 	cmd := &cobra.Command{
 		Use:   "status",
-		Short: "Show the node, its raft group and the replicated state",
+		Short: "Show the raft group: members, leader, terms, indexes, each node's health",
 		Args:  cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			c, err := g.client()
@@ -95,28 +100,120 @@ func statusCommand(g *globals) *cobra.Command {
 			if err != nil {
 				return err
 			}
+			nodes := nodeStatuses(cmd.Context(), c, st)
 			if asJSON {
-				return printJSON(g, st)
+				return printStatusJSON(g, st, nodes)
 			}
 			w := tabwriter.NewWriter(g.stdout, 0, 4, 2, ' ', 0)
-			fmt.Fprintf(w, "node\t%s (%s)\n", st.GetNodeId(), st.GetState())
-			fmt.Fprintf(w, "leader\t%s %s\n", st.GetLeaderId(), st.GetLeaderAddress())
-			fmt.Fprintf(w, "term\t%d\n", st.GetTerm())
-			fmt.Fprintf(w, "index\tlast %d, commit %d, applied %d\n", st.GetLastIndex(), st.GetCommitIndex(), st.GetAppliedIndex())
+			fmt.Fprintf(w, "leader\t%s %s\n", orDash(st.GetLeaderId()), leaderAPI(st))
 			fmt.Fprintf(w, "last token\t%d\n", st.GetLastToken())
 			fmt.Fprintf(w, "sessions\t%d\n", st.GetSessions())
 			fmt.Fprintf(w, "locks\t%d\n", st.GetLocks())
-			for _, m := range st.GetMembers() {
-				role := "voter"
-				if !m.GetVoter() {
-					role = "nonvoter"
-				}
-				fmt.Fprintf(w, "member\t%s %s %s\n", m.GetId(), m.GetRaftAddress(), role)
-			}
 			fmt.Fprintf(w, "version\t%s\n", st.GetVersion())
+			w.Flush()
+			fmt.Fprintln(g.stdout)
+			w = tabwriter.NewWriter(g.stdout, 0, 4, 2, ' ', 0)
+			fmt.Fprintln(w, "NODE\tAPI\tRAFT\tSTATE\tTERM\tLAST\tCOMMIT\tAPPLIED\tHEALTH")
+			for _, n := range nodes {
+				if n.err != nil {
+					fmt.Fprintf(w, "%s\t%s\t%s\t-\t-\t-\t-\t-\tunreachable: %v\n", n.id, orDash(n.api), n.raft, n.err)
+					continue
+				}
+				s := n.status
+				fmt.Fprintf(w, "%s\t%s\t%s\t%s\t%d\t%d\t%d\t%d\tok\n", s.GetNodeId(), orDash(n.api), n.raft, s.GetState(), s.GetTerm(), s.GetLastIndex(), s.GetCommitIndex(), s.GetAppliedIndex())
+			}
 			return w.Flush()
 		},
 	}
 	cmd.Flags().BoolVar(&asJSON, "json", false, "print JSON")
 	return cmd
+}
+
+type nodeStatus struct {
+	id, api, raft string
+	status        *fencev1.StatusResponse
+	err           error
+}
+
+// nodeStatuses asks every member whose API address is known, and every
+// configured endpoint, for its own view.
+func nodeStatuses(ctx context.Context, c *client.Client, st *fencev1.StatusResponse) []nodeStatus {
+	var out []nodeStatus
+	seen := map[string]bool{}
+	for _, m := range st.GetMembers() {
+		n := nodeStatus{id: m.GetId(), api: m.GetApiAddress(), raft: m.GetRaftAddress()}
+		if n.api == "" {
+			n.err = fmt.Errorf("API address not known yet (registered when it leads)")
+		} else {
+			seen[strings.TrimPrefix(n.api, "http://")] = true
+		}
+		out = append(out, n)
+	}
+	for _, ep := range c.Endpoints() {
+		addr := strings.TrimPrefix(ep, "http://")
+		if seen[addr] {
+			continue
+		}
+		seen[addr] = true
+		out = append(out, nodeStatus{id: "?", api: addr})
+	}
+	for i := range out {
+		if out[i].api == "" {
+			continue
+		}
+		ctx, cancel := context.WithTimeout(ctx, 2*time.Second)
+		out[i].status, out[i].err = c.StatusOf(ctx, out[i].api)
+		cancel()
+		if out[i].status != nil {
+			out[i].id = out[i].status.GetNodeId()
+		}
+	}
+	return out
+}
+
+func leaderAPI(st *fencev1.StatusResponse) string {
+	for _, m := range st.GetMembers() {
+		if m.GetId() == st.GetLeaderId() {
+			return m.GetApiAddress()
+		}
+	}
+	return ""
+}
+
+// printStatusJSON prints the Status of the node that answered, with a
+// "nodes" list of every node's own status and health.
+func printStatusJSON(g *globals, st *fencev1.StatusResponse, nodes []nodeStatus) error {
+	leader, err := protojson.MarshalOptions{EmitUnpopulated: true}.Marshal(st)
+	if err != nil {
+		return err
+	}
+	type nodeJSON struct {
+		ID     string          `json:"id"`
+		API    string          `json:"api,omitempty"`
+		Health string          `json:"health"`
+		Status json.RawMessage `json:"status,omitempty"`
+	}
+	var list []nodeJSON
+	for _, n := range nodes {
+		nj := nodeJSON{ID: n.id, API: n.api, Health: "ok"}
+		opts := protojson.MarshalOptions{EmitUnpopulated: true}
+		if n.err != nil {
+			nj.Health = n.err.Error()
+		} else if data, err := opts.Marshal(n.status); err == nil {
+			nj.Status = data
+		}
+		list = append(list, nj)
+	}
+	// The answering node's status, as the API gives it, plus every node's.
+	var out map[string]any
+	if err := json.Unmarshal(leader, &out); err != nil {
+		return err
+	}
+	out["nodes"] = list
+	data, err := json.MarshalIndent(out, "", "  ")
+	if err != nil {
+		return err
+	}
+	_, err = fmt.Fprintln(g.stdout, string(data))
+	return err
 }

@@ -88,6 +88,7 @@ func Run(ctx context.Context, args []string, stdin io.Reader, stdout, stderr io.
 		benchCommand(g),
 		kvCommand(g),
 		checkCommand(g),
+		membersCommand(g),
 		checkWorkerCommand(g),
 	)
 	err := root.ExecuteContext(ctx)

@@ -3,6 +3,7 @@ package cli
 import (
 	"fmt"
 	"log/slog"
+	"strings"
 
 	"github.com/spf13/cobra"
 
@@ -11,7 +12,10 @@ import (
 
 func serveCommand(g *globals) *cobra.Command {
 	cfg := server.DefaultConfig()
-	var logLevel string
+	var (
+		logLevel string
+		peers    string
+	)
 	cmd := &cobra.Command{
 		Use:   "serve",
 		Short: "Run a fence node (a single-node cluster by default, data in ./fence-data)",
@@ -20,6 +24,12 @@ func serveCommand(g *globals) *cobra.Command {
 			var level slog.Level
 			if err := level.UnmarshalText([]byte(logLevel)); err != nil {
 				return fmt.Errorf("--log-level: %w", err)
+			}
+			if peers != "" {
+				var err error
+				if cfg.Peers, err = parsePeers(peers); err != nil {
+					return err
+				}
 			}
 			cfg.Logger = slog.New(slog.NewTextHandler(g.stderr, &slog.HandlerOptions{Level: level}))
 			cfg.Version = Version
@@ -37,6 +47,10 @@ func serveCommand(g *globals) *cobra.Command {
 	f.StringVar(&cfg.DataDir, "data-dir", cfg.DataDir, "directory for the raft log and snapshots")
 	f.StringVar(&cfg.Listen, "listen", cfg.Listen, "API address (Connect, gRPC, JSON over HTTP, /metrics)")
 	f.StringVar(&cfg.RaftListen, "raft-listen", cfg.RaftListen, "address raft peers reach this node on")
+	f.StringVar(&cfg.Advertise, "advertise", "", "API address other nodes and clients use (default: --listen)")
+	f.StringVar(&cfg.RaftAdvertise, "raft-advertise", "", "raft address peers dial (default: --raft-listen)")
+	f.StringVar(&peers, "peers", "", "bootstrap a new group of these members: id=raft-host:port,... (this node included)")
+	f.BoolVar(&cfg.Join, "join", false, "do not bootstrap: wait to be added with fence members add")
 	f.StringVar(&cfg.LogStore, "log-store", cfg.LogStore, "raft log: wal (one fsync per batch) or bolt; fixed when the data dir is created")
 	f.StringVar(&cfg.NodeID, "node-id", cfg.NodeID, "this node's id in its raft group; keep it across restarts")
 	f.DurationVar(&cfg.DefaultTTL, "default-ttl", cfg.DefaultTTL, "session TTL when a client names none")
@@ -56,4 +70,20 @@ func serveCommand(g *globals) *cobra.Command {
 	f.Uint64Var(&cfg.SnapshotThreshold, "snapshot-threshold", cfg.SnapshotThreshold, "log entries between snapshots")
 	f.StringVar(&logLevel, "log-level", "info", "debug, info, warn or error")
 	return cmd
+}
+
+// parsePeers parses id=host:port,id=host:port.
+func parsePeers(s string) (map[string]string, error) {
+	peers := map[string]string{}
+	for _, p := range strings.Split(s, ",") {
+		id, addr, ok := strings.Cut(strings.TrimSpace(p), "=")
+		if !ok || id == "" || addr == "" {
+			return nil, fmt.Errorf("--peers: %q is not id=host:port", p)
+		}
+		if _, dup := peers[id]; dup {
+			return nil, fmt.Errorf("--peers: %s is listed twice", id)
+		}
+		peers[id] = addr
+	}
+	return peers, nil
 }

@@ -28,12 +28,13 @@ const DefaultEndpoint = "127.0.0.1:7420"
 // with backoff, for as long as their context and the retry budget allow;
 // only calls that are safe to repeat are retried.
 type Client struct {
-	opts      options
-	http      *http.Client
-	endpoints []*endpoint
+	opts  options
+	http  *http.Client
+	copts []connect.ClientOption
 
-	mu      sync.Mutex
-	current int // index of the endpoint that answered last
+	mu        sync.Mutex
+	endpoints []*endpoint // grows when a leader the client did not know is named
+	current   int         // index of the endpoint that answered last
 }
 
 type endpoint struct {
@@ -101,20 +102,25 @@ func New(opts ...Option) (*Client, error) {
 	if o.grpc {
 		copts = append(copts, connect.WithGRPC())
 	}
+	c.copts = copts
 	for _, raw := range o.endpoints {
 		url, err := endpointURL(raw)
 		if err != nil {
 			return nil, err
 		}
-		c.endpoints = append(c.endpoints, &endpoint{
-			url:      url,
-			sessions: fencev1connect.NewSessionServiceClient(c.http, url, copts...),
-			locks:    fencev1connect.NewLockServiceClient(c.http, url, copts...),
-			cluster:  fencev1connect.NewClusterServiceClient(c.http, url, copts...),
-			kv:       fencev1connect.NewKVServiceClient(c.http, url, copts...),
-		})
+		c.endpoints = append(c.endpoints, c.newEndpoint(url))
 	}
 	return c, nil
+}
+
+func (c *Client) newEndpoint(url string) *endpoint {
+	return &endpoint{
+		url:      url,
+		sessions: fencev1connect.NewSessionServiceClient(c.http, url, c.copts...),
+		locks:    fencev1connect.NewLockServiceClient(c.http, url, c.copts...),
+		cluster:  fencev1connect.NewClusterServiceClient(c.http, url, c.copts...),
+		kv:       fencev1connect.NewKVServiceClient(c.http, url, c.copts...),
+	}
 }
 
 func endpointURL(raw string) (string, error) {
@@ -150,32 +156,42 @@ func (c *Client) Close() error {
 	return nil
 }
 
-// call runs fn against the endpoint that answered last, moving to the next
-// endpoint and retrying while fn fails with ErrUnavailable. fn must be safe
-// to repeat.
+// call runs fn against the endpoint that answered last, and while fn fails
+// with ErrUnavailable it follows the leader the error names, or moves on
+// to the next endpoint, backing off once all were tried. fn must be safe to
+// repeat. The retry budget counts from the first failure of the streak, so
+// a call that waited long (a blocked Lock) still survives a leader change.
 func (c *Client) call(ctx context.Context, fn func(ctx context.Context, ep *endpoint) error) error {
-	start := c.opts.clock.Now()
+	var failingSince time.Time
 	backoff := 20 * time.Millisecond
-	c.mu.Lock()
-	i := c.current
-	c.mu.Unlock()
-	for attempt := 0; ; attempt++ {
-		ep := c.endpoints[i%len(c.endpoints)]
+	i := c.currentIndex()
+	tried, hints := 0, 0
+	for {
+		ep := c.endpointAt(i)
 		err := rpcerr.FromConnect(fn(ctx, ep))
 		if err == nil {
-			c.mu.Lock()
-			c.current = i % len(c.endpoints)
-			c.mu.Unlock()
+			c.setCurrent(ep)
 			return nil
 		}
 		if !errors.Is(err, fence.ErrUnavailable) || ctx.Err() != nil {
 			return err
 		}
+		now := c.opts.clock.Now()
+		if failingSince.IsZero() {
+			failingSince = now
+		}
+		if leader := leaderHint(err); leader != "" && hints < 3 {
+			hints++
+			if j := c.endpointFor(leader); j != i%c.numEndpoints() {
+				i = j
+				continue // go straight to the leader
+			}
+		}
 		i++
-		if i%len(c.endpoints) != 0 {
+		if tried++; tried < c.numEndpoints() {
 			continue // try the other endpoints before backing off
 		}
-		if c.opts.clock.Now().Sub(start)+backoff > c.opts.retryBudget {
+		if now.Sub(failingSince)+backoff > c.opts.retryBudget {
 			return err
 		}
 		t := c.opts.clock.NewTimer(backoff)
@@ -185,16 +201,69 @@ func (c *Client) call(ctx context.Context, fn func(ctx context.Context, ep *endp
 			return err
 		case <-t.C():
 		}
+		tried, hints = 0, 0
 		backoff = min(2*backoff, time.Second)
 	}
 }
 
-// leader returns the endpoint that answered last.
-func (c *Client) leader() *endpoint {
+// leaderHint returns the leader's API address that an Unavailable error names.
+func leaderHint(err error) string {
+	var re *rpcerr.RemoteError
+	if errors.As(err, &re) && re.Detail != nil {
+		return re.Detail.GetLeaderAddress()
+	}
+	return ""
+}
+
+func (c *Client) currentIndex() int {
 	c.mu.Lock()
 	defer c.mu.Unlock()
-	return c.endpoints[c.current]
+	return c.current
 }
+
+func (c *Client) numEndpoints() int {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return len(c.endpoints)
+}
+
+func (c *Client) endpointAt(i int) *endpoint {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return c.endpoints[i%len(c.endpoints)]
+}
+
+func (c *Client) setCurrent(ep *endpoint) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	for i, e := range c.endpoints {
+		if e == ep {
+			c.current = i
+		}
+	}
+}
+
+// endpointFor returns the index of the endpoint at addr, adding it when
+// the client did not know it: a cluster's leader may be a node the client
+// was not configured with.
+func (c *Client) endpointFor(addr string) int {
+	url, err := endpointURL(addr)
+	if err != nil {
+		return c.currentIndex()
+	}
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	for i, e := range c.endpoints {
+		if e.url == url {
+			return i
+		}
+	}
+	c.endpoints = append(c.endpoints, c.newEndpoint(url))
+	return len(c.endpoints) - 1
+}
+
+// leader returns the endpoint that answered last.
+func (c *Client) leader() *endpoint { return c.endpointAt(c.currentIndex()) }
 
 // Status describes the node at the first endpoint that answers.
 func (c *Client) Status(ctx context.Context) (*fencev1.StatusResponse, error) {
@@ -207,6 +276,48 @@ func (c *Client) Status(ctx context.Context) (*fencev1.StatusResponse, error) {
 		return err
 	})
 	return out, err
+}
+
+// AddMember adds a node, started with --join, to the raft group.
+func (c *Client) AddMember(ctx context.Context, id, raftAddress string, voter bool) error {
+	return c.call(ctx, func(ctx context.Context, ep *endpoint) error {
+		_, err := ep.cluster.AddMember(ctx, connect.NewRequest(&fencev1.AddMemberRequest{Id: id, RaftAddress: raftAddress, Nonvoter: !voter}))
+		return err
+	})
+}
+
+// RemoveMember removes a node from the raft group.
+func (c *Client) RemoveMember(ctx context.Context, id string) error {
+	return c.call(ctx, func(ctx context.Context, ep *endpoint) error {
+		_, err := ep.cluster.RemoveMember(ctx, connect.NewRequest(&fencev1.RemoveMemberRequest{Id: id}))
+		return err
+	})
+}
+
+// Endpoints returns the API addresses the client knows, the configured
+// ones first, then leaders it was pointed to.
+func (c *Client) Endpoints() []string {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	out := make([]string, len(c.endpoints))
+	for i, e := range c.endpoints {
+		out[i] = e.url
+	}
+	return out
+}
+
+// StatusOf asks one node, by API address, to describe itself, without
+// retrying elsewhere: for health checks of every member.
+func (c *Client) StatusOf(ctx context.Context, addr string) (*fencev1.StatusResponse, error) {
+	url, err := endpointURL(addr)
+	if err != nil {
+		return nil, err
+	}
+	resp, err := fencev1connect.NewClusterServiceClient(c.http, url, c.copts...).Status(ctx, connect.NewRequest(&fencev1.StatusRequest{}))
+	if err != nil {
+		return nil, rpcerr.FromConnect(err)
+	}
+	return resp.Msg, nil
 }
 
 // LockInfo describes a lock: its holders and its queue.

@@ -2,6 +2,7 @@ package client
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"sync"
 	"time"
@@ -11,6 +12,7 @@ import (
 
 	"github.com/fencelock/fence"
 	fencev1 "github.com/fencelock/fence/api/fence/v1"
+	"github.com/fencelock/fence/internal/rpcerr"
 )
 
 // Grant is a held lock: its name, its fencing token, and a context that
@@ -165,8 +167,13 @@ func (m *Mutex) Unlock(ctx context.Context) error {
 		return fmt.Errorf("%w: mutex %q is not locked", fence.ErrNotHolder, m.name)
 	}
 	g.cancel(errReleased)
+	attempts := 0
 	return m.s.client.call(ctx, func(ctx context.Context, ep *endpoint) error {
+		attempts++
 		_, err := ep.locks.Release(ctx, connect.NewRequest(&fencev1.ReleaseRequest{SessionId: m.s.id, Lock: m.name, Token: g.token}))
+		if attempts > 1 && errors.Is(rpcerr.FromConnect(err), fence.ErrNotHolder) {
+			return nil // an earlier attempt, whose answer was lost, released it
+		}
 		return err
 	})
 }

@@ -7,6 +7,8 @@ import (
 	"net"
 	"time"
 
+	"github.com/hashicorp/raft"
+
 	"github.com/fencelock/fence/internal/clock"
 )
 
@@ -21,8 +23,24 @@ type Config struct {
 	// Listen is the API address: Connect, gRPC and JSON over HTTP, plus
 	// /metrics and /healthz. Port 0 picks a free port (see Server.Addr).
 	Listen string
-	// RaftListen is the address raft peers reach this node on.
+	// Advertise is the API address other nodes and clients use to reach
+	// this node (default: the address Listen bound).
+	Advertise string
+	// RaftListen is the address raft binds.
 	RaftListen string
+	// RaftAdvertise is the address raft peers dial (default: RaftListen).
+	RaftAdvertise string
+	// Peers, for a static bootstrap of a new group: every member's id and
+	// raft address, this node's included. Empty bootstraps a single node.
+	// Ignored once the data dir holds raft state.
+	Peers map[string]string
+	// Join starts the node without bootstrapping, to be added to an
+	// existing group with AddMember (fence members add).
+	Join bool
+	// RaftAddressProvider, when set, maps a peer's id to the address this
+	// node dials, overriding the address in the raft configuration (for
+	// address translation, and for tests that cut links).
+	RaftAddressProvider raft.ServerAddressProvider
 	// LogStore is where the raft log lives: LogStoreWAL (default) or
 	// LogStoreBolt. A data dir keeps the store it was created with.
 	LogStore string
@@ -93,8 +111,8 @@ func DefaultConfig() Config {
 		MaxKeys:           1_000_000,
 		MaxWatchers:       10_000,
 		ApplyTimeout:      10 * time.Second,
-		HeartbeatTimeout:  time.Second,
-		ElectionTimeout:   time.Second,
+		HeartbeatTimeout:  500 * time.Millisecond,
+		ElectionTimeout:   500 * time.Millisecond,
 		SnapshotThreshold: 8192,
 		SnapshotInterval:  30 * time.Second,
 		Clock:             clock.Real,
@@ -116,6 +134,15 @@ func (c Config) Validate() error {
 	check(err == nil, "listen address %q: want host:port", c.Listen)
 	_, _, err = net.SplitHostPort(c.RaftListen)
 	check(err == nil, "raft listen address %q: want host:port", c.RaftListen)
+	if len(c.Peers) > 0 {
+		_, self := c.Peers[c.NodeID]
+		check(self, "peers %v do not include this node %q", c.Peers, c.NodeID)
+		check(!c.Join, "a node either bootstraps with peers or joins, not both")
+		for id, addr := range c.Peers {
+			_, _, err := net.SplitHostPort(addr)
+			check(id != "" && err == nil, "peer %q=%q: want id=host:port", id, addr)
+		}
+	}
 	check(c.LogStore == LogStoreWAL || c.LogStore == LogStoreBolt, "log store %q: want %q or %q", c.LogStore, LogStoreWAL, LogStoreBolt)
 	check(c.MinTTL > 0, "min TTL %v must be positive", c.MinTTL)
 	check(c.MinTTL <= c.DefaultTTL && c.DefaultTTL <= c.MaxTTL, "default TTL %v must lie within %v..%v", c.DefaultTTL, c.MinTTL, c.MaxTTL)

@@ -272,10 +272,14 @@ func (s *Server) Status(ctx context.Context, req *connect.Request[fencev1.Status
 		out.Sessions = uint64(st.NumSessions())
 		out.Locks = uint64(st.NumLocks())
 	})
-	if f := r.GetConfiguration(); f.Error() == nil {
-		for _, srv := range f.Configuration().Servers {
-			out.Members = append(out.Members, &fencev1.Member{Id: string(srv.ID), RaftAddress: string(srv.Address), Voter: srv.Suffrage == raft.Voter})
+	apis := map[string]string{}
+	s.fsm.Read(func(st *fsm.State) {
+		for _, n := range st.Nodes() {
+			apis[n[0]] = n[1]
 		}
+	})
+	for _, srv := range s.members() {
+		out.Members = append(out.Members, &fencev1.Member{Id: string(srv.ID), RaftAddress: string(srv.Address), Voter: srv.Suffrage == raft.Voter, ApiAddress: apis[string(srv.ID)]})
 	}
 	return connect.NewResponse(out), nil
 }

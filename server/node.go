@@ -8,6 +8,7 @@ import (
 	"net"
 	"os"
 	"path/filepath"
+	"sort"
 	"time"
 
 	"github.com/hashicorp/go-hclog"
@@ -78,18 +79,23 @@ func openNode(cfg Config, f *fsm.FSM, logger *slog.Logger) (*node, error) {
 	if err != nil {
 		return fail(fmt.Errorf("opening snapshot store: %w", err))
 	}
-	tcpAddr, err := net.ResolveTCPAddr("tcp", cfg.RaftListen)
+	advertiseAddr := cfg.RaftAdvertise
+	if advertiseAddr == "" {
+		advertiseAddr = cfg.RaftListen
+	}
+	tcpAddr, err := net.ResolveTCPAddr("tcp", advertiseAddr)
 	if err != nil {
-		return fail(fmt.Errorf("raft listen address: %w", err))
+		return fail(fmt.Errorf("raft advertise address: %w", err))
 	}
 	var advertise net.Addr // nil: the transport advertises the port it bound
 	if tcpAddr.Port != 0 {
 		advertise = tcpAddr
 	}
 	n.transport, err = raft.NewTCPTransportWithConfig(cfg.RaftListen, advertise, &raft.NetworkTransportConfig{
-		MaxPool: 3,
-		Timeout: 10 * time.Second,
-		Logger:  hlog,
+		ServerAddressProvider: cfg.RaftAddressProvider,
+		MaxPool:               3,
+		Timeout:               10 * time.Second,
+		Logger:                hlog,
 	})
 	if err != nil {
 		return fail(fmt.Errorf("raft transport on %s: %w", cfg.RaftListen, err))
@@ -114,14 +120,8 @@ func openNode(cfg Config, f *fsm.FSM, logger *slog.Logger) (*node, error) {
 	if err != nil {
 		return fail(err)
 	}
-	if !exists {
-		// A single node is a one-member raft group, bootstrapped on first start.
-		boot := raft.Configuration{Servers: []raft.Server{{
-			Suffrage: raft.Voter,
-			ID:       rc.LocalID,
-			Address:  n.transport.LocalAddr(),
-		}}}
-		if err := raft.BootstrapCluster(rc, logs, store, snaps, n.transport, boot); err != nil {
+	if !exists && !cfg.Join {
+		if err := raft.BootstrapCluster(rc, logs, store, snaps, n.transport, bootConfiguration(cfg, n.transport.LocalAddr())); err != nil {
 			return fail(fmt.Errorf("bootstrapping: %w", err))
 		}
 	}
@@ -130,6 +130,25 @@ func openNode(cfg Config, f *fsm.FSM, logger *slog.Logger) (*node, error) {
 		return fail(fmt.Errorf("starting raft: %w", err))
 	}
 	return n, nil
+}
+
+// bootConfiguration is the first configuration of a new group: the static
+// peers, or this node alone. A single node is a one-member raft group, so
+// that growing it later takes the same path.
+func bootConfiguration(cfg Config, self raft.ServerAddress) raft.Configuration {
+	if len(cfg.Peers) == 0 {
+		return raft.Configuration{Servers: []raft.Server{{Suffrage: raft.Voter, ID: raft.ServerID(cfg.NodeID), Address: self}}}
+	}
+	ids := make([]string, 0, len(cfg.Peers))
+	for id := range cfg.Peers {
+		ids = append(ids, id)
+	}
+	sort.Strings(ids)
+	var conf raft.Configuration
+	for _, id := range ids {
+		conf.Servers = append(conf.Servers, raft.Server{Suffrage: raft.Voter, ID: raft.ServerID(id), Address: raft.ServerAddress(cfg.Peers[id])})
+	}
+	return conf
 }
 
 // Log stores. Both keep raft's term and vote in raft-boltdb's raft.db.

@@ -43,8 +43,9 @@ type Server struct {
 	delays  *delayScheduler
 	metrics *metrics
 
-	ln   net.Listener
-	http *http.Server
+	ln        net.Listener
+	http      *http.Server
+	advertise string // the API address others reach this node on
 
 	// leaderReady is set while this node is the leader and has applied
 	// every entry of earlier terms.
@@ -79,6 +80,10 @@ func Start(cfg Config) (*Server, error) {
 		return nil, fmt.Errorf("listening on %s: %w", cfg.Listen, err)
 	}
 	s.ln = ln
+	s.advertise = cfg.Advertise
+	if s.advertise == "" {
+		s.advertise = ln.Addr().String()
+	}
 	s.node, err = openNode(cfg, s.fsm, logger)
 	if err != nil {
 		ln.Close()
@@ -86,9 +91,10 @@ func Start(cfg Config) (*Server, error) {
 		return nil, err
 	}
 
-	s.wg.Add(2)
+	s.wg.Add(3)
 	go s.watchLeadership()
 	go s.serveHTTP()
+	go s.registerLoop(500 * time.Millisecond)
 	logger.Info("fence node started", "node", cfg.NodeID, "listen", s.Addr(), "raft", s.node.transport.LocalAddr(), "data", cfg.DataDir)
 	return s, nil
 }
@@ -120,7 +126,7 @@ func (s *Server) handler() http.Handler {
 	opts := []connect.HandlerOption{
 		connect.WithReadMaxBytes(s.cfg.MaxRequestBytes),
 		connect.WithCodec(strictJSON{}),
-		connect.WithInterceptors(s.metrics.interceptor(), errorInterceptor{}),
+		connect.WithInterceptors(s.metrics.interceptor(), errorInterceptor{hint: s.leaderHint}),
 		connect.WithRecover(func(ctx context.Context, spec connect.Spec, _ http.Header, p any) error {
 			s.logger.Error("handler panicked", "procedure", spec.Procedure, "panic", p)
 			return connect.NewError(connect.CodeInternal, fmt.Errorf("internal error in %s", spec.Procedure))
@@ -204,6 +210,7 @@ func (s *Server) becomeLeader() {
 	s.delays.becomeLeader(delayed)
 	s.leaderReady.Store(true)
 	s.logger.Info("became leader", "node", s.cfg.NodeID)
+	s.registerSelf()
 }
 
 func (s *Server) expireSessions(ids []uint64) error {
@@ -252,23 +259,24 @@ func (o observer) Restored() {
 	s.hub.restored(s.fsm.Read)
 }
 
-// errorInterceptor maps the handlers' errors to Connect codes with details.
-type errorInterceptor struct{}
+// errorInterceptor maps the handlers' errors to Connect codes with
+// details, naming the leader's API address on Unavailable.
+type errorInterceptor struct{ hint func(error) error }
 
-func (errorInterceptor) WrapUnary(next connect.UnaryFunc) connect.UnaryFunc {
+func (i errorInterceptor) WrapUnary(next connect.UnaryFunc) connect.UnaryFunc {
 	return func(ctx context.Context, req connect.AnyRequest) (connect.AnyResponse, error) {
 		resp, err := next(ctx, req)
-		return resp, rpcerr.ToConnect(err)
+		return resp, rpcerr.ToConnect(i.hint(err))
 	}
 }
 
-func (errorInterceptor) WrapStreamingClient(next connect.StreamingClientFunc) connect.StreamingClientFunc {
+func (i errorInterceptor) WrapStreamingClient(next connect.StreamingClientFunc) connect.StreamingClientFunc {
 	return next
 }
 
-func (errorInterceptor) WrapStreamingHandler(next connect.StreamingHandlerFunc) connect.StreamingHandlerFunc {
+func (i errorInterceptor) WrapStreamingHandler(next connect.StreamingHandlerFunc) connect.StreamingHandlerFunc {
 	return func(ctx context.Context, conn connect.StreamingHandlerConn) error {
-		return rpcerr.ToConnect(next(ctx, conn))
+		return rpcerr.ToConnect(i.hint(next(ctx, conn)))
 	}
 }
 

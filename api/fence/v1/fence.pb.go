@@ -1326,10 +1326,13 @@ func (x *StatusResponse) GetMembers() []*Member {
 }
 
 type Member struct {
-	state         protoimpl.MessageState `protogen:"open.v1"`
-	Id            string                 `protobuf:"bytes,1,opt,name=id,proto3" json:"id,omitempty"`
-	RaftAddress   string                 `protobuf:"bytes,2,opt,name=raft_address,json=raftAddress,proto3" json:"raft_address,omitempty"`
-	Voter         bool                   `protobuf:"varint,3,opt,name=voter,proto3" json:"voter,omitempty"`
+	state       protoimpl.MessageState `protogen:"open.v1"`
+	Id          string                 `protobuf:"bytes,1,opt,name=id,proto3" json:"id,omitempty"`
+	RaftAddress string                 `protobuf:"bytes,2,opt,name=raft_address,json=raftAddress,proto3" json:"raft_address,omitempty"`
+	Voter       bool                   `protobuf:"varint,3,opt,name=voter,proto3" json:"voter,omitempty"`
+	// Where the member serves this API, once it has registered (a leader
+	// registers itself).
+	ApiAddress    string `protobuf:"bytes,4,opt,name=api_address,json=apiAddress,proto3" json:"api_address,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -1385,6 +1388,279 @@ func (x *Member) GetVoter() bool {
 	return false
 }
 
+func (x *Member) GetApiAddress() string {
+	if x != nil {
+		return x.ApiAddress
+	}
+	return ""
+}
+
+type AddMemberRequest struct {
+	state       protoimpl.MessageState `protogen:"open.v1"`
+	Id          string                 `protobuf:"bytes,1,opt,name=id,proto3" json:"id,omitempty"`
+	RaftAddress string                 `protobuf:"bytes,2,opt,name=raft_address,json=raftAddress,proto3" json:"raft_address,omitempty"`
+	// Add as a non-voting member: it replicates the log but does not count
+	// towards the quorum.
+	Nonvoter      bool `protobuf:"varint,3,opt,name=nonvoter,proto3" json:"nonvoter,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *AddMemberRequest) Reset() {
+	*x = AddMemberRequest{}
+	mi := &file_fence_v1_fence_proto_msgTypes[20]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *AddMemberRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*AddMemberRequest) ProtoMessage() {}
+
+func (x *AddMemberRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_fence_v1_fence_proto_msgTypes[20]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use AddMemberRequest.ProtoReflect.Descriptor instead.
+func (*AddMemberRequest) Descriptor() ([]byte, []int) {
+	return file_fence_v1_fence_proto_rawDescGZIP(), []int{20}
+}
+
+func (x *AddMemberRequest) GetId() string {
+	if x != nil {
+		return x.Id
+	}
+	return ""
+}
+
+func (x *AddMemberRequest) GetRaftAddress() string {
+	if x != nil {
+		return x.RaftAddress
+	}
+	return ""
+}
+
+func (x *AddMemberRequest) GetNonvoter() bool {
+	if x != nil {
+		return x.Nonvoter
+	}
+	return false
+}
+
+type AddMemberResponse struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *AddMemberResponse) Reset() {
+	*x = AddMemberResponse{}
+	mi := &file_fence_v1_fence_proto_msgTypes[21]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *AddMemberResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*AddMemberResponse) ProtoMessage() {}
+
+func (x *AddMemberResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_fence_v1_fence_proto_msgTypes[21]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use AddMemberResponse.ProtoReflect.Descriptor instead.
+func (*AddMemberResponse) Descriptor() ([]byte, []int) {
+	return file_fence_v1_fence_proto_rawDescGZIP(), []int{21}
+}
+
+type RemoveMemberRequest struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Id            string                 `protobuf:"bytes,1,opt,name=id,proto3" json:"id,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *RemoveMemberRequest) Reset() {
+	*x = RemoveMemberRequest{}
+	mi := &file_fence_v1_fence_proto_msgTypes[22]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *RemoveMemberRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*RemoveMemberRequest) ProtoMessage() {}
+
+func (x *RemoveMemberRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_fence_v1_fence_proto_msgTypes[22]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use RemoveMemberRequest.ProtoReflect.Descriptor instead.
+func (*RemoveMemberRequest) Descriptor() ([]byte, []int) {
+	return file_fence_v1_fence_proto_rawDescGZIP(), []int{22}
+}
+
+func (x *RemoveMemberRequest) GetId() string {
+	if x != nil {
+		return x.Id
+	}
+	return ""
+}
+
+type RemoveMemberResponse struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *RemoveMemberResponse) Reset() {
+	*x = RemoveMemberResponse{}
+	mi := &file_fence_v1_fence_proto_msgTypes[23]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *RemoveMemberResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*RemoveMemberResponse) ProtoMessage() {}
+
+func (x *RemoveMemberResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_fence_v1_fence_proto_msgTypes[23]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use RemoveMemberResponse.ProtoReflect.Descriptor instead.
+func (*RemoveMemberResponse) Descriptor() ([]byte, []int) {
+	return file_fence_v1_fence_proto_rawDescGZIP(), []int{23}
+}
+
+type RegisterNodeRequest struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Id            string                 `protobuf:"bytes,1,opt,name=id,proto3" json:"id,omitempty"`
+	ApiAddress    string                 `protobuf:"bytes,2,opt,name=api_address,json=apiAddress,proto3" json:"api_address,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *RegisterNodeRequest) Reset() {
+	*x = RegisterNodeRequest{}
+	mi := &file_fence_v1_fence_proto_msgTypes[24]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *RegisterNodeRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*RegisterNodeRequest) ProtoMessage() {}
+
+func (x *RegisterNodeRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_fence_v1_fence_proto_msgTypes[24]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use RegisterNodeRequest.ProtoReflect.Descriptor instead.
+func (*RegisterNodeRequest) Descriptor() ([]byte, []int) {
+	return file_fence_v1_fence_proto_rawDescGZIP(), []int{24}
+}
+
+func (x *RegisterNodeRequest) GetId() string {
+	if x != nil {
+		return x.Id
+	}
+	return ""
+}
+
+func (x *RegisterNodeRequest) GetApiAddress() string {
+	if x != nil {
+		return x.ApiAddress
+	}
+	return ""
+}
+
+type RegisterNodeResponse struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *RegisterNodeResponse) Reset() {
+	*x = RegisterNodeResponse{}
+	mi := &file_fence_v1_fence_proto_msgTypes[25]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *RegisterNodeResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*RegisterNodeResponse) ProtoMessage() {}
+
+func (x *RegisterNodeResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_fence_v1_fence_proto_msgTypes[25]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use RegisterNodeResponse.ProtoReflect.Descriptor instead.
+func (*RegisterNodeResponse) Descriptor() ([]byte, []int) {
+	return file_fence_v1_fence_proto_rawDescGZIP(), []int{25}
+}
+
 // Fence is how a KV write is fenced.
 type Fence struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
@@ -1405,7 +1681,7 @@ type Fence struct {
 
 func (x *Fence) Reset() {
 	*x = Fence{}
-	mi := &file_fence_v1_fence_proto_msgTypes[20]
+	mi := &file_fence_v1_fence_proto_msgTypes[26]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1417,7 +1693,7 @@ func (x *Fence) String() string {
 func (*Fence) ProtoMessage() {}
 
 func (x *Fence) ProtoReflect() protoreflect.Message {
-	mi := &file_fence_v1_fence_proto_msgTypes[20]
+	mi := &file_fence_v1_fence_proto_msgTypes[26]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1430,7 +1706,7 @@ func (x *Fence) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Fence.ProtoReflect.Descriptor instead.
 func (*Fence) Descriptor() ([]byte, []int) {
-	return file_fence_v1_fence_proto_rawDescGZIP(), []int{20}
+	return file_fence_v1_fence_proto_rawDescGZIP(), []int{26}
 }
 
 func (x *Fence) GetLock() string {
@@ -1472,7 +1748,7 @@ type PutRequest struct {
 
 func (x *PutRequest) Reset() {
 	*x = PutRequest{}
-	mi := &file_fence_v1_fence_proto_msgTypes[21]
+	mi := &file_fence_v1_fence_proto_msgTypes[27]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1484,7 +1760,7 @@ func (x *PutRequest) String() string {
 func (*PutRequest) ProtoMessage() {}
 
 func (x *PutRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_fence_v1_fence_proto_msgTypes[21]
+	mi := &file_fence_v1_fence_proto_msgTypes[27]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1497,7 +1773,7 @@ func (x *PutRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use PutRequest.ProtoReflect.Descriptor instead.
 func (*PutRequest) Descriptor() ([]byte, []int) {
-	return file_fence_v1_fence_proto_rawDescGZIP(), []int{21}
+	return file_fence_v1_fence_proto_rawDescGZIP(), []int{27}
 }
 
 func (x *PutRequest) GetKey() string {
@@ -1531,7 +1807,7 @@ type PutResponse struct {
 
 func (x *PutResponse) Reset() {
 	*x = PutResponse{}
-	mi := &file_fence_v1_fence_proto_msgTypes[22]
+	mi := &file_fence_v1_fence_proto_msgTypes[28]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1543,7 +1819,7 @@ func (x *PutResponse) String() string {
 func (*PutResponse) ProtoMessage() {}
 
 func (x *PutResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_fence_v1_fence_proto_msgTypes[22]
+	mi := &file_fence_v1_fence_proto_msgTypes[28]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1556,7 +1832,7 @@ func (x *PutResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use PutResponse.ProtoReflect.Descriptor instead.
 func (*PutResponse) Descriptor() ([]byte, []int) {
-	return file_fence_v1_fence_proto_rawDescGZIP(), []int{22}
+	return file_fence_v1_fence_proto_rawDescGZIP(), []int{28}
 }
 
 func (x *PutResponse) GetRevision() uint64 {
@@ -1584,7 +1860,7 @@ type KeyValue struct {
 
 func (x *KeyValue) Reset() {
 	*x = KeyValue{}
-	mi := &file_fence_v1_fence_proto_msgTypes[23]
+	mi := &file_fence_v1_fence_proto_msgTypes[29]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1596,7 +1872,7 @@ func (x *KeyValue) String() string {
 func (*KeyValue) ProtoMessage() {}
 
 func (x *KeyValue) ProtoReflect() protoreflect.Message {
-	mi := &file_fence_v1_fence_proto_msgTypes[23]
+	mi := &file_fence_v1_fence_proto_msgTypes[29]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1609,7 +1885,7 @@ func (x *KeyValue) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use KeyValue.ProtoReflect.Descriptor instead.
 func (*KeyValue) Descriptor() ([]byte, []int) {
-	return file_fence_v1_fence_proto_rawDescGZIP(), []int{23}
+	return file_fence_v1_fence_proto_rawDescGZIP(), []int{29}
 }
 
 func (x *KeyValue) GetKey() string {
@@ -1678,7 +1954,7 @@ type GetRequest struct {
 
 func (x *GetRequest) Reset() {
 	*x = GetRequest{}
-	mi := &file_fence_v1_fence_proto_msgTypes[24]
+	mi := &file_fence_v1_fence_proto_msgTypes[30]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1690,7 +1966,7 @@ func (x *GetRequest) String() string {
 func (*GetRequest) ProtoMessage() {}
 
 func (x *GetRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_fence_v1_fence_proto_msgTypes[24]
+	mi := &file_fence_v1_fence_proto_msgTypes[30]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1703,7 +1979,7 @@ func (x *GetRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GetRequest.ProtoReflect.Descriptor instead.
 func (*GetRequest) Descriptor() ([]byte, []int) {
-	return file_fence_v1_fence_proto_rawDescGZIP(), []int{24}
+	return file_fence_v1_fence_proto_rawDescGZIP(), []int{30}
 }
 
 func (x *GetRequest) GetKey() string {
@@ -1732,7 +2008,7 @@ type GetResponse struct {
 
 func (x *GetResponse) Reset() {
 	*x = GetResponse{}
-	mi := &file_fence_v1_fence_proto_msgTypes[25]
+	mi := &file_fence_v1_fence_proto_msgTypes[31]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1744,7 +2020,7 @@ func (x *GetResponse) String() string {
 func (*GetResponse) ProtoMessage() {}
 
 func (x *GetResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_fence_v1_fence_proto_msgTypes[25]
+	mi := &file_fence_v1_fence_proto_msgTypes[31]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1757,7 +2033,7 @@ func (x *GetResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GetResponse.ProtoReflect.Descriptor instead.
 func (*GetResponse) Descriptor() ([]byte, []int) {
-	return file_fence_v1_fence_proto_rawDescGZIP(), []int{25}
+	return file_fence_v1_fence_proto_rawDescGZIP(), []int{31}
 }
 
 func (x *GetResponse) GetFound() bool {
@@ -1791,7 +2067,7 @@ type DeleteRequest struct {
 
 func (x *DeleteRequest) Reset() {
 	*x = DeleteRequest{}
-	mi := &file_fence_v1_fence_proto_msgTypes[26]
+	mi := &file_fence_v1_fence_proto_msgTypes[32]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1803,7 +2079,7 @@ func (x *DeleteRequest) String() string {
 func (*DeleteRequest) ProtoMessage() {}
 
 func (x *DeleteRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_fence_v1_fence_proto_msgTypes[26]
+	mi := &file_fence_v1_fence_proto_msgTypes[32]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1816,7 +2092,7 @@ func (x *DeleteRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use DeleteRequest.ProtoReflect.Descriptor instead.
 func (*DeleteRequest) Descriptor() ([]byte, []int) {
-	return file_fence_v1_fence_proto_rawDescGZIP(), []int{26}
+	return file_fence_v1_fence_proto_rawDescGZIP(), []int{32}
 }
 
 func (x *DeleteRequest) GetKey() string {
@@ -1843,7 +2119,7 @@ type DeleteResponse struct {
 
 func (x *DeleteResponse) Reset() {
 	*x = DeleteResponse{}
-	mi := &file_fence_v1_fence_proto_msgTypes[27]
+	mi := &file_fence_v1_fence_proto_msgTypes[33]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1855,7 +2131,7 @@ func (x *DeleteResponse) String() string {
 func (*DeleteResponse) ProtoMessage() {}
 
 func (x *DeleteResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_fence_v1_fence_proto_msgTypes[27]
+	mi := &file_fence_v1_fence_proto_msgTypes[33]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1868,7 +2144,7 @@ func (x *DeleteResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use DeleteResponse.ProtoReflect.Descriptor instead.
 func (*DeleteResponse) Descriptor() ([]byte, []int) {
-	return file_fence_v1_fence_proto_rawDescGZIP(), []int{27}
+	return file_fence_v1_fence_proto_rawDescGZIP(), []int{33}
 }
 
 func (x *DeleteResponse) GetDeleted() bool {
@@ -1897,7 +2173,7 @@ type ListRequest struct {
 
 func (x *ListRequest) Reset() {
 	*x = ListRequest{}
-	mi := &file_fence_v1_fence_proto_msgTypes[28]
+	mi := &file_fence_v1_fence_proto_msgTypes[34]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1909,7 +2185,7 @@ func (x *ListRequest) String() string {
 func (*ListRequest) ProtoMessage() {}
 
 func (x *ListRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_fence_v1_fence_proto_msgTypes[28]
+	mi := &file_fence_v1_fence_proto_msgTypes[34]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1922,7 +2198,7 @@ func (x *ListRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListRequest.ProtoReflect.Descriptor instead.
 func (*ListRequest) Descriptor() ([]byte, []int) {
-	return file_fence_v1_fence_proto_rawDescGZIP(), []int{28}
+	return file_fence_v1_fence_proto_rawDescGZIP(), []int{34}
 }
 
 func (x *ListRequest) GetPrefix() string {
@@ -1958,7 +2234,7 @@ type ListResponse struct {
 
 func (x *ListResponse) Reset() {
 	*x = ListResponse{}
-	mi := &file_fence_v1_fence_proto_msgTypes[29]
+	mi := &file_fence_v1_fence_proto_msgTypes[35]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1970,7 +2246,7 @@ func (x *ListResponse) String() string {
 func (*ListResponse) ProtoMessage() {}
 
 func (x *ListResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_fence_v1_fence_proto_msgTypes[29]
+	mi := &file_fence_v1_fence_proto_msgTypes[35]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1983,7 +2259,7 @@ func (x *ListResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListResponse.ProtoReflect.Descriptor instead.
 func (*ListResponse) Descriptor() ([]byte, []int) {
-	return file_fence_v1_fence_proto_rawDescGZIP(), []int{29}
+	return file_fence_v1_fence_proto_rawDescGZIP(), []int{35}
 }
 
 func (x *ListResponse) GetKvs() []*KeyValue {
@@ -2016,7 +2292,7 @@ type WatchRequest struct {
 
 func (x *WatchRequest) Reset() {
 	*x = WatchRequest{}
-	mi := &file_fence_v1_fence_proto_msgTypes[30]
+	mi := &file_fence_v1_fence_proto_msgTypes[36]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2028,7 +2304,7 @@ func (x *WatchRequest) String() string {
 func (*WatchRequest) ProtoMessage() {}
 
 func (x *WatchRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_fence_v1_fence_proto_msgTypes[30]
+	mi := &file_fence_v1_fence_proto_msgTypes[36]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2041,7 +2317,7 @@ func (x *WatchRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use WatchRequest.ProtoReflect.Descriptor instead.
 func (*WatchRequest) Descriptor() ([]byte, []int) {
-	return file_fence_v1_fence_proto_rawDescGZIP(), []int{30}
+	return file_fence_v1_fence_proto_rawDescGZIP(), []int{36}
 }
 
 func (x *WatchRequest) GetPrefix() string {
@@ -2062,7 +2338,7 @@ type Event struct {
 
 func (x *Event) Reset() {
 	*x = Event{}
-	mi := &file_fence_v1_fence_proto_msgTypes[31]
+	mi := &file_fence_v1_fence_proto_msgTypes[37]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2074,7 +2350,7 @@ func (x *Event) String() string {
 func (*Event) ProtoMessage() {}
 
 func (x *Event) ProtoReflect() protoreflect.Message {
-	mi := &file_fence_v1_fence_proto_msgTypes[31]
+	mi := &file_fence_v1_fence_proto_msgTypes[37]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2087,7 +2363,7 @@ func (x *Event) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Event.ProtoReflect.Descriptor instead.
 func (*Event) Descriptor() ([]byte, []int) {
-	return file_fence_v1_fence_proto_rawDescGZIP(), []int{31}
+	return file_fence_v1_fence_proto_rawDescGZIP(), []int{37}
 }
 
 func (x *Event) GetType() EventType {
@@ -2113,7 +2389,7 @@ type WatchResponse struct {
 
 func (x *WatchResponse) Reset() {
 	*x = WatchResponse{}
-	mi := &file_fence_v1_fence_proto_msgTypes[32]
+	mi := &file_fence_v1_fence_proto_msgTypes[38]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2125,7 +2401,7 @@ func (x *WatchResponse) String() string {
 func (*WatchResponse) ProtoMessage() {}
 
 func (x *WatchResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_fence_v1_fence_proto_msgTypes[32]
+	mi := &file_fence_v1_fence_proto_msgTypes[38]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2138,7 +2414,7 @@ func (x *WatchResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use WatchResponse.ProtoReflect.Descriptor instead.
 func (*WatchResponse) Descriptor() ([]byte, []int) {
-	return file_fence_v1_fence_proto_rawDescGZIP(), []int{32}
+	return file_fence_v1_fence_proto_rawDescGZIP(), []int{38}
 }
 
 func (x *WatchResponse) GetEvents() []*Event {
@@ -2165,7 +2441,7 @@ type ErrorDetail struct {
 
 func (x *ErrorDetail) Reset() {
 	*x = ErrorDetail{}
-	mi := &file_fence_v1_fence_proto_msgTypes[33]
+	mi := &file_fence_v1_fence_proto_msgTypes[39]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2177,7 +2453,7 @@ func (x *ErrorDetail) String() string {
 func (*ErrorDetail) ProtoMessage() {}
 
 func (x *ErrorDetail) ProtoReflect() protoreflect.Message {
-	mi := &file_fence_v1_fence_proto_msgTypes[33]
+	mi := &file_fence_v1_fence_proto_msgTypes[39]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2190,7 +2466,7 @@ func (x *ErrorDetail) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ErrorDetail.ProtoReflect.Descriptor instead.
 func (*ErrorDetail) Descriptor() ([]byte, []int) {
-	return file_fence_v1_fence_proto_rawDescGZIP(), []int{33}
+	return file_fence_v1_fence_proto_rawDescGZIP(), []int{39}
 }
 
 func (x *ErrorDetail) GetReason() Reason {
@@ -2321,11 +2597,26 @@ const file_fence_v1_fence_proto_rawDesc = "" +
 	" \x01(\x04R\bsessions\x12\x14\n" +
 	"\x05locks\x18\v \x01(\x04R\x05locks\x12\x18\n" +
 	"\aversion\x18\f \x01(\tR\aversion\x12*\n" +
-	"\amembers\x18\r \x03(\v2\x10.fence.v1.MemberR\amembers\"Q\n" +
+	"\amembers\x18\r \x03(\v2\x10.fence.v1.MemberR\amembers\"r\n" +
 	"\x06Member\x12\x0e\n" +
 	"\x02id\x18\x01 \x01(\tR\x02id\x12!\n" +
 	"\fraft_address\x18\x02 \x01(\tR\vraftAddress\x12\x14\n" +
-	"\x05voter\x18\x03 \x01(\bR\x05voter\"\x8b\x01\n" +
+	"\x05voter\x18\x03 \x01(\bR\x05voter\x12\x1f\n" +
+	"\vapi_address\x18\x04 \x01(\tR\n" +
+	"apiAddress\"a\n" +
+	"\x10AddMemberRequest\x12\x0e\n" +
+	"\x02id\x18\x01 \x01(\tR\x02id\x12!\n" +
+	"\fraft_address\x18\x02 \x01(\tR\vraftAddress\x12\x1a\n" +
+	"\bnonvoter\x18\x03 \x01(\bR\bnonvoter\"\x13\n" +
+	"\x11AddMemberResponse\"%\n" +
+	"\x13RemoveMemberRequest\x12\x0e\n" +
+	"\x02id\x18\x01 \x01(\tR\x02id\"\x16\n" +
+	"\x14RemoveMemberResponse\"F\n" +
+	"\x13RegisterNodeRequest\x12\x0e\n" +
+	"\x02id\x18\x01 \x01(\tR\x02id\x12\x1f\n" +
+	"\vapi_address\x18\x02 \x01(\tR\n" +
+	"apiAddress\"\x16\n" +
+	"\x14RegisterNodeResponse\"\x8b\x01\n" +
 	"\x05Fence\x12\x12\n" +
 	"\x04lock\x18\x01 \x01(\tR\x04lock\x12\x14\n" +
 	"\x05token\x18\x02 \x01(\x04R\x05token\x12\x16\n" +
@@ -2418,9 +2709,12 @@ const file_fence_v1_fence_proto_rawDesc = "" +
 	"\x03Get\x12\x14.fence.v1.GetRequest\x1a\x15.fence.v1.GetResponse\"\x00\x12=\n" +
 	"\x06Delete\x12\x17.fence.v1.DeleteRequest\x1a\x18.fence.v1.DeleteResponse\"\x00\x127\n" +
 	"\x04List\x12\x15.fence.v1.ListRequest\x1a\x16.fence.v1.ListResponse\"\x00\x12<\n" +
-	"\x05Watch\x12\x16.fence.v1.WatchRequest\x1a\x17.fence.v1.WatchResponse\"\x000\x012O\n" +
+	"\x05Watch\x12\x16.fence.v1.WatchRequest\x1a\x17.fence.v1.WatchResponse\"\x000\x012\xb9\x02\n" +
 	"\x0eClusterService\x12=\n" +
-	"\x06Status\x12\x17.fence.v1.StatusRequest\x1a\x18.fence.v1.StatusResponse\"\x00B1Z/github.com/fencelock/fence/api/fence/v1;fencev1b\x06proto3"
+	"\x06Status\x12\x17.fence.v1.StatusRequest\x1a\x18.fence.v1.StatusResponse\"\x00\x12F\n" +
+	"\tAddMember\x12\x1a.fence.v1.AddMemberRequest\x1a\x1b.fence.v1.AddMemberResponse\"\x00\x12O\n" +
+	"\fRemoveMember\x12\x1d.fence.v1.RemoveMemberRequest\x1a\x1e.fence.v1.RemoveMemberResponse\"\x00\x12O\n" +
+	"\fRegisterNode\x12\x1d.fence.v1.RegisterNodeRequest\x1a\x1e.fence.v1.RegisterNodeResponse\"\x00B1Z/github.com/fencelock/fence/api/fence/v1;fencev1b\x06proto3"
 
 var (
 	file_fence_v1_fence_proto_rawDescOnce sync.Once
@@ -2435,7 +2729,7 @@ func file_fence_v1_fence_proto_rawDescGZIP() []byte {
 }
 
 var file_fence_v1_fence_proto_enumTypes = make([]protoimpl.EnumInfo, 3)
-var file_fence_v1_fence_proto_msgTypes = make([]protoimpl.MessageInfo, 34)
+var file_fence_v1_fence_proto_msgTypes = make([]protoimpl.MessageInfo, 40)
 var file_fence_v1_fence_proto_goTypes = []any{
 	(Mode)(0),                     // 0: fence.v1.Mode
 	(EventType)(0),                // 1: fence.v1.EventType
@@ -2460,29 +2754,35 @@ var file_fence_v1_fence_proto_goTypes = []any{
 	(*StatusRequest)(nil),         // 20: fence.v1.StatusRequest
 	(*StatusResponse)(nil),        // 21: fence.v1.StatusResponse
 	(*Member)(nil),                // 22: fence.v1.Member
-	(*Fence)(nil),                 // 23: fence.v1.Fence
-	(*PutRequest)(nil),            // 24: fence.v1.PutRequest
-	(*PutResponse)(nil),           // 25: fence.v1.PutResponse
-	(*KeyValue)(nil),              // 26: fence.v1.KeyValue
-	(*GetRequest)(nil),            // 27: fence.v1.GetRequest
-	(*GetResponse)(nil),           // 28: fence.v1.GetResponse
-	(*DeleteRequest)(nil),         // 29: fence.v1.DeleteRequest
-	(*DeleteResponse)(nil),        // 30: fence.v1.DeleteResponse
-	(*ListRequest)(nil),           // 31: fence.v1.ListRequest
-	(*ListResponse)(nil),          // 32: fence.v1.ListResponse
-	(*WatchRequest)(nil),          // 33: fence.v1.WatchRequest
-	(*Event)(nil),                 // 34: fence.v1.Event
-	(*WatchResponse)(nil),         // 35: fence.v1.WatchResponse
-	(*ErrorDetail)(nil),           // 36: fence.v1.ErrorDetail
-	(*durationpb.Duration)(nil),   // 37: google.protobuf.Duration
+	(*AddMemberRequest)(nil),      // 23: fence.v1.AddMemberRequest
+	(*AddMemberResponse)(nil),     // 24: fence.v1.AddMemberResponse
+	(*RemoveMemberRequest)(nil),   // 25: fence.v1.RemoveMemberRequest
+	(*RemoveMemberResponse)(nil),  // 26: fence.v1.RemoveMemberResponse
+	(*RegisterNodeRequest)(nil),   // 27: fence.v1.RegisterNodeRequest
+	(*RegisterNodeResponse)(nil),  // 28: fence.v1.RegisterNodeResponse
+	(*Fence)(nil),                 // 29: fence.v1.Fence
+	(*PutRequest)(nil),            // 30: fence.v1.PutRequest
+	(*PutResponse)(nil),           // 31: fence.v1.PutResponse
+	(*KeyValue)(nil),              // 32: fence.v1.KeyValue
+	(*GetRequest)(nil),            // 33: fence.v1.GetRequest
+	(*GetResponse)(nil),           // 34: fence.v1.GetResponse
+	(*DeleteRequest)(nil),         // 35: fence.v1.DeleteRequest
+	(*DeleteResponse)(nil),        // 36: fence.v1.DeleteResponse
+	(*ListRequest)(nil),           // 37: fence.v1.ListRequest
+	(*ListResponse)(nil),          // 38: fence.v1.ListResponse
+	(*WatchRequest)(nil),          // 39: fence.v1.WatchRequest
+	(*Event)(nil),                 // 40: fence.v1.Event
+	(*WatchResponse)(nil),         // 41: fence.v1.WatchResponse
+	(*ErrorDetail)(nil),           // 42: fence.v1.ErrorDetail
+	(*durationpb.Duration)(nil),   // 43: google.protobuf.Duration
 }
 var file_fence_v1_fence_proto_depIdxs = []int32{
-	37, // 0: fence.v1.CreateSessionRequest.ttl:type_name -> google.protobuf.Duration
-	37, // 1: fence.v1.CreateSessionResponse.ttl:type_name -> google.protobuf.Duration
-	37, // 2: fence.v1.KeepAliveResponse.ttl:type_name -> google.protobuf.Duration
+	43, // 0: fence.v1.CreateSessionRequest.ttl:type_name -> google.protobuf.Duration
+	43, // 1: fence.v1.CreateSessionResponse.ttl:type_name -> google.protobuf.Duration
+	43, // 2: fence.v1.KeepAliveResponse.ttl:type_name -> google.protobuf.Duration
 	0,  // 3: fence.v1.AcquireRequest.mode:type_name -> fence.v1.Mode
-	37, // 4: fence.v1.AcquireRequest.wait_timeout:type_name -> google.protobuf.Duration
-	37, // 5: fence.v1.AcquireRequest.lock_delay:type_name -> google.protobuf.Duration
+	43, // 4: fence.v1.AcquireRequest.wait_timeout:type_name -> google.protobuf.Duration
+	43, // 5: fence.v1.AcquireRequest.lock_delay:type_name -> google.protobuf.Duration
 	0,  // 6: fence.v1.AcquireResponse.mode:type_name -> fence.v1.Mode
 	0,  // 7: fence.v1.Holder.mode:type_name -> fence.v1.Mode
 	0,  // 8: fence.v1.Waiter.mode:type_name -> fence.v1.Mode
@@ -2490,13 +2790,13 @@ var file_fence_v1_fence_proto_depIdxs = []int32{
 	17, // 10: fence.v1.LockInfo.waiters:type_name -> fence.v1.Waiter
 	18, // 11: fence.v1.ListLocksResponse.locks:type_name -> fence.v1.LockInfo
 	22, // 12: fence.v1.StatusResponse.members:type_name -> fence.v1.Member
-	23, // 13: fence.v1.PutRequest.fence:type_name -> fence.v1.Fence
-	26, // 14: fence.v1.GetResponse.kv:type_name -> fence.v1.KeyValue
-	23, // 15: fence.v1.DeleteRequest.fence:type_name -> fence.v1.Fence
-	26, // 16: fence.v1.ListResponse.kvs:type_name -> fence.v1.KeyValue
+	29, // 13: fence.v1.PutRequest.fence:type_name -> fence.v1.Fence
+	32, // 14: fence.v1.GetResponse.kv:type_name -> fence.v1.KeyValue
+	29, // 15: fence.v1.DeleteRequest.fence:type_name -> fence.v1.Fence
+	32, // 16: fence.v1.ListResponse.kvs:type_name -> fence.v1.KeyValue
 	1,  // 17: fence.v1.Event.type:type_name -> fence.v1.EventType
-	26, // 18: fence.v1.Event.kv:type_name -> fence.v1.KeyValue
-	34, // 19: fence.v1.WatchResponse.events:type_name -> fence.v1.Event
+	32, // 18: fence.v1.Event.kv:type_name -> fence.v1.KeyValue
+	40, // 19: fence.v1.WatchResponse.events:type_name -> fence.v1.Event
 	2,  // 20: fence.v1.ErrorDetail.reason:type_name -> fence.v1.Reason
 	3,  // 21: fence.v1.SessionService.CreateSession:input_type -> fence.v1.CreateSessionRequest
 	5,  // 22: fence.v1.SessionService.KeepAlive:input_type -> fence.v1.KeepAliveRequest
@@ -2505,27 +2805,33 @@ var file_fence_v1_fence_proto_depIdxs = []int32{
 	11, // 25: fence.v1.LockService.Release:input_type -> fence.v1.ReleaseRequest
 	13, // 26: fence.v1.LockService.Check:input_type -> fence.v1.CheckRequest
 	15, // 27: fence.v1.LockService.ListLocks:input_type -> fence.v1.ListLocksRequest
-	24, // 28: fence.v1.KVService.Put:input_type -> fence.v1.PutRequest
-	27, // 29: fence.v1.KVService.Get:input_type -> fence.v1.GetRequest
-	29, // 30: fence.v1.KVService.Delete:input_type -> fence.v1.DeleteRequest
-	31, // 31: fence.v1.KVService.List:input_type -> fence.v1.ListRequest
-	33, // 32: fence.v1.KVService.Watch:input_type -> fence.v1.WatchRequest
+	30, // 28: fence.v1.KVService.Put:input_type -> fence.v1.PutRequest
+	33, // 29: fence.v1.KVService.Get:input_type -> fence.v1.GetRequest
+	35, // 30: fence.v1.KVService.Delete:input_type -> fence.v1.DeleteRequest
+	37, // 31: fence.v1.KVService.List:input_type -> fence.v1.ListRequest
+	39, // 32: fence.v1.KVService.Watch:input_type -> fence.v1.WatchRequest
 	20, // 33: fence.v1.ClusterService.Status:input_type -> fence.v1.StatusRequest
-	4,  // 34: fence.v1.SessionService.CreateSession:output_type -> fence.v1.CreateSessionResponse
-	6,  // 35: fence.v1.SessionService.KeepAlive:output_type -> fence.v1.KeepAliveResponse
-	8,  // 36: fence.v1.SessionService.CloseSession:output_type -> fence.v1.CloseSessionResponse
-	10, // 37: fence.v1.LockService.Acquire:output_type -> fence.v1.AcquireResponse
-	12, // 38: fence.v1.LockService.Release:output_type -> fence.v1.ReleaseResponse
-	14, // 39: fence.v1.LockService.Check:output_type -> fence.v1.CheckResponse
-	19, // 40: fence.v1.LockService.ListLocks:output_type -> fence.v1.ListLocksResponse
-	25, // 41: fence.v1.KVService.Put:output_type -> fence.v1.PutResponse
-	28, // 42: fence.v1.KVService.Get:output_type -> fence.v1.GetResponse
-	30, // 43: fence.v1.KVService.Delete:output_type -> fence.v1.DeleteResponse
-	32, // 44: fence.v1.KVService.List:output_type -> fence.v1.ListResponse
-	35, // 45: fence.v1.KVService.Watch:output_type -> fence.v1.WatchResponse
-	21, // 46: fence.v1.ClusterService.Status:output_type -> fence.v1.StatusResponse
-	34, // [34:47] is the sub-list for method output_type
-	21, // [21:34] is the sub-list for method input_type
+	23, // 34: fence.v1.ClusterService.AddMember:input_type -> fence.v1.AddMemberRequest
+	25, // 35: fence.v1.ClusterService.RemoveMember:input_type -> fence.v1.RemoveMemberRequest
+	27, // 36: fence.v1.ClusterService.RegisterNode:input_type -> fence.v1.RegisterNodeRequest
+	4,  // 37: fence.v1.SessionService.CreateSession:output_type -> fence.v1.CreateSessionResponse
+	6,  // 38: fence.v1.SessionService.KeepAlive:output_type -> fence.v1.KeepAliveResponse
+	8,  // 39: fence.v1.SessionService.CloseSession:output_type -> fence.v1.CloseSessionResponse
+	10, // 40: fence.v1.LockService.Acquire:output_type -> fence.v1.AcquireResponse
+	12, // 41: fence.v1.LockService.Release:output_type -> fence.v1.ReleaseResponse
+	14, // 42: fence.v1.LockService.Check:output_type -> fence.v1.CheckResponse
+	19, // 43: fence.v1.LockService.ListLocks:output_type -> fence.v1.ListLocksResponse
+	31, // 44: fence.v1.KVService.Put:output_type -> fence.v1.PutResponse
+	34, // 45: fence.v1.KVService.Get:output_type -> fence.v1.GetResponse
+	36, // 46: fence.v1.KVService.Delete:output_type -> fence.v1.DeleteResponse
+	38, // 47: fence.v1.KVService.List:output_type -> fence.v1.ListResponse
+	41, // 48: fence.v1.KVService.Watch:output_type -> fence.v1.WatchResponse
+	21, // 49: fence.v1.ClusterService.Status:output_type -> fence.v1.StatusResponse
+	24, // 50: fence.v1.ClusterService.AddMember:output_type -> fence.v1.AddMemberResponse
+	26, // 51: fence.v1.ClusterService.RemoveMember:output_type -> fence.v1.RemoveMemberResponse
+	28, // 52: fence.v1.ClusterService.RegisterNode:output_type -> fence.v1.RegisterNodeResponse
+	37, // [37:53] is the sub-list for method output_type
+	21, // [21:37] is the sub-list for method input_type
 	21, // [21:21] is the sub-list for extension type_name
 	21, // [21:21] is the sub-list for extension extendee
 	0,  // [0:21] is the sub-list for field type_name
@@ -2536,14 +2842,14 @@ func file_fence_v1_fence_proto_init() {
 	if File_fence_v1_fence_proto != nil {
 		return
 	}
-	file_fence_v1_fence_proto_msgTypes[20].OneofWrappers = []any{}
+	file_fence_v1_fence_proto_msgTypes[26].OneofWrappers = []any{}
 	type x struct{}
 	out := protoimpl.TypeBuilder{
 		File: protoimpl.DescBuilder{
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_fence_v1_fence_proto_rawDesc), len(file_fence_v1_fence_proto_rawDesc)),
 			NumEnums:      3,
-			NumMessages:   34,
+			NumMessages:   40,
 			NumExtensions: 0,
 			NumServices:   4,
 		},

@@ -77,6 +77,15 @@ const (
 	KVServiceWatchProcedure = "/fence.v1.KVService/Watch"
 	// ClusterServiceStatusProcedure is the fully-qualified name of the ClusterService's Status RPC.
 	ClusterServiceStatusProcedure = "/fence.v1.ClusterService/Status"
+	// ClusterServiceAddMemberProcedure is the fully-qualified name of the ClusterService's AddMember
+	// RPC.
+	ClusterServiceAddMemberProcedure = "/fence.v1.ClusterService/AddMember"
+	// ClusterServiceRemoveMemberProcedure is the fully-qualified name of the ClusterService's
+	// RemoveMember RPC.
+	ClusterServiceRemoveMemberProcedure = "/fence.v1.ClusterService/RemoveMember"
+	// ClusterServiceRegisterNodeProcedure is the fully-qualified name of the ClusterService's
+	// RegisterNode RPC.
+	ClusterServiceRegisterNodeProcedure = "/fence.v1.ClusterService/RegisterNode"
 )
 
 // SessionServiceClient is a client for the fence.v1.SessionService service.
@@ -569,6 +578,15 @@ func (UnimplementedKVServiceHandler) Watch(context.Context, *connect.Request[v1.
 type ClusterServiceClient interface {
 	// Status describes this node, the leader and the replicated state.
 	Status(context.Context, *connect.Request[v1.StatusRequest]) (*connect.Response[v1.StatusResponse], error)
+	// AddMember adds a node to the raft group (on the leader). The node must
+	// have been started with --join, so that it did not bootstrap a group of
+	// its own.
+	AddMember(context.Context, *connect.Request[v1.AddMemberRequest]) (*connect.Response[v1.AddMemberResponse], error)
+	// RemoveMember removes a node from the raft group (on the leader).
+	RemoveMember(context.Context, *connect.Request[v1.RemoveMemberRequest]) (*connect.Response[v1.RemoveMemberResponse], error)
+	// RegisterNode records where a member serves this API (on the leader).
+	// Nodes call it for themselves; clients need not.
+	RegisterNode(context.Context, *connect.Request[v1.RegisterNodeRequest]) (*connect.Response[v1.RegisterNodeResponse], error)
 }
 
 // NewClusterServiceClient constructs a client for the fence.v1.ClusterService service. By default,
@@ -588,12 +606,33 @@ func NewClusterServiceClient(httpClient connect.HTTPClient, baseURL string, opts
 			connect.WithSchema(clusterServiceMethods.ByName("Status")),
 			connect.WithClientOptions(opts...),
 		),
+		addMember: connect.NewClient[v1.AddMemberRequest, v1.AddMemberResponse](
+			httpClient,
+			baseURL+ClusterServiceAddMemberProcedure,
+			connect.WithSchema(clusterServiceMethods.ByName("AddMember")),
+			connect.WithClientOptions(opts...),
+		),
+		removeMember: connect.NewClient[v1.RemoveMemberRequest, v1.RemoveMemberResponse](
+			httpClient,
+			baseURL+ClusterServiceRemoveMemberProcedure,
+			connect.WithSchema(clusterServiceMethods.ByName("RemoveMember")),
+			connect.WithClientOptions(opts...),
+		),
+		registerNode: connect.NewClient[v1.RegisterNodeRequest, v1.RegisterNodeResponse](
+			httpClient,
+			baseURL+ClusterServiceRegisterNodeProcedure,
+			connect.WithSchema(clusterServiceMethods.ByName("RegisterNode")),
+			connect.WithClientOptions(opts...),
+		),
 	}
 }
 
 // clusterServiceClient implements ClusterServiceClient.
 type clusterServiceClient struct {
-	status *connect.Client[v1.StatusRequest, v1.StatusResponse]
+	status       *connect.Client[v1.StatusRequest, v1.StatusResponse]
+	addMember    *connect.Client[v1.AddMemberRequest, v1.AddMemberResponse]
+	removeMember *connect.Client[v1.RemoveMemberRequest, v1.RemoveMemberResponse]
+	registerNode *connect.Client[v1.RegisterNodeRequest, v1.RegisterNodeResponse]
 }
 
 // Status calls fence.v1.ClusterService.Status.
@@ -601,10 +640,34 @@ func (c *clusterServiceClient) Status(ctx context.Context, req *connect.Request[
 	return c.status.CallUnary(ctx, req)
 }
 
+// AddMember calls fence.v1.ClusterService.AddMember.
+func (c *clusterServiceClient) AddMember(ctx context.Context, req *connect.Request[v1.AddMemberRequest]) (*connect.Response[v1.AddMemberResponse], error) {
+	return c.addMember.CallUnary(ctx, req)
+}
+
+// RemoveMember calls fence.v1.ClusterService.RemoveMember.
+func (c *clusterServiceClient) RemoveMember(ctx context.Context, req *connect.Request[v1.RemoveMemberRequest]) (*connect.Response[v1.RemoveMemberResponse], error) {
+	return c.removeMember.CallUnary(ctx, req)
+}
+
+// RegisterNode calls fence.v1.ClusterService.RegisterNode.
+func (c *clusterServiceClient) RegisterNode(ctx context.Context, req *connect.Request[v1.RegisterNodeRequest]) (*connect.Response[v1.RegisterNodeResponse], error) {
+	return c.registerNode.CallUnary(ctx, req)
+}
+
 // ClusterServiceHandler is an implementation of the fence.v1.ClusterService service.
 type ClusterServiceHandler interface {
 	// Status describes this node, the leader and the replicated state.
 	Status(context.Context, *connect.Request[v1.StatusRequest]) (*connect.Response[v1.StatusResponse], error)
+	// AddMember adds a node to the raft group (on the leader). The node must
+	// have been started with --join, so that it did not bootstrap a group of
+	// its own.
+	AddMember(context.Context, *connect.Request[v1.AddMemberRequest]) (*connect.Response[v1.AddMemberResponse], error)
+	// RemoveMember removes a node from the raft group (on the leader).
+	RemoveMember(context.Context, *connect.Request[v1.RemoveMemberRequest]) (*connect.Response[v1.RemoveMemberResponse], error)
+	// RegisterNode records where a member serves this API (on the leader).
+	// Nodes call it for themselves; clients need not.
+	RegisterNode(context.Context, *connect.Request[v1.RegisterNodeRequest]) (*connect.Response[v1.RegisterNodeResponse], error)
 }
 
 // NewClusterServiceHandler builds an HTTP handler from the service implementation. It returns the
@@ -620,10 +683,34 @@ func NewClusterServiceHandler(svc ClusterServiceHandler, opts ...connect.Handler
 		connect.WithSchema(clusterServiceMethods.ByName("Status")),
 		connect.WithHandlerOptions(opts...),
 	)
+	clusterServiceAddMemberHandler := connect.NewUnaryHandler(
+		ClusterServiceAddMemberProcedure,
+		svc.AddMember,
+		connect.WithSchema(clusterServiceMethods.ByName("AddMember")),
+		connect.WithHandlerOptions(opts...),
+	)
+	clusterServiceRemoveMemberHandler := connect.NewUnaryHandler(
+		ClusterServiceRemoveMemberProcedure,
+		svc.RemoveMember,
+		connect.WithSchema(clusterServiceMethods.ByName("RemoveMember")),
+		connect.WithHandlerOptions(opts...),
+	)
+	clusterServiceRegisterNodeHandler := connect.NewUnaryHandler(
+		ClusterServiceRegisterNodeProcedure,
+		svc.RegisterNode,
+		connect.WithSchema(clusterServiceMethods.ByName("RegisterNode")),
+		connect.WithHandlerOptions(opts...),
+	)
 	return "/fence.v1.ClusterService/", http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		switch r.URL.Path {
 		case ClusterServiceStatusProcedure:
 			clusterServiceStatusHandler.ServeHTTP(w, r)
+		case ClusterServiceAddMemberProcedure:
+			clusterServiceAddMemberHandler.ServeHTTP(w, r)
+		case ClusterServiceRemoveMemberProcedure:
+			clusterServiceRemoveMemberHandler.ServeHTTP(w, r)
+		case ClusterServiceRegisterNodeProcedure:
+			clusterServiceRegisterNodeHandler.ServeHTTP(w, r)
 		default:
 			http.NotFound(w, r)
 		}
@@ -635,4 +722,16 @@ type UnimplementedClusterServiceHandler struct{}
 
 func (UnimplementedClusterServiceHandler) Status(context.Context, *connect.Request[v1.StatusRequest]) (*connect.Response[v1.StatusResponse], error) {
 	return nil, connect.NewError(connect.CodeUnimplemented, errors.New("fence.v1.ClusterService.Status is not implemented"))
+}
+
+func (UnimplementedClusterServiceHandler) AddMember(context.Context, *connect.Request[v1.AddMemberRequest]) (*connect.Response[v1.AddMemberResponse], error) {
+	return nil, connect.NewError(connect.CodeUnimplemented, errors.New("fence.v1.ClusterService.AddMember is not implemented"))
+}
+
+func (UnimplementedClusterServiceHandler) RemoveMember(context.Context, *connect.Request[v1.RemoveMemberRequest]) (*connect.Response[v1.RemoveMemberResponse], error) {
+	return nil, connect.NewError(connect.CodeUnimplemented, errors.New("fence.v1.ClusterService.RemoveMember is not implemented"))
+}
+
+func (UnimplementedClusterServiceHandler) RegisterNode(context.Context, *connect.Request[v1.RegisterNodeRequest]) (*connect.Response[v1.RegisterNodeResponse], error) {
+	return nil, connect.NewError(connect.CodeUnimplemented, errors.New("fence.v1.ClusterService.RegisterNode is not implemented"))
 }

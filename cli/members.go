@@ -1,0 +1,89 @@
+package cli
+
+import (
+	"fmt"
+	"text/tabwriter"
+
+	"github.com/spf13/cobra"
+)
+
+func membersCommand(g *globals) *cobra.Command {
+	cmd := &cobra.Command{
+		Use:   "members",
+		Short: "List, add and remove the members of the raft group",
+	}
+	cmd.AddCommand(&cobra.Command{
+		Use:   "list",
+		Short: "List the members with their raft and API addresses",
+		Args:  cobra.NoArgs,
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			c, err := g.client()
+			if err != nil {
+				return err
+			}
+			defer c.Close()
+			st, err := c.Status(cmd.Context())
+			if err != nil {
+				return err
+			}
+			w := tabwriter.NewWriter(g.stdout, 0, 4, 2, ' ', 0)
+			fmt.Fprintln(w, "ID\tRAFT\tAPI\tROLE")
+			for _, m := range st.GetMembers() {
+				role := "voter"
+				if !m.GetVoter() {
+					role = "nonvoter"
+				}
+				if m.GetId() == st.GetLeaderId() {
+					role += ", leader"
+				}
+				fmt.Fprintf(w, "%s\t%s\t%s\t%s\n", m.GetId(), m.GetRaftAddress(), orDash(m.GetApiAddress()), role)
+			}
+			return w.Flush()
+		},
+	})
+	var nonvoter bool
+	add := &cobra.Command{
+		Use:   "add ID RAFT-ADDRESS",
+		Short: "Add a node started with --join",
+		Args:  cobra.ExactArgs(2),
+		RunE: func(cmd *cobra.Command, args []string) error {
+			c, err := g.client()
+			if err != nil {
+				return err
+			}
+			defer c.Close()
+			if err := c.AddMember(cmd.Context(), args[0], args[1], !nonvoter); err != nil {
+				return err
+			}
+			fmt.Fprintf(g.stdout, "added %s (%s)\n", args[0], args[1])
+			return nil
+		},
+	}
+	add.Flags().BoolVar(&nonvoter, "nonvoter", false, "replicate to it without counting it in the quorum")
+	cmd.AddCommand(add)
+	cmd.AddCommand(&cobra.Command{
+		Use:   "remove ID",
+		Short: "Remove a member",
+		Args:  cobra.ExactArgs(1),
+		RunE: func(cmd *cobra.Command, args []string) error {
+			c, err := g.client()
+			if err != nil {
+				return err
+			}
+			defer c.Close()
+			if err := c.RemoveMember(cmd.Context(), args[0]); err != nil {
+				return err
+			}
+			fmt.Fprintf(g.stdout, "removed %s\n", args[0])
+			return nil
+		},
+	})
+	return cmd
+}
+
+func orDash(s string) string {
+	if s == "" {
+		return "-"
+	}
+	return s
+}
