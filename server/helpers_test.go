@@ -44,7 +44,12 @@ func mustStart(tb testing.TB, cfg Config) *Server {
 // waitFor polls cond until it holds, failing the test after 10 s.
 func waitFor(tb testing.TB, what string, cond func() bool) {
 	tb.Helper()
-	deadline := time.Now().Add(10 * time.Second)
+	waitForWithin(tb, 10*time.Second, what, cond)
+}
+
+func waitForWithin(tb testing.TB, limit time.Duration, what string, cond func() bool) {
+	tb.Helper()
+	deadline := time.Now().Add(limit)
 	for !cond() {
 		if time.Now().After(deadline) {
 			tb.Fatalf("timed out waiting for %s", what)

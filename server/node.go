@@ -69,7 +69,7 @@ func openNode(cfg Config, f *fsm.FSM, logger *slog.Logger) (*node, error) {
 		if err != nil {
 			return fail(fmt.Errorf("opening raft log in %s: %w", cfg.DataDir, err))
 		}
-		logStore = n.wal
+		logStore = truncatedWAL{n.wal}
 	}
 	logs, err := raft.NewLogCache(1024, logStore)
 	if err != nil {
@@ -130,6 +130,24 @@ func openNode(cfg Config, f *fsm.FSM, logger *slog.Logger) (*node, error) {
 		return fail(fmt.Errorf("starting raft: %w", err))
 	}
 	return n, nil
+}
+
+// truncatedWAL hides entries that raft-wal v0.4.0 still returns after a
+// head truncation: its GetLog reads the tail segment before checking the
+// first index, so after compaction a leader was handed entries it had
+// deleted and replicated from a log with holes instead of sending its
+// snapshot. A node that came back after compaction never caught up.
+type truncatedWAL struct{ *wal.WAL }
+
+func (w truncatedWAL) GetLog(index uint64, log *raft.Log) error {
+	first, err := w.WAL.FirstIndex()
+	if err != nil {
+		return err
+	}
+	if index < first {
+		return raft.ErrLogNotFound
+	}
+	return w.WAL.GetLog(index, log)
 }
 
 // bootConfiguration is the first configuration of a new group: the static

@@ -50,6 +50,8 @@ type Server struct {
 	// leaderReady is set while this node is the leader and has applied
 	// every entry of earlier terms.
 	leaderReady atomic.Bool
+	// restores counts snapshot restores: at start, and from the leader.
+	restores atomic.Int64
 
 	done      chan struct{}
 	wg        sync.WaitGroup
@@ -91,6 +93,7 @@ func Start(cfg Config) (*Server, error) {
 		return nil, err
 	}
 
+	s.http = s.newHTTPServer()
 	s.wg.Add(3)
 	go s.watchLeadership()
 	go s.serveHTTP()
@@ -148,17 +151,20 @@ func (s *Server) handler() http.Handler {
 	return mux
 }
 
-func (s *Server) serveHTTP() {
-	defer s.wg.Done()
+func (s *Server) newHTTPServer() *http.Server {
 	var protocols http.Protocols
 	protocols.SetHTTP1(true)
 	protocols.SetUnencryptedHTTP2(true) // gRPC without TLS
-	s.http = &http.Server{
+	return &http.Server{
 		Handler:           s.handler(),
 		Protocols:         &protocols,
 		ReadHeaderTimeout: 10 * time.Second,
 		ErrorLog:          slog.NewLogLogger(s.logger.Handler(), slog.LevelWarn),
 	}
+}
+
+func (s *Server) serveHTTP() {
+	defer s.wg.Done()
 	if err := s.http.Serve(s.ln); err != nil && !errors.Is(err, http.ErrServerClosed) {
 		s.logger.Error("API server stopped", "err", err)
 	}
@@ -253,6 +259,7 @@ func (o observer) Applied(index uint64, res fsm.Result) {
 
 func (o observer) Restored() {
 	s := o.s
+	s.restores.Add(1)
 	var sessions []fsm.SessionInfo
 	s.fsm.Read(func(st *fsm.State) { sessions = st.Sessions() })
 	s.tracker.reset(sessions)

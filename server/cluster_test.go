@@ -1,0 +1,470 @@
+package server
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"net"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/hashicorp/raft"
+
+	"github.com/fencelock/fence"
+	"github.com/fencelock/fence/client"
+	"github.com/fencelock/fence/fsm"
+)
+
+// linkProxy is one direction of a raft link between two nodes: a TCP
+// proxy on loopback that a test can cut (every connection dropped, new ones
+// refused) and heal.
+type linkProxy struct {
+	ln     net.Listener
+	target string
+
+	mu    sync.Mutex
+	cut   bool
+	conns map[net.Conn]struct{}
+}
+
+func newLinkProxy(t *testing.T, target string) *linkProxy {
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	p := &linkProxy{ln: ln, target: target, conns: map[net.Conn]struct{}{}}
+	t.Cleanup(func() { ln.Close(); p.setCut(true) })
+	go p.serve()
+	return p
+}
+
+func (p *linkProxy) serve() {
+	for {
+		in, err := p.ln.Accept()
+		if err != nil {
+			return
+		}
+		p.mu.Lock()
+		cut := p.cut
+		p.mu.Unlock()
+		if cut {
+			in.Close()
+			continue
+		}
+		out, err := net.Dial("tcp", p.target)
+		if err != nil {
+			in.Close()
+			continue
+		}
+		p.track(in, out)
+		go func() { io.Copy(out, in); out.Close() }()
+		go func() { io.Copy(in, out); in.Close() }()
+	}
+}
+
+func (p *linkProxy) track(conns ...net.Conn) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	for _, c := range conns {
+		p.conns[c] = struct{}{}
+	}
+}
+
+func (p *linkProxy) setCut(cut bool) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	p.cut = cut
+	if cut {
+		for c := range p.conns {
+			c.Close()
+		}
+		p.conns = map[net.Conn]struct{}{}
+	}
+}
+
+// testCluster is a raft group of real nodes in this process, talking raft
+// over loopback TCP through a proxy per directed link.
+type testCluster struct {
+	t        *testing.T
+	reserved map[string]net.Listener // raft ports held until their node starts
+	ids      []string
+	cfgs     map[string]Config
+	nodes    map[string]*Server
+	links    map[[2]string]*linkProxy // [from, to]
+	mu       sync.Mutex
+	editCfg  func(*Config)
+}
+
+// reserve picks a raft address for id and holds its port until id starts.
+func (c *testCluster) reserve(id string) string {
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		c.t.Fatal(err)
+	}
+	c.reserved[id] = ln
+	return ln.Addr().String()
+}
+
+func startCluster(t *testing.T, n int, edit func(*Config)) *testCluster {
+	c := &testCluster{t: t, cfgs: map[string]Config{}, nodes: map[string]*Server{}, links: map[[2]string]*linkProxy{}, editCfg: edit, reserved: map[string]net.Listener{}}
+	peers := map[string]string{}
+	for i := 1; i <= n; i++ {
+		id := fmt.Sprintf("n%d", i)
+		c.ids = append(c.ids, id)
+		peers[id] = c.reserve(id)
+	}
+	for _, id := range c.ids {
+		cfg := c.baseConfig(id, peers[id])
+		cfg.Peers = peers
+		c.cfgs[id] = cfg
+	}
+	for _, id := range c.ids {
+		c.start(id)
+	}
+	c.leader()
+	return c
+}
+
+func (c *testCluster) baseConfig(id, raftAddr string) Config {
+	cfg := DefaultConfig()
+	cfg.NodeID = id
+	cfg.DataDir = c.t.TempDir()
+	cfg.Listen = "127.0.0.1:0"
+	cfg.RaftListen = raftAddr
+	cfg.HeartbeatTimeout = 300 * time.Millisecond
+	cfg.ElectionTimeout = 300 * time.Millisecond
+	cfg.ApplyTimeout = 3 * time.Second
+	from := id
+	cfg.RaftAddressProvider = addressProvider(func(to raft.ServerID) (raft.ServerAddress, error) {
+		return raft.ServerAddress(c.link(from, string(to)).ln.Addr().String()), nil
+	})
+	if c.editCfg != nil {
+		c.editCfg(&cfg)
+	}
+	return cfg
+}
+
+// link returns the proxy from one node to another, made on first use.
+func (c *testCluster) link(from, to string) *linkProxy {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	key := [2]string{from, to}
+	p, ok := c.links[key]
+	if !ok {
+		p = newLinkProxy(c.t, c.cfgs[to].RaftListen)
+		c.links[key] = p
+	}
+	return p
+}
+
+type addressProvider func(raft.ServerID) (raft.ServerAddress, error)
+
+func (f addressProvider) ServerAddr(id raft.ServerID) (raft.ServerAddress, error) { return f(id) }
+
+func (c *testCluster) start(id string) *Server {
+	c.mu.Lock()
+	if ln, ok := c.reserved[id]; ok {
+		ln.Close()
+		delete(c.reserved, id)
+	}
+	cfg := c.cfgs[id]
+	c.mu.Unlock()
+	s, err := Start(cfg)
+	if err != nil {
+		c.t.Fatalf("starting %s: %v", id, err)
+	}
+	c.t.Cleanup(func() { s.Close() })
+	c.nodes[id] = s
+	return s
+}
+
+func (c *testCluster) stop(id string) {
+	if err := c.nodes[id].Close(); err != nil {
+		c.t.Logf("closing %s: %v", id, err)
+	}
+	delete(c.nodes, id)
+}
+
+// leader waits until exactly one running node is a ready leader.
+func (c *testCluster) leader() *Server {
+	c.t.Helper()
+	var leader *Server
+	waitFor(c.t, "a ready leader", func() bool {
+		leader = nil
+		for _, s := range c.nodes {
+			if s.leaderReady.Load() {
+				if leader != nil {
+					return false
+				}
+				leader = s
+			}
+		}
+		return leader != nil
+	})
+	return leader
+}
+
+// isolate cuts every link to and from id.
+func (c *testCluster) isolate(id string, cut bool) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	for key, p := range c.links {
+		if key[0] == id || key[1] == id {
+			p.setCut(cut)
+		}
+	}
+}
+
+func (c *testCluster) endpoints(except ...string) []string {
+	var out []string
+	for _, id := range c.ids {
+		skip := false
+		for _, e := range except {
+			skip = skip || e == id
+		}
+		if s, ok := c.nodes[id]; ok && !skip {
+			out = append(out, s.Addr())
+		}
+	}
+	return out
+}
+
+func (c *testCluster) client(endpoints ...string) *client.Client {
+	if len(endpoints) == 0 {
+		endpoints = c.endpoints()
+	}
+	cl, err := client.New(client.WithEndpoints(endpoints...))
+	if err != nil {
+		c.t.Fatal(err)
+	}
+	c.t.Cleanup(func() { cl.Close() })
+	return cl
+}
+
+func lastToken(s *Server) uint64 {
+	var t uint64
+	s.fsm.Read(func(st *fsm.State) { t = st.LastToken() })
+	return t
+}
+
+// The leader goes away: a new one is elected, the holder keeps its lock
+// and its session, the waiter keeps waiting and gets the lock on release,
+// and tokens continue above every token issued before.
+func TestClusterLeaderFailover(t *testing.T) {
+	c := startCluster(t, 3, nil)
+	cl := c.client()
+	ctx := context.Background()
+	holder, err := cl.NewSession(ctx, client.WithTTL(5*time.Second))
+	if err != nil {
+		t.Fatal(err)
+	}
+	m := client.NewMutex(holder, "orders")
+	g1, err := m.Lock(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	waiter, err := cl.NewSession(ctx, client.WithTTL(5*time.Second))
+	if err != nil {
+		t.Fatal(err)
+	}
+	type result struct {
+		g   *client.Grant
+		err error
+	}
+	got := make(chan result, 1)
+	go func() {
+		g, err := client.NewMutex(waiter, "orders").Lock(ctx)
+		got <- result{g, err}
+	}()
+	waitFor(t, "the waiter to queue", func() bool {
+		locks, err := cl.Locks(ctx, "orders")
+		return err == nil && len(locks) == 1 && len(locks[0].GetWaiters()) == 1
+	})
+
+	old := c.leader()
+	before := lastToken(old)
+	c.stop(old.cfg.NodeID)
+	start := time.Now()
+	c.leader()
+	t.Logf("new leader after %v", time.Since(start).Round(time.Millisecond))
+
+	locks, err := cl.Locks(ctx, "orders")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if h := locks[0].GetHolders(); len(h) != 1 || h[0].GetToken() != g1.Token() || h[0].GetSessionId() != holder.ID() {
+		t.Fatalf("after failover holders = %v, want session %d with token %d", h, holder.ID(), g1.Token())
+	}
+	time.Sleep(2 * time.Second) // several keepalive rounds against the new leader
+	if holder.Err() != nil || g1.Err() != nil {
+		t.Fatalf("the holder lost its session across the failover: %v", holder.Err())
+	}
+	if err := m.Unlock(ctx); err != nil {
+		t.Fatal(err)
+	}
+	select {
+	case r := <-got:
+		if r.err != nil {
+			t.Fatalf("waiter: %v", r.err)
+		}
+		if r.g.Token() <= before {
+			t.Fatalf("token after failover %d is not above %d issued before", r.g.Token(), before)
+		}
+	case <-time.After(15 * time.Second):
+		t.Fatal("the waiter was not granted after the release")
+	}
+}
+
+// A leader cut off from the majority stops granting; the majority elects
+// a leader and goes on; after healing, the old leader follows and its
+// state is the majority's.
+func TestClusterPartitionedLeader(t *testing.T) {
+	c := startCluster(t, 3, nil)
+	old := c.leader()
+	oldID := old.cfg.NodeID
+	c.isolate(oldID, true)
+
+	// The old leader cannot commit: a grant asked of it fails.
+	oldClient, err := client.New(client.WithEndpoints(old.Addr()), client.WithRetryBudget(0))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer oldClient.Close()
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	if s, err := oldClient.NewSession(ctx); err == nil {
+		_, err = client.NewMutex(s, "p").Lock(ctx)
+		if err == nil {
+			t.Fatal("the partitioned old leader granted a lock")
+		}
+	}
+	waitFor(t, "the old leader to step down", func() bool { return !old.leaderReady.Load() })
+
+	majority := c.client(c.endpoints(oldID)...)
+	s, err := majority.NewSession(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	g, err := client.NewMutex(s, "p").Lock(ctx)
+	if err != nil {
+		t.Fatalf("the majority did not grant: %v", err)
+	}
+
+	c.isolate(oldID, false)
+	waitFor(t, "the old leader to catch up", func() bool {
+		return old.node.raft.State() == raft.Follower && lastToken(old) == g.Token()
+	})
+	var holders []fsm.HolderInfo
+	old.fsm.Read(func(st *fsm.State) {
+		info, _ := st.Lock("p")
+		holders = info.Holders
+	})
+	if len(holders) != 1 || holders[0].Token != g.Token() {
+		t.Fatalf("old leader's state after healing: %v, want the majority's grant %d", holders, g.Token())
+	}
+}
+
+// A node that was down while the log was compacted catches up from a
+// snapshot when it comes back.
+func TestClusterRestartedNodeCatchesUpFromSnapshot(t *testing.T) {
+	c := startCluster(t, 3, func(cfg *Config) { cfg.SnapshotThreshold = 16 })
+	leader := c.leader()
+	var down string
+	for _, id := range c.ids {
+		if id != leader.cfg.NodeID {
+			down = id
+			break
+		}
+	}
+	c.stop(down)
+	cl := c.client(c.endpoints(down)...)
+	ctx := context.Background()
+	s, err := cl.NewSession(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	m := client.NewMutex(s, "churn")
+	for range 100 {
+		if _, err := m.Lock(ctx); err != nil {
+			t.Fatal(err)
+		}
+		if err := m.Unlock(ctx); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if _, err := cl.KV().Put(ctx, "k", []byte("v")); err != nil {
+		t.Fatal(err)
+	}
+	if err := leader.node.raft.Snapshot().Error(); err != nil {
+		t.Fatal(err)
+	}
+	want := lastToken(leader)
+	restarted := c.start(down)
+	// raft backs off replication to a node that kept failing, up to tens of
+	// seconds, before it sends the snapshot.
+	start := time.Now()
+	waitForWithin(t, time.Minute, "the restarted node to catch up from a snapshot", func() bool {
+		return lastToken(restarted) == want && restarted.restores.Load() > 0
+	})
+	t.Logf("caught up from a snapshot in %v", time.Since(start).Round(time.Millisecond))
+	var kv fsm.KeyValue
+	restarted.fsm.Read(func(st *fsm.State) { kv, _ = st.Get("k") })
+	if string(kv.Value) != "v" {
+		t.Fatalf("restarted node has k = %q", kv.Value)
+	}
+}
+
+// Membership changes: a fourth node joins and catches up, a node leaves,
+// and the group keeps serving.
+func TestClusterMembership(t *testing.T) {
+	c := startCluster(t, 3, nil)
+	ctx := context.Background()
+	cl := c.client()
+	s, err := cl.NewSession(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := client.NewMutex(s, "m").Lock(ctx); err != nil {
+		t.Fatal(err)
+	}
+
+	cfg4 := c.baseConfig("n4", c.reserve("n4"))
+	cfg4.Join = true
+	c.mu.Lock()
+	c.cfgs["n4"] = cfg4
+	c.mu.Unlock()
+	c.ids = append(c.ids, "n4")
+	n4 := c.start("n4")
+	if err := cl.AddMember(ctx, "n4", cfg4.RaftListen, true); err != nil {
+		t.Fatalf("adding n4: %v", err)
+	}
+	waitFor(t, "n4 to catch up", func() bool { return lastToken(n4) == lastToken(c.leader()) })
+
+	victim := "n1"
+	if c.leader().cfg.NodeID == victim {
+		victim = "n2"
+	}
+	if err := cl.RemoveMember(ctx, victim); err != nil {
+		t.Fatalf("removing %s: %v", victim, err)
+	}
+	c.stop(victim)
+	if err := cl.RemoveMember(ctx, "no-such-node"); !errors.Is(err, fence.ErrInvalidArgument) {
+		t.Fatalf("removing an unknown member: %v", err)
+	}
+	st, err := cl.Status(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(st.GetMembers()) != 3 {
+		t.Fatalf("members after add and remove: %v", st.GetMembers())
+	}
+	s2, err := cl.NewSession(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := client.NewMutex(s2, "after").Lock(ctx); err != nil {
+		t.Fatalf("the group stopped serving: %v", err)
+	}
+}
