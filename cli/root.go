@@ -87,6 +87,7 @@ func Run(ctx context.Context, args []string, stdin io.Reader, stdout, stderr io.
 		statusCommand(g),
 		benchCommand(g),
 		kvCommand(g),
+		demoCommand(g),
 		checkCommand(g),
 		membersCommand(g),
 		checkWorkerCommand(g),
