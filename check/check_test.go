@@ -1,7 +1,10 @@
 package check_test
 
 import (
+	"bytes"
 	"context"
+	"encoding/xml"
+	"io"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -59,6 +62,31 @@ func TestCheckFindsNoViolationWithFencing(t *testing.T) {
 	}
 	if len(res.Faults) < 5 || res.Analysis.Acquires < 50 || res.Analysis.Linearizability != "Ok" {
 		t.Errorf("the run proved little: faults %v, %d grants, linearizability %q", kinds, res.Analysis.Acquires, res.Analysis.Linearizability)
+	}
+	var svg bytes.Buffer
+	if err := res.ReportSVG(&svg); err != nil {
+		t.Fatal(err)
+	}
+	dec := xml.NewDecoder(&svg)
+	lanes := 0
+	for {
+		tok, err := dec.Token()
+		if err == io.EOF {
+			break
+		}
+		if err != nil {
+			t.Fatalf("the report is not well-formed SVG: %v", err)
+		}
+		if se, ok := tok.(xml.StartElement); ok && se.Name.Local == "text" {
+			for _, a := range se.Attr {
+				if a.Name.Local == "class" && a.Value == "lane" {
+					lanes++
+				}
+			}
+		}
+	}
+	if lanes != 5 { // 4 workers and the server
+		t.Errorf("the report has %d lanes, want 5", lanes)
 	}
 }
 

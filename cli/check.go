@@ -190,9 +190,21 @@ func checkWorkerCommand(g *globals) *cobra.Command {
 	return cmd
 }
 
-// writeCheckReport writes the run's report as an HTML page.
+// writeCheckReport writes the run's report: SVG for a .svg path, else HTML.
 func writeCheckReport(path string, res *check.Result) error {
-	return fmt.Errorf("reports are not written yet")
+	f, err := os.Create(path)
+	if err != nil {
+		return err
+	}
+	write := res.Report
+	if strings.HasSuffix(path, ".svg") {
+		write = res.ReportSVG
+	}
+	if err := write(f); err != nil {
+		f.Close()
+		return err
+	}
+	return f.Close()
 }
 
 func writeHistory(path string, res *check.Result) error {

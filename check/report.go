@@ -1,0 +1,94 @@
+package check
+
+import (
+	"fmt"
+	"io"
+	"sort"
+	"strconv"
+	"time"
+
+	"github.com/fencelock/fence/internal/timeline"
+)
+
+// Report writes the run as an HTML page: one lane per worker (leases,
+// pauses, kills, refused writes, and the writes a violation names) and one
+// for the server (kills), with the verdict in the notes.
+func (r *Result) Report(w io.Writer) error {
+	return r.page().HTML(w)
+}
+
+// ReportSVG writes the same picture as a standalone SVG.
+func (r *Result) ReportSVG(w io.Writer) error {
+	return r.page().SVG(w)
+}
+
+func (r *Result) page() *timeline.Page {
+	tl := &timeline.Timeline{Title: fmt.Sprintf("fence check, seed %d", r.Seed)}
+	workers := map[int]bool{}
+	for _, op := range r.Ops {
+		workers[op.Worker] = true
+	}
+	ids := make([]int, 0, len(workers))
+	for id := range workers {
+		ids = append(ids, id)
+	}
+	sort.Ints(ids)
+	lane := func(id int) string { return "worker " + strconv.Itoa(id) }
+	for _, id := range ids {
+		tl.Lanes = append(tl.Lanes, lane(id))
+	}
+	tl.Lanes = append(tl.Lanes, "server")
+
+	// Leases: from a grant to the worker's next release of it.
+	open := map[[2]int]Op{}
+	for _, op := range r.Ops {
+		key := [2]int{op.Worker, op.Run}
+		switch {
+		case op.Kind == "acquire" && op.Result == OK:
+			open[key] = op
+		case op.Kind == "release":
+			if g, ok := open[key]; ok {
+				tl.Spans = append(tl.Spans, timeline.Span{Lane: lane(op.Worker), Start: at(g.End), End: at(op.Start), Kind: timeline.SpanLease, Label: "token " + strconv.FormatUint(g.Token, 10)})
+				delete(open, key)
+			}
+		case op.Kind == "put" && op.Result == Rejected:
+			tl.Marks = append(tl.Marks, timeline.Mark{Lane: lane(op.Worker), At: at(op.End), Kind: timeline.MarkWriteRejected, Label: "refused, token " + strconv.FormatUint(op.Token, 10)})
+		}
+	}
+	for _, f := range r.Faults {
+		l := f.Target
+		kind := timeline.SpanDown
+		switch f.Kind {
+		case FaultPause:
+			kind = timeline.SpanPaused
+		case FaultKillServer:
+			l = "server"
+		}
+		tl.Spans = append(tl.Spans, timeline.Span{Lane: l, Start: f.Start, End: f.End, Kind: kind, Label: f.Kind})
+		tl.Marks = append(tl.Marks, timeline.Mark{Lane: l, At: f.Start, Kind: timeline.MarkFault, Label: f.Kind})
+	}
+	a := r.Analysis
+	tl.Notes = append(tl.Notes,
+		fmt.Sprintf("%d operations: %d grants, %d accepted writes, %d refused, %d of unknown outcome; %d faults.", a.Ops, a.Acquires, a.Writes, a.Rejected, a.Unknown, len(r.Faults)),
+		fmt.Sprintf("Counter %s after %d acknowledged increments (%d of unknown outcome). Linearizability: %s.", orZero(r.Final.Counter), a.AckedIncrements, a.UnknownIncrements, a.Linearizability))
+	if len(a.Violations) == 0 {
+		tl.Notes = append(tl.Notes, "No violations.")
+	}
+	for i, v := range a.Violations {
+		if i == 20 {
+			tl.Notes = append(tl.Notes, fmt.Sprintf("... and %d more violations.", len(a.Violations)-20))
+			break
+		}
+		tl.Notes = append(tl.Notes, "VIOLATION "+v.Kind+": "+v.Detail)
+	}
+	return &timeline.Page{Title: "fence check", Timelines: []*timeline.Timeline{tl}}
+}
+
+func at(ns int64) time.Time { return time.Unix(0, ns) }
+
+func orZero(s string) string {
+	if s == "" {
+		return "0"
+	}
+	return s
+}
