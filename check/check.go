@@ -15,15 +15,12 @@ import (
 	"bufio"
 	"context"
 	"encoding/json"
-	"errors"
 	"fmt"
 	"io"
 	"math/rand/v2"
 	"net"
-	"net/http"
 	"os"
 	"os/exec"
-	"path/filepath"
 	"strconv"
 	"strings"
 	"sync"
@@ -31,15 +28,19 @@ import (
 	"time"
 
 	"github.com/fencelock/fence/client"
+	"github.com/fencelock/fence/internal/netproxy"
 )
 
 // Config configures a run.
 type Config struct {
 	// Binary is the fence executable that runs the server and the workers.
 	Binary string
-	// Endpoints of a running service; empty starts a server of our own,
+	// Endpoints of a running service; empty starts servers of our own,
 	// which allows the server faults.
 	Endpoints []string
+	// Nodes is how many servers to start when Endpoints is empty (default
+	// 1). With 3 or 5, the leader faults apply.
+	Nodes     int
 	Workers   int
 	Duration  time.Duration
 	Seed      uint64
@@ -62,12 +63,13 @@ type Config struct {
 const (
 	FaultPause      = "pause"       // SIGSTOP a worker past its TTL, then SIGCONT
 	FaultKillWorker = "kill-worker" // SIGKILL a worker, start a new one
-	FaultKillServer = "kill-server" // SIGKILL the server, restart it on its data
+	FaultKillServer = "kill-server" // SIGKILL a server, restart it on its data
+	FaultKillLeader = "kill-leader" // SIGKILL the cluster's leader, restart it
+	FaultPartition  = "partition"   // cut the leader off from the majority, then heal
 )
 
-// FaultKinds lists the faults the checker knows, in a stable order. New
-// kinds (leader kills, partitions) are added here as clustering arrives.
-var FaultKinds = []string{FaultPause, FaultKillWorker, FaultKillServer}
+// FaultKinds lists the faults the checker knows, in a stable order.
+var FaultKinds = []string{FaultPause, FaultKillWorker, FaultKillServer, FaultKillLeader, FaultPartition}
 
 // FaultEvent is a fault that was injected.
 type FaultEvent struct {
@@ -112,12 +114,11 @@ type runner struct {
 	prefix  string
 	log     io.Writer
 	mu      sync.Mutex
-	server  *proc
+	nodes   []*node // the servers the checker runs, if any
+	links   map[[2]int]*netproxy.Link
 	workers []*proc
 	runs    []int
 	faults  []FaultEvent
-	api     string
-	raft    string
 	dataDir string
 	wg      sync.WaitGroup
 }
@@ -149,8 +150,11 @@ func Run(ctx context.Context, cfg Config) (*Result, error) {
 		return nil, err
 	}
 	res := &Result{Seed: cfg.Seed, Started: time.Now()}
+	if cfg.Nodes <= 0 {
+		r.cfg.Nodes = 1
+	}
 	if len(cfg.Endpoints) == 0 {
-		if err := r.startServer(ctx); err != nil {
+		if err := r.startServers(ctx); err != nil {
 			return nil, err
 		}
 	}
@@ -206,6 +210,9 @@ func (r *runner) faultKinds() ([]string, error) {
 		if k == FaultKillServer && len(r.cfg.Endpoints) > 0 {
 			continue // not our server to kill
 		}
+		if (k == FaultKillLeader || k == FaultPartition) && (len(r.cfg.Endpoints) > 0 || r.cfg.Nodes < 3) {
+			continue // needs a cluster of our own
+		}
 		out = append(out, k)
 	}
 	return out, nil
@@ -218,68 +225,6 @@ func freePort() (string, error) {
 	}
 	defer ln.Close()
 	return ln.Addr().String(), nil
-}
-
-func (r *runner) startServer(ctx context.Context) error {
-	var err error
-	if r.api, err = freePort(); err != nil {
-		return err
-	}
-	if r.raft, err = freePort(); err != nil {
-		return err
-	}
-	r.dataDir = r.cfg.DataDir
-	if r.dataDir == "" {
-		if r.dataDir, err = os.MkdirTemp("", "fence-check-"); err != nil {
-			return err
-		}
-	}
-	if err := os.MkdirAll(r.dataDir, 0o700); err != nil {
-		return err
-	}
-	r.cfg.Endpoints = []string{r.api}
-	return r.launchServer(ctx)
-}
-
-func (r *runner) launchServer(ctx context.Context) error {
-	cmd := exec.Command(r.cfg.Binary, "serve", "--data-dir", filepath.Join(r.dataDir, "server"),
-		"--listen", r.api, "--raft-listen", r.raft, "--heartbeat-timeout", "100ms", "--election-timeout", "100ms", "--log-level", "warn")
-	logFile, err := os.OpenFile(filepath.Join(r.dataDir, "server.log"), os.O_CREATE|os.O_APPEND|os.O_WRONLY, 0o600)
-	if err != nil {
-		return err
-	}
-	cmd.Stdout, cmd.Stderr = logFile, logFile
-	if err := cmd.Start(); err != nil {
-		logFile.Close()
-		return fmt.Errorf("starting the server: %w", err)
-	}
-	p := &proc{cmd: cmd, name: "server", done: make(chan struct{})}
-	go func() { cmd.Wait(); logFile.Close(); close(p.done) }()
-	r.mu.Lock()
-	r.server = p
-	r.mu.Unlock()
-	return waitHealthy(ctx, r.api, p.done)
-}
-
-func waitHealthy(ctx context.Context, addr string, exited <-chan struct{}) error {
-	deadline := time.Now().Add(20 * time.Second)
-	for time.Now().Before(deadline) {
-		resp, err := http.Get("http://" + addr + "/healthz")
-		if err == nil {
-			resp.Body.Close()
-			if resp.StatusCode == http.StatusOK {
-				return nil
-			}
-		}
-		select {
-		case <-ctx.Done():
-			return ctx.Err()
-		case <-exited:
-			return errors.New("the server exited while starting; see server.log in its data dir")
-		case <-time.After(20 * time.Millisecond):
-		}
-	}
-	return fmt.Errorf("the server at %s did not become healthy within 20s", addr)
 }
 
 func (r *runner) startWorker(i int) error {
@@ -361,12 +306,28 @@ func (r *runner) injectFaults(ctx context.Context, kinds []string) {
 				fmt.Fprintf(r.log, "check: restarting worker %d: %v\n", i, err)
 			}
 		case FaultKillServer:
-			ev.Target = "server"
-			r.server.kill()
-			time.Sleep(time.Duration(r.rng.IntN(300)) * time.Millisecond)
-			if err := r.launchServer(context.Background()); err != nil {
-				fmt.Fprintf(r.log, "check: restarting the server: %v\n", err)
+			n := r.nodes[r.rng.IntN(len(r.nodes))]
+			ev.Target = n.name()
+			r.restartNode(n)
+		case FaultKillLeader:
+			n := r.leaderNode()
+			if n == nil {
+				continue
 			}
+			ev.Target = n.name()
+			r.restartNode(n)
+		case FaultPartition:
+			n := r.leaderNode()
+			if n == nil {
+				continue
+			}
+			ev.Target = n.name()
+			r.partition(n, true)
+			select {
+			case <-ctx.Done():
+			case <-time.After(time.Duration((1 + r.rng.Float64()) * float64(time.Second))):
+			}
+			r.partition(n, false)
 		}
 		ev.End = time.Now()
 		fmt.Fprintf(r.log, "check: %s %s (%v)\n", ev.Kind, ev.Target, ev.End.Sub(ev.Start).Round(time.Millisecond))
@@ -399,16 +360,14 @@ func (r *runner) stopWorkers() {
 
 func (r *runner) stopAll() {
 	r.stopWorkers()
-	if r.server != nil {
-		r.server.signal(syscall.SIGTERM)
-		select {
-		case <-r.server.done:
-		case <-time.After(5 * time.Second):
-			r.server.kill()
-		}
-		if r.cfg.DataDir == "" {
-			os.RemoveAll(r.dataDir)
-		}
+	for _, n := range r.nodes {
+		n.stop()
+	}
+	for _, l := range r.links {
+		l.Close()
+	}
+	if len(r.nodes) > 0 && r.cfg.DataDir == "" {
+		os.RemoveAll(r.dataDir)
 	}
 }
 

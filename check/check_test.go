@@ -123,3 +123,20 @@ func TestCheckPostgres(t *testing.T) {
 		t.Fatalf("the SQL counter was not exercised: %+v", res.Final)
 	}
 }
+
+// A three-node group through leader kills and partitions of the leader
+// from the majority: zero violations.
+func TestCheckClusterLeaderFaults(t *testing.T) {
+	res := run(t, check.Config{Nodes: 3, Workers: 3, Duration: 15 * time.Second, Seed: 4, TTL: time.Second, FaultInterval: time.Second,
+		Faults: []string{check.FaultKillLeader, check.FaultPartition, check.FaultPause}})
+	for _, v := range res.Analysis.Violations {
+		t.Errorf("%s: %s", v.Kind, v.Detail)
+	}
+	kinds := map[string]int{}
+	for _, f := range res.Faults {
+		kinds[f.Kind]++
+	}
+	if kinds[check.FaultKillLeader]+kinds[check.FaultPartition] == 0 || res.Analysis.Acquires < 20 {
+		t.Errorf("the run proved little: faults %v, %d grants", kinds, res.Analysis.Acquires)
+	}
+}

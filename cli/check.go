@@ -29,7 +29,8 @@ func checkCommand(g *globals) *cobra.Command {
 		Long: `Runs worker processes that take a lock and read-modify-write a counter and a
 list in the fenced KV store while a seeded schedule of faults pauses workers
 past their TTL (SIGSTOP/SIGCONT), kills them, and kills and restarts the
-server. It then checks the history: no write accepted with a token lower
+server; with --nodes 3 or 5 it also kills the leader and partitions it from
+the majority (each raft link runs through a proxy the checker can cut). It then checks the history: no write accepted with a token lower
 than one accepted before, no acknowledged increment or append lost, grant
 tokens rising in real-time order, and a linearizable KV history.
 
@@ -72,6 +73,7 @@ checker finds the lost updates that fencing prevents.`,
 	}
 	f := cmd.Flags()
 	f.IntVar(&cfg.Workers, "workers", 5, "worker processes")
+	f.IntVar(&cfg.Nodes, "nodes", 1, "servers to start (3 or 5 adds leader kills and partitions); ignored with --endpoints")
 	f.DurationVar(&cfg.Duration, "duration", 30*time.Second, "how long to run the workload")
 	f.Uint64Var(&cfg.Seed, "seed", uint64(time.Now().UnixNano()%1e6), "seed of the fault schedule, to reproduce a run")
 	f.DurationVar(&cfg.TTL, "ttl", time.Second, "the workers' session TTL; pauses last longer")

@@ -15,6 +15,7 @@ func serveCommand(g *globals) *cobra.Command {
 	var (
 		logLevel string
 		peers    string
+		raftDial string
 	)
 	cmd := &cobra.Command{
 		Use:   "serve",
@@ -28,8 +29,15 @@ func serveCommand(g *globals) *cobra.Command {
 			if peers != "" {
 				var err error
 				if cfg.Peers, err = parsePeers(peers); err != nil {
-					return err
+					return fmt.Errorf("--peers: %w", err)
 				}
+			}
+			if raftDial != "" {
+				dial, err := parsePeers(raftDial)
+				if err != nil {
+					return fmt.Errorf("--raft-dial: %w", err)
+				}
+				cfg.RaftAddressProvider = server.DialAddresses(dial)
 			}
 			cfg.Logger = slog.New(slog.NewTextHandler(g.stderr, &slog.HandlerOptions{Level: level}))
 			cfg.Version = Version
@@ -50,6 +58,7 @@ func serveCommand(g *globals) *cobra.Command {
 	f.StringVar(&cfg.Advertise, "advertise", "", "API address other nodes and clients use (default: --listen)")
 	f.StringVar(&cfg.RaftAdvertise, "raft-advertise", "", "raft address peers dial (default: --raft-listen)")
 	f.StringVar(&peers, "peers", "", "bootstrap a new group of these members: id=raft-host:port,... (this node included)")
+	f.StringVar(&raftDial, "raft-dial", "", "dial these peers at other addresses than the group's configuration says: id=host:port,... (proxies, NAT)")
 	f.BoolVar(&cfg.Join, "join", false, "do not bootstrap: wait to be added with fence members add")
 	f.StringVar(&cfg.LogStore, "log-store", cfg.LogStore, "raft log: wal (one fsync per batch) or bolt; fixed when the data dir is created")
 	f.StringVar(&cfg.NodeID, "node-id", cfg.NodeID, "this node's id in its raft group; keep it across restarts")
@@ -78,10 +87,10 @@ func parsePeers(s string) (map[string]string, error) {
 	for _, p := range strings.Split(s, ",") {
 		id, addr, ok := strings.Cut(strings.TrimSpace(p), "=")
 		if !ok || id == "" || addr == "" {
-			return nil, fmt.Errorf("--peers: %q is not id=host:port", p)
+			return nil, fmt.Errorf("%q is not id=host:port", p)
 		}
 		if _, dup := peers[id]; dup {
-			return nil, fmt.Errorf("--peers: %s is listed twice", id)
+			return nil, fmt.Errorf("%s is listed twice", id)
 		}
 		peers[id] = addr
 	}

@@ -4,7 +4,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"io"
 	"net"
 	"sync"
 	"testing"
@@ -15,74 +14,8 @@ import (
 	"github.com/fencelock/fence"
 	"github.com/fencelock/fence/client"
 	"github.com/fencelock/fence/fsm"
+	"github.com/fencelock/fence/internal/netproxy"
 )
-
-// linkProxy is one direction of a raft link between two nodes: a TCP
-// proxy on loopback that a test can cut (every connection dropped, new ones
-// refused) and heal.
-type linkProxy struct {
-	ln     net.Listener
-	target string
-
-	mu    sync.Mutex
-	cut   bool
-	conns map[net.Conn]struct{}
-}
-
-func newLinkProxy(t *testing.T, target string) *linkProxy {
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	p := &linkProxy{ln: ln, target: target, conns: map[net.Conn]struct{}{}}
-	t.Cleanup(func() { ln.Close(); p.setCut(true) })
-	go p.serve()
-	return p
-}
-
-func (p *linkProxy) serve() {
-	for {
-		in, err := p.ln.Accept()
-		if err != nil {
-			return
-		}
-		p.mu.Lock()
-		cut := p.cut
-		p.mu.Unlock()
-		if cut {
-			in.Close()
-			continue
-		}
-		out, err := net.Dial("tcp", p.target)
-		if err != nil {
-			in.Close()
-			continue
-		}
-		p.track(in, out)
-		go func() { io.Copy(out, in); out.Close() }()
-		go func() { io.Copy(in, out); in.Close() }()
-	}
-}
-
-func (p *linkProxy) track(conns ...net.Conn) {
-	p.mu.Lock()
-	defer p.mu.Unlock()
-	for _, c := range conns {
-		p.conns[c] = struct{}{}
-	}
-}
-
-func (p *linkProxy) setCut(cut bool) {
-	p.mu.Lock()
-	defer p.mu.Unlock()
-	p.cut = cut
-	if cut {
-		for c := range p.conns {
-			c.Close()
-		}
-		p.conns = map[net.Conn]struct{}{}
-	}
-}
 
 // testCluster is a raft group of real nodes in this process, talking raft
 // over loopback TCP through a proxy per directed link.
@@ -92,7 +25,7 @@ type testCluster struct {
 	ids      []string
 	cfgs     map[string]Config
 	nodes    map[string]*Server
-	links    map[[2]string]*linkProxy // [from, to]
+	links    map[[2]string]*netproxy.Link // [from, to]
 	mu       sync.Mutex
 	editCfg  func(*Config)
 }
@@ -108,7 +41,7 @@ func (c *testCluster) reserve(id string) string {
 }
 
 func startCluster(t *testing.T, n int, edit func(*Config)) *testCluster {
-	c := &testCluster{t: t, cfgs: map[string]Config{}, nodes: map[string]*Server{}, links: map[[2]string]*linkProxy{}, editCfg: edit, reserved: map[string]net.Listener{}}
+	c := &testCluster{t: t, cfgs: map[string]Config{}, nodes: map[string]*Server{}, links: map[[2]string]*netproxy.Link{}, editCfg: edit, reserved: map[string]net.Listener{}}
 	peers := map[string]string{}
 	for i := 1; i <= n; i++ {
 		id := fmt.Sprintf("n%d", i)
@@ -138,7 +71,7 @@ func (c *testCluster) baseConfig(id, raftAddr string) Config {
 	cfg.ApplyTimeout = 3 * time.Second
 	from := id
 	cfg.RaftAddressProvider = addressProvider(func(to raft.ServerID) (raft.ServerAddress, error) {
-		return raft.ServerAddress(c.link(from, string(to)).ln.Addr().String()), nil
+		return raft.ServerAddress(c.link(from, string(to)).Addr()), nil
 	})
 	if c.editCfg != nil {
 		c.editCfg(&cfg)
@@ -147,13 +80,17 @@ func (c *testCluster) baseConfig(id, raftAddr string) Config {
 }
 
 // link returns the proxy from one node to another, made on first use.
-func (c *testCluster) link(from, to string) *linkProxy {
+func (c *testCluster) link(from, to string) *netproxy.Link {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	key := [2]string{from, to}
 	p, ok := c.links[key]
 	if !ok {
-		p = newLinkProxy(c.t, c.cfgs[to].RaftListen)
+		var err error
+		if p, err = netproxy.Listen(c.cfgs[to].RaftListen); err != nil {
+			c.t.Fatal(err)
+		}
+		c.t.Cleanup(func() { p.Close() })
 		c.links[key] = p
 	}
 	return p
@@ -212,7 +149,7 @@ func (c *testCluster) isolate(id string, cut bool) {
 	defer c.mu.Unlock()
 	for key, p := range c.links {
 		if key[0] == id || key[1] == id {
-			p.setCut(cut)
+			p.SetCut(cut)
 		}
 	}
 }

@@ -27,8 +27,12 @@ func (strictJSON) Unmarshal(data []byte, v any) error {
 	if !ok {
 		return fmt.Errorf("cannot decode JSON into %T", v)
 	}
+	name := m.ProtoReflect().Descriptor().FullName()
 	if len(data) == 0 {
-		data = []byte("{}")
+		return fmt.Errorf("the body is empty; send a JSON %s (at least {})", name)
 	}
-	return protojson.UnmarshalOptions{DiscardUnknown: false}.Unmarshal(data, m)
+	if err := (protojson.UnmarshalOptions{DiscardUnknown: false}).Unmarshal(data, m); err != nil {
+		return fmt.Errorf("the body is not a valid JSON %s: %w", name, err)
+	}
+	return nil
 }

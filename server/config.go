@@ -164,3 +164,15 @@ func (c Config) Validate() error {
 	check(c.Clock != nil, "clock is nil")
 	return errors.Join(errs...)
 }
+
+// DialAddresses is a raft.ServerAddressProvider that dials the listed peers
+// at the given addresses, and every other peer at its configured address.
+type DialAddresses map[string]string
+
+// ServerAddr implements raft.ServerAddressProvider.
+func (d DialAddresses) ServerAddr(id raft.ServerID) (raft.ServerAddress, error) {
+	if addr, ok := d[string(id)]; ok {
+		return raft.ServerAddress(addr), nil
+	}
+	return "", fmt.Errorf("no dial address for %s", id)
+}

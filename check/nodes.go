@@ -1,0 +1,187 @@
+package check
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"net/http"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"sort"
+	"strings"
+	"syscall"
+	"time"
+
+	"github.com/fencelock/fence/client"
+	"github.com/fencelock/fence/internal/netproxy"
+)
+
+// node is a server process the checker runs and may kill and restart.
+type node struct {
+	r      *runner
+	index  int
+	api    string
+	raft   string
+	dir    string
+	args   []string
+	proc   *proc
+	logDir string
+}
+
+func (n *node) name() string { return fmt.Sprintf("node n%d", n.index+1) }
+
+// startServers starts the checker's own servers: one, or a group whose raft
+// links each go through a proxy that a partition can cut.
+func (r *runner) startServers(ctx context.Context) error {
+	var err error
+	r.dataDir = r.cfg.DataDir
+	if r.dataDir == "" {
+		if r.dataDir, err = os.MkdirTemp("", "fence-check-"); err != nil {
+			return err
+		}
+	}
+	if err := os.MkdirAll(r.dataDir, 0o700); err != nil {
+		return err
+	}
+	r.nodes = make([]*node, r.cfg.Nodes)
+	for i := range r.nodes {
+		n := &node{r: r, index: i, dir: filepath.Join(r.dataDir, fmt.Sprintf("n%d", i+1))}
+		if n.api, err = freePort(); err != nil {
+			return err
+		}
+		if n.raft, err = freePort(); err != nil {
+			return err
+		}
+		r.nodes[i] = n
+	}
+	r.links = map[[2]int]*netproxy.Link{}
+	var peers []string
+	for _, n := range r.nodes {
+		peers = append(peers, fmt.Sprintf("n%d=%s", n.index+1, n.raft))
+		r.cfg.Endpoints = append(r.cfg.Endpoints, n.api)
+	}
+	timeout := "100ms"
+	if len(r.nodes) > 1 {
+		timeout = "250ms"
+	}
+	for _, n := range r.nodes {
+		n.args = []string{"serve", "--node-id", fmt.Sprintf("n%d", n.index+1), "--data-dir", n.dir,
+			"--listen", n.api, "--raft-listen", n.raft, "--heartbeat-timeout", timeout, "--election-timeout", timeout, "--log-level", "warn"}
+		if len(r.nodes) > 1 {
+			var dial []string
+			for _, to := range r.nodes {
+				if to == n {
+					continue
+				}
+				l, err := netproxy.Listen(to.raft)
+				if err != nil {
+					return err
+				}
+				r.links[[2]int{n.index, to.index}] = l
+				dial = append(dial, fmt.Sprintf("n%d=%s", to.index+1, l.Addr()))
+			}
+			n.args = append(n.args, "--peers", strings.Join(peers, ","), "--raft-dial", strings.Join(dial, ","))
+		}
+	}
+	for _, n := range r.nodes {
+		if err := n.launch(); err != nil {
+			return err
+		}
+	}
+	return r.waitServing(ctx)
+}
+
+func (n *node) launch() error {
+	cmd := exec.Command(n.r.cfg.Binary, n.args...)
+	logFile, err := os.OpenFile(n.dir+".log", os.O_CREATE|os.O_APPEND|os.O_WRONLY, 0o600)
+	if err != nil {
+		return err
+	}
+	cmd.Stdout, cmd.Stderr = logFile, logFile
+	if err := cmd.Start(); err != nil {
+		logFile.Close()
+		return fmt.Errorf("starting %s: %w", n.name(), err)
+	}
+	p := &proc{cmd: cmd, name: n.name(), done: make(chan struct{})}
+	go func() { cmd.Wait(); logFile.Close(); close(p.done) }()
+	n.r.mu.Lock()
+	n.proc = p
+	n.r.mu.Unlock()
+	return nil
+}
+
+func (n *node) stop() {
+	if n.proc == nil {
+		return
+	}
+	n.proc.signal(syscall.SIGTERM)
+	select {
+	case <-n.proc.done:
+	case <-time.After(5 * time.Second):
+		n.proc.kill()
+	}
+}
+
+// waitServing waits until some node answers /healthz: a leader is elected.
+func (r *runner) waitServing(ctx context.Context) error {
+	deadline := time.Now().Add(30 * time.Second)
+	for time.Now().Before(deadline) {
+		for _, n := range r.nodes {
+			resp, err := http.Get("http://" + n.api + "/healthz")
+			if err == nil {
+				resp.Body.Close()
+				if resp.StatusCode == http.StatusOK {
+					return nil
+				}
+			}
+		}
+		select {
+		case <-ctx.Done():
+			return ctx.Err()
+		case <-time.After(20 * time.Millisecond):
+		}
+	}
+	return errors.New("no server became healthy within 30s; see the logs in the data dir")
+}
+
+// restartNode kills a node with SIGKILL and starts it again on its data.
+func (r *runner) restartNode(n *node) {
+	n.proc.kill()
+	time.Sleep(time.Duration(r.rng.IntN(500)) * time.Millisecond)
+	if err := n.launch(); err != nil {
+		fmt.Fprintf(r.log, "check: restarting %s: %v\n", n.name(), err)
+	}
+}
+
+// leaderNode asks every node and returns the one that says it leads.
+func (r *runner) leaderNode() *node {
+	c, err := client.New(client.WithEndpoints(r.cfg.Endpoints...))
+	if err != nil {
+		return nil
+	}
+	defer c.Close()
+	for _, n := range r.nodes {
+		ctx, cancel := context.WithTimeout(context.Background(), time.Second)
+		st, err := c.StatusOf(ctx, n.api)
+		cancel()
+		if err == nil && st.GetState() == "Leader" {
+			return n
+		}
+	}
+	return nil
+}
+
+// partition cuts (or heals) every raft link to and from n.
+func (r *runner) partition(n *node, cut bool) {
+	keys := make([][2]int, 0, len(r.links))
+	for k := range r.links {
+		keys = append(keys, k)
+	}
+	sort.Slice(keys, func(i, j int) bool { return keys[i][0]*100+keys[i][1] < keys[j][0]*100+keys[j][1] })
+	for _, k := range keys {
+		if k[0] == n.index || k[1] == n.index {
+			r.links[k].SetCut(cut)
+		}
+	}
+}
