@@ -40,10 +40,10 @@ type Config struct {
 	Endpoints []string
 	// Nodes is how many servers to start when Endpoints is empty (default
 	// 1). With 3 or 5, the leader faults apply.
-	Nodes     int
-	Workers   int
-	Duration  time.Duration
-	Seed      uint64
+	Nodes    int
+	Workers  int
+	Duration time.Duration
+	Seed     uint64
 	// TTL of the workers' sessions; pauses last longer than it.
 	TTL time.Duration
 	// Faults to inject, from FaultKinds; nil means all that apply.

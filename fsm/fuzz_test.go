@@ -10,6 +10,7 @@ package fsm_test
 import (
 	"bytes"
 	"errors"
+	"math"
 	"math/rand/v2"
 	"reflect"
 	"testing"
@@ -58,9 +59,10 @@ func FuzzStateMachine(f *testing.F) {
 	})
 	// A KV command is {op, key+lock, token choice, options} with op
 	// 0xa0..0xfe (see kvOp): 0xa4 puts "v1", 0xa8 puts "v2", 0xa0 puts "",
-	// 0xa3 deletes. Key byte 2 is "orders/17" fenced by lock "a". Token
-	// choice 1 is a holder's token, 3 the key's highest, 4 one below it, 7
-	// one above any issued, 0x16 token 1. Options 0x00 strict, 0x02 plain,
+	// 0xa3 deletes. Key byte 0 is "x", 1 "y", 2 "orders/17", each fenced by
+	// lock "a". Token choice 0 is no token, 1 a holder's token, 3 the key's
+	// highest, 4 one below it, 5 the last issued, 7 one above it (never
+	// issued), 0x0f 2^64-1, 0x16 token 1. Options 0x00 strict, 0x02 plain,
 	// 0x06 CAS on the current revision, 0x0e CAS on 0, 0x12 CAS on a wrong
 	// revision, 0x82 max_keys 1, 0xa2 max_keys 2.
 	f.Add([]byte{ // the article's timeline
@@ -76,16 +78,25 @@ func FuzzStateMachine(f *testing.F) {
 		0xa4, 2, 4, 0x02, // put with token 1 on the tombstone: stale
 	})
 	f.Add([]byte{ // compare-and-swap, max_keys, tombstones, no-op deletes
+		4, 0, 0, 0, // session 1 acquires a: token 1
 		0xa4, 0, 0, 0x0e, // put x if absent
 		0xa4, 0, 0, 0x0e, // again: revision mismatch
 		0xa4, 0, 0, 0x06, // CAS on x's revision
 		0xa4, 0, 0, 0x12, // CAS on a wrong revision
-		0xa4, 1, 7, 0x82, // fenced put of y with max_keys 1: limit
-		0xa4, 1, 7, 0xa2, // with max_keys 2
+		0xa4, 1, 5, 0x82, // fenced put of y (token 1) with max_keys 1: limit
+		0xa4, 1, 5, 0xa2, // with max_keys 2
 		0xa3, 1, 3, 0x02, // fenced delete of y: tombstone
 		0xa3, 1, 3, 0x02, // again: no-op
 		0xa3, 0, 0, 0x02, // unfenced delete of x: gone
 		0xa4, 1, 0, 0x02, // unfenced put on y's tombstone: refused
+		0xa3, 2, 5, 0x02, // fenced delete of orders/17, never written: a tombstone with token 1
+		0xa4, 2, 0, 0x02, // unfenced put on it: refused
+		0xa4, 1, 7, 0x02, // put of y with token 2, never issued: refused
+		0xa4, 1, 0x0f, 0x02, // with 2^64-1: refused
+		11, 0, 0, // the holder of a releases it
+		4, 0, 0, 0, // and takes it again: token 2
+		0xa3, 2, 5, 0x02, // no-op delete of orders/17 with token 2: its highest is now 2
+		0xa4, 2, 0x16, 0x02, // put with token 1: stale
 	})
 	r := rand.New(rand.NewPCG(1, 2))
 	for range 3 {
@@ -120,6 +131,8 @@ func FuzzApplyBytes(f *testing.F) {
 		kvPut("t", "v", fenced("b", 2), maxKeys(2)),
 		kvDel("t", fenced("b", 9)),
 		kvDel("k", fenced("a", 1), expectRev(0)),
+		kvDel("new", fenced("a", 1)),
+		kvPut("k", "v", fenced("a", math.MaxUint64)),
 		{Op: &fsmpb.Command_KvPut{KvPut: &fsmpb.KVPut{Key: "k"}}}, // no fence
 		{Op: &fsmpb.Command_KvDelete{KvDelete: &fsmpb.KVDelete{Key: "p"}}},
 		{},

@@ -13,9 +13,13 @@ import "fmt"
 //   - no session id is above the session counter;
 //   - no idle lock is kept;
 //   - every KV entry is filed under its key, has a token no higher than its
-//     highest, revisions within the store's, and is a tombstone only if
-//     fenced; a live key was written (create revision and version >= 1);
-//     the live-key count is right.
+//     highest and a highest no higher than the token counter (no write with
+//     a token never issued is accepted), no lock without a token (an
+//     unfenced write records none), revisions within the store's, and is a
+//     tombstone only if fenced; a tombstone has no value; a live key was
+//     written (create revision and version >= 1); an entry never written
+//     (create revision 0) is the tombstone a fenced delete of a missing key
+//     leaves: mod revision, version and token 0; the live-key count is right.
 func (s *State) CheckInvariants() error {
 	tokens := map[uint64]string{}
 	for name, l := range s.locks {
@@ -79,6 +83,12 @@ func (s *State) CheckInvariants() error {
 		if e.kv.Token > e.kv.HighestToken {
 			return fmt.Errorf("key %q was written with token %d above its highest %d", key, e.kv.Token, e.kv.HighestToken)
 		}
+		if e.kv.HighestToken > s.lastToken {
+			return fmt.Errorf("key %q has highest token %d, above the last token issued %d", key, e.kv.HighestToken, s.lastToken)
+		}
+		if e.kv.Token == 0 && e.kv.Lock != "" {
+			return fmt.Errorf("key %q names lock %q without a token", key, e.kv.Lock)
+		}
 		if e.kv.ModRevision > s.kvRevision || e.kv.CreateRevision > e.kv.ModRevision {
 			return fmt.Errorf("key %q has revisions create %d, mod %d beyond the store's %d", key, e.kv.CreateRevision, e.kv.ModRevision, s.kvRevision)
 		}
@@ -87,6 +97,15 @@ func (s *State) CheckInvariants() error {
 		}
 		if e.deleted && e.kv.HighestToken == 0 {
 			return fmt.Errorf("key %q is an unfenced tombstone", key)
+		}
+		if e.deleted && len(e.kv.Value) > 0 {
+			return fmt.Errorf("tombstone %q has a value", key)
+		}
+		if e.kv.CreateRevision == 0 && (e.kv.ModRevision != 0 || e.kv.Version != 0 || e.kv.Token != 0) {
+			return fmt.Errorf("key %q was never written (create revision 0) but has mod revision %d, version %d and token %d", key, e.kv.ModRevision, e.kv.Version, e.kv.Token)
+		}
+		if e.kv.CreateRevision != 0 && e.kv.Version == 0 {
+			return fmt.Errorf("key %q was created at revision %d but has version 0", key, e.kv.CreateRevision)
 		}
 		if !e.deleted {
 			live++

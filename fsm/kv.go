@@ -1,5 +1,18 @@
 package fsm
 
+// The fenced KV store applies design.md's fenced write rule itself: per key
+// it keeps the highest fencing token it has accepted, refuses a write with
+// a lower one (and an unfenced write once the key was ever fenced), and
+// refuses a token the service never issued, so that no client can lock a
+// key for good with a token like 2^64-1.
+//
+// A key that was ever fenced is never forgotten: deleting it, or deleting
+// it while it is missing (a no-op delete, which still records its token),
+// leaves a tombstone that keeps the highest token. Tombstones of fenced
+// keys are kept forever; the state grows with the number of keys ever
+// fenced, not the number of live keys, and max_keys does not bound it. This
+// is a known limit. Unfenced keys leave no tombstone.
+
 import (
 	"fmt"
 	"sort"
@@ -14,10 +27,12 @@ type KeyValue struct {
 	Key   string
 	Value []byte
 	// Token and Lock are those of the write that set the value; 0 and ""
-	// for an unfenced write.
+	// for an unfenced write (the lock a request names without a token is
+	// not stored).
 	Token uint64
 	Lock  string
-	// HighestToken is the highest token ever accepted for the key.
+	// HighestToken is the highest token ever accepted for the key,
+	// including that of a delete of the key while it was missing.
 	HighestToken   uint64
 	CreateRevision uint64
 	ModRevision    uint64
@@ -29,7 +44,9 @@ type KeyValue struct {
 type KVEvent struct {
 	// Deleted is true for a delete, false for a put.
 	Deleted bool
-	KV      KeyValue
+	// KV is the key after the change, a copy that shares nothing with the
+	// state (as Get and List return).
+	KV KeyValue
 }
 
 type kvEntry struct {
@@ -41,8 +58,9 @@ func (e *kvEntry) live() bool { return e != nil && !e.deleted }
 
 // kvPut applies the fenced write rule to a put, then stores the value.
 func (s *State) kvPut(c *fsmpb.KVPut) Result {
-	e := s.kv[c.GetKey()]
-	if err := s.checkKVFence(c.GetKey(), e, c.GetFence()); err != nil {
+	key, f := c.GetKey(), c.GetFence()
+	e := s.kv[key]
+	if err := s.checkKVFence(key, e, f); err != nil {
 		return Result{Err: err}
 	}
 	if max := c.GetMaxKeys(); max > 0 && !e.live() && uint64(s.liveKeys) >= max {
@@ -51,50 +69,71 @@ func (s *State) kvPut(c *fsmpb.KVPut) Result {
 	s.kvRevision++
 	if !e.live() {
 		if e == nil {
-			e = &kvEntry{kv: KeyValue{Key: c.GetKey()}}
-			s.kv[c.GetKey()] = e
+			e = &kvEntry{kv: KeyValue{Key: key}}
+			s.kv[key] = e
 		}
 		e.deleted = false
 		e.kv.CreateRevision = s.kvRevision
 		e.kv.Version = 0
 		s.liveKeys++
 	}
-	f := c.GetFence()
 	e.kv.Value = append([]byte(nil), c.GetValue()...)
-	e.kv.Token, e.kv.Lock = f.GetToken(), f.GetLock()
+	e.kv.Token, e.kv.Lock = writer(f)
 	e.kv.HighestToken = max(e.kv.HighestToken, f.GetToken())
 	e.kv.ModRevision = s.kvRevision
 	e.kv.Version++
-	return Result{Revision: s.kvRevision, Events: []KVEvent{{KV: e.kv}}}
+	return Result{Revision: s.kvRevision, Events: []KVEvent{{KV: copyKV(e.kv)}}}
 }
 
 // kvDelete applies the fenced write rule to a delete. Deleting a missing
-// key changes nothing and is not an error (Result.Events is empty).
+// key (absent, or a tombstone) is not an error and changes nothing anyone
+// can see: no revision, no event (Result.Events is empty). But a fenced one
+// is an accepted write all the same, so it records its token: the key's
+// highest token rises to it, in a tombstone made for the purpose if the key
+// was never seen. Otherwise a writer with a lower token could come back
+// after it.
 func (s *State) kvDelete(c *fsmpb.KVDelete) Result {
-	key := c.GetKey()
+	key, f := c.GetKey(), c.GetFence()
 	e := s.kv[key]
-	if err := s.checkKVFence(key, e, c.GetFence()); err != nil {
+	if err := s.checkKVFence(key, e, f); err != nil {
 		return Result{Err: err}
 	}
 	if !e.live() {
+		if token := f.GetToken(); token > 0 {
+			if e == nil {
+				e = &kvEntry{kv: KeyValue{Key: key}, deleted: true}
+				s.kv[key] = e
+			}
+			e.kv.HighestToken = max(e.kv.HighestToken, token)
+		}
 		return Result{Revision: s.kvRevision}
 	}
 	s.kvRevision++
-	f := c.GetFence()
 	e.kv.HighestToken = max(e.kv.HighestToken, f.GetToken())
-	e.kv.Value, e.kv.Token, e.kv.Lock = nil, f.GetToken(), f.GetLock()
+	e.kv.Value = nil
+	e.kv.Token, e.kv.Lock = writer(f)
 	e.kv.ModRevision = s.kvRevision
 	e.deleted = true
 	s.liveKeys--
-	ev := KVEvent{Deleted: true, KV: e.kv}
+	ev := KVEvent{Deleted: true, KV: copyKV(e.kv)}
 	if e.kv.HighestToken == 0 {
 		delete(s.kv, key) // an unfenced key needs no tombstone
 	}
 	return Result{Revision: s.kvRevision, Events: []KVEvent{ev}}
 }
 
+// writer returns the token and lock a write records: the lock only with a
+// token, for an unfenced write has no lock.
+func writer(f *fsmpb.KVFence) (token uint64, lock string) {
+	if f.GetToken() == 0 {
+		return 0, ""
+	}
+	return f.GetToken(), f.GetLock()
+}
+
 // checkKVFence decides whether a write may apply to key: the fenced write
-// rule, strict mode, and compare-and-swap by revision. It changes nothing.
+// rule, a token the service issued, strict mode, and compare-and-swap by
+// revision. It changes nothing.
 func (s *State) checkKVFence(key string, e *kvEntry, f *fsmpb.KVFence) error {
 	var highest uint64
 	if e != nil {
@@ -106,6 +145,10 @@ func (s *State) checkKVFence(key string, e *kvEntry, f *fsmpb.KVFence) error {
 		return fmt.Errorf("%w: key %s is fenced (highest token %d); write it with a fencing token", fence.ErrInvalidArgument, key, highest)
 	case token < highest:
 		return &fence.StaleTokenError{Key: key, Token: token, Highest: highest}
+	case token > s.lastToken:
+		// Accepting it would raise the key's highest token beyond every
+		// grant, and lock every real holder out of the key for good.
+		return fmt.Errorf("%w: token %d was never issued (the last token is %d); write key %s with the token of a grant", fence.ErrInvalidArgument, token, s.lastToken, key)
 	}
 	if f.GetStrict() {
 		if err := s.checkCurrentGrant(f.GetLock(), token); err != nil {

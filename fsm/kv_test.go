@@ -4,17 +4,22 @@
 // a failing step is proved to leave the snapshot bytes unchanged. They prove
 // the "fenced write rule" and "Fenced KV" of design.md and issue 3 section 1:
 // revisions, the per-key highest token (equal accepted, lower refused with a
-// StaleTokenError naming both tokens), unfenced writes refused on a key that
-// was ever fenced, strict mode against the lock's current grant,
-// compare-and-swap by mod revision, tombstones that keep the highest token,
-// no-op deletes, and the max_keys limit on live keys.
+// StaleTokenError naming both tokens), tokens never issued refused, unfenced
+// writes refused on a key that was ever fenced and recorded without a lock,
+// strict mode against the lock's current grant, compare-and-swap by mod
+// revision, tombstones that keep the highest token, no-op deletes (a fenced
+// one records its token), watch events that share no bytes with the state,
+// and the max_keys limit on live keys.
 package fsm_test
 
 import (
 	"bytes"
 	"errors"
+	"math"
 	"reflect"
 	"testing"
+
+	"google.golang.org/protobuf/proto"
 
 	"github.com/fencelock/fence"
 	"github.com/fencelock/fence/fsm"
@@ -95,6 +100,36 @@ func tombstoneIs(key string, highest uint64) func(t *testing.T, s *fsm.State) {
 	}
 }
 
+// entryIs checks the snapshot's entry for a key (live or tombstone), every
+// field of it.
+func entryIs(want *fsmpb.KV) func(t *testing.T, s *fsm.State) {
+	return func(t *testing.T, s *fsm.State) {
+		t.Helper()
+		if kv := snapshotKV(s, want.GetKey()); !proto.Equal(kv, want) {
+			t.Fatalf("snapshot entry for %q is %v; want %v", want.GetKey(), kv, want)
+		}
+	}
+}
+
+// issue returns steps that make the state issue tokens from..to, one grant
+// each: session sess takes lock "issuer" and releases it. KV writes may only
+// carry tokens that were issued.
+func issue(sess, from, to uint64) []applyStep {
+	var steps []applyStep
+	for tok := from; tok <= to; tok++ {
+		steps = append(steps,
+			applyStep{cmd: acquire(sess, "issuer", excl), want: granted(sess, "issuer", tok, excl)},
+			applyStep{cmd: release(sess, "issuer", tok), want: fsm.Result{}})
+	}
+	return steps
+}
+
+// issueTokens makes a fresh state issue tokens 1..n, with session 1.
+func issueTokens(t *testing.T, s *fsm.State, n uint64) {
+	t.Helper()
+	runSteps(t, s, script(sessions(1), issue(1, 1, n)))
+}
+
 // noEntry checks that the state keeps nothing at all for key.
 func noEntry(key string) func(t *testing.T, s *fsm.State) {
 	return func(t *testing.T, s *fsm.State) {
@@ -130,7 +165,7 @@ func (m *marker) same(t *testing.T, s *fsm.State) {
 // TestApplyKV runs the KV cases like TestApply: exact results, invariants
 // after every step, failed steps change nothing.
 func TestApplyKV(t *testing.T) {
-	var noop, noopTomb, noopQuestion marker
+	var noop, noopTomb, noopRecorded marker
 	cases := []applyCase{
 		{
 			name: "put creates and overwrites keys: create/mod revision, version, store revision, get and list",
@@ -157,7 +192,7 @@ func TestApplyKV(t *testing.T) {
 		},
 		{
 			name: "fenced write rule: equal and higher tokens are accepted, a lower one is stale and names both tokens",
-			steps: []applyStep{
+			steps: script(sessions(1), issue(1, 1, 35), []applyStep{
 				{cmd: kvPut("orders/17", "a", fenced("L", 34)), want: wrote(1, kvAt("orders/17", "a", "L", 34, 34, 1, 1, 1))},
 				{cmd: kvPut("orders/17", "b", fenced("L", 33)), want: fails(fence.ErrStaleToken),
 					errMsg: "stale fencing token 33 < 34 for key orders/17"},
@@ -171,12 +206,56 @@ func TestApplyKV(t *testing.T) {
 					errMsg: "stale fencing token 1 < 35 for key orders/17"},
 				// The highest token is per key.
 				{cmd: kvPut("orders/18", "x", fenced("L", 1)), want: wrote(4, kvAt("orders/18", "x", "L", 1, 1, 4, 4, 1))},
-			},
+			}),
 			check: all(storeIs(4, 2), getIs("orders/17", kvAt("orders/17", "d", "M", 35, 35, 1, 3, 3))),
 		},
 		{
-			name: "an unfenced write to a key that was ever fenced is refused; to a never-fenced key it is accepted",
+			name: "a token never issued is refused, put or delete, strict or not, before any other check, and changes nothing",
+			steps: script(sessions(1), issue(1, 1, 12), []applyStep{
+				{cmd: kvPut("k", "v", fenced("L", 12)), want: wrote(1, kvAt("k", "v", "L", 12, 12, 1, 1, 1))},
+				{cmd: kvPut("k", "x", fenced("L", 99)), want: fails(fence.ErrInvalidArgument),
+					errMsg: "fence: invalid argument: token 99 was never issued (the last token is 12); write key k with the token of a grant"},
+				// The attack it stops: a key locked for good with 2^64-1.
+				{cmd: kvPut("k", "x", fenced("L", math.MaxUint64)), want: fails(fence.ErrInvalidArgument),
+					errMsg: "fence: invalid argument: token 18446744073709551615 was never issued (the last token is 12); write key k with the token of a grant"},
+				{cmd: kvDel("k", fenced("L", math.MaxUint64)), want: fails(fence.ErrInvalidArgument)},
+				{cmd: kvPut("k", "x", fenced("L", 13)), want: fails(fence.ErrInvalidArgument)},
+				{cmd: kvDel("k", fenced("L", 13)), want: fails(fence.ErrInvalidArgument)},
+				// Not ErrNotHolder, ErrRevisionMismatch or ErrLimit: the token is checked first.
+				{cmd: kvPut("k", "x", fenced("L", 13), strict), want: fails(fence.ErrInvalidArgument)},
+				{cmd: kvDel("k", fenced("L", 13), strict), want: fails(fence.ErrInvalidArgument)},
+				{cmd: kvPut("k", "x", fenced("L", 13), expectRev(7)), want: fails(fence.ErrInvalidArgument)},
+				{cmd: kvPut("new", "x", fenced("L", 13), maxKeys(1)), want: fails(fence.ErrInvalidArgument)},
+				// On a key never seen, and as a no-op delete: no tombstone is made.
+				{cmd: kvPut("new", "x", fenced("L", 13)), want: fails(fence.ErrInvalidArgument), after: noEntry("new")},
+				{cmd: kvDel("new", fenced("L", 13)), want: fails(fence.ErrInvalidArgument),
+					errMsg: "fence: invalid argument: token 13 was never issued (the last token is 12); write key new with the token of a grant",
+					after:  noEntry("new")},
+				// A stale token is stale, however high the last token is.
+				{cmd: kvPut("k", "x", fenced("L", 11)), want: fails(fence.ErrStaleToken), errMsg: "stale fencing token 11 < 12 for key k"},
+				// Once issued, the token is accepted.
+				{cmd: acquire(1, "L", excl), want: granted(1, "L", 13, excl)},
+				{cmd: kvPut("k", "x", fenced("L", 13), strict), want: wrote(2, kvAt("k", "x", "L", 13, 13, 1, 2, 2))},
+				{cmd: kvDel("new", fenced("L", 13)), want: unchanged(2), after: entryIs(&fsmpb.KV{Key: "new", HighestToken: 13, Deleted: true})},
+				{cmd: kvPut("k", "y", fenced("L", 14)), want: fails(fence.ErrInvalidArgument)},
+			}),
+			locks: []fsm.LockInfo{{Name: "L", Holders: []fsm.HolderInfo{holding(1, 13, excl)}}},
+			check: all(storeIs(2, 1), lastTokenIs(13), getIs("k", kvAt("k", "x", "L", 13, 13, 1, 2, 2))),
+		},
+		{
+			name: "an unfenced write records no lock, even when the request names one",
 			steps: []applyStep{
+				{cmd: kvPut("k", "1", fenced("L", 0)), want: wrote(1, kvAt("k", "1", "", 0, 0, 1, 1, 1))},
+				{cmd: kvPut("k", "2", fenced("L", 0), expectRev(1)), want: wrote(2, kvAt("k", "2", "", 0, 0, 1, 2, 2))},
+				{cmd: kvDel("k", fenced("L", 0)), want: removed(3, kvAt("k", "", "", 0, 0, 1, 3, 2)), after: noEntry("k")},
+				{cmd: kvPut("k", "3", fenced("L", 0)), want: wrote(4, kvAt("k", "3", "", 0, 0, 4, 4, 1))},
+			},
+			check: all(storeIs(4, 1), getIs("k", kvAt("k", "3", "", 0, 0, 4, 4, 1)),
+				entryIs(&fsmpb.KV{Key: "k", Value: []byte("3"), CreateRevision: 4, ModRevision: 4, Version: 1})),
+		},
+		{
+			name: "an unfenced write to a key that was ever fenced is refused; to a never-fenced key it is accepted",
+			steps: script(sessions(1), issue(1, 1, 8), []applyStep{
 				{cmd: kvPut("plain", "1"), want: wrote(1, kvAt("plain", "1", "", 0, 0, 1, 1, 1))},
 				// An unfenced delete of an unfenced key leaves no tombstone.
 				{cmd: kvDel("plain"), want: removed(2, kvAt("plain", "", "", 0, 0, 1, 2, 1)), after: all(noEntry("plain"), storeIs(2, 0))},
@@ -193,7 +272,7 @@ func TestApplyKV(t *testing.T) {
 				{cmd: kvPut("plain", "6"), want: fails(fence.ErrInvalidArgument)},
 				{cmd: kvDel("plain"), want: fails(fence.ErrInvalidArgument)},
 				{cmd: kvPut("plain", "6", fenced("L", 8)), want: wrote(7, kvAt("plain", "6", "L", 8, 8, 7, 7, 1))},
-			},
+			}),
 			check: storeIs(7, 1),
 		},
 		{
@@ -201,8 +280,9 @@ func TestApplyKV(t *testing.T) {
 			steps: script(sessions(2), []applyStep{
 				{cmd: acquire(1, "L", excl), want: granted(1, "L", 1, excl)},
 				{cmd: kvPut("k", "a", fenced("L", 1), strict), want: wrote(1, kvAt("k", "a", "L", 1, 1, 1, 1, 1))},
-				{cmd: kvPut("k", "b", fenced("L", 2), strict), want: fails(fence.ErrNotHolder),
-					errMsg: `fence: not the lock's holder: token 2 is not the current grant of lock "L" (the current token is 1)`},
+				// A token not yet issued is refused as such, not as a non-holder's.
+				{cmd: kvPut("k", "b", fenced("L", 2), strict), want: fails(fence.ErrInvalidArgument),
+					errMsg: "fence: invalid argument: token 2 was never issued (the last token is 1); write key k with the token of a grant"},
 				{cmd: kvPut("k", "b", fenced("M", 1), strict), want: fails(fence.ErrNotHolder),
 					errMsg: `fence: not the lock's holder: token 1 is not a current grant: lock "M" is not held`},
 				{cmd: kvPut("k", "b", fenced("", 1), strict), want: fails(fence.ErrInvalidArgument)},
@@ -240,7 +320,7 @@ func TestApplyKV(t *testing.T) {
 		},
 		{
 			name: "compare-and-swap by mod revision",
-			steps: []applyStep{
+			steps: script(sessions(1), issue(1, 1, 5), []applyStep{
 				{cmd: kvPut("k", "a", expectRev(0)), want: wrote(1, kvAt("k", "a", "", 0, 0, 1, 1, 1))},
 				{cmd: kvPut("k", "b", expectRev(0)), want: fails(fence.ErrRevisionMismatch),
 					errMsg: "fence: revision mismatch: key k is at revision 1, expected 0"},
@@ -265,12 +345,12 @@ func TestApplyKV(t *testing.T) {
 				{cmd: kvPut("t", "b", fenced("L", 4), expectRev(0)), want: fails(fence.ErrStaleToken)},
 				{cmd: kvPut("t", "b", expectRev(0)), want: fails(fence.ErrInvalidArgument)},
 				{cmd: kvPut("t", "b", fenced("L", 5), expectRev(0)), want: wrote(8, kvAt("t", "b", "L", 5, 5, 8, 8, 1))},
-			},
+			}),
 			check: all(storeIs(8, 3), getIs("k", kvAt("k", "c", "", 0, 0, 5, 5, 1))),
 		},
 		{
 			name: "a fenced delete leaves a tombstone that keeps the highest token: get and list skip it, lower tokens stay stale",
-			steps: []applyStep{
+			steps: script(sessions(1), issue(1, 1, 6), []applyStep{
 				{cmd: kvPut("orders/17", "v", fenced("L", 5)), want: wrote(1, kvAt("orders/17", "v", "L", 5, 5, 1, 1, 1))},
 				{cmd: kvPut("orders/18", "w", fenced("L", 5)), want: wrote(2, kvAt("orders/18", "w", "L", 5, 5, 2, 2, 1))},
 				{cmd: kvDel("orders/17", fenced("M", 6)), want: removed(3, kvAt("orders/17", "", "M", 6, 6, 1, 3, 1)), after: all(
@@ -290,46 +370,79 @@ func TestApplyKV(t *testing.T) {
 				{cmd: kvDel("p", fenced("L", 2)), want: removed(6, kvAt("p", "", "L", 2, 2, 5, 6, 1)), after: tombstoneIs("p", 2)},
 				{cmd: kvPut("p", "2"), want: fails(fence.ErrInvalidArgument)},
 				{cmd: kvPut("p", "2", fenced("L", 1)), want: fails(fence.ErrStaleToken)},
-			},
+			}),
 			check: all(storeIs(6, 2), listIs("", 0, false, "orders/17", "orders/18")),
 		},
 		{
-			name: "a delete of a missing key changes nothing and bumps no revision",
-			steps: []applyStep{
+			name: "an unfenced delete of a missing key changes nothing and bumps no revision; nor does a fenced one of a tombstone with its token",
+			steps: script(sessions(1), issue(1, 1, 9), []applyStep{
 				{cmd: kvPut("k", "v"), want: wrote(1, kvAt("k", "v", "", 0, 0, 1, 1, 1)), after: noop.mark},
 				{cmd: kvDel("nosuch"), want: unchanged(1), after: noop.same},
-				{cmd: kvDel("nosuch", fenced("L", 9)), want: unchanged(1), after: all(noop.same, noEntry("nosuch"))},
+				// A lock without a token is no fence.
+				{cmd: kvDel("nosuch", fenced("L", 0)), want: unchanged(1), after: all(noop.same, noEntry("nosuch"))},
 				{cmd: kvDel("nosuch", fenced("L", 9), strict), want: fails(fence.ErrNotHolder)},
 				{cmd: kvDel("k"), want: removed(2, kvAt("k", "", "", 0, 0, 1, 2, 1)), after: all(noEntry("k"), noop.mark)},
 				{cmd: kvDel("k"), want: unchanged(2), after: noop.same},
 				{cmd: kvPut("t", "v", fenced("L", 3)), want: wrote(3, kvAt("t", "v", "L", 3, 3, 3, 3, 1))},
 				{cmd: kvDel("t", fenced("L", 3)), want: removed(4, kvAt("t", "", "L", 3, 3, 3, 4, 1)), after: noopTomb.mark},
-				{cmd: kvDel("t", fenced("L", 3)), want: unchanged(4), after: noopTomb.same},
+				// The tombstone's highest token is already 3: nothing to record.
+				{cmd: kvDel("t", fenced("M", 3)), want: unchanged(4), after: noopTomb.same},
 				{cmd: kvDel("t", fenced("L", 2)), want: fails(fence.ErrStaleToken)},
 				{cmd: kvDel("t"), want: fails(fence.ErrInvalidArgument)},
-			},
-			check: all(storeIs(4, 0), tombstoneIs("t", 3)),
+			}),
+			check: all(storeIs(4, 0), tombstoneIs("t", 3), noEntry("nosuch"), noEntry("k")),
 		},
 		{
-			// This pins the current behaviour, which the brief asks for
-			// ("a delete of a missing key changes nothing"). design.md's
-			// fenced write rule ("accepted if t >= highest, and then
-			// highest := t") would instead record token 9 and refuse the put
-			// with token 4 as stale. See the report; flip this case if the
-			// rule wins.
-			name: "a no-op delete records no token: a later put with a lower token than the delete's is accepted",
-			steps: []applyStep{
-				{cmd: kvPut("t", "v", fenced("L", 3)), want: wrote(1, kvAt("t", "v", "L", 3, 3, 1, 1, 1))},
-				{cmd: kvDel("t", fenced("L", 3)), want: removed(2, kvAt("t", "", "L", 3, 3, 1, 2, 1)), after: noopQuestion.mark},
-				{cmd: kvDel("t", fenced("L", 9)), want: unchanged(2), after: all(noopQuestion.same, tombstoneIs("t", 3))},
-				{cmd: kvPut("t", "back", fenced("L", 4)), want: wrote(3, kvAt("t", "back", "L", 4, 4, 3, 3, 1))},
-				{cmd: kvDel("never", fenced("L", 9)), want: unchanged(3), after: noEntry("never")},
-				{cmd: kvPut("never", "v", fenced("L", 1)), want: wrote(4, kvAt("never", "v", "L", 1, 1, 4, 4, 1))},
-			},
+			// design.md's fenced write rule: a write with t >= highest is
+			// accepted "and then highest := t", a delete of a missing key
+			// included. Only nothing visible changes: no revision, no event.
+			name: "a fenced delete of a missing key is an accepted write: it records its token (in a new tombstone for a key never seen), so lower tokens become stale",
+			steps: script(sessions(1), issue(1, 1, 34), []applyStep{
+				// A (token 33) deletes k; B (token 34) deletes it again.
+				{cmd: kvPut("k", "v", fenced("orders", 33)), want: wrote(1, kvAt("k", "v", "orders", 33, 33, 1, 1, 1))},
+				{cmd: kvDel("k", fenced("orders", 33)), want: removed(2, kvAt("k", "", "orders", 33, 33, 1, 2, 1))},
+				{cmd: kvDel("k", fenced("orders", 34)), want: unchanged(2), after: all(
+					// Only the highest token moves; the tombstone still tells of A's delete.
+					entryIs(&fsmpb.KV{Key: "k", Token: 33, Lock: "orders", HighestToken: 34, CreateRevision: 1, ModRevision: 2, Version: 1, Deleted: true}),
+					storeIs(2, 0), notFound("k"), noopRecorded.mark,
+				)},
+				// A's late put with 33 is refused.
+				{cmd: kvPut("k", "late", fenced("orders", 33)), want: fails(fence.ErrStaleToken), errMsg: "stale fencing token 33 < 34 for key k"},
+				{cmd: kvDel("k", fenced("orders", 33)), want: fails(fence.ErrStaleToken), errMsg: "stale fencing token 33 < 34 for key k"},
+				{cmd: kvPut("k", "late"), want: fails(fence.ErrInvalidArgument)},
+				// Again with 34: nothing changes at all.
+				{cmd: kvDel("k", fenced("orders", 34)), want: unchanged(2), after: noopRecorded.same},
+				{cmd: kvPut("k", "B", fenced("orders", 34)), want: wrote(3, kvAt("k", "B", "orders", 34, 34, 3, 3, 1))},
+				// A key never seen gets a tombstone that was never written:
+				// revisions, version and token 0, only the highest token.
+				{cmd: kvDel("new", fenced("orders", 20)), want: unchanged(3), after: all(
+					entryIs(&fsmpb.KV{Key: "new", HighestToken: 20, Deleted: true}),
+					storeIs(3, 1), notFound("new"), listIs("", 0, false, "k"),
+				)},
+				{cmd: kvPut("new", "x", fenced("orders", 19)), want: fails(fence.ErrStaleToken), errMsg: "stale fencing token 19 < 20 for key new"},
+				{cmd: kvPut("new", "x"), want: fails(fence.ErrInvalidArgument),
+					errMsg: "fence: invalid argument: key new is fenced (highest token 20); write it with a fencing token"},
+				{cmd: kvDel("new"), want: fails(fence.ErrInvalidArgument)},
+				// It does not exist for compare-and-swap.
+				{cmd: kvPut("new", "x", fenced("orders", 20), expectRev(1)), want: fails(fence.ErrRevisionMismatch),
+					errMsg: "fence: revision mismatch: key new does not exist, expected revision 1"},
+				{cmd: kvDel("new", fenced("orders", 21), expectRev(0)), want: unchanged(3),
+					after: entryIs(&fsmpb.KV{Key: "new", HighestToken: 21, Deleted: true})},
+				{cmd: kvPut("new", "x", fenced("orders", 21), expectRev(0)), want: wrote(4, kvAt("new", "x", "orders", 21, 21, 4, 4, 1))},
+				// A strict one with the lock's current grant records it too.
+				{cmd: acquire(1, "L", excl), want: granted(1, "L", 35, excl)},
+				{cmd: kvDel("ghost", fenced("L", 35), strict), want: unchanged(4),
+					after: entryIs(&fsmpb.KV{Key: "ghost", HighestToken: 35, Deleted: true})},
+				{cmd: kvDel("ghost", fenced("L", 34)), want: fails(fence.ErrStaleToken)},
+				{cmd: kvDel("never", fenced("L", 34), strict), want: fails(fence.ErrNotHolder), after: noEntry("never")},
+			}),
+			locks: []fsm.LockInfo{{Name: "L", Holders: []fsm.HolderInfo{holding(1, 35, excl)}}},
+			// The runner's final Restore round-trips the never-written tombstone.
+			check: all(storeIs(4, 2), listIs("", 0, false, "k", "new"), tombstoneIs("ghost", 35)),
 		},
 		{
 			name: "max_keys limits live keys only; overwriting an existing key at the limit is fine",
-			steps: []applyStep{
+			steps: script(sessions(1), issue(1, 1, 1), []applyStep{
 				{cmd: kvPut("a", "1", maxKeys(2)), want: wrote(1, kvAt("a", "1", "", 0, 0, 1, 1, 1))},
 				{cmd: kvPut("b", "1", fenced("L", 1), maxKeys(2)), want: wrote(2, kvAt("b", "1", "L", 1, 1, 2, 2, 1))},
 				{cmd: kvPut("c", "1", maxKeys(2)), want: fails(fence.ErrLimit),
@@ -350,15 +463,18 @@ func TestApplyKV(t *testing.T) {
 				// A refused fence is reported before the limit.
 				{cmd: kvPut("b", "3", fenced("L", 0), maxKeys(3)), want: fails(fence.ErrInvalidArgument)},
 				{cmd: kvPut("e", "2", maxKeys(3)), want: wrote(10, kvAt("e", "2", "", 0, 0, 9, 10, 2))},
-			},
-			check: all(storeIs(10, 3), listIs("", 0, false, "a", "c", "e"), tombstoneIs("b", 1)),
+				// Nor does a tombstone left by a delete of a key never seen.
+				{cmd: kvDel("g", fenced("L", 1)), want: unchanged(10), after: storeIs(10, 3)},
+				{cmd: kvPut("a", "3", maxKeys(3)), want: wrote(11, kvAt("a", "3", "", 0, 0, 1, 11, 3))},
+			}),
+			check: all(storeIs(11, 3), listIs("", 0, false, "a", "c", "e"), tombstoneIs("b", 1), tombstoneIs("g", 1)),
 		},
 		{
 			// State.Apply must not panic on any well-formed message: a KV
 			// command without a fence (or without a body) is an unfenced
 			// write.
 			name: "a put or delete without a fence is unfenced",
-			steps: []applyStep{
+			steps: script(sessions(1), issue(1, 1, 3), []applyStep{
 				{cmd: &fsmpb.Command{Op: &fsmpb.Command_KvPut{KvPut: &fsmpb.KVPut{Key: "k", Value: []byte("v")}}},
 					want: wrote(1, kvAt("k", "v", "", 0, 0, 1, 1, 1))},
 				{cmd: &fsmpb.Command{Op: &fsmpb.Command_KvDelete{KvDelete: &fsmpb.KVDelete{Key: "k"}}},
@@ -369,7 +485,7 @@ func TestApplyKV(t *testing.T) {
 				{cmd: &fsmpb.Command{Op: &fsmpb.Command_KvDelete{KvDelete: &fsmpb.KVDelete{Key: "f"}}}, want: fails(fence.ErrInvalidArgument)},
 				{cmd: &fsmpb.Command{Op: &fsmpb.Command_KvPut{}}, want: wrote(4, kvAt("", "", "", 0, 0, 4, 4, 1))},
 				{cmd: &fsmpb.Command{Op: &fsmpb.Command_KvDelete{}}, want: removed(5, kvAt("", "", "", 0, 0, 4, 5, 1))},
-			},
+			}),
 			check: storeIs(5, 1),
 		},
 		{
@@ -377,15 +493,20 @@ func TestApplyKV(t *testing.T) {
 			steps: script(sessions(1), []applyStep{
 				{cmd: acquire(1, "L", excl), want: granted(1, "L", 1, excl)},
 				{cmd: kvPut("k", "v", fenced("L", 1), strict), want: wrote(1, kvAt("k", "v", "L", 1, 1, 1, 1, 1))},
-				{cmd: kvPut("k", "v", fenced("L", 5)), want: wrote(2, kvAt("k", "v", "L", 5, 5, 1, 2, 2))},
-				{cmd: kvDel("k", fenced("L", 5)), want: removed(3, kvAt("k", "", "L", 5, 5, 1, 3, 2))},
 				{cmd: acquire(1, "M", excl), want: granted(1, "M", 2, excl)},
+				{cmd: kvPut("k", "v", fenced("M", 2)), want: wrote(2, kvAt("k", "v", "M", 2, 2, 1, 2, 2))},
+				// Nor does a refused token never issued move the counter.
+				{cmd: kvPut("k", "v", fenced("L", 5)), want: fails(fence.ErrInvalidArgument)},
+				{cmd: kvDel("k", fenced("M", 2)), want: removed(3, kvAt("k", "", "M", 2, 2, 1, 3, 2))},
+				{cmd: kvDel("gone", fenced("M", 2)), want: unchanged(3)},
+				{cmd: acquire(1, "N", excl), want: granted(1, "N", 3, excl)},
 			}),
 			locks: []fsm.LockInfo{
 				{Name: "L", Holders: []fsm.HolderInfo{holding(1, 1, excl)}},
 				{Name: "M", Holders: []fsm.HolderInfo{holding(1, 2, excl)}},
+				{Name: "N", Holders: []fsm.HolderInfo{holding(1, 3, excl)}},
 			},
-			check: all(lastTokenIs(2), storeIs(3, 0)),
+			check: all(lastTokenIs(3), storeIs(3, 0)),
 		},
 	}
 	for _, tc := range cases {
@@ -406,6 +527,7 @@ func TestApplyKV(t *testing.T) {
 // ErrStaleToken and no other sentinel, with the message of issue 3.
 func TestKVStaleTokenError(t *testing.T) {
 	s := fsm.NewState()
+	issueTokens(t, s, 34)
 	mustApply(t, s, kvPut("orders/17", "new", fenced("orders", 34)))
 	for _, cmd := range []*fsmpb.Command{
 		kvPut("orders/17", "old", fenced("orders", 33)),
@@ -499,4 +621,20 @@ func TestKVReadsReturnCopies(t *testing.T) {
 		t.Fatal("changing a value read from the state changed the state")
 	}
 	getIs("k", kvAt("k", "value", "", 0, 0, 1, 1, 1))(t, s)
+}
+
+// TestKVEventsAreCopies proves a watch event carries its own copy of the
+// value: a watcher that changes it changes nothing in the state.
+func TestKVEventsAreCopies(t *testing.T) {
+	s := fsm.NewState()
+	res := mustApply(t, s, kvPut("k", "value"))
+	want := snapshotBytes(t, s)
+	res.Events[0].KV.Value[0] = 'X'
+	if !bytes.Equal(want, snapshotBytes(t, s)) {
+		t.Fatal("changing a watch event's value changed the state")
+	}
+	getIs("k", kvAt("k", "value", "", 0, 0, 1, 1, 1))(t, s)
+	if err := eventsOwnValues(t, s, mustApply(t, s, kvPut("k", "again"))); err != nil {
+		t.Fatal(err)
+	}
 }

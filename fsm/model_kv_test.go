@@ -4,29 +4,37 @@
 //
 //   - a put or delete is accepted iff its token is >= the highest token
 //     accepted for the key before (and is not 0 once the key was ever
-//     fenced), strict writes carry a current grant of the named lock, and a
-//     CAS names the key's mod revision (0 when absent); otherwise it fails
-//     with the right error (a *fence.StaleTokenError naming both tokens for
-//     a stale one) and changes nothing;
+//     fenced), was issued (is <= the last token), strict writes carry a
+//     current grant of the named lock, and a CAS names the key's mod
+//     revision (0 when absent); otherwise it fails with the right error (a
+//     *fence.StaleTokenError naming both tokens for a stale one,
+//     ErrInvalidArgument for a token never issued) and changes nothing;
 //   - an accepted write's exact Result (store revision, event with create
-//     and mod revision, version, token, highest token) is the model's;
-//   - no write that took effect carried a token lower than one that took
-//     effect before on that key, and the state's highest token per key
-//     (tombstones included, read from the snapshot) never decreases and
-//     never disappears once above 0;
+//     and mod revision, version, token, highest token, and lock "" when
+//     unfenced) is the model's, and its event shares no bytes with the state;
+//   - no write that took effect carried a token lower than one accepted
+//     before on that key, and the state's highest token per key (tombstones
+//     included, read from the snapshot) is the highest accepted, never
+//     decreases and never disappears once above 0;
 //   - Get, List, KVRevision, NumKeys and every snapshot entry match the
 //     model after every command, KV or not.
 //
-// A delete of a key that is absent (or only a tombstone) succeeds and
-// changes nothing; it is not counted as a write that took effect, so it
-// raises no highest token (see the no-op delete case in kv_test.go).
+// A delete of a key that is absent (or only a tombstone) succeeds with no
+// revision and no event. An unfenced one changes nothing. A fenced one is
+// an accepted write: it raises the key's highest token to its own, in a
+// tombstone made for it (revisions, version and token 0) if the key had no
+// entry (see the no-op delete cases in kv_test.go).
 package fsm_test
 
 import (
+	"bytes"
 	"errors"
 	"fmt"
+	"math"
 	"reflect"
 	"sort"
+	"strings"
+	"testing"
 
 	"github.com/fencelock/fence"
 	"github.com/fencelock/fence/fsm"
@@ -41,8 +49,9 @@ type modelKey struct {
 type kvModel struct {
 	rev  uint64
 	keys map[string]*modelKey // live keys and fenced tombstones
-	// accepted is, per key, the highest token of a write that took effect;
-	// seen is the state's highest token per key after the previous step.
+	// accepted is, per key, the highest token of a write accepted (a
+	// fenced no-op delete included); seen is the state's highest token per
+	// key after the previous step.
 	accepted map[string]uint64
 	seen     map[string]uint64
 }
@@ -75,8 +84,9 @@ func (k *kvModel) liveKeys() int {
 }
 
 // expect returns what the KV command must answer, and a commit that
-// applies it to the model when it succeeds.
-func (k *kvModel) expect(cmd *fsmpb.Command, holders map[string][]fsm.HolderInfo) (fsm.Result, func()) {
+// applies it to the model when it succeeds. lastToken is the last token
+// issued before the command.
+func (k *kvModel) expect(cmd *fsmpb.Command, holders map[string][]fsm.HolderInfo, lastToken uint64) (fsm.Result, func()) {
 	key, value, f, maxKeys, isPut, _ := kvCommand(cmd)
 	e := k.keys[key]
 	live := e != nil && !e.deleted
@@ -85,12 +95,18 @@ func (k *kvModel) expect(cmd *fsmpb.Command, holders map[string][]fsm.HolderInfo
 		highest = e.kv.HighestToken
 	}
 	token, lock := f.GetToken(), f.GetLock()
+	if token == 0 {
+		lock = "" // an unfenced write records no lock
+	}
 	nothing := func() {}
 	switch {
 	case token == 0 && highest > 0:
 		return fails(fence.ErrInvalidArgument), nothing
 	case token < highest:
 		return fsm.Result{Err: &fence.StaleTokenError{Key: key, Token: token, Highest: highest}}, nothing
+	case token > lastToken:
+		return fsm.Result{Err: fmt.Errorf("%w: token %d was never issued (the last token is %d); write key %s with the token of a grant",
+			fence.ErrInvalidArgument, token, lastToken, key)}, nothing
 	}
 	if f.GetStrict() {
 		if lock == "" || token == 0 {
@@ -117,7 +133,16 @@ func (k *kvModel) expect(cmd *fsmpb.Command, holders map[string][]fsm.HolderInfo
 		return fails(fence.ErrLimit), nothing
 	}
 	if !isPut && !live {
-		return unchanged(k.rev), nothing
+		if token == 0 {
+			return unchanged(k.rev), nothing
+		}
+		return unchanged(k.rev), func() {
+			if e == nil {
+				k.keys[key] = &modelKey{kv: fsm.KeyValue{Key: key}, deleted: true}
+			}
+			k.keys[key].kv.HighestToken = max(highest, token)
+			k.accepted[key] = max(k.accepted[key], token)
+		}
 	}
 	rev := k.rev + 1
 	kv := fsm.KeyValue{Key: key, HighestToken: highest, CreateRevision: rev}
@@ -146,9 +171,9 @@ func (k *kvModel) expect(cmd *fsmpb.Command, holders map[string][]fsm.HolderInfo
 }
 
 // observe checks a KV command's answer against the model and commits it.
-func (k *kvModel) observe(cmd *fsmpb.Command, res fsm.Result, holders map[string][]fsm.HolderInfo) error {
+func (k *kvModel) observe(cmd *fsmpb.Command, res fsm.Result, holders map[string][]fsm.HolderInfo, lastToken uint64) error {
 	key, _, f, _, _, _ := kvCommand(cmd)
-	want, commit := k.expect(cmd, holders)
+	want, commit := k.expect(cmd, holders, lastToken)
 	if want.Err != nil {
 		if res.Err == nil {
 			what := ""
@@ -165,6 +190,12 @@ func (k *kvModel) observe(cmd *fsmpb.Command, res fsm.Result, holders map[string
 			}
 			return nil
 		}
+		if neverIssued(want.Err) {
+			if !errors.Is(res.Err, fence.ErrInvalidArgument) || res.Err.Error() != want.Err.Error() {
+				return fmt.Errorf("%v failed with %q, want %q", cmd, res.Err, want.Err)
+			}
+			return nil
+		}
 		if !errors.Is(res.Err, want.Err) || errors.Is(res.Err, fence.ErrStaleToken) {
 			return fmt.Errorf("%v failed with %v, want %v", cmd, res.Err, want.Err)
 		}
@@ -178,13 +209,36 @@ func (k *kvModel) observe(cmd *fsmpb.Command, res fsm.Result, holders map[string
 			return fmt.Errorf("%v reported a change of %s", cmd, describeKV(ev.KV))
 		}
 		if ev.KV.Token < k.accepted[key] {
-			return fmt.Errorf("invariant 6: %v took effect with token %d after token %d had", cmd, ev.KV.Token, k.accepted[key])
+			return fmt.Errorf("invariant 6: %v took effect with token %d after token %d was accepted", cmd, ev.KV.Token, k.accepted[key])
 		}
 	}
 	if !reflect.DeepEqual(cmpForm(res), cmpForm(want)) {
 		return fmt.Errorf("%v answered %s, the model %s", cmd, describe(res), describe(want))
 	}
 	commit()
+	return nil
+}
+
+// neverIssued reports whether err refuses a token the service never issued.
+func neverIssued(err error) bool {
+	return errors.Is(err, fence.ErrInvalidArgument) && strings.Contains(err.Error(), "was never issued")
+}
+
+// eventsOwnValues checks that no event of res shares its value's bytes with
+// s: changing them leaves s's snapshot as it was.
+func eventsOwnValues(tb testing.TB, s *fsm.State, res fsm.Result) error {
+	for _, ev := range res.Events {
+		if len(ev.KV.Value) == 0 {
+			continue
+		}
+		before := snapshotBytes(tb, s)
+		ev.KV.Value[0] ^= 0xff
+		shared := !bytes.Equal(before, snapshotBytes(tb, s))
+		ev.KV.Value[0] ^= 0xff
+		if shared {
+			return fmt.Errorf("the event for key %q shares its value with the state", ev.KV.Key)
+		}
+	}
 	return nil
 }
 
@@ -207,6 +261,11 @@ func (k *kvModel) compare(s *fsm.State) error {
 	for key, h := range k.seen {
 		if _, ok := seen[key]; !ok && h > 0 {
 			return fmt.Errorf("invariant 6: key %q, fenced with token %d, was forgotten", key, h)
+		}
+	}
+	for key, h := range k.accepted {
+		if _, ok := seen[key]; !ok && h > 0 {
+			return fmt.Errorf("invariant 6: key %q accepted token %d, but the state keeps no highest token for it", key, h)
 		}
 	}
 	k.seen = seen
@@ -266,7 +325,8 @@ func highestOf(s *fsm.State, key string) uint64 {
 // kvOp decodes a KV command from op (0xa0..0xfe) and three bytes: a
 // put (3 in 4) or delete of one of kvKeys, fenced by one of the locks with a
 // token that is 0, a current holder's, the key's highest (equal), one below
-// it (stale), the last issued, a small one, or one above anything issued;
+// it (stale), the last issued, a small issued one, or one never issued (just
+// above the last, or near 2^64);
 // strict in 1 of 4, 1 of 2 with a holder's token; a CAS with the right, a wrong, or 0 expected revision
 // in 4 of 8; a max_keys of 0 to 3; and now and then no fence at all.
 func (c *commandSource) kvOp(s *fsm.State, op byte) *fsmpb.Command {
@@ -289,9 +349,12 @@ func (c *commandSource) kvOp(s *fsm.State, op byte) *fsmpb.Command {
 	case 5:
 		token = s.LastToken()
 	case 6:
-		token = uint64(t >> 4)
-	case 7:
-		token = max(highest, s.LastToken()) + 1 + uint64(t>>6)
+		token = uint64(t>>4) % (s.LastToken() + 1)
+	case 7: // t&0x0f is never 0x08 here, so bit 3 is free
+		token = s.LastToken() + 1 + uint64(t>>6)
+		if t&0x08 != 0 {
+			token = math.MaxUint64 - uint64(t>>6)
+		}
 	}
 	opts := []kvOpt{fenced(lock, token)}
 	if o&3 == 0 || (o&3 == 1 && t&7 <= 2) {
@@ -330,6 +393,9 @@ func kvOutcome(cmd *fsmpb.Command, res fsm.Result) string {
 	if !ok {
 		return ""
 	}
+	if neverIssued(res.Err) {
+		return "never issued"
+	}
 	for _, e := range []struct {
 		err  error
 		name string
@@ -344,6 +410,8 @@ func kvOutcome(cmd *fsmpb.Command, res fsm.Result) string {
 	switch {
 	case res.Err != nil:
 		return "other error"
+	case len(res.Events) == 0 && f.GetToken() > 0:
+		return "fenced no-op delete"
 	case len(res.Events) == 0:
 		return "no-op delete"
 	case f.GetStrict():

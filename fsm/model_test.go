@@ -92,7 +92,10 @@ func (m *modelChecker) observe(tb testing.TB, cmd *fsmpb.Command, res fsm.Result
 		return err
 	}
 	if _, _, _, _, _, isKV := kvCommand(cmd); isKV {
-		if err := m.kv.observe(cmd, res, m.holders); err != nil {
+		if err := m.kv.observe(cmd, res, m.holders, m.maxToken); err != nil {
+			return err
+		}
+		if err := eventsOwnValues(tb, s, res); err != nil {
 			return err
 		}
 		return m.compare(s, cmd, res)
@@ -139,7 +142,7 @@ func (m *modelChecker) checkFailure(cmd *fsmpb.Command, err error) error {
 		}
 	}
 	if _, _, _, _, _, isKV := kvCommand(cmd); isKV {
-		return m.kv.observe(cmd, fsm.Result{Err: err}, m.holders)
+		return m.kv.observe(cmd, fsm.Result{Err: err}, m.holders, m.maxToken)
 	}
 	switch op := cmd.GetOp().(type) {
 	case *fsmpb.Command_CreateSession:
@@ -785,7 +788,7 @@ func TestRandomCommandStreams(t *testing.T) {
 	}
 	t.Logf("KV outcomes: %v", total)
 	for _, o := range []string{"fenced put", "fenced delete", "unfenced write", "strict write", "CAS write", "no-op delete",
-		"stale", "invalid", "not holder", "revision mismatch", "limit"} {
+		"fenced no-op delete", "stale", "invalid", "never issued", "not holder", "revision mismatch", "limit"} {
 		if total[o] < 3 && !t.Failed() {
 			t.Errorf("the streams made only %d KV commands with outcome %q: %v", total[o], o, total)
 		}
@@ -831,7 +834,8 @@ func TestModelCheckerCatchesViolations(t *testing.T) {
 	kvSetup := func(t *testing.T) (*fsm.State, *modelChecker) {
 		s, m := fsm.NewState(), newModelChecker()
 		for _, cmd := range []*fsmpb.Command{
-			newSession(), acquire(1, "a", excl),
+			newSession(), acquire(1, "a", excl), release(1, "a", 1), acquire(1, "a", excl), release(1, "a", 2),
+			acquire(1, "a", excl), release(1, "a", 3), acquire(1, "a", excl), release(1, "a", 4), acquire(1, "a", excl), // token 5
 			kvPut("k", "v", fenced("a", 5)), kvPut("t", "v", fenced("a", 5)), kvDel("t", fenced("a", 5)),
 		} {
 			before := snapshotBytes(t, s)
@@ -854,6 +858,8 @@ func TestModelCheckerCatchesViolations(t *testing.T) {
 	kvCases := []struct {
 		name string
 		run  func(t *testing.T, s *fsm.State, m *modelChecker) error
+		// why is what the error must say; "invariant 6" if empty.
+		why string
 	}{
 		{"a stale put reported as accepted (6)", func(t *testing.T, s *fsm.State, m *modelChecker) error {
 			cmd := kvPut("k", "old", fenced("a", 4))
@@ -862,7 +868,7 @@ func TestModelCheckerCatchesViolations(t *testing.T) {
 				t.Fatalf("setup: %s", describe(res))
 			}
 			return m.observe(t, cmd, wrote(3, kvAt("k", "old", "a", 4, 5, 1, 4, 2)), s, before)
-		}},
+		}, ""},
 		{"a stale put on a tombstone applied by the state (6)", func(t *testing.T, s *fsm.State, m *modelChecker) error {
 			cmd := kvPut("t", "old", fenced("a", 4))
 			before := snapshotBytes(t, s)
@@ -871,7 +877,7 @@ func TestModelCheckerCatchesViolations(t *testing.T) {
 				snap.Kvs[1] = &fsmpb.KV{Key: "t", Value: []byte("old"), Token: 4, Lock: "a", HighestToken: 5, CreateRevision: 4, ModRevision: 4, Version: 1}
 			})
 			return m.observe(t, cmd, wrote(4, kvAt("t", "old", "a", 4, 5, 4, 4, 1)), broken, before)
-		}},
+		}, ""},
 		{"a stale delete applied by the state (6)", func(t *testing.T, s *fsm.State, m *modelChecker) error {
 			cmd := kvDel("k", fenced("a", 4))
 			before := snapshotBytes(t, s)
@@ -880,21 +886,62 @@ func TestModelCheckerCatchesViolations(t *testing.T) {
 				snap.Kvs[0] = &fsmpb.KV{Key: "k", Token: 4, Lock: "a", HighestToken: 5, CreateRevision: 1, ModRevision: 4, Version: 1, Deleted: true}
 			})
 			return m.observe(t, cmd, removed(4, kvAt("k", "", "a", 4, 5, 1, 4, 1)), broken, before)
-		}},
+		}, ""},
 		{"a key's highest token goes down (6)", func(t *testing.T, s *fsm.State, m *modelChecker) error {
 			broken := restoreBroken(t, s, func(snap *fsmpb.Snapshot) { snap.Kvs[0].Token, snap.Kvs[0].HighestToken = 3, 3 })
 			return m.observe(t, liftDelay("z"), fsm.Result{}, broken, snapshotBytes(t, broken))
-		}},
+		}, ""},
 		{"a tombstone is forgotten (6)", func(t *testing.T, s *fsm.State, m *modelChecker) error {
 			broken := restoreBroken(t, s, func(snap *fsmpb.Snapshot) { snap.Kvs = snap.Kvs[:1] })
 			return m.observe(t, liftDelay("z"), fsm.Result{}, broken, snapshotBytes(t, broken))
-		}},
+		}, ""},
+		{"a fenced delete of a key never seen records no token (6)", func(t *testing.T, s *fsm.State, m *modelChecker) error {
+			cmd := kvDel("new", fenced("a", 5))
+			before := snapshotBytes(t, s)
+			res := s.Apply(cmd)
+			broken := restoreBroken(t, s, func(snap *fsmpb.Snapshot) {
+				snap.Kvs = slices.DeleteFunc(snap.Kvs, func(kv *fsmpb.KV) bool { return kv.GetKey() == "new" })
+			})
+			return m.observe(t, cmd, res, broken, before)
+		}, ""},
+		{"a fenced delete of a tombstone does not raise its highest token (6)", func(t *testing.T, s *fsm.State, m *modelChecker) error {
+			for _, cmd := range []*fsmpb.Command{release(1, "a", 5), acquire(1, "a", excl)} { // token 6
+				before := snapshotBytes(t, s)
+				if err := m.observe(t, cmd, s.Apply(cmd), s, before); err != nil {
+					t.Fatalf("setup %v: %v", cmd, err)
+				}
+			}
+			cmd := kvDel("t", fenced("a", 6))
+			before := snapshotBytes(t, s)
+			res := s.Apply(cmd)
+			broken := restoreBroken(t, s, func(snap *fsmpb.Snapshot) { snap.Kvs[1].HighestToken = 5 })
+			return m.observe(t, cmd, res, broken, before)
+		}, ""},
+		{"a write with a token never issued reported as accepted", func(t *testing.T, s *fsm.State, m *modelChecker) error {
+			cmd := kvPut("k", "x", fenced("a", 6))
+			before := snapshotBytes(t, s)
+			if res := s.Apply(cmd); !errors.Is(res.Err, fence.ErrInvalidArgument) {
+				t.Fatalf("setup: %s", describe(res))
+			}
+			return m.observe(t, cmd, wrote(4, kvAt("k", "x", "a", 6, 6, 1, 4, 2)), s, before)
+		}, "never issued"},
+		{"an unfenced write reported with a lock", func(t *testing.T, s *fsm.State, m *modelChecker) error {
+			cmd := kvPut("p", "x", fenced("a", 0))
+			before := snapshotBytes(t, s)
+			res := s.Apply(cmd)
+			res.Events[0].KV.Lock = "a"
+			return m.observe(t, cmd, res, s, before)
+		}, `Lock:"a"`},
 	}
 	for _, tc := range kvCases {
 		t.Run(tc.name, func(t *testing.T) {
 			s, m := kvSetup(t)
-			if err := tc.run(t, s, m); err == nil || !strings.Contains(err.Error(), "invariant 6") {
-				t.Fatalf("observe = %v, want an invariant 6 violation", err)
+			why := tc.why
+			if why == "" {
+				why = "invariant 6"
+			}
+			if err := tc.run(t, s, m); err == nil || !strings.Contains(err.Error(), why) {
+				t.Fatalf("observe = %v, want an error saying %q", err, why)
 			}
 		})
 	}

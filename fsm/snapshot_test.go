@@ -8,6 +8,7 @@ package fsm_test
 
 import (
 	"bytes"
+	"math"
 	"reflect"
 	"strings"
 	"testing"
@@ -24,7 +25,8 @@ import (
 // different TTLs and owners and a gap in the ids, exclusive and shared
 // holders, queues of both modes, lock-delays held and pending, a lock
 // under delay with a waiter, and KV keys: fenced, unfenced, empty, a
-// tombstone, and a key deleted without one.
+// tombstone, a key deleted without one, and the tombstone a fenced delete
+// of a key never written leaves (revisions 0, only a highest token).
 func richScript() []*fsmpb.Command {
 	const sec = time.Second
 	return []*fsmpb.Command{
@@ -56,6 +58,7 @@ func richScript() []*fsmpb.Command {
 		kvDel("k/gone"),                                     // 6: no tombstone
 		kvPut("k/live", "v2", fenced("e", 6), expectRev(1)), // 7
 		kvPut("k/empty", "", fenced("b", 2)),                // 8
+		kvDel("k/never", fenced("b", 2)),                    // no revision: a tombstone with highest 2
 	}
 }
 
@@ -68,6 +71,7 @@ func followUp() []*fsmpb.Command {
 		kvPut("k/live", "v3", fenced("f", 7), strict, expectRev(7)), // KV revision 9: the KV revision survived
 		kvPut("k/live", "stale", fenced("e", 6)),                    // stale
 		kvPut("k/tomb", "x", fenced("b", 2)),                        // stale: the tombstone kept token 3
+		kvPut("k/never", "x", fenced("b", 1)),                       // stale: the never-written tombstone kept token 2
 		kvPut("k/tomb", "x"),                                        // unfenced on a fenced key
 		kvPut("k/new", "n", maxKeys(3)),                             // limit: 3 live keys
 		kvPut("k/plain", "p2", maxKeys(3)),                          // 10: overwriting at the limit
@@ -120,8 +124,9 @@ func TestSnapshotRestoreRoundTrip(t *testing.T) {
 	for _, kv := range snap.GetKvs() {
 		keys = append(keys, kv.GetKey())
 	}
-	if snap.GetKvRevision() != 8 || !reflect.DeepEqual(keys, []string{"k/empty", "k/live", "k/plain", "k/tomb"}) ||
-		!snap.GetKvs()[3].GetDeleted() || snap.GetKvs()[3].GetHighestToken() != 3 || orig.NumKeys() != 3 {
+	never := &fsmpb.KV{Key: "k/never", HighestToken: 2, Deleted: true}
+	if snap.GetKvRevision() != 8 || !reflect.DeepEqual(keys, []string{"k/empty", "k/live", "k/never", "k/plain", "k/tomb"}) ||
+		!snap.GetKvs()[4].GetDeleted() || snap.GetKvs()[4].GetHighestToken() != 3 || !proto.Equal(snap.GetKvs()[2], never) || orig.NumKeys() != 3 {
 		t.Fatalf("the rich KV is not what the script meant to build: %v", snap)
 	}
 	restored, err := fsm.Restore(snap)
@@ -241,7 +246,8 @@ func TestRestoreEmpty(t *testing.T) {
 
 // validSnapshot is a consistent snapshot: session 1 holds a (exclusive,
 // token 1) with session 2 waiting; sessions 2 and 3 share b (tokens 2, 3);
-// KV revision 5 with fenced key k, unfenced key p and tombstone t.
+// KV revision 5 with fenced key k, unfenced key p, tombstone t, and n, the
+// tombstone a fenced delete of a key never written leaves.
 func validSnapshot() *fsmpb.Snapshot {
 	return &fsmpb.Snapshot{
 		LastToken:     3,
@@ -256,6 +262,7 @@ func validSnapshot() *fsmpb.Snapshot {
 			{Key: "k", Value: []byte("v"), Token: 3, Lock: "b", HighestToken: 3, CreateRevision: 1, ModRevision: 4, Version: 2},
 			{Key: "p", Value: []byte("x"), CreateRevision: 2, ModRevision: 2, Version: 1},
 			{Key: "t", Token: 1, Lock: "a", HighestToken: 1, CreateRevision: 3, ModRevision: 5, Version: 1, Deleted: true},
+			{Key: "n", HighestToken: 2, Deleted: true},
 		},
 	}
 }
@@ -304,7 +311,17 @@ func TestRestoreRejectsInconsistentSnapshots(t *testing.T) {
 		}, `key "t" twice`},
 		{"key token above its highest", func(s *fsmpb.Snapshot) { s.Kvs[0].Token = 4 }, "token 4 above its highest 3"},
 		{"tombstone token above its highest", func(s *fsmpb.Snapshot) { s.Kvs[2].Token = 2 }, "token 2 above its highest 1"},
-		{"unfenced tombstone", func(s *fsmpb.Snapshot) { s.Kvs[2].Token, s.Kvs[2].HighestToken = 0, 0 }, "unfenced tombstone"},
+		{"unfenced tombstone", func(s *fsmpb.Snapshot) { s.Kvs[2].Token, s.Kvs[2].Lock, s.Kvs[2].HighestToken = 0, "", 0 }, "unfenced tombstone"},
+		{"unfenced never-written tombstone", func(s *fsmpb.Snapshot) { s.Kvs[3].HighestToken = 0 }, `key "n" is an unfenced tombstone`},
+		{"key highest token above the counter", func(s *fsmpb.Snapshot) { s.Kvs[0].HighestToken = 4 }, `key "k" has highest token 4, above the last token issued 3`},
+		{"tombstone highest token above the counter", func(s *fsmpb.Snapshot) { s.Kvs[3].HighestToken = math.MaxUint64 }, `key "n" has highest token 18446744073709551615`},
+		{"lock without a token", func(s *fsmpb.Snapshot) { s.Kvs[1].Lock = "a" }, `key "p" names lock "a" without a token`},
+		{"tombstone with a value", func(s *fsmpb.Snapshot) { s.Kvs[2].Value = []byte("x") }, `tombstone "t" has a value`},
+		{"tombstone with version 0", func(s *fsmpb.Snapshot) { s.Kvs[2].Version = 0 }, `key "t" was created at revision 3 but has version 0`},
+		{"never-written entry with a mod revision", func(s *fsmpb.Snapshot) { s.Kvs[3].ModRevision = 1 }, `key "n" was never written`},
+		{"never-written entry with a version", func(s *fsmpb.Snapshot) { s.Kvs[3].Version = 1 }, `key "n" was never written`},
+		{"never-written entry with a token", func(s *fsmpb.Snapshot) { s.Kvs[3].Token, s.Kvs[3].Lock = 1, "a" }, `key "n" was never written`},
+		{"never-written live key", func(s *fsmpb.Snapshot) { s.Kvs[3].Deleted = false }, `key "n"`},
 		{"key revision beyond the store's", func(s *fsmpb.Snapshot) { s.KvRevision = 4 }, `key "t" has revisions`},
 		{"key created after its last change", func(s *fsmpb.Snapshot) { s.Kvs[0].CreateRevision = 5 }, `key "k" has revisions create 5, mod 4`},
 		{"live key never written", func(s *fsmpb.Snapshot) { s.Kvs[1].CreateRevision, s.Kvs[1].ModRevision = 0, 0 }, `key "p"`},
@@ -333,7 +350,7 @@ func TestRestoreRejectsInconsistentSnapshots(t *testing.T) {
 }
 
 // TestRestoreKVQueries proves the valid snapshot's keys load as written:
-// live keys readable, the tombstone hidden but still fencing, the live-key
+// live keys readable, the tombstones hidden but still fencing, the live-key
 // count (which max_keys uses) rebuilt.
 func TestRestoreKVQueries(t *testing.T) {
 	s, err := fsm.Restore(validSnapshot())
@@ -345,6 +362,7 @@ func TestRestoreKVQueries(t *testing.T) {
 		getIs("k", kvAt("k", "v", "b", 3, 3, 1, 4, 2)),
 		getIs("p", kvAt("p", "x", "", 0, 0, 2, 2, 1)),
 		notFound("t"),
+		notFound("n"),
 		listIs("", 0, false, "k", "p"),
 	)(t, s)
 	runSteps(t, s, []applyStep{
@@ -353,6 +371,10 @@ func TestRestoreKVQueries(t *testing.T) {
 		{cmd: kvPut("k", "x", fenced("b", 2)), want: fails(fence.ErrStaleToken)},
 		{cmd: kvPut("q", "x", maxKeys(2)), want: fails(fence.ErrLimit)},
 		{cmd: kvPut("t", "x", fenced("a", 1), strict, maxKeys(3)), want: wrote(6, kvAt("t", "x", "a", 1, 1, 6, 6, 1))},
+		{cmd: kvPut("n", "x", fenced("b", 1)), want: fails(fence.ErrStaleToken), errMsg: "stale fencing token 1 < 2 for key n"},
+		{cmd: kvPut("n", "x"), want: fails(fence.ErrInvalidArgument)},
+		{cmd: kvPut("n", "x", fenced("b", 4)), want: fails(fence.ErrInvalidArgument)},
+		{cmd: kvPut("n", "x", fenced("b", 2), expectRev(0)), want: wrote(7, kvAt("n", "x", "b", 2, 2, 7, 7, 1))},
 	})
 }
 
