@@ -32,6 +32,8 @@ import (
 	"github.com/fencelock/fence/client"
 	"github.com/fencelock/fence/fencing"
 	"github.com/fencelock/fence/fencing/boltfence"
+	"github.com/fencelock/fence/fencing/pgfence"
+	"github.com/jackc/pgx/v5"
 )
 
 func main() {
@@ -148,7 +150,7 @@ func runWorker(ctx context.Context, args []string) error {
 	key := fs.String("key", "orders/17", "key to write")
 	lockName := fs.String("lock", "", "lock to take (default: the key's first path segment)")
 	value := fs.String("value", "", "value to write (default: the worker's name)")
-	target := fs.String("target", "kv", `where to write: "kv" (fence's fenced KV) or the storage's URL`)
+	target := fs.String("target", "kv", `where to write: "kv" (fence's fenced KV), the storage's URL, or a postgres:// DSN (table fenced_orders)`)
 	ttl := fs.Duration("ttl", 2*time.Second, "session TTL")
 	delay := fs.Duration("delay", 0, "time between taking the lock and writing")
 	if err := fs.Parse(args); err != nil {
@@ -178,9 +180,12 @@ func runWorker(ctx context.Context, args []string) error {
 	fmt.Printf("%s %s: got lock %s with token %d\n", stamp(), *name, *lockName, g.Token())
 	time.Sleep(*delay) // a paused process resumes here, believing it holds the lock
 	fmt.Printf("%s %s: writing %s=%q with token %d\n", stamp(), *name, *key, *value, g.Token())
-	if *target == "kv" {
+	switch {
+	case *target == "kv":
 		_, err = c.KV().Put(context.Background(), *key, []byte(*value), client.WithToken(*lockName, g.Token()))
-	} else {
+	case strings.HasPrefix(*target, "postgres://") || strings.HasPrefix(*target, "postgresql://"):
+		err = putSQL(*target, *key, *value, g.Token())
+	default:
 		err = putHTTP(*target+"/"+*key, *value, fencing.WithToken(context.Background(), *lockName, g.Token()))
 	}
 	if err != nil {
@@ -190,6 +195,30 @@ func runWorker(ctx context.Context, args []string) error {
 	fmt.Printf("%s %s: write accepted\n", stamp(), *name)
 	_ = m.Unlock(context.Background())
 	return nil
+}
+
+// putSQL writes the value into a row of fenced_orders (created if missing)
+// with pgfence's one-statement fenced upsert.
+func putSQL(dsn, key, value string, token uint64) error {
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	conn, err := pgx.Connect(ctx, dsn)
+	if err != nil {
+		return err
+	}
+	defer conn.Close(context.Background())
+	if _, err := conn.Exec(ctx, `CREATE TABLE IF NOT EXISTS fenced_orders (id text PRIMARY KEY, value text NOT NULL)`); err != nil {
+		return err
+	}
+	if err := pgfence.AddTokenColumn(ctx, conn, "fenced_orders", ""); err != nil {
+		return err
+	}
+	return pgfence.Upsert(ctx, conn, pgfence.UpsertRow{
+		Table: "fenced_orders",
+		Key:   []pgfence.Column{{Name: "id", Value: key}},
+		Set:   []pgfence.Column{{Name: "value", Value: value}},
+		Token: token,
+	})
 }
 
 func putHTTP(url, value string, ctx context.Context) error {
