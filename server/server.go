@@ -347,16 +347,20 @@ func (m *metrics) interceptor() connect.Interceptor {
 	})
 }
 
-// WaitLeader blocks until some node of the group is the leader, or timeout.
+// WaitLeader blocks until this node can serve: it is the leader and has
+// applied its log, or it knows another node leads. It gives up after timeout.
 func (s *Server) WaitLeader(timeout time.Duration) error {
 	deadline := time.Now().Add(timeout)
 	for {
-		if _, id := s.node.raft.LeaderWithID(); id != "" {
+		if s.leaderReady.Load() {
+			return nil
+		}
+		if _, id := s.node.raft.LeaderWithID(); id != "" && string(id) != s.cfg.NodeID {
 			return nil
 		}
 		if time.Now().After(deadline) {
-			return fmt.Errorf("%w: no leader elected within %v", fence.ErrUnavailable, timeout)
+			return fmt.Errorf("%w: no leader ready within %v", fence.ErrUnavailable, timeout)
 		}
-		time.Sleep(10 * time.Millisecond)
+		time.Sleep(5 * time.Millisecond)
 	}
 }
