@@ -86,6 +86,8 @@ type Config struct {
 	Logger *slog.Logger
 	// Version is reported by Status.
 	Version string
+	// Pprof serves Go's profiler under /debug/pprof/ on the API port.
+	Pprof bool
 }
 
 // DefaultConfig returns the configuration `fence serve` runs with when given
