@@ -212,7 +212,7 @@ func (c *Client) call(ctx context.Context, fn func(ctx context.Context, ep *endp
 		case <-t.C():
 		}
 		tried, hints = 0, 0
-		backoff = min(2*backoff, time.Second)
+		backoff = min(2*backoff, 250*time.Millisecond)
 	}
 }
 
