@@ -3,11 +3,13 @@ package client
 import (
 	"context"
 	"errors"
+	"strings"
 	"testing"
 	"time"
 
 	"github.com/fencelock/fence"
 	fencev1 "github.com/fencelock/fence/api/fence/v1"
+	"github.com/fencelock/fence/server"
 )
 
 // The article's timeline against the fenced KV: A writes with its token,
@@ -147,5 +149,33 @@ func TestKVWatch(t *testing.T) {
 	w.Close()
 	if _, ok := <-w.Events(); ok {
 		t.Fatal("events after Close")
+	}
+}
+
+// Oversized keys and values, and keys with control characters, are refused
+// with ErrInvalidArgument and nothing is written.
+func TestKVRejectsBadInput(t *testing.T) {
+	srv := startServer(t, func(c *server.Config) { c.MaxKeyBytes = 16; c.MaxValueBytes = 32 })
+	c := mustClient(t, srv, nil)
+	ctx := context.Background()
+	kv := c.KV()
+	for _, tc := range []struct {
+		key, value, want string
+	}{
+		{"", "v", "key is empty"},
+		{"k-is-far-too-long-for-the-limit", "v", "over the limit of 16"},
+		{"bad\x01key", "v", "control character"},
+		{"k", string(make([]byte, 33)), "value is 33 bytes, over the limit of 32"},
+	} {
+		if _, err := kv.Put(ctx, tc.key, []byte(tc.value)); !errors.Is(err, fence.ErrInvalidArgument) || !strings.Contains(err.Error(), tc.want) {
+			t.Errorf("Put(%q, %d bytes) = %v, want ErrInvalidArgument saying %q", tc.key, len(tc.value), err, tc.want)
+		}
+	}
+	if _, err := kv.Put(ctx, "k", []byte("v"), WithToken("l", 1)); !errors.Is(err, fence.ErrInvalidArgument) || !strings.Contains(err.Error(), "never issued") {
+		t.Errorf("Put with a token never issued: %v", err)
+	}
+	kvs, _, err := kv.List(ctx, "")
+	if err != nil || len(kvs) != 0 {
+		t.Fatalf("bad writes left %v, %v", kvs, err)
 	}
 }
