@@ -33,6 +33,9 @@ const (
 	ViolationTokenOrder = "token-order"
 	// ViolationNotLinearizable: the KV history has no linearization.
 	ViolationNotLinearizable = "not-linearizable"
+	// ViolationNodeDied: a server the checker restarted exited by itself
+	// (it could not reopen its data after a kill, for example).
+	ViolationNodeDied = "node-died"
 )
 
 // Final is the state read at the end of a run.

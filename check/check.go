@@ -184,12 +184,16 @@ func Run(ctx context.Context, cfg Config) (*Result, error) {
 	}
 	res.Final, err = r.readFinal(ctx, sql)
 	if err != nil {
+		if dead := r.deadNodes(); len(dead) > 0 {
+			err = fmt.Errorf("%w; %s", err, dead[0].Detail)
+		}
 		return nil, err
 	}
 	res.Ended = time.Now()
 	res.Ops = r.hist.Ops()
 	res.Faults = r.faults
 	res.Analysis = Analyze(res.Ops, res.Final, r.prefix, 30*time.Second)
+	res.Analysis.Violations = append(res.Analysis.Violations, r.deadNodes()...)
 	return res, nil
 }
 

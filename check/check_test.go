@@ -99,7 +99,7 @@ func TestCheckFindsLostUpdatesWithoutFencing(t *testing.T) {
 	for _, v := range res.Analysis.Violations {
 		kinds[v.Kind]++
 	}
-	if kinds[check.ViolationLostIncrement] == 0 || kinds[check.ViolationStaleWrite] == 0 {
+	if kinds[check.ViolationLostIncrement]+kinds[check.ViolationLostAppend] == 0 || kinds[check.ViolationStaleWrite] == 0 {
 		t.Fatalf("no lost update found without fencing: violations %v after %d pauses", kinds, len(res.Faults))
 	}
 }

@@ -185,3 +185,26 @@ func (r *runner) partition(n *node, cut bool) {
 		}
 	}
 }
+
+// deadNodes reports the servers that exited without being killed: a node
+// that cannot restart on its own data after SIGKILL breaks durability.
+func (r *runner) deadNodes() []Violation {
+	var out []Violation
+	for _, n := range r.nodes {
+		select {
+		case <-n.proc.done:
+			log, _ := os.ReadFile(n.dir + ".log")
+			out = append(out, Violation{Kind: ViolationNodeDied, Detail: fmt.Sprintf("%s exited by itself; the end of its log:\n%s", n.name(), lastLines(string(log), 8))})
+		default:
+		}
+	}
+	return out
+}
+
+func lastLines(s string, n int) string {
+	lines := strings.Split(strings.TrimRight(s, "\n"), "\n")
+	if len(lines) > n {
+		lines = lines[len(lines)-n:]
+	}
+	return strings.Join(lines, "\n")
+}

@@ -161,8 +161,14 @@ func TestCancelledWaitLeavesNothing(t *testing.T) {
 // Tokens survive a restart: the lock is still held with its token, and the
 // next grant is higher than any before.
 func TestRestartKeepsGrantsAndTokens(t *testing.T) {
+	for _, store := range []string{LogStoreBolt, LogStoreWAL} {
+		t.Run(store, func(t *testing.T) { restartKeepsGrantsAndTokens(t, store) })
+	}
+}
+
+func restartKeepsGrantsAndTokens(t *testing.T, store string) {
 	dir := t.TempDir()
-	edit := func(c *Config) { c.DataDir = dir; c.SnapshotThreshold = 16 }
+	edit := func(c *Config) { c.DataDir = dir; c.SnapshotThreshold = 16; c.LogStore = store }
 	s := startTestServer(t, edit)
 	a := newAPI(t, s)
 	sess := a.session(time.Hour)
