@@ -16,10 +16,7 @@ const DefaultTokenColumn = sqlgen.DefaultTokenColumn
 
 // Column is a column's name, used exactly as given (it is always quoted),
 // and a value to compare it with or write to it.
-type Column struct {
-	Name  string
-	Value any
-}
+type Column = sqlgen.Column
 
 // UpdateRow is one fenced update of an existing row.
 type UpdateRow struct {
@@ -52,13 +49,6 @@ type UpsertRow struct {
 	TokenColumn string
 }
 
-func columns(cs []Column) []sqlgen.Column {
-	out := make([]sqlgen.Column, len(cs))
-	for i, c := range cs {
-		out[i] = sqlgen.Column{Name: c.Name, Value: c.Value}
-	}
-	return out
-}
 
 // Update writes u.Set and the token into the row u.Where identifies, in one
 // statement, atomic on its own (db may be a *sql.DB or the caller's
@@ -74,7 +64,7 @@ func columns(cs []Column) []sqlgen.Column {
 // and run nothing; database errors are returned wrapped.
 func Update(ctx context.Context, db Querier, u UpdateRow) error {
 	return sqlgen.Fenced(ctx, "sqlitefence", sqlgen.SQLite, executor{db}, sqlgen.Update, sqlgen.Row{
-		Table: u.Table, Key: columns(u.Where), Set: columns(u.Set), TokenColumn: u.TokenColumn, Token: u.Token,
+		Table: u.Table, Key: u.Where, Set: u.Set, TokenColumn: u.TokenColumn, Token: u.Token,
 	})
 }
 
@@ -88,7 +78,7 @@ func Update(ctx context.Context, db Querier, u UpdateRow) error {
 // tokens. Errors as for Update; Upsert never returns ErrNoRow.
 func Upsert(ctx context.Context, db Querier, u UpsertRow) error {
 	return sqlgen.Fenced(ctx, "sqlitefence", sqlgen.SQLite, executor{db}, sqlgen.Upsert, sqlgen.Row{
-		Table: u.Table, Key: columns(u.Key), Set: columns(u.Set), TokenColumn: u.TokenColumn, Token: u.Token,
+		Table: u.Table, Key: u.Key, Set: u.Set, TokenColumn: u.TokenColumn, Token: u.Token,
 	})
 }
 
