@@ -51,7 +51,6 @@ type UpsertRow struct {
 	TokenColumn string
 }
 
-
 // Update writes u.Set and the token into the row u.Where identifies, in one
 // statement, atomic on its own (db may be a pool, a connection or the
 // caller's transaction), and only if the row's token is not higher than

@@ -49,7 +49,6 @@ type UpsertRow struct {
 	TokenColumn string
 }
 
-
 // Update writes u.Set and the token into the row u.Where identifies, in one
 // statement, atomic on its own (db may be a *sql.DB or the caller's
 // *sql.Tx), and only if the row's token is not higher than u.Token:

@@ -7,6 +7,7 @@ package rpcerr
 import (
 	"context"
 	"errors"
+	"syscall"
 
 	"connectrpc.com/connect"
 
@@ -120,6 +121,13 @@ func FromConnect(err error) error {
 		return err
 	}
 	re := &RemoteError{Code: ce.Code(), Message: ce.Message()}
+	if ce.Code() == connect.CodeCanceled && connectionLost(err) {
+		// connect-go reports a connection reset (or a write to a closed
+		// one) as Canceled, even on a client whose context is live: a
+		// node that crashed mid-call. That is a transport failure, to be
+		// retried elsewhere like any other.
+		re.Code = connect.CodeUnavailable
+	}
 	for _, d := range ce.Details() {
 		if v, derr := d.Value(); derr == nil {
 			if detail, ok := v.(*fencev1.ErrorDetail); ok {
@@ -138,9 +146,15 @@ func FromConnect(err error) error {
 		}
 	}
 	if re.sentinel == nil {
-		re.sentinel = sentinelForCode(ce.Code())
+		re.sentinel = sentinelForCode(re.Code)
 	}
 	return re
+}
+
+// connectionLost reports whether err is the connection being reset or
+// closed under the call, as when the node at the other end is killed.
+func connectionLost(err error) bool {
+	return errors.Is(err, syscall.ECONNRESET) || errors.Is(err, syscall.EPIPE)
 }
 
 func sentinelForCode(code connect.Code) error {
