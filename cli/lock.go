@@ -21,6 +21,7 @@ type lockFlags struct {
 	timeout   time.Duration
 	lockDelay time.Duration
 	grace     time.Duration
+	shared    bool
 }
 
 func lockCommand(g *globals) *cobra.Command {
@@ -52,6 +53,7 @@ Exit status: CMD's own; 124 if the lock was not granted within --timeout;
 	fl.DurationVar(&f.timeout, "timeout", 0, "give up waiting for the lock after this long (0: wait forever)")
 	fl.DurationVar(&f.lockDelay, "lock-delay", 0, "if the session expires, keep the lock from others this long")
 	fl.DurationVar(&f.grace, "grace", 5*time.Second, "time between SIGTERM and SIGKILL when the lock is lost")
+	fl.BoolVar(&f.shared, "shared", false, "take the lock in shared (read) mode, alongside other shared holders")
 	return cmd
 }
 
@@ -79,8 +81,19 @@ func runLocked(ctx context.Context, g *globals, f lockFlags, name string, argv [
 	if f.lockDelay > 0 {
 		opts = append(opts, client.WithLockDelay(f.lockDelay))
 	}
-	m := client.NewMutex(s, name, opts...)
-	grant, err := m.Lock(ctx)
+	var (
+		grant  *client.Grant
+		unlock func(context.Context) error
+	)
+	if f.shared {
+		rw := client.NewRWMutex(s, name, opts...)
+		grant, err = rw.RLock(ctx)
+		unlock = rw.RUnlock
+	} else {
+		m := client.NewMutex(s, name, opts...)
+		grant, err = m.Lock(ctx)
+		unlock = m.Unlock
+	}
 	if errors.Is(err, fence.ErrWaitTimeout) {
 		return &ExitError{Code: exitTimeout, Err: fmt.Errorf("lock %q was not granted within %v", name, f.timeout)}
 	}
@@ -97,7 +110,7 @@ func runLocked(ctx context.Context, g *globals, f lockFlags, name string, argv [
 		"FENCE_SESSION="+strconv.FormatUint(s.ID(), 10),
 	)
 	if err := child.Start(); err != nil {
-		_ = m.Unlock(context.Background())
+		_ = unlock(context.Background())
 		code := exitNoExec
 		if errors.Is(err, exec.ErrNotFound) || errors.Is(err, os.ErrNotExist) {
 			code = exitNotFound
@@ -111,7 +124,7 @@ func runLocked(ctx context.Context, g *globals, f lockFlags, name string, argv [
 	case err := <-exited:
 		unlockCtx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 		defer cancel()
-		if uerr := m.Unlock(unlockCtx); uerr != nil && grant.Err() == nil {
+		if uerr := unlock(unlockCtx); uerr != nil && grant.Err() == nil {
 			fmt.Fprintf(g.stderr, "fence lock: releasing %q: %v\n", name, uerr)
 		}
 		return exitStatus(err)
@@ -122,7 +135,7 @@ func runLocked(ctx context.Context, g *globals, f lockFlags, name string, argv [
 	case <-ctx.Done():
 		// fence itself was told to stop: pass it on, then release.
 		stopChild(child, exited, f.grace, g)
-		_ = m.Unlock(context.Background())
+		_ = unlock(context.Background())
 		return &ExitError{Code: 128 + int(syscall.SIGTERM)}
 	}
 }

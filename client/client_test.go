@@ -225,3 +225,70 @@ func TestCloseDoesNotHangWhenServiceIsDown(t *testing.T) {
 		t.Fatal("Close hung with the service down")
 	}
 }
+
+// Readers share the lock, a writer waits for them, and readers that come
+// after a waiting writer wait behind it (FIFO, no writer starvation).
+func TestRWMutex(t *testing.T) {
+	srv := startServer(t, nil)
+	c := mustClient(t, srv, nil)
+	ctx := context.Background()
+	session := func() *Session {
+		s, err := c.NewSession(ctx)
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { s.Close(ctx) })
+		return s
+	}
+	r1, r2, w, r3 := NewRWMutex(session(), "rw"), NewRWMutex(session(), "rw"), NewRWMutex(session(), "rw"), NewRWMutex(session(), "rw")
+	g1, err := r1.RLock(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	g2, err := r2.TryRLock(ctx)
+	if err != nil || g2.Token() == g1.Token() {
+		t.Fatalf("second reader: %v, %v; want its own grant beside the first", g2, err)
+	}
+	if _, err := w.TryLock(ctx); !errors.Is(err, fence.ErrLocked) {
+		t.Fatalf("writer while readers hold: %v, want ErrLocked", err)
+	}
+	wrote := make(chan *Grant, 1)
+	go func() {
+		g, err := w.Lock(ctx)
+		if err != nil {
+			t.Error(err)
+		}
+		wrote <- g
+	}()
+	deadline := time.Now().Add(10 * time.Second)
+	for {
+		locks, err := c.Locks(ctx, "rw")
+		if err == nil && len(locks) == 1 && len(locks[0].GetWaiters()) == 1 {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatal("the writer never queued")
+		}
+		time.Sleep(5 * time.Millisecond)
+	}
+	if _, err := r3.TryRLock(ctx); !errors.Is(err, fence.ErrLocked) {
+		t.Fatalf("reader behind a waiting writer: %v, want ErrLocked", err)
+	}
+	if err := r1.RUnlock(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if err := r2.RUnlock(ctx); err != nil {
+		t.Fatal(err)
+	}
+	select {
+	case g := <-wrote:
+		if g == nil || g.Token() <= g2.Token() {
+			t.Fatalf("writer's grant %v", g)
+		}
+	case <-time.After(10 * time.Second):
+		t.Fatal("the writer was not granted after the readers left")
+	}
+	if err := w.Unlock(ctx); err != nil {
+		t.Fatal(err)
+	}
+}

@@ -79,13 +79,15 @@ type Mutex struct {
 	name string
 	opts lockOptions
 
+	mode fencev1.Mode
+
 	mu    sync.Mutex
 	grant *Grant
 }
 
 // NewMutex returns a mutex on the named lock, held through s.
 func NewMutex(s *Session, name string, opts ...LockOption) *Mutex {
-	m := &Mutex{s: s, name: name}
+	m := &Mutex{s: s, name: name, mode: fencev1.Mode_MODE_EXCLUSIVE}
 	for _, opt := range opts {
 		opt(&m.opts)
 	}
@@ -123,7 +125,7 @@ func (m *Mutex) acquire(ctx context.Context, try bool) (*Grant, error) {
 		SessionId: s.id,
 		Lock:      m.name,
 		Try:       try,
-		Mode:      fencev1.Mode_MODE_EXCLUSIVE,
+		Mode:      m.mode,
 	}
 	if m.opts.lockDelay > 0 {
 		req.LockDelay = durationpb.New(m.opts.lockDelay)
@@ -177,3 +179,39 @@ func (m *Mutex) Unlock(ctx context.Context) error {
 		return err
 	})
 }
+
+// RWMutex is a lock held through a session either by one writer (Lock) or
+// by any number of readers (RLock), like sync.RWMutex. Waiters are granted
+// in FIFO order: a waiting writer holds back readers that come after it,
+// so writers do not starve. Each grant, shared ones included, has its own
+// fencing token. One session holds the lock in one mode at a time.
+type RWMutex struct {
+	w, r *Mutex
+}
+
+// NewRWMutex returns a read-write mutex on the named lock, held through s.
+func NewRWMutex(s *Session, name string, opts ...LockOption) *RWMutex {
+	rw := &RWMutex{w: NewMutex(s, name, opts...), r: NewMutex(s, name, opts...)}
+	rw.r.mode = fencev1.Mode_MODE_SHARED
+	return rw
+}
+
+// Lock waits for the lock in exclusive mode; see Mutex.Lock.
+func (rw *RWMutex) Lock(ctx context.Context) (*Grant, error) { return rw.w.Lock(ctx) }
+
+// TryLock takes the lock in exclusive mode without waiting, or fails with
+// fence.ErrLocked.
+func (rw *RWMutex) TryLock(ctx context.Context) (*Grant, error) { return rw.w.TryLock(ctx) }
+
+// Unlock releases an exclusive grant.
+func (rw *RWMutex) Unlock(ctx context.Context) error { return rw.w.Unlock(ctx) }
+
+// RLock waits for the lock in shared mode.
+func (rw *RWMutex) RLock(ctx context.Context) (*Grant, error) { return rw.r.Lock(ctx) }
+
+// TryRLock takes the lock in shared mode without waiting, or fails with
+// fence.ErrLocked.
+func (rw *RWMutex) TryRLock(ctx context.Context) (*Grant, error) { return rw.r.TryLock(ctx) }
+
+// RUnlock releases a shared grant.
+func (rw *RWMutex) RUnlock(ctx context.Context) error { return rw.r.Unlock(ctx) }
