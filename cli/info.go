@@ -26,7 +26,7 @@ func printJSON(g *globals, m proto.Message) error {
 }
 
 func locksCommand(g *globals) *cobra.Command {
-	var asJSON bool
+	var asJSON, stale bool
 	var prefix string
 	cmd := &cobra.Command{
 		Use:   "locks",
@@ -38,7 +38,11 @@ func locksCommand(g *globals) *cobra.Command {
 				return err
 			}
 			defer c.Close()
-			locks, err := c.Locks(cmd.Context(), prefix)
+			var opts []client.ReadOption
+			if stale {
+				opts = append(opts, client.Stale())
+			}
+			locks, err := c.Locks(cmd.Context(), prefix, opts...)
 			if err != nil {
 				return err
 			}
@@ -81,6 +85,7 @@ func locksCommand(g *globals) *cobra.Command {
 	}
 	cmd.Flags().BoolVar(&asJSON, "json", false, "print JSON")
 	cmd.Flags().StringVar(&prefix, "prefix", "", "only locks whose name starts with this")
+	cmd.Flags().BoolVar(&stale, "stale", false, "read from the node's own state, without the leader (may be behind)")
 	return cmd
 }
 

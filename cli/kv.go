@@ -115,7 +115,7 @@ func kvDelCommand(g *globals) *cobra.Command {
 }
 
 func kvGetCommand(g *globals) *cobra.Command {
-	var asJSON bool
+	var asJSON, stale bool
 	cmd := &cobra.Command{
 		Use:   "get KEY",
 		Short: "Print a key's value (exit 1 if it does not exist)",
@@ -126,7 +126,11 @@ func kvGetCommand(g *globals) *cobra.Command {
 				return err
 			}
 			defer c.Close()
-			kv, err := c.KV().Get(cmd.Context(), args[0])
+			var opts []client.ReadOption
+			if stale {
+				opts = append(opts, client.Stale())
+			}
+			kv, err := c.KV().Get(cmd.Context(), args[0], opts...)
 			if err != nil {
 				return err
 			}
@@ -141,6 +145,7 @@ func kvGetCommand(g *globals) *cobra.Command {
 		},
 	}
 	cmd.Flags().BoolVar(&asJSON, "json", false, "print the key with its token and revisions as JSON")
+	cmd.Flags().BoolVar(&stale, "stale", false, "read from the node's own state, without the leader (may be behind)")
 	return cmd
 }
 

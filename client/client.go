@@ -333,12 +333,31 @@ func (c *Client) StatusOf(ctx context.Context, addr string) (*fencev1.StatusResp
 // LockInfo describes a lock: its holders and its queue.
 type LockInfo = fencev1.LockInfo
 
+// ReadOption configures a read.
+type ReadOption func(*readOptions)
+
+type readOptions struct{ stale bool }
+
+// Stale lets any node answer from its own state, without confirming with
+// the leader: faster, and available without a leader, but possibly behind.
+// Reads are linearizable without it.
+func Stale() ReadOption { return func(o *readOptions) { o.stale = true } }
+
+func readOpts(opts []ReadOption) readOptions {
+	var o readOptions
+	for _, opt := range opts {
+		opt(&o)
+	}
+	return o
+}
+
 // Locks lists the locks whose names start with prefix, in name order.
-// The answer is linearizable.
-func (c *Client) Locks(ctx context.Context, prefix string) ([]*LockInfo, error) {
+// The answer is linearizable unless Stale is given.
+func (c *Client) Locks(ctx context.Context, prefix string, opts ...ReadOption) ([]*LockInfo, error) {
 	var out []*LockInfo
+	stale := readOpts(opts).stale
 	err := c.call(ctx, func(ctx context.Context, ep *endpoint) error {
-		resp, err := ep.locks.ListLocks(ctx, connect.NewRequest(&fencev1.ListLocksRequest{Prefix: prefix}))
+		resp, err := ep.locks.ListLocks(ctx, connect.NewRequest(&fencev1.ListLocksRequest{Prefix: prefix, Stale: stale}))
 		if err == nil {
 			out = resp.Msg.GetLocks()
 		}
@@ -359,10 +378,11 @@ type CheckResult struct {
 
 // Check asks whether token is the lock's current grant. A resource that can
 // reach the service uses it as the strongest fence.
-func (c *Client) Check(ctx context.Context, lock string, token uint64) (CheckResult, error) {
+func (c *Client) Check(ctx context.Context, lock string, token uint64, opts ...ReadOption) (CheckResult, error) {
 	var out CheckResult
+	stale := readOpts(opts).stale
 	err := c.call(ctx, func(ctx context.Context, ep *endpoint) error {
-		resp, err := ep.locks.Check(ctx, connect.NewRequest(&fencev1.CheckRequest{Lock: lock, Token: token}))
+		resp, err := ep.locks.Check(ctx, connect.NewRequest(&fencev1.CheckRequest{Lock: lock, Token: token, Stale: stale}))
 		if err == nil {
 			out = CheckResult{Current: resp.Msg.GetCurrent(), Held: resp.Msg.GetHeld(), CurrentToken: resp.Msg.GetCurrentToken()}
 		}

@@ -71,12 +71,13 @@ func (k *KV) Put(ctx context.Context, key string, value []byte, opts ...WriteOpt
 	return rev, err
 }
 
-// Get reads key, linearizably. It returns nil and no error when the key
-// does not exist.
-func (k *KV) Get(ctx context.Context, key string) (*KeyValue, error) {
+// Get reads key, linearizably unless Stale is given. It returns nil and no
+// error when the key does not exist.
+func (k *KV) Get(ctx context.Context, key string, opts ...ReadOption) (*KeyValue, error) {
 	var kv *KeyValue
+	stale := readOpts(opts).stale
 	err := k.c.call(ctx, func(ctx context.Context, ep *endpoint) error {
-		resp, err := ep.kv.Get(ctx, connect.NewRequest(&fencev1.GetRequest{Key: key}))
+		resp, err := ep.kv.Get(ctx, connect.NewRequest(&fencev1.GetRequest{Key: key, Stale: stale}))
 		if err == nil && resp.Msg.GetFound() {
 			kv = resp.Msg.GetKv()
 		}
@@ -100,14 +101,15 @@ func (k *KV) Delete(ctx context.Context, key string, opts ...WriteOption) (bool,
 }
 
 // List reads up to 1000 keys that start with prefix, in key order, and
-// reports whether more match.
-func (k *KV) List(ctx context.Context, prefix string) ([]*KeyValue, bool, error) {
+// reports whether more match; linearizably unless Stale is given.
+func (k *KV) List(ctx context.Context, prefix string, opts ...ReadOption) ([]*KeyValue, bool, error) {
 	var (
 		kvs  []*KeyValue
 		more bool
 	)
+	stale := readOpts(opts).stale
 	err := k.c.call(ctx, func(ctx context.Context, ep *endpoint) error {
-		resp, err := ep.kv.List(ctx, connect.NewRequest(&fencev1.ListRequest{Prefix: prefix}))
+		resp, err := ep.kv.List(ctx, connect.NewRequest(&fencev1.ListRequest{Prefix: prefix, Stale: stale}))
 		if err == nil {
 			kvs, more = resp.Msg.GetKvs(), resp.Msg.GetMore()
 		}

@@ -13,7 +13,7 @@ import (
 // Checker asks the fence service whether a token is a lock's current grant.
 // *client.Client implements it.
 type Checker interface {
-	Check(ctx context.Context, lock string, token uint64) (client.CheckResult, error)
+	Check(ctx context.Context, lock string, token uint64, opts ...client.ReadOption) (client.CheckResult, error)
 }
 
 // Guard admits writes to a Store, optionally in strict mode. It is what the

@@ -417,3 +417,42 @@ func TestWALRefusedForGroups(t *testing.T) {
 		t.Fatalf("Validate = %v, want the wal store refused for a group", err)
 	}
 }
+
+// A follower answers stale reads from its own state, even when cut off
+// from the leader; linearizable reads need the leader.
+func TestClusterStaleReadOnFollower(t *testing.T) {
+	c := startCluster(t, 3, nil)
+	leader := c.leader()
+	var follower *Server
+	for _, s := range c.nodes {
+		if s != leader {
+			follower = s
+			break
+		}
+	}
+	ctx := context.Background()
+	if _, err := c.client().KV().Put(ctx, "k", []byte("v1")); err != nil {
+		t.Fatal(err)
+	}
+	fc, err := client.New(client.WithEndpoints(follower.Addr()), client.WithRetryBudget(0))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer fc.Close()
+	waitFor(t, "the follower to apply the put", func() bool {
+		kv, err := fc.KV().Get(ctx, "k", client.Stale())
+		return err == nil && kv != nil && string(kv.GetValue()) == "v1"
+	})
+	c.isolate(follower.cfg.NodeID, true)
+	defer c.isolate(follower.cfg.NodeID, false)
+	waitFor(t, "the follower to notice it is cut off", func() bool {
+		_, id := follower.node.raft.LeaderWithID()
+		return id == ""
+	})
+	if kv, err := fc.KV().Get(ctx, "k", client.Stale()); err != nil || string(kv.GetValue()) != "v1" {
+		t.Fatalf("stale read on a cut-off follower = %v, %v", kv, err)
+	}
+	if _, err := fc.KV().Get(ctx, "k"); !errors.Is(err, fence.ErrUnavailable) {
+		t.Fatalf("linearizable read on a cut-off follower: %v, want ErrUnavailable", err)
+	}
+}
