@@ -93,7 +93,9 @@ func TestCheckFindsNoViolationWithFencing(t *testing.T) {
 // Without fencing, the same pauses lose updates, and the checker says so:
 // it can fail.
 func TestCheckFindsLostUpdatesWithoutFencing(t *testing.T) {
-	res := run(t, check.Config{Workers: 4, Duration: 15 * time.Second, Seed: 2, TTL: time.Second, FaultInterval: time.Second,
+	// About ten pauses: each lands in a holder's read-modify-write about
+	// half the time, so that the test cannot miss them all by chance.
+	res := run(t, check.Config{Workers: 4, Duration: 25 * time.Second, Seed: 2, TTL: time.Second, FaultInterval: 500 * time.Millisecond,
 		Faults: []string{check.FaultPause}, Unsafe: true})
 	kinds := map[string]int{}
 	for _, v := range res.Analysis.Violations {

@@ -136,7 +136,7 @@ func (w *worker) iteration(ctx context.Context, token uint64, n int) {
 }
 
 func (w *worker) think(ctx context.Context) {
-	sleep(ctx, time.Duration(w.rng.IntN(10))*time.Millisecond)
+	sleep(ctx, time.Duration(2+w.rng.IntN(10))*time.Millisecond)
 }
 
 func (w *worker) get(ctx context.Context, key string, token uint64) (string, bool) {
