@@ -3,12 +3,10 @@ package e2e
 import (
 	"context"
 	"encoding/json"
-	"errors"
 	"fmt"
 	"io"
 	"maps"
 	"net/http"
-	"os"
 	"slices"
 	"strconv"
 	"strings"
@@ -34,6 +32,7 @@ type clusterNode struct {
 	args     []string // `fence serve` arguments, the same at every start
 	proc     *proc    // the running (or last) process
 	procs    []*proc  // every process run for this node, for cleanup
+	killed   bool     // killed by the test, and not restarted yet
 }
 
 // cluster is a raft group of `fence serve` processes on loopback.
@@ -57,17 +56,6 @@ func startCluster(t *testing.T, n int, extra ...string) *cluster {
 		for _, nd := range append(c.failed, c.nodes...) {
 			for _, p := range nd.procs {
 				p.cleanup(t)
-			}
-		}
-	})
-	t.Cleanup(func() { // DEBUG
-		for _, nd := range c.nodes {
-			for _, p := range nd.procs {
-				st := "running"
-				if p.exited() {
-					st = p.cmd.ProcessState.String()
-				}
-				os.WriteFile(fmt.Sprintf("/tmp/fdbg/%s-%s-%d.log", strings.ReplaceAll(t.Name(), "/", "_"), nd.id, p.pid()), []byte(st+"\n"+p.stderr.String()), 0o644)
 			}
 		}
 	})
@@ -125,6 +113,7 @@ func (nd *clusterNode) start(t *testing.T) bool {
 	t.Helper()
 	nd.proc = newProc(t, "fence serve "+nd.id+" "+nd.addr, nd.args...)
 	nd.procs = append(nd.procs, nd.proc)
+	nd.killed = false
 	waitFor(t, startTimeout, "fence serve "+nd.id+" to open its ports", func() bool {
 		return nd.proc.exited() || strings.Contains(nd.proc.stderr.String(), " serving on "+nd.addr)
 	})
@@ -147,6 +136,7 @@ func (nd *clusterNode) restart(t *testing.T) {
 // kill sends SIGKILL to the node and waits until it is gone.
 func (nd *clusterNode) kill(t *testing.T) {
 	t.Helper()
+	nd.killed = true
 	nd.proc.signal(t, syscall.SIGKILL)
 	if code := nd.proc.waitExit(t, 10*time.Second); code != -1 {
 		t.Fatalf("%s exited with status %d, not by SIGKILL", nd.id, code)
@@ -154,6 +144,18 @@ func (nd *clusterNode) kill(t *testing.T) {
 }
 
 func (nd *clusterNode) running() bool { return nd.proc != nil && !nd.proc.exited() }
+
+// failIfDied fails the test at once if a node the test did not kill has
+// exited: a crash, or a signal from outside the test.
+func (c *cluster) failIfDied(t *testing.T) {
+	t.Helper()
+	for _, nd := range c.members() {
+		if nd.proc != nil && !nd.killed && nd.proc.exited() {
+			t.Fatalf("%s (pid %d) exited though the test did not kill it (%v); stderr:\n%s",
+				nd.id, nd.proc.pid(), nd.proc.cmd.ProcessState, tail(nd.proc.stderr.String(), 3000))
+		}
+	}
+}
 
 // members returns the nodes started as members, joiners included.
 func (c *cluster) members() []*clusterNode { return c.nodes }
@@ -215,11 +217,7 @@ func (c *cluster) waitLeader(t *testing.T, timeout time.Duration) *clusterNode {
 	t.Helper()
 	var leader *clusterNode
 	waitFor(t, timeout, "the cluster to elect a leader that serves reads", func() bool {
-		for _, nd := range c.members() {
-			if nd.proc != nil && nd.proc.exited() && nd.proc.cmd.ProcessState.ExitCode() != -1 {
-				nd.proc.failIfExited(t)
-			}
-		}
+		c.failIfDied(t)
 		if leader = c.leaderNow(); leader == nil {
 			return false
 		}
@@ -304,12 +302,6 @@ func (l *failoverLedger) count() int {
 	l.mu.Lock()
 	defer l.mu.Unlock()
 	return len(l.acks)
-}
-
-func (l *failoverLedger) errors() []string {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	return slices.Clone(l.errs)
 }
 
 // checkListing checks one committed state of the load's locks: at most one
@@ -460,6 +452,7 @@ func killLeaderUnderLoad(t *testing.T, setting string, extra ...string) {
 	}
 	workerFailed := func() {
 		t.Helper()
+		c.failIfDied(t)
 		select {
 		case err := <-errs:
 			t.Fatalf("load failed: %v", err)
@@ -667,6 +660,7 @@ func killLeaderUnderLoad(t *testing.T, setting string, extra ...string) {
 	// and issued the same last token.
 	var leaderSt, st *fencev1.StatusResponse
 	waitFor(t, 20*time.Second, leader.id+" to catch up with the leader", func() bool {
+		c.failIfDied(t)
 		current := c.leaderNow()
 		if current == nil || current == leader {
 			return false
@@ -753,6 +747,7 @@ func TestClusterMembershipProcesses(t *testing.T) {
 	}
 	leader := c.waitLeader(t, 10*time.Second)
 	waitFor(t, 15*time.Second, "n4 to catch up", func() bool {
+		c.failIfDied(t)
 		st, err := c.statusOf(n4)
 		if err != nil || st.GetState() != "Follower" {
 			return false
@@ -810,7 +805,7 @@ func TestClusterMembershipProcesses(t *testing.T) {
 	if err != nil || token <= g.Token() {
 		t.Errorf("fence lock after the removal printed token %q, want a number above %d", out, g.Token())
 	}
-	if err := m.Unlock(ctx); err != nil && !errors.Is(err, context.Canceled) {
+	if err := m.Unlock(ctx); err != nil {
 		t.Errorf("unlocking members/a: %v", err)
 	}
 }

@@ -13,7 +13,15 @@
 //     waiter, and on SIGCONT kills its command and exits 75;
 //   - malformed and out-of-bounds requests get the right Connect code and
 //     an actionable message, and leave the node serving, state unchanged;
-//   - `fence lock` exit statuses (the command's own, 124 on --timeout).
+//   - `fence lock` exit statuses (the command's own, 124 on --timeout);
+//   - a 3-node cluster whose leader is killed with SIGKILL under load: the
+//     survivors elect a leader and keep serving, no acknowledged grant is
+//     lost, no token is handed out twice or goes back, no lock ever has two
+//     holders, sessions survive, and the failover time is logged; the
+//     killed node, restarted on its data, rejoins and catches up;
+//   - membership with real processes: a fourth node started with --join is
+//     added with `fence members add` and catches up, a follower is removed,
+//     `fence members list` shows the three left, and locks are still granted.
 //
 // # Running
 //
