@@ -6,30 +6,24 @@ import (
 	"encoding/xml"
 	"io"
 	"os"
-	"os/exec"
-	"path/filepath"
 	"testing"
 	"time"
 
 	"github.com/fencelock/fence/check"
 	"github.com/fencelock/fence/internal/pgtest"
+	"github.com/fencelock/fence/internal/testbin"
 )
 
 var fenceBin string
 
 func TestMain(m *testing.M) {
-	dir, err := os.MkdirTemp("", "fence-check-test-")
+	bin, cleanup, err := testbin.Fence()
 	if err != nil {
 		panic(err)
 	}
-	fenceBin = filepath.Join(dir, "fence")
-	build := exec.Command("go", "build", "-race", "-o", fenceBin, "../cmd/fence")
-	build.Stdout, build.Stderr = os.Stderr, os.Stderr
-	if err := build.Run(); err != nil {
-		panic("building fence: " + err.Error())
-	}
+	fenceBin = bin
 	code := m.Run()
-	os.RemoveAll(dir)
+	cleanup()
 	os.Exit(code)
 }
 

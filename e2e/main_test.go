@@ -10,8 +10,6 @@ import (
 	"net/http"
 	"os"
 	"os/exec"
-	"path/filepath"
-	"runtime/debug"
 	"strings"
 	"sync"
 	"syscall"
@@ -19,6 +17,7 @@ import (
 	"time"
 
 	"github.com/fencelock/fence/client"
+	"github.com/fencelock/fence/internal/testbin"
 )
 
 // fenceBin is the fence binary built by TestMain.
@@ -34,40 +33,14 @@ const (
 func TestMain(m *testing.M) { os.Exit(runTests(m)) }
 
 func runTests(m *testing.M) int {
-	dir, err := os.MkdirTemp("", "fence-e2e-")
+	bin, cleanup, err := testbin.Fence()
 	if err != nil {
 		fmt.Fprintln(os.Stderr, "e2e:", err)
 		return 1
 	}
-	defer os.RemoveAll(dir)
-	fenceBin = filepath.Join(dir, "fence")
-	args := []string{"build", "-o", fenceBin}
-	if raceEnabled() {
-		args = append(args, "-race")
-	}
-	args = append(args, "github.com/fencelock/fence/cmd/fence")
-	build := exec.Command("go", args...)
-	build.Stdout, build.Stderr = os.Stderr, os.Stderr
-	if err := build.Run(); err != nil {
-		fmt.Fprintf(os.Stderr, "e2e: go %s: %v\n", strings.Join(args, " "), err)
-		return 1
-	}
+	defer cleanup()
+	fenceBin = bin
 	return m.Run()
-}
-
-// raceEnabled reports whether this test binary was built with -race; the
-// fence binary is then built with -race too.
-func raceEnabled() bool {
-	info, ok := debug.ReadBuildInfo()
-	if !ok {
-		return false
-	}
-	for _, s := range info.Settings {
-		if s.Key == "-race" {
-			return s.Value == "true"
-		}
-	}
-	return false
 }
 
 // waitFor polls cond every pollInterval until it holds, and fails the test

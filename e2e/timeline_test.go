@@ -16,6 +16,7 @@ import (
 	"github.com/jackc/pgx/v5"
 
 	"github.com/fencelock/fence/internal/pgtest"
+	"github.com/fencelock/fence/internal/testbin"
 )
 
 var (
@@ -28,15 +29,10 @@ var (
 func buildExample(t *testing.T) string {
 	t.Helper()
 	exampleOnce.Do(func() {
-		exampleBin = filepath.Join(filepath.Dir(fenceBin), "fenced-storage")
-		out, err := exec.Command("go", "build", "-o", exampleBin, "github.com/fencelock/fence/examples/fenced-storage").CombinedOutput()
-		if err != nil {
-			exampleErr = err
-			exampleBin = string(out)
-		}
+		exampleBin, exampleErr = testbin.Build(filepath.Dir(fenceBin), "fenced-storage", "github.com/fencelock/fence/examples/fenced-storage")
 	})
 	if exampleErr != nil {
-		t.Fatalf("building the example: %v\n%s", exampleErr, exampleBin)
+		t.Fatalf("building the example: %v", exampleErr)
 	}
 	return exampleBin
 }
