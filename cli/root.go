@@ -90,6 +90,8 @@ func Run(ctx context.Context, args []string, stdin io.Reader, stdout, stderr io.
 		demoCommand(g),
 		checkCommand(g),
 		membersCommand(g),
+		electCommand(g),
+		leaderCommand(g),
 		checkWorkerCommand(g),
 	)
 	err := root.ExecuteContext(ctx)

@@ -1,0 +1,76 @@
+package cli
+
+import (
+	"context"
+	"fmt"
+	"time"
+
+	"github.com/spf13/cobra"
+
+	"github.com/fencelock/fence/client"
+)
+
+func electCommand(g *globals) *cobra.Command {
+	var ttl time.Duration
+	cmd := &cobra.Command{
+		Use:   "elect NAME VALUE",
+		Short: "Campaign to lead NAME with VALUE, and hold leadership until interrupted",
+		Long: `Waits until elected, prints the leadership's fencing token, and leads until
+interrupted (then resigns, exit 0) or until the session may be lost (exit 75).
+"fence leader NAME" prints the current leader.`,
+		Args: cobra.ExactArgs(2),
+		RunE: func(cmd *cobra.Command, args []string) error {
+			c, err := g.client()
+			if err != nil {
+				return err
+			}
+			defer c.Close()
+			ctx := cmd.Context()
+			s, err := c.NewSession(ctx, client.WithTTL(ttl), client.WithOwner("fence elect "+args[1]))
+			if err != nil {
+				return err
+			}
+			defer s.Close(context.Background())
+			e := client.NewElection(s, args[0])
+			l, err := e.Campaign(ctx, args[1])
+			if err != nil {
+				return err
+			}
+			fmt.Fprintf(g.stdout, "elected leader of %s as %q with token %d\n", args[0], args[1], l.Token())
+			select {
+			case <-ctx.Done():
+				resignCtx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+				defer cancel()
+				return e.Resign(resignCtx)
+			case <-l.Done():
+				return &ExitError{Code: exitLockLost, Err: fmt.Errorf("leadership of %s may be lost: %v", args[0], l.Err())}
+			}
+		},
+	}
+	cmd.Flags().DurationVar(&ttl, "ttl", 10*time.Second, "session TTL")
+	return cmd
+}
+
+func leaderCommand(g *globals) *cobra.Command {
+	return &cobra.Command{
+		Use:   "leader NAME",
+		Short: "Print the current leader of NAME and its token (exit 1 if none)",
+		Args:  cobra.ExactArgs(1),
+		RunE: func(cmd *cobra.Command, args []string) error {
+			c, err := g.client()
+			if err != nil {
+				return err
+			}
+			defer c.Close()
+			value, token, ok, err := c.Leader(cmd.Context(), args[0])
+			if err != nil {
+				return err
+			}
+			if !ok {
+				return &ExitError{Code: exitFailure, Err: fmt.Errorf("%s has no leader", args[0])}
+			}
+			_, err = fmt.Fprintf(g.stdout, "%s\ttoken %d\n", value, token)
+			return err
+		},
+	}
+}

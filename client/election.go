@@ -1,0 +1,85 @@
+package client
+
+import (
+	"context"
+	"fmt"
+
+	"github.com/fencelock/fence"
+)
+
+// Election elects one leader among the sessions that campaign on a name,
+// like etcd's concurrency.Election: the leader holds the lock "election/"
+// + name, and its value is kept in the fenced KV store under the same key,
+// written with the leadership's token in strict mode, so a deposed leader
+// cannot overwrite its successor's record. The token is the leadership's
+// fencing token: pass it with the leader's writes.
+type Election struct {
+	s    *Session
+	name string
+	m    *Mutex
+}
+
+// NewElection returns an election on name, campaigned through s.
+func NewElection(s *Session, name string) *Election {
+	key := "election/" + name
+	return &Election{s: s, name: key, m: NewMutex(s, key)}
+}
+
+// Leadership is a won election: the leader's grant and value.
+type Leadership struct {
+	*Grant
+	Value string
+}
+
+// Campaign waits until this session leads, then records value as the
+// leader's. It fails when ctx ends or the session ends.
+func (e *Election) Campaign(ctx context.Context, value string) (*Leadership, error) {
+	g, err := e.m.Lock(ctx)
+	if err != nil {
+		return nil, err
+	}
+	if err := e.Proclaim(ctx, value); err != nil {
+		return nil, err
+	}
+	return &Leadership{Grant: g, Value: value}, nil
+}
+
+// Proclaim changes the leader's value without giving up leadership. It
+// fails with fence.ErrNotHolder when this session no longer leads.
+func (e *Election) Proclaim(ctx context.Context, value string) error {
+	g := e.m.Grant()
+	if g == nil {
+		return fmt.Errorf("%w: not the leader of %s", fence.ErrNotHolder, e.name)
+	}
+	_, err := e.s.client.KV().Put(ctx, e.name, []byte(value), WithGrant(g), Strict())
+	return err
+}
+
+// Resign gives up leadership: the record is deleted and the lock released,
+// so the next campaigner is elected at once.
+func (e *Election) Resign(ctx context.Context) error {
+	g := e.m.Grant()
+	if g == nil {
+		return nil
+	}
+	if _, err := e.s.client.KV().Delete(ctx, e.name, WithGrant(g), Strict()); err != nil {
+		return err
+	}
+	return e.m.Unlock(ctx)
+}
+
+// Leader returns the current leader's value and token, linearizably, or
+// ok false when nobody leads: no record, or one whose leader has lost the
+// lock (its session ended) and not yet been succeeded.
+func (c *Client) Leader(ctx context.Context, name string) (value string, token uint64, ok bool, err error) {
+	key := "election/" + name
+	kv, err := c.KV().Get(ctx, key)
+	if err != nil || kv == nil {
+		return "", 0, false, err
+	}
+	res, err := c.Check(ctx, key, kv.GetToken())
+	if err != nil || !res.Current {
+		return "", 0, false, err
+	}
+	return string(kv.GetValue()), kv.GetToken(), true, nil
+}
