@@ -5,7 +5,6 @@ import (
 	"errors"
 	"fmt"
 	"net"
-	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -404,17 +403,6 @@ func TestClusterMembership(t *testing.T) {
 	}
 	if _, err := client.NewMutex(s2, "after").Lock(ctx); err != nil {
 		t.Fatalf("the group stopped serving: %v", err)
-	}
-}
-
-// The wal log store is refused for groups: raft-wal v0.4.0 cannot reopen a
-// log whose tail raft truncated.
-func TestWALRefusedForGroups(t *testing.T) {
-	cfg := DefaultConfig()
-	cfg.LogStore = LogStoreWAL
-	cfg.Peers = map[string]string{cfg.NodeID: "127.0.0.1:1", "n2": "127.0.0.1:2"}
-	if err := cfg.Validate(); err == nil || !strings.Contains(err.Error(), "single nodes only") {
-		t.Fatalf("Validate = %v, want the wal store refused for a group", err)
 	}
 }
 

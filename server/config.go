@@ -41,8 +41,8 @@ type Config struct {
 	// node dials, overriding the address in the raft configuration (for
 	// address translation, and for tests that cut links).
 	RaftAddressProvider raft.ServerAddressProvider
-	// LogStore is where the raft log lives: LogStoreBolt (default) or
-	// LogStoreWAL, which is faster but single-node only (see LogStoreWAL).
+	// LogStore is where the raft log lives: LogStoreWAL (default) or
+	// LogStoreBolt.
 	// A data dir keeps the store it was created with.
 	LogStore string
 
@@ -99,7 +99,7 @@ func DefaultConfig() Config {
 		DataDir:           "fence-data",
 		Listen:            "127.0.0.1:7420",
 		RaftListen:        "127.0.0.1:7421",
-		LogStore:          LogStoreBolt,
+		LogStore:          LogStoreWAL,
 		DefaultTTL:        10 * time.Second,
 		MinTTL:            time.Second,
 		MaxTTL:            time.Hour,
@@ -146,9 +146,7 @@ func (c Config) Validate() error {
 			check(id != "" && err == nil, "peer %q=%q: want id=host:port", id, addr)
 		}
 	}
-	check(c.LogStore == LogStoreWAL || c.LogStore == LogStoreBolt, "log store %q: want %q or %q", c.LogStore, LogStoreBolt, LogStoreWAL)
-	check(c.LogStore != LogStoreWAL || (len(c.Peers) == 0 && !c.Join),
-		"log store %q is for single nodes only: after a leader change raft-wal v0.4.0 can leave a log it cannot reopen; use %q", LogStoreWAL, LogStoreBolt)
+	check(c.LogStore == LogStoreWAL || c.LogStore == LogStoreBolt, "log store %q: want %q or %q", c.LogStore, LogStoreWAL, LogStoreBolt)
 	check(c.MinTTL > 0, "min TTL %v must be positive", c.MinTTL)
 	check(c.MinTTL <= c.DefaultTTL && c.DefaultTTL <= c.MaxTTL, "default TTL %v must lie within %v..%v", c.DefaultTTL, c.MinTTL, c.MaxTTL)
 	check(c.MaxLockDelay >= 0, "max lock-delay %v is negative", c.MaxLockDelay)

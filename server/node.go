@@ -22,8 +22,9 @@ import (
 	"github.com/fencelock/fence/internal/fsmpb"
 )
 
-// node is this server's member of the raft group: the log and stable store
-// in bbolt, file snapshots, a TCP transport, and the FSM.
+// node is this server's member of the raft group: the stable store in
+// bbolt, the log in raft-wal segments or bbolt, file snapshots, a TCP
+// transport, and the FSM.
 type node struct {
 	raft      *raft.Raft
 	fsm       *fsm.FSM
@@ -132,7 +133,7 @@ func openNode(cfg Config, f *fsm.FSM, logger *slog.Logger) (*node, error) {
 	return n, nil
 }
 
-// truncatedWAL hides entries that raft-wal v0.4.0 still returns after a
+// truncatedWAL hides entries that raft-wal (v0.4.0 to v0.4.2) still returns after a
 // head truncation: its GetLog reads the tail segment before checking the
 // first index, so after compaction a leader was handed entries it had
 // deleted and replicated from a log with holes instead of sending its
@@ -171,17 +172,18 @@ func bootConfiguration(cfg Config, self raft.ServerAddress) raft.Configuration {
 
 // Log stores. Both keep raft's term and vote in raft-boltdb's raft.db.
 const (
-	// LogStoreBolt keeps the raft log in raft-boltdb's bbolt file, whose
-	// transactions fsync twice per batch. The default.
-	LogStoreBolt = "bolt"
-	// LogStoreWAL keeps the raft log in hashicorp/raft-wal segment files:
-	// one fsync per batch, five times faster commits here. Single nodes
-	// only: raft-wal v0.4.0 (the newest the module proxy serves) seals a
-	// segment without an index when raft truncates the log's tail, which a
-	// follower does after a leader change, and then cannot reopen it
-	// (hashicorp/raft-wal#31, fixed upstream after v0.4.0). fence check
-	// --nodes 3 found it: a killed node panicked on restart.
+	// LogStoreWAL keeps the raft log in hashicorp/raft-wal segment files,
+	// which append and fsync once per batch: commits take about two thirds
+	// of the time they take with LogStoreBolt. The default for new data
+	// dirs. It needs raft-wal v0.4.1 or newer: v0.4.0 sealed a segment
+	// without an index when raft truncated the log's tail, as a follower
+	// does after a leader change, and then could not reopen it
+	// (hashicorp/raft-wal#31; fence check --nodes 3 found a node panicking
+	// on restart, and TestWALReopensAfterTailAndHeadTruncation guards it).
 	LogStoreWAL = "wal"
+	// LogStoreBolt keeps the raft log in raft-boltdb's bbolt file, whose
+	// transactions fsync twice per batch.
+	LogStoreBolt = "bolt"
 )
 
 // logStoreKind returns the log store a data dir uses: the one it was
