@@ -93,8 +93,13 @@ func runBench(ctx context.Context, g *globals, workload string, n int, d time.Du
 		workers[i] = worker{c: c, s: s, m: client.NewMutex(s, name)}
 	}
 
-	ctx, cancel := context.WithTimeout(ctx, d)
+	// Cancel rather than time out: a deadline would travel with every call
+	// and could end one on the server a moment before the client sees its
+	// own context end, which looked like a failed cycle.
+	ctx, cancel := context.WithCancel(ctx)
 	defer cancel()
+	stop := time.AfterFunc(d, cancel)
+	defer stop.Stop()
 	var (
 		mu        sync.Mutex
 		latencies []time.Duration
