@@ -65,6 +65,10 @@ func locksCommand(g *globals) *cobra.Command {
 			w := tabwriter.NewWriter(g.stdout, 0, 4, 2, ' ', 0)
 			fmt.Fprintln(w, "LOCK\tHOLDER\tTOKEN\tWAITERS\tOWNER")
 			for _, l := range locks {
+				name := l.GetName()
+				if n := l.GetPermits(); n > 0 {
+					name = fmt.Sprintf("%s (semaphore %d/%d)", name, len(l.GetHolders()), n)
+				}
 				holder, token, owner := "-", "-", ""
 				var hs, ts, owners []string
 				for _, h := range l.GetHolders() {
@@ -78,7 +82,7 @@ func locksCommand(g *globals) *cobra.Command {
 				if l.GetDelayed() {
 					holder = "(lock-delay)"
 				}
-				fmt.Fprintf(w, "%s\t%s\t%s\t%d\t%s\n", l.GetName(), holder, token, len(l.GetWaiters()), owner)
+				fmt.Fprintf(w, "%s\t%s\t%s\t%d\t%s\n", name, holder, token, len(l.GetWaiters()), owner)
 			}
 			return w.Flush()
 		},

@@ -22,6 +22,8 @@ type lockFlags struct {
 	lockDelay time.Duration
 	grace     time.Duration
 	shared    bool
+	permits   int
+	semaphore bool // --permits was given
 }
 
 func lockCommand(g *globals) *cobra.Command {
@@ -38,6 +40,9 @@ deadline passed without a renewal), CMD gets SIGTERM, then SIGKILL after
 --grace, and fence exits with status 75. Pass FENCE_TOKEN with every write, so
 that the resource can reject a write made after the lock was lost.
 
+With --permits N, NAME is a semaphore: up to N commands run at once, each
+with its own token (like consul lock -n N).
+
 Exit status: CMD's own; 124 if the lock was not granted within --timeout;
 75 if the lock was lost; 126/127 if CMD could not be run; 1 on other errors.`,
 		Args: cobra.MinimumNArgs(2),
@@ -45,6 +50,7 @@ Exit status: CMD's own; 124 if the lock was not granted within --timeout;
 			if cmd.ArgsLenAtDash() != 1 {
 				return fmt.Errorf("usage: fence lock [flags] NAME -- CMD [ARGS...]")
 			}
+			f.semaphore = cmd.Flags().Changed("permits")
 			return runLocked(cmd.Context(), g, f, args[0], args[1:])
 		},
 	}
@@ -54,6 +60,8 @@ Exit status: CMD's own; 124 if the lock was not granted within --timeout;
 	fl.DurationVar(&f.lockDelay, "lock-delay", 0, "if the session expires, keep the lock from others this long")
 	fl.DurationVar(&f.grace, "grace", 5*time.Second, "time between SIGTERM and SIGKILL when the lock is lost")
 	fl.BoolVar(&f.shared, "shared", false, "take the lock in shared (read) mode, alongside other shared holders")
+	fl.IntVar(&f.permits, "permits", 0, "make NAME a semaphore of this many permits and hold one (every holder must pass the same number)")
+	cmd.MarkFlagsMutuallyExclusive("shared", "permits")
 	return cmd
 }
 
@@ -85,11 +93,16 @@ func runLocked(ctx context.Context, g *globals, f lockFlags, name string, argv [
 		grant  *client.Grant
 		unlock func(context.Context) error
 	)
-	if f.shared {
+	switch {
+	case f.shared:
 		rw := client.NewRWMutex(s, name, opts...)
 		grant, err = rw.RLock(ctx)
 		unlock = rw.RUnlock
-	} else {
+	case f.semaphore:
+		sm := client.NewSemaphore(s, name, f.permits, opts...)
+		grant, err = sm.Acquire(ctx)
+		unlock = sm.Release
+	default:
 		m := client.NewMutex(s, name, opts...)
 		grant, err = m.Lock(ctx)
 		unlock = m.Unlock

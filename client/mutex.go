@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"math"
 	"sync"
 	"time"
 
@@ -21,7 +22,6 @@ import (
 type Grant struct {
 	lock   string
 	token  uint64
-	shared bool
 	ctx    context.Context
 	cancel context.CancelCauseFunc
 }
@@ -79,7 +79,8 @@ type Mutex struct {
 	name string
 	opts lockOptions
 
-	mode fencev1.Mode
+	mode    fencev1.Mode
+	permits int // of a semaphore
 
 	mu    sync.Mutex
 	grant *Grant
@@ -115,6 +116,9 @@ func (m *Mutex) acquire(ctx context.Context, try bool) (*Grant, error) {
 	if err := s.Err(); err != nil {
 		return nil, err
 	}
+	if m.permits < 0 || m.permits > math.MaxUint32 || (m.mode == fencev1.Mode_MODE_SEMAPHORE) != (m.permits > 0) {
+		return nil, fmt.Errorf("%w: semaphore %q: permits %d must be at least 1", fence.ErrInvalidArgument, m.name, m.permits)
+	}
 	// Give up the wait as soon as the session ends.
 	ctx, cancel := context.WithCancelCause(ctx)
 	defer cancel(nil)
@@ -126,6 +130,7 @@ func (m *Mutex) acquire(ctx context.Context, try bool) (*Grant, error) {
 		Lock:      m.name,
 		Try:       try,
 		Mode:      m.mode,
+		Permits:   uint32(m.permits),
 	}
 	if m.opts.lockDelay > 0 {
 		req.LockDelay = durationpb.New(m.opts.lockDelay)
@@ -152,7 +157,7 @@ func (m *Mutex) acquire(ctx context.Context, try bool) (*Grant, error) {
 	if m.grant != nil && m.grant.token == resp.GetToken() && m.grant.Err() == nil {
 		return m.grant, nil
 	}
-	g := &Grant{lock: m.name, token: resp.GetToken(), shared: resp.GetMode() == fencev1.Mode_MODE_SHARED}
+	g := &Grant{lock: m.name, token: resp.GetToken()}
 	g.ctx, g.cancel = context.WithCancelCause(s.ctx)
 	m.grant = g
 	return g, nil
@@ -166,7 +171,7 @@ func (m *Mutex) Unlock(ctx context.Context) error {
 	m.grant = nil
 	m.mu.Unlock()
 	if g == nil {
-		return fmt.Errorf("%w: mutex %q is not locked", fence.ErrNotHolder, m.name)
+		return fmt.Errorf("%w: %s %q is not held", fence.ErrNotHolder, m.kind(), m.name)
 	}
 	g.cancel(errReleased)
 	attempts := 0
@@ -215,3 +220,51 @@ func (rw *RWMutex) TryRLock(ctx context.Context) (*Grant, error) { return rw.r.T
 
 // RUnlock releases a shared grant.
 func (rw *RWMutex) RUnlock(ctx context.Context) error { return rw.r.Unlock(ctx) }
+
+// kind names what m is, for errors.
+func (m *Mutex) kind() string {
+	switch m.mode {
+	case fencev1.Mode_MODE_SHARED:
+		return "read lock"
+	case fencev1.Mode_MODE_SEMAPHORE:
+		return "semaphore"
+	}
+	return "mutex"
+}
+
+// Semaphore admits up to a fixed number of holders at once, like Curator's
+// InterProcessSemaphoreV2 or a Consul semaphore: each holder takes one
+// permit through its own session, and waiters are granted in FIFO order as
+// permits free up. Every holder and waiter must name the same number of
+// permits; a name is a semaphore for as long as anyone holds or waits for
+// it. A session holds at most one permit of a semaphore.
+//
+// Each permit comes with a fencing token of its own. Permit holders run at
+// the same time, so a resource they all write must not apply the
+// highest-token rule to all of them together: fence each holder's own
+// keys, or ask Check whether a token is still a current grant.
+type Semaphore struct{ m *Mutex }
+
+// NewSemaphore returns a semaphore of the given number of permits on the
+// named lock, held through s. permits must be at least 1 and at most the
+// server's limit (--max-permits, default 10,000).
+func NewSemaphore(s *Session, name string, permits int, opts ...LockOption) *Semaphore {
+	m := NewMutex(s, name, opts...)
+	m.mode = fencev1.Mode_MODE_SEMAPHORE
+	m.permits = permits
+	return &Semaphore{m: m}
+}
+
+// Acquire waits for a permit and returns its grant; see Mutex.Lock.
+// Acquiring a permit already held returns the same grant.
+func (sm *Semaphore) Acquire(ctx context.Context) (*Grant, error) { return sm.m.Lock(ctx) }
+
+// TryAcquire takes a permit if one is free and nobody waits, and fails
+// with fence.ErrLocked otherwise, without waiting.
+func (sm *Semaphore) TryAcquire(ctx context.Context) (*Grant, error) { return sm.m.TryLock(ctx) }
+
+// Release gives the permit back; the next waiter gets it in the same commit.
+func (sm *Semaphore) Release(ctx context.Context) error { return sm.m.Unlock(ctx) }
+
+// Grant returns the current grant, or nil when no permit is held.
+func (sm *Semaphore) Grant() *Grant { return sm.m.Grant() }

@@ -93,6 +93,16 @@ func TestBadInput(t *testing.T) {
 			"failed_precondition", []string{held, "does not hold", fmt.Sprint(other.SessionID)}},
 		{"release of a lock nobody holds", release, fmt.Sprintf(`{"sessionId":"%d","lock":"e2e/bad/free","token":"1"}`, holder.SessionID),
 			"failed_precondition", []string{"e2e/bad/free", "does not hold"}},
+		{"semaphore without permits", acquire, fmt.Sprintf(`{"sessionId":"%d","lock":"e2e/bad/sem","mode":"MODE_SEMAPHORE"}`, holder.SessionID),
+			"invalid_argument", []string{"semaphore needs permits", "10000"}},
+		{"permits on a lock", acquire, fmt.Sprintf(`{"sessionId":"%d","lock":"e2e/bad/sem","permits":3}`, holder.SessionID),
+			"invalid_argument", []string{"permits", "exclusive", "MODE_SEMAPHORE"}},
+		{"too many permits", acquire, fmt.Sprintf(`{"sessionId":"%d","lock":"e2e/bad/sem","mode":"MODE_SEMAPHORE","permits":10001}`, holder.SessionID),
+			"invalid_argument", []string{"permits 10001", "10000"}},
+		{"a lock taken as a semaphore", acquire, fmt.Sprintf(`{"sessionId":"%d","lock":%q,"mode":"MODE_SEMAPHORE","permits":2}`, other.SessionID, held),
+			"invalid_argument", []string{held, "in use as a lock"}},
+		{"unknown mode", acquire, fmt.Sprintf(`{"sessionId":"%d","lock":"e2e/bad/x","mode":7}`, holder.SessionID),
+			"invalid_argument", []string{"unknown mode 7"}},
 		{"oversized request", acquire, acq(strings.Repeat("x", maxRequest+100)), "resource_exhausted", []string{"larger than", fmt.Sprint(maxRequest)}},
 	}
 	for _, tc := range cases {

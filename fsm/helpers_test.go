@@ -274,3 +274,7 @@ func describeKV(kv fsm.KeyValue) string {
 	return fmt.Sprintf("{Key:%q Value:%q Token:%d Lock:%q Highest:%d Create:%d Mod:%d Version:%d}",
 		kv.Key, kv.Value, kv.Token, kv.Lock, kv.HighestToken, kv.CreateRevision, kv.ModRevision, kv.Version)
 }
+
+const sem = fsm.Semaphore
+
+func permits(n uint32) acquireOpt { return func(a *fsmpb.Acquire) { a.Permits = n } }

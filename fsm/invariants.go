@@ -7,6 +7,8 @@ import "fmt"
 // calls it on every snapshot.
 //
 //   - an exclusive holder is the lock's only holder; shared holders share only with shared ones;
+//   - a semaphore (a lock with permits) has holders and waiters in semaphore
+//     mode only, and no more holders than permits; a lock has none in it;
 //   - no token is above the counter, and no two holders have the same token;
 //   - every holder and waiter is a live session, which indexes the lock, and
 //     no session both holds and waits for one lock or appears twice;
@@ -29,13 +31,16 @@ func (s *State) CheckInvariants() error {
 		if l.idle() {
 			return fmt.Errorf("lock %q is idle but kept", name)
 		}
+		if l.permits > 0 && len(l.holders) > int(l.permits) {
+			return fmt.Errorf("semaphore %q has %d holders for %d permits", name, len(l.holders), l.permits)
+		}
 		seen := map[uint64]bool{}
 		for _, h := range l.holders {
 			if h.mode == Exclusive && len(l.holders) > 1 {
 				return fmt.Errorf("lock %q has an exclusive holder and %d others", name, len(l.holders)-1)
 			}
-			if h.mode != Exclusive && h.mode != Shared {
-				return fmt.Errorf("lock %q has a holder in %s", name, h.mode)
+			if err := l.checkMode("holder", h.mode); err != nil {
+				return err
 			}
 			if h.token == 0 || h.token > s.lastToken {
 				return fmt.Errorf("lock %q holder token %d is outside 1..%d", name, h.token, s.lastToken)
@@ -52,8 +57,8 @@ func (s *State) CheckInvariants() error {
 			return fmt.Errorf("lock %q has a negative lock-delay %v", name, l.delay)
 		}
 		for _, w := range l.waiters {
-			if w.mode != Exclusive && w.mode != Shared {
-				return fmt.Errorf("lock %q has a waiter in %s", name, w.mode)
+			if err := l.checkMode("waiter", w.mode); err != nil {
+				return err
 			}
 			if err := s.checkMember(name, w.session, seen, false); err != nil {
 				return err
@@ -113,6 +118,17 @@ func (s *State) CheckInvariants() error {
 	}
 	if live != s.liveKeys {
 		return fmt.Errorf("%d live keys counted as %d", live, s.liveKeys)
+	}
+	return nil
+}
+
+// checkMode checks that a holder or waiter's mode fits the lock's kind.
+func (l *lock) checkMode(who string, m Mode) error {
+	switch {
+	case l.permits > 0 && m != Semaphore:
+		return fmt.Errorf("semaphore %q has a %s in %s mode", l.name, who, m)
+	case l.permits == 0 && m != Exclusive && m != Shared:
+		return fmt.Errorf("lock %q has a %s in %s mode", l.name, who, m)
 	}
 	return nil
 }

@@ -18,7 +18,7 @@ func (s *State) Snapshot() *fsmpb.Snapshot {
 	}
 	for _, info := range s.Locks("") {
 		l := s.locks[info.Name]
-		pl := &fsmpb.Lock{Name: l.name, DelayNs: int64(l.delay)}
+		pl := &fsmpb.Lock{Name: l.name, DelayNs: int64(l.delay), Permits: l.permits}
 		for _, h := range l.holders {
 			pl.Holders = append(pl.Holders, &fsmpb.Holder{SessionId: h.session, Token: h.token, Mode: uint32(h.mode), LockDelayNs: int64(h.lockDelay)})
 		}
@@ -69,7 +69,7 @@ func Restore(snap *fsmpb.Snapshot) (*State, error) {
 		if _, dup := s.locks[pl.GetName()]; dup {
 			return nil, fmt.Errorf("fsm: snapshot has lock %q twice", pl.GetName())
 		}
-		l := &lock{name: pl.GetName(), delay: time.Duration(pl.GetDelayNs())}
+		l := &lock{name: pl.GetName(), delay: time.Duration(pl.GetDelayNs()), permits: pl.GetPermits()}
 		for _, h := range pl.GetHolders() {
 			sess, ok := s.sessions[h.GetSessionId()]
 			if !ok {

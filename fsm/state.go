@@ -18,6 +18,8 @@ const (
 	Exclusive Mode = 1
 	// Shared allows any number of shared holders and no exclusive one.
 	Shared Mode = 2
+	// Semaphore allows as many holders as the semaphore has permits.
+	Semaphore Mode = 3
 )
 
 func (m Mode) String() string {
@@ -26,12 +28,15 @@ func (m Mode) String() string {
 		return "exclusive"
 	case Shared:
 		return "shared"
+	case Semaphore:
+		return "semaphore"
 	}
 	return fmt.Sprintf("mode(%d)", uint32(m))
 }
 
-// compatible reports whether a grant in mode m may coexist with a holder in mode h.
-func (m Mode) compatible(h Mode) bool { return m == Shared && h == Shared }
+// compatible reports whether a grant in mode m may coexist with a holder in
+// mode h, leaving aside a semaphore's number of permits.
+func (m Mode) compatible(h Mode) bool { return m == h && m != Exclusive }
 
 // Grant is a lock granted to a session, with its fencing token.
 type Grant struct {
@@ -93,6 +98,10 @@ type lock struct {
 	waiters []waiter
 	// delay is non-zero while the lock is held back by lock-delay.
 	delay time.Duration
+	// permits is a semaphore's number of holders at once; 0 for a lock.
+	// The first acquire of an idle name sets it; it goes with the name
+	// once nobody holds, waits for or delays it.
+	permits uint32
 }
 
 func (l *lock) holderIndex(session uint64) int {
@@ -114,9 +123,13 @@ func (l *lock) waiterIndex(session uint64) int {
 }
 
 // grantable reports whether a request in mode m may be granted now, ahead of
-// nobody: the lock is not delayed and every holder is compatible.
+// nobody: the lock is not delayed, every holder is compatible and, on a
+// semaphore, a permit is free.
 func (l *lock) grantable(m Mode) bool {
 	if l.delay > 0 {
+		return false
+	}
+	if m == Semaphore && len(l.holders) >= int(l.permits) {
 		return false
 	}
 	for _, h := range l.holders {
@@ -216,13 +229,20 @@ func (s *State) acquire(c *fsmpb.Acquire) Result {
 		return Result{Err: err}
 	}
 	mode := Mode(c.GetMode())
-	if mode != Exclusive && mode != Shared {
+	if mode != Exclusive && mode != Shared && mode != Semaphore {
 		return Result{Err: fmt.Errorf("%w: unknown lock mode %d", fence.ErrInvalidArgument, c.GetMode())}
+	}
+	permits := c.GetPermits()
+	if (mode == Semaphore) != (permits > 0) {
+		return Result{Err: fmt.Errorf("%w: a semaphore needs a number of permits, and only a semaphore has one (mode %s, %d permits)", fence.ErrInvalidArgument, mode, permits)}
 	}
 	name := c.GetLock()
 	l := s.locks[name]
 	if l == nil {
-		l = &lock{name: name}
+		l = &lock{name: name, permits: permits}
+	}
+	if err := l.sameKind(permits); err != nil {
+		return Result{Err: err}
 	}
 	if i := l.holderIndex(sess.id); i >= 0 {
 		h := l.holders[i]
@@ -255,10 +275,26 @@ func (s *State) acquire(c *fsmpb.Acquire) Result {
 	return Result{Queued: true}
 }
 
+// sameKind refuses to take a semaphore as a lock, a lock as a semaphore,
+// or a semaphore with another number of permits than it has.
+func (l *lock) sameKind(permits uint32) error {
+	switch {
+	case l.permits == permits:
+		return nil
+	case l.permits == 0:
+		return fmt.Errorf("%w: %q is in use as a lock, not a semaphore", fence.ErrInvalidArgument, l.name)
+	case permits == 0:
+		return fmt.Errorf("%w: %q is in use as a semaphore of %d permits, not a lock", fence.ErrInvalidArgument, l.name, l.permits)
+	}
+	return fmt.Errorf("%w: semaphore %q has %d permits, not %d; every holder must name the same number", fence.ErrInvalidArgument, l.name, l.permits, permits)
+}
+
 func (s *State) lockedError(l *lock) error {
 	switch {
 	case l.delay > 0:
 		return fmt.Errorf("%w: lock %q is under lock-delay after its holder's session expired", fence.ErrLocked, l.name)
+	case l.permits > 0 && len(l.holders) >= int(l.permits):
+		return fmt.Errorf("%w: semaphore %q has all %d permits taken", fence.ErrLocked, l.name, l.permits)
 	case len(l.holders) > 0:
 		h := l.holders[len(l.holders)-1]
 		return fmt.Errorf("%w: lock %q is held by session %d with token %d", fence.ErrLocked, l.name, h.session, h.token)
@@ -450,6 +486,8 @@ type LockInfo struct {
 	Waiters []WaiterInfo
 	// Delay is non-zero while the lock is held back by lock-delay.
 	Delay time.Duration
+	// Permits is a semaphore's number of permits; 0 for a lock.
+	Permits uint32
 }
 
 // LastToken returns the last fencing token issued, 0 before the first grant.
@@ -514,7 +552,7 @@ func (s *State) DelayedLocks() []Delay {
 }
 
 func lockInfo(l *lock) LockInfo {
-	info := LockInfo{Name: l.name, Delay: l.delay}
+	info := LockInfo{Name: l.name, Delay: l.delay, Permits: l.permits}
 	for _, h := range l.holders {
 		info.Holders = append(info.Holders, HolderInfo{Session: h.session, Token: h.token, Mode: h.mode})
 	}

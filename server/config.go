@@ -60,6 +60,8 @@ type Config struct {
 	MaxSessions int
 	// MaxWaitersPerLock bounds each lock's queue; 0 means no limit.
 	MaxWaitersPerLock int
+	// MaxPermits bounds a semaphore's number of permits.
+	MaxPermits int
 	// MaxRequestBytes bounds the size of one request message.
 	MaxRequestBytes int
 	// MaxKeyBytes and MaxValueBytes bound the fenced KV store's keys and values.
@@ -108,6 +110,7 @@ func DefaultConfig() Config {
 		MaxOwnerBytes:     256,
 		MaxSessions:       100_000,
 		MaxWaitersPerLock: 10_000,
+		MaxPermits:        10_000,
 		MaxRequestBytes:   1 << 20,
 		MaxKeyBytes:       1024,
 		MaxValueBytes:     256 << 10,
@@ -154,6 +157,7 @@ func (c Config) Validate() error {
 	check(c.MaxOwnerBytes >= 0, "max owner bytes is negative")
 	check(c.MaxSessions >= 0, "max sessions is negative")
 	check(c.MaxWaitersPerLock >= 0, "max waiters per lock is negative")
+	check(c.MaxPermits > 0, "max permits must be positive")
 	check(c.MaxRequestBytes >= 1024, "max request bytes %d is below 1024", c.MaxRequestBytes)
 	check(c.MaxKeyBytes > 0, "max key bytes must be positive")
 	check(c.MaxValueBytes >= 0, "max value bytes is negative")

@@ -78,6 +78,9 @@ func (s *Server) Acquire(ctx context.Context, req *connect.Request[fencev1.Acqui
 	if err != nil {
 		return nil, err
 	}
+	if err := checkPermits(md, m.GetPermits(), s.cfg.MaxPermits); err != nil {
+		return nil, err
+	}
 	waitTimeout, err := duration("wait_timeout", m.GetWaitTimeout(), 0)
 	if err != nil {
 		return nil, err
@@ -101,6 +104,7 @@ func (s *Server) Acquire(ctx context.Context, req *connect.Request[fencev1.Acqui
 		Try:         m.GetTry(),
 		LockDelayNs: int64(lockDelay),
 		MaxWaiters:  uint64(s.cfg.MaxWaitersPerLock),
+		Permits:     m.GetPermits(),
 	}}})
 	if err != nil {
 		return nil, err
@@ -237,7 +241,7 @@ func (s *Server) ListLocks(ctx context.Context, req *connect.Request[fencev1.Lis
 			return info.Owner
 		}
 		for _, l := range st.Locks(m.GetPrefix()) {
-			li := &fencev1.LockInfo{Name: l.Name, Delayed: l.Delay > 0}
+			li := &fencev1.LockInfo{Name: l.Name, Delayed: l.Delay > 0, Permits: l.Permits}
 			for _, h := range l.Holders {
 				li.Holders = append(li.Holders, &fencev1.Holder{SessionId: h.Session, Token: h.Token, Mode: apiMode(h.Mode), Owner: owner(h.Session)})
 			}

@@ -79,13 +79,32 @@ func mode(m fencev1.Mode) (fsm.Mode, error) {
 		return fsm.Exclusive, nil
 	case fencev1.Mode_MODE_SHARED:
 		return fsm.Shared, nil
+	case fencev1.Mode_MODE_SEMAPHORE:
+		return fsm.Semaphore, nil
 	}
-	return 0, invalid("unknown mode %d; use MODE_EXCLUSIVE or MODE_SHARED", m)
+	return 0, invalid("unknown mode %d; use MODE_EXCLUSIVE, MODE_SHARED or MODE_SEMAPHORE", m)
 }
 
 func apiMode(m fsm.Mode) fencev1.Mode {
-	if m == fsm.Shared {
+	switch m {
+	case fsm.Shared:
 		return fencev1.Mode_MODE_SHARED
+	case fsm.Semaphore:
+		return fencev1.Mode_MODE_SEMAPHORE
 	}
 	return fencev1.Mode_MODE_EXCLUSIVE
+}
+
+// checkPermits checks an acquire's permits against its mode: a semaphore
+// needs 1 to max, the other modes none.
+func checkPermits(md fsm.Mode, permits uint32, max int) error {
+	switch {
+	case md != fsm.Semaphore && permits != 0:
+		return invalid("permits is set (%d) but the mode is %s; permits are for MODE_SEMAPHORE", permits, md)
+	case md == fsm.Semaphore && permits == 0:
+		return invalid("a semaphore needs permits: how many holders it admits at once, 1 to %d", max)
+	case md == fsm.Semaphore && int64(permits) > int64(max):
+		return invalid("permits %d is over the limit of %d", permits, max)
+	}
+	return nil
 }

@@ -451,7 +451,9 @@ type Acquire struct {
 	Try         bool                   `protobuf:"varint,4,opt,name=try,proto3" json:"try,omitempty"`
 	LockDelayNs int64                  `protobuf:"varint,5,opt,name=lock_delay_ns,json=lockDelayNs,proto3" json:"lock_delay_ns,omitempty"`
 	// The leader's configured limit of waiters per lock; 0 means no limit.
-	MaxWaiters    uint64 `protobuf:"varint,6,opt,name=max_waiters,json=maxWaiters,proto3" json:"max_waiters,omitempty"`
+	MaxWaiters uint64 `protobuf:"varint,6,opt,name=max_waiters,json=maxWaiters,proto3" json:"max_waiters,omitempty"`
+	// The number of permits of a semaphore (mode 3); 0 for other modes.
+	Permits       uint32 `protobuf:"varint,7,opt,name=permits,proto3" json:"permits,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -524,6 +526,13 @@ func (x *Acquire) GetLockDelayNs() int64 {
 func (x *Acquire) GetMaxWaiters() uint64 {
 	if x != nil {
 		return x.MaxWaiters
+	}
+	return 0
+}
+
+func (x *Acquire) GetPermits() uint32 {
+	if x != nil {
+		return x.Permits
 	}
 	return 0
 }
@@ -1145,11 +1154,13 @@ func (x *Session) GetOwner() string {
 }
 
 type Lock struct {
-	state         protoimpl.MessageState `protogen:"open.v1"`
-	Name          string                 `protobuf:"bytes,1,opt,name=name,proto3" json:"name,omitempty"`
-	Holders       []*Holder              `protobuf:"bytes,2,rep,name=holders,proto3" json:"holders,omitempty"`
-	Waiters       []*Waiter              `protobuf:"bytes,3,rep,name=waiters,proto3" json:"waiters,omitempty"`
-	DelayNs       int64                  `protobuf:"varint,4,opt,name=delay_ns,json=delayNs,proto3" json:"delay_ns,omitempty"`
+	state   protoimpl.MessageState `protogen:"open.v1"`
+	Name    string                 `protobuf:"bytes,1,opt,name=name,proto3" json:"name,omitempty"`
+	Holders []*Holder              `protobuf:"bytes,2,rep,name=holders,proto3" json:"holders,omitempty"`
+	Waiters []*Waiter              `protobuf:"bytes,3,rep,name=waiters,proto3" json:"waiters,omitempty"`
+	DelayNs int64                  `protobuf:"varint,4,opt,name=delay_ns,json=delayNs,proto3" json:"delay_ns,omitempty"`
+	// A semaphore's number of permits; 0 for a lock.
+	Permits       uint32 `protobuf:"varint,5,opt,name=permits,proto3" json:"permits,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -1208,6 +1219,13 @@ func (x *Lock) GetWaiters() []*Waiter {
 func (x *Lock) GetDelayNs() int64 {
 	if x != nil {
 		return x.DelayNs
+	}
+	return 0
+}
+
+func (x *Lock) GetPermits() uint32 {
+	if x != nil {
+		return x.Permits
 	}
 	return 0
 }
@@ -1373,7 +1391,7 @@ const file_fsmpb_fsm_proto_rawDesc = "" +
 	"session_id\x18\x01 \x01(\x04R\tsessionId\"1\n" +
 	"\x0eExpireSessions\x12\x1f\n" +
 	"\vsession_ids\x18\x01 \x03(\x04R\n" +
-	"sessionIds\"\xa7\x01\n" +
+	"sessionIds\"\xc1\x01\n" +
 	"\aAcquire\x12\x1d\n" +
 	"\n" +
 	"session_id\x18\x01 \x01(\x04R\tsessionId\x12\x12\n" +
@@ -1382,7 +1400,8 @@ const file_fsmpb_fsm_proto_rawDesc = "" +
 	"\x03try\x18\x04 \x01(\bR\x03try\x12\"\n" +
 	"\rlock_delay_ns\x18\x05 \x01(\x03R\vlockDelayNs\x12\x1f\n" +
 	"\vmax_waiters\x18\x06 \x01(\x04R\n" +
-	"maxWaiters\"?\n" +
+	"maxWaiters\x12\x18\n" +
+	"\apermits\x18\a \x01(\rR\apermits\"?\n" +
 	"\n" +
 	"CancelWait\x12\x1d\n" +
 	"\n" +
@@ -1432,12 +1451,13 @@ const file_fsmpb_fsm_proto_rawDesc = "" +
 	"\aSession\x12\x0e\n" +
 	"\x02id\x18\x01 \x01(\x04R\x02id\x12\x15\n" +
 	"\x06ttl_ns\x18\x02 \x01(\x03R\x05ttlNs\x12\x14\n" +
-	"\x05owner\x18\x03 \x01(\tR\x05owner\"\x95\x01\n" +
+	"\x05owner\x18\x03 \x01(\tR\x05owner\"\xaf\x01\n" +
 	"\x04Lock\x12\x12\n" +
 	"\x04name\x18\x01 \x01(\tR\x04name\x12.\n" +
 	"\aholders\x18\x02 \x03(\v2\x14.fence.fsm.v1.HolderR\aholders\x12.\n" +
 	"\awaiters\x18\x03 \x03(\v2\x14.fence.fsm.v1.WaiterR\awaiters\x12\x19\n" +
-	"\bdelay_ns\x18\x04 \x01(\x03R\adelayNs\"u\n" +
+	"\bdelay_ns\x18\x04 \x01(\x03R\adelayNs\x12\x18\n" +
+	"\apermits\x18\x05 \x01(\rR\apermits\"u\n" +
 	"\x06Holder\x12\x1d\n" +
 	"\n" +
 	"session_id\x18\x01 \x01(\x04R\tsessionId\x12\x14\n" +

@@ -41,6 +41,10 @@ const (
 	Mode_MODE_EXCLUSIVE Mode = 1
 	// Any number of shared holders, and no exclusive holder.
 	Mode_MODE_SHARED Mode = 2
+	// A semaphore: up to AcquireRequest.permits holders at once, one permit
+	// each. A name is either a semaphore or a lock while anyone holds or
+	// waits for it.
+	Mode_MODE_SEMAPHORE Mode = 3
 )
 
 // Enum value maps for Mode.
@@ -49,11 +53,13 @@ var (
 		0: "MODE_UNSPECIFIED",
 		1: "MODE_EXCLUSIVE",
 		2: "MODE_SHARED",
+		3: "MODE_SEMAPHORE",
 	}
 	Mode_value = map[string]int32{
 		"MODE_UNSPECIFIED": 0,
 		"MODE_EXCLUSIVE":   1,
 		"MODE_SHARED":      2,
+		"MODE_SEMAPHORE":   3,
 	}
 )
 
@@ -495,7 +501,12 @@ type AcquireRequest struct {
 	// If this grant ends because the session expired (not by a release), the
 	// lock is not granted to anyone else until lock_delay has passed, so that
 	// writes of the lost holder still in flight can drain. At most 1 minute.
-	LockDelay     *durationpb.Duration `protobuf:"bytes,6,opt,name=lock_delay,json=lockDelay,proto3" json:"lock_delay,omitempty"`
+	// On a semaphore, the delay holds back all of its permits.
+	LockDelay *durationpb.Duration `protobuf:"bytes,6,opt,name=lock_delay,json=lockDelay,proto3" json:"lock_delay,omitempty"`
+	// With MODE_SEMAPHORE: how many holders the semaphore admits at once,
+	// 1 to 10,000 (configurable). Every holder and waiter of a semaphore
+	// must name the same number. Unset for the other modes.
+	Permits       uint32 `protobuf:"varint,7,opt,name=permits,proto3" json:"permits,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -570,6 +581,13 @@ func (x *AcquireRequest) GetLockDelay() *durationpb.Duration {
 		return x.LockDelay
 	}
 	return nil
+}
+
+func (x *AcquireRequest) GetPermits() uint32 {
+	if x != nil {
+		return x.Permits
+	}
+	return 0
 }
 
 type AcquireResponse struct {
@@ -1040,7 +1058,9 @@ type LockInfo struct {
 	Holders []*Holder              `protobuf:"bytes,2,rep,name=holders,proto3" json:"holders,omitempty"`
 	Waiters []*Waiter              `protobuf:"bytes,3,rep,name=waiters,proto3" json:"waiters,omitempty"`
 	// Set while the lock is held back by a lock-delay after its holder's session expired.
-	Delayed       bool `protobuf:"varint,4,opt,name=delayed,proto3" json:"delayed,omitempty"`
+	Delayed bool `protobuf:"varint,4,opt,name=delayed,proto3" json:"delayed,omitempty"`
+	// A semaphore's number of permits; 0 for a lock.
+	Permits       uint32 `protobuf:"varint,5,opt,name=permits,proto3" json:"permits,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -1101,6 +1121,13 @@ func (x *LockInfo) GetDelayed() bool {
 		return x.Delayed
 	}
 	return false
+}
+
+func (x *LockInfo) GetPermits() uint32 {
+	if x != nil {
+		return x.Permits
+	}
+	return 0
 }
 
 type ListLocksResponse struct {
@@ -2531,7 +2558,7 @@ const file_fence_v1_fence_proto_rawDesc = "" +
 	"\x13CloseSessionRequest\x12\x1d\n" +
 	"\n" +
 	"session_id\x18\x01 \x01(\x04R\tsessionId\"\x16\n" +
-	"\x14CloseSessionResponse\"\xf1\x01\n" +
+	"\x14CloseSessionResponse\"\x8b\x02\n" +
 	"\x0eAcquireRequest\x12\x1d\n" +
 	"\n" +
 	"session_id\x18\x01 \x01(\x04R\tsessionId\x12\x12\n" +
@@ -2540,7 +2567,8 @@ const file_fence_v1_fence_proto_rawDesc = "" +
 	"\fwait_timeout\x18\x04 \x01(\v2\x19.google.protobuf.DurationR\vwaitTimeout\x12\x10\n" +
 	"\x03try\x18\x05 \x01(\bR\x03try\x128\n" +
 	"\n" +
-	"lock_delay\x18\x06 \x01(\v2\x19.google.protobuf.DurationR\tlockDelay\"_\n" +
+	"lock_delay\x18\x06 \x01(\v2\x19.google.protobuf.DurationR\tlockDelay\x12\x18\n" +
+	"\apermits\x18\a \x01(\rR\apermits\"_\n" +
 	"\x0fAcquireResponse\x12\x12\n" +
 	"\x04lock\x18\x01 \x01(\tR\x04lock\x12\x14\n" +
 	"\x05token\x18\x02 \x01(\x04R\x05token\x12\"\n" +
@@ -2572,12 +2600,13 @@ const file_fence_v1_fence_proto_rawDesc = "" +
 	"\n" +
 	"session_id\x18\x01 \x01(\x04R\tsessionId\x12\"\n" +
 	"\x04mode\x18\x02 \x01(\x0e2\x0e.fence.v1.ModeR\x04mode\x12\x14\n" +
-	"\x05owner\x18\x03 \x01(\tR\x05owner\"\x90\x01\n" +
+	"\x05owner\x18\x03 \x01(\tR\x05owner\"\xaa\x01\n" +
 	"\bLockInfo\x12\x12\n" +
 	"\x04name\x18\x01 \x01(\tR\x04name\x12*\n" +
 	"\aholders\x18\x02 \x03(\v2\x10.fence.v1.HolderR\aholders\x12*\n" +
 	"\awaiters\x18\x03 \x03(\v2\x10.fence.v1.WaiterR\awaiters\x12\x18\n" +
-	"\adelayed\x18\x04 \x01(\bR\adelayed\"=\n" +
+	"\adelayed\x18\x04 \x01(\bR\adelayed\x12\x18\n" +
+	"\apermits\x18\x05 \x01(\rR\apermits\"=\n" +
 	"\x11ListLocksResponse\x12(\n" +
 	"\x05locks\x18\x01 \x03(\v2\x12.fence.v1.LockInfoR\x05locks\"\x0f\n" +
 	"\rStatusRequest\"\x95\x03\n" +
@@ -2675,11 +2704,12 @@ const file_fence_v1_fence_proto_rawDesc = "" +
 	"session_id\x18\x03 \x01(\x04R\tsessionId\x12\x14\n" +
 	"\x05token\x18\x04 \x01(\x04R\x05token\x12#\n" +
 	"\rcurrent_token\x18\x05 \x01(\x04R\fcurrentToken\x12%\n" +
-	"\x0eleader_address\x18\x06 \x01(\tR\rleaderAddress*A\n" +
+	"\x0eleader_address\x18\x06 \x01(\tR\rleaderAddress*U\n" +
 	"\x04Mode\x12\x14\n" +
 	"\x10MODE_UNSPECIFIED\x10\x00\x12\x12\n" +
 	"\x0eMODE_EXCLUSIVE\x10\x01\x12\x0f\n" +
-	"\vMODE_SHARED\x10\x02*R\n" +
+	"\vMODE_SHARED\x10\x02\x12\x12\n" +
+	"\x0eMODE_SEMAPHORE\x10\x03*R\n" +
 	"\tEventType\x12\x1a\n" +
 	"\x16EVENT_TYPE_UNSPECIFIED\x10\x00\x12\x12\n" +
 	"\x0eEVENT_TYPE_PUT\x10\x01\x12\x15\n" +
