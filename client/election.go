@@ -11,7 +11,8 @@ import (
 // like etcd's concurrency.Election: the leader holds the lock "election/"
 // + name, and its value is kept in the fenced KV store under the same key,
 // written with the leadership's token in strict mode, so a deposed leader
-// cannot overwrite its successor's record. The token is the leadership's
+// cannot overwrite its successor's record, and bound to the leader's
+// session, so it goes when the session ends. The token is the leadership's
 // fencing token: pass it with the leader's writes.
 type Election struct {
 	s    *Session
@@ -51,7 +52,7 @@ func (e *Election) Proclaim(ctx context.Context, value string) error {
 	if g == nil {
 		return fmt.Errorf("%w: not the leader of %s", fence.ErrNotHolder, e.name)
 	}
-	_, err := e.s.client.KV().Put(ctx, e.name, []byte(value), WithGrant(g), Strict())
+	_, err := e.s.client.KV().Put(ctx, e.name, []byte(value), WithGrant(g), Strict(), BoundTo(e.s))
 	return err
 }
 

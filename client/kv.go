@@ -21,45 +21,59 @@ type KV struct{ c *Client }
 // KV returns the client's view of the fenced KV store.
 func (c *Client) KV() *KV { return &KV{c: c} }
 
-// WriteOption fences a KV write.
-type WriteOption func(*fencev1.Fence)
+// WriteOption fences a KV write, or binds a put's key to a session.
+type WriteOption func(*writeOptions)
+
+type writeOptions struct {
+	fence   fencev1.Fence
+	session uint64
+}
 
 // WithGrant fences the write with a grant's lock and token.
 func WithGrant(g *Grant) WriteOption {
-	return func(f *fencev1.Fence) { f.Lock, f.Token = g.Lock(), g.Token() }
+	return func(o *writeOptions) { o.fence.Lock, o.fence.Token = g.Lock(), g.Token() }
 }
 
 // WithToken fences the write with a lock name and token, as passed on by
 // `fence lock` in FENCE_LOCK and FENCE_TOKEN.
 func WithToken(lock string, token uint64) WriteOption {
-	return func(f *fencev1.Fence) { f.Lock, f.Token = lock, token }
+	return func(o *writeOptions) { o.fence.Lock, o.fence.Token = lock, token }
 }
 
 // Strict requires the token to be the lock's current grant, not only at
 // least the highest the key has seen (fence.ErrNotHolder otherwise).
 func Strict() WriteOption {
-	return func(f *fencev1.Fence) { f.Strict = true }
+	return func(o *writeOptions) { o.fence.Strict = true }
 }
 
 // IfRevision makes the write a compare-and-swap: it applies only if the
 // key's mod revision is rev (0: the key must not exist), and fails with
 // fence.ErrRevisionMismatch otherwise.
 func IfRevision(rev uint64) WriteOption {
-	return func(f *fencev1.Fence) { f.ExpectRevision = &rev }
+	return func(o *writeOptions) { o.fence.ExpectRevision = &rev }
 }
 
-func fenceOf(opts []WriteOption) *fencev1.Fence {
-	f := &fencev1.Fence{}
+// BoundTo binds the key of a Put to session s: the service deletes the key
+// when the session ends, closed or expired, like a key on an etcd lease or
+// a ZooKeeper ephemeral node (presence, service registration). Each Put
+// binds anew, so a Put without BoundTo unbinds the key. Delete ignores it.
+func BoundTo(s *Session) WriteOption {
+	return func(o *writeOptions) { o.session = s.id }
+}
+
+func writeOpts(opts []WriteOption) *writeOptions {
+	o := &writeOptions{}
 	for _, opt := range opts {
-		opt(f)
+		opt(o)
 	}
-	return f
+	return o
 }
 
 // Put writes value under key and returns the key's new mod revision.
 // A call that fails with fence.ErrUnavailable may or may not have applied.
 func (k *KV) Put(ctx context.Context, key string, value []byte, opts ...WriteOption) (uint64, error) {
-	req := &fencev1.PutRequest{Key: key, Value: value, Fence: fenceOf(opts)}
+	o := writeOpts(opts)
+	req := &fencev1.PutRequest{Key: key, Value: value, Fence: &o.fence, SessionId: o.session}
 	var rev uint64
 	err := k.c.call(ctx, func(ctx context.Context, ep *endpoint) error {
 		resp, err := ep.kv.Put(ctx, connect.NewRequest(req))
@@ -88,7 +102,7 @@ func (k *KV) Get(ctx context.Context, key string, opts ...ReadOption) (*KeyValue
 
 // Delete removes key, fenced like Put, and reports whether it existed.
 func (k *KV) Delete(ctx context.Context, key string, opts ...WriteOption) (bool, error) {
-	req := &fencev1.DeleteRequest{Key: key, Fence: fenceOf(opts)}
+	req := &fencev1.DeleteRequest{Key: key, Fence: &writeOpts(opts).fence}
 	var deleted bool
 	err := k.c.call(ctx, func(ctx context.Context, ep *endpoint) error {
 		resp, err := ep.kv.Delete(ctx, connect.NewRequest(req))

@@ -179,3 +179,65 @@ func TestKVRejectsBadInput(t *testing.T) {
 		t.Fatalf("bad writes left %v, %v", kvs, err)
 	}
 }
+
+// A key bound to a session is deleted when the session ends, and watchers
+// see the delete; a put without BoundTo unbinds it.
+func TestKVBoundToSession(t *testing.T) {
+	srv := startServer(t, nil)
+	c := mustClient(t, srv, nil)
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	kv := c.KV()
+	s1, err := c.NewSession(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	s2, err := c.NewSession(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer s2.Close(ctx)
+	if _, err := kv.Put(ctx, "svc/a", []byte("10.0.0.1"), BoundTo(s1)); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := kv.Put(ctx, "svc/b", []byte("10.0.0.2"), BoundTo(s1)); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := kv.Put(ctx, "svc/b", []byte("10.0.0.2")); err != nil { // unbound again
+		t.Fatal(err)
+	}
+	if _, err := kv.Put(ctx, "svc/c", []byte("10.0.0.3"), BoundTo(s2)); err != nil {
+		t.Fatal(err)
+	}
+	got, err := kv.Get(ctx, "svc/a")
+	if err != nil || got.GetSessionId() != s1.ID() {
+		t.Fatalf("Get svc/a: %v, %v; want it bound to session %d", got, err, s1.ID())
+	}
+	w, err := kv.Watch(ctx, "svc/")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer w.Close()
+	if err := s1.Close(ctx); err != nil {
+		t.Fatal(err)
+	}
+	select {
+	case ev := <-w.Events():
+		if ev.GetType() != fencev1.EventType_EVENT_TYPE_DELETE || ev.GetKv().GetKey() != "svc/a" {
+			t.Fatalf("event %v, want the delete of svc/a", ev)
+		}
+	case <-ctx.Done():
+		t.Fatal("no delete event after the session closed")
+	}
+	kvs, _, err := kv.List(ctx, "svc/")
+	if err != nil {
+		t.Fatal(err)
+	}
+	var keys []string
+	for _, kv := range kvs {
+		keys = append(keys, kv.GetKey())
+	}
+	if strings.Join(keys, ",") != "svc/b,svc/c" {
+		t.Fatalf("keys after session 1 ended: %v, want svc/b,svc/c", keys)
+	}
+}

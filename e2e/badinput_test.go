@@ -29,6 +29,8 @@ const (
 	release       = "fence.v1.LockService/Release"
 	listLocks     = "fence.v1.LockService/ListLocks"
 	status        = "fence.v1.ClusterService/Status"
+	kvPut         = "fence.v1.KVService/Put"
+	kvGet         = "fence.v1.KVService/Get"
 )
 
 func TestBadInput(t *testing.T) {
@@ -103,6 +105,8 @@ func TestBadInput(t *testing.T) {
 			"invalid_argument", []string{held, "in use as a lock"}},
 		{"unknown mode", acquire, fmt.Sprintf(`{"sessionId":"%d","lock":"e2e/bad/x","mode":7}`, holder.SessionID),
 			"invalid_argument", []string{"unknown mode 7"}},
+		{"key bound to an unknown session", kvPut, fmt.Sprintf(`{"key":"e2e/bad/k","value":"dg==","sessionId":"%d"}`, unknownSession),
+			"not_found", []string{"session", fmt.Sprint(unknownSession)}},
 		{"oversized request", acquire, acq(strings.Repeat("x", maxRequest+100)), "resource_exhausted", []string{"larger than", fmt.Sprint(maxRequest)}},
 	}
 	for _, tc := range cases {
@@ -154,8 +158,25 @@ func TestBadInput(t *testing.T) {
 	mustPost(t, srv.addr, release, fmt.Sprintf(`{"sessionId":"%d","lock":"e2e/bad/after","token":"%d"}`, fresh.SessionID, g2.Token), nil)
 	mustPost(t, srv.addr, keepAlive, fmt.Sprintf(`{"sessionId":"%d"}`, holder.SessionID), nil)
 	mustPost(t, srv.addr, release, fmt.Sprintf(`{"sessionId":"%d","lock":%q,"token":"%d"}`, holder.SessionID, held, grant.Token), nil)
+	// A put from curl may leave the fence out (an unfenced write); this
+	// one is bound to the fresh session and goes when it is closed.
+	mustPost(t, srv.addr, kvPut, fmt.Sprintf(`{"key":"e2e/bad/bound","value":"dg==","sessionId":"%d"}`, fresh.SessionID), nil)
+	var found struct {
+		Found bool `json:"found"`
+	}
+	mustPost(t, srv.addr, kvGet, `{"key":"e2e/bad/bound"}`, &found)
+	if !found.Found {
+		t.Error("a put without a fence field was not stored")
+	}
 	for _, id := range []uint64{holder.SessionID, other.SessionID, fresh.SessionID} {
 		mustPost(t, srv.addr, closeSession, fmt.Sprintf(`{"sessionId":"%d"}`, id), nil)
+	}
+	var after struct {
+		Found bool `json:"found"`
+	}
+	mustPost(t, srv.addr, kvGet, `{"key":"e2e/bad/bound"}`, &after)
+	if after.Found {
+		t.Error("a key bound to a closed session is still there")
 	}
 	var empty struct {
 		Locks []any `json:"locks"`

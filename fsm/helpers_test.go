@@ -102,6 +102,7 @@ func waiting(sess uint64, mode fsm.Mode) fsm.WaiterInfo {
 type kvArgs struct {
 	fence   fsmpb.KVFence
 	maxKeys uint64
+	session uint64
 }
 
 type kvOpt func(*kvArgs)
@@ -121,6 +122,9 @@ func expectRev(rev uint64) kvOpt {
 
 func maxKeys(n uint64) kvOpt { return func(a *kvArgs) { a.maxKeys = n } }
 
+// boundTo binds a put's key to a session.
+func boundTo(session uint64) kvOpt { return func(a *kvArgs) { a.session = session } }
+
 func kvOpts(opts []kvOpt) *kvArgs {
 	a := &kvArgs{}
 	for _, o := range opts {
@@ -131,7 +135,7 @@ func kvOpts(opts []kvOpt) *kvArgs {
 
 func kvPut(key, value string, opts ...kvOpt) *fsmpb.Command {
 	a := kvOpts(opts)
-	return &fsmpb.Command{Op: &fsmpb.Command_KvPut{KvPut: &fsmpb.KVPut{Key: key, Value: []byte(value), Fence: &a.fence, MaxKeys: a.maxKeys}}}
+	return &fsmpb.Command{Op: &fsmpb.Command_KvPut{KvPut: &fsmpb.KVPut{Key: key, Value: []byte(value), Fence: &a.fence, MaxKeys: a.maxKeys, SessionId: a.session}}}
 }
 
 func kvDel(key string, opts ...kvOpt) *fsmpb.Command {

@@ -12,6 +12,8 @@ import "fmt"
 //   - no token is above the counter, and no two holders have the same token;
 //   - every holder and waiter is a live session, which indexes the lock, and
 //     no session both holds and waits for one lock or appears twice;
+//   - a key bound to a session is live, and the session exists and indexes
+//     it; a session indexes only live keys bound to it;
 //   - no session id is above the session counter;
 //   - no idle lock is kept;
 //   - every KV entry is filed under its key, has a token no higher than its
@@ -79,11 +81,25 @@ func (s *State) CheckInvariants() error {
 				return fmt.Errorf("session %d indexes lock %q it does not wait for", id, name)
 			}
 		}
+		for key := range sess.keys {
+			if e := s.kv[key]; !e.live() || e.kv.Session != id {
+				return fmt.Errorf("session %d indexes key %q that is not bound to it", id, key)
+			}
+		}
 	}
 	live := 0
 	for key, e := range s.kv {
 		if e.kv.Key != key {
 			return fmt.Errorf("key %q is filed under %q", e.kv.Key, key)
+		}
+		if id := e.kv.Session; id != 0 {
+			sess, ok := s.sessions[id]
+			if !ok || e.deleted {
+				return fmt.Errorf("key %q (deleted %v) is bound to session %d, which exists: %v", key, e.deleted, id, ok)
+			}
+			if _, ok := sess.keys[key]; !ok {
+				return fmt.Errorf("key %q is bound to session %d, which does not index it", key, id)
+			}
 		}
 		if e.kv.Token > e.kv.HighestToken {
 			return fmt.Errorf("key %q was written with token %d above its highest %d", key, e.kv.Token, e.kv.HighestToken)

@@ -12,6 +12,10 @@ package fsm
 // keys are kept forever; the state grows with the number of keys ever
 // fenced, not the number of live keys, and max_keys does not bound it. This
 // is a known limit. Unfenced keys leave no tombstone.
+//
+// A key may be bound to a session (an etcd lease, a ZooKeeper ephemeral
+// node): it is deleted in the command that ends the session, as if by an
+// unfenced delete, and a fenced one leaves its tombstone as any delete does.
 
 import (
 	"fmt"
@@ -38,6 +42,8 @@ type KeyValue struct {
 	ModRevision    uint64
 	// Version counts the writes since the key was created.
 	Version uint64
+	// Session is the session the key is bound to, 0 for none.
+	Session uint64
 }
 
 // KVEvent is a change to the KV store, for watchers.
@@ -63,6 +69,14 @@ func (s *State) kvPut(c *fsmpb.KVPut) Result {
 	if err := s.checkKVFence(key, e, f); err != nil {
 		return Result{Err: err}
 	}
+	var owner *session
+	if id := c.GetSessionId(); id != 0 {
+		sess, err := s.session(id)
+		if err != nil {
+			return Result{Err: err}
+		}
+		owner = sess
+	}
 	if max := c.GetMaxKeys(); max > 0 && !e.live() && uint64(s.liveKeys) >= max {
 		return Result{Err: fmt.Errorf("%w: the KV store already has %d keys, its limit", fence.ErrLimit, s.liveKeys)}
 	}
@@ -82,7 +96,20 @@ func (s *State) kvPut(c *fsmpb.KVPut) Result {
 	e.kv.HighestToken = max(e.kv.HighestToken, f.GetToken())
 	e.kv.ModRevision = s.kvRevision
 	e.kv.Version++
+	s.unbind(e)
+	if owner != nil {
+		e.kv.Session = owner.id
+		owner.keys[key] = struct{}{}
+	}
 	return Result{Revision: s.kvRevision, Events: []KVEvent{{KV: copyKV(e.kv)}}}
+}
+
+// unbind ends a key's binding to its session, if any.
+func (s *State) unbind(e *kvEntry) {
+	if e.kv.Session != 0 {
+		delete(s.sessions[e.kv.Session].keys, e.kv.Key)
+		e.kv.Session = 0
+	}
 }
 
 // kvDelete applies the fenced write rule to a delete. Deleting a missing
@@ -108,7 +135,15 @@ func (s *State) kvDelete(c *fsmpb.KVDelete) Result {
 		}
 		return Result{Revision: s.kvRevision}
 	}
+	ev := s.removeKey(e, f)
+	return Result{Revision: s.kvRevision, Events: []KVEvent{ev}}
+}
+
+// removeKey deletes a live key with the write f (nil when its session
+// ended), at a new revision, and returns the event.
+func (s *State) removeKey(e *kvEntry, f *fsmpb.KVFence) KVEvent {
 	s.kvRevision++
+	s.unbind(e)
 	e.kv.HighestToken = max(e.kv.HighestToken, f.GetToken())
 	e.kv.Value = nil
 	e.kv.Token, e.kv.Lock = writer(f)
@@ -117,9 +152,9 @@ func (s *State) kvDelete(c *fsmpb.KVDelete) Result {
 	s.liveKeys--
 	ev := KVEvent{Deleted: true, KV: copyKV(e.kv)}
 	if e.kv.HighestToken == 0 {
-		delete(s.kv, key) // an unfenced key needs no tombstone
+		delete(s.kv, e.kv.Key) // an unfenced key needs no tombstone
 	}
-	return Result{Revision: s.kvRevision, Events: []KVEvent{ev}}
+	return ev
 }
 
 // writer returns the token and lock a write records: the lock only with a

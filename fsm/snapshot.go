@@ -39,6 +39,7 @@ func (s *State) Snapshot() *fsmpb.Snapshot {
 			Key: k, Value: append([]byte(nil), e.kv.Value...), Token: e.kv.Token, Lock: e.kv.Lock,
 			HighestToken: e.kv.HighestToken, CreateRevision: e.kv.CreateRevision,
 			ModRevision: e.kv.ModRevision, Version: e.kv.Version, Deleted: e.deleted,
+			SessionId: e.kv.Session,
 		})
 	}
 	for _, id := range sortedNodeIDs(s.nodes) {
@@ -63,6 +64,7 @@ func Restore(snap *fsmpb.Snapshot) (*State, error) {
 			owner: ps.GetOwner(),
 			holds: map[string]struct{}{},
 			waits: map[string]struct{}{},
+			keys:  map[string]struct{}{},
 		}
 	}
 	for _, pl := range snap.GetLocks() {
@@ -96,10 +98,17 @@ func Restore(snap *fsmpb.Snapshot) (*State, error) {
 		s.kv[pk.GetKey()] = &kvEntry{deleted: pk.GetDeleted(), kv: KeyValue{
 			Key: pk.GetKey(), Value: pk.GetValue(), Token: pk.GetToken(), Lock: pk.GetLock(),
 			HighestToken: pk.GetHighestToken(), CreateRevision: pk.GetCreateRevision(),
-			ModRevision: pk.GetModRevision(), Version: pk.GetVersion(),
+			ModRevision: pk.GetModRevision(), Version: pk.GetVersion(), Session: pk.GetSessionId(),
 		}}
 		if !pk.GetDeleted() {
 			s.liveKeys++
+		}
+		if id := pk.GetSessionId(); id != 0 {
+			sess, ok := s.sessions[id]
+			if !ok {
+				return nil, fmt.Errorf("fsm: snapshot key %q is bound to unknown session %d", pk.GetKey(), id)
+			}
+			sess.keys[pk.GetKey()] = struct{}{}
 		}
 	}
 	for _, n := range snap.GetNodes() {

@@ -146,9 +146,11 @@ type session struct {
 	id    uint64
 	ttl   time.Duration
 	owner string
-	// holds and waits index the locks the session appears in.
+	// holds and waits index the locks the session appears in, keys the
+	// KV keys bound to it.
 	holds map[string]struct{}
 	waits map[string]struct{}
+	keys  map[string]struct{}
 }
 
 // State is fence's replicated state: sessions, locks and the token counter.
@@ -211,6 +213,7 @@ func (s *State) createSession(c *fsmpb.CreateSession) Result {
 		owner: c.GetOwner(),
 		holds: map[string]struct{}{},
 		waits: map[string]struct{}{},
+		keys:  map[string]struct{}{},
 	}
 	return Result{SessionID: id}
 }
@@ -385,7 +388,8 @@ func (s *State) cancelWait(c *fsmpb.CancelWait) Result {
 }
 
 // endSessions closes (expired=false) or expires sessions: each releases
-// everything it holds and drops its waits. Expiry, unlike a close, puts a
+// everything it holds, drops its waits and deletes the KV keys bound to it,
+// in key order, each at a revision of its own. Expiry, unlike a close, puts a
 // lock whose holder asked for a lock-delay under that delay. Unknown ids are
 // skipped: the session may have been closed while the leader decided.
 func (s *State) endSessions(ids []uint64, expired bool) Result {
@@ -410,6 +414,10 @@ func (s *State) endSessions(ids []uint64, expired bool) Result {
 				l.delay = h.lockDelay
 				res.Delayed = append(res.Delayed, Delay{Lock: name, Delay: h.lockDelay})
 			}
+		}
+		for _, key := range sortedKeys(sess.keys) {
+			res.Events = append(res.Events, s.removeKey(s.kv[key], nil))
+			res.Revision = s.kvRevision
 		}
 		delete(s.sessions, id)
 		res.Ended = append(res.Ended, id)

@@ -31,7 +31,11 @@ func (s *Server) kvFence(f *fencev1.Fence) (*fsmpb.KVFence, error) {
 	if f.GetStrict() && (f.GetLock() == "" || f.GetToken() == 0) {
 		return nil, invalid("a strict write needs fence.lock and fence.token")
 	}
-	return &fsmpb.KVFence{Lock: f.GetLock(), Token: f.GetToken(), Strict: f.GetStrict(), ExpectRevision: f.ExpectRevision}, nil
+	out := &fsmpb.KVFence{Lock: f.GetLock(), Token: f.GetToken(), Strict: f.GetStrict()}
+	if f != nil { // a JSON request may leave the fence out
+		out.ExpectRevision = f.ExpectRevision
+	}
+	return out, nil
 }
 
 // Put implements fencev1connect.KVServiceHandler.
@@ -48,7 +52,7 @@ func (s *Server) Put(ctx context.Context, req *connect.Request[fencev1.PutReques
 		return nil, err
 	}
 	res, err := s.apply(&fsmpb.Command{Op: &fsmpb.Command_KvPut{KvPut: &fsmpb.KVPut{
-		Key: m.GetKey(), Value: m.GetValue(), Fence: f, MaxKeys: uint64(s.cfg.MaxKeys),
+		Key: m.GetKey(), Value: m.GetValue(), Fence: f, MaxKeys: uint64(s.cfg.MaxKeys), SessionId: m.GetSessionId(),
 	}}})
 	if err != nil {
 		return nil, err
@@ -165,6 +169,7 @@ func apiKV(kv fsm.KeyValue) *fencev1.KeyValue {
 	return &fencev1.KeyValue{
 		Key: kv.Key, Value: kv.Value, Token: kv.Token, Lock: kv.Lock, HighestToken: kv.HighestToken,
 		CreateRevision: kv.CreateRevision, ModRevision: kv.ModRevision, Version: kv.Version,
+		SessionId: kv.Session,
 	}
 }
 

@@ -773,7 +773,10 @@ type KVPut struct {
 	Fence *KVFence               `protobuf:"bytes,3,opt,name=fence,proto3" json:"fence,omitempty"`
 	// The leader's configured limit on live keys, carried so every replica
 	// enforces the same one. 0 means no limit.
-	MaxKeys       uint64 `protobuf:"varint,4,opt,name=max_keys,json=maxKeys,proto3" json:"max_keys,omitempty"`
+	MaxKeys uint64 `protobuf:"varint,4,opt,name=max_keys,json=maxKeys,proto3" json:"max_keys,omitempty"`
+	// The session the key is bound to: the key is deleted when the session
+	// ends. 0 binds it to none.
+	SessionId     uint64 `protobuf:"varint,5,opt,name=session_id,json=sessionId,proto3" json:"session_id,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -832,6 +835,13 @@ func (x *KVPut) GetFence() *KVFence {
 func (x *KVPut) GetMaxKeys() uint64 {
 	if x != nil {
 		return x.MaxKeys
+	}
+	return 0
+}
+
+func (x *KVPut) GetSessionId() uint64 {
+	if x != nil {
+		return x.SessionId
 	}
 	return 0
 }
@@ -996,8 +1006,10 @@ type KV struct {
 	ModRevision    uint64 `protobuf:"varint,7,opt,name=mod_revision,json=modRevision,proto3" json:"mod_revision,omitempty"`
 	Version        uint64 `protobuf:"varint,8,opt,name=version,proto3" json:"version,omitempty"`
 	Deleted        bool   `protobuf:"varint,9,opt,name=deleted,proto3" json:"deleted,omitempty"`
-	unknownFields  protoimpl.UnknownFields
-	sizeCache      protoimpl.SizeCache
+	// The session a live key is bound to, 0 for none.
+	SessionId     uint64 `protobuf:"varint,10,opt,name=session_id,json=sessionId,proto3" json:"session_id,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
 }
 
 func (x *KV) Reset() {
@@ -1091,6 +1103,13 @@ func (x *KV) GetDeleted() bool {
 		return x.Deleted
 	}
 	return false
+}
+
+func (x *KV) GetSessionId() uint64 {
+	if x != nil {
+		return x.SessionId
+	}
+	return 0
 }
 
 type Session struct {
@@ -1419,12 +1438,14 @@ const file_fsmpb_fsm_proto_rawDesc = "" +
 	"\x05token\x18\x02 \x01(\x04R\x05token\x12\x16\n" +
 	"\x06strict\x18\x03 \x01(\bR\x06strict\x12,\n" +
 	"\x0fexpect_revision\x18\x04 \x01(\x04H\x00R\x0eexpectRevision\x88\x01\x01B\x12\n" +
-	"\x10_expect_revision\"w\n" +
+	"\x10_expect_revision\"\x96\x01\n" +
 	"\x05KVPut\x12\x10\n" +
 	"\x03key\x18\x01 \x01(\tR\x03key\x12\x14\n" +
 	"\x05value\x18\x02 \x01(\fR\x05value\x12+\n" +
 	"\x05fence\x18\x03 \x01(\v2\x15.fence.fsm.v1.KVFenceR\x05fence\x12\x19\n" +
-	"\bmax_keys\x18\x04 \x01(\x04R\amaxKeys\"I\n" +
+	"\bmax_keys\x18\x04 \x01(\x04R\amaxKeys\x12\x1d\n" +
+	"\n" +
+	"session_id\x18\x05 \x01(\x04R\tsessionId\"I\n" +
 	"\bKVDelete\x12\x10\n" +
 	"\x03key\x18\x01 \x01(\tR\x03key\x12+\n" +
 	"\x05fence\x18\x02 \x01(\v2\x15.fence.fsm.v1.KVFenceR\x05fence\"\xa5\x02\n" +
@@ -1437,7 +1458,7 @@ const file_fsmpb_fsm_proto_rawDesc = "" +
 	"\vkv_revision\x18\x05 \x01(\x04R\n" +
 	"kvRevision\x12\"\n" +
 	"\x03kvs\x18\x06 \x03(\v2\x10.fence.fsm.v1.KVR\x03kvs\x120\n" +
-	"\x05nodes\x18\a \x03(\v2\x1a.fence.fsm.v1.RegisterNodeR\x05nodes\"\xfb\x01\n" +
+	"\x05nodes\x18\a \x03(\v2\x1a.fence.fsm.v1.RegisterNodeR\x05nodes\"\x9a\x02\n" +
 	"\x02KV\x12\x10\n" +
 	"\x03key\x18\x01 \x01(\tR\x03key\x12\x14\n" +
 	"\x05value\x18\x02 \x01(\fR\x05value\x12\x14\n" +
@@ -1447,7 +1468,10 @@ const file_fsmpb_fsm_proto_rawDesc = "" +
 	"\x0fcreate_revision\x18\x06 \x01(\x04R\x0ecreateRevision\x12!\n" +
 	"\fmod_revision\x18\a \x01(\x04R\vmodRevision\x12\x18\n" +
 	"\aversion\x18\b \x01(\x04R\aversion\x12\x18\n" +
-	"\adeleted\x18\t \x01(\bR\adeleted\"F\n" +
+	"\adeleted\x18\t \x01(\bR\adeleted\x12\x1d\n" +
+	"\n" +
+	"session_id\x18\n" +
+	" \x01(\x04R\tsessionId\"F\n" +
 	"\aSession\x12\x0e\n" +
 	"\x02id\x18\x01 \x01(\x04R\x02id\x12\x15\n" +
 	"\x06ttl_ns\x18\x02 \x01(\x03R\x05ttlNs\x12\x14\n" +

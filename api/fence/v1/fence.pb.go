@@ -1765,10 +1765,15 @@ func (x *Fence) GetExpectRevision() uint64 {
 }
 
 type PutRequest struct {
-	state         protoimpl.MessageState `protogen:"open.v1"`
-	Key           string                 `protobuf:"bytes,1,opt,name=key,proto3" json:"key,omitempty"`
-	Value         []byte                 `protobuf:"bytes,2,opt,name=value,proto3" json:"value,omitempty"`
-	Fence         *Fence                 `protobuf:"bytes,3,opt,name=fence,proto3" json:"fence,omitempty"`
+	state protoimpl.MessageState `protogen:"open.v1"`
+	Key   string                 `protobuf:"bytes,1,opt,name=key,proto3" json:"key,omitempty"`
+	Value []byte                 `protobuf:"bytes,2,opt,name=value,proto3" json:"value,omitempty"`
+	Fence *Fence                 `protobuf:"bytes,3,opt,name=fence,proto3" json:"fence,omitempty"`
+	// Bind the key to this session: when the session ends (closed, or
+	// expired by the leader) the key is deleted, like a key on an etcd lease
+	// or a ZooKeeper ephemeral node. Each put sets the binding anew; a put
+	// without session_id makes the key outlive every session.
+	SessionId     uint64 `protobuf:"varint,4,opt,name=session_id,json=sessionId,proto3" json:"session_id,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -1822,6 +1827,13 @@ func (x *PutRequest) GetFence() *Fence {
 		return x.Fence
 	}
 	return nil
+}
+
+func (x *PutRequest) GetSessionId() uint64 {
+	if x != nil {
+		return x.SessionId
+	}
+	return 0
 }
 
 type PutResponse struct {
@@ -1881,8 +1893,10 @@ type KeyValue struct {
 	CreateRevision uint64 `protobuf:"varint,6,opt,name=create_revision,json=createRevision,proto3" json:"create_revision,omitempty"`
 	ModRevision    uint64 `protobuf:"varint,7,opt,name=mod_revision,json=modRevision,proto3" json:"mod_revision,omitempty"`
 	Version        uint64 `protobuf:"varint,8,opt,name=version,proto3" json:"version,omitempty"`
-	unknownFields  protoimpl.UnknownFields
-	sizeCache      protoimpl.SizeCache
+	// The session the key is bound to (see PutRequest.session_id), 0 for none.
+	SessionId     uint64 `protobuf:"varint,9,opt,name=session_id,json=sessionId,proto3" json:"session_id,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
 }
 
 func (x *KeyValue) Reset() {
@@ -1967,6 +1981,13 @@ func (x *KeyValue) GetModRevision() uint64 {
 func (x *KeyValue) GetVersion() uint64 {
 	if x != nil {
 		return x.Version
+	}
+	return 0
+}
+
+func (x *KeyValue) GetSessionId() uint64 {
+	if x != nil {
+		return x.SessionId
 	}
 	return 0
 }
@@ -2651,14 +2672,16 @@ const file_fence_v1_fence_proto_rawDesc = "" +
 	"\x05token\x18\x02 \x01(\x04R\x05token\x12\x16\n" +
 	"\x06strict\x18\x03 \x01(\bR\x06strict\x12,\n" +
 	"\x0fexpect_revision\x18\x04 \x01(\x04H\x00R\x0eexpectRevision\x88\x01\x01B\x12\n" +
-	"\x10_expect_revision\"[\n" +
+	"\x10_expect_revision\"z\n" +
 	"\n" +
 	"PutRequest\x12\x10\n" +
 	"\x03key\x18\x01 \x01(\tR\x03key\x12\x14\n" +
 	"\x05value\x18\x02 \x01(\fR\x05value\x12%\n" +
-	"\x05fence\x18\x03 \x01(\v2\x0f.fence.v1.FenceR\x05fence\")\n" +
+	"\x05fence\x18\x03 \x01(\v2\x0f.fence.v1.FenceR\x05fence\x12\x1d\n" +
+	"\n" +
+	"session_id\x18\x04 \x01(\x04R\tsessionId\")\n" +
 	"\vPutResponse\x12\x1a\n" +
-	"\brevision\x18\x01 \x01(\x04R\brevision\"\xe7\x01\n" +
+	"\brevision\x18\x01 \x01(\x04R\brevision\"\x86\x02\n" +
 	"\bKeyValue\x12\x10\n" +
 	"\x03key\x18\x01 \x01(\tR\x03key\x12\x14\n" +
 	"\x05value\x18\x02 \x01(\fR\x05value\x12\x14\n" +
@@ -2667,7 +2690,9 @@ const file_fence_v1_fence_proto_rawDesc = "" +
 	"\rhighest_token\x18\x05 \x01(\x04R\fhighestToken\x12'\n" +
 	"\x0fcreate_revision\x18\x06 \x01(\x04R\x0ecreateRevision\x12!\n" +
 	"\fmod_revision\x18\a \x01(\x04R\vmodRevision\x12\x18\n" +
-	"\aversion\x18\b \x01(\x04R\aversion\"4\n" +
+	"\aversion\x18\b \x01(\x04R\aversion\x12\x1d\n" +
+	"\n" +
+	"session_id\x18\t \x01(\x04R\tsessionId\"4\n" +
 	"\n" +
 	"GetRequest\x12\x10\n" +
 	"\x03key\x18\x01 \x01(\tR\x03key\x12\x14\n" +
