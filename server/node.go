@@ -1,6 +1,7 @@
 package server
 
 import (
+	"context"
 	"errors"
 	"fmt"
 	"io"
@@ -39,11 +40,7 @@ func openNode(cfg Config, f *fsm.FSM, logger *slog.Logger) (*node, error) {
 	if err := os.MkdirAll(cfg.DataDir, 0o700); err != nil {
 		return nil, fmt.Errorf("creating data dir: %w", err)
 	}
-	hlog := hclog.New(&hclog.LoggerOptions{
-		Name:   "raft",
-		Level:  hclog.Warn,
-		Output: slogWriter{logger},
-	})
+	hlog := raftLog(logger)
 	kind, err := logStoreKind(cfg.DataDir, cfg.LogStore)
 	if err != nil {
 		return nil, err
@@ -273,14 +270,30 @@ func (n *node) close() error {
 	return errors.Join(errs...)
 }
 
-// slogWriter feeds hclog's formatted lines into slog.
-type slogWriter struct{ logger *slog.Logger }
-
-func (w slogWriter) Write(p []byte) (int, error) {
-	if w.logger != nil {
-		w.logger.Warn(string(trimNewline(p)), "component", "raft")
+// raftLog returns an hclog logger for raft and its stores that hands
+// their messages to logger as structured records at their own level
+// (error stays error): warnings and errors only, as raft is chatty.
+func raftLog(logger *slog.Logger) hclog.Logger {
+	l := hclog.NewInterceptLogger(&hclog.LoggerOptions{Name: "raft", Level: hclog.Warn, Output: io.Discard})
+	if logger != nil {
+		l.RegisterSink(raftLogSink{logger})
 	}
-	return len(p), nil
+	return l
+}
+
+type raftLogSink struct{ logger *slog.Logger }
+
+func (s raftLogSink) Accept(name string, level hclog.Level, msg string, args ...any) {
+	var l slog.Level
+	switch {
+	case level >= hclog.Error:
+		l = slog.LevelError
+	case level == hclog.Warn:
+		l = slog.LevelWarn
+	default:
+		return
+	}
+	s.logger.Log(context.Background(), l, msg, append([]any{"component", name}, args...)...)
 }
 
 func trimNewline(p []byte) []byte {
@@ -289,5 +302,3 @@ func trimNewline(p []byte) []byte {
 	}
 	return p
 }
-
-var _ io.Writer = slogWriter{}

@@ -1,7 +1,10 @@
 package server
 
 import (
+	"bytes"
 	"fmt"
+	"log/slog"
+	"strings"
 	"testing"
 
 	"github.com/hashicorp/raft"
@@ -90,5 +93,28 @@ func TestWALReopensAfterTailAndHeadTruncation(t *testing.T) {
 	var l raft.Log
 	if err := w.GetLog(50, &l); err != raft.ErrLogNotFound {
 		t.Fatalf("GetLog of a compacted entry = %v, want ErrLogNotFound", err)
+	}
+}
+
+// raft's messages reach slog at their own level, with their arguments as
+// attributes; raft's info and debug chatter is dropped.
+func TestRaftLogLevels(t *testing.T) {
+	var buf bytes.Buffer
+	l := raftLog(slog.New(slog.NewTextHandler(&buf, &slog.HandlerOptions{Level: slog.LevelDebug})))
+	l.Error("failed to appendEntries", "peer", "n2")
+	l.Warn("clearing log suffix", "from", 7)
+	l.Info("entering follower state")
+	l.Debug("chatter")
+	got := buf.String()
+	for _, want := range []string{
+		`level=ERROR msg="failed to appendEntries" component=raft peer=n2`,
+		`level=WARN msg="clearing log suffix" component=raft from=7`,
+	} {
+		if !strings.Contains(got, want) {
+			t.Errorf("log %q lacks %q", got, want)
+		}
+	}
+	if strings.Contains(got, "follower") || strings.Contains(got, "chatter") {
+		t.Errorf("log %q has raft's info or debug lines", got)
 	}
 }
