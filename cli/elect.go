@@ -52,16 +52,23 @@ interrupted (then resigns, exit 0) or until the session may be lost (exit 75).
 }
 
 func leaderCommand(g *globals) *cobra.Command {
-	return &cobra.Command{
+	var watch bool
+	cmd := &cobra.Command{
 		Use:   "leader NAME",
 		Short: "Print the current leader of NAME and its token (exit 1 if none)",
-		Args:  cobra.ExactArgs(1),
+		Long: `Prints the current leader of the election NAME and its token, or exits 1
+if nobody leads. With --watch, prints the state, then every change (a new
+leader, a new value, "no leader") until interrupted.`,
+		Args: cobra.ExactArgs(1),
 		RunE: func(cmd *cobra.Command, args []string) error {
 			c, err := g.client()
 			if err != nil {
 				return err
 			}
 			defer c.Close()
+			if watch {
+				return watchLeader(cmd.Context(), g, c, args[0])
+			}
 			value, token, ok, err := c.Leader(cmd.Context(), args[0])
 			if err != nil {
 				return err
@@ -73,4 +80,25 @@ func leaderCommand(g *globals) *cobra.Command {
 			return err
 		},
 	}
+	cmd.Flags().BoolVar(&watch, "watch", false, "print every change of leader until interrupted")
+	return cmd
+}
+
+// watchLeader prints the election's state and its changes until ctx ends.
+func watchLeader(ctx context.Context, g *globals, c *client.Client, name string) error {
+	states, err := c.ObserveLeader(ctx, name)
+	if err != nil {
+		return err
+	}
+	for st := range states {
+		if st.Elected {
+			fmt.Fprintf(g.stdout, "%s\ttoken %d\n", st.Value, st.Token)
+		} else {
+			fmt.Fprintln(g.stdout, "(no leader)")
+		}
+	}
+	if ctx.Err() != nil {
+		return nil // interrupted
+	}
+	return fmt.Errorf("watching %s ended; run again to go on", name)
 }

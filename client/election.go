@@ -5,6 +5,7 @@ import (
 	"fmt"
 
 	"github.com/fencelock/fence"
+	fencev1 "github.com/fencelock/fence/api/fence/v1"
 )
 
 // Election elects one leader among the sessions that campaign on a name,
@@ -83,4 +84,69 @@ func (c *Client) Leader(ctx context.Context, name string) (value string, token u
 		return "", 0, false, err
 	}
 	return string(kv.GetValue()), kv.GetToken(), true, nil
+}
+
+// LeaderState is an election's leader as ObserveLeader reports it.
+type LeaderState struct {
+	// Elected is false while nobody leads.
+	Elected bool
+	// Value and Token are the leader's value and leadership token.
+	Value string
+	Token uint64
+}
+
+// ObserveLeader reports the leader of the election name as it changes,
+// like etcd's Election.Observe: first the current state, then each new
+// leader, each Proclaim and each loss of leadership (a resignation, or the
+// end of the leader's session). The channel is closed when ctx ends or the
+// watch breaks (a leader change of the service itself, for example); call
+// again to go on observing.
+func (c *Client) ObserveLeader(ctx context.Context, name string) (<-chan LeaderState, error) {
+	key := "election/" + name
+	// Watch before reading, so that no change between the two is missed.
+	w, err := c.KV().Watch(ctx, key)
+	if err != nil {
+		return nil, err
+	}
+	value, token, ok, err := c.Leader(ctx, name)
+	if err != nil {
+		w.Close()
+		return nil, err
+	}
+	out := make(chan LeaderState)
+	go func() {
+		defer close(out)
+		defer w.Close()
+		last := LeaderState{Elected: ok, Value: value, Token: token}
+		if !send(ctx, out, last) {
+			return
+		}
+		for ev := range w.Events() {
+			kv := ev.GetKv()
+			if kv.GetKey() != key { // another election whose name starts with this one
+				continue
+			}
+			var st LeaderState
+			if ev.GetType() == fencev1.EventType_EVENT_TYPE_PUT {
+				st = LeaderState{Elected: true, Value: string(kv.GetValue()), Token: kv.GetToken()}
+			}
+			if st == last { // a change the first read already showed
+				continue
+			}
+			last = st
+			if !send(ctx, out, st) {
+				return
+			}
+		}
+	}()
+	return out, nil
+}
+
+func send[T any](ctx context.Context, ch chan<- T, v T) bool {
+	select {
+	case ch <- v:
+		return true
+	case <-ctx.Done():
+		return false
+	}
 }

@@ -70,3 +70,73 @@ func TestElection(t *testing.T) {
 		t.Fatalf("deposed leader's write: %v, want it refused", err)
 	}
 }
+
+// ObserveLeader reports the state at once, then every change: a new
+// leader, a Proclaim, and the end of a leader's session (its record goes
+// with it), followed by the next leader.
+func TestObserveLeader(t *testing.T) {
+	srv := startServer(t, nil)
+	c := mustClient(t, srv, nil)
+	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+	defer cancel()
+	newSession := func() *Session {
+		s, err := c.NewSession(ctx)
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { s.Close(context.Background()) })
+		return s
+	}
+	states, err := c.ObserveLeader(ctx, "jobs")
+	if err != nil {
+		t.Fatal(err)
+	}
+	next := func(want LeaderState) {
+		t.Helper()
+		select {
+		case got, ok := <-states:
+			if !ok || got != want {
+				t.Fatalf("observed %+v (open %v), want %+v", got, ok, want)
+			}
+		case <-ctx.Done():
+			t.Fatalf("nothing observed; want %+v", want)
+		}
+	}
+	next(LeaderState{})
+	// Another election whose name starts with this one is not reported.
+	if _, err := NewElection(newSession(), "jobs-2").Campaign(ctx, "elsewhere"); err != nil {
+		t.Fatal(err)
+	}
+	sa := newSession()
+	ea := NewElection(sa, "jobs")
+	la, err := ea.Campaign(ctx, "node-a")
+	if err != nil {
+		t.Fatal(err)
+	}
+	next(LeaderState{Elected: true, Value: "node-a", Token: la.Token()})
+	if err := ea.Proclaim(ctx, "node-a v2"); err != nil {
+		t.Fatal(err)
+	}
+	next(LeaderState{Elected: true, Value: "node-a v2", Token: la.Token()})
+	won := make(chan *Leadership, 1)
+	go func() {
+		lb, err := NewElection(newSession(), "jobs").Campaign(ctx, "node-b")
+		if err != nil {
+			t.Error(err)
+		}
+		won <- lb
+	}()
+	waitForLock(t, c, "election/jobs", func(holders, waiters int) bool { return waiters == 1 })
+	if err := sa.Close(ctx); err != nil {
+		t.Fatal(err)
+	}
+	next(LeaderState{})
+	lb := <-won
+	if lb == nil {
+		t.Fatal("the second campaigner was not elected")
+	}
+	next(LeaderState{Elected: true, Value: "node-b", Token: lb.Token()})
+	cancel()
+	for range states { // closed once ctx ends
+	}
+}

@@ -95,8 +95,10 @@ func waitForLock(t *testing.T, c *Client, name string, cond func(holders, waiter
 	deadline := time.Now().Add(10 * time.Second)
 	for {
 		locks, err := c.Locks(context.Background(), name)
-		if err == nil && len(locks) == 1 && cond(len(locks[0].GetHolders()), len(locks[0].GetWaiters())) {
-			return
+		for _, l := range locks {
+			if l.GetName() == name && cond(len(l.GetHolders()), len(l.GetWaiters())) {
+				return
+			}
 		}
 		if time.Now().After(deadline) {
 			t.Fatalf("lock %q never reached the expected state: %v, %v", name, locks, err)

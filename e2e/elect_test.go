@@ -1,0 +1,43 @@
+package e2e
+
+import (
+	"strings"
+	"syscall"
+	"testing"
+	"time"
+)
+
+// `fence leader --watch` follows an election run by `fence elect`
+// processes: a leader that is interrupted resigns at once; one killed with
+// SIGKILL loses its leadership, and its record, when its session expires,
+// and the waiting campaigner takes over.
+func TestElectAndWatchProcesses(t *testing.T) {
+	srv := startServer(t)
+	watch := startFence(t, "fence leader --watch", append(srv.endpoints(), "leader", "--watch", "sched")...)
+	seen := func(what string, lines ...string) {
+		t.Helper()
+		waitFor(t, 20*time.Second, what, func() bool {
+			watch.failIfExited(t)
+			return strings.HasSuffix(watch.stdout.String(), strings.Join(lines, ""))
+		})
+	}
+	seen("the watch to report no leader", "(no leader)\n")
+
+	a := startFence(t, "fence elect node-a", append(srv.endpoints(), "elect", "--ttl", "2s", "sched", "node-a")...)
+	seen("node-a to lead", "node-a\ttoken 1\n")
+	b := startFence(t, "fence elect node-b", append(srv.endpoints(), "elect", "--ttl", "2s", "sched", "node-b")...)
+	a.signal(t, syscall.SIGTERM)
+	if code := a.waitExit(t, 10*time.Second); code != 0 {
+		t.Errorf("interrupted fence elect exited %d, want 0; stderr:\n%s", code, a.stderr.String())
+	}
+	seen("node-b to follow node-a", "node-a\ttoken 1\n", "(no leader)\n", "node-b\ttoken 2\n")
+
+	c := startFence(t, "fence elect node-c", append(srv.endpoints(), "elect", "--ttl", "2s", "sched", "node-c")...)
+	b.killGroup() // SIGKILL: no resignation; the session expires
+	start := time.Now()
+	seen("node-c to follow node-b once its session expired", "node-b\ttoken 2\n", "(no leader)\n", "node-c\ttoken 3\n")
+	if d := time.Since(start); d < time.Second {
+		t.Errorf("node-c led %v after node-b was killed, before node-b's session could expire", d)
+	}
+	c.failIfExited(t)
+}
