@@ -29,7 +29,12 @@ import (
 func FuzzStateMachine(f *testing.F) {
 	// Sessions 1..4 exist after runStream's prologue. An acquire is
 	// {4, session, lock+mode, options}: session byte 8*i picks live session
-	// i+1, lock+mode byte 3*k picks lock "a" in mode k (0 exclusive, 1 shared).
+	// i+1, lock+mode byte 3*k picks lock "a" in mode k (0 exclusive, 1 shared),
+	// 3*k+1 lock "b" and 3*k+2 lock "c" (in semaphore mode for k 2, 3, 5..7);
+	// a byte of 192 or more is a semaphore acquire of lock "a", "b" or "c".
+	// Options: bit 0 try, 0x04 a 1 s lock-delay, and 0x40 (0x80) a semaphore
+	// of 2 (3) permits if the name is idle, else the semaphore's own number;
+	// 0xc0 a wrong number of permits (see acquirePermits).
 	f.Add([]byte{})
 	f.Add([]byte{
 		4, 0, 0, 0, // session 1 acquires a
@@ -56,6 +61,40 @@ func FuzzStateMachine(f *testing.F) {
 		3, 1, 0, 8, // sessions 1 and 2 expire together
 		10, 0, 0, // a release with a wrong token
 		0, 0x33, 0xff, // a session with a limit, an empty command
+	})
+	f.Add([]byte{ // a semaphore of 2 permits on a
+		4, 0, 192, 0x40, // session 1 takes a as a semaphore of 2 permits: token 1
+		4, 8, 192, 0x40, // session 2 takes the second permit: token 2
+		4, 16, 192, 0x41, // session 3 tries: all permits taken
+		4, 16, 192, 0x40, // session 3 queues
+		4, 24, 192, 0x00, // session 4 queues (naming the semaphore's 2 permits)
+		4, 24, 192, 0xc0, // session 4 names 3 permits: invalid
+		4, 24, 0, 0, // session 4 asks for a as an exclusive lock: invalid
+		11, 0, 0, // the first holder of a (session 1) releases: session 3 granted
+		14, 0, 0, // the first holder of a (session 2) expires: session 4 granted
+		15, 0, 0, // everyone on a expires: a is forgotten
+		4, 0, 0, 0, // session 1 takes a as an exclusive lock
+	})
+	f.Add([]byte{ // lock-delay on a semaphore of 3 permits on c, several grants in one command
+		4, 0, 23, 0x84, // session 1 takes c as a semaphore of 3 permits, with a 1 s lock-delay
+		4, 8, 23, 0, // session 2 takes a second permit
+		4, 16, 23, 0, // session 3 the third
+		4, 24, 23, 0, // session 4 queues
+		0, 0, // session 5
+		4, 32, 23, 0, // session 5 queues
+		14, 2, 0, // the first holder of c (session 1) expires: c is delayed
+		11, 2, 0, // the first holder of c (now session 2) releases: no grant under delay
+		4, 0, 23, 1, // session 2 tries c: locked under delay
+		13, 0, // the delay lifts: sessions 4 and 5 granted in one command
+		4, 8, 0, 0, // session 3 takes a as an exclusive lock
+		4, 16, 192, 0x40, // session 4 asks for a as a semaphore: invalid
+		4, 16, 23, 0xc0, // session 4 names 1 permit for c: invalid
+		0, 0, 0, 0, // sessions 6 and 7
+		4, 32, 23, 0, // session 6 queues for c
+		4, 40, 23, 0, // session 7 queues for c
+		3, 1, 8, 16, // sessions 3 and 4, holders of c, expire together: 6 and 7 granted
+		15, 2, 0, // everyone on c expires: c is forgotten
+		4, 0, 2, 0, // session 2 takes c as an exclusive lock
 	})
 	// A KV command is {op, key+lock, token choice, options} with op
 	// 0xa0..0xfe (see kvOp): 0xa4 puts "v1", 0xa8 puts "v2", 0xa0 puts "",
@@ -106,14 +145,17 @@ func FuzzStateMachine(f *testing.F) {
 		}
 		f.Add(data)
 	}
+	for seed := range uint64(3) {
+		f.Add(semaphoreStream(rand.New(rand.NewPCG(seed, 3)), 100))
+	}
 	f.Fuzz(func(t *testing.T, data []byte) {
 		runStream(t, data)
 	})
 }
 
 // FuzzApplyBytes feeds the input, whole and halved, as raft command entries
-// to an FSM holding locks, waiters, a delay, KV keys and a tombstone, one
-// entry at a time and again as one batch.
+// to an FSM holding locks, waiters, a delay, KV keys, a tombstone and a
+// full semaphore with a waiter, one entry at a time and again as one batch.
 func FuzzApplyBytes(f *testing.F) {
 	for _, cmd := range []*fsmpb.Command{
 		newSession(),
@@ -136,6 +178,20 @@ func FuzzApplyBytes(f *testing.F) {
 		{Op: &fsmpb.Command_KvPut{KvPut: &fsmpb.KVPut{Key: "k"}}}, // no fence
 		{Op: &fsmpb.Command_KvDelete{KvDelete: &fsmpb.KVDelete{Key: "p"}}},
 		{},
+		acquire(1, "s", sem, permits(2), try),
+		acquire(1, "s", sem, permits(2)),
+		acquire(1, "s", sem, permits(3)),
+		acquire(1, "s", shared),
+		acquire(1, "a", sem, permits(1)),
+		acquire(1, "c", sem, permits(2)),
+		acquire(1, "d", sem),
+		acquire(1, "d", excl, permits(1)),
+		acquire(1, "d", sem, permits(math.MaxUint32)),
+		release(5, "s", 5),
+		expireSessions(5, 3),
+		{Op: &fsmpb.Command_RegisterNode{RegisterNode: &fsmpb.RegisterNode{NodeId: "n1", ApiAddress: "127.0.0.1:7000"}}},
+		{Op: &fsmpb.Command_RegisterNode{RegisterNode: &fsmpb.RegisterNode{NodeId: "n1"}}}, // unregisters
+		{Op: &fsmpb.Command_RegisterNode{RegisterNode: &fsmpb.RegisterNode{ApiAddress: "127.0.0.1:7000"}}},
 	} {
 		data, err := fsm.Encode(cmd)
 		if err != nil {
@@ -189,8 +245,8 @@ func FuzzApplyBytes(f *testing.F) {
 				}
 			})
 		}
-		// A state with holders, waiters and a delayed lock for the fuzzed
-		// entry to act on.
+		// A state with holders, waiters, a delayed lock and a semaphore of 2
+		// permits, both taken (session 2 waits), for the fuzzed entry to act on.
 		for _, cmd := range []*fsmpb.Command{
 			newSession(), newSession(), newSession(), newSession(),
 			acquire(1, "a", excl, withDelay(time.Second)), acquire(2, "a", excl),
@@ -198,6 +254,7 @@ func FuzzApplyBytes(f *testing.F) {
 			acquire(4, "c", excl, withDelay(time.Second)), expireSessions(4),
 			kvPut("k", "v", fenced("a", 1), strict), kvPut("t", "v", fenced("b", 3), strict),
 			kvDel("t", fenced("b", 3)), kvPut("p", "v"),
+			newSession(), acquire(5, "s", sem, permits(2)), acquire(3, "s", sem, permits(2)), acquire(2, "s", sem, permits(2)),
 		} {
 			applyOne(mustEncode(t, cmd))
 		}

@@ -1,12 +1,12 @@
 // Model-based checking of the state machine on command streams. A
 // modelChecker follows a State through any stream, keeping its own model of
-// each lock's holders and FIFO queue (built only from the Results it sees),
-// and after every step checks design.md invariants:
+// each lock's holders and FIFO queue (built only from the Results it sees)
+// and each name's kind, and after every step checks design.md invariants:
 //
 //  1. every token in Result.Grants is above every token issued before, none
 //     is issued twice, and LastToken moves only by reported grants;
-//  2. an exclusive lock has at most one holder (CheckInvariants and a scan
-//     of Locks(""));
+//  2. an exclusive lock has at most one holder, and a semaphore no more
+//     holders than permits (CheckInvariants and a scan of Locks(""));
 //  4. every grant to a waiter goes to the head of the queue as ordered by the
 //     Queued answers, and a new request is never granted past a waiter;
 //  5. a session that a CloseSession/ExpireSessions ended holds and waits for
@@ -16,9 +16,23 @@
 // It also checks invariant 6 on the fenced KV store (see kvModel in
 // model_kv_test.go).
 //
+// A name in use (held, waited for or delayed) is either a lock, whose
+// holders and waiters are exclusive or shared, or a semaphore of N permits,
+// whose holders and waiters are all in semaphore mode. The model sets a
+// name's kind (its permits, 0 for a lock) at the first acquire that
+// succeeds while the name is idle, drops it when the name becomes idle, and
+// checks LockInfo.Permits against it. From it and the holders and queue,
+// acquireVerdict says exactly how each Acquire must end: which failures
+// are allowed (an unknown mode, permits that do not fit the mode, another
+// kind or number of permits than the name's, a holder or waiter asking in
+// another mode, a try that cannot be granted at once, a full queue) and
+// when a request must be granted at once (no delay, nobody waiting, every
+// holder compatible and, on a semaphore, a permit free) or queued.
+//
 // It also checks that a failed command changes nothing, that a queued
 // request could not have been granted, that no waiter is left at a head it
-// could be granted from, and that lock-delays appear only on expiry.
+// could be granted from (so that a command hands free permits to as many
+// head waiters as they allow), and that lock-delays appear only on expiry.
 // runStream adds invariant 7 (determinism): the same stream applied to a
 // second fresh State and to a third State rebuilt from Snapshot/Restore at
 // intervals must give identical Results and identical snapshot bytes.
@@ -30,6 +44,7 @@ import (
 	"bytes"
 	"errors"
 	"fmt"
+	"maps"
 	"math/rand/v2"
 	"reflect"
 	"slices"
@@ -54,6 +69,11 @@ type modelChecker struct {
 	// before is the state's locks as of the end of the previous step.
 	before map[string]fsm.LockInfo
 	kv     *kvModel
+	// kinds holds, for each name in use, its number of permits: 0 for a
+	// lock, N for a semaphore of N permits. A name not in it is idle.
+	kinds map[string]uint32
+	// nodes is the node registry: node id -> API address.
+	nodes map[string]string
 }
 
 func newModelChecker() *modelChecker {
@@ -61,6 +81,8 @@ func newModelChecker() *modelChecker {
 		issued:  map[uint64]bool{},
 		holders: map[string][]fsm.HolderInfo{},
 		queues:  map[string][]fsm.WaiterInfo{},
+		kinds:   map[string]uint32{},
+		nodes:   map[string]string{},
 		live:    map[uint64]bool{},
 		ended:   map[uint64]bool{},
 		before:  map[string]fsm.LockInfo{},
@@ -125,7 +147,23 @@ func targetSession(cmd *fsmpb.Command) (uint64, bool) {
 	return 0, false
 }
 
-func validMode(m uint32) bool { return fsm.Mode(m) == fsm.Exclusive || fsm.Mode(m) == fsm.Shared }
+func validMode(m uint32) bool {
+	switch fsm.Mode(m) {
+	case fsm.Exclusive, fsm.Shared, fsm.Semaphore:
+		return true
+	}
+	return false
+}
+
+// fitsKind reports whether a holder or waiter in mode belongs on a name of
+// the given permits: semaphore mode on a semaphore, exclusive or shared on
+// a lock.
+func fitsKind(mode fsm.Mode, permits uint32) bool {
+	if permits > 0 {
+		return mode == fsm.Semaphore
+	}
+	return mode == fsm.Exclusive || mode == fsm.Shared
+}
 
 // checkFailure checks that a failed command had a reason to fail, and the
 // right sentinel for it.
@@ -164,6 +202,10 @@ func (m *modelChecker) checkFailure(cmd *fsmpb.Command, err error) error {
 		if !errors.Is(err, fence.ErrInvalidArgument) {
 			return fmt.Errorf("empty command failed with %v, want ErrInvalidArgument", err)
 		}
+	case *fsmpb.Command_RegisterNode:
+		if !errors.Is(err, fence.ErrInvalidArgument) || op.RegisterNode.GetNodeId() != "" {
+			return fmt.Errorf("%v failed with %v; only an empty node id may, with ErrInvalidArgument", cmd, err)
+		}
 	default:
 		return fmt.Errorf("%T cannot fail, but failed with %v", op, err)
 	}
@@ -171,25 +213,60 @@ func (m *modelChecker) checkFailure(cmd *fsmpb.Command, err error) error {
 }
 
 func (m *modelChecker) checkAcquireFailure(a *fsmpb.Acquire, err error) error {
-	sid, name, mode := a.GetSessionId(), a.GetLock(), fsm.Mode(a.GetMode())
-	held, waits := m.holdsIn(name, sid), m.waitsIn(name, sid)
-	switch {
-	case errors.Is(err, fence.ErrInvalidArgument):
-		if validMode(a.GetMode()) && (held == 0 || held == mode) && (waits == 0 || waits == mode) {
-			return fmt.Errorf("acquire(%d, %q, %s) failed with %v but is valid", sid, name, mode, err)
-		}
-	case errors.Is(err, fence.ErrLocked):
-		if !a.GetTry() || held != 0 || waits != 0 {
-			return fmt.Errorf("acquire(%d, %q, try=%v) failed with %v though not a fresh try", sid, name, a.GetTry(), err)
-		}
-	case errors.Is(err, fence.ErrLimit):
-		if max := a.GetMaxWaiters(); max == 0 || uint64(len(m.queues[name])) < max || held != 0 || waits != 0 {
-			return fmt.Errorf("acquire(%d, %q) failed with %v with %d waiters of max %d", sid, name, err, len(m.queues[name]), max)
-		}
-	default:
-		return fmt.Errorf("acquire failed with unexpected %v", err)
+	want, why := m.acquireVerdict(a)
+	if want == nil {
+		return fmt.Errorf("acquire(%s) failed with %v, but the model says it succeeds: %s", describeAcquire(a), err, why)
+	}
+	if !errors.Is(err, want) {
+		return fmt.Errorf("acquire(%s) failed with %v, want %v: %s", describeAcquire(a), err, want, why)
 	}
 	return nil
+}
+
+// acquireVerdict is the model's answer to an Acquire: want is the sentinel
+// it must fail with, or nil when it must succeed (granted, granted again,
+// or queued); why says which rule applies.
+func (m *modelChecker) acquireVerdict(a *fsmpb.Acquire) (want error, why string) {
+	sid, name, mode, n := a.GetSessionId(), a.GetLock(), fsm.Mode(a.GetMode()), a.GetPermits()
+	switch {
+	case !m.live[sid]:
+		return fence.ErrSessionNotFound, "the session is not live"
+	case !validMode(a.GetMode()):
+		return fence.ErrInvalidArgument, "unknown mode"
+	case (mode == fsm.Semaphore) != (n > 0):
+		return fence.ErrInvalidArgument, fmt.Sprintf("%d permits do not fit %s mode", n, mode)
+	}
+	if k, inUse := m.kinds[name]; inUse && k != n {
+		return fence.ErrInvalidArgument, fmt.Sprintf("%q is in use with %d permits (0: a lock)", name, k)
+	}
+	held, waits := m.holdsIn(name, sid), m.waitsIn(name, sid)
+	switch {
+	case held != 0 && held != mode:
+		return fence.ErrInvalidArgument, fmt.Sprintf("the session holds it in %s", held)
+	case held != 0:
+		return nil, "the session holds it: granted again"
+	case waits != 0 && waits != mode:
+		return fence.ErrInvalidArgument, fmt.Sprintf("the session waits for it in %s", waits)
+	case waits != 0:
+		return nil, "the session waits for it: still queued"
+	case m.grantableNow(name, mode, n):
+		return nil, "grantable now"
+	case a.GetTry():
+		return fence.ErrLocked, fmt.Sprintf("a try that cannot be granted now: %s", m.describeName(name))
+	case a.GetMaxWaiters() > 0 && uint64(len(m.queues[name])) >= a.GetMaxWaiters():
+		return fence.ErrLimit, fmt.Sprintf("%d waiters of max %d", len(m.queues[name]), a.GetMaxWaiters())
+	}
+	return nil, "queued"
+}
+
+func describeAcquire(a *fsmpb.Acquire) string {
+	return fmt.Sprintf("%d, %q, %s, permits=%d, try=%v", a.GetSessionId(), a.GetLock(), fsm.Mode(a.GetMode()), a.GetPermits(), a.GetTry())
+}
+
+// describeName describes the model of one name for a failure message.
+func (m *modelChecker) describeName(name string) string {
+	k, inUse := m.kinds[name]
+	return fmt.Sprintf("name %q in use %v with %d permits, holders %+v, waiters %+v, delay %v", name, inUse, k, m.holders[name], m.queues[name], m.before[name].Delay)
 }
 
 // checkTokens checks invariant 1 on the grants of one successful command.
@@ -263,6 +340,18 @@ func (m *modelChecker) checkSuccess(cmd *fsmpb.Command, res fsm.Result) (immedia
 		if len(res.Grants) > 0 && m.before[op.LiftDelay.GetLock()].Delay == 0 {
 			return false, fmt.Errorf("LiftDelay(%q) of a lock not delayed granted %+v", op.LiftDelay.GetLock(), res.Grants)
 		}
+	case *fsmpb.Command_RegisterNode:
+		r := op.RegisterNode
+		switch {
+		case r.GetNodeId() == "":
+			return false, fmt.Errorf("%v succeeded with an empty node id", cmd)
+		case len(res.Grants) > 0:
+			return false, fmt.Errorf("%v granted %+v", cmd, res.Grants)
+		case r.GetApiAddress() == "":
+			delete(m.nodes, r.GetNodeId())
+		default:
+			m.nodes[r.GetNodeId()] = r.GetApiAddress()
+		}
 	default:
 		return false, fmt.Errorf("unknown command %v succeeded", cmd)
 	}
@@ -271,8 +360,8 @@ func (m *modelChecker) checkSuccess(cmd *fsmpb.Command, res fsm.Result) (immedia
 
 func (m *modelChecker) acquired(a *fsmpb.Acquire, res fsm.Result) (immediate bool, err error) {
 	sid, name, mode := a.GetSessionId(), a.GetLock(), fsm.Mode(a.GetMode())
-	if !validMode(a.GetMode()) {
-		return false, fmt.Errorf("acquire in %s succeeded", mode)
+	if want, why := m.acquireVerdict(a); want != nil {
+		return false, fmt.Errorf("acquire(%s) answered %s, but the model says it fails with %v: %s", describeAcquire(a), describe(res), want, why)
 	}
 	held, waits := m.holdsIn(name, sid), m.waitsIn(name, sid)
 	switch {
@@ -286,9 +375,10 @@ func (m *modelChecker) acquired(a *fsmpb.Acquire, res fsm.Result) (immediate boo
 		if a.GetTry() {
 			return false, fmt.Errorf("try acquire(%d, %q) was queued", sid, name)
 		}
-		if m.grantableNow(name, mode) {
-			return false, fmt.Errorf("acquire(%d, %q, %s) was queued though the lock was free for it: %+v", sid, name, mode, m.before[name])
+		if m.grantableNow(name, mode, a.GetPermits()) {
+			return false, fmt.Errorf("acquire(%s) was queued though the lock was free for it: %s", describeAcquire(a), m.describeName(name))
 		}
+		m.use(name, a.GetPermits())
 		m.queues[name] = append(m.queues[name], fsm.WaiterInfo{Session: sid, Mode: mode})
 		return false, nil
 	case res.Grant != nil && !res.Queued && len(res.Grants) == 0:
@@ -304,13 +394,23 @@ func (m *modelChecker) acquired(a *fsmpb.Acquire, res fsm.Result) (immediate boo
 		if held != 0 || waits != 0 {
 			return false, fmt.Errorf("acquire(%d, %q) made a second grant to a session that holds in %s or waits in %s", sid, name, held, waits)
 		}
-		if !m.grantableNow(name, mode) {
-			return false, fmt.Errorf("invariant 4: acquire(%d, %q, %s) was granted past waiters %+v or holders %+v (delay %v)", sid, name, mode, m.queues[name], m.holders[name], m.before[name].Delay)
+		if !m.grantableNow(name, mode, a.GetPermits()) {
+			return false, fmt.Errorf("invariant 4: acquire(%s) was granted past waiters, a delay, incompatible holders or a full semaphore: %s", describeAcquire(a), m.describeName(name))
 		}
+		m.use(name, a.GetPermits())
 		m.holders[name] = append(m.holders[name], fsm.HolderInfo{Session: sid, Token: g.Token, Mode: mode})
 		return true, nil
 	}
 	return false, fmt.Errorf("acquire answered %s", describe(res))
+}
+
+// use records the kind of a name that a new holder or waiter puts in use;
+// acquireVerdict has already checked that it is the name's kind if the
+// name was in use.
+func (m *modelChecker) use(name string, permits uint32) {
+	if _, inUse := m.kinds[name]; !inUse {
+		m.kinds[name] = permits
+	}
 }
 
 func (m *modelChecker) cancelled(c *fsmpb.CancelWait, res fsm.Result) error {
@@ -395,6 +495,9 @@ func (m *modelChecker) compare(s *fsm.State, cmd *fsmpb.Command, res fsm.Result)
 	now := map[string]fsm.LockInfo{}
 	for _, l := range s.Locks("") {
 		now[l.Name] = l
+		if k, inUse := m.kinds[l.Name]; !inUse || k != l.Permits {
+			return fmt.Errorf("lock %q has %d permits, model %d (in use: %v)", l.Name, l.Permits, k, inUse)
+		}
 		if err := checkLockShape(l); err != nil {
 			return err
 		}
@@ -432,12 +535,26 @@ func (m *modelChecker) compare(s *fsm.State, cmd *fsmpb.Command, res fsm.Result)
 	if err := m.checkDelays(now, cmd, res); err != nil {
 		return err
 	}
+	// A name nobody holds, waits for or delays is forgotten, with its kind
+	// (the state must not list it: see checkLockShape).
+	for name := range m.kinds {
+		if len(m.holders[name]) == 0 && len(m.queues[name]) == 0 && now[name].Delay == 0 {
+			delete(m.kinds, name)
+		}
+	}
 	var ids []uint64
 	for _, si := range s.Sessions() {
 		ids = append(ids, si.ID)
 	}
 	if want := m.liveIDs(); !slices.Equal(ids, want) {
 		return fmt.Errorf("sessions %v, model %v", ids, want)
+	}
+	var nodes [][2]string
+	for _, id := range slices.Sorted(maps.Keys(m.nodes)) {
+		nodes = append(nodes, [2]string{id, m.nodes[id]})
+	}
+	if got := s.Nodes(); !slices.Equal(got, nodes) {
+		return fmt.Errorf("nodes %v, model %v", got, nodes)
 	}
 	if err := m.kv.compare(s); err != nil {
 		return err
@@ -446,19 +563,28 @@ func (m *modelChecker) compare(s *fsm.State, cmd *fsmpb.Command, res fsm.Result)
 	return nil
 }
 
-// checkLockShape checks invariant 2 on one lock, and that no waiter is left
-// at the head of a queue that it could be granted from.
+// checkLockShape checks invariant 2 on one lock, that its holders and
+// waiters are of its kind, and that no waiter is left at the head of a queue
+// that it could be granted from.
 func checkLockShape(l fsm.LockInfo) error {
 	for _, h := range l.Holders {
-		if !validMode(uint32(h.Mode)) {
-			return fmt.Errorf("lock %q holder %d in %s", l.Name, h.Session, h.Mode)
+		if !fitsKind(h.Mode, l.Permits) {
+			return fmt.Errorf("lock %q of %d permits has holder %d in %s", l.Name, l.Permits, h.Session, h.Mode)
 		}
 		if h.Mode == fsm.Exclusive && len(l.Holders) > 1 {
 			return fmt.Errorf("invariant 2: exclusive lock %q has %d holders: %+v", l.Name, len(l.Holders), l.Holders)
 		}
 	}
-	if l.Delay == 0 && len(l.Waiters) > 0 && compatibleWithAll(l.Waiters[0].Mode, l.Holders) {
-		return fmt.Errorf("lock %q: head waiter %+v could be granted now but waits (holders %+v)", l.Name, l.Waiters[0], l.Holders)
+	if l.Permits > 0 && len(l.Holders) > int(l.Permits) {
+		return fmt.Errorf("invariant 2: semaphore %q of %d permits has %d holders: %+v", l.Name, l.Permits, len(l.Holders), l.Holders)
+	}
+	for _, w := range l.Waiters {
+		if !fitsKind(w.Mode, l.Permits) {
+			return fmt.Errorf("lock %q of %d permits has waiter %d in %s", l.Name, l.Permits, w.Session, w.Mode)
+		}
+	}
+	if l.Delay == 0 && len(l.Waiters) > 0 && joins(l.Waiters[0].Mode, l.Permits, l.Holders) {
+		return fmt.Errorf("lock %q: head waiter %+v could be granted now but waits (holders %+v, %d permits)", l.Name, l.Waiters[0], l.Holders, l.Permits)
 	}
 	if len(l.Holders) == 0 && len(l.Waiters) == 0 && l.Delay == 0 {
 		return fmt.Errorf("lock %q is idle but listed", l.Name)
@@ -466,9 +592,16 @@ func checkLockShape(l fsm.LockInfo) error {
 	return nil
 }
 
-func compatibleWithAll(mode fsm.Mode, holders []fsm.HolderInfo) bool {
+// joins reports whether a request in mode may join holders on a name of
+// the given permits (0 for a lock), leaving aside waiters and delay: shared
+// with shared only, exclusive alone, and semaphore with semaphore while
+// there are fewer holders than permits.
+func joins(mode fsm.Mode, permits uint32, holders []fsm.HolderInfo) bool {
+	if mode == fsm.Semaphore && len(holders) >= int(permits) {
+		return false
+	}
 	for _, h := range holders {
-		if mode != fsm.Shared || h.Mode != fsm.Shared {
+		if mode == fsm.Exclusive || h.Mode != mode {
 			return false
 		}
 	}
@@ -514,11 +647,12 @@ func (m *modelChecker) checkDelays(now map[string]fsm.LockInfo, cmd *fsmpb.Comma
 	return nil
 }
 
-// grantableNow reports whether a fresh request in mode may be granted at
-// once according to the model and the previous state: no waiter ahead, no
-// delay, every holder compatible.
-func (m *modelChecker) grantableNow(name string, mode fsm.Mode) bool {
-	return len(m.queues[name]) == 0 && m.before[name].Delay == 0 && compatibleWithAll(mode, m.holders[name])
+// grantableNow reports whether a fresh request in mode, for a name of the
+// given permits, may be granted at once according to the model and the
+// previous state: no waiter ahead, no delay, every holder compatible and,
+// on a semaphore, a permit free.
+func (m *modelChecker) grantableNow(name string, mode fsm.Mode, permits uint32) bool {
+	return len(m.queues[name]) == 0 && m.before[name].Delay == 0 && joins(mode, permits, m.holders[name])
 }
 
 func (m *modelChecker) holderIndex(name string, sid, token uint64) int {
@@ -566,8 +700,10 @@ func (m *modelChecker) liveIDs() []uint64 {
 }
 
 // commandSource decodes bytes into commands over a small universe: live
-// sessions plus ids 1..6 (some unknown or ended), locks "a", "b", "c", both
-// modes and a few bad ones, try, lock-delays, waiter and session limits,
+// sessions plus ids 1..6 (some unknown or ended), locks "a", "b", "c", the
+// exclusive and shared modes, semaphores of 1..3 permits (the same name
+// used as a lock and as a semaphore, and wrong permits, at times: see
+// acquirePermits) and a bad mode, try, lock-delays, waiter and session limits,
 // releases with right and wrong tokens, expiry and close of holders and
 // waiters together, and LiftDelay; an op byte of 0xa0..0xfe is a KV put or
 // delete (see kvOp). Where a command needs a token or a
@@ -608,6 +744,33 @@ func holderOf(s *fsm.State, name string, b byte) (fsm.HolderInfo, bool) {
 	return l.Holders[int(b)%len(l.Holders)], true
 }
 
+// acquirePermits picks the permits of an acquire from o>>6 (k), bits that
+// older inputs leave 0. A semaphore request (mode byte b >= 192, or mode
+// index 7) names, for k 0..2, the permits of the semaphore in use, or 1+k
+// if the name is idle or a lock (then a mismatched kind); for k 3, a wrong
+// number: another one than the semaphore's in use, or 0 (no permits).
+// Another mode names 0 permits, but 1..3, wrongly, for k 3 and an odd b/24.
+func acquirePermits(s *fsm.State, name string, mode fsm.Mode, b, o byte) uint32 {
+	k := uint32(o >> 6)
+	inUse := uint32(0)
+	if l, ok := s.Lock(name); ok {
+		inUse = l.Permits
+	}
+	switch {
+	case mode != sem && k == 3 && (b/24)%2 == 1:
+		return 1 + uint32(b/48)%3
+	case mode != sem:
+		return 0
+	case k == 3 && inUse > 0:
+		return inUse%3 + 1
+	case k == 3:
+		return 0
+	case inUse > 0:
+		return inUse
+	}
+	return 1 + k
+}
+
 // next returns the next command, or false once the data is used up.
 func (c *commandSource) next(s *fsm.State) (*fsmpb.Command, bool) {
 	if c.pos >= len(c.data) {
@@ -635,12 +798,19 @@ func (c *commandSource) next(s *fsm.State) (*fsmpb.Command, bool) {
 		return expireSessions(ids...), true
 	case 4, 5, 6, 7:
 		sid, b, o := c.session(s, c.byte()), c.byte(), c.byte()
-		mode := []fsm.Mode{excl, shared, excl, shared, 0, excl, shared, 3}[(b/3)%8]
+		name := lockName(b)
+		mode := []fsm.Mode{excl, shared, excl, shared, 0, excl, shared, sem}[(b/3)%8]
+		if b >= 192 || (name == "c" && (b/3)%8 >= 2 && mode != 0) {
+			mode = sem // "c" is mostly a semaphore; any name at times
+		}
 		opts := []acquireOpt{withDelay([]time.Duration{0, 0, time.Second, 2 * time.Second}[(o>>1)&3]), maxWaiters([]uint64{0, 0, 0, 1, 2, 0, 0, 0}[(o>>3)&7])}
 		if o&1 == 1 {
 			opts = append(opts, try)
 		}
-		return acquire(sid, lockName(b), mode, opts...), true
+		if n := acquirePermits(s, name, mode, b, o); n != 0 {
+			opts = append(opts, permits(n))
+		}
+		return acquire(sid, name, mode, opts...), true
 	case 8:
 		return cancelWait(c.session(s, c.byte()), lockName(c.byte())), true
 	case 9:
@@ -708,7 +878,8 @@ const maxStreamSteps = 400
 // the modelChecker follows; b, a second fresh State; and c, rebuilt from a's
 // snapshot every few steps. Every Result and the final snapshot bytes must
 // be identical across them (invariant 7). It returns how many KV commands
-// had each outcome (see kvOutcome).
+// had each outcome (see kvOutcome), and how many commands reached each
+// semaphore path (see semOutcomes).
 func runStream(tb testing.TB, data []byte) map[string]int {
 	tb.Helper()
 	src := &commandSource{data: data}
@@ -726,6 +897,7 @@ func runStream(tb testing.TB, data []byte) map[string]int {
 		tb.Fatalf("step %d: %s\nlast commands:\n%s", step, fmt.Sprintf(format, args...), strings.Join(history[from:], "\n"))
 	}
 	outcomes := map[string]int{}
+	lastPermits := map[string]uint32{}
 	prologue := []*fsmpb.Command{newSession(), newSession(), newSession(), newSession()}
 	for step := 0; step < maxStreamSteps; step++ {
 		if step > 0 && step%period == 0 {
@@ -743,6 +915,11 @@ func runStream(tb testing.TB, data []byte) map[string]int {
 			break
 		}
 		before := snapshotBytes(tb, a)
+		var pre fsm.LockInfo
+		var inUse bool
+		if op, ok := cmd.GetOp().(*fsmpb.Command_Acquire); ok {
+			pre, inUse = a.Lock(op.Acquire.GetLock())
+		}
 		ra := a.Apply(cmd)
 		history = append(history, fmt.Sprintf("  %d: %v -> %s", step, cmd, describe(ra)))
 		if err := check.observe(tb, cmd, ra, a, before); err != nil {
@@ -750,6 +927,12 @@ func runStream(tb testing.TB, data []byte) map[string]int {
 		}
 		if o := kvOutcome(cmd, ra); o != "" {
 			outcomes[o]++
+		}
+		for _, o := range semOutcomes(cmd, ra, pre, inUse, lastPermits, a) {
+			outcomes[o]++
+		}
+		for _, l := range a.Locks("") {
+			lastPermits[l.Name] = l.Permits
 		}
 		for name, other := range map[string]*fsm.State{"second fresh state": b, "restored state": c} {
 			if ro := other.Apply(cmd); !reflect.DeepEqual(cmpForm(ro), cmpForm(ra)) {
@@ -764,10 +947,118 @@ func runStream(tb testing.TB, data []byte) map[string]int {
 	return outcomes
 }
 
+// semaphoreStream returns the input of a stream of about n commands that
+// mostly act on semaphores (see commandSource.next for the encoding):
+// sessions created, semaphore acquires of "a", "b" and "c" with their
+// permits in use or a wrong number, some with try, lock-delay or a waiter
+// limit, a few lock acquires of the same names, releases, cancels, closes
+// and expiries of holders and waiters, and lifted delays.
+func semaphoreStream(r *rand.Rand, n int) []byte {
+	var data []byte
+	session := func() byte { return byte(8 * r.IntN(8)) } // a live session
+	name := func() byte { return byte(r.IntN(3)) }
+	for range n {
+		switch x := r.IntN(100); {
+		case x < 15: // a session, without a limit
+			data = append(data, 0, byte(r.IntN(16)))
+		case x < 55: // a semaphore acquire: b >= 192; o>>6 == 3 is a wrong number
+			o := byte(r.IntN(2)) | byte(r.IntN(4))<<1 | byte([]int{0, 0, 0, 0, 0, 3, 4, 0}[r.IntN(8)])<<3 | byte([]int{0, 1, 1, 1, 2, 2, 2, 3}[r.IntN(8)])<<6
+			if r.IntN(3) > 0 {
+				o &^= 1 // try in 1 of 6
+			}
+			data = append(data, 4, session(), byte(192+3*r.IntN(21))+name(), o)
+		case x < 60: // an exclusive or shared acquire, of a name that may be a semaphore
+			data = append(data, 4, session(), byte(24*r.IntN(8)+3*r.IntN(2))+name(), byte(r.IntN(256)))
+		case x < 75: // a holder releases
+			data = append(data, 11, name(), byte(r.IntN(256)))
+		case x < 78: // a release with a wrong token
+			data = append(data, 10, name(), byte(r.IntN(256)))
+		case x < 83: // a session cancels its wait
+			data = append(data, 8, session(), name())
+		case x < 88: // a holder's session expires or closes
+			data = append(data, 14, name(), byte(r.IntN(256)))
+		case x < 91: // two sessions expire together
+			data = append(data, 3, 1, session(), session())
+		case x < 93: // the holders and waiters of a lock expire together
+			data = append(data, 15, name(), byte(r.IntN(2)))
+		default: // a delayed lock is lifted
+			data = append(data, 13, byte(r.IntN(256)))
+		}
+	}
+	return data
+}
+
+// semOutcomes names the semaphore paths a command reached, so that
+// TestRandomCommandStreams can show its streams reach them. pre is the
+// acquired name's lock before an Acquire (inUse false if it was idle),
+// lastPermits each name's permits when it was last in use, and s the state
+// after the command.
+func semOutcomes(cmd *fsmpb.Command, res fsm.Result, pre fsm.LockInfo, inUse bool, lastPermits map[string]uint32, s *fsm.State) []string {
+	var out []string
+	if op, ok := cmd.GetOp().(*fsmpb.Command_Acquire); ok {
+		a := op.Acquire
+		mode, n := fsm.Mode(a.GetMode()), a.GetPermits()
+		_, seen := lastPermits[a.GetLock()]
+		switch {
+		case errors.Is(res.Err, fence.ErrSessionNotFound) || (res.Err != nil && !validMode(a.GetMode())):
+		case errors.Is(res.Err, fence.ErrInvalidArgument) && (mode == sem) != (n > 0):
+			out = append(out, "semaphore: permits that do not fit the mode")
+		case errors.Is(res.Err, fence.ErrInvalidArgument) && inUse && pre.Permits > 0 && n > 0 && n != pre.Permits:
+			out = append(out, "semaphore: wrong number of permits")
+		case errors.Is(res.Err, fence.ErrInvalidArgument) && inUse && pre.Permits > 0 && n == 0:
+			out = append(out, "semaphore: taken as a lock")
+		case errors.Is(res.Err, fence.ErrInvalidArgument) && inUse && pre.Permits == 0 && n > 0:
+			out = append(out, "semaphore: lock taken as a semaphore")
+		case mode != sem:
+			if res.Err == nil && !inUse && seen && lastPermits[a.GetLock()] > 0 {
+				out = append(out, "semaphore: name reused as a lock")
+			}
+		case errors.Is(res.Err, fence.ErrLocked) && pre.Delay > 0:
+			out = append(out, "semaphore: try under delay")
+		case errors.Is(res.Err, fence.ErrLocked) && len(pre.Holders) >= int(n):
+			out = append(out, "semaphore: try when full")
+		case errors.Is(res.Err, fence.ErrLimit):
+			out = append(out, "semaphore: waiter limit")
+		case res.Err != nil:
+			out = append(out, "semaphore: other error")
+		case len(res.Grants) == 1 && len(pre.Holders) > 0:
+			out = append(out, "semaphore: granted beside other holders")
+		case len(res.Grants) == 1 && !inUse && seen && lastPermits[a.GetLock()] == 0:
+			out = append(out, "semaphore: name reused as a semaphore")
+		case res.Grant != nil && len(res.Grants) == 0:
+			out = append(out, "semaphore: granted again")
+		case res.Queued && len(pre.Holders) >= int(n) && slices.IndexFunc(pre.Waiters, func(w fsm.WaiterInfo) bool { return w.Session == a.GetSessionId() }) < 0:
+			out = append(out, "semaphore: queued when full")
+		}
+	}
+	handedOff := map[string]int{}
+	for _, g := range res.Grants {
+		if _, isAcquire := cmd.GetOp().(*fsmpb.Command_Acquire); g.Mode == sem && !isAcquire {
+			handedOff[g.Lock]++
+		}
+	}
+	for _, n := range handedOff {
+		out = append(out, "semaphore: handed to waiters")
+		if n > 1 {
+			out = append(out, "semaphore: handed to several waiters at once")
+		}
+		if _, lift := cmd.GetOp().(*fsmpb.Command_LiftDelay); lift {
+			out = append(out, "semaphore: handed to waiters when the delay lifts")
+		}
+	}
+	for _, d := range res.Delayed {
+		if l, ok := s.Lock(d.Lock); ok && l.Permits > 0 {
+			out = append(out, "semaphore: put under delay")
+		}
+	}
+	return out
+}
+
 // TestRandomCommandStreams runs runStream on seeded pseudo-random streams,
 // so that the model and determinism checks run on every go test, not only
-// under -fuzz. It also proves the streams reach every KV outcome, so that
-// the KV model check is not passing on streams that never test it.
+// under -fuzz. It also proves the streams reach every KV outcome and every
+// semaphore path, so that the KV and semaphore model checks are not
+// passing on streams that never test them.
 func TestRandomCommandStreams(t *testing.T) {
 	n := 150
 	if testing.Short() {
@@ -786,7 +1077,18 @@ func TestRandomCommandStreams(t *testing.T) {
 			}
 		})
 	}
-	t.Logf("KV outcomes: %v", total)
+	// Random bytes keep few sessions alive and make few semaphore acquires,
+	// so that semaphores seldom fill up: these streams are mostly of them,
+	// as many under -short, as they are quick and some paths are rare.
+	for seed := range uint64(150) {
+		data := semaphoreStream(rand.New(rand.NewPCG(seed, 0x5e3a)), 60+int(seed)%120)
+		t.Run(fmt.Sprint("semaphores/", seed), func(t *testing.T) {
+			for o, c := range runStream(t, data) {
+				total[o] += c
+			}
+		})
+	}
+	t.Logf("outcomes: %v", total)
 	for _, o := range []string{"fenced put", "fenced delete", "unfenced write", "strict write", "CAS write", "no-op delete",
 		"fenced no-op delete", "stale", "invalid", "never issued", "not holder", "revision mismatch", "limit"} {
 		if total[o] < 3 && !t.Failed() {
@@ -796,11 +1098,22 @@ func TestRandomCommandStreams(t *testing.T) {
 	if total["other error"] > 0 {
 		t.Errorf("KV commands failed with unexpected errors: %v", total)
 	}
+	for _, o := range []string{"permits that do not fit the mode", "wrong number of permits", "taken as a lock", "lock taken as a semaphore",
+		"name reused as a lock", "name reused as a semaphore", "try under delay", "try when full", "waiter limit",
+		"granted beside other holders", "granted again", "queued when full", "handed to waiters", "handed to several waiters at once",
+		"handed to waiters when the delay lifts", "put under delay"} {
+		if total["semaphore: "+o] < 3 && !t.Failed() {
+			t.Errorf("the streams reached semaphore path %q only %d times: %v", o, total["semaphore: "+o], total)
+		}
+	}
+	if total["semaphore: other error"] > 0 {
+		t.Errorf("semaphore acquires failed with unexpected errors: %v", total)
+	}
 }
 
 // TestModelCheckerCatchesViolations shows that the checker can fail: fed
-// results (or states) that break invariants 1, 4, 5 and 6, observe reports
-// each.
+// results (or states) that break invariants 1, 2, 4, 5 and 6, or the rules of
+// semaphores, observe reports each.
 func TestModelCheckerCatchesViolations(t *testing.T) {
 	setup := func(t *testing.T) (*fsm.State, *modelChecker) {
 		s, m := fsm.NewState(), newModelChecker()
@@ -942,6 +1255,67 @@ func TestModelCheckerCatchesViolations(t *testing.T) {
 			}
 			if err := tc.run(t, s, m); err == nil || !strings.Contains(err.Error(), why) {
 				t.Fatalf("observe = %v, want an error saying %q", err, why)
+			}
+		})
+	}
+	// A semaphore of 2 permits held by sessions 1 and 2, session 3 waiting.
+	semSetup := func(t *testing.T) (*fsm.State, *modelChecker) {
+		s, m := fsm.NewState(), newModelChecker()
+		for _, cmd := range []*fsmpb.Command{newSession(), newSession(), newSession(), newSession(),
+			acquire(1, "s", sem, permits(2)), acquire(2, "s", sem, permits(2)), acquire(3, "s", sem, permits(2))} {
+			before := snapshotBytes(t, s)
+			if err := m.observe(t, cmd, s.Apply(cmd), s, before); err != nil {
+				t.Fatalf("setup %v: %v", cmd, err)
+			}
+		}
+		return s, m
+	}
+	semCases := []struct {
+		name string
+		// cmd is observed with res on the state that run returns, without
+		// being applied to it unless run applies it.
+		cmd *fsmpb.Command
+		run func(t *testing.T, s *fsm.State, cmd *fsmpb.Command) (fsm.Result, *fsm.State)
+		why string
+	}{
+		{"a grant past the permits (2, 4)", acquire(4, "s", sem, permits(2)), func(t *testing.T, s *fsm.State, cmd *fsmpb.Command) (fsm.Result, *fsm.State) {
+			return granted(4, "s", 3, sem), restoreBroken(t, s, func(snap *fsmpb.Snapshot) { snap.LastToken = 3 })
+		}, "full semaphore"},
+		{"a valid semaphore acquire refused", acquire(4, "s", sem, permits(2)), func(t *testing.T, s *fsm.State, cmd *fsmpb.Command) (fsm.Result, *fsm.State) {
+			return fails(fence.ErrInvalidArgument), s
+		}, "model says it succeeds"},
+		{"a try on a full semaphore reported as invalid", acquire(4, "s", sem, permits(2), try), func(t *testing.T, s *fsm.State, cmd *fsmpb.Command) (fsm.Result, *fsm.State) {
+			return fails(fence.ErrInvalidArgument), s
+		}, "want fence: lock is held"},
+		{"a semaphore taken as a lock", acquire(4, "s", excl), func(t *testing.T, s *fsm.State, cmd *fsmpb.Command) (fsm.Result, *fsm.State) {
+			return queued(), s
+		}, "model says it fails"},
+		{"a semaphore asked with another number of permits", acquire(4, "s", sem, permits(3)), func(t *testing.T, s *fsm.State, cmd *fsmpb.Command) (fsm.Result, *fsm.State) {
+			return queued(), s
+		}, "in use with 2 permits"},
+		{"a semaphore acquire without permits", acquire(4, "t", sem), func(t *testing.T, s *fsm.State, cmd *fsmpb.Command) (fsm.Result, *fsm.State) {
+			return fails(fence.ErrLocked), s
+		}, "0 permits do not fit semaphore mode"},
+		{"a semaphore's permits changed in the state", liftDelay("z"), func(t *testing.T, s *fsm.State, cmd *fsmpb.Command) (fsm.Result, *fsm.State) {
+			return fsm.Result{}, restoreBroken(t, s, func(snap *fsmpb.Snapshot) { snap.Locks[0].Permits = 3 })
+		}, "permits"},
+		{"a free permit not handed to the head waiter", release(1, "s", 1), func(t *testing.T, s *fsm.State, cmd *fsmpb.Command) (fsm.Result, *fsm.State) {
+			s.Apply(cmd)
+			return fsm.Result{}, restoreBroken(t, s, func(snap *fsmpb.Snapshot) {
+				l := snap.Locks[0]
+				l.Waiters = append(l.Waiters, &fsmpb.Waiter{SessionId: 3, Mode: uint32(sem)})
+				l.Holders = l.Holders[:1]
+				snap.LastToken = 2
+			})
+		}, "could be granted now"},
+	}
+	for _, tc := range semCases {
+		t.Run(tc.name, func(t *testing.T) {
+			s, m := semSetup(t)
+			before := snapshotBytes(t, s)
+			res, after := tc.run(t, s, tc.cmd)
+			if err := m.observe(t, tc.cmd, res, after, before); err == nil || !strings.Contains(err.Error(), tc.why) {
+				t.Fatalf("observe = %v, want an error saying %q", err, tc.why)
 			}
 		})
 	}
