@@ -41,6 +41,11 @@ var (
 	// was not the current one.
 	ErrRevisionMismatch = errors.New("fence: revision mismatch")
 
+	// ErrCompacted reports a watch from a revision older than the changes
+	// the node still keeps: list again, and watch from the list's revision
+	// + 1.
+	ErrCompacted = errors.New("fence: revision compacted")
+
 	// ErrSessionLost is reported by the client when a session's "safe until"
 	// deadline passed without a renewal: the server may already have expired
 	// the session and given its locks to others.

@@ -164,14 +164,14 @@ func kvListCommand(g *globals) *cobra.Command {
 				return err
 			}
 			defer c.Close()
-			kvs, more, err := c.KV().List(cmd.Context(), prefix)
+			l, err := c.KV().List(cmd.Context(), prefix)
 			if err != nil {
 				return err
 			}
-			for _, kv := range kvs {
+			for _, kv := range l.KVs {
 				fmt.Fprintf(g.stdout, "%s\trev %d\ttoken %d\t%s\n", kv.GetKey(), kv.GetModRevision(), kv.GetToken(), kv.GetValue())
 			}
-			if more {
+			if l.More {
 				fmt.Fprintln(g.stdout, "(more keys match)")
 			}
 			return nil
@@ -180,7 +180,8 @@ func kvListCommand(g *globals) *cobra.Command {
 }
 
 func kvWatchCommand(g *globals) *cobra.Command {
-	return &cobra.Command{
+	var from uint64
+	cmd := &cobra.Command{
 		Use:   "watch [PREFIX]",
 		Short: "Print changes to keys as they are committed, one JSON object a line",
 		Args:  cobra.MaximumNArgs(1),
@@ -194,7 +195,7 @@ func kvWatchCommand(g *globals) *cobra.Command {
 				return err
 			}
 			defer c.Close()
-			w, err := c.KV().Watch(cmd.Context(), prefix)
+			w, err := c.KV().Watch(cmd.Context(), prefix, client.FromRevision(from))
 			if err != nil {
 				return err
 			}
@@ -212,4 +213,6 @@ func kvWatchCommand(g *globals) *cobra.Command {
 			return w.Err()
 		},
 	}
+	cmd.Flags().Uint64Var(&from, "from-revision", 0, "first deliver the changes already made from this revision on (resume a watch, or follow a list)")
+	return cmd
 }

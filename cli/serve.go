@@ -79,6 +79,7 @@ func serveCommand(g *globals) *cobra.Command {
 	f.IntVar(&cfg.MaxValueBytes, "max-value-bytes", cfg.MaxValueBytes, "largest KV value, in bytes")
 	f.IntVar(&cfg.MaxKeys, "max-keys", cfg.MaxKeys, "most live KV keys (0: no limit)")
 	f.IntVar(&cfg.MaxWatchers, "max-watchers", cfg.MaxWatchers, "most open KV watches per node (0: no limit)")
+	f.IntVar(&cfg.WatchHistory, "watch-history", cfg.WatchHistory, "recent KV changes kept for watches that start at a past revision")
 	f.DurationVar(&cfg.HeartbeatTimeout, "heartbeat-timeout", cfg.HeartbeatTimeout, "raft heartbeat timeout")
 	f.DurationVar(&cfg.ElectionTimeout, "election-timeout", cfg.ElectionTimeout, "raft election timeout")
 	f.Uint64Var(&cfg.SnapshotThreshold, "snapshot-threshold", cfg.SnapshotThreshold, "log entries between snapshots")

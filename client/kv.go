@@ -114,22 +114,30 @@ func (k *KV) Delete(ctx context.Context, key string, opts ...WriteOption) (bool,
 	return deleted, err
 }
 
-// List reads up to 1000 keys that start with prefix, in key order, and
-// reports whether more match; linearizably unless Stale is given.
-func (k *KV) List(ctx context.Context, prefix string, opts ...ReadOption) ([]*KeyValue, bool, error) {
-	var (
-		kvs  []*KeyValue
-		more bool
-	)
+// Listing is what List read.
+type Listing struct {
+	// KVs are the keys, in key order.
+	KVs []*KeyValue
+	// More is true when more keys match than were returned.
+	More bool
+	// Revision is the store's revision when the keys were read: a Watch
+	// with FromRevision(Revision+1) delivers every change after the list.
+	Revision uint64
+}
+
+// List reads up to 1000 keys that start with prefix, in key order;
+// linearizably unless Stale is given.
+func (k *KV) List(ctx context.Context, prefix string, opts ...ReadOption) (*Listing, error) {
+	var l *Listing
 	stale := readOpts(opts).stale
 	err := k.c.call(ctx, func(ctx context.Context, ep *endpoint) error {
 		resp, err := ep.kv.List(ctx, connect.NewRequest(&fencev1.ListRequest{Prefix: prefix, Stale: stale}))
 		if err == nil {
-			kvs, more = resp.Msg.GetKvs(), resp.Msg.GetMore()
+			l = &Listing{KVs: resp.Msg.GetKvs(), More: resp.Msg.GetMore(), Revision: resp.Msg.GetRevision()}
 		}
 		return err
 	})
-	return kvs, more, err
+	return l, err
 }
 
 // Event is a change to a watched key.
@@ -143,13 +151,30 @@ type Watch struct {
 	done   chan struct{}
 }
 
+// WatchOption configures a Watch.
+type WatchOption func(*fencev1.WatchRequest)
+
+// FromRevision starts the watch at revision rev: the changes already made
+// from rev on are delivered first, then new ones. Watch from the revision
+// of a List plus one to see every change after the list, or from the last
+// revision seen plus one to resume. A revision older than the recent
+// changes the server keeps (--watch-history) fails with fence.ErrCompacted.
+func FromRevision(rev uint64) WatchOption {
+	return func(r *fencev1.WatchRequest) { r.StartRevision = rev }
+}
+
 // Watch starts watching prefix and returns once the watch is in place:
-// every change committed after Watch returns is delivered, in commit order.
-func (k *KV) Watch(ctx context.Context, prefix string) (*Watch, error) {
+// every change committed after Watch returns is delivered, in commit order
+// (and, with FromRevision, those before it from that revision on).
+func (k *KV) Watch(ctx context.Context, prefix string, opts ...WatchOption) (*Watch, error) {
+	req := &fencev1.WatchRequest{Prefix: prefix}
+	for _, opt := range opts {
+		opt(req)
+	}
 	ctx, cancel := context.WithCancel(ctx)
 	var stream *connect.ServerStreamForClient[fencev1.WatchResponse]
 	err := k.c.call(ctx, func(ctx context.Context, ep *endpoint) error {
-		s, err := ep.kv.Watch(ctx, connect.NewRequest(&fencev1.WatchRequest{Prefix: prefix}))
+		s, err := ep.kv.Watch(ctx, connect.NewRequest(req))
 		if err != nil {
 			return err
 		}

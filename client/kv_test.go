@@ -3,6 +3,7 @@ package client
 import (
 	"context"
 	"errors"
+	"strconv"
 	"strings"
 	"testing"
 	"time"
@@ -98,9 +99,9 @@ func TestKVStrictAndCompareAndSwap(t *testing.T) {
 	if _, err := kv.Put(ctx, "cas", []byte("v2"), IfRevision(rev)); err != nil {
 		t.Fatalf("CAS at the right revision: %v", err)
 	}
-	kvs, more, err := kv.List(ctx, "")
-	if err != nil || more || len(kvs) != 2 || kvs[0].GetKey() != "cas" || string(kvs[0].GetValue()) != "v2" {
-		t.Fatalf("List = %v, %v, %v", kvs, more, err)
+	l, err := kv.List(ctx, "")
+	if err != nil || l.More || len(l.KVs) != 2 || l.KVs[0].GetKey() != "cas" || string(l.KVs[0].GetValue()) != "v2" || l.Revision != rev+1 {
+		t.Fatalf("List = %+v, %v; want 2 keys at revision %d", l, err, rev+1)
 	}
 }
 
@@ -174,9 +175,9 @@ func TestKVRejectsBadInput(t *testing.T) {
 	if _, err := kv.Put(ctx, "k", []byte("v"), WithToken("l", 1)); !errors.Is(err, fence.ErrInvalidArgument) || !strings.Contains(err.Error(), "never issued") {
 		t.Errorf("Put with a token never issued: %v", err)
 	}
-	kvs, _, err := kv.List(ctx, "")
-	if err != nil || len(kvs) != 0 {
-		t.Fatalf("bad writes left %v, %v", kvs, err)
+	l, err := kv.List(ctx, "")
+	if err != nil || len(l.KVs) != 0 {
+		t.Fatalf("bad writes left %+v, %v", l, err)
 	}
 }
 
@@ -229,15 +230,88 @@ func TestKVBoundToSession(t *testing.T) {
 	case <-ctx.Done():
 		t.Fatal("no delete event after the session closed")
 	}
-	kvs, _, err := kv.List(ctx, "svc/")
+	l, err := kv.List(ctx, "svc/")
 	if err != nil {
 		t.Fatal(err)
 	}
 	var keys []string
-	for _, kv := range kvs {
+	for _, kv := range l.KVs {
 		keys = append(keys, kv.GetKey())
 	}
 	if strings.Join(keys, ",") != "svc/b,svc/c" {
 		t.Fatalf("keys after session 1 ended: %v, want svc/b,svc/c", keys)
 	}
+}
+
+// List, then Watch from the list's revision + 1: the changes made between
+// the two are delivered first, none twice; a revision older than the
+// server's history fails with ErrCompacted.
+func TestKVWatchFromRevision(t *testing.T) {
+	srv := startServer(t, func(c *server.Config) { c.WatchHistory = 3 })
+	c := mustClient(t, srv, nil)
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	kv := c.KV()
+	put := func(key, value string) uint64 {
+		t.Helper()
+		rev, err := kv.Put(ctx, key, []byte(value))
+		if err != nil {
+			t.Fatal(err)
+		}
+		return rev
+	}
+	put("a", "1")
+	put("b", "1")
+	put("a", "2")
+	l, err := kv.List(ctx, "")
+	if err != nil || l.Revision != 3 {
+		t.Fatalf("List: %+v, %v; want revision 3", l, err)
+	}
+	put("c", "1") // after the list, before the watch
+	expect := func(w *Watch, want ...string) {
+		t.Helper()
+		for _, key := range want {
+			select {
+			case ev := <-w.Events():
+				if got := ev.GetKv().GetKey() + "@" + strconv.FormatUint(ev.GetKv().GetModRevision(), 10); got != key {
+					t.Fatalf("event %s, want %s", got, key)
+				}
+			case <-ctx.Done():
+				t.Fatalf("no event; want %s (%v)", key, w.Err())
+			}
+		}
+	}
+	w, err := kv.Watch(ctx, "", FromRevision(l.Revision+1))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer w.Close()
+	put("d", "1")
+	expect(w, "c@4", "d@5")
+
+	// The history keeps revisions 3 to 5.
+	if _, err := kv.Watch(ctx, "", FromRevision(2)); !errors.Is(err, fence.ErrCompacted) {
+		t.Fatalf("watch from a revision no longer kept: %v, want ErrCompacted", err)
+	}
+	old, err := kv.Watch(ctx, "", FromRevision(3))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer old.Close()
+	expect(old, "a@3", "c@4", "d@5")
+	future, err := kv.Watch(ctx, "", FromRevision(7)) // nothing before revision 7
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer future.Close()
+	next, err := kv.Watch(ctx, "b", FromRevision(6))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer next.Close()
+	put("a", "3")
+	put("b", "2")
+	expect(next, "b@7")
+	expect(old, "a@6", "b@7")
+	expect(future, "b@7")
 }

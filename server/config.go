@@ -70,6 +70,9 @@ type Config struct {
 	MaxKeys int
 	// MaxWatchers bounds the KV watches open on this node; 0 means no limit.
 	MaxWatchers int
+	// WatchHistory is how many recent KV changes the node keeps for watches
+	// that start at a past revision (also bounded to 64 MiB); 0 keeps none.
+	WatchHistory int
 
 	// ApplyTimeout bounds how long a write waits to be committed.
 	ApplyTimeout time.Duration
@@ -116,6 +119,7 @@ func DefaultConfig() Config {
 		MaxValueBytes:     256 << 10,
 		MaxKeys:           1_000_000,
 		MaxWatchers:       10_000,
+		WatchHistory:      10_000,
 		ApplyTimeout:      10 * time.Second,
 		HeartbeatTimeout:  500 * time.Millisecond,
 		ElectionTimeout:   500 * time.Millisecond,
@@ -163,6 +167,7 @@ func (c Config) Validate() error {
 	check(c.MaxValueBytes >= 0, "max value bytes is negative")
 	check(c.MaxKeys >= 0, "max keys is negative")
 	check(c.MaxWatchers >= 0, "max watchers is negative")
+	check(c.WatchHistory >= 0, "watch history is negative")
 	check(c.ApplyTimeout > 0, "apply timeout must be positive")
 	check(c.HeartbeatTimeout >= 5*time.Millisecond, "heartbeat timeout %v is below 5ms", c.HeartbeatTimeout)
 	check(c.ElectionTimeout >= c.HeartbeatTimeout, "election timeout %v is below the heartbeat timeout", c.ElectionTimeout)

@@ -121,9 +121,13 @@ func (s *Server) List(ctx context.Context, req *connect.Request[fencev1.ListRequ
 	return connect.NewResponse(out), nil
 }
 
-// Watch implements fencev1connect.KVServiceHandler. A watcher that falls
-// more than a buffer behind is ended with ResourceExhausted; it should
-// re-read and watch again.
+// Watch implements fencev1connect.KVServiceHandler. With start_revision it
+// first replays the changes from that revision on, from the node's history
+// of recent changes, so that a client can list at revision R and watch
+// from R+1, or resume a broken watch, without a gap; a revision older than
+// the history is refused with FailedPrecondition (REVISION_COMPACTED). A
+// watcher that falls more than a buffer behind is ended with
+// ResourceExhausted; it should re-read and watch again.
 func (s *Server) Watch(ctx context.Context, req *connect.Request[fencev1.WatchRequest], stream *connect.ServerStream[fencev1.WatchResponse]) error {
 	if err := checkText("prefix", req.Msg.GetPrefix(), s.cfg.MaxKeyBytes, false); err != nil {
 		return err
@@ -132,7 +136,7 @@ func (s *Server) Watch(ctx context.Context, req *connect.Request[fencev1.WatchRe
 	if err := s.read(ctx, false); err != nil {
 		return err
 	}
-	w, err := s.watches.add(req.Msg.GetPrefix(), s.cfg.MaxWatchers)
+	w, err := s.watches.add(req.Msg.GetPrefix(), req.Msg.GetStartRevision(), s.cfg.MaxWatchers)
 	if err != nil {
 		return err
 	}
@@ -176,31 +180,69 @@ func apiKV(kv fsm.KeyValue) *fencev1.KeyValue {
 // watchBuffer is how many batches of changes a watcher may fall behind.
 const watchBuffer = 1024
 
+// watchHistoryBytes bounds the memory of the watch history.
+const watchHistoryBytes = 64 << 20
+
 type watcher struct {
 	prefix   string
+	start    uint64 // the first revision it wants; 0 for any
 	ch       chan []fsm.KVEvent
 	overflow chan struct{}
 	dropped  bool
 }
 
 // watchHub fans committed KV changes out to watchers, in commit order,
-// without ever blocking the apply loop.
+// without ever blocking the apply loop, and keeps the most recent changes
+// for watches that start at a past revision.
 type watchHub struct {
 	mu       sync.Mutex
 	watchers map[*watcher]struct{}
+	history  eventRing
+	// lastRev is the revision of the last change published: the store's
+	// revision, as far as watchers know.
+	lastRev uint64
 }
 
-func newWatchHub() *watchHub { return &watchHub{watchers: map[*watcher]struct{}{}} }
+func newWatchHub(historyEvents, historyBytes int) *watchHub {
+	return &watchHub{watchers: map[*watcher]struct{}{}, history: eventRing{maxEvents: historyEvents, maxBytes: historyBytes}}
+}
 
-func (h *watchHub) add(prefix string, limit int) (*watcher, error) {
+// add registers a watcher of prefix. A non-zero start is the first
+// revision it wants: the changes from start to the last published one are
+// queued for it first, from the history, in the same step, so that none is
+// missed or sent twice.
+func (h *watchHub) add(prefix string, start uint64, limit int) (*watcher, error) {
 	h.mu.Lock()
 	defer h.mu.Unlock()
 	if limit > 0 && len(h.watchers) >= limit {
 		return nil, fmt.Errorf("%w: the node already has %d watchers, its limit", fence.ErrLimit, len(h.watchers))
 	}
-	w := &watcher{prefix: prefix, ch: make(chan []fsm.KVEvent, watchBuffer), overflow: make(chan struct{})}
+	var past []fsm.KVEvent
+	if start > 0 && start <= h.lastRev {
+		if oldest := h.history.oldestRevision(h.lastRev); start < oldest {
+			return nil, fmt.Errorf("%w: revision %d is no longer kept; the oldest this node keeps is %d; list again and watch from the list's revision + 1", fence.ErrCompacted, start, oldest)
+		}
+		h.history.each(func(ev fsm.KVEvent) {
+			if ev.KV.ModRevision >= start && strings.HasPrefix(ev.KV.Key, prefix) {
+				past = append(past, ev)
+			}
+		})
+	}
+	w := &watcher{prefix: prefix, start: start, ch: make(chan []fsm.KVEvent, watchBuffer), overflow: make(chan struct{})}
+	if len(past) > 0 {
+		w.ch <- past
+	}
 	h.watchers[w] = struct{}{}
 	return w, nil
+}
+
+// reset forgets the history after the state was replaced by a snapshot at
+// store revision rev.
+func (h *watchHub) reset(rev uint64) {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	h.history.clear()
+	h.lastRev = rev
 }
 
 func (h *watchHub) remove(w *watcher) {
@@ -215,13 +257,17 @@ func (h *watchHub) publish(events []fsm.KVEvent) {
 	}
 	h.mu.Lock()
 	defer h.mu.Unlock()
+	for _, ev := range events {
+		h.history.push(ev)
+	}
+	h.lastRev = events[len(events)-1].KV.ModRevision
 	for w := range h.watchers {
 		if w.dropped {
 			continue
 		}
 		var mine []fsm.KVEvent
 		for _, ev := range events {
-			if strings.HasPrefix(ev.KV.Key, w.prefix) {
+			if strings.HasPrefix(ev.KV.Key, w.prefix) && ev.KV.ModRevision >= w.start {
 				mine = append(mine, ev)
 			}
 		}
@@ -234,5 +280,63 @@ func (h *watchHub) publish(events []fsm.KVEvent) {
 			w.dropped = true
 			close(w.overflow)
 		}
+	}
+}
+
+// eventRing keeps the most recent KV changes, at most maxEvents of them and
+// about maxBytes of keys and values. Every change has a revision of its
+// own, one above the one before, so the ring covers a contiguous range of
+// revisions that ends at the store's.
+type eventRing struct {
+	maxEvents, maxBytes int
+	events              []fsm.KVEvent // a circular buffer, oldest at head
+	head, n, bytes      int
+}
+
+func eventSize(ev fsm.KVEvent) int { return len(ev.KV.Key) + len(ev.KV.Value) + len(ev.KV.Lock) + 64 }
+
+func (r *eventRing) push(ev fsm.KVEvent) {
+	if r.maxEvents <= 0 {
+		return
+	}
+	if r.events == nil {
+		r.events = make([]fsm.KVEvent, r.maxEvents)
+	}
+	if r.n == r.maxEvents {
+		r.dropOldest()
+	}
+	r.events[(r.head+r.n)%r.maxEvents] = ev
+	r.n++
+	r.bytes += eventSize(ev)
+	for r.n > 1 && r.bytes > r.maxBytes {
+		r.dropOldest()
+	}
+}
+
+func (r *eventRing) dropOldest() {
+	r.bytes -= eventSize(r.events[r.head])
+	r.events[r.head] = fsm.KVEvent{}
+	r.head = (r.head + 1) % r.maxEvents
+	r.n--
+}
+
+func (r *eventRing) clear() {
+	clear(r.events)
+	r.head, r.n, r.bytes = 0, 0, 0
+}
+
+// oldestRevision is the oldest revision a watch may start at, given the
+// store's revision last: the oldest kept change, or last+1 when none is.
+func (r *eventRing) oldestRevision(last uint64) uint64 {
+	if r.n == 0 {
+		return last + 1
+	}
+	return r.events[r.head].KV.ModRevision
+}
+
+// each calls fn on the kept changes, oldest first.
+func (r *eventRing) each(fn func(fsm.KVEvent)) {
+	for i := range r.n {
+		fn(r.events[(r.head+i)%r.maxEvents])
 	}
 }

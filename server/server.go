@@ -71,7 +71,7 @@ func Start(cfg Config) (*Server, error) {
 	if logger == nil {
 		logger = slog.New(slog.NewTextHandler(io.Discard, nil))
 	}
-	s := &Server{cfg: cfg, logger: logger, hub: newWaitHub(), watches: newWatchHub(), done: make(chan struct{})}
+	s := &Server{cfg: cfg, logger: logger, hub: newWaitHub(), watches: newWatchHub(cfg.WatchHistory, watchHistoryBytes), done: make(chan struct{})}
 	s.fsm = fsm.New(observer{s})
 	s.metrics = newMetrics(s)
 	s.tracker = newSessionTracker(cfg.Clock, logger, s.expireSessions)
@@ -274,6 +274,9 @@ func (o observer) Restored() {
 	s.fsm.Read(func(st *fsm.State) { sessions = st.Sessions() })
 	s.tracker.reset(sessions)
 	s.hub.restored(s.fsm.Read)
+	var rev uint64
+	s.fsm.Read(func(st *fsm.State) { rev = st.KVRevision() })
+	s.watches.reset(rev)
 }
 
 // errorInterceptor maps the handlers' errors to Connect codes with

@@ -29,6 +29,7 @@ var table = []struct {
 	{fence.ErrWaitTimeout, connect.CodeDeadlineExceeded, fencev1.Reason_REASON_WAIT_TIMEOUT},
 	{fence.ErrUnavailable, connect.CodeUnavailable, fencev1.Reason_REASON_NOT_LEADER},
 	{fence.ErrLimit, connect.CodeResourceExhausted, fencev1.Reason_REASON_LIMIT},
+	{fence.ErrCompacted, connect.CodeFailedPrecondition, fencev1.Reason_REASON_COMPACTED},
 }
 
 // Detail is the extra information an error may carry across the wire.

@@ -154,21 +154,24 @@ const (
 	Reason_REASON_NOT_LEADER        Reason = 7
 	Reason_REASON_LIMIT             Reason = 8
 	Reason_REASON_REVISION_MISMATCH Reason = 9
+	// A watch asked for changes older than the node keeps.
+	Reason_REASON_COMPACTED Reason = 10
 )
 
 // Enum value maps for Reason.
 var (
 	Reason_name = map[int32]string{
-		0: "REASON_UNSPECIFIED",
-		1: "REASON_INVALID_ARGUMENT",
-		2: "REASON_SESSION_NOT_FOUND",
-		3: "REASON_LOCKED",
-		4: "REASON_NOT_HOLDER",
-		5: "REASON_STALE_TOKEN",
-		6: "REASON_WAIT_TIMEOUT",
-		7: "REASON_NOT_LEADER",
-		8: "REASON_LIMIT",
-		9: "REASON_REVISION_MISMATCH",
+		0:  "REASON_UNSPECIFIED",
+		1:  "REASON_INVALID_ARGUMENT",
+		2:  "REASON_SESSION_NOT_FOUND",
+		3:  "REASON_LOCKED",
+		4:  "REASON_NOT_HOLDER",
+		5:  "REASON_STALE_TOKEN",
+		6:  "REASON_WAIT_TIMEOUT",
+		7:  "REASON_NOT_LEADER",
+		8:  "REASON_LIMIT",
+		9:  "REASON_REVISION_MISMATCH",
+		10: "REASON_COMPACTED",
 	}
 	Reason_value = map[string]int32{
 		"REASON_UNSPECIFIED":       0,
@@ -181,6 +184,7 @@ var (
 		"REASON_NOT_LEADER":        7,
 		"REASON_LIMIT":             8,
 		"REASON_REVISION_MISMATCH": 9,
+		"REASON_COMPACTED":         10,
 	}
 )
 
@@ -2332,8 +2336,14 @@ func (x *ListResponse) GetRevision() uint64 {
 }
 
 type WatchRequest struct {
-	state         protoimpl.MessageState `protogen:"open.v1"`
-	Prefix        string                 `protobuf:"bytes,1,opt,name=prefix,proto3" json:"prefix,omitempty"`
+	state  protoimpl.MessageState `protogen:"open.v1"`
+	Prefix string                 `protobuf:"bytes,1,opt,name=prefix,proto3" json:"prefix,omitempty"`
+	// Deliver the changes from this revision on, first those already made
+	// (from the node's history of recent changes), then new ones: watch from
+	// a List's revision + 1 to miss nothing, or from the last revision seen
+	// + 1 to resume. 0 starts with the next change. Older than the history:
+	// FailedPrecondition, reason REASON_COMPACTED.
+	StartRevision uint64 `protobuf:"varint,2,opt,name=start_revision,json=startRevision,proto3" json:"start_revision,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -2373,6 +2383,13 @@ func (x *WatchRequest) GetPrefix() string {
 		return x.Prefix
 	}
 	return ""
+}
+
+func (x *WatchRequest) GetStartRevision() uint64 {
+	if x != nil {
+		return x.StartRevision
+	}
+	return 0
 }
 
 type Event struct {
@@ -2714,9 +2731,10 @@ const file_fence_v1_fence_proto_rawDesc = "" +
 	"\fListResponse\x12$\n" +
 	"\x03kvs\x18\x01 \x03(\v2\x12.fence.v1.KeyValueR\x03kvs\x12\x12\n" +
 	"\x04more\x18\x02 \x01(\bR\x04more\x12\x1a\n" +
-	"\brevision\x18\x03 \x01(\x04R\brevision\"&\n" +
+	"\brevision\x18\x03 \x01(\x04R\brevision\"M\n" +
 	"\fWatchRequest\x12\x16\n" +
-	"\x06prefix\x18\x01 \x01(\tR\x06prefix\"T\n" +
+	"\x06prefix\x18\x01 \x01(\tR\x06prefix\x12%\n" +
+	"\x0estart_revision\x18\x02 \x01(\x04R\rstartRevision\"T\n" +
 	"\x05Event\x12'\n" +
 	"\x04type\x18\x01 \x01(\x0e2\x13.fence.v1.EventTypeR\x04type\x12\"\n" +
 	"\x02kv\x18\x02 \x01(\v2\x12.fence.v1.KeyValueR\x02kv\"8\n" +
@@ -2738,7 +2756,7 @@ const file_fence_v1_fence_proto_rawDesc = "" +
 	"\tEventType\x12\x1a\n" +
 	"\x16EVENT_TYPE_UNSPECIFIED\x10\x00\x12\x12\n" +
 	"\x0eEVENT_TYPE_PUT\x10\x01\x12\x15\n" +
-	"\x11EVENT_TYPE_DELETE\x10\x02*\xfd\x01\n" +
+	"\x11EVENT_TYPE_DELETE\x10\x02*\x93\x02\n" +
 	"\x06Reason\x12\x16\n" +
 	"\x12REASON_UNSPECIFIED\x10\x00\x12\x1b\n" +
 	"\x17REASON_INVALID_ARGUMENT\x10\x01\x12\x1c\n" +
@@ -2749,7 +2767,9 @@ const file_fence_v1_fence_proto_rawDesc = "" +
 	"\x13REASON_WAIT_TIMEOUT\x10\x06\x12\x15\n" +
 	"\x11REASON_NOT_LEADER\x10\a\x12\x10\n" +
 	"\fREASON_LIMIT\x10\b\x12\x1c\n" +
-	"\x18REASON_REVISION_MISMATCH\x10\t2\xfd\x01\n" +
+	"\x18REASON_REVISION_MISMATCH\x10\t\x12\x14\n" +
+	"\x10REASON_COMPACTED\x10\n" +
+	"2\xfd\x01\n" +
 	"\x0eSessionService\x12R\n" +
 	"\rCreateSession\x12\x1e.fence.v1.CreateSessionRequest\x1a\x1f.fence.v1.CreateSessionResponse\"\x00\x12F\n" +
 	"\tKeepAlive\x12\x1a.fence.v1.KeepAliveRequest\x1a\x1b.fence.v1.KeepAliveResponse\"\x00\x12O\n" +

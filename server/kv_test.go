@@ -1,0 +1,45 @@
+package server
+
+import (
+	"strings"
+	"testing"
+
+	"github.com/fencelock/fence/fsm"
+)
+
+func ringRevisions(r *eventRing) []uint64 {
+	var revs []uint64
+	r.each(func(ev fsm.KVEvent) { revs = append(revs, ev.KV.ModRevision) })
+	return revs
+}
+
+// The watch history keeps the newest changes within its count and byte
+// bounds, oldest first, and always the newest one.
+func TestEventRing(t *testing.T) {
+	r := eventRing{maxEvents: 3, maxBytes: 1000}
+	if got := r.oldestRevision(0); got != 1 {
+		t.Fatalf("oldest of an empty history at revision 0 = %d, want 1", got)
+	}
+	for rev := uint64(1); rev <= 5; rev++ {
+		r.push(fsm.KVEvent{KV: fsm.KeyValue{Key: "k", ModRevision: rev}})
+	}
+	if got := ringRevisions(&r); len(got) != 3 || got[0] != 3 || got[2] != 5 {
+		t.Fatalf("kept %v, want [3 4 5]", got)
+	}
+	if got := r.oldestRevision(5); got != 3 {
+		t.Fatalf("oldest = %d, want 3", got)
+	}
+	big := strings.Repeat("v", 850) // 915 bytes with its overhead
+	r.push(fsm.KVEvent{KV: fsm.KeyValue{Key: "k", Value: []byte(big), ModRevision: 6}})
+	if got := ringRevisions(&r); len(got) != 2 || got[0] != 5 || got[1] != 6 {
+		t.Fatalf("after an 850-byte change, kept %v, want [5 6]", got)
+	}
+	r.push(fsm.KVEvent{KV: fsm.KeyValue{Key: "k", Value: []byte(big + big), ModRevision: 7}})
+	if got := ringRevisions(&r); len(got) != 1 || got[0] != 7 {
+		t.Fatalf("a change over the byte bound alone: kept %v, want [7]", got)
+	}
+	r.clear()
+	if got := r.oldestRevision(7); got != 8 || len(ringRevisions(&r)) != 0 {
+		t.Fatalf("after clear: oldest %d, kept %v", got, ringRevisions(&r))
+	}
+}
