@@ -4,7 +4,7 @@ import (
 	"context"
 	"fmt"
 
-	"github.com/fencelock/fence/fencing/internal/sqlgen"
+	"github.com/fencelock/fence/internal/sqlgen"
 )
 
 // ErrNoRow reports an Update of a row that does not exist: nothing was

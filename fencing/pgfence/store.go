@@ -10,7 +10,7 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/fencelock/fence/fencing"
-	"github.com/fencelock/fence/fencing/internal/sqlgen"
+	"github.com/fencelock/fence/internal/sqlgen"
 )
 
 // Querier runs statements. *pgxpool.Pool, *pgx.Conn and pgx.Tx satisfy it,

@@ -11,7 +11,7 @@ import (
 	_ "modernc.org/sqlite" // registers the "sqlite" driver
 
 	"github.com/fencelock/fence/fencing"
-	"github.com/fencelock/fence/fencing/internal/sqlgen"
+	"github.com/fencelock/fence/internal/sqlgen"
 )
 
 // Querier runs statements. *sql.DB, *sql.Conn and *sql.Tx satisfy it, so

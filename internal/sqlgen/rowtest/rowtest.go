@@ -12,7 +12,7 @@ import (
 	"time"
 
 	"github.com/fencelock/fence"
-	"github.com/fencelock/fence/fencing/internal/sqlgen"
+	"github.com/fencelock/fence/internal/sqlgen"
 )
 
 // Row is a row of a query result.

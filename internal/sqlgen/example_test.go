@@ -3,7 +3,7 @@ package sqlgen_test
 import (
 	"fmt"
 
-	"github.com/fencelock/fence/fencing/internal/sqlgen"
+	"github.com/fencelock/fence/internal/sqlgen"
 )
 
 func ExampleUpdateStmt() {
