@@ -18,9 +18,9 @@ import (
 	"github.com/fencelock/fence"
 	"github.com/fencelock/fence/fencing"
 	"github.com/fencelock/fence/fencing/fencingtest"
+	"github.com/fencelock/fence/fencing/sqlitefence"
 	"github.com/fencelock/fence/internal/sqlgen"
 	"github.com/fencelock/fence/internal/sqlgen/rowtest"
-	"github.com/fencelock/fence/fencing/sqlitefence"
 )
 
 var ctx = context.Background()
