@@ -22,6 +22,8 @@ import (
 	"time"
 
 	"connectrpc.com/connect"
+	"connectrpc.com/grpchealth"
+	"connectrpc.com/grpcreflect"
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/promhttp"
 
@@ -144,6 +146,16 @@ func (s *Server) handler() http.Handler {
 	mux.Handle(fencev1connect.NewLockServiceHandler(s, opts...))
 	mux.Handle(fencev1connect.NewKVServiceHandler(s, opts...))
 	mux.Handle(fencev1connect.NewClusterServiceHandler(s, opts...))
+	// The standard gRPC health service (Kubernetes gRPC probes,
+	// grpc-health-probe) and server reflection (grpcurl, Postman).
+	mux.Handle(grpchealth.NewHandler(healthChecker{s}))
+	services := []string{
+		fencev1connect.SessionServiceName, fencev1connect.LockServiceName,
+		fencev1connect.KVServiceName, fencev1connect.ClusterServiceName,
+	}
+	reflector := grpcreflect.NewStaticReflector(services...)
+	mux.Handle(grpcreflect.NewHandlerV1(reflector))
+	mux.Handle(grpcreflect.NewHandlerV1Alpha(reflector))
 	mux.Handle("/metrics", promhttp.HandlerFor(s.metrics.registry, promhttp.HandlerOpts{}))
 	if s.cfg.Pprof {
 		mux.HandleFunc("/debug/pprof/", pprof.Index)
@@ -242,6 +254,23 @@ func (s *Server) liftDelay(lock string) {
 	if _, err := s.apply(&fsmpb.Command{Op: &fsmpb.Command_LiftDelay{LiftDelay: &fsmpb.LiftDelay{Lock: lock}}}); err != nil {
 		s.logger.Warn("lifting lock-delay failed", "lock", lock, "err", err)
 	}
+}
+
+// healthChecker answers the gRPC health service: a node is serving while
+// it knows a leader, for the whole server ("") and for each fence service.
+type healthChecker struct{ s *Server }
+
+func (h healthChecker) Check(_ context.Context, req *grpchealth.CheckRequest) (*grpchealth.CheckResponse, error) {
+	switch req.Service {
+	case "", fencev1connect.SessionServiceName, fencev1connect.LockServiceName,
+		fencev1connect.KVServiceName, fencev1connect.ClusterServiceName:
+	default:
+		return nil, connect.NewError(connect.CodeNotFound, fmt.Errorf("unknown service %q", req.Service))
+	}
+	if _, id := h.s.node.raft.LeaderWithID(); id == "" {
+		return &grpchealth.CheckResponse{Status: grpchealth.StatusNotServing}, nil
+	}
+	return &grpchealth.CheckResponse{Status: grpchealth.StatusServing}, nil
 }
 
 // observer routes the FSM's effects to the parts of the server that act on
