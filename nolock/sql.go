@@ -6,7 +6,6 @@ import (
 	"errors"
 	"fmt"
 	"math/rand/v2"
-	"strings"
 	"time"
 
 	"github.com/fencelock/fence/internal/sqlgen"
@@ -50,42 +49,20 @@ var (
 	ErrInvalid = errors.New("nolock: invalid argument")
 )
 
-// statement builds one SQL statement with numbered parameters.
-type statement struct {
-	d    Dialect
-	sql  strings.Builder
-	args []any
-}
-
-func (s *statement) write(parts ...string) {
-	for _, p := range parts {
-		s.sql.WriteString(p)
-	}
-}
-
-// arg adds a parameter and returns its placeholder.
-func (s *statement) arg(v any) string {
-	s.args = append(s.args, v)
-	return s.d.Placeholder(len(s.args))
-}
-
-// whereKey writes " WHERE k1 = $i AND k2 = $j".
-func (s *statement) whereKey(key []Column) {
-	for i, c := range key {
-		sep := " AND "
-		if i == 0 {
-			sep = " WHERE "
-		}
-		s.write(sep, sqlgen.Ident(c.Name), " = ", s.arg(c.Value))
-	}
-}
-
-func (s *statement) exec(ctx context.Context, db Execer) (int64, error) {
-	res, err := db.ExecContext(ctx, s.sql.String(), s.args...)
+// exec runs the statement b built and returns the rows it affected.
+func exec(ctx context.Context, db Execer, b *sqlgen.Builder) (int64, error) {
+	st := b.Stmt()
+	res, err := db.ExecContext(ctx, st.SQL, st.Args...)
 	if err != nil {
 		return 0, err
 	}
 	return res.RowsAffected()
+}
+
+// queryRow runs the statement b built for one row.
+func queryRow(ctx context.Context, db Execer, b *sqlgen.Builder) *sql.Row {
+	st := b.Stmt()
+	return db.QueryRowContext(ctx, st.SQL, st.Args...)
 }
 
 func checkRow(table string, key []Column) error {
@@ -97,11 +74,11 @@ func checkRow(table string, key []Column) error {
 
 // exists reports whether the row with key exists.
 func exists(ctx context.Context, db Execer, d Dialect, table string, key []Column) (bool, error) {
-	s := &statement{d: d}
-	s.write("SELECT 1 FROM ", sqlgen.Ident(table))
-	s.whereKey(key)
+	b := sqlgen.NewBuilder(d)
+	b.Write("SELECT 1 FROM ", sqlgen.Ident(table), " WHERE ")
+	b.WhereKey(key)
 	var one int
-	switch err := db.QueryRowContext(ctx, s.sql.String(), s.args...).Scan(&one); {
+	switch err := queryRow(ctx, db, b).Scan(&one); {
 	case errors.Is(err, sql.ErrNoRows):
 		return false, nil
 	case err != nil:
@@ -135,15 +112,15 @@ func UpdateVersioned(ctx context.Context, db Execer, d Dialect, r VersionedRow) 
 		version = "version"
 	}
 	v := sqlgen.Ident(version)
-	s := &statement{d: d}
-	s.write("UPDATE ", sqlgen.Ident(r.Table), " SET ")
+	b := sqlgen.NewBuilder(d)
+	b.Write("UPDATE ", sqlgen.Ident(r.Table), " SET ")
 	for _, c := range r.Set {
-		s.write(sqlgen.Ident(c.Name), " = ", s.arg(c.Value), ", ")
+		b.Write(sqlgen.Ident(c.Name), " = ", b.Arg(c.Value), ", ")
 	}
-	s.write(v, " = ", v, " + 1")
-	s.whereKey(r.Key)
-	s.write(" AND ", v, " = ", s.arg(r.Version))
-	n, err := s.exec(ctx, db)
+	b.Write(v, " = ", v, " + 1 WHERE ")
+	b.WhereKey(r.Key)
+	b.Write(" AND ", v, " = ", b.Arg(r.Version))
+	n, err := exec(ctx, db, b)
 	if err != nil {
 		return 0, err
 	}
@@ -203,13 +180,13 @@ func Decrement(ctx context.Context, db Execer, d Dialect, c Counter, n int64) (i
 		return 0, fmt.Errorf("%w: decrement %s of %s by %d: want a column and a positive amount", ErrInvalid, c.Column, c.Table, n)
 	}
 	col := sqlgen.Ident(c.Column)
-	s := &statement{d: d}
-	amount := s.arg(n)
-	s.write("UPDATE ", sqlgen.Ident(c.Table), " SET ", col, " = ", col, " - ", amount)
-	s.whereKey(c.Key)
-	s.write(" AND ", col, " >= ", amount, " RETURNING ", col)
+	b := sqlgen.NewBuilder(d)
+	amount := b.Arg(n)
+	b.Write("UPDATE ", sqlgen.Ident(c.Table), " SET ", col, " = ", col, " - ", amount, " WHERE ")
+	b.WhereKey(c.Key)
+	b.Write(" AND ", col, " >= ", amount, " RETURNING ", col)
 	var left int64
-	err := db.QueryRowContext(ctx, s.sql.String(), s.args...).Scan(&left)
+	err := queryRow(ctx, db, b).Scan(&left)
 	if !errors.Is(err, sql.ErrNoRows) {
 		return left, err
 	}

@@ -168,33 +168,39 @@ func (r Row) Validate(op Op) (int64, error) {
 	return TokenArg(r.KeyString(), r.Token)
 }
 
-type builder struct {
+// Builder builds one statement with numbered parameters.
+type Builder struct {
 	d    Dialect
 	sql  strings.Builder
 	args []any
 }
 
-func (b *builder) write(parts ...string) {
+// NewBuilder returns a Builder of a statement in dialect d.
+func NewBuilder(d Dialect) *Builder { return &Builder{d: d} }
+
+// Write appends SQL text.
+func (b *Builder) Write(parts ...string) {
 	for _, p := range parts {
 		b.sql.WriteString(p)
 	}
 }
 
-// arg adds an argument and returns its placeholder.
-func (b *builder) arg(v any) string {
+// Arg adds an argument and returns its placeholder.
+func (b *Builder) Arg(v any) string {
 	b.args = append(b.args, v)
 	return b.d.Placeholder(len(b.args))
 }
 
-func (b *builder) stmt() Stmt { return Stmt{SQL: b.sql.String(), Args: b.args} }
+// Stmt returns the statement built.
+func (b *Builder) Stmt() Stmt { return Stmt{SQL: b.sql.String(), Args: b.args} }
 
-// whereKey writes "a" = $i AND "b" = $j ... for the key columns.
-func (b *builder) whereKey(key []Column) {
+// WhereKey writes "a" = $i AND "b" = $j ... for the key columns.
+func (b *Builder) WhereKey(key []Column) {
 	for i, c := range key {
 		if i > 0 {
-			b.write(" AND ")
+			b.Write(" AND ")
 		}
-		b.write(Ident(c.Name), " = ", b.arg(c.Value))
+		b.Write(Ident(c.Name), " = ", b.Arg(c.Value))
 	}
 }
 
@@ -204,19 +210,19 @@ func (b *builder) whereKey(key []Column) {
 //
 // It writes the row only if its token is not higher than token.
 func UpdateStmt(d Dialect, r Row, token int64) Stmt {
-	b := &builder{d: d}
+	b := NewBuilder(d)
 	tok := Ident(r.tokenColumn())
-	b.write("UPDATE ", Ident(r.Table), " SET ")
+	b.Write("UPDATE ", Ident(r.Table), " SET ")
 	for _, c := range r.Set {
-		b.write(Ident(c.Name), " = ", b.arg(c.Value), ", ")
+		b.Write(Ident(c.Name), " = ", b.Arg(c.Value), ", ")
 	}
 	// The token's placeholder comes after the key's, but is written first.
 	tokenArg := d.Placeholder(len(r.Set) + len(r.Key) + 1)
-	b.write(tok, " = ", tokenArg, " WHERE ")
-	b.whereKey(r.Key)
+	b.Write(tok, " = ", tokenArg, " WHERE ")
+	b.WhereKey(r.Key)
 	b.args = append(b.args, token)
-	b.write(" AND ", tok, " <= ", tokenArg)
-	return b.stmt()
+	b.Write(" AND ", tok, " <= ", tokenArg)
+	return b.Stmt()
 }
 
 // UpsertStmt builds the one statement of a fenced upsert:
@@ -228,26 +234,26 @@ func UpdateStmt(d Dialect, r Row, token int64) Stmt {
 // It inserts the row, or updates it only if its token is not higher than
 // token. The key columns need a unique index or constraint.
 func UpsertStmt(d Dialect, r Row, token int64) Stmt {
-	b := &builder{d: d}
+	b := NewBuilder(d)
 	table, tok := Ident(r.Table), Ident(r.tokenColumn())
 	var names, values, keys, sets []string
 	for _, c := range r.Key {
 		names = append(names, Ident(c.Name))
-		values = append(values, b.arg(c.Value))
+		values = append(values, b.Arg(c.Value))
 		keys = append(keys, Ident(c.Name))
 	}
 	for _, c := range r.Set {
 		names = append(names, Ident(c.Name))
-		values = append(values, b.arg(c.Value))
+		values = append(values, b.Arg(c.Value))
 		sets = append(sets, Ident(c.Name)+" = EXCLUDED."+Ident(c.Name))
 	}
 	names = append(names, tok)
-	values = append(values, b.arg(token))
+	values = append(values, b.Arg(token))
 	sets = append(sets, tok+" = EXCLUDED."+tok)
-	b.write("INSERT INTO ", table, " (", strings.Join(names, ", "), ") VALUES (", strings.Join(values, ", "), ")",
+	b.Write("INSERT INTO ", table, " (", strings.Join(names, ", "), ") VALUES (", strings.Join(values, ", "), ")",
 		" ON CONFLICT (", strings.Join(keys, ", "), ") DO UPDATE SET ", strings.Join(sets, ", "),
 		" WHERE ", table, ".", tok, " <= EXCLUDED.", tok)
-	return b.stmt()
+	return b.Stmt()
 }
 
 // LookupStmt builds the look-up that explains a fenced write that wrote
@@ -256,10 +262,10 @@ func UpsertStmt(d Dialect, r Row, token int64) Stmt {
 //
 //	SELECT count(*), coalesce(max("tok"), 0) FROM "t" WHERE "id" = $1
 func LookupStmt(d Dialect, r Row) Stmt {
-	b := &builder{d: d}
-	b.write("SELECT count(*), coalesce(max(", Ident(r.tokenColumn()), "), 0) FROM ", Ident(r.Table), " WHERE ")
-	b.whereKey(r.Key)
-	return b.stmt()
+	b := NewBuilder(d)
+	b.Write("SELECT count(*), coalesce(max(", Ident(r.tokenColumn()), "), 0) FROM ", Ident(r.Table), " WHERE ")
+	b.WhereKey(r.Key)
+	return b.Stmt()
 }
 
 // AddColumnSQL returns the statement that adds a token column (bigint, not
