@@ -1,9 +1,11 @@
 package cli
 
 import (
+	"context"
 	"fmt"
 	"os"
 	"strconv"
+	"time"
 
 	"github.com/spf13/cobra"
 	"google.golang.org/protobuf/encoding/protojson"
@@ -57,11 +59,22 @@ lock's FENCE_LOCK and FENCE_TOKEN, so "fence lock L -- fence kv put k v" is fenc
 }
 
 func kvPutCommand(g *globals) *cobra.Command {
-	var f fenceFlags
+	var (
+		f    fenceFlags
+		hold bool
+		ttl  time.Duration
+	)
 	cmd := &cobra.Command{
 		Use:   "put KEY VALUE",
 		Short: "Write a value, fenced by --lock/--token",
-		Args:  cobra.ExactArgs(2),
+		Long: `Writes VALUE under KEY, fenced by --lock/--token when given.
+
+With --hold, the key is bound to a session of this process and the command
+stays running: the key is deleted when it is interrupted (exit 0) or when
+its session ends, for example because the process was paused or killed
+(exit 75 if it notices). Registrations and presence, like an etcd lease key
+or a ZooKeeper ephemeral node.`,
+		Args: cobra.ExactArgs(2),
 		RunE: func(cmd *cobra.Command, args []string) error {
 			opts, err := f.options()
 			if err != nil {
@@ -72,15 +85,35 @@ func kvPutCommand(g *globals) *cobra.Command {
 				return err
 			}
 			defer c.Close()
-			rev, err := c.KV().Put(cmd.Context(), args[0], []byte(args[1]), opts...)
+			ctx := cmd.Context()
+			var s *client.Session
+			if hold {
+				s, err = c.NewSession(ctx, client.WithTTL(ttl), client.WithOwner("fence kv put --hold "+args[0]))
+				if err != nil {
+					return err
+				}
+				defer s.Close(context.Background())
+				opts = append(opts, client.BoundTo(s))
+			}
+			rev, err := c.KV().Put(ctx, args[0], []byte(args[1]), opts...)
 			if err != nil {
 				return err
 			}
 			fmt.Fprintf(g.stdout, "revision %d\n", rev)
-			return nil
+			if !hold {
+				return nil
+			}
+			select {
+			case <-ctx.Done():
+				return nil // the deferred Close deletes the key
+			case <-s.Done():
+				return &ExitError{Code: exitLockLost, Err: fmt.Errorf("the session holding %s may be lost, and the key with it: %v", args[0], s.Err())}
+			}
 		},
 	}
 	f.register(cmd)
+	cmd.Flags().BoolVar(&hold, "hold", false, "bind the key to this process's session and keep it until interrupted")
+	cmd.Flags().DurationVar(&ttl, "ttl", 10*time.Second, "with --hold: the session's TTL")
 	return cmd
 }
 

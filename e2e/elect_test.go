@@ -1,6 +1,7 @@
 package e2e
 
 import (
+	"context"
 	"strings"
 	"syscall"
 	"testing"
@@ -40,4 +41,42 @@ func TestElectAndWatchProcesses(t *testing.T) {
 		t.Errorf("node-c led %v after node-b was killed, before node-b's session could expire", d)
 	}
 	c.failIfExited(t)
+}
+
+// `fence kv put --hold` keeps a registration while it runs: the key goes
+// at once when the process is interrupted, and when its session expires
+// after a SIGKILL.
+func TestHeldKeyGoesWithTheProcess(t *testing.T) {
+	srv := startServer(t)
+	c := newClient(t, srv.addr)
+	present := func(key string) bool {
+		kv, err := c.KV().Get(context.Background(), key)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return kv != nil
+	}
+	hold := func(key string) *proc {
+		p := startFence(t, "fence kv put --hold "+key, append(srv.endpoints(), "kv", "put", "--hold", "--ttl", "1s", key, "10.0.0.5:8080")...)
+		waitFor(t, 20*time.Second, key+" to be registered", func() bool {
+			p.failIfExited(t)
+			return present(key)
+		})
+		return p
+	}
+	a := hold("svc/a")
+	a.signal(t, syscall.SIGINT)
+	if code := a.waitExit(t, 10*time.Second); code != 0 {
+		t.Errorf("interrupted fence kv put --hold exited %d, want 0; stderr:\n%s", code, a.stderr.String())
+	}
+	if present("svc/a") {
+		t.Error("svc/a outlived its interrupted holder")
+	}
+	b := hold("svc/b")
+	b.killGroup()
+	killed := time.Now()
+	waitFor(t, 20*time.Second, "svc/b to go with its expired session", func() bool { return !present("svc/b") })
+	if d := time.Since(killed); d < 500*time.Millisecond {
+		t.Errorf("svc/b went %v after its holder was killed, before its session could expire", d)
+	}
 }
