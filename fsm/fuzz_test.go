@@ -137,6 +137,28 @@ func FuzzStateMachine(f *testing.F) {
 		0xa3, 2, 5, 0x02, // no-op delete of orders/17 with token 2: its highest is now 2
 		0xa4, 2, 0x16, 0x02, // put with token 1: stale
 	})
+	// A put's high nibble binds its key (see putBinding): 0xa to no
+	// session, 0xb to a live one (picked by key byte>>4), 0xc to the holder
+	// of its fencing lock, 0xd to one not live (key byte>>4 0: the next id,
+	// never created), 0xe to the newest live one. A close (2) or an expiry
+	// (3) with op 0x12 or 0x13 ends the sessions keys are bound to (a byte
+	// per id: key byte 0 is "x", 1 "y", 2 "orders/17"; see keyOwner).
+	f.Add([]byte{ // keys bound to sessions
+		4, 0, 0, 0, // session 1 acquires a: token 1
+		4, 8, 0, 0, // session 2 queues for a
+		0xc4, 0, 1, 0x02, // put x fenced by a with token 1, bound to a's holder, session 1: revision 1
+		0xb4, 2, 0, 0x02, // unfenced put of orders/17, bound to session 1: revision 2
+		0xb8, 0x10, 0, 0x02, // unfenced put of y, bound to session 2: revision 3
+		0xd4, 0, 1, 0x02, // put x with token 1, bound to session 5, never created: session not found
+		0xd4, 0, 4, 0x02, // put x with token 0, bound to session 5: refused for the token first
+		0xe4, 0x10, 0, 0x02, // put y again, rebound to the newest session, 4: revision 4
+		0x12, 0, // the session x is bound to (1) closes: orders/17 and x deleted (x keeps its tombstone), a goes to session 2
+		0xb4, 2, 0, 0x02, // put orders/17, bound to session 2
+		0x13, 1, 1, 2, // the sessions of y (4) and orders/17 (2) expire together: y deleted, then orders/17
+	})
+	for seed := range uint64(3) {
+		f.Add(boundKeyStream(rand.New(rand.NewPCG(seed, 5)), 120))
+	}
 	r := rand.New(rand.NewPCG(1, 2))
 	for range 3 {
 		data := make([]byte, 200)
@@ -154,8 +176,9 @@ func FuzzStateMachine(f *testing.F) {
 }
 
 // FuzzApplyBytes feeds the input, whole and halved, as raft command entries
-// to an FSM holding locks, waiters, a delay, KV keys, a tombstone and a
-// full semaphore with a waiter, one entry at a time and again as one batch.
+// to an FSM holding locks, waiters, a delay, KV keys (some bound to
+// sessions, one of them fenced), a tombstone and a full semaphore with a
+// waiter, one entry at a time and again as one batch.
 func FuzzApplyBytes(f *testing.F) {
 	for _, cmd := range []*fsmpb.Command{
 		newSession(),
@@ -192,6 +215,18 @@ func FuzzApplyBytes(f *testing.F) {
 		{Op: &fsmpb.Command_RegisterNode{RegisterNode: &fsmpb.RegisterNode{NodeId: "n1", ApiAddress: "127.0.0.1:7000"}}},
 		{Op: &fsmpb.Command_RegisterNode{RegisterNode: &fsmpb.RegisterNode{NodeId: "n1"}}}, // unregisters
 		{Op: &fsmpb.Command_RegisterNode{RegisterNode: &fsmpb.RegisterNode{ApiAddress: "127.0.0.1:7000"}}},
+		// Keys bound to sessions: p to session 3, q (fenced) and r to 2.
+		kvPut("n", "v", boundTo(3)),
+		kvPut("p", "w", boundTo(5)),
+		kvPut("p", "w"),
+		kvPut("n", "v", boundTo(4)),                                // expired
+		kvPut("n", "v", boundTo(99), maxKeys(1)),                   // the session is checked before the limit
+		kvPut("k", "v", fenced("a", 0), boundTo(99)),               // the fence is checked before the session
+		kvPut("q", "v", fenced("b", 3), expectRev(0), boundTo(99)), // and so is a CAS
+		kvDel("r"),
+		kvDel("q", fenced("b", 3)),
+		closeSession(3),
+		expireSessions(3, 2),
 	} {
 		data, err := fsm.Encode(cmd)
 		if err != nil {
@@ -245,8 +280,9 @@ func FuzzApplyBytes(f *testing.F) {
 				}
 			})
 		}
-		// A state with holders, waiters, a delayed lock and a semaphore of 2
-		// permits, both taken (session 2 waits), for the fuzzed entry to act on.
+		// A state with holders, waiters, a delayed lock, a semaphore of 2
+		// permits, both taken (session 2 waits), and keys bound to sessions 2
+		// and 3, for the fuzzed entry to act on.
 		for _, cmd := range []*fsmpb.Command{
 			newSession(), newSession(), newSession(), newSession(),
 			acquire(1, "a", excl, withDelay(time.Second)), acquire(2, "a", excl),
@@ -255,6 +291,7 @@ func FuzzApplyBytes(f *testing.F) {
 			kvPut("k", "v", fenced("a", 1), strict), kvPut("t", "v", fenced("b", 3), strict),
 			kvDel("t", fenced("b", 3)), kvPut("p", "v"),
 			newSession(), acquire(5, "s", sem, permits(2)), acquire(3, "s", sem, permits(2)), acquire(2, "s", sem, permits(2)),
+			kvPut("p", "v", boundTo(3)), kvPut("q", "v", fenced("b", 3), boundTo(2)), kvPut("r", "v", boundTo(2)),
 		} {
 			applyOne(mustEncode(t, cmd))
 		}

@@ -273,10 +273,15 @@ func describe(r fsm.Result) string {
 	return out + "}"
 }
 
-// describeKV formats a key with its value as a string.
+// describeKV formats a key with its value as a string, and its session if
+// it is bound to one.
 func describeKV(kv fsm.KeyValue) string {
-	return fmt.Sprintf("{Key:%q Value:%q Token:%d Lock:%q Highest:%d Create:%d Mod:%d Version:%d}",
-		kv.Key, kv.Value, kv.Token, kv.Lock, kv.HighestToken, kv.CreateRevision, kv.ModRevision, kv.Version)
+	bound := ""
+	if kv.Session != 0 {
+		bound = fmt.Sprintf(" Session:%d", kv.Session)
+	}
+	return fmt.Sprintf("{Key:%q Value:%q Token:%d Lock:%q Highest:%d Create:%d Mod:%d Version:%d%s}",
+		kv.Key, kv.Value, kv.Token, kv.Lock, kv.HighestToken, kv.CreateRevision, kv.ModRevision, kv.Version, bound)
 }
 
 const sem = fsm.Semaphore

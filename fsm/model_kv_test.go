@@ -17,7 +17,23 @@
 //     included, read from the snapshot) is the highest accepted, never
 //     decreases and never disappears once above 0;
 //   - Get, List, KVRevision, NumKeys and every snapshot entry match the
-//     model after every command, KV or not.
+//     model after every command, KV or not, the key's session included.
+//
+// Keys bound to sessions (KVPut.session_id): a put that names a session
+// must name a live one, else it fails with ErrSessionNotFound and changes
+// nothing; that check comes after the fenced write checks (a put that fails
+// them fails with their error, whatever its session) and before max_keys.
+// Every accepted put binds its key anew (to no session when it names none),
+// an accepted delete of a live key unbinds it, and a tombstone is never
+// bound. The command that ends sessions (CloseSession, ExpireSessions)
+// deletes the keys bound to each session it ends, sessions in the order of
+// its ids and each one's keys in key order, each at a revision of its own,
+// as an unfenced delete: token 0 and lock "" recorded, the highest token
+// kept in a tombstone if the key was ever fenced, the key gone otherwise.
+// Such a delete is the one write that takes effect below a key's highest
+// token: it is the session's end, not a writer's. Its Result carries one
+// Deleted event per key, in that order, and the store's revision after the
+// last (Revision 0 when no key was deleted); see endSession.
 //
 // A delete of a key that is absent (or only a tombstone) succeeds with no
 // revision and no event. An unfenced one changes nothing. A fenced one is
@@ -31,6 +47,7 @@ import (
 	"errors"
 	"fmt"
 	"math"
+	"math/rand/v2"
 	"reflect"
 	"sort"
 	"strings"
@@ -60,6 +77,15 @@ func newKVModel() *kvModel {
 	return &kvModel{keys: map[string]*modelKey{}, accepted: map[string]uint64{}, seen: map[string]uint64{}}
 }
 
+// putSession returns the session a KV put binds its key to, 0 for none
+// (and for a command that is not a put).
+func putSession(cmd *fsmpb.Command) uint64 {
+	if op, ok := cmd.GetOp().(*fsmpb.Command_KvPut); ok {
+		return op.KvPut.GetSessionId()
+	}
+	return 0
+}
+
 // kvCommand returns the parts of a KV command.
 func kvCommand(cmd *fsmpb.Command) (key string, value []byte, f *fsmpb.KVFence, maxKeys uint64, isPut, ok bool) {
 	switch op := cmd.GetOp().(type) {
@@ -85,9 +111,10 @@ func (k *kvModel) liveKeys() int {
 
 // expect returns what the KV command must answer, and a commit that
 // applies it to the model when it succeeds. lastToken is the last token
-// issued before the command.
-func (k *kvModel) expect(cmd *fsmpb.Command, holders map[string][]fsm.HolderInfo, lastToken uint64) (fsm.Result, func()) {
+// issued before the command, sessions the sessions live before it.
+func (k *kvModel) expect(cmd *fsmpb.Command, holders map[string][]fsm.HolderInfo, lastToken uint64, sessions map[uint64]bool) (fsm.Result, func()) {
 	key, value, f, maxKeys, isPut, _ := kvCommand(cmd)
+	sid := putSession(cmd)
 	e := k.keys[key]
 	live := e != nil && !e.deleted
 	var highest uint64
@@ -129,6 +156,9 @@ func (k *kvModel) expect(cmd *fsmpb.Command, holders map[string][]fsm.HolderInfo
 			return fails(fence.ErrRevisionMismatch), nothing
 		}
 	}
+	if isPut && sid != 0 && !sessions[sid] {
+		return fsm.Result{Err: fmt.Errorf("%w: session %d does not exist or has expired; create a new session", fence.ErrSessionNotFound, sid)}, nothing
+	}
 	if isPut && maxKeys > 0 && !live && uint64(k.liveKeys()) >= maxKeys {
 		return fails(fence.ErrLimit), nothing
 	}
@@ -150,6 +180,7 @@ func (k *kvModel) expect(cmd *fsmpb.Command, holders map[string][]fsm.HolderInfo
 		kv = e.kv
 	}
 	kv.Token, kv.Lock, kv.HighestToken, kv.ModRevision = token, lock, max(highest, token), rev
+	kv.Session = sid // a put binds anew (0: to none), a delete unbinds
 	if isPut {
 		kv.Value = val(string(value))
 		kv.Version++
@@ -171,9 +202,9 @@ func (k *kvModel) expect(cmd *fsmpb.Command, holders map[string][]fsm.HolderInfo
 }
 
 // observe checks a KV command's answer against the model and commits it.
-func (k *kvModel) observe(cmd *fsmpb.Command, res fsm.Result, holders map[string][]fsm.HolderInfo, lastToken uint64) error {
+func (k *kvModel) observe(cmd *fsmpb.Command, res fsm.Result, holders map[string][]fsm.HolderInfo, lastToken uint64, live map[uint64]bool) error {
 	key, _, f, _, _, _ := kvCommand(cmd)
-	want, commit := k.expect(cmd, holders, lastToken)
+	want, commit := k.expect(cmd, holders, lastToken, live)
 	if want.Err != nil {
 		if res.Err == nil {
 			what := ""
@@ -190,13 +221,19 @@ func (k *kvModel) observe(cmd *fsmpb.Command, res fsm.Result, holders map[string
 			}
 			return nil
 		}
+		if errors.Is(want.Err, fence.ErrSessionNotFound) {
+			if !errors.Is(res.Err, fence.ErrSessionNotFound) || res.Err.Error() != want.Err.Error() {
+				return fmt.Errorf("%v failed with %q; the model fails it for its session: %q", cmd, res.Err, want.Err)
+			}
+			return nil
+		}
 		if neverIssued(want.Err) {
 			if !errors.Is(res.Err, fence.ErrInvalidArgument) || res.Err.Error() != want.Err.Error() {
 				return fmt.Errorf("%v failed with %q, want %q", cmd, res.Err, want.Err)
 			}
 			return nil
 		}
-		if !errors.Is(res.Err, want.Err) || errors.Is(res.Err, fence.ErrStaleToken) {
+		if !errors.Is(res.Err, want.Err) || errors.Is(res.Err, fence.ErrStaleToken) || errors.Is(res.Err, fence.ErrSessionNotFound) {
 			return fmt.Errorf("%v failed with %v, want %v", cmd, res.Err, want.Err)
 		}
 		return nil
@@ -217,6 +254,31 @@ func (k *kvModel) observe(cmd *fsmpb.Command, res fsm.Result, holders map[string
 	}
 	commit()
 	return nil
+}
+
+// endSession deletes the keys bound to session id from the model, in key
+// order, each at a revision of its own, as unfenced deletes, and returns
+// their events; the caller ends the sessions a command ends in its order.
+func (k *kvModel) endSession(id uint64) []fsm.KVEvent {
+	var names []string
+	for name, e := range k.keys {
+		if !e.deleted && e.kv.Session == id {
+			names = append(names, name)
+		}
+	}
+	sort.Strings(names)
+	var events []fsm.KVEvent
+	for _, name := range names {
+		k.rev++
+		kv := k.keys[name].kv
+		kv.Value, kv.Token, kv.Lock, kv.Session, kv.ModRevision = nil, 0, "", 0, k.rev
+		k.keys[name] = &modelKey{kv: kv, deleted: true}
+		if kv.HighestToken == 0 {
+			delete(k.keys, name) // an unfenced key leaves no tombstone
+		}
+		events = append(events, fsm.KVEvent{Deleted: true, KV: kv})
+	}
+	return events
 }
 
 // neverIssued reports whether err refuses a token the service never issued.
@@ -280,7 +342,7 @@ func (k *kvModel) compare(s *fsm.State) error {
 			return fmt.Errorf("snapshot keeps key %q, which the model does not", key)
 		}
 		got := fsm.KeyValue{Key: key, Value: pk.GetValue(), Token: pk.GetToken(), Lock: pk.GetLock(), HighestToken: pk.GetHighestToken(),
-			CreateRevision: pk.GetCreateRevision(), ModRevision: pk.GetModRevision(), Version: pk.GetVersion()}
+			CreateRevision: pk.GetCreateRevision(), ModRevision: pk.GetModRevision(), Version: pk.GetVersion(), Session: pk.GetSessionId()}
 		if !reflect.DeepEqual(got, e.kv) || pk.GetDeleted() != e.deleted {
 			return fmt.Errorf("snapshot has %s (deleted %v), model %s (deleted %v)", describeKV(got), pk.GetDeleted(), describeKV(e.kv), e.deleted)
 		}
@@ -329,6 +391,9 @@ func highestOf(s *fsm.State, key string) uint64 {
 // above the last, or near 2^64);
 // strict in 1 of 4, 1 of 2 with a holder's token; a CAS with the right, a wrong, or 0 expected revision
 // in 4 of 8; a max_keys of 0 to 3; and now and then no fence at all.
+// A put's high nibble, bits older inputs leave 0xa, binds it (see
+// putBinding): 0xa and 0xf to no session, 0xb and 0xe to a live one, 0xc to
+// the session holding the fencing lock, 0xd to one that is not live.
 func (c *commandSource) kvOp(s *fsm.State, op byte) *fsmpb.Command {
 	k, t, o := c.byte(), c.byte(), c.byte()
 	key, lock := kvKeys[int(k)%len(kvKeys)], lockName(k>>2)
@@ -377,13 +442,56 @@ func (c *commandSource) kvOp(s *fsm.State, op byte) *fsmpb.Command {
 		if isDel {
 			return &fsmpb.Command{Op: &fsmpb.Command_KvDelete{KvDelete: &fsmpb.KVDelete{Key: key}}}
 		}
-		return &fsmpb.Command{Op: &fsmpb.Command_KvPut{KvPut: &fsmpb.KVPut{Key: key, Value: []byte("nf"), MaxKeys: uint64(o >> 6)}}}
+		return &fsmpb.Command{Op: &fsmpb.Command_KvPut{KvPut: &fsmpb.KVPut{Key: key, Value: []byte("nf"), MaxKeys: uint64(o >> 6),
+			SessionId: putBinding(s, op, k, t, lock)}}}
 	}
 	if isDel {
 		return kvDel(key, opts...)
 	}
-	opts = append(opts, maxKeys([]uint64{0, 0, 0, 0, 1, 2, 3, 0}[o>>5]))
+	opts = append(opts, maxKeys([]uint64{0, 0, 0, 0, 1, 2, 3, 0}[o>>5]), boundTo(putBinding(s, op, k, t, lock)))
 	return kvPut(key, []string{"", "v1", "v2", "v3"}[(op>>2)&3], opts...)
+}
+
+// putBinding picks the session a put binds its key to from the op's high
+// nibble: 0xa and 0xf none; 0xb a live session picked by k>>4, 0xe one
+// picked by t>>5 (the newest for 0); 0xc the holder of lock (one picked by
+// t>>3), or a live session as for 0xb if it has none; 0xd a session that is
+// not live: one ended, or one never created (just above the last, or
+// 2^64-1), picked by k>>4. With no session live, a live pick is one never
+// created.
+func putBinding(s *fsm.State, op, k, t byte, lock string) uint64 {
+	live := s.Sessions()
+	lastID := func() uint64 { return s.Snapshot().GetLastSessionId() }
+	pick := func(b byte) uint64 {
+		if len(live) == 0 {
+			return lastID() + 1
+		}
+		return live[int(b)%len(live)].ID
+	}
+	switch op >> 4 {
+	case 0xb:
+		return pick(k >> 4)
+	case 0xe:
+		if len(live) > 0 {
+			return live[len(live)-1-int(t>>5)%len(live)].ID
+		}
+		return lastID() + 1
+	case 0xc:
+		if h, ok := holderOf(s, lock, t>>3); ok {
+			return h.Session
+		}
+		return pick(k >> 4)
+	case 0xd:
+		last := lastID()
+		dead := []uint64{last + 1, math.MaxUint64}
+		for id := uint64(1); id <= last; id++ {
+			if _, ok := s.Session(id); !ok {
+				dead = append(dead, id)
+			}
+		}
+		return dead[int(k>>4)%len(dead)]
+	}
+	return 0
 }
 
 // kvOutcome names what a KV command did, so that TestRandomCommandStreams
@@ -401,7 +509,7 @@ func kvOutcome(cmd *fsmpb.Command, res fsm.Result) string {
 		name string
 	}{
 		{fence.ErrStaleToken, "stale"}, {fence.ErrInvalidArgument, "invalid"}, {fence.ErrNotHolder, "not holder"},
-		{fence.ErrRevisionMismatch, "revision mismatch"}, {fence.ErrLimit, "limit"},
+		{fence.ErrRevisionMismatch, "revision mismatch"}, {fence.ErrLimit, "limit"}, {fence.ErrSessionNotFound, "session not found"},
 	} {
 		if errors.Is(res.Err, e.err) {
 			return e.name
@@ -424,4 +532,138 @@ func kvOutcome(cmd *fsmpb.Command, res fsm.Result) string {
 		return "fenced delete"
 	}
 	return "fenced put"
+}
+
+// kvBefore is what bindOutcomes needs to know of the state before a
+// command: the live sessions, the session each live key is bound to (0 for
+// none), and the number of live keys.
+type kvBefore struct {
+	live    map[uint64]bool
+	bound   map[string]uint64
+	numKeys int
+}
+
+func kvBeforeOf(s *fsm.State) kvBefore {
+	b := kvBefore{live: map[uint64]bool{}, bound: map[string]uint64{}, numKeys: s.NumKeys()}
+	for _, si := range s.Sessions() {
+		b.live[si.ID] = true
+	}
+	list, _ := s.List("", 0)
+	for _, kv := range list {
+		b.bound[kv.Key] = kv.Session
+	}
+	return b
+}
+
+// bindOutcomes names the paths of keys bound to sessions that a command
+// reached, so that TestRandomCommandStreams can show its streams reach
+// them; pre is the state before the command.
+func bindOutcomes(cmd *fsmpb.Command, res fsm.Result, pre kvBefore) []string {
+	var out []string
+	add := func(o string) { out = append(out, "binding: "+o) }
+	switch op := cmd.GetOp().(type) {
+	case *fsmpb.Command_KvPut:
+		p := op.KvPut
+		sid, was := p.GetSessionId(), pre.bound[p.GetKey()]
+		_, isLive := pre.bound[p.GetKey()]
+		switch {
+		case errors.Is(res.Err, fence.ErrSessionNotFound):
+			add("put bound to a session not live")
+			if p.GetMaxKeys() > 0 && !isLive && uint64(pre.numKeys) >= p.GetMaxKeys() {
+				add("session checked before max_keys")
+			}
+		case res.Err != nil && sid != 0 && !pre.live[sid]:
+			add("fence checked before the session")
+		case res.Err != nil:
+		case sid != 0 && was == sid:
+			add("bound again to its session")
+		case sid != 0 && was != 0:
+			add("rebound to another session")
+		case sid != 0:
+			add("bound put")
+		case was != 0:
+			add("unbound by a put")
+		}
+	case *fsmpb.Command_KvDelete:
+		if res.Err == nil && len(res.Events) > 0 && pre.bound[op.KvDelete.GetKey()] != 0 {
+			add("unbound by a delete")
+		}
+	case *fsmpb.Command_CloseSession, *fsmpb.Command_ExpireSessions:
+		if len(res.Events) == 0 {
+			break
+		}
+		if _, ok := op.(*fsmpb.Command_CloseSession); ok {
+			add("keys deleted on close")
+		} else {
+			add("keys deleted on expiry")
+		}
+		perSession := map[uint64]int{}
+		fenced := false
+		for _, ev := range res.Events {
+			perSession[pre.bound[ev.KV.Key]]++
+			fenced = fenced || ev.KV.HighestToken > 0
+		}
+		if fenced {
+			add("a fenced key left as a tombstone by its session")
+		}
+		if len(perSession) > 1 {
+			add("keys of several sessions deleted in one command")
+		}
+		for _, n := range perSession {
+			if n > 1 {
+				add("several keys of one session deleted")
+				break
+			}
+		}
+		if len(res.Grants) > 0 {
+			add("locks handed on as keys are deleted")
+		}
+	}
+	return out
+}
+
+// boundKeyStream returns the input of a stream of about n commands that
+// mostly bind keys to sessions and end those sessions (see
+// commandSource.next and kvOp for the encoding): sessions created, locks
+// taken, puts bound to a live session, to the holder of their fencing lock
+// or to a session not live, or to none, fenced or not, some stale, strict,
+// CAS or with max_keys; deletes; closes and expiries of the sessions keys
+// are bound to (several at once at times) and of lock holders, whose
+// waiters get the locks in the same command; and releases.
+func boundKeyStream(r *rand.Rand, n int) []byte {
+	var data []byte
+	session := func() byte { return byte(8 * r.IntN(8)) } // a live session
+	name := func() byte { return byte(r.IntN(3)) }
+	for range n {
+		switch x := r.IntN(100); {
+		case x < 15: // a session, without a limit
+			data = append(data, 0, byte(r.IntN(0x30)))
+		case x < 33: // an exclusive or shared acquire of "a", "b" or "c", now and then with a lock-delay
+			data = append(data, 4, session(), byte(3*r.IntN(2))+name(), []byte{0, 0, 0, 4}[r.IntN(4)])
+		case x < 61: // a put: bound to a live session (0xb, 0xe), the lock's holder (0xc), one not live (0xd), or none (0xa)
+			op := []byte{0xb, 0xc, 0xc, 0xe, 0xd, 0xa}[r.IntN(6)]<<4 | byte(1+r.IntN(2))<<2
+			t := []byte{0, 1, 1, 1, 3, 4, 7}[r.IntN(7)]
+			o := []byte{0x02, 0x02, 0x02, 0x00, 0x06, 0x82, 0xa2}[r.IntN(7)]
+			data = append(data, op, byte(r.IntN(256)), t, o)
+		case x < 67: // a delete, unfenced or with a holder's or the highest token
+			data = append(data, 0xa3, byte(r.IntN(256)), []byte{0, 1, 3}[r.IntN(3)], 0x02)
+		case x < 74: // the session a key is bound to closes
+			data = append(data, 0x12, byte(r.IntN(256)))
+		case x < 79: // the sessions two or three keys are bound to expire together
+			n := 2 + r.IntN(2)
+			data = append(data, 0x13, byte(n-1))
+			for range n {
+				data = append(data, byte(r.IntN(256)))
+			}
+		case x < 88: // a holder's session expires or closes
+			data = append(data, 14, name(), byte(r.IntN(256)))
+		case x < 90: // the holders and waiters of a lock expire together
+			data = append(data, 15, name(), byte(r.IntN(2)))
+		case x < 97: // a holder releases
+			data = append(data, 11, name(), byte(r.IntN(256)))
+		default: // a live session closes
+			data = append(data, 2, session())
+		}
+	}
+	return data
 }

@@ -11,7 +11,10 @@
 //     Queued answers, and a new request is never granted past a waiter;
 //  5. a session that a CloseSession/ExpireSessions ended holds and waits for
 //     nothing, is never granted (not even by the command that ends it), and
-//     every later command for it fails with ErrSessionNotFound.
+//     every later command for it fails with ErrSessionNotFound (a KV put
+//     bound to it included); the command deletes every KV key bound to it,
+//     with the exact events and revision that kvModel.endSession predicts,
+//     and no live key is ever bound to a session that is not live.
 //
 // It also checks invariant 6 on the fenced KV store (see kvModel in
 // model_kv_test.go).
@@ -114,7 +117,7 @@ func (m *modelChecker) observe(tb testing.TB, cmd *fsmpb.Command, res fsm.Result
 		return err
 	}
 	if _, _, _, _, _, isKV := kvCommand(cmd); isKV {
-		if err := m.kv.observe(cmd, res, m.holders, m.maxToken); err != nil {
+		if err := m.kv.observe(cmd, res, m.holders, m.maxToken, m.live); err != nil {
 			return err
 		}
 		if err := eventsOwnValues(tb, s, res); err != nil {
@@ -180,7 +183,7 @@ func (m *modelChecker) checkFailure(cmd *fsmpb.Command, err error) error {
 		}
 	}
 	if _, _, _, _, _, isKV := kvCommand(cmd); isKV {
-		return m.kv.observe(cmd, fsm.Result{Err: err}, m.holders, m.maxToken)
+		return m.kv.observe(cmd, fsm.Result{Err: err}, m.holders, m.maxToken, m.live)
 	}
 	switch op := cmd.GetOp().(type) {
 	case *fsmpb.Command_CreateSession:
@@ -305,7 +308,7 @@ func (m *modelChecker) checkSuccess(cmd *fsmpb.Command, res fsm.Result) (immedia
 		return false, fmt.Errorf("%v ended sessions", cmd)
 	case len(res.Delayed) > 0 && !isExpire:
 		return false, fmt.Errorf("%v put locks under delay; only expiry may", cmd)
-	case res.Revision != 0 || len(res.Events) > 0:
+	case (res.Revision != 0 || len(res.Events) > 0) && !isClose && !isExpire:
 		return false, fmt.Errorf("%v answered a KV revision or events", cmd)
 	}
 	if sid, ok := targetSession(cmd); ok && !m.live[sid] {
@@ -438,7 +441,9 @@ func (m *modelChecker) cancelled(c *fsmpb.CancelWait, res fsm.Result) error {
 
 // endSessions checks the Ended list against the live sessions named, and
 // removes them from the model before any hand-off is checked, so that a
-// grant to one of them counts as a violation.
+// grant to one of them counts as a violation. It checks the KV keys the
+// command deleted with them: the events and revision that
+// kvModel.endSession predicts for each session ended, in order.
 func (m *modelChecker) endSessions(ids []uint64, res fsm.Result) error {
 	var want []uint64
 	for _, id := range ids {
@@ -448,6 +453,18 @@ func (m *modelChecker) endSessions(ids []uint64, res fsm.Result) error {
 	}
 	if !slices.Equal(res.Ended, want) {
 		return fmt.Errorf("ended %v, want the live sessions among %v: %v", res.Ended, ids, want)
+	}
+	var events []fsm.KVEvent
+	var rev uint64
+	for _, id := range want {
+		events = append(events, m.kv.endSession(id)...)
+	}
+	if len(events) > 0 {
+		rev = m.kv.rev
+	}
+	if res.Revision != rev || !reflect.DeepEqual(cmpForm(fsm.Result{Events: res.Events}), cmpForm(fsm.Result{Events: events})) {
+		return fmt.Errorf("ending sessions %v answered %s; the model deletes their keys: %s",
+			want, describe(res), describe(fsm.Result{Revision: rev, Events: events}))
 	}
 	heldByEnded := map[string]bool{}
 	for _, id := range want {
@@ -558,6 +575,12 @@ func (m *modelChecker) compare(s *fsm.State, cmd *fsmpb.Command, res fsm.Result)
 	}
 	if err := m.kv.compare(s); err != nil {
 		return err
+	}
+	list, _ := s.List("", 0)
+	for _, kv := range list {
+		if kv.Session != 0 && !m.live[kv.Session] {
+			return fmt.Errorf("invariant 5: key %q is bound to session %d, which is not live", kv.Key, kv.Session)
+		}
 	}
 	m.before = now
 	return nil
@@ -706,7 +729,10 @@ func (m *modelChecker) liveIDs() []uint64 {
 // acquirePermits) and a bad mode, try, lock-delays, waiter and session limits,
 // releases with right and wrong tokens, expiry and close of holders and
 // waiters together, and LiftDelay; an op byte of 0xa0..0xfe is a KV put or
-// delete (see kvOp). Where a command needs a token or a
+// delete (see kvOp), whose puts may bind their keys to sessions. A close
+// (2) or expiry (3) whose op byte's high nibble is 1, 5 or 9 ends the
+// sessions that keys are bound to (see keyOwner); older seeds leave that
+// nibble 0, and the saved input made of ASCII digits 3. Where a command needs a token or a
 // holder it reads the state it is given, so a stream is decoded once, from
 // the first State, and the same commands are fed to the others.
 type commandSource struct {
@@ -734,6 +760,15 @@ func (c *commandSource) session(s *fsm.State, b byte) uint64 {
 }
 
 func lockName(b byte) string { return lockNames[int(b)%len(lockNames)] }
+
+// keyOwner picks the session that key kvKeys[b%3] is bound to, or, if it
+// is bound to none (or missing), one as session(s, b>>2) picks it.
+func (c *commandSource) keyOwner(s *fsm.State, b byte) uint64 {
+	if kv, ok := s.Get(kvKeys[int(b)%len(kvKeys)]); ok && kv.Session != 0 {
+		return kv.Session
+	}
+	return c.session(s, b>>2)
+}
 
 // holderOf picks a holder of a lock, if it has one.
 func holderOf(s *fsm.State, name string, b byte) (fsm.HolderInfo, bool) {
@@ -788,12 +823,20 @@ func (c *commandSource) next(s *fsm.State) (*fsmpb.Command, bool) {
 		b := c.byte()
 		return createSession(time.Duration(1+b%10)*time.Second, []string{"", "x"}[b>>7], []uint64{0, 0, 0, 3, 4, 5}[(b>>4)%6]), true
 	case 2:
+		if owners := (op>>4)%4 == 1; owners {
+			return closeSession(c.keyOwner(s, c.byte())), true
+		}
 		return closeSession(c.session(s, c.byte())), true
 	case 3:
+		owners := (op>>4)%4 == 1
 		n := 1 + int(c.byte())%3
 		ids := make([]uint64, n)
 		for i := range ids {
-			ids[i] = c.session(s, c.byte())
+			if owners {
+				ids[i] = c.keyOwner(s, c.byte())
+			} else {
+				ids[i] = c.session(s, c.byte())
+			}
 		}
 		return expireSessions(ids...), true
 	case 4, 5, 6, 7:
@@ -920,6 +963,7 @@ func runStream(tb testing.TB, data []byte) map[string]int {
 		if op, ok := cmd.GetOp().(*fsmpb.Command_Acquire); ok {
 			pre, inUse = a.Lock(op.Acquire.GetLock())
 		}
+		kvPre := kvBeforeOf(a)
 		ra := a.Apply(cmd)
 		history = append(history, fmt.Sprintf("  %d: %v -> %s", step, cmd, describe(ra)))
 		if err := check.observe(tb, cmd, ra, a, before); err != nil {
@@ -929,6 +973,9 @@ func runStream(tb testing.TB, data []byte) map[string]int {
 			outcomes[o]++
 		}
 		for _, o := range semOutcomes(cmd, ra, pre, inUse, lastPermits, a) {
+			outcomes[o]++
+		}
+		for _, o := range bindOutcomes(cmd, ra, kvPre) {
 			outcomes[o]++
 		}
 		for _, l := range a.Locks("") {
@@ -1088,9 +1135,18 @@ func TestRandomCommandStreams(t *testing.T) {
 			}
 		})
 	}
+	// Streams of keys bound to sessions, and of those sessions ending.
+	for seed := range uint64(100) {
+		data := boundKeyStream(rand.New(rand.NewPCG(seed, 0xb0a7)), 40+int(seed)%120)
+		t.Run(fmt.Sprint("bindings/", seed), func(t *testing.T) {
+			for o, c := range runStream(t, data) {
+				total[o] += c
+			}
+		})
+	}
 	t.Logf("outcomes: %v", total)
 	for _, o := range []string{"fenced put", "fenced delete", "unfenced write", "strict write", "CAS write", "no-op delete",
-		"fenced no-op delete", "stale", "invalid", "never issued", "not holder", "revision mismatch", "limit"} {
+		"fenced no-op delete", "stale", "invalid", "never issued", "not holder", "revision mismatch", "limit", "session not found"} {
 		if total[o] < 3 && !t.Failed() {
 			t.Errorf("the streams made only %d KV commands with outcome %q: %v", total[o], o, total)
 		}
@@ -1109,11 +1165,19 @@ func TestRandomCommandStreams(t *testing.T) {
 	if total["semaphore: other error"] > 0 {
 		t.Errorf("semaphore acquires failed with unexpected errors: %v", total)
 	}
+	for _, o := range []string{"bound put", "bound again to its session", "rebound to another session", "unbound by a put",
+		"unbound by a delete", "put bound to a session not live", "session checked before max_keys", "fence checked before the session",
+		"keys deleted on close", "keys deleted on expiry", "a fenced key left as a tombstone by its session",
+		"keys of several sessions deleted in one command", "several keys of one session deleted", "locks handed on as keys are deleted"} {
+		if total["binding: "+o] < 3 && !t.Failed() {
+			t.Errorf("the streams reached binding path %q only %d times: %v", o, total["binding: "+o], total)
+		}
+	}
 }
 
 // TestModelCheckerCatchesViolations shows that the checker can fail: fed
-// results (or states) that break invariants 1, 2, 4, 5 and 6, or the rules of
-// semaphores, observe reports each.
+// results (or states) that break invariants 1, 2, 4, 5 and 6, the rules of
+// semaphores, or those of keys bound to sessions, observe reports each.
 func TestModelCheckerCatchesViolations(t *testing.T) {
 	setup := func(t *testing.T) (*fsm.State, *modelChecker) {
 		s, m := fsm.NewState(), newModelChecker()
@@ -1315,6 +1379,97 @@ func TestModelCheckerCatchesViolations(t *testing.T) {
 			before := snapshotBytes(t, s)
 			res, after := tc.run(t, s, tc.cmd)
 			if err := m.observe(t, tc.cmd, res, after, before); err == nil || !strings.Contains(err.Error(), tc.why) {
+				t.Fatalf("observe = %v, want an error saying %q", err, tc.why)
+			}
+		})
+	}
+	// Keys bound to sessions: k (fenced by a, token 1) and j bound to
+	// session 1, u to none; session 2 waits for a.
+	bindSetup := func(t *testing.T) (*fsm.State, *modelChecker) {
+		s, m := fsm.NewState(), newModelChecker()
+		for _, cmd := range []*fsmpb.Command{newSession(), newSession(), acquire(1, "a", excl), acquire(2, "a", excl),
+			kvPut("k", "v", fenced("a", 1), boundTo(1)), kvPut("j", "v", boundTo(1)), kvPut("u", "v")} {
+			before := snapshotBytes(t, s)
+			if err := m.observe(t, cmd, s.Apply(cmd), s, before); err != nil {
+				t.Fatalf("setup %v: %v", cmd, err)
+			}
+		}
+		return s, m
+	}
+	sessionGone := fmt.Errorf("%w: session 7 does not exist or has expired; create a new session", fence.ErrSessionNotFound)
+	bindCases := []struct {
+		name string
+		// cmd is applied to the state, then observed with the result
+		// broken by res on the state broken by state (each nil for none).
+		cmd   *fsmpb.Command
+		res   func(fsm.Result) fsm.Result
+		state func(*fsmpb.Snapshot)
+		why   string
+	}{
+		{"a close that leaves its session's keys", closeSession(1), func(r fsm.Result) fsm.Result {
+			r.Events, r.Revision = nil, 0
+			return r
+		}, nil, "the model deletes their keys"},
+		{"a close that deletes its session's keys out of key order", closeSession(1), func(r fsm.Result) fsm.Result {
+			r.Events[0], r.Events[1] = r.Events[1], r.Events[0]
+			return r
+		}, nil, "the model deletes their keys"},
+		{"a close that deletes its keys at one revision", closeSession(1), func(r fsm.Result) fsm.Result {
+			r.Events[1].KV.ModRevision = r.Events[0].KV.ModRevision
+			return r
+		}, nil, "the model deletes their keys"},
+		{"a key deleted with its session still reported bound", closeSession(1), func(r fsm.Result) fsm.Result {
+			r.Events[0].KV.Session = 1
+			return r
+		}, nil, "the model deletes their keys"},
+		{"a key deleted with its session leaves no tombstone", closeSession(1), nil, func(snap *fsmpb.Snapshot) {
+			snap.Kvs = slices.DeleteFunc(snap.Kvs, func(kv *fsmpb.KV) bool { return kv.GetKey() == "k" })
+		}, "invariant 6"},
+		{"a key bound to a closed session left live", closeSession(1), func(r fsm.Result) fsm.Result {
+			r.Events, r.Revision = r.Events[:1], r.Events[0].KV.ModRevision
+			return r
+		}, func(snap *fsmpb.Snapshot) {
+			snap.KvRevision--
+			i := slices.IndexFunc(snap.Kvs, func(kv *fsmpb.KV) bool { return kv.GetKey() == "k" })
+			snap.Kvs[i] = &fsmpb.KV{Key: "k", Value: []byte("v"), Token: 1, Lock: "a", HighestToken: 1, CreateRevision: 1, ModRevision: 1, Version: 1}
+		}, "the model deletes their keys"},
+		{"a put bound to a session that does not exist reported as accepted", kvPut("n", "v", boundTo(7)), func(fsm.Result) fsm.Result {
+			return wrote(4, bound(kvAt("n", "v", "", 0, 0, 4, 4, 1), 7))
+		}, nil, "the model refuses it"},
+		{"a put bound to a session failed for its token reported for its session", kvPut("k", "v", boundTo(7)), func(fsm.Result) fsm.Result {
+			return fsm.Result{Err: sessionGone}
+		}, nil, "want fence: invalid argument"},
+		{"a put bound to a missing session over max_keys reported as the limit", kvPut("n", "v", boundTo(7), maxKeys(1)), func(fsm.Result) fsm.Result {
+			return fails(fence.ErrLimit)
+		}, nil, "session"},
+		{"a bound put reported unbound", kvPut("u", "w", boundTo(2)), func(r fsm.Result) fsm.Result {
+			r.Events[0].KV.Session = 0
+			return r
+		}, nil, "the model"},
+		{"a put that leaves its key bound to its old session", kvPut("j", "w"), nil, func(snap *fsmpb.Snapshot) {
+			for _, kv := range snap.Kvs {
+				if kv.GetKey() == "j" {
+					kv.SessionId = 1
+				}
+			}
+		}, "snapshot has"},
+		{"a delete that leaves its key bound", kvDel("k", fenced("a", 1)), func(r fsm.Result) fsm.Result {
+			r.Events[0].KV.Session = 1
+			return r
+		}, nil, "the model"},
+	}
+	for _, tc := range bindCases {
+		t.Run(tc.name, func(t *testing.T) {
+			s, m := bindSetup(t)
+			before := snapshotBytes(t, s)
+			res := s.Apply(tc.cmd)
+			if tc.res != nil {
+				res = tc.res(res)
+			}
+			if tc.state != nil {
+				s = restoreBroken(t, s, tc.state)
+			}
+			if err := m.observe(t, tc.cmd, res, s, before); err == nil || !strings.Contains(err.Error(), tc.why) {
 				t.Fatalf("observe = %v, want an error saying %q", err, tc.why)
 			}
 		})
