@@ -46,6 +46,12 @@ var (
 	// + 1.
 	ErrCompacted = errors.New("fence: revision compacted")
 
+	// ErrUnauthenticated reports that the node did not accept the client's
+	// credentials, or the client the node's: a TLS certificate missing,
+	// expired or signed by a CA the other side does not trust, or TLS on
+	// one side only. Retrying does not help.
+	ErrUnauthenticated = errors.New("fence: not authenticated")
+
 	// ErrSessionLost is reported by the client when a session's "safe until"
 	// deadline passed without a renewal: the server may already have expired
 	// the session and given its locks to others.

@@ -44,6 +44,7 @@ const (
 
 type globals struct {
 	endpoints string
+	tls       tlsFiles
 	stdin     io.Reader
 	stdout    io.Writer
 	stderr    io.Writer
@@ -60,7 +61,15 @@ func (g *globals) client() (*client.Client, error) {
 	if len(eps) == 0 {
 		eps = []string{client.DefaultEndpoint}
 	}
-	return client.New(client.WithEndpoints(eps...))
+	opts := []client.Option{client.WithEndpoints(eps...)}
+	tlsConfig, err := g.tls.config("client TLS", false, false)
+	if err != nil {
+		return nil, err
+	}
+	if tlsConfig != nil {
+		opts = append(opts, client.WithTLS(tlsConfig))
+	}
+	return client.New(opts...)
 }
 
 // Run runs the fence command with args (without the program name) and
@@ -80,6 +89,7 @@ func Run(ctx context.Context, args []string, stdin io.Reader, stdout, stderr io.
 	root.SetErr(stderr)
 	root.PersistentFlags().StringVar(&g.endpoints, "endpoints", os.Getenv("FENCE_ENDPOINTS"),
 		"comma-separated fence nodes, host:port (env FENCE_ENDPOINTS; default "+client.DefaultEndpoint+")")
+	clientTLSFlags(root, &g.tls)
 	root.AddCommand(
 		serveCommand(g),
 		lockCommand(g),

@@ -14,9 +14,12 @@ import (
 func serveCommand(g *globals) *cobra.Command {
 	cfg := server.DefaultConfig()
 	var (
-		logLevel string
-		peers    string
-		raftDial string
+		logLevel       string
+		peers          string
+		raftDial       string
+		apiTLS         tlsFiles
+		peerTLS        tlsFiles
+		clientCertAuth bool
 	)
 	cmd := &cobra.Command{
 		Use:   "serve",
@@ -43,19 +46,37 @@ func serveCommand(g *globals) *cobra.Command {
 				}
 				cfg.RaftAddressProvider = server.DialAddresses(dial)
 			}
+			var err error
+			if cfg.TLS, err = apiTLS.config("API TLS", true, clientCertAuth); err != nil {
+				return err
+			}
+			if cfg.PeerTLS, err = peerTLS.config("peer TLS", true, peerTLS != (tlsFiles{})); err != nil {
+				return err
+			}
 			cfg.Logger = slog.New(slog.NewTextHandler(g.stderr, &slog.HandlerOptions{Level: level}))
 			cfg.Version = Version
 			srv, err := server.Start(cfg)
 			if err != nil {
 				return err
 			}
-			fmt.Fprintf(g.stderr, "fence %s serving on %s (raft %s, data %s)\n", Version, srv.Addr(), srv.RaftAddr(), cfg.DataDir)
+			var over string
+			if cfg.TLS != nil {
+				over = " over TLS"
+			}
+			fmt.Fprintf(g.stderr, "fence %s serving on %s%s (raft %s, data %s)\n", Version, srv.Addr(), over, srv.RaftAddr(), cfg.DataDir)
 			<-cmd.Context().Done()
 			fmt.Fprintln(g.stderr, "fence: shutting down")
 			return srv.Close()
 		},
 	}
 	f := cmd.Flags()
+	f.StringVar(&apiTLS.cert, "cert-file", "", "serve the API over TLS with this certificate (PEM)")
+	f.StringVar(&apiTLS.key, "key-file", "", "key of --cert-file")
+	f.StringVar(&apiTLS.ca, "trusted-ca-file", "", "CA bundle for client certificates (with --client-cert-auth) and other nodes' API certificates")
+	f.BoolVar(&clientCertAuth, "client-cert-auth", false, "require API clients to present a certificate signed by --trusted-ca-file")
+	f.StringVar(&peerTLS.cert, "peer-cert-file", "", "run raft between nodes over mutual TLS with this certificate; every node of the group must")
+	f.StringVar(&peerTLS.key, "peer-key-file", "", "key of --peer-cert-file")
+	f.StringVar(&peerTLS.ca, "peer-trusted-ca-file", "", "CA bundle that peers' certificates must be signed by")
 	f.StringVar(&cfg.DataDir, "data-dir", cfg.DataDir, "directory for the raft log and snapshots")
 	f.StringVar(&cfg.Listen, "listen", cfg.Listen, "API address (Connect, gRPC, JSON over HTTP, /metrics)")
 	f.StringVar(&cfg.RaftListen, "raft-listen", cfg.RaftListen, "address raft peers reach this node on")

@@ -217,13 +217,21 @@ type server struct {
 	extra    []string
 	proc     *proc   // the running (or last) process
 	procs    []*proc // every process run for this node, for cleanup
+	// web, when set, is the HTTPS client that reaches a node serving TLS.
+	web *http.Client
 }
 
 // startServer starts a node and waits until it is the leader and serves
 // linearizable reads. extra flags go to `fence serve`.
 func startServer(t *testing.T, extra ...string) *server {
 	t.Helper()
-	s := &server{dataDir: t.TempDir(), extra: extra}
+	return startServerWith(t, nil, extra...)
+}
+
+// startServerWith is startServer for a node serving TLS, reached with web.
+func startServerWith(t *testing.T, web *http.Client, extra ...string) *server {
+	t.Helper()
+	s := &server{dataDir: t.TempDir(), extra: extra, web: web}
 	// One cleanup for every incarnation, registered before any client or
 	// session of the test, so that those are closed while the node still runs.
 	t.Cleanup(func() {
@@ -281,19 +289,24 @@ func (s *server) start(t *testing.T) bool {
 // linearizable read) until it succeeds, so the node is a ready leader.
 func (s *server) waitReady(t *testing.T) {
 	t.Helper()
-	waitFor(t, startTimeout, "fence serve on "+s.addr+" to be healthy", func() bool {
-		s.proc.failIfExited(t)
-		resp, err := httpClient.Get("http://" + s.addr + "/healthz")
+	web, base := httpClient, "http://"+s.addr
+	if s.web != nil {
+		web, base = s.web, "https://"+s.addr
+	}
+	ok := func(resp *http.Response, err error) bool {
 		if err != nil {
 			return false
 		}
 		resp.Body.Close()
 		return resp.StatusCode == http.StatusOK
+	}
+	waitFor(t, startTimeout, "fence serve on "+s.addr+" to be healthy", func() bool {
+		s.proc.failIfExited(t)
+		return ok(web.Get(base + "/healthz"))
 	})
 	waitFor(t, startTimeout, "fence serve on "+s.addr+" to serve reads", func() bool {
 		s.proc.failIfExited(t)
-		status, _ := post(t, s.addr, "fence.v1.LockService/ListLocks", `{}`)
-		return status == http.StatusOK
+		return ok(web.Post(base+"/fence.v1.LockService/ListLocks", "application/json", strings.NewReader("{}")))
 	})
 }
 

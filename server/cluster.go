@@ -2,6 +2,7 @@ package server
 
 import (
 	"context"
+	"crypto/tls"
 	"errors"
 	"fmt"
 	"net"
@@ -121,7 +122,7 @@ func (s *Server) registerLoop(interval time.Duration) {
 			continue
 		}
 		ctx, cancel := context.WithTimeout(context.Background(), interval)
-		c := fencev1connect.NewClusterServiceClient(http.DefaultClient, "http://"+leaderAPI)
+		c := fencev1connect.NewClusterServiceClient(s.peerAPIClient, s.apiScheme()+leaderAPI)
 		_, err := c.RegisterNode(ctx, connect.NewRequest(&fencev1.RegisterNodeRequest{Id: s.cfg.NodeID, ApiAddress: s.advertise}))
 		cancel()
 		if err != nil {
@@ -179,4 +180,26 @@ func (s *Server) leaderHint(err error) error {
 		return err
 	}
 	return &rpcerr.DetailError{Err: fmt.Errorf("%w (its API: %s)", err, api), Detail: rpcerr.Detail{LeaderAddress: api}}
+}
+
+// apiScheme is the scheme of the nodes' API URLs.
+func (s *Server) apiScheme() string {
+	if s.cfg.TLS != nil {
+		return "https://"
+	}
+	return "http://"
+}
+
+// newPeerAPIClient returns the HTTP client a node calls other nodes' APIs
+// with: over TLS it trusts cfg.TLS.RootCAs (nil: the system's) and
+// presents the node's own certificate.
+func newPeerAPIClient(cfg Config) *http.Client {
+	if cfg.TLS == nil {
+		return http.DefaultClient
+	}
+	return &http.Client{Transport: &http.Transport{TLSClientConfig: &tls.Config{
+		RootCAs:      cfg.TLS.RootCAs,
+		Certificates: cfg.TLS.Certificates,
+		MinVersion:   tls.VersionTLS12,
+	}}}
 }

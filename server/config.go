@@ -1,6 +1,7 @@
 package server
 
 import (
+	"crypto/tls"
 	"errors"
 	"fmt"
 	"log/slog"
@@ -41,6 +42,19 @@ type Config struct {
 	// node dials, overriding the address in the raft configuration (for
 	// address translation, and for tests that cut links).
 	RaftAddressProvider raft.ServerAddressProvider
+	// TLS, when set, serves the API over TLS (HTTP/1.1 and HTTP/2) with
+	// its Certificates. Set ClientAuth and ClientCAs in it to require
+	// client certificates. Set RootCAs too where other nodes' API
+	// certificates are not signed by a system CA: a follower registers its
+	// API address with the leader over the API, presenting its own
+	// certificate as a client's.
+	TLS *tls.Config
+	// PeerTLS, when set, carries raft traffic between nodes over mutual
+	// TLS; every node of a group must set it. It serves the node's
+	// Certificates to peers that dial it, and must require and verify
+	// theirs (ClientAuth tls.RequireAndVerifyClientCert, ClientCAs), and it
+	// dials peers with the same Certificates, verifying them by RootCAs.
+	PeerTLS *tls.Config
 	// LogStore is where the raft log lives: LogStoreWAL (default) or
 	// LogStoreBolt.
 	// A data dir keeps the store it was created with.

@@ -2,6 +2,7 @@ package server
 
 import (
 	"context"
+	"crypto/tls"
 	"errors"
 	"fmt"
 	"io"
@@ -89,12 +90,20 @@ func openNode(cfg Config, f *fsm.FSM, logger *slog.Logger) (*node, error) {
 	if tcpAddr.Port != 0 {
 		advertise = tcpAddr
 	}
-	n.transport, err = raft.NewTCPTransportWithConfig(cfg.RaftListen, advertise, &raft.NetworkTransportConfig{
+	tcfg := &raft.NetworkTransportConfig{
 		ServerAddressProvider: cfg.RaftAddressProvider,
 		MaxPool:               3,
 		Timeout:               10 * time.Second,
 		Logger:                hlog,
-	})
+	}
+	if cfg.PeerTLS != nil {
+		tcfg.Stream, err = listenTLSStream(cfg.RaftListen, advertise, cfg.PeerTLS)
+		if err == nil {
+			n.transport = raft.NewNetworkTransportWithConfig(tcfg)
+		}
+	} else {
+		n.transport, err = raft.NewTCPTransportWithConfig(cfg.RaftListen, advertise, tcfg)
+	}
 	if err != nil {
 		return fail(fmt.Errorf("raft transport on %s: %w", cfg.RaftListen, err))
 	}
@@ -129,6 +138,42 @@ func openNode(cfg Config, f *fsm.FSM, logger *slog.Logger) (*node, error) {
 	}
 	return n, nil
 }
+
+// tlsStream is raft's stream layer over mutual TLS: it accepts peers on a
+// TLS listener and dials them with the same configuration.
+type tlsStream struct {
+	net.Listener
+	advertise net.Addr
+	config    *tls.Config
+}
+
+func listenTLSStream(listen string, advertise net.Addr, config *tls.Config) (*tlsStream, error) {
+	ln, err := net.Listen("tcp", listen)
+	if err != nil {
+		return nil, err
+	}
+	if advertise == nil {
+		advertise = ln.Addr()
+	}
+	if a, ok := advertise.(*net.TCPAddr); !ok || a.IP.IsUnspecified() {
+		ln.Close()
+		return nil, fmt.Errorf("raft address %s is not one peers can dial; set the raft advertise address", advertise)
+	}
+	return &tlsStream{Listener: tls.NewListener(ln, config), advertise: advertise, config: config}, nil
+}
+
+// Addr is the address peers reach this node on.
+func (s *tlsStream) Addr() net.Addr { return s.advertise }
+
+// Dial opens a TLS connection to a peer, handshake included, within timeout.
+func (s *tlsStream) Dial(address raft.ServerAddress, timeout time.Duration) (net.Conn, error) {
+	d := &tls.Dialer{NetDialer: &net.Dialer{Timeout: timeout}, Config: s.config}
+	ctx, cancel := context.WithTimeout(context.Background(), timeout)
+	defer cancel()
+	return d.DialContext(ctx, "tcp", string(address))
+}
+
+var _ raft.StreamLayer = (*tlsStream)(nil)
 
 // truncatedWAL hides entries that raft-wal (v0.4.0 to v0.4.2) still returns after a
 // head truncation: its GetLog reads the tail segment before checking the

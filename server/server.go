@@ -46,9 +46,10 @@ type Server struct {
 	delays  *delayScheduler
 	metrics *metrics
 
-	ln        net.Listener
-	http      *http.Server
-	advertise string // the API address others reach this node on
+	ln            net.Listener
+	http          *http.Server
+	advertise     string       // the API address others reach this node on
+	peerAPIClient *http.Client // for calls to other nodes' APIs
 
 	// leaderReady is set while this node is the leader and has applied
 	// every entry of earlier terms.
@@ -73,7 +74,7 @@ func Start(cfg Config) (*Server, error) {
 	if logger == nil {
 		logger = slog.New(slog.NewTextHandler(io.Discard, nil))
 	}
-	s := &Server{cfg: cfg, logger: logger, hub: newWaitHub(), watches: newWatchHub(cfg.WatchHistory, watchHistoryBytes), done: make(chan struct{})}
+	s := &Server{cfg: cfg, logger: logger, hub: newWaitHub(), watches: newWatchHub(cfg.WatchHistory, watchHistoryBytes), peerAPIClient: newPeerAPIClient(cfg), done: make(chan struct{})}
 	s.fsm = fsm.New(observer{s})
 	s.metrics = newMetrics(s)
 	s.tracker = newSessionTracker(cfg.Clock, logger, s.expireSessions)
@@ -176,10 +177,15 @@ func (s *Server) handler() http.Handler {
 func (s *Server) newHTTPServer() *http.Server {
 	var protocols http.Protocols
 	protocols.SetHTTP1(true)
-	protocols.SetUnencryptedHTTP2(true) // gRPC without TLS
+	if s.cfg.TLS != nil {
+		protocols.SetHTTP2(true)
+	} else {
+		protocols.SetUnencryptedHTTP2(true) // gRPC without TLS
+	}
 	return &http.Server{
 		Handler:           s.handler(),
 		Protocols:         &protocols,
+		TLSConfig:         s.cfg.TLS,
 		ReadHeaderTimeout: 10 * time.Second,
 		ErrorLog:          slog.NewLogLogger(s.logger.Handler(), slog.LevelWarn),
 	}
@@ -187,7 +193,12 @@ func (s *Server) newHTTPServer() *http.Server {
 
 func (s *Server) serveHTTP() {
 	defer s.wg.Done()
-	if err := s.http.Serve(s.ln); err != nil && !errors.Is(err, http.ErrServerClosed) {
+	serve := s.http.Serve
+	if s.cfg.TLS != nil {
+		// The certificates come from TLSConfig; ServeTLS adds HTTP/2's ALPN.
+		serve = func(ln net.Listener) error { return s.http.ServeTLS(ln, "", "") }
+	}
+	if err := serve(s.ln); err != nil && !errors.Is(err, http.ErrServerClosed) {
 		s.logger.Error("API server stopped", "err", err)
 	}
 }

@@ -6,7 +6,10 @@ package rpcerr
 
 import (
 	"context"
+	"crypto/tls"
 	"errors"
+	"net"
+	"strings"
 	"syscall"
 
 	"connectrpc.com/connect"
@@ -129,6 +132,12 @@ func FromConnect(err error) error {
 		// retried elsewhere like any other.
 		re.Code = connect.CodeUnavailable
 	}
+	if ce.Code() == connect.CodeUnavailable && tlsFailure(err) {
+		// A certificate one side refuses will be refused again: fail now,
+		// rather than retry as for a node that is down.
+		re.Code = connect.CodeUnauthenticated
+		re.Message = "TLS with the node failed: " + re.Message
+	}
 	for _, d := range ce.Details() {
 		if v, derr := d.Value(); derr == nil {
 			if detail, ok := v.(*fencev1.ErrorDetail); ok {
@@ -172,6 +181,18 @@ func sentinelForCode(code connect.Code) error {
 		return fence.ErrSessionNotFound
 	case connect.CodeResourceExhausted:
 		return fence.ErrLimit
+	case connect.CodeUnauthenticated:
+		return fence.ErrUnauthenticated
 	}
 	return nil
+}
+
+// tlsFailure reports whether err is a failed TLS handshake: a certificate
+// one side does not accept, or TLS against a port that does not speak it.
+func tlsFailure(err error) bool {
+	var verify *tls.CertificateVerificationError
+	var header tls.RecordHeaderError
+	var op *net.OpError
+	return errors.As(err, &verify) || errors.As(err, &header) ||
+		(errors.As(err, &op) && op.Op == "remote error" && strings.HasPrefix(op.Err.Error(), "tls: "))
 }

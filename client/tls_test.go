@@ -1,0 +1,66 @@
+package client
+
+import (
+	"context"
+	"crypto/tls"
+	"errors"
+	"testing"
+	"time"
+
+	"github.com/fencelock/fence"
+	"github.com/fencelock/fence/internal/testtls"
+	"github.com/fencelock/fence/server"
+)
+
+// WithTLS reaches a node that requires client certificates; a client
+// without a certificate, or that does not trust the node, fails at once
+// with ErrUnauthenticated rather than retrying as if the node were down.
+func TestWithTLS(t *testing.T) {
+	ca := testtls.NewCA(t, "fence test CA")
+	srv := startServer(t, func(c *server.Config) {
+		c.TLS = &tls.Config{
+			Certificates: []tls.Certificate{ca.Cert(t, "node")},
+			ClientAuth:   tls.RequireAndVerifyClientCert,
+			ClientCAs:    ca.Pool(),
+		}
+	})
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	for _, grpc := range []bool{false, true} {
+		opts := []Option{WithEndpoints(srv.Addr()), WithTLS(&tls.Config{RootCAs: ca.Pool(), Certificates: []tls.Certificate{ca.Cert(t, "app")}})}
+		if grpc {
+			opts = append(opts, WithGRPC())
+		}
+		c, err := New(opts...)
+		if err != nil {
+			t.Fatal(err)
+		}
+		s, err := c.NewSession(ctx)
+		if err != nil {
+			t.Fatalf("session over TLS (gRPC %v): %v", grpc, err)
+		}
+		m := NewMutex(s, "tls")
+		if _, err := m.Lock(ctx); err != nil {
+			t.Fatal(err)
+		}
+		if err := m.Unlock(ctx); err != nil {
+			t.Fatal(err)
+		}
+		s.Close(ctx)
+		c.Close()
+	}
+	other := testtls.NewCA(t, "another CA")
+	for name, cfg := range map[string]*tls.Config{
+		"no client certificate": {RootCAs: ca.Pool()},
+		"not trusting the node": {RootCAs: other.Pool(), Certificates: []tls.Certificate{ca.Cert(t, "app")}},
+	} {
+		c, err := New(WithEndpoints(srv.Addr()), WithTLS(cfg))
+		if err != nil {
+			t.Fatal(err)
+		}
+		if _, err := c.Status(ctx); !errors.Is(err, fence.ErrUnauthenticated) {
+			t.Errorf("%s: %v, want ErrUnauthenticated", name, err)
+		}
+		c.Close()
+	}
+}
