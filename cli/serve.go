@@ -85,7 +85,7 @@ func serveCommand(g *globals) *cobra.Command {
 	f.StringVar(&peers, "peers", "", "bootstrap a new group of these members: id=raft-host:port,... (this node included)")
 	f.StringVar(&raftDial, "raft-dial", "", "dial these peers at other addresses than the group's configuration says: id=host:port,... (proxies, NAT)")
 	f.BoolVar(&cfg.Join, "join", false, "do not bootstrap: wait to be added with fence members add")
-	f.StringVar(&cfg.LogStore, "log-store", cfg.LogStore, "raft log: wal (segment files, one fsync per batch) or bolt (bbolt, two); fixed when the data dir is created")
+	f.StringVar(&cfg.LogStore, "log-store", cfg.LogStore, "raft log of a new data dir: wal (segment files, one fsync per batch) or bolt (bbolt, two); default: the data dir's, wal for a new one")
 	f.StringVar(&cfg.NodeID, "node-id", cfg.NodeID, "this node's id in its raft group; keep it across restarts")
 	f.DurationVar(&cfg.DefaultTTL, "default-ttl", cfg.DefaultTTL, "session TTL when a client names none")
 	f.DurationVar(&cfg.MinTTL, "min-ttl", cfg.MinTTL, "shortest session TTL allowed")

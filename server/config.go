@@ -55,8 +55,10 @@ type Config struct {
 	// theirs (ClientAuth tls.RequireAndVerifyClientCert, ClientCAs), and it
 	// dials peers with the same Certificates, verifying them by RootCAs.
 	PeerTLS *tls.Config
-	// LogStore is where the raft log lives: LogStoreWAL (default) or
-	// LogStoreBolt.
+	// LogStore is where the raft log of a new data dir lives: LogStoreWAL
+	// or LogStoreBolt. Empty (the default) means the store the data dir
+	// already has, or LogStoreWAL for a new one; a data dir keeps the store
+	// it was created with, so naming the other one is an error.
 	// A data dir keeps the store it was created with.
 	LogStore string
 
@@ -118,7 +120,6 @@ func DefaultConfig() Config {
 		DataDir:           "fence-data",
 		Listen:            "127.0.0.1:7420",
 		RaftListen:        "127.0.0.1:7421",
-		LogStore:          LogStoreWAL,
 		DefaultTTL:        10 * time.Second,
 		MinTTL:            time.Second,
 		MaxTTL:            time.Hour,
@@ -167,7 +168,7 @@ func (c Config) Validate() error {
 			check(id != "" && err == nil, "peer %q=%q: want id=host:port", id, addr)
 		}
 	}
-	check(c.LogStore == LogStoreWAL || c.LogStore == LogStoreBolt, "log store %q: want %q or %q", c.LogStore, LogStoreWAL, LogStoreBolt)
+	check(c.LogStore == "" || c.LogStore == LogStoreWAL || c.LogStore == LogStoreBolt, "log store %q: want %q or %q", c.LogStore, LogStoreWAL, LogStoreBolt)
 	check(c.MinTTL > 0, "min TTL %v must be positive", c.MinTTL)
 	check(c.MinTTL <= c.DefaultTTL && c.DefaultTTL <= c.MaxTTL, "default TTL %v must lie within %v..%v", c.DefaultTTL, c.MinTTL, c.MaxTTL)
 	check(c.MaxLockDelay >= 0, "max lock-delay %v is negative", c.MaxLockDelay)

@@ -236,7 +236,7 @@ func logStoreKind(dir, want string) (string, error) {
 	switch {
 	case err == nil:
 		have := string(trimNewline(data))
-		if have != want {
+		if want != "" && have != want {
 			return "", fmt.Errorf("data dir %s keeps its raft log in %q, not %q; start with --log-store %s", dir, have, want, have)
 		}
 		return have, nil
@@ -245,6 +245,9 @@ func logStoreKind(dir, want string) (string, error) {
 	}
 	if _, err := os.Stat(filepath.Join(dir, "raft.db")); err == nil {
 		return "", fmt.Errorf("data dir %s has a raft.db but no log-store file; it was not written by this version of fence", dir)
+	}
+	if want == "" {
+		want = LogStoreWAL
 	}
 	if err := os.WriteFile(marker, []byte(want+"\n"), 0o600); err != nil {
 		return "", err

@@ -2,6 +2,9 @@ package server
 
 import (
 	"context"
+	"os"
+	"path/filepath"
+	"strings"
 	"testing"
 	"time"
 
@@ -193,14 +196,42 @@ func restartKeepsGrantsAndTokens(t *testing.T, store string) {
 		t.Fatal(err)
 	}
 
-	s2 := startTestServer(t, edit)
+	// Restarted with the default config, the node opens the store the data
+	// dir has (an upgrade from when bolt was the default must just work).
+	s2 := startTestServer(t, func(c *Config) { edit(c); c.LogStore = "" })
 	a2 := newAPI(t, s2)
+	if kind, err := os.ReadFile(filepath.Join(dir, "log-store")); err != nil || string(kind) != store+"\n" {
+		t.Fatalf("log-store file: %q, %v; want %s", kind, err, store)
+	}
 	if h := a2.lock("kept").GetHolders(); len(h) != 1 || h[0].GetToken() != held || h[0].GetSessionId() != sess {
 		t.Fatalf("after restart lock kept = %v, want session %d token %d", h, sess, held)
 	}
 	next := a2.mustAcquire(a2.session(time.Minute), "new")
 	if next <= last {
 		t.Fatalf("token after restart %d is not above %d", next, last)
+	}
+}
+
+// A data dir keeps its log store: asking for the other one is refused, and
+// a new dir without a choice gets wal.
+func TestLogStoreOfADataDir(t *testing.T) {
+	dir := t.TempDir()
+	s := startTestServer(t, func(c *Config) { c.DataDir = dir; c.LogStore = LogStoreBolt })
+	if err := s.Close(); err != nil {
+		t.Fatal(err)
+	}
+	cfg := DefaultConfig()
+	cfg.DataDir, cfg.Listen, cfg.RaftListen, cfg.LogStore = dir, "127.0.0.1:0", "127.0.0.1:0", LogStoreWAL
+	if s, err := Start(cfg); err == nil {
+		s.Close()
+		t.Fatal("a bolt data dir was opened as wal")
+	} else if !strings.Contains(err.Error(), `keeps its raft log in "bolt"`) {
+		t.Fatalf("error %q does not say which store the dir has", err)
+	}
+	fresh := t.TempDir()
+	startTestServer(t, func(c *Config) { c.DataDir = fresh })
+	if kind, err := os.ReadFile(filepath.Join(fresh, "log-store")); err != nil || string(kind) != "wal\n" {
+		t.Fatalf("a new data dir's log-store: %q, %v; want wal", kind, err)
 	}
 }
 
