@@ -98,9 +98,9 @@ type LeaderState struct {
 // ObserveLeader reports the leader of the election name as it changes,
 // like etcd's Election.Observe: first the current state, then each new
 // leader, each Proclaim and each loss of leadership (a resignation, or the
-// end of the leader's session). The channel is closed when ctx ends or the
-// watch breaks (a leader change of the service itself, for example); call
-// again to go on observing.
+// end of the leader's session). It follows the service's own leader
+// changes (see KV.Watch). The channel is closed when ctx ends or the watch
+// cannot go on; call again to go on observing.
 func (c *Client) ObserveLeader(ctx context.Context, name string) (<-chan LeaderState, error) {
 	key := "election/" + name
 	// Watch before reading, so that no change between the two is missed.

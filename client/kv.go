@@ -2,9 +2,12 @@ package client
 
 import (
 	"context"
+	"errors"
+	"fmt"
 
 	"connectrpc.com/connect"
 
+	"github.com/fencelock/fence"
 	fencev1 "github.com/fencelock/fence/api/fence/v1"
 	"github.com/fencelock/fence/internal/rpcerr"
 )
@@ -145,6 +148,8 @@ type Event = fencev1.Event
 
 // Watch streams the changes to keys that start with prefix.
 type Watch struct {
+	kv     *KV
+	req    *fencev1.WatchRequest
 	events chan *Event
 	err    error
 	cancel context.CancelFunc
@@ -166,53 +171,95 @@ func FromRevision(rev uint64) WatchOption {
 // Watch starts watching prefix and returns once the watch is in place:
 // every change committed after Watch returns is delivered, in commit order
 // (and, with FromRevision, those before it from that revision on).
+//
+// When the stream breaks (the node it is on fails or loses leadership),
+// the watch resumes on the leader from the revision after the last one it
+// saw, within the client's retry budget, so that no change is missed or
+// delivered twice. It ends, with Err saying why, when ctx ends, when it
+// cannot resume in time, or when the leader no longer keeps the changes it
+// missed (fence.ErrCompacted: List again, and watch from there).
 func (k *KV) Watch(ctx context.Context, prefix string, opts ...WatchOption) (*Watch, error) {
 	req := &fencev1.WatchRequest{Prefix: prefix}
 	for _, opt := range opts {
 		opt(req)
 	}
 	ctx, cancel := context.WithCancel(ctx)
-	var stream *connect.ServerStreamForClient[fencev1.WatchResponse]
-	err := k.c.call(ctx, func(ctx context.Context, ep *endpoint) error {
-		s, err := ep.kv.Watch(ctx, connect.NewRequest(req))
-		if err != nil {
-			return err
-		}
-		if !s.Receive() { // the server's "watch in place" message
-			err := s.Err()
-			s.Close()
-			return err
-		}
-		stream = s
-		return nil
-	})
+	w := &Watch{kv: k, req: req, events: make(chan *Event), cancel: cancel, done: make(chan struct{})}
+	stream, rev, err := w.open(ctx)
 	if err != nil {
 		cancel()
 		return nil, err
 	}
-	w := &Watch{events: make(chan *Event), cancel: cancel, done: make(chan struct{})}
+	// A broken stream resumes at the first change not yet delivered: the
+	// one asked for, or the first after the watch was in place.
+	if req.StartRevision == 0 {
+		req.StartRevision = rev + 1
+	}
 	go w.run(ctx, stream)
 	return w, nil
+}
+
+// open starts the stream at w.req and waits for the server's "in place"
+// message, which carries the store's revision.
+func (w *Watch) open(ctx context.Context) (*connect.ServerStreamForClient[fencev1.WatchResponse], uint64, error) {
+	var (
+		stream *connect.ServerStreamForClient[fencev1.WatchResponse]
+		rev    uint64
+	)
+	err := w.kv.c.call(ctx, func(ctx context.Context, ep *endpoint) error {
+		s, err := ep.kv.Watch(ctx, connect.NewRequest(w.req))
+		if err != nil {
+			return err
+		}
+		if !s.Receive() {
+			err := s.Err()
+			s.Close()
+			return err
+		}
+		stream, rev = s, s.Msg().GetRevision()
+		return nil
+	})
+	return stream, rev, err
 }
 
 func (w *Watch) run(ctx context.Context, stream *connect.ServerStreamForClient[fencev1.WatchResponse]) {
 	defer close(w.done)
 	defer close(w.events)
-	defer stream.Close()
+	for {
+		err := w.deliver(ctx, stream)
+		stream.Close()
+		if ctx.Err() != nil {
+			w.err = ctx.Err()
+			return
+		}
+		if !errors.Is(err, fence.ErrUnavailable) {
+			w.err = err
+			return
+		}
+		if stream, _, err = w.open(ctx); err != nil {
+			w.err = err
+			return
+		}
+	}
+}
+
+// deliver passes the stream's events on until it ends, and returns why.
+func (w *Watch) deliver(ctx context.Context, stream *connect.ServerStreamForClient[fencev1.WatchResponse]) error {
 	for stream.Receive() {
 		for _, ev := range stream.Msg().GetEvents() {
 			select {
 			case w.events <- ev:
+				w.req.StartRevision = ev.GetKv().GetModRevision() + 1
 			case <-ctx.Done():
-				w.err = ctx.Err()
-				return
+				return ctx.Err()
 			}
 		}
 	}
-	w.err = rpcerr.FromConnect(stream.Err())
-	if w.err == nil {
-		w.err = ctx.Err()
+	if err := rpcerr.FromConnect(stream.Err()); err != nil {
+		return err
 	}
+	// The server ended the stream without an error: as good as a break.
+	return fmt.Errorf("%w: the watch stream ended", fence.ErrUnavailable)
 }
 
 // Events delivers the changes; it is closed when the watch ends, after

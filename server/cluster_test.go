@@ -444,3 +444,44 @@ func TestClusterStaleReadOnFollower(t *testing.T) {
 		t.Fatalf("linearizable read on a cut-off follower: %v, want ErrUnavailable", err)
 	}
 }
+
+// A watch survives the failure of the leader it streams from: it resumes
+// on the new leader after the last change it delivered, and misses none.
+func TestClusterWatchResumesAfterLeaderFailure(t *testing.T) {
+	c := startCluster(t, 3, nil)
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	kv := c.client().KV()
+	w, err := kv.Watch(ctx, "jobs/")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer w.Close()
+	expect := func(key string) {
+		t.Helper()
+		select {
+		case ev, ok := <-w.Events():
+			if !ok {
+				t.Fatalf("the watch ended: %v; want %s", w.Err(), key)
+			}
+			if ev.GetKv().GetKey() != key {
+				t.Fatalf("event for %s, want %s", ev.GetKv().GetKey(), key)
+			}
+		case <-ctx.Done():
+			t.Fatalf("no event; want %s", key)
+		}
+	}
+	if _, err := kv.Put(ctx, "jobs/1", []byte("a")); err != nil {
+		t.Fatal(err)
+	}
+	expect("jobs/1")
+	old := c.leader()
+	c.stop(old.cfg.NodeID)
+	for _, key := range []string{"jobs/2", "jobs/3"} {
+		if _, err := kv.Put(ctx, key, []byte("b")); err != nil {
+			t.Fatal(err)
+		}
+	}
+	expect("jobs/2")
+	expect("jobs/3")
+}

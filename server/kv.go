@@ -136,13 +136,13 @@ func (s *Server) Watch(ctx context.Context, req *connect.Request[fencev1.WatchRe
 	if err := s.read(ctx, false); err != nil {
 		return err
 	}
-	w, err := s.watches.add(req.Msg.GetPrefix(), req.Msg.GetStartRevision(), s.cfg.MaxWatchers)
+	w, rev, err := s.watches.add(req.Msg.GetPrefix(), req.Msg.GetStartRevision(), s.cfg.MaxWatchers)
 	if err != nil {
 		return err
 	}
 	defer s.watches.remove(w)
-	// Tell the client at once that the watch is in place.
-	if err := stream.Send(&fencev1.WatchResponse{}); err != nil {
+	// Tell the client at once that the watch is in place, and as of when.
+	if err := stream.Send(&fencev1.WatchResponse{Revision: rev}); err != nil {
 		return err
 	}
 	for {
@@ -210,17 +210,18 @@ func newWatchHub(historyEvents, historyBytes int) *watchHub {
 // add registers a watcher of prefix. A non-zero start is the first
 // revision it wants: the changes from start to the last published one are
 // queued for it first, from the history, in the same step, so that none is
-// missed or sent twice.
-func (h *watchHub) add(prefix string, start uint64, limit int) (*watcher, error) {
+// missed or sent twice. It returns the revision of the last change
+// published: the watcher gets every change after it.
+func (h *watchHub) add(prefix string, start uint64, limit int) (*watcher, uint64, error) {
 	h.mu.Lock()
 	defer h.mu.Unlock()
 	if limit > 0 && len(h.watchers) >= limit {
-		return nil, fmt.Errorf("%w: the node already has %d watchers, its limit", fence.ErrLimit, len(h.watchers))
+		return nil, 0, fmt.Errorf("%w: the node already has %d watchers, its limit", fence.ErrLimit, len(h.watchers))
 	}
 	var past []fsm.KVEvent
 	if start > 0 && start <= h.lastRev {
 		if oldest := h.history.oldestRevision(h.lastRev); start < oldest {
-			return nil, fmt.Errorf("%w: revision %d is no longer kept; the oldest this node keeps is %d; list again and watch from the list's revision + 1", fence.ErrCompacted, start, oldest)
+			return nil, 0, fmt.Errorf("%w: revision %d is no longer kept; the oldest this node keeps is %d; list again and watch from the list's revision + 1", fence.ErrCompacted, start, oldest)
 		}
 		h.history.each(func(ev fsm.KVEvent) {
 			if ev.KV.ModRevision >= start && strings.HasPrefix(ev.KV.Key, prefix) {
@@ -233,7 +234,7 @@ func (h *watchHub) add(prefix string, start uint64, limit int) (*watcher, error)
 		w.ch <- past
 	}
 	h.watchers[w] = struct{}{}
-	return w, nil
+	return w, h.lastRev, nil
 }
 
 // reset forgets the history after the state was replaced by a snapshot at

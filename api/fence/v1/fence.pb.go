@@ -2446,8 +2446,12 @@ func (x *Event) GetKv() *KeyValue {
 }
 
 type WatchResponse struct {
-	state         protoimpl.MessageState `protogen:"open.v1"`
-	Events        []*Event               `protobuf:"bytes,1,rep,name=events,proto3" json:"events,omitempty"`
+	state  protoimpl.MessageState `protogen:"open.v1"`
+	Events []*Event               `protobuf:"bytes,1,rep,name=events,proto3" json:"events,omitempty"`
+	// Set in the first message, which says the watch is in place and has no
+	// events: the store's revision then. Every change after it is delivered
+	// (and, with start_revision, those from start_revision on).
+	Revision      uint64 `protobuf:"varint,2,opt,name=revision,proto3" json:"revision,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -2487,6 +2491,13 @@ func (x *WatchResponse) GetEvents() []*Event {
 		return x.Events
 	}
 	return nil
+}
+
+func (x *WatchResponse) GetRevision() uint64 {
+	if x != nil {
+		return x.Revision
+	}
+	return 0
 }
 
 // ErrorDetail is attached to every error fence returns.
@@ -2737,9 +2748,10 @@ const file_fence_v1_fence_proto_rawDesc = "" +
 	"\x0estart_revision\x18\x02 \x01(\x04R\rstartRevision\"T\n" +
 	"\x05Event\x12'\n" +
 	"\x04type\x18\x01 \x01(\x0e2\x13.fence.v1.EventTypeR\x04type\x12\"\n" +
-	"\x02kv\x18\x02 \x01(\v2\x12.fence.v1.KeyValueR\x02kv\"8\n" +
+	"\x02kv\x18\x02 \x01(\v2\x12.fence.v1.KeyValueR\x02kv\"T\n" +
 	"\rWatchResponse\x12'\n" +
-	"\x06events\x18\x01 \x03(\v2\x0f.fence.v1.EventR\x06events\"\xcc\x01\n" +
+	"\x06events\x18\x01 \x03(\v2\x0f.fence.v1.EventR\x06events\x12\x1a\n" +
+	"\brevision\x18\x02 \x01(\x04R\brevision\"\xcc\x01\n" +
 	"\vErrorDetail\x12(\n" +
 	"\x06reason\x18\x01 \x01(\x0e2\x10.fence.v1.ReasonR\x06reason\x12\x12\n" +
 	"\x04lock\x18\x02 \x01(\tR\x04lock\x12\x1d\n" +
