@@ -103,14 +103,31 @@ type LeaderState struct {
 // cannot go on; call again to go on observing.
 func (c *Client) ObserveLeader(ctx context.Context, name string) (<-chan LeaderState, error) {
 	key := "election/" + name
-	// Watch before reading, so that no change between the two is missed.
-	w, err := c.KV().Watch(ctx, key)
+	// Read, then watch from the revision after the read: every change is
+	// seen once, in order, and none older than the state first reported.
+	l, err := c.KV().List(ctx, key)
 	if err != nil {
 		return nil, err
 	}
-	value, token, ok, err := c.Leader(ctx, name)
+	var (
+		value string
+		token uint64
+		ok    bool
+	)
+	for _, kv := range l.KVs {
+		if kv.GetKey() == key { // not another election whose name starts with this one
+			res, err := c.Check(ctx, key, kv.GetToken())
+			if err != nil {
+				return nil, err
+			}
+			value, token, ok = string(kv.GetValue()), kv.GetToken(), res.Current
+		}
+	}
+	if !ok {
+		value, token = "", 0
+	}
+	w, err := c.KV().Watch(ctx, key, FromRevision(l.Revision+1))
 	if err != nil {
-		w.Close()
 		return nil, err
 	}
 	out := make(chan LeaderState)

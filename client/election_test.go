@@ -3,6 +3,8 @@ package client
 import (
 	"context"
 	"errors"
+	"net/http"
+	"sync"
 	"testing"
 	"time"
 
@@ -138,5 +140,78 @@ func TestObserveLeader(t *testing.T) {
 	next(LeaderState{Elected: true, Value: "node-b", Token: lb.Token()})
 	cancel()
 	for range states { // closed once ctx ends
+	}
+}
+
+// hookTransport runs hook once, before the first request to path.
+type hookTransport struct {
+	next http.RoundTripper
+	path string
+	once sync.Once
+	hook func()
+}
+
+func (h *hookTransport) RoundTrip(r *http.Request) (*http.Response, error) {
+	if r.URL.Path == h.path {
+		h.once.Do(h.hook)
+	}
+	return h.next.RoundTrip(r)
+}
+
+// Changes committed between ObserveLeader's first read and its watch are
+// reported after the read's state, in commit order: the observed leader
+// never goes back in time.
+func TestObserveLeaderNeverGoesBack(t *testing.T) {
+	srv := startServer(t, nil)
+	c := mustClient(t, srv, nil)
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	sa, err := c.NewSession(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	sb, err := c.NewSession(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	a, b := NewElection(sa, "x"), NewElection(sb, "x")
+	la, err := a.Campaign(ctx, "A")
+	if err != nil {
+		t.Fatal(err)
+	}
+	var lb *Leadership
+	rt := &hookTransport{next: &http.Transport{}, path: "/fence.v1.KVService/Watch", hook: func() {
+		if err := a.Resign(ctx); err != nil {
+			t.Error(err)
+		}
+		if lb, err = b.Campaign(ctx, "B1"); err != nil {
+			t.Error(err)
+		}
+		if err := b.Proclaim(ctx, "B2"); err != nil {
+			t.Error(err)
+		}
+	}}
+	obs, err := New(WithEndpoints(srv.Addr()), WithHTTPClient(&http.Client{Transport: rt}))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer obs.Close()
+	states, err := obs.ObserveLeader(ctx, "x")
+	if err != nil {
+		t.Fatal(err)
+	}
+	want := []LeaderState{{true, "A", la.Token()}, {}, {true, "B1", 0}, {true, "B2", 0}}
+	for i, w := range want {
+		select {
+		case got := <-states:
+			if i >= 2 {
+				w.Token = lb.Token()
+			}
+			if got != w {
+				t.Fatalf("state %d: %+v, want %+v", i, got, w)
+			}
+		case <-ctx.Done():
+			t.Fatalf("state %d: nothing; want %+v", i, w)
+		}
 	}
 }
