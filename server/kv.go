@@ -151,19 +151,26 @@ func (s *Server) Watch(ctx context.Context, req *connect.Request[fencev1.WatchRe
 			return ctx.Err()
 		case <-s.done:
 			return fmt.Errorf("%w: the node is shutting down", fence.ErrUnavailable)
-		case <-w.overflow:
-			return fmt.Errorf("%w: the watcher fell more than %d changes behind; read again and watch again", fence.ErrLimit, watchBuffer)
+		case <-w.ended:
+			return w.endErr
 		case events := <-w.ch:
-			resp := &fencev1.WatchResponse{}
-			for _, ev := range events {
+			// A replay from the history can be large: send it in messages
+			// of about watchMessageBytes, below gRPC's usual 4 MiB limit.
+			resp, size := &fencev1.WatchResponse{}, 0
+			for i, ev := range events {
 				typ := fencev1.EventType_EVENT_TYPE_PUT
 				if ev.Deleted {
 					typ = fencev1.EventType_EVENT_TYPE_DELETE
 				}
 				resp.Events = append(resp.Events, &fencev1.Event{Type: typ, Kv: apiKV(ev.KV)})
-			}
-			if err := stream.Send(resp); err != nil {
-				return err
+				size += eventSize(ev)
+				if size < watchMessageBytes && i < len(events)-1 {
+					continue
+				}
+				if err := stream.Send(resp); err != nil {
+					return err
+				}
+				resp, size = &fencev1.WatchResponse{}, 0
 			}
 		}
 	}
@@ -183,12 +190,15 @@ const watchBuffer = 1024
 // watchHistoryBytes bounds the memory of the watch history.
 const watchHistoryBytes = 64 << 20
 
+// watchMessageBytes is about the most a watch message carries.
+const watchMessageBytes = 1 << 20
+
 type watcher struct {
-	prefix   string
-	start    uint64 // the first revision it wants; 0 for any
-	ch       chan []fsm.KVEvent
-	overflow chan struct{}
-	dropped  bool
+	prefix string
+	start  uint64 // the first revision it wants; 0 for any
+	ch     chan []fsm.KVEvent
+	ended  chan struct{} // closed, with endErr set, when the hub drops the watcher
+	endErr error
 }
 
 // watchHub fans committed KV changes out to watchers, in commit order,
@@ -229,7 +239,7 @@ func (h *watchHub) add(prefix string, start uint64, limit int) (*watcher, uint64
 			}
 		})
 	}
-	w := &watcher{prefix: prefix, start: start, ch: make(chan []fsm.KVEvent, watchBuffer), overflow: make(chan struct{})}
+	w := &watcher{prefix: prefix, start: start, ch: make(chan []fsm.KVEvent, watchBuffer), ended: make(chan struct{})}
 	if len(past) > 0 {
 		w.ch <- past
 	}
@@ -244,6 +254,20 @@ func (h *watchHub) reset(rev uint64) {
 	defer h.mu.Unlock()
 	h.history.clear()
 	h.lastRev = rev
+	// The watchers' streams would jump over the changes the snapshot
+	// stands for: end them, so that clients resume (and learn that the
+	// changes are compacted) rather than miss them unawares.
+	for w := range h.watchers {
+		w.end(fmt.Errorf("%w: the node's state was replaced by a snapshot; watch again from the last revision seen", fence.ErrUnavailable))
+	}
+}
+
+// end drops the watcher with err; the hub's mutex must be held.
+func (w *watcher) end(err error) {
+	if w.endErr == nil {
+		w.endErr = err
+		close(w.ended)
+	}
 }
 
 func (h *watchHub) remove(w *watcher) {
@@ -263,7 +287,7 @@ func (h *watchHub) publish(events []fsm.KVEvent) {
 	}
 	h.lastRev = events[len(events)-1].KV.ModRevision
 	for w := range h.watchers {
-		if w.dropped {
+		if w.endErr != nil {
 			continue
 		}
 		var mine []fsm.KVEvent
@@ -278,8 +302,7 @@ func (h *watchHub) publish(events []fsm.KVEvent) {
 		select {
 		case w.ch <- mine:
 		default:
-			w.dropped = true
-			close(w.overflow)
+			w.end(fmt.Errorf("%w: the watcher fell more than %d changes behind; read again and watch again", fence.ErrLimit, watchBuffer))
 		}
 	}
 }

@@ -1,9 +1,11 @@
 package server
 
 import (
+	"errors"
 	"strings"
 	"testing"
 
+	"github.com/fencelock/fence"
 	"github.com/fencelock/fence/fsm"
 )
 
@@ -41,5 +43,32 @@ func TestEventRing(t *testing.T) {
 	r.clear()
 	if got := r.oldestRevision(7); got != 8 || len(ringRevisions(&r)) != 0 {
 		t.Fatalf("after clear: oldest %d, kept %v", got, ringRevisions(&r))
+	}
+}
+
+// A snapshot restore ends the open watches with Unavailable, so that their
+// clients resume (or re-list) instead of jumping over the changes the
+// snapshot stands for.
+func TestWatchHubResetEndsWatchers(t *testing.T) {
+	h := newWatchHub(10, 1<<20)
+	w, rev, err := h.add("", 0, 0)
+	if err != nil || rev != 0 {
+		t.Fatalf("add: %v, revision %d", err, rev)
+	}
+	h.publish([]fsm.KVEvent{{KV: fsm.KeyValue{Key: "a", ModRevision: 1}}})
+	h.reset(9)
+	select {
+	case <-w.ended:
+		if !errors.Is(w.endErr, fence.ErrUnavailable) {
+			t.Fatalf("ended with %v, want ErrUnavailable", w.endErr)
+		}
+	default:
+		t.Fatal("the watcher is still open after a reset")
+	}
+	if _, _, err := h.add("", 5, 0); !errors.Is(err, fence.ErrCompacted) {
+		t.Fatalf("watch from before the snapshot: %v, want ErrCompacted", err)
+	}
+	if _, rev, err := h.add("", 10, 0); err != nil || rev != 9 {
+		t.Fatalf("watch from after the snapshot: %v, revision %d; want revision 9", err, rev)
 	}
 }
