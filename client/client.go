@@ -231,7 +231,7 @@ func (c *Client) call(ctx context.Context, fn func(ctx context.Context, ep *endp
 	var failingSince time.Time
 	backoff := 20 * time.Millisecond
 	i := c.currentIndex()
-	tried, hints := 0, 0
+	tried, hints, refused := 0, 0, 0
 	for {
 		ep := c.endpointAt(i)
 		err := rpcerr.FromConnect(fn(ctx, ep))
@@ -242,6 +242,15 @@ func (c *Client) call(ctx context.Context, fn func(ctx context.Context, ep *endp
 		if strings.HasPrefix(ep.url, "http://") && strings.Contains(err.Error(), "400 Bad Request") {
 			// What Go's HTTPS server answers a plain HTTP request.
 			return fmt.Errorf("%w (is %s serving TLS? then use client.WithTLS, or fence --cacert)", err, ep.url)
+		}
+		if errors.Is(err, fence.ErrUnauthenticated) && ctx.Err() == nil {
+			// This node refused the TLS handshake (or we refused its
+			// certificate): another may not. Give up once every node has.
+			if refused++; refused < c.numEndpoints() {
+				i++
+				continue
+			}
+			return err
 		}
 		if !errors.Is(err, fence.ErrUnavailable) || ctx.Err() != nil {
 			return err

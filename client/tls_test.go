@@ -64,3 +64,28 @@ func TestWithTLS(t *testing.T) {
 		c.Close()
 	}
 }
+
+// A node whose certificate the client does not accept is passed over for
+// the next endpoint, as a node that is down would be.
+func TestTLSFailureMovesToTheNextEndpoint(t *testing.T) {
+	ca, other := testtls.NewCA(t, "fence test CA"), testtls.NewCA(t, "another CA")
+	serve := func(c *tls.Config) *server.Server {
+		return startServer(t, func(cfg *server.Config) { cfg.TLS = c })
+	}
+	bad := serve(&tls.Config{Certificates: []tls.Certificate{other.Cert(t, "stale node")}})
+	good := serve(&tls.Config{Certificates: []tls.Certificate{ca.Cert(t, "node")}})
+	c, err := New(WithEndpoints(bad.Addr(), good.Addr()), WithTLS(&tls.Config{RootCAs: ca.Pool()}))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	st, err := c.Status(ctx)
+	if err != nil {
+		t.Fatalf("Status with a good node second: %v", err)
+	}
+	if st.GetLeaderAddress() == "" {
+		t.Fatalf("status %v", st)
+	}
+}
