@@ -154,12 +154,12 @@ func nodeStatuses(ctx context.Context, c *client.Client, st *fencev1.StatusRespo
 		if n.api == "" {
 			n.err = fmt.Errorf("API address not known yet (registered when it leads)")
 		} else {
-			seen[strings.TrimPrefix(n.api, "http://")] = true
+			seen[hostPort(n.api)] = true
 		}
 		out = append(out, n)
 	}
 	for _, ep := range c.Endpoints() {
-		addr := strings.TrimPrefix(ep, "http://")
+		addr := hostPort(ep)
 		if seen[addr] {
 			continue
 		}
@@ -225,4 +225,12 @@ func printStatusJSON(g *globals, st *fencev1.StatusResponse, nodes []nodeStatus)
 	}
 	_, err = fmt.Fprintln(g.stdout, string(data))
 	return err
+}
+
+// hostPort strips the scheme of an endpoint URL.
+func hostPort(endpoint string) string {
+	for _, scheme := range []string{"http://", "https://"} {
+		endpoint = strings.TrimPrefix(endpoint, scheme)
+	}
+	return endpoint
 }

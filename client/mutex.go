@@ -116,7 +116,7 @@ func (m *Mutex) acquire(ctx context.Context, try bool) (*Grant, error) {
 	if err := s.Err(); err != nil {
 		return nil, err
 	}
-	if m.permits < 0 || m.permits > math.MaxUint32 || (m.mode == fencev1.Mode_MODE_SEMAPHORE) != (m.permits > 0) {
+	if m.permits < 0 || uint64(m.permits) > math.MaxUint32 || (m.mode == fencev1.Mode_MODE_SEMAPHORE) != (m.permits > 0) {
 		return nil, fmt.Errorf("%w: semaphore %q: permits %d must be at least 1", fence.ErrInvalidArgument, m.name, m.permits)
 	}
 	// Give up the wait as soon as the session ends.

@@ -33,7 +33,7 @@ func (s *State) CheckInvariants() error {
 		if l.idle() {
 			return fmt.Errorf("lock %q is idle but kept", name)
 		}
-		if l.permits > 0 && len(l.holders) > int(l.permits) {
+		if l.permits > 0 && uint64(len(l.holders)) > uint64(l.permits) {
 			return fmt.Errorf("semaphore %q has %d holders for %d permits", name, len(l.holders), l.permits)
 		}
 		seen := map[uint64]bool{}

@@ -13,6 +13,8 @@ fi
 
 echo "== go vet"
 go vet ./...
+echo "== go build for 32-bit (int is 32 bits there)"
+GOARCH=386 go build ./...
 
 echo "== generated code"
 scripts/check-generated.sh
