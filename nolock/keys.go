@@ -53,7 +53,13 @@ func Idempotent(ctx context.Context, db DB, d Dialect, table, key string, fn fun
 	// A key claimed by a call that then rolled back is free again, so a
 	// call that finds the key taken, then gone, tries again.
 	for range 3 {
-		tx, err := db.BeginTx(ctx, nil)
+		// In READ COMMITTED a racing insert waits for the first claimant
+		// and then sees its row; stricter levels would fail it instead.
+		var opts *sql.TxOptions
+		if d == Postgres {
+			opts = &sql.TxOptions{Isolation: sql.LevelReadCommitted}
+		}
+		tx, err := db.BeginTx(ctx, opts)
 		if err != nil {
 			return nil, false, err
 		}

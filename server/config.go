@@ -177,6 +177,8 @@ func (c Config) Validate() error {
 	check(c.MaxSessions >= 0, "max sessions is negative")
 	check(c.MaxWaitersPerLock >= 0, "max waiters per lock is negative")
 	check(c.MaxPermits > 0, "max permits must be positive")
+	check(c.PeerTLS == nil || c.PeerTLS.ClientAuth == tls.RequireAndVerifyClientCert,
+		"peer TLS must require and verify the peers' certificates (ClientAuth tls.RequireAndVerifyClientCert), or anyone can join raft")
 	check(c.MaxRequestBytes >= 1024, "max request bytes %d is below 1024", c.MaxRequestBytes)
 	check(c.MaxKeyBytes > 0, "max key bytes must be positive")
 	check(c.MaxValueBytes >= 0, "max value bytes is negative")

@@ -140,7 +140,10 @@ func openNode(cfg Config, f *fsm.FSM, logger *slog.Logger) (*node, error) {
 }
 
 // tlsStream is raft's stream layer over mutual TLS: it accepts peers on a
-// TLS listener and dials them with the same configuration.
+// TLS listener and dials them with the same configuration. A peer's
+// certificate is verified against the host it is dialed at, so with
+// RaftAddressProvider (--raft-dial) the certificates must name the dial
+// addresses.
 type tlsStream struct {
 	net.Listener
 	advertise net.Addr
