@@ -112,7 +112,7 @@ func New(opts ...Option) (*Client, error) {
 	if c.http == nil {
 		c.http = defaultHTTPClient(o.grpc, o.tls)
 	}
-	var copts []connect.ClientOption
+	copts := []connect.ClientOption{connect.WithInterceptors(followLeader{})}
 	if o.grpc {
 		copts = append(copts, connect.WithGRPC())
 	}
@@ -458,4 +458,28 @@ func (c *Client) Check(ctx context.Context, lock string, token uint64, opts ...R
 		return err
 	})
 	return out, err
+}
+
+// followLeader asks nodes not to forward the client's calls to the leader:
+// the client follows the leader's address itself, and then talks to the
+// leader directly, without the extra hop.
+type followLeader struct{}
+
+func (followLeader) WrapUnary(next connect.UnaryFunc) connect.UnaryFunc {
+	return func(ctx context.Context, req connect.AnyRequest) (connect.AnyResponse, error) {
+		req.Header().Set(fencev1.FollowLeaderHeader, "1")
+		return next(ctx, req)
+	}
+}
+
+func (followLeader) WrapStreamingClient(next connect.StreamingClientFunc) connect.StreamingClientFunc {
+	return func(ctx context.Context, spec connect.Spec) connect.StreamingClientConn {
+		conn := next(ctx, spec)
+		conn.RequestHeader().Set(fencev1.FollowLeaderHeader, "1")
+		return conn
+	}
+}
+
+func (followLeader) WrapStreamingHandler(next connect.StreamingHandlerFunc) connect.StreamingHandlerFunc {
+	return next
 }

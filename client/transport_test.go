@@ -10,6 +10,8 @@ import (
 	"sync"
 	"testing"
 	"time"
+
+	fencev1 "github.com/fencelock/fence/api/fence/v1"
 )
 
 // inMemory is the type of a body net/http knows to be in memory.
@@ -21,6 +23,7 @@ type recordingTransport struct {
 	next   http.RoundTripper
 	mu     sync.Mutex
 	bodies map[string]reflect.Type // by URL path
+	follow map[string]bool         // by URL path: sent FollowLeaderHeader
 }
 
 func (t *recordingTransport) RoundTrip(req *http.Request) (*http.Response, error) {
@@ -28,6 +31,7 @@ func (t *recordingTransport) RoundTrip(req *http.Request) (*http.Response, error
 	if req.Body != nil {
 		t.bodies[req.URL.Path] = reflect.TypeOf(req.Body)
 	}
+	t.follow[req.URL.Path] = req.Header.Get(fencev1.FollowLeaderHeader) != ""
 	t.mu.Unlock()
 	if reflect.TypeOf(req.Body) == inMemory {
 		// A retry must be able to send the same bytes again.
@@ -51,7 +55,7 @@ func (t *recordingTransport) RoundTrip(req *http.Request) (*http.Response, error
 // server), and a retry can send them again.
 func TestUnaryBodiesAreInMemory(t *testing.T) {
 	srv := startServer(t, nil)
-	rec := &recordingTransport{next: &http.Transport{}, bodies: map[string]reflect.Type{}}
+	rec := &recordingTransport{next: &http.Transport{}, bodies: map[string]reflect.Type{}, follow: map[string]bool{}}
 	c, err := New(WithEndpoints(srv.Addr()), WithHTTPClient(&http.Client{Transport: inMemoryBodies{rec}}))
 	if err != nil {
 		t.Fatal(err)
@@ -94,6 +98,9 @@ func TestUnaryBodiesAreInMemory(t *testing.T) {
 	} {
 		if got := rec.bodies[path]; got != inMemory {
 			t.Errorf("%s: body of type %v, want %v", path, got, inMemory)
+		}
+		if !rec.follow[path] {
+			t.Errorf("%s: sent without %s: a follower would forward it instead of pointing to the leader", path, fencev1.FollowLeaderHeader)
 		}
 	}
 }

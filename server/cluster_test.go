@@ -2,16 +2,23 @@ package server
 
 import (
 	"context"
+	"encoding/json"
 	"errors"
 	"fmt"
+	"io"
 	"net"
+	"net/http"
+	"strings"
 	"sync"
 	"testing"
 	"time"
 
+	"connectrpc.com/connect"
 	"github.com/hashicorp/raft"
 
 	"github.com/fencelock/fence"
+	fencev1 "github.com/fencelock/fence/api/fence/v1"
+	"github.com/fencelock/fence/api/fence/v1/fencev1connect"
 	"github.com/fencelock/fence/client"
 	"github.com/fencelock/fence/fsm"
 	"github.com/fencelock/fence/internal/netproxy"
@@ -484,4 +491,102 @@ func TestClusterWatchResumesAfterLeaderFailure(t *testing.T) {
 	}
 	expect("jobs/2")
 	expect("jobs/3")
+}
+
+// A follower forwards calls it cannot answer to the leader, for clients
+// that cannot follow the leader's address themselves: JSON over HTTP from
+// curl, and gRPC, watch streams included. The Go client opts out and
+// follows the hint. With the leader's API unreachable, the follower
+// answers itself: stale reads, and Unavailable with the leader's address.
+func TestClusterFollowerForwardsToLeader(t *testing.T) {
+	c := startCluster(t, 3, nil)
+	leader := c.leader()
+	var follower *Server
+	for _, s := range c.nodes {
+		if s != leader {
+			follower = s
+			break
+		}
+	}
+	waitFor(t, "the leader to register its API address", func() bool {
+		var api string
+		follower.fsm.Read(func(st *fsm.State) { api, _ = st.NodeAPI(leader.cfg.NodeID) })
+		return api == leader.Addr()
+	})
+	post := func(procedure, body string, header ...string) (int, string) {
+		t.Helper()
+		req, err := http.NewRequest(http.MethodPost, "http://"+follower.Addr()+"/fence.v1."+procedure, strings.NewReader(body))
+		if err != nil {
+			t.Fatal(err)
+		}
+		req.Header.Set("Content-Type", "application/json")
+		for i := 0; i+1 < len(header); i += 2 {
+			req.Header.Set(header[i], header[i+1])
+		}
+		resp, err := http.DefaultClient.Do(req)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer resp.Body.Close()
+		data, _ := io.ReadAll(resp.Body)
+		return resp.StatusCode, string(data)
+	}
+	code, body := post("SessionService/CreateSession", `{"ttl":"30s"}`)
+	if code != http.StatusOK {
+		t.Fatalf("CreateSession through a follower: HTTP %d %s", code, body)
+	}
+	var sess struct {
+		SessionID uint64 `json:"sessionId,string"`
+	}
+	if err := json.Unmarshal([]byte(body), &sess); err != nil {
+		t.Fatal(err)
+	}
+	code, body = post("LockService/Acquire", fmt.Sprintf(`{"sessionId":"%d","lock":"fwd"}`, sess.SessionID))
+	if code != http.StatusOK || !strings.Contains(body, `"token"`) {
+		t.Fatalf("Acquire through a follower: HTTP %d %s", code, body)
+	}
+	if code, body = post("KVService/Put", `{"key":"k","value":"dg=="}`); code != http.StatusOK {
+		t.Fatalf("Put through a follower: HTTP %d %s", code, body)
+	}
+
+	// gRPC over HTTP/2, a watch stream included.
+	var p http.Protocols
+	p.SetUnencryptedHTTP2(true)
+	h2c := &http.Client{Transport: &http.Transport{Protocols: &p}}
+	kv := fencev1connect.NewKVServiceClient(h2c, "http://"+follower.Addr(), connect.WithGRPC())
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	stream, err := kv.Watch(ctx, connect.NewRequest(&fencev1.WatchRequest{Prefix: "w/"}))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer stream.Close()
+	if !stream.Receive() {
+		t.Fatalf("gRPC watch through a follower: %v", stream.Err())
+	}
+	if _, err := kv.Put(ctx, connect.NewRequest(&fencev1.PutRequest{Key: "w/1", Value: []byte("x")})); err != nil {
+		t.Fatalf("gRPC put through a follower: %v", err)
+	}
+	if !stream.Receive() || len(stream.Msg().GetEvents()) != 1 || stream.Msg().GetEvents()[0].GetKv().GetKey() != "w/1" {
+		t.Fatalf("gRPC watch through a follower delivered %v, %v", stream.Msg(), stream.Err())
+	}
+
+	// A client that follows the leader itself is not forwarded, and the
+	// Go client is one.
+	if code, body = post("KVService/Put", `{"key":"k","value":"dg=="}`, fencev1.FollowLeaderHeader, "1"); code == http.StatusOK || !strings.Contains(body, leader.Addr()) {
+		t.Fatalf("Put with %s on a follower: HTTP %d %s; want Unavailable naming the leader", fencev1.FollowLeaderHeader, code, body)
+	}
+	gc := c.client(follower.Addr())
+	if _, err := gc.KV().Put(ctx, "k", []byte("v")); err != nil {
+		t.Fatalf("Go client following the hint: %v", err)
+	}
+
+	// The leader's API gone, the follower answers itself.
+	leader.http.Close()
+	if code, body = post("KVService/Get", `{"key":"k","stale":true}`); code != http.StatusOK || !strings.Contains(body, `"found":true`) {
+		t.Fatalf("stale read with the leader's API down: HTTP %d %s", code, body)
+	}
+	if code, body = post("KVService/Put", `{"key":"k","value":"dg=="}`); code == http.StatusOK || !strings.Contains(body, "unavailable") {
+		t.Fatalf("write with the leader's API down: HTTP %d %s; want Unavailable", code, body)
+	}
 }

@@ -183,7 +183,7 @@ func (s *Server) newHTTPServer() *http.Server {
 		protocols.SetUnencryptedHTTP2(true) // gRPC without TLS
 	}
 	return &http.Server{
-		Handler:           s.handler(),
+		Handler:           newForwarder(s, s.handler()),
 		Protocols:         &protocols,
 		TLSConfig:         s.cfg.TLS,
 		ReadHeaderTimeout: 10 * time.Second,

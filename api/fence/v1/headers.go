@@ -1,0 +1,13 @@
+package fencev1
+
+// HTTP headers of the fence API, beside the messages of fence.proto.
+const (
+	// FollowLeaderHeader, sent with any value, asks a follower not to
+	// forward the call to the leader but to answer Unavailable with the
+	// leader's address (ErrorDetail.leader_address), for clients that go
+	// to the leader themselves, as the Go client does.
+	FollowLeaderHeader = "Fence-Follow-Leader"
+	// ForwardedByHeader marks a call a follower forwarded to the leader,
+	// with the follower's node id; such a call is never forwarded again.
+	ForwardedByHeader = "Fence-Forwarded-By"
+)
