@@ -571,6 +571,30 @@ func TestClusterFollowerForwardsToLeader(t *testing.T) {
 		t.Fatalf("gRPC watch through a follower delivered %v, %v", stream.Msg(), stream.Err())
 	}
 
+	// A follower closing ends the streams it forwards, promptly.
+	other := c.nodes[c.ids[0]]
+	for _, id := range c.ids {
+		if n := c.nodes[id]; n != leader && n != follower {
+			other = n
+		}
+	}
+	okv := fencev1connect.NewKVServiceClient(h2c, "http://"+other.Addr(), connect.WithGRPC())
+	ostream, err := okv.Watch(ctx, connect.NewRequest(&fencev1.WatchRequest{Prefix: "w/"}))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ostream.Close()
+	if !ostream.Receive() {
+		t.Fatalf("watch through the other follower: %v", ostream.Err())
+	}
+	if err := other.Close(); err != nil {
+		t.Fatalf("closing a follower with a forwarded stream open: %v", err)
+	}
+	delete(c.nodes, other.cfg.NodeID)
+	if ostream.Receive() {
+		t.Fatalf("the stream forwarded by a closed node delivered %v", ostream.Msg())
+	}
+
 	// A client that follows the leader itself is not forwarded, and the
 	// Go client is one.
 	if code, body = post("KVService/Put", `{"key":"k","value":"dg=="}`, fencev1.FollowLeaderHeader, "1"); code == http.StatusOK || !strings.Contains(body, leader.Addr()) {

@@ -50,6 +50,7 @@ type Server struct {
 	http          *http.Server
 	advertise     string       // the API address others reach this node on
 	peerAPIClient *http.Client // for calls to other nodes' APIs
+	forwarder     *forwarder   // the HTTP handler: forwards to the leader, or serves here
 
 	// leaderReady is set while this node is the leader and has applied
 	// every entry of earlier terms.
@@ -97,6 +98,7 @@ func Start(cfg Config) (*Server, error) {
 		return nil, err
 	}
 
+	s.forwarder = newForwarder(s, s.handler())
 	s.http = s.newHTTPServer()
 	s.wg.Add(3)
 	go s.watchLeadership()
@@ -120,6 +122,7 @@ func (s *Server) Close() error {
 		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 		defer cancel()
 		errs := []error{s.http.Shutdown(ctx)}
+		s.forwarder.close()
 		s.tracker.stop()
 		s.delays.becomeFollower()
 		errs = append(errs, s.node.close())
@@ -183,7 +186,7 @@ func (s *Server) newHTTPServer() *http.Server {
 		protocols.SetUnencryptedHTTP2(true) // gRPC without TLS
 	}
 	return &http.Server{
-		Handler:           newForwarder(s, s.handler()),
+		Handler:           s.forwarder,
 		Protocols:         &protocols,
 		TLSConfig:         s.cfg.TLS,
 		ReadHeaderTimeout: 10 * time.Second,
