@@ -150,6 +150,17 @@ func (c *testCluster) leader() *Server {
 	return leader
 }
 
+// followers returns the running nodes other than leader, in id order.
+func (c *testCluster) followers(leader *Server) []*Server {
+	var out []*Server
+	for _, id := range c.ids {
+		if n, ok := c.nodes[id]; ok && n != leader {
+			out = append(out, n)
+		}
+	}
+	return out
+}
+
 // isolate cuts every link to and from id.
 func (c *testCluster) isolate(id string, cut bool) {
 	c.mu.Lock()
@@ -418,13 +429,8 @@ func TestClusterMembership(t *testing.T) {
 func TestClusterStaleReadOnFollower(t *testing.T) {
 	c := startCluster(t, 3, nil)
 	leader := c.leader()
-	var follower *Server
-	for _, s := range c.nodes {
-		if s != leader {
-			follower = s
-			break
-		}
-	}
+	followers := c.followers(leader)
+	follower := followers[0]
 	ctx := context.Background()
 	if _, err := c.client().KV().Put(ctx, "k", []byte("v1")); err != nil {
 		t.Fatal(err)
@@ -501,13 +507,8 @@ func TestClusterWatchResumesAfterLeaderFailure(t *testing.T) {
 func TestClusterFollowerForwardsToLeader(t *testing.T) {
 	c := startCluster(t, 3, nil)
 	leader := c.leader()
-	var follower *Server
-	for _, s := range c.nodes {
-		if s != leader {
-			follower = s
-			break
-		}
-	}
+	followers := c.followers(leader)
+	follower := followers[0]
 	waitFor(t, "the leader to register its API address", func() bool {
 		var api string
 		follower.fsm.Read(func(st *fsm.State) { api, _ = st.NodeAPI(leader.cfg.NodeID) })
@@ -572,12 +573,7 @@ func TestClusterFollowerForwardsToLeader(t *testing.T) {
 	}
 
 	// A follower closing ends the streams it forwards, promptly.
-	other := c.nodes[c.ids[0]]
-	for _, id := range c.ids {
-		if n := c.nodes[id]; n != leader && n != follower {
-			other = n
-		}
-	}
+	other := followers[1]
 	okv := fencev1connect.NewKVServiceClient(h2c, "http://"+other.Addr(), connect.WithGRPC())
 	ostream, err := okv.Watch(ctx, connect.NewRequest(&fencev1.WatchRequest{Prefix: "w/"}))
 	if err != nil {
