@@ -18,36 +18,14 @@ const DefaultTokenColumn = sqlgen.DefaultTokenColumn
 // and a value to compare it with or write to it.
 type Column = sqlgen.Column
 
-// UpdateRow is one fenced update of an existing row.
-type UpdateRow struct {
-	// Table is the table's name, one identifier.
-	Table string
-	// Set are the columns to write.
-	Set []Column
-	// Where identifies the row: each column equals its value. It should
-	// name a unique key; if it matches several rows, each is fenced on its
-	// own token.
-	Where []Column
-	// Token is the write's fencing token, at least 1.
-	Token uint64
-	// TokenColumn holds the row's token; DefaultTokenColumn if empty.
-	TokenColumn string
-}
+// UpdateRow is one fenced update of an existing row: Table, Set, Where
+// (the row's key columns), Token and TokenColumn.
+type UpdateRow = sqlgen.UpdateRow
 
-// UpsertRow is one fenced insert-or-update of a row.
-type UpsertRow struct {
-	// Table is the table's name, one identifier.
-	Table string
-	// Key identifies the row; its columns need a unique index or
-	// constraint (the ON CONFLICT target).
-	Key []Column
-	// Set are the other columns to write.
-	Set []Column
-	// Token is the write's fencing token, at least 1.
-	Token uint64
-	// TokenColumn holds the row's token; DefaultTokenColumn if empty.
-	TokenColumn string
-}
+// UpsertRow is one fenced insert-or-update of a row: Table, Key (with a
+// unique index or constraint, the ON CONFLICT target), Set, Token and
+// TokenColumn.
+type UpsertRow = sqlgen.UpsertRow
 
 // Update writes u.Set and the token into the row u.Where identifies, in one
 // statement, atomic on its own (db may be a *sql.DB or the caller's
@@ -62,9 +40,7 @@ type UpsertRow struct {
 // no Where, token 0 or above math.MaxInt64) wrap fence.ErrInvalidArgument
 // and run nothing; database errors are returned wrapped.
 func Update(ctx context.Context, db Querier, u UpdateRow) error {
-	return sqlgen.Fenced(ctx, "sqlitefence", sqlgen.SQLite, executor{db}, sqlgen.Update, sqlgen.Row{
-		Table: u.Table, Key: u.Where, Set: u.Set, TokenColumn: u.TokenColumn, Token: u.Token,
-	})
+	return sqlgen.Fenced(ctx, "sqlitefence", sqlgen.SQLite, executor{db}, sqlgen.Update, u.Row())
 }
 
 // Upsert inserts the row (u.Key, u.Set and the token), or, if a row with
@@ -76,9 +52,7 @@ func Update(ctx context.Context, db Querier, u UpdateRow) error {
 // When it writes nothing it returns a *fence.StaleTokenError naming both
 // tokens. Errors as for Update; Upsert never returns ErrNoRow.
 func Upsert(ctx context.Context, db Querier, u UpsertRow) error {
-	return sqlgen.Fenced(ctx, "sqlitefence", sqlgen.SQLite, executor{db}, sqlgen.Upsert, sqlgen.Row{
-		Table: u.Table, Key: u.Key, Set: u.Set, TokenColumn: u.TokenColumn, Token: u.Token,
-	})
+	return sqlgen.Fenced(ctx, "sqlitefence", sqlgen.SQLite, executor{db}, sqlgen.Upsert, u.Row())
 }
 
 // AddTokenColumn adds the token column (INTEGER NOT NULL DEFAULT 0, named

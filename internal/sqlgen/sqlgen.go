@@ -89,6 +89,51 @@ type Row struct {
 	Token uint64
 }
 
+// UpdateRow is one fenced update of an existing row; pgfence and
+// sqlitefence export it as their UpdateRow.
+type UpdateRow struct {
+	// Table is the table's name, one identifier (in PostgreSQL, found
+	// through the search_path).
+	Table string
+	// Set are the columns to write.
+	Set []Column
+	// Where identifies the row: each column equals its value. It should
+	// name a unique key; if it matches several rows, each is fenced on its
+	// own token.
+	Where []Column
+	// Token is the write's fencing token, at least 1.
+	Token uint64
+	// TokenColumn holds the row's token; DefaultTokenColumn if empty.
+	TokenColumn string
+}
+
+// Row is the update as a Row.
+func (u UpdateRow) Row() Row {
+	return Row{Table: u.Table, Key: u.Where, Set: u.Set, TokenColumn: u.TokenColumn, Token: u.Token}
+}
+
+// UpsertRow is one fenced insert-or-update of a row; pgfence and
+// sqlitefence export it as their UpsertRow.
+type UpsertRow struct {
+	// Table is the table's name, one identifier (in PostgreSQL, found
+	// through the search_path).
+	Table string
+	// Key identifies the row; its columns need a unique index or
+	// constraint (the ON CONFLICT target).
+	Key []Column
+	// Set are the other columns to write.
+	Set []Column
+	// Token is the write's fencing token, at least 1.
+	Token uint64
+	// TokenColumn holds the row's token; DefaultTokenColumn if empty.
+	TokenColumn string
+}
+
+// Row is the upsert as a Row.
+func (u UpsertRow) Row() Row {
+	return Row{Table: u.Table, Key: u.Key, Set: u.Set, TokenColumn: u.TokenColumn, Token: u.Token}
+}
+
 func (r Row) tokenColumn() string {
 	if r.TokenColumn == "" {
 		return DefaultTokenColumn
