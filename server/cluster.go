@@ -170,16 +170,23 @@ func (s *Server) leaderHint(err error) error {
 	if errors.As(err, &de) {
 		return err
 	}
-	_, id := s.node.raft.LeaderWithID()
-	if id == "" || string(id) == s.cfg.NodeID {
-		return err
-	}
-	var api string
-	s.fsm.Read(func(st *fsm.State) { api, _ = st.NodeAPI(string(id)) })
+	api := s.leaderAPI()
 	if api == "" {
 		return err
 	}
 	return &rpcerr.DetailError{Err: fmt.Errorf("%w (its API: %s)", err, api), Detail: rpcerr.Detail{LeaderAddress: api}}
+}
+
+// leaderAPI returns the API address of the leader this node knows of, or
+// "" when it knows none, does not know its address, or is the leader.
+func (s *Server) leaderAPI() string {
+	_, id := s.node.raft.LeaderWithID()
+	if id == "" || string(id) == s.cfg.NodeID {
+		return ""
+	}
+	var api string
+	s.fsm.Read(func(st *fsm.State) { api, _ = st.NodeAPI(string(id)) })
+	return api
 }
 
 // apiScheme is the scheme of the nodes' API URLs.
@@ -191,15 +198,20 @@ func (s *Server) apiScheme() string {
 }
 
 // newPeerAPIClient returns the HTTP client a node calls other nodes' APIs
-// with: over TLS it trusts cfg.TLS.RootCAs (nil: the system's) and
-// presents the node's own certificate.
+// with (see peerAPITLS).
 func newPeerAPIClient(cfg Config) *http.Client {
 	if cfg.TLS == nil {
 		return http.DefaultClient
 	}
-	return &http.Client{Transport: &http.Transport{TLSClientConfig: &tls.Config{
-		RootCAs:      cfg.TLS.RootCAs,
-		Certificates: cfg.TLS.Certificates,
-		MinVersion:   tls.VersionTLS12,
-	}}}
+	return &http.Client{Transport: &http.Transport{TLSClientConfig: peerAPITLS(cfg)}}
+}
+
+// peerAPITLS is the TLS a node dials other nodes' APIs with, nil without
+// TLS: it trusts cfg.TLS.RootCAs (nil: the system's) and presents the
+// node's own certificate.
+func peerAPITLS(cfg Config) *tls.Config {
+	if cfg.TLS == nil {
+		return nil
+	}
+	return &tls.Config{RootCAs: cfg.TLS.RootCAs, Certificates: cfg.TLS.Certificates, MinVersion: tls.VersionTLS12}
 }

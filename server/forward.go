@@ -3,7 +3,6 @@ package server
 import (
 	"bytes"
 	"context"
-	"crypto/tls"
 	"encoding/binary"
 	"errors"
 	"fmt"
@@ -22,7 +21,6 @@ import (
 	"github.com/fencelock/fence"
 	fencev1 "github.com/fencelock/fence/api/fence/v1"
 	"github.com/fencelock/fence/api/fence/v1/fencev1connect"
-	"github.com/fencelock/fence/fsm"
 )
 
 // forwarder sends calls that reach a follower on to the leader, so that
@@ -51,10 +49,8 @@ func newForwarder(s *Server, local http.Handler) *forwarder {
 		// A leader gone silent shows as failed pings, not as a hang until
 		// TCP gives up; blocked acquires and watches rule out a response
 		// timeout.
-		HTTP2: &http.HTTP2Config{SendPingTimeout: 5 * time.Second, PingTimeout: 5 * time.Second},
-	}
-	if s.cfg.TLS != nil {
-		tr.TLSClientConfig = &tls.Config{RootCAs: s.cfg.TLS.RootCAs, Certificates: s.cfg.TLS.Certificates, MinVersion: tls.VersionTLS12}
+		HTTP2:           &http.HTTP2Config{SendPingTimeout: 5 * time.Second, PingTimeout: 5 * time.Second},
+		TLSClientConfig: peerAPITLS(s.cfg),
 	}
 	return &forwarder{s: s, local: local, client: tr, errors: connect.NewErrorWriter()}
 }
@@ -114,13 +110,7 @@ func (f *forwarder) leaderAPI(r *http.Request) string {
 	if !forward {
 		return ""
 	}
-	_, id := f.s.node.raft.LeaderWithID()
-	if id == "" || string(id) == f.s.cfg.NodeID {
-		return ""
-	}
-	var api string
-	f.s.fsm.Read(func(st *fsm.State) { api, _ = st.NodeAPI(string(id)) })
-	return api
+	return f.s.leaderAPI()
 }
 
 // proxy returns a reverse proxy to the leader at api. A call that never

@@ -17,6 +17,7 @@ import (
 	"net"
 	"net/http"
 	"net/http/pprof"
+	"slices"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -153,11 +154,7 @@ func (s *Server) handler() http.Handler {
 	// The standard gRPC health service (Kubernetes gRPC probes,
 	// grpc-health-probe) and server reflection (grpcurl, Postman).
 	mux.Handle(grpchealth.NewHandler(healthChecker{s}))
-	services := []string{
-		fencev1connect.SessionServiceName, fencev1connect.LockServiceName,
-		fencev1connect.KVServiceName, fencev1connect.ClusterServiceName,
-	}
-	reflector := grpcreflect.NewStaticReflector(services...)
+	reflector := grpcreflect.NewStaticReflector(apiServices...)
 	mux.Handle(grpcreflect.NewHandlerV1(reflector))
 	mux.Handle(grpcreflect.NewHandlerV1Alpha(reflector))
 	mux.Handle("/metrics", promhttp.HandlerFor(s.metrics.registry, promhttp.HandlerOpts{}))
@@ -270,15 +267,18 @@ func (s *Server) liftDelay(lock string) {
 	}
 }
 
+// apiServices are the gRPC services of the API.
+var apiServices = []string{
+	fencev1connect.SessionServiceName, fencev1connect.LockServiceName,
+	fencev1connect.KVServiceName, fencev1connect.ClusterServiceName,
+}
+
 // healthChecker answers the gRPC health service: a node is serving while
 // it knows a leader, for the whole server ("") and for each fence service.
 type healthChecker struct{ s *Server }
 
 func (h healthChecker) Check(_ context.Context, req *grpchealth.CheckRequest) (*grpchealth.CheckResponse, error) {
-	switch req.Service {
-	case "", fencev1connect.SessionServiceName, fencev1connect.LockServiceName,
-		fencev1connect.KVServiceName, fencev1connect.ClusterServiceName:
-	default:
+	if req.Service != "" && !slices.Contains(apiServices, req.Service) {
 		return nil, connect.NewError(connect.CodeNotFound, fmt.Errorf("unknown service %q", req.Service))
 	}
 	if _, id := h.s.node.raft.LeaderWithID(); id == "" {
