@@ -23,7 +23,7 @@ type Election struct {
 
 // NewElection returns an election on name, campaigned through s.
 func NewElection(s *Session, name string) *Election {
-	key := "election/" + name
+	key := electionKey(name)
 	return &Election{s: s, name: key, m: NewMutex(s, key)}
 }
 
@@ -74,16 +74,29 @@ func (e *Election) Resign(ctx context.Context) error {
 // ok false when nobody leads: no record, or one whose leader has lost the
 // lock (its session ended) and not yet been succeeded.
 func (c *Client) Leader(ctx context.Context, name string) (value string, token uint64, ok bool, err error) {
-	key := "election/" + name
+	key := electionKey(name)
 	kv, err := c.KV().Get(ctx, key)
-	if err != nil || kv == nil {
+	if err != nil {
 		return "", 0, false, err
+	}
+	st, err := c.leaderOf(ctx, key, kv)
+	return st.Value, st.Token, st.Elected, err
+}
+
+// electionKey is the lock, and the KV key, of the election name.
+func electionKey(name string) string { return "election/" + name }
+
+// leaderOf is the state an election's record kv (nil: none) stands for:
+// its leader leads while the record's token is the lock's current grant.
+func (c *Client) leaderOf(ctx context.Context, key string, kv *KeyValue) (LeaderState, error) {
+	if kv == nil {
+		return LeaderState{}, nil
 	}
 	res, err := c.Check(ctx, key, kv.GetToken())
 	if err != nil || !res.Current {
-		return "", 0, false, err
+		return LeaderState{}, err
 	}
-	return string(kv.GetValue()), kv.GetToken(), true, nil
+	return LeaderState{Elected: true, Value: string(kv.GetValue()), Token: kv.GetToken()}, nil
 }
 
 // LeaderState is an election's leader as ObserveLeader reports it.
@@ -102,29 +115,22 @@ type LeaderState struct {
 // changes (see KV.Watch). The channel is closed when ctx ends or the watch
 // cannot go on; call again to go on observing.
 func (c *Client) ObserveLeader(ctx context.Context, name string) (<-chan LeaderState, error) {
-	key := "election/" + name
+	key := electionKey(name)
 	// Read, then watch from the revision after the read: every change is
 	// seen once, in order, and none older than the state first reported.
 	l, err := c.KV().List(ctx, key)
 	if err != nil {
 		return nil, err
 	}
-	var (
-		value string
-		token uint64
-		ok    bool
-	)
+	var record *KeyValue
 	for _, kv := range l.KVs {
 		if kv.GetKey() == key { // not another election whose name starts with this one
-			res, err := c.Check(ctx, key, kv.GetToken())
-			if err != nil {
-				return nil, err
-			}
-			value, token, ok = string(kv.GetValue()), kv.GetToken(), res.Current
+			record = kv
 		}
 	}
-	if !ok {
-		value, token = "", 0
+	last, err := c.leaderOf(ctx, key, record)
+	if err != nil {
+		return nil, err
 	}
 	w, err := c.KV().Watch(ctx, key, FromRevision(l.Revision+1))
 	if err != nil {
@@ -134,7 +140,6 @@ func (c *Client) ObserveLeader(ctx context.Context, name string) (<-chan LeaderS
 	go func() {
 		defer close(out)
 		defer w.Close()
-		last := LeaderState{Elected: ok, Value: value, Token: token}
 		if !send(ctx, out, last) {
 			return
 		}
@@ -147,7 +152,7 @@ func (c *Client) ObserveLeader(ctx context.Context, name string) (<-chan LeaderS
 			if ev.GetType() == fencev1.EventType_EVENT_TYPE_PUT {
 				st = LeaderState{Elected: true, Value: string(kv.GetValue()), Token: kv.GetToken()}
 			}
-			if st == last { // a change the first read already showed
+			if st == last { // nothing an observer can see changed
 				continue
 			}
 			last = st
