@@ -129,7 +129,7 @@ func (l *lock) grantable(m Mode) bool {
 	if l.delay > 0 {
 		return false
 	}
-	if m == Semaphore && uint64(len(l.holders)) >= uint64(l.permits) {
+	if m == Semaphore && l.full() {
 		return false
 	}
 	for _, h := range l.holders {
@@ -138,6 +138,11 @@ func (l *lock) grantable(m Mode) bool {
 		}
 	}
 	return true
+}
+
+// full reports whether l is a semaphore with every permit taken.
+func (l *lock) full() bool {
+	return l.permits > 0 && uint64(len(l.holders)) >= uint64(l.permits)
 }
 
 func (l *lock) idle() bool { return len(l.holders) == 0 && len(l.waiters) == 0 && l.delay == 0 }
@@ -296,7 +301,7 @@ func (s *State) lockedError(l *lock) error {
 	switch {
 	case l.delay > 0:
 		return fmt.Errorf("%w: lock %q is under lock-delay after its holder's session expired", fence.ErrLocked, l.name)
-	case l.permits > 0 && uint64(len(l.holders)) >= uint64(l.permits):
+	case l.full():
 		return fmt.Errorf("%w: semaphore %q has all %d permits taken", fence.ErrLocked, l.name, l.permits)
 	case len(l.holders) > 0:
 		h := l.holders[len(l.holders)-1]
