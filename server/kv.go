@@ -228,18 +228,18 @@ func (h *watchHub) add(prefix string, start uint64, limit int) (*watcher, uint64
 	if limit > 0 && len(h.watchers) >= limit {
 		return nil, 0, fmt.Errorf("%w: the node already has %d watchers, its limit", fence.ErrLimit, len(h.watchers))
 	}
+	w := &watcher{prefix: prefix, start: start, ch: make(chan []fsm.KVEvent, watchBuffer), ended: make(chan struct{})}
 	var past []fsm.KVEvent
 	if start > 0 && start <= h.lastRev {
 		if oldest := h.history.oldestRevision(h.lastRev); start < oldest {
 			return nil, 0, fmt.Errorf("%w: revision %d is no longer kept; the oldest this node keeps is %d; list again and watch from the list's revision + 1", fence.ErrCompacted, start, oldest)
 		}
 		h.history.each(func(ev fsm.KVEvent) {
-			if ev.KV.ModRevision >= start && strings.HasPrefix(ev.KV.Key, prefix) {
+			if w.wants(ev) {
 				past = append(past, ev)
 			}
 		})
 	}
-	w := &watcher{prefix: prefix, start: start, ch: make(chan []fsm.KVEvent, watchBuffer), ended: make(chan struct{})}
 	if len(past) > 0 {
 		w.ch <- past
 	}
@@ -260,6 +260,11 @@ func (h *watchHub) reset(rev uint64) {
 	for w := range h.watchers {
 		w.end(fmt.Errorf("%w: the node's state was replaced by a snapshot; watch again from the last revision seen", fence.ErrUnavailable))
 	}
+}
+
+// wants reports whether the change is one the watcher asked for.
+func (w *watcher) wants(ev fsm.KVEvent) bool {
+	return strings.HasPrefix(ev.KV.Key, w.prefix) && ev.KV.ModRevision >= w.start
 }
 
 // end drops the watcher with err; the hub's mutex must be held.
@@ -292,7 +297,7 @@ func (h *watchHub) publish(events []fsm.KVEvent) {
 		}
 		var mine []fsm.KVEvent
 		for _, ev := range events {
-			if strings.HasPrefix(ev.KV.Key, w.prefix) && ev.KV.ModRevision >= w.start {
+			if w.wants(ev) {
 				mine = append(mine, ev)
 			}
 		}
