@@ -610,3 +610,34 @@ func TestClusterFollowerForwardsToLeader(t *testing.T) {
 		t.Fatalf("write with the leader's API down: HTTP %d %s; want Unavailable", code, body)
 	}
 }
+
+// A leader cut off from the majority believes it leads until its lease
+// check notices, and a new leader may be elected meanwhile. It must not
+// renew a session in that time: its client would count on a deadline that
+// the new leader, which expires sessions on its own clock, does not honour
+// (docs/design.md, "Sessions and leader changes").
+func TestClusterCutOffLeaderRenewsNoSession(t *testing.T) {
+	c := startCluster(t, 3, func(cfg *Config) {
+		// A long lease, so that the old leader still believes it leads
+		// when the keepalive arrives.
+		cfg.HeartbeatTimeout = 2 * time.Second
+		cfg.ElectionTimeout = 2 * time.Second
+	})
+	old := c.leader()
+	a := newAPI(t, old)
+	id := a.session(30 * time.Second)
+	c.isolate(old.cfg.NodeID, true)
+	if !old.node.isLeader() {
+		t.Fatal("the old leader stepped down at once; the test proves nothing")
+	}
+	err := a.keepAlive(id)
+	if err == nil {
+		t.Fatal("a leader cut off from the majority renewed a session")
+	}
+	if codeOf(err) != connect.CodeUnavailable {
+		t.Fatalf("keepalive on a cut-off leader: %v, want Unavailable", err)
+	}
+	if _, err := a.locks.Check(context.Background(), connect.NewRequest(&fencev1.CheckRequest{Lock: "x"})); codeOf(err) != connect.CodeUnavailable {
+		t.Fatalf("linearizable read on a cut-off leader: %v, want Unavailable", err)
+	}
+}

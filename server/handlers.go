@@ -40,14 +40,27 @@ func (s *Server) CreateSession(ctx context.Context, req *connect.Request[fencev1
 	return connect.NewResponse(&fencev1.CreateSessionResponse{SessionId: res.SessionID, Ttl: durationpb.New(ttl)}), nil
 }
 
-// KeepAlive implements fencev1connect.SessionServiceHandler. It is answered
-// by the leader from memory, without a raft write.
+// KeepAlive implements fencev1connect.SessionServiceHandler. The leader
+// renews the session in memory, then confirms that it still leads (one
+// confirmation serves every keepalive and read that arrived before it).
 func (s *Server) KeepAlive(ctx context.Context, req *connect.Request[fencev1.KeepAliveRequest]) (*connect.Response[fencev1.KeepAliveResponse], error) {
 	if err := checkSessionID(req.Msg.GetSessionId()); err != nil {
 		return nil, err
 	}
-	ttl, err := s.tracker.keepAlive(req.Msg.GetSessionId())
+	id := req.Msg.GetSessionId()
+	ttl, err := s.tracker.keepAlive(id)
 	if err != nil {
+		return nil, err
+	}
+	// The renewal counts only if this node still led after it: a leader
+	// replaced while it was paused must not move the client's safe-until
+	// past the new leader's expiry of the session. The confirmation also
+	// applies every earlier entry, so an expiry committed by another leader
+	// in between has ended the session by the time alive looks.
+	if err := s.confirmer.wait(ctx); err != nil {
+		return nil, err
+	}
+	if err := s.tracker.alive(id); err != nil {
 		return nil, err
 	}
 	return connect.NewResponse(&fencev1.KeepAliveResponse{Ttl: durationpb.New(ttl)}), nil
@@ -330,9 +343,9 @@ func (s *Server) notReady() error {
 //
 // A write is acknowledged only after the leader applied it, and a new
 // leader applies every entry of earlier terms (the barrier in becomeLeader)
-// before it is ready; so once this node is a ready leader and a quorum
-// confirms it still is, its FSM reflects every write acknowledged before the
-// read arrived. No log entry is written, so reads cost no fsync.
+// before it is ready; so once this node is a ready leader and confirms it
+// still led after the read arrived (leaseConfirmer), its FSM reflects every
+// write acknowledged before the read arrived.
 func (s *Server) read(ctx context.Context, stale bool) error {
 	if stale {
 		return nil
@@ -340,5 +353,5 @@ func (s *Server) read(ctx context.Context, stale bool) error {
 	if !s.leaderReady.Load() {
 		return s.notReady()
 	}
-	return s.node.verifyLeader()
+	return s.confirmer.wait(ctx)
 }

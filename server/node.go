@@ -35,6 +35,7 @@ type node struct {
 	walMeta   *metadb.BoltMetaDB
 	transport *raft.NetworkTransport
 	timeout   time.Duration
+	id        raft.ServerID
 }
 
 func openNode(cfg Config, f *fsm.FSM, logger *slog.Logger) (*node, error) {
@@ -50,7 +51,7 @@ func openNode(cfg Config, f *fsm.FSM, logger *slog.Logger) (*node, error) {
 	if err != nil {
 		return nil, fmt.Errorf("opening raft store in %s: %w", cfg.DataDir, err)
 	}
-	n := &node{fsm: f, store: store, timeout: cfg.ApplyTimeout}
+	n := &node{fsm: f, store: store, timeout: cfg.ApplyTimeout, id: raft.ServerID(cfg.NodeID)}
 	fail := func(err error) (*node, error) {
 		n.close()
 		return nil, err
@@ -278,12 +279,44 @@ func (n *node) propose(cmd *fsmpb.Command) (fsm.Result, uint64, error) {
 	return res, f.Index(), nil
 }
 
-// verifyLeader confirms with a quorum that this node is still the leader.
-func (n *node) verifyLeader() error {
-	if err := n.raft.VerifyLeader().Error(); err != nil {
+// confirmLeadership proves that this node is the leader after the call: a
+// group commits a barrier entry in this node's term. A quorum accepted an
+// entry that did not exist before the call, and no quorum accepts one once
+// it has voted in a newer term; the barrier also waits until every entry
+// before it is applied. raft's VerifyLeader is not enough for a group: it
+// counts answers to heartbeats that were sent before the call arrived, so a
+// leader paused and resumed may count answers its followers gave before
+// they elected another. A sole voter has nobody to be replaced by, and
+// VerifyLeader answers at once.
+func (n *node) confirmLeadership() error {
+	var err error
+	if n.soleVoter() {
+		err = n.raft.VerifyLeader().Error()
+	} else {
+		err = n.raft.Barrier(n.timeout).Error()
+	}
+	if err != nil {
 		return n.raftError(err)
 	}
 	return nil
+}
+
+// soleVoter reports whether this node is the only voter of the latest
+// configuration.
+func (n *node) soleVoter() bool {
+	f := n.raft.GetConfiguration()
+	if f.Error() != nil {
+		return false
+	}
+	voters := 0
+	self := false
+	for _, srv := range f.Configuration().Servers {
+		if srv.Suffrage == raft.Voter {
+			voters++
+			self = self || srv.ID == n.id
+		}
+	}
+	return voters == 1 && self
 }
 
 func (n *node) isLeader() bool { return n.raft.State() == raft.Leader }

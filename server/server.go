@@ -46,6 +46,9 @@ type Server struct {
 	tracker *sessionTracker
 	delays  *delayScheduler
 	metrics *metrics
+	// confirmer proves leadership after a call arrived, for keepalives
+	// and linearizable reads.
+	confirmer *leaseConfirmer
 
 	ln            net.Listener
 	http          *http.Server
@@ -99,6 +102,7 @@ func Start(cfg Config) (*Server, error) {
 		return nil, err
 	}
 
+	s.confirmer = newLeaseConfirmer(s.node.confirmLeadership)
 	s.forwarder = newForwarder(s, s.handler())
 	s.http = s.newHTTPServer()
 	s.wg.Add(3)
@@ -228,6 +232,7 @@ func (s *Server) watchLeadership() {
 
 func (s *Server) becomeLeader() {
 	// Apply everything committed in earlier terms before taking decisions.
+	term := s.node.raft.CurrentTerm()
 	for {
 		err := s.node.raft.Barrier(s.cfg.ApplyTimeout).Error()
 		if err == nil {
@@ -242,6 +247,12 @@ func (s *Server) becomeLeader() {
 			return
 		case <-time.After(50 * time.Millisecond):
 		}
+	}
+	if !s.node.isLeader() || s.node.raft.CurrentTerm() != term {
+		// Lost in the meantime: the notice of that is on its way, and a
+		// leadership won again since comes with a notice of its own.
+		s.logger.Info("lost leadership before it was ready", "term", term)
+		return
 	}
 	var delayed []fsm.Delay
 	s.fsm.Read(func(st *fsm.State) { delayed = st.DelayedLocks() })

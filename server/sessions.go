@@ -150,6 +150,16 @@ func (t *sessionTracker) keepAlive(id uint64) (time.Duration, error) {
 	return s.ttl, nil
 }
 
+// alive reports whether a session is still tracked and not being expired.
+func (t *sessionTracker) alive(id uint64) error {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	if s, ok := t.sessions[id]; !ok || s.expiring {
+		return fmt.Errorf("%w: session %d does not exist or has expired; create a new session", fence.ErrSessionNotFound, id)
+	}
+	return nil
+}
+
 // run sleeps until the earliest deadline and expires what is due.
 func (t *sessionTracker) run() {
 	defer t.wg.Done()
