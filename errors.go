@@ -26,6 +26,10 @@ var (
 	// the resource has already accepted. Nothing of the write was applied.
 	ErrStaleToken = errors.New("fence: stale fencing token")
 
+	// ErrCancelled reports an Acquire whose request was given up
+	// (CancelAcquire): it was not granted, and will not be.
+	ErrCancelled = errors.New("fence: acquire cancelled")
+
 	// ErrWaitTimeout reports that a lock was not granted within the wait timeout.
 	ErrWaitTimeout = errors.New("fence: timed out waiting for the lock")
 

@@ -119,6 +119,9 @@ func (m *Mutex) acquire(ctx context.Context, try bool) (*Grant, error) {
 	if m.permits < 0 || uint64(m.permits) > math.MaxUint32 || (m.mode == fencev1.Mode_MODE_SEMAPHORE) != (m.permits > 0) {
 		return nil, fmt.Errorf("%w: semaphore %q: permits %d must be at least 1", fence.ErrInvalidArgument, m.name, m.permits)
 	}
+	if g := m.Grant(); g != nil && g.Err() == nil {
+		return g, nil
+	}
 	// Give up the wait as soon as the session ends.
 	ctx, cancel := context.WithCancelCause(ctx)
 	defer cancel(nil)
@@ -131,6 +134,7 @@ func (m *Mutex) acquire(ctx context.Context, try bool) (*Grant, error) {
 		Try:       try,
 		Mode:      m.mode,
 		Permits:   uint32(m.permits),
+		RequestId: s.requests.Add(1),
 	}
 	if m.opts.lockDelay > 0 {
 		req.LockDelay = durationpb.New(m.opts.lockDelay)
@@ -139,7 +143,9 @@ func (m *Mutex) acquire(ctx context.Context, try bool) (*Grant, error) {
 		req.WaitTimeout = durationpb.New(m.opts.waitTimeout)
 	}
 	var resp *fencev1.AcquireResponse
+	attempts := 0
 	err := s.client.call(ctx, func(ctx context.Context, ep *endpoint) error {
+		attempts++
 		r, err := ep.locks.Acquire(ctx, connect.NewRequest(req))
 		if err == nil {
 			resp = r.Msg
@@ -147,6 +153,9 @@ func (m *Mutex) acquire(ctx context.Context, try bool) (*Grant, error) {
 		return err
 	})
 	if err != nil {
+		if !leftNothing(err, attempts) {
+			m.abandon(req.RequestId)
+		}
 		if cause := context.Cause(ctx); cause != nil && s.Err() != nil {
 			return nil, cause
 		}
@@ -161,6 +170,47 @@ func (m *Mutex) acquire(ctx context.Context, try bool) (*Grant, error) {
 	g.ctx, g.cancel = context.WithCancelCause(s.ctx)
 	m.grant = g
 	return g, nil
+}
+
+// leftNothing reports whether a failed Acquire certainly left nothing held
+// or queued: its only attempt was refused. Any other failure (the call was
+// cancelled, an answer was lost, a retry was needed) may have left a wait
+// or a grant that nobody would learn of.
+func leftNothing(err error, attempts int) bool {
+	if attempts != 1 {
+		return false
+	}
+	for _, refused := range []error{fence.ErrInvalidArgument, fence.ErrLocked, fence.ErrLimit, fence.ErrSessionNotFound, fence.ErrWaitTimeout, fence.ErrCancelled} {
+		if errors.Is(err, refused) {
+			return true
+		}
+	}
+	return false
+}
+
+// abandon gives up the Acquire request id after it failed, so that it
+// leaves nothing held or queued, and no retry of it still on its way can
+// take the lock later (as etcd's Mutex deletes its key on a failed Lock).
+// If the service cannot be told within the session's TTL, the session
+// itself is given up: its end releases everything it holds.
+func (m *Mutex) abandon(id uint64) {
+	s := m.s
+	if s.Err() != nil {
+		return // the session's end releases everything
+	}
+	ctx, cancel := context.WithTimeout(s.ctx, s.ttl)
+	defer cancel()
+	err := s.client.call(ctx, func(ctx context.Context, ep *endpoint) error {
+		_, err := ep.locks.CancelAcquire(ctx, connect.NewRequest(&fencev1.CancelAcquireRequest{SessionId: s.id, Lock: m.name, RequestId: id}))
+		return err
+	})
+	switch {
+	case err == nil || s.Err() != nil:
+	case errors.Is(err, fence.ErrSessionNotFound):
+		s.end(err)
+	default:
+		s.lose(fmt.Errorf("%w: could not give up a failed acquire of %q (%v), so the session is given up instead", fence.ErrSessionLost, m.name, err))
+	}
 }
 
 // Unlock releases the lock. The grant's context is cancelled first, so

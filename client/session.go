@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"connectrpc.com/connect"
@@ -39,6 +40,9 @@ type Session struct {
 
 	mu        sync.Mutex
 	safeUntil time.Time
+
+	// requests numbers the session's Acquire calls (their request ids).
+	requests atomic.Uint64
 
 	stop      chan struct{}
 	stopOnce  sync.Once
@@ -203,6 +207,9 @@ func (s *Session) keepAlive(ctx context.Context) {
 		case <-lost.C():
 			s.lose(fmt.Errorf("%w: no renewal of session %d reached the service in time; its locks may be held by others", fence.ErrSessionLost, s.id))
 			return
+		case <-s.ctx.Done():
+			lost.Stop()
+			return // ended by a lock that could not be given up
 		case <-next.C():
 		}
 		lost.Stop()

@@ -45,6 +45,9 @@ func withDelay(d time.Duration) acquireOpt {
 	return func(a *fsmpb.Acquire) { a.LockDelayNs = int64(d) }
 }
 
+// withRequest names the acquire, as a client does across its retries.
+func withRequest(id uint64) acquireOpt { return func(a *fsmpb.Acquire) { a.RequestId = id } }
+
 func maxWaiters(n uint64) acquireOpt { return func(a *fsmpb.Acquire) { a.MaxWaiters = n } }
 
 func acquire(sess uint64, name string, mode fsm.Mode, opts ...acquireOpt) *fsmpb.Command {
@@ -63,8 +66,20 @@ func cancelWait(sess uint64, name string) *fsmpb.Command {
 	return &fsmpb.Command{Op: &fsmpb.Command_CancelWait{CancelWait: &fsmpb.CancelWait{SessionId: sess, Lock: name}}}
 }
 
-func liftDelay(name string) *fsmpb.Command {
-	return &fsmpb.Command{Op: &fsmpb.Command_LiftDelay{LiftDelay: &fsmpb.LiftDelay{Lock: name}}}
+// liftDelay lifts every delay of a lock, as older versions logged it.
+func liftDelay(name string) *fsmpb.Command { return liftDelayID(name, 0) }
+
+// liftDelayID lifts one delay of a lock.
+func liftDelayID(name string, id uint64) *fsmpb.Command {
+	return &fsmpb.Command{Op: &fsmpb.Command_LiftDelay{LiftDelay: &fsmpb.LiftDelay{Lock: name, Id: id}}}
+}
+
+func cancelAcquire(sess uint64, name string, req, attempt uint64) *fsmpb.Command {
+	return &fsmpb.Command{Op: &fsmpb.Command_CancelAcquire{CancelAcquire: &fsmpb.CancelAcquire{SessionId: sess, Lock: name, RequestId: req, Attempt: attempt}}}
+}
+
+func cancelWaitOf(sess uint64, name string, req, attempt uint64) *fsmpb.Command {
+	return &fsmpb.Command{Op: &fsmpb.Command_CancelWait{CancelWait: &fsmpb.CancelWait{SessionId: sess, Lock: name, RequestId: req, Attempt: attempt}}}
 }
 
 func grant(sess uint64, name string, token uint64, mode fsm.Mode) fsm.Grant {
@@ -174,6 +189,9 @@ type comparableResult struct {
 	SessionID uint64
 	Grant     *fsm.Grant
 	Queued    bool
+	Attempt   uint64
+	Released  bool
+	Dequeued  bool
 	Grants    []fsm.Grant
 	Ended     []uint64
 	Delayed   []fsm.Delay
@@ -182,7 +200,8 @@ type comparableResult struct {
 }
 
 func cmpForm(r fsm.Result) comparableResult {
-	c := comparableResult{SessionID: r.SessionID, Grant: r.Grant, Queued: r.Queued, Revision: r.Revision}
+	c := comparableResult{SessionID: r.SessionID, Grant: r.Grant, Queued: r.Queued, Revision: r.Revision,
+		Attempt: r.Attempt, Released: r.Released, Dequeued: r.Dequeued}
 	if r.Err != nil {
 		c.Err = r.Err.Error()
 	}

@@ -55,8 +55,8 @@ func (s *State) CheckInvariants() error {
 				return err
 			}
 		}
-		if l.delay < 0 {
-			return fmt.Errorf("lock %q has a negative lock-delay %v", name, l.delay)
+		if err := s.checkDelays(l); err != nil {
+			return err
 		}
 		for _, w := range l.waiters {
 			if err := l.checkMode("waiter", w.mode); err != nil {
@@ -164,6 +164,24 @@ func (s *State) checkMember(name string, id uint64, seen map[uint64]bool, holds 
 	}
 	if _, ok := index[name]; !ok {
 		return fmt.Errorf("session %d is on lock %q but does not index it", id, name)
+	}
+	return nil
+}
+
+// checkDelays checks a lock's pending delays: positive, named for the lock,
+// with ids that rise and were given out.
+func (s *State) checkDelays(l *lock) error {
+	var last uint64
+	for _, d := range l.delays {
+		switch {
+		case d.Delay <= 0:
+			return fmt.Errorf("lock %q has a lock-delay of %v", l.name, d.Delay)
+		case d.Lock != l.name:
+			return fmt.Errorf("lock %q has a lock-delay of lock %q", l.name, d.Lock)
+		case d.ID <= last || d.ID > s.lastDelayID:
+			return fmt.Errorf("lock %q has lock-delay id %d after %d, outside 1..%d", l.name, d.ID, last, s.lastDelayID)
+		}
+		last = d.ID
 	}
 	return nil
 }

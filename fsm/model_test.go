@@ -631,35 +631,49 @@ func joins(mode fsm.Mode, permits uint32, holders []fsm.HolderInfo) bool {
 	return true
 }
 
-// checkDelays checks that lock-delays change only on expiry (to the delays
-// the result reports) and on LiftDelay (to none), and that no lock is under
-// delay right after being granted.
+// checkDelays checks that pending lock-delays are added only by expiry
+// (exactly the delays the result reports, with ids not seen before) and
+// removed only by LiftDelay (the one it names, or every delay of the lock
+// for id 0), that Delay is the longest pending one, and that no lock is
+// under delay right after being granted.
 func (m *modelChecker) checkDelays(now map[string]fsm.LockInfo, cmd *fsmpb.Command, res fsm.Result) error {
-	lifted := ""
-	if op, ok := cmd.GetOp().(*fsmpb.Command_LiftDelay); ok && res.Err == nil {
-		lifted = op.LiftDelay.GetLock()
-		if now[lifted].Delay != 0 {
-			return fmt.Errorf("LiftDelay(%q) left delay %v", lifted, now[lifted].Delay)
+	pending := func(locks map[string]fsm.LockInfo) map[fsm.Delay]bool {
+		out := map[fsm.Delay]bool{}
+		for name, l := range locks {
+			var longest time.Duration
+			for _, d := range l.Delays {
+				out[d] = true
+				longest = max(longest, d.Delay)
+			}
+			if l.Delay != longest {
+				panic(fmt.Sprintf("lock %q reports delay %v, but its longest pending delay is %v", name, l.Delay, longest))
+			}
+		}
+		return out
+	}
+	before, after := pending(m.before), pending(now)
+	reported := map[fsm.Delay]bool{}
+	for _, d := range res.Delayed {
+		reported[d] = true
+		if before[d] || !after[d] {
+			return fmt.Errorf("delay %+v reported, but it was pending before (%v) or is not after (%v)", d, before[d], after[d])
 		}
 	}
-	reported := map[string]time.Duration{}
-	for _, d := range res.Delayed {
-		reported[d.Lock] = d.Delay
+	for d := range after {
+		if !before[d] && !reported[d] {
+			return fmt.Errorf("delay %+v appeared, but the result reports %+v", d, res.Delayed)
+		}
 	}
-	names := map[string]bool{}
-	for n := range now {
-		names[n] = true
-	}
-	for n := range m.before {
-		names[n] = true
-	}
-	for n := range names {
-		was, is := m.before[n].Delay, now[n].Delay
-		if was == is || n == lifted {
+	lift, isLift := cmd.GetOp().(*fsmpb.Command_LiftDelay)
+	for d := range before {
+		if after[d] {
+			if isLift && res.Err == nil && lift.LiftDelay.GetLock() == d.Lock && lift.LiftDelay.GetId() == 0 {
+				return fmt.Errorf("LiftDelay(%q) of every delay left %+v", d.Lock, d)
+			}
 			continue
 		}
-		if d, ok := reported[n]; !ok || d != is {
-			return fmt.Errorf("lock %q delay changed %v -> %v, but the result reports %+v", n, was, is, res.Delayed)
+		if !isLift || lift.LiftDelay.GetLock() != d.Lock || (lift.LiftDelay.GetId() != 0 && lift.LiftDelay.GetId() != d.ID) {
+			return fmt.Errorf("delay %+v vanished under %v", d, cmd)
 		}
 	}
 	for _, g := range res.Grants {
@@ -883,8 +897,14 @@ func (c *commandSource) next(s *fsm.State) (*fsmpb.Command, bool) {
 		return liftDelay(lockName(c.byte())), true
 	case 13:
 		b := c.byte()
-		if d := s.DelayedLocks(); len(d) > 0 {
-			return liftDelay(d[int(b)%len(d)].Lock), true
+		if all := s.DelayedLocks(); len(all) > 0 {
+			// Mostly one delay by its id, as leaders commit them; now
+			// and then every delay of the lock, as older versions did.
+			d := all[int(b)%len(all)]
+			if b&0x80 == 0 {
+				return liftDelayID(d.Lock, d.ID), true
+			}
+			return liftDelay(d.Lock), true
 		}
 		return liftDelay(lockName(b)), true
 	case 14:

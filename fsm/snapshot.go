@@ -2,6 +2,7 @@ package fsm
 
 import (
 	"fmt"
+	"slices"
 	"sort"
 	"time"
 
@@ -12,18 +13,23 @@ import (
 // sessions in id order and locks in name order, so that equal states give
 // equal bytes.
 func (s *State) Snapshot() *fsmpb.Snapshot {
-	snap := &fsmpb.Snapshot{LastToken: s.lastToken, LastSessionId: s.lastSessionID}
-	for _, sess := range s.Sessions() {
-		snap.Sessions = append(snap.Sessions, &fsmpb.Session{Id: sess.ID, TtlNs: int64(sess.TTL), Owner: sess.Owner})
+	snap := &fsmpb.Snapshot{LastToken: s.lastToken, LastSessionId: s.lastSessionID, LastDelayId: s.lastDelayID, LastAttempt: s.lastAttempt}
+	for _, info := range s.Sessions() {
+		sess := s.sessions[info.ID]
+		snap.Sessions = append(snap.Sessions, &fsmpb.Session{Id: sess.id, TtlNs: int64(sess.ttl), Owner: sess.owner, Cancelled: slices.Clone(sess.cancelled)})
 	}
 	for _, info := range s.Locks("") {
 		l := s.locks[info.Name]
-		pl := &fsmpb.Lock{Name: l.name, DelayNs: int64(l.delay), Permits: l.permits}
+		// delay_ns, the longest pending delay, is what older versions read.
+		pl := &fsmpb.Lock{Name: l.name, DelayNs: int64(l.longestDelay()), Permits: l.permits}
+		for _, d := range l.delays {
+			pl.Delays = append(pl.Delays, &fsmpb.PendingDelay{Id: d.ID, DelayNs: int64(d.Delay)})
+		}
 		for _, h := range l.holders {
-			pl.Holders = append(pl.Holders, &fsmpb.Holder{SessionId: h.session, Token: h.token, Mode: uint32(h.mode), LockDelayNs: int64(h.lockDelay)})
+			pl.Holders = append(pl.Holders, &fsmpb.Holder{SessionId: h.session, Token: h.token, Mode: uint32(h.mode), LockDelayNs: int64(h.lockDelay), RequestId: h.req.id, Attempt: h.req.attempt})
 		}
 		for _, w := range l.waiters {
-			pl.Waiters = append(pl.Waiters, &fsmpb.Waiter{SessionId: w.session, Mode: uint32(w.mode), LockDelayNs: int64(w.lockDelay)})
+			pl.Waiters = append(pl.Waiters, &fsmpb.Waiter{SessionId: w.session, Mode: uint32(w.mode), LockDelayNs: int64(w.lockDelay), RequestId: w.req.id, Attempt: w.req.attempt})
 		}
 		snap.Locks = append(snap.Locks, pl)
 	}
@@ -54,6 +60,8 @@ func Restore(snap *fsmpb.Snapshot) (*State, error) {
 	s := NewState()
 	s.lastToken = snap.GetLastToken()
 	s.lastSessionID = snap.GetLastSessionId()
+	s.lastDelayID = snap.GetLastDelayId()
+	s.lastAttempt = snap.GetLastAttempt()
 	for _, ps := range snap.GetSessions() {
 		if _, dup := s.sessions[ps.GetId()]; dup {
 			return nil, fmt.Errorf("fsm: snapshot has session %d twice", ps.GetId())
@@ -66,18 +74,30 @@ func Restore(snap *fsmpb.Snapshot) (*State, error) {
 			waits: map[string]struct{}{},
 			keys:  map[string]struct{}{},
 		}
+		for _, id := range ps.GetCancelled() {
+			s.sessions[ps.GetId()].cancel(id)
+		}
 	}
 	for _, pl := range snap.GetLocks() {
 		if _, dup := s.locks[pl.GetName()]; dup {
 			return nil, fmt.Errorf("fsm: snapshot has lock %q twice", pl.GetName())
 		}
-		l := &lock{name: pl.GetName(), delay: time.Duration(pl.GetDelayNs()), permits: pl.GetPermits()}
+		l := &lock{name: pl.GetName(), permits: pl.GetPermits()}
+		for _, d := range pl.GetDelays() {
+			l.delays = append(l.delays, Delay{Lock: l.name, Delay: time.Duration(d.GetDelayNs()), ID: d.GetId()})
+		}
+		if len(l.delays) == 0 && pl.GetDelayNs() > 0 {
+			// A snapshot of an older version: one delay, without an id.
+			s.lastDelayID++
+			l.delays = []Delay{{Lock: l.name, Delay: time.Duration(pl.GetDelayNs()), ID: s.lastDelayID}}
+		}
 		for _, h := range pl.GetHolders() {
 			sess, ok := s.sessions[h.GetSessionId()]
 			if !ok {
 				return nil, fmt.Errorf("fsm: snapshot lock %q is held by unknown session %d", l.name, h.GetSessionId())
 			}
-			l.holders = append(l.holders, holder{session: sess.id, token: h.GetToken(), mode: Mode(h.GetMode()), lockDelay: time.Duration(h.GetLockDelayNs())})
+			l.holders = append(l.holders, holder{session: sess.id, token: h.GetToken(), mode: Mode(h.GetMode()), lockDelay: time.Duration(h.GetLockDelayNs()),
+				req: request{id: h.GetRequestId(), attempt: h.GetAttempt()}})
 			sess.holds[l.name] = struct{}{}
 		}
 		for _, w := range pl.GetWaiters() {
@@ -85,7 +105,8 @@ func Restore(snap *fsmpb.Snapshot) (*State, error) {
 			if !ok {
 				return nil, fmt.Errorf("fsm: snapshot lock %q is awaited by unknown session %d", l.name, w.GetSessionId())
 			}
-			l.waiters = append(l.waiters, waiter{session: sess.id, mode: Mode(w.GetMode()), lockDelay: time.Duration(w.GetLockDelayNs())})
+			l.waiters = append(l.waiters, waiter{session: sess.id, mode: Mode(w.GetMode()), lockDelay: time.Duration(w.GetLockDelayNs()),
+				req: request{id: w.GetRequestId(), attempt: w.GetAttempt()}})
 			sess.waits[l.name] = struct{}{}
 		}
 		s.locks[l.name] = l

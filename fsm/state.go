@@ -2,6 +2,7 @@ package fsm
 
 import (
 	"fmt"
+	"slices"
 	"sort"
 	"strings"
 	"time"
@@ -46,11 +47,15 @@ type Grant struct {
 	Mode    Mode
 }
 
-// Delay is a lock held back by lock-delay after its holder's session expired.
-// The leader commits a LiftDelay for it once Delay has passed.
+// Delay is a lock-delay: a lock held back after a holder's session expired.
+// The leader commits a LiftDelay of its ID once Delay has passed. A lock may
+// have several pending at once (the holders of a shared lock or a semaphore
+// expiring one after the other); it is granted again once none is.
 type Delay struct {
 	Lock  string
 	Delay time.Duration
+	// ID names the delay among all of the state's, from one counter.
+	ID uint64
 }
 
 // Result is what applying one command did. Besides the command's own answer
@@ -67,6 +72,12 @@ type Result struct {
 	Grant *Grant
 	// Queued answers Acquire when the session now waits for the lock.
 	Queued bool
+	// Attempt numbers an Acquire that carries a request id: the wait or
+	// grant it left is now this attempt's (see CancelAcquire).
+	Attempt uint64
+	// Released and Dequeued answer CancelAcquire: the request's grant was
+	// released, or its wait dropped.
+	Released, Dequeued bool
 	// Grants lists every grant this command made, in token order.
 	Grants []Grant
 	// Ended lists the sessions this command closed or expired.
@@ -84,20 +95,36 @@ type holder struct {
 	token     uint64
 	mode      Mode
 	lockDelay time.Duration
+	req       request
 }
 
 type waiter struct {
 	session   uint64
 	mode      Mode
 	lockDelay time.Duration
+	req       request
+}
+
+// request is the client's id of the acquire that left a wait or a grant,
+// and the attempt, numbered by the state, that last took it over.
+type request struct {
+	id      uint64
+	attempt uint64
+}
+
+// matches reports whether r is the request id, at the given attempt (0:
+// at any attempt).
+func (r request) matches(id, attempt uint64) bool {
+	return id != 0 && r.id == id && (attempt == 0 || r.attempt == attempt)
 }
 
 type lock struct {
 	name    string
 	holders []holder
 	waiters []waiter
-	// delay is non-zero while the lock is held back by lock-delay.
-	delay time.Duration
+	// delays are the pending lock-delays, in id order; the lock is held
+	// back while there is any.
+	delays []Delay
 	// permits is a semaphore's number of holders at once; 0 for a lock.
 	// The first acquire of an idle name sets it; it goes with the name
 	// once nobody holds, waits for or delays it.
@@ -126,7 +153,7 @@ func (l *lock) waiterIndex(session uint64) int {
 // nobody: the lock is not delayed, every holder is compatible and, on a
 // semaphore, a permit is free.
 func (l *lock) grantable(m Mode) bool {
-	if l.delay > 0 {
+	if l.delayed() {
 		return false
 	}
 	if m == Semaphore && l.full() {
@@ -145,7 +172,18 @@ func (l *lock) full() bool {
 	return l.permits > 0 && uint64(len(l.holders)) >= uint64(l.permits)
 }
 
-func (l *lock) idle() bool { return len(l.holders) == 0 && len(l.waiters) == 0 && l.delay == 0 }
+func (l *lock) idle() bool { return len(l.holders) == 0 && len(l.waiters) == 0 && !l.delayed() }
+
+func (l *lock) delayed() bool { return len(l.delays) > 0 }
+
+// longestDelay returns the longest of the pending delays, 0 for none.
+func (l *lock) longestDelay() time.Duration {
+	var d time.Duration
+	for _, p := range l.delays {
+		d = max(d, p.Delay)
+	}
+	return d
+}
 
 type session struct {
 	id    uint64
@@ -156,6 +194,34 @@ type session struct {
 	holds map[string]struct{}
 	waits map[string]struct{}
 	keys  map[string]struct{}
+	// cancelled are request ids the client gave up, oldest first, at most
+	// maxCancelled: an acquire with one of them fails.
+	cancelled []uint64
+}
+
+// maxCancelled bounds the request ids a session remembers as given up. An
+// acquire can be overtaken by its own cancel only while a retry of it is
+// on its way, so a client would have to give up this many acquires in
+// that time for one to slip through.
+const maxCancelled = 64
+
+func (sess *session) wasCancelled(id uint64) bool {
+	for _, c := range sess.cancelled {
+		if c == id {
+			return true
+		}
+	}
+	return false
+}
+
+func (sess *session) cancel(id uint64) {
+	if sess.wasCancelled(id) {
+		return
+	}
+	if len(sess.cancelled) == maxCancelled {
+		sess.cancelled = append(sess.cancelled[:0], sess.cancelled[1:]...)
+	}
+	sess.cancelled = append(sess.cancelled, id)
 }
 
 // State is fence's replicated state: sessions, locks and the token counter.
@@ -171,6 +237,8 @@ type State struct {
 	kv            map[string]*kvEntry // live keys and fenced tombstones
 	liveKeys      int
 	nodes         map[string]string // node id -> API address
+	lastDelayID   uint64
+	lastAttempt   uint64
 }
 
 // NewState returns an empty state: no sessions, no locks, token counter 0.
@@ -192,10 +260,12 @@ func (s *State) Apply(cmd *fsmpb.Command) Result {
 		return s.acquire(op.Acquire)
 	case *fsmpb.Command_CancelWait:
 		return s.cancelWait(op.CancelWait)
+	case *fsmpb.Command_CancelAcquire:
+		return s.cancelAcquire(op.CancelAcquire)
 	case *fsmpb.Command_Release:
 		return s.release(op.Release)
 	case *fsmpb.Command_LiftDelay:
-		return s.liftDelay(op.LiftDelay.GetLock())
+		return s.liftDelay(op.LiftDelay.GetLock(), op.LiftDelay.GetId())
 	case *fsmpb.Command_KvPut:
 		return s.kvPut(op.KvPut)
 	case *fsmpb.Command_KvDelete:
@@ -245,6 +315,10 @@ func (s *State) acquire(c *fsmpb.Acquire) Result {
 		return Result{Err: fmt.Errorf("%w: a semaphore needs a number of permits, and only a semaphore has one (mode %s, %d permits)", fence.ErrInvalidArgument, mode, permits)}
 	}
 	name := c.GetLock()
+	reqID := c.GetRequestId()
+	if reqID != 0 && sess.wasCancelled(reqID) {
+		return Result{Err: fmt.Errorf("%w: acquire %d of lock %q by session %d was cancelled", fence.ErrCancelled, reqID, name, sess.id)}
+	}
 	l := s.locks[name]
 	if l == nil {
 		l = &lock{name: name, permits: permits}
@@ -252,24 +326,44 @@ func (s *State) acquire(c *fsmpb.Acquire) Result {
 	if err := l.sameKind(permits); err != nil {
 		return Result{Err: err}
 	}
+	// A retry of the request that left a grant or a wait takes it over,
+	// under a new attempt number; another request is told of it, but the
+	// grant or wait stays its first request's to give up.
+	takeOver := func(r *request) Result {
+		if reqID == 0 || r.id != reqID {
+			return Result{}
+		}
+		s.lastAttempt++
+		r.attempt = s.lastAttempt
+		return Result{Attempt: r.attempt}
+	}
 	if i := l.holderIndex(sess.id); i >= 0 {
-		h := l.holders[i]
+		h := &l.holders[i]
 		if h.mode != mode {
 			return Result{Err: fmt.Errorf("%w: session %d holds lock %q in %s mode, not %s; release it first", fence.ErrInvalidArgument, sess.id, name, h.mode, mode)}
 		}
-		return Result{Grant: &Grant{Session: sess.id, Lock: name, Token: h.token, Mode: h.mode}}
+		res := takeOver(&h.req)
+		res.Grant = &Grant{Session: sess.id, Lock: name, Token: h.token, Mode: h.mode}
+		return res
 	}
 	if i := l.waiterIndex(sess.id); i >= 0 {
-		if l.waiters[i].mode != mode {
-			return Result{Err: fmt.Errorf("%w: session %d already waits for lock %q in %s mode", fence.ErrInvalidArgument, sess.id, name, l.waiters[i].mode)}
+		w := &l.waiters[i]
+		if w.mode != mode {
+			return Result{Err: fmt.Errorf("%w: session %d already waits for lock %q in %s mode", fence.ErrInvalidArgument, sess.id, name, w.mode)}
 		}
-		return Result{Queued: true}
+		res := takeOver(&w.req)
+		res.Queued = true
+		return res
 	}
 	w := waiter{session: sess.id, mode: mode, lockDelay: time.Duration(c.GetLockDelayNs())}
+	if reqID != 0 {
+		s.lastAttempt++
+		w.req = request{id: reqID, attempt: s.lastAttempt}
+	}
 	if len(l.waiters) == 0 && l.grantable(mode) {
 		s.locks[name] = l
 		g := s.grant(l, w)
-		return Result{Grant: &g, Grants: []Grant{g}}
+		return Result{Grant: &g, Grants: []Grant{g}, Attempt: w.req.attempt}
 	}
 	if c.GetTry() {
 		return Result{Err: s.lockedError(l)}
@@ -280,7 +374,7 @@ func (s *State) acquire(c *fsmpb.Acquire) Result {
 	s.locks[name] = l
 	l.waiters = append(l.waiters, w)
 	sess.waits[name] = struct{}{}
-	return Result{Queued: true}
+	return Result{Queued: true, Attempt: w.req.attempt}
 }
 
 // sameKind refuses to take a semaphore as a lock, a lock as a semaphore,
@@ -299,7 +393,7 @@ func (l *lock) sameKind(permits uint32) error {
 
 func (s *State) lockedError(l *lock) error {
 	switch {
-	case l.delay > 0:
+	case l.delayed():
 		return fmt.Errorf("%w: lock %q is under lock-delay after its holder's session expired", fence.ErrLocked, l.name)
 	case l.full():
 		return fmt.Errorf("%w: semaphore %q has all %d permits taken", fence.ErrLocked, l.name, l.permits)
@@ -313,7 +407,7 @@ func (s *State) lockedError(l *lock) error {
 // grant makes w a holder of l with the next token.
 func (s *State) grant(l *lock, w waiter) Grant {
 	s.lastToken++
-	l.holders = append(l.holders, holder{session: w.session, token: s.lastToken, mode: w.mode, lockDelay: w.lockDelay})
+	l.holders = append(l.holders, holder{session: w.session, token: s.lastToken, mode: w.mode, lockDelay: w.lockDelay, req: w.req})
 	s.sessions[w.session].holds[l.name] = struct{}{}
 	return Grant{Session: w.session, Lock: l.name, Token: s.lastToken, Mode: w.mode}
 }
@@ -360,11 +454,17 @@ func (s *State) release(c *fsmpb.Release) Result {
 	if h := l.holders[i]; h.token != c.GetToken() {
 		return Result{Err: fmt.Errorf("%w: session %d holds lock %q with token %d, not %d", fence.ErrNotHolder, sess.id, name, h.token, c.GetToken())}
 	}
+	return Result{Grants: s.releaseAt(sess, l, i)}
+}
+
+// releaseAt removes the session's grant at index i of l's holders and hands
+// the lock on.
+func (s *State) releaseAt(sess *session, l *lock, i int) []Grant {
 	l.holders = append(l.holders[:i], l.holders[i+1:]...)
-	delete(sess.holds, name)
+	delete(sess.holds, l.name)
 	grants := s.grantWaiters(l)
 	s.forget(l)
-	return Result{Grants: grants}
+	return grants
 }
 
 func (s *State) cancelWait(c *fsmpb.CancelWait) Result {
@@ -376,20 +476,58 @@ func (s *State) cancelWait(c *fsmpb.CancelWait) Result {
 	if l == nil {
 		return Result{}
 	}
+	reqID, attempt := c.GetRequestId(), c.GetAttempt()
 	if i := l.holderIndex(sess.id); i >= 0 {
 		h := l.holders[i]
+		if reqID != 0 && !h.req.matches(reqID, attempt) {
+			return Result{}
+		}
 		return Result{Grant: &Grant{Session: sess.id, Lock: l.name, Token: h.token, Mode: h.mode}}
 	}
 	i := l.waiterIndex(sess.id)
-	if i < 0 {
+	if i < 0 || (reqID != 0 && !l.waiters[i].req.matches(reqID, attempt)) {
 		return Result{}
 	}
+	return Result{Grants: s.dropWaiter(sess, l, i), Dequeued: true}
+}
+
+// dropWaiter removes the session's wait at index i of l's queue and hands
+// the lock to the waiters it may have blocked.
+func (s *State) dropWaiter(sess *session, l *lock, i int) []Grant {
 	l.waiters = append(l.waiters[:i], l.waiters[i+1:]...)
 	delete(sess.waits, l.name)
-	// The cancelled waiter may have blocked shared waiters behind it.
 	grants := s.grantWaiters(l)
 	s.forget(l)
-	return Result{Grants: grants}
+	return grants
+}
+
+// cancelAcquire gives up an acquire by request id: it drops the request's
+// wait or releases its grant. With attempt 0 the client gives up the whole
+// request, and the id is remembered so that a retry still on its way fails;
+// with an attempt, it acts only if no later attempt took the request over.
+func (s *State) cancelAcquire(c *fsmpb.CancelAcquire) Result {
+	sess, err := s.session(c.GetSessionId())
+	if err != nil {
+		return Result{Err: err}
+	}
+	reqID, attempt := c.GetRequestId(), c.GetAttempt()
+	if reqID == 0 {
+		return Result{Err: fmt.Errorf("%w: request id is missing; name the acquire to cancel", fence.ErrInvalidArgument)}
+	}
+	if attempt == 0 {
+		sess.cancel(reqID)
+	}
+	l := s.locks[c.GetLock()]
+	if l == nil {
+		return Result{}
+	}
+	if i := l.holderIndex(sess.id); i >= 0 && l.holders[i].req.matches(reqID, attempt) {
+		return Result{Grants: s.releaseAt(sess, l, i), Released: true}
+	}
+	if i := l.waiterIndex(sess.id); i >= 0 && l.waiters[i].req.matches(reqID, attempt) {
+		return Result{Grants: s.dropWaiter(sess, l, i), Dequeued: true}
+	}
+	return Result{}
 }
 
 // endSessions closes (expired=false) or expires sessions: each releases
@@ -415,9 +553,13 @@ func (s *State) endSessions(ids []uint64, expired bool) Result {
 			i := l.holderIndex(id)
 			h := l.holders[i]
 			l.holders = append(l.holders[:i], l.holders[i+1:]...)
-			if expired && h.lockDelay > 0 && h.lockDelay > l.delay {
-				l.delay = h.lockDelay
-				res.Delayed = append(res.Delayed, Delay{Lock: name, Delay: h.lockDelay})
+			if expired && h.lockDelay > 0 {
+				// Each expiry's delay holds in full, whatever other
+				// delays the lock is under.
+				s.lastDelayID++
+				d := Delay{Lock: name, Delay: h.lockDelay, ID: s.lastDelayID}
+				l.delays = append(l.delays, d)
+				res.Delayed = append(res.Delayed, d)
 			}
 		}
 		for _, key := range sortedKeys(sess.keys) {
@@ -441,12 +583,26 @@ func (s *State) endSessions(ids []uint64, expired bool) Result {
 	return res
 }
 
-func (s *State) liftDelay(name string) Result {
+// liftDelay ends the lock's delay id (every delay for id 0, as older
+// versions logged it) and grants the lock once no delay is pending.
+func (s *State) liftDelay(name string, id uint64) Result {
 	l := s.locks[name]
-	if l == nil || l.delay == 0 {
+	if l == nil || !l.delayed() {
 		return Result{}
 	}
-	l.delay = 0
+	if id == 0 {
+		l.delays = nil
+	} else {
+		i := slices.IndexFunc(l.delays, func(d Delay) bool { return d.ID == id })
+		if i < 0 {
+			return Result{}
+		}
+		l.delays = slices.Delete(l.delays, i, i+1)
+		if l.delayed() {
+			return Result{}
+		}
+		l.delays = nil
+	}
 	grants := s.grantWaiters(l)
 	s.forget(l)
 	return Result{Grants: grants}
@@ -497,8 +653,10 @@ type LockInfo struct {
 	Name    string
 	Holders []HolderInfo
 	Waiters []WaiterInfo
-	// Delay is non-zero while the lock is held back by lock-delay.
-	Delay time.Duration
+	// Delay is the longest of the pending lock-delays, non-zero while the
+	// lock is held back; Delays lists them, in id order.
+	Delay  time.Duration
+	Delays []Delay
 	// Permits is a semaphore's number of permits; 0 for a lock.
 	Permits uint32
 }
@@ -552,20 +710,23 @@ func (s *State) Locks(prefix string) []LockInfo {
 	return out
 }
 
-// DelayedLocks returns the locks under lock-delay, in name order.
+// DelayedLocks returns the pending lock-delays, by lock name, then id.
 func (s *State) DelayedLocks() []Delay {
 	var out []Delay
-	for name, l := range s.locks {
-		if l.delay > 0 {
-			out = append(out, Delay{Lock: name, Delay: l.delay})
-		}
+	for _, l := range s.locks {
+		out = append(out, l.delays...)
 	}
-	sort.Slice(out, func(i, j int) bool { return out[i].Lock < out[j].Lock })
+	sort.Slice(out, func(i, j int) bool {
+		if out[i].Lock != out[j].Lock {
+			return out[i].Lock < out[j].Lock
+		}
+		return out[i].ID < out[j].ID
+	})
 	return out
 }
 
 func lockInfo(l *lock) LockInfo {
-	info := LockInfo{Name: l.name, Delay: l.delay, Permits: l.permits}
+	info := LockInfo{Name: l.name, Delay: l.longestDelay(), Delays: slices.Clone(l.delays), Permits: l.permits}
 	for _, h := range l.holders {
 		info.Holders = append(info.Holders, HolderInfo{Session: h.session, Token: h.token, Mode: h.mode})
 	}

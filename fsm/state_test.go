@@ -272,7 +272,7 @@ func TestApply(t *testing.T) {
 				{cmd: acquire(1, "a", excl), want: granted(1, "a", 1, excl)},
 				{cmd: acquire(2, "a", excl), want: queued()},
 				{cmd: acquire(3, "a", excl), want: queued()},
-				{cmd: cancelWait(2, "a"), want: fsm.Result{}, after: locksAre(
+				{cmd: cancelWait(2, "a"), want: fsm.Result{Dequeued: true}, after: locksAre(
 					fsm.LockInfo{Name: "a", Holders: []fsm.HolderInfo{holding(1, 1, excl)}, Waiters: []fsm.WaiterInfo{waiting(3, excl)}})},
 				{cmd: cancelWait(2, "a"), want: fsm.Result{}},
 				{cmd: cancelWait(3, "nosuch"), want: fsm.Result{}},
@@ -306,8 +306,8 @@ func TestApply(t *testing.T) {
 			steps: script(sessions(3), []applyStep{
 				{cmd: acquire(1, "a", excl, withDelay(5*sec)), want: granted(1, "a", 1, excl)},
 				{cmd: acquire(2, "a", excl), want: queued()},
-				{cmd: expireSessions(1), want: fsm.Result{Ended: []uint64{1}, Delayed: []fsm.Delay{{Lock: "a", Delay: 5 * sec}}}, after: locksAre(
-					fsm.LockInfo{Name: "a", Waiters: []fsm.WaiterInfo{waiting(2, excl)}, Delay: 5 * sec})},
+				{cmd: expireSessions(1), want: fsm.Result{Ended: []uint64{1}, Delayed: []fsm.Delay{{Lock: "a", Delay: 5 * sec, ID: 1}}}, after: locksAre(
+					fsm.LockInfo{Name: "a", Waiters: []fsm.WaiterInfo{waiting(2, excl)}, Delay: 5 * sec, Delays: []fsm.Delay{{Lock: "a", Delay: 5 * sec, ID: 1}}})},
 				{cmd: acquire(3, "a", shared, try), want: fails(fence.ErrLocked)},
 				{cmd: acquire(3, "a", shared), want: queued()},
 				{cmd: release(2, "a", 0), want: fails(fence.ErrNotHolder)},
@@ -322,8 +322,8 @@ func TestApply(t *testing.T) {
 			name: "a delayed lock nobody waits for is kept until LiftDelay, then forgotten",
 			steps: script(sessions(2), []applyStep{
 				{cmd: acquire(1, "a", excl, withDelay(sec)), want: granted(1, "a", 1, excl)},
-				{cmd: expireSessions(1), want: fsm.Result{Ended: []uint64{1}, Delayed: []fsm.Delay{{Lock: "a", Delay: sec}}}, after: func(t *testing.T, s *fsm.State) {
-					if got, want := s.DelayedLocks(), []fsm.Delay{{Lock: "a", Delay: sec}}; !reflect.DeepEqual(got, want) {
+				{cmd: expireSessions(1), want: fsm.Result{Ended: []uint64{1}, Delayed: []fsm.Delay{{Lock: "a", Delay: sec, ID: 1}}}, after: func(t *testing.T, s *fsm.State) {
+					if got, want := s.DelayedLocks(), []fsm.Delay{{Lock: "a", Delay: sec, ID: 1}}; !reflect.DeepEqual(got, want) {
 						t.Fatalf("DelayedLocks() = %+v, want %+v", got, want)
 					}
 				}},
@@ -430,7 +430,7 @@ func TestApply(t *testing.T) {
 			}},
 		},
 		sharedBehindExclusive("cancelling the exclusive waiter at the head lets the shared waiters behind it in",
-			cancelWait(2, "a"), fsm.Result{}),
+			cancelWait(2, "a"), fsm.Result{Dequeued: true}),
 		sharedBehindExclusive("closing the session of the exclusive waiter at the head lets the shared waiters behind it in",
 			closeSession(2), fsm.Result{Ended: []uint64{2}}),
 		sharedBehindExclusive("expiring the session of the exclusive waiter at the head lets the shared waiters behind it in",

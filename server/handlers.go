@@ -118,11 +118,22 @@ func (s *Server) Acquire(ctx context.Context, req *connect.Request[fencev1.Acqui
 		LockDelayNs: int64(lockDelay),
 		MaxWaiters:  uint64(s.cfg.MaxWaitersPerLock),
 		Permits:     m.GetPermits(),
+		RequestId:   m.GetRequestId(),
 	}}})
 	if err != nil {
 		return nil, err
 	}
+	w.req = request{id: m.GetRequestId(), attempt: res.Attempt}
 	if res.Grant != nil {
+		if ctx.Err() != nil {
+			// The caller went away while the grant was committed: give
+			// up what this call left, unless a retry took it over. A call
+			// without a request id gives up only a grant it made itself.
+			if w.req.id != 0 || len(res.Grants) > 0 {
+				s.giveUp(w, res.Grant)
+			}
+			return nil, ctx.Err()
+		}
 		return grantResponse(*res.Grant), nil
 	}
 	g, err := s.wait(ctx, w, index, waitTimeout)
@@ -130,6 +141,37 @@ func (s *Server) Acquire(ctx context.Context, req *connect.Request[fencev1.Acqui
 		return nil, err
 	}
 	return grantResponse(g), nil
+}
+
+// request is the client's id of an Acquire call and the attempt number the
+// state gave this try of it; a zero id when the client sent none.
+type request struct{ id, attempt uint64 }
+
+// giveUp drops the wait or releases the grant (g, if known) that an Acquire
+// whose caller went away left behind. With a request id it acts only on
+// that request at this attempt, so a retry of the call that took them over
+// keeps them. Without one, a grant is released only if no other call of
+// the session waits on the same lock to report it.
+func (s *Server) giveUp(w *waiter, g *fsm.Grant) {
+	if w.req.id != 0 {
+		_, err := s.apply(&fsmpb.Command{Op: &fsmpb.Command_CancelAcquire{CancelAcquire: &fsmpb.CancelAcquire{
+			SessionId: w.key.session, Lock: w.key.lock, RequestId: w.req.id, Attempt: w.req.attempt,
+		}}})
+		if err != nil {
+			s.logger.Warn("giving up an acquire whose caller went away", "lock", w.key.lock, "session", w.key.session, "request", w.req.id, "err", err)
+		}
+		return
+	}
+	if g == nil {
+		granted, ok, err := s.cancelWait(w)
+		if err != nil || !ok {
+			return
+		}
+		g = &granted
+	}
+	if !s.hub.unregister(w) {
+		s.releaseQuietly(*g)
+	}
 }
 
 // wait blocks a queued Acquire until its grant is committed, its session
@@ -149,7 +191,7 @@ func (s *Server) wait(ctx context.Context, w *waiter, index uint64, timeout time
 				return o.grant, o.err
 			}
 		case <-expired:
-			g, granted, err := s.cancelWait(w.key)
+			g, granted, err := s.cancelWait(w)
 			if err != nil {
 				return fsm.Grant{}, err
 			}
@@ -158,12 +200,7 @@ func (s *Server) wait(ctx context.Context, w *waiter, index uint64, timeout time
 			}
 			return fsm.Grant{}, fmt.Errorf("%w: lock %q was not granted within %v", fence.ErrWaitTimeout, w.key.lock, timeout)
 		case <-ctx.Done():
-			g, granted, err := s.cancelWait(w.key)
-			if err == nil && granted && !s.hub.unregister(w) {
-				// Granted as the caller went away, and no other call of the
-				// same session waits to report it: give the lock back.
-				s.releaseQuietly(g)
-			}
+			s.giveUp(w, nil)
 			return fsm.Grant{}, ctx.Err()
 		case <-s.done:
 			return fsm.Grant{}, fmt.Errorf("%w: the node is shutting down", fence.ErrUnavailable)
@@ -172,9 +209,12 @@ func (s *Server) wait(ctx context.Context, w *waiter, index uint64, timeout time
 }
 
 // cancelWait takes a wait out of the lock's queue. If the lock had already
-// been granted, it returns that grant instead.
-func (s *Server) cancelWait(key waitKey) (fsm.Grant, bool, error) {
-	res, err := s.apply(&fsmpb.Command{Op: &fsmpb.Command_CancelWait{CancelWait: &fsmpb.CancelWait{SessionId: key.session, Lock: key.lock}}})
+// been granted, it returns that grant instead. With a request id it acts
+// only on that request at w's attempt.
+func (s *Server) cancelWait(w *waiter) (fsm.Grant, bool, error) {
+	res, err := s.apply(&fsmpb.Command{Op: &fsmpb.Command_CancelWait{CancelWait: &fsmpb.CancelWait{
+		SessionId: w.key.session, Lock: w.key.lock, RequestId: w.req.id, Attempt: w.req.attempt,
+	}}})
 	if err != nil {
 		return fsm.Grant{}, false, err
 	}
@@ -213,6 +253,27 @@ func (s *Server) Release(ctx context.Context, req *connect.Request[fencev1.Relea
 		return nil, err
 	}
 	return connect.NewResponse(&fencev1.ReleaseResponse{}), nil
+}
+
+// CancelAcquire implements fencev1connect.LockServiceHandler.
+func (s *Server) CancelAcquire(ctx context.Context, req *connect.Request[fencev1.CancelAcquireRequest]) (*connect.Response[fencev1.CancelAcquireResponse], error) {
+	m := req.Msg
+	if err := checkSessionID(m.GetSessionId()); err != nil {
+		return nil, err
+	}
+	if err := s.checkLockName(m.GetLock()); err != nil {
+		return nil, err
+	}
+	if m.GetRequestId() == 0 {
+		return nil, invalid("request_id is missing; pass the request_id of the Acquire to cancel")
+	}
+	res, err := s.apply(&fsmpb.Command{Op: &fsmpb.Command_CancelAcquire{CancelAcquire: &fsmpb.CancelAcquire{
+		SessionId: m.GetSessionId(), Lock: m.GetLock(), RequestId: m.GetRequestId(),
+	}}})
+	if err != nil {
+		return nil, err
+	}
+	return connect.NewResponse(&fencev1.CancelAcquireResponse{Released: res.Released, Dequeued: res.Dequeued}), nil
 }
 
 // Check implements fencev1connect.LockServiceHandler.

@@ -272,9 +272,9 @@ func (s *Server) expireSessions(ids []uint64) error {
 	return err
 }
 
-func (s *Server) liftDelay(lock string) {
-	if _, err := s.apply(&fsmpb.Command{Op: &fsmpb.Command_LiftDelay{LiftDelay: &fsmpb.LiftDelay{Lock: lock}}}); err != nil {
-		s.logger.Warn("lifting lock-delay failed", "lock", lock, "err", err)
+func (s *Server) liftDelay(lock string, id uint64) {
+	if _, err := s.apply(&fsmpb.Command{Op: &fsmpb.Command_LiftDelay{LiftDelay: &fsmpb.LiftDelay{Lock: lock, Id: id}}}); err != nil {
+		s.logger.Warn("lifting lock-delay failed", "lock", lock, "delay", id, "err", err)
 	}
 }
 

@@ -122,6 +122,41 @@ func TestLockDelayHoldsLockAfterExpiry(t *testing.T) {
 	}
 }
 
+// Each expiry's lock-delay holds in full: two readers of a shared lock
+// expire one after the other, and the writer waiting behind them is granted
+// only once the delay after the second expiry has passed, not when the
+// first expiry's delay ends (issue 9, bug 3).
+func TestLockDelayOfEachExpiryHoldsInFull(t *testing.T) {
+	clk := clock.NewFake()
+	s := startTestServer(t, func(c *Config) { c.Clock = clk })
+	a := newAPI(t, s)
+	r1, r2, w := a.session(2*time.Second), a.session(6*time.Second), a.session(time.Hour)
+	for _, r := range []uint64{r1, r2} {
+		if _, err := a.acquire(context.Background(), &fencev1.AcquireRequest{SessionId: r, Lock: "l", Mode: fencev1.Mode_MODE_SHARED, LockDelay: durationpb.New(5 * time.Second)}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	p := a.acquireAsync(context.Background(), &fencev1.AcquireRequest{SessionId: w, Lock: "l"})
+	waitFor(t, "the writer to queue", func() bool { return len(a.lock("l").GetWaiters()) == 1 })
+
+	clk.Advance(3 * time.Second) // r1 expired at 2s: delayed until 3s+5s
+	waitFor(t, "r1 to expire", func() bool { return len(a.lock("l").GetHolders()) == 1 })
+	clk.Advance(4 * time.Second) // r2 expired at 6s: delayed until 7s+5s
+	waitFor(t, "r2 to expire", func() bool { return len(a.lock("l").GetHolders()) == 0 })
+	clk.Advance(2 * time.Second) // 9s: r1's delay is over, r2's is not
+	time.Sleep(100 * time.Millisecond)
+	if p.returned() {
+		t.Fatal("the writer was granted when the first reader's delay ended, before the second's")
+	}
+	if !a.lock("l").GetDelayed() {
+		t.Fatal("the lock is no longer delayed after the first reader's delay")
+	}
+	clk.Advance(3 * time.Second) // 12s: r2's delay is over
+	if _, err := p.result(t); err != nil {
+		t.Fatalf("the writer after both delays: %v", err)
+	}
+}
+
 // A wait timeout ends in DeadlineExceeded and leaves no waiter behind.
 func TestWaitTimeout(t *testing.T) {
 	clk := clock.NewFake()
@@ -265,5 +300,54 @@ func TestTryOnHeldLock(t *testing.T) {
 	}
 	if w := a.lock("l").GetWaiters(); len(w) != 0 {
 		t.Fatalf("try left a waiter: %v", w)
+	}
+}
+
+// CancelAcquire gives up an Acquire by its request id, whatever became of
+// it: a caller without a client library (curl with --max-time) calls it
+// after a failed Acquire, and nothing is left held or queued; a retry of the
+// given-up Acquire that arrives later is refused.
+func TestCancelAcquire(t *testing.T) {
+	s := startTestServer(t, nil)
+	a := newAPI(t, s)
+	sa, sb := a.session(time.Hour), a.session(time.Hour)
+	cancelAcquire := func(session uint64, lock string, id uint64) *fencev1.CancelAcquireResponse {
+		t.Helper()
+		resp, err := a.locks.CancelAcquire(context.Background(), connect.NewRequest(&fencev1.CancelAcquireRequest{SessionId: session, Lock: lock, RequestId: id}))
+		if err != nil {
+			t.Fatalf("CancelAcquire(%d, %d): %v", session, id, err)
+		}
+		return resp.Msg
+	}
+
+	a.mustAcquire(sa, "l") // sa holds, without a request id
+	ctx, cancel := context.WithCancel(context.Background())
+	p := a.acquireAsync(ctx, &fencev1.AcquireRequest{SessionId: sb, Lock: "l", RequestId: 1})
+	waitFor(t, "b to queue", func() bool { return len(a.lock("l").GetWaiters()) == 1 })
+	if got := cancelAcquire(sb, "l", 1); !got.GetDequeued() || got.GetReleased() {
+		t.Fatalf("cancelling a queued acquire: %v, want dequeued", got)
+	}
+	cancel()
+	if _, err := p.result(t); err == nil {
+		t.Fatal("a cancelled Acquire succeeded")
+	}
+	if _, err := a.acquire(context.Background(), &fencev1.AcquireRequest{SessionId: sb, Lock: "l", RequestId: 1, Try: true}); codeOf(err) != connect.CodeFailedPrecondition || !strings.Contains(err.Error(), "cancelled") {
+		t.Fatalf("a retry of a cancelled acquire: %v, want FailedPrecondition (cancelled)", err)
+	}
+
+	if _, err := a.acquire(context.Background(), &fencev1.AcquireRequest{SessionId: sa, Lock: "m", RequestId: 2}); err != nil {
+		t.Fatal(err)
+	}
+	if got := cancelAcquire(sa, "m", 2); !got.GetReleased() {
+		t.Fatalf("cancelling a granted acquire: %v, want released", got)
+	}
+	if len(a.lock("m").GetHolders()) != 0 {
+		t.Fatal("the cancelled grant is still held")
+	}
+	if got := cancelAcquire(sa, "m", 2); got.GetReleased() || got.GetDequeued() {
+		t.Fatalf("cancelling again: %v, want nothing done", got)
+	}
+	if _, err := a.locks.CancelAcquire(context.Background(), connect.NewRequest(&fencev1.CancelAcquireRequest{SessionId: sa, Lock: "m"})); codeOf(err) != connect.CodeInvalidArgument {
+		t.Fatalf("CancelAcquire without a request id: %v, want InvalidArgument", err)
 	}
 }

@@ -267,19 +267,21 @@ func (q *deadlineQueue) Pop() any {
 }
 
 // delayScheduler lifts lock-delays on the leader: when a lock is put under
-// a delay, it commits LiftDelay once the delay has passed on the leader's
-// clock. A new leader restarts every pending delay in full.
+// a delay, it commits a LiftDelay of that delay once it has passed on the
+// leader's clock. Each delay has its own timer, so a delay added while
+// another is pending holds in full. A new leader restarts every pending
+// delay in full.
 type delayScheduler struct {
 	clock clock.Clock
-	lift  func(lock string)
+	lift  func(lock string, id uint64)
 
 	mu     sync.Mutex
 	leader bool
-	timers map[string]clock.Timer
+	timers map[uint64]clock.Timer // by delay id
 }
 
-func newDelayScheduler(c clock.Clock, lift func(lock string)) *delayScheduler {
-	return &delayScheduler{clock: c, lift: lift, timers: map[string]clock.Timer{}}
+func newDelayScheduler(c clock.Clock, lift func(lock string, id uint64)) *delayScheduler {
+	return &delayScheduler{clock: c, lift: lift, timers: map[uint64]clock.Timer{}}
 }
 
 func (d *delayScheduler) schedule(delays []fsm.Delay) {
@@ -294,19 +296,24 @@ func (d *delayScheduler) schedule(delays []fsm.Delay) {
 }
 
 func (d *delayScheduler) scheduleLocked(delay fsm.Delay) {
-	if t, ok := d.timers[delay.Lock]; ok {
+	if t, ok := d.timers[delay.ID]; ok {
 		t.Stop()
 	}
-	name := delay.Lock
-	d.timers[name] = d.clock.AfterFunc(delay.Delay, func() {
+	var t clock.Timer
+	t = d.clock.AfterFunc(delay.Delay, func() {
 		d.mu.Lock()
-		delete(d.timers, name)
+		// A timer stopped as it fired must not drop its successor.
+		mine := d.timers[delay.ID] == t
+		if mine {
+			delete(d.timers, delay.ID)
+		}
 		leader := d.leader
 		d.mu.Unlock()
-		if leader {
-			d.lift(name)
+		if mine && leader {
+			d.lift(delay.Lock, delay.ID)
 		}
 	})
+	d.timers[delay.ID] = t
 }
 
 func (d *delayScheduler) becomeLeader(pending []fsm.Delay) {
@@ -322,8 +329,8 @@ func (d *delayScheduler) becomeFollower() {
 	d.mu.Lock()
 	defer d.mu.Unlock()
 	d.leader = false
-	for name, t := range d.timers {
+	for id, t := range d.timers {
 		t.Stop()
-		delete(d.timers, name)
+		delete(d.timers, id)
 	}
 }

@@ -32,6 +32,7 @@ const always = math.MaxUint64
 
 type waiter struct {
 	key    waitKey
+	req    request       // set by the handler once its Acquire is applied
 	notify chan struct{} // capacity 1: the hub never blocks on a slow handler
 
 	mu     sync.Mutex

@@ -42,6 +42,7 @@ type Command struct {
 	//	*Command_KvPut
 	//	*Command_KvDelete
 	//	*Command_RegisterNode
+	//	*Command_CancelAcquire
 	Op            isCommand_Op `protobuf_oneof:"op"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
@@ -174,6 +175,15 @@ func (x *Command) GetRegisterNode() *RegisterNode {
 	return nil
 }
 
+func (x *Command) GetCancelAcquire() *CancelAcquire {
+	if x != nil {
+		if x, ok := x.Op.(*Command_CancelAcquire); ok {
+			return x.CancelAcquire
+		}
+	}
+	return nil
+}
+
 type isCommand_Op interface {
 	isCommand_Op()
 }
@@ -218,6 +228,10 @@ type Command_RegisterNode struct {
 	RegisterNode *RegisterNode `protobuf:"bytes,10,opt,name=register_node,json=registerNode,proto3,oneof"`
 }
 
+type Command_CancelAcquire struct {
+	CancelAcquire *CancelAcquire `protobuf:"bytes,11,opt,name=cancel_acquire,json=cancelAcquire,proto3,oneof"`
+}
+
 func (*Command_CreateSession) isCommand_Op() {}
 
 func (*Command_CloseSession) isCommand_Op() {}
@@ -237,6 +251,8 @@ func (*Command_KvPut) isCommand_Op() {}
 func (*Command_KvDelete) isCommand_Op() {}
 
 func (*Command_RegisterNode) isCommand_Op() {}
+
+func (*Command_CancelAcquire) isCommand_Op() {}
 
 // RegisterNode records where a member of the raft group serves its API, so
 // that every node can point clients at the leader. A leader registers itself.
@@ -453,7 +469,10 @@ type Acquire struct {
 	// The leader's configured limit of waiters per lock; 0 means no limit.
 	MaxWaiters uint64 `protobuf:"varint,6,opt,name=max_waiters,json=maxWaiters,proto3" json:"max_waiters,omitempty"`
 	// The number of permits of a semaphore (mode 3); 0 for other modes.
-	Permits       uint32 `protobuf:"varint,7,opt,name=permits,proto3" json:"permits,omitempty"`
+	Permits uint32 `protobuf:"varint,7,opt,name=permits,proto3" json:"permits,omitempty"`
+	// The client's id of this acquire within the session, the same across the
+	// retries of one call; 0 for none. See CancelAcquire.
+	RequestId     uint64 `protobuf:"varint,8,opt,name=request_id,json=requestId,proto3" json:"request_id,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -537,10 +556,22 @@ func (x *Acquire) GetPermits() uint32 {
 	return 0
 }
 
+func (x *Acquire) GetRequestId() uint64 {
+	if x != nil {
+		return x.RequestId
+	}
+	return 0
+}
+
+// CancelWait ends a wait that timed out. With a request_id it acts only on
+// a wait or grant of that request at that attempt: a later retry of the
+// call has taken it over otherwise.
 type CancelWait struct {
 	state         protoimpl.MessageState `protogen:"open.v1"`
 	SessionId     uint64                 `protobuf:"varint,1,opt,name=session_id,json=sessionId,proto3" json:"session_id,omitempty"`
 	Lock          string                 `protobuf:"bytes,2,opt,name=lock,proto3" json:"lock,omitempty"`
+	RequestId     uint64                 `protobuf:"varint,3,opt,name=request_id,json=requestId,proto3" json:"request_id,omitempty"`
+	Attempt       uint64                 `protobuf:"varint,4,opt,name=attempt,proto3" json:"attempt,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -589,6 +620,93 @@ func (x *CancelWait) GetLock() string {
 	return ""
 }
 
+func (x *CancelWait) GetRequestId() uint64 {
+	if x != nil {
+		return x.RequestId
+	}
+	return 0
+}
+
+func (x *CancelWait) GetAttempt() uint64 {
+	if x != nil {
+		return x.Attempt
+	}
+	return 0
+}
+
+// CancelAcquire gives up an acquire by request: its wait is dropped, its
+// grant released. With attempt 0 the client gives up the whole request,
+// which is remembered, so that a retry still on its way fails; with an
+// attempt, the server gives up one call whose caller went away, unless a
+// later attempt took the request over.
+type CancelAcquire struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	SessionId     uint64                 `protobuf:"varint,1,opt,name=session_id,json=sessionId,proto3" json:"session_id,omitempty"`
+	Lock          string                 `protobuf:"bytes,2,opt,name=lock,proto3" json:"lock,omitempty"`
+	RequestId     uint64                 `protobuf:"varint,3,opt,name=request_id,json=requestId,proto3" json:"request_id,omitempty"`
+	Attempt       uint64                 `protobuf:"varint,4,opt,name=attempt,proto3" json:"attempt,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *CancelAcquire) Reset() {
+	*x = CancelAcquire{}
+	mi := &file_fsmpb_fsm_proto_msgTypes[7]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *CancelAcquire) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*CancelAcquire) ProtoMessage() {}
+
+func (x *CancelAcquire) ProtoReflect() protoreflect.Message {
+	mi := &file_fsmpb_fsm_proto_msgTypes[7]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use CancelAcquire.ProtoReflect.Descriptor instead.
+func (*CancelAcquire) Descriptor() ([]byte, []int) {
+	return file_fsmpb_fsm_proto_rawDescGZIP(), []int{7}
+}
+
+func (x *CancelAcquire) GetSessionId() uint64 {
+	if x != nil {
+		return x.SessionId
+	}
+	return 0
+}
+
+func (x *CancelAcquire) GetLock() string {
+	if x != nil {
+		return x.Lock
+	}
+	return ""
+}
+
+func (x *CancelAcquire) GetRequestId() uint64 {
+	if x != nil {
+		return x.RequestId
+	}
+	return 0
+}
+
+func (x *CancelAcquire) GetAttempt() uint64 {
+	if x != nil {
+		return x.Attempt
+	}
+	return 0
+}
+
 type Release struct {
 	state         protoimpl.MessageState `protogen:"open.v1"`
 	SessionId     uint64                 `protobuf:"varint,1,opt,name=session_id,json=sessionId,proto3" json:"session_id,omitempty"`
@@ -600,7 +718,7 @@ type Release struct {
 
 func (x *Release) Reset() {
 	*x = Release{}
-	mi := &file_fsmpb_fsm_proto_msgTypes[7]
+	mi := &file_fsmpb_fsm_proto_msgTypes[8]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -612,7 +730,7 @@ func (x *Release) String() string {
 func (*Release) ProtoMessage() {}
 
 func (x *Release) ProtoReflect() protoreflect.Message {
-	mi := &file_fsmpb_fsm_proto_msgTypes[7]
+	mi := &file_fsmpb_fsm_proto_msgTypes[8]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -625,7 +743,7 @@ func (x *Release) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Release.ProtoReflect.Descriptor instead.
 func (*Release) Descriptor() ([]byte, []int) {
-	return file_fsmpb_fsm_proto_rawDescGZIP(), []int{7}
+	return file_fsmpb_fsm_proto_rawDescGZIP(), []int{8}
 }
 
 func (x *Release) GetSessionId() uint64 {
@@ -649,17 +767,20 @@ func (x *Release) GetToken() uint64 {
 	return 0
 }
 
-// LiftDelay ends a lock-delay; the leader commits it once the delay has passed.
+// LiftDelay ends one lock-delay; the leader commits it once the delay has
+// passed. The lock is granted again once none of its delays is pending.
+// id 0 (entries of older versions) ends every delay of the lock.
 type LiftDelay struct {
 	state         protoimpl.MessageState `protogen:"open.v1"`
 	Lock          string                 `protobuf:"bytes,1,opt,name=lock,proto3" json:"lock,omitempty"`
+	Id            uint64                 `protobuf:"varint,2,opt,name=id,proto3" json:"id,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
 
 func (x *LiftDelay) Reset() {
 	*x = LiftDelay{}
-	mi := &file_fsmpb_fsm_proto_msgTypes[8]
+	mi := &file_fsmpb_fsm_proto_msgTypes[9]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -671,7 +792,7 @@ func (x *LiftDelay) String() string {
 func (*LiftDelay) ProtoMessage() {}
 
 func (x *LiftDelay) ProtoReflect() protoreflect.Message {
-	mi := &file_fsmpb_fsm_proto_msgTypes[8]
+	mi := &file_fsmpb_fsm_proto_msgTypes[9]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -684,7 +805,7 @@ func (x *LiftDelay) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use LiftDelay.ProtoReflect.Descriptor instead.
 func (*LiftDelay) Descriptor() ([]byte, []int) {
-	return file_fsmpb_fsm_proto_rawDescGZIP(), []int{8}
+	return file_fsmpb_fsm_proto_rawDescGZIP(), []int{9}
 }
 
 func (x *LiftDelay) GetLock() string {
@@ -692,6 +813,13 @@ func (x *LiftDelay) GetLock() string {
 		return x.Lock
 	}
 	return ""
+}
+
+func (x *LiftDelay) GetId() uint64 {
+	if x != nil {
+		return x.Id
+	}
+	return 0
 }
 
 // KVFence is the fencing of one KV write. A write with token 0 is unfenced,
@@ -710,7 +838,7 @@ type KVFence struct {
 
 func (x *KVFence) Reset() {
 	*x = KVFence{}
-	mi := &file_fsmpb_fsm_proto_msgTypes[9]
+	mi := &file_fsmpb_fsm_proto_msgTypes[10]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -722,7 +850,7 @@ func (x *KVFence) String() string {
 func (*KVFence) ProtoMessage() {}
 
 func (x *KVFence) ProtoReflect() protoreflect.Message {
-	mi := &file_fsmpb_fsm_proto_msgTypes[9]
+	mi := &file_fsmpb_fsm_proto_msgTypes[10]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -735,7 +863,7 @@ func (x *KVFence) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use KVFence.ProtoReflect.Descriptor instead.
 func (*KVFence) Descriptor() ([]byte, []int) {
-	return file_fsmpb_fsm_proto_rawDescGZIP(), []int{9}
+	return file_fsmpb_fsm_proto_rawDescGZIP(), []int{10}
 }
 
 func (x *KVFence) GetLock() string {
@@ -783,7 +911,7 @@ type KVPut struct {
 
 func (x *KVPut) Reset() {
 	*x = KVPut{}
-	mi := &file_fsmpb_fsm_proto_msgTypes[10]
+	mi := &file_fsmpb_fsm_proto_msgTypes[11]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -795,7 +923,7 @@ func (x *KVPut) String() string {
 func (*KVPut) ProtoMessage() {}
 
 func (x *KVPut) ProtoReflect() protoreflect.Message {
-	mi := &file_fsmpb_fsm_proto_msgTypes[10]
+	mi := &file_fsmpb_fsm_proto_msgTypes[11]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -808,7 +936,7 @@ func (x *KVPut) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use KVPut.ProtoReflect.Descriptor instead.
 func (*KVPut) Descriptor() ([]byte, []int) {
-	return file_fsmpb_fsm_proto_rawDescGZIP(), []int{10}
+	return file_fsmpb_fsm_proto_rawDescGZIP(), []int{11}
 }
 
 func (x *KVPut) GetKey() string {
@@ -856,7 +984,7 @@ type KVDelete struct {
 
 func (x *KVDelete) Reset() {
 	*x = KVDelete{}
-	mi := &file_fsmpb_fsm_proto_msgTypes[11]
+	mi := &file_fsmpb_fsm_proto_msgTypes[12]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -868,7 +996,7 @@ func (x *KVDelete) String() string {
 func (*KVDelete) ProtoMessage() {}
 
 func (x *KVDelete) ProtoReflect() protoreflect.Message {
-	mi := &file_fsmpb_fsm_proto_msgTypes[11]
+	mi := &file_fsmpb_fsm_proto_msgTypes[12]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -881,7 +1009,7 @@ func (x *KVDelete) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use KVDelete.ProtoReflect.Descriptor instead.
 func (*KVDelete) Descriptor() ([]byte, []int) {
-	return file_fsmpb_fsm_proto_rawDescGZIP(), []int{11}
+	return file_fsmpb_fsm_proto_rawDescGZIP(), []int{12}
 }
 
 func (x *KVDelete) GetKey() string {
@@ -907,13 +1035,17 @@ type Snapshot struct {
 	KvRevision    uint64                 `protobuf:"varint,5,opt,name=kv_revision,json=kvRevision,proto3" json:"kv_revision,omitempty"`
 	Kvs           []*KV                  `protobuf:"bytes,6,rep,name=kvs,proto3" json:"kvs,omitempty"`
 	Nodes         []*RegisterNode        `protobuf:"bytes,7,rep,name=nodes,proto3" json:"nodes,omitempty"`
+	// The last id given to a lock-delay.
+	LastDelayId uint64 `protobuf:"varint,8,opt,name=last_delay_id,json=lastDelayId,proto3" json:"last_delay_id,omitempty"`
+	// The last attempt number given to an acquire with a request id.
+	LastAttempt   uint64 `protobuf:"varint,9,opt,name=last_attempt,json=lastAttempt,proto3" json:"last_attempt,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
 
 func (x *Snapshot) Reset() {
 	*x = Snapshot{}
-	mi := &file_fsmpb_fsm_proto_msgTypes[12]
+	mi := &file_fsmpb_fsm_proto_msgTypes[13]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -925,7 +1057,7 @@ func (x *Snapshot) String() string {
 func (*Snapshot) ProtoMessage() {}
 
 func (x *Snapshot) ProtoReflect() protoreflect.Message {
-	mi := &file_fsmpb_fsm_proto_msgTypes[12]
+	mi := &file_fsmpb_fsm_proto_msgTypes[13]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -938,7 +1070,7 @@ func (x *Snapshot) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Snapshot.ProtoReflect.Descriptor instead.
 func (*Snapshot) Descriptor() ([]byte, []int) {
-	return file_fsmpb_fsm_proto_rawDescGZIP(), []int{12}
+	return file_fsmpb_fsm_proto_rawDescGZIP(), []int{13}
 }
 
 func (x *Snapshot) GetLastToken() uint64 {
@@ -990,6 +1122,20 @@ func (x *Snapshot) GetNodes() []*RegisterNode {
 	return nil
 }
 
+func (x *Snapshot) GetLastDelayId() uint64 {
+	if x != nil {
+		return x.LastDelayId
+	}
+	return 0
+}
+
+func (x *Snapshot) GetLastAttempt() uint64 {
+	if x != nil {
+		return x.LastAttempt
+	}
+	return 0
+}
+
 // KV is one key of the fenced KV store. A deleted key whose writes were
 // fenced is kept as a tombstone with its highest token, so that a stale
 // writer cannot bring it back.
@@ -1014,7 +1160,7 @@ type KV struct {
 
 func (x *KV) Reset() {
 	*x = KV{}
-	mi := &file_fsmpb_fsm_proto_msgTypes[13]
+	mi := &file_fsmpb_fsm_proto_msgTypes[14]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1026,7 +1172,7 @@ func (x *KV) String() string {
 func (*KV) ProtoMessage() {}
 
 func (x *KV) ProtoReflect() protoreflect.Message {
-	mi := &file_fsmpb_fsm_proto_msgTypes[13]
+	mi := &file_fsmpb_fsm_proto_msgTypes[14]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1039,7 +1185,7 @@ func (x *KV) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use KV.ProtoReflect.Descriptor instead.
 func (*KV) Descriptor() ([]byte, []int) {
-	return file_fsmpb_fsm_proto_rawDescGZIP(), []int{13}
+	return file_fsmpb_fsm_proto_rawDescGZIP(), []int{14}
 }
 
 func (x *KV) GetKey() string {
@@ -1113,17 +1259,19 @@ func (x *KV) GetSessionId() uint64 {
 }
 
 type Session struct {
-	state         protoimpl.MessageState `protogen:"open.v1"`
-	Id            uint64                 `protobuf:"varint,1,opt,name=id,proto3" json:"id,omitempty"`
-	TtlNs         int64                  `protobuf:"varint,2,opt,name=ttl_ns,json=ttlNs,proto3" json:"ttl_ns,omitempty"`
-	Owner         string                 `protobuf:"bytes,3,opt,name=owner,proto3" json:"owner,omitempty"`
+	state protoimpl.MessageState `protogen:"open.v1"`
+	Id    uint64                 `protobuf:"varint,1,opt,name=id,proto3" json:"id,omitempty"`
+	TtlNs int64                  `protobuf:"varint,2,opt,name=ttl_ns,json=ttlNs,proto3" json:"ttl_ns,omitempty"`
+	Owner string                 `protobuf:"bytes,3,opt,name=owner,proto3" json:"owner,omitempty"`
+	// Request ids the client gave up (CancelAcquire), oldest first.
+	Cancelled     []uint64 `protobuf:"varint,4,rep,packed,name=cancelled,proto3" json:"cancelled,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
 
 func (x *Session) Reset() {
 	*x = Session{}
-	mi := &file_fsmpb_fsm_proto_msgTypes[14]
+	mi := &file_fsmpb_fsm_proto_msgTypes[15]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1135,7 +1283,7 @@ func (x *Session) String() string {
 func (*Session) ProtoMessage() {}
 
 func (x *Session) ProtoReflect() protoreflect.Message {
-	mi := &file_fsmpb_fsm_proto_msgTypes[14]
+	mi := &file_fsmpb_fsm_proto_msgTypes[15]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1148,7 +1296,7 @@ func (x *Session) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Session.ProtoReflect.Descriptor instead.
 func (*Session) Descriptor() ([]byte, []int) {
-	return file_fsmpb_fsm_proto_rawDescGZIP(), []int{14}
+	return file_fsmpb_fsm_proto_rawDescGZIP(), []int{15}
 }
 
 func (x *Session) GetId() uint64 {
@@ -1172,6 +1320,13 @@ func (x *Session) GetOwner() string {
 	return ""
 }
 
+func (x *Session) GetCancelled() []uint64 {
+	if x != nil {
+		return x.Cancelled
+	}
+	return nil
+}
+
 type Lock struct {
 	state   protoimpl.MessageState `protogen:"open.v1"`
 	Name    string                 `protobuf:"bytes,1,opt,name=name,proto3" json:"name,omitempty"`
@@ -1179,14 +1334,17 @@ type Lock struct {
 	Waiters []*Waiter              `protobuf:"bytes,3,rep,name=waiters,proto3" json:"waiters,omitempty"`
 	DelayNs int64                  `protobuf:"varint,4,opt,name=delay_ns,json=delayNs,proto3" json:"delay_ns,omitempty"`
 	// A semaphore's number of permits; 0 for a lock.
-	Permits       uint32 `protobuf:"varint,5,opt,name=permits,proto3" json:"permits,omitempty"`
+	Permits uint32 `protobuf:"varint,5,opt,name=permits,proto3" json:"permits,omitempty"`
+	// The pending lock-delays, in id order; the lock is delayed while any is.
+	// Snapshots of older versions have only delay_ns.
+	Delays        []*PendingDelay `protobuf:"bytes,6,rep,name=delays,proto3" json:"delays,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
 
 func (x *Lock) Reset() {
 	*x = Lock{}
-	mi := &file_fsmpb_fsm_proto_msgTypes[15]
+	mi := &file_fsmpb_fsm_proto_msgTypes[16]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1198,7 +1356,7 @@ func (x *Lock) String() string {
 func (*Lock) ProtoMessage() {}
 
 func (x *Lock) ProtoReflect() protoreflect.Message {
-	mi := &file_fsmpb_fsm_proto_msgTypes[15]
+	mi := &file_fsmpb_fsm_proto_msgTypes[16]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1211,7 +1369,7 @@ func (x *Lock) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Lock.ProtoReflect.Descriptor instead.
 func (*Lock) Descriptor() ([]byte, []int) {
-	return file_fsmpb_fsm_proto_rawDescGZIP(), []int{15}
+	return file_fsmpb_fsm_proto_rawDescGZIP(), []int{16}
 }
 
 func (x *Lock) GetName() string {
@@ -1249,19 +1407,80 @@ func (x *Lock) GetPermits() uint32 {
 	return 0
 }
 
+func (x *Lock) GetDelays() []*PendingDelay {
+	if x != nil {
+		return x.Delays
+	}
+	return nil
+}
+
+type PendingDelay struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Id            uint64                 `protobuf:"varint,1,opt,name=id,proto3" json:"id,omitempty"`
+	DelayNs       int64                  `protobuf:"varint,2,opt,name=delay_ns,json=delayNs,proto3" json:"delay_ns,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *PendingDelay) Reset() {
+	*x = PendingDelay{}
+	mi := &file_fsmpb_fsm_proto_msgTypes[17]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *PendingDelay) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*PendingDelay) ProtoMessage() {}
+
+func (x *PendingDelay) ProtoReflect() protoreflect.Message {
+	mi := &file_fsmpb_fsm_proto_msgTypes[17]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use PendingDelay.ProtoReflect.Descriptor instead.
+func (*PendingDelay) Descriptor() ([]byte, []int) {
+	return file_fsmpb_fsm_proto_rawDescGZIP(), []int{17}
+}
+
+func (x *PendingDelay) GetId() uint64 {
+	if x != nil {
+		return x.Id
+	}
+	return 0
+}
+
+func (x *PendingDelay) GetDelayNs() int64 {
+	if x != nil {
+		return x.DelayNs
+	}
+	return 0
+}
+
 type Holder struct {
 	state         protoimpl.MessageState `protogen:"open.v1"`
 	SessionId     uint64                 `protobuf:"varint,1,opt,name=session_id,json=sessionId,proto3" json:"session_id,omitempty"`
 	Token         uint64                 `protobuf:"varint,2,opt,name=token,proto3" json:"token,omitempty"`
 	Mode          uint32                 `protobuf:"varint,3,opt,name=mode,proto3" json:"mode,omitempty"`
 	LockDelayNs   int64                  `protobuf:"varint,4,opt,name=lock_delay_ns,json=lockDelayNs,proto3" json:"lock_delay_ns,omitempty"`
+	RequestId     uint64                 `protobuf:"varint,5,opt,name=request_id,json=requestId,proto3" json:"request_id,omitempty"`
+	Attempt       uint64                 `protobuf:"varint,6,opt,name=attempt,proto3" json:"attempt,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
 
 func (x *Holder) Reset() {
 	*x = Holder{}
-	mi := &file_fsmpb_fsm_proto_msgTypes[16]
+	mi := &file_fsmpb_fsm_proto_msgTypes[18]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1273,7 +1492,7 @@ func (x *Holder) String() string {
 func (*Holder) ProtoMessage() {}
 
 func (x *Holder) ProtoReflect() protoreflect.Message {
-	mi := &file_fsmpb_fsm_proto_msgTypes[16]
+	mi := &file_fsmpb_fsm_proto_msgTypes[18]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1286,7 +1505,7 @@ func (x *Holder) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Holder.ProtoReflect.Descriptor instead.
 func (*Holder) Descriptor() ([]byte, []int) {
-	return file_fsmpb_fsm_proto_rawDescGZIP(), []int{16}
+	return file_fsmpb_fsm_proto_rawDescGZIP(), []int{18}
 }
 
 func (x *Holder) GetSessionId() uint64 {
@@ -1317,18 +1536,34 @@ func (x *Holder) GetLockDelayNs() int64 {
 	return 0
 }
 
+func (x *Holder) GetRequestId() uint64 {
+	if x != nil {
+		return x.RequestId
+	}
+	return 0
+}
+
+func (x *Holder) GetAttempt() uint64 {
+	if x != nil {
+		return x.Attempt
+	}
+	return 0
+}
+
 type Waiter struct {
 	state         protoimpl.MessageState `protogen:"open.v1"`
 	SessionId     uint64                 `protobuf:"varint,1,opt,name=session_id,json=sessionId,proto3" json:"session_id,omitempty"`
 	Mode          uint32                 `protobuf:"varint,2,opt,name=mode,proto3" json:"mode,omitempty"`
 	LockDelayNs   int64                  `protobuf:"varint,3,opt,name=lock_delay_ns,json=lockDelayNs,proto3" json:"lock_delay_ns,omitempty"`
+	RequestId     uint64                 `protobuf:"varint,4,opt,name=request_id,json=requestId,proto3" json:"request_id,omitempty"`
+	Attempt       uint64                 `protobuf:"varint,5,opt,name=attempt,proto3" json:"attempt,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
 
 func (x *Waiter) Reset() {
 	*x = Waiter{}
-	mi := &file_fsmpb_fsm_proto_msgTypes[17]
+	mi := &file_fsmpb_fsm_proto_msgTypes[19]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1340,7 +1575,7 @@ func (x *Waiter) String() string {
 func (*Waiter) ProtoMessage() {}
 
 func (x *Waiter) ProtoReflect() protoreflect.Message {
-	mi := &file_fsmpb_fsm_proto_msgTypes[17]
+	mi := &file_fsmpb_fsm_proto_msgTypes[19]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1353,7 +1588,7 @@ func (x *Waiter) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Waiter.ProtoReflect.Descriptor instead.
 func (*Waiter) Descriptor() ([]byte, []int) {
-	return file_fsmpb_fsm_proto_rawDescGZIP(), []int{17}
+	return file_fsmpb_fsm_proto_rawDescGZIP(), []int{19}
 }
 
 func (x *Waiter) GetSessionId() uint64 {
@@ -1377,11 +1612,25 @@ func (x *Waiter) GetLockDelayNs() int64 {
 	return 0
 }
 
+func (x *Waiter) GetRequestId() uint64 {
+	if x != nil {
+		return x.RequestId
+	}
+	return 0
+}
+
+func (x *Waiter) GetAttempt() uint64 {
+	if x != nil {
+		return x.Attempt
+	}
+	return 0
+}
+
 var File_fsmpb_fsm_proto protoreflect.FileDescriptor
 
 const file_fsmpb_fsm_proto_rawDesc = "" +
 	"\n" +
-	"\x0ffsmpb/fsm.proto\x12\ffence.fsm.v1\"\xe6\x04\n" +
+	"\x0ffsmpb/fsm.proto\x12\ffence.fsm.v1\"\xac\x05\n" +
 	"\aCommand\x12D\n" +
 	"\x0ecreate_session\x18\x01 \x01(\v2\x1b.fence.fsm.v1.CreateSessionH\x00R\rcreateSession\x12A\n" +
 	"\rclose_session\x18\x02 \x01(\v2\x1a.fence.fsm.v1.CloseSessionH\x00R\fcloseSession\x12G\n" +
@@ -1395,7 +1644,8 @@ const file_fsmpb_fsm_proto_rawDesc = "" +
 	"\x06kv_put\x18\b \x01(\v2\x13.fence.fsm.v1.KVPutH\x00R\x05kvPut\x125\n" +
 	"\tkv_delete\x18\t \x01(\v2\x16.fence.fsm.v1.KVDeleteH\x00R\bkvDelete\x12A\n" +
 	"\rregister_node\x18\n" +
-	" \x01(\v2\x1a.fence.fsm.v1.RegisterNodeH\x00R\fregisterNodeB\x04\n" +
+	" \x01(\v2\x1a.fence.fsm.v1.RegisterNodeH\x00R\fregisterNode\x12D\n" +
+	"\x0ecancel_acquire\x18\v \x01(\v2\x1b.fence.fsm.v1.CancelAcquireH\x00R\rcancelAcquireB\x04\n" +
 	"\x02op\"H\n" +
 	"\fRegisterNode\x12\x17\n" +
 	"\anode_id\x18\x01 \x01(\tR\x06nodeId\x12\x1f\n" +
@@ -1410,7 +1660,7 @@ const file_fsmpb_fsm_proto_rawDesc = "" +
 	"session_id\x18\x01 \x01(\x04R\tsessionId\"1\n" +
 	"\x0eExpireSessions\x12\x1f\n" +
 	"\vsession_ids\x18\x01 \x03(\x04R\n" +
-	"sessionIds\"\xc1\x01\n" +
+	"sessionIds\"\xe0\x01\n" +
 	"\aAcquire\x12\x1d\n" +
 	"\n" +
 	"session_id\x18\x01 \x01(\x04R\tsessionId\x12\x12\n" +
@@ -1420,19 +1670,32 @@ const file_fsmpb_fsm_proto_rawDesc = "" +
 	"\rlock_delay_ns\x18\x05 \x01(\x03R\vlockDelayNs\x12\x1f\n" +
 	"\vmax_waiters\x18\x06 \x01(\x04R\n" +
 	"maxWaiters\x12\x18\n" +
-	"\apermits\x18\a \x01(\rR\apermits\"?\n" +
+	"\apermits\x18\a \x01(\rR\apermits\x12\x1d\n" +
+	"\n" +
+	"request_id\x18\b \x01(\x04R\trequestId\"x\n" +
 	"\n" +
 	"CancelWait\x12\x1d\n" +
 	"\n" +
 	"session_id\x18\x01 \x01(\x04R\tsessionId\x12\x12\n" +
-	"\x04lock\x18\x02 \x01(\tR\x04lock\"R\n" +
+	"\x04lock\x18\x02 \x01(\tR\x04lock\x12\x1d\n" +
+	"\n" +
+	"request_id\x18\x03 \x01(\x04R\trequestId\x12\x18\n" +
+	"\aattempt\x18\x04 \x01(\x04R\aattempt\"{\n" +
+	"\rCancelAcquire\x12\x1d\n" +
+	"\n" +
+	"session_id\x18\x01 \x01(\x04R\tsessionId\x12\x12\n" +
+	"\x04lock\x18\x02 \x01(\tR\x04lock\x12\x1d\n" +
+	"\n" +
+	"request_id\x18\x03 \x01(\x04R\trequestId\x12\x18\n" +
+	"\aattempt\x18\x04 \x01(\x04R\aattempt\"R\n" +
 	"\aRelease\x12\x1d\n" +
 	"\n" +
 	"session_id\x18\x01 \x01(\x04R\tsessionId\x12\x12\n" +
 	"\x04lock\x18\x02 \x01(\tR\x04lock\x12\x14\n" +
-	"\x05token\x18\x03 \x01(\x04R\x05token\"\x1f\n" +
+	"\x05token\x18\x03 \x01(\x04R\x05token\"/\n" +
 	"\tLiftDelay\x12\x12\n" +
-	"\x04lock\x18\x01 \x01(\tR\x04lock\"\x8d\x01\n" +
+	"\x04lock\x18\x01 \x01(\tR\x04lock\x12\x0e\n" +
+	"\x02id\x18\x02 \x01(\x04R\x02id\"\x8d\x01\n" +
 	"\aKVFence\x12\x12\n" +
 	"\x04lock\x18\x01 \x01(\tR\x04lock\x12\x14\n" +
 	"\x05token\x18\x02 \x01(\x04R\x05token\x12\x16\n" +
@@ -1448,7 +1711,7 @@ const file_fsmpb_fsm_proto_rawDesc = "" +
 	"session_id\x18\x05 \x01(\x04R\tsessionId\"I\n" +
 	"\bKVDelete\x12\x10\n" +
 	"\x03key\x18\x01 \x01(\tR\x03key\x12+\n" +
-	"\x05fence\x18\x02 \x01(\v2\x15.fence.fsm.v1.KVFenceR\x05fence\"\xa5\x02\n" +
+	"\x05fence\x18\x02 \x01(\v2\x15.fence.fsm.v1.KVFenceR\x05fence\"\xec\x02\n" +
 	"\bSnapshot\x12\x1d\n" +
 	"\n" +
 	"last_token\x18\x01 \x01(\x04R\tlastToken\x12&\n" +
@@ -1458,7 +1721,9 @@ const file_fsmpb_fsm_proto_rawDesc = "" +
 	"\vkv_revision\x18\x05 \x01(\x04R\n" +
 	"kvRevision\x12\"\n" +
 	"\x03kvs\x18\x06 \x03(\v2\x10.fence.fsm.v1.KVR\x03kvs\x120\n" +
-	"\x05nodes\x18\a \x03(\v2\x1a.fence.fsm.v1.RegisterNodeR\x05nodes\"\x9a\x02\n" +
+	"\x05nodes\x18\a \x03(\v2\x1a.fence.fsm.v1.RegisterNodeR\x05nodes\x12\"\n" +
+	"\rlast_delay_id\x18\b \x01(\x04R\vlastDelayId\x12!\n" +
+	"\flast_attempt\x18\t \x01(\x04R\vlastAttempt\"\x9a\x02\n" +
 	"\x02KV\x12\x10\n" +
 	"\x03key\x18\x01 \x01(\tR\x03key\x12\x14\n" +
 	"\x05value\x18\x02 \x01(\fR\x05value\x12\x14\n" +
@@ -1471,28 +1736,39 @@ const file_fsmpb_fsm_proto_rawDesc = "" +
 	"\adeleted\x18\t \x01(\bR\adeleted\x12\x1d\n" +
 	"\n" +
 	"session_id\x18\n" +
-	" \x01(\x04R\tsessionId\"F\n" +
+	" \x01(\x04R\tsessionId\"d\n" +
 	"\aSession\x12\x0e\n" +
 	"\x02id\x18\x01 \x01(\x04R\x02id\x12\x15\n" +
 	"\x06ttl_ns\x18\x02 \x01(\x03R\x05ttlNs\x12\x14\n" +
-	"\x05owner\x18\x03 \x01(\tR\x05owner\"\xaf\x01\n" +
+	"\x05owner\x18\x03 \x01(\tR\x05owner\x12\x1c\n" +
+	"\tcancelled\x18\x04 \x03(\x04R\tcancelled\"\xe3\x01\n" +
 	"\x04Lock\x12\x12\n" +
 	"\x04name\x18\x01 \x01(\tR\x04name\x12.\n" +
 	"\aholders\x18\x02 \x03(\v2\x14.fence.fsm.v1.HolderR\aholders\x12.\n" +
 	"\awaiters\x18\x03 \x03(\v2\x14.fence.fsm.v1.WaiterR\awaiters\x12\x19\n" +
 	"\bdelay_ns\x18\x04 \x01(\x03R\adelayNs\x12\x18\n" +
-	"\apermits\x18\x05 \x01(\rR\apermits\"u\n" +
+	"\apermits\x18\x05 \x01(\rR\apermits\x122\n" +
+	"\x06delays\x18\x06 \x03(\v2\x1a.fence.fsm.v1.PendingDelayR\x06delays\"9\n" +
+	"\fPendingDelay\x12\x0e\n" +
+	"\x02id\x18\x01 \x01(\x04R\x02id\x12\x19\n" +
+	"\bdelay_ns\x18\x02 \x01(\x03R\adelayNs\"\xae\x01\n" +
 	"\x06Holder\x12\x1d\n" +
 	"\n" +
 	"session_id\x18\x01 \x01(\x04R\tsessionId\x12\x14\n" +
 	"\x05token\x18\x02 \x01(\x04R\x05token\x12\x12\n" +
 	"\x04mode\x18\x03 \x01(\rR\x04mode\x12\"\n" +
-	"\rlock_delay_ns\x18\x04 \x01(\x03R\vlockDelayNs\"_\n" +
+	"\rlock_delay_ns\x18\x04 \x01(\x03R\vlockDelayNs\x12\x1d\n" +
+	"\n" +
+	"request_id\x18\x05 \x01(\x04R\trequestId\x12\x18\n" +
+	"\aattempt\x18\x06 \x01(\x04R\aattempt\"\x98\x01\n" +
 	"\x06Waiter\x12\x1d\n" +
 	"\n" +
 	"session_id\x18\x01 \x01(\x04R\tsessionId\x12\x12\n" +
 	"\x04mode\x18\x02 \x01(\rR\x04mode\x12\"\n" +
-	"\rlock_delay_ns\x18\x03 \x01(\x03R\vlockDelayNsB+Z)github.com/fencelock/fence/internal/fsmpbb\x06proto3"
+	"\rlock_delay_ns\x18\x03 \x01(\x03R\vlockDelayNs\x12\x1d\n" +
+	"\n" +
+	"request_id\x18\x04 \x01(\x04R\trequestId\x12\x18\n" +
+	"\aattempt\x18\x05 \x01(\x04R\aattemptB+Z)github.com/fencelock/fence/internal/fsmpbb\x06proto3"
 
 var (
 	file_fsmpb_fsm_proto_rawDescOnce sync.Once
@@ -1506,7 +1782,7 @@ func file_fsmpb_fsm_proto_rawDescGZIP() []byte {
 	return file_fsmpb_fsm_proto_rawDescData
 }
 
-var file_fsmpb_fsm_proto_msgTypes = make([]protoimpl.MessageInfo, 18)
+var file_fsmpb_fsm_proto_msgTypes = make([]protoimpl.MessageInfo, 20)
 var file_fsmpb_fsm_proto_goTypes = []any{
 	(*Command)(nil),        // 0: fence.fsm.v1.Command
 	(*RegisterNode)(nil),   // 1: fence.fsm.v1.RegisterNode
@@ -1515,17 +1791,19 @@ var file_fsmpb_fsm_proto_goTypes = []any{
 	(*ExpireSessions)(nil), // 4: fence.fsm.v1.ExpireSessions
 	(*Acquire)(nil),        // 5: fence.fsm.v1.Acquire
 	(*CancelWait)(nil),     // 6: fence.fsm.v1.CancelWait
-	(*Release)(nil),        // 7: fence.fsm.v1.Release
-	(*LiftDelay)(nil),      // 8: fence.fsm.v1.LiftDelay
-	(*KVFence)(nil),        // 9: fence.fsm.v1.KVFence
-	(*KVPut)(nil),          // 10: fence.fsm.v1.KVPut
-	(*KVDelete)(nil),       // 11: fence.fsm.v1.KVDelete
-	(*Snapshot)(nil),       // 12: fence.fsm.v1.Snapshot
-	(*KV)(nil),             // 13: fence.fsm.v1.KV
-	(*Session)(nil),        // 14: fence.fsm.v1.Session
-	(*Lock)(nil),           // 15: fence.fsm.v1.Lock
-	(*Holder)(nil),         // 16: fence.fsm.v1.Holder
-	(*Waiter)(nil),         // 17: fence.fsm.v1.Waiter
+	(*CancelAcquire)(nil),  // 7: fence.fsm.v1.CancelAcquire
+	(*Release)(nil),        // 8: fence.fsm.v1.Release
+	(*LiftDelay)(nil),      // 9: fence.fsm.v1.LiftDelay
+	(*KVFence)(nil),        // 10: fence.fsm.v1.KVFence
+	(*KVPut)(nil),          // 11: fence.fsm.v1.KVPut
+	(*KVDelete)(nil),       // 12: fence.fsm.v1.KVDelete
+	(*Snapshot)(nil),       // 13: fence.fsm.v1.Snapshot
+	(*KV)(nil),             // 14: fence.fsm.v1.KV
+	(*Session)(nil),        // 15: fence.fsm.v1.Session
+	(*Lock)(nil),           // 16: fence.fsm.v1.Lock
+	(*PendingDelay)(nil),   // 17: fence.fsm.v1.PendingDelay
+	(*Holder)(nil),         // 18: fence.fsm.v1.Holder
+	(*Waiter)(nil),         // 19: fence.fsm.v1.Waiter
 }
 var file_fsmpb_fsm_proto_depIdxs = []int32{
 	2,  // 0: fence.fsm.v1.Command.create_session:type_name -> fence.fsm.v1.CreateSession
@@ -1533,24 +1811,26 @@ var file_fsmpb_fsm_proto_depIdxs = []int32{
 	4,  // 2: fence.fsm.v1.Command.expire_sessions:type_name -> fence.fsm.v1.ExpireSessions
 	5,  // 3: fence.fsm.v1.Command.acquire:type_name -> fence.fsm.v1.Acquire
 	6,  // 4: fence.fsm.v1.Command.cancel_wait:type_name -> fence.fsm.v1.CancelWait
-	7,  // 5: fence.fsm.v1.Command.release:type_name -> fence.fsm.v1.Release
-	8,  // 6: fence.fsm.v1.Command.lift_delay:type_name -> fence.fsm.v1.LiftDelay
-	10, // 7: fence.fsm.v1.Command.kv_put:type_name -> fence.fsm.v1.KVPut
-	11, // 8: fence.fsm.v1.Command.kv_delete:type_name -> fence.fsm.v1.KVDelete
+	8,  // 5: fence.fsm.v1.Command.release:type_name -> fence.fsm.v1.Release
+	9,  // 6: fence.fsm.v1.Command.lift_delay:type_name -> fence.fsm.v1.LiftDelay
+	11, // 7: fence.fsm.v1.Command.kv_put:type_name -> fence.fsm.v1.KVPut
+	12, // 8: fence.fsm.v1.Command.kv_delete:type_name -> fence.fsm.v1.KVDelete
 	1,  // 9: fence.fsm.v1.Command.register_node:type_name -> fence.fsm.v1.RegisterNode
-	9,  // 10: fence.fsm.v1.KVPut.fence:type_name -> fence.fsm.v1.KVFence
-	9,  // 11: fence.fsm.v1.KVDelete.fence:type_name -> fence.fsm.v1.KVFence
-	14, // 12: fence.fsm.v1.Snapshot.sessions:type_name -> fence.fsm.v1.Session
-	15, // 13: fence.fsm.v1.Snapshot.locks:type_name -> fence.fsm.v1.Lock
-	13, // 14: fence.fsm.v1.Snapshot.kvs:type_name -> fence.fsm.v1.KV
-	1,  // 15: fence.fsm.v1.Snapshot.nodes:type_name -> fence.fsm.v1.RegisterNode
-	16, // 16: fence.fsm.v1.Lock.holders:type_name -> fence.fsm.v1.Holder
-	17, // 17: fence.fsm.v1.Lock.waiters:type_name -> fence.fsm.v1.Waiter
-	18, // [18:18] is the sub-list for method output_type
-	18, // [18:18] is the sub-list for method input_type
-	18, // [18:18] is the sub-list for extension type_name
-	18, // [18:18] is the sub-list for extension extendee
-	0,  // [0:18] is the sub-list for field type_name
+	7,  // 10: fence.fsm.v1.Command.cancel_acquire:type_name -> fence.fsm.v1.CancelAcquire
+	10, // 11: fence.fsm.v1.KVPut.fence:type_name -> fence.fsm.v1.KVFence
+	10, // 12: fence.fsm.v1.KVDelete.fence:type_name -> fence.fsm.v1.KVFence
+	15, // 13: fence.fsm.v1.Snapshot.sessions:type_name -> fence.fsm.v1.Session
+	16, // 14: fence.fsm.v1.Snapshot.locks:type_name -> fence.fsm.v1.Lock
+	14, // 15: fence.fsm.v1.Snapshot.kvs:type_name -> fence.fsm.v1.KV
+	1,  // 16: fence.fsm.v1.Snapshot.nodes:type_name -> fence.fsm.v1.RegisterNode
+	18, // 17: fence.fsm.v1.Lock.holders:type_name -> fence.fsm.v1.Holder
+	19, // 18: fence.fsm.v1.Lock.waiters:type_name -> fence.fsm.v1.Waiter
+	17, // 19: fence.fsm.v1.Lock.delays:type_name -> fence.fsm.v1.PendingDelay
+	20, // [20:20] is the sub-list for method output_type
+	20, // [20:20] is the sub-list for method input_type
+	20, // [20:20] is the sub-list for extension type_name
+	20, // [20:20] is the sub-list for extension extendee
+	0,  // [0:20] is the sub-list for field type_name
 }
 
 func init() { file_fsmpb_fsm_proto_init() }
@@ -1569,15 +1849,16 @@ func file_fsmpb_fsm_proto_init() {
 		(*Command_KvPut)(nil),
 		(*Command_KvDelete)(nil),
 		(*Command_RegisterNode)(nil),
+		(*Command_CancelAcquire)(nil),
 	}
-	file_fsmpb_fsm_proto_msgTypes[9].OneofWrappers = []any{}
+	file_fsmpb_fsm_proto_msgTypes[10].OneofWrappers = []any{}
 	type x struct{}
 	out := protoimpl.TypeBuilder{
 		File: protoimpl.DescBuilder{
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_fsmpb_fsm_proto_rawDesc), len(file_fsmpb_fsm_proto_rawDesc)),
 			NumEnums:      0,
-			NumMessages:   18,
+			NumMessages:   20,
 			NumExtensions: 0,
 			NumServices:   0,
 		},

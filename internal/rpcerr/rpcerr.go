@@ -33,6 +33,7 @@ var table = []struct {
 	{fence.ErrUnavailable, connect.CodeUnavailable, fencev1.Reason_REASON_NOT_LEADER},
 	{fence.ErrLimit, connect.CodeResourceExhausted, fencev1.Reason_REASON_LIMIT},
 	{fence.ErrCompacted, connect.CodeFailedPrecondition, fencev1.Reason_REASON_COMPACTED},
+	{fence.ErrCancelled, connect.CodeFailedPrecondition, fencev1.Reason_REASON_CANCELLED},
 }
 
 // Detail is the extra information an error may carry across the wire.

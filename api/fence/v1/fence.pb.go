@@ -156,6 +156,8 @@ const (
 	Reason_REASON_REVISION_MISMATCH Reason = 9
 	// A watch asked for changes older than the node keeps.
 	Reason_REASON_COMPACTED Reason = 10
+	// An Acquire whose request_id was given up by CancelAcquire.
+	Reason_REASON_CANCELLED Reason = 11
 )
 
 // Enum value maps for Reason.
@@ -172,6 +174,7 @@ var (
 		8:  "REASON_LIMIT",
 		9:  "REASON_REVISION_MISMATCH",
 		10: "REASON_COMPACTED",
+		11: "REASON_CANCELLED",
 	}
 	Reason_value = map[string]int32{
 		"REASON_UNSPECIFIED":       0,
@@ -185,6 +188,7 @@ var (
 		"REASON_LIMIT":             8,
 		"REASON_REVISION_MISMATCH": 9,
 		"REASON_COMPACTED":         10,
+		"REASON_CANCELLED":         11,
 	}
 )
 
@@ -510,7 +514,13 @@ type AcquireRequest struct {
 	// With MODE_SEMAPHORE: how many holders the semaphore admits at once,
 	// 1 to 10,000 (configurable). Every holder and waiter of a semaphore
 	// must name the same number. Unset for the other modes.
-	Permits       uint32 `protobuf:"varint,7,opt,name=permits,proto3" json:"permits,omitempty"`
+	Permits uint32 `protobuf:"varint,7,opt,name=permits,proto3" json:"permits,omitempty"`
+	// Names this acquire within the session, across the retries of one call:
+	// any value but 0, unique within the session. A retry with the same id
+	// takes over the wait or the grant the call left; CancelAcquire gives up
+	// exactly this acquire. When the caller goes away, the server gives up
+	// what the call left only if the call carried an id. 0: no id.
+	RequestId     uint64 `protobuf:"varint,8,opt,name=request_id,json=requestId,proto3" json:"request_id,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -590,6 +600,13 @@ func (x *AcquireRequest) GetLockDelay() *durationpb.Duration {
 func (x *AcquireRequest) GetPermits() uint32 {
 	if x != nil {
 		return x.Permits
+	}
+	return 0
+}
+
+func (x *AcquireRequest) GetRequestId() uint64 {
+	if x != nil {
+		return x.RequestId
 	}
 	return 0
 }
@@ -750,6 +767,121 @@ func (*ReleaseResponse) Descriptor() ([]byte, []int) {
 	return file_fence_v1_fence_proto_rawDescGZIP(), []int{9}
 }
 
+type CancelAcquireRequest struct {
+	state     protoimpl.MessageState `protogen:"open.v1"`
+	SessionId uint64                 `protobuf:"varint,1,opt,name=session_id,json=sessionId,proto3" json:"session_id,omitempty"`
+	Lock      string                 `protobuf:"bytes,2,opt,name=lock,proto3" json:"lock,omitempty"`
+	// The request_id of the Acquire to give up; not 0.
+	RequestId     uint64 `protobuf:"varint,3,opt,name=request_id,json=requestId,proto3" json:"request_id,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *CancelAcquireRequest) Reset() {
+	*x = CancelAcquireRequest{}
+	mi := &file_fence_v1_fence_proto_msgTypes[10]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *CancelAcquireRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*CancelAcquireRequest) ProtoMessage() {}
+
+func (x *CancelAcquireRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_fence_v1_fence_proto_msgTypes[10]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use CancelAcquireRequest.ProtoReflect.Descriptor instead.
+func (*CancelAcquireRequest) Descriptor() ([]byte, []int) {
+	return file_fence_v1_fence_proto_rawDescGZIP(), []int{10}
+}
+
+func (x *CancelAcquireRequest) GetSessionId() uint64 {
+	if x != nil {
+		return x.SessionId
+	}
+	return 0
+}
+
+func (x *CancelAcquireRequest) GetLock() string {
+	if x != nil {
+		return x.Lock
+	}
+	return ""
+}
+
+func (x *CancelAcquireRequest) GetRequestId() uint64 {
+	if x != nil {
+		return x.RequestId
+	}
+	return 0
+}
+
+type CancelAcquireResponse struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// The acquire had been granted, and the grant was released.
+	Released bool `protobuf:"varint,1,opt,name=released,proto3" json:"released,omitempty"`
+	// The acquire was waiting, and its wait was dropped.
+	Dequeued      bool `protobuf:"varint,2,opt,name=dequeued,proto3" json:"dequeued,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *CancelAcquireResponse) Reset() {
+	*x = CancelAcquireResponse{}
+	mi := &file_fence_v1_fence_proto_msgTypes[11]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *CancelAcquireResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*CancelAcquireResponse) ProtoMessage() {}
+
+func (x *CancelAcquireResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_fence_v1_fence_proto_msgTypes[11]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use CancelAcquireResponse.ProtoReflect.Descriptor instead.
+func (*CancelAcquireResponse) Descriptor() ([]byte, []int) {
+	return file_fence_v1_fence_proto_rawDescGZIP(), []int{11}
+}
+
+func (x *CancelAcquireResponse) GetReleased() bool {
+	if x != nil {
+		return x.Released
+	}
+	return false
+}
+
+func (x *CancelAcquireResponse) GetDequeued() bool {
+	if x != nil {
+		return x.Dequeued
+	}
+	return false
+}
+
 type CheckRequest struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
 	Lock  string                 `protobuf:"bytes,1,opt,name=lock,proto3" json:"lock,omitempty"`
@@ -763,7 +895,7 @@ type CheckRequest struct {
 
 func (x *CheckRequest) Reset() {
 	*x = CheckRequest{}
-	mi := &file_fence_v1_fence_proto_msgTypes[10]
+	mi := &file_fence_v1_fence_proto_msgTypes[12]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -775,7 +907,7 @@ func (x *CheckRequest) String() string {
 func (*CheckRequest) ProtoMessage() {}
 
 func (x *CheckRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_fence_v1_fence_proto_msgTypes[10]
+	mi := &file_fence_v1_fence_proto_msgTypes[12]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -788,7 +920,7 @@ func (x *CheckRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CheckRequest.ProtoReflect.Descriptor instead.
 func (*CheckRequest) Descriptor() ([]byte, []int) {
-	return file_fence_v1_fence_proto_rawDescGZIP(), []int{10}
+	return file_fence_v1_fence_proto_rawDescGZIP(), []int{12}
 }
 
 func (x *CheckRequest) GetLock() string {
@@ -826,7 +958,7 @@ type CheckResponse struct {
 
 func (x *CheckResponse) Reset() {
 	*x = CheckResponse{}
-	mi := &file_fence_v1_fence_proto_msgTypes[11]
+	mi := &file_fence_v1_fence_proto_msgTypes[13]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -838,7 +970,7 @@ func (x *CheckResponse) String() string {
 func (*CheckResponse) ProtoMessage() {}
 
 func (x *CheckResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_fence_v1_fence_proto_msgTypes[11]
+	mi := &file_fence_v1_fence_proto_msgTypes[13]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -851,7 +983,7 @@ func (x *CheckResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CheckResponse.ProtoReflect.Descriptor instead.
 func (*CheckResponse) Descriptor() ([]byte, []int) {
-	return file_fence_v1_fence_proto_rawDescGZIP(), []int{11}
+	return file_fence_v1_fence_proto_rawDescGZIP(), []int{13}
 }
 
 func (x *CheckResponse) GetCurrent() bool {
@@ -886,7 +1018,7 @@ type ListLocksRequest struct {
 
 func (x *ListLocksRequest) Reset() {
 	*x = ListLocksRequest{}
-	mi := &file_fence_v1_fence_proto_msgTypes[12]
+	mi := &file_fence_v1_fence_proto_msgTypes[14]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -898,7 +1030,7 @@ func (x *ListLocksRequest) String() string {
 func (*ListLocksRequest) ProtoMessage() {}
 
 func (x *ListLocksRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_fence_v1_fence_proto_msgTypes[12]
+	mi := &file_fence_v1_fence_proto_msgTypes[14]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -911,7 +1043,7 @@ func (x *ListLocksRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListLocksRequest.ProtoReflect.Descriptor instead.
 func (*ListLocksRequest) Descriptor() ([]byte, []int) {
-	return file_fence_v1_fence_proto_rawDescGZIP(), []int{12}
+	return file_fence_v1_fence_proto_rawDescGZIP(), []int{14}
 }
 
 func (x *ListLocksRequest) GetPrefix() string {
@@ -940,7 +1072,7 @@ type Holder struct {
 
 func (x *Holder) Reset() {
 	*x = Holder{}
-	mi := &file_fence_v1_fence_proto_msgTypes[13]
+	mi := &file_fence_v1_fence_proto_msgTypes[15]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -952,7 +1084,7 @@ func (x *Holder) String() string {
 func (*Holder) ProtoMessage() {}
 
 func (x *Holder) ProtoReflect() protoreflect.Message {
-	mi := &file_fence_v1_fence_proto_msgTypes[13]
+	mi := &file_fence_v1_fence_proto_msgTypes[15]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -965,7 +1097,7 @@ func (x *Holder) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Holder.ProtoReflect.Descriptor instead.
 func (*Holder) Descriptor() ([]byte, []int) {
-	return file_fence_v1_fence_proto_rawDescGZIP(), []int{13}
+	return file_fence_v1_fence_proto_rawDescGZIP(), []int{15}
 }
 
 func (x *Holder) GetSessionId() uint64 {
@@ -1007,7 +1139,7 @@ type Waiter struct {
 
 func (x *Waiter) Reset() {
 	*x = Waiter{}
-	mi := &file_fence_v1_fence_proto_msgTypes[14]
+	mi := &file_fence_v1_fence_proto_msgTypes[16]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1019,7 +1151,7 @@ func (x *Waiter) String() string {
 func (*Waiter) ProtoMessage() {}
 
 func (x *Waiter) ProtoReflect() protoreflect.Message {
-	mi := &file_fence_v1_fence_proto_msgTypes[14]
+	mi := &file_fence_v1_fence_proto_msgTypes[16]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1032,7 +1164,7 @@ func (x *Waiter) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Waiter.ProtoReflect.Descriptor instead.
 func (*Waiter) Descriptor() ([]byte, []int) {
-	return file_fence_v1_fence_proto_rawDescGZIP(), []int{14}
+	return file_fence_v1_fence_proto_rawDescGZIP(), []int{16}
 }
 
 func (x *Waiter) GetSessionId() uint64 {
@@ -1071,7 +1203,7 @@ type LockInfo struct {
 
 func (x *LockInfo) Reset() {
 	*x = LockInfo{}
-	mi := &file_fence_v1_fence_proto_msgTypes[15]
+	mi := &file_fence_v1_fence_proto_msgTypes[17]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1083,7 +1215,7 @@ func (x *LockInfo) String() string {
 func (*LockInfo) ProtoMessage() {}
 
 func (x *LockInfo) ProtoReflect() protoreflect.Message {
-	mi := &file_fence_v1_fence_proto_msgTypes[15]
+	mi := &file_fence_v1_fence_proto_msgTypes[17]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1096,7 +1228,7 @@ func (x *LockInfo) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use LockInfo.ProtoReflect.Descriptor instead.
 func (*LockInfo) Descriptor() ([]byte, []int) {
-	return file_fence_v1_fence_proto_rawDescGZIP(), []int{15}
+	return file_fence_v1_fence_proto_rawDescGZIP(), []int{17}
 }
 
 func (x *LockInfo) GetName() string {
@@ -1143,7 +1275,7 @@ type ListLocksResponse struct {
 
 func (x *ListLocksResponse) Reset() {
 	*x = ListLocksResponse{}
-	mi := &file_fence_v1_fence_proto_msgTypes[16]
+	mi := &file_fence_v1_fence_proto_msgTypes[18]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1155,7 +1287,7 @@ func (x *ListLocksResponse) String() string {
 func (*ListLocksResponse) ProtoMessage() {}
 
 func (x *ListLocksResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_fence_v1_fence_proto_msgTypes[16]
+	mi := &file_fence_v1_fence_proto_msgTypes[18]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1168,7 +1300,7 @@ func (x *ListLocksResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListLocksResponse.ProtoReflect.Descriptor instead.
 func (*ListLocksResponse) Descriptor() ([]byte, []int) {
-	return file_fence_v1_fence_proto_rawDescGZIP(), []int{16}
+	return file_fence_v1_fence_proto_rawDescGZIP(), []int{18}
 }
 
 func (x *ListLocksResponse) GetLocks() []*LockInfo {
@@ -1186,7 +1318,7 @@ type StatusRequest struct {
 
 func (x *StatusRequest) Reset() {
 	*x = StatusRequest{}
-	mi := &file_fence_v1_fence_proto_msgTypes[17]
+	mi := &file_fence_v1_fence_proto_msgTypes[19]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1198,7 +1330,7 @@ func (x *StatusRequest) String() string {
 func (*StatusRequest) ProtoMessage() {}
 
 func (x *StatusRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_fence_v1_fence_proto_msgTypes[17]
+	mi := &file_fence_v1_fence_proto_msgTypes[19]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1211,7 +1343,7 @@ func (x *StatusRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use StatusRequest.ProtoReflect.Descriptor instead.
 func (*StatusRequest) Descriptor() ([]byte, []int) {
-	return file_fence_v1_fence_proto_rawDescGZIP(), []int{17}
+	return file_fence_v1_fence_proto_rawDescGZIP(), []int{19}
 }
 
 type StatusResponse struct {
@@ -1237,7 +1369,7 @@ type StatusResponse struct {
 
 func (x *StatusResponse) Reset() {
 	*x = StatusResponse{}
-	mi := &file_fence_v1_fence_proto_msgTypes[18]
+	mi := &file_fence_v1_fence_proto_msgTypes[20]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1249,7 +1381,7 @@ func (x *StatusResponse) String() string {
 func (*StatusResponse) ProtoMessage() {}
 
 func (x *StatusResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_fence_v1_fence_proto_msgTypes[18]
+	mi := &file_fence_v1_fence_proto_msgTypes[20]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1262,7 +1394,7 @@ func (x *StatusResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use StatusResponse.ProtoReflect.Descriptor instead.
 func (*StatusResponse) Descriptor() ([]byte, []int) {
-	return file_fence_v1_fence_proto_rawDescGZIP(), []int{18}
+	return file_fence_v1_fence_proto_rawDescGZIP(), []int{20}
 }
 
 func (x *StatusResponse) GetNodeId() string {
@@ -1370,7 +1502,7 @@ type Member struct {
 
 func (x *Member) Reset() {
 	*x = Member{}
-	mi := &file_fence_v1_fence_proto_msgTypes[19]
+	mi := &file_fence_v1_fence_proto_msgTypes[21]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1382,7 +1514,7 @@ func (x *Member) String() string {
 func (*Member) ProtoMessage() {}
 
 func (x *Member) ProtoReflect() protoreflect.Message {
-	mi := &file_fence_v1_fence_proto_msgTypes[19]
+	mi := &file_fence_v1_fence_proto_msgTypes[21]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1395,7 +1527,7 @@ func (x *Member) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Member.ProtoReflect.Descriptor instead.
 func (*Member) Descriptor() ([]byte, []int) {
-	return file_fence_v1_fence_proto_rawDescGZIP(), []int{19}
+	return file_fence_v1_fence_proto_rawDescGZIP(), []int{21}
 }
 
 func (x *Member) GetId() string {
@@ -1439,7 +1571,7 @@ type AddMemberRequest struct {
 
 func (x *AddMemberRequest) Reset() {
 	*x = AddMemberRequest{}
-	mi := &file_fence_v1_fence_proto_msgTypes[20]
+	mi := &file_fence_v1_fence_proto_msgTypes[22]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1451,7 +1583,7 @@ func (x *AddMemberRequest) String() string {
 func (*AddMemberRequest) ProtoMessage() {}
 
 func (x *AddMemberRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_fence_v1_fence_proto_msgTypes[20]
+	mi := &file_fence_v1_fence_proto_msgTypes[22]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1464,7 +1596,7 @@ func (x *AddMemberRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use AddMemberRequest.ProtoReflect.Descriptor instead.
 func (*AddMemberRequest) Descriptor() ([]byte, []int) {
-	return file_fence_v1_fence_proto_rawDescGZIP(), []int{20}
+	return file_fence_v1_fence_proto_rawDescGZIP(), []int{22}
 }
 
 func (x *AddMemberRequest) GetId() string {
@@ -1496,7 +1628,7 @@ type AddMemberResponse struct {
 
 func (x *AddMemberResponse) Reset() {
 	*x = AddMemberResponse{}
-	mi := &file_fence_v1_fence_proto_msgTypes[21]
+	mi := &file_fence_v1_fence_proto_msgTypes[23]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1508,7 +1640,7 @@ func (x *AddMemberResponse) String() string {
 func (*AddMemberResponse) ProtoMessage() {}
 
 func (x *AddMemberResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_fence_v1_fence_proto_msgTypes[21]
+	mi := &file_fence_v1_fence_proto_msgTypes[23]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1521,7 +1653,7 @@ func (x *AddMemberResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use AddMemberResponse.ProtoReflect.Descriptor instead.
 func (*AddMemberResponse) Descriptor() ([]byte, []int) {
-	return file_fence_v1_fence_proto_rawDescGZIP(), []int{21}
+	return file_fence_v1_fence_proto_rawDescGZIP(), []int{23}
 }
 
 type RemoveMemberRequest struct {
@@ -1533,7 +1665,7 @@ type RemoveMemberRequest struct {
 
 func (x *RemoveMemberRequest) Reset() {
 	*x = RemoveMemberRequest{}
-	mi := &file_fence_v1_fence_proto_msgTypes[22]
+	mi := &file_fence_v1_fence_proto_msgTypes[24]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1545,7 +1677,7 @@ func (x *RemoveMemberRequest) String() string {
 func (*RemoveMemberRequest) ProtoMessage() {}
 
 func (x *RemoveMemberRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_fence_v1_fence_proto_msgTypes[22]
+	mi := &file_fence_v1_fence_proto_msgTypes[24]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1558,7 +1690,7 @@ func (x *RemoveMemberRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RemoveMemberRequest.ProtoReflect.Descriptor instead.
 func (*RemoveMemberRequest) Descriptor() ([]byte, []int) {
-	return file_fence_v1_fence_proto_rawDescGZIP(), []int{22}
+	return file_fence_v1_fence_proto_rawDescGZIP(), []int{24}
 }
 
 func (x *RemoveMemberRequest) GetId() string {
@@ -1576,7 +1708,7 @@ type RemoveMemberResponse struct {
 
 func (x *RemoveMemberResponse) Reset() {
 	*x = RemoveMemberResponse{}
-	mi := &file_fence_v1_fence_proto_msgTypes[23]
+	mi := &file_fence_v1_fence_proto_msgTypes[25]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1588,7 +1720,7 @@ func (x *RemoveMemberResponse) String() string {
 func (*RemoveMemberResponse) ProtoMessage() {}
 
 func (x *RemoveMemberResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_fence_v1_fence_proto_msgTypes[23]
+	mi := &file_fence_v1_fence_proto_msgTypes[25]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1601,7 +1733,7 @@ func (x *RemoveMemberResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RemoveMemberResponse.ProtoReflect.Descriptor instead.
 func (*RemoveMemberResponse) Descriptor() ([]byte, []int) {
-	return file_fence_v1_fence_proto_rawDescGZIP(), []int{23}
+	return file_fence_v1_fence_proto_rawDescGZIP(), []int{25}
 }
 
 type RegisterNodeRequest struct {
@@ -1614,7 +1746,7 @@ type RegisterNodeRequest struct {
 
 func (x *RegisterNodeRequest) Reset() {
 	*x = RegisterNodeRequest{}
-	mi := &file_fence_v1_fence_proto_msgTypes[24]
+	mi := &file_fence_v1_fence_proto_msgTypes[26]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1626,7 +1758,7 @@ func (x *RegisterNodeRequest) String() string {
 func (*RegisterNodeRequest) ProtoMessage() {}
 
 func (x *RegisterNodeRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_fence_v1_fence_proto_msgTypes[24]
+	mi := &file_fence_v1_fence_proto_msgTypes[26]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1639,7 +1771,7 @@ func (x *RegisterNodeRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RegisterNodeRequest.ProtoReflect.Descriptor instead.
 func (*RegisterNodeRequest) Descriptor() ([]byte, []int) {
-	return file_fence_v1_fence_proto_rawDescGZIP(), []int{24}
+	return file_fence_v1_fence_proto_rawDescGZIP(), []int{26}
 }
 
 func (x *RegisterNodeRequest) GetId() string {
@@ -1664,7 +1796,7 @@ type RegisterNodeResponse struct {
 
 func (x *RegisterNodeResponse) Reset() {
 	*x = RegisterNodeResponse{}
-	mi := &file_fence_v1_fence_proto_msgTypes[25]
+	mi := &file_fence_v1_fence_proto_msgTypes[27]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1676,7 +1808,7 @@ func (x *RegisterNodeResponse) String() string {
 func (*RegisterNodeResponse) ProtoMessage() {}
 
 func (x *RegisterNodeResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_fence_v1_fence_proto_msgTypes[25]
+	mi := &file_fence_v1_fence_proto_msgTypes[27]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1689,7 +1821,7 @@ func (x *RegisterNodeResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RegisterNodeResponse.ProtoReflect.Descriptor instead.
 func (*RegisterNodeResponse) Descriptor() ([]byte, []int) {
-	return file_fence_v1_fence_proto_rawDescGZIP(), []int{25}
+	return file_fence_v1_fence_proto_rawDescGZIP(), []int{27}
 }
 
 // Fence is how a KV write is fenced.
@@ -1712,7 +1844,7 @@ type Fence struct {
 
 func (x *Fence) Reset() {
 	*x = Fence{}
-	mi := &file_fence_v1_fence_proto_msgTypes[26]
+	mi := &file_fence_v1_fence_proto_msgTypes[28]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1724,7 +1856,7 @@ func (x *Fence) String() string {
 func (*Fence) ProtoMessage() {}
 
 func (x *Fence) ProtoReflect() protoreflect.Message {
-	mi := &file_fence_v1_fence_proto_msgTypes[26]
+	mi := &file_fence_v1_fence_proto_msgTypes[28]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1737,7 +1869,7 @@ func (x *Fence) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Fence.ProtoReflect.Descriptor instead.
 func (*Fence) Descriptor() ([]byte, []int) {
-	return file_fence_v1_fence_proto_rawDescGZIP(), []int{26}
+	return file_fence_v1_fence_proto_rawDescGZIP(), []int{28}
 }
 
 func (x *Fence) GetLock() string {
@@ -1784,7 +1916,7 @@ type PutRequest struct {
 
 func (x *PutRequest) Reset() {
 	*x = PutRequest{}
-	mi := &file_fence_v1_fence_proto_msgTypes[27]
+	mi := &file_fence_v1_fence_proto_msgTypes[29]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1796,7 +1928,7 @@ func (x *PutRequest) String() string {
 func (*PutRequest) ProtoMessage() {}
 
 func (x *PutRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_fence_v1_fence_proto_msgTypes[27]
+	mi := &file_fence_v1_fence_proto_msgTypes[29]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1809,7 +1941,7 @@ func (x *PutRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use PutRequest.ProtoReflect.Descriptor instead.
 func (*PutRequest) Descriptor() ([]byte, []int) {
-	return file_fence_v1_fence_proto_rawDescGZIP(), []int{27}
+	return file_fence_v1_fence_proto_rawDescGZIP(), []int{29}
 }
 
 func (x *PutRequest) GetKey() string {
@@ -1850,7 +1982,7 @@ type PutResponse struct {
 
 func (x *PutResponse) Reset() {
 	*x = PutResponse{}
-	mi := &file_fence_v1_fence_proto_msgTypes[28]
+	mi := &file_fence_v1_fence_proto_msgTypes[30]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1862,7 +1994,7 @@ func (x *PutResponse) String() string {
 func (*PutResponse) ProtoMessage() {}
 
 func (x *PutResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_fence_v1_fence_proto_msgTypes[28]
+	mi := &file_fence_v1_fence_proto_msgTypes[30]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1875,7 +2007,7 @@ func (x *PutResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use PutResponse.ProtoReflect.Descriptor instead.
 func (*PutResponse) Descriptor() ([]byte, []int) {
-	return file_fence_v1_fence_proto_rawDescGZIP(), []int{28}
+	return file_fence_v1_fence_proto_rawDescGZIP(), []int{30}
 }
 
 func (x *PutResponse) GetRevision() uint64 {
@@ -1905,7 +2037,7 @@ type KeyValue struct {
 
 func (x *KeyValue) Reset() {
 	*x = KeyValue{}
-	mi := &file_fence_v1_fence_proto_msgTypes[29]
+	mi := &file_fence_v1_fence_proto_msgTypes[31]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1917,7 +2049,7 @@ func (x *KeyValue) String() string {
 func (*KeyValue) ProtoMessage() {}
 
 func (x *KeyValue) ProtoReflect() protoreflect.Message {
-	mi := &file_fence_v1_fence_proto_msgTypes[29]
+	mi := &file_fence_v1_fence_proto_msgTypes[31]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1930,7 +2062,7 @@ func (x *KeyValue) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use KeyValue.ProtoReflect.Descriptor instead.
 func (*KeyValue) Descriptor() ([]byte, []int) {
-	return file_fence_v1_fence_proto_rawDescGZIP(), []int{29}
+	return file_fence_v1_fence_proto_rawDescGZIP(), []int{31}
 }
 
 func (x *KeyValue) GetKey() string {
@@ -2006,7 +2138,7 @@ type GetRequest struct {
 
 func (x *GetRequest) Reset() {
 	*x = GetRequest{}
-	mi := &file_fence_v1_fence_proto_msgTypes[30]
+	mi := &file_fence_v1_fence_proto_msgTypes[32]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2018,7 +2150,7 @@ func (x *GetRequest) String() string {
 func (*GetRequest) ProtoMessage() {}
 
 func (x *GetRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_fence_v1_fence_proto_msgTypes[30]
+	mi := &file_fence_v1_fence_proto_msgTypes[32]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2031,7 +2163,7 @@ func (x *GetRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GetRequest.ProtoReflect.Descriptor instead.
 func (*GetRequest) Descriptor() ([]byte, []int) {
-	return file_fence_v1_fence_proto_rawDescGZIP(), []int{30}
+	return file_fence_v1_fence_proto_rawDescGZIP(), []int{32}
 }
 
 func (x *GetRequest) GetKey() string {
@@ -2060,7 +2192,7 @@ type GetResponse struct {
 
 func (x *GetResponse) Reset() {
 	*x = GetResponse{}
-	mi := &file_fence_v1_fence_proto_msgTypes[31]
+	mi := &file_fence_v1_fence_proto_msgTypes[33]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2072,7 +2204,7 @@ func (x *GetResponse) String() string {
 func (*GetResponse) ProtoMessage() {}
 
 func (x *GetResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_fence_v1_fence_proto_msgTypes[31]
+	mi := &file_fence_v1_fence_proto_msgTypes[33]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2085,7 +2217,7 @@ func (x *GetResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GetResponse.ProtoReflect.Descriptor instead.
 func (*GetResponse) Descriptor() ([]byte, []int) {
-	return file_fence_v1_fence_proto_rawDescGZIP(), []int{31}
+	return file_fence_v1_fence_proto_rawDescGZIP(), []int{33}
 }
 
 func (x *GetResponse) GetFound() bool {
@@ -2119,7 +2251,7 @@ type DeleteRequest struct {
 
 func (x *DeleteRequest) Reset() {
 	*x = DeleteRequest{}
-	mi := &file_fence_v1_fence_proto_msgTypes[32]
+	mi := &file_fence_v1_fence_proto_msgTypes[34]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2131,7 +2263,7 @@ func (x *DeleteRequest) String() string {
 func (*DeleteRequest) ProtoMessage() {}
 
 func (x *DeleteRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_fence_v1_fence_proto_msgTypes[32]
+	mi := &file_fence_v1_fence_proto_msgTypes[34]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2144,7 +2276,7 @@ func (x *DeleteRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use DeleteRequest.ProtoReflect.Descriptor instead.
 func (*DeleteRequest) Descriptor() ([]byte, []int) {
-	return file_fence_v1_fence_proto_rawDescGZIP(), []int{32}
+	return file_fence_v1_fence_proto_rawDescGZIP(), []int{34}
 }
 
 func (x *DeleteRequest) GetKey() string {
@@ -2171,7 +2303,7 @@ type DeleteResponse struct {
 
 func (x *DeleteResponse) Reset() {
 	*x = DeleteResponse{}
-	mi := &file_fence_v1_fence_proto_msgTypes[33]
+	mi := &file_fence_v1_fence_proto_msgTypes[35]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2183,7 +2315,7 @@ func (x *DeleteResponse) String() string {
 func (*DeleteResponse) ProtoMessage() {}
 
 func (x *DeleteResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_fence_v1_fence_proto_msgTypes[33]
+	mi := &file_fence_v1_fence_proto_msgTypes[35]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2196,7 +2328,7 @@ func (x *DeleteResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use DeleteResponse.ProtoReflect.Descriptor instead.
 func (*DeleteResponse) Descriptor() ([]byte, []int) {
-	return file_fence_v1_fence_proto_rawDescGZIP(), []int{33}
+	return file_fence_v1_fence_proto_rawDescGZIP(), []int{35}
 }
 
 func (x *DeleteResponse) GetDeleted() bool {
@@ -2225,7 +2357,7 @@ type ListRequest struct {
 
 func (x *ListRequest) Reset() {
 	*x = ListRequest{}
-	mi := &file_fence_v1_fence_proto_msgTypes[34]
+	mi := &file_fence_v1_fence_proto_msgTypes[36]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2237,7 +2369,7 @@ func (x *ListRequest) String() string {
 func (*ListRequest) ProtoMessage() {}
 
 func (x *ListRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_fence_v1_fence_proto_msgTypes[34]
+	mi := &file_fence_v1_fence_proto_msgTypes[36]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2250,7 +2382,7 @@ func (x *ListRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListRequest.ProtoReflect.Descriptor instead.
 func (*ListRequest) Descriptor() ([]byte, []int) {
-	return file_fence_v1_fence_proto_rawDescGZIP(), []int{34}
+	return file_fence_v1_fence_proto_rawDescGZIP(), []int{36}
 }
 
 func (x *ListRequest) GetPrefix() string {
@@ -2286,7 +2418,7 @@ type ListResponse struct {
 
 func (x *ListResponse) Reset() {
 	*x = ListResponse{}
-	mi := &file_fence_v1_fence_proto_msgTypes[35]
+	mi := &file_fence_v1_fence_proto_msgTypes[37]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2298,7 +2430,7 @@ func (x *ListResponse) String() string {
 func (*ListResponse) ProtoMessage() {}
 
 func (x *ListResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_fence_v1_fence_proto_msgTypes[35]
+	mi := &file_fence_v1_fence_proto_msgTypes[37]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2311,7 +2443,7 @@ func (x *ListResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListResponse.ProtoReflect.Descriptor instead.
 func (*ListResponse) Descriptor() ([]byte, []int) {
-	return file_fence_v1_fence_proto_rawDescGZIP(), []int{35}
+	return file_fence_v1_fence_proto_rawDescGZIP(), []int{37}
 }
 
 func (x *ListResponse) GetKvs() []*KeyValue {
@@ -2350,7 +2482,7 @@ type WatchRequest struct {
 
 func (x *WatchRequest) Reset() {
 	*x = WatchRequest{}
-	mi := &file_fence_v1_fence_proto_msgTypes[36]
+	mi := &file_fence_v1_fence_proto_msgTypes[38]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2362,7 +2494,7 @@ func (x *WatchRequest) String() string {
 func (*WatchRequest) ProtoMessage() {}
 
 func (x *WatchRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_fence_v1_fence_proto_msgTypes[36]
+	mi := &file_fence_v1_fence_proto_msgTypes[38]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2375,7 +2507,7 @@ func (x *WatchRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use WatchRequest.ProtoReflect.Descriptor instead.
 func (*WatchRequest) Descriptor() ([]byte, []int) {
-	return file_fence_v1_fence_proto_rawDescGZIP(), []int{36}
+	return file_fence_v1_fence_proto_rawDescGZIP(), []int{38}
 }
 
 func (x *WatchRequest) GetPrefix() string {
@@ -2403,7 +2535,7 @@ type Event struct {
 
 func (x *Event) Reset() {
 	*x = Event{}
-	mi := &file_fence_v1_fence_proto_msgTypes[37]
+	mi := &file_fence_v1_fence_proto_msgTypes[39]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2415,7 +2547,7 @@ func (x *Event) String() string {
 func (*Event) ProtoMessage() {}
 
 func (x *Event) ProtoReflect() protoreflect.Message {
-	mi := &file_fence_v1_fence_proto_msgTypes[37]
+	mi := &file_fence_v1_fence_proto_msgTypes[39]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2428,7 +2560,7 @@ func (x *Event) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Event.ProtoReflect.Descriptor instead.
 func (*Event) Descriptor() ([]byte, []int) {
-	return file_fence_v1_fence_proto_rawDescGZIP(), []int{37}
+	return file_fence_v1_fence_proto_rawDescGZIP(), []int{39}
 }
 
 func (x *Event) GetType() EventType {
@@ -2458,7 +2590,7 @@ type WatchResponse struct {
 
 func (x *WatchResponse) Reset() {
 	*x = WatchResponse{}
-	mi := &file_fence_v1_fence_proto_msgTypes[38]
+	mi := &file_fence_v1_fence_proto_msgTypes[40]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2470,7 +2602,7 @@ func (x *WatchResponse) String() string {
 func (*WatchResponse) ProtoMessage() {}
 
 func (x *WatchResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_fence_v1_fence_proto_msgTypes[38]
+	mi := &file_fence_v1_fence_proto_msgTypes[40]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2483,7 +2615,7 @@ func (x *WatchResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use WatchResponse.ProtoReflect.Descriptor instead.
 func (*WatchResponse) Descriptor() ([]byte, []int) {
-	return file_fence_v1_fence_proto_rawDescGZIP(), []int{38}
+	return file_fence_v1_fence_proto_rawDescGZIP(), []int{40}
 }
 
 func (x *WatchResponse) GetEvents() []*Event {
@@ -2517,7 +2649,7 @@ type ErrorDetail struct {
 
 func (x *ErrorDetail) Reset() {
 	*x = ErrorDetail{}
-	mi := &file_fence_v1_fence_proto_msgTypes[39]
+	mi := &file_fence_v1_fence_proto_msgTypes[41]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2529,7 +2661,7 @@ func (x *ErrorDetail) String() string {
 func (*ErrorDetail) ProtoMessage() {}
 
 func (x *ErrorDetail) ProtoReflect() protoreflect.Message {
-	mi := &file_fence_v1_fence_proto_msgTypes[39]
+	mi := &file_fence_v1_fence_proto_msgTypes[41]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2542,7 +2674,7 @@ func (x *ErrorDetail) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ErrorDetail.ProtoReflect.Descriptor instead.
 func (*ErrorDetail) Descriptor() ([]byte, []int) {
-	return file_fence_v1_fence_proto_rawDescGZIP(), []int{39}
+	return file_fence_v1_fence_proto_rawDescGZIP(), []int{41}
 }
 
 func (x *ErrorDetail) GetReason() Reason {
@@ -2607,7 +2739,7 @@ const file_fence_v1_fence_proto_rawDesc = "" +
 	"\x13CloseSessionRequest\x12\x1d\n" +
 	"\n" +
 	"session_id\x18\x01 \x01(\x04R\tsessionId\"\x16\n" +
-	"\x14CloseSessionResponse\"\x8b\x02\n" +
+	"\x14CloseSessionResponse\"\xaa\x02\n" +
 	"\x0eAcquireRequest\x12\x1d\n" +
 	"\n" +
 	"session_id\x18\x01 \x01(\x04R\tsessionId\x12\x12\n" +
@@ -2617,7 +2749,9 @@ const file_fence_v1_fence_proto_rawDesc = "" +
 	"\x03try\x18\x05 \x01(\bR\x03try\x128\n" +
 	"\n" +
 	"lock_delay\x18\x06 \x01(\v2\x19.google.protobuf.DurationR\tlockDelay\x12\x18\n" +
-	"\apermits\x18\a \x01(\rR\apermits\"_\n" +
+	"\apermits\x18\a \x01(\rR\apermits\x12\x1d\n" +
+	"\n" +
+	"request_id\x18\b \x01(\x04R\trequestId\"_\n" +
 	"\x0fAcquireResponse\x12\x12\n" +
 	"\x04lock\x18\x01 \x01(\tR\x04lock\x12\x14\n" +
 	"\x05token\x18\x02 \x01(\x04R\x05token\x12\"\n" +
@@ -2627,7 +2761,16 @@ const file_fence_v1_fence_proto_rawDesc = "" +
 	"session_id\x18\x01 \x01(\x04R\tsessionId\x12\x12\n" +
 	"\x04lock\x18\x02 \x01(\tR\x04lock\x12\x14\n" +
 	"\x05token\x18\x03 \x01(\x04R\x05token\"\x11\n" +
-	"\x0fReleaseResponse\"N\n" +
+	"\x0fReleaseResponse\"h\n" +
+	"\x14CancelAcquireRequest\x12\x1d\n" +
+	"\n" +
+	"session_id\x18\x01 \x01(\x04R\tsessionId\x12\x12\n" +
+	"\x04lock\x18\x02 \x01(\tR\x04lock\x12\x1d\n" +
+	"\n" +
+	"request_id\x18\x03 \x01(\x04R\trequestId\"O\n" +
+	"\x15CancelAcquireResponse\x12\x1a\n" +
+	"\breleased\x18\x01 \x01(\bR\breleased\x12\x1a\n" +
+	"\bdequeued\x18\x02 \x01(\bR\bdequeued\"N\n" +
 	"\fCheckRequest\x12\x12\n" +
 	"\x04lock\x18\x01 \x01(\tR\x04lock\x12\x14\n" +
 	"\x05token\x18\x02 \x01(\x04R\x05token\x12\x14\n" +
@@ -2768,7 +2911,7 @@ const file_fence_v1_fence_proto_rawDesc = "" +
 	"\tEventType\x12\x1a\n" +
 	"\x16EVENT_TYPE_UNSPECIFIED\x10\x00\x12\x12\n" +
 	"\x0eEVENT_TYPE_PUT\x10\x01\x12\x15\n" +
-	"\x11EVENT_TYPE_DELETE\x10\x02*\x93\x02\n" +
+	"\x11EVENT_TYPE_DELETE\x10\x02*\xa9\x02\n" +
 	"\x06Reason\x12\x16\n" +
 	"\x12REASON_UNSPECIFIED\x10\x00\x12\x1b\n" +
 	"\x17REASON_INVALID_ARGUMENT\x10\x01\x12\x1c\n" +
@@ -2781,14 +2924,16 @@ const file_fence_v1_fence_proto_rawDesc = "" +
 	"\fREASON_LIMIT\x10\b\x12\x1c\n" +
 	"\x18REASON_REVISION_MISMATCH\x10\t\x12\x14\n" +
 	"\x10REASON_COMPACTED\x10\n" +
-	"2\xfd\x01\n" +
+	"\x12\x14\n" +
+	"\x10REASON_CANCELLED\x10\v2\xfd\x01\n" +
 	"\x0eSessionService\x12R\n" +
 	"\rCreateSession\x12\x1e.fence.v1.CreateSessionRequest\x1a\x1f.fence.v1.CreateSessionResponse\"\x00\x12F\n" +
 	"\tKeepAlive\x12\x1a.fence.v1.KeepAliveRequest\x1a\x1b.fence.v1.KeepAliveResponse\"\x00\x12O\n" +
-	"\fCloseSession\x12\x1d.fence.v1.CloseSessionRequest\x1a\x1e.fence.v1.CloseSessionResponse\"\x002\x95\x02\n" +
+	"\fCloseSession\x12\x1d.fence.v1.CloseSessionRequest\x1a\x1e.fence.v1.CloseSessionResponse\"\x002\xe9\x02\n" +
 	"\vLockService\x12@\n" +
 	"\aAcquire\x12\x18.fence.v1.AcquireRequest\x1a\x19.fence.v1.AcquireResponse\"\x00\x12@\n" +
-	"\aRelease\x12\x18.fence.v1.ReleaseRequest\x1a\x19.fence.v1.ReleaseResponse\"\x00\x12:\n" +
+	"\aRelease\x12\x18.fence.v1.ReleaseRequest\x1a\x19.fence.v1.ReleaseResponse\"\x00\x12R\n" +
+	"\rCancelAcquire\x12\x1e.fence.v1.CancelAcquireRequest\x1a\x1f.fence.v1.CancelAcquireResponse\"\x00\x12:\n" +
 	"\x05Check\x12\x16.fence.v1.CheckRequest\x1a\x17.fence.v1.CheckResponse\"\x00\x12F\n" +
 	"\tListLocks\x12\x1a.fence.v1.ListLocksRequest\x1a\x1b.fence.v1.ListLocksResponse\"\x002\xad\x02\n" +
 	"\tKVService\x124\n" +
@@ -2816,7 +2961,7 @@ func file_fence_v1_fence_proto_rawDescGZIP() []byte {
 }
 
 var file_fence_v1_fence_proto_enumTypes = make([]protoimpl.EnumInfo, 3)
-var file_fence_v1_fence_proto_msgTypes = make([]protoimpl.MessageInfo, 40)
+var file_fence_v1_fence_proto_msgTypes = make([]protoimpl.MessageInfo, 42)
 var file_fence_v1_fence_proto_goTypes = []any{
 	(Mode)(0),                     // 0: fence.v1.Mode
 	(EventType)(0),                // 1: fence.v1.EventType
@@ -2831,94 +2976,98 @@ var file_fence_v1_fence_proto_goTypes = []any{
 	(*AcquireResponse)(nil),       // 10: fence.v1.AcquireResponse
 	(*ReleaseRequest)(nil),        // 11: fence.v1.ReleaseRequest
 	(*ReleaseResponse)(nil),       // 12: fence.v1.ReleaseResponse
-	(*CheckRequest)(nil),          // 13: fence.v1.CheckRequest
-	(*CheckResponse)(nil),         // 14: fence.v1.CheckResponse
-	(*ListLocksRequest)(nil),      // 15: fence.v1.ListLocksRequest
-	(*Holder)(nil),                // 16: fence.v1.Holder
-	(*Waiter)(nil),                // 17: fence.v1.Waiter
-	(*LockInfo)(nil),              // 18: fence.v1.LockInfo
-	(*ListLocksResponse)(nil),     // 19: fence.v1.ListLocksResponse
-	(*StatusRequest)(nil),         // 20: fence.v1.StatusRequest
-	(*StatusResponse)(nil),        // 21: fence.v1.StatusResponse
-	(*Member)(nil),                // 22: fence.v1.Member
-	(*AddMemberRequest)(nil),      // 23: fence.v1.AddMemberRequest
-	(*AddMemberResponse)(nil),     // 24: fence.v1.AddMemberResponse
-	(*RemoveMemberRequest)(nil),   // 25: fence.v1.RemoveMemberRequest
-	(*RemoveMemberResponse)(nil),  // 26: fence.v1.RemoveMemberResponse
-	(*RegisterNodeRequest)(nil),   // 27: fence.v1.RegisterNodeRequest
-	(*RegisterNodeResponse)(nil),  // 28: fence.v1.RegisterNodeResponse
-	(*Fence)(nil),                 // 29: fence.v1.Fence
-	(*PutRequest)(nil),            // 30: fence.v1.PutRequest
-	(*PutResponse)(nil),           // 31: fence.v1.PutResponse
-	(*KeyValue)(nil),              // 32: fence.v1.KeyValue
-	(*GetRequest)(nil),            // 33: fence.v1.GetRequest
-	(*GetResponse)(nil),           // 34: fence.v1.GetResponse
-	(*DeleteRequest)(nil),         // 35: fence.v1.DeleteRequest
-	(*DeleteResponse)(nil),        // 36: fence.v1.DeleteResponse
-	(*ListRequest)(nil),           // 37: fence.v1.ListRequest
-	(*ListResponse)(nil),          // 38: fence.v1.ListResponse
-	(*WatchRequest)(nil),          // 39: fence.v1.WatchRequest
-	(*Event)(nil),                 // 40: fence.v1.Event
-	(*WatchResponse)(nil),         // 41: fence.v1.WatchResponse
-	(*ErrorDetail)(nil),           // 42: fence.v1.ErrorDetail
-	(*durationpb.Duration)(nil),   // 43: google.protobuf.Duration
+	(*CancelAcquireRequest)(nil),  // 13: fence.v1.CancelAcquireRequest
+	(*CancelAcquireResponse)(nil), // 14: fence.v1.CancelAcquireResponse
+	(*CheckRequest)(nil),          // 15: fence.v1.CheckRequest
+	(*CheckResponse)(nil),         // 16: fence.v1.CheckResponse
+	(*ListLocksRequest)(nil),      // 17: fence.v1.ListLocksRequest
+	(*Holder)(nil),                // 18: fence.v1.Holder
+	(*Waiter)(nil),                // 19: fence.v1.Waiter
+	(*LockInfo)(nil),              // 20: fence.v1.LockInfo
+	(*ListLocksResponse)(nil),     // 21: fence.v1.ListLocksResponse
+	(*StatusRequest)(nil),         // 22: fence.v1.StatusRequest
+	(*StatusResponse)(nil),        // 23: fence.v1.StatusResponse
+	(*Member)(nil),                // 24: fence.v1.Member
+	(*AddMemberRequest)(nil),      // 25: fence.v1.AddMemberRequest
+	(*AddMemberResponse)(nil),     // 26: fence.v1.AddMemberResponse
+	(*RemoveMemberRequest)(nil),   // 27: fence.v1.RemoveMemberRequest
+	(*RemoveMemberResponse)(nil),  // 28: fence.v1.RemoveMemberResponse
+	(*RegisterNodeRequest)(nil),   // 29: fence.v1.RegisterNodeRequest
+	(*RegisterNodeResponse)(nil),  // 30: fence.v1.RegisterNodeResponse
+	(*Fence)(nil),                 // 31: fence.v1.Fence
+	(*PutRequest)(nil),            // 32: fence.v1.PutRequest
+	(*PutResponse)(nil),           // 33: fence.v1.PutResponse
+	(*KeyValue)(nil),              // 34: fence.v1.KeyValue
+	(*GetRequest)(nil),            // 35: fence.v1.GetRequest
+	(*GetResponse)(nil),           // 36: fence.v1.GetResponse
+	(*DeleteRequest)(nil),         // 37: fence.v1.DeleteRequest
+	(*DeleteResponse)(nil),        // 38: fence.v1.DeleteResponse
+	(*ListRequest)(nil),           // 39: fence.v1.ListRequest
+	(*ListResponse)(nil),          // 40: fence.v1.ListResponse
+	(*WatchRequest)(nil),          // 41: fence.v1.WatchRequest
+	(*Event)(nil),                 // 42: fence.v1.Event
+	(*WatchResponse)(nil),         // 43: fence.v1.WatchResponse
+	(*ErrorDetail)(nil),           // 44: fence.v1.ErrorDetail
+	(*durationpb.Duration)(nil),   // 45: google.protobuf.Duration
 }
 var file_fence_v1_fence_proto_depIdxs = []int32{
-	43, // 0: fence.v1.CreateSessionRequest.ttl:type_name -> google.protobuf.Duration
-	43, // 1: fence.v1.CreateSessionResponse.ttl:type_name -> google.protobuf.Duration
-	43, // 2: fence.v1.KeepAliveResponse.ttl:type_name -> google.protobuf.Duration
+	45, // 0: fence.v1.CreateSessionRequest.ttl:type_name -> google.protobuf.Duration
+	45, // 1: fence.v1.CreateSessionResponse.ttl:type_name -> google.protobuf.Duration
+	45, // 2: fence.v1.KeepAliveResponse.ttl:type_name -> google.protobuf.Duration
 	0,  // 3: fence.v1.AcquireRequest.mode:type_name -> fence.v1.Mode
-	43, // 4: fence.v1.AcquireRequest.wait_timeout:type_name -> google.protobuf.Duration
-	43, // 5: fence.v1.AcquireRequest.lock_delay:type_name -> google.protobuf.Duration
+	45, // 4: fence.v1.AcquireRequest.wait_timeout:type_name -> google.protobuf.Duration
+	45, // 5: fence.v1.AcquireRequest.lock_delay:type_name -> google.protobuf.Duration
 	0,  // 6: fence.v1.AcquireResponse.mode:type_name -> fence.v1.Mode
 	0,  // 7: fence.v1.Holder.mode:type_name -> fence.v1.Mode
 	0,  // 8: fence.v1.Waiter.mode:type_name -> fence.v1.Mode
-	16, // 9: fence.v1.LockInfo.holders:type_name -> fence.v1.Holder
-	17, // 10: fence.v1.LockInfo.waiters:type_name -> fence.v1.Waiter
-	18, // 11: fence.v1.ListLocksResponse.locks:type_name -> fence.v1.LockInfo
-	22, // 12: fence.v1.StatusResponse.members:type_name -> fence.v1.Member
-	29, // 13: fence.v1.PutRequest.fence:type_name -> fence.v1.Fence
-	32, // 14: fence.v1.GetResponse.kv:type_name -> fence.v1.KeyValue
-	29, // 15: fence.v1.DeleteRequest.fence:type_name -> fence.v1.Fence
-	32, // 16: fence.v1.ListResponse.kvs:type_name -> fence.v1.KeyValue
+	18, // 9: fence.v1.LockInfo.holders:type_name -> fence.v1.Holder
+	19, // 10: fence.v1.LockInfo.waiters:type_name -> fence.v1.Waiter
+	20, // 11: fence.v1.ListLocksResponse.locks:type_name -> fence.v1.LockInfo
+	24, // 12: fence.v1.StatusResponse.members:type_name -> fence.v1.Member
+	31, // 13: fence.v1.PutRequest.fence:type_name -> fence.v1.Fence
+	34, // 14: fence.v1.GetResponse.kv:type_name -> fence.v1.KeyValue
+	31, // 15: fence.v1.DeleteRequest.fence:type_name -> fence.v1.Fence
+	34, // 16: fence.v1.ListResponse.kvs:type_name -> fence.v1.KeyValue
 	1,  // 17: fence.v1.Event.type:type_name -> fence.v1.EventType
-	32, // 18: fence.v1.Event.kv:type_name -> fence.v1.KeyValue
-	40, // 19: fence.v1.WatchResponse.events:type_name -> fence.v1.Event
+	34, // 18: fence.v1.Event.kv:type_name -> fence.v1.KeyValue
+	42, // 19: fence.v1.WatchResponse.events:type_name -> fence.v1.Event
 	2,  // 20: fence.v1.ErrorDetail.reason:type_name -> fence.v1.Reason
 	3,  // 21: fence.v1.SessionService.CreateSession:input_type -> fence.v1.CreateSessionRequest
 	5,  // 22: fence.v1.SessionService.KeepAlive:input_type -> fence.v1.KeepAliveRequest
 	7,  // 23: fence.v1.SessionService.CloseSession:input_type -> fence.v1.CloseSessionRequest
 	9,  // 24: fence.v1.LockService.Acquire:input_type -> fence.v1.AcquireRequest
 	11, // 25: fence.v1.LockService.Release:input_type -> fence.v1.ReleaseRequest
-	13, // 26: fence.v1.LockService.Check:input_type -> fence.v1.CheckRequest
-	15, // 27: fence.v1.LockService.ListLocks:input_type -> fence.v1.ListLocksRequest
-	30, // 28: fence.v1.KVService.Put:input_type -> fence.v1.PutRequest
-	33, // 29: fence.v1.KVService.Get:input_type -> fence.v1.GetRequest
-	35, // 30: fence.v1.KVService.Delete:input_type -> fence.v1.DeleteRequest
-	37, // 31: fence.v1.KVService.List:input_type -> fence.v1.ListRequest
-	39, // 32: fence.v1.KVService.Watch:input_type -> fence.v1.WatchRequest
-	20, // 33: fence.v1.ClusterService.Status:input_type -> fence.v1.StatusRequest
-	23, // 34: fence.v1.ClusterService.AddMember:input_type -> fence.v1.AddMemberRequest
-	25, // 35: fence.v1.ClusterService.RemoveMember:input_type -> fence.v1.RemoveMemberRequest
-	27, // 36: fence.v1.ClusterService.RegisterNode:input_type -> fence.v1.RegisterNodeRequest
-	4,  // 37: fence.v1.SessionService.CreateSession:output_type -> fence.v1.CreateSessionResponse
-	6,  // 38: fence.v1.SessionService.KeepAlive:output_type -> fence.v1.KeepAliveResponse
-	8,  // 39: fence.v1.SessionService.CloseSession:output_type -> fence.v1.CloseSessionResponse
-	10, // 40: fence.v1.LockService.Acquire:output_type -> fence.v1.AcquireResponse
-	12, // 41: fence.v1.LockService.Release:output_type -> fence.v1.ReleaseResponse
-	14, // 42: fence.v1.LockService.Check:output_type -> fence.v1.CheckResponse
-	19, // 43: fence.v1.LockService.ListLocks:output_type -> fence.v1.ListLocksResponse
-	31, // 44: fence.v1.KVService.Put:output_type -> fence.v1.PutResponse
-	34, // 45: fence.v1.KVService.Get:output_type -> fence.v1.GetResponse
-	36, // 46: fence.v1.KVService.Delete:output_type -> fence.v1.DeleteResponse
-	38, // 47: fence.v1.KVService.List:output_type -> fence.v1.ListResponse
-	41, // 48: fence.v1.KVService.Watch:output_type -> fence.v1.WatchResponse
-	21, // 49: fence.v1.ClusterService.Status:output_type -> fence.v1.StatusResponse
-	24, // 50: fence.v1.ClusterService.AddMember:output_type -> fence.v1.AddMemberResponse
-	26, // 51: fence.v1.ClusterService.RemoveMember:output_type -> fence.v1.RemoveMemberResponse
-	28, // 52: fence.v1.ClusterService.RegisterNode:output_type -> fence.v1.RegisterNodeResponse
-	37, // [37:53] is the sub-list for method output_type
-	21, // [21:37] is the sub-list for method input_type
+	13, // 26: fence.v1.LockService.CancelAcquire:input_type -> fence.v1.CancelAcquireRequest
+	15, // 27: fence.v1.LockService.Check:input_type -> fence.v1.CheckRequest
+	17, // 28: fence.v1.LockService.ListLocks:input_type -> fence.v1.ListLocksRequest
+	32, // 29: fence.v1.KVService.Put:input_type -> fence.v1.PutRequest
+	35, // 30: fence.v1.KVService.Get:input_type -> fence.v1.GetRequest
+	37, // 31: fence.v1.KVService.Delete:input_type -> fence.v1.DeleteRequest
+	39, // 32: fence.v1.KVService.List:input_type -> fence.v1.ListRequest
+	41, // 33: fence.v1.KVService.Watch:input_type -> fence.v1.WatchRequest
+	22, // 34: fence.v1.ClusterService.Status:input_type -> fence.v1.StatusRequest
+	25, // 35: fence.v1.ClusterService.AddMember:input_type -> fence.v1.AddMemberRequest
+	27, // 36: fence.v1.ClusterService.RemoveMember:input_type -> fence.v1.RemoveMemberRequest
+	29, // 37: fence.v1.ClusterService.RegisterNode:input_type -> fence.v1.RegisterNodeRequest
+	4,  // 38: fence.v1.SessionService.CreateSession:output_type -> fence.v1.CreateSessionResponse
+	6,  // 39: fence.v1.SessionService.KeepAlive:output_type -> fence.v1.KeepAliveResponse
+	8,  // 40: fence.v1.SessionService.CloseSession:output_type -> fence.v1.CloseSessionResponse
+	10, // 41: fence.v1.LockService.Acquire:output_type -> fence.v1.AcquireResponse
+	12, // 42: fence.v1.LockService.Release:output_type -> fence.v1.ReleaseResponse
+	14, // 43: fence.v1.LockService.CancelAcquire:output_type -> fence.v1.CancelAcquireResponse
+	16, // 44: fence.v1.LockService.Check:output_type -> fence.v1.CheckResponse
+	21, // 45: fence.v1.LockService.ListLocks:output_type -> fence.v1.ListLocksResponse
+	33, // 46: fence.v1.KVService.Put:output_type -> fence.v1.PutResponse
+	36, // 47: fence.v1.KVService.Get:output_type -> fence.v1.GetResponse
+	38, // 48: fence.v1.KVService.Delete:output_type -> fence.v1.DeleteResponse
+	40, // 49: fence.v1.KVService.List:output_type -> fence.v1.ListResponse
+	43, // 50: fence.v1.KVService.Watch:output_type -> fence.v1.WatchResponse
+	23, // 51: fence.v1.ClusterService.Status:output_type -> fence.v1.StatusResponse
+	26, // 52: fence.v1.ClusterService.AddMember:output_type -> fence.v1.AddMemberResponse
+	28, // 53: fence.v1.ClusterService.RemoveMember:output_type -> fence.v1.RemoveMemberResponse
+	30, // 54: fence.v1.ClusterService.RegisterNode:output_type -> fence.v1.RegisterNodeResponse
+	38, // [38:55] is the sub-list for method output_type
+	21, // [21:38] is the sub-list for method input_type
 	21, // [21:21] is the sub-list for extension type_name
 	21, // [21:21] is the sub-list for extension extendee
 	0,  // [0:21] is the sub-list for field type_name
@@ -2929,14 +3078,14 @@ func file_fence_v1_fence_proto_init() {
 	if File_fence_v1_fence_proto != nil {
 		return
 	}
-	file_fence_v1_fence_proto_msgTypes[26].OneofWrappers = []any{}
+	file_fence_v1_fence_proto_msgTypes[28].OneofWrappers = []any{}
 	type x struct{}
 	out := protoimpl.TypeBuilder{
 		File: protoimpl.DescBuilder{
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_fence_v1_fence_proto_rawDesc), len(file_fence_v1_fence_proto_rawDesc)),
 			NumEnums:      3,
-			NumMessages:   40,
+			NumMessages:   42,
 			NumExtensions: 0,
 			NumServices:   4,
 		},

@@ -61,6 +61,9 @@ const (
 	LockServiceAcquireProcedure = "/fence.v1.LockService/Acquire"
 	// LockServiceReleaseProcedure is the fully-qualified name of the LockService's Release RPC.
 	LockServiceReleaseProcedure = "/fence.v1.LockService/Release"
+	// LockServiceCancelAcquireProcedure is the fully-qualified name of the LockService's CancelAcquire
+	// RPC.
+	LockServiceCancelAcquireProcedure = "/fence.v1.LockService/CancelAcquire"
 	// LockServiceCheckProcedure is the fully-qualified name of the LockService's Check RPC.
 	LockServiceCheckProcedure = "/fence.v1.LockService/Check"
 	// LockServiceListLocksProcedure is the fully-qualified name of the LockService's ListLocks RPC.
@@ -228,6 +231,13 @@ type LockServiceClient interface {
 	// Release gives a lock back. Session and token must match the grant
 	// (FailedPrecondition otherwise). The next waiter is granted in the same commit.
 	Release(context.Context, *connect.Request[v1.ReleaseRequest]) (*connect.Response[v1.ReleaseResponse], error)
+	// CancelAcquire gives up an Acquire by its request_id, whatever became of
+	// it: a wait it left queued is dropped, a grant it received is released
+	// (handed to the next waiter, with no lock-delay), and an Acquire with that
+	// request_id that arrives later fails (FailedPrecondition, reason
+	// CANCELLED). A client whose Acquire failed or was cancelled calls it, so
+	// that nothing is left held or queued that nobody knows of. Idempotent.
+	CancelAcquire(context.Context, *connect.Request[v1.CancelAcquireRequest]) (*connect.Response[v1.CancelAcquireResponse], error)
 	// Check tells whether a token is the lock's current grant, and what the
 	// current token is. Resources that can reach the service use it for the
 	// strongest fence.
@@ -259,6 +269,12 @@ func NewLockServiceClient(httpClient connect.HTTPClient, baseURL string, opts ..
 			connect.WithSchema(lockServiceMethods.ByName("Release")),
 			connect.WithClientOptions(opts...),
 		),
+		cancelAcquire: connect.NewClient[v1.CancelAcquireRequest, v1.CancelAcquireResponse](
+			httpClient,
+			baseURL+LockServiceCancelAcquireProcedure,
+			connect.WithSchema(lockServiceMethods.ByName("CancelAcquire")),
+			connect.WithClientOptions(opts...),
+		),
 		check: connect.NewClient[v1.CheckRequest, v1.CheckResponse](
 			httpClient,
 			baseURL+LockServiceCheckProcedure,
@@ -276,10 +292,11 @@ func NewLockServiceClient(httpClient connect.HTTPClient, baseURL string, opts ..
 
 // lockServiceClient implements LockServiceClient.
 type lockServiceClient struct {
-	acquire   *connect.Client[v1.AcquireRequest, v1.AcquireResponse]
-	release   *connect.Client[v1.ReleaseRequest, v1.ReleaseResponse]
-	check     *connect.Client[v1.CheckRequest, v1.CheckResponse]
-	listLocks *connect.Client[v1.ListLocksRequest, v1.ListLocksResponse]
+	acquire       *connect.Client[v1.AcquireRequest, v1.AcquireResponse]
+	release       *connect.Client[v1.ReleaseRequest, v1.ReleaseResponse]
+	cancelAcquire *connect.Client[v1.CancelAcquireRequest, v1.CancelAcquireResponse]
+	check         *connect.Client[v1.CheckRequest, v1.CheckResponse]
+	listLocks     *connect.Client[v1.ListLocksRequest, v1.ListLocksResponse]
 }
 
 // Acquire calls fence.v1.LockService.Acquire.
@@ -290,6 +307,11 @@ func (c *lockServiceClient) Acquire(ctx context.Context, req *connect.Request[v1
 // Release calls fence.v1.LockService.Release.
 func (c *lockServiceClient) Release(ctx context.Context, req *connect.Request[v1.ReleaseRequest]) (*connect.Response[v1.ReleaseResponse], error) {
 	return c.release.CallUnary(ctx, req)
+}
+
+// CancelAcquire calls fence.v1.LockService.CancelAcquire.
+func (c *lockServiceClient) CancelAcquire(ctx context.Context, req *connect.Request[v1.CancelAcquireRequest]) (*connect.Response[v1.CancelAcquireResponse], error) {
+	return c.cancelAcquire.CallUnary(ctx, req)
 }
 
 // Check calls fence.v1.LockService.Check.
@@ -312,6 +334,13 @@ type LockServiceHandler interface {
 	// Release gives a lock back. Session and token must match the grant
 	// (FailedPrecondition otherwise). The next waiter is granted in the same commit.
 	Release(context.Context, *connect.Request[v1.ReleaseRequest]) (*connect.Response[v1.ReleaseResponse], error)
+	// CancelAcquire gives up an Acquire by its request_id, whatever became of
+	// it: a wait it left queued is dropped, a grant it received is released
+	// (handed to the next waiter, with no lock-delay), and an Acquire with that
+	// request_id that arrives later fails (FailedPrecondition, reason
+	// CANCELLED). A client whose Acquire failed or was cancelled calls it, so
+	// that nothing is left held or queued that nobody knows of. Idempotent.
+	CancelAcquire(context.Context, *connect.Request[v1.CancelAcquireRequest]) (*connect.Response[v1.CancelAcquireResponse], error)
 	// Check tells whether a token is the lock's current grant, and what the
 	// current token is. Resources that can reach the service use it for the
 	// strongest fence.
@@ -339,6 +368,12 @@ func NewLockServiceHandler(svc LockServiceHandler, opts ...connect.HandlerOption
 		connect.WithSchema(lockServiceMethods.ByName("Release")),
 		connect.WithHandlerOptions(opts...),
 	)
+	lockServiceCancelAcquireHandler := connect.NewUnaryHandler(
+		LockServiceCancelAcquireProcedure,
+		svc.CancelAcquire,
+		connect.WithSchema(lockServiceMethods.ByName("CancelAcquire")),
+		connect.WithHandlerOptions(opts...),
+	)
 	lockServiceCheckHandler := connect.NewUnaryHandler(
 		LockServiceCheckProcedure,
 		svc.Check,
@@ -357,6 +392,8 @@ func NewLockServiceHandler(svc LockServiceHandler, opts ...connect.HandlerOption
 			lockServiceAcquireHandler.ServeHTTP(w, r)
 		case LockServiceReleaseProcedure:
 			lockServiceReleaseHandler.ServeHTTP(w, r)
+		case LockServiceCancelAcquireProcedure:
+			lockServiceCancelAcquireHandler.ServeHTTP(w, r)
 		case LockServiceCheckProcedure:
 			lockServiceCheckHandler.ServeHTTP(w, r)
 		case LockServiceListLocksProcedure:
@@ -376,6 +413,10 @@ func (UnimplementedLockServiceHandler) Acquire(context.Context, *connect.Request
 
 func (UnimplementedLockServiceHandler) Release(context.Context, *connect.Request[v1.ReleaseRequest]) (*connect.Response[v1.ReleaseResponse], error) {
 	return nil, connect.NewError(connect.CodeUnimplemented, errors.New("fence.v1.LockService.Release is not implemented"))
+}
+
+func (UnimplementedLockServiceHandler) CancelAcquire(context.Context, *connect.Request[v1.CancelAcquireRequest]) (*connect.Response[v1.CancelAcquireResponse], error) {
+	return nil, connect.NewError(connect.CodeUnimplemented, errors.New("fence.v1.LockService.CancelAcquire is not implemented"))
 }
 
 func (UnimplementedLockServiceHandler) Check(context.Context, *connect.Request[v1.CheckRequest]) (*connect.Response[v1.CheckResponse], error) {

@@ -1,0 +1,156 @@
+package fsm_test
+
+import (
+	"testing"
+	"time"
+
+	"github.com/fencelock/fence"
+	"github.com/fencelock/fence/fsm"
+)
+
+// Each expiry puts the lock under its own delay, lifted by its own id, and
+// the lock is granted again only once every delay is lifted: a shared lock
+// whose readers expire one after the other stays delayed for the full
+// delay after the last expiry (issue 9, bug 3).
+func TestEachExpiryDelaysInFull(t *testing.T) {
+	const sec = time.Second
+	delayed := func(id uint64, d time.Duration) fsm.Delay { return fsm.Delay{Lock: "a", Delay: d, ID: id} }
+	readersExpire := func(d1, d2 time.Duration) []applyStep {
+		return script(sessions(3), []applyStep{
+			{cmd: acquire(1, "a", shared, withDelay(d1)), want: granted(1, "a", 1, shared)},
+			{cmd: acquire(2, "a", shared, withDelay(d2)), want: granted(2, "a", 2, shared)},
+			{cmd: acquire(3, "a", excl), want: queued()},
+			{cmd: expireSessions(1), want: fsm.Result{Ended: []uint64{1}, Delayed: []fsm.Delay{delayed(1, d1)}}},
+			{cmd: expireSessions(2), want: fsm.Result{Ended: []uint64{2}, Delayed: []fsm.Delay{delayed(2, d2)}}, after: func(t *testing.T, s *fsm.State) {
+				if got := s.DelayedLocks(); len(got) != 2 || got[0] != delayed(1, d1) || got[1] != delayed(2, d2) {
+					t.Fatalf("DelayedLocks() = %+v, want both delays", got)
+				}
+			}},
+		})
+	}
+	cases := []applyCase{
+		{
+			name: "the first expiry's lift leaves the second's delay in force",
+			steps: script(readersExpire(5*sec, 5*sec), []applyStep{
+				{cmd: liftDelayID("a", 1), want: fsm.Result{}},
+				{cmd: acquire(3, "a", excl), want: queued()},
+				{cmd: liftDelayID("a", 1), want: fsm.Result{}},
+				{cmd: liftDelayID("a", 2), want: handedTo(grant(3, "a", 3, excl))},
+			}),
+			locks: []fsm.LockInfo{{Name: "a", Holders: []fsm.HolderInfo{holding(3, 3, excl)}}},
+		},
+		{
+			name: "a shorter later delay does not cut an earlier longer one short",
+			steps: script(readersExpire(5*sec, sec), []applyStep{
+				{cmd: liftDelayID("a", 2), want: fsm.Result{}},
+				{cmd: liftDelayID("a", 1), want: handedTo(grant(3, "a", 3, excl))},
+			}),
+			locks: []fsm.LockInfo{{Name: "a", Holders: []fsm.HolderInfo{holding(3, 3, excl)}}},
+		},
+		{
+			name: "a LiftDelay without an id, as older versions logged it, lifts every delay",
+			steps: script(readersExpire(5*sec, 5*sec), []applyStep{
+				{cmd: liftDelay("a"), want: handedTo(grant(3, "a", 3, excl))},
+			}),
+			locks: []fsm.LockInfo{{Name: "a", Holders: []fsm.HolderInfo{holding(3, 3, excl)}}},
+		},
+	}
+	runApplyCases(t, cases)
+}
+
+// An acquire named by a request id can be given up exactly: its grant is
+// released, its wait dropped, and a retry of it still on its way fails. A
+// retry of the same request takes the grant or wait over under a new
+// attempt, which the server's give-up of an earlier attempt leaves alone
+// (issue 9, bug 2).
+func TestCancelAcquire(t *testing.T) {
+	cases := []applyCase{
+		{
+			name: "a granted request is released and then refused",
+			steps: script(sessions(2), []applyStep{
+				{cmd: acquire(1, "a", excl, withRequest(7)), want: withAttempt(granted(1, "a", 1, excl), 1)},
+				{cmd: acquire(2, "a", excl, withRequest(7)), want: withAttempt(queued(), 2)},
+				{cmd: cancelAcquire(1, "a", 7, 0), want: fsm.Result{Released: true, Grants: []fsm.Grant{grant(2, "a", 2, excl)}}},
+				{cmd: cancelAcquire(1, "a", 7, 0), want: fsm.Result{}},
+				{cmd: acquire(1, "a", excl, withRequest(7)), want: fails(fence.ErrCancelled)},
+				{cmd: acquire(1, "a", excl, withRequest(8)), want: withAttempt(queued(), 3)},
+			}),
+			locks: []fsm.LockInfo{{Name: "a", Holders: []fsm.HolderInfo{holding(2, 2, excl)}, Waiters: []fsm.WaiterInfo{waiting(1, excl)}}},
+		},
+		{
+			name: "a waiting request is dropped from the queue",
+			steps: script(sessions(3), []applyStep{
+				{cmd: acquire(1, "a", excl), want: granted(1, "a", 1, excl)},
+				{cmd: acquire(2, "a", excl, withRequest(5)), want: withAttempt(queued(), 1)},
+				{cmd: acquire(3, "a", excl), want: queued()},
+				{cmd: cancelAcquire(2, "a", 5, 0), want: fsm.Result{Dequeued: true}},
+				{cmd: release(1, "a", 1), want: handedTo(grant(3, "a", 2, excl))},
+			}),
+			locks: []fsm.LockInfo{{Name: "a", Holders: []fsm.HolderInfo{holding(3, 2, excl)}}},
+		},
+		{
+			name: "a retry takes the grant over; giving up the earlier attempt leaves it",
+			steps: script(sessions(1), []applyStep{
+				{cmd: acquire(1, "a", excl, withRequest(7)), want: withAttempt(granted(1, "a", 1, excl), 1)},
+				{cmd: acquire(1, "a", excl, withRequest(7)), want: withAttempt(fsm.Result{Grant: ptr(grant(1, "a", 1, excl))}, 2)},
+				{cmd: cancelAcquire(1, "a", 7, 1), want: fsm.Result{}},
+				{cmd: cancelWaitOf(1, "a", 7, 1), want: fsm.Result{}},
+				{cmd: cancelWaitOf(1, "a", 7, 2), want: fsm.Result{Grant: ptr(grant(1, "a", 1, excl))}},
+				{cmd: cancelAcquire(1, "a", 7, 2), want: fsm.Result{Released: true}},
+			}),
+		},
+		{
+			name: "another request of the session is told of the grant but cannot give it up",
+			steps: script(sessions(1), []applyStep{
+				{cmd: acquire(1, "a", excl, withRequest(7)), want: withAttempt(granted(1, "a", 1, excl), 1)},
+				{cmd: acquire(1, "a", excl, withRequest(8)), want: fsm.Result{Grant: ptr(grant(1, "a", 1, excl))}},
+				{cmd: cancelAcquire(1, "a", 8, 0), want: fsm.Result{}},
+				{cmd: acquire(1, "a", excl), want: fsm.Result{Grant: ptr(grant(1, "a", 1, excl))}},
+			}),
+			locks: []fsm.LockInfo{{Name: "a", Holders: []fsm.HolderInfo{holding(1, 1, excl)}}},
+		},
+		{
+			name: "a waiting retry takes the wait over, and the grant goes with it",
+			steps: script(sessions(2), []applyStep{
+				{cmd: acquire(1, "a", excl), want: granted(1, "a", 1, excl)},
+				{cmd: acquire(2, "a", excl, withRequest(3)), want: withAttempt(queued(), 1)},
+				{cmd: acquire(2, "a", excl, withRequest(3)), want: withAttempt(queued(), 2)},
+				{cmd: cancelWaitOf(2, "a", 3, 1), want: fsm.Result{}},
+				{cmd: cancelAcquire(2, "a", 3, 1), want: fsm.Result{}},
+				{cmd: release(1, "a", 1), want: handedTo(grant(2, "a", 2, excl))},
+				{cmd: cancelAcquire(2, "a", 3, 2), want: fsm.Result{Released: true}},
+			}),
+		},
+		{
+			name: "cancelling needs a request id and a live session",
+			steps: script(sessions(1), []applyStep{
+				{cmd: cancelAcquire(1, "a", 0, 0), want: fails(fence.ErrInvalidArgument)},
+				{cmd: cancelAcquire(9, "a", 1, 0), want: fails(fence.ErrSessionNotFound)},
+				{cmd: cancelAcquire(1, "never-used", 1, 0), want: fsm.Result{}},
+				{cmd: acquire(1, "never-used", excl, withRequest(1)), want: fails(fence.ErrCancelled)},
+			}),
+		},
+	}
+	runApplyCases(t, cases)
+}
+
+func withAttempt(r fsm.Result, attempt uint64) fsm.Result {
+	r.Attempt = attempt
+	return r
+}
+
+func ptr[T any](v T) *T { return &v }
+
+func runApplyCases(t *testing.T, cases []applyCase) {
+	t.Helper()
+	for _, tc := range cases {
+		t.Run(tc.name, func(t *testing.T) {
+			s := fsm.NewState()
+			runSteps(t, s, tc.steps)
+			locksAre(tc.locks...)(t, s)
+			if err := s.CheckInvariants(); err != nil {
+				t.Fatal(err)
+			}
+		})
+	}
+}
