@@ -3,6 +3,7 @@ package client
 import (
 	"bytes"
 	"context"
+	"crypto/rand"
 	"crypto/tls"
 	"errors"
 	"fmt"
@@ -283,6 +284,18 @@ func (c *Client) call(ctx context.Context, fn func(ctx context.Context, ep *endp
 		tried, hints = 0, 0
 		backoff = min(2*backoff, 250*time.Millisecond)
 	}
+}
+
+// newIdempotencyKey returns a key for one write call, sent with each of
+// its attempts, so that the service applies a retry of a write whose
+// answer was lost only once (fencev1.IdempotencyKeyHeader).
+func newIdempotencyKey() string { return rand.Text() }
+
+// keyed returns req carrying the idempotency key.
+func keyed[T any](msg *T, key string) *connect.Request[T] {
+	req := connect.NewRequest(msg)
+	req.Header().Set(fencev1.IdempotencyKeyHeader, key)
+	return req
 }
 
 // leaderHint returns the leader's API address that an Unavailable error names.

@@ -72,14 +72,17 @@ func writeOpts(opts []WriteOption) *writeOptions {
 	return o
 }
 
-// Put writes value under key and returns the key's new mod revision.
-// A call that fails with fence.ErrUnavailable may or may not have applied.
+// Put writes value under key and returns the key's new mod revision. A
+// retry after a lost answer is applied once: every attempt carries the
+// call's idempotency key. A call that fails with fence.ErrUnavailable may
+// or may not have applied.
 func (k *KV) Put(ctx context.Context, key string, value []byte, opts ...WriteOption) (uint64, error) {
 	o := writeOpts(opts)
 	req := &fencev1.PutRequest{Key: key, Value: value, Fence: &o.fence, SessionId: o.session}
 	var rev uint64
+	once := newIdempotencyKey()
 	err := k.c.call(ctx, func(ctx context.Context, ep *endpoint) error {
-		resp, err := ep.kv.Put(ctx, connect.NewRequest(req))
+		resp, err := ep.kv.Put(ctx, keyed(req, once))
 		if err == nil {
 			rev = resp.Msg.GetRevision()
 		}
@@ -107,8 +110,9 @@ func (k *KV) Get(ctx context.Context, key string, opts ...ReadOption) (*KeyValue
 func (k *KV) Delete(ctx context.Context, key string, opts ...WriteOption) (bool, error) {
 	req := &fencev1.DeleteRequest{Key: key, Fence: &writeOpts(opts).fence}
 	var deleted bool
+	once := newIdempotencyKey()
 	err := k.c.call(ctx, func(ctx context.Context, ep *endpoint) error {
-		resp, err := ep.kv.Delete(ctx, connect.NewRequest(req))
+		resp, err := ep.kv.Delete(ctx, keyed(req, once))
 		if err == nil {
 			deleted = resp.Msg.GetDeleted()
 		}

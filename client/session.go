@@ -88,12 +88,13 @@ func (c *Client) NewSession(ctx context.Context, opts ...SessionOption) (*Sessio
 	}
 	var resp *fencev1.CreateSessionResponse
 	var sent time.Time
+	key := newIdempotencyKey()
 	err := c.call(ctx, func(ctx context.Context, ep *endpoint) error {
 		sent = c.opts.clock.Now()
-		r, err := ep.sessions.CreateSession(ctx, connect.NewRequest(&fencev1.CreateSessionRequest{
+		r, err := ep.sessions.CreateSession(ctx, keyed(&fencev1.CreateSessionRequest{
 			Ttl:   durationpb.New(o.ttl),
 			Owner: o.owner,
-		}))
+		}, key))
 		if err == nil {
 			resp = r.Msg
 		}

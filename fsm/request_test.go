@@ -1,11 +1,15 @@
 package fsm_test
 
 import (
+	"errors"
+	"fmt"
+	"strings"
 	"testing"
 	"time"
 
 	"github.com/fencelock/fence"
 	"github.com/fencelock/fence/fsm"
+	"github.com/fencelock/fence/internal/fsmpb"
 )
 
 // Each expiry puts the lock under its own delay, lifted by its own id, and
@@ -152,5 +156,56 @@ func runApplyCases(t *testing.T, cases []applyCase) {
 				t.Fatal(err)
 			}
 		})
+	}
+}
+
+func keyedCmd(key string, cmd *fsmpb.Command) *fsmpb.Command {
+	cmd.IdempotencyKey = key
+	return cmd
+}
+
+// A command whose idempotency key was applied before is not applied again:
+// it answers what the first application did, in Repeat. A failed command
+// leaves no key, so its retry runs. The keys survive a snapshot, and the
+// oldest are forgotten beyond MaxIdempotencyKeys.
+func TestIdempotencyKeys(t *testing.T) {
+	s := fsm.NewState()
+	apply := func(cmd *fsmpb.Command) fsm.Result {
+		t.Helper()
+		res := s.Apply(cmd)
+		if err := s.CheckInvariants(); err != nil {
+			t.Fatal(err)
+		}
+		return res
+	}
+	if res := apply(keyedCmd("s1", newSession())); res.SessionID != 1 {
+		t.Fatalf("first CreateSession: %+v", res)
+	}
+	if res := apply(keyedCmd("s1", newSession())); res.Repeat == nil || res.Repeat.SessionID != 1 || res.SessionID != 0 || s.NumSessions() != 1 {
+		t.Fatalf("repeated CreateSession: %+v, %d sessions", res, s.NumSessions())
+	}
+	first := apply(keyedCmd("p1", kvPut("k", "v")))
+	if res := apply(keyedCmd("p1", kvPut("k", "v"))); res.Repeat == nil || res.Repeat.Revision != first.Revision || !res.Repeat.Changed || len(res.Events) != 0 || s.KVRevision() != first.Revision {
+		t.Fatalf("repeated put: %+v (first %+v), revision now %d", res, first, s.KVRevision())
+	}
+	if res := apply(keyedCmd("bad", acquire(9, "a", excl))); res.Err == nil {
+		t.Fatal("an acquire by an unknown session succeeded")
+	}
+	if res := apply(keyedCmd("bad", newSession())); res.Repeat != nil || res.SessionID != 2 {
+		t.Fatalf("a key whose first command failed: %+v, want it applied", res)
+	}
+	if res := apply(keyedCmd(strings.Repeat("k", fsm.MaxIdempotencyKeyBytes+1), newSession())); !errors.Is(res.Err, fence.ErrInvalidArgument) {
+		t.Fatalf("an oversized key: %+v", res)
+	}
+
+	restored := mustRestore(t, s)
+	if res := restored.Apply(keyedCmd("p1", kvPut("k", "v"))); res.Repeat == nil {
+		t.Fatalf("a key after a snapshot restore: %+v, want a repeat", res)
+	}
+	for i := range fsm.MaxIdempotencyKeys {
+		apply(keyedCmd(fmt.Sprintf("fill-%d", i), kvPut("fill", "x")))
+	}
+	if res := apply(keyedCmd("s1", newSession())); res.Repeat != nil {
+		t.Fatalf("the oldest key is still remembered after %d newer ones: %+v", fsm.MaxIdempotencyKeys, res)
 	}
 }

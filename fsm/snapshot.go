@@ -51,6 +51,10 @@ func (s *State) Snapshot() *fsmpb.Snapshot {
 	for _, id := range sortedNodeIDs(s.nodes) {
 		snap.Nodes = append(snap.Nodes, &fsmpb.RegisterNode{NodeId: id, ApiAddress: s.nodes[id]})
 	}
+	for _, key := range s.appliedKeys {
+		r := s.applied[key]
+		snap.Applied = append(snap.Applied, &fsmpb.Applied{Key: key, SessionId: r.SessionID, Revision: r.Revision, Changed: r.Changed})
+	}
 	return snap
 }
 
@@ -134,6 +138,12 @@ func Restore(snap *fsmpb.Snapshot) (*State, error) {
 	}
 	for _, n := range snap.GetNodes() {
 		s.nodes[n.GetNodeId()] = n.GetApiAddress()
+	}
+	for _, a := range snap.GetApplied() {
+		if _, dup := s.applied[a.GetKey()]; dup || a.GetKey() == "" {
+			return nil, fmt.Errorf("fsm: snapshot has idempotency key %q twice or empty", a.GetKey())
+		}
+		s.remember(a.GetKey(), Repeat{SessionID: a.GetSessionId(), Revision: a.GetRevision(), Changed: a.GetChanged()})
 	}
 	if err := s.CheckInvariants(); err != nil {
 		return nil, fmt.Errorf("fsm: snapshot is inconsistent: %w", err)

@@ -86,9 +86,31 @@ type Result struct {
 	Delayed []Delay
 	// Revision is the KV store's revision after a KV command.
 	Revision uint64
+	// Repeat is set, and nothing else, when the command's idempotency key
+	// was applied before: the command was not applied again.
+	Repeat *Repeat
 	// Events lists the KV changes this command made.
 	Events []KVEvent
 }
+
+// Repeat is what the first application of a command with an idempotency
+// key reported, for its retries.
+type Repeat struct {
+	// SessionID is the session a CreateSession made.
+	SessionID uint64
+	// Revision is the KV store's revision after a KV write.
+	Revision uint64
+	// Changed is true when a KV write changed a key.
+	Changed bool
+}
+
+// MaxIdempotencyKeys is how many idempotency keys the state remembers, the
+// most recent ones: a retry whose first attempt applied more than this
+// many keyed commands ago is applied again.
+const MaxIdempotencyKeys = 10000
+
+// MaxIdempotencyKeyBytes bounds the length of an idempotency key.
+const MaxIdempotencyKeyBytes = 64
 
 type holder struct {
 	session   uint64
@@ -239,16 +261,51 @@ type State struct {
 	nodes         map[string]string // node id -> API address
 	lastDelayID   uint64
 	lastAttempt   uint64
+	// applied remembers what commands with idempotency keys did, and
+	// appliedKeys their keys, oldest first, at most MaxIdempotencyKeys.
+	applied     map[string]Repeat
+	appliedKeys []string
 }
 
 // NewState returns an empty state: no sessions, no locks, token counter 0.
 func NewState() *State {
-	return &State{sessions: map[uint64]*session{}, locks: map[string]*lock{}, kv: map[string]*kvEntry{}, nodes: map[string]string{}}
+	return &State{sessions: map[uint64]*session{}, locks: map[string]*lock{}, kv: map[string]*kvEntry{}, nodes: map[string]string{}, applied: map[string]Repeat{}}
 }
 
 // Apply applies one command and reports what it did. It never panics on a
-// well-formed protobuf message, whatever its field values.
+// well-formed protobuf message, whatever its field values. A command whose
+// idempotency key was applied before is not applied again: its Result has
+// only Repeat. A failed command changes nothing, and its key is not kept.
 func (s *State) Apply(cmd *fsmpb.Command) Result {
+	key := cmd.GetIdempotencyKey()
+	if key == "" {
+		return s.apply(cmd)
+	}
+	if len(key) > MaxIdempotencyKeyBytes {
+		return Result{Err: fmt.Errorf("%w: idempotency key of %d bytes is over the limit of %d", fence.ErrInvalidArgument, len(key), MaxIdempotencyKeyBytes)}
+	}
+	if r, ok := s.applied[key]; ok {
+		return Result{Repeat: &r}
+	}
+	res := s.apply(cmd)
+	if res.Err == nil {
+		s.remember(key, Repeat{SessionID: res.SessionID, Revision: res.Revision, Changed: len(res.Events) > 0})
+	}
+	return res
+}
+
+// remember keeps what a keyed command did, forgetting the oldest key
+// beyond MaxIdempotencyKeys.
+func (s *State) remember(key string, r Repeat) {
+	if len(s.appliedKeys) >= MaxIdempotencyKeys {
+		delete(s.applied, s.appliedKeys[0])
+		s.appliedKeys = s.appliedKeys[1:]
+	}
+	s.applied[key] = r
+	s.appliedKeys = append(s.appliedKeys, key)
+}
+
+func (s *State) apply(cmd *fsmpb.Command) Result {
 	switch op := cmd.GetOp().(type) {
 	case *fsmpb.Command_CreateSession:
 		return s.createSession(op.CreateSession)

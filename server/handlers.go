@@ -29,7 +29,11 @@ func (s *Server) CreateSession(ctx context.Context, req *connect.Request[fencev1
 	if err := checkText("owner", req.Msg.GetOwner(), s.cfg.MaxOwnerBytes, false); err != nil {
 		return nil, err
 	}
-	res, err := s.apply(&fsmpb.Command{Op: &fsmpb.Command_CreateSession{CreateSession: &fsmpb.CreateSession{
+	key, err := idempotencyKey(req.Header())
+	if err != nil {
+		return nil, err
+	}
+	res, err := s.apply(&fsmpb.Command{IdempotencyKey: key, Op: &fsmpb.Command_CreateSession{CreateSession: &fsmpb.CreateSession{
 		TtlNs:       int64(ttl),
 		Owner:       req.Msg.GetOwner(),
 		MaxSessions: uint64(s.cfg.MaxSessions),
@@ -37,7 +41,11 @@ func (s *Server) CreateSession(ctx context.Context, req *connect.Request[fencev1
 	if err != nil {
 		return nil, err
 	}
-	return connect.NewResponse(&fencev1.CreateSessionResponse{SessionId: res.SessionID, Ttl: durationpb.New(ttl)}), nil
+	id := res.SessionID
+	if res.Repeat != nil {
+		id = res.Repeat.SessionID
+	}
+	return connect.NewResponse(&fencev1.CreateSessionResponse{SessionId: id, Ttl: durationpb.New(ttl)}), nil
 }
 
 // KeepAlive implements fencev1connect.SessionServiceHandler. The leader

@@ -51,13 +51,21 @@ func (s *Server) Put(ctx context.Context, req *connect.Request[fencev1.PutReques
 	if err != nil {
 		return nil, err
 	}
-	res, err := s.apply(&fsmpb.Command{Op: &fsmpb.Command_KvPut{KvPut: &fsmpb.KVPut{
+	key, err := idempotencyKey(req.Header())
+	if err != nil {
+		return nil, err
+	}
+	res, err := s.apply(&fsmpb.Command{IdempotencyKey: key, Op: &fsmpb.Command_KvPut{KvPut: &fsmpb.KVPut{
 		Key: m.GetKey(), Value: m.GetValue(), Fence: f, MaxKeys: uint64(s.cfg.MaxKeys), SessionId: m.GetSessionId(),
 	}}})
 	if err != nil {
 		return nil, err
 	}
-	return connect.NewResponse(&fencev1.PutResponse{Revision: res.Revision}), nil
+	rev := res.Revision
+	if res.Repeat != nil {
+		rev = res.Repeat.Revision
+	}
+	return connect.NewResponse(&fencev1.PutResponse{Revision: rev}), nil
 }
 
 // Delete implements fencev1connect.KVServiceHandler.
@@ -70,9 +78,16 @@ func (s *Server) Delete(ctx context.Context, req *connect.Request[fencev1.Delete
 	if err != nil {
 		return nil, err
 	}
-	res, err := s.apply(&fsmpb.Command{Op: &fsmpb.Command_KvDelete{KvDelete: &fsmpb.KVDelete{Key: m.GetKey(), Fence: f}}})
+	key, err := idempotencyKey(req.Header())
 	if err != nil {
 		return nil, err
+	}
+	res, err := s.apply(&fsmpb.Command{IdempotencyKey: key, Op: &fsmpb.Command_KvDelete{KvDelete: &fsmpb.KVDelete{Key: m.GetKey(), Fence: f}}})
+	if err != nil {
+		return nil, err
+	}
+	if r := res.Repeat; r != nil {
+		return connect.NewResponse(&fencev1.DeleteResponse{Deleted: r.Changed, Revision: r.Revision}), nil
 	}
 	return connect.NewResponse(&fencev1.DeleteResponse{Deleted: len(res.Events) > 0, Revision: res.Revision}), nil
 }

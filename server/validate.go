@@ -2,6 +2,7 @@ package server
 
 import (
 	"fmt"
+	"net/http"
 	"time"
 	"unicode"
 	"unicode/utf8"
@@ -107,4 +108,13 @@ func checkPermits(md fsm.Mode, permits uint32, max int) error {
 		return invalid("permits %d is over the limit of %d", permits, max)
 	}
 	return nil
+}
+
+// idempotencyKey returns the call's idempotency key, "" for none.
+func idempotencyKey(h http.Header) (string, error) {
+	key := h.Get(fencev1.IdempotencyKeyHeader)
+	if err := checkText(fencev1.IdempotencyKeyHeader+" header", key, fsm.MaxIdempotencyKeyBytes, false); err != nil {
+		return "", err
+	}
+	return key, nil
 }

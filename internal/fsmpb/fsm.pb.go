@@ -43,9 +43,13 @@ type Command struct {
 	//	*Command_KvDelete
 	//	*Command_RegisterNode
 	//	*Command_CancelAcquire
-	Op            isCommand_Op `protobuf_oneof:"op"`
-	unknownFields protoimpl.UnknownFields
-	sizeCache     protoimpl.SizeCache
+	Op isCommand_Op `protobuf_oneof:"op"`
+	// The client's key for this call, the same across its retries: a command
+	// whose key was applied before is not applied again, and answers what
+	// the first application did. Empty: no key.
+	IdempotencyKey string `protobuf:"bytes,100,opt,name=idempotency_key,json=idempotencyKey,proto3" json:"idempotency_key,omitempty"`
+	unknownFields  protoimpl.UnknownFields
+	sizeCache      protoimpl.SizeCache
 }
 
 func (x *Command) Reset() {
@@ -182,6 +186,13 @@ func (x *Command) GetCancelAcquire() *CancelAcquire {
 		}
 	}
 	return nil
+}
+
+func (x *Command) GetIdempotencyKey() string {
+	if x != nil {
+		return x.IdempotencyKey
+	}
+	return ""
 }
 
 type isCommand_Op interface {
@@ -1038,7 +1049,9 @@ type Snapshot struct {
 	// The last id given to a lock-delay.
 	LastDelayId uint64 `protobuf:"varint,8,opt,name=last_delay_id,json=lastDelayId,proto3" json:"last_delay_id,omitempty"`
 	// The last attempt number given to an acquire with a request id.
-	LastAttempt   uint64 `protobuf:"varint,9,opt,name=last_attempt,json=lastAttempt,proto3" json:"last_attempt,omitempty"`
+	LastAttempt uint64 `protobuf:"varint,9,opt,name=last_attempt,json=lastAttempt,proto3" json:"last_attempt,omitempty"`
+	// The idempotency keys remembered, oldest first.
+	Applied       []*Applied `protobuf:"bytes,10,rep,name=applied,proto3" json:"applied,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -1136,6 +1149,82 @@ func (x *Snapshot) GetLastAttempt() uint64 {
 	return 0
 }
 
+func (x *Snapshot) GetApplied() []*Applied {
+	if x != nil {
+		return x.Applied
+	}
+	return nil
+}
+
+// Applied is what a command with an idempotency key did, for its retries.
+type Applied struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Key           string                 `protobuf:"bytes,1,opt,name=key,proto3" json:"key,omitempty"`
+	SessionId     uint64                 `protobuf:"varint,2,opt,name=session_id,json=sessionId,proto3" json:"session_id,omitempty"`
+	Revision      uint64                 `protobuf:"varint,3,opt,name=revision,proto3" json:"revision,omitempty"`
+	Changed       bool                   `protobuf:"varint,4,opt,name=changed,proto3" json:"changed,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *Applied) Reset() {
+	*x = Applied{}
+	mi := &file_fsmpb_fsm_proto_msgTypes[14]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *Applied) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*Applied) ProtoMessage() {}
+
+func (x *Applied) ProtoReflect() protoreflect.Message {
+	mi := &file_fsmpb_fsm_proto_msgTypes[14]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use Applied.ProtoReflect.Descriptor instead.
+func (*Applied) Descriptor() ([]byte, []int) {
+	return file_fsmpb_fsm_proto_rawDescGZIP(), []int{14}
+}
+
+func (x *Applied) GetKey() string {
+	if x != nil {
+		return x.Key
+	}
+	return ""
+}
+
+func (x *Applied) GetSessionId() uint64 {
+	if x != nil {
+		return x.SessionId
+	}
+	return 0
+}
+
+func (x *Applied) GetRevision() uint64 {
+	if x != nil {
+		return x.Revision
+	}
+	return 0
+}
+
+func (x *Applied) GetChanged() bool {
+	if x != nil {
+		return x.Changed
+	}
+	return false
+}
+
 // KV is one key of the fenced KV store. A deleted key whose writes were
 // fenced is kept as a tombstone with its highest token, so that a stale
 // writer cannot bring it back.
@@ -1160,7 +1249,7 @@ type KV struct {
 
 func (x *KV) Reset() {
 	*x = KV{}
-	mi := &file_fsmpb_fsm_proto_msgTypes[14]
+	mi := &file_fsmpb_fsm_proto_msgTypes[15]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1172,7 +1261,7 @@ func (x *KV) String() string {
 func (*KV) ProtoMessage() {}
 
 func (x *KV) ProtoReflect() protoreflect.Message {
-	mi := &file_fsmpb_fsm_proto_msgTypes[14]
+	mi := &file_fsmpb_fsm_proto_msgTypes[15]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1185,7 +1274,7 @@ func (x *KV) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use KV.ProtoReflect.Descriptor instead.
 func (*KV) Descriptor() ([]byte, []int) {
-	return file_fsmpb_fsm_proto_rawDescGZIP(), []int{14}
+	return file_fsmpb_fsm_proto_rawDescGZIP(), []int{15}
 }
 
 func (x *KV) GetKey() string {
@@ -1271,7 +1360,7 @@ type Session struct {
 
 func (x *Session) Reset() {
 	*x = Session{}
-	mi := &file_fsmpb_fsm_proto_msgTypes[15]
+	mi := &file_fsmpb_fsm_proto_msgTypes[16]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1283,7 +1372,7 @@ func (x *Session) String() string {
 func (*Session) ProtoMessage() {}
 
 func (x *Session) ProtoReflect() protoreflect.Message {
-	mi := &file_fsmpb_fsm_proto_msgTypes[15]
+	mi := &file_fsmpb_fsm_proto_msgTypes[16]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1296,7 +1385,7 @@ func (x *Session) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Session.ProtoReflect.Descriptor instead.
 func (*Session) Descriptor() ([]byte, []int) {
-	return file_fsmpb_fsm_proto_rawDescGZIP(), []int{15}
+	return file_fsmpb_fsm_proto_rawDescGZIP(), []int{16}
 }
 
 func (x *Session) GetId() uint64 {
@@ -1344,7 +1433,7 @@ type Lock struct {
 
 func (x *Lock) Reset() {
 	*x = Lock{}
-	mi := &file_fsmpb_fsm_proto_msgTypes[16]
+	mi := &file_fsmpb_fsm_proto_msgTypes[17]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1356,7 +1445,7 @@ func (x *Lock) String() string {
 func (*Lock) ProtoMessage() {}
 
 func (x *Lock) ProtoReflect() protoreflect.Message {
-	mi := &file_fsmpb_fsm_proto_msgTypes[16]
+	mi := &file_fsmpb_fsm_proto_msgTypes[17]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1369,7 +1458,7 @@ func (x *Lock) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Lock.ProtoReflect.Descriptor instead.
 func (*Lock) Descriptor() ([]byte, []int) {
-	return file_fsmpb_fsm_proto_rawDescGZIP(), []int{16}
+	return file_fsmpb_fsm_proto_rawDescGZIP(), []int{17}
 }
 
 func (x *Lock) GetName() string {
@@ -1424,7 +1513,7 @@ type PendingDelay struct {
 
 func (x *PendingDelay) Reset() {
 	*x = PendingDelay{}
-	mi := &file_fsmpb_fsm_proto_msgTypes[17]
+	mi := &file_fsmpb_fsm_proto_msgTypes[18]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1436,7 +1525,7 @@ func (x *PendingDelay) String() string {
 func (*PendingDelay) ProtoMessage() {}
 
 func (x *PendingDelay) ProtoReflect() protoreflect.Message {
-	mi := &file_fsmpb_fsm_proto_msgTypes[17]
+	mi := &file_fsmpb_fsm_proto_msgTypes[18]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1449,7 +1538,7 @@ func (x *PendingDelay) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use PendingDelay.ProtoReflect.Descriptor instead.
 func (*PendingDelay) Descriptor() ([]byte, []int) {
-	return file_fsmpb_fsm_proto_rawDescGZIP(), []int{17}
+	return file_fsmpb_fsm_proto_rawDescGZIP(), []int{18}
 }
 
 func (x *PendingDelay) GetId() uint64 {
@@ -1480,7 +1569,7 @@ type Holder struct {
 
 func (x *Holder) Reset() {
 	*x = Holder{}
-	mi := &file_fsmpb_fsm_proto_msgTypes[18]
+	mi := &file_fsmpb_fsm_proto_msgTypes[19]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1492,7 +1581,7 @@ func (x *Holder) String() string {
 func (*Holder) ProtoMessage() {}
 
 func (x *Holder) ProtoReflect() protoreflect.Message {
-	mi := &file_fsmpb_fsm_proto_msgTypes[18]
+	mi := &file_fsmpb_fsm_proto_msgTypes[19]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1505,7 +1594,7 @@ func (x *Holder) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Holder.ProtoReflect.Descriptor instead.
 func (*Holder) Descriptor() ([]byte, []int) {
-	return file_fsmpb_fsm_proto_rawDescGZIP(), []int{18}
+	return file_fsmpb_fsm_proto_rawDescGZIP(), []int{19}
 }
 
 func (x *Holder) GetSessionId() uint64 {
@@ -1563,7 +1652,7 @@ type Waiter struct {
 
 func (x *Waiter) Reset() {
 	*x = Waiter{}
-	mi := &file_fsmpb_fsm_proto_msgTypes[19]
+	mi := &file_fsmpb_fsm_proto_msgTypes[20]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1575,7 +1664,7 @@ func (x *Waiter) String() string {
 func (*Waiter) ProtoMessage() {}
 
 func (x *Waiter) ProtoReflect() protoreflect.Message {
-	mi := &file_fsmpb_fsm_proto_msgTypes[19]
+	mi := &file_fsmpb_fsm_proto_msgTypes[20]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1588,7 +1677,7 @@ func (x *Waiter) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Waiter.ProtoReflect.Descriptor instead.
 func (*Waiter) Descriptor() ([]byte, []int) {
-	return file_fsmpb_fsm_proto_rawDescGZIP(), []int{19}
+	return file_fsmpb_fsm_proto_rawDescGZIP(), []int{20}
 }
 
 func (x *Waiter) GetSessionId() uint64 {
@@ -1630,7 +1719,7 @@ var File_fsmpb_fsm_proto protoreflect.FileDescriptor
 
 const file_fsmpb_fsm_proto_rawDesc = "" +
 	"\n" +
-	"\x0ffsmpb/fsm.proto\x12\ffence.fsm.v1\"\xac\x05\n" +
+	"\x0ffsmpb/fsm.proto\x12\ffence.fsm.v1\"\xd5\x05\n" +
 	"\aCommand\x12D\n" +
 	"\x0ecreate_session\x18\x01 \x01(\v2\x1b.fence.fsm.v1.CreateSessionH\x00R\rcreateSession\x12A\n" +
 	"\rclose_session\x18\x02 \x01(\v2\x1a.fence.fsm.v1.CloseSessionH\x00R\fcloseSession\x12G\n" +
@@ -1645,7 +1734,8 @@ const file_fsmpb_fsm_proto_rawDesc = "" +
 	"\tkv_delete\x18\t \x01(\v2\x16.fence.fsm.v1.KVDeleteH\x00R\bkvDelete\x12A\n" +
 	"\rregister_node\x18\n" +
 	" \x01(\v2\x1a.fence.fsm.v1.RegisterNodeH\x00R\fregisterNode\x12D\n" +
-	"\x0ecancel_acquire\x18\v \x01(\v2\x1b.fence.fsm.v1.CancelAcquireH\x00R\rcancelAcquireB\x04\n" +
+	"\x0ecancel_acquire\x18\v \x01(\v2\x1b.fence.fsm.v1.CancelAcquireH\x00R\rcancelAcquire\x12'\n" +
+	"\x0fidempotency_key\x18d \x01(\tR\x0eidempotencyKeyB\x04\n" +
 	"\x02op\"H\n" +
 	"\fRegisterNode\x12\x17\n" +
 	"\anode_id\x18\x01 \x01(\tR\x06nodeId\x12\x1f\n" +
@@ -1711,7 +1801,7 @@ const file_fsmpb_fsm_proto_rawDesc = "" +
 	"session_id\x18\x05 \x01(\x04R\tsessionId\"I\n" +
 	"\bKVDelete\x12\x10\n" +
 	"\x03key\x18\x01 \x01(\tR\x03key\x12+\n" +
-	"\x05fence\x18\x02 \x01(\v2\x15.fence.fsm.v1.KVFenceR\x05fence\"\xec\x02\n" +
+	"\x05fence\x18\x02 \x01(\v2\x15.fence.fsm.v1.KVFenceR\x05fence\"\x9d\x03\n" +
 	"\bSnapshot\x12\x1d\n" +
 	"\n" +
 	"last_token\x18\x01 \x01(\x04R\tlastToken\x12&\n" +
@@ -1723,7 +1813,15 @@ const file_fsmpb_fsm_proto_rawDesc = "" +
 	"\x03kvs\x18\x06 \x03(\v2\x10.fence.fsm.v1.KVR\x03kvs\x120\n" +
 	"\x05nodes\x18\a \x03(\v2\x1a.fence.fsm.v1.RegisterNodeR\x05nodes\x12\"\n" +
 	"\rlast_delay_id\x18\b \x01(\x04R\vlastDelayId\x12!\n" +
-	"\flast_attempt\x18\t \x01(\x04R\vlastAttempt\"\x9a\x02\n" +
+	"\flast_attempt\x18\t \x01(\x04R\vlastAttempt\x12/\n" +
+	"\aapplied\x18\n" +
+	" \x03(\v2\x15.fence.fsm.v1.AppliedR\aapplied\"p\n" +
+	"\aApplied\x12\x10\n" +
+	"\x03key\x18\x01 \x01(\tR\x03key\x12\x1d\n" +
+	"\n" +
+	"session_id\x18\x02 \x01(\x04R\tsessionId\x12\x1a\n" +
+	"\brevision\x18\x03 \x01(\x04R\brevision\x12\x18\n" +
+	"\achanged\x18\x04 \x01(\bR\achanged\"\x9a\x02\n" +
 	"\x02KV\x12\x10\n" +
 	"\x03key\x18\x01 \x01(\tR\x03key\x12\x14\n" +
 	"\x05value\x18\x02 \x01(\fR\x05value\x12\x14\n" +
@@ -1782,7 +1880,7 @@ func file_fsmpb_fsm_proto_rawDescGZIP() []byte {
 	return file_fsmpb_fsm_proto_rawDescData
 }
 
-var file_fsmpb_fsm_proto_msgTypes = make([]protoimpl.MessageInfo, 20)
+var file_fsmpb_fsm_proto_msgTypes = make([]protoimpl.MessageInfo, 21)
 var file_fsmpb_fsm_proto_goTypes = []any{
 	(*Command)(nil),        // 0: fence.fsm.v1.Command
 	(*RegisterNode)(nil),   // 1: fence.fsm.v1.RegisterNode
@@ -1798,12 +1896,13 @@ var file_fsmpb_fsm_proto_goTypes = []any{
 	(*KVPut)(nil),          // 11: fence.fsm.v1.KVPut
 	(*KVDelete)(nil),       // 12: fence.fsm.v1.KVDelete
 	(*Snapshot)(nil),       // 13: fence.fsm.v1.Snapshot
-	(*KV)(nil),             // 14: fence.fsm.v1.KV
-	(*Session)(nil),        // 15: fence.fsm.v1.Session
-	(*Lock)(nil),           // 16: fence.fsm.v1.Lock
-	(*PendingDelay)(nil),   // 17: fence.fsm.v1.PendingDelay
-	(*Holder)(nil),         // 18: fence.fsm.v1.Holder
-	(*Waiter)(nil),         // 19: fence.fsm.v1.Waiter
+	(*Applied)(nil),        // 14: fence.fsm.v1.Applied
+	(*KV)(nil),             // 15: fence.fsm.v1.KV
+	(*Session)(nil),        // 16: fence.fsm.v1.Session
+	(*Lock)(nil),           // 17: fence.fsm.v1.Lock
+	(*PendingDelay)(nil),   // 18: fence.fsm.v1.PendingDelay
+	(*Holder)(nil),         // 19: fence.fsm.v1.Holder
+	(*Waiter)(nil),         // 20: fence.fsm.v1.Waiter
 }
 var file_fsmpb_fsm_proto_depIdxs = []int32{
 	2,  // 0: fence.fsm.v1.Command.create_session:type_name -> fence.fsm.v1.CreateSession
@@ -1819,18 +1918,19 @@ var file_fsmpb_fsm_proto_depIdxs = []int32{
 	7,  // 10: fence.fsm.v1.Command.cancel_acquire:type_name -> fence.fsm.v1.CancelAcquire
 	10, // 11: fence.fsm.v1.KVPut.fence:type_name -> fence.fsm.v1.KVFence
 	10, // 12: fence.fsm.v1.KVDelete.fence:type_name -> fence.fsm.v1.KVFence
-	15, // 13: fence.fsm.v1.Snapshot.sessions:type_name -> fence.fsm.v1.Session
-	16, // 14: fence.fsm.v1.Snapshot.locks:type_name -> fence.fsm.v1.Lock
-	14, // 15: fence.fsm.v1.Snapshot.kvs:type_name -> fence.fsm.v1.KV
+	16, // 13: fence.fsm.v1.Snapshot.sessions:type_name -> fence.fsm.v1.Session
+	17, // 14: fence.fsm.v1.Snapshot.locks:type_name -> fence.fsm.v1.Lock
+	15, // 15: fence.fsm.v1.Snapshot.kvs:type_name -> fence.fsm.v1.KV
 	1,  // 16: fence.fsm.v1.Snapshot.nodes:type_name -> fence.fsm.v1.RegisterNode
-	18, // 17: fence.fsm.v1.Lock.holders:type_name -> fence.fsm.v1.Holder
-	19, // 18: fence.fsm.v1.Lock.waiters:type_name -> fence.fsm.v1.Waiter
-	17, // 19: fence.fsm.v1.Lock.delays:type_name -> fence.fsm.v1.PendingDelay
-	20, // [20:20] is the sub-list for method output_type
-	20, // [20:20] is the sub-list for method input_type
-	20, // [20:20] is the sub-list for extension type_name
-	20, // [20:20] is the sub-list for extension extendee
-	0,  // [0:20] is the sub-list for field type_name
+	14, // 17: fence.fsm.v1.Snapshot.applied:type_name -> fence.fsm.v1.Applied
+	19, // 18: fence.fsm.v1.Lock.holders:type_name -> fence.fsm.v1.Holder
+	20, // 19: fence.fsm.v1.Lock.waiters:type_name -> fence.fsm.v1.Waiter
+	18, // 20: fence.fsm.v1.Lock.delays:type_name -> fence.fsm.v1.PendingDelay
+	21, // [21:21] is the sub-list for method output_type
+	21, // [21:21] is the sub-list for method input_type
+	21, // [21:21] is the sub-list for extension type_name
+	21, // [21:21] is the sub-list for extension extendee
+	0,  // [0:21] is the sub-list for field type_name
 }
 
 func init() { file_fsmpb_fsm_proto_init() }
@@ -1858,7 +1958,7 @@ func file_fsmpb_fsm_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_fsmpb_fsm_proto_rawDesc), len(file_fsmpb_fsm_proto_rawDesc)),
 			NumEnums:      0,
-			NumMessages:   20,
+			NumMessages:   21,
 			NumExtensions: 0,
 			NumServices:   0,
 		},

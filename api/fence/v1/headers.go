@@ -10,4 +10,11 @@ const (
 	// ForwardedByHeader marks a call a follower forwarded to the leader,
 	// with the follower's node id; such a call is never forwarded again.
 	ForwardedByHeader = "Fence-Forwarded-By"
+
+	// IdempotencyKeyHeader names one write call across its retries: a
+	// CreateSession, Put or Delete whose key the service applied before is
+	// not applied again, and answers as the first application did. Any
+	// printable text of 1 to 64 bytes, unique per call. The service
+	// remembers the last 10,000 keys.
+	IdempotencyKeyHeader = "Idempotency-Key"
 )
