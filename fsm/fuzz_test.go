@@ -1,5 +1,5 @@
 // Native fuzz tests. FuzzStateMachine proves, for any command stream the
-// fuzzer makes, what runStream checks: design.md invariants 1, 2, 4, 5, 6
+// fuzzer makes, what runStream checks: docs/design.md invariants 1, 2, 4, 5, 6
 // (fenced KV) and 7 after every step. FuzzApplyBytes proves that no log
 // entry, however malformed, panics FSM.ApplyBatch, breaks the state's
 // invariants or half-applies: bytes that do not decode fail alone with

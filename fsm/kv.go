@@ -1,6 +1,6 @@
 package fsm
 
-// The fenced KV store applies design.md's fenced write rule itself: per key
+// The fenced KV store applies docs/design.md's fenced write rule itself: per key
 // it keeps the highest fencing token it has accepted, refuses a write with
 // a lower one (and an unfenced write once the key was ever fenced), and
 // refuses a token the service never issued, so that no client can lock a

@@ -2,7 +2,7 @@
 // KVDelete, Get, List). Each case is a script run by runSteps, so every
 // step's exact Result is checked, CheckInvariants runs after every step, and
 // a failing step is proved to leave the snapshot bytes unchanged. They prove
-// the "fenced write rule" and "Fenced KV" of design.md and issue 3 section 1:
+// the "fenced write rule" and "Fenced KV" of docs/design.md and issue 3 section 1:
 // revisions, the per-key highest token (equal accepted, lower refused with a
 // StaleTokenError naming both tokens), tokens never issued refused, unfenced
 // writes refused on a key that was ever fenced and recorded without a lock,
@@ -393,7 +393,7 @@ func TestApplyKV(t *testing.T) {
 			check: all(storeIs(4, 0), tombstoneIs("t", 3), noEntry("nosuch"), noEntry("k")),
 		},
 		{
-			// design.md's fenced write rule: a write with t >= highest is
+			// docs/design.md's fenced write rule: a write with t >= highest is
 			// accepted "and then highest := t", a delete of a missing key
 			// included. Only nothing visible changes: no revision, no event.
 			name: "a fenced delete of a missing key is an accepted write: it records its token (in a new tombstone for a key never seen), so lower tokens become stale",

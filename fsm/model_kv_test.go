@@ -1,6 +1,6 @@
 // The KV half of the model checker. kvModel follows the fenced KV store
 // through a command stream, from the commands alone (and the lock model's
-// holders, for strict mode), and checks design.md invariant 6 at every step:
+// holders, for strict mode), and checks docs/design.md invariant 6 at every step:
 //
 //   - a put or delete is accepted iff its token is >= the highest token
 //     accepted for the key before (and is not 0 once the key was ever

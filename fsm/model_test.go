@@ -1,7 +1,7 @@
 // Model-based checking of the state machine on command streams. A
 // modelChecker follows a State through any stream, keeping its own model of
 // each lock's holders and FIFO queue (built only from the Results it sees)
-// and each name's kind, and after every step checks design.md invariants:
+// and each name's kind, and after every step checks docs/design.md invariants:
 //
 //  1. every token in Result.Grants is above every token issued before, none
 //     is issued twice, and LastToken moves only by reported grants;

@@ -1,6 +1,6 @@
 // Table tests for State.Apply: each case is a script of commands with the
 // exact Result expected of every one, applied to a fresh State. They prove
-// the command semantics of design.md (sessions, grants and queues, hand-off in
+// the command semantics of docs/design.md (sessions, grants and queues, hand-off in
 // the releasing command, idempotent acquire, lock-delay on expiry only, the
 // shared/exclusive FIFO rules) and, because the runner checks
 // CheckInvariants after every step and compares the snapshot around every
@@ -373,7 +373,7 @@ func TestApply(t *testing.T) {
 			},
 		},
 		{
-			// design.md: "a waiter whose own session expires is told so at
+			// docs/design.md: "a waiter whose own session expires is told so at
 			// once and is never granted", also when the holder ahead of it
 			// expires in the same command.
 			name: "expiring a holder and its next waiter together never grants to the waiter",
