@@ -58,7 +58,7 @@ func losingClient(t *testing.T, srv *server.Server, paths ...string) *Client {
 }
 
 // A write whose answer is lost after it applied is retried, and the retry
-// must not apply it again (issue 9, "retries that may apply twice"): a
+// must not apply it again (docs/design.md, Writes and retries): a
 // plain put bumped the revision twice, a put conditional on the revision
 // was reported as a mismatch although it applied, and CreateSession made
 // two sessions.

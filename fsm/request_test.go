@@ -15,7 +15,7 @@ import (
 // Each expiry puts the lock under its own delay, lifted by its own id, and
 // the lock is granted again only once every delay is lifted: a shared lock
 // whose readers expire one after the other stays delayed for the full
-// delay after the last expiry (issue 9, bug 3).
+// delay after the last expiry (docs/design.md, Lock-delay).
 func TestEachExpiryDelaysInFull(t *testing.T) {
 	const sec = time.Second
 	delayed := func(id uint64, d time.Duration) fsm.Delay { return fsm.Delay{Lock: "a", Delay: d, ID: id} }
@@ -66,7 +66,7 @@ func TestEachExpiryDelaysInFull(t *testing.T) {
 // released, its wait dropped, and a retry of it still on its way fails. A
 // retry of the same request takes the grant or wait over under a new
 // attempt, which the server's give-up of an earlier attempt leaves alone
-// (issue 9, bug 2).
+// (docs/design.md, Acquire requests).
 func TestCancelAcquire(t *testing.T) {
 	cases := []applyCase{
 		{

@@ -125,7 +125,7 @@ func TestLockDelayHoldsLockAfterExpiry(t *testing.T) {
 // Each expiry's lock-delay holds in full: two readers of a shared lock
 // expire one after the other, and the writer waiting behind them is granted
 // only once the delay after the second expiry has passed, not when the
-// first expiry's delay ends (issue 9, bug 3).
+// first expiry's delay ends (docs/design.md, Lock-delay).
 func TestLockDelayOfEachExpiryHoldsInFull(t *testing.T) {
 	clk := clock.NewFake()
 	s := startTestServer(t, func(c *Config) { c.Clock = clk })
