@@ -83,3 +83,28 @@ func (e *StaleTokenError) Error() string {
 
 // Is makes errors.Is(err, ErrStaleToken) true.
 func (e *StaleTokenError) Is(target error) bool { return target == ErrStaleToken }
+
+// CheckToken applies the fenced write rule to one write: it returns nil
+// if a write carrying token may be accepted where highest is the highest
+// token accepted so far (token >= highest), a *StaleTokenError if it may
+// not, and ErrInvalidArgument for token 0, which no grant carries. Every
+// store and SQL helper of fence uses it, so that every refusal reads the
+// same: "stale fencing token 33 < 34 for key orders/17".
+func CheckToken(key string, token, highest uint64) error {
+	if token == 0 {
+		return fmt.Errorf("%w: a fenced write needs a fencing token (tokens start at 1)", ErrInvalidArgument)
+	}
+	if token < highest {
+		return &StaleTokenError{Key: key, Token: token, Highest: highest}
+	}
+	return nil
+}
+
+// TokenStatus is what the lock service says of a token: whether it is a
+// current grant of its lock, whether the lock is held at all, and the
+// newest current grant's token (0 when the lock is free).
+type TokenStatus struct {
+	Current      bool
+	Held         bool
+	CurrentToken uint64
+}

@@ -449,14 +449,7 @@ func (c *Client) Locks(ctx context.Context, prefix string, opts ...ReadOption) (
 }
 
 // CheckResult answers Check.
-type CheckResult struct {
-	// Current is true when the token is a current grant of the lock.
-	Current bool
-	// Held is true when the lock has a holder.
-	Held bool
-	// CurrentToken is the newest current grant's token, 0 when free.
-	CurrentToken uint64
-}
+type CheckResult = fence.TokenStatus
 
 // Check asks whether token is the lock's current grant. A resource that can
 // reach the service uses it as the strongest fence.
@@ -471,6 +464,12 @@ func (c *Client) Check(ctx context.Context, lock string, token uint64, opts ...R
 		return err
 	})
 	return out, err
+}
+
+// TokenStatus is Check with default options (a linearizable answer); with
+// it *Client is a fencing.TokenChecker, for strict fencing at a resource.
+func (c *Client) TokenStatus(ctx context.Context, lock string, token uint64) (fence.TokenStatus, error) {
+	return c.Check(ctx, lock, token)
 }
 
 // followLeader asks nodes not to forward the client's calls to the leader:

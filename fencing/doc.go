@@ -8,7 +8,8 @@
 // holder may write many times), and then the highest becomes t; otherwise it
 // is rejected with a *fence.StaleTokenError ("stale fencing token 33 < 34
 // for key orders/17") and nothing of it is applied. The check and the write
-// are one atomic step.
+// are one atomic step. fence.CheckToken is the rule itself, for stores of
+// your own.
 //
 // # Stores
 //
@@ -20,14 +21,21 @@
 //
 // HTTP: Middleware rejects stale writes with 409 Conflict and a JSON body;
 // Transport stamps the token of the request's context onto outgoing
-// requests. Connect and gRPC: Interceptor does both, over metadata, and
-// answers FailedPrecondition. The headers are Fence-Lock and Fence-Token.
+// requests. Connect and gRPC: the subpackage fencingconnect does both, over
+// metadata, and answers FailedPrecondition. The headers are Fence-Lock and
+// Fence-Token.
 //
 // # Strict mode
 //
 // A resource that can reach the fence service may also ask it whether a
 // token is the lock's current grant (Chubby's sequencer check): see
-// WithChecker. The highest-token rule still applies on top.
+// WithChecker, which takes any TokenChecker, such as a *client.Client.
+// The highest-token rule still applies on top.
+//
+// # Dependencies
+//
+// fencing and its stores depend on neither the fence client nor raft nor
+// Connect, so a resource imports them without the lock service's client.
 //
 // # Caveats
 //

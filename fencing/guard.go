@@ -7,20 +7,20 @@ import (
 	"time"
 
 	"github.com/fencelock/fence"
-	"github.com/fencelock/fence/client"
 )
 
-// Checker asks the fence service whether a token is a lock's current grant.
-// *client.Client implements it.
-type Checker interface {
-	Check(ctx context.Context, lock string, token uint64, opts ...client.ReadOption) (client.CheckResult, error)
+// TokenChecker asks the lock service whether a token is a lock's current
+// grant. *client.Client implements it; fencing itself does not depend on
+// the client.
+type TokenChecker interface {
+	TokenStatus(ctx context.Context, lock string, token uint64) (fence.TokenStatus, error)
 }
 
 // Guard admits writes to a Store, optionally in strict mode. It is what the
 // HTTP and Connect middleware use. A Guard is safe for concurrent use.
 type Guard struct {
 	store   Store
-	checker Checker
+	checker TokenChecker
 	ttl     time.Duration
 	max     int
 
@@ -34,7 +34,7 @@ type checkKey struct {
 }
 
 type checkEntry struct {
-	res     client.CheckResult
+	res     fence.TokenStatus
 	expires time.Time
 }
 
@@ -45,7 +45,7 @@ type GuardOption func(*Guard)
 // write's token must be its lock's current grant, as the service answers.
 // Answers are cached for ttl (at most 1s; default 100ms when ttl is 0), for
 // at most 4096 lock-token pairs; writes without a lock name are rejected.
-func WithChecker(c Checker, ttl time.Duration) GuardOption {
+func WithChecker(c TokenChecker, ttl time.Duration) GuardOption {
 	return func(g *Guard) {
 		g.checker = c
 		g.ttl = min(max(ttl, 0), time.Second)
@@ -99,7 +99,7 @@ func (g *Guard) checkCurrent(ctx context.Context, lock string, token uint64) err
 	return fmt.Errorf("%w: token %d is not the current grant of lock %q (the current token is %d)", fence.ErrNotHolder, token, lock, res.CurrentToken)
 }
 
-func (g *Guard) check(ctx context.Context, lock string, token uint64) (client.CheckResult, error) {
+func (g *Guard) check(ctx context.Context, lock string, token uint64) (fence.TokenStatus, error) {
 	key := checkKey{lock, token}
 	now := time.Now()
 	g.mu.Lock()
@@ -108,7 +108,7 @@ func (g *Guard) check(ctx context.Context, lock string, token uint64) (client.Ch
 	if ok && now.Before(e.expires) {
 		return e.res, nil
 	}
-	res, err := g.checker.Check(ctx, lock, token)
+	res, err := g.checker.TokenStatus(ctx, lock, token)
 	if err != nil {
 		return res, err
 	}

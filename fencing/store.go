@@ -2,7 +2,6 @@ package fencing
 
 import (
 	"context"
-	"fmt"
 	"sync"
 
 	"github.com/fencelock/fence"
@@ -21,19 +20,6 @@ type Store interface {
 	Highest(ctx context.Context, key string) (uint64, error)
 	// Close releases the store's resources.
 	Close() error
-}
-
-// Check applies the fenced write rule to one comparison: it returns nil if
-// token may write over highest, and a *fence.StaleTokenError otherwise.
-// Stores and SQL helpers use it so that every stale error reads the same.
-func Check(key string, token, highest uint64) error {
-	if token == 0 {
-		return fmt.Errorf("%w: a fenced write needs a fencing token (tokens start at 1)", fence.ErrInvalidArgument)
-	}
-	if token < highest {
-		return &fence.StaleTokenError{Key: key, Token: token, Highest: highest}
-	}
-	return nil
 }
 
 // Memory is a Store in this process's memory: for tests, and for resources
@@ -68,7 +54,7 @@ func (m *Memory) Admit(ctx context.Context, key string, token uint64, write func
 	k := m.key(key)
 	k.mu.Lock()
 	defer k.mu.Unlock()
-	if err := Check(key, token, k.highest); err != nil {
+	if err := fence.CheckToken(key, token, k.highest); err != nil {
 		return err
 	}
 	if err := ctx.Err(); err != nil {

@@ -11,6 +11,7 @@ import (
 
 	"go.etcd.io/bbolt"
 
+	"github.com/fencelock/fence"
 	"github.com/fencelock/fence/fencing"
 )
 
@@ -58,7 +59,7 @@ func (s *Store) AdmitTx(ctx context.Context, key string, token uint64, write fun
 	}
 	return s.db.Update(func(tx *bbolt.Tx) error {
 		b := tx.Bucket(bucket)
-		if err := fencing.Check(key, token, decode(b.Get([]byte(key)))); err != nil {
+		if err := fence.CheckToken(key, token, decode(b.Get([]byte(key)))); err != nil {
 			return err
 		}
 		if err := write(tx); err != nil {

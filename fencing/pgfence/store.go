@@ -9,6 +9,7 @@ import (
 	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/jackc/pgx/v5/pgxpool"
 
+	"github.com/fencelock/fence"
 	"github.com/fencelock/fence/fencing"
 	"github.com/fencelock/fence/internal/sqlgen"
 )
@@ -163,7 +164,7 @@ func admitLocked(ctx context.Context, tx pgx.Tx, key string, token uint64, arg i
 	if err := tx.QueryRow(ctx, highestSQL, key).Scan(&highest); err != nil {
 		return fmt.Errorf("pgfence: reading the token of %s: %w", key, err)
 	}
-	if err := fencing.Check(key, token, uint64(highest)); err != nil {
+	if err := fence.CheckToken(key, token, uint64(highest)); err != nil {
 		return err
 	}
 	return fmt.Errorf("pgfence: admitting %s: the upsert refused token %d though the highest is %d", key, token, highest)

@@ -10,6 +10,7 @@ import (
 
 	_ "modernc.org/sqlite" // registers the "sqlite" driver
 
+	"github.com/fencelock/fence"
 	"github.com/fencelock/fence/fencing"
 	"github.com/fencelock/fence/internal/sqlgen"
 )
@@ -160,7 +161,7 @@ func admit(ctx context.Context, tx *sql.Tx, key string, token uint64, arg int64)
 	if err := tx.QueryRowContext(ctx, highestSQL, key).Scan(&highest); err != nil {
 		return fmt.Errorf("sqlitefence: reading the token of %s: %w", key, err)
 	}
-	if err := fencing.Check(key, token, uint64(highest)); err != nil {
+	if err := fence.CheckToken(key, token, uint64(highest)); err != nil {
 		return err
 	}
 	return fmt.Errorf("sqlitefence: admitting %s: the upsert refused token %d though the highest is %d", key, token, highest)

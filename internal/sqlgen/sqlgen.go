@@ -9,7 +9,6 @@ import (
 	"strings"
 
 	"github.com/fencelock/fence"
-	"github.com/fencelock/fence/fencing"
 )
 
 // ErrNoRow reports a fenced update of a row that does not exist: nothing
@@ -178,7 +177,7 @@ func (o Op) String() string {
 // fence.ErrInvalidArgument for 0 and for tokens above math.MaxInt64 (SQL
 // integers are signed 64-bit; fence issues those only after 2^63 grants).
 func TokenArg(key string, token uint64) (int64, error) {
-	if err := fencing.Check(key, token, 0); err != nil {
+	if err := fence.CheckToken(key, token, 0); err != nil {
 		return 0, err
 	}
 	if token > math.MaxInt64 {

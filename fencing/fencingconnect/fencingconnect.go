@@ -1,4 +1,9 @@
-package fencing
+// Package fencingconnect guards Connect and gRPC services with the fenced
+// write rule of package fencing: a server interceptor that admits each
+// guarded call through a fencing.Guard, and a client interceptor that sends
+// the caller's lock and token as metadata. It is a package of its own so
+// that fencing and its stores do not depend on Connect.
+package fencingconnect
 
 import (
 	"context"
@@ -6,6 +11,7 @@ import (
 
 	"connectrpc.com/connect"
 
+	"github.com/fencelock/fence/fencing"
 	"github.com/fencelock/fence/internal/rpcerr"
 )
 
@@ -34,10 +40,10 @@ func WithGuardedProcedures(guarded func(procedure string) bool) InterceptorOptio
 // in strict mode) and runs inside g.Admit. A stale token is answered with
 // FailedPrecondition and a fence.v1.ErrorDetail naming both tokens; a
 // missing or malformed one with InvalidArgument. The handler is not called.
-func ServerInterceptor(g *Guard, opts ...InterceptorOption) connect.Interceptor {
+func ServerInterceptor(g *fencing.Guard, opts ...InterceptorOption) connect.Interceptor {
 	i := interceptor{
 		key: func(_ context.Context, req connect.AnyRequest) string {
-			if lock := req.Header().Get(HeaderLock); lock != "" {
+			if lock := req.Header().Get(fencing.HeaderLock); lock != "" {
 				return lock
 			}
 			return req.Spec().Procedure
@@ -52,15 +58,15 @@ func ServerInterceptor(g *Guard, opts ...InterceptorOption) connect.Interceptor 
 			if req.Spec().IsClient || !i.guarded(req.Spec().Procedure) {
 				return next(ctx, req)
 			}
-			token, err := ParseToken(req.Header().Get(HeaderToken))
+			token, err := fencing.ParseToken(req.Header().Get(fencing.HeaderToken))
 			if err != nil {
 				return nil, rpcerr.ToConnect(err)
 			}
-			lock := req.Header().Get(HeaderLock)
+			lock := req.Header().Get(fencing.HeaderLock)
 			var resp connect.AnyResponse
 			err = g.Admit(ctx, i.key(ctx, req), lock, token, func(ctx context.Context) error {
 				var err error
-				resp, err = next(WithToken(ctx, lock, token), req)
+				resp, err = next(fencing.WithToken(ctx, lock, token), req)
 				return err
 			})
 			if err != nil {
@@ -72,7 +78,7 @@ func ServerInterceptor(g *Guard, opts ...InterceptorOption) connect.Interceptor 
 }
 
 // ClientInterceptor stamps the lock and token of each call's context (see
-// WithToken) onto its metadata, and turns fence errors in responses back
+// fencing.WithToken) onto its metadata, and turns fence errors in responses back
 // into errors that wrap fence's sentinels, so that
 // errors.Is(err, fence.ErrStaleToken) holds on the client.
 func ClientInterceptor() connect.Interceptor {
@@ -81,10 +87,10 @@ func ClientInterceptor() connect.Interceptor {
 			if !req.Spec().IsClient {
 				return next(ctx, req)
 			}
-			if lock, token, ok := TokenFrom(ctx); ok {
-				req.Header().Set(HeaderToken, strconv.FormatUint(token, 10))
+			if lock, token, ok := fencing.TokenFrom(ctx); ok {
+				req.Header().Set(fencing.HeaderToken, strconv.FormatUint(token, 10))
 				if lock != "" {
-					req.Header().Set(HeaderLock, lock)
+					req.Header().Set(fencing.HeaderLock, lock)
 				}
 			}
 			resp, err := next(ctx, req)

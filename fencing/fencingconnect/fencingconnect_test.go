@@ -1,4 +1,4 @@
-package fencing_test
+package fencingconnect_test
 
 import (
 	"context"
@@ -13,6 +13,7 @@ import (
 	fencev1 "github.com/fencelock/fence/api/fence/v1"
 	"github.com/fencelock/fence/api/fence/v1/fencev1connect"
 	"github.com/fencelock/fence/fencing"
+	"github.com/fencelock/fence/fencing/fencingconnect"
 )
 
 // rpcStorage is a Connect service guarded by the interceptor.
@@ -35,7 +36,7 @@ func (s *rpcStorage) Put(ctx context.Context, req *connect.Request[fencev1.PutRe
 func TestConnectInterceptors(t *testing.T) {
 	st := &rpcStorage{values: map[string]string{}}
 	_, handler := fencev1connect.NewKVServiceHandler(st,
-		connect.WithInterceptors(fencing.ServerInterceptor(fencing.NewGuard(fencing.NewMemory()))))
+		connect.WithInterceptors(fencingconnect.ServerInterceptor(fencing.NewGuard(fencing.NewMemory()))))
 	srv := httptest.NewUnstartedServer(handler)
 	srv.EnableHTTP2 = true
 	srv.StartTLS()
@@ -46,7 +47,7 @@ func TestConnectInterceptors(t *testing.T) {
 		opt  connect.ClientOption
 	}{{"connect", connect.WithProtoJSON()}, {"grpc", connect.WithGRPC()}} {
 		t.Run(proto.name, func(t *testing.T) {
-			kv := fencev1connect.NewKVServiceClient(srv.Client(), srv.URL, proto.opt, connect.WithInterceptors(fencing.ClientInterceptor()))
+			kv := fencev1connect.NewKVServiceClient(srv.Client(), srv.URL, proto.opt, connect.WithInterceptors(fencingconnect.ClientInterceptor()))
 			ctx := context.Background()
 			key := "orders/" + proto.name
 			putWith := func(lock string, token uint64, value string) error {
