@@ -18,7 +18,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/fencelock/fence/server"
+	"github.com/fencelock/fence/fencetest"
 )
 
 // demoDeadline bounds a whole `fence demo`: the issue promises well under
@@ -284,18 +284,7 @@ func readDemoSVG(t *testing.T, data []byte) (lanes []string, marks map[string]in
 // TestDemoAgainstService runs the demo against a service given by
 // --endpoints instead of its embedded one.
 func TestDemoAgainstService(t *testing.T) {
-	cfg := server.DefaultConfig()
-	cfg.DataDir = t.TempDir()
-	cfg.Listen, cfg.RaftListen = "127.0.0.1:0", "127.0.0.1:0"
-	cfg.HeartbeatTimeout, cfg.ElectionTimeout = 50*time.Millisecond, 50*time.Millisecond
-	srv, err := server.Start(cfg)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer srv.Close()
-	if err := srv.WaitLeader(10 * time.Second); err != nil {
-		t.Fatal(err)
-	}
+	srv := fencetest.Start(t).Server
 	res := runFenceDemo(t, "--endpoints", srv.Addr(), "--out", "demo.svg")
 	if res.code != 0 {
 		t.Fatalf("fence demo exited %d; stdout:\n%s\nstderr:\n%s", res.code, res.stdout, res.stderr)

@@ -14,8 +14,8 @@ import (
 
 	"github.com/fencelock/fence"
 	"github.com/fencelock/fence/client"
+	"github.com/fencelock/fence/fencetest"
 	"github.com/fencelock/fence/fencing"
-	"github.com/fencelock/fence/server"
 )
 
 // storage is a resource guarded by the middleware: the last value per path.
@@ -137,22 +137,7 @@ func TestMiddlewareFailedHandlerKeepsHighest(t *testing.T) {
 // grant: a released grant, an unknown lock and a missing lock name are all
 // refused, even with a token no lower than the highest seen.
 func TestStrictGuardAsksTheService(t *testing.T) {
-	cfg := server.DefaultConfig()
-	cfg.DataDir, cfg.Listen, cfg.RaftListen = t.TempDir(), "127.0.0.1:0", "127.0.0.1:0"
-	cfg.HeartbeatTimeout, cfg.ElectionTimeout = 50*time.Millisecond, 50*time.Millisecond
-	fs, err := server.Start(cfg)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer fs.Close()
-	if err := fs.WaitLeader(10 * time.Second); err != nil {
-		t.Fatal(err)
-	}
-	c, err := client.New(client.WithEndpoints(fs.Addr()))
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer c.Close()
+	c := fencetest.Start(t).Client()
 	ctx := context.Background()
 	sess, err := c.NewSession(ctx)
 	if err != nil {
