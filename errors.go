@@ -56,6 +56,10 @@ var (
 	// one side only. Retrying does not help.
 	ErrUnauthenticated = errors.New("fence: not authenticated")
 
+	// ErrReleased is the cause of a grant's or a session's end by its own
+	// holder: the lock was released, the session closed.
+	ErrReleased = errors.New("fence: released by its holder")
+
 	// ErrSessionLost is reported by the client when a session's "safe until"
 	// deadline passed without a renewal: the server may already have expired
 	// the session and given its locks to others.

@@ -113,6 +113,9 @@ func New(opts ...Option) (*Client, error) {
 	if c.http == nil {
 		c.http = defaultHTTPClient(o.grpc, o.tls)
 	}
+	hc := *c.http // a copy: the caller's client is left as it was
+	hc.Transport = plainToTLS{hc.Transport}
+	c.http = &hc
 	copts := []connect.ClientOption{connect.WithInterceptors(followLeader{})}
 	if o.grpc {
 		copts = append(copts, connect.WithGRPC())
@@ -183,6 +186,43 @@ func defaultHTTPClient(grpc bool, tlsConfig *tls.Config) *http.Client {
 	}}}
 }
 
+// plainToTLS recognises the answer Go's HTTPS server gives a plain HTTP
+// request (a bare 400 whose body says so), and reports it as
+// rpcerr.ErrPlainToTLS rather than as a failed call.
+type plainToTLS struct{ next http.RoundTripper }
+
+// plainToTLSBody starts the body of that answer.
+const plainToTLSBody = "Client sent an HTTP request to an HTTPS server"
+
+func (t plainToTLS) RoundTrip(req *http.Request) (*http.Response, error) {
+	next := t.next
+	if next == nil {
+		next = http.DefaultTransport
+	}
+	resp, err := next.RoundTrip(req)
+	if err != nil || req.URL.Scheme != "http" || resp.StatusCode != http.StatusBadRequest {
+		return resp, err
+	}
+	head := make([]byte, len(plainToTLSBody))
+	n, _ := io.ReadFull(resp.Body, head)
+	if string(head[:n]) == plainToTLSBody {
+		resp.Body.Close()
+		return nil, fmt.Errorf("%s: %w", req.URL.Host, rpcerr.ErrPlainToTLS)
+	}
+	resp.Body = struct {
+		io.Reader
+		io.Closer
+	}{io.MultiReader(bytes.NewReader(head[:n]), resp.Body), resp.Body}
+	return resp, nil
+}
+
+// CloseIdleConnections lets http.Client.CloseIdleConnections reach the transport.
+func (t plainToTLS) CloseIdleConnections() {
+	if c, ok := t.next.(interface{ CloseIdleConnections() }); ok {
+		c.CloseIdleConnections()
+	}
+}
+
 // inMemoryBodies hands net/http a unary call's body as a *bytes.Reader.
 // net/http writes the headers of a request whose body it does not know to
 // be in memory in a packet of their own, so a lock call took two writes,
@@ -240,8 +280,7 @@ func (c *Client) call(ctx context.Context, fn func(ctx context.Context, ep *endp
 			c.setCurrent(ep)
 			return nil
 		}
-		if strings.HasPrefix(ep.url, "http://") && strings.Contains(err.Error(), "400 Bad Request") {
-			// What Go's HTTPS server answers a plain HTTP request.
+		if errors.Is(err, rpcerr.ErrPlainToTLS) {
 			return fmt.Errorf("%w (is %s serving TLS? then use client.WithTLS, or fence --cacert)", err, ep.url)
 		}
 		if errors.Is(err, fence.ErrUnauthenticated) && ctx.Err() == nil {

@@ -59,8 +59,11 @@ func TestMutexLifecycle(t *testing.T) {
 	if err := s.Close(ctx); err != nil {
 		t.Fatal(err)
 	}
-	if !errors.Is(s.Err(), ErrSessionClosed) || g2.Err() == nil {
+	if !errors.Is(s.Err(), ErrSessionClosed) || !errors.Is(s.Err(), fence.ErrReleased) || g2.Err() == nil {
 		t.Fatalf("after Close: session %v, grant %v", s.Err(), g2.Err())
+	}
+	if !errors.Is(g1.Err(), ErrLockReleased) || !errors.Is(g1.Err(), fence.ErrReleased) {
+		t.Fatalf("after Unlock: grant %v, want ErrLockReleased", g1.Err())
 	}
 	c.Close()
 }

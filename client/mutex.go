@@ -33,8 +33,8 @@ func (g *Grant) Lock() string { return g.lock }
 // all grants of the service.
 func (g *Grant) Token() uint64 { return g.token }
 
-// Context is cancelled when the grant ends: released, or its session ended
-// (context.Cause says which).
+// Context is cancelled when the grant ends: released (context.Cause is
+// ErrLockReleased), or its session ended (the session's Err).
 func (g *Grant) Context() context.Context { return g.ctx }
 
 // Done is closed when the grant ends.
@@ -48,8 +48,9 @@ func (g *Grant) Err() error {
 	return context.Cause(g.ctx)
 }
 
-// errReleased is the cause of a grant's end after Unlock.
-var errReleased = fmt.Errorf("fence: lock released")
+// ErrLockReleased is the cause of a grant's end after Unlock (or Release).
+// It wraps fence.ErrReleased.
+var ErrLockReleased = fmt.Errorf("%w: lock released", fence.ErrReleased)
 
 // LockOption configures a Mutex.
 type LockOption func(*lockOptions)
@@ -223,7 +224,7 @@ func (m *Mutex) Unlock(ctx context.Context) error {
 	if g == nil {
 		return fmt.Errorf("%w: %s %q is not held", fence.ErrNotHolder, m.kind(), m.name)
 	}
-	g.cancel(errReleased)
+	g.cancel(ErrLockReleased)
 	attempts := 0
 	return m.s.client.call(ctx, func(ctx context.Context, ep *endpoint) error {
 		attempts++

@@ -15,8 +15,9 @@ import (
 	fencev1 "github.com/fencelock/fence/api/fence/v1"
 )
 
-// ErrSessionClosed is the cause of a session's end after Close.
-var ErrSessionClosed = errors.New("fence: session closed")
+// ErrSessionClosed is the cause of a session's end after Close. It wraps
+// fence.ErrReleased.
+var ErrSessionClosed = fmt.Errorf("%w: session closed", fence.ErrReleased)
 
 // Session is a client's lease on the service. It renews itself in the
 // background every third of its TTL. Each successful renewal makes it safe

@@ -8,6 +8,7 @@ import (
 	"context"
 	"crypto/tls"
 	"errors"
+	"fmt"
 	"net"
 	"strings"
 	"syscall"
@@ -97,6 +98,10 @@ func ToConnect(err error) error {
 	return out
 }
 
+// ErrPlainToTLS is what a client transport reports when a node answered a
+// plain HTTP request as Go's HTTPS server does: the node serves TLS.
+var ErrPlainToTLS = errors.New("the node serves TLS, and the call was plain HTTP")
+
 // RemoteError is an error the service returned. It wraps the fence sentinel
 // named by the error's reason (or by its code, for peers that send none).
 type RemoteError struct {
@@ -132,6 +137,10 @@ func FromConnect(err error) error {
 		// node that crashed mid-call. That is a transport failure, to be
 		// retried elsewhere like any other.
 		re.Code = connect.CodeUnavailable
+	}
+	if errors.Is(err, ErrPlainToTLS) {
+		re.Code = connect.CodeUnauthenticated
+		re.sentinel = fmt.Errorf("%w: %w", fence.ErrUnauthenticated, ErrPlainToTLS)
 	}
 	if ce.Code() == connect.CodeUnavailable && tlsFailure(err) {
 		// A certificate one side refuses will be refused again: fail now,
