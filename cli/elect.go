@@ -69,14 +69,14 @@ leader, a new value, "no leader") until interrupted.`,
 			if watch {
 				return watchLeader(cmd.Context(), g, c, args[0])
 			}
-			value, token, ok, err := c.Leader(cmd.Context(), args[0])
+			st, err := c.Leader(cmd.Context(), args[0])
 			if err != nil {
 				return err
 			}
-			if !ok {
+			if !st.Elected {
 				return &ExitError{Code: exitFailure, Err: fmt.Errorf("%s has no leader", args[0])}
 			}
-			_, err = fmt.Fprintf(g.stdout, "%s\ttoken %d\n", value, token)
+			_, err = fmt.Fprintf(g.stdout, "%s\ttoken %d\n", st.Value, st.Token)
 			return err
 		},
 	}

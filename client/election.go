@@ -70,17 +70,16 @@ func (e *Election) Resign(ctx context.Context) error {
 	return e.m.Unlock(ctx)
 }
 
-// Leader returns the current leader's value and token, linearizably, or
-// ok false when nobody leads: no record, or one whose leader has lost the
-// lock (its session ended) and not yet been succeeded.
-func (c *Client) Leader(ctx context.Context, name string) (value string, token uint64, ok bool, err error) {
+// Leader returns the election's leader, linearizably, as ObserveLeader
+// reports it: Elected is false when nobody leads (no record, or one whose
+// leader has lost the lock, its session ended, and not yet been succeeded).
+func (c *Client) Leader(ctx context.Context, name string) (LeaderState, error) {
 	key := electionKey(name)
 	kv, err := c.KV().Get(ctx, key)
 	if err != nil {
-		return "", 0, false, err
+		return LeaderState{}, err
 	}
-	st, err := c.leaderOf(ctx, key, kv)
-	return st.Value, st.Token, st.Elected, err
+	return c.leaderOf(ctx, key, kv)
 }
 
 // electionKey is the lock, and the KV key, of the election name.
@@ -99,7 +98,7 @@ func (c *Client) leaderOf(ctx context.Context, key string, kv *KeyValue) (Leader
 	return LeaderState{Elected: true, Value: string(kv.GetValue()), Token: kv.GetToken()}, nil
 }
 
-// LeaderState is an election's leader as ObserveLeader reports it.
+// LeaderState is an election's leader as Leader and ObserveLeader report it.
 type LeaderState struct {
 	// Elected is false while nobody leads.
 	Elected bool

@@ -25,16 +25,16 @@ func TestElection(t *testing.T) {
 		t.Cleanup(func() { s.Close(ctx) })
 		return s
 	}
-	if _, _, ok, err := c.Leader(ctx, "scheduler"); ok || err != nil {
-		t.Fatalf("leader before any campaign: ok %v, %v", ok, err)
+	if st, err := c.Leader(ctx, "scheduler"); st.Elected || err != nil {
+		t.Fatalf("leader before any campaign: %+v, %v", st, err)
 	}
 	a, b := NewElection(newSession(), "scheduler"), NewElection(newSession(), "scheduler")
 	la, err := a.Campaign(ctx, "node-a")
 	if err != nil {
 		t.Fatal(err)
 	}
-	if v, tok, ok, err := c.Leader(ctx, "scheduler"); !ok || err != nil || v != "node-a" || tok != la.Token() {
-		t.Fatalf("Leader = %q %d %v %v, want node-a with token %d", v, tok, ok, err, la.Token())
+	if st, err := c.Leader(ctx, "scheduler"); !st.Elected || err != nil || st.Value != "node-a" || st.Token != la.Token() {
+		t.Fatalf("Leader = %+v, %v; want node-a with token %d", st, err, la.Token())
 	}
 	won := make(chan *Leadership, 1)
 	go func() {
@@ -64,8 +64,8 @@ func TestElection(t *testing.T) {
 	if lb == nil || lb.Token() <= la.Token() {
 		t.Fatalf("second leadership %v, want a token above %d", lb, la.Token())
 	}
-	if v, _, ok, _ := c.Leader(ctx, "scheduler"); !ok || v != "node-b" {
-		t.Fatalf("Leader = %q %v, want node-b", v, ok)
+	if st, _ := c.Leader(ctx, "scheduler"); !st.Elected || st.Value != "node-b" {
+		t.Fatalf("Leader = %+v, want node-b", st)
 	}
 	// The deposed leader's token no longer writes the record.
 	if _, err := c.KV().Put(ctx, "election/scheduler", []byte("node-a again"), WithGrant(la.Grant), Strict()); !errors.Is(err, fence.ErrNotHolder) && !errors.Is(err, fence.ErrStaleToken) {

@@ -161,7 +161,9 @@ type Watch struct {
 }
 
 // WatchOption configures a Watch.
-type WatchOption func(*fencev1.WatchRequest)
+type WatchOption func(*watchOptions)
+
+type watchOptions struct{ startRevision uint64 }
 
 // FromRevision starts the watch at revision rev: the changes already made
 // from rev on are delivered first, then new ones. Watch from the revision
@@ -169,7 +171,7 @@ type WatchOption func(*fencev1.WatchRequest)
 // revision seen plus one to resume. A revision older than the recent
 // changes the server keeps (--watch-history) fails with fence.ErrCompacted.
 func FromRevision(rev uint64) WatchOption {
-	return func(r *fencev1.WatchRequest) { r.StartRevision = rev }
+	return func(o *watchOptions) { o.startRevision = rev }
 }
 
 // Watch starts watching prefix and returns once the watch is in place:
@@ -183,10 +185,11 @@ func FromRevision(rev uint64) WatchOption {
 // cannot resume in time, or when the leader no longer keeps the changes it
 // missed (fence.ErrCompacted: List again, and watch from there).
 func (k *KV) Watch(ctx context.Context, prefix string, opts ...WatchOption) (*Watch, error) {
-	req := &fencev1.WatchRequest{Prefix: prefix}
+	var o watchOptions
 	for _, opt := range opts {
-		opt(req)
+		opt(&o)
 	}
+	req := &fencev1.WatchRequest{Prefix: prefix, StartRevision: o.startRevision}
 	ctx, cancel := context.WithCancel(ctx)
 	w := &Watch{kv: k, req: req, events: make(chan *Event), cancel: cancel, done: make(chan struct{})}
 	stream, rev, err := w.open(ctx)
