@@ -1,8 +1,11 @@
 package fence_test
 
 import (
+	"io/fs"
+	"os"
 	"os/exec"
 	"path/filepath"
+	"regexp"
 	"runtime"
 	"strings"
 	"testing"
@@ -32,5 +35,57 @@ func TestResourcePackagesStayLight(t *testing.T) {
 				}
 			}
 		}
+	}
+}
+
+// Comments and tests cite documents by path ("docs/design.md, Lock-delay");
+// every document cited must ship with the code.
+func TestCitedDocumentsExist(t *testing.T) {
+	cite := regexp.MustCompile(`[A-Za-z0-9_./-]+\.md\b`)
+	err := filepath.WalkDir(".", func(path string, d fs.DirEntry, err error) error {
+		if err != nil || d.IsDir() || !strings.HasSuffix(path, ".go") {
+			return err
+		}
+		data, err := os.ReadFile(path)
+		if err != nil {
+			return err
+		}
+		for _, doc := range cite.FindAllString(string(data), -1) {
+			if _, err := os.Stat(doc); err != nil {
+				t.Errorf("%s cites %s, which is not in the repository", path, doc)
+			}
+		}
+		return nil
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+}
+
+// The README's layout table names every folder of the repository that
+// holds code, so that a newcomer finds each one explained.
+func TestReadmeLayoutNamesEveryFolder(t *testing.T) {
+	readme, err := os.ReadFile("README.md")
+	if err != nil {
+		t.Fatal(err)
+	}
+	layout := string(readme)
+	if i := strings.Index(layout, "## Layout"); i >= 0 {
+		layout = layout[i:]
+	}
+	err = filepath.WalkDir(".", func(path string, d fs.DirEntry, err error) error {
+		if err != nil || !d.IsDir() || path == "." {
+			return err
+		}
+		if strings.HasPrefix(d.Name(), ".") || d.Name() == "testdata" {
+			return filepath.SkipDir
+		}
+		if !strings.Contains(layout, "`"+path+"/`") && !strings.Contains(layout, "`"+path+"`") {
+			t.Errorf("README's layout table does not name %s/", path)
+		}
+		return nil
+	})
+	if err != nil {
+		t.Fatal(err)
 	}
 }
