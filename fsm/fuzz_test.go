@@ -1,10 +1,12 @@
 // Native fuzz tests. FuzzStateMachine proves, for any command stream the
 // fuzzer makes, what runStream checks: docs/design.md invariants 1, 2, 4, 5, 6
-// (fenced KV) and 7 after every step. FuzzApplyBytes proves that no log
-// entry, however malformed, panics FSM.ApplyBatch, breaks the state's
-// invariants or half-applies: bytes that do not decode fail alone with
-// ErrInvalidArgument and change nothing, and bytes that do decode are
-// checked by the same model as any command. Both run their seed corpus as ordinary tests.
+// (fenced KV) and 7 after every step, and the exact answers to acquire
+// requests, their cancels and idempotency keys (see requestModel).
+// FuzzApplyBytes proves that no log entry, however malformed, panics
+// FSM.ApplyBatch, breaks the state's invariants or half-applies: bytes that
+// do not decode fail alone with ErrInvalidArgument and change nothing, and
+// bytes that do decode are checked by the same model as any command. Both
+// run their seed corpus as ordinary tests.
 package fsm_test
 
 import (
@@ -12,7 +14,7 @@ import (
 	"errors"
 	"math"
 	"math/rand/v2"
-	"reflect"
+	"strings"
 	"testing"
 	"time"
 
@@ -170,6 +172,55 @@ func FuzzStateMachine(f *testing.F) {
 	for seed := range uint64(3) {
 		f.Add(semaphoreStream(rand.New(rand.NewPCG(seed, 3)), 100))
 	}
+	// An op byte's high nibble reaches requests and keys (see
+	// commandSource.next): an acquire {h<<4|4, ...} carries request id h
+	// for h 1..3, the id of the session's own wait or grant for 4 (a
+	// retry), the id it cancelled last for 5, 1 plus one more byte for 6.
+	// A CancelAcquire is {h<<4|12, lock, x}, a CancelWait by request
+	// {h<<4|8, lock, x}: for h 1, x&0x3f picks a holder or waiter of the
+	// lock with a request id (holders first) and x>>6 names its request
+	// whole (0), at its attempt (1), at the attempt before (2), or
+	// another request of its session (3); for h 9 no request id (see
+	// requestTarget). {h<<4|1, ...} puts key k1..k4 (h 1..4), the longest
+	// key (5) or one over it (6) on the command that follows; {h<<4|1, b}
+	// with h 7..9 retries the keyed command b+1 back (see keyedCommand).
+	f.Add([]byte{
+		0x14, 0, 0, 0, // session 1 takes a under request 1: attempt 1
+		0x14, 8, 0, 0, // session 2 queues for a under request 1: attempt 2
+		0x44, 8, 0, 0, // session 2 retries its request: the wait taken over, attempt 3
+		0x24, 0, 0, 0, // session 1 asks for a under request 2: told of its grant, attempt 0
+		0x14, 16, 0, 1, // session 3 tries a under request 1: locked
+		0x1c, 0, 0x81, // CancelAcquire of session 2's request at attempt 2, taken over: nothing
+		0x18, 0, 0x41, // CancelWait of session 2's request at attempt 3: dropped
+		0x14, 16, 0, 0, // session 3 queues for a under request 1
+		0x1c, 0, 0x00, // CancelAcquire of session 1's request 1, whole: released, a goes to session 3
+		0x14, 0, 0, 0, // session 1 retries request 1: cancelled
+		0x54, 0, 0, 0, // and again, as the id it cancelled last: cancelled
+		0x18, 0, 0xc0, // CancelWait of another request of session 3 (2): nothing
+		0x18, 0, 0x40, // CancelWait of session 3's request at its attempt: answers the grant
+		0x9c, 0, 0, // CancelAcquire without a request id: invalid
+		0x98, 0, 0, // a legacy CancelWait
+	})
+	f.Add([]byte{
+		0x11, 0, 0x10, // CreateSession under key k1: session 5
+		0x71, 0, // retried: Repeat of session 5, no session made
+		0x21, 0xa4, 0, 0, 0x02, // unfenced put of x under key k2: revision 1
+		0x71, 0, // retried: Repeat of revision 1, changed
+		0x21, 0xa3, 1, 0, 0x02, // a delete of y under key k2: Repeat of the put
+		0x31, 0, 0x50, // CreateSession under key k3, with a limit of 5 sessions: fails, leaves no key
+		2, 0, // session 1 closes
+		0x71, 0, // the CreateSession retried: applied now, session 6
+		0x71, 0, // and again: Repeat of session 6
+		0x61, 0, 0, // a key over the limit: invalid
+		0x51, 0xa3, 1, 0, 0x02, // a delete of y, absent, under the longest key: revision 1, nothing changed
+		0x71, 0, // retried: Repeat of revision 1, unchanged
+		0x41, 0x14, 0, 0, 0, // session 2 takes a under request 1 and key k4
+		0x71, 0, // retried: Repeat with nothing to report, no new attempt
+	})
+	for seed := range uint64(3) {
+		f.Add(requestStream(rand.New(rand.NewPCG(seed, 4)), 100, 0))
+	}
+	f.Add(cancelStormStream(rand.New(rand.NewPCG(0, 4))))
 	f.Fuzz(func(t *testing.T, data []byte) {
 		runStream(t, data)
 	})
@@ -227,6 +278,30 @@ func FuzzApplyBytes(f *testing.F) {
 		kvDel("q", fenced("b", 3)),
 		closeSession(3),
 		expireSessions(3, 2),
+		// Acquire requests: session 3 holds d under request 7 (attempt
+		// 1), session 2 waits for it under request 7 (attempt 2);
+		// session 1 gave up request 9.
+		acquire(3, "d", excl, withRequest(7)),
+		acquire(3, "d", excl, withRequest(8)),
+		acquire(2, "d", excl, withRequest(7), try),
+		acquire(1, "z", excl, withRequest(9)),
+		acquire(5, "a", excl, withRequest(2), try),
+		cancelAcquire(3, "d", 7, 0),
+		cancelAcquire(3, "d", 7, 1),
+		cancelAcquire(2, "d", 7, 1),
+		cancelAcquire(2, "d", 7, 2),
+		cancelAcquire(2, "d", 0, 0),
+		cancelAcquire(9, "d", 7, 0),
+		cancelWaitOf(2, "d", 7, 2),
+		cancelWaitOf(3, "d", 7, 1),
+		cancelWaitOf(3, "d", 8, 0),
+		// Idempotency keys: k1 was applied.
+		keyedCmd("k1", kvPut("u", "v")),
+		keyedCmd("k1", newSession()),
+		keyedCmd("k2", newSession()),
+		keyedCmd("k3", acquire(9, "a", excl)),
+		keyedCmd(strings.Repeat("k", fsm.MaxIdempotencyKeyBytes+1), kvPut("u", "w")),
+		keyedCmd(strings.Repeat("k", fsm.MaxIdempotencyKeyBytes), kvDel("u")),
 	} {
 		data, err := fsm.Encode(cmd)
 		if err != nil {
@@ -281,8 +356,9 @@ func FuzzApplyBytes(f *testing.F) {
 			})
 		}
 		// A state with holders, waiters, a delayed lock, a semaphore of 2
-		// permits, both taken (session 2 waits), and keys bound to sessions 2
-		// and 3, for the fuzzed entry to act on.
+		// permits, both taken (session 2 waits), keys bound to sessions 2
+		// and 3, a grant and a wait under requests, a cancelled request and
+		// a keyed command applied, for the fuzzed entry to act on.
 		for _, cmd := range []*fsmpb.Command{
 			newSession(), newSession(), newSession(), newSession(),
 			acquire(1, "a", excl, withDelay(time.Second)), acquire(2, "a", excl),
@@ -292,6 +368,8 @@ func FuzzApplyBytes(f *testing.F) {
 			kvDel("t", fenced("b", 3)), kvPut("p", "v"),
 			newSession(), acquire(5, "s", sem, permits(2)), acquire(3, "s", sem, permits(2)), acquire(2, "s", sem, permits(2)),
 			kvPut("p", "v", boundTo(3)), kvPut("q", "v", fenced("b", 3), boundTo(2)), kvPut("r", "v", boundTo(2)),
+			acquire(3, "d", excl, withRequest(7)), acquire(2, "d", excl, withRequest(7)), cancelAcquire(1, "z", 9, 0),
+			keyedCmd("k1", kvPut("u", "v")),
 		} {
 			applyOne(mustEncode(t, cmd))
 		}
@@ -311,8 +389,8 @@ func FuzzApplyBytes(f *testing.F) {
 		}
 		out = append(out[:mid], out[mid+1:]...)
 		for i, o := range out {
-			if res, ok := o.(fsm.Result); !ok || !reflect.DeepEqual(cmpForm(res), cmpForm(want[i])) {
-				t.Fatalf("entry %d in a batch answered %v, alone %s", i, o, describe(want[i]))
+			if res, ok := o.(fsm.Result); !ok || !sameAnswer(res, want[i]) {
+				t.Fatalf("entry %d in a batch answered %v, alone %s", i, o, describeAll(want[i]))
 			}
 		}
 		one.Read(func(a *fsm.State) {

@@ -17,7 +17,9 @@
 //     and no live key is ever bound to a session that is not live.
 //
 // It also checks invariant 6 on the fenced KV store (see kvModel in
-// model_kv_test.go).
+// model_kv_test.go), and the exact answers to acquire requests, their
+// cancels (CancelAcquire, CancelWait by request) and idempotency keys (see
+// requestModel in model_request_test.go).
 //
 // A name in use (held, waited for or delayed) is either a lock, whose
 // holders and waiters are exclusive or shared, or a semaphore of N permits,
@@ -77,6 +79,9 @@ type modelChecker struct {
 	kinds map[string]uint32
 	// nodes is the node registry: node id -> API address.
 	nodes map[string]string
+	// req follows acquire requests, their attempts, cancelled request
+	// ids and idempotency keys (see model_request_test.go).
+	req *requestModel
 }
 
 func newModelChecker() *modelChecker {
@@ -90,6 +95,7 @@ func newModelChecker() *modelChecker {
 		ended:   map[uint64]bool{},
 		before:  map[string]fsm.LockInfo{},
 		kv:      newKVModel(),
+		req:     newRequestModel(),
 	}
 }
 
@@ -99,42 +105,74 @@ func (m *modelChecker) observe(tb testing.TB, cmd *fsmpb.Command, res fsm.Result
 	if err := s.CheckInvariants(); err != nil {
 		return fmt.Errorf("CheckInvariants: %w", err)
 	}
+	if answered, err := m.req.checkKeyed(tb, cmd, res, s, before); answered {
+		if err != nil {
+			return err
+		}
+		// The command was not applied: the state is as before it.
+		return m.compare(s, nil, fsm.Result{})
+	}
+	if res.Repeat != nil {
+		return fmt.Errorf("%v answered Repeat %+v, but its key was not applied before", cmd, *res.Repeat)
+	}
+	if err := m.check(tb, cmd, res, s, before); err != nil {
+		return err
+	}
+	m.req.keyApplied(cmd, res)
+	return m.compare(s, cmd, res)
+}
+
+// check checks a command that was applied (not answered by its
+// idempotency key alone) and updates the model.
+func (m *modelChecker) check(tb testing.TB, cmd *fsmpb.Command, res fsm.Result, s *fsm.State, before []byte) error {
 	if res.Err != nil {
-		if !bytes.Equal(before, snapshotBytes(tb, s)) {
-			return fmt.Errorf("failed command (%v) changed the state", res.Err)
+		if err := m.checkUnchanged(tb, cmd, res.Err, s, before); err != nil {
+			return err
 		}
 		rest := res
 		rest.Err = nil
-		if !reflect.DeepEqual(cmpForm(rest), comparableResult{}) {
-			return fmt.Errorf("failed command (%v) reported effects: %s", res.Err, describe(res))
+		if !sameAnswer(rest, fsm.Result{}) {
+			return fmt.Errorf("failed command (%v) reported effects: %s", res.Err, describeAll(res))
 		}
-		if err := m.checkFailure(cmd, res.Err); err != nil {
-			return err
-		}
-		return m.compare(s, cmd, res)
+		return m.checkFailure(cmd, res.Err)
 	}
 	if err := m.checkTokens(res, s); err != nil {
 		return err
 	}
 	if _, _, _, _, _, isKV := kvCommand(cmd); isKV {
+		if res.Attempt != 0 || res.Released || res.Dequeued {
+			return fmt.Errorf("%v answered %s", cmd, describeAll(res))
+		}
 		if err := m.kv.observe(cmd, res, m.holders, m.maxToken, m.live); err != nil {
 			return err
 		}
-		if err := eventsOwnValues(tb, s, res); err != nil {
-			return err
-		}
-		return m.compare(s, cmd, res)
+		return eventsOwnValues(tb, s, res)
 	}
 	immediate, err := m.checkSuccess(cmd, res)
 	if err != nil {
 		return err
 	}
 	if !immediate {
-		if err := m.handOut(res.Grants); err != nil {
-			return err
-		}
+		return m.handOut(res.Grants)
 	}
-	return m.compare(s, cmd, res)
+	return nil
+}
+
+// checkUnchanged checks that a failed command left the state as it was,
+// but for the attempt number a failed acquire spends while
+// failedAcquireSpendsAttempt holds.
+func (m *modelChecker) checkUnchanged(tb testing.TB, cmd *fsmpb.Command, err error, s *fsm.State, before []byte) error {
+	want, spent := before, m.spendsAttempt(cmd)
+	if spent {
+		want = m.req.spendAttempt(tb, before)
+	}
+	if bytes.Equal(want, snapshotBytes(tb, s)) {
+		return nil
+	}
+	if spent && bytes.Equal(before, snapshotBytes(tb, s)) {
+		return fmt.Errorf("failed acquire (%v) left the attempt counter as it was: the bug is fixed, set failedAcquireSpendsAttempt to false", err)
+	}
+	return fmt.Errorf("failed command (%v) changed the state", err)
 }
 
 // targetSession returns the session a per-session command acts for.
@@ -146,6 +184,8 @@ func targetSession(cmd *fsmpb.Command) (uint64, bool) {
 		return op.Release.GetSessionId(), true
 	case *fsmpb.Command_CancelWait:
 		return op.CancelWait.GetSessionId(), true
+	case *fsmpb.Command_CancelAcquire:
+		return op.CancelAcquire.GetSessionId(), true
 	}
 	return 0, false
 }
@@ -193,6 +233,11 @@ func (m *modelChecker) checkFailure(cmd *fsmpb.Command, err error) error {
 		}
 	case *fsmpb.Command_Acquire:
 		return m.checkAcquireFailure(op.Acquire, err)
+	case *fsmpb.Command_CancelAcquire:
+		if !errors.Is(err, fence.ErrInvalidArgument) || op.CancelAcquire.GetRequestId() != 0 {
+			return fmt.Errorf("%v failed with %v; only one without a request id may, with ErrInvalidArgument", cmd, err)
+		}
+		m.req.note("request: cancel without a request id refused")
 	case *fsmpb.Command_Release:
 		r := op.Release
 		if !errors.Is(err, fence.ErrNotHolder) {
@@ -223,6 +268,9 @@ func (m *modelChecker) checkAcquireFailure(a *fsmpb.Acquire, err error) error {
 	if !errors.Is(err, want) {
 		return fmt.Errorf("acquire(%s) failed with %v, want %v: %s", describeAcquire(a), err, want, why)
 	}
+	if errors.Is(err, fence.ErrCancelled) {
+		m.req.note("request: acquire of a cancelled request refused")
+	}
 	return nil
 }
 
@@ -238,6 +286,8 @@ func (m *modelChecker) acquireVerdict(a *fsmpb.Acquire) (want error, why string)
 		return fence.ErrInvalidArgument, "unknown mode"
 	case (mode == fsm.Semaphore) != (n > 0):
 		return fence.ErrInvalidArgument, fmt.Sprintf("%d permits do not fit %s mode", n, mode)
+	case m.req.wasCancelled(sid, a.GetRequestId()):
+		return fence.ErrCancelled, fmt.Sprintf("request %d was cancelled", a.GetRequestId())
 	}
 	if k, inUse := m.kinds[name]; inUse && k != n {
 		return fence.ErrInvalidArgument, fmt.Sprintf("%q is in use with %d permits (0: a lock)", name, k)
@@ -263,7 +313,7 @@ func (m *modelChecker) acquireVerdict(a *fsmpb.Acquire) (want error, why string)
 }
 
 func describeAcquire(a *fsmpb.Acquire) string {
-	return fmt.Sprintf("%d, %q, %s, permits=%d, try=%v", a.GetSessionId(), a.GetLock(), fsm.Mode(a.GetMode()), a.GetPermits(), a.GetTry())
+	return fmt.Sprintf("%d, %q, %s, permits=%d, try=%v, request=%d", a.GetSessionId(), a.GetLock(), fsm.Mode(a.GetMode()), a.GetPermits(), a.GetTry(), a.GetRequestId())
 }
 
 // describeName describes the model of one name for a failure message.
@@ -296,6 +346,7 @@ func (m *modelChecker) checkTokens(res fsm.Result, s *fsm.State) error {
 func (m *modelChecker) checkSuccess(cmd *fsmpb.Command, res fsm.Result) (immediate bool, err error) {
 	_, isAcquire := cmd.GetOp().(*fsmpb.Command_Acquire)
 	_, isCancel := cmd.GetOp().(*fsmpb.Command_CancelWait)
+	_, isCancelAcquire := cmd.GetOp().(*fsmpb.Command_CancelAcquire)
 	_, isCreate := cmd.GetOp().(*fsmpb.Command_CreateSession)
 	_, isClose := cmd.GetOp().(*fsmpb.Command_CloseSession)
 	_, isExpire := cmd.GetOp().(*fsmpb.Command_ExpireSessions)
@@ -304,6 +355,12 @@ func (m *modelChecker) checkSuccess(cmd *fsmpb.Command, res fsm.Result) (immedia
 		return false, fmt.Errorf("%v answered a session id", cmd)
 	case (res.Grant != nil || res.Queued) && !isAcquire && !isCancel:
 		return false, fmt.Errorf("%v answered a grant or a queue place", cmd)
+	case res.Attempt != 0 && !isAcquire:
+		return false, fmt.Errorf("%v answered attempt %d", cmd, res.Attempt)
+	case res.Released && !isCancelAcquire:
+		return false, fmt.Errorf("%v answered Released", cmd)
+	case res.Dequeued && !isCancelAcquire && !isCancel:
+		return false, fmt.Errorf("%v answered Dequeued", cmd)
 	case len(res.Ended) > 0 && !isClose && !isExpire:
 		return false, fmt.Errorf("%v ended sessions", cmd)
 	case len(res.Delayed) > 0 && !isExpire:
@@ -333,8 +390,11 @@ func (m *modelChecker) checkSuccess(cmd *fsmpb.Command, res fsm.Result) (immedia
 			return false, fmt.Errorf("release(%d, %q, %d) succeeded for a non-holder", r.GetSessionId(), r.GetLock(), r.GetToken())
 		}
 		m.holders[r.GetLock()] = slices.Delete(m.holders[r.GetLock()], i, i+1)
+		m.req.drop(r.GetLock(), r.GetSessionId())
 	case *fsmpb.Command_CancelWait:
 		return false, m.cancelled(op.CancelWait, res)
+	case *fsmpb.Command_CancelAcquire:
+		return false, m.cancelledAcquire(op.CancelAcquire, res)
 	case *fsmpb.Command_CloseSession:
 		return false, m.endSessions([]uint64{op.CloseSession.GetSessionId()}, res)
 	case *fsmpb.Command_ExpireSessions:
@@ -370,7 +430,7 @@ func (m *modelChecker) acquired(a *fsmpb.Acquire, res fsm.Result) (immediate boo
 	switch {
 	case res.Queued && res.Grant == nil && len(res.Grants) == 0:
 		if waits == mode {
-			return false, nil // idempotent: already waiting
+			return false, m.req.retried(a, res, "wait") // idempotent: already waiting
 		}
 		if held != 0 || waits != 0 {
 			return false, fmt.Errorf("acquire(%d, %q, %s) queued a session that holds in %s or waits in %s", sid, name, mode, held, waits)
@@ -383,12 +443,12 @@ func (m *modelChecker) acquired(a *fsmpb.Acquire, res fsm.Result) (immediate boo
 		}
 		m.use(name, a.GetPermits())
 		m.queues[name] = append(m.queues[name], fsm.WaiterInfo{Session: sid, Mode: mode})
-		return false, nil
+		return false, m.req.tagged(a, res, "queued")
 	case res.Grant != nil && !res.Queued && len(res.Grants) == 0:
 		if m.holdsIn(name, sid) != mode || m.tokenOf(name, sid) != res.Grant.Token || *res.Grant != grant(sid, name, res.Grant.Token, mode) {
 			return false, fmt.Errorf("re-acquire answered %+v, which the session does not hold", *res.Grant)
 		}
-		return true, nil
+		return true, m.req.retried(a, res, "grant")
 	case res.Grant != nil && !res.Queued && len(res.Grants) == 1:
 		g := res.Grants[0]
 		if *res.Grant != g || g != grant(sid, name, g.Token, mode) {
@@ -402,9 +462,9 @@ func (m *modelChecker) acquired(a *fsmpb.Acquire, res fsm.Result) (immediate boo
 		}
 		m.use(name, a.GetPermits())
 		m.holders[name] = append(m.holders[name], fsm.HolderInfo{Session: sid, Token: g.Token, Mode: mode})
-		return true, nil
+		return true, m.req.tagged(a, res, "granted")
 	}
-	return false, fmt.Errorf("acquire answered %s", describe(res))
+	return false, fmt.Errorf("acquire answered %s", describeAll(res))
 }
 
 // use records the kind of a name that a new holder or waiter puts in use;
@@ -416,26 +476,108 @@ func (m *modelChecker) use(name string, permits uint32) {
 	}
 }
 
+// cancelled checks a CancelWait. Without a request id it acts on the
+// session's wait or grant whatever its request; with one, only on that
+// request's (at that attempt, if one is named). On a grant it acts by
+// answering the grant; on a wait by dropping it (Dequeued), the lock
+// handed on (checked by handOut).
 func (m *modelChecker) cancelled(c *fsmpb.CancelWait, res fsm.Result) error {
-	sid, name := c.GetSessionId(), c.GetLock()
-	if res.Queued {
-		return fmt.Errorf("cancel wait answered Queued")
+	sid, name, id := c.GetSessionId(), c.GetLock(), c.GetRequestId()
+	acts := id == 0 || m.req.tag(name, sid).matches(id, c.GetAttempt())
+	byRequest := "legacy cancel wait"
+	if id != 0 {
+		byRequest = "cancel wait by request"
 	}
 	if held := m.holdsIn(name, sid); held != 0 {
-		want := grant(sid, name, m.tokenOf(name, sid), held)
-		if res.Grant == nil || *res.Grant != want || len(res.Grants) > 0 {
-			return fmt.Errorf("cancel wait by holder %d of %q answered %s, want grant %+v", sid, name, describe(res), want)
+		var want fsm.Result
+		if acts {
+			g := grant(sid, name, m.tokenOf(name, sid), held)
+			want.Grant = &g
+			m.req.note("request: " + byRequest + " answered the grant")
+		} else {
+			m.req.note("request: cancel wait by another request left the grant")
+		}
+		if !sameAnswer(res, want) {
+			return fmt.Errorf("cancel wait %v by holder %d of %q answered %s, want %s", c, sid, name, describeAll(res), describeAll(want))
 		}
 		return nil
 	}
-	if res.Grant != nil {
-		return fmt.Errorf("cancel wait by non-holder answered grant %+v", *res.Grant)
+	i := m.queueIndex(name, sid)
+	if i < 0 || !acts {
+		if !sameAnswer(res, fsm.Result{}) {
+			return fmt.Errorf("cancel wait %v that matches no wait or grant answered %s", c, describeAll(res))
+		}
+		if i >= 0 {
+			m.req.note("request: cancel wait by another request left the wait")
+		}
+		return nil
 	}
-	if i := m.queueIndex(name, sid); i >= 0 {
-		m.queues[name] = slices.Delete(m.queues[name], i, i+1)
-	} else if len(res.Grants) > 0 {
-		return fmt.Errorf("cancel wait by a session not waiting granted %+v", res.Grants)
+	if res.Grant != nil || res.Queued || !res.Dequeued {
+		return fmt.Errorf("cancel wait %v of a wait answered %s, want Dequeued", c, describeAll(res))
 	}
+	m.queues[name] = slices.Delete(m.queues[name], i, i+1)
+	m.req.drop(name, sid)
+	m.req.note("request: " + byRequest + " dropped the wait")
+	if len(res.Grants) > 0 {
+		m.req.note("request: a wait dropped by cancel handed the lock on")
+	}
+	return nil
+}
+
+// cancelledAcquire checks a CancelAcquire that succeeded: with attempt 0
+// the request id is given up for good (an acquire naming it fails from
+// now on); the request's grant, if it matches, is released (Released), or
+// else its wait dropped (Dequeued), the lock handed on (checked by
+// handOut); a request that matches neither leaves everything else as it
+// was.
+func (m *modelChecker) cancelledAcquire(c *fsmpb.CancelAcquire, res fsm.Result) error {
+	sid, name, id, attempt := c.GetSessionId(), c.GetLock(), c.GetRequestId(), c.GetAttempt()
+	if id == 0 {
+		return fmt.Errorf("%v without a request id succeeded", c)
+	}
+	if attempt == 0 {
+		m.req.cancel(sid, id)
+	}
+	tag := m.req.tag(name, sid)
+	byAttempt := ""
+	if attempt != 0 {
+		byAttempt = " by its attempt"
+	}
+	i, j := slices.IndexFunc(m.holders[name], func(h fsm.HolderInfo) bool { return h.Session == sid }), m.queueIndex(name, sid)
+	switch {
+	case tag.matches(id, attempt) && i >= 0:
+		if res.Grant != nil || res.Queued || !res.Released || res.Dequeued {
+			return fmt.Errorf("%v of a grant answered %s, want Released", c, describeAll(res))
+		}
+		m.holders[name] = slices.Delete(m.holders[name], i, i+1)
+		m.req.note("request: cancel released the grant" + byAttempt)
+		if len(res.Grants) > 0 {
+			m.req.note("request: a grant released by cancel handed the lock on")
+		}
+	case tag.matches(id, attempt) && j >= 0:
+		if res.Grant != nil || res.Queued || res.Released || !res.Dequeued {
+			return fmt.Errorf("%v of a wait answered %s, want Dequeued", c, describeAll(res))
+		}
+		m.queues[name] = slices.Delete(m.queues[name], j, j+1)
+		m.req.note("request: cancel dropped the wait" + byAttempt)
+		if len(res.Grants) > 0 {
+			m.req.note("request: a wait dropped by cancel handed the lock on")
+		}
+	default:
+		if !sameAnswer(res, fsm.Result{}) {
+			return fmt.Errorf("%v that matches no wait or grant (the session's is %+v) answered %s", c, tag, describeAll(res))
+		}
+		switch {
+		case tag.id == id:
+			m.req.note("request: cancel of an attempt taken over left the request")
+		case i >= 0 || j >= 0:
+			m.req.note("request: cancel of another request left the session's")
+		default:
+			m.req.note("request: cancel that matches nothing")
+		}
+		return nil
+	}
+	m.req.drop(name, sid)
 	return nil
 }
 
@@ -481,6 +623,7 @@ func (m *modelChecker) endSessions(ids []uint64, res fsm.Result) error {
 		}
 		delete(m.live, id)
 		m.ended[id] = true
+		m.req.endSession(id)
 	}
 	for _, d := range res.Delayed {
 		if !heldByEnded[d.Lock] || d.Delay <= 0 {
@@ -574,6 +717,9 @@ func (m *modelChecker) compare(s *fsm.State, cmd *fsmpb.Command, res fsm.Result)
 		return fmt.Errorf("nodes %v, model %v", got, nodes)
 	}
 	if err := m.kv.compare(s); err != nil {
+		return err
+	}
+	if err := m.req.compare(s.Snapshot()); err != nil {
 		return err
 	}
 	list, _ := s.List("", 0)
@@ -746,12 +892,21 @@ func (m *modelChecker) liveIDs() []uint64 {
 // delete (see kvOp), whose puts may bind their keys to sessions. A close
 // (2) or expiry (3) whose op byte's high nibble is 1, 5 or 9 ends the
 // sessions that keys are bound to (see keyOwner); older seeds leave that
-// nibble 0, and the saved input made of ASCII digits 3. Where a command needs a token or a
-// holder it reads the state it is given, so a stream is decoded once, from
-// the first State, and the same commands are fed to the others.
+// nibble 0, and the saved input made of ASCII digits 3. Other op bytes
+// whose high nibble is not 0 (older seeds leave it 0) reach acquire
+// requests and idempotency keys: an acquire (4..7) carries a request id
+// (see requestID), a cancel wait (8) names a request and an attempt, and
+// 12 is a CancelAcquire (see requestTarget), and 1 gives the command that
+// follows an idempotency key, or retries a keyed command made before (see
+// keyedCommand). Where a command needs a token, a holder or a request it
+// reads the state it is given, so a stream is decoded once, from the first
+// State, and the same commands are fed to the others.
 type commandSource struct {
 	data []byte
 	pos  int
+	// keyed are the keyed commands made so far, for retries (see
+	// keyedCommand).
+	keyed []*fsmpb.Command
 }
 
 var lockNames = []string{"a", "b", "c"}
@@ -832,6 +987,9 @@ func (c *commandSource) next(s *fsm.State) (*fsmpb.Command, bool) {
 	if op >= 0xa0 {
 		return c.kvOp(s, op), true
 	}
+	if op%16 == 1 && op>>4 != 0 {
+		return c.keyedCommand(s, op>>4)
+	}
 	switch op % 16 {
 	case 0, 1:
 		b := c.byte()
@@ -867,8 +1025,15 @@ func (c *commandSource) next(s *fsm.State) (*fsmpb.Command, bool) {
 		if n := acquirePermits(s, name, mode, b, o); n != 0 {
 			opts = append(opts, permits(n))
 		}
+		if id := c.requestID(s, op>>4, sid, name); id != 0 {
+			opts = append(opts, withRequest(id))
+		}
 		return acquire(sid, name, mode, opts...), true
 	case 8:
+		if op>>4 != 0 {
+			sid, name, id, attempt := c.requestTarget(s, op>>4)
+			return cancelWaitOf(sid, name, id, attempt), true
+		}
 		return cancelWait(c.session(s, c.byte()), lockName(c.byte())), true
 	case 9:
 		sid, name := c.session(s, c.byte()), lockName(c.byte())
@@ -894,6 +1059,10 @@ func (c *commandSource) next(s *fsm.State) (*fsmpb.Command, bool) {
 		}
 		return release(c.session(s, b), name, 1), true
 	case 12:
+		if op>>4 != 0 {
+			sid, name, id, attempt := c.requestTarget(s, op>>4)
+			return cancelAcquire(sid, name, id, attempt), true
+		}
 		return liftDelay(lockName(c.byte())), true
 	case 13:
 		b := c.byte()
@@ -941,14 +1110,23 @@ const maxStreamSteps = 400
 // the modelChecker follows; b, a second fresh State; and c, rebuilt from a's
 // snapshot every few steps. Every Result and the final snapshot bytes must
 // be identical across them (invariant 7). It returns how many KV commands
-// had each outcome (see kvOutcome), and how many commands reached each
-// semaphore path (see semOutcomes).
+// had each outcome (see kvOutcome), how many commands reached each
+// semaphore path (see semOutcomes) and each path of keys bound to
+// sessions (see bindOutcomes), and how many steps the model saw take each
+// path of acquire requests and idempotency keys (see requestModel.note).
 func runStream(tb testing.TB, data []byte) map[string]int {
 	tb.Helper()
+	return runStreamFrom(tb, data, nil)
+}
+
+// runStreamFrom is runStream on States restored from start, a snapshot
+// that holds idempotency keys and nothing else (nil for fresh States).
+func runStreamFrom(tb testing.TB, data []byte, start *fsmpb.Snapshot) map[string]int {
+	tb.Helper()
 	src := &commandSource{data: data}
-	a, b := fsm.NewState(), fsm.NewState()
-	c := fsm.NewState()
+	a, b, c := startState(tb, start), startState(tb, start), startState(tb, start)
 	check := newModelChecker()
+	check.req.start(tb, start)
 	period := 5
 	if len(data) > 0 {
 		period += int(data[0] % 32)
@@ -985,25 +1163,30 @@ func runStream(tb testing.TB, data []byte) map[string]int {
 		}
 		kvPre := kvBeforeOf(a)
 		ra := a.Apply(cmd)
-		history = append(history, fmt.Sprintf("  %d: %v -> %s", step, cmd, describe(ra)))
+		history = append(history, fmt.Sprintf("  %d: %v -> %s", step, cmd, describeAll(ra)))
 		if err := check.observe(tb, cmd, ra, a, before); err != nil {
 			fail(step, "%v", err)
 		}
-		if o := kvOutcome(cmd, ra); o != "" {
+		for _, o := range check.req.takeNotes() {
 			outcomes[o]++
 		}
-		for _, o := range semOutcomes(cmd, ra, pre, inUse, lastPermits, a) {
-			outcomes[o]++
-		}
-		for _, o := range bindOutcomes(cmd, ra, kvPre) {
-			outcomes[o]++
+		if !answeredByKey(cmd, ra) {
+			if o := kvOutcome(cmd, ra); o != "" {
+				outcomes[o]++
+			}
+			for _, o := range semOutcomes(cmd, ra, pre, inUse, lastPermits, a) {
+				outcomes[o]++
+			}
+			for _, o := range bindOutcomes(cmd, ra, kvPre) {
+				outcomes[o]++
+			}
 		}
 		for _, l := range a.Locks("") {
 			lastPermits[l.Name] = l.Permits
 		}
 		for name, other := range map[string]*fsm.State{"second fresh state": b, "restored state": c} {
-			if ro := other.Apply(cmd); !reflect.DeepEqual(cmpForm(ro), cmpForm(ra)) {
-				fail(step, "invariant 7: %s answered %s, the first %s", name, describe(ro), describe(ra))
+			if ro := other.Apply(cmd); !sameAnswer(ro, ra) {
+				fail(step, "invariant 7: %s answered %s, the first %s", name, describeAll(ro), describeAll(ra))
 			}
 		}
 	}
@@ -1067,7 +1250,7 @@ func semOutcomes(cmd *fsmpb.Command, res fsm.Result, pre fsm.LockInfo, inUse boo
 		mode, n := fsm.Mode(a.GetMode()), a.GetPermits()
 		_, seen := lastPermits[a.GetLock()]
 		switch {
-		case errors.Is(res.Err, fence.ErrSessionNotFound) || (res.Err != nil && !validMode(a.GetMode())):
+		case errors.Is(res.Err, fence.ErrSessionNotFound) || errors.Is(res.Err, fence.ErrCancelled) || (res.Err != nil && !validMode(a.GetMode())):
 		case errors.Is(res.Err, fence.ErrInvalidArgument) && (mode == sem) != (n > 0):
 			out = append(out, "semaphore: permits that do not fit the mode")
 		case errors.Is(res.Err, fence.ErrInvalidArgument) && inUse && pre.Permits > 0 && n > 0 && n != pre.Permits:
@@ -1124,8 +1307,9 @@ func semOutcomes(cmd *fsmpb.Command, res fsm.Result, pre fsm.LockInfo, inUse boo
 // TestRandomCommandStreams runs runStream on seeded pseudo-random streams,
 // so that the model and determinism checks run on every go test, not only
 // under -fuzz. It also proves the streams reach every KV outcome and every
-// semaphore path, so that the KV and semaphore model checks are not
-// passing on streams that never test them.
+// path of semaphores, keys bound to sessions, acquire requests and
+// idempotency keys, so that those model checks are not passing on streams
+// that never test them.
 func TestRandomCommandStreams(t *testing.T) {
 	n := 150
 	if testing.Short() {
@@ -1164,6 +1348,33 @@ func TestRandomCommandStreams(t *testing.T) {
 			}
 		})
 	}
+	// Streams of acquire requests, their cancels and keyed commands; of
+	// one session cancelling more requests than it remembers; and from
+	// a state that remembers as many idempotency keys as it keeps.
+	for seed := range uint64(60) {
+		data := requestStream(rand.New(rand.NewPCG(seed, 0x4e9)), 50+int(seed)%120, 0)
+		t.Run(fmt.Sprint("requests/", seed), func(t *testing.T) {
+			for o, c := range runStream(t, data) {
+				total[o] += c
+			}
+		})
+	}
+	for seed := range uint64(10) {
+		data := cancelStormStream(rand.New(rand.NewPCG(seed, 0xca7)))
+		t.Run(fmt.Sprint("cancel storms/", seed), func(t *testing.T) {
+			for o, c := range runStream(t, data) {
+				total[o] += c
+			}
+		})
+	}
+	// One short stream from a state that keeps as many keys as it may:
+	// every step takes snapshots of ten thousand keys, slow under -race.
+	t.Run("keys kept in full", func(t *testing.T) {
+		data := keysInFullStream(rand.New(rand.NewPCG(0, 0x1d3)))
+		for o, c := range runStreamFrom(t, data, keyedStart()) {
+			total[o] += c
+		}
+	})
 	t.Logf("outcomes: %v", total)
 	for _, o := range []string{"fenced put", "fenced delete", "unfenced write", "strict write", "CAS write", "no-op delete",
 		"fenced no-op delete", "stale", "invalid", "never issued", "not holder", "revision mismatch", "limit", "session not found"} {
@@ -1184,6 +1395,27 @@ func TestRandomCommandStreams(t *testing.T) {
 	}
 	if total["semaphore: other error"] > 0 {
 		t.Errorf("semaphore acquires failed with unexpected errors: %v", total)
+	}
+	for _, o := range []string{"granted with a request id", "queued with a request id", "a retry took the grant over", "a retry took the wait over",
+		"another request told of the grant", "another request told of the wait", "acquire of a cancelled request refused",
+		"cancel released the grant", "cancel released the grant by its attempt", "cancel dropped the wait", "cancel dropped the wait by its attempt",
+		"a grant released by cancel handed the lock on", "a wait dropped by cancel handed the lock on",
+		"cancel of an attempt taken over left the request", "cancel of another request left the session's", "cancel that matches nothing",
+		"cancel without a request id refused", "a request cancelled again", "the oldest cancelled request forgotten",
+		"a request cancelled and since forgotten acquired again", "cancel wait by request answered the grant", "cancel wait by request dropped the wait",
+		"cancel wait by another request left the grant", "cancel wait by another request left the wait",
+		"legacy cancel wait answered the grant", "legacy cancel wait dropped the wait"} {
+		if total["request: "+o] < 3 && !t.Failed() {
+			t.Errorf("the streams reached request path %q only %d times: %v", o, total["request: "+o], total)
+		}
+	}
+	for _, o := range []string{"a keyed command applied", "a keyed command failed and left no key", "a retry of a failed keyed command applied",
+		"a keyed command repeated", "a retry of the same command repeated", "a key reused by another command", "a repeat of a CreateSession",
+		"a repeat of a write that changed keys", "a repeat of a write that changed nothing", "a repeat with nothing to report",
+		"a key over the limit refused", "a key of the longest length applied", "the oldest key forgotten", "a key forgotten applied again"} {
+		if total["key: "+o] < 3 && !t.Failed() {
+			t.Errorf("the streams reached idempotency key path %q only %d times: %v", o, total["key: "+o], total)
+		}
 	}
 	for _, o := range []string{"bound put", "bound again to its session", "rebound to another session", "unbound by a put",
 		"unbound by a delete", "put bound to a session not live", "session checked before max_keys", "fence checked before the session",
