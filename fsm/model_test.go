@@ -158,21 +158,12 @@ func (m *modelChecker) check(tb testing.TB, cmd *fsmpb.Command, res fsm.Result, 
 	return nil
 }
 
-// checkUnchanged checks that a failed command left the state as it was,
-// but for the attempt number a failed acquire spends while
-// failedAcquireSpendsAttempt holds.
+// checkUnchanged checks that a failed command left the state as it was.
 func (m *modelChecker) checkUnchanged(tb testing.TB, cmd *fsmpb.Command, err error, s *fsm.State, before []byte) error {
-	want, spent := before, m.spendsAttempt(cmd)
-	if spent {
-		want = m.req.spendAttempt(tb, before)
-	}
-	if bytes.Equal(want, snapshotBytes(tb, s)) {
+	if bytes.Equal(before, snapshotBytes(tb, s)) {
 		return nil
 	}
-	if spent && bytes.Equal(before, snapshotBytes(tb, s)) {
-		return fmt.Errorf("failed acquire (%v) left the attempt counter as it was: the bug is fixed, set failedAcquireSpendsAttempt to false", err)
-	}
-	return fmt.Errorf("failed command (%v) changed the state", err)
+	return fmt.Errorf("failed command %v (%v) changed the state", cmd, err)
 }
 
 // targetSession returns the session a per-session command acts for.

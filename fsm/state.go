@@ -413,20 +413,23 @@ func (s *State) acquire(c *fsmpb.Acquire) Result {
 		return res
 	}
 	w := waiter{session: sess.id, mode: mode, lockDelay: time.Duration(c.GetLockDelayNs())}
+	grantNow := len(l.waiters) == 0 && l.grantable(mode)
+	if !grantNow && c.GetTry() {
+		return Result{Err: s.lockedError(l)}
+	}
+	if max := c.GetMaxWaiters(); !grantNow && max > 0 && uint64(len(l.waiters)) >= max {
+		return Result{Err: fmt.Errorf("%w: lock %q already has %d waiters, its limit", fence.ErrLimit, name, len(l.waiters))}
+	}
+	// Only an acquire that grants or queues numbers an attempt: a failed
+	// command changes nothing.
 	if reqID != 0 {
 		s.lastAttempt++
 		w.req = request{id: reqID, attempt: s.lastAttempt}
 	}
-	if len(l.waiters) == 0 && l.grantable(mode) {
+	if grantNow {
 		s.locks[name] = l
 		g := s.grant(l, w)
 		return Result{Grant: &g, Grants: []Grant{g}, Attempt: w.req.attempt}
-	}
-	if c.GetTry() {
-		return Result{Err: s.lockedError(l)}
-	}
-	if max := c.GetMaxWaiters(); max > 0 && uint64(len(l.waiters)) >= max {
-		return Result{Err: fmt.Errorf("%w: lock %q already has %d waiters, its limit", fence.ErrLimit, name, len(l.waiters))}
 	}
 	s.locks[name] = l
 	l.waiters = append(l.waiters, w)
