@@ -20,7 +20,7 @@ import (
 	fencev1 "github.com/fencelock/fence/api/fence/v1"
 	"github.com/fencelock/fence/api/fence/v1/fencev1connect"
 	"github.com/fencelock/fence/client"
-	"github.com/fencelock/fence/fsm"
+	"github.com/fencelock/fence/internal/fsm"
 	"github.com/fencelock/fence/internal/netproxy"
 )
 

@@ -6,7 +6,7 @@ import (
 	"testing"
 
 	"github.com/fencelock/fence"
-	"github.com/fencelock/fence/fsm"
+	"github.com/fencelock/fence/internal/fsm"
 )
 
 func ringRevisions(r *eventRing) []uint64 {

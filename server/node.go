@@ -20,7 +20,7 @@ import (
 	"github.com/hashicorp/raft-wal/metadb"
 
 	"github.com/fencelock/fence"
-	"github.com/fencelock/fence/fsm"
+	"github.com/fencelock/fence/internal/fsm"
 	"github.com/fencelock/fence/internal/fsmpb"
 )
 

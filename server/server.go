@@ -30,7 +30,7 @@ import (
 
 	"github.com/fencelock/fence"
 	"github.com/fencelock/fence/api/fence/v1/fencev1connect"
-	"github.com/fencelock/fence/fsm"
+	"github.com/fencelock/fence/internal/fsm"
 	"github.com/fencelock/fence/internal/fsmpb"
 	"github.com/fencelock/fence/internal/rpcerr"
 )

@@ -9,8 +9,8 @@ import (
 	"time"
 
 	"github.com/fencelock/fence"
-	"github.com/fencelock/fence/fsm"
 	"github.com/fencelock/fence/internal/clock"
+	"github.com/fencelock/fence/internal/fsm"
 )
 
 // expiryRetry is how long the tracker waits before proposing an expiry

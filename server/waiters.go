@@ -6,7 +6,7 @@ import (
 	"sync"
 
 	"github.com/fencelock/fence"
-	"github.com/fencelock/fence/fsm"
+	"github.com/fencelock/fence/internal/fsm"
 )
 
 // waitKey names one session's wait for one lock. A session waits for a lock

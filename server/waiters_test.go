@@ -3,7 +3,7 @@ package server
 import (
 	"testing"
 
-	"github.com/fencelock/fence/fsm"
+	"github.com/fencelock/fence/internal/fsm"
 )
 
 // A wait takes only the effects of commands after its own Acquire: a node

@@ -54,7 +54,7 @@ import (
 	"testing"
 
 	"github.com/fencelock/fence"
-	"github.com/fencelock/fence/fsm"
+	"github.com/fencelock/fence/internal/fsm"
 	"github.com/fencelock/fence/internal/fsmpb"
 )
 

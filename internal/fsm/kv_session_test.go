@@ -4,7 +4,7 @@ import (
 	"testing"
 
 	"github.com/fencelock/fence"
-	"github.com/fencelock/fence/fsm"
+	"github.com/fencelock/fence/internal/fsm"
 )
 
 // bound is a key as Get or an event reports it, bound to a session.
