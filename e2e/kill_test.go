@@ -4,6 +4,7 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -247,5 +248,22 @@ func TestKillDashNineUnderLoad(t *testing.T) {
 	t.Logf("first token after restart: %d", g.Token())
 	if err := after.Unlock(context.Background()); err != nil {
 		t.Errorf("unlocking after restart: %v", err)
+	}
+}
+
+// A second `fence serve` on a data dir in use exits at once, naming the
+// process that has it; it used to wait forever on the log store's file
+// lock, deaf to SIGTERM and SIGINT.
+func TestSecondServeOnDataDirInUse(t *testing.T) {
+	first := startServer(t)
+	addrs := freeAddrs(t, 2)
+	second := startFence(t, "second fence serve", "serve", "--data-dir", first.dataDir, "--listen", addrs[0], "--raft-listen", addrs[1])
+	code := second.waitExit(t, 5*time.Second)
+	want := fmt.Sprintf("is in use by another fence process (pid %d)", first.proc.pid())
+	if code == 0 || !strings.Contains(second.stderr.String(), want) {
+		t.Fatalf("second serve exited %d; stderr:\n%s\nwant it to fail saying %q", code, second.stderr.String(), want)
+	}
+	if _, _, code := runFence(t, append(first.endpoints(), "status")...); code != 0 {
+		t.Fatalf("the first node stopped serving: fence status exited %d", code)
 	}
 }

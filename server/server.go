@@ -17,6 +17,7 @@ import (
 	"net"
 	"net/http"
 	"net/http/pprof"
+	"os"
 	"slices"
 	"sync"
 	"sync/atomic"
@@ -50,6 +51,7 @@ type Server struct {
 	// and linearizable reads.
 	confirmer *leaseConfirmer
 
+	dirLock       *dataDirLock // held on cfg.DataDir while the node runs
 	ln            net.Listener
 	http          *http.Server
 	advertise     string       // the API address others reach this node on
@@ -85,9 +87,20 @@ func Start(cfg Config) (*Server, error) {
 	s.tracker = newSessionTracker(cfg.Clock, logger, s.expireSessions)
 	s.delays = newDelayScheduler(cfg.Clock, s.liftDelay)
 
+	if err := os.MkdirAll(cfg.DataDir, 0o700); err != nil {
+		s.tracker.stop()
+		return nil, fmt.Errorf("creating data dir: %w", err)
+	}
+	lock, err := lockDataDir(cfg.DataDir)
+	if err != nil {
+		s.tracker.stop()
+		return nil, err
+	}
+	s.dirLock = lock
 	ln, err := net.Listen("tcp", cfg.Listen)
 	if err != nil {
 		s.tracker.stop()
+		lock.unlock()
 		return nil, fmt.Errorf("listening on %s: %w", cfg.Listen, err)
 	}
 	s.ln = ln
@@ -99,6 +112,7 @@ func Start(cfg Config) (*Server, error) {
 	if err != nil {
 		ln.Close()
 		s.tracker.stop()
+		lock.unlock()
 		return nil, err
 	}
 
@@ -132,6 +146,7 @@ func (s *Server) Close() error {
 		s.delays.becomeFollower()
 		errs = append(errs, s.node.close())
 		s.wg.Wait()
+		errs = append(errs, s.dirLock.unlock())
 		s.closeErr = errors.Join(errs...)
 	})
 	return s.closeErr

@@ -2,6 +2,7 @@ package server
 
 import (
 	"context"
+	"fmt"
 	"os"
 	"path/filepath"
 	"strings"
@@ -350,4 +351,27 @@ func TestCancelAcquire(t *testing.T) {
 	if _, err := a.locks.CancelAcquire(context.Background(), connect.NewRequest(&fencev1.CancelAcquireRequest{SessionId: sa, Lock: "m"})); codeOf(err) != connect.CodeInvalidArgument {
 		t.Fatalf("CancelAcquire without a request id: %v, want InvalidArgument", err)
 	}
+}
+
+// A second node started on a data dir in use fails at once, naming the
+// process that has it, instead of waiting forever on the log store's file
+// lock; once the first node stops, the dir can be used again.
+func TestDataDirInUse(t *testing.T) {
+	first := startTestServer(t, nil)
+	cfg := first.cfg
+	cfg.Listen, cfg.RaftListen = "127.0.0.1:0", "127.0.0.1:0"
+	start := time.Now()
+	second, err := Start(cfg)
+	if err == nil {
+		second.Close()
+		t.Fatal("a second node started on a data dir in use")
+	}
+	want := fmt.Sprintf("data dir %s is in use by another fence process (pid %d)", cfg.DataDir, os.Getpid())
+	if !strings.Contains(err.Error(), want) || time.Since(start) > time.Second {
+		t.Fatalf("after %v: %v; want at once an error saying %q", time.Since(start), err, want)
+	}
+	if err := first.Close(); err != nil {
+		t.Fatal(err)
+	}
+	mustStart(t, cfg)
 }
