@@ -32,7 +32,10 @@ past their TTL (SIGSTOP/SIGCONT), kills them, and kills and restarts the
 server; with --nodes 3 or 5 it also kills the leader and partitions it from
 the majority (each raft link runs through a proxy the checker can cut). It then checks the history: no write accepted with a token lower
 than one accepted before, no acknowledged increment or append lost, grant
-tokens rising in real-time order, and a linearizable KV history.
+tokens rising in real-time order, a linearizable KV history, and, from each
+worker's report of when it believed it held the lock (from the grant to its
+release, or to its session's safe-until), that no two workers believed so at
+once and that none started a write after its belief ended.
 
 Without --endpoints it starts its own server (and may kill it). Exits 1 on
 any violation. --unsafe-resource writes without tokens, to show that the
@@ -116,6 +119,7 @@ func printCheck(g *globals, res *check.Result) {
 	}
 	fmt.Fprintln(w)
 	fmt.Fprintf(w, "operations: %d (grants %d, accepted writes %d, refused %d, unknown outcome %d)\n", a.Ops, a.Acquires, a.Writes, a.Rejected, a.Unknown)
+	fmt.Fprintf(w, "holds: %d (of unknown end, their worker killed, so not checked for overlap: %d)\n", a.Holds, a.HoldsUnknownEnd)
 	fmt.Fprintf(w, "counter: %s after %d acknowledged increments (%d unknown)\n", orZero(res.Final.Counter), a.AckedIncrements, a.UnknownIncrements)
 	if res.Final.HaveSQL {
 		fmt.Fprintf(w, "sql counter: %d\n", res.Final.SQLCounter)
