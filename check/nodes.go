@@ -208,3 +208,60 @@ func lastLines(s string, n int) string {
 	}
 	return strings.Join(lines, "\n")
 }
+
+// pauseTarget picks the node a pause fault stops: the leader, or one of
+// the followers at random.
+func (r *runner) pauseTarget(kind string) *node {
+	leader := r.leaderNode()
+	if leader == nil || kind == FaultPauseLeader {
+		return leader
+	}
+	var followers []*node
+	for _, n := range r.nodes {
+		if n != leader {
+			followers = append(followers, n)
+		}
+	}
+	return followers[r.rng.IntN(len(followers))]
+}
+
+// serverPauseHold draws how long a pause fault stops a server.
+func (r *runner) serverPauseHold(kind string) time.Duration {
+	if kind == FaultPauseLeader {
+		return r.pauseLeaderHold()
+	}
+	_, ttl := r.ttlRange()
+	return time.Duration((0.5 + r.rng.Float64()) * float64(ttl))
+}
+
+// pauseLeaderHold draws how long to stop the leader, so that it is deposed
+// but answers, when continued, keepalives a worker sent it while it was
+// stopped: the worker's client waits for such a call until its safe-until,
+// at most 0.99*TTL - 100ms after the last keepalive that got through,
+// sent before the pause. The new leader gives each session a full TTL
+// from its election; the worker's next keepalive, TTL/3 after the stale
+// answer, must come after that, or the new leader renews the session in
+// time. Hence at least 2*TTL/3 plus the election (about 300ms with the
+// checker's raft timeouts) and at most 0.99*TTL - 100ms, over the range
+// of the workers' TTLs.
+func (r *runner) pauseLeaderHold() time.Duration {
+	short, long := r.ttlRange()
+	lo := 2*short/3 + 300*time.Millisecond
+	hi := time.Duration(0.99*float64(long)) - 100*time.Millisecond
+	hi = max(hi, lo+200*time.Millisecond) // a TTL too short for the window
+	return lo + time.Duration(r.rng.Float64()*float64(hi-lo))
+}
+
+// pauseNode stops a server with SIGSTOP for hold (or until ctx ends), then
+// continues it.
+func (r *runner) pauseNode(ctx context.Context, n *node, hold time.Duration) {
+	r.mu.Lock()
+	p := n.proc
+	r.mu.Unlock()
+	p.signal(syscall.SIGSTOP)
+	select {
+	case <-ctx.Done():
+	case <-time.After(hold):
+	}
+	p.signal(syscall.SIGCONT)
+}

@@ -51,14 +51,17 @@ func (r *Result) page() *timeline.Page {
 	for _, f := range r.Faults {
 		l := f.Target
 		kind := timeline.SpanDown
+		label := f.Kind
 		switch f.Kind {
 		case FaultPause:
 			kind = timeline.SpanPaused
 		case FaultKillServer:
 			l = "server"
+		case FaultPauseLeader, FaultPauseFollower:
+			l, kind, label = "server", timeline.SpanPaused, f.Kind+" "+f.Target
 		}
-		tl.Spans = append(tl.Spans, timeline.Span{Lane: l, Start: f.Start, End: f.End, Kind: kind, Label: f.Kind})
-		tl.Marks = append(tl.Marks, timeline.Mark{Lane: l, At: f.Start, Kind: timeline.MarkFault, Label: f.Kind})
+		tl.Spans = append(tl.Spans, timeline.Span{Lane: l, Start: f.Start, End: f.End, Kind: kind, Label: label})
+		tl.Marks = append(tl.Marks, timeline.Mark{Lane: l, At: f.Start, Kind: timeline.MarkFault, Label: label})
 	}
 	a := r.Analysis
 	tl.Notes = append(tl.Notes,
