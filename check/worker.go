@@ -65,9 +65,7 @@ func RunWorker(ctx context.Context, cfg WorkerConfig, out io.Writer) error {
 	var s *client.Session
 	defer func() {
 		if s != nil {
-			closeCtx, cancel := context.WithTimeout(context.Background(), time.Second)
-			s.Close(closeCtx)
-			cancel()
+			closeSession(s)
 		}
 	}()
 	for n := 0; ctx.Err() == nil; n++ {
@@ -79,8 +77,14 @@ func RunWorker(ctx context.Context, cfg WorkerConfig, out io.Writer) error {
 			}
 		}
 		m := client.NewMutex(s, cfg.Lock)
-		h, ok := w.acquire(ctx, s, m)
-		if !ok {
+		h, err := w.acquire(ctx, s, m)
+		if errors.Is(err, fence.ErrSessionNotFound) {
+			// Expired on the server before the keepalives told the
+			// client: start a new one rather than ask again.
+			closeSession(s)
+			s = nil
+		}
+		if err != nil {
 			continue
 		}
 		w.iteration(ctx, h, n)
@@ -89,8 +93,15 @@ func RunWorker(ctx context.Context, cfg WorkerConfig, out io.Writer) error {
 	return nil
 }
 
+// closeSession closes a session, giving the service a second to hear it.
+func closeSession(s *client.Session) {
+	ctx, cancel := context.WithTimeout(context.Background(), time.Second)
+	defer cancel()
+	s.Close(ctx)
+}
+
 // acquire takes the lock and starts the grant's hold.
-func (w *worker) acquire(ctx context.Context, s *client.Session, m *client.Mutex) (*hold, bool) {
+func (w *worker) acquire(ctx context.Context, s *client.Session, m *client.Mutex) (*hold, error) {
 	op := w.rep.invoke("acquire", w.cfg.Lock, 0, "")
 	lockCtx, cancel := context.WithTimeout(ctx, 5*time.Second)
 	g, err := m.Lock(lockCtx)
@@ -99,11 +110,11 @@ func (w *worker) acquire(ctx context.Context, s *client.Session, m *client.Mutex
 	if err != nil {
 		op.Result, op.Err = Unknown, err.Error()
 		w.rep.completeAt(now, op)
-		return nil, false
+		return nil, err
 	}
 	op.Result, op.Token = OK, g.Token()
 	w.rep.completeAt(now, op)
-	return startHold(w.rep, now, s, g), true
+	return startHold(w.rep, now, s, g), nil
 }
 
 // release ends the hold, then releases the lock. A release that fails
