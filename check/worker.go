@@ -151,25 +151,41 @@ func startHold(rep *reporter, start time.Time, s *client.Session, g *client.Gran
 	return h
 }
 
+// errSafeUntilPassed ends a hold whose worker found its session's
+// safe-until passed before the session was declared lost.
+var errSafeUntilPassed = errors.New("the session's safe-until deadline passed")
+
 // lost ends the hold when the grant's context ended before its release.
 func (h *hold) lost() {
 	learned := time.Now()
-	end := learned
-	if safe := h.s.SafeUntil(); safe.UnixNano() < end.UnixNano() {
-		end = safe
-	}
-	h.finish(end, learned, context.Cause(h.g.Context()))
+	h.finish(h.endAt(learned), learned, context.Cause(h.g.Context()))
 }
 
 // release ends the hold as the worker is about to release the grant, or
-// waits until lost has reported the end that came first.
+// waits until lost has reported the end that came first. A worker that
+// stopped because its safe-until passed may get here before its session
+// is declared lost: its belief ended at safe-until all the same.
 func (h *hold) release() {
 	if !h.stop() {
 		<-h.ended
 		return
 	}
 	now := time.Now()
-	h.finish(now, now, nil)
+	end := h.endAt(now)
+	var cause error
+	if end.Before(now) {
+		cause = errSafeUntilPassed
+	}
+	h.finish(end, now, cause)
+}
+
+// endAt is when a belief learned to be over at now ended: now, or the
+// session's safe-until deadline if that came first.
+func (h *hold) endAt(now time.Time) time.Time {
+	if safe := h.s.SafeUntil(); safe.Before(now) {
+		return safe
+	}
+	return now
 }
 
 func (h *hold) finish(end, learned time.Time, cause error) {
