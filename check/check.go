@@ -261,12 +261,6 @@ func (r *runner) workerTTL() time.Duration {
 	return 3*time.Second + time.Duration(r.rng.IntN(1001))*time.Millisecond
 }
 
-// ttlRange returns the shortest and the longest TTL of the workers.
-func (r *runner) ttlRange() (lo, hi time.Duration) {
-	lo, hi = slices.Min(r.ttls), slices.Max(r.ttls)
-	return lo, hi
-}
-
 func freePort() (string, error) {
 	ln, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {

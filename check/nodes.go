@@ -8,6 +8,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"slices"
 	"sort"
 	"strings"
 	"syscall"
@@ -230,26 +231,24 @@ func (r *runner) serverPauseHold(kind string) time.Duration {
 	if kind == FaultPauseLeader {
 		return r.pauseLeaderHold()
 	}
-	_, ttl := r.ttlRange()
-	return time.Duration((0.5 + r.rng.Float64()) * float64(ttl))
+	return time.Duration((0.5 + r.rng.Float64()) * float64(slices.Max(r.ttls)))
 }
 
 // pauseLeaderHold draws how long to stop the leader, so that it is deposed
-// but answers, when continued, keepalives a worker sent it while it was
-// stopped: the worker's client waits for such a call until its safe-until,
-// at most 0.99*TTL - 100ms after the last keepalive that got through,
+// and then, continued, may answer a keepalive a worker sent it while it was
+// stopped as if it still led. The worker's client awaits that keepalive
+// until its safe-until: at most 0.99*TTL - 100ms after its last renewal,
 // sent before the pause. The new leader gives each session a full TTL
-// from its election; the worker's next keepalive, TTL/3 after the stale
-// answer, must come after that, or the new leader renews the session in
-// time. Hence at least 2*TTL/3 plus the election (about 300ms with the
-// checker's raft timeouts) and at most 0.99*TTL - 100ms, over the range
-// of the workers' TTLs.
+// from its election, and expires the worker's session only if the
+// worker's next keepalive, TTL/3 after the stale answer, comes later. So
+// the pause must outlast 2*TTL/3 plus the election (0.4 to 0.7s measured
+// with the checker's 250ms raft timeouts), and any more only narrows the
+// set of workers whose keepalive is still awaited. It is aimed at one
+// worker's TTL, drawn at random, plus an election of 0.5 to 0.8s.
 func (r *runner) pauseLeaderHold() time.Duration {
-	short, long := r.ttlRange()
-	lo := 2*short/3 + 300*time.Millisecond
-	hi := time.Duration(0.99*float64(long)) - 100*time.Millisecond
-	hi = max(hi, lo+200*time.Millisecond) // a TTL too short for the window
-	return lo + time.Duration(r.rng.Float64()*float64(hi-lo))
+	ttl := r.ttls[r.rng.IntN(len(r.ttls))]
+	election := 500*time.Millisecond + time.Duration(r.rng.IntN(301))*time.Millisecond
+	return 2*ttl/3 + election
 }
 
 // pauseNode stops a server with SIGSTOP for hold (or until ctx ends), then
