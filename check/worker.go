@@ -70,10 +70,18 @@ func RunWorker(ctx context.Context, cfg WorkerConfig, out io.Writer) error {
 	}()
 	for n := 0; ctx.Err() == nil; n++ {
 		if s == nil || s.Err() != nil {
+			lost := s
 			if s, err = locks.NewSession(ctx, client.WithTTL(cfg.TTL), client.WithOwner("check worker "+strconv.Itoa(cfg.ID))); err != nil {
-				s = nil
+				s = lost
 				sleep(ctx, 50*time.Millisecond)
 				continue
+			}
+			if lost != nil {
+				// The client closes a lost session only on the node
+				// that answered last, which may be down; now that a
+				// node answers, close it there, so that its grant and
+				// its waits do not hold up the others until it expires.
+				closeSession(lost)
 			}
 		}
 		m := client.NewMutex(s, cfg.Lock)
