@@ -36,6 +36,14 @@ const (
 	// ViolationNodeDied: a server the checker restarted exited by itself
 	// (it could not reopen its data after a kill, for example).
 	ViolationNodeDied = "node-died"
+	// ViolationBeliefOverlap: two workers believed they held the exclusive
+	// lock at once (their holds overlap), though the resource may have
+	// refused one of them.
+	ViolationBeliefOverlap = "belief-overlap"
+	// ViolationWriteAfterHold: a worker started a write after its belief in
+	// the grant had ended: the client wrote under a grant it knew, or could
+	// have known, to be gone.
+	ViolationWriteAfterHold = "write-after-hold"
 )
 
 // Final is the state read at the end of a run.
@@ -50,18 +58,26 @@ type Final struct {
 type Analysis struct {
 	Ops, Acquires, Writes, Rejected, Unknown int
 	AckedIncrements, UnknownIncrements       int
-	Violations                               []Violation
+	// Holds counts the workers' beliefs that they held a grant; those of
+	// unknown end (the worker was killed) are checked against nothing.
+	Holds, HoldsUnknownEnd int
+	Violations             []Violation
 	// Linearizability is porcupine's verdict: "ok", "illegal" or "unknown" (timed out).
 	Linearizability string
 	// LinearizationInfo is porcupine's, for its visualization.
 	LinearizationInfo porcupine.LinearizationInfo
 }
 
-// Analyze checks a history and the final state against fence's guarantees.
+// Analyze checks a history and the final state against fence's guarantees,
+// and the workers' holds against exclusion: no two workers believe they
+// hold the lock at once, and none starts a write after its belief ended.
 func Analyze(ops []Op, final Final, prefix string, timeout time.Duration) Analysis {
 	var a Analysis
-	a.Ops = len(ops)
 	for _, op := range ops {
+		if op.Kind == "hold" {
+			continue // not a call: counted by checkBeliefs
+		}
+		a.Ops++
 		switch op.Result {
 		case Rejected:
 			a.Rejected++
@@ -76,6 +92,7 @@ func Analyze(ops []Op, final Final, prefix string, timeout time.Duration) Analys
 		}
 	}
 	a.checkTokenOrder(ops)
+	a.checkBeliefs(ops)
 	a.checkStaleWrites(ops)
 	a.checkCounter(ops, final, prefix+"counter")
 	a.checkList(ops, final, prefix+"list")

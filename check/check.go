@@ -21,6 +21,7 @@ import (
 	"net"
 	"os"
 	"os/exec"
+	"slices"
 	"strconv"
 	"strings"
 	"sync"
@@ -44,7 +45,10 @@ type Config struct {
 	Workers  int
 	Duration time.Duration
 	Seed     uint64
-	// TTL of the workers' sessions; pauses last longer than it.
+	// TTL of the workers' sessions; pauses of workers last longer than it.
+	// Zero means 1s, or, when pause-leader may be injected, a TTL of 3 to
+	// 4s that each worker process draws from the seeded schedule (see
+	// workerTTL).
 	TTL time.Duration
 	// Faults to inject, from FaultKinds; nil means all that apply.
 	Faults []string
@@ -66,10 +70,15 @@ const (
 	FaultKillServer = "kill-server" // SIGKILL a server, restart it on its data
 	FaultKillLeader = "kill-leader" // SIGKILL the cluster's leader, restart it
 	FaultPartition  = "partition"   // cut the leader off from the majority, then heal
+	// FaultPauseLeader: SIGSTOP the leader until after the others elected
+	// a new one and before keepalives sent to it time out, then SIGCONT:
+	// the deposed leader must not answer them as if it still led.
+	FaultPauseLeader   = "pause-leader"
+	FaultPauseFollower = "pause-follower" // SIGSTOP a follower for about a TTL, then SIGCONT
 )
 
 // FaultKinds lists the faults the checker knows, in a stable order.
-var FaultKinds = []string{FaultPause, FaultKillWorker, FaultKillServer, FaultKillLeader, FaultPartition}
+var FaultKinds = []string{FaultPause, FaultKillWorker, FaultKillServer, FaultKillLeader, FaultPartition, FaultPauseLeader, FaultPauseFollower}
 
 // FaultEvent is a fault that was injected.
 type FaultEvent struct {
@@ -118,6 +127,8 @@ type runner struct {
 	links   map[[2]int]*netproxy.Link
 	workers []*proc
 	runs    []int
+	ttls    []time.Duration // of each worker's current process
+	drawTTL bool            // each worker process draws its TTL
 	faults  []FaultEvent
 	dataDir string
 	wg      sync.WaitGroup
@@ -128,9 +139,6 @@ type runner struct {
 func Run(ctx context.Context, cfg Config) (*Result, error) {
 	if cfg.Workers <= 0 {
 		cfg.Workers = 5
-	}
-	if cfg.TTL <= 0 {
-		cfg.TTL = time.Second
 	}
 	if cfg.FaultInterval <= 0 {
 		cfg.FaultInterval = 2 * time.Second
@@ -148,6 +156,10 @@ func Run(ctx context.Context, cfg Config) (*Result, error) {
 	kinds, err := r.faultKinds()
 	if err != nil {
 		return nil, err
+	}
+	r.drawTTL = r.cfg.TTL <= 0 && slices.Contains(kinds, FaultPauseLeader)
+	if r.cfg.TTL <= 0 {
+		r.cfg.TTL = time.Second
 	}
 	res := &Result{Seed: cfg.Seed, Started: time.Now()}
 	if cfg.Nodes <= 0 {
@@ -168,12 +180,13 @@ func Run(ctx context.Context, cfg Config) (*Result, error) {
 	}
 	r.workers = make([]*proc, cfg.Workers)
 	r.runs = make([]int, cfg.Workers)
+	r.ttls = make([]time.Duration, cfg.Workers)
 	for i := range r.workers {
 		if err := r.startWorker(i); err != nil {
 			return nil, err
 		}
 	}
-	fmt.Fprintf(r.log, "check: %d workers, seed %d, faults %v, for %v\n", cfg.Workers, cfg.Seed, kinds, cfg.Duration)
+	fmt.Fprintf(r.log, "check: %d workers, seed %d, faults %v, TTLs %v, for %v\n", cfg.Workers, cfg.Seed, kinds, r.ttls, cfg.Duration)
 
 	runCtx, cancel := context.WithTimeout(ctx, cfg.Duration)
 	r.injectFaults(runCtx, kinds)
@@ -214,12 +227,38 @@ func (r *runner) faultKinds() ([]string, error) {
 		if k == FaultKillServer && len(r.cfg.Endpoints) > 0 {
 			continue // not our server to kill
 		}
-		if (k == FaultKillLeader || k == FaultPartition) && (len(r.cfg.Endpoints) > 0 || r.cfg.Nodes < 3) {
+		if groupFault(k) && (len(r.cfg.Endpoints) > 0 || r.cfg.Nodes < 3) {
 			continue // needs a cluster of our own
 		}
 		out = append(out, k)
 	}
 	return out, nil
+}
+
+// groupFault reports whether a fault needs a group of the checker's own.
+func groupFault(kind string) bool {
+	switch kind {
+	case FaultKillLeader, FaultPartition, FaultPauseLeader, FaultPauseFollower:
+		return true
+	}
+	return false
+}
+
+// workerTTL draws the TTL of a worker process about to start. With
+// pause-leader and no TTL given it is 3 to 4s, so that the window
+// pauseLeaderHold aims for exists: keepalives go out every TTL/3, and one
+// sent to the paused leader must have been sent more than the client's
+// safety margin (100ms and 1% of the TTL) after the new leader took over,
+// 0.3 to 0.6s after the pause began with the checker's 250ms raft
+// timeouts. Each process draws its own, so that the workers' keepalives,
+// which start in step, drift apart: a pause then catches each at another
+// point of its cycle, and one worker can lose its session while another
+// is renewed by the deposed leader.
+func (r *runner) workerTTL() time.Duration {
+	if !r.drawTTL {
+		return r.cfg.TTL
+	}
+	return 3*time.Second + time.Duration(r.rng.IntN(1001))*time.Millisecond
 }
 
 func freePort() (string, error) {
@@ -233,8 +272,9 @@ func freePort() (string, error) {
 
 func (r *runner) startWorker(i int) error {
 	r.runs[i]++
+	r.ttls[i] = r.workerTTL()
 	args := []string{"check-worker", "--endpoints", strings.Join(r.cfg.Endpoints, ","), "--id", strconv.Itoa(i), "--run", strconv.Itoa(r.runs[i]),
-		"--ttl", r.cfg.TTL.String(), "--prefix", r.prefix, "--seed", strconv.FormatUint(r.cfg.Seed, 10)}
+		"--ttl", r.ttls[i].String(), "--prefix", r.prefix, "--seed", strconv.FormatUint(r.cfg.Seed, 10)}
 	if r.cfg.Unsafe {
 		args = append(args, "--unsafe")
 	}
@@ -294,7 +334,7 @@ func (r *runner) injectFaults(ctx context.Context, kinds []string) {
 			if !ok || r.rng.IntN(4) == 0 {
 				i = r.rng.IntN(len(r.workers))
 			}
-			hold := r.cfg.TTL + time.Duration((0.5+r.rng.Float64())*float64(r.cfg.TTL))
+			hold := r.ttls[i] + time.Duration((0.5+r.rng.Float64())*float64(r.ttls[i]))
 			ev.Target = r.workers[i].name
 			r.workers[i].signal(syscall.SIGSTOP)
 			select {
@@ -332,6 +372,14 @@ func (r *runner) injectFaults(ctx context.Context, kinds []string) {
 			case <-time.After(time.Duration((1 + r.rng.Float64()) * float64(time.Second))):
 			}
 			r.partition(n, false)
+		case FaultPauseLeader, FaultPauseFollower:
+			n := r.pauseTarget(kind)
+			if n == nil {
+				continue
+			}
+			ev.Target = n.name()
+			ev.Start = time.Now()
+			r.pauseNode(ctx, n, r.serverPauseHold(kind))
 		}
 		ev.End = time.Now()
 		fmt.Fprintf(r.log, "check: %s %s (%v)\n", ev.Kind, ev.Target, ev.End.Sub(ev.Start).Round(time.Millisecond))

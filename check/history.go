@@ -23,12 +23,21 @@ const (
 // the operation (End 0, no Result) and once when it completes. An
 // invocation without a completion (the worker was killed) has an unknown
 // outcome.
+//
+// A hold is not a call but the worker's belief that it holds a grant
+// (Key is the lock, Token the grant's): it starts when Lock returned the
+// grant and ends when the worker began to release it, or, when the grant
+// ended otherwise (its session was lost or expired), at the session's
+// safe-until deadline if that came before the worker learned of the end
+// (a paused worker learns late). Learned is when the worker learned that
+// the grant had ended, and Err why, if not by its release. A hold that
+// never completed (the worker was killed) has an unknown end.
 type Op struct {
 	// ID is unique per worker process run.
 	ID     int    `json:"id"`
 	Worker int    `json:"w"`
 	Run    int    `json:"run"` // which process of the worker (it is restarted after a kill)
-	Kind   string `json:"op"`  // acquire, release, get, put, sql-incr
+	Kind   string `json:"op"`  // acquire, hold, release, get, put, sql-incr
 	Key    string `json:"key,omitempty"`
 	// Value is what a put wrote, or what a get read.
 	Value string `json:"value,omitempty"`
@@ -40,6 +49,8 @@ type Op struct {
 	End    int64  `json:"end,omitempty"`
 	Result string `json:"result,omitempty"`
 	Err    string `json:"err,omitempty"`
+	// Learned is, for a hold, when the worker learned that it had ended.
+	Learned int64 `json:"learned,omitempty"`
 }
 
 func (o Op) String() string {
@@ -73,16 +84,24 @@ type reporter struct {
 }
 
 func (r *reporter) invoke(kind, key string, token uint64, value string) Op {
+	return r.invokeAt(time.Now(), kind, key, token, value)
+}
+
+// invokeAt reports an operation that started at the given instant.
+func (r *reporter) invokeAt(start time.Time, kind, key string, token uint64, value string) Op {
 	r.mu.Lock()
 	r.next++
-	op := Op{ID: r.next, Worker: r.worker, Run: r.run, Kind: kind, Key: key, Token: token, Value: value, Start: time.Now().UnixNano()}
+	op := Op{ID: r.next, Worker: r.worker, Run: r.run, Kind: kind, Key: key, Token: token, Value: value, Start: start.UnixNano()}
 	r.mu.Unlock()
 	r.emit(op)
 	return op
 }
 
-func (r *reporter) complete(op Op) {
-	op.End = time.Now().UnixNano()
+func (r *reporter) complete(op Op) { r.completeAt(time.Now(), op) }
+
+// completeAt reports an operation that ended at the given instant.
+func (r *reporter) completeAt(end time.Time, op Op) {
+	op.End = end.UnixNano()
 	r.emit(op)
 }
 

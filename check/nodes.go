@@ -8,6 +8,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"slices"
 	"sort"
 	"strings"
 	"syscall"
@@ -207,4 +208,59 @@ func lastLines(s string, n int) string {
 		lines = lines[len(lines)-n:]
 	}
 	return strings.Join(lines, "\n")
+}
+
+// pauseTarget picks the node a pause fault stops: the leader, or one of
+// the followers at random.
+func (r *runner) pauseTarget(kind string) *node {
+	leader := r.leaderNode()
+	if leader == nil || kind == FaultPauseLeader {
+		return leader
+	}
+	var followers []*node
+	for _, n := range r.nodes {
+		if n != leader {
+			followers = append(followers, n)
+		}
+	}
+	return followers[r.rng.IntN(len(followers))]
+}
+
+// serverPauseHold draws how long a pause fault stops a server.
+func (r *runner) serverPauseHold(kind string) time.Duration {
+	if kind == FaultPauseLeader {
+		return r.pauseLeaderHold()
+	}
+	return time.Duration((0.5 + r.rng.Float64()) * float64(slices.Max(r.ttls)))
+}
+
+// pauseLeaderHold draws how long to stop the leader, so that it is deposed
+// and then, continued, may answer a keepalive a worker sent it while it was
+// stopped as if it still led. The worker's client awaits that keepalive
+// until its safe-until: at most 0.99*TTL - 100ms after its last renewal,
+// sent before the pause. The new leader gives each session a full TTL
+// from its election, and expires the worker's session only if the
+// worker's next keepalive, TTL/3 after the stale answer, comes later. So
+// the pause must outlast 2*TTL/3 plus the election (0.4 to 0.7s measured
+// with the checker's 250ms raft timeouts), and any more only narrows the
+// set of workers whose keepalive is still awaited. It is aimed at one
+// worker's TTL, drawn at random, plus an election of 0.5 to 0.8s.
+func (r *runner) pauseLeaderHold() time.Duration {
+	ttl := r.ttls[r.rng.IntN(len(r.ttls))]
+	election := 500*time.Millisecond + time.Duration(r.rng.IntN(301))*time.Millisecond
+	return 2*ttl/3 + election
+}
+
+// pauseNode stops a server with SIGSTOP for hold (or until ctx ends), then
+// continues it.
+func (r *runner) pauseNode(ctx context.Context, n *node, hold time.Duration) {
+	r.mu.Lock()
+	p := n.proc
+	r.mu.Unlock()
+	p.signal(syscall.SIGSTOP)
+	select {
+	case <-ctx.Done():
+	case <-time.After(hold):
+	}
+	p.signal(syscall.SIGCONT)
 }

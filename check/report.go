@@ -39,18 +39,11 @@ func (r *Result) page() *timeline.Page {
 	}
 	tl.Lanes = append(tl.Lanes, "server")
 
-	// Leases: from a grant to the worker's next release of it.
-	open := map[[2]int]Op{}
+	// Leases: the workers' holds, from a grant to the end of the belief.
 	for _, op := range r.Ops {
-		key := [2]int{op.Worker, op.Run}
 		switch {
-		case op.Kind == "acquire" && op.Result == OK:
-			open[key] = op
-		case op.Kind == "release":
-			if g, ok := open[key]; ok {
-				tl.Spans = append(tl.Spans, timeline.Span{Lane: lane(op.Worker), Start: at(g.End), End: at(op.Start), Kind: timeline.SpanLease, Label: "token " + strconv.FormatUint(g.Token, 10)})
-				delete(open, key)
-			}
+		case op.Kind == "hold" && op.End != 0:
+			tl.Spans = append(tl.Spans, timeline.Span{Lane: lane(op.Worker), Start: at(op.Start), End: at(op.End), Kind: timeline.SpanLease, Label: "token " + strconv.FormatUint(op.Token, 10)})
 		case op.Kind == "put" && op.Result == Rejected:
 			tl.Marks = append(tl.Marks, timeline.Mark{Lane: lane(op.Worker), At: at(op.End), Kind: timeline.MarkWriteRejected, Label: "refused, token " + strconv.FormatUint(op.Token, 10)})
 		}
@@ -58,18 +51,22 @@ func (r *Result) page() *timeline.Page {
 	for _, f := range r.Faults {
 		l := f.Target
 		kind := timeline.SpanDown
+		label := f.Kind
 		switch f.Kind {
 		case FaultPause:
 			kind = timeline.SpanPaused
 		case FaultKillServer:
 			l = "server"
+		case FaultPauseLeader, FaultPauseFollower:
+			l, kind, label = "server", timeline.SpanPaused, f.Kind+" "+f.Target
 		}
-		tl.Spans = append(tl.Spans, timeline.Span{Lane: l, Start: f.Start, End: f.End, Kind: kind, Label: f.Kind})
-		tl.Marks = append(tl.Marks, timeline.Mark{Lane: l, At: f.Start, Kind: timeline.MarkFault, Label: f.Kind})
+		tl.Spans = append(tl.Spans, timeline.Span{Lane: l, Start: f.Start, End: f.End, Kind: kind, Label: label})
+		tl.Marks = append(tl.Marks, timeline.Mark{Lane: l, At: f.Start, Kind: timeline.MarkFault, Label: label})
 	}
 	a := r.Analysis
 	tl.Notes = append(tl.Notes,
 		fmt.Sprintf("%d operations: %d grants, %d accepted writes, %d refused, %d of unknown outcome; %d faults.", a.Ops, a.Acquires, a.Writes, a.Rejected, a.Unknown, len(r.Faults)),
+		fmt.Sprintf("%d holds (beliefs that a grant was held), %d of unknown end (their worker was killed), not checked for overlap.", a.Holds, a.HoldsUnknownEnd),
 		fmt.Sprintf("Counter %s after %d acknowledged increments (%d of unknown outcome). Linearizability: %s.", orZero(r.Final.Counter), a.AckedIncrements, a.UnknownIncrements, a.Linearizability))
 	if len(a.Violations) == 0 {
 		tl.Notes = append(tl.Notes, "No violations.")

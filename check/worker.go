@@ -37,9 +37,13 @@ type SQLTarget interface {
 }
 
 // RunWorker loops until ctx ends: take the lock, read-modify-write the
-// counter, append to the list, release. Every operation is reported on out.
-// A worker keeps writing after its lease may be lost, as a paused process
-// would: it is the resource's job to refuse it.
+// counter, append to the list, release. Every operation is reported on out,
+// and so is each grant's hold: the interval in which the worker believed it
+// held the lock. Before each write the worker checks, as a careful client
+// does, that it still holds the grant (its context is live and its
+// session's safe-until deadline has not passed); then it thinks a little
+// and writes. A pause between that check and the write leaves a write with
+// a token that may be stale: it is the resource's job to refuse it.
 func RunWorker(ctx context.Context, cfg WorkerConfig, out io.Writer) error {
 	rep := &reporter{w: out, worker: cfg.ID, run: cfg.Run}
 	// Locks may be retried (acquire is idempotent); writes must not be, or an
@@ -61,42 +65,152 @@ func RunWorker(ctx context.Context, cfg WorkerConfig, out io.Writer) error {
 	var s *client.Session
 	defer func() {
 		if s != nil {
-			closeCtx, cancel := context.WithTimeout(context.Background(), time.Second)
-			s.Close(closeCtx)
-			cancel()
+			closeSession(s)
 		}
 	}()
 	for n := 0; ctx.Err() == nil; n++ {
 		if s == nil || s.Err() != nil {
+			lost := s
 			if s, err = locks.NewSession(ctx, client.WithTTL(cfg.TTL), client.WithOwner("check worker "+strconv.Itoa(cfg.ID))); err != nil {
-				s = nil
+				s = lost
 				sleep(ctx, 50*time.Millisecond)
 				continue
 			}
+			if lost != nil {
+				// The client closes a lost session only on the node
+				// that answered last, which may be down; now that a
+				// node answers, close it there, so that its grant and
+				// its waits do not hold up the others until it expires.
+				closeSession(lost)
+			}
 		}
 		m := client.NewMutex(s, cfg.Lock)
-		op := rep.invoke("acquire", cfg.Lock, 0, "")
-		lockCtx, cancel := context.WithTimeout(ctx, 5*time.Second)
-		g, err := m.Lock(lockCtx)
-		cancel()
+		h, err := w.acquire(ctx, s, m)
+		if errors.Is(err, fence.ErrSessionNotFound) {
+			// Expired on the server before the keepalives told the
+			// client: start a new one rather than ask again.
+			closeSession(s)
+			s = nil
+		}
 		if err != nil {
-			op.Result, op.Err = Unknown, err.Error()
-			rep.complete(op)
 			continue
 		}
-		op.Result, op.Token = OK, g.Token()
-		rep.complete(op)
-
-		w.iteration(ctx, g.Token(), n)
-
-		op = rep.invoke("release", cfg.Lock, g.Token(), "")
-		op.Result = OK
-		if err := m.Unlock(context.Background()); err != nil {
-			op.Result, op.Err = Unknown, err.Error()
-		}
-		rep.complete(op)
+		w.iteration(ctx, h, n)
+		w.release(m, h)
 	}
 	return nil
+}
+
+// closeSession closes a session, giving the service a second to hear it.
+func closeSession(s *client.Session) {
+	ctx, cancel := context.WithTimeout(context.Background(), time.Second)
+	defer cancel()
+	s.Close(ctx)
+}
+
+// acquire takes the lock and starts the grant's hold.
+func (w *worker) acquire(ctx context.Context, s *client.Session, m *client.Mutex) (*hold, error) {
+	op := w.rep.invoke("acquire", w.cfg.Lock, 0, "")
+	lockCtx, cancel := context.WithTimeout(ctx, 5*time.Second)
+	g, err := m.Lock(lockCtx)
+	cancel()
+	now := time.Now()
+	if err != nil {
+		op.Result, op.Err = Unknown, err.Error()
+		w.rep.completeAt(now, op)
+		return nil, err
+	}
+	op.Result, op.Token = OK, g.Token()
+	w.rep.completeAt(now, op)
+	return startHold(w.rep, now, s, g), nil
+}
+
+// release ends the hold, then releases the lock. A release that fails
+// leaves the lock to expire with the session; the hold ended anyway.
+func (w *worker) release(m *client.Mutex, h *hold) {
+	h.release()
+	op := w.rep.invoke("release", w.cfg.Lock, h.g.Token(), "")
+	op.Result = OK
+	if err := m.Unlock(context.Background()); err != nil {
+		op.Result, op.Err = Unknown, err.Error()
+	}
+	w.rep.complete(op)
+}
+
+// hold is a worker's belief that it holds a grant, reported as a "hold"
+// op from when Lock returned the grant until the worker begins to release
+// it, or until the grant's context ends otherwise (the session was lost or
+// expired). In that case the belief ended at the session's safe-until
+// deadline, if it came before the worker learned of the end: a worker
+// paused past that deadline learns late, but could believe no longer.
+type hold struct {
+	rep   *reporter
+	op    Op
+	s     *client.Session
+	g     *client.Grant
+	stop  func() bool   // stops watching the grant's context
+	ended chan struct{} // closed once the hold is reported ended
+}
+
+func startHold(rep *reporter, start time.Time, s *client.Session, g *client.Grant) *hold {
+	h := &hold{rep: rep, s: s, g: g, ended: make(chan struct{})}
+	h.op = rep.invokeAt(start, "hold", g.Lock(), g.Token(), "")
+	h.stop = context.AfterFunc(g.Context(), h.lost)
+	return h
+}
+
+// errSafeUntilPassed ends a hold whose worker found its session's
+// safe-until passed before the session was declared lost.
+var errSafeUntilPassed = errors.New("the session's safe-until deadline passed")
+
+// lost ends the hold when the grant's context ended before its release.
+func (h *hold) lost() {
+	learned := time.Now()
+	h.finish(h.endAt(learned), learned, context.Cause(h.g.Context()))
+}
+
+// release ends the hold as the worker is about to release the grant, or
+// waits until lost has reported the end that came first. A worker that
+// stopped because its safe-until passed may get here before its session
+// is declared lost: its belief ended at safe-until all the same.
+func (h *hold) release() {
+	if !h.stop() {
+		<-h.ended
+		return
+	}
+	now := time.Now()
+	end := h.endAt(now)
+	var cause error
+	if end.Before(now) {
+		cause = errSafeUntilPassed
+	}
+	h.finish(end, now, cause)
+}
+
+// endAt is when a belief learned to be over at now ended: now, or the
+// session's safe-until deadline if that came first.
+func (h *hold) endAt(now time.Time) time.Time {
+	if safe := h.s.SafeUntil(); safe.Before(now) {
+		return safe
+	}
+	return now
+}
+
+func (h *hold) finish(end, learned time.Time, cause error) {
+	op := h.op
+	op.Result, op.Learned = OK, learned.UnixNano()
+	if cause != nil {
+		op.Err = cause.Error()
+	}
+	h.rep.completeAt(end, op)
+	close(h.ended)
+}
+
+// live reports whether the worker may still believe it holds the grant:
+// its context has not ended and its session's safe-until deadline has not
+// passed (the keepalive goroutine may not have noticed yet).
+func (h *hold) live() bool {
+	return h.g.Err() == nil && time.Now().Before(h.s.SafeUntil())
 }
 
 type worker struct {
@@ -107,32 +221,55 @@ type worker struct {
 }
 
 // iteration is the protected work: read-modify-write of the counter, then
-// of the list, with a little think time between read and write, which is
-// where a pause does its damage.
-func (w *worker) iteration(ctx context.Context, token uint64, n int) {
-	counter, ok := w.get(ctx, w.cfg.Prefix+"counter", token)
-	if ok {
+// of the list. It stops at the first write the worker no longer holds the
+// grant for.
+func (w *worker) iteration(ctx context.Context, h *hold, n int) {
+	token := h.g.Token()
+	if counter, ok := w.get(ctx, w.cfg.Prefix+"counter", token); ok {
 		v, _ := strconv.Atoi(counter)
-		w.think(ctx)
-		w.put(ctx, w.cfg.Prefix+"counter", strconv.Itoa(v+1), token)
+		if !w.put(ctx, h, w.cfg.Prefix+"counter", strconv.Itoa(v+1)) {
+			return
+		}
 	}
-	list, ok := w.get(ctx, w.cfg.Prefix+"list", token)
-	if ok {
+	if list, ok := w.get(ctx, w.cfg.Prefix+"list", token); ok {
 		item := "w" + strconv.Itoa(w.cfg.ID) + "." + strconv.Itoa(w.cfg.Run) + "." + strconv.Itoa(n)
 		if list != "" {
 			item = list + "," + item
 		}
-		w.think(ctx)
-		w.put(ctx, w.cfg.Prefix+"list", item, token)
+		if !w.put(ctx, h, w.cfg.Prefix+"list", item) {
+			return
+		}
 	}
 	if w.cfg.SQL != nil {
-		op := w.rep.invoke("sql-incr", "sql/counter", token, "")
-		op.Result = OK
-		if err := w.cfg.SQL.Increment(ctx, token, w.cfg.Unsafe); err != nil {
-			op.Result, op.Err = classify(err), err.Error()
-		}
-		w.rep.complete(op)
+		w.sqlIncrement(ctx, h)
 	}
+}
+
+// startWrite checks that the worker still holds the grant and, if so,
+// reports a write as started then (the instant before the check, so that
+// a write reported started after the hold's end is one the worker made
+// knowing better), and thinks a little: between the check and the write
+// is where a pause does its damage.
+func (w *worker) startWrite(ctx context.Context, h *hold, kind, key, value string) (Op, bool) {
+	start := time.Now()
+	if !h.live() {
+		return Op{}, false
+	}
+	op := w.rep.invokeAt(start, kind, key, h.g.Token(), value)
+	w.think(ctx)
+	return op, true
+}
+
+func (w *worker) sqlIncrement(ctx context.Context, h *hold) {
+	op, ok := w.startWrite(ctx, h, "sql-incr", "sql/counter", "")
+	if !ok {
+		return
+	}
+	op.Result = OK
+	if err := w.cfg.SQL.Increment(ctx, op.Token, w.cfg.Unsafe); err != nil {
+		op.Result, op.Err = classify(err), err.Error()
+	}
+	w.rep.complete(op)
 }
 
 func (w *worker) think(ctx context.Context) {
@@ -155,11 +292,16 @@ func (w *worker) get(ctx context.Context, key string, token uint64) (string, boo
 	return op.Value, true
 }
 
-func (w *worker) put(ctx context.Context, key, value string, token uint64) {
-	op := w.rep.invoke("put", key, token, value)
+// put writes under the grant, if the worker still holds it; it reports
+// whether it did.
+func (w *worker) put(ctx context.Context, h *hold, key, value string) bool {
+	op, ok := w.startWrite(ctx, h, "put", key, value)
+	if !ok {
+		return false
+	}
 	var opts []client.WriteOption
 	if !w.cfg.Unsafe {
-		opts = append(opts, client.WithToken(w.cfg.Lock, token), client.Strict())
+		opts = append(opts, client.WithToken(w.cfg.Lock, op.Token), client.Strict())
 	}
 	rev, err := w.kv.Put(ctx, key, []byte(value), opts...)
 	op.Result, op.Rev = OK, rev
@@ -167,6 +309,7 @@ func (w *worker) put(ctx context.Context, key, value string, token uint64) {
 		op.Result, op.Err = classify(err), err.Error()
 	}
 	w.rep.complete(op)
+	return true
 }
 
 // classify tells a refusal, which had no effect, from a failure whose
