@@ -393,9 +393,6 @@ func (c *Client) endpointFor(addr string) int {
 	return len(c.endpoints) - 1
 }
 
-// leader returns the endpoint that answered last.
-func (c *Client) leader() *endpoint { return c.endpointAt(c.currentIndex()) }
-
 // Status describes the node at the first endpoint that answers.
 func (c *Client) Status(ctx context.Context) (*fencev1.StatusResponse, error) {
 	var out *fencev1.StatusResponse

@@ -3,6 +3,8 @@ package client
 import (
 	"context"
 	"errors"
+	"fmt"
+	"net"
 	"strings"
 	"testing"
 	"time"
@@ -293,5 +295,44 @@ func TestRWMutex(t *testing.T) {
 	}
 	if err := w.Unlock(ctx); err != nil {
 		t.Fatal(err)
+	}
+}
+
+// A session the client gives up on is closed on the service at once, even
+// when the node that answered last hangs: the close goes to every node.
+func TestLostSessionIsClosedPastAHungNode(t *testing.T) {
+	srv := startServer(t, nil)
+	hung, err := net.Listen("tcp", "127.0.0.1:0") // accepts, never answers
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer hung.Close()
+	go func() {
+		for {
+			conn, err := hung.Accept()
+			if err != nil {
+				return
+			}
+			defer conn.Close()
+		}
+	}()
+	c, err := New(WithEndpoints(srv.Addr(), hung.Addr().String()))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	ctx := context.Background()
+	s, err := c.NewSession(ctx, WithTTL(time.Hour))
+	if err != nil {
+		t.Fatal(err)
+	}
+	c.setCurrent(c.endpointAt(1)) // the hung node answered last
+	s.lose(fmt.Errorf("%w: given up by the test", fence.ErrSessionLost))
+	status, err := mustClient(t, srv, nil).Status(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if status.GetSessions() != 0 {
+		t.Fatalf("the lost session is still open on the service (%d sessions)", status.GetSessions())
 	}
 }

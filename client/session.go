@@ -13,6 +13,7 @@ import (
 
 	"github.com/fencelock/fence"
 	fencev1 "github.com/fencelock/fence/api/fence/v1"
+	"github.com/fencelock/fence/internal/rpcerr"
 )
 
 // ErrSessionClosed is the cause of a session's end after Close. It wraps
@@ -181,13 +182,29 @@ func (s *Session) end(cause error) { s.cancel(cause) }
 
 // lose ends a session that may have expired on the server, then closes it
 // there, best effort, so that locks the client has given up on are released
-// at once rather than at expiry.
+// at once rather than at expiry. The close goes to every node the client
+// knows at once, for a second: the node that answered last may be the one
+// that hangs, and any node names the leader.
 func (s *Session) lose(cause error) {
 	s.end(cause)
 	ctx, cancel := context.WithTimeout(context.Background(), time.Second)
 	defer cancel()
-	ep := s.client.leader()
-	_, _ = ep.sessions.CloseSession(ctx, connect.NewRequest(&fencev1.CloseSessionRequest{SessionId: s.id}))
+	var wg sync.WaitGroup
+	for i := range s.client.numEndpoints() {
+		wg.Go(func() { s.closeAt(ctx, s.client.endpointAt(i)) })
+	}
+	wg.Wait()
+}
+
+// closeAt asks one node to close the session, and the leader it names if
+// it is not the leader.
+func (s *Session) closeAt(ctx context.Context, ep *endpoint) {
+	req := &fencev1.CloseSessionRequest{SessionId: s.id}
+	_, err := ep.sessions.CloseSession(ctx, connect.NewRequest(req))
+	if leader := leaderHint(rpcerr.FromConnect(err)); leader != "" {
+		ep = s.client.endpointAt(s.client.endpointFor(leader))
+		_, _ = ep.sessions.CloseSession(ctx, connect.NewRequest(req))
+	}
 }
 
 // keepAlive renews the session every TTL/3 and ends it when its safe-until
