@@ -16,6 +16,16 @@ go vet ./...
 echo "== go build for 32-bit (int is 32 bits there)"
 GOARCH=386 go build ./...
 
+echo "== cross-build: the CLI, client, fencing, nolock and fencetest on six platforms"
+# The server may stay Unix-only; what clients and resources import must
+# build (and its tests type-check) wherever they run.
+for os in linux darwin windows; do
+  for arch in amd64 arm64; do
+    GOOS=$os GOARCH=$arch go build -o /dev/null ./cmd/fence
+    GOOS=$os GOARCH=$arch go vet ./client/ ./fencing/... ./nolock/ ./fencetest/
+  done
+done
+
 echo "== generated code"
 scripts/check-generated.sh
 

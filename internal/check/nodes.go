@@ -257,10 +257,10 @@ func (r *runner) pauseNode(ctx context.Context, n *node, hold time.Duration) {
 	r.mu.Lock()
 	p := n.proc
 	r.mu.Unlock()
-	p.signal(syscall.SIGSTOP)
+	p.signal(sigStop)
 	select {
 	case <-ctx.Done():
 	case <-time.After(hold):
 	}
-	p.signal(syscall.SIGCONT)
+	p.signal(sigCont)
 }

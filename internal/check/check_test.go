@@ -9,7 +9,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/fencelock/fence/check"
+	"github.com/fencelock/fence/internal/check"
 	"github.com/fencelock/fence/internal/pgtest"
 	"github.com/fencelock/fence/internal/testbin"
 )

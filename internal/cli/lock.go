@@ -154,8 +154,12 @@ func runLocked(ctx context.Context, g *globals, f lockFlags, name string, argv [
 }
 
 // stopChild sends SIGTERM, then SIGKILL after grace, and waits for the exit.
+// Where SIGTERM cannot be sent (Windows has no signals but kill), the child
+// is ended at once with the system's means (TerminateProcess on Windows).
 func stopChild(child *exec.Cmd, exited <-chan error, grace time.Duration, g *globals) {
-	_ = child.Process.Signal(syscall.SIGTERM)
+	if err := child.Process.Signal(syscall.SIGTERM); err != nil {
+		_ = child.Process.Kill()
+	}
 	t := time.NewTimer(grace)
 	defer t.Stop()
 	select {

@@ -13,7 +13,7 @@ import (
 
 	"github.com/spf13/cobra"
 
-	"github.com/fencelock/fence/check"
+	"github.com/fencelock/fence/internal/check"
 )
 
 func checkCommand(g *globals) *cobra.Command {

@@ -111,7 +111,7 @@ type proc struct {
 func (p *proc) signal(sig syscall.Signal) { _ = p.cmd.Process.Signal(sig) }
 
 func (p *proc) kill() {
-	p.signal(syscall.SIGCONT)
+	p.signal(sigCont)
 	p.signal(syscall.SIGKILL)
 	<-p.done
 }
@@ -137,6 +137,9 @@ type runner struct {
 // Run runs the checker and returns what it found. An error means the run
 // itself could not be carried out; broken guarantees are in the Result.
 func Run(ctx context.Context, cfg Config) (*Result, error) {
+	if err := canPause(); err != nil {
+		return nil, err
+	}
 	if cfg.Workers <= 0 {
 		cfg.Workers = 5
 	}
@@ -336,12 +339,12 @@ func (r *runner) injectFaults(ctx context.Context, kinds []string) {
 			}
 			hold := r.ttls[i] + time.Duration((0.5+r.rng.Float64())*float64(r.ttls[i]))
 			ev.Target = r.workers[i].name
-			r.workers[i].signal(syscall.SIGSTOP)
+			r.workers[i].signal(sigStop)
 			select {
 			case <-ctx.Done():
 			case <-time.After(hold):
 			}
-			r.workers[i].signal(syscall.SIGCONT)
+			r.workers[i].signal(sigCont)
 		case FaultKillWorker:
 			i := r.rng.IntN(len(r.workers))
 			ev.Target = r.workers[i].name
@@ -392,7 +395,7 @@ func (r *runner) injectFaults(ctx context.Context, kinds []string) {
 func (r *runner) stopWorkers() {
 	for _, p := range r.workers {
 		if p != nil {
-			p.signal(syscall.SIGCONT)
+			p.signal(sigCont)
 			p.signal(syscall.SIGTERM)
 		}
 	}
