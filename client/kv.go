@@ -37,9 +37,10 @@ func WithGrant(g *Grant) WriteOption {
 	return func(o *writeOptions) { o.fence.Lock, o.fence.Token = g.Lock(), g.Token() }
 }
 
-// WithToken fences the write with a lock name and token, as passed on by
-// `fence lock` in FENCE_LOCK and FENCE_TOKEN.
-func WithToken(lock string, token uint64) WriteOption {
+// FencedBy fences the write with a lock name and token, as passed on by
+// `fence lock` in FENCE_LOCK and FENCE_TOKEN. (fencing.WithToken, by
+// contrast, puts a token in a context for a resource's middleware.)
+func FencedBy(lock string, token uint64) WriteOption {
 	return func(o *writeOptions) { o.fence.Lock, o.fence.Token = lock, token }
 }
 

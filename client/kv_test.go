@@ -50,12 +50,12 @@ func TestKVRejectsStaleWriter(t *testing.T) {
 		t.Fatal(err)
 	}
 
-	_, err = kv.Put(ctx, "orders/17", []byte("a2"), WithToken("orders", ga.Token()))
+	_, err = kv.Put(ctx, "orders/17", []byte("a2"), FencedBy("orders", ga.Token()))
 	var stale *fence.StaleTokenError
 	if !errors.As(err, &stale) || stale.Token != ga.Token() || stale.Highest != gb.Token() || stale.Key != "orders/17" {
 		t.Fatalf("late write of A: %v, want a StaleTokenError %d < %d", err, ga.Token(), gb.Token())
 	}
-	if _, err := kv.Delete(ctx, "orders/17", WithToken("orders", ga.Token())); !errors.Is(err, fence.ErrStaleToken) {
+	if _, err := kv.Delete(ctx, "orders/17", FencedBy("orders", ga.Token())); !errors.Is(err, fence.ErrStaleToken) {
 		t.Fatalf("late delete of A: %v, want ErrStaleToken", err)
 	}
 	got, err := kv.Get(ctx, "orders/17")
@@ -172,7 +172,7 @@ func TestKVRejectsBadInput(t *testing.T) {
 			t.Errorf("Put(%q, %d bytes) = %v, want ErrInvalidArgument saying %q", tc.key, len(tc.value), err, tc.want)
 		}
 	}
-	if _, err := kv.Put(ctx, "k", []byte("v"), WithToken("l", 1)); !errors.Is(err, fence.ErrInvalidArgument) || !strings.Contains(err.Error(), "never issued") {
+	if _, err := kv.Put(ctx, "k", []byte("v"), FencedBy("l", 1)); !errors.Is(err, fence.ErrInvalidArgument) || !strings.Contains(err.Error(), "never issued") {
 		t.Errorf("Put with a token never issued: %v", err)
 	}
 	l, err := kv.List(ctx, "")

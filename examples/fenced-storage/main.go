@@ -182,7 +182,7 @@ func runWorker(ctx context.Context, args []string) error {
 	fmt.Printf("%s %s: writing %s=%q with token %d\n", stamp(), *name, *key, *value, g.Token())
 	switch {
 	case *target == "kv":
-		_, err = c.KV().Put(context.Background(), *key, []byte(*value), client.WithToken(*lockName, g.Token()))
+		_, err = c.KV().Put(context.Background(), *key, []byte(*value), client.FencedBy(*lockName, g.Token()))
 	case strings.HasPrefix(*target, "postgres://") || strings.HasPrefix(*target, "postgresql://"):
 		err = putSQL(*target, *key, *value, g.Token())
 	default:

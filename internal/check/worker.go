@@ -301,7 +301,7 @@ func (w *worker) put(ctx context.Context, h *hold, key, value string) bool {
 	}
 	var opts []client.WriteOption
 	if !w.cfg.Unsafe {
-		opts = append(opts, client.WithToken(w.cfg.Lock, op.Token), client.Strict())
+		opts = append(opts, client.FencedBy(w.cfg.Lock, op.Token), client.Strict())
 	}
 	rev, err := w.kv.Put(ctx, key, []byte(value), opts...)
 	op.Result, op.Rev = OK, rev

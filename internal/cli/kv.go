@@ -35,7 +35,7 @@ func (f *fenceFlags) options() ([]client.WriteOption, error) {
 		if err != nil || token == 0 {
 			return nil, fmt.Errorf("--token %q is not a fencing token (a decimal number from 1 up)", f.token)
 		}
-		opts = append(opts, client.WithToken(f.lock, token))
+		opts = append(opts, client.FencedBy(f.lock, token))
 	}
 	if f.strict {
 		opts = append(opts, client.Strict())
