@@ -157,6 +157,17 @@ func (c *cluster) failIfDied(t *testing.T) {
 	}
 }
 
+// othersThan returns the members other than nd.
+func (c *cluster) othersThan(nd *clusterNode) []*clusterNode {
+	var out []*clusterNode
+	for _, m := range c.members() {
+		if m != nd {
+			out = append(out, m)
+		}
+	}
+	return out
+}
+
 // members returns the nodes started as members, joiners included.
 func (c *cluster) members() []*clusterNode { return c.nodes }
 
@@ -426,139 +437,29 @@ func killLeaderUnderLoad(t *testing.T, setting string, extra ...string) {
 	c := startCluster(t, 3, extra...)
 	const (
 		workers   = 6
-		ttl       = 5 * time.Second
 		minBefore = 150 // acknowledged grants before the kill
 		minAfter  = 150 // grants requested after the kill, acknowledged
 	)
-	sessions := make([]*client.Session, workers)
-	for i := range sessions {
-		sessions[i] = newSession(t, newClusterClient(t, c.addrs()), ttl, fmt.Sprintf("e2e cluster worker %d", i))
-	}
-	lost := func(id uint64) bool {
-		for _, s := range sessions {
-			if s.ID() == id {
-				return s.Err() != nil
-			}
-		}
-		return false
-	}
-
-	l := newFailoverLedger()
-	loadCtx, stopLoad := context.WithCancel(context.Background())
-	defer stopLoad()
-	errs := make(chan error, workers)
-	for i, s := range sessions {
-		go func() { errs <- runFailoverLoad(loadCtx, s, i, l) }()
-	}
-	workerFailed := func() {
-		t.Helper()
-		c.failIfDied(t)
-		select {
-		case err := <-errs:
-			t.Fatalf("load failed: %v", err)
-		default:
-		}
-	}
-
-	// The monitor checks committed states while the load runs: the leader's
-	// (linearizable, through a client that follows it) and each node's own
-	// applied state (stale reads).
-	monitorClient := newClusterClient(t, c.addrs())
-	var (
-		monMu          sync.Mutex
-		leaderChecks   int
-		staleChecks    int
-		lastLeaderLook time.Time // when the last successful linearizable check was asked for
-	)
-	monCtx, stopMonitor := context.WithCancel(context.Background())
-	monDone := make(chan struct{})
-	go func() {
-		defer close(monDone)
-		tick := time.NewTicker(20 * time.Millisecond)
-		defer tick.Stop()
-		for monCtx.Err() == nil {
-			asked := time.Now()
-			before := l.outstanding()
-			ctx, cancel := context.WithTimeout(monCtx, 3*time.Second)
-			listing, err := listLoadLocks(ctx, monitorClient)
-			if err == nil {
-				l.checkListing("linearizable listing", listing, before, lost)
-				monMu.Lock()
-				leaderChecks++
-				lastLeaderLook = asked
-				monMu.Unlock()
-			}
-			for _, nd := range c.members() {
-				if stale, err := listStale(ctx, nd.addr); err == nil {
-					l.checkListing("applied state of "+nd.id, stale, nil, lost)
-					monMu.Lock()
-					staleChecks++
-					monMu.Unlock()
-				}
-			}
-			cancel()
-			select {
-			case <-monCtx.Done():
-			case <-tick.C:
-			}
-		}
-	}()
-	defer func() { stopMonitor(); <-monDone }()
-
+	r := startFailoverRun(t, c, workers, 5*time.Second)
+	defer r.stop()
 	waitFor(t, 30*time.Second, fmt.Sprintf("%d acknowledged grants and a kept lock", minBefore), func() bool {
-		workerFailed()
-		return l.count() >= minBefore && len(l.outstanding()) > 0
+		r.workerFailed()
+		return r.l.count() >= minBefore && len(r.l.outstanding()) > 0
 	})
 
-	// Kill the leader. Everything recorded until now was acknowledged
-	// before the kill.
-	leader := c.leaderNow()
-	if leader == nil {
-		leader = c.waitLeader(t, 10*time.Second)
-	}
-	l.mu.Lock()
-	ackedBefore := len(l.acks)
-	var maxBefore uint64
-	for _, a := range l.acks {
-		maxBefore = max(maxBefore, a.token)
-	}
-	heldAtKill := len(l.held)
-	killAt := time.Now()
-	l.mu.Unlock()
-	leader.kill(t)
-	deadAt := time.Now() // no request started from now on can reach the old leader
-	t.Logf("killed leader %s after %d acknowledged grants (max token %d, %d held)", leader.id, ackedBefore, maxBefore, heldAtKill)
-
-	var survivors []*clusterNode
-	for _, nd := range c.members() {
-		if nd != leader {
-			survivors = append(survivors, nd)
-		}
-	}
+	leader, mark := r.killLeader()
 	var newLeader *clusterNode
 	waitFor(t, 20*time.Second, "a survivor to be elected leader", func() bool {
-		workerFailed()
+		r.workerFailed()
 		newLeader = c.leaderNow()
 		return newLeader != nil
 	})
-	electedAfter := time.Since(killAt)
+	electedAfter := time.Since(mark.killAt)
 
 	// The load continues: every worker gets grants it asked for after the kill.
-	afterKill := func() (total int, perWorker map[int]int) {
-		l.mu.Lock()
-		defer l.mu.Unlock()
-		perWorker = map[int]int{}
-		for _, a := range l.acks[ackedBefore:] {
-			if a.requested.After(deadAt) {
-				total++
-				perWorker[a.worker]++
-			}
-		}
-		return total, perWorker
-	}
 	waitFor(t, 30*time.Second, fmt.Sprintf("%d grants requested after the kill, and some for every worker", minAfter), func() bool {
-		workerFailed()
-		total, perWorker := afterKill()
+		r.workerFailed()
+		total, perWorker := r.grantsAfter(mark)
 		return total >= minAfter && len(perWorker) == workers
 	})
 
@@ -566,131 +467,315 @@ func killLeaderUnderLoad(t *testing.T, setting string, extra ...string) {
 	restartAt := time.Now()
 	leader.restart(t)
 	waitFor(t, 20*time.Second, leader.id+" to rejoin as a follower", func() bool {
-		workerFailed()
+		r.workerFailed()
 		st, err := c.statusOf(leader)
 		return err == nil && st.GetState() == "Follower" && st.GetLeaderId() != "" && st.GetLeaderId() != leader.id
 	})
 	rejoinedAfter := time.Since(restartAt)
-
-	// A last linearizable check after the restart, under load.
 	waitFor(t, 10*time.Second, "a linearizable check after the restart", func() bool {
-		workerFailed()
-		monMu.Lock()
-		defer monMu.Unlock()
-		return lastLeaderLook.After(restartAt)
+		r.workerFailed()
+		return r.mon.lastLeaderLook().After(restartAt)
 	})
-
-	stopLoad()
-	for range workers {
-		select {
-		case err := <-errs:
-			if err != nil {
-				t.Errorf("load failed: %v", err)
-			}
-		case <-time.After(20 * time.Second):
-			t.Fatal("load workers did not stop")
-		}
-	}
-	stopMonitor()
-	<-monDone
+	r.stop()
 
 	// Sessions survived the failover: their keepalives reached the new leader.
-	for i, s := range sessions {
+	for i, s := range r.sessions {
 		if err := s.Err(); err != nil {
 			t.Errorf("worker %d's session %d ended: %v", i, s.ID(), err)
 		}
 	}
-
-	// The final committed state, from the new leader.
-	before := l.outstanding()
-	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
-	defer cancel()
-	final, err := listLoadLocks(ctx, newClusterClient(t, c.addrs(survivors...)))
-	if err != nil {
-		t.Fatalf("listing locks at the end: %v", err)
-	}
-	l.checkListing("final listing", final, before, lost)
-
-	// No request is in flight: the ledger is final.
-	l.mu.Lock()
-	for _, e := range l.errs {
-		t.Error(e)
-	}
-	var (
-		failover       time.Duration
-		firstAfterKill time.Duration = -1
-		newGrants      int
-		kept           int
-	)
-	for _, a := range l.acks[ackedBefore:] {
-		if a.requested.After(deadAt) {
-			newGrants++
-			if a.token <= maxBefore {
-				t.Errorf("token %d (%s, session %d) was requested after the kill, but is not above the %d acknowledged before it",
-					a.token, a.key.lock, a.key.session, maxBefore)
-			}
-			if d := a.acked.Sub(killAt); failover == 0 || d < failover {
-				failover = d
-			}
-		}
-		if d := a.acked.Sub(killAt); a.acked.After(deadAt) && (firstAfterKill < 0 || d < firstAfterKill) {
-			firstAfterKill = d
-		}
-	}
-	for _, k := range l.held {
-		if strings.HasPrefix(k.lock, "load/keep-") {
-			kept++
-		}
-	}
-	total := len(l.acks)
-	l.mu.Unlock()
-
-	monMu.Lock()
-	t.Logf("%d grants in all, %d requested after the kill, %d locks kept to the end; %d linearizable and %d applied-state checks",
-		total, newGrants, kept, leaderChecks, staleChecks)
-	monMu.Unlock()
+	survivors := c.addrs(c.othersThan(leader)...)
+	final := r.checkFinalListing(survivors)
+	failover, firstAfterKill := r.checkLedger(mark)
 	t.Logf("failover (%s): new leader %s elected %v after SIGKILL; first grant acknowledged after the kill at %v; first grant requested after the kill acknowledged at %v",
 		setting, newLeader.id, electedAfter.Round(time.Millisecond), firstAfterKill.Round(time.Millisecond), failover.Round(time.Millisecond))
 	if failover > 10*time.Second {
 		t.Errorf("failover took %v, over 10s", failover)
 	}
+	waitCaughtUp(t, c, leader, newLeader, restartAt, rejoinedAfter)
+	checkSameLocks(t, c, leader, survivors, final)
+}
 
-	// The restarted node catches up: asked directly, it is a follower that
-	// has applied at least what the leader had committed when asked first,
-	// and issued the same last token.
+// failoverRun is the load of killLeaderUnderLoad: sessions that lock and
+// unlock, the ledger of what the cluster acknowledged to them, and the
+// monitor that checks committed states while they run.
+type failoverRun struct {
+	t        *testing.T
+	c        *cluster
+	sessions []*client.Session
+	l        *failoverLedger
+	errs     chan error
+	stopLoad context.CancelFunc
+	mon      *failoverMonitor
+	running  int // workers whose end is not yet received from errs
+	stopped  bool
+}
+
+func startFailoverRun(t *testing.T, c *cluster, workers int, ttl time.Duration) *failoverRun {
+	r := &failoverRun{t: t, c: c, l: newFailoverLedger(), errs: make(chan error, workers), running: workers}
+	for i := range workers {
+		r.sessions = append(r.sessions, newSession(t, newClusterClient(t, c.addrs()), ttl, fmt.Sprintf("e2e cluster worker %d", i)))
+	}
+	ctx, stop := context.WithCancel(context.Background())
+	r.stopLoad = stop
+	for i, s := range r.sessions {
+		go func() { r.errs <- runFailoverLoad(ctx, s, i, r.l) }()
+	}
+	r.mon = startFailoverMonitor(c, r.l, newClusterClient(t, c.addrs()), r.lost)
+	return r
+}
+
+// lost reports whether the client of session id has given it up.
+func (r *failoverRun) lost(id uint64) bool {
+	for _, s := range r.sessions {
+		if s.ID() == id {
+			return s.Err() != nil
+		}
+	}
+	return false
+}
+
+// workerFailed fails the test at once if a node died or a worker failed.
+func (r *failoverRun) workerFailed() {
+	r.t.Helper()
+	r.c.failIfDied(r.t)
+	select {
+	case err := <-r.errs:
+		r.running--
+		r.t.Fatalf("load failed: %v", err)
+	default:
+	}
+}
+
+// killMark is the ledger as it stood when the leader was killed.
+type killMark struct {
+	ackedBefore int       // grants acknowledged before the kill
+	maxBefore   uint64    // the highest token among them
+	killAt      time.Time // just before SIGKILL
+	deadAt      time.Time // no request started from now on can reach the old leader
+}
+
+// killLeader kills the leader with SIGKILL and notes the ledger then.
+func (r *failoverRun) killLeader() (*clusterNode, killMark) {
+	leader := r.c.leaderNow()
+	if leader == nil {
+		leader = r.c.waitLeader(r.t, 10*time.Second)
+	}
+	r.l.mu.Lock()
+	mark := killMark{ackedBefore: len(r.l.acks), killAt: time.Now()}
+	for _, a := range r.l.acks {
+		mark.maxBefore = max(mark.maxBefore, a.token)
+	}
+	heldAtKill := len(r.l.held)
+	r.l.mu.Unlock()
+	leader.kill(r.t)
+	mark.deadAt = time.Now()
+	r.t.Logf("killed leader %s after %d acknowledged grants (max token %d, %d held)", leader.id, mark.ackedBefore, mark.maxBefore, heldAtKill)
+	return leader, mark
+}
+
+// grantsAfter counts the grants requested after the kill and acknowledged.
+func (r *failoverRun) grantsAfter(mark killMark) (total int, perWorker map[int]int) {
+	r.l.mu.Lock()
+	defer r.l.mu.Unlock()
+	perWorker = map[int]int{}
+	for _, a := range r.l.acks[mark.ackedBefore:] {
+		if a.requested.After(mark.deadAt) {
+			total++
+			perWorker[a.worker]++
+		}
+	}
+	return total, perWorker
+}
+
+// stop ends the load, reports how its workers ended, and stops the monitor.
+func (r *failoverRun) stop() {
+	if r.stopped {
+		return
+	}
+	r.stopped = true
+	r.stopLoad()
+	for ; r.running > 0; r.running-- {
+		select {
+		case err := <-r.errs:
+			if err != nil {
+				r.t.Errorf("load failed: %v", err)
+			}
+		case <-time.After(20 * time.Second):
+			r.t.Error("load workers did not stop")
+			return
+		}
+	}
+	r.mon.close()
+}
+
+// checkFinalListing checks the final committed state, from the survivors.
+func (r *failoverRun) checkFinalListing(survivors []string) *locksJSON {
+	before := r.l.outstanding()
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	final, err := listLoadLocks(ctx, newClusterClient(r.t, survivors))
+	if err != nil {
+		r.t.Fatalf("listing locks at the end: %v", err)
+	}
+	r.l.checkListing("final listing", final, before, r.lost)
+	return final
+}
+
+// checkLedger reports the ledger's violations, checks that every token
+// requested after the kill is above every token acknowledged before it,
+// and returns how long the failover took: to the first grant requested
+// after the kill, and to the first acknowledged after it.
+func (r *failoverRun) checkLedger(mark killMark) (failover, firstAfterKill time.Duration) {
+	r.l.mu.Lock()
+	defer r.l.mu.Unlock()
+	for _, e := range r.l.errs {
+		r.t.Error(e)
+	}
+	firstAfterKill = -1
+	newGrants, kept := 0, 0
+	for _, a := range r.l.acks[mark.ackedBefore:] {
+		d := a.acked.Sub(mark.killAt)
+		if a.requested.After(mark.deadAt) {
+			newGrants++
+			if a.token <= mark.maxBefore {
+				r.t.Errorf("token %d (%s, session %d) was requested after the kill, but is not above the %d acknowledged before it",
+					a.token, a.key.lock, a.key.session, mark.maxBefore)
+			}
+			if failover == 0 || d < failover {
+				failover = d
+			}
+		}
+		if a.acked.After(mark.deadAt) && (firstAfterKill < 0 || d < firstAfterKill) {
+			firstAfterKill = d
+		}
+	}
+	for _, k := range r.l.held {
+		if strings.HasPrefix(k.lock, "load/keep-") {
+			kept++
+		}
+	}
+	leaderChecks, staleChecks := r.mon.counts()
+	r.t.Logf("%d grants in all, %d requested after the kill, %d locks kept to the end; %d linearizable and %d applied-state checks",
+		len(r.l.acks), newGrants, kept, leaderChecks, staleChecks)
+	return failover, firstAfterKill
+}
+
+// failoverMonitor checks committed states while the load runs: the
+// leader's (linearizable, through a client that follows it) and each
+// node's own applied state (stale reads).
+type failoverMonitor struct {
+	stop context.CancelFunc
+	done chan struct{}
+
+	mu           sync.Mutex
+	leaderChecks int
+	staleChecks  int
+	lastLook     time.Time // when the last successful linearizable check was asked for
+}
+
+func startFailoverMonitor(c *cluster, l *failoverLedger, cl *client.Client, lost func(uint64) bool) *failoverMonitor {
+	ctx, stop := context.WithCancel(context.Background())
+	m := &failoverMonitor{stop: stop, done: make(chan struct{})}
+	go func() {
+		defer close(m.done)
+		tick := time.NewTicker(20 * time.Millisecond)
+		defer tick.Stop()
+		for ctx.Err() == nil {
+			m.look(ctx, c, l, cl, lost)
+			select {
+			case <-ctx.Done():
+			case <-tick.C:
+			}
+		}
+	}()
+	return m
+}
+
+// look checks the leader's state once, then each node's applied state.
+func (m *failoverMonitor) look(ctx context.Context, c *cluster, l *failoverLedger, cl *client.Client, lost func(uint64) bool) {
+	asked := time.Now()
+	before := l.outstanding()
+	ctx, cancel := context.WithTimeout(ctx, 3*time.Second)
+	defer cancel()
+	if listing, err := listLoadLocks(ctx, cl); err == nil {
+		l.checkListing("linearizable listing", listing, before, lost)
+		m.mu.Lock()
+		m.leaderChecks++
+		m.lastLook = asked
+		m.mu.Unlock()
+	}
+	for _, nd := range c.members() {
+		if stale, err := listStale(ctx, nd.addr); err == nil {
+			l.checkListing("applied state of "+nd.id, stale, nil, lost)
+			m.mu.Lock()
+			m.staleChecks++
+			m.mu.Unlock()
+		}
+	}
+}
+
+func (m *failoverMonitor) lastLeaderLook() time.Time {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	return m.lastLook
+}
+
+func (m *failoverMonitor) counts() (leader, stale int) {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	return m.leaderChecks, m.staleChecks
+}
+
+func (m *failoverMonitor) close() {
+	m.stop()
+	<-m.done
+}
+
+// waitCaughtUp waits until the restarted node, asked directly, is a
+// follower that has applied at least what the leader had committed when
+// asked, and issued the same last token.
+func waitCaughtUp(t *testing.T, c *cluster, restarted, newLeader *clusterNode, restartAt time.Time, rejoinedAfter time.Duration) {
+	t.Helper()
 	var leaderSt, st *fencev1.StatusResponse
-	waitFor(t, 20*time.Second, leader.id+" to catch up with the leader", func() bool {
+	waitFor(t, 20*time.Second, restarted.id+" to catch up with the leader", func() bool {
 		c.failIfDied(t)
 		current := c.leaderNow()
-		if current == nil || current == leader {
+		if current == nil || current == restarted {
 			return false
 		}
 		var err error
 		if leaderSt, err = c.statusOf(current); err != nil || leaderSt.GetState() != "Leader" {
 			return false
 		}
-		if st, err = c.statusOf(leader); err != nil {
+		if st, err = c.statusOf(restarted); err != nil {
 			return false
 		}
 		return st.GetState() == "Follower" && st.GetAppliedIndex() >= leaderSt.GetCommitIndex() && st.GetLastToken() == leaderSt.GetLastToken()
 	})
 	t.Logf("%s rejoined %v after its restart and caught up %v after it: applied %d >= leader %s's commit %d, last token %d, term %d",
-		leader.id, rejoinedAfter.Round(time.Millisecond), time.Since(restartAt).Round(time.Millisecond),
+		restarted.id, rejoinedAfter.Round(time.Millisecond), time.Since(restartAt).Round(time.Millisecond),
 		st.GetAppliedIndex(), leaderSt.GetNodeId(), leaderSt.GetCommitIndex(), st.GetLastToken(), st.GetTerm())
 	if leaderSt.GetNodeId() != newLeader.id {
 		t.Logf("leadership moved from %s to %s after the failover", newLeader.id, leaderSt.GetNodeId())
 	}
+}
 
-	// Its own applied state holds the same locks as the leader's. (Calls
-	// the stopped load gave up on may still be settling on the leader:
-	// a wait cancelled as it was granted gives the lock back.)
+// checkSameLocks waits until the restarted node's own applied state holds
+// the same locks as the leader's. (Calls the stopped load gave up on may
+// still be settling on the leader: a wait cancelled as it was granted gives
+// the lock back.)
+func checkSameLocks(t *testing.T, c *cluster, restarted *clusterNode, survivors []string, final *locksJSON) {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
 	var applied, current map[string]string
-	waitFor(t, 10*time.Second, leader.id+"'s applied state to hold the leader's locks", func() bool {
-		stale, err := listStale(ctx, leader.addr)
+	waitFor(t, 10*time.Second, restarted.id+"'s applied state to hold the leader's locks", func() bool {
+		stale, err := listStale(ctx, restarted.addr)
 		if err != nil {
 			return false
 		}
-		now, err := listLoadLocks(ctx, newClusterClient(t, c.addrs(survivors...)))
+		now, err := listLoadLocks(ctx, newClusterClient(t, survivors))
 		if err != nil {
 			return false
 		}
