@@ -712,25 +712,9 @@ func TestModelCheckerCatchesRequestViolations(t *testing.T) {
 	// under request 7 (attempt 2); session 3 gave up request 5; a put was
 	// applied under key p.
 	setup := func(t *testing.T) (*fsm.State, *modelChecker) {
-		s, m := fsm.NewState(), newModelChecker()
-		for _, cmd := range []*fsmpb.Command{newSession(), newSession(), newSession(),
+		return observedState(t, newSession(), newSession(), newSession(),
 			acquire(1, "a", excl, withRequest(7)), acquire(2, "a", excl, withRequest(7)), cancelAcquire(3, "a", 5, 0),
-			keyedCmd("p", kvPut("k", "v"))} {
-			before := snapshotBytes(t, s)
-			if err := m.observe(t, cmd, s.Apply(cmd), s, before); err != nil {
-				t.Fatalf("setup %v: %v", cmd, err)
-			}
-		}
-		return s, m
-	}
-	restoreBroken := func(t *testing.T, s *fsm.State, breakIt func(*fsmpb.Snapshot)) *fsm.State {
-		snap := s.Snapshot()
-		breakIt(snap)
-		b, err := fsm.Restore(snap)
-		if err != nil {
-			t.Fatal(err)
-		}
-		return b
+			keyedCmd("p", kvPut("k", "v")))
 	}
 	cases := []struct {
 		name string

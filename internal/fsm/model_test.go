@@ -1418,19 +1418,38 @@ func TestRandomCommandStreams(t *testing.T) {
 	}
 }
 
+// observedState applies cmds to a new state under a new model checker,
+// failing the test if the checker objects to any of them.
+func observedState(t *testing.T, cmds ...*fsmpb.Command) (*fsm.State, *modelChecker) {
+	t.Helper()
+	s, m := fsm.NewState(), newModelChecker()
+	for _, cmd := range cmds {
+		before := snapshotBytes(t, s)
+		if err := m.observe(t, cmd, s.Apply(cmd), s, before); err != nil {
+			t.Fatalf("setup %v: %v", cmd, err)
+		}
+	}
+	return s, m
+}
+
+// restoreBroken returns a copy of s whose snapshot was changed by breakIt.
+func restoreBroken(t *testing.T, s *fsm.State, breakIt func(*fsmpb.Snapshot)) *fsm.State {
+	t.Helper()
+	snap := s.Snapshot()
+	breakIt(snap)
+	b, err := fsm.Restore(snap)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return b
+}
+
 // TestModelCheckerCatchesViolations shows that the checker can fail: fed
 // results (or states) that break invariants 1, 2, 4, 5 and 6, the rules of
 // semaphores, or those of keys bound to sessions, observe reports each.
 func TestModelCheckerCatchesViolations(t *testing.T) {
 	setup := func(t *testing.T) (*fsm.State, *modelChecker) {
-		s, m := fsm.NewState(), newModelChecker()
-		for _, cmd := range []*fsmpb.Command{newSession(), newSession(), newSession(), acquire(1, "a", excl), acquire(2, "a", excl), acquire(3, "a", excl)} {
-			before := snapshotBytes(t, s)
-			if err := m.observe(t, cmd, s.Apply(cmd), s, before); err != nil {
-				t.Fatalf("setup %v: %v", cmd, err)
-			}
-		}
-		return s, m
+		return observedState(t, newSession(), newSession(), newSession(), acquire(1, "a", excl), acquire(2, "a", excl), acquire(3, "a", excl))
 	}
 	cases := []struct {
 		name string
@@ -1452,28 +1471,10 @@ func TestModelCheckerCatchesViolations(t *testing.T) {
 		})
 	}
 	kvSetup := func(t *testing.T) (*fsm.State, *modelChecker) {
-		s, m := fsm.NewState(), newModelChecker()
-		for _, cmd := range []*fsmpb.Command{
+		return observedState(t,
 			newSession(), acquire(1, "a", excl), release(1, "a", 1), acquire(1, "a", excl), release(1, "a", 2),
 			acquire(1, "a", excl), release(1, "a", 3), acquire(1, "a", excl), release(1, "a", 4), acquire(1, "a", excl), // token 5
-			kvPut("k", "v", fenced("a", 5)), kvPut("t", "v", fenced("a", 5)), kvDel("t", fenced("a", 5)),
-		} {
-			before := snapshotBytes(t, s)
-			if err := m.observe(t, cmd, s.Apply(cmd), s, before); err != nil {
-				t.Fatalf("setup %v: %v", cmd, err)
-			}
-		}
-		return s, m
-	}
-	// restoreBroken returns a copy of s whose snapshot was changed by breakIt.
-	restoreBroken := func(t *testing.T, s *fsm.State, breakIt func(*fsmpb.Snapshot)) *fsm.State {
-		snap := s.Snapshot()
-		breakIt(snap)
-		b, err := fsm.Restore(snap)
-		if err != nil {
-			t.Fatal(err)
-		}
-		return b
+			kvPut("k", "v", fenced("a", 5)), kvPut("t", "v", fenced("a", 5)), kvDel("t", fenced("a", 5)))
 	}
 	kvCases := []struct {
 		name string
