@@ -12,6 +12,7 @@ import (
 	"net/http"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"connectrpc.com/connect"
@@ -335,6 +336,23 @@ func keyed[T any](msg *T, key string) *connect.Request[T] {
 	req := connect.NewRequest(msg)
 	req.Header().Set(fencev1.IdempotencyKeyHeader, key)
 	return req
+}
+
+// withAttemptDeadline runs one attempt of a call, giving up on it after d
+// on clk: a node that accepts the connection but never answers (paused,
+// a stuck disk, a GC storm) fails the attempt as Unavailable, so that call
+// moves on to the next node while ctx still has time.
+func withAttemptDeadline(ctx context.Context, clk clock.Clock, d time.Duration, ep *endpoint, fn func(context.Context) error) error {
+	attemptCtx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	var expired atomic.Bool
+	t := clk.AfterFunc(d, func() { expired.Store(true); cancel() })
+	defer t.Stop()
+	err := fn(attemptCtx)
+	if err != nil && expired.Load() && ctx.Err() == nil {
+		return connect.NewError(connect.CodeUnavailable, fmt.Errorf("%s did not answer within %v", ep.url, d))
+	}
+	return err
 }
 
 // leaderHint returns the leader's API address that an Unavailable error names.

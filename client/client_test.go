@@ -302,21 +302,8 @@ func TestRWMutex(t *testing.T) {
 // when the node that answered last hangs: the close goes to every node.
 func TestLostSessionIsClosedPastAHungNode(t *testing.T) {
 	srv := startServer(t, nil)
-	hung, err := net.Listen("tcp", "127.0.0.1:0") // accepts, never answers
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer hung.Close()
-	go func() {
-		for {
-			conn, err := hung.Accept()
-			if err != nil {
-				return
-			}
-			defer conn.Close()
-		}
-	}()
-	c, err := New(WithEndpoints(srv.Addr(), hung.Addr().String()))
+	hung := hungListener(t)
+	c, err := New(WithEndpoints(srv.Addr(), hung))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -335,4 +322,61 @@ func TestLostSessionIsClosedPastAHungNode(t *testing.T) {
 	if status.GetSessions() != 0 {
 		t.Fatalf("the lost session is still open on the service (%d sessions)", status.GetSessions())
 	}
+}
+
+// A node that accepts connections but never answers (paused, a stuck disk)
+// does not cost a session its life: a keepalive that gets no answer from it
+// within a quarter of the TTL goes to the next node, well before the
+// session's safe-until deadline.
+func TestKeepAlivePassesAHungNode(t *testing.T) {
+	srv := startServer(t, nil)
+	hung := hungListener(t)
+	c, err := New(WithEndpoints(srv.Addr(), hung))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	ctx := context.Background()
+	s, err := c.NewSession(ctx, WithTTL(2*time.Second))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer func() {
+		closeCtx, cancel := context.WithTimeout(ctx, 2*time.Second)
+		defer cancel()
+		s.Close(closeCtx)
+	}()
+	c.setCurrent(c.endpointAt(1)) // the next keepalive goes to the hung node first
+	select {
+	case <-s.Done():
+		t.Fatalf("the session was lost behind a hung node: %v", s.Err())
+	case <-time.After(5 * time.Second):
+	}
+}
+
+// hungListener returns the address of a socket that accepts connections
+// and never answers, as a node stopped with SIGSTOP does.
+func hungListener(t *testing.T) string {
+	t.Helper()
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { ln.Close() })
+	go func() {
+		var conns []net.Conn
+		defer func() {
+			for _, c := range conns {
+				c.Close()
+			}
+		}()
+		for {
+			conn, err := ln.Accept()
+			if err != nil {
+				return
+			}
+			conns = append(conns, conn)
+		}
+	}()
+	return ln.Addr().String()
 }

@@ -251,7 +251,8 @@ func (s *Session) keepAlive(ctx context.Context) {
 	}
 }
 
-// renew sends one keepalive; the call may not outlive the safe deadline.
+// renew sends one keepalive; the call may not outlive the safe deadline,
+// and an attempt on one node may not outlive a quarter of the TTL.
 func (s *Session) renew(ctx context.Context, safe time.Time) error {
 	clk := s.client.opts.clock
 	ctx, cancel := context.WithCancel(ctx)
@@ -259,10 +260,15 @@ func (s *Session) renew(ctx context.Context, safe time.Time) error {
 	timer := clk.AfterFunc(safe.Sub(clk.Now()), cancel)
 	defer timer.Stop()
 	var sent time.Time
+	// A node that hangs gets a quarter of the TTL, so that the other nodes
+	// are tried well before the safe-until deadline.
+	attempt := s.ttl / 4
 	err := s.client.call(ctx, func(ctx context.Context, ep *endpoint) error {
 		sent = clk.Now()
-		_, err := ep.sessions.KeepAlive(ctx, connect.NewRequest(&fencev1.KeepAliveRequest{SessionId: s.id}))
-		return err
+		return withAttemptDeadline(ctx, clk, attempt, ep, func(ctx context.Context) error {
+			_, err := ep.sessions.KeepAlive(ctx, connect.NewRequest(&fencev1.KeepAliveRequest{SessionId: s.id}))
+			return err
+		})
 	})
 	if err != nil {
 		return err
