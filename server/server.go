@@ -1,11 +1,13 @@
 // Package server is fence's lock service node: a replicated state machine
-// (package fsm) on hashicorp/raft, served over Connect, gRPC and JSON on one
-// port.
+// (package internal/fsm) on hashicorp/raft, served over Connect, gRPC and
+// JSON on one port.
 //
 // Writes go through raft and are answered only once committed. Session
-// deadlines live in the leader's memory on its monotonic clock; keepalives
-// touch only that memory, and an expiry is committed as a command. A node
-// that is not the leader answers writes with Unavailable.
+// deadlines live in the leader's memory on its monotonic clock; a keepalive
+// renews that memory, then waits for a confirmation that this node still
+// led after the keepalive arrived (leaseConfirmer), and an expiry is
+// committed as a command. A node that is not the leader answers writes
+// with Unavailable (or forwards them; see forwarder).
 package server
 
 import (
