@@ -27,7 +27,7 @@ import (
 // testCluster is a raft group of real nodes in this process, talking raft
 // over loopback TCP through a proxy per directed link.
 type testCluster struct {
-	t        *testing.T
+	t        testing.TB
 	reserved map[string]net.Listener // raft ports held until their node starts
 	ids      []string
 	cfgs     map[string]Config
@@ -47,7 +47,7 @@ func (c *testCluster) reserve(id string) string {
 	return ln.Addr().String()
 }
 
-func startCluster(t *testing.T, n int, edit func(*Config)) *testCluster {
+func startCluster(t testing.TB, n int, edit func(*Config)) *testCluster {
 	c := &testCluster{t: t, cfgs: map[string]Config{}, nodes: map[string]*Server{}, links: map[[2]string]*netproxy.Link{}, editCfg: edit, reserved: map[string]net.Listener{}}
 	peers := map[string]string{}
 	for i := 1; i <= n; i++ {
