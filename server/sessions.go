@@ -141,9 +141,9 @@ func (t *sessionTracker) keepAlive(id uint64) (time.Duration, error) {
 	if !t.leader {
 		return 0, fmt.Errorf("%w: this node is not the leader; keepalives go to the leader", fence.ErrUnavailable)
 	}
-	s, ok := t.sessions[id]
-	if !ok || s.expiring {
-		return 0, fmt.Errorf("%w: session %d does not exist or has expired; create a new session", fence.ErrSessionNotFound, id)
+	s, err := t.liveLocked(id)
+	if err != nil {
+		return 0, err
 	}
 	s.deadline = t.clock.Now().Add(s.ttl)
 	heap.Push(&t.queue, deadlineEntry{id: id, deadline: s.deadline})
@@ -154,10 +154,18 @@ func (t *sessionTracker) keepAlive(id uint64) (time.Duration, error) {
 func (t *sessionTracker) alive(id uint64) error {
 	t.mu.Lock()
 	defer t.mu.Unlock()
-	if s, ok := t.sessions[id]; !ok || s.expiring {
-		return fmt.Errorf("%w: session %d does not exist or has expired; create a new session", fence.ErrSessionNotFound, id)
+	_, err := t.liveLocked(id)
+	return err
+}
+
+// liveLocked returns the tracked session id, unless it is gone or its
+// expiry is being committed.
+func (t *sessionTracker) liveLocked(id uint64) (*trackedSession, error) {
+	s, ok := t.sessions[id]
+	if !ok || s.expiring {
+		return nil, fmt.Errorf("%w: session %d does not exist or has expired; create a new session", fence.ErrSessionNotFound, id)
 	}
-	return nil
+	return s, nil
 }
 
 // run sleeps until the earliest deadline and expires what is due.
