@@ -509,10 +509,15 @@ func TestClusterFollowerForwardsToLeader(t *testing.T) {
 	leader := c.leader()
 	followers := c.followers(leader)
 	follower := followers[0]
-	waitFor(t, "the leader to register its API address", func() bool {
-		var api string
-		follower.fsm.Read(func(st *fsm.State) { api, _ = st.NodeAPI(leader.cfg.NodeID) })
-		return api == leader.Addr()
+	waitFor(t, "both followers to learn the leader's API address", func() bool {
+		for _, f := range followers {
+			var api string
+			f.fsm.Read(func(st *fsm.State) { api, _ = st.NodeAPI(leader.cfg.NodeID) })
+			if api != leader.Addr() {
+				return false
+			}
+		}
+		return true
 	})
 	post := func(procedure, body string, header ...string) (int, string) {
 		t.Helper()

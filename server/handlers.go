@@ -398,6 +398,10 @@ func (s *Server) applyAt(cmd *fsmpb.Command) (fsm.Result, uint64, error) {
 	if err != nil {
 		return fsm.Result{}, 0, err
 	}
+	if n := len(res.Grants); n > 0 && res.Grants[n-1].Token > s.reserve.floor() {
+		// Only when the node shut down before its token reserve was written.
+		return fsm.Result{}, 0, fmt.Errorf("%w: the node is shutting down", fence.ErrUnavailable)
+	}
 	return res, index, res.Err
 }
 

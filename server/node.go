@@ -69,15 +69,29 @@ func openNode(cfg Config, f *fsm.FSM, logger *slog.Logger) (*node, error) {
 		if err != nil {
 			return fail(fmt.Errorf("opening raft log in %s: %w", cfg.DataDir, err))
 		}
+		if err := checkWALTail(walDir); err != nil {
+			return fail(corruptLogMessage(cfg.DataDir, err))
+		}
 		logStore = truncatedWAL{n.wal}
 	}
-	logs, err := raft.NewLogCache(1024, logStore)
+	checked, err := newCheckedLog(logStore, store)
 	if err != nil {
 		return fail(err)
 	}
+	if err := checked.verify(); err != nil {
+		return fail(corruptLogMessage(cfg.DataDir, locateDamage(cfg.DataDir, kind, err)))
+	}
+	logs, err := raft.NewLogCache(1024, checked)
+	if err != nil {
+		return fail(err)
+	}
+	removeUnfinishedSnapshots(cfg.DataDir, logger)
 	snaps, err := raft.NewFileSnapshotStoreWithLogger(cfg.DataDir, 2, hlog)
 	if err != nil {
 		return fail(fmt.Errorf("opening snapshot store: %w", err))
+	}
+	if err := checkSnapshots(cfg.DataDir, snaps, checked, logger); err != nil {
+		return fail(err)
 	}
 	advertiseAddr := cfg.RaftAdvertise
 	if advertiseAddr == "" {
@@ -195,6 +209,23 @@ func (w truncatedWAL) GetLog(index uint64, log *raft.Log) error {
 		return raft.ErrLogNotFound
 	}
 	return w.WAL.GetLog(index, log)
+}
+
+// locateDamage names the file, and for raft-wal the offset, that holds a
+// log entry that did not read back intact.
+func locateDamage(dataDir, kind string, err error) error {
+	var bad *corruptLogError
+	if !errors.As(err, &bad) {
+		return err
+	}
+	file := filepath.Join(dataDir, "raft.db")
+	if kind == LogStoreWAL {
+		file = filepath.Join(dataDir, "wal")
+		if path, off, ok := walEntryOffset(file, bad.index); ok {
+			return &walDamage{path: path, offset: off, what: bad.Error()}
+		}
+	}
+	return fmt.Errorf("%s: %w", file, bad)
 }
 
 // bootConfiguration is the first configuration of a new group: the static

@@ -65,6 +65,8 @@ type Server struct {
 	leaderReady atomic.Bool
 	// restores counts snapshot restores: at start, and from the leader.
 	restores atomic.Int64
+	// reserve bounds, on disk, every token this node has applied.
+	reserve *tokenReserve
 
 	done      chan struct{}
 	wg        sync.WaitGroup
@@ -99,23 +101,26 @@ func Start(cfg Config) (*Server, error) {
 		return nil, err
 	}
 	s.dirLock = lock
-	ln, err := net.Listen("tcp", cfg.Listen)
-	if err != nil {
-		s.tracker.stop()
-		lock.unlock()
-		return nil, fmt.Errorf("listening on %s: %w", cfg.Listen, err)
-	}
-	s.ln = ln
-	s.advertise = cfg.Advertise
-	if s.advertise == "" {
-		s.advertise = ln.Addr().String()
-	}
-	s.node, err = openNode(cfg, s.fsm, logger)
-	if err != nil {
-		ln.Close()
+	abort := func(err error) (*Server, error) {
+		if s.ln != nil {
+			s.ln.Close()
+		}
 		s.tracker.stop()
 		lock.unlock()
 		return nil, err
+	}
+	if s.reserve, err = openTokenReserve(cfg.DataDir); err != nil {
+		return abort(err)
+	}
+	if s.ln, err = net.Listen("tcp", cfg.Listen); err != nil {
+		return abort(fmt.Errorf("listening on %s: %w", cfg.Listen, err))
+	}
+	s.advertise = cfg.Advertise
+	if s.advertise == "" {
+		s.advertise = s.ln.Addr().String()
+	}
+	if s.node, err = openNode(cfg, s.fsm, logger); err != nil {
+		return abort(err)
 	}
 
 	s.confirmer = newLeaseConfirmer(s.node.confirmLeadership)
@@ -251,11 +256,11 @@ func (s *Server) becomeLeader() {
 	// Apply everything committed in earlier terms before taking decisions.
 	term := s.node.raft.CurrentTerm()
 	for {
-		err := s.node.raft.Barrier(s.cfg.ApplyTimeout).Error()
+		err := s.prepareToLead()
 		if err == nil {
 			break
 		}
-		s.logger.Warn("barrier after election failed", "err", err)
+		s.logger.Warn("preparing to lead failed", "err", err)
 		if !s.node.isLeader() {
 			return
 		}
@@ -278,6 +283,26 @@ func (s *Server) becomeLeader() {
 	s.leaderReady.Store(true)
 	s.logger.Info("became leader", "node", s.cfg.NodeID)
 	s.registerSelf()
+}
+
+// prepareToLead applies every entry committed in earlier terms (a barrier
+// in this term), then lifts the token floor to this node's reserve, so that
+// no token it grants is one a damaged log made it forget.
+func (s *Server) prepareToLead() error {
+	if err := s.node.raft.Barrier(s.cfg.ApplyTimeout).Error(); err != nil {
+		return fmt.Errorf("barrier: %w", err)
+	}
+	var last uint64
+	s.fsm.Read(func(st *fsm.State) { last = st.LastToken() })
+	floor := s.reserve.floor()
+	if last >= floor {
+		return nil
+	}
+	if _, _, err := s.node.propose(&fsmpb.Command{Op: &fsmpb.Command_RaiseTokens{RaiseTokens: &fsmpb.RaiseTokens{Floor: floor}}}); err != nil {
+		return fmt.Errorf("raising the token floor to %d: %w", floor, err)
+	}
+	s.logger.Info("token floor raised to this node's reserve", "last_token", last, "floor", floor)
+	return nil
 }
 
 func (s *Server) expireSessions(ids []uint64) error {
@@ -321,6 +346,9 @@ type observer struct{ s *Server }
 
 func (o observer) Applied(index uint64, res fsm.Result) {
 	s := o.s
+	if n := len(res.Grants); n > 0 && !s.coverTokens(res.Grants[n-1].Token) {
+		return
+	}
 	if res.SessionID != 0 {
 		var ttl time.Duration
 		s.fsm.Read(func(st *fsm.State) {
@@ -338,9 +366,32 @@ func (o observer) Applied(index uint64, res fsm.Result) {
 	s.metrics.grants.Add(float64(len(res.Grants)))
 }
 
+// coverTokens returns once the token reserve covers token. It runs on
+// raft's apply goroutine, before anyone is answered the grant, and holds
+// the node's applying until the reserve is written: a node that cannot
+// write it must not hand out tokens past it. It reports false if the node
+// shut down first.
+func (s *Server) coverTokens(token uint64) bool {
+	for {
+		err := s.reserve.cover(token)
+		if err == nil {
+			return true
+		}
+		s.logger.Error("cannot write the token reserve; no grant is answered until it is written", "err", err)
+		select {
+		case <-s.done:
+			return false
+		case <-time.After(time.Second):
+		}
+	}
+}
+
 func (o observer) Restored() {
 	s := o.s
 	s.restores.Add(1)
+	var last uint64
+	s.fsm.Read(func(st *fsm.State) { last = st.LastToken() })
+	s.coverTokens(last)
 	var sessions []fsm.SessionInfo
 	s.fsm.Read(func(st *fsm.State) { sessions = st.Sessions() })
 	s.tracker.reset(sessions)

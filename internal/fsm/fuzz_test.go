@@ -64,6 +64,12 @@ func FuzzStateMachine(f *testing.F) {
 		10, 0, 0, // a release with a wrong token
 		0, 0x33, 0xff, // a session with a limit, an empty command
 	})
+	f.Add([]byte{ // a new leader raises the token floor, then grants above it
+		4, 0, 0, 0, // session 1 acquires a: token 1
+		0xfe, 228, // the floor rises to 101
+		0xfe, 0, // a floor below the last token changes nothing
+		4, 8, 1, 0, // session 2 acquires b: token 102
+	})
 	f.Add([]byte{ // a semaphore of 2 permits on a
 		4, 0, 192, 0x40, // session 1 takes a as a semaphore of 2 permits: token 1
 		4, 8, 192, 0x40, // session 2 takes the second permit: token 2

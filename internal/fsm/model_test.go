@@ -136,7 +136,7 @@ func (m *modelChecker) check(tb testing.TB, cmd *fsmpb.Command, res fsm.Result, 
 		}
 		return m.checkFailure(cmd, res.Err)
 	}
-	if err := m.checkTokens(res, s); err != nil {
+	if err := m.checkTokens(cmd, res, s); err != nil {
 		return err
 	}
 	if _, _, _, _, _, isKV := kvCommand(cmd); isKV {
@@ -313,8 +313,12 @@ func (m *modelChecker) describeName(name string) string {
 	return fmt.Sprintf("name %q in use %v with %d permits, holders %+v, waiters %+v, delay %v", name, inUse, k, m.holders[name], m.queues[name], m.before[name].Delay)
 }
 
-// checkTokens checks invariant 1 on the grants of one successful command.
-func (m *modelChecker) checkTokens(res fsm.Result, s *fsm.State) error {
+// checkTokens checks invariant 1 on the grants of one successful command;
+// a raised floor counts as the highest token.
+func (m *modelChecker) checkTokens(cmd *fsmpb.Command, res fsm.Result, s *fsm.State) error {
+	if r, ok := cmd.GetOp().(*fsmpb.Command_RaiseTokens); ok {
+		m.maxToken = max(m.maxToken, r.RaiseTokens.GetFloor())
+	}
 	for _, g := range res.Grants {
 		if m.issued[g.Token] {
 			return fmt.Errorf("invariant 1: token %d issued twice (%+v)", g.Token, g)
@@ -393,6 +397,10 @@ func (m *modelChecker) checkSuccess(cmd *fsmpb.Command, res fsm.Result) (immedia
 	case *fsmpb.Command_LiftDelay:
 		if len(res.Grants) > 0 && m.before[op.LiftDelay.GetLock()].Delay == 0 {
 			return false, fmt.Errorf("LiftDelay(%q) of a lock not delayed granted %+v", op.LiftDelay.GetLock(), res.Grants)
+		}
+	case *fsmpb.Command_RaiseTokens:
+		if len(res.Grants) > 0 {
+			return false, fmt.Errorf("%v granted %+v", cmd, res.Grants)
 		}
 	case *fsmpb.Command_RegisterNode:
 		r := op.RegisterNode
@@ -974,6 +982,10 @@ func (c *commandSource) next(s *fsm.State) (*fsmpb.Command, bool) {
 	op := c.byte()
 	if op == 0xff {
 		return &fsmpb.Command{}, true
+	}
+	if op == 0xfe { // a new leader's token floor, above or below the last token
+		floor := max(0, int64(s.LastToken())+int64(c.byte())-128)
+		return &fsmpb.Command{Op: &fsmpb.Command_RaiseTokens{RaiseTokens: &fsmpb.RaiseTokens{Floor: uint64(floor)}}}, true
 	}
 	if op >= 0xa0 {
 		return c.kvOp(s, op), true

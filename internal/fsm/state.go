@@ -329,6 +329,9 @@ func (s *State) apply(cmd *fsmpb.Command) Result {
 		return s.kvDelete(op.KvDelete)
 	case *fsmpb.Command_RegisterNode:
 		return s.registerNode(op.RegisterNode)
+	case *fsmpb.Command_RaiseTokens:
+		s.lastToken = max(s.lastToken, op.RaiseTokens.GetFloor())
+		return Result{}
 	}
 	return Result{Err: fmt.Errorf("%w: unknown command", fence.ErrInvalidArgument)}
 }

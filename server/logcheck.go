@@ -1,0 +1,175 @@
+package server
+
+import (
+	"bytes"
+	"encoding/binary"
+	"errors"
+	"fmt"
+	"hash/crc32"
+
+	"github.com/hashicorp/raft"
+)
+
+// Neither raft log store checks what it reads back: raft-boltdb's pages
+// carry no checksum, and raft-wal checks only the last batch it wrote, when
+// it reopens a segment. A flipped bit in an entry would be applied as data,
+// and a flipped frame header in the middle of raft-wal's open segment makes
+// it drop every entry after it, acknowledged ones included. checkedLog closes
+// the first hole: every entry it stores carries a CRC-32C of its index, term,
+// type, extensions and data, checked on every read. checkWALTail closes the
+// second (walcheck.go).
+
+// entryMagic starts the data of every entry checkedLog stores, followed by
+// the checksum (little endian) and the entry's own data.
+var entryMagic = [4]byte{0xfe, 'f', 'c', 1}
+
+const entryHeaderLen = len(entryMagic) + 4
+
+var castagnoli = crc32.MakeTable(crc32.Castagnoli)
+
+// checkedFromKey names the stable-store value that holds the first index
+// stored with a checksum. A data dir written before checksums existed has
+// entries below it without one; they are read as they are.
+var checkedFromKey = []byte("fence-log-checksums-from")
+
+// errLogCorrupt marks an entry whose checksum does not match.
+var errLogCorrupt = errors.New("raft log entry is corrupt")
+
+// checkedLog stores raft log entries with a checksum and verifies it on
+// every read. It never changes the entries raft hands it: it stores copies.
+type checkedLog struct {
+	raft.LogStore
+	// from is the first index that must carry a checksum.
+	from uint64
+}
+
+// newCheckedLog wraps store. For a data dir whose log predates checksums,
+// the first index stored from now on is recorded in stable, so that later
+// reads know which entries must carry one.
+func newCheckedLog(store raft.LogStore, stable raft.StableStore) (*checkedLog, error) {
+	from, err := stable.GetUint64(checkedFromKey)
+	if err != nil || from == 0 {
+		last, err := store.LastIndex()
+		if err != nil {
+			return nil, err
+		}
+		from = last + 1
+		if err := stable.SetUint64(checkedFromKey, from); err != nil {
+			return nil, fmt.Errorf("recording where log checksums begin: %w", err)
+		}
+	}
+	return &checkedLog{LogStore: store, from: from}, nil
+}
+
+// GetLog reads the entry at index and verifies its checksum.
+func (c *checkedLog) GetLog(index uint64, log *raft.Log) error {
+	if err := c.LogStore.GetLog(index, log); err != nil {
+		return err
+	}
+	if log.Index != index {
+		return fmt.Errorf("%w: asked for index %d, the store returned index %d", errLogCorrupt, index, log.Index)
+	}
+	data, sealed, ok := unwrapEntry(log)
+	switch {
+	case ok:
+		log.Data = data
+		return nil
+	case sealed:
+		return fmt.Errorf("%w: the checksum of index %d (term %d) does not match its contents", errLogCorrupt, index, log.Term)
+	case index >= c.from:
+		return fmt.Errorf("%w: index %d (term %d) has no checksum, and every entry from index %d has one", errLogCorrupt, index, log.Term, c.from)
+	}
+	return nil // stored before checksums existed
+}
+
+// StoreLog stores one entry with its checksum.
+func (c *checkedLog) StoreLog(log *raft.Log) error {
+	return c.StoreLogs([]*raft.Log{log})
+}
+
+// StoreLogs stores entries with their checksums.
+func (c *checkedLog) StoreLogs(logs []*raft.Log) error {
+	wrapped := make([]*raft.Log, len(logs))
+	copies := make([]raft.Log, len(logs))
+	for i, l := range logs {
+		copies[i] = *l
+		copies[i].Data = wrapEntry(l)
+		wrapped[i] = &copies[i]
+	}
+	return c.LogStore.StoreLogs(wrapped)
+}
+
+// IsMonotonic passes on raft-wal's answer: it cannot store a log with gaps.
+func (c *checkedLog) IsMonotonic() bool {
+	m, ok := c.LogStore.(raft.MonotonicLogStore)
+	return ok && m.IsMonotonic()
+}
+
+// verify reads every entry in the log, so that a node finds corruption when
+// it starts rather than when it applies or replicates the entry.
+func (c *checkedLog) verify() error {
+	first, err := c.FirstIndex()
+	if err != nil {
+		return err
+	}
+	last, err := c.LastIndex()
+	if err != nil {
+		return err
+	}
+	if last == 0 {
+		return nil
+	}
+	var l raft.Log
+	for i := first; i <= last; i++ {
+		if err := c.GetLog(i, &l); err != nil {
+			return &corruptLogError{index: i, err: err}
+		}
+	}
+	return nil
+}
+
+// corruptLogError is a log entry that could not be read back intact.
+type corruptLogError struct {
+	index uint64
+	err   error
+}
+
+func (e *corruptLogError) Error() string {
+	return fmt.Sprintf("log index %d: %v", e.index, e.err)
+}
+
+func (e *corruptLogError) Unwrap() error { return e.err }
+
+func wrapEntry(l *raft.Log) []byte {
+	out := make([]byte, entryHeaderLen+len(l.Data))
+	copy(out, entryMagic[:])
+	binary.LittleEndian.PutUint32(out[len(entryMagic):], entrySum(l, l.Data))
+	copy(out[entryHeaderLen:], l.Data)
+	return out
+}
+
+// unwrapEntry returns the entry's own data and whether it was stored with
+// a checksum (sealed) that matches (ok). No command, configuration or empty
+// entry raft or fence writes begins with entryMagic's first byte, so data
+// stored before checksums existed is never taken for sealed.
+func unwrapEntry(l *raft.Log) (data []byte, sealed, ok bool) {
+	if len(l.Data) < entryHeaderLen || !bytes.Equal(l.Data[:len(entryMagic)], entryMagic[:]) {
+		return nil, false, false
+	}
+	data = l.Data[entryHeaderLen:]
+	want := binary.LittleEndian.Uint32(l.Data[len(entryMagic):])
+	return data, true, entrySum(l, data) == want
+}
+
+// entrySum is the CRC-32C of everything raft reads from an entry but the
+// time it was appended.
+func entrySum(l *raft.Log, data []byte) uint32 {
+	var head [8 + 8 + 1 + 8]byte
+	binary.LittleEndian.PutUint64(head[0:], l.Index)
+	binary.LittleEndian.PutUint64(head[8:], l.Term)
+	head[16] = byte(l.Type)
+	binary.LittleEndian.PutUint64(head[17:], uint64(len(l.Extensions)))
+	sum := crc32.Update(0, castagnoli, head[:])
+	sum = crc32.Update(sum, castagnoli, l.Extensions)
+	return crc32.Update(sum, castagnoli, data)
+}
