@@ -96,6 +96,9 @@ or a ZooKeeper ephemeral node.`,
 				opts = append(opts, client.BoundTo(s))
 			}
 			rev, err := c.KV().Put(ctx, args[0], []byte(args[1]), opts...)
+			if hold && ctx.Err() != nil {
+				return nil // interrupted: the deferred Close deletes the key if the put landed
+			}
 			if err != nil {
 				return err
 			}
