@@ -60,6 +60,11 @@ var (
 	// holder: the lock was released, the session closed.
 	ErrReleased = errors.New("fence: released by its holder")
 
+	// ErrRevoked is the cause of a grant's end when someone other than its
+	// holder released it (another client, an operator) while the holder's
+	// session lived on: the holder must stop acting on it.
+	ErrRevoked = errors.New("fence: released by someone else")
+
 	// ErrSessionLost is reported by the client when a session's "safe until"
 	// deadline passed without a renewal: the server may already have expired
 	// the session and given its locks to others.

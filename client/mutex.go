@@ -34,7 +34,8 @@ func (g *Grant) Lock() string { return g.lock }
 func (g *Grant) Token() uint64 { return g.token }
 
 // Context is cancelled when the grant ends: released (context.Cause is
-// ErrLockReleased), or its session ended (the session's Err).
+// ErrLockReleased), released by someone else (ErrLockRevoked), or its
+// session ended (the session's Err).
 func (g *Grant) Context() context.Context { return g.ctx }
 
 // Done is closed when the grant ends.
@@ -51,6 +52,12 @@ func (g *Grant) Err() error {
 // ErrLockReleased is the cause of a grant's end after Unlock (or Release).
 // It wraps fence.ErrReleased.
 var ErrLockReleased = fmt.Errorf("%w: lock released", fence.ErrReleased)
+
+// ErrLockRevoked is the cause of a grant's end when someone else (another
+// client, an operator) released it while its session lived on. The session
+// learns of it from its next keepalive, within a third of the TTL. It wraps
+// fence.ErrRevoked.
+var ErrLockRevoked = fmt.Errorf("%w: the session no longer holds the lock", fence.ErrRevoked)
 
 // LockOption configures a Mutex.
 type LockOption func(*lockOptions)
@@ -170,6 +177,7 @@ func (m *Mutex) acquire(ctx context.Context, try bool) (*Grant, error) {
 	g := &Grant{lock: m.name, token: resp.GetToken()}
 	g.ctx, g.cancel = context.WithCancelCause(s.ctx)
 	m.grant = g
+	s.track(g)
 	return g, nil
 }
 
@@ -225,6 +233,7 @@ func (m *Mutex) Unlock(ctx context.Context) error {
 		return fmt.Errorf("%w: %s %q is not held", fence.ErrNotHolder, m.kind(), m.name)
 	}
 	g.cancel(ErrLockReleased)
+	m.s.untrack(g)
 	attempts := 0
 	return m.s.client.call(ctx, func(ctx context.Context, ep *endpoint) error {
 		attempts++

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"slices"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -42,6 +43,10 @@ type Session struct {
 
 	mu        sync.Mutex
 	safeUntil time.Time
+	// renewals counts the keepalives sent; grants maps each live grant to
+	// the count when it was received (see checkHeld).
+	renewals uint64
+	grants   map[*Grant]uint64
 
 	// requests numbers the session's Acquire calls (their request ids).
 	requests atomic.Uint64
@@ -259,14 +264,24 @@ func (s *Session) renew(ctx context.Context, safe time.Time) error {
 	defer cancel()
 	timer := clk.AfterFunc(safe.Sub(clk.Now()), cancel)
 	defer timer.Stop()
-	var sent time.Time
+	var (
+		sent time.Time
+		held *fencev1.HeldGrants
+	)
+	s.mu.Lock()
+	s.renewals++
+	round := s.renewals
+	s.mu.Unlock()
 	// A node that hangs gets a quarter of the TTL, so that the other nodes
 	// are tried well before the safe-until deadline.
 	attempt := s.ttl / 4
 	err := s.client.call(ctx, func(ctx context.Context, ep *endpoint) error {
 		sent = clk.Now()
 		return withAttemptDeadline(ctx, clk, attempt, ep, func(ctx context.Context) error {
-			_, err := ep.sessions.KeepAlive(ctx, connect.NewRequest(&fencev1.KeepAliveRequest{SessionId: s.id}))
+			resp, err := ep.sessions.KeepAlive(ctx, connect.NewRequest(&fencev1.KeepAliveRequest{SessionId: s.id}))
+			if err == nil {
+				held = resp.Msg.GetHeld()
+			}
 			return err
 		})
 	})
@@ -278,5 +293,45 @@ func (s *Session) renew(ctx context.Context, safe time.Time) error {
 		s.safeUntil = d
 	}
 	s.mu.Unlock()
+	if held != nil {
+		s.checkHeld(round, held.GetTokens())
+	}
 	return nil
+}
+
+// track counts g among the session's live grants.
+func (s *Session) track(g *Grant) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.grants == nil {
+		s.grants = map[*Grant]uint64{}
+	}
+	s.grants[g] = s.renewals
+}
+
+// untrack forgets a grant that ended.
+func (s *Session) untrack(g *Grant) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	delete(s.grants, g)
+}
+
+// checkHeld ends the grants that someone else released: those received
+// before keepalive number round was sent (so the service had granted them
+// before it answered) whose tokens the answer no longer lists as held.
+func (s *Session) checkHeld(round uint64, held []uint64) {
+	s.mu.Lock()
+	var lost []*Grant
+	for g, since := range s.grants {
+		if since < round && g.ctx.Err() == nil {
+			if _, ok := slices.BinarySearch(held, g.token); !ok {
+				lost = append(lost, g)
+				delete(s.grants, g)
+			}
+		}
+	}
+	s.mu.Unlock()
+	for _, g := range lost {
+		g.cancel(fmt.Errorf("%w (%s, token %d)", ErrLockRevoked, g.lock, g.token))
+	}
 }

@@ -285,3 +285,28 @@ func TestLockPassesExitStatus(t *testing.T) {
 		}
 	}
 }
+
+// A lock released from under `fence lock` by someone else (another
+// client, an operator) stops the child within a keepalive interval, with
+// exit 75, as a lost session does.
+func TestLockReleasedBySomeoneElseStopsTheChild(t *testing.T) {
+	srv := startServer(t)
+	c := newClient(t, srv.addr)
+	const name = "e2e/revoked"
+	p := startFence(t, "fence lock", append(srv.endpoints(), "lock", "--ttl", "3s", name, "--", "sleep", "20")...)
+	var session, token uint64
+	waitFor(t, 20*time.Second, "fence lock to hold "+name, func() bool {
+		p.failIfExited(t)
+		if h := lockInfo(t, c, name).GetHolders(); len(h) == 1 {
+			session, token = h[0].GetSessionId(), h[0].GetToken()
+		}
+		return token != 0
+	})
+	mustPost(t, srv.addr, "/fence.v1.LockService/Release", fmt.Sprintf(`{"sessionId":"%d","lock":%q,"token":"%d"}`, session, name, token), nil)
+	if code := p.waitExit(t, 3*time.Second); code != 75 {
+		t.Errorf("fence lock exited %d after its lock was released by someone else, want 75; stderr:\n%s", code, p.stderr.String())
+	}
+	if !strings.Contains(p.stderr.String(), "released by someone else") {
+		t.Errorf("fence lock does not say its lock was released by someone else:\n%s", p.stderr.String())
+	}
+}

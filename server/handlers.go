@@ -71,7 +71,9 @@ func (s *Server) KeepAlive(ctx context.Context, req *connect.Request[fencev1.Kee
 	if err := s.tracker.alive(id); err != nil {
 		return nil, err
 	}
-	return connect.NewResponse(&fencev1.KeepAliveResponse{Ttl: durationpb.New(ttl)}), nil
+	held := &fencev1.HeldGrants{}
+	s.fsm.Read(func(st *fsm.State) { held.Tokens = st.HeldTokens(id) })
+	return connect.NewResponse(&fencev1.KeepAliveResponse{Ttl: durationpb.New(ttl), Held: held}), nil
 }
 
 // CloseSession implements fencev1connect.SessionServiceHandler. Closing a

@@ -736,6 +736,24 @@ func (s *State) Session(id uint64) (SessionInfo, bool) {
 	return SessionInfo{ID: sess.id, TTL: sess.ttl, Owner: sess.owner}, true
 }
 
+// HeldTokens returns the tokens of the grants session id holds, in order;
+// nil if it holds none or does not exist.
+func (s *State) HeldTokens(id uint64) []uint64 {
+	sess, ok := s.sessions[id]
+	if !ok {
+		return nil
+	}
+	var tokens []uint64
+	for name := range sess.holds {
+		l := s.locks[name]
+		if i := l.holderIndex(id); i >= 0 {
+			tokens = append(tokens, l.holders[i].token)
+		}
+	}
+	slices.Sort(tokens)
+	return tokens
+}
+
 // Sessions returns every session, in id order.
 func (s *State) Sessions() []SessionInfo {
 	out := make([]SessionInfo, 0, len(s.sessions))

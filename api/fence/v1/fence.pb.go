@@ -373,7 +373,12 @@ type KeepAliveResponse struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
 	// The TTL the session was renewed for, counted from when the leader
 	// received the request.
-	Ttl           *durationpb.Duration `protobuf:"bytes,1,opt,name=ttl,proto3" json:"ttl,omitempty"`
+	Ttl *durationpb.Duration `protobuf:"bytes,1,opt,name=ttl,proto3" json:"ttl,omitempty"`
+	// What the session holds once renewed. A grant the client received
+	// before it sent this keepalive and whose token is not here was released
+	// by someone else (another client or an operator): its holder must stop
+	// acting on it. Unset from servers older than this field.
+	Held          *HeldGrants `protobuf:"bytes,2,opt,name=held,proto3" json:"held,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -415,6 +420,59 @@ func (x *KeepAliveResponse) GetTtl() *durationpb.Duration {
 	return nil
 }
 
+func (x *KeepAliveResponse) GetHeld() *HeldGrants {
+	if x != nil {
+		return x.Held
+	}
+	return nil
+}
+
+// HeldGrants lists a session's grants.
+type HeldGrants struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// The grants' fencing tokens, in order.
+	Tokens        []uint64 `protobuf:"varint,1,rep,packed,name=tokens,proto3" json:"tokens,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *HeldGrants) Reset() {
+	*x = HeldGrants{}
+	mi := &file_fence_v1_fence_proto_msgTypes[4]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *HeldGrants) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*HeldGrants) ProtoMessage() {}
+
+func (x *HeldGrants) ProtoReflect() protoreflect.Message {
+	mi := &file_fence_v1_fence_proto_msgTypes[4]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use HeldGrants.ProtoReflect.Descriptor instead.
+func (*HeldGrants) Descriptor() ([]byte, []int) {
+	return file_fence_v1_fence_proto_rawDescGZIP(), []int{4}
+}
+
+func (x *HeldGrants) GetTokens() []uint64 {
+	if x != nil {
+		return x.Tokens
+	}
+	return nil
+}
+
 type CloseSessionRequest struct {
 	state         protoimpl.MessageState `protogen:"open.v1"`
 	SessionId     uint64                 `protobuf:"varint,1,opt,name=session_id,json=sessionId,proto3" json:"session_id,omitempty"`
@@ -424,7 +482,7 @@ type CloseSessionRequest struct {
 
 func (x *CloseSessionRequest) Reset() {
 	*x = CloseSessionRequest{}
-	mi := &file_fence_v1_fence_proto_msgTypes[4]
+	mi := &file_fence_v1_fence_proto_msgTypes[5]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -436,7 +494,7 @@ func (x *CloseSessionRequest) String() string {
 func (*CloseSessionRequest) ProtoMessage() {}
 
 func (x *CloseSessionRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_fence_v1_fence_proto_msgTypes[4]
+	mi := &file_fence_v1_fence_proto_msgTypes[5]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -449,7 +507,7 @@ func (x *CloseSessionRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CloseSessionRequest.ProtoReflect.Descriptor instead.
 func (*CloseSessionRequest) Descriptor() ([]byte, []int) {
-	return file_fence_v1_fence_proto_rawDescGZIP(), []int{4}
+	return file_fence_v1_fence_proto_rawDescGZIP(), []int{5}
 }
 
 func (x *CloseSessionRequest) GetSessionId() uint64 {
@@ -467,7 +525,7 @@ type CloseSessionResponse struct {
 
 func (x *CloseSessionResponse) Reset() {
 	*x = CloseSessionResponse{}
-	mi := &file_fence_v1_fence_proto_msgTypes[5]
+	mi := &file_fence_v1_fence_proto_msgTypes[6]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -479,7 +537,7 @@ func (x *CloseSessionResponse) String() string {
 func (*CloseSessionResponse) ProtoMessage() {}
 
 func (x *CloseSessionResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_fence_v1_fence_proto_msgTypes[5]
+	mi := &file_fence_v1_fence_proto_msgTypes[6]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -492,7 +550,7 @@ func (x *CloseSessionResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CloseSessionResponse.ProtoReflect.Descriptor instead.
 func (*CloseSessionResponse) Descriptor() ([]byte, []int) {
-	return file_fence_v1_fence_proto_rawDescGZIP(), []int{5}
+	return file_fence_v1_fence_proto_rawDescGZIP(), []int{6}
 }
 
 type AcquireRequest struct {
@@ -527,7 +585,7 @@ type AcquireRequest struct {
 
 func (x *AcquireRequest) Reset() {
 	*x = AcquireRequest{}
-	mi := &file_fence_v1_fence_proto_msgTypes[6]
+	mi := &file_fence_v1_fence_proto_msgTypes[7]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -539,7 +597,7 @@ func (x *AcquireRequest) String() string {
 func (*AcquireRequest) ProtoMessage() {}
 
 func (x *AcquireRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_fence_v1_fence_proto_msgTypes[6]
+	mi := &file_fence_v1_fence_proto_msgTypes[7]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -552,7 +610,7 @@ func (x *AcquireRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use AcquireRequest.ProtoReflect.Descriptor instead.
 func (*AcquireRequest) Descriptor() ([]byte, []int) {
-	return file_fence_v1_fence_proto_rawDescGZIP(), []int{6}
+	return file_fence_v1_fence_proto_rawDescGZIP(), []int{7}
 }
 
 func (x *AcquireRequest) GetSessionId() uint64 {
@@ -622,7 +680,7 @@ type AcquireResponse struct {
 
 func (x *AcquireResponse) Reset() {
 	*x = AcquireResponse{}
-	mi := &file_fence_v1_fence_proto_msgTypes[7]
+	mi := &file_fence_v1_fence_proto_msgTypes[8]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -634,7 +692,7 @@ func (x *AcquireResponse) String() string {
 func (*AcquireResponse) ProtoMessage() {}
 
 func (x *AcquireResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_fence_v1_fence_proto_msgTypes[7]
+	mi := &file_fence_v1_fence_proto_msgTypes[8]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -647,7 +705,7 @@ func (x *AcquireResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use AcquireResponse.ProtoReflect.Descriptor instead.
 func (*AcquireResponse) Descriptor() ([]byte, []int) {
-	return file_fence_v1_fence_proto_rawDescGZIP(), []int{7}
+	return file_fence_v1_fence_proto_rawDescGZIP(), []int{8}
 }
 
 func (x *AcquireResponse) GetLock() string {
@@ -682,7 +740,7 @@ type ReleaseRequest struct {
 
 func (x *ReleaseRequest) Reset() {
 	*x = ReleaseRequest{}
-	mi := &file_fence_v1_fence_proto_msgTypes[8]
+	mi := &file_fence_v1_fence_proto_msgTypes[9]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -694,7 +752,7 @@ func (x *ReleaseRequest) String() string {
 func (*ReleaseRequest) ProtoMessage() {}
 
 func (x *ReleaseRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_fence_v1_fence_proto_msgTypes[8]
+	mi := &file_fence_v1_fence_proto_msgTypes[9]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -707,7 +765,7 @@ func (x *ReleaseRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ReleaseRequest.ProtoReflect.Descriptor instead.
 func (*ReleaseRequest) Descriptor() ([]byte, []int) {
-	return file_fence_v1_fence_proto_rawDescGZIP(), []int{8}
+	return file_fence_v1_fence_proto_rawDescGZIP(), []int{9}
 }
 
 func (x *ReleaseRequest) GetSessionId() uint64 {
@@ -739,7 +797,7 @@ type ReleaseResponse struct {
 
 func (x *ReleaseResponse) Reset() {
 	*x = ReleaseResponse{}
-	mi := &file_fence_v1_fence_proto_msgTypes[9]
+	mi := &file_fence_v1_fence_proto_msgTypes[10]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -751,7 +809,7 @@ func (x *ReleaseResponse) String() string {
 func (*ReleaseResponse) ProtoMessage() {}
 
 func (x *ReleaseResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_fence_v1_fence_proto_msgTypes[9]
+	mi := &file_fence_v1_fence_proto_msgTypes[10]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -764,7 +822,7 @@ func (x *ReleaseResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ReleaseResponse.ProtoReflect.Descriptor instead.
 func (*ReleaseResponse) Descriptor() ([]byte, []int) {
-	return file_fence_v1_fence_proto_rawDescGZIP(), []int{9}
+	return file_fence_v1_fence_proto_rawDescGZIP(), []int{10}
 }
 
 type CancelAcquireRequest struct {
@@ -779,7 +837,7 @@ type CancelAcquireRequest struct {
 
 func (x *CancelAcquireRequest) Reset() {
 	*x = CancelAcquireRequest{}
-	mi := &file_fence_v1_fence_proto_msgTypes[10]
+	mi := &file_fence_v1_fence_proto_msgTypes[11]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -791,7 +849,7 @@ func (x *CancelAcquireRequest) String() string {
 func (*CancelAcquireRequest) ProtoMessage() {}
 
 func (x *CancelAcquireRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_fence_v1_fence_proto_msgTypes[10]
+	mi := &file_fence_v1_fence_proto_msgTypes[11]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -804,7 +862,7 @@ func (x *CancelAcquireRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CancelAcquireRequest.ProtoReflect.Descriptor instead.
 func (*CancelAcquireRequest) Descriptor() ([]byte, []int) {
-	return file_fence_v1_fence_proto_rawDescGZIP(), []int{10}
+	return file_fence_v1_fence_proto_rawDescGZIP(), []int{11}
 }
 
 func (x *CancelAcquireRequest) GetSessionId() uint64 {
@@ -840,7 +898,7 @@ type CancelAcquireResponse struct {
 
 func (x *CancelAcquireResponse) Reset() {
 	*x = CancelAcquireResponse{}
-	mi := &file_fence_v1_fence_proto_msgTypes[11]
+	mi := &file_fence_v1_fence_proto_msgTypes[12]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -852,7 +910,7 @@ func (x *CancelAcquireResponse) String() string {
 func (*CancelAcquireResponse) ProtoMessage() {}
 
 func (x *CancelAcquireResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_fence_v1_fence_proto_msgTypes[11]
+	mi := &file_fence_v1_fence_proto_msgTypes[12]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -865,7 +923,7 @@ func (x *CancelAcquireResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CancelAcquireResponse.ProtoReflect.Descriptor instead.
 func (*CancelAcquireResponse) Descriptor() ([]byte, []int) {
-	return file_fence_v1_fence_proto_rawDescGZIP(), []int{11}
+	return file_fence_v1_fence_proto_rawDescGZIP(), []int{12}
 }
 
 func (x *CancelAcquireResponse) GetReleased() bool {
@@ -895,7 +953,7 @@ type CheckRequest struct {
 
 func (x *CheckRequest) Reset() {
 	*x = CheckRequest{}
-	mi := &file_fence_v1_fence_proto_msgTypes[12]
+	mi := &file_fence_v1_fence_proto_msgTypes[13]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -907,7 +965,7 @@ func (x *CheckRequest) String() string {
 func (*CheckRequest) ProtoMessage() {}
 
 func (x *CheckRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_fence_v1_fence_proto_msgTypes[12]
+	mi := &file_fence_v1_fence_proto_msgTypes[13]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -920,7 +978,7 @@ func (x *CheckRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CheckRequest.ProtoReflect.Descriptor instead.
 func (*CheckRequest) Descriptor() ([]byte, []int) {
-	return file_fence_v1_fence_proto_rawDescGZIP(), []int{12}
+	return file_fence_v1_fence_proto_rawDescGZIP(), []int{13}
 }
 
 func (x *CheckRequest) GetLock() string {
@@ -958,7 +1016,7 @@ type CheckResponse struct {
 
 func (x *CheckResponse) Reset() {
 	*x = CheckResponse{}
-	mi := &file_fence_v1_fence_proto_msgTypes[13]
+	mi := &file_fence_v1_fence_proto_msgTypes[14]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -970,7 +1028,7 @@ func (x *CheckResponse) String() string {
 func (*CheckResponse) ProtoMessage() {}
 
 func (x *CheckResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_fence_v1_fence_proto_msgTypes[13]
+	mi := &file_fence_v1_fence_proto_msgTypes[14]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -983,7 +1041,7 @@ func (x *CheckResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CheckResponse.ProtoReflect.Descriptor instead.
 func (*CheckResponse) Descriptor() ([]byte, []int) {
-	return file_fence_v1_fence_proto_rawDescGZIP(), []int{13}
+	return file_fence_v1_fence_proto_rawDescGZIP(), []int{14}
 }
 
 func (x *CheckResponse) GetCurrent() bool {
@@ -1018,7 +1076,7 @@ type ListLocksRequest struct {
 
 func (x *ListLocksRequest) Reset() {
 	*x = ListLocksRequest{}
-	mi := &file_fence_v1_fence_proto_msgTypes[14]
+	mi := &file_fence_v1_fence_proto_msgTypes[15]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1030,7 +1088,7 @@ func (x *ListLocksRequest) String() string {
 func (*ListLocksRequest) ProtoMessage() {}
 
 func (x *ListLocksRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_fence_v1_fence_proto_msgTypes[14]
+	mi := &file_fence_v1_fence_proto_msgTypes[15]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1043,7 +1101,7 @@ func (x *ListLocksRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListLocksRequest.ProtoReflect.Descriptor instead.
 func (*ListLocksRequest) Descriptor() ([]byte, []int) {
-	return file_fence_v1_fence_proto_rawDescGZIP(), []int{14}
+	return file_fence_v1_fence_proto_rawDescGZIP(), []int{15}
 }
 
 func (x *ListLocksRequest) GetPrefix() string {
@@ -1072,7 +1130,7 @@ type Holder struct {
 
 func (x *Holder) Reset() {
 	*x = Holder{}
-	mi := &file_fence_v1_fence_proto_msgTypes[15]
+	mi := &file_fence_v1_fence_proto_msgTypes[16]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1084,7 +1142,7 @@ func (x *Holder) String() string {
 func (*Holder) ProtoMessage() {}
 
 func (x *Holder) ProtoReflect() protoreflect.Message {
-	mi := &file_fence_v1_fence_proto_msgTypes[15]
+	mi := &file_fence_v1_fence_proto_msgTypes[16]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1097,7 +1155,7 @@ func (x *Holder) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Holder.ProtoReflect.Descriptor instead.
 func (*Holder) Descriptor() ([]byte, []int) {
-	return file_fence_v1_fence_proto_rawDescGZIP(), []int{15}
+	return file_fence_v1_fence_proto_rawDescGZIP(), []int{16}
 }
 
 func (x *Holder) GetSessionId() uint64 {
@@ -1139,7 +1197,7 @@ type Waiter struct {
 
 func (x *Waiter) Reset() {
 	*x = Waiter{}
-	mi := &file_fence_v1_fence_proto_msgTypes[16]
+	mi := &file_fence_v1_fence_proto_msgTypes[17]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1151,7 +1209,7 @@ func (x *Waiter) String() string {
 func (*Waiter) ProtoMessage() {}
 
 func (x *Waiter) ProtoReflect() protoreflect.Message {
-	mi := &file_fence_v1_fence_proto_msgTypes[16]
+	mi := &file_fence_v1_fence_proto_msgTypes[17]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1164,7 +1222,7 @@ func (x *Waiter) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Waiter.ProtoReflect.Descriptor instead.
 func (*Waiter) Descriptor() ([]byte, []int) {
-	return file_fence_v1_fence_proto_rawDescGZIP(), []int{16}
+	return file_fence_v1_fence_proto_rawDescGZIP(), []int{17}
 }
 
 func (x *Waiter) GetSessionId() uint64 {
@@ -1203,7 +1261,7 @@ type LockInfo struct {
 
 func (x *LockInfo) Reset() {
 	*x = LockInfo{}
-	mi := &file_fence_v1_fence_proto_msgTypes[17]
+	mi := &file_fence_v1_fence_proto_msgTypes[18]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1215,7 +1273,7 @@ func (x *LockInfo) String() string {
 func (*LockInfo) ProtoMessage() {}
 
 func (x *LockInfo) ProtoReflect() protoreflect.Message {
-	mi := &file_fence_v1_fence_proto_msgTypes[17]
+	mi := &file_fence_v1_fence_proto_msgTypes[18]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1228,7 +1286,7 @@ func (x *LockInfo) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use LockInfo.ProtoReflect.Descriptor instead.
 func (*LockInfo) Descriptor() ([]byte, []int) {
-	return file_fence_v1_fence_proto_rawDescGZIP(), []int{17}
+	return file_fence_v1_fence_proto_rawDescGZIP(), []int{18}
 }
 
 func (x *LockInfo) GetName() string {
@@ -1275,7 +1333,7 @@ type ListLocksResponse struct {
 
 func (x *ListLocksResponse) Reset() {
 	*x = ListLocksResponse{}
-	mi := &file_fence_v1_fence_proto_msgTypes[18]
+	mi := &file_fence_v1_fence_proto_msgTypes[19]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1287,7 +1345,7 @@ func (x *ListLocksResponse) String() string {
 func (*ListLocksResponse) ProtoMessage() {}
 
 func (x *ListLocksResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_fence_v1_fence_proto_msgTypes[18]
+	mi := &file_fence_v1_fence_proto_msgTypes[19]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1300,7 +1358,7 @@ func (x *ListLocksResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListLocksResponse.ProtoReflect.Descriptor instead.
 func (*ListLocksResponse) Descriptor() ([]byte, []int) {
-	return file_fence_v1_fence_proto_rawDescGZIP(), []int{18}
+	return file_fence_v1_fence_proto_rawDescGZIP(), []int{19}
 }
 
 func (x *ListLocksResponse) GetLocks() []*LockInfo {
@@ -1318,7 +1376,7 @@ type StatusRequest struct {
 
 func (x *StatusRequest) Reset() {
 	*x = StatusRequest{}
-	mi := &file_fence_v1_fence_proto_msgTypes[19]
+	mi := &file_fence_v1_fence_proto_msgTypes[20]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1330,7 +1388,7 @@ func (x *StatusRequest) String() string {
 func (*StatusRequest) ProtoMessage() {}
 
 func (x *StatusRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_fence_v1_fence_proto_msgTypes[19]
+	mi := &file_fence_v1_fence_proto_msgTypes[20]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1343,7 +1401,7 @@ func (x *StatusRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use StatusRequest.ProtoReflect.Descriptor instead.
 func (*StatusRequest) Descriptor() ([]byte, []int) {
-	return file_fence_v1_fence_proto_rawDescGZIP(), []int{19}
+	return file_fence_v1_fence_proto_rawDescGZIP(), []int{20}
 }
 
 type StatusResponse struct {
@@ -1369,7 +1427,7 @@ type StatusResponse struct {
 
 func (x *StatusResponse) Reset() {
 	*x = StatusResponse{}
-	mi := &file_fence_v1_fence_proto_msgTypes[20]
+	mi := &file_fence_v1_fence_proto_msgTypes[21]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1381,7 +1439,7 @@ func (x *StatusResponse) String() string {
 func (*StatusResponse) ProtoMessage() {}
 
 func (x *StatusResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_fence_v1_fence_proto_msgTypes[20]
+	mi := &file_fence_v1_fence_proto_msgTypes[21]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1394,7 +1452,7 @@ func (x *StatusResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use StatusResponse.ProtoReflect.Descriptor instead.
 func (*StatusResponse) Descriptor() ([]byte, []int) {
-	return file_fence_v1_fence_proto_rawDescGZIP(), []int{20}
+	return file_fence_v1_fence_proto_rawDescGZIP(), []int{21}
 }
 
 func (x *StatusResponse) GetNodeId() string {
@@ -1502,7 +1560,7 @@ type Member struct {
 
 func (x *Member) Reset() {
 	*x = Member{}
-	mi := &file_fence_v1_fence_proto_msgTypes[21]
+	mi := &file_fence_v1_fence_proto_msgTypes[22]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1514,7 +1572,7 @@ func (x *Member) String() string {
 func (*Member) ProtoMessage() {}
 
 func (x *Member) ProtoReflect() protoreflect.Message {
-	mi := &file_fence_v1_fence_proto_msgTypes[21]
+	mi := &file_fence_v1_fence_proto_msgTypes[22]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1527,7 +1585,7 @@ func (x *Member) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Member.ProtoReflect.Descriptor instead.
 func (*Member) Descriptor() ([]byte, []int) {
-	return file_fence_v1_fence_proto_rawDescGZIP(), []int{21}
+	return file_fence_v1_fence_proto_rawDescGZIP(), []int{22}
 }
 
 func (x *Member) GetId() string {
@@ -1571,7 +1629,7 @@ type AddMemberRequest struct {
 
 func (x *AddMemberRequest) Reset() {
 	*x = AddMemberRequest{}
-	mi := &file_fence_v1_fence_proto_msgTypes[22]
+	mi := &file_fence_v1_fence_proto_msgTypes[23]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1583,7 +1641,7 @@ func (x *AddMemberRequest) String() string {
 func (*AddMemberRequest) ProtoMessage() {}
 
 func (x *AddMemberRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_fence_v1_fence_proto_msgTypes[22]
+	mi := &file_fence_v1_fence_proto_msgTypes[23]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1596,7 +1654,7 @@ func (x *AddMemberRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use AddMemberRequest.ProtoReflect.Descriptor instead.
 func (*AddMemberRequest) Descriptor() ([]byte, []int) {
-	return file_fence_v1_fence_proto_rawDescGZIP(), []int{22}
+	return file_fence_v1_fence_proto_rawDescGZIP(), []int{23}
 }
 
 func (x *AddMemberRequest) GetId() string {
@@ -1628,7 +1686,7 @@ type AddMemberResponse struct {
 
 func (x *AddMemberResponse) Reset() {
 	*x = AddMemberResponse{}
-	mi := &file_fence_v1_fence_proto_msgTypes[23]
+	mi := &file_fence_v1_fence_proto_msgTypes[24]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1640,7 +1698,7 @@ func (x *AddMemberResponse) String() string {
 func (*AddMemberResponse) ProtoMessage() {}
 
 func (x *AddMemberResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_fence_v1_fence_proto_msgTypes[23]
+	mi := &file_fence_v1_fence_proto_msgTypes[24]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1653,7 +1711,7 @@ func (x *AddMemberResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use AddMemberResponse.ProtoReflect.Descriptor instead.
 func (*AddMemberResponse) Descriptor() ([]byte, []int) {
-	return file_fence_v1_fence_proto_rawDescGZIP(), []int{23}
+	return file_fence_v1_fence_proto_rawDescGZIP(), []int{24}
 }
 
 type RemoveMemberRequest struct {
@@ -1665,7 +1723,7 @@ type RemoveMemberRequest struct {
 
 func (x *RemoveMemberRequest) Reset() {
 	*x = RemoveMemberRequest{}
-	mi := &file_fence_v1_fence_proto_msgTypes[24]
+	mi := &file_fence_v1_fence_proto_msgTypes[25]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1677,7 +1735,7 @@ func (x *RemoveMemberRequest) String() string {
 func (*RemoveMemberRequest) ProtoMessage() {}
 
 func (x *RemoveMemberRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_fence_v1_fence_proto_msgTypes[24]
+	mi := &file_fence_v1_fence_proto_msgTypes[25]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1690,7 +1748,7 @@ func (x *RemoveMemberRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RemoveMemberRequest.ProtoReflect.Descriptor instead.
 func (*RemoveMemberRequest) Descriptor() ([]byte, []int) {
-	return file_fence_v1_fence_proto_rawDescGZIP(), []int{24}
+	return file_fence_v1_fence_proto_rawDescGZIP(), []int{25}
 }
 
 func (x *RemoveMemberRequest) GetId() string {
@@ -1708,7 +1766,7 @@ type RemoveMemberResponse struct {
 
 func (x *RemoveMemberResponse) Reset() {
 	*x = RemoveMemberResponse{}
-	mi := &file_fence_v1_fence_proto_msgTypes[25]
+	mi := &file_fence_v1_fence_proto_msgTypes[26]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1720,7 +1778,7 @@ func (x *RemoveMemberResponse) String() string {
 func (*RemoveMemberResponse) ProtoMessage() {}
 
 func (x *RemoveMemberResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_fence_v1_fence_proto_msgTypes[25]
+	mi := &file_fence_v1_fence_proto_msgTypes[26]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1733,7 +1791,7 @@ func (x *RemoveMemberResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RemoveMemberResponse.ProtoReflect.Descriptor instead.
 func (*RemoveMemberResponse) Descriptor() ([]byte, []int) {
-	return file_fence_v1_fence_proto_rawDescGZIP(), []int{25}
+	return file_fence_v1_fence_proto_rawDescGZIP(), []int{26}
 }
 
 type RegisterNodeRequest struct {
@@ -1746,7 +1804,7 @@ type RegisterNodeRequest struct {
 
 func (x *RegisterNodeRequest) Reset() {
 	*x = RegisterNodeRequest{}
-	mi := &file_fence_v1_fence_proto_msgTypes[26]
+	mi := &file_fence_v1_fence_proto_msgTypes[27]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1758,7 +1816,7 @@ func (x *RegisterNodeRequest) String() string {
 func (*RegisterNodeRequest) ProtoMessage() {}
 
 func (x *RegisterNodeRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_fence_v1_fence_proto_msgTypes[26]
+	mi := &file_fence_v1_fence_proto_msgTypes[27]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1771,7 +1829,7 @@ func (x *RegisterNodeRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RegisterNodeRequest.ProtoReflect.Descriptor instead.
 func (*RegisterNodeRequest) Descriptor() ([]byte, []int) {
-	return file_fence_v1_fence_proto_rawDescGZIP(), []int{26}
+	return file_fence_v1_fence_proto_rawDescGZIP(), []int{27}
 }
 
 func (x *RegisterNodeRequest) GetId() string {
@@ -1796,7 +1854,7 @@ type RegisterNodeResponse struct {
 
 func (x *RegisterNodeResponse) Reset() {
 	*x = RegisterNodeResponse{}
-	mi := &file_fence_v1_fence_proto_msgTypes[27]
+	mi := &file_fence_v1_fence_proto_msgTypes[28]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1808,7 +1866,7 @@ func (x *RegisterNodeResponse) String() string {
 func (*RegisterNodeResponse) ProtoMessage() {}
 
 func (x *RegisterNodeResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_fence_v1_fence_proto_msgTypes[27]
+	mi := &file_fence_v1_fence_proto_msgTypes[28]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1821,7 +1879,7 @@ func (x *RegisterNodeResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RegisterNodeResponse.ProtoReflect.Descriptor instead.
 func (*RegisterNodeResponse) Descriptor() ([]byte, []int) {
-	return file_fence_v1_fence_proto_rawDescGZIP(), []int{27}
+	return file_fence_v1_fence_proto_rawDescGZIP(), []int{28}
 }
 
 // Fence is how a KV write is fenced.
@@ -1844,7 +1902,7 @@ type Fence struct {
 
 func (x *Fence) Reset() {
 	*x = Fence{}
-	mi := &file_fence_v1_fence_proto_msgTypes[28]
+	mi := &file_fence_v1_fence_proto_msgTypes[29]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1856,7 +1914,7 @@ func (x *Fence) String() string {
 func (*Fence) ProtoMessage() {}
 
 func (x *Fence) ProtoReflect() protoreflect.Message {
-	mi := &file_fence_v1_fence_proto_msgTypes[28]
+	mi := &file_fence_v1_fence_proto_msgTypes[29]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1869,7 +1927,7 @@ func (x *Fence) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Fence.ProtoReflect.Descriptor instead.
 func (*Fence) Descriptor() ([]byte, []int) {
-	return file_fence_v1_fence_proto_rawDescGZIP(), []int{28}
+	return file_fence_v1_fence_proto_rawDescGZIP(), []int{29}
 }
 
 func (x *Fence) GetLock() string {
@@ -1916,7 +1974,7 @@ type PutRequest struct {
 
 func (x *PutRequest) Reset() {
 	*x = PutRequest{}
-	mi := &file_fence_v1_fence_proto_msgTypes[29]
+	mi := &file_fence_v1_fence_proto_msgTypes[30]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1928,7 +1986,7 @@ func (x *PutRequest) String() string {
 func (*PutRequest) ProtoMessage() {}
 
 func (x *PutRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_fence_v1_fence_proto_msgTypes[29]
+	mi := &file_fence_v1_fence_proto_msgTypes[30]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1941,7 +1999,7 @@ func (x *PutRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use PutRequest.ProtoReflect.Descriptor instead.
 func (*PutRequest) Descriptor() ([]byte, []int) {
-	return file_fence_v1_fence_proto_rawDescGZIP(), []int{29}
+	return file_fence_v1_fence_proto_rawDescGZIP(), []int{30}
 }
 
 func (x *PutRequest) GetKey() string {
@@ -1982,7 +2040,7 @@ type PutResponse struct {
 
 func (x *PutResponse) Reset() {
 	*x = PutResponse{}
-	mi := &file_fence_v1_fence_proto_msgTypes[30]
+	mi := &file_fence_v1_fence_proto_msgTypes[31]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1994,7 +2052,7 @@ func (x *PutResponse) String() string {
 func (*PutResponse) ProtoMessage() {}
 
 func (x *PutResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_fence_v1_fence_proto_msgTypes[30]
+	mi := &file_fence_v1_fence_proto_msgTypes[31]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2007,7 +2065,7 @@ func (x *PutResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use PutResponse.ProtoReflect.Descriptor instead.
 func (*PutResponse) Descriptor() ([]byte, []int) {
-	return file_fence_v1_fence_proto_rawDescGZIP(), []int{30}
+	return file_fence_v1_fence_proto_rawDescGZIP(), []int{31}
 }
 
 func (x *PutResponse) GetRevision() uint64 {
@@ -2037,7 +2095,7 @@ type KeyValue struct {
 
 func (x *KeyValue) Reset() {
 	*x = KeyValue{}
-	mi := &file_fence_v1_fence_proto_msgTypes[31]
+	mi := &file_fence_v1_fence_proto_msgTypes[32]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2049,7 +2107,7 @@ func (x *KeyValue) String() string {
 func (*KeyValue) ProtoMessage() {}
 
 func (x *KeyValue) ProtoReflect() protoreflect.Message {
-	mi := &file_fence_v1_fence_proto_msgTypes[31]
+	mi := &file_fence_v1_fence_proto_msgTypes[32]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2062,7 +2120,7 @@ func (x *KeyValue) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use KeyValue.ProtoReflect.Descriptor instead.
 func (*KeyValue) Descriptor() ([]byte, []int) {
-	return file_fence_v1_fence_proto_rawDescGZIP(), []int{31}
+	return file_fence_v1_fence_proto_rawDescGZIP(), []int{32}
 }
 
 func (x *KeyValue) GetKey() string {
@@ -2138,7 +2196,7 @@ type GetRequest struct {
 
 func (x *GetRequest) Reset() {
 	*x = GetRequest{}
-	mi := &file_fence_v1_fence_proto_msgTypes[32]
+	mi := &file_fence_v1_fence_proto_msgTypes[33]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2150,7 +2208,7 @@ func (x *GetRequest) String() string {
 func (*GetRequest) ProtoMessage() {}
 
 func (x *GetRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_fence_v1_fence_proto_msgTypes[32]
+	mi := &file_fence_v1_fence_proto_msgTypes[33]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2163,7 +2221,7 @@ func (x *GetRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GetRequest.ProtoReflect.Descriptor instead.
 func (*GetRequest) Descriptor() ([]byte, []int) {
-	return file_fence_v1_fence_proto_rawDescGZIP(), []int{32}
+	return file_fence_v1_fence_proto_rawDescGZIP(), []int{33}
 }
 
 func (x *GetRequest) GetKey() string {
@@ -2192,7 +2250,7 @@ type GetResponse struct {
 
 func (x *GetResponse) Reset() {
 	*x = GetResponse{}
-	mi := &file_fence_v1_fence_proto_msgTypes[33]
+	mi := &file_fence_v1_fence_proto_msgTypes[34]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2204,7 +2262,7 @@ func (x *GetResponse) String() string {
 func (*GetResponse) ProtoMessage() {}
 
 func (x *GetResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_fence_v1_fence_proto_msgTypes[33]
+	mi := &file_fence_v1_fence_proto_msgTypes[34]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2217,7 +2275,7 @@ func (x *GetResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GetResponse.ProtoReflect.Descriptor instead.
 func (*GetResponse) Descriptor() ([]byte, []int) {
-	return file_fence_v1_fence_proto_rawDescGZIP(), []int{33}
+	return file_fence_v1_fence_proto_rawDescGZIP(), []int{34}
 }
 
 func (x *GetResponse) GetFound() bool {
@@ -2251,7 +2309,7 @@ type DeleteRequest struct {
 
 func (x *DeleteRequest) Reset() {
 	*x = DeleteRequest{}
-	mi := &file_fence_v1_fence_proto_msgTypes[34]
+	mi := &file_fence_v1_fence_proto_msgTypes[35]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2263,7 +2321,7 @@ func (x *DeleteRequest) String() string {
 func (*DeleteRequest) ProtoMessage() {}
 
 func (x *DeleteRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_fence_v1_fence_proto_msgTypes[34]
+	mi := &file_fence_v1_fence_proto_msgTypes[35]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2276,7 +2334,7 @@ func (x *DeleteRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use DeleteRequest.ProtoReflect.Descriptor instead.
 func (*DeleteRequest) Descriptor() ([]byte, []int) {
-	return file_fence_v1_fence_proto_rawDescGZIP(), []int{34}
+	return file_fence_v1_fence_proto_rawDescGZIP(), []int{35}
 }
 
 func (x *DeleteRequest) GetKey() string {
@@ -2303,7 +2361,7 @@ type DeleteResponse struct {
 
 func (x *DeleteResponse) Reset() {
 	*x = DeleteResponse{}
-	mi := &file_fence_v1_fence_proto_msgTypes[35]
+	mi := &file_fence_v1_fence_proto_msgTypes[36]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2315,7 +2373,7 @@ func (x *DeleteResponse) String() string {
 func (*DeleteResponse) ProtoMessage() {}
 
 func (x *DeleteResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_fence_v1_fence_proto_msgTypes[35]
+	mi := &file_fence_v1_fence_proto_msgTypes[36]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2328,7 +2386,7 @@ func (x *DeleteResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use DeleteResponse.ProtoReflect.Descriptor instead.
 func (*DeleteResponse) Descriptor() ([]byte, []int) {
-	return file_fence_v1_fence_proto_rawDescGZIP(), []int{35}
+	return file_fence_v1_fence_proto_rawDescGZIP(), []int{36}
 }
 
 func (x *DeleteResponse) GetDeleted() bool {
@@ -2357,7 +2415,7 @@ type ListRequest struct {
 
 func (x *ListRequest) Reset() {
 	*x = ListRequest{}
-	mi := &file_fence_v1_fence_proto_msgTypes[36]
+	mi := &file_fence_v1_fence_proto_msgTypes[37]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2369,7 +2427,7 @@ func (x *ListRequest) String() string {
 func (*ListRequest) ProtoMessage() {}
 
 func (x *ListRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_fence_v1_fence_proto_msgTypes[36]
+	mi := &file_fence_v1_fence_proto_msgTypes[37]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2382,7 +2440,7 @@ func (x *ListRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListRequest.ProtoReflect.Descriptor instead.
 func (*ListRequest) Descriptor() ([]byte, []int) {
-	return file_fence_v1_fence_proto_rawDescGZIP(), []int{36}
+	return file_fence_v1_fence_proto_rawDescGZIP(), []int{37}
 }
 
 func (x *ListRequest) GetPrefix() string {
@@ -2418,7 +2476,7 @@ type ListResponse struct {
 
 func (x *ListResponse) Reset() {
 	*x = ListResponse{}
-	mi := &file_fence_v1_fence_proto_msgTypes[37]
+	mi := &file_fence_v1_fence_proto_msgTypes[38]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2430,7 +2488,7 @@ func (x *ListResponse) String() string {
 func (*ListResponse) ProtoMessage() {}
 
 func (x *ListResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_fence_v1_fence_proto_msgTypes[37]
+	mi := &file_fence_v1_fence_proto_msgTypes[38]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2443,7 +2501,7 @@ func (x *ListResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListResponse.ProtoReflect.Descriptor instead.
 func (*ListResponse) Descriptor() ([]byte, []int) {
-	return file_fence_v1_fence_proto_rawDescGZIP(), []int{37}
+	return file_fence_v1_fence_proto_rawDescGZIP(), []int{38}
 }
 
 func (x *ListResponse) GetKvs() []*KeyValue {
@@ -2482,7 +2540,7 @@ type WatchRequest struct {
 
 func (x *WatchRequest) Reset() {
 	*x = WatchRequest{}
-	mi := &file_fence_v1_fence_proto_msgTypes[38]
+	mi := &file_fence_v1_fence_proto_msgTypes[39]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2494,7 +2552,7 @@ func (x *WatchRequest) String() string {
 func (*WatchRequest) ProtoMessage() {}
 
 func (x *WatchRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_fence_v1_fence_proto_msgTypes[38]
+	mi := &file_fence_v1_fence_proto_msgTypes[39]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2507,7 +2565,7 @@ func (x *WatchRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use WatchRequest.ProtoReflect.Descriptor instead.
 func (*WatchRequest) Descriptor() ([]byte, []int) {
-	return file_fence_v1_fence_proto_rawDescGZIP(), []int{38}
+	return file_fence_v1_fence_proto_rawDescGZIP(), []int{39}
 }
 
 func (x *WatchRequest) GetPrefix() string {
@@ -2535,7 +2593,7 @@ type Event struct {
 
 func (x *Event) Reset() {
 	*x = Event{}
-	mi := &file_fence_v1_fence_proto_msgTypes[39]
+	mi := &file_fence_v1_fence_proto_msgTypes[40]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2547,7 +2605,7 @@ func (x *Event) String() string {
 func (*Event) ProtoMessage() {}
 
 func (x *Event) ProtoReflect() protoreflect.Message {
-	mi := &file_fence_v1_fence_proto_msgTypes[39]
+	mi := &file_fence_v1_fence_proto_msgTypes[40]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2560,7 +2618,7 @@ func (x *Event) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Event.ProtoReflect.Descriptor instead.
 func (*Event) Descriptor() ([]byte, []int) {
-	return file_fence_v1_fence_proto_rawDescGZIP(), []int{39}
+	return file_fence_v1_fence_proto_rawDescGZIP(), []int{40}
 }
 
 func (x *Event) GetType() EventType {
@@ -2590,7 +2648,7 @@ type WatchResponse struct {
 
 func (x *WatchResponse) Reset() {
 	*x = WatchResponse{}
-	mi := &file_fence_v1_fence_proto_msgTypes[40]
+	mi := &file_fence_v1_fence_proto_msgTypes[41]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2602,7 +2660,7 @@ func (x *WatchResponse) String() string {
 func (*WatchResponse) ProtoMessage() {}
 
 func (x *WatchResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_fence_v1_fence_proto_msgTypes[40]
+	mi := &file_fence_v1_fence_proto_msgTypes[41]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2615,7 +2673,7 @@ func (x *WatchResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use WatchResponse.ProtoReflect.Descriptor instead.
 func (*WatchResponse) Descriptor() ([]byte, []int) {
-	return file_fence_v1_fence_proto_rawDescGZIP(), []int{40}
+	return file_fence_v1_fence_proto_rawDescGZIP(), []int{41}
 }
 
 func (x *WatchResponse) GetEvents() []*Event {
@@ -2649,7 +2707,7 @@ type ErrorDetail struct {
 
 func (x *ErrorDetail) Reset() {
 	*x = ErrorDetail{}
-	mi := &file_fence_v1_fence_proto_msgTypes[41]
+	mi := &file_fence_v1_fence_proto_msgTypes[42]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2661,7 +2719,7 @@ func (x *ErrorDetail) String() string {
 func (*ErrorDetail) ProtoMessage() {}
 
 func (x *ErrorDetail) ProtoReflect() protoreflect.Message {
-	mi := &file_fence_v1_fence_proto_msgTypes[41]
+	mi := &file_fence_v1_fence_proto_msgTypes[42]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2674,7 +2732,7 @@ func (x *ErrorDetail) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ErrorDetail.ProtoReflect.Descriptor instead.
 func (*ErrorDetail) Descriptor() ([]byte, []int) {
-	return file_fence_v1_fence_proto_rawDescGZIP(), []int{41}
+	return file_fence_v1_fence_proto_rawDescGZIP(), []int{42}
 }
 
 func (x *ErrorDetail) GetReason() Reason {
@@ -2733,9 +2791,13 @@ const file_fence_v1_fence_proto_rawDesc = "" +
 	"\x03ttl\x18\x02 \x01(\v2\x19.google.protobuf.DurationR\x03ttl\"1\n" +
 	"\x10KeepAliveRequest\x12\x1d\n" +
 	"\n" +
-	"session_id\x18\x01 \x01(\x04R\tsessionId\"@\n" +
+	"session_id\x18\x01 \x01(\x04R\tsessionId\"j\n" +
 	"\x11KeepAliveResponse\x12+\n" +
-	"\x03ttl\x18\x01 \x01(\v2\x19.google.protobuf.DurationR\x03ttl\"4\n" +
+	"\x03ttl\x18\x01 \x01(\v2\x19.google.protobuf.DurationR\x03ttl\x12(\n" +
+	"\x04held\x18\x02 \x01(\v2\x14.fence.v1.HeldGrantsR\x04held\"$\n" +
+	"\n" +
+	"HeldGrants\x12\x16\n" +
+	"\x06tokens\x18\x01 \x03(\x04R\x06tokens\"4\n" +
 	"\x13CloseSessionRequest\x12\x1d\n" +
 	"\n" +
 	"session_id\x18\x01 \x01(\x04R\tsessionId\"\x16\n" +
@@ -2961,7 +3023,7 @@ func file_fence_v1_fence_proto_rawDescGZIP() []byte {
 }
 
 var file_fence_v1_fence_proto_enumTypes = make([]protoimpl.EnumInfo, 3)
-var file_fence_v1_fence_proto_msgTypes = make([]protoimpl.MessageInfo, 42)
+var file_fence_v1_fence_proto_msgTypes = make([]protoimpl.MessageInfo, 43)
 var file_fence_v1_fence_proto_goTypes = []any{
 	(Mode)(0),                     // 0: fence.v1.Mode
 	(EventType)(0),                // 1: fence.v1.EventType
@@ -2970,107 +3032,109 @@ var file_fence_v1_fence_proto_goTypes = []any{
 	(*CreateSessionResponse)(nil), // 4: fence.v1.CreateSessionResponse
 	(*KeepAliveRequest)(nil),      // 5: fence.v1.KeepAliveRequest
 	(*KeepAliveResponse)(nil),     // 6: fence.v1.KeepAliveResponse
-	(*CloseSessionRequest)(nil),   // 7: fence.v1.CloseSessionRequest
-	(*CloseSessionResponse)(nil),  // 8: fence.v1.CloseSessionResponse
-	(*AcquireRequest)(nil),        // 9: fence.v1.AcquireRequest
-	(*AcquireResponse)(nil),       // 10: fence.v1.AcquireResponse
-	(*ReleaseRequest)(nil),        // 11: fence.v1.ReleaseRequest
-	(*ReleaseResponse)(nil),       // 12: fence.v1.ReleaseResponse
-	(*CancelAcquireRequest)(nil),  // 13: fence.v1.CancelAcquireRequest
-	(*CancelAcquireResponse)(nil), // 14: fence.v1.CancelAcquireResponse
-	(*CheckRequest)(nil),          // 15: fence.v1.CheckRequest
-	(*CheckResponse)(nil),         // 16: fence.v1.CheckResponse
-	(*ListLocksRequest)(nil),      // 17: fence.v1.ListLocksRequest
-	(*Holder)(nil),                // 18: fence.v1.Holder
-	(*Waiter)(nil),                // 19: fence.v1.Waiter
-	(*LockInfo)(nil),              // 20: fence.v1.LockInfo
-	(*ListLocksResponse)(nil),     // 21: fence.v1.ListLocksResponse
-	(*StatusRequest)(nil),         // 22: fence.v1.StatusRequest
-	(*StatusResponse)(nil),        // 23: fence.v1.StatusResponse
-	(*Member)(nil),                // 24: fence.v1.Member
-	(*AddMemberRequest)(nil),      // 25: fence.v1.AddMemberRequest
-	(*AddMemberResponse)(nil),     // 26: fence.v1.AddMemberResponse
-	(*RemoveMemberRequest)(nil),   // 27: fence.v1.RemoveMemberRequest
-	(*RemoveMemberResponse)(nil),  // 28: fence.v1.RemoveMemberResponse
-	(*RegisterNodeRequest)(nil),   // 29: fence.v1.RegisterNodeRequest
-	(*RegisterNodeResponse)(nil),  // 30: fence.v1.RegisterNodeResponse
-	(*Fence)(nil),                 // 31: fence.v1.Fence
-	(*PutRequest)(nil),            // 32: fence.v1.PutRequest
-	(*PutResponse)(nil),           // 33: fence.v1.PutResponse
-	(*KeyValue)(nil),              // 34: fence.v1.KeyValue
-	(*GetRequest)(nil),            // 35: fence.v1.GetRequest
-	(*GetResponse)(nil),           // 36: fence.v1.GetResponse
-	(*DeleteRequest)(nil),         // 37: fence.v1.DeleteRequest
-	(*DeleteResponse)(nil),        // 38: fence.v1.DeleteResponse
-	(*ListRequest)(nil),           // 39: fence.v1.ListRequest
-	(*ListResponse)(nil),          // 40: fence.v1.ListResponse
-	(*WatchRequest)(nil),          // 41: fence.v1.WatchRequest
-	(*Event)(nil),                 // 42: fence.v1.Event
-	(*WatchResponse)(nil),         // 43: fence.v1.WatchResponse
-	(*ErrorDetail)(nil),           // 44: fence.v1.ErrorDetail
-	(*durationpb.Duration)(nil),   // 45: google.protobuf.Duration
+	(*HeldGrants)(nil),            // 7: fence.v1.HeldGrants
+	(*CloseSessionRequest)(nil),   // 8: fence.v1.CloseSessionRequest
+	(*CloseSessionResponse)(nil),  // 9: fence.v1.CloseSessionResponse
+	(*AcquireRequest)(nil),        // 10: fence.v1.AcquireRequest
+	(*AcquireResponse)(nil),       // 11: fence.v1.AcquireResponse
+	(*ReleaseRequest)(nil),        // 12: fence.v1.ReleaseRequest
+	(*ReleaseResponse)(nil),       // 13: fence.v1.ReleaseResponse
+	(*CancelAcquireRequest)(nil),  // 14: fence.v1.CancelAcquireRequest
+	(*CancelAcquireResponse)(nil), // 15: fence.v1.CancelAcquireResponse
+	(*CheckRequest)(nil),          // 16: fence.v1.CheckRequest
+	(*CheckResponse)(nil),         // 17: fence.v1.CheckResponse
+	(*ListLocksRequest)(nil),      // 18: fence.v1.ListLocksRequest
+	(*Holder)(nil),                // 19: fence.v1.Holder
+	(*Waiter)(nil),                // 20: fence.v1.Waiter
+	(*LockInfo)(nil),              // 21: fence.v1.LockInfo
+	(*ListLocksResponse)(nil),     // 22: fence.v1.ListLocksResponse
+	(*StatusRequest)(nil),         // 23: fence.v1.StatusRequest
+	(*StatusResponse)(nil),        // 24: fence.v1.StatusResponse
+	(*Member)(nil),                // 25: fence.v1.Member
+	(*AddMemberRequest)(nil),      // 26: fence.v1.AddMemberRequest
+	(*AddMemberResponse)(nil),     // 27: fence.v1.AddMemberResponse
+	(*RemoveMemberRequest)(nil),   // 28: fence.v1.RemoveMemberRequest
+	(*RemoveMemberResponse)(nil),  // 29: fence.v1.RemoveMemberResponse
+	(*RegisterNodeRequest)(nil),   // 30: fence.v1.RegisterNodeRequest
+	(*RegisterNodeResponse)(nil),  // 31: fence.v1.RegisterNodeResponse
+	(*Fence)(nil),                 // 32: fence.v1.Fence
+	(*PutRequest)(nil),            // 33: fence.v1.PutRequest
+	(*PutResponse)(nil),           // 34: fence.v1.PutResponse
+	(*KeyValue)(nil),              // 35: fence.v1.KeyValue
+	(*GetRequest)(nil),            // 36: fence.v1.GetRequest
+	(*GetResponse)(nil),           // 37: fence.v1.GetResponse
+	(*DeleteRequest)(nil),         // 38: fence.v1.DeleteRequest
+	(*DeleteResponse)(nil),        // 39: fence.v1.DeleteResponse
+	(*ListRequest)(nil),           // 40: fence.v1.ListRequest
+	(*ListResponse)(nil),          // 41: fence.v1.ListResponse
+	(*WatchRequest)(nil),          // 42: fence.v1.WatchRequest
+	(*Event)(nil),                 // 43: fence.v1.Event
+	(*WatchResponse)(nil),         // 44: fence.v1.WatchResponse
+	(*ErrorDetail)(nil),           // 45: fence.v1.ErrorDetail
+	(*durationpb.Duration)(nil),   // 46: google.protobuf.Duration
 }
 var file_fence_v1_fence_proto_depIdxs = []int32{
-	45, // 0: fence.v1.CreateSessionRequest.ttl:type_name -> google.protobuf.Duration
-	45, // 1: fence.v1.CreateSessionResponse.ttl:type_name -> google.protobuf.Duration
-	45, // 2: fence.v1.KeepAliveResponse.ttl:type_name -> google.protobuf.Duration
-	0,  // 3: fence.v1.AcquireRequest.mode:type_name -> fence.v1.Mode
-	45, // 4: fence.v1.AcquireRequest.wait_timeout:type_name -> google.protobuf.Duration
-	45, // 5: fence.v1.AcquireRequest.lock_delay:type_name -> google.protobuf.Duration
-	0,  // 6: fence.v1.AcquireResponse.mode:type_name -> fence.v1.Mode
-	0,  // 7: fence.v1.Holder.mode:type_name -> fence.v1.Mode
-	0,  // 8: fence.v1.Waiter.mode:type_name -> fence.v1.Mode
-	18, // 9: fence.v1.LockInfo.holders:type_name -> fence.v1.Holder
-	19, // 10: fence.v1.LockInfo.waiters:type_name -> fence.v1.Waiter
-	20, // 11: fence.v1.ListLocksResponse.locks:type_name -> fence.v1.LockInfo
-	24, // 12: fence.v1.StatusResponse.members:type_name -> fence.v1.Member
-	31, // 13: fence.v1.PutRequest.fence:type_name -> fence.v1.Fence
-	34, // 14: fence.v1.GetResponse.kv:type_name -> fence.v1.KeyValue
-	31, // 15: fence.v1.DeleteRequest.fence:type_name -> fence.v1.Fence
-	34, // 16: fence.v1.ListResponse.kvs:type_name -> fence.v1.KeyValue
-	1,  // 17: fence.v1.Event.type:type_name -> fence.v1.EventType
-	34, // 18: fence.v1.Event.kv:type_name -> fence.v1.KeyValue
-	42, // 19: fence.v1.WatchResponse.events:type_name -> fence.v1.Event
-	2,  // 20: fence.v1.ErrorDetail.reason:type_name -> fence.v1.Reason
-	3,  // 21: fence.v1.SessionService.CreateSession:input_type -> fence.v1.CreateSessionRequest
-	5,  // 22: fence.v1.SessionService.KeepAlive:input_type -> fence.v1.KeepAliveRequest
-	7,  // 23: fence.v1.SessionService.CloseSession:input_type -> fence.v1.CloseSessionRequest
-	9,  // 24: fence.v1.LockService.Acquire:input_type -> fence.v1.AcquireRequest
-	11, // 25: fence.v1.LockService.Release:input_type -> fence.v1.ReleaseRequest
-	13, // 26: fence.v1.LockService.CancelAcquire:input_type -> fence.v1.CancelAcquireRequest
-	15, // 27: fence.v1.LockService.Check:input_type -> fence.v1.CheckRequest
-	17, // 28: fence.v1.LockService.ListLocks:input_type -> fence.v1.ListLocksRequest
-	32, // 29: fence.v1.KVService.Put:input_type -> fence.v1.PutRequest
-	35, // 30: fence.v1.KVService.Get:input_type -> fence.v1.GetRequest
-	37, // 31: fence.v1.KVService.Delete:input_type -> fence.v1.DeleteRequest
-	39, // 32: fence.v1.KVService.List:input_type -> fence.v1.ListRequest
-	41, // 33: fence.v1.KVService.Watch:input_type -> fence.v1.WatchRequest
-	22, // 34: fence.v1.ClusterService.Status:input_type -> fence.v1.StatusRequest
-	25, // 35: fence.v1.ClusterService.AddMember:input_type -> fence.v1.AddMemberRequest
-	27, // 36: fence.v1.ClusterService.RemoveMember:input_type -> fence.v1.RemoveMemberRequest
-	29, // 37: fence.v1.ClusterService.RegisterNode:input_type -> fence.v1.RegisterNodeRequest
-	4,  // 38: fence.v1.SessionService.CreateSession:output_type -> fence.v1.CreateSessionResponse
-	6,  // 39: fence.v1.SessionService.KeepAlive:output_type -> fence.v1.KeepAliveResponse
-	8,  // 40: fence.v1.SessionService.CloseSession:output_type -> fence.v1.CloseSessionResponse
-	10, // 41: fence.v1.LockService.Acquire:output_type -> fence.v1.AcquireResponse
-	12, // 42: fence.v1.LockService.Release:output_type -> fence.v1.ReleaseResponse
-	14, // 43: fence.v1.LockService.CancelAcquire:output_type -> fence.v1.CancelAcquireResponse
-	16, // 44: fence.v1.LockService.Check:output_type -> fence.v1.CheckResponse
-	21, // 45: fence.v1.LockService.ListLocks:output_type -> fence.v1.ListLocksResponse
-	33, // 46: fence.v1.KVService.Put:output_type -> fence.v1.PutResponse
-	36, // 47: fence.v1.KVService.Get:output_type -> fence.v1.GetResponse
-	38, // 48: fence.v1.KVService.Delete:output_type -> fence.v1.DeleteResponse
-	40, // 49: fence.v1.KVService.List:output_type -> fence.v1.ListResponse
-	43, // 50: fence.v1.KVService.Watch:output_type -> fence.v1.WatchResponse
-	23, // 51: fence.v1.ClusterService.Status:output_type -> fence.v1.StatusResponse
-	26, // 52: fence.v1.ClusterService.AddMember:output_type -> fence.v1.AddMemberResponse
-	28, // 53: fence.v1.ClusterService.RemoveMember:output_type -> fence.v1.RemoveMemberResponse
-	30, // 54: fence.v1.ClusterService.RegisterNode:output_type -> fence.v1.RegisterNodeResponse
-	38, // [38:55] is the sub-list for method output_type
-	21, // [21:38] is the sub-list for method input_type
-	21, // [21:21] is the sub-list for extension type_name
-	21, // [21:21] is the sub-list for extension extendee
-	0,  // [0:21] is the sub-list for field type_name
+	46, // 0: fence.v1.CreateSessionRequest.ttl:type_name -> google.protobuf.Duration
+	46, // 1: fence.v1.CreateSessionResponse.ttl:type_name -> google.protobuf.Duration
+	46, // 2: fence.v1.KeepAliveResponse.ttl:type_name -> google.protobuf.Duration
+	7,  // 3: fence.v1.KeepAliveResponse.held:type_name -> fence.v1.HeldGrants
+	0,  // 4: fence.v1.AcquireRequest.mode:type_name -> fence.v1.Mode
+	46, // 5: fence.v1.AcquireRequest.wait_timeout:type_name -> google.protobuf.Duration
+	46, // 6: fence.v1.AcquireRequest.lock_delay:type_name -> google.protobuf.Duration
+	0,  // 7: fence.v1.AcquireResponse.mode:type_name -> fence.v1.Mode
+	0,  // 8: fence.v1.Holder.mode:type_name -> fence.v1.Mode
+	0,  // 9: fence.v1.Waiter.mode:type_name -> fence.v1.Mode
+	19, // 10: fence.v1.LockInfo.holders:type_name -> fence.v1.Holder
+	20, // 11: fence.v1.LockInfo.waiters:type_name -> fence.v1.Waiter
+	21, // 12: fence.v1.ListLocksResponse.locks:type_name -> fence.v1.LockInfo
+	25, // 13: fence.v1.StatusResponse.members:type_name -> fence.v1.Member
+	32, // 14: fence.v1.PutRequest.fence:type_name -> fence.v1.Fence
+	35, // 15: fence.v1.GetResponse.kv:type_name -> fence.v1.KeyValue
+	32, // 16: fence.v1.DeleteRequest.fence:type_name -> fence.v1.Fence
+	35, // 17: fence.v1.ListResponse.kvs:type_name -> fence.v1.KeyValue
+	1,  // 18: fence.v1.Event.type:type_name -> fence.v1.EventType
+	35, // 19: fence.v1.Event.kv:type_name -> fence.v1.KeyValue
+	43, // 20: fence.v1.WatchResponse.events:type_name -> fence.v1.Event
+	2,  // 21: fence.v1.ErrorDetail.reason:type_name -> fence.v1.Reason
+	3,  // 22: fence.v1.SessionService.CreateSession:input_type -> fence.v1.CreateSessionRequest
+	5,  // 23: fence.v1.SessionService.KeepAlive:input_type -> fence.v1.KeepAliveRequest
+	8,  // 24: fence.v1.SessionService.CloseSession:input_type -> fence.v1.CloseSessionRequest
+	10, // 25: fence.v1.LockService.Acquire:input_type -> fence.v1.AcquireRequest
+	12, // 26: fence.v1.LockService.Release:input_type -> fence.v1.ReleaseRequest
+	14, // 27: fence.v1.LockService.CancelAcquire:input_type -> fence.v1.CancelAcquireRequest
+	16, // 28: fence.v1.LockService.Check:input_type -> fence.v1.CheckRequest
+	18, // 29: fence.v1.LockService.ListLocks:input_type -> fence.v1.ListLocksRequest
+	33, // 30: fence.v1.KVService.Put:input_type -> fence.v1.PutRequest
+	36, // 31: fence.v1.KVService.Get:input_type -> fence.v1.GetRequest
+	38, // 32: fence.v1.KVService.Delete:input_type -> fence.v1.DeleteRequest
+	40, // 33: fence.v1.KVService.List:input_type -> fence.v1.ListRequest
+	42, // 34: fence.v1.KVService.Watch:input_type -> fence.v1.WatchRequest
+	23, // 35: fence.v1.ClusterService.Status:input_type -> fence.v1.StatusRequest
+	26, // 36: fence.v1.ClusterService.AddMember:input_type -> fence.v1.AddMemberRequest
+	28, // 37: fence.v1.ClusterService.RemoveMember:input_type -> fence.v1.RemoveMemberRequest
+	30, // 38: fence.v1.ClusterService.RegisterNode:input_type -> fence.v1.RegisterNodeRequest
+	4,  // 39: fence.v1.SessionService.CreateSession:output_type -> fence.v1.CreateSessionResponse
+	6,  // 40: fence.v1.SessionService.KeepAlive:output_type -> fence.v1.KeepAliveResponse
+	9,  // 41: fence.v1.SessionService.CloseSession:output_type -> fence.v1.CloseSessionResponse
+	11, // 42: fence.v1.LockService.Acquire:output_type -> fence.v1.AcquireResponse
+	13, // 43: fence.v1.LockService.Release:output_type -> fence.v1.ReleaseResponse
+	15, // 44: fence.v1.LockService.CancelAcquire:output_type -> fence.v1.CancelAcquireResponse
+	17, // 45: fence.v1.LockService.Check:output_type -> fence.v1.CheckResponse
+	22, // 46: fence.v1.LockService.ListLocks:output_type -> fence.v1.ListLocksResponse
+	34, // 47: fence.v1.KVService.Put:output_type -> fence.v1.PutResponse
+	37, // 48: fence.v1.KVService.Get:output_type -> fence.v1.GetResponse
+	39, // 49: fence.v1.KVService.Delete:output_type -> fence.v1.DeleteResponse
+	41, // 50: fence.v1.KVService.List:output_type -> fence.v1.ListResponse
+	44, // 51: fence.v1.KVService.Watch:output_type -> fence.v1.WatchResponse
+	24, // 52: fence.v1.ClusterService.Status:output_type -> fence.v1.StatusResponse
+	27, // 53: fence.v1.ClusterService.AddMember:output_type -> fence.v1.AddMemberResponse
+	29, // 54: fence.v1.ClusterService.RemoveMember:output_type -> fence.v1.RemoveMemberResponse
+	31, // 55: fence.v1.ClusterService.RegisterNode:output_type -> fence.v1.RegisterNodeResponse
+	39, // [39:56] is the sub-list for method output_type
+	22, // [22:39] is the sub-list for method input_type
+	22, // [22:22] is the sub-list for extension type_name
+	22, // [22:22] is the sub-list for extension extendee
+	0,  // [0:22] is the sub-list for field type_name
 }
 
 func init() { file_fence_v1_fence_proto_init() }
@@ -3078,14 +3142,14 @@ func file_fence_v1_fence_proto_init() {
 	if File_fence_v1_fence_proto != nil {
 		return
 	}
-	file_fence_v1_fence_proto_msgTypes[28].OneofWrappers = []any{}
+	file_fence_v1_fence_proto_msgTypes[29].OneofWrappers = []any{}
 	type x struct{}
 	out := protoimpl.TypeBuilder{
 		File: protoimpl.DescBuilder{
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_fence_v1_fence_proto_rawDesc), len(file_fence_v1_fence_proto_rawDesc)),
 			NumEnums:      3,
-			NumMessages:   42,
+			NumMessages:   43,
 			NumExtensions: 0,
 			NumServices:   4,
 		},
