@@ -55,6 +55,7 @@ type options struct {
 	httpClient  *http.Client
 	clock       clock.Clock
 	retryBudget time.Duration
+	attempt     time.Duration
 	grpc        bool
 	tls         *tls.Config
 }
@@ -90,6 +91,16 @@ func WithTLS(config *tls.Config) Option {
 	return func(o *options) { o.tls = config }
 }
 
+// WithAttemptTimeout bounds each attempt of a call on one node (default
+// 1s): a node that accepts the connection but does not answer in time
+// (paused, its disk stuck, its VM half dead) is given up for the next one,
+// as a node that refuses is. A blocked Lock waits in steps of the same
+// length, each its own attempt, keeping its place in the queue. Retries
+// are safe: writes carry idempotency keys and acquires request ids.
+func WithAttemptTimeout(d time.Duration) Option {
+	return func(o *options) { o.attempt = d }
+}
+
 // WithGRPC makes the client speak gRPC instead of the Connect protocol.
 func WithGRPC() Option {
 	return func(o *options) { o.grpc = true }
@@ -103,12 +114,15 @@ func withClock(c clock.Clock) Option {
 // New returns a client for the given endpoints. It does not dial; the first
 // call does.
 func New(opts ...Option) (*Client, error) {
-	o := options{endpoints: []string{DefaultEndpoint}, clock: clock.Real, retryBudget: 15 * time.Second}
+	o := options{endpoints: []string{DefaultEndpoint}, clock: clock.Real, retryBudget: 15 * time.Second, attempt: time.Second}
 	for _, opt := range opts {
 		opt(&o)
 	}
 	if len(o.endpoints) == 0 {
 		return nil, fmt.Errorf("%w: no endpoints", fence.ErrInvalidArgument)
+	}
+	if o.attempt <= 0 {
+		return nil, fmt.Errorf("%w: attempt timeout %v must be positive", fence.ErrInvalidArgument, o.attempt)
 	}
 	c := &Client{opts: o, http: o.httpClient}
 	if c.http == nil {
@@ -326,6 +340,15 @@ func (c *Client) call(ctx context.Context, fn func(ctx context.Context, ep *endp
 	}
 }
 
+// unary is call for calls answered at once: each attempt on a node gets
+// the attempt timeout, measured on the real clock (it bounds the network,
+// not a session's time).
+func (c *Client) unary(ctx context.Context, fn func(ctx context.Context, ep *endpoint) error) error {
+	return c.call(ctx, func(ctx context.Context, ep *endpoint) error {
+		return withAttemptDeadline(ctx, clock.Real, c.opts.attempt, ep, func(ctx context.Context) error { return fn(ctx, ep) })
+	})
+}
+
 // newIdempotencyKey returns a key for one write call, sent with each of
 // its attempts, so that the service applies a retry of a write whose
 // answer was lost only once (fencev1.IdempotencyKeyHeader).
@@ -414,7 +437,7 @@ func (c *Client) endpointFor(addr string) int {
 // Status describes the node at the first endpoint that answers.
 func (c *Client) Status(ctx context.Context) (*fencev1.StatusResponse, error) {
 	var out *fencev1.StatusResponse
-	err := c.call(ctx, func(ctx context.Context, ep *endpoint) error {
+	err := c.unary(ctx, func(ctx context.Context, ep *endpoint) error {
 		resp, err := ep.cluster.Status(ctx, connect.NewRequest(&fencev1.StatusRequest{}))
 		if err == nil {
 			out = resp.Msg
@@ -426,7 +449,7 @@ func (c *Client) Status(ctx context.Context) (*fencev1.StatusResponse, error) {
 
 // AddMember adds a node, started with --join, to the raft group.
 func (c *Client) AddMember(ctx context.Context, id, raftAddress string, voter bool) error {
-	return c.call(ctx, func(ctx context.Context, ep *endpoint) error {
+	return c.unary(ctx, func(ctx context.Context, ep *endpoint) error {
 		_, err := ep.cluster.AddMember(ctx, connect.NewRequest(&fencev1.AddMemberRequest{Id: id, RaftAddress: raftAddress, Nonvoter: !voter}))
 		return err
 	})
@@ -434,7 +457,7 @@ func (c *Client) AddMember(ctx context.Context, id, raftAddress string, voter bo
 
 // RemoveMember removes a node from the raft group.
 func (c *Client) RemoveMember(ctx context.Context, id string) error {
-	return c.call(ctx, func(ctx context.Context, ep *endpoint) error {
+	return c.unary(ctx, func(ctx context.Context, ep *endpoint) error {
 		_, err := ep.cluster.RemoveMember(ctx, connect.NewRequest(&fencev1.RemoveMemberRequest{Id: id}))
 		return err
 	})
@@ -510,7 +533,7 @@ type CheckResult = fence.TokenStatus
 func (c *Client) Check(ctx context.Context, lock string, token uint64, opts ...ReadOption) (CheckResult, error) {
 	var out CheckResult
 	stale := readOpts(opts).stale
-	err := c.call(ctx, func(ctx context.Context, ep *endpoint) error {
+	err := c.unary(ctx, func(ctx context.Context, ep *endpoint) error {
 		resp, err := ep.locks.Check(ctx, connect.NewRequest(&fencev1.CheckRequest{Lock: lock, Token: token, Stale: stale}))
 		if err == nil {
 			out = CheckResult{Current: resp.Msg.GetCurrent(), Held: resp.Msg.GetHeld(), CurrentToken: resp.Msg.GetCurrentToken()}

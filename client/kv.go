@@ -82,7 +82,7 @@ func (k *KV) Put(ctx context.Context, key string, value []byte, opts ...WriteOpt
 	req := &fencev1.PutRequest{Key: key, Value: value, Fence: &o.fence, SessionId: o.session}
 	var rev uint64
 	once := newIdempotencyKey()
-	err := k.c.call(ctx, func(ctx context.Context, ep *endpoint) error {
+	err := k.c.unary(ctx, func(ctx context.Context, ep *endpoint) error {
 		resp, err := ep.kv.Put(ctx, keyed(req, once))
 		if err == nil {
 			rev = resp.Msg.GetRevision()
@@ -97,7 +97,7 @@ func (k *KV) Put(ctx context.Context, key string, value []byte, opts ...WriteOpt
 func (k *KV) Get(ctx context.Context, key string, opts ...ReadOption) (*KeyValue, error) {
 	var kv *KeyValue
 	stale := readOpts(opts).stale
-	err := k.c.call(ctx, func(ctx context.Context, ep *endpoint) error {
+	err := k.c.unary(ctx, func(ctx context.Context, ep *endpoint) error {
 		resp, err := ep.kv.Get(ctx, connect.NewRequest(&fencev1.GetRequest{Key: key, Stale: stale}))
 		if err == nil && resp.Msg.GetFound() {
 			kv = resp.Msg.GetKv()
@@ -112,7 +112,7 @@ func (k *KV) Delete(ctx context.Context, key string, opts ...WriteOption) (bool,
 	req := &fencev1.DeleteRequest{Key: key, Fence: &writeOpts(opts).fence}
 	var deleted bool
 	once := newIdempotencyKey()
-	err := k.c.call(ctx, func(ctx context.Context, ep *endpoint) error {
+	err := k.c.unary(ctx, func(ctx context.Context, ep *endpoint) error {
 		resp, err := ep.kv.Delete(ctx, keyed(req, once))
 		if err == nil {
 			deleted = resp.Msg.GetDeleted()

@@ -13,6 +13,7 @@ import (
 
 	"github.com/fencelock/fence"
 	fencev1 "github.com/fencelock/fence/api/fence/v1"
+	"github.com/fencelock/fence/internal/clock"
 	"github.com/fencelock/fence/internal/rpcerr"
 )
 
@@ -147,18 +148,43 @@ func (m *Mutex) acquire(ctx context.Context, try bool) (*Grant, error) {
 	if m.opts.lockDelay > 0 {
 		req.LockDelay = durationpb.New(m.opts.lockDelay)
 	}
+	// Each attempt is bounded, so that a node that stops answering is left
+	// for the next: a wait answers "still waiting" after poll and is taken
+	// up again where it stands.
+	limit := s.client.opts.attempt
+	if !try {
+		req.Poll = durationpb.New(limit)
+		limit *= 2
+	}
+	var waitUntil time.Time
 	if m.opts.waitTimeout > 0 {
-		req.WaitTimeout = durationpb.New(m.opts.waitTimeout)
+		waitUntil = time.Now().Add(m.opts.waitTimeout)
 	}
 	var resp *fencev1.AcquireResponse
 	attempts := 0
 	err := s.client.call(ctx, func(ctx context.Context, ep *endpoint) error {
-		attempts++
-		r, err := ep.locks.Acquire(ctx, connect.NewRequest(req))
-		if err == nil {
-			resp = r.Msg
+		// After a failed attempt the next one commits a takeover rather
+		// than resume a wait that attempt may have changed.
+		req.ResumeAttempt = 0
+		for {
+			attempts++
+			if !waitUntil.IsZero() {
+				req.WaitTimeout = durationpb.New(max(time.Until(waitUntil), time.Millisecond))
+			}
+			var r *connect.Response[fencev1.AcquireResponse]
+			err := withAttemptDeadline(ctx, clock.Real, limit, ep, func(ctx context.Context) (err error) {
+				r, err = ep.locks.Acquire(ctx, connect.NewRequest(req))
+				return err
+			})
+			if err != nil {
+				return err
+			}
+			if !r.Msg.GetWaiting() {
+				resp = r.Msg
+				return nil
+			}
+			req.ResumeAttempt = r.Msg.GetAttempt()
 		}
-		return err
 	})
 	if err != nil {
 		if !leftNothing(err, attempts) {
@@ -209,7 +235,7 @@ func (m *Mutex) abandon(id uint64) {
 	}
 	ctx, cancel := context.WithTimeout(s.ctx, s.ttl)
 	defer cancel()
-	err := s.client.call(ctx, func(ctx context.Context, ep *endpoint) error {
+	err := s.client.unary(ctx, func(ctx context.Context, ep *endpoint) error {
 		_, err := ep.locks.CancelAcquire(ctx, connect.NewRequest(&fencev1.CancelAcquireRequest{SessionId: s.id, Lock: m.name, RequestId: id}))
 		return err
 	})
@@ -235,7 +261,7 @@ func (m *Mutex) Unlock(ctx context.Context) error {
 	g.cancel(ErrLockReleased)
 	m.s.untrack(g)
 	attempts := 0
-	return m.s.client.call(ctx, func(ctx context.Context, ep *endpoint) error {
+	return m.s.client.unary(ctx, func(ctx context.Context, ep *endpoint) error {
 		attempts++
 		_, err := ep.locks.Release(ctx, connect.NewRequest(&fencev1.ReleaseRequest{SessionId: m.s.id, Lock: m.name, Token: g.token}))
 		if attempts > 1 && errors.Is(rpcerr.FromConnect(err), fence.ErrNotHolder) {

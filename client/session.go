@@ -96,7 +96,7 @@ func (c *Client) NewSession(ctx context.Context, opts ...SessionOption) (*Sessio
 	var resp *fencev1.CreateSessionResponse
 	var sent time.Time
 	key := newIdempotencyKey()
-	err := c.call(ctx, func(ctx context.Context, ep *endpoint) error {
+	err := c.unary(ctx, func(ctx context.Context, ep *endpoint) error {
 		sent = c.opts.clock.Now()
 		r, err := ep.sessions.CreateSession(ctx, keyed(&fencev1.CreateSessionRequest{
 			Ttl:   durationpb.New(o.ttl),
@@ -177,7 +177,7 @@ func (s *Session) Close(ctx context.Context) error {
 	}
 	s.wg.Wait()
 	s.end(ErrSessionClosed)
-	return s.client.call(ctx, func(ctx context.Context, ep *endpoint) error {
+	return s.client.unary(ctx, func(ctx context.Context, ep *endpoint) error {
 		_, err := ep.sessions.CloseSession(ctx, connect.NewRequest(&fencev1.CloseSessionRequest{SessionId: s.id}))
 		return err
 	})

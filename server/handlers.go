@@ -2,6 +2,7 @@ package server
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"strconv"
 	"time"
@@ -116,10 +117,21 @@ func (s *Server) Acquire(ctx context.Context, req *connect.Request[fencev1.Acqui
 		return nil, invalid("lock_delay %v is over the limit of %v", lockDelay, s.cfg.MaxLockDelay)
 	}
 
+	poll, err := duration("poll", m.GetPoll(), 0)
+	if err != nil {
+		return nil, err
+	}
+	if poll > 0 && (m.GetRequestId() == 0 || m.GetTry()) {
+		return nil, invalid("poll needs a request_id, and a call that waits (not try)")
+	}
+
 	// Register before proposing, so that a grant handed over by a release
 	// committed right after our enqueue is not missed.
 	w := s.hub.register(m.GetSessionId(), m.GetLock())
 	defer s.hub.unregister(w)
+	if resumed, g, ok := s.resumeWait(w, m); ok {
+		return s.waitResponse(ctx, w, resumed, g, waitTimeout, poll)
+	}
 	res, index, err := s.applyAt(&fsmpb.Command{Op: &fsmpb.Command_Acquire{Acquire: &fsmpb.Acquire{
 		SessionId:   m.GetSessionId(),
 		Lock:        m.GetLock(),
@@ -133,9 +145,9 @@ func (s *Server) Acquire(ctx context.Context, req *connect.Request[fencev1.Acqui
 	if err != nil {
 		return nil, err
 	}
-	w.req = request{id: m.GetRequestId(), attempt: res.Attempt}
+	w.req = request{id: m.GetRequestId(), attempt: res.Attempt, polls: poll > 0}
 	if res.Grant != nil {
-		if ctx.Err() != nil {
+		if ctx.Err() != nil && !w.req.polls {
 			// The caller went away while the grant was committed: give
 			// up what this call left, unless a retry took it over. A call
 			// without a request id gives up only a grant it made itself.
@@ -146,16 +158,63 @@ func (s *Server) Acquire(ctx context.Context, req *connect.Request[fencev1.Acqui
 		}
 		return grantResponse(*res.Grant), nil
 	}
-	g, err := s.wait(ctx, w, index, waitTimeout)
+	return s.waitResponse(ctx, w, index, nil, waitTimeout, poll)
+}
+
+// errStillWaiting ends a wait whose poll interval passed first.
+var errStillWaiting = errors.New("still waiting")
+
+// waitResponse waits for a queued Acquire's grant (g, if it is known
+// already) and answers it, or answers waiting once poll passes.
+func (s *Server) waitResponse(ctx context.Context, w *waiter, index uint64, g *fsm.Grant, timeout, poll time.Duration) (*connect.Response[fencev1.AcquireResponse], error) {
+	if g != nil {
+		return grantResponse(*g), nil
+	}
+	granted, err := s.wait(ctx, w, index, timeout, poll)
+	if errors.Is(err, errStillWaiting) {
+		return connect.NewResponse(&fencev1.AcquireResponse{Lock: w.key.lock, Waiting: true, Attempt: w.req.attempt}), nil
+	}
 	if err != nil {
 		return nil, err
 	}
-	return grantResponse(g), nil
+	return grantResponse(granted), nil
+}
+
+// resumeWait takes up, without a commit, the wait or grant that an
+// earlier call of the same request left at resume_attempt after it was
+// answered waiting. It returns the index to wait from: 0, as w registered
+// before the state was read, so whatever it is told came after; and the
+// grant if the request holds one already. ok is false when the request moved on (a
+// retry elsewhere took it over, the wait was dropped): the caller then
+// proposes as for any retry.
+func (s *Server) resumeWait(w *waiter, m *fencev1.AcquireRequest) (index uint64, g *fsm.Grant, ok bool) {
+	if m.GetResumeAttempt() == 0 || m.GetRequestId() == 0 || !s.leaderReady.Load() {
+		return 0, nil, false
+	}
+	var (
+		attempt uint64
+		waiting bool
+	)
+	s.fsm.Read(func(st *fsm.State) {
+		attempt, waiting, g = st.RequestState(m.GetSessionId(), m.GetLock(), m.GetRequestId())
+	})
+	if attempt != m.GetResumeAttempt() || (!waiting && g == nil) {
+		return 0, nil, false
+	}
+	w.req = request{id: m.GetRequestId(), attempt: attempt, polls: true}
+	return 0, g, true
 }
 
 // request is the client's id of an Acquire call and the attempt number the
-// state gave this try of it; a zero id when the client sent none.
-type request struct{ id, attempt uint64 }
+// state gave this try of it; a zero id when the client sent none. polls is
+// set when the call polls: its caller retries until answered and gives up
+// the request itself (CancelAcquire) when it stops, so the server does not
+// give up what the call left when the caller goes away, which could race
+// with a retry of it elsewhere; a caller that dies ends with its session.
+type request struct {
+	id, attempt uint64
+	polls       bool
+}
 
 // giveUp drops the wait or releases the grant (g, if known) that an Acquire
 // whose caller went away left behind. With a request id it acts only on
@@ -187,15 +246,22 @@ func (s *Server) giveUp(w *waiter, g *fsm.Grant) {
 // wait blocks a queued Acquire until its grant is committed, its session
 // ends, the wait times out or the call is cancelled. Only a grant is ever
 // reported as one, and no grant is left behind that the caller never learns of.
-func (s *Server) wait(ctx context.Context, w *waiter, index uint64, timeout time.Duration) (fsm.Grant, error) {
-	var expired <-chan time.Time
+func (s *Server) wait(ctx context.Context, w *waiter, index uint64, timeout, poll time.Duration) (fsm.Grant, error) {
+	var expired, polled <-chan time.Time
 	if timeout > 0 {
 		t := s.cfg.Clock.NewTimer(timeout)
 		defer t.Stop()
 		expired = t.C()
 	}
+	if poll > 0 {
+		t := s.cfg.Clock.NewTimer(poll)
+		defer t.Stop()
+		polled = t.C()
+	}
 	for {
 		select {
+		case <-polled:
+			return fsm.Grant{}, errStillWaiting
 		case <-w.notify:
 			if o, ok := w.take(index); ok {
 				return o.grant, o.err
@@ -210,7 +276,9 @@ func (s *Server) wait(ctx context.Context, w *waiter, index uint64, timeout time
 			}
 			return fsm.Grant{}, fmt.Errorf("%w: lock %q was not granted within %v", fence.ErrWaitTimeout, w.key.lock, timeout)
 		case <-ctx.Done():
-			s.giveUp(w, nil)
+			if !w.req.polls {
+				s.giveUp(w, nil)
+			}
 			return fsm.Grant{}, ctx.Err()
 		case <-s.done:
 			return fsm.Grant{}, fmt.Errorf("%w: the node is shutting down", fence.ErrUnavailable)

@@ -736,6 +736,27 @@ func (s *State) Session(id uint64) (SessionInfo, bool) {
 	return SessionInfo{ID: sess.id, TTL: sess.ttl, Owner: sess.owner}, true
 }
 
+// RequestState says what the acquire request id of session left on lock:
+// a wait (waiting), a grant (grant non-nil), or nothing; attempt is the
+// attempt that last took it over.
+func (s *State) RequestState(session uint64, lock string, id uint64) (attempt uint64, waiting bool, grant *Grant) {
+	l := s.locks[lock]
+	if l == nil || id == 0 {
+		return 0, false, nil
+	}
+	for _, h := range l.holders {
+		if h.session == session && h.req.id == id {
+			return h.req.attempt, false, &Grant{Session: session, Lock: lock, Token: h.token, Mode: h.mode}
+		}
+	}
+	for _, w := range l.waiters {
+		if w.session == session && w.req.id == id {
+			return w.req.attempt, true, nil
+		}
+	}
+	return 0, false, nil
+}
+
 // HeldTokens returns the tokens of the grants session id holds, in order;
 // nil if it holds none or does not exist.
 func (s *State) HeldTokens(id uint64) []uint64 {

@@ -578,7 +578,20 @@ type AcquireRequest struct {
 	// takes over the wait or the grant the call left; CancelAcquire gives up
 	// exactly this acquire. When the caller goes away, the server gives up
 	// what the call left only if the call carried an id. 0: no id.
-	RequestId     uint64 `protobuf:"varint,8,opt,name=request_id,json=requestId,proto3" json:"request_id,omitempty"`
+	RequestId uint64 `protobuf:"varint,8,opt,name=request_id,json=requestId,proto3" json:"request_id,omitempty"`
+	// With a request_id and without try: answer after at most this long even
+	// if the lock is not granted yet, with waiting set. The wait stays
+	// queued, in its place, for the caller to call again (with
+	// resume_attempt). So a caller can bound every call it makes and move on
+	// from a node that stopped answering. A polling call that goes away
+	// leaves its wait or grant in place for its next call: the caller gives
+	// it up with CancelAcquire (or its session's end does). Unset: wait as
+	// long as it takes.
+	Poll *durationpb.Duration `protobuf:"bytes,9,opt,name=poll,proto3" json:"poll,omitempty"`
+	// The attempt a previous answer with waiting named: if the request still
+	// waits at that attempt, this call takes up the wait without a new
+	// commit. Otherwise it is a retry like any other. 0: none.
+	ResumeAttempt uint64 `protobuf:"varint,10,opt,name=resume_attempt,json=resumeAttempt,proto3" json:"resume_attempt,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -669,11 +682,28 @@ func (x *AcquireRequest) GetRequestId() uint64 {
 	return 0
 }
 
+func (x *AcquireRequest) GetPoll() *durationpb.Duration {
+	if x != nil {
+		return x.Poll
+	}
+	return nil
+}
+
+func (x *AcquireRequest) GetResumeAttempt() uint64 {
+	if x != nil {
+		return x.ResumeAttempt
+	}
+	return 0
+}
+
 type AcquireResponse struct {
-	state         protoimpl.MessageState `protogen:"open.v1"`
-	Lock          string                 `protobuf:"bytes,1,opt,name=lock,proto3" json:"lock,omitempty"`
-	Token         uint64                 `protobuf:"varint,2,opt,name=token,proto3" json:"token,omitempty"`
-	Mode          Mode                   `protobuf:"varint,3,opt,name=mode,proto3,enum=fence.v1.Mode" json:"mode,omitempty"`
+	state protoimpl.MessageState `protogen:"open.v1"`
+	Lock  string                 `protobuf:"bytes,1,opt,name=lock,proto3" json:"lock,omitempty"`
+	Token uint64                 `protobuf:"varint,2,opt,name=token,proto3" json:"token,omitempty"`
+	Mode  Mode                   `protobuf:"varint,3,opt,name=mode,proto3,enum=fence.v1.Mode" json:"mode,omitempty"`
+	// Not granted within poll: the request still waits, at attempt. No token.
+	Waiting       bool   `protobuf:"varint,4,opt,name=waiting,proto3" json:"waiting,omitempty"`
+	Attempt       uint64 `protobuf:"varint,5,opt,name=attempt,proto3" json:"attempt,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -727,6 +757,20 @@ func (x *AcquireResponse) GetMode() Mode {
 		return x.Mode
 	}
 	return Mode_MODE_UNSPECIFIED
+}
+
+func (x *AcquireResponse) GetWaiting() bool {
+	if x != nil {
+		return x.Waiting
+	}
+	return false
+}
+
+func (x *AcquireResponse) GetAttempt() uint64 {
+	if x != nil {
+		return x.Attempt
+	}
+	return 0
 }
 
 type ReleaseRequest struct {
@@ -2801,7 +2845,7 @@ const file_fence_v1_fence_proto_rawDesc = "" +
 	"\x13CloseSessionRequest\x12\x1d\n" +
 	"\n" +
 	"session_id\x18\x01 \x01(\x04R\tsessionId\"\x16\n" +
-	"\x14CloseSessionResponse\"\xaa\x02\n" +
+	"\x14CloseSessionResponse\"\x80\x03\n" +
 	"\x0eAcquireRequest\x12\x1d\n" +
 	"\n" +
 	"session_id\x18\x01 \x01(\x04R\tsessionId\x12\x12\n" +
@@ -2813,11 +2857,16 @@ const file_fence_v1_fence_proto_rawDesc = "" +
 	"lock_delay\x18\x06 \x01(\v2\x19.google.protobuf.DurationR\tlockDelay\x12\x18\n" +
 	"\apermits\x18\a \x01(\rR\apermits\x12\x1d\n" +
 	"\n" +
-	"request_id\x18\b \x01(\x04R\trequestId\"_\n" +
+	"request_id\x18\b \x01(\x04R\trequestId\x12-\n" +
+	"\x04poll\x18\t \x01(\v2\x19.google.protobuf.DurationR\x04poll\x12%\n" +
+	"\x0eresume_attempt\x18\n" +
+	" \x01(\x04R\rresumeAttempt\"\x93\x01\n" +
 	"\x0fAcquireResponse\x12\x12\n" +
 	"\x04lock\x18\x01 \x01(\tR\x04lock\x12\x14\n" +
 	"\x05token\x18\x02 \x01(\x04R\x05token\x12\"\n" +
-	"\x04mode\x18\x03 \x01(\x0e2\x0e.fence.v1.ModeR\x04mode\"Y\n" +
+	"\x04mode\x18\x03 \x01(\x0e2\x0e.fence.v1.ModeR\x04mode\x12\x18\n" +
+	"\awaiting\x18\x04 \x01(\bR\awaiting\x12\x18\n" +
+	"\aattempt\x18\x05 \x01(\x04R\aattempt\"Y\n" +
 	"\x0eReleaseRequest\x12\x1d\n" +
 	"\n" +
 	"session_id\x18\x01 \x01(\x04R\tsessionId\x12\x12\n" +
@@ -3081,60 +3130,61 @@ var file_fence_v1_fence_proto_depIdxs = []int32{
 	0,  // 4: fence.v1.AcquireRequest.mode:type_name -> fence.v1.Mode
 	46, // 5: fence.v1.AcquireRequest.wait_timeout:type_name -> google.protobuf.Duration
 	46, // 6: fence.v1.AcquireRequest.lock_delay:type_name -> google.protobuf.Duration
-	0,  // 7: fence.v1.AcquireResponse.mode:type_name -> fence.v1.Mode
-	0,  // 8: fence.v1.Holder.mode:type_name -> fence.v1.Mode
-	0,  // 9: fence.v1.Waiter.mode:type_name -> fence.v1.Mode
-	19, // 10: fence.v1.LockInfo.holders:type_name -> fence.v1.Holder
-	20, // 11: fence.v1.LockInfo.waiters:type_name -> fence.v1.Waiter
-	21, // 12: fence.v1.ListLocksResponse.locks:type_name -> fence.v1.LockInfo
-	25, // 13: fence.v1.StatusResponse.members:type_name -> fence.v1.Member
-	32, // 14: fence.v1.PutRequest.fence:type_name -> fence.v1.Fence
-	35, // 15: fence.v1.GetResponse.kv:type_name -> fence.v1.KeyValue
-	32, // 16: fence.v1.DeleteRequest.fence:type_name -> fence.v1.Fence
-	35, // 17: fence.v1.ListResponse.kvs:type_name -> fence.v1.KeyValue
-	1,  // 18: fence.v1.Event.type:type_name -> fence.v1.EventType
-	35, // 19: fence.v1.Event.kv:type_name -> fence.v1.KeyValue
-	43, // 20: fence.v1.WatchResponse.events:type_name -> fence.v1.Event
-	2,  // 21: fence.v1.ErrorDetail.reason:type_name -> fence.v1.Reason
-	3,  // 22: fence.v1.SessionService.CreateSession:input_type -> fence.v1.CreateSessionRequest
-	5,  // 23: fence.v1.SessionService.KeepAlive:input_type -> fence.v1.KeepAliveRequest
-	8,  // 24: fence.v1.SessionService.CloseSession:input_type -> fence.v1.CloseSessionRequest
-	10, // 25: fence.v1.LockService.Acquire:input_type -> fence.v1.AcquireRequest
-	12, // 26: fence.v1.LockService.Release:input_type -> fence.v1.ReleaseRequest
-	14, // 27: fence.v1.LockService.CancelAcquire:input_type -> fence.v1.CancelAcquireRequest
-	16, // 28: fence.v1.LockService.Check:input_type -> fence.v1.CheckRequest
-	18, // 29: fence.v1.LockService.ListLocks:input_type -> fence.v1.ListLocksRequest
-	33, // 30: fence.v1.KVService.Put:input_type -> fence.v1.PutRequest
-	36, // 31: fence.v1.KVService.Get:input_type -> fence.v1.GetRequest
-	38, // 32: fence.v1.KVService.Delete:input_type -> fence.v1.DeleteRequest
-	40, // 33: fence.v1.KVService.List:input_type -> fence.v1.ListRequest
-	42, // 34: fence.v1.KVService.Watch:input_type -> fence.v1.WatchRequest
-	23, // 35: fence.v1.ClusterService.Status:input_type -> fence.v1.StatusRequest
-	26, // 36: fence.v1.ClusterService.AddMember:input_type -> fence.v1.AddMemberRequest
-	28, // 37: fence.v1.ClusterService.RemoveMember:input_type -> fence.v1.RemoveMemberRequest
-	30, // 38: fence.v1.ClusterService.RegisterNode:input_type -> fence.v1.RegisterNodeRequest
-	4,  // 39: fence.v1.SessionService.CreateSession:output_type -> fence.v1.CreateSessionResponse
-	6,  // 40: fence.v1.SessionService.KeepAlive:output_type -> fence.v1.KeepAliveResponse
-	9,  // 41: fence.v1.SessionService.CloseSession:output_type -> fence.v1.CloseSessionResponse
-	11, // 42: fence.v1.LockService.Acquire:output_type -> fence.v1.AcquireResponse
-	13, // 43: fence.v1.LockService.Release:output_type -> fence.v1.ReleaseResponse
-	15, // 44: fence.v1.LockService.CancelAcquire:output_type -> fence.v1.CancelAcquireResponse
-	17, // 45: fence.v1.LockService.Check:output_type -> fence.v1.CheckResponse
-	22, // 46: fence.v1.LockService.ListLocks:output_type -> fence.v1.ListLocksResponse
-	34, // 47: fence.v1.KVService.Put:output_type -> fence.v1.PutResponse
-	37, // 48: fence.v1.KVService.Get:output_type -> fence.v1.GetResponse
-	39, // 49: fence.v1.KVService.Delete:output_type -> fence.v1.DeleteResponse
-	41, // 50: fence.v1.KVService.List:output_type -> fence.v1.ListResponse
-	44, // 51: fence.v1.KVService.Watch:output_type -> fence.v1.WatchResponse
-	24, // 52: fence.v1.ClusterService.Status:output_type -> fence.v1.StatusResponse
-	27, // 53: fence.v1.ClusterService.AddMember:output_type -> fence.v1.AddMemberResponse
-	29, // 54: fence.v1.ClusterService.RemoveMember:output_type -> fence.v1.RemoveMemberResponse
-	31, // 55: fence.v1.ClusterService.RegisterNode:output_type -> fence.v1.RegisterNodeResponse
-	39, // [39:56] is the sub-list for method output_type
-	22, // [22:39] is the sub-list for method input_type
-	22, // [22:22] is the sub-list for extension type_name
-	22, // [22:22] is the sub-list for extension extendee
-	0,  // [0:22] is the sub-list for field type_name
+	46, // 7: fence.v1.AcquireRequest.poll:type_name -> google.protobuf.Duration
+	0,  // 8: fence.v1.AcquireResponse.mode:type_name -> fence.v1.Mode
+	0,  // 9: fence.v1.Holder.mode:type_name -> fence.v1.Mode
+	0,  // 10: fence.v1.Waiter.mode:type_name -> fence.v1.Mode
+	19, // 11: fence.v1.LockInfo.holders:type_name -> fence.v1.Holder
+	20, // 12: fence.v1.LockInfo.waiters:type_name -> fence.v1.Waiter
+	21, // 13: fence.v1.ListLocksResponse.locks:type_name -> fence.v1.LockInfo
+	25, // 14: fence.v1.StatusResponse.members:type_name -> fence.v1.Member
+	32, // 15: fence.v1.PutRequest.fence:type_name -> fence.v1.Fence
+	35, // 16: fence.v1.GetResponse.kv:type_name -> fence.v1.KeyValue
+	32, // 17: fence.v1.DeleteRequest.fence:type_name -> fence.v1.Fence
+	35, // 18: fence.v1.ListResponse.kvs:type_name -> fence.v1.KeyValue
+	1,  // 19: fence.v1.Event.type:type_name -> fence.v1.EventType
+	35, // 20: fence.v1.Event.kv:type_name -> fence.v1.KeyValue
+	43, // 21: fence.v1.WatchResponse.events:type_name -> fence.v1.Event
+	2,  // 22: fence.v1.ErrorDetail.reason:type_name -> fence.v1.Reason
+	3,  // 23: fence.v1.SessionService.CreateSession:input_type -> fence.v1.CreateSessionRequest
+	5,  // 24: fence.v1.SessionService.KeepAlive:input_type -> fence.v1.KeepAliveRequest
+	8,  // 25: fence.v1.SessionService.CloseSession:input_type -> fence.v1.CloseSessionRequest
+	10, // 26: fence.v1.LockService.Acquire:input_type -> fence.v1.AcquireRequest
+	12, // 27: fence.v1.LockService.Release:input_type -> fence.v1.ReleaseRequest
+	14, // 28: fence.v1.LockService.CancelAcquire:input_type -> fence.v1.CancelAcquireRequest
+	16, // 29: fence.v1.LockService.Check:input_type -> fence.v1.CheckRequest
+	18, // 30: fence.v1.LockService.ListLocks:input_type -> fence.v1.ListLocksRequest
+	33, // 31: fence.v1.KVService.Put:input_type -> fence.v1.PutRequest
+	36, // 32: fence.v1.KVService.Get:input_type -> fence.v1.GetRequest
+	38, // 33: fence.v1.KVService.Delete:input_type -> fence.v1.DeleteRequest
+	40, // 34: fence.v1.KVService.List:input_type -> fence.v1.ListRequest
+	42, // 35: fence.v1.KVService.Watch:input_type -> fence.v1.WatchRequest
+	23, // 36: fence.v1.ClusterService.Status:input_type -> fence.v1.StatusRequest
+	26, // 37: fence.v1.ClusterService.AddMember:input_type -> fence.v1.AddMemberRequest
+	28, // 38: fence.v1.ClusterService.RemoveMember:input_type -> fence.v1.RemoveMemberRequest
+	30, // 39: fence.v1.ClusterService.RegisterNode:input_type -> fence.v1.RegisterNodeRequest
+	4,  // 40: fence.v1.SessionService.CreateSession:output_type -> fence.v1.CreateSessionResponse
+	6,  // 41: fence.v1.SessionService.KeepAlive:output_type -> fence.v1.KeepAliveResponse
+	9,  // 42: fence.v1.SessionService.CloseSession:output_type -> fence.v1.CloseSessionResponse
+	11, // 43: fence.v1.LockService.Acquire:output_type -> fence.v1.AcquireResponse
+	13, // 44: fence.v1.LockService.Release:output_type -> fence.v1.ReleaseResponse
+	15, // 45: fence.v1.LockService.CancelAcquire:output_type -> fence.v1.CancelAcquireResponse
+	17, // 46: fence.v1.LockService.Check:output_type -> fence.v1.CheckResponse
+	22, // 47: fence.v1.LockService.ListLocks:output_type -> fence.v1.ListLocksResponse
+	34, // 48: fence.v1.KVService.Put:output_type -> fence.v1.PutResponse
+	37, // 49: fence.v1.KVService.Get:output_type -> fence.v1.GetResponse
+	39, // 50: fence.v1.KVService.Delete:output_type -> fence.v1.DeleteResponse
+	41, // 51: fence.v1.KVService.List:output_type -> fence.v1.ListResponse
+	44, // 52: fence.v1.KVService.Watch:output_type -> fence.v1.WatchResponse
+	24, // 53: fence.v1.ClusterService.Status:output_type -> fence.v1.StatusResponse
+	27, // 54: fence.v1.ClusterService.AddMember:output_type -> fence.v1.AddMemberResponse
+	29, // 55: fence.v1.ClusterService.RemoveMember:output_type -> fence.v1.RemoveMemberResponse
+	31, // 56: fence.v1.ClusterService.RegisterNode:output_type -> fence.v1.RegisterNodeResponse
+	40, // [40:57] is the sub-list for method output_type
+	23, // [23:40] is the sub-list for method input_type
+	23, // [23:23] is the sub-list for extension type_name
+	23, // [23:23] is the sub-list for extension extendee
+	0,  // [0:23] is the sub-list for field type_name
 }
 
 func init() { file_fence_v1_fence_proto_init() }
