@@ -1,7 +1,6 @@
 package cli
 
 import (
-	"bufio"
 	"bytes"
 	"context"
 	"encoding/json"
@@ -11,8 +10,8 @@ import (
 	"net"
 	"net/http"
 	"os"
-	"os/exec"
 	"path/filepath"
+	"slices"
 	"strconv"
 	"strings"
 	"sync"
@@ -21,6 +20,7 @@ import (
 	"github.com/spf13/cobra"
 
 	"github.com/fencelock/fence/fencing"
+	"github.com/fencelock/fence/internal/proc"
 	"github.com/fencelock/fence/internal/timeline"
 	"github.com/fencelock/fence/server"
 )
@@ -108,6 +108,9 @@ func runDemo(ctx context.Context, g *globals, f demoFlags) error {
 	began := time.Now()
 	if f.ttl <= 0 {
 		return fmt.Errorf("--ttl must be positive")
+	}
+	if err := proc.CanPause(); err != nil {
+		return fmt.Errorf("fence demo pauses a worker: %w", err)
 	}
 	exe, err := os.Executable()
 	if err != nil {
@@ -304,8 +307,8 @@ func (p *demoPlay) holderPauses(ctx context.Context) error {
 	}
 	r.tokenA, p.grantedA = granted.Token, granted.at
 	r.mark("A", p.grantedA, timeline.MarkGrant, fmt.Sprintf("got lock %s, token %d", p.demo.f.lock, r.tokenA))
-	if err := pauseProcess(a.cmd.Process); err != nil {
-		return fmt.Errorf("pausing worker A: %w", err)
+	if err := a.p.Pause(); err != nil {
+		return err
 	}
 	p.pausedA = time.Now()
 	return nil
@@ -350,8 +353,8 @@ func (p *demoPlay) otherTakesOver(ctx context.Context) error {
 // holderWakes: A resumes, still believing it holds the lock, and writes.
 func (p *demoPlay) holderWakes(ctx context.Context) error {
 	r := p.run
-	if err := resumeProcess(p.a.cmd.Process); err != nil {
-		return fmt.Errorf("resuming worker A: %w", err)
+	if err := p.a.p.Resume(); err != nil {
+		return err
 	}
 	resumed := time.Now()
 	r.span("A", p.pausedA, resumed, timeline.SpanPaused, "paused by SIGSTOP")
@@ -386,7 +389,7 @@ func (p *demoPlay) inspect() {
 func (p *demoPlay) stopWorkers(ctx context.Context) error {
 	workers := []*demoWorker{p.a, p.b}
 	for _, w := range workers {
-		if _, err := io.WriteString(w.stdin, "exit\n"); err != nil {
+		if err := w.p.WriteLine("exit"); err != nil {
 			return fmt.Errorf("telling worker %s to exit: %w", w.name, err)
 		}
 	}
@@ -551,72 +554,51 @@ func (st *demoStorage) close() {
 
 // demoWorker is a running `fence demo worker` process.
 type demoWorker struct {
-	name   string
-	cmd    *exec.Cmd
-	stdin  io.WriteCloser
-	stderr *tailBuffer
-	events chan demoEvent
-	quit   chan struct{} // closed when nobody reads events any more
-	exited chan struct{} // closed once the process is reaped
-	once   sync.Once
+	name string // A or B
+	p    *proc.Process
 }
 
-// startWorker starts a worker process and registers it for cleanup.
+// startWorker starts a worker process and registers it for cleanup. It
+// runs in its own process group, so that a Ctrl-C at the terminal reaches
+// only the demo, which then stops its workers in order; and dies with the
+// demo where the system can.
 func (d *demo) startWorker(name, storageURL string, fenced bool) (*demoWorker, error) {
-	cmd := exec.Command(d.exe, "demo", "worker",
-		"--endpoints", d.endpoints,
-		"--name", name,
-		"--storage", storageURL,
-		"--lock", d.f.lock,
-		"--key", d.f.key,
-		"--ttl", d.f.ttl.String(),
-		"--value", name,
-		"--fenced="+strconv.FormatBool(fenced),
-	)
-	isolateWorker(cmd)
-	w := &demoWorker{
-		name:   name,
-		cmd:    cmd,
-		stderr: &tailBuffer{max: 8 << 10},
-		events: make(chan demoEvent, 16),
-		quit:   make(chan struct{}),
-		exited: make(chan struct{}),
-	}
-	cmd.Stderr = io.MultiWriter(w.stderr, &prefixWriter{w: d.g.stderr, prefix: "fence demo: worker " + name + ": "})
-	cmd.WaitDelay = 2 * time.Second
-	stdout, err := cmd.StdoutPipe()
+	p, err := proc.Start(proc.Spec{
+		Name: "worker " + name,
+		Path: d.exe,
+		Args: []string{"demo", "worker",
+			"--endpoints", d.endpoints,
+			"--name", name,
+			"--storage", storageURL,
+			"--lock", d.f.lock,
+			"--key", d.f.key,
+			"--ttl", d.f.ttl.String(),
+			"--value", name,
+			"--fenced=" + strconv.FormatBool(fenced),
+		},
+		Stdin:         true,
+		Lines:         true,
+		Stderr:        proc.NewPrefixWriter(d.g.stderr, "fence demo: worker "+name+": "),
+		StderrBytes:   8 << 10,
+		DieWithParent: true,
+	})
 	if err != nil {
 		return nil, err
 	}
-	if w.stdin, err = cmd.StdinPipe(); err != nil {
-		return nil, err
-	}
-	if err := cmd.Start(); err != nil {
-		return nil, fmt.Errorf("starting worker %s: %w", name, err)
-	}
+	w := &demoWorker{name: name, p: p}
 	d.mu.Lock()
 	d.workers = append(d.workers, w)
 	d.mu.Unlock()
-	go w.read(stdout)
 	return w, nil
 }
 
-// read turns the worker's stdout into timestamped events, then reaps it.
-func (w *demoWorker) read(stdout io.Reader) {
-	sc := bufio.NewScanner(stdout)
-	for sc.Scan() {
-		ev := demoEvent{at: time.Now()}
-		if err := json.Unmarshal(sc.Bytes(), &ev); err != nil {
-			ev = demoEvent{Event: "error", Message: fmt.Sprintf("unreadable report %q", sc.Text()), at: ev.at}
-		}
-		select {
-		case w.events <- ev:
-		case <-w.quit:
-		}
+// parseEvent reads a worker's report line.
+func parseEvent(l proc.Line) demoEvent {
+	ev := demoEvent{at: l.At}
+	if err := json.Unmarshal([]byte(l.Text), &ev); err != nil {
+		return demoEvent{Event: "error", Message: fmt.Sprintf("unreadable report %q", l.Text), at: l.At}
 	}
-	_ = w.cmd.Wait() // the status is read from ProcessState
-	close(w.events)
-	close(w.exited)
+	return ev
 }
 
 // expect waits for the worker's next event, which must be one of want.
@@ -624,14 +606,13 @@ func (w *demoWorker) expect(ctx context.Context, timeout time.Duration, want ...
 	t := time.NewTimer(timeout)
 	defer t.Stop()
 	select {
-	case ev, ok := <-w.events:
+	case l, ok := <-w.p.Lines():
 		if !ok {
-			return ev, fmt.Errorf("worker %s exited (%v) before reporting %s%s", w.name, w.cmd.ProcessState, strings.Join(want, " or "), w.stderrTail())
+			return demoEvent{}, fmt.Errorf("worker %s exited (%v) before reporting %s%s", w.name, w.p.State(), strings.Join(want, " or "), w.stderrTail())
 		}
-		for _, k := range want {
-			if ev.Event == k {
-				return ev, nil
-			}
+		ev := parseEvent(l)
+		if slices.Contains(want, ev.Event) {
+			return ev, nil
 		}
 		return ev, fmt.Errorf("worker %s reported %s, want %s%s", w.name, describe(ev), strings.Join(want, " or "), w.stderrTail())
 	case <-t.C:
@@ -643,7 +624,7 @@ func (w *demoWorker) expect(ctx context.Context, timeout time.Duration, want ...
 
 // command sends a command line to the worker and waits for its answer.
 func (w *demoWorker) command(ctx context.Context, command string, want ...string) (demoEvent, error) {
-	if _, err := io.WriteString(w.stdin, command+"\n"); err != nil {
+	if err := w.p.WriteLine(command); err != nil {
 		return demoEvent{}, fmt.Errorf("telling worker %s to %s: %w%s", w.name, command, err, w.stderrTail())
 	}
 	return w.expect(ctx, stepTimeout, want...)
@@ -660,14 +641,14 @@ func (w *demoWorker) waitExit(ctx context.Context) error {
 	defer t.Stop()
 	for {
 		select {
-		case ev, ok := <-w.events:
+		case l, ok := <-w.p.Lines():
 			if !ok {
-				if code := w.cmd.ProcessState.ExitCode(); code != 0 {
+				if code := w.p.ExitCode(); code != 0 {
 					return fmt.Errorf("worker %s exited with status %d%s", w.name, code, w.stderrTail())
 				}
 				return nil
 			}
-			if ev.Event == "error" {
+			if ev := parseEvent(l); ev.Event == "error" {
 				return fmt.Errorf("worker %s: %s%s", w.name, ev.Message, w.stderrTail())
 			}
 		case <-t.C:
@@ -680,75 +661,14 @@ func (w *demoWorker) waitExit(ctx context.Context) error {
 
 // kill resumes the worker if it is paused, kills it and reaps it.
 func (w *demoWorker) kill() {
-	w.once.Do(func() { close(w.quit) })
-	select {
-	case <-w.exited:
-		return
-	default:
+	_ = w.p.Kill()
+	for range w.p.Lines() {
 	}
-	_ = resumeProcess(w.cmd.Process)
-	_ = w.cmd.Process.Kill()
-	_ = w.stdin.Close()
-	<-w.exited
 }
 
 func (w *demoWorker) stderrTail() string {
-	if s := strings.TrimSpace(w.stderr.String()); s != "" {
+	if s := strings.TrimSpace(w.p.Stderr()); s != "" {
 		return "; its stderr: " + s
 	}
 	return ""
-}
-
-// tailBuffer keeps the last max bytes written to it; it is safe for
-// concurrent use.
-type tailBuffer struct {
-	mu  sync.Mutex
-	max int
-	buf []byte
-}
-
-func (b *tailBuffer) Write(p []byte) (int, error) {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	b.buf = append(b.buf, p...)
-	if len(b.buf) > b.max {
-		b.buf = b.buf[len(b.buf)-b.max:]
-	}
-	return len(p), nil
-}
-
-func (b *tailBuffer) String() string {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	return string(b.buf)
-}
-
-// prefixWriter writes each line with a prefix. Writes from several
-// prefixWriters on one underlying writer do not interleave within a line.
-type prefixWriter struct {
-	w      io.Writer
-	prefix string
-	mu     sync.Mutex
-	line   []byte
-}
-
-var prefixWriterMu sync.Mutex // serializes the lines of all prefixWriters
-
-func (p *prefixWriter) Write(b []byte) (int, error) {
-	p.mu.Lock()
-	defer p.mu.Unlock()
-	p.line = append(p.line, b...)
-	for {
-		i := bytes.IndexByte(p.line, '\n')
-		if i < 0 {
-			return len(b), nil
-		}
-		prefixWriterMu.Lock()
-		_, err := fmt.Fprintf(p.w, "%s%s", p.prefix, p.line[:i+1])
-		prefixWriterMu.Unlock()
-		p.line = p.line[i+1:]
-		if err != nil {
-			return len(b), err
-		}
-	}
 }
