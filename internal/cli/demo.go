@@ -6,8 +6,6 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
-	"io"
-	"net"
 	"net/http"
 	"os"
 	"path/filepath"
@@ -21,6 +19,7 @@ import (
 
 	"github.com/fencelock/fence/fencing"
 	"github.com/fencelock/fence/internal/proc"
+	"github.com/fencelock/fence/internal/storage"
 	"github.com/fencelock/fence/internal/timeline"
 	"github.com/fencelock/fence/server"
 )
@@ -263,12 +262,13 @@ func (d *demo) close() {
 // lock, gets it once A's lease expired, writes and releases; A resumes and
 // writes with what it still believes is its lock.
 func (d *demo) play(ctx context.Context, r *demoRun) error {
-	st, err := startDemoStorage(r.fenced)
+	store := storage.New()
+	srv, err := storage.Serve(storageHandler(store, r.fenced))
 	if err != nil {
 		return err
 	}
-	defer st.close()
-	p := &demoPlay{demo: d, run: r, storage: st}
+	defer srv.Close()
+	p := &demoPlay{demo: d, run: r, store: store, storageURL: srv.URL}
 	r.tl.Lanes = []string{"A", "B", "storage"}
 	for _, step := range []func(context.Context) error{p.holderPauses, p.otherTakesOver, p.holderWakes} {
 		if err := step(ctx); err != nil {
@@ -281,10 +281,11 @@ func (d *demo) play(ctx context.Context, r *demoRun) error {
 
 // demoPlay is one play of the story in progress.
 type demoPlay struct {
-	demo    *demo
-	run     *demoRun
-	storage *demoStorage
-	a, b    *demoWorker
+	demo       *demo
+	run        *demoRun
+	store      *storage.Store
+	storageURL string
+	a, b       *demoWorker
 
 	grantedA, pausedA time.Time
 }
@@ -293,7 +294,7 @@ type demoPlay struct {
 // or a VM migration.
 func (p *demoPlay) holderPauses(ctx context.Context) error {
 	r := p.run
-	a, err := p.demo.startWorker("A", p.storage.url, r.fenced)
+	a, err := p.demo.startWorker("A", p.storageURL, r.fenced)
 	if err != nil {
 		return err
 	}
@@ -318,7 +319,7 @@ func (p *demoPlay) holderPauses(ctx context.Context) error {
 // session expired; B writes and releases.
 func (p *demoPlay) otherTakesOver(ctx context.Context) error {
 	r, lock := p.run, p.demo.f.lock
-	b, err := p.demo.startWorker("B", p.storage.url, r.fenced)
+	b, err := p.demo.startWorker("B", p.storageURL, r.fenced)
 	if err != nil {
 		return err
 	}
@@ -370,7 +371,7 @@ func (p *demoPlay) holderWakes(ctx context.Context) error {
 // inspect reads what the storage holds in the end.
 func (p *demoPlay) inspect() {
 	r := p.run
-	r.final, r.present = p.storage.value(p.demo.f.key)
+	r.final, r.present = p.store.Value(p.demo.f.key)
 	now := time.Now()
 	switch {
 	case r.present && r.final == "A" && r.writeB.Event == "wrote":
@@ -480,76 +481,13 @@ func writeDemoPicture(path string, page *timeline.Page) error {
 	return nil
 }
 
-// demoStorage is the resource the workers write: one value per key, over
-// HTTP (GET and PUT /KEY). Fenced, it is guarded by fencing.Middleware.
-type demoStorage struct {
-	url  string
-	srv  *http.Server
-	done chan struct{}
-
-	mu     sync.Mutex
-	values map[string]string
-}
-
-func startDemoStorage(fenced bool) (*demoStorage, error) {
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		return nil, fmt.Errorf("starting the storage: %w", err)
-	}
-	st := &demoStorage{url: "http://" + ln.Addr().String(), values: map[string]string{}, done: make(chan struct{})}
-	st.srv = &http.Server{Handler: storageHandler(st, fenced), ReadHeaderTimeout: 5 * time.Second}
-	go func() {
-		defer close(st.done)
-		_ = st.srv.Serve(ln) // ends with ErrServerClosed at close
-	}()
-	return st, nil
-}
-
 // storageHandler serves st as is, or guarded by the fenced write rule: a
 // write must carry a token at least as high as any accepted before.
-func storageHandler(st *demoStorage, fenced bool) http.Handler {
+func storageHandler(st *storage.Store, fenced bool) http.Handler {
 	if !fenced {
 		return st
 	}
 	return fencing.Middleware(fencing.NewGuard(fencing.NewMemory()))(st)
-}
-
-// ServeHTTP implements http.Handler: GET and PUT /KEY.
-func (st *demoStorage) ServeHTTP(w http.ResponseWriter, r *http.Request) {
-	key := strings.TrimPrefix(r.URL.Path, "/")
-	switch r.Method {
-	case http.MethodGet:
-		v, ok := st.value(key)
-		if !ok {
-			http.NotFound(w, r)
-			return
-		}
-		_, _ = io.WriteString(w, v)
-	case http.MethodPut:
-		body, err := io.ReadAll(io.LimitReader(r.Body, 1<<20))
-		if err != nil {
-			http.Error(w, err.Error(), http.StatusBadRequest)
-			return
-		}
-		st.mu.Lock()
-		st.values[key] = string(body)
-		st.mu.Unlock()
-		w.WriteHeader(http.StatusNoContent)
-	default:
-		http.Error(w, "GET or PUT", http.StatusMethodNotAllowed)
-	}
-}
-
-func (st *demoStorage) value(key string) (string, bool) {
-	st.mu.Lock()
-	defer st.mu.Unlock()
-	v, ok := st.values[key]
-	return v, ok
-}
-
-func (st *demoStorage) close() {
-	_ = st.srv.Close()
-	<-st.done
 }
 
 // demoWorker is a running `fence demo worker` process.
