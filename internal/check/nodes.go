@@ -251,17 +251,3 @@ func (r *runner) pauseLeaderHold() time.Duration {
 	election := 500*time.Millisecond + time.Duration(r.rng.IntN(301))*time.Millisecond
 	return 2*ttl/3 + election
 }
-
-// pauseNode stops a server with SIGSTOP for hold (or until ctx ends), then
-// continues it.
-func (r *runner) pauseNode(ctx context.Context, n *node, hold time.Duration) {
-	r.mu.Lock()
-	p := n.proc
-	r.mu.Unlock()
-	_ = p.Pause()
-	select {
-	case <-ctx.Done():
-	case <-time.After(hold):
-	}
-	_ = p.Resume()
-}

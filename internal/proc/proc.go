@@ -229,6 +229,22 @@ func (p *Process) Pause() error { return pause(p) }
 // Resume continues a paused process (SIGCONT).
 func (p *Process) Resume() error { return resume(p) }
 
+// PauseWhile is the pause fault: it pauses the process, runs during, and
+// resumes the process, also when during fails. It returns when the process
+// was paused (after it was stopped, until it was continued), and the first
+// error of pausing, during and resuming.
+func (p *Process) PauseWhile(ctx context.Context, during func(context.Context) error) (paused, resumed time.Time, err error) {
+	if err := p.Pause(); err != nil {
+		return time.Time{}, time.Time{}, err
+	}
+	paused = time.Now()
+	err = during(ctx)
+	if rerr := p.Resume(); err == nil {
+		err = rerr
+	}
+	return paused, time.Now(), err
+}
+
 // Terminate asks the process to exit: it continues it if it was paused,
 // then sends SIGTERM; where there is no SIGTERM, it kills it. It does not
 // wait.

@@ -197,6 +197,28 @@ func TestPauseResume(t *testing.T) {
 	nextLine(t, p)
 }
 
+// TestPauseWhile resumes the process after during, also when it fails.
+func TestPauseWhile(t *testing.T) {
+	p := mustStart(t, "tick")
+	nextLine(t, p)
+	failed := errors.New("during failed")
+	paused, resumed, err := p.PauseWhile(context.Background(), func(context.Context) error {
+		time.Sleep(50 * time.Millisecond)
+		return failed
+	})
+	if !errors.Is(err, failed) {
+		t.Errorf("PauseWhile: %v, want during's error", err)
+	}
+	if d := resumed.Sub(paused); d < 50*time.Millisecond {
+		t.Errorf("paused for %v, want at least 50ms", d)
+	}
+	time.Sleep(20 * time.Millisecond)
+	for len(p.Lines()) > 0 {
+		<-p.Lines()
+	}
+	nextLine(t, p) // it runs again
+}
+
 // TestKillReachesTheGroup kills a child whose own child runs in its group:
 // both die.
 func TestKillReachesTheGroup(t *testing.T) {
