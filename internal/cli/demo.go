@@ -3,25 +3,18 @@ package cli
 import (
 	"bytes"
 	"context"
-	"encoding/json"
 	"errors"
 	"fmt"
-	"net/http"
 	"os"
 	"path/filepath"
-	"slices"
-	"strconv"
 	"strings"
 	"sync"
 	"time"
 
-	"github.com/spf13/cobra"
-
-	"github.com/fencelock/fence/fencing"
 	"github.com/fencelock/fence/internal/proc"
-	"github.com/fencelock/fence/internal/storage"
 	"github.com/fencelock/fence/internal/timeline"
 	"github.com/fencelock/fence/server"
+	"github.com/spf13/cobra"
 )
 
 // stepTimeout bounds each step of the demo that waits for a worker (its
@@ -86,21 +79,6 @@ type demo struct {
 
 	mu      sync.Mutex
 	workers []*demoWorker
-}
-
-// demoRun is one play of the story and what came of it.
-type demoRun struct {
-	number int
-	fenced bool
-	tl     *timeline.Timeline
-
-	tokenA, tokenB uint64
-	writeA, writeB demoEvent
-	final          string
-	present        bool
-
-	ok      bool   // the run ended as it should
-	verdict string // one line
 }
 
 func runDemo(ctx context.Context, g *globals, f demoFlags) error {
@@ -226,6 +204,7 @@ func (d *demo) startService(ctx context.Context) error {
 	return srv.WaitLeader(10 * time.Second)
 }
 
+// printSetup says what the demo runs, and where.
 func (d *demo) printSetup() {
 	w := d.g.stdout
 	fmt.Fprintln(w, "fence demo: a lock holder paused past its lease, played twice with real processes")
@@ -258,212 +237,7 @@ func (d *demo) close() {
 	}
 }
 
-// play runs the story once: A takes the lock and is paused; B waits for the
-// lock, gets it once A's lease expired, writes and releases; A resumes and
-// writes with what it still believes is its lock.
-func (d *demo) play(ctx context.Context, r *demoRun) error {
-	store := storage.New()
-	srv, err := storage.Serve(storageHandler(store, r.fenced))
-	if err != nil {
-		return err
-	}
-	defer srv.Close()
-	p := &demoPlay{demo: d, run: r, store: store, storageURL: srv.URL}
-	r.tl.Lanes = []string{"A", "B", "storage"}
-	for _, step := range []func(context.Context) error{p.holderPauses, p.otherTakesOver, p.holderWakes} {
-		if err := step(ctx); err != nil {
-			return err
-		}
-	}
-	p.inspect()
-	return p.stopWorkers(ctx)
-}
-
-// demoPlay is one play of the story in progress.
-type demoPlay struct {
-	demo       *demo
-	run        *demoRun
-	store      *storage.Store
-	storageURL string
-	a, b       *demoWorker
-
-	grantedA, pausedA time.Time
-}
-
-// holderPauses: A takes the lock, and is paused at once, as by a GC pause
-// or a VM migration.
-func (p *demoPlay) holderPauses(ctx context.Context) error {
-	r := p.run
-	a, err := p.demo.startWorker("A", p.storageURL, r.fenced)
-	if err != nil {
-		return err
-	}
-	p.a = a
-	if _, err := a.expect(ctx, stepTimeout, "waiting"); err != nil {
-		return err
-	}
-	granted, err := a.expect(ctx, stepTimeout, "acquired")
-	if err != nil {
-		return err
-	}
-	r.tokenA, p.grantedA = granted.Token, granted.at
-	r.mark("A", p.grantedA, timeline.MarkGrant, fmt.Sprintf("got lock %s, token %d", p.demo.f.lock, r.tokenA))
-	if err := a.p.Pause(); err != nil {
-		return err
-	}
-	p.pausedA = time.Now()
-	return nil
-}
-
-// otherTakesOver: B asks for the lock, which the server grants once A's
-// session expired; B writes and releases.
-func (p *demoPlay) otherTakesOver(ctx context.Context) error {
-	r, lock := p.run, p.demo.f.lock
-	b, err := p.demo.startWorker("B", p.storageURL, r.fenced)
-	if err != nil {
-		return err
-	}
-	p.b = b
-	waiting, err := b.expect(ctx, stepTimeout, "waiting")
-	if err != nil {
-		return err
-	}
-	granted, err := b.expect(ctx, p.demo.f.ttl+stepTimeout, "acquired")
-	if err != nil {
-		return fmt.Errorf("%w (is lock %q held by someone else? see fence locks)", err, lock)
-	}
-	r.tokenB = granted.Token
-	r.span("A", p.grantedA, granted.at, timeline.SpanLease, "")
-	r.span("B", waiting.at, granted.at, timeline.SpanWaiting, "waiting for the lock")
-	r.mark("B", granted.at, timeline.MarkGrant, fmt.Sprintf("got lock %s, token %d", lock, r.tokenB))
-	r.mark("A", granted.at, timeline.MarkInfo, "lease expired; the lock went to B")
-
-	if r.writeB, err = b.write(ctx); err != nil {
-		return err
-	}
-	r.mark("B", r.writeB.at, writeKind(r.writeB), writeLabel(r.writeB, "B", r.tokenB, r.fenced))
-	released, err := b.command(ctx, "release", "released")
-	if err != nil {
-		return err
-	}
-	r.span("B", granted.at, released.at, timeline.SpanLease, "")
-	r.mark("B", released.at, timeline.MarkInfo, "released the lock")
-	return nil
-}
-
-// holderWakes: A resumes, still believing it holds the lock, and writes.
-func (p *demoPlay) holderWakes(ctx context.Context) error {
-	r := p.run
-	if err := p.a.p.Resume(); err != nil {
-		return err
-	}
-	resumed := time.Now()
-	r.span("A", p.pausedA, resumed, timeline.SpanPaused, "paused by SIGSTOP")
-	r.mark("A", resumed, timeline.MarkInfo, "resumed by SIGCONT")
-	var err error
-	if r.writeA, err = p.a.write(ctx); err != nil {
-		return err
-	}
-	r.mark("A", r.writeA.at, writeKind(r.writeA), writeLabel(r.writeA, "A", r.tokenA, r.fenced))
-	return nil
-}
-
-// inspect reads what the storage holds in the end.
-func (p *demoPlay) inspect() {
-	r := p.run
-	r.final, r.present = p.store.Value(p.demo.f.key)
-	now := time.Now()
-	switch {
-	case r.present && r.final == "A" && r.writeB.Event == "wrote":
-		r.mark("storage", now, timeline.MarkLostUpdate, `lost update: value is "A", B's write is gone`)
-	case r.present && r.final == "B":
-		r.mark("storage", now, timeline.MarkInfo, `value is "B": B's write survived`)
-	case r.present:
-		r.mark("storage", now, timeline.MarkInfo, fmt.Sprintf("value is %q", r.final))
-	default:
-		r.mark("storage", now, timeline.MarkInfo, "no value")
-	}
-}
-
-// stopWorkers tells both workers to exit, both at once (a race-enabled
-// build waits a second at exit), and waits for them.
-func (p *demoPlay) stopWorkers(ctx context.Context) error {
-	workers := []*demoWorker{p.a, p.b}
-	for _, w := range workers {
-		if err := w.p.WriteLine("exit"); err != nil {
-			return fmt.Errorf("telling worker %s to exit: %w", w.name, err)
-		}
-	}
-	for _, w := range workers {
-		if err := w.waitExit(ctx); err != nil {
-			return err
-		}
-	}
-	return nil
-}
-
-func (r *demoRun) mark(lane string, at time.Time, kind, label string) {
-	r.tl.Marks = append(r.tl.Marks, timeline.Mark{Lane: lane, At: at, Kind: kind, Label: label})
-}
-
-func (r *demoRun) span(lane string, from, to time.Time, kind, label string) {
-	r.tl.Spans = append(r.tl.Spans, timeline.Span{Lane: lane, Start: from, End: to, Kind: kind, Label: label})
-}
-
-func writeKind(ev demoEvent) string {
-	switch ev.Event {
-	case "wrote":
-		return timeline.MarkWriteOK
-	case "rejected":
-		return timeline.MarkWriteRejected
-	}
-	return timeline.MarkFault
-}
-
-func writeLabel(ev demoEvent, value string, token uint64, fenced bool) string {
-	switch {
-	case ev.Event == "wrote" && fenced:
-		return fmt.Sprintf("wrote %q with token %d: accepted", value, token)
-	case ev.Event == "wrote":
-		return fmt.Sprintf("wrote %q, no token: accepted", value)
-	case ev.Event == "rejected":
-		return "write rejected: " + strings.TrimSuffix(ev.Message, " for key "+ev.Key)
-	}
-	return "write failed: " + ev.Message
-}
-
-// judge decides whether the run ended as the story says it must.
-func (r *demoRun) judge(f demoFlags) {
-	story := fmt.Sprintf("A (token %d) was paused past its lease; B got lock %s (token %d) and wrote \"B\"; A woke and wrote \"A\"", r.tokenA, f.lock, r.tokenB)
-	final := "no value"
-	if r.present {
-		final = strconv.Quote(r.final)
-	}
-	switch {
-	case r.tokenB <= r.tokenA:
-		r.verdict = fmt.Sprintf("UNEXPECTED: B's token %d is not above A's %d", r.tokenB, r.tokenA)
-	case r.writeB.Event != "wrote":
-		r.verdict = fmt.Sprintf("UNEXPECTED: B's write, under the lock, failed: %s", r.writeB.Message)
-	case !r.fenced && r.writeA.Event == "wrote" && r.present && r.final == "A":
-		r.ok = true
-		r.verdict = fmt.Sprintf("LOST UPDATE: %s, and the storage took it. It holds \"A\" now: B's update is lost, and the lock could not prevent it.", story)
-	case !r.fenced:
-		r.verdict = fmt.Sprintf("UNEXPECTED: the storage does not check tokens, so A's late write should have overwritten B's; A's write: %s; the value is %s", describe(r.writeA), final)
-	case r.writeA.Event == "rejected" && r.writeA.Token == r.tokenA && r.writeA.Highest == r.tokenB && r.present && r.final == "B":
-		r.ok = true
-		r.verdict = fmt.Sprintf("SAFE: %s, but the storage rejected it with 409: stale fencing token %d < %d. It still holds \"B\".", story, r.tokenA, r.tokenB)
-	default:
-		r.verdict = fmt.Sprintf("UNEXPECTED: the storage checks tokens, so A's late write with token %d should have been rejected because B wrote with %d; A's write: %s; the value is %s", r.tokenA, r.tokenB, describe(r.writeA), final)
-	}
-}
-
-func describe(ev demoEvent) string {
-	if ev.Message != "" {
-		return ev.Event + " (" + ev.Message + ")"
-	}
-	return ev.Event
-}
-
+// writeDemoPicture writes page to path: SVG for a .svg name, HTML otherwise.
 func writeDemoPicture(path string, page *timeline.Page) error {
 	var buf bytes.Buffer
 	var err error
@@ -479,134 +253,4 @@ func writeDemoPicture(path string, page *timeline.Page) error {
 		return fmt.Errorf("writing the picture: %w", err)
 	}
 	return nil
-}
-
-// storageHandler serves st as is, or guarded by the fenced write rule: a
-// write must carry a token at least as high as any accepted before.
-func storageHandler(st *storage.Store, fenced bool) http.Handler {
-	if !fenced {
-		return st
-	}
-	return fencing.Middleware(fencing.NewGuard(fencing.NewMemory()))(st)
-}
-
-// demoWorker is a running `fence demo worker` process.
-type demoWorker struct {
-	name string // A or B
-	p    *proc.Process
-}
-
-// startWorker starts a worker process and registers it for cleanup. It
-// runs in its own process group, so that a Ctrl-C at the terminal reaches
-// only the demo, which then stops its workers in order; and dies with the
-// demo where the system can.
-func (d *demo) startWorker(name, storageURL string, fenced bool) (*demoWorker, error) {
-	p, err := proc.Start(proc.Spec{
-		Name: "worker " + name,
-		Path: d.exe,
-		Args: []string{"demo", "worker",
-			"--endpoints", d.endpoints,
-			"--name", name,
-			"--storage", storageURL,
-			"--lock", d.f.lock,
-			"--key", d.f.key,
-			"--ttl", d.f.ttl.String(),
-			"--value", name,
-			"--fenced=" + strconv.FormatBool(fenced),
-		},
-		Stdin:         true,
-		Lines:         true,
-		Stderr:        proc.NewPrefixWriter(d.g.stderr, "fence demo: worker "+name+": "),
-		StderrBytes:   8 << 10,
-		DieWithParent: true,
-	})
-	if err != nil {
-		return nil, err
-	}
-	w := &demoWorker{name: name, p: p}
-	d.mu.Lock()
-	d.workers = append(d.workers, w)
-	d.mu.Unlock()
-	return w, nil
-}
-
-// parseEvent reads a worker's report line.
-func parseEvent(l proc.Line) demoEvent {
-	ev := demoEvent{at: l.At}
-	if err := json.Unmarshal([]byte(l.Text), &ev); err != nil {
-		return demoEvent{Event: "error", Message: fmt.Sprintf("unreadable report %q", l.Text), at: l.At}
-	}
-	return ev
-}
-
-// expect waits for the worker's next event, which must be one of want.
-func (w *demoWorker) expect(ctx context.Context, timeout time.Duration, want ...string) (demoEvent, error) {
-	t := time.NewTimer(timeout)
-	defer t.Stop()
-	select {
-	case l, ok := <-w.p.Lines():
-		if !ok {
-			return demoEvent{}, fmt.Errorf("worker %s exited (%v) before reporting %s%s", w.name, w.p.State(), strings.Join(want, " or "), w.stderrTail())
-		}
-		ev := parseEvent(l)
-		if slices.Contains(want, ev.Event) {
-			return ev, nil
-		}
-		return ev, fmt.Errorf("worker %s reported %s, want %s%s", w.name, describe(ev), strings.Join(want, " or "), w.stderrTail())
-	case <-t.C:
-		return demoEvent{}, fmt.Errorf("worker %s did not report %s within %v%s", w.name, strings.Join(want, " or "), timeout, w.stderrTail())
-	case <-ctx.Done():
-		return demoEvent{}, ctx.Err()
-	}
-}
-
-// command sends a command line to the worker and waits for its answer.
-func (w *demoWorker) command(ctx context.Context, command string, want ...string) (demoEvent, error) {
-	if err := w.p.WriteLine(command); err != nil {
-		return demoEvent{}, fmt.Errorf("telling worker %s to %s: %w%s", w.name, command, err, w.stderrTail())
-	}
-	return w.expect(ctx, stepTimeout, want...)
-}
-
-// write tells the worker to write now, and returns how the storage answered.
-func (w *demoWorker) write(ctx context.Context) (demoEvent, error) {
-	return w.command(ctx, "write", "wrote", "rejected", "write-failed")
-}
-
-// waitExit waits for a worker told to exit, and fails unless it exits 0.
-func (w *demoWorker) waitExit(ctx context.Context) error {
-	t := time.NewTimer(stepTimeout)
-	defer t.Stop()
-	for {
-		select {
-		case l, ok := <-w.p.Lines():
-			if !ok {
-				if code := w.p.ExitCode(); code != 0 {
-					return fmt.Errorf("worker %s exited with status %d%s", w.name, code, w.stderrTail())
-				}
-				return nil
-			}
-			if ev := parseEvent(l); ev.Event == "error" {
-				return fmt.Errorf("worker %s: %s%s", w.name, ev.Message, w.stderrTail())
-			}
-		case <-t.C:
-			return fmt.Errorf("worker %s did not exit within %v of being told to", w.name, stepTimeout)
-		case <-ctx.Done():
-			return ctx.Err()
-		}
-	}
-}
-
-// kill resumes the worker if it is paused, kills it and reaps it.
-func (w *demoWorker) kill() {
-	_ = w.p.Kill()
-	for range w.p.Lines() {
-	}
-}
-
-func (w *demoWorker) stderrTail() string {
-	if s := strings.TrimSpace(w.p.Stderr()); s != "" {
-		return "; its stderr: " + s
-	}
-	return ""
 }
