@@ -28,18 +28,7 @@ const (
 	startTimeout = 20 * time.Second
 )
 
-func TestMain(m *testing.M) { os.Exit(runTests(m)) }
-
-func runTests(m *testing.M) int {
-	bin, cleanup, err := testbin.Fence()
-	if err != nil {
-		fmt.Fprintln(os.Stderr, "e2e:", err)
-		return 1
-	}
-	defer cleanup()
-	fenceBin = bin
-	return m.Run()
-}
+func TestMain(m *testing.M) { os.Exit(testbin.RunWithFence(m, &fenceBin)) }
 
 // waitFor polls cond every pollInterval until it holds, and fails the test
 // if it does not within timeout. It must run on the test's goroutine.

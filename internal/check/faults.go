@@ -20,7 +20,7 @@ func (r *runner) faultSteps() map[string]faultStep {
 		FaultPause:         r.pauseWorker,
 		FaultKillWorker:    r.killWorker,
 		FaultKillServer:    r.killServer,
-		FaultKillLeader:    r.killLeader,
+		FaultKillLeader:    r.killServer,
 		FaultPartition:     r.partitionLeader,
 		FaultPauseLeader:   r.pauseServer,
 		FaultPauseFollower: r.pauseServer,
@@ -85,23 +85,24 @@ func (r *runner) killWorker(_ context.Context, ev *FaultEvent) bool {
 	return true
 }
 
-// killServer kills a random server and restarts it on its data.
+// killServer kills a server, the leader for kill-leader and a random one
+// for kill-server, and restarts it on its data.
 func (r *runner) killServer(_ context.Context, ev *FaultEvent) bool {
-	n := r.nodes[r.rng.IntN(len(r.nodes))]
-	ev.Target = n.name()
-	r.restartNode(n)
-	return true
-}
-
-// killLeader kills the leader and restarts it on its data.
-func (r *runner) killLeader(_ context.Context, ev *FaultEvent) bool {
-	n := r.leaderNode()
+	n := r.killTarget(ev.Kind)
 	if n == nil {
 		return false
 	}
 	ev.Target = n.name()
 	r.restartNode(n)
 	return true
+}
+
+// killTarget picks the server a kill fault hits.
+func (r *runner) killTarget(kind string) *node {
+	if kind == FaultKillLeader {
+		return r.leaderNode()
+	}
+	return r.nodes[r.rng.IntN(len(r.nodes))]
 }
 
 // partitionLeader cuts the leader off from the others for 1 to 2s.
