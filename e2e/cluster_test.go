@@ -29,10 +29,10 @@ type clusterNode struct {
 	addr     string // API, host:port
 	raftAddr string
 	dataDir  string
-	args     []string // `fence serve` arguments, the same at every start
-	proc     *proc    // the running (or last) process
-	procs    []*proc  // every process run for this node, for cleanup
-	killed   bool     // killed by the test, and not restarted yet
+	args     []string   // `fence serve` arguments, the same at every start
+	proc     *process   // the running (or last) process
+	procs    []*process // every process run for this node, for cleanup
+	killed   bool       // killed by the test, and not restarted yet
 }
 
 // cluster is a raft group of `fence serve` processes on loopback.
@@ -87,8 +87,8 @@ func startCluster(t *testing.T, n int, extra ...string) *cluster {
 		}
 		for _, nd := range c.nodes {
 			if nd.proc != nil {
-				nd.proc.killGroup()
-				<-nd.proc.done
+				_ = nd.proc.Kill()
+				<-nd.proc.Done()
 			}
 		}
 		c.failed = append(c.failed, c.nodes...)
@@ -115,11 +115,11 @@ func (nd *clusterNode) start(t *testing.T) bool {
 	nd.procs = append(nd.procs, nd.proc)
 	nd.killed = false
 	waitFor(t, startTimeout, "fence serve "+nd.id+" to open its ports", func() bool {
-		return nd.proc.exited() || strings.Contains(nd.proc.stderr.String(), " serving on "+nd.addr)
+		return nd.proc.Exited() || strings.Contains(nd.proc.Stderr(), " serving on "+nd.addr)
 	})
-	if nd.proc.exited() {
-		if strings.Contains(nd.proc.stderr.String(), "address already in use") {
-			t.Logf("%s could not bind %s or %s: %s", nd.id, nd.addr, nd.raftAddr, strings.TrimSpace(nd.proc.stderr.String()))
+	if nd.proc.Exited() {
+		if strings.Contains(nd.proc.Stderr(), "address already in use") {
+			t.Logf("%s could not bind %s or %s: %s", nd.id, nd.addr, nd.raftAddr, strings.TrimSpace(nd.proc.Stderr()))
 			return false
 		}
 		nd.proc.failIfExited(t)
@@ -143,16 +143,16 @@ func (nd *clusterNode) kill(t *testing.T) {
 	}
 }
 
-func (nd *clusterNode) running() bool { return nd.proc != nil && !nd.proc.exited() }
+func (nd *clusterNode) running() bool { return nd.proc != nil && !nd.proc.Exited() }
 
 // failIfDied fails the test at once if a node the test did not kill has
 // exited: a crash, or a signal from outside the test.
 func (c *cluster) failIfDied(t *testing.T) {
 	t.Helper()
 	for _, nd := range c.members() {
-		if nd.proc != nil && !nd.killed && nd.proc.exited() {
+		if nd.proc != nil && !nd.killed && nd.proc.Exited() {
 			t.Fatalf("%s (pid %d) exited though the test did not kill it (%v); stderr:\n%s",
-				nd.id, nd.proc.pid(), nd.proc.cmd.ProcessState, tail(nd.proc.stderr.String(), 3000))
+				nd.id, nd.proc.Pid(), nd.proc.State(), tail(nd.proc.Stderr(), 3000))
 		}
 	}
 }

@@ -29,12 +29,12 @@ func TestElectAndWatchProcesses(t *testing.T) {
 	b := startFence(t, "fence elect node-b", append(srv.endpoints(), "elect", "--ttl", "2s", "sched", "node-b")...)
 	a.signal(t, syscall.SIGTERM)
 	if code := a.waitExit(t, 10*time.Second); code != 0 {
-		t.Errorf("interrupted fence elect exited %d, want 0; stderr:\n%s", code, a.stderr.String())
+		t.Errorf("interrupted fence elect exited %d, want 0; stderr:\n%s", code, a.Stderr())
 	}
 	seen("node-b to follow node-a", "node-a\ttoken 1\n", "(no leader)\n", "node-b\ttoken 2\n")
 
 	c := startFence(t, "fence elect node-c", append(srv.endpoints(), "elect", "--ttl", "2s", "sched", "node-c")...)
-	b.killGroup() // SIGKILL: no resignation; the session expires
+	_ = b.Kill() // SIGKILL: no resignation; the session expires
 	start := time.Now()
 	seen("node-c to follow node-b once its session expired", "node-b\ttoken 2\n", "(no leader)\n", "node-c\ttoken 3\n")
 	if d := time.Since(start); d < time.Second {
@@ -56,7 +56,7 @@ func TestHeldKeyGoesWithTheProcess(t *testing.T) {
 		}
 		return kv != nil
 	}
-	hold := func(key string) *proc {
+	hold := func(key string) *process {
 		p := startFence(t, "fence kv put --hold "+key, append(srv.endpoints(), "kv", "put", "--hold", "--ttl", "1s", key, "10.0.0.5:8080")...)
 		waitFor(t, 20*time.Second, key+" to be registered", func() bool {
 			p.failIfExited(t)
@@ -67,13 +67,13 @@ func TestHeldKeyGoesWithTheProcess(t *testing.T) {
 	a := hold("svc/a")
 	a.signal(t, syscall.SIGINT)
 	if code := a.waitExit(t, 10*time.Second); code != 0 {
-		t.Errorf("interrupted fence kv put --hold exited %d, want 0; stderr:\n%s", code, a.stderr.String())
+		t.Errorf("interrupted fence kv put --hold exited %d, want 0; stderr:\n%s", code, a.Stderr())
 	}
 	if present("svc/a") {
 		t.Error("svc/a outlived its interrupted holder")
 	}
 	b := hold("svc/b")
-	b.killGroup()
+	_ = b.Kill()
 	killed := time.Now()
 	waitFor(t, 20*time.Second, "svc/b to go with its expired session", func() bool { return !present("svc/b") })
 	if d := time.Since(killed); d < 500*time.Millisecond {

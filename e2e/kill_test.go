@@ -259,9 +259,9 @@ func TestSecondServeOnDataDirInUse(t *testing.T) {
 	addrs := freeAddrs(t, 2)
 	second := startFence(t, "second fence serve", "serve", "--data-dir", first.dataDir, "--listen", addrs[0], "--raft-listen", addrs[1])
 	code := second.waitExit(t, 5*time.Second)
-	want := fmt.Sprintf("is in use by another fence process (pid %d)", first.proc.pid())
-	if code == 0 || !strings.Contains(second.stderr.String(), want) {
-		t.Fatalf("second serve exited %d; stderr:\n%s\nwant it to fail saying %q", code, second.stderr.String(), want)
+	want := fmt.Sprintf("is in use by another fence process (pid %d)", first.proc.Pid())
+	if code == 0 || !strings.Contains(second.Stderr(), want) {
+		t.Fatalf("second serve exited %d; stderr:\n%s\nwant it to fail saying %q", code, second.Stderr(), want)
 	}
 	if _, _, code := runFence(t, append(first.endpoints(), "status")...); code != 0 {
 		t.Fatalf("the first node stopped serving: fence status exited %d", code)

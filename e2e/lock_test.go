@@ -42,7 +42,7 @@ func TestConcurrentLockProcessesNeverOverlap(t *testing.T) {
 		t.Fatalf("gate lock: %v", err)
 	}
 
-	procs := make([]*proc, n)
+	procs := make([]*process, n)
 	for i := range procs {
 		args := append(srv.endpoints(), "lock", "--ttl", "10s", name, "--", "sh", "-c", criticalSection, "sh", strconv.Itoa(i), dir)
 		procs[i] = startFence(t, fmt.Sprintf("fence lock #%d", i), args...)
@@ -66,7 +66,7 @@ func TestConcurrentLockProcessesNeverOverlap(t *testing.T) {
 
 	for i, p := range procs {
 		if code := p.waitExit(t, 30*time.Second); code != 0 {
-			t.Errorf("fence lock #%d exited %d, want 0; stderr:\n%s", i, code, p.stderr.String())
+			t.Errorf("fence lock #%d exited %d, want 0; stderr:\n%s", i, code, p.Stderr())
 		}
 	}
 
@@ -191,7 +191,7 @@ while [ ! -e "$1/release" ]; do sleep 0.02; done`
 	resumedAt := time.Now()
 	code := holder.waitExit(t, grace+10*time.Second)
 	t.Logf("holder exited %d, %v after SIGCONT", code, time.Since(resumedAt).Round(time.Millisecond))
-	stderr := holder.stderr.String()
+	stderr := holder.Stderr()
 	if code != 75 {
 		t.Errorf("holder exited %d, want 75 (lock lost); stderr:\n%s", code, stderr)
 	}
@@ -214,7 +214,7 @@ while [ ! -e "$1/release" ]; do sleep 0.02; done`
 		t.Fatal(err)
 	}
 	if code := waiter.waitExit(t, 10*time.Second); code != 0 {
-		t.Errorf("waiter exited %d, want 0; stderr:\n%s", code, waiter.stderr.String())
+		t.Errorf("waiter exited %d, want 0; stderr:\n%s", code, waiter.Stderr())
 	}
 }
 

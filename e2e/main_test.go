@@ -1,7 +1,6 @@
 package e2e
 
 import (
-	"bytes"
 	"context"
 	"encoding/json"
 	"fmt"
@@ -9,14 +8,13 @@ import (
 	"net"
 	"net/http"
 	"os"
-	"os/exec"
 	"strings"
-	"sync"
 	"syscall"
 	"testing"
 	"time"
 
 	"github.com/fencelock/fence/client"
+	"github.com/fencelock/fence/internal/proc"
 	"github.com/fencelock/fence/internal/testbin"
 )
 
@@ -30,18 +28,7 @@ const (
 	startTimeout = 20 * time.Second
 )
 
-func TestMain(m *testing.M) { os.Exit(runTests(m)) }
-
-func runTests(m *testing.M) int {
-	bin, cleanup, err := testbin.Fence()
-	if err != nil {
-		fmt.Fprintln(os.Stderr, "e2e:", err)
-		return 1
-	}
-	defer cleanup()
-	fenceBin = bin
-	return m.Run()
-}
+func TestMain(m *testing.M) { os.Exit(testbin.RunWithFence(m, &fenceBin)) }
 
 // waitFor polls cond every pollInterval until it holds, and fails the test
 // if it does not within timeout. It must run on the test's goroutine.
@@ -73,39 +60,18 @@ func freeAddrs(t *testing.T, n int) []string {
 	return addrs
 }
 
-// syncBuffer is a bytes.Buffer safe for one writer (exec's copier) and
-// concurrent readers (the test).
-type syncBuffer struct {
-	mu  sync.Mutex
-	buf bytes.Buffer
-}
-
-func (b *syncBuffer) Write(p []byte) (int, error) {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	return b.buf.Write(p)
-}
-
-func (b *syncBuffer) String() string {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	return b.buf.String()
-}
-
-// proc is a fence process started by a test. It runs in its own process
-// group, so that cleanup also reaches the commands `fence lock` started.
-type proc struct {
-	name   string
-	cmd    *exec.Cmd
-	stdout syncBuffer
-	stderr syncBuffer
-	done   chan struct{} // closed once the process has exited and been reaped
+// process is a fence process started by a test, with all its output
+// kept. It runs in its own process group, so that cleanup also reaches the
+// commands `fence lock` started.
+type process struct {
+	*proc.Process
+	stdout proc.Tail
 }
 
 // startFence starts the fence binary with args. At cleanup the process group
 // gets SIGCONT (in case it was stopped) and SIGKILL, and the test fails if the
 // process reported a data race.
-func startFence(t *testing.T, name string, args ...string) *proc {
+func startFence(t *testing.T, name string, args ...string) *process {
 	t.Helper()
 	p := newProc(t, name, args...)
 	t.Cleanup(func() { p.cleanup(t) })
@@ -113,83 +79,61 @@ func startFence(t *testing.T, name string, args ...string) *proc {
 }
 
 // newProc starts the fence binary with args; the caller arranges cleanup.
-func newProc(t *testing.T, name string, args ...string) *proc {
+func newProc(t *testing.T, name string, args ...string) *process {
 	t.Helper()
-	p := &proc{name: name, done: make(chan struct{})}
-	p.cmd = exec.Command(fenceBin, args...)
-	p.cmd.Stdout, p.cmd.Stderr = &p.stdout, &p.stderr
-	p.cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
-	p.cmd.WaitDelay = 5 * time.Second
-	if err := p.cmd.Start(); err != nil {
-		t.Fatalf("starting %s: %v", name, err)
+	return startProcess(t, name, fenceBin, args...)
+}
+
+// startProcess starts the program at path with args; the caller arranges
+// cleanup.
+func startProcess(t *testing.T, name, path string, args ...string) *process {
+	t.Helper()
+	p := &process{}
+	var err error
+	p.Process, err = proc.Start(proc.Spec{Name: name, Path: path, Args: args, Stdout: &p.stdout})
+	if err != nil {
+		t.Fatal(err)
 	}
-	go func() {
-		_ = p.cmd.Wait() // the exit status is read from ProcessState
-		close(p.done)
-	}()
 	return p
 }
 
 // cleanup kills what is left of p's process group, waits for p, and fails
 // the test if p reported a data race.
-func (p *proc) cleanup(t *testing.T) {
-	p.killGroup()
-	select {
-	case <-p.done:
-	case <-time.After(10 * time.Second):
-		t.Errorf("%s (pid %d) did not exit after SIGKILL", p.name, p.pid())
+func (p *process) cleanup(t *testing.T) {
+	_ = p.Kill()
+	if err := p.Wait(context.Background(), 10*time.Second); err != nil {
+		t.Errorf("after SIGKILL: %v", err)
 	}
-	if strings.Contains(p.stderr.String(), "WARNING: DATA RACE") {
-		t.Errorf("%s (pid %d) reported a data race:\n%s", p.name, p.pid(), p.stderr.String())
+	if stderr := p.Stderr(); strings.Contains(stderr, "WARNING: DATA RACE") {
+		t.Errorf("%s (pid %d) reported a data race:\n%s", p.Name(), p.Pid(), stderr)
 	} else if t.Failed() {
-		t.Logf("%s (pid %d) stderr (tail):\n%s", p.name, p.pid(), tail(p.stderr.String(), 3000))
-	}
-}
-
-func (p *proc) pid() int { return p.cmd.Process.Pid }
-
-// exited reports whether the process has exited.
-func (p *proc) exited() bool {
-	select {
-	case <-p.done:
-		return true
-	default:
-		return false
+		t.Logf("%s (pid %d) stderr (tail):\n%s", p.Name(), p.Pid(), tail(stderr, 3000))
 	}
 }
 
 // signal sends sig to the process itself, not its group.
-func (p *proc) signal(t *testing.T, sig syscall.Signal) {
+func (p *process) signal(t *testing.T, sig syscall.Signal) {
 	t.Helper()
-	if err := syscall.Kill(p.pid(), sig); err != nil {
-		t.Fatalf("sending %v to %s (pid %d): %v", sig, p.name, p.pid(), err)
+	if err := p.Signal(sig); err != nil {
+		t.Fatal(err)
 	}
-}
-
-// killGroup resumes and kills the process and everything in its group.
-func (p *proc) killGroup() {
-	_ = syscall.Kill(-p.pid(), syscall.SIGCONT)
-	_ = syscall.Kill(-p.pid(), syscall.SIGKILL)
 }
 
 // waitExit waits for the process to exit and returns its exit code (-1 if a
 // signal ended it).
-func (p *proc) waitExit(t *testing.T, timeout time.Duration) int {
+func (p *process) waitExit(t *testing.T, timeout time.Duration) int {
 	t.Helper()
-	select {
-	case <-p.done:
-		return p.cmd.ProcessState.ExitCode()
-	case <-time.After(timeout):
-		t.Fatalf("%s (pid %d) did not exit within %v; stderr:\n%s", p.name, p.pid(), timeout, tail(p.stderr.String(), 3000))
-		return 0
+	if err := p.Wait(context.Background(), timeout); err != nil {
+		t.Fatalf("%v; stderr:\n%s", err, tail(p.Stderr(), 3000))
 	}
+	return p.ExitCode()
 }
 
 // failIfExited fails the test at once if p has exited, showing why.
-func (p *proc) failIfExited(t *testing.T) {
+func (p *process) failIfExited(t *testing.T) {
 	t.Helper()
-	if p.exited() {
-		t.Fatalf("%s (pid %d) exited early with status %d; stderr:\n%s", p.name, p.pid(), p.cmd.ProcessState.ExitCode(), tail(p.stderr.String(), 3000))
+	if p.Exited() {
+		t.Fatalf("%s (pid %d) exited early with status %d; stderr:\n%s", p.Name(), p.Pid(), p.ExitCode(), tail(p.Stderr(), 3000))
 	}
 }
 
@@ -198,7 +142,7 @@ func runFence(t *testing.T, args ...string) (stdout, stderr string, code int) {
 	t.Helper()
 	p := startFence(t, "fence "+args[0], args...)
 	code = p.waitExit(t, 30*time.Second)
-	return p.stdout.String(), p.stderr.String(), code
+	return p.stdout.String(), p.Stderr(), code
 }
 
 func tail(s string, n int) string {
@@ -215,8 +159,8 @@ type server struct {
 	addr     string // API, host:port
 	raftAddr string
 	extra    []string
-	proc     *proc   // the running (or last) process
-	procs    []*proc // every process run for this node, for cleanup
+	proc     *process   // the running (or last) process
+	procs    []*process // every process run for this node, for cleanup
 	// web, when set, is the HTTPS client that reaches a node serving TLS.
 	web *http.Client
 }
@@ -276,10 +220,10 @@ func (s *server) start(t *testing.T) bool {
 	s.procs = append(s.procs, s.proc)
 	// `fence serve` says "serving on" once both ports are bound.
 	waitFor(t, startTimeout, "fence serve on "+s.addr+" to open its ports", func() bool {
-		return s.proc.exited() || strings.Contains(s.proc.stderr.String(), " serving on "+s.addr)
+		return s.proc.Exited() || strings.Contains(s.proc.Stderr(), " serving on "+s.addr)
 	})
-	if s.proc.exited() && strings.Contains(s.proc.stderr.String(), "address already in use") {
-		t.Logf("fence serve could not bind %s or %s; retrying: %s", s.addr, s.raftAddr, strings.TrimSpace(s.proc.stderr.String()))
+	if s.proc.Exited() && strings.Contains(s.proc.Stderr(), "address already in use") {
+		t.Logf("fence serve could not bind %s or %s; retrying: %s", s.addr, s.raftAddr, strings.TrimSpace(s.proc.Stderr()))
 		return false
 	}
 	return true
@@ -400,4 +344,4 @@ func lockInfo(t *testing.T, c *client.Client, name string) *client.LockInfo {
 }
 
 // ownerOf is the owner text `fence lock` gives its session.
-func ownerOf(p *proc) string { return fmt.Sprintf("fence lock pid %d on ", p.pid()) }
+func ownerOf(p *process) string { return fmt.Sprintf("fence lock pid %d on ", p.Pid()) }

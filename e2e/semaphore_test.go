@@ -44,7 +44,7 @@ func TestSemaphoreProcesses(t *testing.T) {
 		}
 		gates = append(gates, g)
 	}
-	procs := make([]*proc, n)
+	procs := make([]*process, n)
 	for i := range procs {
 		args := append(srv.endpoints(), "lock", "--permits", "2", name, "--", "sh", "-c", inSemaphore, "sh", dir)
 		procs[i] = startFence(t, fmt.Sprintf("fence lock --permits 2 #%d", i), args...)
@@ -65,7 +65,7 @@ func TestSemaphoreProcesses(t *testing.T) {
 	}
 	for i, p := range procs {
 		if code := p.waitExit(t, 30*time.Second); code != 0 {
-			t.Errorf("fence lock --permits 2 #%d exited %d, want 0; stderr:\n%s", i, code, p.stderr.String())
+			t.Errorf("fence lock --permits 2 #%d exited %d, want 0; stderr:\n%s", i, code, p.Stderr())
 		}
 	}
 	data, err := os.ReadFile(filepath.Join(dir, "log"))

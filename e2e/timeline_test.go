@@ -5,7 +5,6 @@ import (
 	"fmt"
 	"io"
 	"net/http"
-	"os/exec"
 	"path/filepath"
 	"strings"
 	"sync"
@@ -38,19 +37,9 @@ func buildExample(t *testing.T) string {
 }
 
 // startExample starts the example binary as a test process.
-func startExample(t *testing.T, name string, args ...string) *proc {
+func startExample(t *testing.T, name string, args ...string) *process {
 	t.Helper()
-	p := &proc{name: name, done: make(chan struct{})}
-	p.cmd = exec.Command(buildExample(t), args...)
-	p.cmd.Stdout, p.cmd.Stderr = &p.stdout, &p.stderr
-	p.cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
-	if err := p.cmd.Start(); err != nil {
-		t.Fatalf("starting %s: %v", name, err)
-	}
-	go func() {
-		_ = p.cmd.Wait()
-		close(p.done)
-	}()
+	p := startProcess(t, name, buildExample(t), args...)
 	t.Cleanup(func() { p.cleanup(t) })
 	return p
 }
@@ -118,7 +107,7 @@ func TestArticleTimeline(t *testing.T) {
 			a.signal(t, syscall.SIGSTOP)
 			b := startExample(t, "worker B", append([]string{"worker", "--name", "B"}, common...)...)
 			if code := b.waitExit(t, 20*time.Second); code != 0 {
-				t.Fatalf("worker B exited %d:\n%s%s", code, b.stdout.String(), b.stderr.String())
+				t.Fatalf("worker B exited %d:\n%s%s", code, b.stdout.String(), b.Stderr())
 			}
 			if got := read(key); got != "B" {
 				t.Fatalf("after B's write the resource holds %q, want B", got)
@@ -127,7 +116,7 @@ func TestArticleTimeline(t *testing.T) {
 			code := a.waitExit(t, 20*time.Second)
 			out := a.stdout.String()
 			if code != 2 || !strings.Contains(out, "write REJECTED") || !strings.Contains(out, "stale fencing token") {
-				t.Fatalf("worker A exited %d, want 2 with its stale write rejected:\n%s%s", code, out, a.stderr.String())
+				t.Fatalf("worker A exited %d, want 2 with its stale write rejected:\n%s%s", code, out, a.Stderr())
 			}
 			if got := read(key); got != "B" {
 				t.Fatalf("after A's late write the resource holds %q, want B's value to survive", got)

@@ -12,6 +12,11 @@
 // it was granted, without checking whether it still holds the lock: that is
 // what a process does that wakes from a pause. The storage, not the lock,
 // refuses the stale write. Exit status: 0 written, 2 refused as stale, 1 error.
+//
+// The storage's plain key-value part and its HTTP client are
+// internal/storage, which `fence demo` serves too; what this program shows
+// is the fencing around them: the guard in front of the storage, and the
+// token that goes with each write.
 package main
 
 import (
@@ -19,12 +24,10 @@ import (
 	"errors"
 	"flag"
 	"fmt"
-	"io"
 	"net/http"
 	"os"
 	"os/signal"
 	"strings"
-	"sync"
 	"syscall"
 	"time"
 
@@ -33,6 +36,7 @@ import (
 	"github.com/fencelock/fence/fencing"
 	"github.com/fencelock/fence/fencing/boltfence"
 	"github.com/fencelock/fence/fencing/pgfence"
+	"github.com/fencelock/fence/internal/storage"
 	"github.com/jackc/pgx/v5"
 )
 
@@ -61,39 +65,6 @@ func main() {
 	}
 }
 
-// store is the storage's data: the last value per key.
-type store struct {
-	mu     sync.Mutex
-	values map[string]string
-}
-
-func (s *store) ServeHTTP(w http.ResponseWriter, r *http.Request) {
-	key := strings.TrimPrefix(r.URL.Path, "/")
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	switch r.Method {
-	case http.MethodGet:
-		v, ok := s.values[key]
-		if !ok {
-			http.NotFound(w, r)
-			return
-		}
-		fmt.Fprint(w, v)
-	case http.MethodPut:
-		body, err := io.ReadAll(io.LimitReader(r.Body, 1<<20))
-		if err != nil {
-			http.Error(w, err.Error(), http.StatusBadRequest)
-			return
-		}
-		s.values[key] = string(body)
-		lock, token, _ := fencing.TokenFrom(r.Context())
-		fmt.Printf("%s storage: accepted %s=%q with token %d of lock %s\n", stamp(), key, body, token, lock)
-		w.WriteHeader(http.StatusNoContent)
-	default:
-		http.Error(w, "GET or PUT", http.StatusMethodNotAllowed)
-	}
-}
-
 func runStorage(ctx context.Context, args []string) error {
 	fs := flag.NewFlagSet("storage", flag.ContinueOnError)
 	listen := fs.String("listen", "127.0.0.1:8080", "address to serve on")
@@ -110,10 +81,17 @@ func runStorage(ctx context.Context, args []string) error {
 		tokens = s
 	}
 	defer tokens.Close()
+	values := storage.New() // the last value per key: GET and PUT /KEY
+	values.OnPut = func(r *http.Request, key, value string) {
+		lock, token, _ := fencing.TokenFrom(r.Context())
+		fmt.Printf("%s storage: accepted %s=%q with token %d of lock %s\n", stamp(), key, value, token, lock)
+	}
+	// The guard admits a write only with a token at least as high as any it
+	// accepted for the key before; a stale one gets 409 Conflict.
 	guard := fencing.NewGuard(tokens)
 	handler := fencing.Middleware(guard, fencing.WithKey(func(r *http.Request) string {
 		return strings.TrimPrefix(r.URL.Path, "/")
-	}))(&store{values: map[string]string{}})
+	}))(values)
 	rejecting := http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		rec := &statusWriter{ResponseWriter: w}
 		handler.ServeHTTP(rec, r)
@@ -186,7 +164,8 @@ func runWorker(ctx context.Context, args []string) error {
 	case strings.HasPrefix(*target, "postgres://") || strings.HasPrefix(*target, "postgresql://"):
 		err = putSQL(*target, *key, *value, g.Token())
 	default:
-		err = putHTTP(*target+"/"+*key, *value, fencing.WithToken(context.Background(), *lockName, g.Token()))
+		// The token goes with the write, in the request's headers.
+		_, err = storage.Put(fencing.WithToken(context.Background(), *lockName, g.Token()), *target+"/"+*key, *value)
 	}
 	if err != nil {
 		fmt.Printf("%s %s: write REJECTED: %v\n", stamp(), *name, err)
@@ -219,25 +198,6 @@ func putSQL(dsn, key, value string, token uint64) error {
 		Set:   []pgfence.Column{{Name: "value", Value: value}},
 		Token: token,
 	})
-}
-
-func putHTTP(url, value string, ctx context.Context) error {
-	req, err := http.NewRequestWithContext(ctx, http.MethodPut, url, strings.NewReader(value))
-	if err != nil {
-		return err
-	}
-	resp, err := (&http.Client{Transport: &fencing.Transport{}, Timeout: 10 * time.Second}).Do(req)
-	if err != nil {
-		return err
-	}
-	if err := fencing.ResponseError(resp); err != nil {
-		return err
-	}
-	defer resp.Body.Close()
-	if resp.StatusCode >= 300 {
-		return fmt.Errorf("storage answered %s", resp.Status)
-	}
-	return nil
 }
 
 func stamp() string { return time.Now().Format("15:04:05.000") }

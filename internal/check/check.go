@@ -12,7 +12,6 @@
 package check
 
 import (
-	"bufio"
 	"context"
 	"encoding/json"
 	"fmt"
@@ -20,16 +19,15 @@ import (
 	"math/rand/v2"
 	"net"
 	"os"
-	"os/exec"
 	"slices"
 	"strconv"
 	"strings"
 	"sync"
-	"syscall"
 	"time"
 
 	"github.com/fencelock/fence/client"
 	"github.com/fencelock/fence/internal/netproxy"
+	"github.com/fencelock/fence/internal/proc"
 )
 
 // Config configures a run.
@@ -102,18 +100,10 @@ type Result struct {
 // Failed reports whether any guarantee was broken.
 func (r *Result) Failed() bool { return len(r.Analysis.Violations) > 0 }
 
-type proc struct {
-	cmd  *exec.Cmd
-	name string
-	done chan struct{}
-}
-
-func (p *proc) signal(sig syscall.Signal) { _ = p.cmd.Process.Signal(sig) }
-
-func (p *proc) kill() {
-	p.signal(sigCont)
-	p.signal(syscall.SIGKILL)
-	<-p.done
+// kill kills p's process group and waits until p is reaped.
+func kill(p *proc.Process) {
+	_ = p.Kill()
+	<-p.Done()
 }
 
 type runner struct {
@@ -125,7 +115,7 @@ type runner struct {
 	mu      sync.Mutex
 	nodes   []*node // the servers the checker runs, if any
 	links   map[[2]int]*netproxy.Link
-	workers []*proc
+	workers []*proc.Process
 	runs    []int
 	ttls    []time.Duration // of each worker's current process
 	drawTTL bool            // each worker process draws its TTL
@@ -137,8 +127,8 @@ type runner struct {
 // Run runs the checker and returns what it found. An error means the run
 // itself could not be carried out; broken guarantees are in the Result.
 func Run(ctx context.Context, cfg Config) (*Result, error) {
-	if err := canPause(); err != nil {
-		return nil, err
+	if err := proc.CanPause(); err != nil {
+		return nil, fmt.Errorf("fence check pauses and resumes processes: %w", err)
 	}
 	if cfg.Workers <= 0 {
 		cfg.Workers = 5
@@ -181,7 +171,7 @@ func Run(ctx context.Context, cfg Config) (*Result, error) {
 		}
 		defer sql.Close()
 	}
-	r.workers = make([]*proc, cfg.Workers)
+	r.workers = make([]*proc.Process, cfg.Workers)
 	r.runs = make([]int, cfg.Workers)
 	r.ttls = make([]time.Duration, cfg.Workers)
 	for i := range r.workers {
@@ -284,29 +274,27 @@ func (r *runner) startWorker(i int) error {
 	if r.cfg.Postgres != "" {
 		args = append(args, "--postgres", r.cfg.Postgres)
 	}
-	cmd := exec.Command(r.cfg.Binary, args...)
-	stdout, err := cmd.StdoutPipe()
+	p, err := proc.Start(proc.Spec{
+		Name:          fmt.Sprintf("worker %d", i),
+		Path:          r.cfg.Binary,
+		Args:          args,
+		Lines:         true,
+		Stderr:        proc.NewPrefixWriter(os.Stderr, ""),
+		StderrBytes:   8 << 10,
+		DieWithParent: true,
+	})
 	if err != nil {
 		return err
 	}
-	cmd.Stderr = os.Stderr
-	if err := cmd.Start(); err != nil {
-		return fmt.Errorf("starting worker %d: %w", i, err)
-	}
-	p := &proc{cmd: cmd, name: fmt.Sprintf("worker %d", i), done: make(chan struct{})}
 	r.wg.Add(1)
 	go func() {
 		defer r.wg.Done()
-		sc := bufio.NewScanner(stdout)
-		sc.Buffer(make([]byte, 1<<20), 16<<20)
-		for sc.Scan() {
+		for l := range p.Lines() {
 			var op Op
-			if json.Unmarshal(sc.Bytes(), &op) == nil {
+			if json.Unmarshal([]byte(l.Text), &op) == nil {
 				r.hist.add(op)
 			}
 		}
-		cmd.Wait()
-		close(p.done)
 	}()
 	r.mu.Lock()
 	r.workers[i] = p
@@ -314,89 +302,12 @@ func (r *runner) startWorker(i int) error {
 	return nil
 }
 
-// injectFaults runs the seeded schedule until ctx ends.
-func (r *runner) injectFaults(ctx context.Context, kinds []string) {
-	if len(kinds) == 0 {
-		<-ctx.Done()
-		return
-	}
-	for {
-		wait := time.Duration((0.5 + r.rng.Float64()) * float64(r.cfg.FaultInterval))
-		select {
-		case <-ctx.Done():
-			return
-		case <-time.After(wait):
-		}
-		kind := kinds[r.rng.IntN(len(kinds))]
-		ev := FaultEvent{Kind: kind, Start: time.Now()}
-		switch kind {
-		case FaultPause:
-			// Pause the worker that holds the lock, if any: that is the
-			// pause the article is about. Otherwise a random one.
-			i, ok := r.hist.holder()
-			if !ok || r.rng.IntN(4) == 0 {
-				i = r.rng.IntN(len(r.workers))
-			}
-			hold := r.ttls[i] + time.Duration((0.5+r.rng.Float64())*float64(r.ttls[i]))
-			ev.Target = r.workers[i].name
-			r.workers[i].signal(sigStop)
-			select {
-			case <-ctx.Done():
-			case <-time.After(hold):
-			}
-			r.workers[i].signal(sigCont)
-		case FaultKillWorker:
-			i := r.rng.IntN(len(r.workers))
-			ev.Target = r.workers[i].name
-			r.workers[i].kill()
-			if err := r.startWorker(i); err != nil {
-				fmt.Fprintf(r.log, "check: restarting worker %d: %v\n", i, err)
-			}
-		case FaultKillServer:
-			n := r.nodes[r.rng.IntN(len(r.nodes))]
-			ev.Target = n.name()
-			r.restartNode(n)
-		case FaultKillLeader:
-			n := r.leaderNode()
-			if n == nil {
-				continue
-			}
-			ev.Target = n.name()
-			r.restartNode(n)
-		case FaultPartition:
-			n := r.leaderNode()
-			if n == nil {
-				continue
-			}
-			ev.Target = n.name()
-			r.partition(n, true)
-			select {
-			case <-ctx.Done():
-			case <-time.After(time.Duration((1 + r.rng.Float64()) * float64(time.Second))):
-			}
-			r.partition(n, false)
-		case FaultPauseLeader, FaultPauseFollower:
-			n := r.pauseTarget(kind)
-			if n == nil {
-				continue
-			}
-			ev.Target = n.name()
-			ev.Start = time.Now()
-			r.pauseNode(ctx, n, r.serverPauseHold(kind))
-		}
-		ev.End = time.Now()
-		fmt.Fprintf(r.log, "check: %s %s (%v)\n", ev.Kind, ev.Target, ev.End.Sub(ev.Start).Round(time.Millisecond))
-		r.faults = append(r.faults, ev)
-	}
-}
-
 // stopWorkers ends every worker (continuing any paused one first) and
 // waits until their reports are read.
 func (r *runner) stopWorkers() {
 	for _, p := range r.workers {
 		if p != nil {
-			p.signal(sigCont)
-			p.signal(syscall.SIGTERM)
+			_ = p.Terminate()
 		}
 	}
 	timeout := time.After(10 * time.Second)
@@ -405,9 +316,9 @@ func (r *runner) stopWorkers() {
 			continue
 		}
 		select {
-		case <-p.done:
+		case <-p.Done():
 		case <-timeout:
-			p.kill()
+			kill(p)
 		}
 	}
 	r.wg.Wait()

@@ -16,16 +16,7 @@ import (
 
 var fenceBin string
 
-func TestMain(m *testing.M) {
-	bin, cleanup, err := testbin.Fence()
-	if err != nil {
-		panic(err)
-	}
-	fenceBin = bin
-	code := m.Run()
-	cleanup()
-	os.Exit(code)
-}
+func TestMain(m *testing.M) { os.Exit(testbin.RunWithFence(m, &fenceBin)) }
 
 func run(t *testing.T, cfg check.Config) *check.Result {
 	t.Helper()

@@ -6,16 +6,15 @@ import (
 	"fmt"
 	"net/http"
 	"os"
-	"os/exec"
 	"path/filepath"
 	"slices"
 	"sort"
 	"strings"
-	"syscall"
 	"time"
 
 	"github.com/fencelock/fence/client"
 	"github.com/fencelock/fence/internal/netproxy"
+	"github.com/fencelock/fence/internal/proc"
 )
 
 // node is a server process the checker runs and may kill and restart.
@@ -26,7 +25,7 @@ type node struct {
 	raft   string
 	dir    string
 	args   []string
-	proc   *proc
+	proc   *proc.Process
 	logDir string
 }
 
@@ -93,34 +92,44 @@ func (r *runner) startServers(ctx context.Context) error {
 	return r.waitServing(ctx)
 }
 
+// launch starts the node's server process, its output appended to its
+// log file.
 func (n *node) launch() error {
-	cmd := exec.Command(n.r.cfg.Binary, n.args...)
 	logFile, err := os.OpenFile(n.dir+".log", os.O_CREATE|os.O_APPEND|os.O_WRONLY, 0o600)
 	if err != nil {
 		return err
 	}
-	cmd.Stdout, cmd.Stderr = logFile, logFile
-	if err := cmd.Start(); err != nil {
+	p, err := proc.Start(proc.Spec{
+		Name:          n.name(),
+		Path:          n.r.cfg.Binary,
+		Args:          n.args,
+		Stdout:        logFile,
+		Stderr:        logFile,
+		StderrBytes:   8 << 10,
+		DieWithParent: true,
+	})
+	if err != nil {
 		logFile.Close()
-		return fmt.Errorf("starting %s: %w", n.name(), err)
+		return err
 	}
-	p := &proc{cmd: cmd, name: n.name(), done: make(chan struct{})}
-	go func() { cmd.Wait(); logFile.Close(); close(p.done) }()
+	go func() {
+		<-p.Done()
+		logFile.Close()
+	}()
 	n.r.mu.Lock()
 	n.proc = p
 	n.r.mu.Unlock()
 	return nil
 }
 
+// stop asks the node to exit, and kills it if it has not within 5s.
 func (n *node) stop() {
 	if n.proc == nil {
 		return
 	}
-	n.proc.signal(syscall.SIGTERM)
-	select {
-	case <-n.proc.done:
-	case <-time.After(5 * time.Second):
-		n.proc.kill()
+	_ = n.proc.Terminate()
+	if n.proc.Wait(context.Background(), 5*time.Second) != nil {
+		kill(n.proc)
 	}
 }
 
@@ -148,7 +157,7 @@ func (r *runner) waitServing(ctx context.Context) error {
 
 // restartNode kills a node with SIGKILL and starts it again on its data.
 func (r *runner) restartNode(n *node) {
-	n.proc.kill()
+	kill(n.proc)
 	time.Sleep(time.Duration(r.rng.IntN(500)) * time.Millisecond)
 	if err := n.launch(); err != nil {
 		fmt.Fprintf(r.log, "check: restarting %s: %v\n", n.name(), err)
@@ -193,21 +202,13 @@ func (r *runner) deadNodes() []Violation {
 	var out []Violation
 	for _, n := range r.nodes {
 		select {
-		case <-n.proc.done:
+		case <-n.proc.Done():
 			log, _ := os.ReadFile(n.dir + ".log")
-			out = append(out, Violation{Kind: ViolationNodeDied, Detail: fmt.Sprintf("%s exited by itself; the end of its log:\n%s", n.name(), lastLines(string(log), 8))})
+			out = append(out, Violation{Kind: ViolationNodeDied, Detail: fmt.Sprintf("%s exited by itself; the end of its log:\n%s", n.name(), proc.LastLines(string(log), 8))})
 		default:
 		}
 	}
 	return out
-}
-
-func lastLines(s string, n int) string {
-	lines := strings.Split(strings.TrimRight(s, "\n"), "\n")
-	if len(lines) > n {
-		lines = lines[len(lines)-n:]
-	}
-	return strings.Join(lines, "\n")
 }
 
 // pauseTarget picks the node a pause fault stops: the leader, or one of
@@ -249,18 +250,4 @@ func (r *runner) pauseLeaderHold() time.Duration {
 	ttl := r.ttls[r.rng.IntN(len(r.ttls))]
 	election := 500*time.Millisecond + time.Duration(r.rng.IntN(301))*time.Millisecond
 	return 2*ttl/3 + election
-}
-
-// pauseNode stops a server with SIGSTOP for hold (or until ctx ends), then
-// continues it.
-func (r *runner) pauseNode(ctx context.Context, n *node, hold time.Duration) {
-	r.mu.Lock()
-	p := n.proc
-	r.mu.Unlock()
-	p.signal(sigStop)
-	select {
-	case <-ctx.Done():
-	case <-time.After(hold):
-	}
-	p.signal(sigCont)
 }

@@ -6,8 +6,6 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
-	"io"
-	"net/http"
 	"os"
 	"strings"
 	"time"
@@ -17,6 +15,7 @@ import (
 	"github.com/fencelock/fence"
 	"github.com/fencelock/fence/client"
 	"github.com/fencelock/fence/fencing"
+	"github.com/fencelock/fence/internal/storage"
 )
 
 // demoEvent is one line a demo worker reports on its stdout, as JSON.
@@ -148,31 +147,17 @@ func runDemoWorker(ctx context.Context, g *globals, f demoWorkerFlags) error {
 // write goes out all the same, as it would from a process that checked its
 // lock before it was paused.
 func demoPut(ctx context.Context, f demoWorkerFlags, token uint64) demoEvent {
-	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 10*time.Second)
-	defer cancel()
+	ctx = context.WithoutCancel(ctx)
 	if f.fenced {
 		ctx = fencing.WithToken(ctx, f.lock, token)
 	}
-	url := strings.TrimRight(f.storage, "/") + "/" + f.key
-	req, err := http.NewRequestWithContext(ctx, http.MethodPut, url, strings.NewReader(f.value))
-	if err != nil {
-		return demoEvent{Event: "write-failed", Message: err.Error()}
+	status, err := storage.Put(ctx, strings.TrimRight(f.storage, "/")+"/"+f.key, f.value)
+	var stale *fence.StaleTokenError
+	switch {
+	case errors.As(err, &stale):
+		return demoEvent{Event: "rejected", Status: status, Token: stale.Token, Highest: stale.Highest, Key: stale.Key, Message: stale.Error()}
+	case err != nil:
+		return demoEvent{Event: "write-failed", Status: status, Message: err.Error()}
 	}
-	resp, err := (&http.Client{Transport: &fencing.Transport{}}).Do(req)
-	if err != nil {
-		return demoEvent{Event: "write-failed", Message: err.Error()}
-	}
-	defer resp.Body.Close()
-	if err := fencing.ResponseError(resp); err != nil {
-		var stale *fence.StaleTokenError
-		if errors.As(err, &stale) {
-			return demoEvent{Event: "rejected", Status: resp.StatusCode, Token: stale.Token, Highest: stale.Highest, Key: stale.Key, Message: stale.Error()}
-		}
-		return demoEvent{Event: "write-failed", Status: resp.StatusCode, Message: err.Error()}
-	}
-	body, _ := io.ReadAll(io.LimitReader(resp.Body, 4<<10))
-	if resp.StatusCode >= 300 {
-		return demoEvent{Event: "write-failed", Status: resp.StatusCode, Message: fmt.Sprintf("%s: %s", resp.Status, strings.TrimSpace(string(body)))}
-	}
-	return demoEvent{Event: "wrote", Status: resp.StatusCode}
+	return demoEvent{Event: "wrote", Status: status}
 }

@@ -14,6 +14,7 @@ import (
 
 	"github.com/fencelock/fence"
 	"github.com/fencelock/fence/client"
+	"github.com/fencelock/fence/internal/proc"
 )
 
 type lockFlags struct {
@@ -116,7 +117,7 @@ func runLocked(ctx context.Context, g *globals, f lockFlags, name string, argv [
 
 	child := exec.Command(argv[0], argv[1:]...)
 	child.Stdin, child.Stdout, child.Stderr = g.stdin, g.stdout, g.stderr
-	guardChild(child)
+	proc.DieWithParent(child) // it must never run on once nothing holds its lock
 	child.Env = append(os.Environ(),
 		"FENCE_LOCK="+name,
 		"FENCE_TOKEN="+strconv.FormatUint(grant.Token(), 10),

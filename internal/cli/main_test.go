@@ -1,7 +1,6 @@
 package cli
 
 import (
-	"fmt"
 	"os"
 	"testing"
 
@@ -12,15 +11,4 @@ import (
 // as a real process (and that fence runs again, as its workers).
 var fenceBin string
 
-func TestMain(m *testing.M) { os.Exit(runTests(m)) }
-
-func runTests(m *testing.M) int {
-	bin, cleanup, err := testbin.Fence()
-	if err != nil {
-		fmt.Fprintln(os.Stderr, "cli tests:", err)
-		return 1
-	}
-	defer cleanup()
-	fenceBin = bin
-	return m.Run()
-}
+func TestMain(m *testing.M) { os.Exit(testbin.RunWithFence(m, &fenceBin)) }

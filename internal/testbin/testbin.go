@@ -10,6 +10,7 @@ import (
 	"path/filepath"
 	"runtime/debug"
 	"strings"
+	"testing"
 )
 
 // Race reports whether the running binary was built with -race.
@@ -55,4 +56,18 @@ func Fence() (bin string, cleanup func(), err error) {
 		return "", nil, err
 	}
 	return bin, func() { os.RemoveAll(dir) }, nil
+}
+
+// RunWithFence is the TestMain of tests that run fence as a real process:
+// it builds the fence command, sets *bin to its path, runs the tests and
+// removes the binary. It returns the exit code for os.Exit.
+func RunWithFence(m *testing.M, bin *string) int {
+	path, cleanup, err := Fence()
+	if err != nil {
+		fmt.Fprintln(os.Stderr, "building fence for the tests:", err)
+		return 1
+	}
+	defer cleanup()
+	*bin = path
+	return m.Run()
 }
