@@ -304,9 +304,9 @@ func TestLockReleasedBySomeoneElseStopsTheChild(t *testing.T) {
 	})
 	mustPost(t, srv.addr, "/fence.v1.LockService/Release", fmt.Sprintf(`{"sessionId":"%d","lock":%q,"token":"%d"}`, session, name, token), nil)
 	if code := p.waitExit(t, 3*time.Second); code != 75 {
-		t.Errorf("fence lock exited %d after its lock was released by someone else, want 75; stderr:\n%s", code, p.stderr.String())
+		t.Errorf("fence lock exited %d after its lock was released by someone else, want 75; stderr:\n%s", code, p.Stderr())
 	}
-	if !strings.Contains(p.stderr.String(), "released by someone else") {
-		t.Errorf("fence lock does not say its lock was released by someone else:\n%s", p.stderr.String())
+	if !strings.Contains(p.Stderr(), "released by someone else") {
+		t.Errorf("fence lock does not say its lock was released by someone else:\n%s", p.Stderr())
 	}
 }
