@@ -176,6 +176,12 @@ func (s *Session) Close(ctx context.Context) error {
 		return nil
 	}
 	s.wg.Wait()
+	if s.Err() != nil {
+		// Lost or ended already: the service has expired or closed it, or
+		// lose has asked every node to close it. Do not wait on a service
+		// that did not answer in time just now.
+		return nil
+	}
 	s.end(ErrSessionClosed)
 	return s.client.unary(ctx, func(ctx context.Context, ep *endpoint) error {
 		_, err := ep.sessions.CloseSession(ctx, connect.NewRequest(&fencev1.CloseSessionRequest{SessionId: s.id}))

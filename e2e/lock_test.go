@@ -310,3 +310,25 @@ func TestLockReleasedBySomeoneElseStopsTheChild(t *testing.T) {
 		t.Errorf("fence lock does not say its lock was released by someone else:\n%s", p.Stderr())
 	}
 }
+
+// When the lock is lost because the service stopped answering, `fence
+// lock` stops its command and exits once the command has: it does not
+// then wait on the silent service to close a session it already gave up.
+func TestLockLostToAStoppedServiceExitsPromptly(t *testing.T) {
+	srv := startServer(t)
+	c := newClient(t, srv.addr)
+	const name = "e2e/silent"
+	p := startFence(t, "fence lock", append(srv.endpoints(), "lock", "--ttl", "1s", "--grace", "2s", name, "--", "sleep", "30")...)
+	waitFor(t, 20*time.Second, "fence lock to hold "+name, func() bool {
+		p.failIfExited(t)
+		return len(lockInfo(t, c, name).GetHolders()) == 1
+	})
+	srv.proc.signal(t, syscall.SIGSTOP)
+	defer srv.proc.signal(t, syscall.SIGCONT)
+	// The session's safe-until passes within the TTL; sleep exits at once
+	// on SIGTERM; then fence lock must exit, well before the 5 s it used to
+	// spend closing the session on the stopped node.
+	if code := p.waitExit(t, 3500*time.Millisecond); code != 75 {
+		t.Errorf("fence lock exited %d, want 75; stderr:\n%s", code, p.Stderr())
+	}
+}
