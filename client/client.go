@@ -48,7 +48,17 @@ type endpoint struct {
 	locks    fencev1connect.LockServiceClient
 	cluster  fencev1connect.ClusterServiceClient
 	kv       fencev1connect.KVServiceClient
+	// silentUntil (unix nanoseconds) is set when an attempt here got no
+	// answer in time: until then, retries pass this node over while
+	// another may answer.
+	silentUntil atomic.Int64
 }
+
+// silentFor is how long a node that did not answer in time is passed
+// over: about the time a group takes to elect a new leader and more.
+const silentFor = 3 * time.Second
+
+func (ep *endpoint) silent() bool { return time.Now().UnixNano() < ep.silentUntil.Load() }
 
 type options struct {
 	endpoints   []string
@@ -289,9 +299,11 @@ func (c *Client) call(ctx context.Context, fn func(ctx context.Context, ep *endp
 	i := c.currentIndex()
 	tried, hints, refused := 0, 0, 0
 	for {
+		i = c.skipSilent(i)
 		ep := c.endpointAt(i)
 		err := rpcerr.FromConnect(fn(ctx, ep))
 		if err == nil {
+			ep.silentUntil.Store(0)
 			c.setCurrent(ep)
 			return nil
 		}
@@ -317,6 +329,7 @@ func (c *Client) call(ctx context.Context, fn func(ctx context.Context, ep *endp
 		if leader := leaderHint(err); leader != "" && hints < 3 {
 			hints++
 			if j := c.endpointFor(leader); j != i%c.numEndpoints() {
+				c.endpointAt(j).silentUntil.Store(0) // it leads, and its followers hear from it
 				i = j
 				continue // go straight to the leader
 			}
@@ -373,6 +386,7 @@ func withAttemptDeadline(ctx context.Context, clk clock.Clock, d time.Duration, 
 	defer t.Stop()
 	err := fn(attemptCtx)
 	if err != nil && expired.Load() && ctx.Err() == nil {
+		ep.silentUntil.Store(time.Now().Add(silentFor).UnixNano())
 		return connect.NewError(connect.CodeUnavailable, fmt.Errorf("%s did not answer within %v", ep.url, d))
 	}
 	return err
@@ -397,6 +411,18 @@ func (c *Client) numEndpoints() int {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	return len(c.endpoints)
+}
+
+// skipSilent returns the first index from i on whose node has not lately
+// failed to answer in time; i itself if every node has.
+func (c *Client) skipSilent(i int) int {
+	n := c.numEndpoints()
+	for k := range n {
+		if !c.endpointAt(i + k).silent() {
+			return i + k
+		}
+	}
+	return i
 }
 
 func (c *Client) endpointAt(i int) *endpoint {

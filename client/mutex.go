@@ -150,11 +150,13 @@ func (m *Mutex) acquire(ctx context.Context, try bool) (*Grant, error) {
 	}
 	// Each attempt is bounded, so that a node that stops answering is left
 	// for the next: a wait answers "still waiting" after poll and is taken
-	// up again where it stands.
-	limit := s.client.opts.attempt
+	// up again where it stands. The first poll is short, so that a lock
+	// free at once is as quick to move on from a hung node as any call; the
+	// slack after a poll is for the answer to arrive.
+	attempt := s.client.opts.attempt
+	limit := attempt
 	if !try {
-		req.Poll = durationpb.New(limit)
-		limit *= 2
+		req.Poll = durationpb.New(attempt / 2)
 	}
 	var waitUntil time.Time
 	if m.opts.waitTimeout > 0 {
@@ -184,6 +186,7 @@ func (m *Mutex) acquire(ctx context.Context, try bool) (*Grant, error) {
 				return nil
 			}
 			req.ResumeAttempt = r.Msg.GetAttempt()
+			req.Poll, limit = durationpb.New(attempt), attempt+attempt/2
 		}
 	})
 	if err != nil {

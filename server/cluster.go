@@ -180,7 +180,7 @@ func (s *Server) leaderHint(err error) error {
 // leaderAPI returns the API address of the leader this node knows of, or
 // "" when it knows none, does not know its address, or is the leader.
 func (s *Server) leaderAPI() string {
-	_, id := s.node.raft.LeaderWithID()
+	_, id := s.node.leader()
 	if id == "" || string(id) == s.cfg.NodeID {
 		return ""
 	}

@@ -35,6 +35,7 @@ type node struct {
 	walMeta   *metadb.BoltMetaDB
 	transport *raft.NetworkTransport
 	timeout   time.Duration
+	heartbeat time.Duration
 	id        raft.ServerID
 }
 
@@ -51,7 +52,7 @@ func openNode(cfg Config, f *fsm.FSM, logger *slog.Logger) (*node, error) {
 	if err != nil {
 		return nil, fmt.Errorf("opening raft store in %s: %w", cfg.DataDir, err)
 	}
-	n := &node{fsm: f, store: store, timeout: cfg.ApplyTimeout, id: raft.ServerID(cfg.NodeID)}
+	n := &node{fsm: f, store: store, timeout: cfg.ApplyTimeout, heartbeat: cfg.HeartbeatTimeout, id: raft.ServerID(cfg.NodeID)}
 	fail := func(err error) (*node, error) {
 		n.close()
 		return nil, err
@@ -352,10 +353,22 @@ func (n *node) soleVoter() bool {
 
 func (n *node) isLeader() bool { return n.raft.State() == raft.Leader }
 
+// leader is the leader this node knows of, if it has heard from it within
+// half a heartbeat timeout (raft's leader sends a heartbeat every tenth):
+// a leader that went silent (paused, its disk stuck) is not named, nor
+// are calls forwarded to it, while the followers wait to elect another.
+func (n *node) leader() (raft.ServerAddress, raft.ServerID) {
+	addr, id := n.raft.LeaderWithID()
+	if id == "" || id == n.id || time.Since(n.raft.LastContact()) <= n.heartbeat/2 {
+		return addr, id
+	}
+	return "", ""
+}
+
 // raftError maps raft's failures to fence's errors: anything that a retry
 // against the leader may fix is ErrUnavailable.
 func (n *node) raftError(err error) error {
-	addr, id := n.raft.LeaderWithID()
+	addr, id := n.leader()
 	switch {
 	case errors.Is(err, raft.ErrNotLeader), errors.Is(err, raft.ErrLeadershipLost),
 		errors.Is(err, raft.ErrEnqueueTimeout), errors.Is(err, raft.ErrRaftShutdown),
