@@ -3,6 +3,7 @@ package server
 import (
 	"fmt"
 	"net/http"
+	"strings"
 	"time"
 	"unicode"
 	"unicode/utf8"
@@ -18,8 +19,12 @@ func invalid(format string, args ...any) error {
 	return fmt.Errorf("%w: %s", fence.ErrInvalidArgument, fmt.Sprintf(format, args...))
 }
 
-// checkText validates free text: valid UTF-8, no control characters, at
-// most max bytes, and (for names) not empty.
+// checkText validates text that listings show: valid UTF-8, at most max
+// bytes, and nothing that would make one name look like another or rewrite
+// the listing around it: no control characters, no invisible formatting
+// characters (U+200B, U+202E ...) and no line or paragraph separators.
+// Names (required) must also not be empty or only whitespace, and their
+// only space is U+0020.
 func checkText(what, s string, max int, required bool) error {
 	switch {
 	case required && s == "":
@@ -28,10 +33,17 @@ func checkText(what, s string, max int, required bool) error {
 		return invalid("%s is %d bytes, over the limit of %d", what, len(s), max)
 	case !utf8.ValidString(s):
 		return invalid("%s is not valid UTF-8", what)
+	case required && strings.TrimSpace(s) == "":
+		return invalid("%s is only whitespace", what)
 	}
 	for i, r := range s {
-		if unicode.IsControl(r) {
+		switch {
+		case unicode.IsControl(r):
 			return invalid("%s has control character %U at byte %d", what, r, i)
+		case unicode.In(r, unicode.Cf, unicode.Zl, unicode.Zp):
+			return invalid("%s has invisible or formatting character %U at byte %d", what, r, i)
+		case required && r != ' ' && unicode.Is(unicode.Zs, r):
+			return invalid("%s has space character %U at byte %d; names may use only the ASCII space", what, r, i)
 		}
 	}
 	return nil
