@@ -5,7 +5,8 @@ import (
 	"fmt"
 )
 
-// Sentinel errors. Errors returned by fence wrap exactly one of them.
+// Sentinel errors. Errors returned by fence wrap exactly one of them
+// (ErrDiskFull is a kind of ErrUnavailable, and wraps it).
 var (
 	// ErrInvalidArgument reports a malformed request: a bad lock name, a TTL
 	// out of bounds, an oversized value. Retrying the same request fails again.
@@ -36,6 +37,11 @@ var (
 	// ErrUnavailable reports that the node has no leader right now or is
 	// shutting down; the request may be retried, here or on another node.
 	ErrUnavailable = errors.New("fence: service unavailable")
+
+	// ErrDiskFull is a write that failed because a node's data dir is out
+	// of space. It wraps ErrUnavailable: another node of a group may take
+	// over as leader and accept the retry.
+	ErrDiskFull = fmt.Errorf("%w: disk full", ErrUnavailable)
 
 	// ErrLimit reports that a configured limit (sessions, waiters, request
 	// size) was reached.

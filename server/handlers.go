@@ -422,6 +422,7 @@ func (s *Server) Status(ctx context.Context, req *connect.Request[fencev1.Status
 		CommitIndex:   parseUint(stats["commit_index"]),
 		AppliedIndex:  r.AppliedIndex(),
 		Version:       s.cfg.Version,
+		Problems:      s.node.problems(),
 	}
 	s.fsm.Read(func(st *fsm.State) {
 		out.LastToken = st.LastToken()

@@ -6,6 +6,8 @@ import (
 	"errors"
 	"fmt"
 	"hash/crc32"
+	"sync/atomic"
+	"syscall"
 
 	"github.com/hashicorp/raft"
 )
@@ -41,6 +43,8 @@ type checkedLog struct {
 	raft.LogStore
 	// from is the first index that must carry a checksum.
 	from uint64
+	// full is set while the last write failed for want of space.
+	full atomic.Bool
 }
 
 // newCheckedLog wraps store. For a data dir whose log predates checksums,
@@ -96,7 +100,9 @@ func (c *checkedLog) StoreLogs(logs []*raft.Log) error {
 		copies[i].Data = wrapEntry(l)
 		wrapped[i] = &copies[i]
 	}
-	return c.LogStore.StoreLogs(wrapped)
+	err := c.LogStore.StoreLogs(wrapped)
+	c.full.Store(errors.Is(err, syscall.ENOSPC))
+	return err
 }
 
 // IsMonotonic passes on raft-wal's answer: it cannot store a log with gaps.

@@ -11,6 +11,7 @@ import (
 	"os"
 	"path/filepath"
 	"sort"
+	"syscall"
 	"time"
 
 	"github.com/hashicorp/go-hclog"
@@ -34,6 +35,8 @@ type node struct {
 	wal       *wal.WAL              // the log with LogStoreWAL
 	walMeta   *metadb.BoltMetaDB
 	transport *raft.NetworkTransport
+	log       *checkedLog
+	dataDir   string
 	timeout   time.Duration
 	heartbeat time.Duration
 	id        raft.ServerID
@@ -52,7 +55,7 @@ func openNode(cfg Config, f *fsm.FSM, logger *slog.Logger) (*node, error) {
 	if err != nil {
 		return nil, fmt.Errorf("opening raft store in %s: %w", cfg.DataDir, err)
 	}
-	n := &node{fsm: f, store: store, timeout: cfg.ApplyTimeout, heartbeat: cfg.HeartbeatTimeout, id: raft.ServerID(cfg.NodeID)}
+	n := &node{fsm: f, store: store, timeout: cfg.ApplyTimeout, heartbeat: cfg.HeartbeatTimeout, dataDir: cfg.DataDir, id: raft.ServerID(cfg.NodeID)}
 	fail := func(err error) (*node, error) {
 		n.close()
 		return nil, err
@@ -79,6 +82,7 @@ func openNode(cfg Config, f *fsm.FSM, logger *slog.Logger) (*node, error) {
 	if err != nil {
 		return fail(err)
 	}
+	n.log = checked
 	if err := checked.verify(); err != nil {
 		return fail(corruptLogMessage(cfg.DataDir, locateDamage(cfg.DataDir, kind, err)))
 	}
@@ -351,6 +355,14 @@ func (n *node) soleVoter() bool {
 	return voters == 1 && self
 }
 
+// problems lists what is wrong with the node's storage, for Status.
+func (n *node) problems() []string {
+	if n.log != nil && n.log.full.Load() {
+		return []string{fmt.Sprintf("disk full: the last write to the raft log in %s found no space", n.dataDir)}
+	}
+	return nil
+}
+
 func (n *node) isLeader() bool { return n.raft.State() == raft.Leader }
 
 // leader is the leader this node knows of, if it has heard from it within
@@ -370,6 +382,10 @@ func (n *node) leader() (raft.ServerAddress, raft.ServerID) {
 func (n *node) raftError(err error) error {
 	addr, id := n.leader()
 	switch {
+	case errors.Is(err, syscall.ENOSPC), n.log != nil && n.log.full.Load():
+		// raft reports a failed log write as text (%q), so the log store's
+		// own record of it counts.
+		return fmt.Errorf("%w: the data dir %s is out of space (%v); free space there or grow the volume", fence.ErrDiskFull, n.dataDir, err)
 	case errors.Is(err, raft.ErrNotLeader), errors.Is(err, raft.ErrLeadershipLost),
 		errors.Is(err, raft.ErrEnqueueTimeout), errors.Is(err, raft.ErrRaftShutdown),
 		errors.Is(err, raft.ErrAbortedByRestore):

@@ -455,6 +455,12 @@ func newMetrics(s *Server) *metrics {
 		gauge("fence_sessions", "Live sessions.", func(st *fsm.State) float64 { return float64(st.NumSessions()) }),
 		gauge("fence_locks", "Locks held, waited for or delayed.", func(st *fsm.State) float64 { return float64(st.NumLocks()) }),
 		gauge("fence_last_token", "The last fencing token issued.", func(st *fsm.State) float64 { return float64(st.LastToken()) }),
+		prometheus.NewGaugeFunc(prometheus.GaugeOpts{Name: "fence_disk_full", Help: "1 while the last write to the raft log found no space."}, func() float64 {
+			if s.node != nil && s.node.log.full.Load() {
+				return 1
+			}
+			return 0
+		}),
 		prometheus.NewGaugeFunc(prometheus.GaugeOpts{Name: "fence_is_leader", Help: "1 if this node is the raft leader."}, func() float64 {
 			if s.node != nil && s.node.isLeader() {
 				return 1

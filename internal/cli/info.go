@@ -129,7 +129,7 @@ func statusCommand(g *globals) *cobra.Command {
 					continue
 				}
 				s := n.status
-				fmt.Fprintf(w, "%s\t%s\t%s\t%s\t%d\t%d\t%d\t%d\tok\n", s.GetNodeId(), orDash(n.api), n.raft, s.GetState(), s.GetTerm(), s.GetLastIndex(), s.GetCommitIndex(), s.GetAppliedIndex())
+				fmt.Fprintf(w, "%s\t%s\t%s\t%s\t%d\t%d\t%d\t%d\t%s\n", s.GetNodeId(), orDash(n.api), n.raft, s.GetState(), s.GetTerm(), s.GetLastIndex(), s.GetCommitIndex(), s.GetAppliedIndex(), n.health())
 			}
 			return w.Flush()
 		},
@@ -142,6 +142,17 @@ type nodeStatus struct {
 	id, api, raft string
 	status        *fencev1.StatusResponse
 	err           error
+}
+
+// health is "ok", the node's own problems, or why it could not be asked.
+func (n nodeStatus) health() string {
+	switch {
+	case n.err != nil:
+		return n.err.Error()
+	case len(n.status.GetProblems()) > 0:
+		return strings.Join(n.status.GetProblems(), "; ")
+	}
+	return "ok"
 }
 
 // nodeStatuses asks every member whose API address is known, and every
@@ -204,12 +215,11 @@ func printStatusJSON(g *globals, st *fencev1.StatusResponse, nodes []nodeStatus)
 	}
 	var list []nodeJSON
 	for _, n := range nodes {
-		nj := nodeJSON{ID: n.id, API: n.api, Health: "ok"}
-		opts := protojson.MarshalOptions{EmitUnpopulated: true}
-		if n.err != nil {
-			nj.Health = n.err.Error()
-		} else if data, err := opts.Marshal(n.status); err == nil {
-			nj.Status = data
+		nj := nodeJSON{ID: n.id, API: n.api, Health: n.health()}
+		if n.err == nil {
+			if data, err := (protojson.MarshalOptions{EmitUnpopulated: true}).Marshal(n.status); err == nil {
+				nj.Status = data
+			}
 		}
 		list = append(list, nj)
 	}

@@ -31,6 +31,7 @@ var table = []struct {
 	{fence.ErrStaleToken, connect.CodeFailedPrecondition, fencev1.Reason_REASON_STALE_TOKEN},
 	{fence.ErrRevisionMismatch, connect.CodeFailedPrecondition, fencev1.Reason_REASON_REVISION_MISMATCH},
 	{fence.ErrWaitTimeout, connect.CodeDeadlineExceeded, fencev1.Reason_REASON_WAIT_TIMEOUT},
+	{fence.ErrDiskFull, connect.CodeUnavailable, fencev1.Reason_REASON_DISK_FULL}, // before ErrUnavailable, which it wraps
 	{fence.ErrUnavailable, connect.CodeUnavailable, fencev1.Reason_REASON_NOT_LEADER},
 	{fence.ErrLimit, connect.CodeResourceExhausted, fencev1.Reason_REASON_LIMIT},
 	{fence.ErrCompacted, connect.CodeFailedPrecondition, fencev1.Reason_REASON_COMPACTED},

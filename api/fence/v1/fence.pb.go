@@ -158,6 +158,9 @@ const (
 	Reason_REASON_COMPACTED Reason = 10
 	// An Acquire whose request_id was given up by CancelAcquire.
 	Reason_REASON_CANCELLED Reason = 11
+	// A node's data dir is out of space (code Unavailable: another node may
+	// take over as leader).
+	Reason_REASON_DISK_FULL Reason = 12
 )
 
 // Enum value maps for Reason.
@@ -175,6 +178,7 @@ var (
 		9:  "REASON_REVISION_MISMATCH",
 		10: "REASON_COMPACTED",
 		11: "REASON_CANCELLED",
+		12: "REASON_DISK_FULL",
 	}
 	Reason_value = map[string]int32{
 		"REASON_UNSPECIFIED":       0,
@@ -189,6 +193,7 @@ var (
 		"REASON_REVISION_MISMATCH": 9,
 		"REASON_COMPACTED":         10,
 		"REASON_CANCELLED":         11,
+		"REASON_DISK_FULL":         12,
 	}
 )
 
@@ -1460,11 +1465,14 @@ type StatusResponse struct {
 	CommitIndex   uint64 `protobuf:"varint,7,opt,name=commit_index,json=commitIndex,proto3" json:"commit_index,omitempty"`
 	AppliedIndex  uint64 `protobuf:"varint,8,opt,name=applied_index,json=appliedIndex,proto3" json:"applied_index,omitempty"`
 	// The last fencing token issued; the next grant gets a higher one.
-	LastToken     uint64    `protobuf:"varint,9,opt,name=last_token,json=lastToken,proto3" json:"last_token,omitempty"`
-	Sessions      uint64    `protobuf:"varint,10,opt,name=sessions,proto3" json:"sessions,omitempty"`
-	Locks         uint64    `protobuf:"varint,11,opt,name=locks,proto3" json:"locks,omitempty"`
-	Version       string    `protobuf:"bytes,12,opt,name=version,proto3" json:"version,omitempty"`
-	Members       []*Member `protobuf:"bytes,13,rep,name=members,proto3" json:"members,omitempty"`
+	LastToken uint64    `protobuf:"varint,9,opt,name=last_token,json=lastToken,proto3" json:"last_token,omitempty"`
+	Sessions  uint64    `protobuf:"varint,10,opt,name=sessions,proto3" json:"sessions,omitempty"`
+	Locks     uint64    `protobuf:"varint,11,opt,name=locks,proto3" json:"locks,omitempty"`
+	Version   string    `protobuf:"bytes,12,opt,name=version,proto3" json:"version,omitempty"`
+	Members   []*Member `protobuf:"bytes,13,rep,name=members,proto3" json:"members,omitempty"`
+	// What is wrong with this node, one line each ("disk full: ..."); empty
+	// while it is healthy.
+	Problems      []string `protobuf:"bytes,14,rep,name=problems,proto3" json:"problems,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -1586,6 +1594,13 @@ func (x *StatusResponse) GetVersion() string {
 func (x *StatusResponse) GetMembers() []*Member {
 	if x != nil {
 		return x.Members
+	}
+	return nil
+}
+
+func (x *StatusResponse) GetProblems() []string {
+	if x != nil {
+		return x.Problems
 	}
 	return nil
 }
@@ -2912,7 +2927,7 @@ const file_fence_v1_fence_proto_rawDesc = "" +
 	"\apermits\x18\x05 \x01(\rR\apermits\"=\n" +
 	"\x11ListLocksResponse\x12(\n" +
 	"\x05locks\x18\x01 \x03(\v2\x12.fence.v1.LockInfoR\x05locks\"\x0f\n" +
-	"\rStatusRequest\"\x95\x03\n" +
+	"\rStatusRequest\"\xb1\x03\n" +
 	"\x0eStatusResponse\x12\x17\n" +
 	"\anode_id\x18\x01 \x01(\tR\x06nodeId\x12\x14\n" +
 	"\x05state\x18\x02 \x01(\tR\x05state\x12\x1b\n" +
@@ -2929,7 +2944,8 @@ const file_fence_v1_fence_proto_rawDesc = "" +
 	" \x01(\x04R\bsessions\x12\x14\n" +
 	"\x05locks\x18\v \x01(\x04R\x05locks\x12\x18\n" +
 	"\aversion\x18\f \x01(\tR\aversion\x12*\n" +
-	"\amembers\x18\r \x03(\v2\x10.fence.v1.MemberR\amembers\"r\n" +
+	"\amembers\x18\r \x03(\v2\x10.fence.v1.MemberR\amembers\x12\x1a\n" +
+	"\bproblems\x18\x0e \x03(\tR\bproblems\"r\n" +
 	"\x06Member\x12\x0e\n" +
 	"\x02id\x18\x01 \x01(\tR\x02id\x12!\n" +
 	"\fraft_address\x18\x02 \x01(\tR\vraftAddress\x12\x14\n" +
@@ -3022,7 +3038,7 @@ const file_fence_v1_fence_proto_rawDesc = "" +
 	"\tEventType\x12\x1a\n" +
 	"\x16EVENT_TYPE_UNSPECIFIED\x10\x00\x12\x12\n" +
 	"\x0eEVENT_TYPE_PUT\x10\x01\x12\x15\n" +
-	"\x11EVENT_TYPE_DELETE\x10\x02*\xa9\x02\n" +
+	"\x11EVENT_TYPE_DELETE\x10\x02*\xbf\x02\n" +
 	"\x06Reason\x12\x16\n" +
 	"\x12REASON_UNSPECIFIED\x10\x00\x12\x1b\n" +
 	"\x17REASON_INVALID_ARGUMENT\x10\x01\x12\x1c\n" +
@@ -3036,7 +3052,8 @@ const file_fence_v1_fence_proto_rawDesc = "" +
 	"\x18REASON_REVISION_MISMATCH\x10\t\x12\x14\n" +
 	"\x10REASON_COMPACTED\x10\n" +
 	"\x12\x14\n" +
-	"\x10REASON_CANCELLED\x10\v2\xfd\x01\n" +
+	"\x10REASON_CANCELLED\x10\v\x12\x14\n" +
+	"\x10REASON_DISK_FULL\x10\f2\xfd\x01\n" +
 	"\x0eSessionService\x12R\n" +
 	"\rCreateSession\x12\x1e.fence.v1.CreateSessionRequest\x1a\x1f.fence.v1.CreateSessionResponse\"\x00\x12F\n" +
 	"\tKeepAlive\x12\x1a.fence.v1.KeepAliveRequest\x1a\x1b.fence.v1.KeepAliveResponse\"\x00\x12O\n" +
