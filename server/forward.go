@@ -103,11 +103,7 @@ func (f *forwarder) leaderAPI(r *http.Request) string {
 	if f.s.leaderReady.Load() || r.Header.Get(fencev1.ForwardedByHeader) != "" || r.Header.Get(fencev1.FollowLeaderHeader) != "" {
 		return ""
 	}
-	forward := false
-	for _, p := range forwardable {
-		forward = forward || strings.HasPrefix(r.URL.Path, p)
-	}
-	if !forward {
+	if !hasAnyPrefix(r.URL.Path, forwardable) {
 		return ""
 	}
 	return f.s.leaderAPI()

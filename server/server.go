@@ -197,7 +197,7 @@ func (s *Server) handler() http.Handler {
 		}
 		fmt.Fprintln(w, "ok")
 	})
-	return mux
+	return checkEnvelopes(mux, s.cfg.MaxRequestBytes)
 }
 
 func (s *Server) newHTTPServer() *http.Server {
