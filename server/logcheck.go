@@ -114,11 +114,7 @@ func (c *checkedLog) IsMonotonic() bool {
 // verify reads every entry in the log, so that a node finds corruption when
 // it starts rather than when it applies or replicates the entry.
 func (c *checkedLog) verify() error {
-	first, err := c.FirstIndex()
-	if err != nil {
-		return err
-	}
-	last, err := c.LastIndex()
+	first, last, err := logBounds(c)
 	if err != nil {
 		return err
 	}
@@ -178,4 +174,12 @@ func entrySum(l *raft.Log, data []byte) uint32 {
 	sum := crc32.Update(0, castagnoli, head[:])
 	sum = crc32.Update(sum, castagnoli, l.Extensions)
 	return crc32.Update(sum, castagnoli, data)
+}
+
+// logBounds returns the first and last index of a log, 0 and 0 if empty.
+func logBounds(logs raft.LogStore) (first, last uint64, err error) {
+	if first, err = logs.FirstIndex(); err == nil {
+		last, err = logs.LastIndex()
+	}
+	return first, last, err
 }

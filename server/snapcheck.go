@@ -52,11 +52,7 @@ func checkSnapshots(dataDir string, snaps raft.SnapshotStore, logs raft.LogStore
 	for _, d := range damaged {
 		logger.Error("snapshot is damaged; starting from an older one where the log allows", "snapshot", d)
 	}
-	first, err := logs.FirstIndex()
-	if err != nil {
-		return err
-	}
-	last, err := logs.LastIndex()
+	first, last, err := logBounds(logs)
 	if err != nil {
 		return err
 	}
