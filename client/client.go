@@ -536,19 +536,41 @@ func readOpts(opts []ReadOption) readOptions {
 	return o
 }
 
-// Locks lists the locks whose names start with prefix, in name order.
-// The answer is linearizable unless Stale is given.
+// Locks lists the locks whose names start with prefix, in name order, a
+// page at a time. Each page is linearizable unless Stale is given; a list
+// of more than one page is not one snapshot.
 func (c *Client) Locks(ctx context.Context, prefix string, opts ...ReadOption) ([]*LockInfo, error) {
-	var out []*LockInfo
-	stale := readOpts(opts).stale
-	err := c.call(ctx, func(ctx context.Context, ep *endpoint) error {
-		resp, err := ep.locks.ListLocks(ctx, connect.NewRequest(&fencev1.ListLocksRequest{Prefix: prefix, Stale: stale}))
+	var (
+		out   []*LockInfo
+		token string
+	)
+	for {
+		page, next, err := c.LocksPage(ctx, prefix, token, 0, opts...)
+		if err != nil {
+			return nil, err
+		}
+		out = append(out, page...)
+		if next == "" {
+			return out, nil
+		}
+		token = next
+	}
+}
+
+// LocksPage lists at most size locks (0: as many as the service answers
+// at once, 10,000) whose names start with prefix, in name order, from
+// pageToken on (""; the first page). next is the token of the page after,
+// "" after the last.
+func (c *Client) LocksPage(ctx context.Context, prefix, pageToken string, size uint32, opts ...ReadOption) (locks []*LockInfo, next string, err error) {
+	req := &fencev1.ListLocksRequest{Prefix: prefix, Stale: readOpts(opts).stale, PageSize: size, PageToken: pageToken}
+	err = c.call(ctx, func(ctx context.Context, ep *endpoint) error {
+		resp, err := ep.locks.ListLocks(ctx, connect.NewRequest(req))
 		if err == nil {
-			out = resp.Msg.GetLocks()
+			locks, next = resp.Msg.GetLocks(), resp.Msg.GetNextPageToken()
 		}
 		return err
 	})
-	return out, err
+	return locks, next, err
 }
 
 // CheckResult answers Check.

@@ -76,6 +76,9 @@ type Config struct {
 	MaxSessions int
 	// MaxWaitersPerLock bounds each lock's queue; 0 means no limit.
 	MaxWaitersPerLock int
+	// MaxLocks bounds the locks held, waited for or delayed, in all;
+	// MaxLocksPerSession those one session holds or waits for. 0: no limit.
+	MaxLocks, MaxLocksPerSession int
 	// MaxPermits bounds a semaphore's number of permits.
 	MaxPermits int
 	// MaxRequestBytes bounds the size of one request message.
@@ -116,32 +119,34 @@ type Config struct {
 // no flags: a single node keeping its data in ./fence-data.
 func DefaultConfig() Config {
 	return Config{
-		NodeID:            "fence1",
-		DataDir:           "fence-data",
-		Listen:            "127.0.0.1:7420",
-		RaftListen:        "127.0.0.1:7421",
-		DefaultTTL:        10 * time.Second,
-		MinTTL:            time.Second,
-		MaxTTL:            time.Hour,
-		MaxLockDelay:      time.Minute,
-		MaxNameBytes:      512,
-		MaxOwnerBytes:     256,
-		MaxSessions:       100_000,
-		MaxWaitersPerLock: 10_000,
-		MaxPermits:        10_000,
-		MaxRequestBytes:   1 << 20,
-		MaxKeyBytes:       1024,
-		MaxValueBytes:     256 << 10,
-		MaxKeys:           1_000_000,
-		MaxWatchers:       10_000,
-		WatchHistory:      10_000,
-		ApplyTimeout:      10 * time.Second,
-		HeartbeatTimeout:  500 * time.Millisecond,
-		ElectionTimeout:   500 * time.Millisecond,
-		SnapshotThreshold: 8192,
-		SnapshotInterval:  30 * time.Second,
-		Clock:             clock.Real,
-		Version:           "dev",
+		NodeID:             "fence1",
+		DataDir:            "fence-data",
+		Listen:             "127.0.0.1:7420",
+		RaftListen:         "127.0.0.1:7421",
+		DefaultTTL:         10 * time.Second,
+		MinTTL:             time.Second,
+		MaxTTL:             time.Hour,
+		MaxLockDelay:       time.Minute,
+		MaxNameBytes:       512,
+		MaxOwnerBytes:      256,
+		MaxSessions:        100_000,
+		MaxWaitersPerLock:  10_000,
+		MaxLocks:           100_000,
+		MaxLocksPerSession: 10_000,
+		MaxPermits:         10_000,
+		MaxRequestBytes:    1 << 20,
+		MaxKeyBytes:        1024,
+		MaxValueBytes:      256 << 10,
+		MaxKeys:            1_000_000,
+		MaxWatchers:        10_000,
+		WatchHistory:       10_000,
+		ApplyTimeout:       10 * time.Second,
+		HeartbeatTimeout:   500 * time.Millisecond,
+		ElectionTimeout:    500 * time.Millisecond,
+		SnapshotThreshold:  8192,
+		SnapshotInterval:   30 * time.Second,
+		Clock:              clock.Real,
+		Version:            "dev",
 	}
 }
 
@@ -176,6 +181,8 @@ func (c Config) Validate() error {
 	check(c.MaxOwnerBytes >= 0, "max owner bytes is negative")
 	check(c.MaxSessions >= 0, "max sessions is negative")
 	check(c.MaxWaitersPerLock >= 0, "max waiters per lock is negative")
+	check(c.MaxLocks >= 0, "max locks is negative")
+	check(c.MaxLocksPerSession >= 0, "max locks per session is negative")
 	check(c.MaxPermits > 0, "max permits must be positive")
 	check(c.PeerTLS == nil || c.PeerTLS.ClientAuth == tls.RequireAndVerifyClientCert,
 		"peer TLS must require and verify the peers' certificates (ClientAuth tls.RequireAndVerifyClientCert), or anyone can join raft")

@@ -2,6 +2,7 @@ package server
 
 import (
 	"context"
+	"encoding/base64"
 	"errors"
 	"fmt"
 	"strconv"
@@ -133,14 +134,16 @@ func (s *Server) Acquire(ctx context.Context, req *connect.Request[fencev1.Acqui
 		return s.waitResponse(ctx, w, resumed, g, waitTimeout, poll)
 	}
 	res, index, err := s.applyAt(&fsmpb.Command{Op: &fsmpb.Command_Acquire{Acquire: &fsmpb.Acquire{
-		SessionId:   m.GetSessionId(),
-		Lock:        m.GetLock(),
-		Mode:        uint32(md),
-		Try:         m.GetTry(),
-		LockDelayNs: int64(lockDelay),
-		MaxWaiters:  uint64(s.cfg.MaxWaitersPerLock),
-		Permits:     m.GetPermits(),
-		RequestId:   m.GetRequestId(),
+		SessionId:       m.GetSessionId(),
+		Lock:            m.GetLock(),
+		Mode:            uint32(md),
+		Try:             m.GetTry(),
+		LockDelayNs:     int64(lockDelay),
+		MaxWaiters:      uint64(s.cfg.MaxWaitersPerLock),
+		MaxLocks:        uint64(s.cfg.MaxLocks),
+		MaxSessionLocks: uint64(s.cfg.MaxLocksPerSession),
+		Permits:         m.GetPermits(),
+		RequestId:       m.GetRequestId(),
 	}}})
 	if err != nil {
 		return nil, err
@@ -377,11 +380,22 @@ func (s *Server) Check(ctx context.Context, req *connect.Request[fencev1.CheckRe
 	return connect.NewResponse(out), nil
 }
 
-// ListLocks implements fencev1connect.LockServiceHandler.
+// maxLocksPage bounds one ListLocks answer.
+const maxLocksPage = 10_000
+
+// ListLocks implements fencev1connect.LockServiceHandler, a page at a time.
 func (s *Server) ListLocks(ctx context.Context, req *connect.Request[fencev1.ListLocksRequest]) (*connect.Response[fencev1.ListLocksResponse], error) {
 	m := req.Msg
 	if err := checkText("prefix", m.GetPrefix(), s.cfg.MaxNameBytes, false); err != nil {
 		return nil, err
+	}
+	after, err := base64.RawURLEncoding.DecodeString(m.GetPageToken())
+	if err != nil {
+		return nil, invalid("page_token %q is not one this service gave", m.GetPageToken())
+	}
+	size := int(m.GetPageSize())
+	if size == 0 || size > maxLocksPage {
+		size = maxLocksPage
 	}
 	if err := s.read(ctx, m.GetStale()); err != nil {
 		return nil, err
@@ -392,7 +406,11 @@ func (s *Server) ListLocks(ctx context.Context, req *connect.Request[fencev1.Lis
 			info, _ := st.Session(id)
 			return info.Owner
 		}
-		for _, l := range st.Locks(m.GetPrefix()) {
+		page, more := st.LocksPage(m.GetPrefix(), string(after), size)
+		if more {
+			out.NextPageToken = base64.RawURLEncoding.EncodeToString([]byte(page[len(page)-1].Name))
+		}
+		for _, l := range page {
 			li := &fencev1.LockInfo{Name: l.Name, Delayed: l.Delay > 0, Permits: l.Permits}
 			for _, h := range l.Holders {
 				li.Holders = append(li.Holders, &fencev1.Holder{SessionId: h.Session, Token: h.Token, Mode: apiMode(h.Mode), Owner: owner(h.Session)})

@@ -69,3 +69,18 @@ func TestPollNeedsARequestID(t *testing.T) {
 		t.Fatalf("poll without a request id: %v, want InvalidArgument", err)
 	}
 }
+
+func TestLockLimitsAreEnforced(t *testing.T) {
+	s := startTestServer(t, func(cfg *Config) { cfg.MaxLocksPerSession, cfg.MaxLocks = 2, 3 })
+	a := newAPI(t, s)
+	one, two := a.session(time.Minute), a.session(time.Minute)
+	a.mustAcquire(one, "a")
+	a.mustAcquire(one, "b")
+	if _, err := a.acquire(context.Background(), &fencev1.AcquireRequest{SessionId: one, Lock: "c"}); codeOf(err) != connect.CodeResourceExhausted {
+		t.Fatalf("a third lock for a session limited to 2: %v, want ResourceExhausted", err)
+	}
+	a.mustAcquire(two, "c")
+	if _, err := a.acquire(context.Background(), &fencev1.AcquireRequest{SessionId: two, Lock: "d"}); codeOf(err) != connect.CodeResourceExhausted {
+		t.Fatalf("a fourth lock where 3 are allowed: %v, want ResourceExhausted", err)
+	}
+}

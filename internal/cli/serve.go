@@ -94,6 +94,8 @@ func serveCommand(g *globals) *cobra.Command {
 	f.IntVar(&cfg.MaxNameBytes, "max-name-bytes", cfg.MaxNameBytes, "longest lock name, in bytes")
 	f.IntVar(&cfg.MaxSessions, "max-sessions", cfg.MaxSessions, "most live sessions (0: no limit)")
 	f.IntVar(&cfg.MaxWaitersPerLock, "max-waiters", cfg.MaxWaitersPerLock, "most waiters per lock (0: no limit)")
+	f.IntVar(&cfg.MaxLocks, "max-locks", cfg.MaxLocks, "most locks held, waited for or delayed, in all (0: no limit)")
+	f.IntVar(&cfg.MaxLocksPerSession, "max-session-locks", cfg.MaxLocksPerSession, "most locks one session holds or waits for (0: no limit)")
 	f.IntVar(&cfg.MaxPermits, "max-permits", cfg.MaxPermits, "most permits a semaphore may have")
 	f.IntVar(&cfg.MaxRequestBytes, "max-request-bytes", cfg.MaxRequestBytes, "largest request message, in bytes")
 	f.IntVar(&cfg.MaxKeyBytes, "max-key-bytes", cfg.MaxKeyBytes, "longest KV key, in bytes")

@@ -423,6 +423,9 @@ func (s *State) acquire(c *fsmpb.Acquire) Result {
 	if max := c.GetMaxWaiters(); !grantNow && max > 0 && uint64(len(l.waiters)) >= max {
 		return Result{Err: fmt.Errorf("%w: lock %q already has %d waiters, its limit", fence.ErrLimit, name, len(l.waiters))}
 	}
+	if err := s.checkLockLimits(sess, name, c); err != nil {
+		return Result{Err: err}
+	}
 	// Only an acquire that grants or queues numbers an attempt: a failed
 	// command changes nothing.
 	if reqID != 0 {
@@ -438,6 +441,19 @@ func (s *State) acquire(c *fsmpb.Acquire) Result {
 	l.waiters = append(l.waiters, w)
 	sess.waits[name] = struct{}{}
 	return Result{Queued: true, Attempt: w.req.attempt}
+}
+
+// checkLockLimits refuses an acquire that would make a session hold or
+// wait for more locks than the command allows, or add a lock name beyond
+// the limit on all locks. The session is neither holder nor waiter of name.
+func (s *State) checkLockLimits(sess *session, name string, c *fsmpb.Acquire) error {
+	if max := c.GetMaxSessionLocks(); max > 0 && uint64(len(sess.holds)+len(sess.waits)) >= max {
+		return fmt.Errorf("%w: session %d already holds or waits for %d locks, its limit", fence.ErrLimit, sess.id, len(sess.holds)+len(sess.waits))
+	}
+	if max := c.GetMaxLocks(); max > 0 && s.locks[name] == nil && uint64(len(s.locks)) >= max {
+		return fmt.Errorf("%w: there are %d locks, the limit; lock %q would be one more", fence.ErrLimit, len(s.locks), name)
+	}
+	return nil
 }
 
 // sameKind refuses to take a semaphore as a lock, a lock as a semaphore,
@@ -802,14 +818,29 @@ func (s *State) Lock(name string) (LockInfo, bool) {
 
 // Locks returns the locks whose names start with prefix, in name order.
 func (s *State) Locks(prefix string) []LockInfo {
-	var out []LockInfo
-	for name, l := range s.locks {
-		if strings.HasPrefix(name, prefix) {
-			out = append(out, lockInfo(l))
+	out, _ := s.LocksPage(prefix, "", 0)
+	return out
+}
+
+// LocksPage returns, in name order, at most limit (0: all) locks whose
+// names start with prefix and sort after after, and whether more follow.
+func (s *State) LocksPage(prefix, after string, limit int) ([]LockInfo, bool) {
+	var names []string
+	for name := range s.locks {
+		if strings.HasPrefix(name, prefix) && name > after {
+			names = append(names, name)
 		}
 	}
-	sort.Slice(out, func(i, j int) bool { return out[i].Name < out[j].Name })
-	return out
+	sort.Strings(names)
+	more := limit > 0 && len(names) > limit
+	if more {
+		names = names[:limit]
+	}
+	out := make([]LockInfo, len(names))
+	for i, name := range names {
+		out[i] = lockInfo(s.locks[name])
+	}
+	return out, more
 }
 
 // DelayedLocks returns the pending lock-delays, by lock name, then id.

@@ -499,9 +499,13 @@ type Acquire struct {
 	Permits uint32 `protobuf:"varint,7,opt,name=permits,proto3" json:"permits,omitempty"`
 	// The client's id of this acquire within the session, the same across the
 	// retries of one call; 0 for none. See CancelAcquire.
-	RequestId     uint64 `protobuf:"varint,8,opt,name=request_id,json=requestId,proto3" json:"request_id,omitempty"`
-	unknownFields protoimpl.UnknownFields
-	sizeCache     protoimpl.SizeCache
+	RequestId uint64 `protobuf:"varint,8,opt,name=request_id,json=requestId,proto3" json:"request_id,omitempty"`
+	// Limits the leader enforces: locks in all (names held, waited for or
+	// delayed), and locks one session holds or waits for; 0: no limit.
+	MaxLocks        uint64 `protobuf:"varint,9,opt,name=max_locks,json=maxLocks,proto3" json:"max_locks,omitempty"`
+	MaxSessionLocks uint64 `protobuf:"varint,10,opt,name=max_session_locks,json=maxSessionLocks,proto3" json:"max_session_locks,omitempty"`
+	unknownFields   protoimpl.UnknownFields
+	sizeCache       protoimpl.SizeCache
 }
 
 func (x *Acquire) Reset() {
@@ -586,6 +590,20 @@ func (x *Acquire) GetPermits() uint32 {
 func (x *Acquire) GetRequestId() uint64 {
 	if x != nil {
 		return x.RequestId
+	}
+	return 0
+}
+
+func (x *Acquire) GetMaxLocks() uint64 {
+	if x != nil {
+		return x.MaxLocks
+	}
+	return 0
+}
+
+func (x *Acquire) GetMaxSessionLocks() uint64 {
+	if x != nil {
+		return x.MaxSessionLocks
 	}
 	return 0
 }
@@ -1815,7 +1833,7 @@ const file_fsmpb_fsm_proto_rawDesc = "" +
 	"session_id\x18\x01 \x01(\x04R\tsessionId\"1\n" +
 	"\x0eExpireSessions\x12\x1f\n" +
 	"\vsession_ids\x18\x01 \x03(\x04R\n" +
-	"sessionIds\"\xe0\x01\n" +
+	"sessionIds\"\xa9\x02\n" +
 	"\aAcquire\x12\x1d\n" +
 	"\n" +
 	"session_id\x18\x01 \x01(\x04R\tsessionId\x12\x12\n" +
@@ -1827,7 +1845,10 @@ const file_fsmpb_fsm_proto_rawDesc = "" +
 	"maxWaiters\x12\x18\n" +
 	"\apermits\x18\a \x01(\rR\apermits\x12\x1d\n" +
 	"\n" +
-	"request_id\x18\b \x01(\x04R\trequestId\"x\n" +
+	"request_id\x18\b \x01(\x04R\trequestId\x12\x1b\n" +
+	"\tmax_locks\x18\t \x01(\x04R\bmaxLocks\x12*\n" +
+	"\x11max_session_locks\x18\n" +
+	" \x01(\x04R\x0fmaxSessionLocks\"x\n" +
 	"\n" +
 	"CancelWait\x12\x1d\n" +
 	"\n" +

@@ -1117,8 +1117,13 @@ func (x *CheckResponse) GetCurrentToken() uint64 {
 type ListLocksRequest struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
 	// Only locks whose name starts with prefix.
-	Prefix        string `protobuf:"bytes,1,opt,name=prefix,proto3" json:"prefix,omitempty"`
-	Stale         bool   `protobuf:"varint,2,opt,name=stale,proto3" json:"stale,omitempty"`
+	Prefix string `protobuf:"bytes,1,opt,name=prefix,proto3" json:"prefix,omitempty"`
+	Stale  bool   `protobuf:"varint,2,opt,name=stale,proto3" json:"stale,omitempty"`
+	// At most this many locks (unset or above 10,000: 10,000); the answer's
+	// next_page_token then asks for the rest.
+	PageSize uint32 `protobuf:"varint,3,opt,name=page_size,json=pageSize,proto3" json:"page_size,omitempty"`
+	// A next_page_token from the answer to the same request; unset: the first page.
+	PageToken     string `protobuf:"bytes,4,opt,name=page_token,json=pageToken,proto3" json:"page_token,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -1165,6 +1170,20 @@ func (x *ListLocksRequest) GetStale() bool {
 		return x.Stale
 	}
 	return false
+}
+
+func (x *ListLocksRequest) GetPageSize() uint32 {
+	if x != nil {
+		return x.PageSize
+	}
+	return 0
+}
+
+func (x *ListLocksRequest) GetPageToken() string {
+	if x != nil {
+		return x.PageToken
+	}
+	return ""
 }
 
 type Holder struct {
@@ -1374,8 +1393,10 @@ func (x *LockInfo) GetPermits() uint32 {
 }
 
 type ListLocksResponse struct {
-	state         protoimpl.MessageState `protogen:"open.v1"`
-	Locks         []*LockInfo            `protobuf:"bytes,1,rep,name=locks,proto3" json:"locks,omitempty"`
+	state protoimpl.MessageState `protogen:"open.v1"`
+	Locks []*LockInfo            `protobuf:"bytes,1,rep,name=locks,proto3" json:"locks,omitempty"`
+	// Set when more locks follow: pass it as page_token for the next page.
+	NextPageToken string `protobuf:"bytes,2,opt,name=next_page_token,json=nextPageToken,proto3" json:"next_page_token,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -1415,6 +1436,13 @@ func (x *ListLocksResponse) GetLocks() []*LockInfo {
 		return x.Locks
 	}
 	return nil
+}
+
+func (x *ListLocksResponse) GetNextPageToken() string {
+	if x != nil {
+		return x.NextPageToken
+	}
+	return ""
 }
 
 type StatusRequest struct {
@@ -2904,10 +2932,13 @@ const file_fence_v1_fence_proto_rawDesc = "" +
 	"\rCheckResponse\x12\x18\n" +
 	"\acurrent\x18\x01 \x01(\bR\acurrent\x12\x12\n" +
 	"\x04held\x18\x02 \x01(\bR\x04held\x12#\n" +
-	"\rcurrent_token\x18\x03 \x01(\x04R\fcurrentToken\"@\n" +
+	"\rcurrent_token\x18\x03 \x01(\x04R\fcurrentToken\"|\n" +
 	"\x10ListLocksRequest\x12\x16\n" +
 	"\x06prefix\x18\x01 \x01(\tR\x06prefix\x12\x14\n" +
-	"\x05stale\x18\x02 \x01(\bR\x05stale\"w\n" +
+	"\x05stale\x18\x02 \x01(\bR\x05stale\x12\x1b\n" +
+	"\tpage_size\x18\x03 \x01(\rR\bpageSize\x12\x1d\n" +
+	"\n" +
+	"page_token\x18\x04 \x01(\tR\tpageToken\"w\n" +
 	"\x06Holder\x12\x1d\n" +
 	"\n" +
 	"session_id\x18\x01 \x01(\x04R\tsessionId\x12\x14\n" +
@@ -2924,9 +2955,10 @@ const file_fence_v1_fence_proto_rawDesc = "" +
 	"\aholders\x18\x02 \x03(\v2\x10.fence.v1.HolderR\aholders\x12*\n" +
 	"\awaiters\x18\x03 \x03(\v2\x10.fence.v1.WaiterR\awaiters\x12\x18\n" +
 	"\adelayed\x18\x04 \x01(\bR\adelayed\x12\x18\n" +
-	"\apermits\x18\x05 \x01(\rR\apermits\"=\n" +
+	"\apermits\x18\x05 \x01(\rR\apermits\"e\n" +
 	"\x11ListLocksResponse\x12(\n" +
-	"\x05locks\x18\x01 \x03(\v2\x12.fence.v1.LockInfoR\x05locks\"\x0f\n" +
+	"\x05locks\x18\x01 \x03(\v2\x12.fence.v1.LockInfoR\x05locks\x12&\n" +
+	"\x0fnext_page_token\x18\x02 \x01(\tR\rnextPageToken\"\x0f\n" +
 	"\rStatusRequest\"\xb1\x03\n" +
 	"\x0eStatusResponse\x12\x17\n" +
 	"\anode_id\x18\x01 \x01(\tR\x06nodeId\x12\x14\n" +

@@ -1,0 +1,62 @@
+package client
+
+import (
+	"context"
+	"fmt"
+	"testing"
+	"time"
+)
+
+// Locks pages through the service's answers: every lock once, in order.
+func TestLocksPages(t *testing.T) {
+	srv := startServer(t, nil)
+	c := mustClient(t, srv, nil)
+	ctx := context.Background()
+	s, err := c.NewSession(ctx, WithTTL(time.Minute))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer s.Close(ctx)
+	const n = 25
+	for i := range n {
+		if _, err := NewMutex(s, fmt.Sprintf("p/%02d", i)).Lock(ctx); err != nil {
+			t.Fatal(err)
+		}
+	}
+	var names []string
+	token := ""
+	for pages := 0; ; pages++ {
+		page, next, err := c.LocksPage(ctx, "p/", token, 10)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if len(page) > 10 {
+			t.Fatalf("a page of 10 held %d locks", len(page))
+		}
+		for _, l := range page {
+			names = append(names, l.GetName())
+		}
+		if next == "" {
+			if pages != 2 {
+				t.Errorf("%d locks came in %d pages of 10, want 3", n, pages+1)
+			}
+			break
+		}
+		token = next
+	}
+	all, err := c.Locks(ctx, "p/")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(names) != n || len(all) != n {
+		t.Fatalf("pages listed %d locks and Locks %d, want %d", len(names), len(all), n)
+	}
+	for i := range n {
+		if want := fmt.Sprintf("p/%02d", i); names[i] != want || all[i].GetName() != want {
+			t.Fatalf("lock %d is %q (pages) and %q (Locks), want %q", i, names[i], all[i].GetName(), want)
+		}
+	}
+	if _, _, err := c.LocksPage(ctx, "p/", "not base64!", 10); err == nil {
+		t.Error("a page token the service never gave was accepted")
+	}
+}
