@@ -110,6 +110,8 @@ func TestBadInput(t *testing.T) {
 			"invalid_argument", []string{held, "in use as a lock"}},
 		{"unknown mode", acquire, fmt.Sprintf(`{"sessionId":"%d","lock":"e2e/bad/x","mode":7}`, holder.SessionID),
 			"invalid_argument", []string{"unknown mode 7"}},
+		{"fenced write without its lock", kvPut, fmt.Sprintf(`{"key":"e2e/bad/k","value":"dg==","fence":{"token":"%d"}}`, grant.Token),
+			"invalid_argument", []string{"fence.lock"}},
 		{"key bound to an unknown session", kvPut, fmt.Sprintf(`{"key":"e2e/bad/k","value":"dg==","sessionId":"%d"}`, unknownSession),
 			"not_found", []string{"session", fmt.Sprint(unknownSession)}},
 		{"oversized request", acquire, acq(strings.Repeat("x", maxRequest+100)), "resource_exhausted", []string{"larger than", fmt.Sprint(maxRequest)}},

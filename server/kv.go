@@ -28,8 +28,11 @@ func (s *Server) kvFence(f *fencev1.Fence) (*fsmpb.KVFence, error) {
 			return nil, err
 		}
 	}
-	if f.GetStrict() && (f.GetLock() == "" || f.GetToken() == 0) {
+	switch {
+	case f.GetStrict() && (f.GetLock() == "" || f.GetToken() == 0):
 		return nil, invalid("a strict write needs fence.lock and fence.token")
+	case f.GetToken() != 0 && f.GetLock() == "":
+		return nil, invalid("a fenced write names the lock its token was granted for (fence.lock)")
 	}
 	out := &fsmpb.KVFence{Lock: f.GetLock(), Token: f.GetToken(), Strict: f.GetStrict()}
 	if f != nil { // a JSON request may leave the fence out
