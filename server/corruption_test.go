@@ -14,6 +14,7 @@ import (
 
 	"github.com/fencelock/fence/internal/fsm"
 	"github.com/fencelock/fence/internal/fsmpb"
+	"github.com/fencelock/fence/internal/walfmt"
 )
 
 // The tests here damage a stopped node's files the way a disk does (bytes
@@ -157,27 +158,16 @@ func walFrames(t *testing.T, path string) []int {
 	if err != nil {
 		t.Fatal(err)
 	}
-	var offs []int
-	off := walFileHeaderLen
-	for {
-		f, ok := readWALFrame(data, off)
-		if !ok {
-			return offs
-		}
-		if f.typ == walFrameEntry {
-			offs = append(offs, off)
-		}
-		off = f.next(off)
-	}
+	return walfmt.EntryOffsets(data)
 }
 
 func tailSegment(t *testing.T, dataDir string) string {
 	t.Helper()
-	segs, err := walSegments(filepath.Join(dataDir, "wal"))
+	segs, err := walfmt.Segments(filepath.Join(dataDir, "wal"))
 	if err != nil || len(segs) == 0 {
 		t.Fatalf("no segments: %v", err)
 	}
-	return segs[len(segs)-1].path
+	return segs[len(segs)-1].Path
 }
 
 // A damaged frame header in the middle of raft-wal's open segment made it
