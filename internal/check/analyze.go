@@ -44,6 +44,12 @@ const (
 	// the grant had ended: the client wrote under a grant it knew, or could
 	// have known, to be gone.
 	ViolationWriteAfterHold = "write-after-hold"
+	// ViolationCorruptionMissed: a server started on a raft log damaged in
+	// the middle, or stopped without saying why.
+	ViolationCorruptionMissed = "corruption-missed"
+	// ViolationTornTailRefused: a server would not start after a write
+	// torn at the end of its log, which it must drop.
+	ViolationTornTailRefused = "torn-tail-refused"
 )
 
 // Final is the state read at the end of a run.

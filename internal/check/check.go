@@ -73,10 +73,14 @@ const (
 	// the deposed leader must not answer them as if it still led.
 	FaultPauseLeader   = "pause-leader"
 	FaultPauseFollower = "pause-follower" // SIGSTOP a follower for about a TTL, then SIGCONT
+	// FaultCorruptFollower: SIGKILL a follower, damage its raft log (in the
+	// middle: it must refuse to start; a torn tail: it must start), undo
+	// the damage and restart it.
+	FaultCorruptFollower = "corrupt-follower"
 )
 
 // FaultKinds lists the faults the checker knows, in a stable order.
-var FaultKinds = []string{FaultPause, FaultKillWorker, FaultKillServer, FaultKillLeader, FaultPartition, FaultPauseLeader, FaultPauseFollower}
+var FaultKinds = []string{FaultPause, FaultKillWorker, FaultKillServer, FaultKillLeader, FaultPartition, FaultPauseLeader, FaultPauseFollower, FaultCorruptFollower}
 
 // FaultEvent is a fault that was injected.
 type FaultEvent struct {
@@ -120,6 +124,8 @@ type runner struct {
 	ttls    []time.Duration // of each worker's current process
 	drawTTL bool            // each worker process draws its TTL
 	faults  []FaultEvent
+	// found are violations the fault steps saw themselves.
+	found   []Violation
 	dataDir string
 	wg      sync.WaitGroup
 }
@@ -200,7 +206,16 @@ func Run(ctx context.Context, cfg Config) (*Result, error) {
 	res.Faults = r.faults
 	res.Analysis = Analyze(res.Ops, res.Final, r.prefix, 30*time.Second)
 	res.Analysis.Violations = append(res.Analysis.Violations, r.deadNodes()...)
+	r.mu.Lock()
+	res.Analysis.Violations = append(res.Analysis.Violations, r.found...)
+	r.mu.Unlock()
 	return res, nil
+}
+
+func (r *runner) addViolation(v Violation) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	r.found = append(r.found, v)
 }
 
 func (r *runner) faultKinds() ([]string, error) {
@@ -231,7 +246,7 @@ func (r *runner) faultKinds() ([]string, error) {
 // groupFault reports whether a fault needs a group of the checker's own.
 func groupFault(kind string) bool {
 	switch kind {
-	case FaultKillLeader, FaultPartition, FaultPauseLeader, FaultPauseFollower:
+	case FaultKillLeader, FaultPartition, FaultPauseLeader, FaultPauseFollower, FaultCorruptFollower:
 		return true
 	}
 	return false

@@ -17,13 +17,14 @@ type faultStep func(ctx context.Context, ev *FaultEvent) bool
 // faultSteps maps each fault kind to its step.
 func (r *runner) faultSteps() map[string]faultStep {
 	return map[string]faultStep{
-		FaultPause:         r.pauseWorker,
-		FaultKillWorker:    r.killWorker,
-		FaultKillServer:    r.killServer,
-		FaultKillLeader:    r.killServer,
-		FaultPartition:     r.partitionLeader,
-		FaultPauseLeader:   r.pauseServer,
-		FaultPauseFollower: r.pauseServer,
+		FaultPause:           r.pauseWorker,
+		FaultKillWorker:      r.killWorker,
+		FaultKillServer:      r.killServer,
+		FaultKillLeader:      r.killServer,
+		FaultPartition:       r.partitionLeader,
+		FaultPauseLeader:     r.pauseServer,
+		FaultPauseFollower:   r.pauseServer,
+		FaultCorruptFollower: r.corruptFollower,
 	}
 }
 

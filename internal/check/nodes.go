@@ -93,8 +93,25 @@ func (r *runner) startServers(ctx context.Context) error {
 }
 
 // launch starts the node's server process, its output appended to its
-// log file.
+// log file. While the node was down another process may have taken one of
+// its ports for an outgoing connection (they come from the same range as
+// freePort's); a start that fails for that is tried again.
 func (n *node) launch() error {
+	for try := 0; ; try++ {
+		if err := n.launchOnce(); err != nil {
+			return err
+		}
+		n.r.mu.Lock()
+		p := n.proc
+		n.r.mu.Unlock()
+		if try == 20 || p.Wait(context.Background(), 300*time.Millisecond) != nil || !strings.Contains(p.Stderr(), "address already in use") {
+			return nil
+		}
+		time.Sleep(100 * time.Millisecond)
+	}
+}
+
+func (n *node) launchOnce() error {
 	logFile, err := os.OpenFile(n.dir+".log", os.O_CREATE|os.O_APPEND|os.O_WRONLY, 0o600)
 	if err != nil {
 		return err

@@ -32,7 +32,10 @@ past their TTL (SIGSTOP/SIGCONT), kills them, and kills and restarts the
 server; with --nodes 3 or 5 it also kills the leader, partitions it from
 the majority (each raft link runs through a proxy the checker can cut), and
 pauses the leader (pause-leader: past the election of a new one, but not
-past the keepalives sent to it) or a follower. It then checks the history:
+past the keepalives sent to it) or a follower, and damages a killed
+follower's raft log (corrupt-follower: bytes flipped in the middle, which
+must stop it with a message, or a write torn at the end, which it must
+drop and start). It then checks the history:
 no write accepted with a token lower than one accepted before, no
 acknowledged increment or append lost, grant tokens rising in real-time
 order, a linearizable KV history, and, from each worker's report of when it
