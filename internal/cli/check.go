@@ -4,8 +4,10 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
+	"maps"
 	"os"
 	"os/signal"
+	"slices"
 	"sort"
 	"strings"
 	"syscall"
@@ -125,6 +127,13 @@ func printCheck(g *globals, res *check.Result) {
 	}
 	fmt.Fprintln(w)
 	fmt.Fprintf(w, "operations: %d (grants %d, accepted writes %d, refused %d, unknown outcome %d)\n", a.Ops, a.Acquires, a.Writes, a.Rejected, a.Unknown)
+	gaps := check.GrantGaps(res.Ops, res.Faults)
+	gapKinds := slices.Sorted(maps.Keys(gaps))
+	fmt.Fprint(w, "longest gap between grants:")
+	for i, k := range gapKinds {
+		fmt.Fprintf(w, "%s %s %v", map[bool]string{true: "", false: ","}[i == 0], k, gaps[k].Round(time.Millisecond))
+	}
+	fmt.Fprintln(w, " (none: while no fault was under way)")
 	fmt.Fprintf(w, "holds: %d (of unknown end, their worker killed, so not checked for overlap: %d)\n", a.Holds, a.HoldsUnknownEnd)
 	fmt.Fprintf(w, "counter: %s after %d acknowledged increments (%d unknown)\n", orZero(res.Final.Counter), a.AckedIncrements, a.UnknownIncrements)
 	if res.Final.HaveSQL {
