@@ -4,8 +4,11 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"sync/atomic"
+	"time"
 
 	"connectrpc.com/connect"
+	"google.golang.org/protobuf/types/known/durationpb"
 
 	"github.com/fencelock/fence"
 	fencev1 "github.com/fencelock/fence/api/fence/v1"
@@ -207,35 +210,80 @@ func (k *KV) Watch(ctx context.Context, prefix string, opts ...WatchOption) (*Wa
 	return w, nil
 }
 
+// watchStream is one Watch call on one node, with the watchdog that ends
+// it when the node sends nothing (no change, no progress) for too long.
+type watchStream struct {
+	*connect.ServerStreamForClient[fencev1.WatchResponse]
+	ep       *endpoint
+	cancel   context.CancelFunc
+	watchdog *time.Timer
+	limit    time.Duration
+	silent   atomic.Bool
+}
+
+// close ends the call.
+func (s *watchStream) close() {
+	s.Close()
+	s.cancel()
+}
+
+// receive waits for the next message, for at most the stream's limit.
+func (s *watchStream) receive() bool {
+	s.watchdog.Reset(s.limit)
+	ok := s.Receive()
+	s.watchdog.Stop()
+	return ok
+}
+
+// err says why the stream ended; a silent node's end is ErrUnavailable.
+func (s *watchStream) err() error {
+	if s.silent.Load() {
+		s.ep.silentUntil.Store(time.Now().Add(silentFor).UnixNano())
+		return fmt.Errorf("%w: %s sent nothing on the watch for %v", fence.ErrUnavailable, s.ep.url, s.limit)
+	}
+	return rpcerr.FromConnect(s.Err())
+}
+
 // open starts the stream at w.req and waits for the server's "in place"
-// message, which carries the store's revision.
-func (w *Watch) open(ctx context.Context) (*connect.ServerStreamForClient[fencev1.WatchResponse], uint64, error) {
+// message, which carries the store's revision. The server sends progress
+// every attempt timeout while there is no change; a stream silent for two
+// of those and one more is given up for another node.
+func (w *Watch) open(ctx context.Context) (*watchStream, uint64, error) {
 	var (
-		stream *connect.ServerStreamForClient[fencev1.WatchResponse]
+		stream *watchStream
 		rev    uint64
 	)
+	interval := w.kv.c.opts.attempt
+	w.req.ProgressInterval = durationpb.New(interval)
 	err := w.kv.c.call(ctx, func(ctx context.Context, ep *endpoint) error {
-		s, err := ep.kv.Watch(ctx, connect.NewRequest(w.req))
-		if err != nil {
-			return err
+		sctx, cancel := context.WithCancel(ctx)
+		s := &watchStream{ep: ep, cancel: cancel, limit: 3 * interval}
+		s.watchdog = time.AfterFunc(s.limit, func() { s.silent.Store(true); cancel() })
+		conn, err := ep.kv.Watch(sctx, connect.NewRequest(w.req))
+		if err == nil {
+			s.ServerStreamForClient = conn
+			if s.receive() {
+				stream, rev = s, conn.Msg().GetRevision()
+				return nil
+			}
+			err = s.err()
+			conn.Close()
+		} else if s.silent.Load() {
+			err = s.err()
 		}
-		if !s.Receive() {
-			err := s.Err()
-			s.Close()
-			return err
-		}
-		stream, rev = s, s.Msg().GetRevision()
-		return nil
+		s.watchdog.Stop()
+		cancel()
+		return err
 	})
 	return stream, rev, err
 }
 
-func (w *Watch) run(ctx context.Context, stream *connect.ServerStreamForClient[fencev1.WatchResponse]) {
+func (w *Watch) run(ctx context.Context, stream *watchStream) {
 	defer close(w.done)
 	defer close(w.events)
 	for {
 		err := w.deliver(ctx, stream)
-		stream.Close()
+		stream.close()
 		if ctx.Err() != nil {
 			w.err = ctx.Err()
 			return
@@ -252,8 +300,8 @@ func (w *Watch) run(ctx context.Context, stream *connect.ServerStreamForClient[f
 }
 
 // deliver passes the stream's events on until it ends, and returns why.
-func (w *Watch) deliver(ctx context.Context, stream *connect.ServerStreamForClient[fencev1.WatchResponse]) error {
-	for stream.Receive() {
+func (w *Watch) deliver(ctx context.Context, stream *watchStream) error {
+	for stream.receive() {
 		for _, ev := range stream.Msg().GetEvents() {
 			select {
 			case w.events <- ev:
@@ -263,7 +311,7 @@ func (w *Watch) deliver(ctx context.Context, stream *connect.ServerStreamForClie
 			}
 		}
 	}
-	if err := rpcerr.FromConnect(stream.Err()); err != nil {
+	if err := stream.err(); err != nil {
 		return err
 	}
 	// The server ended the stream without an error: as good as a break.

@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"strings"
 	"sync"
+	"time"
 
 	"connectrpc.com/connect"
 
@@ -150,6 +151,13 @@ func (s *Server) Watch(ctx context.Context, req *connect.Request[fencev1.WatchRe
 	if err := checkText("prefix", req.Msg.GetPrefix(), s.cfg.MaxKeyBytes, false); err != nil {
 		return err
 	}
+	interval, err := duration("progress_interval", req.Msg.GetProgressInterval(), 0)
+	if err != nil {
+		return err
+	}
+	if interval != 0 && interval < 100*time.Millisecond {
+		return invalid("progress_interval %v is below 100ms", interval)
+	}
 	// A node that is still replaying its log would send old changes as new.
 	if err := s.read(ctx, false); err != nil {
 		return err
@@ -163,8 +171,18 @@ func (s *Server) Watch(ctx context.Context, req *connect.Request[fencev1.WatchRe
 	if err := stream.Send(&fencev1.WatchResponse{Revision: rev}); err != nil {
 		return err
 	}
+	var progress <-chan time.Time
+	if interval > 0 {
+		t := time.NewTicker(interval)
+		defer t.Stop()
+		progress = t.C
+	}
 	for {
 		select {
+		case <-progress:
+			if err := stream.Send(&fencev1.WatchResponse{Progress: true}); err != nil {
+				return err
+			}
 		case <-ctx.Done():
 			return ctx.Err()
 		case <-s.done:

@@ -1,5 +1,7 @@
 // Package netproxy is a TCP proxy for fault injection on loopback: a link
-// that can be cut (every connection dropped, new ones refused) and healed.
+// that can be cut (every connection dropped, new ones refused) and healed,
+// or frozen (connections stay open, and nothing more passes), as a peer
+// stopped with SIGSTOP looks from outside.
 // The checker and the cluster tests put one on each raft link.
 package netproxy
 
@@ -14,9 +16,10 @@ type Link struct {
 	ln     net.Listener
 	target string
 
-	mu    sync.Mutex
-	cut   bool
-	conns map[net.Conn]struct{}
+	mu     sync.Mutex
+	cut    bool
+	frozen chan struct{} // closed while the link is not frozen
+	conns  map[net.Conn]struct{}
 }
 
 // Listen starts a link on a free loopback port that forwards to target.
@@ -25,7 +28,9 @@ func Listen(target string) (*Link, error) {
 	if err != nil {
 		return nil, err
 	}
-	l := &Link{ln: ln, target: target, conns: map[net.Conn]struct{}{}}
+	thawed := make(chan struct{})
+	close(thawed)
+	l := &Link{ln: ln, target: target, frozen: thawed, conns: map[net.Conn]struct{}{}}
 	go l.serve()
 	return l, nil
 }
@@ -73,8 +78,45 @@ func (l *Link) forward(in net.Conn) {
 		delete(l.conns, out)
 		l.mu.Unlock()
 	}
-	go func() { io.Copy(out, in); done() }()
-	go func() { io.Copy(in, out); done() }()
+	go func() { l.copy(out, in); done() }()
+	go func() { l.copy(in, out); done() }()
+}
+
+// copy passes bytes from src to dst, holding them while the link is frozen.
+func (l *Link) copy(dst io.Writer, src io.Reader) {
+	buf := make([]byte, 32<<10)
+	for {
+		n, err := src.Read(buf)
+		l.mu.Lock()
+		gate := l.frozen
+		l.mu.Unlock()
+		<-gate
+		if n > 0 {
+			if _, werr := dst.Write(buf[:n]); werr != nil {
+				return
+			}
+		}
+		if err != nil {
+			return
+		}
+	}
+}
+
+// SetFrozen freezes the link (its connections stay open, and no byte
+// passes either way, nor is a new connection answered) or thaws it.
+func (l *Link) SetFrozen(frozen bool) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	select {
+	case <-l.frozen: // thawed now
+		if frozen {
+			l.frozen = make(chan struct{})
+		}
+	default:
+		if !frozen {
+			close(l.frozen)
+		}
+	}
 }
 
 // SetCut cuts the link (dropping every connection) or heals it.

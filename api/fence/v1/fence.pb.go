@@ -2621,8 +2621,13 @@ type WatchRequest struct {
 	// + 1 to resume. 0 starts with the next change. Older than the history:
 	// FailedPrecondition, reason REASON_COMPACTED.
 	StartRevision uint64 `protobuf:"varint,2,opt,name=start_revision,json=startRevision,proto3" json:"start_revision,omitempty"`
-	unknownFields protoimpl.UnknownFields
-	sizeCache     protoimpl.SizeCache
+	// While no change is sent for this long, send a message without events
+	// (progress set), so that the client knows the stream and the node live,
+	// and can move to another node when they do not. At least 100ms. Unset:
+	// no such messages.
+	ProgressInterval *durationpb.Duration `protobuf:"bytes,3,opt,name=progress_interval,json=progressInterval,proto3" json:"progress_interval,omitempty"`
+	unknownFields    protoimpl.UnknownFields
+	sizeCache        protoimpl.SizeCache
 }
 
 func (x *WatchRequest) Reset() {
@@ -2667,6 +2672,13 @@ func (x *WatchRequest) GetStartRevision() uint64 {
 		return x.StartRevision
 	}
 	return 0
+}
+
+func (x *WatchRequest) GetProgressInterval() *durationpb.Duration {
+	if x != nil {
+		return x.ProgressInterval
+	}
+	return nil
 }
 
 type Event struct {
@@ -2728,7 +2740,9 @@ type WatchResponse struct {
 	// Set in the first message, which says the watch is in place and has no
 	// events: the store's revision then. Every change after it is delivered
 	// (and, with start_revision, those from start_revision on).
-	Revision      uint64 `protobuf:"varint,2,opt,name=revision,proto3" json:"revision,omitempty"`
+	Revision uint64 `protobuf:"varint,2,opt,name=revision,proto3" json:"revision,omitempty"`
+	// A message sent for progress_interval, with no events.
+	Progress      bool `protobuf:"varint,3,opt,name=progress,proto3" json:"progress,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -2775,6 +2789,13 @@ func (x *WatchResponse) GetRevision() uint64 {
 		return x.Revision
 	}
 	return 0
+}
+
+func (x *WatchResponse) GetProgress() bool {
+	if x != nil {
+		return x.Progress
+	}
+	return false
 }
 
 // ErrorDetail is attached to every error fence returns.
@@ -3044,16 +3065,18 @@ const file_fence_v1_fence_proto_rawDesc = "" +
 	"\fListResponse\x12$\n" +
 	"\x03kvs\x18\x01 \x03(\v2\x12.fence.v1.KeyValueR\x03kvs\x12\x12\n" +
 	"\x04more\x18\x02 \x01(\bR\x04more\x12\x1a\n" +
-	"\brevision\x18\x03 \x01(\x04R\brevision\"M\n" +
+	"\brevision\x18\x03 \x01(\x04R\brevision\"\x95\x01\n" +
 	"\fWatchRequest\x12\x16\n" +
 	"\x06prefix\x18\x01 \x01(\tR\x06prefix\x12%\n" +
-	"\x0estart_revision\x18\x02 \x01(\x04R\rstartRevision\"T\n" +
+	"\x0estart_revision\x18\x02 \x01(\x04R\rstartRevision\x12F\n" +
+	"\x11progress_interval\x18\x03 \x01(\v2\x19.google.protobuf.DurationR\x10progressInterval\"T\n" +
 	"\x05Event\x12'\n" +
 	"\x04type\x18\x01 \x01(\x0e2\x13.fence.v1.EventTypeR\x04type\x12\"\n" +
-	"\x02kv\x18\x02 \x01(\v2\x12.fence.v1.KeyValueR\x02kv\"T\n" +
+	"\x02kv\x18\x02 \x01(\v2\x12.fence.v1.KeyValueR\x02kv\"p\n" +
 	"\rWatchResponse\x12'\n" +
 	"\x06events\x18\x01 \x03(\v2\x0f.fence.v1.EventR\x06events\x12\x1a\n" +
-	"\brevision\x18\x02 \x01(\x04R\brevision\"\xcc\x01\n" +
+	"\brevision\x18\x02 \x01(\x04R\brevision\x12\x1a\n" +
+	"\bprogress\x18\x03 \x01(\bR\bprogress\"\xcc\x01\n" +
 	"\vErrorDetail\x12(\n" +
 	"\x06reason\x18\x01 \x01(\x0e2\x10.fence.v1.ReasonR\x06reason\x12\x12\n" +
 	"\x04lock\x18\x02 \x01(\tR\x04lock\x12\x1d\n" +
@@ -3191,49 +3214,50 @@ var file_fence_v1_fence_proto_depIdxs = []int32{
 	35, // 16: fence.v1.GetResponse.kv:type_name -> fence.v1.KeyValue
 	32, // 17: fence.v1.DeleteRequest.fence:type_name -> fence.v1.Fence
 	35, // 18: fence.v1.ListResponse.kvs:type_name -> fence.v1.KeyValue
-	1,  // 19: fence.v1.Event.type:type_name -> fence.v1.EventType
-	35, // 20: fence.v1.Event.kv:type_name -> fence.v1.KeyValue
-	43, // 21: fence.v1.WatchResponse.events:type_name -> fence.v1.Event
-	2,  // 22: fence.v1.ErrorDetail.reason:type_name -> fence.v1.Reason
-	3,  // 23: fence.v1.SessionService.CreateSession:input_type -> fence.v1.CreateSessionRequest
-	5,  // 24: fence.v1.SessionService.KeepAlive:input_type -> fence.v1.KeepAliveRequest
-	8,  // 25: fence.v1.SessionService.CloseSession:input_type -> fence.v1.CloseSessionRequest
-	10, // 26: fence.v1.LockService.Acquire:input_type -> fence.v1.AcquireRequest
-	12, // 27: fence.v1.LockService.Release:input_type -> fence.v1.ReleaseRequest
-	14, // 28: fence.v1.LockService.CancelAcquire:input_type -> fence.v1.CancelAcquireRequest
-	16, // 29: fence.v1.LockService.Check:input_type -> fence.v1.CheckRequest
-	18, // 30: fence.v1.LockService.ListLocks:input_type -> fence.v1.ListLocksRequest
-	33, // 31: fence.v1.KVService.Put:input_type -> fence.v1.PutRequest
-	36, // 32: fence.v1.KVService.Get:input_type -> fence.v1.GetRequest
-	38, // 33: fence.v1.KVService.Delete:input_type -> fence.v1.DeleteRequest
-	40, // 34: fence.v1.KVService.List:input_type -> fence.v1.ListRequest
-	42, // 35: fence.v1.KVService.Watch:input_type -> fence.v1.WatchRequest
-	23, // 36: fence.v1.ClusterService.Status:input_type -> fence.v1.StatusRequest
-	26, // 37: fence.v1.ClusterService.AddMember:input_type -> fence.v1.AddMemberRequest
-	28, // 38: fence.v1.ClusterService.RemoveMember:input_type -> fence.v1.RemoveMemberRequest
-	30, // 39: fence.v1.ClusterService.RegisterNode:input_type -> fence.v1.RegisterNodeRequest
-	4,  // 40: fence.v1.SessionService.CreateSession:output_type -> fence.v1.CreateSessionResponse
-	6,  // 41: fence.v1.SessionService.KeepAlive:output_type -> fence.v1.KeepAliveResponse
-	9,  // 42: fence.v1.SessionService.CloseSession:output_type -> fence.v1.CloseSessionResponse
-	11, // 43: fence.v1.LockService.Acquire:output_type -> fence.v1.AcquireResponse
-	13, // 44: fence.v1.LockService.Release:output_type -> fence.v1.ReleaseResponse
-	15, // 45: fence.v1.LockService.CancelAcquire:output_type -> fence.v1.CancelAcquireResponse
-	17, // 46: fence.v1.LockService.Check:output_type -> fence.v1.CheckResponse
-	22, // 47: fence.v1.LockService.ListLocks:output_type -> fence.v1.ListLocksResponse
-	34, // 48: fence.v1.KVService.Put:output_type -> fence.v1.PutResponse
-	37, // 49: fence.v1.KVService.Get:output_type -> fence.v1.GetResponse
-	39, // 50: fence.v1.KVService.Delete:output_type -> fence.v1.DeleteResponse
-	41, // 51: fence.v1.KVService.List:output_type -> fence.v1.ListResponse
-	44, // 52: fence.v1.KVService.Watch:output_type -> fence.v1.WatchResponse
-	24, // 53: fence.v1.ClusterService.Status:output_type -> fence.v1.StatusResponse
-	27, // 54: fence.v1.ClusterService.AddMember:output_type -> fence.v1.AddMemberResponse
-	29, // 55: fence.v1.ClusterService.RemoveMember:output_type -> fence.v1.RemoveMemberResponse
-	31, // 56: fence.v1.ClusterService.RegisterNode:output_type -> fence.v1.RegisterNodeResponse
-	40, // [40:57] is the sub-list for method output_type
-	23, // [23:40] is the sub-list for method input_type
-	23, // [23:23] is the sub-list for extension type_name
-	23, // [23:23] is the sub-list for extension extendee
-	0,  // [0:23] is the sub-list for field type_name
+	46, // 19: fence.v1.WatchRequest.progress_interval:type_name -> google.protobuf.Duration
+	1,  // 20: fence.v1.Event.type:type_name -> fence.v1.EventType
+	35, // 21: fence.v1.Event.kv:type_name -> fence.v1.KeyValue
+	43, // 22: fence.v1.WatchResponse.events:type_name -> fence.v1.Event
+	2,  // 23: fence.v1.ErrorDetail.reason:type_name -> fence.v1.Reason
+	3,  // 24: fence.v1.SessionService.CreateSession:input_type -> fence.v1.CreateSessionRequest
+	5,  // 25: fence.v1.SessionService.KeepAlive:input_type -> fence.v1.KeepAliveRequest
+	8,  // 26: fence.v1.SessionService.CloseSession:input_type -> fence.v1.CloseSessionRequest
+	10, // 27: fence.v1.LockService.Acquire:input_type -> fence.v1.AcquireRequest
+	12, // 28: fence.v1.LockService.Release:input_type -> fence.v1.ReleaseRequest
+	14, // 29: fence.v1.LockService.CancelAcquire:input_type -> fence.v1.CancelAcquireRequest
+	16, // 30: fence.v1.LockService.Check:input_type -> fence.v1.CheckRequest
+	18, // 31: fence.v1.LockService.ListLocks:input_type -> fence.v1.ListLocksRequest
+	33, // 32: fence.v1.KVService.Put:input_type -> fence.v1.PutRequest
+	36, // 33: fence.v1.KVService.Get:input_type -> fence.v1.GetRequest
+	38, // 34: fence.v1.KVService.Delete:input_type -> fence.v1.DeleteRequest
+	40, // 35: fence.v1.KVService.List:input_type -> fence.v1.ListRequest
+	42, // 36: fence.v1.KVService.Watch:input_type -> fence.v1.WatchRequest
+	23, // 37: fence.v1.ClusterService.Status:input_type -> fence.v1.StatusRequest
+	26, // 38: fence.v1.ClusterService.AddMember:input_type -> fence.v1.AddMemberRequest
+	28, // 39: fence.v1.ClusterService.RemoveMember:input_type -> fence.v1.RemoveMemberRequest
+	30, // 40: fence.v1.ClusterService.RegisterNode:input_type -> fence.v1.RegisterNodeRequest
+	4,  // 41: fence.v1.SessionService.CreateSession:output_type -> fence.v1.CreateSessionResponse
+	6,  // 42: fence.v1.SessionService.KeepAlive:output_type -> fence.v1.KeepAliveResponse
+	9,  // 43: fence.v1.SessionService.CloseSession:output_type -> fence.v1.CloseSessionResponse
+	11, // 44: fence.v1.LockService.Acquire:output_type -> fence.v1.AcquireResponse
+	13, // 45: fence.v1.LockService.Release:output_type -> fence.v1.ReleaseResponse
+	15, // 46: fence.v1.LockService.CancelAcquire:output_type -> fence.v1.CancelAcquireResponse
+	17, // 47: fence.v1.LockService.Check:output_type -> fence.v1.CheckResponse
+	22, // 48: fence.v1.LockService.ListLocks:output_type -> fence.v1.ListLocksResponse
+	34, // 49: fence.v1.KVService.Put:output_type -> fence.v1.PutResponse
+	37, // 50: fence.v1.KVService.Get:output_type -> fence.v1.GetResponse
+	39, // 51: fence.v1.KVService.Delete:output_type -> fence.v1.DeleteResponse
+	41, // 52: fence.v1.KVService.List:output_type -> fence.v1.ListResponse
+	44, // 53: fence.v1.KVService.Watch:output_type -> fence.v1.WatchResponse
+	24, // 54: fence.v1.ClusterService.Status:output_type -> fence.v1.StatusResponse
+	27, // 55: fence.v1.ClusterService.AddMember:output_type -> fence.v1.AddMemberResponse
+	29, // 56: fence.v1.ClusterService.RemoveMember:output_type -> fence.v1.RemoveMemberResponse
+	31, // 57: fence.v1.ClusterService.RegisterNode:output_type -> fence.v1.RegisterNodeResponse
+	41, // [41:58] is the sub-list for method output_type
+	24, // [24:41] is the sub-list for method input_type
+	24, // [24:24] is the sub-list for extension type_name
+	24, // [24:24] is the sub-list for extension extendee
+	0,  // [0:24] is the sub-list for field type_name
 }
 
 func init() { file_fence_v1_fence_proto_init() }

@@ -1,0 +1,57 @@
+package client
+
+import (
+	"context"
+	"testing"
+	"time"
+
+	"github.com/fencelock/fence/internal/netproxy"
+)
+
+// A watch whose node stops answering mid-stream (its sockets open, no byte
+// coming: a SIGSTOPped node) moves to another node and misses nothing.
+func TestWatchPassesAHungNode(t *testing.T) {
+	srv := startServer(t, nil)
+	link, err := netproxy.Listen(srv.Addr())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer link.Close()
+	defer link.SetFrozen(false)
+	c, err := New(WithEndpoints(link.Addr(), srv.Addr()), WithAttemptTimeout(200*time.Millisecond))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+	defer cancel()
+	w, err := c.KV().Watch(ctx, "w/")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer w.Close()
+	if _, err := c.KV().Put(ctx, "w/1", []byte("a")); err != nil {
+		t.Fatal(err)
+	}
+	if ev := <-w.Events(); ev.GetKv().GetKey() != "w/1" {
+		t.Fatalf("first event %v", ev)
+	}
+
+	link.SetFrozen(true)
+	direct, err := New(WithEndpoints(srv.Addr()))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer direct.Close()
+	if _, err := direct.KV().Put(ctx, "w/2", []byte("b")); err != nil {
+		t.Fatal(err)
+	}
+	select {
+	case ev, ok := <-w.Events():
+		if !ok || ev.GetKv().GetKey() != "w/2" {
+			t.Fatalf("after the node froze the watch delivered %v (open %v, err %v), want w/2", ev, ok, w.Err())
+		}
+	case <-time.After(5 * time.Second):
+		t.Fatal("the watch did not move past the frozen node within 5s")
+	}
+}
