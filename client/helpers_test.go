@@ -1,6 +1,7 @@
 package client
 
 import (
+	"context"
 	"testing"
 	"time"
 
@@ -45,4 +46,15 @@ func mustClient(tb testing.TB, s *server.Server, clk clock.Clock) *Client {
 	}
 	tb.Cleanup(func() { c.Close() })
 	return c
+}
+
+// mustSession returns a session of c with ttl, closed at the test's end.
+func mustSession(tb testing.TB, c *Client, ttl time.Duration) *Session {
+	tb.Helper()
+	s, err := c.NewSession(context.Background(), WithTTL(ttl))
+	if err != nil {
+		tb.Fatal(err)
+	}
+	tb.Cleanup(func() { s.Close(context.Background()) })
+	return s
 }

@@ -12,11 +12,7 @@ func TestLocksPages(t *testing.T) {
 	srv := startServer(t, nil)
 	c := mustClient(t, srv, nil)
 	ctx := context.Background()
-	s, err := c.NewSession(ctx, WithTTL(time.Minute))
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer s.Close(ctx)
+	s := mustSession(t, c, time.Minute)
 	const n = 25
 	for i := range n {
 		if _, err := NewMutex(s, fmt.Sprintf("p/%02d", i)).Lock(ctx); err != nil {

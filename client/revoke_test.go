@@ -22,11 +22,7 @@ func TestGrantReleasedBySomeoneElseEnds(t *testing.T) {
 	c := mustClient(t, srv, nil)
 	ctx := context.Background()
 	const ttl = 3 * time.Second
-	s, err := c.NewSession(ctx, WithTTL(ttl))
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer s.Close(ctx)
+	s := mustSession(t, c, ttl)
 	taken, err := NewMutex(s, "taken").Lock(ctx)
 	if err != nil {
 		t.Fatal(err)
@@ -66,12 +62,7 @@ func TestOwnGrantsAreNotTakenForRevoked(t *testing.T) {
 	srv := startServer(t, nil)
 	c := mustClient(t, srv, nil)
 	ctx := context.Background()
-	s, err := c.NewSession(ctx, WithTTL(time.Second))
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer s.Close(ctx)
-	m := NewMutex(s, "churn")
+	m := NewMutex(mustSession(t, c, time.Second), "churn")
 	deadline := time.Now().Add(2 * time.Second)
 	for n := 0; time.Now().Before(deadline); n++ {
 		g, err := m.Lock(ctx)
