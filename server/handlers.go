@@ -130,7 +130,7 @@ func (s *Server) Acquire(ctx context.Context, req *connect.Request[fencev1.Acqui
 	// committed right after our enqueue is not missed.
 	w := s.hub.register(m.GetSessionId(), m.GetLock())
 	defer s.hub.unregister(w)
-	if resumed, g, ok := s.resumeWait(w, m); ok {
+	if resumed, g, ok := s.resumeWait(ctx, w, m); ok {
 		return s.waitResponse(ctx, w, resumed, g, waitTimeout, poll)
 	}
 	res, index, err := s.applyAt(&fsmpb.Command{Op: &fsmpb.Command_Acquire{Acquire: &fsmpb.Acquire{
@@ -183,15 +183,22 @@ func (s *Server) waitResponse(ctx context.Context, w *waiter, index uint64, g *f
 	return grantResponse(granted), nil
 }
 
-// resumeWait takes up, without a commit, the wait or grant that an
+// resumeWait takes up, without a new command, the wait or grant that an
 // earlier call of the same request left at resume_attempt after it was
 // answered waiting. It returns the index to wait from: 0, as w registered
 // before the state was read, so whatever it is told came after; and the
 // grant if the request holds one already. ok is false when the request moved on (a
 // retry elsewhere took it over, the wait was dropped): the caller then
 // proposes as for any retry.
-func (s *Server) resumeWait(w *waiter, m *fencev1.AcquireRequest) (index uint64, g *fsm.Grant, ok bool) {
-	if m.GetResumeAttempt() == 0 || m.GetRequestId() == 0 || !s.leaderReady.Load() {
+func (s *Server) resumeWait(ctx context.Context, w *waiter, m *fencev1.AcquireRequest) (index uint64, g *fsm.Grant, ok bool) {
+	if m.GetResumeAttempt() == 0 || m.GetRequestId() == 0 {
+		return 0, nil, false
+	}
+	// The state is read as a linearizable read is: only once this node is
+	// confirmed to lead after the call arrived. A leader paused and replaced
+	// would otherwise answer from its old state a grant that has since been
+	// expired and handed on.
+	if err := s.read(ctx, false); err != nil {
 		return 0, nil, false
 	}
 	var (

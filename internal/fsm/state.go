@@ -836,9 +836,9 @@ func (s *State) LocksPage(prefix, after string, limit int) ([]LockInfo, bool) {
 	if more {
 		names = names[:limit]
 	}
-	out := make([]LockInfo, len(names))
-	for i, name := range names {
-		out[i] = lockInfo(s.locks[name])
+	var out []LockInfo
+	for _, name := range names {
+		out = append(out, lockInfo(s.locks[name]))
 	}
 	return out, more
 }

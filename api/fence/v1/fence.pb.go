@@ -595,7 +595,8 @@ type AcquireRequest struct {
 	Poll *durationpb.Duration `protobuf:"bytes,9,opt,name=poll,proto3" json:"poll,omitempty"`
 	// The attempt a previous answer with waiting named: if the request still
 	// waits at that attempt, this call takes up the wait without a new
-	// commit. Otherwise it is a retry like any other. 0: none.
+	// command (a node of a group first confirms that it leads, as for a
+	// linearizable read). Otherwise it is a retry like any other. 0: none.
 	ResumeAttempt uint64 `protobuf:"varint,10,opt,name=resume_attempt,json=resumeAttempt,proto3" json:"resume_attempt,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
