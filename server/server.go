@@ -209,11 +209,27 @@ func (s *Server) newHTTPServer() *http.Server {
 		protocols.SetUnencryptedHTTP2(true) // gRPC without TLS
 	}
 	return &http.Server{
-		Handler:           s.forwarder,
-		Protocols:         &protocols,
-		TLSConfig:         s.cfg.TLS,
-		ReadHeaderTimeout: 10 * time.Second,
-		ErrorLog:          slog.NewLogLogger(s.logger.Handler(), slog.LevelWarn),
+		Handler:   s.forwarder,
+		Protocols: &protocols,
+		TLSConfig: s.cfg.TLS,
+		// ReadTimeout bounds the headers and the body, not the answer: over
+		// HTTP/1.1 net/http clears the connection's read deadline once the
+		// body has been read to its end, and over HTTP/2 the timeout ends
+		// only the stream's body. A body that does not arrive in time fails
+		// the call, and an HTTP/1.1 connection is then closed, as the rest
+		// of the body cannot be told from a next request. Blocked acquires
+		// and watches are long answers, so there is no WriteTimeout.
+		ReadHeaderTimeout: s.cfg.ReadTimeout,
+		ReadTimeout:       s.cfg.ReadTimeout,
+		IdleTimeout:       s.cfg.IdleTimeout,
+		HTTP2: &http.HTTP2Config{
+			// A client that stops answering pings while its streams are
+			// open (a host gone, a process stopped) is dropped within
+			// 45s, not when TCP keepalive gives up minutes later.
+			SendPingTimeout: 30 * time.Second,
+			PingTimeout:     15 * time.Second,
+		},
+		ErrorLog: slog.NewLogLogger(s.logger.Handler(), slog.LevelWarn),
 	}
 }
 
