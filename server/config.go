@@ -90,6 +90,12 @@ type Config struct {
 	// that start at a past revision (also bounded to 64 MiB); 0 keeps none.
 	WatchHistory int
 
+	// MaxConnections bounds the API connections open at once. The node
+	// lowers it to leave 256 of its open-file limit (RLIMIT_NOFILE, which Go
+	// raises to the hard limit at start) to raft, the data files and
+	// snapshots; 0 means that the open-file limit alone bounds them. At the
+	// bound, a new connection waits in the listen queue until one closes.
+	MaxConnections int
 	// ReadTimeout bounds how long a client may take to send a request's
 	// headers, and then again how long it may take to send its body. It
 	// does not bound the answer: a blocked acquire or a watch lasts as long
@@ -144,6 +150,7 @@ func DefaultConfig() Config {
 		MaxKeys:           1_000_000,
 		MaxWatchers:       10_000,
 		WatchHistory:      10_000,
+		MaxConnections:    10_000,
 		ReadTimeout:       10 * time.Second,
 		IdleTimeout:       2 * time.Minute,
 		ApplyTimeout:      10 * time.Second,
@@ -196,6 +203,7 @@ func (c Config) Validate() error {
 	check(c.MaxKeys >= 0, "max keys is negative")
 	check(c.MaxWatchers >= 0, "max watchers is negative")
 	check(c.WatchHistory >= 0, "watch history is negative")
+	check(c.MaxConnections >= 0, "max connections is negative")
 	check(c.ReadTimeout > 0, "read timeout must be positive")
 	check(c.IdleTimeout > 0, "idle timeout must be positive")
 	check(c.ApplyTimeout > 0, "apply timeout must be positive")

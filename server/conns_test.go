@@ -5,6 +5,7 @@ import (
 	"context"
 	"errors"
 	"io"
+	"math"
 	"net"
 	"net/http"
 	"os"
@@ -16,6 +17,7 @@ import (
 
 	fencev1 "github.com/fencelock/fence/api/fence/v1"
 	"github.com/fencelock/fence/api/fence/v1/fencev1connect"
+	"github.com/fencelock/fence/internal/fsmpb"
 )
 
 // stalledBody is an HTTP/1.1 call that announces a 100-byte body and sends
@@ -153,4 +155,153 @@ func h2cClient(tb testing.TB) *http.Client {
 	tr := &http.Transport{Protocols: &p}
 	tb.Cleanup(tr.CloseIdleConnections)
 	return &http.Client{Transport: tr}
+}
+
+// openFDs counts this process's open file descriptors, where the system
+// lists them.
+func openFDs(tb testing.TB) int {
+	tb.Helper()
+	fds, err := os.ReadDir("/proc/self/fd")
+	if err != nil {
+		tb.Skipf("cannot count open files: %v", err)
+	}
+	return len(fds)
+}
+
+// More stalled clients than MaxConnections hold no more than that many of
+// the leader's descriptors, are cut off after ReadTimeout and leave room
+// for a normal call; meanwhile raft commits and snapshots.
+func TestStalledFloodIsBounded(t *testing.T) {
+	const limit, flood = 50, 120
+	readTimeout := 500 * time.Millisecond
+	c := startCluster(t, 3, func(c *Config) {
+		c.MaxConnections = limit
+		c.ReadTimeout = readTimeout
+	})
+	leader := c.leader()
+	before := openFDs(t)
+	start := time.Now()
+	stalled := make([]net.Conn, flood)
+	for i := range stalled {
+		stalled[i] = dialRaw(t, leader, stalledBody)
+	}
+	time.Sleep(100 * time.Millisecond) // for the leader to accept what it will
+	// Each stalled connection holds one descriptor on the client's side,
+	// and one on the leader's once accepted.
+	accepted := openFDs(t) - before - flood
+	t.Logf("%d stalled connections: %d accepted by the leader", flood, accepted)
+	if accepted > limit+30 {
+		t.Fatalf("the leader holds %d stalled connections, over its limit of %d", accepted, limit)
+	}
+	if open := leader.conns.open(); open != limit {
+		t.Fatalf("the leader has %d API connections open, want its limit of %d", open, limit)
+	}
+
+	// Raft, on its own port, commits and snapshots.
+	if _, err := leader.apply(&fsmpb.Command{Op: &fsmpb.Command_CreateSession{CreateSession: &fsmpb.CreateSession{TtlNs: int64(time.Minute)}}}); err != nil {
+		t.Fatalf("a write while the API is saturated: %v", err)
+	}
+	if err := leader.node.raft.Snapshot().Error(); err != nil {
+		t.Fatalf("a snapshot while the API is saturated: %v", err)
+	}
+	if elapsed := time.Since(start); elapsed > readTimeout {
+		t.Logf("raft took until %v, past the first cut-off: the API may no longer have been saturated", elapsed)
+	}
+
+	// A normal call waits for a free connection, within a few cut-offs.
+	bound := time.Duration(flood/limit+2)*readTimeout + 2*time.Second
+	callStart := time.Now()
+	tr := &http.Transport{}
+	defer tr.CloseIdleConnections()
+	locks := fencev1connect.NewLockServiceClient(&http.Client{Transport: tr}, "http://"+leader.Addr())
+	ctx, cancel := context.WithTimeout(context.Background(), bound)
+	defer cancel()
+	if _, err := locks.ListLocks(ctx, connect.NewRequest(&fencev1.ListLocksRequest{})); err != nil {
+		t.Fatalf("a normal call during the flood: %v", err)
+	}
+	t.Logf("a normal call during the flood took %v", time.Since(callStart))
+
+	for _, conn := range stalled {
+		closedWithin(t, conn, start, bound)
+	}
+	t.Logf("all %d stalled connections closed within %v", flood, time.Since(start))
+}
+
+func TestConnLimit(t *testing.T) {
+	for _, tc := range []struct {
+		configured int
+		nofile     uint64
+		known      bool
+		want       int
+	}{
+		{10_000, 1 << 20, true, 10_000},        // the configured bound is lower
+		{10_000, 4096, true, 4096 - fdReserve}, // the file limit is lower
+		{0, 4096, true, 4096 - fdReserve},      // no bound of its own
+		{10_000, 300, true, 150},               // few files: half to the API
+		{10_000, 0, false, 10_000},             // no file limit known
+		{0, 0, false, 0},                       // no limit at all
+		{0, math.MaxUint64, true, 0},           // RLIM_INFINITY
+	} {
+		if got := connLimit(tc.configured, tc.nofile, tc.known); got != tc.want {
+			t.Errorf("connLimit(%d, %d, %v) = %d, want %d", tc.configured, tc.nofile, tc.known, got, tc.want)
+		}
+	}
+}
+
+// At its limit a limitListener's Accept waits for a connection to close,
+// and Close ends that wait.
+func TestLimitListenerWaitsForASlot(t *testing.T) {
+	inner, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	ln := newLimitListener(inner, 1)
+	defer ln.Close()
+	for range 2 {
+		c, err := net.Dial("tcp", ln.Addr().String())
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer c.Close()
+	}
+	first, err := ln.Accept()
+	if err != nil {
+		t.Fatal(err)
+	}
+	accepted := make(chan net.Conn)
+	go func() {
+		c, err := ln.Accept()
+		if err != nil {
+			t.Error(err)
+		}
+		accepted <- c
+	}()
+	select {
+	case <-accepted:
+		t.Fatal("accepted a second connection while the first is open")
+	case <-time.After(100 * time.Millisecond):
+	}
+	first.Close()
+	first.Close() // frees its slot once
+	second := <-accepted
+	if ln.open() != 1 {
+		t.Fatalf("%d connections open, want 1", ln.open())
+	}
+	defer second.Close()
+
+	waiting := make(chan error)
+	go func() {
+		_, err := ln.Accept() // waits for second to close
+		waiting <- err
+	}()
+	time.Sleep(50 * time.Millisecond)
+	ln.Close()
+	select {
+	case err := <-waiting:
+		if !errors.Is(err, net.ErrClosed) {
+			t.Fatalf("Accept after Close: %v, want net.ErrClosed", err)
+		}
+	case <-time.After(5 * time.Second):
+		t.Fatal("Close did not end an Accept waiting for a slot")
+	}
 }

@@ -55,6 +55,7 @@ type Server struct {
 
 	dirLock       *dataDirLock // held on cfg.DataDir while the node runs
 	ln            net.Listener
+	conns         *limitListener // ln, when API connections are bounded
 	http          *http.Server
 	advertise     string       // the API address others reach this node on
 	peerAPIClient *http.Client // for calls to other nodes' APIs
@@ -115,6 +116,11 @@ func Start(cfg Config) (*Server, error) {
 	if s.ln, err = net.Listen("tcp", cfg.Listen); err != nil {
 		return abort(fmt.Errorf("listening on %s: %w", cfg.Listen, err))
 	}
+	nofile, known := openFileLimit()
+	if limit := connLimit(cfg.MaxConnections, nofile, known); limit > 0 {
+		s.conns = newLimitListener(s.ln, limit)
+		s.ln = s.conns
+	}
 	s.advertise = cfg.Advertise
 	if s.advertise == "" {
 		s.advertise = s.ln.Addr().String()
@@ -130,8 +136,17 @@ func Start(cfg Config) (*Server, error) {
 	go s.watchLeadership()
 	go s.serveHTTP()
 	go s.registerLoop(500 * time.Millisecond)
-	logger.Info("fence node started", "node", cfg.NodeID, "listen", s.Addr(), "raft", s.node.transport.LocalAddr(), "data", cfg.DataDir)
+	logger.Info("fence node started", "node", cfg.NodeID, "listen", s.Addr(), "raft", s.node.transport.LocalAddr(), "data", cfg.DataDir, "max_connections", s.maxConnections())
 	return s, nil
+}
+
+// maxConnections returns how many API connections may be open at once;
+// 0 means no limit.
+func (s *Server) maxConnections() int {
+	if s.conns == nil {
+		return 0
+	}
+	return s.conns.limit()
 }
 
 // Addr returns the address the API listens on.
@@ -471,6 +486,15 @@ func newMetrics(s *Server) *metrics {
 		gauge("fence_sessions", "Live sessions.", func(st *fsm.State) float64 { return float64(st.NumSessions()) }),
 		gauge("fence_locks", "Locks held, waited for or delayed.", func(st *fsm.State) float64 { return float64(st.NumLocks()) }),
 		gauge("fence_last_token", "The last fencing token issued.", func(st *fsm.State) float64 { return float64(st.LastToken()) }),
+		prometheus.NewGaugeFunc(prometheus.GaugeOpts{Name: "fence_api_connections", Help: "API connections open; new ones wait while this is at fence_api_connections_max."}, func() float64 {
+			if s.conns == nil {
+				return 0
+			}
+			return float64(s.conns.open())
+		}),
+		prometheus.NewGaugeFunc(prometheus.GaugeOpts{Name: "fence_api_connections_max", Help: "API connections that may be open at once (0: no limit)."}, func() float64 {
+			return float64(s.maxConnections())
+		}),
 		prometheus.NewGaugeFunc(prometheus.GaugeOpts{Name: "fence_is_leader", Help: "1 if this node is the raft leader."}, func() float64 {
 			if s.node != nil && s.node.isLeader() {
 				return 1
