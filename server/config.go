@@ -93,6 +93,21 @@ type Config struct {
 	// that start at a past revision (also bounded to 64 MiB); 0 keeps none.
 	WatchHistory int
 
+	// MaxConnections bounds the API connections open at once. The node
+	// lowers it to leave 256 of its open-file limit (RLIMIT_NOFILE, which Go
+	// raises to the hard limit at start) to raft, the data files and
+	// snapshots; 0 means that the open-file limit alone bounds them. At the
+	// bound, a new connection waits in the listen queue until one closes.
+	MaxConnections int
+	// ReadTimeout bounds how long a client may take to send a request's
+	// headers, and then again how long it may take to send its body. It
+	// does not bound the answer: a blocked acquire or a watch lasts as long
+	// as it needs. A connection whose body did not arrive in time is closed.
+	ReadTimeout time.Duration
+	// IdleTimeout closes a keep-alive connection that has carried no call
+	// for this long.
+	IdleTimeout time.Duration
+
 	// ApplyTimeout bounds how long a write waits to be committed.
 	ApplyTimeout time.Duration
 	// HeartbeatTimeout and ElectionTimeout are raft's; lower values fail
@@ -140,6 +155,9 @@ func DefaultConfig() Config {
 		MaxKeys:            1_000_000,
 		MaxWatchers:        10_000,
 		WatchHistory:       10_000,
+		MaxConnections:     10_000,
+		ReadTimeout:        10 * time.Second,
+		IdleTimeout:        2 * time.Minute,
 		ApplyTimeout:       10 * time.Second,
 		HeartbeatTimeout:   500 * time.Millisecond,
 		ElectionTimeout:    500 * time.Millisecond,
@@ -192,6 +210,9 @@ func (c Config) Validate() error {
 	check(c.MaxKeys >= 0, "max keys is negative")
 	check(c.MaxWatchers >= 0, "max watchers is negative")
 	check(c.WatchHistory >= 0, "watch history is negative")
+	check(c.MaxConnections >= 0, "max connections is negative")
+	check(c.ReadTimeout > 0, "read timeout must be positive")
+	check(c.IdleTimeout > 0, "idle timeout must be positive")
 	check(c.ApplyTimeout > 0, "apply timeout must be positive")
 	check(c.HeartbeatTimeout >= 5*time.Millisecond, "heartbeat timeout %v is below 5ms", c.HeartbeatTimeout)
 	check(c.ElectionTimeout >= c.HeartbeatTimeout, "election timeout %v is below the heartbeat timeout", c.ElectionTimeout)

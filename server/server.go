@@ -55,6 +55,7 @@ type Server struct {
 
 	dirLock       *dataDirLock // held on cfg.DataDir while the node runs
 	ln            net.Listener
+	conns         *limitListener // ln, when API connections are bounded
 	http          *http.Server
 	advertise     string       // the API address others reach this node on
 	peerAPIClient *http.Client // for calls to other nodes' APIs
@@ -115,6 +116,11 @@ func Start(cfg Config) (*Server, error) {
 	if s.ln, err = net.Listen("tcp", cfg.Listen); err != nil {
 		return abort(fmt.Errorf("listening on %s: %w", cfg.Listen, err))
 	}
+	nofile, known := openFileLimit()
+	if limit := connLimit(cfg.MaxConnections, nofile, known); limit > 0 {
+		s.conns = newLimitListener(s.ln, limit)
+		s.ln = s.conns
+	}
 	s.advertise = cfg.Advertise
 	if s.advertise == "" {
 		s.advertise = s.ln.Addr().String()
@@ -130,8 +136,17 @@ func Start(cfg Config) (*Server, error) {
 	go s.watchLeadership()
 	go s.serveHTTP()
 	go s.registerLoop(500 * time.Millisecond)
-	logger.Info("fence node started", "node", cfg.NodeID, "listen", s.Addr(), "raft", s.node.transport.LocalAddr(), "data", cfg.DataDir)
+	logger.Info("fence node started", "node", cfg.NodeID, "listen", s.Addr(), "raft", s.node.transport.LocalAddr(), "data", cfg.DataDir, "max_connections", s.maxConnections())
 	return s, nil
+}
+
+// maxConnections returns how many API connections may be open at once;
+// 0 means no limit.
+func (s *Server) maxConnections() int {
+	if s.conns == nil {
+		return 0
+	}
+	return s.conns.limit()
 }
 
 // Addr returns the address the API listens on.
@@ -209,11 +224,27 @@ func (s *Server) newHTTPServer() *http.Server {
 		protocols.SetUnencryptedHTTP2(true) // gRPC without TLS
 	}
 	return &http.Server{
-		Handler:           s.forwarder,
-		Protocols:         &protocols,
-		TLSConfig:         s.cfg.TLS,
-		ReadHeaderTimeout: 10 * time.Second,
-		ErrorLog:          slog.NewLogLogger(s.logger.Handler(), slog.LevelWarn),
+		Handler:   s.forwarder,
+		Protocols: &protocols,
+		TLSConfig: s.cfg.TLS,
+		// ReadTimeout bounds the headers and the body, not the answer: over
+		// HTTP/1.1 net/http clears the connection's read deadline once the
+		// body has been read to its end, and over HTTP/2 the timeout ends
+		// only the stream's body. A body that does not arrive in time fails
+		// the call, and an HTTP/1.1 connection is then closed, as the rest
+		// of the body cannot be told from a next request. Blocked acquires
+		// and watches are long answers, so there is no WriteTimeout.
+		ReadHeaderTimeout: s.cfg.ReadTimeout,
+		ReadTimeout:       s.cfg.ReadTimeout,
+		IdleTimeout:       s.cfg.IdleTimeout,
+		HTTP2: &http.HTTP2Config{
+			// A client that stops answering pings while its streams are
+			// open (a host gone, a process stopped) is dropped within
+			// 45s, not when TCP keepalive gives up minutes later.
+			SendPingTimeout: 30 * time.Second,
+			PingTimeout:     15 * time.Second,
+		},
+		ErrorLog: slog.NewLogLogger(s.logger.Handler(), slog.LevelWarn),
 	}
 }
 
@@ -460,6 +491,15 @@ func newMetrics(s *Server) *metrics {
 				return 1
 			}
 			return 0
+		}),
+		prometheus.NewGaugeFunc(prometheus.GaugeOpts{Name: "fence_api_connections", Help: "API connections open; new ones wait while this is at fence_api_connections_max."}, func() float64 {
+			if s.conns == nil {
+				return 0
+			}
+			return float64(s.conns.open())
+		}),
+		prometheus.NewGaugeFunc(prometheus.GaugeOpts{Name: "fence_api_connections_max", Help: "API connections that may be open at once (0: no limit)."}, func() float64 {
+			return float64(s.maxConnections())
 		}),
 		prometheus.NewGaugeFunc(prometheus.GaugeOpts{Name: "fence_is_leader", Help: "1 if this node is the raft leader."}, func() float64 {
 			if s.node != nil && s.node.isLeader() {

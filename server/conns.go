@@ -1,0 +1,97 @@
+package server
+
+import (
+	"math"
+	"net"
+	"sync"
+)
+
+// fdReserve is how many of the process's file descriptors the API leaves
+// free for everything else a node opens: raft's listener, its pooled
+// connections to each peer and the peers' connections to it, the raft log,
+// stable store and token reserve, snapshots being written, read or sent,
+// and the forwarder's and peer API clients' connections to other nodes.
+const fdReserve = 256
+
+// connLimit returns how many API connections a node keeps open at once:
+// configured (0 for no bound of its own), lowered to leave fdReserve of
+// nofile, the open-file limit, free. With fewer than twice fdReserve files
+// the API gets half of them. 0 means no limit: none configured, and the
+// file limit unknown or unlimited.
+func connLimit(configured int, nofile uint64, known bool) int {
+	if !known || nofile >= math.MaxInt32 {
+		return configured
+	}
+	byFiles := int(nofile) / 2
+	if nofile > 2*fdReserve {
+		byFiles = int(nofile) - fdReserve
+	}
+	if configured > 0 && configured < byFiles {
+		return configured
+	}
+	return byFiles
+}
+
+// limitListener accepts at most cap(slots) connections open at once. At
+// the limit Accept waits, without polling, until one of them closes;
+// meanwhile the kernel queues new connections, up to the listen backlog,
+// without giving this process a descriptor for them.
+type limitListener struct {
+	net.Listener
+	slots     chan struct{} // one element per open connection
+	closed    chan struct{}
+	closeOnce sync.Once
+}
+
+func newLimitListener(ln net.Listener, limit int) *limitListener {
+	return &limitListener{Listener: ln, slots: make(chan struct{}, limit), closed: make(chan struct{})}
+}
+
+// Accept waits for a free slot, then for a connection.
+func (l *limitListener) Accept() (net.Conn, error) {
+	select {
+	case l.slots <- struct{}{}:
+	case <-l.closed:
+		return nil, net.ErrClosed
+	}
+	c, err := l.Listener.Accept()
+	if err != nil {
+		<-l.slots
+		return nil, err
+	}
+	return &limitedConn{Conn: c, free: func() { <-l.slots }}, nil
+}
+
+// Close stops listening and ends an Accept waiting for a slot.
+func (l *limitListener) Close() error {
+	l.closeOnce.Do(func() { close(l.closed) })
+	return l.Listener.Close()
+}
+
+// open returns how many accepted connections are open.
+func (l *limitListener) open() int { return len(l.slots) }
+
+// limit returns how many connections may be open at once.
+func (l *limitListener) limit() int { return cap(l.slots) }
+
+// limitedConn frees its slot when closed, once.
+type limitedConn struct {
+	net.Conn
+	freeOnce sync.Once
+	free     func()
+}
+
+func (c *limitedConn) Close() error {
+	err := c.Conn.Close()
+	c.freeOnce.Do(c.free)
+	return err
+}
+
+// CloseWrite half-closes a TCP connection, as net/http does to let a
+// client read an answer sent before the whole request was read.
+func (c *limitedConn) CloseWrite() error {
+	if cw, ok := c.Conn.(interface{ CloseWrite() error }); ok {
+		return cw.CloseWrite()
+	}
+	return nil
+}
