@@ -15,6 +15,7 @@ import (
 
 	"connectrpc.com/connect"
 	"github.com/hashicorp/raft"
+	"google.golang.org/protobuf/types/known/durationpb"
 
 	"github.com/fencelock/fence"
 	fencev1 "github.com/fencelock/fence/api/fence/v1"
@@ -644,5 +645,36 @@ func TestClusterCutOffLeaderRenewsNoSession(t *testing.T) {
 	}
 	if _, err := a.locks.Check(context.Background(), connect.NewRequest(&fencev1.CheckRequest{Lock: "x"})); codeOf(err) != connect.CodeUnavailable {
 		t.Fatalf("linearizable read on a cut-off leader: %v, want Unavailable", err)
+	}
+}
+
+// A polling Acquire taken up again on a leader cut off from the majority
+// is not answered from its state: a leader paused and replaced could
+// otherwise report a wait or a grant that has since ended.
+func TestClusterCutOffLeaderResumesNoWait(t *testing.T) {
+	c := startCluster(t, 3, func(cfg *Config) {
+		cfg.HeartbeatTimeout = 2 * time.Second
+		cfg.ElectionTimeout = 2 * time.Second
+		cfg.ApplyTimeout = 500 * time.Millisecond
+	})
+	old := c.leader()
+	a := newAPI(t, old)
+	a.mustAcquire(a.session(30*time.Second), "x")
+	req := &fencev1.AcquireRequest{SessionId: a.session(30 * time.Second), Lock: "x", RequestId: 7, Poll: durationpb.New(100 * time.Millisecond)}
+	resp, err := a.locks.Acquire(context.Background(), connect.NewRequest(req))
+	if err != nil || !resp.Msg.GetWaiting() {
+		t.Fatalf("first poll: %v, %v", resp, err)
+	}
+	c.isolate(old.cfg.NodeID, true)
+	if !old.node.isLeader() {
+		t.Fatal("the old leader stepped down at once; the test proves nothing")
+	}
+	req.ResumeAttempt = resp.Msg.GetAttempt()
+	again, err := a.locks.Acquire(context.Background(), connect.NewRequest(req))
+	if err == nil {
+		t.Fatalf("a leader cut off from the majority took up a wait from its own state: %v", again.Msg)
+	}
+	if codeOf(err) != connect.CodeUnavailable {
+		t.Fatalf("resuming on a cut-off leader: %v, want Unavailable", err)
 	}
 }
