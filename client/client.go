@@ -66,6 +66,7 @@ type options struct {
 	clock       clock.Clock
 	retryBudget time.Duration
 	attempt     time.Duration
+	dial        time.Duration
 	grpc        bool
 	tls         *tls.Config
 }
@@ -110,6 +111,19 @@ func WithTLS(config *tls.Config) Option {
 func WithAttemptTimeout(d time.Duration) Option {
 	return func(o *options) { o.attempt = d }
 }
+
+// WithDialTimeout makes a call fail with ErrUnreachable once no node could
+// be connected to at all (every connection refused, or not made in time)
+// for d, instead of retrying for the whole retry budget: nothing is
+// listening, so waiting longer rarely helps. 0 (the default) retries for
+// the budget, which rides out a single node's restart.
+func WithDialTimeout(d time.Duration) Option {
+	return func(o *options) { o.dial = d }
+}
+
+// ErrUnreachable is a call's failure when no node could be connected to
+// within the dial timeout (WithDialTimeout). It wraps fence.ErrUnavailable.
+var ErrUnreachable = fmt.Errorf("%w: no fence node could be reached", fence.ErrUnavailable)
 
 // WithGRPC makes the client speak gRPC instead of the Connect protocol.
 func WithGRPC() Option {
@@ -298,10 +312,19 @@ func (c *Client) call(ctx context.Context, fn func(ctx context.Context, ep *endp
 	backoff := 20 * time.Millisecond
 	i := c.currentIndex()
 	tried, hints, refused := 0, 0, 0
+	var (
+		unreachableSince = c.opts.clock.Now()
+		reached          bool
+	)
 	for {
 		i = c.skipSilent(i)
 		ep := c.endpointAt(i)
-		err := rpcerr.FromConnect(fn(ctx, ep))
+		raw := fn(ctx, ep)
+		reached = reached || raw == nil || !dialFailed(raw)
+		if !reached && c.opts.dial > 0 && c.opts.clock.Now().Sub(unreachableSince) >= c.opts.dial {
+			return fmt.Errorf("%w: tried %s for %v (%v)", ErrUnreachable, strings.Join(c.Endpoints(), ", "), c.opts.dial, raw)
+		}
+		err := rpcerr.FromConnect(raw)
 		if err == nil {
 			ep.silentUntil.Store(0)
 			c.setCurrent(ep)
@@ -390,6 +413,13 @@ func withAttemptDeadline(ctx context.Context, clk clock.Clock, d time.Duration, 
 		return connect.NewError(connect.CodeUnavailable, fmt.Errorf("%s did not answer within %v", ep.url, d))
 	}
 	return err
+}
+
+// dialFailed reports whether err is a failure to connect at all: the call
+// never reached a node.
+func dialFailed(err error) bool {
+	var op *net.OpError
+	return errors.As(err, &op) && op.Op == "dial"
 }
 
 // leaderHint returns the leader's API address that an Unavailable error names.

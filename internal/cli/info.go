@@ -29,9 +29,10 @@ func locksCommand(g *globals) *cobra.Command {
 	var asJSON, stale bool
 	var prefix string
 	cmd := &cobra.Command{
-		Use:   "locks",
-		Short: "List the locks that are held or waited for",
-		Args:  cobra.NoArgs,
+		Use:         "locks",
+		Annotations: bounded,
+		Short:       "List the locks that are held or waited for",
+		Args:        cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			c, err := g.client()
 			if err != nil {
@@ -96,9 +97,10 @@ func locksCommand(g *globals) *cobra.Command {
 func statusCommand(g *globals) *cobra.Command {
 	var asJSON bool
 	cmd := &cobra.Command{
-		Use:   "status",
-		Short: "Show the raft group: members, leader, terms, indexes, each node's health",
-		Args:  cobra.NoArgs,
+		Use:         "status",
+		Annotations: bounded,
+		Short:       "Show the raft group: members, leader, terms, indexes, each node's health",
+		Args:        cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			c, err := g.client()
 			if err != nil {

@@ -65,8 +65,9 @@ func kvPutCommand(g *globals) *cobra.Command {
 		ttl  time.Duration
 	)
 	cmd := &cobra.Command{
-		Use:   "put KEY VALUE",
-		Short: "Write a value, fenced by --lock/--token",
+		Use:         "put KEY VALUE",
+		Annotations: bounded,
+		Short:       "Write a value, fenced by --lock/--token",
 		Long: `Writes VALUE under KEY, fenced by --lock/--token when given.
 
 With --hold, the key is bound to a session of this process and the command
@@ -123,9 +124,10 @@ or a ZooKeeper ephemeral node.`,
 func kvDelCommand(g *globals) *cobra.Command {
 	var f fenceFlags
 	cmd := &cobra.Command{
-		Use:   "del KEY",
-		Short: "Delete a key, fenced by --lock/--token",
-		Args:  cobra.ExactArgs(1),
+		Use:         "del KEY",
+		Annotations: bounded,
+		Short:       "Delete a key, fenced by --lock/--token",
+		Args:        cobra.ExactArgs(1),
 		RunE: func(cmd *cobra.Command, args []string) error {
 			opts, err := f.options()
 			if err != nil {
@@ -153,9 +155,10 @@ func kvDelCommand(g *globals) *cobra.Command {
 func kvGetCommand(g *globals) *cobra.Command {
 	var asJSON, stale bool
 	cmd := &cobra.Command{
-		Use:   "get KEY",
-		Short: "Print a key's value (exit 1 if it does not exist)",
-		Args:  cobra.ExactArgs(1),
+		Use:         "get KEY",
+		Annotations: bounded,
+		Short:       "Print a key's value (exit 1 if it does not exist)",
+		Args:        cobra.ExactArgs(1),
 		RunE: func(cmd *cobra.Command, args []string) error {
 			c, err := g.client()
 			if err != nil {
@@ -187,9 +190,10 @@ func kvGetCommand(g *globals) *cobra.Command {
 
 func kvListCommand(g *globals) *cobra.Command {
 	return &cobra.Command{
-		Use:   "list [PREFIX]",
-		Short: "List keys with their tokens and revisions",
-		Args:  cobra.MaximumNArgs(1),
+		Use:         "list [PREFIX]",
+		Annotations: bounded,
+		Short:       "List keys with their tokens and revisions",
+		Args:        cobra.MaximumNArgs(1),
 		RunE: func(cmd *cobra.Command, args []string) error {
 			prefix := ""
 			if len(args) == 1 {

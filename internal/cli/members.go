@@ -13,9 +13,10 @@ func membersCommand(g *globals) *cobra.Command {
 		Short: "List, add and remove the members of the raft group",
 	}
 	cmd.AddCommand(&cobra.Command{
-		Use:   "list",
-		Short: "List the members with their raft and API addresses",
-		Args:  cobra.NoArgs,
+		Use:         "list",
+		Annotations: bounded,
+		Short:       "List the members with their raft and API addresses",
+		Args:        cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			c, err := g.client()
 			if err != nil {
@@ -43,9 +44,10 @@ func membersCommand(g *globals) *cobra.Command {
 	})
 	var nonvoter bool
 	add := &cobra.Command{
-		Use:   "add ID RAFT-ADDRESS",
-		Short: "Add a node started with --join",
-		Args:  cobra.ExactArgs(2),
+		Use:         "add ID RAFT-ADDRESS",
+		Annotations: bounded,
+		Short:       "Add a node started with --join",
+		Args:        cobra.ExactArgs(2),
 		RunE: func(cmd *cobra.Command, args []string) error {
 			c, err := g.client()
 			if err != nil {
@@ -62,9 +64,10 @@ func membersCommand(g *globals) *cobra.Command {
 	add.Flags().BoolVar(&nonvoter, "nonvoter", false, "replicate to it without counting it in the quorum")
 	cmd.AddCommand(add)
 	cmd.AddCommand(&cobra.Command{
-		Use:   "remove ID",
-		Short: "Remove a member",
-		Args:  cobra.ExactArgs(1),
+		Use:         "remove ID",
+		Annotations: bounded,
+		Short:       "Remove a member",
+		Args:        cobra.ExactArgs(1),
 		RunE: func(cmd *cobra.Command, args []string) error {
 			c, err := g.client()
 			if err != nil {

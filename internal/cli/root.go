@@ -9,6 +9,7 @@ import (
 	"io"
 	"os"
 	"strings"
+	"time"
 
 	"github.com/spf13/cobra"
 
@@ -44,10 +45,13 @@ const (
 
 type globals struct {
 	endpoints string
-	tls       tlsFiles
-	stdin     io.Reader
-	stdout    io.Writer
-	stderr    io.Writer
+	// dialTimeout and commandTimeout are etcdctl's: how long a command
+	// tries to reach any node, and how long a bounded command may take.
+	dialTimeout, commandTimeout time.Duration
+	tls                         tlsFiles
+	stdin                       io.Reader
+	stdout                      io.Writer
+	stderr                      io.Writer
 }
 
 // client returns a client for --endpoints, or FENCE_ENDPOINTS, or the default.
@@ -61,7 +65,7 @@ func (g *globals) client() (*client.Client, error) {
 	if len(eps) == 0 {
 		eps = []string{client.DefaultEndpoint}
 	}
-	opts := []client.Option{client.WithEndpoints(eps...)}
+	opts := []client.Option{client.WithEndpoints(eps...), client.WithDialTimeout(g.dialTimeout)}
 	tlsConfig, err := g.tls.config("client TLS", false, false)
 	if err != nil {
 		return nil, err
@@ -89,6 +93,19 @@ func Run(ctx context.Context, args []string, stdin io.Reader, stdout, stderr io.
 	root.SetErr(stderr)
 	root.PersistentFlags().StringVar(&g.endpoints, "endpoints", os.Getenv("FENCE_ENDPOINTS"),
 		"comma-separated fence nodes, host:port (env FENCE_ENDPOINTS; default "+client.DefaultEndpoint+")")
+	root.PersistentFlags().DurationVar(&g.dialTimeout, "dial-timeout", time.Second,
+		"fail once no node could be connected to for this long (0: retry for 15s, riding out a restart)")
+	root.PersistentFlags().DurationVar(&g.commandTimeout, "command-timeout", 5*time.Second,
+		"bound on a command that answers at once (status, locks, kv get/put/del/list, members); 0: none")
+	var cancelCommand context.CancelFunc = func() {}
+	root.PersistentPreRun = func(cmd *cobra.Command, _ []string) {
+		if hold, _ := cmd.Flags().GetBool("hold"); cmd.Annotations[boundedKey] != "" && !hold && g.commandTimeout > 0 {
+			ctx, cancel := context.WithTimeout(cmd.Context(), g.commandTimeout)
+			cmd.SetContext(ctx)
+			cancelCommand = cancel
+		}
+	}
+	defer func() { cancelCommand() }()
 	clientTLSFlags(root, &g.tls)
 	root.AddCommand(
 		serveCommand(g),
@@ -119,8 +136,18 @@ func Run(ctx context.Context, args []string, stdin io.Reader, stdout, stderr io.
 	return exitFailure
 }
 
+// boundedKey marks, in a command's annotations, one that answers at once,
+// so that --command-timeout bounds it.
+const boundedKey = "fence-bounded"
+
+var bounded = map[string]string{boundedKey: "yes"}
+
 // printError prints err once prefixed with "fence: ", whether or not its
-// message already starts with it (fence's sentinels do).
+// message already starts with it (fence's sentinels do), and what to do
+// when no node could be reached.
 func printError(w io.Writer, err error) {
 	fmt.Fprintf(w, "fence: %s\n", strings.TrimPrefix(err.Error(), "fence: "))
+	if errors.Is(err, client.ErrUnreachable) {
+		fmt.Fprintln(w, "Is a node running? Start one with `fence serve`, or point --endpoints (or FENCE_ENDPOINTS) at running nodes.")
+	}
 }
