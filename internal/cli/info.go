@@ -28,6 +28,7 @@ func printJSON(g *globals, m proto.Message) error {
 func locksCommand(g *globals) *cobra.Command {
 	var asJSON, stale bool
 	var prefix string
+	var limit uint32
 	cmd := &cobra.Command{
 		Use:         "locks",
 		Annotations: bounded,
@@ -43,9 +44,12 @@ func locksCommand(g *globals) *cobra.Command {
 			if stale {
 				opts = append(opts, client.Stale())
 			}
-			locks, err := c.Locks(cmd.Context(), prefix, opts...)
+			locks, more, err := listLocks(cmd.Context(), c, prefix, limit, opts)
 			if err != nil {
 				return err
+			}
+			if more {
+				defer fmt.Fprintf(g.stderr, "fence: more locks follow the first %d; narrow with --prefix or raise --limit\n", limit)
 			}
 			if asJSON {
 				list := make([]json.RawMessage, 0, len(locks))
@@ -91,7 +95,19 @@ func locksCommand(g *globals) *cobra.Command {
 	cmd.Flags().BoolVar(&asJSON, "json", false, "print JSON")
 	cmd.Flags().StringVar(&prefix, "prefix", "", "only locks whose name starts with this")
 	cmd.Flags().BoolVar(&stale, "stale", false, "read from the node's own state, without the leader (may be behind)")
+	cmd.Flags().Uint32Var(&limit, "limit", 0, "list at most this many locks (0: all, read a page at a time)")
 	return cmd
+}
+
+// listLocks lists the locks under prefix: all of them, or the first limit
+// and whether more follow.
+func listLocks(ctx context.Context, c *client.Client, prefix string, limit uint32, opts []client.ReadOption) ([]*client.LockInfo, bool, error) {
+	if limit == 0 {
+		locks, err := c.Locks(ctx, prefix, opts...)
+		return locks, false, err
+	}
+	locks, next, err := c.LocksPage(ctx, prefix, "", limit, opts...)
+	return locks, next != "", err
 }
 
 func statusCommand(g *globals) *cobra.Command {
