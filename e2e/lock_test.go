@@ -318,10 +318,12 @@ func TestLockLostToAStoppedServiceExitsPromptly(t *testing.T) {
 	srv := startServer(t)
 	c := newClient(t, srv.addr)
 	const name = "e2e/silent"
-	p := startFence(t, "fence lock", append(srv.endpoints(), "lock", "--ttl", "1s", "--grace", "2s", name, "--", "sleep", "30")...)
-	waitFor(t, 20*time.Second, "fence lock to hold "+name, func() bool {
+	started := filepath.Join(t.TempDir(), "started")
+	p := startFence(t, "fence lock", append(srv.endpoints(), "lock", "--ttl", "1s", "--grace", "2s", name, "--", "sh", "-c", `touch "$0"; exec sleep 30`, started)...)
+	waitFor(t, 20*time.Second, "fence lock to run its command under "+name, func() bool {
 		p.failIfExited(t)
-		return len(lockInfo(t, c, name).GetHolders()) == 1
+		_, err := os.Stat(started)
+		return err == nil && len(lockInfo(t, c, name).GetHolders()) == 1
 	})
 	srv.proc.signal(t, syscall.SIGSTOP)
 	defer srv.proc.signal(t, syscall.SIGCONT)
