@@ -19,12 +19,7 @@ func electCommand(g *globals) *cobra.Command {
 interrupted (then resigns, exit 0) or until the session may be lost (exit 75).
 "fence leader NAME" prints the current leader.`,
 		Args: cobra.ExactArgs(2),
-		RunE: func(cmd *cobra.Command, args []string) error {
-			c, err := g.client()
-			if err != nil {
-				return err
-			}
-			defer c.Close()
+		RunE: g.withClient(func(cmd *cobra.Command, args []string, c *client.Client) error {
 			ctx := cmd.Context()
 			s, err := c.NewSession(ctx, client.WithTTL(ttl), client.WithOwner("fence elect "+args[1]))
 			if err != nil {
@@ -45,7 +40,7 @@ interrupted (then resigns, exit 0) or until the session may be lost (exit 75).
 			case <-l.Done():
 				return &ExitError{Code: exitLockLost, Err: fmt.Errorf("leadership of %s may be lost: %v", args[0], l.Err())}
 			}
-		},
+		}),
 	}
 	cmd.Flags().DurationVar(&ttl, "ttl", 10*time.Second, "session TTL")
 	return cmd
@@ -60,12 +55,7 @@ func leaderCommand(g *globals) *cobra.Command {
 if nobody leads. With --watch, prints the state, then every change (a new
 leader, a new value, "no leader") until interrupted.`,
 		Args: cobra.ExactArgs(1),
-		RunE: func(cmd *cobra.Command, args []string) error {
-			c, err := g.client()
-			if err != nil {
-				return err
-			}
-			defer c.Close()
+		RunE: g.withClient(func(cmd *cobra.Command, args []string, c *client.Client) error {
 			if watch {
 				return watchLeader(cmd.Context(), g, c, args[0])
 			}
@@ -78,7 +68,7 @@ leader, a new value, "no leader") until interrupted.`,
 			}
 			_, err = fmt.Fprintf(g.stdout, "%s\ttoken %d\n", st.Value, st.Token)
 			return err
-		},
+		}),
 	}
 	cmd.Flags().BoolVar(&watch, "watch", false, "print every change of leader until interrupted")
 	return cmd

@@ -34,12 +34,7 @@ func locksCommand(g *globals) *cobra.Command {
 		Annotations: bounded,
 		Short:       "List the locks that are held or waited for",
 		Args:        cobra.NoArgs,
-		RunE: func(cmd *cobra.Command, _ []string) error {
-			c, err := g.client()
-			if err != nil {
-				return err
-			}
-			defer c.Close()
+		RunE: g.withClient(func(cmd *cobra.Command, _ []string, c *client.Client) error {
 			var opts []client.ReadOption
 			if stale {
 				opts = append(opts, client.Stale())
@@ -90,7 +85,7 @@ func locksCommand(g *globals) *cobra.Command {
 				fmt.Fprintf(w, "%s\t%s\t%s\t%d\t%s\n", name, holder, token, len(l.GetWaiters()), owner)
 			}
 			return w.Flush()
-		},
+		}),
 	}
 	cmd.Flags().BoolVar(&asJSON, "json", false, "print JSON")
 	cmd.Flags().StringVar(&prefix, "prefix", "", "only locks whose name starts with this")
@@ -117,12 +112,7 @@ func statusCommand(g *globals) *cobra.Command {
 		Annotations: bounded,
 		Short:       "Show the raft group: members, leader, terms, indexes, each node's health",
 		Args:        cobra.NoArgs,
-		RunE: func(cmd *cobra.Command, _ []string) error {
-			c, err := g.client()
-			if err != nil {
-				return err
-			}
-			defer c.Close()
+		RunE: g.withClient(func(cmd *cobra.Command, _ []string, c *client.Client) error {
 			st, err := c.Status(cmd.Context())
 			if err != nil {
 				return err
@@ -150,7 +140,7 @@ func statusCommand(g *globals) *cobra.Command {
 				fmt.Fprintf(w, "%s\t%s\t%s\t%s\t%d\t%d\t%d\t%d\t%s\n", s.GetNodeId(), orDash(n.api), n.raft, s.GetState(), s.GetTerm(), s.GetLastIndex(), s.GetCommitIndex(), s.GetAppliedIndex(), n.health())
 			}
 			return w.Flush()
-		},
+		}),
 	}
 	cmd.Flags().BoolVar(&asJSON, "json", false, "print JSON")
 	return cmd

@@ -159,12 +159,7 @@ func kvGetCommand(g *globals) *cobra.Command {
 		Annotations: bounded,
 		Short:       "Print a key's value (exit 1 if it does not exist)",
 		Args:        cobra.ExactArgs(1),
-		RunE: func(cmd *cobra.Command, args []string) error {
-			c, err := g.client()
-			if err != nil {
-				return err
-			}
-			defer c.Close()
+		RunE: g.withClient(func(cmd *cobra.Command, args []string, c *client.Client) error {
 			var opts []client.ReadOption
 			if stale {
 				opts = append(opts, client.Stale())
@@ -181,7 +176,7 @@ func kvGetCommand(g *globals) *cobra.Command {
 			}
 			_, err = fmt.Fprintf(g.stdout, "%s\n", kv.GetValue())
 			return err
-		},
+		}),
 	}
 	cmd.Flags().BoolVar(&asJSON, "json", false, "print the key with its token and revisions as JSON")
 	cmd.Flags().BoolVar(&stale, "stale", false, "read from the node's own state, without the leader (may be behind)")
@@ -194,16 +189,11 @@ func kvListCommand(g *globals) *cobra.Command {
 		Annotations: bounded,
 		Short:       "List keys with their tokens and revisions",
 		Args:        cobra.MaximumNArgs(1),
-		RunE: func(cmd *cobra.Command, args []string) error {
+		RunE: g.withClient(func(cmd *cobra.Command, args []string, c *client.Client) error {
 			prefix := ""
 			if len(args) == 1 {
 				prefix = args[0]
 			}
-			c, err := g.client()
-			if err != nil {
-				return err
-			}
-			defer c.Close()
 			l, err := c.KV().List(cmd.Context(), prefix)
 			if err != nil {
 				return err
@@ -215,7 +205,7 @@ func kvListCommand(g *globals) *cobra.Command {
 				fmt.Fprintln(g.stdout, "(more keys match)")
 			}
 			return nil
-		},
+		}),
 	}
 }
 
@@ -225,16 +215,11 @@ func kvWatchCommand(g *globals) *cobra.Command {
 		Use:   "watch [PREFIX]",
 		Short: "Print changes to keys as they are committed, one JSON object a line",
 		Args:  cobra.MaximumNArgs(1),
-		RunE: func(cmd *cobra.Command, args []string) error {
+		RunE: g.withClient(func(cmd *cobra.Command, args []string, c *client.Client) error {
 			prefix := ""
 			if len(args) == 1 {
 				prefix = args[0]
 			}
-			c, err := g.client()
-			if err != nil {
-				return err
-			}
-			defer c.Close()
 			w, err := c.KV().Watch(cmd.Context(), prefix, client.FromRevision(from))
 			if err != nil {
 				return err
@@ -251,7 +236,7 @@ func kvWatchCommand(g *globals) *cobra.Command {
 				return nil // interrupted
 			}
 			return w.Err()
-		},
+		}),
 	}
 	cmd.Flags().Uint64Var(&from, "from-revision", 0, "first deliver the changes already made from this revision on (resume a watch, or follow a list)")
 	return cmd

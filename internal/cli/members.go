@@ -4,6 +4,7 @@ import (
 	"fmt"
 	"text/tabwriter"
 
+	"github.com/fencelock/fence/client"
 	"github.com/spf13/cobra"
 )
 
@@ -17,12 +18,7 @@ func membersCommand(g *globals) *cobra.Command {
 		Annotations: bounded,
 		Short:       "List the members with their raft and API addresses",
 		Args:        cobra.NoArgs,
-		RunE: func(cmd *cobra.Command, _ []string) error {
-			c, err := g.client()
-			if err != nil {
-				return err
-			}
-			defer c.Close()
+		RunE: g.withClient(func(cmd *cobra.Command, _ []string, c *client.Client) error {
 			st, err := c.Status(cmd.Context())
 			if err != nil {
 				return err
@@ -40,7 +36,7 @@ func membersCommand(g *globals) *cobra.Command {
 				fmt.Fprintf(w, "%s\t%s\t%s\t%s\n", m.GetId(), m.GetRaftAddress(), orDash(m.GetApiAddress()), role)
 			}
 			return w.Flush()
-		},
+		}),
 	})
 	var nonvoter bool
 	add := &cobra.Command{
@@ -48,18 +44,13 @@ func membersCommand(g *globals) *cobra.Command {
 		Annotations: bounded,
 		Short:       "Add a node started with --join",
 		Args:        cobra.ExactArgs(2),
-		RunE: func(cmd *cobra.Command, args []string) error {
-			c, err := g.client()
-			if err != nil {
-				return err
-			}
-			defer c.Close()
+		RunE: g.withClient(func(cmd *cobra.Command, args []string, c *client.Client) error {
 			if err := c.AddMember(cmd.Context(), args[0], args[1], !nonvoter); err != nil {
 				return err
 			}
 			fmt.Fprintf(g.stdout, "added %s (%s)\n", args[0], args[1])
 			return nil
-		},
+		}),
 	}
 	add.Flags().BoolVar(&nonvoter, "nonvoter", false, "replicate to it without counting it in the quorum")
 	cmd.AddCommand(add)
@@ -68,18 +59,13 @@ func membersCommand(g *globals) *cobra.Command {
 		Annotations: bounded,
 		Short:       "Remove a member",
 		Args:        cobra.ExactArgs(1),
-		RunE: func(cmd *cobra.Command, args []string) error {
-			c, err := g.client()
-			if err != nil {
-				return err
-			}
-			defer c.Close()
+		RunE: g.withClient(func(cmd *cobra.Command, args []string, c *client.Client) error {
 			if err := c.RemoveMember(cmd.Context(), args[0]); err != nil {
 				return err
 			}
 			fmt.Fprintf(g.stdout, "removed %s\n", args[0])
 			return nil
-		},
+		}),
 	})
 	return cmd
 }

@@ -76,6 +76,19 @@ func (g *globals) client() (*client.Client, error) {
 	return client.New(opts...)
 }
 
+// withClient is a command's RunE that hands fn a client of --endpoints,
+// closed when fn returns.
+func (g *globals) withClient(fn func(cmd *cobra.Command, args []string, c *client.Client) error) func(*cobra.Command, []string) error {
+	return func(cmd *cobra.Command, args []string) error {
+		c, err := g.client()
+		if err != nil {
+			return err
+		}
+		defer c.Close()
+		return fn(cmd, args, c)
+	}
+}
+
 // Run runs the fence command with args (without the program name) and
 // returns the process exit code.
 func Run(ctx context.Context, args []string, stdin io.Reader, stdout, stderr io.Writer) int {
