@@ -130,8 +130,10 @@ func (s *Server) Acquire(ctx context.Context, req *connect.Request[fencev1.Acqui
 	// committed right after our enqueue is not missed.
 	w := s.hub.register(m.GetSessionId(), m.GetLock())
 	defer s.hub.unregister(w)
-	if resumed, g, ok := s.resumeWait(ctx, w, m); ok {
-		return s.waitResponse(ctx, w, resumed, g, waitTimeout, poll)
+	if g, ok := s.resumeWait(ctx, w, m); ok {
+		// w registered before the state was read: whatever it is told
+		// came after, so it waits from index 0.
+		return s.waitResponse(ctx, w, 0, g, waitTimeout, poll)
 	}
 	res, index, err := s.applyAt(&fsmpb.Command{Op: &fsmpb.Command_Acquire{Acquire: &fsmpb.Acquire{
 		SessionId:       m.GetSessionId(),
@@ -185,21 +187,19 @@ func (s *Server) waitResponse(ctx context.Context, w *waiter, index uint64, g *f
 
 // resumeWait takes up, without a new command, the wait or grant that an
 // earlier call of the same request left at resume_attempt after it was
-// answered waiting. It returns the index to wait from: 0, as w registered
-// before the state was read, so whatever it is told came after; and the
-// grant if the request holds one already. ok is false when the request moved on (a
-// retry elsewhere took it over, the wait was dropped): the caller then
-// proposes as for any retry.
-func (s *Server) resumeWait(ctx context.Context, w *waiter, m *fencev1.AcquireRequest) (index uint64, g *fsm.Grant, ok bool) {
+// answered waiting. It returns the grant if the request holds one
+// already. ok is false when the request moved on (a retry elsewhere took it
+// over, the wait was dropped): the caller then proposes as for any retry.
+func (s *Server) resumeWait(ctx context.Context, w *waiter, m *fencev1.AcquireRequest) (g *fsm.Grant, ok bool) {
 	if m.GetResumeAttempt() == 0 || m.GetRequestId() == 0 {
-		return 0, nil, false
+		return nil, false
 	}
 	// The state is read as a linearizable read is: only once this node is
 	// confirmed to lead after the call arrived. A leader paused and replaced
 	// would otherwise answer from its old state a grant that has since been
 	// expired and handed on.
 	if err := s.read(ctx, false); err != nil {
-		return 0, nil, false
+		return nil, false
 	}
 	var (
 		attempt uint64
@@ -209,10 +209,10 @@ func (s *Server) resumeWait(ctx context.Context, w *waiter, m *fencev1.AcquireRe
 		attempt, waiting, g = st.RequestState(m.GetSessionId(), m.GetLock(), m.GetRequestId())
 	})
 	if attempt != m.GetResumeAttempt() || (!waiting && g == nil) {
-		return 0, nil, false
+		return nil, false
 	}
 	w.req = request{id: m.GetRequestId(), attempt: attempt, polls: true}
-	return 0, g, true
+	return g, true
 }
 
 // request is the client's id of an Acquire call and the attempt number the
