@@ -62,6 +62,12 @@ var (
 	// one side only. Retrying does not help.
 	ErrUnauthenticated = errors.New("fence: not authenticated")
 
+	// ErrWrongCluster reports a node of another group than the one the
+	// client talks to: its endpoints mix two groups (a stale address, a
+	// port reused by another deployment). The client never acts on such a
+	// node's answers; retrying elsewhere helps, retrying there does not.
+	ErrWrongCluster = errors.New("fence: node of another cluster")
+
 	// ErrReleased is the cause of a grant's or a session's end by its own
 	// holder: the lock was released, the session closed.
 	ErrReleased = errors.New("fence: released by its holder")

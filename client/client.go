@@ -37,6 +37,9 @@ type Client struct {
 	http  *http.Client
 	copts []connect.ClientOption
 
+	// cluster is the id of the group the client talks to, once known.
+	cluster atomic.Pointer[string]
+
 	mu        sync.Mutex
 	endpoints []*endpoint // grows when a leader the client did not know is named
 	current   int         // index of the endpoint that answered last
@@ -52,13 +55,18 @@ type endpoint struct {
 	// answer in time: until then, retries pass this node over while
 	// another may answer.
 	silentUntil atomic.Int64
+	// foreign is set once the node turned out to be of another group than
+	// the client's: it is never used again.
+	foreign atomic.Bool
 }
 
 // silentFor is how long a node that did not answer in time is passed
 // over: about the time a group takes to elect a new leader and more.
 const silentFor = 3 * time.Second
 
-func (ep *endpoint) silent() bool { return time.Now().UnixNano() < ep.silentUntil.Load() }
+func (ep *endpoint) silent() bool {
+	return ep.foreign.Load() || time.Now().UnixNano() < ep.silentUntil.Load()
+}
 
 type options struct {
 	endpoints   []string
@@ -69,6 +77,7 @@ type options struct {
 	dial        time.Duration
 	grpc        bool
 	tls         *tls.Config
+	clusterID   string
 }
 
 // Option configures a Client.
@@ -155,7 +164,10 @@ func New(opts ...Option) (*Client, error) {
 	hc := *c.http // a copy: the caller's client is left as it was
 	hc.Transport = plainToTLS{hc.Transport}
 	c.http = &hc
-	copts := []connect.ClientOption{connect.WithInterceptors(followLeader{})}
+	if o.clusterID != "" {
+		c.cluster.Store(&o.clusterID)
+	}
+	copts := []connect.ClientOption{connect.WithInterceptors(followLeader{}, pinCluster{c})}
 	if o.grpc {
 		copts = append(copts, connect.WithGRPC())
 	}
@@ -315,6 +327,7 @@ func (c *Client) call(ctx context.Context, fn func(ctx context.Context, ep *endp
 	var (
 		unreachableSince = c.opts.clock.Now()
 		reached          bool
+		foreign          error // a node of another group, passed over
 	)
 	for {
 		i = c.skipSilent(i)
@@ -329,6 +342,17 @@ func (c *Client) call(ctx context.Context, fn func(ctx context.Context, ep *endp
 			ep.silentUntil.Store(0)
 			c.setCurrent(ep)
 			return nil
+		}
+		if errors.Is(err, fence.ErrWrongCluster) {
+			// Never act on this node again; fail once every node is of
+			// another group.
+			ep.foreign.Store(true)
+			if c.allForeign() {
+				return err
+			}
+			foreign = err
+			i++
+			continue
 		}
 		if errors.Is(err, rpcerr.ErrPlainToTLS) {
 			return fmt.Errorf("%w (is %s serving TLS? then use client.WithTLS, or fence --cacert)", err, ep.url)
@@ -362,18 +386,27 @@ func (c *Client) call(ctx context.Context, fn func(ctx context.Context, ep *endp
 			continue // try the other endpoints before backing off
 		}
 		if now.Sub(failingSince)+backoff > c.opts.retryBudget {
-			return err
+			return withForeign(err, foreign)
 		}
 		t := c.opts.clock.NewTimer(backoff)
 		select {
 		case <-ctx.Done():
 			t.Stop()
-			return err
+			return withForeign(err, foreign)
 		case <-t.C():
 		}
 		tried, hints = 0, 0
 		backoff = min(2*backoff, 250*time.Millisecond)
 	}
+}
+
+// withForeign adds to a call's last error that a node it passed over is
+// of another group: the likelier reason no node of the client's answered.
+func withForeign(err, foreign error) error {
+	if foreign == nil {
+		return err
+	}
+	return fmt.Errorf("%w; and %w", err, foreign)
 }
 
 // unary is call for calls answered at once: each attempt on a node gets
@@ -453,6 +486,17 @@ func (c *Client) skipSilent(i int) int {
 		}
 	}
 	return i
+}
+
+func (c *Client) allForeign() bool {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	for _, ep := range c.endpoints {
+		if !ep.foreign.Load() {
+			return false
+		}
+	}
+	return true
 }
 
 func (c *Client) endpointAt(i int) *endpoint {

@@ -95,6 +95,12 @@ func (f *forwarder) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	}()
 	r = r.WithContext(ctx)
 	r.Header.Set(fencev1.ForwardedByHeader, f.s.cfg.NodeID)
+	if id := f.s.clusterID(); id != "" && r.Header.Get(fencev1.ClusterIDHeader) == "" {
+		// The leader's address came from the state; still, a node that
+		// now listens there must be of this group to be given the call.
+		r.Header.Set(fencev1.ClusterIDHeader, id)
+	}
+	w.Header().Del(fencev1.ClusterIDHeader) // the leader's answer names its group
 	f.proxy(leader, body).ServeHTTP(w, r)
 }
 

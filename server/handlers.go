@@ -448,6 +448,7 @@ func (s *Server) Status(ctx context.Context, req *connect.Request[fencev1.Status
 		AppliedIndex:  r.AppliedIndex(),
 		Version:       s.cfg.Version,
 		Problems:      s.node.problems(),
+		ClusterId:     s.clusterID(),
 	}
 	s.fsm.Read(func(st *fsm.State) {
 		out.LastToken = st.LastToken()

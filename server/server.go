@@ -66,6 +66,8 @@ type Server struct {
 	leaderReady atomic.Bool
 	// restores counts snapshot restores: at start, and from the leader.
 	restores atomic.Int64
+	// cluster is the group's id, as read from the state.
+	cluster clusterName
 	// reserve bounds, on disk, every token this node has applied.
 	reserve *tokenReserve
 
@@ -224,7 +226,7 @@ func (s *Server) newHTTPServer() *http.Server {
 		protocols.SetUnencryptedHTTP2(true) // gRPC without TLS
 	}
 	return &http.Server{
-		Handler:   s.forwarder,
+		Handler:   s.checkCluster(s.forwarder),
 		Protocols: &protocols,
 		TLSConfig: s.cfg.TLS,
 		// ReadTimeout bounds the headers and the body, not the answer: over
@@ -317,11 +319,15 @@ func (s *Server) becomeLeader() {
 }
 
 // prepareToLead applies every entry committed in earlier terms (a barrier
-// in this term), then lifts the token floor to this node's reserve, so that
-// no token it grants is one a damaged log made it forget.
+// in this term), names the group if it has no id yet, then lifts the token
+// floor to this node's reserve, so that no token it grants is one a damaged
+// log made it forget.
 func (s *Server) prepareToLead() error {
 	if err := s.node.raft.Barrier(s.cfg.ApplyTimeout).Error(); err != nil {
 		return fmt.Errorf("barrier: %w", err)
+	}
+	if err := s.nameCluster(); err != nil {
+		return err
 	}
 	var last uint64
 	s.fsm.Read(func(st *fsm.State) { last = st.LastToken() })
@@ -420,6 +426,7 @@ func (s *Server) coverTokens(token uint64) bool {
 func (o observer) Restored() {
 	s := o.s
 	s.restores.Add(1)
+	s.cluster.forget()
 	var last uint64
 	s.fsm.Read(func(st *fsm.State) { last = st.LastToken() })
 	s.coverTokens(last)

@@ -185,6 +185,7 @@ func checkWorkerCommand(g *globals) *cobra.Command {
 		Args:   cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			cfg.Endpoints = splitEndpoints(g.endpoints)
+			cfg.ClusterID = g.clusterID
 			cfg.Lock = "check"
 			// SIGTERM ends the loop; SIGKILL is a fault.
 			ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGTERM, os.Interrupt)

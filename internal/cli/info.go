@@ -122,6 +122,7 @@ func statusCommand(g *globals) *cobra.Command {
 				return printStatusJSON(g, st, nodes)
 			}
 			w := tabwriter.NewWriter(g.stdout, 0, 4, 2, ' ', 0)
+			fmt.Fprintf(w, "cluster\t%s\n", orDash(st.GetClusterId()))
 			fmt.Fprintf(w, "leader\t%s %s\n", orDash(st.GetLeaderId()), leaderAPI(st))
 			fmt.Fprintf(w, "last token\t%d\n", st.GetLastToken())
 			fmt.Fprintf(w, "sessions\t%d\n", st.GetSessions())

@@ -45,6 +45,7 @@ const (
 
 type globals struct {
 	endpoints string
+	clusterID string
 	// dialTimeout and commandTimeout are etcdctl's: how long a command
 	// tries to reach any node, and how long a bounded command may take.
 	dialTimeout, commandTimeout time.Duration
@@ -65,7 +66,7 @@ func (g *globals) client() (*client.Client, error) {
 	if len(eps) == 0 {
 		eps = []string{client.DefaultEndpoint}
 	}
-	opts := []client.Option{client.WithEndpoints(eps...), client.WithDialTimeout(g.dialTimeout)}
+	opts := []client.Option{client.WithEndpoints(eps...), client.WithDialTimeout(g.dialTimeout), client.WithClusterID(g.clusterID)}
 	tlsConfig, err := g.tls.config("client TLS", false, false)
 	if err != nil {
 		return nil, err
@@ -106,6 +107,8 @@ func Run(ctx context.Context, args []string, stdin io.Reader, stdout, stderr io.
 	root.SetErr(stderr)
 	root.PersistentFlags().StringVar(&g.endpoints, "endpoints", os.Getenv("FENCE_ENDPOINTS"),
 		"comma-separated fence nodes, host:port (env FENCE_ENDPOINTS; default "+client.DefaultEndpoint+")")
+	root.PersistentFlags().StringVar(&g.clusterID, "cluster-id", os.Getenv("FENCE_CLUSTER_ID"),
+		"talk only to the group with this id, as fence status shows it (env FENCE_CLUSTER_ID; default: the group of the first node that answers)")
 	root.PersistentFlags().DurationVar(&g.dialTimeout, "dial-timeout", time.Second,
 		"fail once no node could be connected to for this long (0: retry for 15s, riding out a restart)")
 	root.PersistentFlags().DurationVar(&g.commandTimeout, "command-timeout", 5*time.Second,

@@ -70,6 +70,11 @@ func FuzzStateMachine(f *testing.F) {
 		0xfe, 0, // a floor below the last token changes nothing
 		4, 8, 1, 0, // session 2 acquires b: token 102
 	})
+	f.Add([]byte{ // leaders name the group: badly, then twice
+		0xfd, 0, // an empty id is refused
+		0xfd, 1, // the group is g1
+		0xfd, 2, // a second name changes nothing
+	})
 	f.Add([]byte{ // a semaphore of 2 permits on a
 		4, 0, 192, 0x40, // session 1 takes a as a semaphore of 2 permits: token 1
 		4, 8, 192, 0x40, // session 2 takes the second permit: token 2

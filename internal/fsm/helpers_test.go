@@ -27,6 +27,10 @@ func createSession(ttl time.Duration, owner string, maxSessions uint64) *fsmpb.C
 	}}}
 }
 
+func setClusterID(id string) *fsmpb.Command {
+	return &fsmpb.Command{Op: &fsmpb.Command_SetClusterId{SetClusterId: &fsmpb.SetClusterID{Id: id}}}
+}
+
 func newSession() *fsmpb.Command { return createSession(10*time.Second, "test", 0) }
 
 func closeSession(id uint64) *fsmpb.Command {

@@ -64,6 +64,7 @@ import (
 
 // modelChecker is the model that observe checks a State against.
 type modelChecker struct {
+	clusterID   string
 	maxToken    uint64
 	issued      map[uint64]bool
 	holders     map[string][]fsm.HolderInfo
@@ -224,6 +225,10 @@ func (m *modelChecker) checkFailure(cmd *fsmpb.Command, err error) error {
 		}
 	case *fsmpb.Command_Acquire:
 		return m.checkAcquireFailure(op.Acquire, err)
+	case *fsmpb.Command_SetClusterId:
+		if !errors.Is(err, fence.ErrInvalidArgument) || op.SetClusterId.GetId() != "" {
+			return fmt.Errorf("%v failed with %v; only an empty id may, with ErrInvalidArgument", cmd, err)
+		}
 	case *fsmpb.Command_CancelAcquire:
 		if !errors.Is(err, fence.ErrInvalidArgument) || op.CancelAcquire.GetRequestId() != 0 {
 			return fmt.Errorf("%v failed with %v; only one without a request id may, with ErrInvalidArgument", cmd, err)
@@ -401,6 +406,13 @@ func (m *modelChecker) checkSuccess(cmd *fsmpb.Command, res fsm.Result) (immedia
 	case *fsmpb.Command_RaiseTokens:
 		if len(res.Grants) > 0 {
 			return false, fmt.Errorf("%v granted %+v", cmd, res.Grants)
+		}
+	case *fsmpb.Command_SetClusterId:
+		if len(res.Grants) > 0 {
+			return false, fmt.Errorf("%v granted %+v", cmd, res.Grants)
+		}
+		if m.clusterID == "" {
+			m.clusterID = op.SetClusterId.GetId() // the first name stays
 		}
 	case *fsmpb.Command_RegisterNode:
 		r := op.RegisterNode
@@ -651,6 +663,9 @@ func (m *modelChecker) handOut(grants []fsm.Grant) error {
 // compare checks the state against the model after a step, and the
 // invariants that need only the state.
 func (m *modelChecker) compare(s *fsm.State, cmd *fsmpb.Command, res fsm.Result) error {
+	if s.ClusterID() != m.clusterID {
+		return fmt.Errorf("cluster id %q, model %q (the first valid one named)", s.ClusterID(), m.clusterID)
+	}
 	now := map[string]fsm.LockInfo{}
 	for _, l := range s.Locks("") {
 		now[l.Name] = l
@@ -887,8 +902,8 @@ func (m *modelChecker) liveIDs() []uint64 {
 // used as a lock and as a semaphore, and wrong permits, at times: see
 // acquirePermits) and a bad mode, try, lock-delays, waiter and session limits,
 // releases with right and wrong tokens, expiry and close of holders and
-// waiters together, and LiftDelay; an op byte of 0xa0..0xfe is a KV put or
-// delete (see kvOp), whose puts may bind their keys to sessions. A close
+// waiters together, and LiftDelay; 0xfd names the group, 0xfe raises the
+// token floor, and an op byte of 0xa0..0xfc is a KV put or delete (see kvOp), whose puts may bind their keys to sessions. A close
 // (2) or expiry (3) whose op byte's high nibble is 1, 5 or 9 ends the
 // sessions that keys are bound to (see keyOwner); older seeds leave that
 // nibble 0, and the saved input made of ASCII digits 3. Other op bytes
@@ -982,6 +997,10 @@ func (c *commandSource) next(s *fsm.State) (*fsmpb.Command, bool) {
 	op := c.byte()
 	if op == 0xff {
 		return &fsmpb.Command{}, true
+	}
+	if op == 0xfd { // a leader names the group, perhaps again, perhaps badly
+		id := []string{"", "g1", "g2"}[c.byte()%3]
+		return &fsmpb.Command{Op: &fsmpb.Command_SetClusterId{SetClusterId: &fsmpb.SetClusterID{Id: id}}}, true
 	}
 	if op == 0xfe { // a new leader's token floor, above or below the last token
 		floor := max(0, int64(s.LastToken())+int64(c.byte())-128)

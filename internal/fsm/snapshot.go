@@ -13,7 +13,7 @@ import (
 // sessions in id order and locks in name order, so that equal states give
 // equal bytes.
 func (s *State) Snapshot() *fsmpb.Snapshot {
-	snap := &fsmpb.Snapshot{LastToken: s.lastToken, LastSessionId: s.lastSessionID, LastDelayId: s.lastDelayID, LastAttempt: s.lastAttempt}
+	snap := &fsmpb.Snapshot{LastToken: s.lastToken, LastSessionId: s.lastSessionID, LastDelayId: s.lastDelayID, LastAttempt: s.lastAttempt, ClusterId: s.clusterID}
 	for _, info := range s.Sessions() {
 		sess := s.sessions[info.ID]
 		snap.Sessions = append(snap.Sessions, &fsmpb.Session{Id: sess.id, TtlNs: int64(sess.ttl), Owner: sess.owner, Cancelled: slices.Clone(sess.cancelled)})
@@ -66,6 +66,7 @@ func Restore(snap *fsmpb.Snapshot) (*State, error) {
 	s.lastSessionID = snap.GetLastSessionId()
 	s.lastDelayID = snap.GetLastDelayId()
 	s.lastAttempt = snap.GetLastAttempt()
+	s.clusterID = snap.GetClusterId()
 	for _, ps := range snap.GetSessions() {
 		if _, dup := s.sessions[ps.GetId()]; dup {
 			return nil, fmt.Errorf("fsm: snapshot has session %d twice", ps.GetId())

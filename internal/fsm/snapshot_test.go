@@ -30,6 +30,7 @@ import (
 func richScript() []*fsmpb.Command {
 	const sec = time.Second
 	return []*fsmpb.Command{
+		setClusterID("group-1"),
 		createSession(sec, "alice", 0),                      // 1
 		createSession(2*sec, "bob", 0),                      // 2
 		createSession(3*sec, "", 0),                         // 3
@@ -135,6 +136,9 @@ func TestSnapshotRestoreRoundTrip(t *testing.T) {
 	}
 	if err := restored.CheckInvariants(); err != nil {
 		t.Fatal(err)
+	}
+	if restored.ClusterID() != "group-1" {
+		t.Errorf("restored cluster id %q, want group-1", restored.ClusterID())
 	}
 	if got := restored.Snapshot(); !proto.Equal(got, snap) {
 		t.Fatalf("restored snapshot differs:\n got %v\nwant %v", got, snap)

@@ -261,6 +261,7 @@ type State struct {
 	nodes         map[string]string // node id -> API address
 	lastDelayID   uint64
 	lastAttempt   uint64
+	clusterID     string // empty until the group's first leader names it
 	// applied remembers what commands with idempotency keys did, and
 	// appliedKeys their keys, oldest first, at most MaxIdempotencyKeys.
 	applied     map[string]Repeat
@@ -332,6 +333,8 @@ func (s *State) apply(cmd *fsmpb.Command) Result {
 	case *fsmpb.Command_RaiseTokens:
 		s.lastToken = max(s.lastToken, op.RaiseTokens.GetFloor())
 		return Result{}
+	case *fsmpb.Command_SetClusterId:
+		return s.setClusterID(op.SetClusterId.GetId())
 	}
 	return Result{Err: fmt.Errorf("%w: unknown command", fence.ErrInvalidArgument)}
 }
@@ -742,6 +745,24 @@ type LockInfo struct {
 
 // LastToken returns the last fencing token issued, 0 before the first grant.
 func (s *State) LastToken() uint64 { return s.lastToken }
+
+// ClusterID returns the group's id; empty until its first leader names it.
+func (s *State) ClusterID() string { return s.clusterID }
+
+// MaxClusterIDLen bounds a cluster id.
+const MaxClusterIDLen = 64
+
+// setClusterID names the group. The first name stays: a later one, from a
+// leader that read the state before the first was applied, changes nothing.
+func (s *State) setClusterID(id string) Result {
+	if id == "" || len(id) > MaxClusterIDLen {
+		return Result{Err: fmt.Errorf("%w: a cluster id is 1 to %d bytes", fence.ErrInvalidArgument, MaxClusterIDLen)}
+	}
+	if s.clusterID == "" {
+		s.clusterID = id
+	}
+	return Result{}
+}
 
 // Session returns the session with the given id.
 func (s *State) Session(id uint64) (SessionInfo, bool) {

@@ -9,7 +9,9 @@ package fsm_test
 
 import (
 	"bytes"
+	"errors"
 	"reflect"
+	"strings"
 	"testing"
 	"time"
 
@@ -475,5 +477,27 @@ func sharedBehindExclusive(name string, cmd *fsmpb.Command, want fsm.Result) app
 			Holders: []fsm.HolderInfo{holding(1, 1, shared), holding(3, 2, shared), holding(4, 3, shared)},
 			Waiters: []fsm.WaiterInfo{waiting(5, excl)},
 		}},
+	}
+}
+
+// A group is named once: the first SetClusterID stays, and a bad one is
+// refused without a change.
+func TestClusterIDIsSetOnce(t *testing.T) {
+	s := fsm.NewState()
+	if s.ClusterID() != "" {
+		t.Fatalf("a new state's cluster id is %q, want none", s.ClusterID())
+	}
+	for _, id := range []string{"", strings.Repeat("x", fsm.MaxClusterIDLen+1)} {
+		if res := s.Apply(setClusterID(id)); !errors.Is(res.Err, fence.ErrInvalidArgument) || s.ClusterID() != "" {
+			t.Errorf("SetClusterID(%.10q...): %v, id now %q; want ErrInvalidArgument and no id", id, res.Err, s.ClusterID())
+		}
+	}
+	for _, id := range []string{"first", "second"} {
+		if res := s.Apply(setClusterID(id)); res.Err != nil {
+			t.Fatalf("SetClusterID(%q): %v", id, res.Err)
+		}
+	}
+	if s.ClusterID() != "first" {
+		t.Errorf("cluster id %q after naming it first then second, want first", s.ClusterID())
 	}
 }

@@ -44,6 +44,7 @@ type Command struct {
 	//	*Command_RegisterNode
 	//	*Command_CancelAcquire
 	//	*Command_RaiseTokens
+	//	*Command_SetClusterId
 	Op isCommand_Op `protobuf_oneof:"op"`
 	// The client's key for this call, the same across its retries: a command
 	// whose key was applied before is not applied again, and answers what
@@ -198,6 +199,15 @@ func (x *Command) GetRaiseTokens() *RaiseTokens {
 	return nil
 }
 
+func (x *Command) GetSetClusterId() *SetClusterID {
+	if x != nil {
+		if x, ok := x.Op.(*Command_SetClusterId); ok {
+			return x.SetClusterId
+		}
+	}
+	return nil
+}
+
 func (x *Command) GetIdempotencyKey() string {
 	if x != nil {
 		return x.IdempotencyKey
@@ -257,6 +267,10 @@ type Command_RaiseTokens struct {
 	RaiseTokens *RaiseTokens `protobuf:"bytes,12,opt,name=raise_tokens,json=raiseTokens,proto3,oneof"`
 }
 
+type Command_SetClusterId struct {
+	SetClusterId *SetClusterID `protobuf:"bytes,13,opt,name=set_cluster_id,json=setClusterId,proto3,oneof"`
+}
+
 func (*Command_CreateSession) isCommand_Op() {}
 
 func (*Command_CloseSession) isCommand_Op() {}
@@ -280,6 +294,8 @@ func (*Command_RegisterNode) isCommand_Op() {}
 func (*Command_CancelAcquire) isCommand_Op() {}
 
 func (*Command_RaiseTokens) isCommand_Op() {}
+
+func (*Command_SetClusterId) isCommand_Op() {}
 
 // RegisterNode records where a member of the raft group serves its API, so
 // that every node can point clients at the leader. A leader registers itself.
@@ -800,6 +816,56 @@ func (x *RaiseTokens) GetFloor() uint64 {
 	return 0
 }
 
+// SetClusterID names the group, once: the first leader of a group, or of a
+// data dir written before groups had names, draws the id at random and
+// commits it, and a second SetClusterID changes nothing. Nodes send it with
+// every answer, and clients refuse a node whose id is not the one they
+// talk to, so that an endpoint list that mixes two groups never mixes
+// their locks.
+type SetClusterID struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Id            string                 `protobuf:"bytes,1,opt,name=id,proto3" json:"id,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *SetClusterID) Reset() {
+	*x = SetClusterID{}
+	mi := &file_fsmpb_fsm_proto_msgTypes[9]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *SetClusterID) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*SetClusterID) ProtoMessage() {}
+
+func (x *SetClusterID) ProtoReflect() protoreflect.Message {
+	mi := &file_fsmpb_fsm_proto_msgTypes[9]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use SetClusterID.ProtoReflect.Descriptor instead.
+func (*SetClusterID) Descriptor() ([]byte, []int) {
+	return file_fsmpb_fsm_proto_rawDescGZIP(), []int{9}
+}
+
+func (x *SetClusterID) GetId() string {
+	if x != nil {
+		return x.Id
+	}
+	return ""
+}
+
 type Release struct {
 	state         protoimpl.MessageState `protogen:"open.v1"`
 	SessionId     uint64                 `protobuf:"varint,1,opt,name=session_id,json=sessionId,proto3" json:"session_id,omitempty"`
@@ -811,7 +877,7 @@ type Release struct {
 
 func (x *Release) Reset() {
 	*x = Release{}
-	mi := &file_fsmpb_fsm_proto_msgTypes[9]
+	mi := &file_fsmpb_fsm_proto_msgTypes[10]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -823,7 +889,7 @@ func (x *Release) String() string {
 func (*Release) ProtoMessage() {}
 
 func (x *Release) ProtoReflect() protoreflect.Message {
-	mi := &file_fsmpb_fsm_proto_msgTypes[9]
+	mi := &file_fsmpb_fsm_proto_msgTypes[10]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -836,7 +902,7 @@ func (x *Release) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Release.ProtoReflect.Descriptor instead.
 func (*Release) Descriptor() ([]byte, []int) {
-	return file_fsmpb_fsm_proto_rawDescGZIP(), []int{9}
+	return file_fsmpb_fsm_proto_rawDescGZIP(), []int{10}
 }
 
 func (x *Release) GetSessionId() uint64 {
@@ -873,7 +939,7 @@ type LiftDelay struct {
 
 func (x *LiftDelay) Reset() {
 	*x = LiftDelay{}
-	mi := &file_fsmpb_fsm_proto_msgTypes[10]
+	mi := &file_fsmpb_fsm_proto_msgTypes[11]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -885,7 +951,7 @@ func (x *LiftDelay) String() string {
 func (*LiftDelay) ProtoMessage() {}
 
 func (x *LiftDelay) ProtoReflect() protoreflect.Message {
-	mi := &file_fsmpb_fsm_proto_msgTypes[10]
+	mi := &file_fsmpb_fsm_proto_msgTypes[11]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -898,7 +964,7 @@ func (x *LiftDelay) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use LiftDelay.ProtoReflect.Descriptor instead.
 func (*LiftDelay) Descriptor() ([]byte, []int) {
-	return file_fsmpb_fsm_proto_rawDescGZIP(), []int{10}
+	return file_fsmpb_fsm_proto_rawDescGZIP(), []int{11}
 }
 
 func (x *LiftDelay) GetLock() string {
@@ -931,7 +997,7 @@ type KVFence struct {
 
 func (x *KVFence) Reset() {
 	*x = KVFence{}
-	mi := &file_fsmpb_fsm_proto_msgTypes[11]
+	mi := &file_fsmpb_fsm_proto_msgTypes[12]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -943,7 +1009,7 @@ func (x *KVFence) String() string {
 func (*KVFence) ProtoMessage() {}
 
 func (x *KVFence) ProtoReflect() protoreflect.Message {
-	mi := &file_fsmpb_fsm_proto_msgTypes[11]
+	mi := &file_fsmpb_fsm_proto_msgTypes[12]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -956,7 +1022,7 @@ func (x *KVFence) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use KVFence.ProtoReflect.Descriptor instead.
 func (*KVFence) Descriptor() ([]byte, []int) {
-	return file_fsmpb_fsm_proto_rawDescGZIP(), []int{11}
+	return file_fsmpb_fsm_proto_rawDescGZIP(), []int{12}
 }
 
 func (x *KVFence) GetLock() string {
@@ -1004,7 +1070,7 @@ type KVPut struct {
 
 func (x *KVPut) Reset() {
 	*x = KVPut{}
-	mi := &file_fsmpb_fsm_proto_msgTypes[12]
+	mi := &file_fsmpb_fsm_proto_msgTypes[13]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1016,7 +1082,7 @@ func (x *KVPut) String() string {
 func (*KVPut) ProtoMessage() {}
 
 func (x *KVPut) ProtoReflect() protoreflect.Message {
-	mi := &file_fsmpb_fsm_proto_msgTypes[12]
+	mi := &file_fsmpb_fsm_proto_msgTypes[13]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1029,7 +1095,7 @@ func (x *KVPut) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use KVPut.ProtoReflect.Descriptor instead.
 func (*KVPut) Descriptor() ([]byte, []int) {
-	return file_fsmpb_fsm_proto_rawDescGZIP(), []int{12}
+	return file_fsmpb_fsm_proto_rawDescGZIP(), []int{13}
 }
 
 func (x *KVPut) GetKey() string {
@@ -1077,7 +1143,7 @@ type KVDelete struct {
 
 func (x *KVDelete) Reset() {
 	*x = KVDelete{}
-	mi := &file_fsmpb_fsm_proto_msgTypes[13]
+	mi := &file_fsmpb_fsm_proto_msgTypes[14]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1089,7 +1155,7 @@ func (x *KVDelete) String() string {
 func (*KVDelete) ProtoMessage() {}
 
 func (x *KVDelete) ProtoReflect() protoreflect.Message {
-	mi := &file_fsmpb_fsm_proto_msgTypes[13]
+	mi := &file_fsmpb_fsm_proto_msgTypes[14]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1102,7 +1168,7 @@ func (x *KVDelete) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use KVDelete.ProtoReflect.Descriptor instead.
 func (*KVDelete) Descriptor() ([]byte, []int) {
-	return file_fsmpb_fsm_proto_rawDescGZIP(), []int{13}
+	return file_fsmpb_fsm_proto_rawDescGZIP(), []int{14}
 }
 
 func (x *KVDelete) GetKey() string {
@@ -1133,14 +1199,16 @@ type Snapshot struct {
 	// The last attempt number given to an acquire with a request id.
 	LastAttempt uint64 `protobuf:"varint,9,opt,name=last_attempt,json=lastAttempt,proto3" json:"last_attempt,omitempty"`
 	// The idempotency keys remembered, oldest first.
-	Applied       []*Applied `protobuf:"bytes,10,rep,name=applied,proto3" json:"applied,omitempty"`
+	Applied []*Applied `protobuf:"bytes,10,rep,name=applied,proto3" json:"applied,omitempty"`
+	// The group's id; empty until its first leader names it.
+	ClusterId     string `protobuf:"bytes,11,opt,name=cluster_id,json=clusterId,proto3" json:"cluster_id,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
 
 func (x *Snapshot) Reset() {
 	*x = Snapshot{}
-	mi := &file_fsmpb_fsm_proto_msgTypes[14]
+	mi := &file_fsmpb_fsm_proto_msgTypes[15]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1152,7 +1220,7 @@ func (x *Snapshot) String() string {
 func (*Snapshot) ProtoMessage() {}
 
 func (x *Snapshot) ProtoReflect() protoreflect.Message {
-	mi := &file_fsmpb_fsm_proto_msgTypes[14]
+	mi := &file_fsmpb_fsm_proto_msgTypes[15]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1165,7 +1233,7 @@ func (x *Snapshot) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Snapshot.ProtoReflect.Descriptor instead.
 func (*Snapshot) Descriptor() ([]byte, []int) {
-	return file_fsmpb_fsm_proto_rawDescGZIP(), []int{14}
+	return file_fsmpb_fsm_proto_rawDescGZIP(), []int{15}
 }
 
 func (x *Snapshot) GetLastToken() uint64 {
@@ -1238,6 +1306,13 @@ func (x *Snapshot) GetApplied() []*Applied {
 	return nil
 }
 
+func (x *Snapshot) GetClusterId() string {
+	if x != nil {
+		return x.ClusterId
+	}
+	return ""
+}
+
 // Applied is what a command with an idempotency key did, for its retries.
 type Applied struct {
 	state         protoimpl.MessageState `protogen:"open.v1"`
@@ -1251,7 +1326,7 @@ type Applied struct {
 
 func (x *Applied) Reset() {
 	*x = Applied{}
-	mi := &file_fsmpb_fsm_proto_msgTypes[15]
+	mi := &file_fsmpb_fsm_proto_msgTypes[16]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1263,7 +1338,7 @@ func (x *Applied) String() string {
 func (*Applied) ProtoMessage() {}
 
 func (x *Applied) ProtoReflect() protoreflect.Message {
-	mi := &file_fsmpb_fsm_proto_msgTypes[15]
+	mi := &file_fsmpb_fsm_proto_msgTypes[16]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1276,7 +1351,7 @@ func (x *Applied) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Applied.ProtoReflect.Descriptor instead.
 func (*Applied) Descriptor() ([]byte, []int) {
-	return file_fsmpb_fsm_proto_rawDescGZIP(), []int{15}
+	return file_fsmpb_fsm_proto_rawDescGZIP(), []int{16}
 }
 
 func (x *Applied) GetKey() string {
@@ -1331,7 +1406,7 @@ type KV struct {
 
 func (x *KV) Reset() {
 	*x = KV{}
-	mi := &file_fsmpb_fsm_proto_msgTypes[16]
+	mi := &file_fsmpb_fsm_proto_msgTypes[17]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1343,7 +1418,7 @@ func (x *KV) String() string {
 func (*KV) ProtoMessage() {}
 
 func (x *KV) ProtoReflect() protoreflect.Message {
-	mi := &file_fsmpb_fsm_proto_msgTypes[16]
+	mi := &file_fsmpb_fsm_proto_msgTypes[17]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1356,7 +1431,7 @@ func (x *KV) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use KV.ProtoReflect.Descriptor instead.
 func (*KV) Descriptor() ([]byte, []int) {
-	return file_fsmpb_fsm_proto_rawDescGZIP(), []int{16}
+	return file_fsmpb_fsm_proto_rawDescGZIP(), []int{17}
 }
 
 func (x *KV) GetKey() string {
@@ -1442,7 +1517,7 @@ type Session struct {
 
 func (x *Session) Reset() {
 	*x = Session{}
-	mi := &file_fsmpb_fsm_proto_msgTypes[17]
+	mi := &file_fsmpb_fsm_proto_msgTypes[18]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1454,7 +1529,7 @@ func (x *Session) String() string {
 func (*Session) ProtoMessage() {}
 
 func (x *Session) ProtoReflect() protoreflect.Message {
-	mi := &file_fsmpb_fsm_proto_msgTypes[17]
+	mi := &file_fsmpb_fsm_proto_msgTypes[18]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1467,7 +1542,7 @@ func (x *Session) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Session.ProtoReflect.Descriptor instead.
 func (*Session) Descriptor() ([]byte, []int) {
-	return file_fsmpb_fsm_proto_rawDescGZIP(), []int{17}
+	return file_fsmpb_fsm_proto_rawDescGZIP(), []int{18}
 }
 
 func (x *Session) GetId() uint64 {
@@ -1515,7 +1590,7 @@ type Lock struct {
 
 func (x *Lock) Reset() {
 	*x = Lock{}
-	mi := &file_fsmpb_fsm_proto_msgTypes[18]
+	mi := &file_fsmpb_fsm_proto_msgTypes[19]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1527,7 +1602,7 @@ func (x *Lock) String() string {
 func (*Lock) ProtoMessage() {}
 
 func (x *Lock) ProtoReflect() protoreflect.Message {
-	mi := &file_fsmpb_fsm_proto_msgTypes[18]
+	mi := &file_fsmpb_fsm_proto_msgTypes[19]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1540,7 +1615,7 @@ func (x *Lock) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Lock.ProtoReflect.Descriptor instead.
 func (*Lock) Descriptor() ([]byte, []int) {
-	return file_fsmpb_fsm_proto_rawDescGZIP(), []int{18}
+	return file_fsmpb_fsm_proto_rawDescGZIP(), []int{19}
 }
 
 func (x *Lock) GetName() string {
@@ -1595,7 +1670,7 @@ type PendingDelay struct {
 
 func (x *PendingDelay) Reset() {
 	*x = PendingDelay{}
-	mi := &file_fsmpb_fsm_proto_msgTypes[19]
+	mi := &file_fsmpb_fsm_proto_msgTypes[20]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1607,7 +1682,7 @@ func (x *PendingDelay) String() string {
 func (*PendingDelay) ProtoMessage() {}
 
 func (x *PendingDelay) ProtoReflect() protoreflect.Message {
-	mi := &file_fsmpb_fsm_proto_msgTypes[19]
+	mi := &file_fsmpb_fsm_proto_msgTypes[20]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1620,7 +1695,7 @@ func (x *PendingDelay) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use PendingDelay.ProtoReflect.Descriptor instead.
 func (*PendingDelay) Descriptor() ([]byte, []int) {
-	return file_fsmpb_fsm_proto_rawDescGZIP(), []int{19}
+	return file_fsmpb_fsm_proto_rawDescGZIP(), []int{20}
 }
 
 func (x *PendingDelay) GetId() uint64 {
@@ -1651,7 +1726,7 @@ type Holder struct {
 
 func (x *Holder) Reset() {
 	*x = Holder{}
-	mi := &file_fsmpb_fsm_proto_msgTypes[20]
+	mi := &file_fsmpb_fsm_proto_msgTypes[21]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1663,7 +1738,7 @@ func (x *Holder) String() string {
 func (*Holder) ProtoMessage() {}
 
 func (x *Holder) ProtoReflect() protoreflect.Message {
-	mi := &file_fsmpb_fsm_proto_msgTypes[20]
+	mi := &file_fsmpb_fsm_proto_msgTypes[21]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1676,7 +1751,7 @@ func (x *Holder) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Holder.ProtoReflect.Descriptor instead.
 func (*Holder) Descriptor() ([]byte, []int) {
-	return file_fsmpb_fsm_proto_rawDescGZIP(), []int{20}
+	return file_fsmpb_fsm_proto_rawDescGZIP(), []int{21}
 }
 
 func (x *Holder) GetSessionId() uint64 {
@@ -1734,7 +1809,7 @@ type Waiter struct {
 
 func (x *Waiter) Reset() {
 	*x = Waiter{}
-	mi := &file_fsmpb_fsm_proto_msgTypes[21]
+	mi := &file_fsmpb_fsm_proto_msgTypes[22]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1746,7 +1821,7 @@ func (x *Waiter) String() string {
 func (*Waiter) ProtoMessage() {}
 
 func (x *Waiter) ProtoReflect() protoreflect.Message {
-	mi := &file_fsmpb_fsm_proto_msgTypes[21]
+	mi := &file_fsmpb_fsm_proto_msgTypes[22]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1759,7 +1834,7 @@ func (x *Waiter) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Waiter.ProtoReflect.Descriptor instead.
 func (*Waiter) Descriptor() ([]byte, []int) {
-	return file_fsmpb_fsm_proto_rawDescGZIP(), []int{21}
+	return file_fsmpb_fsm_proto_rawDescGZIP(), []int{22}
 }
 
 func (x *Waiter) GetSessionId() uint64 {
@@ -1801,7 +1876,7 @@ var File_fsmpb_fsm_proto protoreflect.FileDescriptor
 
 const file_fsmpb_fsm_proto_rawDesc = "" +
 	"\n" +
-	"\x0ffsmpb/fsm.proto\x12\ffence.fsm.v1\"\x95\x06\n" +
+	"\x0ffsmpb/fsm.proto\x12\ffence.fsm.v1\"\xd9\x06\n" +
 	"\aCommand\x12D\n" +
 	"\x0ecreate_session\x18\x01 \x01(\v2\x1b.fence.fsm.v1.CreateSessionH\x00R\rcreateSession\x12A\n" +
 	"\rclose_session\x18\x02 \x01(\v2\x1a.fence.fsm.v1.CloseSessionH\x00R\fcloseSession\x12G\n" +
@@ -1817,7 +1892,8 @@ const file_fsmpb_fsm_proto_rawDesc = "" +
 	"\rregister_node\x18\n" +
 	" \x01(\v2\x1a.fence.fsm.v1.RegisterNodeH\x00R\fregisterNode\x12D\n" +
 	"\x0ecancel_acquire\x18\v \x01(\v2\x1b.fence.fsm.v1.CancelAcquireH\x00R\rcancelAcquire\x12>\n" +
-	"\fraise_tokens\x18\f \x01(\v2\x19.fence.fsm.v1.RaiseTokensH\x00R\vraiseTokens\x12'\n" +
+	"\fraise_tokens\x18\f \x01(\v2\x19.fence.fsm.v1.RaiseTokensH\x00R\vraiseTokens\x12B\n" +
+	"\x0eset_cluster_id\x18\r \x01(\v2\x1a.fence.fsm.v1.SetClusterIDH\x00R\fsetClusterId\x12'\n" +
 	"\x0fidempotency_key\x18d \x01(\tR\x0eidempotencyKeyB\x04\n" +
 	"\x02op\"H\n" +
 	"\fRegisterNode\x12\x17\n" +
@@ -1865,7 +1941,9 @@ const file_fsmpb_fsm_proto_rawDesc = "" +
 	"request_id\x18\x03 \x01(\x04R\trequestId\x12\x18\n" +
 	"\aattempt\x18\x04 \x01(\x04R\aattempt\"#\n" +
 	"\vRaiseTokens\x12\x14\n" +
-	"\x05floor\x18\x01 \x01(\x04R\x05floor\"R\n" +
+	"\x05floor\x18\x01 \x01(\x04R\x05floor\"\x1e\n" +
+	"\fSetClusterID\x12\x0e\n" +
+	"\x02id\x18\x01 \x01(\tR\x02id\"R\n" +
 	"\aRelease\x12\x1d\n" +
 	"\n" +
 	"session_id\x18\x01 \x01(\x04R\tsessionId\x12\x12\n" +
@@ -1889,7 +1967,7 @@ const file_fsmpb_fsm_proto_rawDesc = "" +
 	"session_id\x18\x05 \x01(\x04R\tsessionId\"I\n" +
 	"\bKVDelete\x12\x10\n" +
 	"\x03key\x18\x01 \x01(\tR\x03key\x12+\n" +
-	"\x05fence\x18\x02 \x01(\v2\x15.fence.fsm.v1.KVFenceR\x05fence\"\x9d\x03\n" +
+	"\x05fence\x18\x02 \x01(\v2\x15.fence.fsm.v1.KVFenceR\x05fence\"\xbc\x03\n" +
 	"\bSnapshot\x12\x1d\n" +
 	"\n" +
 	"last_token\x18\x01 \x01(\x04R\tlastToken\x12&\n" +
@@ -1903,7 +1981,9 @@ const file_fsmpb_fsm_proto_rawDesc = "" +
 	"\rlast_delay_id\x18\b \x01(\x04R\vlastDelayId\x12!\n" +
 	"\flast_attempt\x18\t \x01(\x04R\vlastAttempt\x12/\n" +
 	"\aapplied\x18\n" +
-	" \x03(\v2\x15.fence.fsm.v1.AppliedR\aapplied\"p\n" +
+	" \x03(\v2\x15.fence.fsm.v1.AppliedR\aapplied\x12\x1d\n" +
+	"\n" +
+	"cluster_id\x18\v \x01(\tR\tclusterId\"p\n" +
 	"\aApplied\x12\x10\n" +
 	"\x03key\x18\x01 \x01(\tR\x03key\x12\x1d\n" +
 	"\n" +
@@ -1968,7 +2048,7 @@ func file_fsmpb_fsm_proto_rawDescGZIP() []byte {
 	return file_fsmpb_fsm_proto_rawDescData
 }
 
-var file_fsmpb_fsm_proto_msgTypes = make([]protoimpl.MessageInfo, 22)
+var file_fsmpb_fsm_proto_msgTypes = make([]protoimpl.MessageInfo, 23)
 var file_fsmpb_fsm_proto_goTypes = []any{
 	(*Command)(nil),        // 0: fence.fsm.v1.Command
 	(*RegisterNode)(nil),   // 1: fence.fsm.v1.RegisterNode
@@ -1979,19 +2059,20 @@ var file_fsmpb_fsm_proto_goTypes = []any{
 	(*CancelWait)(nil),     // 6: fence.fsm.v1.CancelWait
 	(*CancelAcquire)(nil),  // 7: fence.fsm.v1.CancelAcquire
 	(*RaiseTokens)(nil),    // 8: fence.fsm.v1.RaiseTokens
-	(*Release)(nil),        // 9: fence.fsm.v1.Release
-	(*LiftDelay)(nil),      // 10: fence.fsm.v1.LiftDelay
-	(*KVFence)(nil),        // 11: fence.fsm.v1.KVFence
-	(*KVPut)(nil),          // 12: fence.fsm.v1.KVPut
-	(*KVDelete)(nil),       // 13: fence.fsm.v1.KVDelete
-	(*Snapshot)(nil),       // 14: fence.fsm.v1.Snapshot
-	(*Applied)(nil),        // 15: fence.fsm.v1.Applied
-	(*KV)(nil),             // 16: fence.fsm.v1.KV
-	(*Session)(nil),        // 17: fence.fsm.v1.Session
-	(*Lock)(nil),           // 18: fence.fsm.v1.Lock
-	(*PendingDelay)(nil),   // 19: fence.fsm.v1.PendingDelay
-	(*Holder)(nil),         // 20: fence.fsm.v1.Holder
-	(*Waiter)(nil),         // 21: fence.fsm.v1.Waiter
+	(*SetClusterID)(nil),   // 9: fence.fsm.v1.SetClusterID
+	(*Release)(nil),        // 10: fence.fsm.v1.Release
+	(*LiftDelay)(nil),      // 11: fence.fsm.v1.LiftDelay
+	(*KVFence)(nil),        // 12: fence.fsm.v1.KVFence
+	(*KVPut)(nil),          // 13: fence.fsm.v1.KVPut
+	(*KVDelete)(nil),       // 14: fence.fsm.v1.KVDelete
+	(*Snapshot)(nil),       // 15: fence.fsm.v1.Snapshot
+	(*Applied)(nil),        // 16: fence.fsm.v1.Applied
+	(*KV)(nil),             // 17: fence.fsm.v1.KV
+	(*Session)(nil),        // 18: fence.fsm.v1.Session
+	(*Lock)(nil),           // 19: fence.fsm.v1.Lock
+	(*PendingDelay)(nil),   // 20: fence.fsm.v1.PendingDelay
+	(*Holder)(nil),         // 21: fence.fsm.v1.Holder
+	(*Waiter)(nil),         // 22: fence.fsm.v1.Waiter
 }
 var file_fsmpb_fsm_proto_depIdxs = []int32{
 	2,  // 0: fence.fsm.v1.Command.create_session:type_name -> fence.fsm.v1.CreateSession
@@ -1999,28 +2080,29 @@ var file_fsmpb_fsm_proto_depIdxs = []int32{
 	4,  // 2: fence.fsm.v1.Command.expire_sessions:type_name -> fence.fsm.v1.ExpireSessions
 	5,  // 3: fence.fsm.v1.Command.acquire:type_name -> fence.fsm.v1.Acquire
 	6,  // 4: fence.fsm.v1.Command.cancel_wait:type_name -> fence.fsm.v1.CancelWait
-	9,  // 5: fence.fsm.v1.Command.release:type_name -> fence.fsm.v1.Release
-	10, // 6: fence.fsm.v1.Command.lift_delay:type_name -> fence.fsm.v1.LiftDelay
-	12, // 7: fence.fsm.v1.Command.kv_put:type_name -> fence.fsm.v1.KVPut
-	13, // 8: fence.fsm.v1.Command.kv_delete:type_name -> fence.fsm.v1.KVDelete
+	10, // 5: fence.fsm.v1.Command.release:type_name -> fence.fsm.v1.Release
+	11, // 6: fence.fsm.v1.Command.lift_delay:type_name -> fence.fsm.v1.LiftDelay
+	13, // 7: fence.fsm.v1.Command.kv_put:type_name -> fence.fsm.v1.KVPut
+	14, // 8: fence.fsm.v1.Command.kv_delete:type_name -> fence.fsm.v1.KVDelete
 	1,  // 9: fence.fsm.v1.Command.register_node:type_name -> fence.fsm.v1.RegisterNode
 	7,  // 10: fence.fsm.v1.Command.cancel_acquire:type_name -> fence.fsm.v1.CancelAcquire
 	8,  // 11: fence.fsm.v1.Command.raise_tokens:type_name -> fence.fsm.v1.RaiseTokens
-	11, // 12: fence.fsm.v1.KVPut.fence:type_name -> fence.fsm.v1.KVFence
-	11, // 13: fence.fsm.v1.KVDelete.fence:type_name -> fence.fsm.v1.KVFence
-	17, // 14: fence.fsm.v1.Snapshot.sessions:type_name -> fence.fsm.v1.Session
-	18, // 15: fence.fsm.v1.Snapshot.locks:type_name -> fence.fsm.v1.Lock
-	16, // 16: fence.fsm.v1.Snapshot.kvs:type_name -> fence.fsm.v1.KV
-	1,  // 17: fence.fsm.v1.Snapshot.nodes:type_name -> fence.fsm.v1.RegisterNode
-	15, // 18: fence.fsm.v1.Snapshot.applied:type_name -> fence.fsm.v1.Applied
-	20, // 19: fence.fsm.v1.Lock.holders:type_name -> fence.fsm.v1.Holder
-	21, // 20: fence.fsm.v1.Lock.waiters:type_name -> fence.fsm.v1.Waiter
-	19, // 21: fence.fsm.v1.Lock.delays:type_name -> fence.fsm.v1.PendingDelay
-	22, // [22:22] is the sub-list for method output_type
-	22, // [22:22] is the sub-list for method input_type
-	22, // [22:22] is the sub-list for extension type_name
-	22, // [22:22] is the sub-list for extension extendee
-	0,  // [0:22] is the sub-list for field type_name
+	9,  // 12: fence.fsm.v1.Command.set_cluster_id:type_name -> fence.fsm.v1.SetClusterID
+	12, // 13: fence.fsm.v1.KVPut.fence:type_name -> fence.fsm.v1.KVFence
+	12, // 14: fence.fsm.v1.KVDelete.fence:type_name -> fence.fsm.v1.KVFence
+	18, // 15: fence.fsm.v1.Snapshot.sessions:type_name -> fence.fsm.v1.Session
+	19, // 16: fence.fsm.v1.Snapshot.locks:type_name -> fence.fsm.v1.Lock
+	17, // 17: fence.fsm.v1.Snapshot.kvs:type_name -> fence.fsm.v1.KV
+	1,  // 18: fence.fsm.v1.Snapshot.nodes:type_name -> fence.fsm.v1.RegisterNode
+	16, // 19: fence.fsm.v1.Snapshot.applied:type_name -> fence.fsm.v1.Applied
+	21, // 20: fence.fsm.v1.Lock.holders:type_name -> fence.fsm.v1.Holder
+	22, // 21: fence.fsm.v1.Lock.waiters:type_name -> fence.fsm.v1.Waiter
+	20, // 22: fence.fsm.v1.Lock.delays:type_name -> fence.fsm.v1.PendingDelay
+	23, // [23:23] is the sub-list for method output_type
+	23, // [23:23] is the sub-list for method input_type
+	23, // [23:23] is the sub-list for extension type_name
+	23, // [23:23] is the sub-list for extension extendee
+	0,  // [0:23] is the sub-list for field type_name
 }
 
 func init() { file_fsmpb_fsm_proto_init() }
@@ -2041,15 +2123,16 @@ func file_fsmpb_fsm_proto_init() {
 		(*Command_RegisterNode)(nil),
 		(*Command_CancelAcquire)(nil),
 		(*Command_RaiseTokens)(nil),
+		(*Command_SetClusterId)(nil),
 	}
-	file_fsmpb_fsm_proto_msgTypes[11].OneofWrappers = []any{}
+	file_fsmpb_fsm_proto_msgTypes[12].OneofWrappers = []any{}
 	type x struct{}
 	out := protoimpl.TypeBuilder{
 		File: protoimpl.DescBuilder{
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_fsmpb_fsm_proto_rawDesc), len(file_fsmpb_fsm_proto_rawDesc)),
 			NumEnums:      0,
-			NumMessages:   22,
+			NumMessages:   23,
 			NumExtensions: 0,
 			NumServices:   0,
 		},

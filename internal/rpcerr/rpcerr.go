@@ -36,6 +36,7 @@ var table = []struct {
 	{fence.ErrLimit, connect.CodeResourceExhausted, fencev1.Reason_REASON_LIMIT},
 	{fence.ErrCompacted, connect.CodeFailedPrecondition, fencev1.Reason_REASON_COMPACTED},
 	{fence.ErrCancelled, connect.CodeFailedPrecondition, fencev1.Reason_REASON_CANCELLED},
+	{fence.ErrWrongCluster, connect.CodeFailedPrecondition, fencev1.Reason_REASON_WRONG_CLUSTER},
 }
 
 // Detail is the extra information an error may carry across the wire.

@@ -161,6 +161,9 @@ const (
 	// A node's data dir is out of space (code Unavailable: another node may
 	// take over as leader).
 	Reason_REASON_DISK_FULL Reason = 12
+	// The call named a cluster id (header Fence-Cluster-Id) that is not this
+	// node's: the client's endpoints mix two groups.
+	Reason_REASON_WRONG_CLUSTER Reason = 13
 )
 
 // Enum value maps for Reason.
@@ -179,6 +182,7 @@ var (
 		10: "REASON_COMPACTED",
 		11: "REASON_CANCELLED",
 		12: "REASON_DISK_FULL",
+		13: "REASON_WRONG_CLUSTER",
 	}
 	Reason_value = map[string]int32{
 		"REASON_UNSPECIFIED":       0,
@@ -194,6 +198,7 @@ var (
 		"REASON_COMPACTED":         10,
 		"REASON_CANCELLED":         11,
 		"REASON_DISK_FULL":         12,
+		"REASON_WRONG_CLUSTER":     13,
 	}
 )
 
@@ -1501,7 +1506,10 @@ type StatusResponse struct {
 	Members   []*Member `protobuf:"bytes,13,rep,name=members,proto3" json:"members,omitempty"`
 	// What is wrong with this node, one line each ("disk full: ..."); empty
 	// while it is healthy.
-	Problems      []string `protobuf:"bytes,14,rep,name=problems,proto3" json:"problems,omitempty"`
+	Problems []string `protobuf:"bytes,14,rep,name=problems,proto3" json:"problems,omitempty"`
+	// The group's id, drawn by its first leader; empty until it is applied
+	// here. Every answer carries it in the header Fence-Cluster-Id.
+	ClusterId     string `protobuf:"bytes,15,opt,name=cluster_id,json=clusterId,proto3" json:"cluster_id,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -1632,6 +1640,13 @@ func (x *StatusResponse) GetProblems() []string {
 		return x.Problems
 	}
 	return nil
+}
+
+func (x *StatusResponse) GetClusterId() string {
+	if x != nil {
+		return x.ClusterId
+	}
+	return ""
 }
 
 type Member struct {
@@ -2981,7 +2996,7 @@ const file_fence_v1_fence_proto_rawDesc = "" +
 	"\x11ListLocksResponse\x12(\n" +
 	"\x05locks\x18\x01 \x03(\v2\x12.fence.v1.LockInfoR\x05locks\x12&\n" +
 	"\x0fnext_page_token\x18\x02 \x01(\tR\rnextPageToken\"\x0f\n" +
-	"\rStatusRequest\"\xb1\x03\n" +
+	"\rStatusRequest\"\xd0\x03\n" +
 	"\x0eStatusResponse\x12\x17\n" +
 	"\anode_id\x18\x01 \x01(\tR\x06nodeId\x12\x14\n" +
 	"\x05state\x18\x02 \x01(\tR\x05state\x12\x1b\n" +
@@ -2999,7 +3014,9 @@ const file_fence_v1_fence_proto_rawDesc = "" +
 	"\x05locks\x18\v \x01(\x04R\x05locks\x12\x18\n" +
 	"\aversion\x18\f \x01(\tR\aversion\x12*\n" +
 	"\amembers\x18\r \x03(\v2\x10.fence.v1.MemberR\amembers\x12\x1a\n" +
-	"\bproblems\x18\x0e \x03(\tR\bproblems\"r\n" +
+	"\bproblems\x18\x0e \x03(\tR\bproblems\x12\x1d\n" +
+	"\n" +
+	"cluster_id\x18\x0f \x01(\tR\tclusterId\"r\n" +
 	"\x06Member\x12\x0e\n" +
 	"\x02id\x18\x01 \x01(\tR\x02id\x12!\n" +
 	"\fraft_address\x18\x02 \x01(\tR\vraftAddress\x12\x14\n" +
@@ -3094,7 +3111,7 @@ const file_fence_v1_fence_proto_rawDesc = "" +
 	"\tEventType\x12\x1a\n" +
 	"\x16EVENT_TYPE_UNSPECIFIED\x10\x00\x12\x12\n" +
 	"\x0eEVENT_TYPE_PUT\x10\x01\x12\x15\n" +
-	"\x11EVENT_TYPE_DELETE\x10\x02*\xbf\x02\n" +
+	"\x11EVENT_TYPE_DELETE\x10\x02*\xd9\x02\n" +
 	"\x06Reason\x12\x16\n" +
 	"\x12REASON_UNSPECIFIED\x10\x00\x12\x1b\n" +
 	"\x17REASON_INVALID_ARGUMENT\x10\x01\x12\x1c\n" +
@@ -3109,7 +3126,8 @@ const file_fence_v1_fence_proto_rawDesc = "" +
 	"\x10REASON_COMPACTED\x10\n" +
 	"\x12\x14\n" +
 	"\x10REASON_CANCELLED\x10\v\x12\x14\n" +
-	"\x10REASON_DISK_FULL\x10\f2\xfd\x01\n" +
+	"\x10REASON_DISK_FULL\x10\f\x12\x18\n" +
+	"\x14REASON_WRONG_CLUSTER\x10\r2\xfd\x01\n" +
 	"\x0eSessionService\x12R\n" +
 	"\rCreateSession\x12\x1e.fence.v1.CreateSessionRequest\x1a\x1f.fence.v1.CreateSessionResponse\"\x00\x12F\n" +
 	"\tKeepAlive\x12\x1a.fence.v1.KeepAliveRequest\x1a\x1b.fence.v1.KeepAliveResponse\"\x00\x12O\n" +

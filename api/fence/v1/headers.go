@@ -17,4 +17,12 @@ const (
 	// printable text of 1 to 64 bytes, unique per call. The service
 	// remembers the last 10,000 keys.
 	IdempotencyKeyHeader = "Idempotency-Key"
+
+	// ClusterIDHeader carries a group's id (StatusResponse.cluster_id). A
+	// node sets it on every answer once it knows its group's id; a client
+	// that sends it is refused, with REASON_WRONG_CLUSTER and no change
+	// made, by a node of another group. The Go client learns the id from
+	// the first node that answers (or takes it from client.WithClusterID)
+	// and then talks to that group only.
+	ClusterIDHeader = "Fence-Cluster-Id"
 )

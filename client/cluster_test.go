@@ -1,0 +1,85 @@
+package client
+
+import (
+	"context"
+	"errors"
+	"testing"
+	"time"
+
+	"github.com/fencelock/fence"
+	"github.com/fencelock/fence/server"
+)
+
+// Two groups, one client whose endpoints name a node of each: once the
+// client has talked to one group, the other's node refuses its calls, and
+// nothing is created there. Without the check the client moved on to the
+// other group when its own went down, and took locks there.
+func TestClientKeepsToOneCluster(t *testing.T) {
+	ctx := context.Background()
+	a, b := startServer(t, nil), startServer(t, nil)
+	c, err := New(WithEndpoints(a.Addr(), b.Addr()), WithRetryBudget(2*time.Second))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	st, err := c.Status(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if st.ClusterId == "" || c.ClusterID() != st.ClusterId {
+		t.Fatalf("client's cluster %q, node's %q: want the node's, not empty", c.ClusterID(), st.ClusterId)
+	}
+	if err := a.Close(); err != nil {
+		t.Fatal(err)
+	}
+	_, err = c.NewSession(ctx, WithTTL(5*time.Second))
+	if !errors.Is(err, fence.ErrWrongCluster) {
+		t.Fatalf("NewSession with the client's group down and another group's node up: %v, want ErrWrongCluster", err)
+	}
+	other := mustClient(t, b, nil)
+	bs, err := other.Status(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if bs.Sessions != 0 {
+		t.Errorf("the other group has %d sessions, want 0: the refused call was acted on", bs.Sessions)
+	}
+	if bs.ClusterId == st.ClusterId {
+		t.Errorf("two groups share the id %q", bs.ClusterId)
+	}
+}
+
+// A client given the group's id never uses a node of another group, even
+// one it is told to try first.
+func TestWithClusterIDSkipsOtherGroups(t *testing.T) {
+	ctx := context.Background()
+	a, b := startServer(t, nil), startServer(t, nil)
+	want, err := mustClient(t, a, nil).Status(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	c, err := New(WithEndpoints(b.Addr(), a.Addr()), WithClusterID(want.ClusterId))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	m := NewMutex(mustSession(t, c, 5*time.Second), "x")
+	if _, err := m.Lock(ctx); err != nil {
+		t.Fatal(err)
+	}
+	for _, n := range []struct {
+		srv   *server.Server
+		locks uint64
+	}{{a, 1}, {b, 0}} {
+		st, err := mustClient(t, n.srv, nil).Status(ctx)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if st.Sessions != n.locks || st.Locks != n.locks {
+			t.Errorf("node %s has %d sessions and %d locks, want %d of each", n.srv.Addr(), st.Sessions, st.Locks, n.locks)
+		}
+	}
+	if err := m.Unlock(ctx); err != nil {
+		t.Fatal(err)
+	}
+}
