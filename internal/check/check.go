@@ -128,6 +128,8 @@ type runner struct {
 	found   []Violation
 	dataDir string
 	wg      sync.WaitGroup
+	// clusterID is the group's id: the workers talk to it alone.
+	clusterID string
 }
 
 // Run runs the checker and returns what it found. An error means the run
@@ -170,6 +172,9 @@ func Run(ctx context.Context, cfg Config) (*Result, error) {
 		}
 	}
 	defer r.stopAll()
+	if r.clusterID, err = groupOf(ctx, r.cfg.Endpoints); err != nil {
+		return nil, err
+	}
 	var sql *sqlCounter
 	if cfg.Postgres != "" {
 		if sql, err = openSQLCounter(ctx, cfg.Postgres, r.prefix); err != nil {
@@ -281,7 +286,7 @@ func freePort() (string, error) {
 func (r *runner) startWorker(i int) error {
 	r.runs[i]++
 	r.ttls[i] = r.workerTTL()
-	args := []string{"check-worker", "--endpoints", strings.Join(r.cfg.Endpoints, ","), "--id", strconv.Itoa(i), "--run", strconv.Itoa(r.runs[i]),
+	args := []string{"check-worker", "--endpoints", strings.Join(r.cfg.Endpoints, ","), "--cluster-id", r.clusterID, "--id", strconv.Itoa(i), "--run", strconv.Itoa(r.runs[i]),
 		"--ttl", r.ttls[i].String(), "--prefix", r.prefix, "--seed", strconv.FormatUint(r.cfg.Seed, 10)}
 	if r.cfg.Unsafe {
 		args = append(args, "--unsafe")

@@ -12,6 +12,7 @@ import (
 	"strings"
 	"time"
 
+	"github.com/fencelock/fence"
 	"github.com/fencelock/fence/client"
 	"github.com/fencelock/fence/internal/netproxy"
 	"github.com/fencelock/fence/internal/proc"
@@ -104,8 +105,11 @@ func (n *node) launch() error {
 		n.r.mu.Lock()
 		p := n.proc
 		n.r.mu.Unlock()
-		if try == 20 || p.Wait(context.Background(), 300*time.Millisecond) != nil || !strings.Contains(p.Stderr(), "address already in use") {
+		if p.Wait(context.Background(), 300*time.Millisecond) != nil || !strings.Contains(p.Stderr(), "address already in use") {
 			return nil
+		}
+		if try == 20 {
+			return fmt.Errorf("%s could not start: one of its ports stayed in use by another process:\n%s", n.name(), proc.LastLines(p.Stderr(), 4))
 		}
 		time.Sleep(100 * time.Millisecond)
 	}
@@ -170,6 +174,44 @@ func (r *runner) waitServing(ctx context.Context) error {
 		}
 	}
 	return errors.New("no server became healthy within 30s; see the logs in the data dir")
+}
+
+// groupOf returns the id of the group every endpoint belongs to, once each
+// has answered with it. Endpoints of two groups are an error: a port of the
+// checker's own servers taken by another deployment, or a mistyped
+// --endpoints; the run would mix two histories and prove nothing.
+func groupOf(ctx context.Context, endpoints []string) (string, error) {
+	c, err := client.New(client.WithEndpoints(endpoints...))
+	if err != nil {
+		return "", err
+	}
+	defer c.Close()
+	ctx, cancel := context.WithTimeout(ctx, 30*time.Second)
+	defer cancel()
+	ids := make([]string, len(endpoints))
+	for {
+		for i, ep := range endpoints {
+			if ids[i] != "" {
+				continue
+			}
+			st, err := c.StatusOf(ctx, ep)
+			if errors.Is(err, fence.ErrWrongCluster) {
+				return "", fmt.Errorf("%w; the run would mix two histories", err)
+			}
+			if err == nil {
+				ids[i] = st.GetClusterId()
+			}
+		}
+		if !slices.Contains(ids, "") {
+			break
+		}
+		select {
+		case <-ctx.Done():
+			return "", fmt.Errorf("the node at %s did not say which group it is of within 30s", endpoints[slices.Index(ids, "")])
+		case <-time.After(50 * time.Millisecond):
+		}
+	}
+	return c.ClusterID(), nil // every node answered with it: the client refuses any other
 }
 
 // restartNode kills a node with SIGKILL and starts it again on its data.

@@ -16,6 +16,8 @@ import (
 // WorkerConfig configures one worker process.
 type WorkerConfig struct {
 	Endpoints []string
+	// ClusterID is the group's id; the worker talks to no other group.
+	ClusterID string
 	ID, Run   int
 	TTL       time.Duration
 	// Lock is the lock every worker contends for.
@@ -48,12 +50,12 @@ func RunWorker(ctx context.Context, cfg WorkerConfig, out io.Writer) error {
 	rep := &reporter{w: out, worker: cfg.ID, run: cfg.Run}
 	// Locks may be retried (acquire is idempotent); writes must not be, or an
 	// outcome the worker reports could hide an earlier attempt that applied.
-	locks, err := client.New(client.WithEndpoints(cfg.Endpoints...))
+	locks, err := client.New(client.WithEndpoints(cfg.Endpoints...), client.WithClusterID(cfg.ClusterID))
 	if err != nil {
 		return err
 	}
 	defer locks.Close()
-	writes, err := client.New(client.WithEndpoints(cfg.Endpoints...), client.WithRetryBudget(0))
+	writes, err := client.New(client.WithEndpoints(cfg.Endpoints...), client.WithClusterID(cfg.ClusterID), client.WithRetryBudget(0))
 	if err != nil {
 		return err
 	}
