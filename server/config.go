@@ -59,8 +59,12 @@ type Config struct {
 	// or LogStoreBolt. Empty (the default) means the store the data dir
 	// already has, or LogStoreWAL for a new one; a data dir keeps the store
 	// it was created with, so naming the other one is an error.
-	// A data dir keeps the store it was created with.
 	LogStore string
+	// WALSegmentMB is the size of the raft-wal log's segment files, in
+	// MiB (Consul's segment_size_mb); 0 means raft-wal's 64. A segment's
+	// space is taken when it is started, so a disk that fills up stops the
+	// log only when the next segment starts.
+	WALSegmentMB int
 
 	// DefaultTTL is a session's TTL when the request names none.
 	DefaultTTL time.Duration
@@ -217,6 +221,7 @@ func (c Config) Validate() error {
 	check(c.HeartbeatTimeout >= 5*time.Millisecond, "heartbeat timeout %v is below 5ms", c.HeartbeatTimeout)
 	check(c.ElectionTimeout >= c.HeartbeatTimeout, "election timeout %v is below the heartbeat timeout", c.ElectionTimeout)
 	check(c.SnapshotThreshold > 0, "snapshot threshold must be positive")
+	check(c.WALSegmentMB >= 0 && c.WALSegmentMB <= 1024, "WAL segment size %d MiB: want 1 to 1024 (0: 64)", c.WALSegmentMB)
 	check(c.SnapshotInterval > 0, "snapshot interval must be positive")
 	check(c.Clock != nil, "clock is nil")
 	return errors.Join(errs...)

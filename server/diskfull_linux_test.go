@@ -3,6 +3,7 @@ package server
 import (
 	"context"
 	"errors"
+	"log/slog"
 	"net/http"
 	"os"
 	"path/filepath"
@@ -11,6 +12,8 @@ import (
 	"testing"
 
 	"connectrpc.com/connect"
+	"github.com/hashicorp/go-hclog"
+	"github.com/hashicorp/raft"
 
 	"github.com/fencelock/fence"
 	fencev1 "github.com/fencelock/fence/api/fence/v1"
@@ -30,7 +33,7 @@ func smallDisk(t *testing.T, size string) string {
 		t.Fatalf("mounting a %s tmpfs: %v", size, err)
 	}
 	t.Cleanup(func() {
-		if err := syscall.Unmount(dir, 0); err != nil {
+		if err := syscall.Unmount(dir, syscall.MNT_DETACH); err != nil { // detached: a failed snapshot may hold a file open
 			t.Errorf("unmounting %s: %v", dir, err)
 		}
 	})
@@ -86,4 +89,62 @@ func TestDiskFullIsReported(t *testing.T) {
 	if p := st.Msg.GetProblems(); len(p) == 0 || !strings.Contains(p[0], "disk full") {
 		t.Errorf("Status lists problems %q, want disk full", p)
 	}
+}
+
+// A token reserve that cannot be written for want of space is a problem
+// the node reports (Status, fence_disk_full) until a write succeeds.
+func TestFullDiskUnderTheTokenReserveIsReported(t *testing.T) {
+	dir := smallDisk(t, "1m")
+	r, err := openTokenReserve(dir)
+	if err != nil {
+		t.Fatal(err)
+	}
+	fill(t, dir)
+	if err := r.cover(5); !errors.Is(err, syscall.ENOSPC) || !strings.Contains(r.problem(), "disk full") {
+		t.Fatalf("cover on a full disk: %v, problem %q; want ENOSPC and a disk-full problem", err, r.problem())
+	}
+	if err := os.Remove(filepath.Join(dir, "filler")); err != nil {
+		t.Fatal(err)
+	}
+	if err := r.cover(5); err != nil || r.problem() != "" || r.floor() < 5 {
+		t.Fatalf("cover once there is room: %v, problem %q, floor %d; want it written and no problem", err, r.problem(), r.floor())
+	}
+}
+
+// A snapshot that fails on a full disk leaves no part of itself behind,
+// whether it failed while starting or while being written: raft's store
+// kept the temporary dir, which then filled the freed disk again.
+func TestFailedSnapshotsLeaveNoTemporaryDirs(t *testing.T) {
+	dir := smallDisk(t, "1m")
+	files, err := raft.NewFileSnapshotStoreWithLogger(dir, 2, hclog.NewNullLogger())
+	if err != nil {
+		t.Fatal(err)
+	}
+	store := &tidySnapshots{FileSnapshotStore: files, dir: filepath.Join(dir, "snapshots"), logger: slog.New(slog.DiscardHandler)}
+	leftovers := func(when string) {
+		t.Helper()
+		if tmps, _ := filepath.Glob(filepath.Join(dir, "snapshots", "*.tmp")); len(tmps) > 0 {
+			t.Errorf("%s: %v left behind", when, tmps)
+		}
+	}
+
+	sink, err := store.Create(1, 10, 2, raft.Configuration{}, 1, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var werr error
+	for i := 0; i < 64 && werr == nil; i++ {
+		_, werr = sink.Write(make([]byte, 64<<10))
+	}
+	if !errors.Is(werr, syscall.ENOSPC) {
+		t.Fatalf("writing 4 MiB of snapshot to a 1 MiB disk: %v, want ENOSPC", werr)
+	}
+	_ = sink.Cancel() // fails too: raft flushes what it buffered first
+	leftovers("a snapshot cancelled after a write found no space")
+
+	fill(t, dir)
+	if _, err := store.Create(1, 11, 2, raft.Configuration{}, 1, nil); err == nil {
+		t.Fatal("starting a snapshot on a full disk succeeded")
+	}
+	leftovers("a snapshot that could not start on a full disk")
 }

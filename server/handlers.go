@@ -447,7 +447,7 @@ func (s *Server) Status(ctx context.Context, req *connect.Request[fencev1.Status
 		CommitIndex:   parseUint(stats["commit_index"]),
 		AppliedIndex:  r.AppliedIndex(),
 		Version:       s.cfg.Version,
-		Problems:      s.node.problems(),
+		Problems:      s.problems(),
 		ClusterId:     s.clusterID(),
 	}
 	s.fsm.Read(func(st *fsm.State) {

@@ -69,7 +69,11 @@ func openNode(cfg Config, f *fsm.FSM, logger *slog.Logger) (*node, error) {
 		// raft-wal v0.4.0's Close leaves its meta store open (and locked),
 		// so the node owns the meta store and closes it itself.
 		n.walMeta = &metadb.BoltMetaDB{}
-		n.wal, err = wal.Open(walDir, wal.WithLogger(hlog), wal.WithMetaStore(n.walMeta))
+		segment := wal.DefaultSegmentSize
+		if cfg.WALSegmentMB > 0 {
+			segment = cfg.WALSegmentMB << 20
+		}
+		n.wal, err = wal.Open(walDir, wal.WithLogger(hlog), wal.WithMetaStore(n.walMeta), wal.WithSegmentSize(segment))
 		if err != nil {
 			return fail(fmt.Errorf("opening raft log in %s: %w", cfg.DataDir, err))
 		}
@@ -91,10 +95,11 @@ func openNode(cfg Config, f *fsm.FSM, logger *slog.Logger) (*node, error) {
 		return fail(err)
 	}
 	removeUnfinishedSnapshots(cfg.DataDir, logger)
-	snaps, err := raft.NewFileSnapshotStoreWithLogger(cfg.DataDir, 2, hlog)
+	fileSnaps, err := raft.NewFileSnapshotStoreWithLogger(cfg.DataDir, 2, hlog)
 	if err != nil {
 		return fail(fmt.Errorf("opening snapshot store: %w", err))
 	}
+	snaps := &tidySnapshots{FileSnapshotStore: fileSnaps, dir: filepath.Join(cfg.DataDir, "snapshots"), logger: logger}
 	if err := checkSnapshots(cfg.DataDir, snaps, checked, logger); err != nil {
 		return fail(err)
 	}
@@ -356,11 +361,11 @@ func (n *node) soleVoter() bool {
 }
 
 // problems lists what is wrong with the node's storage, for Status.
-func (n *node) problems() []string {
+func (n *node) problem() string {
 	if n.log != nil && n.log.full.Load() {
-		return []string{fmt.Sprintf("disk full: the last write to the raft log in %s found no space", n.dataDir)}
+		return fmt.Sprintf("disk full: the last write to the raft log in %s found no space", n.dataDir)
 	}
-	return nil
+	return ""
 }
 
 func (n *node) isLeader() bool { return n.raft.State() == raft.Leader }

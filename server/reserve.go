@@ -1,12 +1,15 @@
 package server
 
 import (
+	"errors"
 	"fmt"
 	"hash/crc32"
 	"os"
 	"path/filepath"
 	"strings"
 	"sync"
+	"sync/atomic"
+	"syscall"
 )
 
 // reserveBlock is how far ahead of the tokens it has applied a node
@@ -31,6 +34,8 @@ type tokenReserve struct {
 	path string
 	mu   sync.Mutex
 	upTo uint64 // every token this node applied is at most upTo, on disk
+	// full is set while the last write of the reserve found no space.
+	full atomic.Bool
 }
 
 // openTokenReserve reads the reserve of a data dir; a new data dir, or one
@@ -68,11 +73,21 @@ func (r *tokenReserve) cover(token uint64) error {
 		return nil
 	}
 	upTo := token + reserveBlock
-	if err := writeDurably(r.path, fmt.Appendf(nil, "up-to %d crc32c %08x\n", upTo, reserveSum(upTo))); err != nil {
+	err := writeDurably(r.path, fmt.Appendf(nil, "up-to %d crc32c %08x\n", upTo, reserveSum(upTo)))
+	r.full.Store(errors.Is(err, syscall.ENOSPC))
+	if err != nil {
 		return fmt.Errorf("writing the token reserve: %w", err)
 	}
 	r.upTo = upTo
 	return nil
+}
+
+// problem says what is wrong with the reserve, if anything.
+func (r *tokenReserve) problem() string {
+	if r.full.Load() {
+		return fmt.Sprintf("disk full: the token reserve %s could not be written; no grant past it is answered until it is", r.path)
+	}
+	return ""
 }
 
 func reserveSum(upTo uint64) uint32 {

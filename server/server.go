@@ -342,6 +342,23 @@ func (s *Server) prepareToLead() error {
 	return nil
 }
 
+// problems says what is wrong with this node, one line each: a disk found
+// full by the raft log or by the token reserve.
+func (s *Server) problems() []string {
+	var out []string
+	if s.node != nil {
+		if p := s.node.problem(); p != "" {
+			out = append(out, p)
+		}
+	}
+	if s.reserve != nil {
+		if p := s.reserve.problem(); p != "" {
+			out = append(out, p)
+		}
+	}
+	return out
+}
+
 func (s *Server) expireSessions(ids []uint64) error {
 	res, err := s.apply(&fsmpb.Command{Op: &fsmpb.Command_ExpireSessions{ExpireSessions: &fsmpb.ExpireSessions{SessionIds: ids}}})
 	if err == nil {
@@ -493,8 +510,8 @@ func newMetrics(s *Server) *metrics {
 		gauge("fence_sessions", "Live sessions.", func(st *fsm.State) float64 { return float64(st.NumSessions()) }),
 		gauge("fence_locks", "Locks held, waited for or delayed.", func(st *fsm.State) float64 { return float64(st.NumLocks()) }),
 		gauge("fence_last_token", "The last fencing token issued.", func(st *fsm.State) float64 { return float64(st.LastToken()) }),
-		prometheus.NewGaugeFunc(prometheus.GaugeOpts{Name: "fence_disk_full", Help: "1 while the last write to the raft log found no space."}, func() float64 {
-			if s.node != nil && s.node.log.full.Load() {
+		prometheus.NewGaugeFunc(prometheus.GaugeOpts{Name: "fence_disk_full", Help: "1 while the last write to the raft log or the token reserve found no space."}, func() float64 {
+			if len(s.problems()) > 0 {
 				return 1
 			}
 			return 0

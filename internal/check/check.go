@@ -77,10 +77,14 @@ const (
 	// middle: it must refuse to start; a torn tail: it must start), undo
 	// the damage and restart it.
 	FaultCorruptFollower = "corrupt-follower"
+	// FaultDiskFull: fill the disk of the leader or of a follower (each
+	// node runs on a small tmpfs of its own; Linux, as root) for 1 to 3s,
+	// then free it.
+	FaultDiskFull = "disk-full"
 )
 
 // FaultKinds lists the faults the checker knows, in a stable order.
-var FaultKinds = []string{FaultPause, FaultKillWorker, FaultKillServer, FaultKillLeader, FaultPartition, FaultPauseLeader, FaultPauseFollower, FaultCorruptFollower}
+var FaultKinds = []string{FaultPause, FaultKillWorker, FaultKillServer, FaultKillLeader, FaultPartition, FaultPauseLeader, FaultPauseFollower, FaultCorruptFollower, FaultDiskFull}
 
 // FaultEvent is a fault that was injected.
 type FaultEvent struct {
@@ -88,6 +92,8 @@ type FaultEvent struct {
 	Target string
 	Start  time.Time
 	End    time.Time
+	// Note is what the fault step saw of the fault's effect, if anything.
+	Note string
 }
 
 // Result is a run's outcome.
@@ -130,6 +136,8 @@ type runner struct {
 	wg      sync.WaitGroup
 	// clusterID is the group's id: the workers talk to it alone.
 	clusterID string
+	// smallDisks gives each node a small disk of its own, to fill.
+	smallDisks bool
 }
 
 // Run runs the checker and returns what it found. An error means the run
@@ -159,6 +167,7 @@ func Run(ctx context.Context, cfg Config) (*Result, error) {
 		return nil, err
 	}
 	r.drawTTL = r.cfg.TTL <= 0 && slices.Contains(kinds, FaultPauseLeader)
+	r.smallDisks = slices.Contains(kinds, FaultDiskFull)
 	if r.cfg.TTL <= 0 {
 		r.cfg.TTL = time.Second
 	}
@@ -242,6 +251,17 @@ func (r *runner) faultKinds() ([]string, error) {
 		}
 		if groupFault(k) && (len(r.cfg.Endpoints) > 0 || r.cfg.Nodes < 3) {
 			continue // needs a cluster of our own
+		}
+		if k == FaultDiskFull {
+			if len(r.cfg.Endpoints) > 0 {
+				continue // not our servers' disks
+			}
+			if err := canFillDisks(); err != nil {
+				if r.cfg.Faults != nil {
+					return nil, err
+				}
+				continue
+			}
 		}
 		out = append(out, k)
 	}
@@ -349,6 +369,7 @@ func (r *runner) stopAll() {
 	for _, n := range r.nodes {
 		n.stop()
 	}
+	r.unmountDisks()
 	for _, l := range r.links {
 		l.Close()
 	}

@@ -154,3 +154,26 @@ func TestCheckClusterPauseLeader(t *testing.T) {
 			paused, len(res.Faults), res.Analysis.Acquires, res.Analysis.Holds, res.Analysis.Linearizability)
 	}
 }
+
+// A three-node group whose leader's or followers' disks fill up and are
+// freed again: the full node says so, and nothing is lost.
+func TestCheckClusterDiskFull(t *testing.T) {
+	if os.Geteuid() != 0 {
+		t.Skip("the disk-full fault mounts a tmpfs per node, which needs root")
+	}
+	res := run(t, check.Config{Nodes: 3, Workers: 3, Duration: 12 * time.Second, Seed: 6, TTL: time.Second, FaultInterval: 1500 * time.Millisecond,
+		Faults: []string{check.FaultDiskFull}})
+	for _, v := range res.Analysis.Violations {
+		t.Errorf("%s: %s", v.Kind, v.Detail)
+	}
+	reported := 0
+	for _, f := range res.Faults {
+		if f.Kind == check.FaultDiskFull && f.Note != "" {
+			reported++
+		}
+	}
+	if reported == 0 || res.Analysis.Acquires < 20 || res.Analysis.Linearizability != "Ok" {
+		t.Errorf("the run proved little: %d disk-full faults of %d reported by their node, %d grants, linearizability %q",
+			reported, len(res.Faults), res.Analysis.Acquires, res.Analysis.Linearizability)
+	}
+}

@@ -25,6 +25,7 @@ func (r *runner) faultSteps() map[string]faultStep {
 		FaultPauseLeader:     r.pauseServer,
 		FaultPauseFollower:   r.pauseServer,
 		FaultCorruptFollower: r.corruptFollower,
+		FaultDiskFull:        r.fillDisk,
 	}
 }
 
@@ -49,7 +50,11 @@ func (r *runner) injectFaults(ctx context.Context, kinds []string) {
 			continue
 		}
 		ev.End = time.Now()
-		fmt.Fprintf(r.log, "check: %s %s (%v)\n", ev.Kind, ev.Target, ev.End.Sub(ev.Start).Round(time.Millisecond))
+		note := ""
+		if ev.Note != "" {
+			note = ", " + ev.Note
+		}
+		fmt.Fprintf(r.log, "check: %s %s (%v%s)\n", ev.Kind, ev.Target, ev.End.Sub(ev.Start).Round(time.Millisecond), note)
 		r.faults = append(r.faults, ev)
 	}
 }

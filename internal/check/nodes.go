@@ -28,6 +28,8 @@ type node struct {
 	args   []string
 	proc   *proc.Process
 	logDir string
+	// mounted is set while the node's data dir is a small disk of its own.
+	mounted bool
 }
 
 func (n *node) name() string { return fmt.Sprintf("node n%d", n.index+1) }
@@ -69,6 +71,12 @@ func (r *runner) startServers(ctx context.Context) error {
 	for _, n := range r.nodes {
 		n.args = []string{"serve", "--node-id", fmt.Sprintf("n%d", n.index+1), "--data-dir", n.dir,
 			"--listen", n.api, "--raft-listen", n.raft, "--heartbeat-timeout", timeout, "--election-timeout", timeout, "--log-level", "warn"}
+		if r.smallDisks {
+			// Small log segments and frequent snapshots: a node writes new
+			// files often, so a full disk bites within the fault, not only
+			// once a 64 MiB segment, taken when it started, fills up.
+			n.args = append(n.args, "--wal-segment-mb", "1", "--snapshot-threshold", "128", "--snapshot-interval", "500ms")
+		}
 		if len(r.nodes) > 1 {
 			var dial []string
 			for _, to := range r.nodes {
@@ -83,6 +91,11 @@ func (r *runner) startServers(ctx context.Context) error {
 				dial = append(dial, fmt.Sprintf("n%d=%s", to.index+1, l.Addr()))
 			}
 			n.args = append(n.args, "--peers", strings.Join(peers, ","), "--raft-dial", strings.Join(dial, ","))
+		}
+	}
+	if r.smallDisks {
+		if err := r.mountDisks(); err != nil {
+			return err
 		}
 	}
 	for _, n := range r.nodes {

@@ -37,7 +37,9 @@ pauses the leader (pause-leader: past the election of a new one, but not
 past the keepalives sent to it) or a follower, and damages a killed
 follower's raft log (corrupt-follower: bytes flipped in the middle, which
 must stop it with a message, or a write torn at the end, which it must
-drop and start). It then checks the history:
+drop and start); as root on Linux it also fills a node's disk (disk-full:
+each node runs on a small tmpfs of its own) and frees it again. Every
+endpoint must be a node of one group. It then checks the history:
 no write accepted with a token lower than one accepted before, no
 acknowledged increment or append lost, grant tokens rising in real-time
 order, a linearizable KV history, and, from each worker's report of when it

@@ -1,0 +1,75 @@
+package server
+
+import (
+	"fmt"
+	"log/slog"
+	"os"
+	"path/filepath"
+
+	"github.com/hashicorp/raft"
+)
+
+// tidySnapshots is raft's file snapshot store, cleaned up after failures.
+// raft's store leaves a snapshot's temporary dir behind when it fails
+// while starting the snapshot (writing meta.json), or when the sink's last
+// flush fails on Close or Cancel: both what a full disk does. Each such
+// dir holds part of a snapshot, and with snapshots retried every few
+// seconds they would fill a disk that had just been freed, until the next
+// restart removed them (removeUnfinishedSnapshots). (hashicorp/raft#714;
+// the state file such a sink leaves open is closed by its finalizer once
+// raft drops the sink, which the space of the removed file waits for.)
+type tidySnapshots struct {
+	*raft.FileSnapshotStore
+	dir    string // the store's snapshots dir
+	logger *slog.Logger
+}
+
+func (t *tidySnapshots) Create(version raft.SnapshotVersion, index, term uint64, configuration raft.Configuration,
+	configurationIndex uint64, trans raft.Transport) (raft.SnapshotSink, error) {
+	sink, err := t.FileSnapshotStore.Create(version, index, term, configuration, configurationIndex, trans)
+	if err != nil {
+		// raft names the dir term-index-milliseconds.tmp, and tells
+		// nobody the milliseconds.
+		tmps, _ := filepath.Glob(filepath.Join(t.dir, fmt.Sprintf("%d-%d-*.tmp", term, index)))
+		for _, tmp := range tmps {
+			t.remove(tmp)
+		}
+		return nil, err
+	}
+	return &tidySink{SnapshotSink: sink, tmp: filepath.Join(t.dir, sink.ID()+".tmp"), store: t}, nil
+}
+
+func (t *tidySnapshots) remove(tmp string) {
+	if err := os.RemoveAll(tmp); err != nil {
+		t.logger.Warn("could not remove a failed snapshot", "dir", tmp, "err", err)
+		return
+	}
+	t.logger.Info("removed a failed snapshot", "dir", tmp)
+}
+
+// tidySink removes its snapshot's temporary dir when the snapshot fails.
+type tidySink struct {
+	raft.SnapshotSink
+	tmp   string
+	store *tidySnapshots
+}
+
+func (s *tidySink) Close() error {
+	err := s.SnapshotSink.Close()
+	if err != nil {
+		s.clean()
+	}
+	return err
+}
+
+func (s *tidySink) Cancel() error {
+	err := s.SnapshotSink.Cancel()
+	s.clean()
+	return err
+}
+
+func (s *tidySink) clean() {
+	if _, err := os.Stat(s.tmp); err == nil {
+		s.store.remove(s.tmp)
+	}
+}
