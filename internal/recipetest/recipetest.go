@@ -267,3 +267,6 @@ func Context(t *testing.T) context.Context {
 	t.Cleanup(cancel)
 	return ctx
 }
+
+// Bin is the path of the recipe's program built by Main.
+func Bin() string { return exampleBin }
