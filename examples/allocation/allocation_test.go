@@ -14,7 +14,7 @@ func TestMain(m *testing.M) {
 }
 
 func TestPageShowsTheProgram(t *testing.T) {
-	recipetest.CheckSnippets(t, "../../docs/uses/allocation.md", "main.go")
+	recipetest.CheckSnippets(t, "docs/uses/allocation.md", "main.go")
 }
 
 // A pool of two devices. A takes dev0 and is stopped with SIGSTOP past its

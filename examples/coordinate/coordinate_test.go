@@ -15,7 +15,7 @@ func TestMain(m *testing.M) {
 }
 
 func TestPageShowsTheProgram(t *testing.T) {
-	recipetest.CheckSnippets(t, "../../docs/uses/coordinate.md", "main.go")
+	recipetest.CheckSnippets(t, "docs/uses/coordinate.md", "main.go")
 }
 
 // Coordinator A is stopped with SIGSTOP in the middle of its rollout for

@@ -15,7 +15,7 @@ func TestMain(m *testing.M) {
 }
 
 func TestPageShowsTheProgram(t *testing.T) {
-	recipetest.CheckSnippets(t, "../../docs/uses/election.md", "main.go")
+	recipetest.CheckSnippets(t, "docs/uses/election.md", "main.go")
 }
 
 // The leader is paused past its TTL: the other node is elected and

@@ -17,7 +17,7 @@ func TestMain(m *testing.M) {
 }
 
 func TestPageShowsTheProgram(t *testing.T) {
-	recipetest.CheckSnippets(t, "../../docs/uses/inventory.md", "main.go")
+	recipetest.CheckSnippets(t, "docs/uses/inventory.md", "main.go")
 }
 
 func setupDB(t *testing.T, qty string) string {

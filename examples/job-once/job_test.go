@@ -18,7 +18,7 @@ func TestMain(m *testing.M) {
 }
 
 func TestPageShowsTheProgram(t *testing.T) {
-	recipetest.CheckSnippets(t, "../../docs/uses/job-once.md", "main.go")
+	recipetest.CheckSnippets(t, "docs/uses/job-once.md", "main.go")
 }
 
 // Efficiency: two cron runs at once run the job once; a holder paused past

@@ -17,7 +17,7 @@ func TestMain(m *testing.M) {
 }
 
 func TestPageShowsTheProgram(t *testing.T) {
-	recipetest.CheckSnippets(t, "../../docs/uses/sessions.md", "main.go")
+	recipetest.CheckSnippets(t, "docs/uses/sessions.md", "main.go")
 }
 
 // A server stopped with SIGSTOP between reading the cart and writing it,

@@ -207,12 +207,13 @@ func (p *Proc) Resume(t *testing.T) {
 // fenced is a Go code block of a page.
 var fenced = regexp.MustCompile("(?s)```go\n(.*?)```")
 
-// CheckSnippets checks that every Go code block of the page (a path
-// relative to the test's directory) appears in one of the sources, line
-// for line, indentation aside: the page shows the program's own code.
+// CheckSnippets checks that every Go code block of the page (a path from
+// the repository's root, such as docs/uses/election.md) appears in one of
+// the sources (paths from the test's directory), line for line,
+// indentation aside: the page shows the program's own code.
 func CheckSnippets(t *testing.T, page string, sources ...string) {
 	t.Helper()
-	doc, err := os.ReadFile(page)
+	doc, err := os.ReadFile(filepath.Join(repoRoot(t), page))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -270,3 +271,22 @@ func Context(t *testing.T) context.Context {
 
 // Bin is the path of the recipe's program built by Main.
 func Bin() string { return exampleBin }
+
+// repoRoot is the directory of the go.mod above the test's directory.
+func repoRoot(t *testing.T) string {
+	t.Helper()
+	dir, err := os.Getwd()
+	if err != nil {
+		t.Fatal(err)
+	}
+	for {
+		if _, err := os.Stat(filepath.Join(dir, "go.mod")); err == nil {
+			return dir
+		}
+		parent := filepath.Dir(dir)
+		if parent == dir {
+			t.Fatal("no go.mod above the test's directory")
+		}
+		dir = parent
+	}
+}
