@@ -1,0 +1,58 @@
+package main
+
+import (
+	"os"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/fencelock/fence/internal/recipetest"
+)
+
+func TestMain(m *testing.M) {
+	os.Exit(recipetest.Main(m, "github.com/fencelock/fence/examples/allocation"))
+}
+
+func TestPageShowsTheProgram(t *testing.T) {
+	recipetest.CheckSnippets(t, "docs/uses/allocation.md", "main.go")
+}
+
+// A pool of two devices. A takes dev0 and is stopped with SIGSTOP past its
+// TTL; B takes dev1 and is killed with SIGKILL. C and D, waiting for a free
+// device, get both devices once the two sessions expire; A wakes and its
+// write to dev0 is refused.
+func TestHoldersPausedAndKilled(t *testing.T) {
+	addr := recipetest.Serve(t)
+	worker := func(name, work string) *recipetest.Proc {
+		return recipetest.Run(t, "worker "+name, "use", "--endpoints", addr, "--name", name, "--work", work)
+	}
+	a := worker("A", "300ms")
+	a.WaitLine(t, "A: using dev0", 10*time.Second)
+	a.Pause(t)
+	b := worker("B", "10s")
+	b.WaitLine(t, "B: using dev1", 10*time.Second)
+	if err := b.Kill(); err != nil {
+		t.Fatal(err)
+	}
+	got := map[string]string{}
+	c, d := worker("C", "1s"), worker("D", "1s") // both at once, each needs a device of its own
+	for _, p := range []*recipetest.Proc{c, d} {
+		lines, code := p.Output(t, 20*time.Second)
+		name := p.Name()
+		if code != 0 {
+			t.Fatalf("%s exited %d: %v", name, code, lines)
+		}
+		for _, l := range lines {
+			if _, dev, ok := strings.Cut(l, ": wrote to "); ok {
+				got[dev] = name
+			}
+		}
+	}
+	if len(got) != 2 {
+		t.Fatalf("C and D used %v, want one device each", got)
+	}
+	a.Resume(t)
+	if lines, code := a.Output(t, 10*time.Second); code != 2 {
+		t.Fatalf("A, paused past its TTL, exited %d, want 2 (refused): %v", code, lines)
+	}
+}
