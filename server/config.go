@@ -111,6 +111,11 @@ type Config struct {
 	// IdleTimeout closes a keep-alive connection that has carried no call
 	// for this long.
 	IdleTimeout time.Duration
+	// WriteTimeout bounds each write of an answer: a client that stops
+	// reading (its socket's buffers full) has its call ended and its
+	// connection closed after this long. Answers that take long (waits,
+	// watches) are not bounded as a whole. 0: no bound.
+	WriteTimeout time.Duration
 
 	// ApplyTimeout bounds how long a write waits to be committed.
 	ApplyTimeout time.Duration
@@ -161,6 +166,7 @@ func DefaultConfig() Config {
 		WatchHistory:       10_000,
 		MaxConnections:     10_000,
 		ReadTimeout:        10 * time.Second,
+		WriteTimeout:       10 * time.Second,
 		IdleTimeout:        2 * time.Minute,
 		ApplyTimeout:       10 * time.Second,
 		HeartbeatTimeout:   500 * time.Millisecond,
@@ -216,6 +222,7 @@ func (c Config) Validate() error {
 	check(c.WatchHistory >= 0, "watch history is negative")
 	check(c.MaxConnections >= 0, "max connections is negative")
 	check(c.ReadTimeout > 0, "read timeout must be positive")
+	check(c.WriteTimeout >= 0, "write timeout must not be negative")
 	check(c.IdleTimeout > 0, "idle timeout must be positive")
 	check(c.ApplyTimeout > 0, "apply timeout must be positive")
 	check(c.HeartbeatTimeout >= 5*time.Millisecond, "heartbeat timeout %v is below 5ms", c.HeartbeatTimeout)

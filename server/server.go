@@ -226,7 +226,7 @@ func (s *Server) newHTTPServer() *http.Server {
 		protocols.SetUnencryptedHTTP2(true) // gRPC without TLS
 	}
 	return &http.Server{
-		Handler:   s.checkCluster(s.forwarder),
+		Handler:   boundWrites(s.checkCluster(s.forwarder), s.cfg.WriteTimeout),
 		Protocols: &protocols,
 		TLSConfig: s.cfg.TLS,
 		// ReadTimeout bounds the headers and the body, not the answer: over
@@ -235,7 +235,8 @@ func (s *Server) newHTTPServer() *http.Server {
 		// only the stream's body. A body that does not arrive in time fails
 		// the call, and an HTTP/1.1 connection is then closed, as the rest
 		// of the body cannot be told from a next request. Blocked acquires
-		// and watches are long answers, so there is no WriteTimeout.
+		// and watches are long answers, so there is no WriteTimeout: each
+		// write is bounded instead (boundWrites).
 		ReadHeaderTimeout: s.cfg.ReadTimeout,
 		ReadTimeout:       s.cfg.ReadTimeout,
 		IdleTimeout:       s.cfg.IdleTimeout,

@@ -1,0 +1,53 @@
+package server
+
+import (
+	"net/http"
+	"time"
+)
+
+// boundWrites ends a call whose client stops reading its answer: each
+// write of the answer (and the server's own last flush, once the handler
+// returns) must complete within d, or it fails, the call ends and the
+// connection is closed. Waits and watches may still answer for as long as
+// they like: only a write that a client leaves blocked is bounded. Without
+// it, a watcher that stopped reading held its connection, a goroutine and
+// a connection slot (--max-connections) for as long as it stayed connected.
+func boundWrites(next http.Handler, d time.Duration) http.Handler {
+	if d <= 0 {
+		return next
+	}
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		bw := &boundedWriter{ResponseWriter: w, rc: http.NewResponseController(w), d: d}
+		next.ServeHTTP(bw, r)
+		bw.arm() // what the server writes after the handler: trailers, the last flush
+	})
+}
+
+// boundedWriter arms the connection's write deadline before every write.
+type boundedWriter struct {
+	http.ResponseWriter
+	rc *http.ResponseController
+	d  time.Duration
+}
+
+func (b *boundedWriter) arm() { _ = b.rc.SetWriteDeadline(time.Now().Add(b.d)) }
+
+func (b *boundedWriter) WriteHeader(code int) {
+	b.arm()
+	b.ResponseWriter.WriteHeader(code)
+}
+
+func (b *boundedWriter) Write(p []byte) (int, error) {
+	b.arm()
+	return b.ResponseWriter.Write(p)
+}
+
+func (b *boundedWriter) Flush() { _ = b.FlushError() }
+
+func (b *boundedWriter) FlushError() error {
+	b.arm()
+	return b.rc.Flush()
+}
+
+// Unwrap lets http.ResponseController reach the connection's own writer.
+func (b *boundedWriter) Unwrap() http.ResponseWriter { return b.ResponseWriter }
