@@ -67,7 +67,18 @@ func (r *tokenReserve) cover(token uint64) error {
 	if token <= r.upTo {
 		return nil
 	}
-	upTo := token + reserveBlock
+	return r.setLocked(token + reserveBlock)
+}
+
+// set writes upTo as the reserve, raised or not: a restore sets the
+// reserve of a new data dir to the restored state's last token.
+func (r *tokenReserve) set(upTo uint64) error {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	return r.setLocked(upTo)
+}
+
+func (r *tokenReserve) setLocked(upTo uint64) error {
 	if err := writeDurably(r.path, fmt.Appendf(nil, "up-to %d crc32c %08x\n", upTo, reserveSum(upTo))); err != nil {
 		return fmt.Errorf("writing the token reserve: %w", err)
 	}
