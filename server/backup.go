@@ -171,20 +171,29 @@ func ReadSnapshotFile(path string) (*SnapshotFile, error) {
 		return nil, fmt.Errorf("reading snapshot: %w", err)
 	}
 	defer f.Close()
+	return decodeSnapshotFile(path, f)
+}
+
+// maxSnapshotBody bounds the body a snapshot file may have.
+const maxSnapshotBody = 1 << 34
+
+// decodeSnapshotFile reads and verifies a snapshot file from r; name is
+// what errors call it.
+func decodeSnapshotFile(name string, rd io.Reader) (*SnapshotFile, error) {
 	bad := func(format string, args ...any) error {
-		return fmt.Errorf("snapshot %s is not usable: %s", path, fmt.Sprintf(format, args...))
+		return fmt.Errorf("snapshot %s is not usable: %s", name, fmt.Sprintf(format, args...))
 	}
-	r := bufio.NewReader(f)
+	r := bufio.NewReader(rd)
 	magic, err := readLine(r, 64)
 	if err != nil {
 		return nil, bad("it does not start with a fence snapshot header (%v)", err)
 	}
-	name, ver, _ := strings.Cut(magic, " ")
-	if name != snapshotMagic {
+	kind, ver, _ := strings.Cut(magic, " ")
+	if kind != snapshotMagic {
 		return nil, bad("it is not a fence snapshot file (it starts with %q, not %q)", clip(magic), snapshotMagic)
 	}
 	if v, err := strconv.Atoi(ver); err != nil || v != SnapshotFormat {
-		return nil, bad("it is in snapshot format %q; this fence reads format %d (a newer fence may read it)", ver, SnapshotFormat)
+		return nil, bad("it is in snapshot format %q; this fence reads format %d (a newer fence may read it)", clip(ver), SnapshotFormat)
 	}
 	line, err := readLine(r, maxSnapshotHeader)
 	if err != nil {
@@ -210,20 +219,23 @@ func ReadSnapshotFile(path string) (*SnapshotFile, error) {
 	if h.Format != SnapshotFormat {
 		return nil, bad("its header says format %d; this fence reads format %d", h.Format, SnapshotFormat)
 	}
-	const maxBody = 1 << 34
-	if h.Size > maxBody {
-		return nil, bad("its header says the body is %d bytes, more than the %d a snapshot may have", h.Size, uint64(maxBody))
+	if h.Size > maxSnapshotBody {
+		return nil, bad("its header says the body is %d bytes, more than the %d a snapshot may have", h.Size, uint64(maxSnapshotBody))
 	}
-	body := make([]byte, h.Size)
-	if n, err := io.ReadFull(r, body); err != nil {
-		return nil, bad("it is truncated: the header promises %d bytes of body, the file holds %d", h.Size, n)
+	// Read what is there rather than allocate what the header claims.
+	body, err := io.ReadAll(io.LimitReader(r, int64(h.Size)))
+	if err != nil {
+		return nil, bad("reading its body: %v", err)
+	}
+	if uint64(len(body)) < h.Size {
+		return nil, bad("it is truncated: the header promises %d bytes of body, the file holds %d", h.Size, len(body))
 	}
 	if extra, _ := io.Copy(io.Discard, r); extra > 0 {
 		return nil, bad("%d bytes follow the end of the body (%d bytes, as the header says)", extra, h.Size)
 	}
 	sum := sha256.Sum256(body)
 	if got := hex.EncodeToString(sum[:]); got != h.SHA256 {
-		return nil, bad("its body is damaged: SHA-256 %s, the header says %s", got, h.SHA256)
+		return nil, bad("its body is damaged: SHA-256 %s, the header says %s", got, clip(h.SHA256))
 	}
 	var snap fsmpb.Snapshot
 	if err := proto.Unmarshal(body, &snap); err != nil {
