@@ -90,15 +90,18 @@ func TestSnapshotSaveAndRestore(t *testing.T) {
 		name      string
 		bump      uint64
 		wantToken uint64 // the restored node's first grant
+		logStore  string
 	}{
-		{"no bump", 0, h.LastToken + 1},
-		{"bump", DefaultRestoreBump, h.LastToken + DefaultRestoreBump + 1},
+		{"no bump", 0, h.LastToken + 1, LogStoreWAL},
+		{"bump", DefaultRestoreBump, h.LastToken + DefaultRestoreBump + 1, LogStoreWAL},
+		{"bolt log", 0, h.LastToken + 1, LogStoreBolt},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			cfg := DefaultConfig()
 			cfg.DataDir = filepath.Join(t.TempDir(), "restored")
 			cfg.Listen, cfg.RaftListen = "127.0.0.1:0", "127.0.0.1:0"
 			cfg.HeartbeatTimeout, cfg.ElectionTimeout = 50*time.Millisecond, 50*time.Millisecond
+			cfg.LogStore = tc.logStore
 			res, err := RestoreSnapshot(cfg, path, tc.bump)
 			if err != nil {
 				t.Fatal(err)
@@ -129,6 +132,17 @@ func TestSnapshotSaveAndRestore(t *testing.T) {
 			}
 			if tc.bump > 0 && got <= srcLast {
 				t.Errorf("token %d after a bumped restore is not above the old node's last %d (%d was granted after the save)", got, srcLast, after)
+			}
+			// The restored dir, with log entries after its snapshot, opens again.
+			if err := s.Close(); err != nil {
+				t.Fatal(err)
+			}
+			s = mustStart(t, cfg)
+			if _, tok := lockHolder(s, "new"); tok != got {
+				t.Errorf("after a restart the lock granted after the restore has token %d, want %d", tok, got)
+			}
+			if sid, tok := lockHolder(s, "held"); sid != sess || tok != held {
+				t.Errorf("after a restart lock held: session %d token %d, want %d %d", sid, tok, sess, held)
 			}
 		})
 	}
