@@ -49,6 +49,17 @@ func (c *testCluster) reserve(id string) string {
 }
 
 func startCluster(t testing.TB, n int, edit func(*Config)) *testCluster {
+	c := newCluster(t, n, edit)
+	for _, id := range c.ids {
+		c.start(id)
+	}
+	c.leader()
+	return c
+}
+
+// newCluster configures a group of n nodes, holding their raft ports, and
+// starts none of them.
+func newCluster(t testing.TB, n int, edit func(*Config)) *testCluster {
 	c := &testCluster{t: t, cfgs: map[string]Config{}, nodes: map[string]*Server{}, links: map[[2]string]*netproxy.Link{}, editCfg: edit, reserved: map[string]net.Listener{}}
 	peers := map[string]string{}
 	for i := 1; i <= n; i++ {
@@ -61,10 +72,6 @@ func startCluster(t testing.TB, n int, edit func(*Config)) *testCluster {
 		cfg.Peers = peers
 		c.cfgs[id] = cfg
 	}
-	for _, id := range c.ids {
-		c.start(id)
-	}
-	c.leader()
 	return c
 }
 

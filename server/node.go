@@ -393,7 +393,7 @@ func (n *node) raftError(err error) error {
 		return fmt.Errorf("%w: the data dir %s is out of space (%v); free space there or grow the volume", fence.ErrDiskFull, n.dataDir, err)
 	case errors.Is(err, raft.ErrNotLeader), errors.Is(err, raft.ErrLeadershipLost),
 		errors.Is(err, raft.ErrEnqueueTimeout), errors.Is(err, raft.ErrRaftShutdown),
-		errors.Is(err, raft.ErrAbortedByRestore):
+		errors.Is(err, raft.ErrAbortedByRestore), errors.Is(err, raft.ErrLeadershipTransferInProgress):
 		if id == "" {
 			return fmt.Errorf("%w: no leader is elected right now (%v); retry shortly", fence.ErrUnavailable, err)
 		}

@@ -72,7 +72,18 @@ func (r *tokenReserve) cover(token uint64) error {
 	if token <= r.upTo {
 		return nil
 	}
-	upTo := token + reserveBlock
+	return r.setLocked(token + reserveBlock)
+}
+
+// set writes upTo as the reserve, raised or not: a restore sets the
+// reserve of a new data dir to the restored state's last token.
+func (r *tokenReserve) set(upTo uint64) error {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	return r.setLocked(upTo)
+}
+
+func (r *tokenReserve) setLocked(upTo uint64) error {
 	err := writeDurably(r.path, fmt.Appendf(nil, "up-to %d crc32c %08x\n", upTo, reserveSum(upTo)))
 	r.full.Store(errors.Is(err, syscall.ENOSPC))
 	if err != nil {

@@ -157,6 +157,53 @@ func (s *Server) Addr() string { return s.ln.Addr().String() }
 // RaftAddr returns the address raft listens on.
 func (s *Server) RaftAddr() string { return string(s.node.transport.LocalAddr()) }
 
+// Shutdown is a graceful Close, for SIGTERM: when this node leads a group
+// with other voters, it first hands leadership to the most up-to-date of
+// them (raft's LeadershipTransfer) and waits until another node leads, so
+// that a rolling restart costs the group a round of TimeoutNow and one
+// election instead of an election timeout. The hand-off is bounded by ctx
+// and by raft's own bound (an election timeout); if it fails or ctx ends
+// first, the node closes anyway and the others elect a leader as after a
+// crash. It then closes the node as Close does.
+func (s *Server) Shutdown(ctx context.Context) error {
+	s.handOffLeadership(ctx)
+	return s.Close()
+}
+
+// handOffLeadership transfers leadership away from this node, if it leads
+// a group, and waits until another node leads, or ctx ends.
+func (s *Server) handOffLeadership(ctx context.Context) {
+	if !s.node.isLeader() || s.node.soleVoter() {
+		return
+	}
+	start := time.Now()
+	future := s.node.raft.LeadershipTransfer()
+	done := make(chan error, 1)
+	go func() { done <- future.Error() }()
+	select {
+	case err := <-done:
+		if err != nil {
+			s.logger.Warn("handing over leadership failed; closing anyway", "err", err)
+			return
+		}
+	case <-ctx.Done():
+		s.logger.Warn("handing over leadership took too long; closing anyway", "after", time.Since(start))
+		return
+	}
+	for {
+		if _, id := s.node.raft.LeaderWithID(); id != "" && id != s.node.id {
+			s.logger.Info("leadership handed over", "to", id, "took", time.Since(start))
+			return
+		}
+		select {
+		case <-ctx.Done():
+			s.logger.Warn("leadership was given up, but no new leader was heard of before closing", "after", time.Since(start))
+			return
+		case <-time.After(2 * time.Millisecond):
+		}
+	}
+}
+
 // Close stops serving, fails blocked calls with Unavailable, shuts raft down
 // and closes the data files. It is safe to call more than once.
 func (s *Server) Close() error {

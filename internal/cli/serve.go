@@ -2,9 +2,11 @@ package cli
 
 import (
 	"cmp"
+	"context"
 	"fmt"
 	"log/slog"
 	"strings"
+	"time"
 
 	"github.com/spf13/cobra"
 
@@ -66,7 +68,11 @@ func serveCommand(g *globals) *cobra.Command {
 			fmt.Fprintf(g.stderr, "fence %s serving on %s%s (raft %s, data %s)\n", Version, srv.Addr(), over, srv.RaftAddr(), cfg.DataDir)
 			<-cmd.Context().Done()
 			fmt.Fprintln(g.stderr, "fence: shutting down")
-			return srv.Close()
+			// A leader hands over to another member before it closes
+			// (bounded: raft gives up after an election timeout).
+			ctx, cancel := context.WithTimeout(context.Background(), cfg.ElectionTimeout+2*time.Second)
+			defer cancel()
+			return srv.Shutdown(ctx)
 		},
 	}
 	f := cmd.Flags()

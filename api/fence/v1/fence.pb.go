@@ -1985,6 +1985,195 @@ func (*RegisterNodeResponse) Descriptor() ([]byte, []int) {
 	return file_fence_v1_fence_proto_rawDescGZIP(), []int{28}
 }
 
+type SnapshotRequest struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *SnapshotRequest) Reset() {
+	*x = SnapshotRequest{}
+	mi := &file_fence_v1_fence_proto_msgTypes[29]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *SnapshotRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*SnapshotRequest) ProtoMessage() {}
+
+func (x *SnapshotRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_fence_v1_fence_proto_msgTypes[29]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use SnapshotRequest.ProtoReflect.Descriptor instead.
+func (*SnapshotRequest) Descriptor() ([]byte, []int) {
+	return file_fence_v1_fence_proto_rawDescGZIP(), []int{29}
+}
+
+type SnapshotResponse struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// Set on the first message only.
+	Header *SnapshotHeader `protobuf:"bytes,1,opt,name=header,proto3" json:"header,omitempty"`
+	// The next piece of the body (at most 1 MiB); empty on the first message.
+	Chunk         []byte `protobuf:"bytes,2,opt,name=chunk,proto3" json:"chunk,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *SnapshotResponse) Reset() {
+	*x = SnapshotResponse{}
+	mi := &file_fence_v1_fence_proto_msgTypes[30]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *SnapshotResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*SnapshotResponse) ProtoMessage() {}
+
+func (x *SnapshotResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_fence_v1_fence_proto_msgTypes[30]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use SnapshotResponse.ProtoReflect.Descriptor instead.
+func (*SnapshotResponse) Descriptor() ([]byte, []int) {
+	return file_fence_v1_fence_proto_rawDescGZIP(), []int{30}
+}
+
+func (x *SnapshotResponse) GetHeader() *SnapshotHeader {
+	if x != nil {
+		return x.Header
+	}
+	return nil
+}
+
+func (x *SnapshotResponse) GetChunk() []byte {
+	if x != nil {
+		return x.Chunk
+	}
+	return nil
+}
+
+// SnapshotHeader describes a snapshot's body: the state machine's snapshot
+// (fence's internal format, the one raft snapshots hold) after the entry
+// at index, of term.
+type SnapshotHeader struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// The raft log index and term of the last entry the state includes.
+	Index uint64 `protobuf:"varint,1,opt,name=index,proto3" json:"index,omitempty"`
+	Term  uint64 `protobuf:"varint,2,opt,name=term,proto3" json:"term,omitempty"`
+	// The last fencing token issued in the state.
+	LastToken uint64 `protobuf:"varint,3,opt,name=last_token,json=lastToken,proto3" json:"last_token,omitempty"`
+	// The body's length in bytes and its SHA-256.
+	Size   uint64 `protobuf:"varint,4,opt,name=size,proto3" json:"size,omitempty"`
+	Sha256 []byte `protobuf:"bytes,5,opt,name=sha256,proto3" json:"sha256,omitempty"`
+	// The node that took it (the leader) and its fence version.
+	NodeId        string `protobuf:"bytes,6,opt,name=node_id,json=nodeId,proto3" json:"node_id,omitempty"`
+	Version       string `protobuf:"bytes,7,opt,name=version,proto3" json:"version,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *SnapshotHeader) Reset() {
+	*x = SnapshotHeader{}
+	mi := &file_fence_v1_fence_proto_msgTypes[31]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *SnapshotHeader) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*SnapshotHeader) ProtoMessage() {}
+
+func (x *SnapshotHeader) ProtoReflect() protoreflect.Message {
+	mi := &file_fence_v1_fence_proto_msgTypes[31]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use SnapshotHeader.ProtoReflect.Descriptor instead.
+func (*SnapshotHeader) Descriptor() ([]byte, []int) {
+	return file_fence_v1_fence_proto_rawDescGZIP(), []int{31}
+}
+
+func (x *SnapshotHeader) GetIndex() uint64 {
+	if x != nil {
+		return x.Index
+	}
+	return 0
+}
+
+func (x *SnapshotHeader) GetTerm() uint64 {
+	if x != nil {
+		return x.Term
+	}
+	return 0
+}
+
+func (x *SnapshotHeader) GetLastToken() uint64 {
+	if x != nil {
+		return x.LastToken
+	}
+	return 0
+}
+
+func (x *SnapshotHeader) GetSize() uint64 {
+	if x != nil {
+		return x.Size
+	}
+	return 0
+}
+
+func (x *SnapshotHeader) GetSha256() []byte {
+	if x != nil {
+		return x.Sha256
+	}
+	return nil
+}
+
+func (x *SnapshotHeader) GetNodeId() string {
+	if x != nil {
+		return x.NodeId
+	}
+	return ""
+}
+
+func (x *SnapshotHeader) GetVersion() string {
+	if x != nil {
+		return x.Version
+	}
+	return ""
+}
+
 // Fence is how a KV write is fenced.
 type Fence struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
@@ -2005,7 +2194,7 @@ type Fence struct {
 
 func (x *Fence) Reset() {
 	*x = Fence{}
-	mi := &file_fence_v1_fence_proto_msgTypes[29]
+	mi := &file_fence_v1_fence_proto_msgTypes[32]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2017,7 +2206,7 @@ func (x *Fence) String() string {
 func (*Fence) ProtoMessage() {}
 
 func (x *Fence) ProtoReflect() protoreflect.Message {
-	mi := &file_fence_v1_fence_proto_msgTypes[29]
+	mi := &file_fence_v1_fence_proto_msgTypes[32]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2030,7 +2219,7 @@ func (x *Fence) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Fence.ProtoReflect.Descriptor instead.
 func (*Fence) Descriptor() ([]byte, []int) {
-	return file_fence_v1_fence_proto_rawDescGZIP(), []int{29}
+	return file_fence_v1_fence_proto_rawDescGZIP(), []int{32}
 }
 
 func (x *Fence) GetLock() string {
@@ -2077,7 +2266,7 @@ type PutRequest struct {
 
 func (x *PutRequest) Reset() {
 	*x = PutRequest{}
-	mi := &file_fence_v1_fence_proto_msgTypes[30]
+	mi := &file_fence_v1_fence_proto_msgTypes[33]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2089,7 +2278,7 @@ func (x *PutRequest) String() string {
 func (*PutRequest) ProtoMessage() {}
 
 func (x *PutRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_fence_v1_fence_proto_msgTypes[30]
+	mi := &file_fence_v1_fence_proto_msgTypes[33]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2102,7 +2291,7 @@ func (x *PutRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use PutRequest.ProtoReflect.Descriptor instead.
 func (*PutRequest) Descriptor() ([]byte, []int) {
-	return file_fence_v1_fence_proto_rawDescGZIP(), []int{30}
+	return file_fence_v1_fence_proto_rawDescGZIP(), []int{33}
 }
 
 func (x *PutRequest) GetKey() string {
@@ -2143,7 +2332,7 @@ type PutResponse struct {
 
 func (x *PutResponse) Reset() {
 	*x = PutResponse{}
-	mi := &file_fence_v1_fence_proto_msgTypes[31]
+	mi := &file_fence_v1_fence_proto_msgTypes[34]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2155,7 +2344,7 @@ func (x *PutResponse) String() string {
 func (*PutResponse) ProtoMessage() {}
 
 func (x *PutResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_fence_v1_fence_proto_msgTypes[31]
+	mi := &file_fence_v1_fence_proto_msgTypes[34]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2168,7 +2357,7 @@ func (x *PutResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use PutResponse.ProtoReflect.Descriptor instead.
 func (*PutResponse) Descriptor() ([]byte, []int) {
-	return file_fence_v1_fence_proto_rawDescGZIP(), []int{31}
+	return file_fence_v1_fence_proto_rawDescGZIP(), []int{34}
 }
 
 func (x *PutResponse) GetRevision() uint64 {
@@ -2198,7 +2387,7 @@ type KeyValue struct {
 
 func (x *KeyValue) Reset() {
 	*x = KeyValue{}
-	mi := &file_fence_v1_fence_proto_msgTypes[32]
+	mi := &file_fence_v1_fence_proto_msgTypes[35]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2210,7 +2399,7 @@ func (x *KeyValue) String() string {
 func (*KeyValue) ProtoMessage() {}
 
 func (x *KeyValue) ProtoReflect() protoreflect.Message {
-	mi := &file_fence_v1_fence_proto_msgTypes[32]
+	mi := &file_fence_v1_fence_proto_msgTypes[35]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2223,7 +2412,7 @@ func (x *KeyValue) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use KeyValue.ProtoReflect.Descriptor instead.
 func (*KeyValue) Descriptor() ([]byte, []int) {
-	return file_fence_v1_fence_proto_rawDescGZIP(), []int{32}
+	return file_fence_v1_fence_proto_rawDescGZIP(), []int{35}
 }
 
 func (x *KeyValue) GetKey() string {
@@ -2299,7 +2488,7 @@ type GetRequest struct {
 
 func (x *GetRequest) Reset() {
 	*x = GetRequest{}
-	mi := &file_fence_v1_fence_proto_msgTypes[33]
+	mi := &file_fence_v1_fence_proto_msgTypes[36]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2311,7 +2500,7 @@ func (x *GetRequest) String() string {
 func (*GetRequest) ProtoMessage() {}
 
 func (x *GetRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_fence_v1_fence_proto_msgTypes[33]
+	mi := &file_fence_v1_fence_proto_msgTypes[36]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2324,7 +2513,7 @@ func (x *GetRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GetRequest.ProtoReflect.Descriptor instead.
 func (*GetRequest) Descriptor() ([]byte, []int) {
-	return file_fence_v1_fence_proto_rawDescGZIP(), []int{33}
+	return file_fence_v1_fence_proto_rawDescGZIP(), []int{36}
 }
 
 func (x *GetRequest) GetKey() string {
@@ -2353,7 +2542,7 @@ type GetResponse struct {
 
 func (x *GetResponse) Reset() {
 	*x = GetResponse{}
-	mi := &file_fence_v1_fence_proto_msgTypes[34]
+	mi := &file_fence_v1_fence_proto_msgTypes[37]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2365,7 +2554,7 @@ func (x *GetResponse) String() string {
 func (*GetResponse) ProtoMessage() {}
 
 func (x *GetResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_fence_v1_fence_proto_msgTypes[34]
+	mi := &file_fence_v1_fence_proto_msgTypes[37]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2378,7 +2567,7 @@ func (x *GetResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GetResponse.ProtoReflect.Descriptor instead.
 func (*GetResponse) Descriptor() ([]byte, []int) {
-	return file_fence_v1_fence_proto_rawDescGZIP(), []int{34}
+	return file_fence_v1_fence_proto_rawDescGZIP(), []int{37}
 }
 
 func (x *GetResponse) GetFound() bool {
@@ -2412,7 +2601,7 @@ type DeleteRequest struct {
 
 func (x *DeleteRequest) Reset() {
 	*x = DeleteRequest{}
-	mi := &file_fence_v1_fence_proto_msgTypes[35]
+	mi := &file_fence_v1_fence_proto_msgTypes[38]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2424,7 +2613,7 @@ func (x *DeleteRequest) String() string {
 func (*DeleteRequest) ProtoMessage() {}
 
 func (x *DeleteRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_fence_v1_fence_proto_msgTypes[35]
+	mi := &file_fence_v1_fence_proto_msgTypes[38]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2437,7 +2626,7 @@ func (x *DeleteRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use DeleteRequest.ProtoReflect.Descriptor instead.
 func (*DeleteRequest) Descriptor() ([]byte, []int) {
-	return file_fence_v1_fence_proto_rawDescGZIP(), []int{35}
+	return file_fence_v1_fence_proto_rawDescGZIP(), []int{38}
 }
 
 func (x *DeleteRequest) GetKey() string {
@@ -2464,7 +2653,7 @@ type DeleteResponse struct {
 
 func (x *DeleteResponse) Reset() {
 	*x = DeleteResponse{}
-	mi := &file_fence_v1_fence_proto_msgTypes[36]
+	mi := &file_fence_v1_fence_proto_msgTypes[39]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2476,7 +2665,7 @@ func (x *DeleteResponse) String() string {
 func (*DeleteResponse) ProtoMessage() {}
 
 func (x *DeleteResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_fence_v1_fence_proto_msgTypes[36]
+	mi := &file_fence_v1_fence_proto_msgTypes[39]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2489,7 +2678,7 @@ func (x *DeleteResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use DeleteResponse.ProtoReflect.Descriptor instead.
 func (*DeleteResponse) Descriptor() ([]byte, []int) {
-	return file_fence_v1_fence_proto_rawDescGZIP(), []int{36}
+	return file_fence_v1_fence_proto_rawDescGZIP(), []int{39}
 }
 
 func (x *DeleteResponse) GetDeleted() bool {
@@ -2518,7 +2707,7 @@ type ListRequest struct {
 
 func (x *ListRequest) Reset() {
 	*x = ListRequest{}
-	mi := &file_fence_v1_fence_proto_msgTypes[37]
+	mi := &file_fence_v1_fence_proto_msgTypes[40]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2530,7 +2719,7 @@ func (x *ListRequest) String() string {
 func (*ListRequest) ProtoMessage() {}
 
 func (x *ListRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_fence_v1_fence_proto_msgTypes[37]
+	mi := &file_fence_v1_fence_proto_msgTypes[40]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2543,7 +2732,7 @@ func (x *ListRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListRequest.ProtoReflect.Descriptor instead.
 func (*ListRequest) Descriptor() ([]byte, []int) {
-	return file_fence_v1_fence_proto_rawDescGZIP(), []int{37}
+	return file_fence_v1_fence_proto_rawDescGZIP(), []int{40}
 }
 
 func (x *ListRequest) GetPrefix() string {
@@ -2579,7 +2768,7 @@ type ListResponse struct {
 
 func (x *ListResponse) Reset() {
 	*x = ListResponse{}
-	mi := &file_fence_v1_fence_proto_msgTypes[38]
+	mi := &file_fence_v1_fence_proto_msgTypes[41]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2591,7 +2780,7 @@ func (x *ListResponse) String() string {
 func (*ListResponse) ProtoMessage() {}
 
 func (x *ListResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_fence_v1_fence_proto_msgTypes[38]
+	mi := &file_fence_v1_fence_proto_msgTypes[41]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2604,7 +2793,7 @@ func (x *ListResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListResponse.ProtoReflect.Descriptor instead.
 func (*ListResponse) Descriptor() ([]byte, []int) {
-	return file_fence_v1_fence_proto_rawDescGZIP(), []int{38}
+	return file_fence_v1_fence_proto_rawDescGZIP(), []int{41}
 }
 
 func (x *ListResponse) GetKvs() []*KeyValue {
@@ -2648,7 +2837,7 @@ type WatchRequest struct {
 
 func (x *WatchRequest) Reset() {
 	*x = WatchRequest{}
-	mi := &file_fence_v1_fence_proto_msgTypes[39]
+	mi := &file_fence_v1_fence_proto_msgTypes[42]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2660,7 +2849,7 @@ func (x *WatchRequest) String() string {
 func (*WatchRequest) ProtoMessage() {}
 
 func (x *WatchRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_fence_v1_fence_proto_msgTypes[39]
+	mi := &file_fence_v1_fence_proto_msgTypes[42]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2673,7 +2862,7 @@ func (x *WatchRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use WatchRequest.ProtoReflect.Descriptor instead.
 func (*WatchRequest) Descriptor() ([]byte, []int) {
-	return file_fence_v1_fence_proto_rawDescGZIP(), []int{39}
+	return file_fence_v1_fence_proto_rawDescGZIP(), []int{42}
 }
 
 func (x *WatchRequest) GetPrefix() string {
@@ -2708,7 +2897,7 @@ type Event struct {
 
 func (x *Event) Reset() {
 	*x = Event{}
-	mi := &file_fence_v1_fence_proto_msgTypes[40]
+	mi := &file_fence_v1_fence_proto_msgTypes[43]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2720,7 +2909,7 @@ func (x *Event) String() string {
 func (*Event) ProtoMessage() {}
 
 func (x *Event) ProtoReflect() protoreflect.Message {
-	mi := &file_fence_v1_fence_proto_msgTypes[40]
+	mi := &file_fence_v1_fence_proto_msgTypes[43]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2733,7 +2922,7 @@ func (x *Event) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Event.ProtoReflect.Descriptor instead.
 func (*Event) Descriptor() ([]byte, []int) {
-	return file_fence_v1_fence_proto_rawDescGZIP(), []int{40}
+	return file_fence_v1_fence_proto_rawDescGZIP(), []int{43}
 }
 
 func (x *Event) GetType() EventType {
@@ -2765,7 +2954,7 @@ type WatchResponse struct {
 
 func (x *WatchResponse) Reset() {
 	*x = WatchResponse{}
-	mi := &file_fence_v1_fence_proto_msgTypes[41]
+	mi := &file_fence_v1_fence_proto_msgTypes[44]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2777,7 +2966,7 @@ func (x *WatchResponse) String() string {
 func (*WatchResponse) ProtoMessage() {}
 
 func (x *WatchResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_fence_v1_fence_proto_msgTypes[41]
+	mi := &file_fence_v1_fence_proto_msgTypes[44]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2790,7 +2979,7 @@ func (x *WatchResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use WatchResponse.ProtoReflect.Descriptor instead.
 func (*WatchResponse) Descriptor() ([]byte, []int) {
-	return file_fence_v1_fence_proto_rawDescGZIP(), []int{41}
+	return file_fence_v1_fence_proto_rawDescGZIP(), []int{44}
 }
 
 func (x *WatchResponse) GetEvents() []*Event {
@@ -2831,7 +3020,7 @@ type ErrorDetail struct {
 
 func (x *ErrorDetail) Reset() {
 	*x = ErrorDetail{}
-	mi := &file_fence_v1_fence_proto_msgTypes[42]
+	mi := &file_fence_v1_fence_proto_msgTypes[45]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2843,7 +3032,7 @@ func (x *ErrorDetail) String() string {
 func (*ErrorDetail) ProtoMessage() {}
 
 func (x *ErrorDetail) ProtoReflect() protoreflect.Message {
-	mi := &file_fence_v1_fence_proto_msgTypes[42]
+	mi := &file_fence_v1_fence_proto_msgTypes[45]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2856,7 +3045,7 @@ func (x *ErrorDetail) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ErrorDetail.ProtoReflect.Descriptor instead.
 func (*ErrorDetail) Descriptor() ([]byte, []int) {
-	return file_fence_v1_fence_proto_rawDescGZIP(), []int{42}
+	return file_fence_v1_fence_proto_rawDescGZIP(), []int{45}
 }
 
 func (x *ErrorDetail) GetReason() Reason {
@@ -3035,7 +3224,20 @@ const file_fence_v1_fence_proto_rawDesc = "" +
 	"\x02id\x18\x01 \x01(\tR\x02id\x12\x1f\n" +
 	"\vapi_address\x18\x02 \x01(\tR\n" +
 	"apiAddress\"\x16\n" +
-	"\x14RegisterNodeResponse\"\x8b\x01\n" +
+	"\x14RegisterNodeResponse\"\x11\n" +
+	"\x0fSnapshotRequest\"Z\n" +
+	"\x10SnapshotResponse\x120\n" +
+	"\x06header\x18\x01 \x01(\v2\x18.fence.v1.SnapshotHeaderR\x06header\x12\x14\n" +
+	"\x05chunk\x18\x02 \x01(\fR\x05chunk\"\xb8\x01\n" +
+	"\x0eSnapshotHeader\x12\x14\n" +
+	"\x05index\x18\x01 \x01(\x04R\x05index\x12\x12\n" +
+	"\x04term\x18\x02 \x01(\x04R\x04term\x12\x1d\n" +
+	"\n" +
+	"last_token\x18\x03 \x01(\x04R\tlastToken\x12\x12\n" +
+	"\x04size\x18\x04 \x01(\x04R\x04size\x12\x16\n" +
+	"\x06sha256\x18\x05 \x01(\fR\x06sha256\x12\x17\n" +
+	"\anode_id\x18\x06 \x01(\tR\x06nodeId\x12\x18\n" +
+	"\aversion\x18\a \x01(\tR\aversion\"\x8b\x01\n" +
 	"\x05Fence\x12\x12\n" +
 	"\x04lock\x18\x01 \x01(\tR\x04lock\x12\x14\n" +
 	"\x05token\x18\x02 \x01(\x04R\x05token\x12\x16\n" +
@@ -3143,12 +3345,13 @@ const file_fence_v1_fence_proto_rawDesc = "" +
 	"\x03Get\x12\x14.fence.v1.GetRequest\x1a\x15.fence.v1.GetResponse\"\x00\x12=\n" +
 	"\x06Delete\x12\x17.fence.v1.DeleteRequest\x1a\x18.fence.v1.DeleteResponse\"\x00\x127\n" +
 	"\x04List\x12\x15.fence.v1.ListRequest\x1a\x16.fence.v1.ListResponse\"\x00\x12<\n" +
-	"\x05Watch\x12\x16.fence.v1.WatchRequest\x1a\x17.fence.v1.WatchResponse\"\x000\x012\xb9\x02\n" +
+	"\x05Watch\x12\x16.fence.v1.WatchRequest\x1a\x17.fence.v1.WatchResponse\"\x000\x012\x80\x03\n" +
 	"\x0eClusterService\x12=\n" +
 	"\x06Status\x12\x17.fence.v1.StatusRequest\x1a\x18.fence.v1.StatusResponse\"\x00\x12F\n" +
 	"\tAddMember\x12\x1a.fence.v1.AddMemberRequest\x1a\x1b.fence.v1.AddMemberResponse\"\x00\x12O\n" +
 	"\fRemoveMember\x12\x1d.fence.v1.RemoveMemberRequest\x1a\x1e.fence.v1.RemoveMemberResponse\"\x00\x12O\n" +
-	"\fRegisterNode\x12\x1d.fence.v1.RegisterNodeRequest\x1a\x1e.fence.v1.RegisterNodeResponse\"\x00B1Z/github.com/fencelock/fence/api/fence/v1;fencev1b\x06proto3"
+	"\fRegisterNode\x12\x1d.fence.v1.RegisterNodeRequest\x1a\x1e.fence.v1.RegisterNodeResponse\"\x00\x12E\n" +
+	"\bSnapshot\x12\x19.fence.v1.SnapshotRequest\x1a\x1a.fence.v1.SnapshotResponse\"\x000\x01B1Z/github.com/fencelock/fence/api/fence/v1;fencev1b\x06proto3"
 
 var (
 	file_fence_v1_fence_proto_rawDescOnce sync.Once
@@ -3163,7 +3366,7 @@ func file_fence_v1_fence_proto_rawDescGZIP() []byte {
 }
 
 var file_fence_v1_fence_proto_enumTypes = make([]protoimpl.EnumInfo, 3)
-var file_fence_v1_fence_proto_msgTypes = make([]protoimpl.MessageInfo, 43)
+var file_fence_v1_fence_proto_msgTypes = make([]protoimpl.MessageInfo, 46)
 var file_fence_v1_fence_proto_goTypes = []any{
 	(Mode)(0),                     // 0: fence.v1.Mode
 	(EventType)(0),                // 1: fence.v1.EventType
@@ -3197,31 +3400,34 @@ var file_fence_v1_fence_proto_goTypes = []any{
 	(*RemoveMemberResponse)(nil),  // 29: fence.v1.RemoveMemberResponse
 	(*RegisterNodeRequest)(nil),   // 30: fence.v1.RegisterNodeRequest
 	(*RegisterNodeResponse)(nil),  // 31: fence.v1.RegisterNodeResponse
-	(*Fence)(nil),                 // 32: fence.v1.Fence
-	(*PutRequest)(nil),            // 33: fence.v1.PutRequest
-	(*PutResponse)(nil),           // 34: fence.v1.PutResponse
-	(*KeyValue)(nil),              // 35: fence.v1.KeyValue
-	(*GetRequest)(nil),            // 36: fence.v1.GetRequest
-	(*GetResponse)(nil),           // 37: fence.v1.GetResponse
-	(*DeleteRequest)(nil),         // 38: fence.v1.DeleteRequest
-	(*DeleteResponse)(nil),        // 39: fence.v1.DeleteResponse
-	(*ListRequest)(nil),           // 40: fence.v1.ListRequest
-	(*ListResponse)(nil),          // 41: fence.v1.ListResponse
-	(*WatchRequest)(nil),          // 42: fence.v1.WatchRequest
-	(*Event)(nil),                 // 43: fence.v1.Event
-	(*WatchResponse)(nil),         // 44: fence.v1.WatchResponse
-	(*ErrorDetail)(nil),           // 45: fence.v1.ErrorDetail
-	(*durationpb.Duration)(nil),   // 46: google.protobuf.Duration
+	(*SnapshotRequest)(nil),       // 32: fence.v1.SnapshotRequest
+	(*SnapshotResponse)(nil),      // 33: fence.v1.SnapshotResponse
+	(*SnapshotHeader)(nil),        // 34: fence.v1.SnapshotHeader
+	(*Fence)(nil),                 // 35: fence.v1.Fence
+	(*PutRequest)(nil),            // 36: fence.v1.PutRequest
+	(*PutResponse)(nil),           // 37: fence.v1.PutResponse
+	(*KeyValue)(nil),              // 38: fence.v1.KeyValue
+	(*GetRequest)(nil),            // 39: fence.v1.GetRequest
+	(*GetResponse)(nil),           // 40: fence.v1.GetResponse
+	(*DeleteRequest)(nil),         // 41: fence.v1.DeleteRequest
+	(*DeleteResponse)(nil),        // 42: fence.v1.DeleteResponse
+	(*ListRequest)(nil),           // 43: fence.v1.ListRequest
+	(*ListResponse)(nil),          // 44: fence.v1.ListResponse
+	(*WatchRequest)(nil),          // 45: fence.v1.WatchRequest
+	(*Event)(nil),                 // 46: fence.v1.Event
+	(*WatchResponse)(nil),         // 47: fence.v1.WatchResponse
+	(*ErrorDetail)(nil),           // 48: fence.v1.ErrorDetail
+	(*durationpb.Duration)(nil),   // 49: google.protobuf.Duration
 }
 var file_fence_v1_fence_proto_depIdxs = []int32{
-	46, // 0: fence.v1.CreateSessionRequest.ttl:type_name -> google.protobuf.Duration
-	46, // 1: fence.v1.CreateSessionResponse.ttl:type_name -> google.protobuf.Duration
-	46, // 2: fence.v1.KeepAliveResponse.ttl:type_name -> google.protobuf.Duration
+	49, // 0: fence.v1.CreateSessionRequest.ttl:type_name -> google.protobuf.Duration
+	49, // 1: fence.v1.CreateSessionResponse.ttl:type_name -> google.protobuf.Duration
+	49, // 2: fence.v1.KeepAliveResponse.ttl:type_name -> google.protobuf.Duration
 	7,  // 3: fence.v1.KeepAliveResponse.held:type_name -> fence.v1.HeldGrants
 	0,  // 4: fence.v1.AcquireRequest.mode:type_name -> fence.v1.Mode
-	46, // 5: fence.v1.AcquireRequest.wait_timeout:type_name -> google.protobuf.Duration
-	46, // 6: fence.v1.AcquireRequest.lock_delay:type_name -> google.protobuf.Duration
-	46, // 7: fence.v1.AcquireRequest.poll:type_name -> google.protobuf.Duration
+	49, // 5: fence.v1.AcquireRequest.wait_timeout:type_name -> google.protobuf.Duration
+	49, // 6: fence.v1.AcquireRequest.lock_delay:type_name -> google.protobuf.Duration
+	49, // 7: fence.v1.AcquireRequest.poll:type_name -> google.protobuf.Duration
 	0,  // 8: fence.v1.AcquireResponse.mode:type_name -> fence.v1.Mode
 	0,  // 9: fence.v1.Holder.mode:type_name -> fence.v1.Mode
 	0,  // 10: fence.v1.Waiter.mode:type_name -> fence.v1.Mode
@@ -3229,54 +3435,57 @@ var file_fence_v1_fence_proto_depIdxs = []int32{
 	20, // 12: fence.v1.LockInfo.waiters:type_name -> fence.v1.Waiter
 	21, // 13: fence.v1.ListLocksResponse.locks:type_name -> fence.v1.LockInfo
 	25, // 14: fence.v1.StatusResponse.members:type_name -> fence.v1.Member
-	32, // 15: fence.v1.PutRequest.fence:type_name -> fence.v1.Fence
-	35, // 16: fence.v1.GetResponse.kv:type_name -> fence.v1.KeyValue
-	32, // 17: fence.v1.DeleteRequest.fence:type_name -> fence.v1.Fence
-	35, // 18: fence.v1.ListResponse.kvs:type_name -> fence.v1.KeyValue
-	46, // 19: fence.v1.WatchRequest.progress_interval:type_name -> google.protobuf.Duration
-	1,  // 20: fence.v1.Event.type:type_name -> fence.v1.EventType
-	35, // 21: fence.v1.Event.kv:type_name -> fence.v1.KeyValue
-	43, // 22: fence.v1.WatchResponse.events:type_name -> fence.v1.Event
-	2,  // 23: fence.v1.ErrorDetail.reason:type_name -> fence.v1.Reason
-	3,  // 24: fence.v1.SessionService.CreateSession:input_type -> fence.v1.CreateSessionRequest
-	5,  // 25: fence.v1.SessionService.KeepAlive:input_type -> fence.v1.KeepAliveRequest
-	8,  // 26: fence.v1.SessionService.CloseSession:input_type -> fence.v1.CloseSessionRequest
-	10, // 27: fence.v1.LockService.Acquire:input_type -> fence.v1.AcquireRequest
-	12, // 28: fence.v1.LockService.Release:input_type -> fence.v1.ReleaseRequest
-	14, // 29: fence.v1.LockService.CancelAcquire:input_type -> fence.v1.CancelAcquireRequest
-	16, // 30: fence.v1.LockService.Check:input_type -> fence.v1.CheckRequest
-	18, // 31: fence.v1.LockService.ListLocks:input_type -> fence.v1.ListLocksRequest
-	33, // 32: fence.v1.KVService.Put:input_type -> fence.v1.PutRequest
-	36, // 33: fence.v1.KVService.Get:input_type -> fence.v1.GetRequest
-	38, // 34: fence.v1.KVService.Delete:input_type -> fence.v1.DeleteRequest
-	40, // 35: fence.v1.KVService.List:input_type -> fence.v1.ListRequest
-	42, // 36: fence.v1.KVService.Watch:input_type -> fence.v1.WatchRequest
-	23, // 37: fence.v1.ClusterService.Status:input_type -> fence.v1.StatusRequest
-	26, // 38: fence.v1.ClusterService.AddMember:input_type -> fence.v1.AddMemberRequest
-	28, // 39: fence.v1.ClusterService.RemoveMember:input_type -> fence.v1.RemoveMemberRequest
-	30, // 40: fence.v1.ClusterService.RegisterNode:input_type -> fence.v1.RegisterNodeRequest
-	4,  // 41: fence.v1.SessionService.CreateSession:output_type -> fence.v1.CreateSessionResponse
-	6,  // 42: fence.v1.SessionService.KeepAlive:output_type -> fence.v1.KeepAliveResponse
-	9,  // 43: fence.v1.SessionService.CloseSession:output_type -> fence.v1.CloseSessionResponse
-	11, // 44: fence.v1.LockService.Acquire:output_type -> fence.v1.AcquireResponse
-	13, // 45: fence.v1.LockService.Release:output_type -> fence.v1.ReleaseResponse
-	15, // 46: fence.v1.LockService.CancelAcquire:output_type -> fence.v1.CancelAcquireResponse
-	17, // 47: fence.v1.LockService.Check:output_type -> fence.v1.CheckResponse
-	22, // 48: fence.v1.LockService.ListLocks:output_type -> fence.v1.ListLocksResponse
-	34, // 49: fence.v1.KVService.Put:output_type -> fence.v1.PutResponse
-	37, // 50: fence.v1.KVService.Get:output_type -> fence.v1.GetResponse
-	39, // 51: fence.v1.KVService.Delete:output_type -> fence.v1.DeleteResponse
-	41, // 52: fence.v1.KVService.List:output_type -> fence.v1.ListResponse
-	44, // 53: fence.v1.KVService.Watch:output_type -> fence.v1.WatchResponse
-	24, // 54: fence.v1.ClusterService.Status:output_type -> fence.v1.StatusResponse
-	27, // 55: fence.v1.ClusterService.AddMember:output_type -> fence.v1.AddMemberResponse
-	29, // 56: fence.v1.ClusterService.RemoveMember:output_type -> fence.v1.RemoveMemberResponse
-	31, // 57: fence.v1.ClusterService.RegisterNode:output_type -> fence.v1.RegisterNodeResponse
-	41, // [41:58] is the sub-list for method output_type
-	24, // [24:41] is the sub-list for method input_type
-	24, // [24:24] is the sub-list for extension type_name
-	24, // [24:24] is the sub-list for extension extendee
-	0,  // [0:24] is the sub-list for field type_name
+	34, // 15: fence.v1.SnapshotResponse.header:type_name -> fence.v1.SnapshotHeader
+	35, // 16: fence.v1.PutRequest.fence:type_name -> fence.v1.Fence
+	38, // 17: fence.v1.GetResponse.kv:type_name -> fence.v1.KeyValue
+	35, // 18: fence.v1.DeleteRequest.fence:type_name -> fence.v1.Fence
+	38, // 19: fence.v1.ListResponse.kvs:type_name -> fence.v1.KeyValue
+	49, // 20: fence.v1.WatchRequest.progress_interval:type_name -> google.protobuf.Duration
+	1,  // 21: fence.v1.Event.type:type_name -> fence.v1.EventType
+	38, // 22: fence.v1.Event.kv:type_name -> fence.v1.KeyValue
+	46, // 23: fence.v1.WatchResponse.events:type_name -> fence.v1.Event
+	2,  // 24: fence.v1.ErrorDetail.reason:type_name -> fence.v1.Reason
+	3,  // 25: fence.v1.SessionService.CreateSession:input_type -> fence.v1.CreateSessionRequest
+	5,  // 26: fence.v1.SessionService.KeepAlive:input_type -> fence.v1.KeepAliveRequest
+	8,  // 27: fence.v1.SessionService.CloseSession:input_type -> fence.v1.CloseSessionRequest
+	10, // 28: fence.v1.LockService.Acquire:input_type -> fence.v1.AcquireRequest
+	12, // 29: fence.v1.LockService.Release:input_type -> fence.v1.ReleaseRequest
+	14, // 30: fence.v1.LockService.CancelAcquire:input_type -> fence.v1.CancelAcquireRequest
+	16, // 31: fence.v1.LockService.Check:input_type -> fence.v1.CheckRequest
+	18, // 32: fence.v1.LockService.ListLocks:input_type -> fence.v1.ListLocksRequest
+	36, // 33: fence.v1.KVService.Put:input_type -> fence.v1.PutRequest
+	39, // 34: fence.v1.KVService.Get:input_type -> fence.v1.GetRequest
+	41, // 35: fence.v1.KVService.Delete:input_type -> fence.v1.DeleteRequest
+	43, // 36: fence.v1.KVService.List:input_type -> fence.v1.ListRequest
+	45, // 37: fence.v1.KVService.Watch:input_type -> fence.v1.WatchRequest
+	23, // 38: fence.v1.ClusterService.Status:input_type -> fence.v1.StatusRequest
+	26, // 39: fence.v1.ClusterService.AddMember:input_type -> fence.v1.AddMemberRequest
+	28, // 40: fence.v1.ClusterService.RemoveMember:input_type -> fence.v1.RemoveMemberRequest
+	30, // 41: fence.v1.ClusterService.RegisterNode:input_type -> fence.v1.RegisterNodeRequest
+	32, // 42: fence.v1.ClusterService.Snapshot:input_type -> fence.v1.SnapshotRequest
+	4,  // 43: fence.v1.SessionService.CreateSession:output_type -> fence.v1.CreateSessionResponse
+	6,  // 44: fence.v1.SessionService.KeepAlive:output_type -> fence.v1.KeepAliveResponse
+	9,  // 45: fence.v1.SessionService.CloseSession:output_type -> fence.v1.CloseSessionResponse
+	11, // 46: fence.v1.LockService.Acquire:output_type -> fence.v1.AcquireResponse
+	13, // 47: fence.v1.LockService.Release:output_type -> fence.v1.ReleaseResponse
+	15, // 48: fence.v1.LockService.CancelAcquire:output_type -> fence.v1.CancelAcquireResponse
+	17, // 49: fence.v1.LockService.Check:output_type -> fence.v1.CheckResponse
+	22, // 50: fence.v1.LockService.ListLocks:output_type -> fence.v1.ListLocksResponse
+	37, // 51: fence.v1.KVService.Put:output_type -> fence.v1.PutResponse
+	40, // 52: fence.v1.KVService.Get:output_type -> fence.v1.GetResponse
+	42, // 53: fence.v1.KVService.Delete:output_type -> fence.v1.DeleteResponse
+	44, // 54: fence.v1.KVService.List:output_type -> fence.v1.ListResponse
+	47, // 55: fence.v1.KVService.Watch:output_type -> fence.v1.WatchResponse
+	24, // 56: fence.v1.ClusterService.Status:output_type -> fence.v1.StatusResponse
+	27, // 57: fence.v1.ClusterService.AddMember:output_type -> fence.v1.AddMemberResponse
+	29, // 58: fence.v1.ClusterService.RemoveMember:output_type -> fence.v1.RemoveMemberResponse
+	31, // 59: fence.v1.ClusterService.RegisterNode:output_type -> fence.v1.RegisterNodeResponse
+	33, // 60: fence.v1.ClusterService.Snapshot:output_type -> fence.v1.SnapshotResponse
+	43, // [43:61] is the sub-list for method output_type
+	25, // [25:43] is the sub-list for method input_type
+	25, // [25:25] is the sub-list for extension type_name
+	25, // [25:25] is the sub-list for extension extendee
+	0,  // [0:25] is the sub-list for field type_name
 }
 
 func init() { file_fence_v1_fence_proto_init() }
@@ -3284,14 +3493,14 @@ func file_fence_v1_fence_proto_init() {
 	if File_fence_v1_fence_proto != nil {
 		return
 	}
-	file_fence_v1_fence_proto_msgTypes[29].OneofWrappers = []any{}
+	file_fence_v1_fence_proto_msgTypes[32].OneofWrappers = []any{}
 	type x struct{}
 	out := protoimpl.TypeBuilder{
 		File: protoimpl.DescBuilder{
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_fence_v1_fence_proto_rawDesc), len(file_fence_v1_fence_proto_rawDesc)),
 			NumEnums:      3,
-			NumMessages:   43,
+			NumMessages:   46,
 			NumExtensions: 0,
 			NumServices:   4,
 		},

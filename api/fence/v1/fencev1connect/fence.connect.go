@@ -89,6 +89,8 @@ const (
 	// ClusterServiceRegisterNodeProcedure is the fully-qualified name of the ClusterService's
 	// RegisterNode RPC.
 	ClusterServiceRegisterNodeProcedure = "/fence.v1.ClusterService/RegisterNode"
+	// ClusterServiceSnapshotProcedure is the fully-qualified name of the ClusterService's Snapshot RPC.
+	ClusterServiceSnapshotProcedure = "/fence.v1.ClusterService/Snapshot"
 )
 
 // SessionServiceClient is a client for the fence.v1.SessionService service.
@@ -628,6 +630,11 @@ type ClusterServiceClient interface {
 	// RegisterNode records where a member serves this API (on the leader).
 	// Nodes call it for themselves; clients need not.
 	RegisterNode(context.Context, *connect.Request[v1.RegisterNodeRequest]) (*connect.Response[v1.RegisterNodeResponse], error)
+	// Snapshot streams a copy of the replicated state, for a backup (fence
+	// snapshot save). The leader answers, at a linearizable point: the copy
+	// holds every write acknowledged before the call arrived. The first
+	// message carries the header, the ones after it the body in order.
+	Snapshot(context.Context, *connect.Request[v1.SnapshotRequest]) (*connect.ServerStreamForClient[v1.SnapshotResponse], error)
 }
 
 // NewClusterServiceClient constructs a client for the fence.v1.ClusterService service. By default,
@@ -665,6 +672,12 @@ func NewClusterServiceClient(httpClient connect.HTTPClient, baseURL string, opts
 			connect.WithSchema(clusterServiceMethods.ByName("RegisterNode")),
 			connect.WithClientOptions(opts...),
 		),
+		snapshot: connect.NewClient[v1.SnapshotRequest, v1.SnapshotResponse](
+			httpClient,
+			baseURL+ClusterServiceSnapshotProcedure,
+			connect.WithSchema(clusterServiceMethods.ByName("Snapshot")),
+			connect.WithClientOptions(opts...),
+		),
 	}
 }
 
@@ -674,6 +687,7 @@ type clusterServiceClient struct {
 	addMember    *connect.Client[v1.AddMemberRequest, v1.AddMemberResponse]
 	removeMember *connect.Client[v1.RemoveMemberRequest, v1.RemoveMemberResponse]
 	registerNode *connect.Client[v1.RegisterNodeRequest, v1.RegisterNodeResponse]
+	snapshot     *connect.Client[v1.SnapshotRequest, v1.SnapshotResponse]
 }
 
 // Status calls fence.v1.ClusterService.Status.
@@ -696,6 +710,11 @@ func (c *clusterServiceClient) RegisterNode(ctx context.Context, req *connect.Re
 	return c.registerNode.CallUnary(ctx, req)
 }
 
+// Snapshot calls fence.v1.ClusterService.Snapshot.
+func (c *clusterServiceClient) Snapshot(ctx context.Context, req *connect.Request[v1.SnapshotRequest]) (*connect.ServerStreamForClient[v1.SnapshotResponse], error) {
+	return c.snapshot.CallServerStream(ctx, req)
+}
+
 // ClusterServiceHandler is an implementation of the fence.v1.ClusterService service.
 type ClusterServiceHandler interface {
 	// Status describes this node, the leader and the replicated state.
@@ -709,6 +728,11 @@ type ClusterServiceHandler interface {
 	// RegisterNode records where a member serves this API (on the leader).
 	// Nodes call it for themselves; clients need not.
 	RegisterNode(context.Context, *connect.Request[v1.RegisterNodeRequest]) (*connect.Response[v1.RegisterNodeResponse], error)
+	// Snapshot streams a copy of the replicated state, for a backup (fence
+	// snapshot save). The leader answers, at a linearizable point: the copy
+	// holds every write acknowledged before the call arrived. The first
+	// message carries the header, the ones after it the body in order.
+	Snapshot(context.Context, *connect.Request[v1.SnapshotRequest], *connect.ServerStream[v1.SnapshotResponse]) error
 }
 
 // NewClusterServiceHandler builds an HTTP handler from the service implementation. It returns the
@@ -742,6 +766,12 @@ func NewClusterServiceHandler(svc ClusterServiceHandler, opts ...connect.Handler
 		connect.WithSchema(clusterServiceMethods.ByName("RegisterNode")),
 		connect.WithHandlerOptions(opts...),
 	)
+	clusterServiceSnapshotHandler := connect.NewServerStreamHandler(
+		ClusterServiceSnapshotProcedure,
+		svc.Snapshot,
+		connect.WithSchema(clusterServiceMethods.ByName("Snapshot")),
+		connect.WithHandlerOptions(opts...),
+	)
 	return "/fence.v1.ClusterService/", http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		switch r.URL.Path {
 		case ClusterServiceStatusProcedure:
@@ -752,6 +782,8 @@ func NewClusterServiceHandler(svc ClusterServiceHandler, opts ...connect.Handler
 			clusterServiceRemoveMemberHandler.ServeHTTP(w, r)
 		case ClusterServiceRegisterNodeProcedure:
 			clusterServiceRegisterNodeHandler.ServeHTTP(w, r)
+		case ClusterServiceSnapshotProcedure:
+			clusterServiceSnapshotHandler.ServeHTTP(w, r)
 		default:
 			http.NotFound(w, r)
 		}
@@ -775,4 +807,8 @@ func (UnimplementedClusterServiceHandler) RemoveMember(context.Context, *connect
 
 func (UnimplementedClusterServiceHandler) RegisterNode(context.Context, *connect.Request[v1.RegisterNodeRequest]) (*connect.Response[v1.RegisterNodeResponse], error) {
 	return nil, connect.NewError(connect.CodeUnimplemented, errors.New("fence.v1.ClusterService.RegisterNode is not implemented"))
+}
+
+func (UnimplementedClusterServiceHandler) Snapshot(context.Context, *connect.Request[v1.SnapshotRequest], *connect.ServerStream[v1.SnapshotResponse]) error {
+	return connect.NewError(connect.CodeUnimplemented, errors.New("fence.v1.ClusterService.Snapshot is not implemented"))
 }

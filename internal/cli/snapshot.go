@@ -1,0 +1,142 @@
+package cli
+
+import (
+	"encoding/hex"
+	"encoding/json"
+	"fmt"
+	"text/tabwriter"
+	"time"
+
+	"github.com/spf13/cobra"
+
+	"github.com/fencelock/fence/client"
+	"github.com/fencelock/fence/server"
+)
+
+func snapshotCommand(g *globals) *cobra.Command {
+	cmd := &cobra.Command{
+		Use:   "snapshot",
+		Short: "Back up the group's state to a file, inspect a backup, restore one into a new data dir",
+	}
+	cmd.AddCommand(snapshotSaveCommand(g), snapshotInspectCommand(g), snapshotRestoreCommand(g))
+	return cmd
+}
+
+func snapshotSaveCommand(g *globals) *cobra.Command {
+	return &cobra.Command{
+		Use:   "save FILE",
+		Short: "Save a consistent copy of the state, taken on the leader, to FILE (written atomically)",
+		Args:  cobra.ExactArgs(1),
+		RunE: g.withClient(func(cmd *cobra.Command, args []string, c *client.Client) error {
+			snap, err := c.Snapshot(cmd.Context())
+			if err != nil {
+				return err
+			}
+			defer snap.Close()
+			h := snap.Header
+			err = server.WriteSnapshotFile(args[0], server.SnapshotHeader{
+				Created: time.Now().UTC().Truncate(time.Second), NodeID: h.GetNodeId(), Version: h.GetVersion(),
+				Index: h.GetIndex(), Term: h.GetTerm(), LastToken: h.GetLastToken(),
+				Size: h.GetSize(), SHA256: hex.EncodeToString(h.GetSha256()),
+			}, snap)
+			if err != nil {
+				return err
+			}
+			fmt.Fprintf(g.stdout, "saved %s: index %d, term %d, last token %d, %d bytes, from %s\n",
+				args[0], h.GetIndex(), h.GetTerm(), h.GetLastToken(), h.GetSize(), h.GetNodeId())
+			return nil
+		}),
+	}
+}
+
+func snapshotInspectCommand(g *globals) *cobra.Command {
+	var asJSON bool
+	cmd := &cobra.Command{
+		Use:   "inspect FILE",
+		Short: "Verify a snapshot file's checksums and print its header and what it holds",
+		Args:  cobra.ExactArgs(1),
+		RunE: func(cmd *cobra.Command, args []string) error {
+			f, err := server.ReadSnapshotFile(args[0])
+			if err != nil {
+				return err
+			}
+			h, n := f.Header, f.Counts()
+			if asJSON {
+				data, err := json.MarshalIndent(struct {
+					Header server.SnapshotHeader `json:"header"`
+					Counts server.SnapshotCounts `json:"counts"`
+				}{h, n}, "", "  ")
+				if err != nil {
+					return err
+				}
+				_, err = fmt.Fprintln(g.stdout, string(data))
+				return err
+			}
+			w := tabwriter.NewWriter(g.stdout, 0, 4, 2, ' ', 0)
+			for _, row := range [][2]any{
+				{"format", h.Format}, {"created", h.Created.Format(time.RFC3339)}, {"node", h.NodeID}, {"fence version", h.Version},
+				{"index", h.Index}, {"term", h.Term}, {"last token", h.LastToken},
+				{"body", fmt.Sprintf("%d bytes, SHA-256 %s (verified)", h.Size, h.SHA256)},
+				{"sessions", n.Sessions}, {"locks", fmt.Sprintf("%d (%d holders, %d waiters)", n.Locks, n.Holders, n.Waiters)},
+				{"kv keys", fmt.Sprintf("%d (%d tombstones), revision %d", n.Keys, n.Tombstones, n.KVRevision)},
+				{"last session id", n.LastSessionID},
+			} {
+				fmt.Fprintf(w, "%s:\t%v\n", row[0], row[1])
+			}
+			return w.Flush()
+		},
+	}
+	cmd.Flags().BoolVar(&asJSON, "json", false, "print JSON")
+	return cmd
+}
+
+func snapshotRestoreCommand(g *globals) *cobra.Command {
+	cfg := server.DefaultConfig()
+	var (
+		peers string
+		bump  uint64
+	)
+	cmd := &cobra.Command{
+		Use:   "restore FILE --data-dir DIR",
+		Short: "Make a new data dir from a snapshot file, for fence serve to start from",
+		Long: `Make a new data dir from a snapshot file, for fence serve to start from.
+
+DIR must not exist or be empty. Give the same --node-id, --raft-listen
+(or --raft-advertise) and --peers that fence serve will be started with.
+For a group, restore the same file on every member with the same --peers,
+each with its own --node-id and data dir, then start them all.
+
+The token counter, session ids and the KV revision are raised by --bump
+(default 1e9), so that nothing the old group handed out after the snapshot
+was taken is handed out again; --bump 0 keeps them.`,
+		Args: cobra.ExactArgs(1),
+		RunE: func(cmd *cobra.Command, args []string) error {
+			if !cmd.Flags().Changed("data-dir") {
+				return fmt.Errorf("--data-dir is required: the new data dir to restore into")
+			}
+			if peers != "" {
+				var err error
+				if cfg.Peers, err = parsePeers(peers); err != nil {
+					return fmt.Errorf("--peers: %w", err)
+				}
+			}
+			res, err := server.RestoreSnapshot(cfg, args[0], bump)
+			if err != nil {
+				return err
+			}
+			fmt.Fprintf(g.stdout, "restored %s into %s: index %d, term %d, last token %d (the snapshot's %d + %d); members %v\n",
+				args[0], cfg.DataDir, res.Header.Index, res.Header.Term, res.LastToken, res.Header.LastToken, bump, res.Members)
+			fmt.Fprintf(g.stdout, "start it with: fence serve --data-dir %s --node-id %s ...\n", cfg.DataDir, cfg.NodeID)
+			return nil
+		},
+	}
+	f := cmd.Flags()
+	f.StringVar(&cfg.DataDir, "data-dir", "", "the new data dir (must not exist, or be empty)")
+	f.StringVar(&cfg.NodeID, "node-id", cfg.NodeID, "the id this node will serve with")
+	f.StringVar(&cfg.RaftListen, "raft-listen", cfg.RaftListen, "the raft address this node will serve with (a single node's member address)")
+	f.StringVar(&cfg.RaftAdvertise, "raft-advertise", "", "the raft address peers will dial (default: --raft-listen)")
+	f.StringVar(&peers, "peers", "", "the restored group's members, id=raft-host:port,... (this node included); the same on every member")
+	f.StringVar(&cfg.LogStore, "log-store", "", "raft log of the new data dir: wal (default) or bolt")
+	f.Uint64Var(&bump, "bump", server.DefaultRestoreBump, "raise the token counter, session ids and KV revision by this much")
+	return cmd
+}
