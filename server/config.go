@@ -10,6 +10,7 @@ import (
 
 	"github.com/hashicorp/raft"
 
+	"github.com/fencelock/fence/internal/buildinfo"
 	"github.com/fencelock/fence/internal/clock"
 )
 
@@ -124,7 +125,8 @@ type Config struct {
 	Clock clock.Clock
 	// Logger receives the node's logs; nil discards them.
 	Logger *slog.Logger
-	// Version is reported by Status.
+	// Version is reported by Status and in the fence_build_info metric
+	// (default: the binary's module version and VCS revision).
 	Version string
 	// Pprof serves Go's profiler under /debug/pprof/ on the API port.
 	Pprof bool
@@ -164,7 +166,7 @@ func DefaultConfig() Config {
 		SnapshotThreshold:  8192,
 		SnapshotInterval:   30 * time.Second,
 		Clock:              clock.Real,
-		Version:            "dev",
+		Version:            buildinfo.Read().Short(),
 	}
 }
 

@@ -54,8 +54,7 @@ func serveCommand(g *globals) *cobra.Command {
 				return err
 			}
 			cfg.Logger = slog.New(slog.NewTextHandler(g.stderr, &slog.HandlerOptions{Level: level}))
-			cfg.Version = Version
-			srv, err := server.Start(cfg)
+					srv, err := server.Start(cfg)
 			if err != nil {
 				return err
 			}
@@ -63,7 +62,7 @@ func serveCommand(g *globals) *cobra.Command {
 			if cfg.TLS != nil {
 				over = " over TLS"
 			}
-			fmt.Fprintf(g.stderr, "fence %s serving on %s%s (raft %s, data %s)\n", Version, srv.Addr(), over, srv.RaftAddr(), cfg.DataDir)
+			fmt.Fprintf(g.stderr, "fence %s serving on %s%s (raft %s, data %s)\n", cfg.Version, srv.Addr(), over, srv.RaftAddr(), cfg.DataDir)
 			<-cmd.Context().Done()
 			fmt.Fprintln(g.stderr, "fence: shutting down")
 			return srv.Close()
