@@ -54,7 +54,7 @@ func serveCommand(g *globals) *cobra.Command {
 				return err
 			}
 			cfg.Logger = slog.New(slog.NewTextHandler(g.stderr, &slog.HandlerOptions{Level: level}))
-					srv, err := server.Start(cfg)
+			srv, err := server.Start(cfg)
 			if err != nil {
 				return err
 			}
