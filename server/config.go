@@ -23,8 +23,14 @@ type Config struct {
 	// DataDir holds the raft log, its stable store and the snapshots.
 	DataDir string
 	// Listen is the API address: Connect, gRPC and JSON over HTTP, plus
-	// /metrics and /healthz. Port 0 picks a free port (see Server.Addr).
+	// /metrics, /healthz, /livez and /readyz. Port 0 picks a free port (see Server.Addr).
 	Listen string
+	// ListenMetrics, when set, is a second address serving /metrics,
+	// /healthz, /livez and /readyz over plain HTTP, without TLS or client
+	// certificates, for probes and scrapes beside an API that requires them
+	// (etcd's --listen-metrics-urls). Port 0 picks a free port (see
+	// Server.MetricsAddr).
+	ListenMetrics string
 	// Advertise is the API address other nodes and clients use to reach
 	// this node (default: the address Listen bound).
 	Advertise string
@@ -182,6 +188,10 @@ func (c Config) Validate() error {
 	check(c.DataDir != "", "data dir is empty")
 	_, _, err := net.SplitHostPort(c.Listen)
 	check(err == nil, "listen address %q: want host:port", c.Listen)
+	if c.ListenMetrics != "" {
+		_, _, err = net.SplitHostPort(c.ListenMetrics)
+		check(err == nil, "metrics listen address %q: want host:port", c.ListenMetrics)
+	}
 	_, _, err = net.SplitHostPort(c.RaftListen)
 	check(err == nil, "raft listen address %q: want host:port", c.RaftListen)
 	if len(c.Peers) > 0 {

@@ -60,6 +60,9 @@ type Server struct {
 	advertise     string       // the API address others reach this node on
 	peerAPIClient *http.Client // for calls to other nodes' APIs
 	forwarder     *forwarder   // the HTTP handler: forwards to the leader, or serves here
+	metricsLn     net.Listener // cfg.ListenMetrics, when set
+	metricsHTTP   *http.Server // /metrics and the probes on metricsLn
+	live          *liveness    // /livez's check of the main loops
 
 	// leaderReady is set while this node is the leader and has applied
 	// every entry of earlier terms.
@@ -106,6 +109,9 @@ func Start(cfg Config) (*Server, error) {
 		if s.ln != nil {
 			s.ln.Close()
 		}
+		if s.metricsLn != nil {
+			s.metricsLn.Close()
+		}
 		s.tracker.stop()
 		lock.unlock()
 		return nil, err
@@ -115,6 +121,11 @@ func Start(cfg Config) (*Server, error) {
 	}
 	if s.ln, err = net.Listen("tcp", cfg.Listen); err != nil {
 		return abort(fmt.Errorf("listening on %s: %w", cfg.Listen, err))
+	}
+	if cfg.ListenMetrics != "" {
+		if s.metricsLn, err = net.Listen("tcp", cfg.ListenMetrics); err != nil {
+			return abort(fmt.Errorf("listening for metrics on %s: %w", cfg.ListenMetrics, err))
+		}
 	}
 	nofile, known := openFileLimit()
 	if limit := connLimit(cfg.MaxConnections, nofile, known); limit > 0 {
@@ -130,11 +141,17 @@ func Start(cfg Config) (*Server, error) {
 	}
 
 	s.confirmer = newLeaseConfirmer(s.node.confirmLeadership)
+	s.live = &liveness{check: s.checkLoops}
 	s.forwarder = newForwarder(s, s.handler())
 	s.http = s.newHTTPServer()
 	s.wg.Add(3)
 	go s.watchLeadership()
 	go s.serveHTTP()
+	if s.metricsLn != nil {
+		s.metricsHTTP = s.newMetricsServer()
+		s.wg.Add(1)
+		go s.serveMetrics(s.metricsLn)
+	}
 	go s.registerLoop(500 * time.Millisecond)
 	logger.Info("fence node started", "node", cfg.NodeID, "listen", s.Addr(), "raft", s.node.transport.LocalAddr(), "data", cfg.DataDir, "max_connections", s.maxConnections())
 	return s, nil
@@ -152,6 +169,15 @@ func (s *Server) maxConnections() int {
 // Addr returns the address the API listens on.
 func (s *Server) Addr() string { return s.ln.Addr().String() }
 
+// MetricsAddr returns the address /metrics and the probes are served on
+// over plain HTTP (Config.ListenMetrics), or "" when there is none.
+func (s *Server) MetricsAddr() string {
+	if s.metricsLn == nil {
+		return ""
+	}
+	return s.metricsLn.Addr().String()
+}
+
 // RaftAddr returns the address raft listens on.
 func (s *Server) RaftAddr() string { return string(s.node.transport.LocalAddr()) }
 
@@ -163,6 +189,9 @@ func (s *Server) Close() error {
 		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 		defer cancel()
 		errs := []error{s.http.Shutdown(ctx)}
+		if s.metricsHTTP != nil {
+			errs = append(errs, s.metricsHTTP.Shutdown(ctx))
+		}
 		s.forwarder.close()
 		s.tracker.stop()
 		s.delays.becomeFollower()
@@ -205,13 +234,7 @@ func (s *Server) handler() http.Handler {
 		mux.HandleFunc("/debug/pprof/trace", pprof.Trace)
 		mux.HandleFunc("/debug/pprof/symbol", pprof.Symbol)
 	}
-	mux.HandleFunc("/healthz", func(w http.ResponseWriter, r *http.Request) {
-		if _, id := s.node.raft.LeaderWithID(); id == "" {
-			http.Error(w, "no leader", http.StatusServiceUnavailable)
-			return
-		}
-		fmt.Fprintln(w, "ok")
-	})
+	s.addProbes(mux)
 	return checkEnvelopes(mux, s.cfg.MaxRequestBytes)
 }
 

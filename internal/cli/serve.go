@@ -78,6 +78,7 @@ func serveCommand(g *globals) *cobra.Command {
 	f.StringVar(&peerTLS.ca, "peer-trusted-ca-file", "", "CA bundle that peers' certificates must be signed by")
 	f.StringVar(&cfg.DataDir, "data-dir", cfg.DataDir, "directory for the raft log and snapshots")
 	f.StringVar(&cfg.Listen, "listen", cfg.Listen, "API address (Connect, gRPC, JSON over HTTP, /metrics)")
+	f.StringVar(&cfg.ListenMetrics, "listen-metrics", "", "also serve /metrics, /healthz, /livez and /readyz over plain HTTP here (no TLS, no client certificates), for probes and scrapes")
 	f.StringVar(&cfg.RaftListen, "raft-listen", cfg.RaftListen, "address raft peers reach this node on")
 	f.StringVar(&cfg.Advertise, "advertise", "", "API address other nodes and clients use (default: --listen)")
 	f.StringVar(&cfg.RaftAdvertise, "raft-advertise", "", "raft address peers dial (default: --raft-listen)")
