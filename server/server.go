@@ -136,7 +136,7 @@ func Start(cfg Config) (*Server, error) {
 	if s.advertise == "" {
 		s.advertise = s.ln.Addr().String()
 	}
-	if s.node, err = openNode(cfg, s.fsm, logger); err != nil {
+	if s.node, err = openNode(cfg, s.fsm, logger, s.metrics.storage); err != nil {
 		return abort(err)
 	}
 
@@ -144,8 +144,9 @@ func Start(cfg Config) (*Server, error) {
 	s.live = &liveness{check: s.checkLoops}
 	s.forwarder = newForwarder(s, s.handler())
 	s.http = s.newHTTPServer()
-	s.wg.Add(3)
+	s.wg.Add(4)
 	go s.watchLeadership()
+	go s.watchLeaderChanges()
 	go s.serveHTTP()
 	if s.metricsLn != nil {
 		s.metricsHTTP = s.newMetricsServer()
@@ -483,6 +484,9 @@ type metrics struct {
 	latency  *prometheus.HistogramVec
 	grants   prometheus.Counter
 	expired  prometheus.Counter
+	// storage and leaderChanges, and the rest of registerOpsMetrics.
+	storage       *storageMetrics
+	leaderChanges prometheus.Counter
 }
 
 func newMetrics(s *Server) *metrics {
@@ -531,6 +535,7 @@ func newMetrics(s *Server) *metrics {
 			return 0
 		}),
 	)
+	registerOpsMetrics(s, m)
 	return m
 }
 
