@@ -437,12 +437,29 @@ func (s raftLogSink) Accept(name string, level hclog.Level, msg string, args ...
 	switch {
 	case level >= hclog.Error:
 		l = slog.LevelError
+	case level == hclog.Warn && firstElection(msg, args):
+		l = slog.LevelInfo
 	case level == hclog.Warn:
 		l = slog.LevelWarn
 	default:
 		return
 	}
 	s.logger.Log(context.Background(), l, msg, append([]any{"component", name}, args...)...)
+}
+
+// firstElection reports whether raft's message is the warning that opens
+// an election when no leader was known yet: every node's start, not a
+// leader gone silent, so it is logged as info.
+func firstElection(msg string, args []any) bool {
+	if msg != "heartbeat timeout reached, starting election" {
+		return false
+	}
+	for i := 0; i+1 < len(args); i += 2 {
+		if k, _ := args[i].(string); k == "last-leader-id" {
+			return fmt.Sprint(args[i+1]) == ""
+		}
+	}
+	return false
 }
 
 func trimNewline(p []byte) []byte {

@@ -154,7 +154,7 @@ func Start(cfg Config) (*Server, error) {
 		go s.serveMetrics(s.metricsLn)
 	}
 	go s.registerLoop(500 * time.Millisecond)
-	logger.Info("fence node started", "node", cfg.NodeID, "listen", s.Addr(), "raft", s.node.transport.LocalAddr(), "data", cfg.DataDir, "max_connections", s.maxConnections())
+	logger.Info("fence node started", "node", cfg.NodeID, "version", cfg.Version, "listen", s.Addr(), "tls", cfg.TLS != nil, "metrics", s.MetricsAddr(), "raft", s.node.transport.LocalAddr(), "data", cfg.DataDir, "max_connections", s.maxConnections())
 	return s, nil
 }
 

@@ -3,6 +3,7 @@ package cli
 import (
 	"cmp"
 	"fmt"
+	"io"
 	"log/slog"
 	"strings"
 
@@ -15,6 +16,7 @@ func serveCommand(g *globals) *cobra.Command {
 	cfg := server.DefaultConfig()
 	var (
 		logLevel       string
+		logFormat      string
 		peers          string
 		raftDial       string
 		apiTLS         tlsFiles
@@ -29,6 +31,10 @@ func serveCommand(g *globals) *cobra.Command {
 			var level slog.Level
 			if err := level.UnmarshalText([]byte(logLevel)); err != nil {
 				return fmt.Errorf("--log-level: %w", err)
+			}
+			logger, err := newLogger(g.stderr, logFormat, level)
+			if err != nil {
+				return err
 			}
 			if peers != "" {
 				var err error
@@ -46,25 +52,19 @@ func serveCommand(g *globals) *cobra.Command {
 				}
 				cfg.RaftAddressProvider = server.DialAddresses(dial)
 			}
-			var err error
 			if cfg.TLS, err = apiTLS.config("API TLS", true, clientCertAuth); err != nil {
 				return err
 			}
 			if cfg.PeerTLS, err = peerTLS.config("peer TLS", true, peerTLS != (tlsFiles{})); err != nil {
 				return err
 			}
-			cfg.Logger = slog.New(slog.NewTextHandler(g.stderr, &slog.HandlerOptions{Level: level}))
+			cfg.Logger = logger
 			srv, err := server.Start(cfg)
 			if err != nil {
 				return err
 			}
-			var over string
-			if cfg.TLS != nil {
-				over = " over TLS"
-			}
-			fmt.Fprintf(g.stderr, "fence %s serving on %s%s (raft %s, data %s)\n", cfg.Version, srv.Addr(), over, srv.RaftAddr(), cfg.DataDir)
 			<-cmd.Context().Done()
-			fmt.Fprintln(g.stderr, "fence: shutting down")
+			logger.Info("shutting down")
 			return srv.Close()
 		},
 	}
@@ -112,7 +112,21 @@ func serveCommand(g *globals) *cobra.Command {
 	f.DurationVar(&cfg.SnapshotInterval, "snapshot-interval", cfg.SnapshotInterval, "how often to check whether a snapshot is due")
 	f.BoolVar(&cfg.Pprof, "pprof", false, "serve Go's profiler under /debug/pprof/ on the API port")
 	f.StringVar(&logLevel, "log-level", "info", "debug, info, warn or error")
+	f.StringVar(&logFormat, "log-format", "text", "text (logfmt) or json, one record a line on stderr")
 	return cmd
+}
+
+// newLogger returns the node's logger: every line it writes, raft's
+// included, goes through it.
+func newLogger(w io.Writer, format string, level slog.Level) (*slog.Logger, error) {
+	opts := &slog.HandlerOptions{Level: level}
+	switch format {
+	case "text":
+		return slog.New(slog.NewTextHandler(w, opts)), nil
+	case "json":
+		return slog.New(slog.NewJSONHandler(w, opts)), nil
+	}
+	return nil, fmt.Errorf("--log-format %q: want text or json", format)
 }
 
 // parsePeers parses id=host:port,id=host:port.

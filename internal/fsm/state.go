@@ -258,7 +258,7 @@ type State struct {
 	kvRevision    uint64
 	kv            map[string]*kvEntry // live keys and fenced tombstones
 	liveKeys      int
-	liveBytes     int // names and values of the live keys
+	liveBytes     int               // names and values of the live keys
 	nodes         map[string]string // node id -> API address
 	lastDelayID   uint64
 	lastAttempt   uint64
