@@ -115,7 +115,7 @@ func (nd *clusterNode) start(t *testing.T) bool {
 	nd.procs = append(nd.procs, nd.proc)
 	nd.killed = false
 	waitFor(t, startTimeout, "fence serve "+nd.id+" to open its ports", func() bool {
-		return nd.proc.Exited() || strings.Contains(nd.proc.Stderr(), " serving on "+nd.addr)
+		return nd.proc.Exited() || serving(nd.proc.Stderr(), nd.addr)
 	})
 	if nd.proc.Exited() {
 		if strings.Contains(nd.proc.Stderr(), "address already in use") {

@@ -218,15 +218,26 @@ func (s *server) start(t *testing.T) bool {
 	}
 	s.proc = newProc(t, "fence serve "+s.addr, append(args, s.extra...)...)
 	s.procs = append(s.procs, s.proc)
-	// `fence serve` says "serving on" once both ports are bound.
+	// `fence serve` logs "fence node started" once both ports are bound.
 	waitFor(t, startTimeout, "fence serve on "+s.addr+" to open its ports", func() bool {
-		return s.proc.Exited() || strings.Contains(s.proc.Stderr(), " serving on "+s.addr)
+		return s.proc.Exited() || serving(s.proc.Stderr(), s.addr)
 	})
 	if s.proc.Exited() && strings.Contains(s.proc.Stderr(), "address already in use") {
 		t.Logf("fence serve could not bind %s or %s; retrying: %s", s.addr, s.raftAddr, strings.TrimSpace(s.proc.Stderr()))
 		return false
 	}
 	return true
+}
+
+// serving reports whether a `fence serve`'s log (text format) says it
+// started with its API on addr.
+func serving(stderr, addr string) bool {
+	for _, line := range strings.Split(stderr, "\n") {
+		if strings.Contains(line, `msg="fence node started"`) && strings.Contains(line, " listen="+addr+" ") {
+			return true
+		}
+	}
+	return false
 }
 
 // waitReady polls /healthz until it answers 200, then ListLocks (a

@@ -29,6 +29,16 @@ done
 echo "== generated code"
 scripts/check-generated.sh
 
+echo "== systemd-analyze (deploy/fence.service is verified with it)"
+if ! command -v systemd-analyze >/dev/null; then
+  if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null; then
+    echo "installing Debian's systemd for systemd-analyze"
+    apt-get update -qq >/dev/null && apt-get install -y -qq --no-install-recommends systemd >/dev/null
+  else
+    echo "systemd-analyze is missing and cannot be installed here; deploy's unit check is skipped outside CI"
+  fi
+fi
+
 echo "== postgres"
 # The PostgreSQL tests use the server at FENCE_TEST_POSTGRES; without one,
 # start a throwaway server (scripts/postgres.sh). Under CI a server that

@@ -156,7 +156,12 @@ func (s *Server) registerSelf() {
 	}
 	_, err := s.apply(&fsmpb.Command{Op: &fsmpb.Command_RegisterNode{RegisterNode: &fsmpb.RegisterNode{NodeId: s.cfg.NodeID, ApiAddress: s.advertise}}})
 	if err != nil {
-		s.logger.Warn("registering this node's API address", "err", err)
+		select {
+		case <-s.done: // shutting down: not worth a warning
+			s.logger.Debug("registering this node's API address", "err", err)
+		default:
+			s.logger.Warn("registering this node's API address", "err", err)
+		}
 	}
 }
 

@@ -10,6 +10,7 @@ import (
 
 	"github.com/hashicorp/raft"
 
+	"github.com/fencelock/fence/internal/buildinfo"
 	"github.com/fencelock/fence/internal/clock"
 )
 
@@ -22,8 +23,14 @@ type Config struct {
 	// DataDir holds the raft log, its stable store and the snapshots.
 	DataDir string
 	// Listen is the API address: Connect, gRPC and JSON over HTTP, plus
-	// /metrics and /healthz. Port 0 picks a free port (see Server.Addr).
+	// /metrics, /healthz, /livez and /readyz. Port 0 picks a free port (see Server.Addr).
 	Listen string
+	// ListenMetrics, when set, is a second address serving /metrics,
+	// /healthz, /livez and /readyz over plain HTTP, without TLS or client
+	// certificates, for probes and scrapes beside an API that requires them
+	// (etcd's --listen-metrics-urls). Port 0 picks a free port (see
+	// Server.MetricsAddr).
+	ListenMetrics string
 	// Advertise is the API address other nodes and clients use to reach
 	// this node (default: the address Listen bound).
 	Advertise string
@@ -133,7 +140,8 @@ type Config struct {
 	Clock clock.Clock
 	// Logger receives the node's logs; nil discards them.
 	Logger *slog.Logger
-	// Version is reported by Status.
+	// Version is reported by Status and in the fence_build_info metric
+	// (default: the binary's module version and VCS revision).
 	Version string
 	// Pprof serves Go's profiler under /debug/pprof/ on the API port.
 	Pprof bool
@@ -174,7 +182,7 @@ func DefaultConfig() Config {
 		SnapshotThreshold:  8192,
 		SnapshotInterval:   30 * time.Second,
 		Clock:              clock.Real,
-		Version:            "dev",
+		Version:            buildinfo.Read().Short(),
 	}
 }
 
@@ -190,6 +198,10 @@ func (c Config) Validate() error {
 	check(c.DataDir != "", "data dir is empty")
 	_, _, err := net.SplitHostPort(c.Listen)
 	check(err == nil, "listen address %q: want host:port", c.Listen)
+	if c.ListenMetrics != "" {
+		_, _, err = net.SplitHostPort(c.ListenMetrics)
+		check(err == nil, "metrics listen address %q: want host:port", c.ListenMetrics)
+	}
 	_, _, err = net.SplitHostPort(c.RaftListen)
 	check(err == nil, "raft listen address %q: want host:port", c.RaftListen)
 	if len(c.Peers) > 0 {

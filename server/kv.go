@@ -311,6 +311,13 @@ func (w *watcher) end(err error) {
 	}
 }
 
+// count returns the number of watches open.
+func (h *watchHub) count() int {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	return len(h.watchers)
+}
+
 func (h *watchHub) remove(w *watcher) {
 	h.mu.Lock()
 	defer h.mu.Unlock()

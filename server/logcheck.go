@@ -8,6 +8,7 @@ import (
 	"hash/crc32"
 	"sync/atomic"
 	"syscall"
+	"time"
 
 	"github.com/hashicorp/raft"
 )
@@ -45,6 +46,8 @@ type checkedLog struct {
 	from uint64
 	// full is set while the last write failed for want of space.
 	full atomic.Bool
+	// metrics, when set, times each append.
+	metrics *storageMetrics
 }
 
 // newCheckedLog wraps store. For a data dir whose log predates checksums,
@@ -100,7 +103,9 @@ func (c *checkedLog) StoreLogs(logs []*raft.Log) error {
 		copies[i].Data = wrapEntry(l)
 		wrapped[i] = &copies[i]
 	}
+	start := time.Now()
 	err := c.LogStore.StoreLogs(wrapped)
+	c.metrics.appended(start)
 	c.full.Store(errors.Is(err, syscall.ENOSPC))
 	return err
 }

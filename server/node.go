@@ -31,6 +31,7 @@ import (
 type node struct {
 	raft      *raft.Raft
 	fsm       *fsm.FSM
+	metrics   *storageMetrics       // nil: not measured
 	store     *raftboltdb.BoltStore // the stable store (term, vote), and the log with LogStoreBolt
 	wal       *wal.WAL              // the log with LogStoreWAL
 	walMeta   *metadb.BoltMetaDB
@@ -42,7 +43,7 @@ type node struct {
 	id        raft.ServerID
 }
 
-func openNode(cfg Config, f *fsm.FSM, logger *slog.Logger) (*node, error) {
+func openNode(cfg Config, f *fsm.FSM, logger *slog.Logger, m *storageMetrics) (*node, error) {
 	if err := os.MkdirAll(cfg.DataDir, 0o700); err != nil {
 		return nil, fmt.Errorf("creating data dir: %w", err)
 	}
@@ -55,7 +56,7 @@ func openNode(cfg Config, f *fsm.FSM, logger *slog.Logger) (*node, error) {
 	if err != nil {
 		return nil, fmt.Errorf("opening raft store in %s: %w", cfg.DataDir, err)
 	}
-	n := &node{fsm: f, store: store, timeout: cfg.ApplyTimeout, heartbeat: cfg.HeartbeatTimeout, dataDir: cfg.DataDir, id: raft.ServerID(cfg.NodeID)}
+	n := &node{fsm: f, metrics: m, store: store, timeout: cfg.ApplyTimeout, heartbeat: cfg.HeartbeatTimeout, dataDir: cfg.DataDir, id: raft.ServerID(cfg.NodeID)}
 	fail := func(err error) (*node, error) {
 		n.close()
 		return nil, err
@@ -86,6 +87,7 @@ func openNode(cfg Config, f *fsm.FSM, logger *slog.Logger) (*node, error) {
 	if err != nil {
 		return fail(err)
 	}
+	checked.metrics = m
 	n.log = checked
 	if err := checked.verify(); err != nil {
 		return fail(corruptLogMessage(cfg.DataDir, locateDamage(cfg.DataDir, kind, err)))
@@ -309,8 +311,11 @@ func (n *node) propose(cmd *fsmpb.Command) (fsm.Result, uint64, error) {
 	if err != nil {
 		return fsm.Result{}, 0, fmt.Errorf("encoding command: %w", err)
 	}
+	start := time.Now()
 	f := n.raft.Apply(data, n.timeout)
-	if err := f.Error(); err != nil {
+	err = f.Error()
+	n.metrics.proposed(start, err)
+	if err != nil {
 		return fsm.Result{}, 0, n.raftError(err)
 	}
 	res, ok := f.Response().(fsm.Result)
@@ -437,12 +442,29 @@ func (s raftLogSink) Accept(name string, level hclog.Level, msg string, args ...
 	switch {
 	case level >= hclog.Error:
 		l = slog.LevelError
+	case level == hclog.Warn && firstElection(msg, args):
+		l = slog.LevelInfo
 	case level == hclog.Warn:
 		l = slog.LevelWarn
 	default:
 		return
 	}
 	s.logger.Log(context.Background(), l, msg, append([]any{"component", name}, args...)...)
+}
+
+// firstElection reports whether raft's message is the warning that opens
+// an election when no leader was known yet: every node's start, not a
+// leader gone silent, so it is logged as info.
+func firstElection(msg string, args []any) bool {
+	if msg != "heartbeat timeout reached, starting election" {
+		return false
+	}
+	for i := 0; i+1 < len(args); i += 2 {
+		if k, _ := args[i].(string); k == "last-leader-id" {
+			return fmt.Sprint(args[i+1]) == ""
+		}
+	}
+	return false
 }
 
 func trimNewline(p []byte) []byte {

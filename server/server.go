@@ -60,6 +60,9 @@ type Server struct {
 	advertise     string       // the API address others reach this node on
 	peerAPIClient *http.Client // for calls to other nodes' APIs
 	forwarder     *forwarder   // the HTTP handler: forwards to the leader, or serves here
+	metricsLn     net.Listener // cfg.ListenMetrics, when set
+	metricsHTTP   *http.Server // /metrics and the probes on metricsLn
+	live          *liveness    // /livez's check of the main loops
 
 	// leaderReady is set while this node is the leader and has applied
 	// every entry of earlier terms.
@@ -108,6 +111,9 @@ func Start(cfg Config) (*Server, error) {
 		if s.ln != nil {
 			s.ln.Close()
 		}
+		if s.metricsLn != nil {
+			s.metricsLn.Close()
+		}
 		s.tracker.stop()
 		lock.unlock()
 		return nil, err
@@ -118,6 +124,11 @@ func Start(cfg Config) (*Server, error) {
 	if s.ln, err = net.Listen("tcp", cfg.Listen); err != nil {
 		return abort(fmt.Errorf("listening on %s: %w", cfg.Listen, err))
 	}
+	if cfg.ListenMetrics != "" {
+		if s.metricsLn, err = net.Listen("tcp", cfg.ListenMetrics); err != nil {
+			return abort(fmt.Errorf("listening for metrics on %s: %w", cfg.ListenMetrics, err))
+		}
+	}
 	nofile, known := openFileLimit()
 	if limit := connLimit(cfg.MaxConnections, nofile, known); limit > 0 {
 		s.conns = newLimitListener(s.ln, limit)
@@ -127,18 +138,25 @@ func Start(cfg Config) (*Server, error) {
 	if s.advertise == "" {
 		s.advertise = s.ln.Addr().String()
 	}
-	if s.node, err = openNode(cfg, s.fsm, logger); err != nil {
+	if s.node, err = openNode(cfg, s.fsm, logger, s.metrics.storage); err != nil {
 		return abort(err)
 	}
 
 	s.confirmer = newLeaseConfirmer(s.node.confirmLeadership)
+	s.live = &liveness{check: s.checkLoops}
 	s.forwarder = newForwarder(s, s.handler())
 	s.http = s.newHTTPServer()
-	s.wg.Add(3)
+	s.wg.Add(4)
 	go s.watchLeadership()
+	go s.watchLeaderChanges()
 	go s.serveHTTP()
+	if s.metricsLn != nil {
+		s.metricsHTTP = s.newMetricsServer()
+		s.wg.Add(1)
+		go s.serveMetrics(s.metricsLn)
+	}
 	go s.registerLoop(500 * time.Millisecond)
-	logger.Info("fence node started", "node", cfg.NodeID, "listen", s.Addr(), "raft", s.node.transport.LocalAddr(), "data", cfg.DataDir, "max_connections", s.maxConnections())
+	logger.Info("fence node started", "node", cfg.NodeID, "version", cfg.Version, "listen", s.Addr(), "tls", cfg.TLS != nil, "metrics", s.MetricsAddr(), "raft", s.node.transport.LocalAddr(), "data", cfg.DataDir, "max_connections", s.maxConnections())
 	return s, nil
 }
 
@@ -153,6 +171,15 @@ func (s *Server) maxConnections() int {
 
 // Addr returns the address the API listens on.
 func (s *Server) Addr() string { return s.ln.Addr().String() }
+
+// MetricsAddr returns the address /metrics and the probes are served on
+// over plain HTTP (Config.ListenMetrics), or "" when there is none.
+func (s *Server) MetricsAddr() string {
+	if s.metricsLn == nil {
+		return ""
+	}
+	return s.metricsLn.Addr().String()
+}
 
 // RaftAddr returns the address raft listens on.
 func (s *Server) RaftAddr() string { return string(s.node.transport.LocalAddr()) }
@@ -212,6 +239,9 @@ func (s *Server) Close() error {
 		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 		defer cancel()
 		errs := []error{s.http.Shutdown(ctx)}
+		if s.metricsHTTP != nil {
+			errs = append(errs, s.metricsHTTP.Shutdown(ctx))
+		}
 		s.forwarder.close()
 		s.tracker.stop()
 		s.delays.becomeFollower()
@@ -254,13 +284,7 @@ func (s *Server) handler() http.Handler {
 		mux.HandleFunc("/debug/pprof/trace", pprof.Trace)
 		mux.HandleFunc("/debug/pprof/symbol", pprof.Symbol)
 	}
-	mux.HandleFunc("/healthz", func(w http.ResponseWriter, r *http.Request) {
-		if _, id := s.node.raft.LeaderWithID(); id == "" {
-			http.Error(w, "no leader", http.StatusServiceUnavailable)
-			return
-		}
-		fmt.Fprintln(w, "ok")
-	})
+	s.addProbes(mux)
 	return checkEnvelopes(mux, s.cfg.MaxRequestBytes)
 }
 
@@ -532,6 +556,9 @@ type metrics struct {
 	latency  *prometheus.HistogramVec
 	grants   prometheus.Counter
 	expired  prometheus.Counter
+	// storage and leaderChanges, and the rest of registerOpsMetrics.
+	storage       *storageMetrics
+	leaderChanges prometheus.Counter
 }
 
 func newMetrics(s *Server) *metrics {
@@ -580,6 +607,7 @@ func newMetrics(s *Server) *metrics {
 			return 0
 		}),
 	)
+	registerOpsMetrics(s, m)
 	return m
 }
 

@@ -194,7 +194,6 @@ func (d *demo) startService(ctx context.Context) error {
 	cfg.RaftListen = "127.0.0.1:0"
 	cfg.HeartbeatTimeout = 50 * time.Millisecond
 	cfg.ElectionTimeout = 50 * time.Millisecond
-	cfg.Version = Version
 	srv, err := server.Start(cfg)
 	if err != nil {
 		return fmt.Errorf("starting the embedded server: %w", err)

@@ -131,14 +131,14 @@ func statusCommand(g *globals) *cobra.Command {
 			w.Flush()
 			fmt.Fprintln(g.stdout)
 			w = tabwriter.NewWriter(g.stdout, 0, 4, 2, ' ', 0)
-			fmt.Fprintln(w, "NODE\tAPI\tRAFT\tSTATE\tTERM\tLAST\tCOMMIT\tAPPLIED\tHEALTH")
+			fmt.Fprintln(w, "NODE\tAPI\tRAFT\tSTATE\tTERM\tLAST\tCOMMIT\tAPPLIED\tVERSION\tHEALTH")
 			for _, n := range nodes {
 				if n.err != nil {
-					fmt.Fprintf(w, "%s\t%s\t%s\t-\t-\t-\t-\t-\tunreachable: %v\n", n.id, orDash(n.api), n.raft, n.err)
+					fmt.Fprintf(w, "%s\t%s\t%s\t-\t-\t-\t-\t-\t-\tunreachable: %v\n", n.id, orDash(n.api), n.raft, n.err)
 					continue
 				}
 				s := n.status
-				fmt.Fprintf(w, "%s\t%s\t%s\t%s\t%d\t%d\t%d\t%d\t%s\n", s.GetNodeId(), orDash(n.api), n.raft, s.GetState(), s.GetTerm(), s.GetLastIndex(), s.GetCommitIndex(), s.GetAppliedIndex(), n.health())
+				fmt.Fprintf(w, "%s\t%s\t%s\t%s\t%d\t%d\t%d\t%d\t%s\t%s\n", s.GetNodeId(), orDash(n.api), n.raft, s.GetState(), s.GetTerm(), s.GetLastIndex(), s.GetCommitIndex(), s.GetAppliedIndex(), orDash(s.GetVersion()), n.health())
 			}
 			return w.Flush()
 		}),

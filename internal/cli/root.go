@@ -14,10 +14,8 @@ import (
 	"github.com/spf13/cobra"
 
 	"github.com/fencelock/fence/client"
+	"github.com/fencelock/fence/internal/buildinfo"
 )
-
-// Version is set at build time with -ldflags "-X github.com/fencelock/fence/cli.Version=...".
-var Version = "dev"
 
 // ExitError asks Run to exit with Code after printing Err, if any.
 type ExitError struct {
@@ -97,10 +95,11 @@ func Run(ctx context.Context, args []string, stdin io.Reader, stdout, stderr io.
 	root := &cobra.Command{
 		Use:           "fence",
 		Short:         "A lock service whose every grant carries a fencing token",
-		Version:       Version,
+		Version:       buildinfo.Read().Short(),
 		SilenceUsage:  true,
 		SilenceErrors: true,
 	}
+	root.SetVersionTemplate(buildinfo.Read().String())
 	root.SetArgs(args)
 	root.SetIn(stdin)
 	root.SetOut(stdout)
@@ -137,6 +136,7 @@ func Run(ctx context.Context, args []string, stdin io.Reader, stdout, stderr io.
 		leaderCommand(g),
 		snapshotCommand(g),
 		checkWorkerCommand(g),
+		versionCommand(g),
 	)
 	err := root.ExecuteContext(ctx)
 	if err == nil {

@@ -4,6 +4,7 @@ import (
 	"cmp"
 	"context"
 	"fmt"
+	"io"
 	"log/slog"
 	"strings"
 	"time"
@@ -17,6 +18,7 @@ func serveCommand(g *globals) *cobra.Command {
 	cfg := server.DefaultConfig()
 	var (
 		logLevel       string
+		logFormat      string
 		peers          string
 		raftDial       string
 		apiTLS         tlsFiles
@@ -31,6 +33,10 @@ func serveCommand(g *globals) *cobra.Command {
 			var level slog.Level
 			if err := level.UnmarshalText([]byte(logLevel)); err != nil {
 				return fmt.Errorf("--log-level: %w", err)
+			}
+			logger, err := newLogger(g.stderr, logFormat, level)
+			if err != nil {
+				return err
 			}
 			if peers != "" {
 				var err error
@@ -48,26 +54,19 @@ func serveCommand(g *globals) *cobra.Command {
 				}
 				cfg.RaftAddressProvider = server.DialAddresses(dial)
 			}
-			var err error
 			if cfg.TLS, err = apiTLS.config("API TLS", true, clientCertAuth); err != nil {
 				return err
 			}
 			if cfg.PeerTLS, err = peerTLS.config("peer TLS", true, peerTLS != (tlsFiles{})); err != nil {
 				return err
 			}
-			cfg.Logger = slog.New(slog.NewTextHandler(g.stderr, &slog.HandlerOptions{Level: level}))
-			cfg.Version = Version
+			cfg.Logger = logger
 			srv, err := server.Start(cfg)
 			if err != nil {
 				return err
 			}
-			var over string
-			if cfg.TLS != nil {
-				over = " over TLS"
-			}
-			fmt.Fprintf(g.stderr, "fence %s serving on %s%s (raft %s, data %s)\n", Version, srv.Addr(), over, srv.RaftAddr(), cfg.DataDir)
 			<-cmd.Context().Done()
-			fmt.Fprintln(g.stderr, "fence: shutting down")
+			logger.Info("shutting down")
 			// A leader hands over to another member before it closes
 			// (bounded: raft gives up after an election timeout).
 			ctx, cancel := context.WithTimeout(context.Background(), cfg.ElectionTimeout+2*time.Second)
@@ -85,6 +84,7 @@ func serveCommand(g *globals) *cobra.Command {
 	f.StringVar(&peerTLS.ca, "peer-trusted-ca-file", "", "CA bundle that peers' certificates must be signed by")
 	f.StringVar(&cfg.DataDir, "data-dir", cfg.DataDir, "directory for the raft log and snapshots")
 	f.StringVar(&cfg.Listen, "listen", cfg.Listen, "API address (Connect, gRPC, JSON over HTTP, /metrics)")
+	f.StringVar(&cfg.ListenMetrics, "listen-metrics", "", "also serve /metrics, /healthz, /livez and /readyz over plain HTTP here (no TLS, no client certificates), for probes and scrapes")
 	f.StringVar(&cfg.RaftListen, "raft-listen", cfg.RaftListen, "address raft peers reach this node on")
 	f.StringVar(&cfg.Advertise, "advertise", "", "API address other nodes and clients use (default: --listen)")
 	f.StringVar(&cfg.RaftAdvertise, "raft-advertise", "", "raft address peers dial (default: --raft-listen)")
@@ -120,7 +120,21 @@ func serveCommand(g *globals) *cobra.Command {
 	f.DurationVar(&cfg.SnapshotInterval, "snapshot-interval", cfg.SnapshotInterval, "how often to check whether a snapshot is due")
 	f.BoolVar(&cfg.Pprof, "pprof", false, "serve Go's profiler under /debug/pprof/ on the API port")
 	f.StringVar(&logLevel, "log-level", "info", "debug, info, warn or error")
+	f.StringVar(&logFormat, "log-format", "text", "text (logfmt) or json, one record a line on stderr")
 	return cmd
+}
+
+// newLogger returns the node's logger: every line it writes, raft's
+// included, goes through it.
+func newLogger(w io.Writer, format string, level slog.Level) (*slog.Logger, error) {
+	opts := &slog.HandlerOptions{Level: level}
+	switch format {
+	case "text":
+		return slog.New(slog.NewTextHandler(w, opts)), nil
+	case "json":
+		return slog.New(slog.NewJSONHandler(w, opts)), nil
+	}
+	return nil, fmt.Errorf("--log-format %q: want text or json", format)
 }
 
 // parsePeers parses id=host:port,id=host:port.

@@ -87,7 +87,7 @@ func (s *State) CheckInvariants() error {
 			}
 		}
 	}
-	live := 0
+	live, liveBytes := 0, 0
 	for key, e := range s.kv {
 		if e.kv.Key != key {
 			return fmt.Errorf("key %q is filed under %q", e.kv.Key, key)
@@ -130,10 +130,14 @@ func (s *State) CheckInvariants() error {
 		}
 		if !e.deleted {
 			live++
+			liveBytes += len(key) + len(e.kv.Value)
 		}
 	}
 	if live != s.liveKeys {
 		return fmt.Errorf("%d live keys counted as %d", live, s.liveKeys)
+	}
+	if liveBytes != s.liveBytes {
+		return fmt.Errorf("%d bytes of live keys counted as %d", liveBytes, s.liveBytes)
 	}
 	return nil
 }

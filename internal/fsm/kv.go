@@ -81,7 +81,10 @@ func (s *State) kvPut(c *fsmpb.KVPut) Result {
 		return Result{Err: fmt.Errorf("%w: the KV store already has %d keys, its limit", fence.ErrLimit, s.liveKeys)}
 	}
 	s.kvRevision++
-	if !e.live() {
+	if e.live() {
+		s.liveBytes -= len(e.kv.Value)
+	} else {
+		s.liveBytes += len(key)
 		if e == nil {
 			e = &kvEntry{kv: KeyValue{Key: key}}
 			s.kv[key] = e
@@ -92,6 +95,7 @@ func (s *State) kvPut(c *fsmpb.KVPut) Result {
 		s.liveKeys++
 	}
 	e.kv.Value = append([]byte(nil), c.GetValue()...)
+	s.liveBytes += len(e.kv.Value)
 	e.kv.Token, e.kv.Lock = writer(f)
 	e.kv.HighestToken = max(e.kv.HighestToken, f.GetToken())
 	e.kv.ModRevision = s.kvRevision
@@ -145,6 +149,7 @@ func (s *State) removeKey(e *kvEntry, f *fsmpb.KVFence) KVEvent {
 	s.kvRevision++
 	s.unbind(e)
 	e.kv.HighestToken = max(e.kv.HighestToken, f.GetToken())
+	s.liveBytes -= len(e.kv.Key) + len(e.kv.Value)
 	e.kv.Value = nil
 	e.kv.Token, e.kv.Lock = writer(f)
 	e.kv.ModRevision = s.kvRevision
@@ -230,6 +235,9 @@ func (s *State) KVRevision() uint64 { return s.kvRevision }
 
 // NumKeys returns the number of live keys.
 func (s *State) NumKeys() int { return s.liveKeys }
+
+// KVBytes returns the bytes of the live keys' names and values.
+func (s *State) KVBytes() int { return s.liveBytes }
 
 // Get returns a live key.
 func (s *State) Get(key string) (KeyValue, bool) {

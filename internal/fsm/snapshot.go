@@ -128,6 +128,7 @@ func Restore(snap *fsmpb.Snapshot) (*State, error) {
 		}}
 		if !pk.GetDeleted() {
 			s.liveKeys++
+			s.liveBytes += len(pk.GetKey()) + len(pk.GetValue())
 		}
 		if id := pk.GetSessionId(); id != 0 {
 			sess, ok := s.sessions[id]

@@ -258,6 +258,7 @@ type State struct {
 	kvRevision    uint64
 	kv            map[string]*kvEntry // live keys and fenced tombstones
 	liveKeys      int
+	liveBytes     int               // names and values of the live keys
 	nodes         map[string]string // node id -> API address
 	lastDelayID   uint64
 	lastAttempt   uint64
@@ -827,6 +828,14 @@ func (s *State) NumSessions() int { return len(s.sessions) }
 
 // NumLocks returns the number of locks held, waited for or delayed.
 func (s *State) NumLocks() int { return len(s.locks) }
+
+// EachQueue calls visit with the number of waiters of every lock, in no
+// particular order, for a distribution of queue lengths.
+func (s *State) EachQueue(visit func(waiters int)) {
+	for _, l := range s.locks {
+		visit(len(l.waiters))
+	}
+}
 
 // Lock returns the named lock; ok is false when it is free and unwaited.
 func (s *State) Lock(name string) (LockInfo, bool) {

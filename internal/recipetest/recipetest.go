@@ -58,7 +58,7 @@ func Serve(t *testing.T) string {
 			"--listen", addrs[0], "--raft-listen", addrs[1],
 			"--heartbeat-timeout", "100ms", "--election-timeout", "100ms")
 		deadline := time.Now().Add(20 * time.Second)
-		for !p.Exited() && !strings.Contains(p.Stderr(), " serving on "+addrs[0]) && time.Now().Before(deadline) {
+		for !p.Exited() && !started(p.Stderr(), addrs[0]) && time.Now().Before(deadline) {
 			time.Sleep(10 * time.Millisecond)
 		}
 		if !p.Exited() {
@@ -69,6 +69,16 @@ func Serve(t *testing.T) string {
 			t.Fatalf("fence serve did not start: %s", p.Stderr())
 		}
 	}
+}
+
+// started reports whether a fence serve's log says it serves at addr.
+func started(log, addr string) bool {
+	for _, line := range strings.Split(log, "\n") {
+		if strings.Contains(line, `msg="fence node started"`) && strings.Contains(line, " listen="+addr+" ") {
+			return true
+		}
+	}
+	return false
 }
 
 func waitHealthy(t *testing.T, addr string) {

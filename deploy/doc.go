@@ -1,0 +1,4 @@
+// Package deploy holds fence's packaging, checked by its tests: a
+// Dockerfile, a systemd unit, a Kubernetes StatefulSet for a 3-node group,
+// and a Grafana dashboard. It has no code of its own.
+package deploy

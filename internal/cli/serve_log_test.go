@@ -1,0 +1,99 @@
+package cli
+
+import (
+	"bytes"
+	"encoding/json"
+	"os/exec"
+	"strings"
+	"sync"
+	"syscall"
+	"testing"
+	"time"
+)
+
+// lockedBuffer is a bytes.Buffer that a child process writes while the
+// test reads it.
+type lockedBuffer struct {
+	mu  sync.Mutex
+	buf bytes.Buffer
+}
+
+func (b *lockedBuffer) Write(p []byte) (int, error) {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return b.buf.Write(p)
+}
+
+func (b *lockedBuffer) String() string {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return b.buf.String()
+}
+
+// runServe starts `fence serve` on free ports with args, waits until it
+// leads, stops it with SIGTERM and returns its log.
+func runServe(t *testing.T, args ...string) string {
+	t.Helper()
+	var stderr lockedBuffer
+	cmd := exec.Command(fenceBin, append([]string{"serve", "--data-dir", t.TempDir(), "--listen", "127.0.0.1:0", "--raft-listen", "127.0.0.1:0", "--listen-metrics", "127.0.0.1:0"}, args...)...)
+	cmd.Stderr = &stderr
+	cmd.Stdout = &stderr
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	exited := make(chan error, 1)
+	go func() { exited <- cmd.Wait() }()
+	deadline := time.After(20 * time.Second)
+	for !strings.Contains(stderr.String(), "became leader") {
+		select {
+		case err := <-exited:
+			t.Fatalf("fence serve exited: %v\n%s", err, stderr.String())
+		case <-deadline:
+			cmd.Process.Kill()
+			t.Fatalf("fence serve did not lead within 20s:\n%s", stderr.String())
+		case <-time.After(20 * time.Millisecond):
+		}
+	}
+	cmd.Process.Signal(syscall.SIGTERM)
+	if err := <-exited; err != nil {
+		t.Fatalf("fence serve after SIGTERM: %v\n%s", err, stderr.String())
+	}
+	return stderr.String()
+}
+
+// Every line a node writes is a log record in the format asked for, and a
+// normal single-node start and stop logs no warning or error.
+func TestServeLogsOnlyRecordsAndNoWarnings(t *testing.T) {
+	t.Run("json", func(t *testing.T) {
+		log := runServe(t, "--log-format", "json")
+		for _, line := range strings.Split(strings.TrimSpace(log), "\n") {
+			var rec struct{ Level, Msg string }
+			if err := json.Unmarshal([]byte(line), &rec); err != nil || rec.Level == "" || rec.Msg == "" {
+				t.Errorf("not a JSON log record: %q", line)
+				continue
+			}
+			if rec.Level != "INFO" && rec.Level != "DEBUG" {
+				t.Errorf("%s on a normal start: %s", rec.Level, line)
+			}
+		}
+	})
+	t.Run("text", func(t *testing.T) {
+		log := runServe(t)
+		for _, line := range strings.Split(strings.TrimSpace(log), "\n") {
+			if !strings.HasPrefix(line, "time=") || !strings.Contains(line, " level=") {
+				t.Errorf("not a text log record: %q", line)
+			}
+			if strings.Contains(line, "level=WARN") || strings.Contains(line, "level=ERROR") {
+				t.Errorf("warning on a normal start: %s", line)
+			}
+		}
+	})
+}
+
+// An unknown --log-format is refused, naming the formats.
+func TestServeRefusesUnknownLogFormat(t *testing.T) {
+	out, err := exec.Command(fenceBin, "serve", "--log-format", "xml", "--data-dir", t.TempDir()).CombinedOutput()
+	if err == nil || !strings.Contains(string(out), "want text or json") {
+		t.Fatalf("fence serve --log-format xml: %v\n%s", err, out)
+	}
+}
