@@ -543,12 +543,24 @@ func TestClusterFollowerForwardsToLeader(t *testing.T) {
 		t.Fatalf("CreateSession through a follower: HTTP %d %s", code, body)
 	}
 	var sess struct {
-		SessionID uint64 `json:"sessionId,string"`
+		SessionID     uint64 `json:"sessionId,string"`
+		SessionSecret string `json:"sessionSecret"`
 	}
 	if err := json.Unmarshal([]byte(body), &sess); err != nil {
 		t.Fatal(err)
 	}
-	code, body = post("LockService/Acquire", fmt.Sprintf(`{"sessionId":"%d","lock":"fwd"}`, sess.SessionID))
+	if len(sess.SessionSecret) < 22 { // 128 bits in base64
+		t.Fatalf("CreateSession through a follower answered secret %q", sess.SessionSecret)
+	}
+	// The leader checks the secret of a forwarded call as of any other:
+	// the follower passes on no authority of its own.
+	for _, secret := range []string{"", "guessed"} {
+		code, body = post("LockService/Acquire", fmt.Sprintf(`{"sessionId":"%d","sessionSecret":%q,"lock":"fwd"}`, sess.SessionID, secret))
+		if code != http.StatusUnauthorized || !strings.Contains(body, "REASON_SESSION_SECRET") {
+			t.Fatalf("Acquire through a follower with secret %q: HTTP %d %s", secret, code, body)
+		}
+	}
+	code, body = post("LockService/Acquire", fmt.Sprintf(`{"sessionId":"%d","sessionSecret":%q,"lock":"fwd"}`, sess.SessionID, sess.SessionSecret))
 	if code != http.StatusOK || !strings.Contains(body, `"token"`) {
 		t.Fatalf("Acquire through a follower: HTTP %d %s", code, body)
 	}

@@ -36,6 +36,7 @@ var table = []struct {
 	{fence.ErrLimit, connect.CodeResourceExhausted, fencev1.Reason_REASON_LIMIT},
 	{fence.ErrCompacted, connect.CodeFailedPrecondition, fencev1.Reason_REASON_COMPACTED},
 	{fence.ErrCancelled, connect.CodeFailedPrecondition, fencev1.Reason_REASON_CANCELLED},
+	{fence.ErrSessionSecret, connect.CodeUnauthenticated, fencev1.Reason_REASON_SESSION_SECRET},
 }
 
 // Detail is the extra information an error may carry across the wire.

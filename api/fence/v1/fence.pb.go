@@ -161,6 +161,9 @@ const (
 	// A node's data dir is out of space (code Unavailable: another node may
 	// take over as leader).
 	Reason_REASON_DISK_FULL Reason = 12
+	// A call acting as a session without the session's secret, or with
+	// another (code Unauthenticated).
+	Reason_REASON_SESSION_SECRET Reason = 13
 )
 
 // Enum value maps for Reason.
@@ -179,6 +182,7 @@ var (
 		10: "REASON_COMPACTED",
 		11: "REASON_CANCELLED",
 		12: "REASON_DISK_FULL",
+		13: "REASON_SESSION_SECRET",
 	}
 	Reason_value = map[string]int32{
 		"REASON_UNSPECIFIED":       0,
@@ -194,6 +198,7 @@ var (
 		"REASON_COMPACTED":         10,
 		"REASON_CANCELLED":         11,
 		"REASON_DISK_FULL":         12,
+		"REASON_SESSION_SECRET":    13,
 	}
 )
 
@@ -279,9 +284,15 @@ func (x *CreateSessionRequest) GetOwner() string {
 }
 
 type CreateSessionResponse struct {
-	state         protoimpl.MessageState `protogen:"open.v1"`
-	SessionId     uint64                 `protobuf:"varint,1,opt,name=session_id,json=sessionId,proto3" json:"session_id,omitempty"`
-	Ttl           *durationpb.Duration   `protobuf:"bytes,2,opt,name=ttl,proto3" json:"ttl,omitempty"`
+	state     protoimpl.MessageState `protogen:"open.v1"`
+	SessionId uint64                 `protobuf:"varint,1,opt,name=session_id,json=sessionId,proto3" json:"session_id,omitempty"`
+	Ttl       *durationpb.Duration   `protobuf:"bytes,2,opt,name=ttl,proto3" json:"ttl,omitempty"`
+	// The session's secret: send it back as session_secret with every call
+	// that acts as the session. It is answered only here, once: the service
+	// keeps only its SHA-256 and cannot tell it again, so CreateSession
+	// ignores an Idempotency-Key (a session whose answer was lost holds
+	// nothing, and expires after its TTL).
+	SessionSecret string `protobuf:"bytes,3,opt,name=session_secret,json=sessionSecret,proto3" json:"session_secret,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -330,9 +341,18 @@ func (x *CreateSessionResponse) GetTtl() *durationpb.Duration {
 	return nil
 }
 
+func (x *CreateSessionResponse) GetSessionSecret() string {
+	if x != nil {
+		return x.SessionSecret
+	}
+	return ""
+}
+
 type KeepAliveRequest struct {
-	state         protoimpl.MessageState `protogen:"open.v1"`
-	SessionId     uint64                 `protobuf:"varint,1,opt,name=session_id,json=sessionId,proto3" json:"session_id,omitempty"`
+	state     protoimpl.MessageState `protogen:"open.v1"`
+	SessionId uint64                 `protobuf:"varint,1,opt,name=session_id,json=sessionId,proto3" json:"session_id,omitempty"`
+	// The secret CreateSession answered.
+	SessionSecret string `protobuf:"bytes,2,opt,name=session_secret,json=sessionSecret,proto3" json:"session_secret,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -372,6 +392,13 @@ func (x *KeepAliveRequest) GetSessionId() uint64 {
 		return x.SessionId
 	}
 	return 0
+}
+
+func (x *KeepAliveRequest) GetSessionSecret() string {
+	if x != nil {
+		return x.SessionSecret
+	}
+	return ""
 }
 
 type KeepAliveResponse struct {
@@ -479,8 +506,10 @@ func (x *HeldGrants) GetTokens() []uint64 {
 }
 
 type CloseSessionRequest struct {
-	state         protoimpl.MessageState `protogen:"open.v1"`
-	SessionId     uint64                 `protobuf:"varint,1,opt,name=session_id,json=sessionId,proto3" json:"session_id,omitempty"`
+	state     protoimpl.MessageState `protogen:"open.v1"`
+	SessionId uint64                 `protobuf:"varint,1,opt,name=session_id,json=sessionId,proto3" json:"session_id,omitempty"`
+	// The secret CreateSession answered.
+	SessionSecret string `protobuf:"bytes,2,opt,name=session_secret,json=sessionSecret,proto3" json:"session_secret,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -520,6 +549,13 @@ func (x *CloseSessionRequest) GetSessionId() uint64 {
 		return x.SessionId
 	}
 	return 0
+}
+
+func (x *CloseSessionRequest) GetSessionSecret() string {
+	if x != nil {
+		return x.SessionSecret
+	}
+	return ""
 }
 
 type CloseSessionResponse struct {
@@ -598,6 +634,8 @@ type AcquireRequest struct {
 	// command (a node of a group first confirms that it leads, as for a
 	// linearizable read). Otherwise it is a retry like any other. 0: none.
 	ResumeAttempt uint64 `protobuf:"varint,10,opt,name=resume_attempt,json=resumeAttempt,proto3" json:"resume_attempt,omitempty"`
+	// The secret CreateSession answered for session_id.
+	SessionSecret string `protobuf:"bytes,11,opt,name=session_secret,json=sessionSecret,proto3" json:"session_secret,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -702,6 +740,13 @@ func (x *AcquireRequest) GetResumeAttempt() uint64 {
 	return 0
 }
 
+func (x *AcquireRequest) GetSessionSecret() string {
+	if x != nil {
+		return x.SessionSecret
+	}
+	return ""
+}
+
 type AcquireResponse struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
 	Lock  string                 `protobuf:"bytes,1,opt,name=lock,proto3" json:"lock,omitempty"`
@@ -780,10 +825,12 @@ func (x *AcquireResponse) GetAttempt() uint64 {
 }
 
 type ReleaseRequest struct {
-	state         protoimpl.MessageState `protogen:"open.v1"`
-	SessionId     uint64                 `protobuf:"varint,1,opt,name=session_id,json=sessionId,proto3" json:"session_id,omitempty"`
-	Lock          string                 `protobuf:"bytes,2,opt,name=lock,proto3" json:"lock,omitempty"`
-	Token         uint64                 `protobuf:"varint,3,opt,name=token,proto3" json:"token,omitempty"`
+	state     protoimpl.MessageState `protogen:"open.v1"`
+	SessionId uint64                 `protobuf:"varint,1,opt,name=session_id,json=sessionId,proto3" json:"session_id,omitempty"`
+	Lock      string                 `protobuf:"bytes,2,opt,name=lock,proto3" json:"lock,omitempty"`
+	Token     uint64                 `protobuf:"varint,3,opt,name=token,proto3" json:"token,omitempty"`
+	// The secret CreateSession answered for session_id.
+	SessionSecret string `protobuf:"bytes,4,opt,name=session_secret,json=sessionSecret,proto3" json:"session_secret,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -839,6 +886,13 @@ func (x *ReleaseRequest) GetToken() uint64 {
 	return 0
 }
 
+func (x *ReleaseRequest) GetSessionSecret() string {
+	if x != nil {
+		return x.SessionSecret
+	}
+	return ""
+}
+
 type ReleaseResponse struct {
 	state         protoimpl.MessageState `protogen:"open.v1"`
 	unknownFields protoimpl.UnknownFields
@@ -880,7 +934,9 @@ type CancelAcquireRequest struct {
 	SessionId uint64                 `protobuf:"varint,1,opt,name=session_id,json=sessionId,proto3" json:"session_id,omitempty"`
 	Lock      string                 `protobuf:"bytes,2,opt,name=lock,proto3" json:"lock,omitempty"`
 	// The request_id of the Acquire to give up; not 0.
-	RequestId     uint64 `protobuf:"varint,3,opt,name=request_id,json=requestId,proto3" json:"request_id,omitempty"`
+	RequestId uint64 `protobuf:"varint,3,opt,name=request_id,json=requestId,proto3" json:"request_id,omitempty"`
+	// The secret CreateSession answered for session_id.
+	SessionSecret string `protobuf:"bytes,4,opt,name=session_secret,json=sessionSecret,proto3" json:"session_secret,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -934,6 +990,13 @@ func (x *CancelAcquireRequest) GetRequestId() uint64 {
 		return x.RequestId
 	}
 	return 0
+}
+
+func (x *CancelAcquireRequest) GetSessionSecret() string {
+	if x != nil {
+		return x.SessionSecret
+	}
+	return ""
 }
 
 type CancelAcquireResponse struct {
@@ -1188,11 +1251,15 @@ func (x *ListLocksRequest) GetPageToken() string {
 }
 
 type Holder struct {
-	state         protoimpl.MessageState `protogen:"open.v1"`
-	SessionId     uint64                 `protobuf:"varint,1,opt,name=session_id,json=sessionId,proto3" json:"session_id,omitempty"`
-	Token         uint64                 `protobuf:"varint,2,opt,name=token,proto3" json:"token,omitempty"`
-	Mode          Mode                   `protobuf:"varint,3,opt,name=mode,proto3,enum=fence.v1.Mode" json:"mode,omitempty"`
-	Owner         string                 `protobuf:"bytes,4,opt,name=owner,proto3" json:"owner,omitempty"`
+	state     protoimpl.MessageState `protogen:"open.v1"`
+	SessionId uint64                 `protobuf:"varint,1,opt,name=session_id,json=sessionId,proto3" json:"session_id,omitempty"`
+	Token     uint64                 `protobuf:"varint,2,opt,name=token,proto3" json:"token,omitempty"`
+	Mode      Mode                   `protobuf:"varint,3,opt,name=mode,proto3,enum=fence.v1.Mode" json:"mode,omitempty"`
+	Owner     string                 `protobuf:"bytes,4,opt,name=owner,proto3" json:"owner,omitempty"`
+	// The session was created before sessions had secrets (it comes from a
+	// data dir of an older version), so calls act as it by its id alone
+	// until it ends.
+	LegacySession bool `protobuf:"varint,5,opt,name=legacy_session,json=legacySession,proto3" json:"legacy_session,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -1255,11 +1322,20 @@ func (x *Holder) GetOwner() string {
 	return ""
 }
 
+func (x *Holder) GetLegacySession() bool {
+	if x != nil {
+		return x.LegacySession
+	}
+	return false
+}
+
 type Waiter struct {
-	state         protoimpl.MessageState `protogen:"open.v1"`
-	SessionId     uint64                 `protobuf:"varint,1,opt,name=session_id,json=sessionId,proto3" json:"session_id,omitempty"`
-	Mode          Mode                   `protobuf:"varint,2,opt,name=mode,proto3,enum=fence.v1.Mode" json:"mode,omitempty"`
-	Owner         string                 `protobuf:"bytes,3,opt,name=owner,proto3" json:"owner,omitempty"`
+	state     protoimpl.MessageState `protogen:"open.v1"`
+	SessionId uint64                 `protobuf:"varint,1,opt,name=session_id,json=sessionId,proto3" json:"session_id,omitempty"`
+	Mode      Mode                   `protobuf:"varint,2,opt,name=mode,proto3,enum=fence.v1.Mode" json:"mode,omitempty"`
+	Owner     string                 `protobuf:"bytes,3,opt,name=owner,proto3" json:"owner,omitempty"`
+	// As Holder.legacy_session.
+	LegacySession bool `protobuf:"varint,4,opt,name=legacy_session,json=legacySession,proto3" json:"legacy_session,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -1313,6 +1389,13 @@ func (x *Waiter) GetOwner() string {
 		return x.Owner
 	}
 	return ""
+}
+
+func (x *Waiter) GetLegacySession() bool {
+	if x != nil {
+		return x.LegacySession
+	}
+	return false
 }
 
 type LockInfo struct {
@@ -2055,7 +2138,9 @@ type PutRequest struct {
 	// expired by the leader) the key is deleted, like a key on an etcd lease
 	// or a ZooKeeper ephemeral node. Each put sets the binding anew; a put
 	// without session_id makes the key outlive every session.
-	SessionId     uint64 `protobuf:"varint,4,opt,name=session_id,json=sessionId,proto3" json:"session_id,omitempty"`
+	SessionId uint64 `protobuf:"varint,4,opt,name=session_id,json=sessionId,proto3" json:"session_id,omitempty"`
+	// With session_id: the secret CreateSession answered for it.
+	SessionSecret string `protobuf:"bytes,5,opt,name=session_secret,json=sessionSecret,proto3" json:"session_secret,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -2116,6 +2201,13 @@ func (x *PutRequest) GetSessionId() uint64 {
 		return x.SessionId
 	}
 	return 0
+}
+
+func (x *PutRequest) GetSessionSecret() string {
+	if x != nil {
+		return x.SessionSecret
+	}
+	return ""
 }
 
 type PutResponse struct {
@@ -2893,24 +2985,27 @@ const file_fence_v1_fence_proto_rawDesc = "" +
 	"\x14fence/v1/fence.proto\x12\bfence.v1\x1a\x1egoogle/protobuf/duration.proto\"Y\n" +
 	"\x14CreateSessionRequest\x12+\n" +
 	"\x03ttl\x18\x01 \x01(\v2\x19.google.protobuf.DurationR\x03ttl\x12\x14\n" +
-	"\x05owner\x18\x02 \x01(\tR\x05owner\"c\n" +
+	"\x05owner\x18\x02 \x01(\tR\x05owner\"\x8a\x01\n" +
 	"\x15CreateSessionResponse\x12\x1d\n" +
 	"\n" +
 	"session_id\x18\x01 \x01(\x04R\tsessionId\x12+\n" +
-	"\x03ttl\x18\x02 \x01(\v2\x19.google.protobuf.DurationR\x03ttl\"1\n" +
+	"\x03ttl\x18\x02 \x01(\v2\x19.google.protobuf.DurationR\x03ttl\x12%\n" +
+	"\x0esession_secret\x18\x03 \x01(\tR\rsessionSecret\"X\n" +
 	"\x10KeepAliveRequest\x12\x1d\n" +
 	"\n" +
-	"session_id\x18\x01 \x01(\x04R\tsessionId\"j\n" +
+	"session_id\x18\x01 \x01(\x04R\tsessionId\x12%\n" +
+	"\x0esession_secret\x18\x02 \x01(\tR\rsessionSecret\"j\n" +
 	"\x11KeepAliveResponse\x12+\n" +
 	"\x03ttl\x18\x01 \x01(\v2\x19.google.protobuf.DurationR\x03ttl\x12(\n" +
 	"\x04held\x18\x02 \x01(\v2\x14.fence.v1.HeldGrantsR\x04held\"$\n" +
 	"\n" +
 	"HeldGrants\x12\x16\n" +
-	"\x06tokens\x18\x01 \x03(\x04R\x06tokens\"4\n" +
+	"\x06tokens\x18\x01 \x03(\x04R\x06tokens\"[\n" +
 	"\x13CloseSessionRequest\x12\x1d\n" +
 	"\n" +
-	"session_id\x18\x01 \x01(\x04R\tsessionId\"\x16\n" +
-	"\x14CloseSessionResponse\"\x80\x03\n" +
+	"session_id\x18\x01 \x01(\x04R\tsessionId\x12%\n" +
+	"\x0esession_secret\x18\x02 \x01(\tR\rsessionSecret\"\x16\n" +
+	"\x14CloseSessionResponse\"\xa7\x03\n" +
 	"\x0eAcquireRequest\x12\x1d\n" +
 	"\n" +
 	"session_id\x18\x01 \x01(\x04R\tsessionId\x12\x12\n" +
@@ -2925,25 +3020,28 @@ const file_fence_v1_fence_proto_rawDesc = "" +
 	"request_id\x18\b \x01(\x04R\trequestId\x12-\n" +
 	"\x04poll\x18\t \x01(\v2\x19.google.protobuf.DurationR\x04poll\x12%\n" +
 	"\x0eresume_attempt\x18\n" +
-	" \x01(\x04R\rresumeAttempt\"\x93\x01\n" +
+	" \x01(\x04R\rresumeAttempt\x12%\n" +
+	"\x0esession_secret\x18\v \x01(\tR\rsessionSecret\"\x93\x01\n" +
 	"\x0fAcquireResponse\x12\x12\n" +
 	"\x04lock\x18\x01 \x01(\tR\x04lock\x12\x14\n" +
 	"\x05token\x18\x02 \x01(\x04R\x05token\x12\"\n" +
 	"\x04mode\x18\x03 \x01(\x0e2\x0e.fence.v1.ModeR\x04mode\x12\x18\n" +
 	"\awaiting\x18\x04 \x01(\bR\awaiting\x12\x18\n" +
-	"\aattempt\x18\x05 \x01(\x04R\aattempt\"Y\n" +
+	"\aattempt\x18\x05 \x01(\x04R\aattempt\"\x80\x01\n" +
 	"\x0eReleaseRequest\x12\x1d\n" +
 	"\n" +
 	"session_id\x18\x01 \x01(\x04R\tsessionId\x12\x12\n" +
 	"\x04lock\x18\x02 \x01(\tR\x04lock\x12\x14\n" +
-	"\x05token\x18\x03 \x01(\x04R\x05token\"\x11\n" +
-	"\x0fReleaseResponse\"h\n" +
+	"\x05token\x18\x03 \x01(\x04R\x05token\x12%\n" +
+	"\x0esession_secret\x18\x04 \x01(\tR\rsessionSecret\"\x11\n" +
+	"\x0fReleaseResponse\"\x8f\x01\n" +
 	"\x14CancelAcquireRequest\x12\x1d\n" +
 	"\n" +
 	"session_id\x18\x01 \x01(\x04R\tsessionId\x12\x12\n" +
 	"\x04lock\x18\x02 \x01(\tR\x04lock\x12\x1d\n" +
 	"\n" +
-	"request_id\x18\x03 \x01(\x04R\trequestId\"O\n" +
+	"request_id\x18\x03 \x01(\x04R\trequestId\x12%\n" +
+	"\x0esession_secret\x18\x04 \x01(\tR\rsessionSecret\"O\n" +
 	"\x15CancelAcquireResponse\x12\x1a\n" +
 	"\breleased\x18\x01 \x01(\bR\breleased\x12\x1a\n" +
 	"\bdequeued\x18\x02 \x01(\bR\bdequeued\"N\n" +
@@ -2960,18 +3058,20 @@ const file_fence_v1_fence_proto_rawDesc = "" +
 	"\x05stale\x18\x02 \x01(\bR\x05stale\x12\x1b\n" +
 	"\tpage_size\x18\x03 \x01(\rR\bpageSize\x12\x1d\n" +
 	"\n" +
-	"page_token\x18\x04 \x01(\tR\tpageToken\"w\n" +
+	"page_token\x18\x04 \x01(\tR\tpageToken\"\x9e\x01\n" +
 	"\x06Holder\x12\x1d\n" +
 	"\n" +
 	"session_id\x18\x01 \x01(\x04R\tsessionId\x12\x14\n" +
 	"\x05token\x18\x02 \x01(\x04R\x05token\x12\"\n" +
 	"\x04mode\x18\x03 \x01(\x0e2\x0e.fence.v1.ModeR\x04mode\x12\x14\n" +
-	"\x05owner\x18\x04 \x01(\tR\x05owner\"a\n" +
+	"\x05owner\x18\x04 \x01(\tR\x05owner\x12%\n" +
+	"\x0elegacy_session\x18\x05 \x01(\bR\rlegacySession\"\x88\x01\n" +
 	"\x06Waiter\x12\x1d\n" +
 	"\n" +
 	"session_id\x18\x01 \x01(\x04R\tsessionId\x12\"\n" +
 	"\x04mode\x18\x02 \x01(\x0e2\x0e.fence.v1.ModeR\x04mode\x12\x14\n" +
-	"\x05owner\x18\x03 \x01(\tR\x05owner\"\xaa\x01\n" +
+	"\x05owner\x18\x03 \x01(\tR\x05owner\x12%\n" +
+	"\x0elegacy_session\x18\x04 \x01(\bR\rlegacySession\"\xaa\x01\n" +
 	"\bLockInfo\x12\x12\n" +
 	"\x04name\x18\x01 \x01(\tR\x04name\x12*\n" +
 	"\aholders\x18\x02 \x03(\v2\x10.fence.v1.HolderR\aholders\x12*\n" +
@@ -3024,14 +3124,15 @@ const file_fence_v1_fence_proto_rawDesc = "" +
 	"\x05token\x18\x02 \x01(\x04R\x05token\x12\x16\n" +
 	"\x06strict\x18\x03 \x01(\bR\x06strict\x12,\n" +
 	"\x0fexpect_revision\x18\x04 \x01(\x04H\x00R\x0eexpectRevision\x88\x01\x01B\x12\n" +
-	"\x10_expect_revision\"z\n" +
+	"\x10_expect_revision\"\xa1\x01\n" +
 	"\n" +
 	"PutRequest\x12\x10\n" +
 	"\x03key\x18\x01 \x01(\tR\x03key\x12\x14\n" +
 	"\x05value\x18\x02 \x01(\fR\x05value\x12%\n" +
 	"\x05fence\x18\x03 \x01(\v2\x0f.fence.v1.FenceR\x05fence\x12\x1d\n" +
 	"\n" +
-	"session_id\x18\x04 \x01(\x04R\tsessionId\")\n" +
+	"session_id\x18\x04 \x01(\x04R\tsessionId\x12%\n" +
+	"\x0esession_secret\x18\x05 \x01(\tR\rsessionSecret\")\n" +
 	"\vPutResponse\x12\x1a\n" +
 	"\brevision\x18\x01 \x01(\x04R\brevision\"\x86\x02\n" +
 	"\bKeyValue\x12\x10\n" +
@@ -3094,7 +3195,7 @@ const file_fence_v1_fence_proto_rawDesc = "" +
 	"\tEventType\x12\x1a\n" +
 	"\x16EVENT_TYPE_UNSPECIFIED\x10\x00\x12\x12\n" +
 	"\x0eEVENT_TYPE_PUT\x10\x01\x12\x15\n" +
-	"\x11EVENT_TYPE_DELETE\x10\x02*\xbf\x02\n" +
+	"\x11EVENT_TYPE_DELETE\x10\x02*\xda\x02\n" +
 	"\x06Reason\x12\x16\n" +
 	"\x12REASON_UNSPECIFIED\x10\x00\x12\x1b\n" +
 	"\x17REASON_INVALID_ARGUMENT\x10\x01\x12\x1c\n" +
@@ -3109,7 +3210,8 @@ const file_fence_v1_fence_proto_rawDesc = "" +
 	"\x10REASON_COMPACTED\x10\n" +
 	"\x12\x14\n" +
 	"\x10REASON_CANCELLED\x10\v\x12\x14\n" +
-	"\x10REASON_DISK_FULL\x10\f2\xfd\x01\n" +
+	"\x10REASON_DISK_FULL\x10\f\x12\x19\n" +
+	"\x15REASON_SESSION_SECRET\x10\r2\xfd\x01\n" +
 	"\x0eSessionService\x12R\n" +
 	"\rCreateSession\x12\x1e.fence.v1.CreateSessionRequest\x1a\x1f.fence.v1.CreateSessionResponse\"\x00\x12F\n" +
 	"\tKeepAlive\x12\x1a.fence.v1.KeepAliveRequest\x1a\x1b.fence.v1.KeepAliveResponse\"\x00\x12O\n" +
