@@ -268,4 +268,3 @@ func untarGz(t *testing.T, archive, dir string) {
 		}
 	}
 }
-
