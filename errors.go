@@ -71,6 +71,14 @@ var (
 	// ErrUnauthenticated.
 	ErrSessionSecret = fmt.Errorf("%w: wrong or missing session secret", ErrUnauthenticated)
 
+	// ErrMembership reports a membership change the leader refused: the
+	// node named does not answer at its raft address (or another node
+	// does), it did not catch up with the leader's log in time, or the
+	// change would leave the group without a quorum of reachable voters.
+	// The message says which; nothing changed unless it says a non-voter
+	// was added.
+	ErrMembership = errors.New("fence: membership change refused")
+
 	// ErrReleased is the cause of a grant's or a session's end by its own
 	// holder: the lock was released, the session closed.
 	ErrReleased = errors.New("fence: released by its holder")

@@ -79,6 +79,12 @@ func (c *testCluster) baseConfig(id, raftAddr string) Config {
 	cfg.ApplyTimeout = 3 * time.Second
 	from := id
 	cfg.RaftAddressProvider = addressProvider(func(to raft.ServerID) (raft.ServerAddress, error) {
+		c.mu.Lock()
+		_, known := c.cfgs[string(to)]
+		c.mu.Unlock()
+		if !known { // not one of the test's nodes: raft dials the address it was given
+			return "", fmt.Errorf("no link to %s", to)
+		}
 		return raft.ServerAddress(c.link(from, string(to)).Addr()), nil
 	})
 	if c.editCfg != nil {

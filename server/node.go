@@ -2,7 +2,6 @@ package server
 
 import (
 	"context"
-	"crypto/tls"
 	"errors"
 	"fmt"
 	"io"
@@ -35,6 +34,7 @@ type node struct {
 	wal       *wal.WAL              // the log with LogStoreWAL
 	walMeta   *metadb.BoltMetaDB
 	transport *raft.NetworkTransport
+	links     *nodeLinkMux // the raft port's stream layer, with node links
 	log       *checkedLog
 	dataDir   string
 	timeout   time.Duration
@@ -42,7 +42,9 @@ type node struct {
 	id        raft.ServerID
 }
 
-func openNode(cfg Config, f *fsm.FSM, logger *slog.Logger) (*node, error) {
+// openNode opens the node's raft member; api is the address this node's
+// API is reached on, which it tells other nodes over node links.
+func openNode(cfg Config, api string, f *fsm.FSM, logger *slog.Logger) (*node, error) {
 	if err := os.MkdirAll(cfg.DataDir, 0o700); err != nil {
 		return nil, fmt.Errorf("creating data dir: %w", err)
 	}
@@ -116,17 +118,13 @@ func openNode(cfg Config, f *fsm.FSM, logger *slog.Logger) (*node, error) {
 		Timeout:               10 * time.Second,
 		Logger:                hlog,
 	}
-	if cfg.PeerTLS != nil {
-		tcfg.Stream, err = listenTLSStream(cfg.RaftListen, advertise, cfg.PeerTLS)
-		if err == nil {
-			n.transport = raft.NewNetworkTransportWithConfig(tcfg)
-		}
-	} else {
-		n.transport, err = raft.NewTCPTransportWithConfig(cfg.RaftListen, advertise, tcfg)
-	}
+	stream, err := listenPeerStream(cfg.RaftListen, advertise, cfg.PeerTLS)
 	if err != nil {
 		return fail(fmt.Errorf("raft transport on %s: %w", cfg.RaftListen, err))
 	}
+	n.links = newNodeLinkMux(stream)
+	tcfg.Stream = n.links
+	n.transport = raft.NewNetworkTransportWithConfig(tcfg)
 
 	rc := raft.DefaultConfig()
 	rc.LocalID = raft.ServerID(cfg.NodeID)
@@ -156,47 +154,10 @@ func openNode(cfg Config, f *fsm.FSM, logger *slog.Logger) (*node, error) {
 	if err != nil {
 		return fail(fmt.Errorf("starting raft: %w", err))
 	}
+	r := n.raft
+	n.links.answerWith(func() nodeHello { return nodeHello{ID: cfg.NodeID, API: api, LastIndex: r.LastIndex()} })
 	return n, nil
 }
-
-// tlsStream is raft's stream layer over mutual TLS: it accepts peers on a
-// TLS listener and dials them with the same configuration. A peer's
-// certificate is verified against the host it is dialed at, so with
-// RaftAddressProvider (--raft-dial) the certificates must name the dial
-// addresses.
-type tlsStream struct {
-	net.Listener
-	advertise net.Addr
-	config    *tls.Config
-}
-
-func listenTLSStream(listen string, advertise net.Addr, config *tls.Config) (*tlsStream, error) {
-	ln, err := net.Listen("tcp", listen)
-	if err != nil {
-		return nil, err
-	}
-	if advertise == nil {
-		advertise = ln.Addr()
-	}
-	if a, ok := advertise.(*net.TCPAddr); !ok || a.IP.IsUnspecified() {
-		ln.Close()
-		return nil, fmt.Errorf("raft address %s is not one peers can dial; set the raft advertise address", advertise)
-	}
-	return &tlsStream{Listener: tls.NewListener(ln, config), advertise: advertise, config: config}, nil
-}
-
-// Addr is the address peers reach this node on.
-func (s *tlsStream) Addr() net.Addr { return s.advertise }
-
-// Dial opens a TLS connection to a peer, handshake included, within timeout.
-func (s *tlsStream) Dial(address raft.ServerAddress, timeout time.Duration) (net.Conn, error) {
-	d := &tls.Dialer{NetDialer: &net.Dialer{Timeout: timeout}, Config: s.config}
-	ctx, cancel := context.WithTimeout(context.Background(), timeout)
-	defer cancel()
-	return d.DialContext(ctx, "tcp", string(address))
-}
-
-var _ raft.StreamLayer = (*tlsStream)(nil)
 
 // truncatedWAL hides entries that raft-wal (v0.4.0 to v0.4.2) still returns after a
 // head truncation: its GetLog reads the tail segment before checking the

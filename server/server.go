@@ -53,13 +53,12 @@ type Server struct {
 	// and linearizable reads.
 	confirmer *leaseConfirmer
 
-	dirLock       *dataDirLock // held on cfg.DataDir while the node runs
-	ln            net.Listener
-	conns         *limitListener // ln, when API connections are bounded
-	http          *http.Server
-	advertise     string       // the API address others reach this node on
-	peerAPIClient *http.Client // for calls to other nodes' APIs
-	forwarder     *forwarder   // the HTTP handler: forwards to the leader, or serves here
+	dirLock   *dataDirLock // held on cfg.DataDir while the node runs
+	ln        net.Listener
+	conns     *limitListener // ln, when API connections are bounded
+	http      *http.Server
+	advertise string     // the API address others reach this node on
+	forwarder *forwarder // the HTTP handler: forwards to the leader, or serves here
 
 	// leaderReady is set while this node is the leader and has applied
 	// every entry of earlier terms.
@@ -86,7 +85,7 @@ func Start(cfg Config) (*Server, error) {
 	if logger == nil {
 		logger = slog.New(slog.NewTextHandler(io.Discard, nil))
 	}
-	s := &Server{cfg: cfg, logger: logger, hub: newWaitHub(), watches: newWatchHub(cfg.WatchHistory, watchHistoryBytes), peerAPIClient: newPeerAPIClient(cfg), done: make(chan struct{})}
+	s := &Server{cfg: cfg, logger: logger, hub: newWaitHub(), watches: newWatchHub(cfg.WatchHistory, watchHistoryBytes), done: make(chan struct{})}
 	s.fsm = fsm.New(observer{s})
 	s.metrics = newMetrics(s)
 	s.tracker = newSessionTracker(cfg.Clock, logger, s.expireSessions)
@@ -125,7 +124,7 @@ func Start(cfg Config) (*Server, error) {
 	if s.advertise == "" {
 		s.advertise = s.ln.Addr().String()
 	}
-	if s.node, err = openNode(cfg, s.fsm, logger); err != nil {
+	if s.node, err = openNode(cfg, s.advertise, s.fsm, logger); err != nil {
 		return abort(err)
 	}
 

@@ -37,6 +37,7 @@ var table = []struct {
 	{fence.ErrCompacted, connect.CodeFailedPrecondition, fencev1.Reason_REASON_COMPACTED},
 	{fence.ErrCancelled, connect.CodeFailedPrecondition, fencev1.Reason_REASON_CANCELLED},
 	{fence.ErrSessionSecret, connect.CodeUnauthenticated, fencev1.Reason_REASON_SESSION_SECRET},
+	{fence.ErrMembership, connect.CodeFailedPrecondition, fencev1.Reason_REASON_MEMBERSHIP},
 }
 
 // Detail is the extra information an error may carry across the wire.

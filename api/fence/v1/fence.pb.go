@@ -164,6 +164,10 @@ const (
 	// A call acting as a session without the session's secret, or with
 	// another (code Unauthenticated).
 	Reason_REASON_SESSION_SECRET Reason = 13
+	// A membership change refused: the node named does not answer at its
+	// raft address (or another node does), it did not catch up, or the
+	// change would leave the group without a quorum of reachable voters.
+	Reason_REASON_MEMBERSHIP Reason = 14
 )
 
 // Enum value maps for Reason.
@@ -183,6 +187,7 @@ var (
 		11: "REASON_CANCELLED",
 		12: "REASON_DISK_FULL",
 		13: "REASON_SESSION_SECRET",
+		14: "REASON_MEMBERSHIP",
 	}
 	Reason_value = map[string]int32{
 		"REASON_UNSPECIFIED":       0,
@@ -199,6 +204,7 @@ var (
 		"REASON_CANCELLED":         11,
 		"REASON_DISK_FULL":         12,
 		"REASON_SESSION_SECRET":    13,
+		"REASON_MEMBERSHIP":        14,
 	}
 )
 
@@ -1965,94 +1971,6 @@ func (*RemoveMemberResponse) Descriptor() ([]byte, []int) {
 	return file_fence_v1_fence_proto_rawDescGZIP(), []int{26}
 }
 
-type RegisterNodeRequest struct {
-	state         protoimpl.MessageState `protogen:"open.v1"`
-	Id            string                 `protobuf:"bytes,1,opt,name=id,proto3" json:"id,omitempty"`
-	ApiAddress    string                 `protobuf:"bytes,2,opt,name=api_address,json=apiAddress,proto3" json:"api_address,omitempty"`
-	unknownFields protoimpl.UnknownFields
-	sizeCache     protoimpl.SizeCache
-}
-
-func (x *RegisterNodeRequest) Reset() {
-	*x = RegisterNodeRequest{}
-	mi := &file_fence_v1_fence_proto_msgTypes[27]
-	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
-	ms.StoreMessageInfo(mi)
-}
-
-func (x *RegisterNodeRequest) String() string {
-	return protoimpl.X.MessageStringOf(x)
-}
-
-func (*RegisterNodeRequest) ProtoMessage() {}
-
-func (x *RegisterNodeRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_fence_v1_fence_proto_msgTypes[27]
-	if x != nil {
-		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
-		if ms.LoadMessageInfo() == nil {
-			ms.StoreMessageInfo(mi)
-		}
-		return ms
-	}
-	return mi.MessageOf(x)
-}
-
-// Deprecated: Use RegisterNodeRequest.ProtoReflect.Descriptor instead.
-func (*RegisterNodeRequest) Descriptor() ([]byte, []int) {
-	return file_fence_v1_fence_proto_rawDescGZIP(), []int{27}
-}
-
-func (x *RegisterNodeRequest) GetId() string {
-	if x != nil {
-		return x.Id
-	}
-	return ""
-}
-
-func (x *RegisterNodeRequest) GetApiAddress() string {
-	if x != nil {
-		return x.ApiAddress
-	}
-	return ""
-}
-
-type RegisterNodeResponse struct {
-	state         protoimpl.MessageState `protogen:"open.v1"`
-	unknownFields protoimpl.UnknownFields
-	sizeCache     protoimpl.SizeCache
-}
-
-func (x *RegisterNodeResponse) Reset() {
-	*x = RegisterNodeResponse{}
-	mi := &file_fence_v1_fence_proto_msgTypes[28]
-	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
-	ms.StoreMessageInfo(mi)
-}
-
-func (x *RegisterNodeResponse) String() string {
-	return protoimpl.X.MessageStringOf(x)
-}
-
-func (*RegisterNodeResponse) ProtoMessage() {}
-
-func (x *RegisterNodeResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_fence_v1_fence_proto_msgTypes[28]
-	if x != nil {
-		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
-		if ms.LoadMessageInfo() == nil {
-			ms.StoreMessageInfo(mi)
-		}
-		return ms
-	}
-	return mi.MessageOf(x)
-}
-
-// Deprecated: Use RegisterNodeResponse.ProtoReflect.Descriptor instead.
-func (*RegisterNodeResponse) Descriptor() ([]byte, []int) {
-	return file_fence_v1_fence_proto_rawDescGZIP(), []int{28}
-}
-
 // Fence is how a KV write is fenced.
 type Fence struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
@@ -2073,7 +1991,7 @@ type Fence struct {
 
 func (x *Fence) Reset() {
 	*x = Fence{}
-	mi := &file_fence_v1_fence_proto_msgTypes[29]
+	mi := &file_fence_v1_fence_proto_msgTypes[27]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2085,7 +2003,7 @@ func (x *Fence) String() string {
 func (*Fence) ProtoMessage() {}
 
 func (x *Fence) ProtoReflect() protoreflect.Message {
-	mi := &file_fence_v1_fence_proto_msgTypes[29]
+	mi := &file_fence_v1_fence_proto_msgTypes[27]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2098,7 +2016,7 @@ func (x *Fence) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Fence.ProtoReflect.Descriptor instead.
 func (*Fence) Descriptor() ([]byte, []int) {
-	return file_fence_v1_fence_proto_rawDescGZIP(), []int{29}
+	return file_fence_v1_fence_proto_rawDescGZIP(), []int{27}
 }
 
 func (x *Fence) GetLock() string {
@@ -2147,7 +2065,7 @@ type PutRequest struct {
 
 func (x *PutRequest) Reset() {
 	*x = PutRequest{}
-	mi := &file_fence_v1_fence_proto_msgTypes[30]
+	mi := &file_fence_v1_fence_proto_msgTypes[28]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2159,7 +2077,7 @@ func (x *PutRequest) String() string {
 func (*PutRequest) ProtoMessage() {}
 
 func (x *PutRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_fence_v1_fence_proto_msgTypes[30]
+	mi := &file_fence_v1_fence_proto_msgTypes[28]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2172,7 +2090,7 @@ func (x *PutRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use PutRequest.ProtoReflect.Descriptor instead.
 func (*PutRequest) Descriptor() ([]byte, []int) {
-	return file_fence_v1_fence_proto_rawDescGZIP(), []int{30}
+	return file_fence_v1_fence_proto_rawDescGZIP(), []int{28}
 }
 
 func (x *PutRequest) GetKey() string {
@@ -2220,7 +2138,7 @@ type PutResponse struct {
 
 func (x *PutResponse) Reset() {
 	*x = PutResponse{}
-	mi := &file_fence_v1_fence_proto_msgTypes[31]
+	mi := &file_fence_v1_fence_proto_msgTypes[29]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2232,7 +2150,7 @@ func (x *PutResponse) String() string {
 func (*PutResponse) ProtoMessage() {}
 
 func (x *PutResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_fence_v1_fence_proto_msgTypes[31]
+	mi := &file_fence_v1_fence_proto_msgTypes[29]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2245,7 +2163,7 @@ func (x *PutResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use PutResponse.ProtoReflect.Descriptor instead.
 func (*PutResponse) Descriptor() ([]byte, []int) {
-	return file_fence_v1_fence_proto_rawDescGZIP(), []int{31}
+	return file_fence_v1_fence_proto_rawDescGZIP(), []int{29}
 }
 
 func (x *PutResponse) GetRevision() uint64 {
@@ -2275,7 +2193,7 @@ type KeyValue struct {
 
 func (x *KeyValue) Reset() {
 	*x = KeyValue{}
-	mi := &file_fence_v1_fence_proto_msgTypes[32]
+	mi := &file_fence_v1_fence_proto_msgTypes[30]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2287,7 +2205,7 @@ func (x *KeyValue) String() string {
 func (*KeyValue) ProtoMessage() {}
 
 func (x *KeyValue) ProtoReflect() protoreflect.Message {
-	mi := &file_fence_v1_fence_proto_msgTypes[32]
+	mi := &file_fence_v1_fence_proto_msgTypes[30]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2300,7 +2218,7 @@ func (x *KeyValue) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use KeyValue.ProtoReflect.Descriptor instead.
 func (*KeyValue) Descriptor() ([]byte, []int) {
-	return file_fence_v1_fence_proto_rawDescGZIP(), []int{32}
+	return file_fence_v1_fence_proto_rawDescGZIP(), []int{30}
 }
 
 func (x *KeyValue) GetKey() string {
@@ -2376,7 +2294,7 @@ type GetRequest struct {
 
 func (x *GetRequest) Reset() {
 	*x = GetRequest{}
-	mi := &file_fence_v1_fence_proto_msgTypes[33]
+	mi := &file_fence_v1_fence_proto_msgTypes[31]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2388,7 +2306,7 @@ func (x *GetRequest) String() string {
 func (*GetRequest) ProtoMessage() {}
 
 func (x *GetRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_fence_v1_fence_proto_msgTypes[33]
+	mi := &file_fence_v1_fence_proto_msgTypes[31]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2401,7 +2319,7 @@ func (x *GetRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GetRequest.ProtoReflect.Descriptor instead.
 func (*GetRequest) Descriptor() ([]byte, []int) {
-	return file_fence_v1_fence_proto_rawDescGZIP(), []int{33}
+	return file_fence_v1_fence_proto_rawDescGZIP(), []int{31}
 }
 
 func (x *GetRequest) GetKey() string {
@@ -2430,7 +2348,7 @@ type GetResponse struct {
 
 func (x *GetResponse) Reset() {
 	*x = GetResponse{}
-	mi := &file_fence_v1_fence_proto_msgTypes[34]
+	mi := &file_fence_v1_fence_proto_msgTypes[32]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2442,7 +2360,7 @@ func (x *GetResponse) String() string {
 func (*GetResponse) ProtoMessage() {}
 
 func (x *GetResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_fence_v1_fence_proto_msgTypes[34]
+	mi := &file_fence_v1_fence_proto_msgTypes[32]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2455,7 +2373,7 @@ func (x *GetResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GetResponse.ProtoReflect.Descriptor instead.
 func (*GetResponse) Descriptor() ([]byte, []int) {
-	return file_fence_v1_fence_proto_rawDescGZIP(), []int{34}
+	return file_fence_v1_fence_proto_rawDescGZIP(), []int{32}
 }
 
 func (x *GetResponse) GetFound() bool {
@@ -2489,7 +2407,7 @@ type DeleteRequest struct {
 
 func (x *DeleteRequest) Reset() {
 	*x = DeleteRequest{}
-	mi := &file_fence_v1_fence_proto_msgTypes[35]
+	mi := &file_fence_v1_fence_proto_msgTypes[33]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2501,7 +2419,7 @@ func (x *DeleteRequest) String() string {
 func (*DeleteRequest) ProtoMessage() {}
 
 func (x *DeleteRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_fence_v1_fence_proto_msgTypes[35]
+	mi := &file_fence_v1_fence_proto_msgTypes[33]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2514,7 +2432,7 @@ func (x *DeleteRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use DeleteRequest.ProtoReflect.Descriptor instead.
 func (*DeleteRequest) Descriptor() ([]byte, []int) {
-	return file_fence_v1_fence_proto_rawDescGZIP(), []int{35}
+	return file_fence_v1_fence_proto_rawDescGZIP(), []int{33}
 }
 
 func (x *DeleteRequest) GetKey() string {
@@ -2541,7 +2459,7 @@ type DeleteResponse struct {
 
 func (x *DeleteResponse) Reset() {
 	*x = DeleteResponse{}
-	mi := &file_fence_v1_fence_proto_msgTypes[36]
+	mi := &file_fence_v1_fence_proto_msgTypes[34]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2553,7 +2471,7 @@ func (x *DeleteResponse) String() string {
 func (*DeleteResponse) ProtoMessage() {}
 
 func (x *DeleteResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_fence_v1_fence_proto_msgTypes[36]
+	mi := &file_fence_v1_fence_proto_msgTypes[34]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2566,7 +2484,7 @@ func (x *DeleteResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use DeleteResponse.ProtoReflect.Descriptor instead.
 func (*DeleteResponse) Descriptor() ([]byte, []int) {
-	return file_fence_v1_fence_proto_rawDescGZIP(), []int{36}
+	return file_fence_v1_fence_proto_rawDescGZIP(), []int{34}
 }
 
 func (x *DeleteResponse) GetDeleted() bool {
@@ -2595,7 +2513,7 @@ type ListRequest struct {
 
 func (x *ListRequest) Reset() {
 	*x = ListRequest{}
-	mi := &file_fence_v1_fence_proto_msgTypes[37]
+	mi := &file_fence_v1_fence_proto_msgTypes[35]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2607,7 +2525,7 @@ func (x *ListRequest) String() string {
 func (*ListRequest) ProtoMessage() {}
 
 func (x *ListRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_fence_v1_fence_proto_msgTypes[37]
+	mi := &file_fence_v1_fence_proto_msgTypes[35]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2620,7 +2538,7 @@ func (x *ListRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListRequest.ProtoReflect.Descriptor instead.
 func (*ListRequest) Descriptor() ([]byte, []int) {
-	return file_fence_v1_fence_proto_rawDescGZIP(), []int{37}
+	return file_fence_v1_fence_proto_rawDescGZIP(), []int{35}
 }
 
 func (x *ListRequest) GetPrefix() string {
@@ -2656,7 +2574,7 @@ type ListResponse struct {
 
 func (x *ListResponse) Reset() {
 	*x = ListResponse{}
-	mi := &file_fence_v1_fence_proto_msgTypes[38]
+	mi := &file_fence_v1_fence_proto_msgTypes[36]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2668,7 +2586,7 @@ func (x *ListResponse) String() string {
 func (*ListResponse) ProtoMessage() {}
 
 func (x *ListResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_fence_v1_fence_proto_msgTypes[38]
+	mi := &file_fence_v1_fence_proto_msgTypes[36]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2681,7 +2599,7 @@ func (x *ListResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListResponse.ProtoReflect.Descriptor instead.
 func (*ListResponse) Descriptor() ([]byte, []int) {
-	return file_fence_v1_fence_proto_rawDescGZIP(), []int{38}
+	return file_fence_v1_fence_proto_rawDescGZIP(), []int{36}
 }
 
 func (x *ListResponse) GetKvs() []*KeyValue {
@@ -2725,7 +2643,7 @@ type WatchRequest struct {
 
 func (x *WatchRequest) Reset() {
 	*x = WatchRequest{}
-	mi := &file_fence_v1_fence_proto_msgTypes[39]
+	mi := &file_fence_v1_fence_proto_msgTypes[37]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2737,7 +2655,7 @@ func (x *WatchRequest) String() string {
 func (*WatchRequest) ProtoMessage() {}
 
 func (x *WatchRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_fence_v1_fence_proto_msgTypes[39]
+	mi := &file_fence_v1_fence_proto_msgTypes[37]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2750,7 +2668,7 @@ func (x *WatchRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use WatchRequest.ProtoReflect.Descriptor instead.
 func (*WatchRequest) Descriptor() ([]byte, []int) {
-	return file_fence_v1_fence_proto_rawDescGZIP(), []int{39}
+	return file_fence_v1_fence_proto_rawDescGZIP(), []int{37}
 }
 
 func (x *WatchRequest) GetPrefix() string {
@@ -2785,7 +2703,7 @@ type Event struct {
 
 func (x *Event) Reset() {
 	*x = Event{}
-	mi := &file_fence_v1_fence_proto_msgTypes[40]
+	mi := &file_fence_v1_fence_proto_msgTypes[38]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2797,7 +2715,7 @@ func (x *Event) String() string {
 func (*Event) ProtoMessage() {}
 
 func (x *Event) ProtoReflect() protoreflect.Message {
-	mi := &file_fence_v1_fence_proto_msgTypes[40]
+	mi := &file_fence_v1_fence_proto_msgTypes[38]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2810,7 +2728,7 @@ func (x *Event) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Event.ProtoReflect.Descriptor instead.
 func (*Event) Descriptor() ([]byte, []int) {
-	return file_fence_v1_fence_proto_rawDescGZIP(), []int{40}
+	return file_fence_v1_fence_proto_rawDescGZIP(), []int{38}
 }
 
 func (x *Event) GetType() EventType {
@@ -2842,7 +2760,7 @@ type WatchResponse struct {
 
 func (x *WatchResponse) Reset() {
 	*x = WatchResponse{}
-	mi := &file_fence_v1_fence_proto_msgTypes[41]
+	mi := &file_fence_v1_fence_proto_msgTypes[39]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2854,7 +2772,7 @@ func (x *WatchResponse) String() string {
 func (*WatchResponse) ProtoMessage() {}
 
 func (x *WatchResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_fence_v1_fence_proto_msgTypes[41]
+	mi := &file_fence_v1_fence_proto_msgTypes[39]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2867,7 +2785,7 @@ func (x *WatchResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use WatchResponse.ProtoReflect.Descriptor instead.
 func (*WatchResponse) Descriptor() ([]byte, []int) {
-	return file_fence_v1_fence_proto_rawDescGZIP(), []int{41}
+	return file_fence_v1_fence_proto_rawDescGZIP(), []int{39}
 }
 
 func (x *WatchResponse) GetEvents() []*Event {
@@ -2908,7 +2826,7 @@ type ErrorDetail struct {
 
 func (x *ErrorDetail) Reset() {
 	*x = ErrorDetail{}
-	mi := &file_fence_v1_fence_proto_msgTypes[42]
+	mi := &file_fence_v1_fence_proto_msgTypes[40]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2920,7 +2838,7 @@ func (x *ErrorDetail) String() string {
 func (*ErrorDetail) ProtoMessage() {}
 
 func (x *ErrorDetail) ProtoReflect() protoreflect.Message {
-	mi := &file_fence_v1_fence_proto_msgTypes[42]
+	mi := &file_fence_v1_fence_proto_msgTypes[40]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2933,7 +2851,7 @@ func (x *ErrorDetail) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ErrorDetail.ProtoReflect.Descriptor instead.
 func (*ErrorDetail) Descriptor() ([]byte, []int) {
-	return file_fence_v1_fence_proto_rawDescGZIP(), []int{42}
+	return file_fence_v1_fence_proto_rawDescGZIP(), []int{40}
 }
 
 func (x *ErrorDetail) GetReason() Reason {
@@ -3113,12 +3031,7 @@ const file_fence_v1_fence_proto_rawDesc = "" +
 	"\x11AddMemberResponse\"%\n" +
 	"\x13RemoveMemberRequest\x12\x0e\n" +
 	"\x02id\x18\x01 \x01(\tR\x02id\"\x16\n" +
-	"\x14RemoveMemberResponse\"F\n" +
-	"\x13RegisterNodeRequest\x12\x0e\n" +
-	"\x02id\x18\x01 \x01(\tR\x02id\x12\x1f\n" +
-	"\vapi_address\x18\x02 \x01(\tR\n" +
-	"apiAddress\"\x16\n" +
-	"\x14RegisterNodeResponse\"\x8b\x01\n" +
+	"\x14RemoveMemberResponse\"\x8b\x01\n" +
 	"\x05Fence\x12\x12\n" +
 	"\x04lock\x18\x01 \x01(\tR\x04lock\x12\x14\n" +
 	"\x05token\x18\x02 \x01(\x04R\x05token\x12\x16\n" +
@@ -3195,7 +3108,7 @@ const file_fence_v1_fence_proto_rawDesc = "" +
 	"\tEventType\x12\x1a\n" +
 	"\x16EVENT_TYPE_UNSPECIFIED\x10\x00\x12\x12\n" +
 	"\x0eEVENT_TYPE_PUT\x10\x01\x12\x15\n" +
-	"\x11EVENT_TYPE_DELETE\x10\x02*\xda\x02\n" +
+	"\x11EVENT_TYPE_DELETE\x10\x02*\xf1\x02\n" +
 	"\x06Reason\x12\x16\n" +
 	"\x12REASON_UNSPECIFIED\x10\x00\x12\x1b\n" +
 	"\x17REASON_INVALID_ARGUMENT\x10\x01\x12\x1c\n" +
@@ -3211,7 +3124,8 @@ const file_fence_v1_fence_proto_rawDesc = "" +
 	"\x12\x14\n" +
 	"\x10REASON_CANCELLED\x10\v\x12\x14\n" +
 	"\x10REASON_DISK_FULL\x10\f\x12\x19\n" +
-	"\x15REASON_SESSION_SECRET\x10\r2\xfd\x01\n" +
+	"\x15REASON_SESSION_SECRET\x10\r\x12\x15\n" +
+	"\x11REASON_MEMBERSHIP\x10\x0e2\xfd\x01\n" +
 	"\x0eSessionService\x12R\n" +
 	"\rCreateSession\x12\x1e.fence.v1.CreateSessionRequest\x1a\x1f.fence.v1.CreateSessionResponse\"\x00\x12F\n" +
 	"\tKeepAlive\x12\x1a.fence.v1.KeepAliveRequest\x1a\x1b.fence.v1.KeepAliveResponse\"\x00\x12O\n" +
@@ -3227,12 +3141,11 @@ const file_fence_v1_fence_proto_rawDesc = "" +
 	"\x03Get\x12\x14.fence.v1.GetRequest\x1a\x15.fence.v1.GetResponse\"\x00\x12=\n" +
 	"\x06Delete\x12\x17.fence.v1.DeleteRequest\x1a\x18.fence.v1.DeleteResponse\"\x00\x127\n" +
 	"\x04List\x12\x15.fence.v1.ListRequest\x1a\x16.fence.v1.ListResponse\"\x00\x12<\n" +
-	"\x05Watch\x12\x16.fence.v1.WatchRequest\x1a\x17.fence.v1.WatchResponse\"\x000\x012\xb9\x02\n" +
+	"\x05Watch\x12\x16.fence.v1.WatchRequest\x1a\x17.fence.v1.WatchResponse\"\x000\x012\xe8\x01\n" +
 	"\x0eClusterService\x12=\n" +
 	"\x06Status\x12\x17.fence.v1.StatusRequest\x1a\x18.fence.v1.StatusResponse\"\x00\x12F\n" +
 	"\tAddMember\x12\x1a.fence.v1.AddMemberRequest\x1a\x1b.fence.v1.AddMemberResponse\"\x00\x12O\n" +
-	"\fRemoveMember\x12\x1d.fence.v1.RemoveMemberRequest\x1a\x1e.fence.v1.RemoveMemberResponse\"\x00\x12O\n" +
-	"\fRegisterNode\x12\x1d.fence.v1.RegisterNodeRequest\x1a\x1e.fence.v1.RegisterNodeResponse\"\x00B1Z/github.com/fencelock/fence/api/fence/v1;fencev1b\x06proto3"
+	"\fRemoveMember\x12\x1d.fence.v1.RemoveMemberRequest\x1a\x1e.fence.v1.RemoveMemberResponse\"\x00B1Z/github.com/fencelock/fence/api/fence/v1;fencev1b\x06proto3"
 
 var (
 	file_fence_v1_fence_proto_rawDescOnce sync.Once
@@ -3247,7 +3160,7 @@ func file_fence_v1_fence_proto_rawDescGZIP() []byte {
 }
 
 var file_fence_v1_fence_proto_enumTypes = make([]protoimpl.EnumInfo, 3)
-var file_fence_v1_fence_proto_msgTypes = make([]protoimpl.MessageInfo, 43)
+var file_fence_v1_fence_proto_msgTypes = make([]protoimpl.MessageInfo, 41)
 var file_fence_v1_fence_proto_goTypes = []any{
 	(Mode)(0),                     // 0: fence.v1.Mode
 	(EventType)(0),                // 1: fence.v1.EventType
@@ -3279,33 +3192,31 @@ var file_fence_v1_fence_proto_goTypes = []any{
 	(*AddMemberResponse)(nil),     // 27: fence.v1.AddMemberResponse
 	(*RemoveMemberRequest)(nil),   // 28: fence.v1.RemoveMemberRequest
 	(*RemoveMemberResponse)(nil),  // 29: fence.v1.RemoveMemberResponse
-	(*RegisterNodeRequest)(nil),   // 30: fence.v1.RegisterNodeRequest
-	(*RegisterNodeResponse)(nil),  // 31: fence.v1.RegisterNodeResponse
-	(*Fence)(nil),                 // 32: fence.v1.Fence
-	(*PutRequest)(nil),            // 33: fence.v1.PutRequest
-	(*PutResponse)(nil),           // 34: fence.v1.PutResponse
-	(*KeyValue)(nil),              // 35: fence.v1.KeyValue
-	(*GetRequest)(nil),            // 36: fence.v1.GetRequest
-	(*GetResponse)(nil),           // 37: fence.v1.GetResponse
-	(*DeleteRequest)(nil),         // 38: fence.v1.DeleteRequest
-	(*DeleteResponse)(nil),        // 39: fence.v1.DeleteResponse
-	(*ListRequest)(nil),           // 40: fence.v1.ListRequest
-	(*ListResponse)(nil),          // 41: fence.v1.ListResponse
-	(*WatchRequest)(nil),          // 42: fence.v1.WatchRequest
-	(*Event)(nil),                 // 43: fence.v1.Event
-	(*WatchResponse)(nil),         // 44: fence.v1.WatchResponse
-	(*ErrorDetail)(nil),           // 45: fence.v1.ErrorDetail
-	(*durationpb.Duration)(nil),   // 46: google.protobuf.Duration
+	(*Fence)(nil),                 // 30: fence.v1.Fence
+	(*PutRequest)(nil),            // 31: fence.v1.PutRequest
+	(*PutResponse)(nil),           // 32: fence.v1.PutResponse
+	(*KeyValue)(nil),              // 33: fence.v1.KeyValue
+	(*GetRequest)(nil),            // 34: fence.v1.GetRequest
+	(*GetResponse)(nil),           // 35: fence.v1.GetResponse
+	(*DeleteRequest)(nil),         // 36: fence.v1.DeleteRequest
+	(*DeleteResponse)(nil),        // 37: fence.v1.DeleteResponse
+	(*ListRequest)(nil),           // 38: fence.v1.ListRequest
+	(*ListResponse)(nil),          // 39: fence.v1.ListResponse
+	(*WatchRequest)(nil),          // 40: fence.v1.WatchRequest
+	(*Event)(nil),                 // 41: fence.v1.Event
+	(*WatchResponse)(nil),         // 42: fence.v1.WatchResponse
+	(*ErrorDetail)(nil),           // 43: fence.v1.ErrorDetail
+	(*durationpb.Duration)(nil),   // 44: google.protobuf.Duration
 }
 var file_fence_v1_fence_proto_depIdxs = []int32{
-	46, // 0: fence.v1.CreateSessionRequest.ttl:type_name -> google.protobuf.Duration
-	46, // 1: fence.v1.CreateSessionResponse.ttl:type_name -> google.protobuf.Duration
-	46, // 2: fence.v1.KeepAliveResponse.ttl:type_name -> google.protobuf.Duration
+	44, // 0: fence.v1.CreateSessionRequest.ttl:type_name -> google.protobuf.Duration
+	44, // 1: fence.v1.CreateSessionResponse.ttl:type_name -> google.protobuf.Duration
+	44, // 2: fence.v1.KeepAliveResponse.ttl:type_name -> google.protobuf.Duration
 	7,  // 3: fence.v1.KeepAliveResponse.held:type_name -> fence.v1.HeldGrants
 	0,  // 4: fence.v1.AcquireRequest.mode:type_name -> fence.v1.Mode
-	46, // 5: fence.v1.AcquireRequest.wait_timeout:type_name -> google.protobuf.Duration
-	46, // 6: fence.v1.AcquireRequest.lock_delay:type_name -> google.protobuf.Duration
-	46, // 7: fence.v1.AcquireRequest.poll:type_name -> google.protobuf.Duration
+	44, // 5: fence.v1.AcquireRequest.wait_timeout:type_name -> google.protobuf.Duration
+	44, // 6: fence.v1.AcquireRequest.lock_delay:type_name -> google.protobuf.Duration
+	44, // 7: fence.v1.AcquireRequest.poll:type_name -> google.protobuf.Duration
 	0,  // 8: fence.v1.AcquireResponse.mode:type_name -> fence.v1.Mode
 	0,  // 9: fence.v1.Holder.mode:type_name -> fence.v1.Mode
 	0,  // 10: fence.v1.Waiter.mode:type_name -> fence.v1.Mode
@@ -3313,14 +3224,14 @@ var file_fence_v1_fence_proto_depIdxs = []int32{
 	20, // 12: fence.v1.LockInfo.waiters:type_name -> fence.v1.Waiter
 	21, // 13: fence.v1.ListLocksResponse.locks:type_name -> fence.v1.LockInfo
 	25, // 14: fence.v1.StatusResponse.members:type_name -> fence.v1.Member
-	32, // 15: fence.v1.PutRequest.fence:type_name -> fence.v1.Fence
-	35, // 16: fence.v1.GetResponse.kv:type_name -> fence.v1.KeyValue
-	32, // 17: fence.v1.DeleteRequest.fence:type_name -> fence.v1.Fence
-	35, // 18: fence.v1.ListResponse.kvs:type_name -> fence.v1.KeyValue
-	46, // 19: fence.v1.WatchRequest.progress_interval:type_name -> google.protobuf.Duration
+	30, // 15: fence.v1.PutRequest.fence:type_name -> fence.v1.Fence
+	33, // 16: fence.v1.GetResponse.kv:type_name -> fence.v1.KeyValue
+	30, // 17: fence.v1.DeleteRequest.fence:type_name -> fence.v1.Fence
+	33, // 18: fence.v1.ListResponse.kvs:type_name -> fence.v1.KeyValue
+	44, // 19: fence.v1.WatchRequest.progress_interval:type_name -> google.protobuf.Duration
 	1,  // 20: fence.v1.Event.type:type_name -> fence.v1.EventType
-	35, // 21: fence.v1.Event.kv:type_name -> fence.v1.KeyValue
-	43, // 22: fence.v1.WatchResponse.events:type_name -> fence.v1.Event
+	33, // 21: fence.v1.Event.kv:type_name -> fence.v1.KeyValue
+	41, // 22: fence.v1.WatchResponse.events:type_name -> fence.v1.Event
 	2,  // 23: fence.v1.ErrorDetail.reason:type_name -> fence.v1.Reason
 	3,  // 24: fence.v1.SessionService.CreateSession:input_type -> fence.v1.CreateSessionRequest
 	5,  // 25: fence.v1.SessionService.KeepAlive:input_type -> fence.v1.KeepAliveRequest
@@ -3330,34 +3241,32 @@ var file_fence_v1_fence_proto_depIdxs = []int32{
 	14, // 29: fence.v1.LockService.CancelAcquire:input_type -> fence.v1.CancelAcquireRequest
 	16, // 30: fence.v1.LockService.Check:input_type -> fence.v1.CheckRequest
 	18, // 31: fence.v1.LockService.ListLocks:input_type -> fence.v1.ListLocksRequest
-	33, // 32: fence.v1.KVService.Put:input_type -> fence.v1.PutRequest
-	36, // 33: fence.v1.KVService.Get:input_type -> fence.v1.GetRequest
-	38, // 34: fence.v1.KVService.Delete:input_type -> fence.v1.DeleteRequest
-	40, // 35: fence.v1.KVService.List:input_type -> fence.v1.ListRequest
-	42, // 36: fence.v1.KVService.Watch:input_type -> fence.v1.WatchRequest
+	31, // 32: fence.v1.KVService.Put:input_type -> fence.v1.PutRequest
+	34, // 33: fence.v1.KVService.Get:input_type -> fence.v1.GetRequest
+	36, // 34: fence.v1.KVService.Delete:input_type -> fence.v1.DeleteRequest
+	38, // 35: fence.v1.KVService.List:input_type -> fence.v1.ListRequest
+	40, // 36: fence.v1.KVService.Watch:input_type -> fence.v1.WatchRequest
 	23, // 37: fence.v1.ClusterService.Status:input_type -> fence.v1.StatusRequest
 	26, // 38: fence.v1.ClusterService.AddMember:input_type -> fence.v1.AddMemberRequest
 	28, // 39: fence.v1.ClusterService.RemoveMember:input_type -> fence.v1.RemoveMemberRequest
-	30, // 40: fence.v1.ClusterService.RegisterNode:input_type -> fence.v1.RegisterNodeRequest
-	4,  // 41: fence.v1.SessionService.CreateSession:output_type -> fence.v1.CreateSessionResponse
-	6,  // 42: fence.v1.SessionService.KeepAlive:output_type -> fence.v1.KeepAliveResponse
-	9,  // 43: fence.v1.SessionService.CloseSession:output_type -> fence.v1.CloseSessionResponse
-	11, // 44: fence.v1.LockService.Acquire:output_type -> fence.v1.AcquireResponse
-	13, // 45: fence.v1.LockService.Release:output_type -> fence.v1.ReleaseResponse
-	15, // 46: fence.v1.LockService.CancelAcquire:output_type -> fence.v1.CancelAcquireResponse
-	17, // 47: fence.v1.LockService.Check:output_type -> fence.v1.CheckResponse
-	22, // 48: fence.v1.LockService.ListLocks:output_type -> fence.v1.ListLocksResponse
-	34, // 49: fence.v1.KVService.Put:output_type -> fence.v1.PutResponse
-	37, // 50: fence.v1.KVService.Get:output_type -> fence.v1.GetResponse
-	39, // 51: fence.v1.KVService.Delete:output_type -> fence.v1.DeleteResponse
-	41, // 52: fence.v1.KVService.List:output_type -> fence.v1.ListResponse
-	44, // 53: fence.v1.KVService.Watch:output_type -> fence.v1.WatchResponse
-	24, // 54: fence.v1.ClusterService.Status:output_type -> fence.v1.StatusResponse
-	27, // 55: fence.v1.ClusterService.AddMember:output_type -> fence.v1.AddMemberResponse
-	29, // 56: fence.v1.ClusterService.RemoveMember:output_type -> fence.v1.RemoveMemberResponse
-	31, // 57: fence.v1.ClusterService.RegisterNode:output_type -> fence.v1.RegisterNodeResponse
-	41, // [41:58] is the sub-list for method output_type
-	24, // [24:41] is the sub-list for method input_type
+	4,  // 40: fence.v1.SessionService.CreateSession:output_type -> fence.v1.CreateSessionResponse
+	6,  // 41: fence.v1.SessionService.KeepAlive:output_type -> fence.v1.KeepAliveResponse
+	9,  // 42: fence.v1.SessionService.CloseSession:output_type -> fence.v1.CloseSessionResponse
+	11, // 43: fence.v1.LockService.Acquire:output_type -> fence.v1.AcquireResponse
+	13, // 44: fence.v1.LockService.Release:output_type -> fence.v1.ReleaseResponse
+	15, // 45: fence.v1.LockService.CancelAcquire:output_type -> fence.v1.CancelAcquireResponse
+	17, // 46: fence.v1.LockService.Check:output_type -> fence.v1.CheckResponse
+	22, // 47: fence.v1.LockService.ListLocks:output_type -> fence.v1.ListLocksResponse
+	32, // 48: fence.v1.KVService.Put:output_type -> fence.v1.PutResponse
+	35, // 49: fence.v1.KVService.Get:output_type -> fence.v1.GetResponse
+	37, // 50: fence.v1.KVService.Delete:output_type -> fence.v1.DeleteResponse
+	39, // 51: fence.v1.KVService.List:output_type -> fence.v1.ListResponse
+	42, // 52: fence.v1.KVService.Watch:output_type -> fence.v1.WatchResponse
+	24, // 53: fence.v1.ClusterService.Status:output_type -> fence.v1.StatusResponse
+	27, // 54: fence.v1.ClusterService.AddMember:output_type -> fence.v1.AddMemberResponse
+	29, // 55: fence.v1.ClusterService.RemoveMember:output_type -> fence.v1.RemoveMemberResponse
+	40, // [40:56] is the sub-list for method output_type
+	24, // [24:40] is the sub-list for method input_type
 	24, // [24:24] is the sub-list for extension type_name
 	24, // [24:24] is the sub-list for extension extendee
 	0,  // [0:24] is the sub-list for field type_name
@@ -3368,14 +3277,14 @@ func file_fence_v1_fence_proto_init() {
 	if File_fence_v1_fence_proto != nil {
 		return
 	}
-	file_fence_v1_fence_proto_msgTypes[29].OneofWrappers = []any{}
+	file_fence_v1_fence_proto_msgTypes[27].OneofWrappers = []any{}
 	type x struct{}
 	out := protoimpl.TypeBuilder{
 		File: protoimpl.DescBuilder{
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_fence_v1_fence_proto_rawDesc), len(file_fence_v1_fence_proto_rawDesc)),
 			NumEnums:      3,
-			NumMessages:   43,
+			NumMessages:   41,
 			NumExtensions: 0,
 			NumServices:   4,
 		},

@@ -86,9 +86,6 @@ const (
 	// ClusterServiceRemoveMemberProcedure is the fully-qualified name of the ClusterService's
 	// RemoveMember RPC.
 	ClusterServiceRemoveMemberProcedure = "/fence.v1.ClusterService/RemoveMember"
-	// ClusterServiceRegisterNodeProcedure is the fully-qualified name of the ClusterService's
-	// RegisterNode RPC.
-	ClusterServiceRegisterNodeProcedure = "/fence.v1.ClusterService/RegisterNode"
 )
 
 // SessionServiceClient is a client for the fence.v1.SessionService service.
@@ -620,14 +617,18 @@ type ClusterServiceClient interface {
 	// Status describes this node, the leader and the replicated state.
 	Status(context.Context, *connect.Request[v1.StatusRequest]) (*connect.Response[v1.StatusResponse], error)
 	// AddMember adds a node to the raft group (on the leader). The node must
-	// have been started with --join, so that it did not bootstrap a group of
-	// its own.
+	// be running, started with --join so that it did not bootstrap a group
+	// of its own, and answer at raft_address as the node id names. It joins
+	// as a non-voter and, unless nonvoter is set, is made a voter once its
+	// log has caught up with the leader's; the call returns then. A node
+	// that does not answer, or a promotion that would leave the group
+	// without a quorum of reachable voters, is refused (FailedPrecondition,
+	// reason MEMBERSHIP), saying why.
 	AddMember(context.Context, *connect.Request[v1.AddMemberRequest]) (*connect.Response[v1.AddMemberResponse], error)
-	// RemoveMember removes a node from the raft group (on the leader).
+	// RemoveMember removes a node from the raft group (on the leader). A
+	// removal that would leave the voters that remain without a quorum of
+	// reachable ones is refused (FailedPrecondition, reason MEMBERSHIP).
 	RemoveMember(context.Context, *connect.Request[v1.RemoveMemberRequest]) (*connect.Response[v1.RemoveMemberResponse], error)
-	// RegisterNode records where a member serves this API (on the leader).
-	// Nodes call it for themselves; clients need not.
-	RegisterNode(context.Context, *connect.Request[v1.RegisterNodeRequest]) (*connect.Response[v1.RegisterNodeResponse], error)
 }
 
 // NewClusterServiceClient constructs a client for the fence.v1.ClusterService service. By default,
@@ -659,12 +660,6 @@ func NewClusterServiceClient(httpClient connect.HTTPClient, baseURL string, opts
 			connect.WithSchema(clusterServiceMethods.ByName("RemoveMember")),
 			connect.WithClientOptions(opts...),
 		),
-		registerNode: connect.NewClient[v1.RegisterNodeRequest, v1.RegisterNodeResponse](
-			httpClient,
-			baseURL+ClusterServiceRegisterNodeProcedure,
-			connect.WithSchema(clusterServiceMethods.ByName("RegisterNode")),
-			connect.WithClientOptions(opts...),
-		),
 	}
 }
 
@@ -673,7 +668,6 @@ type clusterServiceClient struct {
 	status       *connect.Client[v1.StatusRequest, v1.StatusResponse]
 	addMember    *connect.Client[v1.AddMemberRequest, v1.AddMemberResponse]
 	removeMember *connect.Client[v1.RemoveMemberRequest, v1.RemoveMemberResponse]
-	registerNode *connect.Client[v1.RegisterNodeRequest, v1.RegisterNodeResponse]
 }
 
 // Status calls fence.v1.ClusterService.Status.
@@ -691,24 +685,23 @@ func (c *clusterServiceClient) RemoveMember(ctx context.Context, req *connect.Re
 	return c.removeMember.CallUnary(ctx, req)
 }
 
-// RegisterNode calls fence.v1.ClusterService.RegisterNode.
-func (c *clusterServiceClient) RegisterNode(ctx context.Context, req *connect.Request[v1.RegisterNodeRequest]) (*connect.Response[v1.RegisterNodeResponse], error) {
-	return c.registerNode.CallUnary(ctx, req)
-}
-
 // ClusterServiceHandler is an implementation of the fence.v1.ClusterService service.
 type ClusterServiceHandler interface {
 	// Status describes this node, the leader and the replicated state.
 	Status(context.Context, *connect.Request[v1.StatusRequest]) (*connect.Response[v1.StatusResponse], error)
 	// AddMember adds a node to the raft group (on the leader). The node must
-	// have been started with --join, so that it did not bootstrap a group of
-	// its own.
+	// be running, started with --join so that it did not bootstrap a group
+	// of its own, and answer at raft_address as the node id names. It joins
+	// as a non-voter and, unless nonvoter is set, is made a voter once its
+	// log has caught up with the leader's; the call returns then. A node
+	// that does not answer, or a promotion that would leave the group
+	// without a quorum of reachable voters, is refused (FailedPrecondition,
+	// reason MEMBERSHIP), saying why.
 	AddMember(context.Context, *connect.Request[v1.AddMemberRequest]) (*connect.Response[v1.AddMemberResponse], error)
-	// RemoveMember removes a node from the raft group (on the leader).
+	// RemoveMember removes a node from the raft group (on the leader). A
+	// removal that would leave the voters that remain without a quorum of
+	// reachable ones is refused (FailedPrecondition, reason MEMBERSHIP).
 	RemoveMember(context.Context, *connect.Request[v1.RemoveMemberRequest]) (*connect.Response[v1.RemoveMemberResponse], error)
-	// RegisterNode records where a member serves this API (on the leader).
-	// Nodes call it for themselves; clients need not.
-	RegisterNode(context.Context, *connect.Request[v1.RegisterNodeRequest]) (*connect.Response[v1.RegisterNodeResponse], error)
 }
 
 // NewClusterServiceHandler builds an HTTP handler from the service implementation. It returns the
@@ -736,12 +729,6 @@ func NewClusterServiceHandler(svc ClusterServiceHandler, opts ...connect.Handler
 		connect.WithSchema(clusterServiceMethods.ByName("RemoveMember")),
 		connect.WithHandlerOptions(opts...),
 	)
-	clusterServiceRegisterNodeHandler := connect.NewUnaryHandler(
-		ClusterServiceRegisterNodeProcedure,
-		svc.RegisterNode,
-		connect.WithSchema(clusterServiceMethods.ByName("RegisterNode")),
-		connect.WithHandlerOptions(opts...),
-	)
 	return "/fence.v1.ClusterService/", http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		switch r.URL.Path {
 		case ClusterServiceStatusProcedure:
@@ -750,8 +737,6 @@ func NewClusterServiceHandler(svc ClusterServiceHandler, opts ...connect.Handler
 			clusterServiceAddMemberHandler.ServeHTTP(w, r)
 		case ClusterServiceRemoveMemberProcedure:
 			clusterServiceRemoveMemberHandler.ServeHTTP(w, r)
-		case ClusterServiceRegisterNodeProcedure:
-			clusterServiceRegisterNodeHandler.ServeHTTP(w, r)
 		default:
 			http.NotFound(w, r)
 		}
@@ -771,8 +756,4 @@ func (UnimplementedClusterServiceHandler) AddMember(context.Context, *connect.Re
 
 func (UnimplementedClusterServiceHandler) RemoveMember(context.Context, *connect.Request[v1.RemoveMemberRequest]) (*connect.Response[v1.RemoveMemberResponse], error) {
 	return nil, connect.NewError(connect.CodeUnimplemented, errors.New("fence.v1.ClusterService.RemoveMember is not implemented"))
-}
-
-func (UnimplementedClusterServiceHandler) RegisterNode(context.Context, *connect.Request[v1.RegisterNodeRequest]) (*connect.Response[v1.RegisterNodeResponse], error) {
-	return nil, connect.NewError(connect.CodeUnimplemented, errors.New("fence.v1.ClusterService.RegisterNode is not implemented"))
 }
