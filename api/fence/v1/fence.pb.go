@@ -161,13 +161,14 @@ const (
 	// A node's data dir is out of space (code Unavailable: another node may
 	// take over as leader).
 	Reason_REASON_DISK_FULL Reason = 12
+	// 13 is REASON_WRONG_CLUSTER on main (branch conns/cluster ids).
 	// A call acting as a session without the session's secret, or with
 	// another (code Unauthenticated).
-	Reason_REASON_SESSION_SECRET Reason = 13
+	Reason_REASON_SESSION_SECRET Reason = 14
 	// A membership change refused: the node named does not answer at its
 	// raft address (or another node does), it did not catch up, or the
 	// change would leave the group without a quorum of reachable voters.
-	Reason_REASON_MEMBERSHIP Reason = 14
+	Reason_REASON_MEMBERSHIP Reason = 15
 )
 
 // Enum value maps for Reason.
@@ -186,8 +187,8 @@ var (
 		10: "REASON_COMPACTED",
 		11: "REASON_CANCELLED",
 		12: "REASON_DISK_FULL",
-		13: "REASON_SESSION_SECRET",
-		14: "REASON_MEMBERSHIP",
+		14: "REASON_SESSION_SECRET",
+		15: "REASON_MEMBERSHIP",
 	}
 	Reason_value = map[string]int32{
 		"REASON_UNSPECIFIED":       0,
@@ -203,8 +204,8 @@ var (
 		"REASON_COMPACTED":         10,
 		"REASON_CANCELLED":         11,
 		"REASON_DISK_FULL":         12,
-		"REASON_SESSION_SECRET":    13,
-		"REASON_MEMBERSHIP":        14,
+		"REASON_SESSION_SECRET":    14,
+		"REASON_MEMBERSHIP":        15,
 	}
 )
 
@@ -3124,8 +3125,8 @@ const file_fence_v1_fence_proto_rawDesc = "" +
 	"\x12\x14\n" +
 	"\x10REASON_CANCELLED\x10\v\x12\x14\n" +
 	"\x10REASON_DISK_FULL\x10\f\x12\x19\n" +
-	"\x15REASON_SESSION_SECRET\x10\r\x12\x15\n" +
-	"\x11REASON_MEMBERSHIP\x10\x0e2\xfd\x01\n" +
+	"\x15REASON_SESSION_SECRET\x10\x0e\x12\x15\n" +
+	"\x11REASON_MEMBERSHIP\x10\x0f2\xfd\x01\n" +
 	"\x0eSessionService\x12R\n" +
 	"\rCreateSession\x12\x1e.fence.v1.CreateSessionRequest\x1a\x1f.fence.v1.CreateSessionResponse\"\x00\x12F\n" +
 	"\tKeepAlive\x12\x1a.fence.v1.KeepAliveRequest\x1a\x1b.fence.v1.KeepAliveResponse\"\x00\x12O\n" +
