@@ -6,7 +6,8 @@ import (
 )
 
 // Sentinel errors. Errors returned by fence wrap exactly one of them
-// (ErrDiskFull is a kind of ErrUnavailable, and wraps it).
+// (ErrDiskFull is a kind of ErrUnavailable, and wraps it; ErrSessionSecret
+// one of ErrUnauthenticated).
 var (
 	// ErrInvalidArgument reports a malformed request: a bad lock name, a TTL
 	// out of bounds, an oversized value. Retrying the same request fails again.
@@ -58,8 +59,9 @@ var (
 
 	// ErrUnauthenticated reports that the node did not accept the client's
 	// credentials, or the client the node's: a TLS certificate missing,
-	// expired or signed by a CA the other side does not trust, or TLS on
-	// one side only. Retrying does not help.
+	// expired or signed by a CA the other side does not trust, TLS on one
+	// side only, or a session's secret (ErrSessionSecret). Retrying does
+	// not help.
 	ErrUnauthenticated = errors.New("fence: not authenticated")
 
 	// ErrWrongCluster reports a node of another group than the one the
@@ -67,6 +69,20 @@ var (
 	// port reused by another deployment). The client never acts on such a
 	// node's answers; retrying elsewhere helps, retrying there does not.
 	ErrWrongCluster = errors.New("fence: node of another cluster")
+	// ErrSessionSecret reports a call that acts as a session (a keepalive,
+	// an acquire, a release, a close, a put bound to it) without the
+	// secret the session was created with, or with another: only the
+	// session's creator may act as it. Nothing was changed. It wraps
+	// ErrUnauthenticated.
+	ErrSessionSecret = fmt.Errorf("%w: wrong or missing session secret", ErrUnauthenticated)
+
+	// ErrMembership reports a membership change the leader refused: the
+	// node named does not answer at its raft address (or another node
+	// does), it did not catch up with the leader's log in time, or the
+	// change would leave the group without a quorum of reachable voters.
+	// The message says which; nothing changed unless it says a non-voter
+	// was added.
+	ErrMembership = errors.New("fence: membership change refused")
 
 	// ErrReleased is the cause of a grant's or a session's end by its own
 	// holder: the lock was released, the session closed.

@@ -547,17 +547,23 @@ func (c *Client) Status(ctx context.Context) (*fencev1.StatusResponse, error) {
 	return out, err
 }
 
-// AddMember adds a node, started with --join, to the raft group.
+// AddMember adds a node, started with --join, to the raft group. The node
+// must answer at raftAddress; it joins as a non-voter and, with voter, is
+// made a voter once it has caught up with the leader's log, which the
+// call waits for (bounded by ctx only, not by the attempt timeout). A
+// refused change fails with fence.ErrMembership, saying why.
 func (c *Client) AddMember(ctx context.Context, id, raftAddress string, voter bool) error {
-	return c.unary(ctx, func(ctx context.Context, ep *endpoint) error {
+	return c.call(ctx, func(ctx context.Context, ep *endpoint) error {
 		_, err := ep.cluster.AddMember(ctx, connect.NewRequest(&fencev1.AddMemberRequest{Id: id, RaftAddress: raftAddress, Nonvoter: !voter}))
 		return err
 	})
 }
 
-// RemoveMember removes a node from the raft group.
+// RemoveMember removes a node from the raft group. A removal that would
+// leave the voters without a quorum of reachable ones fails with
+// fence.ErrMembership. Like AddMember, it is bounded by ctx only.
 func (c *Client) RemoveMember(ctx context.Context, id string) error {
-	return c.unary(ctx, func(ctx context.Context, ep *endpoint) error {
+	return c.call(ctx, func(ctx context.Context, ep *endpoint) error {
 		_, err := ep.cluster.RemoveMember(ctx, connect.NewRequest(&fencev1.RemoveMemberRequest{Id: id}))
 		return err
 	})

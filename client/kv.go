@@ -33,6 +33,7 @@ type WriteOption func(*writeOptions)
 type writeOptions struct {
 	fence   fencev1.Fence
 	session uint64
+	secret  string // session's
 }
 
 // WithGrant fences the write with a grant's lock and token.
@@ -65,7 +66,7 @@ func IfRevision(rev uint64) WriteOption {
 // a ZooKeeper ephemeral node (presence, service registration). Each Put
 // binds anew, so a Put without BoundTo unbinds the key. Delete ignores it.
 func BoundTo(s *Session) WriteOption {
-	return func(o *writeOptions) { o.session = s.id }
+	return func(o *writeOptions) { o.session, o.secret = s.id, s.secret }
 }
 
 func writeOpts(opts []WriteOption) *writeOptions {
@@ -82,7 +83,7 @@ func writeOpts(opts []WriteOption) *writeOptions {
 // or may not have applied.
 func (k *KV) Put(ctx context.Context, key string, value []byte, opts ...WriteOption) (uint64, error) {
 	o := writeOpts(opts)
-	req := &fencev1.PutRequest{Key: key, Value: value, Fence: &o.fence, SessionId: o.session}
+	req := &fencev1.PutRequest{Key: key, Value: value, Fence: &o.fence, SessionId: o.session, SessionSecret: o.secret}
 	var rev uint64
 	once := newIdempotencyKey()
 	err := k.c.unary(ctx, func(ctx context.Context, ep *endpoint) error {

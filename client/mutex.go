@@ -138,12 +138,13 @@ func (m *Mutex) acquire(ctx context.Context, try bool) (*Grant, error) {
 	defer stop()
 
 	req := &fencev1.AcquireRequest{
-		SessionId: s.id,
-		Lock:      m.name,
-		Try:       try,
-		Mode:      m.mode,
-		Permits:   uint32(m.permits),
-		RequestId: s.requests.Add(1),
+		SessionId:     s.id,
+		SessionSecret: s.secret,
+		Lock:          m.name,
+		Try:           try,
+		Mode:          m.mode,
+		Permits:       uint32(m.permits),
+		RequestId:     s.requests.Add(1),
 	}
 	if m.opts.lockDelay > 0 {
 		req.LockDelay = durationpb.New(m.opts.lockDelay)
@@ -239,7 +240,7 @@ func (m *Mutex) abandon(id uint64) {
 	ctx, cancel := context.WithTimeout(s.ctx, s.ttl)
 	defer cancel()
 	err := s.client.unary(ctx, func(ctx context.Context, ep *endpoint) error {
-		_, err := ep.locks.CancelAcquire(ctx, connect.NewRequest(&fencev1.CancelAcquireRequest{SessionId: s.id, Lock: m.name, RequestId: id}))
+		_, err := ep.locks.CancelAcquire(ctx, connect.NewRequest(&fencev1.CancelAcquireRequest{SessionId: s.id, SessionSecret: s.secret, Lock: m.name, RequestId: id}))
 		return err
 	})
 	switch {
@@ -266,7 +267,7 @@ func (m *Mutex) Unlock(ctx context.Context) error {
 	attempts := 0
 	return m.s.client.unary(ctx, func(ctx context.Context, ep *endpoint) error {
 		attempts++
-		_, err := ep.locks.Release(ctx, connect.NewRequest(&fencev1.ReleaseRequest{SessionId: m.s.id, Lock: m.name, Token: g.token}))
+		_, err := ep.locks.Release(ctx, connect.NewRequest(&fencev1.ReleaseRequest{SessionId: m.s.id, SessionSecret: m.s.secret, Lock: m.name, Token: g.token}))
 		if attempts > 1 && errors.Is(rpcerr.FromConnect(err), fence.ErrNotHolder) {
 			return nil // an earlier attempt, whose answer was lost, released it
 		}

@@ -32,8 +32,9 @@ func TestGrantReleasedBySomeoneElseEnds(t *testing.T) {
 		t.Fatal(err)
 	}
 
+	// Another client that was given the session's secret.
 	other := fencev1connect.NewLockServiceClient(http.DefaultClient, "http://"+srv.Addr())
-	_, err = other.Release(ctx, connect.NewRequest(&fencev1.ReleaseRequest{SessionId: s.ID(), Lock: "taken", Token: taken.Token()}))
+	_, err = other.Release(ctx, connect.NewRequest(&fencev1.ReleaseRequest{SessionId: s.ID(), SessionSecret: s.secret, Lock: "taken", Token: taken.Token()}))
 	if err != nil {
 		t.Fatal(err)
 	}

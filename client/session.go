@@ -34,6 +34,9 @@ var ErrSessionClosed = fmt.Errorf("%w: session closed", fence.ErrReleased)
 type Session struct {
 	client *Client
 	id     uint64
+	// secret is the session's secret, sent with every call that acts as
+	// the session; the service answered it to this client alone.
+	secret string
 	ttl    time.Duration
 	drift  float64
 	margin time.Duration
@@ -95,13 +98,15 @@ func (c *Client) NewSession(ctx context.Context, opts ...SessionOption) (*Sessio
 	}
 	var resp *fencev1.CreateSessionResponse
 	var sent time.Time
-	key := newIdempotencyKey()
+	// No idempotency key: the service answers a session's secret once, so
+	// a retry creates a session of its own, and one whose answer was lost
+	// expires after its TTL.
 	err := c.unary(ctx, func(ctx context.Context, ep *endpoint) error {
 		sent = c.opts.clock.Now()
-		r, err := ep.sessions.CreateSession(ctx, keyed(&fencev1.CreateSessionRequest{
+		r, err := ep.sessions.CreateSession(ctx, connect.NewRequest(&fencev1.CreateSessionRequest{
 			Ttl:   durationpb.New(o.ttl),
 			Owner: o.owner,
-		}, key))
+		}))
 		if err == nil {
 			resp = r.Msg
 		}
@@ -113,6 +118,7 @@ func (c *Client) NewSession(ctx context.Context, opts ...SessionOption) (*Sessio
 	s := &Session{
 		client: c,
 		id:     resp.GetSessionId(),
+		secret: resp.GetSessionSecret(),
 		ttl:    resp.GetTtl().AsDuration(),
 		drift:  o.drift,
 		margin: o.margin,
@@ -127,7 +133,9 @@ func (c *Client) NewSession(ctx context.Context, opts ...SessionOption) (*Sessio
 	return s, nil
 }
 
-// ID returns the session's id on the service.
+// ID returns the session's id on the service. The id is public (listings
+// show it); acting as the session also takes its secret, which the
+// Session keeps to itself and sends with each of its calls.
 func (s *Session) ID() uint64 { return s.id }
 
 // TTL returns the session's time to live.
@@ -184,7 +192,7 @@ func (s *Session) Close(ctx context.Context) error {
 	}
 	s.end(ErrSessionClosed)
 	return s.client.unary(ctx, func(ctx context.Context, ep *endpoint) error {
-		_, err := ep.sessions.CloseSession(ctx, connect.NewRequest(&fencev1.CloseSessionRequest{SessionId: s.id}))
+		_, err := ep.sessions.CloseSession(ctx, connect.NewRequest(&fencev1.CloseSessionRequest{SessionId: s.id, SessionSecret: s.secret}))
 		return err
 	})
 }
@@ -210,7 +218,7 @@ func (s *Session) lose(cause error) {
 // closeAt asks one node to close the session, and the leader it names if
 // it is not the leader.
 func (s *Session) closeAt(ctx context.Context, ep *endpoint) {
-	req := &fencev1.CloseSessionRequest{SessionId: s.id}
+	req := &fencev1.CloseSessionRequest{SessionId: s.id, SessionSecret: s.secret}
 	_, err := ep.sessions.CloseSession(ctx, connect.NewRequest(req))
 	if leader := leaderHint(rpcerr.FromConnect(err)); leader != "" {
 		ep = s.client.endpointAt(s.client.endpointFor(leader))
@@ -284,7 +292,7 @@ func (s *Session) renew(ctx context.Context, safe time.Time) error {
 	err := s.client.call(ctx, func(ctx context.Context, ep *endpoint) error {
 		sent = clk.Now()
 		return withAttemptDeadline(ctx, clk, attempt, ep, func(ctx context.Context) error {
-			resp, err := ep.sessions.KeepAlive(ctx, connect.NewRequest(&fencev1.KeepAliveRequest{SessionId: s.id}))
+			resp, err := ep.sessions.KeepAlive(ctx, connect.NewRequest(&fencev1.KeepAliveRequest{SessionId: s.id, SessionSecret: s.secret}))
 			if err == nil {
 				held = resp.Msg.GetHeld()
 			}

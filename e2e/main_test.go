@@ -9,6 +9,7 @@ import (
 	"net/http"
 	"os"
 	"strings"
+	"sync"
 	"syscall"
 	"testing"
 	"time"
@@ -280,9 +281,13 @@ func (s *server) endpoints() []string { return []string{"--endpoints", s.addr} }
 var httpClient = &http.Client{Timeout: 10 * time.Second}
 
 // post sends a Connect unary call as JSON and returns the HTTP status and body.
+//
+// Like a curl user, post remembers the secret of every session it creates
+// on a node, and adds it ("sessionSecret") to a body that names one of
+// them by "sessionId" without a secret.
 func post(t *testing.T, addr, procedure, body string) (int, []byte) {
 	t.Helper()
-	resp, err := httpClient.Post("http://"+addr+"/"+procedure, "application/json", strings.NewReader(body))
+	resp, err := httpClient.Post("http://"+addr+"/"+procedure, "application/json", strings.NewReader(withSecret(addr, body)))
 	if err != nil {
 		return 0, []byte(err.Error())
 	}
@@ -291,7 +296,37 @@ func post(t *testing.T, addr, procedure, body string) (int, []byte) {
 	if err != nil {
 		t.Fatalf("reading %s response: %v", procedure, err)
 	}
+	if resp.StatusCode == http.StatusOK && strings.HasSuffix(procedure, "/CreateSession") {
+		var created struct {
+			SessionID     string `json:"sessionId"`
+			SessionSecret string `json:"sessionSecret"`
+		}
+		if json.Unmarshal(data, &created) == nil {
+			sessionSecrets.Store(addr+"/"+created.SessionID, created.SessionSecret)
+		}
+	}
 	return resp.StatusCode, data
+}
+
+// sessionSecrets maps "addr/session id" to the session's secret.
+var sessionSecrets sync.Map
+
+func withSecret(addr, body string) string {
+	var m map[string]json.RawMessage
+	if json.Unmarshal([]byte(body), &m) != nil || m["sessionSecret"] != nil {
+		return body
+	}
+	var id string
+	if json.Unmarshal(m["sessionId"], &id) != nil {
+		return body
+	}
+	secret, ok := sessionSecrets.Load(addr + "/" + id)
+	if !ok {
+		return body
+	}
+	m["sessionSecret"], _ = json.Marshal(secret)
+	out, _ := json.Marshal(m)
+	return string(out)
 }
 
 // mustPost is post for calls that must succeed; it decodes the answer into out.

@@ -129,7 +129,7 @@ func TestSnapshotSaveAndRestore(t *testing.T) {
 			if _, ok := kvValue(s, "k2"); ok {
 				t.Error("k2, written after the snapshot, exists in the restored state")
 			}
-			ra := newAPI(t, s)
+			ra := newAPIAt(t, "http://"+s.Addr(), a.secrets) // the session's secret survived the restore
 			got := ra.mustAcquire(sess, "new")
 			if got != tc.wantToken {
 				t.Errorf("first token after restore %d, want %d (snapshot's last %d, bump %d)", got, tc.wantToken, h.LastToken, tc.bump)
@@ -282,7 +282,7 @@ func TestSnapshotRestoreCluster(t *testing.T) {
 			t.Errorf("%s: lock taken after the snapshot is held", id)
 		}
 	}
-	if got := newAPI(t, l).mustAcquire(sess, "new"); got <= h.LastToken {
+	if got := newAPIAt(t, "http://"+l.Addr(), a.secrets).mustAcquire(sess, "new"); got <= h.LastToken {
 		t.Errorf("token %d after restore, not above the snapshot's %d", got, h.LastToken)
 	}
 	// The restored group commits and replicates: every member applies the grant.

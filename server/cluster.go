@@ -1,135 +1,17 @@
 package server
 
 import (
-	"context"
 	"crypto/tls"
 	"errors"
 	"fmt"
-	"net"
-	"net/http"
-	"time"
 
-	"connectrpc.com/connect"
 	"github.com/hashicorp/raft"
 
 	"github.com/fencelock/fence"
-	fencev1 "github.com/fencelock/fence/api/fence/v1"
-	"github.com/fencelock/fence/api/fence/v1/fencev1connect"
 	"github.com/fencelock/fence/internal/fsm"
 	"github.com/fencelock/fence/internal/fsmpb"
 	"github.com/fencelock/fence/internal/rpcerr"
 )
-
-// AddMember implements fencev1connect.ClusterServiceHandler.
-func (s *Server) AddMember(ctx context.Context, req *connect.Request[fencev1.AddMemberRequest]) (*connect.Response[fencev1.AddMemberResponse], error) {
-	m := req.Msg
-	if err := checkText("member id", m.GetId(), 128, true); err != nil {
-		return nil, err
-	}
-	if _, _, err := net.SplitHostPort(m.GetRaftAddress()); err != nil {
-		return nil, invalid("raft_address %q: want host:port", m.GetRaftAddress())
-	}
-	if !s.leaderReady.Load() {
-		return nil, s.notReady()
-	}
-	id, addr := raft.ServerID(m.GetId()), raft.ServerAddress(m.GetRaftAddress())
-	var f raft.IndexFuture
-	if m.GetNonvoter() {
-		f = s.node.raft.AddNonvoter(id, addr, 0, s.cfg.ApplyTimeout)
-	} else {
-		f = s.node.raft.AddVoter(id, addr, 0, s.cfg.ApplyTimeout)
-	}
-	if err := f.Error(); err != nil {
-		return nil, s.membershipError(err)
-	}
-	s.logger.Info("member added", "id", id, "raft", addr, "voter", !m.GetNonvoter())
-	return connect.NewResponse(&fencev1.AddMemberResponse{}), nil
-}
-
-// RemoveMember implements fencev1connect.ClusterServiceHandler.
-func (s *Server) RemoveMember(ctx context.Context, req *connect.Request[fencev1.RemoveMemberRequest]) (*connect.Response[fencev1.RemoveMemberResponse], error) {
-	id := req.Msg.GetId()
-	if err := checkText("member id", id, 128, true); err != nil {
-		return nil, err
-	}
-	if !s.leaderReady.Load() {
-		return nil, s.notReady()
-	}
-	known := false
-	for _, srv := range s.members() {
-		known = known || string(srv.ID) == id
-	}
-	if !known {
-		return nil, invalid("%q is not a member of the group", id)
-	}
-	if err := s.node.raft.RemoveServer(raft.ServerID(id), 0, s.cfg.ApplyTimeout).Error(); err != nil {
-		return nil, s.membershipError(err)
-	}
-	// Forget where it served, so that nobody is pointed at it.
-	_, _ = s.apply(&fsmpb.Command{Op: &fsmpb.Command_RegisterNode{RegisterNode: &fsmpb.RegisterNode{NodeId: id}}})
-	s.logger.Info("member removed", "id", id)
-	return connect.NewResponse(&fencev1.RemoveMemberResponse{}), nil
-}
-
-// RegisterNode implements fencev1connect.ClusterServiceHandler.
-func (s *Server) RegisterNode(ctx context.Context, req *connect.Request[fencev1.RegisterNodeRequest]) (*connect.Response[fencev1.RegisterNodeResponse], error) {
-	m := req.Msg
-	if err := checkText("node id", m.GetId(), 128, true); err != nil {
-		return nil, err
-	}
-	if _, _, err := net.SplitHostPort(m.GetApiAddress()); err != nil {
-		return nil, invalid("api_address %q: want host:port", m.GetApiAddress())
-	}
-	member := false
-	for _, srv := range s.members() {
-		member = member || string(srv.ID) == m.GetId()
-	}
-	if !member {
-		return nil, invalid("%q is not a member of the group", m.GetId())
-	}
-	if _, err := s.apply(&fsmpb.Command{Op: &fsmpb.Command_RegisterNode{RegisterNode: &fsmpb.RegisterNode{NodeId: m.GetId(), ApiAddress: m.GetApiAddress()}}}); err != nil {
-		return nil, err
-	}
-	return connect.NewResponse(&fencev1.RegisterNodeResponse{}), nil
-}
-
-// registerLoop keeps this node's API address registered: a leader writes
-// it itself, a follower asks the leader to. It checks every interval.
-func (s *Server) registerLoop(interval time.Duration) {
-	defer s.wg.Done()
-	t := time.NewTicker(interval)
-	defer t.Stop()
-	for {
-		select {
-		case <-s.done:
-			return
-		case <-t.C:
-		}
-		var have, leaderAPI string
-		_, leaderID := s.node.raft.LeaderWithID()
-		s.fsm.Read(func(st *fsm.State) {
-			have, _ = st.NodeAPI(s.cfg.NodeID)
-			leaderAPI, _ = st.NodeAPI(string(leaderID))
-		})
-		if have == s.advertise || leaderID == "" {
-			continue
-		}
-		if s.leaderReady.Load() {
-			s.registerSelf()
-			continue
-		}
-		if leaderAPI == "" || string(leaderID) == s.cfg.NodeID {
-			continue
-		}
-		ctx, cancel := context.WithTimeout(context.Background(), interval)
-		c := fencev1connect.NewClusterServiceClient(s.peerAPIClient, s.apiScheme()+leaderAPI)
-		_, err := c.RegisterNode(ctx, connect.NewRequest(&fencev1.RegisterNodeRequest{Id: s.cfg.NodeID, ApiAddress: s.advertise}))
-		cancel()
-		if err != nil {
-			s.logger.Debug("registering with the leader", "leader", leaderAPI, "err", err)
-		}
-	}
-}
 
 func (s *Server) membershipError(err error) error {
 	if errors.Is(err, raft.ErrNotLeader) || errors.Is(err, raft.ErrLeadershipLost) || errors.Is(err, raft.ErrRaftShutdown) {
@@ -200,15 +82,6 @@ func (s *Server) apiScheme() string {
 		return "https://"
 	}
 	return "http://"
-}
-
-// newPeerAPIClient returns the HTTP client a node calls other nodes' APIs
-// with (see peerAPITLS).
-func newPeerAPIClient(cfg Config) *http.Client {
-	if cfg.TLS == nil {
-		return http.DefaultClient
-	}
-	return &http.Client{Transport: &http.Transport{TLSClientConfig: peerAPITLS(cfg)}}
 }
 
 // peerAPITLS is the TLS a node dials other nodes' APIs with, nil without

@@ -86,6 +86,12 @@ func (c *testCluster) baseConfig(id, raftAddr string) Config {
 	cfg.ApplyTimeout = 3 * time.Second
 	from := id
 	cfg.RaftAddressProvider = addressProvider(func(to raft.ServerID) (raft.ServerAddress, error) {
+		c.mu.Lock()
+		_, known := c.cfgs[string(to)]
+		c.mu.Unlock()
+		if !known { // not one of the test's nodes: raft dials the address it was given
+			return "", fmt.Errorf("no link to %s", to)
+		}
 		return raft.ServerAddress(c.link(from, string(to)).Addr()), nil
 	})
 	if c.editCfg != nil {
@@ -550,12 +556,24 @@ func TestClusterFollowerForwardsToLeader(t *testing.T) {
 		t.Fatalf("CreateSession through a follower: HTTP %d %s", code, body)
 	}
 	var sess struct {
-		SessionID uint64 `json:"sessionId,string"`
+		SessionID     uint64 `json:"sessionId,string"`
+		SessionSecret string `json:"sessionSecret"`
 	}
 	if err := json.Unmarshal([]byte(body), &sess); err != nil {
 		t.Fatal(err)
 	}
-	code, body = post("LockService/Acquire", fmt.Sprintf(`{"sessionId":"%d","lock":"fwd"}`, sess.SessionID))
+	if len(sess.SessionSecret) < 22 { // 128 bits in base64
+		t.Fatalf("CreateSession through a follower answered secret %q", sess.SessionSecret)
+	}
+	// The leader checks the secret of a forwarded call as of any other:
+	// the follower passes on no authority of its own.
+	for _, secret := range []string{"", "guessed"} {
+		code, body = post("LockService/Acquire", fmt.Sprintf(`{"sessionId":"%d","sessionSecret":%q,"lock":"fwd"}`, sess.SessionID, secret))
+		if code != http.StatusUnauthorized || !strings.Contains(body, "REASON_SESSION_SECRET") {
+			t.Fatalf("Acquire through a follower with secret %q: HTTP %d %s", secret, code, body)
+		}
+	}
+	code, body = post("LockService/Acquire", fmt.Sprintf(`{"sessionId":"%d","sessionSecret":%q,"lock":"fwd"}`, sess.SessionID, sess.SessionSecret))
 	if code != http.StatusOK || !strings.Contains(body, `"token"`) {
 		t.Fatalf("Acquire through a follower: HTTP %d %s", code, body)
 	}

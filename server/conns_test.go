@@ -129,7 +129,7 @@ func TestBlockedAcquireOutlivesReadTimeout(t *testing.T) {
 	for name, hc := range map[string]*http.Client{"HTTP/1.1": http.DefaultClient, "HTTP/2": h2cClient(t)} {
 		t.Run(name, func(t *testing.T) {
 			a := newAPI(t, s)
-			a.locks = fencev1connect.NewLockServiceClient(hc, "http://"+s.Addr())
+			a.locks = fencev1connect.NewLockServiceClient(hc, "http://"+s.Addr(), connect.WithInterceptors(a.secrets))
 			holder, waiter := a.session(time.Minute), a.session(time.Minute)
 			token := a.mustAcquire(holder, name)
 			p := a.acquireAsync(context.Background(), &fencev1.AcquireRequest{SessionId: waiter, Lock: name})

@@ -31,33 +31,30 @@ func (s *Server) CreateSession(ctx context.Context, req *connect.Request[fencev1
 	if err := checkText("owner", req.Msg.GetOwner(), s.cfg.MaxOwnerBytes, false); err != nil {
 		return nil, err
 	}
-	key, err := idempotencyKey(req.Header())
-	if err != nil {
-		return nil, err
-	}
-	res, err := s.apply(&fsmpb.Command{IdempotencyKey: key, Op: &fsmpb.Command_CreateSession{CreateSession: &fsmpb.CreateSession{
-		TtlNs:       int64(ttl),
-		Owner:       req.Msg.GetOwner(),
-		MaxSessions: uint64(s.cfg.MaxSessions),
+	// No idempotency key: the secret is answered once and kept only as a
+	// hash, so a repeat could not answer it again. A session whose answer
+	// was lost holds nothing and expires after its TTL.
+	secret := newSessionSecret()
+	res, err := s.apply(&fsmpb.Command{Op: &fsmpb.Command_CreateSession{CreateSession: &fsmpb.CreateSession{
+		TtlNs:        int64(ttl),
+		Owner:        req.Msg.GetOwner(),
+		MaxSessions:  uint64(s.cfg.MaxSessions),
+		SecretSha256: fsm.SecretHash(secret),
 	}}})
 	if err != nil {
 		return nil, err
 	}
-	id := res.SessionID
-	if res.Repeat != nil {
-		id = res.Repeat.SessionID
-	}
-	return connect.NewResponse(&fencev1.CreateSessionResponse{SessionId: id, Ttl: durationpb.New(ttl)}), nil
+	return connect.NewResponse(&fencev1.CreateSessionResponse{SessionId: res.SessionID, Ttl: durationpb.New(ttl), SessionSecret: secret}), nil
 }
 
 // KeepAlive implements fencev1connect.SessionServiceHandler. The leader
 // renews the session in memory, then confirms that it still leads (one
 // confirmation serves every keepalive and read that arrived before it).
 func (s *Server) KeepAlive(ctx context.Context, req *connect.Request[fencev1.KeepAliveRequest]) (*connect.Response[fencev1.KeepAliveResponse], error) {
-	if err := checkSessionID(req.Msg.GetSessionId()); err != nil {
+	id := req.Msg.GetSessionId()
+	if err := s.authorizeSession(id, req.Msg.GetSessionSecret()); err != nil {
 		return nil, err
 	}
-	id := req.Msg.GetSessionId()
 	ttl, err := s.tracker.keepAlive(id)
 	if err != nil {
 		return nil, err
@@ -81,7 +78,11 @@ func (s *Server) KeepAlive(ctx context.Context, req *connect.Request[fencev1.Kee
 // CloseSession implements fencev1connect.SessionServiceHandler. Closing a
 // session that does not exist succeeds: the call is idempotent.
 func (s *Server) CloseSession(ctx context.Context, req *connect.Request[fencev1.CloseSessionRequest]) (*connect.Response[fencev1.CloseSessionResponse], error) {
-	if err := checkSessionID(req.Msg.GetSessionId()); err != nil {
+	err := s.authorizeSession(req.Msg.GetSessionId(), req.Msg.GetSessionSecret())
+	if errors.Is(err, fence.ErrSessionNotFound) {
+		return connect.NewResponse(&fencev1.CloseSessionResponse{}), nil
+	}
+	if err != nil {
 		return nil, err
 	}
 	if _, err := s.apply(&fsmpb.Command{Op: &fsmpb.Command_CloseSession{CloseSession: &fsmpb.CloseSession{SessionId: req.Msg.GetSessionId()}}}); err != nil {
@@ -124,6 +125,9 @@ func (s *Server) Acquire(ctx context.Context, req *connect.Request[fencev1.Acqui
 	}
 	if poll > 0 && (m.GetRequestId() == 0 || m.GetTry()) {
 		return nil, invalid("poll needs a request_id, and a call that waits (not try)")
+	}
+	if err := s.authorizeSession(m.GetSessionId(), m.GetSessionSecret()); err != nil {
+		return nil, err
 	}
 
 	// Register before proposing, so that a grant handed over by a release
@@ -335,6 +339,9 @@ func (s *Server) Release(ctx context.Context, req *connect.Request[fencev1.Relea
 	if m.GetToken() == 0 {
 		return nil, invalid("token is missing; pass the token of the grant to release")
 	}
+	if err := s.authorizeSession(m.GetSessionId(), m.GetSessionSecret()); err != nil {
+		return nil, err
+	}
 	if _, err := s.apply(&fsmpb.Command{Op: &fsmpb.Command_Release{Release: &fsmpb.Release{
 		SessionId: m.GetSessionId(), Lock: m.GetLock(), Token: m.GetToken(),
 	}}}); err != nil {
@@ -354,6 +361,9 @@ func (s *Server) CancelAcquire(ctx context.Context, req *connect.Request[fencev1
 	}
 	if m.GetRequestId() == 0 {
 		return nil, invalid("request_id is missing; pass the request_id of the Acquire to cancel")
+	}
+	if err := s.authorizeSession(m.GetSessionId(), m.GetSessionSecret()); err != nil {
+		return nil, err
 	}
 	res, err := s.apply(&fsmpb.Command{Op: &fsmpb.Command_CancelAcquire{CancelAcquire: &fsmpb.CancelAcquire{
 		SessionId: m.GetSessionId(), Lock: m.GetLock(), RequestId: m.GetRequestId(),
@@ -409,9 +419,9 @@ func (s *Server) ListLocks(ctx context.Context, req *connect.Request[fencev1.Lis
 	}
 	out := &fencev1.ListLocksResponse{}
 	s.fsm.Read(func(st *fsm.State) {
-		owner := func(id uint64) string {
+		session := func(id uint64) fsm.SessionInfo {
 			info, _ := st.Session(id)
-			return info.Owner
+			return info
 		}
 		page, more := st.LocksPage(m.GetPrefix(), string(after), size)
 		if more {
@@ -420,10 +430,12 @@ func (s *Server) ListLocks(ctx context.Context, req *connect.Request[fencev1.Lis
 		for _, l := range page {
 			li := &fencev1.LockInfo{Name: l.Name, Delayed: l.Delay > 0, Permits: l.Permits}
 			for _, h := range l.Holders {
-				li.Holders = append(li.Holders, &fencev1.Holder{SessionId: h.Session, Token: h.Token, Mode: apiMode(h.Mode), Owner: owner(h.Session)})
+				sess := session(h.Session)
+				li.Holders = append(li.Holders, &fencev1.Holder{SessionId: h.Session, Token: h.Token, Mode: apiMode(h.Mode), Owner: sess.Owner, LegacySession: sess.Legacy})
 			}
 			for _, w := range l.Waiters {
-				li.Waiters = append(li.Waiters, &fencev1.Waiter{SessionId: w.Session, Mode: apiMode(w.Mode), Owner: owner(w.Session)})
+				sess := session(w.Session)
+				li.Waiters = append(li.Waiters, &fencev1.Waiter{SessionId: w.Session, Mode: apiMode(w.Mode), Owner: sess.Owner, LegacySession: sess.Legacy})
 			}
 			out.Locks = append(out.Locks, li)
 		}

@@ -4,10 +4,13 @@ import (
 	"context"
 	"errors"
 	"net/http"
+	"sync"
 	"testing"
 	"time"
 
 	"connectrpc.com/connect"
+	"google.golang.org/protobuf/proto"
+	"google.golang.org/protobuf/reflect/protoreflect"
 	"google.golang.org/protobuf/types/known/durationpb"
 
 	fencev1 "github.com/fencelock/fence/api/fence/v1"
@@ -59,19 +62,83 @@ func waitForWithin(tb testing.TB, limit time.Duration, what string, cond func() 
 }
 
 // api is a raw Connect client of one server, so tests see the wire API.
+// It remembers the secret of every session it creates and sends it with
+// every request that names the session and no secret (see secretFiller).
 type api struct {
 	tb       testing.TB
 	sessions fencev1connect.SessionServiceClient
 	locks    fencev1connect.LockServiceClient
+	kv       fencev1connect.KVServiceClient
+	secrets  *secretBook
 }
 
 func newAPI(tb testing.TB, s *Server) *api {
-	url := "http://" + s.Addr()
+	return newAPIAt(tb, "http://"+s.Addr(), &secretBook{m: map[uint64]string{}})
+}
+
+// newAPIAt is newAPI for a URL, sharing book with other clients.
+func newAPIAt(tb testing.TB, url string, book *secretBook) *api {
+	opt := connect.WithInterceptors(book)
 	return &api{
 		tb:       tb,
-		sessions: fencev1connect.NewSessionServiceClient(http.DefaultClient, url),
-		locks:    fencev1connect.NewLockServiceClient(http.DefaultClient, url),
+		sessions: fencev1connect.NewSessionServiceClient(http.DefaultClient, url, opt),
+		locks:    fencev1connect.NewLockServiceClient(http.DefaultClient, url, opt),
+		kv:       fencev1connect.NewKVServiceClient(http.DefaultClient, url, opt),
+		secrets:  book,
 	}
+}
+
+// secretBook is a client interceptor that learns the secrets of the
+// sessions created through it and fills session_secret in the requests
+// that name one of them without a secret, as the Go client does.
+type secretBook struct {
+	mu sync.Mutex
+	m  map[uint64]string
+}
+
+func (b *secretBook) WrapUnary(next connect.UnaryFunc) connect.UnaryFunc {
+	return func(ctx context.Context, req connect.AnyRequest) (connect.AnyResponse, error) {
+		if msg, ok := req.Any().(proto.Message); ok {
+			b.fill(msg.ProtoReflect())
+		}
+		resp, err := next(ctx, req)
+		if err == nil {
+			if r, ok := resp.Any().(*fencev1.CreateSessionResponse); ok {
+				b.mu.Lock()
+				b.m[r.GetSessionId()] = r.GetSessionSecret()
+				b.mu.Unlock()
+			}
+		}
+		return resp, err
+	}
+}
+
+func (b *secretBook) fill(m protoreflect.Message) {
+	fields := m.Descriptor().Fields()
+	id, secret := fields.ByName("session_id"), fields.ByName("session_secret")
+	if id == nil || secret == nil || m.Get(secret).String() != "" {
+		return
+	}
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	if s, ok := b.m[m.Get(id).Uint()]; ok {
+		m.Set(secret, protoreflect.ValueOfString(s))
+	}
+}
+
+func (b *secretBook) WrapStreamingClient(next connect.StreamingClientFunc) connect.StreamingClientFunc {
+	return next
+}
+
+func (b *secretBook) WrapStreamingHandler(next connect.StreamingHandlerFunc) connect.StreamingHandlerFunc {
+	return next
+}
+
+// secret returns the secret of a session created through the book.
+func (b *secretBook) secret(id uint64) string {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return b.m[id]
 }
 
 func (a *api) session(ttl time.Duration) uint64 {

@@ -59,6 +59,12 @@ func (s *Server) Put(ctx context.Context, req *connect.Request[fencev1.PutReques
 	if err != nil {
 		return nil, err
 	}
+	if id := m.GetSessionId(); id != 0 {
+		// Binding a key to a session acts as the session.
+		if err := s.authorizeSession(id, m.GetSessionSecret()); err != nil {
+			return nil, err
+		}
+	}
 	res, err := s.apply(&fsmpb.Command{IdempotencyKey: key, Op: &fsmpb.Command_KvPut{KvPut: &fsmpb.KVPut{
 		Key: m.GetKey(), Value: m.GetValue(), Fence: f, MaxKeys: uint64(s.cfg.MaxKeys), SessionId: m.GetSessionId(),
 	}}})

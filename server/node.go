@@ -2,7 +2,6 @@ package server
 
 import (
 	"context"
-	"crypto/tls"
 	"errors"
 	"fmt"
 	"io"
@@ -11,6 +10,7 @@ import (
 	"os"
 	"path/filepath"
 	"sort"
+	"sync"
 	"syscall"
 	"time"
 
@@ -36,14 +36,21 @@ type node struct {
 	wal       *wal.WAL              // the log with LogStoreWAL
 	walMeta   *metadb.BoltMetaDB
 	transport *raft.NetworkTransport
+	links     *nodeLinkMux // the raft port's stream layer, with node links
 	log       *checkedLog
 	dataDir   string
 	timeout   time.Duration
 	heartbeat time.Duration
 	id        raft.ServerID
+	// closed is closed when the node starts to close: raft answers no
+	// future still queued when it shuts down, so waits end on this instead.
+	closed    chan struct{}
+	closeOnce sync.Once
 }
 
-func openNode(cfg Config, f *fsm.FSM, logger *slog.Logger, m *storageMetrics) (*node, error) {
+// openNode opens the node's raft member; api is the address this node's
+// API is reached on, which it tells other nodes over node links.
+func openNode(cfg Config, api string, f *fsm.FSM, logger *slog.Logger, m *storageMetrics) (*node, error) {
 	if err := os.MkdirAll(cfg.DataDir, 0o700); err != nil {
 		return nil, fmt.Errorf("creating data dir: %w", err)
 	}
@@ -56,7 +63,7 @@ func openNode(cfg Config, f *fsm.FSM, logger *slog.Logger, m *storageMetrics) (*
 	if err != nil {
 		return nil, fmt.Errorf("opening raft store in %s: %w", cfg.DataDir, err)
 	}
-	n := &node{fsm: f, metrics: m, store: store, timeout: cfg.ApplyTimeout, heartbeat: cfg.HeartbeatTimeout, dataDir: cfg.DataDir, id: raft.ServerID(cfg.NodeID)}
+	n := &node{fsm: f, metrics: m, store: store, timeout: cfg.ApplyTimeout, heartbeat: cfg.HeartbeatTimeout, dataDir: cfg.DataDir, id: raft.ServerID(cfg.NodeID), closed: make(chan struct{})}
 	fail := func(err error) (*node, error) {
 		n.close()
 		return nil, err
@@ -123,17 +130,13 @@ func openNode(cfg Config, f *fsm.FSM, logger *slog.Logger, m *storageMetrics) (*
 		Timeout:               10 * time.Second,
 		Logger:                hlog,
 	}
-	if cfg.PeerTLS != nil {
-		tcfg.Stream, err = listenTLSStream(cfg.RaftListen, advertise, cfg.PeerTLS)
-		if err == nil {
-			n.transport = raft.NewNetworkTransportWithConfig(tcfg)
-		}
-	} else {
-		n.transport, err = raft.NewTCPTransportWithConfig(cfg.RaftListen, advertise, tcfg)
-	}
+	stream, err := listenPeerStream(cfg.RaftListen, advertise, cfg.PeerTLS)
 	if err != nil {
 		return fail(fmt.Errorf("raft transport on %s: %w", cfg.RaftListen, err))
 	}
+	n.links = newNodeLinkMux(stream)
+	tcfg.Stream = n.links
+	n.transport = raft.NewNetworkTransportWithConfig(tcfg)
 
 	rc := raft.DefaultConfig()
 	rc.LocalID = raft.ServerID(cfg.NodeID)
@@ -163,47 +166,10 @@ func openNode(cfg Config, f *fsm.FSM, logger *slog.Logger, m *storageMetrics) (*
 	if err != nil {
 		return fail(fmt.Errorf("starting raft: %w", err))
 	}
+	r := n.raft
+	n.links.answerWith(func() nodeHello { return nodeHello{ID: cfg.NodeID, API: api, LastIndex: r.LastIndex()} })
 	return n, nil
 }
-
-// tlsStream is raft's stream layer over mutual TLS: it accepts peers on a
-// TLS listener and dials them with the same configuration. A peer's
-// certificate is verified against the host it is dialed at, so with
-// RaftAddressProvider (--raft-dial) the certificates must name the dial
-// addresses.
-type tlsStream struct {
-	net.Listener
-	advertise net.Addr
-	config    *tls.Config
-}
-
-func listenTLSStream(listen string, advertise net.Addr, config *tls.Config) (*tlsStream, error) {
-	ln, err := net.Listen("tcp", listen)
-	if err != nil {
-		return nil, err
-	}
-	if advertise == nil {
-		advertise = ln.Addr()
-	}
-	if a, ok := advertise.(*net.TCPAddr); !ok || a.IP.IsUnspecified() {
-		ln.Close()
-		return nil, fmt.Errorf("raft address %s is not one peers can dial; set the raft advertise address", advertise)
-	}
-	return &tlsStream{Listener: tls.NewListener(ln, config), advertise: advertise, config: config}, nil
-}
-
-// Addr is the address peers reach this node on.
-func (s *tlsStream) Addr() net.Addr { return s.advertise }
-
-// Dial opens a TLS connection to a peer, handshake included, within timeout.
-func (s *tlsStream) Dial(address raft.ServerAddress, timeout time.Duration) (net.Conn, error) {
-	d := &tls.Dialer{NetDialer: &net.Dialer{Timeout: timeout}, Config: s.config}
-	ctx, cancel := context.WithTimeout(context.Background(), timeout)
-	defer cancel()
-	return d.DialContext(ctx, "tcp", string(address))
-}
-
-var _ raft.StreamLayer = (*tlsStream)(nil)
 
 // truncatedWAL hides entries that raft-wal (v0.4.0 to v0.4.2) still returns after a
 // head truncation: its GetLog reads the tail segment before checking the
@@ -313,7 +279,7 @@ func (n *node) propose(cmd *fsmpb.Command) (fsm.Result, uint64, error) {
 	}
 	start := time.Now()
 	f := n.raft.Apply(data, n.timeout)
-	err = f.Error()
+	err = n.await(f)
 	n.metrics.proposed(start, err)
 	if err != nil {
 		return fsm.Result{}, 0, n.raftError(err)
@@ -337,9 +303,9 @@ func (n *node) propose(cmd *fsmpb.Command) (fsm.Result, uint64, error) {
 func (n *node) confirmLeadership() error {
 	var err error
 	if n.soleVoter() {
-		err = n.raft.VerifyLeader().Error()
+		err = n.await(n.raft.VerifyLeader())
 	} else {
-		err = n.raft.Barrier(n.timeout).Error()
+		err = n.await(n.raft.Barrier(n.timeout))
 	}
 	if err != nil {
 		return n.raftError(err)
@@ -407,7 +373,23 @@ func (n *node) raftError(err error) error {
 	return err
 }
 
+// await waits for f, or until the node closes. hashicorp/raft answers a
+// future it has dequeued when it shuts down, but not one still queued:
+// waiting on that alone left a proposal, and Server.Close waiting for it,
+// blocked for ever.
+func (n *node) await(f raft.Future) error {
+	done := make(chan error, 1)
+	go func() { done <- f.Error() }()
+	select {
+	case err := <-done:
+		return err
+	case <-n.closed:
+		return raft.ErrRaftShutdown
+	}
+}
+
 func (n *node) close() error {
+	n.closeOnce.Do(func() { close(n.closed) })
 	var errs []error
 	if n.raft != nil {
 		errs = append(errs, n.raft.Shutdown().Error())

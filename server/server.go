@@ -53,16 +53,15 @@ type Server struct {
 	// and linearizable reads.
 	confirmer *leaseConfirmer
 
-	dirLock       *dataDirLock // held on cfg.DataDir while the node runs
-	ln            net.Listener
-	conns         *limitListener // ln, when API connections are bounded
-	http          *http.Server
-	advertise     string       // the API address others reach this node on
-	peerAPIClient *http.Client // for calls to other nodes' APIs
-	forwarder     *forwarder   // the HTTP handler: forwards to the leader, or serves here
-	metricsLn     net.Listener // cfg.ListenMetrics, when set
-	metricsHTTP   *http.Server // /metrics and the probes on metricsLn
-	live          *liveness    // /livez's check of the main loops
+	dirLock     *dataDirLock // held on cfg.DataDir while the node runs
+	ln          net.Listener
+	conns       *limitListener // ln, when API connections are bounded
+	http        *http.Server
+	advertise   string       // the API address others reach this node on
+	forwarder   *forwarder   // the HTTP handler: forwards to the leader, or serves here
+	metricsLn   net.Listener // cfg.ListenMetrics, when set
+	metricsHTTP *http.Server // /metrics and the probes on metricsLn
+	live        *liveness    // /livez's check of the main loops
 
 	// leaderReady is set while this node is the leader and has applied
 	// every entry of earlier terms.
@@ -91,7 +90,7 @@ func Start(cfg Config) (*Server, error) {
 	if logger == nil {
 		logger = slog.New(slog.NewTextHandler(io.Discard, nil))
 	}
-	s := &Server{cfg: cfg, logger: logger, hub: newWaitHub(), watches: newWatchHub(cfg.WatchHistory, watchHistoryBytes), peerAPIClient: newPeerAPIClient(cfg), done: make(chan struct{})}
+	s := &Server{cfg: cfg, logger: logger, hub: newWaitHub(), watches: newWatchHub(cfg.WatchHistory, watchHistoryBytes), done: make(chan struct{})}
 	s.fsm = fsm.New(observer{s})
 	s.metrics = newMetrics(s)
 	s.tracker = newSessionTracker(cfg.Clock, logger, s.expireSessions)
@@ -138,7 +137,7 @@ func Start(cfg Config) (*Server, error) {
 	if s.advertise == "" {
 		s.advertise = s.ln.Addr().String()
 	}
-	if s.node, err = openNode(cfg, s.fsm, logger, s.metrics.storage); err != nil {
+	if s.node, err = openNode(cfg, s.advertise, s.fsm, logger, s.metrics.storage); err != nil {
 		return abort(err)
 	}
 
@@ -395,7 +394,7 @@ func (s *Server) becomeLeader() {
 // floor to this node's reserve, so that no token it grants is one a damaged
 // log made it forget.
 func (s *Server) prepareToLead() error {
-	if err := s.node.raft.Barrier(s.cfg.ApplyTimeout).Error(); err != nil {
+	if err := s.node.await(s.node.raft.Barrier(s.cfg.ApplyTimeout)); err != nil {
 		return fmt.Errorf("barrier: %w", err)
 	}
 	if err := s.nameCluster(); err != nil {

@@ -30,7 +30,7 @@ func (s *Server) Snapshot(ctx context.Context, _ *connect.Request[fencev1.Snapsh
 	if !s.leaderReady.Load() {
 		return s.notReady()
 	}
-	if err := s.node.raft.Barrier(s.cfg.ApplyTimeout).Error(); err != nil {
+	if err := s.node.await(s.node.raft.Barrier(s.cfg.ApplyTimeout)); err != nil {
 		return s.node.raftError(err)
 	}
 	future := s.node.raft.Snapshot()

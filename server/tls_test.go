@@ -65,8 +65,8 @@ func TestAPIOverMutualTLS(t *testing.T) {
 }
 
 // A 3-node group whose raft traffic runs over mutual TLS elects a leader
-// and replicates; the follower's API registration with the leader goes
-// over TLS with its own certificate. A node with a certificate of another
+// and replicates; the leader learns the followers' API addresses over
+// node links on the raft port, over TLS. A node with a certificate of another
 // CA cannot take part.
 func TestClusterOverPeerTLS(t *testing.T) {
 	ca := testtls.NewCA(t, "fence test CA")

@@ -57,7 +57,7 @@ func (r *Result) page() *timeline.Page {
 			kind = timeline.SpanPaused
 		case FaultKillServer:
 			l = "server"
-		case FaultPauseLeader, FaultPauseFollower:
+		case FaultPauseLeader, FaultPauseFollower, FaultDiskFull:
 			l, kind, label = "server", timeline.SpanPaused, f.Kind+" "+f.Target
 		}
 		tl.Spans = append(tl.Spans, timeline.Span{Lane: l, Start: f.Start, End: f.End, Kind: kind, Label: label})

@@ -16,7 +16,7 @@ func (s *State) Snapshot() *fsmpb.Snapshot {
 	snap := &fsmpb.Snapshot{LastToken: s.lastToken, LastSessionId: s.lastSessionID, LastDelayId: s.lastDelayID, LastAttempt: s.lastAttempt, ClusterId: s.clusterID}
 	for _, info := range s.Sessions() {
 		sess := s.sessions[info.ID]
-		snap.Sessions = append(snap.Sessions, &fsmpb.Session{Id: sess.id, TtlNs: int64(sess.ttl), Owner: sess.owner, Cancelled: slices.Clone(sess.cancelled)})
+		snap.Sessions = append(snap.Sessions, &fsmpb.Session{Id: sess.id, TtlNs: int64(sess.ttl), Owner: sess.owner, Cancelled: slices.Clone(sess.cancelled), SecretSha256: slices.Clone(sess.secretHash)})
 	}
 	for _, info := range s.Locks("") {
 		l := s.locks[info.Name]
@@ -71,13 +71,17 @@ func Restore(snap *fsmpb.Snapshot) (*State, error) {
 		if _, dup := s.sessions[ps.GetId()]; dup {
 			return nil, fmt.Errorf("fsm: snapshot has session %d twice", ps.GetId())
 		}
+		if h := ps.GetSecretSha256(); len(h) != 0 && len(h) != SecretHashBytes {
+			return nil, fmt.Errorf("fsm: snapshot session %d has a secret hash of %d bytes, not %d", ps.GetId(), len(h), SecretHashBytes)
+		}
 		s.sessions[ps.GetId()] = &session{
-			id:    ps.GetId(),
-			ttl:   time.Duration(ps.GetTtlNs()),
-			owner: ps.GetOwner(),
-			holds: map[string]struct{}{},
-			waits: map[string]struct{}{},
-			keys:  map[string]struct{}{},
+			id:         ps.GetId(),
+			ttl:        time.Duration(ps.GetTtlNs()),
+			owner:      ps.GetOwner(),
+			secretHash: nilIfEmpty(slices.Clone(ps.GetSecretSha256())),
+			holds:      map[string]struct{}{},
+			waits:      map[string]struct{}{},
+			keys:       map[string]struct{}{},
 		}
 		for _, id := range ps.GetCancelled() {
 			s.sessions[ps.GetId()].cancel(id)

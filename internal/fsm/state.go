@@ -211,6 +211,9 @@ type session struct {
 	id    uint64
 	ttl   time.Duration
 	owner string
+	// secretHash is the SHA-256 of the session's secret; nil for a legacy
+	// session, created before sessions had secrets (see AuthorizeSession).
+	secretHash []byte
 	// holds and waits index the locks the session appears in, keys the
 	// KV keys bound to it.
 	holds map[string]struct{}
@@ -344,15 +347,20 @@ func (s *State) createSession(c *fsmpb.CreateSession) Result {
 	if max := c.GetMaxSessions(); max > 0 && uint64(len(s.sessions)) >= max {
 		return Result{Err: fmt.Errorf("%w: the server already has %d sessions, its limit; close unused sessions or raise --max-sessions", fence.ErrLimit, len(s.sessions))}
 	}
+	hash := c.GetSecretSha256()
+	if len(hash) != 0 && len(hash) != SecretHashBytes {
+		return Result{Err: fmt.Errorf("%w: a session secret's hash has %d bytes, not %d", fence.ErrInvalidArgument, len(hash), SecretHashBytes)}
+	}
 	s.lastSessionID++
 	id := s.lastSessionID
 	s.sessions[id] = &session{
-		id:    id,
-		ttl:   time.Duration(c.GetTtlNs()),
-		owner: c.GetOwner(),
-		holds: map[string]struct{}{},
-		waits: map[string]struct{}{},
-		keys:  map[string]struct{}{},
+		id:         id,
+		ttl:        time.Duration(c.GetTtlNs()),
+		owner:      c.GetOwner(),
+		secretHash: nilIfEmpty(hash),
+		holds:      map[string]struct{}{},
+		waits:      map[string]struct{}{},
+		keys:       map[string]struct{}{},
 	}
 	return Result{SessionID: id}
 }
@@ -711,11 +719,15 @@ func union(a, b map[string]struct{}) map[string]struct{} {
 	return u
 }
 
-// SessionInfo describes a session.
+// SessionInfo describes a session. It never carries the session's secret
+// or its hash.
 type SessionInfo struct {
 	ID    uint64
 	TTL   time.Duration
 	Owner string
+	// Legacy is set for a session created before sessions had secrets,
+	// which is acted on by its id alone (see AuthorizeSession).
+	Legacy bool
 }
 
 // HolderInfo describes a holder of a lock.
@@ -771,7 +783,7 @@ func (s *State) Session(id uint64) (SessionInfo, bool) {
 	if !ok {
 		return SessionInfo{}, false
 	}
-	return SessionInfo{ID: sess.id, TTL: sess.ttl, Owner: sess.owner}, true
+	return sess.info(), true
 }
 
 // RequestState says what the acquire request id of session left on lock:
@@ -817,7 +829,7 @@ func (s *State) HeldTokens(id uint64) []uint64 {
 func (s *State) Sessions() []SessionInfo {
 	out := make([]SessionInfo, 0, len(s.sessions))
 	for _, sess := range s.sessions {
-		out = append(out, SessionInfo{ID: sess.id, TTL: sess.ttl, Owner: sess.owner})
+		out = append(out, sess.info())
 	}
 	sort.Slice(out, func(i, j int) bool { return out[i].ID < out[j].ID })
 	return out

@@ -357,7 +357,12 @@ type CreateSession struct {
 	Owner string                 `protobuf:"bytes,2,opt,name=owner,proto3" json:"owner,omitempty"`
 	// The leader's configured session limit, carried in the command so that
 	// every replica enforces the same one. 0 means no limit.
-	MaxSessions   uint64 `protobuf:"varint,3,opt,name=max_sessions,json=maxSessions,proto3" json:"max_sessions,omitempty"`
+	MaxSessions uint64 `protobuf:"varint,3,opt,name=max_sessions,json=maxSessions,proto3" json:"max_sessions,omitempty"`
+	// The SHA-256 of the session's secret, which the leader drew (the state
+	// machine draws nothing) and answered to the creator alone; the secret
+	// itself is never logged. Empty in entries of versions before secrets:
+	// such a session is acted on by its id alone.
+	SecretSha256  []byte `protobuf:"bytes,4,opt,name=secret_sha256,json=secretSha256,proto3" json:"secret_sha256,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -411,6 +416,13 @@ func (x *CreateSession) GetMaxSessions() uint64 {
 		return x.MaxSessions
 	}
 	return 0
+}
+
+func (x *CreateSession) GetSecretSha256() []byte {
+	if x != nil {
+		return x.SecretSha256
+	}
+	return nil
 }
 
 type CloseSession struct {
@@ -1510,7 +1522,9 @@ type Session struct {
 	TtlNs int64                  `protobuf:"varint,2,opt,name=ttl_ns,json=ttlNs,proto3" json:"ttl_ns,omitempty"`
 	Owner string                 `protobuf:"bytes,3,opt,name=owner,proto3" json:"owner,omitempty"`
 	// Request ids the client gave up (CancelAcquire), oldest first.
-	Cancelled     []uint64 `protobuf:"varint,4,rep,packed,name=cancelled,proto3" json:"cancelled,omitempty"`
+	Cancelled []uint64 `protobuf:"varint,4,rep,packed,name=cancelled,proto3" json:"cancelled,omitempty"`
+	// See CreateSession.secret_sha256; empty for a legacy session.
+	SecretSha256  []byte `protobuf:"bytes,5,opt,name=secret_sha256,json=secretSha256,proto3" json:"secret_sha256,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -1569,6 +1583,13 @@ func (x *Session) GetOwner() string {
 func (x *Session) GetCancelled() []uint64 {
 	if x != nil {
 		return x.Cancelled
+	}
+	return nil
+}
+
+func (x *Session) GetSecretSha256() []byte {
+	if x != nil {
+		return x.SecretSha256
 	}
 	return nil
 }
@@ -1899,11 +1920,12 @@ const file_fsmpb_fsm_proto_rawDesc = "" +
 	"\fRegisterNode\x12\x17\n" +
 	"\anode_id\x18\x01 \x01(\tR\x06nodeId\x12\x1f\n" +
 	"\vapi_address\x18\x02 \x01(\tR\n" +
-	"apiAddress\"_\n" +
+	"apiAddress\"\x84\x01\n" +
 	"\rCreateSession\x12\x15\n" +
 	"\x06ttl_ns\x18\x01 \x01(\x03R\x05ttlNs\x12\x14\n" +
 	"\x05owner\x18\x02 \x01(\tR\x05owner\x12!\n" +
-	"\fmax_sessions\x18\x03 \x01(\x04R\vmaxSessions\"-\n" +
+	"\fmax_sessions\x18\x03 \x01(\x04R\vmaxSessions\x12#\n" +
+	"\rsecret_sha256\x18\x04 \x01(\fR\fsecretSha256\"-\n" +
 	"\fCloseSession\x12\x1d\n" +
 	"\n" +
 	"session_id\x18\x01 \x01(\x04R\tsessionId\"1\n" +
@@ -2002,12 +2024,13 @@ const file_fsmpb_fsm_proto_rawDesc = "" +
 	"\adeleted\x18\t \x01(\bR\adeleted\x12\x1d\n" +
 	"\n" +
 	"session_id\x18\n" +
-	" \x01(\x04R\tsessionId\"d\n" +
+	" \x01(\x04R\tsessionId\"\x89\x01\n" +
 	"\aSession\x12\x0e\n" +
 	"\x02id\x18\x01 \x01(\x04R\x02id\x12\x15\n" +
 	"\x06ttl_ns\x18\x02 \x01(\x03R\x05ttlNs\x12\x14\n" +
 	"\x05owner\x18\x03 \x01(\tR\x05owner\x12\x1c\n" +
-	"\tcancelled\x18\x04 \x03(\x04R\tcancelled\"\xe3\x01\n" +
+	"\tcancelled\x18\x04 \x03(\x04R\tcancelled\x12#\n" +
+	"\rsecret_sha256\x18\x05 \x01(\fR\fsecretSha256\"\xe3\x01\n" +
 	"\x04Lock\x12\x12\n" +
 	"\x04name\x18\x01 \x01(\tR\x04name\x12.\n" +
 	"\aholders\x18\x02 \x03(\v2\x14.fence.fsm.v1.HolderR\aholders\x12.\n" +

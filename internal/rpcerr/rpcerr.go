@@ -37,6 +37,8 @@ var table = []struct {
 	{fence.ErrCompacted, connect.CodeFailedPrecondition, fencev1.Reason_REASON_COMPACTED},
 	{fence.ErrCancelled, connect.CodeFailedPrecondition, fencev1.Reason_REASON_CANCELLED},
 	{fence.ErrWrongCluster, connect.CodeFailedPrecondition, fencev1.Reason_REASON_WRONG_CLUSTER},
+	{fence.ErrSessionSecret, connect.CodeUnauthenticated, fencev1.Reason_REASON_SESSION_SECRET},
+	{fence.ErrMembership, connect.CodeFailedPrecondition, fencev1.Reason_REASON_MEMBERSHIP},
 }
 
 // Detail is the extra information an error may carry across the wire.

@@ -164,6 +164,13 @@ const (
 	// The call named a cluster id (header Fence-Cluster-Id) that is not this
 	// node's: the client's endpoints mix two groups.
 	Reason_REASON_WRONG_CLUSTER Reason = 13
+	// A call acting as a session without the session's secret, or with
+	// another (code Unauthenticated).
+	Reason_REASON_SESSION_SECRET Reason = 14
+	// A membership change refused: the node named does not answer at its
+	// raft address (or another node does), it did not catch up, or the
+	// change would leave the group without a quorum of reachable voters.
+	Reason_REASON_MEMBERSHIP Reason = 15
 )
 
 // Enum value maps for Reason.
@@ -183,6 +190,8 @@ var (
 		11: "REASON_CANCELLED",
 		12: "REASON_DISK_FULL",
 		13: "REASON_WRONG_CLUSTER",
+		14: "REASON_SESSION_SECRET",
+		15: "REASON_MEMBERSHIP",
 	}
 	Reason_value = map[string]int32{
 		"REASON_UNSPECIFIED":       0,
@@ -199,6 +208,8 @@ var (
 		"REASON_CANCELLED":         11,
 		"REASON_DISK_FULL":         12,
 		"REASON_WRONG_CLUSTER":     13,
+		"REASON_SESSION_SECRET":    14,
+		"REASON_MEMBERSHIP":        15,
 	}
 )
 
@@ -284,9 +295,15 @@ func (x *CreateSessionRequest) GetOwner() string {
 }
 
 type CreateSessionResponse struct {
-	state         protoimpl.MessageState `protogen:"open.v1"`
-	SessionId     uint64                 `protobuf:"varint,1,opt,name=session_id,json=sessionId,proto3" json:"session_id,omitempty"`
-	Ttl           *durationpb.Duration   `protobuf:"bytes,2,opt,name=ttl,proto3" json:"ttl,omitempty"`
+	state     protoimpl.MessageState `protogen:"open.v1"`
+	SessionId uint64                 `protobuf:"varint,1,opt,name=session_id,json=sessionId,proto3" json:"session_id,omitempty"`
+	Ttl       *durationpb.Duration   `protobuf:"bytes,2,opt,name=ttl,proto3" json:"ttl,omitempty"`
+	// The session's secret: send it back as session_secret with every call
+	// that acts as the session. It is answered only here, once: the service
+	// keeps only its SHA-256 and cannot tell it again, so CreateSession
+	// ignores an Idempotency-Key (a session whose answer was lost holds
+	// nothing, and expires after its TTL).
+	SessionSecret string `protobuf:"bytes,3,opt,name=session_secret,json=sessionSecret,proto3" json:"session_secret,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -335,9 +352,18 @@ func (x *CreateSessionResponse) GetTtl() *durationpb.Duration {
 	return nil
 }
 
+func (x *CreateSessionResponse) GetSessionSecret() string {
+	if x != nil {
+		return x.SessionSecret
+	}
+	return ""
+}
+
 type KeepAliveRequest struct {
-	state         protoimpl.MessageState `protogen:"open.v1"`
-	SessionId     uint64                 `protobuf:"varint,1,opt,name=session_id,json=sessionId,proto3" json:"session_id,omitempty"`
+	state     protoimpl.MessageState `protogen:"open.v1"`
+	SessionId uint64                 `protobuf:"varint,1,opt,name=session_id,json=sessionId,proto3" json:"session_id,omitempty"`
+	// The secret CreateSession answered.
+	SessionSecret string `protobuf:"bytes,2,opt,name=session_secret,json=sessionSecret,proto3" json:"session_secret,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -377,6 +403,13 @@ func (x *KeepAliveRequest) GetSessionId() uint64 {
 		return x.SessionId
 	}
 	return 0
+}
+
+func (x *KeepAliveRequest) GetSessionSecret() string {
+	if x != nil {
+		return x.SessionSecret
+	}
+	return ""
 }
 
 type KeepAliveResponse struct {
@@ -484,8 +517,10 @@ func (x *HeldGrants) GetTokens() []uint64 {
 }
 
 type CloseSessionRequest struct {
-	state         protoimpl.MessageState `protogen:"open.v1"`
-	SessionId     uint64                 `protobuf:"varint,1,opt,name=session_id,json=sessionId,proto3" json:"session_id,omitempty"`
+	state     protoimpl.MessageState `protogen:"open.v1"`
+	SessionId uint64                 `protobuf:"varint,1,opt,name=session_id,json=sessionId,proto3" json:"session_id,omitempty"`
+	// The secret CreateSession answered.
+	SessionSecret string `protobuf:"bytes,2,opt,name=session_secret,json=sessionSecret,proto3" json:"session_secret,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -525,6 +560,13 @@ func (x *CloseSessionRequest) GetSessionId() uint64 {
 		return x.SessionId
 	}
 	return 0
+}
+
+func (x *CloseSessionRequest) GetSessionSecret() string {
+	if x != nil {
+		return x.SessionSecret
+	}
+	return ""
 }
 
 type CloseSessionResponse struct {
@@ -603,6 +645,8 @@ type AcquireRequest struct {
 	// command (a node of a group first confirms that it leads, as for a
 	// linearizable read). Otherwise it is a retry like any other. 0: none.
 	ResumeAttempt uint64 `protobuf:"varint,10,opt,name=resume_attempt,json=resumeAttempt,proto3" json:"resume_attempt,omitempty"`
+	// The secret CreateSession answered for session_id.
+	SessionSecret string `protobuf:"bytes,11,opt,name=session_secret,json=sessionSecret,proto3" json:"session_secret,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -707,6 +751,13 @@ func (x *AcquireRequest) GetResumeAttempt() uint64 {
 	return 0
 }
 
+func (x *AcquireRequest) GetSessionSecret() string {
+	if x != nil {
+		return x.SessionSecret
+	}
+	return ""
+}
+
 type AcquireResponse struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
 	Lock  string                 `protobuf:"bytes,1,opt,name=lock,proto3" json:"lock,omitempty"`
@@ -785,10 +836,12 @@ func (x *AcquireResponse) GetAttempt() uint64 {
 }
 
 type ReleaseRequest struct {
-	state         protoimpl.MessageState `protogen:"open.v1"`
-	SessionId     uint64                 `protobuf:"varint,1,opt,name=session_id,json=sessionId,proto3" json:"session_id,omitempty"`
-	Lock          string                 `protobuf:"bytes,2,opt,name=lock,proto3" json:"lock,omitempty"`
-	Token         uint64                 `protobuf:"varint,3,opt,name=token,proto3" json:"token,omitempty"`
+	state     protoimpl.MessageState `protogen:"open.v1"`
+	SessionId uint64                 `protobuf:"varint,1,opt,name=session_id,json=sessionId,proto3" json:"session_id,omitempty"`
+	Lock      string                 `protobuf:"bytes,2,opt,name=lock,proto3" json:"lock,omitempty"`
+	Token     uint64                 `protobuf:"varint,3,opt,name=token,proto3" json:"token,omitempty"`
+	// The secret CreateSession answered for session_id.
+	SessionSecret string `protobuf:"bytes,4,opt,name=session_secret,json=sessionSecret,proto3" json:"session_secret,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -844,6 +897,13 @@ func (x *ReleaseRequest) GetToken() uint64 {
 	return 0
 }
 
+func (x *ReleaseRequest) GetSessionSecret() string {
+	if x != nil {
+		return x.SessionSecret
+	}
+	return ""
+}
+
 type ReleaseResponse struct {
 	state         protoimpl.MessageState `protogen:"open.v1"`
 	unknownFields protoimpl.UnknownFields
@@ -885,7 +945,9 @@ type CancelAcquireRequest struct {
 	SessionId uint64                 `protobuf:"varint,1,opt,name=session_id,json=sessionId,proto3" json:"session_id,omitempty"`
 	Lock      string                 `protobuf:"bytes,2,opt,name=lock,proto3" json:"lock,omitempty"`
 	// The request_id of the Acquire to give up; not 0.
-	RequestId     uint64 `protobuf:"varint,3,opt,name=request_id,json=requestId,proto3" json:"request_id,omitempty"`
+	RequestId uint64 `protobuf:"varint,3,opt,name=request_id,json=requestId,proto3" json:"request_id,omitempty"`
+	// The secret CreateSession answered for session_id.
+	SessionSecret string `protobuf:"bytes,4,opt,name=session_secret,json=sessionSecret,proto3" json:"session_secret,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -939,6 +1001,13 @@ func (x *CancelAcquireRequest) GetRequestId() uint64 {
 		return x.RequestId
 	}
 	return 0
+}
+
+func (x *CancelAcquireRequest) GetSessionSecret() string {
+	if x != nil {
+		return x.SessionSecret
+	}
+	return ""
 }
 
 type CancelAcquireResponse struct {
@@ -1193,11 +1262,15 @@ func (x *ListLocksRequest) GetPageToken() string {
 }
 
 type Holder struct {
-	state         protoimpl.MessageState `protogen:"open.v1"`
-	SessionId     uint64                 `protobuf:"varint,1,opt,name=session_id,json=sessionId,proto3" json:"session_id,omitempty"`
-	Token         uint64                 `protobuf:"varint,2,opt,name=token,proto3" json:"token,omitempty"`
-	Mode          Mode                   `protobuf:"varint,3,opt,name=mode,proto3,enum=fence.v1.Mode" json:"mode,omitempty"`
-	Owner         string                 `protobuf:"bytes,4,opt,name=owner,proto3" json:"owner,omitempty"`
+	state     protoimpl.MessageState `protogen:"open.v1"`
+	SessionId uint64                 `protobuf:"varint,1,opt,name=session_id,json=sessionId,proto3" json:"session_id,omitempty"`
+	Token     uint64                 `protobuf:"varint,2,opt,name=token,proto3" json:"token,omitempty"`
+	Mode      Mode                   `protobuf:"varint,3,opt,name=mode,proto3,enum=fence.v1.Mode" json:"mode,omitempty"`
+	Owner     string                 `protobuf:"bytes,4,opt,name=owner,proto3" json:"owner,omitempty"`
+	// The session was created before sessions had secrets (it comes from a
+	// data dir of an older version), so calls act as it by its id alone
+	// until it ends.
+	LegacySession bool `protobuf:"varint,5,opt,name=legacy_session,json=legacySession,proto3" json:"legacy_session,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -1260,11 +1333,20 @@ func (x *Holder) GetOwner() string {
 	return ""
 }
 
+func (x *Holder) GetLegacySession() bool {
+	if x != nil {
+		return x.LegacySession
+	}
+	return false
+}
+
 type Waiter struct {
-	state         protoimpl.MessageState `protogen:"open.v1"`
-	SessionId     uint64                 `protobuf:"varint,1,opt,name=session_id,json=sessionId,proto3" json:"session_id,omitempty"`
-	Mode          Mode                   `protobuf:"varint,2,opt,name=mode,proto3,enum=fence.v1.Mode" json:"mode,omitempty"`
-	Owner         string                 `protobuf:"bytes,3,opt,name=owner,proto3" json:"owner,omitempty"`
+	state     protoimpl.MessageState `protogen:"open.v1"`
+	SessionId uint64                 `protobuf:"varint,1,opt,name=session_id,json=sessionId,proto3" json:"session_id,omitempty"`
+	Mode      Mode                   `protobuf:"varint,2,opt,name=mode,proto3,enum=fence.v1.Mode" json:"mode,omitempty"`
+	Owner     string                 `protobuf:"bytes,3,opt,name=owner,proto3" json:"owner,omitempty"`
+	// As Holder.legacy_session.
+	LegacySession bool `protobuf:"varint,4,opt,name=legacy_session,json=legacySession,proto3" json:"legacy_session,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -1318,6 +1400,13 @@ func (x *Waiter) GetOwner() string {
 		return x.Owner
 	}
 	return ""
+}
+
+func (x *Waiter) GetLegacySession() bool {
+	if x != nil {
+		return x.LegacySession
+	}
+	return false
 }
 
 type LockInfo struct {
@@ -1897,94 +1986,6 @@ func (*RemoveMemberResponse) Descriptor() ([]byte, []int) {
 	return file_fence_v1_fence_proto_rawDescGZIP(), []int{26}
 }
 
-type RegisterNodeRequest struct {
-	state         protoimpl.MessageState `protogen:"open.v1"`
-	Id            string                 `protobuf:"bytes,1,opt,name=id,proto3" json:"id,omitempty"`
-	ApiAddress    string                 `protobuf:"bytes,2,opt,name=api_address,json=apiAddress,proto3" json:"api_address,omitempty"`
-	unknownFields protoimpl.UnknownFields
-	sizeCache     protoimpl.SizeCache
-}
-
-func (x *RegisterNodeRequest) Reset() {
-	*x = RegisterNodeRequest{}
-	mi := &file_fence_v1_fence_proto_msgTypes[27]
-	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
-	ms.StoreMessageInfo(mi)
-}
-
-func (x *RegisterNodeRequest) String() string {
-	return protoimpl.X.MessageStringOf(x)
-}
-
-func (*RegisterNodeRequest) ProtoMessage() {}
-
-func (x *RegisterNodeRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_fence_v1_fence_proto_msgTypes[27]
-	if x != nil {
-		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
-		if ms.LoadMessageInfo() == nil {
-			ms.StoreMessageInfo(mi)
-		}
-		return ms
-	}
-	return mi.MessageOf(x)
-}
-
-// Deprecated: Use RegisterNodeRequest.ProtoReflect.Descriptor instead.
-func (*RegisterNodeRequest) Descriptor() ([]byte, []int) {
-	return file_fence_v1_fence_proto_rawDescGZIP(), []int{27}
-}
-
-func (x *RegisterNodeRequest) GetId() string {
-	if x != nil {
-		return x.Id
-	}
-	return ""
-}
-
-func (x *RegisterNodeRequest) GetApiAddress() string {
-	if x != nil {
-		return x.ApiAddress
-	}
-	return ""
-}
-
-type RegisterNodeResponse struct {
-	state         protoimpl.MessageState `protogen:"open.v1"`
-	unknownFields protoimpl.UnknownFields
-	sizeCache     protoimpl.SizeCache
-}
-
-func (x *RegisterNodeResponse) Reset() {
-	*x = RegisterNodeResponse{}
-	mi := &file_fence_v1_fence_proto_msgTypes[28]
-	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
-	ms.StoreMessageInfo(mi)
-}
-
-func (x *RegisterNodeResponse) String() string {
-	return protoimpl.X.MessageStringOf(x)
-}
-
-func (*RegisterNodeResponse) ProtoMessage() {}
-
-func (x *RegisterNodeResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_fence_v1_fence_proto_msgTypes[28]
-	if x != nil {
-		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
-		if ms.LoadMessageInfo() == nil {
-			ms.StoreMessageInfo(mi)
-		}
-		return ms
-	}
-	return mi.MessageOf(x)
-}
-
-// Deprecated: Use RegisterNodeResponse.ProtoReflect.Descriptor instead.
-func (*RegisterNodeResponse) Descriptor() ([]byte, []int) {
-	return file_fence_v1_fence_proto_rawDescGZIP(), []int{28}
-}
-
 type SnapshotRequest struct {
 	state         protoimpl.MessageState `protogen:"open.v1"`
 	unknownFields protoimpl.UnknownFields
@@ -1993,7 +1994,7 @@ type SnapshotRequest struct {
 
 func (x *SnapshotRequest) Reset() {
 	*x = SnapshotRequest{}
-	mi := &file_fence_v1_fence_proto_msgTypes[29]
+	mi := &file_fence_v1_fence_proto_msgTypes[27]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2005,7 +2006,7 @@ func (x *SnapshotRequest) String() string {
 func (*SnapshotRequest) ProtoMessage() {}
 
 func (x *SnapshotRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_fence_v1_fence_proto_msgTypes[29]
+	mi := &file_fence_v1_fence_proto_msgTypes[27]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2018,7 +2019,7 @@ func (x *SnapshotRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use SnapshotRequest.ProtoReflect.Descriptor instead.
 func (*SnapshotRequest) Descriptor() ([]byte, []int) {
-	return file_fence_v1_fence_proto_rawDescGZIP(), []int{29}
+	return file_fence_v1_fence_proto_rawDescGZIP(), []int{27}
 }
 
 type SnapshotResponse struct {
@@ -2033,7 +2034,7 @@ type SnapshotResponse struct {
 
 func (x *SnapshotResponse) Reset() {
 	*x = SnapshotResponse{}
-	mi := &file_fence_v1_fence_proto_msgTypes[30]
+	mi := &file_fence_v1_fence_proto_msgTypes[28]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2045,7 +2046,7 @@ func (x *SnapshotResponse) String() string {
 func (*SnapshotResponse) ProtoMessage() {}
 
 func (x *SnapshotResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_fence_v1_fence_proto_msgTypes[30]
+	mi := &file_fence_v1_fence_proto_msgTypes[28]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2058,7 +2059,7 @@ func (x *SnapshotResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use SnapshotResponse.ProtoReflect.Descriptor instead.
 func (*SnapshotResponse) Descriptor() ([]byte, []int) {
-	return file_fence_v1_fence_proto_rawDescGZIP(), []int{30}
+	return file_fence_v1_fence_proto_rawDescGZIP(), []int{28}
 }
 
 func (x *SnapshotResponse) GetHeader() *SnapshotHeader {
@@ -2097,7 +2098,7 @@ type SnapshotHeader struct {
 
 func (x *SnapshotHeader) Reset() {
 	*x = SnapshotHeader{}
-	mi := &file_fence_v1_fence_proto_msgTypes[31]
+	mi := &file_fence_v1_fence_proto_msgTypes[29]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2109,7 +2110,7 @@ func (x *SnapshotHeader) String() string {
 func (*SnapshotHeader) ProtoMessage() {}
 
 func (x *SnapshotHeader) ProtoReflect() protoreflect.Message {
-	mi := &file_fence_v1_fence_proto_msgTypes[31]
+	mi := &file_fence_v1_fence_proto_msgTypes[29]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2122,7 +2123,7 @@ func (x *SnapshotHeader) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use SnapshotHeader.ProtoReflect.Descriptor instead.
 func (*SnapshotHeader) Descriptor() ([]byte, []int) {
-	return file_fence_v1_fence_proto_rawDescGZIP(), []int{31}
+	return file_fence_v1_fence_proto_rawDescGZIP(), []int{29}
 }
 
 func (x *SnapshotHeader) GetIndex() uint64 {
@@ -2194,7 +2195,7 @@ type Fence struct {
 
 func (x *Fence) Reset() {
 	*x = Fence{}
-	mi := &file_fence_v1_fence_proto_msgTypes[32]
+	mi := &file_fence_v1_fence_proto_msgTypes[30]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2206,7 +2207,7 @@ func (x *Fence) String() string {
 func (*Fence) ProtoMessage() {}
 
 func (x *Fence) ProtoReflect() protoreflect.Message {
-	mi := &file_fence_v1_fence_proto_msgTypes[32]
+	mi := &file_fence_v1_fence_proto_msgTypes[30]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2219,7 +2220,7 @@ func (x *Fence) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Fence.ProtoReflect.Descriptor instead.
 func (*Fence) Descriptor() ([]byte, []int) {
-	return file_fence_v1_fence_proto_rawDescGZIP(), []int{32}
+	return file_fence_v1_fence_proto_rawDescGZIP(), []int{30}
 }
 
 func (x *Fence) GetLock() string {
@@ -2259,14 +2260,16 @@ type PutRequest struct {
 	// expired by the leader) the key is deleted, like a key on an etcd lease
 	// or a ZooKeeper ephemeral node. Each put sets the binding anew; a put
 	// without session_id makes the key outlive every session.
-	SessionId     uint64 `protobuf:"varint,4,opt,name=session_id,json=sessionId,proto3" json:"session_id,omitempty"`
+	SessionId uint64 `protobuf:"varint,4,opt,name=session_id,json=sessionId,proto3" json:"session_id,omitempty"`
+	// With session_id: the secret CreateSession answered for it.
+	SessionSecret string `protobuf:"bytes,5,opt,name=session_secret,json=sessionSecret,proto3" json:"session_secret,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
 
 func (x *PutRequest) Reset() {
 	*x = PutRequest{}
-	mi := &file_fence_v1_fence_proto_msgTypes[33]
+	mi := &file_fence_v1_fence_proto_msgTypes[31]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2278,7 +2281,7 @@ func (x *PutRequest) String() string {
 func (*PutRequest) ProtoMessage() {}
 
 func (x *PutRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_fence_v1_fence_proto_msgTypes[33]
+	mi := &file_fence_v1_fence_proto_msgTypes[31]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2291,7 +2294,7 @@ func (x *PutRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use PutRequest.ProtoReflect.Descriptor instead.
 func (*PutRequest) Descriptor() ([]byte, []int) {
-	return file_fence_v1_fence_proto_rawDescGZIP(), []int{33}
+	return file_fence_v1_fence_proto_rawDescGZIP(), []int{31}
 }
 
 func (x *PutRequest) GetKey() string {
@@ -2322,6 +2325,13 @@ func (x *PutRequest) GetSessionId() uint64 {
 	return 0
 }
 
+func (x *PutRequest) GetSessionSecret() string {
+	if x != nil {
+		return x.SessionSecret
+	}
+	return ""
+}
+
 type PutResponse struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
 	// The store's revision after the write: the key's new mod_revision.
@@ -2332,7 +2342,7 @@ type PutResponse struct {
 
 func (x *PutResponse) Reset() {
 	*x = PutResponse{}
-	mi := &file_fence_v1_fence_proto_msgTypes[34]
+	mi := &file_fence_v1_fence_proto_msgTypes[32]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2344,7 +2354,7 @@ func (x *PutResponse) String() string {
 func (*PutResponse) ProtoMessage() {}
 
 func (x *PutResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_fence_v1_fence_proto_msgTypes[34]
+	mi := &file_fence_v1_fence_proto_msgTypes[32]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2357,7 +2367,7 @@ func (x *PutResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use PutResponse.ProtoReflect.Descriptor instead.
 func (*PutResponse) Descriptor() ([]byte, []int) {
-	return file_fence_v1_fence_proto_rawDescGZIP(), []int{34}
+	return file_fence_v1_fence_proto_rawDescGZIP(), []int{32}
 }
 
 func (x *PutResponse) GetRevision() uint64 {
@@ -2387,7 +2397,7 @@ type KeyValue struct {
 
 func (x *KeyValue) Reset() {
 	*x = KeyValue{}
-	mi := &file_fence_v1_fence_proto_msgTypes[35]
+	mi := &file_fence_v1_fence_proto_msgTypes[33]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2399,7 +2409,7 @@ func (x *KeyValue) String() string {
 func (*KeyValue) ProtoMessage() {}
 
 func (x *KeyValue) ProtoReflect() protoreflect.Message {
-	mi := &file_fence_v1_fence_proto_msgTypes[35]
+	mi := &file_fence_v1_fence_proto_msgTypes[33]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2412,7 +2422,7 @@ func (x *KeyValue) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use KeyValue.ProtoReflect.Descriptor instead.
 func (*KeyValue) Descriptor() ([]byte, []int) {
-	return file_fence_v1_fence_proto_rawDescGZIP(), []int{35}
+	return file_fence_v1_fence_proto_rawDescGZIP(), []int{33}
 }
 
 func (x *KeyValue) GetKey() string {
@@ -2488,7 +2498,7 @@ type GetRequest struct {
 
 func (x *GetRequest) Reset() {
 	*x = GetRequest{}
-	mi := &file_fence_v1_fence_proto_msgTypes[36]
+	mi := &file_fence_v1_fence_proto_msgTypes[34]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2500,7 +2510,7 @@ func (x *GetRequest) String() string {
 func (*GetRequest) ProtoMessage() {}
 
 func (x *GetRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_fence_v1_fence_proto_msgTypes[36]
+	mi := &file_fence_v1_fence_proto_msgTypes[34]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2513,7 +2523,7 @@ func (x *GetRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GetRequest.ProtoReflect.Descriptor instead.
 func (*GetRequest) Descriptor() ([]byte, []int) {
-	return file_fence_v1_fence_proto_rawDescGZIP(), []int{36}
+	return file_fence_v1_fence_proto_rawDescGZIP(), []int{34}
 }
 
 func (x *GetRequest) GetKey() string {
@@ -2542,7 +2552,7 @@ type GetResponse struct {
 
 func (x *GetResponse) Reset() {
 	*x = GetResponse{}
-	mi := &file_fence_v1_fence_proto_msgTypes[37]
+	mi := &file_fence_v1_fence_proto_msgTypes[35]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2554,7 +2564,7 @@ func (x *GetResponse) String() string {
 func (*GetResponse) ProtoMessage() {}
 
 func (x *GetResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_fence_v1_fence_proto_msgTypes[37]
+	mi := &file_fence_v1_fence_proto_msgTypes[35]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2567,7 +2577,7 @@ func (x *GetResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GetResponse.ProtoReflect.Descriptor instead.
 func (*GetResponse) Descriptor() ([]byte, []int) {
-	return file_fence_v1_fence_proto_rawDescGZIP(), []int{37}
+	return file_fence_v1_fence_proto_rawDescGZIP(), []int{35}
 }
 
 func (x *GetResponse) GetFound() bool {
@@ -2601,7 +2611,7 @@ type DeleteRequest struct {
 
 func (x *DeleteRequest) Reset() {
 	*x = DeleteRequest{}
-	mi := &file_fence_v1_fence_proto_msgTypes[38]
+	mi := &file_fence_v1_fence_proto_msgTypes[36]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2613,7 +2623,7 @@ func (x *DeleteRequest) String() string {
 func (*DeleteRequest) ProtoMessage() {}
 
 func (x *DeleteRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_fence_v1_fence_proto_msgTypes[38]
+	mi := &file_fence_v1_fence_proto_msgTypes[36]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2626,7 +2636,7 @@ func (x *DeleteRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use DeleteRequest.ProtoReflect.Descriptor instead.
 func (*DeleteRequest) Descriptor() ([]byte, []int) {
-	return file_fence_v1_fence_proto_rawDescGZIP(), []int{38}
+	return file_fence_v1_fence_proto_rawDescGZIP(), []int{36}
 }
 
 func (x *DeleteRequest) GetKey() string {
@@ -2653,7 +2663,7 @@ type DeleteResponse struct {
 
 func (x *DeleteResponse) Reset() {
 	*x = DeleteResponse{}
-	mi := &file_fence_v1_fence_proto_msgTypes[39]
+	mi := &file_fence_v1_fence_proto_msgTypes[37]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2665,7 +2675,7 @@ func (x *DeleteResponse) String() string {
 func (*DeleteResponse) ProtoMessage() {}
 
 func (x *DeleteResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_fence_v1_fence_proto_msgTypes[39]
+	mi := &file_fence_v1_fence_proto_msgTypes[37]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2678,7 +2688,7 @@ func (x *DeleteResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use DeleteResponse.ProtoReflect.Descriptor instead.
 func (*DeleteResponse) Descriptor() ([]byte, []int) {
-	return file_fence_v1_fence_proto_rawDescGZIP(), []int{39}
+	return file_fence_v1_fence_proto_rawDescGZIP(), []int{37}
 }
 
 func (x *DeleteResponse) GetDeleted() bool {
@@ -2707,7 +2717,7 @@ type ListRequest struct {
 
 func (x *ListRequest) Reset() {
 	*x = ListRequest{}
-	mi := &file_fence_v1_fence_proto_msgTypes[40]
+	mi := &file_fence_v1_fence_proto_msgTypes[38]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2719,7 +2729,7 @@ func (x *ListRequest) String() string {
 func (*ListRequest) ProtoMessage() {}
 
 func (x *ListRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_fence_v1_fence_proto_msgTypes[40]
+	mi := &file_fence_v1_fence_proto_msgTypes[38]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2732,7 +2742,7 @@ func (x *ListRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListRequest.ProtoReflect.Descriptor instead.
 func (*ListRequest) Descriptor() ([]byte, []int) {
-	return file_fence_v1_fence_proto_rawDescGZIP(), []int{40}
+	return file_fence_v1_fence_proto_rawDescGZIP(), []int{38}
 }
 
 func (x *ListRequest) GetPrefix() string {
@@ -2768,7 +2778,7 @@ type ListResponse struct {
 
 func (x *ListResponse) Reset() {
 	*x = ListResponse{}
-	mi := &file_fence_v1_fence_proto_msgTypes[41]
+	mi := &file_fence_v1_fence_proto_msgTypes[39]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2780,7 +2790,7 @@ func (x *ListResponse) String() string {
 func (*ListResponse) ProtoMessage() {}
 
 func (x *ListResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_fence_v1_fence_proto_msgTypes[41]
+	mi := &file_fence_v1_fence_proto_msgTypes[39]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2793,7 +2803,7 @@ func (x *ListResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListResponse.ProtoReflect.Descriptor instead.
 func (*ListResponse) Descriptor() ([]byte, []int) {
-	return file_fence_v1_fence_proto_rawDescGZIP(), []int{41}
+	return file_fence_v1_fence_proto_rawDescGZIP(), []int{39}
 }
 
 func (x *ListResponse) GetKvs() []*KeyValue {
@@ -2837,7 +2847,7 @@ type WatchRequest struct {
 
 func (x *WatchRequest) Reset() {
 	*x = WatchRequest{}
-	mi := &file_fence_v1_fence_proto_msgTypes[42]
+	mi := &file_fence_v1_fence_proto_msgTypes[40]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2849,7 +2859,7 @@ func (x *WatchRequest) String() string {
 func (*WatchRequest) ProtoMessage() {}
 
 func (x *WatchRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_fence_v1_fence_proto_msgTypes[42]
+	mi := &file_fence_v1_fence_proto_msgTypes[40]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2862,7 +2872,7 @@ func (x *WatchRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use WatchRequest.ProtoReflect.Descriptor instead.
 func (*WatchRequest) Descriptor() ([]byte, []int) {
-	return file_fence_v1_fence_proto_rawDescGZIP(), []int{42}
+	return file_fence_v1_fence_proto_rawDescGZIP(), []int{40}
 }
 
 func (x *WatchRequest) GetPrefix() string {
@@ -2897,7 +2907,7 @@ type Event struct {
 
 func (x *Event) Reset() {
 	*x = Event{}
-	mi := &file_fence_v1_fence_proto_msgTypes[43]
+	mi := &file_fence_v1_fence_proto_msgTypes[41]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2909,7 +2919,7 @@ func (x *Event) String() string {
 func (*Event) ProtoMessage() {}
 
 func (x *Event) ProtoReflect() protoreflect.Message {
-	mi := &file_fence_v1_fence_proto_msgTypes[43]
+	mi := &file_fence_v1_fence_proto_msgTypes[41]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2922,7 +2932,7 @@ func (x *Event) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Event.ProtoReflect.Descriptor instead.
 func (*Event) Descriptor() ([]byte, []int) {
-	return file_fence_v1_fence_proto_rawDescGZIP(), []int{43}
+	return file_fence_v1_fence_proto_rawDescGZIP(), []int{41}
 }
 
 func (x *Event) GetType() EventType {
@@ -2954,7 +2964,7 @@ type WatchResponse struct {
 
 func (x *WatchResponse) Reset() {
 	*x = WatchResponse{}
-	mi := &file_fence_v1_fence_proto_msgTypes[44]
+	mi := &file_fence_v1_fence_proto_msgTypes[42]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2966,7 +2976,7 @@ func (x *WatchResponse) String() string {
 func (*WatchResponse) ProtoMessage() {}
 
 func (x *WatchResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_fence_v1_fence_proto_msgTypes[44]
+	mi := &file_fence_v1_fence_proto_msgTypes[42]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2979,7 +2989,7 @@ func (x *WatchResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use WatchResponse.ProtoReflect.Descriptor instead.
 func (*WatchResponse) Descriptor() ([]byte, []int) {
-	return file_fence_v1_fence_proto_rawDescGZIP(), []int{44}
+	return file_fence_v1_fence_proto_rawDescGZIP(), []int{42}
 }
 
 func (x *WatchResponse) GetEvents() []*Event {
@@ -3020,7 +3030,7 @@ type ErrorDetail struct {
 
 func (x *ErrorDetail) Reset() {
 	*x = ErrorDetail{}
-	mi := &file_fence_v1_fence_proto_msgTypes[45]
+	mi := &file_fence_v1_fence_proto_msgTypes[43]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3032,7 +3042,7 @@ func (x *ErrorDetail) String() string {
 func (*ErrorDetail) ProtoMessage() {}
 
 func (x *ErrorDetail) ProtoReflect() protoreflect.Message {
-	mi := &file_fence_v1_fence_proto_msgTypes[45]
+	mi := &file_fence_v1_fence_proto_msgTypes[43]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3045,7 +3055,7 @@ func (x *ErrorDetail) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ErrorDetail.ProtoReflect.Descriptor instead.
 func (*ErrorDetail) Descriptor() ([]byte, []int) {
-	return file_fence_v1_fence_proto_rawDescGZIP(), []int{45}
+	return file_fence_v1_fence_proto_rawDescGZIP(), []int{43}
 }
 
 func (x *ErrorDetail) GetReason() Reason {
@@ -3097,24 +3107,27 @@ const file_fence_v1_fence_proto_rawDesc = "" +
 	"\x14fence/v1/fence.proto\x12\bfence.v1\x1a\x1egoogle/protobuf/duration.proto\"Y\n" +
 	"\x14CreateSessionRequest\x12+\n" +
 	"\x03ttl\x18\x01 \x01(\v2\x19.google.protobuf.DurationR\x03ttl\x12\x14\n" +
-	"\x05owner\x18\x02 \x01(\tR\x05owner\"c\n" +
+	"\x05owner\x18\x02 \x01(\tR\x05owner\"\x8a\x01\n" +
 	"\x15CreateSessionResponse\x12\x1d\n" +
 	"\n" +
 	"session_id\x18\x01 \x01(\x04R\tsessionId\x12+\n" +
-	"\x03ttl\x18\x02 \x01(\v2\x19.google.protobuf.DurationR\x03ttl\"1\n" +
+	"\x03ttl\x18\x02 \x01(\v2\x19.google.protobuf.DurationR\x03ttl\x12%\n" +
+	"\x0esession_secret\x18\x03 \x01(\tR\rsessionSecret\"X\n" +
 	"\x10KeepAliveRequest\x12\x1d\n" +
 	"\n" +
-	"session_id\x18\x01 \x01(\x04R\tsessionId\"j\n" +
+	"session_id\x18\x01 \x01(\x04R\tsessionId\x12%\n" +
+	"\x0esession_secret\x18\x02 \x01(\tR\rsessionSecret\"j\n" +
 	"\x11KeepAliveResponse\x12+\n" +
 	"\x03ttl\x18\x01 \x01(\v2\x19.google.protobuf.DurationR\x03ttl\x12(\n" +
 	"\x04held\x18\x02 \x01(\v2\x14.fence.v1.HeldGrantsR\x04held\"$\n" +
 	"\n" +
 	"HeldGrants\x12\x16\n" +
-	"\x06tokens\x18\x01 \x03(\x04R\x06tokens\"4\n" +
+	"\x06tokens\x18\x01 \x03(\x04R\x06tokens\"[\n" +
 	"\x13CloseSessionRequest\x12\x1d\n" +
 	"\n" +
-	"session_id\x18\x01 \x01(\x04R\tsessionId\"\x16\n" +
-	"\x14CloseSessionResponse\"\x80\x03\n" +
+	"session_id\x18\x01 \x01(\x04R\tsessionId\x12%\n" +
+	"\x0esession_secret\x18\x02 \x01(\tR\rsessionSecret\"\x16\n" +
+	"\x14CloseSessionResponse\"\xa7\x03\n" +
 	"\x0eAcquireRequest\x12\x1d\n" +
 	"\n" +
 	"session_id\x18\x01 \x01(\x04R\tsessionId\x12\x12\n" +
@@ -3129,25 +3142,28 @@ const file_fence_v1_fence_proto_rawDesc = "" +
 	"request_id\x18\b \x01(\x04R\trequestId\x12-\n" +
 	"\x04poll\x18\t \x01(\v2\x19.google.protobuf.DurationR\x04poll\x12%\n" +
 	"\x0eresume_attempt\x18\n" +
-	" \x01(\x04R\rresumeAttempt\"\x93\x01\n" +
+	" \x01(\x04R\rresumeAttempt\x12%\n" +
+	"\x0esession_secret\x18\v \x01(\tR\rsessionSecret\"\x93\x01\n" +
 	"\x0fAcquireResponse\x12\x12\n" +
 	"\x04lock\x18\x01 \x01(\tR\x04lock\x12\x14\n" +
 	"\x05token\x18\x02 \x01(\x04R\x05token\x12\"\n" +
 	"\x04mode\x18\x03 \x01(\x0e2\x0e.fence.v1.ModeR\x04mode\x12\x18\n" +
 	"\awaiting\x18\x04 \x01(\bR\awaiting\x12\x18\n" +
-	"\aattempt\x18\x05 \x01(\x04R\aattempt\"Y\n" +
+	"\aattempt\x18\x05 \x01(\x04R\aattempt\"\x80\x01\n" +
 	"\x0eReleaseRequest\x12\x1d\n" +
 	"\n" +
 	"session_id\x18\x01 \x01(\x04R\tsessionId\x12\x12\n" +
 	"\x04lock\x18\x02 \x01(\tR\x04lock\x12\x14\n" +
-	"\x05token\x18\x03 \x01(\x04R\x05token\"\x11\n" +
-	"\x0fReleaseResponse\"h\n" +
+	"\x05token\x18\x03 \x01(\x04R\x05token\x12%\n" +
+	"\x0esession_secret\x18\x04 \x01(\tR\rsessionSecret\"\x11\n" +
+	"\x0fReleaseResponse\"\x8f\x01\n" +
 	"\x14CancelAcquireRequest\x12\x1d\n" +
 	"\n" +
 	"session_id\x18\x01 \x01(\x04R\tsessionId\x12\x12\n" +
 	"\x04lock\x18\x02 \x01(\tR\x04lock\x12\x1d\n" +
 	"\n" +
-	"request_id\x18\x03 \x01(\x04R\trequestId\"O\n" +
+	"request_id\x18\x03 \x01(\x04R\trequestId\x12%\n" +
+	"\x0esession_secret\x18\x04 \x01(\tR\rsessionSecret\"O\n" +
 	"\x15CancelAcquireResponse\x12\x1a\n" +
 	"\breleased\x18\x01 \x01(\bR\breleased\x12\x1a\n" +
 	"\bdequeued\x18\x02 \x01(\bR\bdequeued\"N\n" +
@@ -3164,18 +3180,20 @@ const file_fence_v1_fence_proto_rawDesc = "" +
 	"\x05stale\x18\x02 \x01(\bR\x05stale\x12\x1b\n" +
 	"\tpage_size\x18\x03 \x01(\rR\bpageSize\x12\x1d\n" +
 	"\n" +
-	"page_token\x18\x04 \x01(\tR\tpageToken\"w\n" +
+	"page_token\x18\x04 \x01(\tR\tpageToken\"\x9e\x01\n" +
 	"\x06Holder\x12\x1d\n" +
 	"\n" +
 	"session_id\x18\x01 \x01(\x04R\tsessionId\x12\x14\n" +
 	"\x05token\x18\x02 \x01(\x04R\x05token\x12\"\n" +
 	"\x04mode\x18\x03 \x01(\x0e2\x0e.fence.v1.ModeR\x04mode\x12\x14\n" +
-	"\x05owner\x18\x04 \x01(\tR\x05owner\"a\n" +
+	"\x05owner\x18\x04 \x01(\tR\x05owner\x12%\n" +
+	"\x0elegacy_session\x18\x05 \x01(\bR\rlegacySession\"\x88\x01\n" +
 	"\x06Waiter\x12\x1d\n" +
 	"\n" +
 	"session_id\x18\x01 \x01(\x04R\tsessionId\x12\"\n" +
 	"\x04mode\x18\x02 \x01(\x0e2\x0e.fence.v1.ModeR\x04mode\x12\x14\n" +
-	"\x05owner\x18\x03 \x01(\tR\x05owner\"\xaa\x01\n" +
+	"\x05owner\x18\x03 \x01(\tR\x05owner\x12%\n" +
+	"\x0elegacy_session\x18\x04 \x01(\bR\rlegacySession\"\xaa\x01\n" +
 	"\bLockInfo\x12\x12\n" +
 	"\x04name\x18\x01 \x01(\tR\x04name\x12*\n" +
 	"\aholders\x18\x02 \x03(\v2\x10.fence.v1.HolderR\aholders\x12*\n" +
@@ -3219,12 +3237,7 @@ const file_fence_v1_fence_proto_rawDesc = "" +
 	"\x11AddMemberResponse\"%\n" +
 	"\x13RemoveMemberRequest\x12\x0e\n" +
 	"\x02id\x18\x01 \x01(\tR\x02id\"\x16\n" +
-	"\x14RemoveMemberResponse\"F\n" +
-	"\x13RegisterNodeRequest\x12\x0e\n" +
-	"\x02id\x18\x01 \x01(\tR\x02id\x12\x1f\n" +
-	"\vapi_address\x18\x02 \x01(\tR\n" +
-	"apiAddress\"\x16\n" +
-	"\x14RegisterNodeResponse\"\x11\n" +
+	"\x14RemoveMemberResponse\"\x11\n" +
 	"\x0fSnapshotRequest\"Z\n" +
 	"\x10SnapshotResponse\x120\n" +
 	"\x06header\x18\x01 \x01(\v2\x18.fence.v1.SnapshotHeaderR\x06header\x12\x14\n" +
@@ -3243,14 +3256,15 @@ const file_fence_v1_fence_proto_rawDesc = "" +
 	"\x05token\x18\x02 \x01(\x04R\x05token\x12\x16\n" +
 	"\x06strict\x18\x03 \x01(\bR\x06strict\x12,\n" +
 	"\x0fexpect_revision\x18\x04 \x01(\x04H\x00R\x0eexpectRevision\x88\x01\x01B\x12\n" +
-	"\x10_expect_revision\"z\n" +
+	"\x10_expect_revision\"\xa1\x01\n" +
 	"\n" +
 	"PutRequest\x12\x10\n" +
 	"\x03key\x18\x01 \x01(\tR\x03key\x12\x14\n" +
 	"\x05value\x18\x02 \x01(\fR\x05value\x12%\n" +
 	"\x05fence\x18\x03 \x01(\v2\x0f.fence.v1.FenceR\x05fence\x12\x1d\n" +
 	"\n" +
-	"session_id\x18\x04 \x01(\x04R\tsessionId\")\n" +
+	"session_id\x18\x04 \x01(\x04R\tsessionId\x12%\n" +
+	"\x0esession_secret\x18\x05 \x01(\tR\rsessionSecret\")\n" +
 	"\vPutResponse\x12\x1a\n" +
 	"\brevision\x18\x01 \x01(\x04R\brevision\"\x86\x02\n" +
 	"\bKeyValue\x12\x10\n" +
@@ -3313,7 +3327,7 @@ const file_fence_v1_fence_proto_rawDesc = "" +
 	"\tEventType\x12\x1a\n" +
 	"\x16EVENT_TYPE_UNSPECIFIED\x10\x00\x12\x12\n" +
 	"\x0eEVENT_TYPE_PUT\x10\x01\x12\x15\n" +
-	"\x11EVENT_TYPE_DELETE\x10\x02*\xd9\x02\n" +
+	"\x11EVENT_TYPE_DELETE\x10\x02*\x8b\x03\n" +
 	"\x06Reason\x12\x16\n" +
 	"\x12REASON_UNSPECIFIED\x10\x00\x12\x1b\n" +
 	"\x17REASON_INVALID_ARGUMENT\x10\x01\x12\x1c\n" +
@@ -3329,7 +3343,9 @@ const file_fence_v1_fence_proto_rawDesc = "" +
 	"\x12\x14\n" +
 	"\x10REASON_CANCELLED\x10\v\x12\x14\n" +
 	"\x10REASON_DISK_FULL\x10\f\x12\x18\n" +
-	"\x14REASON_WRONG_CLUSTER\x10\r2\xfd\x01\n" +
+	"\x14REASON_WRONG_CLUSTER\x10\r\x12\x19\n" +
+	"\x15REASON_SESSION_SECRET\x10\x0e\x12\x15\n" +
+	"\x11REASON_MEMBERSHIP\x10\x0f2\xfd\x01\n" +
 	"\x0eSessionService\x12R\n" +
 	"\rCreateSession\x12\x1e.fence.v1.CreateSessionRequest\x1a\x1f.fence.v1.CreateSessionResponse\"\x00\x12F\n" +
 	"\tKeepAlive\x12\x1a.fence.v1.KeepAliveRequest\x1a\x1b.fence.v1.KeepAliveResponse\"\x00\x12O\n" +
@@ -3345,12 +3361,11 @@ const file_fence_v1_fence_proto_rawDesc = "" +
 	"\x03Get\x12\x14.fence.v1.GetRequest\x1a\x15.fence.v1.GetResponse\"\x00\x12=\n" +
 	"\x06Delete\x12\x17.fence.v1.DeleteRequest\x1a\x18.fence.v1.DeleteResponse\"\x00\x127\n" +
 	"\x04List\x12\x15.fence.v1.ListRequest\x1a\x16.fence.v1.ListResponse\"\x00\x12<\n" +
-	"\x05Watch\x12\x16.fence.v1.WatchRequest\x1a\x17.fence.v1.WatchResponse\"\x000\x012\x80\x03\n" +
+	"\x05Watch\x12\x16.fence.v1.WatchRequest\x1a\x17.fence.v1.WatchResponse\"\x000\x012\xaf\x02\n" +
 	"\x0eClusterService\x12=\n" +
 	"\x06Status\x12\x17.fence.v1.StatusRequest\x1a\x18.fence.v1.StatusResponse\"\x00\x12F\n" +
 	"\tAddMember\x12\x1a.fence.v1.AddMemberRequest\x1a\x1b.fence.v1.AddMemberResponse\"\x00\x12O\n" +
-	"\fRemoveMember\x12\x1d.fence.v1.RemoveMemberRequest\x1a\x1e.fence.v1.RemoveMemberResponse\"\x00\x12O\n" +
-	"\fRegisterNode\x12\x1d.fence.v1.RegisterNodeRequest\x1a\x1e.fence.v1.RegisterNodeResponse\"\x00\x12E\n" +
+	"\fRemoveMember\x12\x1d.fence.v1.RemoveMemberRequest\x1a\x1e.fence.v1.RemoveMemberResponse\"\x00\x12E\n" +
 	"\bSnapshot\x12\x19.fence.v1.SnapshotRequest\x1a\x1a.fence.v1.SnapshotResponse\"\x000\x01B1Z/github.com/fencelock/fence/api/fence/v1;fencev1b\x06proto3"
 
 var (
@@ -3366,7 +3381,7 @@ func file_fence_v1_fence_proto_rawDescGZIP() []byte {
 }
 
 var file_fence_v1_fence_proto_enumTypes = make([]protoimpl.EnumInfo, 3)
-var file_fence_v1_fence_proto_msgTypes = make([]protoimpl.MessageInfo, 46)
+var file_fence_v1_fence_proto_msgTypes = make([]protoimpl.MessageInfo, 44)
 var file_fence_v1_fence_proto_goTypes = []any{
 	(Mode)(0),                     // 0: fence.v1.Mode
 	(EventType)(0),                // 1: fence.v1.EventType
@@ -3398,36 +3413,34 @@ var file_fence_v1_fence_proto_goTypes = []any{
 	(*AddMemberResponse)(nil),     // 27: fence.v1.AddMemberResponse
 	(*RemoveMemberRequest)(nil),   // 28: fence.v1.RemoveMemberRequest
 	(*RemoveMemberResponse)(nil),  // 29: fence.v1.RemoveMemberResponse
-	(*RegisterNodeRequest)(nil),   // 30: fence.v1.RegisterNodeRequest
-	(*RegisterNodeResponse)(nil),  // 31: fence.v1.RegisterNodeResponse
-	(*SnapshotRequest)(nil),       // 32: fence.v1.SnapshotRequest
-	(*SnapshotResponse)(nil),      // 33: fence.v1.SnapshotResponse
-	(*SnapshotHeader)(nil),        // 34: fence.v1.SnapshotHeader
-	(*Fence)(nil),                 // 35: fence.v1.Fence
-	(*PutRequest)(nil),            // 36: fence.v1.PutRequest
-	(*PutResponse)(nil),           // 37: fence.v1.PutResponse
-	(*KeyValue)(nil),              // 38: fence.v1.KeyValue
-	(*GetRequest)(nil),            // 39: fence.v1.GetRequest
-	(*GetResponse)(nil),           // 40: fence.v1.GetResponse
-	(*DeleteRequest)(nil),         // 41: fence.v1.DeleteRequest
-	(*DeleteResponse)(nil),        // 42: fence.v1.DeleteResponse
-	(*ListRequest)(nil),           // 43: fence.v1.ListRequest
-	(*ListResponse)(nil),          // 44: fence.v1.ListResponse
-	(*WatchRequest)(nil),          // 45: fence.v1.WatchRequest
-	(*Event)(nil),                 // 46: fence.v1.Event
-	(*WatchResponse)(nil),         // 47: fence.v1.WatchResponse
-	(*ErrorDetail)(nil),           // 48: fence.v1.ErrorDetail
-	(*durationpb.Duration)(nil),   // 49: google.protobuf.Duration
+	(*SnapshotRequest)(nil),       // 30: fence.v1.SnapshotRequest
+	(*SnapshotResponse)(nil),      // 31: fence.v1.SnapshotResponse
+	(*SnapshotHeader)(nil),        // 32: fence.v1.SnapshotHeader
+	(*Fence)(nil),                 // 33: fence.v1.Fence
+	(*PutRequest)(nil),            // 34: fence.v1.PutRequest
+	(*PutResponse)(nil),           // 35: fence.v1.PutResponse
+	(*KeyValue)(nil),              // 36: fence.v1.KeyValue
+	(*GetRequest)(nil),            // 37: fence.v1.GetRequest
+	(*GetResponse)(nil),           // 38: fence.v1.GetResponse
+	(*DeleteRequest)(nil),         // 39: fence.v1.DeleteRequest
+	(*DeleteResponse)(nil),        // 40: fence.v1.DeleteResponse
+	(*ListRequest)(nil),           // 41: fence.v1.ListRequest
+	(*ListResponse)(nil),          // 42: fence.v1.ListResponse
+	(*WatchRequest)(nil),          // 43: fence.v1.WatchRequest
+	(*Event)(nil),                 // 44: fence.v1.Event
+	(*WatchResponse)(nil),         // 45: fence.v1.WatchResponse
+	(*ErrorDetail)(nil),           // 46: fence.v1.ErrorDetail
+	(*durationpb.Duration)(nil),   // 47: google.protobuf.Duration
 }
 var file_fence_v1_fence_proto_depIdxs = []int32{
-	49, // 0: fence.v1.CreateSessionRequest.ttl:type_name -> google.protobuf.Duration
-	49, // 1: fence.v1.CreateSessionResponse.ttl:type_name -> google.protobuf.Duration
-	49, // 2: fence.v1.KeepAliveResponse.ttl:type_name -> google.protobuf.Duration
+	47, // 0: fence.v1.CreateSessionRequest.ttl:type_name -> google.protobuf.Duration
+	47, // 1: fence.v1.CreateSessionResponse.ttl:type_name -> google.protobuf.Duration
+	47, // 2: fence.v1.KeepAliveResponse.ttl:type_name -> google.protobuf.Duration
 	7,  // 3: fence.v1.KeepAliveResponse.held:type_name -> fence.v1.HeldGrants
 	0,  // 4: fence.v1.AcquireRequest.mode:type_name -> fence.v1.Mode
-	49, // 5: fence.v1.AcquireRequest.wait_timeout:type_name -> google.protobuf.Duration
-	49, // 6: fence.v1.AcquireRequest.lock_delay:type_name -> google.protobuf.Duration
-	49, // 7: fence.v1.AcquireRequest.poll:type_name -> google.protobuf.Duration
+	47, // 5: fence.v1.AcquireRequest.wait_timeout:type_name -> google.protobuf.Duration
+	47, // 6: fence.v1.AcquireRequest.lock_delay:type_name -> google.protobuf.Duration
+	47, // 7: fence.v1.AcquireRequest.poll:type_name -> google.protobuf.Duration
 	0,  // 8: fence.v1.AcquireResponse.mode:type_name -> fence.v1.Mode
 	0,  // 9: fence.v1.Holder.mode:type_name -> fence.v1.Mode
 	0,  // 10: fence.v1.Waiter.mode:type_name -> fence.v1.Mode
@@ -3435,15 +3448,15 @@ var file_fence_v1_fence_proto_depIdxs = []int32{
 	20, // 12: fence.v1.LockInfo.waiters:type_name -> fence.v1.Waiter
 	21, // 13: fence.v1.ListLocksResponse.locks:type_name -> fence.v1.LockInfo
 	25, // 14: fence.v1.StatusResponse.members:type_name -> fence.v1.Member
-	34, // 15: fence.v1.SnapshotResponse.header:type_name -> fence.v1.SnapshotHeader
-	35, // 16: fence.v1.PutRequest.fence:type_name -> fence.v1.Fence
-	38, // 17: fence.v1.GetResponse.kv:type_name -> fence.v1.KeyValue
-	35, // 18: fence.v1.DeleteRequest.fence:type_name -> fence.v1.Fence
-	38, // 19: fence.v1.ListResponse.kvs:type_name -> fence.v1.KeyValue
-	49, // 20: fence.v1.WatchRequest.progress_interval:type_name -> google.protobuf.Duration
+	32, // 15: fence.v1.SnapshotResponse.header:type_name -> fence.v1.SnapshotHeader
+	33, // 16: fence.v1.PutRequest.fence:type_name -> fence.v1.Fence
+	36, // 17: fence.v1.GetResponse.kv:type_name -> fence.v1.KeyValue
+	33, // 18: fence.v1.DeleteRequest.fence:type_name -> fence.v1.Fence
+	36, // 19: fence.v1.ListResponse.kvs:type_name -> fence.v1.KeyValue
+	47, // 20: fence.v1.WatchRequest.progress_interval:type_name -> google.protobuf.Duration
 	1,  // 21: fence.v1.Event.type:type_name -> fence.v1.EventType
-	38, // 22: fence.v1.Event.kv:type_name -> fence.v1.KeyValue
-	46, // 23: fence.v1.WatchResponse.events:type_name -> fence.v1.Event
+	36, // 22: fence.v1.Event.kv:type_name -> fence.v1.KeyValue
+	44, // 23: fence.v1.WatchResponse.events:type_name -> fence.v1.Event
 	2,  // 24: fence.v1.ErrorDetail.reason:type_name -> fence.v1.Reason
 	3,  // 25: fence.v1.SessionService.CreateSession:input_type -> fence.v1.CreateSessionRequest
 	5,  // 26: fence.v1.SessionService.KeepAlive:input_type -> fence.v1.KeepAliveRequest
@@ -3453,36 +3466,34 @@ var file_fence_v1_fence_proto_depIdxs = []int32{
 	14, // 30: fence.v1.LockService.CancelAcquire:input_type -> fence.v1.CancelAcquireRequest
 	16, // 31: fence.v1.LockService.Check:input_type -> fence.v1.CheckRequest
 	18, // 32: fence.v1.LockService.ListLocks:input_type -> fence.v1.ListLocksRequest
-	36, // 33: fence.v1.KVService.Put:input_type -> fence.v1.PutRequest
-	39, // 34: fence.v1.KVService.Get:input_type -> fence.v1.GetRequest
-	41, // 35: fence.v1.KVService.Delete:input_type -> fence.v1.DeleteRequest
-	43, // 36: fence.v1.KVService.List:input_type -> fence.v1.ListRequest
-	45, // 37: fence.v1.KVService.Watch:input_type -> fence.v1.WatchRequest
+	34, // 33: fence.v1.KVService.Put:input_type -> fence.v1.PutRequest
+	37, // 34: fence.v1.KVService.Get:input_type -> fence.v1.GetRequest
+	39, // 35: fence.v1.KVService.Delete:input_type -> fence.v1.DeleteRequest
+	41, // 36: fence.v1.KVService.List:input_type -> fence.v1.ListRequest
+	43, // 37: fence.v1.KVService.Watch:input_type -> fence.v1.WatchRequest
 	23, // 38: fence.v1.ClusterService.Status:input_type -> fence.v1.StatusRequest
 	26, // 39: fence.v1.ClusterService.AddMember:input_type -> fence.v1.AddMemberRequest
 	28, // 40: fence.v1.ClusterService.RemoveMember:input_type -> fence.v1.RemoveMemberRequest
-	30, // 41: fence.v1.ClusterService.RegisterNode:input_type -> fence.v1.RegisterNodeRequest
-	32, // 42: fence.v1.ClusterService.Snapshot:input_type -> fence.v1.SnapshotRequest
-	4,  // 43: fence.v1.SessionService.CreateSession:output_type -> fence.v1.CreateSessionResponse
-	6,  // 44: fence.v1.SessionService.KeepAlive:output_type -> fence.v1.KeepAliveResponse
-	9,  // 45: fence.v1.SessionService.CloseSession:output_type -> fence.v1.CloseSessionResponse
-	11, // 46: fence.v1.LockService.Acquire:output_type -> fence.v1.AcquireResponse
-	13, // 47: fence.v1.LockService.Release:output_type -> fence.v1.ReleaseResponse
-	15, // 48: fence.v1.LockService.CancelAcquire:output_type -> fence.v1.CancelAcquireResponse
-	17, // 49: fence.v1.LockService.Check:output_type -> fence.v1.CheckResponse
-	22, // 50: fence.v1.LockService.ListLocks:output_type -> fence.v1.ListLocksResponse
-	37, // 51: fence.v1.KVService.Put:output_type -> fence.v1.PutResponse
-	40, // 52: fence.v1.KVService.Get:output_type -> fence.v1.GetResponse
-	42, // 53: fence.v1.KVService.Delete:output_type -> fence.v1.DeleteResponse
-	44, // 54: fence.v1.KVService.List:output_type -> fence.v1.ListResponse
-	47, // 55: fence.v1.KVService.Watch:output_type -> fence.v1.WatchResponse
-	24, // 56: fence.v1.ClusterService.Status:output_type -> fence.v1.StatusResponse
-	27, // 57: fence.v1.ClusterService.AddMember:output_type -> fence.v1.AddMemberResponse
-	29, // 58: fence.v1.ClusterService.RemoveMember:output_type -> fence.v1.RemoveMemberResponse
-	31, // 59: fence.v1.ClusterService.RegisterNode:output_type -> fence.v1.RegisterNodeResponse
-	33, // 60: fence.v1.ClusterService.Snapshot:output_type -> fence.v1.SnapshotResponse
-	43, // [43:61] is the sub-list for method output_type
-	25, // [25:43] is the sub-list for method input_type
+	30, // 41: fence.v1.ClusterService.Snapshot:input_type -> fence.v1.SnapshotRequest
+	4,  // 42: fence.v1.SessionService.CreateSession:output_type -> fence.v1.CreateSessionResponse
+	6,  // 43: fence.v1.SessionService.KeepAlive:output_type -> fence.v1.KeepAliveResponse
+	9,  // 44: fence.v1.SessionService.CloseSession:output_type -> fence.v1.CloseSessionResponse
+	11, // 45: fence.v1.LockService.Acquire:output_type -> fence.v1.AcquireResponse
+	13, // 46: fence.v1.LockService.Release:output_type -> fence.v1.ReleaseResponse
+	15, // 47: fence.v1.LockService.CancelAcquire:output_type -> fence.v1.CancelAcquireResponse
+	17, // 48: fence.v1.LockService.Check:output_type -> fence.v1.CheckResponse
+	22, // 49: fence.v1.LockService.ListLocks:output_type -> fence.v1.ListLocksResponse
+	35, // 50: fence.v1.KVService.Put:output_type -> fence.v1.PutResponse
+	38, // 51: fence.v1.KVService.Get:output_type -> fence.v1.GetResponse
+	40, // 52: fence.v1.KVService.Delete:output_type -> fence.v1.DeleteResponse
+	42, // 53: fence.v1.KVService.List:output_type -> fence.v1.ListResponse
+	45, // 54: fence.v1.KVService.Watch:output_type -> fence.v1.WatchResponse
+	24, // 55: fence.v1.ClusterService.Status:output_type -> fence.v1.StatusResponse
+	27, // 56: fence.v1.ClusterService.AddMember:output_type -> fence.v1.AddMemberResponse
+	29, // 57: fence.v1.ClusterService.RemoveMember:output_type -> fence.v1.RemoveMemberResponse
+	31, // 58: fence.v1.ClusterService.Snapshot:output_type -> fence.v1.SnapshotResponse
+	42, // [42:59] is the sub-list for method output_type
+	25, // [25:42] is the sub-list for method input_type
 	25, // [25:25] is the sub-list for extension type_name
 	25, // [25:25] is the sub-list for extension extendee
 	0,  // [0:25] is the sub-list for field type_name
@@ -3493,14 +3504,14 @@ func file_fence_v1_fence_proto_init() {
 	if File_fence_v1_fence_proto != nil {
 		return
 	}
-	file_fence_v1_fence_proto_msgTypes[32].OneofWrappers = []any{}
+	file_fence_v1_fence_proto_msgTypes[30].OneofWrappers = []any{}
 	type x struct{}
 	out := protoimpl.TypeBuilder{
 		File: protoimpl.DescBuilder{
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_fence_v1_fence_proto_rawDesc), len(file_fence_v1_fence_proto_rawDesc)),
 			NumEnums:      3,
-			NumMessages:   46,
+			NumMessages:   44,
 			NumExtensions: 0,
 			NumServices:   4,
 		},

@@ -86,9 +86,6 @@ const (
 	// ClusterServiceRemoveMemberProcedure is the fully-qualified name of the ClusterService's
 	// RemoveMember RPC.
 	ClusterServiceRemoveMemberProcedure = "/fence.v1.ClusterService/RemoveMember"
-	// ClusterServiceRegisterNodeProcedure is the fully-qualified name of the ClusterService's
-	// RegisterNode RPC.
-	ClusterServiceRegisterNodeProcedure = "/fence.v1.ClusterService/RegisterNode"
 	// ClusterServiceSnapshotProcedure is the fully-qualified name of the ClusterService's Snapshot RPC.
 	ClusterServiceSnapshotProcedure = "/fence.v1.ClusterService/Snapshot"
 )
@@ -622,14 +619,20 @@ type ClusterServiceClient interface {
 	// Status describes this node, the leader and the replicated state.
 	Status(context.Context, *connect.Request[v1.StatusRequest]) (*connect.Response[v1.StatusResponse], error)
 	// AddMember adds a node to the raft group (on the leader). The node must
-	// have been started with --join, so that it did not bootstrap a group of
-	// its own.
+	// be running, started with --join so that it did not bootstrap a group
+	// of its own, and answer at raft_address as the node id names. It joins
+	// as a non-voter and, unless nonvoter is set, is made a voter once its
+	// log has caught up with the leader's; the call returns then. A node
+	// that does not answer, or a promotion that would leave the group
+	// without a quorum of reachable voters, is refused (FailedPrecondition,
+	// reason MEMBERSHIP), saying why.
 	AddMember(context.Context, *connect.Request[v1.AddMemberRequest]) (*connect.Response[v1.AddMemberResponse], error)
-	// RemoveMember removes a node from the raft group (on the leader).
+	// RemoveMember removes a node from the raft group (on the leader). A
+	// removal that would leave the voters that remain without a quorum of
+	// reachable ones is refused (FailedPrecondition, reason MEMBERSHIP).
 	RemoveMember(context.Context, *connect.Request[v1.RemoveMemberRequest]) (*connect.Response[v1.RemoveMemberResponse], error)
-	// RegisterNode records where a member serves this API (on the leader).
-	// Nodes call it for themselves; clients need not.
-	RegisterNode(context.Context, *connect.Request[v1.RegisterNodeRequest]) (*connect.Response[v1.RegisterNodeResponse], error)
+	// Nodes learn each other's API addresses over the raft port, not
+	// through this API (RegisterNode, in earlier versions, was here).
 	// Snapshot streams a copy of the replicated state, for a backup (fence
 	// snapshot save). The leader answers, at a linearizable point: the copy
 	// holds every write acknowledged before the call arrived. The first
@@ -666,12 +669,6 @@ func NewClusterServiceClient(httpClient connect.HTTPClient, baseURL string, opts
 			connect.WithSchema(clusterServiceMethods.ByName("RemoveMember")),
 			connect.WithClientOptions(opts...),
 		),
-		registerNode: connect.NewClient[v1.RegisterNodeRequest, v1.RegisterNodeResponse](
-			httpClient,
-			baseURL+ClusterServiceRegisterNodeProcedure,
-			connect.WithSchema(clusterServiceMethods.ByName("RegisterNode")),
-			connect.WithClientOptions(opts...),
-		),
 		snapshot: connect.NewClient[v1.SnapshotRequest, v1.SnapshotResponse](
 			httpClient,
 			baseURL+ClusterServiceSnapshotProcedure,
@@ -686,7 +683,6 @@ type clusterServiceClient struct {
 	status       *connect.Client[v1.StatusRequest, v1.StatusResponse]
 	addMember    *connect.Client[v1.AddMemberRequest, v1.AddMemberResponse]
 	removeMember *connect.Client[v1.RemoveMemberRequest, v1.RemoveMemberResponse]
-	registerNode *connect.Client[v1.RegisterNodeRequest, v1.RegisterNodeResponse]
 	snapshot     *connect.Client[v1.SnapshotRequest, v1.SnapshotResponse]
 }
 
@@ -705,11 +701,6 @@ func (c *clusterServiceClient) RemoveMember(ctx context.Context, req *connect.Re
 	return c.removeMember.CallUnary(ctx, req)
 }
 
-// RegisterNode calls fence.v1.ClusterService.RegisterNode.
-func (c *clusterServiceClient) RegisterNode(ctx context.Context, req *connect.Request[v1.RegisterNodeRequest]) (*connect.Response[v1.RegisterNodeResponse], error) {
-	return c.registerNode.CallUnary(ctx, req)
-}
-
 // Snapshot calls fence.v1.ClusterService.Snapshot.
 func (c *clusterServiceClient) Snapshot(ctx context.Context, req *connect.Request[v1.SnapshotRequest]) (*connect.ServerStreamForClient[v1.SnapshotResponse], error) {
 	return c.snapshot.CallServerStream(ctx, req)
@@ -720,14 +711,20 @@ type ClusterServiceHandler interface {
 	// Status describes this node, the leader and the replicated state.
 	Status(context.Context, *connect.Request[v1.StatusRequest]) (*connect.Response[v1.StatusResponse], error)
 	// AddMember adds a node to the raft group (on the leader). The node must
-	// have been started with --join, so that it did not bootstrap a group of
-	// its own.
+	// be running, started with --join so that it did not bootstrap a group
+	// of its own, and answer at raft_address as the node id names. It joins
+	// as a non-voter and, unless nonvoter is set, is made a voter once its
+	// log has caught up with the leader's; the call returns then. A node
+	// that does not answer, or a promotion that would leave the group
+	// without a quorum of reachable voters, is refused (FailedPrecondition,
+	// reason MEMBERSHIP), saying why.
 	AddMember(context.Context, *connect.Request[v1.AddMemberRequest]) (*connect.Response[v1.AddMemberResponse], error)
-	// RemoveMember removes a node from the raft group (on the leader).
+	// RemoveMember removes a node from the raft group (on the leader). A
+	// removal that would leave the voters that remain without a quorum of
+	// reachable ones is refused (FailedPrecondition, reason MEMBERSHIP).
 	RemoveMember(context.Context, *connect.Request[v1.RemoveMemberRequest]) (*connect.Response[v1.RemoveMemberResponse], error)
-	// RegisterNode records where a member serves this API (on the leader).
-	// Nodes call it for themselves; clients need not.
-	RegisterNode(context.Context, *connect.Request[v1.RegisterNodeRequest]) (*connect.Response[v1.RegisterNodeResponse], error)
+	// Nodes learn each other's API addresses over the raft port, not
+	// through this API (RegisterNode, in earlier versions, was here).
 	// Snapshot streams a copy of the replicated state, for a backup (fence
 	// snapshot save). The leader answers, at a linearizable point: the copy
 	// holds every write acknowledged before the call arrived. The first
@@ -760,12 +757,6 @@ func NewClusterServiceHandler(svc ClusterServiceHandler, opts ...connect.Handler
 		connect.WithSchema(clusterServiceMethods.ByName("RemoveMember")),
 		connect.WithHandlerOptions(opts...),
 	)
-	clusterServiceRegisterNodeHandler := connect.NewUnaryHandler(
-		ClusterServiceRegisterNodeProcedure,
-		svc.RegisterNode,
-		connect.WithSchema(clusterServiceMethods.ByName("RegisterNode")),
-		connect.WithHandlerOptions(opts...),
-	)
 	clusterServiceSnapshotHandler := connect.NewServerStreamHandler(
 		ClusterServiceSnapshotProcedure,
 		svc.Snapshot,
@@ -780,8 +771,6 @@ func NewClusterServiceHandler(svc ClusterServiceHandler, opts ...connect.Handler
 			clusterServiceAddMemberHandler.ServeHTTP(w, r)
 		case ClusterServiceRemoveMemberProcedure:
 			clusterServiceRemoveMemberHandler.ServeHTTP(w, r)
-		case ClusterServiceRegisterNodeProcedure:
-			clusterServiceRegisterNodeHandler.ServeHTTP(w, r)
 		case ClusterServiceSnapshotProcedure:
 			clusterServiceSnapshotHandler.ServeHTTP(w, r)
 		default:
@@ -803,10 +792,6 @@ func (UnimplementedClusterServiceHandler) AddMember(context.Context, *connect.Re
 
 func (UnimplementedClusterServiceHandler) RemoveMember(context.Context, *connect.Request[v1.RemoveMemberRequest]) (*connect.Response[v1.RemoveMemberResponse], error) {
 	return nil, connect.NewError(connect.CodeUnimplemented, errors.New("fence.v1.ClusterService.RemoveMember is not implemented"))
-}
-
-func (UnimplementedClusterServiceHandler) RegisterNode(context.Context, *connect.Request[v1.RegisterNodeRequest]) (*connect.Response[v1.RegisterNodeResponse], error) {
-	return nil, connect.NewError(connect.CodeUnimplemented, errors.New("fence.v1.ClusterService.RegisterNode is not implemented"))
 }
 
 func (UnimplementedClusterServiceHandler) Snapshot(context.Context, *connect.Request[v1.SnapshotRequest], *connect.ServerStream[v1.SnapshotResponse]) error {

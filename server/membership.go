@@ -1,0 +1,271 @@
+package server
+
+import (
+	"context"
+	"fmt"
+	"net"
+	"sync"
+	"time"
+
+	"connectrpc.com/connect"
+	"github.com/hashicorp/raft"
+
+	"github.com/fencelock/fence"
+	fencev1 "github.com/fencelock/fence/api/fence/v1"
+	"github.com/fencelock/fence/internal/fsm"
+	"github.com/fencelock/fence/internal/fsmpb"
+)
+
+// Membership changes are safe even for an operator who errs
+// (docs/design.md, Node-to-node calls and membership): a new member must
+// answer at its raft address before it is added, joins as a non-voter,
+// and becomes a voter only once its log has caught up; and no change
+// leaves the voters without a quorum of reachable ones.
+
+// helloTimeout bounds one hello to another node.
+const helloTimeout = time.Second
+
+// catchUpPoll is how often the leader asks a joining node how far its log goes.
+const catchUpPoll = 50 * time.Millisecond
+
+// maxCatchUp bounds how long AddMember waits for a new member to catch up
+// when its caller sets no deadline.
+const maxCatchUp = time.Minute
+
+// AddMember implements fencev1connect.ClusterServiceHandler.
+func (s *Server) AddMember(ctx context.Context, req *connect.Request[fencev1.AddMemberRequest]) (*connect.Response[fencev1.AddMemberResponse], error) {
+	m := req.Msg
+	if err := checkText("member id", m.GetId(), 128, true); err != nil {
+		return nil, err
+	}
+	if _, _, err := net.SplitHostPort(m.GetRaftAddress()); err != nil {
+		return nil, invalid("raft_address %q: want host:port", m.GetRaftAddress())
+	}
+	if !s.leaderReady.Load() {
+		return nil, s.notReady()
+	}
+	id, addr := raft.ServerID(m.GetId()), raft.ServerAddress(m.GetRaftAddress())
+	current, known := s.member(id)
+	if known && current.Address != addr {
+		return nil, invalid("%s is a member at %s already; remove it first to move it to %s", id, current.Address, addr)
+	}
+	if known && (current.Suffrage == raft.Voter || m.GetNonvoter()) {
+		return connect.NewResponse(&fencev1.AddMemberResponse{}), nil // nothing to do
+	}
+	if _, err := s.helloFrom(id, addr); err != nil {
+		return nil, err
+	}
+	if !known {
+		if err := s.node.raft.AddNonvoter(id, addr, 0, s.cfg.ApplyTimeout).Error(); err != nil {
+			return nil, s.membershipError(err)
+		}
+		s.logger.Info("member added as a non-voter", "id", id, "raft", addr)
+		s.registerMembers()
+	}
+	if m.GetNonvoter() {
+		return connect.NewResponse(&fencev1.AddMemberResponse{}), nil
+	}
+	if err := s.awaitCatchUp(ctx, id, addr); err != nil {
+		return nil, err
+	}
+	if err := s.checkQuorum(s.votersWith(id, addr), id); err != nil {
+		return nil, fmt.Errorf("%w; %s stays a non-voter", err, id)
+	}
+	if err := s.node.raft.AddVoter(id, addr, 0, s.cfg.ApplyTimeout).Error(); err != nil {
+		return nil, s.membershipError(err)
+	}
+	s.logger.Info("member made a voter", "id", id, "raft", addr)
+	return connect.NewResponse(&fencev1.AddMemberResponse{}), nil
+}
+
+// RemoveMember implements fencev1connect.ClusterServiceHandler.
+func (s *Server) RemoveMember(ctx context.Context, req *connect.Request[fencev1.RemoveMemberRequest]) (*connect.Response[fencev1.RemoveMemberResponse], error) {
+	id := req.Msg.GetId()
+	if err := checkText("member id", id, 128, true); err != nil {
+		return nil, err
+	}
+	if !s.leaderReady.Load() {
+		return nil, s.notReady()
+	}
+	srv, known := s.member(raft.ServerID(id))
+	if !known {
+		return nil, invalid("%q is not a member of the group", id)
+	}
+	if srv.Suffrage == raft.Voter {
+		var remaining []raft.Server
+		for _, v := range s.voters() {
+			if v.ID != srv.ID {
+				remaining = append(remaining, v)
+			}
+		}
+		if len(remaining) == 0 {
+			return nil, fmt.Errorf("%w: %s is the group's only voter", fence.ErrMembership, id)
+		}
+		if err := s.checkQuorum(remaining, ""); err != nil {
+			return nil, fmt.Errorf("%w; %s stays a member", err, id)
+		}
+	}
+	if err := s.node.raft.RemoveServer(raft.ServerID(id), 0, s.cfg.ApplyTimeout).Error(); err != nil {
+		return nil, s.membershipError(err)
+	}
+	// Forget where it served, so that nobody is pointed at it.
+	_, _ = s.apply(&fsmpb.Command{Op: &fsmpb.Command_RegisterNode{RegisterNode: &fsmpb.RegisterNode{NodeId: id}}})
+	s.logger.Info("member removed", "id", id)
+	return connect.NewResponse(&fencev1.RemoveMemberResponse{}), nil
+}
+
+// helloFrom asks the node at addr who it is, and refuses (ErrMembership)
+// when nothing answers there or another node does.
+func (s *Server) helloFrom(id raft.ServerID, addr raft.ServerAddress) (nodeHello, error) {
+	h, err := s.node.links.askHello(s.dialAddress(id, addr), helloTimeout)
+	if err != nil {
+		return h, fmt.Errorf("%w: no fence node answers at %s (%v); start it with --join first, and check the address", fence.ErrMembership, addr, err)
+	}
+	if h.ID != string(id) {
+		return h, fmt.Errorf("%w: the node at %s is %q, not %q", fence.ErrMembership, addr, h.ID, id)
+	}
+	return h, nil
+}
+
+// dialAddress is where raft dials server id: the address provider's
+// answer (--raft-dial) if it has one, else addr.
+func (s *Server) dialAddress(id raft.ServerID, addr raft.ServerAddress) raft.ServerAddress {
+	if p := s.cfg.RaftAddressProvider; p != nil {
+		if a, err := p.ServerAddr(id); err == nil && a != "" {
+			return a
+		}
+	}
+	return addr
+}
+
+// awaitCatchUp waits until the new member's log holds every entry the
+// leader had when the wait began (the entry that added it included), so
+// that as a voter it can take part in commits at once.
+func (s *Server) awaitCatchUp(ctx context.Context, id raft.ServerID, addr raft.ServerAddress) error {
+	target := s.node.raft.LastIndex()
+	ctx, cancel := context.WithTimeout(ctx, maxCatchUp)
+	defer cancel()
+	var have uint64
+	for {
+		if h, err := s.helloFrom(id, addr); err == nil {
+			have = h.LastIndex
+			if have >= target {
+				return nil
+			}
+		}
+		select {
+		case <-ctx.Done():
+			return fmt.Errorf("%w: %s joined as a non-voter and has not caught up yet (its log is at %d, the leader's was at %d); it goes on catching up: add it again to make it a voter", fence.ErrMembership, id, have, target)
+		case <-s.done:
+			return fmt.Errorf("%w: the node is shutting down", fence.ErrUnavailable)
+		case <-time.After(catchUpPoll):
+		}
+	}
+}
+
+// checkQuorum refuses (ErrMembership) a configuration whose voters would
+// not have a quorum of reachable ones: this node, and every other voter
+// that answers a hello at its address (known is taken as reachable, for
+// it just answered).
+func (s *Server) checkQuorum(voters []raft.Server, known raft.ServerID) error {
+	var (
+		mu          sync.Mutex
+		wg          sync.WaitGroup
+		unreachable []string
+	)
+	for _, v := range voters {
+		if string(v.ID) == s.cfg.NodeID || v.ID == known {
+			continue
+		}
+		wg.Go(func() {
+			if _, err := s.helloFrom(v.ID, v.Address); err != nil {
+				mu.Lock()
+				unreachable = append(unreachable, string(v.ID))
+				mu.Unlock()
+			}
+		})
+	}
+	wg.Wait()
+	reachable, quorum := len(voters)-len(unreachable), len(voters)/2+1
+	if reachable < quorum {
+		return fmt.Errorf("%w: the group would have %d voters, of which %d are reachable (%v are not), fewer than the quorum of %d; it could not commit, or elect a leader",
+			fence.ErrMembership, len(voters), reachable, unreachable, quorum)
+	}
+	return nil
+}
+
+// member returns the member id of the current configuration.
+func (s *Server) member(id raft.ServerID) (raft.Server, bool) {
+	for _, srv := range s.members() {
+		if srv.ID == id {
+			return srv, true
+		}
+	}
+	return raft.Server{}, false
+}
+
+// voters returns the voters of the current configuration.
+func (s *Server) voters() []raft.Server {
+	var out []raft.Server
+	for _, srv := range s.members() {
+		if srv.Suffrage == raft.Voter {
+			out = append(out, srv)
+		}
+	}
+	return out
+}
+
+// votersWith returns the voters with id added as one.
+func (s *Server) votersWith(id raft.ServerID, addr raft.ServerAddress) []raft.Server {
+	return append(s.voters(), raft.Server{ID: id, Address: addr, Suffrage: raft.Voter})
+}
+
+// registerLoop keeps the members' API addresses in the replicated state,
+// on the leader: it writes its own, and asks every other member over a
+// node link at the member's raft address (see nodeLinkMux), every
+// interval. Followers do nothing: only the leader writes.
+func (s *Server) registerLoop(interval time.Duration) {
+	defer s.wg.Done()
+	t := time.NewTicker(interval)
+	defer t.Stop()
+	for {
+		select {
+		case <-s.done:
+			return
+		case <-t.C:
+		}
+		if s.leaderReady.Load() {
+			s.registerSelf()
+			s.registerMembers()
+		}
+	}
+}
+
+// registerMembers asks each other member where it serves the API and
+// records the answers that changed.
+func (s *Server) registerMembers() {
+	var wg sync.WaitGroup
+	for _, srv := range s.members() {
+		if string(srv.ID) == s.cfg.NodeID {
+			continue
+		}
+		wg.Go(func() {
+			h, err := s.node.links.askHello(s.dialAddress(srv.ID, srv.Address), helloTimeout)
+			if err != nil || h.ID != string(srv.ID) {
+				return
+			}
+			if _, _, err := net.SplitHostPort(h.API); err != nil {
+				return
+			}
+			var have string
+			s.fsm.Read(func(st *fsm.State) { have, _ = st.NodeAPI(h.ID) })
+			if have == h.API {
+				return
+			}
+			if _, err := s.apply(&fsmpb.Command{Op: &fsmpb.Command_RegisterNode{RegisterNode: &fsmpb.RegisterNode{NodeId: h.ID, ApiAddress: h.API}}}); err != nil {
+				s.logger.Debug("registering a member's API address", "member", h.ID, "err", err)
+			}
+		})
+	}
+	wg.Wait()
+}
