@@ -1,0 +1,101 @@
+package cli
+
+import (
+	"fmt"
+	"os"
+	"path/filepath"
+	"regexp"
+	"strings"
+	"testing"
+)
+
+// useRunText cuts the output of `fence demo --use` into its runs.
+func useRunText(t *testing.T, stdout string, runs int) []string {
+	t.Helper()
+	var out []string
+	for i := 1; i <= runs; i++ {
+		start := strings.Index(stdout, fmt.Sprintf("\nRun %d: ", i))
+		if start < 0 {
+			t.Fatalf("output lacks the section Run %d:\n%s", i, stdout)
+		}
+		end := strings.Index(stdout[start+1:], "\nRun ")
+		if i == runs {
+			end = strings.Index(stdout[start+1:], "\nEvery run went")
+		}
+		if end < 0 {
+			t.Fatalf("run %d does not end as it should:\n%s", i, stdout)
+		}
+		out = append(out, stdout[start:start+1+end])
+	}
+	return out
+}
+
+// playUse runs `fence demo --use name`, drawing an SVG, and checks that it
+// exited 0, that each run's text has the lines wanted of it (regular
+// expressions), and that the demo cleaned up after itself; it returns the
+// SVG's marks by kind.
+func playUse(t *testing.T, name string, want [][]string) map[string]int {
+	t.Helper()
+	out := filepath.Join(t.TempDir(), name+".svg")
+	res := runFenceDemo(t, "--use", name, "--out", out)
+	if res.code != 0 {
+		t.Fatalf("fence demo --use %s exited %d; stdout:\n%s\nstderr:\n%s", name, res.code, res.stdout, res.stderr)
+	}
+	if strings.Contains(res.stdout, "UNEXPECTED") {
+		t.Errorf("a run went unexpectedly:\n%s", res.stdout)
+	}
+	for i, text := range useRunText(t, res.stdout, len(want)) {
+		for _, w := range want[i] {
+			if !regexp.MustCompile(w).MatchString(text) {
+				t.Errorf("run %d lacks %q:\n%s", i+1, w, text)
+			}
+		}
+	}
+	checkCleanedUp(t, res.stdout)
+	data, err := os.ReadFile(out)
+	if err != nil {
+		t.Fatal(err)
+	}
+	lanes, marks := readDemoSVG(t, data)
+	if len(lanes) != 3*len(want) {
+		t.Errorf("SVG lanes %q, want 3 per run", lanes)
+	}
+	return marks
+}
+
+func TestDemoUseElection(t *testing.T) {
+	marks := playUse(t, "election", [][]string{{
+		`A\s+elected leader of scheduler, token \d+`,
+		`B\s+wrote "jobs assigned by B", no token: accepted`,
+		`A\s+wrote "jobs assigned by A", no token: accepted`,
+		`kv\s+two leaders wrote; value is "jobs assigned by A", B's decision is gone`,
+		`=> TWO LEADERS: A \(token \d+\) was elected and paused past its TTL; B was elected`,
+	}, {
+		`B\s+wrote "jobs assigned by B" with token \d+ \(strict\): accepted`,
+		`A\s+write refused: stale fencing token (\d+) < (\d+)`,
+		`kv\s+value is "jobs assigned by B": B's decision survived`,
+		`=> REFUSED: .* and the KV store refused it in strict mode`,
+	}})
+	if marks["write-rejected"] != 1 || marks["lost-update"] != 1 || marks["grant"] != 4 {
+		t.Errorf("SVG marks %v, want 4 grants, 1 write rejected, 1 lost update", marks)
+	}
+}
+
+func TestDemoUseList(t *testing.T) {
+	res := runFenceDemo(t, "--use", "list")
+	if res.code != 0 {
+		t.Fatalf("fence demo --use list exited %d:\n%s%s", res.code, res.stdout, res.stderr)
+	}
+	for _, s := range useStories {
+		if !regexp.MustCompile(`(?m)^` + s.name + `\s+.*` + regexp.QuoteMeta(s.page) + `$`).MatchString(res.stdout) {
+			t.Errorf("the list lacks %s:\n%s", s.name, res.stdout)
+		}
+	}
+	res = runFenceDemo(t, "--use", "no-such-use")
+	if res.code == 0 {
+		t.Fatalf("fence demo --use no-such-use exited 0:\n%s", res.stdout)
+	}
+	if !strings.Contains(res.stderr, `no story for --use "no-such-use"; these exist`) || !strings.Contains(res.stderr, "election  ") {
+		t.Errorf("stderr does not list the stories:\n%s", res.stderr)
+	}
+}
