@@ -83,6 +83,7 @@ type useActorScript struct {
 // useActorScripts are the actors' scripts by story.
 var useActorScripts = map[string]useActorScript{
 	"election": electionActor,
+	"job-once": jobOnceActor,
 }
 
 func runDemoActor(ctx context.Context, g *globals, f demoActorFlags) error {

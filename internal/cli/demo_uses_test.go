@@ -81,6 +81,24 @@ func TestDemoUseElection(t *testing.T) {
 	}
 }
 
+func TestDemoUseJobOnce(t *testing.T) {
+	marks := playUse(t, "job-once", [][]string{{
+		`A\s+got lock nightly, token \d+`,
+		`B\s+ran the job: report of 2026-12-02 sent`,
+		`A\s+ran the job: report of 2026-12-02 sent`,
+		`jobs db\s+the job ran twice: sent by B and A`,
+		`=> RAN TWICE: A \(token \d+\) took lock nightly and was paused past its TTL.* the report of 2026-12-02 was sent twice \(by B, A\)`,
+	}, {
+		`B\s+ran the job under nolock.Once: key report/2026-12-02 recorded, report sent`,
+		`A\s+job skipped: nolock.Once found key report/2026-12-02 recorded, the job ran already`,
+		`jobs db\s+the job ran once: sent by B`,
+		`=> RAN ONCE: .* nolock.Once found job key report/2026-12-02 recorded.* the report of 2026-12-02 was sent once \(by B\)`,
+	}})
+	if marks["write-rejected"] != 1 || marks["lost-update"] != 1 || marks["grant"] != 4 {
+		t.Errorf("SVG marks %v, want 4 grants, 1 write rejected, 1 lost update", marks)
+	}
+}
+
 func TestDemoUseList(t *testing.T) {
 	res := runFenceDemo(t, "--use", "list")
 	if res.code != 0 {
