@@ -51,7 +51,7 @@ type useRunSpec struct {
 }
 
 // useStories are the stories, in the order --use list shows them.
-var useStories = []*useStory{electionStory, jobOnceStory}
+var useStories = []*useStory{electionStory, jobOnceStory, inventoryStory}
 
 func findUseStory(name string) *useStory {
 	for _, s := range useStories {

@@ -82,8 +82,9 @@ type useActorScript struct {
 
 // useActorScripts are the actors' scripts by story.
 var useActorScripts = map[string]useActorScript{
-	"election": electionActor,
-	"job-once": jobOnceActor,
+	"election":  electionActor,
+	"job-once":  jobOnceActor,
+	"inventory": inventoryActor,
 }
 
 func runDemoActor(ctx context.Context, g *globals, f demoActorFlags) error {

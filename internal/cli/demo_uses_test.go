@@ -99,6 +99,30 @@ func TestDemoUseJobOnce(t *testing.T) {
 	}
 }
 
+func TestDemoUseInventory(t *testing.T) {
+	marks := playUse(t, "inventory", [][]string{{
+		`A\s+got lock stock/A1, token \d+; read 1 in stock`,
+		`B\s+got lock stock/A1, token \d+; read 1 in stock`,
+		`B\s+sold 1: set qty to 0 \(read 1\)`,
+		`A\s+sold 1: set qty to 0 \(read 1\)`,
+		`stock db\s+oversold: 2 sales of the 1 item, qty 0`,
+		`=> OVERSOLD: .* The database took both sales: 1 item to sell, 2 sold, 0 left`,
+	}, {
+		`B\s+sold 1: set qty to 0 \(read 1\), token \d+ admitted`,
+		`A\s+sale refused: stale fencing token \d+ < \d+`,
+		`stock db\s+1 sold \(by B\), 0 left`,
+		`=> REFUSED: .* refused the sale: 1 item to sell, 1 sold, 0 left`,
+	}, {
+		`B\s+sold 1: UPDATE stock SET qty = qty - 1 WHERE qty >= 1, 0 left`,
+		`A\s+sale refused: sold out, UPDATE ... WHERE qty >= 1 changed no row`,
+		`stock db\s+1 sold \(by B\), 0 left`,
+		`=> REFUSED: .* which changed no row: sold out. 1 item to sell, 1 sold, 0 left`,
+	}})
+	if marks["write-rejected"] != 2 || marks["lost-update"] != 1 || marks["grant"] != 6 {
+		t.Errorf("SVG marks %v, want 6 grants, 2 writes rejected, 1 lost update", marks)
+	}
+}
+
 func TestDemoUseList(t *testing.T) {
 	res := runFenceDemo(t, "--use", "list")
 	if res.code != 0 {
