@@ -375,7 +375,8 @@ func (p *usePlay) judgeUse(happened bool, what, found string) {
 		r.ok = true
 		r.verdict = what
 	default:
-		r.verdict = fmt.Sprintf("UNEXPECTED: the story says %q, but A's step: %s; %s", what, describe(r.writeA), found)
+		wanted, _, _ := strings.Cut(what, ":")
+		r.verdict = fmt.Sprintf("UNEXPECTED: the story ends %s, but A's step: %s; %s", wanted, describe(r.writeA), found)
 	}
 }
 

@@ -123,6 +123,30 @@ func TestDemoUseInventory(t *testing.T) {
 	}
 }
 
+func TestDemoUseJudge(t *testing.T) {
+	wrote := demoEvent{Event: "wrote"}
+	for _, tc := range []struct {
+		name     string
+		run      demoRun
+		happened bool
+		ok       bool
+		want     string
+	}{
+		{"as told", demoRun{tokenA: 1, tokenB: 2, writeA: wrote, writeB: wrote}, true, true, "RAN TWICE: story"},
+		{"not as told", demoRun{tokenA: 1, tokenB: 2, writeA: wrote, writeB: wrote}, false, false, "UNEXPECTED: the story ends RAN TWICE, but A's step: wrote; ran once"},
+		{"B failed", demoRun{tokenA: 1, tokenB: 2, writeB: demoEvent{Event: "write-failed", Message: "disk"}}, true, false, "UNEXPECTED: B's step, under the lock, did not take effect: write-failed (disk)"},
+		{"tokens out of order", demoRun{tokenA: 5, tokenB: 4, writeB: wrote}, true, false, "UNEXPECTED: B's token 4 is not above A's 5"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			p := &usePlay{run: &tc.run}
+			p.judgeUse(tc.happened, "RAN TWICE: story", "ran once")
+			if tc.run.ok != tc.ok || !strings.Contains(tc.run.verdict, tc.want) {
+				t.Errorf("ok %v, verdict %q; want ok %v and a verdict with %q", tc.run.ok, tc.run.verdict, tc.ok, tc.want)
+			}
+		})
+	}
+}
+
 func TestDemoUseList(t *testing.T) {
 	res := runFenceDemo(t, "--use", "list")
 	if res.code != 0 {
