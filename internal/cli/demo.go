@@ -26,6 +26,7 @@ type demoFlags struct {
 	ttl  time.Duration
 	lock string
 	key  string
+	use  string
 }
 
 func demoCommand(g *globals) *cobra.Command {
@@ -52,9 +53,16 @@ unless --endpoints (or FENCE_ENDPOINTS) names one to use.
 Prints each run's timeline and a verdict, and writes both runs as a picture
 to --out: SVG if the name ends in .svg, otherwise a self-contained HTML page.
 Takes a few seconds. Exits 0 when run 1 lost the update and run 2 rejected
-the stale write, as they should; 1 otherwise.`,
+the stale write, as they should; 1 otherwise.
+
+With --use NAME it plays the story of a recipe of docs/uses the same way,
+without its fix and with it: election (two leaders' writes), job-once (a
+job run twice), inventory (an item sold twice). --use list lists them.`,
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
+			if f.use != "" {
+				return runDemoUse(cmd.Context(), g, f, cmd.Flags().Changed("out"))
+			}
 			return runDemo(cmd.Context(), g, f)
 		},
 	}
@@ -63,7 +71,8 @@ the stale write, as they should; 1 otherwise.`,
 	fl.DurationVar(&f.ttl, "ttl", time.Second, "the workers' session TTL; A stays paused until its lease expired")
 	fl.StringVar(&f.lock, "lock", "orders", "the lock the workers take")
 	fl.StringVar(&f.key, "key", "orders/17", "the storage key the workers write")
-	cmd.AddCommand(demoWorkerCommand(g))
+	fl.StringVar(&f.use, "use", "", "play a recipe's story of docs/uses instead (fence demo --use list); the picture goes to fence-demo-NAME.html unless --out")
+	cmd.AddCommand(demoWorkerCommand(g), demoActorCommand(g))
 	return cmd
 }
 
