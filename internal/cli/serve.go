@@ -4,6 +4,7 @@ import (
 	"cmp"
 	"fmt"
 	"log/slog"
+	"net"
 	"strings"
 
 	"github.com/spf13/cobra"
@@ -53,6 +54,9 @@ func serveCommand(g *globals) *cobra.Command {
 			if cfg.PeerTLS, err = peerTLS.config("peer TLS", true, peerTLS != (tlsFiles{})); err != nil {
 				return err
 			}
+			if !cmd.Flags().Changed("ui") {
+				cfg.UI = isLoopback(cfg.Listen)
+			}
 			cfg.Logger = slog.New(slog.NewTextHandler(g.stderr, &slog.HandlerOptions{Level: level}))
 			cfg.Version = Version
 			srv, err := server.Start(cfg)
@@ -64,6 +68,9 @@ func serveCommand(g *globals) *cobra.Command {
 				over = " over TLS"
 			}
 			fmt.Fprintf(g.stderr, "fence %s serving on %s%s (raft %s, data %s)\n", Version, srv.Addr(), over, srv.RaftAddr(), cfg.DataDir)
+			if cfg.UI {
+				fmt.Fprintf(g.stderr, "console: %s\n", consoleURL(srv.Addr(), cfg.TLS != nil))
+			}
 			<-cmd.Context().Done()
 			fmt.Fprintln(g.stderr, "fence: shutting down")
 			return srv.Close()
@@ -111,6 +118,7 @@ func serveCommand(g *globals) *cobra.Command {
 	f.IntVar(&cfg.WALSegmentMB, "wal-segment-mb", 0, "size of the raft log's segment files in MiB (0: 64); each takes its space when it starts")
 	f.Uint64Var(&cfg.SnapshotThreshold, "snapshot-threshold", cfg.SnapshotThreshold, "log entries between snapshots")
 	f.DurationVar(&cfg.SnapshotInterval, "snapshot-interval", cfg.SnapshotInterval, "how often to check whether a snapshot is due")
+	f.BoolVar(&cfg.UI, "ui", false, "serve the console, a read-only live page of the group, at /ui/ on the API port (default: on when --listen is a loopback address)")
 	f.BoolVar(&cfg.Pprof, "pprof", false, "serve Go's profiler under /debug/pprof/ on the API port")
 	f.StringVar(&logLevel, "log-level", "info", "debug, info, warn or error")
 	return cmd
@@ -130,4 +138,27 @@ func parsePeers(s string) (map[string]string, error) {
 		peers[id] = addr
 	}
 	return peers, nil
+}
+
+// isLoopback reports whether the API address listens on loopback only, where
+// the console is on unless --ui=false.
+func isLoopback(listen string) bool {
+	host, _, err := net.SplitHostPort(listen)
+	if err != nil {
+		return false
+	}
+	if host == "localhost" {
+		return true
+	}
+	ip := net.ParseIP(host)
+	return ip != nil && ip.IsLoopback()
+}
+
+// consoleURL is where the console of the node serving addr is.
+func consoleURL(addr string, tls bool) string {
+	scheme := "http"
+	if tls {
+		scheme = "https"
+	}
+	return scheme + "://" + addr + "/ui/"
 }
