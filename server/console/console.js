@@ -116,7 +116,9 @@
     receivedAt = performance.now();
     setText("node", "node " + v.node + (v.clusterId ? " · cluster " + v.clusterId : "") + " · " + v.version);
     setText("last-token", v.lastToken);
-    setText("raft", v.state + (v.leader ? " (leader " + v.leader + ")" : " (no leader)"));
+    let raft = v.state;
+    if (v.state !== "Leader") raft += v.leader ? " (leader " + v.leader + ")" : " (no leader)";
+    setText("raft", raft);
     setText("indexes", v.term + " / " + v.commitIndex + " / " + v.appliedIndex);
     setText("counts", v.numSessions + " / " + v.numLocks);
     document.getElementById("problems").replaceChildren(...(v.problems || []).map((p) => el("div", "problem", p)));
