@@ -55,6 +55,21 @@ if [ -z "${FENCE_TEST_POSTGRES:-}" ]; then
 fi
 echo "FENCE_TEST_POSTGRES=${FENCE_TEST_POSTGRES:-} (PostgreSQL for the tests)"
 
+echo "== chromium"
+# The console's browser test drives headless Chromium; without one,
+# scripts/chromium.sh installs Debian's chromium package (once: it is kept
+# when present). Under CI a browser that cannot be had fails the run;
+# elsewhere that test is skipped.
+if FENCE_TEST_CHROMIUM=$(scripts/chromium.sh); then
+  export FENCE_TEST_CHROMIUM
+elif [ -n "${CI:-}" ]; then
+  echo "scripts/chromium.sh failed, and CI needs Chromium"; exit 1
+else
+  echo "scripts/chromium.sh failed: the console's browser test will be skipped"
+  unset FENCE_TEST_CHROMIUM
+fi
+echo "FENCE_TEST_CHROMIUM=${FENCE_TEST_CHROMIUM:-} (Chromium for the console test)"
+
 echo "== go test -race"
 if [ $# -eq 0 ]; then set -- ./...; fi
 go test -race -count=1 -timeout 20m "$@"

@@ -145,6 +145,9 @@ type Config struct {
 	Version string
 	// Pprof serves Go's profiler under /debug/pprof/ on the API port.
 	Pprof bool
+	// UI serves the console, a read-only live page of the group, under
+	// /ui/ on the API port, with the API's TLS settings.
+	UI bool
 }
 
 // DefaultConfig returns the configuration `fence serve` runs with when given

@@ -49,6 +49,7 @@ type Server struct {
 	tracker *sessionTracker
 	delays  *delayScheduler
 	metrics *metrics
+	console *console // the page at /ui/ and its recent events
 	// confirmer proves leadership after a call arrived, for keepalives
 	// and linearizable reads.
 	confirmer *leaseConfirmer
@@ -92,6 +93,7 @@ func Start(cfg Config) (*Server, error) {
 	}
 	s := &Server{cfg: cfg, logger: logger, hub: newWaitHub(), watches: newWatchHub(cfg.WatchHistory, watchHistoryBytes), done: make(chan struct{})}
 	s.fsm = fsm.New(observer{s})
+	s.console = newConsole(s)
 	s.metrics = newMetrics(s)
 	s.tracker = newSessionTracker(cfg.Clock, logger, s.expireSessions)
 	s.delays = newDelayScheduler(cfg.Clock, s.liftDelay)
@@ -284,6 +286,9 @@ func (s *Server) handler() http.Handler {
 		mux.HandleFunc("/debug/pprof/symbol", pprof.Symbol)
 	}
 	s.addProbes(mux)
+	if s.cfg.UI {
+		s.console.register(mux)
+	}
 	return checkEnvelopes(mux, s.cfg.MaxRequestBytes)
 }
 
@@ -474,6 +479,7 @@ func (o observer) Applied(index uint64, res fsm.Result) {
 	if n := len(res.Grants); n > 0 && !s.coverTokens(res.Grants[n-1].Token) {
 		return
 	}
+	s.console.record(index, res)
 	if res.SessionID != 0 {
 		var ttl time.Duration
 		s.fsm.Read(func(st *fsm.State) {

@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
+	"net"
 	"strings"
 	"time"
 
@@ -60,10 +61,16 @@ func serveCommand(g *globals) *cobra.Command {
 			if cfg.PeerTLS, err = peerTLS.config("peer TLS", true, peerTLS != (tlsFiles{})); err != nil {
 				return err
 			}
+			if !cmd.Flags().Changed("ui") {
+				cfg.UI = isLoopback(cfg.Listen)
+			}
 			cfg.Logger = logger
 			srv, err := server.Start(cfg)
 			if err != nil {
 				return err
+			}
+			if cfg.UI {
+				logger.Info("console", "url", consoleURL(srv.Addr(), cfg.TLS != nil))
 			}
 			<-cmd.Context().Done()
 			logger.Info("shutting down")
@@ -118,6 +125,7 @@ func serveCommand(g *globals) *cobra.Command {
 	f.IntVar(&cfg.WALSegmentMB, "wal-segment-mb", 0, "size of the raft log's segment files in MiB (0: 64); each takes its space when it starts")
 	f.Uint64Var(&cfg.SnapshotThreshold, "snapshot-threshold", cfg.SnapshotThreshold, "log entries between snapshots")
 	f.DurationVar(&cfg.SnapshotInterval, "snapshot-interval", cfg.SnapshotInterval, "how often to check whether a snapshot is due")
+	f.BoolVar(&cfg.UI, "ui", false, "serve the console, a read-only live page of the group, at /ui/ on the API port (default: on when --listen is a loopback address)")
 	f.BoolVar(&cfg.Pprof, "pprof", false, "serve Go's profiler under /debug/pprof/ on the API port")
 	f.StringVar(&logLevel, "log-level", "info", "debug, info, warn or error")
 	f.StringVar(&logFormat, "log-format", "text", "text (logfmt) or json, one record a line on stderr")
@@ -151,4 +159,27 @@ func parsePeers(s string) (map[string]string, error) {
 		peers[id] = addr
 	}
 	return peers, nil
+}
+
+// isLoopback reports whether the API address listens on loopback only, where
+// the console is on unless --ui=false.
+func isLoopback(listen string) bool {
+	host, _, err := net.SplitHostPort(listen)
+	if err != nil {
+		return false
+	}
+	if host == "localhost" {
+		return true
+	}
+	ip := net.ParseIP(host)
+	return ip != nil && ip.IsLoopback()
+}
+
+// consoleURL is where the console of the node serving addr is.
+func consoleURL(addr string, tls bool) string {
+	scheme := "http"
+	if tls {
+		scheme = "https"
+	}
+	return scheme + "://" + addr + "/ui/"
 }

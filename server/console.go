@@ -1,0 +1,395 @@
+package server
+
+import (
+	"embed"
+	"encoding/json"
+	"fmt"
+	"io/fs"
+	"net/http"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/hashicorp/raft"
+
+	"github.com/fencelock/fence/internal/fsm"
+)
+
+// The console (fence serve --ui) is a read-only page of the group at /ui/
+// on the API port, behind the API's TLS and client-certificate settings.
+// Its page (server/console/, embedded) renders views the server pushes over
+// Server-Sent Events at /ui/events: a JSON snapshot of this node's state,
+// sent when the applied index or the raft state changed (checked every
+// consolePushInterval) and at least every consoleRefresh, so that the TTLs
+// left stay current. /ui/state.json answers one view.
+
+//go:embed console
+var consoleFiles embed.FS
+
+const (
+	// consolePushInterval is how often an open console checks for a change.
+	consolePushInterval = 250 * time.Millisecond
+	// consoleRefresh is how often a view is pushed even if nothing was
+	// applied: keepalives renew TTLs in the leader's memory, not in the log.
+	consoleRefresh = time.Second
+	// consoleEventsKept is how many recent grants and session ends the
+	// console shows.
+	consoleEventsKept = 100
+	// consoleMaxItems bounds the sessions and the locks of one view.
+	consoleMaxItems = 1000
+	// consoleMaxStreams bounds the consoles open on one node at once.
+	consoleMaxStreams = 64
+	// consoleWriteTimeout drops a console that does not read its pushes.
+	consoleWriteTimeout = 10 * time.Second
+)
+
+// consoleSecurityHeaders keep the page to its own embedded script and
+// style: no inline script runs, whatever text reaches the page.
+var consoleSecurityHeaders = map[string]string{
+	"Content-Security-Policy": "default-src 'none'; script-src 'self'; style-src 'self'; connect-src 'self'; img-src 'self'; base-uri 'none'; form-action 'none'; frame-ancestors 'none'",
+	"X-Content-Type-Options":  "nosniff",
+	"Referrer-Policy":         "no-referrer",
+	"X-Frame-Options":         "DENY",
+}
+
+// console serves the page and keeps the recent grants and session ends.
+// Its methods are safe for concurrent use; record runs on raft's apply
+// goroutine and does not block.
+type console struct {
+	s       *Server
+	streams atomic.Int32
+
+	mu     sync.Mutex
+	events []consoleEvent // a ring of consoleEventsKept
+	seq    uint64         // events recorded so far
+}
+
+// consoleEvent is a grant or a session's end, as the console lists it.
+type consoleEvent struct {
+	Seq   uint64    `json:"seq"`
+	Time  time.Time `json:"time"`
+	Index uint64    `json:"index"`
+	// Kind is "grant", "expired" (the leader expired the session) or
+	// "ended" (closed, or expired as seen from a follower).
+	Kind    string `json:"kind"`
+	Session uint64 `json:"session,string"`
+	Lock    string `json:"lock,omitempty"`
+	Token   uint64 `json:"token,omitempty,string"`
+	Mode    string `json:"mode,omitempty"`
+}
+
+func newConsole(s *Server) *console {
+	return &console{s: s, events: make([]consoleEvent, 0, consoleEventsKept)}
+}
+
+// record keeps the grants and session ends of one applied command. It
+// runs before the session tracker forgets the ended sessions, so that it
+// can tell the leader's expiries from closes.
+func (c *console) record(index uint64, res fsm.Result) {
+	if len(res.Grants) == 0 && len(res.Ended) == 0 {
+		return
+	}
+	now := c.s.cfg.Clock.Now()
+	var expiring map[uint64]bool
+	if len(res.Ended) > 0 {
+		expiring = c.s.tracker.expiringSessions(res.Ended)
+	}
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	for _, g := range res.Grants {
+		c.addLocked(consoleEvent{Time: now, Index: index, Kind: "grant", Session: g.Session, Lock: g.Lock, Token: g.Token, Mode: g.Mode.String()})
+	}
+	for _, id := range res.Ended {
+		kind := "ended"
+		if expiring[id] {
+			kind = "expired"
+		}
+		c.addLocked(consoleEvent{Time: now, Index: index, Kind: kind, Session: id})
+	}
+}
+
+func (c *console) addLocked(e consoleEvent) {
+	c.seq++
+	e.Seq = c.seq
+	if len(c.events) < consoleEventsKept {
+		c.events = append(c.events, e)
+		return
+	}
+	c.events[(c.seq-1)%consoleEventsKept] = e
+}
+
+// recent returns the kept events, newest first.
+func (c *console) recent() []consoleEvent {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	out := make([]consoleEvent, 0, len(c.events))
+	for i := uint64(0); i < uint64(len(c.events)); i++ {
+		out = append(out, c.events[(c.seq-1-i)%consoleEventsKept])
+	}
+	return out
+}
+
+// expiringSessions returns which of ids the leader is expiring.
+func (t *sessionTracker) expiringSessions(ids []uint64) map[uint64]bool {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	out := map[uint64]bool{}
+	for _, id := range ids {
+		if s, ok := t.sessions[id]; ok && s.expiring && t.leader {
+			out[id] = true
+		}
+	}
+	return out
+}
+
+// timeLeft returns each session's time to its deadline on the leader's
+// clock; nil on a follower, which keeps no deadlines.
+func (t *sessionTracker) timeLeft() map[uint64]time.Duration {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	if !t.leader {
+		return nil
+	}
+	now := t.clock.Now()
+	out := make(map[uint64]time.Duration, len(t.sessions))
+	for id, s := range t.sessions {
+		out[id] = max(s.deadline.Sub(now), 0)
+	}
+	return out
+}
+
+// consoleView is what the page shows: this node's view of the group.
+type consoleView struct {
+	Time      time.Time `json:"time"`
+	Node      string    `json:"node"`
+	ClusterID string    `json:"clusterId"`
+	Version   string    `json:"version"`
+	// State is this node's raft state (Leader, Follower, Candidate, ...).
+	State     string          `json:"state"`
+	Leader    string          `json:"leader"`
+	Term      uint64          `json:"term"`
+	LastIndex uint64          `json:"lastIndex"`
+	Commit    uint64          `json:"commitIndex"`
+	Applied   uint64          `json:"appliedIndex"`
+	LastToken uint64          `json:"lastToken,string"`
+	Problems  []string        `json:"problems"`
+	Members   []consoleMember `json:"members"`
+	// TTLLeftKnown is false on a follower: only the leader keeps deadlines.
+	TTLLeftKnown bool             `json:"ttlLeftKnown"`
+	NumSessions  int              `json:"numSessions"`
+	Sessions     []consoleSession `json:"sessions"`
+	NumLocks     int              `json:"numLocks"`
+	Locks        []consoleLock    `json:"locks"`
+	Events       []consoleEvent   `json:"events"`
+}
+
+type consoleMember struct {
+	ID   string `json:"id"`
+	Raft string `json:"raftAddress"`
+	API  string `json:"apiAddress"`
+	// Role is "leader", "follower" or "nonvoter" as this node sees it;
+	// this node's own is its raft state.
+	Role string `json:"role"`
+	Self bool   `json:"self"`
+}
+
+type consoleSession struct {
+	ID    uint64 `json:"id,string"`
+	Owner string `json:"owner"`
+	TTLMs int64  `json:"ttlMs"`
+	// LeftMs is the time to the session's deadline; -1 when unknown.
+	LeftMs int64 `json:"ttlLeftMs"`
+}
+
+type consoleLock struct {
+	Name    string          `json:"name"`
+	Permits uint32          `json:"permits,omitempty"`
+	DelayMs int64           `json:"delayMs,omitempty"`
+	Holders []consoleHolder `json:"holders"`
+	Waiters []consoleHolder `json:"waiters"`
+}
+
+// consoleHolder is a holder (with its token) or a waiter (without).
+type consoleHolder struct {
+	Session uint64 `json:"session,string"`
+	Owner   string `json:"owner"`
+	Token   uint64 `json:"token,omitempty,string"`
+	Mode    string `json:"mode"`
+}
+
+// view takes a snapshot of this node's state for the page.
+func (c *console) view() consoleView {
+	s := c.s
+	r := s.node.raft
+	stats := r.Stats()
+	_, leader := r.LeaderWithID()
+	v := consoleView{
+		Time:      s.cfg.Clock.Now(),
+		Node:      s.cfg.NodeID,
+		ClusterID: s.clusterID(),
+		Version:   s.cfg.Version,
+		State:     r.State().String(),
+		Leader:    string(leader),
+		Term:      parseUint(stats["term"]),
+		LastIndex: r.LastIndex(),
+		Commit:    parseUint(stats["commit_index"]),
+		Applied:   r.AppliedIndex(),
+		Problems:  s.problems(),
+		Events:    c.recent(),
+	}
+	left := s.tracker.timeLeft()
+	v.TTLLeftKnown = left != nil
+	owners := map[uint64]string{}
+	apis := map[string]string{}
+	s.fsm.Read(func(st *fsm.State) {
+		v.LastToken = st.LastToken()
+		v.NumSessions = st.NumSessions()
+		v.NumLocks = st.NumLocks()
+		for _, n := range st.Nodes() {
+			apis[n[0]] = n[1]
+		}
+		for _, info := range st.Sessions() {
+			owners[info.ID] = info.Owner
+			if len(v.Sessions) < consoleMaxItems {
+				cs := consoleSession{ID: info.ID, Owner: info.Owner, TTLMs: info.TTL.Milliseconds(), LeftMs: -1}
+				if d, ok := left[info.ID]; ok {
+					cs.LeftMs = d.Milliseconds()
+				}
+				v.Sessions = append(v.Sessions, cs)
+			}
+		}
+		locks, _ := st.LocksPage("", "", consoleMaxItems)
+		for _, l := range locks {
+			v.Locks = append(v.Locks, consoleLockOf(l, owners))
+		}
+	})
+	for _, m := range s.members() {
+		v.Members = append(v.Members, consoleMemberOf(m, string(leader), s.cfg.NodeID, v.State, apis))
+	}
+	return v
+}
+
+func consoleLockOf(l fsm.LockInfo, owners map[uint64]string) consoleLock {
+	cl := consoleLock{Name: l.Name, Permits: l.Permits, DelayMs: l.Delay.Milliseconds(), Holders: []consoleHolder{}, Waiters: []consoleHolder{}}
+	for _, h := range l.Holders {
+		cl.Holders = append(cl.Holders, consoleHolder{Session: h.Session, Owner: owners[h.Session], Token: h.Token, Mode: h.Mode.String()})
+	}
+	for _, w := range l.Waiters {
+		cl.Waiters = append(cl.Waiters, consoleHolder{Session: w.Session, Owner: owners[w.Session], Mode: w.Mode.String()})
+	}
+	return cl
+}
+
+func consoleMemberOf(m raft.Server, leader, self, selfState string, apis map[string]string) consoleMember {
+	cm := consoleMember{ID: string(m.ID), Raft: string(m.Address), API: apis[string(m.ID)], Self: string(m.ID) == self}
+	switch {
+	case cm.Self:
+		cm.Role = selfState
+	case string(m.ID) == leader:
+		cm.Role = "Leader"
+	case m.Suffrage != raft.Voter:
+		cm.Role = "Nonvoter"
+	default:
+		cm.Role = "Follower"
+	}
+	return cm
+}
+
+// viewKey changes whenever a pushed view would show something new besides
+// the TTLs left.
+type viewKey struct {
+	applied uint64
+	state   raft.RaftState
+	leader  raft.ServerID
+	term    string
+}
+
+func (c *console) key() viewKey {
+	r := c.s.node.raft
+	_, leader := r.LeaderWithID()
+	return viewKey{applied: r.AppliedIndex(), state: r.State(), leader: leader, term: r.Stats()["term"]}
+}
+
+// register adds the console's routes to mux.
+func (c *console) register(mux *http.ServeMux) {
+	assets, err := fs.Sub(consoleFiles, "console")
+	if err != nil {
+		panic(err) // the embedded directory is part of the binary
+	}
+	files := http.StripPrefix("/ui/", http.FileServerFS(assets))
+	mux.Handle("GET /ui/", consoleHeaders(files))
+	mux.Handle("GET /ui/state.json", consoleHeaders(http.HandlerFunc(c.serveState)))
+	mux.Handle("GET /ui/events", consoleHeaders(http.HandlerFunc(c.serveEvents)))
+}
+
+func consoleHeaders(next http.Handler) http.Handler {
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		for k, v := range consoleSecurityHeaders {
+			w.Header().Set(k, v)
+		}
+		w.Header().Set("Cache-Control", "no-store")
+		next.ServeHTTP(w, r)
+	})
+}
+
+func (c *console) serveState(w http.ResponseWriter, r *http.Request) {
+	w.Header().Set("Content-Type", "application/json")
+	enc := json.NewEncoder(w) // escapes <, > and & in strings
+	enc.Encode(c.view())
+}
+
+// serveEvents pushes views as Server-Sent Events ("event: view") until the
+// page goes away or the node shuts down.
+func (c *console) serveEvents(w http.ResponseWriter, r *http.Request) {
+	if c.streams.Add(1) > consoleMaxStreams {
+		c.streams.Add(-1)
+		http.Error(w, fmt.Sprintf("%d consoles are open on this node already", consoleMaxStreams), http.StatusTooManyRequests)
+		return
+	}
+	defer c.streams.Add(-1)
+	rc := http.NewResponseController(w)
+	w.Header().Set("Content-Type", "text/event-stream")
+	w.Header().Set("X-Accel-Buffering", "no")
+	ticker := time.NewTicker(consolePushInterval)
+	defer ticker.Stop()
+	var (
+		sent   viewKey
+		sentAt time.Time
+	)
+	for first := true; ; first = false {
+		key := c.key()
+		if first || key != sent || time.Since(sentAt) >= consoleRefresh {
+			if err := c.push(w, rc, first); err != nil {
+				return
+			}
+			sent, sentAt = key, time.Now()
+		}
+		select {
+		case <-r.Context().Done():
+			return
+		case <-c.s.done:
+			return
+		case <-ticker.C:
+		}
+	}
+}
+
+func (c *console) push(w http.ResponseWriter, rc *http.ResponseController, first bool) error {
+	data, err := json.Marshal(c.view())
+	if err != nil {
+		return err
+	}
+	if err := rc.SetWriteDeadline(time.Now().Add(consoleWriteTimeout)); err != nil && first {
+		c.s.logger.Debug("console: no write deadline", "err", err)
+	}
+	if first {
+		// The page reconnects after 2s when the stream breaks.
+		if _, err := fmt.Fprint(w, "retry: 2000\n\n"); err != nil {
+			return err
+		}
+	}
+	if _, err := fmt.Fprintf(w, "event: view\ndata: %s\n\n", data); err != nil {
+		return err
+	}
+	return rc.Flush()
+}
