@@ -214,7 +214,7 @@ func (s *Server) handler() http.Handler {
 		}
 		fmt.Fprintln(w, "ok")
 	})
-	return checkEnvelopes(mux, s.cfg.MaxRequestBytes)
+	return explainRefusals(checkEnvelopes(mux, s.cfg.MaxRequestBytes))
 }
 
 func (s *Server) newHTTPServer() *http.Server {

@@ -190,7 +190,11 @@ func nodeStatuses(ctx context.Context, c *client.Client, st *fencev1.StatusRespo
 	return out
 }
 
+// leaderAPI is the leader's API address, once it has registered it.
 func leaderAPI(st *fencev1.StatusResponse) string {
+	if a := st.GetLeaderAddress(); a != "" {
+		return a
+	}
 	for _, m := range st.GetMembers() {
 		if m.GetId() == st.GetLeaderId() {
 			return m.GetApiAddress()

@@ -563,6 +563,235 @@ func (*CloseSessionResponse) Descriptor() ([]byte, []int) {
 	return file_fence_v1_fence_proto_rawDescGZIP(), []int{6}
 }
 
+type ListSessionsRequest struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// Answer from this node's state without confirming leadership. Faster, but
+	// may be behind the leader, and without expires_in.
+	Stale         bool `protobuf:"varint,1,opt,name=stale,proto3" json:"stale,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *ListSessionsRequest) Reset() {
+	*x = ListSessionsRequest{}
+	mi := &file_fence_v1_fence_proto_msgTypes[7]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ListSessionsRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ListSessionsRequest) ProtoMessage() {}
+
+func (x *ListSessionsRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_fence_v1_fence_proto_msgTypes[7]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ListSessionsRequest.ProtoReflect.Descriptor instead.
+func (*ListSessionsRequest) Descriptor() ([]byte, []int) {
+	return file_fence_v1_fence_proto_rawDescGZIP(), []int{7}
+}
+
+func (x *ListSessionsRequest) GetStale() bool {
+	if x != nil {
+		return x.Stale
+	}
+	return false
+}
+
+type ListSessionsResponse struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Sessions      []*SessionInfo         `protobuf:"bytes,1,rep,name=sessions,proto3" json:"sessions,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *ListSessionsResponse) Reset() {
+	*x = ListSessionsResponse{}
+	mi := &file_fence_v1_fence_proto_msgTypes[8]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ListSessionsResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ListSessionsResponse) ProtoMessage() {}
+
+func (x *ListSessionsResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_fence_v1_fence_proto_msgTypes[8]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ListSessionsResponse.ProtoReflect.Descriptor instead.
+func (*ListSessionsResponse) Descriptor() ([]byte, []int) {
+	return file_fence_v1_fence_proto_rawDescGZIP(), []int{8}
+}
+
+func (x *ListSessionsResponse) GetSessions() []*SessionInfo {
+	if x != nil {
+		return x.Sessions
+	}
+	return nil
+}
+
+type SessionInfo struct {
+	state     protoimpl.MessageState `protogen:"open.v1"`
+	SessionId uint64                 `protobuf:"varint,1,opt,name=session_id,json=sessionId,proto3" json:"session_id,omitempty"`
+	Owner     string                 `protobuf:"bytes,2,opt,name=owner,proto3" json:"owner,omitempty"`
+	Ttl       *durationpb.Duration   `protobuf:"bytes,3,opt,name=ttl,proto3" json:"ttl,omitempty"`
+	// How long the session lives without a keepalive, on the leader's clock;
+	// unset when a node other than the leader answered (a stale read).
+	ExpiresIn *durationpb.Duration `protobuf:"bytes,4,opt,name=expires_in,json=expiresIn,proto3" json:"expires_in,omitempty"`
+	// The grants the session holds, by lock name.
+	Held          []*SessionGrant `protobuf:"bytes,5,rep,name=held,proto3" json:"held,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *SessionInfo) Reset() {
+	*x = SessionInfo{}
+	mi := &file_fence_v1_fence_proto_msgTypes[9]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *SessionInfo) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*SessionInfo) ProtoMessage() {}
+
+func (x *SessionInfo) ProtoReflect() protoreflect.Message {
+	mi := &file_fence_v1_fence_proto_msgTypes[9]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use SessionInfo.ProtoReflect.Descriptor instead.
+func (*SessionInfo) Descriptor() ([]byte, []int) {
+	return file_fence_v1_fence_proto_rawDescGZIP(), []int{9}
+}
+
+func (x *SessionInfo) GetSessionId() uint64 {
+	if x != nil {
+		return x.SessionId
+	}
+	return 0
+}
+
+func (x *SessionInfo) GetOwner() string {
+	if x != nil {
+		return x.Owner
+	}
+	return ""
+}
+
+func (x *SessionInfo) GetTtl() *durationpb.Duration {
+	if x != nil {
+		return x.Ttl
+	}
+	return nil
+}
+
+func (x *SessionInfo) GetExpiresIn() *durationpb.Duration {
+	if x != nil {
+		return x.ExpiresIn
+	}
+	return nil
+}
+
+func (x *SessionInfo) GetHeld() []*SessionGrant {
+	if x != nil {
+		return x.Held
+	}
+	return nil
+}
+
+type SessionGrant struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Lock          string                 `protobuf:"bytes,1,opt,name=lock,proto3" json:"lock,omitempty"`
+	Token         uint64                 `protobuf:"varint,2,opt,name=token,proto3" json:"token,omitempty"`
+	Mode          Mode                   `protobuf:"varint,3,opt,name=mode,proto3,enum=fence.v1.Mode" json:"mode,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *SessionGrant) Reset() {
+	*x = SessionGrant{}
+	mi := &file_fence_v1_fence_proto_msgTypes[10]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *SessionGrant) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*SessionGrant) ProtoMessage() {}
+
+func (x *SessionGrant) ProtoReflect() protoreflect.Message {
+	mi := &file_fence_v1_fence_proto_msgTypes[10]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use SessionGrant.ProtoReflect.Descriptor instead.
+func (*SessionGrant) Descriptor() ([]byte, []int) {
+	return file_fence_v1_fence_proto_rawDescGZIP(), []int{10}
+}
+
+func (x *SessionGrant) GetLock() string {
+	if x != nil {
+		return x.Lock
+	}
+	return ""
+}
+
+func (x *SessionGrant) GetToken() uint64 {
+	if x != nil {
+		return x.Token
+	}
+	return 0
+}
+
+func (x *SessionGrant) GetMode() Mode {
+	if x != nil {
+		return x.Mode
+	}
+	return Mode_MODE_UNSPECIFIED
+}
+
 type AcquireRequest struct {
 	state     protoimpl.MessageState `protogen:"open.v1"`
 	SessionId uint64                 `protobuf:"varint,1,opt,name=session_id,json=sessionId,proto3" json:"session_id,omitempty"`
@@ -609,7 +838,7 @@ type AcquireRequest struct {
 
 func (x *AcquireRequest) Reset() {
 	*x = AcquireRequest{}
-	mi := &file_fence_v1_fence_proto_msgTypes[7]
+	mi := &file_fence_v1_fence_proto_msgTypes[11]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -621,7 +850,7 @@ func (x *AcquireRequest) String() string {
 func (*AcquireRequest) ProtoMessage() {}
 
 func (x *AcquireRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_fence_v1_fence_proto_msgTypes[7]
+	mi := &file_fence_v1_fence_proto_msgTypes[11]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -634,7 +863,7 @@ func (x *AcquireRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use AcquireRequest.ProtoReflect.Descriptor instead.
 func (*AcquireRequest) Descriptor() ([]byte, []int) {
-	return file_fence_v1_fence_proto_rawDescGZIP(), []int{7}
+	return file_fence_v1_fence_proto_rawDescGZIP(), []int{11}
 }
 
 func (x *AcquireRequest) GetSessionId() uint64 {
@@ -721,7 +950,7 @@ type AcquireResponse struct {
 
 func (x *AcquireResponse) Reset() {
 	*x = AcquireResponse{}
-	mi := &file_fence_v1_fence_proto_msgTypes[8]
+	mi := &file_fence_v1_fence_proto_msgTypes[12]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -733,7 +962,7 @@ func (x *AcquireResponse) String() string {
 func (*AcquireResponse) ProtoMessage() {}
 
 func (x *AcquireResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_fence_v1_fence_proto_msgTypes[8]
+	mi := &file_fence_v1_fence_proto_msgTypes[12]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -746,7 +975,7 @@ func (x *AcquireResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use AcquireResponse.ProtoReflect.Descriptor instead.
 func (*AcquireResponse) Descriptor() ([]byte, []int) {
-	return file_fence_v1_fence_proto_rawDescGZIP(), []int{8}
+	return file_fence_v1_fence_proto_rawDescGZIP(), []int{12}
 }
 
 func (x *AcquireResponse) GetLock() string {
@@ -795,7 +1024,7 @@ type ReleaseRequest struct {
 
 func (x *ReleaseRequest) Reset() {
 	*x = ReleaseRequest{}
-	mi := &file_fence_v1_fence_proto_msgTypes[9]
+	mi := &file_fence_v1_fence_proto_msgTypes[13]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -807,7 +1036,7 @@ func (x *ReleaseRequest) String() string {
 func (*ReleaseRequest) ProtoMessage() {}
 
 func (x *ReleaseRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_fence_v1_fence_proto_msgTypes[9]
+	mi := &file_fence_v1_fence_proto_msgTypes[13]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -820,7 +1049,7 @@ func (x *ReleaseRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ReleaseRequest.ProtoReflect.Descriptor instead.
 func (*ReleaseRequest) Descriptor() ([]byte, []int) {
-	return file_fence_v1_fence_proto_rawDescGZIP(), []int{9}
+	return file_fence_v1_fence_proto_rawDescGZIP(), []int{13}
 }
 
 func (x *ReleaseRequest) GetSessionId() uint64 {
@@ -852,7 +1081,7 @@ type ReleaseResponse struct {
 
 func (x *ReleaseResponse) Reset() {
 	*x = ReleaseResponse{}
-	mi := &file_fence_v1_fence_proto_msgTypes[10]
+	mi := &file_fence_v1_fence_proto_msgTypes[14]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -864,7 +1093,7 @@ func (x *ReleaseResponse) String() string {
 func (*ReleaseResponse) ProtoMessage() {}
 
 func (x *ReleaseResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_fence_v1_fence_proto_msgTypes[10]
+	mi := &file_fence_v1_fence_proto_msgTypes[14]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -877,7 +1106,7 @@ func (x *ReleaseResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ReleaseResponse.ProtoReflect.Descriptor instead.
 func (*ReleaseResponse) Descriptor() ([]byte, []int) {
-	return file_fence_v1_fence_proto_rawDescGZIP(), []int{10}
+	return file_fence_v1_fence_proto_rawDescGZIP(), []int{14}
 }
 
 type CancelAcquireRequest struct {
@@ -892,7 +1121,7 @@ type CancelAcquireRequest struct {
 
 func (x *CancelAcquireRequest) Reset() {
 	*x = CancelAcquireRequest{}
-	mi := &file_fence_v1_fence_proto_msgTypes[11]
+	mi := &file_fence_v1_fence_proto_msgTypes[15]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -904,7 +1133,7 @@ func (x *CancelAcquireRequest) String() string {
 func (*CancelAcquireRequest) ProtoMessage() {}
 
 func (x *CancelAcquireRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_fence_v1_fence_proto_msgTypes[11]
+	mi := &file_fence_v1_fence_proto_msgTypes[15]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -917,7 +1146,7 @@ func (x *CancelAcquireRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CancelAcquireRequest.ProtoReflect.Descriptor instead.
 func (*CancelAcquireRequest) Descriptor() ([]byte, []int) {
-	return file_fence_v1_fence_proto_rawDescGZIP(), []int{11}
+	return file_fence_v1_fence_proto_rawDescGZIP(), []int{15}
 }
 
 func (x *CancelAcquireRequest) GetSessionId() uint64 {
@@ -953,7 +1182,7 @@ type CancelAcquireResponse struct {
 
 func (x *CancelAcquireResponse) Reset() {
 	*x = CancelAcquireResponse{}
-	mi := &file_fence_v1_fence_proto_msgTypes[12]
+	mi := &file_fence_v1_fence_proto_msgTypes[16]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -965,7 +1194,7 @@ func (x *CancelAcquireResponse) String() string {
 func (*CancelAcquireResponse) ProtoMessage() {}
 
 func (x *CancelAcquireResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_fence_v1_fence_proto_msgTypes[12]
+	mi := &file_fence_v1_fence_proto_msgTypes[16]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -978,7 +1207,7 @@ func (x *CancelAcquireResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CancelAcquireResponse.ProtoReflect.Descriptor instead.
 func (*CancelAcquireResponse) Descriptor() ([]byte, []int) {
-	return file_fence_v1_fence_proto_rawDescGZIP(), []int{12}
+	return file_fence_v1_fence_proto_rawDescGZIP(), []int{16}
 }
 
 func (x *CancelAcquireResponse) GetReleased() bool {
@@ -1008,7 +1237,7 @@ type CheckRequest struct {
 
 func (x *CheckRequest) Reset() {
 	*x = CheckRequest{}
-	mi := &file_fence_v1_fence_proto_msgTypes[13]
+	mi := &file_fence_v1_fence_proto_msgTypes[17]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1020,7 +1249,7 @@ func (x *CheckRequest) String() string {
 func (*CheckRequest) ProtoMessage() {}
 
 func (x *CheckRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_fence_v1_fence_proto_msgTypes[13]
+	mi := &file_fence_v1_fence_proto_msgTypes[17]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1033,7 +1262,7 @@ func (x *CheckRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CheckRequest.ProtoReflect.Descriptor instead.
 func (*CheckRequest) Descriptor() ([]byte, []int) {
-	return file_fence_v1_fence_proto_rawDescGZIP(), []int{13}
+	return file_fence_v1_fence_proto_rawDescGZIP(), []int{17}
 }
 
 func (x *CheckRequest) GetLock() string {
@@ -1071,7 +1300,7 @@ type CheckResponse struct {
 
 func (x *CheckResponse) Reset() {
 	*x = CheckResponse{}
-	mi := &file_fence_v1_fence_proto_msgTypes[14]
+	mi := &file_fence_v1_fence_proto_msgTypes[18]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1083,7 +1312,7 @@ func (x *CheckResponse) String() string {
 func (*CheckResponse) ProtoMessage() {}
 
 func (x *CheckResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_fence_v1_fence_proto_msgTypes[14]
+	mi := &file_fence_v1_fence_proto_msgTypes[18]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1096,7 +1325,7 @@ func (x *CheckResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CheckResponse.ProtoReflect.Descriptor instead.
 func (*CheckResponse) Descriptor() ([]byte, []int) {
-	return file_fence_v1_fence_proto_rawDescGZIP(), []int{14}
+	return file_fence_v1_fence_proto_rawDescGZIP(), []int{18}
 }
 
 func (x *CheckResponse) GetCurrent() bool {
@@ -1136,7 +1365,7 @@ type ListLocksRequest struct {
 
 func (x *ListLocksRequest) Reset() {
 	*x = ListLocksRequest{}
-	mi := &file_fence_v1_fence_proto_msgTypes[15]
+	mi := &file_fence_v1_fence_proto_msgTypes[19]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1148,7 +1377,7 @@ func (x *ListLocksRequest) String() string {
 func (*ListLocksRequest) ProtoMessage() {}
 
 func (x *ListLocksRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_fence_v1_fence_proto_msgTypes[15]
+	mi := &file_fence_v1_fence_proto_msgTypes[19]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1161,7 +1390,7 @@ func (x *ListLocksRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListLocksRequest.ProtoReflect.Descriptor instead.
 func (*ListLocksRequest) Descriptor() ([]byte, []int) {
-	return file_fence_v1_fence_proto_rawDescGZIP(), []int{15}
+	return file_fence_v1_fence_proto_rawDescGZIP(), []int{19}
 }
 
 func (x *ListLocksRequest) GetPrefix() string {
@@ -1204,7 +1433,7 @@ type Holder struct {
 
 func (x *Holder) Reset() {
 	*x = Holder{}
-	mi := &file_fence_v1_fence_proto_msgTypes[16]
+	mi := &file_fence_v1_fence_proto_msgTypes[20]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1216,7 +1445,7 @@ func (x *Holder) String() string {
 func (*Holder) ProtoMessage() {}
 
 func (x *Holder) ProtoReflect() protoreflect.Message {
-	mi := &file_fence_v1_fence_proto_msgTypes[16]
+	mi := &file_fence_v1_fence_proto_msgTypes[20]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1229,7 +1458,7 @@ func (x *Holder) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Holder.ProtoReflect.Descriptor instead.
 func (*Holder) Descriptor() ([]byte, []int) {
-	return file_fence_v1_fence_proto_rawDescGZIP(), []int{16}
+	return file_fence_v1_fence_proto_rawDescGZIP(), []int{20}
 }
 
 func (x *Holder) GetSessionId() uint64 {
@@ -1271,7 +1500,7 @@ type Waiter struct {
 
 func (x *Waiter) Reset() {
 	*x = Waiter{}
-	mi := &file_fence_v1_fence_proto_msgTypes[17]
+	mi := &file_fence_v1_fence_proto_msgTypes[21]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1283,7 +1512,7 @@ func (x *Waiter) String() string {
 func (*Waiter) ProtoMessage() {}
 
 func (x *Waiter) ProtoReflect() protoreflect.Message {
-	mi := &file_fence_v1_fence_proto_msgTypes[17]
+	mi := &file_fence_v1_fence_proto_msgTypes[21]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1296,7 +1525,7 @@ func (x *Waiter) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Waiter.ProtoReflect.Descriptor instead.
 func (*Waiter) Descriptor() ([]byte, []int) {
-	return file_fence_v1_fence_proto_rawDescGZIP(), []int{17}
+	return file_fence_v1_fence_proto_rawDescGZIP(), []int{21}
 }
 
 func (x *Waiter) GetSessionId() uint64 {
@@ -1335,7 +1564,7 @@ type LockInfo struct {
 
 func (x *LockInfo) Reset() {
 	*x = LockInfo{}
-	mi := &file_fence_v1_fence_proto_msgTypes[18]
+	mi := &file_fence_v1_fence_proto_msgTypes[22]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1347,7 +1576,7 @@ func (x *LockInfo) String() string {
 func (*LockInfo) ProtoMessage() {}
 
 func (x *LockInfo) ProtoReflect() protoreflect.Message {
-	mi := &file_fence_v1_fence_proto_msgTypes[18]
+	mi := &file_fence_v1_fence_proto_msgTypes[22]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1360,7 +1589,7 @@ func (x *LockInfo) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use LockInfo.ProtoReflect.Descriptor instead.
 func (*LockInfo) Descriptor() ([]byte, []int) {
-	return file_fence_v1_fence_proto_rawDescGZIP(), []int{18}
+	return file_fence_v1_fence_proto_rawDescGZIP(), []int{22}
 }
 
 func (x *LockInfo) GetName() string {
@@ -1409,7 +1638,7 @@ type ListLocksResponse struct {
 
 func (x *ListLocksResponse) Reset() {
 	*x = ListLocksResponse{}
-	mi := &file_fence_v1_fence_proto_msgTypes[19]
+	mi := &file_fence_v1_fence_proto_msgTypes[23]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1421,7 +1650,7 @@ func (x *ListLocksResponse) String() string {
 func (*ListLocksResponse) ProtoMessage() {}
 
 func (x *ListLocksResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_fence_v1_fence_proto_msgTypes[19]
+	mi := &file_fence_v1_fence_proto_msgTypes[23]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1434,7 +1663,7 @@ func (x *ListLocksResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListLocksResponse.ProtoReflect.Descriptor instead.
 func (*ListLocksResponse) Descriptor() ([]byte, []int) {
-	return file_fence_v1_fence_proto_rawDescGZIP(), []int{19}
+	return file_fence_v1_fence_proto_rawDescGZIP(), []int{23}
 }
 
 func (x *ListLocksResponse) GetLocks() []*LockInfo {
@@ -1459,7 +1688,7 @@ type StatusRequest struct {
 
 func (x *StatusRequest) Reset() {
 	*x = StatusRequest{}
-	mi := &file_fence_v1_fence_proto_msgTypes[20]
+	mi := &file_fence_v1_fence_proto_msgTypes[24]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1471,7 +1700,7 @@ func (x *StatusRequest) String() string {
 func (*StatusRequest) ProtoMessage() {}
 
 func (x *StatusRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_fence_v1_fence_proto_msgTypes[20]
+	mi := &file_fence_v1_fence_proto_msgTypes[24]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1484,15 +1713,17 @@ func (x *StatusRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use StatusRequest.ProtoReflect.Descriptor instead.
 func (*StatusRequest) Descriptor() ([]byte, []int) {
-	return file_fence_v1_fence_proto_rawDescGZIP(), []int{20}
+	return file_fence_v1_fence_proto_rawDescGZIP(), []int{24}
 }
 
 type StatusResponse struct {
 	state  protoimpl.MessageState `protogen:"open.v1"`
 	NodeId string                 `protobuf:"bytes,1,opt,name=node_id,json=nodeId,proto3" json:"node_id,omitempty"`
 	// This node's raft state: Leader, Follower, Candidate or Shutdown.
-	State         string `protobuf:"bytes,2,opt,name=state,proto3" json:"state,omitempty"`
-	LeaderId      string `protobuf:"bytes,3,opt,name=leader_id,json=leaderId,proto3" json:"leader_id,omitempty"`
+	State    string `protobuf:"bytes,2,opt,name=state,proto3" json:"state,omitempty"`
+	LeaderId string `protobuf:"bytes,3,opt,name=leader_id,json=leaderId,proto3" json:"leader_id,omitempty"`
+	// The leader's API address (host:port, as it registered it), empty until
+	// the leader has registered it.
 	LeaderAddress string `protobuf:"bytes,4,opt,name=leader_address,json=leaderAddress,proto3" json:"leader_address,omitempty"`
 	Term          uint64 `protobuf:"varint,5,opt,name=term,proto3" json:"term,omitempty"`
 	LastIndex     uint64 `protobuf:"varint,6,opt,name=last_index,json=lastIndex,proto3" json:"last_index,omitempty"`
@@ -1509,14 +1740,16 @@ type StatusResponse struct {
 	Problems []string `protobuf:"bytes,14,rep,name=problems,proto3" json:"problems,omitempty"`
 	// The group's id, drawn by its first leader; empty until it is applied
 	// here. Every answer carries it in the header Fence-Cluster-Id.
-	ClusterId     string `protobuf:"bytes,15,opt,name=cluster_id,json=clusterId,proto3" json:"cluster_id,omitempty"`
-	unknownFields protoimpl.UnknownFields
-	sizeCache     protoimpl.SizeCache
+	ClusterId string `protobuf:"bytes,15,opt,name=cluster_id,json=clusterId,proto3" json:"cluster_id,omitempty"`
+	// The leader's raft address, as the raft configuration has it.
+	LeaderRaftAddress string `protobuf:"bytes,16,opt,name=leader_raft_address,json=leaderRaftAddress,proto3" json:"leader_raft_address,omitempty"`
+	unknownFields     protoimpl.UnknownFields
+	sizeCache         protoimpl.SizeCache
 }
 
 func (x *StatusResponse) Reset() {
 	*x = StatusResponse{}
-	mi := &file_fence_v1_fence_proto_msgTypes[21]
+	mi := &file_fence_v1_fence_proto_msgTypes[25]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1528,7 +1761,7 @@ func (x *StatusResponse) String() string {
 func (*StatusResponse) ProtoMessage() {}
 
 func (x *StatusResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_fence_v1_fence_proto_msgTypes[21]
+	mi := &file_fence_v1_fence_proto_msgTypes[25]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1541,7 +1774,7 @@ func (x *StatusResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use StatusResponse.ProtoReflect.Descriptor instead.
 func (*StatusResponse) Descriptor() ([]byte, []int) {
-	return file_fence_v1_fence_proto_rawDescGZIP(), []int{21}
+	return file_fence_v1_fence_proto_rawDescGZIP(), []int{25}
 }
 
 func (x *StatusResponse) GetNodeId() string {
@@ -1649,6 +1882,13 @@ func (x *StatusResponse) GetClusterId() string {
 	return ""
 }
 
+func (x *StatusResponse) GetLeaderRaftAddress() string {
+	if x != nil {
+		return x.LeaderRaftAddress
+	}
+	return ""
+}
+
 type Member struct {
 	state       protoimpl.MessageState `protogen:"open.v1"`
 	Id          string                 `protobuf:"bytes,1,opt,name=id,proto3" json:"id,omitempty"`
@@ -1663,7 +1903,7 @@ type Member struct {
 
 func (x *Member) Reset() {
 	*x = Member{}
-	mi := &file_fence_v1_fence_proto_msgTypes[22]
+	mi := &file_fence_v1_fence_proto_msgTypes[26]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1675,7 +1915,7 @@ func (x *Member) String() string {
 func (*Member) ProtoMessage() {}
 
 func (x *Member) ProtoReflect() protoreflect.Message {
-	mi := &file_fence_v1_fence_proto_msgTypes[22]
+	mi := &file_fence_v1_fence_proto_msgTypes[26]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1688,7 +1928,7 @@ func (x *Member) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Member.ProtoReflect.Descriptor instead.
 func (*Member) Descriptor() ([]byte, []int) {
-	return file_fence_v1_fence_proto_rawDescGZIP(), []int{22}
+	return file_fence_v1_fence_proto_rawDescGZIP(), []int{26}
 }
 
 func (x *Member) GetId() string {
@@ -1732,7 +1972,7 @@ type AddMemberRequest struct {
 
 func (x *AddMemberRequest) Reset() {
 	*x = AddMemberRequest{}
-	mi := &file_fence_v1_fence_proto_msgTypes[23]
+	mi := &file_fence_v1_fence_proto_msgTypes[27]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1744,7 +1984,7 @@ func (x *AddMemberRequest) String() string {
 func (*AddMemberRequest) ProtoMessage() {}
 
 func (x *AddMemberRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_fence_v1_fence_proto_msgTypes[23]
+	mi := &file_fence_v1_fence_proto_msgTypes[27]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1757,7 +1997,7 @@ func (x *AddMemberRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use AddMemberRequest.ProtoReflect.Descriptor instead.
 func (*AddMemberRequest) Descriptor() ([]byte, []int) {
-	return file_fence_v1_fence_proto_rawDescGZIP(), []int{23}
+	return file_fence_v1_fence_proto_rawDescGZIP(), []int{27}
 }
 
 func (x *AddMemberRequest) GetId() string {
@@ -1789,7 +2029,7 @@ type AddMemberResponse struct {
 
 func (x *AddMemberResponse) Reset() {
 	*x = AddMemberResponse{}
-	mi := &file_fence_v1_fence_proto_msgTypes[24]
+	mi := &file_fence_v1_fence_proto_msgTypes[28]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1801,7 +2041,7 @@ func (x *AddMemberResponse) String() string {
 func (*AddMemberResponse) ProtoMessage() {}
 
 func (x *AddMemberResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_fence_v1_fence_proto_msgTypes[24]
+	mi := &file_fence_v1_fence_proto_msgTypes[28]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1814,7 +2054,7 @@ func (x *AddMemberResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use AddMemberResponse.ProtoReflect.Descriptor instead.
 func (*AddMemberResponse) Descriptor() ([]byte, []int) {
-	return file_fence_v1_fence_proto_rawDescGZIP(), []int{24}
+	return file_fence_v1_fence_proto_rawDescGZIP(), []int{28}
 }
 
 type RemoveMemberRequest struct {
@@ -1826,7 +2066,7 @@ type RemoveMemberRequest struct {
 
 func (x *RemoveMemberRequest) Reset() {
 	*x = RemoveMemberRequest{}
-	mi := &file_fence_v1_fence_proto_msgTypes[25]
+	mi := &file_fence_v1_fence_proto_msgTypes[29]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1838,7 +2078,7 @@ func (x *RemoveMemberRequest) String() string {
 func (*RemoveMemberRequest) ProtoMessage() {}
 
 func (x *RemoveMemberRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_fence_v1_fence_proto_msgTypes[25]
+	mi := &file_fence_v1_fence_proto_msgTypes[29]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1851,7 +2091,7 @@ func (x *RemoveMemberRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RemoveMemberRequest.ProtoReflect.Descriptor instead.
 func (*RemoveMemberRequest) Descriptor() ([]byte, []int) {
-	return file_fence_v1_fence_proto_rawDescGZIP(), []int{25}
+	return file_fence_v1_fence_proto_rawDescGZIP(), []int{29}
 }
 
 func (x *RemoveMemberRequest) GetId() string {
@@ -1869,7 +2109,7 @@ type RemoveMemberResponse struct {
 
 func (x *RemoveMemberResponse) Reset() {
 	*x = RemoveMemberResponse{}
-	mi := &file_fence_v1_fence_proto_msgTypes[26]
+	mi := &file_fence_v1_fence_proto_msgTypes[30]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1881,7 +2121,7 @@ func (x *RemoveMemberResponse) String() string {
 func (*RemoveMemberResponse) ProtoMessage() {}
 
 func (x *RemoveMemberResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_fence_v1_fence_proto_msgTypes[26]
+	mi := &file_fence_v1_fence_proto_msgTypes[30]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1894,7 +2134,7 @@ func (x *RemoveMemberResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RemoveMemberResponse.ProtoReflect.Descriptor instead.
 func (*RemoveMemberResponse) Descriptor() ([]byte, []int) {
-	return file_fence_v1_fence_proto_rawDescGZIP(), []int{26}
+	return file_fence_v1_fence_proto_rawDescGZIP(), []int{30}
 }
 
 type RegisterNodeRequest struct {
@@ -1907,7 +2147,7 @@ type RegisterNodeRequest struct {
 
 func (x *RegisterNodeRequest) Reset() {
 	*x = RegisterNodeRequest{}
-	mi := &file_fence_v1_fence_proto_msgTypes[27]
+	mi := &file_fence_v1_fence_proto_msgTypes[31]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1919,7 +2159,7 @@ func (x *RegisterNodeRequest) String() string {
 func (*RegisterNodeRequest) ProtoMessage() {}
 
 func (x *RegisterNodeRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_fence_v1_fence_proto_msgTypes[27]
+	mi := &file_fence_v1_fence_proto_msgTypes[31]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1932,7 +2172,7 @@ func (x *RegisterNodeRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RegisterNodeRequest.ProtoReflect.Descriptor instead.
 func (*RegisterNodeRequest) Descriptor() ([]byte, []int) {
-	return file_fence_v1_fence_proto_rawDescGZIP(), []int{27}
+	return file_fence_v1_fence_proto_rawDescGZIP(), []int{31}
 }
 
 func (x *RegisterNodeRequest) GetId() string {
@@ -1957,7 +2197,7 @@ type RegisterNodeResponse struct {
 
 func (x *RegisterNodeResponse) Reset() {
 	*x = RegisterNodeResponse{}
-	mi := &file_fence_v1_fence_proto_msgTypes[28]
+	mi := &file_fence_v1_fence_proto_msgTypes[32]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1969,7 +2209,7 @@ func (x *RegisterNodeResponse) String() string {
 func (*RegisterNodeResponse) ProtoMessage() {}
 
 func (x *RegisterNodeResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_fence_v1_fence_proto_msgTypes[28]
+	mi := &file_fence_v1_fence_proto_msgTypes[32]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1982,7 +2222,7 @@ func (x *RegisterNodeResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RegisterNodeResponse.ProtoReflect.Descriptor instead.
 func (*RegisterNodeResponse) Descriptor() ([]byte, []int) {
-	return file_fence_v1_fence_proto_rawDescGZIP(), []int{28}
+	return file_fence_v1_fence_proto_rawDescGZIP(), []int{32}
 }
 
 // Fence is how a KV write is fenced.
@@ -2005,7 +2245,7 @@ type Fence struct {
 
 func (x *Fence) Reset() {
 	*x = Fence{}
-	mi := &file_fence_v1_fence_proto_msgTypes[29]
+	mi := &file_fence_v1_fence_proto_msgTypes[33]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2017,7 +2257,7 @@ func (x *Fence) String() string {
 func (*Fence) ProtoMessage() {}
 
 func (x *Fence) ProtoReflect() protoreflect.Message {
-	mi := &file_fence_v1_fence_proto_msgTypes[29]
+	mi := &file_fence_v1_fence_proto_msgTypes[33]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2030,7 +2270,7 @@ func (x *Fence) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Fence.ProtoReflect.Descriptor instead.
 func (*Fence) Descriptor() ([]byte, []int) {
-	return file_fence_v1_fence_proto_rawDescGZIP(), []int{29}
+	return file_fence_v1_fence_proto_rawDescGZIP(), []int{33}
 }
 
 func (x *Fence) GetLock() string {
@@ -2077,7 +2317,7 @@ type PutRequest struct {
 
 func (x *PutRequest) Reset() {
 	*x = PutRequest{}
-	mi := &file_fence_v1_fence_proto_msgTypes[30]
+	mi := &file_fence_v1_fence_proto_msgTypes[34]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2089,7 +2329,7 @@ func (x *PutRequest) String() string {
 func (*PutRequest) ProtoMessage() {}
 
 func (x *PutRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_fence_v1_fence_proto_msgTypes[30]
+	mi := &file_fence_v1_fence_proto_msgTypes[34]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2102,7 +2342,7 @@ func (x *PutRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use PutRequest.ProtoReflect.Descriptor instead.
 func (*PutRequest) Descriptor() ([]byte, []int) {
-	return file_fence_v1_fence_proto_rawDescGZIP(), []int{30}
+	return file_fence_v1_fence_proto_rawDescGZIP(), []int{34}
 }
 
 func (x *PutRequest) GetKey() string {
@@ -2143,7 +2383,7 @@ type PutResponse struct {
 
 func (x *PutResponse) Reset() {
 	*x = PutResponse{}
-	mi := &file_fence_v1_fence_proto_msgTypes[31]
+	mi := &file_fence_v1_fence_proto_msgTypes[35]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2155,7 +2395,7 @@ func (x *PutResponse) String() string {
 func (*PutResponse) ProtoMessage() {}
 
 func (x *PutResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_fence_v1_fence_proto_msgTypes[31]
+	mi := &file_fence_v1_fence_proto_msgTypes[35]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2168,7 +2408,7 @@ func (x *PutResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use PutResponse.ProtoReflect.Descriptor instead.
 func (*PutResponse) Descriptor() ([]byte, []int) {
-	return file_fence_v1_fence_proto_rawDescGZIP(), []int{31}
+	return file_fence_v1_fence_proto_rawDescGZIP(), []int{35}
 }
 
 func (x *PutResponse) GetRevision() uint64 {
@@ -2198,7 +2438,7 @@ type KeyValue struct {
 
 func (x *KeyValue) Reset() {
 	*x = KeyValue{}
-	mi := &file_fence_v1_fence_proto_msgTypes[32]
+	mi := &file_fence_v1_fence_proto_msgTypes[36]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2210,7 +2450,7 @@ func (x *KeyValue) String() string {
 func (*KeyValue) ProtoMessage() {}
 
 func (x *KeyValue) ProtoReflect() protoreflect.Message {
-	mi := &file_fence_v1_fence_proto_msgTypes[32]
+	mi := &file_fence_v1_fence_proto_msgTypes[36]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2223,7 +2463,7 @@ func (x *KeyValue) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use KeyValue.ProtoReflect.Descriptor instead.
 func (*KeyValue) Descriptor() ([]byte, []int) {
-	return file_fence_v1_fence_proto_rawDescGZIP(), []int{32}
+	return file_fence_v1_fence_proto_rawDescGZIP(), []int{36}
 }
 
 func (x *KeyValue) GetKey() string {
@@ -2299,7 +2539,7 @@ type GetRequest struct {
 
 func (x *GetRequest) Reset() {
 	*x = GetRequest{}
-	mi := &file_fence_v1_fence_proto_msgTypes[33]
+	mi := &file_fence_v1_fence_proto_msgTypes[37]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2311,7 +2551,7 @@ func (x *GetRequest) String() string {
 func (*GetRequest) ProtoMessage() {}
 
 func (x *GetRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_fence_v1_fence_proto_msgTypes[33]
+	mi := &file_fence_v1_fence_proto_msgTypes[37]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2324,7 +2564,7 @@ func (x *GetRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GetRequest.ProtoReflect.Descriptor instead.
 func (*GetRequest) Descriptor() ([]byte, []int) {
-	return file_fence_v1_fence_proto_rawDescGZIP(), []int{33}
+	return file_fence_v1_fence_proto_rawDescGZIP(), []int{37}
 }
 
 func (x *GetRequest) GetKey() string {
@@ -2353,7 +2593,7 @@ type GetResponse struct {
 
 func (x *GetResponse) Reset() {
 	*x = GetResponse{}
-	mi := &file_fence_v1_fence_proto_msgTypes[34]
+	mi := &file_fence_v1_fence_proto_msgTypes[38]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2365,7 +2605,7 @@ func (x *GetResponse) String() string {
 func (*GetResponse) ProtoMessage() {}
 
 func (x *GetResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_fence_v1_fence_proto_msgTypes[34]
+	mi := &file_fence_v1_fence_proto_msgTypes[38]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2378,7 +2618,7 @@ func (x *GetResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GetResponse.ProtoReflect.Descriptor instead.
 func (*GetResponse) Descriptor() ([]byte, []int) {
-	return file_fence_v1_fence_proto_rawDescGZIP(), []int{34}
+	return file_fence_v1_fence_proto_rawDescGZIP(), []int{38}
 }
 
 func (x *GetResponse) GetFound() bool {
@@ -2412,7 +2652,7 @@ type DeleteRequest struct {
 
 func (x *DeleteRequest) Reset() {
 	*x = DeleteRequest{}
-	mi := &file_fence_v1_fence_proto_msgTypes[35]
+	mi := &file_fence_v1_fence_proto_msgTypes[39]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2424,7 +2664,7 @@ func (x *DeleteRequest) String() string {
 func (*DeleteRequest) ProtoMessage() {}
 
 func (x *DeleteRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_fence_v1_fence_proto_msgTypes[35]
+	mi := &file_fence_v1_fence_proto_msgTypes[39]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2437,7 +2677,7 @@ func (x *DeleteRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use DeleteRequest.ProtoReflect.Descriptor instead.
 func (*DeleteRequest) Descriptor() ([]byte, []int) {
-	return file_fence_v1_fence_proto_rawDescGZIP(), []int{35}
+	return file_fence_v1_fence_proto_rawDescGZIP(), []int{39}
 }
 
 func (x *DeleteRequest) GetKey() string {
@@ -2464,7 +2704,7 @@ type DeleteResponse struct {
 
 func (x *DeleteResponse) Reset() {
 	*x = DeleteResponse{}
-	mi := &file_fence_v1_fence_proto_msgTypes[36]
+	mi := &file_fence_v1_fence_proto_msgTypes[40]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2476,7 +2716,7 @@ func (x *DeleteResponse) String() string {
 func (*DeleteResponse) ProtoMessage() {}
 
 func (x *DeleteResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_fence_v1_fence_proto_msgTypes[36]
+	mi := &file_fence_v1_fence_proto_msgTypes[40]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2489,7 +2729,7 @@ func (x *DeleteResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use DeleteResponse.ProtoReflect.Descriptor instead.
 func (*DeleteResponse) Descriptor() ([]byte, []int) {
-	return file_fence_v1_fence_proto_rawDescGZIP(), []int{36}
+	return file_fence_v1_fence_proto_rawDescGZIP(), []int{40}
 }
 
 func (x *DeleteResponse) GetDeleted() bool {
@@ -2518,7 +2758,7 @@ type ListRequest struct {
 
 func (x *ListRequest) Reset() {
 	*x = ListRequest{}
-	mi := &file_fence_v1_fence_proto_msgTypes[37]
+	mi := &file_fence_v1_fence_proto_msgTypes[41]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2530,7 +2770,7 @@ func (x *ListRequest) String() string {
 func (*ListRequest) ProtoMessage() {}
 
 func (x *ListRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_fence_v1_fence_proto_msgTypes[37]
+	mi := &file_fence_v1_fence_proto_msgTypes[41]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2543,7 +2783,7 @@ func (x *ListRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListRequest.ProtoReflect.Descriptor instead.
 func (*ListRequest) Descriptor() ([]byte, []int) {
-	return file_fence_v1_fence_proto_rawDescGZIP(), []int{37}
+	return file_fence_v1_fence_proto_rawDescGZIP(), []int{41}
 }
 
 func (x *ListRequest) GetPrefix() string {
@@ -2579,7 +2819,7 @@ type ListResponse struct {
 
 func (x *ListResponse) Reset() {
 	*x = ListResponse{}
-	mi := &file_fence_v1_fence_proto_msgTypes[38]
+	mi := &file_fence_v1_fence_proto_msgTypes[42]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2591,7 +2831,7 @@ func (x *ListResponse) String() string {
 func (*ListResponse) ProtoMessage() {}
 
 func (x *ListResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_fence_v1_fence_proto_msgTypes[38]
+	mi := &file_fence_v1_fence_proto_msgTypes[42]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2604,7 +2844,7 @@ func (x *ListResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListResponse.ProtoReflect.Descriptor instead.
 func (*ListResponse) Descriptor() ([]byte, []int) {
-	return file_fence_v1_fence_proto_rawDescGZIP(), []int{38}
+	return file_fence_v1_fence_proto_rawDescGZIP(), []int{42}
 }
 
 func (x *ListResponse) GetKvs() []*KeyValue {
@@ -2648,7 +2888,7 @@ type WatchRequest struct {
 
 func (x *WatchRequest) Reset() {
 	*x = WatchRequest{}
-	mi := &file_fence_v1_fence_proto_msgTypes[39]
+	mi := &file_fence_v1_fence_proto_msgTypes[43]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2660,7 +2900,7 @@ func (x *WatchRequest) String() string {
 func (*WatchRequest) ProtoMessage() {}
 
 func (x *WatchRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_fence_v1_fence_proto_msgTypes[39]
+	mi := &file_fence_v1_fence_proto_msgTypes[43]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2673,7 +2913,7 @@ func (x *WatchRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use WatchRequest.ProtoReflect.Descriptor instead.
 func (*WatchRequest) Descriptor() ([]byte, []int) {
-	return file_fence_v1_fence_proto_rawDescGZIP(), []int{39}
+	return file_fence_v1_fence_proto_rawDescGZIP(), []int{43}
 }
 
 func (x *WatchRequest) GetPrefix() string {
@@ -2708,7 +2948,7 @@ type Event struct {
 
 func (x *Event) Reset() {
 	*x = Event{}
-	mi := &file_fence_v1_fence_proto_msgTypes[40]
+	mi := &file_fence_v1_fence_proto_msgTypes[44]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2720,7 +2960,7 @@ func (x *Event) String() string {
 func (*Event) ProtoMessage() {}
 
 func (x *Event) ProtoReflect() protoreflect.Message {
-	mi := &file_fence_v1_fence_proto_msgTypes[40]
+	mi := &file_fence_v1_fence_proto_msgTypes[44]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2733,7 +2973,7 @@ func (x *Event) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Event.ProtoReflect.Descriptor instead.
 func (*Event) Descriptor() ([]byte, []int) {
-	return file_fence_v1_fence_proto_rawDescGZIP(), []int{40}
+	return file_fence_v1_fence_proto_rawDescGZIP(), []int{44}
 }
 
 func (x *Event) GetType() EventType {
@@ -2765,7 +3005,7 @@ type WatchResponse struct {
 
 func (x *WatchResponse) Reset() {
 	*x = WatchResponse{}
-	mi := &file_fence_v1_fence_proto_msgTypes[41]
+	mi := &file_fence_v1_fence_proto_msgTypes[45]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2777,7 +3017,7 @@ func (x *WatchResponse) String() string {
 func (*WatchResponse) ProtoMessage() {}
 
 func (x *WatchResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_fence_v1_fence_proto_msgTypes[41]
+	mi := &file_fence_v1_fence_proto_msgTypes[45]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2790,7 +3030,7 @@ func (x *WatchResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use WatchResponse.ProtoReflect.Descriptor instead.
 func (*WatchResponse) Descriptor() ([]byte, []int) {
-	return file_fence_v1_fence_proto_rawDescGZIP(), []int{41}
+	return file_fence_v1_fence_proto_rawDescGZIP(), []int{45}
 }
 
 func (x *WatchResponse) GetEvents() []*Event {
@@ -2825,13 +3065,17 @@ type ErrorDetail struct {
 	CurrentToken uint64 `protobuf:"varint,5,opt,name=current_token,json=currentToken,proto3" json:"current_token,omitempty"`
 	// For REASON_NOT_LEADER: where the leader is, when known.
 	LeaderAddress string `protobuf:"bytes,6,opt,name=leader_address,json=leaderAddress,proto3" json:"leader_address,omitempty"`
-	unknownFields protoimpl.UnknownFields
-	sizeCache     protoimpl.SizeCache
+	// For REASON_LOCKED: the lock's newest holder, when it has one (0 when the
+	// lock is under lock-delay, or free with waiters ahead).
+	HolderSessionId uint64 `protobuf:"varint,7,opt,name=holder_session_id,json=holderSessionId,proto3" json:"holder_session_id,omitempty"`
+	HolderToken     uint64 `protobuf:"varint,8,opt,name=holder_token,json=holderToken,proto3" json:"holder_token,omitempty"`
+	unknownFields   protoimpl.UnknownFields
+	sizeCache       protoimpl.SizeCache
 }
 
 func (x *ErrorDetail) Reset() {
 	*x = ErrorDetail{}
-	mi := &file_fence_v1_fence_proto_msgTypes[42]
+	mi := &file_fence_v1_fence_proto_msgTypes[46]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2843,7 +3087,7 @@ func (x *ErrorDetail) String() string {
 func (*ErrorDetail) ProtoMessage() {}
 
 func (x *ErrorDetail) ProtoReflect() protoreflect.Message {
-	mi := &file_fence_v1_fence_proto_msgTypes[42]
+	mi := &file_fence_v1_fence_proto_msgTypes[46]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2856,7 +3100,7 @@ func (x *ErrorDetail) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ErrorDetail.ProtoReflect.Descriptor instead.
 func (*ErrorDetail) Descriptor() ([]byte, []int) {
-	return file_fence_v1_fence_proto_rawDescGZIP(), []int{42}
+	return file_fence_v1_fence_proto_rawDescGZIP(), []int{46}
 }
 
 func (x *ErrorDetail) GetReason() Reason {
@@ -2901,6 +3145,20 @@ func (x *ErrorDetail) GetLeaderAddress() string {
 	return ""
 }
 
+func (x *ErrorDetail) GetHolderSessionId() uint64 {
+	if x != nil {
+		return x.HolderSessionId
+	}
+	return 0
+}
+
+func (x *ErrorDetail) GetHolderToken() uint64 {
+	if x != nil {
+		return x.HolderToken
+	}
+	return 0
+}
+
 var File_fence_v1_fence_proto protoreflect.FileDescriptor
 
 const file_fence_v1_fence_proto_rawDesc = "" +
@@ -2925,7 +3183,23 @@ const file_fence_v1_fence_proto_rawDesc = "" +
 	"\x13CloseSessionRequest\x12\x1d\n" +
 	"\n" +
 	"session_id\x18\x01 \x01(\x04R\tsessionId\"\x16\n" +
-	"\x14CloseSessionResponse\"\x80\x03\n" +
+	"\x14CloseSessionResponse\"+\n" +
+	"\x13ListSessionsRequest\x12\x14\n" +
+	"\x05stale\x18\x01 \x01(\bR\x05stale\"I\n" +
+	"\x14ListSessionsResponse\x121\n" +
+	"\bsessions\x18\x01 \x03(\v2\x15.fence.v1.SessionInfoR\bsessions\"\xd5\x01\n" +
+	"\vSessionInfo\x12\x1d\n" +
+	"\n" +
+	"session_id\x18\x01 \x01(\x04R\tsessionId\x12\x14\n" +
+	"\x05owner\x18\x02 \x01(\tR\x05owner\x12+\n" +
+	"\x03ttl\x18\x03 \x01(\v2\x19.google.protobuf.DurationR\x03ttl\x128\n" +
+	"\n" +
+	"expires_in\x18\x04 \x01(\v2\x19.google.protobuf.DurationR\texpiresIn\x12*\n" +
+	"\x04held\x18\x05 \x03(\v2\x16.fence.v1.SessionGrantR\x04held\"\\\n" +
+	"\fSessionGrant\x12\x12\n" +
+	"\x04lock\x18\x01 \x01(\tR\x04lock\x12\x14\n" +
+	"\x05token\x18\x02 \x01(\x04R\x05token\x12\"\n" +
+	"\x04mode\x18\x03 \x01(\x0e2\x0e.fence.v1.ModeR\x04mode\"\x80\x03\n" +
 	"\x0eAcquireRequest\x12\x1d\n" +
 	"\n" +
 	"session_id\x18\x01 \x01(\x04R\tsessionId\x12\x12\n" +
@@ -2996,7 +3270,7 @@ const file_fence_v1_fence_proto_rawDesc = "" +
 	"\x11ListLocksResponse\x12(\n" +
 	"\x05locks\x18\x01 \x03(\v2\x12.fence.v1.LockInfoR\x05locks\x12&\n" +
 	"\x0fnext_page_token\x18\x02 \x01(\tR\rnextPageToken\"\x0f\n" +
-	"\rStatusRequest\"\xd0\x03\n" +
+	"\rStatusRequest\"\x80\x04\n" +
 	"\x0eStatusResponse\x12\x17\n" +
 	"\anode_id\x18\x01 \x01(\tR\x06nodeId\x12\x14\n" +
 	"\x05state\x18\x02 \x01(\tR\x05state\x12\x1b\n" +
@@ -3016,7 +3290,8 @@ const file_fence_v1_fence_proto_rawDesc = "" +
 	"\amembers\x18\r \x03(\v2\x10.fence.v1.MemberR\amembers\x12\x1a\n" +
 	"\bproblems\x18\x0e \x03(\tR\bproblems\x12\x1d\n" +
 	"\n" +
-	"cluster_id\x18\x0f \x01(\tR\tclusterId\"r\n" +
+	"cluster_id\x18\x0f \x01(\tR\tclusterId\x12.\n" +
+	"\x13leader_raft_address\x18\x10 \x01(\tR\x11leaderRaftAddress\"r\n" +
 	"\x06Member\x12\x0e\n" +
 	"\x02id\x18\x01 \x01(\tR\x02id\x12!\n" +
 	"\fraft_address\x18\x02 \x01(\tR\vraftAddress\x12\x14\n" +
@@ -3094,7 +3369,7 @@ const file_fence_v1_fence_proto_rawDesc = "" +
 	"\rWatchResponse\x12'\n" +
 	"\x06events\x18\x01 \x03(\v2\x0f.fence.v1.EventR\x06events\x12\x1a\n" +
 	"\brevision\x18\x02 \x01(\x04R\brevision\x12\x1a\n" +
-	"\bprogress\x18\x03 \x01(\bR\bprogress\"\xcc\x01\n" +
+	"\bprogress\x18\x03 \x01(\bR\bprogress\"\x9b\x02\n" +
 	"\vErrorDetail\x12(\n" +
 	"\x06reason\x18\x01 \x01(\x0e2\x10.fence.v1.ReasonR\x06reason\x12\x12\n" +
 	"\x04lock\x18\x02 \x01(\tR\x04lock\x12\x1d\n" +
@@ -3102,7 +3377,9 @@ const file_fence_v1_fence_proto_rawDesc = "" +
 	"session_id\x18\x03 \x01(\x04R\tsessionId\x12\x14\n" +
 	"\x05token\x18\x04 \x01(\x04R\x05token\x12#\n" +
 	"\rcurrent_token\x18\x05 \x01(\x04R\fcurrentToken\x12%\n" +
-	"\x0eleader_address\x18\x06 \x01(\tR\rleaderAddress*U\n" +
+	"\x0eleader_address\x18\x06 \x01(\tR\rleaderAddress\x12*\n" +
+	"\x11holder_session_id\x18\a \x01(\x04R\x0fholderSessionId\x12!\n" +
+	"\fholder_token\x18\b \x01(\x04R\vholderToken*U\n" +
 	"\x04Mode\x12\x14\n" +
 	"\x10MODE_UNSPECIFIED\x10\x00\x12\x12\n" +
 	"\x0eMODE_EXCLUSIVE\x10\x01\x12\x0f\n" +
@@ -3127,11 +3404,12 @@ const file_fence_v1_fence_proto_rawDesc = "" +
 	"\x12\x14\n" +
 	"\x10REASON_CANCELLED\x10\v\x12\x14\n" +
 	"\x10REASON_DISK_FULL\x10\f\x12\x18\n" +
-	"\x14REASON_WRONG_CLUSTER\x10\r2\xfd\x01\n" +
+	"\x14REASON_WRONG_CLUSTER\x10\r2\xce\x02\n" +
 	"\x0eSessionService\x12R\n" +
 	"\rCreateSession\x12\x1e.fence.v1.CreateSessionRequest\x1a\x1f.fence.v1.CreateSessionResponse\"\x00\x12F\n" +
 	"\tKeepAlive\x12\x1a.fence.v1.KeepAliveRequest\x1a\x1b.fence.v1.KeepAliveResponse\"\x00\x12O\n" +
-	"\fCloseSession\x12\x1d.fence.v1.CloseSessionRequest\x1a\x1e.fence.v1.CloseSessionResponse\"\x002\xe9\x02\n" +
+	"\fCloseSession\x12\x1d.fence.v1.CloseSessionRequest\x1a\x1e.fence.v1.CloseSessionResponse\"\x00\x12O\n" +
+	"\fListSessions\x12\x1d.fence.v1.ListSessionsRequest\x1a\x1e.fence.v1.ListSessionsResponse\"\x002\xe9\x02\n" +
 	"\vLockService\x12@\n" +
 	"\aAcquire\x12\x18.fence.v1.AcquireRequest\x1a\x19.fence.v1.AcquireResponse\"\x00\x12@\n" +
 	"\aRelease\x12\x18.fence.v1.ReleaseRequest\x1a\x19.fence.v1.ReleaseResponse\"\x00\x12R\n" +
@@ -3163,7 +3441,7 @@ func file_fence_v1_fence_proto_rawDescGZIP() []byte {
 }
 
 var file_fence_v1_fence_proto_enumTypes = make([]protoimpl.EnumInfo, 3)
-var file_fence_v1_fence_proto_msgTypes = make([]protoimpl.MessageInfo, 43)
+var file_fence_v1_fence_proto_msgTypes = make([]protoimpl.MessageInfo, 47)
 var file_fence_v1_fence_proto_goTypes = []any{
 	(Mode)(0),                     // 0: fence.v1.Mode
 	(EventType)(0),                // 1: fence.v1.EventType
@@ -3175,108 +3453,119 @@ var file_fence_v1_fence_proto_goTypes = []any{
 	(*HeldGrants)(nil),            // 7: fence.v1.HeldGrants
 	(*CloseSessionRequest)(nil),   // 8: fence.v1.CloseSessionRequest
 	(*CloseSessionResponse)(nil),  // 9: fence.v1.CloseSessionResponse
-	(*AcquireRequest)(nil),        // 10: fence.v1.AcquireRequest
-	(*AcquireResponse)(nil),       // 11: fence.v1.AcquireResponse
-	(*ReleaseRequest)(nil),        // 12: fence.v1.ReleaseRequest
-	(*ReleaseResponse)(nil),       // 13: fence.v1.ReleaseResponse
-	(*CancelAcquireRequest)(nil),  // 14: fence.v1.CancelAcquireRequest
-	(*CancelAcquireResponse)(nil), // 15: fence.v1.CancelAcquireResponse
-	(*CheckRequest)(nil),          // 16: fence.v1.CheckRequest
-	(*CheckResponse)(nil),         // 17: fence.v1.CheckResponse
-	(*ListLocksRequest)(nil),      // 18: fence.v1.ListLocksRequest
-	(*Holder)(nil),                // 19: fence.v1.Holder
-	(*Waiter)(nil),                // 20: fence.v1.Waiter
-	(*LockInfo)(nil),              // 21: fence.v1.LockInfo
-	(*ListLocksResponse)(nil),     // 22: fence.v1.ListLocksResponse
-	(*StatusRequest)(nil),         // 23: fence.v1.StatusRequest
-	(*StatusResponse)(nil),        // 24: fence.v1.StatusResponse
-	(*Member)(nil),                // 25: fence.v1.Member
-	(*AddMemberRequest)(nil),      // 26: fence.v1.AddMemberRequest
-	(*AddMemberResponse)(nil),     // 27: fence.v1.AddMemberResponse
-	(*RemoveMemberRequest)(nil),   // 28: fence.v1.RemoveMemberRequest
-	(*RemoveMemberResponse)(nil),  // 29: fence.v1.RemoveMemberResponse
-	(*RegisterNodeRequest)(nil),   // 30: fence.v1.RegisterNodeRequest
-	(*RegisterNodeResponse)(nil),  // 31: fence.v1.RegisterNodeResponse
-	(*Fence)(nil),                 // 32: fence.v1.Fence
-	(*PutRequest)(nil),            // 33: fence.v1.PutRequest
-	(*PutResponse)(nil),           // 34: fence.v1.PutResponse
-	(*KeyValue)(nil),              // 35: fence.v1.KeyValue
-	(*GetRequest)(nil),            // 36: fence.v1.GetRequest
-	(*GetResponse)(nil),           // 37: fence.v1.GetResponse
-	(*DeleteRequest)(nil),         // 38: fence.v1.DeleteRequest
-	(*DeleteResponse)(nil),        // 39: fence.v1.DeleteResponse
-	(*ListRequest)(nil),           // 40: fence.v1.ListRequest
-	(*ListResponse)(nil),          // 41: fence.v1.ListResponse
-	(*WatchRequest)(nil),          // 42: fence.v1.WatchRequest
-	(*Event)(nil),                 // 43: fence.v1.Event
-	(*WatchResponse)(nil),         // 44: fence.v1.WatchResponse
-	(*ErrorDetail)(nil),           // 45: fence.v1.ErrorDetail
-	(*durationpb.Duration)(nil),   // 46: google.protobuf.Duration
+	(*ListSessionsRequest)(nil),   // 10: fence.v1.ListSessionsRequest
+	(*ListSessionsResponse)(nil),  // 11: fence.v1.ListSessionsResponse
+	(*SessionInfo)(nil),           // 12: fence.v1.SessionInfo
+	(*SessionGrant)(nil),          // 13: fence.v1.SessionGrant
+	(*AcquireRequest)(nil),        // 14: fence.v1.AcquireRequest
+	(*AcquireResponse)(nil),       // 15: fence.v1.AcquireResponse
+	(*ReleaseRequest)(nil),        // 16: fence.v1.ReleaseRequest
+	(*ReleaseResponse)(nil),       // 17: fence.v1.ReleaseResponse
+	(*CancelAcquireRequest)(nil),  // 18: fence.v1.CancelAcquireRequest
+	(*CancelAcquireResponse)(nil), // 19: fence.v1.CancelAcquireResponse
+	(*CheckRequest)(nil),          // 20: fence.v1.CheckRequest
+	(*CheckResponse)(nil),         // 21: fence.v1.CheckResponse
+	(*ListLocksRequest)(nil),      // 22: fence.v1.ListLocksRequest
+	(*Holder)(nil),                // 23: fence.v1.Holder
+	(*Waiter)(nil),                // 24: fence.v1.Waiter
+	(*LockInfo)(nil),              // 25: fence.v1.LockInfo
+	(*ListLocksResponse)(nil),     // 26: fence.v1.ListLocksResponse
+	(*StatusRequest)(nil),         // 27: fence.v1.StatusRequest
+	(*StatusResponse)(nil),        // 28: fence.v1.StatusResponse
+	(*Member)(nil),                // 29: fence.v1.Member
+	(*AddMemberRequest)(nil),      // 30: fence.v1.AddMemberRequest
+	(*AddMemberResponse)(nil),     // 31: fence.v1.AddMemberResponse
+	(*RemoveMemberRequest)(nil),   // 32: fence.v1.RemoveMemberRequest
+	(*RemoveMemberResponse)(nil),  // 33: fence.v1.RemoveMemberResponse
+	(*RegisterNodeRequest)(nil),   // 34: fence.v1.RegisterNodeRequest
+	(*RegisterNodeResponse)(nil),  // 35: fence.v1.RegisterNodeResponse
+	(*Fence)(nil),                 // 36: fence.v1.Fence
+	(*PutRequest)(nil),            // 37: fence.v1.PutRequest
+	(*PutResponse)(nil),           // 38: fence.v1.PutResponse
+	(*KeyValue)(nil),              // 39: fence.v1.KeyValue
+	(*GetRequest)(nil),            // 40: fence.v1.GetRequest
+	(*GetResponse)(nil),           // 41: fence.v1.GetResponse
+	(*DeleteRequest)(nil),         // 42: fence.v1.DeleteRequest
+	(*DeleteResponse)(nil),        // 43: fence.v1.DeleteResponse
+	(*ListRequest)(nil),           // 44: fence.v1.ListRequest
+	(*ListResponse)(nil),          // 45: fence.v1.ListResponse
+	(*WatchRequest)(nil),          // 46: fence.v1.WatchRequest
+	(*Event)(nil),                 // 47: fence.v1.Event
+	(*WatchResponse)(nil),         // 48: fence.v1.WatchResponse
+	(*ErrorDetail)(nil),           // 49: fence.v1.ErrorDetail
+	(*durationpb.Duration)(nil),   // 50: google.protobuf.Duration
 }
 var file_fence_v1_fence_proto_depIdxs = []int32{
-	46, // 0: fence.v1.CreateSessionRequest.ttl:type_name -> google.protobuf.Duration
-	46, // 1: fence.v1.CreateSessionResponse.ttl:type_name -> google.protobuf.Duration
-	46, // 2: fence.v1.KeepAliveResponse.ttl:type_name -> google.protobuf.Duration
+	50, // 0: fence.v1.CreateSessionRequest.ttl:type_name -> google.protobuf.Duration
+	50, // 1: fence.v1.CreateSessionResponse.ttl:type_name -> google.protobuf.Duration
+	50, // 2: fence.v1.KeepAliveResponse.ttl:type_name -> google.protobuf.Duration
 	7,  // 3: fence.v1.KeepAliveResponse.held:type_name -> fence.v1.HeldGrants
-	0,  // 4: fence.v1.AcquireRequest.mode:type_name -> fence.v1.Mode
-	46, // 5: fence.v1.AcquireRequest.wait_timeout:type_name -> google.protobuf.Duration
-	46, // 6: fence.v1.AcquireRequest.lock_delay:type_name -> google.protobuf.Duration
-	46, // 7: fence.v1.AcquireRequest.poll:type_name -> google.protobuf.Duration
-	0,  // 8: fence.v1.AcquireResponse.mode:type_name -> fence.v1.Mode
-	0,  // 9: fence.v1.Holder.mode:type_name -> fence.v1.Mode
-	0,  // 10: fence.v1.Waiter.mode:type_name -> fence.v1.Mode
-	19, // 11: fence.v1.LockInfo.holders:type_name -> fence.v1.Holder
-	20, // 12: fence.v1.LockInfo.waiters:type_name -> fence.v1.Waiter
-	21, // 13: fence.v1.ListLocksResponse.locks:type_name -> fence.v1.LockInfo
-	25, // 14: fence.v1.StatusResponse.members:type_name -> fence.v1.Member
-	32, // 15: fence.v1.PutRequest.fence:type_name -> fence.v1.Fence
-	35, // 16: fence.v1.GetResponse.kv:type_name -> fence.v1.KeyValue
-	32, // 17: fence.v1.DeleteRequest.fence:type_name -> fence.v1.Fence
-	35, // 18: fence.v1.ListResponse.kvs:type_name -> fence.v1.KeyValue
-	46, // 19: fence.v1.WatchRequest.progress_interval:type_name -> google.protobuf.Duration
-	1,  // 20: fence.v1.Event.type:type_name -> fence.v1.EventType
-	35, // 21: fence.v1.Event.kv:type_name -> fence.v1.KeyValue
-	43, // 22: fence.v1.WatchResponse.events:type_name -> fence.v1.Event
-	2,  // 23: fence.v1.ErrorDetail.reason:type_name -> fence.v1.Reason
-	3,  // 24: fence.v1.SessionService.CreateSession:input_type -> fence.v1.CreateSessionRequest
-	5,  // 25: fence.v1.SessionService.KeepAlive:input_type -> fence.v1.KeepAliveRequest
-	8,  // 26: fence.v1.SessionService.CloseSession:input_type -> fence.v1.CloseSessionRequest
-	10, // 27: fence.v1.LockService.Acquire:input_type -> fence.v1.AcquireRequest
-	12, // 28: fence.v1.LockService.Release:input_type -> fence.v1.ReleaseRequest
-	14, // 29: fence.v1.LockService.CancelAcquire:input_type -> fence.v1.CancelAcquireRequest
-	16, // 30: fence.v1.LockService.Check:input_type -> fence.v1.CheckRequest
-	18, // 31: fence.v1.LockService.ListLocks:input_type -> fence.v1.ListLocksRequest
-	33, // 32: fence.v1.KVService.Put:input_type -> fence.v1.PutRequest
-	36, // 33: fence.v1.KVService.Get:input_type -> fence.v1.GetRequest
-	38, // 34: fence.v1.KVService.Delete:input_type -> fence.v1.DeleteRequest
-	40, // 35: fence.v1.KVService.List:input_type -> fence.v1.ListRequest
-	42, // 36: fence.v1.KVService.Watch:input_type -> fence.v1.WatchRequest
-	23, // 37: fence.v1.ClusterService.Status:input_type -> fence.v1.StatusRequest
-	26, // 38: fence.v1.ClusterService.AddMember:input_type -> fence.v1.AddMemberRequest
-	28, // 39: fence.v1.ClusterService.RemoveMember:input_type -> fence.v1.RemoveMemberRequest
-	30, // 40: fence.v1.ClusterService.RegisterNode:input_type -> fence.v1.RegisterNodeRequest
-	4,  // 41: fence.v1.SessionService.CreateSession:output_type -> fence.v1.CreateSessionResponse
-	6,  // 42: fence.v1.SessionService.KeepAlive:output_type -> fence.v1.KeepAliveResponse
-	9,  // 43: fence.v1.SessionService.CloseSession:output_type -> fence.v1.CloseSessionResponse
-	11, // 44: fence.v1.LockService.Acquire:output_type -> fence.v1.AcquireResponse
-	13, // 45: fence.v1.LockService.Release:output_type -> fence.v1.ReleaseResponse
-	15, // 46: fence.v1.LockService.CancelAcquire:output_type -> fence.v1.CancelAcquireResponse
-	17, // 47: fence.v1.LockService.Check:output_type -> fence.v1.CheckResponse
-	22, // 48: fence.v1.LockService.ListLocks:output_type -> fence.v1.ListLocksResponse
-	34, // 49: fence.v1.KVService.Put:output_type -> fence.v1.PutResponse
-	37, // 50: fence.v1.KVService.Get:output_type -> fence.v1.GetResponse
-	39, // 51: fence.v1.KVService.Delete:output_type -> fence.v1.DeleteResponse
-	41, // 52: fence.v1.KVService.List:output_type -> fence.v1.ListResponse
-	44, // 53: fence.v1.KVService.Watch:output_type -> fence.v1.WatchResponse
-	24, // 54: fence.v1.ClusterService.Status:output_type -> fence.v1.StatusResponse
-	27, // 55: fence.v1.ClusterService.AddMember:output_type -> fence.v1.AddMemberResponse
-	29, // 56: fence.v1.ClusterService.RemoveMember:output_type -> fence.v1.RemoveMemberResponse
-	31, // 57: fence.v1.ClusterService.RegisterNode:output_type -> fence.v1.RegisterNodeResponse
-	41, // [41:58] is the sub-list for method output_type
-	24, // [24:41] is the sub-list for method input_type
-	24, // [24:24] is the sub-list for extension type_name
-	24, // [24:24] is the sub-list for extension extendee
-	0,  // [0:24] is the sub-list for field type_name
+	12, // 4: fence.v1.ListSessionsResponse.sessions:type_name -> fence.v1.SessionInfo
+	50, // 5: fence.v1.SessionInfo.ttl:type_name -> google.protobuf.Duration
+	50, // 6: fence.v1.SessionInfo.expires_in:type_name -> google.protobuf.Duration
+	13, // 7: fence.v1.SessionInfo.held:type_name -> fence.v1.SessionGrant
+	0,  // 8: fence.v1.SessionGrant.mode:type_name -> fence.v1.Mode
+	0,  // 9: fence.v1.AcquireRequest.mode:type_name -> fence.v1.Mode
+	50, // 10: fence.v1.AcquireRequest.wait_timeout:type_name -> google.protobuf.Duration
+	50, // 11: fence.v1.AcquireRequest.lock_delay:type_name -> google.protobuf.Duration
+	50, // 12: fence.v1.AcquireRequest.poll:type_name -> google.protobuf.Duration
+	0,  // 13: fence.v1.AcquireResponse.mode:type_name -> fence.v1.Mode
+	0,  // 14: fence.v1.Holder.mode:type_name -> fence.v1.Mode
+	0,  // 15: fence.v1.Waiter.mode:type_name -> fence.v1.Mode
+	23, // 16: fence.v1.LockInfo.holders:type_name -> fence.v1.Holder
+	24, // 17: fence.v1.LockInfo.waiters:type_name -> fence.v1.Waiter
+	25, // 18: fence.v1.ListLocksResponse.locks:type_name -> fence.v1.LockInfo
+	29, // 19: fence.v1.StatusResponse.members:type_name -> fence.v1.Member
+	36, // 20: fence.v1.PutRequest.fence:type_name -> fence.v1.Fence
+	39, // 21: fence.v1.GetResponse.kv:type_name -> fence.v1.KeyValue
+	36, // 22: fence.v1.DeleteRequest.fence:type_name -> fence.v1.Fence
+	39, // 23: fence.v1.ListResponse.kvs:type_name -> fence.v1.KeyValue
+	50, // 24: fence.v1.WatchRequest.progress_interval:type_name -> google.protobuf.Duration
+	1,  // 25: fence.v1.Event.type:type_name -> fence.v1.EventType
+	39, // 26: fence.v1.Event.kv:type_name -> fence.v1.KeyValue
+	47, // 27: fence.v1.WatchResponse.events:type_name -> fence.v1.Event
+	2,  // 28: fence.v1.ErrorDetail.reason:type_name -> fence.v1.Reason
+	3,  // 29: fence.v1.SessionService.CreateSession:input_type -> fence.v1.CreateSessionRequest
+	5,  // 30: fence.v1.SessionService.KeepAlive:input_type -> fence.v1.KeepAliveRequest
+	8,  // 31: fence.v1.SessionService.CloseSession:input_type -> fence.v1.CloseSessionRequest
+	10, // 32: fence.v1.SessionService.ListSessions:input_type -> fence.v1.ListSessionsRequest
+	14, // 33: fence.v1.LockService.Acquire:input_type -> fence.v1.AcquireRequest
+	16, // 34: fence.v1.LockService.Release:input_type -> fence.v1.ReleaseRequest
+	18, // 35: fence.v1.LockService.CancelAcquire:input_type -> fence.v1.CancelAcquireRequest
+	20, // 36: fence.v1.LockService.Check:input_type -> fence.v1.CheckRequest
+	22, // 37: fence.v1.LockService.ListLocks:input_type -> fence.v1.ListLocksRequest
+	37, // 38: fence.v1.KVService.Put:input_type -> fence.v1.PutRequest
+	40, // 39: fence.v1.KVService.Get:input_type -> fence.v1.GetRequest
+	42, // 40: fence.v1.KVService.Delete:input_type -> fence.v1.DeleteRequest
+	44, // 41: fence.v1.KVService.List:input_type -> fence.v1.ListRequest
+	46, // 42: fence.v1.KVService.Watch:input_type -> fence.v1.WatchRequest
+	27, // 43: fence.v1.ClusterService.Status:input_type -> fence.v1.StatusRequest
+	30, // 44: fence.v1.ClusterService.AddMember:input_type -> fence.v1.AddMemberRequest
+	32, // 45: fence.v1.ClusterService.RemoveMember:input_type -> fence.v1.RemoveMemberRequest
+	34, // 46: fence.v1.ClusterService.RegisterNode:input_type -> fence.v1.RegisterNodeRequest
+	4,  // 47: fence.v1.SessionService.CreateSession:output_type -> fence.v1.CreateSessionResponse
+	6,  // 48: fence.v1.SessionService.KeepAlive:output_type -> fence.v1.KeepAliveResponse
+	9,  // 49: fence.v1.SessionService.CloseSession:output_type -> fence.v1.CloseSessionResponse
+	11, // 50: fence.v1.SessionService.ListSessions:output_type -> fence.v1.ListSessionsResponse
+	15, // 51: fence.v1.LockService.Acquire:output_type -> fence.v1.AcquireResponse
+	17, // 52: fence.v1.LockService.Release:output_type -> fence.v1.ReleaseResponse
+	19, // 53: fence.v1.LockService.CancelAcquire:output_type -> fence.v1.CancelAcquireResponse
+	21, // 54: fence.v1.LockService.Check:output_type -> fence.v1.CheckResponse
+	26, // 55: fence.v1.LockService.ListLocks:output_type -> fence.v1.ListLocksResponse
+	38, // 56: fence.v1.KVService.Put:output_type -> fence.v1.PutResponse
+	41, // 57: fence.v1.KVService.Get:output_type -> fence.v1.GetResponse
+	43, // 58: fence.v1.KVService.Delete:output_type -> fence.v1.DeleteResponse
+	45, // 59: fence.v1.KVService.List:output_type -> fence.v1.ListResponse
+	48, // 60: fence.v1.KVService.Watch:output_type -> fence.v1.WatchResponse
+	28, // 61: fence.v1.ClusterService.Status:output_type -> fence.v1.StatusResponse
+	31, // 62: fence.v1.ClusterService.AddMember:output_type -> fence.v1.AddMemberResponse
+	33, // 63: fence.v1.ClusterService.RemoveMember:output_type -> fence.v1.RemoveMemberResponse
+	35, // 64: fence.v1.ClusterService.RegisterNode:output_type -> fence.v1.RegisterNodeResponse
+	47, // [47:65] is the sub-list for method output_type
+	29, // [29:47] is the sub-list for method input_type
+	29, // [29:29] is the sub-list for extension type_name
+	29, // [29:29] is the sub-list for extension extendee
+	0,  // [0:29] is the sub-list for field type_name
 }
 
 func init() { file_fence_v1_fence_proto_init() }
@@ -3284,14 +3573,14 @@ func file_fence_v1_fence_proto_init() {
 	if File_fence_v1_fence_proto != nil {
 		return
 	}
-	file_fence_v1_fence_proto_msgTypes[29].OneofWrappers = []any{}
+	file_fence_v1_fence_proto_msgTypes[33].OneofWrappers = []any{}
 	type x struct{}
 	out := protoimpl.TypeBuilder{
 		File: protoimpl.DescBuilder{
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_fence_v1_fence_proto_rawDesc), len(file_fence_v1_fence_proto_rawDesc)),
 			NumEnums:      3,
-			NumMessages:   43,
+			NumMessages:   47,
 			NumExtensions: 0,
 			NumServices:   4,
 		},

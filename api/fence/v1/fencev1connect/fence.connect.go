@@ -57,6 +57,9 @@ const (
 	// SessionServiceCloseSessionProcedure is the fully-qualified name of the SessionService's
 	// CloseSession RPC.
 	SessionServiceCloseSessionProcedure = "/fence.v1.SessionService/CloseSession"
+	// SessionServiceListSessionsProcedure is the fully-qualified name of the SessionService's
+	// ListSessions RPC.
+	SessionServiceListSessionsProcedure = "/fence.v1.SessionService/ListSessions"
 	// LockServiceAcquireProcedure is the fully-qualified name of the LockService's Acquire RPC.
 	LockServiceAcquireProcedure = "/fence.v1.LockService/Acquire"
 	// LockServiceReleaseProcedure is the fully-qualified name of the LockService's Release RPC.
@@ -99,7 +102,11 @@ type SessionServiceClient interface {
 	// without a raft write. An unknown or expired session gets NotFound.
 	KeepAlive(context.Context, *connect.Request[v1.KeepAliveRequest]) (*connect.Response[v1.KeepAliveResponse], error)
 	// CloseSession ends a session and releases everything it holds at once.
+	// Any session may be closed this way (fence sessions revoke).
 	CloseSession(context.Context, *connect.Request[v1.CloseSessionRequest]) (*connect.Response[v1.CloseSessionResponse], error)
+	// ListSessions lists every session with its owner, TTL and the locks it
+	// holds, in id order.
+	ListSessions(context.Context, *connect.Request[v1.ListSessionsRequest]) (*connect.Response[v1.ListSessionsResponse], error)
 }
 
 // NewSessionServiceClient constructs a client for the fence.v1.SessionService service. By default,
@@ -131,6 +138,12 @@ func NewSessionServiceClient(httpClient connect.HTTPClient, baseURL string, opts
 			connect.WithSchema(sessionServiceMethods.ByName("CloseSession")),
 			connect.WithClientOptions(opts...),
 		),
+		listSessions: connect.NewClient[v1.ListSessionsRequest, v1.ListSessionsResponse](
+			httpClient,
+			baseURL+SessionServiceListSessionsProcedure,
+			connect.WithSchema(sessionServiceMethods.ByName("ListSessions")),
+			connect.WithClientOptions(opts...),
+		),
 	}
 }
 
@@ -139,6 +152,7 @@ type sessionServiceClient struct {
 	createSession *connect.Client[v1.CreateSessionRequest, v1.CreateSessionResponse]
 	keepAlive     *connect.Client[v1.KeepAliveRequest, v1.KeepAliveResponse]
 	closeSession  *connect.Client[v1.CloseSessionRequest, v1.CloseSessionResponse]
+	listSessions  *connect.Client[v1.ListSessionsRequest, v1.ListSessionsResponse]
 }
 
 // CreateSession calls fence.v1.SessionService.CreateSession.
@@ -156,6 +170,11 @@ func (c *sessionServiceClient) CloseSession(ctx context.Context, req *connect.Re
 	return c.closeSession.CallUnary(ctx, req)
 }
 
+// ListSessions calls fence.v1.SessionService.ListSessions.
+func (c *sessionServiceClient) ListSessions(ctx context.Context, req *connect.Request[v1.ListSessionsRequest]) (*connect.Response[v1.ListSessionsResponse], error) {
+	return c.listSessions.CallUnary(ctx, req)
+}
+
 // SessionServiceHandler is an implementation of the fence.v1.SessionService service.
 type SessionServiceHandler interface {
 	// CreateSession opens a session with the given TTL (default 10s, bounds 1s to 1h).
@@ -164,7 +183,11 @@ type SessionServiceHandler interface {
 	// without a raft write. An unknown or expired session gets NotFound.
 	KeepAlive(context.Context, *connect.Request[v1.KeepAliveRequest]) (*connect.Response[v1.KeepAliveResponse], error)
 	// CloseSession ends a session and releases everything it holds at once.
+	// Any session may be closed this way (fence sessions revoke).
 	CloseSession(context.Context, *connect.Request[v1.CloseSessionRequest]) (*connect.Response[v1.CloseSessionResponse], error)
+	// ListSessions lists every session with its owner, TTL and the locks it
+	// holds, in id order.
+	ListSessions(context.Context, *connect.Request[v1.ListSessionsRequest]) (*connect.Response[v1.ListSessionsResponse], error)
 }
 
 // NewSessionServiceHandler builds an HTTP handler from the service implementation. It returns the
@@ -192,6 +215,12 @@ func NewSessionServiceHandler(svc SessionServiceHandler, opts ...connect.Handler
 		connect.WithSchema(sessionServiceMethods.ByName("CloseSession")),
 		connect.WithHandlerOptions(opts...),
 	)
+	sessionServiceListSessionsHandler := connect.NewUnaryHandler(
+		SessionServiceListSessionsProcedure,
+		svc.ListSessions,
+		connect.WithSchema(sessionServiceMethods.ByName("ListSessions")),
+		connect.WithHandlerOptions(opts...),
+	)
 	return "/fence.v1.SessionService/", http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		switch r.URL.Path {
 		case SessionServiceCreateSessionProcedure:
@@ -200,6 +229,8 @@ func NewSessionServiceHandler(svc SessionServiceHandler, opts ...connect.Handler
 			sessionServiceKeepAliveHandler.ServeHTTP(w, r)
 		case SessionServiceCloseSessionProcedure:
 			sessionServiceCloseSessionHandler.ServeHTTP(w, r)
+		case SessionServiceListSessionsProcedure:
+			sessionServiceListSessionsHandler.ServeHTTP(w, r)
 		default:
 			http.NotFound(w, r)
 		}
@@ -219,6 +250,10 @@ func (UnimplementedSessionServiceHandler) KeepAlive(context.Context, *connect.Re
 
 func (UnimplementedSessionServiceHandler) CloseSession(context.Context, *connect.Request[v1.CloseSessionRequest]) (*connect.Response[v1.CloseSessionResponse], error) {
 	return nil, connect.NewError(connect.CodeUnimplemented, errors.New("fence.v1.SessionService.CloseSession is not implemented"))
+}
+
+func (UnimplementedSessionServiceHandler) ListSessions(context.Context, *connect.Request[v1.ListSessionsRequest]) (*connect.Response[v1.ListSessionsResponse], error) {
+	return nil, connect.NewError(connect.CodeUnimplemented, errors.New("fence.v1.SessionService.ListSessions is not implemented"))
 }
 
 // LockServiceClient is a client for the fence.v1.LockService service.
