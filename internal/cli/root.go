@@ -135,6 +135,7 @@ func Run(ctx context.Context, args []string, stdin io.Reader, stdout, stderr io.
 		membersCommand(g),
 		electCommand(g),
 		leaderCommand(g),
+		sessionsCommand(g),
 		checkWorkerCommand(g),
 	)
 	err := root.ExecuteContext(ctx)
