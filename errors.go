@@ -121,6 +121,27 @@ func (e *StaleTokenError) Error() string {
 // Is makes errors.Is(err, ErrStaleToken) true.
 func (e *StaleTokenError) Is(target error) bool { return target == ErrStaleToken }
 
+// LockedError is the ErrLocked of an acquire that would not wait: it names
+// the lock and, when the lock has one, its newest holder, so that a caller
+// can say who holds it without reading the message.
+type LockedError struct {
+	// Lock is the lock's name.
+	Lock string
+	// HolderSession and HolderToken are the newest holder's session and
+	// token; 0 when the lock is under lock-delay, or free with waiters ahead.
+	HolderSession, HolderToken uint64
+	// Reason says why the lock could not be taken, for people: "lock
+	// \"orders\" is held by session 3 with token 7".
+	Reason string
+}
+
+// Error returns ErrLocked's message and the reason: "fence: lock is held:
+// lock \"orders\" is held by session 3 with token 7".
+func (e *LockedError) Error() string { return ErrLocked.Error() + ": " + e.Reason }
+
+// Is makes errors.Is(err, ErrLocked) true.
+func (e *LockedError) Is(target error) bool { return target == ErrLocked }
+
 // CheckToken applies the fenced write rule to one write: it returns nil
 // if a write carrying token may be accepted where highest is the highest
 // token accepted so far (token >= highest), a *StaleTokenError if it may

@@ -653,6 +653,38 @@ func (c *Client) LocksPage(ctx context.Context, prefix, pageToken string, size u
 	return locks, next, err
 }
 
+// SessionInfo describes a session: its id, owner, TTL, how long it lives
+// without a keepalive (when the leader answered) and the grants it holds.
+type SessionInfo = fencev1.SessionInfo
+
+// Sessions lists every session, in id order, with the grants each holds.
+// It is linearizable unless Stale is given.
+func (c *Client) Sessions(ctx context.Context, opts ...ReadOption) ([]*SessionInfo, error) {
+	req := &fencev1.ListSessionsRequest{Stale: readOpts(opts).stale}
+	var out []*SessionInfo
+	err := c.call(ctx, func(ctx context.Context, ep *endpoint) error {
+		resp, err := ep.sessions.ListSessions(ctx, connect.NewRequest(req))
+		if err == nil {
+			out = resp.Msg.GetSessions()
+		}
+		return err
+	})
+	return out, err
+}
+
+// RevokeSession closes the session id, whoever holds it, as if it had
+// expired: the locks it holds are released, its waits dropped and its
+// bound keys deleted, all in one commit. Revoking a session that does not
+// exist (any more) succeeds. The session's own client learns at its next
+// keepalive that the session is gone (fence.ErrSessionLost).
+func (c *Client) RevokeSession(ctx context.Context, id uint64) error {
+	req := &fencev1.RevokeSessionRequest{SessionId: id}
+	return c.unary(ctx, func(ctx context.Context, ep *endpoint) error {
+		_, err := ep.cluster.RevokeSession(ctx, connect.NewRequest(req))
+		return err
+	})
+}
+
 // CheckResult answers Check.
 type CheckResult = fence.TokenStatus
 

@@ -380,3 +380,24 @@ func hungListener(t *testing.T) string {
 	}()
 	return ln.Addr().String()
 }
+
+// TryLock on a held lock fails with a *fence.LockedError naming the holder.
+func TestTryLockNamesTheHolder(t *testing.T) {
+	srv := startServer(t, nil)
+	c := mustClient(t, srv, nil)
+	ctx := context.Background()
+	a := mustSession(t, c, 10*time.Second)
+	b := mustSession(t, c, 10*time.Second)
+	g, err := NewMutex(a, "l").Lock(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	_, err = NewMutex(b, "l").TryLock(ctx)
+	var locked *fence.LockedError
+	if !errors.As(err, &locked) || !errors.Is(err, fence.ErrLocked) {
+		t.Fatalf("TryLock on a held lock: %v (%T), want a *fence.LockedError", err, err)
+	}
+	if locked.Lock != "l" || locked.HolderSession != a.ID() || locked.HolderToken != g.Token() || !strings.Contains(locked.Error(), "held by session") {
+		t.Errorf("LockedError = %+v, want lock l held by session %d with token %d", locked, a.ID(), g.Token())
+	}
+}

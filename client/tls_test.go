@@ -85,7 +85,7 @@ func TestTLSFailureMovesToTheNextEndpoint(t *testing.T) {
 	if err != nil {
 		t.Fatalf("Status with a good node second: %v", err)
 	}
-	if st.GetLeaderAddress() == "" {
+	if st.GetLeaderRaftAddress() == "" {
 		t.Fatalf("status %v", st)
 	}
 }

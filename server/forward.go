@@ -159,6 +159,8 @@ func staleRead(r *http.Request, body []byte) bool {
 		msg = &fencev1.ListLocksRequest{}
 	case strings.HasSuffix(r.URL.Path, "/Check"):
 		msg = &fencev1.CheckRequest{}
+	case strings.HasSuffix(r.URL.Path, "/ListSessions"):
+		msg = &fencev1.ListSessionsRequest{}
 	default:
 		return false
 	}

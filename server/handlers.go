@@ -91,6 +91,29 @@ func (s *Server) CloseSession(ctx context.Context, req *connect.Request[fencev1.
 	return connect.NewResponse(&fencev1.CloseSessionResponse{}), nil
 }
 
+// ListSessions implements fencev1connect.SessionServiceHandler.
+func (s *Server) ListSessions(ctx context.Context, req *connect.Request[fencev1.ListSessionsRequest]) (*connect.Response[fencev1.ListSessionsResponse], error) {
+	if err := s.read(ctx, req.Msg.GetStale()); err != nil {
+		return nil, err
+	}
+	out := &fencev1.ListSessionsResponse{}
+	s.fsm.Read(func(st *fsm.State) {
+		for _, info := range st.Sessions() {
+			si := &fencev1.SessionInfo{SessionId: info.ID, Owner: info.Owner, Ttl: durationpb.New(info.TTL)}
+			for _, g := range st.HeldGrants(info.ID) {
+				si.Held = append(si.Held, &fencev1.SessionGrant{Lock: g.Lock, Token: g.Token, Mode: apiMode(g.Mode)})
+			}
+			out.Sessions = append(out.Sessions, si)
+		}
+	})
+	for _, si := range out.Sessions {
+		if left, ok := s.tracker.expiresIn(si.GetSessionId()); ok {
+			si.ExpiresIn = durationpb.New(left)
+		}
+	}
+	return connect.NewResponse(out), nil
+}
+
 // Acquire implements fencev1connect.LockServiceHandler.
 func (s *Server) Acquire(ctx context.Context, req *connect.Request[fencev1.AcquireRequest]) (*connect.Response[fencev1.AcquireResponse], error) {
 	m := req.Msg
@@ -450,17 +473,17 @@ func (s *Server) Status(ctx context.Context, req *connect.Request[fencev1.Status
 	stats := r.Stats()
 	leaderAddr, leaderID := r.LeaderWithID()
 	out := &fencev1.StatusResponse{
-		NodeId:        s.cfg.NodeID,
-		State:         r.State().String(),
-		LeaderId:      string(leaderID),
-		LeaderAddress: string(leaderAddr),
-		Term:          parseUint(stats["term"]),
-		LastIndex:     r.LastIndex(),
-		CommitIndex:   parseUint(stats["commit_index"]),
-		AppliedIndex:  r.AppliedIndex(),
-		Version:       s.cfg.Version,
-		Problems:      s.problems(),
-		ClusterId:     s.clusterID(),
+		NodeId:            s.cfg.NodeID,
+		State:             r.State().String(),
+		LeaderId:          string(leaderID),
+		LeaderRaftAddress: string(leaderAddr),
+		Term:              parseUint(stats["term"]),
+		LastIndex:         r.LastIndex(),
+		CommitIndex:       parseUint(stats["commit_index"]),
+		AppliedIndex:      r.AppliedIndex(),
+		Version:           s.cfg.Version,
+		Problems:          s.problems(),
+		ClusterId:         s.clusterID(),
 	}
 	s.fsm.Read(func(st *fsm.State) {
 		out.LastToken = st.LastToken()
@@ -473,6 +496,7 @@ func (s *Server) Status(ctx context.Context, req *connect.Request[fencev1.Status
 			apis[n[0]] = n[1]
 		}
 	})
+	out.LeaderAddress = apis[out.LeaderId] // the API's, as the leader registered it
 	for _, srv := range s.members() {
 		out.Members = append(out.Members, &fencev1.Member{Id: string(srv.ID), RaftAddress: string(srv.Address), Voter: srv.Suffrage == raft.Voter, ApiAddress: apis[string(srv.ID)]})
 	}

@@ -289,7 +289,7 @@ func (s *Server) handler() http.Handler {
 	if s.cfg.UI {
 		s.console.register(mux)
 	}
-	return checkEnvelopes(mux, s.cfg.MaxRequestBytes)
+	return explainRefusals(checkEnvelopes(mux, s.cfg.MaxRequestBytes))
 }
 
 func (s *Server) newHTTPServer() *http.Server {

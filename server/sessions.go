@@ -150,6 +150,19 @@ func (t *sessionTracker) keepAlive(id uint64) (time.Duration, error) {
 	return s.ttl, nil
 }
 
+// expiresIn returns how long session id lives without a keepalive, on the
+// leader's clock; false on a node that does not lead, or for a session it
+// does not track.
+func (t *sessionTracker) expiresIn(id uint64) (time.Duration, bool) {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	s, ok := t.sessions[id]
+	if !t.leader || !ok {
+		return 0, false
+	}
+	return max(s.deadline.Sub(t.clock.Now()), 0), true
+}
+
 // alive reports whether a session is still tracked and not being expired.
 func (t *sessionTracker) alive(id uint64) error {
 	t.mu.Lock()

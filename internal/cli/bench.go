@@ -18,6 +18,7 @@ func benchCommand(g *globals) *cobra.Command {
 		clients   []int
 		duration  time.Duration
 		workloads []string
+		asJSON    bool
 	)
 	cmd := &cobra.Command{
 		Use:   "bench",
@@ -26,21 +27,36 @@ func benchCommand(g *globals) *cobra.Command {
 lock+unlock cycles per second with p50 and p99 latency of one cycle.
 
 Workloads: "own" gives each client its own lock; "hot" has all clients
-contend for one lock (FIFO hand-off).`,
+contend for one lock (FIFO hand-off).
+
+With --json, prints {"results": [{"workload", "clients", "cyclesPerSecond",
+"p50", "p99"}]} once every run is done.`,
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
-			fmt.Fprintf(g.stdout, "%-8s %8s %12s %10s %10s\n", "workload", "clients", "cycles/s", "p50", "p99")
 			for _, w := range workloads {
 				if w != "own" && w != "hot" {
 					return fmt.Errorf("unknown workload %q: want own or hot", w)
 				}
+			}
+			if !asJSON {
+				fmt.Fprintf(g.stdout, "%-8s %8s %12s %10s %10s\n", "workload", "clients", "cycles/s", "p50", "p99")
+			}
+			results := []benchJSON{}
+			for _, w := range workloads {
 				for _, n := range clients {
 					r, err := runBench(cmd.Context(), g, w, n, duration)
 					if err != nil {
 						return err
 					}
+					if asJSON {
+						results = append(results, benchJSON{Workload: w, Clients: n, Rate: r.rate, P50: jsonDuration(r.p50), P99: jsonDuration(r.p99)})
+						continue
+					}
 					fmt.Fprintf(g.stdout, "%-8s %8d %12.0f %10s %10s\n", w, n, r.rate, r.p50.Round(time.Microsecond), r.p99.Round(time.Microsecond))
 				}
+			}
+			if asJSON {
+				return printJSONValue(g, map[string]any{"results": results})
 			}
 			return nil
 		},
@@ -48,7 +64,17 @@ contend for one lock (FIFO hand-off).`,
 	cmd.Flags().IntSliceVar(&clients, "clients", []int{1, 16}, "numbers of concurrent clients to run")
 	cmd.Flags().DurationVar(&duration, "duration", 5*time.Second, "how long each run lasts")
 	cmd.Flags().StringSliceVar(&workloads, "workload", []string{"own", "hot"}, "workloads: own, hot")
+	cmd.Flags().BoolVar(&asJSON, "json", false, "print JSON once every run is done")
 	return cmd
+}
+
+// benchJSON is one run in bench's --json output.
+type benchJSON struct {
+	Workload string  `json:"workload"`
+	Clients  int     `json:"clients"`
+	Rate     float64 `json:"cyclesPerSecond"`
+	P50      string  `json:"p50"`
+	P99      string  `json:"p99"`
 }
 
 type benchResult struct {

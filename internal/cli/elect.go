@@ -2,6 +2,7 @@ package cli
 
 import (
 	"context"
+	"encoding/json"
 	"fmt"
 	"time"
 
@@ -47,44 +48,83 @@ interrupted (then resigns, exit 0) or until the session may be lost (exit 75).
 }
 
 func leaderCommand(g *globals) *cobra.Command {
-	var watch bool
+	var watch, asJSON bool
 	cmd := &cobra.Command{
 		Use:   "leader NAME",
 		Short: "Print the current leader of NAME and its token (exit 1 if none)",
 		Long: `Prints the current leader of the election NAME and its token, or exits 1
 if nobody leads. With --watch, prints the state, then every change (a new
-leader, a new value, "no leader") until interrupted.`,
+leader, a new value, "no leader") until interrupted.
+
+With --json, prints {"name", "elected", "value", "token"}; with --watch,
+one such object a line.`,
 		Args: cobra.ExactArgs(1),
 		RunE: g.withClient(func(cmd *cobra.Command, args []string, c *client.Client) error {
 			if watch {
-				return watchLeader(cmd.Context(), g, c, args[0])
+				return watchLeader(cmd.Context(), g, c, args[0], asJSON)
 			}
 			st, err := c.Leader(cmd.Context(), args[0])
 			if err != nil {
 				return err
 			}
+			if err := printLeader(g, args[0], st, asJSON, true); err != nil {
+				return err
+			}
 			if !st.Elected {
 				return &ExitError{Code: exitFailure, Err: fmt.Errorf("%s has no leader", args[0])}
 			}
-			_, err = fmt.Fprintf(g.stdout, "%s\ttoken %d\n", st.Value, st.Token)
-			return err
+			return nil
 		}),
 	}
 	cmd.Flags().BoolVar(&watch, "watch", false, "print every change of leader until interrupted")
+	cmd.Flags().BoolVar(&asJSON, "json", false, "print JSON")
 	return cmd
 }
 
+// leaderJSON is the --json form of an election's state.
+type leaderJSON struct {
+	Name    string `json:"name"`
+	Elected bool   `json:"elected"`
+	Value   string `json:"value"`
+	Token   string `json:"token"`
+}
+
+// printLeader prints the election's state: as JSON, indented or one a
+// line; or as "VALUE<tab>token N", and nothing when nobody leads unless
+// watching ("(no leader)").
+func printLeader(g *globals, name string, st client.LeaderState, asJSON, indent bool) error {
+	if asJSON {
+		v := leaderJSON{Name: name, Elected: st.Elected, Value: st.Value, Token: jsonUint(st.Token)}
+		if indent {
+			return printJSONValue(g, v)
+		}
+		data, err := json.Marshal(v)
+		if err != nil {
+			return err
+		}
+		_, err = fmt.Fprintln(g.stdout, string(data))
+		return err
+	}
+	if st.Elected {
+		_, err := fmt.Fprintf(g.stdout, "%s\ttoken %d\n", st.Value, st.Token)
+		return err
+	}
+	if !indent {
+		_, err := fmt.Fprintln(g.stdout, "(no leader)")
+		return err
+	}
+	return nil
+}
+
 // watchLeader prints the election's state and its changes until ctx ends.
-func watchLeader(ctx context.Context, g *globals, c *client.Client, name string) error {
+func watchLeader(ctx context.Context, g *globals, c *client.Client, name string, asJSON bool) error {
 	states, err := c.ObserveLeader(ctx, name)
 	if err != nil {
 		return err
 	}
 	for st := range states {
-		if st.Elected {
-			fmt.Fprintf(g.stdout, "%s\ttoken %d\n", st.Value, st.Token)
-		} else {
-			fmt.Fprintln(g.stdout, "(no leader)")
+		if err := printLeader(g, name, st, asJSON, false); err != nil {
+			return err
 		}
 	}
 	if ctx.Err() != nil {

@@ -10,20 +10,10 @@ import (
 
 	"github.com/spf13/cobra"
 	"google.golang.org/protobuf/encoding/protojson"
-	"google.golang.org/protobuf/proto"
 
 	fencev1 "github.com/fencelock/fence/api/fence/v1"
 	"github.com/fencelock/fence/client"
 )
-
-func printJSON(g *globals, m proto.Message) error {
-	data, err := protojson.MarshalOptions{Multiline: true, Indent: "  ", EmitUnpopulated: true}.Marshal(m)
-	if err != nil {
-		return err
-	}
-	_, err = fmt.Fprintln(g.stdout, string(data))
-	return err
-}
 
 func locksCommand(g *globals) *cobra.Command {
 	var asJSON, stale bool
@@ -200,7 +190,11 @@ func nodeStatuses(ctx context.Context, c *client.Client, st *fencev1.StatusRespo
 	return out
 }
 
+// leaderAPI is the leader's API address, once it has registered it.
 func leaderAPI(st *fencev1.StatusResponse) string {
+	if a := st.GetLeaderAddress(); a != "" {
+		return a
+	}
 	for _, m := range st.GetMembers() {
 		if m.GetId() == st.GetLeaderId() {
 			return m.GetApiAddress()

@@ -10,6 +10,7 @@ import (
 	"github.com/spf13/cobra"
 	"google.golang.org/protobuf/encoding/protojson"
 
+	fencev1 "github.com/fencelock/fence/api/fence/v1"
 	"github.com/fencelock/fence/client"
 )
 
@@ -60,9 +61,10 @@ lock's FENCE_LOCK and FENCE_TOKEN, so "fence lock L -- fence kv put k v" is fenc
 
 func kvPutCommand(g *globals) *cobra.Command {
 	var (
-		f    fenceFlags
-		hold bool
-		ttl  time.Duration
+		f      fenceFlags
+		hold   bool
+		asJSON bool
+		ttl    time.Duration
 	)
 	cmd := &cobra.Command{
 		Use:         "put KEY VALUE",
@@ -103,9 +105,13 @@ or a ZooKeeper ephemeral node.`,
 			if err != nil {
 				return err
 			}
-			fmt.Fprintf(g.stdout, "revision %d\n", rev)
-			if !hold {
-				return nil
+			if asJSON {
+				err = printJSON(g, &fencev1.PutResponse{Revision: rev})
+			} else {
+				_, err = fmt.Fprintf(g.stdout, "revision %d\n", rev)
+			}
+			if err != nil || !hold {
+				return err
 			}
 			select {
 			case <-ctx.Done():
@@ -118,6 +124,7 @@ or a ZooKeeper ephemeral node.`,
 	f.register(cmd)
 	cmd.Flags().BoolVar(&hold, "hold", false, "bind the key to this process's session and keep it until interrupted")
 	cmd.Flags().DurationVar(&ttl, "ttl", 10*time.Second, "with --hold: the session's TTL")
+	cmd.Flags().BoolVar(&asJSON, "json", false, "print the revision as JSON (the API's PutResponse)")
 	return cmd
 }
 
@@ -184,7 +191,8 @@ func kvGetCommand(g *globals) *cobra.Command {
 }
 
 func kvListCommand(g *globals) *cobra.Command {
-	return &cobra.Command{
+	var asJSON bool
+	cmd := &cobra.Command{
 		Use:         "list [PREFIX]",
 		Annotations: bounded,
 		Short:       "List keys with their tokens and revisions",
@@ -198,6 +206,9 @@ func kvListCommand(g *globals) *cobra.Command {
 			if err != nil {
 				return err
 			}
+			if asJSON {
+				return printJSON(g, &fencev1.ListResponse{Kvs: l.KVs, More: l.More, Revision: l.Revision})
+			}
 			for _, kv := range l.KVs {
 				fmt.Fprintf(g.stdout, "%s\trev %d\ttoken %d\t%s\n", kv.GetKey(), kv.GetModRevision(), kv.GetToken(), kv.GetValue())
 			}
@@ -207,6 +218,8 @@ func kvListCommand(g *globals) *cobra.Command {
 			return nil
 		}),
 	}
+	cmd.Flags().BoolVar(&asJSON, "json", false, "print the keys, whether more match and the store's revision as JSON (the API's ListResponse)")
+	return cmd
 }
 
 func kvWatchCommand(g *globals) *cobra.Command {

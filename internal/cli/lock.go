@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"os"
 	"os/exec"
+	"os/signal"
 	"strconv"
 	"syscall"
 	"time"
@@ -23,8 +24,30 @@ type lockFlags struct {
 	lockDelay time.Duration
 	grace     time.Duration
 	shared    bool
+	try       bool
 	permits   int
 	semaphore bool // --permits was given
+}
+
+// lockUsage is the usage line of fence lock, printed with every mistake in
+// its arguments.
+const lockUsage = "usage: fence lock [flags] NAME -- CMD [ARGS...]"
+
+// lockArgs checks fence lock's arguments: NAME, then --, then a command.
+func lockArgs(cmd *cobra.Command, args []string) error {
+	switch dash := cmd.ArgsLenAtDash(); {
+	case dash == -1 && len(args) <= 1:
+		return fmt.Errorf("fence lock needs a lock NAME, then -- and the command to run\n%s", lockUsage)
+	case dash == -1:
+		return fmt.Errorf("put -- between the lock NAME and the command (%q ...)\n%s", args[1], lockUsage)
+	case dash == 0:
+		return fmt.Errorf("fence lock needs a lock NAME before --\n%s", lockUsage)
+	case dash > 1:
+		return fmt.Errorf("fence lock takes one lock NAME before --, not %d\n%s", dash, lockUsage)
+	case len(args) == 1:
+		return fmt.Errorf("fence lock needs a command after --\n%s", lockUsage)
+	}
+	return nil
 }
 
 func lockCommand(g *globals) *cobra.Command {
@@ -34,47 +57,88 @@ func lockCommand(g *globals) *cobra.Command {
 		Short: "Run a command while holding a lock",
 		Long: `Waits for the lock NAME, runs CMD with FENCE_LOCK, FENCE_TOKEN and
 FENCE_SESSION in its environment, releases the lock when CMD exits, and exits
-with CMD's status.
+with CMD's status. With --try, gives up at once if the lock is held (like
+flock -n), with the status of a --timeout that passed.
 
 If the lock may have been lost while CMD runs (the session's safe-until
 deadline passed without a renewal), CMD gets SIGTERM, then SIGKILL after
 --grace, and fence exits with status 75. Pass FENCE_TOKEN with every write, so
 that the resource can reject a write made after the lock was lost.
 
+CMD runs in a process group of its own. SIGINT, SIGTERM and SIGHUP to fence
+lock are passed on to that group as they came (a Ctrl-C is fence's to pass
+on); the group gets SIGKILL if CMD has not exited --grace later, then the
+lock is released and fence exits with CMD's status. While fence waits for
+the lock, any of them gives up the wait (exit 128+N).
+
 With --permits N, NAME is a semaphore: up to N commands run at once, each
 with its own token (like consul lock -n N).
 
-Exit status: CMD's own; 124 if the lock was not granted within --timeout;
-75 if the lock was lost; 126/127 if CMD could not be run; 1 on other errors.`,
-		Args: cobra.MinimumNArgs(2),
+Exit status: CMD's own; 124 if the lock was not granted within --timeout, or
+at once with --try; 75 if the lock was lost; 126/127 if CMD could not be
+run; 128+N if signal N stopped the wait; 1 on other errors.`,
+		Args: lockArgs,
 		RunE: func(cmd *cobra.Command, args []string) error {
-			if cmd.ArgsLenAtDash() != 1 {
-				return fmt.Errorf("usage: fence lock [flags] NAME -- CMD [ARGS...]")
-			}
 			f.semaphore = cmd.Flags().Changed("permits")
 			return runLocked(cmd.Context(), g, f, args[0], args[1:])
 		},
 	}
 	fl := cmd.Flags()
 	fl.DurationVar(&f.ttl, "ttl", 10*time.Second, "session TTL: how long the lock survives without renewals")
-	fl.DurationVar(&f.timeout, "timeout", 0, "give up waiting for the lock after this long (0: wait forever)")
+	fl.DurationVar(&f.timeout, "timeout", 0, "give up waiting for the lock after this long, exit 124 (0: wait forever)")
+	fl.BoolVar(&f.try, "try", false, "do not wait: if the lock is held, exit 124 at once (flock -n)")
 	fl.DurationVar(&f.lockDelay, "lock-delay", 0, "if the session expires, keep the lock from others this long")
-	fl.DurationVar(&f.grace, "grace", 5*time.Second, "time between SIGTERM and SIGKILL when the lock is lost")
+	fl.DurationVar(&f.grace, "grace", 5*time.Second, "time CMD has to exit after a signal, before SIGKILL")
 	fl.BoolVar(&f.shared, "shared", false, "take the lock in shared (read) mode, alongside other shared holders")
 	fl.IntVar(&f.permits, "permits", 0, "make NAME a semaphore of this many permits and hold one (every holder must pass the same number)")
 	cmd.MarkFlagsMutuallyExclusive("shared", "permits")
+	cmd.MarkFlagsMutuallyExclusive("try", "timeout")
 	return cmd
 }
 
+// forwarded are the signals fence lock passes on to its command.
+var forwarded = []os.Signal{syscall.SIGINT, syscall.SIGTERM, syscall.SIGHUP}
+
+// signalOf returns the signal that ended ctx: one of forwarded, read from
+// sigs, when ctx was ended by signal.NotifyContext (main's or ours), and
+// SIGTERM when it was cancelled otherwise (Run called from Go).
+func signalOf(ctx context.Context, sigs <-chan os.Signal) syscall.Signal {
+	if context.Cause(ctx) == ctx.Err() {
+		return syscall.SIGTERM // no signal: cancelled by a caller
+	}
+	// A signal ended ctx, and Notify delivers it on sigs as well; the bound
+	// is for a caller's own cause, which no signal follows.
+	t := time.NewTimer(time.Second)
+	defer t.Stop()
+	select {
+	case sig := <-sigs:
+		if sig, ok := sig.(syscall.Signal); ok {
+			return sig
+		}
+	case <-t.C:
+	}
+	return syscall.SIGTERM
+}
+
 func runLocked(ctx context.Context, g *globals, f lockFlags, name string, argv []string) error {
+	sigs := make(chan os.Signal, len(forwarded))
+	signal.Notify(sigs, forwarded...)
+	defer signal.Stop(sigs)
+	// main diverts SIGINT and SIGTERM to ctx; SIGHUP too, while we wait.
+	waitCtx, stopWaitSignals := signal.NotifyContext(ctx, syscall.SIGHUP)
+	defer stopWaitSignals()
+
 	c, err := g.client()
 	if err != nil {
 		return err
 	}
 	defer c.Close()
 	host, _ := os.Hostname()
-	s, err := c.NewSession(ctx, client.WithTTL(f.ttl), client.WithOwner(fmt.Sprintf("fence lock pid %d on %s", os.Getpid(), host)))
+	s, err := c.NewSession(waitCtx, client.WithTTL(f.ttl), client.WithOwner(fmt.Sprintf("fence lock pid %d on %s", os.Getpid(), host)))
 	if err != nil {
+		if waitCtx.Err() != nil {
+			return interruptedWait(waitCtx, sigs, name)
+		}
 		return fmt.Errorf("creating session: %w", err)
 	}
 	defer func() {
@@ -83,40 +147,22 @@ func runLocked(ctx context.Context, g *globals, f lockFlags, name string, argv [
 		_ = s.Close(closeCtx)
 	}()
 
-	var opts []client.LockOption
-	if f.timeout > 0 {
-		opts = append(opts, client.WithWaitTimeout(f.timeout))
-	}
-	if f.lockDelay > 0 {
-		opts = append(opts, client.WithLockDelay(f.lockDelay))
-	}
-	var (
-		grant  *client.Grant
-		unlock func(context.Context) error
-	)
+	grant, unlock, err := acquireLock(waitCtx, s, f, name)
 	switch {
-	case f.shared:
-		rw := client.NewRWMutex(s, name, opts...)
-		grant, err = rw.RLock(ctx)
-		unlock = rw.RUnlock
-	case f.semaphore:
-		sm := client.NewSemaphore(s, name, f.permits, opts...)
-		grant, err = sm.Acquire(ctx)
-		unlock = sm.Release
-	default:
-		m := client.NewMutex(s, name, opts...)
-		grant, err = m.Lock(ctx)
-		unlock = m.Unlock
-	}
-	if errors.Is(err, fence.ErrWaitTimeout) {
+	case errors.Is(err, fence.ErrWaitTimeout):
 		return &ExitError{Code: exitTimeout, Err: fmt.Errorf("lock %q was not granted within %v", name, f.timeout)}
-	}
-	if err != nil {
+	case errors.Is(err, fence.ErrLocked) && f.try:
+		return &ExitError{Code: exitTimeout, Err: fmt.Errorf("lock %q is held (--try): %w", name, err)}
+	case err != nil && waitCtx.Err() != nil:
+		return interruptedWait(waitCtx, sigs, name)
+	case err != nil:
 		return fmt.Errorf("acquiring lock %q: %w", name, err)
 	}
+	stopWaitSignals() // from here on, sigs alone sees SIGHUP
 
 	child := exec.Command(argv[0], argv[1:]...)
 	child.Stdin, child.Stdout, child.Stderr = g.stdin, g.stdout, g.stderr
+	proc.OwnGroup(child)      // so that a signal reaches whatever it starts
 	proc.DieWithParent(child) // it must never run on once nothing holds its lock
 	child.Env = append(os.Environ(),
 		"FENCE_LOCK="+name,
@@ -134,41 +180,101 @@ func runLocked(ctx context.Context, g *globals, f lockFlags, name string, argv [
 	exited := make(chan error, 1)
 	go func() { exited <- child.Wait() }()
 
-	select {
-	case err := <-exited:
+	release := func() {
 		unlockCtx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 		defer cancel()
 		if uerr := unlock(unlockCtx); uerr != nil && grant.Err() == nil {
 			fmt.Fprintf(g.stderr, "fence lock: releasing %q: %v\n", name, uerr)
 		}
+	}
+	select {
+	case err := <-exited:
+		release()
 		return exitStatus(err)
 	case <-grant.Done():
 		fmt.Fprintf(g.stderr, "fence lock: lock %q (token %d) may be lost: %v; stopping %s\n", name, grant.Token(), grant.Err(), argv[0])
-		stopChild(child, exited, f.grace, g)
+		stopChild(child, exited, syscall.SIGTERM, f.grace, g)
 		return &ExitError{Code: exitLockLost}
-	case <-ctx.Done():
+	case sig := <-sigs:
 		// fence itself was told to stop: pass it on, then release.
-		stopChild(child, exited, f.grace, g)
-		_ = unlock(context.Background())
-		return &ExitError{Code: 128 + int(syscall.SIGTERM)}
+		err := stopChild(child, exited, sig.(syscall.Signal), f.grace, g)
+		release()
+		return exitStatus(err)
+	case <-ctx.Done():
+		sig := signalOf(ctx, sigs)
+		err := stopChild(child, exited, sig, f.grace, g)
+		release()
+		if context.Cause(ctx) == ctx.Err() {
+			return &ExitError{Code: 128 + int(sig)}
+		}
+		return exitStatus(err)
 	}
 }
 
-// stopChild sends SIGTERM, then SIGKILL after grace, and waits for the exit.
-// Where SIGTERM cannot be sent (Windows has no signals but kill), the child
-// is ended at once with the system's means (TerminateProcess on Windows).
-func stopChild(child *exec.Cmd, exited <-chan error, grace time.Duration, g *globals) {
-	if err := child.Process.Signal(syscall.SIGTERM); err != nil {
-		_ = child.Process.Kill()
+// acquireLock takes the lock as f says: shared, a semaphore's permit, or
+// exclusive; at once or failing with fence.ErrLocked, with --try.
+func acquireLock(ctx context.Context, s *client.Session, f lockFlags, name string) (*client.Grant, func(context.Context) error, error) {
+	var opts []client.LockOption
+	if f.timeout > 0 {
+		opts = append(opts, client.WithWaitTimeout(f.timeout))
+	}
+	if f.lockDelay > 0 {
+		opts = append(opts, client.WithLockDelay(f.lockDelay))
+	}
+	switch {
+	case f.shared:
+		rw := client.NewRWMutex(s, name, opts...)
+		take := rw.RLock
+		if f.try {
+			take = rw.TryRLock
+		}
+		g, err := take(ctx)
+		return g, rw.RUnlock, err
+	case f.semaphore:
+		sm := client.NewSemaphore(s, name, f.permits, opts...)
+		take := sm.Acquire
+		if f.try {
+			take = sm.TryAcquire
+		}
+		g, err := take(ctx)
+		return g, sm.Release, err
+	default:
+		m := client.NewMutex(s, name, opts...)
+		take := m.Lock
+		if f.try {
+			take = m.TryLock
+		}
+		g, err := take(ctx)
+		return g, m.Unlock, err
+	}
+}
+
+// interruptedWait is the error of a wait for the lock that a signal (or
+// the caller) ended: exit 128+N.
+func interruptedWait(ctx context.Context, sigs <-chan os.Signal, name string) error {
+	sig := signalOf(ctx, sigs)
+	return &ExitError{Code: 128 + int(sig), Err: fmt.Errorf("stopped waiting for lock %q: %v", name, sig)}
+}
+
+// stopChild sends sig to the child's process group, then SIGKILL to the
+// group after grace, and returns the child's exit. Where sig cannot be sent
+// (Windows has no signals but kill), the child is ended at once with the
+// system's means (TerminateProcess on Windows).
+func stopChild(child *exec.Cmd, exited <-chan error, sig syscall.Signal, grace time.Duration, g *globals) error {
+	if err := proc.SignalGroup(child, sig); err != nil {
+		fmt.Fprintf(g.stderr, "fence lock: %v\n", err)
 	}
 	t := time.NewTimer(grace)
 	defer t.Stop()
 	select {
-	case <-exited:
+	case err := <-exited:
+		return err
 	case <-t.C:
-		fmt.Fprintf(g.stderr, "fence lock: %s did not exit within %v of SIGTERM; sending SIGKILL\n", child.Path, grace)
-		_ = child.Process.Kill()
-		<-exited
+		fmt.Fprintf(g.stderr, "fence lock: %s did not exit within %v of %v; sending SIGKILL\n", child.Path, grace, sig)
+		if err := proc.SignalGroup(child, syscall.SIGKILL); err != nil {
+			fmt.Fprintf(g.stderr, "fence lock: %v\n", err)
+		}
+		return <-exited
 	}
 }
 

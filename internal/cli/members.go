@@ -1,11 +1,14 @@
 package cli
 
 import (
+	"encoding/json"
 	"fmt"
 	"text/tabwriter"
 
-	"github.com/fencelock/fence/client"
 	"github.com/spf13/cobra"
+
+	fencev1 "github.com/fencelock/fence/api/fence/v1"
+	"github.com/fencelock/fence/client"
 )
 
 func membersCommand(g *globals) *cobra.Command {
@@ -13,7 +16,8 @@ func membersCommand(g *globals) *cobra.Command {
 		Use:   "members",
 		Short: "List, add and remove the members of the raft group",
 	}
-	cmd.AddCommand(&cobra.Command{
+	var asJSON bool
+	list := &cobra.Command{
 		Use:         "list",
 		Annotations: bounded,
 		Short:       "List the members with their raft and API addresses",
@@ -22,6 +26,9 @@ func membersCommand(g *globals) *cobra.Command {
 			st, err := c.Status(cmd.Context())
 			if err != nil {
 				return err
+			}
+			if asJSON {
+				return printMembersJSON(g, st)
 			}
 			w := tabwriter.NewWriter(g.stdout, 0, 4, 2, ' ', 0)
 			fmt.Fprintln(w, "ID\tRAFT\tAPI\tROLE")
@@ -37,7 +44,9 @@ func membersCommand(g *globals) *cobra.Command {
 			}
 			return w.Flush()
 		}),
-	})
+	}
+	list.Flags().BoolVar(&asJSON, "json", false, `print JSON: {"leaderId", "members": [the API's Member]}`)
+	cmd.AddCommand(list)
 	var nonvoter bool
 	add := &cobra.Command{
 		Use:         "add ID RAFT-ADDRESS",
@@ -75,4 +84,18 @@ func orDash(s string) string {
 		return "-"
 	}
 	return s
+}
+
+// printMembersJSON prints the members as the API's Member messages, with
+// the leader's id.
+func printMembersJSON(g *globals, st *fencev1.StatusResponse) error {
+	members := make([]json.RawMessage, 0, len(st.GetMembers()))
+	for _, m := range st.GetMembers() {
+		data, err := rawJSON(m)
+		if err != nil {
+			return err
+		}
+		members = append(members, data)
+	}
+	return printJSONValue(g, map[string]any{"leaderId": st.GetLeaderId(), "members": members})
 }

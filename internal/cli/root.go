@@ -135,6 +135,7 @@ func Run(ctx context.Context, args []string, stdin io.Reader, stdout, stderr io.
 		electCommand(g),
 		leaderCommand(g),
 		snapshotCommand(g),
+		sessionsCommand(g),
 		checkWorkerCommand(g),
 		versionCommand(g),
 	)

@@ -482,17 +482,25 @@ func (l *lock) sameKind(permits uint32) error {
 	return fmt.Errorf("%w: semaphore %q has %d permits, not %d; every holder must name the same number", fence.ErrInvalidArgument, l.name, l.permits, permits)
 }
 
+// lockedError says why l cannot be taken at once, naming its newest
+// holder, if any.
 func (s *State) lockedError(l *lock) error {
+	e := &fence.LockedError{Lock: l.name}
+	if len(l.holders) > 0 {
+		h := l.holders[len(l.holders)-1]
+		e.HolderSession, e.HolderToken = h.session, h.token
+	}
 	switch {
 	case l.delayed():
-		return fmt.Errorf("%w: lock %q is under lock-delay after its holder's session expired", fence.ErrLocked, l.name)
+		e.Reason = fmt.Sprintf("lock %q is under lock-delay after its holder's session expired", l.name)
 	case l.full():
-		return fmt.Errorf("%w: semaphore %q has all %d permits taken", fence.ErrLocked, l.name, l.permits)
+		e.Reason = fmt.Sprintf("semaphore %q has all %d permits taken", l.name, l.permits)
 	case len(l.holders) > 0:
-		h := l.holders[len(l.holders)-1]
-		return fmt.Errorf("%w: lock %q is held by session %d with token %d", fence.ErrLocked, l.name, h.session, h.token)
+		e.Reason = fmt.Sprintf("lock %q is held by session %d with token %d", l.name, e.HolderSession, e.HolderToken)
+	default:
+		e.Reason = fmt.Sprintf("lock %q has %d waiters ahead", l.name, len(l.waiters))
 	}
-	return fmt.Errorf("%w: lock %q has %d waiters ahead", fence.ErrLocked, l.name, len(l.waiters))
+	return e
 }
 
 // grant makes w a holder of l with the next token.
@@ -823,6 +831,31 @@ func (s *State) HeldTokens(id uint64) []uint64 {
 	}
 	slices.Sort(tokens)
 	return tokens
+}
+
+// SessionGrant is a grant a session holds.
+type SessionGrant struct {
+	Lock  string
+	Token uint64
+	Mode  Mode
+}
+
+// HeldGrants returns the grants session id holds, by lock name; nil if it
+// holds none or does not exist.
+func (s *State) HeldGrants(id uint64) []SessionGrant {
+	sess, ok := s.sessions[id]
+	if !ok {
+		return nil
+	}
+	var out []SessionGrant
+	for name := range sess.holds {
+		l := s.locks[name]
+		if i := l.holderIndex(id); i >= 0 {
+			out = append(out, SessionGrant{Lock: name, Token: l.holders[i].token, Mode: l.holders[i].mode})
+		}
+	}
+	sort.Slice(out, func(i, j int) bool { return out[i].Lock < out[j].Lock })
+	return out
 }
 
 // Sessions returns every session, in id order.

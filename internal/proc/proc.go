@@ -270,3 +270,20 @@ func DieWithParent(cmd *exec.Cmd) {
 	}
 	setDieWithParent(cmd.SysProcAttr)
 }
+
+// OwnGroup has cmd's process start in a process group of its own, which
+// it leads, where the system has groups (Unix); elsewhere it does nothing.
+// SignalGroup then reaches whatever the process started as well. Call it
+// before cmd.Start.
+func OwnGroup(cmd *exec.Cmd) {
+	if cmd.SysProcAttr == nil {
+		cmd.SysProcAttr = &syscall.SysProcAttr{}
+	}
+	setOwnGroup(cmd.SysProcAttr)
+}
+
+// SignalGroup sends sig to the process group that cmd's process leads
+// (see OwnGroup). Where there are no groups, it sends sig to the process
+// alone, and where sig cannot be sent (Windows has only kill), it kills
+// the process. A group that is gone is not an error.
+func SignalGroup(cmd *exec.Cmd, sig syscall.Signal) error { return signalGroup(cmd, sig) }

@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"os"
+	"os/exec"
 	"runtime"
 	"syscall"
 )
@@ -29,6 +30,19 @@ func terminate(p *Process) error { return killGroup(p) }
 func killGroup(p *Process) error {
 	if err := p.cmd.Process.Kill(); err != nil && !errors.Is(err, os.ErrProcessDone) {
 		return fmt.Errorf("killing %s (pid %d): %w", p.name, p.Pid(), err)
+	}
+	return nil
+}
+
+// signalGroup signals the process alone, or kills it where sig cannot be
+// sent: there is no group to reach.
+func signalGroup(cmd *exec.Cmd, sig syscall.Signal) error {
+	err := cmd.Process.Signal(sig)
+	if err != nil && !errors.Is(err, os.ErrProcessDone) {
+		err = cmd.Process.Kill()
+	}
+	if err != nil && !errors.Is(err, os.ErrProcessDone) {
+		return fmt.Errorf("sending %v to pid %d: %w", sig, cmd.Process.Pid, err)
 	}
 	return nil
 }

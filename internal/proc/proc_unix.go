@@ -5,6 +5,7 @@ package proc
 import (
 	"errors"
 	"fmt"
+	"os/exec"
 	"syscall"
 )
 
@@ -30,6 +31,13 @@ func killGroup(p *Process) error {
 		if err := syscall.Kill(-p.Pid(), sig); err != nil && !errors.Is(err, syscall.ESRCH) {
 			return fmt.Errorf("sending %v to the group of %s (pid %d): %w", sig, p.name, p.Pid(), err)
 		}
+	}
+	return nil
+}
+
+func signalGroup(cmd *exec.Cmd, sig syscall.Signal) error {
+	if err := syscall.Kill(-cmd.Process.Pid, sig); err != nil && !errors.Is(err, syscall.ESRCH) {
+		return fmt.Errorf("sending %v to the group of pid %d: %w", sig, cmd.Process.Pid, err)
 	}
 	return nil
 }

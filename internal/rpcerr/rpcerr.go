@@ -82,6 +82,11 @@ func ToConnect(err error) error {
 			detail.Lock = stale.Key
 		}
 	}
+	var locked *fence.LockedError
+	if errors.As(err, &locked) {
+		detail.Lock = locked.Lock
+		detail.HolderSessionId, detail.HolderToken = locked.HolderSession, locked.HolderToken
+	}
 	code := connect.CodeInternal
 	switch {
 	case errors.Is(err, context.Canceled):
@@ -165,8 +170,12 @@ func FromConnect(err error) error {
 				re.sentinel = row.sentinel
 			}
 		}
-		if re.sentinel == fence.ErrStaleToken {
+		switch re.sentinel {
+		case fence.ErrStaleToken:
 			re.sentinel = &fence.StaleTokenError{Key: re.Detail.GetLock(), Token: re.Detail.GetToken(), Highest: re.Detail.GetCurrentToken()}
+		case fence.ErrLocked:
+			re.sentinel = &fence.LockedError{Lock: re.Detail.GetLock(), HolderSession: re.Detail.GetHolderSessionId(), HolderToken: re.Detail.GetHolderToken(),
+				Reason: strings.TrimPrefix(re.Message, fence.ErrLocked.Error()+": ")}
 		}
 	}
 	if re.sentinel == nil {

@@ -605,6 +605,235 @@ func (*CloseSessionResponse) Descriptor() ([]byte, []int) {
 	return file_fence_v1_fence_proto_rawDescGZIP(), []int{6}
 }
 
+type ListSessionsRequest struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// Answer from this node's state without confirming leadership. Faster, but
+	// may be behind the leader, and without expires_in.
+	Stale         bool `protobuf:"varint,1,opt,name=stale,proto3" json:"stale,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *ListSessionsRequest) Reset() {
+	*x = ListSessionsRequest{}
+	mi := &file_fence_v1_fence_proto_msgTypes[7]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ListSessionsRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ListSessionsRequest) ProtoMessage() {}
+
+func (x *ListSessionsRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_fence_v1_fence_proto_msgTypes[7]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ListSessionsRequest.ProtoReflect.Descriptor instead.
+func (*ListSessionsRequest) Descriptor() ([]byte, []int) {
+	return file_fence_v1_fence_proto_rawDescGZIP(), []int{7}
+}
+
+func (x *ListSessionsRequest) GetStale() bool {
+	if x != nil {
+		return x.Stale
+	}
+	return false
+}
+
+type ListSessionsResponse struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Sessions      []*SessionInfo         `protobuf:"bytes,1,rep,name=sessions,proto3" json:"sessions,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *ListSessionsResponse) Reset() {
+	*x = ListSessionsResponse{}
+	mi := &file_fence_v1_fence_proto_msgTypes[8]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ListSessionsResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ListSessionsResponse) ProtoMessage() {}
+
+func (x *ListSessionsResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_fence_v1_fence_proto_msgTypes[8]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ListSessionsResponse.ProtoReflect.Descriptor instead.
+func (*ListSessionsResponse) Descriptor() ([]byte, []int) {
+	return file_fence_v1_fence_proto_rawDescGZIP(), []int{8}
+}
+
+func (x *ListSessionsResponse) GetSessions() []*SessionInfo {
+	if x != nil {
+		return x.Sessions
+	}
+	return nil
+}
+
+type SessionInfo struct {
+	state     protoimpl.MessageState `protogen:"open.v1"`
+	SessionId uint64                 `protobuf:"varint,1,opt,name=session_id,json=sessionId,proto3" json:"session_id,omitempty"`
+	Owner     string                 `protobuf:"bytes,2,opt,name=owner,proto3" json:"owner,omitempty"`
+	Ttl       *durationpb.Duration   `protobuf:"bytes,3,opt,name=ttl,proto3" json:"ttl,omitempty"`
+	// How long the session lives without a keepalive, on the leader's clock;
+	// unset when a node other than the leader answered (a stale read).
+	ExpiresIn *durationpb.Duration `protobuf:"bytes,4,opt,name=expires_in,json=expiresIn,proto3" json:"expires_in,omitempty"`
+	// The grants the session holds, by lock name.
+	Held          []*SessionGrant `protobuf:"bytes,5,rep,name=held,proto3" json:"held,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *SessionInfo) Reset() {
+	*x = SessionInfo{}
+	mi := &file_fence_v1_fence_proto_msgTypes[9]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *SessionInfo) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*SessionInfo) ProtoMessage() {}
+
+func (x *SessionInfo) ProtoReflect() protoreflect.Message {
+	mi := &file_fence_v1_fence_proto_msgTypes[9]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use SessionInfo.ProtoReflect.Descriptor instead.
+func (*SessionInfo) Descriptor() ([]byte, []int) {
+	return file_fence_v1_fence_proto_rawDescGZIP(), []int{9}
+}
+
+func (x *SessionInfo) GetSessionId() uint64 {
+	if x != nil {
+		return x.SessionId
+	}
+	return 0
+}
+
+func (x *SessionInfo) GetOwner() string {
+	if x != nil {
+		return x.Owner
+	}
+	return ""
+}
+
+func (x *SessionInfo) GetTtl() *durationpb.Duration {
+	if x != nil {
+		return x.Ttl
+	}
+	return nil
+}
+
+func (x *SessionInfo) GetExpiresIn() *durationpb.Duration {
+	if x != nil {
+		return x.ExpiresIn
+	}
+	return nil
+}
+
+func (x *SessionInfo) GetHeld() []*SessionGrant {
+	if x != nil {
+		return x.Held
+	}
+	return nil
+}
+
+type SessionGrant struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Lock          string                 `protobuf:"bytes,1,opt,name=lock,proto3" json:"lock,omitempty"`
+	Token         uint64                 `protobuf:"varint,2,opt,name=token,proto3" json:"token,omitempty"`
+	Mode          Mode                   `protobuf:"varint,3,opt,name=mode,proto3,enum=fence.v1.Mode" json:"mode,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *SessionGrant) Reset() {
+	*x = SessionGrant{}
+	mi := &file_fence_v1_fence_proto_msgTypes[10]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *SessionGrant) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*SessionGrant) ProtoMessage() {}
+
+func (x *SessionGrant) ProtoReflect() protoreflect.Message {
+	mi := &file_fence_v1_fence_proto_msgTypes[10]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use SessionGrant.ProtoReflect.Descriptor instead.
+func (*SessionGrant) Descriptor() ([]byte, []int) {
+	return file_fence_v1_fence_proto_rawDescGZIP(), []int{10}
+}
+
+func (x *SessionGrant) GetLock() string {
+	if x != nil {
+		return x.Lock
+	}
+	return ""
+}
+
+func (x *SessionGrant) GetToken() uint64 {
+	if x != nil {
+		return x.Token
+	}
+	return 0
+}
+
+func (x *SessionGrant) GetMode() Mode {
+	if x != nil {
+		return x.Mode
+	}
+	return Mode_MODE_UNSPECIFIED
+}
+
 type AcquireRequest struct {
 	state     protoimpl.MessageState `protogen:"open.v1"`
 	SessionId uint64                 `protobuf:"varint,1,opt,name=session_id,json=sessionId,proto3" json:"session_id,omitempty"`
@@ -653,7 +882,7 @@ type AcquireRequest struct {
 
 func (x *AcquireRequest) Reset() {
 	*x = AcquireRequest{}
-	mi := &file_fence_v1_fence_proto_msgTypes[7]
+	mi := &file_fence_v1_fence_proto_msgTypes[11]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -665,7 +894,7 @@ func (x *AcquireRequest) String() string {
 func (*AcquireRequest) ProtoMessage() {}
 
 func (x *AcquireRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_fence_v1_fence_proto_msgTypes[7]
+	mi := &file_fence_v1_fence_proto_msgTypes[11]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -678,7 +907,7 @@ func (x *AcquireRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use AcquireRequest.ProtoReflect.Descriptor instead.
 func (*AcquireRequest) Descriptor() ([]byte, []int) {
-	return file_fence_v1_fence_proto_rawDescGZIP(), []int{7}
+	return file_fence_v1_fence_proto_rawDescGZIP(), []int{11}
 }
 
 func (x *AcquireRequest) GetSessionId() uint64 {
@@ -772,7 +1001,7 @@ type AcquireResponse struct {
 
 func (x *AcquireResponse) Reset() {
 	*x = AcquireResponse{}
-	mi := &file_fence_v1_fence_proto_msgTypes[8]
+	mi := &file_fence_v1_fence_proto_msgTypes[12]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -784,7 +1013,7 @@ func (x *AcquireResponse) String() string {
 func (*AcquireResponse) ProtoMessage() {}
 
 func (x *AcquireResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_fence_v1_fence_proto_msgTypes[8]
+	mi := &file_fence_v1_fence_proto_msgTypes[12]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -797,7 +1026,7 @@ func (x *AcquireResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use AcquireResponse.ProtoReflect.Descriptor instead.
 func (*AcquireResponse) Descriptor() ([]byte, []int) {
-	return file_fence_v1_fence_proto_rawDescGZIP(), []int{8}
+	return file_fence_v1_fence_proto_rawDescGZIP(), []int{12}
 }
 
 func (x *AcquireResponse) GetLock() string {
@@ -848,7 +1077,7 @@ type ReleaseRequest struct {
 
 func (x *ReleaseRequest) Reset() {
 	*x = ReleaseRequest{}
-	mi := &file_fence_v1_fence_proto_msgTypes[9]
+	mi := &file_fence_v1_fence_proto_msgTypes[13]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -860,7 +1089,7 @@ func (x *ReleaseRequest) String() string {
 func (*ReleaseRequest) ProtoMessage() {}
 
 func (x *ReleaseRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_fence_v1_fence_proto_msgTypes[9]
+	mi := &file_fence_v1_fence_proto_msgTypes[13]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -873,7 +1102,7 @@ func (x *ReleaseRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ReleaseRequest.ProtoReflect.Descriptor instead.
 func (*ReleaseRequest) Descriptor() ([]byte, []int) {
-	return file_fence_v1_fence_proto_rawDescGZIP(), []int{9}
+	return file_fence_v1_fence_proto_rawDescGZIP(), []int{13}
 }
 
 func (x *ReleaseRequest) GetSessionId() uint64 {
@@ -912,7 +1141,7 @@ type ReleaseResponse struct {
 
 func (x *ReleaseResponse) Reset() {
 	*x = ReleaseResponse{}
-	mi := &file_fence_v1_fence_proto_msgTypes[10]
+	mi := &file_fence_v1_fence_proto_msgTypes[14]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -924,7 +1153,7 @@ func (x *ReleaseResponse) String() string {
 func (*ReleaseResponse) ProtoMessage() {}
 
 func (x *ReleaseResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_fence_v1_fence_proto_msgTypes[10]
+	mi := &file_fence_v1_fence_proto_msgTypes[14]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -937,7 +1166,7 @@ func (x *ReleaseResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ReleaseResponse.ProtoReflect.Descriptor instead.
 func (*ReleaseResponse) Descriptor() ([]byte, []int) {
-	return file_fence_v1_fence_proto_rawDescGZIP(), []int{10}
+	return file_fence_v1_fence_proto_rawDescGZIP(), []int{14}
 }
 
 type CancelAcquireRequest struct {
@@ -954,7 +1183,7 @@ type CancelAcquireRequest struct {
 
 func (x *CancelAcquireRequest) Reset() {
 	*x = CancelAcquireRequest{}
-	mi := &file_fence_v1_fence_proto_msgTypes[11]
+	mi := &file_fence_v1_fence_proto_msgTypes[15]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -966,7 +1195,7 @@ func (x *CancelAcquireRequest) String() string {
 func (*CancelAcquireRequest) ProtoMessage() {}
 
 func (x *CancelAcquireRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_fence_v1_fence_proto_msgTypes[11]
+	mi := &file_fence_v1_fence_proto_msgTypes[15]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -979,7 +1208,7 @@ func (x *CancelAcquireRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CancelAcquireRequest.ProtoReflect.Descriptor instead.
 func (*CancelAcquireRequest) Descriptor() ([]byte, []int) {
-	return file_fence_v1_fence_proto_rawDescGZIP(), []int{11}
+	return file_fence_v1_fence_proto_rawDescGZIP(), []int{15}
 }
 
 func (x *CancelAcquireRequest) GetSessionId() uint64 {
@@ -1022,7 +1251,7 @@ type CancelAcquireResponse struct {
 
 func (x *CancelAcquireResponse) Reset() {
 	*x = CancelAcquireResponse{}
-	mi := &file_fence_v1_fence_proto_msgTypes[12]
+	mi := &file_fence_v1_fence_proto_msgTypes[16]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1034,7 +1263,7 @@ func (x *CancelAcquireResponse) String() string {
 func (*CancelAcquireResponse) ProtoMessage() {}
 
 func (x *CancelAcquireResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_fence_v1_fence_proto_msgTypes[12]
+	mi := &file_fence_v1_fence_proto_msgTypes[16]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1047,7 +1276,7 @@ func (x *CancelAcquireResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CancelAcquireResponse.ProtoReflect.Descriptor instead.
 func (*CancelAcquireResponse) Descriptor() ([]byte, []int) {
-	return file_fence_v1_fence_proto_rawDescGZIP(), []int{12}
+	return file_fence_v1_fence_proto_rawDescGZIP(), []int{16}
 }
 
 func (x *CancelAcquireResponse) GetReleased() bool {
@@ -1077,7 +1306,7 @@ type CheckRequest struct {
 
 func (x *CheckRequest) Reset() {
 	*x = CheckRequest{}
-	mi := &file_fence_v1_fence_proto_msgTypes[13]
+	mi := &file_fence_v1_fence_proto_msgTypes[17]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1089,7 +1318,7 @@ func (x *CheckRequest) String() string {
 func (*CheckRequest) ProtoMessage() {}
 
 func (x *CheckRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_fence_v1_fence_proto_msgTypes[13]
+	mi := &file_fence_v1_fence_proto_msgTypes[17]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1102,7 +1331,7 @@ func (x *CheckRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CheckRequest.ProtoReflect.Descriptor instead.
 func (*CheckRequest) Descriptor() ([]byte, []int) {
-	return file_fence_v1_fence_proto_rawDescGZIP(), []int{13}
+	return file_fence_v1_fence_proto_rawDescGZIP(), []int{17}
 }
 
 func (x *CheckRequest) GetLock() string {
@@ -1140,7 +1369,7 @@ type CheckResponse struct {
 
 func (x *CheckResponse) Reset() {
 	*x = CheckResponse{}
-	mi := &file_fence_v1_fence_proto_msgTypes[14]
+	mi := &file_fence_v1_fence_proto_msgTypes[18]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1152,7 +1381,7 @@ func (x *CheckResponse) String() string {
 func (*CheckResponse) ProtoMessage() {}
 
 func (x *CheckResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_fence_v1_fence_proto_msgTypes[14]
+	mi := &file_fence_v1_fence_proto_msgTypes[18]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1165,7 +1394,7 @@ func (x *CheckResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CheckResponse.ProtoReflect.Descriptor instead.
 func (*CheckResponse) Descriptor() ([]byte, []int) {
-	return file_fence_v1_fence_proto_rawDescGZIP(), []int{14}
+	return file_fence_v1_fence_proto_rawDescGZIP(), []int{18}
 }
 
 func (x *CheckResponse) GetCurrent() bool {
@@ -1205,7 +1434,7 @@ type ListLocksRequest struct {
 
 func (x *ListLocksRequest) Reset() {
 	*x = ListLocksRequest{}
-	mi := &file_fence_v1_fence_proto_msgTypes[15]
+	mi := &file_fence_v1_fence_proto_msgTypes[19]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1217,7 +1446,7 @@ func (x *ListLocksRequest) String() string {
 func (*ListLocksRequest) ProtoMessage() {}
 
 func (x *ListLocksRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_fence_v1_fence_proto_msgTypes[15]
+	mi := &file_fence_v1_fence_proto_msgTypes[19]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1230,7 +1459,7 @@ func (x *ListLocksRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListLocksRequest.ProtoReflect.Descriptor instead.
 func (*ListLocksRequest) Descriptor() ([]byte, []int) {
-	return file_fence_v1_fence_proto_rawDescGZIP(), []int{15}
+	return file_fence_v1_fence_proto_rawDescGZIP(), []int{19}
 }
 
 func (x *ListLocksRequest) GetPrefix() string {
@@ -1277,7 +1506,7 @@ type Holder struct {
 
 func (x *Holder) Reset() {
 	*x = Holder{}
-	mi := &file_fence_v1_fence_proto_msgTypes[16]
+	mi := &file_fence_v1_fence_proto_msgTypes[20]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1289,7 +1518,7 @@ func (x *Holder) String() string {
 func (*Holder) ProtoMessage() {}
 
 func (x *Holder) ProtoReflect() protoreflect.Message {
-	mi := &file_fence_v1_fence_proto_msgTypes[16]
+	mi := &file_fence_v1_fence_proto_msgTypes[20]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1302,7 +1531,7 @@ func (x *Holder) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Holder.ProtoReflect.Descriptor instead.
 func (*Holder) Descriptor() ([]byte, []int) {
-	return file_fence_v1_fence_proto_rawDescGZIP(), []int{16}
+	return file_fence_v1_fence_proto_rawDescGZIP(), []int{20}
 }
 
 func (x *Holder) GetSessionId() uint64 {
@@ -1353,7 +1582,7 @@ type Waiter struct {
 
 func (x *Waiter) Reset() {
 	*x = Waiter{}
-	mi := &file_fence_v1_fence_proto_msgTypes[17]
+	mi := &file_fence_v1_fence_proto_msgTypes[21]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1365,7 +1594,7 @@ func (x *Waiter) String() string {
 func (*Waiter) ProtoMessage() {}
 
 func (x *Waiter) ProtoReflect() protoreflect.Message {
-	mi := &file_fence_v1_fence_proto_msgTypes[17]
+	mi := &file_fence_v1_fence_proto_msgTypes[21]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1378,7 +1607,7 @@ func (x *Waiter) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Waiter.ProtoReflect.Descriptor instead.
 func (*Waiter) Descriptor() ([]byte, []int) {
-	return file_fence_v1_fence_proto_rawDescGZIP(), []int{17}
+	return file_fence_v1_fence_proto_rawDescGZIP(), []int{21}
 }
 
 func (x *Waiter) GetSessionId() uint64 {
@@ -1424,7 +1653,7 @@ type LockInfo struct {
 
 func (x *LockInfo) Reset() {
 	*x = LockInfo{}
-	mi := &file_fence_v1_fence_proto_msgTypes[18]
+	mi := &file_fence_v1_fence_proto_msgTypes[22]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1436,7 +1665,7 @@ func (x *LockInfo) String() string {
 func (*LockInfo) ProtoMessage() {}
 
 func (x *LockInfo) ProtoReflect() protoreflect.Message {
-	mi := &file_fence_v1_fence_proto_msgTypes[18]
+	mi := &file_fence_v1_fence_proto_msgTypes[22]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1449,7 +1678,7 @@ func (x *LockInfo) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use LockInfo.ProtoReflect.Descriptor instead.
 func (*LockInfo) Descriptor() ([]byte, []int) {
-	return file_fence_v1_fence_proto_rawDescGZIP(), []int{18}
+	return file_fence_v1_fence_proto_rawDescGZIP(), []int{22}
 }
 
 func (x *LockInfo) GetName() string {
@@ -1498,7 +1727,7 @@ type ListLocksResponse struct {
 
 func (x *ListLocksResponse) Reset() {
 	*x = ListLocksResponse{}
-	mi := &file_fence_v1_fence_proto_msgTypes[19]
+	mi := &file_fence_v1_fence_proto_msgTypes[23]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1510,7 +1739,7 @@ func (x *ListLocksResponse) String() string {
 func (*ListLocksResponse) ProtoMessage() {}
 
 func (x *ListLocksResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_fence_v1_fence_proto_msgTypes[19]
+	mi := &file_fence_v1_fence_proto_msgTypes[23]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1523,7 +1752,7 @@ func (x *ListLocksResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListLocksResponse.ProtoReflect.Descriptor instead.
 func (*ListLocksResponse) Descriptor() ([]byte, []int) {
-	return file_fence_v1_fence_proto_rawDescGZIP(), []int{19}
+	return file_fence_v1_fence_proto_rawDescGZIP(), []int{23}
 }
 
 func (x *ListLocksResponse) GetLocks() []*LockInfo {
@@ -1548,7 +1777,7 @@ type StatusRequest struct {
 
 func (x *StatusRequest) Reset() {
 	*x = StatusRequest{}
-	mi := &file_fence_v1_fence_proto_msgTypes[20]
+	mi := &file_fence_v1_fence_proto_msgTypes[24]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1560,7 +1789,7 @@ func (x *StatusRequest) String() string {
 func (*StatusRequest) ProtoMessage() {}
 
 func (x *StatusRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_fence_v1_fence_proto_msgTypes[20]
+	mi := &file_fence_v1_fence_proto_msgTypes[24]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1573,15 +1802,17 @@ func (x *StatusRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use StatusRequest.ProtoReflect.Descriptor instead.
 func (*StatusRequest) Descriptor() ([]byte, []int) {
-	return file_fence_v1_fence_proto_rawDescGZIP(), []int{20}
+	return file_fence_v1_fence_proto_rawDescGZIP(), []int{24}
 }
 
 type StatusResponse struct {
 	state  protoimpl.MessageState `protogen:"open.v1"`
 	NodeId string                 `protobuf:"bytes,1,opt,name=node_id,json=nodeId,proto3" json:"node_id,omitempty"`
 	// This node's raft state: Leader, Follower, Candidate or Shutdown.
-	State         string `protobuf:"bytes,2,opt,name=state,proto3" json:"state,omitempty"`
-	LeaderId      string `protobuf:"bytes,3,opt,name=leader_id,json=leaderId,proto3" json:"leader_id,omitempty"`
+	State    string `protobuf:"bytes,2,opt,name=state,proto3" json:"state,omitempty"`
+	LeaderId string `protobuf:"bytes,3,opt,name=leader_id,json=leaderId,proto3" json:"leader_id,omitempty"`
+	// The leader's API address (host:port, as it registered it), empty until
+	// the leader has registered it.
 	LeaderAddress string `protobuf:"bytes,4,opt,name=leader_address,json=leaderAddress,proto3" json:"leader_address,omitempty"`
 	Term          uint64 `protobuf:"varint,5,opt,name=term,proto3" json:"term,omitempty"`
 	LastIndex     uint64 `protobuf:"varint,6,opt,name=last_index,json=lastIndex,proto3" json:"last_index,omitempty"`
@@ -1598,14 +1829,16 @@ type StatusResponse struct {
 	Problems []string `protobuf:"bytes,14,rep,name=problems,proto3" json:"problems,omitempty"`
 	// The group's id, drawn by its first leader; empty until it is applied
 	// here. Every answer carries it in the header Fence-Cluster-Id.
-	ClusterId     string `protobuf:"bytes,15,opt,name=cluster_id,json=clusterId,proto3" json:"cluster_id,omitempty"`
-	unknownFields protoimpl.UnknownFields
-	sizeCache     protoimpl.SizeCache
+	ClusterId string `protobuf:"bytes,15,opt,name=cluster_id,json=clusterId,proto3" json:"cluster_id,omitempty"`
+	// The leader's raft address, as the raft configuration has it.
+	LeaderRaftAddress string `protobuf:"bytes,16,opt,name=leader_raft_address,json=leaderRaftAddress,proto3" json:"leader_raft_address,omitempty"`
+	unknownFields     protoimpl.UnknownFields
+	sizeCache         protoimpl.SizeCache
 }
 
 func (x *StatusResponse) Reset() {
 	*x = StatusResponse{}
-	mi := &file_fence_v1_fence_proto_msgTypes[21]
+	mi := &file_fence_v1_fence_proto_msgTypes[25]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1617,7 +1850,7 @@ func (x *StatusResponse) String() string {
 func (*StatusResponse) ProtoMessage() {}
 
 func (x *StatusResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_fence_v1_fence_proto_msgTypes[21]
+	mi := &file_fence_v1_fence_proto_msgTypes[25]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1630,7 +1863,7 @@ func (x *StatusResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use StatusResponse.ProtoReflect.Descriptor instead.
 func (*StatusResponse) Descriptor() ([]byte, []int) {
-	return file_fence_v1_fence_proto_rawDescGZIP(), []int{21}
+	return file_fence_v1_fence_proto_rawDescGZIP(), []int{25}
 }
 
 func (x *StatusResponse) GetNodeId() string {
@@ -1738,6 +1971,13 @@ func (x *StatusResponse) GetClusterId() string {
 	return ""
 }
 
+func (x *StatusResponse) GetLeaderRaftAddress() string {
+	if x != nil {
+		return x.LeaderRaftAddress
+	}
+	return ""
+}
+
 type Member struct {
 	state       protoimpl.MessageState `protogen:"open.v1"`
 	Id          string                 `protobuf:"bytes,1,opt,name=id,proto3" json:"id,omitempty"`
@@ -1752,7 +1992,7 @@ type Member struct {
 
 func (x *Member) Reset() {
 	*x = Member{}
-	mi := &file_fence_v1_fence_proto_msgTypes[22]
+	mi := &file_fence_v1_fence_proto_msgTypes[26]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1764,7 +2004,7 @@ func (x *Member) String() string {
 func (*Member) ProtoMessage() {}
 
 func (x *Member) ProtoReflect() protoreflect.Message {
-	mi := &file_fence_v1_fence_proto_msgTypes[22]
+	mi := &file_fence_v1_fence_proto_msgTypes[26]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1777,7 +2017,7 @@ func (x *Member) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Member.ProtoReflect.Descriptor instead.
 func (*Member) Descriptor() ([]byte, []int) {
-	return file_fence_v1_fence_proto_rawDescGZIP(), []int{22}
+	return file_fence_v1_fence_proto_rawDescGZIP(), []int{26}
 }
 
 func (x *Member) GetId() string {
@@ -1821,7 +2061,7 @@ type AddMemberRequest struct {
 
 func (x *AddMemberRequest) Reset() {
 	*x = AddMemberRequest{}
-	mi := &file_fence_v1_fence_proto_msgTypes[23]
+	mi := &file_fence_v1_fence_proto_msgTypes[27]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1833,7 +2073,7 @@ func (x *AddMemberRequest) String() string {
 func (*AddMemberRequest) ProtoMessage() {}
 
 func (x *AddMemberRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_fence_v1_fence_proto_msgTypes[23]
+	mi := &file_fence_v1_fence_proto_msgTypes[27]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1846,7 +2086,7 @@ func (x *AddMemberRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use AddMemberRequest.ProtoReflect.Descriptor instead.
 func (*AddMemberRequest) Descriptor() ([]byte, []int) {
-	return file_fence_v1_fence_proto_rawDescGZIP(), []int{23}
+	return file_fence_v1_fence_proto_rawDescGZIP(), []int{27}
 }
 
 func (x *AddMemberRequest) GetId() string {
@@ -1878,7 +2118,7 @@ type AddMemberResponse struct {
 
 func (x *AddMemberResponse) Reset() {
 	*x = AddMemberResponse{}
-	mi := &file_fence_v1_fence_proto_msgTypes[24]
+	mi := &file_fence_v1_fence_proto_msgTypes[28]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1890,7 +2130,7 @@ func (x *AddMemberResponse) String() string {
 func (*AddMemberResponse) ProtoMessage() {}
 
 func (x *AddMemberResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_fence_v1_fence_proto_msgTypes[24]
+	mi := &file_fence_v1_fence_proto_msgTypes[28]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1903,7 +2143,7 @@ func (x *AddMemberResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use AddMemberResponse.ProtoReflect.Descriptor instead.
 func (*AddMemberResponse) Descriptor() ([]byte, []int) {
-	return file_fence_v1_fence_proto_rawDescGZIP(), []int{24}
+	return file_fence_v1_fence_proto_rawDescGZIP(), []int{28}
 }
 
 type RemoveMemberRequest struct {
@@ -1915,7 +2155,7 @@ type RemoveMemberRequest struct {
 
 func (x *RemoveMemberRequest) Reset() {
 	*x = RemoveMemberRequest{}
-	mi := &file_fence_v1_fence_proto_msgTypes[25]
+	mi := &file_fence_v1_fence_proto_msgTypes[29]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1927,7 +2167,7 @@ func (x *RemoveMemberRequest) String() string {
 func (*RemoveMemberRequest) ProtoMessage() {}
 
 func (x *RemoveMemberRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_fence_v1_fence_proto_msgTypes[25]
+	mi := &file_fence_v1_fence_proto_msgTypes[29]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1940,7 +2180,7 @@ func (x *RemoveMemberRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RemoveMemberRequest.ProtoReflect.Descriptor instead.
 func (*RemoveMemberRequest) Descriptor() ([]byte, []int) {
-	return file_fence_v1_fence_proto_rawDescGZIP(), []int{25}
+	return file_fence_v1_fence_proto_rawDescGZIP(), []int{29}
 }
 
 func (x *RemoveMemberRequest) GetId() string {
@@ -1958,7 +2198,7 @@ type RemoveMemberResponse struct {
 
 func (x *RemoveMemberResponse) Reset() {
 	*x = RemoveMemberResponse{}
-	mi := &file_fence_v1_fence_proto_msgTypes[26]
+	mi := &file_fence_v1_fence_proto_msgTypes[30]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1970,7 +2210,7 @@ func (x *RemoveMemberResponse) String() string {
 func (*RemoveMemberResponse) ProtoMessage() {}
 
 func (x *RemoveMemberResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_fence_v1_fence_proto_msgTypes[26]
+	mi := &file_fence_v1_fence_proto_msgTypes[30]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1983,7 +2223,87 @@ func (x *RemoveMemberResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RemoveMemberResponse.ProtoReflect.Descriptor instead.
 func (*RemoveMemberResponse) Descriptor() ([]byte, []int) {
-	return file_fence_v1_fence_proto_rawDescGZIP(), []int{26}
+	return file_fence_v1_fence_proto_rawDescGZIP(), []int{30}
+}
+
+type RevokeSessionRequest struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	SessionId     uint64                 `protobuf:"varint,1,opt,name=session_id,json=sessionId,proto3" json:"session_id,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *RevokeSessionRequest) Reset() {
+	*x = RevokeSessionRequest{}
+	mi := &file_fence_v1_fence_proto_msgTypes[31]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *RevokeSessionRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*RevokeSessionRequest) ProtoMessage() {}
+
+func (x *RevokeSessionRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_fence_v1_fence_proto_msgTypes[31]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use RevokeSessionRequest.ProtoReflect.Descriptor instead.
+func (*RevokeSessionRequest) Descriptor() ([]byte, []int) {
+	return file_fence_v1_fence_proto_rawDescGZIP(), []int{31}
+}
+
+func (x *RevokeSessionRequest) GetSessionId() uint64 {
+	if x != nil {
+		return x.SessionId
+	}
+	return 0
+}
+
+type RevokeSessionResponse struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *RevokeSessionResponse) Reset() {
+	*x = RevokeSessionResponse{}
+	mi := &file_fence_v1_fence_proto_msgTypes[32]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *RevokeSessionResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*RevokeSessionResponse) ProtoMessage() {}
+
+func (x *RevokeSessionResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_fence_v1_fence_proto_msgTypes[32]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use RevokeSessionResponse.ProtoReflect.Descriptor instead.
+func (*RevokeSessionResponse) Descriptor() ([]byte, []int) {
+	return file_fence_v1_fence_proto_rawDescGZIP(), []int{32}
 }
 
 type SnapshotRequest struct {
@@ -1994,7 +2314,7 @@ type SnapshotRequest struct {
 
 func (x *SnapshotRequest) Reset() {
 	*x = SnapshotRequest{}
-	mi := &file_fence_v1_fence_proto_msgTypes[27]
+	mi := &file_fence_v1_fence_proto_msgTypes[33]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2006,7 +2326,7 @@ func (x *SnapshotRequest) String() string {
 func (*SnapshotRequest) ProtoMessage() {}
 
 func (x *SnapshotRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_fence_v1_fence_proto_msgTypes[27]
+	mi := &file_fence_v1_fence_proto_msgTypes[33]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2019,7 +2339,7 @@ func (x *SnapshotRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use SnapshotRequest.ProtoReflect.Descriptor instead.
 func (*SnapshotRequest) Descriptor() ([]byte, []int) {
-	return file_fence_v1_fence_proto_rawDescGZIP(), []int{27}
+	return file_fence_v1_fence_proto_rawDescGZIP(), []int{33}
 }
 
 type SnapshotResponse struct {
@@ -2034,7 +2354,7 @@ type SnapshotResponse struct {
 
 func (x *SnapshotResponse) Reset() {
 	*x = SnapshotResponse{}
-	mi := &file_fence_v1_fence_proto_msgTypes[28]
+	mi := &file_fence_v1_fence_proto_msgTypes[34]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2046,7 +2366,7 @@ func (x *SnapshotResponse) String() string {
 func (*SnapshotResponse) ProtoMessage() {}
 
 func (x *SnapshotResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_fence_v1_fence_proto_msgTypes[28]
+	mi := &file_fence_v1_fence_proto_msgTypes[34]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2059,7 +2379,7 @@ func (x *SnapshotResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use SnapshotResponse.ProtoReflect.Descriptor instead.
 func (*SnapshotResponse) Descriptor() ([]byte, []int) {
-	return file_fence_v1_fence_proto_rawDescGZIP(), []int{28}
+	return file_fence_v1_fence_proto_rawDescGZIP(), []int{34}
 }
 
 func (x *SnapshotResponse) GetHeader() *SnapshotHeader {
@@ -2098,7 +2418,7 @@ type SnapshotHeader struct {
 
 func (x *SnapshotHeader) Reset() {
 	*x = SnapshotHeader{}
-	mi := &file_fence_v1_fence_proto_msgTypes[29]
+	mi := &file_fence_v1_fence_proto_msgTypes[35]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2110,7 +2430,7 @@ func (x *SnapshotHeader) String() string {
 func (*SnapshotHeader) ProtoMessage() {}
 
 func (x *SnapshotHeader) ProtoReflect() protoreflect.Message {
-	mi := &file_fence_v1_fence_proto_msgTypes[29]
+	mi := &file_fence_v1_fence_proto_msgTypes[35]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2123,7 +2443,7 @@ func (x *SnapshotHeader) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use SnapshotHeader.ProtoReflect.Descriptor instead.
 func (*SnapshotHeader) Descriptor() ([]byte, []int) {
-	return file_fence_v1_fence_proto_rawDescGZIP(), []int{29}
+	return file_fence_v1_fence_proto_rawDescGZIP(), []int{35}
 }
 
 func (x *SnapshotHeader) GetIndex() uint64 {
@@ -2195,7 +2515,7 @@ type Fence struct {
 
 func (x *Fence) Reset() {
 	*x = Fence{}
-	mi := &file_fence_v1_fence_proto_msgTypes[30]
+	mi := &file_fence_v1_fence_proto_msgTypes[36]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2207,7 +2527,7 @@ func (x *Fence) String() string {
 func (*Fence) ProtoMessage() {}
 
 func (x *Fence) ProtoReflect() protoreflect.Message {
-	mi := &file_fence_v1_fence_proto_msgTypes[30]
+	mi := &file_fence_v1_fence_proto_msgTypes[36]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2220,7 +2540,7 @@ func (x *Fence) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Fence.ProtoReflect.Descriptor instead.
 func (*Fence) Descriptor() ([]byte, []int) {
-	return file_fence_v1_fence_proto_rawDescGZIP(), []int{30}
+	return file_fence_v1_fence_proto_rawDescGZIP(), []int{36}
 }
 
 func (x *Fence) GetLock() string {
@@ -2269,7 +2589,7 @@ type PutRequest struct {
 
 func (x *PutRequest) Reset() {
 	*x = PutRequest{}
-	mi := &file_fence_v1_fence_proto_msgTypes[31]
+	mi := &file_fence_v1_fence_proto_msgTypes[37]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2281,7 +2601,7 @@ func (x *PutRequest) String() string {
 func (*PutRequest) ProtoMessage() {}
 
 func (x *PutRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_fence_v1_fence_proto_msgTypes[31]
+	mi := &file_fence_v1_fence_proto_msgTypes[37]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2294,7 +2614,7 @@ func (x *PutRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use PutRequest.ProtoReflect.Descriptor instead.
 func (*PutRequest) Descriptor() ([]byte, []int) {
-	return file_fence_v1_fence_proto_rawDescGZIP(), []int{31}
+	return file_fence_v1_fence_proto_rawDescGZIP(), []int{37}
 }
 
 func (x *PutRequest) GetKey() string {
@@ -2342,7 +2662,7 @@ type PutResponse struct {
 
 func (x *PutResponse) Reset() {
 	*x = PutResponse{}
-	mi := &file_fence_v1_fence_proto_msgTypes[32]
+	mi := &file_fence_v1_fence_proto_msgTypes[38]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2354,7 +2674,7 @@ func (x *PutResponse) String() string {
 func (*PutResponse) ProtoMessage() {}
 
 func (x *PutResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_fence_v1_fence_proto_msgTypes[32]
+	mi := &file_fence_v1_fence_proto_msgTypes[38]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2367,7 +2687,7 @@ func (x *PutResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use PutResponse.ProtoReflect.Descriptor instead.
 func (*PutResponse) Descriptor() ([]byte, []int) {
-	return file_fence_v1_fence_proto_rawDescGZIP(), []int{32}
+	return file_fence_v1_fence_proto_rawDescGZIP(), []int{38}
 }
 
 func (x *PutResponse) GetRevision() uint64 {
@@ -2397,7 +2717,7 @@ type KeyValue struct {
 
 func (x *KeyValue) Reset() {
 	*x = KeyValue{}
-	mi := &file_fence_v1_fence_proto_msgTypes[33]
+	mi := &file_fence_v1_fence_proto_msgTypes[39]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2409,7 +2729,7 @@ func (x *KeyValue) String() string {
 func (*KeyValue) ProtoMessage() {}
 
 func (x *KeyValue) ProtoReflect() protoreflect.Message {
-	mi := &file_fence_v1_fence_proto_msgTypes[33]
+	mi := &file_fence_v1_fence_proto_msgTypes[39]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2422,7 +2742,7 @@ func (x *KeyValue) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use KeyValue.ProtoReflect.Descriptor instead.
 func (*KeyValue) Descriptor() ([]byte, []int) {
-	return file_fence_v1_fence_proto_rawDescGZIP(), []int{33}
+	return file_fence_v1_fence_proto_rawDescGZIP(), []int{39}
 }
 
 func (x *KeyValue) GetKey() string {
@@ -2498,7 +2818,7 @@ type GetRequest struct {
 
 func (x *GetRequest) Reset() {
 	*x = GetRequest{}
-	mi := &file_fence_v1_fence_proto_msgTypes[34]
+	mi := &file_fence_v1_fence_proto_msgTypes[40]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2510,7 +2830,7 @@ func (x *GetRequest) String() string {
 func (*GetRequest) ProtoMessage() {}
 
 func (x *GetRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_fence_v1_fence_proto_msgTypes[34]
+	mi := &file_fence_v1_fence_proto_msgTypes[40]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2523,7 +2843,7 @@ func (x *GetRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GetRequest.ProtoReflect.Descriptor instead.
 func (*GetRequest) Descriptor() ([]byte, []int) {
-	return file_fence_v1_fence_proto_rawDescGZIP(), []int{34}
+	return file_fence_v1_fence_proto_rawDescGZIP(), []int{40}
 }
 
 func (x *GetRequest) GetKey() string {
@@ -2552,7 +2872,7 @@ type GetResponse struct {
 
 func (x *GetResponse) Reset() {
 	*x = GetResponse{}
-	mi := &file_fence_v1_fence_proto_msgTypes[35]
+	mi := &file_fence_v1_fence_proto_msgTypes[41]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2564,7 +2884,7 @@ func (x *GetResponse) String() string {
 func (*GetResponse) ProtoMessage() {}
 
 func (x *GetResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_fence_v1_fence_proto_msgTypes[35]
+	mi := &file_fence_v1_fence_proto_msgTypes[41]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2577,7 +2897,7 @@ func (x *GetResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GetResponse.ProtoReflect.Descriptor instead.
 func (*GetResponse) Descriptor() ([]byte, []int) {
-	return file_fence_v1_fence_proto_rawDescGZIP(), []int{35}
+	return file_fence_v1_fence_proto_rawDescGZIP(), []int{41}
 }
 
 func (x *GetResponse) GetFound() bool {
@@ -2611,7 +2931,7 @@ type DeleteRequest struct {
 
 func (x *DeleteRequest) Reset() {
 	*x = DeleteRequest{}
-	mi := &file_fence_v1_fence_proto_msgTypes[36]
+	mi := &file_fence_v1_fence_proto_msgTypes[42]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2623,7 +2943,7 @@ func (x *DeleteRequest) String() string {
 func (*DeleteRequest) ProtoMessage() {}
 
 func (x *DeleteRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_fence_v1_fence_proto_msgTypes[36]
+	mi := &file_fence_v1_fence_proto_msgTypes[42]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2636,7 +2956,7 @@ func (x *DeleteRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use DeleteRequest.ProtoReflect.Descriptor instead.
 func (*DeleteRequest) Descriptor() ([]byte, []int) {
-	return file_fence_v1_fence_proto_rawDescGZIP(), []int{36}
+	return file_fence_v1_fence_proto_rawDescGZIP(), []int{42}
 }
 
 func (x *DeleteRequest) GetKey() string {
@@ -2663,7 +2983,7 @@ type DeleteResponse struct {
 
 func (x *DeleteResponse) Reset() {
 	*x = DeleteResponse{}
-	mi := &file_fence_v1_fence_proto_msgTypes[37]
+	mi := &file_fence_v1_fence_proto_msgTypes[43]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2675,7 +2995,7 @@ func (x *DeleteResponse) String() string {
 func (*DeleteResponse) ProtoMessage() {}
 
 func (x *DeleteResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_fence_v1_fence_proto_msgTypes[37]
+	mi := &file_fence_v1_fence_proto_msgTypes[43]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2688,7 +3008,7 @@ func (x *DeleteResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use DeleteResponse.ProtoReflect.Descriptor instead.
 func (*DeleteResponse) Descriptor() ([]byte, []int) {
-	return file_fence_v1_fence_proto_rawDescGZIP(), []int{37}
+	return file_fence_v1_fence_proto_rawDescGZIP(), []int{43}
 }
 
 func (x *DeleteResponse) GetDeleted() bool {
@@ -2717,7 +3037,7 @@ type ListRequest struct {
 
 func (x *ListRequest) Reset() {
 	*x = ListRequest{}
-	mi := &file_fence_v1_fence_proto_msgTypes[38]
+	mi := &file_fence_v1_fence_proto_msgTypes[44]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2729,7 +3049,7 @@ func (x *ListRequest) String() string {
 func (*ListRequest) ProtoMessage() {}
 
 func (x *ListRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_fence_v1_fence_proto_msgTypes[38]
+	mi := &file_fence_v1_fence_proto_msgTypes[44]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2742,7 +3062,7 @@ func (x *ListRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListRequest.ProtoReflect.Descriptor instead.
 func (*ListRequest) Descriptor() ([]byte, []int) {
-	return file_fence_v1_fence_proto_rawDescGZIP(), []int{38}
+	return file_fence_v1_fence_proto_rawDescGZIP(), []int{44}
 }
 
 func (x *ListRequest) GetPrefix() string {
@@ -2778,7 +3098,7 @@ type ListResponse struct {
 
 func (x *ListResponse) Reset() {
 	*x = ListResponse{}
-	mi := &file_fence_v1_fence_proto_msgTypes[39]
+	mi := &file_fence_v1_fence_proto_msgTypes[45]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2790,7 +3110,7 @@ func (x *ListResponse) String() string {
 func (*ListResponse) ProtoMessage() {}
 
 func (x *ListResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_fence_v1_fence_proto_msgTypes[39]
+	mi := &file_fence_v1_fence_proto_msgTypes[45]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2803,7 +3123,7 @@ func (x *ListResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListResponse.ProtoReflect.Descriptor instead.
 func (*ListResponse) Descriptor() ([]byte, []int) {
-	return file_fence_v1_fence_proto_rawDescGZIP(), []int{39}
+	return file_fence_v1_fence_proto_rawDescGZIP(), []int{45}
 }
 
 func (x *ListResponse) GetKvs() []*KeyValue {
@@ -2847,7 +3167,7 @@ type WatchRequest struct {
 
 func (x *WatchRequest) Reset() {
 	*x = WatchRequest{}
-	mi := &file_fence_v1_fence_proto_msgTypes[40]
+	mi := &file_fence_v1_fence_proto_msgTypes[46]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2859,7 +3179,7 @@ func (x *WatchRequest) String() string {
 func (*WatchRequest) ProtoMessage() {}
 
 func (x *WatchRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_fence_v1_fence_proto_msgTypes[40]
+	mi := &file_fence_v1_fence_proto_msgTypes[46]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2872,7 +3192,7 @@ func (x *WatchRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use WatchRequest.ProtoReflect.Descriptor instead.
 func (*WatchRequest) Descriptor() ([]byte, []int) {
-	return file_fence_v1_fence_proto_rawDescGZIP(), []int{40}
+	return file_fence_v1_fence_proto_rawDescGZIP(), []int{46}
 }
 
 func (x *WatchRequest) GetPrefix() string {
@@ -2907,7 +3227,7 @@ type Event struct {
 
 func (x *Event) Reset() {
 	*x = Event{}
-	mi := &file_fence_v1_fence_proto_msgTypes[41]
+	mi := &file_fence_v1_fence_proto_msgTypes[47]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2919,7 +3239,7 @@ func (x *Event) String() string {
 func (*Event) ProtoMessage() {}
 
 func (x *Event) ProtoReflect() protoreflect.Message {
-	mi := &file_fence_v1_fence_proto_msgTypes[41]
+	mi := &file_fence_v1_fence_proto_msgTypes[47]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2932,7 +3252,7 @@ func (x *Event) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Event.ProtoReflect.Descriptor instead.
 func (*Event) Descriptor() ([]byte, []int) {
-	return file_fence_v1_fence_proto_rawDescGZIP(), []int{41}
+	return file_fence_v1_fence_proto_rawDescGZIP(), []int{47}
 }
 
 func (x *Event) GetType() EventType {
@@ -2964,7 +3284,7 @@ type WatchResponse struct {
 
 func (x *WatchResponse) Reset() {
 	*x = WatchResponse{}
-	mi := &file_fence_v1_fence_proto_msgTypes[42]
+	mi := &file_fence_v1_fence_proto_msgTypes[48]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2976,7 +3296,7 @@ func (x *WatchResponse) String() string {
 func (*WatchResponse) ProtoMessage() {}
 
 func (x *WatchResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_fence_v1_fence_proto_msgTypes[42]
+	mi := &file_fence_v1_fence_proto_msgTypes[48]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2989,7 +3309,7 @@ func (x *WatchResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use WatchResponse.ProtoReflect.Descriptor instead.
 func (*WatchResponse) Descriptor() ([]byte, []int) {
-	return file_fence_v1_fence_proto_rawDescGZIP(), []int{42}
+	return file_fence_v1_fence_proto_rawDescGZIP(), []int{48}
 }
 
 func (x *WatchResponse) GetEvents() []*Event {
@@ -3024,13 +3344,17 @@ type ErrorDetail struct {
 	CurrentToken uint64 `protobuf:"varint,5,opt,name=current_token,json=currentToken,proto3" json:"current_token,omitempty"`
 	// For REASON_NOT_LEADER: where the leader is, when known.
 	LeaderAddress string `protobuf:"bytes,6,opt,name=leader_address,json=leaderAddress,proto3" json:"leader_address,omitempty"`
-	unknownFields protoimpl.UnknownFields
-	sizeCache     protoimpl.SizeCache
+	// For REASON_LOCKED: the lock's newest holder, when it has one (0 when the
+	// lock is under lock-delay, or free with waiters ahead).
+	HolderSessionId uint64 `protobuf:"varint,7,opt,name=holder_session_id,json=holderSessionId,proto3" json:"holder_session_id,omitempty"`
+	HolderToken     uint64 `protobuf:"varint,8,opt,name=holder_token,json=holderToken,proto3" json:"holder_token,omitempty"`
+	unknownFields   protoimpl.UnknownFields
+	sizeCache       protoimpl.SizeCache
 }
 
 func (x *ErrorDetail) Reset() {
 	*x = ErrorDetail{}
-	mi := &file_fence_v1_fence_proto_msgTypes[43]
+	mi := &file_fence_v1_fence_proto_msgTypes[49]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3042,7 +3366,7 @@ func (x *ErrorDetail) String() string {
 func (*ErrorDetail) ProtoMessage() {}
 
 func (x *ErrorDetail) ProtoReflect() protoreflect.Message {
-	mi := &file_fence_v1_fence_proto_msgTypes[43]
+	mi := &file_fence_v1_fence_proto_msgTypes[49]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3055,7 +3379,7 @@ func (x *ErrorDetail) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ErrorDetail.ProtoReflect.Descriptor instead.
 func (*ErrorDetail) Descriptor() ([]byte, []int) {
-	return file_fence_v1_fence_proto_rawDescGZIP(), []int{43}
+	return file_fence_v1_fence_proto_rawDescGZIP(), []int{49}
 }
 
 func (x *ErrorDetail) GetReason() Reason {
@@ -3100,6 +3424,20 @@ func (x *ErrorDetail) GetLeaderAddress() string {
 	return ""
 }
 
+func (x *ErrorDetail) GetHolderSessionId() uint64 {
+	if x != nil {
+		return x.HolderSessionId
+	}
+	return 0
+}
+
+func (x *ErrorDetail) GetHolderToken() uint64 {
+	if x != nil {
+		return x.HolderToken
+	}
+	return 0
+}
+
 var File_fence_v1_fence_proto protoreflect.FileDescriptor
 
 const file_fence_v1_fence_proto_rawDesc = "" +
@@ -3127,7 +3465,23 @@ const file_fence_v1_fence_proto_rawDesc = "" +
 	"\n" +
 	"session_id\x18\x01 \x01(\x04R\tsessionId\x12%\n" +
 	"\x0esession_secret\x18\x02 \x01(\tR\rsessionSecret\"\x16\n" +
-	"\x14CloseSessionResponse\"\xa7\x03\n" +
+	"\x14CloseSessionResponse\"+\n" +
+	"\x13ListSessionsRequest\x12\x14\n" +
+	"\x05stale\x18\x01 \x01(\bR\x05stale\"I\n" +
+	"\x14ListSessionsResponse\x121\n" +
+	"\bsessions\x18\x01 \x03(\v2\x15.fence.v1.SessionInfoR\bsessions\"\xd5\x01\n" +
+	"\vSessionInfo\x12\x1d\n" +
+	"\n" +
+	"session_id\x18\x01 \x01(\x04R\tsessionId\x12\x14\n" +
+	"\x05owner\x18\x02 \x01(\tR\x05owner\x12+\n" +
+	"\x03ttl\x18\x03 \x01(\v2\x19.google.protobuf.DurationR\x03ttl\x128\n" +
+	"\n" +
+	"expires_in\x18\x04 \x01(\v2\x19.google.protobuf.DurationR\texpiresIn\x12*\n" +
+	"\x04held\x18\x05 \x03(\v2\x16.fence.v1.SessionGrantR\x04held\"\\\n" +
+	"\fSessionGrant\x12\x12\n" +
+	"\x04lock\x18\x01 \x01(\tR\x04lock\x12\x14\n" +
+	"\x05token\x18\x02 \x01(\x04R\x05token\x12\"\n" +
+	"\x04mode\x18\x03 \x01(\x0e2\x0e.fence.v1.ModeR\x04mode\"\xa7\x03\n" +
 	"\x0eAcquireRequest\x12\x1d\n" +
 	"\n" +
 	"session_id\x18\x01 \x01(\x04R\tsessionId\x12\x12\n" +
@@ -3203,7 +3557,7 @@ const file_fence_v1_fence_proto_rawDesc = "" +
 	"\x11ListLocksResponse\x12(\n" +
 	"\x05locks\x18\x01 \x03(\v2\x12.fence.v1.LockInfoR\x05locks\x12&\n" +
 	"\x0fnext_page_token\x18\x02 \x01(\tR\rnextPageToken\"\x0f\n" +
-	"\rStatusRequest\"\xd0\x03\n" +
+	"\rStatusRequest\"\x80\x04\n" +
 	"\x0eStatusResponse\x12\x17\n" +
 	"\anode_id\x18\x01 \x01(\tR\x06nodeId\x12\x14\n" +
 	"\x05state\x18\x02 \x01(\tR\x05state\x12\x1b\n" +
@@ -3223,7 +3577,8 @@ const file_fence_v1_fence_proto_rawDesc = "" +
 	"\amembers\x18\r \x03(\v2\x10.fence.v1.MemberR\amembers\x12\x1a\n" +
 	"\bproblems\x18\x0e \x03(\tR\bproblems\x12\x1d\n" +
 	"\n" +
-	"cluster_id\x18\x0f \x01(\tR\tclusterId\"r\n" +
+	"cluster_id\x18\x0f \x01(\tR\tclusterId\x12.\n" +
+	"\x13leader_raft_address\x18\x10 \x01(\tR\x11leaderRaftAddress\"r\n" +
 	"\x06Member\x12\x0e\n" +
 	"\x02id\x18\x01 \x01(\tR\x02id\x12!\n" +
 	"\fraft_address\x18\x02 \x01(\tR\vraftAddress\x12\x14\n" +
@@ -3237,7 +3592,11 @@ const file_fence_v1_fence_proto_rawDesc = "" +
 	"\x11AddMemberResponse\"%\n" +
 	"\x13RemoveMemberRequest\x12\x0e\n" +
 	"\x02id\x18\x01 \x01(\tR\x02id\"\x16\n" +
-	"\x14RemoveMemberResponse\"\x11\n" +
+	"\x14RemoveMemberResponse\"5\n" +
+	"\x14RevokeSessionRequest\x12\x1d\n" +
+	"\n" +
+	"session_id\x18\x01 \x01(\x04R\tsessionId\"\x17\n" +
+	"\x15RevokeSessionResponse\"\x11\n" +
 	"\x0fSnapshotRequest\"Z\n" +
 	"\x10SnapshotResponse\x120\n" +
 	"\x06header\x18\x01 \x01(\v2\x18.fence.v1.SnapshotHeaderR\x06header\x12\x14\n" +
@@ -3310,7 +3669,7 @@ const file_fence_v1_fence_proto_rawDesc = "" +
 	"\rWatchResponse\x12'\n" +
 	"\x06events\x18\x01 \x03(\v2\x0f.fence.v1.EventR\x06events\x12\x1a\n" +
 	"\brevision\x18\x02 \x01(\x04R\brevision\x12\x1a\n" +
-	"\bprogress\x18\x03 \x01(\bR\bprogress\"\xcc\x01\n" +
+	"\bprogress\x18\x03 \x01(\bR\bprogress\"\x9b\x02\n" +
 	"\vErrorDetail\x12(\n" +
 	"\x06reason\x18\x01 \x01(\x0e2\x10.fence.v1.ReasonR\x06reason\x12\x12\n" +
 	"\x04lock\x18\x02 \x01(\tR\x04lock\x12\x1d\n" +
@@ -3318,7 +3677,9 @@ const file_fence_v1_fence_proto_rawDesc = "" +
 	"session_id\x18\x03 \x01(\x04R\tsessionId\x12\x14\n" +
 	"\x05token\x18\x04 \x01(\x04R\x05token\x12#\n" +
 	"\rcurrent_token\x18\x05 \x01(\x04R\fcurrentToken\x12%\n" +
-	"\x0eleader_address\x18\x06 \x01(\tR\rleaderAddress*U\n" +
+	"\x0eleader_address\x18\x06 \x01(\tR\rleaderAddress\x12*\n" +
+	"\x11holder_session_id\x18\a \x01(\x04R\x0fholderSessionId\x12!\n" +
+	"\fholder_token\x18\b \x01(\x04R\vholderToken*U\n" +
 	"\x04Mode\x12\x14\n" +
 	"\x10MODE_UNSPECIFIED\x10\x00\x12\x12\n" +
 	"\x0eMODE_EXCLUSIVE\x10\x01\x12\x0f\n" +
@@ -3345,11 +3706,12 @@ const file_fence_v1_fence_proto_rawDesc = "" +
 	"\x10REASON_DISK_FULL\x10\f\x12\x18\n" +
 	"\x14REASON_WRONG_CLUSTER\x10\r\x12\x19\n" +
 	"\x15REASON_SESSION_SECRET\x10\x0e\x12\x15\n" +
-	"\x11REASON_MEMBERSHIP\x10\x0f2\xfd\x01\n" +
+	"\x11REASON_MEMBERSHIP\x10\x0f2\xce\x02\n" +
 	"\x0eSessionService\x12R\n" +
 	"\rCreateSession\x12\x1e.fence.v1.CreateSessionRequest\x1a\x1f.fence.v1.CreateSessionResponse\"\x00\x12F\n" +
 	"\tKeepAlive\x12\x1a.fence.v1.KeepAliveRequest\x1a\x1b.fence.v1.KeepAliveResponse\"\x00\x12O\n" +
-	"\fCloseSession\x12\x1d.fence.v1.CloseSessionRequest\x1a\x1e.fence.v1.CloseSessionResponse\"\x002\xe9\x02\n" +
+	"\fCloseSession\x12\x1d.fence.v1.CloseSessionRequest\x1a\x1e.fence.v1.CloseSessionResponse\"\x00\x12O\n" +
+	"\fListSessions\x12\x1d.fence.v1.ListSessionsRequest\x1a\x1e.fence.v1.ListSessionsResponse\"\x002\xe9\x02\n" +
 	"\vLockService\x12@\n" +
 	"\aAcquire\x12\x18.fence.v1.AcquireRequest\x1a\x19.fence.v1.AcquireResponse\"\x00\x12@\n" +
 	"\aRelease\x12\x18.fence.v1.ReleaseRequest\x1a\x19.fence.v1.ReleaseResponse\"\x00\x12R\n" +
@@ -3361,12 +3723,13 @@ const file_fence_v1_fence_proto_rawDesc = "" +
 	"\x03Get\x12\x14.fence.v1.GetRequest\x1a\x15.fence.v1.GetResponse\"\x00\x12=\n" +
 	"\x06Delete\x12\x17.fence.v1.DeleteRequest\x1a\x18.fence.v1.DeleteResponse\"\x00\x127\n" +
 	"\x04List\x12\x15.fence.v1.ListRequest\x1a\x16.fence.v1.ListResponse\"\x00\x12<\n" +
-	"\x05Watch\x12\x16.fence.v1.WatchRequest\x1a\x17.fence.v1.WatchResponse\"\x000\x012\xaf\x02\n" +
+	"\x05Watch\x12\x16.fence.v1.WatchRequest\x1a\x17.fence.v1.WatchResponse\"\x000\x012\x83\x03\n" +
 	"\x0eClusterService\x12=\n" +
 	"\x06Status\x12\x17.fence.v1.StatusRequest\x1a\x18.fence.v1.StatusResponse\"\x00\x12F\n" +
 	"\tAddMember\x12\x1a.fence.v1.AddMemberRequest\x1a\x1b.fence.v1.AddMemberResponse\"\x00\x12O\n" +
 	"\fRemoveMember\x12\x1d.fence.v1.RemoveMemberRequest\x1a\x1e.fence.v1.RemoveMemberResponse\"\x00\x12E\n" +
-	"\bSnapshot\x12\x19.fence.v1.SnapshotRequest\x1a\x1a.fence.v1.SnapshotResponse\"\x000\x01B1Z/github.com/fencelock/fence/api/fence/v1;fencev1b\x06proto3"
+	"\bSnapshot\x12\x19.fence.v1.SnapshotRequest\x1a\x1a.fence.v1.SnapshotResponse\"\x000\x01\x12R\n" +
+	"\rRevokeSession\x12\x1e.fence.v1.RevokeSessionRequest\x1a\x1f.fence.v1.RevokeSessionResponse\"\x00B1Z/github.com/fencelock/fence/api/fence/v1;fencev1b\x06proto3"
 
 var (
 	file_fence_v1_fence_proto_rawDescOnce sync.Once
@@ -3381,7 +3744,7 @@ func file_fence_v1_fence_proto_rawDescGZIP() []byte {
 }
 
 var file_fence_v1_fence_proto_enumTypes = make([]protoimpl.EnumInfo, 3)
-var file_fence_v1_fence_proto_msgTypes = make([]protoimpl.MessageInfo, 44)
+var file_fence_v1_fence_proto_msgTypes = make([]protoimpl.MessageInfo, 50)
 var file_fence_v1_fence_proto_goTypes = []any{
 	(Mode)(0),                     // 0: fence.v1.Mode
 	(EventType)(0),                // 1: fence.v1.EventType
@@ -3393,110 +3756,125 @@ var file_fence_v1_fence_proto_goTypes = []any{
 	(*HeldGrants)(nil),            // 7: fence.v1.HeldGrants
 	(*CloseSessionRequest)(nil),   // 8: fence.v1.CloseSessionRequest
 	(*CloseSessionResponse)(nil),  // 9: fence.v1.CloseSessionResponse
-	(*AcquireRequest)(nil),        // 10: fence.v1.AcquireRequest
-	(*AcquireResponse)(nil),       // 11: fence.v1.AcquireResponse
-	(*ReleaseRequest)(nil),        // 12: fence.v1.ReleaseRequest
-	(*ReleaseResponse)(nil),       // 13: fence.v1.ReleaseResponse
-	(*CancelAcquireRequest)(nil),  // 14: fence.v1.CancelAcquireRequest
-	(*CancelAcquireResponse)(nil), // 15: fence.v1.CancelAcquireResponse
-	(*CheckRequest)(nil),          // 16: fence.v1.CheckRequest
-	(*CheckResponse)(nil),         // 17: fence.v1.CheckResponse
-	(*ListLocksRequest)(nil),      // 18: fence.v1.ListLocksRequest
-	(*Holder)(nil),                // 19: fence.v1.Holder
-	(*Waiter)(nil),                // 20: fence.v1.Waiter
-	(*LockInfo)(nil),              // 21: fence.v1.LockInfo
-	(*ListLocksResponse)(nil),     // 22: fence.v1.ListLocksResponse
-	(*StatusRequest)(nil),         // 23: fence.v1.StatusRequest
-	(*StatusResponse)(nil),        // 24: fence.v1.StatusResponse
-	(*Member)(nil),                // 25: fence.v1.Member
-	(*AddMemberRequest)(nil),      // 26: fence.v1.AddMemberRequest
-	(*AddMemberResponse)(nil),     // 27: fence.v1.AddMemberResponse
-	(*RemoveMemberRequest)(nil),   // 28: fence.v1.RemoveMemberRequest
-	(*RemoveMemberResponse)(nil),  // 29: fence.v1.RemoveMemberResponse
-	(*SnapshotRequest)(nil),       // 30: fence.v1.SnapshotRequest
-	(*SnapshotResponse)(nil),      // 31: fence.v1.SnapshotResponse
-	(*SnapshotHeader)(nil),        // 32: fence.v1.SnapshotHeader
-	(*Fence)(nil),                 // 33: fence.v1.Fence
-	(*PutRequest)(nil),            // 34: fence.v1.PutRequest
-	(*PutResponse)(nil),           // 35: fence.v1.PutResponse
-	(*KeyValue)(nil),              // 36: fence.v1.KeyValue
-	(*GetRequest)(nil),            // 37: fence.v1.GetRequest
-	(*GetResponse)(nil),           // 38: fence.v1.GetResponse
-	(*DeleteRequest)(nil),         // 39: fence.v1.DeleteRequest
-	(*DeleteResponse)(nil),        // 40: fence.v1.DeleteResponse
-	(*ListRequest)(nil),           // 41: fence.v1.ListRequest
-	(*ListResponse)(nil),          // 42: fence.v1.ListResponse
-	(*WatchRequest)(nil),          // 43: fence.v1.WatchRequest
-	(*Event)(nil),                 // 44: fence.v1.Event
-	(*WatchResponse)(nil),         // 45: fence.v1.WatchResponse
-	(*ErrorDetail)(nil),           // 46: fence.v1.ErrorDetail
-	(*durationpb.Duration)(nil),   // 47: google.protobuf.Duration
+	(*ListSessionsRequest)(nil),   // 10: fence.v1.ListSessionsRequest
+	(*ListSessionsResponse)(nil),  // 11: fence.v1.ListSessionsResponse
+	(*SessionInfo)(nil),           // 12: fence.v1.SessionInfo
+	(*SessionGrant)(nil),          // 13: fence.v1.SessionGrant
+	(*AcquireRequest)(nil),        // 14: fence.v1.AcquireRequest
+	(*AcquireResponse)(nil),       // 15: fence.v1.AcquireResponse
+	(*ReleaseRequest)(nil),        // 16: fence.v1.ReleaseRequest
+	(*ReleaseResponse)(nil),       // 17: fence.v1.ReleaseResponse
+	(*CancelAcquireRequest)(nil),  // 18: fence.v1.CancelAcquireRequest
+	(*CancelAcquireResponse)(nil), // 19: fence.v1.CancelAcquireResponse
+	(*CheckRequest)(nil),          // 20: fence.v1.CheckRequest
+	(*CheckResponse)(nil),         // 21: fence.v1.CheckResponse
+	(*ListLocksRequest)(nil),      // 22: fence.v1.ListLocksRequest
+	(*Holder)(nil),                // 23: fence.v1.Holder
+	(*Waiter)(nil),                // 24: fence.v1.Waiter
+	(*LockInfo)(nil),              // 25: fence.v1.LockInfo
+	(*ListLocksResponse)(nil),     // 26: fence.v1.ListLocksResponse
+	(*StatusRequest)(nil),         // 27: fence.v1.StatusRequest
+	(*StatusResponse)(nil),        // 28: fence.v1.StatusResponse
+	(*Member)(nil),                // 29: fence.v1.Member
+	(*AddMemberRequest)(nil),      // 30: fence.v1.AddMemberRequest
+	(*AddMemberResponse)(nil),     // 31: fence.v1.AddMemberResponse
+	(*RemoveMemberRequest)(nil),   // 32: fence.v1.RemoveMemberRequest
+	(*RemoveMemberResponse)(nil),  // 33: fence.v1.RemoveMemberResponse
+	(*RevokeSessionRequest)(nil),  // 34: fence.v1.RevokeSessionRequest
+	(*RevokeSessionResponse)(nil), // 35: fence.v1.RevokeSessionResponse
+	(*SnapshotRequest)(nil),       // 36: fence.v1.SnapshotRequest
+	(*SnapshotResponse)(nil),      // 37: fence.v1.SnapshotResponse
+	(*SnapshotHeader)(nil),        // 38: fence.v1.SnapshotHeader
+	(*Fence)(nil),                 // 39: fence.v1.Fence
+	(*PutRequest)(nil),            // 40: fence.v1.PutRequest
+	(*PutResponse)(nil),           // 41: fence.v1.PutResponse
+	(*KeyValue)(nil),              // 42: fence.v1.KeyValue
+	(*GetRequest)(nil),            // 43: fence.v1.GetRequest
+	(*GetResponse)(nil),           // 44: fence.v1.GetResponse
+	(*DeleteRequest)(nil),         // 45: fence.v1.DeleteRequest
+	(*DeleteResponse)(nil),        // 46: fence.v1.DeleteResponse
+	(*ListRequest)(nil),           // 47: fence.v1.ListRequest
+	(*ListResponse)(nil),          // 48: fence.v1.ListResponse
+	(*WatchRequest)(nil),          // 49: fence.v1.WatchRequest
+	(*Event)(nil),                 // 50: fence.v1.Event
+	(*WatchResponse)(nil),         // 51: fence.v1.WatchResponse
+	(*ErrorDetail)(nil),           // 52: fence.v1.ErrorDetail
+	(*durationpb.Duration)(nil),   // 53: google.protobuf.Duration
 }
 var file_fence_v1_fence_proto_depIdxs = []int32{
-	47, // 0: fence.v1.CreateSessionRequest.ttl:type_name -> google.protobuf.Duration
-	47, // 1: fence.v1.CreateSessionResponse.ttl:type_name -> google.protobuf.Duration
-	47, // 2: fence.v1.KeepAliveResponse.ttl:type_name -> google.protobuf.Duration
+	53, // 0: fence.v1.CreateSessionRequest.ttl:type_name -> google.protobuf.Duration
+	53, // 1: fence.v1.CreateSessionResponse.ttl:type_name -> google.protobuf.Duration
+	53, // 2: fence.v1.KeepAliveResponse.ttl:type_name -> google.protobuf.Duration
 	7,  // 3: fence.v1.KeepAliveResponse.held:type_name -> fence.v1.HeldGrants
-	0,  // 4: fence.v1.AcquireRequest.mode:type_name -> fence.v1.Mode
-	47, // 5: fence.v1.AcquireRequest.wait_timeout:type_name -> google.protobuf.Duration
-	47, // 6: fence.v1.AcquireRequest.lock_delay:type_name -> google.protobuf.Duration
-	47, // 7: fence.v1.AcquireRequest.poll:type_name -> google.protobuf.Duration
-	0,  // 8: fence.v1.AcquireResponse.mode:type_name -> fence.v1.Mode
-	0,  // 9: fence.v1.Holder.mode:type_name -> fence.v1.Mode
-	0,  // 10: fence.v1.Waiter.mode:type_name -> fence.v1.Mode
-	19, // 11: fence.v1.LockInfo.holders:type_name -> fence.v1.Holder
-	20, // 12: fence.v1.LockInfo.waiters:type_name -> fence.v1.Waiter
-	21, // 13: fence.v1.ListLocksResponse.locks:type_name -> fence.v1.LockInfo
-	25, // 14: fence.v1.StatusResponse.members:type_name -> fence.v1.Member
-	32, // 15: fence.v1.SnapshotResponse.header:type_name -> fence.v1.SnapshotHeader
-	33, // 16: fence.v1.PutRequest.fence:type_name -> fence.v1.Fence
-	36, // 17: fence.v1.GetResponse.kv:type_name -> fence.v1.KeyValue
-	33, // 18: fence.v1.DeleteRequest.fence:type_name -> fence.v1.Fence
-	36, // 19: fence.v1.ListResponse.kvs:type_name -> fence.v1.KeyValue
-	47, // 20: fence.v1.WatchRequest.progress_interval:type_name -> google.protobuf.Duration
-	1,  // 21: fence.v1.Event.type:type_name -> fence.v1.EventType
-	36, // 22: fence.v1.Event.kv:type_name -> fence.v1.KeyValue
-	44, // 23: fence.v1.WatchResponse.events:type_name -> fence.v1.Event
-	2,  // 24: fence.v1.ErrorDetail.reason:type_name -> fence.v1.Reason
-	3,  // 25: fence.v1.SessionService.CreateSession:input_type -> fence.v1.CreateSessionRequest
-	5,  // 26: fence.v1.SessionService.KeepAlive:input_type -> fence.v1.KeepAliveRequest
-	8,  // 27: fence.v1.SessionService.CloseSession:input_type -> fence.v1.CloseSessionRequest
-	10, // 28: fence.v1.LockService.Acquire:input_type -> fence.v1.AcquireRequest
-	12, // 29: fence.v1.LockService.Release:input_type -> fence.v1.ReleaseRequest
-	14, // 30: fence.v1.LockService.CancelAcquire:input_type -> fence.v1.CancelAcquireRequest
-	16, // 31: fence.v1.LockService.Check:input_type -> fence.v1.CheckRequest
-	18, // 32: fence.v1.LockService.ListLocks:input_type -> fence.v1.ListLocksRequest
-	34, // 33: fence.v1.KVService.Put:input_type -> fence.v1.PutRequest
-	37, // 34: fence.v1.KVService.Get:input_type -> fence.v1.GetRequest
-	39, // 35: fence.v1.KVService.Delete:input_type -> fence.v1.DeleteRequest
-	41, // 36: fence.v1.KVService.List:input_type -> fence.v1.ListRequest
-	43, // 37: fence.v1.KVService.Watch:input_type -> fence.v1.WatchRequest
-	23, // 38: fence.v1.ClusterService.Status:input_type -> fence.v1.StatusRequest
-	26, // 39: fence.v1.ClusterService.AddMember:input_type -> fence.v1.AddMemberRequest
-	28, // 40: fence.v1.ClusterService.RemoveMember:input_type -> fence.v1.RemoveMemberRequest
-	30, // 41: fence.v1.ClusterService.Snapshot:input_type -> fence.v1.SnapshotRequest
-	4,  // 42: fence.v1.SessionService.CreateSession:output_type -> fence.v1.CreateSessionResponse
-	6,  // 43: fence.v1.SessionService.KeepAlive:output_type -> fence.v1.KeepAliveResponse
-	9,  // 44: fence.v1.SessionService.CloseSession:output_type -> fence.v1.CloseSessionResponse
-	11, // 45: fence.v1.LockService.Acquire:output_type -> fence.v1.AcquireResponse
-	13, // 46: fence.v1.LockService.Release:output_type -> fence.v1.ReleaseResponse
-	15, // 47: fence.v1.LockService.CancelAcquire:output_type -> fence.v1.CancelAcquireResponse
-	17, // 48: fence.v1.LockService.Check:output_type -> fence.v1.CheckResponse
-	22, // 49: fence.v1.LockService.ListLocks:output_type -> fence.v1.ListLocksResponse
-	35, // 50: fence.v1.KVService.Put:output_type -> fence.v1.PutResponse
-	38, // 51: fence.v1.KVService.Get:output_type -> fence.v1.GetResponse
-	40, // 52: fence.v1.KVService.Delete:output_type -> fence.v1.DeleteResponse
-	42, // 53: fence.v1.KVService.List:output_type -> fence.v1.ListResponse
-	45, // 54: fence.v1.KVService.Watch:output_type -> fence.v1.WatchResponse
-	24, // 55: fence.v1.ClusterService.Status:output_type -> fence.v1.StatusResponse
-	27, // 56: fence.v1.ClusterService.AddMember:output_type -> fence.v1.AddMemberResponse
-	29, // 57: fence.v1.ClusterService.RemoveMember:output_type -> fence.v1.RemoveMemberResponse
-	31, // 58: fence.v1.ClusterService.Snapshot:output_type -> fence.v1.SnapshotResponse
-	42, // [42:59] is the sub-list for method output_type
-	25, // [25:42] is the sub-list for method input_type
-	25, // [25:25] is the sub-list for extension type_name
-	25, // [25:25] is the sub-list for extension extendee
-	0,  // [0:25] is the sub-list for field type_name
+	12, // 4: fence.v1.ListSessionsResponse.sessions:type_name -> fence.v1.SessionInfo
+	53, // 5: fence.v1.SessionInfo.ttl:type_name -> google.protobuf.Duration
+	53, // 6: fence.v1.SessionInfo.expires_in:type_name -> google.protobuf.Duration
+	13, // 7: fence.v1.SessionInfo.held:type_name -> fence.v1.SessionGrant
+	0,  // 8: fence.v1.SessionGrant.mode:type_name -> fence.v1.Mode
+	0,  // 9: fence.v1.AcquireRequest.mode:type_name -> fence.v1.Mode
+	53, // 10: fence.v1.AcquireRequest.wait_timeout:type_name -> google.protobuf.Duration
+	53, // 11: fence.v1.AcquireRequest.lock_delay:type_name -> google.protobuf.Duration
+	53, // 12: fence.v1.AcquireRequest.poll:type_name -> google.protobuf.Duration
+	0,  // 13: fence.v1.AcquireResponse.mode:type_name -> fence.v1.Mode
+	0,  // 14: fence.v1.Holder.mode:type_name -> fence.v1.Mode
+	0,  // 15: fence.v1.Waiter.mode:type_name -> fence.v1.Mode
+	23, // 16: fence.v1.LockInfo.holders:type_name -> fence.v1.Holder
+	24, // 17: fence.v1.LockInfo.waiters:type_name -> fence.v1.Waiter
+	25, // 18: fence.v1.ListLocksResponse.locks:type_name -> fence.v1.LockInfo
+	29, // 19: fence.v1.StatusResponse.members:type_name -> fence.v1.Member
+	38, // 20: fence.v1.SnapshotResponse.header:type_name -> fence.v1.SnapshotHeader
+	39, // 21: fence.v1.PutRequest.fence:type_name -> fence.v1.Fence
+	42, // 22: fence.v1.GetResponse.kv:type_name -> fence.v1.KeyValue
+	39, // 23: fence.v1.DeleteRequest.fence:type_name -> fence.v1.Fence
+	42, // 24: fence.v1.ListResponse.kvs:type_name -> fence.v1.KeyValue
+	53, // 25: fence.v1.WatchRequest.progress_interval:type_name -> google.protobuf.Duration
+	1,  // 26: fence.v1.Event.type:type_name -> fence.v1.EventType
+	42, // 27: fence.v1.Event.kv:type_name -> fence.v1.KeyValue
+	50, // 28: fence.v1.WatchResponse.events:type_name -> fence.v1.Event
+	2,  // 29: fence.v1.ErrorDetail.reason:type_name -> fence.v1.Reason
+	3,  // 30: fence.v1.SessionService.CreateSession:input_type -> fence.v1.CreateSessionRequest
+	5,  // 31: fence.v1.SessionService.KeepAlive:input_type -> fence.v1.KeepAliveRequest
+	8,  // 32: fence.v1.SessionService.CloseSession:input_type -> fence.v1.CloseSessionRequest
+	10, // 33: fence.v1.SessionService.ListSessions:input_type -> fence.v1.ListSessionsRequest
+	14, // 34: fence.v1.LockService.Acquire:input_type -> fence.v1.AcquireRequest
+	16, // 35: fence.v1.LockService.Release:input_type -> fence.v1.ReleaseRequest
+	18, // 36: fence.v1.LockService.CancelAcquire:input_type -> fence.v1.CancelAcquireRequest
+	20, // 37: fence.v1.LockService.Check:input_type -> fence.v1.CheckRequest
+	22, // 38: fence.v1.LockService.ListLocks:input_type -> fence.v1.ListLocksRequest
+	40, // 39: fence.v1.KVService.Put:input_type -> fence.v1.PutRequest
+	43, // 40: fence.v1.KVService.Get:input_type -> fence.v1.GetRequest
+	45, // 41: fence.v1.KVService.Delete:input_type -> fence.v1.DeleteRequest
+	47, // 42: fence.v1.KVService.List:input_type -> fence.v1.ListRequest
+	49, // 43: fence.v1.KVService.Watch:input_type -> fence.v1.WatchRequest
+	27, // 44: fence.v1.ClusterService.Status:input_type -> fence.v1.StatusRequest
+	30, // 45: fence.v1.ClusterService.AddMember:input_type -> fence.v1.AddMemberRequest
+	32, // 46: fence.v1.ClusterService.RemoveMember:input_type -> fence.v1.RemoveMemberRequest
+	36, // 47: fence.v1.ClusterService.Snapshot:input_type -> fence.v1.SnapshotRequest
+	34, // 48: fence.v1.ClusterService.RevokeSession:input_type -> fence.v1.RevokeSessionRequest
+	4,  // 49: fence.v1.SessionService.CreateSession:output_type -> fence.v1.CreateSessionResponse
+	6,  // 50: fence.v1.SessionService.KeepAlive:output_type -> fence.v1.KeepAliveResponse
+	9,  // 51: fence.v1.SessionService.CloseSession:output_type -> fence.v1.CloseSessionResponse
+	11, // 52: fence.v1.SessionService.ListSessions:output_type -> fence.v1.ListSessionsResponse
+	15, // 53: fence.v1.LockService.Acquire:output_type -> fence.v1.AcquireResponse
+	17, // 54: fence.v1.LockService.Release:output_type -> fence.v1.ReleaseResponse
+	19, // 55: fence.v1.LockService.CancelAcquire:output_type -> fence.v1.CancelAcquireResponse
+	21, // 56: fence.v1.LockService.Check:output_type -> fence.v1.CheckResponse
+	26, // 57: fence.v1.LockService.ListLocks:output_type -> fence.v1.ListLocksResponse
+	41, // 58: fence.v1.KVService.Put:output_type -> fence.v1.PutResponse
+	44, // 59: fence.v1.KVService.Get:output_type -> fence.v1.GetResponse
+	46, // 60: fence.v1.KVService.Delete:output_type -> fence.v1.DeleteResponse
+	48, // 61: fence.v1.KVService.List:output_type -> fence.v1.ListResponse
+	51, // 62: fence.v1.KVService.Watch:output_type -> fence.v1.WatchResponse
+	28, // 63: fence.v1.ClusterService.Status:output_type -> fence.v1.StatusResponse
+	31, // 64: fence.v1.ClusterService.AddMember:output_type -> fence.v1.AddMemberResponse
+	33, // 65: fence.v1.ClusterService.RemoveMember:output_type -> fence.v1.RemoveMemberResponse
+	37, // 66: fence.v1.ClusterService.Snapshot:output_type -> fence.v1.SnapshotResponse
+	35, // 67: fence.v1.ClusterService.RevokeSession:output_type -> fence.v1.RevokeSessionResponse
+	49, // [49:68] is the sub-list for method output_type
+	30, // [30:49] is the sub-list for method input_type
+	30, // [30:30] is the sub-list for extension type_name
+	30, // [30:30] is the sub-list for extension extendee
+	0,  // [0:30] is the sub-list for field type_name
 }
 
 func init() { file_fence_v1_fence_proto_init() }
@@ -3504,14 +3882,14 @@ func file_fence_v1_fence_proto_init() {
 	if File_fence_v1_fence_proto != nil {
 		return
 	}
-	file_fence_v1_fence_proto_msgTypes[30].OneofWrappers = []any{}
+	file_fence_v1_fence_proto_msgTypes[36].OneofWrappers = []any{}
 	type x struct{}
 	out := protoimpl.TypeBuilder{
 		File: protoimpl.DescBuilder{
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_fence_v1_fence_proto_rawDesc), len(file_fence_v1_fence_proto_rawDesc)),
 			NumEnums:      3,
-			NumMessages:   44,
+			NumMessages:   50,
 			NumExtensions: 0,
 			NumServices:   4,
 		},

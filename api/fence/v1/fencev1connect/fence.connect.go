@@ -57,6 +57,9 @@ const (
 	// SessionServiceCloseSessionProcedure is the fully-qualified name of the SessionService's
 	// CloseSession RPC.
 	SessionServiceCloseSessionProcedure = "/fence.v1.SessionService/CloseSession"
+	// SessionServiceListSessionsProcedure is the fully-qualified name of the SessionService's
+	// ListSessions RPC.
+	SessionServiceListSessionsProcedure = "/fence.v1.SessionService/ListSessions"
 	// LockServiceAcquireProcedure is the fully-qualified name of the LockService's Acquire RPC.
 	LockServiceAcquireProcedure = "/fence.v1.LockService/Acquire"
 	// LockServiceReleaseProcedure is the fully-qualified name of the LockService's Release RPC.
@@ -88,6 +91,9 @@ const (
 	ClusterServiceRemoveMemberProcedure = "/fence.v1.ClusterService/RemoveMember"
 	// ClusterServiceSnapshotProcedure is the fully-qualified name of the ClusterService's Snapshot RPC.
 	ClusterServiceSnapshotProcedure = "/fence.v1.ClusterService/Snapshot"
+	// ClusterServiceRevokeSessionProcedure is the fully-qualified name of the ClusterService's
+	// RevokeSession RPC.
+	ClusterServiceRevokeSessionProcedure = "/fence.v1.ClusterService/RevokeSession"
 )
 
 // SessionServiceClient is a client for the fence.v1.SessionService service.
@@ -98,7 +104,11 @@ type SessionServiceClient interface {
 	// without a raft write. An unknown or expired session gets NotFound.
 	KeepAlive(context.Context, *connect.Request[v1.KeepAliveRequest]) (*connect.Response[v1.KeepAliveResponse], error)
 	// CloseSession ends a session and releases everything it holds at once.
+	// Any session may be closed this way (fence sessions revoke).
 	CloseSession(context.Context, *connect.Request[v1.CloseSessionRequest]) (*connect.Response[v1.CloseSessionResponse], error)
+	// ListSessions lists every session with its owner, TTL and the locks it
+	// holds, in id order.
+	ListSessions(context.Context, *connect.Request[v1.ListSessionsRequest]) (*connect.Response[v1.ListSessionsResponse], error)
 }
 
 // NewSessionServiceClient constructs a client for the fence.v1.SessionService service. By default,
@@ -130,6 +140,12 @@ func NewSessionServiceClient(httpClient connect.HTTPClient, baseURL string, opts
 			connect.WithSchema(sessionServiceMethods.ByName("CloseSession")),
 			connect.WithClientOptions(opts...),
 		),
+		listSessions: connect.NewClient[v1.ListSessionsRequest, v1.ListSessionsResponse](
+			httpClient,
+			baseURL+SessionServiceListSessionsProcedure,
+			connect.WithSchema(sessionServiceMethods.ByName("ListSessions")),
+			connect.WithClientOptions(opts...),
+		),
 	}
 }
 
@@ -138,6 +154,7 @@ type sessionServiceClient struct {
 	createSession *connect.Client[v1.CreateSessionRequest, v1.CreateSessionResponse]
 	keepAlive     *connect.Client[v1.KeepAliveRequest, v1.KeepAliveResponse]
 	closeSession  *connect.Client[v1.CloseSessionRequest, v1.CloseSessionResponse]
+	listSessions  *connect.Client[v1.ListSessionsRequest, v1.ListSessionsResponse]
 }
 
 // CreateSession calls fence.v1.SessionService.CreateSession.
@@ -155,6 +172,11 @@ func (c *sessionServiceClient) CloseSession(ctx context.Context, req *connect.Re
 	return c.closeSession.CallUnary(ctx, req)
 }
 
+// ListSessions calls fence.v1.SessionService.ListSessions.
+func (c *sessionServiceClient) ListSessions(ctx context.Context, req *connect.Request[v1.ListSessionsRequest]) (*connect.Response[v1.ListSessionsResponse], error) {
+	return c.listSessions.CallUnary(ctx, req)
+}
+
 // SessionServiceHandler is an implementation of the fence.v1.SessionService service.
 type SessionServiceHandler interface {
 	// CreateSession opens a session with the given TTL (default 10s, bounds 1s to 1h).
@@ -163,7 +185,11 @@ type SessionServiceHandler interface {
 	// without a raft write. An unknown or expired session gets NotFound.
 	KeepAlive(context.Context, *connect.Request[v1.KeepAliveRequest]) (*connect.Response[v1.KeepAliveResponse], error)
 	// CloseSession ends a session and releases everything it holds at once.
+	// Any session may be closed this way (fence sessions revoke).
 	CloseSession(context.Context, *connect.Request[v1.CloseSessionRequest]) (*connect.Response[v1.CloseSessionResponse], error)
+	// ListSessions lists every session with its owner, TTL and the locks it
+	// holds, in id order.
+	ListSessions(context.Context, *connect.Request[v1.ListSessionsRequest]) (*connect.Response[v1.ListSessionsResponse], error)
 }
 
 // NewSessionServiceHandler builds an HTTP handler from the service implementation. It returns the
@@ -191,6 +217,12 @@ func NewSessionServiceHandler(svc SessionServiceHandler, opts ...connect.Handler
 		connect.WithSchema(sessionServiceMethods.ByName("CloseSession")),
 		connect.WithHandlerOptions(opts...),
 	)
+	sessionServiceListSessionsHandler := connect.NewUnaryHandler(
+		SessionServiceListSessionsProcedure,
+		svc.ListSessions,
+		connect.WithSchema(sessionServiceMethods.ByName("ListSessions")),
+		connect.WithHandlerOptions(opts...),
+	)
 	return "/fence.v1.SessionService/", http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		switch r.URL.Path {
 		case SessionServiceCreateSessionProcedure:
@@ -199,6 +231,8 @@ func NewSessionServiceHandler(svc SessionServiceHandler, opts ...connect.Handler
 			sessionServiceKeepAliveHandler.ServeHTTP(w, r)
 		case SessionServiceCloseSessionProcedure:
 			sessionServiceCloseSessionHandler.ServeHTTP(w, r)
+		case SessionServiceListSessionsProcedure:
+			sessionServiceListSessionsHandler.ServeHTTP(w, r)
 		default:
 			http.NotFound(w, r)
 		}
@@ -218,6 +252,10 @@ func (UnimplementedSessionServiceHandler) KeepAlive(context.Context, *connect.Re
 
 func (UnimplementedSessionServiceHandler) CloseSession(context.Context, *connect.Request[v1.CloseSessionRequest]) (*connect.Response[v1.CloseSessionResponse], error) {
 	return nil, connect.NewError(connect.CodeUnimplemented, errors.New("fence.v1.SessionService.CloseSession is not implemented"))
+}
+
+func (UnimplementedSessionServiceHandler) ListSessions(context.Context, *connect.Request[v1.ListSessionsRequest]) (*connect.Response[v1.ListSessionsResponse], error) {
+	return nil, connect.NewError(connect.CodeUnimplemented, errors.New("fence.v1.SessionService.ListSessions is not implemented"))
 }
 
 // LockServiceClient is a client for the fence.v1.LockService service.
@@ -631,13 +669,22 @@ type ClusterServiceClient interface {
 	// removal that would leave the voters that remain without a quorum of
 	// reachable ones is refused (FailedPrecondition, reason MEMBERSHIP).
 	RemoveMember(context.Context, *connect.Request[v1.RemoveMemberRequest]) (*connect.Response[v1.RemoveMemberResponse], error)
-	// Nodes learn each other's API addresses over the raft port, not
-	// through this API (RegisterNode, in earlier versions, was here).
+	// (Nodes learn each other's API addresses over the raft port, not
+	// through this API: RegisterNode, in earlier versions, was here.)
+	//
 	// Snapshot streams a copy of the replicated state, for a backup (fence
 	// snapshot save). The leader answers, at a linearizable point: the copy
 	// holds every write acknowledged before the call arrived. The first
 	// message carries the header, the ones after it the body in order.
 	Snapshot(context.Context, *connect.Request[v1.SnapshotRequest]) (*connect.ServerStreamForClient[v1.SnapshotResponse], error)
+	// RevokeSession ends a session as an operator does (fence sessions
+	// revoke; etcdctl lease revoke, consul session destroy): its locks go to
+	// their next waiters, and its holder learns of it at its next
+	// keepalive. It needs no session secret: it is an admin call, open to
+	// every client that reaches the API until auth gives it its own
+	// permission, as the membership calls are. Revoking a session that
+	// does not exist (any more) succeeds, so that a retry does.
+	RevokeSession(context.Context, *connect.Request[v1.RevokeSessionRequest]) (*connect.Response[v1.RevokeSessionResponse], error)
 }
 
 // NewClusterServiceClient constructs a client for the fence.v1.ClusterService service. By default,
@@ -675,15 +722,22 @@ func NewClusterServiceClient(httpClient connect.HTTPClient, baseURL string, opts
 			connect.WithSchema(clusterServiceMethods.ByName("Snapshot")),
 			connect.WithClientOptions(opts...),
 		),
+		revokeSession: connect.NewClient[v1.RevokeSessionRequest, v1.RevokeSessionResponse](
+			httpClient,
+			baseURL+ClusterServiceRevokeSessionProcedure,
+			connect.WithSchema(clusterServiceMethods.ByName("RevokeSession")),
+			connect.WithClientOptions(opts...),
+		),
 	}
 }
 
 // clusterServiceClient implements ClusterServiceClient.
 type clusterServiceClient struct {
-	status       *connect.Client[v1.StatusRequest, v1.StatusResponse]
-	addMember    *connect.Client[v1.AddMemberRequest, v1.AddMemberResponse]
-	removeMember *connect.Client[v1.RemoveMemberRequest, v1.RemoveMemberResponse]
-	snapshot     *connect.Client[v1.SnapshotRequest, v1.SnapshotResponse]
+	status        *connect.Client[v1.StatusRequest, v1.StatusResponse]
+	addMember     *connect.Client[v1.AddMemberRequest, v1.AddMemberResponse]
+	removeMember  *connect.Client[v1.RemoveMemberRequest, v1.RemoveMemberResponse]
+	snapshot      *connect.Client[v1.SnapshotRequest, v1.SnapshotResponse]
+	revokeSession *connect.Client[v1.RevokeSessionRequest, v1.RevokeSessionResponse]
 }
 
 // Status calls fence.v1.ClusterService.Status.
@@ -706,6 +760,11 @@ func (c *clusterServiceClient) Snapshot(ctx context.Context, req *connect.Reques
 	return c.snapshot.CallServerStream(ctx, req)
 }
 
+// RevokeSession calls fence.v1.ClusterService.RevokeSession.
+func (c *clusterServiceClient) RevokeSession(ctx context.Context, req *connect.Request[v1.RevokeSessionRequest]) (*connect.Response[v1.RevokeSessionResponse], error) {
+	return c.revokeSession.CallUnary(ctx, req)
+}
+
 // ClusterServiceHandler is an implementation of the fence.v1.ClusterService service.
 type ClusterServiceHandler interface {
 	// Status describes this node, the leader and the replicated state.
@@ -723,13 +782,22 @@ type ClusterServiceHandler interface {
 	// removal that would leave the voters that remain without a quorum of
 	// reachable ones is refused (FailedPrecondition, reason MEMBERSHIP).
 	RemoveMember(context.Context, *connect.Request[v1.RemoveMemberRequest]) (*connect.Response[v1.RemoveMemberResponse], error)
-	// Nodes learn each other's API addresses over the raft port, not
-	// through this API (RegisterNode, in earlier versions, was here).
+	// (Nodes learn each other's API addresses over the raft port, not
+	// through this API: RegisterNode, in earlier versions, was here.)
+	//
 	// Snapshot streams a copy of the replicated state, for a backup (fence
 	// snapshot save). The leader answers, at a linearizable point: the copy
 	// holds every write acknowledged before the call arrived. The first
 	// message carries the header, the ones after it the body in order.
 	Snapshot(context.Context, *connect.Request[v1.SnapshotRequest], *connect.ServerStream[v1.SnapshotResponse]) error
+	// RevokeSession ends a session as an operator does (fence sessions
+	// revoke; etcdctl lease revoke, consul session destroy): its locks go to
+	// their next waiters, and its holder learns of it at its next
+	// keepalive. It needs no session secret: it is an admin call, open to
+	// every client that reaches the API until auth gives it its own
+	// permission, as the membership calls are. Revoking a session that
+	// does not exist (any more) succeeds, so that a retry does.
+	RevokeSession(context.Context, *connect.Request[v1.RevokeSessionRequest]) (*connect.Response[v1.RevokeSessionResponse], error)
 }
 
 // NewClusterServiceHandler builds an HTTP handler from the service implementation. It returns the
@@ -763,6 +831,12 @@ func NewClusterServiceHandler(svc ClusterServiceHandler, opts ...connect.Handler
 		connect.WithSchema(clusterServiceMethods.ByName("Snapshot")),
 		connect.WithHandlerOptions(opts...),
 	)
+	clusterServiceRevokeSessionHandler := connect.NewUnaryHandler(
+		ClusterServiceRevokeSessionProcedure,
+		svc.RevokeSession,
+		connect.WithSchema(clusterServiceMethods.ByName("RevokeSession")),
+		connect.WithHandlerOptions(opts...),
+	)
 	return "/fence.v1.ClusterService/", http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		switch r.URL.Path {
 		case ClusterServiceStatusProcedure:
@@ -773,6 +847,8 @@ func NewClusterServiceHandler(svc ClusterServiceHandler, opts ...connect.Handler
 			clusterServiceRemoveMemberHandler.ServeHTTP(w, r)
 		case ClusterServiceSnapshotProcedure:
 			clusterServiceSnapshotHandler.ServeHTTP(w, r)
+		case ClusterServiceRevokeSessionProcedure:
+			clusterServiceRevokeSessionHandler.ServeHTTP(w, r)
 		default:
 			http.NotFound(w, r)
 		}
@@ -796,4 +872,8 @@ func (UnimplementedClusterServiceHandler) RemoveMember(context.Context, *connect
 
 func (UnimplementedClusterServiceHandler) Snapshot(context.Context, *connect.Request[v1.SnapshotRequest], *connect.ServerStream[v1.SnapshotResponse]) error {
 	return connect.NewError(connect.CodeUnimplemented, errors.New("fence.v1.ClusterService.Snapshot is not implemented"))
+}
+
+func (UnimplementedClusterServiceHandler) RevokeSession(context.Context, *connect.Request[v1.RevokeSessionRequest]) (*connect.Response[v1.RevokeSessionResponse], error) {
+	return nil, connect.NewError(connect.CodeUnimplemented, errors.New("fence.v1.ClusterService.RevokeSession is not implemented"))
 }

@@ -1,0 +1,88 @@
+package cli
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"strings"
+	"testing"
+
+	"github.com/fencelock/fence/client"
+	"github.com/fencelock/fence/fencetest"
+)
+
+// runFence runs the fence command in this process and returns its exit
+// code, standard output and standard error.
+func runFence(t *testing.T, args ...string) (int, string, string) {
+	t.Helper()
+	var stdout, stderr bytes.Buffer
+	code := Run(context.Background(), args, strings.NewReader(""), &stdout, &stderr)
+	return code, stdout.String(), stderr.String()
+}
+
+// runJSON runs fence with args, which must succeed (or exit with want),
+// and decodes its standard output as JSON.
+func runJSON(t *testing.T, want int, args ...string) map[string]any {
+	t.Helper()
+	code, stdout, stderr := runFence(t, args...)
+	if code != want {
+		t.Fatalf("fence %v: exit %d, want %d; stderr: %s", args, code, want, stderr)
+	}
+	var out map[string]any
+	if err := json.Unmarshal([]byte(stdout), &out); err != nil {
+		t.Fatalf("fence %v printed no JSON object: %v\n%s", args, err, stdout)
+	}
+	return out
+}
+
+// Every command that prints data prints it as JSON with --json, in the
+// API's JSON style (camelCase, 64-bit integers as strings).
+func TestJSONOutput(t *testing.T) {
+	node := fencetest.Start(t)
+	ep := []string{"--endpoints", node.Endpoint()}
+	ctx := context.Background()
+	s, err := node.Client().NewSession(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	l, err := client.NewElection(s, "sched").Campaign(ctx, "node-a")
+	if err != nil {
+		t.Fatal(err)
+	}
+
+	got := runJSON(t, 0, append(ep, "leader", "--json", "sched")...)
+	if got["name"] != "sched" || got["elected"] != true || got["value"] != "node-a" || got["token"] != jsonUint(l.Token()) {
+		t.Errorf("leader --json = %v, want sched led by node-a with token %d", got, l.Token())
+	}
+	got = runJSON(t, 1, append(ep, "leader", "--json", "nobody")...)
+	if got["elected"] != false {
+		t.Errorf("leader --json of an election nobody leads = %v", got)
+	}
+
+	got = runJSON(t, 0, append(ep, "kv", "put", "--json", "app/k", "v")...)
+	rev, _ := got["revision"].(string)
+	if rev == "" || rev == "0" {
+		t.Errorf("kv put --json = %v, want a revision", got)
+	}
+	got = runJSON(t, 0, append(ep, "kv", "list", "--json", "app/")...)
+	kvs, _ := got["kvs"].([]any)
+	if len(kvs) != 1 || kvs[0].(map[string]any)["key"] != "app/k" || got["more"] != false || got["revision"] != rev {
+		t.Errorf("kv list --json = %v, want app/k at revision %s", got, rev)
+	}
+
+	got = runJSON(t, 0, append(ep, "members", "list", "--json")...)
+	members, _ := got["members"].([]any)
+	if len(members) != 1 || got["leaderId"] == "" || members[0].(map[string]any)["id"] != got["leaderId"] || members[0].(map[string]any)["apiAddress"] == nil {
+		t.Errorf("members list --json = %v, want the one member, leading", got)
+	}
+
+	got = runJSON(t, 0, append(ep, "bench", "--json", "--duration", "200ms", "--clients", "1", "--workload", "own")...)
+	results, _ := got["results"].([]any)
+	if len(results) != 1 {
+		t.Fatalf("bench --json = %v, want one result", got)
+	}
+	r := results[0].(map[string]any)
+	if r["workload"] != "own" || r["clients"] != float64(1) || r["cyclesPerSecond"].(float64) <= 0 || !strings.HasSuffix(r["p50"].(string), "s") {
+		t.Errorf("bench --json result = %v", r)
+	}
+}

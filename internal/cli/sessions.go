@@ -1,0 +1,131 @@
+package cli
+
+import (
+	"encoding/json"
+	"fmt"
+	"strconv"
+	"strings"
+	"text/tabwriter"
+	"time"
+
+	"github.com/spf13/cobra"
+
+	"github.com/fencelock/fence/client"
+)
+
+func sessionsCommand(g *globals) *cobra.Command {
+	cmd := &cobra.Command{
+		Use:   "sessions",
+		Short: "List sessions, and revoke one to release its locks (force-unlock)",
+	}
+	cmd.AddCommand(sessionsListCommand(g), sessionsRevokeCommand(g))
+	return cmd
+}
+
+func sessionsListCommand(g *globals) *cobra.Command {
+	var asJSON, stale bool
+	cmd := &cobra.Command{
+		Use:         "list",
+		Annotations: bounded,
+		Short:       "List sessions: id, owner, TTL, time left, locks held",
+		Long: `Lists every session with its owner, TTL, how long it lives without a
+keepalive (EXPIRES, on the leader's clock; "-" from --stale), and the locks
+it holds with their tokens.`,
+		Args: cobra.NoArgs,
+		RunE: g.withClient(func(cmd *cobra.Command, _ []string, c *client.Client) error {
+			var opts []client.ReadOption
+			if stale {
+				opts = append(opts, client.Stale())
+			}
+			sessions, err := c.Sessions(cmd.Context(), opts...)
+			if err != nil {
+				return err
+			}
+			if asJSON {
+				list := make([]json.RawMessage, 0, len(sessions))
+				for _, s := range sessions {
+					data, err := rawJSON(s)
+					if err != nil {
+						return err
+					}
+					list = append(list, data)
+				}
+				return printJSONValue(g, map[string]any{"sessions": list})
+			}
+			w := tabwriter.NewWriter(g.stdout, 0, 4, 2, ' ', 0)
+			fmt.Fprintln(w, "SESSION\tTTL\tEXPIRES\tLOCKS\tOWNER")
+			for _, s := range sessions {
+				expires := "-"
+				if s.GetExpiresIn() != nil {
+					expires = s.GetExpiresIn().AsDuration().Round(time.Millisecond).String()
+				}
+				fmt.Fprintf(w, "%d\t%s\t%s\t%s\t%s\n", s.GetSessionId(), s.GetTtl().AsDuration(), expires, heldLocks(s), s.GetOwner())
+			}
+			return w.Flush()
+		}),
+	}
+	cmd.Flags().BoolVar(&asJSON, "json", false, `print JSON: {"sessions": [the API's SessionInfo]}`)
+	cmd.Flags().BoolVar(&stale, "stale", false, "read from the node's own state, without the leader (may be behind)")
+	return cmd
+}
+
+// heldLocks is "orders(33),jobs(35)", or "-" for none.
+func heldLocks(s *client.SessionInfo) string {
+	var held []string
+	for _, h := range s.GetHeld() {
+		held = append(held, fmt.Sprintf("%s(%d)", h.GetLock(), h.GetToken()))
+	}
+	if len(held) == 0 {
+		return "-"
+	}
+	return strings.Join(held, ",")
+}
+
+func sessionsRevokeCommand(g *globals) *cobra.Command {
+	return &cobra.Command{
+		Use:         "revoke SESSION...",
+		Annotations: bounded,
+		Short:       "Close sessions, releasing every lock they hold (force-unlock)",
+		Long: `Closes each SESSION (an id from "fence sessions list") as if it had
+expired: its locks go to their next waiters, its waits and bound keys are
+dropped, in one commit. Its holder finds out at its next keepalive; a
+"fence lock" holding one of its locks stops its command (exit 75). Like
+etcdctl lease revoke and consul session destroy. Exit 1 if a SESSION does
+not exist; the others are still revoked.`,
+		Args: cobra.MinimumNArgs(1),
+		RunE: g.withClient(func(cmd *cobra.Command, args []string, c *client.Client) error {
+			ids := make([]uint64, len(args))
+			for i, a := range args {
+				id, err := strconv.ParseUint(a, 10, 64)
+				if err != nil || id == 0 {
+					return fmt.Errorf("%q is not a session id (a decimal number from 1 up, as fence sessions list shows)", a)
+				}
+				ids[i] = id
+			}
+			sessions, err := c.Sessions(cmd.Context())
+			if err != nil {
+				return err
+			}
+			known := map[uint64]*client.SessionInfo{}
+			for _, s := range sessions {
+				known[s.GetSessionId()] = s
+			}
+			var missing []string
+			for _, id := range ids {
+				s, ok := known[id]
+				if !ok {
+					missing = append(missing, strconv.FormatUint(id, 10))
+					continue
+				}
+				if err := c.RevokeSession(cmd.Context(), id); err != nil {
+					return fmt.Errorf("revoking session %d: %w", id, err)
+				}
+				fmt.Fprintf(g.stdout, "revoked session %d (%s), released %s\n", id, orDash(s.GetOwner()), heldLocks(s))
+			}
+			if len(missing) > 0 {
+				return &ExitError{Code: exitFailure, Err: fmt.Errorf("no session %s", strings.Join(missing, ", "))}
+			}
+			return nil
+		}),
+	}
+}
