@@ -271,7 +271,8 @@ func logStoreKind(dir, want string) (string, error) {
 // propose commits cmd and returns the result of applying it. It waits for
 // the commit even when ctx ends first, because a command's effects (a grant)
 // must be seen by whoever proposed it; ApplyTimeout bounds the wait.
-// It also returns the command's log index.
+// It also returns the command's fsm.Seq, which orders it among the
+// effects the FSM's observer hears.
 func (n *node) propose(cmd *fsmpb.Command) (fsm.Result, uint64, error) {
 	data, err := fsm.Encode(cmd)
 	if err != nil {
@@ -288,7 +289,7 @@ func (n *node) propose(cmd *fsmpb.Command) (fsm.Result, uint64, error) {
 	if !ok {
 		return fsm.Result{}, 0, fmt.Errorf("raft returned %T, not a result", f.Response())
 	}
-	return res, f.Index(), nil
+	return res, uint64(fsm.SeqOf(f.Index(), 0)), nil
 }
 
 // confirmLeadership proves that this node is the leader after the call: a
