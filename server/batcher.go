@@ -18,19 +18,26 @@ const (
 	maxBatchBytes    = 256 << 10
 )
 
-// batcher commits proposals with group commit: a proposal that finds no
-// entry being committed is proposed at once, alone; those that arrive
-// while an entry is being committed queue, and go together as one Batch
-// entry once it is (up to maxBatchCommands and maxBatchBytes; the rest
-// wait for the next). raft's cost per entry (its log write and CRC, the
-// apply and its future) is so paid once per batch, and nobody waits on an
-// idle node.
+// maxInFlight is how many entries the batcher has raft commit at once: one
+// being written while the next waits its turn in raft, so that the log is
+// never idle while the previous entry is applied and answered, and what
+// arrives meanwhile gathers into the entry after.
+const maxInFlight = 2
+
+// batcher commits proposals with group commit: a proposal that finds
+// fewer than maxInFlight entries being committed is proposed at once, by
+// its caller, alone; those that arrive while maxInFlight are being
+// committed queue, and go
+// together as one Batch entry as soon as one of those is committed (up to
+// maxBatchCommands and maxBatchBytes; the rest wait for the next). raft's
+// cost per entry (its log write and CRC, the apply and its future) is so
+// paid once per batch, and nobody waits on an idle node.
 type batcher struct {
 	n *node
 
-	mu    sync.Mutex
-	queue []*proposal
-	kick  chan struct{}
+	mu       sync.Mutex
+	queue    []*proposal // not empty only while inFlight == maxInFlight
+	inFlight int
 }
 
 type proposal struct {
@@ -45,22 +52,21 @@ type proposalResult struct {
 	err error
 }
 
-func newBatcher(n *node) *batcher {
-	b := &batcher{n: n, kick: make(chan struct{}, 1)}
-	go b.run()
-	return b
-}
+func newBatcher(n *node) *batcher { return &batcher{n: n} }
 
-// propose queues an encoded command and waits for its result, or until
-// the node closes.
+// propose commits an encoded command and returns its result, or an error
+// once the node closes.
 func (b *batcher) propose(data []byte) (fsm.Result, fsm.Seq, error) {
 	p := &proposal{data: data, start: time.Now(), done: make(chan proposalResult, 1)}
 	b.mu.Lock()
-	b.queue = append(b.queue, p)
-	b.mu.Unlock()
-	select {
-	case b.kick <- struct{}{}:
-	default:
+	if b.inFlight < maxInFlight && len(b.queue) == 0 {
+		b.inFlight++
+		b.mu.Unlock()
+		b.commit([]*proposal{p})
+		b.finished()
+	} else {
+		b.queue = append(b.queue, p)
+		b.mu.Unlock()
 	}
 	select {
 	case r := <-p.done:
@@ -70,29 +76,24 @@ func (b *batcher) propose(data []byte) (fsm.Result, fsm.Seq, error) {
 	}
 }
 
-// run commits what is queued, one entry at a time, until the node closes.
-func (b *batcher) run() {
-	for {
-		select {
-		case <-b.n.closed:
-			b.failQueued(raft.ErrRaftShutdown)
-			return
-		case <-b.kick:
-		}
-		for {
-			batch := b.take()
-			if len(batch) == 0 {
-				break
-			}
+// finished frees the slot of an entry committed, and proposes what queued
+// meanwhile.
+func (b *batcher) finished() {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	b.inFlight--
+	for b.inFlight < maxInFlight && len(b.queue) > 0 {
+		batch := b.takeLocked()
+		b.inFlight++
+		go func() {
 			b.commit(batch)
-		}
+			b.finished()
+		}()
 	}
 }
 
-// take removes the next batch from the queue, within the bounds.
-func (b *batcher) take() []*proposal {
-	b.mu.Lock()
-	defer b.mu.Unlock()
+// takeLocked removes the next batch from the queue, within the bounds.
+func (b *batcher) takeLocked() []*proposal {
 	n, size := 0, 0
 	for n < len(b.queue) && n < maxBatchCommands {
 		size += len(b.queue[n].data)
@@ -107,16 +108,6 @@ func (b *batcher) take() []*proposal {
 		b.queue = nil // let the backing array go
 	}
 	return batch
-}
-
-func (b *batcher) failQueued(err error) {
-	b.mu.Lock()
-	queued := b.queue
-	b.queue = nil
-	b.mu.Unlock()
-	for _, p := range queued {
-		p.done <- proposalResult{err: err}
-	}
 }
 
 // commit proposes batch as one entry and hands each proposal its own
