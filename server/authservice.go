@@ -61,6 +61,7 @@ func apiPermission(p fsm.Permission) *fencev1.Permission {
 	return &fencev1.Permission{Kind: fencev1.PermissionKind(p.Kind), Access: fencev1.Access(p.Access), Prefix: p.Prefix}
 }
 
+// AuthEnable implements fencev1connect.AuthServiceHandler.
 func (s *Server) AuthEnable(ctx context.Context, req *connect.Request[fencev1.AuthEnableRequest]) (*connect.Response[fencev1.AuthEnableResponse], error) {
 	// The caller must still be able to administer once auth is on.
 	cred := credentialOf(ctx, req.Header())
@@ -80,6 +81,7 @@ func (s *Server) AuthEnable(ctx context.Context, req *connect.Request[fencev1.Au
 	return connect.NewResponse(&fencev1.AuthEnableResponse{}), nil
 }
 
+// AuthDisable implements fencev1connect.AuthServiceHandler.
 func (s *Server) AuthDisable(ctx context.Context, req *connect.Request[fencev1.AuthDisableRequest]) (*connect.Response[fencev1.AuthDisableResponse], error) {
 	if _, err := s.changeAuth(ctx, req, &fsmpb.Auth{Op: &fsmpb.Auth_SetEnabled{SetEnabled: &fsmpb.SetAuthEnabled{}}}, "change", "auth disabled"); err != nil {
 		return nil, err
@@ -89,6 +91,7 @@ func (s *Server) AuthDisable(ctx context.Context, req *connect.Request[fencev1.A
 
 // AuthStatus answers from this node's state: whether auth is on, and who
 // the caller is.
+// AuthStatus implements fencev1connect.AuthServiceHandler.
 func (s *Server) AuthStatus(ctx context.Context, req *connect.Request[fencev1.AuthStatusRequest]) (*connect.Response[fencev1.AuthStatusResponse], error) {
 	out := &fencev1.AuthStatusResponse{}
 	who := s.callerOf(ctx, req)
@@ -101,6 +104,7 @@ func (s *Server) AuthStatus(ctx context.Context, req *connect.Request[fencev1.Au
 	return connect.NewResponse(out), nil
 }
 
+// UserAdd implements fencev1connect.AuthServiceHandler.
 func (s *Server) UserAdd(ctx context.Context, req *connect.Request[fencev1.UserAddRequest]) (*connect.Response[fencev1.UserAddResponse], error) {
 	name := req.Msg.GetName()
 	if _, err := s.changeAuth(ctx, req, &fsmpb.Auth{Op: &fsmpb.Auth_AddUser{AddUser: &fsmpb.AuthUser{Name: name}}}, "change", "user added", "name", name); err != nil {
@@ -109,6 +113,7 @@ func (s *Server) UserAdd(ctx context.Context, req *connect.Request[fencev1.UserA
 	return connect.NewResponse(&fencev1.UserAddResponse{}), nil
 }
 
+// UserRemove implements fencev1connect.AuthServiceHandler.
 func (s *Server) UserRemove(ctx context.Context, req *connect.Request[fencev1.UserRemoveRequest]) (*connect.Response[fencev1.UserRemoveResponse], error) {
 	name := req.Msg.GetName()
 	if _, err := s.changeAuth(ctx, req, &fsmpb.Auth{Op: &fsmpb.Auth_RemoveUser{RemoveUser: &fsmpb.AuthUser{Name: name}}}, "change", "user removed", "name", name); err != nil {
@@ -117,6 +122,7 @@ func (s *Server) UserRemove(ctx context.Context, req *connect.Request[fencev1.Us
 	return connect.NewResponse(&fencev1.UserRemoveResponse{}), nil
 }
 
+// UserGrantRole implements fencev1connect.AuthServiceHandler.
 func (s *Server) UserGrantRole(ctx context.Context, req *connect.Request[fencev1.UserGrantRoleRequest]) (*connect.Response[fencev1.UserGrantRoleResponse], error) {
 	u, r := req.Msg.GetUser(), req.Msg.GetRole()
 	if _, err := s.changeAuth(ctx, req, &fsmpb.Auth{Op: &fsmpb.Auth_GrantRole{GrantRole: &fsmpb.UserRole{User: u, Role: r}}}, "change", "role granted", "name", u, "role", r); err != nil {
@@ -125,6 +131,7 @@ func (s *Server) UserGrantRole(ctx context.Context, req *connect.Request[fencev1
 	return connect.NewResponse(&fencev1.UserGrantRoleResponse{}), nil
 }
 
+// UserRevokeRole implements fencev1connect.AuthServiceHandler.
 func (s *Server) UserRevokeRole(ctx context.Context, req *connect.Request[fencev1.UserRevokeRoleRequest]) (*connect.Response[fencev1.UserRevokeRoleResponse], error) {
 	u, r := req.Msg.GetUser(), req.Msg.GetRole()
 	if _, err := s.changeAuth(ctx, req, &fsmpb.Auth{Op: &fsmpb.Auth_RevokeRole{RevokeRole: &fsmpb.UserRole{User: u, Role: r}}}, "change", "role revoked", "name", u, "role", r); err != nil {
@@ -133,6 +140,7 @@ func (s *Server) UserRevokeRole(ctx context.Context, req *connect.Request[fencev
 	return connect.NewResponse(&fencev1.UserRevokeRoleResponse{}), nil
 }
 
+// RoleAdd implements fencev1connect.AuthServiceHandler.
 func (s *Server) RoleAdd(ctx context.Context, req *connect.Request[fencev1.RoleAddRequest]) (*connect.Response[fencev1.RoleAddResponse], error) {
 	name := req.Msg.GetName()
 	if _, err := s.changeAuth(ctx, req, &fsmpb.Auth{Op: &fsmpb.Auth_AddRole{AddRole: &fsmpb.AuthRole{Name: name}}}, "change", "role added", "role", name); err != nil {
@@ -141,6 +149,7 @@ func (s *Server) RoleAdd(ctx context.Context, req *connect.Request[fencev1.RoleA
 	return connect.NewResponse(&fencev1.RoleAddResponse{}), nil
 }
 
+// RoleRemove implements fencev1connect.AuthServiceHandler.
 func (s *Server) RoleRemove(ctx context.Context, req *connect.Request[fencev1.RoleRemoveRequest]) (*connect.Response[fencev1.RoleRemoveResponse], error) {
 	name := req.Msg.GetName()
 	if _, err := s.changeAuth(ctx, req, &fsmpb.Auth{Op: &fsmpb.Auth_RemoveRole{RemoveRole: &fsmpb.AuthRole{Name: name}}}, "change", "role removed", "role", name); err != nil {
@@ -149,6 +158,7 @@ func (s *Server) RoleRemove(ctx context.Context, req *connect.Request[fencev1.Ro
 	return connect.NewResponse(&fencev1.RoleRemoveResponse{}), nil
 }
 
+// RoleGrantPermission implements fencev1connect.AuthServiceHandler.
 func (s *Server) RoleGrantPermission(ctx context.Context, req *connect.Request[fencev1.RoleGrantPermissionRequest]) (*connect.Response[fencev1.RoleGrantPermissionResponse], error) {
 	r, p := req.Msg.GetRole(), permissionFrom(req.Msg.GetPermission())
 	if err := fsm.CheckPermission(p); err != nil {
@@ -162,6 +172,7 @@ func (s *Server) RoleGrantPermission(ctx context.Context, req *connect.Request[f
 	return connect.NewResponse(&fencev1.RoleGrantPermissionResponse{}), nil
 }
 
+// RoleRevokePermission implements fencev1connect.AuthServiceHandler.
 func (s *Server) RoleRevokePermission(ctx context.Context, req *connect.Request[fencev1.RoleRevokePermissionRequest]) (*connect.Response[fencev1.RoleRevokePermissionResponse], error) {
 	r, p := req.Msg.GetRole(), permissionFrom(req.Msg.GetPermission())
 	c := &fsmpb.Auth{Op: &fsmpb.Auth_RevokePermission{RevokePermission: &fsmpb.RolePermission{Role: r,
@@ -172,6 +183,7 @@ func (s *Server) RoleRevokePermission(ctx context.Context, req *connect.Request[
 	return connect.NewResponse(&fencev1.RoleRevokePermissionResponse{}), nil
 }
 
+// UserList implements fencev1connect.AuthServiceHandler.
 func (s *Server) UserList(ctx context.Context, req *connect.Request[fencev1.UserListRequest]) (*connect.Response[fencev1.UserListResponse], error) {
 	if err := s.read(ctx, false); err != nil {
 		return nil, err
@@ -185,6 +197,7 @@ func (s *Server) UserList(ctx context.Context, req *connect.Request[fencev1.User
 	return connect.NewResponse(out), nil
 }
 
+// RoleList implements fencev1connect.AuthServiceHandler.
 func (s *Server) RoleList(ctx context.Context, req *connect.Request[fencev1.RoleListRequest]) (*connect.Response[fencev1.RoleListResponse], error) {
 	if err := s.read(ctx, false); err != nil {
 		return nil, err
@@ -212,6 +225,7 @@ func apiToken(t fsm.TokenInfo) *fencev1.TokenInfo {
 
 // TokenCreate draws a token's secret here, on the leader (apply proposes
 // only there), and commits its hash with the leader's time.
+// TokenCreate implements fencev1connect.AuthServiceHandler.
 func (s *Server) TokenCreate(ctx context.Context, req *connect.Request[fencev1.TokenCreateRequest]) (*connect.Response[fencev1.TokenCreateResponse], error) {
 	ttl, err := duration("ttl", req.Msg.GetTtl(), 0)
 	if err != nil {
@@ -235,6 +249,7 @@ func (s *Server) TokenCreate(ctx context.Context, req *connect.Request[fencev1.T
 	return connect.NewResponse(&fencev1.TokenCreateResponse{Info: apiToken(info), Token: token}), nil
 }
 
+// TokenRevoke implements fencev1connect.AuthServiceHandler.
 func (s *Server) TokenRevoke(ctx context.Context, req *connect.Request[fencev1.TokenRevokeRequest]) (*connect.Response[fencev1.TokenRevokeResponse], error) {
 	id := req.Msg.GetId()
 	if _, err := s.changeAuth(ctx, req, &fsmpb.Auth{Op: &fsmpb.Auth_RevokeToken{RevokeToken: id}}, "change", "token revoked", "revoked_token", id); err != nil {
@@ -243,6 +258,7 @@ func (s *Server) TokenRevoke(ctx context.Context, req *connect.Request[fencev1.T
 	return connect.NewResponse(&fencev1.TokenRevokeResponse{}), nil
 }
 
+// TokenList implements fencev1connect.AuthServiceHandler.
 func (s *Server) TokenList(ctx context.Context, req *connect.Request[fencev1.TokenListRequest]) (*connect.Response[fencev1.TokenListResponse], error) {
 	if err := s.read(ctx, false); err != nil {
 		return nil, err
