@@ -91,7 +91,6 @@ func (s *Server) AuthDisable(ctx context.Context, req *connect.Request[fencev1.A
 
 // AuthStatus answers from this node's state: whether auth is on, and who
 // the caller is.
-// AuthStatus implements fencev1connect.AuthServiceHandler.
 func (s *Server) AuthStatus(ctx context.Context, req *connect.Request[fencev1.AuthStatusRequest]) (*connect.Response[fencev1.AuthStatusResponse], error) {
 	out := &fencev1.AuthStatusResponse{}
 	who := s.callerOf(ctx, req)
@@ -225,7 +224,6 @@ func apiToken(t fsm.TokenInfo) *fencev1.TokenInfo {
 
 // TokenCreate draws a token's secret here, on the leader (apply proposes
 // only there), and commits its hash with the leader's time.
-// TokenCreate implements fencev1connect.AuthServiceHandler.
 func (s *Server) TokenCreate(ctx context.Context, req *connect.Request[fencev1.TokenCreateRequest]) (*connect.Response[fencev1.TokenCreateResponse], error) {
 	ttl, err := duration("ttl", req.Msg.GetTtl(), 0)
 	if err != nil {
