@@ -75,6 +75,7 @@ type modelChecker struct {
 	// before is the state's locks as of the end of the previous step.
 	before map[string]fsm.LockInfo
 	kv     *kvModel
+	auth   *authModel
 	// kinds holds, for each name in use, its number of permits: 0 for a
 	// lock, N for a semaphore of N permits. A name not in it is idle.
 	kinds map[string]uint32
@@ -97,6 +98,7 @@ func newModelChecker() *modelChecker {
 		before:  map[string]fsm.LockInfo{},
 		kv:      newKVModel(),
 		req:     newRequestModel(),
+		auth:    newAuthModel(),
 	}
 }
 
@@ -126,6 +128,14 @@ func (m *modelChecker) observe(tb testing.TB, cmd *fsmpb.Command, res fsm.Result
 // check checks a command that was applied (not answered by its
 // idempotency key alone) and updates the model.
 func (m *modelChecker) check(tb testing.TB, cmd *fsmpb.Command, res fsm.Result, s *fsm.State, before []byte) error {
+	if a, ok := cmd.GetOp().(*fsmpb.Command_Auth); ok {
+		if res.Err != nil {
+			if err := m.checkUnchanged(tb, cmd, res.Err, s, before); err != nil {
+				return err
+			}
+		}
+		return m.auth.observe(cmd, a.Auth, res, s)
+	}
 	if res.Err != nil {
 		if err := m.checkUnchanged(tb, cmd, res.Err, s, before); err != nil {
 			return err
@@ -1001,6 +1011,9 @@ func (c *commandSource) next(s *fsm.State) (*fsmpb.Command, bool) {
 	if op == 0xfd { // a leader names the group, perhaps again, perhaps badly
 		id := []string{"", "g1", "g2"}[c.byte()%3]
 		return &fsmpb.Command{Op: &fsmpb.Command_SetClusterId{SetClusterId: &fsmpb.SetClusterID{Id: id}}}, true
+	}
+	if op == 0xfc { // an auth change (see authOp)
+		return authOp(c.byte(), c.byte(), c.byte()), true
 	}
 	if op == 0xfe { // a new leader's token floor, above or below the last token
 		floor := max(0, int64(s.LastToken())+int64(c.byte())-128)

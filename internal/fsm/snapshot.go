@@ -55,6 +55,7 @@ func (s *State) Snapshot() *fsmpb.Snapshot {
 		r := s.applied[key]
 		snap.Applied = append(snap.Applied, &fsmpb.Applied{Key: key, SessionId: r.SessionID, Revision: r.Revision, Changed: r.Changed})
 	}
+	snap.Auth = s.auth.snapshot()
 	return snap
 }
 
@@ -151,6 +152,11 @@ func Restore(snap *fsmpb.Snapshot) (*State, error) {
 		}
 		s.remember(a.GetKey(), Repeat{SessionID: a.GetSessionId(), Revision: a.GetRevision(), Changed: a.GetChanged()})
 	}
+	auth, err := restoreAuth(snap.GetAuth())
+	if err != nil {
+		return nil, err
+	}
+	s.auth = auth
 	if err := s.CheckInvariants(); err != nil {
 		return nil, fmt.Errorf("fsm: snapshot is inconsistent: %w", err)
 	}

@@ -91,6 +91,11 @@ type Result struct {
 	Repeat *Repeat
 	// Events lists the KV changes this command made.
 	Events []KVEvent
+	// AuthChanged is set when an auth command changed users, roles,
+	// tokens or enforcement: open calls must be checked again.
+	AuthChanged bool
+	// TokenID is the id of a bearer token an auth command created.
+	TokenID uint64
 }
 
 // Repeat is what the first application of a command with an idempotency
@@ -270,11 +275,12 @@ type State struct {
 	// appliedKeys their keys, oldest first, at most MaxIdempotencyKeys.
 	applied     map[string]Repeat
 	appliedKeys []string
+	auth        authState
 }
 
 // NewState returns an empty state: no sessions, no locks, token counter 0.
 func NewState() *State {
-	return &State{sessions: map[uint64]*session{}, locks: map[string]*lock{}, kv: map[string]*kvEntry{}, nodes: map[string]string{}, applied: map[string]Repeat{}}
+	return &State{sessions: map[uint64]*session{}, locks: map[string]*lock{}, kv: map[string]*kvEntry{}, nodes: map[string]string{}, applied: map[string]Repeat{}, auth: newAuthState()}
 }
 
 // Apply applies one command and reports what it did. It never panics on a
@@ -339,6 +345,8 @@ func (s *State) apply(cmd *fsmpb.Command) Result {
 		return Result{}
 	case *fsmpb.Command_SetClusterId:
 		return s.setClusterID(op.SetClusterId.GetId())
+	case *fsmpb.Command_Auth:
+		return s.applyAuth(op.Auth)
 	}
 	return Result{Err: fmt.Errorf("%w: unknown command", fence.ErrInvalidArgument)}
 }
