@@ -17,11 +17,24 @@ import (
 // again after a failed proposal.
 const expiryRetry = 100 * time.Millisecond
 
+// maxExpireIDs bounds the sessions one ExpireSessions command ends. A storm
+// of expiries is committed as a run of such commands, one after the other,
+// so that the commands of clients queued meanwhile are committed between
+// them (in the same batches) instead of behind one huge command.
+const maxExpireIDs = 128
+
 // sessionTracker keeps each session's deadline on the leader's monotonic
 // clock and proposes the expiry of sessions whose deadline passed. Every
 // node mirrors the set of sessions from the FSM, but only the leader renews
 // deadlines and expires sessions; a node that becomes leader gives every
 // session a fresh full TTL, never a shorter one.
+//
+// The queue holds one entry per session, at a deadline no later than the
+// session's: a keepalive only moves the session's deadline, in O(1), and
+// when its entry comes due the entry is put back at the deadline the
+// session has by then. So idle sessions cost one map entry and one queue
+// entry each, and the tracker wakes only when a deadline it queued passes,
+// never to scan.
 type sessionTracker struct {
 	clock  clock.Clock
 	expire func(ids []uint64) error
@@ -75,10 +88,16 @@ func (t *sessionTracker) wake() {
 func (t *sessionTracker) created(id uint64, ttl time.Duration) {
 	t.mu.Lock()
 	defer t.mu.Unlock()
+	if s, ok := t.sessions[id]; ok {
+		s.ttl = ttl // already queued: a restore mirrored it first
+		return
+	}
 	s := &trackedSession{ttl: ttl, deadline: t.clock.Now().Add(ttl)}
 	t.sessions[id] = s
 	heap.Push(&t.queue, deadlineEntry{id: id, deadline: s.deadline})
-	t.wake()
+	if t.queue[0].id == id {
+		t.wake() // the earliest deadline is new: the timer must learn of it
+	}
 }
 
 // ended stops tracking a session that was closed or expired.
@@ -145,8 +164,9 @@ func (t *sessionTracker) keepAlive(id uint64) (time.Duration, error) {
 	if err != nil {
 		return 0, err
 	}
+	// Only later: the session's queue entry, at its old deadline or
+	// earlier, is put back at this one when it comes due.
 	s.deadline = t.clock.Now().Add(s.ttl)
-	heap.Push(&t.queue, deadlineEntry{id: id, deadline: s.deadline})
 	return s.ttl, nil
 }
 
@@ -199,39 +219,58 @@ func (t *sessionTracker) run() {
 	}
 }
 
-// nextWake returns how long until the earliest live deadline, dropping
-// queue entries that a keepalive or an end has made stale.
+// nextWake returns how long until the earliest queued deadline, dropping
+// the entries of sessions that ended and putting those of sessions renewed
+// since back at their deadlines. On a follower it sleeps: becomeLeader
+// wakes it.
 func (t *sessionTracker) nextWake() time.Duration {
 	t.mu.Lock()
 	defer t.mu.Unlock()
 	if !t.leader {
 		return time.Hour
 	}
-	for len(t.queue) > 0 {
-		e := t.queue[0]
-		if s, ok := t.sessions[e.id]; ok && !s.expiring && s.deadline.Equal(e.deadline) {
-			return max(e.deadline.Sub(t.clock.Now()), 0)
-		}
-		heap.Pop(&t.queue)
+	t.settleLocked(time.Time{})
+	if len(t.queue) == 0 {
+		return time.Hour
 	}
-	return time.Hour
+	return max(t.queue[0].deadline.Sub(t.clock.Now()), 0)
 }
 
+// settleLocked brings the queue's head up to date: it drops the entries of
+// sessions that ended or are being expired, and puts back the entry of a
+// session renewed since it was queued at the session's deadline. With a
+// non-zero now, it also takes every session whose deadline has passed by
+// now off the queue, marks it expiring and returns its id.
+func (t *sessionTracker) settleLocked(now time.Time) (due []uint64) {
+	for len(t.queue) > 0 {
+		e := &t.queue[0]
+		s, ok := t.sessions[e.id]
+		switch {
+		case !ok || s.expiring:
+			heap.Pop(&t.queue)
+		case s.deadline.After(e.deadline):
+			e.deadline = s.deadline
+			heap.Fix(&t.queue, 0)
+		case !now.IsZero() && !e.deadline.After(now):
+			due = append(due, e.id) // before Pop moves another entry to e
+			heap.Pop(&t.queue)
+			s.expiring = true
+		default:
+			return due
+		}
+	}
+	return due
+}
+
+// expireDue proposes the expiry of every session whose deadline passed, in
+// commands of at most maxExpireIDs sessions, one after the other.
 func (t *sessionTracker) expireDue() {
 	t.mu.Lock()
 	if !t.leader {
 		t.mu.Unlock()
 		return
 	}
-	now := t.clock.Now()
-	var due []uint64
-	for len(t.queue) > 0 && !t.queue[0].deadline.After(now) {
-		e := heap.Pop(&t.queue).(deadlineEntry)
-		if s, ok := t.sessions[e.id]; ok && !s.expiring && s.deadline.Equal(e.deadline) {
-			s.expiring = true
-			due = append(due, e.id)
-		}
-	}
+	due := t.settleLocked(t.clock.Now())
 	t.mu.Unlock()
 	if len(due) == 0 {
 		return
@@ -240,9 +279,14 @@ func (t *sessionTracker) expireDue() {
 	t.wg.Add(1)
 	go func() {
 		defer t.wg.Done()
-		if err := t.expire(due); err != nil {
-			t.logger.Warn("expiring sessions failed; will retry", "sessions", due, "err", err)
-			t.retry(due)
+		for len(due) > 0 {
+			n := min(len(due), maxExpireIDs)
+			if err := t.expire(due[:n]); err != nil {
+				t.logger.Warn("expiring sessions failed; will retry", "sessions", len(due), "first", due[0], "err", err)
+				t.retry(due)
+				return
+			}
+			due = due[n:]
 		}
 	}()
 }
@@ -267,8 +311,8 @@ type deadlineEntry struct {
 	deadline time.Time
 }
 
-// deadlineQueue is a min-heap of deadlines. Entries go stale when a session
-// is renewed or ends; they are dropped when they reach the top.
+// deadlineQueue is a min-heap of deadlines, one entry per tracked session
+// at or before its deadline (see settleLocked).
 type deadlineQueue []deadlineEntry
 
 func (q deadlineQueue) Len() int { return len(q) }
