@@ -40,19 +40,23 @@ func openPTY(t *testing.T) (control, term *os.File) {
 // A command run by fence lock from a terminal may read it, as psql or a
 // deploy script's prompt does. In a process group of its own it was a
 // background job there, and the first read stopped it (SIGTTIN) for good.
+// And once it is done the terminal is the shell's again: a script's next
+// command may read it too.
 func TestLockCommandReadsTheTerminal(t *testing.T) {
 	srv := startServer(t)
 	control, term := openPTY(t)
-	cmd := exec.Command(fenceBin, append(srv.endpoints(), "lock", "e2e/tty", "--", "sh", "-c", `read line; echo "got $line"`)...)
+	script := fmt.Sprintf(`%s --endpoints %s lock e2e/tty -- sh -c 'read line; echo "got $line"'; read after; echo "then $after"`, fenceBin, srv.addr)
+	cmd := exec.Command("sh", "-c", script)
 	cmd.Stdin, cmd.Stdout, cmd.Stderr = term, term, term
-	// fence lock leads a session whose controlling terminal is term, in
-	// the foreground, as a login shell's job is.
+	// The shell leads a session whose controlling terminal is term, in the
+	// foreground, as a script run from a login shell does.
 	cmd.SysProcAttr = &syscall.SysProcAttr{Setsid: true, Setctty: true, Ctty: 0}
 	if err := cmd.Start(); err != nil {
 		t.Fatal(err)
 	}
-	exited := make(chan error, 1)
-	go func() { exited <- cmd.Wait() }()
+	var waitErr error
+	exited := make(chan struct{})
+	go func() { waitErr = cmd.Wait(); close(exited) }()
 	t.Cleanup(func() {
 		_ = cmd.Process.Kill()
 		<-exited
@@ -67,11 +71,9 @@ func TestLockCommandReadsTheTerminal(t *testing.T) {
 		defer mu.Unlock()
 		return out.String()
 	}
-	read := make(chan struct{})
 	go func() {
-		defer close(read)
 		buf := make([]byte, 4096)
-		for !strings.Contains(shown(), "got hello") {
+		for {
 			n, err := control.Read(buf)
 			if err != nil {
 				return
@@ -81,26 +83,29 @@ func TestLockCommandReadsTheTerminal(t *testing.T) {
 			mu.Unlock()
 		}
 	}()
-	// Answer the command's read once it runs (the lock granted).
 	c := newClient(t, srv.addr)
 	waitFor(t, 20*time.Second, "the command to hold the lock", func() bool {
 		l := lockInfo(t, c, "e2e/tty")
 		return l != nil && len(l.GetHolders()) == 1
 	})
-	if _, err := control.Write([]byte("hello\n")); err != nil {
-		t.Fatal(err)
+	for _, step := range []struct{ say, want string }{{"hello", "got hello"}, {"again", "then again"}} {
+		if _, err := control.Write([]byte(step.say + "\n")); err != nil {
+			t.Fatal(err)
+		}
+		deadline := time.Now().Add(20 * time.Second)
+		for !strings.Contains(shown(), step.want) {
+			if time.Now().After(deadline) {
+				t.Fatalf("no %q on the terminal within 20s (a read stopped in the background?); it shows:\n%s", step.want, shown())
+			}
+			time.Sleep(10 * time.Millisecond)
+		}
 	}
 	select {
-	case <-read:
-	case <-time.After(20 * time.Second):
-		t.Fatalf("the command did not read the terminal within 20s (stopped in the background?); the terminal shows:\n%s", shown())
-	}
-	select {
-	case err := <-exited:
-		if err != nil {
-			t.Fatalf("fence lock: %v; the terminal shows:\n%s", err, shown())
+	case <-exited:
+		if waitErr != nil {
+			t.Fatalf("the script: %v; the terminal shows:\n%s", waitErr, shown())
 		}
 	case <-time.After(20 * time.Second):
-		t.Fatal("fence lock did not exit within 20s of its command")
+		t.Fatal("the script did not exit within 20s")
 	}
 }
