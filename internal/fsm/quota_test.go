@@ -134,3 +134,22 @@ func TestQuotaState(t *testing.T) {
 		t.Fatalf("a user added again kept the old quota %v", u.Quota)
 	}
 }
+
+// TestQuotaAfterRestore: a restored state counts the sessions and locks
+// each user had, from the users the sessions recorded.
+func TestQuotaAfterRestore(t *testing.T) {
+	s := fsm.NewState()
+	applyAll(t, s, addUser("root"), grantRole("root", "root"), addUser("alice"), setQuota("alice", 1, 1), setEnabled(true),
+		userSession("alice"), acquire(1, "a", excl))
+	r := mustRestore(t, s)
+	if res := r.Apply(userSession("alice")); !errors.Is(res.Err, fence.ErrLimit) {
+		t.Fatalf("restored: a second session of alice: %v, want ErrLimit", res.Err)
+	}
+	applyAll(t, r, setQuota("alice", 2, 1), userSession("alice"))
+	if res := r.Apply(acquire(2, "b", excl)); !errors.Is(res.Err, fence.ErrLimit) {
+		t.Fatalf("restored: a second lock of alice: %v, want ErrLimit", res.Err)
+	}
+	if err := r.CheckInvariants(); err != nil {
+		t.Fatal(err)
+	}
+}
