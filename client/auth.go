@@ -122,6 +122,14 @@ func (c *Client) Users(ctx context.Context) ([]*User, error) {
 	return resp.GetUsers(), err
 }
 
+// UserSetQuota sets user's quotas, enforced while auth is on: the live
+// sessions the user creates and the locks they hold or wait for (0: no
+// limit). A call beyond one fails with fence.ErrLimit naming the quota.
+func (c *Client) UserSetQuota(ctx context.Context, user string, maxSessions, maxLocks uint64) error {
+	_, err := authCall(c, ctx, &fencev1.UserSetQuotaRequest{User: user, MaxSessions: maxSessions, MaxLocks: maxLocks}, fencev1connect.AuthServiceClient.UserSetQuota)
+	return err
+}
+
 // UserGrantRole gives user a role ("root" allows everything).
 func (c *Client) UserGrantRole(ctx context.Context, user, role string) error {
 	_, err := authCall(c, ctx, &fencev1.UserGrantRoleRequest{User: user, Role: role}, fencev1connect.AuthServiceClient.UserGrantRole)

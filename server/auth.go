@@ -245,6 +245,20 @@ func (s *Server) checkCall(ctx context.Context, procedure, peer string, h http.H
 	return ctx, err
 }
 
+// callerUser returns the authenticated user of the call ctx belongs to,
+// with auth on; "" otherwise. The interceptor checked the call already.
+func (s *Server) callerUser(ctx context.Context) string {
+	call, ok := ctx.Value(authCallKey{}).(authCall)
+	if !ok {
+		return ""
+	}
+	who, err := s.recheck(call)
+	if err != nil {
+		return ""
+	}
+	return who.user
+}
+
 // recheck checks call against the current state; it returns who made it.
 func (s *Server) recheck(call authCall) (caller, error) {
 	var who caller

@@ -121,6 +121,17 @@ func (s *Server) UserRemove(ctx context.Context, req *connect.Request[fencev1.Us
 	return connect.NewResponse(&fencev1.UserRemoveResponse{}), nil
 }
 
+// UserSetQuota implements fencev1connect.AuthServiceHandler.
+func (s *Server) UserSetQuota(ctx context.Context, req *connect.Request[fencev1.UserSetQuotaRequest]) (*connect.Response[fencev1.UserSetQuotaResponse], error) {
+	m := req.Msg
+	op := &fsmpb.AuthUser{Name: m.GetUser(), MaxSessions: m.GetMaxSessions(), MaxLocks: m.GetMaxLocks()}
+	if _, err := s.changeAuth(ctx, req, &fsmpb.Auth{Op: &fsmpb.Auth_SetQuota{SetQuota: op}}, "change", "quota set",
+		"name", m.GetUser(), "max_sessions", m.GetMaxSessions(), "max_locks", m.GetMaxLocks()); err != nil {
+		return nil, err
+	}
+	return connect.NewResponse(&fencev1.UserSetQuotaResponse{}), nil
+}
+
 // UserGrantRole implements fencev1connect.AuthServiceHandler.
 func (s *Server) UserGrantRole(ctx context.Context, req *connect.Request[fencev1.UserGrantRoleRequest]) (*connect.Response[fencev1.UserGrantRoleResponse], error) {
 	u, r := req.Msg.GetUser(), req.Msg.GetRole()
@@ -190,7 +201,9 @@ func (s *Server) UserList(ctx context.Context, req *connect.Request[fencev1.User
 	out := &fencev1.UserListResponse{}
 	s.fsm.Read(func(st *fsm.State) {
 		for _, u := range st.Users() {
-			out.Users = append(out.Users, &fencev1.User{Name: u.Name, Roles: u.Roles})
+			sessions, locks := st.UserUsage(u.Name)
+			out.Users = append(out.Users, &fencev1.User{Name: u.Name, Roles: u.Roles, MaxSessions: u.Quota.MaxSessions,
+				MaxLocks: u.Quota.MaxLocks, Sessions: uint64(sessions), Locks: uint64(locks)})
 		}
 	})
 	return connect.NewResponse(out), nil

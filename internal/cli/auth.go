@@ -138,18 +138,37 @@ func userCommand(g *globals) *cobra.Command {
 				return printList(g, "users", users)
 			}
 			w := tabwriter.NewWriter(g.stdout, 0, 4, 2, ' ', 0)
-			fmt.Fprintln(w, "USER\tROLES")
+			fmt.Fprintln(w, "USER\tROLES\tSESSIONS\tLOCKS")
 			for _, u := range users {
-				fmt.Fprintf(w, "%s\t%s\n", u.GetName(), orDash(strings.Join(u.GetRoles(), ",")))
+				fmt.Fprintf(w, "%s\t%s\t%s\t%s\n", u.GetName(), orDash(strings.Join(u.GetRoles(), ",")),
+					usage(u.GetSessions(), u.GetMaxSessions()), usage(u.GetLocks(), u.GetMaxLocks()))
 			}
 			return w.Flush()
 		}),
 	}
 	list.Flags().BoolVar(&asJSON, "json", false, `print JSON: {"users": [the API's User]}`)
-	cmd.AddCommand(list,
-		simple(g, "add NAME", "Add a user (no roles; a credential: fence token create, or a certificate with this common name)", 1, func(cmd *cobra.Command, c *client.Client, a []string) (string, error) {
-			return "added user " + a[0], c.UserAdd(cmd.Context(), a[0])
-		}),
+	var maxSessions, maxLocks uint64
+	add := simple(g, "add NAME", "Add a user (no roles; a credential: fence token create, or a certificate with this common name)", 1, func(cmd *cobra.Command, c *client.Client, a []string) (string, error) {
+		if err := c.UserAdd(cmd.Context(), a[0]); err != nil {
+			return "", err
+		}
+		if maxSessions == 0 && maxLocks == 0 {
+			return "added user " + a[0], nil
+		}
+		return fmt.Sprintf("added user %s with quotas sessions %s, locks %s", a[0], limitText(maxSessions), limitText(maxLocks)),
+			c.UserSetQuota(cmd.Context(), a[0], maxSessions, maxLocks)
+	})
+	quotaFlags := func(cmd *cobra.Command) {
+		cmd.Flags().Uint64Var(&maxSessions, "max-sessions", 0, "live sessions the user may have created, while auth is on (0: no limit)")
+		cmd.Flags().Uint64Var(&maxLocks, "max-locks", 0, "locks the user's sessions may hold or wait for, while auth is on (0: no limit)")
+	}
+	quotaFlags(add)
+	setQuota := simple(g, "set-quota NAME", "Set a user's quotas (the flags not given are no limit)", 1, func(cmd *cobra.Command, c *client.Client, a []string) (string, error) {
+		return fmt.Sprintf("user %s: quotas sessions %s, locks %s", a[0], limitText(maxSessions), limitText(maxLocks)),
+			c.UserSetQuota(cmd.Context(), a[0], maxSessions, maxLocks)
+	})
+	quotaFlags(setQuota)
+	cmd.AddCommand(list, add, setQuota,
 		simple(g, "remove NAME", "Remove a user and revoke its tokens", 1, func(cmd *cobra.Command, c *client.Client, a []string) (string, error) {
 			return "removed user " + a[0], c.UserRemove(cmd.Context(), a[0])
 		}),
@@ -161,6 +180,21 @@ func userCommand(g *globals) *cobra.Command {
 		}),
 	)
 	return cmd
+}
+
+// usage is "USED/MAX", or "USED" without a limit.
+func usage(used, limit uint64) string {
+	if limit == 0 {
+		return fmt.Sprint(used)
+	}
+	return fmt.Sprintf("%d/%d", used, limit)
+}
+
+func limitText(n uint64) string {
+	if n == 0 {
+		return "unlimited"
+	}
+	return fmt.Sprint(n)
 }
 
 // parsePermission reads "KIND ACCESS [PREFIX]": lock|kv|admin, read|write.

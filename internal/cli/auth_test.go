@@ -39,7 +39,17 @@ func TestAuthCommands(t *testing.T) {
 	if out := run(0, append(asRoot, "auth", "status")...); !strings.Contains(out, "auth: on") || !strings.Contains(out, "you: root (by token)") {
 		t.Fatalf("auth status: %s", out)
 	}
-	run(0, append(asRoot, "user", "add", "app")...)
+	run(0, append(asRoot, "user", "add", "app", "--max-sessions", "5", "--max-locks", "9")...)
+	if out := run(0, append(asRoot, "user", "list")...); !strings.Contains(out, "0/5") || !strings.Contains(out, "0/9") {
+		t.Fatalf("user list shows no quotas: %s", out)
+	}
+	run(0, append(asRoot, "user", "set-quota", "app", "--max-sessions", "7")...)
+	if out := run(0, append(asRoot, "user", "list")...); !strings.Contains(out, "0/7") || strings.Contains(out, "0/9") {
+		t.Fatalf("user list after set-quota: %s", out)
+	}
+	if out := run(1, append(asRoot, "user", "set-quota", "nobody", "--max-locks", "1")...); !strings.Contains(out, `no user "nobody"`) {
+		t.Fatalf("set-quota of a missing user: %s", out)
+	}
 	run(0, append(asRoot, "role", "add", "orders")...)
 	run(0, append(asRoot, "role", "grant", "orders", "kv", "write", "orders/")...)
 	if out := run(1, append(asRoot, "role", "grant", "orders", "files", "write")...); !strings.Contains(out, "none of lock, kv, admin") {

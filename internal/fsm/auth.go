@@ -116,6 +116,7 @@ const TokenHashBytes = sha256.Size
 type UserInfo struct {
 	Name  string
 	Roles []string // sorted
+	Quota Quota
 }
 
 // RoleInfo describes a role.
@@ -141,6 +142,8 @@ type authState struct {
 	tokens      map[uint64]*fsmpb.AuthToken
 	byHash      map[[TokenHashBytes]byte]uint64
 	lastTokenID uint64
+	// quotas are the users' quotas; a user without one has none.
+	quotas map[string]Quota
 }
 
 func newAuthState() authState {
@@ -149,6 +152,7 @@ func newAuthState() authState {
 		roles:  map[string][]Permission{},
 		tokens: map[uint64]*fsmpb.AuthToken{},
 		byHash: map[[TokenHashBytes]byte]uint64{},
+		quotas: map[string]Quota{},
 	}
 }
 
@@ -214,6 +218,13 @@ func (s *State) applyAuth(c *fsmpb.Auth) Result {
 			return authInvalid("user %q already exists", name)
 		}
 		a.users[name] = map[string]struct{}{}
+		a.setQuota(name, quotaOf(op.AddUser))
+	case *fsmpb.Auth_SetQuota:
+		name := op.SetQuota.GetName()
+		if _, ok := a.users[name]; !ok {
+			return authInvalid("no user %q", name)
+		}
+		a.setQuota(name, quotaOf(op.SetQuota))
 	case *fsmpb.Auth_RemoveUser:
 		name := op.RemoveUser.GetName()
 		if _, ok := a.users[name]; !ok {
@@ -223,6 +234,7 @@ func (s *State) applyAuth(c *fsmpb.Auth) Result {
 			return authInvalid("user %q cannot be removed while auth is enabled; disable auth first", RootUser)
 		}
 		delete(a.users, name)
+		delete(a.quotas, name)
 		for _, id := range a.tokenIDs("") {
 			if a.tokens[id].GetUser() == name {
 				a.dropToken(id)
@@ -345,6 +357,19 @@ func (a *authState) dropToken(id uint64) {
 	delete(a.tokens, id)
 }
 
+func quotaOf(u *fsmpb.AuthUser) Quota {
+	return Quota{MaxSessions: u.GetMaxSessions(), MaxLocks: u.GetMaxLocks()}
+}
+
+// setQuota sets user's quota; a quota of all zeros is none, and not kept.
+func (a *authState) setQuota(user string, q Quota) {
+	if q == (Quota{}) {
+		delete(a.quotas, user)
+		return
+	}
+	a.quotas[user] = q
+}
+
 func (a *authState) hasRole(user, role string) bool {
 	_, ok := a.users[user][role]
 	return ok
@@ -393,7 +418,7 @@ func (s *State) User(name string) (UserInfo, bool) {
 	if !ok {
 		return UserInfo{}, false
 	}
-	info := UserInfo{Name: name, Roles: make([]string, 0, len(roles))}
+	info := UserInfo{Name: name, Roles: make([]string, 0, len(roles)), Quota: s.auth.quotas[name]}
 	for r := range roles {
 		info.Roles = append(info.Roles, r)
 	}
@@ -477,7 +502,8 @@ func (a *authState) snapshot() *fsmpb.AuthState {
 	}
 	sort.Strings(users)
 	for _, u := range users {
-		pu := &fsmpb.AuthUser{Name: u}
+		q := a.quotas[u]
+		pu := &fsmpb.AuthUser{Name: u, MaxSessions: q.MaxSessions, MaxLocks: q.MaxLocks}
 		for r := range a.users[u] {
 			pu.Roles = append(pu.Roles, r)
 		}
@@ -532,6 +558,7 @@ func restoreAuth(st *fsmpb.AuthState) (authState, error) {
 			roles[r] = struct{}{}
 		}
 		a.users[pu.GetName()] = roles
+		a.setQuota(pu.GetName(), quotaOf(pu))
 	}
 	for _, pt := range st.GetTokens() {
 		if _, dup := a.tokens[pt.GetId()]; dup || len(pt.GetSecretSha256()) != TokenHashBytes {
@@ -573,6 +600,11 @@ func (a *authState) checkAuth() error {
 			if i > 0 && !perms[i-1].less(p) {
 				return fmt.Errorf("role %q permissions are not sorted and distinct", r)
 			}
+		}
+	}
+	for u, q := range a.quotas {
+		if _, ok := a.users[u]; !ok || q == (Quota{}) {
+			return fmt.Errorf("quota %s of user %q, who does not exist, or a quota of none kept", q, u)
 		}
 	}
 	if len(a.byHash) != len(a.tokens) {

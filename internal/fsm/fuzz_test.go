@@ -169,7 +169,7 @@ func FuzzStateMachine(f *testing.F) {
 		0xb4, 2, 0, 0x02, // put orders/17, bound to session 2
 		0x13, 1, 1, 2, // the sessions of y (4) and orders/17 (2) expire together: y deleted, then orders/17
 	})
-	// An auth change is {0xfc, op, a, b} (see authOp): op%11 picks the
+	// An auth change is {0xfc, op, a, b} (see authOp): op%12 picks the
 	// change, a the user (and a kind, a prefix), b the role (and an access).
 	f.Add([]byte{
 		0xfc, 0, 0, 0, // enable: refused, no root user
@@ -260,6 +260,9 @@ func FuzzStateMachine(f *testing.F) {
 		f.Add(requestStream(rand.New(rand.NewPCG(seed, 4)), 100, 0))
 	}
 	f.Add(cancelStormStream(rand.New(rand.NewPCG(0, 4))))
+	for seed := range uint64(2) {
+		f.Add(quotaStream(rand.New(rand.NewPCG(seed, 4)), 100))
+	}
 	f.Fuzz(func(t *testing.T, data []byte) {
 		runStream(t, data)
 	})

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"maps"
+	"math/rand/v2"
 	"slices"
 	"strings"
 
@@ -22,10 +23,11 @@ type authModel struct {
 	tokens    map[uint64]string // id -> user
 	hashes    map[string]bool
 	lastToken uint64
+	quotas    map[string]fsm.Quota
 }
 
 func newAuthModel() *authModel {
-	return &authModel{users: map[string]map[string]bool{}, roles: map[string][]fsm.Permission{}, tokens: map[uint64]string{}, hashes: map[string]bool{}}
+	return &authModel{users: map[string]map[string]bool{}, roles: map[string][]fsm.Permission{}, tokens: map[uint64]string{}, hashes: map[string]bool{}, quotas: map[string]fsm.Quota{}}
 }
 
 // Pools the fuzzer's auth commands draw from: invalid names and
@@ -43,7 +45,7 @@ func authOp(op, a, b byte) *fsmpb.Command {
 	user, role := authUsers[int(a)%len(authUsers)], authRoles[int(b)%len(authRoles)]
 	perm := &fsmpb.AuthPermission{Kind: uint32(a>>4) % 4, Access: uint32(b>>4) % 3, Prefix: authPrefixes[int(a>>2)%len(authPrefixes)]}
 	var c fsmpb.Auth
-	switch op % 11 {
+	switch op % 12 {
 	case 0:
 		c.Op = &fsmpb.Auth_SetEnabled{SetEnabled: &fsmpb.SetAuthEnabled{Enabled: a%2 == 0}}
 	case 1:
@@ -70,6 +72,8 @@ func authOp(op, a, b byte) *fsmpb.Command {
 		c.Op = &fsmpb.Auth_CreateToken{CreateToken: &fsmpb.AuthToken{SecretSha256: hash, User: user, CreatedUnixNs: int64(b), ExpiresUnixNs: int64(a%3) - 1}}
 	case 10:
 		c.Op = &fsmpb.Auth_RevokeToken{RevokeToken: uint64(a % 6)}
+	case 11:
+		c.Op = &fsmpb.Auth_SetQuota{SetQuota: &fsmpb.AuthUser{Name: user, MaxSessions: uint64(a>>4) % 3, MaxLocks: uint64(b % 3)}}
 	}
 	return &fsmpb.Command{Op: &fsmpb.Command_Auth{Auth: &c}}
 }
@@ -98,6 +102,7 @@ func (m *authModel) expect(c *fsmpb.Auth) bool {
 			return false
 		}
 		delete(m.users, n)
+		delete(m.quotas, n)
 		maps.DeleteFunc(m.tokens, func(_ uint64, u string) bool { return u == n })
 	case *fsmpb.Auth_GrantRole:
 		u, r := op.GrantRole.GetUser(), op.GrantRole.GetRole()
@@ -153,6 +158,12 @@ func (m *authModel) expect(c *fsmpb.Auth) bool {
 			return false
 		}
 		delete(m.tokens, op.RevokeToken)
+	case *fsmpb.Auth_SetQuota:
+		u := op.SetQuota
+		if m.users[u.GetName()] == nil {
+			return false
+		}
+		m.quotas[u.GetName()] = fsm.Quota{MaxSessions: u.GetMaxSessions(), MaxLocks: u.GetMaxLocks()}
 	default:
 		return false
 	}
@@ -202,6 +213,9 @@ func (m *authModel) compare(s *fsm.State) error {
 		if !slices.Equal(u.Roles, slices.Sorted(maps.Keys(m.users[u.Name]))) {
 			return fmt.Errorf("user %q roles %v, model %v", u.Name, u.Roles, m.users[u.Name])
 		}
+		if u.Quota != m.quotas[u.Name] {
+			return fmt.Errorf("user %q quota %v, model %v", u.Name, u.Quota, m.quotas[u.Name])
+		}
 	}
 	if roles := s.Roles(); len(roles) != len(m.roles) {
 		return fmt.Errorf("roles %+v, model %v", roles, m.roles)
@@ -239,4 +253,91 @@ func (m *authModel) compare(s *fsm.State) error {
 		}
 	}
 	return nil
+}
+
+// sessionQuotaReached reports whether the model refuses a session created
+// by user for its sessions quota: auth on, and as many live sessions of
+// the user as the quota.
+func (m *modelChecker) sessionQuotaReached(user string) bool {
+	q := m.auth.quotas[user]
+	if !m.auth.enabled || user == "" || q.MaxSessions == 0 {
+		return false
+	}
+	n := uint64(0)
+	for id, u := range m.users {
+		if u == user && m.live[id] {
+			n++
+		}
+	}
+	return n >= q.MaxSessions
+}
+
+// lockQuotaReached reports whether the model refuses session sid a new
+// lock for its user's locks quota: auth on, and the user's live sessions
+// hold or wait for as many locks as the quota.
+func (m *modelChecker) lockQuotaReached(sid uint64) bool {
+	user := m.users[sid]
+	q := m.auth.quotas[user]
+	if !m.auth.enabled || user == "" || q.MaxLocks == 0 {
+		return false
+	}
+	mine := func(s uint64) bool { return m.live[s] && m.users[s] == user }
+	n := uint64(0)
+	for _, hs := range m.holders {
+		for _, h := range hs {
+			if mine(h.Session) {
+				n++
+			}
+		}
+	}
+	for _, ws := range m.queues {
+		for _, w := range ws {
+			if mine(w.Session) {
+				n++
+			}
+		}
+	}
+	if n >= q.MaxLocks {
+		m.req.note("quota: locks quota refused an acquire")
+		return true
+	}
+	return false
+}
+
+// quotaStream returns the input of a stream of about n commands under
+// auth with quotas (see commandSource.next and authOp for the encoding):
+// users u1 (2 sessions, 2 locks) and u2 (1 session, 1 lock), auth on;
+// then sessions created by u1, u2 or no user, acquires, releases, closes
+// and expiries, now and then auth off and on again or a quota changed.
+func quotaStream(r *rand.Rand, n int) []byte {
+	data := []byte{
+		0xfc, 1, 0, 0, // add user root
+		0xfc, 3, 0, 0, // grant root the root role
+		0xfc, 1, 1, 0, // add user u1
+		0xfc, 1, 2, 0, // add user u2
+		0xfc, 11, 0x24, 2, // u1: 2 sessions, 2 locks
+		0xfc, 11, 0x11, 1, // u2: 1 session, 1 lock
+		0xfc, 0, 0, 0, // enable
+	}
+	session := func() byte { return byte(8 * r.IntN(8)) } // a live session
+	name := func() byte { return byte(r.IntN(4)) }
+	for range n {
+		switch x := r.IntN(100); {
+		case x < 30: // a session of u1, u2 or no user, without a server limit
+			data = append(data, []byte{0x00, 0x20, 0x20, 0x30, 0x30}[r.IntN(5)], byte(r.IntN(0x30)))
+		case x < 65: // an exclusive or shared acquire, now and then a try
+			data = append(data, 4, session(), byte(3*r.IntN(2))+name(), byte(r.IntN(2)))
+		case x < 78: // a holder releases
+			data = append(data, 11, name(), byte(r.IntN(256)))
+		case x < 86: // a live session closes
+			data = append(data, 2, session())
+		case x < 92: // a holder's session expires or closes
+			data = append(data, 14, name(), byte(r.IntN(256)))
+		case x < 95: // auth off, or on
+			data = append(data, 0xfc, 0, byte(r.IntN(2)), 0)
+		default: // u1's quota changes
+			data = append(data, 0xfc, 11, []byte{0x04, 0x14, 0x24}[r.IntN(3)], byte(r.IntN(3)))
+		}
+	}
+	return data
 }

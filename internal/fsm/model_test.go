@@ -84,6 +84,8 @@ type modelChecker struct {
 	// req follows acquire requests, their attempts, cancelled request
 	// ids and idempotency keys (see model_request_test.go).
 	req *requestModel
+	// users are the live sessions' creating users (quotas).
+	users map[uint64]string
 }
 
 func newModelChecker() *modelChecker {
@@ -99,6 +101,7 @@ func newModelChecker() *modelChecker {
 		kv:      newKVModel(),
 		req:     newRequestModel(),
 		auth:    newAuthModel(),
+		users:   map[uint64]string{},
 	}
 }
 
@@ -230,8 +233,12 @@ func (m *modelChecker) checkFailure(cmd *fsmpb.Command, err error) error {
 	switch op := cmd.GetOp().(type) {
 	case *fsmpb.Command_CreateSession:
 		max := op.CreateSession.GetMaxSessions()
-		if !errors.Is(err, fence.ErrLimit) || max == 0 || uint64(len(m.live)) < max {
-			return fmt.Errorf("create session with %d of max %d sessions failed with %v", len(m.live), max, err)
+		overQuota := m.sessionQuotaReached(op.CreateSession.GetUser())
+		if !errors.Is(err, fence.ErrLimit) || (!overQuota && (max == 0 || uint64(len(m.live)) < max)) {
+			return fmt.Errorf("create session with %d of max %d sessions (user %q, over quota %v) failed with %v", len(m.live), max, op.CreateSession.GetUser(), overQuota, err)
+		}
+		if overQuota {
+			m.req.note("quota: sessions quota refused a session")
 		}
 	case *fsmpb.Command_Acquire:
 		return m.checkAcquireFailure(op.Acquire, err)
@@ -308,12 +315,16 @@ func (m *modelChecker) acquireVerdict(a *fsmpb.Acquire) (want error, why string)
 		return fence.ErrInvalidArgument, fmt.Sprintf("the session waits for it in %s", waits)
 	case waits != 0:
 		return nil, "the session waits for it: still queued"
+	case m.grantableNow(name, mode, n) && m.lockQuotaReached(sid):
+		return fence.ErrLimit, fmt.Sprintf("grantable, but user %q of session %d is at the locks quota", m.users[sid], sid)
 	case m.grantableNow(name, mode, n):
 		return nil, "grantable now"
 	case a.GetTry():
 		return fence.ErrLocked, fmt.Sprintf("a try that cannot be granted now: %s", m.describeName(name))
 	case a.GetMaxWaiters() > 0 && uint64(len(m.queues[name])) >= a.GetMaxWaiters():
 		return fence.ErrLimit, fmt.Sprintf("%d waiters of max %d", len(m.queues[name]), a.GetMaxWaiters())
+	case m.lockQuotaReached(sid):
+		return fence.ErrLimit, fmt.Sprintf("user %q of session %d is at the locks quota", m.users[sid], sid)
 	}
 	return nil, "queued"
 }
@@ -390,7 +401,11 @@ func (m *modelChecker) checkSuccess(cmd *fsmpb.Command, res fsm.Result) (immedia
 		if max := op.CreateSession.GetMaxSessions(); max > 0 && uint64(len(m.live)) >= max {
 			return false, fmt.Errorf("session %d created with %d of max %d sessions", id, len(m.live), max)
 		}
+		if m.sessionQuotaReached(op.CreateSession.GetUser()) {
+			return false, fmt.Errorf("session %d created for user %q beyond the sessions quota", id, op.CreateSession.GetUser())
+		}
 		m.lastSession, m.live[id] = id, true
+		m.users[id] = op.CreateSession.GetUser()
 	case *fsmpb.Command_Acquire:
 		return m.acquired(op.Acquire, res)
 	case *fsmpb.Command_Release:
@@ -1028,7 +1043,9 @@ func (c *commandSource) next(s *fsm.State) (*fsmpb.Command, bool) {
 	switch op % 16 {
 	case 0, 1:
 		b := c.byte()
-		return createSession(time.Duration(1+b%10)*time.Second, []string{"", "x"}[b>>7], []uint64{0, 0, 0, 3, 4, 5}[(b>>4)%6]), true
+		cmd := createSession(time.Duration(1+b%10)*time.Second, []string{"", "x"}[b>>7], []uint64{0, 0, 0, 3, 4, 5}[(b>>4)%6])
+		cmd.GetCreateSession().User = []string{"", "", "u1", "u2"}[(op>>4)%4] // the creator, for quotas
+		return cmd, true
 	case 2:
 		if owners := (op>>4)%4 == 1; owners {
 			return closeSession(c.keyOwner(s, c.byte())), true
@@ -1402,6 +1419,15 @@ func TestRandomCommandStreams(t *testing.T) {
 			}
 		})
 	}
+	// Streams under auth with small quotas per user.
+	for seed := range uint64(40) {
+		data := quotaStream(rand.New(rand.NewPCG(seed, 0x907a)), 60+int(seed)%100)
+		t.Run(fmt.Sprint("quotas/", seed), func(t *testing.T) {
+			for o, c := range runStream(t, data) {
+				total[o] += c
+			}
+		})
+	}
 	// One short stream from a state that keeps as many keys as it may:
 	// every step takes snapshots of ten thousand keys, slow under -race.
 	t.Run("keys kept in full", func(t *testing.T) {
@@ -1450,6 +1476,11 @@ func TestRandomCommandStreams(t *testing.T) {
 		"a key over the limit refused", "a key of the longest length applied", "the oldest key forgotten", "a key forgotten applied again"} {
 		if total["key: "+o] < 3 && !t.Failed() {
 			t.Errorf("the streams reached idempotency key path %q only %d times: %v", o, total["key: "+o], total)
+		}
+	}
+	for _, o := range []string{"sessions quota refused a session", "locks quota refused an acquire"} {
+		if total["quota: "+o] < 3 && !t.Failed() {
+			t.Errorf("the streams reached quota path %q only %d times: %v", o, total["quota: "+o], total)
 		}
 	}
 	for _, o := range []string{"bound put", "bound again to its session", "rebound to another session", "unbound by a put",

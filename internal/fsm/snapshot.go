@@ -16,7 +16,7 @@ func (s *State) Snapshot() *fsmpb.Snapshot {
 	snap := &fsmpb.Snapshot{LastToken: s.lastToken, LastSessionId: s.lastSessionID, LastDelayId: s.lastDelayID, LastAttempt: s.lastAttempt, ClusterId: s.clusterID}
 	for _, info := range s.Sessions() {
 		sess := s.sessions[info.ID]
-		snap.Sessions = append(snap.Sessions, &fsmpb.Session{Id: sess.id, TtlNs: int64(sess.ttl), Owner: sess.owner, Cancelled: slices.Clone(sess.cancelled), SecretSha256: slices.Clone(sess.secretHash)})
+		snap.Sessions = append(snap.Sessions, &fsmpb.Session{Id: sess.id, TtlNs: int64(sess.ttl), Owner: sess.owner, User: sess.user, Cancelled: slices.Clone(sess.cancelled), SecretSha256: slices.Clone(sess.secretHash)})
 	}
 	for _, info := range s.Locks("") {
 		l := s.locks[info.Name]
@@ -79,11 +79,13 @@ func Restore(snap *fsmpb.Snapshot) (*State, error) {
 			id:         ps.GetId(),
 			ttl:        time.Duration(ps.GetTtlNs()),
 			owner:      ps.GetOwner(),
+			user:       ps.GetUser(),
 			secretHash: nilIfEmpty(slices.Clone(ps.GetSecretSha256())),
 			holds:      map[string]struct{}{},
 			waits:      map[string]struct{}{},
 			keys:       map[string]struct{}{},
 		}
+		s.indexUser(s.sessions[ps.GetId()])
 		for _, id := range ps.GetCancelled() {
 			s.sessions[ps.GetId()].cancel(id)
 		}

@@ -216,6 +216,9 @@ type session struct {
 	id    uint64
 	ttl   time.Duration
 	owner string
+	// user is the authenticated user who created the session ("" with
+	// auth off); its quotas count the session and its locks.
+	user string
 	// secretHash is the SHA-256 of the session's secret; nil for a legacy
 	// session, created before sessions had secrets (see AuthorizeSession).
 	secretHash []byte
@@ -276,11 +279,13 @@ type State struct {
 	applied     map[string]Repeat
 	appliedKeys []string
 	auth        authState
+	// byUser indexes the sessions with a user, for the user's quotas.
+	byUser map[string]map[uint64]struct{}
 }
 
 // NewState returns an empty state: no sessions, no locks, token counter 0.
 func NewState() *State {
-	return &State{sessions: map[uint64]*session{}, locks: map[string]*lock{}, kv: map[string]*kvEntry{}, nodes: map[string]string{}, applied: map[string]Repeat{}, auth: newAuthState()}
+	return &State{sessions: map[uint64]*session{}, locks: map[string]*lock{}, kv: map[string]*kvEntry{}, nodes: map[string]string{}, applied: map[string]Repeat{}, auth: newAuthState(), byUser: map[string]map[uint64]struct{}{}}
 }
 
 // Apply applies one command and reports what it did. It never panics on a
@@ -359,17 +364,22 @@ func (s *State) createSession(c *fsmpb.CreateSession) Result {
 	if len(hash) != 0 && len(hash) != SecretHashBytes {
 		return Result{Err: fmt.Errorf("%w: a session secret's hash has %d bytes, not %d", fence.ErrInvalidArgument, len(hash), SecretHashBytes)}
 	}
+	if err := s.checkSessionQuota(c.GetUser()); err != nil {
+		return Result{Err: err}
+	}
 	s.lastSessionID++
 	id := s.lastSessionID
 	s.sessions[id] = &session{
 		id:         id,
 		ttl:        time.Duration(c.GetTtlNs()),
 		owner:      c.GetOwner(),
+		user:       c.GetUser(),
 		secretHash: nilIfEmpty(hash),
 		holds:      map[string]struct{}{},
 		waits:      map[string]struct{}{},
 		keys:       map[string]struct{}{},
 	}
+	s.indexUser(s.sessions[id])
 	return Result{SessionID: id}
 }
 
@@ -444,6 +454,9 @@ func (s *State) acquire(c *fsmpb.Acquire) Result {
 		return Result{Err: fmt.Errorf("%w: lock %q already has %d waiters, its limit", fence.ErrLimit, name, len(l.waiters))}
 	}
 	if err := s.checkLockLimits(sess, name, c); err != nil {
+		return Result{Err: err}
+	}
+	if err := s.checkLockQuota(sess); err != nil {
 		return Result{Err: err}
 	}
 	// Only an acquire that grants or queues numbers an attempt: a failed
@@ -674,6 +687,7 @@ func (s *State) endSessions(ids []uint64, expired bool) Result {
 			res.Revision = s.kvRevision
 		}
 		delete(s.sessions, id)
+		s.unindexUser(sess)
 		res.Ended = append(res.Ended, id)
 		for name := range union(sess.holds, sess.waits) {
 			touched[name] = struct{}{}

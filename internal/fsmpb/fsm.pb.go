@@ -378,7 +378,10 @@ type CreateSession struct {
 	// machine draws nothing) and answered to the creator alone; the secret
 	// itself is never logged. Empty in entries of versions before secrets:
 	// such a session is acted on by its id alone.
-	SecretSha256  []byte `protobuf:"bytes,4,opt,name=secret_sha256,json=secretSha256,proto3" json:"secret_sha256,omitempty"`
+	SecretSha256 []byte `protobuf:"bytes,4,opt,name=secret_sha256,json=secretSha256,proto3" json:"secret_sha256,omitempty"`
+	// The authenticated user who creates the session, with auth on; empty
+	// otherwise. The user's quotas (AuthUser) count the session and its locks.
+	User          string `protobuf:"bytes,5,opt,name=user,proto3" json:"user,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -439,6 +442,13 @@ func (x *CreateSession) GetSecretSha256() []byte {
 		return x.SecretSha256
 	}
 	return nil
+}
+
+func (x *CreateSession) GetUser() string {
+	if x != nil {
+		return x.User
+	}
+	return ""
 }
 
 type CloseSession struct {
@@ -1369,6 +1379,7 @@ type Auth struct {
 	//	*Auth_RevokePermission
 	//	*Auth_CreateToken
 	//	*Auth_RevokeToken
+	//	*Auth_SetQuota
 	Op            isAuth_Op `protobuf_oneof:"op"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
@@ -1510,6 +1521,15 @@ func (x *Auth) GetRevokeToken() uint64 {
 	return 0
 }
 
+func (x *Auth) GetSetQuota() *AuthUser {
+	if x != nil {
+		if x, ok := x.Op.(*Auth_SetQuota); ok {
+			return x.SetQuota
+		}
+	}
+	return nil
+}
+
 type isAuth_Op interface {
 	isAuth_Op()
 }
@@ -1560,6 +1580,11 @@ type Auth_RevokeToken struct {
 	RevokeToken uint64 `protobuf:"varint,11,opt,name=revoke_token,json=revokeToken,proto3,oneof"`
 }
 
+type Auth_SetQuota struct {
+	// Sets the user's quotas (name, max_sessions, max_locks; 0: none).
+	SetQuota *AuthUser `protobuf:"bytes,12,opt,name=set_quota,json=setQuota,proto3,oneof"`
+}
+
 func (*Auth_SetEnabled) isAuth_Op() {}
 
 func (*Auth_AddUser) isAuth_Op() {}
@@ -1581,6 +1606,8 @@ func (*Auth_RevokePermission) isAuth_Op() {}
 func (*Auth_CreateToken) isAuth_Op() {}
 
 func (*Auth_RevokeToken) isAuth_Op() {}
+
+func (*Auth_SetQuota) isAuth_Op() {}
 
 type SetAuthEnabled struct {
 	state         protoimpl.MessageState `protogen:"open.v1"`
@@ -1630,7 +1657,12 @@ type AuthUser struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
 	Name  string                 `protobuf:"bytes,1,opt,name=name,proto3" json:"name,omitempty"`
 	// Role names, sorted, in snapshots; ignored by add_user and remove_user.
-	Roles         []string `protobuf:"bytes,2,rep,name=roles,proto3" json:"roles,omitempty"`
+	Roles []string `protobuf:"bytes,2,rep,name=roles,proto3" json:"roles,omitempty"`
+	// Quotas, enforced while auth is enabled; 0: none. max_sessions bounds
+	// the live sessions the user created, max_locks the locks those sessions
+	// hold or wait for. Set by add_user and set_quota, ignored by remove_user.
+	MaxSessions   uint64 `protobuf:"varint,3,opt,name=max_sessions,json=maxSessions,proto3" json:"max_sessions,omitempty"`
+	MaxLocks      uint64 `protobuf:"varint,4,opt,name=max_locks,json=maxLocks,proto3" json:"max_locks,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -1677,6 +1709,20 @@ func (x *AuthUser) GetRoles() []string {
 		return x.Roles
 	}
 	return nil
+}
+
+func (x *AuthUser) GetMaxSessions() uint64 {
+	if x != nil {
+		return x.MaxSessions
+	}
+	return 0
+}
+
+func (x *AuthUser) GetMaxLocks() uint64 {
+	if x != nil {
+		return x.MaxLocks
+	}
+	return 0
 }
 
 type UserRole struct {
@@ -2262,7 +2308,9 @@ type Session struct {
 	// Request ids the client gave up (CancelAcquire), oldest first.
 	Cancelled []uint64 `protobuf:"varint,4,rep,packed,name=cancelled,proto3" json:"cancelled,omitempty"`
 	// See CreateSession.secret_sha256; empty for a legacy session.
-	SecretSha256  []byte `protobuf:"bytes,5,opt,name=secret_sha256,json=secretSha256,proto3" json:"secret_sha256,omitempty"`
+	SecretSha256 []byte `protobuf:"bytes,5,opt,name=secret_sha256,json=secretSha256,proto3" json:"secret_sha256,omitempty"`
+	// See CreateSession.user.
+	User          string `protobuf:"bytes,6,opt,name=user,proto3" json:"user,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -2330,6 +2378,13 @@ func (x *Session) GetSecretSha256() []byte {
 		return x.SecretSha256
 	}
 	return nil
+}
+
+func (x *Session) GetUser() string {
+	if x != nil {
+		return x.User
+	}
+	return ""
 }
 
 type Lock struct {
@@ -2659,12 +2714,13 @@ const file_fsmpb_fsm_proto_rawDesc = "" +
 	"\fRegisterNode\x12\x17\n" +
 	"\anode_id\x18\x01 \x01(\tR\x06nodeId\x12\x1f\n" +
 	"\vapi_address\x18\x02 \x01(\tR\n" +
-	"apiAddress\"\x84\x01\n" +
+	"apiAddress\"\x98\x01\n" +
 	"\rCreateSession\x12\x15\n" +
 	"\x06ttl_ns\x18\x01 \x01(\x03R\x05ttlNs\x12\x14\n" +
 	"\x05owner\x18\x02 \x01(\tR\x05owner\x12!\n" +
 	"\fmax_sessions\x18\x03 \x01(\x04R\vmaxSessions\x12#\n" +
-	"\rsecret_sha256\x18\x04 \x01(\fR\fsecretSha256\"-\n" +
+	"\rsecret_sha256\x18\x04 \x01(\fR\fsecretSha256\x12\x12\n" +
+	"\x04user\x18\x05 \x01(\tR\x04user\"-\n" +
 	"\fCloseSession\x12\x1d\n" +
 	"\n" +
 	"session_id\x18\x01 \x01(\x04R\tsessionId\"1\n" +
@@ -2745,7 +2801,7 @@ const file_fsmpb_fsm_proto_rawDesc = "" +
 	" \x03(\v2\x15.fence.fsm.v1.AppliedR\aapplied\x12\x1d\n" +
 	"\n" +
 	"cluster_id\x18\v \x01(\tR\tclusterId\x12+\n" +
-	"\x04auth\x18\f \x01(\v2\x17.fence.fsm.v1.AuthStateR\x04auth\"\x9c\x05\n" +
+	"\x04auth\x18\f \x01(\v2\x17.fence.fsm.v1.AuthStateR\x04auth\"\xd3\x05\n" +
 	"\x04Auth\x12?\n" +
 	"\vset_enabled\x18\x01 \x01(\v2\x1c.fence.fsm.v1.SetAuthEnabledH\x00R\n" +
 	"setEnabled\x123\n" +
@@ -2763,13 +2819,16 @@ const file_fsmpb_fsm_proto_rawDesc = "" +
 	"\x11revoke_permission\x18\t \x01(\v2\x1c.fence.fsm.v1.RolePermissionH\x00R\x10revokePermission\x12<\n" +
 	"\fcreate_token\x18\n" +
 	" \x01(\v2\x17.fence.fsm.v1.AuthTokenH\x00R\vcreateToken\x12#\n" +
-	"\frevoke_token\x18\v \x01(\x04H\x00R\vrevokeTokenB\x04\n" +
+	"\frevoke_token\x18\v \x01(\x04H\x00R\vrevokeToken\x125\n" +
+	"\tset_quota\x18\f \x01(\v2\x16.fence.fsm.v1.AuthUserH\x00R\bsetQuotaB\x04\n" +
 	"\x02op\"*\n" +
 	"\x0eSetAuthEnabled\x12\x18\n" +
-	"\aenabled\x18\x01 \x01(\bR\aenabled\"4\n" +
+	"\aenabled\x18\x01 \x01(\bR\aenabled\"t\n" +
 	"\bAuthUser\x12\x12\n" +
 	"\x04name\x18\x01 \x01(\tR\x04name\x12\x14\n" +
-	"\x05roles\x18\x02 \x03(\tR\x05roles\"2\n" +
+	"\x05roles\x18\x02 \x03(\tR\x05roles\x12!\n" +
+	"\fmax_sessions\x18\x03 \x01(\x04R\vmaxSessions\x12\x1b\n" +
+	"\tmax_locks\x18\x04 \x01(\x04R\bmaxLocks\"2\n" +
 	"\bUserRole\x12\x12\n" +
 	"\x04user\x18\x01 \x01(\tR\x04user\x12\x12\n" +
 	"\x04role\x18\x02 \x01(\tR\x04role\"^\n" +
@@ -2816,13 +2875,14 @@ const file_fsmpb_fsm_proto_rawDesc = "" +
 	"\adeleted\x18\t \x01(\bR\adeleted\x12\x1d\n" +
 	"\n" +
 	"session_id\x18\n" +
-	" \x01(\x04R\tsessionId\"\x89\x01\n" +
+	" \x01(\x04R\tsessionId\"\x9d\x01\n" +
 	"\aSession\x12\x0e\n" +
 	"\x02id\x18\x01 \x01(\x04R\x02id\x12\x15\n" +
 	"\x06ttl_ns\x18\x02 \x01(\x03R\x05ttlNs\x12\x14\n" +
 	"\x05owner\x18\x03 \x01(\tR\x05owner\x12\x1c\n" +
 	"\tcancelled\x18\x04 \x03(\x04R\tcancelled\x12#\n" +
-	"\rsecret_sha256\x18\x05 \x01(\fR\fsecretSha256\"\xe3\x01\n" +
+	"\rsecret_sha256\x18\x05 \x01(\fR\fsecretSha256\x12\x12\n" +
+	"\x04user\x18\x06 \x01(\tR\x04user\"\xe3\x01\n" +
 	"\x04Lock\x12\x12\n" +
 	"\x04name\x18\x01 \x01(\tR\x04name\x12.\n" +
 	"\aholders\x18\x02 \x03(\v2\x14.fence.fsm.v1.HolderR\aholders\x12.\n" +
@@ -2931,19 +2991,20 @@ var file_fsmpb_fsm_proto_depIdxs = []int32{
 	22, // 29: fence.fsm.v1.Auth.grant_permission:type_name -> fence.fsm.v1.RolePermission
 	22, // 30: fence.fsm.v1.Auth.revoke_permission:type_name -> fence.fsm.v1.RolePermission
 	23, // 31: fence.fsm.v1.Auth.create_token:type_name -> fence.fsm.v1.AuthToken
-	21, // 32: fence.fsm.v1.AuthRole.permissions:type_name -> fence.fsm.v1.AuthPermission
-	21, // 33: fence.fsm.v1.RolePermission.permission:type_name -> fence.fsm.v1.AuthPermission
-	18, // 34: fence.fsm.v1.AuthState.users:type_name -> fence.fsm.v1.AuthUser
-	20, // 35: fence.fsm.v1.AuthState.roles:type_name -> fence.fsm.v1.AuthRole
-	23, // 36: fence.fsm.v1.AuthState.tokens:type_name -> fence.fsm.v1.AuthToken
-	30, // 37: fence.fsm.v1.Lock.holders:type_name -> fence.fsm.v1.Holder
-	31, // 38: fence.fsm.v1.Lock.waiters:type_name -> fence.fsm.v1.Waiter
-	29, // 39: fence.fsm.v1.Lock.delays:type_name -> fence.fsm.v1.PendingDelay
-	40, // [40:40] is the sub-list for method output_type
-	40, // [40:40] is the sub-list for method input_type
-	40, // [40:40] is the sub-list for extension type_name
-	40, // [40:40] is the sub-list for extension extendee
-	0,  // [0:40] is the sub-list for field type_name
+	18, // 32: fence.fsm.v1.Auth.set_quota:type_name -> fence.fsm.v1.AuthUser
+	21, // 33: fence.fsm.v1.AuthRole.permissions:type_name -> fence.fsm.v1.AuthPermission
+	21, // 34: fence.fsm.v1.RolePermission.permission:type_name -> fence.fsm.v1.AuthPermission
+	18, // 35: fence.fsm.v1.AuthState.users:type_name -> fence.fsm.v1.AuthUser
+	20, // 36: fence.fsm.v1.AuthState.roles:type_name -> fence.fsm.v1.AuthRole
+	23, // 37: fence.fsm.v1.AuthState.tokens:type_name -> fence.fsm.v1.AuthToken
+	30, // 38: fence.fsm.v1.Lock.holders:type_name -> fence.fsm.v1.Holder
+	31, // 39: fence.fsm.v1.Lock.waiters:type_name -> fence.fsm.v1.Waiter
+	29, // 40: fence.fsm.v1.Lock.delays:type_name -> fence.fsm.v1.PendingDelay
+	41, // [41:41] is the sub-list for method output_type
+	41, // [41:41] is the sub-list for method input_type
+	41, // [41:41] is the sub-list for extension type_name
+	41, // [41:41] is the sub-list for extension extendee
+	0,  // [0:41] is the sub-list for field type_name
 }
 
 func init() { file_fsmpb_fsm_proto_init() }
@@ -2980,6 +3041,7 @@ func file_fsmpb_fsm_proto_init() {
 		(*Auth_RevokePermission)(nil),
 		(*Auth_CreateToken)(nil),
 		(*Auth_RevokeToken)(nil),
+		(*Auth_SetQuota)(nil),
 	}
 	type x struct{}
 	out := protoimpl.TypeBuilder{

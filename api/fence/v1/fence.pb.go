@@ -671,9 +671,15 @@ func (x *AuthStatusResponse) GetRoles() []string {
 }
 
 type User struct {
-	state         protoimpl.MessageState `protogen:"open.v1"`
-	Name          string                 `protobuf:"bytes,1,opt,name=name,proto3" json:"name,omitempty"`
-	Roles         []string               `protobuf:"bytes,2,rep,name=roles,proto3" json:"roles,omitempty"`
+	state protoimpl.MessageState `protogen:"open.v1"`
+	Name  string                 `protobuf:"bytes,1,opt,name=name,proto3" json:"name,omitempty"`
+	Roles []string               `protobuf:"bytes,2,rep,name=roles,proto3" json:"roles,omitempty"`
+	// Quotas (0: none), and what the user uses now: live sessions the user
+	// created with auth on, and the locks they hold or wait for.
+	MaxSessions   uint64 `protobuf:"varint,3,opt,name=max_sessions,json=maxSessions,proto3" json:"max_sessions,omitempty"`
+	MaxLocks      uint64 `protobuf:"varint,4,opt,name=max_locks,json=maxLocks,proto3" json:"max_locks,omitempty"`
+	Sessions      uint64 `protobuf:"varint,5,opt,name=sessions,proto3" json:"sessions,omitempty"`
+	Locks         uint64 `protobuf:"varint,6,opt,name=locks,proto3" json:"locks,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -720,6 +726,34 @@ func (x *User) GetRoles() []string {
 		return x.Roles
 	}
 	return nil
+}
+
+func (x *User) GetMaxSessions() uint64 {
+	if x != nil {
+		return x.MaxSessions
+	}
+	return 0
+}
+
+func (x *User) GetMaxLocks() uint64 {
+	if x != nil {
+		return x.MaxLocks
+	}
+	return 0
+}
+
+func (x *User) GetSessions() uint64 {
+	if x != nil {
+		return x.Sessions
+	}
+	return 0
+}
+
+func (x *User) GetLocks() uint64 {
+	if x != nil {
+		return x.Locks
+	}
+	return 0
 }
 
 type Role struct {
@@ -1014,6 +1048,102 @@ func (x *UserListResponse) GetUsers() []*User {
 	return nil
 }
 
+type UserSetQuotaRequest struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	User          string                 `protobuf:"bytes,1,opt,name=user,proto3" json:"user,omitempty"`
+	MaxSessions   uint64                 `protobuf:"varint,2,opt,name=max_sessions,json=maxSessions,proto3" json:"max_sessions,omitempty"`
+	MaxLocks      uint64                 `protobuf:"varint,3,opt,name=max_locks,json=maxLocks,proto3" json:"max_locks,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *UserSetQuotaRequest) Reset() {
+	*x = UserSetQuotaRequest{}
+	mi := &file_fence_v1_fence_proto_msgTypes[15]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *UserSetQuotaRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*UserSetQuotaRequest) ProtoMessage() {}
+
+func (x *UserSetQuotaRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_fence_v1_fence_proto_msgTypes[15]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use UserSetQuotaRequest.ProtoReflect.Descriptor instead.
+func (*UserSetQuotaRequest) Descriptor() ([]byte, []int) {
+	return file_fence_v1_fence_proto_rawDescGZIP(), []int{15}
+}
+
+func (x *UserSetQuotaRequest) GetUser() string {
+	if x != nil {
+		return x.User
+	}
+	return ""
+}
+
+func (x *UserSetQuotaRequest) GetMaxSessions() uint64 {
+	if x != nil {
+		return x.MaxSessions
+	}
+	return 0
+}
+
+func (x *UserSetQuotaRequest) GetMaxLocks() uint64 {
+	if x != nil {
+		return x.MaxLocks
+	}
+	return 0
+}
+
+type UserSetQuotaResponse struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *UserSetQuotaResponse) Reset() {
+	*x = UserSetQuotaResponse{}
+	mi := &file_fence_v1_fence_proto_msgTypes[16]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *UserSetQuotaResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*UserSetQuotaResponse) ProtoMessage() {}
+
+func (x *UserSetQuotaResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_fence_v1_fence_proto_msgTypes[16]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use UserSetQuotaResponse.ProtoReflect.Descriptor instead.
+func (*UserSetQuotaResponse) Descriptor() ([]byte, []int) {
+	return file_fence_v1_fence_proto_rawDescGZIP(), []int{16}
+}
+
 type UserGrantRoleRequest struct {
 	state         protoimpl.MessageState `protogen:"open.v1"`
 	User          string                 `protobuf:"bytes,1,opt,name=user,proto3" json:"user,omitempty"`
@@ -1024,7 +1154,7 @@ type UserGrantRoleRequest struct {
 
 func (x *UserGrantRoleRequest) Reset() {
 	*x = UserGrantRoleRequest{}
-	mi := &file_fence_v1_fence_proto_msgTypes[15]
+	mi := &file_fence_v1_fence_proto_msgTypes[17]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1036,7 +1166,7 @@ func (x *UserGrantRoleRequest) String() string {
 func (*UserGrantRoleRequest) ProtoMessage() {}
 
 func (x *UserGrantRoleRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_fence_v1_fence_proto_msgTypes[15]
+	mi := &file_fence_v1_fence_proto_msgTypes[17]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1049,7 +1179,7 @@ func (x *UserGrantRoleRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use UserGrantRoleRequest.ProtoReflect.Descriptor instead.
 func (*UserGrantRoleRequest) Descriptor() ([]byte, []int) {
-	return file_fence_v1_fence_proto_rawDescGZIP(), []int{15}
+	return file_fence_v1_fence_proto_rawDescGZIP(), []int{17}
 }
 
 func (x *UserGrantRoleRequest) GetUser() string {
@@ -1074,7 +1204,7 @@ type UserGrantRoleResponse struct {
 
 func (x *UserGrantRoleResponse) Reset() {
 	*x = UserGrantRoleResponse{}
-	mi := &file_fence_v1_fence_proto_msgTypes[16]
+	mi := &file_fence_v1_fence_proto_msgTypes[18]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1086,7 +1216,7 @@ func (x *UserGrantRoleResponse) String() string {
 func (*UserGrantRoleResponse) ProtoMessage() {}
 
 func (x *UserGrantRoleResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_fence_v1_fence_proto_msgTypes[16]
+	mi := &file_fence_v1_fence_proto_msgTypes[18]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1099,7 +1229,7 @@ func (x *UserGrantRoleResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use UserGrantRoleResponse.ProtoReflect.Descriptor instead.
 func (*UserGrantRoleResponse) Descriptor() ([]byte, []int) {
-	return file_fence_v1_fence_proto_rawDescGZIP(), []int{16}
+	return file_fence_v1_fence_proto_rawDescGZIP(), []int{18}
 }
 
 type UserRevokeRoleRequest struct {
@@ -1112,7 +1242,7 @@ type UserRevokeRoleRequest struct {
 
 func (x *UserRevokeRoleRequest) Reset() {
 	*x = UserRevokeRoleRequest{}
-	mi := &file_fence_v1_fence_proto_msgTypes[17]
+	mi := &file_fence_v1_fence_proto_msgTypes[19]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1124,7 +1254,7 @@ func (x *UserRevokeRoleRequest) String() string {
 func (*UserRevokeRoleRequest) ProtoMessage() {}
 
 func (x *UserRevokeRoleRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_fence_v1_fence_proto_msgTypes[17]
+	mi := &file_fence_v1_fence_proto_msgTypes[19]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1137,7 +1267,7 @@ func (x *UserRevokeRoleRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use UserRevokeRoleRequest.ProtoReflect.Descriptor instead.
 func (*UserRevokeRoleRequest) Descriptor() ([]byte, []int) {
-	return file_fence_v1_fence_proto_rawDescGZIP(), []int{17}
+	return file_fence_v1_fence_proto_rawDescGZIP(), []int{19}
 }
 
 func (x *UserRevokeRoleRequest) GetUser() string {
@@ -1162,7 +1292,7 @@ type UserRevokeRoleResponse struct {
 
 func (x *UserRevokeRoleResponse) Reset() {
 	*x = UserRevokeRoleResponse{}
-	mi := &file_fence_v1_fence_proto_msgTypes[18]
+	mi := &file_fence_v1_fence_proto_msgTypes[20]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1174,7 +1304,7 @@ func (x *UserRevokeRoleResponse) String() string {
 func (*UserRevokeRoleResponse) ProtoMessage() {}
 
 func (x *UserRevokeRoleResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_fence_v1_fence_proto_msgTypes[18]
+	mi := &file_fence_v1_fence_proto_msgTypes[20]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1187,7 +1317,7 @@ func (x *UserRevokeRoleResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use UserRevokeRoleResponse.ProtoReflect.Descriptor instead.
 func (*UserRevokeRoleResponse) Descriptor() ([]byte, []int) {
-	return file_fence_v1_fence_proto_rawDescGZIP(), []int{18}
+	return file_fence_v1_fence_proto_rawDescGZIP(), []int{20}
 }
 
 type RoleAddRequest struct {
@@ -1199,7 +1329,7 @@ type RoleAddRequest struct {
 
 func (x *RoleAddRequest) Reset() {
 	*x = RoleAddRequest{}
-	mi := &file_fence_v1_fence_proto_msgTypes[19]
+	mi := &file_fence_v1_fence_proto_msgTypes[21]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1211,7 +1341,7 @@ func (x *RoleAddRequest) String() string {
 func (*RoleAddRequest) ProtoMessage() {}
 
 func (x *RoleAddRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_fence_v1_fence_proto_msgTypes[19]
+	mi := &file_fence_v1_fence_proto_msgTypes[21]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1224,7 +1354,7 @@ func (x *RoleAddRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RoleAddRequest.ProtoReflect.Descriptor instead.
 func (*RoleAddRequest) Descriptor() ([]byte, []int) {
-	return file_fence_v1_fence_proto_rawDescGZIP(), []int{19}
+	return file_fence_v1_fence_proto_rawDescGZIP(), []int{21}
 }
 
 func (x *RoleAddRequest) GetName() string {
@@ -1242,7 +1372,7 @@ type RoleAddResponse struct {
 
 func (x *RoleAddResponse) Reset() {
 	*x = RoleAddResponse{}
-	mi := &file_fence_v1_fence_proto_msgTypes[20]
+	mi := &file_fence_v1_fence_proto_msgTypes[22]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1254,7 +1384,7 @@ func (x *RoleAddResponse) String() string {
 func (*RoleAddResponse) ProtoMessage() {}
 
 func (x *RoleAddResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_fence_v1_fence_proto_msgTypes[20]
+	mi := &file_fence_v1_fence_proto_msgTypes[22]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1267,7 +1397,7 @@ func (x *RoleAddResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RoleAddResponse.ProtoReflect.Descriptor instead.
 func (*RoleAddResponse) Descriptor() ([]byte, []int) {
-	return file_fence_v1_fence_proto_rawDescGZIP(), []int{20}
+	return file_fence_v1_fence_proto_rawDescGZIP(), []int{22}
 }
 
 type RoleRemoveRequest struct {
@@ -1279,7 +1409,7 @@ type RoleRemoveRequest struct {
 
 func (x *RoleRemoveRequest) Reset() {
 	*x = RoleRemoveRequest{}
-	mi := &file_fence_v1_fence_proto_msgTypes[21]
+	mi := &file_fence_v1_fence_proto_msgTypes[23]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1291,7 +1421,7 @@ func (x *RoleRemoveRequest) String() string {
 func (*RoleRemoveRequest) ProtoMessage() {}
 
 func (x *RoleRemoveRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_fence_v1_fence_proto_msgTypes[21]
+	mi := &file_fence_v1_fence_proto_msgTypes[23]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1304,7 +1434,7 @@ func (x *RoleRemoveRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RoleRemoveRequest.ProtoReflect.Descriptor instead.
 func (*RoleRemoveRequest) Descriptor() ([]byte, []int) {
-	return file_fence_v1_fence_proto_rawDescGZIP(), []int{21}
+	return file_fence_v1_fence_proto_rawDescGZIP(), []int{23}
 }
 
 func (x *RoleRemoveRequest) GetName() string {
@@ -1322,7 +1452,7 @@ type RoleRemoveResponse struct {
 
 func (x *RoleRemoveResponse) Reset() {
 	*x = RoleRemoveResponse{}
-	mi := &file_fence_v1_fence_proto_msgTypes[22]
+	mi := &file_fence_v1_fence_proto_msgTypes[24]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1334,7 +1464,7 @@ func (x *RoleRemoveResponse) String() string {
 func (*RoleRemoveResponse) ProtoMessage() {}
 
 func (x *RoleRemoveResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_fence_v1_fence_proto_msgTypes[22]
+	mi := &file_fence_v1_fence_proto_msgTypes[24]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1347,7 +1477,7 @@ func (x *RoleRemoveResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RoleRemoveResponse.ProtoReflect.Descriptor instead.
 func (*RoleRemoveResponse) Descriptor() ([]byte, []int) {
-	return file_fence_v1_fence_proto_rawDescGZIP(), []int{22}
+	return file_fence_v1_fence_proto_rawDescGZIP(), []int{24}
 }
 
 type RoleGrantPermissionRequest struct {
@@ -1360,7 +1490,7 @@ type RoleGrantPermissionRequest struct {
 
 func (x *RoleGrantPermissionRequest) Reset() {
 	*x = RoleGrantPermissionRequest{}
-	mi := &file_fence_v1_fence_proto_msgTypes[23]
+	mi := &file_fence_v1_fence_proto_msgTypes[25]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1372,7 +1502,7 @@ func (x *RoleGrantPermissionRequest) String() string {
 func (*RoleGrantPermissionRequest) ProtoMessage() {}
 
 func (x *RoleGrantPermissionRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_fence_v1_fence_proto_msgTypes[23]
+	mi := &file_fence_v1_fence_proto_msgTypes[25]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1385,7 +1515,7 @@ func (x *RoleGrantPermissionRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RoleGrantPermissionRequest.ProtoReflect.Descriptor instead.
 func (*RoleGrantPermissionRequest) Descriptor() ([]byte, []int) {
-	return file_fence_v1_fence_proto_rawDescGZIP(), []int{23}
+	return file_fence_v1_fence_proto_rawDescGZIP(), []int{25}
 }
 
 func (x *RoleGrantPermissionRequest) GetRole() string {
@@ -1410,7 +1540,7 @@ type RoleGrantPermissionResponse struct {
 
 func (x *RoleGrantPermissionResponse) Reset() {
 	*x = RoleGrantPermissionResponse{}
-	mi := &file_fence_v1_fence_proto_msgTypes[24]
+	mi := &file_fence_v1_fence_proto_msgTypes[26]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1422,7 +1552,7 @@ func (x *RoleGrantPermissionResponse) String() string {
 func (*RoleGrantPermissionResponse) ProtoMessage() {}
 
 func (x *RoleGrantPermissionResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_fence_v1_fence_proto_msgTypes[24]
+	mi := &file_fence_v1_fence_proto_msgTypes[26]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1435,7 +1565,7 @@ func (x *RoleGrantPermissionResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RoleGrantPermissionResponse.ProtoReflect.Descriptor instead.
 func (*RoleGrantPermissionResponse) Descriptor() ([]byte, []int) {
-	return file_fence_v1_fence_proto_rawDescGZIP(), []int{24}
+	return file_fence_v1_fence_proto_rawDescGZIP(), []int{26}
 }
 
 type RoleRevokePermissionRequest struct {
@@ -1448,7 +1578,7 @@ type RoleRevokePermissionRequest struct {
 
 func (x *RoleRevokePermissionRequest) Reset() {
 	*x = RoleRevokePermissionRequest{}
-	mi := &file_fence_v1_fence_proto_msgTypes[25]
+	mi := &file_fence_v1_fence_proto_msgTypes[27]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1460,7 +1590,7 @@ func (x *RoleRevokePermissionRequest) String() string {
 func (*RoleRevokePermissionRequest) ProtoMessage() {}
 
 func (x *RoleRevokePermissionRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_fence_v1_fence_proto_msgTypes[25]
+	mi := &file_fence_v1_fence_proto_msgTypes[27]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1473,7 +1603,7 @@ func (x *RoleRevokePermissionRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RoleRevokePermissionRequest.ProtoReflect.Descriptor instead.
 func (*RoleRevokePermissionRequest) Descriptor() ([]byte, []int) {
-	return file_fence_v1_fence_proto_rawDescGZIP(), []int{25}
+	return file_fence_v1_fence_proto_rawDescGZIP(), []int{27}
 }
 
 func (x *RoleRevokePermissionRequest) GetRole() string {
@@ -1498,7 +1628,7 @@ type RoleRevokePermissionResponse struct {
 
 func (x *RoleRevokePermissionResponse) Reset() {
 	*x = RoleRevokePermissionResponse{}
-	mi := &file_fence_v1_fence_proto_msgTypes[26]
+	mi := &file_fence_v1_fence_proto_msgTypes[28]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1510,7 +1640,7 @@ func (x *RoleRevokePermissionResponse) String() string {
 func (*RoleRevokePermissionResponse) ProtoMessage() {}
 
 func (x *RoleRevokePermissionResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_fence_v1_fence_proto_msgTypes[26]
+	mi := &file_fence_v1_fence_proto_msgTypes[28]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1523,7 +1653,7 @@ func (x *RoleRevokePermissionResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RoleRevokePermissionResponse.ProtoReflect.Descriptor instead.
 func (*RoleRevokePermissionResponse) Descriptor() ([]byte, []int) {
-	return file_fence_v1_fence_proto_rawDescGZIP(), []int{26}
+	return file_fence_v1_fence_proto_rawDescGZIP(), []int{28}
 }
 
 type RoleListRequest struct {
@@ -1534,7 +1664,7 @@ type RoleListRequest struct {
 
 func (x *RoleListRequest) Reset() {
 	*x = RoleListRequest{}
-	mi := &file_fence_v1_fence_proto_msgTypes[27]
+	mi := &file_fence_v1_fence_proto_msgTypes[29]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1546,7 +1676,7 @@ func (x *RoleListRequest) String() string {
 func (*RoleListRequest) ProtoMessage() {}
 
 func (x *RoleListRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_fence_v1_fence_proto_msgTypes[27]
+	mi := &file_fence_v1_fence_proto_msgTypes[29]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1559,7 +1689,7 @@ func (x *RoleListRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RoleListRequest.ProtoReflect.Descriptor instead.
 func (*RoleListRequest) Descriptor() ([]byte, []int) {
-	return file_fence_v1_fence_proto_rawDescGZIP(), []int{27}
+	return file_fence_v1_fence_proto_rawDescGZIP(), []int{29}
 }
 
 type RoleListResponse struct {
@@ -1571,7 +1701,7 @@ type RoleListResponse struct {
 
 func (x *RoleListResponse) Reset() {
 	*x = RoleListResponse{}
-	mi := &file_fence_v1_fence_proto_msgTypes[28]
+	mi := &file_fence_v1_fence_proto_msgTypes[30]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1583,7 +1713,7 @@ func (x *RoleListResponse) String() string {
 func (*RoleListResponse) ProtoMessage() {}
 
 func (x *RoleListResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_fence_v1_fence_proto_msgTypes[28]
+	mi := &file_fence_v1_fence_proto_msgTypes[30]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1596,7 +1726,7 @@ func (x *RoleListResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RoleListResponse.ProtoReflect.Descriptor instead.
 func (*RoleListResponse) Descriptor() ([]byte, []int) {
-	return file_fence_v1_fence_proto_rawDescGZIP(), []int{28}
+	return file_fence_v1_fence_proto_rawDescGZIP(), []int{30}
 }
 
 func (x *RoleListResponse) GetRoles() []*Role {
@@ -1618,7 +1748,7 @@ type TokenCreateRequest struct {
 
 func (x *TokenCreateRequest) Reset() {
 	*x = TokenCreateRequest{}
-	mi := &file_fence_v1_fence_proto_msgTypes[29]
+	mi := &file_fence_v1_fence_proto_msgTypes[31]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1630,7 +1760,7 @@ func (x *TokenCreateRequest) String() string {
 func (*TokenCreateRequest) ProtoMessage() {}
 
 func (x *TokenCreateRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_fence_v1_fence_proto_msgTypes[29]
+	mi := &file_fence_v1_fence_proto_msgTypes[31]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1643,7 +1773,7 @@ func (x *TokenCreateRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use TokenCreateRequest.ProtoReflect.Descriptor instead.
 func (*TokenCreateRequest) Descriptor() ([]byte, []int) {
-	return file_fence_v1_fence_proto_rawDescGZIP(), []int{29}
+	return file_fence_v1_fence_proto_rawDescGZIP(), []int{31}
 }
 
 func (x *TokenCreateRequest) GetUser() string {
@@ -1679,7 +1809,7 @@ type TokenCreateResponse struct {
 
 func (x *TokenCreateResponse) Reset() {
 	*x = TokenCreateResponse{}
-	mi := &file_fence_v1_fence_proto_msgTypes[30]
+	mi := &file_fence_v1_fence_proto_msgTypes[32]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1691,7 +1821,7 @@ func (x *TokenCreateResponse) String() string {
 func (*TokenCreateResponse) ProtoMessage() {}
 
 func (x *TokenCreateResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_fence_v1_fence_proto_msgTypes[30]
+	mi := &file_fence_v1_fence_proto_msgTypes[32]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1704,7 +1834,7 @@ func (x *TokenCreateResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use TokenCreateResponse.ProtoReflect.Descriptor instead.
 func (*TokenCreateResponse) Descriptor() ([]byte, []int) {
-	return file_fence_v1_fence_proto_rawDescGZIP(), []int{30}
+	return file_fence_v1_fence_proto_rawDescGZIP(), []int{32}
 }
 
 func (x *TokenCreateResponse) GetInfo() *TokenInfo {
@@ -1730,7 +1860,7 @@ type TokenRevokeRequest struct {
 
 func (x *TokenRevokeRequest) Reset() {
 	*x = TokenRevokeRequest{}
-	mi := &file_fence_v1_fence_proto_msgTypes[31]
+	mi := &file_fence_v1_fence_proto_msgTypes[33]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1742,7 +1872,7 @@ func (x *TokenRevokeRequest) String() string {
 func (*TokenRevokeRequest) ProtoMessage() {}
 
 func (x *TokenRevokeRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_fence_v1_fence_proto_msgTypes[31]
+	mi := &file_fence_v1_fence_proto_msgTypes[33]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1755,7 +1885,7 @@ func (x *TokenRevokeRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use TokenRevokeRequest.ProtoReflect.Descriptor instead.
 func (*TokenRevokeRequest) Descriptor() ([]byte, []int) {
-	return file_fence_v1_fence_proto_rawDescGZIP(), []int{31}
+	return file_fence_v1_fence_proto_rawDescGZIP(), []int{33}
 }
 
 func (x *TokenRevokeRequest) GetId() uint64 {
@@ -1773,7 +1903,7 @@ type TokenRevokeResponse struct {
 
 func (x *TokenRevokeResponse) Reset() {
 	*x = TokenRevokeResponse{}
-	mi := &file_fence_v1_fence_proto_msgTypes[32]
+	mi := &file_fence_v1_fence_proto_msgTypes[34]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1785,7 +1915,7 @@ func (x *TokenRevokeResponse) String() string {
 func (*TokenRevokeResponse) ProtoMessage() {}
 
 func (x *TokenRevokeResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_fence_v1_fence_proto_msgTypes[32]
+	mi := &file_fence_v1_fence_proto_msgTypes[34]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1798,7 +1928,7 @@ func (x *TokenRevokeResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use TokenRevokeResponse.ProtoReflect.Descriptor instead.
 func (*TokenRevokeResponse) Descriptor() ([]byte, []int) {
-	return file_fence_v1_fence_proto_rawDescGZIP(), []int{32}
+	return file_fence_v1_fence_proto_rawDescGZIP(), []int{34}
 }
 
 type TokenListRequest struct {
@@ -1811,7 +1941,7 @@ type TokenListRequest struct {
 
 func (x *TokenListRequest) Reset() {
 	*x = TokenListRequest{}
-	mi := &file_fence_v1_fence_proto_msgTypes[33]
+	mi := &file_fence_v1_fence_proto_msgTypes[35]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1823,7 +1953,7 @@ func (x *TokenListRequest) String() string {
 func (*TokenListRequest) ProtoMessage() {}
 
 func (x *TokenListRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_fence_v1_fence_proto_msgTypes[33]
+	mi := &file_fence_v1_fence_proto_msgTypes[35]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1836,7 +1966,7 @@ func (x *TokenListRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use TokenListRequest.ProtoReflect.Descriptor instead.
 func (*TokenListRequest) Descriptor() ([]byte, []int) {
-	return file_fence_v1_fence_proto_rawDescGZIP(), []int{33}
+	return file_fence_v1_fence_proto_rawDescGZIP(), []int{35}
 }
 
 func (x *TokenListRequest) GetUser() string {
@@ -1855,7 +1985,7 @@ type TokenListResponse struct {
 
 func (x *TokenListResponse) Reset() {
 	*x = TokenListResponse{}
-	mi := &file_fence_v1_fence_proto_msgTypes[34]
+	mi := &file_fence_v1_fence_proto_msgTypes[36]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1867,7 +1997,7 @@ func (x *TokenListResponse) String() string {
 func (*TokenListResponse) ProtoMessage() {}
 
 func (x *TokenListResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_fence_v1_fence_proto_msgTypes[34]
+	mi := &file_fence_v1_fence_proto_msgTypes[36]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1880,7 +2010,7 @@ func (x *TokenListResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use TokenListResponse.ProtoReflect.Descriptor instead.
 func (*TokenListResponse) Descriptor() ([]byte, []int) {
-	return file_fence_v1_fence_proto_rawDescGZIP(), []int{34}
+	return file_fence_v1_fence_proto_rawDescGZIP(), []int{36}
 }
 
 func (x *TokenListResponse) GetTokens() []*TokenInfo {
@@ -1904,7 +2034,7 @@ type TokenInfo struct {
 
 func (x *TokenInfo) Reset() {
 	*x = TokenInfo{}
-	mi := &file_fence_v1_fence_proto_msgTypes[35]
+	mi := &file_fence_v1_fence_proto_msgTypes[37]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1916,7 +2046,7 @@ func (x *TokenInfo) String() string {
 func (*TokenInfo) ProtoMessage() {}
 
 func (x *TokenInfo) ProtoReflect() protoreflect.Message {
-	mi := &file_fence_v1_fence_proto_msgTypes[35]
+	mi := &file_fence_v1_fence_proto_msgTypes[37]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1929,7 +2059,7 @@ func (x *TokenInfo) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use TokenInfo.ProtoReflect.Descriptor instead.
 func (*TokenInfo) Descriptor() ([]byte, []int) {
-	return file_fence_v1_fence_proto_rawDescGZIP(), []int{35}
+	return file_fence_v1_fence_proto_rawDescGZIP(), []int{37}
 }
 
 func (x *TokenInfo) GetId() uint64 {
@@ -1979,7 +2109,7 @@ type CreateSessionRequest struct {
 
 func (x *CreateSessionRequest) Reset() {
 	*x = CreateSessionRequest{}
-	mi := &file_fence_v1_fence_proto_msgTypes[36]
+	mi := &file_fence_v1_fence_proto_msgTypes[38]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1991,7 +2121,7 @@ func (x *CreateSessionRequest) String() string {
 func (*CreateSessionRequest) ProtoMessage() {}
 
 func (x *CreateSessionRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_fence_v1_fence_proto_msgTypes[36]
+	mi := &file_fence_v1_fence_proto_msgTypes[38]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2004,7 +2134,7 @@ func (x *CreateSessionRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CreateSessionRequest.ProtoReflect.Descriptor instead.
 func (*CreateSessionRequest) Descriptor() ([]byte, []int) {
-	return file_fence_v1_fence_proto_rawDescGZIP(), []int{36}
+	return file_fence_v1_fence_proto_rawDescGZIP(), []int{38}
 }
 
 func (x *CreateSessionRequest) GetTtl() *durationpb.Duration {
@@ -2037,7 +2167,7 @@ type CreateSessionResponse struct {
 
 func (x *CreateSessionResponse) Reset() {
 	*x = CreateSessionResponse{}
-	mi := &file_fence_v1_fence_proto_msgTypes[37]
+	mi := &file_fence_v1_fence_proto_msgTypes[39]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2049,7 +2179,7 @@ func (x *CreateSessionResponse) String() string {
 func (*CreateSessionResponse) ProtoMessage() {}
 
 func (x *CreateSessionResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_fence_v1_fence_proto_msgTypes[37]
+	mi := &file_fence_v1_fence_proto_msgTypes[39]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2062,7 +2192,7 @@ func (x *CreateSessionResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CreateSessionResponse.ProtoReflect.Descriptor instead.
 func (*CreateSessionResponse) Descriptor() ([]byte, []int) {
-	return file_fence_v1_fence_proto_rawDescGZIP(), []int{37}
+	return file_fence_v1_fence_proto_rawDescGZIP(), []int{39}
 }
 
 func (x *CreateSessionResponse) GetSessionId() uint64 {
@@ -2097,7 +2227,7 @@ type KeepAliveRequest struct {
 
 func (x *KeepAliveRequest) Reset() {
 	*x = KeepAliveRequest{}
-	mi := &file_fence_v1_fence_proto_msgTypes[38]
+	mi := &file_fence_v1_fence_proto_msgTypes[40]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2109,7 +2239,7 @@ func (x *KeepAliveRequest) String() string {
 func (*KeepAliveRequest) ProtoMessage() {}
 
 func (x *KeepAliveRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_fence_v1_fence_proto_msgTypes[38]
+	mi := &file_fence_v1_fence_proto_msgTypes[40]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2122,7 +2252,7 @@ func (x *KeepAliveRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use KeepAliveRequest.ProtoReflect.Descriptor instead.
 func (*KeepAliveRequest) Descriptor() ([]byte, []int) {
-	return file_fence_v1_fence_proto_rawDescGZIP(), []int{38}
+	return file_fence_v1_fence_proto_rawDescGZIP(), []int{40}
 }
 
 func (x *KeepAliveRequest) GetSessionId() uint64 {
@@ -2155,7 +2285,7 @@ type KeepAliveResponse struct {
 
 func (x *KeepAliveResponse) Reset() {
 	*x = KeepAliveResponse{}
-	mi := &file_fence_v1_fence_proto_msgTypes[39]
+	mi := &file_fence_v1_fence_proto_msgTypes[41]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2167,7 +2297,7 @@ func (x *KeepAliveResponse) String() string {
 func (*KeepAliveResponse) ProtoMessage() {}
 
 func (x *KeepAliveResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_fence_v1_fence_proto_msgTypes[39]
+	mi := &file_fence_v1_fence_proto_msgTypes[41]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2180,7 +2310,7 @@ func (x *KeepAliveResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use KeepAliveResponse.ProtoReflect.Descriptor instead.
 func (*KeepAliveResponse) Descriptor() ([]byte, []int) {
-	return file_fence_v1_fence_proto_rawDescGZIP(), []int{39}
+	return file_fence_v1_fence_proto_rawDescGZIP(), []int{41}
 }
 
 func (x *KeepAliveResponse) GetTtl() *durationpb.Duration {
@@ -2208,7 +2338,7 @@ type HeldGrants struct {
 
 func (x *HeldGrants) Reset() {
 	*x = HeldGrants{}
-	mi := &file_fence_v1_fence_proto_msgTypes[40]
+	mi := &file_fence_v1_fence_proto_msgTypes[42]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2220,7 +2350,7 @@ func (x *HeldGrants) String() string {
 func (*HeldGrants) ProtoMessage() {}
 
 func (x *HeldGrants) ProtoReflect() protoreflect.Message {
-	mi := &file_fence_v1_fence_proto_msgTypes[40]
+	mi := &file_fence_v1_fence_proto_msgTypes[42]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2233,7 +2363,7 @@ func (x *HeldGrants) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use HeldGrants.ProtoReflect.Descriptor instead.
 func (*HeldGrants) Descriptor() ([]byte, []int) {
-	return file_fence_v1_fence_proto_rawDescGZIP(), []int{40}
+	return file_fence_v1_fence_proto_rawDescGZIP(), []int{42}
 }
 
 func (x *HeldGrants) GetTokens() []uint64 {
@@ -2254,7 +2384,7 @@ type CloseSessionRequest struct {
 
 func (x *CloseSessionRequest) Reset() {
 	*x = CloseSessionRequest{}
-	mi := &file_fence_v1_fence_proto_msgTypes[41]
+	mi := &file_fence_v1_fence_proto_msgTypes[43]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2266,7 +2396,7 @@ func (x *CloseSessionRequest) String() string {
 func (*CloseSessionRequest) ProtoMessage() {}
 
 func (x *CloseSessionRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_fence_v1_fence_proto_msgTypes[41]
+	mi := &file_fence_v1_fence_proto_msgTypes[43]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2279,7 +2409,7 @@ func (x *CloseSessionRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CloseSessionRequest.ProtoReflect.Descriptor instead.
 func (*CloseSessionRequest) Descriptor() ([]byte, []int) {
-	return file_fence_v1_fence_proto_rawDescGZIP(), []int{41}
+	return file_fence_v1_fence_proto_rawDescGZIP(), []int{43}
 }
 
 func (x *CloseSessionRequest) GetSessionId() uint64 {
@@ -2304,7 +2434,7 @@ type CloseSessionResponse struct {
 
 func (x *CloseSessionResponse) Reset() {
 	*x = CloseSessionResponse{}
-	mi := &file_fence_v1_fence_proto_msgTypes[42]
+	mi := &file_fence_v1_fence_proto_msgTypes[44]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2316,7 +2446,7 @@ func (x *CloseSessionResponse) String() string {
 func (*CloseSessionResponse) ProtoMessage() {}
 
 func (x *CloseSessionResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_fence_v1_fence_proto_msgTypes[42]
+	mi := &file_fence_v1_fence_proto_msgTypes[44]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2329,7 +2459,7 @@ func (x *CloseSessionResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CloseSessionResponse.ProtoReflect.Descriptor instead.
 func (*CloseSessionResponse) Descriptor() ([]byte, []int) {
-	return file_fence_v1_fence_proto_rawDescGZIP(), []int{42}
+	return file_fence_v1_fence_proto_rawDescGZIP(), []int{44}
 }
 
 type ListSessionsRequest struct {
@@ -2343,7 +2473,7 @@ type ListSessionsRequest struct {
 
 func (x *ListSessionsRequest) Reset() {
 	*x = ListSessionsRequest{}
-	mi := &file_fence_v1_fence_proto_msgTypes[43]
+	mi := &file_fence_v1_fence_proto_msgTypes[45]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2355,7 +2485,7 @@ func (x *ListSessionsRequest) String() string {
 func (*ListSessionsRequest) ProtoMessage() {}
 
 func (x *ListSessionsRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_fence_v1_fence_proto_msgTypes[43]
+	mi := &file_fence_v1_fence_proto_msgTypes[45]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2368,7 +2498,7 @@ func (x *ListSessionsRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListSessionsRequest.ProtoReflect.Descriptor instead.
 func (*ListSessionsRequest) Descriptor() ([]byte, []int) {
-	return file_fence_v1_fence_proto_rawDescGZIP(), []int{43}
+	return file_fence_v1_fence_proto_rawDescGZIP(), []int{45}
 }
 
 func (x *ListSessionsRequest) GetStale() bool {
@@ -2387,7 +2517,7 @@ type ListSessionsResponse struct {
 
 func (x *ListSessionsResponse) Reset() {
 	*x = ListSessionsResponse{}
-	mi := &file_fence_v1_fence_proto_msgTypes[44]
+	mi := &file_fence_v1_fence_proto_msgTypes[46]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2399,7 +2529,7 @@ func (x *ListSessionsResponse) String() string {
 func (*ListSessionsResponse) ProtoMessage() {}
 
 func (x *ListSessionsResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_fence_v1_fence_proto_msgTypes[44]
+	mi := &file_fence_v1_fence_proto_msgTypes[46]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2412,7 +2542,7 @@ func (x *ListSessionsResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListSessionsResponse.ProtoReflect.Descriptor instead.
 func (*ListSessionsResponse) Descriptor() ([]byte, []int) {
-	return file_fence_v1_fence_proto_rawDescGZIP(), []int{44}
+	return file_fence_v1_fence_proto_rawDescGZIP(), []int{46}
 }
 
 func (x *ListSessionsResponse) GetSessions() []*SessionInfo {
@@ -2438,7 +2568,7 @@ type SessionInfo struct {
 
 func (x *SessionInfo) Reset() {
 	*x = SessionInfo{}
-	mi := &file_fence_v1_fence_proto_msgTypes[45]
+	mi := &file_fence_v1_fence_proto_msgTypes[47]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2450,7 +2580,7 @@ func (x *SessionInfo) String() string {
 func (*SessionInfo) ProtoMessage() {}
 
 func (x *SessionInfo) ProtoReflect() protoreflect.Message {
-	mi := &file_fence_v1_fence_proto_msgTypes[45]
+	mi := &file_fence_v1_fence_proto_msgTypes[47]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2463,7 +2593,7 @@ func (x *SessionInfo) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use SessionInfo.ProtoReflect.Descriptor instead.
 func (*SessionInfo) Descriptor() ([]byte, []int) {
-	return file_fence_v1_fence_proto_rawDescGZIP(), []int{45}
+	return file_fence_v1_fence_proto_rawDescGZIP(), []int{47}
 }
 
 func (x *SessionInfo) GetSessionId() uint64 {
@@ -2512,7 +2642,7 @@ type SessionGrant struct {
 
 func (x *SessionGrant) Reset() {
 	*x = SessionGrant{}
-	mi := &file_fence_v1_fence_proto_msgTypes[46]
+	mi := &file_fence_v1_fence_proto_msgTypes[48]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2524,7 +2654,7 @@ func (x *SessionGrant) String() string {
 func (*SessionGrant) ProtoMessage() {}
 
 func (x *SessionGrant) ProtoReflect() protoreflect.Message {
-	mi := &file_fence_v1_fence_proto_msgTypes[46]
+	mi := &file_fence_v1_fence_proto_msgTypes[48]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2537,7 +2667,7 @@ func (x *SessionGrant) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use SessionGrant.ProtoReflect.Descriptor instead.
 func (*SessionGrant) Descriptor() ([]byte, []int) {
-	return file_fence_v1_fence_proto_rawDescGZIP(), []int{46}
+	return file_fence_v1_fence_proto_rawDescGZIP(), []int{48}
 }
 
 func (x *SessionGrant) GetLock() string {
@@ -2609,7 +2739,7 @@ type AcquireRequest struct {
 
 func (x *AcquireRequest) Reset() {
 	*x = AcquireRequest{}
-	mi := &file_fence_v1_fence_proto_msgTypes[47]
+	mi := &file_fence_v1_fence_proto_msgTypes[49]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2621,7 +2751,7 @@ func (x *AcquireRequest) String() string {
 func (*AcquireRequest) ProtoMessage() {}
 
 func (x *AcquireRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_fence_v1_fence_proto_msgTypes[47]
+	mi := &file_fence_v1_fence_proto_msgTypes[49]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2634,7 +2764,7 @@ func (x *AcquireRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use AcquireRequest.ProtoReflect.Descriptor instead.
 func (*AcquireRequest) Descriptor() ([]byte, []int) {
-	return file_fence_v1_fence_proto_rawDescGZIP(), []int{47}
+	return file_fence_v1_fence_proto_rawDescGZIP(), []int{49}
 }
 
 func (x *AcquireRequest) GetSessionId() uint64 {
@@ -2728,7 +2858,7 @@ type AcquireResponse struct {
 
 func (x *AcquireResponse) Reset() {
 	*x = AcquireResponse{}
-	mi := &file_fence_v1_fence_proto_msgTypes[48]
+	mi := &file_fence_v1_fence_proto_msgTypes[50]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2740,7 +2870,7 @@ func (x *AcquireResponse) String() string {
 func (*AcquireResponse) ProtoMessage() {}
 
 func (x *AcquireResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_fence_v1_fence_proto_msgTypes[48]
+	mi := &file_fence_v1_fence_proto_msgTypes[50]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2753,7 +2883,7 @@ func (x *AcquireResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use AcquireResponse.ProtoReflect.Descriptor instead.
 func (*AcquireResponse) Descriptor() ([]byte, []int) {
-	return file_fence_v1_fence_proto_rawDescGZIP(), []int{48}
+	return file_fence_v1_fence_proto_rawDescGZIP(), []int{50}
 }
 
 func (x *AcquireResponse) GetLock() string {
@@ -2804,7 +2934,7 @@ type ReleaseRequest struct {
 
 func (x *ReleaseRequest) Reset() {
 	*x = ReleaseRequest{}
-	mi := &file_fence_v1_fence_proto_msgTypes[49]
+	mi := &file_fence_v1_fence_proto_msgTypes[51]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2816,7 +2946,7 @@ func (x *ReleaseRequest) String() string {
 func (*ReleaseRequest) ProtoMessage() {}
 
 func (x *ReleaseRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_fence_v1_fence_proto_msgTypes[49]
+	mi := &file_fence_v1_fence_proto_msgTypes[51]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2829,7 +2959,7 @@ func (x *ReleaseRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ReleaseRequest.ProtoReflect.Descriptor instead.
 func (*ReleaseRequest) Descriptor() ([]byte, []int) {
-	return file_fence_v1_fence_proto_rawDescGZIP(), []int{49}
+	return file_fence_v1_fence_proto_rawDescGZIP(), []int{51}
 }
 
 func (x *ReleaseRequest) GetSessionId() uint64 {
@@ -2868,7 +2998,7 @@ type ReleaseResponse struct {
 
 func (x *ReleaseResponse) Reset() {
 	*x = ReleaseResponse{}
-	mi := &file_fence_v1_fence_proto_msgTypes[50]
+	mi := &file_fence_v1_fence_proto_msgTypes[52]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2880,7 +3010,7 @@ func (x *ReleaseResponse) String() string {
 func (*ReleaseResponse) ProtoMessage() {}
 
 func (x *ReleaseResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_fence_v1_fence_proto_msgTypes[50]
+	mi := &file_fence_v1_fence_proto_msgTypes[52]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2893,7 +3023,7 @@ func (x *ReleaseResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ReleaseResponse.ProtoReflect.Descriptor instead.
 func (*ReleaseResponse) Descriptor() ([]byte, []int) {
-	return file_fence_v1_fence_proto_rawDescGZIP(), []int{50}
+	return file_fence_v1_fence_proto_rawDescGZIP(), []int{52}
 }
 
 type CancelAcquireRequest struct {
@@ -2910,7 +3040,7 @@ type CancelAcquireRequest struct {
 
 func (x *CancelAcquireRequest) Reset() {
 	*x = CancelAcquireRequest{}
-	mi := &file_fence_v1_fence_proto_msgTypes[51]
+	mi := &file_fence_v1_fence_proto_msgTypes[53]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2922,7 +3052,7 @@ func (x *CancelAcquireRequest) String() string {
 func (*CancelAcquireRequest) ProtoMessage() {}
 
 func (x *CancelAcquireRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_fence_v1_fence_proto_msgTypes[51]
+	mi := &file_fence_v1_fence_proto_msgTypes[53]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2935,7 +3065,7 @@ func (x *CancelAcquireRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CancelAcquireRequest.ProtoReflect.Descriptor instead.
 func (*CancelAcquireRequest) Descriptor() ([]byte, []int) {
-	return file_fence_v1_fence_proto_rawDescGZIP(), []int{51}
+	return file_fence_v1_fence_proto_rawDescGZIP(), []int{53}
 }
 
 func (x *CancelAcquireRequest) GetSessionId() uint64 {
@@ -2978,7 +3108,7 @@ type CancelAcquireResponse struct {
 
 func (x *CancelAcquireResponse) Reset() {
 	*x = CancelAcquireResponse{}
-	mi := &file_fence_v1_fence_proto_msgTypes[52]
+	mi := &file_fence_v1_fence_proto_msgTypes[54]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2990,7 +3120,7 @@ func (x *CancelAcquireResponse) String() string {
 func (*CancelAcquireResponse) ProtoMessage() {}
 
 func (x *CancelAcquireResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_fence_v1_fence_proto_msgTypes[52]
+	mi := &file_fence_v1_fence_proto_msgTypes[54]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3003,7 +3133,7 @@ func (x *CancelAcquireResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CancelAcquireResponse.ProtoReflect.Descriptor instead.
 func (*CancelAcquireResponse) Descriptor() ([]byte, []int) {
-	return file_fence_v1_fence_proto_rawDescGZIP(), []int{52}
+	return file_fence_v1_fence_proto_rawDescGZIP(), []int{54}
 }
 
 func (x *CancelAcquireResponse) GetReleased() bool {
@@ -3033,7 +3163,7 @@ type CheckRequest struct {
 
 func (x *CheckRequest) Reset() {
 	*x = CheckRequest{}
-	mi := &file_fence_v1_fence_proto_msgTypes[53]
+	mi := &file_fence_v1_fence_proto_msgTypes[55]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3045,7 +3175,7 @@ func (x *CheckRequest) String() string {
 func (*CheckRequest) ProtoMessage() {}
 
 func (x *CheckRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_fence_v1_fence_proto_msgTypes[53]
+	mi := &file_fence_v1_fence_proto_msgTypes[55]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3058,7 +3188,7 @@ func (x *CheckRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CheckRequest.ProtoReflect.Descriptor instead.
 func (*CheckRequest) Descriptor() ([]byte, []int) {
-	return file_fence_v1_fence_proto_rawDescGZIP(), []int{53}
+	return file_fence_v1_fence_proto_rawDescGZIP(), []int{55}
 }
 
 func (x *CheckRequest) GetLock() string {
@@ -3096,7 +3226,7 @@ type CheckResponse struct {
 
 func (x *CheckResponse) Reset() {
 	*x = CheckResponse{}
-	mi := &file_fence_v1_fence_proto_msgTypes[54]
+	mi := &file_fence_v1_fence_proto_msgTypes[56]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3108,7 +3238,7 @@ func (x *CheckResponse) String() string {
 func (*CheckResponse) ProtoMessage() {}
 
 func (x *CheckResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_fence_v1_fence_proto_msgTypes[54]
+	mi := &file_fence_v1_fence_proto_msgTypes[56]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3121,7 +3251,7 @@ func (x *CheckResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CheckResponse.ProtoReflect.Descriptor instead.
 func (*CheckResponse) Descriptor() ([]byte, []int) {
-	return file_fence_v1_fence_proto_rawDescGZIP(), []int{54}
+	return file_fence_v1_fence_proto_rawDescGZIP(), []int{56}
 }
 
 func (x *CheckResponse) GetCurrent() bool {
@@ -3161,7 +3291,7 @@ type ListLocksRequest struct {
 
 func (x *ListLocksRequest) Reset() {
 	*x = ListLocksRequest{}
-	mi := &file_fence_v1_fence_proto_msgTypes[55]
+	mi := &file_fence_v1_fence_proto_msgTypes[57]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3173,7 +3303,7 @@ func (x *ListLocksRequest) String() string {
 func (*ListLocksRequest) ProtoMessage() {}
 
 func (x *ListLocksRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_fence_v1_fence_proto_msgTypes[55]
+	mi := &file_fence_v1_fence_proto_msgTypes[57]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3186,7 +3316,7 @@ func (x *ListLocksRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListLocksRequest.ProtoReflect.Descriptor instead.
 func (*ListLocksRequest) Descriptor() ([]byte, []int) {
-	return file_fence_v1_fence_proto_rawDescGZIP(), []int{55}
+	return file_fence_v1_fence_proto_rawDescGZIP(), []int{57}
 }
 
 func (x *ListLocksRequest) GetPrefix() string {
@@ -3233,7 +3363,7 @@ type Holder struct {
 
 func (x *Holder) Reset() {
 	*x = Holder{}
-	mi := &file_fence_v1_fence_proto_msgTypes[56]
+	mi := &file_fence_v1_fence_proto_msgTypes[58]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3245,7 +3375,7 @@ func (x *Holder) String() string {
 func (*Holder) ProtoMessage() {}
 
 func (x *Holder) ProtoReflect() protoreflect.Message {
-	mi := &file_fence_v1_fence_proto_msgTypes[56]
+	mi := &file_fence_v1_fence_proto_msgTypes[58]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3258,7 +3388,7 @@ func (x *Holder) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Holder.ProtoReflect.Descriptor instead.
 func (*Holder) Descriptor() ([]byte, []int) {
-	return file_fence_v1_fence_proto_rawDescGZIP(), []int{56}
+	return file_fence_v1_fence_proto_rawDescGZIP(), []int{58}
 }
 
 func (x *Holder) GetSessionId() uint64 {
@@ -3309,7 +3439,7 @@ type Waiter struct {
 
 func (x *Waiter) Reset() {
 	*x = Waiter{}
-	mi := &file_fence_v1_fence_proto_msgTypes[57]
+	mi := &file_fence_v1_fence_proto_msgTypes[59]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3321,7 +3451,7 @@ func (x *Waiter) String() string {
 func (*Waiter) ProtoMessage() {}
 
 func (x *Waiter) ProtoReflect() protoreflect.Message {
-	mi := &file_fence_v1_fence_proto_msgTypes[57]
+	mi := &file_fence_v1_fence_proto_msgTypes[59]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3334,7 +3464,7 @@ func (x *Waiter) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Waiter.ProtoReflect.Descriptor instead.
 func (*Waiter) Descriptor() ([]byte, []int) {
-	return file_fence_v1_fence_proto_rawDescGZIP(), []int{57}
+	return file_fence_v1_fence_proto_rawDescGZIP(), []int{59}
 }
 
 func (x *Waiter) GetSessionId() uint64 {
@@ -3380,7 +3510,7 @@ type LockInfo struct {
 
 func (x *LockInfo) Reset() {
 	*x = LockInfo{}
-	mi := &file_fence_v1_fence_proto_msgTypes[58]
+	mi := &file_fence_v1_fence_proto_msgTypes[60]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3392,7 +3522,7 @@ func (x *LockInfo) String() string {
 func (*LockInfo) ProtoMessage() {}
 
 func (x *LockInfo) ProtoReflect() protoreflect.Message {
-	mi := &file_fence_v1_fence_proto_msgTypes[58]
+	mi := &file_fence_v1_fence_proto_msgTypes[60]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3405,7 +3535,7 @@ func (x *LockInfo) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use LockInfo.ProtoReflect.Descriptor instead.
 func (*LockInfo) Descriptor() ([]byte, []int) {
-	return file_fence_v1_fence_proto_rawDescGZIP(), []int{58}
+	return file_fence_v1_fence_proto_rawDescGZIP(), []int{60}
 }
 
 func (x *LockInfo) GetName() string {
@@ -3454,7 +3584,7 @@ type ListLocksResponse struct {
 
 func (x *ListLocksResponse) Reset() {
 	*x = ListLocksResponse{}
-	mi := &file_fence_v1_fence_proto_msgTypes[59]
+	mi := &file_fence_v1_fence_proto_msgTypes[61]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3466,7 +3596,7 @@ func (x *ListLocksResponse) String() string {
 func (*ListLocksResponse) ProtoMessage() {}
 
 func (x *ListLocksResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_fence_v1_fence_proto_msgTypes[59]
+	mi := &file_fence_v1_fence_proto_msgTypes[61]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3479,7 +3609,7 @@ func (x *ListLocksResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListLocksResponse.ProtoReflect.Descriptor instead.
 func (*ListLocksResponse) Descriptor() ([]byte, []int) {
-	return file_fence_v1_fence_proto_rawDescGZIP(), []int{59}
+	return file_fence_v1_fence_proto_rawDescGZIP(), []int{61}
 }
 
 func (x *ListLocksResponse) GetLocks() []*LockInfo {
@@ -3504,7 +3634,7 @@ type StatusRequest struct {
 
 func (x *StatusRequest) Reset() {
 	*x = StatusRequest{}
-	mi := &file_fence_v1_fence_proto_msgTypes[60]
+	mi := &file_fence_v1_fence_proto_msgTypes[62]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3516,7 +3646,7 @@ func (x *StatusRequest) String() string {
 func (*StatusRequest) ProtoMessage() {}
 
 func (x *StatusRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_fence_v1_fence_proto_msgTypes[60]
+	mi := &file_fence_v1_fence_proto_msgTypes[62]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3529,7 +3659,7 @@ func (x *StatusRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use StatusRequest.ProtoReflect.Descriptor instead.
 func (*StatusRequest) Descriptor() ([]byte, []int) {
-	return file_fence_v1_fence_proto_rawDescGZIP(), []int{60}
+	return file_fence_v1_fence_proto_rawDescGZIP(), []int{62}
 }
 
 type StatusResponse struct {
@@ -3565,7 +3695,7 @@ type StatusResponse struct {
 
 func (x *StatusResponse) Reset() {
 	*x = StatusResponse{}
-	mi := &file_fence_v1_fence_proto_msgTypes[61]
+	mi := &file_fence_v1_fence_proto_msgTypes[63]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3577,7 +3707,7 @@ func (x *StatusResponse) String() string {
 func (*StatusResponse) ProtoMessage() {}
 
 func (x *StatusResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_fence_v1_fence_proto_msgTypes[61]
+	mi := &file_fence_v1_fence_proto_msgTypes[63]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3590,7 +3720,7 @@ func (x *StatusResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use StatusResponse.ProtoReflect.Descriptor instead.
 func (*StatusResponse) Descriptor() ([]byte, []int) {
-	return file_fence_v1_fence_proto_rawDescGZIP(), []int{61}
+	return file_fence_v1_fence_proto_rawDescGZIP(), []int{63}
 }
 
 func (x *StatusResponse) GetNodeId() string {
@@ -3719,7 +3849,7 @@ type Member struct {
 
 func (x *Member) Reset() {
 	*x = Member{}
-	mi := &file_fence_v1_fence_proto_msgTypes[62]
+	mi := &file_fence_v1_fence_proto_msgTypes[64]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3731,7 +3861,7 @@ func (x *Member) String() string {
 func (*Member) ProtoMessage() {}
 
 func (x *Member) ProtoReflect() protoreflect.Message {
-	mi := &file_fence_v1_fence_proto_msgTypes[62]
+	mi := &file_fence_v1_fence_proto_msgTypes[64]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3744,7 +3874,7 @@ func (x *Member) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Member.ProtoReflect.Descriptor instead.
 func (*Member) Descriptor() ([]byte, []int) {
-	return file_fence_v1_fence_proto_rawDescGZIP(), []int{62}
+	return file_fence_v1_fence_proto_rawDescGZIP(), []int{64}
 }
 
 func (x *Member) GetId() string {
@@ -3788,7 +3918,7 @@ type AddMemberRequest struct {
 
 func (x *AddMemberRequest) Reset() {
 	*x = AddMemberRequest{}
-	mi := &file_fence_v1_fence_proto_msgTypes[63]
+	mi := &file_fence_v1_fence_proto_msgTypes[65]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3800,7 +3930,7 @@ func (x *AddMemberRequest) String() string {
 func (*AddMemberRequest) ProtoMessage() {}
 
 func (x *AddMemberRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_fence_v1_fence_proto_msgTypes[63]
+	mi := &file_fence_v1_fence_proto_msgTypes[65]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3813,7 +3943,7 @@ func (x *AddMemberRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use AddMemberRequest.ProtoReflect.Descriptor instead.
 func (*AddMemberRequest) Descriptor() ([]byte, []int) {
-	return file_fence_v1_fence_proto_rawDescGZIP(), []int{63}
+	return file_fence_v1_fence_proto_rawDescGZIP(), []int{65}
 }
 
 func (x *AddMemberRequest) GetId() string {
@@ -3845,7 +3975,7 @@ type AddMemberResponse struct {
 
 func (x *AddMemberResponse) Reset() {
 	*x = AddMemberResponse{}
-	mi := &file_fence_v1_fence_proto_msgTypes[64]
+	mi := &file_fence_v1_fence_proto_msgTypes[66]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3857,7 +3987,7 @@ func (x *AddMemberResponse) String() string {
 func (*AddMemberResponse) ProtoMessage() {}
 
 func (x *AddMemberResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_fence_v1_fence_proto_msgTypes[64]
+	mi := &file_fence_v1_fence_proto_msgTypes[66]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3870,7 +4000,7 @@ func (x *AddMemberResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use AddMemberResponse.ProtoReflect.Descriptor instead.
 func (*AddMemberResponse) Descriptor() ([]byte, []int) {
-	return file_fence_v1_fence_proto_rawDescGZIP(), []int{64}
+	return file_fence_v1_fence_proto_rawDescGZIP(), []int{66}
 }
 
 type RemoveMemberRequest struct {
@@ -3882,7 +4012,7 @@ type RemoveMemberRequest struct {
 
 func (x *RemoveMemberRequest) Reset() {
 	*x = RemoveMemberRequest{}
-	mi := &file_fence_v1_fence_proto_msgTypes[65]
+	mi := &file_fence_v1_fence_proto_msgTypes[67]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3894,7 +4024,7 @@ func (x *RemoveMemberRequest) String() string {
 func (*RemoveMemberRequest) ProtoMessage() {}
 
 func (x *RemoveMemberRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_fence_v1_fence_proto_msgTypes[65]
+	mi := &file_fence_v1_fence_proto_msgTypes[67]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3907,7 +4037,7 @@ func (x *RemoveMemberRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RemoveMemberRequest.ProtoReflect.Descriptor instead.
 func (*RemoveMemberRequest) Descriptor() ([]byte, []int) {
-	return file_fence_v1_fence_proto_rawDescGZIP(), []int{65}
+	return file_fence_v1_fence_proto_rawDescGZIP(), []int{67}
 }
 
 func (x *RemoveMemberRequest) GetId() string {
@@ -3925,7 +4055,7 @@ type RemoveMemberResponse struct {
 
 func (x *RemoveMemberResponse) Reset() {
 	*x = RemoveMemberResponse{}
-	mi := &file_fence_v1_fence_proto_msgTypes[66]
+	mi := &file_fence_v1_fence_proto_msgTypes[68]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3937,7 +4067,7 @@ func (x *RemoveMemberResponse) String() string {
 func (*RemoveMemberResponse) ProtoMessage() {}
 
 func (x *RemoveMemberResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_fence_v1_fence_proto_msgTypes[66]
+	mi := &file_fence_v1_fence_proto_msgTypes[68]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3950,7 +4080,7 @@ func (x *RemoveMemberResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RemoveMemberResponse.ProtoReflect.Descriptor instead.
 func (*RemoveMemberResponse) Descriptor() ([]byte, []int) {
-	return file_fence_v1_fence_proto_rawDescGZIP(), []int{66}
+	return file_fence_v1_fence_proto_rawDescGZIP(), []int{68}
 }
 
 type RevokeSessionRequest struct {
@@ -3962,7 +4092,7 @@ type RevokeSessionRequest struct {
 
 func (x *RevokeSessionRequest) Reset() {
 	*x = RevokeSessionRequest{}
-	mi := &file_fence_v1_fence_proto_msgTypes[67]
+	mi := &file_fence_v1_fence_proto_msgTypes[69]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3974,7 +4104,7 @@ func (x *RevokeSessionRequest) String() string {
 func (*RevokeSessionRequest) ProtoMessage() {}
 
 func (x *RevokeSessionRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_fence_v1_fence_proto_msgTypes[67]
+	mi := &file_fence_v1_fence_proto_msgTypes[69]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3987,7 +4117,7 @@ func (x *RevokeSessionRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RevokeSessionRequest.ProtoReflect.Descriptor instead.
 func (*RevokeSessionRequest) Descriptor() ([]byte, []int) {
-	return file_fence_v1_fence_proto_rawDescGZIP(), []int{67}
+	return file_fence_v1_fence_proto_rawDescGZIP(), []int{69}
 }
 
 func (x *RevokeSessionRequest) GetSessionId() uint64 {
@@ -4005,7 +4135,7 @@ type RevokeSessionResponse struct {
 
 func (x *RevokeSessionResponse) Reset() {
 	*x = RevokeSessionResponse{}
-	mi := &file_fence_v1_fence_proto_msgTypes[68]
+	mi := &file_fence_v1_fence_proto_msgTypes[70]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4017,7 +4147,7 @@ func (x *RevokeSessionResponse) String() string {
 func (*RevokeSessionResponse) ProtoMessage() {}
 
 func (x *RevokeSessionResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_fence_v1_fence_proto_msgTypes[68]
+	mi := &file_fence_v1_fence_proto_msgTypes[70]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4030,7 +4160,7 @@ func (x *RevokeSessionResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RevokeSessionResponse.ProtoReflect.Descriptor instead.
 func (*RevokeSessionResponse) Descriptor() ([]byte, []int) {
-	return file_fence_v1_fence_proto_rawDescGZIP(), []int{68}
+	return file_fence_v1_fence_proto_rawDescGZIP(), []int{70}
 }
 
 type SnapshotRequest struct {
@@ -4041,7 +4171,7 @@ type SnapshotRequest struct {
 
 func (x *SnapshotRequest) Reset() {
 	*x = SnapshotRequest{}
-	mi := &file_fence_v1_fence_proto_msgTypes[69]
+	mi := &file_fence_v1_fence_proto_msgTypes[71]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4053,7 +4183,7 @@ func (x *SnapshotRequest) String() string {
 func (*SnapshotRequest) ProtoMessage() {}
 
 func (x *SnapshotRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_fence_v1_fence_proto_msgTypes[69]
+	mi := &file_fence_v1_fence_proto_msgTypes[71]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4066,7 +4196,7 @@ func (x *SnapshotRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use SnapshotRequest.ProtoReflect.Descriptor instead.
 func (*SnapshotRequest) Descriptor() ([]byte, []int) {
-	return file_fence_v1_fence_proto_rawDescGZIP(), []int{69}
+	return file_fence_v1_fence_proto_rawDescGZIP(), []int{71}
 }
 
 type SnapshotResponse struct {
@@ -4081,7 +4211,7 @@ type SnapshotResponse struct {
 
 func (x *SnapshotResponse) Reset() {
 	*x = SnapshotResponse{}
-	mi := &file_fence_v1_fence_proto_msgTypes[70]
+	mi := &file_fence_v1_fence_proto_msgTypes[72]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4093,7 +4223,7 @@ func (x *SnapshotResponse) String() string {
 func (*SnapshotResponse) ProtoMessage() {}
 
 func (x *SnapshotResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_fence_v1_fence_proto_msgTypes[70]
+	mi := &file_fence_v1_fence_proto_msgTypes[72]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4106,7 +4236,7 @@ func (x *SnapshotResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use SnapshotResponse.ProtoReflect.Descriptor instead.
 func (*SnapshotResponse) Descriptor() ([]byte, []int) {
-	return file_fence_v1_fence_proto_rawDescGZIP(), []int{70}
+	return file_fence_v1_fence_proto_rawDescGZIP(), []int{72}
 }
 
 func (x *SnapshotResponse) GetHeader() *SnapshotHeader {
@@ -4145,7 +4275,7 @@ type SnapshotHeader struct {
 
 func (x *SnapshotHeader) Reset() {
 	*x = SnapshotHeader{}
-	mi := &file_fence_v1_fence_proto_msgTypes[71]
+	mi := &file_fence_v1_fence_proto_msgTypes[73]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4157,7 +4287,7 @@ func (x *SnapshotHeader) String() string {
 func (*SnapshotHeader) ProtoMessage() {}
 
 func (x *SnapshotHeader) ProtoReflect() protoreflect.Message {
-	mi := &file_fence_v1_fence_proto_msgTypes[71]
+	mi := &file_fence_v1_fence_proto_msgTypes[73]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4170,7 +4300,7 @@ func (x *SnapshotHeader) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use SnapshotHeader.ProtoReflect.Descriptor instead.
 func (*SnapshotHeader) Descriptor() ([]byte, []int) {
-	return file_fence_v1_fence_proto_rawDescGZIP(), []int{71}
+	return file_fence_v1_fence_proto_rawDescGZIP(), []int{73}
 }
 
 func (x *SnapshotHeader) GetIndex() uint64 {
@@ -4242,7 +4372,7 @@ type Fence struct {
 
 func (x *Fence) Reset() {
 	*x = Fence{}
-	mi := &file_fence_v1_fence_proto_msgTypes[72]
+	mi := &file_fence_v1_fence_proto_msgTypes[74]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4254,7 +4384,7 @@ func (x *Fence) String() string {
 func (*Fence) ProtoMessage() {}
 
 func (x *Fence) ProtoReflect() protoreflect.Message {
-	mi := &file_fence_v1_fence_proto_msgTypes[72]
+	mi := &file_fence_v1_fence_proto_msgTypes[74]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4267,7 +4397,7 @@ func (x *Fence) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Fence.ProtoReflect.Descriptor instead.
 func (*Fence) Descriptor() ([]byte, []int) {
-	return file_fence_v1_fence_proto_rawDescGZIP(), []int{72}
+	return file_fence_v1_fence_proto_rawDescGZIP(), []int{74}
 }
 
 func (x *Fence) GetLock() string {
@@ -4316,7 +4446,7 @@ type PutRequest struct {
 
 func (x *PutRequest) Reset() {
 	*x = PutRequest{}
-	mi := &file_fence_v1_fence_proto_msgTypes[73]
+	mi := &file_fence_v1_fence_proto_msgTypes[75]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4328,7 +4458,7 @@ func (x *PutRequest) String() string {
 func (*PutRequest) ProtoMessage() {}
 
 func (x *PutRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_fence_v1_fence_proto_msgTypes[73]
+	mi := &file_fence_v1_fence_proto_msgTypes[75]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4341,7 +4471,7 @@ func (x *PutRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use PutRequest.ProtoReflect.Descriptor instead.
 func (*PutRequest) Descriptor() ([]byte, []int) {
-	return file_fence_v1_fence_proto_rawDescGZIP(), []int{73}
+	return file_fence_v1_fence_proto_rawDescGZIP(), []int{75}
 }
 
 func (x *PutRequest) GetKey() string {
@@ -4389,7 +4519,7 @@ type PutResponse struct {
 
 func (x *PutResponse) Reset() {
 	*x = PutResponse{}
-	mi := &file_fence_v1_fence_proto_msgTypes[74]
+	mi := &file_fence_v1_fence_proto_msgTypes[76]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4401,7 +4531,7 @@ func (x *PutResponse) String() string {
 func (*PutResponse) ProtoMessage() {}
 
 func (x *PutResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_fence_v1_fence_proto_msgTypes[74]
+	mi := &file_fence_v1_fence_proto_msgTypes[76]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4414,7 +4544,7 @@ func (x *PutResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use PutResponse.ProtoReflect.Descriptor instead.
 func (*PutResponse) Descriptor() ([]byte, []int) {
-	return file_fence_v1_fence_proto_rawDescGZIP(), []int{74}
+	return file_fence_v1_fence_proto_rawDescGZIP(), []int{76}
 }
 
 func (x *PutResponse) GetRevision() uint64 {
@@ -4444,7 +4574,7 @@ type KeyValue struct {
 
 func (x *KeyValue) Reset() {
 	*x = KeyValue{}
-	mi := &file_fence_v1_fence_proto_msgTypes[75]
+	mi := &file_fence_v1_fence_proto_msgTypes[77]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4456,7 +4586,7 @@ func (x *KeyValue) String() string {
 func (*KeyValue) ProtoMessage() {}
 
 func (x *KeyValue) ProtoReflect() protoreflect.Message {
-	mi := &file_fence_v1_fence_proto_msgTypes[75]
+	mi := &file_fence_v1_fence_proto_msgTypes[77]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4469,7 +4599,7 @@ func (x *KeyValue) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use KeyValue.ProtoReflect.Descriptor instead.
 func (*KeyValue) Descriptor() ([]byte, []int) {
-	return file_fence_v1_fence_proto_rawDescGZIP(), []int{75}
+	return file_fence_v1_fence_proto_rawDescGZIP(), []int{77}
 }
 
 func (x *KeyValue) GetKey() string {
@@ -4545,7 +4675,7 @@ type GetRequest struct {
 
 func (x *GetRequest) Reset() {
 	*x = GetRequest{}
-	mi := &file_fence_v1_fence_proto_msgTypes[76]
+	mi := &file_fence_v1_fence_proto_msgTypes[78]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4557,7 +4687,7 @@ func (x *GetRequest) String() string {
 func (*GetRequest) ProtoMessage() {}
 
 func (x *GetRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_fence_v1_fence_proto_msgTypes[76]
+	mi := &file_fence_v1_fence_proto_msgTypes[78]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4570,7 +4700,7 @@ func (x *GetRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GetRequest.ProtoReflect.Descriptor instead.
 func (*GetRequest) Descriptor() ([]byte, []int) {
-	return file_fence_v1_fence_proto_rawDescGZIP(), []int{76}
+	return file_fence_v1_fence_proto_rawDescGZIP(), []int{78}
 }
 
 func (x *GetRequest) GetKey() string {
@@ -4599,7 +4729,7 @@ type GetResponse struct {
 
 func (x *GetResponse) Reset() {
 	*x = GetResponse{}
-	mi := &file_fence_v1_fence_proto_msgTypes[77]
+	mi := &file_fence_v1_fence_proto_msgTypes[79]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4611,7 +4741,7 @@ func (x *GetResponse) String() string {
 func (*GetResponse) ProtoMessage() {}
 
 func (x *GetResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_fence_v1_fence_proto_msgTypes[77]
+	mi := &file_fence_v1_fence_proto_msgTypes[79]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4624,7 +4754,7 @@ func (x *GetResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GetResponse.ProtoReflect.Descriptor instead.
 func (*GetResponse) Descriptor() ([]byte, []int) {
-	return file_fence_v1_fence_proto_rawDescGZIP(), []int{77}
+	return file_fence_v1_fence_proto_rawDescGZIP(), []int{79}
 }
 
 func (x *GetResponse) GetFound() bool {
@@ -4658,7 +4788,7 @@ type DeleteRequest struct {
 
 func (x *DeleteRequest) Reset() {
 	*x = DeleteRequest{}
-	mi := &file_fence_v1_fence_proto_msgTypes[78]
+	mi := &file_fence_v1_fence_proto_msgTypes[80]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4670,7 +4800,7 @@ func (x *DeleteRequest) String() string {
 func (*DeleteRequest) ProtoMessage() {}
 
 func (x *DeleteRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_fence_v1_fence_proto_msgTypes[78]
+	mi := &file_fence_v1_fence_proto_msgTypes[80]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4683,7 +4813,7 @@ func (x *DeleteRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use DeleteRequest.ProtoReflect.Descriptor instead.
 func (*DeleteRequest) Descriptor() ([]byte, []int) {
-	return file_fence_v1_fence_proto_rawDescGZIP(), []int{78}
+	return file_fence_v1_fence_proto_rawDescGZIP(), []int{80}
 }
 
 func (x *DeleteRequest) GetKey() string {
@@ -4710,7 +4840,7 @@ type DeleteResponse struct {
 
 func (x *DeleteResponse) Reset() {
 	*x = DeleteResponse{}
-	mi := &file_fence_v1_fence_proto_msgTypes[79]
+	mi := &file_fence_v1_fence_proto_msgTypes[81]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4722,7 +4852,7 @@ func (x *DeleteResponse) String() string {
 func (*DeleteResponse) ProtoMessage() {}
 
 func (x *DeleteResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_fence_v1_fence_proto_msgTypes[79]
+	mi := &file_fence_v1_fence_proto_msgTypes[81]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4735,7 +4865,7 @@ func (x *DeleteResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use DeleteResponse.ProtoReflect.Descriptor instead.
 func (*DeleteResponse) Descriptor() ([]byte, []int) {
-	return file_fence_v1_fence_proto_rawDescGZIP(), []int{79}
+	return file_fence_v1_fence_proto_rawDescGZIP(), []int{81}
 }
 
 func (x *DeleteResponse) GetDeleted() bool {
@@ -4764,7 +4894,7 @@ type ListRequest struct {
 
 func (x *ListRequest) Reset() {
 	*x = ListRequest{}
-	mi := &file_fence_v1_fence_proto_msgTypes[80]
+	mi := &file_fence_v1_fence_proto_msgTypes[82]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4776,7 +4906,7 @@ func (x *ListRequest) String() string {
 func (*ListRequest) ProtoMessage() {}
 
 func (x *ListRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_fence_v1_fence_proto_msgTypes[80]
+	mi := &file_fence_v1_fence_proto_msgTypes[82]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4789,7 +4919,7 @@ func (x *ListRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListRequest.ProtoReflect.Descriptor instead.
 func (*ListRequest) Descriptor() ([]byte, []int) {
-	return file_fence_v1_fence_proto_rawDescGZIP(), []int{80}
+	return file_fence_v1_fence_proto_rawDescGZIP(), []int{82}
 }
 
 func (x *ListRequest) GetPrefix() string {
@@ -4825,7 +4955,7 @@ type ListResponse struct {
 
 func (x *ListResponse) Reset() {
 	*x = ListResponse{}
-	mi := &file_fence_v1_fence_proto_msgTypes[81]
+	mi := &file_fence_v1_fence_proto_msgTypes[83]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4837,7 +4967,7 @@ func (x *ListResponse) String() string {
 func (*ListResponse) ProtoMessage() {}
 
 func (x *ListResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_fence_v1_fence_proto_msgTypes[81]
+	mi := &file_fence_v1_fence_proto_msgTypes[83]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4850,7 +4980,7 @@ func (x *ListResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListResponse.ProtoReflect.Descriptor instead.
 func (*ListResponse) Descriptor() ([]byte, []int) {
-	return file_fence_v1_fence_proto_rawDescGZIP(), []int{81}
+	return file_fence_v1_fence_proto_rawDescGZIP(), []int{83}
 }
 
 func (x *ListResponse) GetKvs() []*KeyValue {
@@ -4894,7 +5024,7 @@ type WatchRequest struct {
 
 func (x *WatchRequest) Reset() {
 	*x = WatchRequest{}
-	mi := &file_fence_v1_fence_proto_msgTypes[82]
+	mi := &file_fence_v1_fence_proto_msgTypes[84]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4906,7 +5036,7 @@ func (x *WatchRequest) String() string {
 func (*WatchRequest) ProtoMessage() {}
 
 func (x *WatchRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_fence_v1_fence_proto_msgTypes[82]
+	mi := &file_fence_v1_fence_proto_msgTypes[84]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4919,7 +5049,7 @@ func (x *WatchRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use WatchRequest.ProtoReflect.Descriptor instead.
 func (*WatchRequest) Descriptor() ([]byte, []int) {
-	return file_fence_v1_fence_proto_rawDescGZIP(), []int{82}
+	return file_fence_v1_fence_proto_rawDescGZIP(), []int{84}
 }
 
 func (x *WatchRequest) GetPrefix() string {
@@ -4954,7 +5084,7 @@ type Event struct {
 
 func (x *Event) Reset() {
 	*x = Event{}
-	mi := &file_fence_v1_fence_proto_msgTypes[83]
+	mi := &file_fence_v1_fence_proto_msgTypes[85]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4966,7 +5096,7 @@ func (x *Event) String() string {
 func (*Event) ProtoMessage() {}
 
 func (x *Event) ProtoReflect() protoreflect.Message {
-	mi := &file_fence_v1_fence_proto_msgTypes[83]
+	mi := &file_fence_v1_fence_proto_msgTypes[85]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4979,7 +5109,7 @@ func (x *Event) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Event.ProtoReflect.Descriptor instead.
 func (*Event) Descriptor() ([]byte, []int) {
-	return file_fence_v1_fence_proto_rawDescGZIP(), []int{83}
+	return file_fence_v1_fence_proto_rawDescGZIP(), []int{85}
 }
 
 func (x *Event) GetType() EventType {
@@ -5011,7 +5141,7 @@ type WatchResponse struct {
 
 func (x *WatchResponse) Reset() {
 	*x = WatchResponse{}
-	mi := &file_fence_v1_fence_proto_msgTypes[84]
+	mi := &file_fence_v1_fence_proto_msgTypes[86]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -5023,7 +5153,7 @@ func (x *WatchResponse) String() string {
 func (*WatchResponse) ProtoMessage() {}
 
 func (x *WatchResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_fence_v1_fence_proto_msgTypes[84]
+	mi := &file_fence_v1_fence_proto_msgTypes[86]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -5036,7 +5166,7 @@ func (x *WatchResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use WatchResponse.ProtoReflect.Descriptor instead.
 func (*WatchResponse) Descriptor() ([]byte, []int) {
-	return file_fence_v1_fence_proto_rawDescGZIP(), []int{84}
+	return file_fence_v1_fence_proto_rawDescGZIP(), []int{86}
 }
 
 func (x *WatchResponse) GetEvents() []*Event {
@@ -5081,7 +5211,7 @@ type ErrorDetail struct {
 
 func (x *ErrorDetail) Reset() {
 	*x = ErrorDetail{}
-	mi := &file_fence_v1_fence_proto_msgTypes[85]
+	mi := &file_fence_v1_fence_proto_msgTypes[87]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -5093,7 +5223,7 @@ func (x *ErrorDetail) String() string {
 func (*ErrorDetail) ProtoMessage() {}
 
 func (x *ErrorDetail) ProtoReflect() protoreflect.Message {
-	mi := &file_fence_v1_fence_proto_msgTypes[85]
+	mi := &file_fence_v1_fence_proto_msgTypes[87]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -5106,7 +5236,7 @@ func (x *ErrorDetail) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ErrorDetail.ProtoReflect.Descriptor instead.
 func (*ErrorDetail) Descriptor() ([]byte, []int) {
-	return file_fence_v1_fence_proto_rawDescGZIP(), []int{85}
+	return file_fence_v1_fence_proto_rawDescGZIP(), []int{87}
 }
 
 func (x *ErrorDetail) GetReason() Reason {
@@ -5184,10 +5314,14 @@ const file_fence_v1_fence_proto_rawDesc = "" +
 	"\aenabled\x18\x01 \x01(\bR\aenabled\x12\x12\n" +
 	"\x04user\x18\x02 \x01(\tR\x04user\x12#\n" +
 	"\ridentified_by\x18\x03 \x01(\tR\fidentifiedBy\x12\x14\n" +
-	"\x05roles\x18\x04 \x03(\tR\x05roles\"0\n" +
+	"\x05roles\x18\x04 \x03(\tR\x05roles\"\xa2\x01\n" +
 	"\x04User\x12\x12\n" +
 	"\x04name\x18\x01 \x01(\tR\x04name\x12\x14\n" +
-	"\x05roles\x18\x02 \x03(\tR\x05roles\"R\n" +
+	"\x05roles\x18\x02 \x03(\tR\x05roles\x12!\n" +
+	"\fmax_sessions\x18\x03 \x01(\x04R\vmaxSessions\x12\x1b\n" +
+	"\tmax_locks\x18\x04 \x01(\x04R\bmaxLocks\x12\x1a\n" +
+	"\bsessions\x18\x05 \x01(\x04R\bsessions\x12\x14\n" +
+	"\x05locks\x18\x06 \x01(\x04R\x05locks\"R\n" +
 	"\x04Role\x12\x12\n" +
 	"\x04name\x18\x01 \x01(\tR\x04name\x126\n" +
 	"\vpermissions\x18\x02 \x03(\v2\x14.fence.v1.PermissionR\vpermissions\"$\n" +
@@ -5199,7 +5333,12 @@ const file_fence_v1_fence_proto_rawDesc = "" +
 	"\x12UserRemoveResponse\"\x11\n" +
 	"\x0fUserListRequest\"8\n" +
 	"\x10UserListResponse\x12$\n" +
-	"\x05users\x18\x01 \x03(\v2\x0e.fence.v1.UserR\x05users\">\n" +
+	"\x05users\x18\x01 \x03(\v2\x0e.fence.v1.UserR\x05users\"i\n" +
+	"\x13UserSetQuotaRequest\x12\x12\n" +
+	"\x04user\x18\x01 \x01(\tR\x04user\x12!\n" +
+	"\fmax_sessions\x18\x02 \x01(\x04R\vmaxSessions\x12\x1b\n" +
+	"\tmax_locks\x18\x03 \x01(\x04R\bmaxLocks\"\x16\n" +
+	"\x14UserSetQuotaResponse\">\n" +
 	"\x14UserGrantRoleRequest\x12\x12\n" +
 	"\x04user\x18\x01 \x01(\tR\x04user\x12\x12\n" +
 	"\x04role\x18\x02 \x01(\tR\x04role\"\x17\n" +
@@ -5546,7 +5685,8 @@ const file_fence_v1_fence_proto_rawDesc = "" +
 	"\tAddMember\x12\x1a.fence.v1.AddMemberRequest\x1a\x1b.fence.v1.AddMemberResponse\"\x00\x12O\n" +
 	"\fRemoveMember\x12\x1d.fence.v1.RemoveMemberRequest\x1a\x1e.fence.v1.RemoveMemberResponse\"\x00\x12E\n" +
 	"\bSnapshot\x12\x19.fence.v1.SnapshotRequest\x1a\x1a.fence.v1.SnapshotResponse\"\x000\x01\x12R\n" +
-	"\rRevokeSession\x12\x1e.fence.v1.RevokeSessionRequest\x1a\x1f.fence.v1.RevokeSessionResponse\"\x002\xf3\t\n" +
+	"\rRevokeSession\x12\x1e.fence.v1.RevokeSessionRequest\x1a\x1f.fence.v1.RevokeSessionResponse\"\x002\xc4\n" +
+	"\n" +
 	"\vAuthService\x12I\n" +
 	"\n" +
 	"AuthEnable\x12\x1b.fence.v1.AuthEnableRequest\x1a\x1c.fence.v1.AuthEnableResponse\"\x00\x12L\n" +
@@ -5556,7 +5696,8 @@ const file_fence_v1_fence_proto_rawDesc = "" +
 	"\aUserAdd\x12\x18.fence.v1.UserAddRequest\x1a\x19.fence.v1.UserAddResponse\"\x00\x12I\n" +
 	"\n" +
 	"UserRemove\x12\x1b.fence.v1.UserRemoveRequest\x1a\x1c.fence.v1.UserRemoveResponse\"\x00\x12C\n" +
-	"\bUserList\x12\x19.fence.v1.UserListRequest\x1a\x1a.fence.v1.UserListResponse\"\x00\x12R\n" +
+	"\bUserList\x12\x19.fence.v1.UserListRequest\x1a\x1a.fence.v1.UserListResponse\"\x00\x12O\n" +
+	"\fUserSetQuota\x12\x1d.fence.v1.UserSetQuotaRequest\x1a\x1e.fence.v1.UserSetQuotaResponse\"\x00\x12R\n" +
 	"\rUserGrantRole\x12\x1e.fence.v1.UserGrantRoleRequest\x1a\x1f.fence.v1.UserGrantRoleResponse\"\x00\x12U\n" +
 	"\x0eUserRevokeRole\x12\x1f.fence.v1.UserRevokeRoleRequest\x1a .fence.v1.UserRevokeRoleResponse\"\x00\x12@\n" +
 	"\aRoleAdd\x12\x18.fence.v1.RoleAddRequest\x1a\x19.fence.v1.RoleAddResponse\"\x00\x12I\n" +
@@ -5582,7 +5723,7 @@ func file_fence_v1_fence_proto_rawDescGZIP() []byte {
 }
 
 var file_fence_v1_fence_proto_enumTypes = make([]protoimpl.EnumInfo, 5)
-var file_fence_v1_fence_proto_msgTypes = make([]protoimpl.MessageInfo, 86)
+var file_fence_v1_fence_proto_msgTypes = make([]protoimpl.MessageInfo, 88)
 var file_fence_v1_fence_proto_goTypes = []any{
 	(PermissionKind)(0),                  // 0: fence.v1.PermissionKind
 	(Access)(0),                          // 1: fence.v1.Access
@@ -5604,79 +5745,81 @@ var file_fence_v1_fence_proto_goTypes = []any{
 	(*UserRemoveResponse)(nil),           // 17: fence.v1.UserRemoveResponse
 	(*UserListRequest)(nil),              // 18: fence.v1.UserListRequest
 	(*UserListResponse)(nil),             // 19: fence.v1.UserListResponse
-	(*UserGrantRoleRequest)(nil),         // 20: fence.v1.UserGrantRoleRequest
-	(*UserGrantRoleResponse)(nil),        // 21: fence.v1.UserGrantRoleResponse
-	(*UserRevokeRoleRequest)(nil),        // 22: fence.v1.UserRevokeRoleRequest
-	(*UserRevokeRoleResponse)(nil),       // 23: fence.v1.UserRevokeRoleResponse
-	(*RoleAddRequest)(nil),               // 24: fence.v1.RoleAddRequest
-	(*RoleAddResponse)(nil),              // 25: fence.v1.RoleAddResponse
-	(*RoleRemoveRequest)(nil),            // 26: fence.v1.RoleRemoveRequest
-	(*RoleRemoveResponse)(nil),           // 27: fence.v1.RoleRemoveResponse
-	(*RoleGrantPermissionRequest)(nil),   // 28: fence.v1.RoleGrantPermissionRequest
-	(*RoleGrantPermissionResponse)(nil),  // 29: fence.v1.RoleGrantPermissionResponse
-	(*RoleRevokePermissionRequest)(nil),  // 30: fence.v1.RoleRevokePermissionRequest
-	(*RoleRevokePermissionResponse)(nil), // 31: fence.v1.RoleRevokePermissionResponse
-	(*RoleListRequest)(nil),              // 32: fence.v1.RoleListRequest
-	(*RoleListResponse)(nil),             // 33: fence.v1.RoleListResponse
-	(*TokenCreateRequest)(nil),           // 34: fence.v1.TokenCreateRequest
-	(*TokenCreateResponse)(nil),          // 35: fence.v1.TokenCreateResponse
-	(*TokenRevokeRequest)(nil),           // 36: fence.v1.TokenRevokeRequest
-	(*TokenRevokeResponse)(nil),          // 37: fence.v1.TokenRevokeResponse
-	(*TokenListRequest)(nil),             // 38: fence.v1.TokenListRequest
-	(*TokenListResponse)(nil),            // 39: fence.v1.TokenListResponse
-	(*TokenInfo)(nil),                    // 40: fence.v1.TokenInfo
-	(*CreateSessionRequest)(nil),         // 41: fence.v1.CreateSessionRequest
-	(*CreateSessionResponse)(nil),        // 42: fence.v1.CreateSessionResponse
-	(*KeepAliveRequest)(nil),             // 43: fence.v1.KeepAliveRequest
-	(*KeepAliveResponse)(nil),            // 44: fence.v1.KeepAliveResponse
-	(*HeldGrants)(nil),                   // 45: fence.v1.HeldGrants
-	(*CloseSessionRequest)(nil),          // 46: fence.v1.CloseSessionRequest
-	(*CloseSessionResponse)(nil),         // 47: fence.v1.CloseSessionResponse
-	(*ListSessionsRequest)(nil),          // 48: fence.v1.ListSessionsRequest
-	(*ListSessionsResponse)(nil),         // 49: fence.v1.ListSessionsResponse
-	(*SessionInfo)(nil),                  // 50: fence.v1.SessionInfo
-	(*SessionGrant)(nil),                 // 51: fence.v1.SessionGrant
-	(*AcquireRequest)(nil),               // 52: fence.v1.AcquireRequest
-	(*AcquireResponse)(nil),              // 53: fence.v1.AcquireResponse
-	(*ReleaseRequest)(nil),               // 54: fence.v1.ReleaseRequest
-	(*ReleaseResponse)(nil),              // 55: fence.v1.ReleaseResponse
-	(*CancelAcquireRequest)(nil),         // 56: fence.v1.CancelAcquireRequest
-	(*CancelAcquireResponse)(nil),        // 57: fence.v1.CancelAcquireResponse
-	(*CheckRequest)(nil),                 // 58: fence.v1.CheckRequest
-	(*CheckResponse)(nil),                // 59: fence.v1.CheckResponse
-	(*ListLocksRequest)(nil),             // 60: fence.v1.ListLocksRequest
-	(*Holder)(nil),                       // 61: fence.v1.Holder
-	(*Waiter)(nil),                       // 62: fence.v1.Waiter
-	(*LockInfo)(nil),                     // 63: fence.v1.LockInfo
-	(*ListLocksResponse)(nil),            // 64: fence.v1.ListLocksResponse
-	(*StatusRequest)(nil),                // 65: fence.v1.StatusRequest
-	(*StatusResponse)(nil),               // 66: fence.v1.StatusResponse
-	(*Member)(nil),                       // 67: fence.v1.Member
-	(*AddMemberRequest)(nil),             // 68: fence.v1.AddMemberRequest
-	(*AddMemberResponse)(nil),            // 69: fence.v1.AddMemberResponse
-	(*RemoveMemberRequest)(nil),          // 70: fence.v1.RemoveMemberRequest
-	(*RemoveMemberResponse)(nil),         // 71: fence.v1.RemoveMemberResponse
-	(*RevokeSessionRequest)(nil),         // 72: fence.v1.RevokeSessionRequest
-	(*RevokeSessionResponse)(nil),        // 73: fence.v1.RevokeSessionResponse
-	(*SnapshotRequest)(nil),              // 74: fence.v1.SnapshotRequest
-	(*SnapshotResponse)(nil),             // 75: fence.v1.SnapshotResponse
-	(*SnapshotHeader)(nil),               // 76: fence.v1.SnapshotHeader
-	(*Fence)(nil),                        // 77: fence.v1.Fence
-	(*PutRequest)(nil),                   // 78: fence.v1.PutRequest
-	(*PutResponse)(nil),                  // 79: fence.v1.PutResponse
-	(*KeyValue)(nil),                     // 80: fence.v1.KeyValue
-	(*GetRequest)(nil),                   // 81: fence.v1.GetRequest
-	(*GetResponse)(nil),                  // 82: fence.v1.GetResponse
-	(*DeleteRequest)(nil),                // 83: fence.v1.DeleteRequest
-	(*DeleteResponse)(nil),               // 84: fence.v1.DeleteResponse
-	(*ListRequest)(nil),                  // 85: fence.v1.ListRequest
-	(*ListResponse)(nil),                 // 86: fence.v1.ListResponse
-	(*WatchRequest)(nil),                 // 87: fence.v1.WatchRequest
-	(*Event)(nil),                        // 88: fence.v1.Event
-	(*WatchResponse)(nil),                // 89: fence.v1.WatchResponse
-	(*ErrorDetail)(nil),                  // 90: fence.v1.ErrorDetail
-	(*durationpb.Duration)(nil),          // 91: google.protobuf.Duration
-	(*timestamppb.Timestamp)(nil),        // 92: google.protobuf.Timestamp
+	(*UserSetQuotaRequest)(nil),          // 20: fence.v1.UserSetQuotaRequest
+	(*UserSetQuotaResponse)(nil),         // 21: fence.v1.UserSetQuotaResponse
+	(*UserGrantRoleRequest)(nil),         // 22: fence.v1.UserGrantRoleRequest
+	(*UserGrantRoleResponse)(nil),        // 23: fence.v1.UserGrantRoleResponse
+	(*UserRevokeRoleRequest)(nil),        // 24: fence.v1.UserRevokeRoleRequest
+	(*UserRevokeRoleResponse)(nil),       // 25: fence.v1.UserRevokeRoleResponse
+	(*RoleAddRequest)(nil),               // 26: fence.v1.RoleAddRequest
+	(*RoleAddResponse)(nil),              // 27: fence.v1.RoleAddResponse
+	(*RoleRemoveRequest)(nil),            // 28: fence.v1.RoleRemoveRequest
+	(*RoleRemoveResponse)(nil),           // 29: fence.v1.RoleRemoveResponse
+	(*RoleGrantPermissionRequest)(nil),   // 30: fence.v1.RoleGrantPermissionRequest
+	(*RoleGrantPermissionResponse)(nil),  // 31: fence.v1.RoleGrantPermissionResponse
+	(*RoleRevokePermissionRequest)(nil),  // 32: fence.v1.RoleRevokePermissionRequest
+	(*RoleRevokePermissionResponse)(nil), // 33: fence.v1.RoleRevokePermissionResponse
+	(*RoleListRequest)(nil),              // 34: fence.v1.RoleListRequest
+	(*RoleListResponse)(nil),             // 35: fence.v1.RoleListResponse
+	(*TokenCreateRequest)(nil),           // 36: fence.v1.TokenCreateRequest
+	(*TokenCreateResponse)(nil),          // 37: fence.v1.TokenCreateResponse
+	(*TokenRevokeRequest)(nil),           // 38: fence.v1.TokenRevokeRequest
+	(*TokenRevokeResponse)(nil),          // 39: fence.v1.TokenRevokeResponse
+	(*TokenListRequest)(nil),             // 40: fence.v1.TokenListRequest
+	(*TokenListResponse)(nil),            // 41: fence.v1.TokenListResponse
+	(*TokenInfo)(nil),                    // 42: fence.v1.TokenInfo
+	(*CreateSessionRequest)(nil),         // 43: fence.v1.CreateSessionRequest
+	(*CreateSessionResponse)(nil),        // 44: fence.v1.CreateSessionResponse
+	(*KeepAliveRequest)(nil),             // 45: fence.v1.KeepAliveRequest
+	(*KeepAliveResponse)(nil),            // 46: fence.v1.KeepAliveResponse
+	(*HeldGrants)(nil),                   // 47: fence.v1.HeldGrants
+	(*CloseSessionRequest)(nil),          // 48: fence.v1.CloseSessionRequest
+	(*CloseSessionResponse)(nil),         // 49: fence.v1.CloseSessionResponse
+	(*ListSessionsRequest)(nil),          // 50: fence.v1.ListSessionsRequest
+	(*ListSessionsResponse)(nil),         // 51: fence.v1.ListSessionsResponse
+	(*SessionInfo)(nil),                  // 52: fence.v1.SessionInfo
+	(*SessionGrant)(nil),                 // 53: fence.v1.SessionGrant
+	(*AcquireRequest)(nil),               // 54: fence.v1.AcquireRequest
+	(*AcquireResponse)(nil),              // 55: fence.v1.AcquireResponse
+	(*ReleaseRequest)(nil),               // 56: fence.v1.ReleaseRequest
+	(*ReleaseResponse)(nil),              // 57: fence.v1.ReleaseResponse
+	(*CancelAcquireRequest)(nil),         // 58: fence.v1.CancelAcquireRequest
+	(*CancelAcquireResponse)(nil),        // 59: fence.v1.CancelAcquireResponse
+	(*CheckRequest)(nil),                 // 60: fence.v1.CheckRequest
+	(*CheckResponse)(nil),                // 61: fence.v1.CheckResponse
+	(*ListLocksRequest)(nil),             // 62: fence.v1.ListLocksRequest
+	(*Holder)(nil),                       // 63: fence.v1.Holder
+	(*Waiter)(nil),                       // 64: fence.v1.Waiter
+	(*LockInfo)(nil),                     // 65: fence.v1.LockInfo
+	(*ListLocksResponse)(nil),            // 66: fence.v1.ListLocksResponse
+	(*StatusRequest)(nil),                // 67: fence.v1.StatusRequest
+	(*StatusResponse)(nil),               // 68: fence.v1.StatusResponse
+	(*Member)(nil),                       // 69: fence.v1.Member
+	(*AddMemberRequest)(nil),             // 70: fence.v1.AddMemberRequest
+	(*AddMemberResponse)(nil),            // 71: fence.v1.AddMemberResponse
+	(*RemoveMemberRequest)(nil),          // 72: fence.v1.RemoveMemberRequest
+	(*RemoveMemberResponse)(nil),         // 73: fence.v1.RemoveMemberResponse
+	(*RevokeSessionRequest)(nil),         // 74: fence.v1.RevokeSessionRequest
+	(*RevokeSessionResponse)(nil),        // 75: fence.v1.RevokeSessionResponse
+	(*SnapshotRequest)(nil),              // 76: fence.v1.SnapshotRequest
+	(*SnapshotResponse)(nil),             // 77: fence.v1.SnapshotResponse
+	(*SnapshotHeader)(nil),               // 78: fence.v1.SnapshotHeader
+	(*Fence)(nil),                        // 79: fence.v1.Fence
+	(*PutRequest)(nil),                   // 80: fence.v1.PutRequest
+	(*PutResponse)(nil),                  // 81: fence.v1.PutResponse
+	(*KeyValue)(nil),                     // 82: fence.v1.KeyValue
+	(*GetRequest)(nil),                   // 83: fence.v1.GetRequest
+	(*GetResponse)(nil),                  // 84: fence.v1.GetResponse
+	(*DeleteRequest)(nil),                // 85: fence.v1.DeleteRequest
+	(*DeleteResponse)(nil),               // 86: fence.v1.DeleteResponse
+	(*ListRequest)(nil),                  // 87: fence.v1.ListRequest
+	(*ListResponse)(nil),                 // 88: fence.v1.ListResponse
+	(*WatchRequest)(nil),                 // 89: fence.v1.WatchRequest
+	(*Event)(nil),                        // 90: fence.v1.Event
+	(*WatchResponse)(nil),                // 91: fence.v1.WatchResponse
+	(*ErrorDetail)(nil),                  // 92: fence.v1.ErrorDetail
+	(*durationpb.Duration)(nil),          // 93: google.protobuf.Duration
+	(*timestamppb.Timestamp)(nil),        // 94: google.protobuf.Timestamp
 }
 var file_fence_v1_fence_proto_depIdxs = []int32{
 	0,  // 0: fence.v1.Permission.kind:type_name -> fence.v1.PermissionKind
@@ -5686,113 +5829,115 @@ var file_fence_v1_fence_proto_depIdxs = []int32{
 	5,  // 4: fence.v1.RoleGrantPermissionRequest.permission:type_name -> fence.v1.Permission
 	5,  // 5: fence.v1.RoleRevokePermissionRequest.permission:type_name -> fence.v1.Permission
 	13, // 6: fence.v1.RoleListResponse.roles:type_name -> fence.v1.Role
-	91, // 7: fence.v1.TokenCreateRequest.ttl:type_name -> google.protobuf.Duration
-	40, // 8: fence.v1.TokenCreateResponse.info:type_name -> fence.v1.TokenInfo
-	40, // 9: fence.v1.TokenListResponse.tokens:type_name -> fence.v1.TokenInfo
-	92, // 10: fence.v1.TokenInfo.created:type_name -> google.protobuf.Timestamp
-	92, // 11: fence.v1.TokenInfo.expires:type_name -> google.protobuf.Timestamp
-	91, // 12: fence.v1.CreateSessionRequest.ttl:type_name -> google.protobuf.Duration
-	91, // 13: fence.v1.CreateSessionResponse.ttl:type_name -> google.protobuf.Duration
-	91, // 14: fence.v1.KeepAliveResponse.ttl:type_name -> google.protobuf.Duration
-	45, // 15: fence.v1.KeepAliveResponse.held:type_name -> fence.v1.HeldGrants
-	50, // 16: fence.v1.ListSessionsResponse.sessions:type_name -> fence.v1.SessionInfo
-	91, // 17: fence.v1.SessionInfo.ttl:type_name -> google.protobuf.Duration
-	91, // 18: fence.v1.SessionInfo.expires_in:type_name -> google.protobuf.Duration
-	51, // 19: fence.v1.SessionInfo.held:type_name -> fence.v1.SessionGrant
+	93, // 7: fence.v1.TokenCreateRequest.ttl:type_name -> google.protobuf.Duration
+	42, // 8: fence.v1.TokenCreateResponse.info:type_name -> fence.v1.TokenInfo
+	42, // 9: fence.v1.TokenListResponse.tokens:type_name -> fence.v1.TokenInfo
+	94, // 10: fence.v1.TokenInfo.created:type_name -> google.protobuf.Timestamp
+	94, // 11: fence.v1.TokenInfo.expires:type_name -> google.protobuf.Timestamp
+	93, // 12: fence.v1.CreateSessionRequest.ttl:type_name -> google.protobuf.Duration
+	93, // 13: fence.v1.CreateSessionResponse.ttl:type_name -> google.protobuf.Duration
+	93, // 14: fence.v1.KeepAliveResponse.ttl:type_name -> google.protobuf.Duration
+	47, // 15: fence.v1.KeepAliveResponse.held:type_name -> fence.v1.HeldGrants
+	52, // 16: fence.v1.ListSessionsResponse.sessions:type_name -> fence.v1.SessionInfo
+	93, // 17: fence.v1.SessionInfo.ttl:type_name -> google.protobuf.Duration
+	93, // 18: fence.v1.SessionInfo.expires_in:type_name -> google.protobuf.Duration
+	53, // 19: fence.v1.SessionInfo.held:type_name -> fence.v1.SessionGrant
 	2,  // 20: fence.v1.SessionGrant.mode:type_name -> fence.v1.Mode
 	2,  // 21: fence.v1.AcquireRequest.mode:type_name -> fence.v1.Mode
-	91, // 22: fence.v1.AcquireRequest.wait_timeout:type_name -> google.protobuf.Duration
-	91, // 23: fence.v1.AcquireRequest.lock_delay:type_name -> google.protobuf.Duration
-	91, // 24: fence.v1.AcquireRequest.poll:type_name -> google.protobuf.Duration
+	93, // 22: fence.v1.AcquireRequest.wait_timeout:type_name -> google.protobuf.Duration
+	93, // 23: fence.v1.AcquireRequest.lock_delay:type_name -> google.protobuf.Duration
+	93, // 24: fence.v1.AcquireRequest.poll:type_name -> google.protobuf.Duration
 	2,  // 25: fence.v1.AcquireResponse.mode:type_name -> fence.v1.Mode
 	2,  // 26: fence.v1.Holder.mode:type_name -> fence.v1.Mode
 	2,  // 27: fence.v1.Waiter.mode:type_name -> fence.v1.Mode
-	61, // 28: fence.v1.LockInfo.holders:type_name -> fence.v1.Holder
-	62, // 29: fence.v1.LockInfo.waiters:type_name -> fence.v1.Waiter
-	63, // 30: fence.v1.ListLocksResponse.locks:type_name -> fence.v1.LockInfo
-	67, // 31: fence.v1.StatusResponse.members:type_name -> fence.v1.Member
-	76, // 32: fence.v1.SnapshotResponse.header:type_name -> fence.v1.SnapshotHeader
-	77, // 33: fence.v1.PutRequest.fence:type_name -> fence.v1.Fence
-	80, // 34: fence.v1.GetResponse.kv:type_name -> fence.v1.KeyValue
-	77, // 35: fence.v1.DeleteRequest.fence:type_name -> fence.v1.Fence
-	80, // 36: fence.v1.ListResponse.kvs:type_name -> fence.v1.KeyValue
-	91, // 37: fence.v1.WatchRequest.progress_interval:type_name -> google.protobuf.Duration
+	63, // 28: fence.v1.LockInfo.holders:type_name -> fence.v1.Holder
+	64, // 29: fence.v1.LockInfo.waiters:type_name -> fence.v1.Waiter
+	65, // 30: fence.v1.ListLocksResponse.locks:type_name -> fence.v1.LockInfo
+	69, // 31: fence.v1.StatusResponse.members:type_name -> fence.v1.Member
+	78, // 32: fence.v1.SnapshotResponse.header:type_name -> fence.v1.SnapshotHeader
+	79, // 33: fence.v1.PutRequest.fence:type_name -> fence.v1.Fence
+	82, // 34: fence.v1.GetResponse.kv:type_name -> fence.v1.KeyValue
+	79, // 35: fence.v1.DeleteRequest.fence:type_name -> fence.v1.Fence
+	82, // 36: fence.v1.ListResponse.kvs:type_name -> fence.v1.KeyValue
+	93, // 37: fence.v1.WatchRequest.progress_interval:type_name -> google.protobuf.Duration
 	3,  // 38: fence.v1.Event.type:type_name -> fence.v1.EventType
-	80, // 39: fence.v1.Event.kv:type_name -> fence.v1.KeyValue
-	88, // 40: fence.v1.WatchResponse.events:type_name -> fence.v1.Event
+	82, // 39: fence.v1.Event.kv:type_name -> fence.v1.KeyValue
+	90, // 40: fence.v1.WatchResponse.events:type_name -> fence.v1.Event
 	4,  // 41: fence.v1.ErrorDetail.reason:type_name -> fence.v1.Reason
-	41, // 42: fence.v1.SessionService.CreateSession:input_type -> fence.v1.CreateSessionRequest
-	43, // 43: fence.v1.SessionService.KeepAlive:input_type -> fence.v1.KeepAliveRequest
-	46, // 44: fence.v1.SessionService.CloseSession:input_type -> fence.v1.CloseSessionRequest
-	48, // 45: fence.v1.SessionService.ListSessions:input_type -> fence.v1.ListSessionsRequest
-	52, // 46: fence.v1.LockService.Acquire:input_type -> fence.v1.AcquireRequest
-	54, // 47: fence.v1.LockService.Release:input_type -> fence.v1.ReleaseRequest
-	56, // 48: fence.v1.LockService.CancelAcquire:input_type -> fence.v1.CancelAcquireRequest
-	58, // 49: fence.v1.LockService.Check:input_type -> fence.v1.CheckRequest
-	60, // 50: fence.v1.LockService.ListLocks:input_type -> fence.v1.ListLocksRequest
-	78, // 51: fence.v1.KVService.Put:input_type -> fence.v1.PutRequest
-	81, // 52: fence.v1.KVService.Get:input_type -> fence.v1.GetRequest
-	83, // 53: fence.v1.KVService.Delete:input_type -> fence.v1.DeleteRequest
-	85, // 54: fence.v1.KVService.List:input_type -> fence.v1.ListRequest
-	87, // 55: fence.v1.KVService.Watch:input_type -> fence.v1.WatchRequest
-	65, // 56: fence.v1.ClusterService.Status:input_type -> fence.v1.StatusRequest
-	68, // 57: fence.v1.ClusterService.AddMember:input_type -> fence.v1.AddMemberRequest
-	70, // 58: fence.v1.ClusterService.RemoveMember:input_type -> fence.v1.RemoveMemberRequest
-	74, // 59: fence.v1.ClusterService.Snapshot:input_type -> fence.v1.SnapshotRequest
-	72, // 60: fence.v1.ClusterService.RevokeSession:input_type -> fence.v1.RevokeSessionRequest
+	43, // 42: fence.v1.SessionService.CreateSession:input_type -> fence.v1.CreateSessionRequest
+	45, // 43: fence.v1.SessionService.KeepAlive:input_type -> fence.v1.KeepAliveRequest
+	48, // 44: fence.v1.SessionService.CloseSession:input_type -> fence.v1.CloseSessionRequest
+	50, // 45: fence.v1.SessionService.ListSessions:input_type -> fence.v1.ListSessionsRequest
+	54, // 46: fence.v1.LockService.Acquire:input_type -> fence.v1.AcquireRequest
+	56, // 47: fence.v1.LockService.Release:input_type -> fence.v1.ReleaseRequest
+	58, // 48: fence.v1.LockService.CancelAcquire:input_type -> fence.v1.CancelAcquireRequest
+	60, // 49: fence.v1.LockService.Check:input_type -> fence.v1.CheckRequest
+	62, // 50: fence.v1.LockService.ListLocks:input_type -> fence.v1.ListLocksRequest
+	80, // 51: fence.v1.KVService.Put:input_type -> fence.v1.PutRequest
+	83, // 52: fence.v1.KVService.Get:input_type -> fence.v1.GetRequest
+	85, // 53: fence.v1.KVService.Delete:input_type -> fence.v1.DeleteRequest
+	87, // 54: fence.v1.KVService.List:input_type -> fence.v1.ListRequest
+	89, // 55: fence.v1.KVService.Watch:input_type -> fence.v1.WatchRequest
+	67, // 56: fence.v1.ClusterService.Status:input_type -> fence.v1.StatusRequest
+	70, // 57: fence.v1.ClusterService.AddMember:input_type -> fence.v1.AddMemberRequest
+	72, // 58: fence.v1.ClusterService.RemoveMember:input_type -> fence.v1.RemoveMemberRequest
+	76, // 59: fence.v1.ClusterService.Snapshot:input_type -> fence.v1.SnapshotRequest
+	74, // 60: fence.v1.ClusterService.RevokeSession:input_type -> fence.v1.RevokeSessionRequest
 	6,  // 61: fence.v1.AuthService.AuthEnable:input_type -> fence.v1.AuthEnableRequest
 	8,  // 62: fence.v1.AuthService.AuthDisable:input_type -> fence.v1.AuthDisableRequest
 	10, // 63: fence.v1.AuthService.AuthStatus:input_type -> fence.v1.AuthStatusRequest
 	14, // 64: fence.v1.AuthService.UserAdd:input_type -> fence.v1.UserAddRequest
 	16, // 65: fence.v1.AuthService.UserRemove:input_type -> fence.v1.UserRemoveRequest
 	18, // 66: fence.v1.AuthService.UserList:input_type -> fence.v1.UserListRequest
-	20, // 67: fence.v1.AuthService.UserGrantRole:input_type -> fence.v1.UserGrantRoleRequest
-	22, // 68: fence.v1.AuthService.UserRevokeRole:input_type -> fence.v1.UserRevokeRoleRequest
-	24, // 69: fence.v1.AuthService.RoleAdd:input_type -> fence.v1.RoleAddRequest
-	26, // 70: fence.v1.AuthService.RoleRemove:input_type -> fence.v1.RoleRemoveRequest
-	28, // 71: fence.v1.AuthService.RoleGrantPermission:input_type -> fence.v1.RoleGrantPermissionRequest
-	30, // 72: fence.v1.AuthService.RoleRevokePermission:input_type -> fence.v1.RoleRevokePermissionRequest
-	32, // 73: fence.v1.AuthService.RoleList:input_type -> fence.v1.RoleListRequest
-	34, // 74: fence.v1.AuthService.TokenCreate:input_type -> fence.v1.TokenCreateRequest
-	36, // 75: fence.v1.AuthService.TokenRevoke:input_type -> fence.v1.TokenRevokeRequest
-	38, // 76: fence.v1.AuthService.TokenList:input_type -> fence.v1.TokenListRequest
-	42, // 77: fence.v1.SessionService.CreateSession:output_type -> fence.v1.CreateSessionResponse
-	44, // 78: fence.v1.SessionService.KeepAlive:output_type -> fence.v1.KeepAliveResponse
-	47, // 79: fence.v1.SessionService.CloseSession:output_type -> fence.v1.CloseSessionResponse
-	49, // 80: fence.v1.SessionService.ListSessions:output_type -> fence.v1.ListSessionsResponse
-	53, // 81: fence.v1.LockService.Acquire:output_type -> fence.v1.AcquireResponse
-	55, // 82: fence.v1.LockService.Release:output_type -> fence.v1.ReleaseResponse
-	57, // 83: fence.v1.LockService.CancelAcquire:output_type -> fence.v1.CancelAcquireResponse
-	59, // 84: fence.v1.LockService.Check:output_type -> fence.v1.CheckResponse
-	64, // 85: fence.v1.LockService.ListLocks:output_type -> fence.v1.ListLocksResponse
-	79, // 86: fence.v1.KVService.Put:output_type -> fence.v1.PutResponse
-	82, // 87: fence.v1.KVService.Get:output_type -> fence.v1.GetResponse
-	84, // 88: fence.v1.KVService.Delete:output_type -> fence.v1.DeleteResponse
-	86, // 89: fence.v1.KVService.List:output_type -> fence.v1.ListResponse
-	89, // 90: fence.v1.KVService.Watch:output_type -> fence.v1.WatchResponse
-	66, // 91: fence.v1.ClusterService.Status:output_type -> fence.v1.StatusResponse
-	69, // 92: fence.v1.ClusterService.AddMember:output_type -> fence.v1.AddMemberResponse
-	71, // 93: fence.v1.ClusterService.RemoveMember:output_type -> fence.v1.RemoveMemberResponse
-	75, // 94: fence.v1.ClusterService.Snapshot:output_type -> fence.v1.SnapshotResponse
-	73, // 95: fence.v1.ClusterService.RevokeSession:output_type -> fence.v1.RevokeSessionResponse
-	7,  // 96: fence.v1.AuthService.AuthEnable:output_type -> fence.v1.AuthEnableResponse
-	9,  // 97: fence.v1.AuthService.AuthDisable:output_type -> fence.v1.AuthDisableResponse
-	11, // 98: fence.v1.AuthService.AuthStatus:output_type -> fence.v1.AuthStatusResponse
-	15, // 99: fence.v1.AuthService.UserAdd:output_type -> fence.v1.UserAddResponse
-	17, // 100: fence.v1.AuthService.UserRemove:output_type -> fence.v1.UserRemoveResponse
-	19, // 101: fence.v1.AuthService.UserList:output_type -> fence.v1.UserListResponse
-	21, // 102: fence.v1.AuthService.UserGrantRole:output_type -> fence.v1.UserGrantRoleResponse
-	23, // 103: fence.v1.AuthService.UserRevokeRole:output_type -> fence.v1.UserRevokeRoleResponse
-	25, // 104: fence.v1.AuthService.RoleAdd:output_type -> fence.v1.RoleAddResponse
-	27, // 105: fence.v1.AuthService.RoleRemove:output_type -> fence.v1.RoleRemoveResponse
-	29, // 106: fence.v1.AuthService.RoleGrantPermission:output_type -> fence.v1.RoleGrantPermissionResponse
-	31, // 107: fence.v1.AuthService.RoleRevokePermission:output_type -> fence.v1.RoleRevokePermissionResponse
-	33, // 108: fence.v1.AuthService.RoleList:output_type -> fence.v1.RoleListResponse
-	35, // 109: fence.v1.AuthService.TokenCreate:output_type -> fence.v1.TokenCreateResponse
-	37, // 110: fence.v1.AuthService.TokenRevoke:output_type -> fence.v1.TokenRevokeResponse
-	39, // 111: fence.v1.AuthService.TokenList:output_type -> fence.v1.TokenListResponse
-	77, // [77:112] is the sub-list for method output_type
-	42, // [42:77] is the sub-list for method input_type
+	20, // 67: fence.v1.AuthService.UserSetQuota:input_type -> fence.v1.UserSetQuotaRequest
+	22, // 68: fence.v1.AuthService.UserGrantRole:input_type -> fence.v1.UserGrantRoleRequest
+	24, // 69: fence.v1.AuthService.UserRevokeRole:input_type -> fence.v1.UserRevokeRoleRequest
+	26, // 70: fence.v1.AuthService.RoleAdd:input_type -> fence.v1.RoleAddRequest
+	28, // 71: fence.v1.AuthService.RoleRemove:input_type -> fence.v1.RoleRemoveRequest
+	30, // 72: fence.v1.AuthService.RoleGrantPermission:input_type -> fence.v1.RoleGrantPermissionRequest
+	32, // 73: fence.v1.AuthService.RoleRevokePermission:input_type -> fence.v1.RoleRevokePermissionRequest
+	34, // 74: fence.v1.AuthService.RoleList:input_type -> fence.v1.RoleListRequest
+	36, // 75: fence.v1.AuthService.TokenCreate:input_type -> fence.v1.TokenCreateRequest
+	38, // 76: fence.v1.AuthService.TokenRevoke:input_type -> fence.v1.TokenRevokeRequest
+	40, // 77: fence.v1.AuthService.TokenList:input_type -> fence.v1.TokenListRequest
+	44, // 78: fence.v1.SessionService.CreateSession:output_type -> fence.v1.CreateSessionResponse
+	46, // 79: fence.v1.SessionService.KeepAlive:output_type -> fence.v1.KeepAliveResponse
+	49, // 80: fence.v1.SessionService.CloseSession:output_type -> fence.v1.CloseSessionResponse
+	51, // 81: fence.v1.SessionService.ListSessions:output_type -> fence.v1.ListSessionsResponse
+	55, // 82: fence.v1.LockService.Acquire:output_type -> fence.v1.AcquireResponse
+	57, // 83: fence.v1.LockService.Release:output_type -> fence.v1.ReleaseResponse
+	59, // 84: fence.v1.LockService.CancelAcquire:output_type -> fence.v1.CancelAcquireResponse
+	61, // 85: fence.v1.LockService.Check:output_type -> fence.v1.CheckResponse
+	66, // 86: fence.v1.LockService.ListLocks:output_type -> fence.v1.ListLocksResponse
+	81, // 87: fence.v1.KVService.Put:output_type -> fence.v1.PutResponse
+	84, // 88: fence.v1.KVService.Get:output_type -> fence.v1.GetResponse
+	86, // 89: fence.v1.KVService.Delete:output_type -> fence.v1.DeleteResponse
+	88, // 90: fence.v1.KVService.List:output_type -> fence.v1.ListResponse
+	91, // 91: fence.v1.KVService.Watch:output_type -> fence.v1.WatchResponse
+	68, // 92: fence.v1.ClusterService.Status:output_type -> fence.v1.StatusResponse
+	71, // 93: fence.v1.ClusterService.AddMember:output_type -> fence.v1.AddMemberResponse
+	73, // 94: fence.v1.ClusterService.RemoveMember:output_type -> fence.v1.RemoveMemberResponse
+	77, // 95: fence.v1.ClusterService.Snapshot:output_type -> fence.v1.SnapshotResponse
+	75, // 96: fence.v1.ClusterService.RevokeSession:output_type -> fence.v1.RevokeSessionResponse
+	7,  // 97: fence.v1.AuthService.AuthEnable:output_type -> fence.v1.AuthEnableResponse
+	9,  // 98: fence.v1.AuthService.AuthDisable:output_type -> fence.v1.AuthDisableResponse
+	11, // 99: fence.v1.AuthService.AuthStatus:output_type -> fence.v1.AuthStatusResponse
+	15, // 100: fence.v1.AuthService.UserAdd:output_type -> fence.v1.UserAddResponse
+	17, // 101: fence.v1.AuthService.UserRemove:output_type -> fence.v1.UserRemoveResponse
+	19, // 102: fence.v1.AuthService.UserList:output_type -> fence.v1.UserListResponse
+	21, // 103: fence.v1.AuthService.UserSetQuota:output_type -> fence.v1.UserSetQuotaResponse
+	23, // 104: fence.v1.AuthService.UserGrantRole:output_type -> fence.v1.UserGrantRoleResponse
+	25, // 105: fence.v1.AuthService.UserRevokeRole:output_type -> fence.v1.UserRevokeRoleResponse
+	27, // 106: fence.v1.AuthService.RoleAdd:output_type -> fence.v1.RoleAddResponse
+	29, // 107: fence.v1.AuthService.RoleRemove:output_type -> fence.v1.RoleRemoveResponse
+	31, // 108: fence.v1.AuthService.RoleGrantPermission:output_type -> fence.v1.RoleGrantPermissionResponse
+	33, // 109: fence.v1.AuthService.RoleRevokePermission:output_type -> fence.v1.RoleRevokePermissionResponse
+	35, // 110: fence.v1.AuthService.RoleList:output_type -> fence.v1.RoleListResponse
+	37, // 111: fence.v1.AuthService.TokenCreate:output_type -> fence.v1.TokenCreateResponse
+	39, // 112: fence.v1.AuthService.TokenRevoke:output_type -> fence.v1.TokenRevokeResponse
+	41, // 113: fence.v1.AuthService.TokenList:output_type -> fence.v1.TokenListResponse
+	78, // [78:114] is the sub-list for method output_type
+	42, // [42:78] is the sub-list for method input_type
 	42, // [42:42] is the sub-list for extension type_name
 	42, // [42:42] is the sub-list for extension extendee
 	0,  // [0:42] is the sub-list for field type_name
@@ -5803,14 +5948,14 @@ func file_fence_v1_fence_proto_init() {
 	if File_fence_v1_fence_proto != nil {
 		return
 	}
-	file_fence_v1_fence_proto_msgTypes[72].OneofWrappers = []any{}
+	file_fence_v1_fence_proto_msgTypes[74].OneofWrappers = []any{}
 	type x struct{}
 	out := protoimpl.TypeBuilder{
 		File: protoimpl.DescBuilder{
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_fence_v1_fence_proto_rawDesc), len(file_fence_v1_fence_proto_rawDesc)),
 			NumEnums:      5,
-			NumMessages:   86,
+			NumMessages:   88,
 			NumExtensions: 0,
 			NumServices:   5,
 		},

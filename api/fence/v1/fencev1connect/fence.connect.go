@@ -108,6 +108,9 @@ const (
 	AuthServiceUserRemoveProcedure = "/fence.v1.AuthService/UserRemove"
 	// AuthServiceUserListProcedure is the fully-qualified name of the AuthService's UserList RPC.
 	AuthServiceUserListProcedure = "/fence.v1.AuthService/UserList"
+	// AuthServiceUserSetQuotaProcedure is the fully-qualified name of the AuthService's UserSetQuota
+	// RPC.
+	AuthServiceUserSetQuotaProcedure = "/fence.v1.AuthService/UserSetQuota"
 	// AuthServiceUserGrantRoleProcedure is the fully-qualified name of the AuthService's UserGrantRole
 	// RPC.
 	AuthServiceUserGrantRoleProcedure = "/fence.v1.AuthService/UserGrantRole"
@@ -931,6 +934,10 @@ type AuthServiceClient interface {
 	// UserRemove removes a user and revokes every token of theirs.
 	UserRemove(context.Context, *connect.Request[v1.UserRemoveRequest]) (*connect.Response[v1.UserRemoveResponse], error)
 	UserList(context.Context, *connect.Request[v1.UserListRequest]) (*connect.Response[v1.UserListResponse], error)
+	// UserSetQuota sets a user's quotas, enforced while auth is on: live
+	// sessions the user created, and locks those sessions hold or wait for
+	// (0: no limit). A call beyond one fails with resource_exhausted.
+	UserSetQuota(context.Context, *connect.Request[v1.UserSetQuotaRequest]) (*connect.Response[v1.UserSetQuotaResponse], error)
 	UserGrantRole(context.Context, *connect.Request[v1.UserGrantRoleRequest]) (*connect.Response[v1.UserGrantRoleResponse], error)
 	UserRevokeRole(context.Context, *connect.Request[v1.UserRevokeRoleRequest]) (*connect.Response[v1.UserRevokeRoleResponse], error)
 	RoleAdd(context.Context, *connect.Request[v1.RoleAddRequest]) (*connect.Response[v1.RoleAddResponse], error)
@@ -994,6 +1001,12 @@ func NewAuthServiceClient(httpClient connect.HTTPClient, baseURL string, opts ..
 			httpClient,
 			baseURL+AuthServiceUserListProcedure,
 			connect.WithSchema(authServiceMethods.ByName("UserList")),
+			connect.WithClientOptions(opts...),
+		),
+		userSetQuota: connect.NewClient[v1.UserSetQuotaRequest, v1.UserSetQuotaResponse](
+			httpClient,
+			baseURL+AuthServiceUserSetQuotaProcedure,
+			connect.WithSchema(authServiceMethods.ByName("UserSetQuota")),
 			connect.WithClientOptions(opts...),
 		),
 		userGrantRole: connect.NewClient[v1.UserGrantRoleRequest, v1.UserGrantRoleResponse](
@@ -1067,6 +1080,7 @@ type authServiceClient struct {
 	userAdd              *connect.Client[v1.UserAddRequest, v1.UserAddResponse]
 	userRemove           *connect.Client[v1.UserRemoveRequest, v1.UserRemoveResponse]
 	userList             *connect.Client[v1.UserListRequest, v1.UserListResponse]
+	userSetQuota         *connect.Client[v1.UserSetQuotaRequest, v1.UserSetQuotaResponse]
 	userGrantRole        *connect.Client[v1.UserGrantRoleRequest, v1.UserGrantRoleResponse]
 	userRevokeRole       *connect.Client[v1.UserRevokeRoleRequest, v1.UserRevokeRoleResponse]
 	roleAdd              *connect.Client[v1.RoleAddRequest, v1.RoleAddResponse]
@@ -1107,6 +1121,11 @@ func (c *authServiceClient) UserRemove(ctx context.Context, req *connect.Request
 // UserList calls fence.v1.AuthService.UserList.
 func (c *authServiceClient) UserList(ctx context.Context, req *connect.Request[v1.UserListRequest]) (*connect.Response[v1.UserListResponse], error) {
 	return c.userList.CallUnary(ctx, req)
+}
+
+// UserSetQuota calls fence.v1.AuthService.UserSetQuota.
+func (c *authServiceClient) UserSetQuota(ctx context.Context, req *connect.Request[v1.UserSetQuotaRequest]) (*connect.Response[v1.UserSetQuotaResponse], error) {
+	return c.userSetQuota.CallUnary(ctx, req)
 }
 
 // UserGrantRole calls fence.v1.AuthService.UserGrantRole.
@@ -1174,6 +1193,10 @@ type AuthServiceHandler interface {
 	// UserRemove removes a user and revokes every token of theirs.
 	UserRemove(context.Context, *connect.Request[v1.UserRemoveRequest]) (*connect.Response[v1.UserRemoveResponse], error)
 	UserList(context.Context, *connect.Request[v1.UserListRequest]) (*connect.Response[v1.UserListResponse], error)
+	// UserSetQuota sets a user's quotas, enforced while auth is on: live
+	// sessions the user created, and locks those sessions hold or wait for
+	// (0: no limit). A call beyond one fails with resource_exhausted.
+	UserSetQuota(context.Context, *connect.Request[v1.UserSetQuotaRequest]) (*connect.Response[v1.UserSetQuotaResponse], error)
 	UserGrantRole(context.Context, *connect.Request[v1.UserGrantRoleRequest]) (*connect.Response[v1.UserGrantRoleResponse], error)
 	UserRevokeRole(context.Context, *connect.Request[v1.UserRevokeRoleRequest]) (*connect.Response[v1.UserRevokeRoleResponse], error)
 	RoleAdd(context.Context, *connect.Request[v1.RoleAddRequest]) (*connect.Response[v1.RoleAddResponse], error)
@@ -1233,6 +1256,12 @@ func NewAuthServiceHandler(svc AuthServiceHandler, opts ...connect.HandlerOption
 		AuthServiceUserListProcedure,
 		svc.UserList,
 		connect.WithSchema(authServiceMethods.ByName("UserList")),
+		connect.WithHandlerOptions(opts...),
+	)
+	authServiceUserSetQuotaHandler := connect.NewUnaryHandler(
+		AuthServiceUserSetQuotaProcedure,
+		svc.UserSetQuota,
+		connect.WithSchema(authServiceMethods.ByName("UserSetQuota")),
 		connect.WithHandlerOptions(opts...),
 	)
 	authServiceUserGrantRoleHandler := connect.NewUnaryHandler(
@@ -1309,6 +1338,8 @@ func NewAuthServiceHandler(svc AuthServiceHandler, opts ...connect.HandlerOption
 			authServiceUserRemoveHandler.ServeHTTP(w, r)
 		case AuthServiceUserListProcedure:
 			authServiceUserListHandler.ServeHTTP(w, r)
+		case AuthServiceUserSetQuotaProcedure:
+			authServiceUserSetQuotaHandler.ServeHTTP(w, r)
 		case AuthServiceUserGrantRoleProcedure:
 			authServiceUserGrantRoleHandler.ServeHTTP(w, r)
 		case AuthServiceUserRevokeRoleProcedure:
@@ -1360,6 +1391,10 @@ func (UnimplementedAuthServiceHandler) UserRemove(context.Context, *connect.Requ
 
 func (UnimplementedAuthServiceHandler) UserList(context.Context, *connect.Request[v1.UserListRequest]) (*connect.Response[v1.UserListResponse], error) {
 	return nil, connect.NewError(connect.CodeUnimplemented, errors.New("fence.v1.AuthService.UserList is not implemented"))
+}
+
+func (UnimplementedAuthServiceHandler) UserSetQuota(context.Context, *connect.Request[v1.UserSetQuotaRequest]) (*connect.Response[v1.UserSetQuotaResponse], error) {
+	return nil, connect.NewError(connect.CodeUnimplemented, errors.New("fence.v1.AuthService.UserSetQuota is not implemented"))
 }
 
 func (UnimplementedAuthServiceHandler) UserGrantRole(context.Context, *connect.Request[v1.UserGrantRoleRequest]) (*connect.Response[v1.UserGrantRoleResponse], error) {
