@@ -7,7 +7,7 @@ import (
 
 // Sentinel errors. Errors returned by fence wrap exactly one of them
 // (ErrDiskFull is a kind of ErrUnavailable, and wraps it; ErrSessionSecret
-// one of ErrUnauthenticated).
+// and ErrAuthFailed are kinds of ErrUnauthenticated).
 var (
 	// ErrInvalidArgument reports a malformed request: a bad lock name, a TTL
 	// out of bounds, an oversized value. Retrying the same request fails again.
@@ -75,6 +75,17 @@ var (
 	// session's creator may act as it. Nothing was changed. It wraps
 	// ErrUnauthenticated.
 	ErrSessionSecret = fmt.Errorf("%w: wrong or missing session secret", ErrUnauthenticated)
+
+	// ErrAuthFailed reports a call refused because, with auth on, it
+	// carried no credential, or one the service does not accept: an
+	// unknown, revoked or expired bearer token, or a client certificate
+	// naming no user. Nothing was changed. It wraps ErrUnauthenticated.
+	ErrAuthFailed = fmt.Errorf("%w: no valid credential", ErrUnauthenticated)
+
+	// ErrPermissionDenied reports a call refused because, with auth on,
+	// the caller's roles do not grant the permission it needs; the message
+	// names the permission and the prefix. Nothing was changed.
+	ErrPermissionDenied = errors.New("fence: permission denied")
 
 	// ErrMembership reports a membership change the leader refused: the
 	// node named does not answer at its raft address (or another node

@@ -51,6 +51,7 @@ type endpoint struct {
 	locks    fencev1connect.LockServiceClient
 	cluster  fencev1connect.ClusterServiceClient
 	kv       fencev1connect.KVServiceClient
+	auth     fencev1connect.AuthServiceClient
 	// silentUntil (unix nanoseconds) is set when an attempt here got no
 	// answer in time: until then, retries pass this node over while
 	// another may answer.
@@ -78,6 +79,7 @@ type options struct {
 	grpc        bool
 	tls         *tls.Config
 	clusterID   string
+	bearer      string
 }
 
 // Option configures a Client.
@@ -167,7 +169,7 @@ func New(opts ...Option) (*Client, error) {
 	if o.clusterID != "" {
 		c.cluster.Store(&o.clusterID)
 	}
-	copts := []connect.ClientOption{connect.WithInterceptors(followLeader{}, pinCluster{c})}
+	copts := []connect.ClientOption{connect.WithInterceptors(followLeader{}, pinCluster{c}, bearerToken(o.bearer))}
 	if o.grpc {
 		copts = append(copts, connect.WithGRPC())
 	}
@@ -189,6 +191,7 @@ func (c *Client) newEndpoint(url string) *endpoint {
 		locks:    fencev1connect.NewLockServiceClient(c.http, url, c.copts...),
 		cluster:  fencev1connect.NewClusterServiceClient(c.http, url, c.copts...),
 		kv:       fencev1connect.NewKVServiceClient(c.http, url, c.copts...),
+		auth:     fencev1connect.NewAuthServiceClient(c.http, url, c.copts...),
 	}
 }
 

@@ -219,7 +219,7 @@ func leftNothing(err error, attempts int) bool {
 	if attempts != 1 {
 		return false
 	}
-	for _, refused := range []error{fence.ErrInvalidArgument, fence.ErrLocked, fence.ErrLimit, fence.ErrSessionNotFound, fence.ErrWaitTimeout, fence.ErrCancelled} {
+	for _, refused := range []error{fence.ErrInvalidArgument, fence.ErrLocked, fence.ErrLimit, fence.ErrSessionNotFound, fence.ErrWaitTimeout, fence.ErrCancelled, fence.ErrPermissionDenied, fence.ErrAuthFailed} {
 		if errors.Is(err, refused) {
 			return true
 		}

@@ -3,6 +3,7 @@ package server
 import (
 	"embed"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"io/fs"
 	"net/http"
@@ -12,11 +13,13 @@ import (
 
 	"github.com/hashicorp/raft"
 
+	"github.com/fencelock/fence"
 	"github.com/fencelock/fence/internal/fsm"
 )
 
 // The console (fence serve --ui) is a read-only page of the group at /ui/
-// on the API port, behind the API's TLS and client-certificate settings.
+// on the API port, behind the API's TLS and client-certificate settings
+// and, with auth on, open only to a caller with lock read "" (gate).
 // Its page (server/console/, embedded) renders views the server pushes over
 // Server-Sent Events at /ui/events: a JSON snapshot of this node's state,
 // sent when the applied index or the raft state changed (checked every
@@ -317,9 +320,37 @@ func (c *console) register(mux *http.ServeMux) {
 		panic(err) // the embedded directory is part of the binary
 	}
 	files := http.StripPrefix("/ui/", http.FileServerFS(assets))
-	mux.Handle("GET /ui/", consoleHeaders(files))
-	mux.Handle("GET /ui/state.json", consoleHeaders(http.HandlerFunc(c.serveState)))
-	mux.Handle("GET /ui/events", consoleHeaders(http.HandlerFunc(c.serveEvents)))
+	mux.Handle("GET /ui/", consoleHeaders(c.gate(files)))
+	mux.Handle("GET /ui/state.json", consoleHeaders(c.gate(http.HandlerFunc(c.serveState))))
+	mux.Handle("GET /ui/events", consoleHeaders(c.gate(http.HandlerFunc(c.serveEvents))))
+}
+
+// consoleProcedure names the console's requests in the audit log.
+const consoleProcedure = "/ui/"
+
+// consoleNeed is what the console needs with auth on: it shows every lock
+// and session.
+var consoleNeed = lockNeed(fsm.Read, "")
+
+// gate lets a request through when auth is off, or when its caller (a
+// bearer token or a client certificate, as for the API) may read every
+// lock. Otherwise it answers 401 (no valid credential) or 403 (no
+// permission) with a short text body, and logs the refusal.
+func (c *console) gate(next http.Handler) http.Handler {
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		call := authCall{cred: credentialOf(r.Context(), r.Header), need: consoleNeed}
+		if _, err := c.s.recheck(call); err != nil {
+			c.s.auditRefusal(consoleProcedure, r.RemoteAddr, call, err)
+			code := http.StatusForbidden
+			if errors.Is(err, fence.ErrUnauthenticated) {
+				code = http.StatusUnauthorized
+				w.Header().Set("WWW-Authenticate", `Bearer realm="fence"`)
+			}
+			http.Error(w, err.Error(), code)
+			return
+		}
+		next.ServeHTTP(w, r)
+	})
 }
 
 func consoleHeaders(next http.Handler) http.Handler {

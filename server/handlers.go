@@ -40,6 +40,7 @@ func (s *Server) CreateSession(ctx context.Context, req *connect.Request[fencev1
 		Owner:        req.Msg.GetOwner(),
 		MaxSessions:  uint64(s.cfg.MaxSessions),
 		SecretSha256: fsm.SecretHash(secret),
+		User:         s.callerUser(ctx),
 	}}})
 	if err != nil {
 		return nil, err

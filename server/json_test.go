@@ -50,9 +50,9 @@ func TestJSONAcceptsGoDurations(t *testing.T) {
 	}
 	// A Duration inside an AcquireRequest, too.
 	_, body := postJSON(t, s.Addr(), "SessionService/CreateSession", `{"ttl":"10s"}`)
-	var sess struct{ SessionID string }
+	var sess struct{ SessionID, SessionSecret string }
 	_ = json.Unmarshal([]byte(body), &sess)
-	resp, body := postJSON(t, s.Addr(), "LockService/Acquire", `{"sessionId":"`+sess.SessionID+`","lock":"d","lockDelay":"250ms"}`)
+	resp, body := postJSON(t, s.Addr(), "LockService/Acquire", `{"sessionId":"`+sess.SessionID+`","sessionSecret":"`+sess.SessionSecret+`","lock":"d","lockDelay":"250ms"}`)
 	if resp.StatusCode != http.StatusOK {
 		t.Errorf("Acquire with lockDelay 250ms: %d %s", resp.StatusCode, body)
 	}

@@ -183,8 +183,23 @@ func (s *Server) Watch(ctx context.Context, req *connect.Request[fencev1.WatchRe
 		defer t.Stop()
 		progress = t.C
 	}
+	// A watch lasts only as long as its caller may read: it is checked
+	// again at every auth change and when its token expires.
+	authChanged, tokenExpired, stopGate := s.authGate(ctx)
+	defer func() { stopGate() }()
 	for {
 		select {
+		case <-authChanged:
+			if _, err := s.recheckStream(ctx); err != nil {
+				return fmt.Errorf("the watch ended: %w", err)
+			}
+			stopGate()
+			authChanged, tokenExpired, stopGate = s.authGate(ctx)
+		case <-tokenExpired:
+			if _, err := s.recheckStream(ctx); err != nil {
+				return fmt.Errorf("the watch ended: %w", err)
+			}
+			tokenExpired = nil
 		case <-progress:
 			if err := stream.Send(&fencev1.WatchResponse{Progress: true}); err != nil {
 				return err

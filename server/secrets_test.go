@@ -1,16 +1,11 @@
 package server
 
 import (
-	"archive/tar"
 	"bytes"
-	"compress/gzip"
 	"context"
 	"errors"
-	"io"
 	"log/slog"
 	"net/http"
-	"os"
-	"path/filepath"
 	"strings"
 	"sync"
 	"testing"
@@ -181,7 +176,7 @@ func (l *lockedBuffer) String() string {
 // their secrets.
 func TestLegacyDataDirKeepsWorking(t *testing.T) {
 	dir := t.TempDir()
-	untarGz(t, legacyFixture, dir)
+	untar(t, legacyFixture, dir)
 	edit := func(c *Config) { c.DataDir = dir }
 	s := startTestServer(t, edit)
 	a := newAPI(t, s)
@@ -229,42 +224,5 @@ func TestLegacyDataDirKeepsWorking(t *testing.T) {
 	}
 	if l := a2.lock("orders"); len(l.GetHolders()) != 0 {
 		t.Fatalf("orders after its legacy session closed: %v", l)
-	}
-}
-
-func untarGz(t *testing.T, archive, dir string) {
-	t.Helper()
-	f, err := os.Open(archive)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer f.Close()
-	gz, err := gzip.NewReader(f)
-	if err != nil {
-		t.Fatal(err)
-	}
-	tr := tar.NewReader(gz)
-	for {
-		hdr, err := tr.Next()
-		if err == io.EOF {
-			return
-		}
-		if err != nil {
-			t.Fatal(err)
-		}
-		path := filepath.Join(dir, filepath.FromSlash(hdr.Name))
-		if hdr.Typeflag == tar.TypeDir {
-			if err := os.MkdirAll(path, 0o700); err != nil {
-				t.Fatal(err)
-			}
-			continue
-		}
-		data, err := io.ReadAll(tr)
-		if err != nil {
-			t.Fatal(err)
-		}
-		if err := os.WriteFile(path, data, os.FileMode(hdr.Mode)); err != nil {
-			t.Fatal(err)
-		}
 	}
 }

@@ -73,6 +73,8 @@ type Server struct {
 	cluster clusterName
 	// reserve bounds, on disk, every token this node has applied.
 	reserve *tokenReserve
+	// authChanges wakes open watches to check their caller again.
+	authChanges authChanges
 
 	done      chan struct{}
 	wg        sync.WaitGroup
@@ -261,7 +263,7 @@ func (s *Server) handler() http.Handler {
 		// Small messages cost more to gzip than to send: compressing every
 		// response took 15% of the CPU under load.
 		connect.WithCompressMinBytes(4096),
-		connect.WithInterceptors(s.metrics.interceptor(), errorInterceptor{hint: s.leaderHint}),
+		connect.WithInterceptors(s.metrics.interceptor(), errorInterceptor{hint: s.leaderHint}, authInterceptor{s}),
 		connect.WithRecover(func(ctx context.Context, spec connect.Spec, _ http.Header, p any) error {
 			s.logger.Error("handler panicked", "procedure", spec.Procedure, "panic", p)
 			return connect.NewError(connect.CodeInternal, fmt.Errorf("internal error in %s", spec.Procedure))
@@ -272,6 +274,7 @@ func (s *Server) handler() http.Handler {
 	mux.Handle(fencev1connect.NewLockServiceHandler(s, opts...))
 	mux.Handle(fencev1connect.NewKVServiceHandler(s, opts...))
 	mux.Handle(fencev1connect.NewClusterServiceHandler(s, opts...))
+	mux.Handle(fencev1connect.NewAuthServiceHandler(s, opts...))
 	// The standard gRPC health service (Kubernetes gRPC probes,
 	// grpc-health-probe) and server reflection (grpcurl, Postman).
 	mux.Handle(grpchealth.NewHandler(healthChecker{s}))
@@ -289,7 +292,7 @@ func (s *Server) handler() http.Handler {
 	if s.cfg.UI {
 		s.console.register(mux)
 	}
-	return explainRefusals(checkEnvelopes(mux, s.cfg.MaxRequestBytes))
+	return explainRefusals(checkEnvelopes(withCertUser(mux), s.cfg.MaxRequestBytes))
 }
 
 func (s *Server) newHTTPServer() *http.Server {
@@ -454,6 +457,7 @@ func (s *Server) liftDelay(lock string, id uint64) {
 var apiServices = []string{
 	fencev1connect.SessionServiceName, fencev1connect.LockServiceName,
 	fencev1connect.KVServiceName, fencev1connect.ClusterServiceName,
+	fencev1connect.AuthServiceName,
 }
 
 // healthChecker answers the gRPC health service: a node is serving while
@@ -495,6 +499,9 @@ func (o observer) Applied(seq fsm.Seq, res fsm.Result) {
 	s.watches.publish(res.Events)
 	s.delays.schedule(res.Delayed)
 	s.metrics.grants.Add(float64(len(res.Grants)))
+	if res.AuthChanged {
+		s.authChanges.notify()
+	}
 }
 
 // coverTokens returns once the token reserve covers token. It runs on
@@ -531,6 +538,7 @@ func (o observer) Restored() {
 	var rev uint64
 	s.fsm.Read(func(st *fsm.State) { rev = st.KVRevision() })
 	s.watches.reset(rev)
+	s.authChanges.notify()
 }
 
 // errorInterceptor maps the handlers' errors to Connect codes with

@@ -24,7 +24,7 @@ func (d *demo) play(ctx context.Context, r *demoRun) error {
 	defer srv.Close()
 	p := &demoPlay{demo: d, run: r, store: store, storageURL: srv.URL}
 	r.tl.Lanes = []string{"A", "B", "storage"}
-	script := []func(context.Context) error{p.holderTakesLock, p.holderPausedWhile(p.otherTakesOver), p.holderWrites}
+	script := []func(context.Context) error{p.holderTakesLock, r.holderPausedWhile(&p.a, p.otherTakesOver), p.holderWrites}
 	for _, step := range script {
 		if err := step(ctx); err != nil {
 			return err
@@ -65,16 +65,17 @@ func (p *demoPlay) holderTakesLock(ctx context.Context) error {
 	return nil
 }
 
-// holderPausedWhile: A is paused at once, as by a GC pause or a VM
-// migration, while during runs, and then resumed.
-func (p *demoPlay) holderPausedWhile(during func(context.Context) error) func(context.Context) error {
+// holderPausedWhile: A (*holder, once the script's first step started it)
+// is paused at once, as by a GC pause or a VM migration, while during
+// runs, and then resumed. The article's story and the recipes' share it.
+func (r *demoRun) holderPausedWhile(holder **demoWorker, during func(context.Context) error) func(context.Context) error {
 	return func(ctx context.Context) error {
-		paused, resumed, err := p.a.p.PauseWhile(ctx, during)
+		paused, resumed, err := (*holder).p.PauseWhile(ctx, during)
 		if err != nil {
 			return err
 		}
-		p.run.span("A", paused, resumed, timeline.SpanPaused, "paused by SIGSTOP")
-		p.run.mark("A", resumed, timeline.MarkInfo, "resumed by SIGCONT")
+		r.span("A", paused, resumed, timeline.SpanPaused, "paused by SIGSTOP")
+		r.mark("A", resumed, timeline.MarkInfo, "resumed by SIGCONT")
 		return nil
 	}
 }

@@ -203,7 +203,7 @@ func (p *usePlay) play(ctx context.Context) error {
 		return fmt.Errorf("preparing the resource: %w", err)
 	}
 	p.run.tl.Lanes = []string{"A", "B", p.story.lane}
-	script := []func(context.Context) error{p.holderTakesLock, p.holderPausedWhile(p.otherTakesOver), p.holderActs}
+	script := []func(context.Context) error{p.holderTakesLock, p.run.holderPausedWhile(&p.a, p.otherTakesOver), p.holderActs}
 	for _, step := range script {
 		if err := step(ctx); err != nil {
 			return err
@@ -277,19 +277,6 @@ func grantLabel(s *useStory, ev demoEvent) string {
 		label += "; " + ev.Message
 	}
 	return label
-}
-
-// holderPausedWhile: A is paused at once while during runs, then resumed.
-func (p *usePlay) holderPausedWhile(during func(context.Context) error) func(context.Context) error {
-	return func(ctx context.Context) error {
-		paused, resumed, err := p.a.p.PauseWhile(ctx, during)
-		if err != nil {
-			return err
-		}
-		p.run.span("A", paused, resumed, timeline.SpanPaused, "paused by SIGSTOP")
-		p.run.mark("A", resumed, timeline.MarkInfo, "resumed by SIGCONT")
-		return nil
-	}
 }
 
 // otherTakesOver: B asks for the lock, which the server grants once A's

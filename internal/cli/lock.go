@@ -164,6 +164,11 @@ func runLocked(ctx context.Context, g *globals, f lockFlags, name string, argv [
 	child.Stdin, child.Stdout, child.Stderr = g.stdin, g.stdout, g.stderr
 	proc.OwnGroup(child)      // so that a signal reaches whatever it starts
 	proc.DieWithParent(child) // it must never run on once nothing holds its lock
+	if tty, ok := g.stdin.(*os.File); ok {
+		// A command that reads the terminal (psql, a prompt) gets it.
+		giveBack := proc.ForegroundTerminal(child, tty)
+		defer giveBack()
+	}
 	child.Env = append(os.Environ(),
 		"FENCE_LOCK="+name,
 		"FENCE_TOKEN="+strconv.FormatUint(grant.Token(), 10),

@@ -44,6 +44,8 @@ const (
 type globals struct {
 	endpoints string
 	clusterID string
+	// authTokenFile holds the bearer token sent with every call.
+	authTokenFile string
 	// dialTimeout and commandTimeout are etcdctl's: how long a command
 	// tries to reach any node, and how long a bounded command may take.
 	dialTimeout, commandTimeout time.Duration
@@ -71,6 +73,13 @@ func (g *globals) client() (*client.Client, error) {
 	}
 	if tlsConfig != nil {
 		opts = append(opts, client.WithTLS(tlsConfig))
+	}
+	token, err := readAuthToken(g.authTokenFile)
+	if err != nil {
+		return nil, err
+	}
+	if token != "" {
+		opts = append(opts, client.WithBearerToken(token))
 	}
 	return client.New(opts...)
 }
@@ -108,6 +117,8 @@ func Run(ctx context.Context, args []string, stdin io.Reader, stdout, stderr io.
 		"comma-separated fence nodes, host:port (env FENCE_ENDPOINTS; default "+client.DefaultEndpoint+")")
 	root.PersistentFlags().StringVar(&g.clusterID, "cluster-id", os.Getenv("FENCE_CLUSTER_ID"),
 		"talk only to the group with this id, as fence status shows it (env FENCE_CLUSTER_ID; default: the group of the first node that answers)")
+	root.PersistentFlags().StringVar(&g.authTokenFile, "auth-token-file", os.Getenv(authTokenEnv),
+		"send the bearer token in this file with every call, for auth (env "+authTokenEnv+"; fence token create makes one)")
 	root.PersistentFlags().DurationVar(&g.dialTimeout, "dial-timeout", time.Second,
 		"fail once no node could be connected to for this long (0: retry for 15s, riding out a restart)")
 	root.PersistentFlags().DurationVar(&g.commandTimeout, "command-timeout", 5*time.Second,
@@ -138,6 +149,10 @@ func Run(ctx context.Context, args []string, stdin io.Reader, stdout, stderr io.
 		sessionsCommand(g),
 		checkWorkerCommand(g),
 		versionCommand(g),
+		authCommand(g),
+		userCommand(g),
+		roleCommand(g),
+		tokenCommand(g),
 	)
 	err := root.ExecuteContext(ctx)
 	if err == nil {

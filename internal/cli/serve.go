@@ -72,6 +72,9 @@ func serveCommand(g *globals) *cobra.Command {
 			if cfg.UI {
 				logger.Info("console", "url", consoleURL(srv.Addr(), cfg.TLS != nil))
 			}
+			if !isLoopback(cfg.Listen) {
+				go warnUnsecured(logger, srv, cfg)
+			}
 			<-cmd.Context().Done()
 			logger.Info("shutting down")
 			// A leader hands over to another member before it closes
@@ -159,6 +162,17 @@ func parsePeers(s string) (map[string]string, error) {
 		peers[id] = addr
 	}
 	return peers, nil
+}
+
+// warnUnsecured warns that a node reachable from other machines serves
+// without TLS, or without auth once its state is known (a leader is).
+func warnUnsecured(logger *slog.Logger, srv *server.Server, cfg server.Config) {
+	if cfg.TLS == nil {
+		logger.Warn("the API listens beyond loopback without TLS: anyone on the network can read and send calls; see README, Securing fence", "listen", cfg.Listen)
+	}
+	if err := srv.WaitLeader(time.Minute); err == nil && !srv.AuthEnabled() {
+		logger.Warn("the API listens beyond loopback with auth off: any client that reaches it may take every lock, write every key and change the membership; see README, Securing fence (fence auth enable)", "listen", cfg.Listen)
+	}
 }
 
 // isLoopback reports whether the API address listens on loopback only, where

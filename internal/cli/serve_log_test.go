@@ -97,3 +97,25 @@ func TestServeRefusesUnknownLogFormat(t *testing.T) {
 		t.Fatalf("fence serve --log-format xml: %v\n%s", err, out)
 	}
 }
+
+// A node that listens beyond loopback warns that it has no TLS and no auth.
+func TestServeWarnsWhenUnsecured(t *testing.T) {
+	var stderr lockedBuffer
+	cmd := exec.Command(fenceBin, "serve", "--data-dir", t.TempDir(), "--listen", "0.0.0.0:0", "--raft-listen", "127.0.0.1:0")
+	cmd.Stderr = &stderr
+	cmd.Stdout = &stderr
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	defer func() {
+		cmd.Process.Signal(syscall.SIGTERM)
+		cmd.Wait()
+	}()
+	deadline := time.Now().Add(20 * time.Second)
+	for !strings.Contains(stderr.String(), "with auth off") || !strings.Contains(stderr.String(), "without TLS") {
+		if time.Now().After(deadline) {
+			t.Fatalf("no warnings of TLS and auth off:\n%s", stderr.String())
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+}

@@ -169,6 +169,34 @@ func FuzzStateMachine(f *testing.F) {
 		0xb4, 2, 0, 0x02, // put orders/17, bound to session 2
 		0x13, 1, 1, 2, // the sessions of y (4) and orders/17 (2) expire together: y deleted, then orders/17
 	})
+	// An auth change is {0xfc, op, a, b} (see authOp): op%12 picks the
+	// change, a the user (and a kind, a prefix), b the role (and an access).
+	f.Add([]byte{
+		0xfc, 0, 0, 0, // enable: refused, no root user
+		0xfc, 1, 0, 0, // add user root
+		0xfc, 3, 0, 0, // grant root the root role
+		0xfc, 0, 0, 0, // enable
+		0xfc, 2, 0, 0, // remove root: refused while enabled
+		0xfc, 4, 0, 0, // revoke root's root role: refused while enabled
+		0xfc, 1, 1, 0, // add user u1
+		0xfc, 5, 0, 1, // add role r1
+		0xfc, 7, 0x10, 0x24, // grant r1 lock write on prefix ""
+		0xfc, 7, 0x14, 0x10, // grant r1 lock read on prefix "a"
+		0xfc, 7, 0x14, 0x10, // again: refused
+		0xfc, 7, 0x34, 0x10, // admin with a prefix: refused
+		0xfc, 7, 0x30, 0x10, // admin read
+		0xfc, 3, 1, 1, // grant u1 r1
+		0xfc, 9, 1, 1, // a token for u1: id 1
+		0xfc, 9, 1, 1, // the same secret again: refused
+		0xfc, 9, 0, 7, // a short hash: refused
+		0xfc, 9, 3, 2, // an expiry below 0: refused
+		0xfc, 10, 1, 0, // revoke token 1
+		0xfc, 9, 1, 2, // another token for u1: id 2
+		0xfc, 8, 0x10, 0x24, // revoke r1's lock write
+		0xfc, 6, 0, 1, // remove role r1: taken from u1
+		0xfc, 2, 1, 0, // remove u1: its token goes
+		0xfc, 0, 1, 0, // disable
+	})
 	for seed := range uint64(3) {
 		f.Add(boundKeyStream(rand.New(rand.NewPCG(seed, 5)), 120))
 	}
@@ -232,6 +260,9 @@ func FuzzStateMachine(f *testing.F) {
 		f.Add(requestStream(rand.New(rand.NewPCG(seed, 4)), 100, 0))
 	}
 	f.Add(cancelStormStream(rand.New(rand.NewPCG(0, 4))))
+	for seed := range uint64(2) {
+		f.Add(quotaStream(rand.New(rand.NewPCG(seed, 4)), 100))
+	}
 	f.Fuzz(func(t *testing.T, data []byte) {
 		runStream(t, data)
 	})

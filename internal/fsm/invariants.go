@@ -23,7 +23,8 @@ import "fmt"
 //     tombstone only if fenced; a tombstone has no value; a live key was
 //     written (create revision and version >= 1); an entry never written
 //     (create revision 0) is the tombstone a fenced delete of a missing key
-//     leaves: mod revision, version and token 0; the live-key count is right.
+//     leaves: mod revision, version and token 0; the live-key count is right;
+//   - the auth state's (see checkAuth).
 func (s *State) CheckInvariants() error {
 	tokens := map[uint64]string{}
 	for name, l := range s.locks {
@@ -139,7 +140,10 @@ func (s *State) CheckInvariants() error {
 	if liveBytes != s.liveBytes {
 		return fmt.Errorf("%d bytes of live keys counted as %d", liveBytes, s.liveBytes)
 	}
-	return nil
+	if err := s.auth.checkAuth(); err != nil {
+		return fmt.Errorf("auth: %w", err)
+	}
+	return s.checkByUser()
 }
 
 // checkMode checks that a holder or waiter's mode fits the lock's kind.

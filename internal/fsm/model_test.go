@@ -76,6 +76,7 @@ type modelChecker struct {
 	// before is the state's locks as of the end of the previous step.
 	before map[string]fsm.LockInfo
 	kv     *kvModel
+	auth   *authModel
 	// kinds holds, for each name in use, its number of permits: 0 for a
 	// lock, N for a semaphore of N permits. A name not in it is idle.
 	kinds map[string]uint32
@@ -84,6 +85,8 @@ type modelChecker struct {
 	// req follows acquire requests, their attempts, cancelled request
 	// ids and idempotency keys (see model_request_test.go).
 	req *requestModel
+	// users are the live sessions' creating users (quotas).
+	users map[uint64]string
 }
 
 func newModelChecker() *modelChecker {
@@ -98,6 +101,8 @@ func newModelChecker() *modelChecker {
 		before:  map[string]fsm.LockInfo{},
 		kv:      newKVModel(),
 		req:     newRequestModel(),
+		auth:    newAuthModel(),
+		users:   map[uint64]string{},
 	}
 }
 
@@ -191,6 +196,14 @@ func (m *modelChecker) observeBatch(tb testing.TB, cmd *fsmpb.Command, cmds []*f
 // check checks a command that was applied (not answered by its
 // idempotency key alone) and updates the model.
 func (m *modelChecker) check(tb testing.TB, cmd *fsmpb.Command, res fsm.Result, s *fsm.State, before []byte) error {
+	if a, ok := cmd.GetOp().(*fsmpb.Command_Auth); ok {
+		if res.Err != nil {
+			if err := m.checkUnchanged(tb, cmd, res.Err, s, before); err != nil {
+				return err
+			}
+		}
+		return m.auth.observe(cmd, a.Auth, res, s)
+	}
 	if res.Err != nil {
 		if err := m.checkUnchanged(tb, cmd, res.Err, s, before); err != nil {
 			return err
@@ -285,8 +298,12 @@ func (m *modelChecker) checkFailure(cmd *fsmpb.Command, err error) error {
 	switch op := cmd.GetOp().(type) {
 	case *fsmpb.Command_CreateSession:
 		max := op.CreateSession.GetMaxSessions()
-		if !errors.Is(err, fence.ErrLimit) || max == 0 || uint64(len(m.live)) < max {
-			return fmt.Errorf("create session with %d of max %d sessions failed with %v", len(m.live), max, err)
+		overQuota := m.sessionQuotaReached(op.CreateSession.GetUser())
+		if !errors.Is(err, fence.ErrLimit) || (!overQuota && (max == 0 || uint64(len(m.live)) < max)) {
+			return fmt.Errorf("create session with %d of max %d sessions (user %q, over quota %v) failed with %v", len(m.live), max, op.CreateSession.GetUser(), overQuota, err)
+		}
+		if overQuota {
+			m.req.note("quota: sessions quota refused a session")
 		}
 	case *fsmpb.Command_Acquire:
 		return m.checkAcquireFailure(op.Acquire, err)
@@ -363,12 +380,16 @@ func (m *modelChecker) acquireVerdict(a *fsmpb.Acquire) (want error, why string)
 		return fence.ErrInvalidArgument, fmt.Sprintf("the session waits for it in %s", waits)
 	case waits != 0:
 		return nil, "the session waits for it: still queued"
+	case m.grantableNow(name, mode, n) && m.lockQuotaReached(sid):
+		return fence.ErrLimit, fmt.Sprintf("grantable, but user %q of session %d is at the locks quota", m.users[sid], sid)
 	case m.grantableNow(name, mode, n):
 		return nil, "grantable now"
 	case a.GetTry():
 		return fence.ErrLocked, fmt.Sprintf("a try that cannot be granted now: %s", m.describeName(name))
 	case a.GetMaxWaiters() > 0 && uint64(len(m.queues[name])) >= a.GetMaxWaiters():
 		return fence.ErrLimit, fmt.Sprintf("%d waiters of max %d", len(m.queues[name]), a.GetMaxWaiters())
+	case m.lockQuotaReached(sid):
+		return fence.ErrLimit, fmt.Sprintf("user %q of session %d is at the locks quota", m.users[sid], sid)
 	}
 	return nil, "queued"
 }
@@ -445,7 +466,11 @@ func (m *modelChecker) checkSuccess(cmd *fsmpb.Command, res fsm.Result) (immedia
 		if max := op.CreateSession.GetMaxSessions(); max > 0 && uint64(len(m.live)) >= max {
 			return false, fmt.Errorf("session %d created with %d of max %d sessions", id, len(m.live), max)
 		}
+		if m.sessionQuotaReached(op.CreateSession.GetUser()) {
+			return false, fmt.Errorf("session %d created for user %q beyond the sessions quota", id, op.CreateSession.GetUser())
+		}
 		m.lastSession, m.live[id] = id, true
+		m.users[id] = op.CreateSession.GetUser()
 	case *fsmpb.Command_Acquire:
 		return m.acquired(op.Acquire, res)
 	case *fsmpb.Command_Release:
@@ -968,7 +993,8 @@ func (m *modelChecker) liveIDs() []uint64 {
 // acquirePermits) and a bad mode, try, lock-delays, waiter and session limits,
 // releases with right and wrong tokens, expiry and close of holders and
 // waiters together, and LiftDelay; 0xfd names the group, 0xfe raises the
-// token floor, and an op byte of 0xa0..0xfc is a KV put or delete (see kvOp), whose puts may bind their keys to sessions. A close
+// token floor, and 0xfc is an auth change, 0xfb batches the next
+// commands, and an op byte of 0xa0..0xfa is a KV put or delete (see kvOp), whose puts may bind their keys to sessions. A close
 // (2) or expiry (3) whose op byte's high nibble is 1, 5 or 9 ends the
 // sessions that keys are bound to (see keyOwner); older seeds leave that
 // nibble 0, and the saved input made of ASCII digits 3. Other op bytes
@@ -1063,7 +1089,7 @@ func (c *commandSource) next(s *fsm.State) (*fsmpb.Command, bool) {
 	if op == 0xff {
 		return &fsmpb.Command{}, true
 	}
-	if op == 0xfc { // a batch of the next commands, perhaps keyed (refused)
+	if op == 0xfb { // a batch of the next commands, perhaps keyed (refused)
 		b := c.byte()
 		batch := &fsmpb.Batch{}
 		for range b % 8 {
@@ -1083,6 +1109,9 @@ func (c *commandSource) next(s *fsm.State) (*fsmpb.Command, bool) {
 		id := []string{"", "g1", "g2"}[c.byte()%3]
 		return &fsmpb.Command{Op: &fsmpb.Command_SetClusterId{SetClusterId: &fsmpb.SetClusterID{Id: id}}}, true
 	}
+	if op == 0xfc { // an auth change (see authOp)
+		return authOp(c.byte(), c.byte(), c.byte()), true
+	}
 	if op == 0xfe { // a new leader's token floor, above or below the last token
 		floor := max(0, int64(s.LastToken())+int64(c.byte())-128)
 		return &fsmpb.Command{Op: &fsmpb.Command_RaiseTokens{RaiseTokens: &fsmpb.RaiseTokens{Floor: uint64(floor)}}}, true
@@ -1096,7 +1125,9 @@ func (c *commandSource) next(s *fsm.State) (*fsmpb.Command, bool) {
 	switch op % 16 {
 	case 0, 1:
 		b := c.byte()
-		return createSession(time.Duration(1+b%10)*time.Second, []string{"", "x"}[b>>7], []uint64{0, 0, 0, 3, 4, 5}[(b>>4)%6]), true
+		cmd := createSession(time.Duration(1+b%10)*time.Second, []string{"", "x"}[b>>7], []uint64{0, 0, 0, 3, 4, 5}[(b>>4)%6])
+		cmd.GetCreateSession().User = []string{"", "", "u1", "u2"}[(op>>4)%4] // the creator, for quotas
+		return cmd, true
 	case 2:
 		if owners := (op>>4)%4 == 1; owners {
 			return closeSession(c.keyOwner(s, c.byte())), true
@@ -1477,10 +1508,19 @@ func TestRandomCommandStreams(t *testing.T) {
 		for i := range data {
 			data[i] = byte(r.Uint32())
 			if i > 0 && r.IntN(6) == 0 {
-				data[i] = 0xfc
+				data[i] = 0xfb
 			}
 		}
 		t.Run(fmt.Sprint("batches/", seed), func(t *testing.T) {
+			for o, c := range runStream(t, data) {
+				total[o] += c
+			}
+		})
+	}
+	// Streams under auth with small quotas per user.
+	for seed := range uint64(40) {
+		data := quotaStream(rand.New(rand.NewPCG(seed, 0x907a)), 60+int(seed)%100)
+		t.Run(fmt.Sprint("quotas/", seed), func(t *testing.T) {
 			for o, c := range runStream(t, data) {
 				total[o] += c
 			}
@@ -1539,6 +1579,11 @@ func TestRandomCommandStreams(t *testing.T) {
 	for _, o := range []string{"applied", "refused whole", "a batch inside refused"} {
 		if total["batch: "+o] < 3 && !t.Failed() {
 			t.Errorf("the streams reached batch path %q only %d times: %v", o, total["batch: "+o], total)
+		}
+	}
+	for _, o := range []string{"sessions quota refused a session", "locks quota refused an acquire"} {
+		if total["quota: "+o] < 3 && !t.Failed() {
+			t.Errorf("the streams reached quota path %q only %d times: %v", o, total["quota: "+o], total)
 		}
 	}
 	for _, o := range []string{"bound put", "bound again to its session", "rebound to another session", "unbound by a put",

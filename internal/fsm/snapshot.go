@@ -16,7 +16,7 @@ func (s *State) Snapshot() *fsmpb.Snapshot {
 	snap := &fsmpb.Snapshot{LastToken: s.lastToken, LastSessionId: s.lastSessionID, LastDelayId: s.lastDelayID, LastAttempt: s.lastAttempt, ClusterId: s.clusterID}
 	for _, info := range s.Sessions() {
 		sess := s.sessions[info.ID]
-		snap.Sessions = append(snap.Sessions, &fsmpb.Session{Id: sess.id, TtlNs: int64(sess.ttl), Owner: sess.owner, Cancelled: slices.Clone(sess.cancelled), SecretSha256: slices.Clone(sess.secretHash)})
+		snap.Sessions = append(snap.Sessions, &fsmpb.Session{Id: sess.id, TtlNs: int64(sess.ttl), Owner: sess.owner, User: sess.user, Cancelled: slices.Clone(sess.cancelled), SecretSha256: slices.Clone(sess.secretHash)})
 	}
 	for _, info := range s.Locks("") {
 		l := s.locks[info.Name]
@@ -55,6 +55,7 @@ func (s *State) Snapshot() *fsmpb.Snapshot {
 		r := s.applied[key]
 		snap.Applied = append(snap.Applied, &fsmpb.Applied{Key: key, SessionId: r.SessionID, Revision: r.Revision, Changed: r.Changed})
 	}
+	snap.Auth = s.auth.snapshot()
 	return snap
 }
 
@@ -78,11 +79,13 @@ func Restore(snap *fsmpb.Snapshot) (*State, error) {
 			id:         ps.GetId(),
 			ttl:        time.Duration(ps.GetTtlNs()),
 			owner:      ps.GetOwner(),
+			user:       ps.GetUser(),
 			secretHash: nilIfEmpty(slices.Clone(ps.GetSecretSha256())),
 			holds:      map[string]struct{}{},
 			waits:      map[string]struct{}{},
 			keys:       map[string]struct{}{},
 		}
+		s.indexUser(s.sessions[ps.GetId()])
 		for _, id := range ps.GetCancelled() {
 			s.sessions[ps.GetId()].cancel(id)
 		}
@@ -151,6 +154,11 @@ func Restore(snap *fsmpb.Snapshot) (*State, error) {
 		}
 		s.remember(a.GetKey(), Repeat{SessionID: a.GetSessionId(), Revision: a.GetRevision(), Changed: a.GetChanged()})
 	}
+	auth, err := restoreAuth(snap.GetAuth())
+	if err != nil {
+		return nil, err
+	}
+	s.auth = auth
 	if err := s.CheckInvariants(); err != nil {
 		return nil, fmt.Errorf("fsm: snapshot is inconsistent: %w", err)
 	}

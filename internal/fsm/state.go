@@ -94,6 +94,11 @@ type Result struct {
 	// Batch answers a Batch command: the result of each of its commands,
 	// in order. A batch refused as a whole (Err) has none.
 	Batch []Result
+	// AuthChanged is set when an auth command changed users, roles,
+	// tokens or enforcement: open calls must be checked again.
+	AuthChanged bool
+	// TokenID is the id of a bearer token an auth command created.
+	TokenID uint64
 }
 
 // Repeat is what the first application of a command with an idempotency
@@ -214,6 +219,9 @@ type session struct {
 	id    uint64
 	ttl   time.Duration
 	owner string
+	// user is the authenticated user who created the session ("" with
+	// auth off); its quotas count the session and its locks.
+	user string
 	// secretHash is the SHA-256 of the session's secret; nil for a legacy
 	// session, created before sessions had secrets (see AuthorizeSession).
 	secretHash []byte
@@ -273,11 +281,14 @@ type State struct {
 	// appliedKeys their keys, oldest first, at most MaxIdempotencyKeys.
 	applied     map[string]Repeat
 	appliedKeys []string
+	auth        authState
+	// byUser indexes the sessions with a user, for the user's quotas.
+	byUser map[string]map[uint64]struct{}
 }
 
 // NewState returns an empty state: no sessions, no locks, token counter 0.
 func NewState() *State {
-	return &State{sessions: map[uint64]*session{}, locks: map[string]*lock{}, kv: map[string]*kvEntry{}, nodes: map[string]string{}, applied: map[string]Repeat{}}
+	return &State{sessions: map[uint64]*session{}, locks: map[string]*lock{}, kv: map[string]*kvEntry{}, nodes: map[string]string{}, applied: map[string]Repeat{}, auth: newAuthState(), byUser: map[string]map[uint64]struct{}{}}
 }
 
 // Apply applies one command and reports what it did. It never panics on a
@@ -371,6 +382,8 @@ func (s *State) apply(cmd *fsmpb.Command) Result {
 		return Result{}
 	case *fsmpb.Command_SetClusterId:
 		return s.setClusterID(op.SetClusterId.GetId())
+	case *fsmpb.Command_Auth:
+		return s.applyAuth(op.Auth)
 	}
 	return Result{Err: fmt.Errorf("%w: unknown command", fence.ErrInvalidArgument)}
 }
@@ -383,17 +396,22 @@ func (s *State) createSession(c *fsmpb.CreateSession) Result {
 	if len(hash) != 0 && len(hash) != SecretHashBytes {
 		return Result{Err: fmt.Errorf("%w: a session secret's hash has %d bytes, not %d", fence.ErrInvalidArgument, len(hash), SecretHashBytes)}
 	}
+	if err := s.checkSessionQuota(c.GetUser()); err != nil {
+		return Result{Err: err}
+	}
 	s.lastSessionID++
 	id := s.lastSessionID
 	s.sessions[id] = &session{
 		id:         id,
 		ttl:        time.Duration(c.GetTtlNs()),
 		owner:      c.GetOwner(),
+		user:       c.GetUser(),
 		secretHash: nilIfEmpty(hash),
 		holds:      map[string]struct{}{},
 		waits:      map[string]struct{}{},
 		keys:       map[string]struct{}{},
 	}
+	s.indexUser(s.sessions[id])
 	return Result{SessionID: id}
 }
 
@@ -468,6 +486,9 @@ func (s *State) acquire(c *fsmpb.Acquire) Result {
 		return Result{Err: fmt.Errorf("%w: lock %q already has %d waiters, its limit", fence.ErrLimit, name, len(l.waiters))}
 	}
 	if err := s.checkLockLimits(sess, name, c); err != nil {
+		return Result{Err: err}
+	}
+	if err := s.checkLockQuota(sess); err != nil {
 		return Result{Err: err}
 	}
 	// Only an acquire that grants or queues numbers an attempt: a failed
@@ -698,6 +719,7 @@ func (s *State) endSessions(ids []uint64, expired bool) Result {
 			res.Revision = s.kvRevision
 		}
 		delete(s.sessions, id)
+		s.unindexUser(sess)
 		res.Ended = append(res.Ended, id)
 		for name := range union(sess.holds, sess.waits) {
 			touched[name] = struct{}{}

@@ -46,6 +46,7 @@ type Command struct {
 	//	*Command_RaiseTokens
 	//	*Command_SetClusterId
 	//	*Command_Batch
+	//	*Command_Auth
 	Op isCommand_Op `protobuf_oneof:"op"`
 	// The client's key for this call, the same across its retries: a command
 	// whose key was applied before is not applied again, and answers what
@@ -218,6 +219,15 @@ func (x *Command) GetBatch() *Batch {
 	return nil
 }
 
+func (x *Command) GetAuth() *Auth {
+	if x != nil {
+		if x, ok := x.Op.(*Command_Auth); ok {
+			return x.Auth
+		}
+	}
+	return nil
+}
+
 func (x *Command) GetIdempotencyKey() string {
 	if x != nil {
 		return x.IdempotencyKey
@@ -286,6 +296,10 @@ type Command_Batch struct {
 	Batch *Batch `protobuf:"bytes,30,opt,name=batch,proto3,oneof"`
 }
 
+type Command_Auth struct {
+	Auth *Auth `protobuf:"bytes,14,opt,name=auth,proto3,oneof"`
+}
+
 func (*Command_CreateSession) isCommand_Op() {}
 
 func (*Command_CloseSession) isCommand_Op() {}
@@ -313,6 +327,8 @@ func (*Command_RaiseTokens) isCommand_Op() {}
 func (*Command_SetClusterId) isCommand_Op() {}
 
 func (*Command_Batch) isCommand_Op() {}
+
+func (*Command_Auth) isCommand_Op() {}
 
 // Batch is several commands committed as one raft log entry: the leader
 // groups the commands that arrive while an entry is being committed, so
@@ -430,7 +446,10 @@ type CreateSession struct {
 	// machine draws nothing) and answered to the creator alone; the secret
 	// itself is never logged. Empty in entries of versions before secrets:
 	// such a session is acted on by its id alone.
-	SecretSha256  []byte `protobuf:"bytes,4,opt,name=secret_sha256,json=secretSha256,proto3" json:"secret_sha256,omitempty"`
+	SecretSha256 []byte `protobuf:"bytes,4,opt,name=secret_sha256,json=secretSha256,proto3" json:"secret_sha256,omitempty"`
+	// The authenticated user who creates the session, with auth on; empty
+	// otherwise. The user's quotas (AuthUser) count the session and its locks.
+	User          string `protobuf:"bytes,5,opt,name=user,proto3" json:"user,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -491,6 +510,13 @@ func (x *CreateSession) GetSecretSha256() []byte {
 		return x.SecretSha256
 	}
 	return nil
+}
+
+func (x *CreateSession) GetUser() string {
+	if x != nil {
+		return x.User
+	}
+	return ""
 }
 
 type CloseSession struct {
@@ -1281,7 +1307,9 @@ type Snapshot struct {
 	// The idempotency keys remembered, oldest first.
 	Applied []*Applied `protobuf:"bytes,10,rep,name=applied,proto3" json:"applied,omitempty"`
 	// The group's id; empty until its first leader names it.
-	ClusterId     string `protobuf:"bytes,11,opt,name=cluster_id,json=clusterId,proto3" json:"cluster_id,omitempty"`
+	ClusterId string `protobuf:"bytes,11,opt,name=cluster_id,json=clusterId,proto3" json:"cluster_id,omitempty"`
+	// Users, roles, tokens and whether auth is on (docs/design.md, Auth).
+	Auth          *AuthState `protobuf:"bytes,12,opt,name=auth,proto3" json:"auth,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -1393,6 +1421,762 @@ func (x *Snapshot) GetClusterId() string {
 	return ""
 }
 
+func (x *Snapshot) GetAuth() *AuthState {
+	if x != nil {
+		return x.Auth
+	}
+	return nil
+}
+
+// Auth changes the auth state: users, roles and their permissions, bearer
+// tokens, and whether auth is enforced. Every change is one command, taken
+// by an admin (or by anyone while auth is off) and checked at the edge
+// first; the state machine checks again what it can decide alone.
+type Auth struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// Types that are valid to be assigned to Op:
+	//
+	//	*Auth_SetEnabled
+	//	*Auth_AddUser
+	//	*Auth_RemoveUser
+	//	*Auth_GrantRole
+	//	*Auth_RevokeRole
+	//	*Auth_AddRole
+	//	*Auth_RemoveRole
+	//	*Auth_GrantPermission
+	//	*Auth_RevokePermission
+	//	*Auth_CreateToken
+	//	*Auth_RevokeToken
+	//	*Auth_SetQuota
+	Op            isAuth_Op `protobuf_oneof:"op"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *Auth) Reset() {
+	*x = Auth{}
+	mi := &file_fsmpb_fsm_proto_msgTypes[17]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *Auth) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*Auth) ProtoMessage() {}
+
+func (x *Auth) ProtoReflect() protoreflect.Message {
+	mi := &file_fsmpb_fsm_proto_msgTypes[17]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use Auth.ProtoReflect.Descriptor instead.
+func (*Auth) Descriptor() ([]byte, []int) {
+	return file_fsmpb_fsm_proto_rawDescGZIP(), []int{17}
+}
+
+func (x *Auth) GetOp() isAuth_Op {
+	if x != nil {
+		return x.Op
+	}
+	return nil
+}
+
+func (x *Auth) GetSetEnabled() *SetAuthEnabled {
+	if x != nil {
+		if x, ok := x.Op.(*Auth_SetEnabled); ok {
+			return x.SetEnabled
+		}
+	}
+	return nil
+}
+
+func (x *Auth) GetAddUser() *AuthUser {
+	if x != nil {
+		if x, ok := x.Op.(*Auth_AddUser); ok {
+			return x.AddUser
+		}
+	}
+	return nil
+}
+
+func (x *Auth) GetRemoveUser() *AuthUser {
+	if x != nil {
+		if x, ok := x.Op.(*Auth_RemoveUser); ok {
+			return x.RemoveUser
+		}
+	}
+	return nil
+}
+
+func (x *Auth) GetGrantRole() *UserRole {
+	if x != nil {
+		if x, ok := x.Op.(*Auth_GrantRole); ok {
+			return x.GrantRole
+		}
+	}
+	return nil
+}
+
+func (x *Auth) GetRevokeRole() *UserRole {
+	if x != nil {
+		if x, ok := x.Op.(*Auth_RevokeRole); ok {
+			return x.RevokeRole
+		}
+	}
+	return nil
+}
+
+func (x *Auth) GetAddRole() *AuthRole {
+	if x != nil {
+		if x, ok := x.Op.(*Auth_AddRole); ok {
+			return x.AddRole
+		}
+	}
+	return nil
+}
+
+func (x *Auth) GetRemoveRole() *AuthRole {
+	if x != nil {
+		if x, ok := x.Op.(*Auth_RemoveRole); ok {
+			return x.RemoveRole
+		}
+	}
+	return nil
+}
+
+func (x *Auth) GetGrantPermission() *RolePermission {
+	if x != nil {
+		if x, ok := x.Op.(*Auth_GrantPermission); ok {
+			return x.GrantPermission
+		}
+	}
+	return nil
+}
+
+func (x *Auth) GetRevokePermission() *RolePermission {
+	if x != nil {
+		if x, ok := x.Op.(*Auth_RevokePermission); ok {
+			return x.RevokePermission
+		}
+	}
+	return nil
+}
+
+func (x *Auth) GetCreateToken() *AuthToken {
+	if x != nil {
+		if x, ok := x.Op.(*Auth_CreateToken); ok {
+			return x.CreateToken
+		}
+	}
+	return nil
+}
+
+func (x *Auth) GetRevokeToken() uint64 {
+	if x != nil {
+		if x, ok := x.Op.(*Auth_RevokeToken); ok {
+			return x.RevokeToken
+		}
+	}
+	return 0
+}
+
+func (x *Auth) GetSetQuota() *AuthUser {
+	if x != nil {
+		if x, ok := x.Op.(*Auth_SetQuota); ok {
+			return x.SetQuota
+		}
+	}
+	return nil
+}
+
+type isAuth_Op interface {
+	isAuth_Op()
+}
+
+type Auth_SetEnabled struct {
+	// Turn enforcement on (refused unless user "root" has role "root") or off.
+	SetEnabled *SetAuthEnabled `protobuf:"bytes,1,opt,name=set_enabled,json=setEnabled,proto3,oneof"`
+}
+
+type Auth_AddUser struct {
+	AddUser *AuthUser `protobuf:"bytes,2,opt,name=add_user,json=addUser,proto3,oneof"`
+}
+
+type Auth_RemoveUser struct {
+	RemoveUser *AuthUser `protobuf:"bytes,3,opt,name=remove_user,json=removeUser,proto3,oneof"`
+}
+
+type Auth_GrantRole struct {
+	GrantRole *UserRole `protobuf:"bytes,4,opt,name=grant_role,json=grantRole,proto3,oneof"`
+}
+
+type Auth_RevokeRole struct {
+	RevokeRole *UserRole `protobuf:"bytes,5,opt,name=revoke_role,json=revokeRole,proto3,oneof"`
+}
+
+type Auth_AddRole struct {
+	AddRole *AuthRole `protobuf:"bytes,6,opt,name=add_role,json=addRole,proto3,oneof"`
+}
+
+type Auth_RemoveRole struct {
+	RemoveRole *AuthRole `protobuf:"bytes,7,opt,name=remove_role,json=removeRole,proto3,oneof"`
+}
+
+type Auth_GrantPermission struct {
+	GrantPermission *RolePermission `protobuf:"bytes,8,opt,name=grant_permission,json=grantPermission,proto3,oneof"`
+}
+
+type Auth_RevokePermission struct {
+	RevokePermission *RolePermission `protobuf:"bytes,9,opt,name=revoke_permission,json=revokePermission,proto3,oneof"`
+}
+
+type Auth_CreateToken struct {
+	CreateToken *AuthToken `protobuf:"bytes,10,opt,name=create_token,json=createToken,proto3,oneof"`
+}
+
+type Auth_RevokeToken struct {
+	// Revokes the token with this id.
+	RevokeToken uint64 `protobuf:"varint,11,opt,name=revoke_token,json=revokeToken,proto3,oneof"`
+}
+
+type Auth_SetQuota struct {
+	// Sets the user's quotas (name, max_sessions, max_locks; 0: none).
+	SetQuota *AuthUser `protobuf:"bytes,12,opt,name=set_quota,json=setQuota,proto3,oneof"`
+}
+
+func (*Auth_SetEnabled) isAuth_Op() {}
+
+func (*Auth_AddUser) isAuth_Op() {}
+
+func (*Auth_RemoveUser) isAuth_Op() {}
+
+func (*Auth_GrantRole) isAuth_Op() {}
+
+func (*Auth_RevokeRole) isAuth_Op() {}
+
+func (*Auth_AddRole) isAuth_Op() {}
+
+func (*Auth_RemoveRole) isAuth_Op() {}
+
+func (*Auth_GrantPermission) isAuth_Op() {}
+
+func (*Auth_RevokePermission) isAuth_Op() {}
+
+func (*Auth_CreateToken) isAuth_Op() {}
+
+func (*Auth_RevokeToken) isAuth_Op() {}
+
+func (*Auth_SetQuota) isAuth_Op() {}
+
+type SetAuthEnabled struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Enabled       bool                   `protobuf:"varint,1,opt,name=enabled,proto3" json:"enabled,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *SetAuthEnabled) Reset() {
+	*x = SetAuthEnabled{}
+	mi := &file_fsmpb_fsm_proto_msgTypes[18]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *SetAuthEnabled) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*SetAuthEnabled) ProtoMessage() {}
+
+func (x *SetAuthEnabled) ProtoReflect() protoreflect.Message {
+	mi := &file_fsmpb_fsm_proto_msgTypes[18]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use SetAuthEnabled.ProtoReflect.Descriptor instead.
+func (*SetAuthEnabled) Descriptor() ([]byte, []int) {
+	return file_fsmpb_fsm_proto_rawDescGZIP(), []int{18}
+}
+
+func (x *SetAuthEnabled) GetEnabled() bool {
+	if x != nil {
+		return x.Enabled
+	}
+	return false
+}
+
+type AuthUser struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	Name  string                 `protobuf:"bytes,1,opt,name=name,proto3" json:"name,omitempty"`
+	// Role names, sorted, in snapshots; ignored by add_user and remove_user.
+	Roles []string `protobuf:"bytes,2,rep,name=roles,proto3" json:"roles,omitempty"`
+	// Quotas, enforced while auth is enabled; 0: none. max_sessions bounds
+	// the live sessions the user created, max_locks the locks those sessions
+	// hold or wait for. Set by add_user and set_quota, ignored by remove_user.
+	MaxSessions   uint64 `protobuf:"varint,3,opt,name=max_sessions,json=maxSessions,proto3" json:"max_sessions,omitempty"`
+	MaxLocks      uint64 `protobuf:"varint,4,opt,name=max_locks,json=maxLocks,proto3" json:"max_locks,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *AuthUser) Reset() {
+	*x = AuthUser{}
+	mi := &file_fsmpb_fsm_proto_msgTypes[19]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *AuthUser) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*AuthUser) ProtoMessage() {}
+
+func (x *AuthUser) ProtoReflect() protoreflect.Message {
+	mi := &file_fsmpb_fsm_proto_msgTypes[19]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use AuthUser.ProtoReflect.Descriptor instead.
+func (*AuthUser) Descriptor() ([]byte, []int) {
+	return file_fsmpb_fsm_proto_rawDescGZIP(), []int{19}
+}
+
+func (x *AuthUser) GetName() string {
+	if x != nil {
+		return x.Name
+	}
+	return ""
+}
+
+func (x *AuthUser) GetRoles() []string {
+	if x != nil {
+		return x.Roles
+	}
+	return nil
+}
+
+func (x *AuthUser) GetMaxSessions() uint64 {
+	if x != nil {
+		return x.MaxSessions
+	}
+	return 0
+}
+
+func (x *AuthUser) GetMaxLocks() uint64 {
+	if x != nil {
+		return x.MaxLocks
+	}
+	return 0
+}
+
+type UserRole struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	User          string                 `protobuf:"bytes,1,opt,name=user,proto3" json:"user,omitempty"`
+	Role          string                 `protobuf:"bytes,2,opt,name=role,proto3" json:"role,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *UserRole) Reset() {
+	*x = UserRole{}
+	mi := &file_fsmpb_fsm_proto_msgTypes[20]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *UserRole) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*UserRole) ProtoMessage() {}
+
+func (x *UserRole) ProtoReflect() protoreflect.Message {
+	mi := &file_fsmpb_fsm_proto_msgTypes[20]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use UserRole.ProtoReflect.Descriptor instead.
+func (*UserRole) Descriptor() ([]byte, []int) {
+	return file_fsmpb_fsm_proto_rawDescGZIP(), []int{20}
+}
+
+func (x *UserRole) GetUser() string {
+	if x != nil {
+		return x.User
+	}
+	return ""
+}
+
+func (x *UserRole) GetRole() string {
+	if x != nil {
+		return x.Role
+	}
+	return ""
+}
+
+type AuthRole struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	Name  string                 `protobuf:"bytes,1,opt,name=name,proto3" json:"name,omitempty"`
+	// Sorted (kind, access, prefix), in snapshots; ignored by add and remove.
+	Permissions   []*AuthPermission `protobuf:"bytes,2,rep,name=permissions,proto3" json:"permissions,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *AuthRole) Reset() {
+	*x = AuthRole{}
+	mi := &file_fsmpb_fsm_proto_msgTypes[21]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *AuthRole) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*AuthRole) ProtoMessage() {}
+
+func (x *AuthRole) ProtoReflect() protoreflect.Message {
+	mi := &file_fsmpb_fsm_proto_msgTypes[21]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use AuthRole.ProtoReflect.Descriptor instead.
+func (*AuthRole) Descriptor() ([]byte, []int) {
+	return file_fsmpb_fsm_proto_rawDescGZIP(), []int{21}
+}
+
+func (x *AuthRole) GetName() string {
+	if x != nil {
+		return x.Name
+	}
+	return ""
+}
+
+func (x *AuthRole) GetPermissions() []*AuthPermission {
+	if x != nil {
+		return x.Permissions
+	}
+	return nil
+}
+
+// AuthPermission is one grant: kind 1 lock, 2 kv, 3 admin; access 1 read,
+// 2 write (write includes read); names that start with prefix ("" all).
+type AuthPermission struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Kind          uint32                 `protobuf:"varint,1,opt,name=kind,proto3" json:"kind,omitempty"`
+	Access        uint32                 `protobuf:"varint,2,opt,name=access,proto3" json:"access,omitempty"`
+	Prefix        string                 `protobuf:"bytes,3,opt,name=prefix,proto3" json:"prefix,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *AuthPermission) Reset() {
+	*x = AuthPermission{}
+	mi := &file_fsmpb_fsm_proto_msgTypes[22]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *AuthPermission) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*AuthPermission) ProtoMessage() {}
+
+func (x *AuthPermission) ProtoReflect() protoreflect.Message {
+	mi := &file_fsmpb_fsm_proto_msgTypes[22]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use AuthPermission.ProtoReflect.Descriptor instead.
+func (*AuthPermission) Descriptor() ([]byte, []int) {
+	return file_fsmpb_fsm_proto_rawDescGZIP(), []int{22}
+}
+
+func (x *AuthPermission) GetKind() uint32 {
+	if x != nil {
+		return x.Kind
+	}
+	return 0
+}
+
+func (x *AuthPermission) GetAccess() uint32 {
+	if x != nil {
+		return x.Access
+	}
+	return 0
+}
+
+func (x *AuthPermission) GetPrefix() string {
+	if x != nil {
+		return x.Prefix
+	}
+	return ""
+}
+
+type RolePermission struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Role          string                 `protobuf:"bytes,1,opt,name=role,proto3" json:"role,omitempty"`
+	Permission    *AuthPermission        `protobuf:"bytes,2,opt,name=permission,proto3" json:"permission,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *RolePermission) Reset() {
+	*x = RolePermission{}
+	mi := &file_fsmpb_fsm_proto_msgTypes[23]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *RolePermission) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*RolePermission) ProtoMessage() {}
+
+func (x *RolePermission) ProtoReflect() protoreflect.Message {
+	mi := &file_fsmpb_fsm_proto_msgTypes[23]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use RolePermission.ProtoReflect.Descriptor instead.
+func (*RolePermission) Descriptor() ([]byte, []int) {
+	return file_fsmpb_fsm_proto_rawDescGZIP(), []int{23}
+}
+
+func (x *RolePermission) GetRole() string {
+	if x != nil {
+		return x.Role
+	}
+	return ""
+}
+
+func (x *RolePermission) GetPermission() *AuthPermission {
+	if x != nil {
+		return x.Permission
+	}
+	return nil
+}
+
+// AuthToken is a bearer token: only its secret's SHA-256 is kept. The
+// leader puts the creation time and the expiry (0: none) on its clock in
+// the command; the state machine never reads a clock, and whether a token
+// has expired is decided at the edge.
+type AuthToken struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// Given by the state machine (create_token leaves it 0).
+	Id            uint64 `protobuf:"varint,1,opt,name=id,proto3" json:"id,omitempty"`
+	SecretSha256  []byte `protobuf:"bytes,2,opt,name=secret_sha256,json=secretSha256,proto3" json:"secret_sha256,omitempty"`
+	User          string `protobuf:"bytes,3,opt,name=user,proto3" json:"user,omitempty"`
+	CreatedUnixNs int64  `protobuf:"varint,4,opt,name=created_unix_ns,json=createdUnixNs,proto3" json:"created_unix_ns,omitempty"`
+	ExpiresUnixNs int64  `protobuf:"varint,5,opt,name=expires_unix_ns,json=expiresUnixNs,proto3" json:"expires_unix_ns,omitempty"`
+	Description   string `protobuf:"bytes,6,opt,name=description,proto3" json:"description,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *AuthToken) Reset() {
+	*x = AuthToken{}
+	mi := &file_fsmpb_fsm_proto_msgTypes[24]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *AuthToken) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*AuthToken) ProtoMessage() {}
+
+func (x *AuthToken) ProtoReflect() protoreflect.Message {
+	mi := &file_fsmpb_fsm_proto_msgTypes[24]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use AuthToken.ProtoReflect.Descriptor instead.
+func (*AuthToken) Descriptor() ([]byte, []int) {
+	return file_fsmpb_fsm_proto_rawDescGZIP(), []int{24}
+}
+
+func (x *AuthToken) GetId() uint64 {
+	if x != nil {
+		return x.Id
+	}
+	return 0
+}
+
+func (x *AuthToken) GetSecretSha256() []byte {
+	if x != nil {
+		return x.SecretSha256
+	}
+	return nil
+}
+
+func (x *AuthToken) GetUser() string {
+	if x != nil {
+		return x.User
+	}
+	return ""
+}
+
+func (x *AuthToken) GetCreatedUnixNs() int64 {
+	if x != nil {
+		return x.CreatedUnixNs
+	}
+	return 0
+}
+
+func (x *AuthToken) GetExpiresUnixNs() int64 {
+	if x != nil {
+		return x.ExpiresUnixNs
+	}
+	return 0
+}
+
+func (x *AuthToken) GetDescription() string {
+	if x != nil {
+		return x.Description
+	}
+	return ""
+}
+
+type AuthState struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Enabled       bool                   `protobuf:"varint,1,opt,name=enabled,proto3" json:"enabled,omitempty"`
+	Users         []*AuthUser            `protobuf:"bytes,2,rep,name=users,proto3" json:"users,omitempty"`
+	Roles         []*AuthRole            `protobuf:"bytes,3,rep,name=roles,proto3" json:"roles,omitempty"`
+	Tokens        []*AuthToken           `protobuf:"bytes,4,rep,name=tokens,proto3" json:"tokens,omitempty"`
+	LastTokenId   uint64                 `protobuf:"varint,5,opt,name=last_token_id,json=lastTokenId,proto3" json:"last_token_id,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *AuthState) Reset() {
+	*x = AuthState{}
+	mi := &file_fsmpb_fsm_proto_msgTypes[25]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *AuthState) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*AuthState) ProtoMessage() {}
+
+func (x *AuthState) ProtoReflect() protoreflect.Message {
+	mi := &file_fsmpb_fsm_proto_msgTypes[25]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use AuthState.ProtoReflect.Descriptor instead.
+func (*AuthState) Descriptor() ([]byte, []int) {
+	return file_fsmpb_fsm_proto_rawDescGZIP(), []int{25}
+}
+
+func (x *AuthState) GetEnabled() bool {
+	if x != nil {
+		return x.Enabled
+	}
+	return false
+}
+
+func (x *AuthState) GetUsers() []*AuthUser {
+	if x != nil {
+		return x.Users
+	}
+	return nil
+}
+
+func (x *AuthState) GetRoles() []*AuthRole {
+	if x != nil {
+		return x.Roles
+	}
+	return nil
+}
+
+func (x *AuthState) GetTokens() []*AuthToken {
+	if x != nil {
+		return x.Tokens
+	}
+	return nil
+}
+
+func (x *AuthState) GetLastTokenId() uint64 {
+	if x != nil {
+		return x.LastTokenId
+	}
+	return 0
+}
+
 // Applied is what a command with an idempotency key did, for its retries.
 type Applied struct {
 	state         protoimpl.MessageState `protogen:"open.v1"`
@@ -1406,7 +2190,7 @@ type Applied struct {
 
 func (x *Applied) Reset() {
 	*x = Applied{}
-	mi := &file_fsmpb_fsm_proto_msgTypes[17]
+	mi := &file_fsmpb_fsm_proto_msgTypes[26]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1418,7 +2202,7 @@ func (x *Applied) String() string {
 func (*Applied) ProtoMessage() {}
 
 func (x *Applied) ProtoReflect() protoreflect.Message {
-	mi := &file_fsmpb_fsm_proto_msgTypes[17]
+	mi := &file_fsmpb_fsm_proto_msgTypes[26]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1431,7 +2215,7 @@ func (x *Applied) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Applied.ProtoReflect.Descriptor instead.
 func (*Applied) Descriptor() ([]byte, []int) {
-	return file_fsmpb_fsm_proto_rawDescGZIP(), []int{17}
+	return file_fsmpb_fsm_proto_rawDescGZIP(), []int{26}
 }
 
 func (x *Applied) GetKey() string {
@@ -1486,7 +2270,7 @@ type KV struct {
 
 func (x *KV) Reset() {
 	*x = KV{}
-	mi := &file_fsmpb_fsm_proto_msgTypes[18]
+	mi := &file_fsmpb_fsm_proto_msgTypes[27]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1498,7 +2282,7 @@ func (x *KV) String() string {
 func (*KV) ProtoMessage() {}
 
 func (x *KV) ProtoReflect() protoreflect.Message {
-	mi := &file_fsmpb_fsm_proto_msgTypes[18]
+	mi := &file_fsmpb_fsm_proto_msgTypes[27]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1511,7 +2295,7 @@ func (x *KV) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use KV.ProtoReflect.Descriptor instead.
 func (*KV) Descriptor() ([]byte, []int) {
-	return file_fsmpb_fsm_proto_rawDescGZIP(), []int{18}
+	return file_fsmpb_fsm_proto_rawDescGZIP(), []int{27}
 }
 
 func (x *KV) GetKey() string {
@@ -1592,14 +2376,16 @@ type Session struct {
 	// Request ids the client gave up (CancelAcquire), oldest first.
 	Cancelled []uint64 `protobuf:"varint,4,rep,packed,name=cancelled,proto3" json:"cancelled,omitempty"`
 	// See CreateSession.secret_sha256; empty for a legacy session.
-	SecretSha256  []byte `protobuf:"bytes,5,opt,name=secret_sha256,json=secretSha256,proto3" json:"secret_sha256,omitempty"`
+	SecretSha256 []byte `protobuf:"bytes,5,opt,name=secret_sha256,json=secretSha256,proto3" json:"secret_sha256,omitempty"`
+	// See CreateSession.user.
+	User          string `protobuf:"bytes,6,opt,name=user,proto3" json:"user,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
 
 func (x *Session) Reset() {
 	*x = Session{}
-	mi := &file_fsmpb_fsm_proto_msgTypes[19]
+	mi := &file_fsmpb_fsm_proto_msgTypes[28]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1611,7 +2397,7 @@ func (x *Session) String() string {
 func (*Session) ProtoMessage() {}
 
 func (x *Session) ProtoReflect() protoreflect.Message {
-	mi := &file_fsmpb_fsm_proto_msgTypes[19]
+	mi := &file_fsmpb_fsm_proto_msgTypes[28]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1624,7 +2410,7 @@ func (x *Session) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Session.ProtoReflect.Descriptor instead.
 func (*Session) Descriptor() ([]byte, []int) {
-	return file_fsmpb_fsm_proto_rawDescGZIP(), []int{19}
+	return file_fsmpb_fsm_proto_rawDescGZIP(), []int{28}
 }
 
 func (x *Session) GetId() uint64 {
@@ -1662,6 +2448,13 @@ func (x *Session) GetSecretSha256() []byte {
 	return nil
 }
 
+func (x *Session) GetUser() string {
+	if x != nil {
+		return x.User
+	}
+	return ""
+}
+
 type Lock struct {
 	state   protoimpl.MessageState `protogen:"open.v1"`
 	Name    string                 `protobuf:"bytes,1,opt,name=name,proto3" json:"name,omitempty"`
@@ -1679,7 +2472,7 @@ type Lock struct {
 
 func (x *Lock) Reset() {
 	*x = Lock{}
-	mi := &file_fsmpb_fsm_proto_msgTypes[20]
+	mi := &file_fsmpb_fsm_proto_msgTypes[29]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1691,7 +2484,7 @@ func (x *Lock) String() string {
 func (*Lock) ProtoMessage() {}
 
 func (x *Lock) ProtoReflect() protoreflect.Message {
-	mi := &file_fsmpb_fsm_proto_msgTypes[20]
+	mi := &file_fsmpb_fsm_proto_msgTypes[29]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1704,7 +2497,7 @@ func (x *Lock) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Lock.ProtoReflect.Descriptor instead.
 func (*Lock) Descriptor() ([]byte, []int) {
-	return file_fsmpb_fsm_proto_rawDescGZIP(), []int{20}
+	return file_fsmpb_fsm_proto_rawDescGZIP(), []int{29}
 }
 
 func (x *Lock) GetName() string {
@@ -1759,7 +2552,7 @@ type PendingDelay struct {
 
 func (x *PendingDelay) Reset() {
 	*x = PendingDelay{}
-	mi := &file_fsmpb_fsm_proto_msgTypes[21]
+	mi := &file_fsmpb_fsm_proto_msgTypes[30]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1771,7 +2564,7 @@ func (x *PendingDelay) String() string {
 func (*PendingDelay) ProtoMessage() {}
 
 func (x *PendingDelay) ProtoReflect() protoreflect.Message {
-	mi := &file_fsmpb_fsm_proto_msgTypes[21]
+	mi := &file_fsmpb_fsm_proto_msgTypes[30]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1784,7 +2577,7 @@ func (x *PendingDelay) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use PendingDelay.ProtoReflect.Descriptor instead.
 func (*PendingDelay) Descriptor() ([]byte, []int) {
-	return file_fsmpb_fsm_proto_rawDescGZIP(), []int{21}
+	return file_fsmpb_fsm_proto_rawDescGZIP(), []int{30}
 }
 
 func (x *PendingDelay) GetId() uint64 {
@@ -1815,7 +2608,7 @@ type Holder struct {
 
 func (x *Holder) Reset() {
 	*x = Holder{}
-	mi := &file_fsmpb_fsm_proto_msgTypes[22]
+	mi := &file_fsmpb_fsm_proto_msgTypes[31]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1827,7 +2620,7 @@ func (x *Holder) String() string {
 func (*Holder) ProtoMessage() {}
 
 func (x *Holder) ProtoReflect() protoreflect.Message {
-	mi := &file_fsmpb_fsm_proto_msgTypes[22]
+	mi := &file_fsmpb_fsm_proto_msgTypes[31]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1840,7 +2633,7 @@ func (x *Holder) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Holder.ProtoReflect.Descriptor instead.
 func (*Holder) Descriptor() ([]byte, []int) {
-	return file_fsmpb_fsm_proto_rawDescGZIP(), []int{22}
+	return file_fsmpb_fsm_proto_rawDescGZIP(), []int{31}
 }
 
 func (x *Holder) GetSessionId() uint64 {
@@ -1898,7 +2691,7 @@ type Waiter struct {
 
 func (x *Waiter) Reset() {
 	*x = Waiter{}
-	mi := &file_fsmpb_fsm_proto_msgTypes[23]
+	mi := &file_fsmpb_fsm_proto_msgTypes[32]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1910,7 +2703,7 @@ func (x *Waiter) String() string {
 func (*Waiter) ProtoMessage() {}
 
 func (x *Waiter) ProtoReflect() protoreflect.Message {
-	mi := &file_fsmpb_fsm_proto_msgTypes[23]
+	mi := &file_fsmpb_fsm_proto_msgTypes[32]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1923,7 +2716,7 @@ func (x *Waiter) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Waiter.ProtoReflect.Descriptor instead.
 func (*Waiter) Descriptor() ([]byte, []int) {
-	return file_fsmpb_fsm_proto_rawDescGZIP(), []int{23}
+	return file_fsmpb_fsm_proto_rawDescGZIP(), []int{32}
 }
 
 func (x *Waiter) GetSessionId() uint64 {
@@ -1965,7 +2758,7 @@ var File_fsmpb_fsm_proto protoreflect.FileDescriptor
 
 const file_fsmpb_fsm_proto_rawDesc = "" +
 	"\n" +
-	"\x0ffsmpb/fsm.proto\x12\ffence.fsm.v1\"\x86\a\n" +
+	"\x0ffsmpb/fsm.proto\x12\ffence.fsm.v1\"\xb0\a\n" +
 	"\aCommand\x12D\n" +
 	"\x0ecreate_session\x18\x01 \x01(\v2\x1b.fence.fsm.v1.CreateSessionH\x00R\rcreateSession\x12A\n" +
 	"\rclose_session\x18\x02 \x01(\v2\x1a.fence.fsm.v1.CloseSessionH\x00R\fcloseSession\x12G\n" +
@@ -1983,7 +2776,8 @@ const file_fsmpb_fsm_proto_rawDesc = "" +
 	"\x0ecancel_acquire\x18\v \x01(\v2\x1b.fence.fsm.v1.CancelAcquireH\x00R\rcancelAcquire\x12>\n" +
 	"\fraise_tokens\x18\f \x01(\v2\x19.fence.fsm.v1.RaiseTokensH\x00R\vraiseTokens\x12B\n" +
 	"\x0eset_cluster_id\x18\r \x01(\v2\x1a.fence.fsm.v1.SetClusterIDH\x00R\fsetClusterId\x12+\n" +
-	"\x05batch\x18\x1e \x01(\v2\x13.fence.fsm.v1.BatchH\x00R\x05batch\x12'\n" +
+	"\x05batch\x18\x1e \x01(\v2\x13.fence.fsm.v1.BatchH\x00R\x05batch\x12(\n" +
+	"\x04auth\x18\x0e \x01(\v2\x12.fence.fsm.v1.AuthH\x00R\x04auth\x12'\n" +
 	"\x0fidempotency_key\x18d \x01(\tR\x0eidempotencyKeyB\x04\n" +
 	"\x02op\":\n" +
 	"\x05Batch\x121\n" +
@@ -1991,12 +2785,13 @@ const file_fsmpb_fsm_proto_rawDesc = "" +
 	"\fRegisterNode\x12\x17\n" +
 	"\anode_id\x18\x01 \x01(\tR\x06nodeId\x12\x1f\n" +
 	"\vapi_address\x18\x02 \x01(\tR\n" +
-	"apiAddress\"\x84\x01\n" +
+	"apiAddress\"\x98\x01\n" +
 	"\rCreateSession\x12\x15\n" +
 	"\x06ttl_ns\x18\x01 \x01(\x03R\x05ttlNs\x12\x14\n" +
 	"\x05owner\x18\x02 \x01(\tR\x05owner\x12!\n" +
 	"\fmax_sessions\x18\x03 \x01(\x04R\vmaxSessions\x12#\n" +
-	"\rsecret_sha256\x18\x04 \x01(\fR\fsecretSha256\"-\n" +
+	"\rsecret_sha256\x18\x04 \x01(\fR\fsecretSha256\x12\x12\n" +
+	"\x04user\x18\x05 \x01(\tR\x04user\"-\n" +
 	"\fCloseSession\x12\x1d\n" +
 	"\n" +
 	"session_id\x18\x01 \x01(\x04R\tsessionId\"1\n" +
@@ -2060,7 +2855,7 @@ const file_fsmpb_fsm_proto_rawDesc = "" +
 	"session_id\x18\x05 \x01(\x04R\tsessionId\"I\n" +
 	"\bKVDelete\x12\x10\n" +
 	"\x03key\x18\x01 \x01(\tR\x03key\x12+\n" +
-	"\x05fence\x18\x02 \x01(\v2\x15.fence.fsm.v1.KVFenceR\x05fence\"\xbc\x03\n" +
+	"\x05fence\x18\x02 \x01(\v2\x15.fence.fsm.v1.KVFenceR\x05fence\"\xe9\x03\n" +
 	"\bSnapshot\x12\x1d\n" +
 	"\n" +
 	"last_token\x18\x01 \x01(\x04R\tlastToken\x12&\n" +
@@ -2076,7 +2871,63 @@ const file_fsmpb_fsm_proto_rawDesc = "" +
 	"\aapplied\x18\n" +
 	" \x03(\v2\x15.fence.fsm.v1.AppliedR\aapplied\x12\x1d\n" +
 	"\n" +
-	"cluster_id\x18\v \x01(\tR\tclusterId\"p\n" +
+	"cluster_id\x18\v \x01(\tR\tclusterId\x12+\n" +
+	"\x04auth\x18\f \x01(\v2\x17.fence.fsm.v1.AuthStateR\x04auth\"\xd3\x05\n" +
+	"\x04Auth\x12?\n" +
+	"\vset_enabled\x18\x01 \x01(\v2\x1c.fence.fsm.v1.SetAuthEnabledH\x00R\n" +
+	"setEnabled\x123\n" +
+	"\badd_user\x18\x02 \x01(\v2\x16.fence.fsm.v1.AuthUserH\x00R\aaddUser\x129\n" +
+	"\vremove_user\x18\x03 \x01(\v2\x16.fence.fsm.v1.AuthUserH\x00R\n" +
+	"removeUser\x127\n" +
+	"\n" +
+	"grant_role\x18\x04 \x01(\v2\x16.fence.fsm.v1.UserRoleH\x00R\tgrantRole\x129\n" +
+	"\vrevoke_role\x18\x05 \x01(\v2\x16.fence.fsm.v1.UserRoleH\x00R\n" +
+	"revokeRole\x123\n" +
+	"\badd_role\x18\x06 \x01(\v2\x16.fence.fsm.v1.AuthRoleH\x00R\aaddRole\x129\n" +
+	"\vremove_role\x18\a \x01(\v2\x16.fence.fsm.v1.AuthRoleH\x00R\n" +
+	"removeRole\x12I\n" +
+	"\x10grant_permission\x18\b \x01(\v2\x1c.fence.fsm.v1.RolePermissionH\x00R\x0fgrantPermission\x12K\n" +
+	"\x11revoke_permission\x18\t \x01(\v2\x1c.fence.fsm.v1.RolePermissionH\x00R\x10revokePermission\x12<\n" +
+	"\fcreate_token\x18\n" +
+	" \x01(\v2\x17.fence.fsm.v1.AuthTokenH\x00R\vcreateToken\x12#\n" +
+	"\frevoke_token\x18\v \x01(\x04H\x00R\vrevokeToken\x125\n" +
+	"\tset_quota\x18\f \x01(\v2\x16.fence.fsm.v1.AuthUserH\x00R\bsetQuotaB\x04\n" +
+	"\x02op\"*\n" +
+	"\x0eSetAuthEnabled\x12\x18\n" +
+	"\aenabled\x18\x01 \x01(\bR\aenabled\"t\n" +
+	"\bAuthUser\x12\x12\n" +
+	"\x04name\x18\x01 \x01(\tR\x04name\x12\x14\n" +
+	"\x05roles\x18\x02 \x03(\tR\x05roles\x12!\n" +
+	"\fmax_sessions\x18\x03 \x01(\x04R\vmaxSessions\x12\x1b\n" +
+	"\tmax_locks\x18\x04 \x01(\x04R\bmaxLocks\"2\n" +
+	"\bUserRole\x12\x12\n" +
+	"\x04user\x18\x01 \x01(\tR\x04user\x12\x12\n" +
+	"\x04role\x18\x02 \x01(\tR\x04role\"^\n" +
+	"\bAuthRole\x12\x12\n" +
+	"\x04name\x18\x01 \x01(\tR\x04name\x12>\n" +
+	"\vpermissions\x18\x02 \x03(\v2\x1c.fence.fsm.v1.AuthPermissionR\vpermissions\"T\n" +
+	"\x0eAuthPermission\x12\x12\n" +
+	"\x04kind\x18\x01 \x01(\rR\x04kind\x12\x16\n" +
+	"\x06access\x18\x02 \x01(\rR\x06access\x12\x16\n" +
+	"\x06prefix\x18\x03 \x01(\tR\x06prefix\"b\n" +
+	"\x0eRolePermission\x12\x12\n" +
+	"\x04role\x18\x01 \x01(\tR\x04role\x12<\n" +
+	"\n" +
+	"permission\x18\x02 \x01(\v2\x1c.fence.fsm.v1.AuthPermissionR\n" +
+	"permission\"\xc6\x01\n" +
+	"\tAuthToken\x12\x0e\n" +
+	"\x02id\x18\x01 \x01(\x04R\x02id\x12#\n" +
+	"\rsecret_sha256\x18\x02 \x01(\fR\fsecretSha256\x12\x12\n" +
+	"\x04user\x18\x03 \x01(\tR\x04user\x12&\n" +
+	"\x0fcreated_unix_ns\x18\x04 \x01(\x03R\rcreatedUnixNs\x12&\n" +
+	"\x0fexpires_unix_ns\x18\x05 \x01(\x03R\rexpiresUnixNs\x12 \n" +
+	"\vdescription\x18\x06 \x01(\tR\vdescription\"\xd6\x01\n" +
+	"\tAuthState\x12\x18\n" +
+	"\aenabled\x18\x01 \x01(\bR\aenabled\x12,\n" +
+	"\x05users\x18\x02 \x03(\v2\x16.fence.fsm.v1.AuthUserR\x05users\x12,\n" +
+	"\x05roles\x18\x03 \x03(\v2\x16.fence.fsm.v1.AuthRoleR\x05roles\x12/\n" +
+	"\x06tokens\x18\x04 \x03(\v2\x17.fence.fsm.v1.AuthTokenR\x06tokens\x12\"\n" +
+	"\rlast_token_id\x18\x05 \x01(\x04R\vlastTokenId\"p\n" +
 	"\aApplied\x12\x10\n" +
 	"\x03key\x18\x01 \x01(\tR\x03key\x12\x1d\n" +
 	"\n" +
@@ -2095,13 +2946,14 @@ const file_fsmpb_fsm_proto_rawDesc = "" +
 	"\adeleted\x18\t \x01(\bR\adeleted\x12\x1d\n" +
 	"\n" +
 	"session_id\x18\n" +
-	" \x01(\x04R\tsessionId\"\x89\x01\n" +
+	" \x01(\x04R\tsessionId\"\x9d\x01\n" +
 	"\aSession\x12\x0e\n" +
 	"\x02id\x18\x01 \x01(\x04R\x02id\x12\x15\n" +
 	"\x06ttl_ns\x18\x02 \x01(\x03R\x05ttlNs\x12\x14\n" +
 	"\x05owner\x18\x03 \x01(\tR\x05owner\x12\x1c\n" +
 	"\tcancelled\x18\x04 \x03(\x04R\tcancelled\x12#\n" +
-	"\rsecret_sha256\x18\x05 \x01(\fR\fsecretSha256\"\xe3\x01\n" +
+	"\rsecret_sha256\x18\x05 \x01(\fR\fsecretSha256\x12\x12\n" +
+	"\x04user\x18\x06 \x01(\tR\x04user\"\xe3\x01\n" +
 	"\x04Lock\x12\x12\n" +
 	"\x04name\x18\x01 \x01(\tR\x04name\x12.\n" +
 	"\aholders\x18\x02 \x03(\v2\x14.fence.fsm.v1.HolderR\aholders\x12.\n" +
@@ -2142,7 +2994,7 @@ func file_fsmpb_fsm_proto_rawDescGZIP() []byte {
 	return file_fsmpb_fsm_proto_rawDescData
 }
 
-var file_fsmpb_fsm_proto_msgTypes = make([]protoimpl.MessageInfo, 24)
+var file_fsmpb_fsm_proto_msgTypes = make([]protoimpl.MessageInfo, 33)
 var file_fsmpb_fsm_proto_goTypes = []any{
 	(*Command)(nil),        // 0: fence.fsm.v1.Command
 	(*Batch)(nil),          // 1: fence.fsm.v1.Batch
@@ -2161,13 +3013,22 @@ var file_fsmpb_fsm_proto_goTypes = []any{
 	(*KVPut)(nil),          // 14: fence.fsm.v1.KVPut
 	(*KVDelete)(nil),       // 15: fence.fsm.v1.KVDelete
 	(*Snapshot)(nil),       // 16: fence.fsm.v1.Snapshot
-	(*Applied)(nil),        // 17: fence.fsm.v1.Applied
-	(*KV)(nil),             // 18: fence.fsm.v1.KV
-	(*Session)(nil),        // 19: fence.fsm.v1.Session
-	(*Lock)(nil),           // 20: fence.fsm.v1.Lock
-	(*PendingDelay)(nil),   // 21: fence.fsm.v1.PendingDelay
-	(*Holder)(nil),         // 22: fence.fsm.v1.Holder
-	(*Waiter)(nil),         // 23: fence.fsm.v1.Waiter
+	(*Auth)(nil),           // 17: fence.fsm.v1.Auth
+	(*SetAuthEnabled)(nil), // 18: fence.fsm.v1.SetAuthEnabled
+	(*AuthUser)(nil),       // 19: fence.fsm.v1.AuthUser
+	(*UserRole)(nil),       // 20: fence.fsm.v1.UserRole
+	(*AuthRole)(nil),       // 21: fence.fsm.v1.AuthRole
+	(*AuthPermission)(nil), // 22: fence.fsm.v1.AuthPermission
+	(*RolePermission)(nil), // 23: fence.fsm.v1.RolePermission
+	(*AuthToken)(nil),      // 24: fence.fsm.v1.AuthToken
+	(*AuthState)(nil),      // 25: fence.fsm.v1.AuthState
+	(*Applied)(nil),        // 26: fence.fsm.v1.Applied
+	(*KV)(nil),             // 27: fence.fsm.v1.KV
+	(*Session)(nil),        // 28: fence.fsm.v1.Session
+	(*Lock)(nil),           // 29: fence.fsm.v1.Lock
+	(*PendingDelay)(nil),   // 30: fence.fsm.v1.PendingDelay
+	(*Holder)(nil),         // 31: fence.fsm.v1.Holder
+	(*Waiter)(nil),         // 32: fence.fsm.v1.Waiter
 }
 var file_fsmpb_fsm_proto_depIdxs = []int32{
 	3,  // 0: fence.fsm.v1.Command.create_session:type_name -> fence.fsm.v1.CreateSession
@@ -2184,22 +3045,40 @@ var file_fsmpb_fsm_proto_depIdxs = []int32{
 	9,  // 11: fence.fsm.v1.Command.raise_tokens:type_name -> fence.fsm.v1.RaiseTokens
 	10, // 12: fence.fsm.v1.Command.set_cluster_id:type_name -> fence.fsm.v1.SetClusterID
 	1,  // 13: fence.fsm.v1.Command.batch:type_name -> fence.fsm.v1.Batch
-	0,  // 14: fence.fsm.v1.Batch.commands:type_name -> fence.fsm.v1.Command
-	13, // 15: fence.fsm.v1.KVPut.fence:type_name -> fence.fsm.v1.KVFence
-	13, // 16: fence.fsm.v1.KVDelete.fence:type_name -> fence.fsm.v1.KVFence
-	19, // 17: fence.fsm.v1.Snapshot.sessions:type_name -> fence.fsm.v1.Session
-	20, // 18: fence.fsm.v1.Snapshot.locks:type_name -> fence.fsm.v1.Lock
-	18, // 19: fence.fsm.v1.Snapshot.kvs:type_name -> fence.fsm.v1.KV
-	2,  // 20: fence.fsm.v1.Snapshot.nodes:type_name -> fence.fsm.v1.RegisterNode
-	17, // 21: fence.fsm.v1.Snapshot.applied:type_name -> fence.fsm.v1.Applied
-	22, // 22: fence.fsm.v1.Lock.holders:type_name -> fence.fsm.v1.Holder
-	23, // 23: fence.fsm.v1.Lock.waiters:type_name -> fence.fsm.v1.Waiter
-	21, // 24: fence.fsm.v1.Lock.delays:type_name -> fence.fsm.v1.PendingDelay
-	25, // [25:25] is the sub-list for method output_type
-	25, // [25:25] is the sub-list for method input_type
-	25, // [25:25] is the sub-list for extension type_name
-	25, // [25:25] is the sub-list for extension extendee
-	0,  // [0:25] is the sub-list for field type_name
+	17, // 14: fence.fsm.v1.Command.auth:type_name -> fence.fsm.v1.Auth
+	0,  // 15: fence.fsm.v1.Batch.commands:type_name -> fence.fsm.v1.Command
+	13, // 16: fence.fsm.v1.KVPut.fence:type_name -> fence.fsm.v1.KVFence
+	13, // 17: fence.fsm.v1.KVDelete.fence:type_name -> fence.fsm.v1.KVFence
+	28, // 18: fence.fsm.v1.Snapshot.sessions:type_name -> fence.fsm.v1.Session
+	29, // 19: fence.fsm.v1.Snapshot.locks:type_name -> fence.fsm.v1.Lock
+	27, // 20: fence.fsm.v1.Snapshot.kvs:type_name -> fence.fsm.v1.KV
+	2,  // 21: fence.fsm.v1.Snapshot.nodes:type_name -> fence.fsm.v1.RegisterNode
+	26, // 22: fence.fsm.v1.Snapshot.applied:type_name -> fence.fsm.v1.Applied
+	25, // 23: fence.fsm.v1.Snapshot.auth:type_name -> fence.fsm.v1.AuthState
+	18, // 24: fence.fsm.v1.Auth.set_enabled:type_name -> fence.fsm.v1.SetAuthEnabled
+	19, // 25: fence.fsm.v1.Auth.add_user:type_name -> fence.fsm.v1.AuthUser
+	19, // 26: fence.fsm.v1.Auth.remove_user:type_name -> fence.fsm.v1.AuthUser
+	20, // 27: fence.fsm.v1.Auth.grant_role:type_name -> fence.fsm.v1.UserRole
+	20, // 28: fence.fsm.v1.Auth.revoke_role:type_name -> fence.fsm.v1.UserRole
+	21, // 29: fence.fsm.v1.Auth.add_role:type_name -> fence.fsm.v1.AuthRole
+	21, // 30: fence.fsm.v1.Auth.remove_role:type_name -> fence.fsm.v1.AuthRole
+	23, // 31: fence.fsm.v1.Auth.grant_permission:type_name -> fence.fsm.v1.RolePermission
+	23, // 32: fence.fsm.v1.Auth.revoke_permission:type_name -> fence.fsm.v1.RolePermission
+	24, // 33: fence.fsm.v1.Auth.create_token:type_name -> fence.fsm.v1.AuthToken
+	19, // 34: fence.fsm.v1.Auth.set_quota:type_name -> fence.fsm.v1.AuthUser
+	22, // 35: fence.fsm.v1.AuthRole.permissions:type_name -> fence.fsm.v1.AuthPermission
+	22, // 36: fence.fsm.v1.RolePermission.permission:type_name -> fence.fsm.v1.AuthPermission
+	19, // 37: fence.fsm.v1.AuthState.users:type_name -> fence.fsm.v1.AuthUser
+	21, // 38: fence.fsm.v1.AuthState.roles:type_name -> fence.fsm.v1.AuthRole
+	24, // 39: fence.fsm.v1.AuthState.tokens:type_name -> fence.fsm.v1.AuthToken
+	31, // 40: fence.fsm.v1.Lock.holders:type_name -> fence.fsm.v1.Holder
+	32, // 41: fence.fsm.v1.Lock.waiters:type_name -> fence.fsm.v1.Waiter
+	30, // 42: fence.fsm.v1.Lock.delays:type_name -> fence.fsm.v1.PendingDelay
+	43, // [43:43] is the sub-list for method output_type
+	43, // [43:43] is the sub-list for method input_type
+	43, // [43:43] is the sub-list for extension type_name
+	43, // [43:43] is the sub-list for extension extendee
+	0,  // [0:43] is the sub-list for field type_name
 }
 
 func init() { file_fsmpb_fsm_proto_init() }
@@ -2222,15 +3101,30 @@ func file_fsmpb_fsm_proto_init() {
 		(*Command_RaiseTokens)(nil),
 		(*Command_SetClusterId)(nil),
 		(*Command_Batch)(nil),
+		(*Command_Auth)(nil),
 	}
 	file_fsmpb_fsm_proto_msgTypes[13].OneofWrappers = []any{}
+	file_fsmpb_fsm_proto_msgTypes[17].OneofWrappers = []any{
+		(*Auth_SetEnabled)(nil),
+		(*Auth_AddUser)(nil),
+		(*Auth_RemoveUser)(nil),
+		(*Auth_GrantRole)(nil),
+		(*Auth_RevokeRole)(nil),
+		(*Auth_AddRole)(nil),
+		(*Auth_RemoveRole)(nil),
+		(*Auth_GrantPermission)(nil),
+		(*Auth_RevokePermission)(nil),
+		(*Auth_CreateToken)(nil),
+		(*Auth_RevokeToken)(nil),
+		(*Auth_SetQuota)(nil),
+	}
 	type x struct{}
 	out := protoimpl.TypeBuilder{
 		File: protoimpl.DescBuilder{
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_fsmpb_fsm_proto_rawDesc), len(file_fsmpb_fsm_proto_rawDesc)),
 			NumEnums:      0,
-			NumMessages:   24,
+			NumMessages:   33,
 			NumExtensions: 0,
 			NumServices:   0,
 		},

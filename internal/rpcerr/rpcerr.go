@@ -39,6 +39,8 @@ var table = []struct {
 	{fence.ErrWrongCluster, connect.CodeFailedPrecondition, fencev1.Reason_REASON_WRONG_CLUSTER},
 	{fence.ErrSessionSecret, connect.CodeUnauthenticated, fencev1.Reason_REASON_SESSION_SECRET},
 	{fence.ErrMembership, connect.CodeFailedPrecondition, fencev1.Reason_REASON_MEMBERSHIP},
+	{fence.ErrAuthFailed, connect.CodeUnauthenticated, fencev1.Reason_REASON_AUTH},
+	{fence.ErrPermissionDenied, connect.CodePermissionDenied, fencev1.Reason_REASON_PERMISSION_DENIED},
 }
 
 // Detail is the extra information an error may carry across the wire.
@@ -206,6 +208,8 @@ func sentinelForCode(code connect.Code) error {
 		return fence.ErrLimit
 	case connect.CodeUnauthenticated:
 		return fence.ErrUnauthenticated
+	case connect.CodePermissionDenied:
+		return fence.ErrPermissionDenied
 	}
 	return nil
 }

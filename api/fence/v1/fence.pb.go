@@ -19,6 +19,7 @@ import (
 	protoreflect "google.golang.org/protobuf/reflect/protoreflect"
 	protoimpl "google.golang.org/protobuf/runtime/protoimpl"
 	durationpb "google.golang.org/protobuf/types/known/durationpb"
+	timestamppb "google.golang.org/protobuf/types/known/timestamppb"
 	reflect "reflect"
 	sync "sync"
 	unsafe "unsafe"
@@ -30,6 +31,112 @@ const (
 	// Verify that runtime/protoimpl is sufficiently up-to-date.
 	_ = protoimpl.EnforceVersion(protoimpl.MaxVersion - 20)
 )
+
+type PermissionKind int32
+
+const (
+	PermissionKind_PERMISSION_KIND_UNSPECIFIED PermissionKind = 0
+	// Locks, read-write locks, semaphores, elections' locks: write is
+	// acquire and release (and sessions), read is Check and ListLocks.
+	PermissionKind_PERMISSION_KIND_LOCK PermissionKind = 1
+	// The fenced KV store: read is Get, List and Watch, write Put and Delete.
+	PermissionKind_PERMISSION_KIND_KV PermissionKind = 2
+	// Membership, snapshots, revoking sessions, auth: prefix is ignored.
+	PermissionKind_PERMISSION_KIND_ADMIN PermissionKind = 3
+)
+
+// Enum value maps for PermissionKind.
+var (
+	PermissionKind_name = map[int32]string{
+		0: "PERMISSION_KIND_UNSPECIFIED",
+		1: "PERMISSION_KIND_LOCK",
+		2: "PERMISSION_KIND_KV",
+		3: "PERMISSION_KIND_ADMIN",
+	}
+	PermissionKind_value = map[string]int32{
+		"PERMISSION_KIND_UNSPECIFIED": 0,
+		"PERMISSION_KIND_LOCK":        1,
+		"PERMISSION_KIND_KV":          2,
+		"PERMISSION_KIND_ADMIN":       3,
+	}
+)
+
+func (x PermissionKind) Enum() *PermissionKind {
+	p := new(PermissionKind)
+	*p = x
+	return p
+}
+
+func (x PermissionKind) String() string {
+	return protoimpl.X.EnumStringOf(x.Descriptor(), protoreflect.EnumNumber(x))
+}
+
+func (PermissionKind) Descriptor() protoreflect.EnumDescriptor {
+	return file_fence_v1_fence_proto_enumTypes[0].Descriptor()
+}
+
+func (PermissionKind) Type() protoreflect.EnumType {
+	return &file_fence_v1_fence_proto_enumTypes[0]
+}
+
+func (x PermissionKind) Number() protoreflect.EnumNumber {
+	return protoreflect.EnumNumber(x)
+}
+
+// Deprecated: Use PermissionKind.Descriptor instead.
+func (PermissionKind) EnumDescriptor() ([]byte, []int) {
+	return file_fence_v1_fence_proto_rawDescGZIP(), []int{0}
+}
+
+type Access int32
+
+const (
+	Access_ACCESS_UNSPECIFIED Access = 0
+	Access_ACCESS_READ        Access = 1
+	// Write includes read.
+	Access_ACCESS_WRITE Access = 2
+)
+
+// Enum value maps for Access.
+var (
+	Access_name = map[int32]string{
+		0: "ACCESS_UNSPECIFIED",
+		1: "ACCESS_READ",
+		2: "ACCESS_WRITE",
+	}
+	Access_value = map[string]int32{
+		"ACCESS_UNSPECIFIED": 0,
+		"ACCESS_READ":        1,
+		"ACCESS_WRITE":       2,
+	}
+)
+
+func (x Access) Enum() *Access {
+	p := new(Access)
+	*p = x
+	return p
+}
+
+func (x Access) String() string {
+	return protoimpl.X.EnumStringOf(x.Descriptor(), protoreflect.EnumNumber(x))
+}
+
+func (Access) Descriptor() protoreflect.EnumDescriptor {
+	return file_fence_v1_fence_proto_enumTypes[1].Descriptor()
+}
+
+func (Access) Type() protoreflect.EnumType {
+	return &file_fence_v1_fence_proto_enumTypes[1]
+}
+
+func (x Access) Number() protoreflect.EnumNumber {
+	return protoreflect.EnumNumber(x)
+}
+
+// Deprecated: Use Access.Descriptor instead.
+func (Access) EnumDescriptor() ([]byte, []int) {
+	return file_fence_v1_fence_proto_rawDescGZIP(), []int{1}
+}
 
 // Mode says which holders a lock can have at once.
 type Mode int32
@@ -74,11 +181,11 @@ func (x Mode) String() string {
 }
 
 func (Mode) Descriptor() protoreflect.EnumDescriptor {
-	return file_fence_v1_fence_proto_enumTypes[0].Descriptor()
+	return file_fence_v1_fence_proto_enumTypes[2].Descriptor()
 }
 
 func (Mode) Type() protoreflect.EnumType {
-	return &file_fence_v1_fence_proto_enumTypes[0]
+	return &file_fence_v1_fence_proto_enumTypes[2]
 }
 
 func (x Mode) Number() protoreflect.EnumNumber {
@@ -87,7 +194,7 @@ func (x Mode) Number() protoreflect.EnumNumber {
 
 // Deprecated: Use Mode.Descriptor instead.
 func (Mode) EnumDescriptor() ([]byte, []int) {
-	return file_fence_v1_fence_proto_rawDescGZIP(), []int{0}
+	return file_fence_v1_fence_proto_rawDescGZIP(), []int{2}
 }
 
 type EventType int32
@@ -123,11 +230,11 @@ func (x EventType) String() string {
 }
 
 func (EventType) Descriptor() protoreflect.EnumDescriptor {
-	return file_fence_v1_fence_proto_enumTypes[1].Descriptor()
+	return file_fence_v1_fence_proto_enumTypes[3].Descriptor()
 }
 
 func (EventType) Type() protoreflect.EnumType {
-	return &file_fence_v1_fence_proto_enumTypes[1]
+	return &file_fence_v1_fence_proto_enumTypes[3]
 }
 
 func (x EventType) Number() protoreflect.EnumNumber {
@@ -136,7 +243,7 @@ func (x EventType) Number() protoreflect.EnumNumber {
 
 // Deprecated: Use EventType.Descriptor instead.
 func (EventType) EnumDescriptor() ([]byte, []int) {
-	return file_fence_v1_fence_proto_rawDescGZIP(), []int{1}
+	return file_fence_v1_fence_proto_rawDescGZIP(), []int{3}
 }
 
 // Reason says precisely why a call failed. It travels as an error detail so
@@ -171,6 +278,13 @@ const (
 	// raft address (or another node does), it did not catch up, or the
 	// change would leave the group without a quorum of reachable voters.
 	Reason_REASON_MEMBERSHIP Reason = 15
+	// With auth on: the caller's identity lacks the permission the call
+	// needs (code PermissionDenied); the message names it and the prefix.
+	Reason_REASON_PERMISSION_DENIED Reason = 16
+	// With auth on: no credential, or one the service does not accept (an
+	// unknown, revoked or expired token; a certificate naming no user)
+	// (code Unauthenticated).
+	Reason_REASON_AUTH Reason = 17
 )
 
 // Enum value maps for Reason.
@@ -192,6 +306,8 @@ var (
 		13: "REASON_WRONG_CLUSTER",
 		14: "REASON_SESSION_SECRET",
 		15: "REASON_MEMBERSHIP",
+		16: "REASON_PERMISSION_DENIED",
+		17: "REASON_AUTH",
 	}
 	Reason_value = map[string]int32{
 		"REASON_UNSPECIFIED":       0,
@@ -210,6 +326,8 @@ var (
 		"REASON_WRONG_CLUSTER":     13,
 		"REASON_SESSION_SECRET":    14,
 		"REASON_MEMBERSHIP":        15,
+		"REASON_PERMISSION_DENIED": 16,
+		"REASON_AUTH":              17,
 	}
 )
 
@@ -224,11 +342,11 @@ func (x Reason) String() string {
 }
 
 func (Reason) Descriptor() protoreflect.EnumDescriptor {
-	return file_fence_v1_fence_proto_enumTypes[2].Descriptor()
+	return file_fence_v1_fence_proto_enumTypes[4].Descriptor()
 }
 
 func (Reason) Type() protoreflect.EnumType {
-	return &file_fence_v1_fence_proto_enumTypes[2]
+	return &file_fence_v1_fence_proto_enumTypes[4]
 }
 
 func (x Reason) Number() protoreflect.EnumNumber {
@@ -237,7 +355,1746 @@ func (x Reason) Number() protoreflect.EnumNumber {
 
 // Deprecated: Use Reason.Descriptor instead.
 func (Reason) EnumDescriptor() ([]byte, []int) {
+	return file_fence_v1_fence_proto_rawDescGZIP(), []int{4}
+}
+
+// Permission allows kind at access on every name that starts with prefix
+// ("" is every name).
+type Permission struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Kind          PermissionKind         `protobuf:"varint,1,opt,name=kind,proto3,enum=fence.v1.PermissionKind" json:"kind,omitempty"`
+	Access        Access                 `protobuf:"varint,2,opt,name=access,proto3,enum=fence.v1.Access" json:"access,omitempty"`
+	Prefix        string                 `protobuf:"bytes,3,opt,name=prefix,proto3" json:"prefix,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *Permission) Reset() {
+	*x = Permission{}
+	mi := &file_fence_v1_fence_proto_msgTypes[0]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *Permission) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*Permission) ProtoMessage() {}
+
+func (x *Permission) ProtoReflect() protoreflect.Message {
+	mi := &file_fence_v1_fence_proto_msgTypes[0]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use Permission.ProtoReflect.Descriptor instead.
+func (*Permission) Descriptor() ([]byte, []int) {
+	return file_fence_v1_fence_proto_rawDescGZIP(), []int{0}
+}
+
+func (x *Permission) GetKind() PermissionKind {
+	if x != nil {
+		return x.Kind
+	}
+	return PermissionKind_PERMISSION_KIND_UNSPECIFIED
+}
+
+func (x *Permission) GetAccess() Access {
+	if x != nil {
+		return x.Access
+	}
+	return Access_ACCESS_UNSPECIFIED
+}
+
+func (x *Permission) GetPrefix() string {
+	if x != nil {
+		return x.Prefix
+	}
+	return ""
+}
+
+type AuthEnableRequest struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *AuthEnableRequest) Reset() {
+	*x = AuthEnableRequest{}
+	mi := &file_fence_v1_fence_proto_msgTypes[1]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *AuthEnableRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*AuthEnableRequest) ProtoMessage() {}
+
+func (x *AuthEnableRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_fence_v1_fence_proto_msgTypes[1]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use AuthEnableRequest.ProtoReflect.Descriptor instead.
+func (*AuthEnableRequest) Descriptor() ([]byte, []int) {
+	return file_fence_v1_fence_proto_rawDescGZIP(), []int{1}
+}
+
+type AuthEnableResponse struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *AuthEnableResponse) Reset() {
+	*x = AuthEnableResponse{}
+	mi := &file_fence_v1_fence_proto_msgTypes[2]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *AuthEnableResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*AuthEnableResponse) ProtoMessage() {}
+
+func (x *AuthEnableResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_fence_v1_fence_proto_msgTypes[2]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use AuthEnableResponse.ProtoReflect.Descriptor instead.
+func (*AuthEnableResponse) Descriptor() ([]byte, []int) {
 	return file_fence_v1_fence_proto_rawDescGZIP(), []int{2}
+}
+
+type AuthDisableRequest struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *AuthDisableRequest) Reset() {
+	*x = AuthDisableRequest{}
+	mi := &file_fence_v1_fence_proto_msgTypes[3]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *AuthDisableRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*AuthDisableRequest) ProtoMessage() {}
+
+func (x *AuthDisableRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_fence_v1_fence_proto_msgTypes[3]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use AuthDisableRequest.ProtoReflect.Descriptor instead.
+func (*AuthDisableRequest) Descriptor() ([]byte, []int) {
+	return file_fence_v1_fence_proto_rawDescGZIP(), []int{3}
+}
+
+type AuthDisableResponse struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *AuthDisableResponse) Reset() {
+	*x = AuthDisableResponse{}
+	mi := &file_fence_v1_fence_proto_msgTypes[4]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *AuthDisableResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*AuthDisableResponse) ProtoMessage() {}
+
+func (x *AuthDisableResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_fence_v1_fence_proto_msgTypes[4]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use AuthDisableResponse.ProtoReflect.Descriptor instead.
+func (*AuthDisableResponse) Descriptor() ([]byte, []int) {
+	return file_fence_v1_fence_proto_rawDescGZIP(), []int{4}
+}
+
+type AuthStatusRequest struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *AuthStatusRequest) Reset() {
+	*x = AuthStatusRequest{}
+	mi := &file_fence_v1_fence_proto_msgTypes[5]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *AuthStatusRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*AuthStatusRequest) ProtoMessage() {}
+
+func (x *AuthStatusRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_fence_v1_fence_proto_msgTypes[5]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use AuthStatusRequest.ProtoReflect.Descriptor instead.
+func (*AuthStatusRequest) Descriptor() ([]byte, []int) {
+	return file_fence_v1_fence_proto_rawDescGZIP(), []int{5}
+}
+
+type AuthStatusResponse struct {
+	state   protoimpl.MessageState `protogen:"open.v1"`
+	Enabled bool                   `protobuf:"varint,1,opt,name=enabled,proto3" json:"enabled,omitempty"`
+	// The caller's user, and how it was identified ("token", "certificate"),
+	// empty for none.
+	User          string   `protobuf:"bytes,2,opt,name=user,proto3" json:"user,omitempty"`
+	IdentifiedBy  string   `protobuf:"bytes,3,opt,name=identified_by,json=identifiedBy,proto3" json:"identified_by,omitempty"`
+	Roles         []string `protobuf:"bytes,4,rep,name=roles,proto3" json:"roles,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *AuthStatusResponse) Reset() {
+	*x = AuthStatusResponse{}
+	mi := &file_fence_v1_fence_proto_msgTypes[6]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *AuthStatusResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*AuthStatusResponse) ProtoMessage() {}
+
+func (x *AuthStatusResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_fence_v1_fence_proto_msgTypes[6]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use AuthStatusResponse.ProtoReflect.Descriptor instead.
+func (*AuthStatusResponse) Descriptor() ([]byte, []int) {
+	return file_fence_v1_fence_proto_rawDescGZIP(), []int{6}
+}
+
+func (x *AuthStatusResponse) GetEnabled() bool {
+	if x != nil {
+		return x.Enabled
+	}
+	return false
+}
+
+func (x *AuthStatusResponse) GetUser() string {
+	if x != nil {
+		return x.User
+	}
+	return ""
+}
+
+func (x *AuthStatusResponse) GetIdentifiedBy() string {
+	if x != nil {
+		return x.IdentifiedBy
+	}
+	return ""
+}
+
+func (x *AuthStatusResponse) GetRoles() []string {
+	if x != nil {
+		return x.Roles
+	}
+	return nil
+}
+
+type User struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	Name  string                 `protobuf:"bytes,1,opt,name=name,proto3" json:"name,omitempty"`
+	Roles []string               `protobuf:"bytes,2,rep,name=roles,proto3" json:"roles,omitempty"`
+	// Quotas (0: none), and what the user uses now: live sessions the user
+	// created with auth on, and the locks they hold or wait for.
+	MaxSessions   uint64 `protobuf:"varint,3,opt,name=max_sessions,json=maxSessions,proto3" json:"max_sessions,omitempty"`
+	MaxLocks      uint64 `protobuf:"varint,4,opt,name=max_locks,json=maxLocks,proto3" json:"max_locks,omitempty"`
+	Sessions      uint64 `protobuf:"varint,5,opt,name=sessions,proto3" json:"sessions,omitempty"`
+	Locks         uint64 `protobuf:"varint,6,opt,name=locks,proto3" json:"locks,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *User) Reset() {
+	*x = User{}
+	mi := &file_fence_v1_fence_proto_msgTypes[7]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *User) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*User) ProtoMessage() {}
+
+func (x *User) ProtoReflect() protoreflect.Message {
+	mi := &file_fence_v1_fence_proto_msgTypes[7]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use User.ProtoReflect.Descriptor instead.
+func (*User) Descriptor() ([]byte, []int) {
+	return file_fence_v1_fence_proto_rawDescGZIP(), []int{7}
+}
+
+func (x *User) GetName() string {
+	if x != nil {
+		return x.Name
+	}
+	return ""
+}
+
+func (x *User) GetRoles() []string {
+	if x != nil {
+		return x.Roles
+	}
+	return nil
+}
+
+func (x *User) GetMaxSessions() uint64 {
+	if x != nil {
+		return x.MaxSessions
+	}
+	return 0
+}
+
+func (x *User) GetMaxLocks() uint64 {
+	if x != nil {
+		return x.MaxLocks
+	}
+	return 0
+}
+
+func (x *User) GetSessions() uint64 {
+	if x != nil {
+		return x.Sessions
+	}
+	return 0
+}
+
+func (x *User) GetLocks() uint64 {
+	if x != nil {
+		return x.Locks
+	}
+	return 0
+}
+
+type Role struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Name          string                 `protobuf:"bytes,1,opt,name=name,proto3" json:"name,omitempty"`
+	Permissions   []*Permission          `protobuf:"bytes,2,rep,name=permissions,proto3" json:"permissions,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *Role) Reset() {
+	*x = Role{}
+	mi := &file_fence_v1_fence_proto_msgTypes[8]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *Role) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*Role) ProtoMessage() {}
+
+func (x *Role) ProtoReflect() protoreflect.Message {
+	mi := &file_fence_v1_fence_proto_msgTypes[8]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use Role.ProtoReflect.Descriptor instead.
+func (*Role) Descriptor() ([]byte, []int) {
+	return file_fence_v1_fence_proto_rawDescGZIP(), []int{8}
+}
+
+func (x *Role) GetName() string {
+	if x != nil {
+		return x.Name
+	}
+	return ""
+}
+
+func (x *Role) GetPermissions() []*Permission {
+	if x != nil {
+		return x.Permissions
+	}
+	return nil
+}
+
+type UserAddRequest struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Name          string                 `protobuf:"bytes,1,opt,name=name,proto3" json:"name,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *UserAddRequest) Reset() {
+	*x = UserAddRequest{}
+	mi := &file_fence_v1_fence_proto_msgTypes[9]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *UserAddRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*UserAddRequest) ProtoMessage() {}
+
+func (x *UserAddRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_fence_v1_fence_proto_msgTypes[9]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use UserAddRequest.ProtoReflect.Descriptor instead.
+func (*UserAddRequest) Descriptor() ([]byte, []int) {
+	return file_fence_v1_fence_proto_rawDescGZIP(), []int{9}
+}
+
+func (x *UserAddRequest) GetName() string {
+	if x != nil {
+		return x.Name
+	}
+	return ""
+}
+
+type UserAddResponse struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *UserAddResponse) Reset() {
+	*x = UserAddResponse{}
+	mi := &file_fence_v1_fence_proto_msgTypes[10]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *UserAddResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*UserAddResponse) ProtoMessage() {}
+
+func (x *UserAddResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_fence_v1_fence_proto_msgTypes[10]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use UserAddResponse.ProtoReflect.Descriptor instead.
+func (*UserAddResponse) Descriptor() ([]byte, []int) {
+	return file_fence_v1_fence_proto_rawDescGZIP(), []int{10}
+}
+
+type UserRemoveRequest struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Name          string                 `protobuf:"bytes,1,opt,name=name,proto3" json:"name,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *UserRemoveRequest) Reset() {
+	*x = UserRemoveRequest{}
+	mi := &file_fence_v1_fence_proto_msgTypes[11]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *UserRemoveRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*UserRemoveRequest) ProtoMessage() {}
+
+func (x *UserRemoveRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_fence_v1_fence_proto_msgTypes[11]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use UserRemoveRequest.ProtoReflect.Descriptor instead.
+func (*UserRemoveRequest) Descriptor() ([]byte, []int) {
+	return file_fence_v1_fence_proto_rawDescGZIP(), []int{11}
+}
+
+func (x *UserRemoveRequest) GetName() string {
+	if x != nil {
+		return x.Name
+	}
+	return ""
+}
+
+type UserRemoveResponse struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *UserRemoveResponse) Reset() {
+	*x = UserRemoveResponse{}
+	mi := &file_fence_v1_fence_proto_msgTypes[12]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *UserRemoveResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*UserRemoveResponse) ProtoMessage() {}
+
+func (x *UserRemoveResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_fence_v1_fence_proto_msgTypes[12]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use UserRemoveResponse.ProtoReflect.Descriptor instead.
+func (*UserRemoveResponse) Descriptor() ([]byte, []int) {
+	return file_fence_v1_fence_proto_rawDescGZIP(), []int{12}
+}
+
+type UserListRequest struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *UserListRequest) Reset() {
+	*x = UserListRequest{}
+	mi := &file_fence_v1_fence_proto_msgTypes[13]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *UserListRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*UserListRequest) ProtoMessage() {}
+
+func (x *UserListRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_fence_v1_fence_proto_msgTypes[13]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use UserListRequest.ProtoReflect.Descriptor instead.
+func (*UserListRequest) Descriptor() ([]byte, []int) {
+	return file_fence_v1_fence_proto_rawDescGZIP(), []int{13}
+}
+
+type UserListResponse struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Users         []*User                `protobuf:"bytes,1,rep,name=users,proto3" json:"users,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *UserListResponse) Reset() {
+	*x = UserListResponse{}
+	mi := &file_fence_v1_fence_proto_msgTypes[14]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *UserListResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*UserListResponse) ProtoMessage() {}
+
+func (x *UserListResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_fence_v1_fence_proto_msgTypes[14]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use UserListResponse.ProtoReflect.Descriptor instead.
+func (*UserListResponse) Descriptor() ([]byte, []int) {
+	return file_fence_v1_fence_proto_rawDescGZIP(), []int{14}
+}
+
+func (x *UserListResponse) GetUsers() []*User {
+	if x != nil {
+		return x.Users
+	}
+	return nil
+}
+
+type UserSetQuotaRequest struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	User          string                 `protobuf:"bytes,1,opt,name=user,proto3" json:"user,omitempty"`
+	MaxSessions   uint64                 `protobuf:"varint,2,opt,name=max_sessions,json=maxSessions,proto3" json:"max_sessions,omitempty"`
+	MaxLocks      uint64                 `protobuf:"varint,3,opt,name=max_locks,json=maxLocks,proto3" json:"max_locks,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *UserSetQuotaRequest) Reset() {
+	*x = UserSetQuotaRequest{}
+	mi := &file_fence_v1_fence_proto_msgTypes[15]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *UserSetQuotaRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*UserSetQuotaRequest) ProtoMessage() {}
+
+func (x *UserSetQuotaRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_fence_v1_fence_proto_msgTypes[15]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use UserSetQuotaRequest.ProtoReflect.Descriptor instead.
+func (*UserSetQuotaRequest) Descriptor() ([]byte, []int) {
+	return file_fence_v1_fence_proto_rawDescGZIP(), []int{15}
+}
+
+func (x *UserSetQuotaRequest) GetUser() string {
+	if x != nil {
+		return x.User
+	}
+	return ""
+}
+
+func (x *UserSetQuotaRequest) GetMaxSessions() uint64 {
+	if x != nil {
+		return x.MaxSessions
+	}
+	return 0
+}
+
+func (x *UserSetQuotaRequest) GetMaxLocks() uint64 {
+	if x != nil {
+		return x.MaxLocks
+	}
+	return 0
+}
+
+type UserSetQuotaResponse struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *UserSetQuotaResponse) Reset() {
+	*x = UserSetQuotaResponse{}
+	mi := &file_fence_v1_fence_proto_msgTypes[16]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *UserSetQuotaResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*UserSetQuotaResponse) ProtoMessage() {}
+
+func (x *UserSetQuotaResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_fence_v1_fence_proto_msgTypes[16]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use UserSetQuotaResponse.ProtoReflect.Descriptor instead.
+func (*UserSetQuotaResponse) Descriptor() ([]byte, []int) {
+	return file_fence_v1_fence_proto_rawDescGZIP(), []int{16}
+}
+
+type UserGrantRoleRequest struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	User          string                 `protobuf:"bytes,1,opt,name=user,proto3" json:"user,omitempty"`
+	Role          string                 `protobuf:"bytes,2,opt,name=role,proto3" json:"role,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *UserGrantRoleRequest) Reset() {
+	*x = UserGrantRoleRequest{}
+	mi := &file_fence_v1_fence_proto_msgTypes[17]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *UserGrantRoleRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*UserGrantRoleRequest) ProtoMessage() {}
+
+func (x *UserGrantRoleRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_fence_v1_fence_proto_msgTypes[17]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use UserGrantRoleRequest.ProtoReflect.Descriptor instead.
+func (*UserGrantRoleRequest) Descriptor() ([]byte, []int) {
+	return file_fence_v1_fence_proto_rawDescGZIP(), []int{17}
+}
+
+func (x *UserGrantRoleRequest) GetUser() string {
+	if x != nil {
+		return x.User
+	}
+	return ""
+}
+
+func (x *UserGrantRoleRequest) GetRole() string {
+	if x != nil {
+		return x.Role
+	}
+	return ""
+}
+
+type UserGrantRoleResponse struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *UserGrantRoleResponse) Reset() {
+	*x = UserGrantRoleResponse{}
+	mi := &file_fence_v1_fence_proto_msgTypes[18]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *UserGrantRoleResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*UserGrantRoleResponse) ProtoMessage() {}
+
+func (x *UserGrantRoleResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_fence_v1_fence_proto_msgTypes[18]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use UserGrantRoleResponse.ProtoReflect.Descriptor instead.
+func (*UserGrantRoleResponse) Descriptor() ([]byte, []int) {
+	return file_fence_v1_fence_proto_rawDescGZIP(), []int{18}
+}
+
+type UserRevokeRoleRequest struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	User          string                 `protobuf:"bytes,1,opt,name=user,proto3" json:"user,omitempty"`
+	Role          string                 `protobuf:"bytes,2,opt,name=role,proto3" json:"role,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *UserRevokeRoleRequest) Reset() {
+	*x = UserRevokeRoleRequest{}
+	mi := &file_fence_v1_fence_proto_msgTypes[19]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *UserRevokeRoleRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*UserRevokeRoleRequest) ProtoMessage() {}
+
+func (x *UserRevokeRoleRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_fence_v1_fence_proto_msgTypes[19]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use UserRevokeRoleRequest.ProtoReflect.Descriptor instead.
+func (*UserRevokeRoleRequest) Descriptor() ([]byte, []int) {
+	return file_fence_v1_fence_proto_rawDescGZIP(), []int{19}
+}
+
+func (x *UserRevokeRoleRequest) GetUser() string {
+	if x != nil {
+		return x.User
+	}
+	return ""
+}
+
+func (x *UserRevokeRoleRequest) GetRole() string {
+	if x != nil {
+		return x.Role
+	}
+	return ""
+}
+
+type UserRevokeRoleResponse struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *UserRevokeRoleResponse) Reset() {
+	*x = UserRevokeRoleResponse{}
+	mi := &file_fence_v1_fence_proto_msgTypes[20]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *UserRevokeRoleResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*UserRevokeRoleResponse) ProtoMessage() {}
+
+func (x *UserRevokeRoleResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_fence_v1_fence_proto_msgTypes[20]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use UserRevokeRoleResponse.ProtoReflect.Descriptor instead.
+func (*UserRevokeRoleResponse) Descriptor() ([]byte, []int) {
+	return file_fence_v1_fence_proto_rawDescGZIP(), []int{20}
+}
+
+type RoleAddRequest struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Name          string                 `protobuf:"bytes,1,opt,name=name,proto3" json:"name,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *RoleAddRequest) Reset() {
+	*x = RoleAddRequest{}
+	mi := &file_fence_v1_fence_proto_msgTypes[21]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *RoleAddRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*RoleAddRequest) ProtoMessage() {}
+
+func (x *RoleAddRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_fence_v1_fence_proto_msgTypes[21]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use RoleAddRequest.ProtoReflect.Descriptor instead.
+func (*RoleAddRequest) Descriptor() ([]byte, []int) {
+	return file_fence_v1_fence_proto_rawDescGZIP(), []int{21}
+}
+
+func (x *RoleAddRequest) GetName() string {
+	if x != nil {
+		return x.Name
+	}
+	return ""
+}
+
+type RoleAddResponse struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *RoleAddResponse) Reset() {
+	*x = RoleAddResponse{}
+	mi := &file_fence_v1_fence_proto_msgTypes[22]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *RoleAddResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*RoleAddResponse) ProtoMessage() {}
+
+func (x *RoleAddResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_fence_v1_fence_proto_msgTypes[22]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use RoleAddResponse.ProtoReflect.Descriptor instead.
+func (*RoleAddResponse) Descriptor() ([]byte, []int) {
+	return file_fence_v1_fence_proto_rawDescGZIP(), []int{22}
+}
+
+type RoleRemoveRequest struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Name          string                 `protobuf:"bytes,1,opt,name=name,proto3" json:"name,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *RoleRemoveRequest) Reset() {
+	*x = RoleRemoveRequest{}
+	mi := &file_fence_v1_fence_proto_msgTypes[23]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *RoleRemoveRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*RoleRemoveRequest) ProtoMessage() {}
+
+func (x *RoleRemoveRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_fence_v1_fence_proto_msgTypes[23]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use RoleRemoveRequest.ProtoReflect.Descriptor instead.
+func (*RoleRemoveRequest) Descriptor() ([]byte, []int) {
+	return file_fence_v1_fence_proto_rawDescGZIP(), []int{23}
+}
+
+func (x *RoleRemoveRequest) GetName() string {
+	if x != nil {
+		return x.Name
+	}
+	return ""
+}
+
+type RoleRemoveResponse struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *RoleRemoveResponse) Reset() {
+	*x = RoleRemoveResponse{}
+	mi := &file_fence_v1_fence_proto_msgTypes[24]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *RoleRemoveResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*RoleRemoveResponse) ProtoMessage() {}
+
+func (x *RoleRemoveResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_fence_v1_fence_proto_msgTypes[24]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use RoleRemoveResponse.ProtoReflect.Descriptor instead.
+func (*RoleRemoveResponse) Descriptor() ([]byte, []int) {
+	return file_fence_v1_fence_proto_rawDescGZIP(), []int{24}
+}
+
+type RoleGrantPermissionRequest struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Role          string                 `protobuf:"bytes,1,opt,name=role,proto3" json:"role,omitempty"`
+	Permission    *Permission            `protobuf:"bytes,2,opt,name=permission,proto3" json:"permission,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *RoleGrantPermissionRequest) Reset() {
+	*x = RoleGrantPermissionRequest{}
+	mi := &file_fence_v1_fence_proto_msgTypes[25]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *RoleGrantPermissionRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*RoleGrantPermissionRequest) ProtoMessage() {}
+
+func (x *RoleGrantPermissionRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_fence_v1_fence_proto_msgTypes[25]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use RoleGrantPermissionRequest.ProtoReflect.Descriptor instead.
+func (*RoleGrantPermissionRequest) Descriptor() ([]byte, []int) {
+	return file_fence_v1_fence_proto_rawDescGZIP(), []int{25}
+}
+
+func (x *RoleGrantPermissionRequest) GetRole() string {
+	if x != nil {
+		return x.Role
+	}
+	return ""
+}
+
+func (x *RoleGrantPermissionRequest) GetPermission() *Permission {
+	if x != nil {
+		return x.Permission
+	}
+	return nil
+}
+
+type RoleGrantPermissionResponse struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *RoleGrantPermissionResponse) Reset() {
+	*x = RoleGrantPermissionResponse{}
+	mi := &file_fence_v1_fence_proto_msgTypes[26]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *RoleGrantPermissionResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*RoleGrantPermissionResponse) ProtoMessage() {}
+
+func (x *RoleGrantPermissionResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_fence_v1_fence_proto_msgTypes[26]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use RoleGrantPermissionResponse.ProtoReflect.Descriptor instead.
+func (*RoleGrantPermissionResponse) Descriptor() ([]byte, []int) {
+	return file_fence_v1_fence_proto_rawDescGZIP(), []int{26}
+}
+
+type RoleRevokePermissionRequest struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Role          string                 `protobuf:"bytes,1,opt,name=role,proto3" json:"role,omitempty"`
+	Permission    *Permission            `protobuf:"bytes,2,opt,name=permission,proto3" json:"permission,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *RoleRevokePermissionRequest) Reset() {
+	*x = RoleRevokePermissionRequest{}
+	mi := &file_fence_v1_fence_proto_msgTypes[27]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *RoleRevokePermissionRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*RoleRevokePermissionRequest) ProtoMessage() {}
+
+func (x *RoleRevokePermissionRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_fence_v1_fence_proto_msgTypes[27]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use RoleRevokePermissionRequest.ProtoReflect.Descriptor instead.
+func (*RoleRevokePermissionRequest) Descriptor() ([]byte, []int) {
+	return file_fence_v1_fence_proto_rawDescGZIP(), []int{27}
+}
+
+func (x *RoleRevokePermissionRequest) GetRole() string {
+	if x != nil {
+		return x.Role
+	}
+	return ""
+}
+
+func (x *RoleRevokePermissionRequest) GetPermission() *Permission {
+	if x != nil {
+		return x.Permission
+	}
+	return nil
+}
+
+type RoleRevokePermissionResponse struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *RoleRevokePermissionResponse) Reset() {
+	*x = RoleRevokePermissionResponse{}
+	mi := &file_fence_v1_fence_proto_msgTypes[28]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *RoleRevokePermissionResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*RoleRevokePermissionResponse) ProtoMessage() {}
+
+func (x *RoleRevokePermissionResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_fence_v1_fence_proto_msgTypes[28]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use RoleRevokePermissionResponse.ProtoReflect.Descriptor instead.
+func (*RoleRevokePermissionResponse) Descriptor() ([]byte, []int) {
+	return file_fence_v1_fence_proto_rawDescGZIP(), []int{28}
+}
+
+type RoleListRequest struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *RoleListRequest) Reset() {
+	*x = RoleListRequest{}
+	mi := &file_fence_v1_fence_proto_msgTypes[29]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *RoleListRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*RoleListRequest) ProtoMessage() {}
+
+func (x *RoleListRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_fence_v1_fence_proto_msgTypes[29]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use RoleListRequest.ProtoReflect.Descriptor instead.
+func (*RoleListRequest) Descriptor() ([]byte, []int) {
+	return file_fence_v1_fence_proto_rawDescGZIP(), []int{29}
+}
+
+type RoleListResponse struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Roles         []*Role                `protobuf:"bytes,1,rep,name=roles,proto3" json:"roles,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *RoleListResponse) Reset() {
+	*x = RoleListResponse{}
+	mi := &file_fence_v1_fence_proto_msgTypes[30]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *RoleListResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*RoleListResponse) ProtoMessage() {}
+
+func (x *RoleListResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_fence_v1_fence_proto_msgTypes[30]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use RoleListResponse.ProtoReflect.Descriptor instead.
+func (*RoleListResponse) Descriptor() ([]byte, []int) {
+	return file_fence_v1_fence_proto_rawDescGZIP(), []int{30}
+}
+
+func (x *RoleListResponse) GetRoles() []*Role {
+	if x != nil {
+		return x.Roles
+	}
+	return nil
+}
+
+type TokenCreateRequest struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	User  string                 `protobuf:"bytes,1,opt,name=user,proto3" json:"user,omitempty"`
+	// The token ends after this long; unset: it lasts until revoked.
+	Ttl           *durationpb.Duration `protobuf:"bytes,2,opt,name=ttl,proto3" json:"ttl,omitempty"`
+	Description   string               `protobuf:"bytes,3,opt,name=description,proto3" json:"description,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *TokenCreateRequest) Reset() {
+	*x = TokenCreateRequest{}
+	mi := &file_fence_v1_fence_proto_msgTypes[31]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *TokenCreateRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*TokenCreateRequest) ProtoMessage() {}
+
+func (x *TokenCreateRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_fence_v1_fence_proto_msgTypes[31]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use TokenCreateRequest.ProtoReflect.Descriptor instead.
+func (*TokenCreateRequest) Descriptor() ([]byte, []int) {
+	return file_fence_v1_fence_proto_rawDescGZIP(), []int{31}
+}
+
+func (x *TokenCreateRequest) GetUser() string {
+	if x != nil {
+		return x.User
+	}
+	return ""
+}
+
+func (x *TokenCreateRequest) GetTtl() *durationpb.Duration {
+	if x != nil {
+		return x.Ttl
+	}
+	return nil
+}
+
+func (x *TokenCreateRequest) GetDescription() string {
+	if x != nil {
+		return x.Description
+	}
+	return ""
+}
+
+type TokenCreateResponse struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	Info  *TokenInfo             `protobuf:"bytes,1,opt,name=info,proto3" json:"info,omitempty"`
+	// The bearer token: send it as "Authorization: Bearer TOKEN". Answered
+	// once; the service keeps only its hash.
+	Token         string `protobuf:"bytes,2,opt,name=token,proto3" json:"token,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *TokenCreateResponse) Reset() {
+	*x = TokenCreateResponse{}
+	mi := &file_fence_v1_fence_proto_msgTypes[32]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *TokenCreateResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*TokenCreateResponse) ProtoMessage() {}
+
+func (x *TokenCreateResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_fence_v1_fence_proto_msgTypes[32]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use TokenCreateResponse.ProtoReflect.Descriptor instead.
+func (*TokenCreateResponse) Descriptor() ([]byte, []int) {
+	return file_fence_v1_fence_proto_rawDescGZIP(), []int{32}
+}
+
+func (x *TokenCreateResponse) GetInfo() *TokenInfo {
+	if x != nil {
+		return x.Info
+	}
+	return nil
+}
+
+func (x *TokenCreateResponse) GetToken() string {
+	if x != nil {
+		return x.Token
+	}
+	return ""
+}
+
+type TokenRevokeRequest struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Id            uint64                 `protobuf:"varint,1,opt,name=id,proto3" json:"id,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *TokenRevokeRequest) Reset() {
+	*x = TokenRevokeRequest{}
+	mi := &file_fence_v1_fence_proto_msgTypes[33]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *TokenRevokeRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*TokenRevokeRequest) ProtoMessage() {}
+
+func (x *TokenRevokeRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_fence_v1_fence_proto_msgTypes[33]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use TokenRevokeRequest.ProtoReflect.Descriptor instead.
+func (*TokenRevokeRequest) Descriptor() ([]byte, []int) {
+	return file_fence_v1_fence_proto_rawDescGZIP(), []int{33}
+}
+
+func (x *TokenRevokeRequest) GetId() uint64 {
+	if x != nil {
+		return x.Id
+	}
+	return 0
+}
+
+type TokenRevokeResponse struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *TokenRevokeResponse) Reset() {
+	*x = TokenRevokeResponse{}
+	mi := &file_fence_v1_fence_proto_msgTypes[34]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *TokenRevokeResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*TokenRevokeResponse) ProtoMessage() {}
+
+func (x *TokenRevokeResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_fence_v1_fence_proto_msgTypes[34]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use TokenRevokeResponse.ProtoReflect.Descriptor instead.
+func (*TokenRevokeResponse) Descriptor() ([]byte, []int) {
+	return file_fence_v1_fence_proto_rawDescGZIP(), []int{34}
+}
+
+type TokenListRequest struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// Only this user's tokens; empty: everyone's.
+	User          string `protobuf:"bytes,1,opt,name=user,proto3" json:"user,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *TokenListRequest) Reset() {
+	*x = TokenListRequest{}
+	mi := &file_fence_v1_fence_proto_msgTypes[35]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *TokenListRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*TokenListRequest) ProtoMessage() {}
+
+func (x *TokenListRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_fence_v1_fence_proto_msgTypes[35]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use TokenListRequest.ProtoReflect.Descriptor instead.
+func (*TokenListRequest) Descriptor() ([]byte, []int) {
+	return file_fence_v1_fence_proto_rawDescGZIP(), []int{35}
+}
+
+func (x *TokenListRequest) GetUser() string {
+	if x != nil {
+		return x.User
+	}
+	return ""
+}
+
+type TokenListResponse struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Tokens        []*TokenInfo           `protobuf:"bytes,1,rep,name=tokens,proto3" json:"tokens,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *TokenListResponse) Reset() {
+	*x = TokenListResponse{}
+	mi := &file_fence_v1_fence_proto_msgTypes[36]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *TokenListResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*TokenListResponse) ProtoMessage() {}
+
+func (x *TokenListResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_fence_v1_fence_proto_msgTypes[36]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use TokenListResponse.ProtoReflect.Descriptor instead.
+func (*TokenListResponse) Descriptor() ([]byte, []int) {
+	return file_fence_v1_fence_proto_rawDescGZIP(), []int{36}
+}
+
+func (x *TokenListResponse) GetTokens() []*TokenInfo {
+	if x != nil {
+		return x.Tokens
+	}
+	return nil
+}
+
+type TokenInfo struct {
+	state       protoimpl.MessageState `protogen:"open.v1"`
+	Id          uint64                 `protobuf:"varint,1,opt,name=id,proto3" json:"id,omitempty"`
+	User        string                 `protobuf:"bytes,2,opt,name=user,proto3" json:"user,omitempty"`
+	Description string                 `protobuf:"bytes,3,opt,name=description,proto3" json:"description,omitempty"`
+	Created     *timestamppb.Timestamp `protobuf:"bytes,4,opt,name=created,proto3" json:"created,omitempty"`
+	// Unset: the token does not expire.
+	Expires       *timestamppb.Timestamp `protobuf:"bytes,5,opt,name=expires,proto3" json:"expires,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *TokenInfo) Reset() {
+	*x = TokenInfo{}
+	mi := &file_fence_v1_fence_proto_msgTypes[37]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *TokenInfo) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*TokenInfo) ProtoMessage() {}
+
+func (x *TokenInfo) ProtoReflect() protoreflect.Message {
+	mi := &file_fence_v1_fence_proto_msgTypes[37]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use TokenInfo.ProtoReflect.Descriptor instead.
+func (*TokenInfo) Descriptor() ([]byte, []int) {
+	return file_fence_v1_fence_proto_rawDescGZIP(), []int{37}
+}
+
+func (x *TokenInfo) GetId() uint64 {
+	if x != nil {
+		return x.Id
+	}
+	return 0
+}
+
+func (x *TokenInfo) GetUser() string {
+	if x != nil {
+		return x.User
+	}
+	return ""
+}
+
+func (x *TokenInfo) GetDescription() string {
+	if x != nil {
+		return x.Description
+	}
+	return ""
+}
+
+func (x *TokenInfo) GetCreated() *timestamppb.Timestamp {
+	if x != nil {
+		return x.Created
+	}
+	return nil
+}
+
+func (x *TokenInfo) GetExpires() *timestamppb.Timestamp {
+	if x != nil {
+		return x.Expires
+	}
+	return nil
 }
 
 type CreateSessionRequest struct {
@@ -252,7 +2109,7 @@ type CreateSessionRequest struct {
 
 func (x *CreateSessionRequest) Reset() {
 	*x = CreateSessionRequest{}
-	mi := &file_fence_v1_fence_proto_msgTypes[0]
+	mi := &file_fence_v1_fence_proto_msgTypes[38]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -264,7 +2121,7 @@ func (x *CreateSessionRequest) String() string {
 func (*CreateSessionRequest) ProtoMessage() {}
 
 func (x *CreateSessionRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_fence_v1_fence_proto_msgTypes[0]
+	mi := &file_fence_v1_fence_proto_msgTypes[38]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -277,7 +2134,7 @@ func (x *CreateSessionRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CreateSessionRequest.ProtoReflect.Descriptor instead.
 func (*CreateSessionRequest) Descriptor() ([]byte, []int) {
-	return file_fence_v1_fence_proto_rawDescGZIP(), []int{0}
+	return file_fence_v1_fence_proto_rawDescGZIP(), []int{38}
 }
 
 func (x *CreateSessionRequest) GetTtl() *durationpb.Duration {
@@ -310,7 +2167,7 @@ type CreateSessionResponse struct {
 
 func (x *CreateSessionResponse) Reset() {
 	*x = CreateSessionResponse{}
-	mi := &file_fence_v1_fence_proto_msgTypes[1]
+	mi := &file_fence_v1_fence_proto_msgTypes[39]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -322,7 +2179,7 @@ func (x *CreateSessionResponse) String() string {
 func (*CreateSessionResponse) ProtoMessage() {}
 
 func (x *CreateSessionResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_fence_v1_fence_proto_msgTypes[1]
+	mi := &file_fence_v1_fence_proto_msgTypes[39]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -335,7 +2192,7 @@ func (x *CreateSessionResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CreateSessionResponse.ProtoReflect.Descriptor instead.
 func (*CreateSessionResponse) Descriptor() ([]byte, []int) {
-	return file_fence_v1_fence_proto_rawDescGZIP(), []int{1}
+	return file_fence_v1_fence_proto_rawDescGZIP(), []int{39}
 }
 
 func (x *CreateSessionResponse) GetSessionId() uint64 {
@@ -370,7 +2227,7 @@ type KeepAliveRequest struct {
 
 func (x *KeepAliveRequest) Reset() {
 	*x = KeepAliveRequest{}
-	mi := &file_fence_v1_fence_proto_msgTypes[2]
+	mi := &file_fence_v1_fence_proto_msgTypes[40]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -382,7 +2239,7 @@ func (x *KeepAliveRequest) String() string {
 func (*KeepAliveRequest) ProtoMessage() {}
 
 func (x *KeepAliveRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_fence_v1_fence_proto_msgTypes[2]
+	mi := &file_fence_v1_fence_proto_msgTypes[40]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -395,7 +2252,7 @@ func (x *KeepAliveRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use KeepAliveRequest.ProtoReflect.Descriptor instead.
 func (*KeepAliveRequest) Descriptor() ([]byte, []int) {
-	return file_fence_v1_fence_proto_rawDescGZIP(), []int{2}
+	return file_fence_v1_fence_proto_rawDescGZIP(), []int{40}
 }
 
 func (x *KeepAliveRequest) GetSessionId() uint64 {
@@ -428,7 +2285,7 @@ type KeepAliveResponse struct {
 
 func (x *KeepAliveResponse) Reset() {
 	*x = KeepAliveResponse{}
-	mi := &file_fence_v1_fence_proto_msgTypes[3]
+	mi := &file_fence_v1_fence_proto_msgTypes[41]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -440,7 +2297,7 @@ func (x *KeepAliveResponse) String() string {
 func (*KeepAliveResponse) ProtoMessage() {}
 
 func (x *KeepAliveResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_fence_v1_fence_proto_msgTypes[3]
+	mi := &file_fence_v1_fence_proto_msgTypes[41]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -453,7 +2310,7 @@ func (x *KeepAliveResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use KeepAliveResponse.ProtoReflect.Descriptor instead.
 func (*KeepAliveResponse) Descriptor() ([]byte, []int) {
-	return file_fence_v1_fence_proto_rawDescGZIP(), []int{3}
+	return file_fence_v1_fence_proto_rawDescGZIP(), []int{41}
 }
 
 func (x *KeepAliveResponse) GetTtl() *durationpb.Duration {
@@ -481,7 +2338,7 @@ type HeldGrants struct {
 
 func (x *HeldGrants) Reset() {
 	*x = HeldGrants{}
-	mi := &file_fence_v1_fence_proto_msgTypes[4]
+	mi := &file_fence_v1_fence_proto_msgTypes[42]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -493,7 +2350,7 @@ func (x *HeldGrants) String() string {
 func (*HeldGrants) ProtoMessage() {}
 
 func (x *HeldGrants) ProtoReflect() protoreflect.Message {
-	mi := &file_fence_v1_fence_proto_msgTypes[4]
+	mi := &file_fence_v1_fence_proto_msgTypes[42]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -506,7 +2363,7 @@ func (x *HeldGrants) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use HeldGrants.ProtoReflect.Descriptor instead.
 func (*HeldGrants) Descriptor() ([]byte, []int) {
-	return file_fence_v1_fence_proto_rawDescGZIP(), []int{4}
+	return file_fence_v1_fence_proto_rawDescGZIP(), []int{42}
 }
 
 func (x *HeldGrants) GetTokens() []uint64 {
@@ -527,7 +2384,7 @@ type CloseSessionRequest struct {
 
 func (x *CloseSessionRequest) Reset() {
 	*x = CloseSessionRequest{}
-	mi := &file_fence_v1_fence_proto_msgTypes[5]
+	mi := &file_fence_v1_fence_proto_msgTypes[43]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -539,7 +2396,7 @@ func (x *CloseSessionRequest) String() string {
 func (*CloseSessionRequest) ProtoMessage() {}
 
 func (x *CloseSessionRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_fence_v1_fence_proto_msgTypes[5]
+	mi := &file_fence_v1_fence_proto_msgTypes[43]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -552,7 +2409,7 @@ func (x *CloseSessionRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CloseSessionRequest.ProtoReflect.Descriptor instead.
 func (*CloseSessionRequest) Descriptor() ([]byte, []int) {
-	return file_fence_v1_fence_proto_rawDescGZIP(), []int{5}
+	return file_fence_v1_fence_proto_rawDescGZIP(), []int{43}
 }
 
 func (x *CloseSessionRequest) GetSessionId() uint64 {
@@ -577,7 +2434,7 @@ type CloseSessionResponse struct {
 
 func (x *CloseSessionResponse) Reset() {
 	*x = CloseSessionResponse{}
-	mi := &file_fence_v1_fence_proto_msgTypes[6]
+	mi := &file_fence_v1_fence_proto_msgTypes[44]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -589,7 +2446,7 @@ func (x *CloseSessionResponse) String() string {
 func (*CloseSessionResponse) ProtoMessage() {}
 
 func (x *CloseSessionResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_fence_v1_fence_proto_msgTypes[6]
+	mi := &file_fence_v1_fence_proto_msgTypes[44]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -602,7 +2459,7 @@ func (x *CloseSessionResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CloseSessionResponse.ProtoReflect.Descriptor instead.
 func (*CloseSessionResponse) Descriptor() ([]byte, []int) {
-	return file_fence_v1_fence_proto_rawDescGZIP(), []int{6}
+	return file_fence_v1_fence_proto_rawDescGZIP(), []int{44}
 }
 
 type ListSessionsRequest struct {
@@ -616,7 +2473,7 @@ type ListSessionsRequest struct {
 
 func (x *ListSessionsRequest) Reset() {
 	*x = ListSessionsRequest{}
-	mi := &file_fence_v1_fence_proto_msgTypes[7]
+	mi := &file_fence_v1_fence_proto_msgTypes[45]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -628,7 +2485,7 @@ func (x *ListSessionsRequest) String() string {
 func (*ListSessionsRequest) ProtoMessage() {}
 
 func (x *ListSessionsRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_fence_v1_fence_proto_msgTypes[7]
+	mi := &file_fence_v1_fence_proto_msgTypes[45]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -641,7 +2498,7 @@ func (x *ListSessionsRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListSessionsRequest.ProtoReflect.Descriptor instead.
 func (*ListSessionsRequest) Descriptor() ([]byte, []int) {
-	return file_fence_v1_fence_proto_rawDescGZIP(), []int{7}
+	return file_fence_v1_fence_proto_rawDescGZIP(), []int{45}
 }
 
 func (x *ListSessionsRequest) GetStale() bool {
@@ -660,7 +2517,7 @@ type ListSessionsResponse struct {
 
 func (x *ListSessionsResponse) Reset() {
 	*x = ListSessionsResponse{}
-	mi := &file_fence_v1_fence_proto_msgTypes[8]
+	mi := &file_fence_v1_fence_proto_msgTypes[46]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -672,7 +2529,7 @@ func (x *ListSessionsResponse) String() string {
 func (*ListSessionsResponse) ProtoMessage() {}
 
 func (x *ListSessionsResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_fence_v1_fence_proto_msgTypes[8]
+	mi := &file_fence_v1_fence_proto_msgTypes[46]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -685,7 +2542,7 @@ func (x *ListSessionsResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListSessionsResponse.ProtoReflect.Descriptor instead.
 func (*ListSessionsResponse) Descriptor() ([]byte, []int) {
-	return file_fence_v1_fence_proto_rawDescGZIP(), []int{8}
+	return file_fence_v1_fence_proto_rawDescGZIP(), []int{46}
 }
 
 func (x *ListSessionsResponse) GetSessions() []*SessionInfo {
@@ -711,7 +2568,7 @@ type SessionInfo struct {
 
 func (x *SessionInfo) Reset() {
 	*x = SessionInfo{}
-	mi := &file_fence_v1_fence_proto_msgTypes[9]
+	mi := &file_fence_v1_fence_proto_msgTypes[47]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -723,7 +2580,7 @@ func (x *SessionInfo) String() string {
 func (*SessionInfo) ProtoMessage() {}
 
 func (x *SessionInfo) ProtoReflect() protoreflect.Message {
-	mi := &file_fence_v1_fence_proto_msgTypes[9]
+	mi := &file_fence_v1_fence_proto_msgTypes[47]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -736,7 +2593,7 @@ func (x *SessionInfo) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use SessionInfo.ProtoReflect.Descriptor instead.
 func (*SessionInfo) Descriptor() ([]byte, []int) {
-	return file_fence_v1_fence_proto_rawDescGZIP(), []int{9}
+	return file_fence_v1_fence_proto_rawDescGZIP(), []int{47}
 }
 
 func (x *SessionInfo) GetSessionId() uint64 {
@@ -785,7 +2642,7 @@ type SessionGrant struct {
 
 func (x *SessionGrant) Reset() {
 	*x = SessionGrant{}
-	mi := &file_fence_v1_fence_proto_msgTypes[10]
+	mi := &file_fence_v1_fence_proto_msgTypes[48]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -797,7 +2654,7 @@ func (x *SessionGrant) String() string {
 func (*SessionGrant) ProtoMessage() {}
 
 func (x *SessionGrant) ProtoReflect() protoreflect.Message {
-	mi := &file_fence_v1_fence_proto_msgTypes[10]
+	mi := &file_fence_v1_fence_proto_msgTypes[48]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -810,7 +2667,7 @@ func (x *SessionGrant) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use SessionGrant.ProtoReflect.Descriptor instead.
 func (*SessionGrant) Descriptor() ([]byte, []int) {
-	return file_fence_v1_fence_proto_rawDescGZIP(), []int{10}
+	return file_fence_v1_fence_proto_rawDescGZIP(), []int{48}
 }
 
 func (x *SessionGrant) GetLock() string {
@@ -882,7 +2739,7 @@ type AcquireRequest struct {
 
 func (x *AcquireRequest) Reset() {
 	*x = AcquireRequest{}
-	mi := &file_fence_v1_fence_proto_msgTypes[11]
+	mi := &file_fence_v1_fence_proto_msgTypes[49]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -894,7 +2751,7 @@ func (x *AcquireRequest) String() string {
 func (*AcquireRequest) ProtoMessage() {}
 
 func (x *AcquireRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_fence_v1_fence_proto_msgTypes[11]
+	mi := &file_fence_v1_fence_proto_msgTypes[49]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -907,7 +2764,7 @@ func (x *AcquireRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use AcquireRequest.ProtoReflect.Descriptor instead.
 func (*AcquireRequest) Descriptor() ([]byte, []int) {
-	return file_fence_v1_fence_proto_rawDescGZIP(), []int{11}
+	return file_fence_v1_fence_proto_rawDescGZIP(), []int{49}
 }
 
 func (x *AcquireRequest) GetSessionId() uint64 {
@@ -1001,7 +2858,7 @@ type AcquireResponse struct {
 
 func (x *AcquireResponse) Reset() {
 	*x = AcquireResponse{}
-	mi := &file_fence_v1_fence_proto_msgTypes[12]
+	mi := &file_fence_v1_fence_proto_msgTypes[50]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1013,7 +2870,7 @@ func (x *AcquireResponse) String() string {
 func (*AcquireResponse) ProtoMessage() {}
 
 func (x *AcquireResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_fence_v1_fence_proto_msgTypes[12]
+	mi := &file_fence_v1_fence_proto_msgTypes[50]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1026,7 +2883,7 @@ func (x *AcquireResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use AcquireResponse.ProtoReflect.Descriptor instead.
 func (*AcquireResponse) Descriptor() ([]byte, []int) {
-	return file_fence_v1_fence_proto_rawDescGZIP(), []int{12}
+	return file_fence_v1_fence_proto_rawDescGZIP(), []int{50}
 }
 
 func (x *AcquireResponse) GetLock() string {
@@ -1077,7 +2934,7 @@ type ReleaseRequest struct {
 
 func (x *ReleaseRequest) Reset() {
 	*x = ReleaseRequest{}
-	mi := &file_fence_v1_fence_proto_msgTypes[13]
+	mi := &file_fence_v1_fence_proto_msgTypes[51]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1089,7 +2946,7 @@ func (x *ReleaseRequest) String() string {
 func (*ReleaseRequest) ProtoMessage() {}
 
 func (x *ReleaseRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_fence_v1_fence_proto_msgTypes[13]
+	mi := &file_fence_v1_fence_proto_msgTypes[51]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1102,7 +2959,7 @@ func (x *ReleaseRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ReleaseRequest.ProtoReflect.Descriptor instead.
 func (*ReleaseRequest) Descriptor() ([]byte, []int) {
-	return file_fence_v1_fence_proto_rawDescGZIP(), []int{13}
+	return file_fence_v1_fence_proto_rawDescGZIP(), []int{51}
 }
 
 func (x *ReleaseRequest) GetSessionId() uint64 {
@@ -1141,7 +2998,7 @@ type ReleaseResponse struct {
 
 func (x *ReleaseResponse) Reset() {
 	*x = ReleaseResponse{}
-	mi := &file_fence_v1_fence_proto_msgTypes[14]
+	mi := &file_fence_v1_fence_proto_msgTypes[52]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1153,7 +3010,7 @@ func (x *ReleaseResponse) String() string {
 func (*ReleaseResponse) ProtoMessage() {}
 
 func (x *ReleaseResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_fence_v1_fence_proto_msgTypes[14]
+	mi := &file_fence_v1_fence_proto_msgTypes[52]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1166,7 +3023,7 @@ func (x *ReleaseResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ReleaseResponse.ProtoReflect.Descriptor instead.
 func (*ReleaseResponse) Descriptor() ([]byte, []int) {
-	return file_fence_v1_fence_proto_rawDescGZIP(), []int{14}
+	return file_fence_v1_fence_proto_rawDescGZIP(), []int{52}
 }
 
 type CancelAcquireRequest struct {
@@ -1183,7 +3040,7 @@ type CancelAcquireRequest struct {
 
 func (x *CancelAcquireRequest) Reset() {
 	*x = CancelAcquireRequest{}
-	mi := &file_fence_v1_fence_proto_msgTypes[15]
+	mi := &file_fence_v1_fence_proto_msgTypes[53]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1195,7 +3052,7 @@ func (x *CancelAcquireRequest) String() string {
 func (*CancelAcquireRequest) ProtoMessage() {}
 
 func (x *CancelAcquireRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_fence_v1_fence_proto_msgTypes[15]
+	mi := &file_fence_v1_fence_proto_msgTypes[53]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1208,7 +3065,7 @@ func (x *CancelAcquireRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CancelAcquireRequest.ProtoReflect.Descriptor instead.
 func (*CancelAcquireRequest) Descriptor() ([]byte, []int) {
-	return file_fence_v1_fence_proto_rawDescGZIP(), []int{15}
+	return file_fence_v1_fence_proto_rawDescGZIP(), []int{53}
 }
 
 func (x *CancelAcquireRequest) GetSessionId() uint64 {
@@ -1251,7 +3108,7 @@ type CancelAcquireResponse struct {
 
 func (x *CancelAcquireResponse) Reset() {
 	*x = CancelAcquireResponse{}
-	mi := &file_fence_v1_fence_proto_msgTypes[16]
+	mi := &file_fence_v1_fence_proto_msgTypes[54]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1263,7 +3120,7 @@ func (x *CancelAcquireResponse) String() string {
 func (*CancelAcquireResponse) ProtoMessage() {}
 
 func (x *CancelAcquireResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_fence_v1_fence_proto_msgTypes[16]
+	mi := &file_fence_v1_fence_proto_msgTypes[54]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1276,7 +3133,7 @@ func (x *CancelAcquireResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CancelAcquireResponse.ProtoReflect.Descriptor instead.
 func (*CancelAcquireResponse) Descriptor() ([]byte, []int) {
-	return file_fence_v1_fence_proto_rawDescGZIP(), []int{16}
+	return file_fence_v1_fence_proto_rawDescGZIP(), []int{54}
 }
 
 func (x *CancelAcquireResponse) GetReleased() bool {
@@ -1306,7 +3163,7 @@ type CheckRequest struct {
 
 func (x *CheckRequest) Reset() {
 	*x = CheckRequest{}
-	mi := &file_fence_v1_fence_proto_msgTypes[17]
+	mi := &file_fence_v1_fence_proto_msgTypes[55]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1318,7 +3175,7 @@ func (x *CheckRequest) String() string {
 func (*CheckRequest) ProtoMessage() {}
 
 func (x *CheckRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_fence_v1_fence_proto_msgTypes[17]
+	mi := &file_fence_v1_fence_proto_msgTypes[55]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1331,7 +3188,7 @@ func (x *CheckRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CheckRequest.ProtoReflect.Descriptor instead.
 func (*CheckRequest) Descriptor() ([]byte, []int) {
-	return file_fence_v1_fence_proto_rawDescGZIP(), []int{17}
+	return file_fence_v1_fence_proto_rawDescGZIP(), []int{55}
 }
 
 func (x *CheckRequest) GetLock() string {
@@ -1369,7 +3226,7 @@ type CheckResponse struct {
 
 func (x *CheckResponse) Reset() {
 	*x = CheckResponse{}
-	mi := &file_fence_v1_fence_proto_msgTypes[18]
+	mi := &file_fence_v1_fence_proto_msgTypes[56]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1381,7 +3238,7 @@ func (x *CheckResponse) String() string {
 func (*CheckResponse) ProtoMessage() {}
 
 func (x *CheckResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_fence_v1_fence_proto_msgTypes[18]
+	mi := &file_fence_v1_fence_proto_msgTypes[56]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1394,7 +3251,7 @@ func (x *CheckResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CheckResponse.ProtoReflect.Descriptor instead.
 func (*CheckResponse) Descriptor() ([]byte, []int) {
-	return file_fence_v1_fence_proto_rawDescGZIP(), []int{18}
+	return file_fence_v1_fence_proto_rawDescGZIP(), []int{56}
 }
 
 func (x *CheckResponse) GetCurrent() bool {
@@ -1434,7 +3291,7 @@ type ListLocksRequest struct {
 
 func (x *ListLocksRequest) Reset() {
 	*x = ListLocksRequest{}
-	mi := &file_fence_v1_fence_proto_msgTypes[19]
+	mi := &file_fence_v1_fence_proto_msgTypes[57]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1446,7 +3303,7 @@ func (x *ListLocksRequest) String() string {
 func (*ListLocksRequest) ProtoMessage() {}
 
 func (x *ListLocksRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_fence_v1_fence_proto_msgTypes[19]
+	mi := &file_fence_v1_fence_proto_msgTypes[57]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1459,7 +3316,7 @@ func (x *ListLocksRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListLocksRequest.ProtoReflect.Descriptor instead.
 func (*ListLocksRequest) Descriptor() ([]byte, []int) {
-	return file_fence_v1_fence_proto_rawDescGZIP(), []int{19}
+	return file_fence_v1_fence_proto_rawDescGZIP(), []int{57}
 }
 
 func (x *ListLocksRequest) GetPrefix() string {
@@ -1506,7 +3363,7 @@ type Holder struct {
 
 func (x *Holder) Reset() {
 	*x = Holder{}
-	mi := &file_fence_v1_fence_proto_msgTypes[20]
+	mi := &file_fence_v1_fence_proto_msgTypes[58]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1518,7 +3375,7 @@ func (x *Holder) String() string {
 func (*Holder) ProtoMessage() {}
 
 func (x *Holder) ProtoReflect() protoreflect.Message {
-	mi := &file_fence_v1_fence_proto_msgTypes[20]
+	mi := &file_fence_v1_fence_proto_msgTypes[58]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1531,7 +3388,7 @@ func (x *Holder) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Holder.ProtoReflect.Descriptor instead.
 func (*Holder) Descriptor() ([]byte, []int) {
-	return file_fence_v1_fence_proto_rawDescGZIP(), []int{20}
+	return file_fence_v1_fence_proto_rawDescGZIP(), []int{58}
 }
 
 func (x *Holder) GetSessionId() uint64 {
@@ -1582,7 +3439,7 @@ type Waiter struct {
 
 func (x *Waiter) Reset() {
 	*x = Waiter{}
-	mi := &file_fence_v1_fence_proto_msgTypes[21]
+	mi := &file_fence_v1_fence_proto_msgTypes[59]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1594,7 +3451,7 @@ func (x *Waiter) String() string {
 func (*Waiter) ProtoMessage() {}
 
 func (x *Waiter) ProtoReflect() protoreflect.Message {
-	mi := &file_fence_v1_fence_proto_msgTypes[21]
+	mi := &file_fence_v1_fence_proto_msgTypes[59]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1607,7 +3464,7 @@ func (x *Waiter) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Waiter.ProtoReflect.Descriptor instead.
 func (*Waiter) Descriptor() ([]byte, []int) {
-	return file_fence_v1_fence_proto_rawDescGZIP(), []int{21}
+	return file_fence_v1_fence_proto_rawDescGZIP(), []int{59}
 }
 
 func (x *Waiter) GetSessionId() uint64 {
@@ -1653,7 +3510,7 @@ type LockInfo struct {
 
 func (x *LockInfo) Reset() {
 	*x = LockInfo{}
-	mi := &file_fence_v1_fence_proto_msgTypes[22]
+	mi := &file_fence_v1_fence_proto_msgTypes[60]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1665,7 +3522,7 @@ func (x *LockInfo) String() string {
 func (*LockInfo) ProtoMessage() {}
 
 func (x *LockInfo) ProtoReflect() protoreflect.Message {
-	mi := &file_fence_v1_fence_proto_msgTypes[22]
+	mi := &file_fence_v1_fence_proto_msgTypes[60]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1678,7 +3535,7 @@ func (x *LockInfo) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use LockInfo.ProtoReflect.Descriptor instead.
 func (*LockInfo) Descriptor() ([]byte, []int) {
-	return file_fence_v1_fence_proto_rawDescGZIP(), []int{22}
+	return file_fence_v1_fence_proto_rawDescGZIP(), []int{60}
 }
 
 func (x *LockInfo) GetName() string {
@@ -1727,7 +3584,7 @@ type ListLocksResponse struct {
 
 func (x *ListLocksResponse) Reset() {
 	*x = ListLocksResponse{}
-	mi := &file_fence_v1_fence_proto_msgTypes[23]
+	mi := &file_fence_v1_fence_proto_msgTypes[61]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1739,7 +3596,7 @@ func (x *ListLocksResponse) String() string {
 func (*ListLocksResponse) ProtoMessage() {}
 
 func (x *ListLocksResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_fence_v1_fence_proto_msgTypes[23]
+	mi := &file_fence_v1_fence_proto_msgTypes[61]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1752,7 +3609,7 @@ func (x *ListLocksResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListLocksResponse.ProtoReflect.Descriptor instead.
 func (*ListLocksResponse) Descriptor() ([]byte, []int) {
-	return file_fence_v1_fence_proto_rawDescGZIP(), []int{23}
+	return file_fence_v1_fence_proto_rawDescGZIP(), []int{61}
 }
 
 func (x *ListLocksResponse) GetLocks() []*LockInfo {
@@ -1777,7 +3634,7 @@ type StatusRequest struct {
 
 func (x *StatusRequest) Reset() {
 	*x = StatusRequest{}
-	mi := &file_fence_v1_fence_proto_msgTypes[24]
+	mi := &file_fence_v1_fence_proto_msgTypes[62]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1789,7 +3646,7 @@ func (x *StatusRequest) String() string {
 func (*StatusRequest) ProtoMessage() {}
 
 func (x *StatusRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_fence_v1_fence_proto_msgTypes[24]
+	mi := &file_fence_v1_fence_proto_msgTypes[62]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1802,7 +3659,7 @@ func (x *StatusRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use StatusRequest.ProtoReflect.Descriptor instead.
 func (*StatusRequest) Descriptor() ([]byte, []int) {
-	return file_fence_v1_fence_proto_rawDescGZIP(), []int{24}
+	return file_fence_v1_fence_proto_rawDescGZIP(), []int{62}
 }
 
 type StatusResponse struct {
@@ -1838,7 +3695,7 @@ type StatusResponse struct {
 
 func (x *StatusResponse) Reset() {
 	*x = StatusResponse{}
-	mi := &file_fence_v1_fence_proto_msgTypes[25]
+	mi := &file_fence_v1_fence_proto_msgTypes[63]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1850,7 +3707,7 @@ func (x *StatusResponse) String() string {
 func (*StatusResponse) ProtoMessage() {}
 
 func (x *StatusResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_fence_v1_fence_proto_msgTypes[25]
+	mi := &file_fence_v1_fence_proto_msgTypes[63]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1863,7 +3720,7 @@ func (x *StatusResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use StatusResponse.ProtoReflect.Descriptor instead.
 func (*StatusResponse) Descriptor() ([]byte, []int) {
-	return file_fence_v1_fence_proto_rawDescGZIP(), []int{25}
+	return file_fence_v1_fence_proto_rawDescGZIP(), []int{63}
 }
 
 func (x *StatusResponse) GetNodeId() string {
@@ -1992,7 +3849,7 @@ type Member struct {
 
 func (x *Member) Reset() {
 	*x = Member{}
-	mi := &file_fence_v1_fence_proto_msgTypes[26]
+	mi := &file_fence_v1_fence_proto_msgTypes[64]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2004,7 +3861,7 @@ func (x *Member) String() string {
 func (*Member) ProtoMessage() {}
 
 func (x *Member) ProtoReflect() protoreflect.Message {
-	mi := &file_fence_v1_fence_proto_msgTypes[26]
+	mi := &file_fence_v1_fence_proto_msgTypes[64]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2017,7 +3874,7 @@ func (x *Member) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Member.ProtoReflect.Descriptor instead.
 func (*Member) Descriptor() ([]byte, []int) {
-	return file_fence_v1_fence_proto_rawDescGZIP(), []int{26}
+	return file_fence_v1_fence_proto_rawDescGZIP(), []int{64}
 }
 
 func (x *Member) GetId() string {
@@ -2061,7 +3918,7 @@ type AddMemberRequest struct {
 
 func (x *AddMemberRequest) Reset() {
 	*x = AddMemberRequest{}
-	mi := &file_fence_v1_fence_proto_msgTypes[27]
+	mi := &file_fence_v1_fence_proto_msgTypes[65]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2073,7 +3930,7 @@ func (x *AddMemberRequest) String() string {
 func (*AddMemberRequest) ProtoMessage() {}
 
 func (x *AddMemberRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_fence_v1_fence_proto_msgTypes[27]
+	mi := &file_fence_v1_fence_proto_msgTypes[65]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2086,7 +3943,7 @@ func (x *AddMemberRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use AddMemberRequest.ProtoReflect.Descriptor instead.
 func (*AddMemberRequest) Descriptor() ([]byte, []int) {
-	return file_fence_v1_fence_proto_rawDescGZIP(), []int{27}
+	return file_fence_v1_fence_proto_rawDescGZIP(), []int{65}
 }
 
 func (x *AddMemberRequest) GetId() string {
@@ -2118,7 +3975,7 @@ type AddMemberResponse struct {
 
 func (x *AddMemberResponse) Reset() {
 	*x = AddMemberResponse{}
-	mi := &file_fence_v1_fence_proto_msgTypes[28]
+	mi := &file_fence_v1_fence_proto_msgTypes[66]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2130,7 +3987,7 @@ func (x *AddMemberResponse) String() string {
 func (*AddMemberResponse) ProtoMessage() {}
 
 func (x *AddMemberResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_fence_v1_fence_proto_msgTypes[28]
+	mi := &file_fence_v1_fence_proto_msgTypes[66]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2143,7 +4000,7 @@ func (x *AddMemberResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use AddMemberResponse.ProtoReflect.Descriptor instead.
 func (*AddMemberResponse) Descriptor() ([]byte, []int) {
-	return file_fence_v1_fence_proto_rawDescGZIP(), []int{28}
+	return file_fence_v1_fence_proto_rawDescGZIP(), []int{66}
 }
 
 type RemoveMemberRequest struct {
@@ -2155,7 +4012,7 @@ type RemoveMemberRequest struct {
 
 func (x *RemoveMemberRequest) Reset() {
 	*x = RemoveMemberRequest{}
-	mi := &file_fence_v1_fence_proto_msgTypes[29]
+	mi := &file_fence_v1_fence_proto_msgTypes[67]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2167,7 +4024,7 @@ func (x *RemoveMemberRequest) String() string {
 func (*RemoveMemberRequest) ProtoMessage() {}
 
 func (x *RemoveMemberRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_fence_v1_fence_proto_msgTypes[29]
+	mi := &file_fence_v1_fence_proto_msgTypes[67]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2180,7 +4037,7 @@ func (x *RemoveMemberRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RemoveMemberRequest.ProtoReflect.Descriptor instead.
 func (*RemoveMemberRequest) Descriptor() ([]byte, []int) {
-	return file_fence_v1_fence_proto_rawDescGZIP(), []int{29}
+	return file_fence_v1_fence_proto_rawDescGZIP(), []int{67}
 }
 
 func (x *RemoveMemberRequest) GetId() string {
@@ -2198,7 +4055,7 @@ type RemoveMemberResponse struct {
 
 func (x *RemoveMemberResponse) Reset() {
 	*x = RemoveMemberResponse{}
-	mi := &file_fence_v1_fence_proto_msgTypes[30]
+	mi := &file_fence_v1_fence_proto_msgTypes[68]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2210,7 +4067,7 @@ func (x *RemoveMemberResponse) String() string {
 func (*RemoveMemberResponse) ProtoMessage() {}
 
 func (x *RemoveMemberResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_fence_v1_fence_proto_msgTypes[30]
+	mi := &file_fence_v1_fence_proto_msgTypes[68]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2223,7 +4080,7 @@ func (x *RemoveMemberResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RemoveMemberResponse.ProtoReflect.Descriptor instead.
 func (*RemoveMemberResponse) Descriptor() ([]byte, []int) {
-	return file_fence_v1_fence_proto_rawDescGZIP(), []int{30}
+	return file_fence_v1_fence_proto_rawDescGZIP(), []int{68}
 }
 
 type RevokeSessionRequest struct {
@@ -2235,7 +4092,7 @@ type RevokeSessionRequest struct {
 
 func (x *RevokeSessionRequest) Reset() {
 	*x = RevokeSessionRequest{}
-	mi := &file_fence_v1_fence_proto_msgTypes[31]
+	mi := &file_fence_v1_fence_proto_msgTypes[69]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2247,7 +4104,7 @@ func (x *RevokeSessionRequest) String() string {
 func (*RevokeSessionRequest) ProtoMessage() {}
 
 func (x *RevokeSessionRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_fence_v1_fence_proto_msgTypes[31]
+	mi := &file_fence_v1_fence_proto_msgTypes[69]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2260,7 +4117,7 @@ func (x *RevokeSessionRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RevokeSessionRequest.ProtoReflect.Descriptor instead.
 func (*RevokeSessionRequest) Descriptor() ([]byte, []int) {
-	return file_fence_v1_fence_proto_rawDescGZIP(), []int{31}
+	return file_fence_v1_fence_proto_rawDescGZIP(), []int{69}
 }
 
 func (x *RevokeSessionRequest) GetSessionId() uint64 {
@@ -2278,7 +4135,7 @@ type RevokeSessionResponse struct {
 
 func (x *RevokeSessionResponse) Reset() {
 	*x = RevokeSessionResponse{}
-	mi := &file_fence_v1_fence_proto_msgTypes[32]
+	mi := &file_fence_v1_fence_proto_msgTypes[70]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2290,7 +4147,7 @@ func (x *RevokeSessionResponse) String() string {
 func (*RevokeSessionResponse) ProtoMessage() {}
 
 func (x *RevokeSessionResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_fence_v1_fence_proto_msgTypes[32]
+	mi := &file_fence_v1_fence_proto_msgTypes[70]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2303,7 +4160,7 @@ func (x *RevokeSessionResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RevokeSessionResponse.ProtoReflect.Descriptor instead.
 func (*RevokeSessionResponse) Descriptor() ([]byte, []int) {
-	return file_fence_v1_fence_proto_rawDescGZIP(), []int{32}
+	return file_fence_v1_fence_proto_rawDescGZIP(), []int{70}
 }
 
 type SnapshotRequest struct {
@@ -2314,7 +4171,7 @@ type SnapshotRequest struct {
 
 func (x *SnapshotRequest) Reset() {
 	*x = SnapshotRequest{}
-	mi := &file_fence_v1_fence_proto_msgTypes[33]
+	mi := &file_fence_v1_fence_proto_msgTypes[71]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2326,7 +4183,7 @@ func (x *SnapshotRequest) String() string {
 func (*SnapshotRequest) ProtoMessage() {}
 
 func (x *SnapshotRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_fence_v1_fence_proto_msgTypes[33]
+	mi := &file_fence_v1_fence_proto_msgTypes[71]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2339,7 +4196,7 @@ func (x *SnapshotRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use SnapshotRequest.ProtoReflect.Descriptor instead.
 func (*SnapshotRequest) Descriptor() ([]byte, []int) {
-	return file_fence_v1_fence_proto_rawDescGZIP(), []int{33}
+	return file_fence_v1_fence_proto_rawDescGZIP(), []int{71}
 }
 
 type SnapshotResponse struct {
@@ -2354,7 +4211,7 @@ type SnapshotResponse struct {
 
 func (x *SnapshotResponse) Reset() {
 	*x = SnapshotResponse{}
-	mi := &file_fence_v1_fence_proto_msgTypes[34]
+	mi := &file_fence_v1_fence_proto_msgTypes[72]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2366,7 +4223,7 @@ func (x *SnapshotResponse) String() string {
 func (*SnapshotResponse) ProtoMessage() {}
 
 func (x *SnapshotResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_fence_v1_fence_proto_msgTypes[34]
+	mi := &file_fence_v1_fence_proto_msgTypes[72]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2379,7 +4236,7 @@ func (x *SnapshotResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use SnapshotResponse.ProtoReflect.Descriptor instead.
 func (*SnapshotResponse) Descriptor() ([]byte, []int) {
-	return file_fence_v1_fence_proto_rawDescGZIP(), []int{34}
+	return file_fence_v1_fence_proto_rawDescGZIP(), []int{72}
 }
 
 func (x *SnapshotResponse) GetHeader() *SnapshotHeader {
@@ -2418,7 +4275,7 @@ type SnapshotHeader struct {
 
 func (x *SnapshotHeader) Reset() {
 	*x = SnapshotHeader{}
-	mi := &file_fence_v1_fence_proto_msgTypes[35]
+	mi := &file_fence_v1_fence_proto_msgTypes[73]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2430,7 +4287,7 @@ func (x *SnapshotHeader) String() string {
 func (*SnapshotHeader) ProtoMessage() {}
 
 func (x *SnapshotHeader) ProtoReflect() protoreflect.Message {
-	mi := &file_fence_v1_fence_proto_msgTypes[35]
+	mi := &file_fence_v1_fence_proto_msgTypes[73]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2443,7 +4300,7 @@ func (x *SnapshotHeader) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use SnapshotHeader.ProtoReflect.Descriptor instead.
 func (*SnapshotHeader) Descriptor() ([]byte, []int) {
-	return file_fence_v1_fence_proto_rawDescGZIP(), []int{35}
+	return file_fence_v1_fence_proto_rawDescGZIP(), []int{73}
 }
 
 func (x *SnapshotHeader) GetIndex() uint64 {
@@ -2515,7 +4372,7 @@ type Fence struct {
 
 func (x *Fence) Reset() {
 	*x = Fence{}
-	mi := &file_fence_v1_fence_proto_msgTypes[36]
+	mi := &file_fence_v1_fence_proto_msgTypes[74]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2527,7 +4384,7 @@ func (x *Fence) String() string {
 func (*Fence) ProtoMessage() {}
 
 func (x *Fence) ProtoReflect() protoreflect.Message {
-	mi := &file_fence_v1_fence_proto_msgTypes[36]
+	mi := &file_fence_v1_fence_proto_msgTypes[74]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2540,7 +4397,7 @@ func (x *Fence) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Fence.ProtoReflect.Descriptor instead.
 func (*Fence) Descriptor() ([]byte, []int) {
-	return file_fence_v1_fence_proto_rawDescGZIP(), []int{36}
+	return file_fence_v1_fence_proto_rawDescGZIP(), []int{74}
 }
 
 func (x *Fence) GetLock() string {
@@ -2589,7 +4446,7 @@ type PutRequest struct {
 
 func (x *PutRequest) Reset() {
 	*x = PutRequest{}
-	mi := &file_fence_v1_fence_proto_msgTypes[37]
+	mi := &file_fence_v1_fence_proto_msgTypes[75]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2601,7 +4458,7 @@ func (x *PutRequest) String() string {
 func (*PutRequest) ProtoMessage() {}
 
 func (x *PutRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_fence_v1_fence_proto_msgTypes[37]
+	mi := &file_fence_v1_fence_proto_msgTypes[75]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2614,7 +4471,7 @@ func (x *PutRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use PutRequest.ProtoReflect.Descriptor instead.
 func (*PutRequest) Descriptor() ([]byte, []int) {
-	return file_fence_v1_fence_proto_rawDescGZIP(), []int{37}
+	return file_fence_v1_fence_proto_rawDescGZIP(), []int{75}
 }
 
 func (x *PutRequest) GetKey() string {
@@ -2662,7 +4519,7 @@ type PutResponse struct {
 
 func (x *PutResponse) Reset() {
 	*x = PutResponse{}
-	mi := &file_fence_v1_fence_proto_msgTypes[38]
+	mi := &file_fence_v1_fence_proto_msgTypes[76]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2674,7 +4531,7 @@ func (x *PutResponse) String() string {
 func (*PutResponse) ProtoMessage() {}
 
 func (x *PutResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_fence_v1_fence_proto_msgTypes[38]
+	mi := &file_fence_v1_fence_proto_msgTypes[76]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2687,7 +4544,7 @@ func (x *PutResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use PutResponse.ProtoReflect.Descriptor instead.
 func (*PutResponse) Descriptor() ([]byte, []int) {
-	return file_fence_v1_fence_proto_rawDescGZIP(), []int{38}
+	return file_fence_v1_fence_proto_rawDescGZIP(), []int{76}
 }
 
 func (x *PutResponse) GetRevision() uint64 {
@@ -2717,7 +4574,7 @@ type KeyValue struct {
 
 func (x *KeyValue) Reset() {
 	*x = KeyValue{}
-	mi := &file_fence_v1_fence_proto_msgTypes[39]
+	mi := &file_fence_v1_fence_proto_msgTypes[77]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2729,7 +4586,7 @@ func (x *KeyValue) String() string {
 func (*KeyValue) ProtoMessage() {}
 
 func (x *KeyValue) ProtoReflect() protoreflect.Message {
-	mi := &file_fence_v1_fence_proto_msgTypes[39]
+	mi := &file_fence_v1_fence_proto_msgTypes[77]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2742,7 +4599,7 @@ func (x *KeyValue) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use KeyValue.ProtoReflect.Descriptor instead.
 func (*KeyValue) Descriptor() ([]byte, []int) {
-	return file_fence_v1_fence_proto_rawDescGZIP(), []int{39}
+	return file_fence_v1_fence_proto_rawDescGZIP(), []int{77}
 }
 
 func (x *KeyValue) GetKey() string {
@@ -2818,7 +4675,7 @@ type GetRequest struct {
 
 func (x *GetRequest) Reset() {
 	*x = GetRequest{}
-	mi := &file_fence_v1_fence_proto_msgTypes[40]
+	mi := &file_fence_v1_fence_proto_msgTypes[78]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2830,7 +4687,7 @@ func (x *GetRequest) String() string {
 func (*GetRequest) ProtoMessage() {}
 
 func (x *GetRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_fence_v1_fence_proto_msgTypes[40]
+	mi := &file_fence_v1_fence_proto_msgTypes[78]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2843,7 +4700,7 @@ func (x *GetRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GetRequest.ProtoReflect.Descriptor instead.
 func (*GetRequest) Descriptor() ([]byte, []int) {
-	return file_fence_v1_fence_proto_rawDescGZIP(), []int{40}
+	return file_fence_v1_fence_proto_rawDescGZIP(), []int{78}
 }
 
 func (x *GetRequest) GetKey() string {
@@ -2872,7 +4729,7 @@ type GetResponse struct {
 
 func (x *GetResponse) Reset() {
 	*x = GetResponse{}
-	mi := &file_fence_v1_fence_proto_msgTypes[41]
+	mi := &file_fence_v1_fence_proto_msgTypes[79]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2884,7 +4741,7 @@ func (x *GetResponse) String() string {
 func (*GetResponse) ProtoMessage() {}
 
 func (x *GetResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_fence_v1_fence_proto_msgTypes[41]
+	mi := &file_fence_v1_fence_proto_msgTypes[79]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2897,7 +4754,7 @@ func (x *GetResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GetResponse.ProtoReflect.Descriptor instead.
 func (*GetResponse) Descriptor() ([]byte, []int) {
-	return file_fence_v1_fence_proto_rawDescGZIP(), []int{41}
+	return file_fence_v1_fence_proto_rawDescGZIP(), []int{79}
 }
 
 func (x *GetResponse) GetFound() bool {
@@ -2931,7 +4788,7 @@ type DeleteRequest struct {
 
 func (x *DeleteRequest) Reset() {
 	*x = DeleteRequest{}
-	mi := &file_fence_v1_fence_proto_msgTypes[42]
+	mi := &file_fence_v1_fence_proto_msgTypes[80]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2943,7 +4800,7 @@ func (x *DeleteRequest) String() string {
 func (*DeleteRequest) ProtoMessage() {}
 
 func (x *DeleteRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_fence_v1_fence_proto_msgTypes[42]
+	mi := &file_fence_v1_fence_proto_msgTypes[80]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2956,7 +4813,7 @@ func (x *DeleteRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use DeleteRequest.ProtoReflect.Descriptor instead.
 func (*DeleteRequest) Descriptor() ([]byte, []int) {
-	return file_fence_v1_fence_proto_rawDescGZIP(), []int{42}
+	return file_fence_v1_fence_proto_rawDescGZIP(), []int{80}
 }
 
 func (x *DeleteRequest) GetKey() string {
@@ -2983,7 +4840,7 @@ type DeleteResponse struct {
 
 func (x *DeleteResponse) Reset() {
 	*x = DeleteResponse{}
-	mi := &file_fence_v1_fence_proto_msgTypes[43]
+	mi := &file_fence_v1_fence_proto_msgTypes[81]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2995,7 +4852,7 @@ func (x *DeleteResponse) String() string {
 func (*DeleteResponse) ProtoMessage() {}
 
 func (x *DeleteResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_fence_v1_fence_proto_msgTypes[43]
+	mi := &file_fence_v1_fence_proto_msgTypes[81]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3008,7 +4865,7 @@ func (x *DeleteResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use DeleteResponse.ProtoReflect.Descriptor instead.
 func (*DeleteResponse) Descriptor() ([]byte, []int) {
-	return file_fence_v1_fence_proto_rawDescGZIP(), []int{43}
+	return file_fence_v1_fence_proto_rawDescGZIP(), []int{81}
 }
 
 func (x *DeleteResponse) GetDeleted() bool {
@@ -3037,7 +4894,7 @@ type ListRequest struct {
 
 func (x *ListRequest) Reset() {
 	*x = ListRequest{}
-	mi := &file_fence_v1_fence_proto_msgTypes[44]
+	mi := &file_fence_v1_fence_proto_msgTypes[82]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3049,7 +4906,7 @@ func (x *ListRequest) String() string {
 func (*ListRequest) ProtoMessage() {}
 
 func (x *ListRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_fence_v1_fence_proto_msgTypes[44]
+	mi := &file_fence_v1_fence_proto_msgTypes[82]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3062,7 +4919,7 @@ func (x *ListRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListRequest.ProtoReflect.Descriptor instead.
 func (*ListRequest) Descriptor() ([]byte, []int) {
-	return file_fence_v1_fence_proto_rawDescGZIP(), []int{44}
+	return file_fence_v1_fence_proto_rawDescGZIP(), []int{82}
 }
 
 func (x *ListRequest) GetPrefix() string {
@@ -3098,7 +4955,7 @@ type ListResponse struct {
 
 func (x *ListResponse) Reset() {
 	*x = ListResponse{}
-	mi := &file_fence_v1_fence_proto_msgTypes[45]
+	mi := &file_fence_v1_fence_proto_msgTypes[83]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3110,7 +4967,7 @@ func (x *ListResponse) String() string {
 func (*ListResponse) ProtoMessage() {}
 
 func (x *ListResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_fence_v1_fence_proto_msgTypes[45]
+	mi := &file_fence_v1_fence_proto_msgTypes[83]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3123,7 +4980,7 @@ func (x *ListResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListResponse.ProtoReflect.Descriptor instead.
 func (*ListResponse) Descriptor() ([]byte, []int) {
-	return file_fence_v1_fence_proto_rawDescGZIP(), []int{45}
+	return file_fence_v1_fence_proto_rawDescGZIP(), []int{83}
 }
 
 func (x *ListResponse) GetKvs() []*KeyValue {
@@ -3167,7 +5024,7 @@ type WatchRequest struct {
 
 func (x *WatchRequest) Reset() {
 	*x = WatchRequest{}
-	mi := &file_fence_v1_fence_proto_msgTypes[46]
+	mi := &file_fence_v1_fence_proto_msgTypes[84]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3179,7 +5036,7 @@ func (x *WatchRequest) String() string {
 func (*WatchRequest) ProtoMessage() {}
 
 func (x *WatchRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_fence_v1_fence_proto_msgTypes[46]
+	mi := &file_fence_v1_fence_proto_msgTypes[84]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3192,7 +5049,7 @@ func (x *WatchRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use WatchRequest.ProtoReflect.Descriptor instead.
 func (*WatchRequest) Descriptor() ([]byte, []int) {
-	return file_fence_v1_fence_proto_rawDescGZIP(), []int{46}
+	return file_fence_v1_fence_proto_rawDescGZIP(), []int{84}
 }
 
 func (x *WatchRequest) GetPrefix() string {
@@ -3227,7 +5084,7 @@ type Event struct {
 
 func (x *Event) Reset() {
 	*x = Event{}
-	mi := &file_fence_v1_fence_proto_msgTypes[47]
+	mi := &file_fence_v1_fence_proto_msgTypes[85]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3239,7 +5096,7 @@ func (x *Event) String() string {
 func (*Event) ProtoMessage() {}
 
 func (x *Event) ProtoReflect() protoreflect.Message {
-	mi := &file_fence_v1_fence_proto_msgTypes[47]
+	mi := &file_fence_v1_fence_proto_msgTypes[85]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3252,7 +5109,7 @@ func (x *Event) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Event.ProtoReflect.Descriptor instead.
 func (*Event) Descriptor() ([]byte, []int) {
-	return file_fence_v1_fence_proto_rawDescGZIP(), []int{47}
+	return file_fence_v1_fence_proto_rawDescGZIP(), []int{85}
 }
 
 func (x *Event) GetType() EventType {
@@ -3284,7 +5141,7 @@ type WatchResponse struct {
 
 func (x *WatchResponse) Reset() {
 	*x = WatchResponse{}
-	mi := &file_fence_v1_fence_proto_msgTypes[48]
+	mi := &file_fence_v1_fence_proto_msgTypes[86]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3296,7 +5153,7 @@ func (x *WatchResponse) String() string {
 func (*WatchResponse) ProtoMessage() {}
 
 func (x *WatchResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_fence_v1_fence_proto_msgTypes[48]
+	mi := &file_fence_v1_fence_proto_msgTypes[86]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3309,7 +5166,7 @@ func (x *WatchResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use WatchResponse.ProtoReflect.Descriptor instead.
 func (*WatchResponse) Descriptor() ([]byte, []int) {
-	return file_fence_v1_fence_proto_rawDescGZIP(), []int{48}
+	return file_fence_v1_fence_proto_rawDescGZIP(), []int{86}
 }
 
 func (x *WatchResponse) GetEvents() []*Event {
@@ -3354,7 +5211,7 @@ type ErrorDetail struct {
 
 func (x *ErrorDetail) Reset() {
 	*x = ErrorDetail{}
-	mi := &file_fence_v1_fence_proto_msgTypes[49]
+	mi := &file_fence_v1_fence_proto_msgTypes[87]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3366,7 +5223,7 @@ func (x *ErrorDetail) String() string {
 func (*ErrorDetail) ProtoMessage() {}
 
 func (x *ErrorDetail) ProtoReflect() protoreflect.Message {
-	mi := &file_fence_v1_fence_proto_msgTypes[49]
+	mi := &file_fence_v1_fence_proto_msgTypes[87]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3379,7 +5236,7 @@ func (x *ErrorDetail) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ErrorDetail.ProtoReflect.Descriptor instead.
 func (*ErrorDetail) Descriptor() ([]byte, []int) {
-	return file_fence_v1_fence_proto_rawDescGZIP(), []int{49}
+	return file_fence_v1_fence_proto_rawDescGZIP(), []int{87}
 }
 
 func (x *ErrorDetail) GetReason() Reason {
@@ -3442,7 +5299,95 @@ var File_fence_v1_fence_proto protoreflect.FileDescriptor
 
 const file_fence_v1_fence_proto_rawDesc = "" +
 	"\n" +
-	"\x14fence/v1/fence.proto\x12\bfence.v1\x1a\x1egoogle/protobuf/duration.proto\"Y\n" +
+	"\x14fence/v1/fence.proto\x12\bfence.v1\x1a\x1egoogle/protobuf/duration.proto\x1a\x1fgoogle/protobuf/timestamp.proto\"|\n" +
+	"\n" +
+	"Permission\x12,\n" +
+	"\x04kind\x18\x01 \x01(\x0e2\x18.fence.v1.PermissionKindR\x04kind\x12(\n" +
+	"\x06access\x18\x02 \x01(\x0e2\x10.fence.v1.AccessR\x06access\x12\x16\n" +
+	"\x06prefix\x18\x03 \x01(\tR\x06prefix\"\x13\n" +
+	"\x11AuthEnableRequest\"\x14\n" +
+	"\x12AuthEnableResponse\"\x14\n" +
+	"\x12AuthDisableRequest\"\x15\n" +
+	"\x13AuthDisableResponse\"\x13\n" +
+	"\x11AuthStatusRequest\"}\n" +
+	"\x12AuthStatusResponse\x12\x18\n" +
+	"\aenabled\x18\x01 \x01(\bR\aenabled\x12\x12\n" +
+	"\x04user\x18\x02 \x01(\tR\x04user\x12#\n" +
+	"\ridentified_by\x18\x03 \x01(\tR\fidentifiedBy\x12\x14\n" +
+	"\x05roles\x18\x04 \x03(\tR\x05roles\"\xa2\x01\n" +
+	"\x04User\x12\x12\n" +
+	"\x04name\x18\x01 \x01(\tR\x04name\x12\x14\n" +
+	"\x05roles\x18\x02 \x03(\tR\x05roles\x12!\n" +
+	"\fmax_sessions\x18\x03 \x01(\x04R\vmaxSessions\x12\x1b\n" +
+	"\tmax_locks\x18\x04 \x01(\x04R\bmaxLocks\x12\x1a\n" +
+	"\bsessions\x18\x05 \x01(\x04R\bsessions\x12\x14\n" +
+	"\x05locks\x18\x06 \x01(\x04R\x05locks\"R\n" +
+	"\x04Role\x12\x12\n" +
+	"\x04name\x18\x01 \x01(\tR\x04name\x126\n" +
+	"\vpermissions\x18\x02 \x03(\v2\x14.fence.v1.PermissionR\vpermissions\"$\n" +
+	"\x0eUserAddRequest\x12\x12\n" +
+	"\x04name\x18\x01 \x01(\tR\x04name\"\x11\n" +
+	"\x0fUserAddResponse\"'\n" +
+	"\x11UserRemoveRequest\x12\x12\n" +
+	"\x04name\x18\x01 \x01(\tR\x04name\"\x14\n" +
+	"\x12UserRemoveResponse\"\x11\n" +
+	"\x0fUserListRequest\"8\n" +
+	"\x10UserListResponse\x12$\n" +
+	"\x05users\x18\x01 \x03(\v2\x0e.fence.v1.UserR\x05users\"i\n" +
+	"\x13UserSetQuotaRequest\x12\x12\n" +
+	"\x04user\x18\x01 \x01(\tR\x04user\x12!\n" +
+	"\fmax_sessions\x18\x02 \x01(\x04R\vmaxSessions\x12\x1b\n" +
+	"\tmax_locks\x18\x03 \x01(\x04R\bmaxLocks\"\x16\n" +
+	"\x14UserSetQuotaResponse\">\n" +
+	"\x14UserGrantRoleRequest\x12\x12\n" +
+	"\x04user\x18\x01 \x01(\tR\x04user\x12\x12\n" +
+	"\x04role\x18\x02 \x01(\tR\x04role\"\x17\n" +
+	"\x15UserGrantRoleResponse\"?\n" +
+	"\x15UserRevokeRoleRequest\x12\x12\n" +
+	"\x04user\x18\x01 \x01(\tR\x04user\x12\x12\n" +
+	"\x04role\x18\x02 \x01(\tR\x04role\"\x18\n" +
+	"\x16UserRevokeRoleResponse\"$\n" +
+	"\x0eRoleAddRequest\x12\x12\n" +
+	"\x04name\x18\x01 \x01(\tR\x04name\"\x11\n" +
+	"\x0fRoleAddResponse\"'\n" +
+	"\x11RoleRemoveRequest\x12\x12\n" +
+	"\x04name\x18\x01 \x01(\tR\x04name\"\x14\n" +
+	"\x12RoleRemoveResponse\"f\n" +
+	"\x1aRoleGrantPermissionRequest\x12\x12\n" +
+	"\x04role\x18\x01 \x01(\tR\x04role\x124\n" +
+	"\n" +
+	"permission\x18\x02 \x01(\v2\x14.fence.v1.PermissionR\n" +
+	"permission\"\x1d\n" +
+	"\x1bRoleGrantPermissionResponse\"g\n" +
+	"\x1bRoleRevokePermissionRequest\x12\x12\n" +
+	"\x04role\x18\x01 \x01(\tR\x04role\x124\n" +
+	"\n" +
+	"permission\x18\x02 \x01(\v2\x14.fence.v1.PermissionR\n" +
+	"permission\"\x1e\n" +
+	"\x1cRoleRevokePermissionResponse\"\x11\n" +
+	"\x0fRoleListRequest\"8\n" +
+	"\x10RoleListResponse\x12$\n" +
+	"\x05roles\x18\x01 \x03(\v2\x0e.fence.v1.RoleR\x05roles\"w\n" +
+	"\x12TokenCreateRequest\x12\x12\n" +
+	"\x04user\x18\x01 \x01(\tR\x04user\x12+\n" +
+	"\x03ttl\x18\x02 \x01(\v2\x19.google.protobuf.DurationR\x03ttl\x12 \n" +
+	"\vdescription\x18\x03 \x01(\tR\vdescription\"T\n" +
+	"\x13TokenCreateResponse\x12'\n" +
+	"\x04info\x18\x01 \x01(\v2\x13.fence.v1.TokenInfoR\x04info\x12\x14\n" +
+	"\x05token\x18\x02 \x01(\tR\x05token\"$\n" +
+	"\x12TokenRevokeRequest\x12\x0e\n" +
+	"\x02id\x18\x01 \x01(\x04R\x02id\"\x15\n" +
+	"\x13TokenRevokeResponse\"&\n" +
+	"\x10TokenListRequest\x12\x12\n" +
+	"\x04user\x18\x01 \x01(\tR\x04user\"@\n" +
+	"\x11TokenListResponse\x12+\n" +
+	"\x06tokens\x18\x01 \x03(\v2\x13.fence.v1.TokenInfoR\x06tokens\"\xbd\x01\n" +
+	"\tTokenInfo\x12\x0e\n" +
+	"\x02id\x18\x01 \x01(\x04R\x02id\x12\x12\n" +
+	"\x04user\x18\x02 \x01(\tR\x04user\x12 \n" +
+	"\vdescription\x18\x03 \x01(\tR\vdescription\x124\n" +
+	"\acreated\x18\x04 \x01(\v2\x1a.google.protobuf.TimestampR\acreated\x124\n" +
+	"\aexpires\x18\x05 \x01(\v2\x1a.google.protobuf.TimestampR\aexpires\"Y\n" +
 	"\x14CreateSessionRequest\x12+\n" +
 	"\x03ttl\x18\x01 \x01(\v2\x19.google.protobuf.DurationR\x03ttl\x12\x14\n" +
 	"\x05owner\x18\x02 \x01(\tR\x05owner\"\x8a\x01\n" +
@@ -3679,7 +5624,16 @@ const file_fence_v1_fence_proto_rawDesc = "" +
 	"\rcurrent_token\x18\x05 \x01(\x04R\fcurrentToken\x12%\n" +
 	"\x0eleader_address\x18\x06 \x01(\tR\rleaderAddress\x12*\n" +
 	"\x11holder_session_id\x18\a \x01(\x04R\x0fholderSessionId\x12!\n" +
-	"\fholder_token\x18\b \x01(\x04R\vholderToken*U\n" +
+	"\fholder_token\x18\b \x01(\x04R\vholderToken*~\n" +
+	"\x0ePermissionKind\x12\x1f\n" +
+	"\x1bPERMISSION_KIND_UNSPECIFIED\x10\x00\x12\x18\n" +
+	"\x14PERMISSION_KIND_LOCK\x10\x01\x12\x16\n" +
+	"\x12PERMISSION_KIND_KV\x10\x02\x12\x19\n" +
+	"\x15PERMISSION_KIND_ADMIN\x10\x03*C\n" +
+	"\x06Access\x12\x16\n" +
+	"\x12ACCESS_UNSPECIFIED\x10\x00\x12\x0f\n" +
+	"\vACCESS_READ\x10\x01\x12\x10\n" +
+	"\fACCESS_WRITE\x10\x02*U\n" +
 	"\x04Mode\x12\x14\n" +
 	"\x10MODE_UNSPECIFIED\x10\x00\x12\x12\n" +
 	"\x0eMODE_EXCLUSIVE\x10\x01\x12\x0f\n" +
@@ -3688,7 +5642,7 @@ const file_fence_v1_fence_proto_rawDesc = "" +
 	"\tEventType\x12\x1a\n" +
 	"\x16EVENT_TYPE_UNSPECIFIED\x10\x00\x12\x12\n" +
 	"\x0eEVENT_TYPE_PUT\x10\x01\x12\x15\n" +
-	"\x11EVENT_TYPE_DELETE\x10\x02*\x8b\x03\n" +
+	"\x11EVENT_TYPE_DELETE\x10\x02*\xba\x03\n" +
 	"\x06Reason\x12\x16\n" +
 	"\x12REASON_UNSPECIFIED\x10\x00\x12\x1b\n" +
 	"\x17REASON_INVALID_ARGUMENT\x10\x01\x12\x1c\n" +
@@ -3706,7 +5660,9 @@ const file_fence_v1_fence_proto_rawDesc = "" +
 	"\x10REASON_DISK_FULL\x10\f\x12\x18\n" +
 	"\x14REASON_WRONG_CLUSTER\x10\r\x12\x19\n" +
 	"\x15REASON_SESSION_SECRET\x10\x0e\x12\x15\n" +
-	"\x11REASON_MEMBERSHIP\x10\x0f2\xce\x02\n" +
+	"\x11REASON_MEMBERSHIP\x10\x0f\x12\x1c\n" +
+	"\x18REASON_PERMISSION_DENIED\x10\x10\x12\x0f\n" +
+	"\vREASON_AUTH\x10\x112\xce\x02\n" +
 	"\x0eSessionService\x12R\n" +
 	"\rCreateSession\x12\x1e.fence.v1.CreateSessionRequest\x1a\x1f.fence.v1.CreateSessionResponse\"\x00\x12F\n" +
 	"\tKeepAlive\x12\x1a.fence.v1.KeepAliveRequest\x1a\x1b.fence.v1.KeepAliveResponse\"\x00\x12O\n" +
@@ -3729,7 +5685,30 @@ const file_fence_v1_fence_proto_rawDesc = "" +
 	"\tAddMember\x12\x1a.fence.v1.AddMemberRequest\x1a\x1b.fence.v1.AddMemberResponse\"\x00\x12O\n" +
 	"\fRemoveMember\x12\x1d.fence.v1.RemoveMemberRequest\x1a\x1e.fence.v1.RemoveMemberResponse\"\x00\x12E\n" +
 	"\bSnapshot\x12\x19.fence.v1.SnapshotRequest\x1a\x1a.fence.v1.SnapshotResponse\"\x000\x01\x12R\n" +
-	"\rRevokeSession\x12\x1e.fence.v1.RevokeSessionRequest\x1a\x1f.fence.v1.RevokeSessionResponse\"\x00B1Z/github.com/fencelock/fence/api/fence/v1;fencev1b\x06proto3"
+	"\rRevokeSession\x12\x1e.fence.v1.RevokeSessionRequest\x1a\x1f.fence.v1.RevokeSessionResponse\"\x002\xc4\n" +
+	"\n" +
+	"\vAuthService\x12I\n" +
+	"\n" +
+	"AuthEnable\x12\x1b.fence.v1.AuthEnableRequest\x1a\x1c.fence.v1.AuthEnableResponse\"\x00\x12L\n" +
+	"\vAuthDisable\x12\x1c.fence.v1.AuthDisableRequest\x1a\x1d.fence.v1.AuthDisableResponse\"\x00\x12I\n" +
+	"\n" +
+	"AuthStatus\x12\x1b.fence.v1.AuthStatusRequest\x1a\x1c.fence.v1.AuthStatusResponse\"\x00\x12@\n" +
+	"\aUserAdd\x12\x18.fence.v1.UserAddRequest\x1a\x19.fence.v1.UserAddResponse\"\x00\x12I\n" +
+	"\n" +
+	"UserRemove\x12\x1b.fence.v1.UserRemoveRequest\x1a\x1c.fence.v1.UserRemoveResponse\"\x00\x12C\n" +
+	"\bUserList\x12\x19.fence.v1.UserListRequest\x1a\x1a.fence.v1.UserListResponse\"\x00\x12O\n" +
+	"\fUserSetQuota\x12\x1d.fence.v1.UserSetQuotaRequest\x1a\x1e.fence.v1.UserSetQuotaResponse\"\x00\x12R\n" +
+	"\rUserGrantRole\x12\x1e.fence.v1.UserGrantRoleRequest\x1a\x1f.fence.v1.UserGrantRoleResponse\"\x00\x12U\n" +
+	"\x0eUserRevokeRole\x12\x1f.fence.v1.UserRevokeRoleRequest\x1a .fence.v1.UserRevokeRoleResponse\"\x00\x12@\n" +
+	"\aRoleAdd\x12\x18.fence.v1.RoleAddRequest\x1a\x19.fence.v1.RoleAddResponse\"\x00\x12I\n" +
+	"\n" +
+	"RoleRemove\x12\x1b.fence.v1.RoleRemoveRequest\x1a\x1c.fence.v1.RoleRemoveResponse\"\x00\x12d\n" +
+	"\x13RoleGrantPermission\x12$.fence.v1.RoleGrantPermissionRequest\x1a%.fence.v1.RoleGrantPermissionResponse\"\x00\x12g\n" +
+	"\x14RoleRevokePermission\x12%.fence.v1.RoleRevokePermissionRequest\x1a&.fence.v1.RoleRevokePermissionResponse\"\x00\x12C\n" +
+	"\bRoleList\x12\x19.fence.v1.RoleListRequest\x1a\x1a.fence.v1.RoleListResponse\"\x00\x12L\n" +
+	"\vTokenCreate\x12\x1c.fence.v1.TokenCreateRequest\x1a\x1d.fence.v1.TokenCreateResponse\"\x00\x12L\n" +
+	"\vTokenRevoke\x12\x1c.fence.v1.TokenRevokeRequest\x1a\x1d.fence.v1.TokenRevokeResponse\"\x00\x12F\n" +
+	"\tTokenList\x12\x1a.fence.v1.TokenListRequest\x1a\x1b.fence.v1.TokenListResponse\"\x00B1Z/github.com/fencelock/fence/api/fence/v1;fencev1b\x06proto3"
 
 var (
 	file_fence_v1_fence_proto_rawDescOnce sync.Once
@@ -3743,138 +5722,225 @@ func file_fence_v1_fence_proto_rawDescGZIP() []byte {
 	return file_fence_v1_fence_proto_rawDescData
 }
 
-var file_fence_v1_fence_proto_enumTypes = make([]protoimpl.EnumInfo, 3)
-var file_fence_v1_fence_proto_msgTypes = make([]protoimpl.MessageInfo, 50)
+var file_fence_v1_fence_proto_enumTypes = make([]protoimpl.EnumInfo, 5)
+var file_fence_v1_fence_proto_msgTypes = make([]protoimpl.MessageInfo, 88)
 var file_fence_v1_fence_proto_goTypes = []any{
-	(Mode)(0),                     // 0: fence.v1.Mode
-	(EventType)(0),                // 1: fence.v1.EventType
-	(Reason)(0),                   // 2: fence.v1.Reason
-	(*CreateSessionRequest)(nil),  // 3: fence.v1.CreateSessionRequest
-	(*CreateSessionResponse)(nil), // 4: fence.v1.CreateSessionResponse
-	(*KeepAliveRequest)(nil),      // 5: fence.v1.KeepAliveRequest
-	(*KeepAliveResponse)(nil),     // 6: fence.v1.KeepAliveResponse
-	(*HeldGrants)(nil),            // 7: fence.v1.HeldGrants
-	(*CloseSessionRequest)(nil),   // 8: fence.v1.CloseSessionRequest
-	(*CloseSessionResponse)(nil),  // 9: fence.v1.CloseSessionResponse
-	(*ListSessionsRequest)(nil),   // 10: fence.v1.ListSessionsRequest
-	(*ListSessionsResponse)(nil),  // 11: fence.v1.ListSessionsResponse
-	(*SessionInfo)(nil),           // 12: fence.v1.SessionInfo
-	(*SessionGrant)(nil),          // 13: fence.v1.SessionGrant
-	(*AcquireRequest)(nil),        // 14: fence.v1.AcquireRequest
-	(*AcquireResponse)(nil),       // 15: fence.v1.AcquireResponse
-	(*ReleaseRequest)(nil),        // 16: fence.v1.ReleaseRequest
-	(*ReleaseResponse)(nil),       // 17: fence.v1.ReleaseResponse
-	(*CancelAcquireRequest)(nil),  // 18: fence.v1.CancelAcquireRequest
-	(*CancelAcquireResponse)(nil), // 19: fence.v1.CancelAcquireResponse
-	(*CheckRequest)(nil),          // 20: fence.v1.CheckRequest
-	(*CheckResponse)(nil),         // 21: fence.v1.CheckResponse
-	(*ListLocksRequest)(nil),      // 22: fence.v1.ListLocksRequest
-	(*Holder)(nil),                // 23: fence.v1.Holder
-	(*Waiter)(nil),                // 24: fence.v1.Waiter
-	(*LockInfo)(nil),              // 25: fence.v1.LockInfo
-	(*ListLocksResponse)(nil),     // 26: fence.v1.ListLocksResponse
-	(*StatusRequest)(nil),         // 27: fence.v1.StatusRequest
-	(*StatusResponse)(nil),        // 28: fence.v1.StatusResponse
-	(*Member)(nil),                // 29: fence.v1.Member
-	(*AddMemberRequest)(nil),      // 30: fence.v1.AddMemberRequest
-	(*AddMemberResponse)(nil),     // 31: fence.v1.AddMemberResponse
-	(*RemoveMemberRequest)(nil),   // 32: fence.v1.RemoveMemberRequest
-	(*RemoveMemberResponse)(nil),  // 33: fence.v1.RemoveMemberResponse
-	(*RevokeSessionRequest)(nil),  // 34: fence.v1.RevokeSessionRequest
-	(*RevokeSessionResponse)(nil), // 35: fence.v1.RevokeSessionResponse
-	(*SnapshotRequest)(nil),       // 36: fence.v1.SnapshotRequest
-	(*SnapshotResponse)(nil),      // 37: fence.v1.SnapshotResponse
-	(*SnapshotHeader)(nil),        // 38: fence.v1.SnapshotHeader
-	(*Fence)(nil),                 // 39: fence.v1.Fence
-	(*PutRequest)(nil),            // 40: fence.v1.PutRequest
-	(*PutResponse)(nil),           // 41: fence.v1.PutResponse
-	(*KeyValue)(nil),              // 42: fence.v1.KeyValue
-	(*GetRequest)(nil),            // 43: fence.v1.GetRequest
-	(*GetResponse)(nil),           // 44: fence.v1.GetResponse
-	(*DeleteRequest)(nil),         // 45: fence.v1.DeleteRequest
-	(*DeleteResponse)(nil),        // 46: fence.v1.DeleteResponse
-	(*ListRequest)(nil),           // 47: fence.v1.ListRequest
-	(*ListResponse)(nil),          // 48: fence.v1.ListResponse
-	(*WatchRequest)(nil),          // 49: fence.v1.WatchRequest
-	(*Event)(nil),                 // 50: fence.v1.Event
-	(*WatchResponse)(nil),         // 51: fence.v1.WatchResponse
-	(*ErrorDetail)(nil),           // 52: fence.v1.ErrorDetail
-	(*durationpb.Duration)(nil),   // 53: google.protobuf.Duration
+	(PermissionKind)(0),                  // 0: fence.v1.PermissionKind
+	(Access)(0),                          // 1: fence.v1.Access
+	(Mode)(0),                            // 2: fence.v1.Mode
+	(EventType)(0),                       // 3: fence.v1.EventType
+	(Reason)(0),                          // 4: fence.v1.Reason
+	(*Permission)(nil),                   // 5: fence.v1.Permission
+	(*AuthEnableRequest)(nil),            // 6: fence.v1.AuthEnableRequest
+	(*AuthEnableResponse)(nil),           // 7: fence.v1.AuthEnableResponse
+	(*AuthDisableRequest)(nil),           // 8: fence.v1.AuthDisableRequest
+	(*AuthDisableResponse)(nil),          // 9: fence.v1.AuthDisableResponse
+	(*AuthStatusRequest)(nil),            // 10: fence.v1.AuthStatusRequest
+	(*AuthStatusResponse)(nil),           // 11: fence.v1.AuthStatusResponse
+	(*User)(nil),                         // 12: fence.v1.User
+	(*Role)(nil),                         // 13: fence.v1.Role
+	(*UserAddRequest)(nil),               // 14: fence.v1.UserAddRequest
+	(*UserAddResponse)(nil),              // 15: fence.v1.UserAddResponse
+	(*UserRemoveRequest)(nil),            // 16: fence.v1.UserRemoveRequest
+	(*UserRemoveResponse)(nil),           // 17: fence.v1.UserRemoveResponse
+	(*UserListRequest)(nil),              // 18: fence.v1.UserListRequest
+	(*UserListResponse)(nil),             // 19: fence.v1.UserListResponse
+	(*UserSetQuotaRequest)(nil),          // 20: fence.v1.UserSetQuotaRequest
+	(*UserSetQuotaResponse)(nil),         // 21: fence.v1.UserSetQuotaResponse
+	(*UserGrantRoleRequest)(nil),         // 22: fence.v1.UserGrantRoleRequest
+	(*UserGrantRoleResponse)(nil),        // 23: fence.v1.UserGrantRoleResponse
+	(*UserRevokeRoleRequest)(nil),        // 24: fence.v1.UserRevokeRoleRequest
+	(*UserRevokeRoleResponse)(nil),       // 25: fence.v1.UserRevokeRoleResponse
+	(*RoleAddRequest)(nil),               // 26: fence.v1.RoleAddRequest
+	(*RoleAddResponse)(nil),              // 27: fence.v1.RoleAddResponse
+	(*RoleRemoveRequest)(nil),            // 28: fence.v1.RoleRemoveRequest
+	(*RoleRemoveResponse)(nil),           // 29: fence.v1.RoleRemoveResponse
+	(*RoleGrantPermissionRequest)(nil),   // 30: fence.v1.RoleGrantPermissionRequest
+	(*RoleGrantPermissionResponse)(nil),  // 31: fence.v1.RoleGrantPermissionResponse
+	(*RoleRevokePermissionRequest)(nil),  // 32: fence.v1.RoleRevokePermissionRequest
+	(*RoleRevokePermissionResponse)(nil), // 33: fence.v1.RoleRevokePermissionResponse
+	(*RoleListRequest)(nil),              // 34: fence.v1.RoleListRequest
+	(*RoleListResponse)(nil),             // 35: fence.v1.RoleListResponse
+	(*TokenCreateRequest)(nil),           // 36: fence.v1.TokenCreateRequest
+	(*TokenCreateResponse)(nil),          // 37: fence.v1.TokenCreateResponse
+	(*TokenRevokeRequest)(nil),           // 38: fence.v1.TokenRevokeRequest
+	(*TokenRevokeResponse)(nil),          // 39: fence.v1.TokenRevokeResponse
+	(*TokenListRequest)(nil),             // 40: fence.v1.TokenListRequest
+	(*TokenListResponse)(nil),            // 41: fence.v1.TokenListResponse
+	(*TokenInfo)(nil),                    // 42: fence.v1.TokenInfo
+	(*CreateSessionRequest)(nil),         // 43: fence.v1.CreateSessionRequest
+	(*CreateSessionResponse)(nil),        // 44: fence.v1.CreateSessionResponse
+	(*KeepAliveRequest)(nil),             // 45: fence.v1.KeepAliveRequest
+	(*KeepAliveResponse)(nil),            // 46: fence.v1.KeepAliveResponse
+	(*HeldGrants)(nil),                   // 47: fence.v1.HeldGrants
+	(*CloseSessionRequest)(nil),          // 48: fence.v1.CloseSessionRequest
+	(*CloseSessionResponse)(nil),         // 49: fence.v1.CloseSessionResponse
+	(*ListSessionsRequest)(nil),          // 50: fence.v1.ListSessionsRequest
+	(*ListSessionsResponse)(nil),         // 51: fence.v1.ListSessionsResponse
+	(*SessionInfo)(nil),                  // 52: fence.v1.SessionInfo
+	(*SessionGrant)(nil),                 // 53: fence.v1.SessionGrant
+	(*AcquireRequest)(nil),               // 54: fence.v1.AcquireRequest
+	(*AcquireResponse)(nil),              // 55: fence.v1.AcquireResponse
+	(*ReleaseRequest)(nil),               // 56: fence.v1.ReleaseRequest
+	(*ReleaseResponse)(nil),              // 57: fence.v1.ReleaseResponse
+	(*CancelAcquireRequest)(nil),         // 58: fence.v1.CancelAcquireRequest
+	(*CancelAcquireResponse)(nil),        // 59: fence.v1.CancelAcquireResponse
+	(*CheckRequest)(nil),                 // 60: fence.v1.CheckRequest
+	(*CheckResponse)(nil),                // 61: fence.v1.CheckResponse
+	(*ListLocksRequest)(nil),             // 62: fence.v1.ListLocksRequest
+	(*Holder)(nil),                       // 63: fence.v1.Holder
+	(*Waiter)(nil),                       // 64: fence.v1.Waiter
+	(*LockInfo)(nil),                     // 65: fence.v1.LockInfo
+	(*ListLocksResponse)(nil),            // 66: fence.v1.ListLocksResponse
+	(*StatusRequest)(nil),                // 67: fence.v1.StatusRequest
+	(*StatusResponse)(nil),               // 68: fence.v1.StatusResponse
+	(*Member)(nil),                       // 69: fence.v1.Member
+	(*AddMemberRequest)(nil),             // 70: fence.v1.AddMemberRequest
+	(*AddMemberResponse)(nil),            // 71: fence.v1.AddMemberResponse
+	(*RemoveMemberRequest)(nil),          // 72: fence.v1.RemoveMemberRequest
+	(*RemoveMemberResponse)(nil),         // 73: fence.v1.RemoveMemberResponse
+	(*RevokeSessionRequest)(nil),         // 74: fence.v1.RevokeSessionRequest
+	(*RevokeSessionResponse)(nil),        // 75: fence.v1.RevokeSessionResponse
+	(*SnapshotRequest)(nil),              // 76: fence.v1.SnapshotRequest
+	(*SnapshotResponse)(nil),             // 77: fence.v1.SnapshotResponse
+	(*SnapshotHeader)(nil),               // 78: fence.v1.SnapshotHeader
+	(*Fence)(nil),                        // 79: fence.v1.Fence
+	(*PutRequest)(nil),                   // 80: fence.v1.PutRequest
+	(*PutResponse)(nil),                  // 81: fence.v1.PutResponse
+	(*KeyValue)(nil),                     // 82: fence.v1.KeyValue
+	(*GetRequest)(nil),                   // 83: fence.v1.GetRequest
+	(*GetResponse)(nil),                  // 84: fence.v1.GetResponse
+	(*DeleteRequest)(nil),                // 85: fence.v1.DeleteRequest
+	(*DeleteResponse)(nil),               // 86: fence.v1.DeleteResponse
+	(*ListRequest)(nil),                  // 87: fence.v1.ListRequest
+	(*ListResponse)(nil),                 // 88: fence.v1.ListResponse
+	(*WatchRequest)(nil),                 // 89: fence.v1.WatchRequest
+	(*Event)(nil),                        // 90: fence.v1.Event
+	(*WatchResponse)(nil),                // 91: fence.v1.WatchResponse
+	(*ErrorDetail)(nil),                  // 92: fence.v1.ErrorDetail
+	(*durationpb.Duration)(nil),          // 93: google.protobuf.Duration
+	(*timestamppb.Timestamp)(nil),        // 94: google.protobuf.Timestamp
 }
 var file_fence_v1_fence_proto_depIdxs = []int32{
-	53, // 0: fence.v1.CreateSessionRequest.ttl:type_name -> google.protobuf.Duration
-	53, // 1: fence.v1.CreateSessionResponse.ttl:type_name -> google.protobuf.Duration
-	53, // 2: fence.v1.KeepAliveResponse.ttl:type_name -> google.protobuf.Duration
-	7,  // 3: fence.v1.KeepAliveResponse.held:type_name -> fence.v1.HeldGrants
-	12, // 4: fence.v1.ListSessionsResponse.sessions:type_name -> fence.v1.SessionInfo
-	53, // 5: fence.v1.SessionInfo.ttl:type_name -> google.protobuf.Duration
-	53, // 6: fence.v1.SessionInfo.expires_in:type_name -> google.protobuf.Duration
-	13, // 7: fence.v1.SessionInfo.held:type_name -> fence.v1.SessionGrant
-	0,  // 8: fence.v1.SessionGrant.mode:type_name -> fence.v1.Mode
-	0,  // 9: fence.v1.AcquireRequest.mode:type_name -> fence.v1.Mode
-	53, // 10: fence.v1.AcquireRequest.wait_timeout:type_name -> google.protobuf.Duration
-	53, // 11: fence.v1.AcquireRequest.lock_delay:type_name -> google.protobuf.Duration
-	53, // 12: fence.v1.AcquireRequest.poll:type_name -> google.protobuf.Duration
-	0,  // 13: fence.v1.AcquireResponse.mode:type_name -> fence.v1.Mode
-	0,  // 14: fence.v1.Holder.mode:type_name -> fence.v1.Mode
-	0,  // 15: fence.v1.Waiter.mode:type_name -> fence.v1.Mode
-	23, // 16: fence.v1.LockInfo.holders:type_name -> fence.v1.Holder
-	24, // 17: fence.v1.LockInfo.waiters:type_name -> fence.v1.Waiter
-	25, // 18: fence.v1.ListLocksResponse.locks:type_name -> fence.v1.LockInfo
-	29, // 19: fence.v1.StatusResponse.members:type_name -> fence.v1.Member
-	38, // 20: fence.v1.SnapshotResponse.header:type_name -> fence.v1.SnapshotHeader
-	39, // 21: fence.v1.PutRequest.fence:type_name -> fence.v1.Fence
-	42, // 22: fence.v1.GetResponse.kv:type_name -> fence.v1.KeyValue
-	39, // 23: fence.v1.DeleteRequest.fence:type_name -> fence.v1.Fence
-	42, // 24: fence.v1.ListResponse.kvs:type_name -> fence.v1.KeyValue
-	53, // 25: fence.v1.WatchRequest.progress_interval:type_name -> google.protobuf.Duration
-	1,  // 26: fence.v1.Event.type:type_name -> fence.v1.EventType
-	42, // 27: fence.v1.Event.kv:type_name -> fence.v1.KeyValue
-	50, // 28: fence.v1.WatchResponse.events:type_name -> fence.v1.Event
-	2,  // 29: fence.v1.ErrorDetail.reason:type_name -> fence.v1.Reason
-	3,  // 30: fence.v1.SessionService.CreateSession:input_type -> fence.v1.CreateSessionRequest
-	5,  // 31: fence.v1.SessionService.KeepAlive:input_type -> fence.v1.KeepAliveRequest
-	8,  // 32: fence.v1.SessionService.CloseSession:input_type -> fence.v1.CloseSessionRequest
-	10, // 33: fence.v1.SessionService.ListSessions:input_type -> fence.v1.ListSessionsRequest
-	14, // 34: fence.v1.LockService.Acquire:input_type -> fence.v1.AcquireRequest
-	16, // 35: fence.v1.LockService.Release:input_type -> fence.v1.ReleaseRequest
-	18, // 36: fence.v1.LockService.CancelAcquire:input_type -> fence.v1.CancelAcquireRequest
-	20, // 37: fence.v1.LockService.Check:input_type -> fence.v1.CheckRequest
-	22, // 38: fence.v1.LockService.ListLocks:input_type -> fence.v1.ListLocksRequest
-	40, // 39: fence.v1.KVService.Put:input_type -> fence.v1.PutRequest
-	43, // 40: fence.v1.KVService.Get:input_type -> fence.v1.GetRequest
-	45, // 41: fence.v1.KVService.Delete:input_type -> fence.v1.DeleteRequest
-	47, // 42: fence.v1.KVService.List:input_type -> fence.v1.ListRequest
-	49, // 43: fence.v1.KVService.Watch:input_type -> fence.v1.WatchRequest
-	27, // 44: fence.v1.ClusterService.Status:input_type -> fence.v1.StatusRequest
-	30, // 45: fence.v1.ClusterService.AddMember:input_type -> fence.v1.AddMemberRequest
-	32, // 46: fence.v1.ClusterService.RemoveMember:input_type -> fence.v1.RemoveMemberRequest
-	36, // 47: fence.v1.ClusterService.Snapshot:input_type -> fence.v1.SnapshotRequest
-	34, // 48: fence.v1.ClusterService.RevokeSession:input_type -> fence.v1.RevokeSessionRequest
-	4,  // 49: fence.v1.SessionService.CreateSession:output_type -> fence.v1.CreateSessionResponse
-	6,  // 50: fence.v1.SessionService.KeepAlive:output_type -> fence.v1.KeepAliveResponse
-	9,  // 51: fence.v1.SessionService.CloseSession:output_type -> fence.v1.CloseSessionResponse
-	11, // 52: fence.v1.SessionService.ListSessions:output_type -> fence.v1.ListSessionsResponse
-	15, // 53: fence.v1.LockService.Acquire:output_type -> fence.v1.AcquireResponse
-	17, // 54: fence.v1.LockService.Release:output_type -> fence.v1.ReleaseResponse
-	19, // 55: fence.v1.LockService.CancelAcquire:output_type -> fence.v1.CancelAcquireResponse
-	21, // 56: fence.v1.LockService.Check:output_type -> fence.v1.CheckResponse
-	26, // 57: fence.v1.LockService.ListLocks:output_type -> fence.v1.ListLocksResponse
-	41, // 58: fence.v1.KVService.Put:output_type -> fence.v1.PutResponse
-	44, // 59: fence.v1.KVService.Get:output_type -> fence.v1.GetResponse
-	46, // 60: fence.v1.KVService.Delete:output_type -> fence.v1.DeleteResponse
-	48, // 61: fence.v1.KVService.List:output_type -> fence.v1.ListResponse
-	51, // 62: fence.v1.KVService.Watch:output_type -> fence.v1.WatchResponse
-	28, // 63: fence.v1.ClusterService.Status:output_type -> fence.v1.StatusResponse
-	31, // 64: fence.v1.ClusterService.AddMember:output_type -> fence.v1.AddMemberResponse
-	33, // 65: fence.v1.ClusterService.RemoveMember:output_type -> fence.v1.RemoveMemberResponse
-	37, // 66: fence.v1.ClusterService.Snapshot:output_type -> fence.v1.SnapshotResponse
-	35, // 67: fence.v1.ClusterService.RevokeSession:output_type -> fence.v1.RevokeSessionResponse
-	49, // [49:68] is the sub-list for method output_type
-	30, // [30:49] is the sub-list for method input_type
-	30, // [30:30] is the sub-list for extension type_name
-	30, // [30:30] is the sub-list for extension extendee
-	0,  // [0:30] is the sub-list for field type_name
+	0,  // 0: fence.v1.Permission.kind:type_name -> fence.v1.PermissionKind
+	1,  // 1: fence.v1.Permission.access:type_name -> fence.v1.Access
+	5,  // 2: fence.v1.Role.permissions:type_name -> fence.v1.Permission
+	12, // 3: fence.v1.UserListResponse.users:type_name -> fence.v1.User
+	5,  // 4: fence.v1.RoleGrantPermissionRequest.permission:type_name -> fence.v1.Permission
+	5,  // 5: fence.v1.RoleRevokePermissionRequest.permission:type_name -> fence.v1.Permission
+	13, // 6: fence.v1.RoleListResponse.roles:type_name -> fence.v1.Role
+	93, // 7: fence.v1.TokenCreateRequest.ttl:type_name -> google.protobuf.Duration
+	42, // 8: fence.v1.TokenCreateResponse.info:type_name -> fence.v1.TokenInfo
+	42, // 9: fence.v1.TokenListResponse.tokens:type_name -> fence.v1.TokenInfo
+	94, // 10: fence.v1.TokenInfo.created:type_name -> google.protobuf.Timestamp
+	94, // 11: fence.v1.TokenInfo.expires:type_name -> google.protobuf.Timestamp
+	93, // 12: fence.v1.CreateSessionRequest.ttl:type_name -> google.protobuf.Duration
+	93, // 13: fence.v1.CreateSessionResponse.ttl:type_name -> google.protobuf.Duration
+	93, // 14: fence.v1.KeepAliveResponse.ttl:type_name -> google.protobuf.Duration
+	47, // 15: fence.v1.KeepAliveResponse.held:type_name -> fence.v1.HeldGrants
+	52, // 16: fence.v1.ListSessionsResponse.sessions:type_name -> fence.v1.SessionInfo
+	93, // 17: fence.v1.SessionInfo.ttl:type_name -> google.protobuf.Duration
+	93, // 18: fence.v1.SessionInfo.expires_in:type_name -> google.protobuf.Duration
+	53, // 19: fence.v1.SessionInfo.held:type_name -> fence.v1.SessionGrant
+	2,  // 20: fence.v1.SessionGrant.mode:type_name -> fence.v1.Mode
+	2,  // 21: fence.v1.AcquireRequest.mode:type_name -> fence.v1.Mode
+	93, // 22: fence.v1.AcquireRequest.wait_timeout:type_name -> google.protobuf.Duration
+	93, // 23: fence.v1.AcquireRequest.lock_delay:type_name -> google.protobuf.Duration
+	93, // 24: fence.v1.AcquireRequest.poll:type_name -> google.protobuf.Duration
+	2,  // 25: fence.v1.AcquireResponse.mode:type_name -> fence.v1.Mode
+	2,  // 26: fence.v1.Holder.mode:type_name -> fence.v1.Mode
+	2,  // 27: fence.v1.Waiter.mode:type_name -> fence.v1.Mode
+	63, // 28: fence.v1.LockInfo.holders:type_name -> fence.v1.Holder
+	64, // 29: fence.v1.LockInfo.waiters:type_name -> fence.v1.Waiter
+	65, // 30: fence.v1.ListLocksResponse.locks:type_name -> fence.v1.LockInfo
+	69, // 31: fence.v1.StatusResponse.members:type_name -> fence.v1.Member
+	78, // 32: fence.v1.SnapshotResponse.header:type_name -> fence.v1.SnapshotHeader
+	79, // 33: fence.v1.PutRequest.fence:type_name -> fence.v1.Fence
+	82, // 34: fence.v1.GetResponse.kv:type_name -> fence.v1.KeyValue
+	79, // 35: fence.v1.DeleteRequest.fence:type_name -> fence.v1.Fence
+	82, // 36: fence.v1.ListResponse.kvs:type_name -> fence.v1.KeyValue
+	93, // 37: fence.v1.WatchRequest.progress_interval:type_name -> google.protobuf.Duration
+	3,  // 38: fence.v1.Event.type:type_name -> fence.v1.EventType
+	82, // 39: fence.v1.Event.kv:type_name -> fence.v1.KeyValue
+	90, // 40: fence.v1.WatchResponse.events:type_name -> fence.v1.Event
+	4,  // 41: fence.v1.ErrorDetail.reason:type_name -> fence.v1.Reason
+	43, // 42: fence.v1.SessionService.CreateSession:input_type -> fence.v1.CreateSessionRequest
+	45, // 43: fence.v1.SessionService.KeepAlive:input_type -> fence.v1.KeepAliveRequest
+	48, // 44: fence.v1.SessionService.CloseSession:input_type -> fence.v1.CloseSessionRequest
+	50, // 45: fence.v1.SessionService.ListSessions:input_type -> fence.v1.ListSessionsRequest
+	54, // 46: fence.v1.LockService.Acquire:input_type -> fence.v1.AcquireRequest
+	56, // 47: fence.v1.LockService.Release:input_type -> fence.v1.ReleaseRequest
+	58, // 48: fence.v1.LockService.CancelAcquire:input_type -> fence.v1.CancelAcquireRequest
+	60, // 49: fence.v1.LockService.Check:input_type -> fence.v1.CheckRequest
+	62, // 50: fence.v1.LockService.ListLocks:input_type -> fence.v1.ListLocksRequest
+	80, // 51: fence.v1.KVService.Put:input_type -> fence.v1.PutRequest
+	83, // 52: fence.v1.KVService.Get:input_type -> fence.v1.GetRequest
+	85, // 53: fence.v1.KVService.Delete:input_type -> fence.v1.DeleteRequest
+	87, // 54: fence.v1.KVService.List:input_type -> fence.v1.ListRequest
+	89, // 55: fence.v1.KVService.Watch:input_type -> fence.v1.WatchRequest
+	67, // 56: fence.v1.ClusterService.Status:input_type -> fence.v1.StatusRequest
+	70, // 57: fence.v1.ClusterService.AddMember:input_type -> fence.v1.AddMemberRequest
+	72, // 58: fence.v1.ClusterService.RemoveMember:input_type -> fence.v1.RemoveMemberRequest
+	76, // 59: fence.v1.ClusterService.Snapshot:input_type -> fence.v1.SnapshotRequest
+	74, // 60: fence.v1.ClusterService.RevokeSession:input_type -> fence.v1.RevokeSessionRequest
+	6,  // 61: fence.v1.AuthService.AuthEnable:input_type -> fence.v1.AuthEnableRequest
+	8,  // 62: fence.v1.AuthService.AuthDisable:input_type -> fence.v1.AuthDisableRequest
+	10, // 63: fence.v1.AuthService.AuthStatus:input_type -> fence.v1.AuthStatusRequest
+	14, // 64: fence.v1.AuthService.UserAdd:input_type -> fence.v1.UserAddRequest
+	16, // 65: fence.v1.AuthService.UserRemove:input_type -> fence.v1.UserRemoveRequest
+	18, // 66: fence.v1.AuthService.UserList:input_type -> fence.v1.UserListRequest
+	20, // 67: fence.v1.AuthService.UserSetQuota:input_type -> fence.v1.UserSetQuotaRequest
+	22, // 68: fence.v1.AuthService.UserGrantRole:input_type -> fence.v1.UserGrantRoleRequest
+	24, // 69: fence.v1.AuthService.UserRevokeRole:input_type -> fence.v1.UserRevokeRoleRequest
+	26, // 70: fence.v1.AuthService.RoleAdd:input_type -> fence.v1.RoleAddRequest
+	28, // 71: fence.v1.AuthService.RoleRemove:input_type -> fence.v1.RoleRemoveRequest
+	30, // 72: fence.v1.AuthService.RoleGrantPermission:input_type -> fence.v1.RoleGrantPermissionRequest
+	32, // 73: fence.v1.AuthService.RoleRevokePermission:input_type -> fence.v1.RoleRevokePermissionRequest
+	34, // 74: fence.v1.AuthService.RoleList:input_type -> fence.v1.RoleListRequest
+	36, // 75: fence.v1.AuthService.TokenCreate:input_type -> fence.v1.TokenCreateRequest
+	38, // 76: fence.v1.AuthService.TokenRevoke:input_type -> fence.v1.TokenRevokeRequest
+	40, // 77: fence.v1.AuthService.TokenList:input_type -> fence.v1.TokenListRequest
+	44, // 78: fence.v1.SessionService.CreateSession:output_type -> fence.v1.CreateSessionResponse
+	46, // 79: fence.v1.SessionService.KeepAlive:output_type -> fence.v1.KeepAliveResponse
+	49, // 80: fence.v1.SessionService.CloseSession:output_type -> fence.v1.CloseSessionResponse
+	51, // 81: fence.v1.SessionService.ListSessions:output_type -> fence.v1.ListSessionsResponse
+	55, // 82: fence.v1.LockService.Acquire:output_type -> fence.v1.AcquireResponse
+	57, // 83: fence.v1.LockService.Release:output_type -> fence.v1.ReleaseResponse
+	59, // 84: fence.v1.LockService.CancelAcquire:output_type -> fence.v1.CancelAcquireResponse
+	61, // 85: fence.v1.LockService.Check:output_type -> fence.v1.CheckResponse
+	66, // 86: fence.v1.LockService.ListLocks:output_type -> fence.v1.ListLocksResponse
+	81, // 87: fence.v1.KVService.Put:output_type -> fence.v1.PutResponse
+	84, // 88: fence.v1.KVService.Get:output_type -> fence.v1.GetResponse
+	86, // 89: fence.v1.KVService.Delete:output_type -> fence.v1.DeleteResponse
+	88, // 90: fence.v1.KVService.List:output_type -> fence.v1.ListResponse
+	91, // 91: fence.v1.KVService.Watch:output_type -> fence.v1.WatchResponse
+	68, // 92: fence.v1.ClusterService.Status:output_type -> fence.v1.StatusResponse
+	71, // 93: fence.v1.ClusterService.AddMember:output_type -> fence.v1.AddMemberResponse
+	73, // 94: fence.v1.ClusterService.RemoveMember:output_type -> fence.v1.RemoveMemberResponse
+	77, // 95: fence.v1.ClusterService.Snapshot:output_type -> fence.v1.SnapshotResponse
+	75, // 96: fence.v1.ClusterService.RevokeSession:output_type -> fence.v1.RevokeSessionResponse
+	7,  // 97: fence.v1.AuthService.AuthEnable:output_type -> fence.v1.AuthEnableResponse
+	9,  // 98: fence.v1.AuthService.AuthDisable:output_type -> fence.v1.AuthDisableResponse
+	11, // 99: fence.v1.AuthService.AuthStatus:output_type -> fence.v1.AuthStatusResponse
+	15, // 100: fence.v1.AuthService.UserAdd:output_type -> fence.v1.UserAddResponse
+	17, // 101: fence.v1.AuthService.UserRemove:output_type -> fence.v1.UserRemoveResponse
+	19, // 102: fence.v1.AuthService.UserList:output_type -> fence.v1.UserListResponse
+	21, // 103: fence.v1.AuthService.UserSetQuota:output_type -> fence.v1.UserSetQuotaResponse
+	23, // 104: fence.v1.AuthService.UserGrantRole:output_type -> fence.v1.UserGrantRoleResponse
+	25, // 105: fence.v1.AuthService.UserRevokeRole:output_type -> fence.v1.UserRevokeRoleResponse
+	27, // 106: fence.v1.AuthService.RoleAdd:output_type -> fence.v1.RoleAddResponse
+	29, // 107: fence.v1.AuthService.RoleRemove:output_type -> fence.v1.RoleRemoveResponse
+	31, // 108: fence.v1.AuthService.RoleGrantPermission:output_type -> fence.v1.RoleGrantPermissionResponse
+	33, // 109: fence.v1.AuthService.RoleRevokePermission:output_type -> fence.v1.RoleRevokePermissionResponse
+	35, // 110: fence.v1.AuthService.RoleList:output_type -> fence.v1.RoleListResponse
+	37, // 111: fence.v1.AuthService.TokenCreate:output_type -> fence.v1.TokenCreateResponse
+	39, // 112: fence.v1.AuthService.TokenRevoke:output_type -> fence.v1.TokenRevokeResponse
+	41, // 113: fence.v1.AuthService.TokenList:output_type -> fence.v1.TokenListResponse
+	78, // [78:114] is the sub-list for method output_type
+	42, // [42:78] is the sub-list for method input_type
+	42, // [42:42] is the sub-list for extension type_name
+	42, // [42:42] is the sub-list for extension extendee
+	0,  // [0:42] is the sub-list for field type_name
 }
 
 func init() { file_fence_v1_fence_proto_init() }
@@ -3882,16 +5948,16 @@ func file_fence_v1_fence_proto_init() {
 	if File_fence_v1_fence_proto != nil {
 		return
 	}
-	file_fence_v1_fence_proto_msgTypes[36].OneofWrappers = []any{}
+	file_fence_v1_fence_proto_msgTypes[74].OneofWrappers = []any{}
 	type x struct{}
 	out := protoimpl.TypeBuilder{
 		File: protoimpl.DescBuilder{
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_fence_v1_fence_proto_rawDesc), len(file_fence_v1_fence_proto_rawDesc)),
-			NumEnums:      3,
-			NumMessages:   50,
+			NumEnums:      5,
+			NumMessages:   88,
 			NumExtensions: 0,
-			NumServices:   4,
+			NumServices:   5,
 		},
 		GoTypes:           file_fence_v1_fence_proto_goTypes,
 		DependencyIndexes: file_fence_v1_fence_proto_depIdxs,

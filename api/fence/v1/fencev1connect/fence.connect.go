@@ -38,6 +38,8 @@ const (
 	KVServiceName = "fence.v1.KVService"
 	// ClusterServiceName is the fully-qualified name of the ClusterService service.
 	ClusterServiceName = "fence.v1.ClusterService"
+	// AuthServiceName is the fully-qualified name of the AuthService service.
+	AuthServiceName = "fence.v1.AuthService"
 )
 
 // These constants are the fully-qualified names of the RPCs defined in this package. They're
@@ -94,6 +96,45 @@ const (
 	// ClusterServiceRevokeSessionProcedure is the fully-qualified name of the ClusterService's
 	// RevokeSession RPC.
 	ClusterServiceRevokeSessionProcedure = "/fence.v1.ClusterService/RevokeSession"
+	// AuthServiceAuthEnableProcedure is the fully-qualified name of the AuthService's AuthEnable RPC.
+	AuthServiceAuthEnableProcedure = "/fence.v1.AuthService/AuthEnable"
+	// AuthServiceAuthDisableProcedure is the fully-qualified name of the AuthService's AuthDisable RPC.
+	AuthServiceAuthDisableProcedure = "/fence.v1.AuthService/AuthDisable"
+	// AuthServiceAuthStatusProcedure is the fully-qualified name of the AuthService's AuthStatus RPC.
+	AuthServiceAuthStatusProcedure = "/fence.v1.AuthService/AuthStatus"
+	// AuthServiceUserAddProcedure is the fully-qualified name of the AuthService's UserAdd RPC.
+	AuthServiceUserAddProcedure = "/fence.v1.AuthService/UserAdd"
+	// AuthServiceUserRemoveProcedure is the fully-qualified name of the AuthService's UserRemove RPC.
+	AuthServiceUserRemoveProcedure = "/fence.v1.AuthService/UserRemove"
+	// AuthServiceUserListProcedure is the fully-qualified name of the AuthService's UserList RPC.
+	AuthServiceUserListProcedure = "/fence.v1.AuthService/UserList"
+	// AuthServiceUserSetQuotaProcedure is the fully-qualified name of the AuthService's UserSetQuota
+	// RPC.
+	AuthServiceUserSetQuotaProcedure = "/fence.v1.AuthService/UserSetQuota"
+	// AuthServiceUserGrantRoleProcedure is the fully-qualified name of the AuthService's UserGrantRole
+	// RPC.
+	AuthServiceUserGrantRoleProcedure = "/fence.v1.AuthService/UserGrantRole"
+	// AuthServiceUserRevokeRoleProcedure is the fully-qualified name of the AuthService's
+	// UserRevokeRole RPC.
+	AuthServiceUserRevokeRoleProcedure = "/fence.v1.AuthService/UserRevokeRole"
+	// AuthServiceRoleAddProcedure is the fully-qualified name of the AuthService's RoleAdd RPC.
+	AuthServiceRoleAddProcedure = "/fence.v1.AuthService/RoleAdd"
+	// AuthServiceRoleRemoveProcedure is the fully-qualified name of the AuthService's RoleRemove RPC.
+	AuthServiceRoleRemoveProcedure = "/fence.v1.AuthService/RoleRemove"
+	// AuthServiceRoleGrantPermissionProcedure is the fully-qualified name of the AuthService's
+	// RoleGrantPermission RPC.
+	AuthServiceRoleGrantPermissionProcedure = "/fence.v1.AuthService/RoleGrantPermission"
+	// AuthServiceRoleRevokePermissionProcedure is the fully-qualified name of the AuthService's
+	// RoleRevokePermission RPC.
+	AuthServiceRoleRevokePermissionProcedure = "/fence.v1.AuthService/RoleRevokePermission"
+	// AuthServiceRoleListProcedure is the fully-qualified name of the AuthService's RoleList RPC.
+	AuthServiceRoleListProcedure = "/fence.v1.AuthService/RoleList"
+	// AuthServiceTokenCreateProcedure is the fully-qualified name of the AuthService's TokenCreate RPC.
+	AuthServiceTokenCreateProcedure = "/fence.v1.AuthService/TokenCreate"
+	// AuthServiceTokenRevokeProcedure is the fully-qualified name of the AuthService's TokenRevoke RPC.
+	AuthServiceTokenRevokeProcedure = "/fence.v1.AuthService/TokenRevoke"
+	// AuthServiceTokenListProcedure is the fully-qualified name of the AuthService's TokenList RPC.
+	AuthServiceTokenListProcedure = "/fence.v1.AuthService/TokenList"
 )
 
 // SessionServiceClient is a client for the fence.v1.SessionService service.
@@ -680,10 +721,10 @@ type ClusterServiceClient interface {
 	// RevokeSession ends a session as an operator does (fence sessions
 	// revoke; etcdctl lease revoke, consul session destroy): its locks go to
 	// their next waiters, and its holder learns of it at its next
-	// keepalive. It needs no session secret: it is an admin call, open to
-	// every client that reaches the API until auth gives it its own
-	// permission, as the membership calls are. Revoking a session that
-	// does not exist (any more) succeeds, so that a retry does.
+	// keepalive. It needs no session secret: it is an admin call (with
+	// auth on, it needs the admin permission, as the membership calls and
+	// Snapshot do). Revoking a session that does not exist (any more)
+	// succeeds, so that a retry does.
 	RevokeSession(context.Context, *connect.Request[v1.RevokeSessionRequest]) (*connect.Response[v1.RevokeSessionResponse], error)
 }
 
@@ -793,10 +834,10 @@ type ClusterServiceHandler interface {
 	// RevokeSession ends a session as an operator does (fence sessions
 	// revoke; etcdctl lease revoke, consul session destroy): its locks go to
 	// their next waiters, and its holder learns of it at its next
-	// keepalive. It needs no session secret: it is an admin call, open to
-	// every client that reaches the API until auth gives it its own
-	// permission, as the membership calls are. Revoking a session that
-	// does not exist (any more) succeeds, so that a retry does.
+	// keepalive. It needs no session secret: it is an admin call (with
+	// auth on, it needs the admin permission, as the membership calls and
+	// Snapshot do). Revoking a session that does not exist (any more)
+	// succeeds, so that a retry does.
 	RevokeSession(context.Context, *connect.Request[v1.RevokeSessionRequest]) (*connect.Response[v1.RevokeSessionResponse], error)
 }
 
@@ -876,4 +917,522 @@ func (UnimplementedClusterServiceHandler) Snapshot(context.Context, *connect.Req
 
 func (UnimplementedClusterServiceHandler) RevokeSession(context.Context, *connect.Request[v1.RevokeSessionRequest]) (*connect.Response[v1.RevokeSessionResponse], error) {
 	return nil, connect.NewError(connect.CodeUnimplemented, errors.New("fence.v1.ClusterService.RevokeSession is not implemented"))
+}
+
+// AuthServiceClient is a client for the fence.v1.AuthService service.
+type AuthServiceClient interface {
+	// AuthEnable turns enforcement on. Refused unless user "root" exists
+	// with role "root", and the caller's own credential (a token or a
+	// certificate) is of a user who may administer: enabling auth never
+	// locks the caller out.
+	AuthEnable(context.Context, *connect.Request[v1.AuthEnableRequest]) (*connect.Response[v1.AuthEnableResponse], error)
+	AuthDisable(context.Context, *connect.Request[v1.AuthDisableRequest]) (*connect.Response[v1.AuthDisableResponse], error)
+	// AuthStatus says whether auth is on and who the caller is: open to
+	// every authenticated caller.
+	AuthStatus(context.Context, *connect.Request[v1.AuthStatusRequest]) (*connect.Response[v1.AuthStatusResponse], error)
+	UserAdd(context.Context, *connect.Request[v1.UserAddRequest]) (*connect.Response[v1.UserAddResponse], error)
+	// UserRemove removes a user and revokes every token of theirs.
+	UserRemove(context.Context, *connect.Request[v1.UserRemoveRequest]) (*connect.Response[v1.UserRemoveResponse], error)
+	UserList(context.Context, *connect.Request[v1.UserListRequest]) (*connect.Response[v1.UserListResponse], error)
+	// UserSetQuota sets a user's quotas, enforced while auth is on: live
+	// sessions the user created, and locks those sessions hold or wait for
+	// (0: no limit). A call beyond one fails with resource_exhausted.
+	UserSetQuota(context.Context, *connect.Request[v1.UserSetQuotaRequest]) (*connect.Response[v1.UserSetQuotaResponse], error)
+	UserGrantRole(context.Context, *connect.Request[v1.UserGrantRoleRequest]) (*connect.Response[v1.UserGrantRoleResponse], error)
+	UserRevokeRole(context.Context, *connect.Request[v1.UserRevokeRoleRequest]) (*connect.Response[v1.UserRevokeRoleResponse], error)
+	RoleAdd(context.Context, *connect.Request[v1.RoleAddRequest]) (*connect.Response[v1.RoleAddResponse], error)
+	// RoleRemove removes a role, and takes it from every user who has it.
+	RoleRemove(context.Context, *connect.Request[v1.RoleRemoveRequest]) (*connect.Response[v1.RoleRemoveResponse], error)
+	RoleGrantPermission(context.Context, *connect.Request[v1.RoleGrantPermissionRequest]) (*connect.Response[v1.RoleGrantPermissionResponse], error)
+	RoleRevokePermission(context.Context, *connect.Request[v1.RoleRevokePermissionRequest]) (*connect.Response[v1.RoleRevokePermissionResponse], error)
+	RoleList(context.Context, *connect.Request[v1.RoleListRequest]) (*connect.Response[v1.RoleListResponse], error)
+	// TokenCreate makes a bearer token for a user. Its secret is answered
+	// here, once; the service keeps only its SHA-256.
+	TokenCreate(context.Context, *connect.Request[v1.TokenCreateRequest]) (*connect.Response[v1.TokenCreateResponse], error)
+	// TokenRevoke ends a token: the next call with it is refused, and its
+	// open watches end.
+	TokenRevoke(context.Context, *connect.Request[v1.TokenRevokeRequest]) (*connect.Response[v1.TokenRevokeResponse], error)
+	// TokenList lists tokens, without their secrets.
+	TokenList(context.Context, *connect.Request[v1.TokenListRequest]) (*connect.Response[v1.TokenListResponse], error)
+}
+
+// NewAuthServiceClient constructs a client for the fence.v1.AuthService service. By default, it
+// uses the Connect protocol with the binary Protobuf Codec, asks for gzipped responses, and sends
+// uncompressed requests. To use the gRPC or gRPC-Web protocols, supply the connect.WithGRPC() or
+// connect.WithGRPCWeb() options.
+//
+// The URL supplied here should be the base URL for the Connect or gRPC server (for example,
+// http://api.acme.com or https://acme.com/grpc).
+func NewAuthServiceClient(httpClient connect.HTTPClient, baseURL string, opts ...connect.ClientOption) AuthServiceClient {
+	baseURL = strings.TrimRight(baseURL, "/")
+	authServiceMethods := v1.File_fence_v1_fence_proto.Services().ByName("AuthService").Methods()
+	return &authServiceClient{
+		authEnable: connect.NewClient[v1.AuthEnableRequest, v1.AuthEnableResponse](
+			httpClient,
+			baseURL+AuthServiceAuthEnableProcedure,
+			connect.WithSchema(authServiceMethods.ByName("AuthEnable")),
+			connect.WithClientOptions(opts...),
+		),
+		authDisable: connect.NewClient[v1.AuthDisableRequest, v1.AuthDisableResponse](
+			httpClient,
+			baseURL+AuthServiceAuthDisableProcedure,
+			connect.WithSchema(authServiceMethods.ByName("AuthDisable")),
+			connect.WithClientOptions(opts...),
+		),
+		authStatus: connect.NewClient[v1.AuthStatusRequest, v1.AuthStatusResponse](
+			httpClient,
+			baseURL+AuthServiceAuthStatusProcedure,
+			connect.WithSchema(authServiceMethods.ByName("AuthStatus")),
+			connect.WithClientOptions(opts...),
+		),
+		userAdd: connect.NewClient[v1.UserAddRequest, v1.UserAddResponse](
+			httpClient,
+			baseURL+AuthServiceUserAddProcedure,
+			connect.WithSchema(authServiceMethods.ByName("UserAdd")),
+			connect.WithClientOptions(opts...),
+		),
+		userRemove: connect.NewClient[v1.UserRemoveRequest, v1.UserRemoveResponse](
+			httpClient,
+			baseURL+AuthServiceUserRemoveProcedure,
+			connect.WithSchema(authServiceMethods.ByName("UserRemove")),
+			connect.WithClientOptions(opts...),
+		),
+		userList: connect.NewClient[v1.UserListRequest, v1.UserListResponse](
+			httpClient,
+			baseURL+AuthServiceUserListProcedure,
+			connect.WithSchema(authServiceMethods.ByName("UserList")),
+			connect.WithClientOptions(opts...),
+		),
+		userSetQuota: connect.NewClient[v1.UserSetQuotaRequest, v1.UserSetQuotaResponse](
+			httpClient,
+			baseURL+AuthServiceUserSetQuotaProcedure,
+			connect.WithSchema(authServiceMethods.ByName("UserSetQuota")),
+			connect.WithClientOptions(opts...),
+		),
+		userGrantRole: connect.NewClient[v1.UserGrantRoleRequest, v1.UserGrantRoleResponse](
+			httpClient,
+			baseURL+AuthServiceUserGrantRoleProcedure,
+			connect.WithSchema(authServiceMethods.ByName("UserGrantRole")),
+			connect.WithClientOptions(opts...),
+		),
+		userRevokeRole: connect.NewClient[v1.UserRevokeRoleRequest, v1.UserRevokeRoleResponse](
+			httpClient,
+			baseURL+AuthServiceUserRevokeRoleProcedure,
+			connect.WithSchema(authServiceMethods.ByName("UserRevokeRole")),
+			connect.WithClientOptions(opts...),
+		),
+		roleAdd: connect.NewClient[v1.RoleAddRequest, v1.RoleAddResponse](
+			httpClient,
+			baseURL+AuthServiceRoleAddProcedure,
+			connect.WithSchema(authServiceMethods.ByName("RoleAdd")),
+			connect.WithClientOptions(opts...),
+		),
+		roleRemove: connect.NewClient[v1.RoleRemoveRequest, v1.RoleRemoveResponse](
+			httpClient,
+			baseURL+AuthServiceRoleRemoveProcedure,
+			connect.WithSchema(authServiceMethods.ByName("RoleRemove")),
+			connect.WithClientOptions(opts...),
+		),
+		roleGrantPermission: connect.NewClient[v1.RoleGrantPermissionRequest, v1.RoleGrantPermissionResponse](
+			httpClient,
+			baseURL+AuthServiceRoleGrantPermissionProcedure,
+			connect.WithSchema(authServiceMethods.ByName("RoleGrantPermission")),
+			connect.WithClientOptions(opts...),
+		),
+		roleRevokePermission: connect.NewClient[v1.RoleRevokePermissionRequest, v1.RoleRevokePermissionResponse](
+			httpClient,
+			baseURL+AuthServiceRoleRevokePermissionProcedure,
+			connect.WithSchema(authServiceMethods.ByName("RoleRevokePermission")),
+			connect.WithClientOptions(opts...),
+		),
+		roleList: connect.NewClient[v1.RoleListRequest, v1.RoleListResponse](
+			httpClient,
+			baseURL+AuthServiceRoleListProcedure,
+			connect.WithSchema(authServiceMethods.ByName("RoleList")),
+			connect.WithClientOptions(opts...),
+		),
+		tokenCreate: connect.NewClient[v1.TokenCreateRequest, v1.TokenCreateResponse](
+			httpClient,
+			baseURL+AuthServiceTokenCreateProcedure,
+			connect.WithSchema(authServiceMethods.ByName("TokenCreate")),
+			connect.WithClientOptions(opts...),
+		),
+		tokenRevoke: connect.NewClient[v1.TokenRevokeRequest, v1.TokenRevokeResponse](
+			httpClient,
+			baseURL+AuthServiceTokenRevokeProcedure,
+			connect.WithSchema(authServiceMethods.ByName("TokenRevoke")),
+			connect.WithClientOptions(opts...),
+		),
+		tokenList: connect.NewClient[v1.TokenListRequest, v1.TokenListResponse](
+			httpClient,
+			baseURL+AuthServiceTokenListProcedure,
+			connect.WithSchema(authServiceMethods.ByName("TokenList")),
+			connect.WithClientOptions(opts...),
+		),
+	}
+}
+
+// authServiceClient implements AuthServiceClient.
+type authServiceClient struct {
+	authEnable           *connect.Client[v1.AuthEnableRequest, v1.AuthEnableResponse]
+	authDisable          *connect.Client[v1.AuthDisableRequest, v1.AuthDisableResponse]
+	authStatus           *connect.Client[v1.AuthStatusRequest, v1.AuthStatusResponse]
+	userAdd              *connect.Client[v1.UserAddRequest, v1.UserAddResponse]
+	userRemove           *connect.Client[v1.UserRemoveRequest, v1.UserRemoveResponse]
+	userList             *connect.Client[v1.UserListRequest, v1.UserListResponse]
+	userSetQuota         *connect.Client[v1.UserSetQuotaRequest, v1.UserSetQuotaResponse]
+	userGrantRole        *connect.Client[v1.UserGrantRoleRequest, v1.UserGrantRoleResponse]
+	userRevokeRole       *connect.Client[v1.UserRevokeRoleRequest, v1.UserRevokeRoleResponse]
+	roleAdd              *connect.Client[v1.RoleAddRequest, v1.RoleAddResponse]
+	roleRemove           *connect.Client[v1.RoleRemoveRequest, v1.RoleRemoveResponse]
+	roleGrantPermission  *connect.Client[v1.RoleGrantPermissionRequest, v1.RoleGrantPermissionResponse]
+	roleRevokePermission *connect.Client[v1.RoleRevokePermissionRequest, v1.RoleRevokePermissionResponse]
+	roleList             *connect.Client[v1.RoleListRequest, v1.RoleListResponse]
+	tokenCreate          *connect.Client[v1.TokenCreateRequest, v1.TokenCreateResponse]
+	tokenRevoke          *connect.Client[v1.TokenRevokeRequest, v1.TokenRevokeResponse]
+	tokenList            *connect.Client[v1.TokenListRequest, v1.TokenListResponse]
+}
+
+// AuthEnable calls fence.v1.AuthService.AuthEnable.
+func (c *authServiceClient) AuthEnable(ctx context.Context, req *connect.Request[v1.AuthEnableRequest]) (*connect.Response[v1.AuthEnableResponse], error) {
+	return c.authEnable.CallUnary(ctx, req)
+}
+
+// AuthDisable calls fence.v1.AuthService.AuthDisable.
+func (c *authServiceClient) AuthDisable(ctx context.Context, req *connect.Request[v1.AuthDisableRequest]) (*connect.Response[v1.AuthDisableResponse], error) {
+	return c.authDisable.CallUnary(ctx, req)
+}
+
+// AuthStatus calls fence.v1.AuthService.AuthStatus.
+func (c *authServiceClient) AuthStatus(ctx context.Context, req *connect.Request[v1.AuthStatusRequest]) (*connect.Response[v1.AuthStatusResponse], error) {
+	return c.authStatus.CallUnary(ctx, req)
+}
+
+// UserAdd calls fence.v1.AuthService.UserAdd.
+func (c *authServiceClient) UserAdd(ctx context.Context, req *connect.Request[v1.UserAddRequest]) (*connect.Response[v1.UserAddResponse], error) {
+	return c.userAdd.CallUnary(ctx, req)
+}
+
+// UserRemove calls fence.v1.AuthService.UserRemove.
+func (c *authServiceClient) UserRemove(ctx context.Context, req *connect.Request[v1.UserRemoveRequest]) (*connect.Response[v1.UserRemoveResponse], error) {
+	return c.userRemove.CallUnary(ctx, req)
+}
+
+// UserList calls fence.v1.AuthService.UserList.
+func (c *authServiceClient) UserList(ctx context.Context, req *connect.Request[v1.UserListRequest]) (*connect.Response[v1.UserListResponse], error) {
+	return c.userList.CallUnary(ctx, req)
+}
+
+// UserSetQuota calls fence.v1.AuthService.UserSetQuota.
+func (c *authServiceClient) UserSetQuota(ctx context.Context, req *connect.Request[v1.UserSetQuotaRequest]) (*connect.Response[v1.UserSetQuotaResponse], error) {
+	return c.userSetQuota.CallUnary(ctx, req)
+}
+
+// UserGrantRole calls fence.v1.AuthService.UserGrantRole.
+func (c *authServiceClient) UserGrantRole(ctx context.Context, req *connect.Request[v1.UserGrantRoleRequest]) (*connect.Response[v1.UserGrantRoleResponse], error) {
+	return c.userGrantRole.CallUnary(ctx, req)
+}
+
+// UserRevokeRole calls fence.v1.AuthService.UserRevokeRole.
+func (c *authServiceClient) UserRevokeRole(ctx context.Context, req *connect.Request[v1.UserRevokeRoleRequest]) (*connect.Response[v1.UserRevokeRoleResponse], error) {
+	return c.userRevokeRole.CallUnary(ctx, req)
+}
+
+// RoleAdd calls fence.v1.AuthService.RoleAdd.
+func (c *authServiceClient) RoleAdd(ctx context.Context, req *connect.Request[v1.RoleAddRequest]) (*connect.Response[v1.RoleAddResponse], error) {
+	return c.roleAdd.CallUnary(ctx, req)
+}
+
+// RoleRemove calls fence.v1.AuthService.RoleRemove.
+func (c *authServiceClient) RoleRemove(ctx context.Context, req *connect.Request[v1.RoleRemoveRequest]) (*connect.Response[v1.RoleRemoveResponse], error) {
+	return c.roleRemove.CallUnary(ctx, req)
+}
+
+// RoleGrantPermission calls fence.v1.AuthService.RoleGrantPermission.
+func (c *authServiceClient) RoleGrantPermission(ctx context.Context, req *connect.Request[v1.RoleGrantPermissionRequest]) (*connect.Response[v1.RoleGrantPermissionResponse], error) {
+	return c.roleGrantPermission.CallUnary(ctx, req)
+}
+
+// RoleRevokePermission calls fence.v1.AuthService.RoleRevokePermission.
+func (c *authServiceClient) RoleRevokePermission(ctx context.Context, req *connect.Request[v1.RoleRevokePermissionRequest]) (*connect.Response[v1.RoleRevokePermissionResponse], error) {
+	return c.roleRevokePermission.CallUnary(ctx, req)
+}
+
+// RoleList calls fence.v1.AuthService.RoleList.
+func (c *authServiceClient) RoleList(ctx context.Context, req *connect.Request[v1.RoleListRequest]) (*connect.Response[v1.RoleListResponse], error) {
+	return c.roleList.CallUnary(ctx, req)
+}
+
+// TokenCreate calls fence.v1.AuthService.TokenCreate.
+func (c *authServiceClient) TokenCreate(ctx context.Context, req *connect.Request[v1.TokenCreateRequest]) (*connect.Response[v1.TokenCreateResponse], error) {
+	return c.tokenCreate.CallUnary(ctx, req)
+}
+
+// TokenRevoke calls fence.v1.AuthService.TokenRevoke.
+func (c *authServiceClient) TokenRevoke(ctx context.Context, req *connect.Request[v1.TokenRevokeRequest]) (*connect.Response[v1.TokenRevokeResponse], error) {
+	return c.tokenRevoke.CallUnary(ctx, req)
+}
+
+// TokenList calls fence.v1.AuthService.TokenList.
+func (c *authServiceClient) TokenList(ctx context.Context, req *connect.Request[v1.TokenListRequest]) (*connect.Response[v1.TokenListResponse], error) {
+	return c.tokenList.CallUnary(ctx, req)
+}
+
+// AuthServiceHandler is an implementation of the fence.v1.AuthService service.
+type AuthServiceHandler interface {
+	// AuthEnable turns enforcement on. Refused unless user "root" exists
+	// with role "root", and the caller's own credential (a token or a
+	// certificate) is of a user who may administer: enabling auth never
+	// locks the caller out.
+	AuthEnable(context.Context, *connect.Request[v1.AuthEnableRequest]) (*connect.Response[v1.AuthEnableResponse], error)
+	AuthDisable(context.Context, *connect.Request[v1.AuthDisableRequest]) (*connect.Response[v1.AuthDisableResponse], error)
+	// AuthStatus says whether auth is on and who the caller is: open to
+	// every authenticated caller.
+	AuthStatus(context.Context, *connect.Request[v1.AuthStatusRequest]) (*connect.Response[v1.AuthStatusResponse], error)
+	UserAdd(context.Context, *connect.Request[v1.UserAddRequest]) (*connect.Response[v1.UserAddResponse], error)
+	// UserRemove removes a user and revokes every token of theirs.
+	UserRemove(context.Context, *connect.Request[v1.UserRemoveRequest]) (*connect.Response[v1.UserRemoveResponse], error)
+	UserList(context.Context, *connect.Request[v1.UserListRequest]) (*connect.Response[v1.UserListResponse], error)
+	// UserSetQuota sets a user's quotas, enforced while auth is on: live
+	// sessions the user created, and locks those sessions hold or wait for
+	// (0: no limit). A call beyond one fails with resource_exhausted.
+	UserSetQuota(context.Context, *connect.Request[v1.UserSetQuotaRequest]) (*connect.Response[v1.UserSetQuotaResponse], error)
+	UserGrantRole(context.Context, *connect.Request[v1.UserGrantRoleRequest]) (*connect.Response[v1.UserGrantRoleResponse], error)
+	UserRevokeRole(context.Context, *connect.Request[v1.UserRevokeRoleRequest]) (*connect.Response[v1.UserRevokeRoleResponse], error)
+	RoleAdd(context.Context, *connect.Request[v1.RoleAddRequest]) (*connect.Response[v1.RoleAddResponse], error)
+	// RoleRemove removes a role, and takes it from every user who has it.
+	RoleRemove(context.Context, *connect.Request[v1.RoleRemoveRequest]) (*connect.Response[v1.RoleRemoveResponse], error)
+	RoleGrantPermission(context.Context, *connect.Request[v1.RoleGrantPermissionRequest]) (*connect.Response[v1.RoleGrantPermissionResponse], error)
+	RoleRevokePermission(context.Context, *connect.Request[v1.RoleRevokePermissionRequest]) (*connect.Response[v1.RoleRevokePermissionResponse], error)
+	RoleList(context.Context, *connect.Request[v1.RoleListRequest]) (*connect.Response[v1.RoleListResponse], error)
+	// TokenCreate makes a bearer token for a user. Its secret is answered
+	// here, once; the service keeps only its SHA-256.
+	TokenCreate(context.Context, *connect.Request[v1.TokenCreateRequest]) (*connect.Response[v1.TokenCreateResponse], error)
+	// TokenRevoke ends a token: the next call with it is refused, and its
+	// open watches end.
+	TokenRevoke(context.Context, *connect.Request[v1.TokenRevokeRequest]) (*connect.Response[v1.TokenRevokeResponse], error)
+	// TokenList lists tokens, without their secrets.
+	TokenList(context.Context, *connect.Request[v1.TokenListRequest]) (*connect.Response[v1.TokenListResponse], error)
+}
+
+// NewAuthServiceHandler builds an HTTP handler from the service implementation. It returns the path
+// on which to mount the handler and the handler itself.
+//
+// By default, handlers support the Connect, gRPC, and gRPC-Web protocols with the binary Protobuf
+// and JSON codecs. They also support gzip compression.
+func NewAuthServiceHandler(svc AuthServiceHandler, opts ...connect.HandlerOption) (string, http.Handler) {
+	authServiceMethods := v1.File_fence_v1_fence_proto.Services().ByName("AuthService").Methods()
+	authServiceAuthEnableHandler := connect.NewUnaryHandler(
+		AuthServiceAuthEnableProcedure,
+		svc.AuthEnable,
+		connect.WithSchema(authServiceMethods.ByName("AuthEnable")),
+		connect.WithHandlerOptions(opts...),
+	)
+	authServiceAuthDisableHandler := connect.NewUnaryHandler(
+		AuthServiceAuthDisableProcedure,
+		svc.AuthDisable,
+		connect.WithSchema(authServiceMethods.ByName("AuthDisable")),
+		connect.WithHandlerOptions(opts...),
+	)
+	authServiceAuthStatusHandler := connect.NewUnaryHandler(
+		AuthServiceAuthStatusProcedure,
+		svc.AuthStatus,
+		connect.WithSchema(authServiceMethods.ByName("AuthStatus")),
+		connect.WithHandlerOptions(opts...),
+	)
+	authServiceUserAddHandler := connect.NewUnaryHandler(
+		AuthServiceUserAddProcedure,
+		svc.UserAdd,
+		connect.WithSchema(authServiceMethods.ByName("UserAdd")),
+		connect.WithHandlerOptions(opts...),
+	)
+	authServiceUserRemoveHandler := connect.NewUnaryHandler(
+		AuthServiceUserRemoveProcedure,
+		svc.UserRemove,
+		connect.WithSchema(authServiceMethods.ByName("UserRemove")),
+		connect.WithHandlerOptions(opts...),
+	)
+	authServiceUserListHandler := connect.NewUnaryHandler(
+		AuthServiceUserListProcedure,
+		svc.UserList,
+		connect.WithSchema(authServiceMethods.ByName("UserList")),
+		connect.WithHandlerOptions(opts...),
+	)
+	authServiceUserSetQuotaHandler := connect.NewUnaryHandler(
+		AuthServiceUserSetQuotaProcedure,
+		svc.UserSetQuota,
+		connect.WithSchema(authServiceMethods.ByName("UserSetQuota")),
+		connect.WithHandlerOptions(opts...),
+	)
+	authServiceUserGrantRoleHandler := connect.NewUnaryHandler(
+		AuthServiceUserGrantRoleProcedure,
+		svc.UserGrantRole,
+		connect.WithSchema(authServiceMethods.ByName("UserGrantRole")),
+		connect.WithHandlerOptions(opts...),
+	)
+	authServiceUserRevokeRoleHandler := connect.NewUnaryHandler(
+		AuthServiceUserRevokeRoleProcedure,
+		svc.UserRevokeRole,
+		connect.WithSchema(authServiceMethods.ByName("UserRevokeRole")),
+		connect.WithHandlerOptions(opts...),
+	)
+	authServiceRoleAddHandler := connect.NewUnaryHandler(
+		AuthServiceRoleAddProcedure,
+		svc.RoleAdd,
+		connect.WithSchema(authServiceMethods.ByName("RoleAdd")),
+		connect.WithHandlerOptions(opts...),
+	)
+	authServiceRoleRemoveHandler := connect.NewUnaryHandler(
+		AuthServiceRoleRemoveProcedure,
+		svc.RoleRemove,
+		connect.WithSchema(authServiceMethods.ByName("RoleRemove")),
+		connect.WithHandlerOptions(opts...),
+	)
+	authServiceRoleGrantPermissionHandler := connect.NewUnaryHandler(
+		AuthServiceRoleGrantPermissionProcedure,
+		svc.RoleGrantPermission,
+		connect.WithSchema(authServiceMethods.ByName("RoleGrantPermission")),
+		connect.WithHandlerOptions(opts...),
+	)
+	authServiceRoleRevokePermissionHandler := connect.NewUnaryHandler(
+		AuthServiceRoleRevokePermissionProcedure,
+		svc.RoleRevokePermission,
+		connect.WithSchema(authServiceMethods.ByName("RoleRevokePermission")),
+		connect.WithHandlerOptions(opts...),
+	)
+	authServiceRoleListHandler := connect.NewUnaryHandler(
+		AuthServiceRoleListProcedure,
+		svc.RoleList,
+		connect.WithSchema(authServiceMethods.ByName("RoleList")),
+		connect.WithHandlerOptions(opts...),
+	)
+	authServiceTokenCreateHandler := connect.NewUnaryHandler(
+		AuthServiceTokenCreateProcedure,
+		svc.TokenCreate,
+		connect.WithSchema(authServiceMethods.ByName("TokenCreate")),
+		connect.WithHandlerOptions(opts...),
+	)
+	authServiceTokenRevokeHandler := connect.NewUnaryHandler(
+		AuthServiceTokenRevokeProcedure,
+		svc.TokenRevoke,
+		connect.WithSchema(authServiceMethods.ByName("TokenRevoke")),
+		connect.WithHandlerOptions(opts...),
+	)
+	authServiceTokenListHandler := connect.NewUnaryHandler(
+		AuthServiceTokenListProcedure,
+		svc.TokenList,
+		connect.WithSchema(authServiceMethods.ByName("TokenList")),
+		connect.WithHandlerOptions(opts...),
+	)
+	return "/fence.v1.AuthService/", http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		switch r.URL.Path {
+		case AuthServiceAuthEnableProcedure:
+			authServiceAuthEnableHandler.ServeHTTP(w, r)
+		case AuthServiceAuthDisableProcedure:
+			authServiceAuthDisableHandler.ServeHTTP(w, r)
+		case AuthServiceAuthStatusProcedure:
+			authServiceAuthStatusHandler.ServeHTTP(w, r)
+		case AuthServiceUserAddProcedure:
+			authServiceUserAddHandler.ServeHTTP(w, r)
+		case AuthServiceUserRemoveProcedure:
+			authServiceUserRemoveHandler.ServeHTTP(w, r)
+		case AuthServiceUserListProcedure:
+			authServiceUserListHandler.ServeHTTP(w, r)
+		case AuthServiceUserSetQuotaProcedure:
+			authServiceUserSetQuotaHandler.ServeHTTP(w, r)
+		case AuthServiceUserGrantRoleProcedure:
+			authServiceUserGrantRoleHandler.ServeHTTP(w, r)
+		case AuthServiceUserRevokeRoleProcedure:
+			authServiceUserRevokeRoleHandler.ServeHTTP(w, r)
+		case AuthServiceRoleAddProcedure:
+			authServiceRoleAddHandler.ServeHTTP(w, r)
+		case AuthServiceRoleRemoveProcedure:
+			authServiceRoleRemoveHandler.ServeHTTP(w, r)
+		case AuthServiceRoleGrantPermissionProcedure:
+			authServiceRoleGrantPermissionHandler.ServeHTTP(w, r)
+		case AuthServiceRoleRevokePermissionProcedure:
+			authServiceRoleRevokePermissionHandler.ServeHTTP(w, r)
+		case AuthServiceRoleListProcedure:
+			authServiceRoleListHandler.ServeHTTP(w, r)
+		case AuthServiceTokenCreateProcedure:
+			authServiceTokenCreateHandler.ServeHTTP(w, r)
+		case AuthServiceTokenRevokeProcedure:
+			authServiceTokenRevokeHandler.ServeHTTP(w, r)
+		case AuthServiceTokenListProcedure:
+			authServiceTokenListHandler.ServeHTTP(w, r)
+		default:
+			http.NotFound(w, r)
+		}
+	})
+}
+
+// UnimplementedAuthServiceHandler returns CodeUnimplemented from all methods.
+type UnimplementedAuthServiceHandler struct{}
+
+func (UnimplementedAuthServiceHandler) AuthEnable(context.Context, *connect.Request[v1.AuthEnableRequest]) (*connect.Response[v1.AuthEnableResponse], error) {
+	return nil, connect.NewError(connect.CodeUnimplemented, errors.New("fence.v1.AuthService.AuthEnable is not implemented"))
+}
+
+func (UnimplementedAuthServiceHandler) AuthDisable(context.Context, *connect.Request[v1.AuthDisableRequest]) (*connect.Response[v1.AuthDisableResponse], error) {
+	return nil, connect.NewError(connect.CodeUnimplemented, errors.New("fence.v1.AuthService.AuthDisable is not implemented"))
+}
+
+func (UnimplementedAuthServiceHandler) AuthStatus(context.Context, *connect.Request[v1.AuthStatusRequest]) (*connect.Response[v1.AuthStatusResponse], error) {
+	return nil, connect.NewError(connect.CodeUnimplemented, errors.New("fence.v1.AuthService.AuthStatus is not implemented"))
+}
+
+func (UnimplementedAuthServiceHandler) UserAdd(context.Context, *connect.Request[v1.UserAddRequest]) (*connect.Response[v1.UserAddResponse], error) {
+	return nil, connect.NewError(connect.CodeUnimplemented, errors.New("fence.v1.AuthService.UserAdd is not implemented"))
+}
+
+func (UnimplementedAuthServiceHandler) UserRemove(context.Context, *connect.Request[v1.UserRemoveRequest]) (*connect.Response[v1.UserRemoveResponse], error) {
+	return nil, connect.NewError(connect.CodeUnimplemented, errors.New("fence.v1.AuthService.UserRemove is not implemented"))
+}
+
+func (UnimplementedAuthServiceHandler) UserList(context.Context, *connect.Request[v1.UserListRequest]) (*connect.Response[v1.UserListResponse], error) {
+	return nil, connect.NewError(connect.CodeUnimplemented, errors.New("fence.v1.AuthService.UserList is not implemented"))
+}
+
+func (UnimplementedAuthServiceHandler) UserSetQuota(context.Context, *connect.Request[v1.UserSetQuotaRequest]) (*connect.Response[v1.UserSetQuotaResponse], error) {
+	return nil, connect.NewError(connect.CodeUnimplemented, errors.New("fence.v1.AuthService.UserSetQuota is not implemented"))
+}
+
+func (UnimplementedAuthServiceHandler) UserGrantRole(context.Context, *connect.Request[v1.UserGrantRoleRequest]) (*connect.Response[v1.UserGrantRoleResponse], error) {
+	return nil, connect.NewError(connect.CodeUnimplemented, errors.New("fence.v1.AuthService.UserGrantRole is not implemented"))
+}
+
+func (UnimplementedAuthServiceHandler) UserRevokeRole(context.Context, *connect.Request[v1.UserRevokeRoleRequest]) (*connect.Response[v1.UserRevokeRoleResponse], error) {
+	return nil, connect.NewError(connect.CodeUnimplemented, errors.New("fence.v1.AuthService.UserRevokeRole is not implemented"))
+}
+
+func (UnimplementedAuthServiceHandler) RoleAdd(context.Context, *connect.Request[v1.RoleAddRequest]) (*connect.Response[v1.RoleAddResponse], error) {
+	return nil, connect.NewError(connect.CodeUnimplemented, errors.New("fence.v1.AuthService.RoleAdd is not implemented"))
+}
+
+func (UnimplementedAuthServiceHandler) RoleRemove(context.Context, *connect.Request[v1.RoleRemoveRequest]) (*connect.Response[v1.RoleRemoveResponse], error) {
+	return nil, connect.NewError(connect.CodeUnimplemented, errors.New("fence.v1.AuthService.RoleRemove is not implemented"))
+}
+
+func (UnimplementedAuthServiceHandler) RoleGrantPermission(context.Context, *connect.Request[v1.RoleGrantPermissionRequest]) (*connect.Response[v1.RoleGrantPermissionResponse], error) {
+	return nil, connect.NewError(connect.CodeUnimplemented, errors.New("fence.v1.AuthService.RoleGrantPermission is not implemented"))
+}
+
+func (UnimplementedAuthServiceHandler) RoleRevokePermission(context.Context, *connect.Request[v1.RoleRevokePermissionRequest]) (*connect.Response[v1.RoleRevokePermissionResponse], error) {
+	return nil, connect.NewError(connect.CodeUnimplemented, errors.New("fence.v1.AuthService.RoleRevokePermission is not implemented"))
+}
+
+func (UnimplementedAuthServiceHandler) RoleList(context.Context, *connect.Request[v1.RoleListRequest]) (*connect.Response[v1.RoleListResponse], error) {
+	return nil, connect.NewError(connect.CodeUnimplemented, errors.New("fence.v1.AuthService.RoleList is not implemented"))
+}
+
+func (UnimplementedAuthServiceHandler) TokenCreate(context.Context, *connect.Request[v1.TokenCreateRequest]) (*connect.Response[v1.TokenCreateResponse], error) {
+	return nil, connect.NewError(connect.CodeUnimplemented, errors.New("fence.v1.AuthService.TokenCreate is not implemented"))
+}
+
+func (UnimplementedAuthServiceHandler) TokenRevoke(context.Context, *connect.Request[v1.TokenRevokeRequest]) (*connect.Response[v1.TokenRevokeResponse], error) {
+	return nil, connect.NewError(connect.CodeUnimplemented, errors.New("fence.v1.AuthService.TokenRevoke is not implemented"))
+}
+
+func (UnimplementedAuthServiceHandler) TokenList(context.Context, *connect.Request[v1.TokenListRequest]) (*connect.Response[v1.TokenListResponse], error) {
+	return nil, connect.NewError(connect.CodeUnimplemented, errors.New("fence.v1.AuthService.TokenList is not implemented"))
 }

@@ -1,0 +1,366 @@
+package cli
+
+import (
+	"encoding/json"
+	"fmt"
+	"os"
+	"strconv"
+	"strings"
+	"text/tabwriter"
+	"time"
+
+	"github.com/spf13/cobra"
+	"google.golang.org/protobuf/proto"
+
+	fencev1 "github.com/fencelock/fence/api/fence/v1"
+	"github.com/fencelock/fence/client"
+)
+
+// authTokenEnv names the file holding the bearer token every client
+// command sends. Not FENCE_TOKEN: that is the fencing token fence lock
+// gives its command.
+const authTokenEnv = "FENCE_AUTH_TOKEN_FILE"
+
+// readAuthToken reads the bearer token from path ("": none): the file's
+// first line, without surrounding spaces.
+func readAuthToken(path string) (string, error) {
+	if path == "" {
+		return "", nil
+	}
+	data, err := os.ReadFile(path)
+	if err != nil {
+		return "", fmt.Errorf("reading the auth token (--auth-token-file, %s): %w", authTokenEnv, err)
+	}
+	token, _, _ := strings.Cut(string(data), "\n")
+	token = strings.TrimSpace(token)
+	if token == "" {
+		return "", fmt.Errorf("the auth token file %s is empty", path)
+	}
+	return token, nil
+}
+
+// printList prints msgs as {"key": [...]}, with the API's JSON.
+func printList[M proto.Message](g *globals, key string, msgs []M) error {
+	list := make([]json.RawMessage, 0, len(msgs))
+	for _, m := range msgs {
+		data, err := rawJSON(m)
+		if err != nil {
+			return err
+		}
+		list = append(list, data)
+	}
+	return printJSONValue(g, map[string]any{key: list})
+}
+
+func authCommand(g *globals) *cobra.Command {
+	cmd := &cobra.Command{
+		Use:   "auth",
+		Short: "Turn auth on or off, and show who you are",
+		Long: `With auth on, every call needs a credential (--auth-token-file, or a
+client certificate whose common name is a user, with --client-cert-auth)
+and a permission: see fence user, fence role, fence token. Like etcdctl
+auth enable, it needs user root with role root first, and the caller's own
+credential must be an admin's.`,
+	}
+	enable := &cobra.Command{
+		Use: "enable", Annotations: bounded, Short: "Turn auth on (needs user root with role root, and an admin's credential)", Args: cobra.NoArgs,
+		RunE: g.withClient(func(cmd *cobra.Command, _ []string, c *client.Client) error {
+			if err := c.AuthEnable(cmd.Context()); err != nil {
+				return err
+			}
+			fmt.Fprintln(g.stdout, "auth enabled")
+			return nil
+		}),
+	}
+	disable := &cobra.Command{
+		Use: "disable", Annotations: bounded, Short: "Turn auth off: every call is allowed again", Args: cobra.NoArgs,
+		RunE: g.withClient(func(cmd *cobra.Command, _ []string, c *client.Client) error {
+			if err := c.AuthDisable(cmd.Context()); err != nil {
+				return err
+			}
+			fmt.Fprintln(g.stdout, "auth disabled")
+			return nil
+		}),
+	}
+	var asJSON bool
+	status := &cobra.Command{
+		Use: "status", Annotations: bounded, Short: "Whether auth is on, and who you are to the node", Args: cobra.NoArgs,
+		RunE: g.withClient(func(cmd *cobra.Command, _ []string, c *client.Client) error {
+			st, err := c.AuthStatus(cmd.Context())
+			if err != nil {
+				return err
+			}
+			if asJSON {
+				return printJSON(g, st)
+			}
+			on := "off"
+			if st.GetEnabled() {
+				on = "on"
+			}
+			fmt.Fprintf(g.stdout, "auth: %s\n", on)
+			if st.GetUser() != "" {
+				fmt.Fprintf(g.stdout, "you: %s (by %s), roles %s\n", st.GetUser(), st.GetIdentifiedBy(), orDash(strings.Join(st.GetRoles(), ",")))
+			}
+			return nil
+		}),
+	}
+	status.Flags().BoolVar(&asJSON, "json", false, "print the API's AuthStatusResponse")
+	cmd.AddCommand(enable, disable, status)
+	return cmd
+}
+
+// simple is a bounded command with exact args that prints done on success.
+func simple(g *globals, use, short string, args int, run func(cmd *cobra.Command, c *client.Client, args []string) (string, error)) *cobra.Command {
+	return &cobra.Command{
+		Use: use, Annotations: bounded, Short: short, Args: cobra.ExactArgs(args),
+		RunE: g.withClient(func(cmd *cobra.Command, args []string, c *client.Client) error {
+			done, err := run(cmd, c, args)
+			if err != nil {
+				return err
+			}
+			fmt.Fprintln(g.stdout, done)
+			return nil
+		}),
+	}
+}
+
+func userCommand(g *globals) *cobra.Command {
+	cmd := &cobra.Command{Use: "user", Short: "Add, remove and list users, and give them roles"}
+	var asJSON bool
+	list := &cobra.Command{
+		Use: "list", Annotations: bounded, Short: "List users and their roles", Args: cobra.NoArgs,
+		RunE: g.withClient(func(cmd *cobra.Command, _ []string, c *client.Client) error {
+			users, err := c.Users(cmd.Context())
+			if err != nil {
+				return err
+			}
+			if asJSON {
+				return printList(g, "users", users)
+			}
+			w := tabwriter.NewWriter(g.stdout, 0, 4, 2, ' ', 0)
+			fmt.Fprintln(w, "USER\tROLES\tSESSIONS\tLOCKS")
+			for _, u := range users {
+				fmt.Fprintf(w, "%s\t%s\t%s\t%s\n", u.GetName(), orDash(strings.Join(u.GetRoles(), ",")),
+					usage(u.GetSessions(), u.GetMaxSessions()), usage(u.GetLocks(), u.GetMaxLocks()))
+			}
+			return w.Flush()
+		}),
+	}
+	list.Flags().BoolVar(&asJSON, "json", false, `print JSON: {"users": [the API's User]}`)
+	var maxSessions, maxLocks uint64
+	add := simple(g, "add NAME", "Add a user (no roles; a credential: fence token create, or a certificate with this common name)", 1, func(cmd *cobra.Command, c *client.Client, a []string) (string, error) {
+		if err := c.UserAdd(cmd.Context(), a[0]); err != nil {
+			return "", err
+		}
+		if maxSessions == 0 && maxLocks == 0 {
+			return "added user " + a[0], nil
+		}
+		return fmt.Sprintf("added user %s with quotas sessions %s, locks %s", a[0], limitText(maxSessions), limitText(maxLocks)),
+			c.UserSetQuota(cmd.Context(), a[0], maxSessions, maxLocks)
+	})
+	quotaFlags := func(cmd *cobra.Command) {
+		cmd.Flags().Uint64Var(&maxSessions, "max-sessions", 0, "live sessions the user may have created, while auth is on (0: no limit)")
+		cmd.Flags().Uint64Var(&maxLocks, "max-locks", 0, "locks the user's sessions may hold or wait for, while auth is on (0: no limit)")
+	}
+	quotaFlags(add)
+	setQuota := simple(g, "set-quota NAME", "Set a user's quotas (the flags not given are no limit)", 1, func(cmd *cobra.Command, c *client.Client, a []string) (string, error) {
+		return fmt.Sprintf("user %s: quotas sessions %s, locks %s", a[0], limitText(maxSessions), limitText(maxLocks)),
+			c.UserSetQuota(cmd.Context(), a[0], maxSessions, maxLocks)
+	})
+	quotaFlags(setQuota)
+	cmd.AddCommand(list, add, setQuota,
+		simple(g, "remove NAME", "Remove a user and revoke its tokens", 1, func(cmd *cobra.Command, c *client.Client, a []string) (string, error) {
+			return "removed user " + a[0], c.UserRemove(cmd.Context(), a[0])
+		}),
+		simple(g, "grant-role USER ROLE", "Give a user a role (root: everything)", 2, func(cmd *cobra.Command, c *client.Client, a []string) (string, error) {
+			return fmt.Sprintf("granted role %s to %s", a[1], a[0]), c.UserGrantRole(cmd.Context(), a[0], a[1])
+		}),
+		simple(g, "revoke-role USER ROLE", "Take a role from a user", 2, func(cmd *cobra.Command, c *client.Client, a []string) (string, error) {
+			return fmt.Sprintf("revoked role %s from %s", a[1], a[0]), c.UserRevokeRole(cmd.Context(), a[0], a[1])
+		}),
+	)
+	return cmd
+}
+
+// usage is "USED/MAX", or "USED" without a limit.
+func usage(used, limit uint64) string {
+	if limit == 0 {
+		return fmt.Sprint(used)
+	}
+	return fmt.Sprintf("%d/%d", used, limit)
+}
+
+func limitText(n uint64) string {
+	if n == 0 {
+		return "unlimited"
+	}
+	return fmt.Sprint(n)
+}
+
+// parsePermission reads "KIND ACCESS [PREFIX]": lock|kv|admin, read|write.
+func parsePermission(args []string) (*client.Permission, error) {
+	p := &client.Permission{}
+	switch args[0] {
+	case "lock":
+		p.Kind = client.PermLock
+	case "kv":
+		p.Kind = client.PermKV
+	case "admin":
+		p.Kind = client.PermAdmin
+	default:
+		return nil, fmt.Errorf("permission kind %q is none of lock, kv, admin", args[0])
+	}
+	switch args[1] {
+	case "read":
+		p.Access = client.Read
+	case "write", "readwrite":
+		p.Access = client.Write
+	default:
+		return nil, fmt.Errorf("access %q is neither read nor write (write includes read)", args[1])
+	}
+	if len(args) > 2 {
+		p.Prefix = args[2]
+	}
+	return p, nil
+}
+
+func permissionText(p *client.Permission) string {
+	kind := strings.ToLower(strings.TrimPrefix(p.GetKind().String(), "PERMISSION_KIND_"))
+	if p.GetKind() == fencev1.PermissionKind_PERMISSION_KIND_ADMIN {
+		return kind
+	}
+	return fmt.Sprintf("%s %s %q", kind, strings.ToLower(strings.TrimPrefix(p.GetAccess().String(), "ACCESS_")), p.GetPrefix())
+}
+
+func roleCommand(g *globals) *cobra.Command {
+	cmd := &cobra.Command{Use: "role", Short: "Add, remove and list roles, and give them permissions on name prefixes"}
+	grant := func(use, short, done string, fn func(c *client.Client, cmd *cobra.Command, role string, p *client.Permission) error) *cobra.Command {
+		return &cobra.Command{
+			Use: use + " ROLE KIND ACCESS [PREFIX]", Annotations: bounded, Short: short,
+			Long: short + `. KIND is lock (acquire and release: write; Check, ListLocks: read),
+kv (Put, Delete: write; Get, List, Watch: read) or admin (members,
+snapshots, sessions revoke, auth; no prefix). ACCESS is read or write
+(write includes read). PREFIX is the start of the names allowed ("" or
+none: every name); "orders/" allows "orders/17", not "orders".`,
+			Args: cobra.RangeArgs(3, 4),
+			RunE: g.withClient(func(cmd *cobra.Command, args []string, c *client.Client) error {
+				p, err := parsePermission(args[1:])
+				if err != nil {
+					return err
+				}
+				if err := fn(c, cmd, args[0], p); err != nil {
+					return err
+				}
+				fmt.Fprintf(g.stdout, "%s %s: %s\n", done, args[0], permissionText(p))
+				return nil
+			}),
+		}
+	}
+	var asJSON bool
+	list := &cobra.Command{
+		Use: "list", Annotations: bounded, Short: "List roles and their permissions", Args: cobra.NoArgs,
+		RunE: g.withClient(func(cmd *cobra.Command, _ []string, c *client.Client) error {
+			roles, err := c.Roles(cmd.Context())
+			if err != nil {
+				return err
+			}
+			if asJSON {
+				return printList(g, "roles", roles)
+			}
+			w := tabwriter.NewWriter(g.stdout, 0, 4, 2, ' ', 0)
+			fmt.Fprintln(w, "ROLE\tPERMISSIONS")
+			for _, r := range roles {
+				var perms []string
+				for _, p := range r.GetPermissions() {
+					perms = append(perms, permissionText(p))
+				}
+				fmt.Fprintf(w, "%s\t%s\n", r.GetName(), orDash(strings.Join(perms, "; ")))
+			}
+			return w.Flush()
+		}),
+	}
+	list.Flags().BoolVar(&asJSON, "json", false, `print JSON: {"roles": [the API's Role]}`)
+	cmd.AddCommand(list,
+		simple(g, "add NAME", "Add a role without permissions", 1, func(cmd *cobra.Command, c *client.Client, a []string) (string, error) {
+			return "added role " + a[0], c.RoleAdd(cmd.Context(), a[0])
+		}),
+		simple(g, "remove NAME", "Remove a role, taking it from every user", 1, func(cmd *cobra.Command, c *client.Client, a []string) (string, error) {
+			return "removed role " + a[0], c.RoleRemove(cmd.Context(), a[0])
+		}),
+		grant("grant", "Give a role a permission", "granted", func(c *client.Client, cmd *cobra.Command, role string, p *client.Permission) error {
+			return c.RoleGrant(cmd.Context(), role, p)
+		}),
+		grant("revoke", "Take a permission from a role", "revoked", func(c *client.Client, cmd *cobra.Command, role string, p *client.Permission) error {
+			return c.RoleRevoke(cmd.Context(), role, p)
+		}),
+	)
+	return cmd
+}
+
+func tokenCommand(g *globals) *cobra.Command {
+	cmd := &cobra.Command{Use: "token", Short: "Create, list and revoke bearer tokens"}
+	var ttl time.Duration
+	var description, out string
+	create := &cobra.Command{
+		Use: "create USER", Annotations: bounded, Short: "Make a bearer token for USER, printed once",
+		Long: `Makes a bearer token for USER and prints it (or writes it to --out,
+mode 0600): the service keeps only its hash, so it cannot be shown again.
+Send it with --auth-token-file FILE (env ` + authTokenEnv + `), client.WithBearerToken,
+or curl -H "Authorization: Bearer TOKEN".`,
+		Args: cobra.ExactArgs(1),
+		RunE: g.withClient(func(cmd *cobra.Command, args []string, c *client.Client) error {
+			token, info, err := c.TokenCreate(cmd.Context(), args[0], ttl, description)
+			if err != nil {
+				return err
+			}
+			if out != "" {
+				if err := os.WriteFile(out, []byte(token+"\n"), 0o600); err != nil {
+					return fmt.Errorf("token %d was made, but writing it failed (revoke it): %w", info.GetId(), err)
+				}
+				fmt.Fprintf(g.stdout, "token %d for %s written to %s\n", info.GetId(), args[0], out)
+				return nil
+			}
+			fmt.Fprintln(g.stdout, token)
+			return nil
+		}),
+	}
+	create.Flags().DurationVar(&ttl, "ttl", 0, "the token expires after this long (0: when revoked)")
+	create.Flags().StringVar(&description, "description", "", "what the token is for, shown by fence token list")
+	create.Flags().StringVar(&out, "out", "", "write the token to this file (mode 0600) instead of printing it")
+	var asJSON bool
+	var user string
+	list := &cobra.Command{
+		Use: "list", Annotations: bounded, Short: "List tokens (never their secrets)", Args: cobra.NoArgs,
+		RunE: g.withClient(func(cmd *cobra.Command, _ []string, c *client.Client) error {
+			tokens, err := c.Tokens(cmd.Context(), user)
+			if err != nil {
+				return err
+			}
+			if asJSON {
+				return printList(g, "tokens", tokens)
+			}
+			w := tabwriter.NewWriter(g.stdout, 0, 4, 2, ' ', 0)
+			fmt.Fprintln(w, "ID\tUSER\tCREATED\tEXPIRES\tDESCRIPTION")
+			for _, t := range tokens {
+				expires := "-"
+				if t.GetExpires() != nil {
+					expires = t.GetExpires().AsTime().UTC().Format(time.RFC3339)
+				}
+				fmt.Fprintf(w, "%d\t%s\t%s\t%s\t%s\n", t.GetId(), t.GetUser(), t.GetCreated().AsTime().UTC().Format(time.RFC3339), expires, orDash(t.GetDescription()))
+			}
+			return w.Flush()
+		}),
+	}
+	list.Flags().BoolVar(&asJSON, "json", false, `print JSON: {"tokens": [the API's TokenInfo]}`)
+	list.Flags().StringVar(&user, "user", "", "only this user's tokens")
+	cmd.AddCommand(create, list,
+		simple(g, "revoke ID", "Revoke a token (an id from fence token list): its next call is refused", 1, func(cmd *cobra.Command, c *client.Client, a []string) (string, error) {
+			id, err := strconv.ParseUint(a[0], 10, 64)
+			if err != nil || id == 0 {
+				return "", fmt.Errorf("%q is not a token id (a number from 1 up, as fence token list shows)", a[0])
+			}
+			return "revoked token " + a[0], c.TokenRevoke(cmd.Context(), id)
+		}),
+	)
+	return cmd
+}

@@ -1,0 +1,343 @@
+package fsm_test
+
+import (
+	"bytes"
+	"errors"
+	"fmt"
+	"maps"
+	"math/rand/v2"
+	"slices"
+	"strings"
+
+	"github.com/fencelock/fence"
+	"github.com/fencelock/fence/internal/fsm"
+	"github.com/fencelock/fence/internal/fsmpb"
+)
+
+// authModel follows the auth commands of a stream: which must succeed,
+// and what the users, roles, tokens and permission answers must then be.
+type authModel struct {
+	enabled   bool
+	users     map[string]map[string]bool
+	roles     map[string][]fsm.Permission
+	tokens    map[uint64]string // id -> user
+	hashes    map[string]bool
+	lastToken uint64
+	quotas    map[string]fsm.Quota
+}
+
+func newAuthModel() *authModel {
+	return &authModel{users: map[string]map[string]bool{}, roles: map[string][]fsm.Permission{}, tokens: map[uint64]string{}, hashes: map[string]bool{}, quotas: map[string]fsm.Quota{}}
+}
+
+// Pools the fuzzer's auth commands draw from: invalid names and
+// permissions among them.
+var (
+	authUsers    = []string{"root", "u1", "u2", "", "a b"}
+	authRoles    = []string{"root", "r1", "r2", "", "\x01"}
+	authPrefixes = []string{"", "a", "ab", "b"}
+)
+
+func validAuthName(n string) bool { return n != "" && !strings.ContainsAny(n, " \x01") }
+
+// authOp decodes an auth command from three bytes: op, a, b.
+func authOp(op, a, b byte) *fsmpb.Command {
+	user, role := authUsers[int(a)%len(authUsers)], authRoles[int(b)%len(authRoles)]
+	perm := &fsmpb.AuthPermission{Kind: uint32(a>>4) % 4, Access: uint32(b>>4) % 3, Prefix: authPrefixes[int(a>>2)%len(authPrefixes)]}
+	var c fsmpb.Auth
+	switch op % 12 {
+	case 0:
+		c.Op = &fsmpb.Auth_SetEnabled{SetEnabled: &fsmpb.SetAuthEnabled{Enabled: a%2 == 0}}
+	case 1:
+		c.Op = &fsmpb.Auth_AddUser{AddUser: &fsmpb.AuthUser{Name: user}}
+	case 2:
+		c.Op = &fsmpb.Auth_RemoveUser{RemoveUser: &fsmpb.AuthUser{Name: user}}
+	case 3:
+		c.Op = &fsmpb.Auth_GrantRole{GrantRole: &fsmpb.UserRole{User: user, Role: role}}
+	case 4:
+		c.Op = &fsmpb.Auth_RevokeRole{RevokeRole: &fsmpb.UserRole{User: user, Role: role}}
+	case 5:
+		c.Op = &fsmpb.Auth_AddRole{AddRole: &fsmpb.AuthRole{Name: role}}
+	case 6:
+		c.Op = &fsmpb.Auth_RemoveRole{RemoveRole: &fsmpb.AuthRole{Name: role}}
+	case 7:
+		c.Op = &fsmpb.Auth_GrantPermission{GrantPermission: &fsmpb.RolePermission{Role: role, Permission: perm}}
+	case 8:
+		c.Op = &fsmpb.Auth_RevokePermission{RevokePermission: &fsmpb.RolePermission{Role: role, Permission: perm}}
+	case 9:
+		hash := bytes.Repeat([]byte{b % 4}, fsm.TokenHashBytes)
+		if b%8 == 7 {
+			hash = hash[1:]
+		}
+		c.Op = &fsmpb.Auth_CreateToken{CreateToken: &fsmpb.AuthToken{SecretSha256: hash, User: user, CreatedUnixNs: int64(b), ExpiresUnixNs: int64(a%3) - 1}}
+	case 10:
+		c.Op = &fsmpb.Auth_RevokeToken{RevokeToken: uint64(a % 6)}
+	case 11:
+		c.Op = &fsmpb.Auth_SetQuota{SetQuota: &fsmpb.AuthUser{Name: user, MaxSessions: uint64(a>>4) % 3, MaxLocks: uint64(b % 3)}}
+	}
+	return &fsmpb.Command{Op: &fsmpb.Command_Auth{Auth: &c}}
+}
+
+func permOf(p *fsmpb.AuthPermission) fsm.Permission {
+	return fsm.Permission{Kind: fsm.PermKind(p.GetKind()), Access: fsm.Access(p.GetAccess()), Prefix: p.GetPrefix()}
+}
+
+// expect applies c to the model and says whether the state must accept it.
+func (m *authModel) expect(c *fsmpb.Auth) bool {
+	switch op := c.GetOp().(type) {
+	case *fsmpb.Auth_SetEnabled:
+		if op.SetEnabled.GetEnabled() && !m.users["root"]["root"] {
+			return false
+		}
+		m.enabled = op.SetEnabled.GetEnabled()
+	case *fsmpb.Auth_AddUser:
+		n := op.AddUser.GetName()
+		if !validAuthName(n) || m.users[n] != nil {
+			return false
+		}
+		m.users[n] = map[string]bool{}
+	case *fsmpb.Auth_RemoveUser:
+		n := op.RemoveUser.GetName()
+		if m.users[n] == nil || (m.enabled && n == "root") {
+			return false
+		}
+		delete(m.users, n)
+		delete(m.quotas, n)
+		maps.DeleteFunc(m.tokens, func(_ uint64, u string) bool { return u == n })
+	case *fsmpb.Auth_GrantRole:
+		u, r := op.GrantRole.GetUser(), op.GrantRole.GetRole()
+		_, roleExists := m.roles[r]
+		if m.users[u] == nil || (!roleExists && r != "root") || m.users[u][r] {
+			return false
+		}
+		m.users[u][r] = true
+	case *fsmpb.Auth_RevokeRole:
+		u, r := op.RevokeRole.GetUser(), op.RevokeRole.GetRole()
+		if !m.users[u][r] || (m.enabled && u == "root" && r == "root") {
+			return false
+		}
+		delete(m.users[u], r)
+	case *fsmpb.Auth_AddRole:
+		r := op.AddRole.GetName()
+		if _, ok := m.roles[r]; ok || !validAuthName(r) || r == "root" {
+			return false
+		}
+		m.roles[r] = nil
+	case *fsmpb.Auth_RemoveRole:
+		r := op.RemoveRole.GetName()
+		if _, ok := m.roles[r]; !ok {
+			return false
+		}
+		delete(m.roles, r)
+		for _, roles := range m.users {
+			delete(roles, r)
+		}
+	case *fsmpb.Auth_GrantPermission:
+		r, p := op.GrantPermission.GetRole(), permOf(op.GrantPermission.GetPermission())
+		perms, ok := m.roles[r]
+		if !ok || fsm.CheckPermission(p) != nil || slices.Contains(perms, p) {
+			return false
+		}
+		m.roles[r] = append(perms, p)
+	case *fsmpb.Auth_RevokePermission:
+		r, p := op.RevokePermission.GetRole(), permOf(op.RevokePermission.GetPermission())
+		i := slices.Index(m.roles[r], p)
+		if i < 0 {
+			return false
+		}
+		m.roles[r] = slices.Delete(m.roles[r], i, i+1)
+	case *fsmpb.Auth_CreateToken:
+		t := op.CreateToken
+		if len(t.GetSecretSha256()) != fsm.TokenHashBytes || m.users[t.GetUser()] == nil || t.GetExpiresUnixNs() < 0 || m.hashes[string(t.GetSecretSha256())] {
+			return false
+		}
+		m.lastToken++
+		m.tokens[m.lastToken] = t.GetUser()
+	case *fsmpb.Auth_RevokeToken:
+		if _, ok := m.tokens[op.RevokeToken]; !ok {
+			return false
+		}
+		delete(m.tokens, op.RevokeToken)
+	case *fsmpb.Auth_SetQuota:
+		u := op.SetQuota
+		if m.users[u.GetName()] == nil {
+			return false
+		}
+		m.quotas[u.GetName()] = fsm.Quota{MaxSessions: u.GetMaxSessions(), MaxLocks: u.GetMaxLocks()}
+	default:
+		return false
+	}
+	m.hashes = nil // recomputed by compare
+	return true
+}
+
+// allowed is the model's permission check.
+func (m *authModel) allowed(user string, want fsm.Permission) bool {
+	for r := range m.users[user] {
+		if r == "root" {
+			return true
+		}
+		for _, p := range m.roles[r] {
+			if p.Kind == want.Kind && p.Access >= want.Access && (p.Kind == fsm.PermAdmin || strings.HasPrefix(want.Prefix, p.Prefix)) {
+				return true
+			}
+		}
+	}
+	return false
+}
+
+// observe checks an auth command's result and the state after it.
+func (m *authModel) observe(cmd *fsmpb.Command, c *fsmpb.Auth, res fsm.Result, s *fsm.State) error {
+	want := m.expect(c)
+	if got := res.Err == nil; got != want {
+		return fmt.Errorf("%v: succeeded %v (%v), model says %v", cmd, got, res.Err, want)
+	}
+	if res.Err != nil && !errors.Is(res.Err, fence.ErrInvalidArgument) {
+		return fmt.Errorf("%v failed with %v, want ErrInvalidArgument", cmd, res.Err)
+	}
+	if want != res.AuthChanged {
+		return fmt.Errorf("%v: AuthChanged %v", cmd, res.AuthChanged)
+	}
+	return m.compare(s)
+}
+
+func (m *authModel) compare(s *fsm.State) error {
+	if s.AuthEnabled() != m.enabled {
+		return fmt.Errorf("auth enabled %v, model %v", s.AuthEnabled(), m.enabled)
+	}
+	users := s.Users()
+	if len(users) != len(m.users) {
+		return fmt.Errorf("users %+v, model %v", users, m.users)
+	}
+	for _, u := range users {
+		if !slices.Equal(u.Roles, slices.Sorted(maps.Keys(m.users[u.Name]))) {
+			return fmt.Errorf("user %q roles %v, model %v", u.Name, u.Roles, m.users[u.Name])
+		}
+		if u.Quota != m.quotas[u.Name] {
+			return fmt.Errorf("user %q quota %v, model %v", u.Name, u.Quota, m.quotas[u.Name])
+		}
+	}
+	if roles := s.Roles(); len(roles) != len(m.roles) {
+		return fmt.Errorf("roles %+v, model %v", roles, m.roles)
+	}
+	m.hashes = map[string]bool{}
+	var ids []uint64
+	for _, t := range s.Tokens("") {
+		if m.tokens[t.ID] != t.User {
+			return fmt.Errorf("token %d of %q, model %q", t.ID, t.User, m.tokens[t.ID])
+		}
+		ids = append(ids, t.ID)
+	}
+	if len(ids) != len(m.tokens) || !slices.IsSorted(ids) {
+		return fmt.Errorf("tokens %v, model %v", ids, m.tokens)
+	}
+	for _, id := range ids {
+		for h := range 4 {
+			hash := [fsm.TokenHashBytes]byte(bytes.Repeat([]byte{byte(h)}, fsm.TokenHashBytes))
+			if t, ok := s.TokenByHash(hash); ok && t.ID == id {
+				m.hashes[string(hash[:])] = true
+			}
+		}
+	}
+	for _, user := range authUsers {
+		for _, kind := range []fsm.PermKind{fsm.PermLock, fsm.PermKV, fsm.PermAdmin} {
+			for _, access := range []fsm.Access{fsm.Read, fsm.Write} {
+				for _, prefix := range []string{"", "a", "ab", "abc", "b"} {
+					want := fsm.Permission{Kind: kind, Access: access, Prefix: prefix}
+					got := s.Authorize(user, want) == nil
+					if got != m.allowed(user, want) {
+						return fmt.Errorf("Authorize(%q, %s) = %v, model %v", user, want, got, !got)
+					}
+				}
+			}
+		}
+	}
+	return nil
+}
+
+// sessionQuotaReached reports whether the model refuses a session created
+// by user for its sessions quota: auth on, and as many live sessions of
+// the user as the quota.
+func (m *modelChecker) sessionQuotaReached(user string) bool {
+	q := m.auth.quotas[user]
+	if !m.auth.enabled || user == "" || q.MaxSessions == 0 {
+		return false
+	}
+	n := uint64(0)
+	for id, u := range m.users {
+		if u == user && m.live[id] {
+			n++
+		}
+	}
+	return n >= q.MaxSessions
+}
+
+// lockQuotaReached reports whether the model refuses session sid a new
+// lock for its user's locks quota: auth on, and the user's live sessions
+// hold or wait for as many locks as the quota.
+func (m *modelChecker) lockQuotaReached(sid uint64) bool {
+	user := m.users[sid]
+	q := m.auth.quotas[user]
+	if !m.auth.enabled || user == "" || q.MaxLocks == 0 {
+		return false
+	}
+	mine := func(s uint64) bool { return m.live[s] && m.users[s] == user }
+	n := uint64(0)
+	for _, hs := range m.holders {
+		for _, h := range hs {
+			if mine(h.Session) {
+				n++
+			}
+		}
+	}
+	for _, ws := range m.queues {
+		for _, w := range ws {
+			if mine(w.Session) {
+				n++
+			}
+		}
+	}
+	if n >= q.MaxLocks {
+		m.req.note("quota: locks quota refused an acquire")
+		return true
+	}
+	return false
+}
+
+// quotaStream returns the input of a stream of about n commands under
+// auth with quotas (see commandSource.next and authOp for the encoding):
+// users u1 (2 sessions, 2 locks) and u2 (1 session, 1 lock), auth on;
+// then sessions created by u1, u2 or no user, acquires, releases, closes
+// and expiries, now and then auth off and on again or a quota changed.
+func quotaStream(r *rand.Rand, n int) []byte {
+	data := []byte{
+		0xfc, 1, 0, 0, // add user root
+		0xfc, 3, 0, 0, // grant root the root role
+		0xfc, 1, 1, 0, // add user u1
+		0xfc, 1, 2, 0, // add user u2
+		0xfc, 11, 0x24, 2, // u1: 2 sessions, 2 locks
+		0xfc, 11, 0x11, 1, // u2: 1 session, 1 lock
+		0xfc, 0, 0, 0, // enable
+	}
+	session := func() byte { return byte(8 * r.IntN(8)) } // a live session
+	name := func() byte { return byte(r.IntN(4)) }
+	for range n {
+		switch x := r.IntN(100); {
+		case x < 30: // a session of u1, u2 or no user, without a server limit
+			data = append(data, []byte{0x00, 0x20, 0x20, 0x30, 0x30}[r.IntN(5)], byte(r.IntN(0x30)))
+		case x < 65: // an exclusive or shared acquire, now and then a try
+			data = append(data, 4, session(), byte(3*r.IntN(2))+name(), byte(r.IntN(2)))
+		case x < 78: // a holder releases
+			data = append(data, 11, name(), byte(r.IntN(256)))
+		case x < 86: // a live session closes
+			data = append(data, 2, session())
+		case x < 92: // a holder's session expires or closes
+			data = append(data, 14, name(), byte(r.IntN(256)))
+		case x < 95: // auth off, or on
+			data = append(data, 0xfc, 0, byte(r.IntN(2)), 0)
+		default: // u1's quota changes
+			data = append(data, 0xfc, 11, []byte{0x04, 0x14, 0x24}[r.IntN(3)], byte(r.IntN(3)))
+		}
+	}
+	return data
+}

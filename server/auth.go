@@ -1,0 +1,414 @@
+package server
+
+import (
+	"context"
+	"crypto/sha256"
+	"fmt"
+	"net/http"
+	"strings"
+	"sync"
+	"time"
+
+	"connectrpc.com/connect"
+
+	"github.com/fencelock/fence"
+	fencev1 "github.com/fencelock/fence/api/fence/v1"
+	"github.com/fencelock/fence/api/fence/v1/fencev1connect"
+	"github.com/fencelock/fence/internal/fsm"
+)
+
+// Auth at the edge (docs/design.md, Auth). Every node holds the replicated
+// auth state, so the node that serves a call checks it: authInterceptor
+// runs before every handler of the fence services, authenticates the
+// caller (a bearer token, or with --client-cert-auth the certificate's
+// common name) and checks the permission the procedure needs on the names
+// the request carries. A follower forwards a call to its leader only when
+// auth is off or the call carries a bearer token, which the leader checks
+// again with its own state; a call identified by a certificate alone is
+// served by the follower, after its check, which for a write or a
+// linearizable read answers Unavailable naming the leader.
+
+// maxBearerBytes bounds the token a header may carry.
+const maxBearerBytes = 512
+
+// parseBearer returns the token of an Authorization header: "Bearer TOKEN"
+// (the scheme in any case), TOKEN of printable ASCII without spaces.
+func parseBearer(header string) (string, error) {
+	scheme, token, ok := strings.Cut(header, " ")
+	if !ok || !strings.EqualFold(scheme, "Bearer") {
+		return "", fmt.Errorf("%w: the Authorization header must be \"Bearer TOKEN\"", fence.ErrAuthFailed)
+	}
+	token = strings.TrimLeft(token, " ")
+	if token == "" || len(token) > maxBearerBytes {
+		return "", fmt.Errorf("%w: the bearer token is empty or over %d bytes", fence.ErrAuthFailed, maxBearerBytes)
+	}
+	for i := 0; i < len(token); i++ {
+		if c := token[i]; c <= ' ' || c >= 0x7f {
+			return "", fmt.Errorf("%w: the bearer token has a character that no token has", fence.ErrAuthFailed)
+		}
+	}
+	return token, nil
+}
+
+func tokenHash(token string) [fsm.TokenHashBytes]byte { return sha256.Sum256([]byte(token)) }
+
+// credential is what a call presents: a bearer token's hash, or the
+// common name of a verified client certificate (none on a forwarded call:
+// its connection is the follower's).
+type credential struct {
+	bearer    bool
+	hash      [fsm.TokenHashBytes]byte
+	certUser  string
+	malformed error // an Authorization header that does not parse
+}
+
+func (c credential) present() bool { return c.bearer || c.certUser != "" || c.malformed != nil }
+
+type certUserKey struct{}
+
+// withCertUser puts the verified client certificate's subject common name
+// into the request's context, for the handlers' credentials. A forwarded
+// call came over the forwarding node's connection, whose certificate is
+// the node's, not the caller's: it has none.
+func withCertUser(next http.Handler) http.Handler {
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if r.TLS != nil && len(r.TLS.VerifiedChains) > 0 && len(r.TLS.VerifiedChains[0]) > 0 && r.Header.Get(fencev1.ForwardedByHeader) == "" {
+			if cn := r.TLS.VerifiedChains[0][0].Subject.CommonName; cn != "" {
+				r = r.WithContext(context.WithValue(r.Context(), certUserKey{}, cn))
+			}
+		}
+		next.ServeHTTP(w, r)
+	})
+}
+
+func credentialOf(ctx context.Context, h http.Header) credential {
+	var c credential
+	if v := h.Get("Authorization"); v != "" {
+		token, err := parseBearer(v)
+		if err != nil {
+			c.malformed = err
+			return c
+		}
+		c.bearer, c.hash = true, tokenHash(token)
+		return c
+	}
+	c.certUser, _ = ctx.Value(certUserKey{}).(string)
+	return c
+}
+
+// caller is an authenticated identity.
+type caller struct {
+	user    string
+	via     string // "token" or "certificate"
+	tokenID uint64
+	expires time.Time // zero: never
+}
+
+func (c caller) String() string {
+	if c.user == "" {
+		return "anonymous"
+	}
+	if c.via == "token" {
+		return fmt.Sprintf("%s (token %d)", c.user, c.tokenID)
+	}
+	return fmt.Sprintf("%s (%s)", c.user, c.via)
+}
+
+// authenticateLocked finds who presents cred in st, at now.
+func authenticateLocked(st *fsm.State, cred credential, now time.Time) (caller, error) {
+	switch {
+	case cred.malformed != nil:
+		return caller{}, cred.malformed
+	case cred.bearer:
+		t, ok := st.TokenByHash(cred.hash)
+		if !ok {
+			return caller{}, fmt.Errorf("%w: the bearer token is unknown or revoked", fence.ErrAuthFailed)
+		}
+		c := caller{user: t.User, via: "token", tokenID: t.ID}
+		if t.ExpiresUnixNs != 0 {
+			c.expires = time.Unix(0, t.ExpiresUnixNs)
+			if !now.Before(c.expires) {
+				return c, fmt.Errorf("%w: token %d of user %q expired at %s", fence.ErrAuthFailed, t.ID, t.User, c.expires.UTC().Format(time.RFC3339))
+			}
+		}
+		return c, nil
+	case cred.certUser != "":
+		c := caller{user: cred.certUser, via: "certificate"}
+		if _, ok := st.User(cred.certUser); !ok {
+			return c, fmt.Errorf("%w: the client certificate names user %q, who does not exist", fence.ErrAuthFailed, cred.certUser)
+		}
+		return c, nil
+	}
+	return caller{}, fmt.Errorf("%w: auth is enabled and the call has no credential; send \"Authorization: Bearer TOKEN\" (fence --auth-token-file), or a client certificate whose common name is a user", fence.ErrAuthFailed)
+}
+
+// need is the permission a call needs.
+type need struct {
+	perm fsm.Permission
+	// anyWrite: any lock or kv write permission will do (sessions, which
+	// exist to hold locks and bind keys).
+	anyWrite bool
+	// anyone: any authenticated caller.
+	anyone bool
+}
+
+func (n need) String() string {
+	switch {
+	case n.anyone:
+		return "any identity"
+	case n.anyWrite:
+		return "lock write or kv write on any prefix"
+	}
+	return n.perm.String()
+}
+
+func lockNeed(a fsm.Access, name string) need {
+	return need{perm: fsm.Permission{Kind: fsm.PermLock, Access: a, Prefix: name}}
+}
+
+func kvNeed(a fsm.Access, name string) need {
+	return need{perm: fsm.Permission{Kind: fsm.PermKV, Access: a, Prefix: name}}
+}
+
+var adminNeed = need{perm: fsm.Permission{Kind: fsm.PermAdmin, Access: fsm.Write}}
+
+// needOf returns what procedure needs for msg. Unknown procedures need
+// admin: a new call is closed until it is given a rule here.
+func needOf(procedure string, msg any) need {
+	type locked interface{ GetLock() string }
+	type keyed interface{ GetKey() string }
+	type prefixed interface{ GetPrefix() string }
+	name := func() string {
+		switch m := msg.(type) {
+		case locked:
+			return m.GetLock()
+		case keyed:
+			return m.GetKey()
+		case prefixed:
+			return m.GetPrefix()
+		}
+		return ""
+	}
+	switch procedure {
+	case fencev1connect.SessionServiceCreateSessionProcedure, fencev1connect.SessionServiceKeepAliveProcedure,
+		fencev1connect.SessionServiceCloseSessionProcedure:
+		return need{anyWrite: true}
+	case fencev1connect.SessionServiceListSessionsProcedure:
+		return lockNeed(fsm.Read, "") // every session's locks
+	case fencev1connect.LockServiceAcquireProcedure, fencev1connect.LockServiceReleaseProcedure,
+		fencev1connect.LockServiceCancelAcquireProcedure:
+		return lockNeed(fsm.Write, name())
+	case fencev1connect.LockServiceCheckProcedure, fencev1connect.LockServiceListLocksProcedure:
+		return lockNeed(fsm.Read, name())
+	case fencev1connect.KVServicePutProcedure, fencev1connect.KVServiceDeleteProcedure:
+		return kvNeed(fsm.Write, name())
+	case fencev1connect.KVServiceGetProcedure, fencev1connect.KVServiceListProcedure, fencev1connect.KVServiceWatchProcedure:
+		return kvNeed(fsm.Read, name())
+	case fencev1connect.ClusterServiceStatusProcedure, fencev1connect.AuthServiceAuthStatusProcedure:
+		return need{anyone: true}
+	}
+	return adminNeed
+}
+
+// authorizeLocked checks that who may do n in st.
+func authorizeLocked(st *fsm.State, who caller, n need) error {
+	switch {
+	case n.anyone:
+		return nil
+	case n.anyWrite:
+		if st.HasAny(who.user, fsm.PermLock, fsm.Write) || st.HasAny(who.user, fsm.PermKV, fsm.Write) {
+			return nil
+		}
+		return fmt.Errorf("%w: user %q needs %s", fence.ErrPermissionDenied, who.user, n)
+	}
+	return st.Authorize(who.user, n.perm)
+}
+
+// authCall is a checked call's credential and need, for checking again
+// while it runs (a watch).
+type authCall struct {
+	cred credential
+	need need
+}
+
+type authCallKey struct{}
+
+// checkCall authenticates and authorizes a call, when auth is on, and
+// logs a refusal. It returns ctx carrying what to check again later.
+func (s *Server) checkCall(ctx context.Context, procedure, peer string, h http.Header, msg any) (context.Context, error) {
+	call := authCall{cred: credentialOf(ctx, h), need: needOf(procedure, msg)}
+	ctx = context.WithValue(ctx, authCallKey{}, call)
+	_, err := s.recheck(call)
+	if err != nil {
+		s.auditRefusal(procedure, peer, call, err)
+	}
+	return ctx, err
+}
+
+// callerUser returns the authenticated user of the call ctx belongs to,
+// with auth on; "" otherwise. The interceptor checked the call already.
+func (s *Server) callerUser(ctx context.Context) string {
+	call, ok := ctx.Value(authCallKey{}).(authCall)
+	if !ok {
+		return ""
+	}
+	who, err := s.recheck(call)
+	if err != nil {
+		return ""
+	}
+	return who.user
+}
+
+// recheck checks call against the current state; it returns who made it.
+func (s *Server) recheck(call authCall) (caller, error) {
+	var who caller
+	var err error
+	now := s.cfg.Clock.Now()
+	s.fsm.Read(func(st *fsm.State) {
+		if !st.AuthEnabled() {
+			return
+		}
+		if who, err = authenticateLocked(st, call.cred, now); err == nil {
+			err = authorizeLocked(st, who, call.need)
+		}
+	})
+	return who, err
+}
+
+func (s *Server) auditRefusal(procedure, peer string, call authCall, err error) {
+	var who caller
+	s.fsm.Read(func(st *fsm.State) { who, _ = authenticateLocked(st, call.cred, s.cfg.Clock.Now()) })
+	s.logger.Warn("auth: call refused", "audit", true, "user", who.user, "via", who.via, "token_id", who.tokenID,
+		"procedure", procedure, "needs", call.need.String(), "peer", peer, "err", err)
+}
+
+// authInterceptor checks every call of the fence services (see checkCall).
+type authInterceptor struct{ s *Server }
+
+func (a authInterceptor) WrapUnary(next connect.UnaryFunc) connect.UnaryFunc {
+	return func(ctx context.Context, req connect.AnyRequest) (connect.AnyResponse, error) {
+		ctx, err := a.s.checkCall(ctx, req.Spec().Procedure, req.Peer().Addr, req.Header(), req.Any())
+		if err != nil {
+			return nil, err
+		}
+		return next(ctx, req)
+	}
+}
+
+func (a authInterceptor) WrapStreamingClient(next connect.StreamingClientFunc) connect.StreamingClientFunc {
+	return next
+}
+
+// WrapStreamingHandler checks a stream when its request arrives: the
+// generated handler receives it before calling the method, whose context
+// then carries the check for later (recheckContext).
+func (a authInterceptor) WrapStreamingHandler(next connect.StreamingHandlerFunc) connect.StreamingHandlerFunc {
+	return func(ctx context.Context, conn connect.StreamingHandlerConn) error {
+		slot := &authSlot{}
+		ctx = context.WithValue(ctx, authSlotKey{}, slot)
+		return next(ctx, &checkedStream{StreamingHandlerConn: conn, check: func(msg any) error {
+			cctx, err := a.s.checkCall(ctx, conn.Spec().Procedure, conn.Peer().Addr, conn.RequestHeader(), msg)
+			slot.set(cctx.Value(authCallKey{}).(authCall))
+			return err
+		}})
+	}
+}
+
+// authSlot holds a stream's check once its request arrived.
+type authSlot struct {
+	mu   sync.Mutex
+	call *authCall
+}
+
+type authSlotKey struct{}
+
+func (s *authSlot) set(c authCall) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	s.call = &c
+}
+
+// streamCall returns the check of the stream ctx belongs to.
+func streamCall(ctx context.Context) (authCall, bool) {
+	slot, ok := ctx.Value(authSlotKey{}).(*authSlot)
+	if !ok {
+		return authCall{}, false
+	}
+	slot.mu.Lock()
+	defer slot.mu.Unlock()
+	if slot.call == nil {
+		return authCall{}, false
+	}
+	return *slot.call, true
+}
+
+// recheckStream checks the stream ctx belongs to again.
+func (s *Server) recheckStream(ctx context.Context) (caller, error) {
+	call, ok := streamCall(ctx)
+	if !ok {
+		return caller{}, nil
+	}
+	return s.recheck(call)
+}
+
+type checkedStream struct {
+	connect.StreamingHandlerConn
+	check   func(msg any) error
+	checked bool
+}
+
+func (c *checkedStream) Receive(msg any) error {
+	if err := c.StreamingHandlerConn.Receive(msg); err != nil {
+		return err
+	}
+	if !c.checked {
+		c.checked = true
+		return c.check(msg)
+	}
+	return nil
+}
+
+// authChanges tells open calls that the auth state changed.
+type authChanges struct {
+	mu sync.Mutex
+	ch chan struct{}
+}
+
+// wait returns a channel closed at the next change.
+func (a *authChanges) wait() <-chan struct{} {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	if a.ch == nil {
+		a.ch = make(chan struct{})
+	}
+	return a.ch
+}
+
+func (a *authChanges) notify() {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	if a.ch != nil {
+		close(a.ch)
+		a.ch = nil
+	}
+}
+
+// AuthEnabled reports whether this node's state enforces auth.
+func (s *Server) AuthEnabled() bool {
+	var on bool
+	s.fsm.Read(func(st *fsm.State) { on = st.AuthEnabled() })
+	return on
+}
+
+// authGate is for a watch: a channel that fires when the call should be
+// checked again (the auth state changed, or its token's expiry passed),
+// and the check.
+func (s *Server) authGate(ctx context.Context) (<-chan struct{}, <-chan time.Time, func()) {
+	changed := s.authChanges.wait()
+	who, _ := s.recheckStream(ctx)
+	if who.expires.IsZero() {
+		return changed, nil, func() {}
+	}
+	t := s.cfg.Clock.NewTimer(max(who.expires.Sub(s.cfg.Clock.Now()), 0))
+	return changed, t.C(), func() { t.Stop() }
+}

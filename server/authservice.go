@@ -1,0 +1,284 @@
+package server
+
+import (
+	"context"
+	"crypto/rand"
+	"encoding/base64"
+	"fmt"
+	"time"
+
+	"connectrpc.com/connect"
+	"google.golang.org/protobuf/types/known/timestamppb"
+
+	"github.com/fencelock/fence"
+	fencev1 "github.com/fencelock/fence/api/fence/v1"
+	"github.com/fencelock/fence/internal/fsm"
+	"github.com/fencelock/fence/internal/fsmpb"
+)
+
+// The AuthService: users, roles, tokens and enforcement, each change one
+// command. authInterceptor has checked the caller (admin, once auth is on)
+// before any of these runs; every change is logged as an audit line.
+
+// authTokenBytes is a bearer token's size: 256 bits from crypto/rand,
+// sent base64url-encoded (43 characters).
+const authTokenBytes = 32
+
+func newAuthToken() string {
+	b := make([]byte, authTokenBytes)
+	rand.Read(b) // never fails (crypto/rand panics rather than return short)
+	return base64.RawURLEncoding.EncodeToString(b)
+}
+
+// changeAuth commits one auth change and logs it with who made it.
+func (s *Server) changeAuth(ctx context.Context, req connect.AnyRequest, c *fsmpb.Auth, attrs ...any) (fsm.Result, error) {
+	res, err := s.apply(&fsmpb.Command{Op: &fsmpb.Command_Auth{Auth: c}})
+	if err != nil {
+		return res, err
+	}
+	who := s.callerOf(ctx, req)
+	s.logger.Warn("auth: changed", append([]any{"audit", true, "user", who.user, "via", who.via, "token_id", who.tokenID,
+		"procedure", req.Spec().Procedure, "peer", req.Peer().Addr}, attrs...)...)
+	return res, nil
+}
+
+// callerOf returns who made a call, as far as its credential says (with
+// auth off, a call may name nobody).
+func (s *Server) callerOf(ctx context.Context, req connect.AnyRequest) caller {
+	cred := credentialOf(ctx, req.Header())
+	var who caller
+	if cred.present() {
+		s.fsm.Read(func(st *fsm.State) { who, _ = authenticateLocked(st, cred, s.cfg.Clock.Now()) })
+	}
+	return who
+}
+
+func permissionFrom(p *fencev1.Permission) fsm.Permission {
+	return fsm.Permission{Kind: fsm.PermKind(p.GetKind()), Access: fsm.Access(p.GetAccess()), Prefix: p.GetPrefix()}
+}
+
+func apiPermission(p fsm.Permission) *fencev1.Permission {
+	return &fencev1.Permission{Kind: fencev1.PermissionKind(p.Kind), Access: fencev1.Access(p.Access), Prefix: p.Prefix}
+}
+
+// AuthEnable implements fencev1connect.AuthServiceHandler.
+func (s *Server) AuthEnable(ctx context.Context, req *connect.Request[fencev1.AuthEnableRequest]) (*connect.Response[fencev1.AuthEnableResponse], error) {
+	// The caller must still be able to administer once auth is on.
+	cred := credentialOf(ctx, req.Header())
+	var err error
+	s.fsm.Read(func(st *fsm.State) {
+		var who caller
+		if who, err = authenticateLocked(st, cred, s.cfg.Clock.Now()); err == nil {
+			err = authorizeLocked(st, who, adminNeed)
+		}
+	})
+	if err != nil {
+		return nil, fmt.Errorf("enabling auth would lock this caller out: %w; call with an admin's credential, such as a token of user root (fence --auth-token-file FILE auth enable)", err)
+	}
+	if _, err := s.changeAuth(ctx, req, &fsmpb.Auth{Op: &fsmpb.Auth_SetEnabled{SetEnabled: &fsmpb.SetAuthEnabled{Enabled: true}}}, "change", "auth enabled"); err != nil {
+		return nil, err
+	}
+	return connect.NewResponse(&fencev1.AuthEnableResponse{}), nil
+}
+
+// AuthDisable implements fencev1connect.AuthServiceHandler.
+func (s *Server) AuthDisable(ctx context.Context, req *connect.Request[fencev1.AuthDisableRequest]) (*connect.Response[fencev1.AuthDisableResponse], error) {
+	if _, err := s.changeAuth(ctx, req, &fsmpb.Auth{Op: &fsmpb.Auth_SetEnabled{SetEnabled: &fsmpb.SetAuthEnabled{}}}, "change", "auth disabled"); err != nil {
+		return nil, err
+	}
+	return connect.NewResponse(&fencev1.AuthDisableResponse{}), nil
+}
+
+// AuthStatus answers from this node's state: whether auth is on, and who
+// the caller is.
+func (s *Server) AuthStatus(ctx context.Context, req *connect.Request[fencev1.AuthStatusRequest]) (*connect.Response[fencev1.AuthStatusResponse], error) {
+	out := &fencev1.AuthStatusResponse{}
+	who := s.callerOf(ctx, req)
+	s.fsm.Read(func(st *fsm.State) {
+		out.Enabled = st.AuthEnabled()
+		if u, ok := st.User(who.user); ok {
+			out.User, out.IdentifiedBy, out.Roles = u.Name, who.via, u.Roles
+		}
+	})
+	return connect.NewResponse(out), nil
+}
+
+// UserAdd implements fencev1connect.AuthServiceHandler.
+func (s *Server) UserAdd(ctx context.Context, req *connect.Request[fencev1.UserAddRequest]) (*connect.Response[fencev1.UserAddResponse], error) {
+	name := req.Msg.GetName()
+	if _, err := s.changeAuth(ctx, req, &fsmpb.Auth{Op: &fsmpb.Auth_AddUser{AddUser: &fsmpb.AuthUser{Name: name}}}, "change", "user added", "name", name); err != nil {
+		return nil, err
+	}
+	return connect.NewResponse(&fencev1.UserAddResponse{}), nil
+}
+
+// UserRemove implements fencev1connect.AuthServiceHandler.
+func (s *Server) UserRemove(ctx context.Context, req *connect.Request[fencev1.UserRemoveRequest]) (*connect.Response[fencev1.UserRemoveResponse], error) {
+	name := req.Msg.GetName()
+	if _, err := s.changeAuth(ctx, req, &fsmpb.Auth{Op: &fsmpb.Auth_RemoveUser{RemoveUser: &fsmpb.AuthUser{Name: name}}}, "change", "user removed", "name", name); err != nil {
+		return nil, err
+	}
+	return connect.NewResponse(&fencev1.UserRemoveResponse{}), nil
+}
+
+// UserSetQuota implements fencev1connect.AuthServiceHandler.
+func (s *Server) UserSetQuota(ctx context.Context, req *connect.Request[fencev1.UserSetQuotaRequest]) (*connect.Response[fencev1.UserSetQuotaResponse], error) {
+	m := req.Msg
+	op := &fsmpb.AuthUser{Name: m.GetUser(), MaxSessions: m.GetMaxSessions(), MaxLocks: m.GetMaxLocks()}
+	if _, err := s.changeAuth(ctx, req, &fsmpb.Auth{Op: &fsmpb.Auth_SetQuota{SetQuota: op}}, "change", "quota set",
+		"name", m.GetUser(), "max_sessions", m.GetMaxSessions(), "max_locks", m.GetMaxLocks()); err != nil {
+		return nil, err
+	}
+	return connect.NewResponse(&fencev1.UserSetQuotaResponse{}), nil
+}
+
+// UserGrantRole implements fencev1connect.AuthServiceHandler.
+func (s *Server) UserGrantRole(ctx context.Context, req *connect.Request[fencev1.UserGrantRoleRequest]) (*connect.Response[fencev1.UserGrantRoleResponse], error) {
+	u, r := req.Msg.GetUser(), req.Msg.GetRole()
+	if _, err := s.changeAuth(ctx, req, &fsmpb.Auth{Op: &fsmpb.Auth_GrantRole{GrantRole: &fsmpb.UserRole{User: u, Role: r}}}, "change", "role granted", "name", u, "role", r); err != nil {
+		return nil, err
+	}
+	return connect.NewResponse(&fencev1.UserGrantRoleResponse{}), nil
+}
+
+// UserRevokeRole implements fencev1connect.AuthServiceHandler.
+func (s *Server) UserRevokeRole(ctx context.Context, req *connect.Request[fencev1.UserRevokeRoleRequest]) (*connect.Response[fencev1.UserRevokeRoleResponse], error) {
+	u, r := req.Msg.GetUser(), req.Msg.GetRole()
+	if _, err := s.changeAuth(ctx, req, &fsmpb.Auth{Op: &fsmpb.Auth_RevokeRole{RevokeRole: &fsmpb.UserRole{User: u, Role: r}}}, "change", "role revoked", "name", u, "role", r); err != nil {
+		return nil, err
+	}
+	return connect.NewResponse(&fencev1.UserRevokeRoleResponse{}), nil
+}
+
+// RoleAdd implements fencev1connect.AuthServiceHandler.
+func (s *Server) RoleAdd(ctx context.Context, req *connect.Request[fencev1.RoleAddRequest]) (*connect.Response[fencev1.RoleAddResponse], error) {
+	name := req.Msg.GetName()
+	if _, err := s.changeAuth(ctx, req, &fsmpb.Auth{Op: &fsmpb.Auth_AddRole{AddRole: &fsmpb.AuthRole{Name: name}}}, "change", "role added", "role", name); err != nil {
+		return nil, err
+	}
+	return connect.NewResponse(&fencev1.RoleAddResponse{}), nil
+}
+
+// RoleRemove implements fencev1connect.AuthServiceHandler.
+func (s *Server) RoleRemove(ctx context.Context, req *connect.Request[fencev1.RoleRemoveRequest]) (*connect.Response[fencev1.RoleRemoveResponse], error) {
+	name := req.Msg.GetName()
+	if _, err := s.changeAuth(ctx, req, &fsmpb.Auth{Op: &fsmpb.Auth_RemoveRole{RemoveRole: &fsmpb.AuthRole{Name: name}}}, "change", "role removed", "role", name); err != nil {
+		return nil, err
+	}
+	return connect.NewResponse(&fencev1.RoleRemoveResponse{}), nil
+}
+
+// RoleGrantPermission implements fencev1connect.AuthServiceHandler.
+func (s *Server) RoleGrantPermission(ctx context.Context, req *connect.Request[fencev1.RoleGrantPermissionRequest]) (*connect.Response[fencev1.RoleGrantPermissionResponse], error) {
+	r, p := req.Msg.GetRole(), permissionFrom(req.Msg.GetPermission())
+	if err := fsm.CheckPermission(p); err != nil {
+		return nil, err
+	}
+	c := &fsmpb.Auth{Op: &fsmpb.Auth_GrantPermission{GrantPermission: &fsmpb.RolePermission{Role: r,
+		Permission: &fsmpb.AuthPermission{Kind: uint32(p.Kind), Access: uint32(p.Access), Prefix: p.Prefix}}}}
+	if _, err := s.changeAuth(ctx, req, c, "change", "permission granted", "role", r, "permission", p.String()); err != nil {
+		return nil, err
+	}
+	return connect.NewResponse(&fencev1.RoleGrantPermissionResponse{}), nil
+}
+
+// RoleRevokePermission implements fencev1connect.AuthServiceHandler.
+func (s *Server) RoleRevokePermission(ctx context.Context, req *connect.Request[fencev1.RoleRevokePermissionRequest]) (*connect.Response[fencev1.RoleRevokePermissionResponse], error) {
+	r, p := req.Msg.GetRole(), permissionFrom(req.Msg.GetPermission())
+	c := &fsmpb.Auth{Op: &fsmpb.Auth_RevokePermission{RevokePermission: &fsmpb.RolePermission{Role: r,
+		Permission: &fsmpb.AuthPermission{Kind: uint32(p.Kind), Access: uint32(p.Access), Prefix: p.Prefix}}}}
+	if _, err := s.changeAuth(ctx, req, c, "change", "permission revoked", "role", r, "permission", p.String()); err != nil {
+		return nil, err
+	}
+	return connect.NewResponse(&fencev1.RoleRevokePermissionResponse{}), nil
+}
+
+// UserList implements fencev1connect.AuthServiceHandler.
+func (s *Server) UserList(ctx context.Context, req *connect.Request[fencev1.UserListRequest]) (*connect.Response[fencev1.UserListResponse], error) {
+	if err := s.read(ctx, false); err != nil {
+		return nil, err
+	}
+	out := &fencev1.UserListResponse{}
+	s.fsm.Read(func(st *fsm.State) {
+		for _, u := range st.Users() {
+			sessions, locks := st.UserUsage(u.Name)
+			out.Users = append(out.Users, &fencev1.User{Name: u.Name, Roles: u.Roles, MaxSessions: u.Quota.MaxSessions,
+				MaxLocks: u.Quota.MaxLocks, Sessions: uint64(sessions), Locks: uint64(locks)})
+		}
+	})
+	return connect.NewResponse(out), nil
+}
+
+// RoleList implements fencev1connect.AuthServiceHandler.
+func (s *Server) RoleList(ctx context.Context, req *connect.Request[fencev1.RoleListRequest]) (*connect.Response[fencev1.RoleListResponse], error) {
+	if err := s.read(ctx, false); err != nil {
+		return nil, err
+	}
+	out := &fencev1.RoleListResponse{}
+	s.fsm.Read(func(st *fsm.State) {
+		for _, r := range st.Roles() {
+			role := &fencev1.Role{Name: r.Name}
+			for _, p := range r.Permissions {
+				role.Permissions = append(role.Permissions, apiPermission(p))
+			}
+			out.Roles = append(out.Roles, role)
+		}
+	})
+	return connect.NewResponse(out), nil
+}
+
+func apiToken(t fsm.TokenInfo) *fencev1.TokenInfo {
+	out := &fencev1.TokenInfo{Id: t.ID, User: t.User, Description: t.Description, Created: timestamppb.New(time.Unix(0, t.CreatedUnixNs))}
+	if t.ExpiresUnixNs != 0 {
+		out.Expires = timestamppb.New(time.Unix(0, t.ExpiresUnixNs))
+	}
+	return out
+}
+
+// TokenCreate draws a token's secret here, on the leader (apply proposes
+// only there), and commits its hash with the leader's time.
+func (s *Server) TokenCreate(ctx context.Context, req *connect.Request[fencev1.TokenCreateRequest]) (*connect.Response[fencev1.TokenCreateResponse], error) {
+	ttl, err := duration("ttl", req.Msg.GetTtl(), 0)
+	if err != nil {
+		return nil, err
+	}
+	if ttl < 0 {
+		return nil, fmt.Errorf("%w: ttl %v is negative", fence.ErrInvalidArgument, ttl)
+	}
+	token := newAuthToken()
+	hash := tokenHash(token)
+	now := s.cfg.Clock.Now()
+	t := &fsmpb.AuthToken{SecretSha256: hash[:], User: req.Msg.GetUser(), CreatedUnixNs: now.UnixNano(), Description: req.Msg.GetDescription()}
+	if ttl > 0 {
+		t.ExpiresUnixNs = now.Add(ttl).UnixNano()
+	}
+	res, err := s.changeAuth(ctx, req, &fsmpb.Auth{Op: &fsmpb.Auth_CreateToken{CreateToken: t}}, "change", "token created", "name", t.User, "ttl", ttl)
+	if err != nil {
+		return nil, err
+	}
+	info := fsm.TokenInfo{ID: res.TokenID, User: t.User, Description: t.Description, CreatedUnixNs: t.CreatedUnixNs, ExpiresUnixNs: t.ExpiresUnixNs}
+	return connect.NewResponse(&fencev1.TokenCreateResponse{Info: apiToken(info), Token: token}), nil
+}
+
+// TokenRevoke implements fencev1connect.AuthServiceHandler.
+func (s *Server) TokenRevoke(ctx context.Context, req *connect.Request[fencev1.TokenRevokeRequest]) (*connect.Response[fencev1.TokenRevokeResponse], error) {
+	id := req.Msg.GetId()
+	if _, err := s.changeAuth(ctx, req, &fsmpb.Auth{Op: &fsmpb.Auth_RevokeToken{RevokeToken: id}}, "change", "token revoked", "revoked_token", id); err != nil {
+		return nil, err
+	}
+	return connect.NewResponse(&fencev1.TokenRevokeResponse{}), nil
+}
+
+// TokenList implements fencev1connect.AuthServiceHandler.
+func (s *Server) TokenList(ctx context.Context, req *connect.Request[fencev1.TokenListRequest]) (*connect.Response[fencev1.TokenListResponse], error) {
+	if err := s.read(ctx, false); err != nil {
+		return nil, err
+	}
+	out := &fencev1.TokenListResponse{}
+	s.fsm.Read(func(st *fsm.State) {
+		for _, t := range st.Tokens(req.Msg.GetUser()) {
+			out.Tokens = append(out.Tokens, apiToken(t))
+		}
+	})
+	return connect.NewResponse(out), nil
+}
