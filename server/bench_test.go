@@ -44,3 +44,19 @@ func BenchmarkConfirmLeadership(b *testing.B) {
 		})
 	}
 }
+
+// BenchmarkProposeParallel measures commits proposed by many goroutines at
+// once, as concurrent clients propose them: the batcher groups those that
+// arrive while an entry is being committed into one entry.
+func BenchmarkProposeParallel(b *testing.B) {
+	s := startTestServer(b, nil)
+	b.SetParallelism(8) // 16 proposers on 2 cores
+	b.RunParallel(func(pb *testing.PB) {
+		for pb.Next() {
+			if _, err := s.apply(&fsmpb.Command{Op: &fsmpb.Command_LiftDelay{LiftDelay: &fsmpb.LiftDelay{Lock: "x"}}}); err != nil {
+				b.Error(err)
+				return
+			}
+		}
+	})
+}

@@ -46,6 +46,9 @@ type node struct {
 	// future still queued when it shuts down, so waits end on this instead.
 	closed    chan struct{}
 	closeOnce sync.Once
+	// batcher groups the commands proposed while an entry is being
+	// committed into one entry.
+	batcher *batcher
 }
 
 // openNode opens the node's raft member; api is the address this node's
@@ -166,6 +169,7 @@ func openNode(cfg Config, api string, f *fsm.FSM, logger *slog.Logger, m *storag
 	if err != nil {
 		return fail(fmt.Errorf("starting raft: %w", err))
 	}
+	n.batcher = newBatcher(n)
 	r := n.raft
 	n.links.answerWith(func() nodeHello { return nodeHello{ID: cfg.NodeID, API: api, LastIndex: r.LastIndex()} })
 	return n, nil
@@ -270,25 +274,21 @@ func logStoreKind(dir, want string) (string, error) {
 
 // propose commits cmd and returns the result of applying it. It waits for
 // the commit even when ctx ends first, because a command's effects (a grant)
-// must be seen by whoever proposed it; ApplyTimeout bounds the wait.
-// It also returns the command's log index.
+// must be seen by whoever proposed it; ApplyTimeout bounds the wait, and
+// the node's closing ends it. Commands proposed while another entry is
+// being committed go together in one entry (see batcher). It also returns
+// the command's fsm.Seq, which orders it among the effects the FSM's
+// observer hears.
 func (n *node) propose(cmd *fsmpb.Command) (fsm.Result, uint64, error) {
 	data, err := fsm.Encode(cmd)
 	if err != nil {
 		return fsm.Result{}, 0, fmt.Errorf("encoding command: %w", err)
 	}
-	start := time.Now()
-	f := n.raft.Apply(data, n.timeout)
-	err = n.await(f)
-	n.metrics.proposed(start, err)
+	res, seq, err := n.batcher.propose(data)
 	if err != nil {
 		return fsm.Result{}, 0, n.raftError(err)
 	}
-	res, ok := f.Response().(fsm.Result)
-	if !ok {
-		return fsm.Result{}, 0, fmt.Errorf("raft returned %T, not a result", f.Response())
-	}
-	return res, f.Index(), nil
+	return res, uint64(seq), nil
 }
 
 // confirmLeadership proves that this node is the leader after the call: a

@@ -478,12 +478,12 @@ func (h healthChecker) Check(_ context.Context, req *grpchealth.CheckRequest) (*
 // them. It runs on raft's apply goroutine and does not block.
 type observer struct{ s *Server }
 
-func (o observer) Applied(index uint64, res fsm.Result) {
+func (o observer) Applied(seq fsm.Seq, res fsm.Result) {
 	s := o.s
 	if n := len(res.Grants); n > 0 && !s.coverTokens(res.Grants[n-1].Token) {
 		return
 	}
-	s.console.record(index, res)
+	s.console.record(seq.Index(), res)
 	if res.SessionID != 0 {
 		var ttl time.Duration
 		s.fsm.Read(func(st *fsm.State) {
@@ -495,7 +495,7 @@ func (o observer) Applied(index uint64, res fsm.Result) {
 	for _, id := range res.Ended {
 		s.tracker.ended(id)
 	}
-	s.hub.applied(index, res)
+	s.hub.applied(uint64(seq), res)
 	s.watches.publish(res.Events)
 	s.delays.schedule(res.Delayed)
 	s.metrics.grants.Add(float64(len(res.Grants)))

@@ -21,7 +21,8 @@ type waitKey struct {
 type outcome struct {
 	grant fsm.Grant
 	err   error
-	// index is the log index of the command that had this effect. A wait
+	// index is the fsm.Seq of the command that had this effect (commands
+	// batched in one log entry have Seqs of their own). A wait
 	// takes only outcomes of commands after its own Acquire: a node that
 	// replays its log must not wake a new waiter with an old grant.
 	index uint64

@@ -85,4 +85,23 @@ func TestJSONOutput(t *testing.T) {
 	if r["workload"] != "own" || r["clients"] != float64(1) || r["cyclesPerSecond"].(float64) <= 0 || !strings.HasSuffix(r["p50"].(string), "s") {
 		t.Errorf("bench --json result = %v", r)
 	}
+
+	// With idle sessions: each run again while they are held, and the
+	// server's memory before and after creating them.
+	got = runJSON(t, 0, append(ep, "bench", "--json", "--duration", "200ms", "--clients", "1", "--workload", "own", "--idle-sessions", "40", "--idle-conns", "2")...)
+	results, _ = got["results"].([]any)
+	if len(results) != 2 || results[0].(map[string]any)["idleSessions"] != float64(0) || results[1].(map[string]any)["idleSessions"] != float64(40) {
+		t.Fatalf("bench --idle-sessions --json = %v, want a run without and one with 40 idle sessions", got)
+	}
+	idle, _ := got["idle"].(map[string]any)
+	if idle["sessions"] != float64(40) || idle["rssBefore"].(float64) <= 0 || idle["rssAfter"].(float64) <= 0 {
+		t.Errorf("bench --idle-sessions --json idle = %v, want 40 sessions and the server's RSS", idle)
+	}
+	got = runJSON(t, 0, append(ep, "sessions", "list", "--json")...)
+	sessions, _ := got["sessions"].([]any)
+	for _, s := range sessions {
+		if owner, _ := s.(map[string]any)["owner"].(string); strings.HasPrefix(owner, "fence bench") {
+			t.Errorf("bench left session %v open", s)
+		}
+	}
 }

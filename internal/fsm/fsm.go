@@ -16,8 +16,9 @@ import (
 // apply goroutine. It must not block and must not call back into the FSM's
 // Apply; it may call Read.
 type Observer interface {
-	// Applied is called after the command at index was applied.
-	Applied(index uint64, res Result)
+	// Applied is called after the command at seq was applied: once for
+	// each command of a Batch, in order, and never for the batch itself.
+	Applied(seq Seq, res Result)
 	// Restored is called after the state was replaced by a snapshot.
 	Restored()
 }
@@ -70,8 +71,15 @@ func (f *FSM) ApplyBatch(logs []*raft.Log) []interface{} {
 	f.mu.Unlock()
 	if f.observer != nil {
 		for i, l := range logs {
-			if l.Type == raft.LogCommand {
-				f.observer.Applied(l.Index, results[i])
+			if l.Type != raft.LogCommand {
+				continue
+			}
+			if results[i].Batch == nil {
+				f.observer.Applied(SeqOf(l.Index, 0), results[i])
+				continue
+			}
+			for j, r := range results[i].Batch {
+				f.observer.Applied(SeqOf(l.Index, j), r)
 			}
 		}
 	}

@@ -34,17 +34,19 @@ type recorder struct {
 
 	mu        sync.Mutex
 	indexes   []uint64
+	seqs      []fsm.Seq
 	results   []fsm.Result
 	lastToken []uint64
 	restored  int
 }
 
-func (r *recorder) Applied(index uint64, res fsm.Result) {
+func (r *recorder) Applied(seq fsm.Seq, res fsm.Result) {
 	var token uint64
 	r.fsm.Read(func(s *fsm.State) { token = s.LastToken() })
 	r.mu.Lock()
 	defer r.mu.Unlock()
-	r.indexes = append(r.indexes, index)
+	r.indexes = append(r.indexes, seq.Index())
+	r.seqs = append(r.seqs, seq)
 	r.results = append(r.results, res)
 	r.lastToken = append(r.lastToken, token)
 }
@@ -189,18 +191,18 @@ func TestFSMUndecodableEntryChangesNothing(t *testing.T) {
 func TestFSMObserverOrderAcrossBatches(t *testing.T) {
 	f, rec := newRecordedFSM()
 	var index uint64
-	var want []uint64
+	var want []fsm.Seq
 	for batch := range 5 {
 		var logs []*raft.Log
 		for range batch + 1 {
 			index++
 			logs = append(logs, commandLog(t, index, newSession()))
-			want = append(want, index)
+			want = append(want, fsm.SeqOf(index, 0))
 		}
 		f.ApplyBatch(logs)
 	}
-	if !reflect.DeepEqual(rec.indexes, want) {
-		t.Fatalf("observer heard %v, want %v", rec.indexes, want)
+	if !reflect.DeepEqual(rec.seqs, want) {
+		t.Fatalf("observer heard %v, want %v", rec.seqs, want)
 	}
 	for i, res := range rec.results {
 		if res.SessionID != uint64(i+1) {

@@ -344,6 +344,10 @@ func FuzzApplyBytes(f *testing.F) {
 		keyedCmd("k3", acquire(9, "a", excl)),
 		keyedCmd(strings.Repeat("k", fsm.MaxIdempotencyKeyBytes+1), kvPut("u", "w")),
 		keyedCmd(strings.Repeat("k", fsm.MaxIdempotencyKeyBytes), kvDel("u")),
+		// Batches: commands in order, a batch inside, a keyed batch.
+		batchOf(newSession(), release(1, "a", 1), keyedCmd("k1", kvPut("u", "w")), batchOf(), acquire(2, "a", excl)),
+		keyedCmd("b", batchOf(newSession())),
+		batchOf(),
 	} {
 		data, err := fsm.Encode(cmd)
 		if err != nil {

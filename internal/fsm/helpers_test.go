@@ -201,6 +201,9 @@ type comparableResult struct {
 	Delayed   []fsm.Delay
 	Revision  uint64
 	Events    []fsm.KVEvent
+	// Batch and BatchRepeats are a Batch's results and their Repeats.
+	Batch        []comparableResult
+	BatchRepeats []*fsm.Repeat
 }
 
 func cmpForm(r fsm.Result) comparableResult {
@@ -220,6 +223,13 @@ func cmpForm(r fsm.Result) comparableResult {
 	}
 	if len(r.Delayed) > 0 {
 		c.Delayed = r.Delayed
+	}
+	if r.Batch != nil {
+		c.Batch, c.BatchRepeats = []comparableResult{}, []*fsm.Repeat{}
+		for _, sub := range r.Batch {
+			c.Batch = append(c.Batch, cmpForm(sub))
+			c.BatchRepeats = append(c.BatchRepeats, sub.Repeat)
+		}
 	}
 	return c
 }
@@ -290,6 +300,16 @@ func describe(r fsm.Result) string {
 				out += " "
 			}
 			out += fmt.Sprintf("{Deleted:%v KV:%s}", ev.Deleted, describeKV(ev.KV))
+		}
+		out += "]"
+	}
+	if r.Batch != nil {
+		out += " Batch:["
+		for i, sub := range r.Batch {
+			if i > 0 {
+				out += " "
+			}
+			out += describe(sub)
 		}
 		out += "]"
 	}

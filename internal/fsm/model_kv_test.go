@@ -384,7 +384,7 @@ func highestOf(s *fsm.State, key string) uint64 {
 	return 0
 }
 
-// kvOp decodes a KV command from op (0xa0..0xfc) and three bytes: a
+// kvOp decodes a KV command from op (0xa0..0xfa) and three bytes: a
 // put (3 in 4) or delete of one of kvKeys, fenced by one of the locks with a
 // token that is 0, a current holder's, the key's highest (equal), one below
 // it (stale), the last issued, a small issued one, or one never issued (just

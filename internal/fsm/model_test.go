@@ -60,6 +60,7 @@ import (
 	"github.com/fencelock/fence"
 	"github.com/fencelock/fence/internal/fsm"
 	"github.com/fencelock/fence/internal/fsmpb"
+	"google.golang.org/protobuf/proto"
 )
 
 // modelChecker is the model that observe checks a State against.
@@ -111,6 +112,9 @@ func (m *modelChecker) observe(tb testing.TB, cmd *fsmpb.Command, res fsm.Result
 	if err := s.CheckInvariants(); err != nil {
 		return fmt.Errorf("CheckInvariants: %w", err)
 	}
+	if b, ok := cmd.GetOp().(*fsmpb.Command_Batch); ok {
+		return m.observeBatch(tb, cmd, b.Batch.GetCommands(), res, s, before)
+	}
 	if answered, err := m.req.checkKeyed(tb, cmd, res, s, before); answered {
 		if err != nil {
 			return err
@@ -126,6 +130,67 @@ func (m *modelChecker) observe(tb testing.TB, cmd *fsmpb.Command, res fsm.Result
 	}
 	m.req.keyApplied(cmd, res)
 	return m.compare(s, cmd, res)
+}
+
+// observeBatch checks a Batch against its commands applied one at a time:
+// a copy of the state before the batch applies them in order, the model
+// observes each, and each must answer what the batch answered for it, and
+// leave the state the batch left. A batch with an idempotency key or too
+// many commands must be refused whole, changing nothing; a batch inside
+// one fails alone.
+func (m *modelChecker) observeBatch(tb testing.TB, cmd *fsmpb.Command, cmds []*fsmpb.Command, res fsm.Result, s *fsm.State, before []byte) error {
+	refused := cmd.GetIdempotencyKey() != "" || len(cmds) > fsm.MaxBatchCommands
+	rest := res
+	rest.Err, rest.Batch = nil, nil
+	switch {
+	case !sameAnswer(rest, fsm.Result{}):
+		return fmt.Errorf("batch answered %s for itself", describeAll(res))
+	case refused && !errors.Is(res.Err, fence.ErrInvalidArgument):
+		return fmt.Errorf("batch with key %q and %d commands answered %s, want ErrInvalidArgument", cmd.GetIdempotencyKey(), len(cmds), describeAll(res))
+	case refused && res.Batch != nil:
+		return fmt.Errorf("refused batch answered its commands: %s", describeAll(res))
+	case refused && !bytes.Equal(snapshotBytes(tb, s), before):
+		return fmt.Errorf("refused batch changed the state")
+	case refused:
+		m.req.note("batch: refused whole")
+		return nil
+	case res.Err != nil:
+		return fmt.Errorf("batch failed whole: %v", res.Err)
+	case len(res.Batch) != len(cmds):
+		return fmt.Errorf("batch of %d commands answered %d results", len(cmds), len(res.Batch))
+	}
+	var snap fsmpb.Snapshot
+	if err := proto.Unmarshal(before, &snap); err != nil {
+		return err
+	}
+	one, err := fsm.Restore(&snap)
+	if err != nil {
+		return err
+	}
+	for i, sub := range cmds {
+		if _, nested := sub.GetOp().(*fsmpb.Command_Batch); nested {
+			if !sameResult(res.Batch[i], fsm.Result{Err: fence.ErrInvalidArgument}) {
+				return fmt.Errorf("batch inside a batch answered %s, want ErrInvalidArgument alone", describeAll(res.Batch[i]))
+			}
+			m.req.note("batch: a batch inside refused")
+			continue
+		}
+		at := snapshotBytes(tb, one)
+		got := one.Apply(sub)
+		if !sameAnswer(got, res.Batch[i]) {
+			return fmt.Errorf("command %d of a batch (%v) answered %s, alone %s", i, sub, describeAll(res.Batch[i]), describeAll(got))
+		}
+		if err := m.observe(tb, sub, got, one, at); err != nil {
+			return fmt.Errorf("command %d of a batch: %w", i, err)
+		}
+	}
+	if !bytes.Equal(snapshotBytes(tb, one), snapshotBytes(tb, s)) {
+		return fmt.Errorf("a batch left another state than its commands applied one at a time")
+	}
+	if len(cmds) > 1 {
+		m.req.note("batch: applied")
+	}
+	return nil
 }
 
 // check checks a command that was applied (not answered by its
@@ -928,7 +993,8 @@ func (m *modelChecker) liveIDs() []uint64 {
 // acquirePermits) and a bad mode, try, lock-delays, waiter and session limits,
 // releases with right and wrong tokens, expiry and close of holders and
 // waiters together, and LiftDelay; 0xfd names the group, 0xfe raises the
-// token floor, and an op byte of 0xa0..0xfc is a KV put or delete (see kvOp), whose puts may bind their keys to sessions. A close
+// token floor, and 0xfc is an auth change, 0xfb batches the next
+// commands, and an op byte of 0xa0..0xfa is a KV put or delete (see kvOp), whose puts may bind their keys to sessions. A close
 // (2) or expiry (3) whose op byte's high nibble is 1, 5 or 9 ends the
 // sessions that keys are bound to (see keyOwner); older seeds leave that
 // nibble 0, and the saved input made of ASCII digits 3. Other op bytes
@@ -1022,6 +1088,22 @@ func (c *commandSource) next(s *fsm.State) (*fsmpb.Command, bool) {
 	op := c.byte()
 	if op == 0xff {
 		return &fsmpb.Command{}, true
+	}
+	if op == 0xfb { // a batch of the next commands, perhaps keyed (refused)
+		b := c.byte()
+		batch := &fsmpb.Batch{}
+		for range b % 8 {
+			sub, ok := c.next(s)
+			if !ok {
+				break
+			}
+			batch.Commands = append(batch.Commands, sub)
+		}
+		cmd := &fsmpb.Command{Op: &fsmpb.Command_Batch{Batch: batch}}
+		if b >= 0xf8 {
+			cmd.IdempotencyKey = "batch"
+		}
+		return cmd, true
 	}
 	if op == 0xfd { // a leader names the group, perhaps again, perhaps badly
 		id := []string{"", "g1", "g2"}[c.byte()%3]
@@ -1419,6 +1501,22 @@ func TestRandomCommandStreams(t *testing.T) {
 			}
 		})
 	}
+	// Random streams in which every few commands are batched.
+	for seed := range uint64(40) {
+		r := rand.New(rand.NewPCG(seed, 0xba7c))
+		data := make([]byte, 100+r.IntN(500))
+		for i := range data {
+			data[i] = byte(r.Uint32())
+			if i > 0 && r.IntN(6) == 0 {
+				data[i] = 0xfb
+			}
+		}
+		t.Run(fmt.Sprint("batches/", seed), func(t *testing.T) {
+			for o, c := range runStream(t, data) {
+				total[o] += c
+			}
+		})
+	}
 	// Streams under auth with small quotas per user.
 	for seed := range uint64(40) {
 		data := quotaStream(rand.New(rand.NewPCG(seed, 0x907a)), 60+int(seed)%100)
@@ -1476,6 +1574,11 @@ func TestRandomCommandStreams(t *testing.T) {
 		"a key over the limit refused", "a key of the longest length applied", "the oldest key forgotten", "a key forgotten applied again"} {
 		if total["key: "+o] < 3 && !t.Failed() {
 			t.Errorf("the streams reached idempotency key path %q only %d times: %v", o, total["key: "+o], total)
+		}
+	}
+	for _, o := range []string{"applied", "refused whole", "a batch inside refused"} {
+		if total["batch: "+o] < 3 && !t.Failed() {
+			t.Errorf("the streams reached batch path %q only %d times: %v", o, total["batch: "+o], total)
 		}
 	}
 	for _, o := range []string{"sessions quota refused a session", "locks quota refused an acquire"} {
@@ -1542,6 +1645,27 @@ func TestModelCheckerCatchesViolations(t *testing.T) {
 			res := s.Apply(cmd)
 			if err := m.observe(t, cmd, tc.res(res), s, before); err == nil {
 				t.Fatal("observe accepted a broken result")
+			}
+		})
+	}
+	// A batch must answer each command as applied alone, and apply each.
+	batchCases := []struct {
+		name string
+		res  func(real fsm.Result) fsm.Result
+	}{
+		{"two callers' results swapped", func(r fsm.Result) fsm.Result { r.Batch[0], r.Batch[1] = r.Batch[1], r.Batch[0]; return r }},
+		{"a result missing", func(r fsm.Result) fsm.Result { r.Batch = r.Batch[:1]; return r }},
+		{"a hand-off left out", func(r fsm.Result) fsm.Result { r.Batch[0].Grants = nil; return r }},
+		{"the batch failed whole", func(fsm.Result) fsm.Result { return fsm.Result{Err: fence.ErrInvalidArgument} }},
+	}
+	for _, tc := range batchCases {
+		t.Run("batch: "+tc.name, func(t *testing.T) {
+			s, m := setup(t)
+			cmd := batchOf(release(1, "a", 1), acquire(1, "b", excl))
+			before := snapshotBytes(t, s)
+			res := s.Apply(cmd)
+			if err := m.observe(t, cmd, tc.res(res), s, before); err == nil {
+				t.Fatal("observe accepted a broken batch result")
 			}
 		})
 	}

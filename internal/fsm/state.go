@@ -91,6 +91,9 @@ type Result struct {
 	Repeat *Repeat
 	// Events lists the KV changes this command made.
 	Events []KVEvent
+	// Batch answers a Batch command: the result of each of its commands,
+	// in order. A batch refused as a whole (Err) has none.
+	Batch []Result
 	// AuthChanged is set when an auth command changed users, roles,
 	// tokens or enforcement: open calls must be checked again.
 	AuthChanged bool
@@ -293,6 +296,9 @@ func NewState() *State {
 // idempotency key was applied before is not applied again: its Result has
 // only Repeat. A failed command changes nothing, and its key is not kept.
 func (s *State) Apply(cmd *fsmpb.Command) Result {
+	if b, ok := cmd.GetOp().(*fsmpb.Command_Batch); ok {
+		return s.applyBatch(cmd, b.Batch.GetCommands())
+	}
 	key := cmd.GetIdempotencyKey()
 	if key == "" {
 		return s.apply(cmd)
@@ -308,6 +314,32 @@ func (s *State) Apply(cmd *fsmpb.Command) Result {
 		s.remember(key, Repeat{SessionID: res.SessionID, Revision: res.Revision, Changed: len(res.Events) > 0})
 	}
 	return res
+}
+
+// MaxBatchCommands bounds the commands of one Batch; a larger one is
+// refused as a whole. Seq numbers a batch's commands within its entry.
+const MaxBatchCommands = 1 << seqBatchBits
+
+// applyBatch applies a batch's commands in order, each as Apply would
+// apply it alone. A batch that carries an idempotency key, or holds too
+// many commands, is refused whole and changes nothing; a batch inside a
+// batch fails alone.
+func (s *State) applyBatch(cmd *fsmpb.Command, cmds []*fsmpb.Command) Result {
+	if cmd.GetIdempotencyKey() != "" {
+		return Result{Err: fmt.Errorf("%w: a batch has no idempotency key of its own; its commands carry theirs", fence.ErrInvalidArgument)}
+	}
+	if len(cmds) > MaxBatchCommands {
+		return Result{Err: fmt.Errorf("%w: a batch of %d commands is over the limit of %d", fence.ErrInvalidArgument, len(cmds), MaxBatchCommands)}
+	}
+	out := make([]Result, len(cmds))
+	for i, c := range cmds {
+		if _, nested := c.GetOp().(*fsmpb.Command_Batch); nested {
+			out[i] = Result{Err: fmt.Errorf("%w: a batch inside a batch", fence.ErrInvalidArgument)}
+			continue
+		}
+		out[i] = s.Apply(c)
+	}
+	return Result{Batch: out}
 }
 
 // remember keeps what a keyed command did, forgetting the oldest key

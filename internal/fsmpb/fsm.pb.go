@@ -45,6 +45,7 @@ type Command struct {
 	//	*Command_CancelAcquire
 	//	*Command_RaiseTokens
 	//	*Command_SetClusterId
+	//	*Command_Batch
 	//	*Command_Auth
 	Op isCommand_Op `protobuf_oneof:"op"`
 	// The client's key for this call, the same across its retries: a command
@@ -209,6 +210,15 @@ func (x *Command) GetSetClusterId() *SetClusterID {
 	return nil
 }
 
+func (x *Command) GetBatch() *Batch {
+	if x != nil {
+		if x, ok := x.Op.(*Command_Batch); ok {
+			return x.Batch
+		}
+	}
+	return nil
+}
+
 func (x *Command) GetAuth() *Auth {
 	if x != nil {
 		if x, ok := x.Op.(*Command_Auth); ok {
@@ -281,6 +291,11 @@ type Command_SetClusterId struct {
 	SetClusterId *SetClusterID `protobuf:"bytes,13,opt,name=set_cluster_id,json=setClusterId,proto3,oneof"`
 }
 
+type Command_Batch struct {
+	// Field 30, apart from the numbers single commands take in turn.
+	Batch *Batch `protobuf:"bytes,30,opt,name=batch,proto3,oneof"`
+}
+
 type Command_Auth struct {
 	Auth *Auth `protobuf:"bytes,14,opt,name=auth,proto3,oneof"`
 }
@@ -311,7 +326,60 @@ func (*Command_RaiseTokens) isCommand_Op() {}
 
 func (*Command_SetClusterId) isCommand_Op() {}
 
+func (*Command_Batch) isCommand_Op() {}
+
 func (*Command_Auth) isCommand_Op() {}
+
+// Batch is several commands committed as one raft log entry: the leader
+// groups the commands that arrive while an entry is being committed, so
+// that raft's cost per entry is paid once for them all. The state machine
+// applies them in order, each as if it were an entry of its own, with its
+// own idempotency key and its own result; one that fails changes nothing
+// and does not stop the others. A batch holds no batch, and carries no
+// idempotency key of its own.
+type Batch struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Commands      []*Command             `protobuf:"bytes,1,rep,name=commands,proto3" json:"commands,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *Batch) Reset() {
+	*x = Batch{}
+	mi := &file_fsmpb_fsm_proto_msgTypes[1]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *Batch) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*Batch) ProtoMessage() {}
+
+func (x *Batch) ProtoReflect() protoreflect.Message {
+	mi := &file_fsmpb_fsm_proto_msgTypes[1]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use Batch.ProtoReflect.Descriptor instead.
+func (*Batch) Descriptor() ([]byte, []int) {
+	return file_fsmpb_fsm_proto_rawDescGZIP(), []int{1}
+}
+
+func (x *Batch) GetCommands() []*Command {
+	if x != nil {
+		return x.Commands
+	}
+	return nil
+}
 
 // RegisterNode records where a member of the raft group serves its API, so
 // that every node can point clients at the leader. A leader registers itself.
@@ -325,7 +393,7 @@ type RegisterNode struct {
 
 func (x *RegisterNode) Reset() {
 	*x = RegisterNode{}
-	mi := &file_fsmpb_fsm_proto_msgTypes[1]
+	mi := &file_fsmpb_fsm_proto_msgTypes[2]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -337,7 +405,7 @@ func (x *RegisterNode) String() string {
 func (*RegisterNode) ProtoMessage() {}
 
 func (x *RegisterNode) ProtoReflect() protoreflect.Message {
-	mi := &file_fsmpb_fsm_proto_msgTypes[1]
+	mi := &file_fsmpb_fsm_proto_msgTypes[2]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -350,7 +418,7 @@ func (x *RegisterNode) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RegisterNode.ProtoReflect.Descriptor instead.
 func (*RegisterNode) Descriptor() ([]byte, []int) {
-	return file_fsmpb_fsm_proto_rawDescGZIP(), []int{1}
+	return file_fsmpb_fsm_proto_rawDescGZIP(), []int{2}
 }
 
 func (x *RegisterNode) GetNodeId() string {
@@ -388,7 +456,7 @@ type CreateSession struct {
 
 func (x *CreateSession) Reset() {
 	*x = CreateSession{}
-	mi := &file_fsmpb_fsm_proto_msgTypes[2]
+	mi := &file_fsmpb_fsm_proto_msgTypes[3]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -400,7 +468,7 @@ func (x *CreateSession) String() string {
 func (*CreateSession) ProtoMessage() {}
 
 func (x *CreateSession) ProtoReflect() protoreflect.Message {
-	mi := &file_fsmpb_fsm_proto_msgTypes[2]
+	mi := &file_fsmpb_fsm_proto_msgTypes[3]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -413,7 +481,7 @@ func (x *CreateSession) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CreateSession.ProtoReflect.Descriptor instead.
 func (*CreateSession) Descriptor() ([]byte, []int) {
-	return file_fsmpb_fsm_proto_rawDescGZIP(), []int{2}
+	return file_fsmpb_fsm_proto_rawDescGZIP(), []int{3}
 }
 
 func (x *CreateSession) GetTtlNs() int64 {
@@ -460,7 +528,7 @@ type CloseSession struct {
 
 func (x *CloseSession) Reset() {
 	*x = CloseSession{}
-	mi := &file_fsmpb_fsm_proto_msgTypes[3]
+	mi := &file_fsmpb_fsm_proto_msgTypes[4]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -472,7 +540,7 @@ func (x *CloseSession) String() string {
 func (*CloseSession) ProtoMessage() {}
 
 func (x *CloseSession) ProtoReflect() protoreflect.Message {
-	mi := &file_fsmpb_fsm_proto_msgTypes[3]
+	mi := &file_fsmpb_fsm_proto_msgTypes[4]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -485,7 +553,7 @@ func (x *CloseSession) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CloseSession.ProtoReflect.Descriptor instead.
 func (*CloseSession) Descriptor() ([]byte, []int) {
-	return file_fsmpb_fsm_proto_rawDescGZIP(), []int{3}
+	return file_fsmpb_fsm_proto_rawDescGZIP(), []int{4}
 }
 
 func (x *CloseSession) GetSessionId() uint64 {
@@ -505,7 +573,7 @@ type ExpireSessions struct {
 
 func (x *ExpireSessions) Reset() {
 	*x = ExpireSessions{}
-	mi := &file_fsmpb_fsm_proto_msgTypes[4]
+	mi := &file_fsmpb_fsm_proto_msgTypes[5]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -517,7 +585,7 @@ func (x *ExpireSessions) String() string {
 func (*ExpireSessions) ProtoMessage() {}
 
 func (x *ExpireSessions) ProtoReflect() protoreflect.Message {
-	mi := &file_fsmpb_fsm_proto_msgTypes[4]
+	mi := &file_fsmpb_fsm_proto_msgTypes[5]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -530,7 +598,7 @@ func (x *ExpireSessions) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ExpireSessions.ProtoReflect.Descriptor instead.
 func (*ExpireSessions) Descriptor() ([]byte, []int) {
-	return file_fsmpb_fsm_proto_rawDescGZIP(), []int{4}
+	return file_fsmpb_fsm_proto_rawDescGZIP(), []int{5}
 }
 
 func (x *ExpireSessions) GetSessionIds() []uint64 {
@@ -564,7 +632,7 @@ type Acquire struct {
 
 func (x *Acquire) Reset() {
 	*x = Acquire{}
-	mi := &file_fsmpb_fsm_proto_msgTypes[5]
+	mi := &file_fsmpb_fsm_proto_msgTypes[6]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -576,7 +644,7 @@ func (x *Acquire) String() string {
 func (*Acquire) ProtoMessage() {}
 
 func (x *Acquire) ProtoReflect() protoreflect.Message {
-	mi := &file_fsmpb_fsm_proto_msgTypes[5]
+	mi := &file_fsmpb_fsm_proto_msgTypes[6]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -589,7 +657,7 @@ func (x *Acquire) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Acquire.ProtoReflect.Descriptor instead.
 func (*Acquire) Descriptor() ([]byte, []int) {
-	return file_fsmpb_fsm_proto_rawDescGZIP(), []int{5}
+	return file_fsmpb_fsm_proto_rawDescGZIP(), []int{6}
 }
 
 func (x *Acquire) GetSessionId() uint64 {
@@ -677,7 +745,7 @@ type CancelWait struct {
 
 func (x *CancelWait) Reset() {
 	*x = CancelWait{}
-	mi := &file_fsmpb_fsm_proto_msgTypes[6]
+	mi := &file_fsmpb_fsm_proto_msgTypes[7]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -689,7 +757,7 @@ func (x *CancelWait) String() string {
 func (*CancelWait) ProtoMessage() {}
 
 func (x *CancelWait) ProtoReflect() protoreflect.Message {
-	mi := &file_fsmpb_fsm_proto_msgTypes[6]
+	mi := &file_fsmpb_fsm_proto_msgTypes[7]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -702,7 +770,7 @@ func (x *CancelWait) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CancelWait.ProtoReflect.Descriptor instead.
 func (*CancelWait) Descriptor() ([]byte, []int) {
-	return file_fsmpb_fsm_proto_rawDescGZIP(), []int{6}
+	return file_fsmpb_fsm_proto_rawDescGZIP(), []int{7}
 }
 
 func (x *CancelWait) GetSessionId() uint64 {
@@ -750,7 +818,7 @@ type CancelAcquire struct {
 
 func (x *CancelAcquire) Reset() {
 	*x = CancelAcquire{}
-	mi := &file_fsmpb_fsm_proto_msgTypes[7]
+	mi := &file_fsmpb_fsm_proto_msgTypes[8]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -762,7 +830,7 @@ func (x *CancelAcquire) String() string {
 func (*CancelAcquire) ProtoMessage() {}
 
 func (x *CancelAcquire) ProtoReflect() protoreflect.Message {
-	mi := &file_fsmpb_fsm_proto_msgTypes[7]
+	mi := &file_fsmpb_fsm_proto_msgTypes[8]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -775,7 +843,7 @@ func (x *CancelAcquire) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CancelAcquire.ProtoReflect.Descriptor instead.
 func (*CancelAcquire) Descriptor() ([]byte, []int) {
-	return file_fsmpb_fsm_proto_rawDescGZIP(), []int{7}
+	return file_fsmpb_fsm_proto_rawDescGZIP(), []int{8}
 }
 
 func (x *CancelAcquire) GetSessionId() uint64 {
@@ -819,7 +887,7 @@ type RaiseTokens struct {
 
 func (x *RaiseTokens) Reset() {
 	*x = RaiseTokens{}
-	mi := &file_fsmpb_fsm_proto_msgTypes[8]
+	mi := &file_fsmpb_fsm_proto_msgTypes[9]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -831,7 +899,7 @@ func (x *RaiseTokens) String() string {
 func (*RaiseTokens) ProtoMessage() {}
 
 func (x *RaiseTokens) ProtoReflect() protoreflect.Message {
-	mi := &file_fsmpb_fsm_proto_msgTypes[8]
+	mi := &file_fsmpb_fsm_proto_msgTypes[9]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -844,7 +912,7 @@ func (x *RaiseTokens) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RaiseTokens.ProtoReflect.Descriptor instead.
 func (*RaiseTokens) Descriptor() ([]byte, []int) {
-	return file_fsmpb_fsm_proto_rawDescGZIP(), []int{8}
+	return file_fsmpb_fsm_proto_rawDescGZIP(), []int{9}
 }
 
 func (x *RaiseTokens) GetFloor() uint64 {
@@ -869,7 +937,7 @@ type SetClusterID struct {
 
 func (x *SetClusterID) Reset() {
 	*x = SetClusterID{}
-	mi := &file_fsmpb_fsm_proto_msgTypes[9]
+	mi := &file_fsmpb_fsm_proto_msgTypes[10]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -881,7 +949,7 @@ func (x *SetClusterID) String() string {
 func (*SetClusterID) ProtoMessage() {}
 
 func (x *SetClusterID) ProtoReflect() protoreflect.Message {
-	mi := &file_fsmpb_fsm_proto_msgTypes[9]
+	mi := &file_fsmpb_fsm_proto_msgTypes[10]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -894,7 +962,7 @@ func (x *SetClusterID) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use SetClusterID.ProtoReflect.Descriptor instead.
 func (*SetClusterID) Descriptor() ([]byte, []int) {
-	return file_fsmpb_fsm_proto_rawDescGZIP(), []int{9}
+	return file_fsmpb_fsm_proto_rawDescGZIP(), []int{10}
 }
 
 func (x *SetClusterID) GetId() string {
@@ -915,7 +983,7 @@ type Release struct {
 
 func (x *Release) Reset() {
 	*x = Release{}
-	mi := &file_fsmpb_fsm_proto_msgTypes[10]
+	mi := &file_fsmpb_fsm_proto_msgTypes[11]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -927,7 +995,7 @@ func (x *Release) String() string {
 func (*Release) ProtoMessage() {}
 
 func (x *Release) ProtoReflect() protoreflect.Message {
-	mi := &file_fsmpb_fsm_proto_msgTypes[10]
+	mi := &file_fsmpb_fsm_proto_msgTypes[11]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -940,7 +1008,7 @@ func (x *Release) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Release.ProtoReflect.Descriptor instead.
 func (*Release) Descriptor() ([]byte, []int) {
-	return file_fsmpb_fsm_proto_rawDescGZIP(), []int{10}
+	return file_fsmpb_fsm_proto_rawDescGZIP(), []int{11}
 }
 
 func (x *Release) GetSessionId() uint64 {
@@ -977,7 +1045,7 @@ type LiftDelay struct {
 
 func (x *LiftDelay) Reset() {
 	*x = LiftDelay{}
-	mi := &file_fsmpb_fsm_proto_msgTypes[11]
+	mi := &file_fsmpb_fsm_proto_msgTypes[12]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -989,7 +1057,7 @@ func (x *LiftDelay) String() string {
 func (*LiftDelay) ProtoMessage() {}
 
 func (x *LiftDelay) ProtoReflect() protoreflect.Message {
-	mi := &file_fsmpb_fsm_proto_msgTypes[11]
+	mi := &file_fsmpb_fsm_proto_msgTypes[12]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1002,7 +1070,7 @@ func (x *LiftDelay) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use LiftDelay.ProtoReflect.Descriptor instead.
 func (*LiftDelay) Descriptor() ([]byte, []int) {
-	return file_fsmpb_fsm_proto_rawDescGZIP(), []int{11}
+	return file_fsmpb_fsm_proto_rawDescGZIP(), []int{12}
 }
 
 func (x *LiftDelay) GetLock() string {
@@ -1035,7 +1103,7 @@ type KVFence struct {
 
 func (x *KVFence) Reset() {
 	*x = KVFence{}
-	mi := &file_fsmpb_fsm_proto_msgTypes[12]
+	mi := &file_fsmpb_fsm_proto_msgTypes[13]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1047,7 +1115,7 @@ func (x *KVFence) String() string {
 func (*KVFence) ProtoMessage() {}
 
 func (x *KVFence) ProtoReflect() protoreflect.Message {
-	mi := &file_fsmpb_fsm_proto_msgTypes[12]
+	mi := &file_fsmpb_fsm_proto_msgTypes[13]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1060,7 +1128,7 @@ func (x *KVFence) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use KVFence.ProtoReflect.Descriptor instead.
 func (*KVFence) Descriptor() ([]byte, []int) {
-	return file_fsmpb_fsm_proto_rawDescGZIP(), []int{12}
+	return file_fsmpb_fsm_proto_rawDescGZIP(), []int{13}
 }
 
 func (x *KVFence) GetLock() string {
@@ -1108,7 +1176,7 @@ type KVPut struct {
 
 func (x *KVPut) Reset() {
 	*x = KVPut{}
-	mi := &file_fsmpb_fsm_proto_msgTypes[13]
+	mi := &file_fsmpb_fsm_proto_msgTypes[14]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1120,7 +1188,7 @@ func (x *KVPut) String() string {
 func (*KVPut) ProtoMessage() {}
 
 func (x *KVPut) ProtoReflect() protoreflect.Message {
-	mi := &file_fsmpb_fsm_proto_msgTypes[13]
+	mi := &file_fsmpb_fsm_proto_msgTypes[14]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1133,7 +1201,7 @@ func (x *KVPut) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use KVPut.ProtoReflect.Descriptor instead.
 func (*KVPut) Descriptor() ([]byte, []int) {
-	return file_fsmpb_fsm_proto_rawDescGZIP(), []int{13}
+	return file_fsmpb_fsm_proto_rawDescGZIP(), []int{14}
 }
 
 func (x *KVPut) GetKey() string {
@@ -1181,7 +1249,7 @@ type KVDelete struct {
 
 func (x *KVDelete) Reset() {
 	*x = KVDelete{}
-	mi := &file_fsmpb_fsm_proto_msgTypes[14]
+	mi := &file_fsmpb_fsm_proto_msgTypes[15]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1193,7 +1261,7 @@ func (x *KVDelete) String() string {
 func (*KVDelete) ProtoMessage() {}
 
 func (x *KVDelete) ProtoReflect() protoreflect.Message {
-	mi := &file_fsmpb_fsm_proto_msgTypes[14]
+	mi := &file_fsmpb_fsm_proto_msgTypes[15]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1206,7 +1274,7 @@ func (x *KVDelete) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use KVDelete.ProtoReflect.Descriptor instead.
 func (*KVDelete) Descriptor() ([]byte, []int) {
-	return file_fsmpb_fsm_proto_rawDescGZIP(), []int{14}
+	return file_fsmpb_fsm_proto_rawDescGZIP(), []int{15}
 }
 
 func (x *KVDelete) GetKey() string {
@@ -1248,7 +1316,7 @@ type Snapshot struct {
 
 func (x *Snapshot) Reset() {
 	*x = Snapshot{}
-	mi := &file_fsmpb_fsm_proto_msgTypes[15]
+	mi := &file_fsmpb_fsm_proto_msgTypes[16]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1260,7 +1328,7 @@ func (x *Snapshot) String() string {
 func (*Snapshot) ProtoMessage() {}
 
 func (x *Snapshot) ProtoReflect() protoreflect.Message {
-	mi := &file_fsmpb_fsm_proto_msgTypes[15]
+	mi := &file_fsmpb_fsm_proto_msgTypes[16]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1273,7 +1341,7 @@ func (x *Snapshot) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Snapshot.ProtoReflect.Descriptor instead.
 func (*Snapshot) Descriptor() ([]byte, []int) {
-	return file_fsmpb_fsm_proto_rawDescGZIP(), []int{15}
+	return file_fsmpb_fsm_proto_rawDescGZIP(), []int{16}
 }
 
 func (x *Snapshot) GetLastToken() uint64 {
@@ -1387,7 +1455,7 @@ type Auth struct {
 
 func (x *Auth) Reset() {
 	*x = Auth{}
-	mi := &file_fsmpb_fsm_proto_msgTypes[16]
+	mi := &file_fsmpb_fsm_proto_msgTypes[17]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1399,7 +1467,7 @@ func (x *Auth) String() string {
 func (*Auth) ProtoMessage() {}
 
 func (x *Auth) ProtoReflect() protoreflect.Message {
-	mi := &file_fsmpb_fsm_proto_msgTypes[16]
+	mi := &file_fsmpb_fsm_proto_msgTypes[17]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1412,7 +1480,7 @@ func (x *Auth) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Auth.ProtoReflect.Descriptor instead.
 func (*Auth) Descriptor() ([]byte, []int) {
-	return file_fsmpb_fsm_proto_rawDescGZIP(), []int{16}
+	return file_fsmpb_fsm_proto_rawDescGZIP(), []int{17}
 }
 
 func (x *Auth) GetOp() isAuth_Op {
@@ -1618,7 +1686,7 @@ type SetAuthEnabled struct {
 
 func (x *SetAuthEnabled) Reset() {
 	*x = SetAuthEnabled{}
-	mi := &file_fsmpb_fsm_proto_msgTypes[17]
+	mi := &file_fsmpb_fsm_proto_msgTypes[18]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1630,7 +1698,7 @@ func (x *SetAuthEnabled) String() string {
 func (*SetAuthEnabled) ProtoMessage() {}
 
 func (x *SetAuthEnabled) ProtoReflect() protoreflect.Message {
-	mi := &file_fsmpb_fsm_proto_msgTypes[17]
+	mi := &file_fsmpb_fsm_proto_msgTypes[18]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1643,7 +1711,7 @@ func (x *SetAuthEnabled) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use SetAuthEnabled.ProtoReflect.Descriptor instead.
 func (*SetAuthEnabled) Descriptor() ([]byte, []int) {
-	return file_fsmpb_fsm_proto_rawDescGZIP(), []int{17}
+	return file_fsmpb_fsm_proto_rawDescGZIP(), []int{18}
 }
 
 func (x *SetAuthEnabled) GetEnabled() bool {
@@ -1669,7 +1737,7 @@ type AuthUser struct {
 
 func (x *AuthUser) Reset() {
 	*x = AuthUser{}
-	mi := &file_fsmpb_fsm_proto_msgTypes[18]
+	mi := &file_fsmpb_fsm_proto_msgTypes[19]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1681,7 +1749,7 @@ func (x *AuthUser) String() string {
 func (*AuthUser) ProtoMessage() {}
 
 func (x *AuthUser) ProtoReflect() protoreflect.Message {
-	mi := &file_fsmpb_fsm_proto_msgTypes[18]
+	mi := &file_fsmpb_fsm_proto_msgTypes[19]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1694,7 +1762,7 @@ func (x *AuthUser) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use AuthUser.ProtoReflect.Descriptor instead.
 func (*AuthUser) Descriptor() ([]byte, []int) {
-	return file_fsmpb_fsm_proto_rawDescGZIP(), []int{18}
+	return file_fsmpb_fsm_proto_rawDescGZIP(), []int{19}
 }
 
 func (x *AuthUser) GetName() string {
@@ -1735,7 +1803,7 @@ type UserRole struct {
 
 func (x *UserRole) Reset() {
 	*x = UserRole{}
-	mi := &file_fsmpb_fsm_proto_msgTypes[19]
+	mi := &file_fsmpb_fsm_proto_msgTypes[20]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1747,7 +1815,7 @@ func (x *UserRole) String() string {
 func (*UserRole) ProtoMessage() {}
 
 func (x *UserRole) ProtoReflect() protoreflect.Message {
-	mi := &file_fsmpb_fsm_proto_msgTypes[19]
+	mi := &file_fsmpb_fsm_proto_msgTypes[20]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1760,7 +1828,7 @@ func (x *UserRole) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use UserRole.ProtoReflect.Descriptor instead.
 func (*UserRole) Descriptor() ([]byte, []int) {
-	return file_fsmpb_fsm_proto_rawDescGZIP(), []int{19}
+	return file_fsmpb_fsm_proto_rawDescGZIP(), []int{20}
 }
 
 func (x *UserRole) GetUser() string {
@@ -1788,7 +1856,7 @@ type AuthRole struct {
 
 func (x *AuthRole) Reset() {
 	*x = AuthRole{}
-	mi := &file_fsmpb_fsm_proto_msgTypes[20]
+	mi := &file_fsmpb_fsm_proto_msgTypes[21]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1800,7 +1868,7 @@ func (x *AuthRole) String() string {
 func (*AuthRole) ProtoMessage() {}
 
 func (x *AuthRole) ProtoReflect() protoreflect.Message {
-	mi := &file_fsmpb_fsm_proto_msgTypes[20]
+	mi := &file_fsmpb_fsm_proto_msgTypes[21]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1813,7 +1881,7 @@ func (x *AuthRole) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use AuthRole.ProtoReflect.Descriptor instead.
 func (*AuthRole) Descriptor() ([]byte, []int) {
-	return file_fsmpb_fsm_proto_rawDescGZIP(), []int{20}
+	return file_fsmpb_fsm_proto_rawDescGZIP(), []int{21}
 }
 
 func (x *AuthRole) GetName() string {
@@ -1843,7 +1911,7 @@ type AuthPermission struct {
 
 func (x *AuthPermission) Reset() {
 	*x = AuthPermission{}
-	mi := &file_fsmpb_fsm_proto_msgTypes[21]
+	mi := &file_fsmpb_fsm_proto_msgTypes[22]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1855,7 +1923,7 @@ func (x *AuthPermission) String() string {
 func (*AuthPermission) ProtoMessage() {}
 
 func (x *AuthPermission) ProtoReflect() protoreflect.Message {
-	mi := &file_fsmpb_fsm_proto_msgTypes[21]
+	mi := &file_fsmpb_fsm_proto_msgTypes[22]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1868,7 +1936,7 @@ func (x *AuthPermission) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use AuthPermission.ProtoReflect.Descriptor instead.
 func (*AuthPermission) Descriptor() ([]byte, []int) {
-	return file_fsmpb_fsm_proto_rawDescGZIP(), []int{21}
+	return file_fsmpb_fsm_proto_rawDescGZIP(), []int{22}
 }
 
 func (x *AuthPermission) GetKind() uint32 {
@@ -1902,7 +1970,7 @@ type RolePermission struct {
 
 func (x *RolePermission) Reset() {
 	*x = RolePermission{}
-	mi := &file_fsmpb_fsm_proto_msgTypes[22]
+	mi := &file_fsmpb_fsm_proto_msgTypes[23]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1914,7 +1982,7 @@ func (x *RolePermission) String() string {
 func (*RolePermission) ProtoMessage() {}
 
 func (x *RolePermission) ProtoReflect() protoreflect.Message {
-	mi := &file_fsmpb_fsm_proto_msgTypes[22]
+	mi := &file_fsmpb_fsm_proto_msgTypes[23]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1927,7 +1995,7 @@ func (x *RolePermission) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RolePermission.ProtoReflect.Descriptor instead.
 func (*RolePermission) Descriptor() ([]byte, []int) {
-	return file_fsmpb_fsm_proto_rawDescGZIP(), []int{22}
+	return file_fsmpb_fsm_proto_rawDescGZIP(), []int{23}
 }
 
 func (x *RolePermission) GetRole() string {
@@ -1963,7 +2031,7 @@ type AuthToken struct {
 
 func (x *AuthToken) Reset() {
 	*x = AuthToken{}
-	mi := &file_fsmpb_fsm_proto_msgTypes[23]
+	mi := &file_fsmpb_fsm_proto_msgTypes[24]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1975,7 +2043,7 @@ func (x *AuthToken) String() string {
 func (*AuthToken) ProtoMessage() {}
 
 func (x *AuthToken) ProtoReflect() protoreflect.Message {
-	mi := &file_fsmpb_fsm_proto_msgTypes[23]
+	mi := &file_fsmpb_fsm_proto_msgTypes[24]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1988,7 +2056,7 @@ func (x *AuthToken) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use AuthToken.ProtoReflect.Descriptor instead.
 func (*AuthToken) Descriptor() ([]byte, []int) {
-	return file_fsmpb_fsm_proto_rawDescGZIP(), []int{23}
+	return file_fsmpb_fsm_proto_rawDescGZIP(), []int{24}
 }
 
 func (x *AuthToken) GetId() uint64 {
@@ -2046,7 +2114,7 @@ type AuthState struct {
 
 func (x *AuthState) Reset() {
 	*x = AuthState{}
-	mi := &file_fsmpb_fsm_proto_msgTypes[24]
+	mi := &file_fsmpb_fsm_proto_msgTypes[25]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2058,7 +2126,7 @@ func (x *AuthState) String() string {
 func (*AuthState) ProtoMessage() {}
 
 func (x *AuthState) ProtoReflect() protoreflect.Message {
-	mi := &file_fsmpb_fsm_proto_msgTypes[24]
+	mi := &file_fsmpb_fsm_proto_msgTypes[25]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2071,7 +2139,7 @@ func (x *AuthState) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use AuthState.ProtoReflect.Descriptor instead.
 func (*AuthState) Descriptor() ([]byte, []int) {
-	return file_fsmpb_fsm_proto_rawDescGZIP(), []int{24}
+	return file_fsmpb_fsm_proto_rawDescGZIP(), []int{25}
 }
 
 func (x *AuthState) GetEnabled() bool {
@@ -2122,7 +2190,7 @@ type Applied struct {
 
 func (x *Applied) Reset() {
 	*x = Applied{}
-	mi := &file_fsmpb_fsm_proto_msgTypes[25]
+	mi := &file_fsmpb_fsm_proto_msgTypes[26]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2134,7 +2202,7 @@ func (x *Applied) String() string {
 func (*Applied) ProtoMessage() {}
 
 func (x *Applied) ProtoReflect() protoreflect.Message {
-	mi := &file_fsmpb_fsm_proto_msgTypes[25]
+	mi := &file_fsmpb_fsm_proto_msgTypes[26]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2147,7 +2215,7 @@ func (x *Applied) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Applied.ProtoReflect.Descriptor instead.
 func (*Applied) Descriptor() ([]byte, []int) {
-	return file_fsmpb_fsm_proto_rawDescGZIP(), []int{25}
+	return file_fsmpb_fsm_proto_rawDescGZIP(), []int{26}
 }
 
 func (x *Applied) GetKey() string {
@@ -2202,7 +2270,7 @@ type KV struct {
 
 func (x *KV) Reset() {
 	*x = KV{}
-	mi := &file_fsmpb_fsm_proto_msgTypes[26]
+	mi := &file_fsmpb_fsm_proto_msgTypes[27]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2214,7 +2282,7 @@ func (x *KV) String() string {
 func (*KV) ProtoMessage() {}
 
 func (x *KV) ProtoReflect() protoreflect.Message {
-	mi := &file_fsmpb_fsm_proto_msgTypes[26]
+	mi := &file_fsmpb_fsm_proto_msgTypes[27]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2227,7 +2295,7 @@ func (x *KV) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use KV.ProtoReflect.Descriptor instead.
 func (*KV) Descriptor() ([]byte, []int) {
-	return file_fsmpb_fsm_proto_rawDescGZIP(), []int{26}
+	return file_fsmpb_fsm_proto_rawDescGZIP(), []int{27}
 }
 
 func (x *KV) GetKey() string {
@@ -2317,7 +2385,7 @@ type Session struct {
 
 func (x *Session) Reset() {
 	*x = Session{}
-	mi := &file_fsmpb_fsm_proto_msgTypes[27]
+	mi := &file_fsmpb_fsm_proto_msgTypes[28]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2329,7 +2397,7 @@ func (x *Session) String() string {
 func (*Session) ProtoMessage() {}
 
 func (x *Session) ProtoReflect() protoreflect.Message {
-	mi := &file_fsmpb_fsm_proto_msgTypes[27]
+	mi := &file_fsmpb_fsm_proto_msgTypes[28]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2342,7 +2410,7 @@ func (x *Session) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Session.ProtoReflect.Descriptor instead.
 func (*Session) Descriptor() ([]byte, []int) {
-	return file_fsmpb_fsm_proto_rawDescGZIP(), []int{27}
+	return file_fsmpb_fsm_proto_rawDescGZIP(), []int{28}
 }
 
 func (x *Session) GetId() uint64 {
@@ -2404,7 +2472,7 @@ type Lock struct {
 
 func (x *Lock) Reset() {
 	*x = Lock{}
-	mi := &file_fsmpb_fsm_proto_msgTypes[28]
+	mi := &file_fsmpb_fsm_proto_msgTypes[29]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2416,7 +2484,7 @@ func (x *Lock) String() string {
 func (*Lock) ProtoMessage() {}
 
 func (x *Lock) ProtoReflect() protoreflect.Message {
-	mi := &file_fsmpb_fsm_proto_msgTypes[28]
+	mi := &file_fsmpb_fsm_proto_msgTypes[29]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2429,7 +2497,7 @@ func (x *Lock) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Lock.ProtoReflect.Descriptor instead.
 func (*Lock) Descriptor() ([]byte, []int) {
-	return file_fsmpb_fsm_proto_rawDescGZIP(), []int{28}
+	return file_fsmpb_fsm_proto_rawDescGZIP(), []int{29}
 }
 
 func (x *Lock) GetName() string {
@@ -2484,7 +2552,7 @@ type PendingDelay struct {
 
 func (x *PendingDelay) Reset() {
 	*x = PendingDelay{}
-	mi := &file_fsmpb_fsm_proto_msgTypes[29]
+	mi := &file_fsmpb_fsm_proto_msgTypes[30]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2496,7 +2564,7 @@ func (x *PendingDelay) String() string {
 func (*PendingDelay) ProtoMessage() {}
 
 func (x *PendingDelay) ProtoReflect() protoreflect.Message {
-	mi := &file_fsmpb_fsm_proto_msgTypes[29]
+	mi := &file_fsmpb_fsm_proto_msgTypes[30]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2509,7 +2577,7 @@ func (x *PendingDelay) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use PendingDelay.ProtoReflect.Descriptor instead.
 func (*PendingDelay) Descriptor() ([]byte, []int) {
-	return file_fsmpb_fsm_proto_rawDescGZIP(), []int{29}
+	return file_fsmpb_fsm_proto_rawDescGZIP(), []int{30}
 }
 
 func (x *PendingDelay) GetId() uint64 {
@@ -2540,7 +2608,7 @@ type Holder struct {
 
 func (x *Holder) Reset() {
 	*x = Holder{}
-	mi := &file_fsmpb_fsm_proto_msgTypes[30]
+	mi := &file_fsmpb_fsm_proto_msgTypes[31]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2552,7 +2620,7 @@ func (x *Holder) String() string {
 func (*Holder) ProtoMessage() {}
 
 func (x *Holder) ProtoReflect() protoreflect.Message {
-	mi := &file_fsmpb_fsm_proto_msgTypes[30]
+	mi := &file_fsmpb_fsm_proto_msgTypes[31]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2565,7 +2633,7 @@ func (x *Holder) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Holder.ProtoReflect.Descriptor instead.
 func (*Holder) Descriptor() ([]byte, []int) {
-	return file_fsmpb_fsm_proto_rawDescGZIP(), []int{30}
+	return file_fsmpb_fsm_proto_rawDescGZIP(), []int{31}
 }
 
 func (x *Holder) GetSessionId() uint64 {
@@ -2623,7 +2691,7 @@ type Waiter struct {
 
 func (x *Waiter) Reset() {
 	*x = Waiter{}
-	mi := &file_fsmpb_fsm_proto_msgTypes[31]
+	mi := &file_fsmpb_fsm_proto_msgTypes[32]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2635,7 +2703,7 @@ func (x *Waiter) String() string {
 func (*Waiter) ProtoMessage() {}
 
 func (x *Waiter) ProtoReflect() protoreflect.Message {
-	mi := &file_fsmpb_fsm_proto_msgTypes[31]
+	mi := &file_fsmpb_fsm_proto_msgTypes[32]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2648,7 +2716,7 @@ func (x *Waiter) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Waiter.ProtoReflect.Descriptor instead.
 func (*Waiter) Descriptor() ([]byte, []int) {
-	return file_fsmpb_fsm_proto_rawDescGZIP(), []int{31}
+	return file_fsmpb_fsm_proto_rawDescGZIP(), []int{32}
 }
 
 func (x *Waiter) GetSessionId() uint64 {
@@ -2690,7 +2758,7 @@ var File_fsmpb_fsm_proto protoreflect.FileDescriptor
 
 const file_fsmpb_fsm_proto_rawDesc = "" +
 	"\n" +
-	"\x0ffsmpb/fsm.proto\x12\ffence.fsm.v1\"\x83\a\n" +
+	"\x0ffsmpb/fsm.proto\x12\ffence.fsm.v1\"\xb0\a\n" +
 	"\aCommand\x12D\n" +
 	"\x0ecreate_session\x18\x01 \x01(\v2\x1b.fence.fsm.v1.CreateSessionH\x00R\rcreateSession\x12A\n" +
 	"\rclose_session\x18\x02 \x01(\v2\x1a.fence.fsm.v1.CloseSessionH\x00R\fcloseSession\x12G\n" +
@@ -2707,10 +2775,13 @@ const file_fsmpb_fsm_proto_rawDesc = "" +
 	" \x01(\v2\x1a.fence.fsm.v1.RegisterNodeH\x00R\fregisterNode\x12D\n" +
 	"\x0ecancel_acquire\x18\v \x01(\v2\x1b.fence.fsm.v1.CancelAcquireH\x00R\rcancelAcquire\x12>\n" +
 	"\fraise_tokens\x18\f \x01(\v2\x19.fence.fsm.v1.RaiseTokensH\x00R\vraiseTokens\x12B\n" +
-	"\x0eset_cluster_id\x18\r \x01(\v2\x1a.fence.fsm.v1.SetClusterIDH\x00R\fsetClusterId\x12(\n" +
+	"\x0eset_cluster_id\x18\r \x01(\v2\x1a.fence.fsm.v1.SetClusterIDH\x00R\fsetClusterId\x12+\n" +
+	"\x05batch\x18\x1e \x01(\v2\x13.fence.fsm.v1.BatchH\x00R\x05batch\x12(\n" +
 	"\x04auth\x18\x0e \x01(\v2\x12.fence.fsm.v1.AuthH\x00R\x04auth\x12'\n" +
 	"\x0fidempotency_key\x18d \x01(\tR\x0eidempotencyKeyB\x04\n" +
-	"\x02op\"H\n" +
+	"\x02op\":\n" +
+	"\x05Batch\x121\n" +
+	"\bcommands\x18\x01 \x03(\v2\x15.fence.fsm.v1.CommandR\bcommands\"H\n" +
 	"\fRegisterNode\x12\x17\n" +
 	"\anode_id\x18\x01 \x01(\tR\x06nodeId\x12\x1f\n" +
 	"\vapi_address\x18\x02 \x01(\tR\n" +
@@ -2923,88 +2994,91 @@ func file_fsmpb_fsm_proto_rawDescGZIP() []byte {
 	return file_fsmpb_fsm_proto_rawDescData
 }
 
-var file_fsmpb_fsm_proto_msgTypes = make([]protoimpl.MessageInfo, 32)
+var file_fsmpb_fsm_proto_msgTypes = make([]protoimpl.MessageInfo, 33)
 var file_fsmpb_fsm_proto_goTypes = []any{
 	(*Command)(nil),        // 0: fence.fsm.v1.Command
-	(*RegisterNode)(nil),   // 1: fence.fsm.v1.RegisterNode
-	(*CreateSession)(nil),  // 2: fence.fsm.v1.CreateSession
-	(*CloseSession)(nil),   // 3: fence.fsm.v1.CloseSession
-	(*ExpireSessions)(nil), // 4: fence.fsm.v1.ExpireSessions
-	(*Acquire)(nil),        // 5: fence.fsm.v1.Acquire
-	(*CancelWait)(nil),     // 6: fence.fsm.v1.CancelWait
-	(*CancelAcquire)(nil),  // 7: fence.fsm.v1.CancelAcquire
-	(*RaiseTokens)(nil),    // 8: fence.fsm.v1.RaiseTokens
-	(*SetClusterID)(nil),   // 9: fence.fsm.v1.SetClusterID
-	(*Release)(nil),        // 10: fence.fsm.v1.Release
-	(*LiftDelay)(nil),      // 11: fence.fsm.v1.LiftDelay
-	(*KVFence)(nil),        // 12: fence.fsm.v1.KVFence
-	(*KVPut)(nil),          // 13: fence.fsm.v1.KVPut
-	(*KVDelete)(nil),       // 14: fence.fsm.v1.KVDelete
-	(*Snapshot)(nil),       // 15: fence.fsm.v1.Snapshot
-	(*Auth)(nil),           // 16: fence.fsm.v1.Auth
-	(*SetAuthEnabled)(nil), // 17: fence.fsm.v1.SetAuthEnabled
-	(*AuthUser)(nil),       // 18: fence.fsm.v1.AuthUser
-	(*UserRole)(nil),       // 19: fence.fsm.v1.UserRole
-	(*AuthRole)(nil),       // 20: fence.fsm.v1.AuthRole
-	(*AuthPermission)(nil), // 21: fence.fsm.v1.AuthPermission
-	(*RolePermission)(nil), // 22: fence.fsm.v1.RolePermission
-	(*AuthToken)(nil),      // 23: fence.fsm.v1.AuthToken
-	(*AuthState)(nil),      // 24: fence.fsm.v1.AuthState
-	(*Applied)(nil),        // 25: fence.fsm.v1.Applied
-	(*KV)(nil),             // 26: fence.fsm.v1.KV
-	(*Session)(nil),        // 27: fence.fsm.v1.Session
-	(*Lock)(nil),           // 28: fence.fsm.v1.Lock
-	(*PendingDelay)(nil),   // 29: fence.fsm.v1.PendingDelay
-	(*Holder)(nil),         // 30: fence.fsm.v1.Holder
-	(*Waiter)(nil),         // 31: fence.fsm.v1.Waiter
+	(*Batch)(nil),          // 1: fence.fsm.v1.Batch
+	(*RegisterNode)(nil),   // 2: fence.fsm.v1.RegisterNode
+	(*CreateSession)(nil),  // 3: fence.fsm.v1.CreateSession
+	(*CloseSession)(nil),   // 4: fence.fsm.v1.CloseSession
+	(*ExpireSessions)(nil), // 5: fence.fsm.v1.ExpireSessions
+	(*Acquire)(nil),        // 6: fence.fsm.v1.Acquire
+	(*CancelWait)(nil),     // 7: fence.fsm.v1.CancelWait
+	(*CancelAcquire)(nil),  // 8: fence.fsm.v1.CancelAcquire
+	(*RaiseTokens)(nil),    // 9: fence.fsm.v1.RaiseTokens
+	(*SetClusterID)(nil),   // 10: fence.fsm.v1.SetClusterID
+	(*Release)(nil),        // 11: fence.fsm.v1.Release
+	(*LiftDelay)(nil),      // 12: fence.fsm.v1.LiftDelay
+	(*KVFence)(nil),        // 13: fence.fsm.v1.KVFence
+	(*KVPut)(nil),          // 14: fence.fsm.v1.KVPut
+	(*KVDelete)(nil),       // 15: fence.fsm.v1.KVDelete
+	(*Snapshot)(nil),       // 16: fence.fsm.v1.Snapshot
+	(*Auth)(nil),           // 17: fence.fsm.v1.Auth
+	(*SetAuthEnabled)(nil), // 18: fence.fsm.v1.SetAuthEnabled
+	(*AuthUser)(nil),       // 19: fence.fsm.v1.AuthUser
+	(*UserRole)(nil),       // 20: fence.fsm.v1.UserRole
+	(*AuthRole)(nil),       // 21: fence.fsm.v1.AuthRole
+	(*AuthPermission)(nil), // 22: fence.fsm.v1.AuthPermission
+	(*RolePermission)(nil), // 23: fence.fsm.v1.RolePermission
+	(*AuthToken)(nil),      // 24: fence.fsm.v1.AuthToken
+	(*AuthState)(nil),      // 25: fence.fsm.v1.AuthState
+	(*Applied)(nil),        // 26: fence.fsm.v1.Applied
+	(*KV)(nil),             // 27: fence.fsm.v1.KV
+	(*Session)(nil),        // 28: fence.fsm.v1.Session
+	(*Lock)(nil),           // 29: fence.fsm.v1.Lock
+	(*PendingDelay)(nil),   // 30: fence.fsm.v1.PendingDelay
+	(*Holder)(nil),         // 31: fence.fsm.v1.Holder
+	(*Waiter)(nil),         // 32: fence.fsm.v1.Waiter
 }
 var file_fsmpb_fsm_proto_depIdxs = []int32{
-	2,  // 0: fence.fsm.v1.Command.create_session:type_name -> fence.fsm.v1.CreateSession
-	3,  // 1: fence.fsm.v1.Command.close_session:type_name -> fence.fsm.v1.CloseSession
-	4,  // 2: fence.fsm.v1.Command.expire_sessions:type_name -> fence.fsm.v1.ExpireSessions
-	5,  // 3: fence.fsm.v1.Command.acquire:type_name -> fence.fsm.v1.Acquire
-	6,  // 4: fence.fsm.v1.Command.cancel_wait:type_name -> fence.fsm.v1.CancelWait
-	10, // 5: fence.fsm.v1.Command.release:type_name -> fence.fsm.v1.Release
-	11, // 6: fence.fsm.v1.Command.lift_delay:type_name -> fence.fsm.v1.LiftDelay
-	13, // 7: fence.fsm.v1.Command.kv_put:type_name -> fence.fsm.v1.KVPut
-	14, // 8: fence.fsm.v1.Command.kv_delete:type_name -> fence.fsm.v1.KVDelete
-	1,  // 9: fence.fsm.v1.Command.register_node:type_name -> fence.fsm.v1.RegisterNode
-	7,  // 10: fence.fsm.v1.Command.cancel_acquire:type_name -> fence.fsm.v1.CancelAcquire
-	8,  // 11: fence.fsm.v1.Command.raise_tokens:type_name -> fence.fsm.v1.RaiseTokens
-	9,  // 12: fence.fsm.v1.Command.set_cluster_id:type_name -> fence.fsm.v1.SetClusterID
-	16, // 13: fence.fsm.v1.Command.auth:type_name -> fence.fsm.v1.Auth
-	12, // 14: fence.fsm.v1.KVPut.fence:type_name -> fence.fsm.v1.KVFence
-	12, // 15: fence.fsm.v1.KVDelete.fence:type_name -> fence.fsm.v1.KVFence
-	27, // 16: fence.fsm.v1.Snapshot.sessions:type_name -> fence.fsm.v1.Session
-	28, // 17: fence.fsm.v1.Snapshot.locks:type_name -> fence.fsm.v1.Lock
-	26, // 18: fence.fsm.v1.Snapshot.kvs:type_name -> fence.fsm.v1.KV
-	1,  // 19: fence.fsm.v1.Snapshot.nodes:type_name -> fence.fsm.v1.RegisterNode
-	25, // 20: fence.fsm.v1.Snapshot.applied:type_name -> fence.fsm.v1.Applied
-	24, // 21: fence.fsm.v1.Snapshot.auth:type_name -> fence.fsm.v1.AuthState
-	17, // 22: fence.fsm.v1.Auth.set_enabled:type_name -> fence.fsm.v1.SetAuthEnabled
-	18, // 23: fence.fsm.v1.Auth.add_user:type_name -> fence.fsm.v1.AuthUser
-	18, // 24: fence.fsm.v1.Auth.remove_user:type_name -> fence.fsm.v1.AuthUser
-	19, // 25: fence.fsm.v1.Auth.grant_role:type_name -> fence.fsm.v1.UserRole
-	19, // 26: fence.fsm.v1.Auth.revoke_role:type_name -> fence.fsm.v1.UserRole
-	20, // 27: fence.fsm.v1.Auth.add_role:type_name -> fence.fsm.v1.AuthRole
-	20, // 28: fence.fsm.v1.Auth.remove_role:type_name -> fence.fsm.v1.AuthRole
-	22, // 29: fence.fsm.v1.Auth.grant_permission:type_name -> fence.fsm.v1.RolePermission
-	22, // 30: fence.fsm.v1.Auth.revoke_permission:type_name -> fence.fsm.v1.RolePermission
-	23, // 31: fence.fsm.v1.Auth.create_token:type_name -> fence.fsm.v1.AuthToken
-	18, // 32: fence.fsm.v1.Auth.set_quota:type_name -> fence.fsm.v1.AuthUser
-	21, // 33: fence.fsm.v1.AuthRole.permissions:type_name -> fence.fsm.v1.AuthPermission
-	21, // 34: fence.fsm.v1.RolePermission.permission:type_name -> fence.fsm.v1.AuthPermission
-	18, // 35: fence.fsm.v1.AuthState.users:type_name -> fence.fsm.v1.AuthUser
-	20, // 36: fence.fsm.v1.AuthState.roles:type_name -> fence.fsm.v1.AuthRole
-	23, // 37: fence.fsm.v1.AuthState.tokens:type_name -> fence.fsm.v1.AuthToken
-	30, // 38: fence.fsm.v1.Lock.holders:type_name -> fence.fsm.v1.Holder
-	31, // 39: fence.fsm.v1.Lock.waiters:type_name -> fence.fsm.v1.Waiter
-	29, // 40: fence.fsm.v1.Lock.delays:type_name -> fence.fsm.v1.PendingDelay
-	41, // [41:41] is the sub-list for method output_type
-	41, // [41:41] is the sub-list for method input_type
-	41, // [41:41] is the sub-list for extension type_name
-	41, // [41:41] is the sub-list for extension extendee
-	0,  // [0:41] is the sub-list for field type_name
+	3,  // 0: fence.fsm.v1.Command.create_session:type_name -> fence.fsm.v1.CreateSession
+	4,  // 1: fence.fsm.v1.Command.close_session:type_name -> fence.fsm.v1.CloseSession
+	5,  // 2: fence.fsm.v1.Command.expire_sessions:type_name -> fence.fsm.v1.ExpireSessions
+	6,  // 3: fence.fsm.v1.Command.acquire:type_name -> fence.fsm.v1.Acquire
+	7,  // 4: fence.fsm.v1.Command.cancel_wait:type_name -> fence.fsm.v1.CancelWait
+	11, // 5: fence.fsm.v1.Command.release:type_name -> fence.fsm.v1.Release
+	12, // 6: fence.fsm.v1.Command.lift_delay:type_name -> fence.fsm.v1.LiftDelay
+	14, // 7: fence.fsm.v1.Command.kv_put:type_name -> fence.fsm.v1.KVPut
+	15, // 8: fence.fsm.v1.Command.kv_delete:type_name -> fence.fsm.v1.KVDelete
+	2,  // 9: fence.fsm.v1.Command.register_node:type_name -> fence.fsm.v1.RegisterNode
+	8,  // 10: fence.fsm.v1.Command.cancel_acquire:type_name -> fence.fsm.v1.CancelAcquire
+	9,  // 11: fence.fsm.v1.Command.raise_tokens:type_name -> fence.fsm.v1.RaiseTokens
+	10, // 12: fence.fsm.v1.Command.set_cluster_id:type_name -> fence.fsm.v1.SetClusterID
+	1,  // 13: fence.fsm.v1.Command.batch:type_name -> fence.fsm.v1.Batch
+	17, // 14: fence.fsm.v1.Command.auth:type_name -> fence.fsm.v1.Auth
+	0,  // 15: fence.fsm.v1.Batch.commands:type_name -> fence.fsm.v1.Command
+	13, // 16: fence.fsm.v1.KVPut.fence:type_name -> fence.fsm.v1.KVFence
+	13, // 17: fence.fsm.v1.KVDelete.fence:type_name -> fence.fsm.v1.KVFence
+	28, // 18: fence.fsm.v1.Snapshot.sessions:type_name -> fence.fsm.v1.Session
+	29, // 19: fence.fsm.v1.Snapshot.locks:type_name -> fence.fsm.v1.Lock
+	27, // 20: fence.fsm.v1.Snapshot.kvs:type_name -> fence.fsm.v1.KV
+	2,  // 21: fence.fsm.v1.Snapshot.nodes:type_name -> fence.fsm.v1.RegisterNode
+	26, // 22: fence.fsm.v1.Snapshot.applied:type_name -> fence.fsm.v1.Applied
+	25, // 23: fence.fsm.v1.Snapshot.auth:type_name -> fence.fsm.v1.AuthState
+	18, // 24: fence.fsm.v1.Auth.set_enabled:type_name -> fence.fsm.v1.SetAuthEnabled
+	19, // 25: fence.fsm.v1.Auth.add_user:type_name -> fence.fsm.v1.AuthUser
+	19, // 26: fence.fsm.v1.Auth.remove_user:type_name -> fence.fsm.v1.AuthUser
+	20, // 27: fence.fsm.v1.Auth.grant_role:type_name -> fence.fsm.v1.UserRole
+	20, // 28: fence.fsm.v1.Auth.revoke_role:type_name -> fence.fsm.v1.UserRole
+	21, // 29: fence.fsm.v1.Auth.add_role:type_name -> fence.fsm.v1.AuthRole
+	21, // 30: fence.fsm.v1.Auth.remove_role:type_name -> fence.fsm.v1.AuthRole
+	23, // 31: fence.fsm.v1.Auth.grant_permission:type_name -> fence.fsm.v1.RolePermission
+	23, // 32: fence.fsm.v1.Auth.revoke_permission:type_name -> fence.fsm.v1.RolePermission
+	24, // 33: fence.fsm.v1.Auth.create_token:type_name -> fence.fsm.v1.AuthToken
+	19, // 34: fence.fsm.v1.Auth.set_quota:type_name -> fence.fsm.v1.AuthUser
+	22, // 35: fence.fsm.v1.AuthRole.permissions:type_name -> fence.fsm.v1.AuthPermission
+	22, // 36: fence.fsm.v1.RolePermission.permission:type_name -> fence.fsm.v1.AuthPermission
+	19, // 37: fence.fsm.v1.AuthState.users:type_name -> fence.fsm.v1.AuthUser
+	21, // 38: fence.fsm.v1.AuthState.roles:type_name -> fence.fsm.v1.AuthRole
+	24, // 39: fence.fsm.v1.AuthState.tokens:type_name -> fence.fsm.v1.AuthToken
+	31, // 40: fence.fsm.v1.Lock.holders:type_name -> fence.fsm.v1.Holder
+	32, // 41: fence.fsm.v1.Lock.waiters:type_name -> fence.fsm.v1.Waiter
+	30, // 42: fence.fsm.v1.Lock.delays:type_name -> fence.fsm.v1.PendingDelay
+	43, // [43:43] is the sub-list for method output_type
+	43, // [43:43] is the sub-list for method input_type
+	43, // [43:43] is the sub-list for extension type_name
+	43, // [43:43] is the sub-list for extension extendee
+	0,  // [0:43] is the sub-list for field type_name
 }
 
 func init() { file_fsmpb_fsm_proto_init() }
@@ -3026,10 +3100,11 @@ func file_fsmpb_fsm_proto_init() {
 		(*Command_CancelAcquire)(nil),
 		(*Command_RaiseTokens)(nil),
 		(*Command_SetClusterId)(nil),
+		(*Command_Batch)(nil),
 		(*Command_Auth)(nil),
 	}
-	file_fsmpb_fsm_proto_msgTypes[12].OneofWrappers = []any{}
-	file_fsmpb_fsm_proto_msgTypes[16].OneofWrappers = []any{
+	file_fsmpb_fsm_proto_msgTypes[13].OneofWrappers = []any{}
+	file_fsmpb_fsm_proto_msgTypes[17].OneofWrappers = []any{
 		(*Auth_SetEnabled)(nil),
 		(*Auth_AddUser)(nil),
 		(*Auth_RemoveUser)(nil),
@@ -3049,7 +3124,7 @@ func file_fsmpb_fsm_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_fsmpb_fsm_proto_rawDesc), len(file_fsmpb_fsm_proto_rawDesc)),
 			NumEnums:      0,
-			NumMessages:   32,
+			NumMessages:   33,
 			NumExtensions: 0,
 			NumServices:   0,
 		},
