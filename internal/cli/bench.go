@@ -2,6 +2,7 @@ package cli
 
 import (
 	"bufio"
+	"cmp"
 	"context"
 	"errors"
 	"fmt"
@@ -26,6 +27,8 @@ func benchCommand(g *globals) *cobra.Command {
 		idle      int
 		idleConns int
 		idleTTL   time.Duration
+		idleProcs int
+		expire    int
 	)
 	cmd := &cobra.Command{
 		Use:   "bench",
@@ -43,16 +46,39 @@ It also reads the server's resident memory (process_resident_memory_bytes
 on the first endpoint's /metrics) before and after creating them, and
 prints the difference per idle session.
 
+With --idle-procs P, the idle sessions are held by P processes of their
+own (N/P each), as many clients of a service would hold them. Then
+--expire K kills (SIGKILL) the processes holding K of them while the
+largest number of --clients run on their own locks, and reports how long
+the service took to expire all K (by its fence_sessions gauge; each should
+go within --idle-ttl of the kill) and the workers' rate and latency from
+the kill until a second after the last expiry, against the two seconds
+before: an expiry storm must not starve the others.
+
 With --json, prints {"results": [{"workload", "clients", "idleSessions",
 "cyclesPerSecond", "p50", "p99"}]} once every run is done, and with
 --idle-sessions also "idle": {"sessions", "rssBefore", "rssAfter",
-"bytesPerSession"}.`,
+"bytesPerSession"}, and with --expire "storm": {"sessions", "expired",
+"expiredIn", "before", "during"}.`,
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			for _, w := range workloads {
 				if w != "own" && w != "hot" {
 					return fmt.Errorf("unknown workload %q: want own or hot", w)
 				}
+			}
+			if len(clients) == 0 || slices.Min(clients) <= 0 {
+				return fmt.Errorf("--clients must name positive numbers of clients")
+			}
+			switch {
+			case idle < 0 || idleProcs < 0 || expire < 0:
+				return fmt.Errorf("--idle-sessions, --idle-procs and --expire cannot be negative")
+			case idleProcs > 0 && idle%idleProcs != 0:
+				return fmt.Errorf("--idle-sessions %d must be a multiple of --idle-procs %d", idle, idleProcs)
+			case expire > 0 && idleProcs == 0:
+				return fmt.Errorf("--expire needs --idle-procs: it kills the processes that hold the sessions")
+			case expire > idle || (expire > 0 && expire%(idle/idleProcs) != 0):
+				return fmt.Errorf("--expire %d must be a multiple of the %d sessions each of the --idle-procs holds, at most --idle-sessions", expire, idle/max(idleProcs, 1))
 			}
 			if !asJSON {
 				fmt.Fprintf(g.stdout, "%-8s %8s %8s %12s %10s %10s\n", "workload", "clients", "idle", "cycles/s", "p50", "p99")
@@ -86,14 +112,28 @@ With --json, prints {"results": [{"workload", "clients", "idleSessions",
 			if err := runAll(0); err != nil {
 				return err
 			}
-			var idleOut *idleJSON
+			var (
+				idleOut *idleJSON
+				hold    *holders
+			)
 			if idle > 0 {
 				before, beforeErr := serverRSS(cmd.Context(), g)
-				held, err := holdIdleSessions(cmd.Context(), g, idle, idleConns, idleTTL)
-				defer held.close()
-				if err != nil {
-					return err
+				var release func()
+				if idleProcs > 0 {
+					procs, err := startHolders(cmd.Context(), g, idle, idleProcs, idleConns, idleTTL)
+					if err != nil {
+						return err
+					}
+					hold, release = procs, procs.close
+				} else {
+					held, err := holdIdleSessions(cmd.Context(), g, idle, idleConns, idleTTL)
+					release = held.close
+					if err != nil {
+						release()
+						return err
+					}
 				}
+				defer func() { release() }()
 				after, afterErr := serverRSS(cmd.Context(), g)
 				idleOut = &idleJSON{Sessions: idle}
 				if err := errors.Join(beforeErr, afterErr); err != nil {
@@ -110,10 +150,33 @@ With --json, prints {"results": [{"workload", "clients", "idleSessions",
 					return err
 				}
 			}
+			var storm *stormJSON
+			if expire > 0 {
+				n := slices.Max(clients)
+				r, err := runStorm(cmd.Context(), g, hold, expire, n, idleTTL)
+				if err != nil {
+					return err
+				}
+				storm = &r
+				if !asJSON {
+					fmt.Fprintf(g.stdout, "# expiry storm: %d of %d sessions expired in %s after their holders were killed (TTL %s)\n",
+						r.Expired, r.Sessions, cmp.Or(r.ExpiredIn, "more than TTL+10s"), idleTTL)
+					for _, row := range []struct {
+						when string
+						r    benchResult
+					}{{"before the kill", r.before}, {"until a second after the last expiry", r.during}} {
+						fmt.Fprintf(g.stdout, "#   %d workers %s: %.0f cycles/s, p50 %s, p99 %s\n",
+							n, row.when, row.r.rate, row.r.p50.Round(time.Microsecond), row.r.p99.Round(time.Microsecond))
+					}
+				}
+			}
 			if asJSON {
 				out := map[string]any{"results": results}
 				if idleOut != nil {
 					out["idle"] = idleOut
+				}
+				if storm != nil {
+					out["storm"] = storm
 				}
 				return printJSONValue(g, out)
 			}
@@ -127,6 +190,9 @@ With --json, prints {"results": [{"workload", "clients", "idleSessions",
 	cmd.Flags().IntVar(&idle, "idle-sessions", 0, "also run every workload while holding this many more sessions open and kept alive")
 	cmd.Flags().IntVar(&idleConns, "idle-conns", 4, "client connections the idle sessions share")
 	cmd.Flags().DurationVar(&idleTTL, "idle-ttl", 10*time.Second, "TTL of the idle sessions")
+	cmd.Flags().IntVar(&idleProcs, "idle-procs", 0, "hold the idle sessions in this many processes of their own (0: in this one)")
+	cmd.Flags().IntVar(&expire, "expire", 0, "then kill the processes holding this many idle sessions and measure their expiry (needs --idle-procs)")
+	cmd.AddCommand(benchHoldCommand(g))
 	return cmd
 }
 
@@ -143,11 +209,48 @@ type benchJSON struct {
 type benchResult struct {
 	rate     float64
 	p50, p99 time.Duration
+	// samples are the cycles, in no particular order.
+	samples []benchSample
+}
+
+// benchSample is one lock+unlock cycle: when it ended and how long it took.
+type benchSample struct {
+	end     time.Time
+	latency time.Duration
+}
+
+// summarize gives the rate and percentiles of the cycles that ended in
+// [from, to).
+func summarize(samples []benchSample, from, to time.Time) benchResult {
+	var lat []time.Duration
+	for _, s := range samples {
+		if !s.end.Before(from) && s.end.Before(to) {
+			lat = append(lat, s.latency)
+		}
+	}
+	if len(lat) == 0 {
+		return benchResult{}
+	}
+	slices.Sort(lat)
+	pct := func(p float64) time.Duration { return lat[int(float64(len(lat)-1)*p)] }
+	return benchResult{rate: float64(len(lat)) / to.Sub(from).Seconds(), p50: pct(0.50), p99: pct(0.99)}
 }
 
 // runBench runs n clients, each with its own connection and session, doing
 // lock+unlock cycles for d.
 func runBench(ctx context.Context, g *globals, workload string, n int, d time.Duration) (benchResult, error) {
+	return runBenchWhile(ctx, g, workload, n, func(ctx context.Context) error {
+		select {
+		case <-time.After(d):
+		case <-ctx.Done():
+		}
+		return nil
+	})
+}
+
+// runBenchWhile runs n clients, each with its own connection and session,
+// doing lock+unlock cycles while during runs; during's error is the run's.
+func runBenchWhile(ctx context.Context, g *globals, workload string, n int, during func(ctx context.Context) error) (benchResult, error) {
 	run := strings.ReplaceAll(time.Now().Format("150405.000000"), ".", "")
 	type worker struct {
 		c *client.Client
@@ -187,20 +290,25 @@ func runBench(ctx context.Context, g *globals, workload string, n int, d time.Du
 	// own context end, which looked like a failed cycle.
 	ctx, cancel := context.WithCancel(ctx)
 	defer cancel()
-	stop := time.AfterFunc(d, cancel)
-	defer stop.Stop()
 	var (
-		mu        sync.Mutex
-		latencies []time.Duration
-		firstErr  error
-		wg        sync.WaitGroup
+		mu       sync.Mutex
+		samples  []benchSample
+		firstErr error
+		wg       sync.WaitGroup
 	)
 	start := time.Now()
+	wg.Go(func() {
+		err := during(ctx)
+		mu.Lock()
+		firstErr = cmpErr(firstErr, err)
+		mu.Unlock()
+		cancel()
+	})
 	for _, w := range workers {
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
-			var local []time.Duration
+			var local []benchSample
 			for ctx.Err() == nil {
 				t0 := time.Now()
 				if _, err := w.m.Lock(ctx); err != nil {
@@ -217,24 +325,25 @@ func runBench(ctx context.Context, g *globals, workload string, n int, d time.Du
 					mu.Unlock()
 					break
 				}
-				local = append(local, time.Since(t0))
+				end := time.Now()
+				local = append(local, benchSample{end: end, latency: end.Sub(t0)})
 			}
 			mu.Lock()
-			latencies = append(latencies, local...)
+			samples = append(samples, local...)
 			mu.Unlock()
 		}()
 	}
 	wg.Wait()
-	elapsed := time.Since(start)
+	end := time.Now()
 	if firstErr != nil {
 		return benchResult{}, firstErr
 	}
-	if len(latencies) == 0 {
-		return benchResult{}, fmt.Errorf("no lock+unlock cycle completed in %v", d)
+	if len(samples) == 0 {
+		return benchResult{}, fmt.Errorf("no lock+unlock cycle completed in %v", end.Sub(start).Round(time.Millisecond))
 	}
-	slices.Sort(latencies)
-	pct := func(p float64) time.Duration { return latencies[int(float64(len(latencies)-1)*p)] }
-	return benchResult{rate: float64(len(latencies)) / elapsed.Seconds(), p50: pct(0.50), p99: pct(0.99)}, nil
+	r := summarize(samples, start, end.Add(time.Nanosecond))
+	r.samples = samples
+	return r, nil
 }
 
 func cmpErr(first, err error) error {
@@ -337,6 +446,13 @@ func (h *idleSessions) close() {
 // serverRSS reads process_resident_memory_bytes from the first
 // endpoint's /metrics.
 func serverRSS(ctx context.Context, g *globals) (uint64, error) {
+	v, err := scrapeMetric(ctx, g, "process_resident_memory_bytes")
+	return uint64(v), err
+}
+
+// scrapeMetric reads the value of a metric without labels from the first
+// endpoint's /metrics.
+func scrapeMetric(ctx context.Context, g *globals, name string) (float64, error) {
 	ep := strings.TrimSpace(strings.Split(g.endpoints, ",")[0])
 	if ep == "" {
 		ep = client.DefaultEndpoint
@@ -361,13 +477,12 @@ func serverRSS(ctx context.Context, g *globals) (uint64, error) {
 	sc := bufio.NewScanner(resp.Body)
 	sc.Buffer(make([]byte, 64<<10), 1<<20)
 	for sc.Scan() {
-		if v, ok := strings.CutPrefix(sc.Text(), "process_resident_memory_bytes "); ok {
-			f, err := strconv.ParseFloat(strings.TrimSpace(v), 64)
-			return uint64(f), err
+		if v, ok := strings.CutPrefix(sc.Text(), name+" "); ok {
+			return strconv.ParseFloat(strings.TrimSpace(v), 64)
 		}
 	}
 	if err := sc.Err(); err != nil {
 		return 0, err
 	}
-	return 0, fmt.Errorf("%s/metrics has no process_resident_memory_bytes", ep)
+	return 0, fmt.Errorf("%s/metrics has no %s", ep, name)
 }
