@@ -31,6 +31,9 @@ func (s *Server) CreateSession(ctx context.Context, req *connect.Request[fencev1
 	if err := checkText("owner", req.Msg.GetOwner(), s.cfg.MaxOwnerBytes, false); err != nil {
 		return nil, err
 	}
+	if err := s.allowSession(ctx, req.Peer().Addr, req.Header()); err != nil {
+		return nil, err
+	}
 	// No idempotency key: the secret is answered once and kept only as a
 	// hash, so a repeat could not answer it again. A session whose answer
 	// was lost holds nothing and expires after its TTL.
