@@ -299,8 +299,14 @@ func (s *Server) wait(ctx context.Context, w *waiter, index uint64, timeout, pol
 		defer t.Stop()
 		polled = t.C()
 	}
+	// A wait lasts only as long as its caller may take the lock.
+	auth := s.watchAuth(ctx)
+	defer auth.Stop()
 	for {
 		select {
+		case <-auth.Lost():
+			s.giveUp(w, nil)
+			return fsm.Grant{}, fmt.Errorf("the wait for lock %q ended: %w", w.key.lock, auth.Err())
 		case <-polled:
 			return fsm.Grant{}, errStillWaiting
 		case <-w.notify:
