@@ -16,6 +16,7 @@ import (
 
 	fencev1 "github.com/fencelock/fence/api/fence/v1"
 	"github.com/fencelock/fence/client"
+	"github.com/fencelock/fence/internal/fsm"
 )
 
 // authTokenEnv names the file holding the bearer token every client
@@ -154,6 +155,11 @@ func userCommand(g *globals) *cobra.Command {
 	add := simple(g, "add NAME", "Add a user (no roles; a credential: fence token create, or a certificate with this common name)", 1, func(cmd *cobra.Command, c *client.Client, a []string) (string, error) {
 		q, err := qf.apply(cmd, client.Quota{})
 		if err != nil {
+			return "", err
+		}
+		// Checked here too, so that quotas the service would refuse add no
+		// user without them.
+		if err := fsm.CheckQuota(fsm.Quota(q)); err != nil {
 			return "", err
 		}
 		if err := c.UserAdd(cmd.Context(), a[0]); err != nil {

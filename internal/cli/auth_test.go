@@ -66,6 +66,12 @@ func TestAuthCommands(t *testing.T) {
 	if out := run(1, append(asRoot, "user", "set-quota", "nobody", "--max-locks", "1")...); !strings.Contains(out, `no user "nobody"`) {
 		t.Fatalf("set-quota of a missing user: %s", out)
 	}
+	if out := run(1, append(asRoot, "user", "add", "bad", "--max-locks", "18446744073709551615")...); !strings.Contains(out, "max_locks") {
+		t.Fatalf("user add with a quota out of bounds: %s", out)
+	}
+	if out := run(0, append(asRoot, "user", "list")...); strings.Contains(out, "bad") {
+		t.Fatalf("a refused user add added the user: %s", out)
+	}
 	run(0, append(asRoot, "role", "add", "orders")...)
 	run(0, append(asRoot, "role", "grant", "orders", "kv", "write", "orders/")...)
 	if out := run(1, append(asRoot, "role", "grant", "orders", "files", "write")...); !strings.Contains(out, "none of lock, kv, admin") {

@@ -55,9 +55,9 @@ type Quota struct {
 // negative number cast to uint64, a unit mixed up), not taken as "no
 // limit": 0 says that.
 const (
-	MaxQuotaCount   = 1 << 40 // sessions, locks, waits, burst
-	MaxQuotaKVBytes = 1 << 50
-	MaxSessionRate  = 1e6 // per second
+	MaxQuotaCount   uint64  = 1 << 40 // sessions, locks, waits, burst
+	MaxQuotaKVBytes uint64  = 1 << 50
+	MaxSessionRate  float64 = 1e6 // per second
 )
 
 func (q Quota) String() string {
@@ -96,7 +96,7 @@ func CheckQuota(q Quota) error {
 	}
 	switch r := q.SessionRate; {
 	case math.IsNaN(r) || r < 0 || r > MaxSessionRate:
-		return fmt.Errorf("%w: session_rate %v is not a number of sessions per second from 0 to %g", fence.ErrInvalidArgument, r, float64(MaxSessionRate))
+		return fmt.Errorf("%w: session_rate %v is not a number of sessions per second from 0 to %g", fence.ErrInvalidArgument, r, MaxSessionRate)
 	case r > 0 && q.SessionBurst == 0:
 		return fmt.Errorf("%w: session_rate %v needs a session_burst of at least 1", fence.ErrInvalidArgument, r)
 	case r == 0 && q.SessionBurst > 0:
