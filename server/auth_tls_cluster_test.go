@@ -19,8 +19,8 @@ import (
 	"github.com/fencelock/fence/internal/testtls"
 )
 
-// A 3-node group over TLS with client certificates and auth on (docs/
-// design.md, Auth: followers). A call identified by its certificate alone
+// A 3-node group over TLS with client certificates and auth on
+// (docs/design.md, Auth: Followers). A call identified by its certificate alone
 // is not forwarded by a follower (the leader would see the follower's
 // certificate): the follower checks it under its own state and answers
 // it, its own state for stale reads, Unavailable naming the leader for
