@@ -122,11 +122,39 @@ func (c *Client) Users(ctx context.Context) ([]*User, error) {
 	return resp.GetUsers(), err
 }
 
-// UserSetQuota sets user's quotas, enforced while auth is on: the live
-// sessions the user creates and the locks they hold or wait for (0: no
-// limit). A call beyond one fails with fence.ErrLimit naming the quota.
-func (c *Client) UserSetQuota(ctx context.Context, user string, maxSessions, maxLocks uint64) error {
-	_, err := authCall(c, ctx, &fencev1.UserSetQuotaRequest{User: user, MaxSessions: maxSessions, MaxLocks: maxLocks}, fencev1connect.AuthServiceClient.UserSetQuota)
+// Quota is a user's quotas, enforced while auth is on; 0 is no limit
+// (see AuthService.UserSetQuota).
+type Quota struct {
+	// MaxSessions bounds the live sessions the user created.
+	MaxSessions uint64
+	// MaxLocks bounds the locks the user's sessions hold or wait for (a
+	// wait counts, so a waiter granted later never goes over), MaxWaits
+	// those they wait for.
+	MaxLocks, MaxWaits uint64
+	// MaxKVBytes bounds the bytes (key and value) of the live KV keys the
+	// user wrote last.
+	MaxKVBytes uint64
+	// SessionRate (sessions per second) and SessionBurst are a token
+	// bucket on creating sessions, kept by the leader; 0: the server's
+	// default. A rate needs a burst of at least 1.
+	SessionRate  float64
+	SessionBurst uint64
+}
+
+// QuotaOf returns the quotas a listed user has.
+func QuotaOf(u *User) Quota {
+	return Quota{MaxSessions: u.GetMaxSessions(), MaxLocks: u.GetMaxLocks(), MaxWaits: u.GetMaxWaits(),
+		MaxKVBytes: u.GetMaxKvBytes(), SessionRate: u.GetSessionRate(), SessionBurst: u.GetSessionBurst()}
+}
+
+// UserSetQuota sets every quota of user (a field left 0 is no limit). A
+// call beyond a quota fails with fence.ErrLimit naming the user and the
+// quota; a value out of bounds with fence.ErrInvalidArgument, changing
+// nothing.
+func (c *Client) UserSetQuota(ctx context.Context, user string, q Quota) error {
+	_, err := authCall(c, ctx, &fencev1.UserSetQuotaRequest{User: user, MaxSessions: q.MaxSessions, MaxLocks: q.MaxLocks,
+		MaxWaits: q.MaxWaits, MaxKvBytes: q.MaxKVBytes, SessionRate: q.SessionRate, SessionBurst: q.SessionBurst},
+		fencev1connect.AuthServiceClient.UserSetQuota)
 	return err
 }
 

@@ -412,3 +412,73 @@ func (s *Server) authGate(ctx context.Context) (<-chan struct{}, <-chan time.Tim
 	t := s.cfg.Clock.NewTimer(max(who.expires.Sub(s.cfg.Clock.Now()), 0))
 	return changed, t.C(), func() { t.Stop() }
 }
+
+// authWatch fires once the call it watches fails its check again.
+type authWatch struct {
+	lost chan struct{} // closed, with err set, once the check fails
+	err  error
+	stop chan struct{}
+	once sync.Once
+}
+
+// Lost is closed once the call may no longer go on; Err then says why.
+func (w *authWatch) Lost() <-chan struct{} { return w.lost }
+
+// Err is the failed check's error, once Lost is closed.
+func (w *authWatch) Err() error { return w.err }
+
+// Stop ends the watching.
+func (w *authWatch) Stop() { w.once.Do(func() { close(w.stop) }) }
+
+// watchAuth watches the call ctx belongs to (a unary call or a stream):
+// it checks it again at every auth change (a token or permission revoked,
+// a user removed, auth enabled, a snapshot restored) and when its token
+// expires, and fires once a check fails, as an open watch ends (see
+// authGate). A call that blocks for long (a waiting Acquire) ends then,
+// instead of going on under a permission its caller no longer has.
+func (s *Server) watchAuth(ctx context.Context) *authWatch {
+	w := &authWatch{lost: make(chan struct{}), stop: make(chan struct{})}
+	call, ok := ctx.Value(authCallKey{}).(authCall)
+	if !ok {
+		if call, ok = streamCall(ctx); !ok {
+			return w // not a checked call: never fires
+		}
+	}
+	go func() {
+		for {
+			// Take the channel before checking, so that no change made
+			// after the check is missed.
+			changed := s.authChanges.wait()
+			who, err := s.recheck(call)
+			if err != nil {
+				w.err = err
+				close(w.lost)
+				return
+			}
+			var expired <-chan time.Time
+			stopTimer := func() {}
+			if !who.expires.IsZero() {
+				t := s.cfg.Clock.NewTimer(max(who.expires.Sub(s.cfg.Clock.Now()), 0))
+				expired, stopTimer = t.C(), func() { t.Stop() }
+			}
+			select {
+			case <-changed:
+			case <-expired:
+			case <-w.stop:
+			case <-ctx.Done():
+			case <-s.done:
+			}
+			stopTimer()
+			select {
+			case <-w.stop:
+				return
+			case <-ctx.Done():
+				return
+			case <-s.done:
+				return
+			default:
+			}
+		}
+	}()
+	return w
+}

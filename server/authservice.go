@@ -124,9 +124,15 @@ func (s *Server) UserRemove(ctx context.Context, req *connect.Request[fencev1.Us
 // UserSetQuota implements fencev1connect.AuthServiceHandler.
 func (s *Server) UserSetQuota(ctx context.Context, req *connect.Request[fencev1.UserSetQuotaRequest]) (*connect.Response[fencev1.UserSetQuotaResponse], error) {
 	m := req.Msg
-	op := &fsmpb.AuthUser{Name: m.GetUser(), MaxSessions: m.GetMaxSessions(), MaxLocks: m.GetMaxLocks()}
+	q := fsm.Quota{MaxSessions: m.GetMaxSessions(), MaxLocks: m.GetMaxLocks(), MaxWaits: m.GetMaxWaits(),
+		MaxKVBytes: m.GetMaxKvBytes(), SessionRate: m.GetSessionRate(), SessionBurst: m.GetSessionBurst()}
+	if err := fsm.CheckQuota(q); err != nil {
+		return nil, err
+	}
+	op := &fsmpb.AuthUser{Name: m.GetUser(), MaxSessions: q.MaxSessions, MaxLocks: q.MaxLocks, MaxWaits: q.MaxWaits,
+		MaxKvBytes: q.MaxKVBytes, SessionRate: q.SessionRate, SessionBurst: q.SessionBurst}
 	if _, err := s.changeAuth(ctx, req, &fsmpb.Auth{Op: &fsmpb.Auth_SetQuota{SetQuota: op}}, "change", "quota set",
-		"name", m.GetUser(), "max_sessions", m.GetMaxSessions(), "max_locks", m.GetMaxLocks()); err != nil {
+		"name", m.GetUser(), "quota", q.String()); err != nil {
 		return nil, err
 	}
 	return connect.NewResponse(&fencev1.UserSetQuotaResponse{}), nil
@@ -201,9 +207,11 @@ func (s *Server) UserList(ctx context.Context, req *connect.Request[fencev1.User
 	out := &fencev1.UserListResponse{}
 	s.fsm.Read(func(st *fsm.State) {
 		for _, u := range st.Users() {
-			sessions, locks := st.UserUsage(u.Name)
-			out.Users = append(out.Users, &fencev1.User{Name: u.Name, Roles: u.Roles, MaxSessions: u.Quota.MaxSessions,
-				MaxLocks: u.Quota.MaxLocks, Sessions: uint64(sessions), Locks: uint64(locks)})
+			use, q := st.UserUsage(u.Name), u.Quota
+			out.Users = append(out.Users, &fencev1.User{Name: u.Name, Roles: u.Roles,
+				MaxSessions: q.MaxSessions, MaxLocks: q.MaxLocks, MaxWaits: q.MaxWaits, MaxKvBytes: q.MaxKVBytes,
+				SessionRate: q.SessionRate, SessionBurst: q.SessionBurst,
+				Sessions: use.Sessions, Locks: use.Locks, Waits: use.Waits, KvBytes: use.KVBytes})
 		}
 	})
 	return connect.NewResponse(out), nil

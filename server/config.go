@@ -12,6 +12,7 @@ import (
 
 	"github.com/fencelock/fence/internal/buildinfo"
 	"github.com/fencelock/fence/internal/clock"
+	"github.com/fencelock/fence/internal/fsm"
 )
 
 // Config is a node's configuration. Start from DefaultConfig and change what
@@ -98,6 +99,12 @@ type Config struct {
 	MaxKeyBytes, MaxValueBytes int
 	// MaxKeys bounds the live keys of the KV store; 0 means no limit.
 	MaxKeys int
+	// SessionRate (sessions per second) and SessionBurst bound how fast
+	// each identity creates sessions, with a token bucket kept by the
+	// leader: each user with auth on, unless the user's quota sets its
+	// own, and each client address with auth off. 0: no bound.
+	SessionRate  float64
+	SessionBurst int
 	// MaxWatchers bounds the KV watches open on this node; 0 means no limit.
 	MaxWatchers int
 	// WatchHistory is how many recent KV changes the node keeps for watches
@@ -233,6 +240,9 @@ func (c Config) Validate() error {
 	check(c.MaxKeyBytes > 0, "max key bytes must be positive")
 	check(c.MaxValueBytes >= 0, "max value bytes is negative")
 	check(c.MaxKeys >= 0, "max keys is negative")
+	check(c.SessionRate >= 0 && c.SessionRate <= fsm.MaxSessionRate, "session rate %v: want 0 (no bound) to %g sessions a second", c.SessionRate, fsm.MaxSessionRate)
+	check(c.SessionBurst >= 0 && uint64(c.SessionBurst) <= fsm.MaxQuotaCount, "session burst %d: want 0 to %d", c.SessionBurst, fsm.MaxQuotaCount)
+	check((c.SessionRate > 0) == (c.SessionBurst > 0), "session rate %v and burst %d: set both, or neither", c.SessionRate, c.SessionBurst)
 	check(c.MaxWatchers >= 0, "max watchers is negative")
 	check(c.WatchHistory >= 0, "watch history is negative")
 	check(c.MaxConnections >= 0, "max connections is negative")

@@ -129,7 +129,10 @@ func (f *forwarder) leaderAPI(r *http.Request) string {
 func (f *forwarder) proxy(api string, body []byte) http.Handler {
 	target := &url.URL{Scheme: strings.TrimSuffix(f.s.apiScheme(), "://"), Host: api}
 	return &httputil.ReverseProxy{
-		Rewrite:       func(pr *httputil.ProxyRequest) { pr.SetURL(target) },
+		Rewrite: func(pr *httputil.ProxyRequest) {
+			pr.SetURL(target)
+			pr.SetXForwarded() // the caller's address, for the leader's rate limits (ratelimit.go)
+		},
 		Transport:     f.client,
 		FlushInterval: -1, // watch streams flush at once
 		ErrorHandler: func(w http.ResponseWriter, r *http.Request, err error) {

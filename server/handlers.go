@@ -31,6 +31,9 @@ func (s *Server) CreateSession(ctx context.Context, req *connect.Request[fencev1
 	if err := checkText("owner", req.Msg.GetOwner(), s.cfg.MaxOwnerBytes, false); err != nil {
 		return nil, err
 	}
+	if err := s.allowSession(ctx, req.Peer().Addr, req.Header()); err != nil {
+		return nil, err
+	}
 	// No idempotency key: the secret is answered once and kept only as a
 	// hash, so a repeat could not answer it again. A session whose answer
 	// was lost holds nothing and expires after its TTL.
@@ -296,8 +299,14 @@ func (s *Server) wait(ctx context.Context, w *waiter, index uint64, timeout, pol
 		defer t.Stop()
 		polled = t.C()
 	}
+	// A wait lasts only as long as its caller may take the lock.
+	auth := s.watchAuth(ctx)
+	defer auth.Stop()
 	for {
 		select {
+		case <-auth.Lost():
+			s.giveUp(w, nil)
+			return fsm.Grant{}, fmt.Errorf("the wait for lock %q ended: %w", w.key.lock, auth.Err())
 		case <-polled:
 			return fsm.Grant{}, errStillWaiting
 		case <-w.notify:

@@ -67,6 +67,7 @@ func (s *Server) Put(ctx context.Context, req *connect.Request[fencev1.PutReques
 	}
 	res, err := s.apply(&fsmpb.Command{IdempotencyKey: key, Op: &fsmpb.Command_KvPut{KvPut: &fsmpb.KVPut{
 		Key: m.GetKey(), Value: m.GetValue(), Fence: f, MaxKeys: uint64(s.cfg.MaxKeys), SessionId: m.GetSessionId(),
+		User: s.callerUser(ctx), // charged the key's bytes (quotas)
 	}}})
 	if err != nil {
 		return nil, err

@@ -3,6 +3,7 @@ package server
 import (
 	"context"
 	"errors"
+	"math"
 	"strings"
 	"testing"
 	"time"
@@ -10,6 +11,8 @@ import (
 	"github.com/fencelock/fence"
 	fencev1 "github.com/fencelock/fence/api/fence/v1"
 	"github.com/fencelock/fence/client"
+	"github.com/fencelock/fence/internal/clock"
+	"github.com/fencelock/fence/internal/fsm"
 )
 
 // A real server with auth on enforces a user's quotas on the sessions
@@ -25,10 +28,10 @@ func TestQuotaRealServer(t *testing.T) {
 	lockAll := perm(fencev1.PermissionKind_PERMISSION_KIND_LOCK, fencev1.Access_ACCESS_WRITE, "")
 	alice := mustClient(t, s, addUser(t, rc, "alice", lockAll))
 	bob := mustClient(t, s, addUser(t, rc, "bob", lockAll))
-	if err := rc.UserSetQuota(ctx, "alice", 2, 1); err != nil {
+	if err := rc.UserSetQuota(ctx, "alice", client.Quota{MaxSessions: 2, MaxLocks: 1}); err != nil {
 		t.Fatal(err)
 	}
-	if err := rc.UserSetQuota(ctx, "nobody", 2, 1); !errors.Is(err, fence.ErrInvalidArgument) {
+	if err := rc.UserSetQuota(ctx, "nobody", client.Quota{MaxSessions: 2, MaxLocks: 1}); !errors.Is(err, fence.ErrInvalidArgument) {
 		t.Fatalf("quota of a missing user: %v", err)
 	}
 	if err := rc.AuthEnable(ctx); err != nil {
@@ -90,5 +93,180 @@ func TestQuotaRealServer(t *testing.T) {
 	}
 	if _, err := client.NewMutex(s1, "c").TryLock(ctx); err != nil {
 		t.Fatalf("auth off: %v", err)
+	}
+}
+
+// A real server with auth on enforces the waits and KV bytes quotas: a
+// second wait of a user whose quota is one wait, and a put that would take
+// the bytes charged to the user over the quota, fail with
+// resource_exhausted naming user and quota and change nothing; the usage
+// is listed. A quota out of bounds is refused and changes nothing.
+func TestQuotaWaitsAndKVBytesRealServer(t *testing.T) {
+	s := startTestServer(t, nil)
+	ctx := context.Background()
+	root := setupRoot(t, mustClient(t, s, ""))
+	rc := mustClient(t, s, root)
+	lockAll := perm(fencev1.PermissionKind_PERMISSION_KIND_LOCK, fencev1.Access_ACCESS_WRITE, "")
+	kvAll := perm(fencev1.PermissionKind_PERMISSION_KIND_KV, fencev1.Access_ACCESS_WRITE, "")
+	alice := mustClient(t, s, addUser(t, rc, "alice", lockAll, kvAll))
+	bob := mustClient(t, s, addUser(t, rc, "bob", lockAll, kvAll))
+	quota := client.Quota{MaxWaits: 1, MaxKVBytes: 16}
+	if err := rc.UserSetQuota(ctx, "alice", quota); err != nil {
+		t.Fatal(err)
+	}
+	if err := rc.AuthEnable(ctx); err != nil {
+		t.Fatal(err)
+	}
+	refused := func(err error, quota string) {
+		t.Helper()
+		if !errors.Is(err, fence.ErrLimit) || !strings.Contains(err.Error(), quota) {
+			t.Fatalf("got %v, want resource_exhausted (fence.ErrLimit) naming %q", err, quota)
+		}
+	}
+	listed := func(name string) *client.User {
+		t.Helper()
+		users, err := rc.Users(ctx)
+		if err != nil {
+			t.Fatal(err)
+		}
+		for _, u := range users {
+			if u.GetName() == name {
+				return u
+			}
+		}
+		t.Fatalf("no user %s listed", name)
+		return nil
+	}
+
+	// KV bytes: 12 of 16, then 6 more refused; the key stays absent.
+	if _, err := alice.KV().Put(ctx, "k1", []byte("0123456789")); err != nil {
+		t.Fatal(err)
+	}
+	_, err := alice.KV().Put(ctx, "k2", []byte("abcd"))
+	refused(err, "user alice: kv bytes quota 16 reached")
+	if kv, err := rc.KV().Get(ctx, "k2"); err != nil || kv != nil {
+		t.Fatalf("a refused put left %v, %v", kv, err)
+	}
+	if u := listed("alice"); u.GetKvBytes() != 12 || u.GetMaxKvBytes() != 16 {
+		t.Fatalf("alice listed as %v", u)
+	}
+	// bob overwrites alice's key: the bytes are his now.
+	if _, err := bob.KV().Put(ctx, "k1", []byte("x")); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := alice.KV().Put(ctx, "k2", []byte("abcd")); err != nil {
+		t.Fatalf("alice's bytes were freed by bob's overwrite: %v", err)
+	}
+
+	// Waits: bob holds w1 and w2; alice may wait for one of them.
+	bs, err := bob.NewSession(ctx, client.WithTTL(30*time.Second))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer bs.Close(ctx)
+	for _, name := range []string{"w1", "w2"} {
+		if _, err := client.NewMutex(bs, name).TryLock(ctx); err != nil {
+			t.Fatal(err)
+		}
+	}
+	as, err := alice.NewSession(ctx, client.WithTTL(30*time.Second))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer as.Close(ctx)
+	waitCtx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	go client.NewMutex(as, "w1").Lock(waitCtx)
+	waitFor(t, "alice to wait for w1", func() bool { return listed("alice").GetWaits() == 1 })
+	_, err = client.NewMutex(as, "w2").Lock(ctx)
+	refused(err, "user alice: waits quota 1 reached")
+	if u := listed("alice"); u.GetWaits() != 1 || u.GetLocks() != 1 || u.GetMaxWaits() != 1 {
+		t.Fatalf("alice listed as %v", u)
+	}
+
+	// Out of bounds: refused, nothing changed.
+	for _, bad := range []client.Quota{{MaxSessions: math.MaxUint64}, {SessionRate: -1, SessionBurst: 1}, {SessionRate: 3}} {
+		if err := rc.UserSetQuota(ctx, "alice", bad); !errors.Is(err, fence.ErrInvalidArgument) {
+			t.Fatalf("quota %+v: %v, want invalid_argument", bad, err)
+		}
+	}
+	if got := client.QuotaOf(listed("alice")); got != quota {
+		t.Fatalf("alice's quota is %+v after refused changes, want %+v", got, quota)
+	}
+}
+
+// Creating sessions is bounded by a token bucket per identity, on the
+// leader's clock: the server's default per client address with auth off
+// and per user with auth on, or the user's own rate from its quota. A
+// refusal is resource_exhausted naming the identity and the quota, and
+// creates nothing; the bucket refills as the clock moves.
+func TestSessionRateLimit(t *testing.T) {
+	clk := clock.NewFake()
+	s := startTestServer(t, func(c *Config) { c.Clock, c.SessionRate, c.SessionBurst = clk, 1, 2 })
+	ctx := context.Background()
+	create := func(c *client.Client) error {
+		sess, err := c.NewSession(ctx, client.WithTTL(time.Hour))
+		if err == nil {
+			t.Cleanup(func() { sess.Close(context.Background()) })
+		}
+		return err
+	}
+	refused := func(err error, quota string) {
+		t.Helper()
+		if !errors.Is(err, fence.ErrLimit) || !strings.Contains(err.Error(), quota) {
+			t.Fatalf("got %v, want resource_exhausted (fence.ErrLimit) naming %q", err, quota)
+		}
+	}
+	sessions := func() int {
+		var n int
+		s.fsm.Read(func(st *fsm.State) { n = st.NumSessions() })
+		return n
+	}
+
+	// Auth off: per client address, the server's default.
+	open := mustClient(t, s, "")
+	for range 2 {
+		if err := create(open); err != nil {
+			t.Fatal(err)
+		}
+	}
+	refused(create(open), "client 127.0.0.1: session rate quota 1/s (burst 2")
+	if n := sessions(); n != 2 {
+		t.Fatalf("%d sessions after a refusal, want 2", n)
+	}
+	clk.Advance(time.Second)
+	if err := create(open); err != nil {
+		t.Fatalf("after a second: %v", err)
+	}
+	refused(create(open), "session rate quota")
+
+	// Auth on: per user; alice at her own rate, bob at the default.
+	clk.Advance(time.Hour)
+	rootToken := setupRoot(t, open)
+	rc := mustClient(t, s, rootToken)
+	lockAll := perm(fencev1.PermissionKind_PERMISSION_KIND_LOCK, fencev1.Access_ACCESS_WRITE, "")
+	alice := mustClient(t, s, addUser(t, rc, "alice", lockAll))
+	bob := mustClient(t, s, addUser(t, rc, "bob", lockAll))
+	if err := rc.UserSetQuota(ctx, "alice", client.Quota{SessionRate: 0.5, SessionBurst: 1}); err != nil {
+		t.Fatal(err)
+	}
+	if err := rc.AuthEnable(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if err := create(alice); err != nil {
+		t.Fatal(err)
+	}
+	refused(create(alice), "user alice: session rate quota 0.5/s (burst 1, quota)")
+	for range 2 {
+		if err := create(bob); err != nil {
+			t.Fatalf("bob has buckets of his own: %v", err)
+		}
+	}
+	refused(create(bob), "user bob: session rate quota 1/s (burst 2")
+	clk.Advance(time.Second)
+	refused(create(alice), "user alice")
+	clk.Advance(time.Second)
+	if err := create(alice); err != nil {
+		t.Fatalf("after two seconds at 0.5/s: %v", err)
 	}
 }

@@ -47,6 +47,8 @@ type Server struct {
 	hub     *waitHub
 	watches *watchHub
 	tracker *sessionTracker
+	// limiter bounds how fast each identity creates sessions (ratelimit.go).
+	limiter *sessionLimiter
 	delays  *delayScheduler
 	metrics *metrics
 	console *console // the page at /ui/ and its recent events
@@ -98,6 +100,7 @@ func Start(cfg Config) (*Server, error) {
 	s.console = newConsole(s)
 	s.metrics = newMetrics(s)
 	s.tracker = newSessionTracker(cfg.Clock, logger, s.expireSessions)
+	s.limiter = newSessionLimiter(cfg.Clock)
 	s.delays = newDelayScheduler(cfg.Clock, s.liftDelay)
 
 	if err := os.MkdirAll(cfg.DataDir, 0o700); err != nil {

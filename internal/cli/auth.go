@@ -3,7 +3,9 @@ package cli
 import (
 	"encoding/json"
 	"fmt"
+	"math"
 	"os"
+	"slices"
 	"strconv"
 	"strings"
 	"text/tabwriter"
@@ -14,6 +16,7 @@ import (
 
 	fencev1 "github.com/fencelock/fence/api/fence/v1"
 	"github.com/fencelock/fence/client"
+	"github.com/fencelock/fence/internal/fsm"
 )
 
 // authTokenEnv names the file holding the bearer token every client
@@ -138,36 +141,52 @@ func userCommand(g *globals) *cobra.Command {
 				return printList(g, "users", users)
 			}
 			w := tabwriter.NewWriter(g.stdout, 0, 4, 2, ' ', 0)
-			fmt.Fprintln(w, "USER\tROLES\tSESSIONS\tLOCKS")
+			fmt.Fprintln(w, "USER\tROLES\tSESSIONS\tLOCKS\tWAITS\tKV BYTES\tSESSION RATE")
 			for _, u := range users {
-				fmt.Fprintf(w, "%s\t%s\t%s\t%s\n", u.GetName(), orDash(strings.Join(u.GetRoles(), ",")),
-					usage(u.GetSessions(), u.GetMaxSessions()), usage(u.GetLocks(), u.GetMaxLocks()))
+				fmt.Fprintf(w, "%s\t%s\t%s\t%s\t%s\t%s\t%s\n", u.GetName(), orDash(strings.Join(u.GetRoles(), ",")),
+					usage(u.GetSessions(), u.GetMaxSessions()), usage(u.GetLocks(), u.GetMaxLocks()),
+					usage(u.GetWaits(), u.GetMaxWaits()), usage(u.GetKvBytes(), u.GetMaxKvBytes()), rateText(client.QuotaOf(u)))
 			}
 			return w.Flush()
 		}),
 	}
 	list.Flags().BoolVar(&asJSON, "json", false, `print JSON: {"users": [the API's User]}`)
-	var maxSessions, maxLocks uint64
+	var qf quotaFlags
 	add := simple(g, "add NAME", "Add a user (no roles; a credential: fence token create, or a certificate with this common name)", 1, func(cmd *cobra.Command, c *client.Client, a []string) (string, error) {
+		q, err := qf.apply(cmd, client.Quota{})
+		if err != nil {
+			return "", err
+		}
+		// Checked here too, so that quotas the service would refuse add no
+		// user without them.
+		if err := fsm.CheckQuota(fsm.Quota(q)); err != nil {
+			return "", err
+		}
 		if err := c.UserAdd(cmd.Context(), a[0]); err != nil {
 			return "", err
 		}
-		if maxSessions == 0 && maxLocks == 0 {
+		if q == (client.Quota{}) {
 			return "added user " + a[0], nil
 		}
-		return fmt.Sprintf("added user %s with quotas sessions %s, locks %s", a[0], limitText(maxSessions), limitText(maxLocks)),
-			c.UserSetQuota(cmd.Context(), a[0], maxSessions, maxLocks)
+		return fmt.Sprintf("added user %s with quotas %s", a[0], quotaText(q)), c.UserSetQuota(cmd.Context(), a[0], q)
 	})
-	quotaFlags := func(cmd *cobra.Command) {
-		cmd.Flags().Uint64Var(&maxSessions, "max-sessions", 0, "live sessions the user may have created, while auth is on (0: no limit)")
-		cmd.Flags().Uint64Var(&maxLocks, "max-locks", 0, "locks the user's sessions may hold or wait for, while auth is on (0: no limit)")
-	}
-	quotaFlags(add)
-	setQuota := simple(g, "set-quota NAME", "Set a user's quotas (the flags not given are no limit)", 1, func(cmd *cobra.Command, c *client.Client, a []string) (string, error) {
-		return fmt.Sprintf("user %s: quotas sessions %s, locks %s", a[0], limitText(maxSessions), limitText(maxLocks)),
-			c.UserSetQuota(cmd.Context(), a[0], maxSessions, maxLocks)
+	qf.register(add)
+	setQuota := simple(g, "set-quota NAME", "Set a user's quotas (the flags not given keep their values; 0 removes a limit)", 1, func(cmd *cobra.Command, c *client.Client, a []string) (string, error) {
+		users, err := c.Users(cmd.Context())
+		if err != nil {
+			return "", err
+		}
+		i := slices.IndexFunc(users, func(u *client.User) bool { return u.GetName() == a[0] })
+		if i < 0 {
+			return "", fmt.Errorf("no user %q", a[0])
+		}
+		q, err := qf.apply(cmd, client.QuotaOf(users[i]))
+		if err != nil {
+			return "", err
+		}
+		return fmt.Sprintf("user %s: quotas %s", a[0], quotaText(q)), c.UserSetQuota(cmd.Context(), a[0], q)
 	})
-	quotaFlags(setQuota)
+	qf.register(setQuota)
 	cmd.AddCommand(list, add, setQuota,
 		simple(g, "remove NAME", "Remove a user and revoke its tokens", 1, func(cmd *cobra.Command, c *client.Client, a []string) (string, error) {
 			return "removed user " + a[0], c.UserRemove(cmd.Context(), a[0])
@@ -180,6 +199,114 @@ func userCommand(g *globals) *cobra.Command {
 		}),
 	)
 	return cmd
+}
+
+// quotaFlags are the flags of fence user add and set-quota.
+type quotaFlags struct {
+	maxSessions, maxLocks, maxWaits, burst uint64
+	maxKVBytes, rate                       string
+}
+
+func (f *quotaFlags) register(cmd *cobra.Command) {
+	fl := cmd.Flags()
+	fl.Uint64Var(&f.maxSessions, "max-sessions", 0, "live sessions the user may have created, while auth is on (0: no limit)")
+	fl.Uint64Var(&f.maxLocks, "max-locks", 0, "locks the user's sessions may hold or wait for (a wait counts; 0: no limit)")
+	fl.Uint64Var(&f.maxWaits, "max-waits", 0, "of those, the locks they may wait for at once (0: no limit)")
+	fl.StringVar(&f.maxKVBytes, "max-kv-bytes", "0", "bytes (key and value) of the KV keys the user wrote last: 1048576, 64KiB, 1MiB, 1GiB (0: no limit)")
+	fl.StringVar(&f.rate, "session-rate", "0", "sessions the user may create per second on average: 10, 10/s, 30/m, 100/h (0: the server's --session-rate)")
+	fl.Uint64Var(&f.burst, "session-burst", 0, "sessions the user may create at once (default: the rate per second, at least 1)")
+}
+
+// apply returns q with the flags given on cmd set.
+func (f *quotaFlags) apply(cmd *cobra.Command, q client.Quota) (client.Quota, error) {
+	changed := cmd.Flags().Changed
+	if changed("max-sessions") {
+		q.MaxSessions = f.maxSessions
+	}
+	if changed("max-locks") {
+		q.MaxLocks = f.maxLocks
+	}
+	if changed("max-waits") {
+		q.MaxWaits = f.maxWaits
+	}
+	if changed("max-kv-bytes") {
+		n, err := parseBytes(f.maxKVBytes)
+		if err != nil {
+			return q, fmt.Errorf("--max-kv-bytes: %w", err)
+		}
+		q.MaxKVBytes = n
+	}
+	if changed("session-rate") {
+		r, err := parseRate(f.rate)
+		if err != nil {
+			return q, fmt.Errorf("--session-rate: %w", err)
+		}
+		q.SessionRate = r
+		if r == 0 {
+			q.SessionBurst = 0
+		} else if !changed("session-burst") && q.SessionBurst == 0 {
+			q.SessionBurst = uint64(max(1, math.Ceil(r)))
+		}
+	}
+	if changed("session-burst") {
+		q.SessionBurst = f.burst
+	}
+	return q, nil
+}
+
+// parseBytes reads a byte count: digits, with an optional KiB, MiB or GiB.
+func parseBytes(s string) (uint64, error) {
+	num, mult := s, uint64(1)
+	for _, u := range []struct {
+		suffix string
+		mult   uint64
+	}{{"KiB", 1 << 10}, {"MiB", 1 << 20}, {"GiB", 1 << 30}} {
+		if strings.HasSuffix(s, u.suffix) {
+			num, mult = strings.TrimSuffix(s, u.suffix), u.mult
+			break
+		}
+	}
+	n, err := strconv.ParseUint(num, 10, 64)
+	if err != nil || n > math.MaxUint64/mult {
+		return 0, fmt.Errorf("%q is not a number of bytes (1048576, 64KiB, 1MiB, 1GiB)", s)
+	}
+	return n * mult, nil
+}
+
+// parseRate reads a rate: a number of sessions per second, or per /s,
+// /m or /h.
+func parseRate(s string) (float64, error) {
+	num, per := s, 1.0
+	if n, unit, ok := strings.Cut(s, "/"); ok {
+		num = n
+		switch unit {
+		case "s":
+		case "m":
+			per = 60
+		case "h":
+			per = 3600
+		default:
+			return 0, fmt.Errorf("%q: the unit after / is s, m or h", s)
+		}
+	}
+	r, err := strconv.ParseFloat(num, 64)
+	if err != nil || math.IsNaN(r) || math.IsInf(r, 0) || r < 0 {
+		return 0, fmt.Errorf("%q is not a rate of sessions (10, 10/s, 30/m, 100/h)", s)
+	}
+	return r / per, nil
+}
+
+func quotaText(q client.Quota) string {
+	return fmt.Sprintf("sessions %s, locks %s, waits %s, kv bytes %s, session rate %s", limitText(q.MaxSessions), limitText(q.MaxLocks),
+		limitText(q.MaxWaits), limitText(q.MaxKVBytes), rateText(q))
+}
+
+// rateText is "RATE/s burst N", or "default".
+func rateText(q client.Quota) string {
+	if q.SessionRate == 0 {
+		return "default"
+	}
+	return fmt.Sprintf("%s/s burst %d", strconv.FormatFloat(q.SessionRate, 'g', 4, 64), q.SessionBurst)
 }
 
 // usage is "USED/MAX", or "USED" without a limit.

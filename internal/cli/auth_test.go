@@ -43,12 +43,34 @@ func TestAuthCommands(t *testing.T) {
 	if out := run(0, append(asRoot, "user", "list")...); !strings.Contains(out, "0/5") || !strings.Contains(out, "0/9") {
 		t.Fatalf("user list shows no quotas: %s", out)
 	}
-	run(0, append(asRoot, "user", "set-quota", "app", "--max-sessions", "7")...)
-	if out := run(0, append(asRoot, "user", "list")...); !strings.Contains(out, "0/7") || strings.Contains(out, "0/9") {
-		t.Fatalf("user list after set-quota: %s", out)
+	run(0, append(asRoot, "user", "set-quota", "app", "--max-sessions", "7", "--max-waits", "3", "--max-kv-bytes", "1MiB", "--session-rate", "30/m")...)
+	if out := run(0, append(asRoot, "user", "list")...); !strings.Contains(out, "0/7") || !strings.Contains(out, "0/9") ||
+		!strings.Contains(out, "0/3") || !strings.Contains(out, "0/1048576") || !strings.Contains(out, "0.5/s burst 1") {
+		t.Fatalf("user list after set-quota (the flags not given keep their values): %s", out)
+	}
+	run(0, append(asRoot, "user", "set-quota", "app", "--max-locks", "0", "--session-rate", "0")...)
+	if out := run(0, append(asRoot, "user", "list")...); !strings.Contains(out, "0/7") || strings.Contains(out, "0/9") || strings.Contains(out, "burst") {
+		t.Fatalf("user list after removing the locks quota and the rate: %s", out)
+	}
+	for _, bad := range [][]string{{"--max-kv-bytes", "-1"}, {"--max-kv-bytes", "1TB"}, {"--session-rate", "-2"}, {"--session-rate", "5/d"},
+		{"--max-sessions", "-1"}, {"--max-locks", "18446744073709551615"}, {"--session-rate", "1", "--session-burst", "0"}} {
+		before := run(0, append(asRoot, "user", "list")...)
+		if out := run(1, append(append(asRoot, "user", "set-quota", "app"), bad...)...); !strings.Contains(out, strings.TrimPrefix(bad[0], "--")) &&
+			!strings.Contains(out, strings.ReplaceAll(strings.TrimPrefix(bad[0], "--"), "-", "_")) {
+			t.Fatalf("set-quota %v: the error names no flag: %s", bad, out)
+		}
+		if after := run(0, append(asRoot, "user", "list")...); after != before {
+			t.Fatalf("a refused set-quota %v changed the quotas:\n%s\n%s", bad, before, after)
+		}
 	}
 	if out := run(1, append(asRoot, "user", "set-quota", "nobody", "--max-locks", "1")...); !strings.Contains(out, `no user "nobody"`) {
 		t.Fatalf("set-quota of a missing user: %s", out)
+	}
+	if out := run(1, append(asRoot, "user", "add", "bad", "--max-locks", "18446744073709551615")...); !strings.Contains(out, "max_locks") {
+		t.Fatalf("user add with a quota out of bounds: %s", out)
+	}
+	if out := run(0, append(asRoot, "user", "list")...); strings.Contains(out, "bad") {
+		t.Fatalf("a refused user add added the user: %s", out)
 	}
 	run(0, append(asRoot, "role", "add", "orders")...)
 	run(0, append(asRoot, "role", "grant", "orders", "kv", "write", "orders/")...)

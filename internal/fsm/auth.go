@@ -217,12 +217,18 @@ func (s *State) applyAuth(c *fsmpb.Auth) Result {
 		if _, ok := a.users[name]; ok {
 			return authInvalid("user %q already exists", name)
 		}
+		if err := CheckQuota(quotaOf(op.AddUser)); err != nil {
+			return Result{Err: err}
+		}
 		a.users[name] = map[string]struct{}{}
 		a.setQuota(name, quotaOf(op.AddUser))
 	case *fsmpb.Auth_SetQuota:
 		name := op.SetQuota.GetName()
 		if _, ok := a.users[name]; !ok {
 			return authInvalid("no user %q", name)
+		}
+		if err := CheckQuota(quotaOf(op.SetQuota)); err != nil {
+			return Result{Err: err}
 		}
 		a.setQuota(name, quotaOf(op.SetQuota))
 	case *fsmpb.Auth_RemoveUser:
@@ -355,10 +361,6 @@ func (a *authState) createToken(t *fsmpb.AuthToken) Result {
 func (a *authState) dropToken(id uint64) {
 	delete(a.byHash, [TokenHashBytes]byte(a.tokens[id].GetSecretSha256()))
 	delete(a.tokens, id)
-}
-
-func quotaOf(u *fsmpb.AuthUser) Quota {
-	return Quota{MaxSessions: u.GetMaxSessions(), MaxLocks: u.GetMaxLocks()}
 }
 
 // setQuota sets user's quota; a quota of all zeros is none, and not kept.
@@ -503,7 +505,8 @@ func (a *authState) snapshot() *fsmpb.AuthState {
 	sort.Strings(users)
 	for _, u := range users {
 		q := a.quotas[u]
-		pu := &fsmpb.AuthUser{Name: u, MaxSessions: q.MaxSessions, MaxLocks: q.MaxLocks}
+		pu := &fsmpb.AuthUser{Name: u, MaxSessions: q.MaxSessions, MaxLocks: q.MaxLocks, MaxWaits: q.MaxWaits,
+			MaxKvBytes: q.MaxKVBytes, SessionRate: q.SessionRate, SessionBurst: q.SessionBurst}
 		for r := range a.users[u] {
 			pu.Roles = append(pu.Roles, r)
 		}
@@ -605,6 +608,9 @@ func (a *authState) checkAuth() error {
 	for u, q := range a.quotas {
 		if _, ok := a.users[u]; !ok || q == (Quota{}) {
 			return fmt.Errorf("quota %s of user %q, who does not exist, or a quota of none kept", q, u)
+		}
+		if err := CheckQuota(q); err != nil {
+			return fmt.Errorf("user %q: %w", u, err)
 		}
 	}
 	if len(a.byHash) != len(a.tokens) {

@@ -122,6 +122,7 @@ type kvArgs struct {
 	fence   fsmpb.KVFence
 	maxKeys uint64
 	session uint64
+	user    string
 }
 
 type kvOpt func(*kvArgs)
@@ -144,6 +145,9 @@ func maxKeys(n uint64) kvOpt { return func(a *kvArgs) { a.maxKeys = n } }
 // boundTo binds a put's key to a session.
 func boundTo(session uint64) kvOpt { return func(a *kvArgs) { a.session = session } }
 
+// byUser makes user the put's writer, whose kv bytes quota it is charged to.
+func byUser(user string) kvOpt { return func(a *kvArgs) { a.user = user } }
+
 func kvOpts(opts []kvOpt) *kvArgs {
 	a := &kvArgs{}
 	for _, o := range opts {
@@ -154,7 +158,7 @@ func kvOpts(opts []kvOpt) *kvArgs {
 
 func kvPut(key, value string, opts ...kvOpt) *fsmpb.Command {
 	a := kvOpts(opts)
-	return &fsmpb.Command{Op: &fsmpb.Command_KvPut{KvPut: &fsmpb.KVPut{Key: key, Value: []byte(value), Fence: &a.fence, MaxKeys: a.maxKeys, SessionId: a.session}}}
+	return &fsmpb.Command{Op: &fsmpb.Command_KvPut{KvPut: &fsmpb.KVPut{Key: key, Value: []byte(value), Fence: &a.fence, MaxKeys: a.maxKeys, SessionId: a.session, User: a.user}}}
 }
 
 func kvDel(key string, opts ...kvOpt) *fsmpb.Command {

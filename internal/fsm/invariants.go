@@ -143,7 +143,7 @@ func (s *State) CheckInvariants() error {
 	if err := s.auth.checkAuth(); err != nil {
 		return fmt.Errorf("auth: %w", err)
 	}
-	return s.checkByUser()
+	return s.checkUsage()
 }
 
 // checkMode checks that a holder or waiter's mode fits the lock's kind.

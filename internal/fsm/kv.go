@@ -58,6 +58,9 @@ type KVEvent struct {
 type kvEntry struct {
 	kv      KeyValue
 	deleted bool
+	// user is the user a live key's bytes are charged to, the one who
+	// wrote it last with auth on; "" for none (see quota.go).
+	user string
 }
 
 func (e *kvEntry) live() bool { return e != nil && !e.deleted }
@@ -80,9 +83,13 @@ func (s *State) kvPut(c *fsmpb.KVPut) Result {
 	if max := c.GetMaxKeys(); max > 0 && !e.live() && uint64(s.liveKeys) >= max {
 		return Result{Err: fmt.Errorf("%w: the KV store already has %d keys, its limit", fence.ErrLimit, s.liveKeys)}
 	}
+	if err := s.checkKVQuota(c.GetUser(), e, key, c.GetValue()); err != nil {
+		return Result{Err: err}
+	}
 	s.kvRevision++
 	if e.live() {
 		s.liveBytes -= len(e.kv.Value)
+		s.chargeKey(e, -1)
 	} else {
 		s.liveBytes += len(key)
 		if e == nil {
@@ -96,6 +103,8 @@ func (s *State) kvPut(c *fsmpb.KVPut) Result {
 	}
 	e.kv.Value = append([]byte(nil), c.GetValue()...)
 	s.liveBytes += len(e.kv.Value)
+	e.user = c.GetUser()
+	s.chargeKey(e, 1)
 	e.kv.Token, e.kv.Lock = writer(f)
 	e.kv.HighestToken = max(e.kv.HighestToken, f.GetToken())
 	e.kv.ModRevision = s.kvRevision
@@ -150,6 +159,8 @@ func (s *State) removeKey(e *kvEntry, f *fsmpb.KVFence) KVEvent {
 	s.unbind(e)
 	e.kv.HighestToken = max(e.kv.HighestToken, f.GetToken())
 	s.liveBytes -= len(e.kv.Key) + len(e.kv.Value)
+	s.chargeKey(e, -1)
+	e.user = ""
 	e.kv.Value = nil
 	e.kv.Token, e.kv.Lock = writer(f)
 	e.kv.ModRevision = s.kvRevision

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"maps"
+	"math"
 	"math/rand/v2"
 	"slices"
 	"strings"
@@ -73,9 +74,36 @@ func authOp(op, a, b byte) *fsmpb.Command {
 	case 10:
 		c.Op = &fsmpb.Auth_RevokeToken{RevokeToken: uint64(a % 6)}
 	case 11:
-		c.Op = &fsmpb.Auth_SetQuota{SetQuota: &fsmpb.AuthUser{Name: user, MaxSessions: uint64(a>>4) % 3, MaxLocks: uint64(b % 3)}}
+		// Sessions and locks from a>>4 and b, as older inputs had them;
+		// waits, kv bytes and a session rate from b's upper bits (0 in
+		// most older inputs); now and then a value out of bounds.
+		q := &fsmpb.AuthUser{Name: user, MaxSessions: uint64(a>>4) % 3, MaxLocks: uint64(b % 3),
+			MaxWaits: uint64(b>>4) % 3, MaxKvBytes: []uint64{0, 4, 12, 0}[(b>>6)%4]}
+		switch a & 3 {
+		case 1:
+			q.SessionRate, q.SessionBurst = 0.5, uint64(b>>2)%3 // burst 0: refused
+		case 2:
+			if b&0x0c == 0x0c {
+				q.MaxKvBytes = math.MaxUint64 // a -1 cast: refused
+			}
+		}
+		c.Op = &fsmpb.Auth_SetQuota{SetQuota: q}
 	}
 	return &fsmpb.Command{Op: &fsmpb.Command_Auth{Auth: &c}}
+}
+
+// modelQuota reads the quota fields of an AuthUser.
+func modelQuota(u *fsmpb.AuthUser) fsm.Quota {
+	return fsm.Quota{MaxSessions: u.GetMaxSessions(), MaxLocks: u.GetMaxLocks(), MaxWaits: u.GetMaxWaits(),
+		MaxKVBytes: u.GetMaxKvBytes(), SessionRate: u.GetSessionRate(), SessionBurst: u.GetSessionBurst()}
+}
+
+// validQuota is the model's bounds on a quota (fsm.CheckQuota's): counts
+// and bytes of reasonable size, a rate from 0 to a million a second with
+// a burst, a burst only with a rate.
+func validQuota(q fsm.Quota) bool {
+	return q.MaxSessions <= 1<<40 && q.MaxLocks <= 1<<40 && q.MaxWaits <= 1<<40 && q.MaxKVBytes <= 1<<50 &&
+		q.SessionBurst <= 1<<40 && q.SessionRate >= 0 && q.SessionRate <= 1e6 && (q.SessionRate > 0) == (q.SessionBurst > 0)
 }
 
 func permOf(p *fsmpb.AuthPermission) fsm.Permission {
@@ -92,10 +120,11 @@ func (m *authModel) expect(c *fsmpb.Auth) bool {
 		m.enabled = op.SetEnabled.GetEnabled()
 	case *fsmpb.Auth_AddUser:
 		n := op.AddUser.GetName()
-		if !validAuthName(n) || m.users[n] != nil {
+		if !validAuthName(n) || m.users[n] != nil || !validQuota(modelQuota(op.AddUser)) {
 			return false
 		}
 		m.users[n] = map[string]bool{}
+		m.quotas[n] = modelQuota(op.AddUser)
 	case *fsmpb.Auth_RemoveUser:
 		n := op.RemoveUser.GetName()
 		if m.users[n] == nil || (m.enabled && n == "root") {
@@ -160,10 +189,11 @@ func (m *authModel) expect(c *fsmpb.Auth) bool {
 		delete(m.tokens, op.RevokeToken)
 	case *fsmpb.Auth_SetQuota:
 		u := op.SetQuota
-		if m.users[u.GetName()] == nil {
+		q := modelQuota(u)
+		if m.users[u.GetName()] == nil || !validQuota(q) {
 			return false
 		}
-		m.quotas[u.GetName()] = fsm.Quota{MaxSessions: u.GetMaxSessions(), MaxLocks: u.GetMaxLocks()}
+		m.quotas[u.GetName()] = q
 	default:
 		return false
 	}
@@ -213,8 +243,8 @@ func (m *authModel) compare(s *fsm.State) error {
 		if !slices.Equal(u.Roles, slices.Sorted(maps.Keys(m.users[u.Name]))) {
 			return fmt.Errorf("user %q roles %v, model %v", u.Name, u.Roles, m.users[u.Name])
 		}
-		if u.Quota != m.quotas[u.Name] {
-			return fmt.Errorf("user %q quota %v, model %v", u.Name, u.Quota, m.quotas[u.Name])
+		if want := m.quotas[u.Name]; u.Quota != want {
+			return fmt.Errorf("user %q quota %v, model %v", u.Name, u.Quota, want)
 		}
 	}
 	if roles := s.Roles(); len(roles) != len(m.roles) {
@@ -304,19 +334,83 @@ func (m *modelChecker) lockQuotaReached(sid uint64) bool {
 	return false
 }
 
+// waitQuotaReached reports whether the model refuses session sid a new
+// wait for its user's waits quota: auth on, and the user's live sessions
+// wait for as many locks as the quota.
+func (m *modelChecker) waitQuotaReached(sid uint64) bool {
+	user := m.users[sid]
+	q := m.auth.quotas[user]
+	if !m.auth.enabled || user == "" || q.MaxWaits == 0 {
+		return false
+	}
+	if m.userUsage(user).Waits >= q.MaxWaits {
+		m.req.note("quota: waits quota refused an acquire")
+		return true
+	}
+	return false
+}
+
+// kvQuota is the kv bytes quota the model applies to a put by user.
+func (m *modelChecker) kvQuota(user string) (uint64, bool) {
+	q := m.auth.quotas[user]
+	return q.MaxKVBytes, m.auth.enabled && user != "" && q.MaxKVBytes > 0
+}
+
+// userUsage counts, from the model alone, what user's live sessions hold
+// and wait for, and the bytes of the live keys the user wrote last.
+func (m *modelChecker) userUsage(user string) fsm.Usage {
+	var u fsm.Usage
+	mine := func(s uint64) bool { return m.live[s] && m.users[s] == user }
+	for id := range m.live {
+		if mine(id) {
+			u.Sessions++
+		}
+	}
+	for _, hs := range m.holders {
+		for _, h := range hs {
+			if mine(h.Session) {
+				u.Locks++
+			}
+		}
+	}
+	for _, ws := range m.queues {
+		for _, w := range ws {
+			if mine(w.Session) {
+				u.Locks++
+				u.Waits++
+			}
+		}
+	}
+	u.KVBytes = m.kv.charged(user)
+	return u
+}
+
+// compareUsage checks the state's running counters against the model's
+// count, for every user the streams name.
+func (m *modelChecker) compareUsage(s *fsm.State) error {
+	for _, user := range authUsers {
+		if got, want := s.UserUsage(user), m.userUsage(user); user != "" && got != want {
+			return fmt.Errorf("user %q uses %+v, model %+v", user, got, want)
+		}
+	}
+	return nil
+}
+
 // quotaStream returns the input of a stream of about n commands under
 // auth with quotas (see commandSource.next and authOp for the encoding):
-// users u1 (2 sessions, 2 locks) and u2 (1 session, 1 lock), auth on;
+// users u1 (2 sessions, 2 locks, 1 wait, 12 KV bytes) and u2 (1 session,
+// 1 wait, 4 KV bytes, and a session rate the state only keeps), auth on;
 // then sessions created by u1, u2 or no user, acquires, releases, closes
-// and expiries, now and then auth off and on again or a quota changed.
+// and expiries, unfenced puts by u1, u2 or no user, now and then auth off
+// and on again or a quota changed.
 func quotaStream(r *rand.Rand, n int) []byte {
 	data := []byte{
 		0xfc, 1, 0, 0, // add user root
 		0xfc, 3, 0, 0, // grant root the root role
 		0xfc, 1, 1, 0, // add user u1
 		0xfc, 1, 2, 0, // add user u2
-		0xfc, 11, 0x24, 2, // u1: 2 sessions, 2 locks
-		0xfc, 11, 0x11, 1, // u2: 1 session, 1 lock
+		0xfc, 11, 0x24, 0xa1, // u1: 2 sessions, 2 locks, 1 wait, 12 kv bytes
+		0xfc, 11, 0x11, 0x42, // u2: 1 session (0.5/s, burst 2), 1 wait, 4 kv bytes
 		0xfc, 0, 0, 0, // enable
 	}
 	session := func() byte { return byte(8 * r.IntN(8)) } // a live session
@@ -335,8 +429,11 @@ func quotaStream(r *rand.Rand, n int) []byte {
 			data = append(data, 14, name(), byte(r.IntN(256)))
 		case x < 95: // auth off, or on
 			data = append(data, 0xfc, 0, byte(r.IntN(2)), 0)
-		default: // u1's quota changes
-			data = append(data, 0xfc, 11, []byte{0x04, 0x14, 0x24}[r.IntN(3)], byte(r.IntN(3)))
+		case x < 97: // u1's quota changes
+			data = append(data, 0xfc, 11, []byte{0x04, 0x14, 0x24}[r.IntN(3)], byte(r.IntN(3))|[]byte{0, 0x10, 0x80, 0x40}[r.IntN(4)])
+		default: // an unfenced put by u1, u2 or no user, now and then bound to a session
+			k := byte(r.IntN(3)) | []byte{0x00, 0x80, 0xc0, 0xc0, 0x80}[r.IntN(5)]
+			data = append(data, []byte{0xa0, 0xa4, 0xa8, 0xac, 0xa3, 0xb0}[r.IntN(6)], k, 0x08, 0)
 		}
 	}
 	return data

@@ -61,6 +61,8 @@ import (
 type modelKey struct {
 	kv      fsm.KeyValue
 	deleted bool
+	// user is the writer a live key's bytes are charged to ("": nobody).
+	user string
 }
 
 type kvModel struct {
@@ -71,6 +73,30 @@ type kvModel struct {
 	// key after the previous step.
 	accepted map[string]uint64
 	seen     map[string]uint64
+	// quota is the kv bytes quota a put by a user is held to, if any;
+	// note records a path taken (see requestModel.note).
+	quota func(user string) (uint64, bool)
+	note  func(path string)
+}
+
+// charged is the bytes of the live keys charged to user.
+func (k *kvModel) charged(user string) uint64 {
+	var n uint64
+	for key, e := range k.keys {
+		if !e.deleted && e.user == user {
+			n += uint64(len(key) + len(e.kv.Value))
+		}
+	}
+	return n
+}
+
+// putUser returns the user a KV put charges its key to, "" for none (and
+// for a command that is not a put).
+func putUser(cmd *fsmpb.Command) string {
+	if op, ok := cmd.GetOp().(*fsmpb.Command_KvPut); ok {
+		return op.KvPut.GetUser()
+	}
+	return ""
 }
 
 func newKVModel() *kvModel {
@@ -162,6 +188,17 @@ func (k *kvModel) expect(cmd *fsmpb.Command, holders map[string][]fsm.HolderInfo
 	if isPut && maxKeys > 0 && !live && uint64(k.liveKeys()) >= maxKeys {
 		return fails(fence.ErrLimit), nothing
 	}
+	user := putUser(cmd)
+	if limit, ok := k.quota(user); isPut && ok {
+		used := k.charged(user)
+		if live && e.user == user {
+			used -= uint64(len(key) + len(e.kv.Value))
+		}
+		if used+uint64(len(key)+len(value)) > limit {
+			k.note("quota: kv bytes quota refused a put")
+			return fails(fence.ErrLimit), nothing
+		}
+	}
 	if !isPut && !live {
 		if token == 0 {
 			return unchanged(k.rev), nothing
@@ -190,6 +227,9 @@ func (k *kvModel) expect(cmd *fsmpb.Command, holders map[string][]fsm.HolderInfo
 	commit := func() {
 		k.rev = rev
 		k.keys[key] = &modelKey{kv: kv, deleted: !isPut}
+		if isPut {
+			k.keys[key].user = user
+		}
 		if !isPut && kv.HighestToken == 0 {
 			delete(k.keys, key)
 		}
@@ -443,14 +483,18 @@ func (c *commandSource) kvOp(s *fsm.State, op byte) *fsmpb.Command {
 			return &fsmpb.Command{Op: &fsmpb.Command_KvDelete{KvDelete: &fsmpb.KVDelete{Key: key}}}
 		}
 		return &fsmpb.Command{Op: &fsmpb.Command_KvPut{KvPut: &fsmpb.KVPut{Key: key, Value: []byte("nf"), MaxKeys: uint64(o >> 6),
-			SessionId: putBinding(s, op, k, t, lock)}}}
+			SessionId: putBinding(s, op, k, t, lock), User: putWriter(k)}}}
 	}
 	if isDel {
 		return kvDel(key, opts...)
 	}
-	opts = append(opts, maxKeys([]uint64{0, 0, 0, 0, 1, 2, 3, 0}[o>>5]), boundTo(putBinding(s, op, k, t, lock)))
+	opts = append(opts, maxKeys([]uint64{0, 0, 0, 0, 1, 2, 3, 0}[o>>5]), boundTo(putBinding(s, op, k, t, lock)), byUser(putWriter(k)))
 	return kvPut(key, []string{"", "v1", "v2", "v3"}[(op>>2)&3], opts...)
 }
+
+// putWriter picks the user a put is made by, for quotas, from k's top
+// bits: no user for 0 and 1, u1 for 2, u2 for 3.
+func putWriter(k byte) string { return []string{"", "", "u1", "u2"}[k>>6] }
 
 // putBinding picks the session a put binds its key to from the op's high
 // nibble: 0xa and 0xf none; 0xb a live session picked by k>>4, 0xe one

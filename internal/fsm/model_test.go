@@ -90,7 +90,7 @@ type modelChecker struct {
 }
 
 func newModelChecker() *modelChecker {
-	return &modelChecker{
+	m := &modelChecker{
 		issued:  map[uint64]bool{},
 		holders: map[string][]fsm.HolderInfo{},
 		queues:  map[string][]fsm.WaiterInfo{},
@@ -104,6 +104,8 @@ func newModelChecker() *modelChecker {
 		auth:    newAuthModel(),
 		users:   map[uint64]string{},
 	}
+	m.kv.quota, m.kv.note = m.kvQuota, m.req.note
+	return m
 }
 
 // observe checks the step that applied cmd to s and answered res; before is
@@ -390,6 +392,8 @@ func (m *modelChecker) acquireVerdict(a *fsmpb.Acquire) (want error, why string)
 		return fence.ErrLimit, fmt.Sprintf("%d waiters of max %d", len(m.queues[name]), a.GetMaxWaiters())
 	case m.lockQuotaReached(sid):
 		return fence.ErrLimit, fmt.Sprintf("user %q of session %d is at the locks quota", m.users[sid], sid)
+	case m.waitQuotaReached(sid):
+		return fence.ErrLimit, fmt.Sprintf("user %q of session %d would wait beyond the waits quota", m.users[sid], sid)
 	}
 	return nil, "queued"
 }
@@ -821,6 +825,9 @@ func (m *modelChecker) compare(s *fsm.State, cmd *fsmpb.Command, res fsm.Result)
 		return fmt.Errorf("nodes %v, model %v", got, nodes)
 	}
 	if err := m.kv.compare(s); err != nil {
+		return err
+	}
+	if err := m.compareUsage(s); err != nil {
 		return err
 	}
 	if err := m.req.compare(s.Snapshot()); err != nil {
@@ -1581,7 +1588,8 @@ func TestRandomCommandStreams(t *testing.T) {
 			t.Errorf("the streams reached batch path %q only %d times: %v", o, total["batch: "+o], total)
 		}
 	}
-	for _, o := range []string{"sessions quota refused a session", "locks quota refused an acquire"} {
+	for _, o := range []string{"sessions quota refused a session", "locks quota refused an acquire", "waits quota refused an acquire",
+		"kv bytes quota refused a put"} {
 		if total["quota: "+o] < 3 && !t.Failed() {
 			t.Errorf("the streams reached quota path %q only %d times: %v", o, total["quota: "+o], total)
 		}

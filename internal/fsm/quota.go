@@ -2,23 +2,63 @@ package fsm
 
 import (
 	"fmt"
+	"math"
+	"strconv"
 
 	"github.com/fencelock/fence"
+	"github.com/fencelock/fence/internal/fsmpb"
 )
 
 // Quotas per user (docs/design.md, Auth): while auth is enabled, a user's
 // live sessions (those created with the user's credential, recorded in
-// each session) and the locks those sessions hold or wait for are bounded
-// by the user's quotas, kept with the user in the replicated auth state.
-// The counts come from the state alone, so every replica refuses the same
-// commands. With auth off, or for a session created with auth off, no
-// quota applies.
+// each session), the locks those sessions hold or wait for, of those the
+// ones they wait for, and the bytes of the live KV keys charged to the
+// user are bounded by the user's quotas, kept with the user in the
+// replicated auth state. With auth off, or for a session or a write made
+// with auth off, no quota applies.
+//
+// A KV key's bytes (its name and its value) are charged to the user who
+// wrote it last: an overwrite moves the whole charge to its writer, a
+// delete (or the end of the session the key is bound to) frees it. The key
+// records its user; the sums are derived.
+//
+// The usage of each user is kept in running counters, updated by every
+// command that creates or ends a session, queues, grants, releases or
+// drops a wait, or writes or deletes a key, so that a check costs O(1).
+// They are derived state: never stored, rebuilt from the sessions, locks
+// and keys on Restore, and checked against a recount by CheckInvariants.
+// They are sums, so the order in which they are built does not matter.
+//
+// The session rate and burst are kept here with the other quotas, but
+// enforced by the leader at the edge, on its clock: the state machine
+// reads no clock.
 
 // Quota bounds what one user's sessions may use; 0: no bound.
 type Quota struct {
 	MaxSessions uint64
-	MaxLocks    uint64
+	// MaxLocks bounds the locks held or waited for: a wait counts, so that
+	// a waiter granted later never takes the user over the quota.
+	MaxLocks uint64
+	// MaxWaits bounds, of those, the locks waited for.
+	MaxWaits uint64
+	// MaxKVBytes bounds the bytes (names and values) of the live KV keys
+	// charged to the user.
+	MaxKVBytes uint64
+	// SessionRate (sessions per second) and SessionBurst are a token
+	// bucket on creating sessions, enforced at the edge; 0: the server's
+	// default.
+	SessionRate  float64
+	SessionBurst uint64
 }
+
+// Bounds of a quota's values. A larger one is refused as a mistake (a
+// negative number cast to uint64, a unit mixed up), not taken as "no
+// limit": 0 says that.
+const (
+	MaxQuotaCount   uint64  = 1 << 40 // sessions, locks, waits, burst
+	MaxQuotaKVBytes uint64  = 1 << 50
+	MaxSessionRate  float64 = 1e6 // per second
+)
 
 func (q Quota) String() string {
 	f := func(n uint64) string {
@@ -27,28 +67,155 @@ func (q Quota) String() string {
 		}
 		return fmt.Sprint(n)
 	}
-	return fmt.Sprintf("sessions %s, locks %s", f(q.MaxSessions), f(q.MaxLocks))
+	rate := "default"
+	if q.SessionRate > 0 {
+		rate = fmt.Sprintf("%s/s burst %d", strconv.FormatFloat(q.SessionRate, 'g', -1, 64), q.SessionBurst)
+	}
+	return fmt.Sprintf("sessions %s, locks %s, waits %s, kv bytes %s, session rate %s",
+		f(q.MaxSessions), f(q.MaxLocks), f(q.MaxWaits), f(q.MaxKVBytes), rate)
 }
 
-func (s *State) indexUser(sess *session) {
-	if sess.user == "" {
-		return
-	}
-	ids := s.byUser[sess.user]
-	if ids == nil {
-		ids = map[uint64]struct{}{}
-		s.byUser[sess.user] = ids
-	}
-	ids[sess.id] = struct{}{}
-}
-
-func (s *State) unindexUser(sess *session) {
-	if ids := s.byUser[sess.user]; ids != nil {
-		delete(ids, sess.id)
-		if len(ids) == 0 {
-			delete(s.byUser, sess.user)
+// CheckQuota checks a quota as given by a caller: every count within
+// MaxQuotaCount, bytes within MaxQuotaKVBytes, a rate that is a number
+// from 0 to MaxSessionRate, and a burst exactly when there is a rate.
+func CheckQuota(q Quota) error {
+	for _, c := range []struct {
+		name  string
+		value uint64
+		limit uint64
+	}{
+		{"max_sessions", q.MaxSessions, MaxQuotaCount},
+		{"max_locks", q.MaxLocks, MaxQuotaCount},
+		{"max_waits", q.MaxWaits, MaxQuotaCount},
+		{"max_kv_bytes", q.MaxKVBytes, MaxQuotaKVBytes},
+		{"session_burst", q.SessionBurst, MaxQuotaCount},
+	} {
+		if c.value > c.limit {
+			return fmt.Errorf("%w: %s %d is over the limit of %d (0 means no limit)", fence.ErrInvalidArgument, c.name, c.value, c.limit)
 		}
 	}
+	switch r := q.SessionRate; {
+	case math.IsNaN(r) || r < 0 || r > MaxSessionRate:
+		return fmt.Errorf("%w: session_rate %v is not a number of sessions per second from 0 to %g", fence.ErrInvalidArgument, r, MaxSessionRate)
+	case r > 0 && q.SessionBurst == 0:
+		return fmt.Errorf("%w: session_rate %v needs a session_burst of at least 1", fence.ErrInvalidArgument, r)
+	case r == 0 && q.SessionBurst > 0:
+		return fmt.Errorf("%w: session_burst %d needs a session_rate", fence.ErrInvalidArgument, q.SessionBurst)
+	}
+	return nil
+}
+
+func quotaOf(u *fsmpb.AuthUser) Quota {
+	return Quota{MaxSessions: u.GetMaxSessions(), MaxLocks: u.GetMaxLocks(), MaxWaits: u.GetMaxWaits(),
+		MaxKVBytes: u.GetMaxKvBytes(), SessionRate: u.GetSessionRate(), SessionBurst: u.GetSessionBurst()}
+}
+
+// Usage is what a user's sessions and writes use now.
+type Usage struct {
+	// Sessions are the live sessions the user created with auth on.
+	Sessions uint64
+	// Locks are the locks those sessions hold or wait for, Waits the ones
+	// they wait for.
+	Locks, Waits uint64
+	// KVBytes are the bytes of the live KV keys charged to the user.
+	KVBytes uint64
+}
+
+// UserUsage returns what user uses now.
+func (s *State) UserUsage(user string) Usage {
+	if u := s.usage[user]; u != nil {
+		return *u
+	}
+	return Usage{}
+}
+
+// useOf returns user's counters, made on first use; nil for no user.
+func (s *State) useOf(user string) *Usage {
+	if user == "" {
+		return nil
+	}
+	u := s.usage[user]
+	if u == nil {
+		u = &Usage{}
+		s.usage[user] = u
+	}
+	return u
+}
+
+// tidyUsage drops user's counters once they are all zero, so that the
+// map holds only users who use something.
+func (s *State) tidyUsage(user string) {
+	if u := s.usage[user]; u != nil && *u == (Usage{}) {
+		delete(s.usage, user)
+	}
+}
+
+// countSession counts a session of user (delta 1) or stops counting it
+// with every lock it holds or waits for (delta -1).
+func (s *State) countSession(sess *session, delta int) {
+	u := s.useOf(sess.user)
+	if u == nil {
+		return
+	}
+	if delta > 0 {
+		u.Sessions++
+		return
+	}
+	u.Sessions--
+	u.Locks -= uint64(len(sess.holds) + len(sess.waits))
+	u.Waits -= uint64(len(sess.waits))
+	s.tidyUsage(sess.user)
+}
+
+// addHold, dropHold, addWait and dropWait index a lock in its session and
+// count it for the session's user.
+func (s *State) addHold(sess *session, name string) {
+	sess.holds[name] = struct{}{}
+	if u := s.useOf(sess.user); u != nil {
+		u.Locks++
+	}
+}
+
+func (s *State) dropHold(sess *session, name string) {
+	delete(sess.holds, name)
+	if u := s.useOf(sess.user); u != nil {
+		u.Locks--
+		s.tidyUsage(sess.user)
+	}
+}
+
+func (s *State) addWait(sess *session, name string) {
+	sess.waits[name] = struct{}{}
+	if u := s.useOf(sess.user); u != nil {
+		u.Locks++
+		u.Waits++
+	}
+}
+
+func (s *State) dropWait(sess *session, name string) {
+	delete(sess.waits, name)
+	if u := s.useOf(sess.user); u != nil {
+		u.Locks--
+		u.Waits--
+		s.tidyUsage(sess.user)
+	}
+}
+
+// kvCharge is what a live key costs its user.
+func kvCharge(e *kvEntry) uint64 { return uint64(len(e.kv.Key) + len(e.kv.Value)) }
+
+// chargeKey charges a live key's bytes to its user (delta 1) or frees them (-1).
+func (s *State) chargeKey(e *kvEntry, delta int) {
+	u := s.useOf(e.user)
+	if u == nil {
+		return
+	}
+	if delta > 0 {
+		u.KVBytes += kvCharge(e)
+		return
+	}
+	u.KVBytes -= kvCharge(e)
+	s.tidyUsage(e.user)
 }
 
 // quotaOf returns user's quota, when auth is enforced and the user has one.
@@ -64,7 +231,7 @@ func (s *State) quotaOf(user string) (Quota, bool) {
 // sessions quota allows.
 func (s *State) checkSessionQuota(user string) error {
 	q, ok := s.quotaOf(user)
-	if n := uint64(len(s.byUser[user])); ok && q.MaxSessions > 0 && n >= q.MaxSessions {
+	if ok && q.MaxSessions > 0 && s.UserUsage(user).Sessions >= q.MaxSessions {
 		return fmt.Errorf("%w: user %s: sessions quota %d reached; close unused sessions or raise the quota (fence user set-quota)", fence.ErrLimit, user, q.MaxSessions)
 	}
 	return nil
@@ -72,50 +239,89 @@ func (s *State) checkSessionQuota(user string) error {
 
 // checkLockQuota refuses an acquire that would make the locks sess's user
 // holds or waits for, over all the user's sessions, one more than the
-// user's locks quota allows. sess is neither holder nor waiter of the lock.
-func (s *State) checkLockQuota(sess *session) error {
+// user's locks quota allows, or, for an acquire that would wait (queued),
+// the waits one more than the waits quota allows. sess is neither holder
+// nor waiter of the lock.
+func (s *State) checkLockQuota(sess *session, queued bool) error {
 	q, ok := s.quotaOf(sess.user)
-	if !ok || q.MaxLocks == 0 {
+	if !ok {
 		return nil
 	}
-	var n uint64
-	for id := range s.byUser[sess.user] {
-		other := s.sessions[id]
-		n += uint64(len(other.holds) + len(other.waits))
-	}
-	if n >= q.MaxLocks {
+	use := s.UserUsage(sess.user)
+	if q.MaxLocks > 0 && use.Locks >= q.MaxLocks {
 		return fmt.Errorf("%w: user %s: locks quota %d reached; release locks or raise the quota (fence user set-quota)", fence.ErrLimit, sess.user, q.MaxLocks)
+	}
+	if queued && q.MaxWaits > 0 && use.Waits >= q.MaxWaits {
+		return fmt.Errorf("%w: user %s: waits quota %d reached; the lock is taken, and the user's sessions already wait for %d locks (fence user set-quota)", fence.ErrLimit, sess.user, q.MaxWaits, use.Waits)
 	}
 	return nil
 }
 
-// UserUsage returns how many live sessions user created and how many
-// locks they hold or wait for.
-func (s *State) UserUsage(user string) (sessions, locks int) {
-	for id := range s.byUser[user] {
-		sess := s.sessions[id]
-		locks += len(sess.holds) + len(sess.waits)
+// checkKVQuota refuses a put by user that would take the bytes charged to
+// the user over the kv bytes quota: the key's bytes after the put, less
+// what the key costs the user now if the user wrote it last.
+func (s *State) checkKVQuota(user string, e *kvEntry, key string, value []byte) error {
+	q, ok := s.quotaOf(user)
+	if !ok || q.MaxKVBytes == 0 {
+		return nil
 	}
-	return len(s.byUser[user]), locks
+	used := s.UserUsage(user).KVBytes
+	if e.live() && e.user == user {
+		used -= kvCharge(e)
+	}
+	if size := uint64(len(key) + len(value)); used+size > q.MaxKVBytes {
+		return fmt.Errorf("%w: user %s: kv bytes quota %d reached; key %s of %d bytes would make %d; delete keys or raise the quota (fence user set-quota)",
+			fence.ErrLimit, user, q.MaxKVBytes, key, size, used+size)
+	}
+	return nil
 }
 
-// checkByUser verifies that byUser indexes exactly the sessions with a
-// user.
-func (s *State) checkByUser() error {
-	for user, ids := range s.byUser {
-		if len(ids) == 0 {
-			return fmt.Errorf("user %q has an empty session index", user)
+// recountUsage returns every user's usage counted from the sessions and
+// keys, for Restore and CheckInvariants.
+func (s *State) recountUsage() map[string]*Usage {
+	out := map[string]*Usage{}
+	use := func(user string) *Usage {
+		u := out[user]
+		if u == nil {
+			u = &Usage{}
+			out[user] = u
 		}
-		for id := range ids {
-			sess, ok := s.sessions[id]
-			if !ok || sess.user != user {
-				return fmt.Errorf("session %d is indexed under user %q but is not theirs", id, user)
-			}
+		return u
+	}
+	for _, sess := range s.sessions {
+		if sess.user == "" {
+			continue
+		}
+		u := use(sess.user)
+		u.Sessions++
+		u.Locks += uint64(len(sess.holds) + len(sess.waits))
+		u.Waits += uint64(len(sess.waits))
+	}
+	for _, e := range s.kv {
+		if e.live() && e.user != "" {
+			use(e.user).KVBytes += kvCharge(e)
 		}
 	}
-	for id, sess := range s.sessions {
-		if _, ok := s.byUser[sess.user][id]; sess.user != "" && !ok {
-			return fmt.Errorf("session %d of user %q is not indexed", id, sess.user)
+	return out
+}
+
+// checkUsage verifies that the running counters are the recount (a user
+// not counted uses nothing), and that no tombstone is charged to anyone.
+func (s *State) checkUsage() error {
+	want := s.recountUsage()
+	for user, u := range s.usage {
+		if w := want[user]; (w == nil && *u != Usage{}) || (w != nil && *w != *u) {
+			return fmt.Errorf("user %q's usage is counted as %+v, but is %+v", user, *u, s.recountUsage()[user])
+		}
+	}
+	for user, w := range want {
+		if _, ok := s.usage[user]; !ok && *w != (Usage{}) {
+			return fmt.Errorf("user %q's usage %+v is not counted", user, *w)
+		}
+	}
+	for key, e := range s.kv {
+		if !e.live() && e.user != "" {
+			return fmt.Errorf("tombstone %q is charged to user %q", key, e.user)
 		}
 	}
 	return nil

@@ -3,6 +3,7 @@ package fsm_test
 import (
 	"bytes"
 	"errors"
+	"math"
 	"strings"
 	"testing"
 	"time"
@@ -13,7 +14,12 @@ import (
 )
 
 func setQuota(user string, sessions, locks uint64) *fsmpb.Command {
-	return authCmd(&fsmpb.Auth{Op: &fsmpb.Auth_SetQuota{SetQuota: &fsmpb.AuthUser{Name: user, MaxSessions: sessions, MaxLocks: locks}}})
+	return setQuotaOf(user, fsm.Quota{MaxSessions: sessions, MaxLocks: locks})
+}
+
+func setQuotaOf(user string, q fsm.Quota) *fsmpb.Command {
+	return authCmd(&fsmpb.Auth{Op: &fsmpb.Auth_SetQuota{SetQuota: &fsmpb.AuthUser{Name: user, MaxSessions: q.MaxSessions, MaxLocks: q.MaxLocks,
+		MaxWaits: q.MaxWaits, MaxKvBytes: q.MaxKVBytes, SessionRate: q.SessionRate, SessionBurst: q.SessionBurst}}})
 }
 
 func userSession(user string) *fsmpb.Command {
@@ -79,6 +85,48 @@ func TestQuotas(t *testing.T) {
 			{setQuota("alice", 0, 0), ""},
 			{userSession("alice"), ""},
 		}},
+		{"waits quota", true, []step{
+			{setQuotaOf("alice", fsm.Quota{MaxWaits: 1}), ""},
+			{userSession("alice"), ""}, // 1
+			{userSession("alice"), ""}, // 2
+			{userSession("bob"), ""},   // 3
+			{acquire(3, "a", excl), ""},
+			{acquire(3, "b", excl), ""},
+			{acquire(1, "a", excl), ""}, // alice waits for a
+			{acquire(2, "b", excl), "user alice: waits quota 1 reached"},
+			{acquire(2, "c", excl), ""}, // granted at once: not a wait
+			{acquire(1, "a", excl), ""}, // waits already: no new wait
+			{release(3, "a", 1), ""},    // a goes to alice: her wait is a hold
+			{acquire(2, "b", excl), ""}, // one wait again
+			{acquire(1, "d", excl), ""}, // granted
+			{acquire(1, "b", excl), "waits quota 1"},
+			{closeSession(2), ""}, // frees her wait
+			{acquire(1, "b", excl), ""},
+		}},
+		{"kv bytes quota", true, []step{
+			{setQuotaOf("alice", fsm.Quota{MaxKVBytes: 10}), ""},
+			{userSession("alice"), ""},                 // 1
+			{kvPut("k1", "abcd", byUser("alice")), ""}, // 6 bytes
+			{kvPut("k2", "abcd", byUser("alice")), "user alice: kv bytes quota 10 reached"},
+			{kvPut("k1", "abcdefgh", byUser("alice")), ""}, // her own key: 10
+			{kvPut("k1", "abcdefghi", byUser("alice")), "kv bytes quota 10"},
+			{kvPut("k1", "x", byUser("bob")), ""},          // bob's now
+			{kvPut("k2", "abcdefgh", byUser("alice")), ""}, // 10
+			{kvPut("k3", "", byUser("alice")), "kv bytes quota 10"},
+			{kvDel("k2"), ""}, // frees 10
+			{kvPut("k3", "abcdefgh", byUser("alice"), boundTo(1)), ""},
+			{kvPut("k4", "", byUser("alice")), "kv bytes quota 10"},
+			{closeSession(1), ""}, // deletes k3
+			{kvPut("k4", "abcdefgh", byUser("alice")), ""},
+			{kvPut("k5", "abcdefgh", byUser("")), ""}, // no user: charged to nobody
+			{kvPut("k4", "abcdefgh", byUser("")), ""}, // overwritten by nobody: frees alice
+			{kvPut("k6", "abcdefgh", byUser("alice")), ""},
+		}},
+		{"kv bytes quota, auth off", false, []step{
+			{setQuotaOf("alice", fsm.Quota{MaxKVBytes: 10}), ""},
+			{kvPut("k1", "abcdefgh", byUser("alice")), ""},
+			{kvPut("k2", "abcdefgh", byUser("alice")), ""},
+		}},
 		{"auth off", false, []step{
 			{userSession("alice"), ""},
 			{userSession("alice"), ""},
@@ -111,6 +159,53 @@ func TestQuotas(t *testing.T) {
 				mustRestore(t, s)
 			}
 		})
+	}
+}
+
+// TestQuotaRefusesBadValues: a quota out of bounds (a negative number
+// cast, a rate that is no number, a rate without a burst) is refused with
+// ErrInvalidArgument naming the field, by set_quota and add_user, and
+// changes nothing.
+func TestQuotaRefusesBadValues(t *testing.T) {
+	s := fsm.NewState()
+	applyAll(t, s, addUser("alice"), setQuota("alice", 2, 3))
+	for _, tc := range []struct {
+		q    fsm.Quota
+		want string
+	}{
+		{fsm.Quota{MaxSessions: math.MaxUint64}, "max_sessions 18446744073709551615 is over the limit"},
+		{fsm.Quota{MaxLocks: fsm.MaxQuotaCount + 1}, "max_locks"},
+		{fsm.Quota{MaxWaits: math.MaxUint64 - 1}, "max_waits"},
+		{fsm.Quota{MaxKVBytes: fsm.MaxQuotaKVBytes + 1}, "max_kv_bytes"},
+		{fsm.Quota{SessionRate: -1, SessionBurst: 1}, "session_rate -1"},
+		{fsm.Quota{SessionRate: math.NaN(), SessionBurst: 1}, "session_rate NaN"},
+		{fsm.Quota{SessionRate: math.Inf(1), SessionBurst: 1}, "session_rate +Inf"},
+		{fsm.Quota{SessionRate: 2e6, SessionBurst: 1}, "session_rate 2e+06"},
+		{fsm.Quota{SessionRate: 1}, "needs a session_burst"},
+		{fsm.Quota{SessionBurst: 5}, "needs a session_rate"},
+		{fsm.Quota{SessionRate: 1, SessionBurst: math.MaxUint64}, "session_burst"},
+	} {
+		before := snapshotBytes(t, s)
+		if err := fsm.CheckQuota(tc.q); !errors.Is(err, fence.ErrInvalidArgument) || !strings.Contains(err.Error(), tc.want) {
+			t.Errorf("CheckQuota(%+v) = %v, want ErrInvalidArgument with %q", tc.q, err, tc.want)
+		}
+		res := s.Apply(setQuotaOf("alice", tc.q))
+		if !errors.Is(res.Err, fence.ErrInvalidArgument) || !strings.Contains(res.Err.Error(), tc.want) {
+			t.Errorf("set_quota %+v: %v, want ErrInvalidArgument with %q", tc.q, res.Err, tc.want)
+		}
+		add := authCmd(&fsmpb.Auth{Op: &fsmpb.Auth_AddUser{AddUser: &fsmpb.AuthUser{Name: "bob", MaxSessions: tc.q.MaxSessions, MaxLocks: tc.q.MaxLocks,
+			MaxWaits: tc.q.MaxWaits, MaxKvBytes: tc.q.MaxKVBytes, SessionRate: tc.q.SessionRate, SessionBurst: tc.q.SessionBurst}}})
+		if res := s.Apply(add); !errors.Is(res.Err, fence.ErrInvalidArgument) {
+			t.Errorf("add_user with %+v: %v, want ErrInvalidArgument", tc.q, res.Err)
+		}
+		if !bytes.Equal(before, snapshotBytes(t, s)) {
+			t.Fatalf("a refused quota %+v changed the state", tc.q)
+		}
+	}
+	good := fsm.Quota{MaxSessions: fsm.MaxQuotaCount, MaxKVBytes: fsm.MaxQuotaKVBytes, SessionRate: 0.5, SessionBurst: 1}
+	applyAll(t, s, setQuotaOf("alice", good))
+	if u, _ := mustRestore(t, s).User("alice"); u.Quota != good {
+		t.Fatalf("alice's quota %+v after a restore, want %+v", u.Quota, good)
 	}
 }
 
@@ -151,5 +246,38 @@ func TestQuotaAfterRestore(t *testing.T) {
 	}
 	if err := r.CheckInvariants(); err != nil {
 		t.Fatal(err)
+	}
+}
+
+// TestUsageAfterRestore: the usage counters are derived state, rebuilt
+// from the sessions, locks and keys of a snapshot (which stores none), so
+// that a restored state refuses exactly what the original does.
+func TestUsageAfterRestore(t *testing.T) {
+	s := fsm.NewState()
+	applyAll(t, s, addUser("root"), grantRole("root", "root"), addUser("alice"), addUser("bob"),
+		setQuotaOf("alice", fsm.Quota{MaxLocks: 3, MaxWaits: 1, MaxKVBytes: 10}), setEnabled(true),
+		userSession("alice"), userSession("bob"), // 1, 2
+		acquire(2, "a", excl), acquire(2, "b", excl), acquire(1, "a", excl), acquire(1, "c", excl),
+		kvPut("k", "abcdefg", byUser("alice")), kvPut("j", "x", byUser("bob")))
+	want := fsm.Usage{Sessions: 1, Locks: 2, Waits: 1, KVBytes: 8}
+	if got := s.UserUsage("alice"); got != want {
+		t.Fatalf("alice uses %+v, want %+v", got, want)
+	}
+	r := mustRestore(t, s)
+	if got := r.UserUsage("alice"); got != want {
+		t.Fatalf("restored: alice uses %+v, want %+v", got, want)
+	}
+	if got := r.UserUsage("bob"); got != (fsm.Usage{Sessions: 1, Locks: 2, KVBytes: 2}) {
+		t.Fatalf("restored: bob uses %+v", got)
+	}
+	if res := r.Apply(acquire(1, "b", excl)); !errors.Is(res.Err, fence.ErrLimit) || !strings.Contains(res.Err.Error(), "waits quota 1") {
+		t.Fatalf("restored: a second wait of alice: %v", res.Err)
+	}
+	if res := r.Apply(kvPut("k2", "ab", byUser("alice"))); !errors.Is(res.Err, fence.ErrLimit) || !strings.Contains(res.Err.Error(), "kv bytes quota 10") {
+		t.Fatalf("restored: alice's put over her kv bytes: %v", res.Err)
+	}
+	applyAll(t, r, closeSession(2), closeSession(1), kvDel("k"), kvDel("j"))
+	if got := r.UserUsage("alice"); got != (fsm.Usage{}) {
+		t.Fatalf("alice uses %+v once her sessions and keys are gone", got)
 	}
 }

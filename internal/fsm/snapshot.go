@@ -45,7 +45,7 @@ func (s *State) Snapshot() *fsmpb.Snapshot {
 			Key: k, Value: append([]byte(nil), e.kv.Value...), Token: e.kv.Token, Lock: e.kv.Lock,
 			HighestToken: e.kv.HighestToken, CreateRevision: e.kv.CreateRevision,
 			ModRevision: e.kv.ModRevision, Version: e.kv.Version, Deleted: e.deleted,
-			SessionId: e.kv.Session,
+			SessionId: e.kv.Session, User: e.user,
 		})
 	}
 	for _, id := range sortedNodeIDs(s.nodes) {
@@ -85,7 +85,6 @@ func Restore(snap *fsmpb.Snapshot) (*State, error) {
 			waits:      map[string]struct{}{},
 			keys:       map[string]struct{}{},
 		}
-		s.indexUser(s.sessions[ps.GetId()])
 		for _, id := range ps.GetCancelled() {
 			s.sessions[ps.GetId()].cancel(id)
 		}
@@ -132,7 +131,7 @@ func Restore(snap *fsmpb.Snapshot) (*State, error) {
 			Key: pk.GetKey(), Value: pk.GetValue(), Token: pk.GetToken(), Lock: pk.GetLock(),
 			HighestToken: pk.GetHighestToken(), CreateRevision: pk.GetCreateRevision(),
 			ModRevision: pk.GetModRevision(), Version: pk.GetVersion(), Session: pk.GetSessionId(),
-		}}
+		}, user: pk.GetUser()}
 		if !pk.GetDeleted() {
 			s.liveKeys++
 			s.liveBytes += len(pk.GetKey()) + len(pk.GetValue())
@@ -159,6 +158,11 @@ func Restore(snap *fsmpb.Snapshot) (*State, error) {
 		return nil, err
 	}
 	s.auth = auth
+	// The usage counters are derived, never read from the snapshot.
+	s.usage = s.recountUsage()
+	for user := range s.usage {
+		s.tidyUsage(user)
+	}
 	if err := s.CheckInvariants(); err != nil {
 		return nil, fmt.Errorf("fsm: snapshot is inconsistent: %w", err)
 	}

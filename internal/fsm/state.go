@@ -282,13 +282,14 @@ type State struct {
 	applied     map[string]Repeat
 	appliedKeys []string
 	auth        authState
-	// byUser indexes the sessions with a user, for the user's quotas.
-	byUser map[string]map[uint64]struct{}
+	// usage counts, per user, what the user's sessions and writes use,
+	// for the user's quotas: derived state, rebuilt on Restore (quota.go).
+	usage map[string]*Usage
 }
 
 // NewState returns an empty state: no sessions, no locks, token counter 0.
 func NewState() *State {
-	return &State{sessions: map[uint64]*session{}, locks: map[string]*lock{}, kv: map[string]*kvEntry{}, nodes: map[string]string{}, applied: map[string]Repeat{}, auth: newAuthState(), byUser: map[string]map[uint64]struct{}{}}
+	return &State{sessions: map[uint64]*session{}, locks: map[string]*lock{}, kv: map[string]*kvEntry{}, nodes: map[string]string{}, applied: map[string]Repeat{}, auth: newAuthState(), usage: map[string]*Usage{}}
 }
 
 // Apply applies one command and reports what it did. It never panics on a
@@ -411,7 +412,7 @@ func (s *State) createSession(c *fsmpb.CreateSession) Result {
 		waits:      map[string]struct{}{},
 		keys:       map[string]struct{}{},
 	}
-	s.indexUser(s.sessions[id])
+	s.countSession(s.sessions[id], 1)
 	return Result{SessionID: id}
 }
 
@@ -488,7 +489,7 @@ func (s *State) acquire(c *fsmpb.Acquire) Result {
 	if err := s.checkLockLimits(sess, name, c); err != nil {
 		return Result{Err: err}
 	}
-	if err := s.checkLockQuota(sess); err != nil {
+	if err := s.checkLockQuota(sess, !grantNow); err != nil {
 		return Result{Err: err}
 	}
 	// Only an acquire that grants or queues numbers an attempt: a failed
@@ -504,7 +505,7 @@ func (s *State) acquire(c *fsmpb.Acquire) Result {
 	}
 	s.locks[name] = l
 	l.waiters = append(l.waiters, w)
-	sess.waits[name] = struct{}{}
+	s.addWait(sess, name)
 	return Result{Queued: true, Attempt: w.req.attempt}
 }
 
@@ -560,7 +561,7 @@ func (s *State) lockedError(l *lock) error {
 func (s *State) grant(l *lock, w waiter) Grant {
 	s.lastToken++
 	l.holders = append(l.holders, holder{session: w.session, token: s.lastToken, mode: w.mode, lockDelay: w.lockDelay, req: w.req})
-	s.sessions[w.session].holds[l.name] = struct{}{}
+	s.addHold(s.sessions[w.session], l.name)
 	return Grant{Session: w.session, Lock: l.name, Token: s.lastToken, Mode: w.mode}
 }
 
@@ -572,7 +573,7 @@ func (s *State) grantWaiters(l *lock) []Grant {
 	for len(l.waiters) > 0 && l.grantable(l.waiters[0].mode) {
 		w := l.waiters[0]
 		l.waiters = l.waiters[1:]
-		delete(s.sessions[w.session].waits, l.name)
+		s.dropWait(s.sessions[w.session], l.name)
 		grants = append(grants, s.grant(l, w))
 	}
 	if len(l.waiters) == 0 {
@@ -613,7 +614,7 @@ func (s *State) release(c *fsmpb.Release) Result {
 // the lock on.
 func (s *State) releaseAt(sess *session, l *lock, i int) []Grant {
 	l.holders = append(l.holders[:i], l.holders[i+1:]...)
-	delete(sess.holds, l.name)
+	s.dropHold(sess, l.name)
 	grants := s.grantWaiters(l)
 	s.forget(l)
 	return grants
@@ -647,7 +648,7 @@ func (s *State) cancelWait(c *fsmpb.CancelWait) Result {
 // the lock to the waiters it may have blocked.
 func (s *State) dropWaiter(sess *session, l *lock, i int) []Grant {
 	l.waiters = append(l.waiters[:i], l.waiters[i+1:]...)
-	delete(sess.waits, l.name)
+	s.dropWait(sess, l.name)
 	grants := s.grantWaiters(l)
 	s.forget(l)
 	return grants
@@ -719,7 +720,7 @@ func (s *State) endSessions(ids []uint64, expired bool) Result {
 			res.Revision = s.kvRevision
 		}
 		delete(s.sessions, id)
-		s.unindexUser(sess)
+		s.countSession(sess, -1)
 		res.Ended = append(res.Ended, id)
 		for name := range union(sess.holds, sess.waits) {
 			touched[name] = struct{}{}

@@ -1169,7 +1169,11 @@ type KVPut struct {
 	MaxKeys uint64 `protobuf:"varint,4,opt,name=max_keys,json=maxKeys,proto3" json:"max_keys,omitempty"`
 	// The session the key is bound to: the key is deleted when the session
 	// ends. 0 binds it to none.
-	SessionId     uint64 `protobuf:"varint,5,opt,name=session_id,json=sessionId,proto3" json:"session_id,omitempty"`
+	SessionId uint64 `protobuf:"varint,5,opt,name=session_id,json=sessionId,proto3" json:"session_id,omitempty"`
+	// The authenticated user who writes the key, with auth on; empty
+	// otherwise. The key's bytes are charged to this user (AuthUser
+	// max_kv_bytes) until it is written again, deleted or its session ends.
+	User          string `protobuf:"bytes,6,opt,name=user,proto3" json:"user,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -1237,6 +1241,13 @@ func (x *KVPut) GetSessionId() uint64 {
 		return x.SessionId
 	}
 	return 0
+}
+
+func (x *KVPut) GetUser() string {
+	if x != nil {
+		return x.User
+	}
+	return ""
 }
 
 type KVDelete struct {
@@ -1649,7 +1660,7 @@ type Auth_RevokeToken struct {
 }
 
 type Auth_SetQuota struct {
-	// Sets the user's quotas (name, max_sessions, max_locks; 0: none).
+	// Sets every quota of the user (name and the quota fields; 0: none).
 	SetQuota *AuthUser `protobuf:"bytes,12,opt,name=set_quota,json=setQuota,proto3,oneof"`
 }
 
@@ -1728,9 +1739,19 @@ type AuthUser struct {
 	Roles []string `protobuf:"bytes,2,rep,name=roles,proto3" json:"roles,omitempty"`
 	// Quotas, enforced while auth is enabled; 0: none. max_sessions bounds
 	// the live sessions the user created, max_locks the locks those sessions
-	// hold or wait for. Set by add_user and set_quota, ignored by remove_user.
-	MaxSessions   uint64 `protobuf:"varint,3,opt,name=max_sessions,json=maxSessions,proto3" json:"max_sessions,omitempty"`
-	MaxLocks      uint64 `protobuf:"varint,4,opt,name=max_locks,json=maxLocks,proto3" json:"max_locks,omitempty"`
+	// hold or wait for, max_waits those they wait for, max_kv_bytes the
+	// bytes (key and value) of the live KV keys the user wrote last. Set by
+	// add_user and set_quota, ignored by remove_user.
+	MaxSessions uint64 `protobuf:"varint,3,opt,name=max_sessions,json=maxSessions,proto3" json:"max_sessions,omitempty"`
+	MaxLocks    uint64 `protobuf:"varint,4,opt,name=max_locks,json=maxLocks,proto3" json:"max_locks,omitempty"`
+	MaxWaits    uint64 `protobuf:"varint,5,opt,name=max_waits,json=maxWaits,proto3" json:"max_waits,omitempty"`
+	MaxKvBytes  uint64 `protobuf:"varint,6,opt,name=max_kv_bytes,json=maxKvBytes,proto3" json:"max_kv_bytes,omitempty"`
+	// The rate (sessions per second) and burst of the token bucket that
+	// bounds how fast the user creates sessions. Kept here, with the other
+	// quotas; enforced by the leader at the edge, on its clock, never by the
+	// state machine (it reads no clock). 0: the server's default.
+	SessionRate   float64 `protobuf:"fixed64,7,opt,name=session_rate,json=sessionRate,proto3" json:"session_rate,omitempty"`
+	SessionBurst  uint64  `protobuf:"varint,8,opt,name=session_burst,json=sessionBurst,proto3" json:"session_burst,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -1789,6 +1810,34 @@ func (x *AuthUser) GetMaxSessions() uint64 {
 func (x *AuthUser) GetMaxLocks() uint64 {
 	if x != nil {
 		return x.MaxLocks
+	}
+	return 0
+}
+
+func (x *AuthUser) GetMaxWaits() uint64 {
+	if x != nil {
+		return x.MaxWaits
+	}
+	return 0
+}
+
+func (x *AuthUser) GetMaxKvBytes() uint64 {
+	if x != nil {
+		return x.MaxKvBytes
+	}
+	return 0
+}
+
+func (x *AuthUser) GetSessionRate() float64 {
+	if x != nil {
+		return x.SessionRate
+	}
+	return 0
+}
+
+func (x *AuthUser) GetSessionBurst() uint64 {
+	if x != nil {
+		return x.SessionBurst
 	}
 	return 0
 }
@@ -2263,7 +2312,9 @@ type KV struct {
 	Version        uint64 `protobuf:"varint,8,opt,name=version,proto3" json:"version,omitempty"`
 	Deleted        bool   `protobuf:"varint,9,opt,name=deleted,proto3" json:"deleted,omitempty"`
 	// The session a live key is bound to, 0 for none.
-	SessionId     uint64 `protobuf:"varint,10,opt,name=session_id,json=sessionId,proto3" json:"session_id,omitempty"`
+	SessionId uint64 `protobuf:"varint,10,opt,name=session_id,json=sessionId,proto3" json:"session_id,omitempty"`
+	// The user a live key's bytes are charged to (KVPut.user); empty for none.
+	User          string `protobuf:"bytes,11,opt,name=user,proto3" json:"user,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -2366,6 +2417,13 @@ func (x *KV) GetSessionId() uint64 {
 		return x.SessionId
 	}
 	return 0
+}
+
+func (x *KV) GetUser() string {
+	if x != nil {
+		return x.User
+	}
+	return ""
 }
 
 type Session struct {
@@ -2845,14 +2903,15 @@ const file_fsmpb_fsm_proto_rawDesc = "" +
 	"\x05token\x18\x02 \x01(\x04R\x05token\x12\x16\n" +
 	"\x06strict\x18\x03 \x01(\bR\x06strict\x12,\n" +
 	"\x0fexpect_revision\x18\x04 \x01(\x04H\x00R\x0eexpectRevision\x88\x01\x01B\x12\n" +
-	"\x10_expect_revision\"\x96\x01\n" +
+	"\x10_expect_revision\"\xaa\x01\n" +
 	"\x05KVPut\x12\x10\n" +
 	"\x03key\x18\x01 \x01(\tR\x03key\x12\x14\n" +
 	"\x05value\x18\x02 \x01(\fR\x05value\x12+\n" +
 	"\x05fence\x18\x03 \x01(\v2\x15.fence.fsm.v1.KVFenceR\x05fence\x12\x19\n" +
 	"\bmax_keys\x18\x04 \x01(\x04R\amaxKeys\x12\x1d\n" +
 	"\n" +
-	"session_id\x18\x05 \x01(\x04R\tsessionId\"I\n" +
+	"session_id\x18\x05 \x01(\x04R\tsessionId\x12\x12\n" +
+	"\x04user\x18\x06 \x01(\tR\x04user\"I\n" +
 	"\bKVDelete\x12\x10\n" +
 	"\x03key\x18\x01 \x01(\tR\x03key\x12+\n" +
 	"\x05fence\x18\x02 \x01(\v2\x15.fence.fsm.v1.KVFenceR\x05fence\"\xe9\x03\n" +
@@ -2894,12 +2953,17 @@ const file_fsmpb_fsm_proto_rawDesc = "" +
 	"\tset_quota\x18\f \x01(\v2\x16.fence.fsm.v1.AuthUserH\x00R\bsetQuotaB\x04\n" +
 	"\x02op\"*\n" +
 	"\x0eSetAuthEnabled\x12\x18\n" +
-	"\aenabled\x18\x01 \x01(\bR\aenabled\"t\n" +
+	"\aenabled\x18\x01 \x01(\bR\aenabled\"\xfb\x01\n" +
 	"\bAuthUser\x12\x12\n" +
 	"\x04name\x18\x01 \x01(\tR\x04name\x12\x14\n" +
 	"\x05roles\x18\x02 \x03(\tR\x05roles\x12!\n" +
 	"\fmax_sessions\x18\x03 \x01(\x04R\vmaxSessions\x12\x1b\n" +
-	"\tmax_locks\x18\x04 \x01(\x04R\bmaxLocks\"2\n" +
+	"\tmax_locks\x18\x04 \x01(\x04R\bmaxLocks\x12\x1b\n" +
+	"\tmax_waits\x18\x05 \x01(\x04R\bmaxWaits\x12 \n" +
+	"\fmax_kv_bytes\x18\x06 \x01(\x04R\n" +
+	"maxKvBytes\x12!\n" +
+	"\fsession_rate\x18\a \x01(\x01R\vsessionRate\x12#\n" +
+	"\rsession_burst\x18\b \x01(\x04R\fsessionBurst\"2\n" +
 	"\bUserRole\x12\x12\n" +
 	"\x04user\x18\x01 \x01(\tR\x04user\x12\x12\n" +
 	"\x04role\x18\x02 \x01(\tR\x04role\"^\n" +
@@ -2933,7 +2997,7 @@ const file_fsmpb_fsm_proto_rawDesc = "" +
 	"\n" +
 	"session_id\x18\x02 \x01(\x04R\tsessionId\x12\x1a\n" +
 	"\brevision\x18\x03 \x01(\x04R\brevision\x12\x18\n" +
-	"\achanged\x18\x04 \x01(\bR\achanged\"\x9a\x02\n" +
+	"\achanged\x18\x04 \x01(\bR\achanged\"\xae\x02\n" +
 	"\x02KV\x12\x10\n" +
 	"\x03key\x18\x01 \x01(\tR\x03key\x12\x14\n" +
 	"\x05value\x18\x02 \x01(\fR\x05value\x12\x14\n" +
@@ -2946,7 +3010,8 @@ const file_fsmpb_fsm_proto_rawDesc = "" +
 	"\adeleted\x18\t \x01(\bR\adeleted\x12\x1d\n" +
 	"\n" +
 	"session_id\x18\n" +
-	" \x01(\x04R\tsessionId\"\x9d\x01\n" +
+	" \x01(\x04R\tsessionId\x12\x12\n" +
+	"\x04user\x18\v \x01(\tR\x04user\"\x9d\x01\n" +
 	"\aSession\x12\x0e\n" +
 	"\x02id\x18\x01 \x01(\x04R\x02id\x12\x15\n" +
 	"\x06ttl_ns\x18\x02 \x01(\x03R\x05ttlNs\x12\x14\n" +

@@ -674,12 +674,20 @@ type User struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
 	Name  string                 `protobuf:"bytes,1,opt,name=name,proto3" json:"name,omitempty"`
 	Roles []string               `protobuf:"bytes,2,rep,name=roles,proto3" json:"roles,omitempty"`
-	// Quotas (0: none), and what the user uses now: live sessions the user
-	// created with auth on, and the locks they hold or wait for.
-	MaxSessions   uint64 `protobuf:"varint,3,opt,name=max_sessions,json=maxSessions,proto3" json:"max_sessions,omitempty"`
-	MaxLocks      uint64 `protobuf:"varint,4,opt,name=max_locks,json=maxLocks,proto3" json:"max_locks,omitempty"`
-	Sessions      uint64 `protobuf:"varint,5,opt,name=sessions,proto3" json:"sessions,omitempty"`
-	Locks         uint64 `protobuf:"varint,6,opt,name=locks,proto3" json:"locks,omitempty"`
+	// Quotas (0: none; see UserSetQuotaRequest), and what the user uses now:
+	// live sessions the user created with auth on, the locks they hold or
+	// wait for, of those the ones they wait for, and the bytes of the KV
+	// keys charged to the user.
+	MaxSessions   uint64  `protobuf:"varint,3,opt,name=max_sessions,json=maxSessions,proto3" json:"max_sessions,omitempty"`
+	MaxLocks      uint64  `protobuf:"varint,4,opt,name=max_locks,json=maxLocks,proto3" json:"max_locks,omitempty"`
+	Sessions      uint64  `protobuf:"varint,5,opt,name=sessions,proto3" json:"sessions,omitempty"`
+	Locks         uint64  `protobuf:"varint,6,opt,name=locks,proto3" json:"locks,omitempty"`
+	MaxWaits      uint64  `protobuf:"varint,7,opt,name=max_waits,json=maxWaits,proto3" json:"max_waits,omitempty"`
+	MaxKvBytes    uint64  `protobuf:"varint,8,opt,name=max_kv_bytes,json=maxKvBytes,proto3" json:"max_kv_bytes,omitempty"`
+	SessionRate   float64 `protobuf:"fixed64,9,opt,name=session_rate,json=sessionRate,proto3" json:"session_rate,omitempty"`
+	SessionBurst  uint64  `protobuf:"varint,10,opt,name=session_burst,json=sessionBurst,proto3" json:"session_burst,omitempty"`
+	Waits         uint64  `protobuf:"varint,11,opt,name=waits,proto3" json:"waits,omitempty"`
+	KvBytes       uint64  `protobuf:"varint,12,opt,name=kv_bytes,json=kvBytes,proto3" json:"kv_bytes,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -752,6 +760,48 @@ func (x *User) GetSessions() uint64 {
 func (x *User) GetLocks() uint64 {
 	if x != nil {
 		return x.Locks
+	}
+	return 0
+}
+
+func (x *User) GetMaxWaits() uint64 {
+	if x != nil {
+		return x.MaxWaits
+	}
+	return 0
+}
+
+func (x *User) GetMaxKvBytes() uint64 {
+	if x != nil {
+		return x.MaxKvBytes
+	}
+	return 0
+}
+
+func (x *User) GetSessionRate() float64 {
+	if x != nil {
+		return x.SessionRate
+	}
+	return 0
+}
+
+func (x *User) GetSessionBurst() uint64 {
+	if x != nil {
+		return x.SessionBurst
+	}
+	return 0
+}
+
+func (x *User) GetWaits() uint64 {
+	if x != nil {
+		return x.Waits
+	}
+	return 0
+}
+
+func (x *User) GetKvBytes() uint64 {
+	if x != nil {
+		return x.KvBytes
 	}
 	return 0
 }
@@ -1048,11 +1098,25 @@ func (x *UserListResponse) GetUsers() []*User {
 	return nil
 }
 
+// UserSetQuotaRequest sets every quota of a user; 0 is no limit.
 type UserSetQuotaRequest struct {
-	state         protoimpl.MessageState `protogen:"open.v1"`
-	User          string                 `protobuf:"bytes,1,opt,name=user,proto3" json:"user,omitempty"`
-	MaxSessions   uint64                 `protobuf:"varint,2,opt,name=max_sessions,json=maxSessions,proto3" json:"max_sessions,omitempty"`
-	MaxLocks      uint64                 `protobuf:"varint,3,opt,name=max_locks,json=maxLocks,proto3" json:"max_locks,omitempty"`
+	state protoimpl.MessageState `protogen:"open.v1"`
+	User  string                 `protobuf:"bytes,1,opt,name=user,proto3" json:"user,omitempty"`
+	// Live sessions the user created.
+	MaxSessions uint64 `protobuf:"varint,2,opt,name=max_sessions,json=maxSessions,proto3" json:"max_sessions,omitempty"`
+	// Locks the user's sessions hold or wait for: a wait counts, so that a
+	// waiter granted later never takes the user over the quota.
+	MaxLocks uint64 `protobuf:"varint,3,opt,name=max_locks,json=maxLocks,proto3" json:"max_locks,omitempty"`
+	// Of those, the locks the user's sessions wait for.
+	MaxWaits uint64 `protobuf:"varint,4,opt,name=max_waits,json=maxWaits,proto3" json:"max_waits,omitempty"`
+	// Bytes (key and value) of the live KV keys the user wrote last.
+	MaxKvBytes uint64 `protobuf:"varint,5,opt,name=max_kv_bytes,json=maxKvBytes,proto3" json:"max_kv_bytes,omitempty"`
+	// Sessions the user may create per second, on average, and at once
+	// (a token bucket, kept by the leader); 0: the server's default
+	// (fence serve --session-rate, --session-burst). A rate needs a burst
+	// of at least 1.
+	SessionRate   float64 `protobuf:"fixed64,6,opt,name=session_rate,json=sessionRate,proto3" json:"session_rate,omitempty"`
+	SessionBurst  uint64  `protobuf:"varint,7,opt,name=session_burst,json=sessionBurst,proto3" json:"session_burst,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -1104,6 +1168,34 @@ func (x *UserSetQuotaRequest) GetMaxSessions() uint64 {
 func (x *UserSetQuotaRequest) GetMaxLocks() uint64 {
 	if x != nil {
 		return x.MaxLocks
+	}
+	return 0
+}
+
+func (x *UserSetQuotaRequest) GetMaxWaits() uint64 {
+	if x != nil {
+		return x.MaxWaits
+	}
+	return 0
+}
+
+func (x *UserSetQuotaRequest) GetMaxKvBytes() uint64 {
+	if x != nil {
+		return x.MaxKvBytes
+	}
+	return 0
+}
+
+func (x *UserSetQuotaRequest) GetSessionRate() float64 {
+	if x != nil {
+		return x.SessionRate
+	}
+	return 0
+}
+
+func (x *UserSetQuotaRequest) GetSessionBurst() uint64 {
+	if x != nil {
+		return x.SessionBurst
 	}
 	return 0
 }
@@ -5314,14 +5406,22 @@ const file_fence_v1_fence_proto_rawDesc = "" +
 	"\aenabled\x18\x01 \x01(\bR\aenabled\x12\x12\n" +
 	"\x04user\x18\x02 \x01(\tR\x04user\x12#\n" +
 	"\ridentified_by\x18\x03 \x01(\tR\fidentifiedBy\x12\x14\n" +
-	"\x05roles\x18\x04 \x03(\tR\x05roles\"\xa2\x01\n" +
+	"\x05roles\x18\x04 \x03(\tR\x05roles\"\xda\x02\n" +
 	"\x04User\x12\x12\n" +
 	"\x04name\x18\x01 \x01(\tR\x04name\x12\x14\n" +
 	"\x05roles\x18\x02 \x03(\tR\x05roles\x12!\n" +
 	"\fmax_sessions\x18\x03 \x01(\x04R\vmaxSessions\x12\x1b\n" +
 	"\tmax_locks\x18\x04 \x01(\x04R\bmaxLocks\x12\x1a\n" +
 	"\bsessions\x18\x05 \x01(\x04R\bsessions\x12\x14\n" +
-	"\x05locks\x18\x06 \x01(\x04R\x05locks\"R\n" +
+	"\x05locks\x18\x06 \x01(\x04R\x05locks\x12\x1b\n" +
+	"\tmax_waits\x18\a \x01(\x04R\bmaxWaits\x12 \n" +
+	"\fmax_kv_bytes\x18\b \x01(\x04R\n" +
+	"maxKvBytes\x12!\n" +
+	"\fsession_rate\x18\t \x01(\x01R\vsessionRate\x12#\n" +
+	"\rsession_burst\x18\n" +
+	" \x01(\x04R\fsessionBurst\x12\x14\n" +
+	"\x05waits\x18\v \x01(\x04R\x05waits\x12\x19\n" +
+	"\bkv_bytes\x18\f \x01(\x04R\akvBytes\"R\n" +
 	"\x04Role\x12\x12\n" +
 	"\x04name\x18\x01 \x01(\tR\x04name\x126\n" +
 	"\vpermissions\x18\x02 \x03(\v2\x14.fence.v1.PermissionR\vpermissions\"$\n" +
@@ -5333,11 +5433,16 @@ const file_fence_v1_fence_proto_rawDesc = "" +
 	"\x12UserRemoveResponse\"\x11\n" +
 	"\x0fUserListRequest\"8\n" +
 	"\x10UserListResponse\x12$\n" +
-	"\x05users\x18\x01 \x03(\v2\x0e.fence.v1.UserR\x05users\"i\n" +
+	"\x05users\x18\x01 \x03(\v2\x0e.fence.v1.UserR\x05users\"\xf0\x01\n" +
 	"\x13UserSetQuotaRequest\x12\x12\n" +
 	"\x04user\x18\x01 \x01(\tR\x04user\x12!\n" +
 	"\fmax_sessions\x18\x02 \x01(\x04R\vmaxSessions\x12\x1b\n" +
-	"\tmax_locks\x18\x03 \x01(\x04R\bmaxLocks\"\x16\n" +
+	"\tmax_locks\x18\x03 \x01(\x04R\bmaxLocks\x12\x1b\n" +
+	"\tmax_waits\x18\x04 \x01(\x04R\bmaxWaits\x12 \n" +
+	"\fmax_kv_bytes\x18\x05 \x01(\x04R\n" +
+	"maxKvBytes\x12!\n" +
+	"\fsession_rate\x18\x06 \x01(\x01R\vsessionRate\x12#\n" +
+	"\rsession_burst\x18\a \x01(\x04R\fsessionBurst\"\x16\n" +
 	"\x14UserSetQuotaResponse\">\n" +
 	"\x14UserGrantRoleRequest\x12\x12\n" +
 	"\x04user\x18\x01 \x01(\tR\x04user\x12\x12\n" +

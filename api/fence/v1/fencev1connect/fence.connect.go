@@ -934,9 +934,13 @@ type AuthServiceClient interface {
 	// UserRemove removes a user and revokes every token of theirs.
 	UserRemove(context.Context, *connect.Request[v1.UserRemoveRequest]) (*connect.Response[v1.UserRemoveResponse], error)
 	UserList(context.Context, *connect.Request[v1.UserListRequest]) (*connect.Response[v1.UserListResponse], error)
-	// UserSetQuota sets a user's quotas, enforced while auth is on: live
-	// sessions the user created, and locks those sessions hold or wait for
-	// (0: no limit). A call beyond one fails with resource_exhausted.
+	// UserSetQuota sets every quota of a user (0: no limit), enforced
+	// while auth is on: live sessions the user created; locks those
+	// sessions hold or wait for, and of those the ones they wait for; bytes
+	// of the KV keys the user wrote last; and how fast the user may create
+	// sessions (a token bucket: rate per second and burst). A call beyond
+	// one fails with resource_exhausted naming the user and the quota. A
+	// value out of bounds fails with invalid_argument and changes nothing.
 	UserSetQuota(context.Context, *connect.Request[v1.UserSetQuotaRequest]) (*connect.Response[v1.UserSetQuotaResponse], error)
 	UserGrantRole(context.Context, *connect.Request[v1.UserGrantRoleRequest]) (*connect.Response[v1.UserGrantRoleResponse], error)
 	UserRevokeRole(context.Context, *connect.Request[v1.UserRevokeRoleRequest]) (*connect.Response[v1.UserRevokeRoleResponse], error)
@@ -1193,9 +1197,13 @@ type AuthServiceHandler interface {
 	// UserRemove removes a user and revokes every token of theirs.
 	UserRemove(context.Context, *connect.Request[v1.UserRemoveRequest]) (*connect.Response[v1.UserRemoveResponse], error)
 	UserList(context.Context, *connect.Request[v1.UserListRequest]) (*connect.Response[v1.UserListResponse], error)
-	// UserSetQuota sets a user's quotas, enforced while auth is on: live
-	// sessions the user created, and locks those sessions hold or wait for
-	// (0: no limit). A call beyond one fails with resource_exhausted.
+	// UserSetQuota sets every quota of a user (0: no limit), enforced
+	// while auth is on: live sessions the user created; locks those
+	// sessions hold or wait for, and of those the ones they wait for; bytes
+	// of the KV keys the user wrote last; and how fast the user may create
+	// sessions (a token bucket: rate per second and burst). A call beyond
+	// one fails with resource_exhausted naming the user and the quota. A
+	// value out of bounds fails with invalid_argument and changes nothing.
 	UserSetQuota(context.Context, *connect.Request[v1.UserSetQuotaRequest]) (*connect.Response[v1.UserSetQuotaResponse], error)
 	UserGrantRole(context.Context, *connect.Request[v1.UserGrantRoleRequest]) (*connect.Response[v1.UserGrantRoleResponse], error)
 	UserRevokeRole(context.Context, *connect.Request[v1.UserRevokeRoleRequest]) (*connect.Response[v1.UserRevokeRoleResponse], error)
