@@ -7,6 +7,8 @@ import (
 	"errors"
 	"fmt"
 	"net/http"
+	"os"
+	"runtime/pprof"
 	"slices"
 	"strconv"
 	"strings"
@@ -29,6 +31,7 @@ func benchCommand(g *globals) *cobra.Command {
 		idleTTL   time.Duration
 		idleProcs int
 		expire    int
+		profile   string
 	)
 	cmd := &cobra.Command{
 		Use:   "bench",
@@ -79,6 +82,13 @@ With --json, prints {"results": [{"workload", "clients", "idleSessions",
 				return fmt.Errorf("--expire needs --idle-procs: it kills the processes that hold the sessions")
 			case expire > idle || (expire > 0 && expire%(idle/idleProcs) != 0):
 				return fmt.Errorf("--expire %d must be a multiple of the %d sessions each of the --idle-procs holds, at most --idle-sessions", expire, idle/max(idleProcs, 1))
+			}
+			if profile != "" {
+				stop, err := startCPUProfile(profile)
+				if err != nil {
+					return err
+				}
+				defer stop()
 			}
 			if !asJSON {
 				fmt.Fprintf(g.stdout, "%-8s %8s %8s %12s %10s %10s\n", "workload", "clients", "idle", "cycles/s", "p50", "p99")
@@ -192,6 +202,7 @@ With --json, prints {"results": [{"workload", "clients", "idleSessions",
 	cmd.Flags().DurationVar(&idleTTL, "idle-ttl", 10*time.Second, "TTL of the idle sessions")
 	cmd.Flags().IntVar(&idleProcs, "idle-procs", 0, "hold the idle sessions in this many processes of their own (0: in this one)")
 	cmd.Flags().IntVar(&expire, "expire", 0, "then kill the processes holding this many idle sessions and measure their expiry (needs --idle-procs)")
+	cmd.Flags().StringVar(&profile, "cpuprofile", "", "write the bench process's CPU profile to this file (go tool pprof), to see the client's cost")
 	cmd.AddCommand(benchHoldCommand(g))
 	return cmd
 }
@@ -485,4 +496,20 @@ func scrapeMetric(ctx context.Context, g *globals, name string) (float64, error)
 		return 0, err
 	}
 	return 0, fmt.Errorf("%s/metrics has no %s", ep, name)
+}
+
+// startCPUProfile profiles this process's CPU into file until stop.
+func startCPUProfile(file string) (stop func(), err error) {
+	f, err := os.Create(file)
+	if err != nil {
+		return nil, err
+	}
+	if err := pprof.StartCPUProfile(f); err != nil {
+		f.Close()
+		return nil, err
+	}
+	return func() {
+		pprof.StopCPUProfile()
+		f.Close()
+	}, nil
 }
