@@ -432,3 +432,63 @@ func TestStreamAuth(t *testing.T) {
 		t.Fatalf("the stream ended with %v", err)
 	}
 }
+
+// A client's stream moves with the leader: when the leader stops, the
+// operations in flight are retried at the new leader, on a stream opened
+// there, and the sessions live on.
+func TestClusterStreamFollowsLeader(t *testing.T) {
+	c := startCluster(t, 3, nil)
+	cl := c.client()
+	ctx := context.Background()
+	sess, err := cl.NewSession(ctx, client.WithTTL(5*time.Second))
+	if err != nil {
+		t.Fatal(err)
+	}
+	m := client.NewMutex(sess, "moving")
+	g, err := m.Lock(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	streams := func(s *Server) float64 { return scrape(t, "http://"+s.Addr()+"/metrics")["fence_streams"] }
+	old := c.leader()
+	if n := streams(old); n != 1 {
+		t.Fatalf("the leader has %v streams open", n)
+	}
+	// An acquire blocked on the stream when the leader goes.
+	waiter, err := cl.NewSession(ctx, client.WithTTL(5*time.Second))
+	if err != nil {
+		t.Fatal(err)
+	}
+	got := make(chan error, 1)
+	go func() {
+		_, err := client.NewMutex(waiter, "moving").Lock(ctx)
+		got <- err
+	}()
+	waitFor(t, "the waiter to queue", func() bool { return waitersOf(old, "moving") == 1 })
+	c.stop(old.cfg.NodeID)
+	leader := c.leader()
+	if _, err := cl.KV().Put(ctx, "after", []byte("v")); err != nil {
+		t.Fatal(err)
+	}
+	waitFor(t, "the stream at the new leader", func() bool { return streams(leader) == 1 })
+	time.Sleep(2 * time.Second) // keepalive rounds at the new leader
+	if sess.Err() != nil || g.Err() != nil {
+		t.Fatalf("the session did not survive the leader's change: %v", sess.Err())
+	}
+	if err := m.Unlock(ctx); err != nil {
+		t.Fatal(err)
+	}
+	select {
+	case err := <-got:
+		if err != nil {
+			t.Fatalf("the waiter: %v", err)
+		}
+	case <-time.After(15 * time.Second):
+		t.Fatal("the waiter was not granted at the new leader")
+	}
+	for _, f := range c.followers(leader) {
+		if n := streams(f); n != 0 {
+			t.Fatalf("follower %s has %v streams", f.cfg.NodeID, n)
+		}
+	}
+}
