@@ -29,6 +29,10 @@ lock+unlock cycles per second with p50 and p99 latency of one cycle.
 Workloads: "own" gives each client its own lock; "hot" has all clients
 contend for one lock (FIFO hand-off).
 
+Each client sends its operations on one HTTP/2 stream (the session
+stream); --no-stream sends each as a unary call of its own instead, as
+clients before the stream did, to compare the two.
+
 With --json, prints {"results": [{"workload", "clients", "cyclesPerSecond",
 "p50", "p99"}]} once every run is done.`,
 		Args: cobra.NoArgs,
@@ -65,6 +69,7 @@ With --json, prints {"results": [{"workload", "clients", "cyclesPerSecond",
 	cmd.Flags().DurationVar(&duration, "duration", 5*time.Second, "how long each run lasts")
 	cmd.Flags().StringSliceVar(&workloads, "workload", []string{"own", "hot"}, "workloads: own, hot")
 	cmd.Flags().BoolVar(&asJSON, "json", false, "print JSON once every run is done")
+	cmd.Flags().BoolVar(&g.noStream, "no-stream", false, "send each operation as a unary call, not on the session stream")
 	return cmd
 }
 
