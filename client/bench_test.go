@@ -1,12 +1,12 @@
 package client
 
 import (
-	"github.com/fencelock/fence/server"
-
 	"context"
 	"fmt"
 	"sync/atomic"
 	"testing"
+
+	"github.com/fencelock/fence/server"
 )
 
 // BenchmarkLockUnlock measures one lock+unlock cycle through the client
