@@ -249,8 +249,10 @@ func defaultHTTPClient(grpc bool, tlsConfig *tls.Config) *http.Client {
 		protocols.SetHTTP1(true)
 	}
 	return &http.Client{Transport: inMemoryBodies{&http.Transport{
-		Protocols:       &protocols,
-		TLSClientConfig: tlsConfig,
+		Protocols: &protocols,
+		// A copy: HTTP/2 adds "h2" to its NextProtos, which must not
+		// reach the caller's config, nor the other transport's.
+		TLSClientConfig: tlsConfig.Clone(),
 		DialContext: (&net.Dialer{
 			Timeout:   3 * time.Second,
 			KeepAlive: 15 * time.Second,
