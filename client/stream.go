@@ -61,7 +61,7 @@ func streamHTTPClient(tlsConfig *tls.Config) *http.Client {
 	}
 	return &http.Client{Transport: plainToTLS{&http.Transport{
 		Protocols:       &protocols,
-		TLSClientConfig: tlsConfig,
+		TLSClientConfig: tlsConfig.Clone(), // HTTP/2 adds "h2" to its NextProtos
 		DialContext:     (&net.Dialer{Timeout: 3 * time.Second, KeepAlive: 15 * time.Second}).DialContext,
 		HTTP2:           &http.HTTP2Config{SendPingTimeout: 10 * time.Second, PingTimeout: 5 * time.Second},
 	}}}
@@ -108,6 +108,12 @@ func (m *streams) at(ctx context.Context, ep *endpoint) (*opStream, error) {
 	if st := m.live(ep); st != nil {
 		return st, nil
 	}
+	m.mu.Lock()
+	closed := m.closed
+	m.mu.Unlock()
+	if closed {
+		return nil, errNoStream
+	}
 	m.openMu.Lock()
 	defer m.openMu.Unlock()
 	if st := m.live(ep); st != nil {
@@ -125,7 +131,7 @@ func (m *streams) at(ctx context.Context, ep *endpoint) (*opStream, error) {
 	m.mu.Unlock()
 	if closed {
 		st.end(errClientClosed)
-		return nil, errClientClosed
+		return nil, errNoStream // calls after Close go as unary calls, as before the stream
 	}
 	if old != nil {
 		// Its operations fail as Unavailable and are retried here.

@@ -412,3 +412,17 @@ func waitFor(t *testing.T, cond func() bool) {
 		time.Sleep(5 * time.Millisecond)
 	}
 }
+
+// Close ends the stream; calls made after it still work, as unary calls,
+// as they did before the stream (Close only released connections).
+func TestCallsAfterCloseGoUnary(t *testing.T) {
+	srv := startServer(t, nil)
+	c := mustClient(t, srv, nil)
+	lockCycle(t, c)
+	c.Close()
+	before := streamOps(t, srv, "acquire")
+	lockCycle(t, c)
+	if n := streamOps(t, srv, "acquire"); n != before {
+		t.Fatalf("%v acquires on a stream after Close", n-before)
+	}
+}
