@@ -70,13 +70,20 @@ func streamHTTPClient(tlsConfig *tls.Config) *http.Client {
 // op runs one operation on ep: on the client's stream when ep serves it,
 // else as its unary call. The error is what the unary call would fail with.
 func (c *Client) op(ctx context.Context, ep *endpoint, req *fencev1.StreamRequest) (*fencev1.StreamResponse, error) {
-	if c.streamTo(ep) {
+	if c.streamTo(ep) && !staleRead(req) {
 		resp, err := c.streams.do(ctx, ep, req)
 		if !errors.Is(err, errNoStream) {
 			return resp, err
 		}
 	}
 	return c.unaryOp(ctx, ep, req)
+}
+
+// staleRead reports whether req asks a node for its own state: only the
+// leader serves the stream, and a stale read is for any node, the one
+// the call reached (a follower cut off from the leader included).
+func staleRead(req *fencev1.StreamRequest) bool {
+	return req.GetGet().GetStale() || req.GetCheck().GetStale()
 }
 
 // streamTo reports whether operations to ep go on a stream.
