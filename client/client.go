@@ -37,9 +37,10 @@ type Client struct {
 	http  *http.Client
 	copts []connect.ClientOption
 	// streamHTTP carries the session stream, over HTTP/2.
-	streamHTTP *http.Client
-	streams    *streams
-	keepAlives *keepAliver
+	streamHTTP  *http.Client
+	streamConns connSet // streamHTTP's, when it is the client's own
+	streams     *streams
+	keepAlives  *keepAliver
 
 	// cluster is the id of the group the client talks to, once known.
 	cluster atomic.Pointer[string]
@@ -181,7 +182,7 @@ func New(opts ...Option) (*Client, error) {
 	c.http = &hc
 	c.streamHTTP = c.http // a client of the caller's: HTTP/2 if it can
 	if o.httpClient == nil {
-		c.streamHTTP = streamHTTPClient(o.tls)
+		c.streamHTTP = streamHTTPClient(o.tls, &c.streamConns)
 	}
 	c.streams = &streams{c: c}
 	c.keepAlives = &keepAliver{c: c, sessions: map[*Session]struct{}{}}
@@ -339,6 +340,7 @@ func (c *Client) Close() error {
 	c.streams.close()
 	c.http.CloseIdleConnections()
 	c.streamHTTP.CloseIdleConnections()
+	c.streamConns.closeAll()
 	return nil
 }
 

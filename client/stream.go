@@ -52,19 +52,68 @@ const streamRetry = 10 * time.Second
 // streamHTTPClient speaks HTTP/2 to the nodes for the stream: without TLS
 // (h2c) for http endpoints, with ALPN h2 over TLS. Its pings find a
 // connection whose far end went away while the stream was idle.
-func streamHTTPClient(tlsConfig *tls.Config) *http.Client {
+// Its connections are the client's alone: Client.Close closes them (conns),
+// as a connection whose stream just ended may not count as idle yet.
+func streamHTTPClient(tlsConfig *tls.Config, conns *connSet) *http.Client {
 	var protocols http.Protocols
 	if tlsConfig == nil {
 		protocols.SetUnencryptedHTTP2(true)
 	} else {
 		protocols.SetHTTP2(true)
 	}
+	dialer := &net.Dialer{Timeout: 3 * time.Second, KeepAlive: 15 * time.Second}
 	return &http.Client{Transport: plainToTLS{&http.Transport{
 		Protocols:       &protocols,
 		TLSClientConfig: tlsConfig.Clone(), // HTTP/2 adds "h2" to its NextProtos
-		DialContext:     (&net.Dialer{Timeout: 3 * time.Second, KeepAlive: 15 * time.Second}).DialContext,
-		HTTP2:           &http.HTTP2Config{SendPingTimeout: 10 * time.Second, PingTimeout: 5 * time.Second},
+		DialContext: func(ctx context.Context, network, addr string) (net.Conn, error) {
+			conn, err := dialer.DialContext(ctx, network, addr)
+			if err != nil {
+				return nil, err
+			}
+			return conns.add(conn), nil
+		},
+		HTTP2: &http.HTTP2Config{SendPingTimeout: 10 * time.Second, PingTimeout: 5 * time.Second},
 	}}}
+}
+
+// connSet is the open connections of a transport.
+type connSet struct {
+	mu    sync.Mutex
+	conns map[*trackedConn]struct{}
+}
+
+type trackedConn struct {
+	net.Conn
+	set *connSet
+}
+
+func (c *trackedConn) Close() error {
+	c.set.mu.Lock()
+	delete(c.set.conns, c)
+	c.set.mu.Unlock()
+	return c.Conn.Close()
+}
+
+func (s *connSet) add(conn net.Conn) net.Conn {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.conns == nil {
+		s.conns = map[*trackedConn]struct{}{}
+	}
+	c := &trackedConn{Conn: conn, set: s}
+	s.conns[c] = struct{}{}
+	return c
+}
+
+// closeAll closes every connection open.
+func (s *connSet) closeAll() {
+	s.mu.Lock()
+	conns := s.conns
+	s.conns = nil
+	s.mu.Unlock()
+	for c := range conns {
+		_ = c.Conn.Close()
+	}
 }
 
 // op runs one operation on ep: on the client's stream when ep serves it,
