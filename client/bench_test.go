@@ -5,13 +5,35 @@ import (
 	"fmt"
 	"sync/atomic"
 	"testing"
+
+	"github.com/fencelock/fence/server"
 )
 
 // BenchmarkLockUnlock measures one lock+unlock cycle through the client
 // against a real single-node server: two raft commits and two round trips.
 func BenchmarkLockUnlock(b *testing.B) {
+	transports(b, benchmarkLockUnlock)
+}
+
+// transports runs a benchmark on the session stream and with unary calls.
+func transports(b *testing.B, bench func(b *testing.B, opts ...Option)) {
+	b.Run("stream", func(b *testing.B) { bench(b) })
+	b.Run("unary", func(b *testing.B) { bench(b, WithoutStream()) })
+}
+
+// benchClient returns a client of srv with opts, closed when b ends.
+func benchClient(b *testing.B, srv *server.Server, opts ...Option) *Client {
+	c, err := New(append([]Option{WithEndpoints(srv.Addr())}, opts...)...)
+	if err != nil {
+		b.Fatal(err)
+	}
+	b.Cleanup(func() { c.Close() })
+	return c
+}
+
+func benchmarkLockUnlock(b *testing.B, opts ...Option) {
 	srv := startServer(b, nil)
-	c := mustClient(b, srv, nil)
+	c := benchClient(b, srv, opts...)
 	ctx := context.Background()
 	s, err := c.NewSession(ctx)
 	if err != nil {
@@ -30,10 +52,15 @@ func BenchmarkLockUnlock(b *testing.B) {
 }
 
 // BenchmarkLockUnlockParallel runs cycles from many sessions, each on its
-// own lock, so that raft can commit them in groups.
+// own lock, so that raft can commit them in groups: on one stream, or on
+// a connection each.
 func BenchmarkLockUnlockParallel(b *testing.B) {
+	transports(b, benchmarkLockUnlockParallel)
+}
+
+func benchmarkLockUnlockParallel(b *testing.B, opts ...Option) {
 	srv := startServer(b, nil)
-	c := mustClient(b, srv, nil)
+	c := benchClient(b, srv, opts...)
 	ctx := context.Background()
 	var n atomic.Int64
 	b.SetParallelism(8)

@@ -36,6 +36,11 @@ type Client struct {
 	opts  options
 	http  *http.Client
 	copts []connect.ClientOption
+	// streamHTTP carries the session stream, over HTTP/2.
+	streamHTTP  *http.Client
+	streamConns connSet // streamHTTP's, when it is the client's own
+	streams     *streams
+	keepAlives  *keepAliver
 
 	// cluster is the id of the group the client talks to, once known.
 	cluster atomic.Pointer[string]
@@ -52,6 +57,14 @@ type endpoint struct {
 	cluster  fencev1connect.ClusterServiceClient
 	kv       fencev1connect.KVServiceClient
 	auth     fencev1connect.AuthServiceClient
+	stream   fencev1connect.StreamServiceClient
+	// unaryOnly is set once the node answered that it does not serve the
+	// session stream (an older version, or HTTP/1.1 on the way): its
+	// operations go as unary calls from then on. noStreamUntil (unix
+	// nanoseconds) does the same for a while after another failure to
+	// open one.
+	unaryOnly     atomic.Bool
+	noStreamUntil atomic.Int64
 	// silentUntil (unix nanoseconds) is set when an attempt here got no
 	// answer in time: until then, retries pass this node over while
 	// another may answer.
@@ -80,6 +93,7 @@ type options struct {
 	tls         *tls.Config
 	clusterID   string
 	bearer      string
+	noStream    bool
 }
 
 // Option configures a Client.
@@ -166,6 +180,12 @@ func New(opts ...Option) (*Client, error) {
 	hc := *c.http // a copy: the caller's client is left as it was
 	hc.Transport = plainToTLS{hc.Transport}
 	c.http = &hc
+	c.streamHTTP = c.http // a client of the caller's: HTTP/2 if it can
+	if o.httpClient == nil {
+		c.streamHTTP = streamHTTPClient(o.tls, &c.streamConns)
+	}
+	c.streams = &streams{c: c}
+	c.keepAlives = &keepAliver{c: c, sessions: map[*Session]struct{}{}}
 	if o.clusterID != "" {
 		c.cluster.Store(&o.clusterID)
 	}
@@ -192,6 +212,7 @@ func (c *Client) newEndpoint(url string) *endpoint {
 		cluster:  fencev1connect.NewClusterServiceClient(c.http, url, c.copts...),
 		kv:       fencev1connect.NewKVServiceClient(c.http, url, c.copts...),
 		auth:     fencev1connect.NewAuthServiceClient(c.http, url, c.copts...),
+		stream:   fencev1connect.NewStreamServiceClient(c.streamHTTP, url, c.copts...),
 	}
 }
 
@@ -229,8 +250,10 @@ func defaultHTTPClient(grpc bool, tlsConfig *tls.Config) *http.Client {
 		protocols.SetHTTP1(true)
 	}
 	return &http.Client{Transport: inMemoryBodies{&http.Transport{
-		Protocols:       &protocols,
-		TLSClientConfig: tlsConfig,
+		Protocols: &protocols,
+		// A copy: HTTP/2 adds "h2" to its NextProtos, which must not
+		// reach the caller's config, nor the other transport's.
+		TLSClientConfig: tlsConfig.Clone(),
 		DialContext: (&net.Dialer{
 			Timeout:   3 * time.Second,
 			KeepAlive: 15 * time.Second,
@@ -311,9 +334,13 @@ func (t inMemoryBodies) CloseIdleConnections() {
 	}
 }
 
-// Close releases the client's idle connections. Sessions should be closed first.
+// Close ends the client's session stream and releases its idle
+// connections. Sessions should be closed first.
 func (c *Client) Close() error {
+	c.streams.close()
 	c.http.CloseIdleConnections()
+	c.streamHTTP.CloseIdleConnections()
+	c.streamConns.closeAll()
 	return nil
 }
 
@@ -696,10 +723,12 @@ type CheckResult = fence.TokenStatus
 func (c *Client) Check(ctx context.Context, lock string, token uint64, opts ...ReadOption) (CheckResult, error) {
 	var out CheckResult
 	stale := readOpts(opts).stale
+	req := &fencev1.StreamRequest{Op: &fencev1.StreamRequest_Check{Check: &fencev1.CheckRequest{Lock: lock, Token: token, Stale: stale}}}
 	err := c.unary(ctx, func(ctx context.Context, ep *endpoint) error {
-		resp, err := ep.locks.Check(ctx, connect.NewRequest(&fencev1.CheckRequest{Lock: lock, Token: token, Stale: stale}))
+		resp, err := c.op(ctx, ep, req)
 		if err == nil {
-			out = CheckResult{Current: resp.Msg.GetCurrent(), Held: resp.Msg.GetHeld(), CurrentToken: resp.Msg.GetCurrentToken()}
+			r := resp.GetCheck()
+			out = CheckResult{Current: r.GetCurrent(), Held: r.GetHeld(), CurrentToken: r.GetCurrentToken()}
 		}
 		return err
 	})

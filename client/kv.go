@@ -86,10 +86,11 @@ func (k *KV) Put(ctx context.Context, key string, value []byte, opts ...WriteOpt
 	req := &fencev1.PutRequest{Key: key, Value: value, Fence: &o.fence, SessionId: o.session, SessionSecret: o.secret}
 	var rev uint64
 	once := newIdempotencyKey()
+	op := &fencev1.StreamRequest{IdempotencyKey: once, Op: &fencev1.StreamRequest_Put{Put: req}}
 	err := k.c.unary(ctx, func(ctx context.Context, ep *endpoint) error {
-		resp, err := ep.kv.Put(ctx, keyed(req, once))
+		resp, err := k.c.op(ctx, ep, op)
 		if err == nil {
-			rev = resp.Msg.GetRevision()
+			rev = resp.GetPut().GetRevision()
 		}
 		return err
 	})
@@ -101,10 +102,11 @@ func (k *KV) Put(ctx context.Context, key string, value []byte, opts ...WriteOpt
 func (k *KV) Get(ctx context.Context, key string, opts ...ReadOption) (*KeyValue, error) {
 	var kv *KeyValue
 	stale := readOpts(opts).stale
+	op := &fencev1.StreamRequest{Op: &fencev1.StreamRequest_Get{Get: &fencev1.GetRequest{Key: key, Stale: stale}}}
 	err := k.c.unary(ctx, func(ctx context.Context, ep *endpoint) error {
-		resp, err := ep.kv.Get(ctx, connect.NewRequest(&fencev1.GetRequest{Key: key, Stale: stale}))
-		if err == nil && resp.Msg.GetFound() {
-			kv = resp.Msg.GetKv()
+		resp, err := k.c.op(ctx, ep, op)
+		if err == nil && resp.GetGet().GetFound() {
+			kv = resp.GetGet().GetKv()
 		}
 		return err
 	})
@@ -116,10 +118,11 @@ func (k *KV) Delete(ctx context.Context, key string, opts ...WriteOption) (bool,
 	req := &fencev1.DeleteRequest{Key: key, Fence: &writeOpts(opts).fence}
 	var deleted bool
 	once := newIdempotencyKey()
+	op := &fencev1.StreamRequest{IdempotencyKey: once, Op: &fencev1.StreamRequest_Delete{Delete: req}}
 	err := k.c.unary(ctx, func(ctx context.Context, ep *endpoint) error {
-		resp, err := ep.kv.Delete(ctx, keyed(req, once))
+		resp, err := k.c.op(ctx, ep, op)
 		if err == nil {
-			deleted = resp.Msg.GetDeleted()
+			deleted = resp.GetDelete().GetDeleted()
 		}
 		return err
 	})

@@ -8,7 +8,7 @@ import (
 	"sync"
 	"time"
 
-	"connectrpc.com/connect"
+	"google.golang.org/protobuf/proto"
 	"google.golang.org/protobuf/types/known/durationpb"
 
 	"github.com/fencelock/fence"
@@ -174,19 +174,20 @@ func (m *Mutex) acquire(ctx context.Context, try bool) (*Grant, error) {
 			if !waitUntil.IsZero() {
 				req.WaitTimeout = durationpb.New(max(time.Until(waitUntil), time.Millisecond))
 			}
-			var r *connect.Response[fencev1.AcquireResponse]
-			err := withAttemptDeadline(ctx, clock.Real, limit, ep, func(ctx context.Context) (err error) {
-				r, err = ep.locks.Acquire(ctx, connect.NewRequest(req))
+			var r *fencev1.AcquireResponse
+			err := withAttemptDeadline(ctx, clock.Real, limit, ep, func(ctx context.Context) error {
+				got, err := s.client.op(ctx, ep, &fencev1.StreamRequest{Op: &fencev1.StreamRequest_Acquire{Acquire: proto.Clone(req).(*fencev1.AcquireRequest)}})
+				r = got.GetAcquire()
 				return err
 			})
 			if err != nil {
 				return err
 			}
-			if !r.Msg.GetWaiting() {
-				resp = r.Msg
+			if !r.GetWaiting() {
+				resp = r
 				return nil
 			}
-			req.ResumeAttempt = r.Msg.GetAttempt()
+			req.ResumeAttempt = r.GetAttempt()
 			req.Poll, limit = durationpb.New(attempt), attempt+attempt/2
 		}
 	})
@@ -239,8 +240,9 @@ func (m *Mutex) abandon(id uint64) {
 	}
 	ctx, cancel := context.WithTimeout(s.ctx, s.ttl)
 	defer cancel()
+	req := &fencev1.StreamRequest{Op: &fencev1.StreamRequest_CancelAcquire{CancelAcquire: &fencev1.CancelAcquireRequest{SessionId: s.id, SessionSecret: s.secret, Lock: m.name, RequestId: id}}}
 	err := s.client.unary(ctx, func(ctx context.Context, ep *endpoint) error {
-		_, err := ep.locks.CancelAcquire(ctx, connect.NewRequest(&fencev1.CancelAcquireRequest{SessionId: s.id, SessionSecret: s.secret, Lock: m.name, RequestId: id}))
+		_, err := s.client.op(ctx, ep, req)
 		return err
 	})
 	switch {
@@ -265,9 +267,10 @@ func (m *Mutex) Unlock(ctx context.Context) error {
 	g.cancel(ErrLockReleased)
 	m.s.untrack(g)
 	attempts := 0
+	req := &fencev1.StreamRequest{Op: &fencev1.StreamRequest_Release{Release: &fencev1.ReleaseRequest{SessionId: m.s.id, SessionSecret: m.s.secret, Lock: m.name, Token: g.token}}}
 	return m.s.client.unary(ctx, func(ctx context.Context, ep *endpoint) error {
 		attempts++
-		_, err := ep.locks.Release(ctx, connect.NewRequest(&fencev1.ReleaseRequest{SessionId: m.s.id, SessionSecret: m.s.secret, Lock: m.name, Token: g.token}))
+		_, err := m.s.client.op(ctx, ep, req)
 		if attempts > 1 && errors.Is(rpcerr.FromConnect(err), fence.ErrNotHolder) {
 			return nil // an earlier attempt, whose answer was lost, released it
 		}

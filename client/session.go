@@ -54,6 +54,15 @@ type Session struct {
 	// requests numbers the session's Acquire calls (their request ids).
 	requests atomic.Uint64
 
+	// interval is the time between renewals; due (under mu) when the
+	// next one is. kicked tells the keepalive loop that another session's
+	// keepalive message renewed this one (keepAliver); batch, under the
+	// keepAliver's mutex, is the message it is in, if any.
+	interval time.Duration
+	due      time.Time
+	kicked   chan struct{}
+	batch    *kaBatch
+
 	stop      chan struct{}
 	stopOnce  sync.Once
 	stopRenew context.CancelFunc // ends a renewal in flight when the session is closed
@@ -101,14 +110,15 @@ func (c *Client) NewSession(ctx context.Context, opts ...SessionOption) (*Sessio
 	// No idempotency key: the service answers a session's secret once, so
 	// a retry creates a session of its own, and one whose answer was lost
 	// expires after its TTL.
+	req := &fencev1.StreamRequest{Op: &fencev1.StreamRequest_CreateSession{CreateSession: &fencev1.CreateSessionRequest{
+		Ttl:   durationpb.New(o.ttl),
+		Owner: o.owner,
+	}}}
 	err := c.unary(ctx, func(ctx context.Context, ep *endpoint) error {
 		sent = c.opts.clock.Now()
-		r, err := ep.sessions.CreateSession(ctx, connect.NewRequest(&fencev1.CreateSessionRequest{
-			Ttl:   durationpb.New(o.ttl),
-			Owner: o.owner,
-		}))
+		r, err := c.op(ctx, ep, req)
 		if err == nil {
-			resp = r.Msg
+			resp = r.GetCreateSession()
 		}
 		return err
 	})
@@ -123,11 +133,17 @@ func (c *Client) NewSession(ctx context.Context, opts ...SessionOption) (*Sessio
 		drift:  o.drift,
 		margin: o.margin,
 		stop:   make(chan struct{}),
+		kicked: make(chan struct{}, 1),
 	}
+	s.interval = s.ttl / 3
+	s.due = sent.Add(s.interval)
 	s.ctx, s.cancel = context.WithCancelCause(context.Background())
 	var renewCtx context.Context
 	renewCtx, s.stopRenew = context.WithCancel(s.ctx)
 	s.safeUntil = s.deadlineFrom(sent)
+	if !c.opts.noStream {
+		c.keepAlives.add(s)
+	}
 	s.wg.Add(1)
 	go s.keepAlive(renewCtx)
 	return s, nil
@@ -191,8 +207,9 @@ func (s *Session) Close(ctx context.Context) error {
 		return nil
 	}
 	s.end(ErrSessionClosed)
+	req := &fencev1.StreamRequest{Op: &fencev1.StreamRequest_CloseSession{CloseSession: &fencev1.CloseSessionRequest{SessionId: s.id, SessionSecret: s.secret}}}
 	return s.client.unary(ctx, func(ctx context.Context, ep *endpoint) error {
-		_, err := ep.sessions.CloseSession(ctx, connect.NewRequest(&fencev1.CloseSessionRequest{SessionId: s.id, SessionSecret: s.secret}))
+		_, err := s.client.op(ctx, ep, req)
 		return err
 	})
 }
@@ -228,26 +245,34 @@ func (s *Session) closeAt(ctx context.Context, ep *endpoint) {
 
 // keepAlive renews the session every TTL/3 and ends it when its safe-until
 // deadline passes without a renewal. A failed renewal is retried sooner.
+// A renewal that went in another session's keepalive message (keepAliver)
+// restarts the wait from it.
 func (s *Session) keepAlive(ctx context.Context) {
 	defer s.wg.Done()
+	defer s.client.keepAlives.remove(s)
 	clk := s.client.opts.clock
-	interval := s.ttl / 3
-	retry := min(interval, 250*time.Millisecond)
-	next := clk.NewTimer(interval)
-	defer next.Stop()
+	retry := min(s.interval, 250*time.Millisecond)
 	for {
 		safe := s.SafeUntil()
+		next := clk.NewTimer(s.dueAt().Sub(clk.Now()))
 		lost := clk.NewTimer(safe.Sub(clk.Now()))
 		select {
 		case <-s.stop:
+			next.Stop()
 			lost.Stop()
 			return
 		case <-lost.C():
+			next.Stop()
 			s.lose(fmt.Errorf("%w: no renewal of session %d reached the service in time; its locks may be held by others", fence.ErrSessionLost, s.id))
 			return
 		case <-s.ctx.Done():
+			next.Stop()
 			lost.Stop()
-			return // ended by a lock that could not be given up
+			return // ended by a lock that could not be given up, or found gone
+		case <-s.kicked:
+			next.Stop()
+			lost.Stop()
+			continue
 		case <-next.C():
 		}
 		lost.Stop()
@@ -260,19 +285,68 @@ func (s *Session) keepAlive(ctx context.Context) {
 		err := s.renew(ctx, safe)
 		switch {
 		case err == nil:
-			next.Reset(interval)
 		case errors.Is(err, fence.ErrSessionNotFound):
 			s.end(err)
 			return
 		default:
-			next.Reset(retry)
+			s.setDue(clk.Now().Add(retry))
 		}
 	}
 }
 
+// dueAt returns when the next renewal is due.
+func (s *Session) dueAt() time.Time {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.due
+}
+
+func (s *Session) setDue(t time.Time) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	s.due = t
+}
+
+// kick tells the keepalive loop that its schedule moved.
+func (s *Session) kick() {
+	select {
+	case s.kicked <- struct{}{}:
+	default:
+	}
+}
+
+// nextRound counts a keepalive about to be sent and returns its number.
+func (s *Session) nextRound() uint64 {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	s.renewals++
+	return s.renewals
+}
+
+// renewed takes in a keepalive's success: the keepalive number round, sent
+// at sent, answered that the session holds held.
+func (s *Session) renewed(sent time.Time, round uint64, held *fencev1.HeldGrants) {
+	s.mu.Lock()
+	if d := s.deadlineFrom(sent); d.After(s.safeUntil) {
+		s.safeUntil = d
+	}
+	if next := sent.Add(s.interval); next.After(s.due) {
+		s.due = next
+	}
+	s.mu.Unlock()
+	if held != nil {
+		s.checkHeld(round, held.GetTokens())
+	}
+}
+
 // renew sends one keepalive; the call may not outlive the safe deadline,
-// and an attempt on one node may not outlive a quarter of the TTL.
+// and an attempt on one node may not outlive a quarter of the TTL. On the
+// stream the keepalive goes in one message with those of the client's
+// other sessions that are due soon.
 func (s *Session) renew(ctx context.Context, safe time.Time) error {
+	if !s.client.opts.noStream {
+		return s.client.keepAlives.renew(ctx, s, safe)
+	}
 	clk := s.client.opts.clock
 	ctx, cancel := context.WithCancel(ctx)
 	defer cancel()
@@ -282,10 +356,7 @@ func (s *Session) renew(ctx context.Context, safe time.Time) error {
 		sent time.Time
 		held *fencev1.HeldGrants
 	)
-	s.mu.Lock()
-	s.renewals++
-	round := s.renewals
-	s.mu.Unlock()
+	round := s.nextRound()
 	// A node that hangs gets a quarter of the TTL, so that the other nodes
 	// are tried well before the safe-until deadline.
 	attempt := s.ttl / 4
@@ -302,14 +373,7 @@ func (s *Session) renew(ctx context.Context, safe time.Time) error {
 	if err != nil {
 		return err
 	}
-	s.mu.Lock()
-	if d := s.deadlineFrom(sent); d.After(s.safeUntil) {
-		s.safeUntil = d
-	}
-	s.mu.Unlock()
-	if held != nil {
-		s.checkHeld(round, held.GetTokens())
-	}
+	s.renewed(sent, round, held)
 	return nil
 }
 

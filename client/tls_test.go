@@ -89,3 +89,33 @@ func TestTLSFailureMovesToTheNextEndpoint(t *testing.T) {
 		t.Fatalf("status %v", st)
 	}
 }
+
+// Over TLS the stream (HTTP/2, ALPN h2) and the unary calls (HTTP/1.1)
+// each have a transport of their own; the HTTP/2 one added "h2" to the
+// NextProtos of the tls.Config the two shared, so the unary calls that
+// came after the stream offered h2, were answered in HTTP/2, and failed.
+func TestTLSStreamThenUnary(t *testing.T) {
+	ca := testtls.NewCA(t, "fence test CA")
+	srv := startServer(t, func(c *server.Config) {
+		c.TLS = &tls.Config{Certificates: []tls.Certificate{ca.Cert(t, "node")}}
+	})
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	config := &tls.Config{RootCAs: ca.Pool()}
+	c, err := New(WithEndpoints(srv.Addr()), WithTLS(config))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	s, err := c.NewSession(ctx) // on the stream
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer s.Close(ctx)
+	if _, err := c.Status(ctx); err != nil { // a unary call, on a new connection
+		t.Fatalf("a unary call after the stream: %v", err)
+	}
+	if len(config.NextProtos) != 0 {
+		t.Fatalf("the caller's tls.Config was changed: NextProtos %v", config.NextProtos)
+	}
+}

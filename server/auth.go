@@ -206,6 +206,9 @@ func needOf(procedure string, msg any) need {
 		return kvNeed(fsm.Read, name())
 	case fencev1connect.ClusterServiceStatusProcedure, fencev1connect.AuthServiceAuthStatusProcedure:
 		return need{anyone: true}
+	case fencev1connect.StreamServiceSessionProcedure:
+		// Opening it: each operation is checked as its unary call.
+		return need{anyone: true}
 	}
 	return adminNeed
 }
@@ -304,8 +307,19 @@ func (a authInterceptor) WrapStreamingClient(next connect.StreamingClientFunc) c
 // then carries the check for later (recheckContext).
 func (a authInterceptor) WrapStreamingHandler(next connect.StreamingHandlerFunc) connect.StreamingHandlerFunc {
 	return func(ctx context.Context, conn connect.StreamingHandlerConn) error {
-		slot := &authSlot{}
+		slot := &authSlot{peer: conn.Peer().Addr}
 		ctx = context.WithValue(ctx, authSlotKey{}, slot)
+		if conn.Spec().Procedure == fencev1connect.StreamServiceSessionProcedure {
+			// The session stream authenticates its caller when it opens,
+			// before it reads anything; checkStreamOp checks each
+			// operation with the credential it opened with.
+			cctx, err := a.s.checkCall(ctx, conn.Spec().Procedure, conn.Peer().Addr, conn.RequestHeader(), nil)
+			slot.set(cctx.Value(authCallKey{}).(authCall))
+			if err != nil {
+				return err
+			}
+			return next(ctx, conn)
+		}
 		return next(ctx, &checkedStream{StreamingHandlerConn: conn, check: func(msg any) error {
 			cctx, err := a.s.checkCall(ctx, conn.Spec().Procedure, conn.Peer().Addr, conn.RequestHeader(), msg)
 			slot.set(cctx.Value(authCallKey{}).(authCall))
@@ -316,6 +330,7 @@ func (a authInterceptor) WrapStreamingHandler(next connect.StreamingHandlerFunc)
 
 // authSlot holds a stream's check once its request arrived.
 type authSlot struct {
+	peer string
 	mu   sync.Mutex
 	call *authCall
 }
@@ -340,6 +355,27 @@ func streamCall(ctx context.Context) (authCall, bool) {
 		return authCall{}, false
 	}
 	return *slot.call, true
+}
+
+// checkStreamOp checks one operation of a session stream as its unary
+// call, procedure, is checked: the credential the stream opened with
+// needs the permission that call needs on the names msg carries. A
+// refusal is logged as the unary call's. It returns ctx carrying the
+// operation's check (for callerUser).
+func (s *Server) checkStreamOp(ctx context.Context, procedure string, msg any) (context.Context, error) {
+	slot, _ := ctx.Value(authSlotKey{}).(*authSlot)
+	open, _ := streamCall(ctx)
+	call := authCall{cred: open.cred, need: needOf(procedure, msg)}
+	ctx = context.WithValue(ctx, authCallKey{}, call)
+	if _, err := s.recheck(call); err != nil {
+		peer := ""
+		if slot != nil {
+			peer = slot.peer
+		}
+		s.auditRefusal(procedure, peer, call, err)
+		return ctx, err
+	}
+	return ctx, nil
 }
 
 // recheckStream checks the stream ctx belongs to again.

@@ -22,16 +22,33 @@ import (
 // state machine is well-formed, and return errors that wrap fence sentinels;
 // the error interceptor turns those into codes and details.
 
+// The unary handlers are thin wrappers: each operation's logic takes the
+// request message and the call's context (which carries the caller's
+// checked identity, see callerUser), and, for writes, the idempotency key,
+// so that the stream (stream.go) runs exactly what the unary calls run.
+
 // CreateSession implements fencev1connect.SessionServiceHandler.
 func (s *Server) CreateSession(ctx context.Context, req *connect.Request[fencev1.CreateSessionRequest]) (*connect.Response[fencev1.CreateSessionResponse], error) {
-	ttl, err := s.sessionTTL(req.Msg.GetTtl())
+	return respond(s.createSession(withClientAddr(ctx, req.Peer().Addr, req.Header()), req.Msg))
+}
+
+// respond wraps an operation's answer for a unary call.
+func respond[T any](msg *T, err error) (*connect.Response[T], error) {
 	if err != nil {
 		return nil, err
 	}
-	if err := checkText("owner", req.Msg.GetOwner(), s.cfg.MaxOwnerBytes, false); err != nil {
+	return connect.NewResponse(msg), nil
+}
+
+func (s *Server) createSession(ctx context.Context, m *fencev1.CreateSessionRequest) (*fencev1.CreateSessionResponse, error) {
+	ttl, err := s.sessionTTL(m.GetTtl())
+	if err != nil {
 		return nil, err
 	}
-	if err := s.allowSession(ctx, req.Peer().Addr, req.Header()); err != nil {
+	if err := checkText("owner", m.GetOwner(), s.cfg.MaxOwnerBytes, false); err != nil {
+		return nil, err
+	}
+	if err := s.allowSession(ctx); err != nil {
 		return nil, err
 	}
 	// No idempotency key: the secret is answered once and kept only as a
@@ -40,7 +57,7 @@ func (s *Server) CreateSession(ctx context.Context, req *connect.Request[fencev1
 	secret := newSessionSecret()
 	res, err := s.apply(&fsmpb.Command{Op: &fsmpb.Command_CreateSession{CreateSession: &fsmpb.CreateSession{
 		TtlNs:        int64(ttl),
-		Owner:        req.Msg.GetOwner(),
+		Owner:        m.GetOwner(),
 		MaxSessions:  uint64(s.cfg.MaxSessions),
 		SecretSha256: fsm.SecretHash(secret),
 		User:         s.callerUser(ctx),
@@ -48,20 +65,42 @@ func (s *Server) CreateSession(ctx context.Context, req *connect.Request[fencev1
 	if err != nil {
 		return nil, err
 	}
-	return connect.NewResponse(&fencev1.CreateSessionResponse{SessionId: res.SessionID, Ttl: durationpb.New(ttl), SessionSecret: secret}), nil
+	return &fencev1.CreateSessionResponse{SessionId: res.SessionID, Ttl: durationpb.New(ttl), SessionSecret: secret}, nil
 }
 
 // KeepAlive implements fencev1connect.SessionServiceHandler. The leader
 // renews the session in memory, then confirms that it still leads (one
 // confirmation serves every keepalive and read that arrived before it).
 func (s *Server) KeepAlive(ctx context.Context, req *connect.Request[fencev1.KeepAliveRequest]) (*connect.Response[fencev1.KeepAliveResponse], error) {
-	id := req.Msg.GetSessionId()
-	if err := s.authorizeSession(id, req.Msg.GetSessionSecret()); err != nil {
-		return nil, err
+	res := s.keepAlive(ctx, []*fencev1.KeepAliveRequest{req.Msg})[0]
+	return respond(res.resp, res.err)
+}
+
+// keepAliveResult is one session's answer to a keepalive.
+type keepAliveResult struct {
+	resp *fencev1.KeepAliveResponse
+	err  error
+}
+
+// keepAlive renews sessions: a unary KeepAlive's one, or a stream's many.
+// Each is renewed in the leader's memory, then one leadership confirmation
+// that began after all of them arrived serves them all.
+func (s *Server) keepAlive(ctx context.Context, reqs []*fencev1.KeepAliveRequest) []keepAliveResult {
+	out := make([]keepAliveResult, len(reqs))
+	ttls := make([]time.Duration, len(reqs))
+	renewed := 0
+	for i, m := range reqs {
+		id := m.GetSessionId()
+		if err := s.authorizeSession(id, m.GetSessionSecret()); err != nil {
+			out[i].err = err
+			continue
+		}
+		if ttls[i], out[i].err = s.tracker.keepAlive(id); out[i].err == nil {
+			renewed++
+		}
 	}
-	ttl, err := s.tracker.keepAlive(id)
-	if err != nil {
-		return nil, err
+	if renewed == 0 {
+		return out
 	}
 	// The renewal counts only if this node still led after it: a leader
 	// replaced while it was paused must not move the client's safe-until
@@ -69,30 +108,47 @@ func (s *Server) KeepAlive(ctx context.Context, req *connect.Request[fencev1.Kee
 	// applies every earlier entry, so an expiry committed by another leader
 	// in between has ended the session by the time alive looks.
 	if err := s.confirmer.wait(ctx); err != nil {
-		return nil, err
+		for i := range out {
+			if out[i].err == nil {
+				out[i].err = err
+			}
+		}
+		return out
 	}
-	if err := s.tracker.alive(id); err != nil {
-		return nil, err
+	for i, m := range reqs {
+		if out[i].err != nil {
+			continue
+		}
+		id := m.GetSessionId()
+		if err := s.tracker.alive(id); err != nil {
+			out[i].err = err
+			continue
+		}
+		held := &fencev1.HeldGrants{}
+		s.fsm.Read(func(st *fsm.State) { held.Tokens = st.HeldTokens(id) })
+		out[i].resp = &fencev1.KeepAliveResponse{Ttl: durationpb.New(ttls[i]), Held: held}
 	}
-	held := &fencev1.HeldGrants{}
-	s.fsm.Read(func(st *fsm.State) { held.Tokens = st.HeldTokens(id) })
-	return connect.NewResponse(&fencev1.KeepAliveResponse{Ttl: durationpb.New(ttl), Held: held}), nil
+	return out
 }
 
 // CloseSession implements fencev1connect.SessionServiceHandler. Closing a
 // session that does not exist succeeds: the call is idempotent.
 func (s *Server) CloseSession(ctx context.Context, req *connect.Request[fencev1.CloseSessionRequest]) (*connect.Response[fencev1.CloseSessionResponse], error) {
-	err := s.authorizeSession(req.Msg.GetSessionId(), req.Msg.GetSessionSecret())
+	return respond(s.closeSession(ctx, req.Msg))
+}
+
+func (s *Server) closeSession(_ context.Context, m *fencev1.CloseSessionRequest) (*fencev1.CloseSessionResponse, error) {
+	err := s.authorizeSession(m.GetSessionId(), m.GetSessionSecret())
 	if errors.Is(err, fence.ErrSessionNotFound) {
-		return connect.NewResponse(&fencev1.CloseSessionResponse{}), nil
+		return &fencev1.CloseSessionResponse{}, nil
 	}
 	if err != nil {
 		return nil, err
 	}
-	if _, err := s.apply(&fsmpb.Command{Op: &fsmpb.Command_CloseSession{CloseSession: &fsmpb.CloseSession{SessionId: req.Msg.GetSessionId()}}}); err != nil {
+	if _, err := s.apply(&fsmpb.Command{Op: &fsmpb.Command_CloseSession{CloseSession: &fsmpb.CloseSession{SessionId: m.GetSessionId()}}}); err != nil {
 		return nil, err
 	}
-	return connect.NewResponse(&fencev1.CloseSessionResponse{}), nil
+	return &fencev1.CloseSessionResponse{}, nil
 }
 
 // ListSessions implements fencev1connect.SessionServiceHandler.
@@ -120,7 +176,10 @@ func (s *Server) ListSessions(ctx context.Context, req *connect.Request[fencev1.
 
 // Acquire implements fencev1connect.LockServiceHandler.
 func (s *Server) Acquire(ctx context.Context, req *connect.Request[fencev1.AcquireRequest]) (*connect.Response[fencev1.AcquireResponse], error) {
-	m := req.Msg
+	return respond(s.acquire(ctx, req.Msg))
+}
+
+func (s *Server) acquire(ctx context.Context, m *fencev1.AcquireRequest) (*fencev1.AcquireResponse, error) {
 	if err := checkSessionID(m.GetSessionId()); err != nil {
 		return nil, err
 	}
@@ -202,13 +261,13 @@ var errStillWaiting = errors.New("still waiting")
 
 // waitResponse waits for a queued Acquire's grant (g, if it is known
 // already) and answers it, or answers waiting once poll passes.
-func (s *Server) waitResponse(ctx context.Context, w *waiter, index uint64, g *fsm.Grant, timeout, poll time.Duration) (*connect.Response[fencev1.AcquireResponse], error) {
+func (s *Server) waitResponse(ctx context.Context, w *waiter, index uint64, g *fsm.Grant, timeout, poll time.Duration) (*fencev1.AcquireResponse, error) {
 	if g != nil {
 		return grantResponse(*g), nil
 	}
 	granted, err := s.wait(ctx, w, index, timeout, poll)
 	if errors.Is(err, errStillWaiting) {
-		return connect.NewResponse(&fencev1.AcquireResponse{Lock: w.key.lock, Waiting: true, Attempt: w.req.attempt}), nil
+		return &fencev1.AcquireResponse{Lock: w.key.lock, Waiting: true, Attempt: w.req.attempt}, nil
 	}
 	if err != nil {
 		return nil, err
@@ -356,13 +415,16 @@ func (s *Server) releaseQuietly(g fsm.Grant) {
 	}
 }
 
-func grantResponse(g fsm.Grant) *connect.Response[fencev1.AcquireResponse] {
-	return connect.NewResponse(&fencev1.AcquireResponse{Lock: g.Lock, Token: g.Token, Mode: apiMode(g.Mode)})
+func grantResponse(g fsm.Grant) *fencev1.AcquireResponse {
+	return &fencev1.AcquireResponse{Lock: g.Lock, Token: g.Token, Mode: apiMode(g.Mode)}
 }
 
 // Release implements fencev1connect.LockServiceHandler.
 func (s *Server) Release(ctx context.Context, req *connect.Request[fencev1.ReleaseRequest]) (*connect.Response[fencev1.ReleaseResponse], error) {
-	m := req.Msg
+	return respond(s.release(ctx, req.Msg))
+}
+
+func (s *Server) release(_ context.Context, m *fencev1.ReleaseRequest) (*fencev1.ReleaseResponse, error) {
 	if err := checkSessionID(m.GetSessionId()); err != nil {
 		return nil, err
 	}
@@ -380,12 +442,15 @@ func (s *Server) Release(ctx context.Context, req *connect.Request[fencev1.Relea
 	}}}); err != nil {
 		return nil, err
 	}
-	return connect.NewResponse(&fencev1.ReleaseResponse{}), nil
+	return &fencev1.ReleaseResponse{}, nil
 }
 
 // CancelAcquire implements fencev1connect.LockServiceHandler.
 func (s *Server) CancelAcquire(ctx context.Context, req *connect.Request[fencev1.CancelAcquireRequest]) (*connect.Response[fencev1.CancelAcquireResponse], error) {
-	m := req.Msg
+	return respond(s.cancelAcquire(ctx, req.Msg))
+}
+
+func (s *Server) cancelAcquire(_ context.Context, m *fencev1.CancelAcquireRequest) (*fencev1.CancelAcquireResponse, error) {
 	if err := checkSessionID(m.GetSessionId()); err != nil {
 		return nil, err
 	}
@@ -404,12 +469,15 @@ func (s *Server) CancelAcquire(ctx context.Context, req *connect.Request[fencev1
 	if err != nil {
 		return nil, err
 	}
-	return connect.NewResponse(&fencev1.CancelAcquireResponse{Released: res.Released, Dequeued: res.Dequeued}), nil
+	return &fencev1.CancelAcquireResponse{Released: res.Released, Dequeued: res.Dequeued}, nil
 }
 
 // Check implements fencev1connect.LockServiceHandler.
 func (s *Server) Check(ctx context.Context, req *connect.Request[fencev1.CheckRequest]) (*connect.Response[fencev1.CheckResponse], error) {
-	m := req.Msg
+	return respond(s.check(ctx, req.Msg))
+}
+
+func (s *Server) check(ctx context.Context, m *fencev1.CheckRequest) (*fencev1.CheckResponse, error) {
 	if err := s.checkLockName(m.GetLock()); err != nil {
 		return nil, err
 	}
@@ -427,7 +495,7 @@ func (s *Server) Check(ctx context.Context, req *connect.Request[fencev1.CheckRe
 			}
 		}
 	})
-	return connect.NewResponse(out), nil
+	return out, nil
 }
 
 // maxLocksPage bounds one ListLocks answer.

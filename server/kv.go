@@ -44,7 +44,11 @@ func (s *Server) kvFence(f *fencev1.Fence) (*fsmpb.KVFence, error) {
 
 // Put implements fencev1connect.KVServiceHandler.
 func (s *Server) Put(ctx context.Context, req *connect.Request[fencev1.PutRequest]) (*connect.Response[fencev1.PutResponse], error) {
-	m := req.Msg
+	return respond(s.put(ctx, req.Msg, req.Header().Get(fencev1.IdempotencyKeyHeader)))
+}
+
+// put is Put with the call's idempotency key ("" for none).
+func (s *Server) put(ctx context.Context, m *fencev1.PutRequest, idempotencyKey string) (*fencev1.PutResponse, error) {
 	if err := s.checkKey(m.GetKey()); err != nil {
 		return nil, err
 	}
@@ -55,7 +59,7 @@ func (s *Server) Put(ctx context.Context, req *connect.Request[fencev1.PutReques
 	if err != nil {
 		return nil, err
 	}
-	key, err := idempotencyKey(req.Header())
+	key, err := checkIdempotencyKey(idempotencyKey)
 	if err != nil {
 		return nil, err
 	}
@@ -76,12 +80,16 @@ func (s *Server) Put(ctx context.Context, req *connect.Request[fencev1.PutReques
 	if res.Repeat != nil {
 		rev = res.Repeat.Revision
 	}
-	return connect.NewResponse(&fencev1.PutResponse{Revision: rev}), nil
+	return &fencev1.PutResponse{Revision: rev}, nil
 }
 
 // Delete implements fencev1connect.KVServiceHandler.
 func (s *Server) Delete(ctx context.Context, req *connect.Request[fencev1.DeleteRequest]) (*connect.Response[fencev1.DeleteResponse], error) {
-	m := req.Msg
+	return respond(s.delete(ctx, req.Msg, req.Header().Get(fencev1.IdempotencyKeyHeader)))
+}
+
+// delete is Delete with the call's idempotency key ("" for none).
+func (s *Server) delete(_ context.Context, m *fencev1.DeleteRequest, idempotencyKey string) (*fencev1.DeleteResponse, error) {
 	if err := s.checkKey(m.GetKey()); err != nil {
 		return nil, err
 	}
@@ -89,7 +97,7 @@ func (s *Server) Delete(ctx context.Context, req *connect.Request[fencev1.Delete
 	if err != nil {
 		return nil, err
 	}
-	key, err := idempotencyKey(req.Header())
+	key, err := checkIdempotencyKey(idempotencyKey)
 	if err != nil {
 		return nil, err
 	}
@@ -98,14 +106,17 @@ func (s *Server) Delete(ctx context.Context, req *connect.Request[fencev1.Delete
 		return nil, err
 	}
 	if r := res.Repeat; r != nil {
-		return connect.NewResponse(&fencev1.DeleteResponse{Deleted: r.Changed, Revision: r.Revision}), nil
+		return &fencev1.DeleteResponse{Deleted: r.Changed, Revision: r.Revision}, nil
 	}
-	return connect.NewResponse(&fencev1.DeleteResponse{Deleted: len(res.Events) > 0, Revision: res.Revision}), nil
+	return &fencev1.DeleteResponse{Deleted: len(res.Events) > 0, Revision: res.Revision}, nil
 }
 
 // Get implements fencev1connect.KVServiceHandler.
 func (s *Server) Get(ctx context.Context, req *connect.Request[fencev1.GetRequest]) (*connect.Response[fencev1.GetResponse], error) {
-	m := req.Msg
+	return respond(s.get(ctx, req.Msg))
+}
+
+func (s *Server) get(ctx context.Context, m *fencev1.GetRequest) (*fencev1.GetResponse, error) {
 	if err := s.checkKey(m.GetKey()); err != nil {
 		return nil, err
 	}
@@ -119,7 +130,7 @@ func (s *Server) Get(ctx context.Context, req *connect.Request[fencev1.GetReques
 			out.Found, out.Kv = true, apiKV(kv)
 		}
 	})
-	return connect.NewResponse(out), nil
+	return out, nil
 }
 
 // List implements fencev1connect.KVServiceHandler.

@@ -94,9 +94,11 @@ func (l *sessionLimiter) dropFullLocked(now time.Time) {
 }
 
 // allowSession takes a token for a CreateSession from its caller's
-// bucket, or refuses it with ErrLimit naming the quota. Only a ready
+// bucket (its user's, or for a call without a user its host's, as
+// withClientAddr recorded it in ctx), or refuses it with ErrLimit naming
+// the quota. Only a ready
 // leader decides: a node that is not answers the call Unavailable anyway.
-func (s *Server) allowSession(ctx context.Context, peer string, h http.Header) error {
+func (s *Server) allowSession(ctx context.Context) error {
 	if !s.leaderReady.Load() {
 		return nil
 	}
@@ -115,7 +117,7 @@ func (s *Server) allowSession(ctx context.Context, peer string, h http.Header) e
 	}
 	who, key := "user "+user, "user\x00"+user
 	if user == "" {
-		addr := clientAddr(peer, h)
+		addr, _ := ctx.Value(clientAddrKey{}).(string)
 		who, key = "client "+addr, "addr\x00"+addr
 	}
 	wait := s.limiter.take(key, rate, burst)
@@ -124,6 +126,15 @@ func (s *Server) allowSession(ctx context.Context, peer string, h http.Header) e
 	}
 	return fmt.Errorf("%w: %s: session rate quota %s/s (burst %d, %s) reached; retry in %v, or reuse sessions",
 		fence.ErrLimit, who, strconv.FormatFloat(rate, 'g', -1, 64), burst, source, wait.Round(time.Millisecond))
+}
+
+// clientAddrKey is the context key of the host a call came from, for the
+// session rate of clients without a user.
+type clientAddrKey struct{}
+
+// withClientAddr records in ctx the host a call came from (clientAddr).
+func withClientAddr(ctx context.Context, peer string, h http.Header) context.Context {
+	return context.WithValue(ctx, clientAddrKey{}, clientAddr(peer, h))
 }
 
 // clientAddr is the host a call came from: for a call a follower

@@ -77,6 +77,8 @@ type Server struct {
 	reserve *tokenReserve
 	// authChanges wakes open watches to check their caller again.
 	authChanges authChanges
+	// leaderTerm ends session streams when this node stops leading.
+	leaderTerm leaderTerm
 
 	done      chan struct{}
 	wg        sync.WaitGroup
@@ -278,6 +280,8 @@ func (s *Server) handler() http.Handler {
 	mux.Handle(fencev1connect.NewKVServiceHandler(s, opts...))
 	mux.Handle(fencev1connect.NewClusterServiceHandler(s, opts...))
 	mux.Handle(fencev1connect.NewAuthServiceHandler(s, opts...))
+	streamPath, stream := fencev1connect.NewStreamServiceHandler(s, opts...)
+	mux.Handle(streamPath, streamReads(stream))
 	// The standard gRPC health service (Kubernetes gRPC probes,
 	// grpc-health-probe) and server reflection (grpcurl, Postman).
 	mux.Handle(grpchealth.NewHandler(healthChecker{s}))
@@ -359,6 +363,7 @@ func (s *Server) watchLeadership() {
 			} else {
 				s.logger.Info("lost leadership")
 				s.leaderReady.Store(false)
+				s.leaderTerm.over()
 				s.tracker.becomeFollower()
 				s.delays.becomeFollower()
 				s.hub.failAll(fmt.Errorf("%w: this node lost leadership; retry against the new leader", fence.ErrUnavailable))
@@ -395,6 +400,7 @@ func (s *Server) becomeLeader() {
 	s.fsm.Read(func(st *fsm.State) { delayed = st.DelayedLocks() })
 	s.tracker.becomeLeader()
 	s.delays.becomeLeader(delayed)
+	s.leaderTerm.begin()
 	s.leaderReady.Store(true)
 	s.logger.Info("became leader", "node", s.cfg.NodeID)
 	s.registerSelf()
@@ -460,7 +466,7 @@ func (s *Server) liftDelay(lock string, id uint64) {
 var apiServices = []string{
 	fencev1connect.SessionServiceName, fencev1connect.LockServiceName,
 	fencev1connect.KVServiceName, fencev1connect.ClusterServiceName,
-	fencev1connect.AuthServiceName,
+	fencev1connect.AuthServiceName, fencev1connect.StreamServiceName,
 }
 
 // healthChecker answers the gRPC health service: a node is serving while
@@ -572,6 +578,10 @@ type metrics struct {
 	latency  *prometheus.HistogramVec
 	grants   prometheus.Counter
 	expired  prometheus.Counter
+	// streams counts the session streams open; streamRequests the
+	// messages they carried, by operation.
+	streams        prometheus.Gauge
+	streamRequests *prometheus.CounterVec
 	// storage and leaderChanges, and the rest of registerOpsMetrics.
 	storage       *storageMetrics
 	leaderChanges prometheus.Counter
@@ -589,6 +599,10 @@ func newMetrics(s *Server) *metrics {
 		}, []string{"procedure"}),
 		grants:  prometheus.NewCounter(prometheus.CounterOpts{Name: "fence_grants_total", Help: "Lock grants applied, hand-offs included."}),
 		expired: prometheus.NewCounter(prometheus.CounterOpts{Name: "fence_sessions_expired_total", Help: "Sessions expired by this node as leader."}),
+		streams: prometheus.NewGauge(prometheus.GaugeOpts{Name: "fence_streams", Help: "Session streams open (StreamService.Session)."}),
+		streamRequests: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "fence_stream_requests_total", Help: "Messages received on session streams, by operation (a keep_alive message renews many sessions).",
+		}, []string{"op"}),
 	}
 	gauge := func(name, help string, read func(st *fsm.State) float64) prometheus.Collector {
 		return prometheus.NewGaugeFunc(prometheus.GaugeOpts{Name: name, Help: help}, func() float64 {
@@ -597,7 +611,7 @@ func newMetrics(s *Server) *metrics {
 			return v
 		})
 	}
-	m.registry.MustRegister(m.requests, m.latency, m.grants, m.expired,
+	m.registry.MustRegister(m.requests, m.latency, m.grants, m.expired, m.streams, m.streamRequests,
 		gauge("fence_sessions", "Live sessions.", func(st *fsm.State) float64 { return float64(st.NumSessions()) }),
 		gauge("fence_locks", "Locks held, waited for or delayed.", func(st *fsm.State) float64 { return float64(st.NumLocks()) }),
 		gauge("fence_last_token", "The last fencing token issued.", func(st *fsm.State) float64 { return float64(st.LastToken()) }),
@@ -632,16 +646,26 @@ func (m *metrics) interceptor() connect.Interceptor {
 		return func(ctx context.Context, req connect.AnyRequest) (connect.AnyResponse, error) {
 			start := time.Now()
 			resp, err := next(ctx, req)
-			proc := req.Spec().Procedure
-			m.latency.WithLabelValues(proc).Observe(time.Since(start).Seconds())
-			code := "ok"
+			var code connect.Code
 			if err != nil {
-				code = connect.CodeOf(err).String()
+				code = connect.CodeOf(err)
 			}
-			m.requests.WithLabelValues(proc, code).Inc()
+			m.observe(req.Spec().Procedure, start, code)
 			return resp, err
 		}
 	})
+}
+
+// observe counts one call of procedure, or one operation of a session
+// stream under its unary call's procedure, that started at start and
+// ended with code (0: it succeeded).
+func (m *metrics) observe(procedure string, start time.Time, code connect.Code) {
+	m.latency.WithLabelValues(procedure).Observe(time.Since(start).Seconds())
+	label := "ok"
+	if code != 0 {
+		label = code.String()
+	}
+	m.requests.WithLabelValues(procedure, label).Inc()
 }
 
 // WaitLeader blocks until this node can serve: it is the leader and has

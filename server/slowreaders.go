@@ -23,7 +23,11 @@ func boundWrites(next http.Handler, d time.Duration) http.Handler {
 	})
 }
 
-// boundedWriter arms the connection's write deadline before every write.
+// boundedWriter arms the connection's write deadline before every write,
+// and clears it once the write is done: over HTTP/2 a deadline is a timer
+// on the stream that resets it when it fires, written or not, so a
+// deadline left armed ended a watch or a session stream that was merely
+// idle for d after its last message.
 type boundedWriter struct {
 	http.ResponseWriter
 	rc *http.ResponseController
@@ -32,13 +36,17 @@ type boundedWriter struct {
 
 func (b *boundedWriter) arm() { _ = b.rc.SetWriteDeadline(time.Now().Add(b.d)) }
 
+func (b *boundedWriter) disarm() { _ = b.rc.SetWriteDeadline(time.Time{}) }
+
 func (b *boundedWriter) WriteHeader(code int) {
 	b.arm()
 	b.ResponseWriter.WriteHeader(code)
+	b.disarm()
 }
 
 func (b *boundedWriter) Write(p []byte) (int, error) {
 	b.arm()
+	defer b.disarm()
 	return b.ResponseWriter.Write(p)
 }
 
@@ -46,6 +54,7 @@ func (b *boundedWriter) Flush() { _ = b.FlushError() }
 
 func (b *boundedWriter) FlushError() error {
 	b.arm()
+	defer b.disarm()
 	return b.rc.Flush()
 }
 

@@ -52,3 +52,28 @@ func TestClientThatStopsReadingIsDropped(t *testing.T) {
 	tr.CloseIdleConnections()
 	waitFor(t, "the server to close the connection of a client that does not read", func() bool { return s.conns.open() <= base })
 }
+
+// A watch over HTTP/2 (gRPC) that is idle for longer than the write
+// timeout stays open: the deadline bounds each write, not the time between
+// them. (It was left armed after each write, and over HTTP/2 an armed
+// deadline resets the stream when it passes.)
+func TestIdleHTTP2WatchOutlivesWriteTimeout(t *testing.T) {
+	s := startTestServer(t, func(c *Config) { c.WriteTimeout = 200 * time.Millisecond })
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	kv := fencev1connect.NewKVServiceClient(h2c(nil), "http://"+s.Addr(), connect.WithGRPC())
+	stream, err := kv.Watch(ctx, connect.NewRequest(&fencev1.WatchRequest{Prefix: "idle/"}))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !stream.Receive() {
+		t.Fatalf("the watch did not start: %v", stream.Err())
+	}
+	time.Sleep(600 * time.Millisecond)
+	if _, err := newAPI(t, s).kv.Put(ctx, connect.NewRequest(&fencev1.PutRequest{Key: "idle/1", Value: []byte("v")})); err != nil {
+		t.Fatal(err)
+	}
+	if !stream.Receive() || len(stream.Msg().GetEvents()) != 1 {
+		t.Fatalf("the idle watch ended: %v", stream.Err())
+	}
+}

@@ -2,7 +2,6 @@ package server
 
 import (
 	"fmt"
-	"net/http"
 	"strings"
 	"time"
 	"unicode"
@@ -122,10 +121,15 @@ func checkPermits(md fsm.Mode, permits uint32, max int) error {
 	return nil
 }
 
-// idempotencyKey returns the call's idempotency key, "" for none.
-func idempotencyKey(h http.Header) (string, error) {
-	key := h.Get(fencev1.IdempotencyKeyHeader)
-	if err := checkText(fencev1.IdempotencyKeyHeader+" header", key, fsm.MaxIdempotencyKeyBytes, false); err != nil {
+// checkIdempotencyKey checks a unary call's Idempotency-Key header and
+// returns it; "" for none. The stream checks its field the same way first,
+// under the field's name (streamIdempotencyKey).
+func checkIdempotencyKey(key string) (string, error) {
+	return checkIdempotencyKeyAs(fencev1.IdempotencyKeyHeader+" header", key)
+}
+
+func checkIdempotencyKeyAs(what, key string) (string, error) {
+	if err := checkText(what, key, fsm.MaxIdempotencyKeyBytes, false); err != nil {
 		return "", err
 	}
 	return key, nil

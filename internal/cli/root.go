@@ -50,9 +50,12 @@ type globals struct {
 	// tries to reach any node, and how long a bounded command may take.
 	dialTimeout, commandTimeout time.Duration
 	tls                         tlsFiles
-	stdin                       io.Reader
-	stdout                      io.Writer
-	stderr                      io.Writer
+	// noStream sends every operation as a unary call (fence bench
+	// --no-stream), not on the session stream.
+	noStream bool
+	stdin    io.Reader
+	stdout   io.Writer
+	stderr   io.Writer
 }
 
 // client returns a client for --endpoints, or FENCE_ENDPOINTS, or the default.
@@ -80,6 +83,9 @@ func (g *globals) client() (*client.Client, error) {
 	}
 	if token != "" {
 		opts = append(opts, client.WithBearerToken(token))
+	}
+	if g.noStream {
+		opts = append(opts, client.WithoutStream())
 	}
 	return client.New(opts...)
 }

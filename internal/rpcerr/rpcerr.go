@@ -70,6 +70,38 @@ func ToConnect(err error) error {
 	if errors.As(err, &ce) {
 		return err
 	}
+	code, detail := classify(err)
+	out := connect.NewError(code, errors.New(err.Error()))
+	if d, derr := connect.NewErrorDetail(detail); derr == nil {
+		out.AddDetail(d)
+	}
+	return out
+}
+
+// ToStream converts a server-side error to an operation's error on a
+// stream: the code, message and detail ToConnect would give it.
+func ToStream(err error) *fencev1.StreamError {
+	if err == nil {
+		return nil
+	}
+	var ce *connect.Error
+	if errors.As(err, &ce) {
+		out := &fencev1.StreamError{Code: uint32(ce.Code()), Message: ce.Message()}
+		for _, d := range ce.Details() {
+			if v, derr := d.Value(); derr == nil {
+				if detail, ok := v.(*fencev1.ErrorDetail); ok {
+					out.Detail = detail
+				}
+			}
+		}
+		return out
+	}
+	code, detail := classify(err)
+	return &fencev1.StreamError{Code: uint32(code), Message: err.Error(), Detail: detail}
+}
+
+// classify finds an error's code and detail.
+func classify(err error) (connect.Code, *fencev1.ErrorDetail) {
 	detail := &fencev1.ErrorDetail{}
 	var de *DetailError
 	if errors.As(err, &de) {
@@ -102,11 +134,7 @@ func ToConnect(err error) error {
 			break
 		}
 	}
-	out := connect.NewError(code, errors.New(err.Error()))
-	if d, derr := connect.NewErrorDetail(detail); derr == nil {
-		out.AddDetail(d)
-	}
-	return out
+	return code, detail
 }
 
 // ErrPlainToTLS is what a client transport reports when a node answered a
@@ -166,6 +194,21 @@ func FromConnect(err error) error {
 			}
 		}
 	}
+	return re.withSentinel()
+}
+
+// FromStream converts an operation's error answered on a stream, as
+// FromConnect converts a unary call's: the result wraps the same sentinel.
+func FromStream(se *fencev1.StreamError) error {
+	if se == nil {
+		return nil
+	}
+	re := &RemoteError{Code: connect.Code(se.GetCode()), Message: se.GetMessage(), Detail: se.GetDetail()}
+	return re.withSentinel()
+}
+
+// withSentinel sets the sentinel the error's reason (or code) names.
+func (re *RemoteError) withSentinel() *RemoteError {
 	if re.Detail != nil {
 		for _, row := range table {
 			if row.reason == re.Detail.GetReason() {

@@ -5387,6 +5387,807 @@ func (x *ErrorDetail) GetHolderToken() uint64 {
 	return 0
 }
 
+// StreamRequest is one operation on a stream (StreamService.Session).
+type StreamRequest struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// Chosen by the client, not 0, unique among the stream's operations in
+	// flight; the answer carries it. With cancel, the id of the operation to
+	// cancel.
+	Id uint64 `protobuf:"varint,1,opt,name=id,proto3" json:"id,omitempty"`
+	// The Idempotency-Key header of the unary call, for put and delete: a
+	// write whose key the service applied before is not applied again, and
+	// answers as the first application did. Empty: none.
+	IdempotencyKey string `protobuf:"bytes,2,opt,name=idempotency_key,json=idempotencyKey,proto3" json:"idempotency_key,omitempty"`
+	// Types that are valid to be assigned to Op:
+	//
+	//	*StreamRequest_CreateSession
+	//	*StreamRequest_KeepAlive
+	//	*StreamRequest_CloseSession
+	//	*StreamRequest_Acquire
+	//	*StreamRequest_Release
+	//	*StreamRequest_CancelAcquire
+	//	*StreamRequest_Check
+	//	*StreamRequest_Put
+	//	*StreamRequest_Get
+	//	*StreamRequest_Delete
+	//	*StreamRequest_Cancel
+	Op            isStreamRequest_Op `protobuf_oneof:"op"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *StreamRequest) Reset() {
+	*x = StreamRequest{}
+	mi := &file_fence_v1_fence_proto_msgTypes[88]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *StreamRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*StreamRequest) ProtoMessage() {}
+
+func (x *StreamRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_fence_v1_fence_proto_msgTypes[88]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use StreamRequest.ProtoReflect.Descriptor instead.
+func (*StreamRequest) Descriptor() ([]byte, []int) {
+	return file_fence_v1_fence_proto_rawDescGZIP(), []int{88}
+}
+
+func (x *StreamRequest) GetId() uint64 {
+	if x != nil {
+		return x.Id
+	}
+	return 0
+}
+
+func (x *StreamRequest) GetIdempotencyKey() string {
+	if x != nil {
+		return x.IdempotencyKey
+	}
+	return ""
+}
+
+func (x *StreamRequest) GetOp() isStreamRequest_Op {
+	if x != nil {
+		return x.Op
+	}
+	return nil
+}
+
+func (x *StreamRequest) GetCreateSession() *CreateSessionRequest {
+	if x != nil {
+		if x, ok := x.Op.(*StreamRequest_CreateSession); ok {
+			return x.CreateSession
+		}
+	}
+	return nil
+}
+
+func (x *StreamRequest) GetKeepAlive() *KeepAliveManyRequest {
+	if x != nil {
+		if x, ok := x.Op.(*StreamRequest_KeepAlive); ok {
+			return x.KeepAlive
+		}
+	}
+	return nil
+}
+
+func (x *StreamRequest) GetCloseSession() *CloseSessionRequest {
+	if x != nil {
+		if x, ok := x.Op.(*StreamRequest_CloseSession); ok {
+			return x.CloseSession
+		}
+	}
+	return nil
+}
+
+func (x *StreamRequest) GetAcquire() *AcquireRequest {
+	if x != nil {
+		if x, ok := x.Op.(*StreamRequest_Acquire); ok {
+			return x.Acquire
+		}
+	}
+	return nil
+}
+
+func (x *StreamRequest) GetRelease() *ReleaseRequest {
+	if x != nil {
+		if x, ok := x.Op.(*StreamRequest_Release); ok {
+			return x.Release
+		}
+	}
+	return nil
+}
+
+func (x *StreamRequest) GetCancelAcquire() *CancelAcquireRequest {
+	if x != nil {
+		if x, ok := x.Op.(*StreamRequest_CancelAcquire); ok {
+			return x.CancelAcquire
+		}
+	}
+	return nil
+}
+
+func (x *StreamRequest) GetCheck() *CheckRequest {
+	if x != nil {
+		if x, ok := x.Op.(*StreamRequest_Check); ok {
+			return x.Check
+		}
+	}
+	return nil
+}
+
+func (x *StreamRequest) GetPut() *PutRequest {
+	if x != nil {
+		if x, ok := x.Op.(*StreamRequest_Put); ok {
+			return x.Put
+		}
+	}
+	return nil
+}
+
+func (x *StreamRequest) GetGet() *GetRequest {
+	if x != nil {
+		if x, ok := x.Op.(*StreamRequest_Get); ok {
+			return x.Get
+		}
+	}
+	return nil
+}
+
+func (x *StreamRequest) GetDelete() *DeleteRequest {
+	if x != nil {
+		if x, ok := x.Op.(*StreamRequest_Delete); ok {
+			return x.Delete
+		}
+	}
+	return nil
+}
+
+func (x *StreamRequest) GetCancel() *StreamCancel {
+	if x != nil {
+		if x, ok := x.Op.(*StreamRequest_Cancel); ok {
+			return x.Cancel
+		}
+	}
+	return nil
+}
+
+type isStreamRequest_Op interface {
+	isStreamRequest_Op()
+}
+
+type StreamRequest_CreateSession struct {
+	CreateSession *CreateSessionRequest `protobuf:"bytes,10,opt,name=create_session,json=createSession,proto3,oneof"`
+}
+
+type StreamRequest_KeepAlive struct {
+	// Keepalives for many sessions in one message.
+	KeepAlive *KeepAliveManyRequest `protobuf:"bytes,11,opt,name=keep_alive,json=keepAlive,proto3,oneof"`
+}
+
+type StreamRequest_CloseSession struct {
+	CloseSession *CloseSessionRequest `protobuf:"bytes,12,opt,name=close_session,json=closeSession,proto3,oneof"`
+}
+
+type StreamRequest_Acquire struct {
+	Acquire *AcquireRequest `protobuf:"bytes,13,opt,name=acquire,proto3,oneof"`
+}
+
+type StreamRequest_Release struct {
+	Release *ReleaseRequest `protobuf:"bytes,14,opt,name=release,proto3,oneof"`
+}
+
+type StreamRequest_CancelAcquire struct {
+	CancelAcquire *CancelAcquireRequest `protobuf:"bytes,15,opt,name=cancel_acquire,json=cancelAcquire,proto3,oneof"`
+}
+
+type StreamRequest_Check struct {
+	Check *CheckRequest `protobuf:"bytes,16,opt,name=check,proto3,oneof"`
+}
+
+type StreamRequest_Put struct {
+	Put *PutRequest `protobuf:"bytes,17,opt,name=put,proto3,oneof"`
+}
+
+type StreamRequest_Get struct {
+	Get *GetRequest `protobuf:"bytes,18,opt,name=get,proto3,oneof"`
+}
+
+type StreamRequest_Delete struct {
+	Delete *DeleteRequest `protobuf:"bytes,19,opt,name=delete,proto3,oneof"`
+}
+
+type StreamRequest_Cancel struct {
+	// Cancels the operation in flight with this request's id, as if the
+	// caller of its unary call had gone away (a blocked Acquire without
+	// poll gives up what it left). It gets no answer of its own; the
+	// cancelled operation answers Canceled unless it completed first.
+	Cancel *StreamCancel `protobuf:"bytes,20,opt,name=cancel,proto3,oneof"`
+}
+
+func (*StreamRequest_CreateSession) isStreamRequest_Op() {}
+
+func (*StreamRequest_KeepAlive) isStreamRequest_Op() {}
+
+func (*StreamRequest_CloseSession) isStreamRequest_Op() {}
+
+func (*StreamRequest_Acquire) isStreamRequest_Op() {}
+
+func (*StreamRequest_Release) isStreamRequest_Op() {}
+
+func (*StreamRequest_CancelAcquire) isStreamRequest_Op() {}
+
+func (*StreamRequest_Check) isStreamRequest_Op() {}
+
+func (*StreamRequest_Put) isStreamRequest_Op() {}
+
+func (*StreamRequest_Get) isStreamRequest_Op() {}
+
+func (*StreamRequest_Delete) isStreamRequest_Op() {}
+
+func (*StreamRequest_Cancel) isStreamRequest_Op() {}
+
+// StreamCancel cancels an operation in flight; see StreamRequest.cancel.
+type StreamCancel struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *StreamCancel) Reset() {
+	*x = StreamCancel{}
+	mi := &file_fence_v1_fence_proto_msgTypes[89]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *StreamCancel) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*StreamCancel) ProtoMessage() {}
+
+func (x *StreamCancel) ProtoReflect() protoreflect.Message {
+	mi := &file_fence_v1_fence_proto_msgTypes[89]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use StreamCancel.ProtoReflect.Descriptor instead.
+func (*StreamCancel) Descriptor() ([]byte, []int) {
+	return file_fence_v1_fence_proto_rawDescGZIP(), []int{89}
+}
+
+// KeepAliveManyRequest renews many sessions: each entry is what KeepAlive
+// takes (a session id and its secret). At most 10,000 entries.
+type KeepAliveManyRequest struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Sessions      []*KeepAliveRequest    `protobuf:"bytes,1,rep,name=sessions,proto3" json:"sessions,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *KeepAliveManyRequest) Reset() {
+	*x = KeepAliveManyRequest{}
+	mi := &file_fence_v1_fence_proto_msgTypes[90]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *KeepAliveManyRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*KeepAliveManyRequest) ProtoMessage() {}
+
+func (x *KeepAliveManyRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_fence_v1_fence_proto_msgTypes[90]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use KeepAliveManyRequest.ProtoReflect.Descriptor instead.
+func (*KeepAliveManyRequest) Descriptor() ([]byte, []int) {
+	return file_fence_v1_fence_proto_rawDescGZIP(), []int{90}
+}
+
+func (x *KeepAliveManyRequest) GetSessions() []*KeepAliveRequest {
+	if x != nil {
+		return x.Sessions
+	}
+	return nil
+}
+
+// KeepAliveManyResponse answers each session of a KeepAliveManyRequest,
+// in the request's order. One leadership confirmation serves all of them.
+type KeepAliveManyResponse struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Results       []*KeepAliveResult     `protobuf:"bytes,1,rep,name=results,proto3" json:"results,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *KeepAliveManyResponse) Reset() {
+	*x = KeepAliveManyResponse{}
+	mi := &file_fence_v1_fence_proto_msgTypes[91]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *KeepAliveManyResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*KeepAliveManyResponse) ProtoMessage() {}
+
+func (x *KeepAliveManyResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_fence_v1_fence_proto_msgTypes[91]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use KeepAliveManyResponse.ProtoReflect.Descriptor instead.
+func (*KeepAliveManyResponse) Descriptor() ([]byte, []int) {
+	return file_fence_v1_fence_proto_rawDescGZIP(), []int{91}
+}
+
+func (x *KeepAliveManyResponse) GetResults() []*KeepAliveResult {
+	if x != nil {
+		return x.Results
+	}
+	return nil
+}
+
+// KeepAliveResult is one session's answer: what KeepAlive would have
+// answered it, or its error.
+type KeepAliveResult struct {
+	state     protoimpl.MessageState `protogen:"open.v1"`
+	SessionId uint64                 `protobuf:"varint,1,opt,name=session_id,json=sessionId,proto3" json:"session_id,omitempty"`
+	// Set when the session was renewed.
+	Ok *KeepAliveResponse `protobuf:"bytes,2,opt,name=ok,proto3" json:"ok,omitempty"`
+	// Set when it was not (the session is gone, the secret is wrong, ...).
+	Error         *StreamError `protobuf:"bytes,3,opt,name=error,proto3" json:"error,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *KeepAliveResult) Reset() {
+	*x = KeepAliveResult{}
+	mi := &file_fence_v1_fence_proto_msgTypes[92]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *KeepAliveResult) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*KeepAliveResult) ProtoMessage() {}
+
+func (x *KeepAliveResult) ProtoReflect() protoreflect.Message {
+	mi := &file_fence_v1_fence_proto_msgTypes[92]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use KeepAliveResult.ProtoReflect.Descriptor instead.
+func (*KeepAliveResult) Descriptor() ([]byte, []int) {
+	return file_fence_v1_fence_proto_rawDescGZIP(), []int{92}
+}
+
+func (x *KeepAliveResult) GetSessionId() uint64 {
+	if x != nil {
+		return x.SessionId
+	}
+	return 0
+}
+
+func (x *KeepAliveResult) GetOk() *KeepAliveResponse {
+	if x != nil {
+		return x.Ok
+	}
+	return nil
+}
+
+func (x *KeepAliveResult) GetError() *StreamError {
+	if x != nil {
+		return x.Error
+	}
+	return nil
+}
+
+// StreamError is an operation's failure on a stream: what the unary call
+// would have failed with.
+type StreamError struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// The Connect (and gRPC) status code, as a number: 14 is Unavailable.
+	Code          uint32       `protobuf:"varint,1,opt,name=code,proto3" json:"code,omitempty"`
+	Message       string       `protobuf:"bytes,2,opt,name=message,proto3" json:"message,omitempty"`
+	Detail        *ErrorDetail `protobuf:"bytes,3,opt,name=detail,proto3" json:"detail,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *StreamError) Reset() {
+	*x = StreamError{}
+	mi := &file_fence_v1_fence_proto_msgTypes[93]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *StreamError) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*StreamError) ProtoMessage() {}
+
+func (x *StreamError) ProtoReflect() protoreflect.Message {
+	mi := &file_fence_v1_fence_proto_msgTypes[93]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use StreamError.ProtoReflect.Descriptor instead.
+func (*StreamError) Descriptor() ([]byte, []int) {
+	return file_fence_v1_fence_proto_rawDescGZIP(), []int{93}
+}
+
+func (x *StreamError) GetCode() uint32 {
+	if x != nil {
+		return x.Code
+	}
+	return 0
+}
+
+func (x *StreamError) GetMessage() string {
+	if x != nil {
+		return x.Message
+	}
+	return ""
+}
+
+func (x *StreamError) GetDetail() *ErrorDetail {
+	if x != nil {
+		return x.Detail
+	}
+	return nil
+}
+
+// StreamOpened is the first message of a stream, with id 0.
+type StreamOpened struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// How many operations the server runs at once on this stream; it reads
+	// no further operation while that many are in flight.
+	MaxInFlight   uint32 `protobuf:"varint,1,opt,name=max_in_flight,json=maxInFlight,proto3" json:"max_in_flight,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *StreamOpened) Reset() {
+	*x = StreamOpened{}
+	mi := &file_fence_v1_fence_proto_msgTypes[94]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *StreamOpened) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*StreamOpened) ProtoMessage() {}
+
+func (x *StreamOpened) ProtoReflect() protoreflect.Message {
+	mi := &file_fence_v1_fence_proto_msgTypes[94]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use StreamOpened.ProtoReflect.Descriptor instead.
+func (*StreamOpened) Descriptor() ([]byte, []int) {
+	return file_fence_v1_fence_proto_rawDescGZIP(), []int{94}
+}
+
+func (x *StreamOpened) GetMaxInFlight() uint32 {
+	if x != nil {
+		return x.MaxInFlight
+	}
+	return 0
+}
+
+// StreamResponse answers the StreamRequest with the same id.
+type StreamResponse struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	Id    uint64                 `protobuf:"varint,1,opt,name=id,proto3" json:"id,omitempty"`
+	// Set when the operation failed; then no result is set.
+	Error *StreamError `protobuf:"bytes,2,opt,name=error,proto3" json:"error,omitempty"`
+	// Types that are valid to be assigned to Result:
+	//
+	//	*StreamResponse_CreateSession
+	//	*StreamResponse_KeepAlive
+	//	*StreamResponse_CloseSession
+	//	*StreamResponse_Acquire
+	//	*StreamResponse_Release
+	//	*StreamResponse_CancelAcquire
+	//	*StreamResponse_Check
+	//	*StreamResponse_Put
+	//	*StreamResponse_Get
+	//	*StreamResponse_Delete
+	//	*StreamResponse_Opened
+	Result        isStreamResponse_Result `protobuf_oneof:"result"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *StreamResponse) Reset() {
+	*x = StreamResponse{}
+	mi := &file_fence_v1_fence_proto_msgTypes[95]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *StreamResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*StreamResponse) ProtoMessage() {}
+
+func (x *StreamResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_fence_v1_fence_proto_msgTypes[95]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use StreamResponse.ProtoReflect.Descriptor instead.
+func (*StreamResponse) Descriptor() ([]byte, []int) {
+	return file_fence_v1_fence_proto_rawDescGZIP(), []int{95}
+}
+
+func (x *StreamResponse) GetId() uint64 {
+	if x != nil {
+		return x.Id
+	}
+	return 0
+}
+
+func (x *StreamResponse) GetError() *StreamError {
+	if x != nil {
+		return x.Error
+	}
+	return nil
+}
+
+func (x *StreamResponse) GetResult() isStreamResponse_Result {
+	if x != nil {
+		return x.Result
+	}
+	return nil
+}
+
+func (x *StreamResponse) GetCreateSession() *CreateSessionResponse {
+	if x != nil {
+		if x, ok := x.Result.(*StreamResponse_CreateSession); ok {
+			return x.CreateSession
+		}
+	}
+	return nil
+}
+
+func (x *StreamResponse) GetKeepAlive() *KeepAliveManyResponse {
+	if x != nil {
+		if x, ok := x.Result.(*StreamResponse_KeepAlive); ok {
+			return x.KeepAlive
+		}
+	}
+	return nil
+}
+
+func (x *StreamResponse) GetCloseSession() *CloseSessionResponse {
+	if x != nil {
+		if x, ok := x.Result.(*StreamResponse_CloseSession); ok {
+			return x.CloseSession
+		}
+	}
+	return nil
+}
+
+func (x *StreamResponse) GetAcquire() *AcquireResponse {
+	if x != nil {
+		if x, ok := x.Result.(*StreamResponse_Acquire); ok {
+			return x.Acquire
+		}
+	}
+	return nil
+}
+
+func (x *StreamResponse) GetRelease() *ReleaseResponse {
+	if x != nil {
+		if x, ok := x.Result.(*StreamResponse_Release); ok {
+			return x.Release
+		}
+	}
+	return nil
+}
+
+func (x *StreamResponse) GetCancelAcquire() *CancelAcquireResponse {
+	if x != nil {
+		if x, ok := x.Result.(*StreamResponse_CancelAcquire); ok {
+			return x.CancelAcquire
+		}
+	}
+	return nil
+}
+
+func (x *StreamResponse) GetCheck() *CheckResponse {
+	if x != nil {
+		if x, ok := x.Result.(*StreamResponse_Check); ok {
+			return x.Check
+		}
+	}
+	return nil
+}
+
+func (x *StreamResponse) GetPut() *PutResponse {
+	if x != nil {
+		if x, ok := x.Result.(*StreamResponse_Put); ok {
+			return x.Put
+		}
+	}
+	return nil
+}
+
+func (x *StreamResponse) GetGet() *GetResponse {
+	if x != nil {
+		if x, ok := x.Result.(*StreamResponse_Get); ok {
+			return x.Get
+		}
+	}
+	return nil
+}
+
+func (x *StreamResponse) GetDelete() *DeleteResponse {
+	if x != nil {
+		if x, ok := x.Result.(*StreamResponse_Delete); ok {
+			return x.Delete
+		}
+	}
+	return nil
+}
+
+func (x *StreamResponse) GetOpened() *StreamOpened {
+	if x != nil {
+		if x, ok := x.Result.(*StreamResponse_Opened); ok {
+			return x.Opened
+		}
+	}
+	return nil
+}
+
+type isStreamResponse_Result interface {
+	isStreamResponse_Result()
+}
+
+type StreamResponse_CreateSession struct {
+	CreateSession *CreateSessionResponse `protobuf:"bytes,10,opt,name=create_session,json=createSession,proto3,oneof"`
+}
+
+type StreamResponse_KeepAlive struct {
+	KeepAlive *KeepAliveManyResponse `protobuf:"bytes,11,opt,name=keep_alive,json=keepAlive,proto3,oneof"`
+}
+
+type StreamResponse_CloseSession struct {
+	CloseSession *CloseSessionResponse `protobuf:"bytes,12,opt,name=close_session,json=closeSession,proto3,oneof"`
+}
+
+type StreamResponse_Acquire struct {
+	Acquire *AcquireResponse `protobuf:"bytes,13,opt,name=acquire,proto3,oneof"`
+}
+
+type StreamResponse_Release struct {
+	Release *ReleaseResponse `protobuf:"bytes,14,opt,name=release,proto3,oneof"`
+}
+
+type StreamResponse_CancelAcquire struct {
+	CancelAcquire *CancelAcquireResponse `protobuf:"bytes,15,opt,name=cancel_acquire,json=cancelAcquire,proto3,oneof"`
+}
+
+type StreamResponse_Check struct {
+	Check *CheckResponse `protobuf:"bytes,16,opt,name=check,proto3,oneof"`
+}
+
+type StreamResponse_Put struct {
+	Put *PutResponse `protobuf:"bytes,17,opt,name=put,proto3,oneof"`
+}
+
+type StreamResponse_Get struct {
+	Get *GetResponse `protobuf:"bytes,18,opt,name=get,proto3,oneof"`
+}
+
+type StreamResponse_Delete struct {
+	Delete *DeleteResponse `protobuf:"bytes,19,opt,name=delete,proto3,oneof"`
+}
+
+type StreamResponse_Opened struct {
+	Opened *StreamOpened `protobuf:"bytes,20,opt,name=opened,proto3,oneof"`
+}
+
+func (*StreamResponse_CreateSession) isStreamResponse_Result() {}
+
+func (*StreamResponse_KeepAlive) isStreamResponse_Result() {}
+
+func (*StreamResponse_CloseSession) isStreamResponse_Result() {}
+
+func (*StreamResponse_Acquire) isStreamResponse_Result() {}
+
+func (*StreamResponse_Release) isStreamResponse_Result() {}
+
+func (*StreamResponse_CancelAcquire) isStreamResponse_Result() {}
+
+func (*StreamResponse_Check) isStreamResponse_Result() {}
+
+func (*StreamResponse_Put) isStreamResponse_Result() {}
+
+func (*StreamResponse_Get) isStreamResponse_Result() {}
+
+func (*StreamResponse_Delete) isStreamResponse_Result() {}
+
+func (*StreamResponse_Opened) isStreamResponse_Result() {}
+
 var File_fence_v1_fence_proto protoreflect.FileDescriptor
 
 const file_fence_v1_fence_proto_rawDesc = "" +
@@ -5729,7 +6530,57 @@ const file_fence_v1_fence_proto_rawDesc = "" +
 	"\rcurrent_token\x18\x05 \x01(\x04R\fcurrentToken\x12%\n" +
 	"\x0eleader_address\x18\x06 \x01(\tR\rleaderAddress\x12*\n" +
 	"\x11holder_session_id\x18\a \x01(\x04R\x0fholderSessionId\x12!\n" +
-	"\fholder_token\x18\b \x01(\x04R\vholderToken*~\n" +
+	"\fholder_token\x18\b \x01(\x04R\vholderToken\"\xbc\x05\n" +
+	"\rStreamRequest\x12\x0e\n" +
+	"\x02id\x18\x01 \x01(\x04R\x02id\x12'\n" +
+	"\x0fidempotency_key\x18\x02 \x01(\tR\x0eidempotencyKey\x12G\n" +
+	"\x0ecreate_session\x18\n" +
+	" \x01(\v2\x1e.fence.v1.CreateSessionRequestH\x00R\rcreateSession\x12?\n" +
+	"\n" +
+	"keep_alive\x18\v \x01(\v2\x1e.fence.v1.KeepAliveManyRequestH\x00R\tkeepAlive\x12D\n" +
+	"\rclose_session\x18\f \x01(\v2\x1d.fence.v1.CloseSessionRequestH\x00R\fcloseSession\x124\n" +
+	"\aacquire\x18\r \x01(\v2\x18.fence.v1.AcquireRequestH\x00R\aacquire\x124\n" +
+	"\arelease\x18\x0e \x01(\v2\x18.fence.v1.ReleaseRequestH\x00R\arelease\x12G\n" +
+	"\x0ecancel_acquire\x18\x0f \x01(\v2\x1e.fence.v1.CancelAcquireRequestH\x00R\rcancelAcquire\x12.\n" +
+	"\x05check\x18\x10 \x01(\v2\x16.fence.v1.CheckRequestH\x00R\x05check\x12(\n" +
+	"\x03put\x18\x11 \x01(\v2\x14.fence.v1.PutRequestH\x00R\x03put\x12(\n" +
+	"\x03get\x18\x12 \x01(\v2\x14.fence.v1.GetRequestH\x00R\x03get\x121\n" +
+	"\x06delete\x18\x13 \x01(\v2\x17.fence.v1.DeleteRequestH\x00R\x06delete\x120\n" +
+	"\x06cancel\x18\x14 \x01(\v2\x16.fence.v1.StreamCancelH\x00R\x06cancelB\x04\n" +
+	"\x02op\"\x0e\n" +
+	"\fStreamCancel\"N\n" +
+	"\x14KeepAliveManyRequest\x126\n" +
+	"\bsessions\x18\x01 \x03(\v2\x1a.fence.v1.KeepAliveRequestR\bsessions\"L\n" +
+	"\x15KeepAliveManyResponse\x123\n" +
+	"\aresults\x18\x01 \x03(\v2\x19.fence.v1.KeepAliveResultR\aresults\"\x8a\x01\n" +
+	"\x0fKeepAliveResult\x12\x1d\n" +
+	"\n" +
+	"session_id\x18\x01 \x01(\x04R\tsessionId\x12+\n" +
+	"\x02ok\x18\x02 \x01(\v2\x1b.fence.v1.KeepAliveResponseR\x02ok\x12+\n" +
+	"\x05error\x18\x03 \x01(\v2\x15.fence.v1.StreamErrorR\x05error\"j\n" +
+	"\vStreamError\x12\x12\n" +
+	"\x04code\x18\x01 \x01(\rR\x04code\x12\x18\n" +
+	"\amessage\x18\x02 \x01(\tR\amessage\x12-\n" +
+	"\x06detail\x18\x03 \x01(\v2\x15.fence.v1.ErrorDetailR\x06detail\"2\n" +
+	"\fStreamOpened\x12\"\n" +
+	"\rmax_in_flight\x18\x01 \x01(\rR\vmaxInFlight\"\xcf\x05\n" +
+	"\x0eStreamResponse\x12\x0e\n" +
+	"\x02id\x18\x01 \x01(\x04R\x02id\x12+\n" +
+	"\x05error\x18\x02 \x01(\v2\x15.fence.v1.StreamErrorR\x05error\x12H\n" +
+	"\x0ecreate_session\x18\n" +
+	" \x01(\v2\x1f.fence.v1.CreateSessionResponseH\x00R\rcreateSession\x12@\n" +
+	"\n" +
+	"keep_alive\x18\v \x01(\v2\x1f.fence.v1.KeepAliveManyResponseH\x00R\tkeepAlive\x12E\n" +
+	"\rclose_session\x18\f \x01(\v2\x1e.fence.v1.CloseSessionResponseH\x00R\fcloseSession\x125\n" +
+	"\aacquire\x18\r \x01(\v2\x19.fence.v1.AcquireResponseH\x00R\aacquire\x125\n" +
+	"\arelease\x18\x0e \x01(\v2\x19.fence.v1.ReleaseResponseH\x00R\arelease\x12H\n" +
+	"\x0ecancel_acquire\x18\x0f \x01(\v2\x1f.fence.v1.CancelAcquireResponseH\x00R\rcancelAcquire\x12/\n" +
+	"\x05check\x18\x10 \x01(\v2\x17.fence.v1.CheckResponseH\x00R\x05check\x12)\n" +
+	"\x03put\x18\x11 \x01(\v2\x15.fence.v1.PutResponseH\x00R\x03put\x12)\n" +
+	"\x03get\x18\x12 \x01(\v2\x15.fence.v1.GetResponseH\x00R\x03get\x122\n" +
+	"\x06delete\x18\x13 \x01(\v2\x18.fence.v1.DeleteResponseH\x00R\x06delete\x120\n" +
+	"\x06opened\x18\x14 \x01(\v2\x16.fence.v1.StreamOpenedH\x00R\x06openedB\b\n" +
+	"\x06result*~\n" +
 	"\x0ePermissionKind\x12\x1f\n" +
 	"\x1bPERMISSION_KIND_UNSPECIFIED\x10\x00\x12\x18\n" +
 	"\x14PERMISSION_KIND_LOCK\x10\x01\x12\x16\n" +
@@ -5790,7 +6641,9 @@ const file_fence_v1_fence_proto_rawDesc = "" +
 	"\tAddMember\x12\x1a.fence.v1.AddMemberRequest\x1a\x1b.fence.v1.AddMemberResponse\"\x00\x12O\n" +
 	"\fRemoveMember\x12\x1d.fence.v1.RemoveMemberRequest\x1a\x1e.fence.v1.RemoveMemberResponse\"\x00\x12E\n" +
 	"\bSnapshot\x12\x19.fence.v1.SnapshotRequest\x1a\x1a.fence.v1.SnapshotResponse\"\x000\x01\x12R\n" +
-	"\rRevokeSession\x12\x1e.fence.v1.RevokeSessionRequest\x1a\x1f.fence.v1.RevokeSessionResponse\"\x002\xc4\n" +
+	"\rRevokeSession\x12\x1e.fence.v1.RevokeSessionRequest\x1a\x1f.fence.v1.RevokeSessionResponse\"\x002S\n" +
+	"\rStreamService\x12B\n" +
+	"\aSession\x12\x17.fence.v1.StreamRequest\x1a\x18.fence.v1.StreamResponse\"\x00(\x010\x012\xc4\n" +
 	"\n" +
 	"\vAuthService\x12I\n" +
 	"\n" +
@@ -5828,7 +6681,7 @@ func file_fence_v1_fence_proto_rawDescGZIP() []byte {
 }
 
 var file_fence_v1_fence_proto_enumTypes = make([]protoimpl.EnumInfo, 5)
-var file_fence_v1_fence_proto_msgTypes = make([]protoimpl.MessageInfo, 88)
+var file_fence_v1_fence_proto_msgTypes = make([]protoimpl.MessageInfo, 96)
 var file_fence_v1_fence_proto_goTypes = []any{
 	(PermissionKind)(0),                  // 0: fence.v1.PermissionKind
 	(Access)(0),                          // 1: fence.v1.Access
@@ -5923,129 +6776,167 @@ var file_fence_v1_fence_proto_goTypes = []any{
 	(*Event)(nil),                        // 90: fence.v1.Event
 	(*WatchResponse)(nil),                // 91: fence.v1.WatchResponse
 	(*ErrorDetail)(nil),                  // 92: fence.v1.ErrorDetail
-	(*durationpb.Duration)(nil),          // 93: google.protobuf.Duration
-	(*timestamppb.Timestamp)(nil),        // 94: google.protobuf.Timestamp
+	(*StreamRequest)(nil),                // 93: fence.v1.StreamRequest
+	(*StreamCancel)(nil),                 // 94: fence.v1.StreamCancel
+	(*KeepAliveManyRequest)(nil),         // 95: fence.v1.KeepAliveManyRequest
+	(*KeepAliveManyResponse)(nil),        // 96: fence.v1.KeepAliveManyResponse
+	(*KeepAliveResult)(nil),              // 97: fence.v1.KeepAliveResult
+	(*StreamError)(nil),                  // 98: fence.v1.StreamError
+	(*StreamOpened)(nil),                 // 99: fence.v1.StreamOpened
+	(*StreamResponse)(nil),               // 100: fence.v1.StreamResponse
+	(*durationpb.Duration)(nil),          // 101: google.protobuf.Duration
+	(*timestamppb.Timestamp)(nil),        // 102: google.protobuf.Timestamp
 }
 var file_fence_v1_fence_proto_depIdxs = []int32{
-	0,  // 0: fence.v1.Permission.kind:type_name -> fence.v1.PermissionKind
-	1,  // 1: fence.v1.Permission.access:type_name -> fence.v1.Access
-	5,  // 2: fence.v1.Role.permissions:type_name -> fence.v1.Permission
-	12, // 3: fence.v1.UserListResponse.users:type_name -> fence.v1.User
-	5,  // 4: fence.v1.RoleGrantPermissionRequest.permission:type_name -> fence.v1.Permission
-	5,  // 5: fence.v1.RoleRevokePermissionRequest.permission:type_name -> fence.v1.Permission
-	13, // 6: fence.v1.RoleListResponse.roles:type_name -> fence.v1.Role
-	93, // 7: fence.v1.TokenCreateRequest.ttl:type_name -> google.protobuf.Duration
-	42, // 8: fence.v1.TokenCreateResponse.info:type_name -> fence.v1.TokenInfo
-	42, // 9: fence.v1.TokenListResponse.tokens:type_name -> fence.v1.TokenInfo
-	94, // 10: fence.v1.TokenInfo.created:type_name -> google.protobuf.Timestamp
-	94, // 11: fence.v1.TokenInfo.expires:type_name -> google.protobuf.Timestamp
-	93, // 12: fence.v1.CreateSessionRequest.ttl:type_name -> google.protobuf.Duration
-	93, // 13: fence.v1.CreateSessionResponse.ttl:type_name -> google.protobuf.Duration
-	93, // 14: fence.v1.KeepAliveResponse.ttl:type_name -> google.protobuf.Duration
-	47, // 15: fence.v1.KeepAliveResponse.held:type_name -> fence.v1.HeldGrants
-	52, // 16: fence.v1.ListSessionsResponse.sessions:type_name -> fence.v1.SessionInfo
-	93, // 17: fence.v1.SessionInfo.ttl:type_name -> google.protobuf.Duration
-	93, // 18: fence.v1.SessionInfo.expires_in:type_name -> google.protobuf.Duration
-	53, // 19: fence.v1.SessionInfo.held:type_name -> fence.v1.SessionGrant
-	2,  // 20: fence.v1.SessionGrant.mode:type_name -> fence.v1.Mode
-	2,  // 21: fence.v1.AcquireRequest.mode:type_name -> fence.v1.Mode
-	93, // 22: fence.v1.AcquireRequest.wait_timeout:type_name -> google.protobuf.Duration
-	93, // 23: fence.v1.AcquireRequest.lock_delay:type_name -> google.protobuf.Duration
-	93, // 24: fence.v1.AcquireRequest.poll:type_name -> google.protobuf.Duration
-	2,  // 25: fence.v1.AcquireResponse.mode:type_name -> fence.v1.Mode
-	2,  // 26: fence.v1.Holder.mode:type_name -> fence.v1.Mode
-	2,  // 27: fence.v1.Waiter.mode:type_name -> fence.v1.Mode
-	63, // 28: fence.v1.LockInfo.holders:type_name -> fence.v1.Holder
-	64, // 29: fence.v1.LockInfo.waiters:type_name -> fence.v1.Waiter
-	65, // 30: fence.v1.ListLocksResponse.locks:type_name -> fence.v1.LockInfo
-	69, // 31: fence.v1.StatusResponse.members:type_name -> fence.v1.Member
-	78, // 32: fence.v1.SnapshotResponse.header:type_name -> fence.v1.SnapshotHeader
-	79, // 33: fence.v1.PutRequest.fence:type_name -> fence.v1.Fence
-	82, // 34: fence.v1.GetResponse.kv:type_name -> fence.v1.KeyValue
-	79, // 35: fence.v1.DeleteRequest.fence:type_name -> fence.v1.Fence
-	82, // 36: fence.v1.ListResponse.kvs:type_name -> fence.v1.KeyValue
-	93, // 37: fence.v1.WatchRequest.progress_interval:type_name -> google.protobuf.Duration
-	3,  // 38: fence.v1.Event.type:type_name -> fence.v1.EventType
-	82, // 39: fence.v1.Event.kv:type_name -> fence.v1.KeyValue
-	90, // 40: fence.v1.WatchResponse.events:type_name -> fence.v1.Event
-	4,  // 41: fence.v1.ErrorDetail.reason:type_name -> fence.v1.Reason
-	43, // 42: fence.v1.SessionService.CreateSession:input_type -> fence.v1.CreateSessionRequest
-	45, // 43: fence.v1.SessionService.KeepAlive:input_type -> fence.v1.KeepAliveRequest
-	48, // 44: fence.v1.SessionService.CloseSession:input_type -> fence.v1.CloseSessionRequest
-	50, // 45: fence.v1.SessionService.ListSessions:input_type -> fence.v1.ListSessionsRequest
-	54, // 46: fence.v1.LockService.Acquire:input_type -> fence.v1.AcquireRequest
-	56, // 47: fence.v1.LockService.Release:input_type -> fence.v1.ReleaseRequest
-	58, // 48: fence.v1.LockService.CancelAcquire:input_type -> fence.v1.CancelAcquireRequest
-	60, // 49: fence.v1.LockService.Check:input_type -> fence.v1.CheckRequest
-	62, // 50: fence.v1.LockService.ListLocks:input_type -> fence.v1.ListLocksRequest
-	80, // 51: fence.v1.KVService.Put:input_type -> fence.v1.PutRequest
-	83, // 52: fence.v1.KVService.Get:input_type -> fence.v1.GetRequest
-	85, // 53: fence.v1.KVService.Delete:input_type -> fence.v1.DeleteRequest
-	87, // 54: fence.v1.KVService.List:input_type -> fence.v1.ListRequest
-	89, // 55: fence.v1.KVService.Watch:input_type -> fence.v1.WatchRequest
-	67, // 56: fence.v1.ClusterService.Status:input_type -> fence.v1.StatusRequest
-	70, // 57: fence.v1.ClusterService.AddMember:input_type -> fence.v1.AddMemberRequest
-	72, // 58: fence.v1.ClusterService.RemoveMember:input_type -> fence.v1.RemoveMemberRequest
-	76, // 59: fence.v1.ClusterService.Snapshot:input_type -> fence.v1.SnapshotRequest
-	74, // 60: fence.v1.ClusterService.RevokeSession:input_type -> fence.v1.RevokeSessionRequest
-	6,  // 61: fence.v1.AuthService.AuthEnable:input_type -> fence.v1.AuthEnableRequest
-	8,  // 62: fence.v1.AuthService.AuthDisable:input_type -> fence.v1.AuthDisableRequest
-	10, // 63: fence.v1.AuthService.AuthStatus:input_type -> fence.v1.AuthStatusRequest
-	14, // 64: fence.v1.AuthService.UserAdd:input_type -> fence.v1.UserAddRequest
-	16, // 65: fence.v1.AuthService.UserRemove:input_type -> fence.v1.UserRemoveRequest
-	18, // 66: fence.v1.AuthService.UserList:input_type -> fence.v1.UserListRequest
-	20, // 67: fence.v1.AuthService.UserSetQuota:input_type -> fence.v1.UserSetQuotaRequest
-	22, // 68: fence.v1.AuthService.UserGrantRole:input_type -> fence.v1.UserGrantRoleRequest
-	24, // 69: fence.v1.AuthService.UserRevokeRole:input_type -> fence.v1.UserRevokeRoleRequest
-	26, // 70: fence.v1.AuthService.RoleAdd:input_type -> fence.v1.RoleAddRequest
-	28, // 71: fence.v1.AuthService.RoleRemove:input_type -> fence.v1.RoleRemoveRequest
-	30, // 72: fence.v1.AuthService.RoleGrantPermission:input_type -> fence.v1.RoleGrantPermissionRequest
-	32, // 73: fence.v1.AuthService.RoleRevokePermission:input_type -> fence.v1.RoleRevokePermissionRequest
-	34, // 74: fence.v1.AuthService.RoleList:input_type -> fence.v1.RoleListRequest
-	36, // 75: fence.v1.AuthService.TokenCreate:input_type -> fence.v1.TokenCreateRequest
-	38, // 76: fence.v1.AuthService.TokenRevoke:input_type -> fence.v1.TokenRevokeRequest
-	40, // 77: fence.v1.AuthService.TokenList:input_type -> fence.v1.TokenListRequest
-	44, // 78: fence.v1.SessionService.CreateSession:output_type -> fence.v1.CreateSessionResponse
-	46, // 79: fence.v1.SessionService.KeepAlive:output_type -> fence.v1.KeepAliveResponse
-	49, // 80: fence.v1.SessionService.CloseSession:output_type -> fence.v1.CloseSessionResponse
-	51, // 81: fence.v1.SessionService.ListSessions:output_type -> fence.v1.ListSessionsResponse
-	55, // 82: fence.v1.LockService.Acquire:output_type -> fence.v1.AcquireResponse
-	57, // 83: fence.v1.LockService.Release:output_type -> fence.v1.ReleaseResponse
-	59, // 84: fence.v1.LockService.CancelAcquire:output_type -> fence.v1.CancelAcquireResponse
-	61, // 85: fence.v1.LockService.Check:output_type -> fence.v1.CheckResponse
-	66, // 86: fence.v1.LockService.ListLocks:output_type -> fence.v1.ListLocksResponse
-	81, // 87: fence.v1.KVService.Put:output_type -> fence.v1.PutResponse
-	84, // 88: fence.v1.KVService.Get:output_type -> fence.v1.GetResponse
-	86, // 89: fence.v1.KVService.Delete:output_type -> fence.v1.DeleteResponse
-	88, // 90: fence.v1.KVService.List:output_type -> fence.v1.ListResponse
-	91, // 91: fence.v1.KVService.Watch:output_type -> fence.v1.WatchResponse
-	68, // 92: fence.v1.ClusterService.Status:output_type -> fence.v1.StatusResponse
-	71, // 93: fence.v1.ClusterService.AddMember:output_type -> fence.v1.AddMemberResponse
-	73, // 94: fence.v1.ClusterService.RemoveMember:output_type -> fence.v1.RemoveMemberResponse
-	77, // 95: fence.v1.ClusterService.Snapshot:output_type -> fence.v1.SnapshotResponse
-	75, // 96: fence.v1.ClusterService.RevokeSession:output_type -> fence.v1.RevokeSessionResponse
-	7,  // 97: fence.v1.AuthService.AuthEnable:output_type -> fence.v1.AuthEnableResponse
-	9,  // 98: fence.v1.AuthService.AuthDisable:output_type -> fence.v1.AuthDisableResponse
-	11, // 99: fence.v1.AuthService.AuthStatus:output_type -> fence.v1.AuthStatusResponse
-	15, // 100: fence.v1.AuthService.UserAdd:output_type -> fence.v1.UserAddResponse
-	17, // 101: fence.v1.AuthService.UserRemove:output_type -> fence.v1.UserRemoveResponse
-	19, // 102: fence.v1.AuthService.UserList:output_type -> fence.v1.UserListResponse
-	21, // 103: fence.v1.AuthService.UserSetQuota:output_type -> fence.v1.UserSetQuotaResponse
-	23, // 104: fence.v1.AuthService.UserGrantRole:output_type -> fence.v1.UserGrantRoleResponse
-	25, // 105: fence.v1.AuthService.UserRevokeRole:output_type -> fence.v1.UserRevokeRoleResponse
-	27, // 106: fence.v1.AuthService.RoleAdd:output_type -> fence.v1.RoleAddResponse
-	29, // 107: fence.v1.AuthService.RoleRemove:output_type -> fence.v1.RoleRemoveResponse
-	31, // 108: fence.v1.AuthService.RoleGrantPermission:output_type -> fence.v1.RoleGrantPermissionResponse
-	33, // 109: fence.v1.AuthService.RoleRevokePermission:output_type -> fence.v1.RoleRevokePermissionResponse
-	35, // 110: fence.v1.AuthService.RoleList:output_type -> fence.v1.RoleListResponse
-	37, // 111: fence.v1.AuthService.TokenCreate:output_type -> fence.v1.TokenCreateResponse
-	39, // 112: fence.v1.AuthService.TokenRevoke:output_type -> fence.v1.TokenRevokeResponse
-	41, // 113: fence.v1.AuthService.TokenList:output_type -> fence.v1.TokenListResponse
-	78, // [78:114] is the sub-list for method output_type
-	42, // [42:78] is the sub-list for method input_type
-	42, // [42:42] is the sub-list for extension type_name
-	42, // [42:42] is the sub-list for extension extendee
-	0,  // [0:42] is the sub-list for field type_name
+	0,   // 0: fence.v1.Permission.kind:type_name -> fence.v1.PermissionKind
+	1,   // 1: fence.v1.Permission.access:type_name -> fence.v1.Access
+	5,   // 2: fence.v1.Role.permissions:type_name -> fence.v1.Permission
+	12,  // 3: fence.v1.UserListResponse.users:type_name -> fence.v1.User
+	5,   // 4: fence.v1.RoleGrantPermissionRequest.permission:type_name -> fence.v1.Permission
+	5,   // 5: fence.v1.RoleRevokePermissionRequest.permission:type_name -> fence.v1.Permission
+	13,  // 6: fence.v1.RoleListResponse.roles:type_name -> fence.v1.Role
+	101, // 7: fence.v1.TokenCreateRequest.ttl:type_name -> google.protobuf.Duration
+	42,  // 8: fence.v1.TokenCreateResponse.info:type_name -> fence.v1.TokenInfo
+	42,  // 9: fence.v1.TokenListResponse.tokens:type_name -> fence.v1.TokenInfo
+	102, // 10: fence.v1.TokenInfo.created:type_name -> google.protobuf.Timestamp
+	102, // 11: fence.v1.TokenInfo.expires:type_name -> google.protobuf.Timestamp
+	101, // 12: fence.v1.CreateSessionRequest.ttl:type_name -> google.protobuf.Duration
+	101, // 13: fence.v1.CreateSessionResponse.ttl:type_name -> google.protobuf.Duration
+	101, // 14: fence.v1.KeepAliveResponse.ttl:type_name -> google.protobuf.Duration
+	47,  // 15: fence.v1.KeepAliveResponse.held:type_name -> fence.v1.HeldGrants
+	52,  // 16: fence.v1.ListSessionsResponse.sessions:type_name -> fence.v1.SessionInfo
+	101, // 17: fence.v1.SessionInfo.ttl:type_name -> google.protobuf.Duration
+	101, // 18: fence.v1.SessionInfo.expires_in:type_name -> google.protobuf.Duration
+	53,  // 19: fence.v1.SessionInfo.held:type_name -> fence.v1.SessionGrant
+	2,   // 20: fence.v1.SessionGrant.mode:type_name -> fence.v1.Mode
+	2,   // 21: fence.v1.AcquireRequest.mode:type_name -> fence.v1.Mode
+	101, // 22: fence.v1.AcquireRequest.wait_timeout:type_name -> google.protobuf.Duration
+	101, // 23: fence.v1.AcquireRequest.lock_delay:type_name -> google.protobuf.Duration
+	101, // 24: fence.v1.AcquireRequest.poll:type_name -> google.protobuf.Duration
+	2,   // 25: fence.v1.AcquireResponse.mode:type_name -> fence.v1.Mode
+	2,   // 26: fence.v1.Holder.mode:type_name -> fence.v1.Mode
+	2,   // 27: fence.v1.Waiter.mode:type_name -> fence.v1.Mode
+	63,  // 28: fence.v1.LockInfo.holders:type_name -> fence.v1.Holder
+	64,  // 29: fence.v1.LockInfo.waiters:type_name -> fence.v1.Waiter
+	65,  // 30: fence.v1.ListLocksResponse.locks:type_name -> fence.v1.LockInfo
+	69,  // 31: fence.v1.StatusResponse.members:type_name -> fence.v1.Member
+	78,  // 32: fence.v1.SnapshotResponse.header:type_name -> fence.v1.SnapshotHeader
+	79,  // 33: fence.v1.PutRequest.fence:type_name -> fence.v1.Fence
+	82,  // 34: fence.v1.GetResponse.kv:type_name -> fence.v1.KeyValue
+	79,  // 35: fence.v1.DeleteRequest.fence:type_name -> fence.v1.Fence
+	82,  // 36: fence.v1.ListResponse.kvs:type_name -> fence.v1.KeyValue
+	101, // 37: fence.v1.WatchRequest.progress_interval:type_name -> google.protobuf.Duration
+	3,   // 38: fence.v1.Event.type:type_name -> fence.v1.EventType
+	82,  // 39: fence.v1.Event.kv:type_name -> fence.v1.KeyValue
+	90,  // 40: fence.v1.WatchResponse.events:type_name -> fence.v1.Event
+	4,   // 41: fence.v1.ErrorDetail.reason:type_name -> fence.v1.Reason
+	43,  // 42: fence.v1.StreamRequest.create_session:type_name -> fence.v1.CreateSessionRequest
+	95,  // 43: fence.v1.StreamRequest.keep_alive:type_name -> fence.v1.KeepAliveManyRequest
+	48,  // 44: fence.v1.StreamRequest.close_session:type_name -> fence.v1.CloseSessionRequest
+	54,  // 45: fence.v1.StreamRequest.acquire:type_name -> fence.v1.AcquireRequest
+	56,  // 46: fence.v1.StreamRequest.release:type_name -> fence.v1.ReleaseRequest
+	58,  // 47: fence.v1.StreamRequest.cancel_acquire:type_name -> fence.v1.CancelAcquireRequest
+	60,  // 48: fence.v1.StreamRequest.check:type_name -> fence.v1.CheckRequest
+	80,  // 49: fence.v1.StreamRequest.put:type_name -> fence.v1.PutRequest
+	83,  // 50: fence.v1.StreamRequest.get:type_name -> fence.v1.GetRequest
+	85,  // 51: fence.v1.StreamRequest.delete:type_name -> fence.v1.DeleteRequest
+	94,  // 52: fence.v1.StreamRequest.cancel:type_name -> fence.v1.StreamCancel
+	45,  // 53: fence.v1.KeepAliveManyRequest.sessions:type_name -> fence.v1.KeepAliveRequest
+	97,  // 54: fence.v1.KeepAliveManyResponse.results:type_name -> fence.v1.KeepAliveResult
+	46,  // 55: fence.v1.KeepAliveResult.ok:type_name -> fence.v1.KeepAliveResponse
+	98,  // 56: fence.v1.KeepAliveResult.error:type_name -> fence.v1.StreamError
+	92,  // 57: fence.v1.StreamError.detail:type_name -> fence.v1.ErrorDetail
+	98,  // 58: fence.v1.StreamResponse.error:type_name -> fence.v1.StreamError
+	44,  // 59: fence.v1.StreamResponse.create_session:type_name -> fence.v1.CreateSessionResponse
+	96,  // 60: fence.v1.StreamResponse.keep_alive:type_name -> fence.v1.KeepAliveManyResponse
+	49,  // 61: fence.v1.StreamResponse.close_session:type_name -> fence.v1.CloseSessionResponse
+	55,  // 62: fence.v1.StreamResponse.acquire:type_name -> fence.v1.AcquireResponse
+	57,  // 63: fence.v1.StreamResponse.release:type_name -> fence.v1.ReleaseResponse
+	59,  // 64: fence.v1.StreamResponse.cancel_acquire:type_name -> fence.v1.CancelAcquireResponse
+	61,  // 65: fence.v1.StreamResponse.check:type_name -> fence.v1.CheckResponse
+	81,  // 66: fence.v1.StreamResponse.put:type_name -> fence.v1.PutResponse
+	84,  // 67: fence.v1.StreamResponse.get:type_name -> fence.v1.GetResponse
+	86,  // 68: fence.v1.StreamResponse.delete:type_name -> fence.v1.DeleteResponse
+	99,  // 69: fence.v1.StreamResponse.opened:type_name -> fence.v1.StreamOpened
+	43,  // 70: fence.v1.SessionService.CreateSession:input_type -> fence.v1.CreateSessionRequest
+	45,  // 71: fence.v1.SessionService.KeepAlive:input_type -> fence.v1.KeepAliveRequest
+	48,  // 72: fence.v1.SessionService.CloseSession:input_type -> fence.v1.CloseSessionRequest
+	50,  // 73: fence.v1.SessionService.ListSessions:input_type -> fence.v1.ListSessionsRequest
+	54,  // 74: fence.v1.LockService.Acquire:input_type -> fence.v1.AcquireRequest
+	56,  // 75: fence.v1.LockService.Release:input_type -> fence.v1.ReleaseRequest
+	58,  // 76: fence.v1.LockService.CancelAcquire:input_type -> fence.v1.CancelAcquireRequest
+	60,  // 77: fence.v1.LockService.Check:input_type -> fence.v1.CheckRequest
+	62,  // 78: fence.v1.LockService.ListLocks:input_type -> fence.v1.ListLocksRequest
+	80,  // 79: fence.v1.KVService.Put:input_type -> fence.v1.PutRequest
+	83,  // 80: fence.v1.KVService.Get:input_type -> fence.v1.GetRequest
+	85,  // 81: fence.v1.KVService.Delete:input_type -> fence.v1.DeleteRequest
+	87,  // 82: fence.v1.KVService.List:input_type -> fence.v1.ListRequest
+	89,  // 83: fence.v1.KVService.Watch:input_type -> fence.v1.WatchRequest
+	67,  // 84: fence.v1.ClusterService.Status:input_type -> fence.v1.StatusRequest
+	70,  // 85: fence.v1.ClusterService.AddMember:input_type -> fence.v1.AddMemberRequest
+	72,  // 86: fence.v1.ClusterService.RemoveMember:input_type -> fence.v1.RemoveMemberRequest
+	76,  // 87: fence.v1.ClusterService.Snapshot:input_type -> fence.v1.SnapshotRequest
+	74,  // 88: fence.v1.ClusterService.RevokeSession:input_type -> fence.v1.RevokeSessionRequest
+	93,  // 89: fence.v1.StreamService.Session:input_type -> fence.v1.StreamRequest
+	6,   // 90: fence.v1.AuthService.AuthEnable:input_type -> fence.v1.AuthEnableRequest
+	8,   // 91: fence.v1.AuthService.AuthDisable:input_type -> fence.v1.AuthDisableRequest
+	10,  // 92: fence.v1.AuthService.AuthStatus:input_type -> fence.v1.AuthStatusRequest
+	14,  // 93: fence.v1.AuthService.UserAdd:input_type -> fence.v1.UserAddRequest
+	16,  // 94: fence.v1.AuthService.UserRemove:input_type -> fence.v1.UserRemoveRequest
+	18,  // 95: fence.v1.AuthService.UserList:input_type -> fence.v1.UserListRequest
+	20,  // 96: fence.v1.AuthService.UserSetQuota:input_type -> fence.v1.UserSetQuotaRequest
+	22,  // 97: fence.v1.AuthService.UserGrantRole:input_type -> fence.v1.UserGrantRoleRequest
+	24,  // 98: fence.v1.AuthService.UserRevokeRole:input_type -> fence.v1.UserRevokeRoleRequest
+	26,  // 99: fence.v1.AuthService.RoleAdd:input_type -> fence.v1.RoleAddRequest
+	28,  // 100: fence.v1.AuthService.RoleRemove:input_type -> fence.v1.RoleRemoveRequest
+	30,  // 101: fence.v1.AuthService.RoleGrantPermission:input_type -> fence.v1.RoleGrantPermissionRequest
+	32,  // 102: fence.v1.AuthService.RoleRevokePermission:input_type -> fence.v1.RoleRevokePermissionRequest
+	34,  // 103: fence.v1.AuthService.RoleList:input_type -> fence.v1.RoleListRequest
+	36,  // 104: fence.v1.AuthService.TokenCreate:input_type -> fence.v1.TokenCreateRequest
+	38,  // 105: fence.v1.AuthService.TokenRevoke:input_type -> fence.v1.TokenRevokeRequest
+	40,  // 106: fence.v1.AuthService.TokenList:input_type -> fence.v1.TokenListRequest
+	44,  // 107: fence.v1.SessionService.CreateSession:output_type -> fence.v1.CreateSessionResponse
+	46,  // 108: fence.v1.SessionService.KeepAlive:output_type -> fence.v1.KeepAliveResponse
+	49,  // 109: fence.v1.SessionService.CloseSession:output_type -> fence.v1.CloseSessionResponse
+	51,  // 110: fence.v1.SessionService.ListSessions:output_type -> fence.v1.ListSessionsResponse
+	55,  // 111: fence.v1.LockService.Acquire:output_type -> fence.v1.AcquireResponse
+	57,  // 112: fence.v1.LockService.Release:output_type -> fence.v1.ReleaseResponse
+	59,  // 113: fence.v1.LockService.CancelAcquire:output_type -> fence.v1.CancelAcquireResponse
+	61,  // 114: fence.v1.LockService.Check:output_type -> fence.v1.CheckResponse
+	66,  // 115: fence.v1.LockService.ListLocks:output_type -> fence.v1.ListLocksResponse
+	81,  // 116: fence.v1.KVService.Put:output_type -> fence.v1.PutResponse
+	84,  // 117: fence.v1.KVService.Get:output_type -> fence.v1.GetResponse
+	86,  // 118: fence.v1.KVService.Delete:output_type -> fence.v1.DeleteResponse
+	88,  // 119: fence.v1.KVService.List:output_type -> fence.v1.ListResponse
+	91,  // 120: fence.v1.KVService.Watch:output_type -> fence.v1.WatchResponse
+	68,  // 121: fence.v1.ClusterService.Status:output_type -> fence.v1.StatusResponse
+	71,  // 122: fence.v1.ClusterService.AddMember:output_type -> fence.v1.AddMemberResponse
+	73,  // 123: fence.v1.ClusterService.RemoveMember:output_type -> fence.v1.RemoveMemberResponse
+	77,  // 124: fence.v1.ClusterService.Snapshot:output_type -> fence.v1.SnapshotResponse
+	75,  // 125: fence.v1.ClusterService.RevokeSession:output_type -> fence.v1.RevokeSessionResponse
+	100, // 126: fence.v1.StreamService.Session:output_type -> fence.v1.StreamResponse
+	7,   // 127: fence.v1.AuthService.AuthEnable:output_type -> fence.v1.AuthEnableResponse
+	9,   // 128: fence.v1.AuthService.AuthDisable:output_type -> fence.v1.AuthDisableResponse
+	11,  // 129: fence.v1.AuthService.AuthStatus:output_type -> fence.v1.AuthStatusResponse
+	15,  // 130: fence.v1.AuthService.UserAdd:output_type -> fence.v1.UserAddResponse
+	17,  // 131: fence.v1.AuthService.UserRemove:output_type -> fence.v1.UserRemoveResponse
+	19,  // 132: fence.v1.AuthService.UserList:output_type -> fence.v1.UserListResponse
+	21,  // 133: fence.v1.AuthService.UserSetQuota:output_type -> fence.v1.UserSetQuotaResponse
+	23,  // 134: fence.v1.AuthService.UserGrantRole:output_type -> fence.v1.UserGrantRoleResponse
+	25,  // 135: fence.v1.AuthService.UserRevokeRole:output_type -> fence.v1.UserRevokeRoleResponse
+	27,  // 136: fence.v1.AuthService.RoleAdd:output_type -> fence.v1.RoleAddResponse
+	29,  // 137: fence.v1.AuthService.RoleRemove:output_type -> fence.v1.RoleRemoveResponse
+	31,  // 138: fence.v1.AuthService.RoleGrantPermission:output_type -> fence.v1.RoleGrantPermissionResponse
+	33,  // 139: fence.v1.AuthService.RoleRevokePermission:output_type -> fence.v1.RoleRevokePermissionResponse
+	35,  // 140: fence.v1.AuthService.RoleList:output_type -> fence.v1.RoleListResponse
+	37,  // 141: fence.v1.AuthService.TokenCreate:output_type -> fence.v1.TokenCreateResponse
+	39,  // 142: fence.v1.AuthService.TokenRevoke:output_type -> fence.v1.TokenRevokeResponse
+	41,  // 143: fence.v1.AuthService.TokenList:output_type -> fence.v1.TokenListResponse
+	107, // [107:144] is the sub-list for method output_type
+	70,  // [70:107] is the sub-list for method input_type
+	70,  // [70:70] is the sub-list for extension type_name
+	70,  // [70:70] is the sub-list for extension extendee
+	0,   // [0:70] is the sub-list for field type_name
 }
 
 func init() { file_fence_v1_fence_proto_init() }
@@ -6054,15 +6945,41 @@ func file_fence_v1_fence_proto_init() {
 		return
 	}
 	file_fence_v1_fence_proto_msgTypes[74].OneofWrappers = []any{}
+	file_fence_v1_fence_proto_msgTypes[88].OneofWrappers = []any{
+		(*StreamRequest_CreateSession)(nil),
+		(*StreamRequest_KeepAlive)(nil),
+		(*StreamRequest_CloseSession)(nil),
+		(*StreamRequest_Acquire)(nil),
+		(*StreamRequest_Release)(nil),
+		(*StreamRequest_CancelAcquire)(nil),
+		(*StreamRequest_Check)(nil),
+		(*StreamRequest_Put)(nil),
+		(*StreamRequest_Get)(nil),
+		(*StreamRequest_Delete)(nil),
+		(*StreamRequest_Cancel)(nil),
+	}
+	file_fence_v1_fence_proto_msgTypes[95].OneofWrappers = []any{
+		(*StreamResponse_CreateSession)(nil),
+		(*StreamResponse_KeepAlive)(nil),
+		(*StreamResponse_CloseSession)(nil),
+		(*StreamResponse_Acquire)(nil),
+		(*StreamResponse_Release)(nil),
+		(*StreamResponse_CancelAcquire)(nil),
+		(*StreamResponse_Check)(nil),
+		(*StreamResponse_Put)(nil),
+		(*StreamResponse_Get)(nil),
+		(*StreamResponse_Delete)(nil),
+		(*StreamResponse_Opened)(nil),
+	}
 	type x struct{}
 	out := protoimpl.TypeBuilder{
 		File: protoimpl.DescBuilder{
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_fence_v1_fence_proto_rawDesc), len(file_fence_v1_fence_proto_rawDesc)),
 			NumEnums:      5,
-			NumMessages:   88,
+			NumMessages:   96,
 			NumExtensions: 0,
-			NumServices:   5,
+			NumServices:   6,
 		},
 		GoTypes:           file_fence_v1_fence_proto_goTypes,
 		DependencyIndexes: file_fence_v1_fence_proto_depIdxs,

@@ -38,6 +38,8 @@ const (
 	KVServiceName = "fence.v1.KVService"
 	// ClusterServiceName is the fully-qualified name of the ClusterService service.
 	ClusterServiceName = "fence.v1.ClusterService"
+	// StreamServiceName is the fully-qualified name of the StreamService service.
+	StreamServiceName = "fence.v1.StreamService"
 	// AuthServiceName is the fully-qualified name of the AuthService service.
 	AuthServiceName = "fence.v1.AuthService"
 )
@@ -96,6 +98,8 @@ const (
 	// ClusterServiceRevokeSessionProcedure is the fully-qualified name of the ClusterService's
 	// RevokeSession RPC.
 	ClusterServiceRevokeSessionProcedure = "/fence.v1.ClusterService/RevokeSession"
+	// StreamServiceSessionProcedure is the fully-qualified name of the StreamService's Session RPC.
+	StreamServiceSessionProcedure = "/fence.v1.StreamService/Session"
 	// AuthServiceAuthEnableProcedure is the fully-qualified name of the AuthService's AuthEnable RPC.
 	AuthServiceAuthEnableProcedure = "/fence.v1.AuthService/AuthEnable"
 	// AuthServiceAuthDisableProcedure is the fully-qualified name of the AuthService's AuthDisable RPC.
@@ -917,6 +921,78 @@ func (UnimplementedClusterServiceHandler) Snapshot(context.Context, *connect.Req
 
 func (UnimplementedClusterServiceHandler) RevokeSession(context.Context, *connect.Request[v1.RevokeSessionRequest]) (*connect.Response[v1.RevokeSessionResponse], error) {
 	return nil, connect.NewError(connect.CodeUnimplemented, errors.New("fence.v1.ClusterService.RevokeSession is not implemented"))
+}
+
+// StreamServiceClient is a client for the fence.v1.StreamService service.
+type StreamServiceClient interface {
+	// Session is the stream.
+	Session(context.Context) *connect.BidiStreamForClient[v1.StreamRequest, v1.StreamResponse]
+}
+
+// NewStreamServiceClient constructs a client for the fence.v1.StreamService service. By default, it
+// uses the Connect protocol with the binary Protobuf Codec, asks for gzipped responses, and sends
+// uncompressed requests. To use the gRPC or gRPC-Web protocols, supply the connect.WithGRPC() or
+// connect.WithGRPCWeb() options.
+//
+// The URL supplied here should be the base URL for the Connect or gRPC server (for example,
+// http://api.acme.com or https://acme.com/grpc).
+func NewStreamServiceClient(httpClient connect.HTTPClient, baseURL string, opts ...connect.ClientOption) StreamServiceClient {
+	baseURL = strings.TrimRight(baseURL, "/")
+	streamServiceMethods := v1.File_fence_v1_fence_proto.Services().ByName("StreamService").Methods()
+	return &streamServiceClient{
+		session: connect.NewClient[v1.StreamRequest, v1.StreamResponse](
+			httpClient,
+			baseURL+StreamServiceSessionProcedure,
+			connect.WithSchema(streamServiceMethods.ByName("Session")),
+			connect.WithClientOptions(opts...),
+		),
+	}
+}
+
+// streamServiceClient implements StreamServiceClient.
+type streamServiceClient struct {
+	session *connect.Client[v1.StreamRequest, v1.StreamResponse]
+}
+
+// Session calls fence.v1.StreamService.Session.
+func (c *streamServiceClient) Session(ctx context.Context) *connect.BidiStreamForClient[v1.StreamRequest, v1.StreamResponse] {
+	return c.session.CallBidiStream(ctx)
+}
+
+// StreamServiceHandler is an implementation of the fence.v1.StreamService service.
+type StreamServiceHandler interface {
+	// Session is the stream.
+	Session(context.Context, *connect.BidiStream[v1.StreamRequest, v1.StreamResponse]) error
+}
+
+// NewStreamServiceHandler builds an HTTP handler from the service implementation. It returns the
+// path on which to mount the handler and the handler itself.
+//
+// By default, handlers support the Connect, gRPC, and gRPC-Web protocols with the binary Protobuf
+// and JSON codecs. They also support gzip compression.
+func NewStreamServiceHandler(svc StreamServiceHandler, opts ...connect.HandlerOption) (string, http.Handler) {
+	streamServiceMethods := v1.File_fence_v1_fence_proto.Services().ByName("StreamService").Methods()
+	streamServiceSessionHandler := connect.NewBidiStreamHandler(
+		StreamServiceSessionProcedure,
+		svc.Session,
+		connect.WithSchema(streamServiceMethods.ByName("Session")),
+		connect.WithHandlerOptions(opts...),
+	)
+	return "/fence.v1.StreamService/", http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		switch r.URL.Path {
+		case StreamServiceSessionProcedure:
+			streamServiceSessionHandler.ServeHTTP(w, r)
+		default:
+			http.NotFound(w, r)
+		}
+	})
+}
+
+// UnimplementedStreamServiceHandler returns CodeUnimplemented from all methods.
+type UnimplementedStreamServiceHandler struct{}
+
+func (UnimplementedStreamServiceHandler) Session(context.Context, *connect.BidiStream[v1.StreamRequest, v1.StreamResponse]) error {
+	return connect.NewError(connect.CodeUnimplemented, errors.New("fence.v1.StreamService.Session is not implemented"))
 }
 
 // AuthServiceClient is a client for the fence.v1.AuthService service.

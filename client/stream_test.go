@@ -1,0 +1,428 @@
+package client
+
+import (
+	"bufio"
+	"context"
+	"errors"
+	"io"
+	"net"
+	"net/http"
+	"net/http/httptest"
+	"net/http/httputil"
+	"net/url"
+	"strconv"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/fencelock/fence/api/fence/v1/fencev1connect"
+	"github.com/fencelock/fence/server"
+)
+
+// metric returns one sample of a node's /metrics, as written
+// (`fence_stream_requests_total{op="keep_alive"}`); 0 when absent.
+func metric(t *testing.T, srv *server.Server, sample string) float64 {
+	t.Helper()
+	resp, err := http.Get("http://" + srv.Addr() + "/metrics")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	sc := bufio.NewScanner(resp.Body)
+	sc.Buffer(nil, 1<<20)
+	for sc.Scan() {
+		if name, value, ok := strings.Cut(sc.Text(), " "); ok && name == sample {
+			v, err := strconv.ParseFloat(value, 64)
+			if err != nil {
+				t.Fatal(err)
+			}
+			return v
+		}
+	}
+	return 0
+}
+
+func streamOps(t *testing.T, srv *server.Server, op string) float64 {
+	return metric(t, srv, `fence_stream_requests_total{op="`+op+`"}`)
+}
+
+func unaryCalls(t *testing.T, srv *server.Server, procedure string) float64 {
+	return metric(t, srv, `fence_requests_total{code="ok",procedure="`+procedure+`"}`) - streamOpsAs(t, srv, procedure)
+}
+
+// streamOpsAs is what the stream counted under procedure: stream
+// operations are counted under their unary call's procedure too.
+func streamOpsAs(t *testing.T, srv *server.Server, procedure string) float64 {
+	op := map[string]string{
+		fencev1connect.SessionServiceCreateSessionProcedure: "create_session",
+		fencev1connect.LockServiceAcquireProcedure:          "acquire",
+		fencev1connect.KVServicePutProcedure:                "put",
+	}[procedure]
+	return streamOps(t, srv, op)
+}
+
+// lockCycle creates a session, locks, writes, checks, unlocks and closes.
+func lockCycle(t *testing.T, c *Client) {
+	t.Helper()
+	ctx := context.Background()
+	s, err := c.NewSession(ctx, WithTTL(5*time.Second))
+	if err != nil {
+		t.Fatal(err)
+	}
+	m := NewMutex(s, "cycle")
+	g, err := m.Lock(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := c.KV().Put(ctx, "cycle", []byte("v"), WithGrant(g)); err != nil {
+		t.Fatal(err)
+	}
+	if res, err := c.Check(ctx, "cycle", g.Token()); err != nil || !res.Current {
+		t.Fatalf("Check = %+v, %v", res, err)
+	}
+	if kv, err := c.KV().Get(ctx, "cycle"); err != nil || string(kv.GetValue()) != "v" {
+		t.Fatalf("Get = %v, %v", kv, err)
+	}
+	if _, err := NewMutex(s, "other").TryLock(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := c.KV().Delete(ctx, "cycle", WithGrant(g)); err != nil {
+		t.Fatal(err)
+	}
+	if err := m.Unlock(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if err := s.Close(ctx); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// By default a client's operations go on the stream, not as unary calls;
+// WithoutStream sends unary calls, as before.
+func TestOperationsGoOnTheStream(t *testing.T) {
+	srv := startServer(t, nil)
+	lockCycle(t, mustClient(t, srv, nil))
+	for _, op := range []string{"create_session", "acquire", "put", "check", "get", "release", "delete", "close_session"} {
+		if n := streamOps(t, srv, op); n < 1 {
+			t.Errorf("no %s on the stream", op)
+		}
+	}
+	if n := unaryCalls(t, srv, fencev1connect.LockServiceAcquireProcedure); n != 0 {
+		t.Errorf("%v unary acquires", n)
+	}
+
+	c, err := New(WithEndpoints(srv.Addr()), WithoutStream())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	before := streamOps(t, srv, "acquire")
+	lockCycle(t, c)
+	if n := streamOps(t, srv, "acquire"); n != before {
+		t.Errorf("WithoutStream sent %v acquires on the stream", n-before)
+	}
+	if n := unaryCalls(t, srv, fencev1connect.LockServiceAcquireProcedure); n < 2 {
+		t.Errorf("WithoutStream sent %v unary acquires", n)
+	}
+}
+
+// The keepalives of many sessions go in a few messages: 200 sessions with
+// a TTL of 2s (a renewal every 667ms) for 2.5s would be 600 unary calls.
+func TestKeepAlivesShareMessages(t *testing.T) {
+	srv := startServer(t, nil)
+	c := mustClient(t, srv, nil)
+	ctx := context.Background()
+	var sessions []*Session
+	for range 200 {
+		sessions = append(sessions, mustSession(t, c, 2*time.Second))
+	}
+	before := metric(t, srv, `fence_requests_total{code="ok",procedure="`+fencev1connect.SessionServiceKeepAliveProcedure+`"}`)
+	time.Sleep(2500 * time.Millisecond)
+	messages := streamOps(t, srv, "keep_alive")
+	renewals := metric(t, srv, `fence_requests_total{code="ok",procedure="`+fencev1connect.SessionServiceKeepAliveProcedure+`"}`) - before
+	for _, s := range sessions {
+		if s.Err() != nil {
+			t.Fatalf("session %d ended: %v", s.ID(), s.Err())
+		}
+	}
+	if renewals < 400 {
+		t.Fatalf("%v renewals of 200 sessions in 2.5s; want at least 400", renewals)
+	}
+	if messages > 20 {
+		t.Fatalf("%v keepalive messages renewed 200 sessions %v times", messages, renewals)
+	}
+	t.Logf("%v renewals in %v messages", renewals, messages)
+	// Every session still acts: each holds a lock.
+	for _, s := range sessions[:5] {
+		if _, err := NewMutex(s, "k"+strconv.FormatUint(s.ID(), 10)).TryLock(ctx); err != nil {
+			t.Fatal(err)
+		}
+	}
+}
+
+// cutter is a TCP proxy whose connections can be cut while their answers
+// are held back: what the server sends is dropped once it is armed, and
+// cut closes every connection, as a network that fails between a
+// request's arrival and its answer's.
+type cutter struct {
+	ln    net.Listener
+	armed atomic.Bool
+	mu    sync.Mutex
+	conns []net.Conn
+}
+
+func newCutter(t *testing.T, target string) *cutter {
+	t.Helper()
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	p := &cutter{ln: ln}
+	t.Cleanup(func() { ln.Close(); p.cut() })
+	go func() {
+		for {
+			in, err := ln.Accept()
+			if err != nil {
+				return
+			}
+			out, err := net.Dial("tcp", target)
+			if err != nil {
+				in.Close()
+				continue
+			}
+			p.mu.Lock()
+			p.conns = append(p.conns, in, out)
+			p.mu.Unlock()
+			go io.Copy(out, in)
+			go p.answers(in, out)
+		}
+	}()
+	return p
+}
+
+func (p *cutter) answers(in, out net.Conn) {
+	buf := make([]byte, 32<<10)
+	for {
+		n, err := out.Read(buf)
+		if n > 0 && !p.armed.Load() {
+			if _, werr := in.Write(buf[:n]); werr != nil {
+				return
+			}
+		}
+		if err != nil {
+			in.Close()
+			return
+		}
+	}
+}
+
+// cut closes every connection and disarms.
+func (p *cutter) cut() {
+	p.mu.Lock()
+	conns := p.conns
+	p.conns = nil
+	p.mu.Unlock()
+	for _, c := range conns {
+		c.Close()
+	}
+	p.armed.Store(false)
+}
+
+func (p *cutter) addr() string { return p.ln.Addr().String() }
+
+// A stream cut after the server applied an operation and before its
+// answer arrived: the client retries on a new stream, and nothing is
+// applied twice (the put's idempotency key, the acquire's request id).
+func TestStreamCutMidOperationAppliesOnce(t *testing.T) {
+	srv := startServer(t, nil)
+	p := newCutter(t, srv.Addr())
+	c, err := New(WithEndpoints(p.addr()))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	observer := mustClient(t, srv, nil)
+	ctx := context.Background()
+	s, err := c.NewSession(ctx, WithTTL(10*time.Second))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer s.Close(ctx)
+	// cutOnce arms the proxy, runs op, and cuts once applied reports that
+	// the server applied it.
+	cutOnce := func(what string, op func() error, applied func() bool) {
+		t.Helper()
+		before := streamOps(t, srv, what)
+		p.armed.Store(true)
+		done := make(chan error, 1)
+		go func() { done <- op() }()
+		deadline := time.Now().Add(5 * time.Second)
+		for !applied() {
+			if time.Now().After(deadline) {
+				t.Fatalf("%s was not applied", what)
+			}
+			time.Sleep(2 * time.Millisecond)
+		}
+		p.cut()
+		if err := <-done; err != nil {
+			t.Fatalf("%s: %v", what, err)
+		}
+		if n := streamOps(t, srv, what) - before; n < 2 {
+			t.Fatalf("%s was sent %v times: the cut missed it", what, n)
+		}
+	}
+
+	var rev uint64
+	cutOnce("put", func() (err error) {
+		rev, err = c.KV().Put(ctx, "k", []byte("v"))
+		return err
+	}, func() bool {
+		kv, err := observer.KV().Get(ctx, "k")
+		return err == nil && kv != nil
+	})
+	kv, err := observer.KV().Get(ctx, "k")
+	if err != nil || kv.GetVersion() != 1 || kv.GetModRevision() != rev {
+		t.Fatalf("after a retried put: %v (answered revision %d), %v; want version 1", kv, rev, err)
+	}
+
+	var g *Grant
+	lastToken := func() uint64 {
+		st, err := observer.Status(ctx)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return st.GetLastToken()
+	}
+	tokenBefore := lastToken()
+	cutOnce("acquire", func() (err error) {
+		g, err = NewMutex(s, "once").Lock(ctx)
+		return err
+	}, func() bool { return lastToken() > tokenBefore })
+	if g.Token() != tokenBefore+1 || lastToken() != tokenBefore+1 {
+		t.Fatalf("the retried acquire answered token %d; last token %d, %d before", g.Token(), lastToken(), tokenBefore)
+	}
+	locks, err := observer.Locks(ctx, "once")
+	if err != nil || len(locks) != 1 || len(locks[0].GetHolders()) != 1 || locks[0].GetHolders()[0].GetToken() != g.Token() {
+		t.Fatalf("after a retried acquire: %v, %v", locks, err)
+	}
+}
+
+// unaryOnly serves srv's API without the stream, as a node of a version
+// before it does: it answers the stream's path 404 (Unimplemented).
+func unaryOnly(t *testing.T, srv *server.Server) string {
+	t.Helper()
+	target, _ := url.Parse("http://" + srv.Addr())
+	proxy := httputil.NewSingleHostReverseProxy(target)
+	h := http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if strings.HasPrefix(r.URL.Path, "/"+fencev1connect.StreamServiceName+"/") {
+			http.NotFound(w, r)
+			return
+		}
+		proxy.ServeHTTP(w, r)
+	})
+	ts := httptest.NewUnstartedServer(h)
+	var p http.Protocols
+	p.SetHTTP1(true)
+	p.SetUnencryptedHTTP2(true)
+	ts.Config.Protocols = &p
+	ts.Start()
+	t.Cleanup(ts.Close)
+	return ts.Listener.Addr().String()
+}
+
+// Where the stream is unavailable the client sends unary calls: a node
+// that does not serve it, and a custom HTTP client that speaks HTTP/1.1.
+func TestStreamFallsBackToUnary(t *testing.T) {
+	srv := startServer(t, nil)
+	older, err := New(WithEndpoints(unaryOnly(t, srv)))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer older.Close()
+	lockCycle(t, older)
+	if n := streamOps(t, srv, "acquire"); n != 0 {
+		t.Fatalf("%v acquires on a stream", n)
+	}
+	if !older.endpointAt(0).unaryOnly.Load() {
+		t.Fatal("the endpoint without the stream is not remembered")
+	}
+
+	h1, err := New(WithEndpoints(srv.Addr()), WithHTTPClient(&http.Client{Transport: &http.Transport{}}))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer h1.Close()
+	lockCycle(t, h1)
+	if n := streamOps(t, srv, "acquire"); n != 0 {
+		t.Fatalf("%v acquires on a stream from an HTTP/1.1 client", n)
+	}
+	if n := unaryCalls(t, srv, fencev1connect.LockServiceAcquireProcedure); n < 2 {
+		t.Fatalf("%v unary acquires", n)
+	}
+}
+
+// A blocked Lock on the stream does not hold up the session's other
+// operations, and a cancelled one leaves nothing queued.
+func TestBlockedLockHoldsUpNothing(t *testing.T) {
+	srv := startServer(t, nil)
+	c := mustClient(t, srv, nil)
+	ctx := context.Background()
+	a, b := mustSession(t, c, 5*time.Second), mustSession(t, c, 5*time.Second)
+	ga, err := NewMutex(a, "hot").Lock(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	wctx, cancel := context.WithCancel(ctx)
+	waited := make(chan error, 1)
+	go func() {
+		_, err := NewMutex(b, "hot").Lock(wctx)
+		waited <- err
+	}()
+	waitFor(t, func() bool {
+		locks, err := c.Locks(ctx, "hot")
+		return err == nil && len(locks) == 1 && len(locks[0].GetWaiters()) == 1
+	})
+	for i := range 20 {
+		if _, err := c.KV().Put(ctx, "k", []byte(strconv.Itoa(i))); err != nil {
+			t.Fatal(err)
+		}
+	}
+	cancel()
+	if err := <-waited; !errors.Is(err, context.Canceled) {
+		t.Fatalf("the cancelled Lock: %v", err)
+	}
+	waitFor(t, func() bool {
+		locks, err := c.Locks(ctx, "hot")
+		return err == nil && len(locks) == 1 && len(locks[0].GetWaiters()) == 0
+	})
+	if res, err := c.Check(ctx, "hot", ga.Token()); err != nil || !res.Current {
+		t.Fatalf("Check = %+v, %v", res, err)
+	}
+}
+
+func waitFor(t *testing.T, cond func() bool) {
+	t.Helper()
+	deadline := time.Now().Add(10 * time.Second)
+	for !cond() {
+		if time.Now().After(deadline) {
+			t.Fatal("timed out")
+		}
+		time.Sleep(5 * time.Millisecond)
+	}
+}
+
+// Close ends the stream; calls made after it still work, as unary calls,
+// as they did before the stream (Close only released connections).
+func TestCallsAfterCloseGoUnary(t *testing.T) {
+	srv := startServer(t, nil)
+	c := mustClient(t, srv, nil)
+	lockCycle(t, c)
+	c.Close()
+	before := streamOps(t, srv, "acquire")
+	lockCycle(t, c)
+	if n := streamOps(t, srv, "acquire"); n != before {
+		t.Fatalf("%v acquires on a stream after Close", n-before)
+	}
+}

@@ -1,0 +1,443 @@
+package server
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"net/http"
+	"sync"
+	"time"
+
+	"connectrpc.com/connect"
+
+	"github.com/fencelock/fence"
+	fencev1 "github.com/fencelock/fence/api/fence/v1"
+	"github.com/fencelock/fence/api/fence/v1/fencev1connect"
+	"github.com/fencelock/fence/internal/rpcerr"
+)
+
+// The session stream (docs/design.md, The session stream): one
+// bidirectional stream per client carries every operation of its sessions.
+// Each operation runs in a goroutine of its own, through the same function
+// its unary handler calls, checked as that call is checked, and is
+// answered by id when it completes, so that a blocked acquire holds up
+// nothing else on the stream.
+
+// maxStreamInFlight bounds the operations one stream runs at once: the
+// stream reads no further operation while that many run, which holds the
+// client back through HTTP/2's flow control.
+const maxStreamInFlight = 1024
+
+// maxKeepAliveSessions bounds the sessions of one KeepAliveManyRequest.
+const maxKeepAliveSessions = 10_000
+
+// streamOpened is the first message of every stream.
+var streamOpened = &fencev1.StreamResponse{Result: &fencev1.StreamResponse_Opened{Opened: &fencev1.StreamOpened{MaxInFlight: maxStreamInFlight}}}
+
+// Session implements fencev1connect.StreamServiceHandler. Only a ready
+// leader serves a stream, and it ends its streams when it stops leading or
+// shuts down, and a stream whose credential no longer authenticates.
+func (s *Server) Session(ctx context.Context, stream *connect.BidiStream[fencev1.StreamRequest, fencev1.StreamResponse]) error {
+	term := s.leaderTerm.current()
+	if !s.leaderReady.Load() {
+		return s.notReady()
+	}
+	ctx = withClientAddr(ctx, stream.Peer().Addr, stream.RequestHeader())
+	ctx, cancel := context.WithCancelCause(ctx)
+	defer cancel(nil)
+	st := &serverStream{s: s, stream: stream, slots: make(chan struct{}, maxStreamInFlight), ops: map[uint64]context.CancelCauseFunc{}}
+	if err := st.send(streamOpened); err != nil {
+		return err
+	}
+	s.metrics.streams.Inc()
+	defer s.metrics.streams.Dec()
+	go st.watch(ctx, cancel, term)
+	err := st.serve(ctx, cancel)
+	st.wg.Wait()
+	return err
+}
+
+// serverStream is one open stream.
+type serverStream struct {
+	s      *Server
+	stream *connect.BidiStream[fencev1.StreamRequest, fencev1.StreamResponse]
+	sendMu sync.Mutex
+	slots  chan struct{} // one per operation in flight
+	wg     sync.WaitGroup
+
+	mu  sync.Mutex
+	ops map[uint64]context.CancelCauseFunc // the operations in flight, by id
+}
+
+// errStreamEnded is the cause of the operations cancelled when their
+// stream ends under them.
+var errStreamEnded = fmt.Errorf("%w: the stream ended", fence.ErrUnavailable)
+
+// serve reads operations until the stream ends, and returns why: nil when
+// the client closed its side and every operation was answered.
+func (st *serverStream) serve(ctx context.Context, cancel context.CancelCauseFunc) error {
+	reqs, readErr := make(chan *fencev1.StreamRequest), make(chan error, 1)
+	go func() {
+		for {
+			req, err := st.stream.Receive()
+			if err != nil {
+				readErr <- err
+				return
+			}
+			select {
+			case reqs <- req:
+			case <-ctx.Done():
+				return
+			}
+		}
+	}()
+	for {
+		select {
+		case <-ctx.Done():
+			return context.Cause(ctx)
+		case err := <-readErr:
+			if errors.Is(err, io.EOF) {
+				st.wg.Wait() // the client is done sending: answer what it sent
+				return nil
+			}
+			cancel(errStreamEnded)
+			return err
+		case req := <-reqs:
+			if err := st.start(ctx, req); err != nil {
+				cancel(err)
+				return err
+			}
+		}
+	}
+}
+
+// start runs one operation, or cancels one in flight.
+func (st *serverStream) start(ctx context.Context, req *fencev1.StreamRequest) error {
+	st.s.metrics.streamRequests.WithLabelValues(streamOpName(req)).Inc()
+	id := req.GetId()
+	if id == 0 {
+		return fmt.Errorf("%w: a stream operation needs an id other than 0", fence.ErrInvalidArgument)
+	}
+	if _, ok := req.GetOp().(*fencev1.StreamRequest_Cancel); ok {
+		st.mu.Lock()
+		if stop := st.ops[id]; stop != nil {
+			stop(context.Canceled)
+		}
+		st.mu.Unlock()
+		return nil
+	}
+	// The client keeps to maxStreamInFlight (StreamOpened), and a slot is
+	// freed before its answer is sent: this waits only for a client that
+	// does not.
+	select {
+	case st.slots <- struct{}{}:
+	case <-ctx.Done():
+		return context.Cause(ctx)
+	}
+	opCtx, stop := context.WithCancelCause(ctx)
+	st.mu.Lock()
+	if st.ops[id] != nil {
+		st.mu.Unlock()
+		stop(nil)
+		<-st.slots
+		return fmt.Errorf("%w: operation id %d is already in flight on this stream", fence.ErrInvalidArgument, id)
+	}
+	st.ops[id] = stop
+	st.mu.Unlock()
+	st.wg.Add(1)
+	go func() {
+		defer st.wg.Done()
+		resp := st.s.runStreamOp(opCtx, req)
+		st.mu.Lock()
+		delete(st.ops, id)
+		st.mu.Unlock()
+		stop(nil)
+		<-st.slots
+		if err := st.send(resp); err != nil {
+			st.s.logger.Debug("answering a stream operation failed", "id", id, "err", err)
+		}
+	}()
+	return nil
+}
+
+// send writes one message; operations answer from their own goroutines.
+func (st *serverStream) send(resp *fencev1.StreamResponse) error {
+	st.sendMu.Lock()
+	defer st.sendMu.Unlock()
+	return st.stream.Send(resp)
+}
+
+// watch ends the stream when this node stops leading (term is closed then)
+// or shuts down, and when its caller's credential no longer authenticates.
+func (st *serverStream) watch(ctx context.Context, cancel context.CancelCauseFunc, term <-chan struct{}) {
+	s := st.s
+	authChanged, tokenExpired, stopGate := s.authGate(ctx)
+	defer func() { stopGate() }()
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-term:
+			cancel(fmt.Errorf("%w: this node lost leadership; open the stream at the new leader", fence.ErrUnavailable))
+			return
+		case <-s.done:
+			cancel(fmt.Errorf("%w: the node is shutting down", fence.ErrUnavailable))
+			return
+		case <-authChanged:
+			if _, err := s.recheckStream(ctx); err != nil {
+				cancel(fmt.Errorf("the stream ended: %w", err))
+				return
+			}
+			stopGate()
+			authChanged, tokenExpired, stopGate = s.authGate(ctx)
+		case <-tokenExpired:
+			if _, err := s.recheckStream(ctx); err != nil {
+				cancel(fmt.Errorf("the stream ended: %w", err))
+				return
+			}
+			tokenExpired = nil
+		}
+	}
+}
+
+// runStreamOp runs one operation and returns its answer, counting it in
+// the metrics under its unary call's procedure.
+func (s *Server) runStreamOp(ctx context.Context, req *fencev1.StreamRequest) (resp *fencev1.StreamResponse) {
+	start := time.Now()
+	procedure := streamOpProcedure(req)
+	resp = &fencev1.StreamResponse{Id: req.GetId()}
+	defer func() {
+		if p := recover(); p != nil {
+			s.logger.Error("stream operation panicked", "procedure", procedure, "panic", p)
+			resp = &fencev1.StreamResponse{Id: req.GetId(), Error: rpcerr.ToStream(connect.NewError(connect.CodeInternal, fmt.Errorf("internal error in %s", procedure)))}
+		}
+	}()
+	var err error
+	if ka := req.GetKeepAlive(); ka != nil {
+		err = s.streamKeepAlive(ctx, ka, resp, start)
+	} else {
+		err = s.streamOp(ctx, procedure, req, resp)
+	}
+	if err != nil {
+		resp.Result = nil
+		resp.Error = rpcerr.ToStream(s.leaderHint(err))
+		s.metrics.observe(procedure, start, connect.Code(resp.Error.GetCode()))
+	} else if req.GetKeepAlive() == nil {
+		s.metrics.observe(procedure, start, 0)
+	}
+	return resp
+}
+
+// streamOp checks an operation as its unary call is checked and runs it.
+func (s *Server) streamOp(ctx context.Context, procedure string, req *fencev1.StreamRequest, resp *fencev1.StreamResponse) error {
+	msg := streamOpMessage(req)
+	if msg == nil {
+		return fmt.Errorf("%w: stream operation %d carries no operation this node knows", fence.ErrInvalidArgument, req.GetId())
+	}
+	ctx, err := s.checkStreamOp(ctx, procedure, msg)
+	if err != nil {
+		return err
+	}
+	key, err := checkIdempotencyKeyAs("idempotency_key", req.GetIdempotencyKey())
+	if err != nil {
+		return err
+	}
+	switch op := req.GetOp().(type) {
+	case *fencev1.StreamRequest_CreateSession:
+		r, err := s.createSession(ctx, op.CreateSession)
+		resp.Result = &fencev1.StreamResponse_CreateSession{CreateSession: r}
+		return err
+	case *fencev1.StreamRequest_CloseSession:
+		r, err := s.closeSession(ctx, op.CloseSession)
+		resp.Result = &fencev1.StreamResponse_CloseSession{CloseSession: r}
+		return err
+	case *fencev1.StreamRequest_Acquire:
+		r, err := s.acquire(ctx, op.Acquire)
+		resp.Result = &fencev1.StreamResponse_Acquire{Acquire: r}
+		return err
+	case *fencev1.StreamRequest_Release:
+		r, err := s.release(ctx, op.Release)
+		resp.Result = &fencev1.StreamResponse_Release{Release: r}
+		return err
+	case *fencev1.StreamRequest_CancelAcquire:
+		r, err := s.cancelAcquire(ctx, op.CancelAcquire)
+		resp.Result = &fencev1.StreamResponse_CancelAcquire{CancelAcquire: r}
+		return err
+	case *fencev1.StreamRequest_Check:
+		r, err := s.check(ctx, op.Check)
+		resp.Result = &fencev1.StreamResponse_Check{Check: r}
+		return err
+	case *fencev1.StreamRequest_Put:
+		r, err := s.put(ctx, op.Put, key)
+		resp.Result = &fencev1.StreamResponse_Put{Put: r}
+		return err
+	case *fencev1.StreamRequest_Get:
+		r, err := s.get(ctx, op.Get)
+		resp.Result = &fencev1.StreamResponse_Get{Get: r}
+		return err
+	case *fencev1.StreamRequest_Delete:
+		r, err := s.delete(ctx, op.Delete, key)
+		resp.Result = &fencev1.StreamResponse_Delete{Delete: r}
+		return err
+	}
+	return fmt.Errorf("%w: stream operation %d carries no operation this node knows", fence.ErrInvalidArgument, req.GetId())
+}
+
+// streamKeepAlive renews the sessions of one message, each answered on
+// its own, as the unary KeepAlive would answer it.
+func (s *Server) streamKeepAlive(ctx context.Context, m *fencev1.KeepAliveManyRequest, resp *fencev1.StreamResponse, start time.Time) error {
+	procedure := fencev1connect.SessionServiceKeepAliveProcedure
+	if n := len(m.GetSessions()); n > maxKeepAliveSessions {
+		return fmt.Errorf("%w: a keepalive message names %d sessions, over the limit of %d", fence.ErrInvalidArgument, n, maxKeepAliveSessions)
+	}
+	if _, err := s.checkStreamOp(ctx, procedure, m); err != nil {
+		return err
+	}
+	results := s.keepAlive(ctx, m.GetSessions())
+	out := &fencev1.KeepAliveManyResponse{Results: make([]*fencev1.KeepAliveResult, len(results))}
+	for i, r := range results {
+		res := &fencev1.KeepAliveResult{SessionId: m.GetSessions()[i].GetSessionId(), Ok: r.resp}
+		var code connect.Code
+		if r.err != nil {
+			res.Error = rpcerr.ToStream(s.leaderHint(r.err))
+			code = connect.Code(res.Error.GetCode())
+		}
+		s.metrics.observe(procedure, start, code)
+		out.Results[i] = res
+	}
+	resp.Result = &fencev1.StreamResponse_KeepAlive{KeepAlive: out}
+	return nil
+}
+
+// streamOpMessage returns the request message an operation carries.
+func streamOpMessage(req *fencev1.StreamRequest) any {
+	switch op := req.GetOp().(type) {
+	case *fencev1.StreamRequest_CreateSession:
+		return op.CreateSession
+	case *fencev1.StreamRequest_KeepAlive:
+		return op.KeepAlive
+	case *fencev1.StreamRequest_CloseSession:
+		return op.CloseSession
+	case *fencev1.StreamRequest_Acquire:
+		return op.Acquire
+	case *fencev1.StreamRequest_Release:
+		return op.Release
+	case *fencev1.StreamRequest_CancelAcquire:
+		return op.CancelAcquire
+	case *fencev1.StreamRequest_Check:
+		return op.Check
+	case *fencev1.StreamRequest_Put:
+		return op.Put
+	case *fencev1.StreamRequest_Get:
+		return op.Get
+	case *fencev1.StreamRequest_Delete:
+		return op.Delete
+	}
+	return nil
+}
+
+// streamOpProcedure names the unary call an operation stands for: its
+// permission, its metrics and its audit lines are that call's.
+func streamOpProcedure(req *fencev1.StreamRequest) string {
+	switch req.GetOp().(type) {
+	case *fencev1.StreamRequest_CreateSession:
+		return fencev1connect.SessionServiceCreateSessionProcedure
+	case *fencev1.StreamRequest_KeepAlive:
+		return fencev1connect.SessionServiceKeepAliveProcedure
+	case *fencev1.StreamRequest_CloseSession:
+		return fencev1connect.SessionServiceCloseSessionProcedure
+	case *fencev1.StreamRequest_Acquire:
+		return fencev1connect.LockServiceAcquireProcedure
+	case *fencev1.StreamRequest_Release:
+		return fencev1connect.LockServiceReleaseProcedure
+	case *fencev1.StreamRequest_CancelAcquire:
+		return fencev1connect.LockServiceCancelAcquireProcedure
+	case *fencev1.StreamRequest_Check:
+		return fencev1connect.LockServiceCheckProcedure
+	case *fencev1.StreamRequest_Put:
+		return fencev1connect.KVServicePutProcedure
+	case *fencev1.StreamRequest_Get:
+		return fencev1connect.KVServiceGetProcedure
+	case *fencev1.StreamRequest_Delete:
+		return fencev1connect.KVServiceDeleteProcedure
+	}
+	return fencev1connect.StreamServiceSessionProcedure
+}
+
+// streamOpName labels an operation in fence_stream_requests_total.
+func streamOpName(req *fencev1.StreamRequest) string {
+	switch req.GetOp().(type) {
+	case *fencev1.StreamRequest_CreateSession:
+		return "create_session"
+	case *fencev1.StreamRequest_KeepAlive:
+		return "keep_alive"
+	case *fencev1.StreamRequest_CloseSession:
+		return "close_session"
+	case *fencev1.StreamRequest_Acquire:
+		return "acquire"
+	case *fencev1.StreamRequest_Release:
+		return "release"
+	case *fencev1.StreamRequest_CancelAcquire:
+		return "cancel_acquire"
+	case *fencev1.StreamRequest_Check:
+		return "check"
+	case *fencev1.StreamRequest_Put:
+		return "put"
+	case *fencev1.StreamRequest_Get:
+		return "get"
+	case *fencev1.StreamRequest_Delete:
+		return "delete"
+	case *fencev1.StreamRequest_Cancel:
+		return "cancel"
+	}
+	return "unknown"
+}
+
+// leaderTerm tells streams that this node stopped leading: current's
+// channel is closed when the leadership it was taken in ends.
+type leaderTerm struct {
+	mu  sync.Mutex
+	end chan struct{}
+}
+
+// begin starts a term; it is called before the node is marked ready.
+func (t *leaderTerm) begin() {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	t.end = make(chan struct{})
+}
+
+// over ends the term; it is called after the node is marked not ready.
+func (t *leaderTerm) over() {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	if t.end != nil {
+		close(t.end)
+		t.end = nil
+	}
+}
+
+// current returns the channel of the term in force. Read before checking
+// that the node is ready, it is closed whenever that readiness ends.
+func (t *leaderTerm) current() <-chan struct{} {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	if t.end == nil {
+		closed := make(chan struct{})
+		close(closed)
+		return closed
+	}
+	return t.end
+}
+
+// streamReads lets a stream live as long as its client keeps it open:
+// the server's ReadTimeout bounds a request body, and a stream's body is
+// every operation the client will send. Each message is still bounded in
+// size (MaxRequestBytes).
+func streamReads(next http.Handler) http.Handler {
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		_ = http.NewResponseController(w).SetReadDeadline(time.Time{})
+		next.ServeHTTP(w, r)
+	})
+}
