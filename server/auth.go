@@ -232,6 +232,10 @@ func authorizeLocked(st *fsm.State, who caller, n need) error {
 type authCall struct {
 	cred credential
 	need need
+	// user is who the check at the call's start found ("" with auth
+	// off): the user the call's sessions and keys are charged to, even if
+	// the credential fails while the call runs.
+	user string
 }
 
 type authCallKey struct{}
@@ -240,8 +244,9 @@ type authCallKey struct{}
 // logs a refusal. It returns ctx carrying what to check again later.
 func (s *Server) checkCall(ctx context.Context, procedure, peer string, h http.Header, msg any) (context.Context, error) {
 	call := authCall{cred: credentialOf(ctx, h), need: needOf(procedure, msg)}
+	who, err := s.recheck(call)
+	call.user = who.user
 	ctx = context.WithValue(ctx, authCallKey{}, call)
-	_, err := s.recheck(call)
 	if err != nil {
 		s.auditRefusal(procedure, peer, call, err)
 	}
@@ -249,17 +254,12 @@ func (s *Server) checkCall(ctx context.Context, procedure, peer string, h http.H
 }
 
 // callerUser returns the authenticated user of the call ctx belongs to,
-// with auth on; "" otherwise. The interceptor checked the call already.
+// as the check at its start found it; "" with auth off. Checking again
+// here would answer "" for a credential revoked since, and so charge the
+// call's session or key to nobody.
 func (s *Server) callerUser(ctx context.Context) string {
-	call, ok := ctx.Value(authCallKey{}).(authCall)
-	if !ok {
-		return ""
-	}
-	who, err := s.recheck(call)
-	if err != nil {
-		return ""
-	}
-	return who.user
+	call, _ := ctx.Value(authCallKey{}).(authCall)
+	return call.user
 }
 
 // recheck checks call against the current state; it returns who made it.
@@ -366,8 +366,10 @@ func (s *Server) checkStreamOp(ctx context.Context, procedure string, msg any) (
 	slot, _ := ctx.Value(authSlotKey{}).(*authSlot)
 	open, _ := streamCall(ctx)
 	call := authCall{cred: open.cred, need: needOf(procedure, msg)}
+	who, err := s.recheck(call)
+	call.user = who.user
 	ctx = context.WithValue(ctx, authCallKey{}, call)
-	if _, err := s.recheck(call); err != nil {
+	if err != nil {
 		peer := ""
 		if slot != nil {
 			peer = slot.peer
@@ -455,6 +457,27 @@ type authWatch struct {
 	err  error
 	stop chan struct{}
 	once sync.Once
+
+	s     *Server
+	call  authCall
+	watch bool // call is a checked call
+}
+
+// Check checks the call again now: nil while it may go on. A wait whose
+// context ended uses it to tell a caller that went away from one whose
+// stream ended because its credential failed (the stream's end and the
+// watch's wake race), so that a revoked caller's wait never stays queued.
+func (w *authWatch) Check() error {
+	select {
+	case <-w.lost:
+		return w.err
+	default:
+	}
+	if !w.watch {
+		return nil
+	}
+	_, err := w.s.recheck(w.call)
+	return err
 }
 
 // Lost is closed once the call may no longer go on; Err then says why.
@@ -473,13 +496,14 @@ func (w *authWatch) Stop() { w.once.Do(func() { close(w.stop) }) }
 // authGate). A call that blocks for long (a waiting Acquire) ends then,
 // instead of going on under a permission its caller no longer has.
 func (s *Server) watchAuth(ctx context.Context) *authWatch {
-	w := &authWatch{lost: make(chan struct{}), stop: make(chan struct{})}
+	w := &authWatch{lost: make(chan struct{}), stop: make(chan struct{}), s: s}
 	call, ok := ctx.Value(authCallKey{}).(authCall)
 	if !ok {
 		if call, ok = streamCall(ctx); !ok {
 			return w // not a checked call: never fires
 		}
 	}
+	w.call, w.watch = call, true
 	go func() {
 		for {
 			// Take the channel before checking, so that no change made

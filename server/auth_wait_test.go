@@ -14,6 +14,7 @@ import (
 	"github.com/fencelock/fence/api/fence/v1/fencev1connect"
 	"github.com/fencelock/fence/client"
 	"github.com/fencelock/fence/internal/clock"
+	"github.com/fencelock/fence/internal/fsm"
 )
 
 // apiWithToken is newAPI for a caller that sends token ("": none).
@@ -216,4 +217,97 @@ func TestBearerTokenExpiresOnTheNodesClock(t *testing.T) {
 
 func contains(err error, s string) bool {
 	return err != nil && strings.Contains(err.Error(), s)
+}
+
+// A polling Acquire keeps its place in the queue when its call ends (the
+// client polls again), but not when the call ended because its caller may
+// no longer take the lock: on the session stream, the stream's end (its
+// credential failed) and the operation's own watch race, and the wait
+// must leave the queue whichever comes first. Here the call's context has
+// ended, and its token was revoked, before the wait begins, so both
+// branches are ready at once; each of the runs must give up the wait.
+func TestPollingWaitOfARevokedCallerLeavesTheQueue(t *testing.T) {
+	ctx := context.Background()
+	s := startTestServer(t, nil)
+	open := mustClient(t, s, "")
+	rootToken := setupRoot(t, open)
+	root := mustClient(t, s, rootToken)
+	appToken := addUser(t, open, "app", perm(client.PermLock, client.Write, ""))
+	if err := root.AuthEnable(ctx); err != nil {
+		t.Fatal(err)
+	}
+	holder := apiWithToken(t, s, rootToken)
+	holder.mustAcquire(holder.session(time.Hour), "m")
+	app := apiWithToken(t, s, appToken)
+	var sessions []uint64
+	for range 16 {
+		sessions = append(sessions, app.session(time.Hour))
+	}
+	tokens, err := root.Tokens(ctx, "app")
+	if err != nil || len(tokens) != 1 {
+		t.Fatalf("app's tokens: %v, %v", tokens, err)
+	}
+
+	// Each call as the interceptor lets it in, while the token is good.
+	header := http.Header{"Authorization": {"Bearer " + appToken}}
+	calls := make([]context.Context, len(sessions))
+	cancels := make([]context.CancelFunc, len(sessions))
+	reqs := make([]*fencev1.AcquireRequest, len(sessions))
+	for i, id := range sessions {
+		reqs[i] = &fencev1.AcquireRequest{SessionId: id, SessionSecret: app.secrets.secret(id), Lock: "m",
+			RequestId: uint64(100 + i), Poll: durationpb.New(time.Minute)}
+		callCtx, cancel := context.WithCancel(ctx)
+		c, err := s.checkCall(callCtx, fencev1connect.LockServiceAcquireProcedure, "", header, reqs[i])
+		if err != nil {
+			t.Fatal(err)
+		}
+		calls[i], cancels[i] = c, cancel
+	}
+	if err := root.TokenRevoke(ctx, tokens[0].GetId()); err != nil {
+		t.Fatal(err)
+	}
+	for i := range sessions {
+		cancels[i]()
+		if _, err := s.acquire(calls[i], reqs[i]); err == nil {
+			t.Fatalf("acquire %d of a revoked caller whose call ended: granted", i)
+		}
+	}
+	if w := holder.lock("m").GetWaiters(); len(w) != 0 {
+		t.Errorf("the revoked caller's waits stayed queued: %d of %d: %v", len(w), len(sessions), w)
+	}
+}
+
+// A call is charged to the user its check at the start found, even if its
+// credential is revoked before the call's command is proposed: checking
+// again then found no user, and the key's bytes were charged to nobody.
+func TestCallChargedToTheUserItsCheckFound(t *testing.T) {
+	ctx := context.Background()
+	s := startTestServer(t, nil)
+	open := mustClient(t, s, "")
+	rootToken := setupRoot(t, open)
+	root := mustClient(t, s, rootToken)
+	appToken := addUser(t, open, "app", perm(client.PermKV, client.Write, ""))
+	if err := root.AuthEnable(ctx); err != nil {
+		t.Fatal(err)
+	}
+	tokens, err := root.Tokens(ctx, "app")
+	if err != nil || len(tokens) != 1 {
+		t.Fatalf("app's tokens: %v, %v", tokens, err)
+	}
+	put := &fencev1.PutRequest{Key: "k", Value: []byte("value")}
+	call, err := s.checkCall(ctx, fencev1connect.KVServicePutProcedure, "", http.Header{"Authorization": {"Bearer " + appToken}}, put)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := root.TokenRevoke(ctx, tokens[0].GetId()); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := s.put(call, put, ""); err != nil {
+		t.Fatal(err)
+	}
+	var used uint64
+	s.fsm.Read(func(st *fsm.State) { used = st.UserUsage("app").KVBytes })
+	if want := uint64(len("k") + len("value")); used != want {
+		t.Errorf("app is charged %d KV bytes, want %d", used, want)
+	}
 }

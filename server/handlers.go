@@ -382,7 +382,9 @@ func (s *Server) wait(ctx context.Context, w *waiter, index uint64, timeout, pol
 			}
 			return fsm.Grant{}, fmt.Errorf("%w: lock %q was not granted within %v", fence.ErrWaitTimeout, w.key.lock, timeout)
 		case <-ctx.Done():
-			if !w.req.polls {
+			// A polling caller keeps its place for its next poll, unless
+			// its call ended because it may no longer take the lock.
+			if !w.req.polls || auth.Check() != nil {
 				s.giveUp(w, nil)
 			}
 			return fsm.Grant{}, ctx.Err()

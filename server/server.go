@@ -358,18 +358,28 @@ func (s *Server) watchLeadership() {
 		case <-s.done:
 			return
 		case leader := <-ch:
+			if !leader || s.leaderReady.Load() {
+				// raft's notice that leadership was lost is dropped when
+				// it is won again before this loop reads it: the duties
+				// of the term that ended end all the same.
+				s.stopLeading()
+			}
 			if leader {
 				s.becomeLeader()
-			} else {
-				s.logger.Info("lost leadership")
-				s.leaderReady.Store(false)
-				s.leaderTerm.over()
-				s.tracker.becomeFollower()
-				s.delays.becomeFollower()
-				s.hub.failAll(fmt.Errorf("%w: this node lost leadership; retry against the new leader", fence.ErrUnavailable))
 			}
 		}
 	}
+}
+
+// stopLeading ends the leader's duties of the term that ended: waits,
+// keepalives and streams of that term fail over to the new leader.
+func (s *Server) stopLeading() {
+	s.logger.Info("lost leadership")
+	s.leaderReady.Store(false)
+	s.leaderTerm.over()
+	s.tracker.becomeFollower()
+	s.delays.becomeFollower()
+	s.hub.failAll(fmt.Errorf("%w: this node lost leadership; retry against the new leader", fence.ErrUnavailable))
 }
 
 func (s *Server) becomeLeader() {

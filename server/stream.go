@@ -401,10 +401,14 @@ type leaderTerm struct {
 	end chan struct{}
 }
 
-// begin starts a term; it is called before the node is marked ready.
+// begin starts a term, ending the one before if it was not ended; it is
+// called before the node is marked ready.
 func (t *leaderTerm) begin() {
 	t.mu.Lock()
 	defer t.mu.Unlock()
+	if t.end != nil {
+		close(t.end)
+	}
 	t.end = make(chan struct{})
 }
 

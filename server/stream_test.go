@@ -492,3 +492,25 @@ func TestClusterStreamFollowsLeader(t *testing.T) {
 		}
 	}
 }
+
+// A term begun while the one before was never ended (raft drops the
+// notice of a lost leadership won again before it is read) ends the one
+// before, so that the streams of that term end.
+func TestLeaderTermBeginEndsTheTermBefore(t *testing.T) {
+	var lt leaderTerm
+	lt.begin()
+	first := lt.current()
+	lt.begin()
+	select {
+	case <-first:
+	default:
+		t.Fatal("the earlier term's channel is still open")
+	}
+	second := lt.current()
+	lt.over()
+	select {
+	case <-second:
+	default:
+		t.Fatal("over left the term open")
+	}
+}

@@ -82,10 +82,26 @@ func CheckQuota(q Quota) error {
 	for _, c := range []struct {
 		name  string
 		value uint64
+	}{{"max_sessions", q.MaxSessions}, {"max_locks", q.MaxLocks}} {
+		if c.value > MaxQuotaCount {
+			return fmt.Errorf("%w: %s %d is over the limit of %d (0 means no limit)", fence.ErrInvalidArgument, c.name, c.value, MaxQuotaCount)
+		}
+	}
+	return checkQuotaApplied(q)
+}
+
+// checkQuotaApplied is the state machine's check of a quota: CheckQuota's
+// but for the bounds of max_sessions and max_locks, which versions before
+// the bounds accepted at any value. The state machine applies what they
+// committed, in old logs and snapshots, as they did (a value over the
+// bound means no limit that matters); only new calls are bounded, at the
+// edge.
+func checkQuotaApplied(q Quota) error {
+	for _, c := range []struct {
+		name  string
+		value uint64
 		limit uint64
 	}{
-		{"max_sessions", q.MaxSessions, MaxQuotaCount},
-		{"max_locks", q.MaxLocks, MaxQuotaCount},
 		{"max_waits", q.MaxWaits, MaxQuotaCount},
 		{"max_kv_bytes", q.MaxKVBytes, MaxQuotaKVBytes},
 		{"session_burst", q.SessionBurst, MaxQuotaCount},

@@ -173,8 +173,6 @@ func TestQuotaRefusesBadValues(t *testing.T) {
 		q    fsm.Quota
 		want string
 	}{
-		{fsm.Quota{MaxSessions: math.MaxUint64}, "max_sessions 18446744073709551615 is over the limit"},
-		{fsm.Quota{MaxLocks: fsm.MaxQuotaCount + 1}, "max_locks"},
 		{fsm.Quota{MaxWaits: math.MaxUint64 - 1}, "max_waits"},
 		{fsm.Quota{MaxKVBytes: fsm.MaxQuotaKVBytes + 1}, "max_kv_bytes"},
 		{fsm.Quota{SessionRate: -1, SessionBurst: 1}, "session_rate -1"},
@@ -206,6 +204,26 @@ func TestQuotaRefusesBadValues(t *testing.T) {
 	applyAll(t, s, setQuotaOf("alice", good))
 	if u, _ := mustRestore(t, s).User("alice"); u.Quota != good {
 		t.Fatalf("alice's quota %+v after a restore, want %+v", u.Quota, good)
+	}
+
+	// max_sessions and max_locks took any value before they were bounded:
+	// the edge bounds new calls, but the state machine applies, and
+	// restores, what older versions committed, or a node replaying an old
+	// log would refuse what the others applied.
+	for _, tc := range []struct {
+		q    fsm.Quota
+		want string
+	}{
+		{fsm.Quota{MaxSessions: math.MaxUint64}, "max_sessions 18446744073709551615 is over the limit"},
+		{fsm.Quota{MaxLocks: fsm.MaxQuotaCount + 1}, "max_locks"},
+	} {
+		if err := fsm.CheckQuota(tc.q); !errors.Is(err, fence.ErrInvalidArgument) || !strings.Contains(err.Error(), tc.want) {
+			t.Errorf("CheckQuota(%+v) = %v, want ErrInvalidArgument with %q", tc.q, err, tc.want)
+		}
+		applyAll(t, s, setQuotaOf("alice", tc.q))
+		if u, _ := mustRestore(t, s).User("alice"); u.Quota != tc.q {
+			t.Errorf("alice's quota %+v after a restore, want %+v", u.Quota, tc.q)
+		}
 	}
 }
 
