@@ -50,8 +50,10 @@ func (k *keepAliver) remove(s *Session) {
 }
 
 // renew renews s, with the sessions due soon, in one message, or waits for
-// the message s went in already.
-func (k *keepAliver) renew(ctx context.Context, s *Session, safe time.Time) error {
+// the message s went in already. ctx bounds the wait for s alone (the
+// caller ends it at s's safe-until); the message runs on for the other
+// sessions in it, within the deadline of the session that sent it.
+func (k *keepAliver) renew(ctx context.Context, s *Session) error {
 	k.mu.Lock()
 	if b := s.batch; b != nil {
 		k.mu.Unlock()
@@ -78,7 +80,7 @@ func (k *keepAliver) renew(ctx context.Context, s *Session, safe time.Time) erro
 	for start := 0; start < len(members); start += maxKeepAliveBatch {
 		chunk := members[start:min(start+maxKeepAliveBatch, len(members))]
 		wg.Go(func() {
-			err := k.send(ctx, safe, chunk)
+			err := k.send(ctx, chunk)
 			k.mu.Lock()
 			for _, m := range chunk {
 				if _, ok := b.results[m]; !ok {
@@ -104,15 +106,11 @@ func (k *keepAliver) renew(ctx context.Context, s *Session, safe time.Time) erro
 	return b.results[s]
 }
 
-// send renews sessions in one message, retried as any keepalive is. It
-// records each session's own result in the batch before returning the
-// message's error (nil once it was answered).
-func (k *keepAliver) send(ctx context.Context, safe time.Time, sessions []*Session) error {
+// send renews sessions in one message, retried as any keepalive is, until
+// ctx ends. It records each session's own result in the batch before
+// returning the message's error (nil once it was answered).
+func (k *keepAliver) send(ctx context.Context, sessions []*Session) error {
 	clk := k.c.opts.clock
-	ctx, cancel := context.WithCancel(ctx)
-	defer cancel()
-	timer := clk.AfterFunc(safe.Sub(clk.Now()), cancel)
-	defer timer.Stop()
 	attempt := time.Duration(0)
 	req := &fencev1.KeepAliveManyRequest{Sessions: make([]*fencev1.KeepAliveRequest, len(sessions))}
 	rounds := make([]uint64, len(sessions))
