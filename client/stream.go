@@ -144,10 +144,16 @@ func (c *Client) streamTo(ep *endpoint) bool {
 // (the leader moved) replaces it.
 type streams struct {
 	c      *Client
-	openMu sync.Mutex // one open at a time
 	mu     sync.Mutex
 	cur    *opStream
 	closed bool
+	// opening holds, per node, a token for the one open in progress there
+	// (a channel of capacity one). A call that waits for it gives up on
+	// its own deadline: a node that accepts connections and never answers
+	// (paused) holds up only the calls that go to it, each for no longer
+	// than its attempt, as for a unary call; and an opener that gives up
+	// lets the next one try.
+	opening map[*endpoint]chan struct{}
 }
 
 // do sends req on the stream at ep, opening one there when there is none.
@@ -170,8 +176,13 @@ func (m *streams) at(ctx context.Context, ep *endpoint) (*opStream, error) {
 	if closed {
 		return nil, errNoStream
 	}
-	m.openMu.Lock()
-	defer m.openMu.Unlock()
+	token := m.openingAt(ep)
+	select {
+	case token <- struct{}{}:
+	case <-ctx.Done():
+		return nil, ctx.Err()
+	}
+	defer func() { <-token }()
 	if st := m.live(ep); st != nil {
 		return st, nil
 	}
@@ -194,6 +205,21 @@ func (m *streams) at(ctx context.Context, ep *endpoint) (*opStream, error) {
 		old.end(fmt.Errorf("%w: the stream moved from %s to %s", fence.ErrUnavailable, old.ep.url, ep.url))
 	}
 	return st, nil
+}
+
+// openingAt returns the token of opens at ep.
+func (m *streams) openingAt(ep *endpoint) chan struct{} {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	if m.opening == nil {
+		m.opening = map[*endpoint]chan struct{}{}
+	}
+	token, ok := m.opening[ep]
+	if !ok {
+		token = make(chan struct{}, 1)
+		m.opening[ep] = token
+	}
+	return token
 }
 
 var errClientClosed = fmt.Errorf("%w: the client is closed", fence.ErrUnavailable)

@@ -426,3 +426,31 @@ func TestCallsAfterCloseGoUnary(t *testing.T) {
 		t.Fatalf("%v acquires on a stream after Close", n-before)
 	}
 }
+
+// A node that accepts connections and never answers (paused with SIGSTOP)
+// holds up the opening of a stream there only for the calls that wait on
+// it, each within its own attempt: a keepalive with a long attempt (a
+// quarter of a 40s TTL) opening a stream at the paused node does not keep
+// a call with a 1s attempt from moving on to a node that answers.
+func TestPausedNodeHoldsUpOnlyItsOwnAttempts(t *testing.T) {
+	srv := startServer(t, nil)
+	c, err := New(WithEndpoints(hungListener(t), srv.Addr()), WithAttemptTimeout(time.Second))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { c.Close() })
+	now := time.Now()
+	renewingSession(t, c, 1, 40*time.Second, now, now.Add(30*time.Second)) // opens at the paused node, for 10s
+	time.Sleep(50 * time.Millisecond)
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	start := time.Now()
+	s, err := c.NewSession(ctx, WithTTL(10*time.Second))
+	if err != nil {
+		t.Fatalf("NewSession behind a stream opening at a paused node, after %v: %v", time.Since(start), err)
+	}
+	t.Cleanup(func() { s.Close(context.Background()) })
+	if took := time.Since(start); took > 3*time.Second {
+		t.Errorf("NewSession took %v behind a stream opening at a paused node, want about its 1s attempt", took)
+	}
+}
