@@ -121,11 +121,40 @@ func (s *connSet) closeAll() {
 func (c *Client) op(ctx context.Context, ep *endpoint, req *fencev1.StreamRequest) (*fencev1.StreamResponse, error) {
 	if c.streamTo(ep) && !staleRead(req) {
 		resp, err := c.streams.do(ctx, ep, req)
-		if !errors.Is(err, errNoStream) {
+		var broke *openBroke
+		switch {
+		case errors.As(err, &broke):
+			return c.unaryInstead(ctx, ep, req)
+		case !errors.Is(err, errNoStream):
 			return resp, err
 		}
 	}
 	return c.unaryOp(ctx, ep, req)
+}
+
+// openBroke is the failure of a stream's open in the transport, without
+// an answer of the node's: the node going away, or a hop on the way that
+// does not speak HTTP/2 (a proxy that speaks only HTTP/1.1 answers the
+// h2c preface in HTTP/1.1, which the client's HTTP/2 reads as a frame too
+// large, and Connect reports as Unavailable). The operation was not sent.
+type openBroke struct{ err error }
+
+func (e *openBroke) Error() string { return e.err.Error() }
+func (e *openBroke) Unwrap() error { return e.err }
+
+// unaryInstead runs req as its unary call at ep, where a stream could not
+// be opened (openBroke). When the node answers it, it is the stream that
+// cannot reach the node, not the node that is gone: ep is given unary
+// calls for a while (streamRetry), as a node whose stream failed for a
+// reason other than its answer. When the node does not answer either, the
+// call retries as for any node that went away.
+func (c *Client) unaryInstead(ctx context.Context, ep *endpoint, req *fencev1.StreamRequest) (*fencev1.StreamResponse, error) {
+	resp, err := c.unaryOp(ctx, ep, req)
+	var ce *connect.Error
+	if err == nil || errors.As(err, &ce) && hasDetail(ce) {
+		ep.noStreamUntil.Store(time.Now().Add(streamRetry).UnixNano())
+	}
+	return resp, err
 }
 
 // staleRead reports whether req asks a node for its own state: only the
@@ -310,8 +339,9 @@ func (c *Client) openStream(ctx context.Context, ep *endpoint) (*opStream, error
 // streamRefused sorts out why a stream could not be opened: a node that
 // does not serve it is given unary calls from then on; an answer of the
 // node's (not the leader, auth, another group) stands; a connection that
-// could not be made is retried as any call's; anything else (a protocol
-// the two sides do not share) sends unary calls there for a while.
+// could not be made is retried as any call's, and one that broke is tried
+// with a unary call (openBroke); anything else (a protocol the two sides
+// do not share) sends unary calls there for a while.
 func (c *Client) streamRefused(ep *endpoint, err error) error {
 	var ce *connect.Error
 	switch {
@@ -322,8 +352,10 @@ func (c *Client) streamRefused(ep *endpoint, err error) error {
 		return err
 	case errors.As(err, &ce) && hasDetail(ce):
 		return err
-	case errors.As(err, &ce) && (ce.Code() == connect.CodeUnavailable || ce.Code() == connect.CodeCanceled || ce.Code() == connect.CodeDeadlineExceeded):
-		return err // a node going away: as any call
+	case errors.As(err, &ce) && ce.Code() == connect.CodeUnavailable:
+		return &openBroke{err}
+	case errors.As(err, &ce) && (ce.Code() == connect.CodeCanceled || ce.Code() == connect.CodeDeadlineExceeded):
+		return err // a node going away, or the call's end: as any call
 	}
 	ep.noStreamUntil.Store(time.Now().Add(streamRetry).UnixNano())
 	return fmt.Errorf("%w: %v", errNoStream, err)
