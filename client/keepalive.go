@@ -132,15 +132,17 @@ func (k *keepAliver) send(ctx context.Context, sessions []*Session) error {
 		sent = clk.Now()
 		return withAttemptDeadline(ctx, clk, attempt, ep, func(ctx context.Context) error {
 			r, err := k.c.op(ctx, ep, op)
-			resp = r.GetKeepAlive()
+			if err == nil {
+				err = messageError(r.GetKeepAlive(), len(sessions))
+			}
+			if err == nil {
+				resp = r.GetKeepAlive()
+			}
 			return err
 		})
 	})
 	if err != nil {
 		return err
-	}
-	if n := len(resp.GetResults()); n != len(sessions) {
-		return fmt.Errorf("%w: a keepalive of %d sessions was answered for %d", fence.ErrUnavailable, len(sessions), n)
 	}
 	for i, r := range resp.GetResults() {
 		s := sessions[i]
@@ -150,6 +152,24 @@ func (k *keepAliver) send(ctx context.Context, sessions []*Session) error {
 		}
 		s.renewed(sent, rounds[i], r.GetOk().GetHeld())
 		k.record(s, nil)
+	}
+	return nil
+}
+
+// messageError returns the error of a keepalive message's answer that is
+// not one session's own (sessionsOwn): the node is not the leader, or could
+// not confirm that it still is. Then the message failed as a whole, as its
+// unary keepalives would (unaryKeepAlives), so that call retries it at once
+// at the leader the error names, rather than take the answer for a success
+// and leave each session to retry on its own later.
+func messageError(resp *fencev1.KeepAliveManyResponse, sessions int) error {
+	if n := len(resp.GetResults()); n != sessions {
+		return fmt.Errorf("%w: a keepalive of %d sessions was answered for %d", fence.ErrUnavailable, sessions, n)
+	}
+	for _, r := range resp.GetResults() {
+		if err := rpcerr.FromStream(r.GetError()); err != nil && !sessionsOwn(err) {
+			return err
+		}
 	}
 	return nil
 }

@@ -3,11 +3,20 @@ package client
 import (
 	"context"
 	"errors"
+	"fmt"
 	"net"
+	"net/http"
+	"net/http/httptest"
+	"sync/atomic"
 	"testing"
 	"time"
 
+	"connectrpc.com/connect"
+
 	"github.com/fencelock/fence"
+	fencev1 "github.com/fencelock/fence/api/fence/v1"
+	"github.com/fencelock/fence/api/fence/v1/fencev1connect"
+	"github.com/fencelock/fence/internal/rpcerr"
 )
 
 // renewingSession starts the keepalive loop of a session of c that the
@@ -78,5 +87,81 @@ func TestKeepAliveMemberEndsAtItsOwnSafeUntil(t *testing.T) {
 	}
 	if long.Err() != nil {
 		t.Errorf("the long session ended before its safe-until: %v", long.Err())
+	}
+}
+
+// deposedLeader serves a session stream that answers every keepalive as
+// a leader that can no longer confirm its leadership does: each session
+// refused as Unavailable, naming the leader. It counts the keepalive
+// messages it answered.
+type deposedLeader struct {
+	leader     string
+	keepAlives atomic.Int32
+}
+
+func (d *deposedLeader) Session(ctx context.Context, bs *connect.BidiStream[fencev1.StreamRequest, fencev1.StreamResponse]) error {
+	if err := bs.Send(&fencev1.StreamResponse{Result: &fencev1.StreamResponse_Opened{Opened: &fencev1.StreamOpened{MaxInFlight: 16}}}); err != nil {
+		return err
+	}
+	notLeader := rpcerr.ToStream(&rpcerr.DetailError{
+		Err:    fmt.Errorf("%w: leadership not confirmed", fence.ErrUnavailable),
+		Detail: rpcerr.Detail{LeaderAddress: d.leader},
+	})
+	for {
+		req, err := bs.Receive()
+		if err != nil {
+			return nil
+		}
+		resp := &fencev1.StreamResponse{Id: req.GetId()}
+		if ka := req.GetKeepAlive(); ka != nil {
+			d.keepAlives.Add(1)
+			out := &fencev1.KeepAliveManyResponse{}
+			for _, s := range ka.GetSessions() {
+				out.Results = append(out.Results, &fencev1.KeepAliveResult{SessionId: s.GetSessionId(), Error: notLeader})
+			}
+			resp.Result = &fencev1.StreamResponse_KeepAlive{KeepAlive: out}
+		} else {
+			resp.Error = notLeader
+		}
+		if err := bs.Send(resp); err != nil {
+			return nil
+		}
+	}
+}
+
+// A keepalive message whose sessions a node refuses as Unavailable (not
+// the leader, or leadership not confirmed) failed as a whole: the client
+// retries it at once at the leader named, as for the message's unary
+// keepalives, rather than count the node's answer a success and keep
+// sending its keepalives there until the sessions are lost.
+func TestKeepAliveRefusedAsNotLeaderMovesToTheLeader(t *testing.T) {
+	srv := startServer(t, nil)
+	deposed := &deposedLeader{leader: srv.Addr()}
+	mux := http.NewServeMux()
+	mux.Handle(fencev1connect.NewStreamServiceHandler(deposed))
+	node := httptest.NewUnstartedServer(mux)
+	var p http.Protocols
+	p.SetUnencryptedHTTP2(true)
+	node.Config.Protocols = &p
+	node.Start()
+	t.Cleanup(node.Close)
+
+	c, err := New(WithEndpoints(srv.Addr(), node.Listener.Addr().String()))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { c.Close() })
+	s := mustSession(t, c, 2*time.Second)
+	c.setCurrent(c.endpointAt(1)) // the next keepalive goes to the deposed leader
+	select {
+	case <-s.Done():
+		t.Fatalf("the session was lost: %v", s.Err())
+	case <-time.After(3 * time.Second): // past its TTL
+	}
+	if n := deposed.keepAlives.Load(); n != 1 {
+		t.Errorf("the deposed leader answered %d keepalive messages, want 1 (then the leader it named)", n)
+	}
+	if c.currentIndex() != 0 {
+		t.Errorf("the client's calls go to %s, not to the leader", c.endpointAt(c.currentIndex()).url)
 	}
 }
