@@ -50,8 +50,10 @@ func (k *keepAliver) remove(s *Session) {
 }
 
 // renew renews s, with the sessions due soon, in one message, or waits for
-// the message s went in already.
-func (k *keepAliver) renew(ctx context.Context, s *Session, safe time.Time) error {
+// the message s went in already. ctx bounds the wait for s alone (the
+// caller ends it at s's safe-until); the message runs on for the other
+// sessions in it, within the deadline of the session that sent it.
+func (k *keepAliver) renew(ctx context.Context, s *Session) error {
 	k.mu.Lock()
 	if b := s.batch; b != nil {
 		k.mu.Unlock()
@@ -78,7 +80,7 @@ func (k *keepAliver) renew(ctx context.Context, s *Session, safe time.Time) erro
 	for start := 0; start < len(members); start += maxKeepAliveBatch {
 		chunk := members[start:min(start+maxKeepAliveBatch, len(members))]
 		wg.Go(func() {
-			err := k.send(ctx, safe, chunk)
+			err := k.send(ctx, chunk)
 			k.mu.Lock()
 			for _, m := range chunk {
 				if _, ok := b.results[m]; !ok {
@@ -104,15 +106,11 @@ func (k *keepAliver) renew(ctx context.Context, s *Session, safe time.Time) erro
 	return b.results[s]
 }
 
-// send renews sessions in one message, retried as any keepalive is. It
-// records each session's own result in the batch before returning the
-// message's error (nil once it was answered).
-func (k *keepAliver) send(ctx context.Context, safe time.Time, sessions []*Session) error {
+// send renews sessions in one message, retried as any keepalive is, until
+// ctx ends. It records each session's own result in the batch before
+// returning the message's error (nil once it was answered).
+func (k *keepAliver) send(ctx context.Context, sessions []*Session) error {
 	clk := k.c.opts.clock
-	ctx, cancel := context.WithCancel(ctx)
-	defer cancel()
-	timer := clk.AfterFunc(safe.Sub(clk.Now()), cancel)
-	defer timer.Stop()
 	attempt := time.Duration(0)
 	req := &fencev1.KeepAliveManyRequest{Sessions: make([]*fencev1.KeepAliveRequest, len(sessions))}
 	rounds := make([]uint64, len(sessions))
@@ -134,15 +132,17 @@ func (k *keepAliver) send(ctx context.Context, safe time.Time, sessions []*Sessi
 		sent = clk.Now()
 		return withAttemptDeadline(ctx, clk, attempt, ep, func(ctx context.Context) error {
 			r, err := k.c.op(ctx, ep, op)
-			resp = r.GetKeepAlive()
+			if err == nil {
+				err = messageError(r.GetKeepAlive(), len(sessions))
+			}
+			if err == nil {
+				resp = r.GetKeepAlive()
+			}
 			return err
 		})
 	})
 	if err != nil {
 		return err
-	}
-	if n := len(resp.GetResults()); n != len(sessions) {
-		return fmt.Errorf("%w: a keepalive of %d sessions was answered for %d", fence.ErrUnavailable, len(sessions), n)
 	}
 	for i, r := range resp.GetResults() {
 		s := sessions[i]
@@ -152,6 +152,24 @@ func (k *keepAliver) send(ctx context.Context, safe time.Time, sessions []*Sessi
 		}
 		s.renewed(sent, rounds[i], r.GetOk().GetHeld())
 		k.record(s, nil)
+	}
+	return nil
+}
+
+// messageError returns the error of a keepalive message's answer that is
+// not one session's own (sessionsOwn): the node is not the leader, or could
+// not confirm that it still is. Then the message failed as a whole, as its
+// unary keepalives would (unaryKeepAlives), so that call retries it at once
+// at the leader the error names, rather than take the answer for a success
+// and leave each session to retry on its own later.
+func messageError(resp *fencev1.KeepAliveManyResponse, sessions int) error {
+	if n := len(resp.GetResults()); n != sessions {
+		return fmt.Errorf("%w: a keepalive of %d sessions was answered for %d", fence.ErrUnavailable, sessions, n)
+	}
+	for _, r := range resp.GetResults() {
+		if err := rpcerr.FromStream(r.GetError()); err != nil && !sessionsOwn(err) {
+			return err
+		}
 	}
 	return nil
 }

@@ -339,19 +339,23 @@ func (s *Session) renewed(sent time.Time, round uint64, held *fencev1.HeldGrants
 	}
 }
 
-// renew sends one keepalive; the call may not outlive the safe deadline,
-// and an attempt on one node may not outlive a quarter of the TTL. On the
-// stream the keepalive goes in one message with those of the client's
-// other sessions that are due soon.
+// renew sends one keepalive; the call may not outlive the session's safe
+// deadline, and an attempt on one node may not outlive a quarter of the
+// TTL. On the stream the keepalive goes in one message with those of the
+// client's other sessions that are due soon; the wait for that message is
+// bounded by this session's own safe deadline too, whichever session's
+// message it rides in (one begun by a session with a longer TTL runs on
+// past it), so that the keepalive loop, whose lost timer is stopped
+// meanwhile, ends the session at its safe-until.
 func (s *Session) renew(ctx context.Context, safe time.Time) error {
-	if !s.client.opts.noStream {
-		return s.client.keepAlives.renew(ctx, s, safe)
-	}
 	clk := s.client.opts.clock
 	ctx, cancel := context.WithCancel(ctx)
 	defer cancel()
 	timer := clk.AfterFunc(safe.Sub(clk.Now()), cancel)
 	defer timer.Stop()
+	if !s.client.opts.noStream {
+		return s.client.keepAlives.renew(ctx, s)
+	}
 	var (
 		sent time.Time
 		held *fencev1.HeldGrants

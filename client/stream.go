@@ -121,11 +121,40 @@ func (s *connSet) closeAll() {
 func (c *Client) op(ctx context.Context, ep *endpoint, req *fencev1.StreamRequest) (*fencev1.StreamResponse, error) {
 	if c.streamTo(ep) && !staleRead(req) {
 		resp, err := c.streams.do(ctx, ep, req)
-		if !errors.Is(err, errNoStream) {
+		var broke *openBroke
+		switch {
+		case errors.As(err, &broke):
+			return c.unaryInstead(ctx, ep, req)
+		case !errors.Is(err, errNoStream):
 			return resp, err
 		}
 	}
 	return c.unaryOp(ctx, ep, req)
+}
+
+// openBroke is the failure of a stream's open in the transport, without
+// an answer of the node's: the node going away, or a hop on the way that
+// does not speak HTTP/2 (a proxy that speaks only HTTP/1.1 answers the
+// h2c preface in HTTP/1.1, which the client's HTTP/2 reads as a frame too
+// large, and Connect reports as Unavailable). The operation was not sent.
+type openBroke struct{ err error }
+
+func (e *openBroke) Error() string { return e.err.Error() }
+func (e *openBroke) Unwrap() error { return e.err }
+
+// unaryInstead runs req as its unary call at ep, where a stream could not
+// be opened (openBroke). When the node answers it, it is the stream that
+// cannot reach the node, not the node that is gone: ep is given unary
+// calls for a while (streamRetry), as a node whose stream failed for a
+// reason other than its answer. When the node does not answer either, the
+// call retries as for any node that went away.
+func (c *Client) unaryInstead(ctx context.Context, ep *endpoint, req *fencev1.StreamRequest) (*fencev1.StreamResponse, error) {
+	resp, err := c.unaryOp(ctx, ep, req)
+	var ce *connect.Error
+	if err == nil || errors.As(err, &ce) && hasDetail(ce) {
+		ep.noStreamUntil.Store(time.Now().Add(streamRetry).UnixNano())
+	}
+	return resp, err
 }
 
 // staleRead reports whether req asks a node for its own state: only the
@@ -144,10 +173,16 @@ func (c *Client) streamTo(ep *endpoint) bool {
 // (the leader moved) replaces it.
 type streams struct {
 	c      *Client
-	openMu sync.Mutex // one open at a time
 	mu     sync.Mutex
 	cur    *opStream
 	closed bool
+	// opening holds, per node, a token for the one open in progress there
+	// (a channel of capacity one). A call that waits for it gives up on
+	// its own deadline: a node that accepts connections and never answers
+	// (paused) holds up only the calls that go to it, each for no longer
+	// than its attempt, as for a unary call; and an opener that gives up
+	// lets the next one try.
+	opening map[*endpoint]chan struct{}
 }
 
 // do sends req on the stream at ep, opening one there when there is none.
@@ -170,8 +205,13 @@ func (m *streams) at(ctx context.Context, ep *endpoint) (*opStream, error) {
 	if closed {
 		return nil, errNoStream
 	}
-	m.openMu.Lock()
-	defer m.openMu.Unlock()
+	token := m.openingAt(ep)
+	select {
+	case token <- struct{}{}:
+	case <-ctx.Done():
+		return nil, ctx.Err()
+	}
+	defer func() { <-token }()
 	if st := m.live(ep); st != nil {
 		return st, nil
 	}
@@ -194,6 +234,21 @@ func (m *streams) at(ctx context.Context, ep *endpoint) (*opStream, error) {
 		old.end(fmt.Errorf("%w: the stream moved from %s to %s", fence.ErrUnavailable, old.ep.url, ep.url))
 	}
 	return st, nil
+}
+
+// openingAt returns the token of opens at ep.
+func (m *streams) openingAt(ep *endpoint) chan struct{} {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	if m.opening == nil {
+		m.opening = map[*endpoint]chan struct{}{}
+	}
+	token, ok := m.opening[ep]
+	if !ok {
+		token = make(chan struct{}, 1)
+		m.opening[ep] = token
+	}
+	return token
 }
 
 var errClientClosed = fmt.Errorf("%w: the client is closed", fence.ErrUnavailable)
@@ -284,8 +339,9 @@ func (c *Client) openStream(ctx context.Context, ep *endpoint) (*opStream, error
 // streamRefused sorts out why a stream could not be opened: a node that
 // does not serve it is given unary calls from then on; an answer of the
 // node's (not the leader, auth, another group) stands; a connection that
-// could not be made is retried as any call's; anything else (a protocol
-// the two sides do not share) sends unary calls there for a while.
+// could not be made is retried as any call's, and one that broke is tried
+// with a unary call (openBroke); anything else (a protocol the two sides
+// do not share) sends unary calls there for a while.
 func (c *Client) streamRefused(ep *endpoint, err error) error {
 	var ce *connect.Error
 	switch {
@@ -296,8 +352,10 @@ func (c *Client) streamRefused(ep *endpoint, err error) error {
 		return err
 	case errors.As(err, &ce) && hasDetail(ce):
 		return err
-	case errors.As(err, &ce) && (ce.Code() == connect.CodeUnavailable || ce.Code() == connect.CodeCanceled || ce.Code() == connect.CodeDeadlineExceeded):
-		return err // a node going away: as any call
+	case errors.As(err, &ce) && ce.Code() == connect.CodeUnavailable:
+		return &openBroke{err}
+	case errors.As(err, &ce) && (ce.Code() == connect.CodeCanceled || ce.Code() == connect.CodeDeadlineExceeded):
+		return err // a node going away, or the call's end: as any call
 	}
 	ep.noStreamUntil.Store(time.Now().Add(streamRetry).UnixNano())
 	return fmt.Errorf("%w: %v", errNoStream, err)

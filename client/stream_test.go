@@ -426,3 +426,66 @@ func TestCallsAfterCloseGoUnary(t *testing.T) {
 		t.Fatalf("%v acquires on a stream after Close", n-before)
 	}
 }
+
+// A node that accepts connections and never answers (paused with SIGSTOP)
+// holds up the opening of a stream there only for the calls that wait on
+// it, each within its own attempt: a keepalive with a long attempt (a
+// quarter of a 40s TTL) opening a stream at the paused node does not keep
+// a call with a 1s attempt from moving on to a node that answers.
+func TestPausedNodeHoldsUpOnlyItsOwnAttempts(t *testing.T) {
+	srv := startServer(t, nil)
+	c, err := New(WithEndpoints(hungListener(t), srv.Addr()), WithAttemptTimeout(time.Second))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { c.Close() })
+	now := time.Now()
+	renewingSession(t, c, 1, 40*time.Second, now, now.Add(30*time.Second)) // opens at the paused node, for 10s
+	time.Sleep(50 * time.Millisecond)
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	start := time.Now()
+	s, err := c.NewSession(ctx, WithTTL(10*time.Second))
+	if err != nil {
+		t.Fatalf("NewSession behind a stream opening at a paused node, after %v: %v", time.Since(start), err)
+	}
+	t.Cleanup(func() { s.Close(context.Background()) })
+	if took := time.Since(start); took > 3*time.Second {
+		t.Errorf("NewSession took %v behind a stream opening at a paused node, want about its 1s attempt", took)
+	}
+}
+
+// A proxy that speaks only HTTP/1.1 in front of a node (a load balancer
+// without HTTP/2 to its backends, say) answers the stream's h2c preface in
+// HTTP/1.1, a transport failure as for a node going away; but the node
+// answers unary calls through it, so the client sends it unary calls.
+func TestHTTP1ProxyGetsUnaryCalls(t *testing.T) {
+	srv := startServer(t, nil)
+	target, _ := url.Parse("http://" + srv.Addr())
+	proxy := httptest.NewServer(httputil.NewSingleHostReverseProxy(target)) // HTTP/1.1 only
+	t.Cleanup(proxy.Close)
+	c, err := New(WithEndpoints(proxy.Listener.Addr().String()))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { c.Close() })
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	s, err := c.NewSession(ctx, WithTTL(5*time.Second))
+	if err != nil {
+		t.Fatalf("NewSession through an HTTP/1.1 proxy: %v", err)
+	}
+	if err := s.Close(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if c.streamTo(c.endpointAt(0)) {
+		t.Error("the client still opens streams through the HTTP/1.1 proxy")
+	}
+	lockCycle(t, c)
+	if n := streamOps(t, srv, "acquire"); n != 0 {
+		t.Fatalf("%v acquires on a stream through an HTTP/1.1 proxy", n)
+	}
+	if n := unaryCalls(t, srv, fencev1connect.LockServiceAcquireProcedure); n < 1 {
+		t.Fatalf("%v unary acquires", n)
+	}
+}
