@@ -157,8 +157,12 @@ With --json, prints {"results": [{"workload", "clients", "idleSessions",
 					idleOut.BytesPerSession = (float64(after) - float64(before)) / float64(idle)
 				}
 				if !asJSON {
-					fmt.Fprintf(g.stdout, "# %d idle sessions held over %d connections; server RSS %.1f -> %.1f MiB, %.0f B per idle session\n",
-						idle, idleConns, float64(before)/(1<<20), float64(after)/(1<<20), idleOut.BytesPerSession)
+					by := fmt.Sprintf("over %d connections", idleConns)
+					if idleProcs > 0 {
+						by = fmt.Sprintf("by %d processes", idleProcs)
+					}
+					fmt.Fprintf(g.stdout, "# %d idle sessions held %s; server RSS %.1f -> %.1f MiB, %.0f B per idle session\n",
+						idle, by, float64(before)/(1<<20), float64(after)/(1<<20), idleOut.BytesPerSession)
 				}
 				if err := runAll(idle); err != nil {
 					return err
