@@ -132,6 +132,7 @@ func Start(cfg Config) (*Server, error) {
 	if s.ln, err = net.Listen("tcp", cfg.Listen); err != nil {
 		return abort(fmt.Errorf("listening on %s: %w", cfg.Listen, err))
 	}
+	s.ln = readAheadListener{s.ln}
 	if cfg.ListenMetrics != "" {
 		if s.metricsLn, err = net.Listen("tcp", cfg.ListenMetrics); err != nil {
 			return abort(fmt.Errorf("listening for metrics on %s: %w", cfg.ListenMetrics, err))
