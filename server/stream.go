@@ -114,7 +114,8 @@ func (st *serverStream) serve(ctx context.Context, cancel context.CancelCauseFun
 
 // start runs one operation, or cancels one in flight.
 func (st *serverStream) start(ctx context.Context, req *fencev1.StreamRequest) error {
-	st.s.metrics.streamRequests.WithLabelValues(streamOpName(req)).Inc()
+	_, _, name := streamOpOf(req)
+	st.s.metrics.streamRequests.WithLabelValues(name).Inc()
 	id := req.GetId()
 	if id == 0 {
 		return fmt.Errorf("%w: a stream operation needs an id other than 0", fence.ErrInvalidArgument)
@@ -205,7 +206,7 @@ func (st *serverStream) watch(ctx context.Context, cancel context.CancelCauseFun
 // the metrics under its unary call's procedure.
 func (s *Server) runStreamOp(ctx context.Context, req *fencev1.StreamRequest) (resp *fencev1.StreamResponse) {
 	start := time.Now()
-	procedure := streamOpProcedure(req)
+	_, procedure, _ := streamOpOf(req)
 	resp = &fencev1.StreamResponse{Id: req.GetId()}
 	defer func() {
 		if p := recover(); p != nil {
@@ -231,7 +232,7 @@ func (s *Server) runStreamOp(ctx context.Context, req *fencev1.StreamRequest) (r
 
 // streamOp checks an operation as its unary call is checked and runs it.
 func (s *Server) streamOp(ctx context.Context, procedure string, req *fencev1.StreamRequest, resp *fencev1.StreamResponse) error {
-	msg := streamOpMessage(req)
+	msg, _, _ := streamOpOf(req)
 	if msg == nil {
 		return fmt.Errorf("%w: stream operation %d carries no operation this node knows", fence.ErrInvalidArgument, req.GetId())
 	}
@@ -310,88 +311,36 @@ func (s *Server) streamKeepAlive(ctx context.Context, m *fencev1.KeepAliveManyRe
 	return nil
 }
 
-// streamOpMessage returns the request message an operation carries.
-func streamOpMessage(req *fencev1.StreamRequest) any {
+// streamOpOf says what an operation is: the request message it carries
+// (nil for none), the unary call it stands for (its permission, metrics
+// and audit lines are that call's) and its label in
+// fence_stream_requests_total.
+func streamOpOf(req *fencev1.StreamRequest) (msg any, procedure, name string) {
 	switch op := req.GetOp().(type) {
 	case *fencev1.StreamRequest_CreateSession:
-		return op.CreateSession
+		return op.CreateSession, fencev1connect.SessionServiceCreateSessionProcedure, "create_session"
 	case *fencev1.StreamRequest_KeepAlive:
-		return op.KeepAlive
+		return op.KeepAlive, fencev1connect.SessionServiceKeepAliveProcedure, "keep_alive"
 	case *fencev1.StreamRequest_CloseSession:
-		return op.CloseSession
+		return op.CloseSession, fencev1connect.SessionServiceCloseSessionProcedure, "close_session"
 	case *fencev1.StreamRequest_Acquire:
-		return op.Acquire
+		return op.Acquire, fencev1connect.LockServiceAcquireProcedure, "acquire"
 	case *fencev1.StreamRequest_Release:
-		return op.Release
+		return op.Release, fencev1connect.LockServiceReleaseProcedure, "release"
 	case *fencev1.StreamRequest_CancelAcquire:
-		return op.CancelAcquire
+		return op.CancelAcquire, fencev1connect.LockServiceCancelAcquireProcedure, "cancel_acquire"
 	case *fencev1.StreamRequest_Check:
-		return op.Check
+		return op.Check, fencev1connect.LockServiceCheckProcedure, "check"
 	case *fencev1.StreamRequest_Put:
-		return op.Put
+		return op.Put, fencev1connect.KVServicePutProcedure, "put"
 	case *fencev1.StreamRequest_Get:
-		return op.Get
+		return op.Get, fencev1connect.KVServiceGetProcedure, "get"
 	case *fencev1.StreamRequest_Delete:
-		return op.Delete
-	}
-	return nil
-}
-
-// streamOpProcedure names the unary call an operation stands for: its
-// permission, its metrics and its audit lines are that call's.
-func streamOpProcedure(req *fencev1.StreamRequest) string {
-	switch req.GetOp().(type) {
-	case *fencev1.StreamRequest_CreateSession:
-		return fencev1connect.SessionServiceCreateSessionProcedure
-	case *fencev1.StreamRequest_KeepAlive:
-		return fencev1connect.SessionServiceKeepAliveProcedure
-	case *fencev1.StreamRequest_CloseSession:
-		return fencev1connect.SessionServiceCloseSessionProcedure
-	case *fencev1.StreamRequest_Acquire:
-		return fencev1connect.LockServiceAcquireProcedure
-	case *fencev1.StreamRequest_Release:
-		return fencev1connect.LockServiceReleaseProcedure
-	case *fencev1.StreamRequest_CancelAcquire:
-		return fencev1connect.LockServiceCancelAcquireProcedure
-	case *fencev1.StreamRequest_Check:
-		return fencev1connect.LockServiceCheckProcedure
-	case *fencev1.StreamRequest_Put:
-		return fencev1connect.KVServicePutProcedure
-	case *fencev1.StreamRequest_Get:
-		return fencev1connect.KVServiceGetProcedure
-	case *fencev1.StreamRequest_Delete:
-		return fencev1connect.KVServiceDeleteProcedure
-	}
-	return fencev1connect.StreamServiceSessionProcedure
-}
-
-// streamOpName labels an operation in fence_stream_requests_total.
-func streamOpName(req *fencev1.StreamRequest) string {
-	switch req.GetOp().(type) {
-	case *fencev1.StreamRequest_CreateSession:
-		return "create_session"
-	case *fencev1.StreamRequest_KeepAlive:
-		return "keep_alive"
-	case *fencev1.StreamRequest_CloseSession:
-		return "close_session"
-	case *fencev1.StreamRequest_Acquire:
-		return "acquire"
-	case *fencev1.StreamRequest_Release:
-		return "release"
-	case *fencev1.StreamRequest_CancelAcquire:
-		return "cancel_acquire"
-	case *fencev1.StreamRequest_Check:
-		return "check"
-	case *fencev1.StreamRequest_Put:
-		return "put"
-	case *fencev1.StreamRequest_Get:
-		return "get"
-	case *fencev1.StreamRequest_Delete:
-		return "delete"
+		return op.Delete, fencev1connect.KVServiceDeleteProcedure, "delete"
 	case *fencev1.StreamRequest_Cancel:
-		return "cancel"
+		return nil, fencev1connect.StreamServiceSessionProcedure, "cancel"
 	}
-	return "unknown"
+	return nil, fencev1connect.StreamServiceSessionProcedure, "unknown"
 }
 
 // leaderTerm tells streams that this node stopped leading: current's
