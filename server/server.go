@@ -80,6 +80,9 @@ type Server struct {
 	// leaderTerm ends session streams when this node stops leading.
 	leaderTerm leaderTerm
 
+	// workers runs each stream operation.
+	workers *workers
+
 	done      chan struct{}
 	wg        sync.WaitGroup
 	closeOnce sync.Once
@@ -98,6 +101,7 @@ func Start(cfg Config) (*Server, error) {
 		logger = slog.New(slog.NewTextHandler(io.Discard, nil))
 	}
 	s := &Server{cfg: cfg, logger: logger, hub: newWaitHub(), watches: newWatchHub(cfg.WatchHistory, watchHistoryBytes), done: make(chan struct{})}
+	s.workers = newWorkers(s.done)
 	s.fsm = fsm.New(observer{s})
 	s.console = newConsole(s)
 	s.metrics = newMetrics(s)

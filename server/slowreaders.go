@@ -24,14 +24,19 @@ func boundWrites(next http.Handler, d time.Duration) http.Handler {
 }
 
 // boundedWriter arms the connection's write deadline before every write,
-// and clears it once the write is done: over HTTP/2 a deadline is a timer
-// on the stream that resets it when it fires, written or not, so a
+// and clears it once the write is flushed: over HTTP/2 a deadline is a
+// timer on the stream that resets it when it fires, written or not, so a
 // deadline left armed ended a watch or a session stream that was merely
-// idle for d after its last message.
+// idle for d after its last message. A Write leaves its deadline armed for
+// the Flush that follows it (connect flushes after every message), so that
+// a message costs two deadline changes, not four: over HTTP/2 each one is
+// a message to the connection's serving goroutine, and arming a cleared
+// deadline starts a new timer.
 type boundedWriter struct {
 	http.ResponseWriter
-	rc *http.ResponseController
-	d  time.Duration
+	rc    *http.ResponseController
+	d     time.Duration
+	armed bool // by a Write not yet flushed
 }
 
 func (b *boundedWriter) arm() { _ = b.rc.SetWriteDeadline(time.Now().Add(b.d)) }
@@ -41,19 +46,24 @@ func (b *boundedWriter) disarm() { _ = b.rc.SetWriteDeadline(time.Time{}) }
 func (b *boundedWriter) WriteHeader(code int) {
 	b.arm()
 	b.ResponseWriter.WriteHeader(code)
-	b.disarm()
+	if !b.armed {
+		b.disarm()
+	}
 }
 
 func (b *boundedWriter) Write(p []byte) (int, error) {
 	b.arm()
-	defer b.disarm()
+	b.armed = true
 	return b.ResponseWriter.Write(p)
 }
 
 func (b *boundedWriter) Flush() { _ = b.FlushError() }
 
 func (b *boundedWriter) FlushError() error {
-	b.arm()
+	if !b.armed {
+		b.arm()
+	}
+	b.armed = false
 	defer b.disarm()
 	return b.rc.Flush()
 }

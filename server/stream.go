@@ -19,7 +19,7 @@ import (
 
 // The session stream (docs/design.md, The session stream): one
 // bidirectional stream per client carries every operation of its sessions.
-// Each operation runs in a goroutine of its own, through the same function
+// Each operation runs in a goroutine of its own (one of s.workers), through the same function
 // its unary handler calls, checked as that call is checked, and is
 // answered by id when it completes, so that a blocked acquire holds up
 // nothing else on the stream.
@@ -147,7 +147,7 @@ func (st *serverStream) start(ctx context.Context, req *fencev1.StreamRequest) e
 	st.ops[id] = stop
 	st.mu.Unlock()
 	st.wg.Add(1)
-	go func() {
+	st.s.workers.run(func() {
 		defer st.wg.Done()
 		resp := st.s.runStreamOp(opCtx, req)
 		st.mu.Lock()
@@ -158,7 +158,7 @@ func (st *serverStream) start(ctx context.Context, req *fencev1.StreamRequest) e
 		if err := st.send(resp); err != nil {
 			st.s.logger.Debug("answering a stream operation failed", "id", id, "err", err)
 		}
-	}()
+	})
 	return nil
 }
 
