@@ -322,15 +322,15 @@ func TestCancelAcquire(t *testing.T) {
 	}
 
 	a.mustAcquire(sa, "l") // sa holds, without a request id
-	ctx, cancel := context.WithCancel(context.Background())
-	p := a.acquireAsync(ctx, &fencev1.AcquireRequest{SessionId: sb, Lock: "l", RequestId: 1})
+	// The blocked call, still open, learns at once that its wait is gone:
+	// it must not wait on for a grant that can no longer come.
+	p := a.acquireAsync(context.Background(), &fencev1.AcquireRequest{SessionId: sb, Lock: "l", RequestId: 1})
 	waitFor(t, "b to queue", func() bool { return len(a.lock("l").GetWaiters()) == 1 })
 	if got := cancelAcquire(sb, "l", 1); !got.GetDequeued() || got.GetReleased() {
 		t.Fatalf("cancelling a queued acquire: %v, want dequeued", got)
 	}
-	cancel()
-	if _, err := p.result(t); err == nil {
-		t.Fatal("a cancelled Acquire succeeded")
+	if _, err := p.result(t); codeOf(err) != connect.CodeFailedPrecondition || !strings.Contains(err.Error(), "cancelled") {
+		t.Fatalf("the blocked Acquire whose wait was cancelled: %v, want FailedPrecondition (cancelled)", err)
 	}
 	if _, err := a.acquire(context.Background(), &fencev1.AcquireRequest{SessionId: sb, Lock: "l", RequestId: 1, Try: true}); codeOf(err) != connect.CodeFailedPrecondition || !strings.Contains(err.Error(), "cancelled") {
 		t.Fatalf("a retry of a cancelled acquire: %v, want FailedPrecondition (cancelled)", err)

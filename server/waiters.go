@@ -110,11 +110,17 @@ func (h *waitHub) deliverLocked(key waitKey, o outcome) {
 
 // applied delivers the effects of the command at index.
 func (h *waitHub) applied(index uint64, res fsm.Result) {
-	if len(res.Grants) == 0 && len(res.Ended) == 0 {
+	if len(res.Grants) == 0 && len(res.Ended) == 0 && res.Dropped == nil {
 		return
 	}
 	h.mu.Lock()
 	defer h.mu.Unlock()
+	if d := res.Dropped; d != nil {
+		// A CancelAcquire from another call (a client giving up, curl with
+		// the request id) or the wait's own CancelWait: a call still
+		// blocked on it would otherwise wait for a grant that cannot come.
+		h.deliverLocked(waitKey{d.Session, d.Lock}, outcome{err: fmt.Errorf("%w: the wait of session %d for lock %q was cancelled", fence.ErrCancelled, d.Session, d.Lock), index: index})
+	}
 	for _, g := range res.Grants {
 		h.deliverLocked(waitKey{g.Session, g.Lock}, outcome{grant: g, index: index})
 	}

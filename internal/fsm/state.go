@@ -78,6 +78,9 @@ type Result struct {
 	// Released and Dequeued answer CancelAcquire: the request's grant was
 	// released, or its wait dropped.
 	Released, Dequeued bool
+	// Dropped names the wait that a CancelAcquire or CancelWait dropped
+	// (Dequeued): whoever blocks on it will not be granted by it.
+	Dropped *WaitRef
 	// Grants lists every grant this command made, in token order.
 	Grants []Grant
 	// Ended lists the sessions this command closed or expired.
@@ -99,6 +102,12 @@ type Result struct {
 	AuthChanged bool
 	// TokenID is the id of a bearer token an auth command created.
 	TokenID uint64
+}
+
+// WaitRef names one session's wait for one lock.
+type WaitRef struct {
+	Session uint64
+	Lock    string
 }
 
 // Repeat is what the first application of a command with an idempotency
@@ -641,17 +650,17 @@ func (s *State) cancelWait(c *fsmpb.CancelWait) Result {
 	if i < 0 || (reqID != 0 && !l.waiters[i].req.matches(reqID, attempt)) {
 		return Result{}
 	}
-	return Result{Grants: s.dropWaiter(sess, l, i), Dequeued: true}
+	return s.dropWaiter(sess, l, i)
 }
 
 // dropWaiter removes the session's wait at index i of l's queue and hands
 // the lock to the waiters it may have blocked.
-func (s *State) dropWaiter(sess *session, l *lock, i int) []Grant {
+func (s *State) dropWaiter(sess *session, l *lock, i int) Result {
 	l.waiters = append(l.waiters[:i], l.waiters[i+1:]...)
 	s.dropWait(sess, l.name)
-	grants := s.grantWaiters(l)
+	res := Result{Grants: s.grantWaiters(l), Dequeued: true, Dropped: &WaitRef{Session: sess.id, Lock: l.name}}
 	s.forget(l)
-	return grants
+	return res
 }
 
 // cancelAcquire gives up an acquire by request id: it drops the request's
@@ -678,7 +687,7 @@ func (s *State) cancelAcquire(c *fsmpb.CancelAcquire) Result {
 		return Result{Grants: s.releaseAt(sess, l, i), Released: true}
 	}
 	if i := l.waiterIndex(sess.id); i >= 0 && l.waiters[i].req.matches(reqID, attempt) {
-		return Result{Grants: s.dropWaiter(sess, l, i), Dequeued: true}
+		return s.dropWaiter(sess, l, i)
 	}
 	return Result{}
 }
