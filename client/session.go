@@ -276,6 +276,11 @@ func (s *Session) keepAlive(ctx context.Context) {
 		case <-next.C():
 		}
 		lost.Stop()
+		if s.dueAt().After(clk.Now()) {
+			// Renewed meanwhile in another session's message, answered
+			// before this one was kicked: its schedule moved on.
+			continue
+		}
 		// A process that was paused (SIGSTOP, GC, VM migration) must not
 		// renew a session whose deadline passed while it slept.
 		if !clk.Now().Before(safe) {

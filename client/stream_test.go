@@ -150,8 +150,13 @@ func TestKeepAlivesShareMessages(t *testing.T) {
 	if renewals < 400 {
 		t.Fatalf("%v renewals of 200 sessions in 2.5s; want at least 400", renewals)
 	}
-	if messages > 20 {
-		t.Fatalf("%v keepalive messages renewed 200 sessions %v times", messages, renewals)
+	// Each message renews many sessions: a few messages per keepalive
+	// interval, whatever the sessions' phases. (How few depends on how far
+	// apart the sessions were created and on how loaded the machine is, so
+	// the bound is on sessions per message, not on messages: one keepalive
+	// a session would renew one.)
+	if messages == 0 || renewals/messages < 10 {
+		t.Fatalf("%v keepalive messages renewed 200 sessions %v times: want at least 10 renewals a message", messages, renewals)
 	}
 	t.Logf("%v renewals in %v messages", renewals, messages)
 	// Every session still acts: each holds a lock.
