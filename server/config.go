@@ -107,6 +107,12 @@ type Config struct {
 	SessionBurst int
 	// MaxWatchers bounds the KV watches open on this node; 0 means no limit.
 	MaxWatchers int
+	// MaxStreamOps bounds the operations one API connection runs at once
+	// on its session streams, all of them together. A client learns it when
+	// it opens a stream, and keeps to it; at the bound the node reads no
+	// further operation from that connection until one ends, which holds
+	// the client back through HTTP/2's flow control and nobody else.
+	MaxStreamOps int
 	// WatchHistory is how many recent KV changes the node keeps for watches
 	// that start at a past revision (also bounded to 64 MiB); 0 keeps none.
 	WatchHistory int
@@ -181,6 +187,7 @@ func DefaultConfig() Config {
 		MaxValueBytes:      256 << 10,
 		MaxKeys:            1_000_000,
 		MaxWatchers:        10_000,
+		MaxStreamOps:       1024,
 		WatchHistory:       10_000,
 		MaxConnections:     10_000,
 		ReadTimeout:        10 * time.Second,
@@ -244,6 +251,7 @@ func (c Config) Validate() error {
 	check(c.SessionBurst >= 0 && uint64(c.SessionBurst) <= fsm.MaxQuotaCount, "session burst %d: want 0 to %d", c.SessionBurst, fsm.MaxQuotaCount)
 	check((c.SessionRate > 0) == (c.SessionBurst > 0), "session rate %v and burst %d: set both, or neither", c.SessionRate, c.SessionBurst)
 	check(c.MaxWatchers >= 0, "max watchers is negative")
+	check(c.MaxStreamOps > 0 && c.MaxStreamOps <= 1<<20, "max stream ops %d: want 1 to %d", c.MaxStreamOps, 1<<20)
 	check(c.WatchHistory >= 0, "watch history is negative")
 	check(c.MaxConnections >= 0, "max connections is negative")
 	check(c.ReadTimeout > 0, "read timeout must be positive")

@@ -316,9 +316,10 @@ func (s *Server) newHTTPServer() *http.Server {
 		protocols.SetUnencryptedHTTP2(true) // gRPC without TLS
 	}
 	return &http.Server{
-		Handler:   boundWrites(s.checkCluster(s.forwarder), s.cfg.WriteTimeout),
-		Protocols: &protocols,
-		TLSConfig: s.cfg.TLS,
+		Handler:     boundWrites(s.checkCluster(s.forwarder), s.cfg.WriteTimeout),
+		Protocols:   &protocols,
+		TLSConfig:   s.cfg.TLS,
+		ConnContext: s.withStreamSlots,
 		// ReadTimeout bounds the headers and the body, not the answer: over
 		// HTTP/1.1 net/http clears the connection's read deadline once the
 		// body has been read to its end, and over HTTP/2 the timeout ends

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"net"
 	"net/http"
 	"sync"
 	"time"
@@ -24,16 +25,32 @@ import (
 // answered by id when it completes, so that a blocked acquire holds up
 // nothing else on the stream.
 
-// maxStreamInFlight bounds the operations one stream runs at once: the
-// stream reads no further operation while that many run, which holds the
-// client back through HTTP/2's flow control.
-const maxStreamInFlight = 1024
-
 // maxKeepAliveSessions bounds the sessions of one KeepAliveManyRequest.
 const maxKeepAliveSessions = 10_000
 
-// streamOpened is the first message of every stream.
-var streamOpened = &fencev1.StreamResponse{Result: &fencev1.StreamResponse_Opened{Opened: &fencev1.StreamOpened{MaxInFlight: maxStreamInFlight}}}
+// connOpsKey is the context key of a connection's streamSlots.
+type connOpsKey struct{}
+
+// streamSlots holds one element per stream operation in flight on one API
+// connection, all its streams together (Config.MaxStreamOps): a client
+// that opens many streams on one connection gets no more than one
+// stream's worth.
+type streamSlots chan struct{}
+
+// withStreamSlots is the http.Server's ConnContext: each connection gets
+// its own slots.
+func (s *Server) withStreamSlots(ctx context.Context, _ net.Conn) context.Context {
+	return context.WithValue(ctx, connOpsKey{}, make(streamSlots, s.cfg.MaxStreamOps))
+}
+
+// slotsOf returns the slots of the connection a call came on, or slots of
+// its own for a call that came another way (a handler tested alone).
+func (s *Server) slotsOf(ctx context.Context) streamSlots {
+	if slots, ok := ctx.Value(connOpsKey{}).(streamSlots); ok {
+		return slots
+	}
+	return make(streamSlots, s.cfg.MaxStreamOps)
+}
 
 // Session implements fencev1connect.StreamServiceHandler. Only a ready
 // leader serves a stream, and it ends its streams when it stops leading or
@@ -46,8 +63,9 @@ func (s *Server) Session(ctx context.Context, stream *connect.BidiStream[fencev1
 	ctx = withClientAddr(ctx, stream.Peer().Addr, stream.RequestHeader())
 	ctx, cancel := context.WithCancelCause(ctx)
 	defer cancel(nil)
-	st := &serverStream{s: s, stream: stream, slots: make(chan struct{}, maxStreamInFlight), ops: map[uint64]context.CancelCauseFunc{}}
-	if err := st.send(streamOpened); err != nil {
+	st := &serverStream{s: s, stream: stream, slots: s.slotsOf(ctx), ops: map[uint64]context.CancelCauseFunc{}}
+	opened := &fencev1.StreamResponse{Result: &fencev1.StreamResponse_Opened{Opened: &fencev1.StreamOpened{MaxInFlight: uint32(cap(st.slots))}}}
+	if err := st.send(opened); err != nil {
 		return err
 	}
 	s.metrics.streams.Inc()
@@ -63,7 +81,7 @@ type serverStream struct {
 	s      *Server
 	stream *connect.BidiStream[fencev1.StreamRequest, fencev1.StreamResponse]
 	sendMu sync.Mutex
-	slots  chan struct{} // one per operation in flight
+	slots  streamSlots // its connection's: one per operation in flight
 	wg     sync.WaitGroup
 
 	mu  sync.Mutex
@@ -128,9 +146,9 @@ func (st *serverStream) start(ctx context.Context, req *fencev1.StreamRequest) e
 		st.mu.Unlock()
 		return nil
 	}
-	// The client keeps to maxStreamInFlight (StreamOpened), and a slot is
-	// freed before its answer is sent: this waits only for a client that
-	// does not.
+	// A client keeps to MaxStreamOps (StreamOpened), and a slot is freed
+	// before its answer is sent: this waits only for a client that does
+	// not, or that runs several streams on one connection.
 	select {
 	case st.slots <- struct{}{}:
 	case <-ctx.Done():

@@ -58,7 +58,14 @@ func (t headerTransportOver) RoundTrip(r *http.Request) (*http.Response, error) 
 // is the stream's refusal.
 func openStream(tb testing.TB, ctx context.Context, url string, header http.Header) (*rawStream, error) {
 	tb.Helper()
-	conn := fencev1connect.NewStreamServiceClient(h2c(header), url).Session(ctx)
+	return openStreamOn(tb, ctx, h2c(header), url)
+}
+
+// openStreamOn is openStream over hc's connections: streams opened with
+// one h2c client share its connection.
+func openStreamOn(tb testing.TB, ctx context.Context, hc *http.Client, url string) (*rawStream, error) {
+	tb.Helper()
+	conn := fencev1connect.NewStreamServiceClient(hc, url).Session(ctx)
 	if err := conn.Send(nil); err != nil {
 		return nil, err
 	}
@@ -185,7 +192,7 @@ func streamErr(resp *fencev1.StreamResponse) error { return rpcerr.FromStream(re
 func TestStreamOperationsMatchUnary(t *testing.T) {
 	s := startTestServer(t, nil)
 	rs := mustOpenStream(t, s)
-	if rs.opened.GetMaxInFlight() != maxStreamInFlight {
+	if rs.opened.GetMaxInFlight() != uint32(DefaultConfig().MaxStreamOps) {
 		t.Fatalf("StreamOpened = %v", rs.opened)
 	}
 	a, b := rs.session(10*time.Second), rs.session(10*time.Second)
@@ -512,5 +519,60 @@ func TestLeaderTermBeginEndsTheTermBefore(t *testing.T) {
 	case <-second:
 	default:
 		t.Fatal("over left the term open")
+	}
+}
+
+// The operations in flight on one connection are bounded all its streams
+// together (MaxStreamOps): a client that opens many streams on one
+// connection gets no more than one stream's worth of the node, and waits,
+// read no further, while the node serves every other connection.
+func TestStreamOpsBoundedPerConnection(t *testing.T) {
+	s := startTestServer(t, func(c *Config) { c.MaxStreamOps = 2 })
+	url := "http://" + s.Addr()
+	hc := h2c(nil)
+	a, err := openStreamOn(t, context.Background(), hc, url)
+	if err != nil {
+		t.Fatal(err)
+	}
+	b, err := openStreamOn(t, context.Background(), hc, url)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if a.opened.GetMaxInFlight() != 2 {
+		t.Fatalf("StreamOpened = %v, want MaxInFlight 2", a.opened)
+	}
+	holder, waiter := a.session(time.Hour), a.session(time.Hour)
+	held := a.mustDo(acquireOp(holder, "l1", true)).GetAcquire()
+	a.mustDo(acquireOp(holder, "l2", true))
+
+	// Two acquires blocked on stream a take the connection's two slots.
+	_, w1 := a.start(acquireOp(waiter, "l1", false))
+	_, w2 := a.start(acquireOp(waiter, "l2", false))
+	waitFor(t, "both acquires to queue", func() bool { return waitersOf(s, "l1") == 1 && waitersOf(s, "l2") == 1 })
+	_, put := b.start(putOp("k", "v", ""))
+	select {
+	case resp := <-put:
+		t.Fatalf("an operation ran on the connection past its bound of 2: %v", resp)
+	case <-time.After(300 * time.Millisecond):
+	}
+	// Another connection is served meanwhile.
+	mustOpenStream(t, s).mustDo(putOp("other", "v", ""))
+
+	// A grant ends one blocked acquire, and frees its slot for b's put.
+	if _, err := newAPI(t, s).locks.Release(context.Background(), connect.NewRequest(&fencev1.ReleaseRequest{
+		SessionId: holder.GetSessionId(), SessionSecret: holder.GetSessionSecret(), Lock: "l1", Token: held.GetToken(),
+	})); err != nil {
+		t.Fatal(err)
+	}
+	if resp := a.await(w1); resp.GetAcquire().GetToken() <= held.GetToken() {
+		t.Fatalf("the waiter's acquire = %v, want a grant after token %d", resp, held.GetToken())
+	}
+	if resp := b.await(put); resp.GetError() != nil {
+		t.Fatalf("put, once a slot was free: %v", streamErr(resp))
+	}
+	select {
+	case resp := <-w2:
+		t.Fatalf("the acquire of a held lock was answered: %v", resp)
+	default:
 	}
 }

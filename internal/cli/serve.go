@@ -120,6 +120,7 @@ func serveCommand(g *globals) *cobra.Command {
 	f.Float64Var(&cfg.SessionRate, "session-rate", cfg.SessionRate, "sessions per second each user (auth on, unless its quota sets its own) or client address (auth off) may create, on average (0: no limit; needs --session-burst)")
 	f.IntVar(&cfg.SessionBurst, "session-burst", cfg.SessionBurst, "sessions each user or client address may create at once (with --session-rate)")
 	f.IntVar(&cfg.MaxWatchers, "max-watchers", cfg.MaxWatchers, "most open KV watches per node (0: no limit)")
+	f.IntVar(&cfg.MaxStreamOps, "max-stream-ops", cfg.MaxStreamOps, "most operations one client connection runs at once on its session streams, all together; more wait to be read")
 	f.IntVar(&cfg.WatchHistory, "watch-history", cfg.WatchHistory, "recent KV changes kept for watches that start at a past revision")
 	f.IntVar(&cfg.MaxConnections, "max-connections", cfg.MaxConnections, "most API connections open at once, lowered to leave 256 of the open-file limit to raft and snapshots (0: the file limit only); more wait")
 	f.DurationVar(&cfg.ReadTimeout, "read-timeout", cfg.ReadTimeout, "longest a client may take to send a request's headers, and then its body (not its answer)")
