@@ -112,7 +112,7 @@ func (s *State) kvPut(c *fsmpb.KVPut) Result {
 	s.unbind(e)
 	if owner != nil {
 		e.kv.Session = owner.id
-		owner.keys[key] = struct{}{}
+		addName(&owner.keys, key)
 	}
 	return Result{Revision: s.kvRevision, Events: []KVEvent{{KV: copyKV(e.kv)}}}
 }
@@ -120,7 +120,7 @@ func (s *State) kvPut(c *fsmpb.KVPut) Result {
 // unbind ends a key's binding to its session, if any.
 func (s *State) unbind(e *kvEntry) {
 	if e.kv.Session != 0 {
-		delete(s.sessions[e.kv.Session].keys, e.kv.Key)
+		dropName(&s.sessions[e.kv.Session].keys, e.kv.Key)
 		e.kv.Session = 0
 	}
 }

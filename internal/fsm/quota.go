@@ -186,14 +186,14 @@ func (s *State) countSession(sess *session, delta int) {
 // addHold, dropHold, addWait and dropWait index a lock in its session and
 // count it for the session's user.
 func (s *State) addHold(sess *session, name string) {
-	sess.holds[name] = struct{}{}
+	addName(&sess.holds, name)
 	if u := s.useOf(sess.user); u != nil {
 		u.Locks++
 	}
 }
 
 func (s *State) dropHold(sess *session, name string) {
-	delete(sess.holds, name)
+	dropName(&sess.holds, name)
 	if u := s.useOf(sess.user); u != nil {
 		u.Locks--
 		s.tidyUsage(sess.user)
@@ -201,7 +201,7 @@ func (s *State) dropHold(sess *session, name string) {
 }
 
 func (s *State) addWait(sess *session, name string) {
-	sess.waits[name] = struct{}{}
+	addName(&sess.waits, name)
 	if u := s.useOf(sess.user); u != nil {
 		u.Locks++
 		u.Waits++
@@ -209,7 +209,7 @@ func (s *State) addWait(sess *session, name string) {
 }
 
 func (s *State) dropWait(sess *session, name string) {
-	delete(sess.waits, name)
+	dropName(&sess.waits, name)
 	if u := s.useOf(sess.user); u != nil {
 		u.Locks--
 		u.Waits--

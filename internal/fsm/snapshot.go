@@ -81,9 +81,6 @@ func Restore(snap *fsmpb.Snapshot) (*State, error) {
 			owner:      ps.GetOwner(),
 			user:       ps.GetUser(),
 			secretHash: nilIfEmpty(slices.Clone(ps.GetSecretSha256())),
-			holds:      map[string]struct{}{},
-			waits:      map[string]struct{}{},
-			keys:       map[string]struct{}{},
 		}
 		for _, id := range ps.GetCancelled() {
 			s.sessions[ps.GetId()].cancel(id)
@@ -109,7 +106,7 @@ func Restore(snap *fsmpb.Snapshot) (*State, error) {
 			}
 			l.holders = append(l.holders, holder{session: sess.id, token: h.GetToken(), mode: Mode(h.GetMode()), lockDelay: time.Duration(h.GetLockDelayNs()),
 				req: request{id: h.GetRequestId(), attempt: h.GetAttempt()}})
-			sess.holds[l.name] = struct{}{}
+			addName(&sess.holds, l.name)
 		}
 		for _, w := range pl.GetWaiters() {
 			sess, ok := s.sessions[w.GetSessionId()]
@@ -118,7 +115,7 @@ func Restore(snap *fsmpb.Snapshot) (*State, error) {
 			}
 			l.waiters = append(l.waiters, waiter{session: sess.id, mode: Mode(w.GetMode()), lockDelay: time.Duration(w.GetLockDelayNs()),
 				req: request{id: w.GetRequestId(), attempt: w.GetAttempt()}})
-			sess.waits[l.name] = struct{}{}
+			addName(&sess.waits, l.name)
 		}
 		s.locks[l.name] = l
 	}
@@ -141,7 +138,7 @@ func Restore(snap *fsmpb.Snapshot) (*State, error) {
 			if !ok {
 				return nil, fmt.Errorf("fsm: snapshot key %q is bound to unknown session %d", pk.GetKey(), id)
 			}
-			sess.keys[pk.GetKey()] = struct{}{}
+			addName(&sess.keys, pk.GetKey())
 		}
 	}
 	for _, n := range snap.GetNodes() {
