@@ -165,8 +165,12 @@ func TestWaitTimeout(t *testing.T) {
 	a := newAPI(t, s)
 	sa, sb := a.session(time.Hour), a.session(time.Hour)
 	a.mustAcquire(sa, "l")
+	armed := clk.Timers()
 	p := a.acquireAsync(context.Background(), &fencev1.AcquireRequest{SessionId: sb, Lock: "l", WaitTimeout: durationpb.New(2 * time.Second)})
 	waitFor(t, "b to queue", func() bool { return len(a.lock("l").GetWaiters()) == 1 })
+	// The wait arms its timer after its Acquire is applied: advancing the
+	// clock before that would leave the timer due 2s after the advance.
+	clk.WaitForTimers(armed + 1)
 	clk.Advance(2 * time.Second)
 	if _, err := p.result(t); codeOf(err) != connect.CodeDeadlineExceeded {
 		t.Fatalf("timed-out wait: %v, want DeadlineExceeded", err)
