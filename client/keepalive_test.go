@@ -4,7 +4,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"net"
 	"net/http"
 	"net/http/httptest"
 	"sync/atomic"
@@ -45,25 +44,12 @@ func renewingSession(t *testing.T, c *Client, id uint64, ttl time.Duration, due,
 	return s
 }
 
-// closedPort returns an address where nothing listens: connections to it
-// are refused, as by a node that is down.
-func closedPort(t *testing.T) string {
-	t.Helper()
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	addr := ln.Addr().String()
-	ln.Close()
-	return addr
-}
-
 // A session whose keepalive rides in the message of a session with a
 // longer TTL (which retries up to its own, later, safe-until) still ends
 // at its own safe-until, as lost: the service expires it then, and may
 // grant its locks to others.
 func TestKeepAliveMemberEndsAtItsOwnSafeUntil(t *testing.T) {
-	c, err := New(WithEndpoints(closedPort(t)))
+	c, err := New(WithEndpoints(freeAddr(t)))
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -267,7 +267,7 @@ func (s *Server) waitResponse(ctx context.Context, w *waiter, index uint64, g *f
 	}
 	granted, err := s.wait(ctx, w, index, timeout, poll)
 	if errors.Is(err, errStillWaiting) {
-		return &fencev1.AcquireResponse{Lock: w.key.lock, Waiting: true, Attempt: w.req.attempt}, nil
+		return &fencev1.AcquireResponse{Lock: w.key.Lock, Waiting: true, Attempt: w.req.attempt}, nil
 	}
 	if err != nil {
 		return nil, err
@@ -324,10 +324,10 @@ type request struct {
 func (s *Server) giveUp(w *waiter, g *fsm.Grant) {
 	if w.req.id != 0 {
 		_, err := s.apply(&fsmpb.Command{Op: &fsmpb.Command_CancelAcquire{CancelAcquire: &fsmpb.CancelAcquire{
-			SessionId: w.key.session, Lock: w.key.lock, RequestId: w.req.id, Attempt: w.req.attempt,
+			SessionId: w.key.Session, Lock: w.key.Lock, RequestId: w.req.id, Attempt: w.req.attempt,
 		}}})
 		if err != nil {
-			s.logger.Warn("giving up an acquire whose caller went away", "lock", w.key.lock, "session", w.key.session, "request", w.req.id, "err", err)
+			s.logger.Warn("giving up an acquire whose caller went away", "lock", w.key.Lock, "session", w.key.Session, "request", w.req.id, "err", err)
 		}
 		return
 	}
@@ -365,7 +365,7 @@ func (s *Server) wait(ctx context.Context, w *waiter, index uint64, timeout, pol
 		select {
 		case <-auth.Lost():
 			s.giveUp(w, nil)
-			return fsm.Grant{}, fmt.Errorf("the wait for lock %q ended: %w", w.key.lock, auth.Err())
+			return fsm.Grant{}, fmt.Errorf("the wait for lock %q ended: %w", w.key.Lock, auth.Err())
 		case <-polled:
 			return fsm.Grant{}, errStillWaiting
 		case <-w.notify:
@@ -380,7 +380,7 @@ func (s *Server) wait(ctx context.Context, w *waiter, index uint64, timeout, pol
 			if granted {
 				return g, nil // granted just as the wait timed out: the caller is still there
 			}
-			return fsm.Grant{}, fmt.Errorf("%w: lock %q was not granted within %v", fence.ErrWaitTimeout, w.key.lock, timeout)
+			return fsm.Grant{}, fmt.Errorf("%w: lock %q was not granted within %v", fence.ErrWaitTimeout, w.key.Lock, timeout)
 		case <-ctx.Done():
 			// A polling caller keeps its place for its next poll, unless
 			// its call ended because it may no longer take the lock.
@@ -399,7 +399,7 @@ func (s *Server) wait(ctx context.Context, w *waiter, index uint64, timeout, pol
 // only on that request at w's attempt.
 func (s *Server) cancelWait(w *waiter) (fsm.Grant, bool, error) {
 	res, err := s.apply(&fsmpb.Command{Op: &fsmpb.Command_CancelWait{CancelWait: &fsmpb.CancelWait{
-		SessionId: w.key.session, Lock: w.key.lock, RequestId: w.req.id, Attempt: w.req.attempt,
+		SessionId: w.key.Session, Lock: w.key.Lock, RequestId: w.req.id, Attempt: w.req.attempt,
 	}}})
 	if err != nil {
 		return fsm.Grant{}, false, err

@@ -9,14 +9,6 @@ import (
 	"github.com/fencelock/fence/internal/fsm"
 )
 
-// waitKey names one session's wait for one lock. A session waits for a lock
-// at most once in the state, but a client that retries may have several
-// calls blocked on the same key; each gets its own waiter.
-type waitKey struct {
-	session uint64
-	lock    string
-}
-
 // outcome ends a wait: a grant, or the reason there will be none.
 type outcome struct {
 	grant fsm.Grant
@@ -32,7 +24,10 @@ type outcome struct {
 const always = math.MaxUint64
 
 type waiter struct {
-	key    waitKey
+	// key is the wait this call blocks on. A session waits for a lock at
+	// most once in the state, but a client that retries may have several
+	// calls blocked on the same wait; each gets its own waiter.
+	key    fsm.WaitRef
 	req    request       // set by the handler once its Acquire is applied
 	notify chan struct{} // capacity 1: the hub never blocks on a slow handler
 
@@ -68,15 +63,15 @@ func (w *waiter) take(index uint64) (outcome, bool) {
 // calls waiting on those keys.
 type waitHub struct {
 	mu    sync.Mutex
-	waits map[waitKey][]*waiter
+	waits map[fsm.WaitRef][]*waiter
 }
 
-func newWaitHub() *waitHub { return &waitHub{waits: map[waitKey][]*waiter{}} }
+func newWaitHub() *waitHub { return &waitHub{waits: map[fsm.WaitRef][]*waiter{}} }
 
 // register must be called before the Acquire is proposed, so that a grant
 // committed at once cannot be missed.
 func (h *waitHub) register(session uint64, lock string) *waiter {
-	w := &waiter{key: waitKey{session, lock}, notify: make(chan struct{}, 1)}
+	w := &waiter{key: fsm.WaitRef{Session: session, Lock: lock}, notify: make(chan struct{}, 1)}
 	h.mu.Lock()
 	h.waits[w.key] = append(h.waits[w.key], w)
 	h.mu.Unlock()
@@ -102,7 +97,7 @@ func (h *waitHub) unregister(w *waiter) (others bool) {
 	return true
 }
 
-func (h *waitHub) deliverLocked(key waitKey, o outcome) {
+func (h *waitHub) deliverLocked(key fsm.WaitRef, o outcome) {
 	for _, w := range h.waits[key] {
 		w.deliver(o)
 	}
@@ -119,10 +114,10 @@ func (h *waitHub) applied(index uint64, res fsm.Result) {
 		// A CancelAcquire from another call (a client giving up, curl with
 		// the request id) or the wait's own CancelWait: a call still
 		// blocked on it would otherwise wait for a grant that cannot come.
-		h.deliverLocked(waitKey{d.Session, d.Lock}, outcome{err: fmt.Errorf("%w: the wait of session %d for lock %q was cancelled", fence.ErrCancelled, d.Session, d.Lock), index: index})
+		h.deliverLocked(*d, outcome{err: fmt.Errorf("%w: the wait of session %d for lock %q was cancelled", fence.ErrCancelled, d.Session, d.Lock), index: index})
 	}
 	for _, g := range res.Grants {
-		h.deliverLocked(waitKey{g.Session, g.Lock}, outcome{grant: g, index: index})
+		h.deliverLocked(fsm.WaitRef{Session: g.Session, Lock: g.Lock}, outcome{grant: g, index: index})
 	}
 	if len(res.Ended) == 0 {
 		return
@@ -132,8 +127,8 @@ func (h *waitHub) applied(index uint64, res fsm.Result) {
 		ended[id] = true
 	}
 	for key := range h.waits {
-		if ended[key.session] {
-			h.deliverLocked(key, outcome{err: fmt.Errorf("%w: session %d ended while waiting for lock %q", fence.ErrSessionNotFound, key.session, key.lock), index: index})
+		if ended[key.Session] {
+			h.deliverLocked(key, outcome{err: fmt.Errorf("%w: session %d ended while waiting for lock %q", fence.ErrSessionNotFound, key.Session, key.Lock), index: index})
 		}
 	}
 }
@@ -155,14 +150,14 @@ func (h *waitHub) restored(read func(fn func(*fsm.State))) {
 	defer h.mu.Unlock()
 	read(func(s *fsm.State) {
 		for key := range h.waits {
-			if _, ok := s.Session(key.session); !ok {
-				h.deliverLocked(key, outcome{err: fmt.Errorf("%w: session %d no longer exists", fence.ErrSessionNotFound, key.session), index: always})
+			if _, ok := s.Session(key.Session); !ok {
+				h.deliverLocked(key, outcome{err: fmt.Errorf("%w: session %d no longer exists", fence.ErrSessionNotFound, key.Session), index: always})
 				continue
 			}
-			info, _ := s.Lock(key.lock)
+			info, _ := s.Lock(key.Lock)
 			for _, hd := range info.Holders {
-				if hd.Session == key.session {
-					h.deliverLocked(key, outcome{grant: fsm.Grant{Session: key.session, Lock: key.lock, Token: hd.Token, Mode: hd.Mode}, index: always})
+				if hd.Session == key.Session {
+					h.deliverLocked(key, outcome{grant: fsm.Grant{Session: key.Session, Lock: key.Lock, Token: hd.Token, Mode: hd.Mode}, index: always})
 				}
 			}
 		}
