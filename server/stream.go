@@ -224,7 +224,7 @@ func (st *serverStream) watch(ctx context.Context, cancel context.CancelCauseFun
 // the metrics under its unary call's procedure.
 func (s *Server) runStreamOp(ctx context.Context, req *fencev1.StreamRequest) (resp *fencev1.StreamResponse) {
 	start := time.Now()
-	_, procedure, _ := streamOpOf(req)
+	msg, procedure, _ := streamOpOf(req)
 	resp = &fencev1.StreamResponse{Id: req.GetId()}
 	defer func() {
 		if p := recover(); p != nil {
@@ -236,7 +236,7 @@ func (s *Server) runStreamOp(ctx context.Context, req *fencev1.StreamRequest) (r
 	if ka := req.GetKeepAlive(); ka != nil {
 		err = s.streamKeepAlive(ctx, ka, resp, start)
 	} else {
-		err = s.streamOp(ctx, procedure, req, resp)
+		err = s.streamOp(ctx, msg, procedure, req, resp)
 	}
 	if err != nil {
 		resp.Result = nil
@@ -248,9 +248,9 @@ func (s *Server) runStreamOp(ctx context.Context, req *fencev1.StreamRequest) (r
 	return resp
 }
 
-// streamOp checks an operation as its unary call is checked and runs it.
-func (s *Server) streamOp(ctx context.Context, procedure string, req *fencev1.StreamRequest, resp *fencev1.StreamResponse) error {
-	msg, _, _ := streamOpOf(req)
+// streamOp checks an operation (msg, its unary call's procedure, as
+// streamOpOf says) as its unary call is checked and runs it.
+func (s *Server) streamOp(ctx context.Context, msg any, procedure string, req *fencev1.StreamRequest, resp *fencev1.StreamResponse) error {
 	if msg == nil {
 		return fmt.Errorf("%w: stream operation %d carries no operation this node knows", fence.ErrInvalidArgument, req.GetId())
 	}
