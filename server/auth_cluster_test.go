@@ -90,17 +90,7 @@ func TestAuthCluster(t *testing.T) {
 	}
 
 	// Snapshots, then every node restarted: auth still on, same rules.
-	for _, id := range c.ids {
-		if err := c.nodes[id].node.raft.Snapshot().Error(); err != nil {
-			t.Fatalf("snapshot of %s: %v", id, err)
-		}
-	}
-	for _, id := range c.ids {
-		c.stop(id)
-	}
-	for _, id := range c.ids {
-		c.start(id)
-	}
+	c.restartFromSnapshots()
 	leader = c.leader()
 	waitFor(t, "every node to apply its log", func() bool {
 		for _, s := range c.nodes {

@@ -258,17 +258,7 @@ func TestQuotaCluster(t *testing.T) {
 	// Snapshots on every node, then every node restarted from its own.
 	c.leader()
 	usageEverywhere("the restarted node to catch up")
-	for _, id := range c.ids {
-		if err := c.nodes[id].node.raft.Snapshot().Error(); err != nil {
-			t.Fatalf("snapshot of %s: %v", id, err)
-		}
-	}
-	for _, id := range c.ids {
-		c.stop(id)
-	}
-	for _, id := range c.ids {
-		c.start(id)
-	}
+	c.restartFromSnapshots()
 	c.leader()
 	waitFor(t, "every node to apply its log", func() bool {
 		for _, s := range c.nodes {

@@ -145,6 +145,24 @@ func (c *testCluster) stop(id string) {
 	delete(c.nodes, id)
 }
 
+// restartFromSnapshots has every node take a snapshot, then stops every
+// node and starts it again, so that each restores its state from its own
+// snapshot.
+func (c *testCluster) restartFromSnapshots() {
+	c.t.Helper()
+	for _, id := range c.ids {
+		if err := c.nodes[id].node.raft.Snapshot().Error(); err != nil {
+			c.t.Fatalf("snapshot of %s: %v", id, err)
+		}
+	}
+	for _, id := range c.ids {
+		c.stop(id)
+	}
+	for _, id := range c.ids {
+		c.start(id)
+	}
+}
+
 // leader waits until exactly one running node is a ready leader.
 func (c *testCluster) leader() *Server {
 	c.t.Helper()
