@@ -65,6 +65,9 @@ type endpoint struct {
 	// open one.
 	unaryOnly     atomic.Bool
 	noStreamUntil atomic.Int64
+	// noFramedUntil (unix nanoseconds) gives ep Connect's stream, not the
+	// framed one, for a while after it did not switch to it.
+	noFramedUntil atomic.Int64
 	// silentUntil (unix nanoseconds) is set when an attempt here got no
 	// answer in time: until then, retries pass this node over while
 	// another may answer.
@@ -94,6 +97,7 @@ type options struct {
 	clusterID   string
 	bearer      string
 	noStream    bool
+	noFramed    bool
 }
 
 // Option configures a Client.

@@ -15,6 +15,7 @@ import (
 	"github.com/fencelock/fence"
 	fencev1 "github.com/fencelock/fence/api/fence/v1"
 	"github.com/fencelock/fence/internal/rpcerr"
+	"github.com/fencelock/fence/internal/wire"
 )
 
 // The session stream (docs/design.md, The session stream). A Client sends
@@ -38,6 +39,15 @@ import (
 // calls anyway), or to compare the two.
 func WithoutStream() Option {
 	return func(o *options) { o.noStream = true }
+}
+
+// WithoutFramedStream makes the client carry the session stream over
+// HTTP/2 (the Connect protocol, h2c without TLS), as clients before the
+// framed stream did, instead of framed directly on an HTTP/1.1 connection
+// it upgrades. Use it where something on the way mangles upgraded
+// connections but passes HTTP/2, or to compare the two.
+func WithoutFramedStream() Option {
+	return func(o *options) { o.noFramed = true }
 }
 
 // errNoStream is the failure to open a stream at a node that cannot serve
@@ -274,9 +284,11 @@ func (m *streams) close() {
 	}
 }
 
-// opStream is one open stream at one node.
+// opStream is one open stream at one node: framed on its connection
+// (framed), or Connect's over HTTP/2 (conn, written by send).
 type opStream struct {
 	ep     *endpoint
+	framed *wire.Conn
 	conn   *connect.BidiStreamForClient[fencev1.StreamRequest, fencev1.StreamResponse]
 	cancel context.CancelFunc
 	sends  chan *fencev1.StreamRequest
@@ -287,12 +299,40 @@ type opStream struct {
 	pending map[uint64]chan *fencev1.StreamResponse
 	done    chan struct{} // closed when the stream ended, err set
 	err     error
-	closed  chan struct{} // closed once its HTTP/2 stream is closed too
+	closed  chan struct{} // closed once its connection or HTTP/2 stream is closed too
+}
+
+// newOpStream makes the stream a node opened with opened.
+func newOpStream(ep *endpoint, opened *fencev1.StreamOpened) *opStream {
+	limit := int(opened.GetMaxInFlight())
+	if limit <= 0 {
+		limit = 1
+	}
+	return &opStream{
+		ep:      ep,
+		sends:   make(chan *fencev1.StreamRequest),
+		slots:   make(chan struct{}, limit),
+		pending: map[uint64]chan *fencev1.StreamResponse{},
+		done:    make(chan struct{}),
+		closed:  make(chan struct{}),
+	}
 }
 
 // openStream opens a stream at ep and waits, within ctx, for the node to
-// accept it (its StreamOpened).
+// accept it (its StreamOpened): framed when it can, else Connect's.
 func (c *Client) openStream(ctx context.Context, ep *endpoint) (*opStream, error) {
+	if c.framedTo(ep) {
+		st, err := c.openFramed(ctx, ep)
+		if err == nil {
+			return st, nil
+		}
+		if ctx.Err() != nil {
+			return nil, ctx.Err()
+		}
+		if c.framedFailed(ep, err) {
+			return nil, err
+		}
+	}
 	sctx, cancel := context.WithCancel(context.Background())
 	conn := ep.stream.Session(sctx)
 	opened := make(chan error, 1)
@@ -319,18 +359,8 @@ func (c *Client) openStream(ctx context.Context, ep *endpoint) (*opStream, error
 		cancel()
 		return nil, c.streamRefused(ep, err)
 	}
-	limit := int(first.GetOpened().GetMaxInFlight())
-	if limit <= 0 {
-		limit = 1
-	}
-	st := &opStream{
-		ep: ep, conn: conn, cancel: cancel,
-		sends:   make(chan *fencev1.StreamRequest),
-		slots:   make(chan struct{}, limit),
-		pending: map[uint64]chan *fencev1.StreamResponse{},
-		done:    make(chan struct{}),
-		closed:  make(chan struct{}),
-	}
+	st := newOpStream(ep, first.GetOpened())
+	st.conn, st.cancel = conn, cancel
 	go st.receive()
 	go st.send()
 	return st, nil
@@ -392,12 +422,11 @@ func (st *opStream) do(ctx context.Context, req *fencev1.StreamRequest) (*fencev
 	// A message of its own: the caller's is sent again on the next
 	// attempt, perhaps while this one is still being written.
 	msg := &fencev1.StreamRequest{Id: id, IdempotencyKey: req.GetIdempotencyKey(), Op: req.GetOp()}
-	select {
-	case st.sends <- msg:
-	case <-ctx.Done():
+	if err := st.write(ctx, msg); err != nil {
 		st.forget(id)
-		return nil, ctx.Err()
-	case <-st.done:
+		if ctx.Err() != nil {
+			return nil, ctx.Err()
+		}
 		return nil, st.broken()
 	}
 	select {
@@ -415,6 +444,27 @@ func (st *opStream) do(ctx context.Context, req *fencev1.StreamRequest) (*fencev
 	}
 }
 
+// write sends req: on a framed stream from the caller's goroutine (which
+// may write others' too, see wire.Conn), else through send. It fails when
+// ctx ends first, or the stream ended.
+func (st *opStream) write(ctx context.Context, req *fencev1.StreamRequest) error {
+	if st.framed != nil {
+		if err := st.framed.Write(ctx, req); err != nil {
+			st.end(err)
+			return err
+		}
+		return nil
+	}
+	select {
+	case st.sends <- req:
+		return nil
+	case <-ctx.Done():
+		return ctx.Err()
+	case <-st.done:
+		return st.broken()
+	}
+}
+
 // forget drops an operation that was never sent.
 func (st *opStream) forget(id uint64) {
 	st.mu.Lock()
@@ -426,10 +476,7 @@ func (st *opStream) forget(id uint64) {
 // cancelOp tells the node to cancel operation id, unless the stream ends
 // first.
 func (st *opStream) cancelOp(id uint64) {
-	select {
-	case st.sends <- &fencev1.StreamRequest{Id: id, Op: &fencev1.StreamRequest_Cancel{Cancel: &fencev1.StreamCancel{}}}:
-	case <-st.done:
-	}
+	_ = st.write(context.Background(), &fencev1.StreamRequest{Id: id, Op: &fencev1.StreamRequest_Cancel{Cancel: &fencev1.StreamCancel{}}})
 }
 
 // send writes the operations, one at a time, until the stream ends. A
@@ -452,7 +499,7 @@ func (st *opStream) send() {
 // receive hands each answer to its operation until the stream ends.
 func (st *opStream) receive() {
 	for {
-		resp, err := st.conn.Receive()
+		resp, err := st.read()
 		if err != nil {
 			st.end(err)
 			return
@@ -468,6 +515,22 @@ func (st *opStream) receive() {
 	}
 }
 
+// read reads the next answer. A framed stream's node says why it ended
+// the stream in a last message (id 0), as Connect's trailers do.
+func (st *opStream) read() (*fencev1.StreamResponse, error) {
+	if st.framed == nil {
+		return st.conn.Receive()
+	}
+	resp := &fencev1.StreamResponse{}
+	if err := st.framed.Read(resp); err != nil {
+		return nil, err
+	}
+	if resp.GetId() == 0 && resp.GetError() != nil {
+		return nil, rpcerr.FromStream(resp.GetError())
+	}
+	return resp, nil
+}
+
 // end ends the stream with err, failing the operations in flight.
 func (st *opStream) end(err error) {
 	st.mu.Lock()
@@ -477,6 +540,11 @@ func (st *opStream) end(err error) {
 	}
 	st.err = err
 	close(st.done)
+	if st.framed != nil {
+		_ = st.framed.Close()
+		close(st.closed)
+		return
+	}
 	st.cancel()
 	go func() {
 		_ = st.conn.CloseRequest()

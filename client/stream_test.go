@@ -25,7 +25,13 @@ import (
 // (`fence_stream_requests_total{op="keep_alive"}`); 0 when absent.
 func metric(t *testing.T, srv *server.Server, sample string) float64 {
 	t.Helper()
-	resp, err := http.Get("http://" + srv.Addr() + "/metrics")
+	return metricAt(t, http.DefaultClient, "http://"+srv.Addr()+"/metrics", sample)
+}
+
+// metricAt is metric of the /metrics at url, fetched with hc.
+func metricAt(t *testing.T, hc *http.Client, url, sample string) float64 {
+	t.Helper()
+	resp, err := hc.Get(url)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -46,6 +52,12 @@ func metric(t *testing.T, srv *server.Server, sample string) float64 {
 
 func streamOps(t *testing.T, srv *server.Server, op string) float64 {
 	return metric(t, srv, `fence_stream_requests_total{op="`+op+`"}`)
+}
+
+// streamOpens is how many streams srv opened over transport ("framed",
+// "http2").
+func streamOpens(t *testing.T, srv *server.Server, transport string) float64 {
+	return metric(t, srv, `fence_stream_opens_total{transport="`+transport+`"}`)
 }
 
 func unaryCalls(t *testing.T, srv *server.Server, procedure string) float64 {
@@ -99,8 +111,9 @@ func lockCycle(t *testing.T, c *Client) {
 	}
 }
 
-// By default a client's operations go on the stream, not as unary calls;
-// WithoutStream sends unary calls, as before.
+// By default a client's operations go on the stream, framed on its
+// connection, not as unary calls; WithoutFramedStream carries the stream
+// over HTTP/2; WithoutStream sends unary calls, as before.
 func TestOperationsGoOnTheStream(t *testing.T) {
 	srv := startServer(t, nil)
 	lockCycle(t, mustClient(t, srv, nil))
@@ -112,13 +125,30 @@ func TestOperationsGoOnTheStream(t *testing.T) {
 	if n := unaryCalls(t, srv, fencev1connect.LockServiceAcquireProcedure); n != 0 {
 		t.Errorf("%v unary acquires", n)
 	}
+	if framed, h2 := streamOpens(t, srv, "framed"), streamOpens(t, srv, "http2"); framed != 1 || h2 != 0 {
+		t.Errorf("streams opened: %v framed, %v over HTTP/2; want one framed", framed, h2)
+	}
+
+	h2, err := New(WithEndpoints(srv.Addr()), WithoutFramedStream())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer h2.Close()
+	before := streamOps(t, srv, "acquire")
+	lockCycle(t, h2)
+	if n := streamOps(t, srv, "acquire"); n <= before {
+		t.Error("WithoutFramedStream sent no acquire on the stream")
+	}
+	if n := streamOpens(t, srv, "http2"); n != 1 {
+		t.Errorf("WithoutFramedStream opened %v streams over HTTP/2, want 1", n)
+	}
 
 	c, err := New(WithEndpoints(srv.Addr()), WithoutStream())
 	if err != nil {
 		t.Fatal(err)
 	}
 	defer c.Close()
-	before := streamOps(t, srv, "acquire")
+	before = streamOps(t, srv, "acquire")
 	lockCycle(t, c)
 	if n := streamOps(t, srv, "acquire"); n != before {
 		t.Errorf("WithoutStream sent %v acquires on the stream", n-before)
@@ -461,13 +491,42 @@ func TestPausedNodeHoldsUpOnlyItsOwnAttempts(t *testing.T) {
 }
 
 // A proxy that speaks only HTTP/1.1 in front of a node (a load balancer
-// without HTTP/2 to its backends, say) answers the stream's h2c preface in
-// HTTP/1.1, a transport failure as for a node going away; but the node
-// answers unary calls through it, so the client sends it unary calls.
-func TestHTTP1ProxyGetsUnaryCalls(t *testing.T) {
+// without HTTP/2 to its backends, say), and that passes upgrades on (as
+// Go's, nginx's with its Upgrade lines, HAProxy's do), carries the framed
+// stream.
+func TestHTTP1ProxyCarriesTheFramedStream(t *testing.T) {
 	srv := startServer(t, nil)
 	target, _ := url.Parse("http://" + srv.Addr())
 	proxy := httptest.NewServer(httputil.NewSingleHostReverseProxy(target)) // HTTP/1.1 only
+	t.Cleanup(proxy.Close)
+	c, err := New(WithEndpoints(proxy.Listener.Addr().String()))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { c.Close() })
+	lockCycle(t, c)
+	if n := streamOps(t, srv, "acquire"); n < 1 {
+		t.Fatalf("%v acquires on a stream through an HTTP/1.1 proxy that passes upgrades", n)
+	}
+	if n := unaryCalls(t, srv, fencev1connect.LockServiceAcquireProcedure); n != 0 {
+		t.Fatalf("%v unary acquires", n)
+	}
+}
+
+// A proxy that speaks only HTTP/1.1 and drops upgrades answers the framed
+// stream's upgrade as a plain request, and the Connect stream's h2c
+// preface in HTTP/1.1, a transport failure as for a node going away; but
+// the node answers unary calls through it, so the client sends it unary
+// calls.
+func TestHTTP1ProxyGetsUnaryCalls(t *testing.T) {
+	srv := startServer(t, nil)
+	target, _ := url.Parse("http://" + srv.Addr())
+	reverse := httputil.NewSingleHostReverseProxy(target)
+	proxy := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		r.Header.Del("Upgrade")
+		r.Header.Del("Connection")
+		reverse.ServeHTTP(w, r)
+	})) // HTTP/1.1 only, no upgrades
 	t.Cleanup(proxy.Close)
 	c, err := New(WithEndpoints(proxy.Listener.Addr().String()))
 	if err != nil {

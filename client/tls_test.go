@@ -4,6 +4,7 @@ import (
 	"context"
 	"crypto/tls"
 	"errors"
+	"net/http"
 	"testing"
 	"time"
 
@@ -90,32 +91,45 @@ func TestTLSFailureMovesToTheNextEndpoint(t *testing.T) {
 	}
 }
 
-// Over TLS the stream (HTTP/2, ALPN h2) and the unary calls (HTTP/1.1)
-// each have a transport of their own; the HTTP/2 one added "h2" to the
-// NextProtos of the tls.Config the two shared, so the unary calls that
-// came after the stream offered h2, were answered in HTTP/2, and failed.
+// Over TLS the stream (framed after an upgrade over ALPN http/1.1, or
+// HTTP/2 with ALPN h2) and the unary calls (HTTP/1.1) each have a
+// transport of their own; the HTTP/2 one added "h2" to the NextProtos of
+// the tls.Config the two shared, so the unary calls that came after the
+// stream offered h2, were answered in HTTP/2, and failed.
 func TestTLSStreamThenUnary(t *testing.T) {
 	ca := testtls.NewCA(t, "fence test CA")
 	srv := startServer(t, func(c *server.Config) {
 		c.TLS = &tls.Config{Certificates: []tls.Certificate{ca.Cert(t, "node")}}
 	})
-	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
-	defer cancel()
-	config := &tls.Config{RootCAs: ca.Pool()}
-	c, err := New(WithEndpoints(srv.Addr()), WithTLS(config))
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer c.Close()
-	s, err := c.NewSession(ctx) // on the stream
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer s.Close(ctx)
-	if _, err := c.Status(ctx); err != nil { // a unary call, on a new connection
-		t.Fatalf("a unary call after the stream: %v", err)
-	}
-	if len(config.NextProtos) != 0 {
-		t.Fatalf("the caller's tls.Config was changed: NextProtos %v", config.NextProtos)
+	for _, tc := range []struct {
+		transport string
+		opts      []Option
+	}{{"framed", nil}, {"http2", []Option{WithoutFramedStream()}}} {
+		t.Run(tc.transport, func(t *testing.T) {
+			ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+			defer cancel()
+			config := &tls.Config{RootCAs: ca.Pool()}
+			c, err := New(append([]Option{WithEndpoints(srv.Addr()), WithTLS(config)}, tc.opts...)...)
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer c.Close()
+			s, err := c.NewSession(ctx) // on the stream
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer s.Close(ctx)
+			if _, err := c.Status(ctx); err != nil { // a unary call, on a new connection
+				t.Fatalf("a unary call after the stream: %v", err)
+			}
+			if len(config.NextProtos) != 0 {
+				t.Fatalf("the caller's tls.Config was changed: NextProtos %v", config.NextProtos)
+			}
+			hc := &http.Client{Transport: &http.Transport{TLSClientConfig: &tls.Config{RootCAs: ca.Pool()}}}
+			opens := `fence_stream_opens_total{transport="` + tc.transport + `"}`
+			if n := metricAt(t, hc, "https://"+srv.Addr()+"/metrics", opens); n != 1 {
+				t.Fatalf("%v streams opened %s over TLS, want 1", n, tc.transport)
+			}
+		})
 	}
 }

@@ -307,25 +307,33 @@ func (a authInterceptor) WrapStreamingClient(next connect.StreamingClientFunc) c
 // then carries the check for later (recheckContext).
 func (a authInterceptor) WrapStreamingHandler(next connect.StreamingHandlerFunc) connect.StreamingHandlerFunc {
 	return func(ctx context.Context, conn connect.StreamingHandlerConn) error {
-		slot := &authSlot{peer: conn.Peer().Addr}
-		ctx = context.WithValue(ctx, authSlotKey{}, slot)
 		if conn.Spec().Procedure == fencev1connect.StreamServiceSessionProcedure {
-			// The session stream authenticates its caller when it opens,
-			// before it reads anything; checkStreamOp checks each
-			// operation with the credential it opened with.
-			cctx, err := a.s.checkCall(ctx, conn.Spec().Procedure, conn.Peer().Addr, conn.RequestHeader(), nil)
-			slot.set(cctx.Value(authCallKey{}).(authCall))
+			ctx, err := a.s.checkStreamOpen(ctx, conn.Peer().Addr, conn.RequestHeader())
 			if err != nil {
 				return err
 			}
 			return next(ctx, conn)
 		}
+		slot := &authSlot{peer: conn.Peer().Addr}
+		ctx = context.WithValue(ctx, authSlotKey{}, slot)
 		return next(ctx, &checkedStream{StreamingHandlerConn: conn, check: func(msg any) error {
 			cctx, err := a.s.checkCall(ctx, conn.Spec().Procedure, conn.Peer().Addr, conn.RequestHeader(), msg)
 			slot.set(cctx.Value(authCallKey{}).(authCall))
 			return err
 		}})
 	}
+}
+
+// checkStreamOpen checks the caller of a session stream (Connect's or
+// framed) when it opens, before it reads anything, and returns the
+// stream's context, which carries the check: checkStreamOp checks each
+// operation with the credential the stream opened with.
+func (s *Server) checkStreamOpen(ctx context.Context, peer string, h http.Header) (context.Context, error) {
+	slot := &authSlot{peer: peer}
+	ctx = context.WithValue(ctx, authSlotKey{}, slot)
+	cctx, err := s.checkCall(ctx, fencev1connect.StreamServiceSessionProcedure, peer, h, nil)
+	slot.set(cctx.Value(authCallKey{}).(authCall))
+	return ctx, err
 }
 
 // authSlot holds a stream's check once its request arrived.

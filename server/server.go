@@ -304,7 +304,7 @@ func (s *Server) handler() http.Handler {
 	if s.cfg.UI {
 		s.console.register(mux)
 	}
-	return explainRefusals(checkEnvelopes(withCertUser(mux), s.cfg.MaxRequestBytes))
+	return withCertUser(s.framedStreams(explainRefusals(checkEnvelopes(mux, s.cfg.MaxRequestBytes))))
 }
 
 func (s *Server) newHTTPServer() *http.Server {
@@ -597,6 +597,7 @@ type metrics struct {
 	// streams counts the session streams open; streamRequests the
 	// messages they carried, by operation.
 	streams        prometheus.Gauge
+	streamOpens    *prometheus.CounterVec
 	streamRequests *prometheus.CounterVec
 	// storage and leaderChanges, and the rest of registerOpsMetrics.
 	storage       *storageMetrics
@@ -616,6 +617,9 @@ func newMetrics(s *Server) *metrics {
 		grants:  prometheus.NewCounter(prometheus.CounterOpts{Name: "fence_grants_total", Help: "Lock grants applied, hand-offs included."}),
 		expired: prometheus.NewCounter(prometheus.CounterOpts{Name: "fence_sessions_expired_total", Help: "Sessions expired by this node as leader."}),
 		streams: prometheus.NewGauge(prometheus.GaugeOpts{Name: "fence_streams", Help: "Session streams open (StreamService.Session)."}),
+		streamOpens: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "fence_stream_opens_total", Help: "Session streams opened, by transport: framed on the connection, or HTTP/2 (Connect, gRPC).",
+		}, []string{"transport"}),
 		streamRequests: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "fence_stream_requests_total", Help: "Messages received on session streams, by operation (a keep_alive message renews many sessions).",
 		}, []string{"op"}),
@@ -627,7 +631,7 @@ func newMetrics(s *Server) *metrics {
 			return v
 		})
 	}
-	m.registry.MustRegister(m.requests, m.latency, m.grants, m.expired, m.streams, m.streamRequests,
+	m.registry.MustRegister(m.requests, m.latency, m.grants, m.expired, m.streams, m.streamOpens, m.streamRequests,
 		gauge("fence_sessions", "Live sessions.", func(st *fsm.State) float64 { return float64(st.NumSessions()) }),
 		gauge("fence_locks", "Locks held, waited for or delayed.", func(st *fsm.State) float64 { return float64(st.NumLocks()) }),
 		gauge("fence_last_token", "The last fencing token issued.", func(st *fsm.State) float64 { return float64(st.LastToken()) }),

@@ -61,13 +61,43 @@ func (s *Server) Session(ctx context.Context, stream *connect.BidiStream[fencev1
 		return s.notReady()
 	}
 	ctx = withClientAddr(ctx, stream.Peer().Addr, stream.RequestHeader())
+	return s.serveStream(ctx, term, &connectStream{BidiStream: stream})
+}
+
+// streamConn is what a stream's messages travel on: a Connect stream over
+// HTTP/2 (connectStream) or frames on the connection itself
+// (framedStream). Send may be called from many goroutines at once.
+type streamConn interface {
+	Receive() (*fencev1.StreamRequest, error)
+	Send(*fencev1.StreamResponse) error
+}
+
+// connectStream is a Connect (or gRPC) stream, its sends one at a time.
+type connectStream struct {
+	*connect.BidiStream[fencev1.StreamRequest, fencev1.StreamResponse]
+	mu sync.Mutex
+}
+
+func (c *connectStream) Send(resp *fencev1.StreamResponse) error {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return c.BidiStream.Send(resp)
+}
+
+// serveStream serves an open stream of a leader in term until it ends.
+func (s *Server) serveStream(ctx context.Context, term <-chan struct{}, conn streamConn) error {
 	ctx, cancel := context.WithCancelCause(ctx)
 	defer cancel(nil)
-	st := &serverStream{s: s, stream: stream, slots: s.slotsOf(ctx), ops: map[uint64]context.CancelCauseFunc{}}
+	st := &serverStream{s: s, conn: conn, slots: s.slotsOf(ctx), ops: map[uint64]context.CancelCauseFunc{}}
 	opened := &fencev1.StreamResponse{Result: &fencev1.StreamResponse_Opened{Opened: &fencev1.StreamOpened{MaxInFlight: uint32(cap(st.slots))}}}
-	if err := st.send(opened); err != nil {
+	if err := st.conn.Send(opened); err != nil {
 		return err
 	}
+	transport := "http2"
+	if _, ok := conn.(framedStream); ok {
+		transport = "framed"
+	}
+	s.metrics.streamOpens.WithLabelValues(transport).Inc()
 	s.metrics.streams.Inc()
 	defer s.metrics.streams.Dec()
 	go st.watch(ctx, cancel, term)
@@ -78,11 +108,10 @@ func (s *Server) Session(ctx context.Context, stream *connect.BidiStream[fencev1
 
 // serverStream is one open stream.
 type serverStream struct {
-	s      *Server
-	stream *connect.BidiStream[fencev1.StreamRequest, fencev1.StreamResponse]
-	sendMu sync.Mutex
-	slots  streamSlots // its connection's: one per operation in flight
-	wg     sync.WaitGroup
+	s     *Server
+	conn  streamConn
+	slots streamSlots // its connection's: one per operation in flight
+	wg    sync.WaitGroup
 
 	mu  sync.Mutex
 	ops map[uint64]context.CancelCauseFunc // the operations in flight, by id
@@ -98,7 +127,7 @@ func (st *serverStream) serve(ctx context.Context, cancel context.CancelCauseFun
 	reqs, readErr := make(chan *fencev1.StreamRequest), make(chan error, 1)
 	go func() {
 		for {
-			req, err := st.stream.Receive()
+			req, err := st.conn.Receive()
 			if err != nil {
 				readErr <- err
 				return
@@ -173,18 +202,11 @@ func (st *serverStream) start(ctx context.Context, req *fencev1.StreamRequest) e
 		st.mu.Unlock()
 		stop(nil)
 		<-st.slots
-		if err := st.send(resp); err != nil {
+		if err := st.conn.Send(resp); err != nil {
 			st.s.logger.Debug("answering a stream operation failed", "id", id, "err", err)
 		}
 	})
 	return nil
-}
-
-// send writes one message; operations answer from their own goroutines.
-func (st *serverStream) send(resp *fencev1.StreamResponse) error {
-	st.sendMu.Lock()
-	defer st.sendMu.Unlock()
-	return st.stream.Send(resp)
 }
 
 // watch ends the stream when this node stops leading (term is closed then)
@@ -193,10 +215,22 @@ func (st *serverStream) watch(ctx context.Context, cancel context.CancelCauseFun
 	s := st.s
 	authChanged, tokenExpired, stopGate := s.authGate(ctx)
 	defer func() { stopGate() }()
+	var quiet <-chan time.Time // framed streams: HTTP/2 pings find Connect's silent clients
+	framed, isFramed := st.conn.(framedStream)
+	if isFramed {
+		t := time.NewTicker(framedSilence / 3)
+		defer t.Stop()
+		quiet = t.C
+	}
 	for {
 		select {
 		case <-ctx.Done():
 			return
+		case <-quiet:
+			if idle := framed.Idle(); idle > framedSilence {
+				cancel(fmt.Errorf("%w: nothing came from the client for %v, not even a ping", fence.ErrUnavailable, idle.Round(time.Second)))
+				return
+			}
 		case <-term:
 			cancel(fmt.Errorf("%w: this node lost leadership; open the stream at the new leader", fence.ErrUnavailable))
 			return

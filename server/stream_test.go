@@ -24,7 +24,8 @@ import (
 // with ids and their answers collected by id, in whatever order they come.
 type rawStream struct {
 	tb      testing.TB
-	conn    *connect.BidiStreamForClient[fencev1.StreamRequest, fencev1.StreamResponse]
+	send    func(*fencev1.StreamRequest) error
+	recv    func() (*fencev1.StreamResponse, error)
 	opened  *fencev1.StreamOpened
 	mu      sync.Mutex
 	sendMu  sync.Mutex
@@ -73,24 +74,49 @@ func openStreamOn(tb testing.TB, ctx context.Context, hc *http.Client, url strin
 	if err != nil {
 		return nil, err
 	}
-	rs := &rawStream{tb: tb, conn: conn, opened: first.GetOpened(), waiting: map[uint64]chan *fencev1.StreamResponse{}, ended: make(chan struct{})}
-	go rs.read()
 	tb.Cleanup(func() { conn.CloseRequest(); conn.CloseResponse() })
-	return rs, nil
+	return newRawStream(tb, first, conn.Send, conn.Receive), nil
 }
 
-func mustOpenStream(tb testing.TB, s *Server) *rawStream {
+func newRawStream(tb testing.TB, first *fencev1.StreamResponse, send func(*fencev1.StreamRequest) error, recv func() (*fencev1.StreamResponse, error)) *rawStream {
+	rs := &rawStream{tb: tb, send: send, recv: recv, opened: first.GetOpened(), waiting: map[uint64]chan *fencev1.StreamResponse{}, ended: make(chan struct{})}
+	go rs.read()
+	return rs
+}
+
+// streamOpener opens a session stream at url with header, and waits for
+// StreamOpened; the error is the stream's refusal.
+type streamOpener func(tb testing.TB, ctx context.Context, url string, header http.Header) (*rawStream, error)
+
+// forEachTransport runs test with the stream over HTTP/2 (Connect) and
+// framed on the connection: the two must behave alike.
+func forEachTransport(t *testing.T, test func(t *testing.T, open streamOpener)) {
+	for _, tr := range []struct {
+		name string
+		open streamOpener
+	}{{"http2", openStream}, {"framed", openFramedStream}} {
+		t.Run(tr.name, func(t *testing.T) { test(t, tr.open) })
+	}
+}
+
+// mustOpen opens a stream at s that must open.
+func mustOpen(tb testing.TB, open streamOpener, s *Server) *rawStream {
 	tb.Helper()
-	rs, err := openStream(tb, context.Background(), "http://"+s.Addr(), nil)
+	rs, err := open(tb, context.Background(), "http://"+s.Addr(), nil)
 	if err != nil {
 		tb.Fatalf("opening the stream: %v", err)
 	}
 	return rs
 }
 
+func mustOpenStream(tb testing.TB, s *Server) *rawStream {
+	tb.Helper()
+	return mustOpen(tb, openStream, s)
+}
+
 func (rs *rawStream) read() {
 	for {
-		resp, err := rs.conn.Receive()
+		resp, err := rs.recv()
 		if err != nil {
 			rs.err = err
 			close(rs.ended)
@@ -117,7 +143,7 @@ func (rs *rawStream) start(req *fencev1.StreamRequest) (uint64, <-chan *fencev1.
 	rs.mu.Unlock()
 	rs.sendMu.Lock()
 	defer rs.sendMu.Unlock()
-	if err := rs.conn.Send(req); err != nil {
+	if err := rs.send(req); err != nil {
 		rs.tb.Fatalf("sending operation %d: %v", req.Id, err)
 	}
 	return req.Id, ch
@@ -190,254 +216,264 @@ func streamErr(resp *fencev1.StreamResponse) error { return rpcerr.FromStream(re
 // Every operation on the stream means what its unary call means: the same
 // answers, the same errors (as the same sentinels), the same checks.
 func TestStreamOperationsMatchUnary(t *testing.T) {
-	s := startTestServer(t, nil)
-	rs := mustOpenStream(t, s)
-	if rs.opened.GetMaxInFlight() != uint32(DefaultConfig().MaxStreamOps) {
-		t.Fatalf("StreamOpened = %v", rs.opened)
-	}
-	a, b := rs.session(10*time.Second), rs.session(10*time.Second)
+	forEachTransport(t, func(t *testing.T, open streamOpener) {
+		s := startTestServer(t, nil)
+		rs := mustOpen(t, open, s)
+		if rs.opened.GetMaxInFlight() != uint32(DefaultConfig().MaxStreamOps) {
+			t.Fatalf("StreamOpened = %v", rs.opened)
+		}
+		a, b := rs.session(10*time.Second), rs.session(10*time.Second)
 
-	grant := rs.mustDo(acquireOp(a, "orders", false)).GetAcquire()
-	if grant.GetToken() == 0 || grant.GetLock() != "orders" || grant.GetMode() != fencev1.Mode_MODE_EXCLUSIVE {
-		t.Fatalf("acquire = %v", grant)
-	}
-	var locked *fence.LockedError
-	if err := streamErr(rs.do(acquireOp(b, "orders", true))); !errors.As(err, &locked) || locked.HolderSession != a.GetSessionId() || locked.HolderToken != grant.GetToken() {
-		t.Fatalf("a try of a held lock failed with %v", err)
-	}
-	check := rs.mustDo(&fencev1.StreamRequest{Op: &fencev1.StreamRequest_Check{Check: &fencev1.CheckRequest{Lock: "orders", Token: grant.GetToken()}}}).GetCheck()
-	if !check.GetCurrent() || !check.GetHeld() || check.GetCurrentToken() != grant.GetToken() {
-		t.Fatalf("check = %v", check)
-	}
+		grant := rs.mustDo(acquireOp(a, "orders", false)).GetAcquire()
+		if grant.GetToken() == 0 || grant.GetLock() != "orders" || grant.GetMode() != fencev1.Mode_MODE_EXCLUSIVE {
+			t.Fatalf("acquire = %v", grant)
+		}
+		var locked *fence.LockedError
+		if err := streamErr(rs.do(acquireOp(b, "orders", true))); !errors.As(err, &locked) || locked.HolderSession != a.GetSessionId() || locked.HolderToken != grant.GetToken() {
+			t.Fatalf("a try of a held lock failed with %v", err)
+		}
+		check := rs.mustDo(&fencev1.StreamRequest{Op: &fencev1.StreamRequest_Check{Check: &fencev1.CheckRequest{Lock: "orders", Token: grant.GetToken()}}}).GetCheck()
+		if !check.GetCurrent() || !check.GetHeld() || check.GetCurrentToken() != grant.GetToken() {
+			t.Fatalf("check = %v", check)
+		}
 
-	// Writes with an idempotency key apply once, and answer as the first did.
-	put := rs.mustDo(putOp("k", "v1", "key-1")).GetPut()
-	again := rs.mustDo(putOp("k", "v2", "key-1")).GetPut()
-	if again.GetRevision() != put.GetRevision() {
-		t.Fatalf("a repeated put answered revision %d, the first %d", again.GetRevision(), put.GetRevision())
-	}
-	got := rs.mustDo(&fencev1.StreamRequest{Op: &fencev1.StreamRequest_Get{Get: &fencev1.GetRequest{Key: "k"}}}).GetGet()
-	if string(got.GetKv().GetValue()) != "v1" || got.GetKv().GetVersion() != 1 {
-		t.Fatalf("get = %v: the repeated put was applied", got)
-	}
-	if err := streamErr(rs.do(putOp("k", "v", strings.Repeat("x", 65)))); !errors.Is(err, fence.ErrInvalidArgument) {
-		t.Fatalf("an oversized idempotency key: %v", err)
-	}
-	del := rs.mustDo(&fencev1.StreamRequest{IdempotencyKey: "key-2", Op: &fencev1.StreamRequest_Delete{Delete: &fencev1.DeleteRequest{Key: "k"}}}).GetDelete()
-	if !del.GetDeleted() {
-		t.Fatalf("delete = %v", del)
-	}
-	// Fenced writes refuse stale tokens, as a *fence.StaleTokenError.
-	other := rs.mustDo(acquireOp(b, "other", false)).GetAcquire()
-	fenced := &fencev1.StreamRequest{Op: &fencev1.StreamRequest_Put{Put: &fencev1.PutRequest{Key: "f", Fence: &fencev1.Fence{Lock: "other", Token: other.GetToken()}}}}
-	rs.mustDo(fenced)
-	stale := &fencev1.StreamRequest{Op: &fencev1.StreamRequest_Put{Put: &fencev1.PutRequest{Key: "f", Fence: &fencev1.Fence{Lock: "orders", Token: grant.GetToken()}}}}
-	var staleErr *fence.StaleTokenError
-	if err := streamErr(rs.do(stale)); !errors.As(err, &staleErr) || staleErr.Highest != other.GetToken() {
-		t.Fatalf("a stale write failed with %v", err)
-	}
-	rs.mustDo(releaseOp(b, "other", other.GetToken()))
+		// Writes with an idempotency key apply once, and answer as the first did.
+		put := rs.mustDo(putOp("k", "v1", "key-1")).GetPut()
+		again := rs.mustDo(putOp("k", "v2", "key-1")).GetPut()
+		if again.GetRevision() != put.GetRevision() {
+			t.Fatalf("a repeated put answered revision %d, the first %d", again.GetRevision(), put.GetRevision())
+		}
+		got := rs.mustDo(&fencev1.StreamRequest{Op: &fencev1.StreamRequest_Get{Get: &fencev1.GetRequest{Key: "k"}}}).GetGet()
+		if string(got.GetKv().GetValue()) != "v1" || got.GetKv().GetVersion() != 1 {
+			t.Fatalf("get = %v: the repeated put was applied", got)
+		}
+		if err := streamErr(rs.do(putOp("k", "v", strings.Repeat("x", 65)))); !errors.Is(err, fence.ErrInvalidArgument) {
+			t.Fatalf("an oversized idempotency key: %v", err)
+		}
+		del := rs.mustDo(&fencev1.StreamRequest{IdempotencyKey: "key-2", Op: &fencev1.StreamRequest_Delete{Delete: &fencev1.DeleteRequest{Key: "k"}}}).GetDelete()
+		if !del.GetDeleted() {
+			t.Fatalf("delete = %v", del)
+		}
+		// Fenced writes refuse stale tokens, as a *fence.StaleTokenError.
+		other := rs.mustDo(acquireOp(b, "other", false)).GetAcquire()
+		fenced := &fencev1.StreamRequest{Op: &fencev1.StreamRequest_Put{Put: &fencev1.PutRequest{Key: "f", Fence: &fencev1.Fence{Lock: "other", Token: other.GetToken()}}}}
+		rs.mustDo(fenced)
+		stale := &fencev1.StreamRequest{Op: &fencev1.StreamRequest_Put{Put: &fencev1.PutRequest{Key: "f", Fence: &fencev1.Fence{Lock: "orders", Token: grant.GetToken()}}}}
+		var staleErr *fence.StaleTokenError
+		if err := streamErr(rs.do(stale)); !errors.As(err, &staleErr) || staleErr.Highest != other.GetToken() {
+			t.Fatalf("a stale write failed with %v", err)
+		}
+		rs.mustDo(releaseOp(b, "other", other.GetToken()))
 
-	// Validation: the unary checks hold.
-	if err := streamErr(rs.do(acquireOp(a, "", false))); !errors.Is(err, fence.ErrInvalidArgument) {
-		t.Fatalf("an empty lock name: %v", err)
-	}
-	if err := streamErr(rs.do(&fencev1.StreamRequest{})); !errors.Is(err, fence.ErrInvalidArgument) {
-		t.Fatalf("an operation without an op: %v", err)
-	}
+		// Validation: the unary checks hold.
+		if err := streamErr(rs.do(acquireOp(a, "", false))); !errors.Is(err, fence.ErrInvalidArgument) {
+			t.Fatalf("an empty lock name: %v", err)
+		}
+		if err := streamErr(rs.do(&fencev1.StreamRequest{})); !errors.Is(err, fence.ErrInvalidArgument) {
+			t.Fatalf("an operation without an op: %v", err)
+		}
 
-	// Session secrets: without it, or with another, nothing happens.
-	thief := &fencev1.CreateSessionResponse{SessionId: a.GetSessionId(), SessionSecret: b.GetSessionSecret()}
-	if err := streamErr(rs.do(releaseOp(thief, "orders", grant.GetToken()))); !errors.Is(err, fence.ErrSessionSecret) {
-		t.Fatalf("a release with another session's secret: %v", err)
-	}
-	noSecret := &fencev1.CreateSessionResponse{SessionId: a.GetSessionId()}
-	if err := streamErr(rs.do(&fencev1.StreamRequest{Op: &fencev1.StreamRequest_CloseSession{CloseSession: &fencev1.CloseSessionRequest{SessionId: noSecret.GetSessionId()}}})); !errors.Is(err, fence.ErrSessionSecret) {
-		t.Fatalf("a close without the secret: %v", err)
-	}
-	if check := rs.mustDo(&fencev1.StreamRequest{Op: &fencev1.StreamRequest_Check{Check: &fencev1.CheckRequest{Lock: "orders", Token: grant.GetToken()}}}).GetCheck(); !check.GetCurrent() {
-		t.Fatal("a refused call released the lock")
-	}
+		// Session secrets: without it, or with another, nothing happens.
+		thief := &fencev1.CreateSessionResponse{SessionId: a.GetSessionId(), SessionSecret: b.GetSessionSecret()}
+		if err := streamErr(rs.do(releaseOp(thief, "orders", grant.GetToken()))); !errors.Is(err, fence.ErrSessionSecret) {
+			t.Fatalf("a release with another session's secret: %v", err)
+		}
+		noSecret := &fencev1.CreateSessionResponse{SessionId: a.GetSessionId()}
+		if err := streamErr(rs.do(&fencev1.StreamRequest{Op: &fencev1.StreamRequest_CloseSession{CloseSession: &fencev1.CloseSessionRequest{SessionId: noSecret.GetSessionId()}}})); !errors.Is(err, fence.ErrSessionSecret) {
+			t.Fatalf("a close without the secret: %v", err)
+		}
+		if check := rs.mustDo(&fencev1.StreamRequest{Op: &fencev1.StreamRequest_Check{Check: &fencev1.CheckRequest{Lock: "orders", Token: grant.GetToken()}}}).GetCheck(); !check.GetCurrent() {
+			t.Fatal("a refused call released the lock")
+		}
 
-	// Keepalives: per session, with what the session holds, or its error.
-	ka := rs.mustDo(&fencev1.StreamRequest{Op: &fencev1.StreamRequest_KeepAlive{KeepAlive: &fencev1.KeepAliveManyRequest{Sessions: []*fencev1.KeepAliveRequest{
-		{SessionId: a.GetSessionId(), SessionSecret: a.GetSessionSecret()},
-		{SessionId: b.GetSessionId(), SessionSecret: a.GetSessionSecret()},
-		{SessionId: 999, SessionSecret: "x"},
-	}}}}).GetKeepAlive().GetResults()
-	if len(ka) != 3 || ka[0].GetOk().GetTtl().AsDuration() != 10*time.Second || len(ka[0].GetOk().GetHeld().GetTokens()) != 1 || ka[0].GetOk().GetHeld().GetTokens()[0] != grant.GetToken() {
-		t.Fatalf("keepalive answers %v", ka)
-	}
-	if err := rpcerr.FromStream(ka[1].GetError()); ka[1].GetOk() != nil || !errors.Is(err, fence.ErrSessionSecret) {
-		t.Fatalf("a keepalive with another session's secret: %v", ka[1])
-	}
-	if err := rpcerr.FromStream(ka[2].GetError()); !errors.Is(err, fence.ErrSessionNotFound) {
-		t.Fatalf("a keepalive of no session: %v", ka[2])
-	}
+		// Keepalives: per session, with what the session holds, or its error.
+		ka := rs.mustDo(&fencev1.StreamRequest{Op: &fencev1.StreamRequest_KeepAlive{KeepAlive: &fencev1.KeepAliveManyRequest{Sessions: []*fencev1.KeepAliveRequest{
+			{SessionId: a.GetSessionId(), SessionSecret: a.GetSessionSecret()},
+			{SessionId: b.GetSessionId(), SessionSecret: a.GetSessionSecret()},
+			{SessionId: 999, SessionSecret: "x"},
+		}}}}).GetKeepAlive().GetResults()
+		if len(ka) != 3 || ka[0].GetOk().GetTtl().AsDuration() != 10*time.Second || len(ka[0].GetOk().GetHeld().GetTokens()) != 1 || ka[0].GetOk().GetHeld().GetTokens()[0] != grant.GetToken() {
+			t.Fatalf("keepalive answers %v", ka)
+		}
+		if err := rpcerr.FromStream(ka[1].GetError()); ka[1].GetOk() != nil || !errors.Is(err, fence.ErrSessionSecret) {
+			t.Fatalf("a keepalive with another session's secret: %v", ka[1])
+		}
+		if err := rpcerr.FromStream(ka[2].GetError()); !errors.Is(err, fence.ErrSessionNotFound) {
+			t.Fatalf("a keepalive of no session: %v", ka[2])
+		}
 
-	// A blocked acquire whose operation is cancelled gives up its wait,
-	// as a unary call whose caller went away does.
-	waitReq := acquireOp(b, "orders", false)
-	waitReq.GetAcquire().RequestId = 7
-	id, waiting := rs.start(waitReq)
-	waitFor(t, "b to queue", func() bool { return waitersOf(s, "orders") == 1 })
-	rs.sendMu.Lock()
-	if err := rs.conn.Send(&fencev1.StreamRequest{Id: id, Op: &fencev1.StreamRequest_Cancel{Cancel: &fencev1.StreamCancel{}}}); err != nil {
-		t.Fatal(err)
-	}
-	rs.sendMu.Unlock()
-	if err := streamErr(rs.await(waiting)); !errors.Is(err, context.Canceled) {
-		t.Fatalf("the cancelled acquire answered %v", err)
-	}
-	waitFor(t, "the cancelled wait to be dropped", func() bool { return waitersOf(s, "orders") == 0 })
-	// CancelAcquire gives up a granted request by its id.
-	byID := acquireOp(b, "jobs", false)
-	byID.GetAcquire().RequestId = 8
-	rs.mustDo(byID)
-	cancelled := rs.mustDo(&fencev1.StreamRequest{Op: &fencev1.StreamRequest_CancelAcquire{CancelAcquire: &fencev1.CancelAcquireRequest{
-		SessionId: b.GetSessionId(), SessionSecret: b.GetSessionSecret(), Lock: "jobs", RequestId: 8,
-	}}}).GetCancelAcquire()
-	if !cancelled.GetReleased() {
-		t.Fatalf("cancel = %v", cancelled)
-	}
+		// A blocked acquire whose operation is cancelled gives up its wait,
+		// as a unary call whose caller went away does.
+		waitReq := acquireOp(b, "orders", false)
+		waitReq.GetAcquire().RequestId = 7
+		id, waiting := rs.start(waitReq)
+		waitFor(t, "b to queue", func() bool { return waitersOf(s, "orders") == 1 })
+		rs.sendMu.Lock()
+		if err := rs.send(&fencev1.StreamRequest{Id: id, Op: &fencev1.StreamRequest_Cancel{Cancel: &fencev1.StreamCancel{}}}); err != nil {
+			t.Fatal(err)
+		}
+		rs.sendMu.Unlock()
+		if err := streamErr(rs.await(waiting)); !errors.Is(err, context.Canceled) {
+			t.Fatalf("the cancelled acquire answered %v", err)
+		}
+		waitFor(t, "the cancelled wait to be dropped", func() bool { return waitersOf(s, "orders") == 0 })
+		// CancelAcquire gives up a granted request by its id.
+		byID := acquireOp(b, "jobs", false)
+		byID.GetAcquire().RequestId = 8
+		rs.mustDo(byID)
+		cancelled := rs.mustDo(&fencev1.StreamRequest{Op: &fencev1.StreamRequest_CancelAcquire{CancelAcquire: &fencev1.CancelAcquireRequest{
+			SessionId: b.GetSessionId(), SessionSecret: b.GetSessionSecret(), Lock: "jobs", RequestId: 8,
+		}}}).GetCancelAcquire()
+		if !cancelled.GetReleased() {
+			t.Fatalf("cancel = %v", cancelled)
+		}
 
-	rs.mustDo(releaseOp(a, "orders", grant.GetToken()))
-	rs.mustDo(&fencev1.StreamRequest{Op: &fencev1.StreamRequest_CloseSession{CloseSession: &fencev1.CloseSessionRequest{SessionId: a.GetSessionId(), SessionSecret: a.GetSessionSecret()}}})
-	if err := streamErr(rs.do(acquireOp(a, "orders", true))); !errors.Is(err, fence.ErrSessionNotFound) {
-		t.Fatalf("an acquire of a closed session: %v", err)
-	}
-	samples := scrape(t, "http://"+s.Addr()+"/metrics")
-	if n := samples[`fence_requests_total{code="ok",procedure="`+fencev1connect.LockServiceAcquireProcedure+`"}`]; n < 1 {
-		t.Fatalf("stream acquires are not counted in fence_requests_total: %v", n)
-	}
-	if n := samples[`fence_stream_requests_total{op="keep_alive"}`]; n != 1 {
-		t.Fatalf("fence_stream_requests_total counted %v keepalive messages", n)
-	}
+		rs.mustDo(releaseOp(a, "orders", grant.GetToken()))
+		rs.mustDo(&fencev1.StreamRequest{Op: &fencev1.StreamRequest_CloseSession{CloseSession: &fencev1.CloseSessionRequest{SessionId: a.GetSessionId(), SessionSecret: a.GetSessionSecret()}}})
+		if err := streamErr(rs.do(acquireOp(a, "orders", true))); !errors.Is(err, fence.ErrSessionNotFound) {
+			t.Fatalf("an acquire of a closed session: %v", err)
+		}
+		samples := scrape(t, "http://"+s.Addr()+"/metrics")
+		if n := samples[`fence_requests_total{code="ok",procedure="`+fencev1connect.LockServiceAcquireProcedure+`"}`]; n < 1 {
+			t.Fatalf("stream acquires are not counted in fence_requests_total: %v", n)
+		}
+		if n := samples[`fence_stream_requests_total{op="keep_alive"}`]; n != 1 {
+			t.Fatalf("fence_stream_requests_total counted %v keepalive messages", n)
+		}
+	})
 }
 
 // Operations complete out of order: an acquire blocked behind a holder
 // holds up neither a put nor the release that grants it, sent after it on
 // the same stream.
 func TestStreamOutOfOrderCompletion(t *testing.T) {
-	s := startTestServer(t, nil)
-	rs := mustOpenStream(t, s)
-	a, b := rs.session(10*time.Second), rs.session(10*time.Second)
-	held := rs.mustDo(acquireOp(a, "hot", false)).GetAcquire()
-	_, blocked := rs.start(acquireOp(b, "hot", false))
-	waitFor(t, "b to queue", func() bool { return waitersOf(s, "hot") == 1 })
-	if put := rs.mustDo(putOp("k", "v", "")).GetPut(); put.GetRevision() == 0 {
-		t.Fatalf("put = %v", put)
-	}
-	select {
-	case resp := <-blocked:
-		t.Fatalf("the blocked acquire answered before the release: %v", resp)
-	default:
-	}
-	rs.mustDo(releaseOp(a, "hot", held.GetToken()))
-	got := rs.await(blocked)
-	if got.GetError() != nil || got.GetAcquire().GetToken() <= held.GetToken() {
-		t.Fatalf("the blocked acquire answered %v", got)
-	}
+	forEachTransport(t, func(t *testing.T, open streamOpener) {
+		s := startTestServer(t, nil)
+		rs := mustOpen(t, open, s)
+		a, b := rs.session(10*time.Second), rs.session(10*time.Second)
+		held := rs.mustDo(acquireOp(a, "hot", false)).GetAcquire()
+		_, blocked := rs.start(acquireOp(b, "hot", false))
+		waitFor(t, "b to queue", func() bool { return waitersOf(s, "hot") == 1 })
+		if put := rs.mustDo(putOp("k", "v", "")).GetPut(); put.GetRevision() == 0 {
+			t.Fatalf("put = %v", put)
+		}
+		select {
+		case resp := <-blocked:
+			t.Fatalf("the blocked acquire answered before the release: %v", resp)
+		default:
+		}
+		rs.mustDo(releaseOp(a, "hot", held.GetToken()))
+		got := rs.await(blocked)
+		if got.GetError() != nil || got.GetAcquire().GetToken() <= held.GetToken() {
+			t.Fatalf("the blocked acquire answered %v", got)
+		}
+	})
 }
 
 // A stream lives as long as its client keeps it open: neither the read
 // timeout, which bounds a request's body, nor the write timeout, which
 // bounds each write of an answer, ends an idle stream.
 func TestStreamOutlivesReadAndWriteTimeouts(t *testing.T) {
-	s := startTestServer(t, func(c *Config) {
-		c.ReadTimeout = 200 * time.Millisecond
-		c.WriteTimeout = 200 * time.Millisecond
+	forEachTransport(t, func(t *testing.T, open streamOpener) {
+		s := startTestServer(t, func(c *Config) {
+			c.ReadTimeout = 200 * time.Millisecond
+			c.WriteTimeout = 200 * time.Millisecond
+		})
+		rs := mustOpen(t, open, s)
+		sess := rs.session(10 * time.Second)
+		time.Sleep(600 * time.Millisecond)
+		rs.mustDo(acquireOp(sess, "idle", false))
+		time.Sleep(600 * time.Millisecond)
+		rs.mustDo(putOp("k", "v", ""))
 	})
-	rs := mustOpenStream(t, s)
-	sess := rs.session(10 * time.Second)
-	time.Sleep(600 * time.Millisecond)
-	rs.mustDo(acquireOp(sess, "idle", false))
-	time.Sleep(600 * time.Millisecond)
-	rs.mustDo(putOp("k", "v", ""))
 }
 
 // Only a ready leader serves the stream; a follower refuses it at open with
 // the not-leader error of the unary calls, naming the leader. A leader
 // that loses leadership ends its streams the same way.
 func TestStreamAtLeaderOnly(t *testing.T) {
-	c := startCluster(t, 3, nil)
-	leader := c.leader()
-	follower := c.followers(leader)[0]
-	waitFor(t, "the follower to know the leader's API", func() bool { return follower.leaderAPI() == leader.Addr() })
-	_, err := openStream(t, context.Background(), "http://"+follower.Addr(), http.Header{fencev1.FollowLeaderHeader: {"1"}})
-	var re *rpcerr.RemoteError
-	if err = rpcerr.FromConnect(err); !errors.Is(err, fence.ErrUnavailable) || !errors.As(err, &re) || re.Detail.GetLeaderAddress() != leader.Addr() {
-		t.Fatalf("a follower answered the stream with %v", err)
-	}
-	// Without the follow-leader header too: the stream is never forwarded.
-	if _, err := openStream(t, context.Background(), "http://"+follower.Addr(), nil); !errors.Is(rpcerr.FromConnect(err), fence.ErrUnavailable) {
-		t.Fatalf("a follower answered the stream with %v", err)
-	}
+	forEachTransport(t, func(t *testing.T, open streamOpener) {
+		c := startCluster(t, 3, nil)
+		leader := c.leader()
+		follower := c.followers(leader)[0]
+		waitFor(t, "the follower to know the leader's API", func() bool { return follower.leaderAPI() == leader.Addr() })
+		_, err := open(t, context.Background(), "http://"+follower.Addr(), http.Header{fencev1.FollowLeaderHeader: {"1"}})
+		var re *rpcerr.RemoteError
+		if err = rpcerr.FromConnect(err); !errors.Is(err, fence.ErrUnavailable) || !errors.As(err, &re) || re.Detail.GetLeaderAddress() != leader.Addr() {
+			t.Fatalf("a follower answered the stream with %v", err)
+		}
+		// Without the follow-leader header too: the stream is never forwarded.
+		if _, err := open(t, context.Background(), "http://"+follower.Addr(), nil); !errors.Is(rpcerr.FromConnect(err), fence.ErrUnavailable) {
+			t.Fatalf("a follower answered the stream with %v", err)
+		}
 
-	rs := mustOpenStream(t, leader)
-	rs.session(10 * time.Second)
-	if err := leader.node.raft.LeadershipTransfer().Error(); err != nil {
-		t.Fatal(err)
-	}
-	select {
-	case <-rs.ended:
-	case <-time.After(10 * time.Second):
-		t.Fatal("the stream outlived its leader's leadership")
-	}
-	if err := rpcerr.FromConnect(rs.err); !errors.Is(err, fence.ErrUnavailable) {
-		t.Fatalf("the stream ended with %v", err)
-	}
+		rs := mustOpen(t, open, leader)
+		rs.session(10 * time.Second)
+		if err := leader.node.raft.LeadershipTransfer().Error(); err != nil {
+			t.Fatal(err)
+		}
+		select {
+		case <-rs.ended:
+		case <-time.After(10 * time.Second):
+			t.Fatal("the stream outlived its leader's leadership")
+		}
+		if err := rpcerr.FromConnect(rs.err); !errors.Is(err, fence.ErrUnavailable) {
+			t.Fatalf("the stream ended with %v", err)
+		}
+	})
 }
 
 // With auth on, the stream needs a credential at open, each operation the
 // permission its unary call needs on the names it carries (a refused one
 // changes nothing), and the stream ends once its token is revoked.
 func TestStreamAuth(t *testing.T) {
-	s := startTestServer(t, nil)
-	ctx := context.Background()
-	open := mustClient(t, s, "")
-	root := mustClient(t, s, setupRoot(t, open))
-	token := addUser(t, open, "worker", perm(client.PermLock, client.Write, "jobs/"), perm(client.PermKV, client.Read, "cfg/"))
-	if err := root.AuthEnable(ctx); err != nil {
-		t.Fatal(err)
-	}
-	url := "http://" + s.Addr()
-	if _, err := openStream(t, ctx, url, nil); !errors.Is(rpcerr.FromConnect(err), fence.ErrAuthFailed) {
-		t.Fatalf("a stream without a credential: %v", err)
-	}
-	rs, err := openStream(t, ctx, url, http.Header{"Authorization": {"Bearer " + token}})
-	if err != nil {
-		t.Fatal(err)
-	}
-	sess := rs.session(10 * time.Second)
-	rs.mustDo(acquireOp(sess, "jobs/1", false))
-	if err := streamErr(rs.do(acquireOp(sess, "billing", false))); !errors.Is(err, fence.ErrPermissionDenied) {
-		t.Fatalf("an acquire outside the user's prefix: %v", err)
-	}
-	if err := streamErr(rs.do(putOp("cfg/x", "v", "k1"))); !errors.Is(err, fence.ErrPermissionDenied) {
-		t.Fatalf("a put with read access only: %v", err)
-	}
-	if locks, err := root.Locks(ctx, "billing"); err != nil || len(locks) != 0 {
-		t.Fatalf("a refused acquire changed the state: %v %v", locks, err)
-	}
-	if kv, err := root.KV().Get(ctx, "cfg/x"); err != nil || kv != nil {
-		t.Fatalf("a refused put changed the state: %v %v", kv, err)
-	}
-	tokens, err := root.Tokens(ctx, "worker")
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := root.TokenRevoke(ctx, tokens[0].GetId()); err != nil {
-		t.Fatal(err)
-	}
-	select {
-	case <-rs.ended:
-	case <-time.After(10 * time.Second):
-		t.Fatal("the stream of a revoked token stayed open")
-	}
-	if err := rpcerr.FromConnect(rs.err); !errors.Is(err, fence.ErrAuthFailed) {
-		t.Fatalf("the stream ended with %v", err)
-	}
+	forEachTransport(t, func(t *testing.T, open streamOpener) {
+		s := startTestServer(t, nil)
+		ctx := context.Background()
+		anon := mustClient(t, s, "")
+		root := mustClient(t, s, setupRoot(t, anon))
+		token := addUser(t, anon, "worker", perm(client.PermLock, client.Write, "jobs/"), perm(client.PermKV, client.Read, "cfg/"))
+		if err := root.AuthEnable(ctx); err != nil {
+			t.Fatal(err)
+		}
+		url := "http://" + s.Addr()
+		if _, err := open(t, ctx, url, nil); !errors.Is(rpcerr.FromConnect(err), fence.ErrAuthFailed) {
+			t.Fatalf("a stream without a credential: %v", err)
+		}
+		rs, err := open(t, ctx, url, http.Header{"Authorization": {"Bearer " + token}})
+		if err != nil {
+			t.Fatal(err)
+		}
+		sess := rs.session(10 * time.Second)
+		rs.mustDo(acquireOp(sess, "jobs/1", false))
+		if err := streamErr(rs.do(acquireOp(sess, "billing", false))); !errors.Is(err, fence.ErrPermissionDenied) {
+			t.Fatalf("an acquire outside the user's prefix: %v", err)
+		}
+		if err := streamErr(rs.do(putOp("cfg/x", "v", "k1"))); !errors.Is(err, fence.ErrPermissionDenied) {
+			t.Fatalf("a put with read access only: %v", err)
+		}
+		if locks, err := root.Locks(ctx, "billing"); err != nil || len(locks) != 0 {
+			t.Fatalf("a refused acquire changed the state: %v %v", locks, err)
+		}
+		if kv, err := root.KV().Get(ctx, "cfg/x"); err != nil || kv != nil {
+			t.Fatalf("a refused put changed the state: %v %v", kv, err)
+		}
+		tokens, err := root.Tokens(ctx, "worker")
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := root.TokenRevoke(ctx, tokens[0].GetId()); err != nil {
+			t.Fatal(err)
+		}
+		select {
+		case <-rs.ended:
+		case <-time.After(10 * time.Second):
+			t.Fatal("the stream of a revoked token stayed open")
+		}
+		if err := rpcerr.FromConnect(rs.err); !errors.Is(err, fence.ErrAuthFailed) {
+			t.Fatalf("the stream ended with %v", err)
+		}
+	})
 }
 
 // A client's stream moves with the leader: when the leader stops, the

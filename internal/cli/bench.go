@@ -58,9 +58,10 @@ go within --idle-ttl of the kill) and the workers' rate and latency from
 the kill until a second after the last expiry, against the two seconds
 before: an expiry storm must not starve the others.
 
-Each client sends its operations on one HTTP/2 stream (the session
-stream); --no-stream sends each as a unary call of its own instead, as
-clients before the stream did, to compare the two.
+Each client sends its operations on one stream (the session stream),
+framed on its connection; --http2-stream carries that stream over HTTP/2
+instead, and --no-stream sends each operation as a unary call of its own,
+as clients before the stream did, to compare the three.
 
 With --json, prints {"results": [{"workload", "clients", "idleSessions",
 "cyclesPerSecond", "p50", "p99"}]} once every run is done, and with
@@ -212,6 +213,7 @@ With --json, prints {"results": [{"workload", "clients", "idleSessions",
 	cmd.Flags().IntVar(&expire, "expire", 0, "then kill the processes holding this many idle sessions and measure their expiry (needs --idle-procs)")
 	cmd.Flags().StringVar(&profile, "cpuprofile", "", "write the bench process's CPU profile to this file (go tool pprof), to see the client's cost")
 	cmd.PersistentFlags().BoolVar(&g.noStream, "no-stream", false, "send each operation as a unary call, not on the session stream")
+	cmd.PersistentFlags().BoolVar(&g.http2Stream, "http2-stream", false, "carry the session stream over HTTP/2 (Connect), not framed on its connection")
 	cmd.AddCommand(benchHoldCommand(g))
 	return cmd
 }

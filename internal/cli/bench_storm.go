@@ -85,7 +85,7 @@ func startHolders(ctx context.Context, g *globals, n, procs, conns int, ttl time
 	ready := make(chan error, procs)
 	for range procs {
 		args := append(g.childArgs(), "bench", "hold", "--sessions", strconv.Itoa(h.perProc),
-			"--conns", strconv.Itoa(max(1, conns/procs)), "--ttl", ttl.String(), "--no-stream="+strconv.FormatBool(g.noStream))
+			"--conns", strconv.Itoa(max(1, conns/procs)), "--ttl", ttl.String(), "--no-stream="+strconv.FormatBool(g.noStream), "--http2-stream="+strconv.FormatBool(g.http2Stream))
 		cmd := exec.Command(exe, args...)
 		cmd.Stderr = g.stderr
 		stdin, err := cmd.StdinPipe()

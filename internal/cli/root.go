@@ -51,11 +51,12 @@ type globals struct {
 	dialTimeout, commandTimeout time.Duration
 	tls                         tlsFiles
 	// noStream sends every operation as a unary call (fence bench
-	// --no-stream), not on the session stream.
-	noStream bool
-	stdin    io.Reader
-	stdout   io.Writer
-	stderr   io.Writer
+	// --no-stream), not on the session stream; http2Stream sends the
+	// stream over HTTP/2, not framed on its connection (--http2-stream).
+	noStream, http2Stream bool
+	stdin                 io.Reader
+	stdout                io.Writer
+	stderr                io.Writer
 }
 
 // client returns a client for --endpoints, or FENCE_ENDPOINTS, or the default.
@@ -86,6 +87,9 @@ func (g *globals) client() (*client.Client, error) {
 	}
 	if g.noStream {
 		opts = append(opts, client.WithoutStream())
+	}
+	if g.http2Stream {
+		opts = append(opts, client.WithoutFramedStream())
 	}
 	return client.New(opts...)
 }

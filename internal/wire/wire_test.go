@@ -1,0 +1,258 @@
+package wire
+
+import (
+	"bufio"
+	"context"
+	"errors"
+	"io"
+	"net"
+	"sync"
+	"testing"
+	"time"
+
+	fencev1 "github.com/fencelock/fence/api/fence/v1"
+)
+
+// pair returns the two ends of a loopback TCP connection.
+func pair(t *testing.T) (net.Conn, net.Conn) {
+	t.Helper()
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ln.Close()
+	accepted := make(chan net.Conn, 1)
+	go func() {
+		c, _ := ln.Accept()
+		accepted <- c
+	}()
+	a, err := net.Dial("tcp", ln.Addr().String())
+	if err != nil {
+		t.Fatal(err)
+	}
+	b := <-accepted
+	if b == nil {
+		t.Fatal("accept failed")
+	}
+	t.Cleanup(func() { a.Close(); b.Close() })
+	return a, b
+}
+
+func checkOp(name string) *fencev1.StreamRequest {
+	return &fencev1.StreamRequest{Id: 1, Op: &fencev1.StreamRequest_Check{Check: &fencev1.CheckRequest{Lock: name}}}
+}
+
+// Messages written from many goroutines at once all arrive whole, in
+// fewer writes of the connection than messages (a writer writes what the
+// others queued meanwhile), and a message larger than the reader's buffer
+// arrives too.
+func TestConcurrentWritesArriveWhole(t *testing.T) {
+	a, b := pair(t)
+	counted := &countingConn{Conn: a}
+	w, r := NewConn(counted, nil, 1<<20, time.Second), NewConn(b, nil, 1<<20, time.Second)
+	const writers, each = 8, 200
+	var wg sync.WaitGroup
+	for i := range writers {
+		wg.Go(func() {
+			for j := range each {
+				req := checkOp("lock")
+				req.Id = uint64(i*each + j + 1)
+				if err := w.Write(context.Background(), req); err != nil {
+					t.Error(err)
+					return
+				}
+			}
+		})
+	}
+	big := checkOp(string(make([]byte, 100_000)))
+	big.Id = writers*each + 1
+	wg.Go(func() {
+		if err := w.Write(context.Background(), big); err != nil {
+			t.Error(err)
+		}
+	})
+	seen := map[uint64]bool{}
+	for len(seen) < writers*each+1 {
+		req := &fencev1.StreamRequest{}
+		if err := r.Read(req); err != nil {
+			t.Fatalf("after %d messages: %v", len(seen), err)
+		}
+		if seen[req.GetId()] {
+			t.Fatalf("message %d arrived twice", req.GetId())
+		}
+		seen[req.GetId()] = true
+		if req.GetId() == big.Id && len(req.GetCheck().GetLock()) != 100_000 {
+			t.Fatalf("the big message arrived with a name of %d bytes", len(req.GetCheck().GetLock()))
+		}
+	}
+	wg.Wait()
+	if n := counted.writes(); n >= writers*each {
+		t.Errorf("%d messages took %d writes", writers*each+1, n)
+	} else {
+		t.Logf("%d messages in %d writes", writers*each+1, n)
+	}
+}
+
+type countingConn struct {
+	net.Conn
+	mu sync.Mutex
+	n  int
+}
+
+func (c *countingConn) Write(b []byte) (int, error) {
+	c.mu.Lock()
+	c.n++
+	c.mu.Unlock()
+	return c.Conn.Write(b)
+}
+
+func (c *countingConn) writes() int {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return c.n
+}
+
+// A ping is answered by the far end's reader, and its pong counts as a
+// frame read; neither reaches the reader as a message.
+func TestPingIsAnswered(t *testing.T) {
+	a, b := pair(t)
+	ca, cb := NewConn(a, nil, 1024, time.Second), NewConn(b, nil, 1024, time.Second)
+	ca.lastRead.Store(time.Now().Add(-time.Hour).UnixNano())
+	go func() {
+		_ = cb.Read(&fencev1.StreamRequest{}) // answers the ping, then waits for a message
+	}()
+	if err := ca.Ping(); err != nil {
+		t.Fatal(err)
+	}
+	got := make(chan error, 1)
+	go func() { got <- ca.Read(&fencev1.StreamResponse{}) }()
+	deadline := time.Now().Add(5 * time.Second)
+	for ca.Idle() > time.Minute {
+		if time.Now().After(deadline) {
+			t.Fatal("no pong")
+		}
+		time.Sleep(time.Millisecond)
+	}
+	select {
+	case err := <-got:
+		t.Fatalf("a pong was read as a message (%v)", err)
+	case <-time.After(50 * time.Millisecond):
+	}
+}
+
+// Bad input ends the read with an error (and a length over the bound is
+// refused before anything is allocated for it): a frame over the bound, an unknown frame type, a ping of the wrong size,
+// a frame cut short, a payload that is not the message.
+func TestBadFramesFailTheRead(t *testing.T) {
+	for _, tc := range []struct {
+		name  string
+		bytes []byte
+		want  error
+	}{
+		{"over the bound", []byte{frameMessage, 0x81, 0x08}, ErrFrameTooLarge}, // 1,025 bytes
+		{"huge length", []byte{frameMessage, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0x7f}, ErrFrameTooLarge},
+		{"unknown type", []byte{9, 0}, nil},
+		{"short ping", []byte{framePing, 2, 0, 0}, nil},
+		{"cut short", []byte{frameMessage, 10, 1, 2}, io.ErrUnexpectedEOF},
+		{"cut in the length", []byte{frameMessage, 0x81}, io.ErrUnexpectedEOF},
+		{"not protobuf", []byte{frameMessage, 2, 0xff, 0xff}, nil},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			a, b := pair(t)
+			if _, err := a.Write(tc.bytes); err != nil {
+				t.Fatal(err)
+			}
+			_ = a.(*net.TCPConn).CloseWrite()
+			err := NewConn(b, nil, 1024, time.Second).Read(&fencev1.StreamRequest{})
+			if err == nil || errors.Is(err, io.EOF) {
+				t.Fatalf("read %v, want an error of the frame", err)
+			}
+			if tc.want != nil && !errors.Is(err, tc.want) {
+				t.Fatalf("read %v, want %v", err, tc.want)
+			}
+		})
+	}
+}
+
+// The end of the connection between frames is io.EOF, so that a reader
+// tells a peer that finished from one cut off.
+func TestEndBetweenFramesIsEOF(t *testing.T) {
+	a, b := pair(t)
+	w := NewConn(a, nil, 1024, time.Second)
+	if err := w.Write(context.Background(), checkOp("x")); err != nil {
+		t.Fatal(err)
+	}
+	_ = a.(*net.TCPConn).CloseWrite()
+	r := NewConn(b, bufio.NewReader(b), 1024, time.Second)
+	if err := r.Read(&fencev1.StreamRequest{}); err != nil {
+		t.Fatal(err)
+	}
+	if err := r.Read(&fencev1.StreamRequest{}); !errors.Is(err, io.EOF) {
+		t.Fatalf("read after the last frame: %v, want io.EOF", err)
+	}
+}
+
+// A write blocked by a peer that does not read gives up when its
+// context ends (or the write timeout passes), and the stream stays
+// broken: later writes fail at once.
+func TestBlockedWriteGivesUp(t *testing.T) {
+	for _, tc := range []struct {
+		name    string
+		timeout time.Duration
+		ctx     time.Duration
+	}{
+		{"context", 0, 200 * time.Millisecond},
+		{"write timeout", 200 * time.Millisecond, 0},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			a, _ := pair(t) // the far end never reads
+			w := NewConn(a, nil, 1024, tc.timeout)
+			ctx := context.Background()
+			if tc.ctx > 0 {
+				var cancel context.CancelFunc
+				ctx, cancel = context.WithTimeout(ctx, tc.ctx)
+				defer cancel()
+			}
+			big := checkOp(string(make([]byte, 1<<20)))
+			start := time.Now()
+			var err error
+			for err == nil && time.Since(start) < 30*time.Second {
+				err = w.Write(ctx, big)
+			}
+			if err == nil {
+				t.Fatal("writes to a peer that never reads went on for 30s")
+			}
+			if took := time.Since(start); took > 10*time.Second {
+				t.Errorf("the blocked write gave up after %v", took)
+			}
+			if err := w.Write(context.Background(), checkOp("x")); err == nil {
+				t.Fatal("a write after the stream broke succeeded")
+			}
+		})
+	}
+}
+
+// No input makes a reader panic or hang once the connection ends: every
+// sequence of bytes is frames, or an error.
+func FuzzRead(f *testing.F) {
+	f.Add([]byte{frameMessage, 0})
+	f.Add([]byte{framePing, 8, 1, 2, 3, 4, 5, 6, 7, 8, frameMessage, 2, 8, 1})
+	f.Add([]byte{frameMessage, 0xff, 0xff, 0xff, 0xff, 0x0f})
+	f.Fuzz(func(t *testing.T, data []byte) {
+		a, b := net.Pipe()
+		go func() {
+			_, _ = a.Write(data)
+			// Pongs the reader writes back are drained, then the end.
+			_ = a.SetReadDeadline(time.Now().Add(10 * time.Millisecond))
+			_, _ = io.Copy(io.Discard, a)
+			_ = a.Close()
+		}()
+		r := NewConn(b, nil, 4096, time.Second)
+		for range len(data) + 1 {
+			if err := r.Read(&fencev1.StreamRequest{}); err != nil {
+				return
+			}
+		}
+		t.Fatalf("%d reads of %d bytes all succeeded", len(data)+1, len(data))
+	})
+}

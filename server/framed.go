@@ -1,0 +1,109 @@
+package server
+
+import (
+	"bufio"
+	"context"
+	"fmt"
+	"net/http"
+	"time"
+
+	"connectrpc.com/connect"
+
+	"github.com/fencelock/fence"
+	fencev1 "github.com/fencelock/fence/api/fence/v1"
+	"github.com/fencelock/fence/api/fence/v1/fencev1connect"
+	"github.com/fencelock/fence/internal/rpcerr"
+	"github.com/fencelock/fence/internal/wire"
+)
+
+// The session stream framed on the connection (docs/design.md, The
+// session stream): a client asks for it with an HTTP/1.1 upgrade to
+// wire.Protocol on the stream's path, and the same operations then travel
+// as frames on the bare connection, each answered from the goroutine that
+// ran it. Everything but the transport is the Connect stream's
+// (serveStream).
+
+// framedSilence is how long a framed stream may go without a frame from
+// its client (which pings after 10 seconds of quiet) before the node
+// drops it: a client host gone, or a client process stopped. A variable
+// for tests.
+var framedSilence = 45 * time.Second
+
+// framedStreams serves the framed session stream to the requests that ask
+// for it, and passes every other request to next.
+func (s *Server) framedStreams(next http.Handler) http.Handler {
+	errs := connect.NewErrorWriter()
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if r.URL.Path != "/"+fencev1connect.StreamServiceName+"/Session" || !wire.Asked(r.Header) {
+			next.ServeHTTP(w, r)
+			return
+		}
+		if err := s.serveFramed(w, r); err != nil {
+			errs.Write(w, r, rpcerr.ToConnect(s.leaderHint(err)))
+		}
+	})
+}
+
+// serveFramed serves one framed stream. It returns an error, for the
+// caller to answer, only while nothing was written: a refusal (not the
+// leader, no credential) is answered as the Connect stream's open would
+// be, with the connection still HTTP.
+func (s *Server) serveFramed(w http.ResponseWriter, r *http.Request) error {
+	term := s.leaderTerm.current()
+	if r.ProtoMajor != 1 {
+		return fmt.Errorf("%w: the framed session stream is an HTTP/1.1 upgrade; over HTTP/2 open %s", fence.ErrInvalidArgument, fencev1connect.StreamServiceSessionProcedure)
+	}
+	if !s.leaderReady.Load() {
+		return s.notReady()
+	}
+	ctx := withClientAddr(r.Context(), r.RemoteAddr, r.Header)
+	ctx, err := s.checkStreamOpen(ctx, r.RemoteAddr, r.Header)
+	if err != nil {
+		return err
+	}
+	conn, brw, err := http.NewResponseController(w).Hijack()
+	if err != nil {
+		return fmt.Errorf("%w: this connection cannot be taken over for the framed stream: %v", fence.ErrInvalidArgument, err)
+	}
+	defer conn.Close()
+	// The server's read deadline bounded the request's headers; a stream
+	// lives as long as its client keeps it (framedSilence), and each
+	// write is bounded by the write timeout (wire.Conn).
+	_ = conn.SetDeadline(time.Time{})
+	if err := writeSwitch(brw.Writer, w.Header()); err != nil {
+		return nil // the client went away
+	}
+	fc := wire.NewConn(conn, brw.Reader, s.cfg.MaxRequestBytes, s.cfg.WriteTimeout)
+	if err := s.serveStream(ctx, term, framedStream{fc}); err != nil {
+		// Why the stream ended, as the Connect stream's trailers say it.
+		end := &fencev1.StreamResponse{Error: rpcerr.ToStream(s.leaderHint(err))}
+		wctx, cancel := context.WithTimeout(context.Background(), time.Second)
+		_ = fc.Write(wctx, end)
+		cancel()
+	}
+	return nil
+}
+
+// writeSwitch answers an upgrade to wire.Protocol, with the headers the
+// handlers before this one set (the group's id).
+func writeSwitch(bw *bufio.Writer, h http.Header) error {
+	_, _ = bw.WriteString("HTTP/1.1 101 Switching Protocols\r\nConnection: Upgrade\r\nUpgrade: " + wire.Protocol + "\r\n")
+	_ = h.Write(bw)
+	_, _ = bw.WriteString("\r\n")
+	return bw.Flush()
+}
+
+// framedStream is a stream framed on its connection.
+type framedStream struct{ *wire.Conn }
+
+func (f framedStream) Receive() (*fencev1.StreamRequest, error) {
+	req := &fencev1.StreamRequest{}
+	if err := f.Read(req); err != nil {
+		return nil, err
+	}
+	return req, nil
+}
+
+func (f framedStream) Send(resp *fencev1.StreamResponse) error {
+	return f.Write(context.Background(), resp)
+}
