@@ -124,6 +124,28 @@ var errStreamEnded = fmt.Errorf("%w: the stream ended", fence.ErrUnavailable)
 // serve reads operations until the stream ends, and returns why: nil when
 // the client closed its side and every operation was answered.
 func (st *serverStream) serve(ctx context.Context, cancel context.CancelCauseFunc) error {
+	if f, ok := st.conn.(framedStream); ok {
+		// Read here, without a goroutine in between: a read blocked
+		// when the stream ends is ended through the connection.
+		stop := context.AfterFunc(ctx, f.InterruptRead)
+		defer stop()
+		for {
+			req, err := f.Receive()
+			if ctx.Err() != nil {
+				return context.Cause(ctx)
+			}
+			if err == nil {
+				err = st.start(ctx, req)
+			} else if errors.Is(err, io.EOF) {
+				st.wg.Wait() // the client is done sending: answer what it sent
+				return nil
+			}
+			if err != nil {
+				cancel(err)
+				return err
+			}
+		}
+	}
 	reqs, readErr := make(chan *fencev1.StreamRequest), make(chan error, 1)
 	go func() {
 		for {

@@ -256,6 +256,10 @@ func (c *Conn) Idle() time.Duration {
 	return time.Since(time.Unix(0, c.lastRead.Load()))
 }
 
+// InterruptRead ends a Read blocked on the connection, and every Read
+// after it, with an error: the reader's side of the stream is over.
+func (c *Conn) InterruptRead() { _ = c.conn.SetReadDeadline(time.Unix(1, 0)) }
+
 // Close closes the connection; a Read or Write blocked on it returns.
 func (c *Conn) Close() error { return c.conn.Close() }
 
