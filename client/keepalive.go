@@ -24,6 +24,11 @@ const maxKeepAliveBatch = 1000
 // messages per interval however many sessions it has, not one per session.
 // A session renewed early this way is renewed as a keepalive of its own
 // would renew it (its safe-until counts from when the message was sent).
+// Its next renewal falls due an eighth of its interval after the sending
+// session's, inside the quarter: so the sender's timer fires first and
+// takes it along again, and a client's thousands of sessions cost one
+// timer firing per message, not one each (the others' timers are only
+// moved).
 type keepAliver struct {
 	c *Client
 
@@ -80,7 +85,7 @@ func (k *keepAliver) renew(ctx context.Context, s *Session) error {
 	for start := 0; start < len(members); start += maxKeepAliveBatch {
 		chunk := members[start:min(start+maxKeepAliveBatch, len(members))]
 		wg.Go(func() {
-			err := k.send(ctx, chunk)
+			err := k.send(ctx, chunk, s)
 			k.mu.Lock()
 			for _, m := range chunk {
 				if _, ok := b.results[m]; !ok {
@@ -101,15 +106,16 @@ func (k *keepAliver) renew(ctx context.Context, s *Session) error {
 		if err := b.results[m]; errors.Is(err, fence.ErrSessionNotFound) {
 			m.end(err)
 		}
-		m.kick()
+		m.rearm()
 	}
 	return b.results[s]
 }
 
-// send renews sessions in one message, retried as any keepalive is, until
-// ctx ends. It records each session's own result in the batch before
-// returning the message's error (nil once it was answered).
-func (k *keepAliver) send(ctx context.Context, sessions []*Session) error {
+// send renews sessions in one message that sender sends, retried as any
+// keepalive is, until ctx ends. It records each session's own result in
+// the batch before returning the message's error (nil once it was
+// answered).
+func (k *keepAliver) send(ctx context.Context, sessions []*Session, sender *Session) error {
 	clk := k.c.opts.clock
 	attempt := time.Duration(0)
 	req := &fencev1.KeepAliveManyRequest{Sessions: make([]*fencev1.KeepAliveRequest, len(sessions))}
@@ -150,7 +156,11 @@ func (k *keepAliver) send(ctx context.Context, sessions []*Session) error {
 			k.record(s, err)
 			continue
 		}
-		s.renewed(sent, rounds[i], r.GetOk().GetHeld())
+		lag := time.Duration(0)
+		if s != sender {
+			lag = s.interval / 8
+		}
+		s.renewed(sent, lag, rounds[i], r.GetOk().GetHeld())
 		k.record(s, nil)
 	}
 	return nil

@@ -18,27 +18,19 @@ import (
 	"github.com/fencelock/fence/internal/rpcerr"
 )
 
-// renewingSession starts the keepalive loop of a session of c that the
+// renewingSession starts the keepalive schedule of a session of c that the
 // test made up, with the renewal due at due and safe until safe, as
 // NewSession would after creating it. Nothing answers for it: the test
 // points c at nodes that do not.
 func renewingSession(t *testing.T, c *Client, id uint64, ttl time.Duration, due, safe time.Time) *Session {
 	t.Helper()
-	s := &Session{client: c, id: id, secret: "secret", ttl: ttl, drift: 0.01, margin: 100 * time.Millisecond,
-		stop: make(chan struct{}), kicked: make(chan struct{}, 1)}
+	s := &Session{client: c, id: id, secret: "secret", ttl: ttl, drift: 0.01, margin: 100 * time.Millisecond}
 	s.interval = ttl / 3
 	s.due, s.safeUntil = due, safe
-	s.ctx, s.cancel = context.WithCancelCause(context.Background())
-	var renewCtx context.Context
-	renewCtx, s.stopRenew = context.WithCancel(s.ctx)
-	c.keepAlives.add(s)
-	s.wg.Add(1)
-	go s.keepAlive(renewCtx)
+	s.startKeepAlive()
 	t.Cleanup(func() {
-		s.stopOnce.Do(func() {
-			close(s.stop)
-			s.stopRenew()
-		})
+		s.stopRenew()
+		s.stopKeepAlive()
 		s.wg.Wait()
 	})
 	return s

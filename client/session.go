@@ -14,6 +14,7 @@ import (
 
 	"github.com/fencelock/fence"
 	fencev1 "github.com/fencelock/fence/api/fence/v1"
+	"github.com/fencelock/fence/internal/clock"
 	"github.com/fencelock/fence/internal/rpcerr"
 )
 
@@ -55,18 +56,24 @@ type Session struct {
 	requests atomic.Uint64
 
 	// interval is the time between renewals; due (under mu) when the
-	// next one is. kicked tells the keepalive loop that another session's
-	// keepalive message renewed this one (keepAliver); batch, under the
-	// keepAliver's mutex, is the message it is in, if any.
+	// next one is. batch, under the keepAliver's mutex, is the keepalive
+	// message the session is in, if any.
 	interval time.Duration
 	due      time.Time
-	kicked   chan struct{}
 	batch    *kaBatch
 
-	stop      chan struct{}
-	stopOnce  sync.Once
-	stopRenew context.CancelFunc // ends a renewal in flight when the session is closed
-	wg        sync.WaitGroup
+	// The keepalive schedule is two timers, not a goroutine: dueTimer
+	// renews the session at due (onDue), lostTimer ends it at safeUntil
+	// (onLost). A renewal, the session's own or in another's message,
+	// moves them (rearm). Once stopped (under mu) they stay stopped, and
+	// wg counts their callbacks running.
+	dueTimer, lostTimer clock.Timer
+	stopped             bool
+	renewing            atomic.Bool
+	renewCtx            context.Context
+	stopOnce            sync.Once
+	stopRenew           context.CancelFunc // ends a renewal in flight when the session is closed
+	wg                  sync.WaitGroup
 }
 
 type sessionOptions struct {
@@ -132,21 +139,29 @@ func (c *Client) NewSession(ctx context.Context, opts ...SessionOption) (*Sessio
 		ttl:    resp.GetTtl().AsDuration(),
 		drift:  o.drift,
 		margin: o.margin,
-		stop:   make(chan struct{}),
-		kicked: make(chan struct{}, 1),
 	}
 	s.interval = s.ttl / 3
 	s.due = sent.Add(s.interval)
-	s.ctx, s.cancel = context.WithCancelCause(context.Background())
-	var renewCtx context.Context
-	renewCtx, s.stopRenew = context.WithCancel(s.ctx)
 	s.safeUntil = s.deadlineFrom(sent)
+	s.startKeepAlive()
+	return s, nil
+}
+
+// startKeepAlive starts the session's life on the client: its context
+// and its keepalive schedule, from due and safeUntil.
+func (s *Session) startKeepAlive() {
+	c := s.client
+	s.ctx, s.cancel = context.WithCancelCause(context.Background())
+	s.renewCtx, s.stopRenew = context.WithCancel(s.ctx)
 	if !c.opts.noStream {
 		c.keepAlives.add(s)
 	}
-	s.wg.Add(1)
-	go s.keepAlive(renewCtx)
-	return s, nil
+	clk := c.opts.clock
+	s.mu.Lock()
+	s.dueTimer = clk.AfterFunc(s.due.Sub(clk.Now()), s.onDue)
+	s.lostTimer = clk.AfterFunc(s.safeUntil.Sub(clk.Now()), s.onLost)
+	s.mu.Unlock()
+	context.AfterFunc(s.ctx, s.stopKeepAlive)
 }
 
 // ID returns the session's id on the service. The id is public (listings
@@ -193,12 +208,12 @@ func (s *Session) Close(ctx context.Context) error {
 	first := false
 	s.stopOnce.Do(func() {
 		first = true
-		close(s.stop)
 		s.stopRenew()
 	})
 	if !first {
 		return nil
 	}
+	s.stopKeepAlive()
 	s.wg.Wait()
 	if s.Err() != nil {
 		// Lost or ended already: the service has expired or closed it, or
@@ -243,60 +258,92 @@ func (s *Session) closeAt(ctx context.Context, ep *endpoint) {
 	}
 }
 
-// keepAlive renews the session every TTL/3 and ends it when its safe-until
-// deadline passes without a renewal. A failed renewal is retried sooner.
-// A renewal that went in another session's keepalive message (keepAliver)
-// restarts the wait from it.
-func (s *Session) keepAlive(ctx context.Context) {
-	defer s.wg.Done()
-	defer s.client.keepAlives.remove(s)
-	clk := s.client.opts.clock
-	retry := min(s.interval, 250*time.Millisecond)
-	for {
-		safe := s.SafeUntil()
-		next := clk.NewTimer(s.dueAt().Sub(clk.Now()))
-		lost := clk.NewTimer(safe.Sub(clk.Now()))
-		select {
-		case <-s.stop:
-			next.Stop()
-			lost.Stop()
-			return
-		case <-lost.C():
-			next.Stop()
-			s.lose(fmt.Errorf("%w: no renewal of session %d reached the service in time; its locks may be held by others", fence.ErrSessionLost, s.id))
-			return
-		case <-s.ctx.Done():
-			next.Stop()
-			lost.Stop()
-			return // ended by a lock that could not be given up, or found gone
-		case <-s.kicked:
-			next.Stop()
-			lost.Stop()
-			continue
-		case <-next.C():
-		}
-		lost.Stop()
-		if s.dueAt().After(clk.Now()) {
-			// Renewed meanwhile in another session's message, answered
-			// before this one was kicked: its schedule moved on.
-			continue
-		}
-		// A process that was paused (SIGSTOP, GC, VM migration) must not
-		// renew a session whose deadline passed while it slept.
-		if !clk.Now().Before(safe) {
-			s.lose(fmt.Errorf("%w: session %d was not renewed before its safe-until deadline", fence.ErrSessionLost, s.id))
-			return
-		}
-		err := s.renew(ctx, safe)
-		switch {
-		case err == nil:
-		case errors.Is(err, fence.ErrSessionNotFound):
-			s.end(err)
-			return
-		default:
-			s.setDue(clk.Now().Add(retry))
-		}
+// onDue renews the session, every TTL/3 (its interval); a failed
+// renewal is retried sooner. A renewal that went in another session's
+// keepalive message (keepAliver) moved the schedule on before this ran.
+func (s *Session) onDue() {
+	if !s.enter() {
+		return
 	}
+	defer s.wg.Done()
+	if !s.renewing.CompareAndSwap(false, true) {
+		return // a renewal is under way; it rearms when done
+	}
+	defer s.renewing.Store(false)
+	clk := s.client.opts.clock
+	now := clk.Now()
+	safe := s.SafeUntil()
+	if s.dueAt().After(now) {
+		s.rearm() // renewed meanwhile in another session's message
+		return
+	}
+	// A process that was paused (SIGSTOP, GC, VM migration) must not
+	// renew a session whose deadline passed while it slept.
+	if !now.Before(safe) {
+		s.lose(fmt.Errorf("%w: session %d was not renewed before its safe-until deadline", fence.ErrSessionLost, s.id))
+		return
+	}
+	err := s.renew(s.renewCtx, safe)
+	switch {
+	case err == nil:
+	case errors.Is(err, fence.ErrSessionNotFound):
+		s.end(err)
+		return
+	default:
+		s.setDue(clk.Now().Add(min(s.interval, 250*time.Millisecond)))
+	}
+	s.rearm()
+}
+
+// onLost ends the session when its safe-until deadline passed without a
+// renewal (one in flight included: it was not answered in time).
+func (s *Session) onLost() {
+	if !s.enter() {
+		return
+	}
+	defer s.wg.Done()
+	if s.client.opts.clock.Now().Before(s.SafeUntil()) {
+		s.rearm() // renewed as this fired
+		return
+	}
+	s.lose(fmt.Errorf("%w: no renewal of session %d reached the service in time; its locks may be held by others", fence.ErrSessionLost, s.id))
+}
+
+// enter counts a timer's callback in wg, unless the schedule stopped.
+func (s *Session) enter() bool {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.stopped {
+		return false
+	}
+	s.wg.Add(1)
+	return true
+}
+
+// rearm sets the timers to the schedule: the next renewal at due, the
+// end at safeUntil.
+func (s *Session) rearm() {
+	now := s.client.opts.clock.Now()
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.stopped {
+		return
+	}
+	s.dueTimer.Reset(s.due.Sub(now))
+	s.lostTimer.Reset(s.safeUntil.Sub(now))
+}
+
+// stopKeepAlive stops the schedule for good: the session is closed or
+// ended.
+func (s *Session) stopKeepAlive() {
+	s.mu.Lock()
+	if !s.stopped {
+		s.stopped = true
+		s.dueTimer.Stop()
+		s.lostTimer.Stop()
+	}
+	s.mu.Unlock()
+	s.client.keepAlives.remove(s)
 }
 
 // dueAt returns when the next renewal is due.
@@ -312,14 +359,6 @@ func (s *Session) setDue(t time.Time) {
 	s.due = t
 }
 
-// kick tells the keepalive loop that its schedule moved.
-func (s *Session) kick() {
-	select {
-	case s.kicked <- struct{}{}:
-	default:
-	}
-}
-
 // nextRound counts a keepalive about to be sent and returns its number.
 func (s *Session) nextRound() uint64 {
 	s.mu.Lock()
@@ -329,13 +368,14 @@ func (s *Session) nextRound() uint64 {
 }
 
 // renewed takes in a keepalive's success: the keepalive number round, sent
-// at sent, answered that the session holds held.
-func (s *Session) renewed(sent time.Time, round uint64, held *fencev1.HeldGrants) {
+// at sent, answered that the session holds held. The next renewal falls
+// due an interval, and lag, after sent.
+func (s *Session) renewed(sent time.Time, lag time.Duration, round uint64, held *fencev1.HeldGrants) {
 	s.mu.Lock()
 	if d := s.deadlineFrom(sent); d.After(s.safeUntil) {
 		s.safeUntil = d
 	}
-	if next := sent.Add(s.interval); next.After(s.due) {
+	if next := sent.Add(s.interval + lag); next.After(s.due) {
 		s.due = next
 	}
 	s.mu.Unlock()
@@ -350,8 +390,8 @@ func (s *Session) renewed(sent time.Time, round uint64, held *fencev1.HeldGrants
 // client's other sessions that are due soon; the wait for that message is
 // bounded by this session's own safe deadline too, whichever session's
 // message it rides in (one begun by a session with a longer TTL runs on
-// past it), so that the keepalive loop, whose lost timer is stopped
-// meanwhile, ends the session at its safe-until.
+// past it): the renewal gives up when the session's lost timer ends the
+// session, at its safe-until.
 func (s *Session) renew(ctx context.Context, safe time.Time) error {
 	clk := s.client.opts.clock
 	ctx, cancel := context.WithCancel(ctx)
@@ -382,7 +422,7 @@ func (s *Session) renew(ctx context.Context, safe time.Time) error {
 	if err != nil {
 		return err
 	}
-	s.renewed(sent, round, held)
+	s.renewed(sent, 0, round, held)
 	return nil
 }
 

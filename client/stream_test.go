@@ -10,6 +10,7 @@ import (
 	"net/http/httptest"
 	"net/http/httputil"
 	"net/url"
+	"runtime"
 	"strconv"
 	"strings"
 	"sync"
@@ -164,9 +165,15 @@ func TestKeepAlivesShareMessages(t *testing.T) {
 	srv := startServer(t, nil)
 	c := mustClient(t, srv, nil)
 	ctx := context.Background()
+	mustSession(t, c, 2*time.Second) // the stream and its goroutines
+	base := runtime.NumGoroutine()
 	var sessions []*Session
 	for range 200 {
 		sessions = append(sessions, mustSession(t, c, 2*time.Second))
+	}
+	// A session's keepalive schedule is two timers, not a goroutine.
+	if n := runtime.NumGoroutine() - base; n > 50 {
+		t.Errorf("200 sessions took %d more goroutines", n)
 	}
 	before := metric(t, srv, `fence_requests_total{code="ok",procedure="`+fencev1connect.SessionServiceKeepAliveProcedure+`"}`)
 	time.Sleep(2500 * time.Millisecond)
