@@ -102,10 +102,11 @@ func openNode(cfg Config, api string, f *fsm.FSM, logger *slog.Logger, m *storag
 	if err := checked.verify(); err != nil {
 		return fail(corruptLogMessage(cfg.DataDir, locateDamage(cfg.DataDir, kind, err)))
 	}
-	logs, err := raft.NewLogCache(1024, checked)
+	cache, err := raft.NewLogCache(1024, checked)
 	if err != nil {
 		return fail(err)
 	}
+	logs := detachedLogs{cache}
 	removeUnfinishedSnapshots(cfg.DataDir, logger)
 	fileSnaps, err := raft.NewFileSnapshotStoreWithLogger(cfg.DataDir, 2, hlog)
 	if err != nil {
