@@ -143,6 +143,30 @@ func TestSessionLostWhenRenewalsStop(t *testing.T) {
 	}
 }
 
+// A process paused past its session's safe-until (SIGSTOP, a GC pause, a
+// VM migration) finds on waking that the session may have expired: it
+// ends the session as lost, and does not renew it, though the service
+// answers and would renew it.
+func TestPausedPastSafeUntilLosesTheSession(t *testing.T) {
+	srv := startServer(t, nil)
+	clk := clock.NewFake()
+	c := mustClient(t, srv, clk)
+	s, err := c.NewSession(context.Background(), WithTTL(3*time.Second))
+	if err != nil {
+		t.Fatal(err)
+	}
+	clk.WaitForTimers(2)
+	clk.Advance(5 * time.Second) // the renewal and the deadline pass at once
+	select {
+	case <-s.Done():
+	case <-time.After(10 * time.Second):
+		t.Fatal("the session lives on after a pause past its safe-until")
+	}
+	if !errors.Is(s.Err(), fence.ErrSessionLost) {
+		t.Fatalf("session err %v, want ErrSessionLost", s.Err())
+	}
+}
+
 // Renewals keep a session alive well past its TTL.
 func TestKeepAliveRenews(t *testing.T) {
 	srv := startServer(t, nil)
