@@ -5,6 +5,7 @@ import (
 	"context"
 	"fmt"
 	"net/http"
+	"sync"
 	"time"
 
 	"connectrpc.com/connect"
@@ -26,8 +27,46 @@ import (
 // framedSilence is how long a framed stream may go without a frame from
 // its client (which pings after 10 seconds of quiet) before the node
 // drops it: a client host gone, or a client process stopped. A variable
-// for tests.
+// for tests; a Server reads it when made.
 var framedSilence = 45 * time.Second
+
+// framedStreams counts a node's framed streams, so that Close waits for
+// them as http.Server.Shutdown waits for the calls it serves.
+type framedStreams struct {
+	silence time.Duration // framedSilence when the node was made
+
+	mu     sync.Mutex
+	closed bool
+	wg     sync.WaitGroup
+}
+
+// enter counts a stream about to be served, unless the node is closing.
+func (f *framedStreams) enter() bool {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	if f.closed {
+		return false
+	}
+	f.wg.Add(1)
+	return true
+}
+
+// close refuses further streams and waits, within ctx, for those open to
+// end (the node's done channel, closed before, ends them).
+func (f *framedStreams) close(ctx context.Context) {
+	f.mu.Lock()
+	f.closed = true
+	f.mu.Unlock()
+	ended := make(chan struct{})
+	go func() {
+		f.wg.Wait()
+		close(ended)
+	}()
+	select {
+	case <-ended:
+	case <-ctx.Done():
+	}
+}
 
 // framedStreams serves the framed session stream to the requests that ask
 // for it, and passes every other request to next.
@@ -61,6 +100,10 @@ func (s *Server) serveFramed(w http.ResponseWriter, r *http.Request) error {
 	if err != nil {
 		return err
 	}
+	if !s.framed.enter() {
+		return fmt.Errorf("%w: the node is shutting down", fence.ErrUnavailable)
+	}
+	defer s.framed.wg.Done()
 	conn, brw, err := http.NewResponseController(w).Hijack()
 	if err != nil {
 		return fmt.Errorf("%w: this connection cannot be taken over for the framed stream: %v", fence.ErrInvalidArgument, err)

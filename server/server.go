@@ -79,6 +79,9 @@ type Server struct {
 	authChanges authChanges
 	// leaderTerm ends session streams when this node stops leading.
 	leaderTerm leaderTerm
+	// framed holds the framed streams open: their connections are taken
+	// from the HTTP server, whose Shutdown does not wait for them.
+	framed framedStreams
 
 	// workers runs each stream operation.
 	workers *workers
@@ -102,6 +105,7 @@ func Start(cfg Config) (*Server, error) {
 	}
 	s := &Server{cfg: cfg, logger: logger, hub: newWaitHub(), watches: newWatchHub(cfg.WatchHistory, watchHistoryBytes), done: make(chan struct{})}
 	s.workers = newWorkers(s.done)
+	s.framed.silence = framedSilence
 	s.fsm = fsm.New(observer{s})
 	s.console = newConsole(s)
 	s.metrics = newMetrics(s)
@@ -255,6 +259,7 @@ func (s *Server) Close() error {
 		if s.metricsHTTP != nil {
 			errs = append(errs, s.metricsHTTP.Shutdown(ctx))
 		}
+		s.framed.close(ctx)
 		s.forwarder.close()
 		s.tracker.stop()
 		s.delays.becomeFollower()

@@ -125,26 +125,13 @@ var errStreamEnded = fmt.Errorf("%w: the stream ended", fence.ErrUnavailable)
 // the client closed its side and every operation was answered.
 func (st *serverStream) serve(ctx context.Context, cancel context.CancelCauseFunc) error {
 	if f, ok := st.conn.(framedStream); ok {
-		// Read here, without a goroutine in between: a read blocked
-		// when the stream ends is ended through the connection.
+		// A read blocked when the stream ends is ended through the
+		// connection.
 		stop := context.AfterFunc(ctx, f.InterruptRead)
 		defer stop()
-		for {
-			req, err := f.Receive()
-			if ctx.Err() != nil {
-				return context.Cause(ctx)
-			}
-			if err == nil {
-				err = st.start(ctx, req)
-			} else if errors.Is(err, io.EOF) {
-				st.wg.Wait() // the client is done sending: answer what it sent
-				return nil
-			}
-			if err != nil {
-				cancel(err)
-				return err
-			}
-		}
+		ended := make(chan error, 1)
+		st.s.workers.run(func() { st.readFramed(ctx, cancel, f, ended) })
+		return <-ended
 	}
 	reqs, readErr := make(chan *fencev1.StreamRequest), make(chan error, 1)
 	go func() {
@@ -173,21 +160,60 @@ func (st *serverStream) serve(ctx context.Context, cancel context.CancelCauseFun
 			cancel(errStreamEnded)
 			return err
 		case req := <-reqs:
-			if err := st.start(ctx, req); err != nil {
+			run, err := st.start(ctx, req)
+			if err != nil {
 				cancel(err)
 				return err
+			}
+			if run != nil {
+				st.s.workers.run(run)
 			}
 		}
 	}
 }
 
-// start runs one operation, or cancels one in flight.
-func (st *serverStream) start(ctx context.Context, req *fencev1.StreamRequest) error {
+// readFramed reads operations from a framed stream until one is to run:
+// it hands the reading on to another goroutine and runs that operation
+// itself, so that no hand-off stands between an operation's arrival and
+// its work (the next reader wakes meanwhile). It reports on ended why the
+// stream ended, once it did.
+func (st *serverStream) readFramed(ctx context.Context, cancel context.CancelCauseFunc, f framedStream, ended chan<- error) {
+	for {
+		req, err := f.Receive()
+		if ctx.Err() != nil {
+			ended <- context.Cause(ctx)
+			return
+		}
+		if errors.Is(err, io.EOF) {
+			st.wg.Wait() // the client is done sending: answer what it sent
+			ended <- nil
+			return
+		}
+		var run func()
+		if err == nil {
+			run, err = st.start(ctx, req)
+		}
+		if err != nil {
+			cancel(err)
+			ended <- err
+			return
+		}
+		if run != nil {
+			st.s.workers.run(func() { st.readFramed(ctx, cancel, f, ended) })
+			run()
+			return
+		}
+	}
+}
+
+// start readies one operation and returns the function that runs it and
+// answers it, or cancels one in flight (and returns no function).
+func (st *serverStream) start(ctx context.Context, req *fencev1.StreamRequest) (func(), error) {
 	_, _, name := streamOpOf(req)
 	st.s.metrics.streamRequests.WithLabelValues(name).Inc()
 	id := req.GetId()
 	if id == 0 {
-		return fmt.Errorf("%w: a stream operation needs an id other than 0", fence.ErrInvalidArgument)
+		return nil, fmt.Errorf("%w: a stream operation needs an id other than 0", fence.ErrInvalidArgument)
 	}
 	if _, ok := req.GetOp().(*fencev1.StreamRequest_Cancel); ok {
 		st.mu.Lock()
@@ -195,7 +221,7 @@ func (st *serverStream) start(ctx context.Context, req *fencev1.StreamRequest) e
 			stop(context.Canceled)
 		}
 		st.mu.Unlock()
-		return nil
+		return nil, nil
 	}
 	// A client keeps to MaxStreamOps (StreamOpened), and a slot is freed
 	// before its answer is sent: this waits only for a client that does
@@ -203,7 +229,7 @@ func (st *serverStream) start(ctx context.Context, req *fencev1.StreamRequest) e
 	select {
 	case st.slots <- struct{}{}:
 	case <-ctx.Done():
-		return context.Cause(ctx)
+		return nil, context.Cause(ctx)
 	}
 	opCtx, stop := context.WithCancelCause(ctx)
 	st.mu.Lock()
@@ -211,12 +237,12 @@ func (st *serverStream) start(ctx context.Context, req *fencev1.StreamRequest) e
 		st.mu.Unlock()
 		stop(nil)
 		<-st.slots
-		return fmt.Errorf("%w: operation id %d is already in flight on this stream", fence.ErrInvalidArgument, id)
+		return nil, fmt.Errorf("%w: operation id %d is already in flight on this stream", fence.ErrInvalidArgument, id)
 	}
 	st.ops[id] = stop
 	st.mu.Unlock()
 	st.wg.Add(1)
-	st.s.workers.run(func() {
+	return func() {
 		defer st.wg.Done()
 		resp := st.s.runStreamOp(opCtx, req)
 		st.mu.Lock()
@@ -227,8 +253,7 @@ func (st *serverStream) start(ctx context.Context, req *fencev1.StreamRequest) e
 		if err := st.conn.Send(resp); err != nil {
 			st.s.logger.Debug("answering a stream operation failed", "id", id, "err", err)
 		}
-	})
-	return nil
+	}, nil
 }
 
 // watch ends the stream when this node stops leading (term is closed then)
@@ -240,7 +265,7 @@ func (st *serverStream) watch(ctx context.Context, cancel context.CancelCauseFun
 	var quiet <-chan time.Time // framed streams: HTTP/2 pings find Connect's silent clients
 	framed, isFramed := st.conn.(framedStream)
 	if isFramed {
-		t := time.NewTicker(framedSilence / 3)
+		t := time.NewTicker(s.framed.silence / 3)
 		defer t.Stop()
 		quiet = t.C
 	}
@@ -249,7 +274,7 @@ func (st *serverStream) watch(ctx context.Context, cancel context.CancelCauseFun
 		case <-ctx.Done():
 			return
 		case <-quiet:
-			if idle := framed.Idle(); idle > framedSilence {
+			if idle := framed.Idle(); idle > s.framed.silence {
 				cancel(fmt.Errorf("%w: nothing came from the client for %v, not even a ping", fence.ErrUnavailable, idle.Round(time.Second)))
 				return
 			}
