@@ -74,7 +74,10 @@ func (k *keepAliver) renew(ctx context.Context, s *Session) error {
 	s.batch = b
 	now := k.c.opts.clock.Now()
 	for o := range k.sessions {
-		if o != s && o.batch == nil && o.ctx.Err() == nil && !o.dueAt().After(now.Add(o.interval/4)) {
+		// A session past its safe-until stays out: the service may have
+		// expired it (its own timer ends it as lost), and this process,
+		// paused, may not have run that timer yet.
+		if o != s && o.batch == nil && o.ctx.Err() == nil && !o.dueAt().After(now.Add(o.interval/4)) && now.Before(o.SafeUntil()) {
 			o.batch = b
 			members = append(members, o)
 		}

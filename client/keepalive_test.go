@@ -15,6 +15,7 @@ import (
 	"github.com/fencelock/fence"
 	fencev1 "github.com/fencelock/fence/api/fence/v1"
 	"github.com/fencelock/fence/api/fence/v1/fencev1connect"
+	"github.com/fencelock/fence/internal/clock"
 	"github.com/fencelock/fence/internal/rpcerr"
 )
 
@@ -141,5 +142,46 @@ func TestKeepAliveRefusedAsNotLeaderMovesToTheLeader(t *testing.T) {
 	}
 	if c.currentIndex() != 0 {
 		t.Errorf("the client's calls go to %s, not to the leader", c.endpointAt(c.currentIndex()).url)
+	}
+}
+
+// A process paused past one session's safe-until must not renew it in the
+// message of another session that wakes first: the service may have
+// expired it and granted its locks, and a renewal would make a lost
+// session look alive. Here the short session's own timers are held back,
+// as if its callbacks had not run yet when the long one's renewal did.
+func TestKeepAliveTakesNoSessionPastItsSafeUntil(t *testing.T) {
+	srv := startServer(t, nil)
+	clk := clock.NewFake()
+	c := mustClient(t, srv, clk)
+	short := mustSession(t, c, 3*time.Second)
+	long := mustSession(t, c, 12*time.Second)
+	short.mu.Lock()
+	short.dueTimer.Stop()
+	short.lostTimer.Stop()
+	safe := short.safeUntil
+	short.mu.Unlock()
+
+	longSafe := long.SafeUntil()
+	clk.WaitForTimers(2)
+	clk.Advance(long.dueAt().Sub(clk.Now())) // past short's safe-until; long's renewal runs
+	deadline := time.Now().Add(10 * time.Second)
+	for !long.SafeUntil().After(longSafe) {
+		if time.Now().After(deadline) || long.Err() != nil {
+			t.Fatalf("the long session was not renewed: err %v", long.Err())
+		}
+		time.Sleep(2 * time.Millisecond)
+	}
+	if got := short.SafeUntil(); !got.Equal(safe) {
+		t.Fatalf("the short session, paused %v past its safe-until, was renewed to %v", clk.Now().Sub(safe), got.Sub(safe))
+	}
+	short.rearm()
+	select {
+	case <-short.Done():
+	case <-time.After(10 * time.Second):
+		t.Fatal("the short session lives on past its safe-until")
+	}
+	if !errors.Is(short.Err(), fence.ErrSessionLost) {
+		t.Fatalf("the short session ended with %v, want fence.ErrSessionLost", short.Err())
 	}
 }

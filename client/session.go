@@ -369,9 +369,17 @@ func (s *Session) nextRound() uint64 {
 
 // renewed takes in a keepalive's success: the keepalive number round, sent
 // at sent, answered that the session holds held. The next renewal falls
-// due an interval, and lag, after sent.
+// due an interval, and lag, after sent. A keepalive sent at or after the
+// safe-until renews nothing here, whatever the answer: by then the service
+// may have expired the session and granted its locks to others while this
+// process, paused, believed it held them. The session ends as lost at its
+// safe-until.
 func (s *Session) renewed(sent time.Time, lag time.Duration, round uint64, held *fencev1.HeldGrants) {
 	s.mu.Lock()
+	if !sent.Before(s.safeUntil) {
+		s.mu.Unlock()
+		return
+	}
 	if d := s.deadlineFrom(sent); d.After(s.safeUntil) {
 		s.safeUntil = d
 	}
