@@ -9,6 +9,7 @@ import (
 	"net"
 	"net/http"
 	"net/url"
+	"sync/atomic"
 	"time"
 
 	"connectrpc.com/connect"
@@ -32,9 +33,10 @@ import (
 const maxFramedAnswer = 64 << 20
 
 // Liveness of a framed stream, as HTTP/2's pings give the Connect stream:
-// a ping after framedPingAfter without a frame from the node, and the
-// stream ends when framedDeadAfter passes without one.
-const (
+// a ping after framedPingAfter without a frame from the node (or to it),
+// and the stream ends when framedDeadAfter passes without one from it.
+// Variables for tests.
+var (
 	framedPingAfter = 10 * time.Second
 	framedDeadAfter = 15 * time.Second
 )
@@ -91,7 +93,7 @@ func (c *Client) openFramed(ctx context.Context, ep *endpoint) (*opStream, error
 	st := newOpStream(ep, first.GetOpened())
 	st.framed = fc
 	go st.receive()
-	go st.keepFresh()
+	go st.keepFresh(framedPingAfter, framedDeadAfter)
 	return st, nil
 }
 
@@ -162,7 +164,7 @@ func (c *Client) upgrade(conn net.Conn, target *url.URL) (*wire.Conn, *fencev1.S
 	if err := c.learnCluster(resp.Header.Get(fencev1.ClusterIDHeader), conn.RemoteAddr().String()); err != nil {
 		return nil, nil, err
 	}
-	fc := wire.NewConn(conn, br, maxFramedAnswer, 0)
+	fc := wire.NewConn(conn, br, maxFramedAnswer, framedDeadAfter)
 	first := &fencev1.StreamResponse{}
 	if err := fc.Read(first); err != nil {
 		return nil, nil, err
@@ -189,26 +191,35 @@ func (c *Client) framedFailed(ep *endpoint, err error) (stands bool) {
 }
 
 // keepFresh pings the node while the stream is quiet, and ends the stream
-// when nothing, not even a pong, came for framedDeadAfter: the node's
+// when nothing, not even a pong, came for deadAfter: the node's
 // host is gone, or the node stopped (a stream with operations in flight
-// finds that out sooner, from their attempt timeouts).
-func (st *opStream) keepFresh() {
-	t := time.NewTicker(framedDeadAfter - framedPingAfter)
+// finds that out sooner, from their attempt timeouts). It pings too when
+// the client wrote nothing for pingAfter, however much it reads
+// (answers to long waits coming in one by one): the node drops a stream
+// that it hears nothing on. A ping is written from a goroutine of its own,
+// one at a time, so that a write held up by a node that stopped reading
+// does not hold up the check.
+func (st *opStream) keepFresh(pingAfter, deadAfter time.Duration) {
+	t := time.NewTicker(deadAfter - pingAfter)
 	defer t.Stop()
+	var pinging atomic.Bool
 	for {
 		select {
 		case <-st.done:
 			return
 		case <-t.C:
-			switch idle := st.framed.Idle(); {
-			case idle >= framedDeadAfter:
+			idle := st.framed.ReadIdle()
+			if idle >= deadAfter {
 				st.end(connect.NewError(connect.CodeUnavailable, fmt.Errorf("the stream to %s broke: nothing came for %v, not even a pong", st.ep.url, idle.Round(time.Second))))
 				return
-			case idle >= framedPingAfter:
-				if err := st.framed.Ping(); err != nil {
-					st.end(err)
-					return
-				}
+			}
+			if (idle >= pingAfter || st.framed.WriteIdle() >= pingAfter) && pinging.CompareAndSwap(false, true) {
+				go func() {
+					defer pinging.Store(false)
+					if err := st.framed.Ping(); err != nil {
+						st.end(err)
+					}
+				}()
 			}
 		}
 	}

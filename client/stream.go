@@ -446,10 +446,15 @@ func (st *opStream) do(ctx context.Context, req *fencev1.StreamRequest) (*fencev
 
 // write sends req: on a framed stream from the caller's goroutine (which
 // may write others' too, see wire.Conn), else through send. It fails when
-// ctx ends first, or the stream ended.
+// ctx ended before, or the stream ended. A framed write, once begun, is
+// not given up when ctx ends (the frames of others may be in it); a node
+// that stops reading fails it within framedDeadAfter.
 func (st *opStream) write(ctx context.Context, req *fencev1.StreamRequest) error {
 	if st.framed != nil {
-		if err := st.framed.Write(ctx, req); err != nil {
+		if err := ctx.Err(); err != nil {
+			return err
+		}
+		if err := st.framed.Write(req); err != nil {
 			st.end(err)
 			return err
 		}
@@ -465,12 +470,17 @@ func (st *opStream) write(ctx context.Context, req *fencev1.StreamRequest) error
 	}
 }
 
-// forget drops an operation that was never sent.
+// forget drops an operation whose sending failed. Its slot is freed here
+// unless its answer came meanwhile and freed it (receive): the write may
+// have failed after the operation's frame went out.
 func (st *opStream) forget(id uint64) {
 	st.mu.Lock()
+	_, waiting := st.pending[id]
 	delete(st.pending, id)
 	st.mu.Unlock()
-	<-st.slots
+	if waiting {
+		<-st.slots
+	}
 }
 
 // cancelOp tells the node to cancel operation id, unless the stream ends

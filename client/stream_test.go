@@ -18,7 +18,9 @@ import (
 	"testing"
 	"time"
 
+	fencev1 "github.com/fencelock/fence/api/fence/v1"
 	"github.com/fencelock/fence/api/fence/v1/fencev1connect"
+	"github.com/fencelock/fence/internal/wire"
 	"github.com/fencelock/fence/server"
 )
 
@@ -558,5 +560,87 @@ func TestHTTP1ProxyGetsUnaryCalls(t *testing.T) {
 	}
 	if n := unaryCalls(t, srv, fencev1connect.LockServiceAcquireProcedure); n < 1 {
 		t.Fatalf("%v unary acquires", n)
+	}
+}
+
+// Callers that give up (their contexts ending before, during and just
+// after their writes) do not break the stream the client's other
+// operations share: a framed write, once begun, is finished for all the
+// frames in it.
+func TestCallersGivingUpKeepTheStream(t *testing.T) {
+	srv := startServer(t, nil)
+	c := mustClient(t, srv, nil)
+	ctx := context.Background()
+	if _, err := c.KV().Put(ctx, "k", []byte("v")); err != nil {
+		t.Fatal(err)
+	}
+	var wg sync.WaitGroup
+	for i := range 8 {
+		wg.Go(func() {
+			for j := range 200 {
+				cctx, cancel := context.WithTimeout(ctx, time.Duration((i*200+j)%50)*10*time.Microsecond)
+				_, _ = c.KV().Get(cctx, "k")
+				cancel()
+			}
+		})
+	}
+	wg.Wait()
+	if _, err := c.KV().Get(ctx, "k"); err != nil {
+		t.Fatal(err)
+	}
+	if n := streamOpens(t, srv, "framed"); n != 1 {
+		t.Fatalf("the client opened %v framed streams, want 1: callers that gave up broke the one it had", n)
+	}
+}
+
+// A client that reads all the time but writes nothing still pings its
+// framed stream: the node hears nothing else from it, and drops a stream
+// it hears nothing on. The node here answers the stream's open and its
+// first operation, then sends a frame every 20ms.
+func TestFramedStreamPingsWhileOnlyReading(t *testing.T) {
+	savedPing, savedDead := framedPingAfter, framedDeadAfter
+	framedPingAfter, framedDeadAfter = 200*time.Millisecond, 400*time.Millisecond
+	t.Cleanup(func() { framedPingAfter, framedDeadAfter = savedPing, savedDead })
+	node := make(chan *wire.Conn, 1)
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		conn, brw, err := http.NewResponseController(w).Hijack()
+		if err != nil {
+			return
+		}
+		defer conn.Close()
+		_, _ = brw.WriteString("HTTP/1.1 101 Switching Protocols\r\nConnection: Upgrade\r\nUpgrade: " + wire.Protocol + "\r\n\r\n")
+		_ = brw.Flush()
+		fc := wire.NewConn(conn, brw.Reader, 1<<20, time.Second)
+		if fc.Write(&fencev1.StreamResponse{Result: &fencev1.StreamResponse_Opened{Opened: &fencev1.StreamOpened{MaxInFlight: 8}}}) != nil {
+			return
+		}
+		req := &fencev1.StreamRequest{}
+		if fc.Read(req) != nil || fc.Write(&fencev1.StreamResponse{Id: req.GetId(), Result: &fencev1.StreamResponse_Get{Get: &fencev1.GetResponse{}}}) != nil {
+			return
+		}
+		node <- fc
+		go func() {
+			for fc.Read(&fencev1.StreamRequest{}) == nil { // answers pings
+			}
+		}()
+		for fc.Write(&fencev1.StreamResponse{Id: 1 << 40}) == nil {
+			time.Sleep(20 * time.Millisecond)
+		}
+	}))
+	defer srv.Close()
+	c, err := New(WithEndpoints(strings.TrimPrefix(srv.URL, "http://")))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	if _, err := c.KV().Get(ctx, "k"); err != nil {
+		t.Fatal(err)
+	}
+	fc := <-node
+	time.Sleep(1500 * time.Millisecond)
+	if idle := fc.ReadIdle(); idle > 1200*time.Millisecond {
+		t.Fatalf("the node heard nothing from the client for %v, though it pings after %v of writing nothing", idle, framedPingAfter)
 	}
 }

@@ -4,6 +4,7 @@ import (
 	"bufio"
 	"context"
 	"fmt"
+	"net"
 	"net/http"
 	"sync"
 	"time"
@@ -36,7 +37,9 @@ type framedStreams struct {
 	silence time.Duration // framedSilence when the node was made
 
 	mu     sync.Mutex
-	closed bool
+	closed bool                  // no more streams
+	gaveUp bool                  // close stopped waiting and closed conns
+	conns  map[net.Conn]struct{} // the connections of the streams served
 	wg     sync.WaitGroup
 }
 
@@ -51,8 +54,38 @@ func (f *framedStreams) enter() bool {
 	return true
 }
 
+// serving tracks conn, the connection of a stream entered, until exit;
+// it reports false, and closes conn, when close gave up on the streams
+// meanwhile.
+func (f *framedStreams) serving(conn net.Conn) bool {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	if f.gaveUp {
+		_ = conn.Close()
+		return false
+	}
+	if f.conns == nil {
+		f.conns = map[net.Conn]struct{}{}
+	}
+	f.conns[conn] = struct{}{}
+	return true
+}
+
+// exit counts the end of a stream entered, and closes its connection.
+func (f *framedStreams) exit(conn net.Conn) {
+	if conn != nil {
+		_ = conn.Close()
+		f.mu.Lock()
+		delete(f.conns, conn)
+		f.mu.Unlock()
+	}
+	f.wg.Done()
+}
+
 // close refuses further streams and waits, within ctx, for those open to
-// end (the node's done channel, closed before, ends them).
+// end (the node's done channel, closed before, ends them); when ctx ends
+// first, it closes their connections, so that none outlives the node
+// (a stream stuck writing to a client that does not read, say).
 func (f *framedStreams) close(ctx context.Context) {
 	f.mu.Lock()
 	f.closed = true
@@ -65,6 +98,12 @@ func (f *framedStreams) close(ctx context.Context) {
 	select {
 	case <-ended:
 	case <-ctx.Done():
+		f.mu.Lock()
+		f.gaveUp = true
+		for conn := range f.conns {
+			_ = conn.Close()
+		}
+		f.mu.Unlock()
 	}
 }
 
@@ -103,26 +142,32 @@ func (s *Server) serveFramed(w http.ResponseWriter, r *http.Request) error {
 	if !s.framed.enter() {
 		return fmt.Errorf("%w: the node is shutting down", fence.ErrUnavailable)
 	}
-	defer s.framed.wg.Done()
 	conn, brw, err := http.NewResponseController(w).Hijack()
 	if err != nil {
+		s.framed.exit(nil)
 		return fmt.Errorf("%w: this connection cannot be taken over for the framed stream: %v", fence.ErrInvalidArgument, err)
 	}
-	defer conn.Close()
+	defer s.framed.exit(conn)
+	if !s.framed.serving(conn) {
+		return nil
+	}
 	// The server's read deadline bounded the request's headers; a stream
 	// lives as long as its client keeps it (framedSilence), and each
-	// write is bounded by the write timeout (wire.Conn).
+	// write is bounded by the write timeout (wire.Conn), or, with none,
+	// by the silence after which a stream is dropped: a client that
+	// reads nothing for as long is as gone as one that says nothing.
 	_ = conn.SetDeadline(time.Time{})
 	if err := writeSwitch(brw.Writer, w.Header()); err != nil {
 		return nil // the client went away
 	}
-	fc := wire.NewConn(conn, brw.Reader, s.cfg.MaxRequestBytes, s.cfg.WriteTimeout)
+	writeTimeout := s.cfg.WriteTimeout
+	if writeTimeout == 0 {
+		writeTimeout = s.framed.silence
+	}
+	fc := wire.NewConn(conn, brw.Reader, s.cfg.MaxRequestBytes, writeTimeout)
 	if err := s.serveStream(ctx, term, framedStream{fc}); err != nil {
 		// Why the stream ended, as the Connect stream's trailers say it.
-		end := &fencev1.StreamResponse{Error: rpcerr.ToStream(s.leaderHint(err))}
-		wctx, cancel := context.WithTimeout(context.Background(), time.Second)
-		_ = fc.Write(wctx, end)
-		cancel()
+		_ = fc.Write(&fencev1.StreamResponse{Error: rpcerr.ToStream(s.leaderHint(err))})
 	}
 	return nil
 }
@@ -148,5 +193,5 @@ func (f framedStream) Receive() (*fencev1.StreamRequest, error) {
 }
 
 func (f framedStream) Send(resp *fencev1.StreamResponse) error {
-	return f.Write(context.Background(), resp)
+	return f.Write(resp)
 }

@@ -37,7 +37,7 @@ func openFramedStream(tb testing.TB, ctx context.Context, url string, header htt
 	if err := fc.Read(first); err != nil {
 		return nil, err
 	}
-	send := func(req *fencev1.StreamRequest) error { return fc.Write(context.Background(), req) }
+	send := func(req *fencev1.StreamRequest) error { return fc.Write(req) }
 	recv := func() (*fencev1.StreamResponse, error) {
 		resp := &fencev1.StreamResponse{}
 		if err := fc.Read(resp); err != nil {
@@ -183,5 +183,54 @@ func TestFramedStreamDropsSilentClients(t *testing.T) {
 	}
 	if n := scrape(t, "http://"+s.Addr()+"/metrics")["fence_streams"]; n != 1 {
 		t.Fatalf("fence_streams = %v after the silent stream ended, want the pinging one", n)
+	}
+}
+
+// A client that stops reading its framed stream, on a node with no write
+// timeout, has the stream dropped all the same once the node's writes to
+// it stall for framedSilence: it holds no goroutine, no connection and no
+// operation slot for good.
+func TestFramedStreamDropsClientsThatDoNotRead(t *testing.T) {
+	saved := framedSilence
+	framedSilence = 600 * time.Millisecond
+	t.Cleanup(func() { framedSilence = saved })
+	s := startTestServer(t, func(c *Config) { c.WriteTimeout = 0 })
+	ctx := context.Background()
+	value := make([]byte, 200<<10)
+	put := &fencev1.StreamRequest{Id: 1, Op: &fencev1.StreamRequest_Put{Put: &fencev1.PutRequest{Key: "big", Value: value}}}
+	conn, br, err := upgradeAt(ctx, "http://"+s.Addr(), nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Close()
+	fc := wire.NewConn(conn, br, 64<<20, 10*time.Second)
+	for _, m := range []proto.Message{&fencev1.StreamResponse{}, put, &fencev1.StreamResponse{}} {
+		if req, ok := m.(*fencev1.StreamRequest); ok {
+			err = fc.Write(req)
+		} else {
+			err = fc.Read(m)
+		}
+		if err != nil {
+			t.Fatal(err)
+		}
+	}
+	if n := scrape(t, "http://"+s.Addr()+"/metrics")["fence_streams"]; n != 1 {
+		t.Fatalf("fence_streams = %v with the stream open, want 1", n)
+	}
+	// Gets of the big value, never read: the node's writes fill the
+	// sockets' buffers and stall.
+	go func() {
+		for id := uint64(2); id < 2000; id++ {
+			if fc.Write(&fencev1.StreamRequest{Id: id, Op: &fencev1.StreamRequest_Get{Get: &fencev1.GetRequest{Key: "big"}}}) != nil {
+				return
+			}
+		}
+	}()
+	deadline := time.Now().Add(15 * time.Second)
+	for scrape(t, "http://"+s.Addr()+"/metrics")["fence_streams"] != 0 {
+		if time.Now().After(deadline) {
+			t.Fatal("the stream of a client that does not read lives on 15s")
+		}
+		time.Sleep(50 * time.Millisecond)
 	}
 }

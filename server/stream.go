@@ -274,7 +274,7 @@ func (st *serverStream) watch(ctx context.Context, cancel context.CancelCauseFun
 		case <-ctx.Done():
 			return
 		case <-quiet:
-			if idle := framed.Idle(); idle > s.framed.silence {
+			if idle := framed.ReadIdle(); idle > s.framed.silence {
 				cancel(fmt.Errorf("%w: nothing came from the client for %v, not even a ping", fence.ErrUnavailable, idle.Round(time.Second)))
 				return
 			}

@@ -5,7 +5,8 @@
 // HTTP/2 hands each message between several goroutines on each side (the
 // connection's reader, its serving loop, a writer per flush, a pipe to the
 // handler), and on a small machine each hand-off is a thread woken on
-// another core. A Conn is read by one goroutine and written by whichever
+// another core. A Conn is read by one goroutine at a time (which may hand
+// the reading on to another between frames) and written by whichever
 // goroutine has a message: the first writer writes what the others queue
 // meanwhile, in one system call, so that no goroutine exists only to
 // write and a busy stream writes many messages per call.
@@ -18,13 +19,13 @@ package wire
 
 import (
 	"bufio"
-	"context"
 	"encoding/binary"
 	"errors"
 	"fmt"
 	"io"
 	"net"
 	"net/http"
+	"slices"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -52,8 +53,14 @@ const pingBytes = 8
 // ErrFrameTooLarge is the error of a frame over the reader's bound.
 var ErrFrameTooLarge = errors.New("wire: frame over the size limit")
 
-// Conn is one framed stream. Read is called from one goroutine; Write
-// from any number.
+// maxQueued bounds the bytes queued behind a write in progress: a far end
+// that reads so much slower than it asks (or pings without reading the
+// pongs) breaks the stream rather than hold the memory. One frame larger
+// than that may still be queued alone.
+const maxQueued = 16 << 20
+
+// Conn is one framed stream. Read is called by one goroutine at a time;
+// Write by any number at once.
 type Conn struct {
 	conn         net.Conn
 	r            *bufio.Reader
@@ -64,23 +71,27 @@ type Conn struct {
 	pending []byte // frames queued for the writer
 	spare   []byte // the buffer last written, reused for the next queue
 	writing bool   // a goroutine is writing pending
+	ponging bool   // a pong is in pending
 	err     error  // the first write error: the stream is broken
 
-	lastRead atomic.Int64 // unix nanoseconds of the last frame read
-	rbuf     []byte       // a frame larger than r's buffer
-	peeked   int          // bytes of r's buffer the payload being read holds
+	lastRead  atomic.Int64 // unix nanoseconds of the last frame read
+	lastWrite atomic.Int64 // unix nanoseconds of the last write that ended
+	rbuf      []byte       // a frame larger than r's buffer
+	peeked    int          // bytes of r's buffer the payload being read holds
 }
 
 // NewConn frames conn. r reads conn (it may hold bytes already read from
 // it); frames over maxRead bytes fail the read. Each write of the
-// connection gives up after writeTimeout (0: never), failing the stream: a
-// far end that does not read for that long is gone or stuck.
+// connection gives up after writeTimeout (0: never): a far end that does
+// not read for that long is gone or stuck.
 func NewConn(conn net.Conn, r *bufio.Reader, maxRead int, writeTimeout time.Duration) *Conn {
 	if r == nil {
 		r = bufio.NewReader(conn)
 	}
 	c := &Conn{conn: conn, r: r, maxRead: maxRead, writeTimeout: writeTimeout}
-	c.lastRead.Store(time.Now().UnixNano())
+	now := time.Now().UnixNano()
+	c.lastRead.Store(now)
+	c.lastWrite.Store(now)
 	return c
 }
 
@@ -88,11 +99,14 @@ func NewConn(conn net.Conn, r *bufio.Reader, maxRead int, writeTimeout time.Dura
 var encodePool = sync.Pool{New: func() any { return new([]byte) }}
 
 // Write sends m. It returns once m is written, or queued behind the write
-// of another goroutine, which then writes it; the error is the stream's
-// when it broke. A write blocked longer than ctx lasts (the far end
-// stopped reading and the socket's buffer is full) breaks the stream, as
-// a stream whose peer does not read is of no more use.
-func (c *Conn) Write(ctx context.Context, m proto.Message) error {
+// of another goroutine, which then writes it. It fails when the stream
+// broke before m was written: a write failed, or timed out (the far end
+// stopped reading and the socket's buffer is full), and then the
+// connection is closed, so that the reader and every other writer learn
+// it at once. No caller gives up on a write of its own accord: the bytes
+// of others' frames may be in the same write, and a frame cut short
+// would break the stream for all of them.
+func (c *Conn) Write(m proto.Message) error {
 	bp := encodePool.Get().(*[]byte)
 	defer encodePool.Put(bp)
 	b, err := appendMessage((*bp)[:0], m)
@@ -100,7 +114,7 @@ func (c *Conn) Write(ctx context.Context, m proto.Message) error {
 	if err != nil {
 		return err
 	}
-	return c.queue(ctx, b)
+	return c.queue(b, false)
 }
 
 // appendMessage appends m's frame to b.
@@ -112,59 +126,83 @@ func appendMessage(b []byte, m proto.Message) ([]byte, error) {
 }
 
 // Ping sends a ping; the far end answers it with a pong, which counts as
-// a frame read (Idle).
+// a frame read (ReadIdle).
 func (c *Conn) Ping() error {
 	frame := []byte{framePing, pingBytes, 0, 0, 0, 0, 0, 0, 0, 0}
 	binary.BigEndian.PutUint64(frame[2:], uint64(time.Now().UnixNano()))
-	return c.queue(context.Background(), frame)
+	return c.queue(frame, false)
 }
 
 // queue adds frame to what is to be written and, unless another goroutine
-// is writing, writes until nothing is left.
-func (c *Conn) queue(ctx context.Context, frame []byte) error {
+// is writing, writes until nothing is left. A pong is not queued while
+// another waits to be written: a far end that pings faster than it reads
+// gets one. It returns an error when the stream broke before frame was
+// written; a write of later frames that fails does not fail the caller
+// whose frame went before (closing the connection tells everyone).
+func (c *Conn) queue(frame []byte, pong bool) error {
 	c.mu.Lock()
 	if c.err != nil {
 		err := c.err
 		c.mu.Unlock()
 		return err
 	}
+	switch {
+	case pong && c.ponging:
+		c.mu.Unlock()
+		return nil
+	case len(c.pending) > 0 && len(c.pending)+len(frame) > maxQueued:
+		c.err = fmt.Errorf("writing the stream: over %d bytes wait to be written: the far end reads too slowly", maxQueued)
+		err := c.err
+		c.mu.Unlock()
+		_ = c.conn.Close()
+		return err
+	}
 	c.pending = append(c.pending, frame...)
+	c.ponging = c.ponging || pong
 	if c.writing {
 		c.mu.Unlock()
 		return nil
 	}
 	c.writing = true
-	for len(c.pending) > 0 && c.err == nil {
+	var own error // the error of the write that held frame
+	for first := true; len(c.pending) > 0 && c.err == nil; first = false {
 		out := c.pending
 		c.pending = c.spare[:0]
+		c.ponging = false
 		c.mu.Unlock()
-		err := c.write(ctx, out)
+		err := c.write(out)
 		c.mu.Lock()
 		if cap(out) <= 64<<10 {
 			c.spare = out // a big burst's buffer is not kept
 		} else {
 			c.spare = nil
 		}
-		if err != nil && c.err == nil {
+		if err != nil {
 			c.err = fmt.Errorf("writing the stream: %w", err)
+			if first {
+				own = c.err
+			}
 		}
 	}
 	c.writing = false
-	err := c.err
+	broken := c.err != nil
+	if broken {
+		c.pending, c.spare = nil, nil
+	}
 	c.mu.Unlock()
-	return err
+	if broken {
+		_ = c.conn.Close()
+	}
+	return own
 }
 
-// write writes b to the connection, within the write timeout and ctx.
-func (c *Conn) write(ctx context.Context, b []byte) error {
+// write writes b to the connection, within the write timeout.
+func (c *Conn) write(b []byte) error {
 	if c.writeTimeout > 0 {
 		_ = c.conn.SetWriteDeadline(time.Now().Add(c.writeTimeout))
 	}
-	if ctx.Done() != nil {
-		stop := context.AfterFunc(ctx, func() { _ = c.conn.SetWriteDeadline(time.Unix(1, 0)) })
-		defer stop()
-	}
 	_, err := c.conn.Write(b)
+	c.lastWrite.Store(time.Now().UnixNano())
 	return err
 }
 
@@ -183,7 +221,7 @@ func (c *Conn) Read(m proto.Message) error {
 		case framePing:
 			pong := append([]byte{framePong, pingBytes}, payload...)
 			c.done()
-			if err := c.queue(context.Background(), pong); err != nil {
+			if err := c.queue(pong, true); err != nil {
 				return err
 			}
 		default:
@@ -221,12 +259,16 @@ func (c *Conn) next() (byte, []byte, error) {
 		c.peeked = int(n)
 		return typ, b, nil
 	}
-	if cap(c.rbuf) < int(n) {
-		c.rbuf = make([]byte, n)
-	}
-	c.rbuf = c.rbuf[:n]
-	if _, err := io.ReadFull(c.r, c.rbuf); err != nil {
-		return 0, nil, unexpected(err)
+	// A big frame: its buffer grows as its bytes arrive, so that a far end
+	// that declares a big frame and sends little of it costs little.
+	c.rbuf = c.rbuf[:0]
+	for len(c.rbuf) < int(n) {
+		chunk := min(int(n)-len(c.rbuf), max(len(c.rbuf), 64<<10))
+		c.rbuf = slices.Grow(c.rbuf, chunk)
+		if _, err := io.ReadFull(c.r, c.rbuf[len(c.rbuf):len(c.rbuf)+chunk]); err != nil {
+			return 0, nil, unexpected(err)
+		}
+		c.rbuf = c.rbuf[:len(c.rbuf)+chunk]
 	}
 	return typ, c.rbuf, nil
 }
@@ -251,9 +293,15 @@ func unexpected(err error) error {
 	return err
 }
 
-// Idle returns how long ago the last frame was read.
-func (c *Conn) Idle() time.Duration {
+// ReadIdle returns how long ago the last frame was read.
+func (c *Conn) ReadIdle() time.Duration {
 	return time.Since(time.Unix(0, c.lastRead.Load()))
+}
+
+// WriteIdle returns how long ago the last write ended (or the Conn was
+// made, before any).
+func (c *Conn) WriteIdle() time.Duration {
+	return time.Since(time.Unix(0, c.lastWrite.Load()))
 }
 
 // InterruptRead ends a Read blocked on the connection, and every Read
