@@ -185,3 +185,31 @@ func TestKeepAliveTakesNoSessionPastItsSafeUntil(t *testing.T) {
 		t.Fatalf("the short session ended with %v, want fence.ErrSessionLost", short.Err())
 	}
 }
+
+// An answer to a keepalive sent at or after the session's safe-until, or
+// one that comes after the session ended, extends nothing: the session
+// may have expired at the service meanwhile.
+func TestLateKeepAliveAnswerRenewsNothing(t *testing.T) {
+	c, err := New(WithEndpoints(freeAddr(t)))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { c.Close() })
+	now := time.Now()
+	safe := now.Add(time.Hour)
+	s := renewingSession(t, c, 1, 3*time.Second, safe, safe)
+	s.renewed(safe, 0, 1, nil)
+	if got := s.SafeUntil(); !got.Equal(safe) {
+		t.Fatalf("a keepalive sent at the safe-until moved it %v", got.Sub(safe))
+	}
+	s.renewed(safe.Add(-time.Millisecond), 0, 2, nil)
+	if !s.SafeUntil().After(safe) {
+		t.Fatal("a keepalive sent before the safe-until did not renew the session")
+	}
+	ended := s.SafeUntil()
+	s.end(fence.ErrSessionLost)
+	s.renewed(ended.Add(-time.Millisecond), 0, 3, nil)
+	if got := s.SafeUntil(); !got.Equal(ended) {
+		t.Fatalf("an answer that came after the session ended moved its safe-until %v", got.Sub(ended))
+	}
+}

@@ -373,10 +373,11 @@ func (s *Session) nextRound() uint64 {
 // safe-until renews nothing here, whatever the answer: by then the service
 // may have expired the session and granted its locks to others while this
 // process, paused, believed it held them. The session ends as lost at its
-// safe-until.
+// safe-until. Nor does an answer that comes after the session ended (lost
+// as it waited): its safe-until stays where the session ended.
 func (s *Session) renewed(sent time.Time, lag time.Duration, round uint64, held *fencev1.HeldGrants) {
 	s.mu.Lock()
-	if !sent.Before(s.safeUntil) {
+	if !sent.Before(s.safeUntil) || s.ctx.Err() != nil {
 		s.mu.Unlock()
 		return
 	}

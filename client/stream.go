@@ -448,7 +448,8 @@ func (st *opStream) do(ctx context.Context, req *fencev1.StreamRequest) (*fencev
 // may write others' too, see wire.Conn), else through send. It fails when
 // ctx ended before, or the stream ended. A framed write, once begun, is
 // not given up when ctx ends (the frames of others may be in it); a node
-// that stops reading fails it within framedDeadAfter.
+// that stops reading fails it, and the stream, once the write made no
+// progress for framedDeadAfter.
 func (st *opStream) write(ctx context.Context, req *fencev1.StreamRequest) error {
 	if st.framed != nil {
 		if err := ctx.Err(); err != nil {

@@ -599,7 +599,7 @@ func TestCallersGivingUpKeepTheStream(t *testing.T) {
 // first operation, then sends a frame every 20ms.
 func TestFramedStreamPingsWhileOnlyReading(t *testing.T) {
 	savedPing, savedDead := framedPingAfter, framedDeadAfter
-	framedPingAfter, framedDeadAfter = 200*time.Millisecond, 400*time.Millisecond
+	framedPingAfter, framedDeadAfter = 300*time.Millisecond, 1500*time.Millisecond
 	t.Cleanup(func() { framedPingAfter, framedDeadAfter = savedPing, savedDead })
 	node := make(chan *wire.Conn, 1)
 	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
@@ -639,8 +639,11 @@ func TestFramedStreamPingsWhileOnlyReading(t *testing.T) {
 		t.Fatal(err)
 	}
 	fc := <-node
-	time.Sleep(1500 * time.Millisecond)
-	if idle := fc.ReadIdle(); idle > 1200*time.Millisecond {
+	// The client checks every 1.2s (the dead bound less the ping's), and
+	// pings once it wrote nothing for 300ms: the node hears from it at
+	// least every 1.5s.
+	time.Sleep(4 * time.Second)
+	if idle := fc.ReadIdle(); idle > 2500*time.Millisecond {
 		t.Fatalf("the node heard nothing from the client for %v, though it pings after %v of writing nothing", idle, framedPingAfter)
 	}
 }

@@ -134,7 +134,9 @@ type Config struct {
 	// WriteTimeout bounds each write of an answer: a client that stops
 	// reading (its socket's buffers full) has its call ended and its
 	// connection closed after this long. Answers that take long (waits,
-	// watches) are not bounded as a whole. 0: no bound.
+	// watches) are not bounded as a whole. 0: no bound, but for a framed
+	// session stream, whose writes are then bounded by the 45 seconds of
+	// silence after which it is dropped.
 	WriteTimeout time.Duration
 
 	// ApplyTimeout bounds how long a write waits to be committed.

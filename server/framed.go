@@ -85,7 +85,8 @@ func (f *framedStreams) exit(conn net.Conn) {
 // close refuses further streams and waits, within ctx, for those open to
 // end (the node's done channel, closed before, ends them); when ctx ends
 // first, it closes their connections, so that none outlives the node
-// (a stream stuck writing to a client that does not read, say).
+// (a stream stuck writing to a client that does not read, say), and
+// waits a moment more for their operations to return.
 func (f *framedStreams) close(ctx context.Context) {
 	f.mu.Lock()
 	f.closed = true
@@ -97,13 +98,25 @@ func (f *framedStreams) close(ctx context.Context) {
 	}()
 	select {
 	case <-ended:
+		return
 	case <-ctx.Done():
-		f.mu.Lock()
-		f.gaveUp = true
-		for conn := range f.conns {
-			_ = conn.Close()
+	}
+	f.mu.Lock()
+	f.gaveUp = true
+	conns := make([]net.Conn, 0, len(f.conns))
+	for conn := range f.conns {
+		conns = append(conns, conn)
+	}
+	f.mu.Unlock()
+	for _, conn := range conns {
+		if tc, ok := conn.(interface{ NetConn() net.Conn }); ok {
+			conn = tc.NetConn() // a TLS close would write, and may block
 		}
-		f.mu.Unlock()
+		_ = conn.Close()
+	}
+	select {
+	case <-ended:
+	case <-time.After(time.Second):
 	}
 }
 
@@ -166,8 +179,9 @@ func (s *Server) serveFramed(w http.ResponseWriter, r *http.Request) error {
 	}
 	fc := wire.NewConn(conn, brw.Reader, s.cfg.MaxRequestBytes, writeTimeout)
 	if err := s.serveStream(ctx, term, framedStream{fc}); err != nil {
-		// Why the stream ended, as the Connect stream's trailers say it.
-		_ = fc.Write(&fencev1.StreamResponse{Error: rpcerr.ToStream(s.leaderHint(err))})
+		// Why the stream ended, as the Connect stream's trailers say it,
+		// to a client that still reads.
+		_ = fc.Finish(&fencev1.StreamResponse{Error: rpcerr.ToStream(s.leaderHint(err))}, time.Second)
 	}
 	return nil
 }

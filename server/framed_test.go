@@ -219,8 +219,9 @@ func TestFramedStreamDropsClientsThatDoNotRead(t *testing.T) {
 	}
 	// Gets of the big value, never read: the node's writes fill the
 	// sockets' buffers and stall.
+	start := time.Now()
 	go func() {
-		for id := uint64(2); id < 2000; id++ {
+		for id := uint64(2); id < 60; id++ { // 12 MiB of answers: more than the sockets hold
 			if fc.Write(&fencev1.StreamRequest{Id: id, Op: &fencev1.StreamRequest_Get{Get: &fencev1.GetRequest{Key: "big"}}}) != nil {
 				return
 			}
@@ -232,5 +233,10 @@ func TestFramedStreamDropsClientsThatDoNotRead(t *testing.T) {
 			t.Fatal("the stream of a client that does not read lives on 15s")
 		}
 		time.Sleep(50 * time.Millisecond)
+	}
+	// Dropped for silence (checked every 200ms) once its writes, too, made
+	// no progress for framedSilence.
+	if took := time.Since(start); took < framedSilence {
+		t.Fatalf("the stream was dropped after %v, before framedSilence (%v)", took, framedSilence)
 	}
 }

@@ -124,7 +124,7 @@ func serveCommand(g *globals) *cobra.Command {
 	f.IntVar(&cfg.WatchHistory, "watch-history", cfg.WatchHistory, "recent KV changes kept for watches that start at a past revision")
 	f.IntVar(&cfg.MaxConnections, "max-connections", cfg.MaxConnections, "most API connections open at once, lowered to leave 256 of the open-file limit to raft and snapshots (0: the file limit only); more wait")
 	f.DurationVar(&cfg.ReadTimeout, "read-timeout", cfg.ReadTimeout, "longest a client may take to send a request's headers, and then its body (not its answer)")
-	f.DurationVar(&cfg.WriteTimeout, "write-timeout", cfg.WriteTimeout, "end a call, and close its connection, when one write of its answer waits this long for a client that does not read (0: never)")
+	f.DurationVar(&cfg.WriteTimeout, "write-timeout", cfg.WriteTimeout, "end a call, and close its connection, when one write of its answer waits this long for a client that does not read (0: never; a framed session stream: 45s)")
 	f.DurationVar(&cfg.IdleTimeout, "idle-timeout", cfg.IdleTimeout, "close a keep-alive API connection idle this long")
 	f.DurationVar(&cfg.HeartbeatTimeout, "heartbeat-timeout", cfg.HeartbeatTimeout, "raft heartbeat timeout")
 	f.DurationVar(&cfg.ElectionTimeout, "election-timeout", cfg.ElectionTimeout, "raft election timeout")

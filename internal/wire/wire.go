@@ -8,8 +8,9 @@
 // another core. A Conn is read by one goroutine at a time (which may hand
 // the reading on to another between frames) and written by whichever
 // goroutine has a message: the first writer writes what the others queue
-// meanwhile, in one system call, so that no goroutine exists only to
-// write and a busy stream writes many messages per call.
+// meanwhile, in one system call, while they wait for it, so that no
+// goroutine exists only to write and a busy stream writes many messages
+// per call.
 //
 // A frame is a type byte, the payload's length as an unsigned varint, and
 // the payload: a protobuf message (the stream's own StreamRequest or
@@ -62,17 +63,23 @@ const maxQueued = 16 << 20
 // Conn is one framed stream. Read is called by one goroutine at a time;
 // Write by any number at once.
 type Conn struct {
-	conn         net.Conn
-	r            *bufio.Reader
-	maxRead      int
-	writeTimeout time.Duration
+	conn    net.Conn
+	raw     net.Conn // conn without TLS: closed at once when the stream breaks
+	r       *bufio.Reader
+	maxRead int
 
-	mu      sync.Mutex
-	pending []byte // frames queued for the writer
-	spare   []byte // the buffer last written, reused for the next queue
-	writing bool   // a goroutine is writing pending
-	ponging bool   // a pong is in pending
-	err     error  // the first write error: the stream is broken
+	mu           sync.Mutex
+	changed      sync.Cond     // broadcast when a write ends
+	writeTimeout time.Duration // bounds each writeChunk's progress
+	pending      []byte        // frames queued for the next write
+	spare        []byte        // the buffer last written, reused for the next queue
+	taken        uint64        // writes begun: pending goes in write number taken
+	written      uint64        // writes that ended well
+	waiters      int           // callers waiting for pending to be written
+	writing      bool          // a goroutine is writing
+	ponging      bool          // a pong is in pending
+	err          error         // the first write error: the stream is broken
+	broken       atomic.Bool   // err is set
 
 	lastRead  atomic.Int64 // unix nanoseconds of the last frame read
 	lastWrite atomic.Int64 // unix nanoseconds of the last write that ended
@@ -81,14 +88,18 @@ type Conn struct {
 }
 
 // NewConn frames conn. r reads conn (it may hold bytes already read from
-// it); frames over maxRead bytes fail the read. Each write of the
-// connection gives up after writeTimeout (0: never): a far end that does
-// not read for that long is gone or stuck.
+// it); frames over maxRead bytes fail the read. A write that makes no
+// progress for writeTimeout (0: no bound) breaks the stream: a far end
+// that does not read for that long is gone or stuck.
 func NewConn(conn net.Conn, r *bufio.Reader, maxRead int, writeTimeout time.Duration) *Conn {
 	if r == nil {
 		r = bufio.NewReader(conn)
 	}
-	c := &Conn{conn: conn, r: r, maxRead: maxRead, writeTimeout: writeTimeout}
+	c := &Conn{conn: conn, raw: conn, r: r, maxRead: maxRead, writeTimeout: writeTimeout}
+	if tc, ok := conn.(interface{ NetConn() net.Conn }); ok {
+		c.raw = tc.NetConn() // tls.Conn's Close may block on a full socket
+	}
+	c.changed.L = &c.mu
 	now := time.Now().UnixNano()
 	c.lastRead.Store(now)
 	c.lastWrite.Store(now)
@@ -98,15 +109,19 @@ func NewConn(conn net.Conn, r *bufio.Reader, maxRead int, writeTimeout time.Dura
 // encodePool holds buffers for frames being encoded.
 var encodePool = sync.Pool{New: func() any { return new([]byte) }}
 
-// Write sends m. It returns once m is written, or queued behind the write
-// of another goroutine, which then writes it. It fails when the stream
-// broke before m was written: a write failed, or timed out (the far end
-// stopped reading and the socket's buffer is full), and then the
-// connection is closed, so that the reader and every other writer learn
-// it at once. No caller gives up on a write of its own accord: the bytes
-// of others' frames may be in the same write, and a frame cut short
-// would break the stream for all of them.
+// Write sends m, and returns once m is written (perhaps by another
+// goroutine, in one write with other frames), or the stream broke first:
+// a write failed, or made no progress for the write timeout (the far end
+// stopped reading and the sockets' buffers are full). A broken stream's
+// connection is closed at once, so that its reader and every writer learn
+// it. No caller gives up on a write of its own accord: others' frames may
+// share it, and a frame cut short would break the stream for all of
+// them. A caller waits for at most the write before its own and its own;
+// one that finds maxQueued bytes already waiting waits for room first.
 func (c *Conn) Write(m proto.Message) error {
+	if c.broken.Load() {
+		return c.queue(nil, false) // the stream's error, without marshalling m
+	}
 	bp := encodePool.Get().(*[]byte)
 	defer encodePool.Put(bp)
 	b, err := appendMessage((*bp)[:0], m)
@@ -115,6 +130,17 @@ func (c *Conn) Write(m proto.Message) error {
 		return err
 	}
 	return c.queue(b, false)
+}
+
+// Finish writes m, the last frame of the stream, giving up after within
+// without progress (or the write timeout, if shorter).
+func (c *Conn) Finish(m proto.Message, within time.Duration) error {
+	c.mu.Lock()
+	if c.writeTimeout == 0 || within < c.writeTimeout {
+		c.writeTimeout = within
+	}
+	c.mu.Unlock()
+	return c.Write(m)
 }
 
 // appendMessage appends m's frame to b.
@@ -133,77 +159,107 @@ func (c *Conn) Ping() error {
 	return c.queue(frame, false)
 }
 
-// queue adds frame to what is to be written and, unless another goroutine
-// is writing, writes until nothing is left. A pong is not queued while
-// another waits to be written: a far end that pings faster than it reads
-// gets one. It returns an error when the stream broke before frame was
-// written; a write of later frames that fails does not fail the caller
-// whose frame went before (closing the connection tells everyone).
+// queue adds frame to what is to be written, and waits until it is
+// written: by this goroutine when no other is writing (with whatever
+// others queued meanwhile), else by the writer, or by one of the callers
+// queued with it. A pong is not waited for (the reader that queues it
+// goes on reading; the writer writes it), and is not queued while another
+// waits to be written: a far end that pings faster than it reads gets
+// one. A nil frame only returns the stream's error.
 func (c *Conn) queue(frame []byte, pong bool) error {
 	c.mu.Lock()
-	if c.err != nil {
-		err := c.err
-		c.mu.Unlock()
-		return err
-	}
-	switch {
-	case pong && c.ponging:
-		c.mu.Unlock()
+	defer c.mu.Unlock()
+	if pong {
+		switch {
+		case c.err != nil:
+			return c.err
+		case c.ponging:
+			return nil
+		}
+		c.pending = append(c.pending, frame...)
+		c.ponging = true
+		if !c.writing {
+			c.writeLocked()
+		}
 		return nil
-	case len(c.pending) > 0 && len(c.pending)+len(frame) > maxQueued:
-		c.err = fmt.Errorf("writing the stream: over %d bytes wait to be written: the far end reads too slowly", maxQueued)
-		err := c.err
-		c.mu.Unlock()
-		_ = c.conn.Close()
-		return err
+	}
+	for c.err == nil && len(c.pending) > 0 && len(c.pending)+len(frame) > maxQueued {
+		c.changed.Wait()
+	}
+	if c.err != nil || frame == nil {
+		return c.err
 	}
 	c.pending = append(c.pending, frame...)
-	c.ponging = c.ponging || pong
-	if c.writing {
-		c.mu.Unlock()
+	c.waiters++
+	batch := c.taken // the number the write of pending will have
+	for c.written <= batch && c.err == nil {
+		if c.writing {
+			c.changed.Wait()
+		} else {
+			c.writeLocked()
+		}
+	}
+	if c.written > batch {
 		return nil
 	}
+	return c.err
+}
+
+// writeLocked writes pending, and goes on while what is left has no
+// caller waiting to write it (a pong). It is called with mu held, which it
+// releases while writing.
+func (c *Conn) writeLocked() {
 	c.writing = true
-	var own error // the error of the write that held frame
-	for first := true; len(c.pending) > 0 && c.err == nil; first = false {
-		out := c.pending
+	for len(c.pending) > 0 && c.err == nil {
+		out, timeout := c.pending, c.writeTimeout
 		c.pending = c.spare[:0]
 		c.ponging = false
+		c.waiters = 0
+		c.taken++
 		c.mu.Unlock()
-		err := c.write(out)
+		err := c.write(out, timeout)
 		c.mu.Lock()
 		if cap(out) <= 64<<10 {
 			c.spare = out // a big burst's buffer is not kept
 		} else {
 			c.spare = nil
 		}
-		if err != nil {
+		if err == nil {
+			c.written++
+		} else if c.err == nil {
 			c.err = fmt.Errorf("writing the stream: %w", err)
-			if first {
-				own = c.err
-			}
+			c.broken.Store(true)
+			c.pending, c.spare = nil, nil
+			_ = c.raw.Close()
+		}
+		c.changed.Broadcast()
+		if c.waiters > 0 {
+			break // one of them writes the rest
 		}
 	}
 	c.writing = false
-	broken := c.err != nil
-	if broken {
-		c.pending, c.spare = nil, nil
-	}
-	c.mu.Unlock()
-	if broken {
-		_ = c.conn.Close()
-	}
-	return own
 }
 
-// write writes b to the connection, within the write timeout.
-func (c *Conn) write(b []byte) error {
-	if c.writeTimeout > 0 {
-		_ = c.conn.SetWriteDeadline(time.Now().Add(c.writeTimeout))
+// writeChunk is how much of a write must go out within the write timeout:
+// a far end that reads, however slowly, keeps the stream.
+const writeChunk = 256 << 10
+
+// write writes b to the connection, each writeChunk of it within timeout
+// (0: no bound).
+func (c *Conn) write(b []byte, timeout time.Duration) error {
+	for len(b) > 0 {
+		n := min(len(b), writeChunk)
+		if timeout > 0 {
+			_ = c.conn.SetWriteDeadline(time.Now().Add(timeout))
+		}
+		_, err := c.conn.Write(b[:n])
+		c.lastWrite.Store(time.Now().UnixNano())
+		if err != nil {
+			return err
+		}
+		b = b[n:]
 	}
-	_, err := c.conn.Write(b)
-	c.lastWrite.Store(time.Now().UnixNano())
-	return err
+	return nil
 }
 
 // Read reads the next message into m, answering pings on the way.

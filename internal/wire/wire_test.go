@@ -270,21 +270,56 @@ func TestPingsWithoutReadingQueueOnePong(t *testing.T) {
 }
 
 // Frames queued behind a blocked write are bounded: past maxQueued the
-// stream breaks rather than hold the memory.
+// writers wait for room, and every one of them learns that the stream
+// broke when the blocked write times out.
 func TestQueueBehindABlockedWriteIsBounded(t *testing.T) {
 	a, _ := pair(t)
-	w := NewConn(a, nil, 1024, time.Minute)
+	w := NewConn(a, nil, 1024, 2*time.Second)
 	blockWriter(t, w)
 	big := checkOp(string(make([]byte, 1<<20)))
-	for i := range 2 * maxQueued >> 20 {
-		if err := w.Write(big); err != nil {
-			if i < maxQueued>>20-1 {
-				t.Fatalf("a write queued behind %d MiB failed: %v", i, err)
+	const writers = 40
+	errs := make(chan error, writers)
+	for range writers {
+		go func() { errs <- w.Write(big) }()
+	}
+	time.Sleep(500 * time.Millisecond)
+	w.mu.Lock()
+	queued := len(w.pending)
+	w.mu.Unlock()
+	if queued > maxQueued+(1<<20)+16 {
+		t.Fatalf("%d MiB queued behind a blocked write", queued>>20)
+	}
+	for range writers {
+		select {
+		case err := <-errs:
+			if err == nil {
+				t.Fatal("a write to a far end that never reads succeeded")
 			}
-			return
+		case <-time.After(30 * time.Second):
+			t.Fatal("a writer still waits 30s after the blocked write's timeout")
 		}
 	}
-	t.Fatalf("%d MiB queued behind a blocked write", 2*maxQueued>>20)
+}
+
+// A far end that reads slowly but steadily keeps the stream: the write
+// timeout bounds a write's lack of progress, not how long a big write
+// takes.
+func TestSlowReaderKeepsTheStream(t *testing.T) {
+	a, b := pair(t)
+	w := NewConn(a, nil, 1024, 1500*time.Millisecond)
+	go func() {
+		buf := make([]byte, 128<<10)
+		for {
+			if _, err := b.Read(buf); err != nil {
+				return
+			}
+			time.Sleep(20 * time.Millisecond) // at most 6.5 MB/s
+		}
+	}()
+	big := checkOp(string(make([]byte, 24<<20))) // some 4s at that rate
+	if err := w.Write(big); err != nil {
+		t.Fatalf("a write to a far end that reads slowly failed: %v", err)
+	}
 }
 
 // A frame that declares a big length and brings few bytes costs about
