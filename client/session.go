@@ -69,6 +69,7 @@ type Session struct {
 	// wg counts their callbacks running.
 	dueTimer, lostTimer clock.Timer
 	stopped             bool
+	lapsed              bool // its safe-until passed unrenewed: it is being lost
 	renewing            atomic.Bool
 	renewCtx            context.Context
 	stopOnce            sync.Once
@@ -279,7 +280,7 @@ func (s *Session) onDue() {
 	}
 	// A process that was paused (SIGSTOP, GC, VM migration) must not
 	// renew a session whose deadline passed while it slept.
-	if !now.Before(safe) {
+	if s.lapse(now) {
 		s.lose(fmt.Errorf("%w: session %d was not renewed before its safe-until deadline", fence.ErrSessionLost, s.id))
 		return
 	}
@@ -302,11 +303,24 @@ func (s *Session) onLost() {
 		return
 	}
 	defer s.wg.Done()
-	if s.client.opts.clock.Now().Before(s.SafeUntil()) {
+	if !s.lapse(s.client.opts.clock.Now()) {
 		s.rearm() // renewed as this fired
 		return
 	}
 	s.lose(fmt.Errorf("%w: no renewal of session %d reached the service in time; its locks may be held by others", fence.ErrSessionLost, s.id))
+}
+
+// lapse reports whether the session's safe-until is not after now, and
+// then marks it lapsed: no renewal answered later extends it, as the
+// session is about to end as lost.
+func (s *Session) lapse(now time.Time) bool {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if now.Before(s.safeUntil) {
+		return false
+	}
+	s.lapsed = true
+	return true
 }
 
 // enter counts a timer's callback in wg, unless the schedule stopped.
@@ -377,7 +391,7 @@ func (s *Session) nextRound() uint64 {
 // as it waited): its safe-until stays where the session ended.
 func (s *Session) renewed(sent time.Time, lag time.Duration, round uint64, held *fencev1.HeldGrants) {
 	s.mu.Lock()
-	if !sent.Before(s.safeUntil) || s.ctx.Err() != nil {
+	if !sent.Before(s.safeUntil) || s.lapsed || s.ctx.Err() != nil {
 		s.mu.Unlock()
 		return
 	}

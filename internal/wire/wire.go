@@ -54,10 +54,9 @@ const pingBytes = 8
 // ErrFrameTooLarge is the error of a frame over the reader's bound.
 var ErrFrameTooLarge = errors.New("wire: frame over the size limit")
 
-// maxQueued bounds the bytes queued behind a write in progress: a far end
-// that reads so much slower than it asks (or pings without reading the
-// pongs) breaks the stream rather than hold the memory. One frame larger
-// than that may still be queued alone.
+// maxQueued bounds the bytes queued behind a write in progress: past it,
+// writers wait for room. One frame larger than that may still be queued
+// alone.
 const maxQueued = 16 << 20
 
 // Conn is one framed stream. Read is called by one goroutine at a time;
@@ -116,8 +115,10 @@ var encodePool = sync.Pool{New: func() any { return new([]byte) }}
 // connection is closed at once, so that its reader and every writer learn
 // it. No caller gives up on a write of its own accord: others' frames may
 // share it, and a frame cut short would break the stream for all of
-// them. A caller waits for at most the write before its own and its own;
-// one that finds maxQueued bytes already waiting waits for room first.
+// them. A caller waits for the write before its own and its own (and,
+// rarely, a pong written after it); one that finds maxQueued bytes
+// already waiting waits for room first. An error means m's fate is
+// unknown: the part of a write before its failure may have arrived.
 func (c *Conn) Write(m proto.Message) error {
 	if c.broken.Load() {
 		return c.queue(nil, false) // the stream's error, without marshalling m
@@ -136,7 +137,7 @@ func (c *Conn) Write(m proto.Message) error {
 // without progress (or the write timeout, if shorter).
 func (c *Conn) Finish(m proto.Message, within time.Duration) error {
 	c.mu.Lock()
-	if c.writeTimeout == 0 || within < c.writeTimeout {
+	if within > 0 && (c.writeTimeout == 0 || within < c.writeTimeout) {
 		c.writeTimeout = within
 	}
 	c.mu.Unlock()
@@ -178,7 +179,9 @@ func (c *Conn) queue(frame []byte, pong bool) error {
 		}
 		c.pending = append(c.pending, frame...)
 		c.ponging = true
-		if !c.writing {
+		if !c.writing && c.waiters == 0 {
+			// Else the callers waiting for pending write it: the reader
+			// writes no one else's frames, so that it goes on reading.
 			c.writeLocked()
 		}
 		return nil

@@ -322,6 +322,31 @@ func TestSlowReaderKeepsTheStream(t *testing.T) {
 	}
 }
 
+// The reader answering a ping writes no one else's frames: when callers
+// wait for what is queued (a writer has just handed the rest on to them),
+// the pong goes with their frames, written by one of them, and the reader
+// goes on reading. Here a caller's frame waits, as in that moment.
+func TestReaderWritesOnlyItsPong(t *testing.T) {
+	a, b := pair(t)
+	r := NewConn(b, nil, 1024, time.Second)
+	r.mu.Lock()
+	r.pending = append(r.pending, frameMessage, 0)
+	r.waiters = 1
+	r.mu.Unlock()
+	if _, err := a.Write([]byte{framePing, pingBytes, 1, 2, 3, 4, 5, 6, 7, 8, frameMessage, 0}); err != nil {
+		t.Fatal(err)
+	}
+	if err := r.Read(&fencev1.StreamRequest{}); err != nil {
+		t.Fatal(err)
+	}
+	r.mu.Lock()
+	queued, taken := len(r.pending), r.taken
+	r.mu.Unlock()
+	if taken != 0 || queued != 2+2+pingBytes {
+		t.Fatalf("the reader wrote %d writes, leaving %d bytes queued: it wrote a waiting caller's frame", taken, queued)
+	}
+}
+
 // A frame that declares a big length and brings few bytes costs about
 // what it brought, not what it declared.
 func TestDeclaredLengthIsNotAllocatedAhead(t *testing.T) {
