@@ -545,13 +545,16 @@ func (st *opStream) read() (*fencev1.StreamResponse, error) {
 // end ends the stream with err, failing the operations in flight.
 func (st *opStream) end(err error) {
 	st.mu.Lock()
-	defer st.mu.Unlock()
 	if st.err != nil {
+		st.mu.Unlock()
 		return
 	}
 	st.err = err
 	close(st.done)
+	st.mu.Unlock()
 	if st.framed != nil {
+		// Outside mu: a TLS connection's close writes its close_notify,
+		// which waits on a node that stopped reading.
 		_ = st.framed.Close()
 		close(st.closed)
 		return
