@@ -211,29 +211,24 @@ func (q *Queue) takeItem(ctx context.Context, s *Session, seq uint64) (*Delivery
 }
 
 // waitChange waits from revision rev on for a change that may free an
-// item (a new item, a claim given up), or for Rescan to pass.
+// item (a new item, a claim given up), or for Rescan to pass. The watch
+// only shortens the wait: when it cannot be opened or breaks (the node
+// at its watch limit, a leader change, a stream open that timed out),
+// the consumer waits out the Rescan and lists again, as it would have
+// without it.
 func (q *Queue) waitChange(ctx context.Context, s *Session, rev uint64) error {
 	wctx, cancel := context.WithTimeout(ctx, q.Rescan)
 	defer cancel()
 	w, err := q.c.KV().Watch(wctx, q.prefix, FromRevision(rev+1))
 	if err != nil {
-		if wctx.Err() != nil && ctx.Err() == nil {
-			return nil
-		}
-		return err
+		return waitRescan(ctx, wctx, s)
 	}
 	defer w.Close()
 	for {
 		select {
 		case ev, ok := <-w.Events():
 			if !ok {
-				if ctx.Err() != nil {
-					return ctx.Err()
-				}
-				if wctx.Err() != nil {
-					return nil // Rescan passed
-				}
-				return w.Err()
+				return waitRescan(ctx, wctx, s)
 			}
 			key, put := ev.GetKv().GetKey(), ev.GetType() == fencev1.EventType_EVENT_TYPE_PUT
 			if _, item := q.parse(key, "items"); item && put {
@@ -245,5 +240,16 @@ func (q *Queue) waitChange(ctx context.Context, s *Session, rev uint64) error {
 		case <-s.Done():
 			return s.Err()
 		}
+	}
+}
+
+// waitRescan waits for wctx, the Rescan's, to end, and returns nil then,
+// or the error of ctx or of session s when either ends first.
+func waitRescan(ctx, wctx context.Context, s *Session) error {
+	select {
+	case <-wctx.Done():
+		return ctx.Err()
+	case <-s.Done():
+		return s.Err()
 	}
 }

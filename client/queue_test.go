@@ -11,6 +11,7 @@ import (
 
 	"github.com/fencelock/fence"
 	"github.com/fencelock/fence/internal/clock"
+	"github.com/fencelock/fence/server"
 )
 
 // Items come out in the order they went in, and a Dequeue on an empty
@@ -201,5 +202,44 @@ func TestQueueReturn(t *testing.T) {
 	d2, err := q.Dequeue(ctx, b)
 	if err != nil || d2.Seq != d.Seq {
 		t.Fatalf("after Return: %v, %v", d2, err)
+	}
+}
+
+// A consumer whose watch cannot be opened (here the node is at its watch
+// limit) still gets the next item: it lists again every Rescan, as
+// Dequeue fails only when its context or its session ends.
+func TestDequeueWithoutAWatch(t *testing.T) {
+	srv := startServer(t, func(c *server.Config) { c.MaxWatchers = 1 })
+	c := mustClient(t, srv, nil)
+	ctx := context.Background()
+	wctx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	hog, err := c.KV().Watch(wctx, "elsewhere/")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer hog.Close()
+	q := NewQueue(c, "jobs")
+	q.Rescan = 200 * time.Millisecond
+	s := mustSession(t, c, 5*time.Second)
+	got := make(chan error, 1)
+	go func() {
+		d, err := q.Dequeue(ctx, s)
+		if err == nil && string(d.Value) != "job 1" {
+			err = fmt.Errorf("dequeued %q, want job 1", d.Value)
+		}
+		got <- err
+	}()
+	time.Sleep(300 * time.Millisecond) // the consumer found the queue empty, and no watch
+	if _, err := q.Enqueue(ctx, []byte("job 1")); err != nil {
+		t.Fatal(err)
+	}
+	select {
+	case err := <-got:
+		if err != nil {
+			t.Fatalf("dequeue without a watch: %v", err)
+		}
+	case <-time.After(10 * time.Second):
+		t.Fatal("the consumer without a watch never got the item")
 	}
 }
