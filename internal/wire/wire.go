@@ -69,6 +69,8 @@ type Conn struct {
 
 	mu           sync.Mutex
 	changed      sync.Cond     // broadcast when a write ends
+	room         sync.Cond     // broadcast when pending is taken, to those waiting for room
+	roomWaiters  int           // callers waiting on room
 	writeTimeout time.Duration // bounds each writeChunk's progress
 	pending      []byte        // frames queued for the next write
 	spare        []byte        // the buffer last written, reused for the next queue
@@ -99,6 +101,7 @@ func NewConn(conn net.Conn, r *bufio.Reader, maxRead int, writeTimeout time.Dura
 		c.raw = tc.NetConn() // tls.Conn's Close may block on a full socket
 	}
 	c.changed.L = &c.mu
+	c.room.L = &c.mu
 	now := time.Now().UnixNano()
 	c.lastRead.Store(now)
 	c.lastWrite.Store(now)
@@ -187,7 +190,9 @@ func (c *Conn) queue(frame []byte, pong bool) error {
 		return nil
 	}
 	for c.err == nil && len(c.pending) > 0 && len(c.pending)+len(frame) > maxQueued {
-		c.changed.Wait()
+		c.roomWaiters++
+		c.room.Wait()
+		c.roomWaiters--
 	}
 	if c.err != nil || frame == nil {
 		return c.err
@@ -215,10 +220,13 @@ func (c *Conn) writeLocked() {
 	c.writing = true
 	for len(c.pending) > 0 && c.err == nil {
 		out, timeout := c.pending, c.writeTimeout
-		c.pending = c.spare[:0]
+		c.pending, c.spare = c.spare[:0], nil
 		c.ponging = false
 		c.waiters = 0
 		c.taken++
+		if c.roomWaiters > 0 {
+			c.room.Broadcast()
+		}
 		c.mu.Unlock()
 		err := c.write(out, timeout)
 		c.mu.Lock()
@@ -234,6 +242,7 @@ func (c *Conn) writeLocked() {
 			c.broken.Store(true)
 			c.pending, c.spare = nil, nil
 			_ = c.raw.Close()
+			c.room.Broadcast()
 		}
 		c.changed.Broadcast()
 		if c.waiters > 0 {
