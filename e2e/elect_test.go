@@ -26,6 +26,12 @@ func TestElectAndWatchProcesses(t *testing.T) {
 
 	a := startFence(t, "fence elect node-a", append(srv.endpoints(), "elect", "--ttl", "2s", "sched", "node-a")...)
 	seen("node-a to lead", "node-a\ttoken 1\n")
+	// The watch can see the grant before node-a's own answer reaches it:
+	// it is interrupted as a leader only once it says it leads.
+	waitFor(t, 20*time.Second, "node-a to say it leads", func() bool {
+		a.failIfExited(t)
+		return strings.Contains(a.stdout.String(), "elected leader of sched")
+	})
 	b := startFence(t, "fence elect node-b", append(srv.endpoints(), "elect", "--ttl", "2s", "sched", "node-b")...)
 	a.signal(t, syscall.SIGTERM)
 	if code := a.waitExit(t, 10*time.Second); code != 0 {

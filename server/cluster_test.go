@@ -10,6 +10,7 @@ import (
 	"net/http"
 	"strings"
 	"sync"
+	"syscall"
 	"testing"
 	"time"
 
@@ -130,6 +131,12 @@ func (c *testCluster) start(id string) *Server {
 	cfg := c.cfgs[id]
 	c.mu.Unlock()
 	s, err := Start(cfg)
+	// Between the reservation's close and raft's bind, the kernel may lend
+	// the port to another process's outgoing connection for a moment.
+	for tries := 0; err != nil && errors.Is(err, syscall.EADDRINUSE) && tries < 40; tries++ {
+		time.Sleep(50 * time.Millisecond)
+		s, err = Start(cfg)
+	}
 	if err != nil {
 		c.t.Fatalf("starting %s: %v", id, err)
 	}
