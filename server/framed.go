@@ -109,10 +109,7 @@ func (f *framedStreams) close(ctx context.Context) {
 	}
 	f.mu.Unlock()
 	for _, conn := range conns {
-		if tc, ok := conn.(interface{ NetConn() net.Conn }); ok {
-			conn = tc.NetConn() // a TLS close would write, and may block
-		}
-		_ = conn.Close()
+		_ = wire.Bare(conn).Close()
 	}
 	select {
 	case <-ended:

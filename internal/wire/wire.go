@@ -96,10 +96,7 @@ func NewConn(conn net.Conn, r *bufio.Reader, maxRead int, writeTimeout time.Dura
 	if r == nil {
 		r = bufio.NewReader(conn)
 	}
-	c := &Conn{conn: conn, raw: conn, r: r, maxRead: maxRead, writeTimeout: writeTimeout}
-	if tc, ok := conn.(interface{ NetConn() net.Conn }); ok {
-		c.raw = tc.NetConn() // tls.Conn's Close may block on a full socket
-	}
+	c := &Conn{conn: conn, raw: Bare(conn), r: r, maxRead: maxRead, writeTimeout: writeTimeout}
 	c.changed.L = &c.mu
 	c.room.L = &c.mu
 	now := time.Now().UnixNano()
@@ -375,6 +372,16 @@ func (c *Conn) WriteIdle() time.Duration {
 // InterruptRead ends a Read blocked on the connection, and every Read
 // after it, with an error: the reader's side of the stream is over.
 func (c *Conn) InterruptRead() { _ = c.conn.SetReadDeadline(time.Unix(1, 0)) }
+
+// Bare returns conn without its TLS layer (tls.Conn's), or conn itself:
+// closing it ends the connection at once, where a TLS close writes its
+// close_notify first, which waits on a far end that stopped reading.
+func Bare(conn net.Conn) net.Conn {
+	if tc, ok := conn.(interface{ NetConn() net.Conn }); ok {
+		return tc.NetConn()
+	}
+	return conn
+}
 
 // Close closes the connection; a Read or Write blocked on it returns.
 func (c *Conn) Close() error { return c.conn.Close() }
