@@ -77,7 +77,10 @@ func (k *keepAliver) renew(ctx context.Context, s *Session) error {
 		// A session past its safe-until stays out: the service may have
 		// expired it (its own timer ends it as lost), and this process,
 		// paused, may not have run that timer yet.
-		if o != s && o.batch == nil && o.ctx.Err() == nil && !o.dueAt().After(now.Add(o.interval/4)) && now.Before(o.SafeUntil()) {
+		// Due soon first: it rules out most sessions, and reads only the
+		// session itself (ctx is another allocation, and a client may
+		// hold thousands of sessions).
+		if o != s && o.batch == nil && !o.dueAt().After(now.Add(o.interval/4)) && o.ctx.Err() == nil && now.Before(o.SafeUntil()) {
 			o.batch = b
 			members = append(members, o)
 		}

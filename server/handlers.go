@@ -1,10 +1,12 @@
 package server
 
 import (
+	"cmp"
 	"context"
 	"encoding/base64"
 	"errors"
 	"fmt"
+	"slices"
 	"strconv"
 	"time"
 
@@ -84,49 +86,46 @@ type keepAliveResult struct {
 
 // keepAlive renews sessions: a unary KeepAlive's one, or a stream's many.
 // Each is renewed in the leader's memory, then one leadership confirmation
-// that began after all of them arrived serves them all.
+// that began after all of them arrived serves them all. The FSM and the
+// tracker are each locked once per renewalChunk sessions, not once per
+// session: a client holding thousands of sessions renews them in one
+// message every few seconds.
 func (s *Server) keepAlive(ctx context.Context, reqs []*fencev1.KeepAliveRequest) []keepAliveResult {
-	out := make([]keepAliveResult, len(reqs))
-	ttls := make([]time.Duration, len(reqs))
-	renewed := 0
+	rs := make([]renewal, len(reqs))
 	for i, m := range reqs {
-		id := m.GetSessionId()
-		if err := s.authorizeSession(id, m.GetSessionSecret()); err != nil {
-			out[i].err = err
-			continue
-		}
-		if ttls[i], out[i].err = s.tracker.keepAlive(id); out[i].err == nil {
-			renewed++
-		}
+		rs[i].id = m.GetSessionId()
+		rs[i].err = checkSessionID(rs[i].id)
 	}
-	if renewed == 0 {
+	s.authorizeSessions(rs, reqs)
+	s.tracker.keepAliveAll(rs)
+	out := make([]keepAliveResult, len(reqs))
+	if !slices.ContainsFunc(rs, func(r renewal) bool { return r.err == nil }) {
+		for i := range rs {
+			out[i].err = rs[i].err
+		}
 		return out
 	}
 	// The renewal counts only if this node still led after it: a leader
 	// replaced while it was paused must not move the client's safe-until
 	// past the new leader's expiry of the session. The confirmation also
 	// applies every earlier entry, so an expiry committed by another leader
-	// in between has ended the session by the time alive looks.
+	// in between has ended the session by the time stillAlive looks.
 	if err := s.confirmer.wait(ctx); err != nil {
-		for i := range out {
-			if out[i].err == nil {
-				out[i].err = err
-			}
+		for i := range rs {
+			out[i].err = cmp.Or(rs[i].err, err)
 		}
 		return out
 	}
-	for i, m := range reqs {
-		if out[i].err != nil {
-			continue
-		}
-		id := m.GetSessionId()
-		if err := s.tracker.alive(id); err != nil {
-			out[i].err = err
-			continue
-		}
-		held := &fencev1.HeldGrants{}
-		s.fsm.Read(func(st *fsm.State) { held.Tokens = st.HeldTokens(id) })
-		out[i].resp = &fencev1.KeepAliveResponse{Ttl: durationpb.New(ttls[i]), Held: held}
+	s.tracker.stillAlive(rs)
+	for c := 0; c < len(rs); c += renewalChunk {
+		s.fsm.Read(func(st *fsm.State) {
+			for i := c; i < min(c+renewalChunk, len(rs)); i++ {
+				if out[i].err = rs[i].err; out[i].err == nil {
+					held := &fencev1.HeldGrants{Tokens: st.HeldTokens(rs[i].id)}
+					out[i].resp = &fencev1.KeepAliveResponse{Ttl: durationpb.New(rs[i].ttl), Held: held}
+				}
+			}
+		})
 	}
 	return out
 }

@@ -1,9 +1,11 @@
 package server
 
 import (
+	"cmp"
 	"crypto/rand"
 	"encoding/base64"
 
+	fencev1 "github.com/fencelock/fence/api/fence/v1"
 	"github.com/fencelock/fence/internal/fsm"
 )
 
@@ -42,4 +44,26 @@ func (s *Server) authorizeSession(id uint64, secret string) error {
 	var err error
 	s.fsm.Read(func(st *fsm.State) { err = st.AuthorizeSession(id, secret) })
 	return err
+}
+
+// authorizeSessions is authorizeSession for each renewal of rs that has no
+// error yet (reqs[i] carries rs[i]'s secret), setting the error of each
+// that fails.
+func (s *Server) authorizeSessions(rs []renewal, reqs []*fencev1.KeepAliveRequest) {
+	if !s.leaderReady.Load() {
+		err := s.notReady()
+		for i := range rs {
+			rs[i].err = cmp.Or(rs[i].err, err)
+		}
+		return
+	}
+	for c := 0; c < len(rs); c += renewalChunk {
+		s.fsm.Read(func(st *fsm.State) {
+			for i := c; i < min(c+renewalChunk, len(rs)); i++ {
+				if rs[i].err == nil {
+					rs[i].err = st.AuthorizeSession(rs[i].id, reqs[i].GetSessionSecret())
+				}
+			}
+		})
+	}
 }

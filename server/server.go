@@ -693,6 +693,19 @@ func (m *metrics) observe(procedure string, start time.Time, code connect.Code) 
 	m.requests.WithLabelValues(procedure, label).Inc()
 }
 
+// observeOK counts n calls of procedure that started at start and
+// succeeded, each as observe would.
+func (m *metrics) observeOK(procedure string, start time.Time, n int) {
+	if n == 0 {
+		return
+	}
+	latency, took := m.latency.WithLabelValues(procedure), time.Since(start).Seconds()
+	for range n {
+		latency.Observe(took)
+	}
+	m.requests.WithLabelValues(procedure, "ok").Add(float64(n))
+}
+
 // WaitLeader blocks until this node can serve: it is the leader and has
 // applied its log, or it knows another node leads. It gives up after timeout.
 func (s *Server) WaitLeader(timeout time.Duration) error {

@@ -56,6 +56,9 @@ type trackedSession struct {
 	// from then on keepalives fail, so no client is told its session lives
 	// while its expiry is being committed.
 	expiring bool
+	// gone is set when the session leaves sessions, so that a keepalive
+	// holding the entry learns it without looking the id up again.
+	gone bool
 }
 
 func newSessionTracker(c clock.Clock, logger *slog.Logger, expire func(ids []uint64) error) *sessionTracker {
@@ -104,7 +107,10 @@ func (t *sessionTracker) created(id uint64, ttl time.Duration) {
 func (t *sessionTracker) ended(id uint64) {
 	t.mu.Lock()
 	defer t.mu.Unlock()
-	delete(t.sessions, id)
+	if s, ok := t.sessions[id]; ok {
+		s.gone = true
+		delete(t.sessions, id)
+	}
 }
 
 // reset mirrors the FSM's sessions after a snapshot restore. Sessions the
@@ -120,6 +126,11 @@ func (t *sessionTracker) reset(sessions []fsm.SessionInfo) {
 			continue
 		}
 		next[info.ID] = &trackedSession{ttl: info.TTL, deadline: now.Add(info.TTL)}
+	}
+	for id, s := range t.sessions {
+		if _, ok := next[id]; !ok {
+			s.gone = true
+		}
 	}
 	t.sessions = next
 	t.rebuildQueueLocked()
@@ -155,19 +166,67 @@ func (t *sessionTracker) rebuildQueueLocked() {
 
 // keepAlive renews a session for a full TTL from now.
 func (t *sessionTracker) keepAlive(id uint64) (time.Duration, error) {
-	t.mu.Lock()
-	defer t.mu.Unlock()
-	if !t.leader {
-		return 0, fmt.Errorf("%w: this node is not the leader; keepalives go to the leader", fence.ErrUnavailable)
+	r := []renewal{{id: id}}
+	t.keepAliveAll(r)
+	return r[0].ttl, r[0].err
+}
+
+// renewal is one session's keepalive, as the tracker sees it.
+type renewal struct {
+	id  uint64
+	err error // why it was not renewed; one set before keepAliveAll is skipped
+	ttl time.Duration
+	s   *trackedSession
+}
+
+// renewalChunk is how many sessions keepAliveAll and stillAlive handle
+// under one hold of the lock: a keepalive of thousands of sessions takes
+// it in turns with the expiry timer and the sessions being created.
+const renewalChunk = 512
+
+// keepAliveAll renews each session of rs that has no error yet for a full
+// TTL from now, setting its TTL and entry, or its error.
+func (t *sessionTracker) keepAliveAll(rs []renewal) {
+	for len(rs) > 0 {
+		chunk := rs[:min(len(rs), renewalChunk)]
+		rs = rs[len(chunk):]
+		t.mu.Lock()
+		now := t.clock.Now()
+		for i := range chunk {
+			r := &chunk[i]
+			switch {
+			case r.err != nil:
+			case !t.leader:
+				r.err = fmt.Errorf("%w: this node is not the leader; keepalives go to the leader", fence.ErrUnavailable)
+			default:
+				r.s, r.err = t.liveLocked(r.id)
+				if r.err == nil {
+					// Only later: the session's queue entry, at its old
+					// deadline or earlier, is put back at this one when it
+					// comes due.
+					r.s.deadline = now.Add(r.s.ttl)
+					r.ttl = r.s.ttl
+				}
+			}
+		}
+		t.mu.Unlock()
 	}
-	s, err := t.liveLocked(id)
-	if err != nil {
-		return 0, err
+}
+
+// stillAlive sets the error of each renewal of rs whose session ended, or
+// began to be expired, since keepAliveAll renewed it.
+func (t *sessionTracker) stillAlive(rs []renewal) {
+	for len(rs) > 0 {
+		chunk := rs[:min(len(rs), renewalChunk)]
+		rs = rs[len(chunk):]
+		t.mu.Lock()
+		for i := range chunk {
+			if r := &chunk[i]; r.err == nil && (r.s.gone || r.s.expiring) {
+				r.err = notFound(r.id)
+			}
+		}
+		t.mu.Unlock()
 	}
-	// Only later: the session's queue entry, at its old deadline or
-	// earlier, is put back at this one when it comes due.
-	s.deadline = t.clock.Now().Add(s.ttl)
-	return s.ttl, nil
 }
 
 // expiresIn returns how long session id lives without a keepalive, on the
@@ -183,20 +242,12 @@ func (t *sessionTracker) expiresIn(id uint64) (time.Duration, bool) {
 	return max(s.deadline.Sub(t.clock.Now()), 0), true
 }
 
-// alive reports whether a session is still tracked and not being expired.
-func (t *sessionTracker) alive(id uint64) error {
-	t.mu.Lock()
-	defer t.mu.Unlock()
-	_, err := t.liveLocked(id)
-	return err
-}
-
 // liveLocked returns the tracked session id, unless it is gone or its
 // expiry is being committed.
 func (t *sessionTracker) liveLocked(id uint64) (*trackedSession, error) {
 	s, ok := t.sessions[id]
 	if !ok || s.expiring {
-		return nil, fmt.Errorf("%w: session %d does not exist or has expired; create a new session", fence.ErrSessionNotFound, id)
+		return nil, notFound(id)
 	}
 	return s, nil
 }
@@ -398,4 +449,10 @@ func (d *delayScheduler) becomeFollower() {
 		t.Stop()
 		delete(d.timers, id)
 	}
+}
+
+// notFound is the error of a keepalive of a session that is gone or being
+// expired.
+func notFound(id uint64) error {
+	return fmt.Errorf("%w: session %d does not exist or has expired; create a new session", fence.ErrSessionNotFound, id)
 }

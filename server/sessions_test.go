@@ -1,6 +1,8 @@
 package server
 
 import (
+	"context"
+	"errors"
 	"fmt"
 	"slices"
 	"sync"
@@ -8,7 +10,12 @@ import (
 	"testing"
 	"time"
 
+	"connectrpc.com/connect"
+
+	"github.com/fencelock/fence"
+	fencev1 "github.com/fencelock/fence/api/fence/v1"
 	"github.com/fencelock/fence/internal/clock"
+	"github.com/fencelock/fence/internal/fsm"
 )
 
 // expiryRecorder is a tracker's expire function that records each call,
@@ -171,5 +178,98 @@ func BenchmarkTrackerKeepAlive(b *testing.B) {
 				i++
 			}
 		})
+	}
+}
+
+// A keepalive holds the tracker's entries of the sessions it renewed, and
+// learns from them, without looking the ids up again, which of those
+// sessions ended or began to be expired before it answers.
+func TestTrackerStillAliveSeesSessionsThatEnded(t *testing.T) {
+	tr, c, rec := newTestTracker(t)
+	for id := range uint64(5) {
+		tr.created(id+1, 10*time.Second)
+	}
+	tr.created(6, time.Second)
+	rs := []renewal{{id: 1}, {id: 2}, {id: 3}, {id: 4}, {id: 6}, {id: 7}, {id: 5, err: errors.New("refused before")}}
+	tr.keepAliveAll(rs)
+	for i, ttl := range []time.Duration{10 * time.Second, 10 * time.Second, 10 * time.Second, 10 * time.Second, time.Second} {
+		if r := rs[i]; r.err != nil || r.ttl != ttl {
+			t.Fatalf("renewing session %d: ttl %v (want %v), err %v", r.id, r.ttl, ttl, r.err)
+		}
+	}
+	if !errors.Is(rs[5].err, fence.ErrSessionNotFound) {
+		t.Fatalf("renewing an unknown session: %v", rs[5].err)
+	}
+	if rs[6].s != nil || rs[6].err.Error() != "refused before" {
+		t.Fatalf("a renewal refused before was renewed: %+v", rs[6])
+	}
+
+	tr.ended(2) // closed
+	// Restoring a snapshot in which session 3 no longer exists.
+	tr.reset([]fsm.SessionInfo{{ID: 1, TTL: 10 * time.Second}, {ID: 4, TTL: 10 * time.Second}, {ID: 6, TTL: time.Second}})
+	c.WaitForTimers(1)
+	c.Advance(2 * time.Second) // 6's expiry is being proposed
+	if got := rec.expired(t, 1); !slices.Equal(got, []uint64{6}) {
+		t.Fatalf("expired %v, want [6]", got)
+	}
+	tr.stillAlive(rs)
+	for i, want := range []bool{true, false, false, true, false} {
+		if alive := rs[i].err == nil; alive != want {
+			t.Fatalf("session %d: still alive %v (%v), want %v", rs[i].id, alive, rs[i].err, want)
+		}
+		if !want && !errors.Is(rs[i].err, fence.ErrSessionNotFound) {
+			t.Fatalf("session %d: %v, want ErrSessionNotFound", rs[i].id, rs[i].err)
+		}
+	}
+}
+
+// A keepalive of more sessions than the FSM and the tracker are locked
+// for at once answers each session in its place, across the chunks: the
+// renewed with their TTL and holdings, the others with their own error.
+func TestKeepAliveOfManySessionsAnswersEachInItsPlace(t *testing.T) {
+	s := startTestServer(t, nil)
+	a := newAPI(t, s)
+	n := 2*renewalChunk + 3
+	reqs := make([]*fencev1.KeepAliveRequest, n)
+	for i := range reqs {
+		id := a.session(time.Minute)
+		reqs[i] = &fencev1.KeepAliveRequest{SessionId: id, SessionSecret: a.secrets.secret(id)}
+	}
+	last := reqs[n-1].GetSessionId()
+	token := a.mustAcquire(last, "job")
+	wrongSecret, unknown, noID := renewalChunk-1, renewalChunk, renewalChunk+1
+	reqs[wrongSecret].SessionSecret = reqs[0].GetSessionSecret()
+	reqs[unknown].SessionId = last + 1000
+	reqs[noID].SessionId = 0
+	if _, err := s.CloseSession(context.Background(), connect.NewRequest(&fencev1.CloseSessionRequest{SessionId: reqs[2].GetSessionId(), SessionSecret: reqs[2].GetSessionSecret()})); err != nil {
+		t.Fatal(err)
+	}
+
+	out := s.keepAlive(context.Background(), reqs)
+	if len(out) != n {
+		t.Fatalf("%d answers to %d sessions", len(out), n)
+	}
+	for i, r := range out {
+		var want error
+		switch i {
+		case wrongSecret:
+			want = fence.ErrSessionSecret
+		case unknown, 2:
+			want = fence.ErrSessionNotFound
+		case noID:
+			want = fence.ErrInvalidArgument
+		}
+		if want != nil {
+			if !errors.Is(r.err, want) || r.resp != nil {
+				t.Fatalf("session %d (#%d): %v, %v; want %v", reqs[i].GetSessionId(), i, r.resp, r.err, want)
+			}
+			continue
+		}
+		if r.err != nil || r.resp.GetTtl().AsDuration() != time.Minute {
+			t.Fatalf("session %d (#%d): %v, %v", reqs[i].GetSessionId(), i, r.resp, r.err)
+		}
+		if held := r.resp.GetHeld().GetTokens(); i == n-1 && !slices.Equal(held, []uint64{token}) || i < n-1 && len(held) > 0 {
+			t.Fatalf("session %d (#%d) holds %v", reqs[i].GetSessionId(), i, held)
+		}
 	}
 }

@@ -396,16 +396,18 @@ func (s *Server) streamKeepAlive(ctx context.Context, m *fencev1.KeepAliveManyRe
 	}
 	results := s.keepAlive(ctx, m.GetSessions())
 	out := &fencev1.KeepAliveManyResponse{Results: make([]*fencev1.KeepAliveResult, len(results))}
+	renewed := 0
 	for i, r := range results {
 		res := &fencev1.KeepAliveResult{SessionId: m.GetSessions()[i].GetSessionId(), Ok: r.resp}
-		var code connect.Code
 		if r.err != nil {
 			res.Error = rpcerr.ToStream(s.leaderHint(r.err))
-			code = connect.Code(res.Error.GetCode())
+			s.metrics.observe(procedure, start, connect.Code(res.Error.GetCode()))
+		} else {
+			renewed++
 		}
-		s.metrics.observe(procedure, start, code)
 		out.Results[i] = res
 	}
+	s.metrics.observeOK(procedure, start, renewed)
 	resp.Result = &fencev1.StreamResponse_KeepAlive{KeepAlive: out}
 	return nil
 }
