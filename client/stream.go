@@ -423,6 +423,11 @@ func (st *opStream) do(ctx context.Context, req *fencev1.StreamRequest) (*fencev
 	// attempt, perhaps while this one is still being written.
 	msg := &fencev1.StreamRequest{Id: id, IdempotencyKey: req.GetIdempotencyKey(), Op: req.GetOp()}
 	if err := st.write(ctx, msg); err != nil {
+		if errors.Is(err, wire.ErrLeftQueued) {
+			// It goes out all the same: as below, its answer frees the slot.
+			go st.cancelOp(id)
+			return nil, ctx.Err()
+		}
 		st.forget(id)
 		if ctx.Err() != nil {
 			return nil, ctx.Err()
@@ -446,20 +451,19 @@ func (st *opStream) do(ctx context.Context, req *fencev1.StreamRequest) (*fencev
 
 // write sends req: on a framed stream from the caller's goroutine (which
 // may write others' too, see wire.Conn), else through send. It fails when
-// ctx ended before, or the stream ended. A framed write, once begun, is
-// not given up when ctx ends (the frames of others may be in it); a node
-// that stops reading fails it, and the stream, once the write made no
-// progress for framedDeadAfter.
+// ctx ended before, or the stream ended. A framed write that this caller
+// is making is not given up when ctx ends (the frames of others may be in
+// it): a node that stops reading fails it, and the stream, once the write
+// made no progress for framedDeadAfter. A caller whose frame waits behind
+// another's write stops waiting when ctx ends; its frame may still go out,
+// as a unary call's request may arrive after its caller gave up.
 func (st *opStream) write(ctx context.Context, req *fencev1.StreamRequest) error {
 	if st.framed != nil {
-		if err := ctx.Err(); err != nil {
-			return err
-		}
-		if err := st.framed.Write(req); err != nil {
+		err := st.framed.WriteContext(ctx, req)
+		if err != nil && ctx.Err() == nil {
 			st.end(err)
-			return err
 		}
-		return nil
+		return err
 	}
 	select {
 	case st.sends <- req:

@@ -1,13 +1,18 @@
 package e2e
 
 import (
+	"context"
 	"encoding/json"
+	"fmt"
 	"io"
 	"net/http"
 	"strings"
+	"sync"
 	"syscall"
 	"testing"
 	"time"
+
+	"github.com/fencelock/fence/client"
 )
 
 // A leader paused with SIGSTOP (a GC storm, a stuck disk, a VM stall) is
@@ -69,4 +74,62 @@ func TestPausedLeaderRenewsNoSession(t *testing.T) {
 			t.Fatalf("round %d: the resumed old leader did not answer the keepalive", round)
 		}
 	}
+}
+
+// A leader stopped with SIGSTOP while a client writes to it fills the
+// sockets between them, and the write that filled them waits for the
+// stream's write timeout (15 s). Every other caller queued on that stream
+// keeps to its own deadline, and so does the session's keepalive, which
+// moves on to the new leader before the session's safe-until instead of
+// waiting for the stream to break.
+func TestStoppedLeaderHoldsUpOnlyTheWriteThatFilledItsSocket(t *testing.T) {
+	c := startCluster(t, 3, "--heartbeat-timeout", "500ms", "--election-timeout", "500ms")
+	old := c.waitLeader(t, 30*time.Second)
+	cl, err := client.New(client.WithEndpoints(c.addrs()...))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer cl.Close()
+	ctx := context.Background()
+	s, err := cl.NewSession(ctx, client.WithTTL(6*time.Second))
+	if err != nil {
+		t.Fatal(err)
+	}
+	value := make([]byte, 200<<10)
+	if _, err := cl.KV().Put(ctx, "warm", value); err != nil {
+		t.Fatal(err)
+	}
+
+	old.proc.signal(t, syscall.SIGSTOP)
+	defer old.proc.signal(t, syscall.SIGCONT)
+	const limit = 300 * time.Millisecond
+	var (
+		mu      sync.Mutex
+		overran []time.Duration
+	)
+	stop := time.Now().Add(10 * time.Second) // past the session's TTL
+	var wg sync.WaitGroup
+	for w := range 16 {
+		wg.Go(func() {
+			for i := 0; time.Now().Before(stop); i++ {
+				pctx, cancel := context.WithTimeout(ctx, limit)
+				start := time.Now()
+				_, _ = cl.KV().Put(pctx, fmt.Sprintf("flood/%d/%d", w, i), value)
+				cancel()
+				if took := time.Since(start); took > limit+time.Second {
+					mu.Lock()
+					overran = append(overran, took)
+					mu.Unlock()
+				}
+			}
+		})
+	}
+	wg.Wait()
+	if err := s.Err(); err != nil {
+		t.Fatalf("the session ended while its client flooded the stopped leader %s: %v", old.id, err)
+	}
+	if len(overran) > 1 {
+		t.Fatalf("%d puts with a deadline of %v returned after %v: only the write that filled the socket may wait for the stream's write timeout", len(overran), limit, overran)
+	}
+	t.Logf("puts past their deadline: %v", overran)
 }

@@ -20,6 +20,7 @@ package wire
 
 import (
 	"bufio"
+	"context"
 	"encoding/binary"
 	"errors"
 	"fmt"
@@ -53,6 +54,10 @@ const pingBytes = 8
 
 // ErrFrameTooLarge is the error of a frame over the reader's bound.
 var ErrFrameTooLarge = errors.New("wire: frame over the size limit")
+
+// ErrLeftQueued is in the error of a WriteContext whose context ended
+// after its frame was queued: the frame goes out all the same.
+var ErrLeftQueued = errors.New("wire: the caller left; its frame stays queued")
 
 // maxQueued bounds the bytes queued behind a write in progress: past it,
 // writers wait for room. One frame larger than that may still be queued
@@ -119,9 +124,23 @@ var encodePool = sync.Pool{New: func() any { return new([]byte) }}
 // rarely, a pong written after it); one that finds maxQueued bytes
 // already waiting waits for room first. An error means m's fate is
 // unknown: the part of a write before its failure may have arrived.
-func (c *Conn) Write(m proto.Message) error {
+func (c *Conn) Write(m proto.Message) error { return c.WriteContext(context.Background(), m) }
+
+// WriteContext is Write, except that a caller waiting for another's write
+// stops waiting when ctx ends, and returns ctx's error: its frame, if
+// queued, still goes out with the next write (so the far end may act on
+// it; the error is then also ErrLeftQueued), and the stream is not
+// broken. A caller that is itself writing
+// waits for its write, which the write timeout bounds: no write is cut
+// short. So when the far end stops reading, only the caller whose write
+// filled the socket waits for the write timeout; those queued behind it
+// keep to their own deadlines.
+func (c *Conn) WriteContext(ctx context.Context, m proto.Message) error {
+	if err := ctx.Err(); err != nil {
+		return err
+	}
 	if c.broken.Load() {
-		return c.queue(nil, false) // the stream's error, without marshalling m
+		return c.queue(ctx, nil, false) // the stream's error, without marshalling m
 	}
 	bp := encodePool.Get().(*[]byte)
 	defer encodePool.Put(bp)
@@ -130,7 +149,7 @@ func (c *Conn) Write(m proto.Message) error {
 	if err != nil {
 		return err
 	}
-	return c.queue(b, false)
+	return c.queue(ctx, b, false)
 }
 
 // Finish writes m, the last frame of the stream, giving up after within
@@ -157,7 +176,7 @@ func appendMessage(b []byte, m proto.Message) ([]byte, error) {
 func (c *Conn) Ping() error {
 	frame := []byte{framePing, pingBytes, 0, 0, 0, 0, 0, 0, 0, 0}
 	binary.BigEndian.PutUint64(frame[2:], uint64(time.Now().UnixNano()))
-	return c.queue(frame, false)
+	return c.queue(context.Background(), frame, false)
 }
 
 // queue adds frame to what is to be written, and waits until it is
@@ -166,10 +185,28 @@ func (c *Conn) Ping() error {
 // queued with it. A pong is not waited for (the reader that queues it
 // goes on reading; the writer writes it), and is not queued while another
 // waits to be written: a far end that pings faster than it reads gets
-// one. A nil frame only returns the stream's error.
-func (c *Conn) queue(frame []byte, pong bool) error {
+// one. A nil frame only returns the stream's error. A caller waiting on
+// another goroutine gives up when ctx ends (WriteContext).
+func (c *Conn) queue(ctx context.Context, frame []byte, pong bool) error {
 	c.mu.Lock()
 	defer c.mu.Unlock()
+	var stop func() bool // wakes this caller's waits when ctx ends, once set
+	defer func() {
+		if stop != nil {
+			stop()
+		}
+	}()
+	wait := func(cond *sync.Cond) {
+		if stop == nil && ctx.Done() != nil {
+			stop = context.AfterFunc(ctx, func() {
+				c.mu.Lock()
+				defer c.mu.Unlock()
+				c.changed.Broadcast()
+				c.room.Broadcast()
+			})
+		}
+		cond.Wait()
+	}
 	if pong {
 		switch {
 		case c.err != nil:
@@ -182,13 +219,16 @@ func (c *Conn) queue(frame []byte, pong bool) error {
 		if !c.writing && c.waiters == 0 {
 			// Else the callers waiting for pending write it: the reader
 			// writes no one else's frames, so that it goes on reading.
-			c.writeLocked()
+			c.writeLocked(false)
 		}
 		return nil
 	}
 	for c.err == nil && len(c.pending) > 0 && len(c.pending)+len(frame) > maxQueued {
+		if err := ctx.Err(); err != nil {
+			return err
+		}
 		c.roomWaiters++
-		c.room.Wait()
+		wait(&c.room)
 		c.roomWaiters--
 	}
 	if c.err != nil || frame == nil {
@@ -198,10 +238,14 @@ func (c *Conn) queue(frame []byte, pong bool) error {
 	c.waiters++
 	batch := c.taken // the number the write of pending will have
 	for c.written <= batch && c.err == nil {
-		if c.writing {
-			c.changed.Wait()
-		} else {
-			c.writeLocked()
+		switch {
+		case ctx.Err() != nil:
+			c.leaveLocked(batch)
+			return fmt.Errorf("%w: %w", ErrLeftQueued, ctx.Err())
+		case c.writing:
+			wait(&c.changed)
+		default:
+			c.writeLocked(false)
 		}
 	}
 	if c.written > batch {
@@ -210,10 +254,37 @@ func (c *Conn) queue(frame []byte, pong bool) error {
 	return c.err
 }
 
-// writeLocked writes pending, and goes on while what is left has no
-// caller waiting to write it (a pong). It is called with mu held, which it
-// releases while writing.
-func (c *Conn) writeLocked() {
+// leaveLocked is the part of a caller that stops waiting for write number
+// batch: if its frame is still queued it no longer waits for it, and
+// when no one else does and no write is under way, the Conn's own
+// goroutine writes it (flush).
+func (c *Conn) leaveLocked(batch uint64) {
+	if c.taken != batch {
+		return // taken by a write, which counts no waiters
+	}
+	c.waiters--
+	if c.waiters == 0 && !c.writing && len(c.pending) > 0 {
+		c.flushLocked()
+	}
+}
+
+// flushLocked has a goroutine of the Conn's own write pending, which no
+// caller waits for.
+func (c *Conn) flushLocked() {
+	c.writing = true // no caller takes the writing meanwhile
+	go func() {
+		c.mu.Lock()
+		defer c.mu.Unlock()
+		c.writeLocked(true)
+	}()
+}
+
+// writeLocked writes pending. A caller's write (flush false) stops once
+// what is left has callers waiting for it, who write it; what no caller
+// waits for (a pong, the frames of callers that left) it leaves to flush,
+// so that no caller waits on others' frames. It is called with mu held,
+// which it releases while writing.
+func (c *Conn) writeLocked(flush bool) {
 	c.writing = true
 	for len(c.pending) > 0 && c.err == nil {
 		out, timeout := c.pending, c.writeTimeout
@@ -244,6 +315,10 @@ func (c *Conn) writeLocked() {
 		c.changed.Broadcast()
 		if c.waiters > 0 {
 			break // one of them writes the rest
+		}
+		if !flush && len(c.pending) > 0 && c.err == nil {
+			c.flushLocked()
+			return
 		}
 	}
 	c.writing = false
@@ -286,7 +361,7 @@ func (c *Conn) Read(m proto.Message) error {
 		case framePing:
 			pong := append([]byte{framePong, pingBytes}, payload...)
 			c.done()
-			if err := c.queue(pong, true); err != nil {
+			if err := c.queue(context.Background(), pong, true); err != nil {
 				return err
 			}
 		default:

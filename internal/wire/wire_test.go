@@ -2,10 +2,12 @@ package wire
 
 import (
 	"bufio"
+	"context"
 	"encoding/binary"
 	"errors"
 	"io"
 	"net"
+	"slices"
 	"sync"
 	"testing"
 	"time"
@@ -390,4 +392,60 @@ func FuzzRead(f *testing.F) {
 		}
 		t.Fatalf("%d reads of %d bytes all succeeded", len(data)+1, len(data))
 	})
+}
+
+// Callers queued behind a write that the far end holds up keep to their
+// own contexts: one waiting for its frame to be written and one waiting
+// for room in the queue each give up when their context ends, long before
+// the write timeout, and the stream is not broken. A frame that was
+// queued still goes out, after the frames before it, once the far end
+// reads, written by the Conn itself since its caller left; one that found
+// no room was never queued.
+func TestWaitingWritersKeepToTheirContexts(t *testing.T) {
+	a, b := pair(t)
+	w := NewConn(a, nil, 1024, time.Minute)
+	blockWriter(t, w) // 32 MiB
+
+	giveUp := func(m *fencev1.StreamRequest, queued bool) {
+		t.Helper()
+		ctx, cancel := context.WithTimeout(context.Background(), 200*time.Millisecond)
+		defer cancel()
+		start := time.Now()
+		err := w.WriteContext(ctx, m)
+		if !errors.Is(err, context.DeadlineExceeded) || errors.Is(err, ErrLeftQueued) != queued {
+			t.Fatalf("a write behind a blocked one returned %v, want its context's deadline (queued: %v)", err, queued)
+		}
+		if took := time.Since(start); took > 5*time.Second {
+			t.Fatalf("a write whose context ended after 200ms returned after %v", took)
+		}
+	}
+	giveUp(checkOp("queued"), true) // its frame waits in the queue
+	// Past maxQueued with the frame before it: waits for room, never queued.
+	giveUp(checkOp("no room"+string(make([]byte, maxQueued))), false)
+	if w.broken.Load() {
+		t.Fatal("callers giving up broke the stream")
+	}
+
+	r := NewConn(b, nil, 64<<20, time.Minute)
+	_ = b.SetReadDeadline(time.Now().Add(20 * time.Second))
+	var got []string
+	for range 2 {
+		m := &fencev1.StreamRequest{}
+		if err := r.Read(m); err != nil {
+			t.Fatal(err)
+		}
+		got = append(got, m.GetCheck().GetLock()[:min(len(m.GetCheck().GetLock()), 15)])
+	}
+	if err := w.Write(checkOp("after")); err != nil {
+		t.Fatalf("a write once the far end reads: %v", err)
+	}
+	m := &fencev1.StreamRequest{}
+	if err := r.Read(m); err != nil {
+		t.Fatal(err)
+	}
+	got = append(got, m.GetCheck().GetLock())
+	want := []string{"\x00\x00\x00\x00\x00\x00\x00\x00\x00\x00\x00\x00\x00\x00\x00", "queued", "after"}
+	if !slices.Equal(got, want) {
+		t.Fatalf("the far end read %q, want %q", got, want)
+	}
 }
