@@ -117,15 +117,20 @@ func (s *Server) keepAlive(ctx context.Context, reqs []*fencev1.KeepAliveRequest
 		return out
 	}
 	s.tracker.stillAlive(rs)
+	held := make([][]uint64, len(rs))
 	for c := 0; c < len(rs); c += renewalChunk {
 		s.fsm.Read(func(st *fsm.State) {
 			for i := c; i < min(c+renewalChunk, len(rs)); i++ {
-				if out[i].err = rs[i].err; out[i].err == nil {
-					held := &fencev1.HeldGrants{Tokens: st.HeldTokens(rs[i].id)}
-					out[i].resp = &fencev1.KeepAliveResponse{Ttl: durationpb.New(rs[i].ttl), Held: held}
+				if rs[i].err == nil {
+					held[i] = st.HeldTokens(rs[i].id)
 				}
 			}
 		})
+	}
+	for i, r := range rs {
+		if out[i].err = r.err; r.err == nil {
+			out[i].resp = &fencev1.KeepAliveResponse{Ttl: durationpb.New(r.ttl), Held: &fencev1.HeldGrants{Tokens: held[i]}}
+		}
 	}
 	return out
 }

@@ -234,6 +234,9 @@ func (c *Conn) queue(ctx context.Context, frame []byte, pong bool) error {
 	if c.err != nil || frame == nil {
 		return c.err
 	}
+	if err := ctx.Err(); err != nil {
+		return err // it ended as room was made: not queued
+	}
 	c.pending = append(c.pending, frame...)
 	c.waiters++
 	batch := c.taken // the number the write of pending will have
