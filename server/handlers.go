@@ -93,10 +93,10 @@ type keepAliveResult struct {
 func (s *Server) keepAlive(ctx context.Context, reqs []*fencev1.KeepAliveRequest) []keepAliveResult {
 	rs := make([]renewal, len(reqs))
 	for i, m := range reqs {
-		rs[i].id = m.GetSessionId()
+		rs[i] = renewal{id: m.GetSessionId(), secret: m.GetSessionSecret()}
 		rs[i].err = checkSessionID(rs[i].id)
 	}
-	s.authorizeSessions(rs, reqs)
+	s.authorizeSessions(rs)
 	s.tracker.keepAliveAll(rs)
 	out := make([]keepAliveResult, len(reqs))
 	if !slices.ContainsFunc(rs, func(r renewal) bool { return r.err == nil }) {
@@ -117,19 +117,18 @@ func (s *Server) keepAlive(ctx context.Context, reqs []*fencev1.KeepAliveRequest
 		return out
 	}
 	s.tracker.stillAlive(rs)
-	held := make([][]uint64, len(rs))
-	for c := 0; c < len(rs); c += renewalChunk {
+	for chunk := range slices.Chunk(rs, renewalChunk) {
 		s.fsm.Read(func(st *fsm.State) {
-			for i := c; i < min(c+renewalChunk, len(rs)); i++ {
-				if rs[i].err == nil {
-					held[i] = st.HeldTokens(rs[i].id)
+			for i := range chunk {
+				if r := &chunk[i]; r.err == nil {
+					r.held = st.HeldTokens(r.id)
 				}
 			}
 		})
 	}
 	for i, r := range rs {
 		if out[i].err = r.err; r.err == nil {
-			out[i].resp = &fencev1.KeepAliveResponse{Ttl: durationpb.New(r.ttl), Held: &fencev1.HeldGrants{Tokens: held[i]}}
+			out[i].resp = &fencev1.KeepAliveResponse{Ttl: durationpb.New(r.ttl), Held: &fencev1.HeldGrants{Tokens: r.held}}
 		}
 	}
 	return out

@@ -4,8 +4,8 @@ import (
 	"cmp"
 	"crypto/rand"
 	"encoding/base64"
+	"slices"
 
-	fencev1 "github.com/fencelock/fence/api/fence/v1"
 	"github.com/fencelock/fence/internal/fsm"
 )
 
@@ -47,9 +47,8 @@ func (s *Server) authorizeSession(id uint64, secret string) error {
 }
 
 // authorizeSessions is authorizeSession for each renewal of rs that has no
-// error yet (reqs[i] carries rs[i]'s secret), setting the error of each
-// that fails.
-func (s *Server) authorizeSessions(rs []renewal, reqs []*fencev1.KeepAliveRequest) {
+// error yet, setting the error of each that fails.
+func (s *Server) authorizeSessions(rs []renewal) {
 	if !s.leaderReady.Load() {
 		err := s.notReady()
 		for i := range rs {
@@ -57,11 +56,11 @@ func (s *Server) authorizeSessions(rs []renewal, reqs []*fencev1.KeepAliveReques
 		}
 		return
 	}
-	for c := 0; c < len(rs); c += renewalChunk {
+	for chunk := range slices.Chunk(rs, renewalChunk) {
 		s.fsm.Read(func(st *fsm.State) {
-			for i := c; i < min(c+renewalChunk, len(rs)); i++ {
-				if rs[i].err == nil {
-					rs[i].err = st.AuthorizeSession(rs[i].id, reqs[i].GetSessionSecret())
+			for i := range chunk {
+				if r := &chunk[i]; r.err == nil {
+					r.err = st.AuthorizeSession(r.id, r.secret)
 				}
 			}
 		})

@@ -685,17 +685,12 @@ func (m *metrics) interceptor() connect.Interceptor {
 // stream under its unary call's procedure, that started at start and
 // ended with code (0: it succeeded).
 func (m *metrics) observe(procedure string, start time.Time, code connect.Code) {
-	m.latency.WithLabelValues(procedure).Observe(time.Since(start).Seconds())
-	label := "ok"
-	if code != 0 {
-		label = code.String()
-	}
-	m.requests.WithLabelValues(procedure, label).Inc()
+	m.observeN(procedure, start, code, 1)
 }
 
-// observeOK counts n calls of procedure that started at start and
-// succeeded, each as observe would.
-func (m *metrics) observeOK(procedure string, start time.Time, n int) {
+// observeN is observe for n operations alike (the sessions of one
+// keepalive), with one lookup of the labels.
+func (m *metrics) observeN(procedure string, start time.Time, code connect.Code, n int) {
 	if n == 0 {
 		return
 	}
@@ -703,7 +698,11 @@ func (m *metrics) observeOK(procedure string, start time.Time, n int) {
 	for range n {
 		latency.Observe(took)
 	}
-	m.requests.WithLabelValues(procedure, "ok").Add(float64(n))
+	label := "ok"
+	if code != 0 {
+		label = code.String()
+	}
+	m.requests.WithLabelValues(procedure, label).Add(float64(n))
 }
 
 // WaitLeader blocks until this node can serve: it is the leader and has

@@ -171,25 +171,27 @@ func (t *sessionTracker) keepAlive(id uint64) (time.Duration, error) {
 	return r[0].ttl, r[0].err
 }
 
-// renewal is one session's keepalive, as the tracker sees it.
+// renewal is one session's keepalive: what it asks, what the tracker
+// made of it, and what it answers.
 type renewal struct {
-	id  uint64
-	err error // why it was not renewed; one set before keepAliveAll is skipped
-	ttl time.Duration
-	s   *trackedSession
+	id     uint64
+	secret string
+	err    error // why it was not renewed; one set before keepAliveAll is skipped
+	ttl    time.Duration
+	s      *trackedSession
+	held   []uint64 // the tokens the session holds, once it is renewed
 }
 
-// renewalChunk is how many sessions keepAliveAll and stillAlive handle
-// under one hold of the lock: a keepalive of thousands of sessions takes
-// it in turns with the expiry timer and the sessions being created.
+// renewalChunk is how many sessions a keepalive handles under one hold of
+// a lock (the tracker's, the FSM's): a keepalive of thousands of sessions
+// takes it in turns with the expiry timer, the sessions being created and
+// the commands being applied.
 const renewalChunk = 512
 
 // keepAliveAll renews each session of rs that has no error yet for a full
 // TTL from now, setting its TTL and entry, or its error.
 func (t *sessionTracker) keepAliveAll(rs []renewal) {
-	for len(rs) > 0 {
-		chunk := rs[:min(len(rs), renewalChunk)]
-		rs = rs[len(chunk):]
+	for chunk := range slices.Chunk(rs, renewalChunk) {
 		t.mu.Lock()
 		now := t.clock.Now()
 		for i := range chunk {
@@ -216,9 +218,7 @@ func (t *sessionTracker) keepAliveAll(rs []renewal) {
 // stillAlive sets the error of each renewal of rs whose session ended, or
 // began to be expired, since keepAliveAll renewed it.
 func (t *sessionTracker) stillAlive(rs []renewal) {
-	for len(rs) > 0 {
-		chunk := rs[:min(len(rs), renewalChunk)]
-		rs = rs[len(chunk):]
+	for chunk := range slices.Chunk(rs, renewalChunk) {
 		t.mu.Lock()
 		for i := range chunk {
 			if r := &chunk[i]; r.err == nil && (r.s.gone || r.s.expiring) {

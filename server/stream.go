@@ -407,7 +407,7 @@ func (s *Server) streamKeepAlive(ctx context.Context, m *fencev1.KeepAliveManyRe
 		}
 		out.Results[i] = res
 	}
-	s.metrics.observeOK(procedure, start, renewed)
+	s.metrics.observeN(procedure, start, 0, renewed)
 	resp.Result = &fencev1.StreamResponse_KeepAlive{KeepAlive: out}
 	return nil
 }

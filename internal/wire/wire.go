@@ -130,11 +130,10 @@ func (c *Conn) Write(m proto.Message) error { return c.WriteContext(context.Back
 // stops waiting when ctx ends, and returns ctx's error: its frame, if
 // queued, still goes out with the next write (so the far end may act on
 // it; the error is then also ErrLeftQueued), and the stream is not
-// broken. A caller that is itself writing
-// waits for its write, which the write timeout bounds: no write is cut
-// short. So when the far end stops reading, only the caller whose write
-// filled the socket waits for the write timeout; those queued behind it
-// keep to their own deadlines.
+// broken. A caller that is itself writing waits for its write, which the
+// write timeout bounds: no write is cut short. So when the far end stops
+// reading, only the caller whose write filled the socket waits for the
+// write timeout; those queued behind it keep to their own deadlines.
 func (c *Conn) WriteContext(ctx context.Context, m proto.Message) error {
 	if err := ctx.Err(); err != nil {
 		return err
@@ -223,10 +222,7 @@ func (c *Conn) queue(ctx context.Context, frame []byte, pong bool) error {
 		}
 		return nil
 	}
-	for c.err == nil && len(c.pending) > 0 && len(c.pending)+len(frame) > maxQueued {
-		if err := ctx.Err(); err != nil {
-			return err
-		}
+	for c.err == nil && ctx.Err() == nil && len(c.pending) > 0 && len(c.pending)+len(frame) > maxQueued {
 		c.roomWaiters++
 		wait(&c.room)
 		c.roomWaiters--
@@ -235,7 +231,7 @@ func (c *Conn) queue(ctx context.Context, frame []byte, pong bool) error {
 		return c.err
 	}
 	if err := ctx.Err(); err != nil {
-		return err // it ended as room was made: not queued
+		return err // before there was room, or as it was made: not queued
 	}
 	c.pending = append(c.pending, frame...)
 	c.waiters++
