@@ -98,8 +98,12 @@ func (b *batcher) finished() {
 
 // takeLocked removes the next batch from the queue, within the bounds.
 func (b *batcher) takeLocked() []*proposal {
+	limit := maxBatchCommands
+	if b.n.fsm.Protocol() < fsm.Protocol2 {
+		limit = 1 // a member may not know Batch entries
+	}
 	n, size := 0, 0
-	for n < len(b.queue) && n < maxBatchCommands {
+	for n < len(b.queue) && n < limit {
 		size += len(b.queue[n].data)
 		if n > 0 && size > maxBatchBytes {
 			break

@@ -61,10 +61,18 @@ func startCluster(t testing.TB, n int, edit func(*Config)) *testCluster {
 // newCluster configures a group of n nodes, holding their raft ports, and
 // starts none of them.
 func newCluster(t testing.TB, n int, edit func(*Config)) *testCluster {
+	ids := make([]string, n)
+	for i := range ids {
+		ids[i] = fmt.Sprintf("n%d", i+1)
+	}
+	return newClusterOf(t, ids, edit)
+}
+
+// newClusterOf is newCluster with the nodes' ids.
+func newClusterOf(t testing.TB, ids []string, edit func(*Config)) *testCluster {
 	c := &testCluster{t: t, cfgs: map[string]Config{}, nodes: map[string]*Server{}, links: map[[2]string]*netproxy.Link{}, editCfg: edit, reserved: map[string]net.Listener{}}
 	peers := map[string]string{}
-	for i := 1; i <= n; i++ {
-		id := fmt.Sprintf("n%d", i)
+	for _, id := range ids {
 		c.ids = append(c.ids, id)
 		peers[id] = c.reserve(id)
 	}

@@ -3,6 +3,7 @@ package server
 import (
 	"crypto/rand"
 	"fmt"
+	"log/slog"
 	"net/http"
 	"sync/atomic"
 
@@ -38,15 +39,19 @@ func (c *clusterName) forget() { c.id.Store(nil) }
 
 func (s *Server) clusterID() string { return s.cluster.get(s.fsm.Read) }
 
-// nameCluster commits a random id for a group that has none: a new group,
-// or one whose data dir predates ids. Only a ready leader's state is
-// current enough to say there is none; a SetClusterID that loses a race
-// with another changes nothing.
+// nameCluster commits the group's id, for a group whose state has none:
+// the id its data dir was given when the group was bootstrapped, or a
+// random one for a group from before identities or restored from a
+// snapshot. Only a ready leader's state is current enough to say there is
+// none; a SetClusterID that loses a race with another changes nothing.
 func (s *Server) nameCluster() error {
 	if s.clusterID() != "" {
 		return nil
 	}
-	id := rand.Text()
+	id := s.ident.groupID()
+	if id == "" {
+		id = rand.Text()
+	}
 	if _, _, err := s.node.propose(&fsmpb.Command{Op: &fsmpb.Command_SetClusterId{SetClusterId: &fsmpb.SetClusterID{Id: id}}}); err != nil {
 		return fmt.Errorf("naming the cluster: %w", err)
 	}
@@ -71,4 +76,18 @@ func (s *Server) checkCluster(next http.Handler) http.Handler {
 		}
 		next.ServeHTTP(w, r)
 	})
+}
+
+// learnGroup records the group's id from the state in the data dir's
+// identity, when the identity has none yet: the node then refuses other
+// groups' nodes (admit.go). An identity that names another group than the
+// state is a data dir mixed up with another group's, said loudly.
+func (s *Server) learnGroup() {
+	id := s.clusterID()
+	if id == "" {
+		return
+	}
+	if err := s.ident.adopt(id); err != nil {
+		s.bootstrapLogs.log(s.logger, slog.LevelError, "group mismatch", "the data dir's identity and its state name different groups", "err", err)
+	}
 }

@@ -46,6 +46,13 @@ type Config struct {
 	// Join starts the node without bootstrapping, to be added to an
 	// existing group with AddMember (fence members add).
 	Join bool
+	// AutoRejoin, on a group's nodes, lets a member whose data dir was
+	// lost ask the leader to add it again (docs/design.md, "A group knows
+	// itself"): the leader removes the member and adds it back as a new
+	// one, when the node at the member's address answers with no data and
+	// the group keeps a reachable quorum without it. Off, such a node
+	// waits for an operator's fence members remove and add.
+	AutoRejoin bool
 	// RaftAddressProvider, when set, maps a peer's id to the address this
 	// node dials, overriding the address in the raft configuration (for
 	// address translation, and for tests that cut links).
@@ -173,6 +180,7 @@ func DefaultConfig() Config {
 		DataDir:            "fence-data",
 		Listen:             "127.0.0.1:7420",
 		RaftListen:         "127.0.0.1:7421",
+		AutoRejoin:         true,
 		DefaultTTL:         10 * time.Second,
 		MinTTL:             time.Second,
 		MaxTTL:             time.Hour,

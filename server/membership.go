@@ -52,7 +52,11 @@ func (s *Server) AddMember(ctx context.Context, req *connect.Request[fencev1.Add
 	if known && (current.Suffrage == raft.Voter || m.GetNonvoter()) {
 		return connect.NewResponse(&fencev1.AddMemberResponse{}), nil // nothing to do
 	}
-	if _, err := s.helloFrom(id, addr); err != nil {
+	h, err := s.helloFrom(id, addr)
+	if err != nil {
+		return nil, err
+	}
+	if err := s.checkJoiner(h, addr, known); err != nil {
 		return nil, err
 	}
 	if !known {
@@ -127,29 +131,47 @@ func (s *Server) helloFrom(id raft.ServerID, addr raft.ServerAddress) (nodeHello
 	return h, nil
 }
 
-// dialAddress is where raft dials server id: the address provider's
-// answer (--raft-dial) if it has one, else addr.
-func (s *Server) dialAddress(id raft.ServerID, addr raft.ServerAddress) raft.ServerAddress {
-	if p := s.cfg.RaftAddressProvider; p != nil {
-		if a, err := p.ServerAddr(id); err == nil && a != "" {
-			return a
-		}
+// checkJoiner refuses (ErrMembership) to add the node whose hello is h:
+// one of another group, one that holds data and is not of this group, or
+// one that does not speak the group's protocol. known says whether the
+// configuration names it already.
+func (s *Server) checkJoiner(h nodeHello, addr raft.ServerAddress, known bool) error {
+	mine := s.ident.groupID()
+	switch {
+	case h.Group != "" && mine != "" && h.Group != mine:
+		return fmt.Errorf("%w: the node at %s (%s) belongs to group %s, and this group is %s; a node serves one group for life: "+
+			"to move it here, start it with an empty data dir and --join, then add it", fence.ErrMembership, addr, h.ID, h.Group, mine)
+	case !known && h.LastIndex > 0 && h.Group != mine:
+		return fmt.Errorf("%w: the node at %s (%s) holds data (its log reaches index %d) of group %s, not of this one (%s); "+
+			"only a node with an empty data dir, started with --join, can be added", fence.ErrMembership, addr, h.ID, h.LastIndex, groupName(h.Group), groupName(mine))
+	case helloProtocol(h) < s.fsm.Protocol():
+		return fmt.Errorf("%w: the node at %s (%s) speaks protocol %d, older than this group's %d: upgrade it to the group's version of fence first",
+			fence.ErrMembership, addr, h.ID, helloProtocol(h), s.fsm.Protocol())
 	}
-	return addr
+	return nil
+}
+
+// dialAddress is where raft dials server id (see node.dialAddress).
+func (s *Server) dialAddress(id raft.ServerID, addr raft.ServerAddress) raft.ServerAddress {
+	return s.node.dialAddress(id, addr)
 }
 
 // awaitCatchUp waits until the new member's log holds every entry the
 // leader had when the wait began (the entry that added it included), so
-// that as a voter it can take part in commits at once.
+// that as a voter it can take part in commits at once. Its log must match
+// the leader's, not only reach as far: its last entry is of the leader's
+// term, which only this leader writes, so by raft's log matching every
+// entry before it is the leader's too.
 func (s *Server) awaitCatchUp(ctx context.Context, id raft.ServerID, addr raft.ServerAddress) error {
-	target := s.node.raft.LastIndex()
+	target, term := s.node.raft.LastIndex(), s.node.raft.CurrentTerm()
 	ctx, cancel := context.WithTimeout(ctx, maxCatchUp)
 	defer cancel()
 	var have uint64
 	for {
 		if h, err := s.helloFrom(id, addr); err == nil {
 			have = h.LastIndex
-			if have >= target {
+			// A node from before terms were in hellos is caught up by index.
+			if have >= target && (h.LastTerm == term || h.Protocol == 0) {
 				return nil
 			}
 		}
@@ -241,12 +263,17 @@ func (s *Server) registerLoop(interval time.Duration) {
 	}
 }
 
-// registerMembers asks each other member where it serves the API and
-// records the answers that changed.
+// registerMembers asks each other member for its hello, records the API
+// addresses that changed, and moves the group to a newer protocol once
+// every member speaks it.
 func (s *Server) registerMembers() {
+	members := s.members()
+	hellos := make([]*nodeHello, len(members))
 	var wg sync.WaitGroup
-	for _, srv := range s.members() {
+	for i, srv := range members {
 		if string(srv.ID) == s.cfg.NodeID {
+			h := s.node.hello()
+			hellos[i] = &h
 			continue
 		}
 		wg.Go(func() {
@@ -254,18 +281,50 @@ func (s *Server) registerMembers() {
 			if err != nil || h.ID != string(srv.ID) {
 				return
 			}
-			if _, _, err := net.SplitHostPort(h.API); err != nil {
-				return
-			}
-			var have string
-			s.fsm.Read(func(st *fsm.State) { have, _ = st.NodeAPI(h.ID) })
-			if have == h.API {
-				return
-			}
-			if _, err := s.apply(&fsmpb.Command{Op: &fsmpb.Command_RegisterNode{RegisterNode: &fsmpb.RegisterNode{NodeId: h.ID, ApiAddress: h.API}}}); err != nil {
-				s.logger.Debug("registering a member's API address", "member", h.ID, "err", err)
-			}
+			hellos[i] = &h
+			s.registerAPI(h)
 		})
 	}
 	wg.Wait()
+	s.agreeProtocol(hellos)
 }
+
+// registerAPI records where a member serves the API, if that changed.
+func (s *Server) registerAPI(h nodeHello) {
+	if _, _, err := net.SplitHostPort(h.API); err != nil {
+		return
+	}
+	var have string
+	s.fsm.Read(func(st *fsm.State) { have, _ = st.NodeAPI(h.ID) })
+	if have == h.API {
+		return
+	}
+	if _, err := s.apply(&fsmpb.Command{Op: &fsmpb.Command_RegisterNode{RegisterNode: &fsmpb.RegisterNode{NodeId: h.ID, ApiAddress: h.API}}}); err != nil {
+		s.logger.Debug("registering a member's API address", "member", h.ID, "err", err)
+	}
+}
+
+// agreeProtocol moves the group to the newest protocol every member
+// speaks (docs/design.md, "Versions in a group"), when each answered its
+// hello (nil: no answer) and that protocol is newer than the group's.
+func (s *Server) agreeProtocol(hellos []*nodeHello) {
+	common := fsm.Protocol
+	for _, h := range hellos {
+		if h == nil {
+			return
+		}
+		common = min(common, helloProtocol(*h))
+	}
+	have := s.fsm.Protocol()
+	if common <= have {
+		return
+	}
+	if _, err := s.apply(&fsmpb.Command{Op: &fsmpb.Command_SetProtocol{SetProtocol: &fsmpb.SetProtocol{Version: common}}}); err != nil {
+		s.logger.Debug("moving the group to a newer protocol", "protocol", common, "err", err)
+		return
+	}
+	s.logger.Info("the group moved to a newer protocol: every member speaks it", "protocol", common, "was", have)
+}
+
+// helloProtocol is the newest protocol a hello's node speaks.
+func helloProtocol(h nodeHello) uint32 { return max(h.Protocol, fsm.Protocol1) }

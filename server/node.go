@@ -11,6 +11,7 @@ import (
 	"path/filepath"
 	"sort"
 	"sync"
+	"sync/atomic"
 	"syscall"
 	"time"
 
@@ -37,6 +38,12 @@ type node struct {
 	walMeta   *metadb.BoltMetaDB
 	transport *raft.NetworkTransport
 	links     *nodeLinkMux // the raft port's stream layer, with node links
+	ident     *identity    // whom the data dir belongs to
+	addrs     raft.ServerAddressProvider
+	api       string // where this node serves the API, for hellos
+	// rejoins answers members asking to be added again (rejoin.go).
+	rejoins   atomic.Pointer[func(rejoinRequest) rejoinAnswer]
+	logger    *slog.Logger
 	log       *checkedLog
 	dataDir   string
 	timeout   time.Duration
@@ -53,7 +60,7 @@ type node struct {
 
 // openNode opens the node's raft member; api is the address this node's
 // API is reached on, which it tells other nodes over node links.
-func openNode(cfg Config, api string, f *fsm.FSM, logger *slog.Logger, m *storageMetrics) (*node, error) {
+func openNode(cfg Config, api string, ident *identity, f *fsm.FSM, logger *slog.Logger, m *storageMetrics) (*node, error) {
 	if err := os.MkdirAll(cfg.DataDir, 0o700); err != nil {
 		return nil, fmt.Errorf("creating data dir: %w", err)
 	}
@@ -66,7 +73,8 @@ func openNode(cfg Config, api string, f *fsm.FSM, logger *slog.Logger, m *storag
 	if err != nil {
 		return nil, fmt.Errorf("opening raft store in %s: %w", cfg.DataDir, err)
 	}
-	n := &node{fsm: f, metrics: m, store: store, timeout: cfg.ApplyTimeout, heartbeat: cfg.HeartbeatTimeout, dataDir: cfg.DataDir, id: raft.ServerID(cfg.NodeID), closed: make(chan struct{})}
+	n := &node{fsm: f, metrics: m, store: store, timeout: cfg.ApplyTimeout, heartbeat: cfg.HeartbeatTimeout, dataDir: cfg.DataDir, id: raft.ServerID(cfg.NodeID),
+		ident: ident, addrs: cfg.RaftAddressProvider, api: api, logger: logger, closed: make(chan struct{})}
 	fail := func(err error) (*node, error) {
 		n.close()
 		return nil, err
@@ -157,22 +165,15 @@ func openNode(cfg Config, api string, f *fsm.FSM, logger *slog.Logger, m *storag
 		return fail(fmt.Errorf("raft config: %w", err))
 	}
 
-	exists, err := raft.HasExistingState(logs, store, snaps)
-	if err != nil {
-		return fail(err)
-	}
-	if !exists && !cfg.Join {
-		if err := raft.BootstrapCluster(rc, logs, store, snaps, n.transport, bootConfiguration(cfg, n.transport.LocalAddr())); err != nil {
-			return fail(fmt.Errorf("bootstrapping: %w", err))
-		}
-	}
+	// A node with no data starts without a configuration: Server.Start
+	// bootstraps a new group only once it is sure the group is new
+	// (bootstrap.go), and a node that joins is added by the group.
 	n.raft, err = raft.NewRaft(rc, f, logs, store, snaps, n.transport)
 	if err != nil {
 		return fail(fmt.Errorf("starting raft: %w", err))
 	}
 	n.batcher = newBatcher(n)
-	r := n.raft
-	n.links.answerWith(func() nodeHello { return nodeHello{ID: cfg.NodeID, API: api, LastIndex: r.LastIndex()} })
+	n.links.serve(n)
 	return n, nil
 }
 

@@ -4,26 +4,33 @@ import (
 	"bufio"
 	"context"
 	"crypto/tls"
+	"encoding/binary"
 	"encoding/json"
 	"errors"
 	"fmt"
+	"io"
+	"log/slog"
 	"net"
 	"sync"
 	"sync/atomic"
+	"syscall"
 	"time"
 
 	"github.com/hashicorp/raft"
 )
 
 // Node-to-node calls go over the raft port, not the client API
-// (docs/design.md, Node-to-node calls and membership). A connection to the
-// raft port whose first byte is nodeLinkMagic is a node link: the node
-// answers one hello, saying who it is, where it serves the API and how far
-// its log goes, and closes. Every other connection is raft's: raft's own
-// RPCs start with a type byte below 8. The raft port is as trusted as raft
-// (with TLS, both sides present node certificates), so a hello is as
-// trustworthy as the log itself; and the leader asks each member at the
-// raft address of its membership, so a node can only speak for itself.
+// (docs/design.md, Node-to-node calls and membership). The first byte of a
+// connection to the raft port says what it is: nodeLinkMagic a node link,
+// on which the node answers one hello (who it is, where it serves the API,
+// how far its log goes, its group) and closes; rejoinMagic a member's ask
+// to be added again; raftIntroMagic a raft connection whose dialer
+// introduces itself first (admit.go); and a byte below 8 a raft connection
+// of a node from before introductions (raft's own RPCs start with their
+// type). The raft port is as trusted as raft (with TLS, both sides present
+// node certificates), so a hello is as trustworthy as the log itself; and
+// the leader asks each member at the raft address of its membership, so a
+// node can only speak for itself.
 
 // nodeLinkMagic opens a node link: raft never starts a connection with it.
 const nodeLinkMagic = 'F'
@@ -32,14 +39,143 @@ const nodeLinkMagic = 'F'
 // take to send its first byte.
 const firstByteTimeout = 10 * time.Second
 
-// nodeHello is a node's answer on a node link.
+// nodeHello is a node's answer on a node link. Fields were added over
+// versions: an older node's hello has only ID, API and LastIndex.
 type nodeHello struct {
 	// ID is the node's raft server id.
 	ID string `json:"id"`
 	// API is the address the node serves the client API on.
 	API string `json:"api"`
-	// LastIndex is the index of the last entry in the node's raft log.
+	// LastIndex is the index of the last entry in the node's raft log (or
+	// of its snapshot): 0 for a node that holds no data.
 	LastIndex uint64 `json:"last_index"`
+	// LastTerm is the term of that entry.
+	LastTerm uint64 `json:"last_term,omitempty"`
+	// Group is the group the node's data dir belongs to, "" while it
+	// knows none.
+	Group string `json:"group,omitempty"`
+	// Incarnation names the node's data dir: drawn when it was first used,
+	// so a node whose data dir was replaced answers a new one.
+	Incarnation string `json:"incarnation,omitempty"`
+	// Protocol is the newest group protocol the node speaks (0: an older
+	// node, which speaks protocol 1).
+	Protocol uint32 `json:"protocol,omitempty"`
+}
+
+// raftIntroMagic opens a raft connection on which the dialer introduces
+// itself before raft's first RPC (a raftIntro frame, answered by a
+// raftIntroAnswer frame), so that the node it dials can refuse a node of
+// another group, or a role its data cannot fill, before raft sees a byte.
+const raftIntroMagic = 'G'
+
+// raftIntro is what a node says of itself, and of the node it dials, on
+// every raft connection it opens.
+type raftIntro struct {
+	// From is the dialer's id, Group its group ("" while it knows none).
+	From  string `json:"from"`
+	Group string `json:"group,omitempty"`
+	// To is the id the dialer's configuration gives the node at the
+	// address it dialed, and Role that node's part in it (roleVoter or
+	// roleNonvoter); both are empty when the configuration has no node
+	// there.
+	To   string `json:"to,omitempty"`
+	Role string `json:"role,omitempty"`
+	// Protocol is the newest group protocol the dialer speaks.
+	Protocol uint32 `json:"protocol"`
+}
+
+// rejoinMagic opens a node link on which a node whose data dir was lost
+// asks to be added to its group again (rejoinRequest, answered by a
+// rejoinAnswer).
+const rejoinMagic = 'R'
+
+// rejoinRequest is a member's ask to be added again, as a new member.
+type rejoinRequest struct {
+	ID          string `json:"id"`
+	Incarnation string `json:"incarnation"`
+}
+
+// rejoinAnswer says whether the leader is adding the member again.
+type rejoinAnswer struct {
+	Accepted bool   `json:"accepted,omitempty"`
+	Refused  string `json:"refused,omitempty"`
+}
+
+// Roles a raftIntro gives the node dialed.
+const (
+	roleVoter    = "voter"
+	roleNonvoter = "nonvoter"
+)
+
+// raftIntroAnswer admits a raft connection, or refuses it with a reason.
+type raftIntroAnswer struct {
+	ID      string `json:"id"`
+	Group   string `json:"group,omitempty"`
+	Refused string `json:"refused,omitempty"`
+}
+
+// maxIntroFrame bounds an introduction's frame.
+const maxIntroFrame = 4 << 10
+
+// errNoFrame is a connection closed before the first byte of a frame:
+// what a node from before introductions does with one.
+var errNoFrame = errors.New("connection closed before the answer")
+
+// writeFrame writes v as JSON after its length, two bytes big-endian.
+func writeFrame(w io.Writer, v any) error {
+	data, err := json.Marshal(v)
+	if err != nil {
+		return err
+	}
+	if len(data) > maxIntroFrame {
+		return fmt.Errorf("a frame of %d bytes is over the limit of %d", len(data), maxIntroFrame)
+	}
+	_, err = w.Write(append(binary.BigEndian.AppendUint16(nil, uint16(len(data))), data...))
+	return err
+}
+
+// readFrame reads a frame written by writeFrame into v, reading no byte
+// past it (the connection is raft's afterwards).
+func readFrame(r io.Reader, v any) error {
+	var size [2]byte
+	if n, err := io.ReadFull(r, size[:]); err != nil {
+		if n == 0 && (errors.Is(err, io.EOF) || errors.Is(err, syscall.ECONNRESET)) {
+			return errNoFrame
+		}
+		return err
+	}
+	n := binary.BigEndian.Uint16(size[:])
+	if n > maxIntroFrame {
+		return fmt.Errorf("a frame of %d bytes is over the limit of %d", n, maxIntroFrame)
+	}
+	data := make([]byte, n)
+	if _, err := io.ReadFull(r, data); err != nil {
+		return err
+	}
+	return json.Unmarshal(data, v)
+}
+
+// logLimiter logs a message under a key at most once a minute.
+type logLimiter struct {
+	mu   sync.Mutex
+	last map[string]time.Time
+}
+
+func (l *logLimiter) log(logger *slog.Logger, level slog.Level, key, msg string, args ...any) {
+	l.mu.Lock()
+	now := time.Now()
+	if t, ok := l.last[key]; ok && now.Sub(t) < time.Minute {
+		l.mu.Unlock()
+		return
+	}
+	if l.last == nil || len(l.last) > 1024 {
+		l.last = map[string]time.Time{}
+	}
+	l.last[key] = now
+	l.mu.Unlock()
+	if logger != nil {
+		logger.Log(context.Background(), level, msg, args...)
+	}
 }
 
 // peerStream is raft's stream layer over TCP, or over mutual TLS when
@@ -88,13 +224,15 @@ var _ raft.StreamLayer = (*peerStream)(nil)
 
 // nodeLinkMux shares the raft port between raft and node links: it
 // accepts every connection, answers node links itself and hands the others
-// to raft's Accept.
+// to raft's Accept, once the node admits them; and it introduces this node
+// on every raft connection it dials (see raftIntro).
 type nodeLinkMux struct {
 	raft.StreamLayer
 	conns     chan net.Conn
 	done      chan struct{}
 	closeOnce sync.Once
-	hello     atomic.Pointer[func() nodeHello] // nil until the node can answer
+	node      atomic.Pointer[node] // nil until the node can answer
+	refusals  logLimiter           // of raft connections refused
 }
 
 func newNodeLinkMux(inner raft.StreamLayer) *nodeLinkMux {
@@ -103,8 +241,9 @@ func newNodeLinkMux(inner raft.StreamLayer) *nodeLinkMux {
 	return m
 }
 
-// answerWith makes the mux answer hellos with what hello returns.
-func (m *nodeLinkMux) answerWith(hello func() nodeHello) { m.hello.Store(&hello) }
+// serve makes the mux answer hellos for n, and admit raft connections by
+// its rules.
+func (m *nodeLinkMux) serve(n *node) { m.node.Store(n) }
 
 // Accept returns the next connection for raft.
 func (m *nodeLinkMux) Accept() (net.Conn, error) {
@@ -142,8 +281,9 @@ func (m *nodeLinkMux) acceptLoop() {
 	}
 }
 
-// route reads a connection's first byte and serves it as a node link or
-// passes it, the byte included, to raft.
+// route reads a connection's first byte and serves it as a node link, or
+// as a raft connection that introduces itself, or passes it, the byte
+// included, to raft as a raft connection of an older node.
 func (m *nodeLinkMux) route(c net.Conn) {
 	var first [1]byte
 	c.SetReadDeadline(time.Now().Add(firstByteTimeout))
@@ -152,31 +292,141 @@ func (m *nodeLinkMux) route(c net.Conn) {
 		return
 	}
 	c.SetReadDeadline(time.Time{})
-	if first[0] == nodeLinkMagic {
-		m.answer(c)
+	n := m.node.Load()
+	switch {
+	case n == nil:
+		c.Close() // not ready to answer or admit anyone
 		return
+	case first[0] == nodeLinkMagic:
+		m.answer(c, n)
+		return
+	case first[0] == rejoinMagic:
+		m.answerRejoin(c, n)
+		return
+	case first[0] == raftIntroMagic:
+		if !m.admitIntroduced(c, n) {
+			return
+		}
+	default:
+		if err := n.admitUnintroduced(); err != nil {
+			m.refusals.log(n.logger, slog.LevelWarn, "unintroduced:"+c.RemoteAddr().String(), "refused a raft connection", "from", c.RemoteAddr().String(), "err", err)
+			c.Close()
+			return
+		}
+		c = &peekedConn{Conn: c, first: first[0]}
 	}
 	select {
-	case m.conns <- &peekedConn{Conn: c, first: first[0]}:
+	case m.conns <- c:
 	case <-m.done:
 		c.Close()
 	}
 }
 
-func (m *nodeLinkMux) answer(c net.Conn) {
+func (m *nodeLinkMux) answer(c net.Conn, n *node) {
 	defer c.Close()
-	hello := m.hello.Load()
-	if hello == nil {
+	c.SetWriteDeadline(time.Now().Add(firstByteTimeout))
+	json.NewEncoder(c).Encode(n.hello())
+}
+
+// answerRejoin reads a rejoin request and answers what the node's
+// handler says of it.
+func (m *nodeLinkMux) answerRejoin(c net.Conn, n *node) {
+	defer c.Close()
+	c.SetDeadline(time.Now().Add(firstByteTimeout))
+	var req rejoinRequest
+	if err := readFrame(c, &req); err != nil {
 		return
 	}
-	c.SetWriteDeadline(time.Now().Add(firstByteTimeout))
-	json.NewEncoder(c).Encode((*hello)())
+	answer := rejoinAnswer{Refused: "this node does not take rejoin requests yet"}
+	if h := n.rejoins.Load(); h != nil {
+		answer = (*h)(req)
+	}
+	writeFrame(c, answer)
+}
+
+// askRejoin asks the node at addr to add this node again.
+func (m *nodeLinkMux) askRejoin(addr raft.ServerAddress, req rejoinRequest, timeout time.Duration) (rejoinAnswer, error) {
+	var answer rejoinAnswer
+	c, err := m.StreamLayer.Dial(addr, timeout)
+	if err != nil {
+		return answer, err
+	}
+	defer c.Close()
+	c.SetDeadline(time.Now().Add(timeout))
+	if _, err := c.Write([]byte{rejoinMagic}); err != nil {
+		return answer, err
+	}
+	if err := writeFrame(c, req); err != nil {
+		return answer, err
+	}
+	err = readFrame(c, &answer)
+	return answer, err
+}
+
+// admitIntroduced reads a dialer's introduction, answers it, and reports
+// whether the connection is raft's now.
+func (m *nodeLinkMux) admitIntroduced(c net.Conn, n *node) bool {
+	c.SetDeadline(time.Now().Add(firstByteTimeout))
+	var intro raftIntro
+	if err := readFrame(c, &intro); err != nil {
+		c.Close()
+		return false
+	}
+	answer := raftIntroAnswer{ID: string(n.id), Group: n.ident.groupID()}
+	err := n.admit(intro)
+	if err != nil {
+		answer.Refused = err.Error()
+		m.refusals.log(n.logger, slog.LevelWarn, intro.From+":"+answer.Refused, "refused a raft connection", "from", intro.From, "from_group", intro.Group, "err", err)
+	}
+	if werr := writeFrame(c, answer); werr != nil || err != nil {
+		c.Close()
+		return false
+	}
+	c.SetDeadline(time.Time{})
+	return true
+}
+
+// Dial opens a raft connection to a peer and introduces this node on it.
+// A peer that closes the connection without an answer runs a fence from
+// before introductions: the node dials it again without one, as long as
+// its group's protocol allows it.
+func (m *nodeLinkMux) Dial(addr raft.ServerAddress, timeout time.Duration) (net.Conn, error) {
+	n := m.node.Load()
+	c, err := m.StreamLayer.Dial(addr, timeout)
+	if err != nil || n == nil {
+		return c, err
+	}
+	intro := n.introduce(addr)
+	c.SetDeadline(time.Now().Add(timeout))
+	var answer raftIntroAnswer
+	if _, err = c.Write([]byte{raftIntroMagic}); err == nil {
+		err = writeFrame(c, intro)
+	}
+	if err == nil {
+		err = readFrame(c, &answer)
+	}
+	c.SetDeadline(time.Time{})
+	switch {
+	case err != nil && !errors.Is(err, errNoFrame):
+		c.Close()
+		return nil, err
+	case err != nil:
+		c.Close()
+		if perr := n.dialUnintroduced(); perr != nil {
+			return nil, fmt.Errorf("the node at %s does not say which group it is of: %w", addr, perr)
+		}
+		return m.StreamLayer.Dial(addr, timeout)
+	case answer.Refused != "":
+		c.Close()
+		return nil, fmt.Errorf("%s at %s refused this node's raft connection: %s", answer.ID, addr, answer.Refused)
+	}
+	return c, nil
 }
 
 // askHello dials a node's raft address and reads its hello, within timeout.
 func (m *nodeLinkMux) askHello(addr raft.ServerAddress, timeout time.Duration) (nodeHello, error) {
 	var h nodeHello
-	c, err := m.Dial(addr, timeout)
+	c, err := m.StreamLayer.Dial(addr, timeout)
 	if err != nil {
 		return h, err
 	}

@@ -73,6 +73,8 @@ type Server struct {
 	restores atomic.Int64
 	// cluster is the group's id, as read from the state.
 	cluster clusterName
+	// ident is whom the data dir belongs to (identity.go).
+	ident *identity
 	// reserve bounds, on disk, every token this node has applied.
 	reserve *tokenReserve
 	// authChanges wakes open watches to check their caller again.
@@ -85,6 +87,17 @@ type Server struct {
 
 	// workers runs each stream operation.
 	workers *workers
+
+	// bootstrapNote says why a node with no data has not bootstrapped
+	// its group yet, nil when it has or need not (bootstrap.go).
+	bootstrapNote atomic.Pointer[string]
+	bootstrapLogs logLimiter
+	// rejoining are the members being added again (rejoin.go).
+	rejoining rejoins
+	// failed is closed when the node stopped by itself, for failure.
+	failed     chan struct{}
+	failOnce   sync.Once
+	failReason error
 
 	done      chan struct{}
 	wg        sync.WaitGroup
@@ -103,7 +116,7 @@ func Start(cfg Config) (*Server, error) {
 	if logger == nil {
 		logger = slog.New(slog.NewTextHandler(io.Discard, nil))
 	}
-	s := &Server{cfg: cfg, logger: logger, hub: newWaitHub(), watches: newWatchHub(cfg.WatchHistory, watchHistoryBytes), done: make(chan struct{})}
+	s := &Server{cfg: cfg, logger: logger, hub: newWaitHub(), watches: newWatchHub(cfg.WatchHistory, watchHistoryBytes), done: make(chan struct{}), failed: make(chan struct{})}
 	s.workers = newWorkers(s.done)
 	s.framed.silence = framedSilence
 	s.fsm = fsm.New(observer{s})
@@ -155,7 +168,16 @@ func Start(cfg Config) (*Server, error) {
 	if s.advertise == "" {
 		s.advertise = s.ln.Addr().String()
 	}
-	if s.node, err = openNode(cfg, s.advertise, s.fsm, logger, s.metrics.storage); err != nil {
+	if s.ident, err = openIdentity(cfg.DataDir); err != nil {
+		return abort(err)
+	}
+	if s.node, err = openNode(cfg, s.advertise, s.ident, s.fsm, logger, s.metrics.storage); err != nil {
+		return abort(err)
+	}
+	s.learnGroup()
+	s.serveRejoins()
+	if err := s.startBootstrap(); err != nil {
+		s.node.close()
 		return abort(err)
 	}
 
@@ -425,6 +447,9 @@ func (s *Server) becomeLeader() {
 	s.leaderReady.Store(true)
 	s.logger.Info("became leader", "node", s.cfg.NodeID)
 	s.registerSelf()
+	if len(s.members()) == 1 {
+		s.registerMembers() // agrees the group's protocol now; a group's waits for the loop
+	}
 }
 
 // prepareToLead applies every entry committed in earlier terms (a barrier
@@ -451,10 +476,40 @@ func (s *Server) prepareToLead() error {
 	return nil
 }
 
+// Failed is closed when the node stops by itself, for a failure that Err
+// then returns: its state machine met a log entry it does not understand
+// (written by a newer version of fence). The node has closed, or is
+// closing; a program serving it should exit with the error.
+func (s *Server) Failed() <-chan struct{} { return s.failed }
+
+// Err returns why the node stopped by itself, once Failed is closed; nil
+// before.
+func (s *Server) Err() error {
+	select {
+	case <-s.failed:
+		return s.failReason
+	default:
+		return nil
+	}
+}
+
+// fail stops the node for err, once.
+func (s *Server) fail(err error) {
+	s.failOnce.Do(func() {
+		s.logger.Error("node stopped", "err", err)
+		s.failReason = err
+		close(s.failed)
+		go s.Close() // not from raft's goroutines: Close waits for them
+	})
+}
+
 // problems says what is wrong with this node, one line each: a disk found
-// full by the raft log or by the token reserve.
+// full by the raft log or by the token reserve, a group not bootstrapped.
 func (s *Server) problems() []string {
 	var out []string
+	if note := s.bootstrapNote.Load(); note != nil {
+		out = append(out, "not bootstrapped: "+*note)
+	}
 	if s.node != nil {
 		if p := s.node.problem(); p != "" {
 			out = append(out, p)
@@ -513,6 +568,9 @@ func (o observer) Applied(seq fsm.Seq, res fsm.Result) {
 	if n := len(res.Grants); n > 0 && !s.coverTokens(res.Grants[n-1].Token) {
 		return
 	}
+	if s.ident.groupID() == "" {
+		s.learnGroup()
+	}
 	s.console.record(seq.Index(), res)
 	if res.SessionID != 0 {
 		var ttl time.Duration
@@ -554,10 +612,15 @@ func (s *Server) coverTokens(token uint64) bool {
 	}
 }
 
+// Halted stops the node: its state machine cannot go on without skipping
+// an entry.
+func (o observer) Halted(err error) { o.s.fail(err) }
+
 func (o observer) Restored() {
 	s := o.s
 	s.restores.Add(1)
 	s.cluster.forget()
+	s.learnGroup()
 	var last uint64
 	s.fsm.Read(func(st *fsm.State) { last = st.LastToken() })
 	s.coverTokens(last)

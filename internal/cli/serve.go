@@ -75,7 +75,12 @@ func serveCommand(g *globals) *cobra.Command {
 			if !isLoopback(cfg.Listen) {
 				go warnUnsecured(logger, srv, cfg)
 			}
-			<-cmd.Context().Done()
+			select {
+			case <-cmd.Context().Done():
+			case <-srv.Failed():
+				srv.Close()
+				return srv.Err()
+			}
 			logger.Info("shutting down")
 			// A leader hands over to another member before it closes
 			// (bounded: raft gives up after an election timeout).
@@ -101,6 +106,7 @@ func serveCommand(g *globals) *cobra.Command {
 	f.StringVar(&peers, "peers", "", "bootstrap a new group of these members: id=raft-host:port,... (this node included)")
 	f.StringVar(&raftDial, "raft-dial", "", "dial these peers at other addresses than the group's configuration says: id=host:port,... (proxies, NAT)")
 	f.BoolVar(&cfg.Join, "join", false, "do not bootstrap: wait to be added with fence members add")
+	f.BoolVar(&cfg.AutoRejoin, "auto-rejoin", cfg.AutoRejoin, "as the leader, add again a member whose data dir was lost when it asks (false: only fence members remove and add do)")
 	f.StringVar(&cfg.LogStore, "log-store", cfg.LogStore, "raft log of a new data dir: wal (segment files, one fsync per batch) or bolt (bbolt, two); default: the data dir's, wal for a new one")
 	f.StringVar(&cfg.NodeID, "node-id", cfg.NodeID, "this node's id in its raft group; keep it across restarts")
 	f.DurationVar(&cfg.DefaultTTL, "default-ttl", cfg.DefaultTTL, "session TTL when a client names none")

@@ -4,6 +4,7 @@ import (
 	"fmt"
 	"io"
 	"sync"
+	"sync/atomic"
 
 	"github.com/hashicorp/raft"
 	"google.golang.org/protobuf/proto"
@@ -21,6 +22,9 @@ type Observer interface {
 	Applied(seq Seq, res Result)
 	// Restored is called after the state was replaced by a snapshot.
 	Restored()
+	// Halted is called once, when the FSM met an entry it does not
+	// understand (a *HaltError) and stopped applying the log.
+	Halted(err error)
 }
 
 // FSM adapts State to hashicorp/raft. It implements raft.BatchingFSM, so a
@@ -30,14 +34,44 @@ type FSM struct {
 	mu       sync.RWMutex
 	state    *State
 	observer Observer
+	// halted is set once an entry was not understood: no entry after it
+	// is applied, and no snapshot is taken of a state that skipped it.
+	halted *HaltError
+	// protocol mirrors the state's protocol, for readers that must not
+	// wait for an apply.
+	protocol atomic.Uint32
 }
+
+// HaltError is an entry the FSM does not understand: written by a newer
+// version of fence. Skipping it would make this node's state differ from
+// its group's without a word, so the FSM stops applying the log there.
+type HaltError struct {
+	// Index is the entry's raft log index.
+	Index uint64
+	// What says what in it is not understood.
+	What string
+}
+
+func (e *HaltError) Error() string {
+	return fmt.Sprintf("log entry %d holds %s, which this version of fence (protocol %d) does not know: the group runs a newer version. "+
+		"This node stopped applying its log rather than skip the entry; start it with the group's version", e.Index, e.What, Protocol)
+}
+
+// Unwrap makes a HaltError an fence.ErrUnavailable: the node cannot serve.
+func (e *HaltError) Unwrap() error { return fence.ErrUnavailable }
 
 var _ raft.BatchingFSM = (*FSM)(nil)
 
 // New returns an FSM with an empty state. observer may be nil.
 func New(observer Observer) *FSM {
-	return &FSM{state: NewState(), observer: observer}
+	f := &FSM{state: NewState(), observer: observer}
+	f.protocol.Store(f.state.Protocol())
+	return f
 }
+
+// Protocol returns the group's protocol as of the last entry applied,
+// without waiting for an apply in progress.
+func (f *FSM) Protocol() uint32 { return f.protocol.Load() }
 
 // Encode marshals a command for raft.Apply.
 func Encode(cmd *fsmpb.Command) ([]byte, error) {
@@ -55,22 +89,38 @@ func (f *FSM) Apply(l *raft.Log) interface{} {
 func (f *FSM) ApplyBatch(logs []*raft.Log) []interface{} {
 	out := make([]interface{}, len(logs))
 	results := make([]Result, len(logs))
+	applied := len(logs) // entries from here on were not applied
+	wasHalted := f.halted != nil
 	f.mu.Lock()
 	for i, l := range logs {
 		if l.Type != raft.LogCommand {
 			continue
 		}
 		var cmd fsmpb.Command
-		if err := proto.Unmarshal(l.Data, &cmd); err != nil {
+		switch err := proto.Unmarshal(l.Data, &cmd); {
+		case f.halted != nil:
+			results[i] = Result{Err: f.halted}
+		case err != nil:
 			results[i] = Result{Err: fmt.Errorf("%w: log entry %d does not decode: %v", fence.ErrInvalidArgument, l.Index, err)}
-		} else {
+		default:
+			if what := notUnderstood(&cmd); what != "" {
+				f.halted = &HaltError{Index: l.Index, What: what}
+				applied = min(applied, i)
+				results[i] = Result{Err: f.halted}
+				break
+			}
 			results[i] = f.state.Apply(&cmd)
 		}
 		out[i] = results[i]
 	}
+	halted := f.halted
+	f.protocol.Store(f.state.Protocol())
 	f.mu.Unlock()
+	if wasHalted {
+		return out
+	}
 	if f.observer != nil {
-		for i, l := range logs {
+		for i, l := range logs[:applied] {
 			if l.Type != raft.LogCommand {
 				continue
 			}
@@ -82,8 +132,21 @@ func (f *FSM) ApplyBatch(logs []*raft.Log) []interface{} {
 				f.observer.Applied(SeqOf(l.Index, j), r)
 			}
 		}
+		if halted != nil {
+			f.observer.Halted(halted)
+		}
 	}
 	return out
+}
+
+// Halted returns the entry that stopped the FSM, nil while it applies.
+func (f *FSM) Halted() error {
+	f.mu.RLock()
+	defer f.mu.RUnlock()
+	if f.halted == nil {
+		return nil
+	}
+	return f.halted
 }
 
 // Read calls fn with the state under a shared lock. fn must not keep the
@@ -98,6 +161,10 @@ func (f *FSM) Read(fn func(s *State)) {
 // lock, and written out later by Persist without it.
 func (f *FSM) Snapshot() (raft.FSMSnapshot, error) {
 	f.mu.RLock()
+	if f.halted != nil {
+		f.mu.RUnlock()
+		return nil, fmt.Errorf("fsm: no snapshot of a state that stopped before an entry: %w", f.halted)
+	}
 	snap := f.state.Snapshot()
 	f.mu.RUnlock()
 	return &snapshot{snap: snap}, nil
@@ -114,12 +181,16 @@ func (f *FSM) Restore(rc io.ReadCloser) error {
 	if err := proto.Unmarshal(data, &snap); err != nil {
 		return fmt.Errorf("fsm: decoding snapshot: %w", err)
 	}
+	if unknownFields(snap.ProtoReflect()) {
+		return fmt.Errorf("fsm: the snapshot holds fields this version of fence (protocol %d) does not know: the group runs a newer version", Protocol)
+	}
 	state, err := Restore(&snap)
 	if err != nil {
 		return err
 	}
 	f.mu.Lock()
 	f.state = state
+	f.protocol.Store(state.Protocol())
 	f.mu.Unlock()
 	if f.observer != nil {
 		f.observer.Restored()

@@ -15,11 +15,13 @@ import (
 	"errors"
 	"io"
 	"reflect"
+	"strings"
 	"sync"
 	"testing"
 	"time"
 
 	"github.com/hashicorp/raft"
+	"google.golang.org/protobuf/encoding/protowire"
 	"google.golang.org/protobuf/proto"
 
 	"github.com/fencelock/fence"
@@ -38,6 +40,7 @@ type recorder struct {
 	results   []fsm.Result
 	lastToken []uint64
 	restored  int
+	halted    []error
 }
 
 func (r *recorder) Applied(seq fsm.Seq, res fsm.Result) {
@@ -55,6 +58,12 @@ func (r *recorder) Restored() {
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	r.restored++
+}
+
+func (r *recorder) Halted(err error) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	r.halted = append(r.halted, err)
 }
 
 func newRecordedFSM() (*fsm.FSM, *recorder) {
@@ -432,4 +441,86 @@ func TestFSMConcurrentUse(t *testing.T) {
 			t.Fatalf("after %d rounds: LastToken %d, %d sessions, %d locks", rounds, s.LastToken(), s.NumSessions(), s.NumLocks())
 		}
 	})
+}
+
+// TestFSMStopsAtAnEntryItDoesNotUnderstand proves that an entry written by
+// a newer version (a kind of command, or a field, this one does not know,
+// or a protocol past its own) is neither applied nor skipped: the FSM stops
+// there, applies nothing after it, tells its observer once, and takes no
+// snapshot of the state it stopped with.
+func TestFSMStopsAtAnEntryItDoesNotUnderstand(t *testing.T) {
+	withField := func(cmd *fsmpb.Command, num protowire.Number) []byte {
+		data := mustEncode(t, cmd)
+		data = protowire.AppendTag(data, num, protowire.BytesType)
+		return protowire.AppendBytes(data, []byte("new"))
+	}
+	nested := acquire(1, "a", excl)
+	nested.GetAcquire().ProtoReflect().SetUnknown(protowire.AppendVarint(protowire.AppendTag(nil, 40, protowire.VarintType), 1))
+	batch := &fsmpb.Command{Op: &fsmpb.Command_Batch{Batch: &fsmpb.Batch{Commands: []*fsmpb.Command{newSession(), nested}}}}
+	cases := []struct {
+		name string
+		data []byte
+		what string
+	}{
+		{"a kind of command", protowire.AppendBytes(protowire.AppendTag(nil, 29, protowire.BytesType), nil), "a kind of command"},
+		{"a field of a command", withField(newSession(), 50), "a command with a field"},
+		{"a field of a nested message", mustEncode(t, nested), "a command with a field"},
+		{"a field in a batch", mustEncode(t, batch), "a command with a field"},
+		{"a newer protocol", mustEncode(t, &fsmpb.Command{Op: &fsmpb.Command_SetProtocol{SetProtocol: &fsmpb.SetProtocol{Version: fsm.Protocol + 1}}}), "a move to protocol"},
+	}
+	for _, tc := range cases {
+		t.Run(tc.name, func(t *testing.T) {
+			f, rec := newRecordedFSM()
+			ref := fsm.New(nil)
+			first := commandLog(t, 1, newSession())
+			ref.ApplyBatch([]*raft.Log{first})
+			bad := &raft.Log{Index: 2, Term: 1, Type: raft.LogCommand, Data: tc.data}
+			out := f.ApplyBatch([]*raft.Log{first, bad, commandLog(t, 3, newSession())})
+			for i, want := range []uint64{0, 2, 2} {
+				var halt *fsm.HaltError
+				err := out[i].(fsm.Result).Err
+				if want == 0 {
+					if err != nil {
+						t.Fatalf("entry %d: %v", i+1, err)
+					}
+					continue
+				}
+				if !errors.As(err, &halt) || halt.Index != want || !strings.Contains(halt.What, tc.what) || !errors.Is(err, fence.ErrUnavailable) {
+					t.Fatalf("entry %d answered %v, want the halt at entry %d (%s)", i+1, err, want, tc.what)
+				}
+			}
+			f.ApplyBatch([]*raft.Log{commandLog(t, 4, newSession())})
+			if !proto.Equal(fsmSnapshot(t, f), fsmSnapshot(t, ref)) {
+				t.Fatal("the state changed past the entry not understood")
+			}
+			if len(rec.seqs) != 1 || len(rec.halted) != 1 || f.Halted() == nil {
+				t.Fatalf("observer heard %d applies and %d halts (Halted: %v), want 1 and 1", len(rec.seqs), len(rec.halted), f.Halted())
+			}
+			if _, err := f.Snapshot(); err == nil {
+				t.Fatal("a halted FSM took a snapshot")
+			}
+		})
+	}
+}
+
+// TestFSMProtocolOnlyRises proves SetProtocol moves the group's protocol
+// up only, and that a snapshot carries it.
+func TestFSMProtocolOnlyRises(t *testing.T) {
+	f := fsm.New(nil)
+	protocol := func() (v uint32) { f.Read(func(s *fsm.State) { v = s.Protocol() }); return v }
+	if p := protocol(); p != fsm.Protocol1 {
+		t.Fatalf("a new state's protocol is %d, want %d", p, fsm.Protocol1)
+	}
+	set := func(i uint64, v uint32) {
+		f.Apply(commandLog(t, i, &fsmpb.Command{Op: &fsmpb.Command_SetProtocol{SetProtocol: &fsmpb.SetProtocol{Version: v}}}))
+	}
+	set(1, fsm.Protocol2)
+	set(2, fsm.Protocol1)
+	if p := protocol(); p != fsm.Protocol2 {
+		t.Fatalf("protocol %d after a move to 2 then 1, want 2", p)
+	}
+	restored, err := fsm.Restore(fsmSnapshot(t, f))
+	if err != nil || restored.Protocol() != fsm.Protocol2 {
+		t.Fatalf("restored protocol %d (%v), want 2", restored.Protocol(), err)
+	}
 }

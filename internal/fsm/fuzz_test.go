@@ -384,6 +384,12 @@ func FuzzApplyBytes(f *testing.F) {
 			want = append(want, res)
 			var cmd fsmpb.Command
 			one.Read(func(s *fsm.State) {
+				if halt := (*fsm.HaltError)(nil); errors.As(res.Err, &halt) && halt.Index != index {
+					if !bytes.Equal(before, snapshotBytes(t, s)) {
+						t.Fatal("an entry after one not understood changed the state")
+					}
+					return
+				}
 				if err := proto.Unmarshal(data, &cmd); err != nil {
 					if !errors.Is(res.Err, fence.ErrInvalidArgument) {
 						t.Fatalf("entry that does not decode (%v) answered %s", err, describe(res))
@@ -393,6 +399,19 @@ func FuzzApplyBytes(f *testing.F) {
 					}
 					if !bytes.Equal(before, snapshotBytes(t, s)) {
 						t.Fatal("entry that does not decode changed the state")
+					}
+					return
+				}
+				if halt := (*fsm.HaltError)(nil); errors.As(res.Err, &halt) {
+					// A newer version's entry (or one after it): nothing
+					// is applied, and the FSM said so for a reason.
+					var known fsmpb.Command
+					_ = proto.UnmarshalOptions{DiscardUnknown: true}.Unmarshal(data, &known)
+					if halt.Index == index && proto.Equal(&known, &cmd) && !strings.Contains(halt.What, "protocol") {
+						t.Fatalf("%v: halted on an entry with nothing unknown in it: %v", &cmd, res.Err)
+					}
+					if !bytes.Equal(before, snapshotBytes(t, s)) {
+						t.Fatal("an entry not understood changed the state")
 					}
 					return
 				}

@@ -13,7 +13,7 @@ import (
 // sessions in id order and locks in name order, so that equal states give
 // equal bytes.
 func (s *State) Snapshot() *fsmpb.Snapshot {
-	snap := &fsmpb.Snapshot{LastToken: s.lastToken, LastSessionId: s.lastSessionID, LastDelayId: s.lastDelayID, LastAttempt: s.lastAttempt, ClusterId: s.clusterID}
+	snap := &fsmpb.Snapshot{LastToken: s.lastToken, LastSessionId: s.lastSessionID, LastDelayId: s.lastDelayID, LastAttempt: s.lastAttempt, ClusterId: s.clusterID, Protocol: s.protocol}
 	for _, info := range s.Sessions() {
 		sess := s.sessions[info.ID]
 		snap.Sessions = append(snap.Sessions, &fsmpb.Session{Id: sess.id, TtlNs: int64(sess.ttl), Owner: sess.owner, User: sess.user, Cancelled: slices.Clone(sess.cancelled), SecretSha256: slices.Clone(sess.secretHash)})
@@ -68,6 +68,10 @@ func Restore(snap *fsmpb.Snapshot) (*State, error) {
 	s.lastDelayID = snap.GetLastDelayId()
 	s.lastAttempt = snap.GetLastAttempt()
 	s.clusterID = snap.GetClusterId()
+	s.protocol = snap.GetProtocol()
+	if s.protocol > Protocol {
+		return nil, fmt.Errorf("fsm: the snapshot is of a group at protocol %d, newer than this node's %d: run a newer fence", s.protocol, Protocol)
+	}
 	for _, ps := range snap.GetSessions() {
 		if _, dup := s.sessions[ps.GetId()]; dup {
 			return nil, fmt.Errorf("fsm: snapshot has session %d twice", ps.GetId())

@@ -305,6 +305,7 @@ type State struct {
 	lastDelayID   uint64
 	lastAttempt   uint64
 	clusterID     string // empty until the group's first leader names it
+	protocol      uint32 // the group's protocol; 0 for Protocol1
 	// applied remembers what commands with idempotency keys did, and
 	// appliedKeys their keys, oldest first, at most MaxIdempotencyKeys.
 	applied     map[string]Repeat
@@ -413,6 +414,8 @@ func (s *State) apply(cmd *fsmpb.Command) Result {
 		return s.setClusterID(op.SetClusterId.GetId())
 	case *fsmpb.Command_Auth:
 		return s.applyAuth(op.Auth)
+	case *fsmpb.Command_SetProtocol:
+		return s.setProtocol(op.SetProtocol.GetVersion())
 	}
 	return Result{Err: fmt.Errorf("%w: unknown command", fence.ErrInvalidArgument)}
 }
@@ -864,6 +867,20 @@ func (s *State) setClusterID(id string) Result {
 	}
 	return Result{}
 }
+
+// setProtocol moves the group to protocol v; a protocol never goes back,
+// so an older one changes nothing. One newer than this node's was refused
+// before it reached the state (FSM.ApplyBatch).
+func (s *State) setProtocol(v uint32) Result {
+	if v > Protocol {
+		return Result{Err: fmt.Errorf("%w: protocol %d is newer than this node's %d", fence.ErrInvalidArgument, v, Protocol)}
+	}
+	s.protocol = max(s.protocol, v)
+	return Result{}
+}
+
+// Protocol returns the group's protocol (see Protocol1).
+func (s *State) Protocol() uint32 { return max(s.protocol, Protocol1) }
 
 // Session returns the session with the given id.
 func (s *State) Session(id uint64) (SessionInfo, bool) {

@@ -47,6 +47,7 @@ type Command struct {
 	//	*Command_SetClusterId
 	//	*Command_Batch
 	//	*Command_Auth
+	//	*Command_SetProtocol
 	Op isCommand_Op `protobuf_oneof:"op"`
 	// The client's key for this call, the same across its retries: a command
 	// whose key was applied before is not applied again, and answers what
@@ -228,6 +229,15 @@ func (x *Command) GetAuth() *Auth {
 	return nil
 }
 
+func (x *Command) GetSetProtocol() *SetProtocol {
+	if x != nil {
+		if x, ok := x.Op.(*Command_SetProtocol); ok {
+			return x.SetProtocol
+		}
+	}
+	return nil
+}
+
 func (x *Command) GetIdempotencyKey() string {
 	if x != nil {
 		return x.IdempotencyKey
@@ -300,6 +310,10 @@ type Command_Auth struct {
 	Auth *Auth `protobuf:"bytes,14,opt,name=auth,proto3,oneof"`
 }
 
+type Command_SetProtocol struct {
+	SetProtocol *SetProtocol `protobuf:"bytes,15,opt,name=set_protocol,json=setProtocol,proto3,oneof"`
+}
+
 func (*Command_CreateSession) isCommand_Op() {}
 
 func (*Command_CloseSession) isCommand_Op() {}
@@ -329,6 +343,8 @@ func (*Command_SetClusterId) isCommand_Op() {}
 func (*Command_Batch) isCommand_Op() {}
 
 func (*Command_Auth) isCommand_Op() {}
+
+func (*Command_SetProtocol) isCommand_Op() {}
 
 // Batch is several commands committed as one raft log entry: the leader
 // groups the commands that arrive while an entry is being committed, so
@@ -972,6 +988,53 @@ func (x *SetClusterID) GetId() string {
 	return ""
 }
 
+// SetProtocol moves the group to a newer protocol (internal/fsm's
+// Protocol constants), once every member speaks it: the leader proposes
+// what the protocol allows and nothing newer. A protocol never goes back.
+type SetProtocol struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Version       uint32                 `protobuf:"varint,1,opt,name=version,proto3" json:"version,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *SetProtocol) Reset() {
+	*x = SetProtocol{}
+	mi := &file_fsmpb_fsm_proto_msgTypes[11]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *SetProtocol) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*SetProtocol) ProtoMessage() {}
+
+func (x *SetProtocol) ProtoReflect() protoreflect.Message {
+	mi := &file_fsmpb_fsm_proto_msgTypes[11]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use SetProtocol.ProtoReflect.Descriptor instead.
+func (*SetProtocol) Descriptor() ([]byte, []int) {
+	return file_fsmpb_fsm_proto_rawDescGZIP(), []int{11}
+}
+
+func (x *SetProtocol) GetVersion() uint32 {
+	if x != nil {
+		return x.Version
+	}
+	return 0
+}
+
 type Release struct {
 	state         protoimpl.MessageState `protogen:"open.v1"`
 	SessionId     uint64                 `protobuf:"varint,1,opt,name=session_id,json=sessionId,proto3" json:"session_id,omitempty"`
@@ -983,7 +1046,7 @@ type Release struct {
 
 func (x *Release) Reset() {
 	*x = Release{}
-	mi := &file_fsmpb_fsm_proto_msgTypes[11]
+	mi := &file_fsmpb_fsm_proto_msgTypes[12]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -995,7 +1058,7 @@ func (x *Release) String() string {
 func (*Release) ProtoMessage() {}
 
 func (x *Release) ProtoReflect() protoreflect.Message {
-	mi := &file_fsmpb_fsm_proto_msgTypes[11]
+	mi := &file_fsmpb_fsm_proto_msgTypes[12]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1008,7 +1071,7 @@ func (x *Release) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Release.ProtoReflect.Descriptor instead.
 func (*Release) Descriptor() ([]byte, []int) {
-	return file_fsmpb_fsm_proto_rawDescGZIP(), []int{11}
+	return file_fsmpb_fsm_proto_rawDescGZIP(), []int{12}
 }
 
 func (x *Release) GetSessionId() uint64 {
@@ -1045,7 +1108,7 @@ type LiftDelay struct {
 
 func (x *LiftDelay) Reset() {
 	*x = LiftDelay{}
-	mi := &file_fsmpb_fsm_proto_msgTypes[12]
+	mi := &file_fsmpb_fsm_proto_msgTypes[13]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1057,7 +1120,7 @@ func (x *LiftDelay) String() string {
 func (*LiftDelay) ProtoMessage() {}
 
 func (x *LiftDelay) ProtoReflect() protoreflect.Message {
-	mi := &file_fsmpb_fsm_proto_msgTypes[12]
+	mi := &file_fsmpb_fsm_proto_msgTypes[13]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1070,7 +1133,7 @@ func (x *LiftDelay) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use LiftDelay.ProtoReflect.Descriptor instead.
 func (*LiftDelay) Descriptor() ([]byte, []int) {
-	return file_fsmpb_fsm_proto_rawDescGZIP(), []int{12}
+	return file_fsmpb_fsm_proto_rawDescGZIP(), []int{13}
 }
 
 func (x *LiftDelay) GetLock() string {
@@ -1103,7 +1166,7 @@ type KVFence struct {
 
 func (x *KVFence) Reset() {
 	*x = KVFence{}
-	mi := &file_fsmpb_fsm_proto_msgTypes[13]
+	mi := &file_fsmpb_fsm_proto_msgTypes[14]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1115,7 +1178,7 @@ func (x *KVFence) String() string {
 func (*KVFence) ProtoMessage() {}
 
 func (x *KVFence) ProtoReflect() protoreflect.Message {
-	mi := &file_fsmpb_fsm_proto_msgTypes[13]
+	mi := &file_fsmpb_fsm_proto_msgTypes[14]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1128,7 +1191,7 @@ func (x *KVFence) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use KVFence.ProtoReflect.Descriptor instead.
 func (*KVFence) Descriptor() ([]byte, []int) {
-	return file_fsmpb_fsm_proto_rawDescGZIP(), []int{13}
+	return file_fsmpb_fsm_proto_rawDescGZIP(), []int{14}
 }
 
 func (x *KVFence) GetLock() string {
@@ -1180,7 +1243,7 @@ type KVPut struct {
 
 func (x *KVPut) Reset() {
 	*x = KVPut{}
-	mi := &file_fsmpb_fsm_proto_msgTypes[14]
+	mi := &file_fsmpb_fsm_proto_msgTypes[15]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1192,7 +1255,7 @@ func (x *KVPut) String() string {
 func (*KVPut) ProtoMessage() {}
 
 func (x *KVPut) ProtoReflect() protoreflect.Message {
-	mi := &file_fsmpb_fsm_proto_msgTypes[14]
+	mi := &file_fsmpb_fsm_proto_msgTypes[15]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1205,7 +1268,7 @@ func (x *KVPut) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use KVPut.ProtoReflect.Descriptor instead.
 func (*KVPut) Descriptor() ([]byte, []int) {
-	return file_fsmpb_fsm_proto_rawDescGZIP(), []int{14}
+	return file_fsmpb_fsm_proto_rawDescGZIP(), []int{15}
 }
 
 func (x *KVPut) GetKey() string {
@@ -1260,7 +1323,7 @@ type KVDelete struct {
 
 func (x *KVDelete) Reset() {
 	*x = KVDelete{}
-	mi := &file_fsmpb_fsm_proto_msgTypes[15]
+	mi := &file_fsmpb_fsm_proto_msgTypes[16]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1272,7 +1335,7 @@ func (x *KVDelete) String() string {
 func (*KVDelete) ProtoMessage() {}
 
 func (x *KVDelete) ProtoReflect() protoreflect.Message {
-	mi := &file_fsmpb_fsm_proto_msgTypes[15]
+	mi := &file_fsmpb_fsm_proto_msgTypes[16]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1285,7 +1348,7 @@ func (x *KVDelete) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use KVDelete.ProtoReflect.Descriptor instead.
 func (*KVDelete) Descriptor() ([]byte, []int) {
-	return file_fsmpb_fsm_proto_rawDescGZIP(), []int{15}
+	return file_fsmpb_fsm_proto_rawDescGZIP(), []int{16}
 }
 
 func (x *KVDelete) GetKey() string {
@@ -1320,14 +1383,16 @@ type Snapshot struct {
 	// The group's id; empty until its first leader names it.
 	ClusterId string `protobuf:"bytes,11,opt,name=cluster_id,json=clusterId,proto3" json:"cluster_id,omitempty"`
 	// Users, roles, tokens and whether auth is on (docs/design.md, Auth).
-	Auth          *AuthState `protobuf:"bytes,12,opt,name=auth,proto3" json:"auth,omitempty"`
+	Auth *AuthState `protobuf:"bytes,12,opt,name=auth,proto3" json:"auth,omitempty"`
+	// The group's protocol (SetProtocol); 0 for a group at protocol 1.
+	Protocol      uint32 `protobuf:"varint,13,opt,name=protocol,proto3" json:"protocol,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
 
 func (x *Snapshot) Reset() {
 	*x = Snapshot{}
-	mi := &file_fsmpb_fsm_proto_msgTypes[16]
+	mi := &file_fsmpb_fsm_proto_msgTypes[17]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1339,7 +1404,7 @@ func (x *Snapshot) String() string {
 func (*Snapshot) ProtoMessage() {}
 
 func (x *Snapshot) ProtoReflect() protoreflect.Message {
-	mi := &file_fsmpb_fsm_proto_msgTypes[16]
+	mi := &file_fsmpb_fsm_proto_msgTypes[17]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1352,7 +1417,7 @@ func (x *Snapshot) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Snapshot.ProtoReflect.Descriptor instead.
 func (*Snapshot) Descriptor() ([]byte, []int) {
-	return file_fsmpb_fsm_proto_rawDescGZIP(), []int{16}
+	return file_fsmpb_fsm_proto_rawDescGZIP(), []int{17}
 }
 
 func (x *Snapshot) GetLastToken() uint64 {
@@ -1439,6 +1504,13 @@ func (x *Snapshot) GetAuth() *AuthState {
 	return nil
 }
 
+func (x *Snapshot) GetProtocol() uint32 {
+	if x != nil {
+		return x.Protocol
+	}
+	return 0
+}
+
 // Auth changes the auth state: users, roles and their permissions, bearer
 // tokens, and whether auth is enforced. Every change is one command, taken
 // by an admin (or by anyone while auth is off) and checked at the edge
@@ -1466,7 +1538,7 @@ type Auth struct {
 
 func (x *Auth) Reset() {
 	*x = Auth{}
-	mi := &file_fsmpb_fsm_proto_msgTypes[17]
+	mi := &file_fsmpb_fsm_proto_msgTypes[18]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1478,7 +1550,7 @@ func (x *Auth) String() string {
 func (*Auth) ProtoMessage() {}
 
 func (x *Auth) ProtoReflect() protoreflect.Message {
-	mi := &file_fsmpb_fsm_proto_msgTypes[17]
+	mi := &file_fsmpb_fsm_proto_msgTypes[18]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1491,7 +1563,7 @@ func (x *Auth) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Auth.ProtoReflect.Descriptor instead.
 func (*Auth) Descriptor() ([]byte, []int) {
-	return file_fsmpb_fsm_proto_rawDescGZIP(), []int{17}
+	return file_fsmpb_fsm_proto_rawDescGZIP(), []int{18}
 }
 
 func (x *Auth) GetOp() isAuth_Op {
@@ -1697,7 +1769,7 @@ type SetAuthEnabled struct {
 
 func (x *SetAuthEnabled) Reset() {
 	*x = SetAuthEnabled{}
-	mi := &file_fsmpb_fsm_proto_msgTypes[18]
+	mi := &file_fsmpb_fsm_proto_msgTypes[19]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1709,7 +1781,7 @@ func (x *SetAuthEnabled) String() string {
 func (*SetAuthEnabled) ProtoMessage() {}
 
 func (x *SetAuthEnabled) ProtoReflect() protoreflect.Message {
-	mi := &file_fsmpb_fsm_proto_msgTypes[18]
+	mi := &file_fsmpb_fsm_proto_msgTypes[19]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1722,7 +1794,7 @@ func (x *SetAuthEnabled) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use SetAuthEnabled.ProtoReflect.Descriptor instead.
 func (*SetAuthEnabled) Descriptor() ([]byte, []int) {
-	return file_fsmpb_fsm_proto_rawDescGZIP(), []int{18}
+	return file_fsmpb_fsm_proto_rawDescGZIP(), []int{19}
 }
 
 func (x *SetAuthEnabled) GetEnabled() bool {
@@ -1758,7 +1830,7 @@ type AuthUser struct {
 
 func (x *AuthUser) Reset() {
 	*x = AuthUser{}
-	mi := &file_fsmpb_fsm_proto_msgTypes[19]
+	mi := &file_fsmpb_fsm_proto_msgTypes[20]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1770,7 +1842,7 @@ func (x *AuthUser) String() string {
 func (*AuthUser) ProtoMessage() {}
 
 func (x *AuthUser) ProtoReflect() protoreflect.Message {
-	mi := &file_fsmpb_fsm_proto_msgTypes[19]
+	mi := &file_fsmpb_fsm_proto_msgTypes[20]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1783,7 +1855,7 @@ func (x *AuthUser) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use AuthUser.ProtoReflect.Descriptor instead.
 func (*AuthUser) Descriptor() ([]byte, []int) {
-	return file_fsmpb_fsm_proto_rawDescGZIP(), []int{19}
+	return file_fsmpb_fsm_proto_rawDescGZIP(), []int{20}
 }
 
 func (x *AuthUser) GetName() string {
@@ -1852,7 +1924,7 @@ type UserRole struct {
 
 func (x *UserRole) Reset() {
 	*x = UserRole{}
-	mi := &file_fsmpb_fsm_proto_msgTypes[20]
+	mi := &file_fsmpb_fsm_proto_msgTypes[21]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1864,7 +1936,7 @@ func (x *UserRole) String() string {
 func (*UserRole) ProtoMessage() {}
 
 func (x *UserRole) ProtoReflect() protoreflect.Message {
-	mi := &file_fsmpb_fsm_proto_msgTypes[20]
+	mi := &file_fsmpb_fsm_proto_msgTypes[21]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1877,7 +1949,7 @@ func (x *UserRole) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use UserRole.ProtoReflect.Descriptor instead.
 func (*UserRole) Descriptor() ([]byte, []int) {
-	return file_fsmpb_fsm_proto_rawDescGZIP(), []int{20}
+	return file_fsmpb_fsm_proto_rawDescGZIP(), []int{21}
 }
 
 func (x *UserRole) GetUser() string {
@@ -1905,7 +1977,7 @@ type AuthRole struct {
 
 func (x *AuthRole) Reset() {
 	*x = AuthRole{}
-	mi := &file_fsmpb_fsm_proto_msgTypes[21]
+	mi := &file_fsmpb_fsm_proto_msgTypes[22]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1917,7 +1989,7 @@ func (x *AuthRole) String() string {
 func (*AuthRole) ProtoMessage() {}
 
 func (x *AuthRole) ProtoReflect() protoreflect.Message {
-	mi := &file_fsmpb_fsm_proto_msgTypes[21]
+	mi := &file_fsmpb_fsm_proto_msgTypes[22]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1930,7 +2002,7 @@ func (x *AuthRole) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use AuthRole.ProtoReflect.Descriptor instead.
 func (*AuthRole) Descriptor() ([]byte, []int) {
-	return file_fsmpb_fsm_proto_rawDescGZIP(), []int{21}
+	return file_fsmpb_fsm_proto_rawDescGZIP(), []int{22}
 }
 
 func (x *AuthRole) GetName() string {
@@ -1960,7 +2032,7 @@ type AuthPermission struct {
 
 func (x *AuthPermission) Reset() {
 	*x = AuthPermission{}
-	mi := &file_fsmpb_fsm_proto_msgTypes[22]
+	mi := &file_fsmpb_fsm_proto_msgTypes[23]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1972,7 +2044,7 @@ func (x *AuthPermission) String() string {
 func (*AuthPermission) ProtoMessage() {}
 
 func (x *AuthPermission) ProtoReflect() protoreflect.Message {
-	mi := &file_fsmpb_fsm_proto_msgTypes[22]
+	mi := &file_fsmpb_fsm_proto_msgTypes[23]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1985,7 +2057,7 @@ func (x *AuthPermission) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use AuthPermission.ProtoReflect.Descriptor instead.
 func (*AuthPermission) Descriptor() ([]byte, []int) {
-	return file_fsmpb_fsm_proto_rawDescGZIP(), []int{22}
+	return file_fsmpb_fsm_proto_rawDescGZIP(), []int{23}
 }
 
 func (x *AuthPermission) GetKind() uint32 {
@@ -2019,7 +2091,7 @@ type RolePermission struct {
 
 func (x *RolePermission) Reset() {
 	*x = RolePermission{}
-	mi := &file_fsmpb_fsm_proto_msgTypes[23]
+	mi := &file_fsmpb_fsm_proto_msgTypes[24]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2031,7 +2103,7 @@ func (x *RolePermission) String() string {
 func (*RolePermission) ProtoMessage() {}
 
 func (x *RolePermission) ProtoReflect() protoreflect.Message {
-	mi := &file_fsmpb_fsm_proto_msgTypes[23]
+	mi := &file_fsmpb_fsm_proto_msgTypes[24]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2044,7 +2116,7 @@ func (x *RolePermission) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RolePermission.ProtoReflect.Descriptor instead.
 func (*RolePermission) Descriptor() ([]byte, []int) {
-	return file_fsmpb_fsm_proto_rawDescGZIP(), []int{23}
+	return file_fsmpb_fsm_proto_rawDescGZIP(), []int{24}
 }
 
 func (x *RolePermission) GetRole() string {
@@ -2080,7 +2152,7 @@ type AuthToken struct {
 
 func (x *AuthToken) Reset() {
 	*x = AuthToken{}
-	mi := &file_fsmpb_fsm_proto_msgTypes[24]
+	mi := &file_fsmpb_fsm_proto_msgTypes[25]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2092,7 +2164,7 @@ func (x *AuthToken) String() string {
 func (*AuthToken) ProtoMessage() {}
 
 func (x *AuthToken) ProtoReflect() protoreflect.Message {
-	mi := &file_fsmpb_fsm_proto_msgTypes[24]
+	mi := &file_fsmpb_fsm_proto_msgTypes[25]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2105,7 +2177,7 @@ func (x *AuthToken) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use AuthToken.ProtoReflect.Descriptor instead.
 func (*AuthToken) Descriptor() ([]byte, []int) {
-	return file_fsmpb_fsm_proto_rawDescGZIP(), []int{24}
+	return file_fsmpb_fsm_proto_rawDescGZIP(), []int{25}
 }
 
 func (x *AuthToken) GetId() uint64 {
@@ -2163,7 +2235,7 @@ type AuthState struct {
 
 func (x *AuthState) Reset() {
 	*x = AuthState{}
-	mi := &file_fsmpb_fsm_proto_msgTypes[25]
+	mi := &file_fsmpb_fsm_proto_msgTypes[26]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2175,7 +2247,7 @@ func (x *AuthState) String() string {
 func (*AuthState) ProtoMessage() {}
 
 func (x *AuthState) ProtoReflect() protoreflect.Message {
-	mi := &file_fsmpb_fsm_proto_msgTypes[25]
+	mi := &file_fsmpb_fsm_proto_msgTypes[26]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2188,7 +2260,7 @@ func (x *AuthState) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use AuthState.ProtoReflect.Descriptor instead.
 func (*AuthState) Descriptor() ([]byte, []int) {
-	return file_fsmpb_fsm_proto_rawDescGZIP(), []int{25}
+	return file_fsmpb_fsm_proto_rawDescGZIP(), []int{26}
 }
 
 func (x *AuthState) GetEnabled() bool {
@@ -2239,7 +2311,7 @@ type Applied struct {
 
 func (x *Applied) Reset() {
 	*x = Applied{}
-	mi := &file_fsmpb_fsm_proto_msgTypes[26]
+	mi := &file_fsmpb_fsm_proto_msgTypes[27]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2251,7 +2323,7 @@ func (x *Applied) String() string {
 func (*Applied) ProtoMessage() {}
 
 func (x *Applied) ProtoReflect() protoreflect.Message {
-	mi := &file_fsmpb_fsm_proto_msgTypes[26]
+	mi := &file_fsmpb_fsm_proto_msgTypes[27]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2264,7 +2336,7 @@ func (x *Applied) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Applied.ProtoReflect.Descriptor instead.
 func (*Applied) Descriptor() ([]byte, []int) {
-	return file_fsmpb_fsm_proto_rawDescGZIP(), []int{26}
+	return file_fsmpb_fsm_proto_rawDescGZIP(), []int{27}
 }
 
 func (x *Applied) GetKey() string {
@@ -2321,7 +2393,7 @@ type KV struct {
 
 func (x *KV) Reset() {
 	*x = KV{}
-	mi := &file_fsmpb_fsm_proto_msgTypes[27]
+	mi := &file_fsmpb_fsm_proto_msgTypes[28]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2333,7 +2405,7 @@ func (x *KV) String() string {
 func (*KV) ProtoMessage() {}
 
 func (x *KV) ProtoReflect() protoreflect.Message {
-	mi := &file_fsmpb_fsm_proto_msgTypes[27]
+	mi := &file_fsmpb_fsm_proto_msgTypes[28]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2346,7 +2418,7 @@ func (x *KV) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use KV.ProtoReflect.Descriptor instead.
 func (*KV) Descriptor() ([]byte, []int) {
-	return file_fsmpb_fsm_proto_rawDescGZIP(), []int{27}
+	return file_fsmpb_fsm_proto_rawDescGZIP(), []int{28}
 }
 
 func (x *KV) GetKey() string {
@@ -2443,7 +2515,7 @@ type Session struct {
 
 func (x *Session) Reset() {
 	*x = Session{}
-	mi := &file_fsmpb_fsm_proto_msgTypes[28]
+	mi := &file_fsmpb_fsm_proto_msgTypes[29]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2455,7 +2527,7 @@ func (x *Session) String() string {
 func (*Session) ProtoMessage() {}
 
 func (x *Session) ProtoReflect() protoreflect.Message {
-	mi := &file_fsmpb_fsm_proto_msgTypes[28]
+	mi := &file_fsmpb_fsm_proto_msgTypes[29]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2468,7 +2540,7 @@ func (x *Session) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Session.ProtoReflect.Descriptor instead.
 func (*Session) Descriptor() ([]byte, []int) {
-	return file_fsmpb_fsm_proto_rawDescGZIP(), []int{28}
+	return file_fsmpb_fsm_proto_rawDescGZIP(), []int{29}
 }
 
 func (x *Session) GetId() uint64 {
@@ -2530,7 +2602,7 @@ type Lock struct {
 
 func (x *Lock) Reset() {
 	*x = Lock{}
-	mi := &file_fsmpb_fsm_proto_msgTypes[29]
+	mi := &file_fsmpb_fsm_proto_msgTypes[30]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2542,7 +2614,7 @@ func (x *Lock) String() string {
 func (*Lock) ProtoMessage() {}
 
 func (x *Lock) ProtoReflect() protoreflect.Message {
-	mi := &file_fsmpb_fsm_proto_msgTypes[29]
+	mi := &file_fsmpb_fsm_proto_msgTypes[30]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2555,7 +2627,7 @@ func (x *Lock) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Lock.ProtoReflect.Descriptor instead.
 func (*Lock) Descriptor() ([]byte, []int) {
-	return file_fsmpb_fsm_proto_rawDescGZIP(), []int{29}
+	return file_fsmpb_fsm_proto_rawDescGZIP(), []int{30}
 }
 
 func (x *Lock) GetName() string {
@@ -2610,7 +2682,7 @@ type PendingDelay struct {
 
 func (x *PendingDelay) Reset() {
 	*x = PendingDelay{}
-	mi := &file_fsmpb_fsm_proto_msgTypes[30]
+	mi := &file_fsmpb_fsm_proto_msgTypes[31]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2622,7 +2694,7 @@ func (x *PendingDelay) String() string {
 func (*PendingDelay) ProtoMessage() {}
 
 func (x *PendingDelay) ProtoReflect() protoreflect.Message {
-	mi := &file_fsmpb_fsm_proto_msgTypes[30]
+	mi := &file_fsmpb_fsm_proto_msgTypes[31]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2635,7 +2707,7 @@ func (x *PendingDelay) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use PendingDelay.ProtoReflect.Descriptor instead.
 func (*PendingDelay) Descriptor() ([]byte, []int) {
-	return file_fsmpb_fsm_proto_rawDescGZIP(), []int{30}
+	return file_fsmpb_fsm_proto_rawDescGZIP(), []int{31}
 }
 
 func (x *PendingDelay) GetId() uint64 {
@@ -2666,7 +2738,7 @@ type Holder struct {
 
 func (x *Holder) Reset() {
 	*x = Holder{}
-	mi := &file_fsmpb_fsm_proto_msgTypes[31]
+	mi := &file_fsmpb_fsm_proto_msgTypes[32]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2678,7 +2750,7 @@ func (x *Holder) String() string {
 func (*Holder) ProtoMessage() {}
 
 func (x *Holder) ProtoReflect() protoreflect.Message {
-	mi := &file_fsmpb_fsm_proto_msgTypes[31]
+	mi := &file_fsmpb_fsm_proto_msgTypes[32]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2691,7 +2763,7 @@ func (x *Holder) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Holder.ProtoReflect.Descriptor instead.
 func (*Holder) Descriptor() ([]byte, []int) {
-	return file_fsmpb_fsm_proto_rawDescGZIP(), []int{31}
+	return file_fsmpb_fsm_proto_rawDescGZIP(), []int{32}
 }
 
 func (x *Holder) GetSessionId() uint64 {
@@ -2749,7 +2821,7 @@ type Waiter struct {
 
 func (x *Waiter) Reset() {
 	*x = Waiter{}
-	mi := &file_fsmpb_fsm_proto_msgTypes[32]
+	mi := &file_fsmpb_fsm_proto_msgTypes[33]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2761,7 +2833,7 @@ func (x *Waiter) String() string {
 func (*Waiter) ProtoMessage() {}
 
 func (x *Waiter) ProtoReflect() protoreflect.Message {
-	mi := &file_fsmpb_fsm_proto_msgTypes[32]
+	mi := &file_fsmpb_fsm_proto_msgTypes[33]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2774,7 +2846,7 @@ func (x *Waiter) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Waiter.ProtoReflect.Descriptor instead.
 func (*Waiter) Descriptor() ([]byte, []int) {
-	return file_fsmpb_fsm_proto_rawDescGZIP(), []int{32}
+	return file_fsmpb_fsm_proto_rawDescGZIP(), []int{33}
 }
 
 func (x *Waiter) GetSessionId() uint64 {
@@ -2816,7 +2888,7 @@ var File_fsmpb_fsm_proto protoreflect.FileDescriptor
 
 const file_fsmpb_fsm_proto_rawDesc = "" +
 	"\n" +
-	"\x0ffsmpb/fsm.proto\x12\ffence.fsm.v1\"\xb0\a\n" +
+	"\x0ffsmpb/fsm.proto\x12\ffence.fsm.v1\"\xf0\a\n" +
 	"\aCommand\x12D\n" +
 	"\x0ecreate_session\x18\x01 \x01(\v2\x1b.fence.fsm.v1.CreateSessionH\x00R\rcreateSession\x12A\n" +
 	"\rclose_session\x18\x02 \x01(\v2\x1a.fence.fsm.v1.CloseSessionH\x00R\fcloseSession\x12G\n" +
@@ -2835,7 +2907,8 @@ const file_fsmpb_fsm_proto_rawDesc = "" +
 	"\fraise_tokens\x18\f \x01(\v2\x19.fence.fsm.v1.RaiseTokensH\x00R\vraiseTokens\x12B\n" +
 	"\x0eset_cluster_id\x18\r \x01(\v2\x1a.fence.fsm.v1.SetClusterIDH\x00R\fsetClusterId\x12+\n" +
 	"\x05batch\x18\x1e \x01(\v2\x13.fence.fsm.v1.BatchH\x00R\x05batch\x12(\n" +
-	"\x04auth\x18\x0e \x01(\v2\x12.fence.fsm.v1.AuthH\x00R\x04auth\x12'\n" +
+	"\x04auth\x18\x0e \x01(\v2\x12.fence.fsm.v1.AuthH\x00R\x04auth\x12>\n" +
+	"\fset_protocol\x18\x0f \x01(\v2\x19.fence.fsm.v1.SetProtocolH\x00R\vsetProtocol\x12'\n" +
 	"\x0fidempotency_key\x18d \x01(\tR\x0eidempotencyKeyB\x04\n" +
 	"\x02op\":\n" +
 	"\x05Batch\x121\n" +
@@ -2889,7 +2962,9 @@ const file_fsmpb_fsm_proto_rawDesc = "" +
 	"\vRaiseTokens\x12\x14\n" +
 	"\x05floor\x18\x01 \x01(\x04R\x05floor\"\x1e\n" +
 	"\fSetClusterID\x12\x0e\n" +
-	"\x02id\x18\x01 \x01(\tR\x02id\"R\n" +
+	"\x02id\x18\x01 \x01(\tR\x02id\"'\n" +
+	"\vSetProtocol\x12\x18\n" +
+	"\aversion\x18\x01 \x01(\rR\aversion\"R\n" +
 	"\aRelease\x12\x1d\n" +
 	"\n" +
 	"session_id\x18\x01 \x01(\x04R\tsessionId\x12\x12\n" +
@@ -2914,7 +2989,7 @@ const file_fsmpb_fsm_proto_rawDesc = "" +
 	"\x04user\x18\x06 \x01(\tR\x04user\"I\n" +
 	"\bKVDelete\x12\x10\n" +
 	"\x03key\x18\x01 \x01(\tR\x03key\x12+\n" +
-	"\x05fence\x18\x02 \x01(\v2\x15.fence.fsm.v1.KVFenceR\x05fence\"\xe9\x03\n" +
+	"\x05fence\x18\x02 \x01(\v2\x15.fence.fsm.v1.KVFenceR\x05fence\"\x85\x04\n" +
 	"\bSnapshot\x12\x1d\n" +
 	"\n" +
 	"last_token\x18\x01 \x01(\x04R\tlastToken\x12&\n" +
@@ -2931,7 +3006,8 @@ const file_fsmpb_fsm_proto_rawDesc = "" +
 	" \x03(\v2\x15.fence.fsm.v1.AppliedR\aapplied\x12\x1d\n" +
 	"\n" +
 	"cluster_id\x18\v \x01(\tR\tclusterId\x12+\n" +
-	"\x04auth\x18\f \x01(\v2\x17.fence.fsm.v1.AuthStateR\x04auth\"\xd3\x05\n" +
+	"\x04auth\x18\f \x01(\v2\x17.fence.fsm.v1.AuthStateR\x04auth\x12\x1a\n" +
+	"\bprotocol\x18\r \x01(\rR\bprotocol\"\xd3\x05\n" +
 	"\x04Auth\x12?\n" +
 	"\vset_enabled\x18\x01 \x01(\v2\x1c.fence.fsm.v1.SetAuthEnabledH\x00R\n" +
 	"setEnabled\x123\n" +
@@ -3059,7 +3135,7 @@ func file_fsmpb_fsm_proto_rawDescGZIP() []byte {
 	return file_fsmpb_fsm_proto_rawDescData
 }
 
-var file_fsmpb_fsm_proto_msgTypes = make([]protoimpl.MessageInfo, 33)
+var file_fsmpb_fsm_proto_msgTypes = make([]protoimpl.MessageInfo, 34)
 var file_fsmpb_fsm_proto_goTypes = []any{
 	(*Command)(nil),        // 0: fence.fsm.v1.Command
 	(*Batch)(nil),          // 1: fence.fsm.v1.Batch
@@ -3072,28 +3148,29 @@ var file_fsmpb_fsm_proto_goTypes = []any{
 	(*CancelAcquire)(nil),  // 8: fence.fsm.v1.CancelAcquire
 	(*RaiseTokens)(nil),    // 9: fence.fsm.v1.RaiseTokens
 	(*SetClusterID)(nil),   // 10: fence.fsm.v1.SetClusterID
-	(*Release)(nil),        // 11: fence.fsm.v1.Release
-	(*LiftDelay)(nil),      // 12: fence.fsm.v1.LiftDelay
-	(*KVFence)(nil),        // 13: fence.fsm.v1.KVFence
-	(*KVPut)(nil),          // 14: fence.fsm.v1.KVPut
-	(*KVDelete)(nil),       // 15: fence.fsm.v1.KVDelete
-	(*Snapshot)(nil),       // 16: fence.fsm.v1.Snapshot
-	(*Auth)(nil),           // 17: fence.fsm.v1.Auth
-	(*SetAuthEnabled)(nil), // 18: fence.fsm.v1.SetAuthEnabled
-	(*AuthUser)(nil),       // 19: fence.fsm.v1.AuthUser
-	(*UserRole)(nil),       // 20: fence.fsm.v1.UserRole
-	(*AuthRole)(nil),       // 21: fence.fsm.v1.AuthRole
-	(*AuthPermission)(nil), // 22: fence.fsm.v1.AuthPermission
-	(*RolePermission)(nil), // 23: fence.fsm.v1.RolePermission
-	(*AuthToken)(nil),      // 24: fence.fsm.v1.AuthToken
-	(*AuthState)(nil),      // 25: fence.fsm.v1.AuthState
-	(*Applied)(nil),        // 26: fence.fsm.v1.Applied
-	(*KV)(nil),             // 27: fence.fsm.v1.KV
-	(*Session)(nil),        // 28: fence.fsm.v1.Session
-	(*Lock)(nil),           // 29: fence.fsm.v1.Lock
-	(*PendingDelay)(nil),   // 30: fence.fsm.v1.PendingDelay
-	(*Holder)(nil),         // 31: fence.fsm.v1.Holder
-	(*Waiter)(nil),         // 32: fence.fsm.v1.Waiter
+	(*SetProtocol)(nil),    // 11: fence.fsm.v1.SetProtocol
+	(*Release)(nil),        // 12: fence.fsm.v1.Release
+	(*LiftDelay)(nil),      // 13: fence.fsm.v1.LiftDelay
+	(*KVFence)(nil),        // 14: fence.fsm.v1.KVFence
+	(*KVPut)(nil),          // 15: fence.fsm.v1.KVPut
+	(*KVDelete)(nil),       // 16: fence.fsm.v1.KVDelete
+	(*Snapshot)(nil),       // 17: fence.fsm.v1.Snapshot
+	(*Auth)(nil),           // 18: fence.fsm.v1.Auth
+	(*SetAuthEnabled)(nil), // 19: fence.fsm.v1.SetAuthEnabled
+	(*AuthUser)(nil),       // 20: fence.fsm.v1.AuthUser
+	(*UserRole)(nil),       // 21: fence.fsm.v1.UserRole
+	(*AuthRole)(nil),       // 22: fence.fsm.v1.AuthRole
+	(*AuthPermission)(nil), // 23: fence.fsm.v1.AuthPermission
+	(*RolePermission)(nil), // 24: fence.fsm.v1.RolePermission
+	(*AuthToken)(nil),      // 25: fence.fsm.v1.AuthToken
+	(*AuthState)(nil),      // 26: fence.fsm.v1.AuthState
+	(*Applied)(nil),        // 27: fence.fsm.v1.Applied
+	(*KV)(nil),             // 28: fence.fsm.v1.KV
+	(*Session)(nil),        // 29: fence.fsm.v1.Session
+	(*Lock)(nil),           // 30: fence.fsm.v1.Lock
+	(*PendingDelay)(nil),   // 31: fence.fsm.v1.PendingDelay
+	(*Holder)(nil),         // 32: fence.fsm.v1.Holder
+	(*Waiter)(nil),         // 33: fence.fsm.v1.Waiter
 }
 var file_fsmpb_fsm_proto_depIdxs = []int32{
 	3,  // 0: fence.fsm.v1.Command.create_session:type_name -> fence.fsm.v1.CreateSession
@@ -3101,49 +3178,50 @@ var file_fsmpb_fsm_proto_depIdxs = []int32{
 	5,  // 2: fence.fsm.v1.Command.expire_sessions:type_name -> fence.fsm.v1.ExpireSessions
 	6,  // 3: fence.fsm.v1.Command.acquire:type_name -> fence.fsm.v1.Acquire
 	7,  // 4: fence.fsm.v1.Command.cancel_wait:type_name -> fence.fsm.v1.CancelWait
-	11, // 5: fence.fsm.v1.Command.release:type_name -> fence.fsm.v1.Release
-	12, // 6: fence.fsm.v1.Command.lift_delay:type_name -> fence.fsm.v1.LiftDelay
-	14, // 7: fence.fsm.v1.Command.kv_put:type_name -> fence.fsm.v1.KVPut
-	15, // 8: fence.fsm.v1.Command.kv_delete:type_name -> fence.fsm.v1.KVDelete
+	12, // 5: fence.fsm.v1.Command.release:type_name -> fence.fsm.v1.Release
+	13, // 6: fence.fsm.v1.Command.lift_delay:type_name -> fence.fsm.v1.LiftDelay
+	15, // 7: fence.fsm.v1.Command.kv_put:type_name -> fence.fsm.v1.KVPut
+	16, // 8: fence.fsm.v1.Command.kv_delete:type_name -> fence.fsm.v1.KVDelete
 	2,  // 9: fence.fsm.v1.Command.register_node:type_name -> fence.fsm.v1.RegisterNode
 	8,  // 10: fence.fsm.v1.Command.cancel_acquire:type_name -> fence.fsm.v1.CancelAcquire
 	9,  // 11: fence.fsm.v1.Command.raise_tokens:type_name -> fence.fsm.v1.RaiseTokens
 	10, // 12: fence.fsm.v1.Command.set_cluster_id:type_name -> fence.fsm.v1.SetClusterID
 	1,  // 13: fence.fsm.v1.Command.batch:type_name -> fence.fsm.v1.Batch
-	17, // 14: fence.fsm.v1.Command.auth:type_name -> fence.fsm.v1.Auth
-	0,  // 15: fence.fsm.v1.Batch.commands:type_name -> fence.fsm.v1.Command
-	13, // 16: fence.fsm.v1.KVPut.fence:type_name -> fence.fsm.v1.KVFence
-	13, // 17: fence.fsm.v1.KVDelete.fence:type_name -> fence.fsm.v1.KVFence
-	28, // 18: fence.fsm.v1.Snapshot.sessions:type_name -> fence.fsm.v1.Session
-	29, // 19: fence.fsm.v1.Snapshot.locks:type_name -> fence.fsm.v1.Lock
-	27, // 20: fence.fsm.v1.Snapshot.kvs:type_name -> fence.fsm.v1.KV
-	2,  // 21: fence.fsm.v1.Snapshot.nodes:type_name -> fence.fsm.v1.RegisterNode
-	26, // 22: fence.fsm.v1.Snapshot.applied:type_name -> fence.fsm.v1.Applied
-	25, // 23: fence.fsm.v1.Snapshot.auth:type_name -> fence.fsm.v1.AuthState
-	18, // 24: fence.fsm.v1.Auth.set_enabled:type_name -> fence.fsm.v1.SetAuthEnabled
-	19, // 25: fence.fsm.v1.Auth.add_user:type_name -> fence.fsm.v1.AuthUser
-	19, // 26: fence.fsm.v1.Auth.remove_user:type_name -> fence.fsm.v1.AuthUser
-	20, // 27: fence.fsm.v1.Auth.grant_role:type_name -> fence.fsm.v1.UserRole
-	20, // 28: fence.fsm.v1.Auth.revoke_role:type_name -> fence.fsm.v1.UserRole
-	21, // 29: fence.fsm.v1.Auth.add_role:type_name -> fence.fsm.v1.AuthRole
-	21, // 30: fence.fsm.v1.Auth.remove_role:type_name -> fence.fsm.v1.AuthRole
-	23, // 31: fence.fsm.v1.Auth.grant_permission:type_name -> fence.fsm.v1.RolePermission
-	23, // 32: fence.fsm.v1.Auth.revoke_permission:type_name -> fence.fsm.v1.RolePermission
-	24, // 33: fence.fsm.v1.Auth.create_token:type_name -> fence.fsm.v1.AuthToken
-	19, // 34: fence.fsm.v1.Auth.set_quota:type_name -> fence.fsm.v1.AuthUser
-	22, // 35: fence.fsm.v1.AuthRole.permissions:type_name -> fence.fsm.v1.AuthPermission
-	22, // 36: fence.fsm.v1.RolePermission.permission:type_name -> fence.fsm.v1.AuthPermission
-	19, // 37: fence.fsm.v1.AuthState.users:type_name -> fence.fsm.v1.AuthUser
-	21, // 38: fence.fsm.v1.AuthState.roles:type_name -> fence.fsm.v1.AuthRole
-	24, // 39: fence.fsm.v1.AuthState.tokens:type_name -> fence.fsm.v1.AuthToken
-	31, // 40: fence.fsm.v1.Lock.holders:type_name -> fence.fsm.v1.Holder
-	32, // 41: fence.fsm.v1.Lock.waiters:type_name -> fence.fsm.v1.Waiter
-	30, // 42: fence.fsm.v1.Lock.delays:type_name -> fence.fsm.v1.PendingDelay
-	43, // [43:43] is the sub-list for method output_type
-	43, // [43:43] is the sub-list for method input_type
-	43, // [43:43] is the sub-list for extension type_name
-	43, // [43:43] is the sub-list for extension extendee
-	0,  // [0:43] is the sub-list for field type_name
+	18, // 14: fence.fsm.v1.Command.auth:type_name -> fence.fsm.v1.Auth
+	11, // 15: fence.fsm.v1.Command.set_protocol:type_name -> fence.fsm.v1.SetProtocol
+	0,  // 16: fence.fsm.v1.Batch.commands:type_name -> fence.fsm.v1.Command
+	14, // 17: fence.fsm.v1.KVPut.fence:type_name -> fence.fsm.v1.KVFence
+	14, // 18: fence.fsm.v1.KVDelete.fence:type_name -> fence.fsm.v1.KVFence
+	29, // 19: fence.fsm.v1.Snapshot.sessions:type_name -> fence.fsm.v1.Session
+	30, // 20: fence.fsm.v1.Snapshot.locks:type_name -> fence.fsm.v1.Lock
+	28, // 21: fence.fsm.v1.Snapshot.kvs:type_name -> fence.fsm.v1.KV
+	2,  // 22: fence.fsm.v1.Snapshot.nodes:type_name -> fence.fsm.v1.RegisterNode
+	27, // 23: fence.fsm.v1.Snapshot.applied:type_name -> fence.fsm.v1.Applied
+	26, // 24: fence.fsm.v1.Snapshot.auth:type_name -> fence.fsm.v1.AuthState
+	19, // 25: fence.fsm.v1.Auth.set_enabled:type_name -> fence.fsm.v1.SetAuthEnabled
+	20, // 26: fence.fsm.v1.Auth.add_user:type_name -> fence.fsm.v1.AuthUser
+	20, // 27: fence.fsm.v1.Auth.remove_user:type_name -> fence.fsm.v1.AuthUser
+	21, // 28: fence.fsm.v1.Auth.grant_role:type_name -> fence.fsm.v1.UserRole
+	21, // 29: fence.fsm.v1.Auth.revoke_role:type_name -> fence.fsm.v1.UserRole
+	22, // 30: fence.fsm.v1.Auth.add_role:type_name -> fence.fsm.v1.AuthRole
+	22, // 31: fence.fsm.v1.Auth.remove_role:type_name -> fence.fsm.v1.AuthRole
+	24, // 32: fence.fsm.v1.Auth.grant_permission:type_name -> fence.fsm.v1.RolePermission
+	24, // 33: fence.fsm.v1.Auth.revoke_permission:type_name -> fence.fsm.v1.RolePermission
+	25, // 34: fence.fsm.v1.Auth.create_token:type_name -> fence.fsm.v1.AuthToken
+	20, // 35: fence.fsm.v1.Auth.set_quota:type_name -> fence.fsm.v1.AuthUser
+	23, // 36: fence.fsm.v1.AuthRole.permissions:type_name -> fence.fsm.v1.AuthPermission
+	23, // 37: fence.fsm.v1.RolePermission.permission:type_name -> fence.fsm.v1.AuthPermission
+	20, // 38: fence.fsm.v1.AuthState.users:type_name -> fence.fsm.v1.AuthUser
+	22, // 39: fence.fsm.v1.AuthState.roles:type_name -> fence.fsm.v1.AuthRole
+	25, // 40: fence.fsm.v1.AuthState.tokens:type_name -> fence.fsm.v1.AuthToken
+	32, // 41: fence.fsm.v1.Lock.holders:type_name -> fence.fsm.v1.Holder
+	33, // 42: fence.fsm.v1.Lock.waiters:type_name -> fence.fsm.v1.Waiter
+	31, // 43: fence.fsm.v1.Lock.delays:type_name -> fence.fsm.v1.PendingDelay
+	44, // [44:44] is the sub-list for method output_type
+	44, // [44:44] is the sub-list for method input_type
+	44, // [44:44] is the sub-list for extension type_name
+	44, // [44:44] is the sub-list for extension extendee
+	0,  // [0:44] is the sub-list for field type_name
 }
 
 func init() { file_fsmpb_fsm_proto_init() }
@@ -3167,9 +3245,10 @@ func file_fsmpb_fsm_proto_init() {
 		(*Command_SetClusterId)(nil),
 		(*Command_Batch)(nil),
 		(*Command_Auth)(nil),
+		(*Command_SetProtocol)(nil),
 	}
-	file_fsmpb_fsm_proto_msgTypes[13].OneofWrappers = []any{}
-	file_fsmpb_fsm_proto_msgTypes[17].OneofWrappers = []any{
+	file_fsmpb_fsm_proto_msgTypes[14].OneofWrappers = []any{}
+	file_fsmpb_fsm_proto_msgTypes[18].OneofWrappers = []any{
 		(*Auth_SetEnabled)(nil),
 		(*Auth_AddUser)(nil),
 		(*Auth_RemoveUser)(nil),
@@ -3189,7 +3268,7 @@ func file_fsmpb_fsm_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_fsmpb_fsm_proto_rawDesc), len(file_fsmpb_fsm_proto_rawDesc)),
 			NumEnums:      0,
-			NumMessages:   33,
+			NumMessages:   34,
 			NumExtensions: 0,
 			NumServices:   0,
 		},

@@ -1,0 +1,79 @@
+package fsm
+
+import (
+	"fmt"
+
+	"google.golang.org/protobuf/reflect/protoreflect"
+
+	"github.com/fencelock/fence/internal/fsmpb"
+)
+
+// Group protocols: what a group's log may hold (docs/design.md, "Versions
+// in a group"). A node speaks every protocol up to its own, Protocol; a
+// group's leader proposes only what the protocol the group agreed on
+// allows, and the group moves to a newer one (SetProtocol) only once every
+// member speaks it. An entry a node does not understand stops its state
+// machine instead of being skipped.
+const (
+	// Protocol1 is what fences from before protocols were numbered wrote:
+	// one command per entry, every kind of command but Batch and
+	// SetProtocol. A node that does not say which protocol it speaks
+	// speaks this one.
+	Protocol1 uint32 = 1
+	// Protocol2 adds Batch entries and SetProtocol commands, and raft
+	// connections on which the dialer introduces itself (its group and id):
+	// at protocol 2 a node refuses a raft connection that does not.
+	Protocol2 uint32 = 2
+
+	// Protocol is the newest protocol this version speaks.
+	Protocol = Protocol2
+)
+
+// notUnderstood says what in cmd this version cannot apply: a kind of
+// command, or a field, newer than it knows, or a protocol past its own.
+// "" when it understands all of it.
+func notUnderstood(cmd *fsmpb.Command) string {
+	switch {
+	case cmd.GetOp() == nil && len(cmd.ProtoReflect().GetUnknown()) > 0:
+		return "a kind of command"
+	case unknownFields(cmd.ProtoReflect()):
+		return "a command with a field"
+	case cmd.GetSetProtocol().GetVersion() > Protocol:
+		return fmt.Sprintf("a move to protocol %d", cmd.GetSetProtocol().GetVersion())
+	}
+	for _, c := range cmd.GetBatch().GetCommands() {
+		if v := c.GetSetProtocol().GetVersion(); v > Protocol {
+			return fmt.Sprintf("a move to protocol %d", v)
+		}
+	}
+	return ""
+}
+
+// unknownFields reports whether m, or any message in it, holds a field
+// its type does not declare: one a newer version added.
+func unknownFields(m protoreflect.Message) bool {
+	if len(m.GetUnknown()) > 0 {
+		return true
+	}
+	found := false
+	m.Range(func(fd protoreflect.FieldDescriptor, v protoreflect.Value) bool {
+		switch {
+		case fd.IsMap():
+			if fd.MapValue().Message() != nil {
+				v.Map().Range(func(_ protoreflect.MapKey, mv protoreflect.Value) bool {
+					found = unknownFields(mv.Message())
+					return !found
+				})
+			}
+		case fd.Message() == nil:
+		case fd.IsList():
+			for i, l := 0, v.List(); i < l.Len() && !found; i++ {
+				found = unknownFields(l.Get(i).Message())
+			}
+		default:
+			found = unknownFields(v.Message())
+		}
+		return !found
+	})
+	return found
+}

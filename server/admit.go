@@ -1,0 +1,136 @@
+package server
+
+import (
+	"errors"
+	"fmt"
+	"strconv"
+
+	"github.com/hashicorp/raft"
+
+	"github.com/fencelock/fence/internal/fsm"
+)
+
+// The rules by which a node admits raft connections (docs/design.md, "A
+// group knows itself"). raft itself takes any leader of a term at least
+// its own, and a node with no data votes for anyone who asks: so a node of
+// another group could follow this group's leader, and a node that lost
+// its data dir could vote again in a term it voted in, or acknowledge
+// entries it will not keep. Every raft connection therefore starts with an
+// introduction, checked here before raft reads a byte of it.
+
+// hello is this node's answer on a node link.
+func (n *node) hello() nodeHello {
+	index, term := n.lastEntry()
+	return nodeHello{ID: string(n.id), API: n.api, LastIndex: index, LastTerm: term,
+		Group: n.ident.groupID(), Incarnation: n.ident.incarnation, Protocol: fsm.Protocol}
+}
+
+// lastEntry returns the index and term of the last entry of the node's
+// log, or of its snapshot when that goes further.
+func (n *node) lastEntry() (index, term uint64) {
+	if n.raft == nil {
+		return 0, 0
+	}
+	st := n.raft.Stats()
+	u := func(k string) uint64 { v, _ := strconv.ParseUint(st[k], 10, 64); return v }
+	index, term = u("last_log_index"), u("last_log_term")
+	if snap := u("last_snapshot_index"); snap > index {
+		index, term = snap, u("last_snapshot_term")
+	}
+	return index, term
+}
+
+// hasData reports whether the node holds raft state: a log entry or a
+// snapshot. A node without is new, or lost its data dir.
+func (n *node) hasData() bool { return n.raft != nil && n.raft.LastIndex() > 0 }
+
+// introduce is what this node says on a raft connection it opens to addr:
+// who it is, its group, and whom its configuration expects at addr.
+func (n *node) introduce(addr raft.ServerAddress) raftIntro {
+	intro := raftIntro{From: string(n.id), Group: n.ident.groupID(), Protocol: fsm.Protocol}
+	if n.raft == nil {
+		return intro
+	}
+	for _, srv := range n.raft.GetConfiguration().Configuration().Servers {
+		if n.dialAddress(srv.ID, srv.Address) != addr {
+			continue
+		}
+		intro.To, intro.Role = string(srv.ID), roleNonvoter
+		if srv.Suffrage == raft.Voter {
+			intro.Role = roleVoter
+		}
+		break
+	}
+	return intro
+}
+
+// admit decides whether a raft connection introduced by intro may reach
+// raft. A node with no data that is asked to take part as a non-voter
+// joins the dialer's group here, durably, before it answers.
+func (n *node) admit(intro raftIntro) error {
+	self := string(n.id)
+	if intro.To != "" && intro.To != self {
+		return fmt.Errorf("this node is %q, not %q: %s's configuration names another node at this address", self, intro.To, intro.From)
+	}
+	mine := n.ident.groupID()
+	if intro.Group != "" && mine != "" && intro.Group != mine {
+		return fmt.Errorf("%w: this node (%s) belongs to group %s, and %s, which dialed it, to group %s; a node serves one group for life",
+			errWrongGroup, self, mine, intro.From, intro.Group)
+	}
+	if n.hasData() {
+		return nil
+	}
+	switch intro.Role {
+	case roleVoter:
+		return fmt.Errorf("this node (%s) holds no data, and %s's group %s counts it as a voter: its data dir was lost or replaced, "+
+			"so it may not vote or count towards a commit. Remove it from the group (fence members remove %s) and add it again (fence members add %s ADDRESS)",
+			self, intro.From, groupName(intro.Group), self, self)
+	case roleNonvoter:
+		if intro.Group != "" {
+			if err := n.ident.adopt(intro.Group); err != nil {
+				return err
+			}
+		}
+		return nil
+	}
+	return fmt.Errorf("this node (%s) holds no data and %s's configuration does not name it: it waits to be added to a group (fence members add %s ADDRESS)", self, intro.From, self)
+}
+
+// admitUnintroduced decides whether a raft connection that does not
+// introduce itself (a node of a version from before introductions) may
+// reach raft: only a node with data of its own takes one, and only while
+// its group's protocol allows nodes that old.
+func (n *node) admitUnintroduced() error {
+	if !n.hasData() {
+		return errors.New("this node holds no data; it takes raft connections only from nodes that say which group they are of (a version of fence from before introductions cannot add it)")
+	}
+	return n.dialUnintroduced()
+}
+
+// dialUnintroduced decides whether this node may open a raft connection
+// without an introduction, to a node that runs a fence from before them.
+func (n *node) dialUnintroduced() error {
+	if p := n.fsm.Protocol(); p >= fsm.Protocol2 {
+		return fmt.Errorf("the group runs protocol %d, and every member of it introduces itself on its raft connections", p)
+	}
+	return nil
+}
+
+// dialAddress is where raft dials server id: the address provider's
+// answer (--raft-dial) if it has one, else addr.
+func (n *node) dialAddress(id raft.ServerID, addr raft.ServerAddress) raft.ServerAddress {
+	if p := n.addrs; p != nil {
+		if a, err := p.ServerAddr(id); err == nil && a != "" {
+			return a
+		}
+	}
+	return addr
+}
+
+// groupName is a group id for a message: "(unnamed)" for none.
+func groupName(id string) string {
+	if id == "" {
+		return "(not yet named)"
+	}
+	return id
+}

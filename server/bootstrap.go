@@ -1,0 +1,180 @@
+package server
+
+import (
+	"crypto/rand"
+	"fmt"
+	"log/slog"
+	"slices"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/hashicorp/raft"
+)
+
+// Bootstrapping is a one-time act in a group's life (docs/design.md, "A
+// group knows itself"). A node with an empty data dir cannot tell a new
+// group from a lost disk by itself, so with static peers it asks them
+// first, and founds the group only when every peer answers and each is new
+// too, or has just founded this same group. A peer that holds data of
+// another group means this node's data dir was lost or replaced: it then
+// founds nothing, says so, and waits to be added again.
+
+// bootstrapPoll bounds how often a node waiting to bootstrap asks its
+// peers again.
+const bootstrapPoll = time.Second
+
+// startBootstrap bootstraps a node that holds no data and was not told to
+// join: at once for a node alone, and once its peers agree for a node with
+// static peers (in the background: they may start later than this one).
+func (s *Server) startBootstrap() error {
+	if s.cfg.Join || s.node.hasData() {
+		return nil
+	}
+	if len(s.cfg.Peers) <= 1 {
+		group := s.ident.groupID()
+		if group == "" {
+			group = rand.Text()
+		}
+		return s.bootstrapGroup(group)
+	}
+	s.wg.Add(1)
+	go s.bootstrapWhenAgreed()
+	return nil
+}
+
+// bootstrapGroup records group as the data dir's, then writes the group's
+// first configuration.
+func (s *Server) bootstrapGroup(group string) error {
+	if err := s.ident.adopt(group); err != nil {
+		return err
+	}
+	err := s.node.raft.BootstrapCluster(bootConfiguration(s.cfg, s.node.transport.LocalAddr())).Error()
+	if err != nil && err != raft.ErrCantBootstrap { // ErrCantBootstrap: added to a group meanwhile
+		return fmt.Errorf("bootstrapping: %w", err)
+	}
+	s.logger.Info("bootstrapped a new group", "cluster_id", group, "members", len(s.cfg.Peers))
+	return nil
+}
+
+// bootstrapWhenAgreed asks the peers until they agree that the group is
+// new, then bootstraps it; it ends early once the node holds data (the
+// group added it) or closes.
+func (s *Server) bootstrapWhenAgreed() {
+	defer s.wg.Done()
+	defer s.bootstrapNote.Store(nil)
+	wait := 20 * time.Millisecond
+	for !s.node.hasData() {
+		c := s.censusOfPeers()
+		note, level := c.note, c.level
+		switch {
+		case note == "":
+			if err := s.bootstrapGroup(c.group); err != nil {
+				note, level = err.Error(), slog.LevelError
+			} else {
+				return
+			}
+		case c.lost:
+			s.askToRejoin(c.holders)
+		}
+		s.bootstrapNote.Store(&note)
+		s.bootstrapLogs.log(s.logger, level, note, "not bootstrapping a group yet", "why", note)
+		select {
+		case <-s.done:
+			return
+		case <-time.After(wait):
+		}
+		wait = min(2*wait, bootstrapPoll)
+	}
+}
+
+// census is what a node with no data learns from its peers' hellos.
+type census struct {
+	// group is the id of the group the peers would found together; note is
+	// why this node may not found it now, "" when it may, and level how
+	// loud to say so: a peer did not answer (it waits, info), or one holds
+	// another group's data (error).
+	group, note string
+	level       slog.Level
+	// lost is set when a peer holds the group's data and this node none:
+	// its data dir was lost. holders are the peers that hold data.
+	lost    bool
+	holders []string
+}
+
+// censusOfPeers asks every peer for its hello.
+func (s *Server) censusOfPeers() census {
+	var (
+		mu      sync.Mutex
+		wg      sync.WaitGroup
+		hellos  = map[string]nodeHello{}
+		silent  []string
+		strange []string
+	)
+	for id, addr := range s.cfg.Peers {
+		if id == s.cfg.NodeID {
+			continue
+		}
+		wg.Go(func() {
+			h, err := s.node.links.askHello(s.dialAddress(raft.ServerID(id), raft.ServerAddress(addr)), helloTimeout)
+			mu.Lock()
+			defer mu.Unlock()
+			switch {
+			case err != nil:
+				silent = append(silent, id)
+			case h.ID != id:
+				strange = append(strange, fmt.Sprintf("the node at %s is %q, not %q", addr, h.ID, id))
+			case h.Incarnation == "":
+				strange = append(strange, fmt.Sprintf("%s runs a version of fence from before groups had identities; found a group with nodes of one version", id))
+			default:
+				hellos[id] = h
+			}
+		})
+	}
+	wg.Wait()
+	slices.Sort(silent)
+	slices.Sort(strange)
+	if len(strange) > 0 {
+		return census{note: strings.Join(strange, "; "), level: slog.LevelError}
+	}
+	holders := dataHolders(hellos)
+	if len(silent) > 0 {
+		note := fmt.Sprintf("this node holds no data, and waits for every peer to answer before it founds a group (no answer yet from %s)", strings.Join(silent, ", "))
+		if len(holders) > 0 {
+			note += fmt.Sprintf("; %s hold data already", strings.Join(holders, ", "))
+		}
+		return census{note: note, level: slog.LevelInfo, holders: holders}
+	}
+	incarnations := map[string]string{s.cfg.NodeID: s.ident.incarnation}
+	for id, h := range hellos {
+		incarnations[id] = h.Incarnation
+	}
+	group := bootstrapGroupID(incarnations)
+	for _, id := range holders {
+		if h := hellos[id]; h.Group != group {
+			return census{lost: true, holders: holders, level: slog.LevelError, note: fmt.Sprintf("%s answers with group %s and holds its data (log index %d), while this node holds none: "+
+				"this node's data dir was lost or replaced, and it will not found a second group. "+
+				"it asks the group's leader to add it again (with --auto-rejoin on the group's nodes), or remove it from the group "+
+				"(fence members remove %s) and add it again (fence members add %s ADDRESS); it waits until then",
+				id, groupName(h.Group), h.LastIndex, s.cfg.NodeID, s.cfg.NodeID)}
+		}
+	}
+	if mine := s.ident.groupID(); mine != "" && mine != group {
+		return census{level: slog.LevelError, note: fmt.Sprintf("this data dir belongs to group %s, and its peers would found group %s: "+
+			"a peer's data dir was replaced since; it waits to be added to a group", mine, group)}
+	}
+	return census{group: group}
+}
+
+// dataHolders lists, in id order, the peers whose hello says they hold
+// data or belong to a group.
+func dataHolders(hellos map[string]nodeHello) []string {
+	var out []string
+	for id, h := range hellos {
+		if h.LastIndex > 0 || h.Group != "" {
+			out = append(out, id)
+		}
+	}
+	slices.Sort(out)
+	return out
+}

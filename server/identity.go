@@ -1,0 +1,122 @@
+package server
+
+import (
+	"crypto/rand"
+	"crypto/sha256"
+	"encoding/base32"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"os"
+	"path/filepath"
+	"slices"
+	"sync"
+	"sync/atomic"
+)
+
+// identityFile is where a data dir records whom it belongs to
+// (docs/design.md, "A group knows itself").
+const identityFile = "identity"
+
+// identity is what a data dir says of itself: the incarnation drawn the
+// first time a node used it, and the group it belongs to, once known. A
+// node whose data dir is lost comes back with a new incarnation and no
+// group, so neither it nor its peers can take it for the member it was.
+type identity struct {
+	path string
+	// incarnation never changes once drawn.
+	incarnation string
+
+	mu    sync.Mutex // serializes writes of the file
+	group atomic.Pointer[string]
+}
+
+// identityRecord is the file's form.
+type identityRecord struct {
+	Incarnation string `json:"incarnation"`
+	Group       string `json:"group,omitempty"`
+}
+
+// openIdentity reads the data dir's identity, drawing and writing a new
+// incarnation for a data dir that has none (a new one, or one written
+// before identities existed).
+func openIdentity(dataDir string) (*identity, error) {
+	id := &identity{path: filepath.Join(dataDir, identityFile)}
+	data, err := os.ReadFile(id.path)
+	switch {
+	case errors.Is(err, os.ErrNotExist):
+		id.incarnation = rand.Text()
+		if err := id.write(""); err != nil {
+			return nil, fmt.Errorf("writing the data dir's identity: %w", err)
+		}
+		return id, nil
+	case err != nil:
+		return nil, fmt.Errorf("reading the data dir's identity: %w", err)
+	}
+	var rec identityRecord
+	if err := json.Unmarshal(data, &rec); err != nil || rec.Incarnation == "" {
+		return nil, fmt.Errorf("the data dir's identity %s is damaged (%q); it names the group the data belongs to. "+
+			"If the rest of the data dir is intact, move the file aside: the node then learns its group from its log", id.path, data)
+	}
+	id.incarnation = rec.Incarnation
+	if rec.Group != "" {
+		id.group.Store(&rec.Group)
+	}
+	return id, nil
+}
+
+// groupID returns the group the data dir belongs to, "" while unknown.
+func (id *identity) groupID() string {
+	if g := id.group.Load(); g != nil {
+		return *g
+	}
+	return ""
+}
+
+// adopt records that the data dir belongs to group, durably, before it
+// returns. A data dir belongs to one group for life: adopting another
+// fails with ErrWrongGroup.
+func (id *identity) adopt(group string) error {
+	id.mu.Lock()
+	defer id.mu.Unlock()
+	switch have := id.groupID(); {
+	case have == group:
+		return nil
+	case have != "":
+		return fmt.Errorf("%w: this node's data dir belongs to group %s, not %s", errWrongGroup, have, group)
+	}
+	if err := id.write(group); err != nil {
+		return fmt.Errorf("recording group %s in %s: %w", group, id.path, err)
+	}
+	id.group.Store(&group)
+	return nil
+}
+
+func (id *identity) write(group string) error {
+	data, err := json.Marshal(identityRecord{Incarnation: id.incarnation, Group: group})
+	if err != nil {
+		return err
+	}
+	return writeDurably(id.path, append(data, '\n'))
+}
+
+// errWrongGroup marks a node or data dir of another group.
+var errWrongGroup = errors.New("another group")
+
+// bootstrapGroupID is the id of a group bootstrapped from static peers:
+// derived from each peer's id and incarnation, so that every peer computes
+// the same one without a leader, and a peer whose data dir was replaced
+// (a new incarnation) computes another, and does not take the group for
+// its own. incarnations maps each peer's id to its incarnation.
+func bootstrapGroupID(incarnations map[string]string) string {
+	ids := make([]string, 0, len(incarnations))
+	for id := range incarnations {
+		ids = append(ids, id)
+	}
+	slices.Sort(ids)
+	h := sha256.New()
+	for _, id := range ids {
+		fmt.Fprintf(h, "%s\x00%s\n", id, incarnations[id])
+	}
+	return base32.StdEncoding.WithPadding(base32.NoPadding).EncodeToString(h.Sum(nil)[:16])
+}
