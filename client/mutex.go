@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"math"
+	"strconv"
 	"sync"
 	"time"
 
@@ -238,19 +239,15 @@ func (m *Mutex) abandon(id uint64) {
 	if s.Err() != nil {
 		return // the session's end releases everything
 	}
-	ctx, cancel := context.WithTimeout(s.ctx, s.ttl)
+	ctx, cancel := s.undoContext()
 	defer cancel()
 	req := &fencev1.StreamRequest{Op: &fencev1.StreamRequest_CancelAcquire{CancelAcquire: &fencev1.CancelAcquireRequest{SessionId: s.id, SessionSecret: s.secret, Lock: m.name, RequestId: id}}}
 	err := s.client.unary(ctx, func(ctx context.Context, ep *endpoint) error {
 		_, err := s.client.op(ctx, ep, req)
 		return err
 	})
-	switch {
-	case err == nil || s.Err() != nil:
-	case errors.Is(err, fence.ErrSessionNotFound):
-		s.end(err)
-	default:
-		s.lose(fmt.Errorf("%w: could not give up a failed acquire of %q (%v), so the session is given up instead", fence.ErrSessionLost, m.name, err))
+	if err != nil {
+		s.giveUp("a failed acquire of "+strconv.Quote(m.name), err)
 	}
 }
 
