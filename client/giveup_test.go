@@ -159,3 +159,76 @@ func TestCampaignGivesUpWhenProclaimFails(t *testing.T) {
 		})
 	}
 }
+
+// A queue hand-out that fails after it took the item's lock gives the
+// item back: the lock, and the claim if the failed put may have made it,
+// so that the next consumer can take the item at once, and the
+// consumer's session lives on. Each failure point is met on a real node: the item's
+// read not answered in time, and the claim's put refused (a key over the
+// node's limit, no kv permission, the user's kv quota) or applied and not
+// answered in time. (A claim left behind keeps every consumer off the item
+// for as long as the session lives, a lock left held as well.)
+func TestDequeueGivesTheItemBackWhenItsClaimFails(t *testing.T) {
+	queueRead := &Permission{Kind: PermKV, Access: Read, Prefix: "queue/q/"}
+	queueLocks := &Permission{Kind: PermLock, Access: Write, Prefix: "queue/q/"}
+	cases := []struct {
+		name  string
+		setup func(t *testing.T) (consumer, rival *Client, hold func())
+		want  error
+	}{
+		{"item read not answered", func(t *testing.T) (*Client, *Client, func()) {
+			srv := startServer(t, nil)
+			c, tr := heldAnswersClient(t, srv, "/Get")
+			return c, mustClient(t, srv, nil), func() { tr.hold.Store(true) }
+		}, context.DeadlineExceeded},
+		{"claim key over the node's limit", func(t *testing.T) (*Client, *Client, func()) {
+			// "queue/q/items/" and 20 digits is 34 bytes; its claim's key, 35.
+			srv := startServer(t, func(c *server.Config) { c.MaxKeyBytes = 34 })
+			c := mustClient(t, srv, nil)
+			return c, c, nil
+		}, fence.ErrInvalidArgument},
+		{"no kv permission on claims", func(t *testing.T) (*Client, *Client, func()) {
+			srv := startServer(t, nil)
+			root, c := withAuth(t, srv, "reader", Quota{}, queueLocks, queueRead)
+			return c, root, nil
+		}, fence.ErrPermissionDenied},
+		{"kv bytes quota", func(t *testing.T) (*Client, *Client, func()) {
+			srv := startServer(t, nil)
+			root, c := withAuth(t, srv, "small", Quota{MaxKVBytes: 16}, queueLocks, &Permission{Kind: PermKV, Access: Write, Prefix: "queue/q/"})
+			return c, root, nil
+		}, fence.ErrLimit},
+		{"claim applied, not answered", func(t *testing.T) (*Client, *Client, func()) {
+			srv := startServer(t, nil)
+			c, tr := heldAnswersClient(t, srv, "/Put")
+			return c, mustClient(t, srv, nil), func() { tr.hold.Store(true) }
+		}, context.DeadlineExceeded},
+	}
+	for _, tc := range cases {
+		t.Run(tc.name, func(t *testing.T) {
+			c, rival, hold := tc.setup(t)
+			if _, err := NewQueue(rival, "q").Enqueue(context.Background(), []byte("job")); err != nil {
+				t.Fatal(err)
+			}
+			s := mustSession(t, c, 10*time.Second)
+			if hold != nil {
+				hold()
+			}
+			ctx, cancel := context.WithTimeout(context.Background(), 3*time.Second)
+			defer cancel()
+			if d, err := NewQueue(c, "q").Dequeue(ctx, s); !errors.Is(err, tc.want) && !(tc.want == context.DeadlineExceeded && errors.Is(err, fence.ErrUnavailable)) {
+				t.Fatalf("Dequeue: %v, %v; want %v", d, err, tc.want)
+			}
+			q := NewQueue(rival, "q")
+			claims, err := rival.KV().List(context.Background(), q.prefix+"claims/")
+			if err != nil || len(claims.KVs) != 0 {
+				t.Fatalf("the failed hand-out left claims %v (%v)", claims, err)
+			}
+			if _, err := NewMutex(mustSession(t, rival, 10*time.Second), q.lockName(1)).TryLock(context.Background()); err != nil {
+				t.Fatalf("the item's lock, after a hand-out that failed: %v", err)
+			}
+			if err := s.Err(); err != nil {
+				t.Errorf("the session of the failed hand-out ended: %v", err)
+			}
+		})
+	}
+}
