@@ -232,3 +232,58 @@ func TestDequeueGivesTheItemBackWhenItsClaimFails(t *testing.T) {
 		})
 	}
 }
+
+// A double barrier's Enter that fails takes the party's arrival back, so
+// that it is neither counted towards count (the others would go in
+// without it) nor waited for by the others' Leave, and the party's
+// session lives on. Each failure point is met on a real node: the wait
+// for the others ends, the open mark is refused (no kv permission), and
+// the arrival's put is applied but not answered in time.
+func TestDoubleBarrierEnterWithdrawsWhenItFails(t *testing.T) {
+	cases := []struct {
+		name  string
+		count int
+		setup func(t *testing.T) (party, other *Client, hold func())
+		want  error
+	}{
+		{"others awaited past the deadline", 2, func(t *testing.T) (*Client, *Client, func()) {
+			srv := startServer(t, nil)
+			c := mustClient(t, srv, nil)
+			return c, c, nil
+		}, context.DeadlineExceeded},
+		{"open mark refused", 1, func(t *testing.T) (*Client, *Client, func()) {
+			srv := startServer(t, nil)
+			root, c := withAuth(t, srv, "party", Quota{},
+				&Permission{Kind: PermKV, Access: Read, Prefix: "dbarrier/x/"},
+				&Permission{Kind: PermKV, Access: Write, Prefix: "dbarrier/x/members/"})
+			return c, root, nil
+		}, fence.ErrPermissionDenied},
+		{"arrival applied, not answered", 1, func(t *testing.T) (*Client, *Client, func()) {
+			srv := startServer(t, nil)
+			c, tr := heldAnswersClient(t, srv, "/Put")
+			return c, mustClient(t, srv, nil), func() { tr.hold.Store(true) }
+		}, context.DeadlineExceeded},
+	}
+	for _, tc := range cases {
+		t.Run(tc.name, func(t *testing.T) {
+			c, other, hold := tc.setup(t)
+			s := mustSession(t, c, 10*time.Second)
+			if hold != nil {
+				hold()
+			}
+			ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
+			defer cancel()
+			err := NewDoubleBarrier(s, "x", tc.count).Enter(ctx)
+			if !errors.Is(err, tc.want) && !(tc.want == context.DeadlineExceeded && errors.Is(err, fence.ErrUnavailable)) {
+				t.Fatalf("Enter: %v, want %v", err, tc.want)
+			}
+			members, err := other.KV().List(context.Background(), "dbarrier/x/members/")
+			if err != nil || len(members.KVs) != 0 {
+				t.Fatalf("the failed Enter left arrivals %v (%v)", members, err)
+			}
+			if err := s.Err(); err != nil {
+				t.Errorf("the session of the failed Enter ended: %v", err)
+			}
+		})
+	}
+}
