@@ -107,11 +107,16 @@ func NewMutex(s *Session, name string, opts ...LockOption) *Mutex {
 
 // Lock waits until the lock is granted and returns the grant. It fails when
 // ctx ends, the wait timeout passes (fence.ErrWaitTimeout) or the session
-// ends. Locking a mutex already held returns the same grant.
+// ends. Locking a mutex already held returns the same grant. A grant is
+// returned only while the session's safe-until has not passed: once it
+// has (the process was paused past it), Lock fails with
+// fence.ErrSessionLost and the session ends as lost, which gives up
+// whatever the service granted.
 func (m *Mutex) Lock(ctx context.Context) (*Grant, error) { return m.acquire(ctx, false) }
 
 // TryLock takes the lock if it is free and nobody waits for it, and fails
-// with fence.ErrLocked otherwise, without waiting.
+// with fence.ErrLocked otherwise, without waiting; it fails as Lock does
+// when the session ends or its safe-until passed.
 func (m *Mutex) TryLock(ctx context.Context) (*Grant, error) { return m.acquire(ctx, true) }
 
 // Grant returns the current grant, or nil when the mutex is not held.
@@ -123,7 +128,7 @@ func (m *Mutex) Grant() *Grant {
 
 func (m *Mutex) acquire(ctx context.Context, try bool) (*Grant, error) {
 	s := m.s
-	if err := s.Err(); err != nil {
+	if err := s.checkSafe(); err != nil {
 		return nil, err
 	}
 	if m.permits < 0 || uint64(m.permits) > math.MaxUint32 || (m.mode == fencev1.Mode_MODE_SEMAPHORE) != (m.permits > 0) {
@@ -199,6 +204,13 @@ func (m *Mutex) acquire(ctx context.Context, try bool) (*Grant, error) {
 		if cause := context.Cause(ctx); cause != nil && s.Err() != nil {
 			return nil, cause
 		}
+		return nil, err
+	}
+	// A grant answered after the session's safe-until (the process was
+	// paused meanwhile) is no grant: the service may have expired the
+	// session since, and granted the lock to another. Losing the session
+	// gives the lock up, at once or at expiry.
+	if err := s.checkSafe(); err != nil {
 		return nil, err
 	}
 	m.mu.Lock()

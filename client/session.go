@@ -323,6 +323,21 @@ func (s *Session) lapse(now time.Time) bool {
 	return true
 }
 
+// checkSafe returns nil while s lives and its safe-until has not passed,
+// and otherwise why s ended. A safe-until that passed unnoticed (the
+// process was paused, and s's timers have not run since) ends s as lost
+// here, as its lost timer would have: the service may have expired s and
+// granted its locks to others.
+func (s *Session) checkSafe() error {
+	if err := s.Err(); err != nil {
+		return err
+	}
+	if s.lapse(s.client.opts.clock.Now()) {
+		s.lose(fmt.Errorf("%w: session %d passed its safe-until deadline unrenewed (the process was paused); its locks may be held by others", fence.ErrSessionLost, s.id))
+	}
+	return s.Err()
+}
+
 // enter counts a timer's callback in wg, unless the schedule stopped.
 func (s *Session) enter() bool {
 	s.mu.Lock()
