@@ -61,3 +61,77 @@ func TestLockPastSafeUntilGrantsNothing(t *testing.T) {
 		})
 	}
 }
+
+// A suspend past the safe-until (the machine slept, its monotonic clock
+// stood still) ends the session and its grants as lost as soon as the
+// process runs again: at once for SafeUntil, which is in the past, and
+// within the wake check's interval for the contexts, not when the next
+// renewal falls due on the monotonic clock (a third of the TTL later).
+// Its close gives its lock up.
+func TestSuspendPastSafeUntilEndsTheSession(t *testing.T) {
+	srv := startServer(t, nil)
+	clk := clock.NewFake()
+	c := mustClient(t, srv, clk)
+	ctx := context.Background()
+	s := mustSession(t, c, 3*time.Second)
+	g, err := NewMutex(s, "l").Lock(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	clk.Suspend(5 * time.Second)
+	if safe := s.SafeUntil(); !safe.Before(clk.Now()) {
+		t.Fatalf("after a suspend of 5s, SafeUntil is %v from now, want it past", safe.Sub(clk.Now()))
+	}
+	clk.Advance(wakeCheck)
+	select {
+	case <-g.Done():
+	case <-time.After(5 * time.Second):
+		t.Fatal("the grant lives on after a suspend past its safe-until")
+	}
+	if !errors.Is(g.Err(), fence.ErrSessionLost) || !errors.Is(s.Err(), fence.ErrSessionLost) {
+		t.Fatalf("grant err %v, session err %v; want fence.ErrSessionLost", g.Err(), s.Err())
+	}
+	other := mustSession(t, mustClient(t, srv, nil), 10*time.Second)
+	if _, err := NewMutex(other, "l").TryLock(ctx); err != nil {
+		t.Fatalf("the lock of the session lost to a suspend: %v", err)
+	}
+}
+
+// A Lock right after a suspend past the safe-until, before anything else
+// noticed it, grants nothing.
+func TestLockAfterSuspendGrantsNothing(t *testing.T) {
+	srv := startServer(t, nil)
+	clk := clock.NewFake()
+	c := mustClient(t, srv, clk)
+	s := mustSession(t, c, 3*time.Second)
+	clk.Suspend(5 * time.Second)
+	if g, err := NewMutex(s, "l").Lock(context.Background()); !errors.Is(err, fence.ErrSessionLost) {
+		t.Fatalf("Lock after a suspend past the safe-until: %v, %v; want fence.ErrSessionLost", g, err)
+	}
+}
+
+// A suspend shorter than what is left of the safe-until brings it closer
+// by the suspend's length, and the session renews at once (the service's
+// clock went on), not when its renewal falls due on the monotonic clock.
+func TestShortSuspendRenewsAtOnce(t *testing.T) {
+	srv := startServer(t, nil)
+	clk := clock.NewFake()
+	c := mustClient(t, srv, clk)
+	s := mustSession(t, c, 3*time.Second)
+	safe := s.SafeUntil()
+	clk.Suspend(time.Second)
+	if got := s.SafeUntil(); !got.Equal(safe.Add(-time.Second)) {
+		t.Fatalf("after a suspend of 1s, SafeUntil moved %v, want -1s", got.Sub(safe))
+	}
+	clk.Advance(wakeCheck)
+	deadline := time.Now().Add(5 * time.Second)
+	for !s.SafeUntil().After(safe) {
+		if time.Now().After(deadline) || s.Err() != nil {
+			t.Fatalf("no renewal after a short suspend: err %v", s.Err())
+		}
+		time.Sleep(2 * time.Millisecond)
+	}
+	if want := clk.Now().Add(3*time.Second*99/100 - 100*time.Millisecond); !s.SafeUntil().Equal(want) {
+		t.Fatalf("renewed to %v from now, want %v", s.SafeUntil().Sub(clk.Now()), want.Sub(clk.Now()))
+	}
+}
