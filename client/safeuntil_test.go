@@ -22,10 +22,45 @@ func holdTimers(s *Session) {
 // A Lock that returns after the session's safe-until passed, before the
 // session's own timers noticed (a pause), grants nothing: the service may
 // have expired the session already, and given the lock to another. It
-// fails with fence.ErrSessionLost, whether the lock is new or held
-// already, and the session is lost, so that the lock the service granted
-// is released for the others.
+// fails with fence.ErrSessionLost, whether the lock is new, held already,
+// or granted at the end of a wait that the pause went through, and the
+// session is lost, so that the lock the service granted is released for
+// the others.
 func TestLockPastSafeUntilGrantsNothing(t *testing.T) {
+	t.Run("granted after a wait through the pause", func(t *testing.T) {
+		srv := startServer(t, nil)
+		clk := clock.NewFake()
+		c := mustClient(t, srv, clk)
+		ctx := context.Background()
+		s := mustSession(t, c, 3*time.Second)
+		others := mustClient(t, srv, nil)
+		holder := NewMutex(mustSession(t, others, 10*time.Second), "l")
+		if _, err := holder.Lock(ctx); err != nil {
+			t.Fatal(err)
+		}
+		type result struct {
+			g   *Grant
+			err error
+		}
+		done := make(chan result, 1)
+		go func() {
+			g, err := NewMutex(s, "l").Lock(ctx)
+			done <- result{g, err}
+		}()
+		waitForLock(t, others, "l", func(holders, waiters int) bool { return waiters == 1 })
+		holdTimers(s)
+		clk.Advance(5 * time.Second) // past the safe-until, unnoticed
+		if err := holder.Unlock(ctx); err != nil {
+			t.Fatal(err)
+		}
+		r := <-done
+		if !errors.Is(r.err, fence.ErrSessionLost) {
+			t.Fatalf("Lock granted past the safe-until: %v, %v; want fence.ErrSessionLost", r.g, r.err)
+		}
+		if _, err := NewMutex(mustSession(t, others, 10*time.Second), "l").TryLock(ctx); err != nil {
+			t.Fatalf("the lock granted past the safe-until was not given up: %v", err)
+		}
+	})
 	for _, relock := range []bool{false, true} {
 		name := map[bool]string{false: "a new lock", true: "a lock held already"}[relock]
 		t.Run(name, func(t *testing.T) {
