@@ -156,8 +156,11 @@ func (b *DoubleBarrier) isMember(key string) bool {
 
 // Enter registers this party and waits until count parties have arrived
 // (counting the parties whose sessions still live). It fails when ctx ends
-// or the session ends; the party's arrival then stays until Leave or the
-// end of its session.
+// or the session ends. A failed Enter takes the party's arrival back, on
+// a context of its own bounded by the session's TTL, so that it is neither
+// counted towards count nor waited for by the others' Leave; if the
+// service cannot be told, the session is given up instead
+// (fence.ErrSessionLost), whose end deletes the arrival.
 func (b *DoubleBarrier) Enter(ctx context.Context) error {
 	if b.count < 1 {
 		return fmt.Errorf("%w: double barrier %q: count %d must be at least 1", fence.ErrInvalidArgument, b.prefix, b.count)
@@ -167,15 +170,28 @@ func (b *DoubleBarrier) Enter(ctx context.Context) error {
 	stop := context.AfterFunc(b.s.ctx, func() { cancel(context.Cause(b.s.ctx)) })
 	defer stop()
 
-	kv := b.s.client.KV()
-	rev, err := kv.Put(ctx, b.memberKey(), nil, BoundTo(b.s))
+	rev, err := b.s.client.KV().Put(ctx, b.memberKey(), nil, BoundTo(b.s))
 	if err != nil {
+		if mayHaveApplied(err) {
+			b.withdraw()
+		}
 		return b.fail(ctx, err)
 	}
 	b.entered = rev
+	if err := b.await(ctx); err != nil {
+		b.withdraw()
+		return b.fail(ctx, err)
+	}
+	return nil
+}
+
+// await waits, once this party arrived, until count parties have, and
+// opens the barrier if it is the one that sees them all.
+func (b *DoubleBarrier) await(ctx context.Context) error {
+	kv := b.s.client.KV()
 	l, err := kv.List(ctx, b.prefix)
 	if err != nil {
-		return b.fail(ctx, err)
+		return err
 	}
 	members := map[string]bool{}
 	for _, m := range l.KVs {
@@ -192,7 +208,7 @@ func (b *DoubleBarrier) Enter(ctx context.Context) error {
 	}
 	w, err := kv.Watch(ctx, b.prefix, FromRevision(l.Revision+1))
 	if err != nil {
-		return b.fail(ctx, err)
+		return err
 	}
 	defer w.Close()
 	for ev := range w.Events() {
@@ -210,8 +226,8 @@ func (b *DoubleBarrier) Enter(ctx context.Context) error {
 			return b.open(ctx)
 		}
 	}
-	if ctx.Err() != nil {
-		return b.fail(ctx, ctx.Err())
+	if err := ctx.Err(); err != nil {
+		return err
 	}
 	return w.Err()
 }
@@ -220,10 +236,25 @@ func (b *DoubleBarrier) Enter(ctx context.Context) error {
 func (b *DoubleBarrier) open(ctx context.Context) error {
 	rev, err := b.s.client.KV().Put(ctx, b.readyKey(), nil)
 	if err != nil {
-		return b.fail(ctx, err)
+		return err
 	}
 	b.readyRev = rev
 	return nil
+}
+
+// withdraw takes back this party's arrival after a failed Enter (see
+// Enter), unless the session ended, which deleted it.
+func (b *DoubleBarrier) withdraw() {
+	s := b.s
+	b.entered = 0
+	if s.Err() != nil {
+		return
+	}
+	ctx, cancel := s.undoContext()
+	defer cancel()
+	if _, err := s.client.KV().Delete(ctx, b.memberKey()); err != nil {
+		s.giveUp("the arrival "+strconv.Quote(b.memberKey())+" of a failed Enter", err)
+	}
 }
 
 // fail returns why a call under ctx failed: the session's end if that was

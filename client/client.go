@@ -41,6 +41,7 @@ type Client struct {
 	streamConns connSet // streamHTTP's, when it is the client's own
 	streams     *streams
 	keepAlives  *keepAliver
+	wake        *wakeWatch
 
 	// cluster is the id of the group the client talks to, once known.
 	cluster atomic.Pointer[string]
@@ -159,7 +160,8 @@ func WithGRPC() Option {
 	return func(o *options) { o.grpc = true }
 }
 
-// withClock injects the clock of keepalives and "safe until"; tests use a fake.
+// withClock injects the clock of keepalives and "safe until" (its Missed
+// too); tests use a fake.
 func withClock(c clock.Clock) Option {
 	return func(o *options) { o.clock = c }
 }
@@ -190,6 +192,7 @@ func New(opts ...Option) (*Client, error) {
 	}
 	c.streams = &streams{c: c}
 	c.keepAlives = &keepAliver{c: c, sessions: map[*Session]struct{}{}}
+	c.wake = &wakeWatch{c: c}
 	if o.clusterID != "" {
 		c.cluster.Store(&o.clusterID)
 	}

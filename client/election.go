@@ -34,13 +34,25 @@ type Leadership struct {
 }
 
 // Campaign waits until this session leads, then records value as the
-// leader's. It fails when ctx ends or the session ends.
+// leader's. It fails when ctx ends or the session ends, or when the value
+// cannot be recorded (too long, no kv permission on "election/" + name, a
+// quota). A Campaign that failed after it was elected gives leadership up
+// again, on a context of its own bounded by the session's TTL, so that the
+// next campaigner is elected: it deletes the record if the failed write
+// may have made it, then releases the lock; if the service cannot be
+// told, it gives up the session instead (fence.ErrSessionLost), whose end
+// releases both. Campaigning while leading is Proclaim: a failure then
+// keeps leadership and the value recorded before.
 func (e *Election) Campaign(ctx context.Context, value string) (*Leadership, error) {
+	held := e.m.Grant()
 	g, err := e.m.Lock(ctx)
 	if err != nil {
 		return nil, err
 	}
 	if err := e.Proclaim(ctx, value); err != nil {
+		if g != held {
+			e.m.giveUp(g, e.name, err)
+		}
 		return nil, err
 	}
 	return &Leadership{Grant: g, Value: value}, nil

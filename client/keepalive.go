@@ -72,7 +72,7 @@ func (k *keepAliver) renew(ctx context.Context, s *Session) error {
 	b := &kaBatch{done: make(chan struct{}), results: map[*Session]error{}}
 	members := []*Session{s}
 	s.batch = b
-	now := k.c.opts.clock.Now()
+	now := k.c.awareNow()
 	for o := range k.sessions {
 		// A session past its safe-until stays out: the service may have
 		// expired it (its own timer ends it as lost), and this process,
@@ -80,7 +80,7 @@ func (k *keepAliver) renew(ctx context.Context, s *Session) error {
 		// Due soon first: it rules out most sessions, and reads only the
 		// session itself (ctx is another allocation, and a client may
 		// hold thousands of sessions).
-		if o != s && o.batch == nil && !o.dueAt().After(now.Add(o.interval/4)) && o.ctx.Err() == nil && now.Before(o.SafeUntil()) {
+		if o != s && o.batch == nil && !o.dueAt().After(now.Add(o.interval/4)) && o.ctx.Err() == nil && now.Before(o.deadline()) {
 			o.batch = b
 			members = append(members, o)
 		}
@@ -141,7 +141,7 @@ func (k *keepAliver) send(ctx context.Context, sessions []*Session, sender *Sess
 		resp *fencev1.KeepAliveManyResponse
 	)
 	err := k.c.call(ctx, func(ctx context.Context, ep *endpoint) error {
-		sent = clk.Now()
+		sent = k.c.awareNow()
 		return withAttemptDeadline(ctx, clk, attempt, ep, func(ctx context.Context) error {
 			r, err := k.c.op(ctx, ep, op)
 			if err == nil {

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"math"
+	"strconv"
 	"sync"
 	"time"
 
@@ -106,11 +107,16 @@ func NewMutex(s *Session, name string, opts ...LockOption) *Mutex {
 
 // Lock waits until the lock is granted and returns the grant. It fails when
 // ctx ends, the wait timeout passes (fence.ErrWaitTimeout) or the session
-// ends. Locking a mutex already held returns the same grant.
+// ends. Locking a mutex already held returns the same grant. A grant is
+// returned only while the session's safe-until has not passed: once it
+// has (the process was paused past it), Lock fails with
+// fence.ErrSessionLost and the session ends as lost, which gives up
+// whatever the service granted.
 func (m *Mutex) Lock(ctx context.Context) (*Grant, error) { return m.acquire(ctx, false) }
 
 // TryLock takes the lock if it is free and nobody waits for it, and fails
-// with fence.ErrLocked otherwise, without waiting.
+// with fence.ErrLocked otherwise, without waiting; it fails as Lock does
+// when the session ends or its safe-until passed.
 func (m *Mutex) TryLock(ctx context.Context) (*Grant, error) { return m.acquire(ctx, true) }
 
 // Grant returns the current grant, or nil when the mutex is not held.
@@ -122,7 +128,7 @@ func (m *Mutex) Grant() *Grant {
 
 func (m *Mutex) acquire(ctx context.Context, try bool) (*Grant, error) {
 	s := m.s
-	if err := s.Err(); err != nil {
+	if err := s.checkSafe(); err != nil {
 		return nil, err
 	}
 	if m.permits < 0 || uint64(m.permits) > math.MaxUint32 || (m.mode == fencev1.Mode_MODE_SEMAPHORE) != (m.permits > 0) {
@@ -200,6 +206,13 @@ func (m *Mutex) acquire(ctx context.Context, try bool) (*Grant, error) {
 		}
 		return nil, err
 	}
+	// A grant answered after the session's safe-until (the process was
+	// paused meanwhile) is no grant: the service may have expired the
+	// session since, and granted the lock to another. Losing the session
+	// gives the lock up, at once or at expiry.
+	if err := s.checkSafe(); err != nil {
+		return nil, err
+	}
 	m.mu.Lock()
 	defer m.mu.Unlock()
 	if m.grant != nil && m.grant.token == resp.GetToken() && m.grant.Err() == nil {
@@ -238,19 +251,15 @@ func (m *Mutex) abandon(id uint64) {
 	if s.Err() != nil {
 		return // the session's end releases everything
 	}
-	ctx, cancel := context.WithTimeout(s.ctx, s.ttl)
+	ctx, cancel := s.undoContext()
 	defer cancel()
 	req := &fencev1.StreamRequest{Op: &fencev1.StreamRequest_CancelAcquire{CancelAcquire: &fencev1.CancelAcquireRequest{SessionId: s.id, SessionSecret: s.secret, Lock: m.name, RequestId: id}}}
 	err := s.client.unary(ctx, func(ctx context.Context, ep *endpoint) error {
 		_, err := s.client.op(ctx, ep, req)
 		return err
 	})
-	switch {
-	case err == nil || s.Err() != nil:
-	case errors.Is(err, fence.ErrSessionNotFound):
-		s.end(err)
-	default:
-		s.lose(fmt.Errorf("%w: could not give up a failed acquire of %q (%v), so the session is given up instead", fence.ErrSessionLost, m.name, err))
+	if err != nil {
+		s.giveUp("a failed acquire of "+strconv.Quote(m.name), err)
 	}
 }
 

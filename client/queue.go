@@ -184,6 +184,10 @@ func (q *Queue) take(ctx context.Context, s *Session, l *Listing) (*Delivery, er
 // takeItem takes item seq's lock, checks that the item is still there (a
 // consumer may have acknowledged it since the listing), and records the
 // claim. It returns nil when someone else holds the item or it is gone.
+// When it does not hand the item out, it gives back what it took (the
+// lock, and the claim if a failed put may have made it) within a bound
+// of its own (Mutex.giveUp): a claim or a lock left behind would keep
+// every consumer off the item for as long as the session lives.
 func (q *Queue) takeItem(ctx context.Context, s *Session, seq uint64) (*Delivery, error) {
 	m := NewMutex(s, q.lockName(seq))
 	g, err := m.TryLock(ctx)
@@ -193,21 +197,18 @@ func (q *Queue) takeItem(ctx context.Context, s *Session, seq uint64) (*Delivery
 	if err != nil {
 		return nil, err
 	}
-	d := &Delivery{Seq: seq, q: q, m: m, g: g}
 	kv := q.c.KV()
 	item, err := kv.Get(ctx, q.itemKey(seq))
-	if err == nil && item == nil {
-		return nil, m.Unlock(ctx)
-	}
-	if err == nil {
-		d.Value = item.GetValue()
-		_, err = kv.Put(ctx, q.claimKey(seq), []byte(strconv.FormatUint(s.ID(), 10)), WithGrant(g), Strict(), BoundTo(s))
-	}
-	if err != nil {
-		m.Unlock(context.WithoutCancel(ctx))
+	if err != nil || item == nil {
+		m.giveUp(g, "", nil)
 		return nil, err
 	}
-	return d, nil
+	_, err = kv.Put(ctx, q.claimKey(seq), []byte(strconv.FormatUint(s.ID(), 10)), WithGrant(g), Strict(), BoundTo(s))
+	if err != nil {
+		m.giveUp(g, q.claimKey(seq), err)
+		return nil, err
+	}
+	return &Delivery{Seq: seq, Value: item.GetValue(), q: q, m: m, g: g}, nil
 }
 
 // waitChange waits from revision rev on for a change that may free an

@@ -30,8 +30,18 @@ var ErrSessionClosed = fmt.Errorf("%w: session closed", fence.ErrReleased)
 // closed, Err says why, and every lock taken through it must be presumed
 // lost. A session that ended stays ended; create a new one.
 //
+// On Linux the count goes on through what the monotonic clock misses: a
+// suspend of the machine (CLOCK_BOOTTIME), or a wall clock set forward (as
+// when a paused VM resumes and its clock is synced), brings the safe-until
+// closer by as much, and a session it passed ends as lost once the process
+// runs again (within about 100 ms). Elsewhere the monotonic clock alone
+// counts, and a suspend it does not count extends the session's belief by
+// its length. A VM paused with all of its clocks, and not set forward on
+// resuming, shows nothing to any of them.
+//
 // This narrows the window in which a paused holder believes it holds a
 // lock the server gave away; it does not close it. Fencing tokens do.
+// A Session is safe for concurrent use.
 type Session struct {
 	client *Client
 	id     uint64
@@ -45,6 +55,8 @@ type Session struct {
 	ctx    context.Context
 	cancel context.CancelCauseFunc
 
+	// safeUntil, and due below, are on the client's suspend-aware
+	// timeline (awareNow); SafeUntil answers safeUntil on the monotonic one.
 	mu        sync.Mutex
 	safeUntil time.Time
 	// renewals counts the keepalives sent; grants maps each live grant to
@@ -123,7 +135,7 @@ func (c *Client) NewSession(ctx context.Context, opts ...SessionOption) (*Sessio
 		Owner: o.owner,
 	}}}
 	err := c.unary(ctx, func(ctx context.Context, ep *endpoint) error {
-		sent = c.opts.clock.Now()
+		sent = c.awareNow()
 		r, err := c.op(ctx, ep, req)
 		if err == nil {
 			resp = r.GetCreateSession()
@@ -158,10 +170,12 @@ func (s *Session) startKeepAlive() {
 		c.keepAlives.add(s)
 	}
 	clk := c.opts.clock
+	now := c.awareNow()
 	s.mu.Lock()
-	s.dueTimer = clk.AfterFunc(s.due.Sub(clk.Now()), s.onDue)
-	s.lostTimer = clk.AfterFunc(s.safeUntil.Sub(clk.Now()), s.onLost)
+	s.dueTimer = clk.AfterFunc(s.due.Sub(now), s.onDue)
+	s.lostTimer = clk.AfterFunc(s.safeUntil.Sub(now), s.onLost)
 	s.mu.Unlock()
+	c.wake.add(s)
 	context.AfterFunc(s.ctx, s.stopKeepAlive)
 }
 
@@ -190,9 +204,17 @@ func (s *Session) Err() error {
 // protected work under it (or under a grant's context).
 func (s *Session) Context() context.Context { return s.ctx }
 
-// SafeUntil returns the instant, on this process's monotonic clock, until
-// which the session is known to be alive.
+// SafeUntil returns the instant, on this process's monotonic clock (compare
+// it with time.Now), until which the session is known to be alive. On
+// Linux it is brought closer by what that clock missed since (see
+// Session): a suspend moves it earlier by the suspend's length at once,
+// before any timer of the session has run.
 func (s *Session) SafeUntil() time.Time {
+	return s.deadline().Add(-s.client.opts.clock.Missed())
+}
+
+// deadline returns the safe-until on the suspend-aware timeline (awareNow).
+func (s *Session) deadline() time.Time {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	return s.safeUntil
@@ -271,15 +293,15 @@ func (s *Session) onDue() {
 		return // a renewal is under way; it rearms when done
 	}
 	defer s.renewing.Store(false)
-	clk := s.client.opts.clock
-	now := clk.Now()
+	now := s.client.awareNow()
 	safe := s.SafeUntil()
 	if s.dueAt().After(now) {
 		s.rearm() // renewed meanwhile in another session's message
 		return
 	}
-	// A process that was paused (SIGSTOP, GC, VM migration) must not
-	// renew a session whose deadline passed while it slept.
+	// A process that was paused (SIGSTOP, GC, or on Linux the machine
+	// suspended: see Session for the VM whose clocks all stopped) must
+	// not renew a session whose deadline passed while it slept.
 	if s.lapse(now) {
 		s.lose(fmt.Errorf("%w: session %d was not renewed before its safe-until deadline", fence.ErrSessionLost, s.id))
 		return
@@ -291,7 +313,7 @@ func (s *Session) onDue() {
 		s.end(err)
 		return
 	default:
-		s.setDue(clk.Now().Add(min(s.interval, 250*time.Millisecond)))
+		s.setDue(s.client.awareNow().Add(min(s.interval, 250*time.Millisecond)))
 	}
 	s.rearm()
 }
@@ -303,8 +325,8 @@ func (s *Session) onLost() {
 		return
 	}
 	defer s.wg.Done()
-	if !s.lapse(s.client.opts.clock.Now()) {
-		s.rearm() // renewed as this fired
+	if !s.lapse(s.client.awareNow()) {
+		s.rearm() // renewed as this fired, or moved by a suspend
 		return
 	}
 	s.lose(fmt.Errorf("%w: no renewal of session %d reached the service in time; its locks may be held by others", fence.ErrSessionLost, s.id))
@@ -323,6 +345,21 @@ func (s *Session) lapse(now time.Time) bool {
 	return true
 }
 
+// checkSafe returns nil while s lives and its safe-until has not passed,
+// and otherwise why s ended. A safe-until that passed unnoticed (the
+// process was paused, and s's timers have not run since) ends s as lost
+// here, as its lost timer would have: the service may have expired s and
+// granted its locks to others.
+func (s *Session) checkSafe() error {
+	if err := s.Err(); err != nil {
+		return err
+	}
+	if s.lapse(s.client.awareNow()) {
+		s.lose(fmt.Errorf("%w: session %d passed its safe-until deadline unrenewed (the process was paused, or the machine suspended); its locks may be held by others", fence.ErrSessionLost, s.id))
+	}
+	return s.Err()
+}
+
 // enter counts a timer's callback in wg, unless the schedule stopped.
 func (s *Session) enter() bool {
 	s.mu.Lock()
@@ -335,9 +372,10 @@ func (s *Session) enter() bool {
 }
 
 // rearm sets the timers to the schedule: the next renewal at due, the
-// end at safeUntil.
+// end at safeUntil. The timers run on the monotonic clock: after it
+// missed time, the wake watch rearms them.
 func (s *Session) rearm() {
-	now := s.client.opts.clock.Now()
+	now := s.client.awareNow()
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	if s.stopped {
@@ -358,6 +396,7 @@ func (s *Session) stopKeepAlive() {
 	}
 	s.mu.Unlock()
 	s.client.keepAlives.remove(s)
+	s.client.wake.remove(s)
 }
 
 // dueAt returns when the next renewal is due.
@@ -382,7 +421,8 @@ func (s *Session) nextRound() uint64 {
 }
 
 // renewed takes in a keepalive's success: the keepalive number round, sent
-// at sent, answered that the session holds held. The next renewal falls
+// at sent (awareNow, as the session's deadlines are), answered that the
+// session holds held. The next renewal falls
 // due an interval, and lag, after sent. A keepalive sent at or after the
 // safe-until renews nothing here, whatever the answer: by then the service
 // may have expired the session and granted its locks to others while this
@@ -433,7 +473,7 @@ func (s *Session) renew(ctx context.Context, safe time.Time) error {
 	// are tried well before the safe-until deadline.
 	attempt := s.ttl / 4
 	err := s.client.call(ctx, func(ctx context.Context, ep *endpoint) error {
-		sent = clk.Now()
+		sent = s.client.awareNow()
 		return withAttemptDeadline(ctx, clk, attempt, ep, func(ctx context.Context) error {
 			resp, err := ep.sessions.KeepAlive(ctx, connect.NewRequest(&fencev1.KeepAliveRequest{SessionId: s.id, SessionSecret: s.secret}))
 			if err == nil {

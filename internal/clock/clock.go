@@ -3,6 +3,11 @@
 //
 // Real is the system's monotonic clock. Fake starts at a fixed instant and
 // moves only when Advance is called; timers due by then fire in deadline order.
+//
+// The monotonic clock misses time: on Linux it stops while the machine is
+// suspended, and so does every clock of a VM that is paused. Missed counts
+// what it missed, where the system can tell (see Real), and Aware adds it
+// to Now, for deadlines that must not outlive a suspend.
 package clock
 
 import (
@@ -22,7 +27,19 @@ type Clock interface {
 	NewTimer(d time.Duration) Timer
 	// AfterFunc calls f in its own goroutine after d.
 	AfterFunc(d time.Duration, f func()) Timer
+	// Missed returns how much time, in all since an arbitrary origin, passed
+	// without Now counting it: a suspend, a wall clock set forward. It never
+	// decreases; only the difference of two readings means anything.
+	// Timers do not count it either: one due in d fires when Now has moved
+	// on by d.
+	Missed() time.Duration
 }
+
+// Aware returns c's Now moved on by everything Now missed (Missed): an
+// instant on a timeline that goes on through a suspend. The duration
+// between two such instants is the time that passed by every clock c
+// reads.
+func Aware(c Clock) time.Time { return c.Now().Add(c.Missed()) }
 
 // Timer is the part of *time.Timer that fence uses.
 type Timer interface {
@@ -32,12 +49,19 @@ type Timer interface {
 	Reset(d time.Duration) bool
 }
 
-// Real is the system clock.
+// Real is the system clock. Its Missed, on Linux, sums every forward jump
+// against the monotonic clock of CLOCK_BOOTTIME (which goes on while the
+// machine is suspended) and of the wall clock (set forward when a paused VM
+// resumes and syncs it), a jump being the larger of the two between two
+// readings, of a millisecond or more. A VM paused with all of its clocks,
+// and never set forward, shows no jump. On other systems Missed is always 0.
 var Real Clock = realClock{}
 
 type realClock struct{}
 
 func (realClock) Now() time.Time { return time.Now() }
+
+func (realClock) Missed() time.Duration { return systemJumps.missed() }
 
 func (realClock) NewTimer(d time.Duration) Timer { return realTimer{time.NewTimer(d)} }
 
@@ -56,6 +80,7 @@ func (r realTimer) Reset(d time.Duration) bool { return r.t.Reset(d) }
 type Fake struct {
 	mu     sync.Mutex
 	now    time.Time
+	missed time.Duration
 	timers []*fakeTimer
 	// changed is closed and replaced whenever a timer is added, so that
 	// tests can wait for the code under test to arm one.
@@ -86,6 +111,21 @@ func (f *Fake) AfterFunc(d time.Duration, fn func()) Timer {
 	t := &fakeTimer{clock: f, fn: fn}
 	t.Reset(d)
 	return t
+}
+
+// Missed returns the time Suspend added, in all.
+func (f *Fake) Missed() time.Duration {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	return f.missed
+}
+
+// Suspend moves on by d the time Now missed (Missed), as a suspend of d, or
+// a wall clock set forward by d, would: Now stays, and no timer fires.
+func (f *Fake) Suspend(d time.Duration) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	f.missed += d
 }
 
 // Advance moves the fake time forward by d and fires every timer that is due.
