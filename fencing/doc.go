@@ -30,7 +30,11 @@
 // A resource that can reach the fence service may also ask it whether a
 // token is the lock's current grant (Chubby's sequencer check): see
 // WithChecker, which takes any TokenChecker, such as a *client.Client.
-// The highest-token rule still applies on top.
+// The highest-token rule still applies on top. The check is not atomic
+// with the write (the resource is not the service: it asks, then writes,
+// with answers cached up to 1 s), so it narrows the window in which a
+// stale holder writes before its successor's first write, but does not
+// close it; WithChecker says what closes it.
 //
 // # Dependencies
 //

@@ -18,6 +18,8 @@ type TokenChecker interface {
 
 // Guard admits writes to a Store, optionally in strict mode. It is what the
 // HTTP and Connect middleware use. A Guard is safe for concurrent use.
+// The highest-token rule is atomic with the write (Store.Admit); strict
+// mode's check with the service is not (see WithChecker).
 type Guard struct {
 	store   Store
 	checker TokenChecker
@@ -45,6 +47,21 @@ type GuardOption func(*Guard)
 // write's token must be its lock's current grant, as the service answers.
 // Answers are cached for ttl (at most 1s; default 100ms when ttl is 0), for
 // at most 4096 lock-token pairs; writes without a lock name are rejected.
+//
+// Strict mode is not atomic, as the fenced KV's strict writes are: Admit
+// asks the service (or takes an answer up to ttl old) and then admits the
+// write, and nothing keeps the lock where it was between the two. A holder
+// whose lock moved on after that answer (its session expired, the lock was
+// released and granted to another) can still write, until the new holder
+// has written with its higher token, from when the highest-token rule
+// refuses it. Strict mode narrows the window in which the highest-token
+// rule alone admits a stale holder to the check's round trip plus ttl; it
+// does not close it. Where it must be closed, write through the fenced KV
+// with strict writes (client.Strict, fence kv put --strict), which check
+// the grant in the same commit as the write; or make each new holder
+// write its token to the resource (an Admit of its own, even of an empty
+// write) before it acts, so that the store's atomic highest-token rule
+// refuses every older token from then on.
 func WithChecker(c TokenChecker, ttl time.Duration) GuardOption {
 	return func(g *Guard) {
 		g.checker = c

@@ -388,15 +388,6 @@ func (s *Server) checkStreamOp(ctx context.Context, procedure string, msg any) (
 	return ctx, nil
 }
 
-// recheckStream checks the stream ctx belongs to again.
-func (s *Server) recheckStream(ctx context.Context) (caller, error) {
-	call, ok := streamCall(ctx)
-	if !ok {
-		return caller{}, nil
-	}
-	return s.recheck(call)
-}
-
 type checkedStream struct {
 	connect.StreamingHandlerConn
 	check   func(msg any) error
@@ -446,19 +437,6 @@ func (s *Server) AuthEnabled() bool {
 	return on
 }
 
-// authGate is for a watch: a channel that fires when the call should be
-// checked again (the auth state changed, or its token's expiry passed),
-// and the check.
-func (s *Server) authGate(ctx context.Context) (<-chan struct{}, <-chan time.Time, func()) {
-	changed := s.authChanges.wait()
-	who, _ := s.recheckStream(ctx)
-	if who.expires.IsZero() {
-		return changed, nil, func() {}
-	}
-	t := s.cfg.Clock.NewTimer(max(who.expires.Sub(s.cfg.Clock.Now()), 0))
-	return changed, t.C(), func() { t.Stop() }
-}
-
 // authWatch fires once the call it watches fails its check again.
 type authWatch struct {
 	lost chan struct{} // closed, with err set, once the check fails
@@ -498,11 +476,14 @@ func (w *authWatch) Err() error { return w.err }
 func (w *authWatch) Stop() { w.once.Do(func() { close(w.stop) }) }
 
 // watchAuth watches the call ctx belongs to (a unary call or a stream):
-// it checks it again at every auth change (a token or permission revoked,
-// a user removed, auth enabled, a snapshot restored) and when its token
-// expires, and fires once a check fails, as an open watch ends (see
-// authGate). A call that blocks for long (a waiting Acquire) ends then,
-// instead of going on under a permission its caller no longer has.
+// it checks it again at once (a change made since the call's check is not
+// missed), at every auth change (a token or permission revoked, a user
+// removed, auth enabled, a snapshot restored) and when its token expires,
+// and fires once a check fails. A call that blocks for long (a waiting
+// Acquire) ends then, as a KV watch and a session stream do, instead of
+// going on under a permission its caller no longer has. Lost fires on
+// its own goroutine: a call that sends what its caller may no longer see
+// (a watch's changes) checks with Check before each send.
 func (s *Server) watchAuth(ctx context.Context) *authWatch {
 	w := &authWatch{lost: make(chan struct{}), stop: make(chan struct{}), s: s}
 	call, ok := ctx.Value(authCallKey{}).(authCall)

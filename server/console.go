@@ -1,6 +1,7 @@
 package server
 
 import (
+	"context"
 	"embed"
 	"encoding/json"
 	"errors"
@@ -19,7 +20,8 @@ import (
 
 // The console (fence serve --ui) is a read-only page of the group at /ui/
 // on the API port, behind the API's TLS and client-certificate settings
-// and, with auth on, open only to a caller with lock read "" (gate).
+// and, with auth on, open only to a caller with lock read "" (gate), who
+// is checked again before each answer and each push (checkedView).
 // Its page (server/console/, embedded) renders views the server pushes over
 // Server-Sent Events at /ui/events: a JSON snapshot of this node's state,
 // sent when the applied index or the raft state changed (checked every
@@ -335,22 +337,55 @@ var consoleNeed = lockNeed(fsm.Read, "")
 // gate lets a request through when auth is off, or when its caller (a
 // bearer token or a client certificate, as for the API) may read every
 // lock. Otherwise it answers 401 (no valid credential) or 403 (no
-// permission) with a short text body, and logs the refusal.
+// permission) with a short text body, and logs the refusal. The request
+// it lets through carries its check (authCallKey), which state.json and
+// every push of the event stream make again before they answer.
 func (c *console) gate(next http.Handler) http.Handler {
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		call := authCall{cred: credentialOf(r.Context(), r.Header), need: consoleNeed}
-		if _, err := c.s.recheck(call); err != nil {
+		who, err := c.s.recheck(call)
+		if err != nil {
 			c.s.auditRefusal(consoleProcedure, r.RemoteAddr, call, err)
-			code := http.StatusForbidden
-			if errors.Is(err, fence.ErrUnauthenticated) {
-				code = http.StatusUnauthorized
-				w.Header().Set("WWW-Authenticate", `Bearer realm="fence"`)
-			}
-			http.Error(w, err.Error(), code)
+			refuse(w, err)
 			return
 		}
-		next.ServeHTTP(w, r)
+		call.user = who.user
+		next.ServeHTTP(w, r.WithContext(context.WithValue(r.Context(), authCallKey{}, call)))
 	})
+}
+
+// refusalStatus is the HTTP status of a failed check: 401 for no valid
+// credential, 403 for no permission.
+func refusalStatus(err error) int {
+	if errors.Is(err, fence.ErrUnauthenticated) {
+		return http.StatusUnauthorized
+	}
+	return http.StatusForbidden
+}
+
+// refuse answers a failed check with its status and a short text.
+func refuse(w http.ResponseWriter, err error) {
+	code := refusalStatus(err)
+	if code == http.StatusUnauthorized {
+		w.Header().Set("WWW-Authenticate", `Bearer realm="fence"`)
+	}
+	http.Error(w, err.Error(), code)
+}
+
+// checkedView takes a view for the caller of r (as gate checked it), and
+// then checks the caller again against the current state: a view is
+// answered only if its caller may read every lock after all of it was
+// taken, so no change (a token revoked or expired, a user removed, a
+// permission taken) made before the answer is missed, however long the
+// request has been open. A failed check is logged as gate's.
+func (c *console) checkedView(r *http.Request) (consoleView, error) {
+	call, _ := r.Context().Value(authCallKey{}).(authCall)
+	v := c.view()
+	if _, err := c.s.recheck(call); err != nil {
+		c.s.auditRefusal(consoleProcedure, r.RemoteAddr, call, err)
+		return consoleView{}, err
+	}
+	return v, nil
 }
 
 func consoleHeaders(next http.Handler) http.Handler {
@@ -364,13 +399,31 @@ func consoleHeaders(next http.Handler) http.Handler {
 }
 
 func (c *console) serveState(w http.ResponseWriter, r *http.Request) {
+	v, err := c.checkedView(r)
+	if err != nil {
+		refuse(w, err)
+		return
+	}
 	w.Header().Set("Content-Type", "application/json")
 	enc := json.NewEncoder(w) // escapes <, > and & in strings
-	enc.Encode(c.view())
+	enc.Encode(v)
+}
+
+// consoleEnd is the data of the "end" event that closes a stream whose
+// caller may no longer read it.
+type consoleEnd struct {
+	// Status is the HTTP status a new request would get (401 or 403).
+	Status int    `json:"status"`
+	Error  string `json:"error"`
 }
 
 // serveEvents pushes views as Server-Sent Events ("event: view") until the
-// page goes away or the node shuts down.
+// page goes away, the node shuts down, or its caller may no longer read
+// every lock: each push checks the caller again (checkedView), and the
+// first that fails ends the stream with "event: end" saying why, before
+// any view taken after the change is sent. A change is seen at the next
+// push: within consolePushInterval of an auth command (it is applied, so
+// the view's key changes), within consoleRefresh of a token's expiry.
 func (c *console) serveEvents(w http.ResponseWriter, r *http.Request) {
 	if c.streams.Add(1) > consoleMaxStreams {
 		c.streams.Add(-1)
@@ -390,7 +443,7 @@ func (c *console) serveEvents(w http.ResponseWriter, r *http.Request) {
 	for first := true; ; first = false {
 		key := c.key()
 		if first || key != sent || time.Since(sentAt) >= consoleRefresh {
-			if err := c.push(w, rc, first); err != nil {
+			if err := c.push(r, w, rc, first); err != nil {
 				return
 			}
 			sent, sentAt = key, time.Now()
@@ -405,10 +458,20 @@ func (c *console) serveEvents(w http.ResponseWriter, r *http.Request) {
 	}
 }
 
-func (c *console) push(w http.ResponseWriter, rc *http.ResponseController, first bool) error {
-	data, err := json.Marshal(c.view())
-	if err != nil {
-		return err
+// push sends one view, or the end event if its caller may no longer see
+// it; it returns an error when the stream is to end.
+func (c *console) push(r *http.Request, w http.ResponseWriter, rc *http.ResponseController, first bool) error {
+	event := "view"
+	var data []byte
+	v, refused := c.checkedView(r)
+	if refused != nil {
+		event = "end"
+		data, _ = json.Marshal(consoleEnd{Status: refusalStatus(refused), Error: refused.Error()})
+	} else {
+		var err error
+		if data, err = json.Marshal(v); err != nil {
+			return err
+		}
 	}
 	if err := rc.SetWriteDeadline(time.Now().Add(consoleWriteTimeout)); err != nil && first {
 		c.s.logger.Debug("console: no write deadline", "err", err)
@@ -419,8 +482,11 @@ func (c *console) push(w http.ResponseWriter, rc *http.ResponseController, first
 			return err
 		}
 	}
-	if _, err := fmt.Fprintf(w, "event: view\ndata: %s\n\n", data); err != nil {
+	if _, err := fmt.Fprintf(w, "event: %s\ndata: %s\n\n", event, data); err != nil {
 		return err
 	}
-	return rc.Flush()
+	if err := rc.Flush(); err != nil {
+		return err
+	}
+	return refused
 }

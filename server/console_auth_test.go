@@ -6,8 +6,10 @@ import (
 	"net/http"
 	"strings"
 	"testing"
+	"time"
 
 	fencev1 "github.com/fencelock/fence/api/fence/v1"
+	"github.com/fencelock/fence/client"
 )
 
 // consoleGet fetches path from s with token (none if empty) and returns
@@ -76,5 +78,92 @@ func TestConsoleAuth(t *testing.T) {
 	}
 	if code, body := consoleGet(t, s, "/ui/state.json", ""); code != http.StatusOK {
 		t.Fatalf("auth off again: GET /ui/state.json = %d %q, want 200", code, body)
+	}
+}
+
+// An open event stream is checked again before every push: once its
+// token is revoked, its user removed or its permission taken, no view
+// reaches it any more (views after the change would show the lock taken
+// after it), and it ends with an "end" event saying why.
+func TestConsoleEventsEndWhenAuthChanges(t *testing.T) {
+	s := startTestServer(t, func(c *Config) { c.UI = true })
+	ctx := context.Background()
+	rootToken := setupRoot(t, mustClient(t, s, ""))
+	rc := mustClient(t, s, rootToken)
+	if err := rc.AuthEnable(ctx); err != nil {
+		t.Fatal(err)
+	}
+	holder, err := rc.NewSession(ctx, client.WithTTL(30*time.Second))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { holder.Close(context.Background()) })
+	if _, err := client.NewMutex(holder, "secret/a").Lock(ctx); err != nil {
+		t.Fatal(err)
+	}
+	readAll := perm(fencev1.PermissionKind_PERMISSION_KIND_LOCK, fencev1.Access_ACCESS_READ, "")
+	for _, tc := range []struct {
+		name   string
+		change func(user string) error
+		want   string // in the end event
+	}{
+		{"token revoked", func(user string) error {
+			tokens, err := rc.Tokens(ctx, user)
+			if err != nil {
+				return err
+			}
+			return rc.TokenRevoke(ctx, tokens[0].GetId())
+		}, "unknown or revoked"},
+		{"user removed", func(user string) error { return rc.UserRemove(ctx, user) }, "unknown or revoked"},
+		{"permission reduced", func(user string) error {
+			if err := rc.RoleGrant(ctx, user, perm(fencev1.PermissionKind_PERMISSION_KIND_LOCK, fencev1.Access_ACCESS_READ, "public/")); err != nil {
+				return err
+			}
+			return rc.RoleRevoke(ctx, user, readAll)
+		}, "permission"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			user := "viewer-" + strings.ReplaceAll(tc.name, " ", "-")
+			token := addUser(t, rc, user, readAll)
+			hc := &http.Client{Transport: headerTransport{"Authorization": "Bearer " + token}}
+			stream := openConsoleStream(t, hc, "http://"+s.Addr())
+			stream.await("secret/a held", func(v consoleView) bool {
+				l, ok := findLock(v, "secret/a")
+				return ok && len(l.Holders) == 1 && l.Holders[0].Token != 0
+			})
+			if err := tc.change(user); err != nil {
+				t.Fatal(err)
+			}
+			// A lock taken after the change: a view showing it was made
+			// after the change.
+			marker := "marker/" + user
+			if _, err := client.NewMutex(holder, marker).Lock(ctx); err != nil {
+				t.Fatal(err)
+			}
+			// A bound for a stream that never ends, so that the test
+			// fails rather than hangs.
+			bound := time.After(20 * time.Second)
+			for ended := false; !ended; {
+				select {
+				case v, ok := <-stream.views:
+					if !ok {
+						ended = true
+						break
+					}
+					if _, after := findLock(v, marker); after {
+						l, _ := findLock(v, "secret/a")
+						t.Fatalf("after %s, the stream still pushed a view with secret/a held (%+v)", tc.name, l.Holders)
+					}
+				case <-bound:
+					t.Fatalf("after %s, the stream neither ended nor pushed a view", tc.name)
+				}
+			}
+			if !strings.Contains(stream.end, tc.want) {
+				t.Fatalf("after %s, the stream ended with %q, want an end event saying %q", tc.name, stream.end, tc.want)
+			}
+			if code, body := consoleGet(t, s, "/ui/state.json", token); code == http.StatusOK {
+				t.Fatalf("after %s, state.json answered 200 %q", tc.name, body)
+			}
+		})
 	}
 }

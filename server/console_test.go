@@ -42,7 +42,10 @@ func mustSession(t *testing.T, cl *client.Client, owner string) *client.Session 
 // consoleStream reads the views a node pushes on /ui/events.
 type consoleStream struct {
 	t     *testing.T
-	views chan consoleView
+	views chan consoleView // closed when the stream ends
+	// end is the data of the "end" event the node closed the stream
+	// with, if any; read it once views is closed.
+	end string
 }
 
 func openConsoleStream(t *testing.T, hc *http.Client, url string) *consoleStream {
@@ -83,6 +86,8 @@ func openConsoleStream(t *testing.T, hc *http.Client, url string) *consoleStream
 				case <-ctx.Done():
 					return
 				}
+			case strings.HasPrefix(line, "data: ") && event == "end":
+				cs.end = strings.TrimPrefix(line, "data: ")
 			case line == "":
 				event = ""
 			}

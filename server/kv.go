@@ -195,24 +195,21 @@ func (s *Server) Watch(ctx context.Context, req *connect.Request[fencev1.WatchRe
 		defer t.Stop()
 		progress = t.C
 	}
-	// A watch lasts only as long as its caller may read: it is checked
-	// again at every auth change and when its token expires.
-	authChanged, tokenExpired, stopGate := s.authGate(ctx)
-	defer func() { stopGate() }()
+	// A watch lasts only as long as its caller may read: it ends once a
+	// check at an auth change or at its token's expiry fails (auth.Lost),
+	// and its caller is checked again before each send, so that nothing
+	// committed after a revocation is sent, whichever the select took
+	// first, and however long the send before it waited for the client.
+	auth := s.watchAuth(ctx)
+	defer auth.Stop()
 	for {
 		select {
-		case <-authChanged:
-			if _, err := s.recheckStream(ctx); err != nil {
-				return fmt.Errorf("the watch ended: %w", err)
-			}
-			stopGate()
-			authChanged, tokenExpired, stopGate = s.authGate(ctx)
-		case <-tokenExpired:
-			if _, err := s.recheckStream(ctx); err != nil {
-				return fmt.Errorf("the watch ended: %w", err)
-			}
-			tokenExpired = nil
+		case <-auth.Lost():
+			return fmt.Errorf("the watch ended: %w", auth.Err())
 		case <-progress:
+			if err := auth.Check(); err != nil {
+				return fmt.Errorf("the watch ended: %w", err)
+			}
 			if err := stream.Send(&fencev1.WatchResponse{Progress: true}); err != nil {
 				return err
 			}
@@ -223,6 +220,9 @@ func (s *Server) Watch(ctx context.Context, req *connect.Request[fencev1.WatchRe
 		case <-w.ended:
 			return w.endErr
 		case events := <-w.ch:
+			if err := auth.Check(); err != nil {
+				return fmt.Errorf("the watch ended: %w", err)
+			}
 			// A replay from the history can be large: send it in messages
 			// of about watchMessageBytes, below gRPC's usual 4 MiB limit.
 			resp, size := &fencev1.WatchResponse{}, 0

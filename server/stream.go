@@ -260,8 +260,8 @@ func (st *serverStream) start(ctx context.Context, req *fencev1.StreamRequest) (
 // or shuts down, and when its caller's credential no longer authenticates.
 func (st *serverStream) watch(ctx context.Context, cancel context.CancelCauseFunc, term <-chan struct{}) {
 	s := st.s
-	authChanged, tokenExpired, stopGate := s.authGate(ctx)
-	defer func() { stopGate() }()
+	auth := s.watchAuth(ctx)
+	defer auth.Stop()
 	var quiet <-chan time.Time // framed streams: HTTP/2 pings find Connect's silent clients
 	framed, isFramed := st.conn.(framedStream)
 	if isFramed {
@@ -284,19 +284,9 @@ func (st *serverStream) watch(ctx context.Context, cancel context.CancelCauseFun
 		case <-s.done:
 			cancel(fmt.Errorf("%w: the node is shutting down", fence.ErrUnavailable))
 			return
-		case <-authChanged:
-			if _, err := s.recheckStream(ctx); err != nil {
-				cancel(fmt.Errorf("the stream ended: %w", err))
-				return
-			}
-			stopGate()
-			authChanged, tokenExpired, stopGate = s.authGate(ctx)
-		case <-tokenExpired:
-			if _, err := s.recheckStream(ctx); err != nil {
-				cancel(fmt.Errorf("the stream ended: %w", err))
-				return
-			}
-			tokenExpired = nil
+		case <-auth.Lost():
+			cancel(fmt.Errorf("the stream ended: %w", auth.Err()))
+			return
 		}
 	}
 }

@@ -424,8 +424,9 @@ func TestStreamAtLeaderOnly(t *testing.T) {
 }
 
 // With auth on, the stream needs a credential at open, each operation the
-// permission its unary call needs on the names it carries (a refused one
-// changes nothing), and the stream ends once its token is revoked.
+// permission its unary call needs on the names it carries when it comes
+// (a refused one changes nothing; a permission taken while the stream is
+// open refuses the next), and the stream ends once its token is revoked.
 func TestStreamAuth(t *testing.T) {
 	forEachTransport(t, func(t *testing.T, open streamOpener) {
 		s := startTestServer(t, nil)
@@ -457,6 +458,16 @@ func TestStreamAuth(t *testing.T) {
 		}
 		if kv, err := root.KV().Get(ctx, "cfg/x"); err != nil || kv != nil {
 			t.Fatalf("a refused put changed the state: %v %v", kv, err)
+		}
+		// Each operation is checked against the auth state it meets, not
+		// the one the stream opened in.
+		get := &fencev1.StreamRequest{Op: &fencev1.StreamRequest_Get{Get: &fencev1.GetRequest{Key: "cfg/x"}}}
+		rs.mustDo(get)
+		if err := root.RoleRevoke(ctx, "worker", perm(client.PermKV, client.Read, "cfg/")); err != nil {
+			t.Fatal(err)
+		}
+		if err := streamErr(rs.do(get)); !errors.Is(err, fence.ErrPermissionDenied) {
+			t.Fatalf("a get on the open stream after its permission was taken: %v", err)
 		}
 		tokens, err := root.Tokens(ctx, "worker")
 		if err != nil {

@@ -150,6 +150,13 @@
       setLive(true, "live");
       render(JSON.parse(ev.data));
     });
+    // The node ends the stream when its caller may no longer read it (a
+    // token revoked or expired, a permission taken): reconnecting would be
+    // refused too.
+    source.addEventListener("end", (ev) => {
+      source.close();
+      setLive(false, "ended: " + JSON.parse(ev.data).error);
+    });
     source.addEventListener("error", () => setLive(false, "reconnecting"));
   }
 

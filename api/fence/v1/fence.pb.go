@@ -2787,6 +2787,8 @@ type AcquireRequest struct {
 	state     protoimpl.MessageState `protogen:"open.v1"`
 	SessionId uint64                 `protobuf:"varint,1,opt,name=session_id,json=sessionId,proto3" json:"session_id,omitempty"`
 	// The lock's name: UTF-8, 1 to 512 bytes (configurable), no control characters.
+	// Names are compared byte for byte and never normalized: the NFC and NFD
+	// forms of one name are two locks. Normalize names before sending them.
 	Lock string `protobuf:"bytes,2,opt,name=lock,proto3" json:"lock,omitempty"`
 	Mode Mode   `protobuf:"varint,3,opt,name=mode,proto3,enum=fence.v1.Mode" json:"mode,omitempty"`
 	// How long to wait for the lock. Unset waits until the call is cancelled.
