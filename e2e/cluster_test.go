@@ -1,6 +1,7 @@
 package e2e
 
 import (
+	"cmp"
 	"context"
 	"encoding/json"
 	"fmt"
@@ -30,6 +31,7 @@ type clusterNode struct {
 	raftAddr string
 	dataDir  string
 	args     []string   // `fence serve` arguments, the same at every start
+	bin      string     // the fence binary it runs; "" for the one under test
 	proc     *process   // the running (or last) process
 	procs    []*process // every process run for this node, for cleanup
 	killed   bool       // killed by the test, and not restarted yet
@@ -47,6 +49,12 @@ type cluster struct {
 // and waits until one of them is a ready leader. extra flags go to every
 // `fence serve`.
 func startCluster(t *testing.T, n int, extra ...string) *cluster {
+	t.Helper()
+	return startClusterOf(t, fenceBin, n, extra...)
+}
+
+// startClusterOf is startCluster with the fence binary at bin.
+func startClusterOf(t *testing.T, bin string, n int, extra ...string) *cluster {
 	t.Helper()
 	c := &cluster{extra: extra}
 	// One cleanup for every process of every node, registered before any
@@ -67,7 +75,7 @@ func startCluster(t *testing.T, n int, extra ...string) *cluster {
 		c.nodes = nil
 		var peers []string
 		for i := range n {
-			nd := &clusterNode{id: fmt.Sprintf("n%d", i+1), addr: addrs[2*i], raftAddr: addrs[2*i+1], dataDir: t.TempDir()}
+			nd := &clusterNode{id: fmt.Sprintf("n%d", i+1), addr: addrs[2*i], raftAddr: addrs[2*i+1], dataDir: t.TempDir(), bin: bin}
 			peers = append(peers, nd.id+"="+nd.raftAddr)
 			c.nodes = append(c.nodes, nd)
 		}
@@ -111,7 +119,7 @@ func (nd *clusterNode) serveArgs() []string {
 // a port was taken.
 func (nd *clusterNode) start(t *testing.T) bool {
 	t.Helper()
-	nd.proc = newProc(t, "fence serve "+nd.id+" "+nd.addr, nd.args...)
+	nd.proc = startProcess(t, "fence serve "+nd.id+" "+nd.addr, cmp.Or(nd.bin, fenceBin), nd.args...)
 	nd.procs = append(nd.procs, nd.proc)
 	nd.killed = false
 	waitFor(t, startTimeout, "fence serve "+nd.id+" to open its ports", func() bool {

@@ -567,6 +567,8 @@ func (s *Server) Status(ctx context.Context, req *connect.Request[fencev1.Status
 		Version:           s.cfg.Version,
 		Problems:          s.problems(),
 		ClusterId:         s.clusterID(),
+		Protocol:          s.fsm.Protocol(),
+		NodeProtocol:      fsm.Protocol,
 	}
 	s.fsm.Read(func(st *fsm.State) {
 		out.LastToken = st.LastToken()

@@ -118,6 +118,7 @@ func statusCommand(g *globals) *cobra.Command {
 			fmt.Fprintf(w, "sessions\t%d\n", st.GetSessions())
 			fmt.Fprintf(w, "locks\t%d\n", st.GetLocks())
 			fmt.Fprintf(w, "version\t%s\n", st.GetVersion())
+			fmt.Fprintf(w, "protocol\t%d\n", st.GetProtocol())
 			w.Flush()
 			fmt.Fprintln(g.stdout)
 			w = tabwriter.NewWriter(g.stdout, 0, 4, 2, ' ', 0)

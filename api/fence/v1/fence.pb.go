@@ -3778,13 +3778,18 @@ type StatusResponse struct {
 	// What is wrong with this node, one line each ("disk full: ..."); empty
 	// while it is healthy.
 	Problems []string `protobuf:"bytes,14,rep,name=problems,proto3" json:"problems,omitempty"`
-	// The group's id, drawn by its first leader; empty until it is applied
-	// here. Every answer carries it in the header Fence-Cluster-Id.
+	// The group's id, fixed when the group was bootstrapped; empty until it
+	// is applied here. Every answer carries it in the header Fence-Cluster-Id.
 	ClusterId string `protobuf:"bytes,15,opt,name=cluster_id,json=clusterId,proto3" json:"cluster_id,omitempty"`
 	// The leader's raft address, as the raft configuration has it.
 	LeaderRaftAddress string `protobuf:"bytes,16,opt,name=leader_raft_address,json=leaderRaftAddress,proto3" json:"leader_raft_address,omitempty"`
-	unknownFields     protoimpl.UnknownFields
-	sizeCache         protoimpl.SizeCache
+	// The protocol the group runs, as this node has applied it, and the
+	// newest this node speaks: a group moves to a newer protocol once every
+	// member speaks it (a rolling upgrade ends when they are equal).
+	Protocol      uint32 `protobuf:"varint,17,opt,name=protocol,proto3" json:"protocol,omitempty"`
+	NodeProtocol  uint32 `protobuf:"varint,18,opt,name=node_protocol,json=nodeProtocol,proto3" json:"node_protocol,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
 }
 
 func (x *StatusResponse) Reset() {
@@ -3927,6 +3932,20 @@ func (x *StatusResponse) GetLeaderRaftAddress() string {
 		return x.LeaderRaftAddress
 	}
 	return ""
+}
+
+func (x *StatusResponse) GetProtocol() uint32 {
+	if x != nil {
+		return x.Protocol
+	}
+	return 0
+}
+
+func (x *StatusResponse) GetNodeProtocol() uint32 {
+	if x != nil {
+		return x.NodeProtocol
+	}
+	return 0
 }
 
 type Member struct {
@@ -6410,7 +6429,7 @@ const file_fence_v1_fence_proto_rawDesc = "" +
 	"\x11ListLocksResponse\x12(\n" +
 	"\x05locks\x18\x01 \x03(\v2\x12.fence.v1.LockInfoR\x05locks\x12&\n" +
 	"\x0fnext_page_token\x18\x02 \x01(\tR\rnextPageToken\"\x0f\n" +
-	"\rStatusRequest\"\x80\x04\n" +
+	"\rStatusRequest\"\xc1\x04\n" +
 	"\x0eStatusResponse\x12\x17\n" +
 	"\anode_id\x18\x01 \x01(\tR\x06nodeId\x12\x14\n" +
 	"\x05state\x18\x02 \x01(\tR\x05state\x12\x1b\n" +
@@ -6431,7 +6450,9 @@ const file_fence_v1_fence_proto_rawDesc = "" +
 	"\bproblems\x18\x0e \x03(\tR\bproblems\x12\x1d\n" +
 	"\n" +
 	"cluster_id\x18\x0f \x01(\tR\tclusterId\x12.\n" +
-	"\x13leader_raft_address\x18\x10 \x01(\tR\x11leaderRaftAddress\"r\n" +
+	"\x13leader_raft_address\x18\x10 \x01(\tR\x11leaderRaftAddress\x12\x1a\n" +
+	"\bprotocol\x18\x11 \x01(\rR\bprotocol\x12#\n" +
+	"\rnode_protocol\x18\x12 \x01(\rR\fnodeProtocol\"r\n" +
 	"\x06Member\x12\x0e\n" +
 	"\x02id\x18\x01 \x01(\tR\x02id\x12!\n" +
 	"\fraft_address\x18\x02 \x01(\tR\vraftAddress\x12\x14\n" +

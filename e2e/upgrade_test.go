@@ -1,0 +1,118 @@
+package e2e
+
+import (
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"syscall"
+	"testing"
+	"time"
+
+	fencev1 "github.com/fencelock/fence/api/fence/v1"
+	"github.com/fencelock/fence/internal/fsm"
+)
+
+// previousRelease is the last revision of fence before groups agreed on a
+// protocol and raft connections introduced their dialer: a rolling upgrade
+// from it must keep every promise.
+const previousRelease = "c20d6b8f6514279545a0006998ca37dc896ed007"
+
+// buildRevision builds the fence command of git revision rev into a
+// temporary directory. Outside CI a checkout without that history skips
+// the test; under CI it fails it.
+func buildRevision(t *testing.T, rev string) string {
+	t.Helper()
+	out, err := exec.Command("git", "rev-parse", "--show-toplevel").Output()
+	root := strings.TrimSpace(string(out))
+	if err == nil {
+		err = exec.Command("git", "-C", root, "cat-file", "-e", rev+"^{commit}").Run()
+	}
+	if err != nil {
+		if os.Getenv("CI") != "" {
+			t.Fatalf("revision %s is not in this checkout's history (%v): the upgrade test builds it; fetch the full history", rev, err)
+		}
+		t.Skipf("revision %s is not in this checkout's history (%v)", rev, err)
+	}
+	dir := t.TempDir()
+	src := filepath.Join(dir, "src")
+	if err := os.Mkdir(src, 0o700); err != nil {
+		t.Fatal(err)
+	}
+	extract := exec.Command("sh", "-c", `git -C "$1" archive "$2" | tar -x -C "$3"`, "sh", root, rev, src)
+	if out, err := extract.CombinedOutput(); err != nil {
+		t.Fatalf("extracting %s: %v\n%s", rev, err, out)
+	}
+	bin := filepath.Join(dir, "fence-"+rev[:7])
+	build := exec.Command("go", "build", "-o", bin, "./cmd/fence")
+	build.Dir = src
+	if out, err := build.CombinedOutput(); err != nil {
+		t.Fatalf("building %s: %v\n%s", rev, err, out)
+	}
+	return bin
+}
+
+// TestRollingUpgradeFromPreviousRelease starts a 3-node group on the
+// previous release, runs fence check's workload against it, and upgrades
+// one node at a time (followers first, the leader last) with SIGTERM and a
+// restart on today's binary, as the README says. Mixed, the group stays at
+// protocol 1 (no Batch entry an old member would skip); once every member
+// runs today's fence it moves to protocol 2; and the checker finds no
+// violation across the whole run.
+func TestRollingUpgradeFromPreviousRelease(t *testing.T) {
+	if testing.Short() {
+		t.Skip("builds the previous release")
+	}
+	old := buildRevision(t, previousRelease)
+	c := startClusterOf(t, old, 3)
+	chk := startFence(t, "fence check", "check", "--endpoints", strings.Join(c.addrs(), ","),
+		"--duration", "40s", "--workers", "3", "--ttl", "3s")
+	time.Sleep(3 * time.Second)
+
+	leader := c.waitLeader(t, 30*time.Second)
+	for _, nd := range append(c.othersThan(leader), leader) {
+		nd.killed = true
+		nd.proc.signal(t, syscall.SIGTERM)
+		if code := nd.proc.waitExit(t, 30*time.Second); code != 0 {
+			t.Fatalf("%s exited with status %d on SIGTERM", nd.id, code)
+		}
+		nd.bin = fenceBin
+		nd.restart(t)
+		now := c.waitLeader(t, 30*time.Second)
+		target := mustStatus(t, c, now).GetCommitIndex()
+		waitFor(t, 30*time.Second, nd.id+" to catch up on today's fence", func() bool {
+			st, err := c.statusOf(nd)
+			return err == nil && st.GetAppliedIndex() >= target && len(st.GetProblems()) == 0
+		})
+		time.Sleep(3 * time.Second) // the mixed group under load
+		if nd != leader {
+			if p := mustStatus(t, c, nd).GetProtocol(); p != fsm.Protocol1 {
+				t.Fatalf("with members on the previous release, the group runs protocol %d", p)
+			}
+		}
+	}
+	waitFor(t, 30*time.Second, "the group to move to today's protocol", func() bool {
+		for _, nd := range c.members() {
+			if st, err := c.statusOf(nd); err != nil || st.GetProtocol() != fsm.Protocol {
+				return false
+			}
+		}
+		return true
+	})
+	code := chk.waitExit(t, 3*time.Minute)
+	out := chk.stdout.String()
+	if code != 0 || !strings.Contains(out, "violations: none") {
+		t.Fatalf("fence check across the upgrade exited %d:\n%s\nstderr:\n%s", code, out, tail(chk.Stderr(), 3000))
+	}
+	t.Logf("fence check across the upgrade:\n%s", out)
+}
+
+// mustStatus is nd's own status, or the test's failure.
+func mustStatus(t *testing.T, c *cluster, nd *clusterNode) *fencev1.StatusResponse {
+	t.Helper()
+	st, err := c.statusOf(nd)
+	if err != nil {
+		t.Fatalf("status of %s: %v", nd.id, err)
+	}
+	return st
+}
