@@ -42,8 +42,10 @@ func (c *Client) learnCluster(id, addr string) error {
 		return nil
 	}
 	if want := c.ClusterID(); id != want {
-		return fmt.Errorf("%w: the node at %s belongs to cluster %s, and this client talks to cluster %s; "+
-			"its answer was ignored. Check that the endpoints name nodes of one group", fence.ErrWrongCluster, addr, id, want)
+		return fmt.Errorf("%w: the node at %s belongs to cluster %s, and this client talks to cluster %s; its answer was ignored. "+
+			"Either the endpoints name nodes of two groups, or the group this client first reached was replaced (its data lost, "+
+			"or restored from a backup), and the new one's tokens may be lower than tokens this client was given: "+
+			"to use it, make a new client (fence: --cluster-id %s)", fence.ErrWrongCluster, addr, id, want, id)
 	}
 	return nil
 }

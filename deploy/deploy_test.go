@@ -234,68 +234,78 @@ func TestSystemdUnit(t *testing.T) {
 	}
 }
 
-func TestStatefulSet(t *testing.T) {
+// statefulSetObject is what the tests read of the manifest's objects.
+type statefulSetObject struct {
+	Kind     string `yaml:"kind"`
+	Metadata struct {
+		Name string `yaml:"name"`
+	} `yaml:"metadata"`
+	Spec struct {
+		ClusterIP                string `yaml:"clusterIP"`
+		PublishNotReadyAddresses bool   `yaml:"publishNotReadyAddresses"`
+		ServiceName              string `yaml:"serviceName"`
+		Replicas                 int    `yaml:"replicas"`
+		PodManagementPolicy      string `yaml:"podManagementPolicy"`
+		Template                 struct {
+			Spec struct {
+				Containers []struct {
+					Args           []string   `yaml:"args"`
+					Ports          []podPort  `yaml:"ports"`
+					LivenessProbe  *httpProbe `yaml:"livenessProbe"`
+					ReadinessProbe *httpProbe `yaml:"readinessProbe"`
+					VolumeMounts   []struct {
+						Name      string `yaml:"name"`
+						MountPath string `yaml:"mountPath"`
+					} `yaml:"volumeMounts"`
+				} `yaml:"containers"`
+			} `yaml:"spec"`
+		} `yaml:"template"`
+		VolumeClaimTemplates []struct {
+			Metadata struct {
+				Name string `yaml:"name"`
+			} `yaml:"metadata"`
+		} `yaml:"volumeClaimTemplates"`
+	} `yaml:"spec"`
+}
+
+type podPort struct {
+	Name          string `yaml:"name"`
+	ContainerPort int    `yaml:"containerPort"`
+}
+
+type httpProbe struct {
+	HTTPGet struct {
+		Path string `yaml:"path"`
+		Port string `yaml:"port"`
+	} `yaml:"httpGet"`
+}
+
+// statefulSetObjects reads statefulset.yaml's objects.
+func statefulSetObjects(t *testing.T) []statefulSetObject {
+	t.Helper()
 	data, err := os.ReadFile("statefulset.yaml")
 	if err != nil {
 		t.Fatal(err)
 	}
-	type port struct {
-		Name          string `yaml:"name"`
-		ContainerPort int    `yaml:"containerPort"`
-	}
-	type probe struct {
-		HTTPGet struct {
-			Path string `yaml:"path"`
-			Port string `yaml:"port"`
-		} `yaml:"httpGet"`
-	}
-	type object struct {
-		Kind     string `yaml:"kind"`
-		Metadata struct {
-			Name string `yaml:"name"`
-		} `yaml:"metadata"`
-		Spec struct {
-			ClusterIP                string `yaml:"clusterIP"`
-			PublishNotReadyAddresses bool   `yaml:"publishNotReadyAddresses"`
-			ServiceName              string `yaml:"serviceName"`
-			Replicas                 int    `yaml:"replicas"`
-			PodManagementPolicy      string `yaml:"podManagementPolicy"`
-			Template                 struct {
-				Spec struct {
-					Containers []struct {
-						Args           []string `yaml:"args"`
-						Ports          []port   `yaml:"ports"`
-						LivenessProbe  *probe   `yaml:"livenessProbe"`
-						ReadinessProbe *probe   `yaml:"readinessProbe"`
-						VolumeMounts   []struct {
-							Name      string `yaml:"name"`
-							MountPath string `yaml:"mountPath"`
-						} `yaml:"volumeMounts"`
-					} `yaml:"containers"`
-				} `yaml:"spec"`
-			} `yaml:"template"`
-			VolumeClaimTemplates []struct {
-				Metadata struct {
-					Name string `yaml:"name"`
-				} `yaml:"metadata"`
-			} `yaml:"volumeClaimTemplates"`
-		} `yaml:"spec"`
-	}
 	dec := yaml.NewDecoder(bytes.NewReader(data))
-	var objs []object
+	var objs []statefulSetObject
 	for {
-		var o object
+		var o statefulSetObject
 		err := dec.Decode(&o)
 		if errors.Is(err, io.EOF) {
-			break
+			return objs
 		}
 		if err != nil {
 			t.Fatalf("statefulset.yaml: %v", err)
 		}
 		objs = append(objs, o)
 	}
+}
+
+func TestStatefulSet(t *testing.T) {
+	objs := statefulSetObjects(t)
 	headless := map[string]bool{}
-	var set *object
+	var set *statefulSetObject
 	for i, o := range objs {
 		switch o.Kind {
 		case "Service":
@@ -342,7 +352,7 @@ func TestStatefulSet(t *testing.T) {
 		t.Errorf("no container port for --listen-metrics %q", flags["--listen-metrics"])
 	}
 	for name, pr := range map[string]struct {
-		p    *probe
+		p    *httpProbe
 		path string
 	}{"liveness": {c.LivenessProbe, "/livez"}, "readiness": {c.ReadinessProbe, "/readyz"}} {
 		if pr.p == nil || pr.p.HTTPGet.Path != pr.path || pr.p.HTTPGet.Port != metricsPort {
