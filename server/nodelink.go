@@ -392,9 +392,12 @@ func (m *nodeLinkMux) admitIntroduced(c net.Conn, n *node) bool {
 // its group's protocol allows it.
 func (m *nodeLinkMux) Dial(addr raft.ServerAddress, timeout time.Duration) (net.Conn, error) {
 	n := m.node.Load()
+	if n == nil {
+		return nil, errors.New("this node is still starting: it cannot introduce itself yet")
+	}
 	c, err := m.StreamLayer.Dial(addr, timeout)
-	if err != nil || n == nil {
-		return c, err
+	if err != nil {
+		return nil, err
 	}
 	intro := n.introduce(addr)
 	c.SetDeadline(time.Now().Add(timeout))
