@@ -107,7 +107,10 @@ func NewMutex(s *Session, name string, opts ...LockOption) *Mutex {
 
 // Lock waits until the lock is granted and returns the grant. It fails when
 // ctx ends, the wait timeout passes (fence.ErrWaitTimeout) or the session
-// ends. Locking a mutex already held returns the same grant. A grant is
+// ends. A grant is returned only while ctx lives: one whose answer arrives
+// as ctx ends is given up (CancelAcquire) before Lock returns ctx's error,
+// so Lock returns within about one round trip to the service of ctx's end,
+// and leaves nothing held. Locking a mutex already held returns the same grant. A grant is
 // returned only while the session's safe-until has not passed: once it
 // has (the process was paused past it), Lock fails with
 // fence.ErrSessionLost and the session ends as lost, which gives up
@@ -138,6 +141,7 @@ func (m *Mutex) acquire(ctx context.Context, try bool) (*Grant, error) {
 		return g, nil
 	}
 	// Give up the wait as soon as the session ends.
+	caller := ctx
 	ctx, cancel := context.WithCancelCause(ctx)
 	defer cancel(nil)
 	stop := context.AfterFunc(s.ctx, func() { cancel(context.Cause(s.ctx)) })
@@ -165,9 +169,10 @@ func (m *Mutex) acquire(ctx context.Context, try bool) (*Grant, error) {
 	if !try {
 		req.Poll = durationpb.New(attempt / 2)
 	}
+	clk := s.client.opts.clock
 	var waitUntil time.Time
 	if m.opts.waitTimeout > 0 {
-		waitUntil = time.Now().Add(m.opts.waitTimeout)
+		waitUntil = clk.Now().Add(m.opts.waitTimeout)
 	}
 	var resp *fencev1.AcquireResponse
 	attempts := 0
@@ -178,7 +183,7 @@ func (m *Mutex) acquire(ctx context.Context, try bool) (*Grant, error) {
 		for {
 			attempts++
 			if !waitUntil.IsZero() {
-				req.WaitTimeout = durationpb.New(max(time.Until(waitUntil), time.Millisecond))
+				req.WaitTimeout = durationpb.New(max(waitUntil.Sub(clk.Now()), time.Millisecond))
 			}
 			var r *fencev1.AcquireResponse
 			err := withAttemptDeadline(ctx, clock.Real, limit, ep, func(ctx context.Context) error {
@@ -205,6 +210,13 @@ func (m *Mutex) acquire(ctx context.Context, try bool) (*Grant, error) {
 			return nil, cause
 		}
 		return nil, err
+	}
+	// A grant whose answer came as the caller's context ended is given up,
+	// not returned: the caller gave up on the lock, and would not release
+	// it. So a grant is returned only while ctx lives.
+	if err := caller.Err(); err != nil {
+		m.abandon(req.RequestId)
+		return nil, fmt.Errorf("%s %q was granted as the context ended, and given up again: %w", m.kind(), m.name, context.Cause(caller))
 	}
 	// A grant answered after the session's safe-until (the process was
 	// paused meanwhile) is no grant: the service may have expired the
