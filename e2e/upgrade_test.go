@@ -57,7 +57,7 @@ func buildRevision(t *testing.T, rev string) string {
 // one node at a time (followers first, the leader last) with SIGTERM and a
 // restart on today's binary, as the README says. Mixed, the group stays at
 // protocol 1 (no Batch entry an old member would skip); once every member
-// runs today's fence it moves to protocol 2; and the checker finds no
+// runs today's fence it moves to today's protocol; and the checker finds no
 // violation across the whole run.
 func TestRollingUpgradeFromPreviousRelease(t *testing.T) {
 	if testing.Short() {

@@ -467,6 +467,8 @@ func TestFSMStopsAtAnEntryItDoesNotUnderstand(t *testing.T) {
 		{"a field of a nested message", mustEncode(t, nested), "a command with a field"},
 		{"a field in a batch", mustEncode(t, batch), "a command with a field"},
 		{"a newer protocol", mustEncode(t, &fsmpb.Command{Op: &fsmpb.Command_SetProtocol{SetProtocol: &fsmpb.SetProtocol{Version: fsm.Protocol + 1}}}), "a move to protocol"},
+		{"a newer session end", mustEncode(t, closeSessionAs(1, fsmpb.SessionEnd(3))), "a session end (3)"},
+		{"a newer session end in a batch", mustEncode(t, &fsmpb.Command{Op: &fsmpb.Command_Batch{Batch: &fsmpb.Batch{Commands: []*fsmpb.Command{newSession(), closeSessionAs(1, fsmpb.SessionEnd(3))}}}}), "a session end (3)"},
 	}
 	for _, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {

@@ -37,6 +37,13 @@ func closeSession(id uint64) *fsmpb.Command {
 	return &fsmpb.Command{Op: &fsmpb.Command_CloseSession{CloseSession: &fsmpb.CloseSession{SessionId: id}}}
 }
 
+// closeSessionAs is closeSession with how the session ends.
+func closeSessionAs(id uint64, end fsmpb.SessionEnd) *fsmpb.Command {
+	cmd := closeSession(id)
+	cmd.GetCloseSession().End = end
+	return cmd
+}
+
 func expireSessions(ids ...uint64) *fsmpb.Command {
 	return &fsmpb.Command{Op: &fsmpb.Command_ExpireSessions{ExpireSessions: &fsmpb.ExpireSessions{SessionIds: ids}}}
 }
@@ -202,6 +209,7 @@ type comparableResult struct {
 	Dequeued  bool
 	Grants    []fsm.Grant
 	Ended     []uint64
+	EndedBy   fsm.End
 	Delayed   []fsm.Delay
 	Revision  uint64
 	Events    []fsm.KVEvent
@@ -212,7 +220,7 @@ type comparableResult struct {
 
 func cmpForm(r fsm.Result) comparableResult {
 	c := comparableResult{SessionID: r.SessionID, Grant: r.Grant, Queued: r.Queued, Revision: r.Revision,
-		Attempt: r.Attempt, Released: r.Released, Dequeued: r.Dequeued}
+		Attempt: r.Attempt, Released: r.Released, Dequeued: r.Dequeued, EndedBy: r.EndedBy}
 	if r.Err != nil {
 		c.Err = r.Err.Error()
 	}
@@ -295,8 +303,8 @@ func describe(r fsm.Result) string {
 	if c.Grant != nil {
 		grant = fmt.Sprintf("%+v", *c.Grant)
 	}
-	out := fmt.Sprintf("{Err:%q SessionID:%d Grant:%s Queued:%v Grants:%+v Ended:%v Delayed:%v",
-		c.Err, c.SessionID, grant, c.Queued, c.Grants, c.Ended, c.Delayed)
+	out := fmt.Sprintf("{Err:%q SessionID:%d Grant:%s Queued:%v Grants:%+v Ended:%v EndedBy:%v Delayed:%v",
+		c.Err, c.SessionID, grant, c.Queued, c.Grants, c.Ended, c.EndedBy, c.Delayed)
 	if c.Revision != 0 || len(c.Events) > 0 {
 		out += fmt.Sprintf(" Revision:%d Events:[", c.Revision)
 		for i, ev := range c.Events {

@@ -30,6 +30,7 @@ func TestKVBoundToSession(t *testing.T) {
 				{cmd: acquire(2, "l", excl), want: queued()},
 				{cmd: closeSession(1), want: fsm.Result{
 					Ended:    []uint64{1},
+					EndedBy:  fsm.Closed,
 					Grants:   []fsm.Grant{grant(2, "l", 2, excl)},
 					Revision: 5,
 					Events: []fsm.KVEvent{
@@ -44,7 +45,7 @@ func TestKVBoundToSession(t *testing.T) {
 			name: "expiry deletes the keys too",
 			steps: script(sessions(1), []applyStep{
 				{cmd: kvPut("k", "v", boundTo(1)), want: wrote(1, bound(kvAt("k", "v", "", 0, 0, 1, 1, 1), 1))},
-				{cmd: expireSessions(1), want: fsm.Result{Ended: []uint64{1}, Revision: 2,
+				{cmd: expireSessions(1), want: fsm.Result{Ended: []uint64{1}, EndedBy: fsm.Expired, Revision: 2,
 					Events: []fsm.KVEvent{{Deleted: true, KV: kvAt("k", "", "", 0, 0, 1, 2, 1)}}},
 					after: notFound("k")},
 			}),
@@ -54,11 +55,11 @@ func TestKVBoundToSession(t *testing.T) {
 			steps: script(sessions(3), []applyStep{
 				{cmd: kvPut("k", "1", boundTo(1)), want: wrote(1, bound(kvAt("k", "1", "", 0, 0, 1, 1, 1), 1))},
 				{cmd: kvPut("k", "2"), want: wrote(2, kvAt("k", "2", "", 0, 0, 1, 2, 2))},
-				{cmd: closeSession(1), want: fsm.Result{Ended: []uint64{1}}, after: getIs("k", kvAt("k", "2", "", 0, 0, 1, 2, 2))},
+				{cmd: closeSession(1), want: fsm.Result{Ended: []uint64{1}, EndedBy: fsm.Closed}, after: getIs("k", kvAt("k", "2", "", 0, 0, 1, 2, 2))},
 				{cmd: kvPut("k", "3", boundTo(2)), want: wrote(3, bound(kvAt("k", "3", "", 0, 0, 1, 3, 3), 2))},
 				{cmd: kvPut("k", "4", boundTo(3)), want: wrote(4, bound(kvAt("k", "4", "", 0, 0, 1, 4, 4), 3))},
-				{cmd: closeSession(2), want: fsm.Result{Ended: []uint64{2}}},
-				{cmd: closeSession(3), want: fsm.Result{Ended: []uint64{3}, Revision: 5,
+				{cmd: closeSession(2), want: fsm.Result{Ended: []uint64{2}, EndedBy: fsm.Closed}},
+				{cmd: closeSession(3), want: fsm.Result{Ended: []uint64{3}, EndedBy: fsm.Closed, Revision: 5,
 					Events: []fsm.KVEvent{{Deleted: true, KV: kvAt("k", "", "", 0, 0, 1, 5, 4)}}},
 					after: notFound("k")},
 			}),
@@ -69,7 +70,7 @@ func TestKVBoundToSession(t *testing.T) {
 				{cmd: kvPut("k", "v", boundTo(1)), want: wrote(1, bound(kvAt("k", "v", "", 0, 0, 1, 1, 1), 1))},
 				{cmd: kvDel("k"), want: removed(2, kvAt("k", "", "", 0, 0, 1, 2, 1))},
 				{cmd: kvPut("j", "v", boundTo(7)), want: fails(fence.ErrSessionNotFound)},
-				{cmd: closeSession(1), want: fsm.Result{Ended: []uint64{1}}, after: storeIs(2, 0)},
+				{cmd: closeSession(1), want: fsm.Result{Ended: []uint64{1}, EndedBy: fsm.Closed}, after: storeIs(2, 0)},
 				{cmd: kvPut("j", "v", boundTo(1)), want: fails(fence.ErrSessionNotFound)},
 			}),
 		},
@@ -78,7 +79,7 @@ func TestKVBoundToSession(t *testing.T) {
 			steps: script(sessions(2), []applyStep{
 				{cmd: acquire(1, "l", excl), want: granted(1, "l", 1, excl)},
 				{cmd: kvPut("k", "v", fenced("l", 1), boundTo(1)), want: wrote(1, bound(kvAt("k", "v", "l", 1, 1, 1, 1, 1), 1))},
-				{cmd: closeSession(1), want: fsm.Result{Ended: []uint64{1}, Revision: 2,
+				{cmd: closeSession(1), want: fsm.Result{Ended: []uint64{1}, EndedBy: fsm.Closed, Revision: 2,
 					Events: []fsm.KVEvent{{Deleted: true, KV: kvAt("k", "", "", 0, 1, 1, 2, 1)}}}},
 				{cmd: kvPut("k", "late"), want: fails(fence.ErrInvalidArgument)},
 				{cmd: acquire(2, "l", excl), want: granted(2, "l", 2, excl)},

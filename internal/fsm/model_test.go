@@ -37,7 +37,9 @@
 // It also checks that a failed command changes nothing, that a queued
 // request could not have been granted, that no waiter is left at a head it
 // could be granted from (so that a command hands free permits to as many
-// head waiters as they allow), and that lock-delays appear only on expiry.
+// head waiters as they allow), that lock-delays appear only when sessions
+// end otherwise than by their own close, and that a command that ends
+// sessions says how (Result.EndedBy).
 // runStream adds invariant 7 (determinism): the same stream applied to a
 // second fresh State and to a third State rebuilt from Snapshot/Restore at
 // intervals must give identical Results and identical snapshot bytes.
@@ -334,6 +336,10 @@ func (m *modelChecker) checkFailure(cmd *fsmpb.Command, err error) error {
 		if !errors.Is(err, fence.ErrInvalidArgument) || op.RegisterNode.GetNodeId() != "" {
 			return fmt.Errorf("%v failed with %v; only an empty node id may, with ErrInvalidArgument", cmd, err)
 		}
+	case *fsmpb.Command_CloseSession:
+		if !errors.Is(err, fence.ErrInvalidArgument) || endOf(cmd) != 0 {
+			return fmt.Errorf("%v failed with %v; only one with an unknown end may, with ErrInvalidArgument", cmd, err)
+		}
 	default:
 		return fmt.Errorf("%T cannot fail, but failed with %v", op, err)
 	}
@@ -453,8 +459,10 @@ func (m *modelChecker) checkSuccess(cmd *fsmpb.Command, res fsm.Result) (immedia
 		return false, fmt.Errorf("%v answered Dequeued", cmd)
 	case len(res.Ended) > 0 && !isClose && !isExpire:
 		return false, fmt.Errorf("%v ended sessions", cmd)
-	case len(res.Delayed) > 0 && !isExpire:
-		return false, fmt.Errorf("%v put locks under delay; only expiry may", cmd)
+	case len(res.Delayed) > 0 && !isExpire && (!isClose || endOf(cmd) == fsm.Closed):
+		return false, fmt.Errorf("%v put locks under delay; only an end other than the holder's close may", cmd)
+	case len(res.Ended) > 0 && res.EndedBy != endOf(cmd), len(res.Ended) == 0 && res.EndedBy != 0:
+		return false, fmt.Errorf("%v ended %v by %v", cmd, res.Ended, res.EndedBy)
 	case (res.Revision != 0 || len(res.Events) > 0) && !isClose && !isExpire:
 		return false, fmt.Errorf("%v answered a KV revision or events", cmd)
 	}
@@ -736,6 +744,22 @@ func (m *modelChecker) endSessions(ids []uint64, res fsm.Result) error {
 		}
 	}
 	return nil
+}
+
+// endOf returns how a command that ends sessions ends them.
+func endOf(cmd *fsmpb.Command) fsm.End {
+	if cmd.GetExpireSessions() != nil {
+		return fsm.Expired
+	}
+	switch cmd.GetCloseSession().GetEnd() {
+	case fsmpb.SessionEnd_SESSION_END_CLOSED:
+		return fsm.Closed
+	case fsmpb.SessionEnd_SESSION_END_REVOKED:
+		return fsm.Revoked
+	case fsmpb.SessionEnd_SESSION_END_ABANDONED:
+		return fsm.Abandoned
+	}
+	return 0
 }
 
 // handOut checks invariants 4 and 5 on grants made to waiters.
@@ -1087,6 +1111,9 @@ func acquirePermits(s *fsm.State, name string, mode fsm.Mode, b, o byte) uint32 
 	return 1 + k
 }
 
+// closeEnds are the ends a generated CloseSession has.
+var closeEnds = []fsmpb.SessionEnd{fsmpb.SessionEnd_SESSION_END_CLOSED, fsmpb.SessionEnd_SESSION_END_REVOKED, fsmpb.SessionEnd_SESSION_END_ABANDONED}
+
 // next returns the next command, or false once the data is used up.
 func (c *commandSource) next(s *fsm.State) (*fsmpb.Command, bool) {
 	if c.pos >= len(c.data) {
@@ -1135,11 +1162,12 @@ func (c *commandSource) next(s *fsm.State) (*fsmpb.Command, bool) {
 		cmd := createSession(time.Duration(1+b%10)*time.Second, []string{"", "x"}[b>>7], []uint64{0, 0, 0, 3, 4, 5}[(b>>4)%6])
 		cmd.GetCreateSession().User = []string{"", "", "u1", "u2"}[(op>>4)%4] // the creator, for quotas
 		return cmd, true
-	case 2:
+	case 2: // closed, revoked or abandoned, as op>>6 says
+		end := closeEnds[(op>>6)%3]
 		if owners := (op>>4)%4 == 1; owners {
-			return closeSession(c.keyOwner(s, c.byte())), true
+			return closeSessionAs(c.keyOwner(s, c.byte()), end), true
 		}
-		return closeSession(c.session(s, c.byte())), true
+		return closeSessionAs(c.session(s, c.byte()), end), true
 	case 3:
 		owners := (op>>4)%4 == 1
 		n := 1 + int(c.byte())%3
@@ -1224,7 +1252,7 @@ func (c *commandSource) next(s *fsm.State) (*fsmpb.Command, bool) {
 			sid = h.Session
 		}
 		if b&0x80 != 0 {
-			return closeSession(sid), true
+			return closeSessionAs(sid, closeEnds[((b>>5)&3)%3]), true
 		}
 		return expireSessions(sid), true
 	default: // 15: expire the holders and waiters of one lock together

@@ -24,27 +24,46 @@ const (
 	// connections on which the dialer introduces itself (its group and id):
 	// at protocol 2 a node refuses a raft connection that does not.
 	Protocol2 uint32 = 2
+	// Protocol3 adds CloseSession's end (revoked, abandoned), which puts
+	// the holders' lock-delays in force. Below it a leader commits a
+	// revoke or an abandonment as ExpireSessions, which every version
+	// applies the same way.
+	Protocol3 uint32 = 3
 
 	// Protocol is the newest protocol this version speaks.
-	Protocol = Protocol2
+	Protocol = Protocol3
 )
 
 // notUnderstood says what in cmd this version cannot apply: a kind of
-// command, or a field, newer than it knows, or a protocol past its own.
-// "" when it understands all of it.
+// command, a field or a session end newer than it knows, or a protocol
+// past its own. "" when it understands all of it.
 func notUnderstood(cmd *fsmpb.Command) string {
 	switch {
 	case cmd.GetOp() == nil && len(cmd.ProtoReflect().GetUnknown()) > 0:
 		return "a kind of command"
 	case unknownFields(cmd.ProtoReflect()):
 		return "a command with a field"
-	case cmd.GetSetProtocol().GetVersion() > Protocol:
-		return fmt.Sprintf("a move to protocol %d", cmd.GetSetProtocol().GetVersion())
+	}
+	if what := newerValue(cmd); what != "" {
+		return what
 	}
 	for _, c := range cmd.GetBatch().GetCommands() {
-		if v := c.GetSetProtocol().GetVersion(); v > Protocol {
-			return fmt.Sprintf("a move to protocol %d", v)
+		if what := newerValue(c); what != "" {
+			return what
 		}
+	}
+	return ""
+}
+
+// newerValue says which value of cmd's own fields is newer than this
+// version knows: a protocol past its own, or a session end (an enum value,
+// unlike a field, decodes without a trace of being new).
+func newerValue(cmd *fsmpb.Command) string {
+	if v := cmd.GetSetProtocol().GetVersion(); v > Protocol {
+		return fmt.Sprintf("a move to protocol %d", v)
+	}
+	if end := cmd.GetCloseSession().GetEnd(); fsmpb.SessionEnd_name[int32(end)] == "" {
+		return fmt.Sprintf("a session end (%d)", int32(end))
 	}
 	return ""
 }

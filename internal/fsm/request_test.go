@@ -7,6 +7,8 @@ import (
 	"testing"
 	"time"
 
+	"google.golang.org/protobuf/proto"
+
 	"github.com/fencelock/fence"
 	"github.com/fencelock/fence/internal/fsm"
 	"github.com/fencelock/fence/internal/fsmpb"
@@ -24,8 +26,8 @@ func TestEachExpiryDelaysInFull(t *testing.T) {
 			{cmd: acquire(1, "a", shared, withDelay(d1)), want: granted(1, "a", 1, shared)},
 			{cmd: acquire(2, "a", shared, withDelay(d2)), want: granted(2, "a", 2, shared)},
 			{cmd: acquire(3, "a", excl), want: queued()},
-			{cmd: expireSessions(1), want: fsm.Result{Ended: []uint64{1}, Delayed: []fsm.Delay{delayed(1, d1)}}},
-			{cmd: expireSessions(2), want: fsm.Result{Ended: []uint64{2}, Delayed: []fsm.Delay{delayed(2, d2)}}, after: func(t *testing.T, s *fsm.State) {
+			{cmd: expireSessions(1), want: fsm.Result{Ended: []uint64{1}, EndedBy: fsm.Expired, Delayed: []fsm.Delay{delayed(1, d1)}}},
+			{cmd: expireSessions(2), want: fsm.Result{Ended: []uint64{2}, EndedBy: fsm.Expired, Delayed: []fsm.Delay{delayed(2, d2)}}, after: func(t *testing.T, s *fsm.State) {
 				if got := s.DelayedLocks(); len(got) != 2 || got[0] != delayed(1, d1) || got[1] != delayed(2, d2) {
 					t.Fatalf("DelayedLocks() = %+v, want both delays", got)
 				}
@@ -57,6 +59,91 @@ func TestEachExpiryDelaysInFull(t *testing.T) {
 				{cmd: liftDelay("a"), want: handedTo(grant(3, "a", 3, excl))},
 			}),
 			locks: []fsm.LockInfo{{Name: "a", Holders: []fsm.HolderInfo{holding(3, 3, excl)}}},
+		},
+	}
+	runApplyCases(t, cases)
+}
+
+// Lock-delay holds for every end of a grant that is not its holder's own
+// release: an operator's revoke and a session its client gave up (it could
+// not renew it) delay the lock as an expiry does, and a close by the
+// session's own client hands it on at once (docs/design.md, Lock-delay). A
+// CloseSession logged by an older version, without the end, is a close as
+// it was; an end this version does not know fails and changes nothing.
+func TestEveryEndButTheHoldersCloseDelays(t *testing.T) {
+	const sec = time.Second
+	heldAndAwaited := script(sessions(2), []applyStep{
+		{cmd: acquire(1, "a", excl, withDelay(5*sec)), want: granted(1, "a", 1, excl)},
+		{cmd: acquire(2, "a", excl), want: queued()},
+	})
+	delayedBy := func(how fsm.End) fsm.Result {
+		return fsm.Result{Ended: []uint64{1}, EndedBy: how, Delayed: []fsm.Delay{{Lock: "a", Delay: 5 * sec, ID: 1}}}
+	}
+	handedOnBy := func(how fsm.End) fsm.Result {
+		return fsm.Result{Ended: []uint64{1}, EndedBy: how, Grants: []fsm.Grant{grant(2, "a", 2, excl)}}
+	}
+	held := []fsm.LockInfo{{Name: "a", Holders: []fsm.HolderInfo{holding(2, 2, excl)}}}
+	// An entry of a version before CloseSession.end: field 2 (close_session)
+	// holding field 1 (session_id) = 1, and nothing else.
+	var logged fsmpb.Command
+	if err := proto.Unmarshal([]byte{0x12, 0x02, 0x08, 0x01}, &logged); err != nil {
+		t.Fatal(err)
+	}
+	cases := []applyCase{
+		{
+			name: "a revoke holds the lock back until LiftDelay",
+			steps: script(heldAndAwaited, []applyStep{
+				{cmd: closeSessionAs(1, fsmpb.SessionEnd_SESSION_END_REVOKED), want: delayedBy(fsm.Revoked)},
+				{cmd: acquire(2, "a", excl), want: queued()},
+				{cmd: liftDelayID("a", 1), want: handedTo(grant(2, "a", 2, excl))},
+			}),
+			locks: held,
+		},
+		{
+			name: "a session given up by its client holds the lock back until LiftDelay",
+			steps: script(heldAndAwaited, []applyStep{
+				{cmd: closeSessionAs(1, fsmpb.SessionEnd_SESSION_END_ABANDONED), want: delayedBy(fsm.Abandoned)},
+				{cmd: liftDelayID("a", 1), want: handedTo(grant(2, "a", 2, excl))},
+			}),
+			locks: held,
+		},
+		{
+			name: "a close by the session's own client hands the lock on at once",
+			steps: script(heldAndAwaited, []applyStep{
+				{cmd: closeSessionAs(1, fsmpb.SessionEnd_SESSION_END_CLOSED), want: handedOnBy(fsm.Closed)},
+			}),
+			locks: held,
+		},
+		{
+			name: "a close logged by an older version hands the lock on at once",
+			steps: script(heldAndAwaited, []applyStep{
+				{cmd: &logged, want: handedOnBy(fsm.Closed)},
+			}),
+			locks: held,
+		},
+		{
+			name: "a revoke of a holder that asked for no delay hands the lock on at once",
+			steps: script(sessions(2), []applyStep{
+				{cmd: acquire(1, "a", excl), want: granted(1, "a", 1, excl)},
+				{cmd: acquire(2, "a", excl), want: queued()},
+				{cmd: closeSessionAs(1, fsmpb.SessionEnd_SESSION_END_REVOKED), want: handedOnBy(fsm.Revoked)},
+			}),
+			locks: held,
+		},
+		{
+			name: "a revoke of a session gone already ends nothing",
+			steps: script(heldAndAwaited, []applyStep{
+				{cmd: closeSession(1), want: handedOnBy(fsm.Closed)},
+				{cmd: closeSessionAs(1, fsmpb.SessionEnd_SESSION_END_REVOKED), want: fsm.Result{}},
+			}),
+			locks: held,
+		},
+		{
+			name: "an unknown end fails and changes nothing",
+			steps: script(heldAndAwaited, []applyStep{
+				{cmd: closeSessionAs(1, fsmpb.SessionEnd(7)), want: fails(fence.ErrInvalidArgument), errMsg: "fence: invalid argument: CloseSession of session 1 with an unknown end (7)"},
+			}),
+			locks: []fsm.LockInfo{{Name: "a", Holders: []fsm.HolderInfo{holding(1, 1, excl)}, Waiters: []fsm.WaiterInfo{waiting(2, excl)}}},
 		},
 	}
 	runApplyCases(t, cases)

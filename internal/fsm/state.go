@@ -47,7 +47,8 @@ type Grant struct {
 	Mode    Mode
 }
 
-// Delay is a lock-delay: a lock held back after a holder's session expired.
+// Delay is a lock-delay: a lock held back after a holder's session ended
+// without its own close (it expired, was revoked or was abandoned).
 // The leader commits a LiftDelay of its ID once Delay has passed. A lock may
 // have several pending at once (the holders of a shared lock or a semaphore
 // expiring one after the other); it is granted again once none is.
@@ -83,8 +84,10 @@ type Result struct {
 	Dropped *WaitRef
 	// Grants lists every grant this command made, in token order.
 	Grants []Grant
-	// Ended lists the sessions this command closed or expired.
-	Ended []uint64
+	// Ended lists the sessions this command closed or expired, and
+	// EndedBy says how they ended (zero when none did).
+	Ended   []uint64
+	EndedBy End
 	// Delayed lists the locks this command put under lock-delay.
 	Delayed []Delay
 	// Revision is the KV store's revision after a KV command.
@@ -103,6 +106,44 @@ type Result struct {
 	// TokenID is the id of a bearer token an auth command created.
 	TokenID uint64
 }
+
+// End is how a command ended sessions: by their own client's close,
+// or otherwise. Every end but Closed puts each lock whose holder asked
+// for a lock-delay under that delay: the holder did not release it, and
+// may still be writing under it.
+type End uint8
+
+const (
+	// Closed is a close by the session's own client (CloseSession).
+	Closed End = iota + 1
+	// Expired is the leader's expiry (ExpireSessions).
+	Expired
+	// Revoked is an operator's revoke (CloseSession, SESSION_END_REVOKED).
+	Revoked
+	// Abandoned is a session given up by its client, which could not
+	// renew it (CloseSession, SESSION_END_ABANDONED).
+	Abandoned
+)
+
+// String names the end as the console and logs say it: "closed",
+// "expired", "revoked" or "abandoned".
+func (e End) String() string {
+	switch e {
+	case Closed:
+		return "closed"
+	case Expired:
+		return "expired"
+	case Revoked:
+		return "revoked"
+	case Abandoned:
+		return "abandoned"
+	}
+	return fmt.Sprintf("end(%d)", uint8(e))
+}
+
+// delays reports whether the end puts locks under their holders'
+// lock-delay.
+func (e End) delays() bool { return e != Closed }
 
 // WaitRef names one session's wait for one lock.
 type WaitRef struct {
@@ -388,9 +429,9 @@ func (s *State) apply(cmd *fsmpb.Command) Result {
 	case *fsmpb.Command_CreateSession:
 		return s.createSession(op.CreateSession)
 	case *fsmpb.Command_CloseSession:
-		return s.endSessions([]uint64{op.CloseSession.GetSessionId()}, false)
+		return s.closeSession(op.CloseSession)
 	case *fsmpb.Command_ExpireSessions:
-		return s.endSessions(op.ExpireSessions.GetSessionIds(), true)
+		return s.endSessions(op.ExpireSessions.GetSessionIds(), Expired)
 	case *fsmpb.Command_Acquire:
 		return s.acquire(op.Acquire)
 	case *fsmpb.Command_CancelWait:
@@ -574,7 +615,7 @@ func (s *State) lockedError(l *lock) error {
 	}
 	switch {
 	case l.delayed():
-		e.Reason = fmt.Sprintf("lock %q is under lock-delay after its holder's session expired", l.name)
+		e.Reason = fmt.Sprintf("lock %q is under lock-delay after its holder's session ended without releasing it", l.name)
 	case l.full():
 		e.Reason = fmt.Sprintf("semaphore %q has all %d permits taken", l.name, l.permits)
 	case len(l.holders) > 0:
@@ -711,12 +752,31 @@ func (s *State) cancelAcquire(c *fsmpb.CancelAcquire) Result {
 	return Result{}
 }
 
-// endSessions closes (expired=false) or expires sessions: each releases
-// everything it holds, drops its waits and deletes the KV keys bound to it,
-// in key order, each at a revision of its own. Expiry, unlike a close, puts a
-// lock whose holder asked for a lock-delay under that delay. Unknown ids are
-// skipped: the session may have been closed while the leader decided.
-func (s *State) endSessions(ids []uint64, expired bool) Result {
+// closeSession ends one session as its command says: closed by its
+// client, revoked or abandoned. An end this version does not know fails
+// and changes nothing.
+func (s *State) closeSession(c *fsmpb.CloseSession) Result {
+	var how End
+	switch c.GetEnd() {
+	case fsmpb.SessionEnd_SESSION_END_CLOSED:
+		how = Closed
+	case fsmpb.SessionEnd_SESSION_END_REVOKED:
+		how = Revoked
+	case fsmpb.SessionEnd_SESSION_END_ABANDONED:
+		how = Abandoned
+	default:
+		return Result{Err: fmt.Errorf("%w: CloseSession of session %d with an unknown end (%d)", fence.ErrInvalidArgument, c.GetSessionId(), int32(c.GetEnd()))}
+	}
+	return s.endSessions([]uint64{c.GetSessionId()}, how)
+}
+
+// endSessions ends sessions as how says: each releases everything it
+// holds, drops its waits and deletes the KV keys bound to it, in key order,
+// each at a revision of its own. Every end but the session's own close
+// puts a lock whose holder asked for a lock-delay under that delay. Unknown
+// ids are skipped: the session may have been closed while the leader
+// decided.
+func (s *State) endSessions(ids []uint64, how End) Result {
 	var res Result
 	touched := map[string]struct{}{}
 	for _, id := range ids {
@@ -734,8 +794,8 @@ func (s *State) endSessions(ids []uint64, expired bool) Result {
 			i := l.holderIndex(id)
 			h := l.holders[i]
 			l.holders = append(l.holders[:i], l.holders[i+1:]...)
-			if expired && h.lockDelay > 0 {
-				// Each expiry's delay holds in full, whatever other
+			if how.delays() && h.lockDelay > 0 {
+				// Each end's delay holds in full, whatever other
 				// delays the lock is under.
 				s.lastDelayID++
 				d := Delay{Lock: name, Delay: h.lockDelay, ID: s.lastDelayID}
@@ -749,7 +809,7 @@ func (s *State) endSessions(ids []uint64, expired bool) Result {
 		}
 		delete(s.sessions, id)
 		s.countSession(sess, -1)
-		res.Ended = append(res.Ended, id)
+		res.Ended, res.EndedBy = append(res.Ended, id), how
 		for name := range union(sess.holds, sess.waits) {
 			touched[name] = struct{}{}
 		}

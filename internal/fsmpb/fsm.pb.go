@@ -27,6 +27,64 @@ const (
 	_ = protoimpl.EnforceVersion(protoimpl.MaxVersion - 20)
 )
 
+// SessionEnd says how a CloseSession ends its session, and so whether the
+// locks it holds go on at once: only the holder's own close hands them on
+// at once; the other ends put each lock whose holder asked for a
+// lock-delay under that delay, as an expiry (ExpireSessions) does, since
+// the holder may still be writing under it.
+type SessionEnd int32
+
+const (
+	// The session's own client closed it, releasing what it holds.
+	SessionEnd_SESSION_END_CLOSED SessionEnd = 0
+	// An operator revoked it (RevokeSession), without its client.
+	SessionEnd_SESSION_END_REVOKED SessionEnd = 1
+	// Its client gave it up: it could not renew it in time, or could not
+	// give up an acquire that failed.
+	SessionEnd_SESSION_END_ABANDONED SessionEnd = 2
+)
+
+// Enum value maps for SessionEnd.
+var (
+	SessionEnd_name = map[int32]string{
+		0: "SESSION_END_CLOSED",
+		1: "SESSION_END_REVOKED",
+		2: "SESSION_END_ABANDONED",
+	}
+	SessionEnd_value = map[string]int32{
+		"SESSION_END_CLOSED":    0,
+		"SESSION_END_REVOKED":   1,
+		"SESSION_END_ABANDONED": 2,
+	}
+)
+
+func (x SessionEnd) Enum() *SessionEnd {
+	p := new(SessionEnd)
+	*p = x
+	return p
+}
+
+func (x SessionEnd) String() string {
+	return protoimpl.X.EnumStringOf(x.Descriptor(), protoreflect.EnumNumber(x))
+}
+
+func (SessionEnd) Descriptor() protoreflect.EnumDescriptor {
+	return file_fsmpb_fsm_proto_enumTypes[0].Descriptor()
+}
+
+func (SessionEnd) Type() protoreflect.EnumType {
+	return &file_fsmpb_fsm_proto_enumTypes[0]
+}
+
+func (x SessionEnd) Number() protoreflect.EnumNumber {
+	return protoreflect.EnumNumber(x)
+}
+
+// Deprecated: Use SessionEnd.Descriptor instead.
+func (SessionEnd) EnumDescriptor() ([]byte, []int) {
+	return file_fsmpb_fsm_proto_rawDescGZIP(), []int{0}
+}
+
 // Command is one raft log entry.
 type Command struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
@@ -536,8 +594,10 @@ func (x *CreateSession) GetUser() string {
 }
 
 type CloseSession struct {
-	state         protoimpl.MessageState `protogen:"open.v1"`
-	SessionId     uint64                 `protobuf:"varint,1,opt,name=session_id,json=sessionId,proto3" json:"session_id,omitempty"`
+	state     protoimpl.MessageState `protogen:"open.v1"`
+	SessionId uint64                 `protobuf:"varint,1,opt,name=session_id,json=sessionId,proto3" json:"session_id,omitempty"`
+	// How the session ends. Entries of versions before it are CLOSED.
+	End           SessionEnd `protobuf:"varint,2,opt,name=end,proto3,enum=fence.fsm.v1.SessionEnd" json:"end,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -577,6 +637,13 @@ func (x *CloseSession) GetSessionId() uint64 {
 		return x.SessionId
 	}
 	return 0
+}
+
+func (x *CloseSession) GetEnd() SessionEnd {
+	if x != nil {
+		return x.End
+	}
+	return SessionEnd_SESSION_END_CLOSED
 }
 
 // ExpireSessions is decided by the leader's clock.
@@ -2922,10 +2989,11 @@ const file_fsmpb_fsm_proto_rawDesc = "" +
 	"\x05owner\x18\x02 \x01(\tR\x05owner\x12!\n" +
 	"\fmax_sessions\x18\x03 \x01(\x04R\vmaxSessions\x12#\n" +
 	"\rsecret_sha256\x18\x04 \x01(\fR\fsecretSha256\x12\x12\n" +
-	"\x04user\x18\x05 \x01(\tR\x04user\"-\n" +
+	"\x04user\x18\x05 \x01(\tR\x04user\"Y\n" +
 	"\fCloseSession\x12\x1d\n" +
 	"\n" +
-	"session_id\x18\x01 \x01(\x04R\tsessionId\"1\n" +
+	"session_id\x18\x01 \x01(\x04R\tsessionId\x12*\n" +
+	"\x03end\x18\x02 \x01(\x0e2\x18.fence.fsm.v1.SessionEndR\x03end\"1\n" +
 	"\x0eExpireSessions\x12\x1f\n" +
 	"\vsession_ids\x18\x01 \x03(\x04R\n" +
 	"sessionIds\"\xa9\x02\n" +
@@ -3121,7 +3189,12 @@ const file_fsmpb_fsm_proto_rawDesc = "" +
 	"\rlock_delay_ns\x18\x03 \x01(\x03R\vlockDelayNs\x12\x1d\n" +
 	"\n" +
 	"request_id\x18\x04 \x01(\x04R\trequestId\x12\x18\n" +
-	"\aattempt\x18\x05 \x01(\x04R\aattemptB+Z)github.com/fencelock/fence/internal/fsmpbb\x06proto3"
+	"\aattempt\x18\x05 \x01(\x04R\aattempt*X\n" +
+	"\n" +
+	"SessionEnd\x12\x16\n" +
+	"\x12SESSION_END_CLOSED\x10\x00\x12\x17\n" +
+	"\x13SESSION_END_REVOKED\x10\x01\x12\x19\n" +
+	"\x15SESSION_END_ABANDONED\x10\x02B+Z)github.com/fencelock/fence/internal/fsmpbb\x06proto3"
 
 var (
 	file_fsmpb_fsm_proto_rawDescOnce sync.Once
@@ -3135,93 +3208,96 @@ func file_fsmpb_fsm_proto_rawDescGZIP() []byte {
 	return file_fsmpb_fsm_proto_rawDescData
 }
 
+var file_fsmpb_fsm_proto_enumTypes = make([]protoimpl.EnumInfo, 1)
 var file_fsmpb_fsm_proto_msgTypes = make([]protoimpl.MessageInfo, 34)
 var file_fsmpb_fsm_proto_goTypes = []any{
-	(*Command)(nil),        // 0: fence.fsm.v1.Command
-	(*Batch)(nil),          // 1: fence.fsm.v1.Batch
-	(*RegisterNode)(nil),   // 2: fence.fsm.v1.RegisterNode
-	(*CreateSession)(nil),  // 3: fence.fsm.v1.CreateSession
-	(*CloseSession)(nil),   // 4: fence.fsm.v1.CloseSession
-	(*ExpireSessions)(nil), // 5: fence.fsm.v1.ExpireSessions
-	(*Acquire)(nil),        // 6: fence.fsm.v1.Acquire
-	(*CancelWait)(nil),     // 7: fence.fsm.v1.CancelWait
-	(*CancelAcquire)(nil),  // 8: fence.fsm.v1.CancelAcquire
-	(*RaiseTokens)(nil),    // 9: fence.fsm.v1.RaiseTokens
-	(*SetClusterID)(nil),   // 10: fence.fsm.v1.SetClusterID
-	(*SetProtocol)(nil),    // 11: fence.fsm.v1.SetProtocol
-	(*Release)(nil),        // 12: fence.fsm.v1.Release
-	(*LiftDelay)(nil),      // 13: fence.fsm.v1.LiftDelay
-	(*KVFence)(nil),        // 14: fence.fsm.v1.KVFence
-	(*KVPut)(nil),          // 15: fence.fsm.v1.KVPut
-	(*KVDelete)(nil),       // 16: fence.fsm.v1.KVDelete
-	(*Snapshot)(nil),       // 17: fence.fsm.v1.Snapshot
-	(*Auth)(nil),           // 18: fence.fsm.v1.Auth
-	(*SetAuthEnabled)(nil), // 19: fence.fsm.v1.SetAuthEnabled
-	(*AuthUser)(nil),       // 20: fence.fsm.v1.AuthUser
-	(*UserRole)(nil),       // 21: fence.fsm.v1.UserRole
-	(*AuthRole)(nil),       // 22: fence.fsm.v1.AuthRole
-	(*AuthPermission)(nil), // 23: fence.fsm.v1.AuthPermission
-	(*RolePermission)(nil), // 24: fence.fsm.v1.RolePermission
-	(*AuthToken)(nil),      // 25: fence.fsm.v1.AuthToken
-	(*AuthState)(nil),      // 26: fence.fsm.v1.AuthState
-	(*Applied)(nil),        // 27: fence.fsm.v1.Applied
-	(*KV)(nil),             // 28: fence.fsm.v1.KV
-	(*Session)(nil),        // 29: fence.fsm.v1.Session
-	(*Lock)(nil),           // 30: fence.fsm.v1.Lock
-	(*PendingDelay)(nil),   // 31: fence.fsm.v1.PendingDelay
-	(*Holder)(nil),         // 32: fence.fsm.v1.Holder
-	(*Waiter)(nil),         // 33: fence.fsm.v1.Waiter
+	(SessionEnd)(0),        // 0: fence.fsm.v1.SessionEnd
+	(*Command)(nil),        // 1: fence.fsm.v1.Command
+	(*Batch)(nil),          // 2: fence.fsm.v1.Batch
+	(*RegisterNode)(nil),   // 3: fence.fsm.v1.RegisterNode
+	(*CreateSession)(nil),  // 4: fence.fsm.v1.CreateSession
+	(*CloseSession)(nil),   // 5: fence.fsm.v1.CloseSession
+	(*ExpireSessions)(nil), // 6: fence.fsm.v1.ExpireSessions
+	(*Acquire)(nil),        // 7: fence.fsm.v1.Acquire
+	(*CancelWait)(nil),     // 8: fence.fsm.v1.CancelWait
+	(*CancelAcquire)(nil),  // 9: fence.fsm.v1.CancelAcquire
+	(*RaiseTokens)(nil),    // 10: fence.fsm.v1.RaiseTokens
+	(*SetClusterID)(nil),   // 11: fence.fsm.v1.SetClusterID
+	(*SetProtocol)(nil),    // 12: fence.fsm.v1.SetProtocol
+	(*Release)(nil),        // 13: fence.fsm.v1.Release
+	(*LiftDelay)(nil),      // 14: fence.fsm.v1.LiftDelay
+	(*KVFence)(nil),        // 15: fence.fsm.v1.KVFence
+	(*KVPut)(nil),          // 16: fence.fsm.v1.KVPut
+	(*KVDelete)(nil),       // 17: fence.fsm.v1.KVDelete
+	(*Snapshot)(nil),       // 18: fence.fsm.v1.Snapshot
+	(*Auth)(nil),           // 19: fence.fsm.v1.Auth
+	(*SetAuthEnabled)(nil), // 20: fence.fsm.v1.SetAuthEnabled
+	(*AuthUser)(nil),       // 21: fence.fsm.v1.AuthUser
+	(*UserRole)(nil),       // 22: fence.fsm.v1.UserRole
+	(*AuthRole)(nil),       // 23: fence.fsm.v1.AuthRole
+	(*AuthPermission)(nil), // 24: fence.fsm.v1.AuthPermission
+	(*RolePermission)(nil), // 25: fence.fsm.v1.RolePermission
+	(*AuthToken)(nil),      // 26: fence.fsm.v1.AuthToken
+	(*AuthState)(nil),      // 27: fence.fsm.v1.AuthState
+	(*Applied)(nil),        // 28: fence.fsm.v1.Applied
+	(*KV)(nil),             // 29: fence.fsm.v1.KV
+	(*Session)(nil),        // 30: fence.fsm.v1.Session
+	(*Lock)(nil),           // 31: fence.fsm.v1.Lock
+	(*PendingDelay)(nil),   // 32: fence.fsm.v1.PendingDelay
+	(*Holder)(nil),         // 33: fence.fsm.v1.Holder
+	(*Waiter)(nil),         // 34: fence.fsm.v1.Waiter
 }
 var file_fsmpb_fsm_proto_depIdxs = []int32{
-	3,  // 0: fence.fsm.v1.Command.create_session:type_name -> fence.fsm.v1.CreateSession
-	4,  // 1: fence.fsm.v1.Command.close_session:type_name -> fence.fsm.v1.CloseSession
-	5,  // 2: fence.fsm.v1.Command.expire_sessions:type_name -> fence.fsm.v1.ExpireSessions
-	6,  // 3: fence.fsm.v1.Command.acquire:type_name -> fence.fsm.v1.Acquire
-	7,  // 4: fence.fsm.v1.Command.cancel_wait:type_name -> fence.fsm.v1.CancelWait
-	12, // 5: fence.fsm.v1.Command.release:type_name -> fence.fsm.v1.Release
-	13, // 6: fence.fsm.v1.Command.lift_delay:type_name -> fence.fsm.v1.LiftDelay
-	15, // 7: fence.fsm.v1.Command.kv_put:type_name -> fence.fsm.v1.KVPut
-	16, // 8: fence.fsm.v1.Command.kv_delete:type_name -> fence.fsm.v1.KVDelete
-	2,  // 9: fence.fsm.v1.Command.register_node:type_name -> fence.fsm.v1.RegisterNode
-	8,  // 10: fence.fsm.v1.Command.cancel_acquire:type_name -> fence.fsm.v1.CancelAcquire
-	9,  // 11: fence.fsm.v1.Command.raise_tokens:type_name -> fence.fsm.v1.RaiseTokens
-	10, // 12: fence.fsm.v1.Command.set_cluster_id:type_name -> fence.fsm.v1.SetClusterID
-	1,  // 13: fence.fsm.v1.Command.batch:type_name -> fence.fsm.v1.Batch
-	18, // 14: fence.fsm.v1.Command.auth:type_name -> fence.fsm.v1.Auth
-	11, // 15: fence.fsm.v1.Command.set_protocol:type_name -> fence.fsm.v1.SetProtocol
-	0,  // 16: fence.fsm.v1.Batch.commands:type_name -> fence.fsm.v1.Command
-	14, // 17: fence.fsm.v1.KVPut.fence:type_name -> fence.fsm.v1.KVFence
-	14, // 18: fence.fsm.v1.KVDelete.fence:type_name -> fence.fsm.v1.KVFence
-	29, // 19: fence.fsm.v1.Snapshot.sessions:type_name -> fence.fsm.v1.Session
-	30, // 20: fence.fsm.v1.Snapshot.locks:type_name -> fence.fsm.v1.Lock
-	28, // 21: fence.fsm.v1.Snapshot.kvs:type_name -> fence.fsm.v1.KV
-	2,  // 22: fence.fsm.v1.Snapshot.nodes:type_name -> fence.fsm.v1.RegisterNode
-	27, // 23: fence.fsm.v1.Snapshot.applied:type_name -> fence.fsm.v1.Applied
-	26, // 24: fence.fsm.v1.Snapshot.auth:type_name -> fence.fsm.v1.AuthState
-	19, // 25: fence.fsm.v1.Auth.set_enabled:type_name -> fence.fsm.v1.SetAuthEnabled
-	20, // 26: fence.fsm.v1.Auth.add_user:type_name -> fence.fsm.v1.AuthUser
-	20, // 27: fence.fsm.v1.Auth.remove_user:type_name -> fence.fsm.v1.AuthUser
-	21, // 28: fence.fsm.v1.Auth.grant_role:type_name -> fence.fsm.v1.UserRole
-	21, // 29: fence.fsm.v1.Auth.revoke_role:type_name -> fence.fsm.v1.UserRole
-	22, // 30: fence.fsm.v1.Auth.add_role:type_name -> fence.fsm.v1.AuthRole
-	22, // 31: fence.fsm.v1.Auth.remove_role:type_name -> fence.fsm.v1.AuthRole
-	24, // 32: fence.fsm.v1.Auth.grant_permission:type_name -> fence.fsm.v1.RolePermission
-	24, // 33: fence.fsm.v1.Auth.revoke_permission:type_name -> fence.fsm.v1.RolePermission
-	25, // 34: fence.fsm.v1.Auth.create_token:type_name -> fence.fsm.v1.AuthToken
-	20, // 35: fence.fsm.v1.Auth.set_quota:type_name -> fence.fsm.v1.AuthUser
-	23, // 36: fence.fsm.v1.AuthRole.permissions:type_name -> fence.fsm.v1.AuthPermission
-	23, // 37: fence.fsm.v1.RolePermission.permission:type_name -> fence.fsm.v1.AuthPermission
-	20, // 38: fence.fsm.v1.AuthState.users:type_name -> fence.fsm.v1.AuthUser
-	22, // 39: fence.fsm.v1.AuthState.roles:type_name -> fence.fsm.v1.AuthRole
-	25, // 40: fence.fsm.v1.AuthState.tokens:type_name -> fence.fsm.v1.AuthToken
-	32, // 41: fence.fsm.v1.Lock.holders:type_name -> fence.fsm.v1.Holder
-	33, // 42: fence.fsm.v1.Lock.waiters:type_name -> fence.fsm.v1.Waiter
-	31, // 43: fence.fsm.v1.Lock.delays:type_name -> fence.fsm.v1.PendingDelay
-	44, // [44:44] is the sub-list for method output_type
-	44, // [44:44] is the sub-list for method input_type
-	44, // [44:44] is the sub-list for extension type_name
-	44, // [44:44] is the sub-list for extension extendee
-	0,  // [0:44] is the sub-list for field type_name
+	4,  // 0: fence.fsm.v1.Command.create_session:type_name -> fence.fsm.v1.CreateSession
+	5,  // 1: fence.fsm.v1.Command.close_session:type_name -> fence.fsm.v1.CloseSession
+	6,  // 2: fence.fsm.v1.Command.expire_sessions:type_name -> fence.fsm.v1.ExpireSessions
+	7,  // 3: fence.fsm.v1.Command.acquire:type_name -> fence.fsm.v1.Acquire
+	8,  // 4: fence.fsm.v1.Command.cancel_wait:type_name -> fence.fsm.v1.CancelWait
+	13, // 5: fence.fsm.v1.Command.release:type_name -> fence.fsm.v1.Release
+	14, // 6: fence.fsm.v1.Command.lift_delay:type_name -> fence.fsm.v1.LiftDelay
+	16, // 7: fence.fsm.v1.Command.kv_put:type_name -> fence.fsm.v1.KVPut
+	17, // 8: fence.fsm.v1.Command.kv_delete:type_name -> fence.fsm.v1.KVDelete
+	3,  // 9: fence.fsm.v1.Command.register_node:type_name -> fence.fsm.v1.RegisterNode
+	9,  // 10: fence.fsm.v1.Command.cancel_acquire:type_name -> fence.fsm.v1.CancelAcquire
+	10, // 11: fence.fsm.v1.Command.raise_tokens:type_name -> fence.fsm.v1.RaiseTokens
+	11, // 12: fence.fsm.v1.Command.set_cluster_id:type_name -> fence.fsm.v1.SetClusterID
+	2,  // 13: fence.fsm.v1.Command.batch:type_name -> fence.fsm.v1.Batch
+	19, // 14: fence.fsm.v1.Command.auth:type_name -> fence.fsm.v1.Auth
+	12, // 15: fence.fsm.v1.Command.set_protocol:type_name -> fence.fsm.v1.SetProtocol
+	1,  // 16: fence.fsm.v1.Batch.commands:type_name -> fence.fsm.v1.Command
+	0,  // 17: fence.fsm.v1.CloseSession.end:type_name -> fence.fsm.v1.SessionEnd
+	15, // 18: fence.fsm.v1.KVPut.fence:type_name -> fence.fsm.v1.KVFence
+	15, // 19: fence.fsm.v1.KVDelete.fence:type_name -> fence.fsm.v1.KVFence
+	30, // 20: fence.fsm.v1.Snapshot.sessions:type_name -> fence.fsm.v1.Session
+	31, // 21: fence.fsm.v1.Snapshot.locks:type_name -> fence.fsm.v1.Lock
+	29, // 22: fence.fsm.v1.Snapshot.kvs:type_name -> fence.fsm.v1.KV
+	3,  // 23: fence.fsm.v1.Snapshot.nodes:type_name -> fence.fsm.v1.RegisterNode
+	28, // 24: fence.fsm.v1.Snapshot.applied:type_name -> fence.fsm.v1.Applied
+	27, // 25: fence.fsm.v1.Snapshot.auth:type_name -> fence.fsm.v1.AuthState
+	20, // 26: fence.fsm.v1.Auth.set_enabled:type_name -> fence.fsm.v1.SetAuthEnabled
+	21, // 27: fence.fsm.v1.Auth.add_user:type_name -> fence.fsm.v1.AuthUser
+	21, // 28: fence.fsm.v1.Auth.remove_user:type_name -> fence.fsm.v1.AuthUser
+	22, // 29: fence.fsm.v1.Auth.grant_role:type_name -> fence.fsm.v1.UserRole
+	22, // 30: fence.fsm.v1.Auth.revoke_role:type_name -> fence.fsm.v1.UserRole
+	23, // 31: fence.fsm.v1.Auth.add_role:type_name -> fence.fsm.v1.AuthRole
+	23, // 32: fence.fsm.v1.Auth.remove_role:type_name -> fence.fsm.v1.AuthRole
+	25, // 33: fence.fsm.v1.Auth.grant_permission:type_name -> fence.fsm.v1.RolePermission
+	25, // 34: fence.fsm.v1.Auth.revoke_permission:type_name -> fence.fsm.v1.RolePermission
+	26, // 35: fence.fsm.v1.Auth.create_token:type_name -> fence.fsm.v1.AuthToken
+	21, // 36: fence.fsm.v1.Auth.set_quota:type_name -> fence.fsm.v1.AuthUser
+	24, // 37: fence.fsm.v1.AuthRole.permissions:type_name -> fence.fsm.v1.AuthPermission
+	24, // 38: fence.fsm.v1.RolePermission.permission:type_name -> fence.fsm.v1.AuthPermission
+	21, // 39: fence.fsm.v1.AuthState.users:type_name -> fence.fsm.v1.AuthUser
+	23, // 40: fence.fsm.v1.AuthState.roles:type_name -> fence.fsm.v1.AuthRole
+	26, // 41: fence.fsm.v1.AuthState.tokens:type_name -> fence.fsm.v1.AuthToken
+	33, // 42: fence.fsm.v1.Lock.holders:type_name -> fence.fsm.v1.Holder
+	34, // 43: fence.fsm.v1.Lock.waiters:type_name -> fence.fsm.v1.Waiter
+	32, // 44: fence.fsm.v1.Lock.delays:type_name -> fence.fsm.v1.PendingDelay
+	45, // [45:45] is the sub-list for method output_type
+	45, // [45:45] is the sub-list for method input_type
+	45, // [45:45] is the sub-list for extension type_name
+	45, // [45:45] is the sub-list for extension extendee
+	0,  // [0:45] is the sub-list for field type_name
 }
 
 func init() { file_fsmpb_fsm_proto_init() }
@@ -3267,13 +3343,14 @@ func file_fsmpb_fsm_proto_init() {
 		File: protoimpl.DescBuilder{
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_fsmpb_fsm_proto_rawDesc), len(file_fsmpb_fsm_proto_rawDesc)),
-			NumEnums:      0,
+			NumEnums:      1,
 			NumMessages:   34,
 			NumExtensions: 0,
 			NumServices:   0,
 		},
 		GoTypes:           file_fsmpb_fsm_proto_goTypes,
 		DependencyIndexes: file_fsmpb_fsm_proto_depIdxs,
+		EnumInfos:         file_fsmpb_fsm_proto_enumTypes,
 		MessageInfos:      file_fsmpb_fsm_proto_msgTypes,
 	}.Build()
 	File_fsmpb_fsm_proto = out.File
