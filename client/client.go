@@ -710,8 +710,9 @@ func (c *Client) Sessions(ctx context.Context, opts ...ReadOption) ([]*SessionIn
 }
 
 // RevokeSession closes the session id, whoever holds it, as if it had
-// expired: the locks it holds are released, its waits dropped and its
-// bound keys deleted, all in one commit. Revoking a session that does not
+// expired: the locks it holds are released (each after the lock-delay its
+// holder asked for), its waits dropped and its bound keys deleted, all in
+// one commit. Revoking a session that does not
 // exist (any more) succeeds. The session's own client learns at its next
 // keepalive that the session is gone (fence.ErrSessionLost).
 func (c *Client) RevokeSession(ctx context.Context, id uint64) error {

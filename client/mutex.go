@@ -69,9 +69,11 @@ type lockOptions struct {
 	waitTimeout time.Duration
 }
 
-// WithLockDelay asks that, if this holder's session expires (not on an
-// explicit release), the lock is not granted to anyone else until d has
-// passed, so that writes of the lost holder still in flight can drain.
+// WithLockDelay asks that, if this grant ends otherwise than by its
+// holder's Unlock or Session.Close (the session expires, an operator
+// revokes it, or the client gives it up when it cannot renew it), the
+// lock is not granted to anyone else until d has passed, so that writes of
+// the lost holder still in flight can drain.
 func WithLockDelay(d time.Duration) LockOption {
 	return func(o *lockOptions) { o.lockDelay = d }
 }

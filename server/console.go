@@ -74,8 +74,9 @@ type consoleEvent struct {
 	Seq   uint64    `json:"seq"`
 	Time  time.Time `json:"time"`
 	Index uint64    `json:"index"`
-	// Kind is "grant", "expired" (the leader expired the session) or
-	// "ended" (closed, or expired as seen from a follower).
+	// Kind is "grant", or how the session ended: "closed" (by its own
+	// client), "expired", "revoked" (by an operator) or "abandoned" (by a
+	// client that could not renew it).
 	Kind    string `json:"kind"`
 	Session uint64 `json:"session,string"`
 	Lock    string `json:"lock,omitempty"`
@@ -87,29 +88,19 @@ func newConsole(s *Server) *console {
 	return &console{s: s, events: make([]consoleEvent, 0, consoleEventsKept)}
 }
 
-// record keeps the grants and session ends of one applied command. It
-// runs before the session tracker forgets the ended sessions, so that it
-// can tell the leader's expiries from closes.
+// record keeps the grants and session ends of one applied command.
 func (c *console) record(index uint64, res fsm.Result) {
 	if len(res.Grants) == 0 && len(res.Ended) == 0 {
 		return
 	}
 	now := c.s.cfg.Clock.Now()
-	var expiring map[uint64]bool
-	if len(res.Ended) > 0 {
-		expiring = c.s.tracker.expiringSessions(res.Ended)
-	}
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	for _, g := range res.Grants {
 		c.addLocked(consoleEvent{Time: now, Index: index, Kind: "grant", Session: g.Session, Lock: g.Lock, Token: g.Token, Mode: g.Mode.String()})
 	}
 	for _, id := range res.Ended {
-		kind := "ended"
-		if expiring[id] {
-			kind = "expired"
-		}
-		c.addLocked(consoleEvent{Time: now, Index: index, Kind: kind, Session: id})
+		c.addLocked(consoleEvent{Time: now, Index: index, Kind: res.EndedBy.String(), Session: id})
 	}
 }
 
@@ -130,19 +121,6 @@ func (c *console) recent() []consoleEvent {
 	out := make([]consoleEvent, 0, len(c.events))
 	for i := uint64(0); i < uint64(len(c.events)); i++ {
 		out = append(out, c.events[(c.seq-1-i)%consoleEventsKept])
-	}
-	return out
-}
-
-// expiringSessions returns which of ids the leader is expiring.
-func (t *sessionTracker) expiringSessions(ids []uint64) map[uint64]bool {
-	t.mu.Lock()
-	defer t.mu.Unlock()
-	out := map[uint64]bool{}
-	for _, id := range ids {
-		if s, ok := t.sessions[id]; ok && s.expiring && t.leader {
-			out[id] = true
-		}
 	}
 	return out
 }

@@ -135,21 +135,31 @@ func (s *Server) keepAlive(ctx context.Context, reqs []*fencev1.KeepAliveRequest
 }
 
 // CloseSession implements fencev1connect.SessionServiceHandler. Closing a
-// session that does not exist succeeds: the call is idempotent.
+// session that does not exist succeeds: the call is idempotent. A session
+// its client abandons ends as an expiry ends it, under lock-delay.
 func (s *Server) CloseSession(ctx context.Context, req *connect.Request[fencev1.CloseSessionRequest]) (*connect.Response[fencev1.CloseSessionResponse], error) {
 	return respond(s.closeSession(ctx, req.Msg))
 }
 
 func (s *Server) closeSession(_ context.Context, m *fencev1.CloseSessionRequest) (*fencev1.CloseSessionResponse, error) {
-	err := s.authorizeSession(m.GetSessionId(), m.GetSessionSecret())
+	id := m.GetSessionId()
+	err := s.authorizeSession(id, m.GetSessionSecret())
 	if errors.Is(err, fence.ErrSessionNotFound) {
 		return &fencev1.CloseSessionResponse{}, nil
 	}
 	if err != nil {
 		return nil, err
 	}
-	if _, err := s.apply(&fsmpb.Command{Op: &fsmpb.Command_CloseSession{CloseSession: &fsmpb.CloseSession{SessionId: m.GetSessionId()}}}); err != nil {
+	end := fsmpb.SessionEnd_SESSION_END_CLOSED
+	if m.GetAbandon() {
+		end = fsmpb.SessionEnd_SESSION_END_ABANDONED
+	}
+	res, err := s.apply(endSession(s.fsm.Protocol(), id, end))
+	if err != nil {
 		return nil, err
+	}
+	if len(res.Ended) > 0 && m.GetAbandon() {
+		s.logger.Info("session abandoned by its client", "session", id, "delayed", len(res.Delayed))
 	}
 	return &fencev1.CloseSessionResponse{}, nil
 }

@@ -128,7 +128,7 @@ func (h *waitHub) applied(index uint64, res fsm.Result) {
 	}
 	for key := range h.waits {
 		if ended[key.Session] {
-			h.deliverLocked(key, outcome{err: fmt.Errorf("%w: session %d ended while waiting for lock %q", fence.ErrSessionNotFound, key.Session, key.Lock), index: index})
+			h.deliverLocked(key, outcome{err: fmt.Errorf("%w: session %d ended (%s) while waiting for lock %q", fence.ErrSessionNotFound, key.Session, res.EndedBy, key.Lock), index: index})
 		}
 	}
 }

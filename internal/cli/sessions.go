@@ -87,11 +87,12 @@ func sessionsRevokeCommand(g *globals) *cobra.Command {
 		Annotations: bounded,
 		Short:       "Close sessions, releasing every lock they hold (force-unlock)",
 		Long: `Closes each SESSION (an id from "fence sessions list") as if it had
-expired: its locks go to their next waiters, its waits and bound keys are
-dropped, in one commit. Its holder finds out at its next keepalive; a
-"fence lock" holding one of its locks stops its command (exit 75). Like
-etcdctl lease revoke and consul session destroy. Exit 1 if a SESSION does
-not exist; the others are still revoked.`,
+expired: its locks go to their next waiters (a lock taken with a lock-delay
+once that delay has passed, as the holder may still be writing), its waits
+and bound keys are dropped, in one commit. Its holder finds out at its next
+keepalive; a "fence lock" holding one of its locks stops its command (exit
+75). Like etcdctl lease revoke and consul session destroy. Exit 1 if a
+SESSION does not exist; the others are still revoked.`,
 		Args: cobra.MinimumNArgs(1),
 		RunE: g.withClient(func(cmd *cobra.Command, args []string, c *client.Client) error {
 			ids := make([]uint64, len(args))

@@ -2470,6 +2470,12 @@ type CloseSessionRequest struct {
 	SessionId uint64                 `protobuf:"varint,1,opt,name=session_id,json=sessionId,proto3" json:"session_id,omitempty"`
 	// The secret CreateSession answered.
 	SessionSecret string `protobuf:"bytes,2,opt,name=session_secret,json=sessionSecret,proto3" json:"session_secret,omitempty"`
+	// The client gives the session up instead of closing it: it could not
+	// renew it in time, so its holders may still be writing under locks
+	// the service may have expired already. Each lock whose holder asked for
+	// a lock-delay is held back for it, as at expiry, and the session is
+	// recorded as abandoned, not closed.
+	Abandon       bool `protobuf:"varint,3,opt,name=abandon,proto3" json:"abandon,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -2516,6 +2522,13 @@ func (x *CloseSessionRequest) GetSessionSecret() string {
 		return x.SessionSecret
 	}
 	return ""
+}
+
+func (x *CloseSessionRequest) GetAbandon() bool {
+	if x != nil {
+		return x.Abandon
+	}
+	return false
 }
 
 type CloseSessionResponse struct {
@@ -2796,9 +2809,11 @@ type AcquireRequest struct {
 	// Do not wait: if the lock cannot be granted at once, fail with
 	// FailedPrecondition (reason LOCKED).
 	Try bool `protobuf:"varint,5,opt,name=try,proto3" json:"try,omitempty"`
-	// If this grant ends because the session expired (not by a release), the
-	// lock is not granted to anyone else until lock_delay has passed, so that
-	// writes of the lost holder still in flight can drain. At most 1 minute.
+	// If this grant ends otherwise than by its holder's own release or close
+	// (its session expired, was revoked by an operator, or was abandoned by
+	// a client that could not renew it), the lock is not granted to anyone
+	// else until lock_delay has passed, so that writes of the lost holder
+	// still in flight can drain. At most 1 minute.
 	// On a semaphore, the delay holds back all of its permits.
 	LockDelay *durationpb.Duration `protobuf:"bytes,6,opt,name=lock_delay,json=lockDelay,proto3" json:"lock_delay,omitempty"`
 	// With MODE_SEMAPHORE: how many holders the semaphore admits at once,
@@ -3594,7 +3609,8 @@ type LockInfo struct {
 	Name    string                 `protobuf:"bytes,1,opt,name=name,proto3" json:"name,omitempty"`
 	Holders []*Holder              `protobuf:"bytes,2,rep,name=holders,proto3" json:"holders,omitempty"`
 	Waiters []*Waiter              `protobuf:"bytes,3,rep,name=waiters,proto3" json:"waiters,omitempty"`
-	// Set while the lock is held back by a lock-delay after its holder's session expired.
+	// Set while the lock is held back by a lock-delay after its holder's
+	// session ended without releasing it (expired, revoked or abandoned).
 	Delayed bool `protobuf:"varint,4,opt,name=delayed,proto3" json:"delayed,omitempty"`
 	// A semaphore's number of permits; 0 for a lock.
 	Permits       uint32 `protobuf:"varint,5,opt,name=permits,proto3" json:"permits,omitempty"`
@@ -6332,11 +6348,12 @@ const file_fence_v1_fence_proto_rawDesc = "" +
 	"\x04held\x18\x02 \x01(\v2\x14.fence.v1.HeldGrantsR\x04held\"$\n" +
 	"\n" +
 	"HeldGrants\x12\x16\n" +
-	"\x06tokens\x18\x01 \x03(\x04R\x06tokens\"[\n" +
+	"\x06tokens\x18\x01 \x03(\x04R\x06tokens\"u\n" +
 	"\x13CloseSessionRequest\x12\x1d\n" +
 	"\n" +
 	"session_id\x18\x01 \x01(\x04R\tsessionId\x12%\n" +
-	"\x0esession_secret\x18\x02 \x01(\tR\rsessionSecret\"\x16\n" +
+	"\x0esession_secret\x18\x02 \x01(\tR\rsessionSecret\x12\x18\n" +
+	"\aabandon\x18\x03 \x01(\bR\aabandon\"\x16\n" +
 	"\x14CloseSessionResponse\"+\n" +
 	"\x13ListSessionsRequest\x12\x14\n" +
 	"\x05stale\x18\x01 \x01(\bR\x05stale\"I\n" +

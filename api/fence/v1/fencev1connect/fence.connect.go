@@ -148,8 +148,9 @@ type SessionServiceClient interface {
 	// KeepAlive renews a session for a full TTL. It is answered by the leader
 	// without a raft write. An unknown or expired session gets NotFound.
 	KeepAlive(context.Context, *connect.Request[v1.KeepAliveRequest]) (*connect.Response[v1.KeepAliveResponse], error)
-	// CloseSession ends a session and releases everything it holds at once.
-	// Any session may be closed this way (fence sessions revoke).
+	// CloseSession ends a session and releases everything it holds at once,
+	// or, with abandon, as an expiry does: each lock whose holder asked for
+	// a lock-delay is held back for it first.
 	CloseSession(context.Context, *connect.Request[v1.CloseSessionRequest]) (*connect.Response[v1.CloseSessionResponse], error)
 	// ListSessions lists every session with its owner, TTL and the locks it
 	// holds, in id order.
@@ -229,8 +230,9 @@ type SessionServiceHandler interface {
 	// KeepAlive renews a session for a full TTL. It is answered by the leader
 	// without a raft write. An unknown or expired session gets NotFound.
 	KeepAlive(context.Context, *connect.Request[v1.KeepAliveRequest]) (*connect.Response[v1.KeepAliveResponse], error)
-	// CloseSession ends a session and releases everything it holds at once.
-	// Any session may be closed this way (fence sessions revoke).
+	// CloseSession ends a session and releases everything it holds at once,
+	// or, with abandon, as an expiry does: each lock whose holder asked for
+	// a lock-delay is held back for it first.
 	CloseSession(context.Context, *connect.Request[v1.CloseSessionRequest]) (*connect.Response[v1.CloseSessionResponse], error)
 	// ListSessions lists every session with its owner, TTL and the locks it
 	// holds, in id order.
@@ -723,8 +725,9 @@ type ClusterServiceClient interface {
 	// message carries the header, the ones after it the body in order.
 	Snapshot(context.Context, *connect.Request[v1.SnapshotRequest]) (*connect.ServerStreamForClient[v1.SnapshotResponse], error)
 	// RevokeSession ends a session as an operator does (fence sessions
-	// revoke; etcdctl lease revoke, consul session destroy): its locks go to
-	// their next waiters, and its holder learns of it at its next
+	// revoke; etcdctl lease revoke, consul session destroy), as if it had
+	// expired: its locks go to their next waiters, each after its lock-delay
+	// if its holder asked for one, and its holder learns of it at its next
 	// keepalive. It needs no session secret: it is an admin call (with
 	// auth on, it needs the admin permission, as the membership calls and
 	// Snapshot do). Revoking a session that does not exist (any more)
@@ -836,8 +839,9 @@ type ClusterServiceHandler interface {
 	// message carries the header, the ones after it the body in order.
 	Snapshot(context.Context, *connect.Request[v1.SnapshotRequest], *connect.ServerStream[v1.SnapshotResponse]) error
 	// RevokeSession ends a session as an operator does (fence sessions
-	// revoke; etcdctl lease revoke, consul session destroy): its locks go to
-	// their next waiters, and its holder learns of it at its next
+	// revoke; etcdctl lease revoke, consul session destroy), as if it had
+	// expired: its locks go to their next waiters, each after its lock-delay
+	// if its holder asked for one, and its holder learns of it at its next
 	// keepalive. It needs no session secret: it is an admin call (with
 	// auth on, it needs the admin permission, as the membership calls and
 	// Snapshot do). Revoking a session that does not exist (any more)

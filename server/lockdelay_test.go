@@ -1,0 +1,145 @@
+package server
+
+import (
+	"context"
+	"errors"
+	"net/http"
+	"testing"
+	"time"
+
+	"connectrpc.com/connect"
+	"google.golang.org/protobuf/proto"
+	"google.golang.org/protobuf/types/known/durationpb"
+
+	"github.com/fencelock/fence"
+	fencev1 "github.com/fencelock/fence/api/fence/v1"
+	"github.com/fencelock/fence/api/fence/v1/fencev1connect"
+	"github.com/fencelock/fence/internal/clock"
+	"github.com/fencelock/fence/internal/fsm"
+	"github.com/fencelock/fence/internal/fsmpb"
+	"github.com/fencelock/fence/internal/rpcerr"
+)
+
+// delayedHandOff starts a server on a fake clock where session a holds
+// lock "l" with a lock-delay of 10 s and session b waits for it, once the
+// group has moved to protocol 3, where a session's end is recorded.
+func delayedHandOff(t *testing.T) (s *Server, clk *clock.Fake, a *api, holder uint64, waiter *pending) {
+	t.Helper()
+	clk = clock.NewFake()
+	s = startTestServer(t, func(c *Config) { c.Clock = clk })
+	waitFor(t, "the group to move to protocol 3", func() bool { return s.fsm.Protocol() >= fsm.Protocol3 })
+	a = newAPI(t, s)
+	holder, other := a.session(time.Hour), a.session(time.Hour)
+	if _, err := a.acquire(context.Background(), &fencev1.AcquireRequest{SessionId: holder, Lock: "l", LockDelay: durationpb.New(10 * time.Second)}); err != nil {
+		t.Fatal(err)
+	}
+	waiter = a.acquireAsync(context.Background(), &fencev1.AcquireRequest{SessionId: other, Lock: "l"})
+	waitFor(t, "the waiter to queue", func() bool { return len(a.lock("l").GetWaiters()) == 1 })
+	return s, clk, a, holder, waiter
+}
+
+// mustHoldBack checks that the lock is under its delay and nobody is
+// granted it until the delay has passed on the leader's clock.
+func mustHoldBack(t *testing.T, clk *clock.Fake, a *api, waiter *pending) {
+	t.Helper()
+	waitFor(t, "the lock to be delayed", func() bool { return a.lock("l").GetDelayed() })
+	clk.Advance(9 * time.Second)
+	if l := a.lock("l"); !l.GetDelayed() || len(l.GetHolders()) != 0 || waiter.returned() {
+		t.Fatalf("9 s into a 10 s lock-delay: %v, waiter returned %v; want the lock delayed and nobody granted", l, waiter.returned())
+	}
+	clk.Advance(time.Second)
+	if _, err := waiter.result(t); err != nil {
+		t.Fatalf("the waiter after the lock-delay: %v", err)
+	}
+}
+
+// An operator's revoke ends the grant as an expiry does: the lock is held
+// back for its lock-delay, since the revoked holder may still be writing
+// (docs/design.md, Lock-delay). It was handed on at once.
+func TestLockDelayHoldsLockAfterRevoke(t *testing.T) {
+	s, clk, a, holder, waiter := delayedHandOff(t)
+	cluster := fencev1connect.NewClusterServiceClient(http.DefaultClient, "http://"+s.Addr())
+	if _, err := cluster.RevokeSession(context.Background(), connect.NewRequest(&fencev1.RevokeSessionRequest{SessionId: holder})); err != nil {
+		t.Fatal(err)
+	}
+	mustHoldBack(t, clk, a, waiter)
+	mustRecord(t, s, holder, "revoked")
+}
+
+// A session its client abandons (it could not renew it in time) ends as an
+// expiry ends it: the lock is held back for its lock-delay. A wrong secret
+// abandons nothing.
+func TestLockDelayHoldsLockAfterAbandon(t *testing.T) {
+	s, clk, a, holder, waiter := delayedHandOff(t)
+	ctx := context.Background()
+	_, err := a.sessions.CloseSession(ctx, connect.NewRequest(&fencev1.CloseSessionRequest{SessionId: holder, SessionSecret: "wrong", Abandon: true}))
+	if !errors.Is(rpcerr.FromConnect(err), fence.ErrSessionSecret) {
+		t.Fatalf("abandoning with a wrong secret: %v, want ErrSessionSecret", err)
+	}
+	if h := a.lock("l").GetHolders(); len(h) != 1 || h[0].GetSessionId() != holder {
+		t.Fatalf("after a refused abandon the holders are %v, want session %d", h, holder)
+	}
+	if _, err := a.sessions.CloseSession(ctx, connect.NewRequest(&fencev1.CloseSessionRequest{SessionId: holder, Abandon: true})); err != nil {
+		t.Fatal(err)
+	}
+	mustHoldBack(t, clk, a, waiter)
+	mustRecord(t, s, holder, "abandoned")
+}
+
+// A close by the session's own client is its holder's release: the lock
+// goes to the next waiter at once, whatever lock-delay it was taken with.
+func TestCloseHandsLockOnDespiteLockDelay(t *testing.T) {
+	s, _, a, holder, waiter := delayedHandOff(t)
+	if _, err := a.sessions.CloseSession(context.Background(), connect.NewRequest(&fencev1.CloseSessionRequest{SessionId: holder})); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := waiter.result(t); err != nil {
+		t.Fatalf("the waiter after the holder closed its session: %v", err)
+	}
+	mustRecord(t, s, holder, "closed")
+}
+
+// A revoke or an abandonment is recorded as such from protocol 3 on;
+// below it, where a member may not know CloseSession's end, it goes as an
+// expiry, which puts the same lock-delays in force on every version. A
+// close by the session's own client is a close at every protocol.
+func TestEndSessionCommandFollowsTheProtocol(t *testing.T) {
+	closeAs := func(end fsmpb.SessionEnd) *fsmpb.Command {
+		return &fsmpb.Command{Op: &fsmpb.Command_CloseSession{CloseSession: &fsmpb.CloseSession{SessionId: 7, End: end}}}
+	}
+	expire := &fsmpb.Command{Op: &fsmpb.Command_ExpireSessions{ExpireSessions: &fsmpb.ExpireSessions{SessionIds: []uint64{7}}}}
+	for _, tc := range []struct {
+		protocol uint32
+		end      fsmpb.SessionEnd
+		want     *fsmpb.Command
+	}{
+		{fsm.Protocol1, fsmpb.SessionEnd_SESSION_END_CLOSED, closeAs(fsmpb.SessionEnd_SESSION_END_CLOSED)},
+		{fsm.Protocol2, fsmpb.SessionEnd_SESSION_END_CLOSED, closeAs(fsmpb.SessionEnd_SESSION_END_CLOSED)},
+		{fsm.Protocol1, fsmpb.SessionEnd_SESSION_END_REVOKED, expire},
+		{fsm.Protocol2, fsmpb.SessionEnd_SESSION_END_REVOKED, expire},
+		{fsm.Protocol2, fsmpb.SessionEnd_SESSION_END_ABANDONED, expire},
+		{fsm.Protocol3, fsmpb.SessionEnd_SESSION_END_CLOSED, closeAs(fsmpb.SessionEnd_SESSION_END_CLOSED)},
+		{fsm.Protocol3, fsmpb.SessionEnd_SESSION_END_REVOKED, closeAs(fsmpb.SessionEnd_SESSION_END_REVOKED)},
+		{fsm.Protocol3, fsmpb.SessionEnd_SESSION_END_ABANDONED, closeAs(fsmpb.SessionEnd_SESSION_END_ABANDONED)},
+	} {
+		if got := endSession(tc.protocol, 7, tc.end); !proto.Equal(got, tc.want) {
+			t.Errorf("at protocol %d, %v goes as %v, want %v", tc.protocol, tc.end, got, tc.want)
+		}
+	}
+}
+
+// mustRecord waits until the console lists the session's end as kind.
+func mustRecord(t *testing.T, s *Server, session uint64, kind string) {
+	t.Helper()
+	waitFor(t, "the console to list session "+kind, func() bool {
+		for _, e := range s.console.recent() {
+			if e.Session == session && e.Kind != "grant" {
+				if e.Kind != kind {
+					t.Fatalf("the console lists session %d as %q, want %q", session, e.Kind, kind)
+				}
+				return true
+			}
+		}
+		return false
+	})
+}
