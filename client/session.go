@@ -240,7 +240,7 @@ func (s *Session) Close(ctx context.Context) error {
 	s.wg.Wait()
 	if s.Err() != nil {
 		// Lost or ended already: the service has expired or closed it, or
-		// lose has asked every node to close it. Do not wait on a service
+		// lose has asked every node to abandon it. Do not wait on a service
 		// that did not answer in time just now.
 		return nil
 	}
@@ -254,26 +254,28 @@ func (s *Session) Close(ctx context.Context) error {
 
 func (s *Session) end(cause error) { s.cancel(cause) }
 
-// lose ends a session that may have expired on the server, then closes it
-// there, best effort, so that locks the client has given up on are released
-// at once rather than at expiry. The close goes to every node the client
-// knows at once, for a second: the node that answered last may be the one
-// that hangs, and any node names the leader.
+// lose ends a session that may have expired on the server, then abandons
+// it there, best effort, so that locks the client has given up on are
+// released now rather than at expiry: as at expiry, each after the
+// lock-delay its holder asked for, since the holder learns only now that
+// it may have lost its locks and may still be writing. The call goes to
+// every node the client knows at once, for a second: the node that
+// answered last may be the one that hangs, and any node names the leader.
 func (s *Session) lose(cause error) {
 	s.end(cause)
 	ctx, cancel := context.WithTimeout(context.Background(), time.Second)
 	defer cancel()
 	var wg sync.WaitGroup
 	for i := range s.client.numEndpoints() {
-		wg.Go(func() { s.closeAt(ctx, s.client.endpointAt(i)) })
+		wg.Go(func() { s.abandonAt(ctx, s.client.endpointAt(i)) })
 	}
 	wg.Wait()
 }
 
-// closeAt asks one node to close the session, and the leader it names if
-// it is not the leader.
-func (s *Session) closeAt(ctx context.Context, ep *endpoint) {
-	req := &fencev1.CloseSessionRequest{SessionId: s.id, SessionSecret: s.secret}
+// abandonAt asks one node to abandon the session, and the leader it names
+// if it is not the leader.
+func (s *Session) abandonAt(ctx context.Context, ep *endpoint) {
+	req := &fencev1.CloseSessionRequest{SessionId: s.id, SessionSecret: s.secret, Abandon: true}
 	_, err := ep.sessions.CloseSession(ctx, connect.NewRequest(req))
 	if leader := leaderHint(rpcerr.FromConnect(err)); leader != "" {
 		ep = s.client.endpointAt(s.client.endpointFor(leader))
