@@ -3,7 +3,11 @@ package server
 import (
 	"context"
 	"errors"
+	"fmt"
+	"log/slog"
 	"net/http"
+	"strings"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -142,4 +146,119 @@ func mustRecord(t *testing.T, s *Server, session uint64, kind string) {
 		}
 		return false
 	})
+}
+
+// A LiftDelay that fails to commit is proposed again, after liftRetryMin
+// and then twice as long each time up to liftRetryMax, while the node
+// leads: it was only logged, and the lock stayed delayed until the next
+// leader change. Leading no more stops the retries, and a lift that fails
+// once the node no longer leads is not retried: the next leader restarts
+// the delay in full.
+func TestFailedLiftDelayIsRetried(t *testing.T) {
+	clk := clock.NewFake()
+	var logs syncBuffer
+	var failing atomic.Int32 // how many more lifts fail
+	var stepDown atomic.Bool // the next lift loses leadership as it fails
+	lifts := make(chan struct{}, 16)
+	var d *delayScheduler
+	d = newDelayScheduler(clk, slog.New(slog.NewTextHandler(&logs, nil)), func(string, uint64) error {
+		defer func() { lifts <- struct{}{} }()
+		if stepDown.Swap(false) {
+			d.becomeFollower()
+		}
+		if failing.Add(-1) >= 0 {
+			return errors.New("refused")
+		}
+		return nil
+	})
+	armed := func(n int) {
+		t.Helper()
+		waitFor(t, fmt.Sprintf("%d timers armed", n), func() bool { return clk.Timers() == n })
+	}
+	lifted := func() {
+		t.Helper()
+		select {
+		case <-lifts:
+		case <-time.After(10 * time.Second):
+			t.Fatal("no LiftDelay was proposed")
+		}
+	}
+	d.becomeLeader(nil)
+	failing.Store(3)
+	d.schedule([]fsm.Delay{{Lock: "l", Delay: 10 * time.Second, ID: 1}})
+	clk.Advance(10 * time.Second)
+	lifted()
+	for _, backoff := range []time.Duration{100 * time.Millisecond, 200 * time.Millisecond, 400 * time.Millisecond} {
+		armed(1) // the retry, once the failure is in
+		clk.Advance(backoff - time.Millisecond)
+		if clk.Timers() != 1 {
+			t.Fatalf("the retry fired before its backoff of %v", backoff)
+		}
+		clk.Advance(time.Millisecond)
+		lifted()
+	}
+	armed(0) // the fourth lift succeeded: nothing more to do
+
+	// The backoff stops growing at liftRetryMax.
+	failing.Store(100)
+	d.schedule([]fsm.Delay{{Lock: "l", Delay: time.Second, ID: 2}})
+	clk.Advance(time.Second)
+	lifted()
+	for range 8 { // 100 ms .. 6.4 s, capped at 5 s
+		armed(1)
+		clk.Advance(liftRetryMax)
+		lifted()
+	}
+	armed(1)
+	clk.Advance(liftRetryMax - time.Millisecond)
+	if clk.Timers() != 1 {
+		t.Fatal("a retry came sooner than liftRetryMax after many failures")
+	}
+	clk.Advance(time.Millisecond)
+	lifted()
+	armed(1)
+	d.becomeFollower()
+	armed(0)
+
+	d.becomeLeader([]fsm.Delay{{Lock: "l", Delay: time.Second, ID: 2}})
+	stepDown.Store(true)
+	clk.Advance(time.Second)
+	lifted()
+	waitFor(t, "the failure after leadership was lost to be logged", func() bool {
+		return strings.Contains(logs.String(), "the next term restarts it")
+	})
+	if n := clk.Timers(); n != 0 {
+		t.Fatalf("%d timers armed after a lift failed on a node that no longer leads", n)
+	}
+}
+
+// The same on a real node: a LiftDelay refused while the node cannot
+// propose (here, as while it is not a ready leader; in production also a
+// leadership transfer under way or a full disk) is proposed again once it
+// can, and the waiter gets the lock. It stayed delayed.
+func TestRefusedLiftDelayIsRetriedOnANode(t *testing.T) {
+	var logs syncBuffer
+	clk := clock.NewFake()
+	s := startTestServer(t, func(c *Config) { c.Clock = clk; c.Logger = slog.New(slog.NewTextHandler(&logs, nil)) })
+	a := newAPI(t, s)
+	holder, other := a.session(time.Hour), a.session(time.Hour)
+	if _, err := a.acquire(context.Background(), &fencev1.AcquireRequest{SessionId: holder, Lock: "l", LockDelay: durationpb.New(10 * time.Second)}); err != nil {
+		t.Fatal(err)
+	}
+	waiter := a.acquireAsync(context.Background(), &fencev1.AcquireRequest{SessionId: other, Lock: "l"})
+	waitFor(t, "the waiter to queue", func() bool { return len(a.lock("l").GetWaiters()) == 1 })
+	cluster := fencev1connect.NewClusterServiceClient(http.DefaultClient, "http://"+s.Addr())
+	if _, err := cluster.RevokeSession(context.Background(), connect.NewRequest(&fencev1.RevokeSessionRequest{SessionId: holder})); err != nil {
+		t.Fatal(err)
+	}
+	waitFor(t, "the lock to be delayed", func() bool { return a.lock("l").GetDelayed() })
+
+	s.leaderReady.Store(false) // proposals are refused with Unavailable
+	clk.Advance(10 * time.Second)
+	waitFor(t, "the LiftDelay to be refused", func() bool { return strings.Contains(logs.String(), "lifting lock-delay failed") })
+	s.leaderReady.Store(true)
+	clk.Advance(liftRetryMin)
+	if _, err := waiter.result(t); err != nil {
+		t.Fatalf("the waiter once the LiftDelay could be committed: %v", err)
+	}
 }

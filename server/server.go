@@ -124,7 +124,7 @@ func Start(cfg Config) (*Server, error) {
 	s.metrics = newMetrics(s)
 	s.tracker = newSessionTracker(cfg.Clock, logger, s.expireSessions)
 	s.limiter = newSessionLimiter(cfg.Clock)
-	s.delays = newDelayScheduler(cfg.Clock, s.liftDelay)
+	s.delays = newDelayScheduler(cfg.Clock, logger, s.liftDelay)
 
 	if err := os.MkdirAll(cfg.DataDir, 0o700); err != nil {
 		s.tracker.stop()
@@ -532,10 +532,9 @@ func (s *Server) expireSessions(ids []uint64) error {
 	return err
 }
 
-func (s *Server) liftDelay(lock string, id uint64) {
-	if _, err := s.apply(&fsmpb.Command{Op: &fsmpb.Command_LiftDelay{LiftDelay: &fsmpb.LiftDelay{Lock: lock, Id: id}}}); err != nil {
-		s.logger.Warn("lifting lock-delay failed", "lock", lock, "delay", id, "err", err)
-	}
+func (s *Server) liftDelay(lock string, id uint64) error {
+	_, err := s.apply(&fsmpb.Command{Op: &fsmpb.Command_LiftDelay{LiftDelay: &fsmpb.LiftDelay{Lock: lock, Id: id}}})
+	return err
 }
 
 // apiServices are the gRPC services of the API.

@@ -382,22 +382,33 @@ func (q *deadlineQueue) Pop() any {
 	return e
 }
 
+// Bounds of the wait before a LiftDelay that failed to commit is proposed
+// again: the first retry waits liftRetryMin, each one after twice as long
+// as the one before, up to liftRetryMax.
+const (
+	liftRetryMin = 100 * time.Millisecond
+	liftRetryMax = 5 * time.Second
+)
+
 // delayScheduler lifts lock-delays on the leader: when a lock is put under
 // a delay, it commits a LiftDelay of that delay once it has passed on the
 // leader's clock. Each delay has its own timer, so a delay added while
-// another is pending holds in full. A new leader restarts every pending
-// delay in full.
+// another is pending holds in full. A LiftDelay that fails to commit is
+// proposed again after a backoff (liftRetryMin to liftRetryMax) while this
+// node leads; otherwise the lock would stay delayed until the next leader
+// change. A new leader restarts every pending delay in full.
 type delayScheduler struct {
-	clock clock.Clock
-	lift  func(lock string, id uint64)
+	clock  clock.Clock
+	lift   func(lock string, id uint64) error
+	logger *slog.Logger
 
 	mu     sync.Mutex
 	leader bool
-	timers map[uint64]clock.Timer // by delay id
+	timers map[uint64]clock.Timer // by delay id: its delay, or a retry's backoff
 }
 
-func newDelayScheduler(c clock.Clock, lift func(lock string, id uint64)) *delayScheduler {
-	return &delayScheduler{clock: c, lift: lift, timers: map[uint64]clock.Timer{}}
+func newDelayScheduler(c clock.Clock, logger *slog.Logger, lift func(lock string, id uint64) error) *delayScheduler {
+	return &delayScheduler{clock: c, lift: lift, logger: logger, timers: map[uint64]clock.Timer{}}
 }
 
 func (d *delayScheduler) schedule(delays []fsm.Delay) {
@@ -412,11 +423,17 @@ func (d *delayScheduler) schedule(delays []fsm.Delay) {
 }
 
 func (d *delayScheduler) scheduleLocked(delay fsm.Delay) {
+	d.armLocked(delay, delay.Delay, liftRetryMin)
+}
+
+// armLocked lifts delay after wait, and if that fails, tries again after
+// backoff.
+func (d *delayScheduler) armLocked(delay fsm.Delay, wait, backoff time.Duration) {
 	if t, ok := d.timers[delay.ID]; ok {
 		t.Stop()
 	}
 	var t clock.Timer
-	t = d.clock.AfterFunc(delay.Delay, func() {
+	t = d.clock.AfterFunc(wait, func() {
 		d.mu.Lock()
 		// A timer stopped as it fired must not drop its successor.
 		mine := d.timers[delay.ID] == t
@@ -426,10 +443,27 @@ func (d *delayScheduler) scheduleLocked(delay fsm.Delay) {
 		leader := d.leader
 		d.mu.Unlock()
 		if mine && leader {
-			d.lift(delay.Lock, delay.ID)
+			if err := d.lift(delay.Lock, delay.ID); err != nil {
+				d.retry(delay, backoff, err)
+			}
 		}
 	})
 	d.timers[delay.ID] = t
+}
+
+// retry proposes delay's LiftDelay again after backoff, doubling the
+// backoff of the next retry, while this node leads and nothing armed the
+// delay meanwhile (a new term of this node restarts it in full). A
+// LiftDelay of a delay lifted already lifts nothing.
+func (d *delayScheduler) retry(delay fsm.Delay, backoff time.Duration, err error) {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	if _, armed := d.timers[delay.ID]; armed || !d.leader {
+		d.logger.Warn("lifting lock-delay failed; the next term restarts it", "lock", delay.Lock, "delay", delay.ID, "err", err)
+		return
+	}
+	d.logger.Warn("lifting lock-delay failed; will retry", "lock", delay.Lock, "delay", delay.ID, "retry_in", backoff, "err", err)
+	d.armLocked(delay, backoff, min(2*backoff, liftRetryMax))
 }
 
 func (d *delayScheduler) becomeLeader(pending []fsm.Delay) {
