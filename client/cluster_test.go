@@ -3,6 +3,7 @@ package client
 import (
 	"context"
 	"errors"
+	"net"
 	"testing"
 	"time"
 
@@ -81,5 +82,29 @@ func TestWithClusterIDSkipsOtherGroups(t *testing.T) {
 	}
 	if err := m.Unlock(ctx); err != nil {
 		t.Fatal(err)
+	}
+}
+
+// A session given up is abandoned on every node the client knows, with its
+// secret: never on one known to be of another group.
+func TestLostSessionIsNotSentToAnotherGroup(t *testing.T) {
+	a := startServer(t, nil)
+	other, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer other.Close()
+	c, err := New(WithEndpoints(a.Addr(), other.Addr().String()))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	s := mustSession(t, c, 5*time.Second)
+	c.endpointAt(1).foreign.Store(true) // as a call answered ErrWrongCluster would mark it
+	s.lose(errors.New("given up by the test"))
+	other.(*net.TCPListener).SetDeadline(time.Now().Add(200 * time.Millisecond))
+	if conn, err := other.Accept(); err == nil {
+		conn.Close()
+		t.Fatal("the lost session's abandonment, with its secret, went to a node of another group")
 	}
 }

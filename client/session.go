@@ -273,13 +273,18 @@ func (s *Session) lose(cause error) {
 }
 
 // abandonAt asks one node to abandon the session, and the leader it names
-// if it is not the leader.
+// if it is not the leader. A node known to be of another group is not
+// asked: the request carries the session's secret.
 func (s *Session) abandonAt(ctx context.Context, ep *endpoint) {
+	if ep.foreign.Load() {
+		return
+	}
 	req := &fencev1.CloseSessionRequest{SessionId: s.id, SessionSecret: s.secret, Abandon: true}
 	_, err := ep.sessions.CloseSession(ctx, connect.NewRequest(req))
 	if leader := leaderHint(rpcerr.FromConnect(err)); leader != "" {
-		ep = s.client.endpointAt(s.client.endpointFor(leader))
-		_, _ = ep.sessions.CloseSession(ctx, connect.NewRequest(req))
+		if ep = s.client.endpointAt(s.client.endpointFor(leader)); !ep.foreign.Load() {
+			_, _ = ep.sessions.CloseSession(ctx, connect.NewRequest(req))
+		}
 	}
 }
 
