@@ -99,7 +99,7 @@ func (r *runner) killServer(_ context.Context, ev *FaultEvent) bool {
 		return false
 	}
 	ev.Target = n.name()
-	r.restartNode(n)
+	r.restartNode(n, nil)
 	return true
 }
 
