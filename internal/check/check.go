@@ -213,6 +213,9 @@ func Run(ctx context.Context, cfg Config) (*Result, error) {
 		if dead := r.deadNodes(); len(dead) > 0 {
 			err = fmt.Errorf("%w; %s", err, dead[0].Detail)
 		}
+		if other := r.checkGroups(ctx); len(other) > 0 {
+			err = fmt.Errorf("%w; %s", err, other[0].Detail)
+		}
 		return nil, err
 	}
 	res.Ended = time.Now()
@@ -220,6 +223,7 @@ func Run(ctx context.Context, cfg Config) (*Result, error) {
 	res.Faults = r.faults
 	res.Analysis = Analyze(res.Ops, res.Final, r.prefix, 30*time.Second)
 	res.Analysis.Violations = append(res.Analysis.Violations, r.deadNodes()...)
+	res.Analysis.Violations = append(res.Analysis.Violations, r.checkGroups(ctx)...)
 	r.mu.Lock()
 	res.Analysis.Violations = append(res.Analysis.Violations, r.found...)
 	r.mu.Unlock()
@@ -380,7 +384,7 @@ func (r *runner) stopAll() {
 
 // readFinal reads the counter and the list once every worker has stopped.
 func (r *runner) readFinal(ctx context.Context, sql *sqlCounter) (Final, error) {
-	c, err := client.New(client.WithEndpoints(r.cfg.Endpoints...), client.WithRetryBudget(30*time.Second))
+	c, err := client.New(client.WithEndpoints(r.cfg.Endpoints...), client.WithClusterID(r.clusterID), client.WithRetryBudget(30*time.Second))
 	if err != nil {
 		return Final{}, err
 	}

@@ -255,9 +255,10 @@ func (r *runner) restartNode(n *node, whileDown func() error) {
 	}
 }
 
-// leaderNode asks every node and returns the one that says it leads.
+// leaderNode asks every node and returns the one that says it leads (of
+// the run's group: a node of another group is not asked).
 func (r *runner) leaderNode() *node {
-	c, err := client.New(client.WithEndpoints(r.cfg.Endpoints...))
+	c, err := client.New(client.WithEndpoints(r.cfg.Endpoints...), client.WithClusterID(r.clusterID))
 	if err != nil {
 		return nil
 	}
