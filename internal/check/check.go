@@ -81,10 +81,17 @@ const (
 	// node runs on a small tmpfs of its own; Linux, as root) for 1 to 3s,
 	// then free it.
 	FaultDiskFull = "disk-full"
+	// FaultWipe: SIGKILL a follower (or, one time in three, the leader),
+	// delete its data dir, and start it again with its flags, as a pod
+	// restarted on an empty volume. It must not found a group of its own;
+	// the group's leader adds it again (auto-rejoin), and it comes back as
+	// a voter once it has caught up. Only while every node is up and a
+	// voter, one node at a time.
+	FaultWipe = "wipe"
 )
 
 // FaultKinds lists the faults the checker knows, in a stable order.
-var FaultKinds = []string{FaultPause, FaultKillWorker, FaultKillServer, FaultKillLeader, FaultPartition, FaultPauseLeader, FaultPauseFollower, FaultCorruptFollower, FaultDiskFull}
+var FaultKinds = []string{FaultPause, FaultKillWorker, FaultKillServer, FaultKillLeader, FaultPartition, FaultPauseLeader, FaultPauseFollower, FaultCorruptFollower, FaultDiskFull, FaultWipe}
 
 // FaultEvent is a fault that was injected.
 type FaultEvent struct {
@@ -94,6 +101,10 @@ type FaultEvent struct {
 	End    time.Time
 	// Note is what the fault step saw of the fault's effect, if anything.
 	Note string
+	// Outcome is, for the faults that have one to tell, what became of it
+	// in a few fixed words ("back as a voter", "refused"): the summary
+	// counts them.
+	Outcome string
 }
 
 // Result is a run's outcome.
@@ -138,6 +149,9 @@ type runner struct {
 	clusterID string
 	// smallDisks gives each node a small disk of its own, to fill.
 	smallDisks bool
+	// unrejoined are the wiped nodes not yet voters again when their
+	// fault ended.
+	unrejoined []pendingRejoin
 }
 
 // Run runs the checker and returns what it found. An error means the run
@@ -208,6 +222,7 @@ func Run(ctx context.Context, cfg Config) (*Result, error) {
 	if ctx.Err() != nil {
 		return nil, ctx.Err()
 	}
+	r.settleRejoins(ctx)
 	res.Final, err = r.readFinal(ctx, sql)
 	if err != nil {
 		if dead := r.deadNodes(); len(dead) > 0 {
@@ -275,7 +290,7 @@ func (r *runner) faultKinds() ([]string, error) {
 // groupFault reports whether a fault needs a group of the checker's own.
 func groupFault(kind string) bool {
 	switch kind {
-	case FaultKillLeader, FaultPartition, FaultPauseLeader, FaultPauseFollower, FaultCorruptFollower:
+	case FaultKillLeader, FaultPartition, FaultPauseLeader, FaultPauseFollower, FaultCorruptFollower, FaultWipe:
 		return true
 	}
 	return false

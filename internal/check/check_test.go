@@ -6,6 +6,7 @@ import (
 	"encoding/xml"
 	"io"
 	"os"
+	"strings"
 	"testing"
 	"time"
 
@@ -175,5 +176,34 @@ func TestCheckClusterDiskFull(t *testing.T) {
 	if reported == 0 || res.Analysis.Acquires < 20 || res.Analysis.Linearizability != "Ok" {
 		t.Errorf("the run proved little: %d disk-full faults of %d reported by their node, %d grants, linearizability %q",
 			reported, len(res.Faults), res.Analysis.Acquires, res.Analysis.Linearizability)
+	}
+}
+
+// A three-node group whose followers, and leader, lose their data dirs and
+// are started again with their flags: each is added again and is a voter
+// again, no node answers for another group, and nothing is lost.
+func TestCheckClusterWipe(t *testing.T) {
+	res := run(t, check.Config{Nodes: 3, Workers: 3, Duration: 15 * time.Second, Seed: 7, TTL: time.Second, FaultInterval: time.Second,
+		Faults: []string{check.FaultWipe}})
+	for _, v := range res.Analysis.Violations {
+		t.Errorf("%s: %s", v.Kind, v.Detail)
+	}
+	var back, leaders int
+	for _, f := range res.Faults {
+		if f.Kind != check.FaultWipe {
+			continue
+		}
+		if f.Outcome == check.OutcomeRejoined {
+			back++
+		} else {
+			t.Logf("%s %s: %s (%s)", f.Kind, f.Target, f.Outcome, f.Note)
+		}
+		if strings.HasSuffix(f.Target, "(leader)") {
+			leaders++
+		}
+	}
+	if back < 3 || leaders == 0 || res.Analysis.Acquires < 20 || res.Analysis.Linearizability != "Ok" {
+		t.Errorf("the run proved little: %d of %d wiped nodes back as voters, %d of them the leader, %d grants, linearizability %q",
+			back, len(res.Faults), leaders, res.Analysis.Acquires, res.Analysis.Linearizability)
 	}
 }

@@ -128,6 +128,19 @@ func printCheck(g *globals, res *check.Result) {
 		fmt.Fprintf(w, ", %s %d", k, counts[k])
 	}
 	fmt.Fprintln(w)
+	outcomes := map[string]int{}
+	for _, f := range res.Faults {
+		if f.Outcome != "" {
+			outcomes[f.Kind+" "+f.Outcome]++
+		}
+	}
+	if len(outcomes) > 0 {
+		fmt.Fprint(w, "fault outcomes:")
+		for i, k := range slices.Sorted(maps.Keys(outcomes)) {
+			fmt.Fprintf(w, "%s %s %d", map[bool]string{true: "", false: ","}[i == 0], k, outcomes[k])
+		}
+		fmt.Fprintln(w)
+	}
 	fmt.Fprintf(w, "operations: %d (grants %d, accepted writes %d, refused %d, unknown outcome %d)\n", a.Ops, a.Acquires, a.Writes, a.Rejected, a.Unknown)
 	gaps := check.GrantGaps(res.Ops, res.Faults)
 	gapKinds := slices.Sorted(maps.Keys(gaps))
