@@ -88,10 +88,15 @@ const (
 	// a voter once it has caught up. Only while every node is up and a
 	// voter, one node at a time.
 	FaultWipe = "wipe"
+	// FaultForeignAdd: start a single node of a group of its own, and ask
+	// the checked group to add it as a new member. The group must refuse
+	// (ErrMembership, naming both groups) and stay as it was, and the node
+	// must go on leading its own group.
+	FaultForeignAdd = "foreign-add"
 )
 
 // FaultKinds lists the faults the checker knows, in a stable order.
-var FaultKinds = []string{FaultPause, FaultKillWorker, FaultKillServer, FaultKillLeader, FaultPartition, FaultPauseLeader, FaultPauseFollower, FaultCorruptFollower, FaultDiskFull, FaultWipe}
+var FaultKinds = []string{FaultPause, FaultKillWorker, FaultKillServer, FaultKillLeader, FaultPartition, FaultPauseLeader, FaultPauseFollower, FaultCorruptFollower, FaultDiskFull, FaultWipe, FaultForeignAdd}
 
 // FaultEvent is a fault that was injected.
 type FaultEvent struct {
@@ -152,6 +157,8 @@ type runner struct {
 	// unrejoined are the wiped nodes not yet voters again when their
 	// fault ended.
 	unrejoined []pendingRejoin
+	// foreign counts the foreign nodes started, to name their data dirs.
+	foreign int
 }
 
 // Run runs the checker and returns what it found. An error means the run
@@ -290,7 +297,7 @@ func (r *runner) faultKinds() ([]string, error) {
 // groupFault reports whether a fault needs a group of the checker's own.
 func groupFault(kind string) bool {
 	switch kind {
-	case FaultKillLeader, FaultPartition, FaultPauseLeader, FaultPauseFollower, FaultCorruptFollower, FaultWipe:
+	case FaultKillLeader, FaultPartition, FaultPauseLeader, FaultPauseFollower, FaultCorruptFollower, FaultWipe, FaultForeignAdd:
 		return true
 	}
 	return false

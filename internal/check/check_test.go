@@ -207,3 +207,23 @@ func TestCheckClusterWipe(t *testing.T) {
 			back, len(res.Faults), leaders, res.Analysis.Acquires, res.Analysis.Linearizability)
 	}
 }
+
+// A three-node group asked to add a node of another group, as a voter or
+// a non-voter, refuses it every time, naming both groups.
+func TestCheckClusterForeignAdd(t *testing.T) {
+	res := run(t, check.Config{Nodes: 3, Workers: 3, Duration: 10 * time.Second, Seed: 8, TTL: time.Second, FaultInterval: time.Second,
+		Faults: []string{check.FaultForeignAdd}})
+	for _, v := range res.Analysis.Violations {
+		t.Errorf("%s: %s", v.Kind, v.Detail)
+	}
+	refused := map[bool]int{}
+	for _, f := range res.Faults {
+		if f.Kind == check.FaultForeignAdd && f.Outcome != check.OutcomeRefused {
+			t.Errorf("%s %s: %s (%s)", f.Kind, f.Target, f.Outcome, f.Note)
+		}
+		refused[strings.HasSuffix(f.Target, "as a voter")]++
+	}
+	if refused[true] == 0 || refused[false] == 0 || res.Analysis.Acquires < 20 {
+		t.Errorf("the run proved little: %d additions as a voter and %d as a non-voter refused, %d grants", refused[true], refused[false], res.Analysis.Acquires)
+	}
+}

@@ -27,6 +27,7 @@ func (r *runner) faultSteps() map[string]faultStep {
 		FaultCorruptFollower: r.corruptFollower,
 		FaultDiskFull:        r.fillDisk,
 		FaultWipe:            r.wipeNode,
+		FaultForeignAdd:      r.addForeignNode,
 	}
 }
 

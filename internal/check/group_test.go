@@ -67,3 +67,25 @@ func TestOtherGroupIsAViolation(t *testing.T) {
 		t.Fatalf("a node that knows no group yet was reported: %+v", vs)
 	}
 }
+
+// The foreign-add fault's check of the foreign node fails when that node
+// no longer leads a group of its own alone: of another group, or not itself.
+func TestLeadsAloneCanFail(t *testing.T) {
+	ctx := context.Background()
+	s := startNode(t)
+	group, err := groupOf(ctx, []string{s.Addr()})
+	if err != nil {
+		t.Fatal(err)
+	}
+	r := &runner{}
+	f := &node{id: "fence1", api: s.Addr()}
+	if why := r.leadsAlone(ctx, f, group); why != "" {
+		t.Fatalf("a node alone in its group: %s", why)
+	}
+	if why := r.leadsAlone(ctx, f, "OTHER"); !strings.Contains(why, "answers for group "+group) {
+		t.Fatalf("a node of another group than expected: %q", why)
+	}
+	if why := r.leadsAlone(ctx, &node{id: "n4", api: s.Addr()}, group); !strings.Contains(why, "not itself alone") {
+		t.Fatalf("a group whose only member is another node: %q", why)
+	}
+}

@@ -62,6 +62,8 @@ func (r *Result) page() *timeline.Page {
 		case FaultWipe:
 			// Down, then catching up, until it was a voter again.
 			l, label = "server", f.Kind+" "+f.Target
+		case FaultForeignAdd:
+			l, kind, label = "server", "foreign", f.Kind+" "+f.Target
 		}
 		if f.Outcome != "" {
 			label += ": " + f.Outcome
