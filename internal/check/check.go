@@ -81,12 +81,13 @@ const (
 	// node runs on a small tmpfs of its own; Linux, as root) for 1 to 3s,
 	// then free it.
 	FaultDiskFull = "disk-full"
-	// FaultWipe: SIGKILL a follower (or, one time in three, the leader),
+	// FaultWipe: SIGKILL a follower (or, one time in four, the leader),
 	// delete its data dir, and start it again with its flags, as a pod
 	// restarted on an empty volume. It must not found a group of its own;
 	// the group's leader adds it again (auto-rejoin), and it comes back as
-	// a voter once it has caught up. Only while every node is up and a
-	// voter, one node at a time.
+	// a voter once it has caught up. One time in four the leader is killed
+	// too, as it adds the follower again. Only while every node is up and
+	// a voter, one node at a time.
 	FaultWipe = "wipe"
 	// FaultForeignAdd: start a single node of a group of its own, and ask
 	// the checked group to add it as a new member. The group must refuse
