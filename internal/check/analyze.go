@@ -50,6 +50,13 @@ const (
 	// ViolationTornTailRefused: a server would not start after a write
 	// torn at the end of its log, which it must drop.
 	ViolationTornTailRefused = "torn-tail-refused"
+	// ViolationOtherGroup: a node of the run answers for another group than
+	// the one the run began with: a second group was founded (by a node
+	// whose data dir was wiped, say), which counts tokens of its own.
+	ViolationOtherGroup = "other-group"
+	// ViolationForeignMember: the group took a node of another group as a
+	// member, or that node stopped leading its own group when asked to.
+	ViolationForeignMember = "foreign-member-accepted"
 )
 
 // Final is the state read at the end of a run.

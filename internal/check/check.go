@@ -81,10 +81,23 @@ const (
 	// node runs on a small tmpfs of its own; Linux, as root) for 1 to 3s,
 	// then free it.
 	FaultDiskFull = "disk-full"
+	// FaultWipe: SIGKILL a follower (or, one time in four, the leader),
+	// delete its data dir, and start it again with its flags, as a pod
+	// restarted on an empty volume. It must not found a group of its own;
+	// the group's leader adds it again (auto-rejoin), and it comes back as
+	// a voter once it has caught up. One time in four the leader is killed
+	// too, as it adds the follower again. Only while every node is up and
+	// a voter, one node at a time.
+	FaultWipe = "wipe"
+	// FaultForeignAdd: start a single node of a group of its own, and ask
+	// the checked group to add it as a new member. The group must refuse
+	// (ErrMembership, naming both groups) and stay as it was, and the node
+	// must go on leading its own group.
+	FaultForeignAdd = "foreign-add"
 )
 
 // FaultKinds lists the faults the checker knows, in a stable order.
-var FaultKinds = []string{FaultPause, FaultKillWorker, FaultKillServer, FaultKillLeader, FaultPartition, FaultPauseLeader, FaultPauseFollower, FaultCorruptFollower, FaultDiskFull}
+var FaultKinds = []string{FaultPause, FaultKillWorker, FaultKillServer, FaultKillLeader, FaultPartition, FaultPauseLeader, FaultPauseFollower, FaultCorruptFollower, FaultDiskFull, FaultWipe, FaultForeignAdd}
 
 // FaultEvent is a fault that was injected.
 type FaultEvent struct {
@@ -94,6 +107,10 @@ type FaultEvent struct {
 	End    time.Time
 	// Note is what the fault step saw of the fault's effect, if anything.
 	Note string
+	// Outcome is, for the faults that have one to tell, what became of it
+	// in a few fixed words ("back as a voter", "refused"): the summary
+	// counts them.
+	Outcome string
 }
 
 // Result is a run's outcome.
@@ -138,6 +155,11 @@ type runner struct {
 	clusterID string
 	// smallDisks gives each node a small disk of its own, to fill.
 	smallDisks bool
+	// unrejoined are the wiped nodes not yet voters again when their
+	// fault ended.
+	unrejoined []pendingRejoin
+	// foreign counts the foreign nodes started, to name their data dirs.
+	foreign int
 }
 
 // Run runs the checker and returns what it found. An error means the run
@@ -208,10 +230,14 @@ func Run(ctx context.Context, cfg Config) (*Result, error) {
 	if ctx.Err() != nil {
 		return nil, ctx.Err()
 	}
+	r.settleRejoins(ctx)
 	res.Final, err = r.readFinal(ctx, sql)
 	if err != nil {
 		if dead := r.deadNodes(); len(dead) > 0 {
 			err = fmt.Errorf("%w; %s", err, dead[0].Detail)
+		}
+		if other := r.checkGroups(ctx); len(other) > 0 {
+			err = fmt.Errorf("%w; %s", err, other[0].Detail)
 		}
 		return nil, err
 	}
@@ -220,6 +246,7 @@ func Run(ctx context.Context, cfg Config) (*Result, error) {
 	res.Faults = r.faults
 	res.Analysis = Analyze(res.Ops, res.Final, r.prefix, 30*time.Second)
 	res.Analysis.Violations = append(res.Analysis.Violations, r.deadNodes()...)
+	res.Analysis.Violations = append(res.Analysis.Violations, r.checkGroups(ctx)...)
 	r.mu.Lock()
 	res.Analysis.Violations = append(res.Analysis.Violations, r.found...)
 	r.mu.Unlock()
@@ -271,7 +298,7 @@ func (r *runner) faultKinds() ([]string, error) {
 // groupFault reports whether a fault needs a group of the checker's own.
 func groupFault(kind string) bool {
 	switch kind {
-	case FaultKillLeader, FaultPartition, FaultPauseLeader, FaultPauseFollower, FaultCorruptFollower:
+	case FaultKillLeader, FaultPartition, FaultPauseLeader, FaultPauseFollower, FaultCorruptFollower, FaultWipe, FaultForeignAdd:
 		return true
 	}
 	return false
@@ -380,7 +407,7 @@ func (r *runner) stopAll() {
 
 // readFinal reads the counter and the list once every worker has stopped.
 func (r *runner) readFinal(ctx context.Context, sql *sqlCounter) (Final, error) {
-	c, err := client.New(client.WithEndpoints(r.cfg.Endpoints...), client.WithRetryBudget(30*time.Second))
+	c, err := client.New(client.WithEndpoints(r.cfg.Endpoints...), client.WithClusterID(r.clusterID), client.WithRetryBudget(30*time.Second))
 	if err != nil {
 		return Final{}, err
 	}

@@ -26,6 +26,8 @@ func (r *runner) faultSteps() map[string]faultStep {
 		FaultPauseFollower:   r.pauseServer,
 		FaultCorruptFollower: r.corruptFollower,
 		FaultDiskFull:        r.fillDisk,
+		FaultWipe:            r.wipeNode,
+		FaultForeignAdd:      r.addForeignNode,
 	}
 }
 
@@ -51,8 +53,10 @@ func (r *runner) injectFaults(ctx context.Context, kinds []string) {
 		}
 		ev.End = time.Now()
 		note := ""
-		if ev.Note != "" {
-			note = ", " + ev.Note
+		for _, s := range []string{ev.Outcome, ev.Note} {
+			if s != "" {
+				note += ", " + s
+			}
 		}
 		fmt.Fprintf(r.log, "check: %s %s (%v%s)\n", ev.Kind, ev.Target, ev.End.Sub(ev.Start).Round(time.Millisecond), note)
 		r.faults = append(r.faults, ev)
@@ -99,7 +103,7 @@ func (r *runner) killServer(_ context.Context, ev *FaultEvent) bool {
 		return false
 	}
 	ev.Target = n.name()
-	r.restartNode(n)
+	r.restartNode(n, nil)
 	return true
 }
 

@@ -3,6 +3,7 @@ package check
 import (
 	"context"
 	"errors"
+	"strings"
 	"testing"
 	"time"
 
@@ -41,5 +42,50 @@ func TestGroupOfRefusesTwoGroups(t *testing.T) {
 	}
 	if _, err := groupOf(ctx, []string{a.Addr(), b.Addr()}); !errors.Is(err, fence.ErrWrongCluster) {
 		t.Fatalf("groupOf nodes of two groups: %v, want ErrWrongCluster", err)
+	}
+}
+
+// A node that answers for another group than the one the run began with (a
+// wiped node that founded a second group would) is a violation; one that
+// knows no group yet is not.
+func TestOtherGroupIsAViolation(t *testing.T) {
+	ctx := context.Background()
+	a, b := startNode(t), startNode(t)
+	groupA, err := groupOf(ctx, []string{a.Addr()})
+	if err != nil {
+		t.Fatal(err)
+	}
+	seen := groupsOf(ctx, []string{"node a", "node b"}, []string{a.Addr(), b.Addr()})
+	if len(seen) != 2 || seen[0].group != groupA || seen[1].group == "" || seen[1].group == groupA {
+		t.Fatalf("groupsOf = %+v; want a in %s and b in a group of its own", seen, groupA)
+	}
+	vs := otherGroups(groupA, seen)
+	if len(vs) != 1 || vs[0].Kind != ViolationOtherGroup || !strings.Contains(vs[0].Detail, "node b answers for group "+seen[1].group) {
+		t.Fatalf("otherGroups = %+v; want one %s naming node b and its group", vs, ViolationOtherGroup)
+	}
+	if vs := otherGroups(groupA, []nodeGroup{{"node a", groupA}, {"node c", ""}}); len(vs) != 0 {
+		t.Fatalf("a node that knows no group yet was reported: %+v", vs)
+	}
+}
+
+// The foreign-add fault's check of the foreign node fails when that node
+// no longer leads a group of its own alone: of another group, or not itself.
+func TestLeadsAloneCanFail(t *testing.T) {
+	ctx := context.Background()
+	s := startNode(t)
+	group, err := groupOf(ctx, []string{s.Addr()})
+	if err != nil {
+		t.Fatal(err)
+	}
+	r := &runner{}
+	f := &node{id: "fence1", api: s.Addr()}
+	if why := r.leadsAlone(ctx, f, group); why != "" {
+		t.Fatalf("a node alone in its group: %s", why)
+	}
+	if why := r.leadsAlone(ctx, f, "OTHER"); !strings.Contains(why, "answers for group "+group) {
+		t.Fatalf("a node of another group than expected: %q", why)
+	}
+	if why := r.leadsAlone(ctx, &node{id: "n4", api: s.Addr()}, group); !strings.Contains(why, "not itself alone") {
+		t.Fatalf("a group whose only member is another node: %q", why)
 	}
 }

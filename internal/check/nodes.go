@@ -20,8 +20,10 @@ import (
 
 // node is a server process the checker runs and may kill and restart.
 type node struct {
-	r      *runner
-	index  int
+	r     *runner
+	index int
+	// id is the node's --node-id: n1, n2, ... for the group's members.
+	id     string
 	api    string
 	raft   string
 	dir    string
@@ -32,7 +34,28 @@ type node struct {
 	mounted bool
 }
 
-func (n *node) name() string { return fmt.Sprintf("node n%d", n.index+1) }
+func (n *node) name() string { return "node " + n.id }
+
+// newNode makes a node to run from dir, on ports of its own, with the
+// arguments of fence serve every node of the checker's takes; the caller
+// adds the group's.
+func (r *runner) newNode(index int, id, dir string) (*node, error) {
+	n := &node{r: r, index: index, id: id, dir: dir}
+	var err error
+	if n.api, err = freePort(); err != nil {
+		return nil, err
+	}
+	if n.raft, err = freePort(); err != nil {
+		return nil, err
+	}
+	timeout := "100ms"
+	if r.cfg.Nodes > 1 {
+		timeout = "250ms"
+	}
+	n.args = []string{"serve", "--node-id", id, "--data-dir", dir,
+		"--listen", n.api, "--raft-listen", n.raft, "--heartbeat-timeout", timeout, "--election-timeout", timeout, "--log-level", "warn"}
+	return n, nil
+}
 
 // startServers starts the checker's own servers: one, or a group whose raft
 // links each go through a proxy that a partition can cut.
@@ -49,28 +72,18 @@ func (r *runner) startServers(ctx context.Context) error {
 	}
 	r.nodes = make([]*node, r.cfg.Nodes)
 	for i := range r.nodes {
-		n := &node{r: r, index: i, dir: filepath.Join(r.dataDir, fmt.Sprintf("n%d", i+1))}
-		if n.api, err = freePort(); err != nil {
+		id := fmt.Sprintf("n%d", i+1)
+		if r.nodes[i], err = r.newNode(i, id, filepath.Join(r.dataDir, id)); err != nil {
 			return err
 		}
-		if n.raft, err = freePort(); err != nil {
-			return err
-		}
-		r.nodes[i] = n
 	}
 	r.links = map[[2]int]*netproxy.Link{}
 	var peers []string
 	for _, n := range r.nodes {
-		peers = append(peers, fmt.Sprintf("n%d=%s", n.index+1, n.raft))
+		peers = append(peers, n.id+"="+n.raft)
 		r.cfg.Endpoints = append(r.cfg.Endpoints, n.api)
 	}
-	timeout := "100ms"
-	if len(r.nodes) > 1 {
-		timeout = "250ms"
-	}
 	for _, n := range r.nodes {
-		n.args = []string{"serve", "--node-id", fmt.Sprintf("n%d", n.index+1), "--data-dir", n.dir,
-			"--listen", n.api, "--raft-listen", n.raft, "--heartbeat-timeout", timeout, "--election-timeout", timeout, "--log-level", "warn"}
 		if r.smallDisks {
 			// Small log segments and frequent snapshots: a node writes new
 			// files often, so a full disk bites within the fault, not only
@@ -88,7 +101,7 @@ func (r *runner) startServers(ctx context.Context) error {
 					return err
 				}
 				r.links[[2]int{n.index, to.index}] = l
-				dial = append(dial, fmt.Sprintf("n%d=%s", to.index+1, l.Addr()))
+				dial = append(dial, fmt.Sprintf("%s=%s", to.id, l.Addr()))
 			}
 			n.args = append(n.args, "--peers", strings.Join(peers, ","), "--raft-dial", strings.Join(dial, ","))
 		}
@@ -103,7 +116,7 @@ func (r *runner) startServers(ctx context.Context) error {
 			return err
 		}
 	}
-	return r.waitServing(ctx)
+	return waitServing(ctx, r.nodes)
 }
 
 // launch starts the node's server process, its output appended to its
@@ -167,11 +180,11 @@ func (n *node) stop() {
 	}
 }
 
-// waitServing waits until some node answers /healthz: a leader is elected.
-func (r *runner) waitServing(ctx context.Context) error {
+// waitServing waits until one of nodes answers /healthz: a leader is elected.
+func waitServing(ctx context.Context, nodes []*node) error {
 	deadline := time.Now().Add(30 * time.Second)
 	for time.Now().Before(deadline) {
-		for _, n := range r.nodes {
+		for _, n := range nodes {
 			resp, err := http.Get("http://" + n.api + "/healthz")
 			if err == nil {
 				resp.Body.Close()
@@ -227,18 +240,25 @@ func groupOf(ctx context.Context, endpoints []string) (string, error) {
 	return c.ClusterID(), nil // every node answered with it: the client refuses any other
 }
 
-// restartNode kills a node with SIGKILL and starts it again on its data.
-func (r *runner) restartNode(n *node) {
+// restartNode kills a node with SIGKILL and starts it again with its
+// flags, after whileDown, if any, has done its part to the data dir.
+func (r *runner) restartNode(n *node, whileDown func() error) {
 	kill(n.proc)
+	if whileDown != nil {
+		if err := whileDown(); err != nil {
+			fmt.Fprintf(r.log, "check: %s: %v\n", n.name(), err)
+		}
+	}
 	time.Sleep(time.Duration(r.rng.IntN(500)) * time.Millisecond)
 	if err := n.launch(); err != nil {
 		fmt.Fprintf(r.log, "check: restarting %s: %v\n", n.name(), err)
 	}
 }
 
-// leaderNode asks every node and returns the one that says it leads.
+// leaderNode asks every node and returns the one that says it leads (of
+// the run's group: a node of another group is not asked).
 func (r *runner) leaderNode() *node {
-	c, err := client.New(client.WithEndpoints(r.cfg.Endpoints...))
+	c, err := client.New(client.WithEndpoints(r.cfg.Endpoints...), client.WithClusterID(r.clusterID))
 	if err != nil {
 		return nil
 	}
@@ -290,6 +310,11 @@ func (r *runner) pauseTarget(kind string) *node {
 	if leader == nil || kind == FaultPauseLeader {
 		return leader
 	}
+	return r.follower(leader)
+}
+
+// follower picks one of the nodes other than leader at random.
+func (r *runner) follower(leader *node) *node {
 	var followers []*node
 	for _, n := range r.nodes {
 		if n != leader {

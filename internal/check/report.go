@@ -59,6 +59,14 @@ func (r *Result) page() *timeline.Page {
 			l = "server"
 		case FaultPauseLeader, FaultPauseFollower, FaultDiskFull:
 			l, kind, label = "server", timeline.SpanPaused, f.Kind+" "+f.Target
+		case FaultWipe:
+			// Down, then catching up, until it was a voter again.
+			l, label = "server", f.Kind+" "+f.Target
+		case FaultForeignAdd:
+			l, kind, label = "server", "foreign", f.Kind+" "+f.Target
+		}
+		if f.Outcome != "" {
+			label += ": " + f.Outcome
 		}
 		tl.Spans = append(tl.Spans, timeline.Span{Lane: l, Start: f.Start, End: f.End, Kind: kind, Label: label})
 		tl.Marks = append(tl.Marks, timeline.Mark{Lane: l, At: f.Start, Kind: timeline.MarkFault, Label: label})

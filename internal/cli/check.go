@@ -37,9 +37,14 @@ pauses the leader (pause-leader: past the election of a new one, but not
 past the keepalives sent to it) or a follower, and damages a killed
 follower's raft log (corrupt-follower: bytes flipped in the middle, which
 must stop it with a message, or a write torn at the end, which it must
-drop and start); as root on Linux it also fills a node's disk (disk-full:
+drop and start), deletes the data dir of a follower or of the leader and
+starts it again with its flags (wipe: it must be added again and be a voter
+again, and found no group of its own), and starts a node of a group of its
+own and asks the group to add it (foreign-add: it must be refused, naming
+both groups); as root on Linux it also fills a node's disk (disk-full:
 each node runs on a small tmpfs of its own) and frees it again. Every
-endpoint must be a node of one group. It then checks the history:
+endpoint must be a node of one group, and must still answer for it at the
+end. It then checks the history:
 no write accepted with a token lower than one accepted before, no
 acknowledged increment or append lost, grant tokens rising in real-time
 order, a linearizable KV history, and, from each worker's report of when it
@@ -86,7 +91,7 @@ checker finds the lost updates that fencing prevents.`,
 	}
 	f := cmd.Flags()
 	f.IntVar(&cfg.Workers, "workers", 5, "worker processes")
-	f.IntVar(&cfg.Nodes, "nodes", 1, "servers to start (3 or 5 adds leader kills, partitions and server pauses); ignored with --endpoints")
+	f.IntVar(&cfg.Nodes, "nodes", 1, "servers to start (3 or 5 adds leader kills, partitions, server pauses, wiped data dirs and foreign nodes); ignored with --endpoints")
 	f.DurationVar(&cfg.Duration, "duration", 30*time.Second, "how long to run the workload")
 	f.Uint64Var(&cfg.Seed, "seed", uint64(time.Now().UnixNano()%1e6), "seed of the fault schedule, to reproduce a run")
 	f.DurationVar(&cfg.TTL, "ttl", 0, "the workers' session TTL; pauses of workers last longer (default 1s; with pause-leader, 3-4s drawn by each worker process)")
@@ -128,6 +133,19 @@ func printCheck(g *globals, res *check.Result) {
 		fmt.Fprintf(w, ", %s %d", k, counts[k])
 	}
 	fmt.Fprintln(w)
+	outcomes := map[string]int{}
+	for _, f := range res.Faults {
+		if f.Outcome != "" {
+			outcomes[f.Kind+" "+f.Outcome]++
+		}
+	}
+	if len(outcomes) > 0 {
+		fmt.Fprint(w, "fault outcomes:")
+		for i, k := range slices.Sorted(maps.Keys(outcomes)) {
+			fmt.Fprintf(w, "%s %s %d", map[bool]string{true: "", false: ","}[i == 0], k, outcomes[k])
+		}
+		fmt.Fprintln(w)
+	}
 	fmt.Fprintf(w, "operations: %d (grants %d, accepted writes %d, refused %d, unknown outcome %d)\n", a.Ops, a.Acquires, a.Writes, a.Rejected, a.Unknown)
 	gaps := check.GrantGaps(res.Ops, res.Faults)
 	gapKinds := slices.Sorted(maps.Keys(gaps))

@@ -1,0 +1,273 @@
+package check
+
+import (
+	"context"
+	"fmt"
+	"os"
+	"path/filepath"
+	"time"
+
+	"github.com/fencelock/fence/client"
+)
+
+// rejoinWait bounds how long a wipe fault waits for its node to be a voter
+// again by itself (it takes a second or two); the fault then adds it as an
+// operator would, and the end of the run waits up to settleWait more for
+// each node that was still not one.
+const (
+	rejoinWait = 10 * time.Second
+	settleWait = 15 * time.Second
+)
+
+// Outcomes of a wipe fault.
+const (
+	OutcomeRejoined    = "back as a voter"
+	OutcomeNotRejoined = "not back as a voter"
+	OutcomeOtherGroup  = "answers for another group"
+)
+
+// wipeNode kills a follower, or one time in four the leader, deletes its
+// data dir and starts it again with its flags. Its peers hold the group's
+// data, so it must not found a group; it asks the leader to add it again,
+// and catches up as a non-voter before it is made a voter. The fault waits
+// for that, rejoinWait at most, and then adds it by hand as an operator
+// would, so that the run goes on with a whole group.
+//
+// One time in four it also kills the leader (and starts it again on its
+// data) once the wiped follower holds the group's data and is not a voter
+// yet: the leader that adds a member again may be lost halfway.
+//
+// It hits only a group whose every node is up, a voter and of the run's
+// group: a wipe while another node is down or catching up could leave
+// fewer intact data dirs than a quorum, which stops the group by design
+// and is not what this fault tests.
+func (r *runner) wipeNode(ctx context.Context, ev *FaultEvent) bool {
+	variant := r.rng.IntN(4)
+	ofLeader, interrupt := variant == 0, variant == 1
+	leader, why := r.groupWhole(ctx)
+	for wait := time.Now().Add(5 * time.Second); leader == nil && ctx.Err() == nil && time.Now().Before(wait); {
+		// Just after another fault: an election, a node still starting.
+		sleep(ctx, 200*time.Millisecond)
+		leader, why = r.groupWhole(ctx)
+	}
+	if leader == nil {
+		if ctx.Err() == nil {
+			fmt.Fprintf(r.log, "check: no wipe now: %s\n", why)
+		}
+		return false
+	}
+	n := leader
+	if !ofLeader {
+		n = r.follower(leader)
+	}
+	ev.Target = n.name()
+	var catchingUp func(leaderAPI string) string
+	switch {
+	case ofLeader:
+		ev.Target += " (leader)"
+	case interrupt:
+		ev.Target += " (and the leader, as it adds it again)"
+		catchingUp = func(leaderAPI string) string {
+			l := r.nodeAt(leaderAPI)
+			if l == nil || l == n {
+				return ""
+			}
+			r.restartNode(l, nil)
+			return fmt.Sprintf("%s, the leader, killed and started again as it caught up", l.name())
+		}
+	}
+	ev.Start = time.Now()
+	r.restartNode(n, func() error { return wipeDataDir(n) })
+	w := &rejoinWatch{n: n, wiped: ev.Start}
+	ev.Outcome, ev.Note = r.awaitRejoin(ctx, w, rejoinWait, catchingUp)
+	if ev.Outcome == OutcomeNotRejoined && ctx.Err() == nil {
+		ev.Note = join(ev.Note, r.addByHand(ctx, n))
+	}
+	if ev.Outcome == OutcomeNotRejoined && !r.countsAsVoter(ctx, r.leaderAPI(), n.id) {
+		r.mu.Lock()
+		r.unrejoined = append(r.unrejoined, pendingRejoin{w: w, fault: len(r.faults)})
+		r.mu.Unlock()
+	}
+	return true
+}
+
+// pendingRejoin is a wiped node that was not a voter again when its fault
+// ended; fault is the index of its FaultEvent.
+type pendingRejoin struct {
+	w     *rejoinWatch
+	fault int
+}
+
+// rejoinWatch is what the checker saw of a wiped node coming back: when it
+// was wiped, and how long after that it first held the group's data.
+type rejoinWatch struct {
+	n        *node
+	wiped    time.Time
+	caughtUp time.Duration
+}
+
+// wipeDataDir deletes the node's data dir, or, when the dir is a disk of
+// its own (disk-full), everything on it: an empty volume either way.
+func wipeDataDir(n *node) error {
+	if !n.mounted {
+		return os.RemoveAll(n.dir)
+	}
+	entries, err := os.ReadDir(n.dir)
+	if err != nil {
+		return err
+	}
+	for _, e := range entries {
+		if err := os.RemoveAll(filepath.Join(n.dir, e.Name())); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// groupWhole returns the leader when every node answers for the run's
+// group and the leader counts each as a voter; otherwise nil, and why not.
+func (r *runner) groupWhole(ctx context.Context) (*node, string) {
+	leader := r.leaderNode()
+	if leader == nil {
+		return nil, "no leader"
+	}
+	st, err := statusOf(ctx, leader.api)
+	if err != nil {
+		return nil, fmt.Sprintf("the leader, %s, does not answer: %v", leader.name(), err)
+	}
+	voters := map[string]bool{}
+	for _, m := range st.GetMembers() {
+		voters[m.GetId()] = m.GetVoter()
+	}
+	for _, n := range r.nodes {
+		if !voters[n.id] {
+			return nil, fmt.Sprintf("%s is not a voter of the group", n.name())
+		}
+		st, err := statusOf(ctx, n.api)
+		if err != nil {
+			return nil, fmt.Sprintf("%s does not answer: %v", n.name(), err)
+		}
+		if st.GetClusterId() != r.clusterID {
+			return nil, fmt.Sprintf("%s answers for group %q", n.name(), st.GetClusterId())
+		}
+	}
+	return leader, ""
+}
+
+// awaitRejoin waits, up to bound or the end of ctx, until w's wiped node is
+// a voter of the run's group again, and says how that went. Once the node
+// holds the group's data and is not a voter yet, it calls catchingUp, if
+// any, with the leader's API address, which says what it did.
+//
+// The wiped node holds nothing until the leader has removed its member and
+// added it back (the leader cannot replicate to it before: it refuses to be
+// dialed as a voter with no data), so once it has applied entries of the
+// run's group, the member was removed; a leader that then counts it as a
+// voter has made it one again.
+func (r *runner) awaitRejoin(ctx context.Context, w *rejoinWatch, bound time.Duration, catchingUp func(leaderAPI string) string) (outcome, note string) {
+	ctx, cancel := context.WithTimeout(ctx, bound)
+	defer cancel()
+	n, wiped := w.n, w.wiped
+	did := ""
+	for {
+		if st, err := statusOf(ctx, n.api); err == nil {
+			group := st.GetClusterId()
+			if group != "" && group != r.clusterID {
+				return OutcomeOtherGroup, fmt.Sprintf("it answers for group %s", group)
+			}
+			if group == r.clusterID && st.GetAppliedIndex() > 0 {
+				if w.caughtUp == 0 {
+					w.caughtUp = time.Since(wiped)
+				}
+				if r.countsAsVoter(ctx, st.GetLeaderAddress(), n.id) {
+					return OutcomeRejoined, join(did, fmt.Sprintf("holding the group's data after %v, a voter again after %v",
+						w.caughtUp.Round(time.Millisecond), time.Since(wiped).Round(time.Millisecond)))
+				}
+				if catchingUp != nil {
+					did = catchingUp(st.GetLeaderAddress())
+					catchingUp = nil
+				}
+			}
+		}
+		select {
+		case <-ctx.Done():
+			note := fmt.Sprintf("not a voter again after %v", time.Since(wiped).Round(time.Millisecond))
+			if w.caughtUp > 0 {
+				note += fmt.Sprintf(" (it held the group's data after %v)", w.caughtUp.Round(time.Millisecond))
+			}
+			return OutcomeNotRejoined, join(did, note)
+		case <-time.After(100 * time.Millisecond):
+		}
+	}
+}
+
+// countsAsVoter reports whether the node at leaderAPI says it leads and
+// counts member id as a voter.
+func (r *runner) countsAsVoter(ctx context.Context, leaderAPI, id string) bool {
+	if leaderAPI == "" {
+		return false
+	}
+	st, err := statusOf(ctx, leaderAPI)
+	if err != nil || st.GetState() != "Leader" || st.GetClusterId() != r.clusterID {
+		return false
+	}
+	for _, m := range st.GetMembers() {
+		if m.GetId() == id {
+			return m.GetVoter()
+		}
+	}
+	return false
+}
+
+// settleRejoins waits, at the end of the run, for the wiped nodes that
+// were not voters again when their fault ended, and tells their faults
+// how it went.
+func (r *runner) settleRejoins(ctx context.Context) {
+	r.mu.Lock()
+	pending := r.unrejoined
+	r.mu.Unlock()
+	for _, p := range pending {
+		outcome, note := r.awaitRejoin(ctx, p.w, settleWait, nil)
+		ev := &r.faults[p.fault]
+		ev.Outcome = outcome
+		ev.Note += "; at the end of the run: " + note
+		fmt.Fprintf(r.log, "check: %s %s at the end of the run: %s\n", ev.Kind, ev.Target, note)
+	}
+}
+
+// nodeAt returns the node that serves the API at api, if any.
+func (r *runner) nodeAt(api string) *node {
+	for _, n := range r.nodes {
+		if n.api == api {
+			return n
+		}
+	}
+	return nil
+}
+
+// addByHand does what an operator does for a wiped node that the group did
+// not make a voter again by itself: fence members add, which adds it (or,
+// if it is a non-voter already, makes it a voter once it has caught up).
+// It says how that went.
+func (r *runner) addByHand(ctx context.Context, n *node) string {
+	c, err := client.New(client.WithEndpoints(r.cfg.Endpoints...), client.WithClusterID(r.clusterID))
+	if err != nil {
+		return ""
+	}
+	defer c.Close()
+	ctx, cancel := context.WithTimeout(ctx, 30*time.Second)
+	defer cancel()
+	start := time.Now()
+	if err := c.AddMember(ctx, n.id, n.raft, true); err != nil {
+		return "fence members add did not make it a voter either: " + err.Error()
+	}
+	return fmt.Sprintf("fence members add made it a voter in %v", time.Since(start).Round(time.Millisecond))
+}
+
+// leaderAPI returns the API address of the node that leads, "" if none.
+func (r *runner) leaderAPI() string {
+	if l := r.leaderNode(); l != nil {
+		return l.api
+	}
+	return ""
+}
