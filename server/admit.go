@@ -111,7 +111,7 @@ func (n *node) admitUnintroduced() error {
 // without an introduction, to a node that runs a fence from before them.
 func (n *node) dialUnintroduced() error {
 	if p := n.fsm.Protocol(); p >= fsm.Protocol2 {
-		return fmt.Errorf("the group runs protocol %d, and every member of it introduces itself on its raft connections", p)
+		return fmt.Errorf("the group runs protocol %d, at which every member introduces itself on its raft connections", p)
 	}
 	return nil
 }

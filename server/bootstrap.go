@@ -74,8 +74,11 @@ func (s *Server) bootstrapWhenAgreed() {
 			} else {
 				return
 			}
-		case c.lost:
-			s.askToRejoin(c.holders)
+		case len(c.holders) > 0 && s.askToRejoin(c.holders):
+			// A peer holds data: whether this node lost its own, or is
+			// slow to found a group a peer founded, the leader adds it
+			// with a check of its own, and it catches up.
+			s.startRejoin()
 		}
 		s.bootstrapNote.Store(&note)
 		s.bootstrapLogs.log(s.logger, level, note, "not bootstrapping a group yet", "why", note)
@@ -96,9 +99,7 @@ type census struct {
 	// another group's data (error).
 	group, note string
 	level       slog.Level
-	// lost is set when a peer holds the group's data and this node none:
-	// its data dir was lost. holders are the peers that hold data.
-	lost    bool
+	// holders are the peers that hold data.
 	holders []string
 }
 
@@ -152,7 +153,7 @@ func (s *Server) censusOfPeers() census {
 	group := bootstrapGroupID(incarnations)
 	for _, id := range holders {
 		if h := hellos[id]; h.Group != group {
-			return census{lost: true, holders: holders, level: slog.LevelError, note: fmt.Sprintf("%s answers with group %s and holds its data (log index %d), while this node holds none: "+
+			return census{holders: holders, level: slog.LevelError, note: fmt.Sprintf("%s answers with group %s and holds its data (log index %d), while this node holds none: "+
 				"this node's data dir was lost or replaced, and it will not found a second group. "+
 				"it asks the group's leader to add it again (with --auto-rejoin on the group's nodes), or remove it from the group "+
 				"(fence members remove %s) and add it again (fence members add %s ADDRESS); it waits until then",

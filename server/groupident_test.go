@@ -267,3 +267,53 @@ func noteOf(s *Server) string {
 	}
 	return ""
 }
+
+// TestRejoinResumesAfterItsLeaderIsGone: a wiped member whose leader took
+// the first step of adding it again (it was made a non-voter, caught up)
+// and then went away used to stay a non-voter for good: it held data, so it
+// asked no more, and no later leader knew. It now keeps asking, across its
+// own restarts (its identity records it), until it is a voter, and any
+// leader takes the request up where it stands.
+func TestRejoinResumesAfterItsLeaderIsGone(t *testing.T) {
+	c := startCluster(t, 3, nil)
+	leader := c.leader()
+	victim := c.followers(leader)[0]
+	id := victim.cfg.NodeID
+	waitFor(t, id+" to catch up", func() bool { return victim.node.raft.AppliedIndex() >= leader.node.raft.LastIndex() })
+	// The state a leader lost halfway leaves: the member a non-voter with
+	// the group's data, and the node's record that it asked.
+	if err := leader.node.raft.DemoteVoter(raft.ServerID(id), 0, time.Second).Error(); err != nil {
+		t.Fatal(err)
+	}
+	c.stop(id)
+	ident, err := openIdentity(c.cfgs[id].DataDir)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := ident.setRejoining(true); err != nil {
+		t.Fatal(err)
+	}
+	restarted := c.start(id)
+	waitFor(t, id+" to be a voter again", func() bool {
+		srv, ok := c.leader().member(raft.ServerID(id))
+		return ok && srv.Suffrage == raft.Voter && !restarted.ident.rejoining.Load()
+	})
+}
+
+// TestWipedMemberRejoinsWhileAPeerIsDown: with one peer down, a wiped
+// member of five used to wait for it before asking to be added again,
+// although the others had a quorum without it.
+func TestWipedMemberRejoinsWhileAPeerIsDown(t *testing.T) {
+	c := startCluster(t, 5, nil)
+	leader := c.leader()
+	followers := c.followers(leader)
+	down, victim := followers[0].cfg.NodeID, followers[1].cfg.NodeID
+	c.stop(down)
+	c.stop(victim)
+	c.wipe(victim)
+	wiped := c.start(victim)
+	waitFor(t, victim+" to be a voter again with one peer down", func() bool {
+		srv, ok := c.leader().member(raft.ServerID(victim))
+		return ok && srv.Suffrage == raft.Voter && wiped.node.hasData() && !wiped.ident.rejoining.Load()
+	})
+}

@@ -27,14 +27,16 @@ type identity struct {
 	// incarnation never changes once drawn.
 	incarnation string
 
-	mu    sync.Mutex // serializes writes of the file
-	group atomic.Pointer[string]
+	mu        sync.Mutex // serializes writes of the file
+	group     atomic.Pointer[string]
+	rejoining atomic.Bool // asked its group to add it again, not a voter yet
 }
 
 // identityRecord is the file's form.
 type identityRecord struct {
 	Incarnation string `json:"incarnation"`
 	Group       string `json:"group,omitempty"`
+	Rejoining   bool   `json:"rejoining,omitempty"`
 }
 
 // openIdentity reads the data dir's identity, drawing and writing a new
@@ -46,7 +48,7 @@ func openIdentity(dataDir string) (*identity, error) {
 	switch {
 	case errors.Is(err, os.ErrNotExist):
 		id.incarnation = rand.Text()
-		if err := id.write(""); err != nil {
+		if err := id.write("", false); err != nil {
 			return nil, fmt.Errorf("writing the data dir's identity: %w", err)
 		}
 		return id, nil
@@ -59,6 +61,7 @@ func openIdentity(dataDir string) (*identity, error) {
 			"If the rest of the data dir is intact, move the file aside: the node then learns its group from its log", id.path, data)
 	}
 	id.incarnation = rec.Incarnation
+	id.rejoining.Store(rec.Rejoining)
 	if rec.Group != "" {
 		id.group.Store(&rec.Group)
 	}
@@ -85,15 +88,30 @@ func (id *identity) adopt(group string) error {
 	case have != "":
 		return fmt.Errorf("%w: this node's data dir belongs to group %s, not %s", errWrongGroup, have, group)
 	}
-	if err := id.write(group); err != nil {
+	if err := id.write(group, id.rejoining.Load()); err != nil {
 		return fmt.Errorf("recording group %s in %s: %w", group, id.path, err)
 	}
 	id.group.Store(&group)
 	return nil
 }
 
-func (id *identity) write(group string) error {
-	data, err := json.Marshal(identityRecord{Incarnation: id.incarnation, Group: group})
+// setRejoining records, durably, whether the node asked its group to add
+// it again and is not a voter yet.
+func (id *identity) setRejoining(on bool) error {
+	id.mu.Lock()
+	defer id.mu.Unlock()
+	if id.rejoining.Load() == on {
+		return nil
+	}
+	if err := id.write(id.groupID(), on); err != nil {
+		return err
+	}
+	id.rejoining.Store(on)
+	return nil
+}
+
+func (id *identity) write(group string, rejoining bool) error {
+	data, err := json.Marshal(identityRecord{Incarnation: id.incarnation, Group: group, Rejoining: rejoining})
 	if err != nil {
 		return err
 	}

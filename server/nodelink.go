@@ -416,7 +416,9 @@ func (m *nodeLinkMux) Dial(addr raft.ServerAddress, timeout time.Duration) (net.
 	case err != nil:
 		c.Close()
 		if perr := n.dialUnintroduced(); perr != nil {
-			return nil, fmt.Errorf("the node at %s does not say which group it is of: %w", addr, perr)
+			return nil, fmt.Errorf("the node at %s closed the connection without answering this node's introduction: "+
+				"it is down behind something that accepts connections for it (a proxy, a load balancer), "+
+				"or runs a fence from before introductions (%w)", addr, perr)
 		}
 		return m.StreamLayer.Dial(addr, timeout)
 	case answer.Refused != "":

@@ -94,6 +94,8 @@ type Server struct {
 	bootstrapLogs logLimiter
 	// rejoining are the members being added again (rejoin.go).
 	rejoining rejoins
+	// rejoinStarted is set once this node asks to be added again.
+	rejoinStarted atomic.Bool
 	// failed is closed when the node stopped by itself, for failure.
 	failed     chan struct{}
 	failOnce   sync.Once
@@ -176,6 +178,9 @@ func Start(cfg Config) (*Server, error) {
 	}
 	s.learnGroup()
 	s.serveRejoins()
+	if s.ident.rejoining.Load() {
+		s.startRejoin() // asked before a restart, and not a voter yet
+	}
 	if err := s.startBootstrap(); err != nil {
 		s.node.close()
 		return abort(err)
@@ -509,6 +514,8 @@ func (s *Server) problems() []string {
 	var out []string
 	if note := s.bootstrapNote.Load(); note != nil {
 		out = append(out, "not bootstrapped: "+*note)
+	} else if s.ident.rejoining.Load() {
+		out = append(out, "rejoining its group: its data dir was lost; a non-voter until it has caught up")
 	}
 	if s.node != nil {
 		if p := s.node.problem(); p != "" {
