@@ -38,7 +38,9 @@ func (s *Server) serveRejoins() {
 // quorum without it; a non-voter is made a voter again once it has caught
 // up. The steps go on after the answer.
 func (s *Server) rejoin(req rejoinRequest) rejoinAnswer {
-	refuse := func(format string, args ...any) rejoinAnswer { return rejoinAnswer{Refused: fmt.Sprintf(format, args...)} }
+	refuse := func(format string, args ...any) rejoinAnswer {
+		return rejoinAnswer{Refused: fmt.Sprintf(format, args...)}
+	}
 	if !s.cfg.AutoRejoin {
 		return refuse("the group does not add members again by itself (--auto-rejoin=false): ask an operator to run fence members remove %s, then fence members add", req.ID)
 	}
