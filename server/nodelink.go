@@ -155,29 +155,6 @@ func readFrame(r io.Reader, v any) error {
 	return json.Unmarshal(data, v)
 }
 
-// logLimiter logs a message under a key at most once a minute.
-type logLimiter struct {
-	mu   sync.Mutex
-	last map[string]time.Time
-}
-
-func (l *logLimiter) log(logger *slog.Logger, level slog.Level, key, msg string, args ...any) {
-	l.mu.Lock()
-	now := time.Now()
-	if t, ok := l.last[key]; ok && now.Sub(t) < time.Minute {
-		l.mu.Unlock()
-		return
-	}
-	if l.last == nil || len(l.last) > 1024 {
-		l.last = map[string]time.Time{}
-	}
-	l.last[key] = now
-	l.mu.Unlock()
-	if logger != nil {
-		logger.Log(context.Background(), level, msg, args...)
-	}
-}
-
 // peerStream is raft's stream layer over TCP, or over mutual TLS when
 // config is set. A peer's certificate is verified against the host it is
 // dialed at, so with RaftAddressProvider (--raft-dial) the certificates
