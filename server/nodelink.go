@@ -395,9 +395,23 @@ func (m *nodeLinkMux) Dial(addr raft.ServerAddress, timeout time.Duration) (net.
 		return m.StreamLayer.Dial(addr, timeout)
 	case answer.Refused != "":
 		c.Close()
-		return nil, fmt.Errorf("%s at %s refused this node's raft connection: %s", answer.ID, addr, answer.Refused)
+		return nil, &raftRefusedError{id: answer.ID, addr: addr, reason: answer.Refused}
 	}
 	return c, nil
+}
+
+// raftRefusedError is a peer's refusal of a raft connection this node
+// dialed, by the rules of admit.go: the peer is of another group, or
+// holds no data, or expects another node here. It does not pass by
+// itself, unlike a peer that is down.
+type raftRefusedError struct {
+	id     string // the peer's own id
+	addr   raft.ServerAddress
+	reason string
+}
+
+func (e *raftRefusedError) Error() string {
+	return fmt.Sprintf("%s at %s refused this node's raft connection: %s", e.id, e.addr, e.reason)
 }
 
 // askHello dials a node's raft address and reads its hello, within timeout.
