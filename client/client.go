@@ -30,8 +30,28 @@ const DefaultEndpoint = "127.0.0.1:7420"
 // Client talks to a fence service. It is safe for concurrent use; one
 // Client per process is enough. Calls that fail because a node is not the
 // leader or cannot be reached move on to the next endpoint and are retried,
-// with backoff, for as long as their context and the retry budget allow;
-// only calls that are safe to repeat are retried.
+// with backoff; only calls that are safe to repeat are retried.
+//
+// How long a call retries depends on whether the client has talked to its
+// group. Until one of its calls has succeeded, a call that no node
+// answers at all (every connection refused, or not made, or not answered
+// in time) fails after the dial timeout (WithDialTimeout, 1s by default,
+// as `fence --dial-timeout`) with ErrUnreachable, which names the
+// endpoints it tried: there is most likely no node there (no `fence
+// serve` yet, wrong endpoints), and waiting longer would only hide that.
+// Once a call has succeeded the group is known to exist, and a call that
+// no node answers is taken for one that meets a restart (a node's, or a
+// single-node group's): it retries for the retry budget (WithRetryBudget,
+// 15s by default) and its context, then fails with ErrUnreachable. A call
+// that a node answers with "no leader" or "not the leader" retries for
+// the budget, first call or not: the group is there, electing. This is
+// etcd's choice (its DialTimeout bounds the first connection; calls then
+// wait for a lost one to come back), and Consul's servers hold calls
+// through an election the same way (rpc_hold_timeout). A session's
+// keepalives retry on their own until its safe-until, whatever the call
+// does. A program started together with its nodes (one compose file, a
+// test that starts its server after its client) waits for them with a
+// longer dial timeout: WithDialTimeout(15*time.Second).
 type Client struct {
 	opts  options
 	http  *http.Client
@@ -45,6 +65,10 @@ type Client struct {
 
 	// cluster is the id of the group the client talks to, once known.
 	cluster atomic.Pointer[string]
+	// answered is set once a call succeeded: from then on, nodes that do
+	// not answer are taken for restarting, not missing, and calls retry
+	// for the budget rather than the dial timeout.
+	answered atomic.Bool
 
 	mu        sync.Mutex
 	endpoints []*endpoint // grows when a leader the client did not know is named
@@ -119,7 +143,9 @@ func WithHTTPClient(c *http.Client) Option {
 }
 
 // WithRetryBudget bounds how long a call keeps retrying while no leader
-// answers (default 15s). The call's context bounds it too.
+// answers (default 15s): while the group elects one, or, once the client
+// has talked to its group, while no node answers at all (a restart; see
+// Client). The call's context bounds it too. 0 tries each endpoint once.
 func WithRetryBudget(d time.Duration) Option {
 	return func(o *options) { o.retryBudget = d }
 }
@@ -142,18 +168,27 @@ func WithAttemptTimeout(d time.Duration) Option {
 	return func(o *options) { o.attempt = d }
 }
 
-// WithDialTimeout makes a call fail with ErrUnreachable once no node could
-// be connected to at all (every connection refused, or not made in time)
-// for d, instead of retrying for the whole retry budget: nothing is
-// listening, so waiting longer rarely helps. 0 (the default) retries for
-// the budget, which rides out a single node's restart.
+// WithDialTimeout bounds how long a call of a client that has not yet
+// talked to its group keeps trying while no node answers at all (every
+// connection refused, or not made, or not answered in time) before it
+// fails with ErrUnreachable (default 1s, as `fence --dial-timeout`):
+// nothing is listening, so waiting longer rarely helps. A client started
+// before its nodes (in the same compose file, or a test that starts its
+// server later) gives the time they take to start, such as
+// 15*time.Second. 0 waits for the whole retry budget. Once a call has
+// succeeded the dial timeout no longer applies: see Client.
 func WithDialTimeout(d time.Duration) Option {
 	return func(o *options) { o.dial = d }
 }
 
-// ErrUnreachable is a call's failure when no node could be connected to
-// within the dial timeout (WithDialTimeout). It wraps fence.ErrUnavailable.
+// ErrUnreachable is a call's failure when no node answered it: within
+// the dial timeout (WithDialTimeout) for a client that has not yet talked
+// to its group, within the retry budget for one that has. Its message
+// names the endpoints tried and what to do. It wraps fence.ErrUnavailable.
 var ErrUnreachable = fmt.Errorf("%w: no fence node could be reached", fence.ErrUnavailable)
+
+// unreachableHint ends an ErrUnreachable's message.
+const unreachableHint = "is a node running? Start one with `fence serve`, or check the endpoints (--endpoints or FENCE_ENDPOINTS for the fence command, WithEndpoints in Go)"
 
 // WithGRPC makes the client speak gRPC instead of the Connect protocol.
 func WithGRPC() Option {
@@ -169,7 +204,7 @@ func withClock(c clock.Clock) Option {
 // New returns a client for the given endpoints. It does not dial; the first
 // call does.
 func New(opts ...Option) (*Client, error) {
-	o := options{endpoints: []string{DefaultEndpoint}, clock: clock.Real, retryBudget: 15 * time.Second, attempt: time.Second}
+	o := options{endpoints: []string{DefaultEndpoint}, clock: clock.Real, retryBudget: 15 * time.Second, attempt: time.Second, dial: time.Second}
 	for _, opt := range opts {
 		opt(&o)
 	}
@@ -356,28 +391,47 @@ func (c *Client) Close() error {
 // to the next endpoint, backing off once all were tried. fn must be safe to
 // repeat. The retry budget counts from the first failure of the streak, so
 // a call that waited long (a blocked Lock) still survives a leader change.
+// A call of a client that has not yet talked to its group, that no node
+// answers, gives up after the dial timeout instead (see Client).
 func (c *Client) call(ctx context.Context, fn func(ctx context.Context, ep *endpoint) error) error {
 	var failingSince time.Time
 	backoff := 20 * time.Millisecond
 	i := c.currentIndex()
-	tried, hints, refused := 0, 0, 0
+	tried, hints, refused, attempts := 0, 0, 0, 0
 	var (
-		unreachableSince = c.opts.clock.Now()
-		reached          bool
-		foreign          error // a node of another group, passed over
+		start   = c.opts.clock.Now()
+		reached = c.answered.Load() // a node answered, this call or an earlier one
+		// heard is whether a node answered any attempt since the last
+		// backoff: if none did, the call ends as unreachable.
+		heard   bool
+		foreign error // a node of another group, passed over
 	)
+	// giveUp returns the call's error, err from its last attempt (raw
+	// before FromConnect).
+	giveUp := func(err, raw error) error {
+		if !heard && unanswered(raw) {
+			err = c.unreachable(c.opts.clock.Now().Sub(start), raw)
+		}
+		return withForeign(err, foreign)
+	}
 	for {
 		i = c.skipSilent(i)
 		ep := c.endpointAt(i)
 		raw := fn(ctx, ep)
-		reached = reached || raw == nil || !dialFailed(raw)
-		if !reached && c.opts.dial > 0 && c.opts.clock.Now().Sub(unreachableSince) >= c.opts.dial {
-			return fmt.Errorf("%w: tried %s for %v (%v)", ErrUnreachable, strings.Join(c.Endpoints(), ", "), c.opts.dial, raw)
+		attempts++
+		if raw == nil || !unanswered(raw) {
+			reached, heard = true, true
+		}
+		// Every endpoint gets one attempt first: the first may drop the
+		// connection for longer than the dial timeout while the next answers.
+		if !reached && c.opts.dial > 0 && attempts >= c.numEndpoints() && c.opts.clock.Now().Sub(start) >= c.opts.dial {
+			return giveUp(raw, raw)
 		}
 		err := rpcerr.FromConnect(raw)
 		if err == nil {
 			ep.silentUntil.Store(0)
 			c.setCurrent(ep)
+			c.answered.Store(true)
 			return nil
 		}
 		if errors.Is(err, fence.ErrWrongCluster) {
@@ -423,18 +477,24 @@ func (c *Client) call(ctx context.Context, fn func(ctx context.Context, ep *endp
 			continue // try the other endpoints before backing off
 		}
 		if now.Sub(failingSince)+backoff > c.opts.retryBudget {
-			return withForeign(err, foreign)
+			return giveUp(err, raw)
 		}
 		t := c.opts.clock.NewTimer(backoff)
 		select {
 		case <-ctx.Done():
 			t.Stop()
-			return withForeign(err, foreign)
+			return giveUp(err, raw)
 		case <-t.C():
 		}
-		tried, hints = 0, 0
+		tried, hints, heard = 0, 0, false
 		backoff = min(2*backoff, 250*time.Millisecond)
 	}
+}
+
+// unreachable is the error of a call that no node answered for d; last
+// is its last attempt's failure.
+func (c *Client) unreachable(d time.Duration, last error) error {
+	return fmt.Errorf("%w: tried %s for %v (%v); %s", ErrUnreachable, strings.Join(c.Endpoints(), ", "), d.Round(10*time.Millisecond), last, unreachableHint)
 }
 
 // withForeign adds to a call's last error that a node it passed over is
@@ -480,9 +540,28 @@ func withAttemptDeadline(ctx context.Context, clk clock.Clock, d time.Duration, 
 	err := fn(attemptCtx)
 	if err != nil && expired.Load() && ctx.Err() == nil {
 		ep.silentUntil.Store(time.Now().Add(silentFor).UnixNano())
-		return connect.NewError(connect.CodeUnavailable, fmt.Errorf("%s did not answer within %v", ep.url, d))
+		return connect.NewError(connect.CodeUnavailable, &noAnswerError{url: ep.url, after: d})
 	}
 	return err
+}
+
+// noAnswerError is an attempt that a node did not answer in time. The
+// connection may not have been made at all: an address that drops it (a
+// firewall, a host that is gone) looks the same from here.
+type noAnswerError struct {
+	url   string
+	after time.Duration
+}
+
+func (e *noAnswerError) Error() string {
+	return fmt.Sprintf("%s did not answer within %v", e.url, e.after)
+}
+
+// unanswered reports whether err is an attempt that no node answered: its
+// connection failed, or nothing came back in time.
+func unanswered(err error) bool {
+	var na *noAnswerError
+	return dialFailed(err) || errors.As(err, &na)
 }
 
 // dialFailed reports whether err is a failure to connect at all: the call

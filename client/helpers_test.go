@@ -22,6 +22,13 @@ func startServer(tb testing.TB, edit func(*server.Config)) *server.Server {
 	if edit != nil {
 		edit(&cfg)
 	}
+	return mustStartConfig(tb, cfg)
+}
+
+// mustStartConfig runs a real server of cfg, and returns it once it is the
+// leader.
+func mustStartConfig(tb testing.TB, cfg server.Config) *server.Server {
+	tb.Helper()
 	s, err := server.Start(cfg)
 	if err != nil {
 		tb.Fatal(err)

@@ -1,10 +1,8 @@
 package server
 
 import (
-	"context"
 	"errors"
 	"fmt"
-	"io"
 	"log/slog"
 	"net"
 	"os"
@@ -15,7 +13,6 @@ import (
 	"syscall"
 	"time"
 
-	"github.com/hashicorp/go-hclog"
 	"github.com/hashicorp/raft"
 	raftboltdb "github.com/hashicorp/raft-boltdb/v2"
 	wal "github.com/hashicorp/raft-wal"
@@ -44,6 +41,7 @@ type node struct {
 	// rejoins answers members asking to be added again (rejoin.go).
 	rejoins   atomic.Pointer[func(rejoinRequest) rejoinAnswer]
 	logger    *slog.Logger
+	raftLog   *raftLogSink // raft's own lines, on their way to logger
 	log       *checkedLog
 	dataDir   string
 	timeout   time.Duration
@@ -64,7 +62,7 @@ func openNode(cfg Config, api string, ident *identity, f *fsm.FSM, logger *slog.
 	if err := os.MkdirAll(cfg.DataDir, 0o700); err != nil {
 		return nil, fmt.Errorf("creating data dir: %w", err)
 	}
-	hlog := raftLog(logger)
+	hlog, sink := newRaftLog(logger)
 	kind, err := logStoreKind(cfg.DataDir, cfg.LogStore)
 	if err != nil {
 		return nil, err
@@ -172,6 +170,8 @@ func openNode(cfg Config, api string, ident *identity, f *fsm.FSM, logger *slog.
 	if err != nil {
 		return fail(fmt.Errorf("starting raft: %w", err))
 	}
+	sink.members.Store(n.raft)
+	n.raftLog = sink
 	n.batcher = newBatcher(n)
 	n.links.serve(n)
 	return n, nil
@@ -406,49 +406,6 @@ func (n *node) close() error {
 		errs = append(errs, n.store.Close())
 	}
 	return errors.Join(errs...)
-}
-
-// raftLog returns an hclog logger for raft and its stores that hands
-// their messages to logger as structured records at their own level
-// (error stays error): warnings and errors only, as raft is chatty.
-func raftLog(logger *slog.Logger) hclog.Logger {
-	l := hclog.NewInterceptLogger(&hclog.LoggerOptions{Name: "raft", Level: hclog.Warn, Output: io.Discard})
-	if logger != nil {
-		l.RegisterSink(raftLogSink{logger})
-	}
-	return l
-}
-
-type raftLogSink struct{ logger *slog.Logger }
-
-func (s raftLogSink) Accept(name string, level hclog.Level, msg string, args ...any) {
-	var l slog.Level
-	switch {
-	case level >= hclog.Error:
-		l = slog.LevelError
-	case level == hclog.Warn && firstElection(msg, args):
-		l = slog.LevelInfo
-	case level == hclog.Warn:
-		l = slog.LevelWarn
-	default:
-		return
-	}
-	s.logger.Log(context.Background(), l, msg, append([]any{"component", name}, args...)...)
-}
-
-// firstElection reports whether raft's message is the warning that opens
-// an election when no leader was known yet: every node's start, not a
-// leader gone silent, so it is logged as info.
-func firstElection(msg string, args []any) bool {
-	if msg != "heartbeat timeout reached, starting election" {
-		return false
-	}
-	for i := 0; i+1 < len(args); i += 2 {
-		if k, _ := args[i].(string); k == "last-leader-id" {
-			return fmt.Sprint(args[i+1]) == ""
-		}
-	}
-	return false
 }
 
 func trimNewline(p []byte) []byte {

@@ -155,29 +155,6 @@ func readFrame(r io.Reader, v any) error {
 	return json.Unmarshal(data, v)
 }
 
-// logLimiter logs a message under a key at most once a minute.
-type logLimiter struct {
-	mu   sync.Mutex
-	last map[string]time.Time
-}
-
-func (l *logLimiter) log(logger *slog.Logger, level slog.Level, key, msg string, args ...any) {
-	l.mu.Lock()
-	now := time.Now()
-	if t, ok := l.last[key]; ok && now.Sub(t) < time.Minute {
-		l.mu.Unlock()
-		return
-	}
-	if l.last == nil || len(l.last) > 1024 {
-		l.last = map[string]time.Time{}
-	}
-	l.last[key] = now
-	l.mu.Unlock()
-	if logger != nil {
-		logger.Log(context.Background(), level, msg, args...)
-	}
-}
-
 // peerStream is raft's stream layer over TCP, or over mutual TLS when
 // config is set. A peer's certificate is verified against the host it is
 // dialed at, so with RaftAddressProvider (--raft-dial) the certificates
@@ -423,9 +400,23 @@ func (m *nodeLinkMux) Dial(addr raft.ServerAddress, timeout time.Duration) (net.
 		return m.StreamLayer.Dial(addr, timeout)
 	case answer.Refused != "":
 		c.Close()
-		return nil, fmt.Errorf("%s at %s refused this node's raft connection: %s", answer.ID, addr, answer.Refused)
+		return nil, &raftRefusedError{id: answer.ID, addr: addr, reason: answer.Refused}
 	}
 	return c, nil
+}
+
+// raftRefusedError is a peer's refusal of a raft connection this node
+// dialed, by the rules of admit.go: the peer is of another group, or
+// holds no data, or expects another node here. It does not pass by
+// itself, unlike a peer that is down.
+type raftRefusedError struct {
+	id     string // the peer's own id
+	addr   raft.ServerAddress
+	reason string
+}
+
+func (e *raftRefusedError) Error() string {
+	return fmt.Sprintf("%s at %s refused this node's raft connection: %s", e.id, e.addr, e.reason)
 }
 
 // askHello dials a node's raft address and reads its hello, within timeout.

@@ -190,9 +190,10 @@ func Start(cfg Config) (*Server, error) {
 	s.live = &liveness{check: s.checkLoops}
 	s.forwarder = newForwarder(s, s.handler())
 	s.http = s.newHTTPServer()
-	s.wg.Add(4)
+	s.wg.Add(5)
 	go s.watchLeadership()
 	go s.watchLeaderChanges()
+	go s.watchPeersBack()
 	go s.serveHTTP()
 	if s.metricsLn != nil {
 		s.metricsHTTP = s.newMetricsServer()
@@ -248,6 +249,7 @@ func (s *Server) handOffLeadership(ctx context.Context) {
 		return
 	}
 	start := time.Now()
+	s.node.raftLog.handingOff.Store(true)
 	future := s.node.raft.LeadershipTransfer()
 	done := make(chan error, 1)
 	go func() { done <- future.Error() }()

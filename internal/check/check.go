@@ -407,7 +407,11 @@ func (r *runner) stopAll() {
 
 // readFinal reads the counter and the list once every worker has stopped.
 func (r *runner) readFinal(ctx context.Context, sql *sqlCounter) (Final, error) {
-	c, err := client.New(client.WithEndpoints(r.cfg.Endpoints...), client.WithClusterID(r.clusterID), client.WithRetryBudget(30*time.Second))
+	// A node the last fault killed may still be starting, and this client
+	// has not talked to the group yet: it waits for the nodes as long as
+	// for a leader.
+	c, err := client.New(client.WithEndpoints(r.cfg.Endpoints...), client.WithClusterID(r.clusterID),
+		client.WithRetryBudget(30*time.Second), client.WithDialTimeout(30*time.Second))
 	if err != nil {
 		return Final{}, err
 	}

@@ -130,7 +130,7 @@ func Run(ctx context.Context, args []string, stdin io.Reader, stdout, stderr io.
 	root.PersistentFlags().StringVar(&g.authTokenFile, "auth-token-file", os.Getenv(authTokenEnv),
 		"send the bearer token in this file with every call, for auth (env "+authTokenEnv+"; fence token create makes one)")
 	root.PersistentFlags().DurationVar(&g.dialTimeout, "dial-timeout", time.Second,
-		"fail once no node could be connected to for this long (0: retry for 15s, riding out a restart)")
+		"fail once no node could be connected to for this long, until one has answered (0: retry for 15s, waiting for nodes that are starting)")
 	root.PersistentFlags().DurationVar(&g.commandTimeout, "command-timeout", 5*time.Second,
 		"bound on a command that answers at once (status, locks, kv get/put/del/list, members); 0: none")
 	var cancelCommand context.CancelFunc = func() {}
@@ -186,11 +186,8 @@ const boundedKey = "fence-bounded"
 var bounded = map[string]string{boundedKey: "yes"}
 
 // printError prints err once prefixed with "fence: ", whether or not its
-// message already starts with it (fence's sentinels do), and what to do
-// when no node could be reached.
+// message already starts with it (fence's sentinels do). An error of no
+// node reached (client.ErrUnreachable) says itself what to do.
 func printError(w io.Writer, err error) {
 	fmt.Fprintf(w, "fence: %s\n", strings.TrimPrefix(err.Error(), "fence: "))
-	if errors.Is(err, client.ErrUnreachable) {
-		fmt.Fprintln(w, "Is a node running? Start one with `fence serve`, or point --endpoints (or FENCE_ENDPOINTS) at running nodes.")
-	}
 }

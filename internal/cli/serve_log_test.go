@@ -3,6 +3,8 @@ package cli
 import (
 	"bytes"
 	"encoding/json"
+	"fmt"
+	"net"
 	"os/exec"
 	"strings"
 	"sync"
@@ -88,6 +90,93 @@ func TestServeLogsOnlyRecordsAndNoWarnings(t *testing.T) {
 			}
 		}
 	})
+}
+
+// A group's leader stopped with SIGTERM hands its leadership over and
+// says so as info, logging nothing above info; the others log no error,
+// and at most one warning each that it is gone. raft used to log every
+// failed heartbeat and append to the stopped node as an error, several a
+// second, and the hand-off itself as an error.
+func TestServeSIGTERMHandOffLogsInfo(t *testing.T) {
+	var peers []string
+	var held []net.Listener // three distinct free ports
+	for i := 1; i <= 3; i++ {
+		ln, err := net.Listen("tcp", "127.0.0.1:0")
+		if err != nil {
+			t.Fatal(err)
+		}
+		held = append(held, ln)
+		peers = append(peers, fmt.Sprintf("n%d=%s", i, ln.Addr()))
+	}
+	for _, ln := range held {
+		ln.Close()
+	}
+	type node struct {
+		cmd    *exec.Cmd
+		log    *lockedBuffer
+		exited chan error
+	}
+	var nodes []*node
+	for i, p := range peers {
+		_, raftAddr, _ := strings.Cut(p, "=")
+		n := &node{log: &lockedBuffer{}, exited: make(chan error, 1)}
+		n.cmd = exec.Command(fenceBin, "serve", "--node-id", fmt.Sprintf("n%d", i+1), "--data-dir", t.TempDir(),
+			"--listen", "127.0.0.1:0", "--raft-listen", raftAddr, "--listen-metrics", "127.0.0.1:0", "--peers", strings.Join(peers, ","))
+		n.cmd.Stdout, n.cmd.Stderr = n.log, n.log
+		nodes = append(nodes, n)
+	}
+	for _, n := range nodes {
+		if err := n.cmd.Start(); err != nil {
+			t.Fatal(err)
+		}
+		go func() { n.exited <- n.cmd.Wait() }()
+		defer func() {
+			n.cmd.Process.Kill()
+			<-n.exited
+		}()
+	}
+	var leader *node
+	for deadline := time.Now().Add(20 * time.Second); leader == nil; time.Sleep(20 * time.Millisecond) {
+		if time.Now().After(deadline) {
+			t.Fatalf("no node led within 20s:\n%s\n%s\n%s", nodes[0].log, nodes[1].log, nodes[2].log)
+		}
+		for _, n := range nodes {
+			if strings.Contains(n.log.String(), "became leader") {
+				leader = n
+			}
+		}
+	}
+	time.Sleep(500 * time.Millisecond) // the followers catch up
+	leader.cmd.Process.Signal(syscall.SIGTERM)
+	select {
+	case err := <-leader.exited:
+		leader.exited <- err
+		if err != nil {
+			t.Fatalf("the leader after SIGTERM: %v\n%s", err, leader.log)
+		}
+	case <-time.After(10 * time.Second):
+		t.Fatalf("the leader did not exit within 10s of SIGTERM:\n%s", leader.log)
+	}
+	time.Sleep(time.Second) // the new leader tries to reach the old one
+	if !strings.Contains(leader.log.String(), `level=INFO msg="leadership handed over"`) {
+		t.Errorf("the leader did not log the hand-off as info:\n%s", leader.log)
+	}
+	for _, n := range nodes {
+		warnings := 0
+		for _, line := range strings.Split(strings.TrimSpace(n.log.String()), "\n") {
+			switch {
+			case strings.Contains(line, "level=ERROR"), n == leader && strings.Contains(line, "level=WARN"):
+				t.Errorf("%s", line)
+			case strings.Contains(line, "level=WARN") && strings.Contains(line, `msg="peer unreachable"`):
+				warnings++
+			case strings.Contains(line, "level=WARN"):
+				t.Errorf("%s", line)
+			}
+		}
+		if warnings > 1 {
+			t.Errorf("%d warnings that the old leader is gone, want at most 1:\n%s", warnings, n.log)
+		}
+	}
 }
 
 // An unknown --log-format is refused, naming the formats.
