@@ -83,6 +83,11 @@ job's own transaction instead (nolock.Once).
 CMD is looked up before any lock is taken: a command that cannot be run
 is refused at once.
 
+A record stays until it is deleted, under the lock: "fence lock
+run-once/KEY -- fence kv del run-once/KEY/done" lets KEY run again. With
+auth on, fence run-once needs lock write on run-once/KEY and kv write on
+run-once/KEY/done.
+
 Exit status: 0 if CMD succeeded and KEY is recorded done, or if KEY was
 already done and CMD did not run (stderr says which); CMD's own if it
 failed (KEY stays open); 75 if the lock was lost while CMD ran or before

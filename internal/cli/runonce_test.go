@@ -39,7 +39,7 @@ func TestRunOnceExitStatus(t *testing.T) {
 		code    int
 		stderr  string
 		done    bool   // KEY is recorded done afterwards
-		ran     string // a marker the command creates, which must exist (or, with code 0 and "already done", must not)
+		ran     string // a marker the command creates, which must exist afterwards
 		skipped string // a marker the command would create, which must not exist
 	}{
 		{name: "ran", key: "ran", args: []string{"run-once", "ran", "--", "sh", "-c", `echo "$FENCE_LOCK $FENCE_TOKEN" > "$0"`, marker("ran")},
@@ -50,6 +50,10 @@ func TestRunOnceExitStatus(t *testing.T) {
 			code: 3, stderr: "sh failed (exit status 3); fails is not recorded done, the next run runs sh again"},
 		{name: "failed key stays open", key: "fails", args: []string{"run-once", "fails", "--", "touch", marker("fails")},
 			code: 0, stderr: "is recorded done", done: true, ran: marker("fails")},
+		{name: "record deleted under the lock", key: "fails", args: []string{"lock", runOnceLock("fails"), "--", fenceBin, "--endpoints", ep, "kv", "del", runOnceDoneKey("fails")},
+			code: 0},
+		{name: "runs again once deleted", key: "fails", args: []string{"run-once", "fails", "--", "touch", marker("fails-again")},
+			code: 0, stderr: "is recorded done", done: true, ran: marker("fails-again")},
 		{name: "command killed", key: "killed", args: []string{"run-once", "killed", "--", "sh", "-c", "kill -KILL $$"},
 			code: 128 + 9, stderr: "sh failed (signal: killed)"},
 		{name: "not found", key: "missing", args: []string{"run-once", "missing", "--", "no-such-command-for-fence", "x"},
