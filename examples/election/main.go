@@ -6,6 +6,9 @@
 //	election node --name A --endpoints 127.0.0.1:7420 --ttl 2s
 //	election observe --endpoints 127.0.0.1:7420
 //
+// --endpoints defaults to $FENCE_ENDPOINTS, as fence's own does, then to
+// 127.0.0.1:7420.
+//
 // The resource here is fence's own fenced KV store (key scheduler/last-run),
 // written in strict mode: the token must be the election's current grant.
 // With --unfenced the leader writes without its token, to show what breaks.
@@ -14,6 +17,7 @@
 package main
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"flag"
@@ -38,7 +42,7 @@ func main() {
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
 	defer stop()
 	fs := flag.NewFlagSet(os.Args[1], flag.ExitOnError)
-	endpoints := fs.String("endpoints", "127.0.0.1:7420", "fence nodes")
+	endpoints := fs.String("endpoints", cmp.Or(os.Getenv("FENCE_ENDPOINTS"), client.DefaultEndpoint), "fence nodes (default $FENCE_ENDPOINTS, as fence's)")
 	name := fs.String("name", "node", "this node's name, the leader's value")
 	ttl := fs.Duration("ttl", 2*time.Second, "session TTL: how long a silent leader keeps leading")
 	work := fs.Duration("work", 300*time.Millisecond, "time each step takes")

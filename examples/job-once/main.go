@@ -1,8 +1,8 @@
 // Command job-once is the "scheduled job runs once" recipe of
 // docs/uses/job-once.md, in its two forms:
 //
-//	# efficiency: a cheap job under a lease lock, from cron on every machine
-//	fence lock --ttl 10s --timeout 1s nightly -- job-once cheap --out report.txt --worker $(hostname)
+//	# efficiency: a cheap job run once a day by whichever machine's cron runs it first
+//	fence run-once nightly-$(date +%F) -- job-once cheap --out report.txt --worker $(hostname)
 //
 //	# correctness: the job key recorded in the job's own transaction, no lock
 //	job-once report --dsn postgres://... --day 2026-12-02 --worker $(hostname)

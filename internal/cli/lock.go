@@ -121,6 +121,25 @@ func signalOf(ctx context.Context, sigs <-chan os.Signal) syscall.Signal {
 }
 
 func runLocked(ctx context.Context, g *globals, f lockFlags, name string, argv []string) error {
+	return runHolding(ctx, g, f, name, argv, lockHooks{})
+}
+
+// lockHooks let a command built on fence lock (fence run-once) act while
+// it holds the lock; fence lock itself has none.
+type lockHooks struct {
+	// held runs once the lock is held, before CMD starts. An error keeps
+	// CMD from starting: the lock is released and the run ends with it.
+	held func(ctx context.Context, c *client.Client, grant *client.Grant) error
+	// ended runs when CMD has exited by itself, even if the lock was found
+	// lost meanwhile (then CMD's end, not the loss, decides), with CMD's
+	// Wait error; it runs before the lock is released, and what it returns
+	// ends the run.
+	ended func(ctx context.Context, c *client.Client, grant *client.Grant, exit error) error
+}
+
+// runHolding runs argv while it holds the lock name, as fence lock does,
+// and calls h around it.
+func runHolding(ctx context.Context, g *globals, f lockFlags, name string, argv []string, h lockHooks) error {
 	sigs := make(chan os.Signal, len(forwarded))
 	signal.Notify(sigs, forwarded...)
 	defer signal.Stop(sigs)
@@ -159,6 +178,14 @@ func runLocked(ctx context.Context, g *globals, f lockFlags, name string, argv [
 		return fmt.Errorf("acquiring lock %q: %w", name, err)
 	}
 	stopWaitSignals() // from here on, sigs alone sees SIGHUP
+	if h.held != nil {
+		if err := h.held(ctx, c, grant); err != nil {
+			unlockCtx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+			defer cancel()
+			_ = unlock(unlockCtx)
+			return err
+		}
+	}
 
 	child := exec.Command(argv[0], argv[1:]...)
 	child.Stdin, child.Stdout, child.Stderr = g.stdin, g.stdout, g.stderr
@@ -192,11 +219,20 @@ func runLocked(ctx context.Context, g *globals, f lockFlags, name string, argv [
 			fmt.Fprintf(g.stderr, "fence lock: releasing %q: %v\n", name, uerr)
 		}
 	}
-	select {
-	case err := <-exited:
+	end := func(err error) error {
+		if h.ended != nil {
+			err = h.ended(ctx, c, grant, err)
+		}
 		release()
 		return exitStatus(err)
+	}
+	select {
+	case err := <-exited:
+		return end(err)
 	case <-grant.Done():
+		if h.ended != nil && proc.Ended(child) {
+			return end(<-exited)
+		}
 		fmt.Fprintf(g.stderr, "fence lock: lock %q (token %d) may be lost: %v; stopping %s\n", name, grant.Token(), grant.Err(), argv[0])
 		stopChild(child, exited, syscall.SIGTERM, f.grace, g)
 		return &ExitError{Code: exitLockLost}

@@ -123,7 +123,14 @@ type Proc struct {
 // Start starts path with args, killed when the test ends.
 func Start(t *testing.T, name, path string, args ...string) *Proc {
 	t.Helper()
-	p, err := proc.Start(proc.Spec{Name: name, Path: path, Args: args, Lines: true, DieWithParent: true, StderrBytes: 64 << 10})
+	return start(t, proc.Spec{Name: name, Path: path, Args: args, Lines: true, DieWithParent: true, StderrBytes: 64 << 10})
+}
+
+// start starts the process spec describes, which must have Lines.
+func start(t *testing.T, spec proc.Spec) *Proc {
+	t.Helper()
+	name := spec.Name
+	p, err := proc.Start(spec)
 	if err != nil {
 		t.Fatal(err)
 	}
