@@ -141,8 +141,8 @@ func newServeSettings() (*serveOptions, *pflag.FlagSet) {
 func (o *serveOptions) serve(ctx context.Context, stderr io.Writer, unknown []string) error {
 	cfg := o.cfg
 	var level slog.Level
-	if err := level.UnmarshalText([]byte(o.logLevel)); err != nil {
-		return fmt.Errorf("--log-level: %w", err)
+	if err := level.UnmarshalText([]byte(o.logLevel)); err != nil { // checked when set
+		return fmt.Errorf("log-level: %w", err)
 	}
 	logger, err := newLogger(stderr, o.logFormat, level)
 	if err != nil {
