@@ -117,6 +117,75 @@ func acceptsFlags(t *testing.T, where string, args []string) {
 	}
 }
 
+// setting is one line of fence serve --print-config.
+type setting struct {
+	value  string // a map of peers as id=host:port,...
+	origin string // flag, env VARIABLE, file FILE:LINE or default
+}
+
+// printConfig runs `fence ARGS --print-config` (args start with serve) with
+// env alone for its environment and returns the settings printed.
+func printConfig(t *testing.T, where string, env, args []string) map[string]setting {
+	t.Helper()
+	cmd := exec.Command(fenceBinary(t), append(args, "--print-config")...)
+	cmd.Env = env
+	var stderr bytes.Buffer
+	cmd.Stderr = &stderr
+	out, err := cmd.Output()
+	if err != nil || stderr.Len() > 0 {
+		t.Fatalf("%s: fence %s --print-config with %q: %v\n%s", where, strings.Join(args, " "), env, err, stderr.String())
+	}
+	var doc yaml.Node
+	if err := yaml.Unmarshal(out, &doc); err != nil || len(doc.Content) != 1 {
+		t.Fatalf("%s: --print-config printed no YAML (%v):\n%s", where, err, out)
+	}
+	settings := map[string]setting{}
+	m := doc.Content[0].Content
+	for i := 0; i+1 < len(m); i += 2 {
+		key, val := m[i], m[i+1]
+		s := setting{value: val.Value, origin: strings.TrimPrefix(key.LineComment+val.LineComment, "# ")}
+		if val.Kind == yaml.MappingNode {
+			var peers []string
+			for j := 0; j+1 < len(val.Content); j += 2 {
+				peers = append(peers, val.Content[j].Value+"="+val.Content[j+1].Value)
+			}
+			s.value = strings.Join(peers, ",")
+		}
+		settings[key.Value] = s
+	}
+	return settings
+}
+
+// port returns the port of host:port.
+func port(t *testing.T, addr string) string {
+	t.Helper()
+	i := strings.LastIndex(addr, ":")
+	if i < 0 {
+		t.Fatalf("%q is not host:port", addr)
+	}
+	return addr[i+1:]
+}
+
+// imageEnv returns the environment the Dockerfile's last stage sets (ENV).
+func imageEnv(t *testing.T) []string {
+	t.Helper()
+	var env []string
+	for _, in := range dockerfile(t) {
+		if in[0] == "FROM" {
+			env = nil
+		}
+		if in[0] == "ENV" {
+			for _, kv := range strings.Fields(in[1]) {
+				if !strings.Contains(kv, "=") {
+					t.Fatalf("ENV %s: write KEY=VALUE", in[1])
+				}
+				env = append(env, kv)
+			}
+		}
+	}
+	return env
+}
+
 func TestDockerfile(t *testing.T) {
 	ins := dockerfile(t)
 	var froms int
@@ -151,14 +220,21 @@ func TestDockerfile(t *testing.T) {
 	if !copied {
 		t.Errorf("the runtime stage does not COPY --from=build the binary its ENTRYPOINT names (%s)", entry[0])
 	}
-	for _, want := range []string{"serve", "--listen-metrics", "--data-dir"} {
-		if !slices.Contains(cmd, want) {
-			t.Errorf("CMD %v lacks %s", cmd, want)
+	if len(cmd) == 0 || cmd[0] != "serve" {
+		t.Errorf("CMD %v: want serve", cmd)
+	}
+	// What the image runs with: its ENV, and flags of CMD.
+	settings := printConfig(t, "Dockerfile ENV and CMD", imageEnv(t), cmd)
+	for _, v := range final["VOLUME"] {
+		if !strings.Contains(v, `"`+settings["data-dir"].value+`"`) && v != settings["data-dir"].value {
+			t.Errorf("VOLUME %s is not the data dir %s", v, settings["data-dir"].value)
 		}
 	}
-	for _, v := range final["VOLUME"] {
-		if !strings.Contains(v, cmd[slices.Index(cmd, "--data-dir")+1]) {
-			t.Errorf("VOLUME %s is not the --data-dir of CMD %v", v, cmd)
+	exposed := strings.Fields(strings.Join(final["EXPOSE"], " "))
+	for _, name := range []string{"listen", "raft-listen", "listen-metrics"} {
+		s := settings[name]
+		if !strings.HasPrefix(s.origin, "env ") || !slices.Contains(exposed, port(t, s.value)) {
+			t.Errorf("%s %s (%s): want it set by ENV, on a port that EXPOSE %v names", name, s.value, s.origin, exposed)
 		}
 	}
 
@@ -203,17 +279,60 @@ func TestSystemdUnit(t *testing.T) {
 	if len(exec0) < 2 || exec0[0] != "/usr/local/bin/fence" || exec0[1] != "serve" {
 		t.Fatalf("ExecStart=%s: want /usr/local/bin/fence serve ...", keys["ExecStart"])
 	}
+	if keys["EnvironmentFile"] != "-/etc/default/fence" || !slices.Contains(exec0, "$FENCE_OPTS") {
+		t.Errorf("EnvironmentFile=%s, ExecStart=%s: want -/etc/default/fence, and its $FENCE_OPTS as flags", keys["EnvironmentFile"], keys["ExecStart"])
+	}
+	// The unit as it runs: the settings file the unit names, as deploy/
+	// ships it, and an /etc/default/fence with a variable and FENCE_OPTS
+	// (unquoted in ExecStart: systemd splits it into words).
+	environmentFile := map[string]string{"FENCE_NODE_ID": "n2", "FENCE_OPTS": "--raft-advertise 10.0.0.2:7421 --max-sessions 5000"}
 	var args []string
-	for _, a := range exec0[1:] {
-		switch a {
-		case "$FENCE_OPTS":
-		case "${STATE_DIRECTORY}":
-			args = append(args, t.TempDir())
+	for i := 1; i < len(exec0); i++ {
+		switch a := exec0[i]; {
+		case a == "$FENCE_OPTS":
+			args = append(args, strings.Fields(environmentFile["FENCE_OPTS"])...)
+		case a == "--config" && i+1 < len(exec0):
+			if exec0[i+1] != "/etc/fence/fence.yaml" {
+				t.Errorf("ExecStart=%s: want --config /etc/fence/fence.yaml, which deploy/fence.yaml is", keys["ExecStart"])
+			}
+			args = append(args, a, "fence.yaml")
+			i++
 		default:
 			args = append(args, a)
 		}
 	}
 	acceptsFlags(t, "ExecStart", args)
+	var env []string
+	for k, v := range environmentFile {
+		env = append(env, k+"="+v)
+	}
+	settings := printConfig(t, "ExecStart", env, args)
+	for name, want := range map[string]setting{
+		"data-dir":       {"/var/lib/" + keys["StateDirectory"], "file fence.yaml:"},
+		"listen-metrics": {"127.0.0.1:9420", "file fence.yaml:"},
+		"log-format":     {"json", "file fence.yaml:"},
+		"node-id":        {"n2", "env FENCE_NODE_ID"},
+		"raft-advertise": {"10.0.0.2:7421", "flag"},
+		"max-sessions":   {"5000", "flag"},
+	} {
+		if got := settings[name]; got.value != want.value || !strings.HasPrefix(got.origin, want.origin) {
+			t.Errorf("%s: %q from %s, want %q from %s", name, got.value, got.origin, want.value, want.origin)
+		}
+	}
+	// The file's commented example of a group's node, uncommented, is read.
+	example := filepath.Join(t.TempDir(), "group.yaml")
+	conf, _ := os.ReadFile("fence.yaml")
+	_, group, ok := strings.Cut(string(conf), "\n#\n")
+	if !ok {
+		t.Fatal("fence.yaml has no commented example after a line \"#\"")
+	}
+	group = strings.ReplaceAll(strings.ReplaceAll(group, "\n#   ", "\n  "), "# ", "")
+	if err := os.WriteFile(example, append(conf, group...), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	if ex := printConfig(t, "fence.yaml's example", nil, []string{"serve", "--config", example}); ex["peers"].value != "n1=10.0.0.1:7421,n2=10.0.0.2:7421,n3=10.0.0.3:7421" || ex["node-id"].value != "n1" {
+		t.Errorf("fence.yaml's example, uncommented: peers %q, node-id %q", ex["peers"].value, ex["node-id"].value)
+	}
 
 	analyze, err := exec.LookPath("systemd-analyze")
 	if err != nil {
@@ -248,8 +367,10 @@ type statefulSetObject struct {
 		PodManagementPolicy      string `yaml:"podManagementPolicy"`
 		Template                 struct {
 			Spec struct {
-				Containers []struct {
+				EnableServiceLinks *bool `yaml:"enableServiceLinks"`
+				Containers         []struct {
 					Args           []string   `yaml:"args"`
+					Env            []envVar   `yaml:"env"`
 					Ports          []podPort  `yaml:"ports"`
 					LivenessProbe  *httpProbe `yaml:"livenessProbe"`
 					ReadinessProbe *httpProbe `yaml:"readinessProbe"`
@@ -266,6 +387,49 @@ type statefulSetObject struct {
 			} `yaml:"metadata"`
 		} `yaml:"volumeClaimTemplates"`
 	} `yaml:"spec"`
+}
+
+// envVar is a container's variable: a value, or one of the pod's fields.
+type envVar struct {
+	Name      string `yaml:"name"`
+	Value     string `yaml:"value"`
+	ValueFrom *struct {
+		FieldRef *struct {
+			FieldPath string `yaml:"fieldPath"`
+		} `yaml:"fieldRef"`
+	} `yaml:"valueFrom"`
+}
+
+// podEnv returns the environment of the pod name of a StatefulSet whose
+// container has vars: the image's ENV, then vars with the pod's fields and
+// $(VAR) references to the vars before them filled in, as the kubelet does.
+func podEnv(t *testing.T, vars []envVar, name, namespace, ip string) []string {
+	t.Helper()
+	fields := map[string]string{"metadata.name": name, "metadata.namespace": namespace, "status.podIP": ip}
+	defined := map[string]string{}
+	ref := regexp.MustCompile(`\$\(([A-Za-z_][A-Za-z0-9_]*)\)`)
+	env := imageEnv(t)
+	for _, v := range vars {
+		value := ref.ReplaceAllStringFunc(v.Value, func(r string) string {
+			if d, ok := defined[r[2:len(r)-1]]; ok {
+				return d
+			}
+			return r // the kubelet leaves an unknown reference as it is
+		})
+		if v.ValueFrom != nil {
+			var f string
+			if ref := v.ValueFrom.FieldRef; ref != nil {
+				f = fields[ref.FieldPath]
+			}
+			if f == "" {
+				t.Fatalf("env %s: valueFrom %+v: want a fieldRef of %v", v.Name, v.ValueFrom, fields)
+			}
+			value = f
+		}
+		defined[v.Name] = value
+		env = append(env, v.Name+"="+value)
+	}
+	return env
 }
 
 type podPort struct {
@@ -329,56 +493,63 @@ func TestStatefulSet(t *testing.T) {
 	if len(sp.Template.Spec.Containers) != 1 || len(sp.VolumeClaimTemplates) != 1 {
 		t.Fatal("want one container and one volume claim template")
 	}
+	if links := sp.Template.Spec.EnableServiceLinks; links == nil || *links {
+		t.Error("enableServiceLinks is not false: the pods get FENCE_CLIENT_SERVICE_HOST... for the Service fence-client")
+	}
 	c := sp.Template.Spec.Containers[0]
-	flags := map[string]string{}
-	for _, a := range c.Args[1:] {
-		k, v, _ := strings.Cut(a, "=")
-		flags[k] = v
+	acceptsFlags(t, "StatefulSet args", c.Args)
+	// What fence-1 runs with: the image's ENV, the container's env and args.
+	pod := set.Metadata.Name + "-1"
+	settings := printConfig(t, "StatefulSet", podEnv(t, c.Env, pod, "default", "10.0.0.1"), c.Args)
+	for _, name := range []string{"node-id", "data-dir", "listen", "advertise", "raft-listen", "raft-advertise", "listen-metrics", "peers"} {
+		if !strings.HasPrefix(settings[name].origin, "env ") {
+			t.Errorf("%s %q comes from %s, not from the container's env", name, settings[name].value, settings[name].origin)
+		}
+	}
+	if got := settings["node-id"].value; got != pod {
+		t.Errorf("node-id %q on %s: want the pod's name", got, pod)
+	}
+	if got, want := settings["raft-advertise"].value, "10.0.0.1:"+port(t, settings["raft-listen"].value); got != want {
+		t.Errorf("raft-advertise %q: want the pod's IP and raft port, %s", got, want)
 	}
 	mounted := false
 	for _, m := range c.VolumeMounts {
-		mounted = mounted || m.Name == sp.VolumeClaimTemplates[0].Metadata.Name && m.MountPath == flags["--data-dir"]
+		mounted = mounted || m.Name == sp.VolumeClaimTemplates[0].Metadata.Name && m.MountPath == settings["data-dir"].value
 	}
 	if !mounted {
-		t.Errorf("--data-dir %q is not the claim template's mount", flags["--data-dir"])
+		t.Errorf("data-dir %q is not the claim template's mount", settings["data-dir"].value)
 	}
-	metricsPort := ""
+	portNames := map[string]string{}
 	for _, p := range c.Ports {
-		if strings.HasSuffix(flags["--listen-metrics"], fmt.Sprintf(":%d", p.ContainerPort)) {
-			metricsPort = p.Name
-		}
+		portNames[fmt.Sprint(p.ContainerPort)] = p.Name
 	}
-	if metricsPort == "" {
-		t.Errorf("no container port for --listen-metrics %q", flags["--listen-metrics"])
+	for name, want := range map[string]string{"listen": "api", "raft-listen": "raft", "listen-metrics": "metrics"} {
+		if got := portNames[port(t, settings[name].value)]; got != want {
+			t.Errorf("%s %q is on the container port %q, want %q", name, settings[name].value, got, want)
+		}
 	}
 	for name, pr := range map[string]struct {
 		p    *httpProbe
 		path string
 	}{"liveness": {c.LivenessProbe, "/livez"}, "readiness": {c.ReadinessProbe, "/readyz"}} {
-		if pr.p == nil || pr.p.HTTPGet.Path != pr.path || pr.p.HTTPGet.Port != metricsPort {
-			t.Errorf("%s probe %+v: want GET %s on the metrics port %q", name, pr.p, pr.path, metricsPort)
+		if pr.p == nil || pr.p.HTTPGet.Path != pr.path || pr.p.HTTPGet.Port != "metrics" {
+			t.Errorf("%s probe %+v: want GET %s on the metrics port", name, pr.p, pr.path)
 		}
 	}
 	var ids []string
-	for _, peer := range strings.Split(flags["--peers"], ",") {
+	for _, peer := range strings.Split(settings["peers"].value, ",") {
 		id, addr, _ := strings.Cut(peer, "=")
 		ids = append(ids, id)
-		if !strings.HasPrefix(addr, id+"."+sp.ServiceName+".") {
-			t.Errorf("peer %s at %s: want the pod's name under the headless service %s", id, addr, sp.ServiceName)
+		if want := id + "." + sp.ServiceName + ".default.svc.cluster.local:" + port(t, settings["raft-listen"].value); addr != want {
+			t.Errorf("peer %s at %s: want the pod's name under the headless service, %s", id, addr, want)
 		}
 	}
 	if want := []string{set.Metadata.Name + "-0", set.Metadata.Name + "-1", set.Metadata.Name + "-2"}; !slices.Equal(ids, want) {
-		t.Errorf("--peers ids %v, want the pods %v", ids, want)
+		t.Errorf("peers %v, want the pods %v", ids, want)
 	}
-	if flags["--node-id"] != "$(POD_NAME)" {
-		t.Errorf("--node-id %q: want $(POD_NAME)", flags["--node-id"])
+	if want := pod + "." + sp.ServiceName + ".default.svc.cluster.local:" + port(t, settings["listen"].value); settings["advertise"].value != want {
+		t.Errorf("advertise %q: want %s", settings["advertise"].value, want)
 	}
-	expand := strings.NewReplacer("$(POD_NAME)", "fence-0", "$(POD_NAMESPACE)", "default", "$(POD_IP)", "10.0.0.1")
-	var args []string
-	for _, a := range c.Args {
-		args = append(args, expand.Replace(a))
-	}
-	acceptsFlags(t, "StatefulSet args", args)
 }
 
 // Every metric the dashboard's queries name is on a running node's

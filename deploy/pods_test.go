@@ -16,13 +16,14 @@ import (
 )
 
 // pod is one replica of statefulset.yaml run as a process on loopback: the
-// container's args as written, with the pod's environment filled in and its
-// addresses (DNS names, 0.0.0.0 ports) mapped to loopback ports.
+// container's args and environment as written, with the pod's fields filled
+// in and its addresses (DNS names, 0.0.0.0 ports) mapped to loopback ports.
 type pod struct {
 	name    string
 	dataDir string // its volume
 	api     string
 	args    []string
+	env     []string
 	cmd     *exec.Cmd
 	stderr  *strings.Builder
 }
@@ -46,7 +47,6 @@ func statefulSetPods(t *testing.T) []*pod {
 	var pods []*pod
 	for i := range n {
 		p := &pod{name: fmt.Sprintf("%s-%d", name, i), dataDir: t.TempDir(), api: fmt.Sprintf("127.0.0.1:%d", ports[3*i])}
-		env := strings.NewReplacer("$(POD_NAME)", p.name, "$(POD_NAMESPACE)", "default", "$(POD_IP)", "127.0.0.1")
 		var addrs []string // then each address, as the pod's environment made it
 		for j := range n {
 			host := fmt.Sprintf("%s-%d.%s.default.svc.cluster.local", name, j, svc)
@@ -60,7 +60,10 @@ func statefulSetPods(t *testing.T) []*pod {
 		}
 		local := strings.NewReplacer(addrs...)
 		for _, a := range c.Args {
-			p.args = append(p.args, local.Replace(env.Replace(a)))
+			p.args = append(p.args, local.Replace(a))
+		}
+		for _, kv := range podEnv(t, c.Env, p.name, "default", "127.0.0.1") {
+			p.env = append(p.env, local.Replace(kv))
 		}
 		pods = append(pods, p)
 	}
@@ -94,6 +97,7 @@ func (p *pod) start(t *testing.T) {
 	t.Helper()
 	p.stderr = &strings.Builder{}
 	p.cmd = exec.Command(fenceBinary(t), p.args...)
+	p.cmd.Env = p.env
 	p.cmd.Stderr = p.stderr
 	if err := p.cmd.Start(); err != nil {
 		t.Fatal(err)

@@ -240,3 +240,19 @@ func TestCheckClusterForeignAdd(t *testing.T) {
 		t.Errorf("the run proved little: %d additions as a voter and %d as a non-voter refused, %d grants", refused[true], refused[false], res.Analysis.Acquires)
 	}
 }
+
+// The check's nodes are set by their flags alone: fence serve settings in
+// the user's environment (a config file that would stop a node, an address
+// it cannot listen on) are not theirs.
+func TestCheckNodesTakeNoSettingsFromTheEnvironment(t *testing.T) {
+	bad := t.TempDir() + "/fence.yaml"
+	if err := os.WriteFile(bad, []byte("no-such-setting: 1\n"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	t.Setenv("FENCE_CONFIG", bad)
+	t.Setenv("FENCE_LISTEN_METRICS", "256.0.0.1:1")
+	res := run(t, check.Config{Workers: 1, Duration: 2 * time.Second, Seed: 3, TTL: time.Second, Faults: []string{check.FaultPause}, FaultInterval: time.Hour})
+	if res.Analysis.Acquires == 0 {
+		t.Error("no grant in the run")
+	}
+}

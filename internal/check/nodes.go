@@ -150,6 +150,7 @@ func (n *node) launchOnce() error {
 		Name:          n.name(),
 		Path:          n.r.cfg.Binary,
 		Args:          n.args,
+		Env:           nodeEnv(os.Environ()),
 		Stdout:        logFile,
 		Stderr:        logFile,
 		StderrBytes:   8 << 10,
@@ -167,6 +168,13 @@ func (n *node) launchOnce() error {
 	n.proc = p
 	n.r.mu.Unlock()
 	return nil
+}
+
+// nodeEnv is environ without its FENCE_ variables: a node of the check is
+// set by its flags alone, never by settings meant for the user's own nodes
+// (fence serve reads FENCE_CONFIG, FENCE_MAX_SESSIONS...).
+func nodeEnv(environ []string) []string {
+	return slices.DeleteFunc(slices.Clone(environ), func(kv string) bool { return strings.HasPrefix(kv, "FENCE_") })
 }
 
 // stop asks the node to exit, and kills it if it has not within 5s.

@@ -111,6 +111,38 @@ func (g *globals) withClient(fn func(cmd *cobra.Command, args []string, c *clien
 // returns the process exit code.
 func Run(ctx context.Context, args []string, stdin io.Reader, stdout, stderr io.Writer) int {
 	g := &globals{stdin: stdin, stdout: stdout, stderr: stderr}
+	root := rootCommand(g)
+	root.SetArgs(args)
+	root.SetIn(stdin)
+	root.SetOut(stdout)
+	root.SetErr(stderr)
+	var cancelCommand context.CancelFunc = func() {}
+	root.PersistentPreRun = func(cmd *cobra.Command, _ []string) {
+		if hold, _ := cmd.Flags().GetBool("hold"); cmd.Annotations[boundedKey] != "" && !hold && g.commandTimeout > 0 {
+			ctx, cancel := context.WithTimeout(cmd.Context(), g.commandTimeout)
+			cmd.SetContext(ctx)
+			cancelCommand = cancel
+		}
+	}
+	defer func() { cancelCommand() }()
+	err := root.ExecuteContext(ctx)
+	if err == nil {
+		return 0
+	}
+	var exit *ExitError
+	if errors.As(err, &exit) {
+		if exit.Err != nil {
+			printError(stderr, exit.Err)
+		}
+		return exit.Code
+	}
+	printError(stderr, err)
+	return exitFailure
+}
+
+// rootCommand is the fence command with its global (client) flags, which
+// read their defaults from the environment, and every subcommand.
+func rootCommand(g *globals) *cobra.Command {
 	root := &cobra.Command{
 		Use:           "fence",
 		Short:         "A lock service whose every grant carries a fencing token",
@@ -119,10 +151,6 @@ func Run(ctx context.Context, args []string, stdin io.Reader, stdout, stderr io.
 		SilenceErrors: true,
 	}
 	root.SetVersionTemplate(buildinfo.Read().String())
-	root.SetArgs(args)
-	root.SetIn(stdin)
-	root.SetOut(stdout)
-	root.SetErr(stderr)
 	root.PersistentFlags().StringVar(&g.endpoints, "endpoints", os.Getenv("FENCE_ENDPOINTS"),
 		"comma-separated fence nodes, host:port (env FENCE_ENDPOINTS; default "+client.DefaultEndpoint+")")
 	root.PersistentFlags().StringVar(&g.clusterID, "cluster-id", os.Getenv("FENCE_CLUSTER_ID"),
@@ -133,15 +161,6 @@ func Run(ctx context.Context, args []string, stdin io.Reader, stdout, stderr io.
 		"fail once no node could be connected to for this long, until one has answered (0: retry for 15s, waiting for nodes that are starting)")
 	root.PersistentFlags().DurationVar(&g.commandTimeout, "command-timeout", 5*time.Second,
 		"bound on a command that answers at once (status, locks, kv get/put/del/list, members); 0: none")
-	var cancelCommand context.CancelFunc = func() {}
-	root.PersistentPreRun = func(cmd *cobra.Command, _ []string) {
-		if hold, _ := cmd.Flags().GetBool("hold"); cmd.Annotations[boundedKey] != "" && !hold && g.commandTimeout > 0 {
-			ctx, cancel := context.WithTimeout(cmd.Context(), g.commandTimeout)
-			cmd.SetContext(ctx)
-			cancelCommand = cancel
-		}
-	}
-	defer func() { cancelCommand() }()
 	clientTLSFlags(root, &g.tls)
 	root.AddCommand(
 		serveCommand(g),
@@ -165,19 +184,7 @@ func Run(ctx context.Context, args []string, stdin io.Reader, stdout, stderr io.
 		roleCommand(g),
 		tokenCommand(g),
 	)
-	err := root.ExecuteContext(ctx)
-	if err == nil {
-		return 0
-	}
-	var exit *ExitError
-	if errors.As(err, &exit) {
-		if exit.Err != nil {
-			printError(stderr, exit.Err)
-		}
-		return exit.Code
-	}
-	printError(stderr, err)
-	return exitFailure
+	return root
 }
 
 // boundedKey marks, in a command's annotations, one that answers at once,

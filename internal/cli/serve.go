@@ -7,107 +7,98 @@ import (
 	"io"
 	"log/slog"
 	"net"
-	"strings"
+	"os"
 	"time"
 
 	"github.com/spf13/cobra"
+	"github.com/spf13/pflag"
 
 	"github.com/fencelock/fence/server"
 )
 
+// serveOptions are the settings of fence serve: what its flags, FENCE_*
+// variables and --config file set.
+type serveOptions struct {
+	cfg            server.Config
+	logLevel       string
+	logFormat      string
+	peers          peerList
+	raftDial       peerList
+	apiTLS         tlsFiles
+	peerTLS        tlsFiles
+	clientCertAuth bool
+}
+
 func serveCommand(g *globals) *cobra.Command {
-	cfg := server.DefaultConfig()
+	o, settings := newServeSettings()
 	var (
-		logLevel       string
-		logFormat      string
-		peers          string
-		raftDial       string
-		apiTLS         tlsFiles
-		peerTLS        tlsFiles
-		clientCertAuth bool
+		configFile  string
+		printConfig bool
 	)
 	cmd := &cobra.Command{
 		Use:   "serve",
 		Short: "Run a fence node (a single-node cluster by default, data in ./fence-data)",
-		Args:  cobra.NoArgs,
+		Long: `Runs a fence node: a single-node cluster by default, its data in ./fence-data.
+
+Every flag can also be set as an environment variable FENCE_<FLAG> (upper
+case, _ for -: FENCE_RAFT_LISTEN, FENCE_PEERS) and in the YAML file of
+--config (or FENCE_CONFIG), whose keys are the flags' names. A flag wins
+over a variable, which wins over the file. --print-config prints every
+setting and where it came from, as a file that --config reads back.
+See docs/configuration.md.`,
+		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
-			var level slog.Level
-			if err := level.UnmarshalText([]byte(logLevel)); err != nil {
-				return fmt.Errorf("--log-level: %w", err)
+			file := configFile
+			if !cmd.Flags().Changed("config") {
+				file = os.Getenv(configEnv)
 			}
-			logger, err := newLogger(g.stderr, logFormat, level)
+			resolved, err := resolveSettings(settings, file, os.LookupEnv)
 			if err != nil {
 				return err
 			}
-			if peers != "" {
-				var err error
-				if cfg.Peers, err = parsePeers(peers); err != nil {
-					return fmt.Errorf("--peers: %w", err)
+			if resolved.source("ui") == fromDefault {
+				o.cfg.UI = isLoopback(o.cfg.Listen)
+			}
+			unknown := unknownFenceEnv(os.Environ(), settings, cmd.Root().PersistentFlags())
+			if printConfig {
+				for _, name := range unknown {
+					fmt.Fprintf(g.stderr, "fence serve: %s is set, but is no setting of fence serve; ignored\n", name)
 				}
+				return resolved.write(g.stdout, file)
 			}
-			if raftDial != "" {
-				dial, err := parsePeers(raftDial)
-				if err != nil {
-					return fmt.Errorf("--raft-dial: %w", err)
-				}
-				if _, ok := dial[cfg.NodeID]; !ok { // raft asks for its own address too
-					dial[cfg.NodeID] = cmp.Or(cfg.RaftAdvertise, cfg.RaftListen)
-				}
-				cfg.RaftAddressProvider = server.DialAddresses(dial)
-			}
-			if cfg.TLS, err = apiTLS.config("API TLS", true, clientCertAuth); err != nil {
-				return err
-			}
-			if cfg.PeerTLS, err = peerTLS.config("peer TLS", true, peerTLS != (tlsFiles{})); err != nil {
-				return err
-			}
-			if !cmd.Flags().Changed("ui") {
-				cfg.UI = isLoopback(cfg.Listen)
-			}
-			cfg.Logger = logger
-			srv, err := server.Start(cfg)
-			if err != nil {
-				return err
-			}
-			if cfg.UI {
-				logger.Info("console", "url", consoleURL(srv.Addr(), cfg.TLS != nil))
-			}
-			if !isLoopback(cfg.Listen) {
-				go warnUnsecured(logger, srv, cfg)
-			}
-			select {
-			case <-cmd.Context().Done():
-			case <-srv.Failed():
-				srv.Close()
-				return srv.Err()
-			}
-			logger.Info("shutting down")
-			// A leader hands over to another member before it closes
-			// (bounded: raft gives up after an election timeout).
-			ctx, cancel := context.WithTimeout(context.Background(), cfg.ElectionTimeout+2*time.Second)
-			defer cancel()
-			return srv.Shutdown(ctx)
+			return o.serve(cmd.Context(), g.stderr, unknown)
 		},
 	}
-	f := cmd.Flags()
-	f.StringVar(&apiTLS.cert, "cert-file", "", "serve the API over TLS with this certificate (PEM)")
-	f.StringVar(&apiTLS.key, "key-file", "", "key of --cert-file")
-	f.StringVar(&apiTLS.ca, "trusted-ca-file", "", "CA bundle for client certificates (with --client-cert-auth) and other nodes' API certificates")
-	f.BoolVar(&clientCertAuth, "client-cert-auth", false, "require API clients to present a certificate signed by --trusted-ca-file")
-	f.StringVar(&peerTLS.cert, "peer-cert-file", "", "run raft between nodes over mutual TLS with this certificate; every node of the group must")
-	f.StringVar(&peerTLS.key, "peer-key-file", "", "key of --peer-cert-file")
-	f.StringVar(&peerTLS.ca, "peer-trusted-ca-file", "", "CA bundle that peers' certificates must be signed by")
+	cmd.Flags().AddFlagSet(settings)
+	cmd.Flags().StringVar(&configFile, "config", "", "read settings from this YAML file, its keys the flags' names (env "+configEnv+"); flags and FENCE_* variables win over it")
+	cmd.Flags().BoolVar(&printConfig, "print-config", false, "print every setting and where it came from (flag, env, file, default), as YAML that --config reads, and exit")
+	return cmd
+}
+
+// newServeSettings returns fence serve's options at their defaults and the
+// flags that set them, one for every setting.
+func newServeSettings() (*serveOptions, *pflag.FlagSet) {
+	o := &serveOptions{cfg: server.DefaultConfig()}
+	cfg := &o.cfg
+	f := pflag.NewFlagSet("serve", pflag.ContinueOnError)
+	f.StringVar(&o.apiTLS.cert, "cert-file", "", "serve the API over TLS with this certificate (PEM)")
+	f.StringVar(&o.apiTLS.key, "key-file", "", "key of --cert-file")
+	f.StringVar(&o.apiTLS.ca, "trusted-ca-file", "", "CA bundle for client certificates (with --client-cert-auth) and other nodes' API certificates")
+	f.BoolVar(&o.clientCertAuth, "client-cert-auth", false, "require API clients to present a certificate signed by --trusted-ca-file")
+	f.StringVar(&o.peerTLS.cert, "peer-cert-file", "", "run raft between nodes over mutual TLS with this certificate; every node of the group must")
+	f.StringVar(&o.peerTLS.key, "peer-key-file", "", "key of --peer-cert-file")
+	f.StringVar(&o.peerTLS.ca, "peer-trusted-ca-file", "", "CA bundle that peers' certificates must be signed by")
 	f.StringVar(&cfg.DataDir, "data-dir", cfg.DataDir, "directory for the raft log and snapshots")
 	f.StringVar(&cfg.Listen, "listen", cfg.Listen, "API address (Connect, gRPC, JSON over HTTP, /metrics)")
 	f.StringVar(&cfg.ListenMetrics, "listen-metrics", "", "also serve /metrics, /healthz, /livez and /readyz over plain HTTP here (no TLS, no client certificates), for probes and scrapes")
 	f.StringVar(&cfg.RaftListen, "raft-listen", cfg.RaftListen, "address raft peers reach this node on")
 	f.StringVar(&cfg.Advertise, "advertise", "", "API address other nodes and clients use (default: --listen)")
 	f.StringVar(&cfg.RaftAdvertise, "raft-advertise", "", "raft address peers dial (default: --raft-listen)")
-	f.StringVar(&peers, "peers", "", "bootstrap a new group of these members: id=raft-host:port,... (this node included)")
-	f.StringVar(&raftDial, "raft-dial", "", "dial these peers at other addresses than the group's configuration says: id=host:port,... (proxies, NAT)")
+	f.Var(&o.peers, "peers", "bootstrap a new group of these members: `id=host:port,...` (this node included)")
+	f.Var(&o.raftDial, "raft-dial", "dial these peers at other addresses than the group's configuration says: `id=host:port,...` (proxies, NAT)")
 	f.BoolVar(&cfg.Join, "join", false, "do not bootstrap: wait to be added with fence members add")
 	f.BoolVar(&cfg.AutoRejoin, "auto-rejoin", cfg.AutoRejoin, "as the leader, add again a member whose data dir was lost when it asks (false: only fence members remove and add do)")
-	f.StringVar(&cfg.LogStore, "log-store", cfg.LogStore, "raft log of a new data dir: wal (segment files, one fsync per batch) or bolt (bbolt, two); default: the data dir's, wal for a new one")
+	f.Var(newChoice(&cfg.LogStore, cfg.LogStore, "", server.LogStoreWAL, server.LogStoreBolt), "log-store", "raft log of a new data dir: wal (segment files, one fsync per batch) or bolt (bbolt, two); default: the data dir's, wal for a new one")
 	f.StringVar(&cfg.NodeID, "node-id", cfg.NodeID, "this node's id in its raft group; keep it across restarts")
 	f.DurationVar(&cfg.DefaultTTL, "default-ttl", cfg.DefaultTTL, "session TTL when a client names none")
 	f.DurationVar(&cfg.MinTTL, "min-ttl", cfg.MinTTL, "shortest session TTL allowed")
@@ -139,9 +130,66 @@ func serveCommand(g *globals) *cobra.Command {
 	f.DurationVar(&cfg.SnapshotInterval, "snapshot-interval", cfg.SnapshotInterval, "how often to check whether a snapshot is due")
 	f.BoolVar(&cfg.UI, "ui", false, "serve the console, a read-only live page of the group, at /ui/ on the API port (default: on when --listen is a loopback address)")
 	f.BoolVar(&cfg.Pprof, "pprof", false, "serve Go's profiler under /debug/pprof/ on the API port")
-	f.StringVar(&logLevel, "log-level", "info", "debug, info, warn or error")
-	f.StringVar(&logFormat, "log-format", "text", "text (logfmt) or json, one record a line on stderr")
-	return cmd
+	o.logLevel = "info"
+	f.Var(newChecked(&o.logLevel, checkLogLevel, "debug, info, warn or error"), "log-level", "debug, info, warn or error")
+	f.Var(newChoice(&o.logFormat, "text", "text", "json"), "log-format", "text (logfmt) or json, one record a line on stderr")
+	return o, f
+}
+
+// serve runs the node until ctx ends or the node fails. unknown are FENCE_
+// variables that are no setting, which it warns of.
+func (o *serveOptions) serve(ctx context.Context, stderr io.Writer, unknown []string) error {
+	cfg := o.cfg
+	var level slog.Level
+	if err := level.UnmarshalText([]byte(o.logLevel)); err != nil { // checked when set
+		return fmt.Errorf("log-level: %w", err)
+	}
+	logger, err := newLogger(stderr, o.logFormat, level)
+	if err != nil {
+		return err
+	}
+	for _, name := range unknown {
+		logger.Warn("a FENCE_ variable is set that is no setting of fence serve; ignored (see fence serve --help)", "variable", name)
+	}
+	if len(o.peers) > 0 {
+		cfg.Peers = o.peers.addresses()
+	}
+	if len(o.raftDial) > 0 {
+		dial := o.raftDial.addresses()
+		if _, ok := dial[cfg.NodeID]; !ok { // raft asks for its own address too
+			dial[cfg.NodeID] = cmp.Or(cfg.RaftAdvertise, cfg.RaftListen)
+		}
+		cfg.RaftAddressProvider = server.DialAddresses(dial)
+	}
+	if cfg.TLS, err = o.apiTLS.config("API TLS", true, o.clientCertAuth); err != nil {
+		return err
+	}
+	if cfg.PeerTLS, err = o.peerTLS.config("peer TLS", true, o.peerTLS != (tlsFiles{})); err != nil {
+		return err
+	}
+	cfg.Logger = logger
+	srv, err := server.Start(cfg)
+	if err != nil {
+		return err
+	}
+	if cfg.UI {
+		logger.Info("console", "url", consoleURL(srv.Addr(), cfg.TLS != nil))
+	}
+	if !isLoopback(cfg.Listen) {
+		go warnUnsecured(logger, srv, cfg)
+	}
+	select {
+	case <-ctx.Done():
+	case <-srv.Failed():
+		srv.Close()
+		return srv.Err()
+	}
+	logger.Info("shutting down")
+	// A leader hands over to another member before it closes
+	// (bounded: raft gives up after an election timeout).
+	stopCtx, cancel := context.WithTimeout(context.Background(), cfg.ElectionTimeout+2*time.Second)
+	defer cancel()
+	return srv.Shutdown(stopCtx)
 }
 
 // newLogger returns the node's logger: every line it writes, raft's
@@ -155,22 +203,6 @@ func newLogger(w io.Writer, format string, level slog.Level) (*slog.Logger, erro
 		return slog.New(slog.NewJSONHandler(w, opts)), nil
 	}
 	return nil, fmt.Errorf("--log-format %q: want text or json", format)
-}
-
-// parsePeers parses id=host:port,id=host:port.
-func parsePeers(s string) (map[string]string, error) {
-	peers := map[string]string{}
-	for _, p := range strings.Split(s, ",") {
-		id, addr, ok := strings.Cut(strings.TrimSpace(p), "=")
-		if !ok || id == "" || addr == "" {
-			return nil, fmt.Errorf("%q is not id=host:port", p)
-		}
-		if _, dup := peers[id]; dup {
-			return nil, fmt.Errorf("%s is listed twice", id)
-		}
-		peers[id] = addr
-	}
-	return peers, nil
 }
 
 // warnUnsecured warns that a node reachable from other machines serves

@@ -36,8 +36,16 @@ func (b *lockedBuffer) String() string {
 // leads, stops it with SIGTERM and returns its log.
 func runServe(t *testing.T, args ...string) string {
 	t.Helper()
+	return runServeEnv(t, nil, append([]string{"--data-dir", t.TempDir(), "--listen", "127.0.0.1:0", "--raft-listen", "127.0.0.1:0", "--listen-metrics", "127.0.0.1:0"}, args...)...)
+}
+
+// runServeEnv is runServe with the environment env (nil: the test's) and
+// args alone.
+func runServeEnv(t *testing.T, env []string, args ...string) string {
+	t.Helper()
 	var stderr lockedBuffer
-	cmd := exec.Command(fenceBin, append([]string{"serve", "--data-dir", t.TempDir(), "--listen", "127.0.0.1:0", "--raft-listen", "127.0.0.1:0", "--listen-metrics", "127.0.0.1:0"}, args...)...)
+	cmd := exec.Command(fenceBin, append([]string{"serve"}, args...)...)
+	cmd.Env = env
 	cmd.Stderr = &stderr
 	cmd.Stdout = &stderr
 	if err := cmd.Start(); err != nil {

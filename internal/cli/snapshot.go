@@ -93,7 +93,7 @@ func snapshotInspectCommand(g *globals) *cobra.Command {
 func snapshotRestoreCommand(g *globals) *cobra.Command {
 	cfg := server.DefaultConfig()
 	var (
-		peers string
+		peers peerList
 		bump  uint64
 	)
 	cmd := &cobra.Command{
@@ -114,11 +114,8 @@ was taken is handed out again; --bump 0 keeps them.`,
 			if !cmd.Flags().Changed("data-dir") {
 				return fmt.Errorf("--data-dir is required: the new data dir to restore into")
 			}
-			if peers != "" {
-				var err error
-				if cfg.Peers, err = parsePeers(peers); err != nil {
-					return fmt.Errorf("--peers: %w", err)
-				}
+			if len(peers) > 0 {
+				cfg.Peers = peers.addresses()
 			}
 			res, err := server.RestoreSnapshot(cfg, args[0], bump)
 			if err != nil {
@@ -135,7 +132,7 @@ was taken is handed out again; --bump 0 keeps them.`,
 	f.StringVar(&cfg.NodeID, "node-id", cfg.NodeID, "the id this node will serve with")
 	f.StringVar(&cfg.RaftListen, "raft-listen", cfg.RaftListen, "the raft address this node will serve with (a single node's member address)")
 	f.StringVar(&cfg.RaftAdvertise, "raft-advertise", "", "the raft address peers will dial (default: --raft-listen)")
-	f.StringVar(&peers, "peers", "", "the restored group's members, id=raft-host:port,... (this node included); the same on every member")
+	f.Var(&peers, "peers", "the restored group's members, `id=raft-host:port,...` (this node included); the same on every member")
 	f.StringVar(&cfg.LogStore, "log-store", "", "raft log of the new data dir: wal (default) or bolt")
 	f.Uint64Var(&bump, "bump", server.DefaultRestoreBump, "raise the token counter, session ids and KV revision by this much")
 	return cmd
