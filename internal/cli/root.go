@@ -146,6 +146,7 @@ func Run(ctx context.Context, args []string, stdin io.Reader, stdout, stderr io.
 	root.AddCommand(
 		serveCommand(g),
 		lockCommand(g),
+		leaseCommand(g),
 		runOnceCommand(g),
 		locksCommand(g),
 		statusCommand(g),
