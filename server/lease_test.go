@@ -151,6 +151,41 @@ func TestLeaseOfHeldLockLeavesNothing(t *testing.T) {
 	}
 }
 
+// Leases of one free lock asked for at once: one is granted, every other
+// fails with ErrLocked, and only the granted one's session is left (those
+// that passed the look before the grant made a session, and closed it).
+func TestConcurrentLeasesLeaveOneSession(t *testing.T) {
+	s := startTestServer(t, nil)
+	a := newAPI(t, s)
+	before := numSessions(s)
+	const n = 8
+	errs := make(chan error, n)
+	for range n {
+		go func() {
+			_, err := a.lease(&fencev1.LeaseRequest{Lock: "race", Ttl: durationpb.New(time.Minute)})
+			errs <- err
+		}()
+	}
+	granted := 0
+	for range n {
+		switch err := <-errs; {
+		case err == nil:
+			granted++
+		case !errors.Is(err, fence.ErrLocked):
+			t.Errorf("a concurrent Lease failed with %v, want ErrLocked", err)
+		}
+	}
+	if granted != 1 {
+		t.Errorf("%d of %d concurrent Leases were granted, want 1", granted, n)
+	}
+	if after := numSessions(s); after != before+1 {
+		t.Errorf("%d sessions after %d concurrent Leases (%d before), want one more", after, n, before)
+	}
+	var made uint64
+	s.fsm.Read(func(st *fsm.State) { made = st.Snapshot().GetLastSessionId() })
+	t.Logf("%d of the refused Leases made a session and closed it", made-1)
+}
+
 // A lease that is not renewed is expired by the leader, on its clock, and
 // its lock goes to the next waiter; a renewal gives it a full TTL from
 // the renewal. A renewal or release of the expired lease says it is gone.
