@@ -253,9 +253,11 @@ func TestLeaseLockDelay(t *testing.T) {
 // A wrong or missing secret renews and releases nothing, and is refused
 // with ErrSessionSecret in a lease's words.
 func TestLeaseWrongSecret(t *testing.T) {
-	s := startTestServer(t, nil)
+	clk := clock.NewFake()
+	s := startTestServer(t, func(c *Config) { c.Clock = clk })
 	a := newAPI(t, s)
 	l := a.mustLease(&fencev1.LeaseRequest{Lock: "l", Ttl: durationpb.New(time.Minute)})
+	clk.Advance(20 * time.Second)
 	for _, secret := range []string{"wrong", "", l.GetLeaseSecret() + "x"} {
 		if _, err := a.renewLease(l.GetLeaseId(), secret); !errors.Is(err, fence.ErrSessionSecret) || !strings.Contains(err.Error(), "lease_secret") {
 			t.Errorf("RenewLease with secret %q: %v, want ErrSessionSecret naming lease_secret", secret, err)
@@ -275,8 +277,8 @@ func TestLeaseWrongSecret(t *testing.T) {
 			expiresIn = si.GetExpiresIn().AsDuration()
 		}
 	}
-	if expiresIn == 0 || expiresIn > time.Minute {
-		t.Errorf("the lease expires in %v after refused renewals", expiresIn)
+	if expiresIn != 40*time.Second {
+		t.Errorf("the lease expires in %v after refused renewals 20 s into its minute, want 40s: they renewed it", expiresIn)
 	}
 }
 
