@@ -15,6 +15,14 @@
 //	write(g.Context(), g.Token()) // the resource rejects stale tokens
 //	m.Unlock(ctx)
 //
+// A program that cannot keep a session alive (a cron job, a serverless
+// function) takes a Lease instead: one call that answers a token, or
+// fence.ErrLocked at once, and that nothing renews in the background:
+//
+//	l, err := c.Lease(ctx, "nightly", 30*time.Second)
+//	write(l.Token())   // before l.SafeUntil(); l.Renew(ctx) moves it on
+//	l.Release(ctx)
+//
 // # Caveats
 //
 // A lock cannot stop a holder that pauses: when a session's "safe until"

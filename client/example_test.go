@@ -2,10 +2,13 @@ package client_test
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"log"
 	"os"
+	"time"
 
+	"github.com/fencelock/fence"
 	"github.com/fencelock/fence/client"
 	"github.com/fencelock/fence/server"
 )
@@ -50,4 +53,56 @@ func ExampleMutex() {
 	// Output:
 	// holding orders with token 1
 	// holding orders with token 2
+}
+
+// Take a lease, as a cron job or a serverless function does: one call,
+// no session to keep alive. A second caller is told at once that the lock
+// is held, and by whom. The lease is renewed, then released.
+func ExampleClient_Lease() {
+	dir, _ := os.MkdirTemp("", "fence-example")
+	defer os.RemoveAll(dir)
+	cfg := server.DefaultConfig()
+	cfg.DataDir, cfg.Listen, cfg.RaftListen = dir, "127.0.0.1:0", "127.0.0.1:0"
+	srv, err := server.Start(cfg)
+	if err != nil {
+		log.Fatal(err)
+	}
+	defer srv.Close()
+
+	ctx := context.Background()
+	c, err := client.New(client.WithEndpoints(srv.Addr()))
+	if err != nil {
+		log.Fatal(err)
+	}
+	defer c.Close()
+
+	l, err := c.Lease(ctx, "nightly", 30*time.Second)
+	if err != nil {
+		log.Fatal(err)
+	}
+	// Send l.Token() with every write; renew before l.SafeUntil() passes.
+	fmt.Println("leased", l.Lock(), "with token", l.Token())
+
+	_, err = c.Lease(ctx, "nightly", 30*time.Second)
+	var held *fence.LockedError
+	if errors.As(err, &held) {
+		fmt.Println("a second lease: held by lease", held.HolderSession == l.ID())
+	}
+
+	// A later run that stored the id and secret resumes the lease.
+	again, err := c.ResumeLease(l.ID(), l.Secret())
+	if err != nil {
+		log.Fatal(err)
+	}
+	if err := again.Renew(ctx); err != nil {
+		log.Fatal(err)
+	}
+	fmt.Println("renewed", again.Lock(), "with token", again.Token())
+	if err := again.Release(ctx); err != nil {
+		log.Fatal(err)
+	}
+	// Output:
+	// leased nightly with token 1
+	// a second lease: held by lease true
+	// renewed nightly with token 1
 }

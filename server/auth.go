@@ -191,12 +191,17 @@ func needOf(procedure string, msg any) need {
 	}
 	switch procedure {
 	case fencev1connect.SessionServiceCreateSessionProcedure, fencev1connect.SessionServiceKeepAliveProcedure,
-		fencev1connect.SessionServiceCloseSessionProcedure:
+		fencev1connect.SessionServiceCloseSessionProcedure,
+		// A lease's renewal and release are its session's keepalive and
+		// close: the secret guards the lease.
+		fencev1connect.LockServiceRenewLeaseProcedure, fencev1connect.LockServiceReleaseLeaseProcedure:
 		return need{anyWrite: true}
 	case fencev1connect.SessionServiceListSessionsProcedure:
 		return lockNeed(fsm.Read, "") // every session's locks
 	case fencev1connect.LockServiceAcquireProcedure, fencev1connect.LockServiceReleaseProcedure,
-		fencev1connect.LockServiceCancelAcquireProcedure:
+		fencev1connect.LockServiceCancelAcquireProcedure,
+		// A Lease is a session and an acquire: lock write covers both.
+		fencev1connect.LockServiceLeaseProcedure:
 		return lockNeed(fsm.Write, name())
 	case fencev1connect.LockServiceCheckProcedure, fencev1connect.LockServiceListLocksProcedure:
 		return lockNeed(fsm.Read, name())

@@ -30,7 +30,8 @@ type strictJSON struct{}
 // explicitAnswers are the messages that strictJSON writes with every field,
 // unset ones included.
 var explicitAnswers = map[protoreflect.FullName]bool{
-	(&fencev1.CheckResponse{}).ProtoReflect().Descriptor().FullName(): true,
+	(&fencev1.CheckResponse{}).ProtoReflect().Descriptor().FullName():        true,
+	(&fencev1.ReleaseLeaseResponse{}).ProtoReflect().Descriptor().FullName(): true,
 }
 
 func (strictJSON) Name() string { return "json" }

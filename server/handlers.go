@@ -210,12 +210,9 @@ func (s *Server) acquire(ctx context.Context, m *fencev1.AcquireRequest) (*fence
 	if err != nil {
 		return nil, err
 	}
-	lockDelay, err := duration("lock_delay", m.GetLockDelay(), 0)
+	lockDelay, err := s.lockDelay(m.GetLockDelay())
 	if err != nil {
 		return nil, err
-	}
-	if lockDelay > s.cfg.MaxLockDelay {
-		return nil, invalid("lock_delay %v is over the limit of %v", lockDelay, s.cfg.MaxLockDelay)
 	}
 
 	poll, err := duration("poll", m.GetPoll(), 0)

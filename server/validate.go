@@ -85,6 +85,19 @@ func (s *Server) sessionTTL(d *durationpb.Duration) (time.Duration, error) {
 	return ttl, nil
 }
 
+// lockDelay validates an acquire's optional lock-delay: not negative, at
+// most the configured maximum.
+func (s *Server) lockDelay(d *durationpb.Duration) (time.Duration, error) {
+	delay, err := duration("lock_delay", d, 0)
+	if err != nil {
+		return 0, err
+	}
+	if delay > s.cfg.MaxLockDelay {
+		return 0, invalid("lock_delay %v is over the limit of %v", delay, s.cfg.MaxLockDelay)
+	}
+	return delay, nil
+}
+
 func mode(m fencev1.Mode) (fsm.Mode, error) {
 	switch m {
 	case fencev1.Mode_MODE_UNSPECIFIED, fencev1.Mode_MODE_EXCLUSIVE:

@@ -165,6 +165,7 @@ func rootCommand(g *globals) *cobra.Command {
 	root.AddCommand(
 		serveCommand(g),
 		lockCommand(g),
+		leaseCommand(g),
 		runOnceCommand(g),
 		locksCommand(g),
 		statusCommand(g),

@@ -1039,6 +1039,27 @@ func (s *State) EachQueue(visit func(waiters int)) {
 	}
 }
 
+// TryRefusal returns the error with which an exclusive Acquire with try
+// of lock name, by a session that neither holds nor waits for it, would
+// fail in this state: ErrLocked (a *fence.LockedError naming the holder)
+// when the lock is held, delayed or waited for, ErrInvalidArgument when
+// the name is a semaphore's. nil when such an acquire would be granted,
+// limits and quotas aside. It changes nothing: the edge reads it to refuse
+// a Lease of a held lock before it creates the lease's session.
+func (s *State) TryRefusal(name string) error {
+	l := s.locks[name]
+	if l == nil {
+		return nil
+	}
+	if err := l.sameKind(0); err != nil {
+		return err
+	}
+	if len(l.waiters) > 0 || !l.grantable(Exclusive) {
+		return s.lockedError(l)
+	}
+	return nil
+}
+
 // Lock returns the named lock; ok is false when it is free and unwaited.
 func (s *State) Lock(name string) (LockInfo, bool) {
 	l, ok := s.locks[name]

@@ -3135,6 +3135,380 @@ func (*ReleaseResponse) Descriptor() ([]byte, []int) {
 	return file_fence_v1_fence_proto_rawDescGZIP(), []int{52}
 }
 
+type LeaseRequest struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// The lock's name, as AcquireRequest.lock. The lease holds it exclusively.
+	Lock string `protobuf:"bytes,1,opt,name=lock,proto3" json:"lock,omitempty"`
+	// How long the lease lasts without a RenewLease. Unset means the
+	// server's default session TTL (10s); the bounds are a session's (1s to 1h).
+	Ttl *durationpb.Duration `protobuf:"bytes,2,opt,name=ttl,proto3" json:"ttl,omitempty"`
+	// As AcquireRequest.lock_delay: if the lease expires (or an operator
+	// revokes it) instead of being released, the lock is granted to nobody
+	// else until lock_delay has passed. At most 1 minute.
+	LockDelay *durationpb.Duration `protobuf:"bytes,3,opt,name=lock_delay,json=lockDelay,proto3" json:"lock_delay,omitempty"`
+	// Free text shown in listings, such as "backup.sh on db-2". At most 256 bytes.
+	Owner         string `protobuf:"bytes,4,opt,name=owner,proto3" json:"owner,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *LeaseRequest) Reset() {
+	*x = LeaseRequest{}
+	mi := &file_fence_v1_fence_proto_msgTypes[53]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *LeaseRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*LeaseRequest) ProtoMessage() {}
+
+func (x *LeaseRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_fence_v1_fence_proto_msgTypes[53]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use LeaseRequest.ProtoReflect.Descriptor instead.
+func (*LeaseRequest) Descriptor() ([]byte, []int) {
+	return file_fence_v1_fence_proto_rawDescGZIP(), []int{53}
+}
+
+func (x *LeaseRequest) GetLock() string {
+	if x != nil {
+		return x.Lock
+	}
+	return ""
+}
+
+func (x *LeaseRequest) GetTtl() *durationpb.Duration {
+	if x != nil {
+		return x.Ttl
+	}
+	return nil
+}
+
+func (x *LeaseRequest) GetLockDelay() *durationpb.Duration {
+	if x != nil {
+		return x.LockDelay
+	}
+	return nil
+}
+
+func (x *LeaseRequest) GetOwner() string {
+	if x != nil {
+		return x.Owner
+	}
+	return ""
+}
+
+type LeaseResponse struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	Lock  string                 `protobuf:"bytes,1,opt,name=lock,proto3" json:"lock,omitempty"`
+	// The grant's fencing token: send it with every write to the resource.
+	Token uint64 `protobuf:"varint,2,opt,name=token,proto3" json:"token,omitempty"`
+	// The lease's id (its session's id): public, shown in listings.
+	LeaseId uint64 `protobuf:"varint,3,opt,name=lease_id,json=leaseId,proto3" json:"lease_id,omitempty"`
+	// The lease's secret (its session's secret): send it back with
+	// RenewLease and ReleaseLease. Answered only here, once.
+	LeaseSecret string `protobuf:"bytes,4,opt,name=lease_secret,json=leaseSecret,proto3" json:"lease_secret,omitempty"`
+	// The lease's TTL, counted from when the leader received the call at
+	// the latest: a caller that noted when it sent the call may count on
+	// the lease until then + ttl, less a margin for clock drift.
+	Ttl           *durationpb.Duration `protobuf:"bytes,5,opt,name=ttl,proto3" json:"ttl,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *LeaseResponse) Reset() {
+	*x = LeaseResponse{}
+	mi := &file_fence_v1_fence_proto_msgTypes[54]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *LeaseResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*LeaseResponse) ProtoMessage() {}
+
+func (x *LeaseResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_fence_v1_fence_proto_msgTypes[54]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use LeaseResponse.ProtoReflect.Descriptor instead.
+func (*LeaseResponse) Descriptor() ([]byte, []int) {
+	return file_fence_v1_fence_proto_rawDescGZIP(), []int{54}
+}
+
+func (x *LeaseResponse) GetLock() string {
+	if x != nil {
+		return x.Lock
+	}
+	return ""
+}
+
+func (x *LeaseResponse) GetToken() uint64 {
+	if x != nil {
+		return x.Token
+	}
+	return 0
+}
+
+func (x *LeaseResponse) GetLeaseId() uint64 {
+	if x != nil {
+		return x.LeaseId
+	}
+	return 0
+}
+
+func (x *LeaseResponse) GetLeaseSecret() string {
+	if x != nil {
+		return x.LeaseSecret
+	}
+	return ""
+}
+
+func (x *LeaseResponse) GetTtl() *durationpb.Duration {
+	if x != nil {
+		return x.Ttl
+	}
+	return nil
+}
+
+type RenewLeaseRequest struct {
+	state   protoimpl.MessageState `protogen:"open.v1"`
+	LeaseId uint64                 `protobuf:"varint,1,opt,name=lease_id,json=leaseId,proto3" json:"lease_id,omitempty"`
+	// The secret Lease answered.
+	LeaseSecret   string `protobuf:"bytes,2,opt,name=lease_secret,json=leaseSecret,proto3" json:"lease_secret,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *RenewLeaseRequest) Reset() {
+	*x = RenewLeaseRequest{}
+	mi := &file_fence_v1_fence_proto_msgTypes[55]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *RenewLeaseRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*RenewLeaseRequest) ProtoMessage() {}
+
+func (x *RenewLeaseRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_fence_v1_fence_proto_msgTypes[55]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use RenewLeaseRequest.ProtoReflect.Descriptor instead.
+func (*RenewLeaseRequest) Descriptor() ([]byte, []int) {
+	return file_fence_v1_fence_proto_rawDescGZIP(), []int{55}
+}
+
+func (x *RenewLeaseRequest) GetLeaseId() uint64 {
+	if x != nil {
+		return x.LeaseId
+	}
+	return 0
+}
+
+func (x *RenewLeaseRequest) GetLeaseSecret() string {
+	if x != nil {
+		return x.LeaseSecret
+	}
+	return ""
+}
+
+type RenewLeaseResponse struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// The TTL the lease was renewed for, counted from when the leader
+	// received the request.
+	Ttl *durationpb.Duration `protobuf:"bytes,1,opt,name=ttl,proto3" json:"ttl,omitempty"`
+	// The lock the lease holds, and the grant's token (unchanged by a renewal).
+	Lock          string `protobuf:"bytes,2,opt,name=lock,proto3" json:"lock,omitempty"`
+	Token         uint64 `protobuf:"varint,3,opt,name=token,proto3" json:"token,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *RenewLeaseResponse) Reset() {
+	*x = RenewLeaseResponse{}
+	mi := &file_fence_v1_fence_proto_msgTypes[56]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *RenewLeaseResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*RenewLeaseResponse) ProtoMessage() {}
+
+func (x *RenewLeaseResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_fence_v1_fence_proto_msgTypes[56]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use RenewLeaseResponse.ProtoReflect.Descriptor instead.
+func (*RenewLeaseResponse) Descriptor() ([]byte, []int) {
+	return file_fence_v1_fence_proto_rawDescGZIP(), []int{56}
+}
+
+func (x *RenewLeaseResponse) GetTtl() *durationpb.Duration {
+	if x != nil {
+		return x.Ttl
+	}
+	return nil
+}
+
+func (x *RenewLeaseResponse) GetLock() string {
+	if x != nil {
+		return x.Lock
+	}
+	return ""
+}
+
+func (x *RenewLeaseResponse) GetToken() uint64 {
+	if x != nil {
+		return x.Token
+	}
+	return 0
+}
+
+type ReleaseLeaseRequest struct {
+	state   protoimpl.MessageState `protogen:"open.v1"`
+	LeaseId uint64                 `protobuf:"varint,1,opt,name=lease_id,json=leaseId,proto3" json:"lease_id,omitempty"`
+	// The secret Lease answered.
+	LeaseSecret   string `protobuf:"bytes,2,opt,name=lease_secret,json=leaseSecret,proto3" json:"lease_secret,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *ReleaseLeaseRequest) Reset() {
+	*x = ReleaseLeaseRequest{}
+	mi := &file_fence_v1_fence_proto_msgTypes[57]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ReleaseLeaseRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ReleaseLeaseRequest) ProtoMessage() {}
+
+func (x *ReleaseLeaseRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_fence_v1_fence_proto_msgTypes[57]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ReleaseLeaseRequest.ProtoReflect.Descriptor instead.
+func (*ReleaseLeaseRequest) Descriptor() ([]byte, []int) {
+	return file_fence_v1_fence_proto_rawDescGZIP(), []int{57}
+}
+
+func (x *ReleaseLeaseRequest) GetLeaseId() uint64 {
+	if x != nil {
+		return x.LeaseId
+	}
+	return 0
+}
+
+func (x *ReleaseLeaseRequest) GetLeaseSecret() string {
+	if x != nil {
+		return x.LeaseSecret
+	}
+	return ""
+}
+
+type ReleaseLeaseResponse struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// The lease was live and is now ended, its lock released. False when
+	// it had ended already (it expired, was revoked, or was released by an
+	// earlier call whose answer was lost).
+	Released      bool `protobuf:"varint,1,opt,name=released,proto3" json:"released,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *ReleaseLeaseResponse) Reset() {
+	*x = ReleaseLeaseResponse{}
+	mi := &file_fence_v1_fence_proto_msgTypes[58]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ReleaseLeaseResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ReleaseLeaseResponse) ProtoMessage() {}
+
+func (x *ReleaseLeaseResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_fence_v1_fence_proto_msgTypes[58]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ReleaseLeaseResponse.ProtoReflect.Descriptor instead.
+func (*ReleaseLeaseResponse) Descriptor() ([]byte, []int) {
+	return file_fence_v1_fence_proto_rawDescGZIP(), []int{58}
+}
+
+func (x *ReleaseLeaseResponse) GetReleased() bool {
+	if x != nil {
+		return x.Released
+	}
+	return false
+}
+
 type CancelAcquireRequest struct {
 	state     protoimpl.MessageState `protogen:"open.v1"`
 	SessionId uint64                 `protobuf:"varint,1,opt,name=session_id,json=sessionId,proto3" json:"session_id,omitempty"`
@@ -3149,7 +3523,7 @@ type CancelAcquireRequest struct {
 
 func (x *CancelAcquireRequest) Reset() {
 	*x = CancelAcquireRequest{}
-	mi := &file_fence_v1_fence_proto_msgTypes[53]
+	mi := &file_fence_v1_fence_proto_msgTypes[59]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3161,7 +3535,7 @@ func (x *CancelAcquireRequest) String() string {
 func (*CancelAcquireRequest) ProtoMessage() {}
 
 func (x *CancelAcquireRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_fence_v1_fence_proto_msgTypes[53]
+	mi := &file_fence_v1_fence_proto_msgTypes[59]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3174,7 +3548,7 @@ func (x *CancelAcquireRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CancelAcquireRequest.ProtoReflect.Descriptor instead.
 func (*CancelAcquireRequest) Descriptor() ([]byte, []int) {
-	return file_fence_v1_fence_proto_rawDescGZIP(), []int{53}
+	return file_fence_v1_fence_proto_rawDescGZIP(), []int{59}
 }
 
 func (x *CancelAcquireRequest) GetSessionId() uint64 {
@@ -3217,7 +3591,7 @@ type CancelAcquireResponse struct {
 
 func (x *CancelAcquireResponse) Reset() {
 	*x = CancelAcquireResponse{}
-	mi := &file_fence_v1_fence_proto_msgTypes[54]
+	mi := &file_fence_v1_fence_proto_msgTypes[60]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3229,7 +3603,7 @@ func (x *CancelAcquireResponse) String() string {
 func (*CancelAcquireResponse) ProtoMessage() {}
 
 func (x *CancelAcquireResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_fence_v1_fence_proto_msgTypes[54]
+	mi := &file_fence_v1_fence_proto_msgTypes[60]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3242,7 +3616,7 @@ func (x *CancelAcquireResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CancelAcquireResponse.ProtoReflect.Descriptor instead.
 func (*CancelAcquireResponse) Descriptor() ([]byte, []int) {
-	return file_fence_v1_fence_proto_rawDescGZIP(), []int{54}
+	return file_fence_v1_fence_proto_rawDescGZIP(), []int{60}
 }
 
 func (x *CancelAcquireResponse) GetReleased() bool {
@@ -3272,7 +3646,7 @@ type CheckRequest struct {
 
 func (x *CheckRequest) Reset() {
 	*x = CheckRequest{}
-	mi := &file_fence_v1_fence_proto_msgTypes[55]
+	mi := &file_fence_v1_fence_proto_msgTypes[61]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3284,7 +3658,7 @@ func (x *CheckRequest) String() string {
 func (*CheckRequest) ProtoMessage() {}
 
 func (x *CheckRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_fence_v1_fence_proto_msgTypes[55]
+	mi := &file_fence_v1_fence_proto_msgTypes[61]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3297,7 +3671,7 @@ func (x *CheckRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CheckRequest.ProtoReflect.Descriptor instead.
 func (*CheckRequest) Descriptor() ([]byte, []int) {
-	return file_fence_v1_fence_proto_rawDescGZIP(), []int{55}
+	return file_fence_v1_fence_proto_rawDescGZIP(), []int{61}
 }
 
 func (x *CheckRequest) GetLock() string {
@@ -3335,7 +3709,7 @@ type CheckResponse struct {
 
 func (x *CheckResponse) Reset() {
 	*x = CheckResponse{}
-	mi := &file_fence_v1_fence_proto_msgTypes[56]
+	mi := &file_fence_v1_fence_proto_msgTypes[62]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3347,7 +3721,7 @@ func (x *CheckResponse) String() string {
 func (*CheckResponse) ProtoMessage() {}
 
 func (x *CheckResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_fence_v1_fence_proto_msgTypes[56]
+	mi := &file_fence_v1_fence_proto_msgTypes[62]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3360,7 +3734,7 @@ func (x *CheckResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CheckResponse.ProtoReflect.Descriptor instead.
 func (*CheckResponse) Descriptor() ([]byte, []int) {
-	return file_fence_v1_fence_proto_rawDescGZIP(), []int{56}
+	return file_fence_v1_fence_proto_rawDescGZIP(), []int{62}
 }
 
 func (x *CheckResponse) GetCurrent() bool {
@@ -3400,7 +3774,7 @@ type ListLocksRequest struct {
 
 func (x *ListLocksRequest) Reset() {
 	*x = ListLocksRequest{}
-	mi := &file_fence_v1_fence_proto_msgTypes[57]
+	mi := &file_fence_v1_fence_proto_msgTypes[63]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3412,7 +3786,7 @@ func (x *ListLocksRequest) String() string {
 func (*ListLocksRequest) ProtoMessage() {}
 
 func (x *ListLocksRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_fence_v1_fence_proto_msgTypes[57]
+	mi := &file_fence_v1_fence_proto_msgTypes[63]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3425,7 +3799,7 @@ func (x *ListLocksRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListLocksRequest.ProtoReflect.Descriptor instead.
 func (*ListLocksRequest) Descriptor() ([]byte, []int) {
-	return file_fence_v1_fence_proto_rawDescGZIP(), []int{57}
+	return file_fence_v1_fence_proto_rawDescGZIP(), []int{63}
 }
 
 func (x *ListLocksRequest) GetPrefix() string {
@@ -3472,7 +3846,7 @@ type Holder struct {
 
 func (x *Holder) Reset() {
 	*x = Holder{}
-	mi := &file_fence_v1_fence_proto_msgTypes[58]
+	mi := &file_fence_v1_fence_proto_msgTypes[64]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3484,7 +3858,7 @@ func (x *Holder) String() string {
 func (*Holder) ProtoMessage() {}
 
 func (x *Holder) ProtoReflect() protoreflect.Message {
-	mi := &file_fence_v1_fence_proto_msgTypes[58]
+	mi := &file_fence_v1_fence_proto_msgTypes[64]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3497,7 +3871,7 @@ func (x *Holder) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Holder.ProtoReflect.Descriptor instead.
 func (*Holder) Descriptor() ([]byte, []int) {
-	return file_fence_v1_fence_proto_rawDescGZIP(), []int{58}
+	return file_fence_v1_fence_proto_rawDescGZIP(), []int{64}
 }
 
 func (x *Holder) GetSessionId() uint64 {
@@ -3548,7 +3922,7 @@ type Waiter struct {
 
 func (x *Waiter) Reset() {
 	*x = Waiter{}
-	mi := &file_fence_v1_fence_proto_msgTypes[59]
+	mi := &file_fence_v1_fence_proto_msgTypes[65]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3560,7 +3934,7 @@ func (x *Waiter) String() string {
 func (*Waiter) ProtoMessage() {}
 
 func (x *Waiter) ProtoReflect() protoreflect.Message {
-	mi := &file_fence_v1_fence_proto_msgTypes[59]
+	mi := &file_fence_v1_fence_proto_msgTypes[65]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3573,7 +3947,7 @@ func (x *Waiter) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Waiter.ProtoReflect.Descriptor instead.
 func (*Waiter) Descriptor() ([]byte, []int) {
-	return file_fence_v1_fence_proto_rawDescGZIP(), []int{59}
+	return file_fence_v1_fence_proto_rawDescGZIP(), []int{65}
 }
 
 func (x *Waiter) GetSessionId() uint64 {
@@ -3620,7 +3994,7 @@ type LockInfo struct {
 
 func (x *LockInfo) Reset() {
 	*x = LockInfo{}
-	mi := &file_fence_v1_fence_proto_msgTypes[60]
+	mi := &file_fence_v1_fence_proto_msgTypes[66]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3632,7 +4006,7 @@ func (x *LockInfo) String() string {
 func (*LockInfo) ProtoMessage() {}
 
 func (x *LockInfo) ProtoReflect() protoreflect.Message {
-	mi := &file_fence_v1_fence_proto_msgTypes[60]
+	mi := &file_fence_v1_fence_proto_msgTypes[66]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3645,7 +4019,7 @@ func (x *LockInfo) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use LockInfo.ProtoReflect.Descriptor instead.
 func (*LockInfo) Descriptor() ([]byte, []int) {
-	return file_fence_v1_fence_proto_rawDescGZIP(), []int{60}
+	return file_fence_v1_fence_proto_rawDescGZIP(), []int{66}
 }
 
 func (x *LockInfo) GetName() string {
@@ -3694,7 +4068,7 @@ type ListLocksResponse struct {
 
 func (x *ListLocksResponse) Reset() {
 	*x = ListLocksResponse{}
-	mi := &file_fence_v1_fence_proto_msgTypes[61]
+	mi := &file_fence_v1_fence_proto_msgTypes[67]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3706,7 +4080,7 @@ func (x *ListLocksResponse) String() string {
 func (*ListLocksResponse) ProtoMessage() {}
 
 func (x *ListLocksResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_fence_v1_fence_proto_msgTypes[61]
+	mi := &file_fence_v1_fence_proto_msgTypes[67]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3719,7 +4093,7 @@ func (x *ListLocksResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListLocksResponse.ProtoReflect.Descriptor instead.
 func (*ListLocksResponse) Descriptor() ([]byte, []int) {
-	return file_fence_v1_fence_proto_rawDescGZIP(), []int{61}
+	return file_fence_v1_fence_proto_rawDescGZIP(), []int{67}
 }
 
 func (x *ListLocksResponse) GetLocks() []*LockInfo {
@@ -3744,7 +4118,7 @@ type StatusRequest struct {
 
 func (x *StatusRequest) Reset() {
 	*x = StatusRequest{}
-	mi := &file_fence_v1_fence_proto_msgTypes[62]
+	mi := &file_fence_v1_fence_proto_msgTypes[68]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3756,7 +4130,7 @@ func (x *StatusRequest) String() string {
 func (*StatusRequest) ProtoMessage() {}
 
 func (x *StatusRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_fence_v1_fence_proto_msgTypes[62]
+	mi := &file_fence_v1_fence_proto_msgTypes[68]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3769,7 +4143,7 @@ func (x *StatusRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use StatusRequest.ProtoReflect.Descriptor instead.
 func (*StatusRequest) Descriptor() ([]byte, []int) {
-	return file_fence_v1_fence_proto_rawDescGZIP(), []int{62}
+	return file_fence_v1_fence_proto_rawDescGZIP(), []int{68}
 }
 
 type StatusResponse struct {
@@ -3810,7 +4184,7 @@ type StatusResponse struct {
 
 func (x *StatusResponse) Reset() {
 	*x = StatusResponse{}
-	mi := &file_fence_v1_fence_proto_msgTypes[63]
+	mi := &file_fence_v1_fence_proto_msgTypes[69]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3822,7 +4196,7 @@ func (x *StatusResponse) String() string {
 func (*StatusResponse) ProtoMessage() {}
 
 func (x *StatusResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_fence_v1_fence_proto_msgTypes[63]
+	mi := &file_fence_v1_fence_proto_msgTypes[69]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3835,7 +4209,7 @@ func (x *StatusResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use StatusResponse.ProtoReflect.Descriptor instead.
 func (*StatusResponse) Descriptor() ([]byte, []int) {
-	return file_fence_v1_fence_proto_rawDescGZIP(), []int{63}
+	return file_fence_v1_fence_proto_rawDescGZIP(), []int{69}
 }
 
 func (x *StatusResponse) GetNodeId() string {
@@ -3978,7 +4352,7 @@ type Member struct {
 
 func (x *Member) Reset() {
 	*x = Member{}
-	mi := &file_fence_v1_fence_proto_msgTypes[64]
+	mi := &file_fence_v1_fence_proto_msgTypes[70]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3990,7 +4364,7 @@ func (x *Member) String() string {
 func (*Member) ProtoMessage() {}
 
 func (x *Member) ProtoReflect() protoreflect.Message {
-	mi := &file_fence_v1_fence_proto_msgTypes[64]
+	mi := &file_fence_v1_fence_proto_msgTypes[70]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4003,7 +4377,7 @@ func (x *Member) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Member.ProtoReflect.Descriptor instead.
 func (*Member) Descriptor() ([]byte, []int) {
-	return file_fence_v1_fence_proto_rawDescGZIP(), []int{64}
+	return file_fence_v1_fence_proto_rawDescGZIP(), []int{70}
 }
 
 func (x *Member) GetId() string {
@@ -4047,7 +4421,7 @@ type AddMemberRequest struct {
 
 func (x *AddMemberRequest) Reset() {
 	*x = AddMemberRequest{}
-	mi := &file_fence_v1_fence_proto_msgTypes[65]
+	mi := &file_fence_v1_fence_proto_msgTypes[71]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4059,7 +4433,7 @@ func (x *AddMemberRequest) String() string {
 func (*AddMemberRequest) ProtoMessage() {}
 
 func (x *AddMemberRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_fence_v1_fence_proto_msgTypes[65]
+	mi := &file_fence_v1_fence_proto_msgTypes[71]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4072,7 +4446,7 @@ func (x *AddMemberRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use AddMemberRequest.ProtoReflect.Descriptor instead.
 func (*AddMemberRequest) Descriptor() ([]byte, []int) {
-	return file_fence_v1_fence_proto_rawDescGZIP(), []int{65}
+	return file_fence_v1_fence_proto_rawDescGZIP(), []int{71}
 }
 
 func (x *AddMemberRequest) GetId() string {
@@ -4104,7 +4478,7 @@ type AddMemberResponse struct {
 
 func (x *AddMemberResponse) Reset() {
 	*x = AddMemberResponse{}
-	mi := &file_fence_v1_fence_proto_msgTypes[66]
+	mi := &file_fence_v1_fence_proto_msgTypes[72]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4116,7 +4490,7 @@ func (x *AddMemberResponse) String() string {
 func (*AddMemberResponse) ProtoMessage() {}
 
 func (x *AddMemberResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_fence_v1_fence_proto_msgTypes[66]
+	mi := &file_fence_v1_fence_proto_msgTypes[72]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4129,7 +4503,7 @@ func (x *AddMemberResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use AddMemberResponse.ProtoReflect.Descriptor instead.
 func (*AddMemberResponse) Descriptor() ([]byte, []int) {
-	return file_fence_v1_fence_proto_rawDescGZIP(), []int{66}
+	return file_fence_v1_fence_proto_rawDescGZIP(), []int{72}
 }
 
 type RemoveMemberRequest struct {
@@ -4141,7 +4515,7 @@ type RemoveMemberRequest struct {
 
 func (x *RemoveMemberRequest) Reset() {
 	*x = RemoveMemberRequest{}
-	mi := &file_fence_v1_fence_proto_msgTypes[67]
+	mi := &file_fence_v1_fence_proto_msgTypes[73]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4153,7 +4527,7 @@ func (x *RemoveMemberRequest) String() string {
 func (*RemoveMemberRequest) ProtoMessage() {}
 
 func (x *RemoveMemberRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_fence_v1_fence_proto_msgTypes[67]
+	mi := &file_fence_v1_fence_proto_msgTypes[73]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4166,7 +4540,7 @@ func (x *RemoveMemberRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RemoveMemberRequest.ProtoReflect.Descriptor instead.
 func (*RemoveMemberRequest) Descriptor() ([]byte, []int) {
-	return file_fence_v1_fence_proto_rawDescGZIP(), []int{67}
+	return file_fence_v1_fence_proto_rawDescGZIP(), []int{73}
 }
 
 func (x *RemoveMemberRequest) GetId() string {
@@ -4184,7 +4558,7 @@ type RemoveMemberResponse struct {
 
 func (x *RemoveMemberResponse) Reset() {
 	*x = RemoveMemberResponse{}
-	mi := &file_fence_v1_fence_proto_msgTypes[68]
+	mi := &file_fence_v1_fence_proto_msgTypes[74]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4196,7 +4570,7 @@ func (x *RemoveMemberResponse) String() string {
 func (*RemoveMemberResponse) ProtoMessage() {}
 
 func (x *RemoveMemberResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_fence_v1_fence_proto_msgTypes[68]
+	mi := &file_fence_v1_fence_proto_msgTypes[74]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4209,7 +4583,7 @@ func (x *RemoveMemberResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RemoveMemberResponse.ProtoReflect.Descriptor instead.
 func (*RemoveMemberResponse) Descriptor() ([]byte, []int) {
-	return file_fence_v1_fence_proto_rawDescGZIP(), []int{68}
+	return file_fence_v1_fence_proto_rawDescGZIP(), []int{74}
 }
 
 type RevokeSessionRequest struct {
@@ -4221,7 +4595,7 @@ type RevokeSessionRequest struct {
 
 func (x *RevokeSessionRequest) Reset() {
 	*x = RevokeSessionRequest{}
-	mi := &file_fence_v1_fence_proto_msgTypes[69]
+	mi := &file_fence_v1_fence_proto_msgTypes[75]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4233,7 +4607,7 @@ func (x *RevokeSessionRequest) String() string {
 func (*RevokeSessionRequest) ProtoMessage() {}
 
 func (x *RevokeSessionRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_fence_v1_fence_proto_msgTypes[69]
+	mi := &file_fence_v1_fence_proto_msgTypes[75]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4246,7 +4620,7 @@ func (x *RevokeSessionRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RevokeSessionRequest.ProtoReflect.Descriptor instead.
 func (*RevokeSessionRequest) Descriptor() ([]byte, []int) {
-	return file_fence_v1_fence_proto_rawDescGZIP(), []int{69}
+	return file_fence_v1_fence_proto_rawDescGZIP(), []int{75}
 }
 
 func (x *RevokeSessionRequest) GetSessionId() uint64 {
@@ -4264,7 +4638,7 @@ type RevokeSessionResponse struct {
 
 func (x *RevokeSessionResponse) Reset() {
 	*x = RevokeSessionResponse{}
-	mi := &file_fence_v1_fence_proto_msgTypes[70]
+	mi := &file_fence_v1_fence_proto_msgTypes[76]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4276,7 +4650,7 @@ func (x *RevokeSessionResponse) String() string {
 func (*RevokeSessionResponse) ProtoMessage() {}
 
 func (x *RevokeSessionResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_fence_v1_fence_proto_msgTypes[70]
+	mi := &file_fence_v1_fence_proto_msgTypes[76]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4289,7 +4663,7 @@ func (x *RevokeSessionResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RevokeSessionResponse.ProtoReflect.Descriptor instead.
 func (*RevokeSessionResponse) Descriptor() ([]byte, []int) {
-	return file_fence_v1_fence_proto_rawDescGZIP(), []int{70}
+	return file_fence_v1_fence_proto_rawDescGZIP(), []int{76}
 }
 
 type SnapshotRequest struct {
@@ -4300,7 +4674,7 @@ type SnapshotRequest struct {
 
 func (x *SnapshotRequest) Reset() {
 	*x = SnapshotRequest{}
-	mi := &file_fence_v1_fence_proto_msgTypes[71]
+	mi := &file_fence_v1_fence_proto_msgTypes[77]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4312,7 +4686,7 @@ func (x *SnapshotRequest) String() string {
 func (*SnapshotRequest) ProtoMessage() {}
 
 func (x *SnapshotRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_fence_v1_fence_proto_msgTypes[71]
+	mi := &file_fence_v1_fence_proto_msgTypes[77]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4325,7 +4699,7 @@ func (x *SnapshotRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use SnapshotRequest.ProtoReflect.Descriptor instead.
 func (*SnapshotRequest) Descriptor() ([]byte, []int) {
-	return file_fence_v1_fence_proto_rawDescGZIP(), []int{71}
+	return file_fence_v1_fence_proto_rawDescGZIP(), []int{77}
 }
 
 type SnapshotResponse struct {
@@ -4340,7 +4714,7 @@ type SnapshotResponse struct {
 
 func (x *SnapshotResponse) Reset() {
 	*x = SnapshotResponse{}
-	mi := &file_fence_v1_fence_proto_msgTypes[72]
+	mi := &file_fence_v1_fence_proto_msgTypes[78]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4352,7 +4726,7 @@ func (x *SnapshotResponse) String() string {
 func (*SnapshotResponse) ProtoMessage() {}
 
 func (x *SnapshotResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_fence_v1_fence_proto_msgTypes[72]
+	mi := &file_fence_v1_fence_proto_msgTypes[78]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4365,7 +4739,7 @@ func (x *SnapshotResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use SnapshotResponse.ProtoReflect.Descriptor instead.
 func (*SnapshotResponse) Descriptor() ([]byte, []int) {
-	return file_fence_v1_fence_proto_rawDescGZIP(), []int{72}
+	return file_fence_v1_fence_proto_rawDescGZIP(), []int{78}
 }
 
 func (x *SnapshotResponse) GetHeader() *SnapshotHeader {
@@ -4404,7 +4778,7 @@ type SnapshotHeader struct {
 
 func (x *SnapshotHeader) Reset() {
 	*x = SnapshotHeader{}
-	mi := &file_fence_v1_fence_proto_msgTypes[73]
+	mi := &file_fence_v1_fence_proto_msgTypes[79]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4416,7 +4790,7 @@ func (x *SnapshotHeader) String() string {
 func (*SnapshotHeader) ProtoMessage() {}
 
 func (x *SnapshotHeader) ProtoReflect() protoreflect.Message {
-	mi := &file_fence_v1_fence_proto_msgTypes[73]
+	mi := &file_fence_v1_fence_proto_msgTypes[79]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4429,7 +4803,7 @@ func (x *SnapshotHeader) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use SnapshotHeader.ProtoReflect.Descriptor instead.
 func (*SnapshotHeader) Descriptor() ([]byte, []int) {
-	return file_fence_v1_fence_proto_rawDescGZIP(), []int{73}
+	return file_fence_v1_fence_proto_rawDescGZIP(), []int{79}
 }
 
 func (x *SnapshotHeader) GetIndex() uint64 {
@@ -4501,7 +4875,7 @@ type Fence struct {
 
 func (x *Fence) Reset() {
 	*x = Fence{}
-	mi := &file_fence_v1_fence_proto_msgTypes[74]
+	mi := &file_fence_v1_fence_proto_msgTypes[80]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4513,7 +4887,7 @@ func (x *Fence) String() string {
 func (*Fence) ProtoMessage() {}
 
 func (x *Fence) ProtoReflect() protoreflect.Message {
-	mi := &file_fence_v1_fence_proto_msgTypes[74]
+	mi := &file_fence_v1_fence_proto_msgTypes[80]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4526,7 +4900,7 @@ func (x *Fence) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Fence.ProtoReflect.Descriptor instead.
 func (*Fence) Descriptor() ([]byte, []int) {
-	return file_fence_v1_fence_proto_rawDescGZIP(), []int{74}
+	return file_fence_v1_fence_proto_rawDescGZIP(), []int{80}
 }
 
 func (x *Fence) GetLock() string {
@@ -4575,7 +4949,7 @@ type PutRequest struct {
 
 func (x *PutRequest) Reset() {
 	*x = PutRequest{}
-	mi := &file_fence_v1_fence_proto_msgTypes[75]
+	mi := &file_fence_v1_fence_proto_msgTypes[81]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4587,7 +4961,7 @@ func (x *PutRequest) String() string {
 func (*PutRequest) ProtoMessage() {}
 
 func (x *PutRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_fence_v1_fence_proto_msgTypes[75]
+	mi := &file_fence_v1_fence_proto_msgTypes[81]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4600,7 +4974,7 @@ func (x *PutRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use PutRequest.ProtoReflect.Descriptor instead.
 func (*PutRequest) Descriptor() ([]byte, []int) {
-	return file_fence_v1_fence_proto_rawDescGZIP(), []int{75}
+	return file_fence_v1_fence_proto_rawDescGZIP(), []int{81}
 }
 
 func (x *PutRequest) GetKey() string {
@@ -4648,7 +5022,7 @@ type PutResponse struct {
 
 func (x *PutResponse) Reset() {
 	*x = PutResponse{}
-	mi := &file_fence_v1_fence_proto_msgTypes[76]
+	mi := &file_fence_v1_fence_proto_msgTypes[82]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4660,7 +5034,7 @@ func (x *PutResponse) String() string {
 func (*PutResponse) ProtoMessage() {}
 
 func (x *PutResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_fence_v1_fence_proto_msgTypes[76]
+	mi := &file_fence_v1_fence_proto_msgTypes[82]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4673,7 +5047,7 @@ func (x *PutResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use PutResponse.ProtoReflect.Descriptor instead.
 func (*PutResponse) Descriptor() ([]byte, []int) {
-	return file_fence_v1_fence_proto_rawDescGZIP(), []int{76}
+	return file_fence_v1_fence_proto_rawDescGZIP(), []int{82}
 }
 
 func (x *PutResponse) GetRevision() uint64 {
@@ -4703,7 +5077,7 @@ type KeyValue struct {
 
 func (x *KeyValue) Reset() {
 	*x = KeyValue{}
-	mi := &file_fence_v1_fence_proto_msgTypes[77]
+	mi := &file_fence_v1_fence_proto_msgTypes[83]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4715,7 +5089,7 @@ func (x *KeyValue) String() string {
 func (*KeyValue) ProtoMessage() {}
 
 func (x *KeyValue) ProtoReflect() protoreflect.Message {
-	mi := &file_fence_v1_fence_proto_msgTypes[77]
+	mi := &file_fence_v1_fence_proto_msgTypes[83]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4728,7 +5102,7 @@ func (x *KeyValue) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use KeyValue.ProtoReflect.Descriptor instead.
 func (*KeyValue) Descriptor() ([]byte, []int) {
-	return file_fence_v1_fence_proto_rawDescGZIP(), []int{77}
+	return file_fence_v1_fence_proto_rawDescGZIP(), []int{83}
 }
 
 func (x *KeyValue) GetKey() string {
@@ -4804,7 +5178,7 @@ type GetRequest struct {
 
 func (x *GetRequest) Reset() {
 	*x = GetRequest{}
-	mi := &file_fence_v1_fence_proto_msgTypes[78]
+	mi := &file_fence_v1_fence_proto_msgTypes[84]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4816,7 +5190,7 @@ func (x *GetRequest) String() string {
 func (*GetRequest) ProtoMessage() {}
 
 func (x *GetRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_fence_v1_fence_proto_msgTypes[78]
+	mi := &file_fence_v1_fence_proto_msgTypes[84]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4829,7 +5203,7 @@ func (x *GetRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GetRequest.ProtoReflect.Descriptor instead.
 func (*GetRequest) Descriptor() ([]byte, []int) {
-	return file_fence_v1_fence_proto_rawDescGZIP(), []int{78}
+	return file_fence_v1_fence_proto_rawDescGZIP(), []int{84}
 }
 
 func (x *GetRequest) GetKey() string {
@@ -4858,7 +5232,7 @@ type GetResponse struct {
 
 func (x *GetResponse) Reset() {
 	*x = GetResponse{}
-	mi := &file_fence_v1_fence_proto_msgTypes[79]
+	mi := &file_fence_v1_fence_proto_msgTypes[85]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4870,7 +5244,7 @@ func (x *GetResponse) String() string {
 func (*GetResponse) ProtoMessage() {}
 
 func (x *GetResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_fence_v1_fence_proto_msgTypes[79]
+	mi := &file_fence_v1_fence_proto_msgTypes[85]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4883,7 +5257,7 @@ func (x *GetResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GetResponse.ProtoReflect.Descriptor instead.
 func (*GetResponse) Descriptor() ([]byte, []int) {
-	return file_fence_v1_fence_proto_rawDescGZIP(), []int{79}
+	return file_fence_v1_fence_proto_rawDescGZIP(), []int{85}
 }
 
 func (x *GetResponse) GetFound() bool {
@@ -4917,7 +5291,7 @@ type DeleteRequest struct {
 
 func (x *DeleteRequest) Reset() {
 	*x = DeleteRequest{}
-	mi := &file_fence_v1_fence_proto_msgTypes[80]
+	mi := &file_fence_v1_fence_proto_msgTypes[86]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4929,7 +5303,7 @@ func (x *DeleteRequest) String() string {
 func (*DeleteRequest) ProtoMessage() {}
 
 func (x *DeleteRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_fence_v1_fence_proto_msgTypes[80]
+	mi := &file_fence_v1_fence_proto_msgTypes[86]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4942,7 +5316,7 @@ func (x *DeleteRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use DeleteRequest.ProtoReflect.Descriptor instead.
 func (*DeleteRequest) Descriptor() ([]byte, []int) {
-	return file_fence_v1_fence_proto_rawDescGZIP(), []int{80}
+	return file_fence_v1_fence_proto_rawDescGZIP(), []int{86}
 }
 
 func (x *DeleteRequest) GetKey() string {
@@ -4969,7 +5343,7 @@ type DeleteResponse struct {
 
 func (x *DeleteResponse) Reset() {
 	*x = DeleteResponse{}
-	mi := &file_fence_v1_fence_proto_msgTypes[81]
+	mi := &file_fence_v1_fence_proto_msgTypes[87]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4981,7 +5355,7 @@ func (x *DeleteResponse) String() string {
 func (*DeleteResponse) ProtoMessage() {}
 
 func (x *DeleteResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_fence_v1_fence_proto_msgTypes[81]
+	mi := &file_fence_v1_fence_proto_msgTypes[87]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4994,7 +5368,7 @@ func (x *DeleteResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use DeleteResponse.ProtoReflect.Descriptor instead.
 func (*DeleteResponse) Descriptor() ([]byte, []int) {
-	return file_fence_v1_fence_proto_rawDescGZIP(), []int{81}
+	return file_fence_v1_fence_proto_rawDescGZIP(), []int{87}
 }
 
 func (x *DeleteResponse) GetDeleted() bool {
@@ -5023,7 +5397,7 @@ type ListRequest struct {
 
 func (x *ListRequest) Reset() {
 	*x = ListRequest{}
-	mi := &file_fence_v1_fence_proto_msgTypes[82]
+	mi := &file_fence_v1_fence_proto_msgTypes[88]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -5035,7 +5409,7 @@ func (x *ListRequest) String() string {
 func (*ListRequest) ProtoMessage() {}
 
 func (x *ListRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_fence_v1_fence_proto_msgTypes[82]
+	mi := &file_fence_v1_fence_proto_msgTypes[88]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -5048,7 +5422,7 @@ func (x *ListRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListRequest.ProtoReflect.Descriptor instead.
 func (*ListRequest) Descriptor() ([]byte, []int) {
-	return file_fence_v1_fence_proto_rawDescGZIP(), []int{82}
+	return file_fence_v1_fence_proto_rawDescGZIP(), []int{88}
 }
 
 func (x *ListRequest) GetPrefix() string {
@@ -5084,7 +5458,7 @@ type ListResponse struct {
 
 func (x *ListResponse) Reset() {
 	*x = ListResponse{}
-	mi := &file_fence_v1_fence_proto_msgTypes[83]
+	mi := &file_fence_v1_fence_proto_msgTypes[89]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -5096,7 +5470,7 @@ func (x *ListResponse) String() string {
 func (*ListResponse) ProtoMessage() {}
 
 func (x *ListResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_fence_v1_fence_proto_msgTypes[83]
+	mi := &file_fence_v1_fence_proto_msgTypes[89]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -5109,7 +5483,7 @@ func (x *ListResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListResponse.ProtoReflect.Descriptor instead.
 func (*ListResponse) Descriptor() ([]byte, []int) {
-	return file_fence_v1_fence_proto_rawDescGZIP(), []int{83}
+	return file_fence_v1_fence_proto_rawDescGZIP(), []int{89}
 }
 
 func (x *ListResponse) GetKvs() []*KeyValue {
@@ -5153,7 +5527,7 @@ type WatchRequest struct {
 
 func (x *WatchRequest) Reset() {
 	*x = WatchRequest{}
-	mi := &file_fence_v1_fence_proto_msgTypes[84]
+	mi := &file_fence_v1_fence_proto_msgTypes[90]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -5165,7 +5539,7 @@ func (x *WatchRequest) String() string {
 func (*WatchRequest) ProtoMessage() {}
 
 func (x *WatchRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_fence_v1_fence_proto_msgTypes[84]
+	mi := &file_fence_v1_fence_proto_msgTypes[90]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -5178,7 +5552,7 @@ func (x *WatchRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use WatchRequest.ProtoReflect.Descriptor instead.
 func (*WatchRequest) Descriptor() ([]byte, []int) {
-	return file_fence_v1_fence_proto_rawDescGZIP(), []int{84}
+	return file_fence_v1_fence_proto_rawDescGZIP(), []int{90}
 }
 
 func (x *WatchRequest) GetPrefix() string {
@@ -5213,7 +5587,7 @@ type Event struct {
 
 func (x *Event) Reset() {
 	*x = Event{}
-	mi := &file_fence_v1_fence_proto_msgTypes[85]
+	mi := &file_fence_v1_fence_proto_msgTypes[91]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -5225,7 +5599,7 @@ func (x *Event) String() string {
 func (*Event) ProtoMessage() {}
 
 func (x *Event) ProtoReflect() protoreflect.Message {
-	mi := &file_fence_v1_fence_proto_msgTypes[85]
+	mi := &file_fence_v1_fence_proto_msgTypes[91]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -5238,7 +5612,7 @@ func (x *Event) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Event.ProtoReflect.Descriptor instead.
 func (*Event) Descriptor() ([]byte, []int) {
-	return file_fence_v1_fence_proto_rawDescGZIP(), []int{85}
+	return file_fence_v1_fence_proto_rawDescGZIP(), []int{91}
 }
 
 func (x *Event) GetType() EventType {
@@ -5270,7 +5644,7 @@ type WatchResponse struct {
 
 func (x *WatchResponse) Reset() {
 	*x = WatchResponse{}
-	mi := &file_fence_v1_fence_proto_msgTypes[86]
+	mi := &file_fence_v1_fence_proto_msgTypes[92]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -5282,7 +5656,7 @@ func (x *WatchResponse) String() string {
 func (*WatchResponse) ProtoMessage() {}
 
 func (x *WatchResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_fence_v1_fence_proto_msgTypes[86]
+	mi := &file_fence_v1_fence_proto_msgTypes[92]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -5295,7 +5669,7 @@ func (x *WatchResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use WatchResponse.ProtoReflect.Descriptor instead.
 func (*WatchResponse) Descriptor() ([]byte, []int) {
-	return file_fence_v1_fence_proto_rawDescGZIP(), []int{86}
+	return file_fence_v1_fence_proto_rawDescGZIP(), []int{92}
 }
 
 func (x *WatchResponse) GetEvents() []*Event {
@@ -5340,7 +5714,7 @@ type ErrorDetail struct {
 
 func (x *ErrorDetail) Reset() {
 	*x = ErrorDetail{}
-	mi := &file_fence_v1_fence_proto_msgTypes[87]
+	mi := &file_fence_v1_fence_proto_msgTypes[93]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -5352,7 +5726,7 @@ func (x *ErrorDetail) String() string {
 func (*ErrorDetail) ProtoMessage() {}
 
 func (x *ErrorDetail) ProtoReflect() protoreflect.Message {
-	mi := &file_fence_v1_fence_proto_msgTypes[87]
+	mi := &file_fence_v1_fence_proto_msgTypes[93]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -5365,7 +5739,7 @@ func (x *ErrorDetail) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ErrorDetail.ProtoReflect.Descriptor instead.
 func (*ErrorDetail) Descriptor() ([]byte, []int) {
-	return file_fence_v1_fence_proto_rawDescGZIP(), []int{87}
+	return file_fence_v1_fence_proto_rawDescGZIP(), []int{93}
 }
 
 func (x *ErrorDetail) GetReason() Reason {
@@ -5455,7 +5829,7 @@ type StreamRequest struct {
 
 func (x *StreamRequest) Reset() {
 	*x = StreamRequest{}
-	mi := &file_fence_v1_fence_proto_msgTypes[88]
+	mi := &file_fence_v1_fence_proto_msgTypes[94]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -5467,7 +5841,7 @@ func (x *StreamRequest) String() string {
 func (*StreamRequest) ProtoMessage() {}
 
 func (x *StreamRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_fence_v1_fence_proto_msgTypes[88]
+	mi := &file_fence_v1_fence_proto_msgTypes[94]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -5480,7 +5854,7 @@ func (x *StreamRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use StreamRequest.ProtoReflect.Descriptor instead.
 func (*StreamRequest) Descriptor() ([]byte, []int) {
-	return file_fence_v1_fence_proto_rawDescGZIP(), []int{88}
+	return file_fence_v1_fence_proto_rawDescGZIP(), []int{94}
 }
 
 func (x *StreamRequest) GetId() uint64 {
@@ -5687,7 +6061,7 @@ type StreamCancel struct {
 
 func (x *StreamCancel) Reset() {
 	*x = StreamCancel{}
-	mi := &file_fence_v1_fence_proto_msgTypes[89]
+	mi := &file_fence_v1_fence_proto_msgTypes[95]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -5699,7 +6073,7 @@ func (x *StreamCancel) String() string {
 func (*StreamCancel) ProtoMessage() {}
 
 func (x *StreamCancel) ProtoReflect() protoreflect.Message {
-	mi := &file_fence_v1_fence_proto_msgTypes[89]
+	mi := &file_fence_v1_fence_proto_msgTypes[95]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -5712,7 +6086,7 @@ func (x *StreamCancel) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use StreamCancel.ProtoReflect.Descriptor instead.
 func (*StreamCancel) Descriptor() ([]byte, []int) {
-	return file_fence_v1_fence_proto_rawDescGZIP(), []int{89}
+	return file_fence_v1_fence_proto_rawDescGZIP(), []int{95}
 }
 
 // KeepAliveManyRequest renews many sessions: each entry is what KeepAlive
@@ -5726,7 +6100,7 @@ type KeepAliveManyRequest struct {
 
 func (x *KeepAliveManyRequest) Reset() {
 	*x = KeepAliveManyRequest{}
-	mi := &file_fence_v1_fence_proto_msgTypes[90]
+	mi := &file_fence_v1_fence_proto_msgTypes[96]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -5738,7 +6112,7 @@ func (x *KeepAliveManyRequest) String() string {
 func (*KeepAliveManyRequest) ProtoMessage() {}
 
 func (x *KeepAliveManyRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_fence_v1_fence_proto_msgTypes[90]
+	mi := &file_fence_v1_fence_proto_msgTypes[96]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -5751,7 +6125,7 @@ func (x *KeepAliveManyRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use KeepAliveManyRequest.ProtoReflect.Descriptor instead.
 func (*KeepAliveManyRequest) Descriptor() ([]byte, []int) {
-	return file_fence_v1_fence_proto_rawDescGZIP(), []int{90}
+	return file_fence_v1_fence_proto_rawDescGZIP(), []int{96}
 }
 
 func (x *KeepAliveManyRequest) GetSessions() []*KeepAliveRequest {
@@ -5772,7 +6146,7 @@ type KeepAliveManyResponse struct {
 
 func (x *KeepAliveManyResponse) Reset() {
 	*x = KeepAliveManyResponse{}
-	mi := &file_fence_v1_fence_proto_msgTypes[91]
+	mi := &file_fence_v1_fence_proto_msgTypes[97]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -5784,7 +6158,7 @@ func (x *KeepAliveManyResponse) String() string {
 func (*KeepAliveManyResponse) ProtoMessage() {}
 
 func (x *KeepAliveManyResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_fence_v1_fence_proto_msgTypes[91]
+	mi := &file_fence_v1_fence_proto_msgTypes[97]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -5797,7 +6171,7 @@ func (x *KeepAliveManyResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use KeepAliveManyResponse.ProtoReflect.Descriptor instead.
 func (*KeepAliveManyResponse) Descriptor() ([]byte, []int) {
-	return file_fence_v1_fence_proto_rawDescGZIP(), []int{91}
+	return file_fence_v1_fence_proto_rawDescGZIP(), []int{97}
 }
 
 func (x *KeepAliveManyResponse) GetResults() []*KeepAliveResult {
@@ -5822,7 +6196,7 @@ type KeepAliveResult struct {
 
 func (x *KeepAliveResult) Reset() {
 	*x = KeepAliveResult{}
-	mi := &file_fence_v1_fence_proto_msgTypes[92]
+	mi := &file_fence_v1_fence_proto_msgTypes[98]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -5834,7 +6208,7 @@ func (x *KeepAliveResult) String() string {
 func (*KeepAliveResult) ProtoMessage() {}
 
 func (x *KeepAliveResult) ProtoReflect() protoreflect.Message {
-	mi := &file_fence_v1_fence_proto_msgTypes[92]
+	mi := &file_fence_v1_fence_proto_msgTypes[98]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -5847,7 +6221,7 @@ func (x *KeepAliveResult) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use KeepAliveResult.ProtoReflect.Descriptor instead.
 func (*KeepAliveResult) Descriptor() ([]byte, []int) {
-	return file_fence_v1_fence_proto_rawDescGZIP(), []int{92}
+	return file_fence_v1_fence_proto_rawDescGZIP(), []int{98}
 }
 
 func (x *KeepAliveResult) GetSessionId() uint64 {
@@ -5885,7 +6259,7 @@ type StreamError struct {
 
 func (x *StreamError) Reset() {
 	*x = StreamError{}
-	mi := &file_fence_v1_fence_proto_msgTypes[93]
+	mi := &file_fence_v1_fence_proto_msgTypes[99]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -5897,7 +6271,7 @@ func (x *StreamError) String() string {
 func (*StreamError) ProtoMessage() {}
 
 func (x *StreamError) ProtoReflect() protoreflect.Message {
-	mi := &file_fence_v1_fence_proto_msgTypes[93]
+	mi := &file_fence_v1_fence_proto_msgTypes[99]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -5910,7 +6284,7 @@ func (x *StreamError) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use StreamError.ProtoReflect.Descriptor instead.
 func (*StreamError) Descriptor() ([]byte, []int) {
-	return file_fence_v1_fence_proto_rawDescGZIP(), []int{93}
+	return file_fence_v1_fence_proto_rawDescGZIP(), []int{99}
 }
 
 func (x *StreamError) GetCode() uint32 {
@@ -5946,7 +6320,7 @@ type StreamOpened struct {
 
 func (x *StreamOpened) Reset() {
 	*x = StreamOpened{}
-	mi := &file_fence_v1_fence_proto_msgTypes[94]
+	mi := &file_fence_v1_fence_proto_msgTypes[100]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -5958,7 +6332,7 @@ func (x *StreamOpened) String() string {
 func (*StreamOpened) ProtoMessage() {}
 
 func (x *StreamOpened) ProtoReflect() protoreflect.Message {
-	mi := &file_fence_v1_fence_proto_msgTypes[94]
+	mi := &file_fence_v1_fence_proto_msgTypes[100]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -5971,7 +6345,7 @@ func (x *StreamOpened) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use StreamOpened.ProtoReflect.Descriptor instead.
 func (*StreamOpened) Descriptor() ([]byte, []int) {
-	return file_fence_v1_fence_proto_rawDescGZIP(), []int{94}
+	return file_fence_v1_fence_proto_rawDescGZIP(), []int{100}
 }
 
 func (x *StreamOpened) GetMaxInFlight() uint32 {
@@ -6007,7 +6381,7 @@ type StreamResponse struct {
 
 func (x *StreamResponse) Reset() {
 	*x = StreamResponse{}
-	mi := &file_fence_v1_fence_proto_msgTypes[95]
+	mi := &file_fence_v1_fence_proto_msgTypes[101]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -6019,7 +6393,7 @@ func (x *StreamResponse) String() string {
 func (*StreamResponse) ProtoMessage() {}
 
 func (x *StreamResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_fence_v1_fence_proto_msgTypes[95]
+	mi := &file_fence_v1_fence_proto_msgTypes[101]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -6032,7 +6406,7 @@ func (x *StreamResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use StreamResponse.ProtoReflect.Descriptor instead.
 func (*StreamResponse) Descriptor() ([]byte, []int) {
-	return file_fence_v1_fence_proto_rawDescGZIP(), []int{95}
+	return file_fence_v1_fence_proto_rawDescGZIP(), []int{101}
 }
 
 func (x *StreamResponse) GetId() uint64 {
@@ -6399,7 +6773,31 @@ const file_fence_v1_fence_proto_rawDesc = "" +
 	"\x04lock\x18\x02 \x01(\tR\x04lock\x12\x14\n" +
 	"\x05token\x18\x03 \x01(\x04R\x05token\x12%\n" +
 	"\x0esession_secret\x18\x04 \x01(\tR\rsessionSecret\"\x11\n" +
-	"\x0fReleaseResponse\"\x8f\x01\n" +
+	"\x0fReleaseResponse\"\x9f\x01\n" +
+	"\fLeaseRequest\x12\x12\n" +
+	"\x04lock\x18\x01 \x01(\tR\x04lock\x12+\n" +
+	"\x03ttl\x18\x02 \x01(\v2\x19.google.protobuf.DurationR\x03ttl\x128\n" +
+	"\n" +
+	"lock_delay\x18\x03 \x01(\v2\x19.google.protobuf.DurationR\tlockDelay\x12\x14\n" +
+	"\x05owner\x18\x04 \x01(\tR\x05owner\"\xa4\x01\n" +
+	"\rLeaseResponse\x12\x12\n" +
+	"\x04lock\x18\x01 \x01(\tR\x04lock\x12\x14\n" +
+	"\x05token\x18\x02 \x01(\x04R\x05token\x12\x19\n" +
+	"\blease_id\x18\x03 \x01(\x04R\aleaseId\x12!\n" +
+	"\flease_secret\x18\x04 \x01(\tR\vleaseSecret\x12+\n" +
+	"\x03ttl\x18\x05 \x01(\v2\x19.google.protobuf.DurationR\x03ttl\"Q\n" +
+	"\x11RenewLeaseRequest\x12\x19\n" +
+	"\blease_id\x18\x01 \x01(\x04R\aleaseId\x12!\n" +
+	"\flease_secret\x18\x02 \x01(\tR\vleaseSecret\"k\n" +
+	"\x12RenewLeaseResponse\x12+\n" +
+	"\x03ttl\x18\x01 \x01(\v2\x19.google.protobuf.DurationR\x03ttl\x12\x12\n" +
+	"\x04lock\x18\x02 \x01(\tR\x04lock\x12\x14\n" +
+	"\x05token\x18\x03 \x01(\x04R\x05token\"S\n" +
+	"\x13ReleaseLeaseRequest\x12\x19\n" +
+	"\blease_id\x18\x01 \x01(\x04R\aleaseId\x12!\n" +
+	"\flease_secret\x18\x02 \x01(\tR\vleaseSecret\"2\n" +
+	"\x14ReleaseLeaseResponse\x12\x1a\n" +
+	"\breleased\x18\x01 \x01(\bR\breleased\"\x8f\x01\n" +
 	"\x14CancelAcquireRequest\x12\x1d\n" +
 	"\n" +
 	"session_id\x18\x01 \x01(\x04R\tsessionId\x12\x12\n" +
@@ -6663,13 +7061,17 @@ const file_fence_v1_fence_proto_rawDesc = "" +
 	"\rCreateSession\x12\x1e.fence.v1.CreateSessionRequest\x1a\x1f.fence.v1.CreateSessionResponse\"\x00\x12F\n" +
 	"\tKeepAlive\x12\x1a.fence.v1.KeepAliveRequest\x1a\x1b.fence.v1.KeepAliveResponse\"\x00\x12O\n" +
 	"\fCloseSession\x12\x1d.fence.v1.CloseSessionRequest\x1a\x1e.fence.v1.CloseSessionResponse\"\x00\x12O\n" +
-	"\fListSessions\x12\x1d.fence.v1.ListSessionsRequest\x1a\x1e.fence.v1.ListSessionsResponse\"\x002\xe9\x02\n" +
+	"\fListSessions\x12\x1d.fence.v1.ListSessionsRequest\x1a\x1e.fence.v1.ListSessionsResponse\"\x002\xc1\x04\n" +
 	"\vLockService\x12@\n" +
 	"\aAcquire\x12\x18.fence.v1.AcquireRequest\x1a\x19.fence.v1.AcquireResponse\"\x00\x12@\n" +
 	"\aRelease\x12\x18.fence.v1.ReleaseRequest\x1a\x19.fence.v1.ReleaseResponse\"\x00\x12R\n" +
 	"\rCancelAcquire\x12\x1e.fence.v1.CancelAcquireRequest\x1a\x1f.fence.v1.CancelAcquireResponse\"\x00\x12:\n" +
 	"\x05Check\x12\x16.fence.v1.CheckRequest\x1a\x17.fence.v1.CheckResponse\"\x00\x12F\n" +
-	"\tListLocks\x12\x1a.fence.v1.ListLocksRequest\x1a\x1b.fence.v1.ListLocksResponse\"\x002\xad\x02\n" +
+	"\tListLocks\x12\x1a.fence.v1.ListLocksRequest\x1a\x1b.fence.v1.ListLocksResponse\"\x00\x12:\n" +
+	"\x05Lease\x12\x16.fence.v1.LeaseRequest\x1a\x17.fence.v1.LeaseResponse\"\x00\x12I\n" +
+	"\n" +
+	"RenewLease\x12\x1b.fence.v1.RenewLeaseRequest\x1a\x1c.fence.v1.RenewLeaseResponse\"\x00\x12O\n" +
+	"\fReleaseLease\x12\x1d.fence.v1.ReleaseLeaseRequest\x1a\x1e.fence.v1.ReleaseLeaseResponse\"\x002\xad\x02\n" +
 	"\tKVService\x124\n" +
 	"\x03Put\x12\x14.fence.v1.PutRequest\x1a\x15.fence.v1.PutResponse\"\x00\x124\n" +
 	"\x03Get\x12\x14.fence.v1.GetRequest\x1a\x15.fence.v1.GetResponse\"\x00\x12=\n" +
@@ -6721,7 +7123,7 @@ func file_fence_v1_fence_proto_rawDescGZIP() []byte {
 }
 
 var file_fence_v1_fence_proto_enumTypes = make([]protoimpl.EnumInfo, 5)
-var file_fence_v1_fence_proto_msgTypes = make([]protoimpl.MessageInfo, 96)
+var file_fence_v1_fence_proto_msgTypes = make([]protoimpl.MessageInfo, 102)
 var file_fence_v1_fence_proto_goTypes = []any{
 	(PermissionKind)(0),                  // 0: fence.v1.PermissionKind
 	(Access)(0),                          // 1: fence.v1.Access
@@ -6781,51 +7183,57 @@ var file_fence_v1_fence_proto_goTypes = []any{
 	(*AcquireResponse)(nil),              // 55: fence.v1.AcquireResponse
 	(*ReleaseRequest)(nil),               // 56: fence.v1.ReleaseRequest
 	(*ReleaseResponse)(nil),              // 57: fence.v1.ReleaseResponse
-	(*CancelAcquireRequest)(nil),         // 58: fence.v1.CancelAcquireRequest
-	(*CancelAcquireResponse)(nil),        // 59: fence.v1.CancelAcquireResponse
-	(*CheckRequest)(nil),                 // 60: fence.v1.CheckRequest
-	(*CheckResponse)(nil),                // 61: fence.v1.CheckResponse
-	(*ListLocksRequest)(nil),             // 62: fence.v1.ListLocksRequest
-	(*Holder)(nil),                       // 63: fence.v1.Holder
-	(*Waiter)(nil),                       // 64: fence.v1.Waiter
-	(*LockInfo)(nil),                     // 65: fence.v1.LockInfo
-	(*ListLocksResponse)(nil),            // 66: fence.v1.ListLocksResponse
-	(*StatusRequest)(nil),                // 67: fence.v1.StatusRequest
-	(*StatusResponse)(nil),               // 68: fence.v1.StatusResponse
-	(*Member)(nil),                       // 69: fence.v1.Member
-	(*AddMemberRequest)(nil),             // 70: fence.v1.AddMemberRequest
-	(*AddMemberResponse)(nil),            // 71: fence.v1.AddMemberResponse
-	(*RemoveMemberRequest)(nil),          // 72: fence.v1.RemoveMemberRequest
-	(*RemoveMemberResponse)(nil),         // 73: fence.v1.RemoveMemberResponse
-	(*RevokeSessionRequest)(nil),         // 74: fence.v1.RevokeSessionRequest
-	(*RevokeSessionResponse)(nil),        // 75: fence.v1.RevokeSessionResponse
-	(*SnapshotRequest)(nil),              // 76: fence.v1.SnapshotRequest
-	(*SnapshotResponse)(nil),             // 77: fence.v1.SnapshotResponse
-	(*SnapshotHeader)(nil),               // 78: fence.v1.SnapshotHeader
-	(*Fence)(nil),                        // 79: fence.v1.Fence
-	(*PutRequest)(nil),                   // 80: fence.v1.PutRequest
-	(*PutResponse)(nil),                  // 81: fence.v1.PutResponse
-	(*KeyValue)(nil),                     // 82: fence.v1.KeyValue
-	(*GetRequest)(nil),                   // 83: fence.v1.GetRequest
-	(*GetResponse)(nil),                  // 84: fence.v1.GetResponse
-	(*DeleteRequest)(nil),                // 85: fence.v1.DeleteRequest
-	(*DeleteResponse)(nil),               // 86: fence.v1.DeleteResponse
-	(*ListRequest)(nil),                  // 87: fence.v1.ListRequest
-	(*ListResponse)(nil),                 // 88: fence.v1.ListResponse
-	(*WatchRequest)(nil),                 // 89: fence.v1.WatchRequest
-	(*Event)(nil),                        // 90: fence.v1.Event
-	(*WatchResponse)(nil),                // 91: fence.v1.WatchResponse
-	(*ErrorDetail)(nil),                  // 92: fence.v1.ErrorDetail
-	(*StreamRequest)(nil),                // 93: fence.v1.StreamRequest
-	(*StreamCancel)(nil),                 // 94: fence.v1.StreamCancel
-	(*KeepAliveManyRequest)(nil),         // 95: fence.v1.KeepAliveManyRequest
-	(*KeepAliveManyResponse)(nil),        // 96: fence.v1.KeepAliveManyResponse
-	(*KeepAliveResult)(nil),              // 97: fence.v1.KeepAliveResult
-	(*StreamError)(nil),                  // 98: fence.v1.StreamError
-	(*StreamOpened)(nil),                 // 99: fence.v1.StreamOpened
-	(*StreamResponse)(nil),               // 100: fence.v1.StreamResponse
-	(*durationpb.Duration)(nil),          // 101: google.protobuf.Duration
-	(*timestamppb.Timestamp)(nil),        // 102: google.protobuf.Timestamp
+	(*LeaseRequest)(nil),                 // 58: fence.v1.LeaseRequest
+	(*LeaseResponse)(nil),                // 59: fence.v1.LeaseResponse
+	(*RenewLeaseRequest)(nil),            // 60: fence.v1.RenewLeaseRequest
+	(*RenewLeaseResponse)(nil),           // 61: fence.v1.RenewLeaseResponse
+	(*ReleaseLeaseRequest)(nil),          // 62: fence.v1.ReleaseLeaseRequest
+	(*ReleaseLeaseResponse)(nil),         // 63: fence.v1.ReleaseLeaseResponse
+	(*CancelAcquireRequest)(nil),         // 64: fence.v1.CancelAcquireRequest
+	(*CancelAcquireResponse)(nil),        // 65: fence.v1.CancelAcquireResponse
+	(*CheckRequest)(nil),                 // 66: fence.v1.CheckRequest
+	(*CheckResponse)(nil),                // 67: fence.v1.CheckResponse
+	(*ListLocksRequest)(nil),             // 68: fence.v1.ListLocksRequest
+	(*Holder)(nil),                       // 69: fence.v1.Holder
+	(*Waiter)(nil),                       // 70: fence.v1.Waiter
+	(*LockInfo)(nil),                     // 71: fence.v1.LockInfo
+	(*ListLocksResponse)(nil),            // 72: fence.v1.ListLocksResponse
+	(*StatusRequest)(nil),                // 73: fence.v1.StatusRequest
+	(*StatusResponse)(nil),               // 74: fence.v1.StatusResponse
+	(*Member)(nil),                       // 75: fence.v1.Member
+	(*AddMemberRequest)(nil),             // 76: fence.v1.AddMemberRequest
+	(*AddMemberResponse)(nil),            // 77: fence.v1.AddMemberResponse
+	(*RemoveMemberRequest)(nil),          // 78: fence.v1.RemoveMemberRequest
+	(*RemoveMemberResponse)(nil),         // 79: fence.v1.RemoveMemberResponse
+	(*RevokeSessionRequest)(nil),         // 80: fence.v1.RevokeSessionRequest
+	(*RevokeSessionResponse)(nil),        // 81: fence.v1.RevokeSessionResponse
+	(*SnapshotRequest)(nil),              // 82: fence.v1.SnapshotRequest
+	(*SnapshotResponse)(nil),             // 83: fence.v1.SnapshotResponse
+	(*SnapshotHeader)(nil),               // 84: fence.v1.SnapshotHeader
+	(*Fence)(nil),                        // 85: fence.v1.Fence
+	(*PutRequest)(nil),                   // 86: fence.v1.PutRequest
+	(*PutResponse)(nil),                  // 87: fence.v1.PutResponse
+	(*KeyValue)(nil),                     // 88: fence.v1.KeyValue
+	(*GetRequest)(nil),                   // 89: fence.v1.GetRequest
+	(*GetResponse)(nil),                  // 90: fence.v1.GetResponse
+	(*DeleteRequest)(nil),                // 91: fence.v1.DeleteRequest
+	(*DeleteResponse)(nil),               // 92: fence.v1.DeleteResponse
+	(*ListRequest)(nil),                  // 93: fence.v1.ListRequest
+	(*ListResponse)(nil),                 // 94: fence.v1.ListResponse
+	(*WatchRequest)(nil),                 // 95: fence.v1.WatchRequest
+	(*Event)(nil),                        // 96: fence.v1.Event
+	(*WatchResponse)(nil),                // 97: fence.v1.WatchResponse
+	(*ErrorDetail)(nil),                  // 98: fence.v1.ErrorDetail
+	(*StreamRequest)(nil),                // 99: fence.v1.StreamRequest
+	(*StreamCancel)(nil),                 // 100: fence.v1.StreamCancel
+	(*KeepAliveManyRequest)(nil),         // 101: fence.v1.KeepAliveManyRequest
+	(*KeepAliveManyResponse)(nil),        // 102: fence.v1.KeepAliveManyResponse
+	(*KeepAliveResult)(nil),              // 103: fence.v1.KeepAliveResult
+	(*StreamError)(nil),                  // 104: fence.v1.StreamError
+	(*StreamOpened)(nil),                 // 105: fence.v1.StreamOpened
+	(*StreamResponse)(nil),               // 106: fence.v1.StreamResponse
+	(*durationpb.Duration)(nil),          // 107: google.protobuf.Duration
+	(*timestamppb.Timestamp)(nil),        // 108: google.protobuf.Timestamp
 }
 var file_fence_v1_fence_proto_depIdxs = []int32{
 	0,   // 0: fence.v1.Permission.kind:type_name -> fence.v1.PermissionKind
@@ -6835,148 +7243,158 @@ var file_fence_v1_fence_proto_depIdxs = []int32{
 	5,   // 4: fence.v1.RoleGrantPermissionRequest.permission:type_name -> fence.v1.Permission
 	5,   // 5: fence.v1.RoleRevokePermissionRequest.permission:type_name -> fence.v1.Permission
 	13,  // 6: fence.v1.RoleListResponse.roles:type_name -> fence.v1.Role
-	101, // 7: fence.v1.TokenCreateRequest.ttl:type_name -> google.protobuf.Duration
+	107, // 7: fence.v1.TokenCreateRequest.ttl:type_name -> google.protobuf.Duration
 	42,  // 8: fence.v1.TokenCreateResponse.info:type_name -> fence.v1.TokenInfo
 	42,  // 9: fence.v1.TokenListResponse.tokens:type_name -> fence.v1.TokenInfo
-	102, // 10: fence.v1.TokenInfo.created:type_name -> google.protobuf.Timestamp
-	102, // 11: fence.v1.TokenInfo.expires:type_name -> google.protobuf.Timestamp
-	101, // 12: fence.v1.CreateSessionRequest.ttl:type_name -> google.protobuf.Duration
-	101, // 13: fence.v1.CreateSessionResponse.ttl:type_name -> google.protobuf.Duration
-	101, // 14: fence.v1.KeepAliveResponse.ttl:type_name -> google.protobuf.Duration
+	108, // 10: fence.v1.TokenInfo.created:type_name -> google.protobuf.Timestamp
+	108, // 11: fence.v1.TokenInfo.expires:type_name -> google.protobuf.Timestamp
+	107, // 12: fence.v1.CreateSessionRequest.ttl:type_name -> google.protobuf.Duration
+	107, // 13: fence.v1.CreateSessionResponse.ttl:type_name -> google.protobuf.Duration
+	107, // 14: fence.v1.KeepAliveResponse.ttl:type_name -> google.protobuf.Duration
 	47,  // 15: fence.v1.KeepAliveResponse.held:type_name -> fence.v1.HeldGrants
 	52,  // 16: fence.v1.ListSessionsResponse.sessions:type_name -> fence.v1.SessionInfo
-	101, // 17: fence.v1.SessionInfo.ttl:type_name -> google.protobuf.Duration
-	101, // 18: fence.v1.SessionInfo.expires_in:type_name -> google.protobuf.Duration
+	107, // 17: fence.v1.SessionInfo.ttl:type_name -> google.protobuf.Duration
+	107, // 18: fence.v1.SessionInfo.expires_in:type_name -> google.protobuf.Duration
 	53,  // 19: fence.v1.SessionInfo.held:type_name -> fence.v1.SessionGrant
 	2,   // 20: fence.v1.SessionGrant.mode:type_name -> fence.v1.Mode
 	2,   // 21: fence.v1.AcquireRequest.mode:type_name -> fence.v1.Mode
-	101, // 22: fence.v1.AcquireRequest.wait_timeout:type_name -> google.protobuf.Duration
-	101, // 23: fence.v1.AcquireRequest.lock_delay:type_name -> google.protobuf.Duration
-	101, // 24: fence.v1.AcquireRequest.poll:type_name -> google.protobuf.Duration
+	107, // 22: fence.v1.AcquireRequest.wait_timeout:type_name -> google.protobuf.Duration
+	107, // 23: fence.v1.AcquireRequest.lock_delay:type_name -> google.protobuf.Duration
+	107, // 24: fence.v1.AcquireRequest.poll:type_name -> google.protobuf.Duration
 	2,   // 25: fence.v1.AcquireResponse.mode:type_name -> fence.v1.Mode
-	2,   // 26: fence.v1.Holder.mode:type_name -> fence.v1.Mode
-	2,   // 27: fence.v1.Waiter.mode:type_name -> fence.v1.Mode
-	63,  // 28: fence.v1.LockInfo.holders:type_name -> fence.v1.Holder
-	64,  // 29: fence.v1.LockInfo.waiters:type_name -> fence.v1.Waiter
-	65,  // 30: fence.v1.ListLocksResponse.locks:type_name -> fence.v1.LockInfo
-	69,  // 31: fence.v1.StatusResponse.members:type_name -> fence.v1.Member
-	78,  // 32: fence.v1.SnapshotResponse.header:type_name -> fence.v1.SnapshotHeader
-	79,  // 33: fence.v1.PutRequest.fence:type_name -> fence.v1.Fence
-	82,  // 34: fence.v1.GetResponse.kv:type_name -> fence.v1.KeyValue
-	79,  // 35: fence.v1.DeleteRequest.fence:type_name -> fence.v1.Fence
-	82,  // 36: fence.v1.ListResponse.kvs:type_name -> fence.v1.KeyValue
-	101, // 37: fence.v1.WatchRequest.progress_interval:type_name -> google.protobuf.Duration
-	3,   // 38: fence.v1.Event.type:type_name -> fence.v1.EventType
-	82,  // 39: fence.v1.Event.kv:type_name -> fence.v1.KeyValue
-	90,  // 40: fence.v1.WatchResponse.events:type_name -> fence.v1.Event
-	4,   // 41: fence.v1.ErrorDetail.reason:type_name -> fence.v1.Reason
-	43,  // 42: fence.v1.StreamRequest.create_session:type_name -> fence.v1.CreateSessionRequest
-	95,  // 43: fence.v1.StreamRequest.keep_alive:type_name -> fence.v1.KeepAliveManyRequest
-	48,  // 44: fence.v1.StreamRequest.close_session:type_name -> fence.v1.CloseSessionRequest
-	54,  // 45: fence.v1.StreamRequest.acquire:type_name -> fence.v1.AcquireRequest
-	56,  // 46: fence.v1.StreamRequest.release:type_name -> fence.v1.ReleaseRequest
-	58,  // 47: fence.v1.StreamRequest.cancel_acquire:type_name -> fence.v1.CancelAcquireRequest
-	60,  // 48: fence.v1.StreamRequest.check:type_name -> fence.v1.CheckRequest
-	80,  // 49: fence.v1.StreamRequest.put:type_name -> fence.v1.PutRequest
-	83,  // 50: fence.v1.StreamRequest.get:type_name -> fence.v1.GetRequest
-	85,  // 51: fence.v1.StreamRequest.delete:type_name -> fence.v1.DeleteRequest
-	94,  // 52: fence.v1.StreamRequest.cancel:type_name -> fence.v1.StreamCancel
-	45,  // 53: fence.v1.KeepAliveManyRequest.sessions:type_name -> fence.v1.KeepAliveRequest
-	97,  // 54: fence.v1.KeepAliveManyResponse.results:type_name -> fence.v1.KeepAliveResult
-	46,  // 55: fence.v1.KeepAliveResult.ok:type_name -> fence.v1.KeepAliveResponse
-	98,  // 56: fence.v1.KeepAliveResult.error:type_name -> fence.v1.StreamError
-	92,  // 57: fence.v1.StreamError.detail:type_name -> fence.v1.ErrorDetail
-	98,  // 58: fence.v1.StreamResponse.error:type_name -> fence.v1.StreamError
-	44,  // 59: fence.v1.StreamResponse.create_session:type_name -> fence.v1.CreateSessionResponse
-	96,  // 60: fence.v1.StreamResponse.keep_alive:type_name -> fence.v1.KeepAliveManyResponse
-	49,  // 61: fence.v1.StreamResponse.close_session:type_name -> fence.v1.CloseSessionResponse
-	55,  // 62: fence.v1.StreamResponse.acquire:type_name -> fence.v1.AcquireResponse
-	57,  // 63: fence.v1.StreamResponse.release:type_name -> fence.v1.ReleaseResponse
-	59,  // 64: fence.v1.StreamResponse.cancel_acquire:type_name -> fence.v1.CancelAcquireResponse
-	61,  // 65: fence.v1.StreamResponse.check:type_name -> fence.v1.CheckResponse
-	81,  // 66: fence.v1.StreamResponse.put:type_name -> fence.v1.PutResponse
-	84,  // 67: fence.v1.StreamResponse.get:type_name -> fence.v1.GetResponse
-	86,  // 68: fence.v1.StreamResponse.delete:type_name -> fence.v1.DeleteResponse
-	99,  // 69: fence.v1.StreamResponse.opened:type_name -> fence.v1.StreamOpened
-	43,  // 70: fence.v1.SessionService.CreateSession:input_type -> fence.v1.CreateSessionRequest
-	45,  // 71: fence.v1.SessionService.KeepAlive:input_type -> fence.v1.KeepAliveRequest
-	48,  // 72: fence.v1.SessionService.CloseSession:input_type -> fence.v1.CloseSessionRequest
-	50,  // 73: fence.v1.SessionService.ListSessions:input_type -> fence.v1.ListSessionsRequest
-	54,  // 74: fence.v1.LockService.Acquire:input_type -> fence.v1.AcquireRequest
-	56,  // 75: fence.v1.LockService.Release:input_type -> fence.v1.ReleaseRequest
-	58,  // 76: fence.v1.LockService.CancelAcquire:input_type -> fence.v1.CancelAcquireRequest
-	60,  // 77: fence.v1.LockService.Check:input_type -> fence.v1.CheckRequest
-	62,  // 78: fence.v1.LockService.ListLocks:input_type -> fence.v1.ListLocksRequest
-	80,  // 79: fence.v1.KVService.Put:input_type -> fence.v1.PutRequest
-	83,  // 80: fence.v1.KVService.Get:input_type -> fence.v1.GetRequest
-	85,  // 81: fence.v1.KVService.Delete:input_type -> fence.v1.DeleteRequest
-	87,  // 82: fence.v1.KVService.List:input_type -> fence.v1.ListRequest
-	89,  // 83: fence.v1.KVService.Watch:input_type -> fence.v1.WatchRequest
-	67,  // 84: fence.v1.ClusterService.Status:input_type -> fence.v1.StatusRequest
-	70,  // 85: fence.v1.ClusterService.AddMember:input_type -> fence.v1.AddMemberRequest
-	72,  // 86: fence.v1.ClusterService.RemoveMember:input_type -> fence.v1.RemoveMemberRequest
-	76,  // 87: fence.v1.ClusterService.Snapshot:input_type -> fence.v1.SnapshotRequest
-	74,  // 88: fence.v1.ClusterService.RevokeSession:input_type -> fence.v1.RevokeSessionRequest
-	93,  // 89: fence.v1.StreamService.Session:input_type -> fence.v1.StreamRequest
-	6,   // 90: fence.v1.AuthService.AuthEnable:input_type -> fence.v1.AuthEnableRequest
-	8,   // 91: fence.v1.AuthService.AuthDisable:input_type -> fence.v1.AuthDisableRequest
-	10,  // 92: fence.v1.AuthService.AuthStatus:input_type -> fence.v1.AuthStatusRequest
-	14,  // 93: fence.v1.AuthService.UserAdd:input_type -> fence.v1.UserAddRequest
-	16,  // 94: fence.v1.AuthService.UserRemove:input_type -> fence.v1.UserRemoveRequest
-	18,  // 95: fence.v1.AuthService.UserList:input_type -> fence.v1.UserListRequest
-	20,  // 96: fence.v1.AuthService.UserSetQuota:input_type -> fence.v1.UserSetQuotaRequest
-	22,  // 97: fence.v1.AuthService.UserGrantRole:input_type -> fence.v1.UserGrantRoleRequest
-	24,  // 98: fence.v1.AuthService.UserRevokeRole:input_type -> fence.v1.UserRevokeRoleRequest
-	26,  // 99: fence.v1.AuthService.RoleAdd:input_type -> fence.v1.RoleAddRequest
-	28,  // 100: fence.v1.AuthService.RoleRemove:input_type -> fence.v1.RoleRemoveRequest
-	30,  // 101: fence.v1.AuthService.RoleGrantPermission:input_type -> fence.v1.RoleGrantPermissionRequest
-	32,  // 102: fence.v1.AuthService.RoleRevokePermission:input_type -> fence.v1.RoleRevokePermissionRequest
-	34,  // 103: fence.v1.AuthService.RoleList:input_type -> fence.v1.RoleListRequest
-	36,  // 104: fence.v1.AuthService.TokenCreate:input_type -> fence.v1.TokenCreateRequest
-	38,  // 105: fence.v1.AuthService.TokenRevoke:input_type -> fence.v1.TokenRevokeRequest
-	40,  // 106: fence.v1.AuthService.TokenList:input_type -> fence.v1.TokenListRequest
-	44,  // 107: fence.v1.SessionService.CreateSession:output_type -> fence.v1.CreateSessionResponse
-	46,  // 108: fence.v1.SessionService.KeepAlive:output_type -> fence.v1.KeepAliveResponse
-	49,  // 109: fence.v1.SessionService.CloseSession:output_type -> fence.v1.CloseSessionResponse
-	51,  // 110: fence.v1.SessionService.ListSessions:output_type -> fence.v1.ListSessionsResponse
-	55,  // 111: fence.v1.LockService.Acquire:output_type -> fence.v1.AcquireResponse
-	57,  // 112: fence.v1.LockService.Release:output_type -> fence.v1.ReleaseResponse
-	59,  // 113: fence.v1.LockService.CancelAcquire:output_type -> fence.v1.CancelAcquireResponse
-	61,  // 114: fence.v1.LockService.Check:output_type -> fence.v1.CheckResponse
-	66,  // 115: fence.v1.LockService.ListLocks:output_type -> fence.v1.ListLocksResponse
-	81,  // 116: fence.v1.KVService.Put:output_type -> fence.v1.PutResponse
-	84,  // 117: fence.v1.KVService.Get:output_type -> fence.v1.GetResponse
-	86,  // 118: fence.v1.KVService.Delete:output_type -> fence.v1.DeleteResponse
-	88,  // 119: fence.v1.KVService.List:output_type -> fence.v1.ListResponse
-	91,  // 120: fence.v1.KVService.Watch:output_type -> fence.v1.WatchResponse
-	68,  // 121: fence.v1.ClusterService.Status:output_type -> fence.v1.StatusResponse
-	71,  // 122: fence.v1.ClusterService.AddMember:output_type -> fence.v1.AddMemberResponse
-	73,  // 123: fence.v1.ClusterService.RemoveMember:output_type -> fence.v1.RemoveMemberResponse
-	77,  // 124: fence.v1.ClusterService.Snapshot:output_type -> fence.v1.SnapshotResponse
-	75,  // 125: fence.v1.ClusterService.RevokeSession:output_type -> fence.v1.RevokeSessionResponse
-	100, // 126: fence.v1.StreamService.Session:output_type -> fence.v1.StreamResponse
-	7,   // 127: fence.v1.AuthService.AuthEnable:output_type -> fence.v1.AuthEnableResponse
-	9,   // 128: fence.v1.AuthService.AuthDisable:output_type -> fence.v1.AuthDisableResponse
-	11,  // 129: fence.v1.AuthService.AuthStatus:output_type -> fence.v1.AuthStatusResponse
-	15,  // 130: fence.v1.AuthService.UserAdd:output_type -> fence.v1.UserAddResponse
-	17,  // 131: fence.v1.AuthService.UserRemove:output_type -> fence.v1.UserRemoveResponse
-	19,  // 132: fence.v1.AuthService.UserList:output_type -> fence.v1.UserListResponse
-	21,  // 133: fence.v1.AuthService.UserSetQuota:output_type -> fence.v1.UserSetQuotaResponse
-	23,  // 134: fence.v1.AuthService.UserGrantRole:output_type -> fence.v1.UserGrantRoleResponse
-	25,  // 135: fence.v1.AuthService.UserRevokeRole:output_type -> fence.v1.UserRevokeRoleResponse
-	27,  // 136: fence.v1.AuthService.RoleAdd:output_type -> fence.v1.RoleAddResponse
-	29,  // 137: fence.v1.AuthService.RoleRemove:output_type -> fence.v1.RoleRemoveResponse
-	31,  // 138: fence.v1.AuthService.RoleGrantPermission:output_type -> fence.v1.RoleGrantPermissionResponse
-	33,  // 139: fence.v1.AuthService.RoleRevokePermission:output_type -> fence.v1.RoleRevokePermissionResponse
-	35,  // 140: fence.v1.AuthService.RoleList:output_type -> fence.v1.RoleListResponse
-	37,  // 141: fence.v1.AuthService.TokenCreate:output_type -> fence.v1.TokenCreateResponse
-	39,  // 142: fence.v1.AuthService.TokenRevoke:output_type -> fence.v1.TokenRevokeResponse
-	41,  // 143: fence.v1.AuthService.TokenList:output_type -> fence.v1.TokenListResponse
-	107, // [107:144] is the sub-list for method output_type
-	70,  // [70:107] is the sub-list for method input_type
-	70,  // [70:70] is the sub-list for extension type_name
-	70,  // [70:70] is the sub-list for extension extendee
-	0,   // [0:70] is the sub-list for field type_name
+	107, // 26: fence.v1.LeaseRequest.ttl:type_name -> google.protobuf.Duration
+	107, // 27: fence.v1.LeaseRequest.lock_delay:type_name -> google.protobuf.Duration
+	107, // 28: fence.v1.LeaseResponse.ttl:type_name -> google.protobuf.Duration
+	107, // 29: fence.v1.RenewLeaseResponse.ttl:type_name -> google.protobuf.Duration
+	2,   // 30: fence.v1.Holder.mode:type_name -> fence.v1.Mode
+	2,   // 31: fence.v1.Waiter.mode:type_name -> fence.v1.Mode
+	69,  // 32: fence.v1.LockInfo.holders:type_name -> fence.v1.Holder
+	70,  // 33: fence.v1.LockInfo.waiters:type_name -> fence.v1.Waiter
+	71,  // 34: fence.v1.ListLocksResponse.locks:type_name -> fence.v1.LockInfo
+	75,  // 35: fence.v1.StatusResponse.members:type_name -> fence.v1.Member
+	84,  // 36: fence.v1.SnapshotResponse.header:type_name -> fence.v1.SnapshotHeader
+	85,  // 37: fence.v1.PutRequest.fence:type_name -> fence.v1.Fence
+	88,  // 38: fence.v1.GetResponse.kv:type_name -> fence.v1.KeyValue
+	85,  // 39: fence.v1.DeleteRequest.fence:type_name -> fence.v1.Fence
+	88,  // 40: fence.v1.ListResponse.kvs:type_name -> fence.v1.KeyValue
+	107, // 41: fence.v1.WatchRequest.progress_interval:type_name -> google.protobuf.Duration
+	3,   // 42: fence.v1.Event.type:type_name -> fence.v1.EventType
+	88,  // 43: fence.v1.Event.kv:type_name -> fence.v1.KeyValue
+	96,  // 44: fence.v1.WatchResponse.events:type_name -> fence.v1.Event
+	4,   // 45: fence.v1.ErrorDetail.reason:type_name -> fence.v1.Reason
+	43,  // 46: fence.v1.StreamRequest.create_session:type_name -> fence.v1.CreateSessionRequest
+	101, // 47: fence.v1.StreamRequest.keep_alive:type_name -> fence.v1.KeepAliveManyRequest
+	48,  // 48: fence.v1.StreamRequest.close_session:type_name -> fence.v1.CloseSessionRequest
+	54,  // 49: fence.v1.StreamRequest.acquire:type_name -> fence.v1.AcquireRequest
+	56,  // 50: fence.v1.StreamRequest.release:type_name -> fence.v1.ReleaseRequest
+	64,  // 51: fence.v1.StreamRequest.cancel_acquire:type_name -> fence.v1.CancelAcquireRequest
+	66,  // 52: fence.v1.StreamRequest.check:type_name -> fence.v1.CheckRequest
+	86,  // 53: fence.v1.StreamRequest.put:type_name -> fence.v1.PutRequest
+	89,  // 54: fence.v1.StreamRequest.get:type_name -> fence.v1.GetRequest
+	91,  // 55: fence.v1.StreamRequest.delete:type_name -> fence.v1.DeleteRequest
+	100, // 56: fence.v1.StreamRequest.cancel:type_name -> fence.v1.StreamCancel
+	45,  // 57: fence.v1.KeepAliveManyRequest.sessions:type_name -> fence.v1.KeepAliveRequest
+	103, // 58: fence.v1.KeepAliveManyResponse.results:type_name -> fence.v1.KeepAliveResult
+	46,  // 59: fence.v1.KeepAliveResult.ok:type_name -> fence.v1.KeepAliveResponse
+	104, // 60: fence.v1.KeepAliveResult.error:type_name -> fence.v1.StreamError
+	98,  // 61: fence.v1.StreamError.detail:type_name -> fence.v1.ErrorDetail
+	104, // 62: fence.v1.StreamResponse.error:type_name -> fence.v1.StreamError
+	44,  // 63: fence.v1.StreamResponse.create_session:type_name -> fence.v1.CreateSessionResponse
+	102, // 64: fence.v1.StreamResponse.keep_alive:type_name -> fence.v1.KeepAliveManyResponse
+	49,  // 65: fence.v1.StreamResponse.close_session:type_name -> fence.v1.CloseSessionResponse
+	55,  // 66: fence.v1.StreamResponse.acquire:type_name -> fence.v1.AcquireResponse
+	57,  // 67: fence.v1.StreamResponse.release:type_name -> fence.v1.ReleaseResponse
+	65,  // 68: fence.v1.StreamResponse.cancel_acquire:type_name -> fence.v1.CancelAcquireResponse
+	67,  // 69: fence.v1.StreamResponse.check:type_name -> fence.v1.CheckResponse
+	87,  // 70: fence.v1.StreamResponse.put:type_name -> fence.v1.PutResponse
+	90,  // 71: fence.v1.StreamResponse.get:type_name -> fence.v1.GetResponse
+	92,  // 72: fence.v1.StreamResponse.delete:type_name -> fence.v1.DeleteResponse
+	105, // 73: fence.v1.StreamResponse.opened:type_name -> fence.v1.StreamOpened
+	43,  // 74: fence.v1.SessionService.CreateSession:input_type -> fence.v1.CreateSessionRequest
+	45,  // 75: fence.v1.SessionService.KeepAlive:input_type -> fence.v1.KeepAliveRequest
+	48,  // 76: fence.v1.SessionService.CloseSession:input_type -> fence.v1.CloseSessionRequest
+	50,  // 77: fence.v1.SessionService.ListSessions:input_type -> fence.v1.ListSessionsRequest
+	54,  // 78: fence.v1.LockService.Acquire:input_type -> fence.v1.AcquireRequest
+	56,  // 79: fence.v1.LockService.Release:input_type -> fence.v1.ReleaseRequest
+	64,  // 80: fence.v1.LockService.CancelAcquire:input_type -> fence.v1.CancelAcquireRequest
+	66,  // 81: fence.v1.LockService.Check:input_type -> fence.v1.CheckRequest
+	68,  // 82: fence.v1.LockService.ListLocks:input_type -> fence.v1.ListLocksRequest
+	58,  // 83: fence.v1.LockService.Lease:input_type -> fence.v1.LeaseRequest
+	60,  // 84: fence.v1.LockService.RenewLease:input_type -> fence.v1.RenewLeaseRequest
+	62,  // 85: fence.v1.LockService.ReleaseLease:input_type -> fence.v1.ReleaseLeaseRequest
+	86,  // 86: fence.v1.KVService.Put:input_type -> fence.v1.PutRequest
+	89,  // 87: fence.v1.KVService.Get:input_type -> fence.v1.GetRequest
+	91,  // 88: fence.v1.KVService.Delete:input_type -> fence.v1.DeleteRequest
+	93,  // 89: fence.v1.KVService.List:input_type -> fence.v1.ListRequest
+	95,  // 90: fence.v1.KVService.Watch:input_type -> fence.v1.WatchRequest
+	73,  // 91: fence.v1.ClusterService.Status:input_type -> fence.v1.StatusRequest
+	76,  // 92: fence.v1.ClusterService.AddMember:input_type -> fence.v1.AddMemberRequest
+	78,  // 93: fence.v1.ClusterService.RemoveMember:input_type -> fence.v1.RemoveMemberRequest
+	82,  // 94: fence.v1.ClusterService.Snapshot:input_type -> fence.v1.SnapshotRequest
+	80,  // 95: fence.v1.ClusterService.RevokeSession:input_type -> fence.v1.RevokeSessionRequest
+	99,  // 96: fence.v1.StreamService.Session:input_type -> fence.v1.StreamRequest
+	6,   // 97: fence.v1.AuthService.AuthEnable:input_type -> fence.v1.AuthEnableRequest
+	8,   // 98: fence.v1.AuthService.AuthDisable:input_type -> fence.v1.AuthDisableRequest
+	10,  // 99: fence.v1.AuthService.AuthStatus:input_type -> fence.v1.AuthStatusRequest
+	14,  // 100: fence.v1.AuthService.UserAdd:input_type -> fence.v1.UserAddRequest
+	16,  // 101: fence.v1.AuthService.UserRemove:input_type -> fence.v1.UserRemoveRequest
+	18,  // 102: fence.v1.AuthService.UserList:input_type -> fence.v1.UserListRequest
+	20,  // 103: fence.v1.AuthService.UserSetQuota:input_type -> fence.v1.UserSetQuotaRequest
+	22,  // 104: fence.v1.AuthService.UserGrantRole:input_type -> fence.v1.UserGrantRoleRequest
+	24,  // 105: fence.v1.AuthService.UserRevokeRole:input_type -> fence.v1.UserRevokeRoleRequest
+	26,  // 106: fence.v1.AuthService.RoleAdd:input_type -> fence.v1.RoleAddRequest
+	28,  // 107: fence.v1.AuthService.RoleRemove:input_type -> fence.v1.RoleRemoveRequest
+	30,  // 108: fence.v1.AuthService.RoleGrantPermission:input_type -> fence.v1.RoleGrantPermissionRequest
+	32,  // 109: fence.v1.AuthService.RoleRevokePermission:input_type -> fence.v1.RoleRevokePermissionRequest
+	34,  // 110: fence.v1.AuthService.RoleList:input_type -> fence.v1.RoleListRequest
+	36,  // 111: fence.v1.AuthService.TokenCreate:input_type -> fence.v1.TokenCreateRequest
+	38,  // 112: fence.v1.AuthService.TokenRevoke:input_type -> fence.v1.TokenRevokeRequest
+	40,  // 113: fence.v1.AuthService.TokenList:input_type -> fence.v1.TokenListRequest
+	44,  // 114: fence.v1.SessionService.CreateSession:output_type -> fence.v1.CreateSessionResponse
+	46,  // 115: fence.v1.SessionService.KeepAlive:output_type -> fence.v1.KeepAliveResponse
+	49,  // 116: fence.v1.SessionService.CloseSession:output_type -> fence.v1.CloseSessionResponse
+	51,  // 117: fence.v1.SessionService.ListSessions:output_type -> fence.v1.ListSessionsResponse
+	55,  // 118: fence.v1.LockService.Acquire:output_type -> fence.v1.AcquireResponse
+	57,  // 119: fence.v1.LockService.Release:output_type -> fence.v1.ReleaseResponse
+	65,  // 120: fence.v1.LockService.CancelAcquire:output_type -> fence.v1.CancelAcquireResponse
+	67,  // 121: fence.v1.LockService.Check:output_type -> fence.v1.CheckResponse
+	72,  // 122: fence.v1.LockService.ListLocks:output_type -> fence.v1.ListLocksResponse
+	59,  // 123: fence.v1.LockService.Lease:output_type -> fence.v1.LeaseResponse
+	61,  // 124: fence.v1.LockService.RenewLease:output_type -> fence.v1.RenewLeaseResponse
+	63,  // 125: fence.v1.LockService.ReleaseLease:output_type -> fence.v1.ReleaseLeaseResponse
+	87,  // 126: fence.v1.KVService.Put:output_type -> fence.v1.PutResponse
+	90,  // 127: fence.v1.KVService.Get:output_type -> fence.v1.GetResponse
+	92,  // 128: fence.v1.KVService.Delete:output_type -> fence.v1.DeleteResponse
+	94,  // 129: fence.v1.KVService.List:output_type -> fence.v1.ListResponse
+	97,  // 130: fence.v1.KVService.Watch:output_type -> fence.v1.WatchResponse
+	74,  // 131: fence.v1.ClusterService.Status:output_type -> fence.v1.StatusResponse
+	77,  // 132: fence.v1.ClusterService.AddMember:output_type -> fence.v1.AddMemberResponse
+	79,  // 133: fence.v1.ClusterService.RemoveMember:output_type -> fence.v1.RemoveMemberResponse
+	83,  // 134: fence.v1.ClusterService.Snapshot:output_type -> fence.v1.SnapshotResponse
+	81,  // 135: fence.v1.ClusterService.RevokeSession:output_type -> fence.v1.RevokeSessionResponse
+	106, // 136: fence.v1.StreamService.Session:output_type -> fence.v1.StreamResponse
+	7,   // 137: fence.v1.AuthService.AuthEnable:output_type -> fence.v1.AuthEnableResponse
+	9,   // 138: fence.v1.AuthService.AuthDisable:output_type -> fence.v1.AuthDisableResponse
+	11,  // 139: fence.v1.AuthService.AuthStatus:output_type -> fence.v1.AuthStatusResponse
+	15,  // 140: fence.v1.AuthService.UserAdd:output_type -> fence.v1.UserAddResponse
+	17,  // 141: fence.v1.AuthService.UserRemove:output_type -> fence.v1.UserRemoveResponse
+	19,  // 142: fence.v1.AuthService.UserList:output_type -> fence.v1.UserListResponse
+	21,  // 143: fence.v1.AuthService.UserSetQuota:output_type -> fence.v1.UserSetQuotaResponse
+	23,  // 144: fence.v1.AuthService.UserGrantRole:output_type -> fence.v1.UserGrantRoleResponse
+	25,  // 145: fence.v1.AuthService.UserRevokeRole:output_type -> fence.v1.UserRevokeRoleResponse
+	27,  // 146: fence.v1.AuthService.RoleAdd:output_type -> fence.v1.RoleAddResponse
+	29,  // 147: fence.v1.AuthService.RoleRemove:output_type -> fence.v1.RoleRemoveResponse
+	31,  // 148: fence.v1.AuthService.RoleGrantPermission:output_type -> fence.v1.RoleGrantPermissionResponse
+	33,  // 149: fence.v1.AuthService.RoleRevokePermission:output_type -> fence.v1.RoleRevokePermissionResponse
+	35,  // 150: fence.v1.AuthService.RoleList:output_type -> fence.v1.RoleListResponse
+	37,  // 151: fence.v1.AuthService.TokenCreate:output_type -> fence.v1.TokenCreateResponse
+	39,  // 152: fence.v1.AuthService.TokenRevoke:output_type -> fence.v1.TokenRevokeResponse
+	41,  // 153: fence.v1.AuthService.TokenList:output_type -> fence.v1.TokenListResponse
+	114, // [114:154] is the sub-list for method output_type
+	74,  // [74:114] is the sub-list for method input_type
+	74,  // [74:74] is the sub-list for extension type_name
+	74,  // [74:74] is the sub-list for extension extendee
+	0,   // [0:74] is the sub-list for field type_name
 }
 
 func init() { file_fence_v1_fence_proto_init() }
@@ -6984,8 +7402,8 @@ func file_fence_v1_fence_proto_init() {
 	if File_fence_v1_fence_proto != nil {
 		return
 	}
-	file_fence_v1_fence_proto_msgTypes[74].OneofWrappers = []any{}
-	file_fence_v1_fence_proto_msgTypes[88].OneofWrappers = []any{
+	file_fence_v1_fence_proto_msgTypes[80].OneofWrappers = []any{}
+	file_fence_v1_fence_proto_msgTypes[94].OneofWrappers = []any{
 		(*StreamRequest_CreateSession)(nil),
 		(*StreamRequest_KeepAlive)(nil),
 		(*StreamRequest_CloseSession)(nil),
@@ -6998,7 +7416,7 @@ func file_fence_v1_fence_proto_init() {
 		(*StreamRequest_Delete)(nil),
 		(*StreamRequest_Cancel)(nil),
 	}
-	file_fence_v1_fence_proto_msgTypes[95].OneofWrappers = []any{
+	file_fence_v1_fence_proto_msgTypes[101].OneofWrappers = []any{
 		(*StreamResponse_CreateSession)(nil),
 		(*StreamResponse_KeepAlive)(nil),
 		(*StreamResponse_CloseSession)(nil),
@@ -7017,7 +7435,7 @@ func file_fence_v1_fence_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_fence_v1_fence_proto_rawDesc), len(file_fence_v1_fence_proto_rawDesc)),
 			NumEnums:      5,
-			NumMessages:   96,
+			NumMessages:   102,
 			NumExtensions: 0,
 			NumServices:   6,
 		},

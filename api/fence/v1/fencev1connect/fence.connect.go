@@ -75,6 +75,13 @@ const (
 	LockServiceCheckProcedure = "/fence.v1.LockService/Check"
 	// LockServiceListLocksProcedure is the fully-qualified name of the LockService's ListLocks RPC.
 	LockServiceListLocksProcedure = "/fence.v1.LockService/ListLocks"
+	// LockServiceLeaseProcedure is the fully-qualified name of the LockService's Lease RPC.
+	LockServiceLeaseProcedure = "/fence.v1.LockService/Lease"
+	// LockServiceRenewLeaseProcedure is the fully-qualified name of the LockService's RenewLease RPC.
+	LockServiceRenewLeaseProcedure = "/fence.v1.LockService/RenewLease"
+	// LockServiceReleaseLeaseProcedure is the fully-qualified name of the LockService's ReleaseLease
+	// RPC.
+	LockServiceReleaseLeaseProcedure = "/fence.v1.LockService/ReleaseLease"
 	// KVServicePutProcedure is the fully-qualified name of the KVService's Put RPC.
 	KVServicePutProcedure = "/fence.v1.KVService/Put"
 	// KVServiceGetProcedure is the fully-qualified name of the KVService's Get RPC.
@@ -328,6 +335,39 @@ type LockServiceClient interface {
 	Check(context.Context, *connect.Request[v1.CheckRequest]) (*connect.Response[v1.CheckResponse], error)
 	// ListLocks lists the locks that are held or waited for, in name order.
 	ListLocks(context.Context, *connect.Request[v1.ListLocksRequest]) (*connect.Response[v1.ListLocksResponse], error)
+	// Lease takes a lock in one call, for a caller that cannot keep a
+	// session alive (a shell script, a cron job, a serverless function),
+	// as Redis's SET NX PX does: it answers the grant's fencing token and a
+	// lease (its id and secret) to renew and release. A lease is a session
+	// of ttl holding the lock (lease_id is the session's id, lease_secret
+	// its secret), so a lease is bound by everything a session and a grant
+	// are: the leader expires it when ttl passes without a RenewLease (its
+	// lock then goes to the next holder, after lock_delay if one was
+	// given), limits and quotas count it, and with auth on it needs lock
+	// write on the lock's name. Nothing renews a lease on its own.
+	//
+	// A lock that is held (or under lock-delay, or waited for) fails the
+	// call at once with FailedPrecondition (reason LOCKED, the holder in the
+	// error detail), as Acquire with try does, and leaves no session behind.
+	// The session and the grant are two commits: if the node fails between
+	// them, or a failed grant's session cannot be closed, that session holds
+	// nothing and expires after ttl. As with CreateSession, the secret is
+	// answered once: a Lease whose answer was lost leaves the lock held by
+	// a lease nobody can renew, until ttl (and lock_delay) pass.
+	Lease(context.Context, *connect.Request[v1.LeaseRequest]) (*connect.Response[v1.LeaseResponse], error)
+	// RenewLease renews a lease for a full ttl from when the leader received
+	// the call, as KeepAlive renews a session (confirmed by a current
+	// leader), and answers the lock and token it holds. A lease that expired
+	// or was released gets NotFound (reason SESSION_NOT_FOUND): its lock may
+	// be another's by now; take a new lease. A wrong secret gets
+	// Unauthenticated (reason SESSION_SECRET) and renews nothing.
+	RenewLease(context.Context, *connect.Request[v1.RenewLeaseRequest]) (*connect.Response[v1.RenewLeaseResponse], error)
+	// ReleaseLease ends a lease and releases its lock at once, to the next
+	// waiter, with no lock-delay (CloseSession). Releasing a lease that
+	// already ended (expired, revoked, released) succeeds with released
+	// false, so that a retry does. A wrong secret gets Unauthenticated
+	// (reason SESSION_SECRET) and releases nothing.
+	ReleaseLease(context.Context, *connect.Request[v1.ReleaseLeaseRequest]) (*connect.Response[v1.ReleaseLeaseResponse], error)
 }
 
 // NewLockServiceClient constructs a client for the fence.v1.LockService service. By default, it
@@ -371,6 +411,24 @@ func NewLockServiceClient(httpClient connect.HTTPClient, baseURL string, opts ..
 			connect.WithSchema(lockServiceMethods.ByName("ListLocks")),
 			connect.WithClientOptions(opts...),
 		),
+		lease: connect.NewClient[v1.LeaseRequest, v1.LeaseResponse](
+			httpClient,
+			baseURL+LockServiceLeaseProcedure,
+			connect.WithSchema(lockServiceMethods.ByName("Lease")),
+			connect.WithClientOptions(opts...),
+		),
+		renewLease: connect.NewClient[v1.RenewLeaseRequest, v1.RenewLeaseResponse](
+			httpClient,
+			baseURL+LockServiceRenewLeaseProcedure,
+			connect.WithSchema(lockServiceMethods.ByName("RenewLease")),
+			connect.WithClientOptions(opts...),
+		),
+		releaseLease: connect.NewClient[v1.ReleaseLeaseRequest, v1.ReleaseLeaseResponse](
+			httpClient,
+			baseURL+LockServiceReleaseLeaseProcedure,
+			connect.WithSchema(lockServiceMethods.ByName("ReleaseLease")),
+			connect.WithClientOptions(opts...),
+		),
 	}
 }
 
@@ -381,6 +439,9 @@ type lockServiceClient struct {
 	cancelAcquire *connect.Client[v1.CancelAcquireRequest, v1.CancelAcquireResponse]
 	check         *connect.Client[v1.CheckRequest, v1.CheckResponse]
 	listLocks     *connect.Client[v1.ListLocksRequest, v1.ListLocksResponse]
+	lease         *connect.Client[v1.LeaseRequest, v1.LeaseResponse]
+	renewLease    *connect.Client[v1.RenewLeaseRequest, v1.RenewLeaseResponse]
+	releaseLease  *connect.Client[v1.ReleaseLeaseRequest, v1.ReleaseLeaseResponse]
 }
 
 // Acquire calls fence.v1.LockService.Acquire.
@@ -408,6 +469,21 @@ func (c *lockServiceClient) ListLocks(ctx context.Context, req *connect.Request[
 	return c.listLocks.CallUnary(ctx, req)
 }
 
+// Lease calls fence.v1.LockService.Lease.
+func (c *lockServiceClient) Lease(ctx context.Context, req *connect.Request[v1.LeaseRequest]) (*connect.Response[v1.LeaseResponse], error) {
+	return c.lease.CallUnary(ctx, req)
+}
+
+// RenewLease calls fence.v1.LockService.RenewLease.
+func (c *lockServiceClient) RenewLease(ctx context.Context, req *connect.Request[v1.RenewLeaseRequest]) (*connect.Response[v1.RenewLeaseResponse], error) {
+	return c.renewLease.CallUnary(ctx, req)
+}
+
+// ReleaseLease calls fence.v1.LockService.ReleaseLease.
+func (c *lockServiceClient) ReleaseLease(ctx context.Context, req *connect.Request[v1.ReleaseLeaseRequest]) (*connect.Response[v1.ReleaseLeaseResponse], error) {
+	return c.releaseLease.CallUnary(ctx, req)
+}
+
 // LockServiceHandler is an implementation of the fence.v1.LockService service.
 type LockServiceHandler interface {
 	// Acquire takes a lock for a session, waiting in FIFO order until it is
@@ -431,6 +507,39 @@ type LockServiceHandler interface {
 	Check(context.Context, *connect.Request[v1.CheckRequest]) (*connect.Response[v1.CheckResponse], error)
 	// ListLocks lists the locks that are held or waited for, in name order.
 	ListLocks(context.Context, *connect.Request[v1.ListLocksRequest]) (*connect.Response[v1.ListLocksResponse], error)
+	// Lease takes a lock in one call, for a caller that cannot keep a
+	// session alive (a shell script, a cron job, a serverless function),
+	// as Redis's SET NX PX does: it answers the grant's fencing token and a
+	// lease (its id and secret) to renew and release. A lease is a session
+	// of ttl holding the lock (lease_id is the session's id, lease_secret
+	// its secret), so a lease is bound by everything a session and a grant
+	// are: the leader expires it when ttl passes without a RenewLease (its
+	// lock then goes to the next holder, after lock_delay if one was
+	// given), limits and quotas count it, and with auth on it needs lock
+	// write on the lock's name. Nothing renews a lease on its own.
+	//
+	// A lock that is held (or under lock-delay, or waited for) fails the
+	// call at once with FailedPrecondition (reason LOCKED, the holder in the
+	// error detail), as Acquire with try does, and leaves no session behind.
+	// The session and the grant are two commits: if the node fails between
+	// them, or a failed grant's session cannot be closed, that session holds
+	// nothing and expires after ttl. As with CreateSession, the secret is
+	// answered once: a Lease whose answer was lost leaves the lock held by
+	// a lease nobody can renew, until ttl (and lock_delay) pass.
+	Lease(context.Context, *connect.Request[v1.LeaseRequest]) (*connect.Response[v1.LeaseResponse], error)
+	// RenewLease renews a lease for a full ttl from when the leader received
+	// the call, as KeepAlive renews a session (confirmed by a current
+	// leader), and answers the lock and token it holds. A lease that expired
+	// or was released gets NotFound (reason SESSION_NOT_FOUND): its lock may
+	// be another's by now; take a new lease. A wrong secret gets
+	// Unauthenticated (reason SESSION_SECRET) and renews nothing.
+	RenewLease(context.Context, *connect.Request[v1.RenewLeaseRequest]) (*connect.Response[v1.RenewLeaseResponse], error)
+	// ReleaseLease ends a lease and releases its lock at once, to the next
+	// waiter, with no lock-delay (CloseSession). Releasing a lease that
+	// already ended (expired, revoked, released) succeeds with released
+	// false, so that a retry does. A wrong secret gets Unauthenticated
+	// (reason SESSION_SECRET) and releases nothing.
+	ReleaseLease(context.Context, *connect.Request[v1.ReleaseLeaseRequest]) (*connect.Response[v1.ReleaseLeaseResponse], error)
 }
 
 // NewLockServiceHandler builds an HTTP handler from the service implementation. It returns the path
@@ -470,6 +579,24 @@ func NewLockServiceHandler(svc LockServiceHandler, opts ...connect.HandlerOption
 		connect.WithSchema(lockServiceMethods.ByName("ListLocks")),
 		connect.WithHandlerOptions(opts...),
 	)
+	lockServiceLeaseHandler := connect.NewUnaryHandler(
+		LockServiceLeaseProcedure,
+		svc.Lease,
+		connect.WithSchema(lockServiceMethods.ByName("Lease")),
+		connect.WithHandlerOptions(opts...),
+	)
+	lockServiceRenewLeaseHandler := connect.NewUnaryHandler(
+		LockServiceRenewLeaseProcedure,
+		svc.RenewLease,
+		connect.WithSchema(lockServiceMethods.ByName("RenewLease")),
+		connect.WithHandlerOptions(opts...),
+	)
+	lockServiceReleaseLeaseHandler := connect.NewUnaryHandler(
+		LockServiceReleaseLeaseProcedure,
+		svc.ReleaseLease,
+		connect.WithSchema(lockServiceMethods.ByName("ReleaseLease")),
+		connect.WithHandlerOptions(opts...),
+	)
 	return "/fence.v1.LockService/", http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		switch r.URL.Path {
 		case LockServiceAcquireProcedure:
@@ -482,6 +609,12 @@ func NewLockServiceHandler(svc LockServiceHandler, opts ...connect.HandlerOption
 			lockServiceCheckHandler.ServeHTTP(w, r)
 		case LockServiceListLocksProcedure:
 			lockServiceListLocksHandler.ServeHTTP(w, r)
+		case LockServiceLeaseProcedure:
+			lockServiceLeaseHandler.ServeHTTP(w, r)
+		case LockServiceRenewLeaseProcedure:
+			lockServiceRenewLeaseHandler.ServeHTTP(w, r)
+		case LockServiceReleaseLeaseProcedure:
+			lockServiceReleaseLeaseHandler.ServeHTTP(w, r)
 		default:
 			http.NotFound(w, r)
 		}
@@ -509,6 +642,18 @@ func (UnimplementedLockServiceHandler) Check(context.Context, *connect.Request[v
 
 func (UnimplementedLockServiceHandler) ListLocks(context.Context, *connect.Request[v1.ListLocksRequest]) (*connect.Response[v1.ListLocksResponse], error) {
 	return nil, connect.NewError(connect.CodeUnimplemented, errors.New("fence.v1.LockService.ListLocks is not implemented"))
+}
+
+func (UnimplementedLockServiceHandler) Lease(context.Context, *connect.Request[v1.LeaseRequest]) (*connect.Response[v1.LeaseResponse], error) {
+	return nil, connect.NewError(connect.CodeUnimplemented, errors.New("fence.v1.LockService.Lease is not implemented"))
+}
+
+func (UnimplementedLockServiceHandler) RenewLease(context.Context, *connect.Request[v1.RenewLeaseRequest]) (*connect.Response[v1.RenewLeaseResponse], error) {
+	return nil, connect.NewError(connect.CodeUnimplemented, errors.New("fence.v1.LockService.RenewLease is not implemented"))
+}
+
+func (UnimplementedLockServiceHandler) ReleaseLease(context.Context, *connect.Request[v1.ReleaseLeaseRequest]) (*connect.Response[v1.ReleaseLeaseResponse], error) {
+	return nil, connect.NewError(connect.CodeUnimplemented, errors.New("fence.v1.LockService.ReleaseLease is not implemented"))
 }
 
 // KVServiceClient is a client for the fence.v1.KVService service.

@@ -1,0 +1,199 @@
+package server
+
+import (
+	"context"
+	"errors"
+	"fmt"
+
+	"connectrpc.com/connect"
+	"google.golang.org/protobuf/types/known/durationpb"
+
+	"github.com/fencelock/fence"
+	fencev1 "github.com/fencelock/fence/api/fence/v1"
+	"github.com/fencelock/fence/internal/fsm"
+	"github.com/fencelock/fence/internal/fsmpb"
+)
+
+// Leases (docs/leases.md) are a lock in one call for callers that cannot
+// keep a session alive. A lease is a session and a grant, made by the
+// handlers below from the session and lock operations themselves, so that
+// everything those check (validation, limits, quotas, rate, secrets, auth)
+// holds for a lease as it does for them. No command is a lease's own: the
+// state machine and the log know only the session and the grant.
+
+// Lease implements fencev1connect.LockServiceHandler.
+func (s *Server) Lease(ctx context.Context, req *connect.Request[fencev1.LeaseRequest]) (*connect.Response[fencev1.LeaseResponse], error) {
+	return respond(s.lease(withClientAddr(ctx, req.Peer().Addr, req.Header()), req.Msg))
+}
+
+// lease creates a session and takes the lock for it with try. A lock that
+// cannot be granted at once is refused before the session is created when
+// the leader's state shows it so (lockedNow), and otherwise the session is
+// closed in the same call once the grant failed: a failed Lease leaves
+// nothing behind. Only a node that stops between the two commits, or
+// cannot commit the close, leaves a session; it holds nothing, and the
+// leader expires it after its TTL.
+func (s *Server) lease(ctx context.Context, m *fencev1.LeaseRequest) (*fencev1.LeaseResponse, error) {
+	if err := s.checkLockName(m.GetLock()); err != nil {
+		return nil, err
+	}
+	ttl, err := s.sessionTTL(m.GetTtl())
+	if err != nil {
+		return nil, err
+	}
+	if _, err := s.lockDelay(m.GetLockDelay()); err != nil {
+		return nil, err
+	}
+	if err := checkText("owner", m.GetOwner(), s.cfg.MaxOwnerBytes, false); err != nil {
+		return nil, err
+	}
+	if err := s.lockedNow(ctx, m.GetLock()); err != nil {
+		return nil, err
+	}
+	sess, err := s.createSession(ctx, &fencev1.CreateSessionRequest{Ttl: durationpb.New(ttl), Owner: m.GetOwner()})
+	if err != nil {
+		return nil, err
+	}
+	id := sess.GetSessionId()
+	if err := ctx.Err(); err != nil {
+		s.closeFailedLease(id, m.GetLock(), err)
+		return nil, err
+	}
+	grant, err := s.acquire(ctx, &fencev1.AcquireRequest{
+		SessionId:     id,
+		SessionSecret: sess.GetSessionSecret(),
+		Lock:          m.GetLock(),
+		Try:           true,
+		LockDelay:     m.GetLockDelay(),
+	})
+	if err != nil {
+		s.closeFailedLease(id, m.GetLock(), err)
+		return nil, err
+	}
+	return &fencev1.LeaseResponse{
+		Lock:        grant.GetLock(),
+		Token:       grant.GetToken(),
+		LeaseId:     id,
+		LeaseSecret: sess.GetSessionSecret(),
+		Ttl:         sess.GetTtl(),
+	}, nil
+}
+
+// lockedNow refuses a Lease of a lock that a try could not take: held,
+// under lock-delay, waited for, or a semaphore. It reads this node's state
+// first, which costs nothing; a refusal is answered only once a
+// linearizable read (a confirmation that this node still leads, begun
+// after the call arrived) finds the same, so that a deposed leader never
+// answers a lock held that has been released since. A lock that looks
+// free is left to the acquire, which decides in its commit.
+func (s *Server) lockedNow(ctx context.Context, name string) error {
+	var err error
+	s.fsm.Read(func(st *fsm.State) { err = st.TryRefusal(name) })
+	if err == nil {
+		return nil
+	}
+	if err := s.read(ctx, false); err != nil {
+		return err
+	}
+	s.fsm.Read(func(st *fsm.State) { err = st.TryRefusal(name) })
+	return err
+}
+
+// closeFailedLease closes the session of a Lease whose grant failed (why),
+// as its own client's close: it holds nothing that anyone was told of, so
+// there is nothing a lock-delay would protect. A grant made while the
+// caller went away was already given up by the acquire. If the close
+// cannot be committed, the session expires after its TTL.
+func (s *Server) closeFailedLease(id uint64, lock string, why error) {
+	if _, err := s.apply(endSession(s.fsm.Protocol(), id, fsmpb.SessionEnd_SESSION_END_CLOSED)); err != nil {
+		s.logger.Warn("closing the session of a lease that was not granted failed; it expires after its TTL",
+			"session", id, "lock", lock, "lease_err", why, "err", err)
+	}
+}
+
+// RenewLease implements fencev1connect.LockServiceHandler.
+func (s *Server) RenewLease(ctx context.Context, req *connect.Request[fencev1.RenewLeaseRequest]) (*connect.Response[fencev1.RenewLeaseResponse], error) {
+	return respond(s.renewLease(ctx, req.Msg))
+}
+
+// renewLease is a keepalive of the lease's session (renewed by a leader
+// confirmed current after the call arrived), answered with the grant the
+// session holds: its oldest, should the lease's id have been used as a
+// session to take more.
+func (s *Server) renewLease(ctx context.Context, m *fencev1.RenewLeaseRequest) (*fencev1.RenewLeaseResponse, error) {
+	id := m.GetLeaseId()
+	if err := checkLeaseID(id); err != nil {
+		return nil, err
+	}
+	res := s.keepAlive(ctx, []*fencev1.KeepAliveRequest{{SessionId: id, SessionSecret: m.GetLeaseSecret()}})[0]
+	if res.err != nil {
+		return nil, leaseError(id, res.err)
+	}
+	var (
+		grants []fsm.SessionGrant
+		live   bool
+	)
+	s.fsm.Read(func(st *fsm.State) {
+		_, live = st.Session(id)
+		grants = st.HeldGrants(id)
+	})
+	if !live {
+		return nil, leaseError(id, notFound(id))
+	}
+	if len(grants) == 0 {
+		return nil, fmt.Errorf("%w: lease %d holds no lock: its grant was released, though the lease was not; take a new lease", fence.ErrNotHolder, id)
+	}
+	oldest := grants[0]
+	for _, g := range grants[1:] {
+		if g.Token < oldest.Token {
+			oldest = g
+		}
+	}
+	return &fencev1.RenewLeaseResponse{Ttl: res.resp.GetTtl(), Lock: oldest.Lock, Token: oldest.Token}, nil
+}
+
+// ReleaseLease implements fencev1connect.LockServiceHandler.
+func (s *Server) ReleaseLease(ctx context.Context, req *connect.Request[fencev1.ReleaseLeaseRequest]) (*connect.Response[fencev1.ReleaseLeaseResponse], error) {
+	return respond(s.releaseLease(ctx, req.Msg))
+}
+
+// releaseLease closes the lease's session, as its own client does: its
+// lock goes to the next waiter at once, with no lock-delay.
+func (s *Server) releaseLease(_ context.Context, m *fencev1.ReleaseLeaseRequest) (*fencev1.ReleaseLeaseResponse, error) {
+	id := m.GetLeaseId()
+	if err := checkLeaseID(id); err != nil {
+		return nil, err
+	}
+	err := s.authorizeSession(id, m.GetLeaseSecret())
+	if errors.Is(err, fence.ErrSessionNotFound) {
+		return &fencev1.ReleaseLeaseResponse{}, nil
+	}
+	if err != nil {
+		return nil, leaseError(id, err)
+	}
+	res, err := s.apply(endSession(s.fsm.Protocol(), id, fsmpb.SessionEnd_SESSION_END_CLOSED))
+	if err != nil {
+		return nil, err
+	}
+	return &fencev1.ReleaseLeaseResponse{Released: len(res.Ended) > 0}, nil
+}
+
+func checkLeaseID(id uint64) error {
+	if id == 0 {
+		return invalid("lease_id is missing; pass the lease_id that Lease answered")
+	}
+	return nil
+}
+
+// leaseError says a session's error in a lease's words: a caller of the
+// lease calls knows of no session, and sent lease_secret, not
+// session_secret. The sentinel, and so the code and reason, stay.
+func leaseError(id uint64, err error) error {
+	switch {
+	case errors.Is(err, fence.ErrSessionNotFound):
+		return fmt.Errorf("%w: lease %d has expired or was released; its lock may be another's by now: take a new lease", fence.ErrSessionNotFound, id)
+	case errors.Is(err, fence.ErrSessionSecret):
+		return fmt.Errorf("%w: lease_secret is missing or not lease %d's; only the caller Lease answered may renew or release it", fence.ErrSessionSecret, id)
+	}
+	return err
+}
