@@ -262,15 +262,6 @@ func leaseGone(err error, says string) error {
 	return err
 }
 
-// saying is err, said in other words.
-type saying struct {
-	err  error
-	says string
-}
-
-func (e saying) Error() string { return e.says }
-func (e saying) Unwrap() error { return e.err }
-
 // leaseNameArg checks that a lease command has one NAME.
 func leaseNameArg(sub string) cobra.PositionalArgs {
 	return func(_ *cobra.Command, args []string) error {

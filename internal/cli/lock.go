@@ -121,12 +121,15 @@ func signalOf(ctx context.Context, sigs <-chan os.Signal) syscall.Signal {
 }
 
 func runLocked(ctx context.Context, g *globals, f lockFlags, name string, argv []string) error {
-	return runHolding(ctx, g, f, name, argv, lockHooks{})
+	return runHolding(ctx, g, f, name, argv, lockHooks{command: "fence lock"})
 }
 
 // lockHooks let a command built on fence lock (fence run-once) act while
 // it holds the lock; fence lock itself has none.
 type lockHooks struct {
+	// command is the command the user ran ("fence lock", "fence
+	// run-once"), which starts every line the run writes to stderr.
+	command string
 	// held runs once the lock is held, before CMD starts. An error keeps
 	// CMD from starting: the lock is released and the run ends with it.
 	held func(ctx context.Context, c *client.Client, grant *client.Grant) error
@@ -171,7 +174,7 @@ func runHolding(ctx context.Context, g *globals, f lockFlags, name string, argv 
 	case errors.Is(err, fence.ErrWaitTimeout):
 		return &ExitError{Code: exitTimeout, Err: fmt.Errorf("lock %q was not granted within %v", name, f.timeout)}
 	case errors.Is(err, fence.ErrLocked) && f.try:
-		return &ExitError{Code: exitTimeout, Err: fmt.Errorf("lock %q is held (--try): %w", name, err)}
+		return &ExitError{Code: exitTimeout, Err: tryRefused(waitCtx, c, name, err)}
 	case err != nil && waitCtx.Err() != nil:
 		return interruptedWait(waitCtx, sigs, name)
 	case err != nil:
@@ -216,7 +219,7 @@ func runHolding(ctx context.Context, g *globals, f lockFlags, name string, argv 
 		unlockCtx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 		defer cancel()
 		if uerr := unlock(unlockCtx); uerr != nil && grant.Err() == nil {
-			fmt.Fprintf(g.stderr, "fence lock: releasing %q: %v\n", name, uerr)
+			fmt.Fprintf(g.stderr, "%s: releasing %q: %s\n", h.command, name, errorText(uerr))
 		}
 	}
 	end := func(err error) error {
@@ -233,17 +236,17 @@ func runHolding(ctx context.Context, g *globals, f lockFlags, name string, argv 
 		if h.ended != nil && proc.Ended(child) {
 			return end(<-exited)
 		}
-		fmt.Fprintf(g.stderr, "fence lock: lock %q (token %d) may be lost: %v; stopping %s\n", name, grant.Token(), grant.Err(), argv[0])
-		stopChild(child, exited, syscall.SIGTERM, f.grace, g)
+		fmt.Fprintf(g.stderr, "%s: lock %q (token %d) may be lost: %s; stopping %s\n", h.command, name, grant.Token(), errorText(grant.Err()), argv[0])
+		stopChild(child, exited, syscall.SIGTERM, f.grace, g, h.command)
 		return &ExitError{Code: exitLockLost}
 	case sig := <-sigs:
 		// fence itself was told to stop: pass it on, then release.
-		err := stopChild(child, exited, sig.(syscall.Signal), f.grace, g)
+		err := stopChild(child, exited, sig.(syscall.Signal), f.grace, g, h.command)
 		release()
 		return exitStatus(err)
 	case <-ctx.Done():
 		sig := signalOf(ctx, sigs)
-		err := stopChild(child, exited, sig, f.grace, g)
+		err := stopChild(child, exited, sig, f.grace, g, h.command)
 		release()
 		if context.Cause(ctx) == ctx.Err() {
 			return &ExitError{Code: 128 + int(sig)}
@@ -290,6 +293,17 @@ func acquireLock(ctx context.Context, s *client.Session, f lockFlags, name strin
 	}
 }
 
+// tryRefused is the error of --try on a held lock: who holds it, when the
+// service said so (heldError, as fence lease acquire says it), and that
+// --try does not wait.
+func tryRefused(ctx context.Context, c *client.Client, name string, err error) error {
+	var locked *fence.LockedError
+	if errors.As(err, &locked) && locked.Reason != "" {
+		return say(err, "%s, and --try does not wait", heldError(ctx, c, locked))
+	}
+	return say(err, "lock %q is held, and --try does not wait", name)
+}
+
 // interruptedWait is the error of a wait for the lock that a signal (or
 // the caller) ended: exit 128+N.
 func interruptedWait(ctx context.Context, sigs <-chan os.Signal, name string) error {
@@ -300,10 +314,11 @@ func interruptedWait(ctx context.Context, sigs <-chan os.Signal, name string) er
 // stopChild sends sig to the child's process group, then SIGKILL to the
 // group after grace, and returns the child's exit. Where sig cannot be sent
 // (Windows has no signals but kill), the child is ended at once with the
-// system's means (TerminateProcess on Windows).
-func stopChild(child *exec.Cmd, exited <-chan error, sig syscall.Signal, grace time.Duration, g *globals) error {
+// system's means (TerminateProcess on Windows). What it says starts with
+// command.
+func stopChild(child *exec.Cmd, exited <-chan error, sig syscall.Signal, grace time.Duration, g *globals, command string) error {
 	if err := proc.SignalGroup(child, sig); err != nil {
-		fmt.Fprintf(g.stderr, "fence lock: %v\n", err)
+		fmt.Fprintf(g.stderr, "%s: %v\n", command, err)
 	}
 	t := time.NewTimer(grace)
 	defer t.Stop()
@@ -311,9 +326,9 @@ func stopChild(child *exec.Cmd, exited <-chan error, sig syscall.Signal, grace t
 	case err := <-exited:
 		return err
 	case <-t.C:
-		fmt.Fprintf(g.stderr, "fence lock: %s did not exit within %v of %v; sending SIGKILL\n", child.Path, grace, sig)
+		fmt.Fprintf(g.stderr, "%s: %s did not exit within %v of %v; sending SIGKILL\n", command, child.Path, grace, sig)
 		if err := proc.SignalGroup(child, syscall.SIGKILL); err != nil {
-			fmt.Fprintf(g.stderr, "fence lock: %v\n", err)
+			fmt.Fprintf(g.stderr, "%s: %v\n", command, err)
 		}
 		return <-exited
 	}

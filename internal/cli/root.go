@@ -193,10 +193,3 @@ func rootCommand(g *globals) *cobra.Command {
 const boundedKey = "fence-bounded"
 
 var bounded = map[string]string{boundedKey: "yes"}
-
-// printError prints err once prefixed with "fence: ", whether or not its
-// message already starts with it (fence's sentinels do). An error of no
-// node reached (client.ErrUnreachable) says itself what to do.
-func printError(w io.Writer, err error) {
-	fmt.Fprintf(w, "fence: %s\n", strings.TrimPrefix(err.Error(), "fence: "))
-}

@@ -128,7 +128,7 @@ func (r *runOnce) run(ctx context.Context, f lockFlags) error {
 	if _, err := exec.LookPath(r.argv[0]); err != nil {
 		return &ExitError{Code: execErrorCode(err), Err: fmt.Errorf("cannot run %s: %w (nothing was run, no lock was taken)", r.argv[0], err)}
 	}
-	err := runHolding(ctx, r.g, f, runOnceLock(r.key), r.argv, lockHooks{held: r.skipIfDone, ended: r.recordDone})
+	err := runHolding(ctx, r.g, f, runOnceLock(r.key), r.argv, lockHooks{command: "fence run-once", held: r.skipIfDone, ended: r.recordDone})
 	switch {
 	case errors.Is(err, errAlreadyDone):
 		return nil

@@ -38,6 +38,7 @@ func TestRunOnceExitStatus(t *testing.T) {
 		key     string
 		code    int
 		stderr  string
+		absent  string // stderr must not say this
 		done    bool   // KEY is recorded done afterwards
 		ran     string // a marker the command creates, which must exist afterwards
 		skipped string // a marker the command would create, which must not exist
@@ -61,11 +62,11 @@ func TestRunOnceExitStatus(t *testing.T) {
 		{name: "not executable", key: "missing", args: []string{"run-once", "missing", "--", notExecutable},
 			code: exitNoExec, stderr: "permission denied (nothing was run, no lock was taken)"},
 		{name: "try while held", key: "held", args: []string{"run-once", "--try", "held", "--", "touch", marker("held")},
-			code: exitTimeout, stderr: `lock "run-once/held" is held (--try)`, skipped: marker("held")},
+			code: exitTimeout, stderr: `lock "run-once/held" is held by session `, skipped: marker("held")},
 		{name: "timeout while held", key: "held", args: []string{"run-once", "--timeout", "200ms", "held", "--", "touch", marker("held")},
 			code: exitTimeout, stderr: `lock "run-once/held" was not granted within 200ms`, skipped: marker("held")},
 		{name: "lock lost while running", key: "lost", args: append([]string{"run-once", "--ttl", "1s", "--grace", "100ms", "lost", "--"}, revokeOwnSession("sleep 30")...),
-			code: exitLockLost, stderr: "fence run-once: lost is not recorded done; the next run runs sh again"},
+			code: exitLockLost, stderr: "fence run-once: lost is not recorded done; the next run runs sh again", absent: "fence lock:"},
 		{name: "lock lost as it exits", key: "lost", args: append([]string{"run-once", "--ttl", "1s", "--grace", "100ms", "lost", "--"}, revokeOwnSession("exit 0")...),
 			code: exitLockLost, stderr: "the next run runs sh again"},
 		{name: "lost key stays open", key: "lost", args: []string{"run-once", "lost", "--", "touch", marker("lost")},
@@ -83,6 +84,9 @@ func TestRunOnceExitStatus(t *testing.T) {
 			code, stderr := runFenceWithCommand(append([]string{"--endpoints", endpoints}, tc.args...)...)
 			if code != tc.code || !strings.Contains(stderr, tc.stderr) {
 				t.Fatalf("fence %q: exit %d, stderr:\n%s\nwant exit %d and %q", tc.args, code, stderr, tc.code, tc.stderr)
+			}
+			if tc.absent != "" && strings.Contains(stderr, tc.absent) {
+				t.Errorf("fence %q: stderr says %q, of another command:\n%s", tc.args, tc.absent, stderr)
 			}
 			if tc.ran != "" {
 				if _, err := os.Stat(tc.ran); err != nil {

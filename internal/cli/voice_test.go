@@ -1,0 +1,59 @@
+package cli
+
+import (
+	"context"
+	"strings"
+	"testing"
+
+	"github.com/fencelock/fence/fencetest"
+	"github.com/fencelock/fence/server"
+)
+
+// voiceCase is a command that fails, and what fence must say: every word
+// in want (the flags or arguments that the user typed, or that fix it),
+// on one line that starts with the one "fence: " of the message.
+type voiceCase struct {
+	name string
+	args []string
+	code int
+	want []string
+}
+
+// checkVoice runs each case and checks what it printed.
+func checkVoice(t *testing.T, cases []voiceCase) {
+	t.Helper()
+	for _, tc := range cases {
+		t.Run(tc.name, func(t *testing.T) {
+			code, stdout, stderr := runFence(t, tc.args...)
+			if code != tc.code {
+				t.Fatalf("fence %q: exit %d, want %d\nstdout %s\nstderr %s", tc.args, code, tc.code, stdout, stderr)
+			}
+			if !strings.HasPrefix(stderr, "fence: ") || strings.Count(stderr, "fence: ") != 1 {
+				t.Errorf("fence %q: stderr %q; want one message with one \"fence: \" before it", tc.args, stderr)
+			}
+			for _, w := range tc.want {
+				if !strings.Contains(stderr, w) {
+					t.Errorf("fence %q: stderr %q does not say %q", tc.args, stderr, w)
+				}
+			}
+		})
+	}
+}
+
+// Every error names the flag or argument the user typed, after exactly one
+// "fence: ".
+func TestErrorsSpeakWithOneVoice(t *testing.T) {
+	node := fencetest.Start(t)
+	ep := []string{"--endpoints", node.Endpoint()}
+	holdLock(t, node, "nightly")
+	full := fencetest.Start(t, fencetest.WithConfig(func(c *server.Config) { c.MaxSessions = 1 }))
+	if _, err := full.Client().NewSession(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	checkVoice(t, []voiceCase{
+		{name: "lock --try while held", args: append(ep, "lock", "--try", "nightly", "--", "true"), code: exitTimeout,
+			want: []string{`fence: lock "nightly" is held by session `, "--try"}},
+		{name: "session limit", args: []string{"--endpoints", full.Endpoint(), "lock", "x", "--", "true"}, code: exitFailure,
+			want: []string{"fence: creating session: limit reached: "}},
+	})
+}
