@@ -29,7 +29,16 @@ func (f *fenceFlags) register(cmd *cobra.Command) {
 	fl.Int64Var(&f.revision, "if-revision", -1, "write only if the key is at this revision (0: only if absent)")
 }
 
+// options are the write options of the flags. A fence that the service
+// would refuse is refused here, naming the flags rather than the API's
+// fields (fence.lock, fence.token).
 func (f *fenceFlags) options() ([]client.WriteOption, error) {
+	switch {
+	case f.strict && (f.lock == "" || f.token == ""):
+		return nil, fmt.Errorf("--strict needs --lock and --token: the lock and its current grant's token (under fence lock, FENCE_LOCK and FENCE_TOKEN give them)")
+	case f.token != "" && f.lock == "":
+		return nil, fmt.Errorf("--token %s needs --lock: the lock the token was granted under (under fence lock, FENCE_LOCK gives it)", f.token)
+	}
 	var opts []client.WriteOption
 	if f.token != "" {
 		token, err := strconv.ParseUint(f.token, 10, 64)

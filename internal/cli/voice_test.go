@@ -50,7 +50,17 @@ func TestErrorsSpeakWithOneVoice(t *testing.T) {
 	if _, err := full.Client().NewSession(context.Background()); err != nil {
 		t.Fatal(err)
 	}
+	t.Setenv("FENCE_LOCK", "")
+	t.Setenv("FENCE_TOKEN", "")
 	checkVoice(t, []voiceCase{
+		{name: "put --strict without a lock", args: append(ep, "kv", "put", "--strict", "k", "v"), code: exitFailure,
+			want: []string{"--strict", "--lock", "--token"}},
+		{name: "put --strict without a token", args: append(ep, "kv", "put", "--strict", "--lock", "nightly", "k", "v"), code: exitFailure,
+			want: []string{"--strict", "--token"}},
+		{name: "del --strict", args: append(ep, "kv", "del", "--strict", "k"), code: exitFailure,
+			want: []string{"--strict", "--lock", "--token"}},
+		{name: "put --token without --lock", args: append(ep, "kv", "put", "--token", "5", "k", "v"), code: exitFailure,
+			want: []string{"--token 5", "--lock"}},
 		{name: "lock --try while held", args: append(ep, "lock", "--try", "nightly", "--", "true"), code: exitTimeout,
 			want: []string{`fence: lock "nightly" is held by session `, "--try"}},
 		{name: "session limit", args: []string{"--endpoints", full.Endpoint(), "lock", "x", "--", "true"}, code: exitFailure,
