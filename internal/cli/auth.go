@@ -159,7 +159,7 @@ func userCommand(g *globals) *cobra.Command {
 		}
 		// Checked here too, so that quotas the service would refuse add no
 		// user without them.
-		if err := fsm.CheckQuota(fsm.Quota(q)); err != nil {
+		if err := checkQuota(q); err != nil {
 			return "", err
 		}
 		if err := c.UserAdd(cmd.Context(), a[0]); err != nil {
@@ -182,6 +182,9 @@ func userCommand(g *globals) *cobra.Command {
 		}
 		q, err := qf.apply(cmd, client.QuotaOf(users[i]))
 		if err != nil {
+			return "", err
+		}
+		if err := checkQuota(q); err != nil {
 			return "", err
 		}
 		return fmt.Sprintf("user %s: quotas %s", a[0], quotaText(q)), c.UserSetQuota(cmd.Context(), a[0], q)
@@ -253,6 +256,16 @@ func (f *quotaFlags) apply(cmd *cobra.Command, q client.Quota) (client.Quota, er
 	}
 	return q, nil
 }
+
+// checkQuota checks q as the service will, naming the flags of each value
+// it refuses (--max-locks), not the API's fields (max_locks).
+func checkQuota(q client.Quota) error {
+	return fsm.CheckQuotaNamed(fsm.Quota(q), quotaFlag)
+}
+
+// quotaFlag is the flag of fence user add and set-quota that sets the
+// quota field the API names field: max_kv_bytes is --max-kv-bytes.
+func quotaFlag(field string) string { return "--" + strings.ReplaceAll(field, "_", "-") }
 
 // parseBytes reads a byte count: digits, with an optional KiB, MiB or GiB.
 func parseBytes(s string) (uint64, error) {

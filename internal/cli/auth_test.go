@@ -55,8 +55,7 @@ func TestAuthCommands(t *testing.T) {
 	for _, bad := range [][]string{{"--max-kv-bytes", "-1"}, {"--max-kv-bytes", "1TB"}, {"--session-rate", "-2"}, {"--session-rate", "5/d"},
 		{"--max-sessions", "-1"}, {"--max-locks", "18446744073709551615"}, {"--session-rate", "1", "--session-burst", "0"}} {
 		before := run(0, append(asRoot, "user", "list")...)
-		if out := run(1, append(append(asRoot, "user", "set-quota", "app"), bad...)...); !strings.Contains(out, strings.TrimPrefix(bad[0], "--")) &&
-			!strings.Contains(out, strings.ReplaceAll(strings.TrimPrefix(bad[0], "--"), "-", "_")) {
+		if out := run(1, append(append(asRoot, "user", "set-quota", "app"), bad...)...); !strings.Contains(out, bad[0]) {
 			t.Fatalf("set-quota %v: the error names no flag: %s", bad, out)
 		}
 		if after := run(0, append(asRoot, "user", "list")...); after != before {
@@ -66,7 +65,7 @@ func TestAuthCommands(t *testing.T) {
 	if out := run(1, append(asRoot, "user", "set-quota", "nobody", "--max-locks", "1")...); !strings.Contains(out, `no user "nobody"`) {
 		t.Fatalf("set-quota of a missing user: %s", out)
 	}
-	if out := run(1, append(asRoot, "user", "add", "bad", "--max-locks", "18446744073709551615")...); !strings.Contains(out, "max_locks") {
+	if out := run(1, append(asRoot, "user", "add", "bad", "--max-locks", "18446744073709551615")...); !strings.Contains(out, "--max-locks") {
 		t.Fatalf("user add with a quota out of bounds: %s", out)
 	}
 	if out := run(0, append(asRoot, "user", "list")...); strings.Contains(out, "bad") {

@@ -50,6 +50,9 @@ func TestErrorsSpeakWithOneVoice(t *testing.T) {
 	if _, err := full.Client().NewSession(context.Background()); err != nil {
 		t.Fatal(err)
 	}
+	if code, _, stderr := runFence(t, append(ep, "user", "add", "app")...); code != 0 {
+		t.Fatalf("user add: %s", stderr)
+	}
 	t.Setenv("FENCE_LOCK", "")
 	t.Setenv("FENCE_TOKEN", "")
 	checkVoice(t, []voiceCase{
@@ -61,6 +64,14 @@ func TestErrorsSpeakWithOneVoice(t *testing.T) {
 			want: []string{"--strict", "--lock", "--token"}},
 		{name: "put --token without --lock", args: append(ep, "kv", "put", "--token", "5", "k", "v"), code: exitFailure,
 			want: []string{"--token 5", "--lock"}},
+		{name: "set-quota over a bound", args: append(ep, "user", "set-quota", "app", "--max-locks", "18446744073709551615"), code: exitFailure,
+			want: []string{"--max-locks 18446744073709551615 is over the limit"}},
+		{name: "set-quota of bytes over a bound", args: append(ep, "user", "set-quota", "app", "--max-kv-bytes", "1125899906842625"), code: exitFailure,
+			want: []string{"--max-kv-bytes 1125899906842625 is over the limit"}},
+		{name: "set-quota of a rate without a burst", args: append(ep, "user", "set-quota", "app", "--session-rate", "1", "--session-burst", "0"), code: exitFailure,
+			want: []string{"--session-rate 1 needs a --session-burst"}},
+		{name: "user add over a bound", args: append(ep, "user", "add", "bob", "--max-sessions", "18446744073709551615"), code: exitFailure,
+			want: []string{"--max-sessions 18446744073709551615 is over the limit"}},
 		{name: "lock --try while held", args: append(ep, "lock", "--try", "nightly", "--", "true"), code: exitTimeout,
 			want: []string{`fence: lock "nightly" is held by session `, "--try"}},
 		{name: "session limit", args: []string{"--endpoints", full.Endpoint(), "lock", "x", "--", "true"}, code: exitFailure,

@@ -217,7 +217,7 @@ func (s *State) applyAuth(c *fsmpb.Auth) Result {
 		if _, ok := a.users[name]; ok {
 			return authInvalid("user %q already exists", name)
 		}
-		if err := checkQuotaApplied(quotaOf(op.AddUser)); err != nil {
+		if err := checkQuotaApplied(quotaOf(op.AddUser), apiField); err != nil {
 			return Result{Err: err}
 		}
 		a.users[name] = map[string]struct{}{}
@@ -227,7 +227,7 @@ func (s *State) applyAuth(c *fsmpb.Auth) Result {
 		if _, ok := a.users[name]; !ok {
 			return authInvalid("no user %q", name)
 		}
-		if err := checkQuotaApplied(quotaOf(op.SetQuota)); err != nil {
+		if err := checkQuotaApplied(quotaOf(op.SetQuota), apiField); err != nil {
 			return Result{Err: err}
 		}
 		a.setQuota(name, quotaOf(op.SetQuota))
@@ -609,7 +609,7 @@ func (a *authState) checkAuth() error {
 		if _, ok := a.users[u]; !ok || q == (Quota{}) {
 			return fmt.Errorf("quota %s of user %q, who does not exist, or a quota of none kept", q, u)
 		}
-		if err := checkQuotaApplied(q); err != nil {
+		if err := checkQuotaApplied(q, apiField); err != nil {
 			return fmt.Errorf("user %q: %w", u, err)
 		}
 	}

@@ -77,18 +77,27 @@ func (q Quota) String() string {
 
 // CheckQuota checks a quota as given by a caller: every count within
 // MaxQuotaCount, bytes within MaxQuotaKVBytes, a rate that is a number
-// from 0 to MaxSessionRate, and a burst exactly when there is a rate.
-func CheckQuota(q Quota) error {
+// from 0 to MaxSessionRate, and a burst exactly when there is a rate. Its
+// errors name the fields as the API does (max_locks).
+func CheckQuota(q Quota) error { return CheckQuotaNamed(q, apiField) }
+
+// CheckQuotaNamed is CheckQuota with each field named by name(field),
+// where field is the API's name (max_locks): a command line names its
+// flags (--max-locks).
+func CheckQuotaNamed(q Quota, name func(field string) string) error {
 	for _, c := range []struct {
 		name  string
 		value uint64
 	}{{"max_sessions", q.MaxSessions}, {"max_locks", q.MaxLocks}} {
 		if c.value > MaxQuotaCount {
-			return fmt.Errorf("%w: %s %d is over the limit of %d (0 means no limit)", fence.ErrInvalidArgument, c.name, c.value, MaxQuotaCount)
+			return fmt.Errorf("%w: %s %d is over the limit of %d (0 means no limit)", fence.ErrInvalidArgument, name(c.name), c.value, MaxQuotaCount)
 		}
 	}
-	return checkQuotaApplied(q)
+	return checkQuotaApplied(q, name)
 }
+
+// apiField names a quota's field as the API does.
+func apiField(field string) string { return field }
 
 // checkQuotaApplied is the state machine's check of a quota: CheckQuota's
 // but for the bounds of max_sessions and max_locks, which versions before
@@ -96,7 +105,7 @@ func CheckQuota(q Quota) error {
 // committed, in old logs and snapshots, as they did (a value over the
 // bound means no limit that matters); only new calls are bounded, at the
 // edge.
-func checkQuotaApplied(q Quota) error {
+func checkQuotaApplied(q Quota, name func(field string) string) error {
 	for _, c := range []struct {
 		name  string
 		value uint64
@@ -107,16 +116,17 @@ func checkQuotaApplied(q Quota) error {
 		{"session_burst", q.SessionBurst, MaxQuotaCount},
 	} {
 		if c.value > c.limit {
-			return fmt.Errorf("%w: %s %d is over the limit of %d (0 means no limit)", fence.ErrInvalidArgument, c.name, c.value, c.limit)
+			return fmt.Errorf("%w: %s %d is over the limit of %d (0 means no limit)", fence.ErrInvalidArgument, name(c.name), c.value, c.limit)
 		}
 	}
+	rate, burst := name("session_rate"), name("session_burst")
 	switch r := q.SessionRate; {
 	case math.IsNaN(r) || r < 0 || r > MaxSessionRate:
-		return fmt.Errorf("%w: session_rate %v is not a number of sessions per second from 0 to %g", fence.ErrInvalidArgument, r, MaxSessionRate)
+		return fmt.Errorf("%w: %s %v is not a number of sessions per second from 0 to %g", fence.ErrInvalidArgument, rate, r, MaxSessionRate)
 	case r > 0 && q.SessionBurst == 0:
-		return fmt.Errorf("%w: session_rate %v needs a session_burst of at least 1", fence.ErrInvalidArgument, r)
+		return fmt.Errorf("%w: %s %v needs a %s of at least 1", fence.ErrInvalidArgument, rate, r, burst)
 	case r == 0 && q.SessionBurst > 0:
-		return fmt.Errorf("%w: session_burst %d needs a session_rate", fence.ErrInvalidArgument, q.SessionBurst)
+		return fmt.Errorf("%w: %s %d needs a %s", fence.ErrInvalidArgument, burst, q.SessionBurst, rate)
 	}
 	return nil
 }
