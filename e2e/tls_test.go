@@ -35,9 +35,9 @@ func TestTLSProcesses(t *testing.T) {
 		args []string
 		want string
 	}{
-		{"no TLS flags", append(srv.endpoints(), "status"), "serving TLS?"},
+		{"no TLS flags", append(srv.endpoints(), "status"), "serves TLS, and fence called it without: give --cacert"},
 		// The alert may surface in the handshake or on the first read.
-		{"no client certificate", append(append(srv.endpoints(), "--cacert", app.CA), "status"), "certificate required"},
+		{"no client certificate", append(append(srv.endpoints(), "--cacert", app.CA), "status"), "requires a client certificate: give --cert FILE and --key FILE"},
 	} {
 		if _, stderr, code := runFence(t, tc.args...); code == 0 || !strings.Contains(stderr, tc.want) {
 			t.Errorf("fence status with %s: exit %d, stderr %q; want it refused, saying %q", tc.name, code, stderr, tc.want)

@@ -1,9 +1,15 @@
 package cli
 
 import (
+	"errors"
 	"fmt"
 	"io"
 	"strings"
+
+	"github.com/spf13/cobra"
+
+	"github.com/fencelock/fence"
+	"github.com/fencelock/fence/internal/rpcerr"
 )
 
 // How fence prints an error: one line on stderr that starts with "fence: "
@@ -41,4 +47,70 @@ func (e saying) Unwrap() error { return e.err }
 // own; err stays what errors.Is finds.
 func say(err error, format string, args ...any) error {
 	return saying{err: err, says: fmt.Sprintf(format, args...)}
+}
+
+// explainErrors makes every command under cmd put its errors in the
+// command's words where one of the global flags fixes them (g.explain).
+func explainErrors(cmd *cobra.Command, g *globals) {
+	if run := cmd.RunE; run != nil {
+		cmd.RunE = func(cmd *cobra.Command, args []string) error {
+			err := run(cmd, args)
+			var exit *ExitError
+			if errors.As(err, &exit) {
+				exit.Err = g.explain(cmd, exit.Err)
+				return err
+			}
+			return g.explain(cmd, err)
+		}
+	}
+	for _, sub := range cmd.Commands() {
+		explainErrors(sub, g)
+	}
+}
+
+// explain returns err, said so that it names the flag that fixes it when
+// that is one of the global flags: TLS with the nodes (--cacert, --cert,
+// --key, --endpoints) and auth (--auth-token-file, or --cert). The node's
+// own words follow in parentheses where they add what went wrong.
+func (g *globals) explain(cmd *cobra.Command, err error) error {
+	if err == nil {
+		return nil
+	}
+	nodes := strings.Join(g.endpointList(), ", ")
+	detail := " (" + errorText(err) + ")"
+	switch {
+	case errors.Is(err, rpcerr.ErrPlainToTLS):
+		return say(err, "%s serves TLS, and fence called it without: give --cacert FILE, the CA bundle that signed its certificate (env FENCE_CACERT)", nodes)
+	case errors.Is(err, rpcerr.ErrTLSToPlain):
+		return say(err, "%s does not serve TLS, and fence called it with TLS, as --cacert, --cert or --key ask: leave them out (and FENCE_CACERT, FENCE_CERT, FENCE_KEY), or check --endpoints%s", nodes, detail)
+	case errors.Is(err, rpcerr.ErrUnknownAuthority) && g.tls.ca == "":
+		return say(err, "the certificate of %s is not signed by a CA fence trusts: give --cacert FILE, the CA bundle that signed it (env FENCE_CACERT)%s", nodes, detail)
+	case errors.Is(err, rpcerr.ErrUnknownAuthority):
+		return say(err, "the certificate of %s is not signed by a CA of --cacert %s: give the CA bundle that signed it%s", nodes, g.tls.ca, detail)
+	case errors.Is(err, rpcerr.ErrCertificateName):
+		return say(err, "the certificate of %s is not for that address: in --endpoints, call the node by a name its certificate is for%s", nodes, detail)
+	case errors.Is(err, rpcerr.ErrCertificateRequired) && g.tls.cert == "":
+		return say(err, "%s requires a client certificate: give --cert FILE and --key FILE, a certificate signed by a CA the node trusts and its key (env FENCE_CERT, FENCE_KEY)%s", nodes, detail)
+	case errors.Is(err, rpcerr.ErrCertificateRequired):
+		return say(err, "%s requires a client certificate signed by a CA it trusts, and --cert %s is not: give one that is, with --cert and --key%s", nodes, g.tls.cert, detail)
+	case errors.Is(err, rpcerr.ErrCertificateRefused):
+		return say(err, "%s refused the client certificate of --cert %s: give one it accepts, with --cert and --key%s", nodes, g.tls.cert, detail)
+	case errors.Is(err, fence.ErrAuthFailed) || errors.Is(err, fence.ErrPermissionDenied):
+		return g.explainAuth(cmd, err)
+	}
+	return err
+}
+
+// explainAuth says which credential auth refused, or that there was none.
+func (g *globals) explainAuth(cmd *cobra.Command, err error) error {
+	switch {
+	case g.authTokenFile != "":
+		return say(err, "--auth-token-file %s: %s", g.authTokenFile, errorText(err))
+	case g.tls.cert != "":
+		return say(err, "--cert %s: %s", g.tls.cert, errorText(err))
+	case errors.Is(err, fence.ErrAuthFailed) && cmd.CommandPath() != "fence auth enable":
+		// fence auth enable's refusal says itself what to give.
+		return say(err, "auth is on, and fence sent no credential: give --auth-token-file FILE, a token of a user (env %s; fence token create makes one), or --cert and --key, a certificate whose common name is a user", authTokenEnv)
+	}
+	return err
 }

@@ -59,8 +59,9 @@ type globals struct {
 	stderr                io.Writer
 }
 
-// client returns a client for --endpoints, or FENCE_ENDPOINTS, or the default.
-func (g *globals) client() (*client.Client, error) {
+// endpointList is --endpoints, or FENCE_ENDPOINTS, or the default, as a
+// list.
+func (g *globals) endpointList() []string {
 	var eps []string
 	for _, e := range strings.Split(g.endpoints, ",") {
 		if e = strings.TrimSpace(e); e != "" {
@@ -70,7 +71,12 @@ func (g *globals) client() (*client.Client, error) {
 	if len(eps) == 0 {
 		eps = []string{client.DefaultEndpoint}
 	}
-	opts := []client.Option{client.WithEndpoints(eps...), client.WithDialTimeout(g.dialTimeout), client.WithClusterID(g.clusterID)}
+	return eps
+}
+
+// client returns a client for --endpoints, or FENCE_ENDPOINTS, or the default.
+func (g *globals) client() (*client.Client, error) {
+	opts := []client.Option{client.WithEndpoints(g.endpointList()...), client.WithDialTimeout(g.dialTimeout), client.WithClusterID(g.clusterID)}
 	tlsConfig, err := g.tls.config("client TLS", false, false)
 	if err != nil {
 		return nil, err
@@ -185,6 +191,7 @@ func rootCommand(g *globals) *cobra.Command {
 		roleCommand(g),
 		tokenCommand(g),
 	)
+	explainErrors(root, g)
 	return root
 }
 

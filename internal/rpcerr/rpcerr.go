@@ -7,9 +7,11 @@ package rpcerr
 import (
 	"context"
 	"crypto/tls"
+	"crypto/x509"
 	"errors"
 	"fmt"
 	"net"
+	"net/http"
 	"strings"
 	"syscall"
 
@@ -141,6 +143,27 @@ func classify(err error) (connect.Code, *fencev1.ErrorDetail) {
 // plain HTTP request as Go's HTTPS server does: the node serves TLS.
 var ErrPlainToTLS = errors.New("the node serves TLS, and the call was plain HTTP")
 
+// The ways TLS between a client and a node fails, each wrapped, as
+// ErrPlainToTLS is, with fence.ErrUnauthenticated in a call's error, so
+// that a caller can say which of its settings fixes it.
+var (
+	// ErrTLSToPlain: the call was TLS, and the node serves plain HTTP.
+	ErrTLSToPlain = errors.New("the call was TLS, and the node serves plain HTTP")
+	// ErrUnknownAuthority: the node's certificate is not signed by a CA
+	// the client trusts.
+	ErrUnknownAuthority = errors.New("the node's certificate is not signed by a CA the client trusts")
+	// ErrCertificateName: the node's certificate is not for the name or
+	// address the client called.
+	ErrCertificateName = errors.New("the node's certificate is not for the address called")
+	// ErrCertificateRequired: the node requires a client certificate, and
+	// the client sent none (Go's client sends one only when a CA the node
+	// trusts signed it).
+	ErrCertificateRequired = errors.New("the node requires a client certificate")
+	// ErrCertificateRefused: the node refused the client's certificate
+	// (expired, revoked, of a CA it does not trust).
+	ErrCertificateRefused = errors.New("the node refused the client certificate")
+)
+
 // RemoteError is an error the service returned. It wraps the fence sentinel
 // named by the error's reason (or by its code, for peers that send none).
 type RemoteError struct {
@@ -186,6 +209,9 @@ func FromConnect(err error) error {
 		// rather than retry as for a node that is down.
 		re.Code = connect.CodeUnauthenticated
 		re.Message = "TLS with the node failed: " + re.Message
+		if kind := tlsFailureKind(err); kind != nil {
+			re.sentinel = fmt.Errorf("%w: %w", fence.ErrUnauthenticated, kind)
+		}
 	}
 	for _, d := range ce.Details() {
 		if v, derr := d.Value(); derr == nil {
@@ -263,6 +289,46 @@ func tlsFailure(err error) bool {
 	var verify *tls.CertificateVerificationError
 	var header tls.RecordHeaderError
 	var op *net.OpError
-	return errors.As(err, &verify) || errors.As(err, &header) ||
+	return errors.As(err, &verify) || errors.As(err, &header) || errors.Is(err, http.ErrSchemeMismatch) ||
 		(errors.As(err, &op) && op.Op == "remote error" && strings.HasPrefix(op.Err.Error(), "tls: "))
+}
+
+// TLS alerts a node sends a client whose certificate it does not accept
+// (RFC 8446, section 6).
+const (
+	alertBadCertificate         tls.AlertError = 42
+	alertUnsupportedCertificate tls.AlertError = 43
+	alertCertificateRevoked     tls.AlertError = 44
+	alertCertificateExpired     tls.AlertError = 45
+	alertCertificateUnknown     tls.AlertError = 46
+	alertUnknownCA              tls.AlertError = 48
+	alertCertificateRequired    tls.AlertError = 116
+)
+
+// tlsFailureKind is which of the TLS failures err is, or nil. crypto/tls
+// reports an alert from the other side as a net.OpError of an unexported
+// type, whose text is that of the exported tls.AlertError of the same
+// code.
+func tlsFailureKind(err error) error {
+	var unknown x509.UnknownAuthorityError
+	var name x509.HostnameError
+	var header tls.RecordHeaderError
+	var op *net.OpError
+	switch {
+	case errors.As(err, &unknown):
+		return ErrUnknownAuthority
+	case errors.As(err, &name):
+		return ErrCertificateName
+	case errors.Is(err, http.ErrSchemeMismatch), errors.As(err, &header):
+		return ErrTLSToPlain
+	case errors.As(err, &op) && op.Op == "remote error":
+		switch op.Err.Error() {
+		case alertCertificateRequired.Error():
+			return ErrCertificateRequired
+		case alertBadCertificate.Error(), alertUnsupportedCertificate.Error(), alertCertificateRevoked.Error(),
+			alertCertificateExpired.Error(), alertCertificateUnknown.Error(), alertUnknownCA.Error():
+			return ErrCertificateRefused
+		}
+	}
+	return nil
 }
