@@ -1,14 +1,16 @@
 package cli
 
 import (
+	"bytes"
 	"context"
 	"fmt"
 	"os"
 	"strconv"
 	"time"
+	"unicode"
+	"unicode/utf8"
 
 	"github.com/spf13/cobra"
-	"google.golang.org/protobuf/encoding/protojson"
 
 	fencev1 "github.com/fencelock/fence/api/fence/v1"
 	"github.com/fencelock/fence/client"
@@ -143,7 +145,9 @@ func kvDelCommand(g *globals) *cobra.Command {
 		Use:         "del KEY",
 		Annotations: bounded,
 		Short:       "Delete a key, fenced by --lock/--token",
-		Args:        cobra.ExactArgs(1),
+		Long: `Deletes KEY, fenced by --lock/--token when given, and prints "deleted KEY",
+or "KEY did not exist" when there was nothing to delete (exit 0 either way).`,
+		Args: cobra.ExactArgs(1),
 		RunE: func(cmd *cobra.Command, args []string) error {
 			opts, err := f.options()
 			if err != nil {
@@ -159,9 +163,11 @@ func kvDelCommand(g *globals) *cobra.Command {
 				return err
 			}
 			if !deleted {
-				fmt.Fprintf(g.stdout, "%s did not exist\n", args[0])
+				_, err = fmt.Fprintf(g.stdout, "%s did not exist\n", args[0])
+				return err
 			}
-			return nil
+			_, err = fmt.Fprintf(g.stdout, "deleted %s\n", args[0])
+			return err
 		},
 	}
 	f.register(cmd)
@@ -205,7 +211,10 @@ func kvListCommand(g *globals) *cobra.Command {
 		Use:         "list [PREFIX]",
 		Annotations: bounded,
 		Short:       "List keys with their tokens and revisions",
-		Args:        cobra.MaximumNArgs(1),
+		Long: `Lists the keys under PREFIX, one line each: "KEY<tab>rev N<tab>token T<tab>VALUE",
+VALUE as it is when it is UTF-8 text on one line, and quoted as Go quotes a
+string otherwise ("\xff\n").`,
+		Args: cobra.MaximumNArgs(1),
 		RunE: g.withClient(func(cmd *cobra.Command, args []string, c *client.Client) error {
 			prefix := ""
 			if len(args) == 1 {
@@ -219,7 +228,7 @@ func kvListCommand(g *globals) *cobra.Command {
 				return printJSON(g, &fencev1.ListResponse{Kvs: l.KVs, More: l.More, Revision: l.Revision})
 			}
 			for _, kv := range l.KVs {
-				fmt.Fprintf(g.stdout, "%s\trev %d\ttoken %d\t%s\n", kv.GetKey(), kv.GetModRevision(), kv.GetToken(), kv.GetValue())
+				fmt.Fprintf(g.stdout, "%s\trev %d\ttoken %d\t%s\n", kv.GetKey(), kv.GetModRevision(), kv.GetToken(), valueText(kv.GetValue()))
 			}
 			if l.More {
 				fmt.Fprintln(g.stdout, "(more keys match)")
@@ -233,10 +242,17 @@ func kvListCommand(g *globals) *cobra.Command {
 
 func kvWatchCommand(g *globals) *cobra.Command {
 	var from uint64
+	var asJSON bool
 	cmd := &cobra.Command{
 		Use:   "watch [PREFIX]",
-		Short: "Print changes to keys as they are committed, one JSON object a line",
-		Args:  cobra.MaximumNArgs(1),
+		Short: "Print changes to keys as they are committed, one line each",
+		Long: `Prints each change to a key under PREFIX as it is committed, one line each:
+"put KEY<tab>rev N<tab>token T<tab>VALUE" or "delete KEY<tab>rev N<tab>token T",
+until interrupted. VALUE is printed as it is when it is UTF-8 text on one
+line, and quoted as Go quotes a string otherwise ("\xff\n").
+
+With --json, prints each change as the API's Event, one JSON object a line.`,
+		Args: cobra.MaximumNArgs(1),
 		RunE: g.withClient(func(cmd *cobra.Command, args []string, c *client.Client) error {
 			prefix := ""
 			if len(args) == 1 {
@@ -248,11 +264,9 @@ func kvWatchCommand(g *globals) *cobra.Command {
 			}
 			defer w.Close()
 			for ev := range w.Events() {
-				data, err := protojson.Marshal(ev)
-				if err != nil {
+				if err := printEvent(g, ev, asJSON); err != nil {
 					return err
 				}
-				fmt.Fprintln(g.stdout, string(data))
 			}
 			if cmd.Context().Err() != nil {
 				return nil // interrupted
@@ -261,5 +275,38 @@ func kvWatchCommand(g *globals) *cobra.Command {
 		}),
 	}
 	cmd.Flags().Uint64Var(&from, "from-revision", 0, "first deliver the changes already made from this revision on (resume a watch, or follow a list)")
+	cmd.Flags().BoolVar(&asJSON, "json", false, "print each change as the API's Event, one JSON object a line")
 	return cmd
+}
+
+// printEvent prints a change to a key: as the API's JSON on one line, or
+// as a line for people.
+func printEvent(g *globals, ev *fencev1.Event, asJSON bool) error {
+	if asJSON {
+		data, err := rawJSON(ev)
+		if err != nil {
+			return err
+		}
+		_, err = fmt.Fprintln(g.stdout, string(data))
+		return err
+	}
+	kv := ev.GetKv()
+	var err error
+	switch ev.GetType() {
+	case fencev1.EventType_EVENT_TYPE_DELETE:
+		_, err = fmt.Fprintf(g.stdout, "delete %s\trev %d\ttoken %d\n", kv.GetKey(), kv.GetModRevision(), kv.GetToken())
+	default:
+		_, err = fmt.Fprintf(g.stdout, "put %s\trev %d\ttoken %d\t%s\n", kv.GetKey(), kv.GetModRevision(), kv.GetToken(), valueText(kv.GetValue()))
+	}
+	return err
+}
+
+// valueText is a value as a line of output shows it: as it is when it is
+// UTF-8 text on one line, quoted as Go quotes a string otherwise, so that
+// a value never breaks the line or the terminal.
+func valueText(v []byte) string {
+	if utf8.Valid(v) && !bytes.ContainsFunc(v, unicode.IsControl) && !bytes.HasPrefix(v, []byte(`"`)) {
+		return string(v)
+	}
+	return strconv.Quote(string(v))
 }
