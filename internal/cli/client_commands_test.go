@@ -3,7 +3,10 @@ package cli
 import (
 	"bytes"
 	"context"
+	"fmt"
 	"net"
+	"regexp"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -81,5 +84,42 @@ func TestLocksLimit(t *testing.T) {
 	}
 	if !strings.Contains(stderr.String(), "more locks follow") {
 		t.Errorf("locks --limit 2 of 3 does not say more follow: %q", stderr.String())
+	}
+}
+
+// fence locks shows who holds each lock as a person knows them: the
+// holder's owner, with the session id that fence sessions revoke takes.
+func TestLocksShowsWhoHolds(t *testing.T) {
+	node := fencetest.Start(t)
+	ctx := context.Background()
+	job, err := node.Client().NewSession(ctx, client.WithOwner("nightly job on db1"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	g, err := client.NewMutex(job, "orders").Lock(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	anonymous, err := node.Client().NewSession(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	h, err := client.NewMutex(anonymous, "reports").Lock(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	code, stdout, stderr := runFence(t, "--endpoints", node.Endpoint(), "locks")
+	lines := strings.Split(strings.TrimSpace(stdout), "\n")
+	if code != 0 || len(lines) != 3 {
+		t.Fatalf("locks: exit %d, stdout\n%s\nstderr %s", code, stdout, stderr)
+	}
+	for i, want := range [][]string{
+		{"LOCK", "TOKEN", "WAITERS", "HOLDER"},
+		{"orders", fmt.Sprint(g.Token()), "0", fmt.Sprintf("nightly job on db1 (session %d)", job.ID())},
+		{"reports", fmt.Sprint(h.Token()), "0", fmt.Sprintf("session %d", anonymous.ID())},
+	} {
+		if got := regexp.MustCompile(`\s{2,}`).Split(lines[i], -1); !slices.Equal(got, want) {
+			t.Errorf("locks line %d = %q, want %q", i, got, want)
+		}
 	}
 }

@@ -23,56 +23,36 @@ func locksCommand(g *globals) *cobra.Command {
 		Use:         "locks",
 		Annotations: bounded,
 		Short:       "List the locks that are held or waited for",
-		Args:        cobra.NoArgs,
+		Long: `Lists the locks that are held, waited for or under lock-delay, one a line:
+LOCK, the holders' TOKEN, how many WAITERS, and the HOLDER: its owner (as
+the client named its session: fence lock names "fence lock pid N on HOST")
+and session id, which fence sessions revoke takes.
+
+With --json, prints the API's ListLocksResponse.`,
+		Args: cobra.NoArgs,
 		RunE: g.withClient(func(cmd *cobra.Command, _ []string, c *client.Client) error {
 			var opts []client.ReadOption
 			if stale {
 				opts = append(opts, client.Stale())
 			}
-			locks, more, err := listLocks(cmd.Context(), c, prefix, limit, opts)
+			locks, next, err := listLocks(cmd.Context(), c, prefix, limit, opts)
 			if err != nil {
 				return err
 			}
-			if more {
+			if next != "" {
 				defer fmt.Fprintf(g.stderr, "fence: more locks follow the first %d; narrow with --prefix or raise --limit\n", limit)
 			}
 			if asJSON {
-				list := make([]json.RawMessage, 0, len(locks))
-				for _, l := range locks {
-					data, err := protojson.MarshalOptions{EmitUnpopulated: true}.Marshal(l)
-					if err != nil {
-						return err
-					}
-					list = append(list, data)
-				}
-				data, err := json.MarshalIndent(map[string]any{"locks": list}, "", "  ")
-				if err != nil {
-					return err
-				}
-				_, err = fmt.Fprintln(g.stdout, string(data))
-				return err
+				return printJSON(g, &fencev1.ListLocksResponse{Locks: locks, NextPageToken: next})
 			}
 			w := tabwriter.NewWriter(g.stdout, 0, 4, 2, ' ', 0)
-			fmt.Fprintln(w, "LOCK\tHOLDER\tTOKEN\tWAITERS\tOWNER")
+			fmt.Fprintln(w, "LOCK\tTOKEN\tWAITERS\tHOLDER")
 			for _, l := range locks {
 				name := l.GetName()
 				if n := l.GetPermits(); n > 0 {
 					name = fmt.Sprintf("%s (semaphore %d/%d)", name, len(l.GetHolders()), n)
 				}
-				holder, token, owner := "-", "-", ""
-				var hs, ts, owners []string
-				for _, h := range l.GetHolders() {
-					hs = append(hs, fmt.Sprint(h.GetSessionId()))
-					ts = append(ts, fmt.Sprint(h.GetToken()))
-					owners = append(owners, h.GetOwner())
-				}
-				if len(hs) > 0 {
-					holder, token, owner = strings.Join(hs, ","), strings.Join(ts, ","), strings.Join(owners, "; ")
-				}
-				if l.GetDelayed() {
-					holder = "(lock-delay)"
-				}
-				fmt.Fprintf(w, "%s\t%s\t%s\t%d\t%s\n", name, holder, token, len(l.GetWaiters()), owner)
+				fmt.Fprintf(w, "%s\t%s\t%d\t%s\n", name, holderTokens(l), len(l.GetWaiters()), holderText(l))
 			}
 			return w.Flush()
 		}),
@@ -85,14 +65,47 @@ func locksCommand(g *globals) *cobra.Command {
 }
 
 // listLocks lists the locks under prefix: all of them, or the first limit
-// and whether more follow.
-func listLocks(ctx context.Context, c *client.Client, prefix string, limit uint32, opts []client.ReadOption) ([]*client.LockInfo, bool, error) {
+// and the page token of the rest ("" for none).
+func listLocks(ctx context.Context, c *client.Client, prefix string, limit uint32, opts []client.ReadOption) ([]*client.LockInfo, string, error) {
 	if limit == 0 {
 		locks, err := c.Locks(ctx, prefix, opts...)
-		return locks, false, err
+		return locks, "", err
 	}
-	locks, next, err := c.LocksPage(ctx, prefix, "", limit, opts...)
-	return locks, next != "", err
+	return c.LocksPage(ctx, prefix, "", limit, opts...)
+}
+
+// holderTokens is the tokens of a lock's holders, "3" or "3,5", or "-".
+func holderTokens(l *client.LockInfo) string {
+	var ts []string
+	for _, h := range l.GetHolders() {
+		ts = append(ts, fmt.Sprint(h.GetToken()))
+	}
+	if len(ts) == 0 {
+		return "-"
+	}
+	return strings.Join(ts, ",")
+}
+
+// holderText is who holds a lock, as a person finds them: each holder's
+// owner with its session ("fence lock pid 7 on db1 (session 4)", the
+// session alone when it has no owner), "(lock-delay)" for a lock kept from
+// everyone after its holder's session ended, or "-".
+func holderText(l *client.LockInfo) string {
+	if l.GetDelayed() {
+		return "(lock-delay)"
+	}
+	var hs []string
+	for _, h := range l.GetHolders() {
+		if owner := h.GetOwner(); owner != "" {
+			hs = append(hs, fmt.Sprintf("%s (session %d)", owner, h.GetSessionId()))
+		} else {
+			hs = append(hs, fmt.Sprintf("session %d", h.GetSessionId()))
+		}
+	}
+	if len(hs) == 0 {
+		return "-"
+	}
+	return strings.Join(hs, "; ")
 }
 
 func statusCommand(g *globals) *cobra.Command {

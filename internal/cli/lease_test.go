@@ -77,7 +77,7 @@ kill %1
 	for _, want := range []string{
 		"acquired lock=it's nightly token=1 lease=1",
 		"renewed lease 1 on it's nightly for 30s (token 1)",
-		"it's nightly  1       1      0        backup.sh 'db'",
+		"it's nightly  1      0        backup.sh 'db' (session 1)",
 		"held: exit 124 in ",
 		", printed (exit 124)",
 		`fence: lock "it's nightly" is held by session 1 with token 1 (owner "backup.sh 'db'")`,
