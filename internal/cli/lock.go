@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"io/fs"
 	"os"
 	"os/exec"
 	"os/signal"
@@ -74,6 +75,9 @@ the lock, any of them gives up the wait (exit 128+N).
 With --permits N, NAME is a semaphore: up to N commands run at once, each
 with its own token (like consul lock -n N).
 
+CMD is looked up before any lock is taken: a command that cannot be run
+is refused at once.
+
 Exit status: CMD's own; 124 if the lock was not granted within --timeout, or
 at once with --try; 75 if the lock was lost; 126/127 if CMD could not be
 run; 128+N if signal N stopped the wait; 1 on other errors.`,
@@ -141,8 +145,12 @@ type lockHooks struct {
 }
 
 // runHolding runs argv while it holds the lock name, as fence lock does,
-// and calls h around it.
+// and calls h around it. A command that cannot be run (not found, not
+// executable) is refused before any session or lock is taken.
 func runHolding(ctx context.Context, g *globals, f lockFlags, name string, argv []string, h lockHooks) error {
+	if _, err := exec.LookPath(argv[0]); err != nil {
+		return &ExitError{Code: execErrorCode(err), Err: fmt.Errorf("cannot run %s: %w (nothing was run, no lock was taken)", argv[0], err)}
+	}
 	sigs := make(chan os.Signal, len(forwarded))
 	signal.Notify(sigs, forwarded...)
 	defer signal.Stop(sigs)
@@ -206,11 +214,7 @@ func runHolding(ctx context.Context, g *globals, f lockFlags, name string, argv 
 	)
 	if err := child.Start(); err != nil {
 		_ = unlock(context.Background())
-		code := exitNoExec
-		if errors.Is(err, exec.ErrNotFound) || errors.Is(err, os.ErrNotExist) {
-			code = exitNotFound
-		}
-		return &ExitError{Code: code, Err: fmt.Errorf("starting %s: %w", argv[0], err)}
+		return &ExitError{Code: execErrorCode(err), Err: fmt.Errorf("starting %s: %w", argv[0], err)}
 	}
 	exited := make(chan error, 1)
 	go func() { exited <- child.Wait() }()
@@ -332,6 +336,16 @@ func stopChild(child *exec.Cmd, exited <-chan error, sig syscall.Signal, grace t
 		}
 		return <-exited
 	}
+}
+
+// execErrorCode is the exit status for a command that cannot be run: 127
+// if it was not found, 126 otherwise (not executable, a directory), as a
+// shell's.
+func execErrorCode(err error) int {
+	if errors.Is(err, exec.ErrNotFound) || errors.Is(err, fs.ErrNotExist) {
+		return exitNotFound
+	}
+	return exitNoExec
 }
 
 // exitStatus turns a child's exit into fence's: the same code, or 128+N

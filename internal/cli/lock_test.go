@@ -67,3 +67,34 @@ func TestLockUsage(t *testing.T) {
 		}
 	}
 }
+
+// fence lock refuses a command that cannot be run before it creates a
+// session or takes the lock, with a shell's status: 127 not found, 126
+// not executable.
+func TestLockRefusesACommandItCannotRun(t *testing.T) {
+	node := fencetest.Start(t)
+	notExecutable := filepath.Join(t.TempDir(), "not-executable")
+	if err := os.WriteFile(notExecutable, []byte("#!/bin/sh\n"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	for _, tc := range []struct {
+		cmd  string
+		code int
+	}{
+		{"/nonexistent", exitNotFound},
+		{"no-such-command-for-fence", exitNotFound},
+		{notExecutable, exitNoExec},
+	} {
+		code, _, stderr := runFence(t, "--endpoints", node.Endpoint(), "lock", "job", "--", tc.cmd, "arg")
+		if code != tc.code || !strings.Contains(stderr, "fence: cannot run "+tc.cmd) || !strings.Contains(stderr, "no lock was taken") {
+			t.Errorf("fence lock job -- %s: exit %d, stderr %q; want %d, refused", tc.cmd, code, stderr, tc.code)
+		}
+	}
+	st, err := node.Client().Status(context.Background())
+	if err != nil {
+		t.Fatal(err)
+	}
+	if st.GetLastToken() != 0 || st.GetSessions() != 0 {
+		t.Errorf("after refused commands, the node has handed out token %d and has %d sessions; want none", st.GetLastToken(), st.GetSessions())
+	}
+}

@@ -4,9 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"io/fs"
 	"os"
-	"os/exec"
 	"time"
 
 	"github.com/spf13/cobra"
@@ -121,13 +119,10 @@ type runOnce struct {
 	started, ended, recorded bool
 }
 
-// run checks that CMD can run, then runs it under the lock as fence lock
-// does, with hooks that skip a KEY that is done and record one that CMD
-// did.
+// run runs CMD under the lock as fence lock does (which refuses a CMD
+// that cannot run before it takes the lock), with hooks that skip a KEY
+// that is done and record one that CMD did.
 func (r *runOnce) run(ctx context.Context, f lockFlags) error {
-	if _, err := exec.LookPath(r.argv[0]); err != nil {
-		return &ExitError{Code: execErrorCode(err), Err: fmt.Errorf("cannot run %s: %w (nothing was run, no lock was taken)", r.argv[0], err)}
-	}
 	err := runHolding(ctx, r.g, f, runOnceLock(r.key), r.argv, lockHooks{command: "fence run-once", held: r.skipIfDone, ended: r.recordDone})
 	switch {
 	case errors.Is(err, errAlreadyDone):
@@ -189,14 +184,4 @@ func (r *runOnce) recordDone(ctx context.Context, c *client.Client, grant *clien
 	r.recorded = true
 	fmt.Fprintf(r.g.stderr, "fence run-once: %s succeeded; %s is recorded done (token %d)\n", r.argv[0], r.key, grant.Token())
 	return nil
-}
-
-// execErrorCode is the exit status for a command that cannot be run: 127
-// if it was not found, 126 otherwise (not executable, a directory), as a
-// shell's.
-func execErrorCode(err error) int {
-	if errors.Is(err, exec.ErrNotFound) || errors.Is(err, fs.ErrNotExist) {
-		return exitNotFound
-	}
-	return exitNoExec
 }
