@@ -145,7 +145,7 @@ func userCommand(g *globals) *cobra.Command {
 			for _, u := range users {
 				fmt.Fprintf(w, "%s\t%s\t%s\t%s\t%s\t%s\t%s\n", u.GetName(), orDash(strings.Join(u.GetRoles(), ",")),
 					usage(u.GetSessions(), u.GetMaxSessions()), usage(u.GetLocks(), u.GetMaxLocks()),
-					usage(u.GetWaits(), u.GetMaxWaits()), usage(u.GetKvBytes(), u.GetMaxKvBytes()), rateText(client.QuotaOf(u)))
+					usage(u.GetWaits(), u.GetMaxWaits()), usage(u.GetKvBytes(), u.GetMaxKvBytes()), sessionRateText(client.QuotaOf(u)))
 			}
 			return w.Flush()
 		}),
@@ -207,7 +207,8 @@ func userCommand(g *globals) *cobra.Command {
 // quotaFlags are the flags of fence user add and set-quota.
 type quotaFlags struct {
 	maxSessions, maxLocks, maxWaits, burst uint64
-	maxKVBytes, rate                       string
+	maxKVBytes                             string
+	rate                                   rateValue
 }
 
 func (f *quotaFlags) register(cmd *cobra.Command) {
@@ -216,7 +217,7 @@ func (f *quotaFlags) register(cmd *cobra.Command) {
 	fl.Uint64Var(&f.maxLocks, "max-locks", 0, "locks the user's sessions may hold or wait for (a wait counts; 0: no limit)")
 	fl.Uint64Var(&f.maxWaits, "max-waits", 0, "of those, the locks they may wait for at once (0: no limit)")
 	fl.StringVar(&f.maxKVBytes, "max-kv-bytes", "0", "bytes (key and value) of the KV keys the user wrote last: 1048576, 64KiB, 1MiB, 1GiB (0: no limit)")
-	fl.StringVar(&f.rate, "session-rate", "0", "sessions the user may create per second on average: 10, 10/s, 30/m, 100/h (0: the server's --session-rate)")
+	fl.Var(&f.rate, "session-rate", "sessions the user may create on average, a rate: "+rateSyntax+" (0: the server's --session-rate)")
 	fl.Uint64Var(&f.burst, "session-burst", 0, "sessions the user may create at once (default: the rate per second, at least 1)")
 }
 
@@ -240,10 +241,7 @@ func (f *quotaFlags) apply(cmd *cobra.Command, q client.Quota) (client.Quota, er
 		q.MaxKVBytes = n
 	}
 	if changed("session-rate") {
-		r, err := parseRate(f.rate)
-		if err != nil {
-			return q, fmt.Errorf("--session-rate: %w", err)
-		}
+		r := float64(f.rate)
 		q.SessionRate = r
 		if r == 0 {
 			q.SessionBurst = 0
@@ -286,36 +284,13 @@ func parseBytes(s string) (uint64, error) {
 	return n * mult, nil
 }
 
-// parseRate reads a rate: a number of sessions per second, or per /s,
-// /m or /h.
-func parseRate(s string) (float64, error) {
-	num, per := s, 1.0
-	if n, unit, ok := strings.Cut(s, "/"); ok {
-		num = n
-		switch unit {
-		case "s":
-		case "m":
-			per = 60
-		case "h":
-			per = 3600
-		default:
-			return 0, fmt.Errorf("%q: the unit after / is s, m or h", s)
-		}
-	}
-	r, err := strconv.ParseFloat(num, 64)
-	if err != nil || math.IsNaN(r) || math.IsInf(r, 0) || r < 0 {
-		return 0, fmt.Errorf("%q is not a rate of sessions (10, 10/s, 30/m, 100/h)", s)
-	}
-	return r / per, nil
-}
-
 func quotaText(q client.Quota) string {
 	return fmt.Sprintf("sessions %s, locks %s, waits %s, kv bytes %s, session rate %s", limitText(q.MaxSessions), limitText(q.MaxLocks),
-		limitText(q.MaxWaits), limitText(q.MaxKVBytes), rateText(q))
+		limitText(q.MaxWaits), limitText(q.MaxKVBytes), sessionRateText(q))
 }
 
-// rateText is "RATE/s burst N", or "default".
-func rateText(q client.Quota) string {
+// sessionRateText is "RATE/s burst N", or "default".
+func sessionRateText(q client.Quota) string {
 	if q.SessionRate == 0 {
 		return "default"
 	}

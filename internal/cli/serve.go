@@ -114,7 +114,7 @@ func newServeSettings() (*serveOptions, *pflag.FlagSet) {
 	f.IntVar(&cfg.MaxKeyBytes, "max-key-bytes", cfg.MaxKeyBytes, "longest KV key, in bytes")
 	f.IntVar(&cfg.MaxValueBytes, "max-value-bytes", cfg.MaxValueBytes, "largest KV value, in bytes")
 	f.IntVar(&cfg.MaxKeys, "max-keys", cfg.MaxKeys, "most live KV keys (0: no limit)")
-	f.Float64Var(&cfg.SessionRate, "session-rate", cfg.SessionRate, "sessions per second each user (auth on, unless its quota sets its own) or client address (auth off) may create, on average (0: no limit; needs --session-burst)")
+	f.Var(newRate(&cfg.SessionRate), "session-rate", "sessions each user (auth on, unless its quota sets its own) or client address (auth off) may create on average, a rate: "+rateSyntax+" (0: no limit; needs --session-burst)")
 	f.IntVar(&cfg.SessionBurst, "session-burst", cfg.SessionBurst, "sessions each user or client address may create at once (with --session-rate)")
 	f.IntVar(&cfg.MaxWatchers, "max-watchers", cfg.MaxWatchers, "most open KV watches per node (0: no limit)")
 	f.IntVar(&cfg.MaxStreamOps, "max-stream-ops", cfg.MaxStreamOps, "most operations one client connection runs at once on its session streams, all together; more wait to be read")

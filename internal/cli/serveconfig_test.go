@@ -46,6 +46,8 @@ func sampleValue(t *testing.T, f *pflag.Flag, variant int) string {
 	switch v := f.Value.(type) {
 	case *peerList:
 		return fmt.Sprintf("a%d=127.0.0.1:%d,b%d=127.0.0.2:%d", n, 7000+n, n, 7100+n)
+	case *rateValue:
+		return fmt.Sprintf("%d/m", 90*n) // 1.5/s, 3/s, 4.5/s
 	case *checked:
 		s, ok := checkedSamples[f.Name]
 		if !ok {
@@ -329,6 +331,8 @@ func badValue(f *pflag.Flag) (yamlValue, says string) {
 		return "n1", `"n1" is not id=host:port`
 	case *checked:
 		return "loud", "want " + want(f)
+	case *rateValue:
+		return "fast", `"fast": not a rate of sessions`
 	}
 	switch f.Value.Type() {
 	case "bool":
