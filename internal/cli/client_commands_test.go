@@ -123,3 +123,23 @@ func TestLocksShowsWhoHolds(t *testing.T) {
 		}
 	}
 }
+
+// fence status lists a node once, however its endpoint is spelled: here
+// as localhost, while the node advertises 127.0.0.1.
+func TestStatusListsANodeOnce(t *testing.T) {
+	node := fencetest.Start(t)
+	_, port, err := net.SplitHostPort(node.Endpoint())
+	if err != nil {
+		t.Fatal(err)
+	}
+	ep := []string{"--endpoints", "localhost:" + port}
+	code, stdout, stderr := runFence(t, append(ep, "status")...)
+	_, nodes, _ := strings.Cut(stdout, "NODE")
+	if rows := strings.Split(strings.TrimSpace(nodes), "\n"); code != 0 || len(rows) != 2 || !strings.Contains(rows[1], " ok") {
+		t.Errorf("status: exit %d, stderr %s, the node's rows:\nNODE%s\nwant one, healthy", code, stderr, nodes)
+	}
+	got := runJSON(t, 0, append(ep, "status", "--json")...)
+	if list, _ := got["nodes"].([]any); len(list) != 1 {
+		t.Errorf("status --json lists nodes %v, want one", got["nodes"])
+	}
+}

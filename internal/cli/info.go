@@ -1,6 +1,7 @@
 package cli
 
 import (
+	"cmp"
 	"context"
 	"encoding/json"
 	"fmt"
@@ -199,6 +200,30 @@ func nodeStatuses(ctx context.Context, c *client.Client, st *fencev1.StatusRespo
 		cancel()
 		if out[i].status != nil {
 			out[i].id = out[i].status.GetNodeId()
+		}
+	}
+	return dedupeByID(out)
+}
+
+// dedupeByID keeps one row a node: an endpoint spelled otherwise than the
+// node's advertised address ("localhost:7000" for "127.0.0.1:7000") reaches
+// a member already listed. The member's row stays, unless only the other
+// spelling reached the node; rows of no known id (an endpoint that did not
+// answer) all stay.
+func dedupeByID(nodes []nodeStatus) []nodeStatus {
+	var out []nodeStatus
+	row := map[string]int{}
+	for _, n := range nodes {
+		i, seen := row[n.id]
+		switch {
+		case n.status == nil && (n.id == "?" || n.id == ""):
+			out = append(out, n)
+		case !seen:
+			row[n.id] = len(out)
+			out = append(out, n)
+		case out[i].err != nil && n.err == nil:
+			n.raft = cmp.Or(out[i].raft, n.raft)
+			out[i] = n
 		}
 	}
 	return out
