@@ -62,13 +62,13 @@ func TestSnapshotSaveRestoreProcesses(t *testing.T) {
 	}
 	var inspected struct {
 		Header struct {
-			LastToken uint64 `json:"last_token"`
-			Index     uint64 `json:"index"`
+			LastToken uint64 `json:"lastToken,string"`
+			Index     uint64 `json:"index,string"`
 		} `json:"header"`
 		Counts struct {
-			Sessions int `json:"sessions"`
-			Locks    int `json:"locks"`
-			Keys     int `json:"kv_keys"`
+			Sessions int `json:"sessions,string"`
+			Locks    int `json:"locks,string"`
+			Keys     int `json:"kvKeys,string"`
 		} `json:"counts"`
 	}
 	if err := json.Unmarshal([]byte(out), &inspected); err != nil {

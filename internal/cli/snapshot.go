@@ -8,7 +8,9 @@ import (
 	"time"
 
 	"github.com/spf13/cobra"
+	"google.golang.org/protobuf/types/known/timestamppb"
 
+	fencev1 "github.com/fencelock/fence/api/fence/v1"
 	"github.com/fencelock/fence/client"
 	"github.com/fencelock/fence/server"
 )
@@ -62,15 +64,7 @@ func snapshotInspectCommand(g *globals) *cobra.Command {
 			}
 			h, n := f.Header, f.Counts()
 			if asJSON {
-				data, err := json.MarshalIndent(struct {
-					Header server.SnapshotHeader `json:"header"`
-					Counts server.SnapshotCounts `json:"counts"`
-				}{h, n}, "", "  ")
-				if err != nil {
-					return err
-				}
-				_, err = fmt.Fprintln(g.stdout, string(data))
-				return err
+				return printSnapshotJSON(g, h, n)
 			}
 			w := tabwriter.NewWriter(g.stdout, 0, 4, 2, ' ', 0)
 			for _, row := range [][2]any{
@@ -86,8 +80,53 @@ func snapshotInspectCommand(g *globals) *cobra.Command {
 			return w.Flush()
 		},
 	}
-	cmd.Flags().BoolVar(&asJSON, "json", false, "print JSON")
+	cmd.Flags().BoolVar(&asJSON, "json", false, `print JSON: {"format", "created", "header": the API's SnapshotHeader, "counts"}`)
 	return cmd
+}
+
+// snapshotCountsJSON is what a snapshot holds, in the API's JSON style:
+// camelCase, 64-bit counts, tokens and ids as strings (as Status gives
+// its sessions and locks).
+type snapshotCountsJSON struct {
+	Sessions      string `json:"sessions"`
+	Locks         string `json:"locks"`
+	Holders       string `json:"holders"`
+	Waiters       string `json:"waiters"`
+	KVKeys        string `json:"kvKeys"`
+	KVTombstones  string `json:"kvTombstones"`
+	KVRevision    string `json:"kvRevision"`
+	LastToken     string `json:"lastToken"`
+	LastSessionID string `json:"lastSessionId"`
+}
+
+// printSnapshotJSON prints a snapshot file's header, as the API's
+// SnapshotHeader (what fence snapshot save was given) with the file's
+// format and creation time beside it, and what its state holds.
+func printSnapshotJSON(g *globals, h server.SnapshotHeader, n server.SnapshotCounts) error {
+	sum, err := hex.DecodeString(h.SHA256)
+	if err != nil {
+		return fmt.Errorf("the file's SHA-256 %q is not hex: %w", h.SHA256, err)
+	}
+	header, err := rawJSON(&fencev1.SnapshotHeader{Index: h.Index, Term: h.Term, LastToken: h.LastToken, Size: h.Size,
+		Sha256: sum, NodeId: h.NodeID, Version: h.Version})
+	if err != nil {
+		return err
+	}
+	created, err := rawJSON(timestamppb.New(h.Created))
+	if err != nil {
+		return err
+	}
+	count := func(c int) string { return fmt.Sprint(c) }
+	return printJSONValue(g, struct {
+		Format  int                `json:"format"`
+		Created json.RawMessage    `json:"created"`
+		Header  json.RawMessage    `json:"header"`
+		Counts  snapshotCountsJSON `json:"counts"`
+	}{h.Format, created, header, snapshotCountsJSON{
+		Sessions: count(n.Sessions), Locks: count(n.Locks), Holders: count(n.Holders), Waiters: count(n.Waiters),
+		KVKeys: count(n.Keys), KVTombstones: count(n.Tombstones), KVRevision: jsonUint(n.KVRevision),
+		LastToken: jsonUint(n.LastToken), LastSessionID: jsonUint(n.LastSessionID),
+	}})
 }
 
 func snapshotRestoreCommand(g *globals) *cobra.Command {
