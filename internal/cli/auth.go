@@ -1,7 +1,6 @@
 package cli
 
 import (
-	"encoding/json"
 	"fmt"
 	"math"
 	"os"
@@ -12,7 +11,6 @@ import (
 	"time"
 
 	"github.com/spf13/cobra"
-	"google.golang.org/protobuf/proto"
 
 	fencev1 "github.com/fencelock/fence/api/fence/v1"
 	"github.com/fencelock/fence/client"
@@ -40,19 +38,6 @@ func readAuthToken(path string) (string, error) {
 		return "", fmt.Errorf("the auth token file %s is empty", path)
 	}
 	return token, nil
-}
-
-// printList prints msgs as {"key": [...]}, with the API's JSON.
-func printList[M proto.Message](g *globals, key string, msgs []M) error {
-	list := make([]json.RawMessage, 0, len(msgs))
-	for _, m := range msgs {
-		data, err := rawJSON(m)
-		if err != nil {
-			return err
-		}
-		list = append(list, data)
-	}
-	return printJSONValue(g, map[string]any{key: list})
 }
 
 func authCommand(g *globals) *cobra.Command {
@@ -138,7 +123,7 @@ func userCommand(g *globals) *cobra.Command {
 				return err
 			}
 			if asJSON {
-				return printList(g, "users", users)
+				return printJSON(g, &fencev1.UserListResponse{Users: users})
 			}
 			w := tabwriter.NewWriter(g.stdout, 0, 4, 2, ' ', 0)
 			fmt.Fprintln(w, "USER\tROLES\tSESSIONS\tLOCKS\tWAITS\tKV BYTES\tSESSION RATE")
@@ -150,7 +135,7 @@ func userCommand(g *globals) *cobra.Command {
 			return w.Flush()
 		}),
 	}
-	list.Flags().BoolVar(&asJSON, "json", false, `print JSON: {"users": [the API's User]}`)
+	list.Flags().BoolVar(&asJSON, "json", false, "print the API's UserListResponse")
 	var qf quotaFlags
 	add := simple(g, "add NAME", "Add a user (no roles; a credential: fence token create, or a certificate with this common name)", 1, func(cmd *cobra.Command, c *client.Client, a []string) (string, error) {
 		q, err := qf.apply(cmd, client.Quota{})
@@ -380,7 +365,7 @@ none: every name); "orders/" allows "orders/17", not "orders".`,
 				return err
 			}
 			if asJSON {
-				return printList(g, "roles", roles)
+				return printJSON(g, &fencev1.RoleListResponse{Roles: roles})
 			}
 			w := tabwriter.NewWriter(g.stdout, 0, 4, 2, ' ', 0)
 			fmt.Fprintln(w, "ROLE\tPERMISSIONS")
@@ -394,7 +379,7 @@ none: every name); "orders/" allows "orders/17", not "orders".`,
 			return w.Flush()
 		}),
 	}
-	list.Flags().BoolVar(&asJSON, "json", false, `print JSON: {"roles": [the API's Role]}`)
+	list.Flags().BoolVar(&asJSON, "json", false, "print the API's RoleListResponse")
 	cmd.AddCommand(list,
 		simple(g, "add NAME", "Add a role without permissions", 1, func(cmd *cobra.Command, c *client.Client, a []string) (string, error) {
 			return "added role " + a[0], c.RoleAdd(cmd.Context(), a[0])
@@ -452,7 +437,7 @@ or curl -H "Authorization: Bearer TOKEN".`,
 				return err
 			}
 			if asJSON {
-				return printList(g, "tokens", tokens)
+				return printJSON(g, &fencev1.TokenListResponse{Tokens: tokens})
 			}
 			w := tabwriter.NewWriter(g.stdout, 0, 4, 2, ' ', 0)
 			fmt.Fprintln(w, "ID\tUSER\tCREATED\tEXPIRES\tDESCRIPTION")
@@ -466,7 +451,7 @@ or curl -H "Authorization: Bearer TOKEN".`,
 			return w.Flush()
 		}),
 	}
-	list.Flags().BoolVar(&asJSON, "json", false, `print JSON: {"tokens": [the API's TokenInfo]}`)
+	list.Flags().BoolVar(&asJSON, "json", false, "print the API's TokenListResponse")
 	list.Flags().StringVar(&user, "user", "", "only this user's tokens")
 	cmd.AddCommand(create, list,
 		simple(g, "revoke ID", "Revoke a token (an id from fence token list): its next call is refused", 1, func(cmd *cobra.Command, c *client.Client, a []string) (string, error) {

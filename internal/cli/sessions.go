@@ -1,7 +1,6 @@
 package cli
 
 import (
-	"encoding/json"
 	"fmt"
 	"strconv"
 	"strings"
@@ -10,6 +9,7 @@ import (
 
 	"github.com/spf13/cobra"
 
+	fencev1 "github.com/fencelock/fence/api/fence/v1"
 	"github.com/fencelock/fence/client"
 )
 
@@ -42,15 +42,7 @@ it holds with their tokens.`,
 				return err
 			}
 			if asJSON {
-				list := make([]json.RawMessage, 0, len(sessions))
-				for _, s := range sessions {
-					data, err := rawJSON(s)
-					if err != nil {
-						return err
-					}
-					list = append(list, data)
-				}
-				return printJSONValue(g, map[string]any{"sessions": list})
+				return printJSON(g, &fencev1.ListSessionsResponse{Sessions: sessions})
 			}
 			w := tabwriter.NewWriter(g.stdout, 0, 4, 2, ' ', 0)
 			fmt.Fprintln(w, "SESSION\tTTL\tEXPIRES\tLOCKS\tOWNER")
@@ -64,7 +56,7 @@ it holds with their tokens.`,
 			return w.Flush()
 		}),
 	}
-	cmd.Flags().BoolVar(&asJSON, "json", false, `print JSON: {"sessions": [the API's SessionInfo]}`)
+	cmd.Flags().BoolVar(&asJSON, "json", false, "print the API's ListSessionsResponse")
 	cmd.Flags().BoolVar(&stale, "stale", false, "read from the node's own state, without the leader (may be behind)")
 	return cmd
 }
