@@ -70,7 +70,7 @@ job run twice), inventory (an item sold twice). --use list lists them.`,
 	fl.StringVar(&f.out, "out", "fence-demo.html", "write the picture here: .svg for SVG, anything else for HTML")
 	fl.DurationVar(&f.ttl, "ttl", time.Second, "the workers' session TTL; A stays paused until its lease expired")
 	fl.StringVar(&f.lock, "lock", "orders", "the lock the workers take")
-	fl.StringVar(&f.key, "key", "orders/17", "the storage key the workers write")
+	fl.StringVar(&f.key, "storage-key", "orders/17", "the storage key the workers write")
 	fl.StringVar(&f.use, "use", "", "play a recipe's story of docs/uses instead (fence demo --use list); the picture goes to fence-demo-NAME.html unless --out")
 	cmd.AddCommand(demoWorkerCommand(g), demoActorCommand(g))
 	return cmd

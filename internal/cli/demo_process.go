@@ -31,7 +31,7 @@ func (d *demo) startWorker(name, storageURL string, fenced bool) (*demoWorker, e
 			"--name", name,
 			"--storage", storageURL,
 			"--lock", d.f.lock,
-			"--key", d.f.key,
+			"--storage-key", d.f.key,
 			"--ttl", d.f.ttl.String(),
 			"--value", name,
 			"--fenced=" + strconv.FormatBool(fenced),

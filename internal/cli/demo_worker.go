@@ -70,7 +70,7 @@ without looking at the lock again: the storage must catch a stale write.`,
 	fl.StringVar(&f.name, "name", "worker", "the worker's name")
 	fl.StringVar(&f.storage, "storage", "", "the storage's base URL")
 	fl.StringVar(&f.lock, "lock", "orders", "the lock to take")
-	fl.StringVar(&f.key, "key", "orders/17", "the storage key to write")
+	fl.StringVar(&f.key, "storage-key", "orders/17", "the storage key to write")
 	fl.DurationVar(&f.ttl, "ttl", time.Second, "session TTL")
 	fl.StringVar(&f.value, "value", "", "the value to write (default: the name)")
 	fl.BoolVar(&f.fenced, "fenced", false, "send the grant's fencing token with the write")
