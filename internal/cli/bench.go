@@ -205,7 +205,7 @@ With --json, prints {"results": [{"workload", "clients", "idleSessions",
 	cmd.Flags().IntSliceVar(&clients, "clients", []int{1, 16}, "numbers of concurrent clients to run")
 	cmd.Flags().DurationVar(&duration, "duration", 5*time.Second, "how long each run lasts")
 	cmd.Flags().StringSliceVar(&workloads, "workload", []string{"own", "hot"}, "workloads: own, hot")
-	cmd.Flags().BoolVar(&asJSON, "json", false, "print JSON once every run is done")
+	cmd.Flags().BoolVar(&asJSON, "json", false, "print JSON once every run is done: the runs' measurements")
 	cmd.Flags().IntVar(&idle, "idle-sessions", 0, "also run every workload while holding this many more sessions open and kept alive")
 	cmd.Flags().IntVar(&idleConns, "idle-conns", 4, "client connections the idle sessions share")
 	cmd.Flags().DurationVar(&idleTTL, "idle-ttl", 10*time.Second, "TTL of the idle sessions")

@@ -77,7 +77,7 @@ one such object a line.`,
 		}),
 	}
 	cmd.Flags().BoolVar(&watch, "watch", false, "print every change of leader until interrupted")
-	cmd.Flags().BoolVar(&asJSON, "json", false, "print JSON")
+	cmd.Flags().BoolVar(&asJSON, "json", false, `print JSON: {"name", "elected", "value", "token"}, one object a line with --watch`)
 	return cmd
 }
 

@@ -1,9 +1,13 @@
 package cli
 
 import (
+	"context"
 	"regexp"
 	"strings"
 	"testing"
+
+	"github.com/fencelock/fence/client"
+	"github.com/fencelock/fence/fencetest"
 )
 
 // helpSection returns the lines of a section of cobra's help ("Flags:",
@@ -60,4 +64,28 @@ func TestNoFlagShadowsAGlobalOne(t *testing.T) {
 		}
 	}
 	walk(nil)
+}
+
+// fence locks takes a PREFIX as fence kv list does, and --prefix as before.
+func TestLocksTakesAPrefix(t *testing.T) {
+	node := fencetest.Start(t)
+	s, err := node.Client().NewSession(context.Background())
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, name := range []string{"jobs/a", "orders/1"} {
+		if _, err := client.NewMutex(s, name).Lock(context.Background()); err != nil {
+			t.Fatal(err)
+		}
+	}
+	ep := []string{"--endpoints", node.Endpoint()}
+	for _, args := range [][]string{{"locks", "orders/"}, {"locks", "--prefix", "orders/"}, {"locks", "--prefix", "orders/", "orders/"}} {
+		code, stdout, stderr := runFence(t, append(ep, args...)...)
+		if code != 0 || !strings.Contains(stdout, "orders/1") || strings.Contains(stdout, "jobs/a") {
+			t.Errorf("fence %q: exit %d, stdout\n%s\nstderr %s; want orders/1 alone", args, code, stdout, stderr)
+		}
+	}
+	if code, _, stderr := runFence(t, append(ep, "locks", "--prefix", "jobs/", "orders/")...); code != exitFailure || !strings.Contains(stderr, "--prefix") {
+		t.Errorf("fence locks --prefix jobs/ orders/: exit %d, stderr %q; want them refused together", code, stderr)
+	}
 }

@@ -21,17 +21,25 @@ func locksCommand(g *globals) *cobra.Command {
 	var prefix string
 	var limit uint32
 	cmd := &cobra.Command{
-		Use:         "locks",
+		Use:         "locks [PREFIX]",
 		Annotations: bounded,
 		Short:       "List the locks that are held or waited for",
 		Long: `Lists the locks that are held, waited for or under lock-delay, one a line:
 LOCK, the holders' TOKEN, how many WAITERS, and the HOLDER: its owner (as
 the client named its session: fence lock names "fence lock pid N on HOST")
-and session id, which fence sessions revoke takes.
+and session id, which fence sessions revoke takes. PREFIX (or --prefix)
+lists only the locks whose name starts with it, as fence kv list PREFIX
+does keys.
 
 With --json, prints the API's ListLocksResponse.`,
-		Args: cobra.NoArgs,
-		RunE: g.withClient(func(cmd *cobra.Command, _ []string, c *client.Client) error {
+		Args: cobra.MaximumNArgs(1),
+		RunE: g.withClient(func(cmd *cobra.Command, args []string, c *client.Client) error {
+			if len(args) == 1 {
+				if cmd.Flags().Changed("prefix") && prefix != args[0] {
+					return fmt.Errorf("PREFIX %q and --prefix %q differ: give the prefix once", args[0], prefix)
+				}
+				prefix = args[0]
+			}
 			var opts []client.ReadOption
 			if stale {
 				opts = append(opts, client.Stale())
@@ -58,8 +66,8 @@ With --json, prints the API's ListLocksResponse.`,
 			return w.Flush()
 		}),
 	}
-	cmd.Flags().BoolVar(&asJSON, "json", false, "print JSON")
-	cmd.Flags().StringVar(&prefix, "prefix", "", "only locks whose name starts with this")
+	cmd.Flags().BoolVar(&asJSON, "json", false, "print the API's ListLocksResponse")
+	cmd.Flags().StringVar(&prefix, "prefix", "", "only locks whose name starts with this (as PREFIX)")
 	cmd.Flags().BoolVar(&stale, "stale", false, "read from the node's own state, without the leader (may be behind)")
 	cmd.Flags().Uint32Var(&limit, "limit", 0, "list at most this many locks (0: all, read a page at a time)")
 	return cmd
@@ -148,7 +156,7 @@ func statusCommand(g *globals) *cobra.Command {
 			return w.Flush()
 		}),
 	}
-	cmd.Flags().BoolVar(&asJSON, "json", false, "print JSON")
+	cmd.Flags().BoolVar(&asJSON, "json", false, `print the API's StatusResponse of the node that answered, with "nodes": [{"id", "api", "health", "status": each node's own StatusResponse}]`)
 	return cmd
 }
 

@@ -135,7 +135,7 @@ or a ZooKeeper ephemeral node.`,
 	f.register(cmd)
 	cmd.Flags().BoolVar(&hold, "hold", false, "bind the key to this process's session and keep it until interrupted")
 	cmd.Flags().DurationVar(&ttl, "ttl", 10*time.Second, "with --hold: the session's TTL")
-	cmd.Flags().BoolVar(&asJSON, "json", false, "print the revision as JSON (the API's PutResponse)")
+	cmd.Flags().BoolVar(&asJSON, "json", false, "print the API's PutResponse: the revision")
 	return cmd
 }
 
@@ -200,7 +200,7 @@ func kvGetCommand(g *globals) *cobra.Command {
 			return err
 		}),
 	}
-	cmd.Flags().BoolVar(&asJSON, "json", false, "print the key with its token and revisions as JSON")
+	cmd.Flags().BoolVar(&asJSON, "json", false, "print the API's KeyValue: the key with its token and revisions")
 	cmd.Flags().BoolVar(&stale, "stale", false, "read from the node's own state, without the leader (may be behind)")
 	return cmd
 }
@@ -236,7 +236,7 @@ string otherwise ("\xff\n").`,
 			return nil
 		}),
 	}
-	cmd.Flags().BoolVar(&asJSON, "json", false, "print the keys, whether more match and the store's revision as JSON (the API's ListResponse)")
+	cmd.Flags().BoolVar(&asJSON, "json", false, "print the API's ListResponse: the keys, whether more match and the store's revision")
 	return cmd
 }
 

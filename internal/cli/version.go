@@ -32,6 +32,6 @@ func versionCommand(g *globals) *cobra.Command {
 			return err
 		},
 	}
-	cmd.Flags().BoolVar(&asJSON, "json", false, "print JSON")
+	cmd.Flags().BoolVar(&asJSON, "json", false, `print JSON: {"version", "revision", "modified", "time", "goVersion"}`)
 	return cmd
 }
