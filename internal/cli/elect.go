@@ -13,12 +13,15 @@ import (
 
 func electCommand(g *globals) *cobra.Command {
 	var ttl time.Duration
+	var asJSON bool
 	cmd := &cobra.Command{
 		Use:   "elect NAME VALUE",
 		Short: "Campaign to lead NAME with VALUE, and hold leadership until interrupted",
 		Long: `Waits until elected, prints the leadership's fencing token, and leads until
 interrupted (then resigns, exit 0) or until the session may be lost (exit 75).
-"fence leader NAME" prints the current leader.`,
+"fence leader NAME" prints the current leader. With --json, the line once
+elected is {"name", "elected", "value", "token"}, as fence leader --json
+prints it.`,
 		Args: cobra.ExactArgs(2),
 		RunE: g.withClient(func(cmd *cobra.Command, args []string, c *client.Client) error {
 			ctx := cmd.Context()
@@ -32,7 +35,14 @@ interrupted (then resigns, exit 0) or until the session may be lost (exit 75).
 			if err != nil {
 				return err
 			}
-			fmt.Fprintf(g.stdout, "elected leader of %s as %q with token %d\n", args[0], args[1], l.Token())
+			if asJSON {
+				err = printLeader(g, args[0], client.LeaderState{Elected: true, Value: args[1], Token: l.Token()}, true, false)
+			} else {
+				_, err = fmt.Fprintf(g.stdout, "elected leader of %s as %q with token %d\n", args[0], args[1], l.Token())
+			}
+			if err != nil {
+				return err
+			}
 			select {
 			case <-ctx.Done():
 				resignCtx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
@@ -44,6 +54,7 @@ interrupted (then resigns, exit 0) or until the session may be lost (exit 75).
 		}),
 	}
 	cmd.Flags().DurationVar(&ttl, "ttl", 10*time.Second, "session TTL")
+	cmd.Flags().BoolVar(&asJSON, "json", false, `once elected, print JSON: {"name", "elected", "value", "token"} on one line`)
 	return cmd
 }
 

@@ -176,9 +176,12 @@ func TestEveryJSONIsTheAPIs(t *testing.T) {
 		{args: []string{"snapshot", "inspect", "--json", snapshot},
 			want: map[string]any{"format": float64(1), "header.lastToken": token, "header.nodeId": "fence1", "counts.sessions": "1", "counts.locks": "2",
 				"counts.lastSessionId": sid, "counts.kvKeys": "2"}},
+		{args: []string{"version", "--json"}},
+		// Last: these change the state the others read.
 		{args: []string{"bench", "--json", "--duration", "100ms", "--clients", "1", "--workload", "own"}, measured: true,
 			want: map[string]any{"results.0.workload": "own", "results.0.clients": float64(1)}},
-		{args: []string{"version", "--json"}},
+		{args: []string{"elect", "--json", "nightly", "node-b"}, stream: true,
+			want: map[string]any{"name": "nightly", "elected": true, "value": "node-b", "token": someString{}}},
 	} {
 		t.Run(strings.Join(tc.args[:2], " "), func(t *testing.T) {
 			args := append(append([]string{}, ep...), tc.args...)
