@@ -144,13 +144,19 @@ func TestEveryJSONIsTheAPIs(t *testing.T) {
 	}
 	token, sid := jsonUint(orders.Token()), jsonUint(s.ID())
 	wide := uint64Keys()
+	var lease map[string]any // fence lease acquire's, for renew and release
+	leaseEnv := func() map[string]string {
+		return map[string]string{"FENCE_LOCK": "leased", "FENCE_LEASE": fmt.Sprint(lease["leaseId"]), "FENCE_LEASE_SECRET": fmt.Sprint(lease["leaseSecret"])}
+	}
 
 	for _, tc := range []struct {
 		args     []string
 		code     int
-		stream   bool           // prints one JSON object a line until interrupted
-		measured bool           // fence bench: its own numbers, not the API's
-		want     map[string]any // values at paths
+		stream   bool // prints one JSON object a line until interrupted
+		measured bool // fence bench: its own numbers, not the API's
+		env      func() map[string]string
+		keep     *map[string]any // where to keep what it printed
+		want     map[string]any  // values at paths
 	}{
 		{args: []string{"leader", "--json", "sched"},
 			want: map[string]any{"name": "sched", "elected": true, "value": "node-a", "token": jsonUint(lead.Token())}},
@@ -178,6 +184,10 @@ func TestEveryJSONIsTheAPIs(t *testing.T) {
 				"counts.lastSessionId": sid, "counts.kvKeys": "2"}},
 		{args: []string{"version", "--json"}},
 		// Last: these change the state the others read.
+		{args: []string{"lease", "acquire", "leased", "--ttl", "1m", "--json"}, keep: &lease,
+			want: map[string]any{"lock": "leased", "token": someString{}, "leaseId": someString{}, "leaseSecret": someString{}, "ttl": "60s"}},
+		{args: []string{"lease", "renew", "leased", "--json"}, env: leaseEnv, want: map[string]any{"lock": "leased", "ttl": "60s"}},
+		{args: []string{"lease", "release", "leased", "--json"}, env: leaseEnv, want: map[string]any{"released": true}},
 		{args: []string{"bench", "--json", "--duration", "100ms", "--clients", "1", "--workload", "own"}, measured: true,
 			want: map[string]any{"results.0.workload": "own", "results.0.clients": float64(1)}},
 		{args: []string{"elect", "--json", "nightly", "node-b"}, stream: true,
@@ -185,6 +195,11 @@ func TestEveryJSONIsTheAPIs(t *testing.T) {
 	} {
 		t.Run(strings.Join(tc.args[:2], " "), func(t *testing.T) {
 			args := append(append([]string{}, ep...), tc.args...)
+			if tc.env != nil {
+				for k, v := range tc.env() {
+					t.Setenv(k, v)
+				}
+			}
 			var code int
 			var stdout, stderr string
 			if tc.stream {
@@ -198,6 +213,9 @@ func TestEveryJSONIsTheAPIs(t *testing.T) {
 			var got map[string]any
 			if err := json.Unmarshal([]byte(stdout), &got); err != nil {
 				t.Fatalf("fence %q printed no JSON object: %v\n%s", tc.args, err, stdout)
+			}
+			if tc.keep != nil {
+				*tc.keep = got
 			}
 			for _, p := range checkAPIJSON(got, "", wide, tc.measured) {
 				t.Errorf("fence %q: %s", tc.args, p)
