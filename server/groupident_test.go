@@ -52,6 +52,15 @@ func (c *testCluster) wipe(id string) {
 	c.cfgs[id] = cfg
 }
 
+// wipeFollower stops a follower of leader, empties its data dir and
+// starts it again with its flags, as a pod restarted on an empty volume.
+func (c *testCluster) wipeFollower(leader *Server) (string, *Server) {
+	id := c.followers(leader)[0].cfg.NodeID
+	c.stop(id)
+	c.wipe(id)
+	return id, c.start(id)
+}
+
 // TestWipedMajorityDoesNotFoundASecondGroup is the wipe of two of three
 // data dirs: the two nodes, restarted first with the group's --peers, used
 // to bootstrap a new group that handed out token 1 again and dropped the
@@ -122,10 +131,7 @@ func TestWipedFollowerRejoinsWhenAddedAgain(t *testing.T) {
 	leader := c.leader()
 	group := leader.clusterID()
 	last := grantAndStore(t, c)
-	victim := c.followers(leader)[0].cfg.NodeID
-	c.stop(victim)
-	c.wipe(victim)
-	wiped := c.start(victim)
+	victim, wiped := c.wipeFollower(leader)
 	waitFor(t, "the wiped node to see it holds no data of the group", func() bool {
 		return strings.Contains(noteOf(wiped), "answers with group "+group)
 	})
@@ -161,10 +167,7 @@ func TestWipedFollowerRejoinsByItself(t *testing.T) {
 	leader := c.leader()
 	group := leader.clusterID()
 	last := grantAndStore(t, c)
-	victim := c.followers(leader)[0].cfg.NodeID
-	c.stop(victim)
-	c.wipe(victim)
-	wiped := c.start(victim)
+	victim, wiped := c.wipeFollower(leader)
 	waitFor(t, "the wiped node to be added again and catch up", func() bool {
 		srv, known := leader.member(raft.ServerID(victim))
 		return known && srv.Suffrage == raft.Voter && wiped.clusterID() == group && lastToken(wiped) >= last && noteOf(wiped) == ""
