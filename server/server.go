@@ -45,7 +45,7 @@ type Server struct {
 	fsm     *fsm.FSM
 	node    *node
 	hub     *waitHub
-	watches *watchHub
+	watches *eventHub[fsm.KVEvent]
 	tracker *sessionTracker
 	// limiter bounds how fast each identity creates sessions (ratelimit.go).
 	limiter *sessionLimiter
@@ -118,7 +118,9 @@ func Start(cfg Config) (*Server, error) {
 	if logger == nil {
 		logger = slog.New(slog.NewTextHandler(io.Discard, nil))
 	}
-	s := &Server{cfg: cfg, logger: logger, hub: newWaitHub(), watches: newWatchHub(cfg.WatchHistory, watchHistoryBytes), done: make(chan struct{}), failed: make(chan struct{})}
+	s := &Server{cfg: cfg, logger: logger, hub: newWaitHub(), done: make(chan struct{}), failed: make(chan struct{})}
+	slots := &watchSlots{limit: cfg.MaxWatchers}
+	s.watches = newEventHub(kvEvents, slots, cfg.WatchHistory, watchHistoryBytes)
 	s.workers = newWorkers(s.done)
 	s.framed.silence = framedSilence
 	s.fsm = fsm.New(observer{s})
@@ -592,7 +594,9 @@ func (o observer) Applied(seq fsm.Seq, res fsm.Result) {
 		s.tracker.ended(id)
 	}
 	s.hub.applied(uint64(seq), res)
-	s.watches.publish(res.Events)
+	if n := len(res.Events); n > 0 {
+		s.watches.publish(res.Events, res.Events[n-1].KV.ModRevision)
+	}
 	s.delays.schedule(res.Delayed)
 	s.metrics.grants.Add(float64(len(res.Grants)))
 	if res.AuthChanged {
@@ -638,7 +642,10 @@ func (o observer) Restored() {
 	s.hub.restored(s.fsm.Read)
 	var rev uint64
 	s.fsm.Read(func(st *fsm.State) { rev = st.KVRevision() })
-	s.watches.reset(rev)
+	// The watchers' streams would jump over the changes the snapshot
+	// stands for: end them, so that clients resume (and learn that the
+	// changes are compacted) rather than miss them unawares.
+	s.watches.reset(rev, errReplaced)
 	s.authChanges.notify()
 }
 
