@@ -198,7 +198,8 @@ func needOf(procedure string, msg any) need {
 	case fencev1connect.LockServiceAcquireProcedure, fencev1connect.LockServiceReleaseProcedure,
 		fencev1connect.LockServiceCancelAcquireProcedure:
 		return lockNeed(fsm.Write, name())
-	case fencev1connect.LockServiceCheckProcedure, fencev1connect.LockServiceListLocksProcedure:
+	case fencev1connect.LockServiceCheckProcedure, fencev1connect.LockServiceListLocksProcedure,
+		fencev1connect.LockServiceWatchProcedure:
 		return lockNeed(fsm.Read, name())
 	case fencev1connect.KVServicePutProcedure, fencev1connect.KVServiceDeleteProcedure:
 		return kvNeed(fsm.Write, name())

@@ -46,6 +46,13 @@ type Server struct {
 	node    *node
 	hub     *waitHub
 	watches *eventHub[fsm.KVEvent]
+
+	// lockWatches numbers the lock events and serves LockService.Watch.
+	lockWatches *lockFeed
+	// snapshotOpened is the raft index of the snapshot last opened: the
+	// one a restore reads (tidySnapshots.Open).
+	snapshotOpened atomic.Uint64
+
 	tracker *sessionTracker
 	// limiter bounds how fast each identity creates sessions (ratelimit.go).
 	limiter *sessionLimiter
@@ -121,6 +128,7 @@ func Start(cfg Config) (*Server, error) {
 	s := &Server{cfg: cfg, logger: logger, hub: newWaitHub(), done: make(chan struct{}), failed: make(chan struct{})}
 	slots := &watchSlots{limit: cfg.MaxWatchers}
 	s.watches = newEventHub(kvEvents, slots, cfg.WatchHistory, watchHistoryBytes)
+	s.lockWatches = newLockFeed(slots, cfg.Clock, cfg.WatchHistory)
 	s.workers = newWorkers(s.done)
 	s.framed.silence = framedSilence
 	s.fsm = fsm.New(observer{s})
@@ -175,7 +183,7 @@ func Start(cfg Config) (*Server, error) {
 	if s.ident, err = openIdentity(cfg.DataDir); err != nil {
 		return abort(err)
 	}
-	if s.node, err = openNode(cfg, s.advertise, s.ident, s.fsm, logger, s.metrics.storage); err != nil {
+	if s.node, err = openNode(cfg, s.advertise, s.ident, s.fsm, s.snapshotOpened.Store, logger, s.metrics.storage); err != nil {
 		return abort(err)
 	}
 	s.learnGroup()
@@ -317,7 +325,7 @@ func (s *Server) handler() http.Handler {
 	}
 	mux := http.NewServeMux()
 	mux.Handle(fencev1connect.NewSessionServiceHandler(s, opts...))
-	mux.Handle(fencev1connect.NewLockServiceHandler(s, opts...))
+	mux.Handle(fencev1connect.NewLockServiceHandler(lockService{s}, opts...))
 	mux.Handle(fencev1connect.NewKVServiceHandler(s, opts...))
 	mux.Handle(fencev1connect.NewClusterServiceHandler(s, opts...))
 	mux.Handle(fencev1connect.NewAuthServiceHandler(s, opts...))
@@ -597,6 +605,7 @@ func (o observer) Applied(seq fsm.Seq, res fsm.Result) {
 	if n := len(res.Events); n > 0 {
 		s.watches.publish(res.Events, res.Events[n-1].KV.ModRevision)
 	}
+	s.lockWatches.applied(seq, res.LockEvents)
 	s.delays.schedule(res.Delayed)
 	s.metrics.grants.Add(float64(len(res.Grants)))
 	if res.AuthChanged {
@@ -646,6 +655,7 @@ func (o observer) Restored() {
 	// stands for: end them, so that clients resume (and learn that the
 	// changes are compacted) rather than miss them unawares.
 	s.watches.reset(rev, errReplaced)
+	s.lockWatches.restored(s.snapshotOpened.Load())
 	s.authChanges.notify()
 }
 

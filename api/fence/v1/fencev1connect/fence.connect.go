@@ -64,6 +64,8 @@ const (
 	// SessionServiceListSessionsProcedure is the fully-qualified name of the SessionService's
 	// ListSessions RPC.
 	SessionServiceListSessionsProcedure = "/fence.v1.SessionService/ListSessions"
+	// LockServiceWatchProcedure is the fully-qualified name of the LockService's Watch RPC.
+	LockServiceWatchProcedure = "/fence.v1.LockService/Watch"
 	// LockServiceAcquireProcedure is the fully-qualified name of the LockService's Acquire RPC.
 	LockServiceAcquireProcedure = "/fence.v1.LockService/Acquire"
 	// LockServiceReleaseProcedure is the fully-qualified name of the LockService's Release RPC.
@@ -307,6 +309,17 @@ func (UnimplementedSessionServiceHandler) ListSessions(context.Context, *connect
 
 // LockServiceClient is a client for the fence.v1.LockService service.
 type LockServiceClient interface {
+	// Watch streams what happens to the locks whose names start with a
+	// prefix, as typed events (LockEvent): grants, releases, a holder's
+	// expiry, revoke or abandonment, waits queued and given up, lock-delays
+	// started and ended. Every node applies the same log, so it derives the
+	// same events with the same revisions: a client resumes a broken watch
+	// on any node from the last revision it saw + 1, missing nothing and
+	// seeing nothing twice. The first message says the watch is in place.
+	// With auth on it needs lock read on the prefix, and it ends once that
+	// is taken away (its caller is checked again before every message).
+	// Served by the leader, as a KV watch is.
+	Watch(context.Context, *connect.Request[v1.LockWatchRequest]) (*connect.ServerStreamForClient[v1.LockWatchResponse], error)
 	// Acquire takes a lock for a session, waiting in FIFO order until it is
 	// granted, the wait timeout passes (DeadlineExceeded), the call is cancelled,
 	// or the session ends (NotFound). Asking again for a lock the session holds
@@ -341,6 +354,12 @@ func NewLockServiceClient(httpClient connect.HTTPClient, baseURL string, opts ..
 	baseURL = strings.TrimRight(baseURL, "/")
 	lockServiceMethods := v1.File_fence_v1_fence_proto.Services().ByName("LockService").Methods()
 	return &lockServiceClient{
+		watch: connect.NewClient[v1.LockWatchRequest, v1.LockWatchResponse](
+			httpClient,
+			baseURL+LockServiceWatchProcedure,
+			connect.WithSchema(lockServiceMethods.ByName("Watch")),
+			connect.WithClientOptions(opts...),
+		),
 		acquire: connect.NewClient[v1.AcquireRequest, v1.AcquireResponse](
 			httpClient,
 			baseURL+LockServiceAcquireProcedure,
@@ -376,11 +395,17 @@ func NewLockServiceClient(httpClient connect.HTTPClient, baseURL string, opts ..
 
 // lockServiceClient implements LockServiceClient.
 type lockServiceClient struct {
+	watch         *connect.Client[v1.LockWatchRequest, v1.LockWatchResponse]
 	acquire       *connect.Client[v1.AcquireRequest, v1.AcquireResponse]
 	release       *connect.Client[v1.ReleaseRequest, v1.ReleaseResponse]
 	cancelAcquire *connect.Client[v1.CancelAcquireRequest, v1.CancelAcquireResponse]
 	check         *connect.Client[v1.CheckRequest, v1.CheckResponse]
 	listLocks     *connect.Client[v1.ListLocksRequest, v1.ListLocksResponse]
+}
+
+// Watch calls fence.v1.LockService.Watch.
+func (c *lockServiceClient) Watch(ctx context.Context, req *connect.Request[v1.LockWatchRequest]) (*connect.ServerStreamForClient[v1.LockWatchResponse], error) {
+	return c.watch.CallServerStream(ctx, req)
 }
 
 // Acquire calls fence.v1.LockService.Acquire.
@@ -410,6 +435,17 @@ func (c *lockServiceClient) ListLocks(ctx context.Context, req *connect.Request[
 
 // LockServiceHandler is an implementation of the fence.v1.LockService service.
 type LockServiceHandler interface {
+	// Watch streams what happens to the locks whose names start with a
+	// prefix, as typed events (LockEvent): grants, releases, a holder's
+	// expiry, revoke or abandonment, waits queued and given up, lock-delays
+	// started and ended. Every node applies the same log, so it derives the
+	// same events with the same revisions: a client resumes a broken watch
+	// on any node from the last revision it saw + 1, missing nothing and
+	// seeing nothing twice. The first message says the watch is in place.
+	// With auth on it needs lock read on the prefix, and it ends once that
+	// is taken away (its caller is checked again before every message).
+	// Served by the leader, as a KV watch is.
+	Watch(context.Context, *connect.Request[v1.LockWatchRequest], *connect.ServerStream[v1.LockWatchResponse]) error
 	// Acquire takes a lock for a session, waiting in FIFO order until it is
 	// granted, the wait timeout passes (DeadlineExceeded), the call is cancelled,
 	// or the session ends (NotFound). Asking again for a lock the session holds
@@ -440,6 +476,12 @@ type LockServiceHandler interface {
 // and JSON codecs. They also support gzip compression.
 func NewLockServiceHandler(svc LockServiceHandler, opts ...connect.HandlerOption) (string, http.Handler) {
 	lockServiceMethods := v1.File_fence_v1_fence_proto.Services().ByName("LockService").Methods()
+	lockServiceWatchHandler := connect.NewServerStreamHandler(
+		LockServiceWatchProcedure,
+		svc.Watch,
+		connect.WithSchema(lockServiceMethods.ByName("Watch")),
+		connect.WithHandlerOptions(opts...),
+	)
 	lockServiceAcquireHandler := connect.NewUnaryHandler(
 		LockServiceAcquireProcedure,
 		svc.Acquire,
@@ -472,6 +514,8 @@ func NewLockServiceHandler(svc LockServiceHandler, opts ...connect.HandlerOption
 	)
 	return "/fence.v1.LockService/", http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		switch r.URL.Path {
+		case LockServiceWatchProcedure:
+			lockServiceWatchHandler.ServeHTTP(w, r)
 		case LockServiceAcquireProcedure:
 			lockServiceAcquireHandler.ServeHTTP(w, r)
 		case LockServiceReleaseProcedure:
@@ -490,6 +534,10 @@ func NewLockServiceHandler(svc LockServiceHandler, opts ...connect.HandlerOption
 
 // UnimplementedLockServiceHandler returns CodeUnimplemented from all methods.
 type UnimplementedLockServiceHandler struct{}
+
+func (UnimplementedLockServiceHandler) Watch(context.Context, *connect.Request[v1.LockWatchRequest], *connect.ServerStream[v1.LockWatchResponse]) error {
+	return connect.NewError(connect.CodeUnimplemented, errors.New("fence.v1.LockService.Watch is not implemented"))
+}
 
 func (UnimplementedLockServiceHandler) Acquire(context.Context, *connect.Request[v1.AcquireRequest]) (*connect.Response[v1.AcquireResponse], error) {
 	return nil, connect.NewError(connect.CodeUnimplemented, errors.New("fence.v1.LockService.Acquire is not implemented"))
