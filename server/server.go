@@ -589,7 +589,6 @@ func (o observer) Applied(seq fsm.Seq, res fsm.Result) {
 	if s.ident.groupID() == "" {
 		s.learnGroup()
 	}
-	s.console.record(seq.Index(), res)
 	if res.SessionID != 0 {
 		var ttl time.Duration
 		s.fsm.Read(func(st *fsm.State) {
@@ -605,7 +604,7 @@ func (o observer) Applied(seq fsm.Seq, res fsm.Result) {
 	if n := len(res.Events); n > 0 {
 		s.watches.publish(res.Events, res.Events[n-1].KV.ModRevision)
 	}
-	s.lockWatches.applied(seq, res.LockEvents)
+	s.console.record(s.lockWatches.applied(seq, res.LockEvents))
 	s.delays.schedule(res.Delayed)
 	s.metrics.grants.Add(float64(len(res.Grants)))
 	if res.AuthChanged {
