@@ -16,13 +16,15 @@ import (
 
 // lockWatchHelp is what fence locks --help says of --watch.
 const lockWatchHelp = `With --watch, prints what happens to the locks under the prefix, one line
-an event, until interrupted: each event's revision, then what happened
-(granted, released, expired, revoked, abandoned, queued, gave up, delay
-started, delay ended), the lock and who. A watch that loses its node goes
-on at the leader without missing an event; --from-revision N first prints
-the events from revision N on that the leader still keeps, to resume an
-earlier watch after its last revision. With --json, prints each event as
-the API's LockEvent, one a line.`
+an event, until interrupted: what happened (granted, released, expired,
+revoked, abandoned, queued, gave up, delay started, delay ended) and the
+lock, then tab-separated the event's revision, the grant's token, the
+session and more: "granted LOCK<tab>rev N<tab>token T<tab>session S (OWNER)".
+A watch that loses its node goes on at the leader without missing an
+event; --from-revision N first prints the events from revision N on that
+the leader still keeps, to resume an earlier watch after its last
+revision. With --json, prints each event as the API's LockEvent, one JSON
+object a line.`
 
 // withLockWatch adds --watch and --from-revision to fence locks (cmd):
 // with --watch it prints the lock events under the prefix (--prefix, or
@@ -109,49 +111,53 @@ func lockEventJSON(ev *client.LockEvent) (string, error) {
 	return line.String(), nil
 }
 
-// lockEventText is ev as a person reads it: "REVISION granted LOCK token
-// T to session S (OWNER)", "REVISION gave up LOCK session S: timed out".
+// lockEventText is ev as a person reads it, one line in fields as fence kv
+// watch prints a change: "granted LOCK<tab>rev N<tab>token T<tab>session S
+// (OWNER)", "gave up LOCK<tab>rev N<tab>session S<tab>timed out"; the
+// token is that of the grant the event is about, and the last field, if
+// any, says more (a mode, why a wait ended, a lock-delay's length).
 func lockEventText(ev *client.LockEvent) string {
-	who := fmt.Sprintf("session %d", ev.GetSessionId())
-	if o := ev.GetOwner(); o != "" {
-		who += fmt.Sprintf(" (%s)", o)
+	kind := enumWord(ev.GetType().String(), "LOCK_EVENT_TYPE_")
+	fields := []string{kind + " " + ev.GetLock(), fmt.Sprintf("rev %d", ev.GetRevision())}
+	if t := ev.GetToken(); t != 0 {
+		fields = append(fields, fmt.Sprintf("token %d", t))
 	}
-	var what string
-	switch ev.GetType() {
-	case fencev1.LockEventType_LOCK_EVENT_TYPE_GRANTED:
-		what = fmt.Sprintf("granted %s token %d to %s%s", ev.GetLock(), ev.GetToken(), who, modeText(ev))
-	case fencev1.LockEventType_LOCK_EVENT_TYPE_RELEASED:
-		what = fmt.Sprintf("released %s token %d by %s", ev.GetLock(), ev.GetToken(), who)
-		if ev.GetSessionEnd() == fencev1.SessionEnd_SESSION_END_CLOSED {
-			what += ", which closed"
+	if id := ev.GetSessionId(); id != 0 {
+		who := fmt.Sprintf("session %d", id)
+		if o := ev.GetOwner(); o != "" {
+			who += fmt.Sprintf(" (%s)", o)
 		}
-	case fencev1.LockEventType_LOCK_EVENT_TYPE_EXPIRED, fencev1.LockEventType_LOCK_EVENT_TYPE_REVOKED, fencev1.LockEventType_LOCK_EVENT_TYPE_ABANDONED:
-		what = fmt.Sprintf("%s %s token %d of %s", enumWord(ev.GetType().String(), "LOCK_EVENT_TYPE_"), ev.GetLock(), ev.GetToken(), who)
-	case fencev1.LockEventType_LOCK_EVENT_TYPE_QUEUED:
-		what = fmt.Sprintf("queued %s %s%s", ev.GetLock(), who, modeText(ev))
-	case fencev1.LockEventType_LOCK_EVENT_TYPE_GAVE_UP:
-		why := enumWord(ev.GetReason().String(), "GIVE_UP_REASON_")
-		if ev.GetReason() == fencev1.GiveUpReason_GIVE_UP_REASON_SESSION_ENDED {
-			why = "session " + enumWord(ev.GetSessionEnd().String(), "SESSION_END_")
-		}
-		what = fmt.Sprintf("gave up %s %s: %s", ev.GetLock(), who, why)
-	case fencev1.LockEventType_LOCK_EVENT_TYPE_DELAY_STARTED:
-		what = fmt.Sprintf("delay started %s %v after token %d of %s", ev.GetLock(), ev.GetLockDelay().AsDuration(), ev.GetToken(), who)
-	case fencev1.LockEventType_LOCK_EVENT_TYPE_DELAY_ENDED:
-		what = fmt.Sprintf("delay ended %s", ev.GetLock())
-	default:
-		what = fmt.Sprintf("%s %s %s", ev.GetType(), ev.GetLock(), who)
+		fields = append(fields, who)
 	}
-	return fmt.Sprintf("%d %s", ev.GetRevision(), what)
+	if more := lockEventMore(ev); more != "" {
+		fields = append(fields, more)
+	}
+	return strings.Join(fields, "\t")
 }
 
-// modeText is ", shared" or ", semaphore of N" for an event in that mode.
-func modeText(ev *client.LockEvent) string {
-	switch ev.GetMode() {
-	case fencev1.Mode_MODE_SHARED:
-		return ", shared"
-	case fencev1.Mode_MODE_SEMAPHORE:
-		return fmt.Sprintf(", semaphore of %d", ev.GetPermits())
+// lockEventMore is the last field of an event's line: a grant's or a
+// wait's mode other than exclusive, how the holder's own session ended its
+// grant, why a wait ended, a lock-delay's length.
+func lockEventMore(ev *client.LockEvent) string {
+	switch ev.GetType() {
+	case fencev1.LockEventType_LOCK_EVENT_TYPE_GRANTED, fencev1.LockEventType_LOCK_EVENT_TYPE_QUEUED:
+		switch ev.GetMode() {
+		case fencev1.Mode_MODE_SHARED:
+			return "shared"
+		case fencev1.Mode_MODE_SEMAPHORE:
+			return fmt.Sprintf("semaphore of %d", ev.GetPermits())
+		}
+	case fencev1.LockEventType_LOCK_EVENT_TYPE_RELEASED:
+		if ev.GetSessionEnd() == fencev1.SessionEnd_SESSION_END_CLOSED {
+			return "session closed"
+		}
+	case fencev1.LockEventType_LOCK_EVENT_TYPE_GAVE_UP:
+		if ev.GetReason() == fencev1.GiveUpReason_GIVE_UP_REASON_SESSION_ENDED {
+			return "session " + enumWord(ev.GetSessionEnd().String(), "SESSION_END_")
+		}
+		return enumWord(ev.GetReason().String(), "GIVE_UP_REASON_")
+	case fencev1.LockEventType_LOCK_EVENT_TYPE_DELAY_STARTED:
+		return ev.GetLockDelay().AsDuration().String()
 	}
 	return ""
 }

@@ -65,10 +65,10 @@ func TestLocksWatch(t *testing.T) {
 		t.Fatal(err)
 	}
 	want := []string{
-		fmt.Sprintf(`^\d+ granted jobs/a token %d to session %d \(nightly\)$`, g.Token(), holder.ID()),
-		fmt.Sprintf(`^\d+ queued jobs/a session %d$`, waiter.ID()),
-		fmt.Sprintf(`^\d+ gave up jobs/a session %d: cancelled$`, waiter.ID()),
-		fmt.Sprintf(`^\d+ released jobs/a token %d by session %d \(nightly\)$`, g.Token(), holder.ID()),
+		fmt.Sprintf(`^granted jobs/a\trev \d+\ttoken %d\tsession %d \(nightly\)$`, g.Token(), holder.ID()),
+		fmt.Sprintf(`^queued jobs/a\trev \d+\tsession %d$`, waiter.ID()),
+		fmt.Sprintf(`^gave up jobs/a\trev \d+\tsession %d\tcancelled$`, waiter.ID()),
+		fmt.Sprintf(`^released jobs/a\trev \d+\ttoken %d\tsession %d \(nightly\)$`, g.Token(), holder.ID()),
 	}
 	deadline := time.Now().Add(10 * time.Second)
 	for strings.Count(out.String(), "\n") < len(want) || strings.Count(jsonOut.String(), "\n") < len(want) {
@@ -136,23 +136,25 @@ func TestLockEventText(t *testing.T) {
 	}{
 		{ev(fencev1.LockEventType_LOCK_EVENT_TYPE_GRANTED, func(e *fencev1.LockEvent) {
 			e.Mode, e.Permits = fencev1.Mode_MODE_SEMAPHORE, 2
-		}), "42 granted l token 7 to session 3 (w), semaphore of 2"},
+		}), "granted l\trev 42\ttoken 7\tsession 3 (w)\tsemaphore of 2"},
+		{ev(fencev1.LockEventType_LOCK_EVENT_TYPE_RELEASED, nil), "released l\trev 42\ttoken 7\tsession 3 (w)"},
 		{ev(fencev1.LockEventType_LOCK_EVENT_TYPE_RELEASED, func(e *fencev1.LockEvent) { e.SessionEnd = fencev1.SessionEnd_SESSION_END_CLOSED }),
-			"42 released l token 7 by session 3 (w), which closed"},
-		{ev(fencev1.LockEventType_LOCK_EVENT_TYPE_EXPIRED, nil), "42 expired l token 7 of session 3 (w)"},
-		{ev(fencev1.LockEventType_LOCK_EVENT_TYPE_REVOKED, nil), "42 revoked l token 7 of session 3 (w)"},
-		{ev(fencev1.LockEventType_LOCK_EVENT_TYPE_ABANDONED, nil), "42 abandoned l token 7 of session 3 (w)"},
+			"released l\trev 42\ttoken 7\tsession 3 (w)\tsession closed"},
+		{ev(fencev1.LockEventType_LOCK_EVENT_TYPE_EXPIRED, nil), "expired l\trev 42\ttoken 7\tsession 3 (w)"},
+		{ev(fencev1.LockEventType_LOCK_EVENT_TYPE_REVOKED, func(e *fencev1.LockEvent) { e.Owner = "" }), "revoked l\trev 42\ttoken 7\tsession 3"},
+		{ev(fencev1.LockEventType_LOCK_EVENT_TYPE_ABANDONED, nil), "abandoned l\trev 42\ttoken 7\tsession 3 (w)"},
 		{ev(fencev1.LockEventType_LOCK_EVENT_TYPE_QUEUED, func(e *fencev1.LockEvent) { e.Token, e.Mode = 0, fencev1.Mode_MODE_SHARED }),
-			"42 queued l session 3 (w), shared"},
-		{ev(fencev1.LockEventType_LOCK_EVENT_TYPE_GAVE_UP, func(e *fencev1.LockEvent) { e.Reason = fencev1.GiveUpReason_GIVE_UP_REASON_TIMED_OUT }),
-			"42 gave up l session 3 (w): timed out"},
+			"queued l\trev 42\tsession 3 (w)\tshared"},
 		{ev(fencev1.LockEventType_LOCK_EVENT_TYPE_GAVE_UP, func(e *fencev1.LockEvent) {
-			e.Reason, e.SessionEnd = fencev1.GiveUpReason_GIVE_UP_REASON_SESSION_ENDED, fencev1.SessionEnd_SESSION_END_EXPIRED
-		}), "42 gave up l session 3 (w): session expired"},
+			e.Token, e.Reason = 0, fencev1.GiveUpReason_GIVE_UP_REASON_TIMED_OUT
+		}), "gave up l\trev 42\tsession 3 (w)\ttimed out"},
+		{ev(fencev1.LockEventType_LOCK_EVENT_TYPE_GAVE_UP, func(e *fencev1.LockEvent) {
+			e.Token, e.Reason, e.SessionEnd = 0, fencev1.GiveUpReason_GIVE_UP_REASON_SESSION_ENDED, fencev1.SessionEnd_SESSION_END_EXPIRED
+		}), "gave up l\trev 42\tsession 3 (w)\tsession expired"},
 		{ev(fencev1.LockEventType_LOCK_EVENT_TYPE_DELAY_STARTED, func(e *fencev1.LockEvent) { e.LockDelay = durationpb.New(5 * time.Second) }),
-			"42 delay started l 5s after token 7 of session 3 (w)"},
+			"delay started l\trev 42\ttoken 7\tsession 3 (w)\t5s"},
 		{ev(fencev1.LockEventType_LOCK_EVENT_TYPE_DELAY_ENDED, func(e *fencev1.LockEvent) { e.SessionId, e.Owner, e.Token = 0, "", 0 }),
-			"42 delay ended l"},
+			"delay ended l\trev 42"},
 	} {
 		if got := lockEventText(tc.ev); got != tc.want {
 			t.Errorf("%v reads %q, want %q", tc.ev.GetType(), got, tc.want)
