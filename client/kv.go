@@ -2,17 +2,12 @@ package client
 
 import (
 	"context"
-	"errors"
-	"fmt"
-	"sync/atomic"
 	"time"
 
 	"connectrpc.com/connect"
 	"google.golang.org/protobuf/types/known/durationpb"
 
-	"github.com/fencelock/fence"
 	fencev1 "github.com/fencelock/fence/api/fence/v1"
-	"github.com/fencelock/fence/internal/rpcerr"
 )
 
 // KeyValue is one key of the fenced KV store.
@@ -160,12 +155,7 @@ type Event = fencev1.Event
 
 // Watch streams the changes to keys that start with prefix.
 type Watch struct {
-	kv     *KV
-	req    *fencev1.WatchRequest
-	events chan *Event
-	err    error
-	cancel context.CancelFunc
-	done   chan struct{}
+	w *resumingWatch[fencev1.WatchResponse, *Event]
 }
 
 // WatchOption configures a Watch.
@@ -180,6 +170,19 @@ type watchOptions struct{ startRevision uint64 }
 // changes the server keeps (--watch-history) fails with fence.ErrCompacted.
 func FromRevision(rev uint64) WatchOption {
 	return func(o *watchOptions) { o.startRevision = rev }
+}
+
+// kvWatch is how a KV watch of prefix is opened and read.
+func kvWatch(prefix string) watchKind[fencev1.WatchResponse, *Event] {
+	return watchKind[fencev1.WatchResponse, *Event]{
+		call: func(ctx context.Context, ep *endpoint, start uint64, interval time.Duration) (*connect.ServerStreamForClient[fencev1.WatchResponse], error) {
+			return ep.kv.Watch(ctx, connect.NewRequest(&fencev1.WatchRequest{Prefix: prefix, StartRevision: start, ProgressInterval: durationpb.New(interval)}))
+		},
+		events:   (*fencev1.WatchResponse).GetEvents,
+		revision: func(ev *Event) uint64 { return ev.GetKv().GetModRevision() },
+		header:   (*fencev1.WatchResponse).GetRevision,
+		reached:  func(*fencev1.WatchResponse) uint64 { return 0 },
+	}
 }
 
 // Watch starts watching prefix and returns once the watch is in place:
@@ -197,147 +200,19 @@ func (k *KV) Watch(ctx context.Context, prefix string, opts ...WatchOption) (*Wa
 	for _, opt := range opts {
 		opt(&o)
 	}
-	req := &fencev1.WatchRequest{Prefix: prefix, StartRevision: o.startRevision}
-	ctx, cancel := context.WithCancel(ctx)
-	w := &Watch{kv: k, req: req, events: make(chan *Event), cancel: cancel, done: make(chan struct{})}
-	stream, rev, err := w.open(ctx)
+	w, err := startWatch(ctx, k.c, kvWatch(prefix), o.startRevision)
 	if err != nil {
-		cancel()
 		return nil, err
 	}
-	// A broken stream resumes at the first change not yet delivered: the
-	// one asked for, or the first after the watch was in place.
-	if req.StartRevision == 0 {
-		req.StartRevision = rev + 1
-	}
-	go w.run(ctx, stream)
-	return w, nil
-}
-
-// watchStream is one Watch call on one node, with the watchdog that ends
-// it when the node sends nothing (no change, no progress) for too long.
-type watchStream struct {
-	*connect.ServerStreamForClient[fencev1.WatchResponse]
-	ep       *endpoint
-	cancel   context.CancelFunc
-	watchdog *time.Timer
-	limit    time.Duration
-	silent   atomic.Bool
-}
-
-// close ends the call.
-func (s *watchStream) close() {
-	s.Close()
-	s.cancel()
-}
-
-// receive waits for the next message, for at most the stream's limit.
-func (s *watchStream) receive() bool {
-	s.watchdog.Reset(s.limit)
-	ok := s.Receive()
-	s.watchdog.Stop()
-	return ok
-}
-
-// err says why the stream ended; a silent node's end is ErrUnavailable.
-func (s *watchStream) err() error {
-	if s.silent.Load() {
-		s.ep.silentUntil.Store(time.Now().Add(silentFor).UnixNano())
-		return fmt.Errorf("%w: %s sent nothing on the watch for %v", fence.ErrUnavailable, s.ep.url, s.limit)
-	}
-	return rpcerr.FromConnect(s.Err())
-}
-
-// open starts the stream at w.req and waits for the server's "in place"
-// message, which carries the store's revision. The server sends progress
-// every attempt timeout while there is no change; a stream silent for two
-// of those and one more is given up for another node.
-func (w *Watch) open(ctx context.Context) (*watchStream, uint64, error) {
-	var (
-		stream *watchStream
-		rev    uint64
-	)
-	interval := w.kv.c.opts.attempt
-	w.req.ProgressInterval = durationpb.New(interval)
-	err := w.kv.c.call(ctx, func(ctx context.Context, ep *endpoint) error {
-		sctx, cancel := context.WithCancel(ctx)
-		s := &watchStream{ep: ep, cancel: cancel, limit: 3 * interval}
-		s.watchdog = time.AfterFunc(s.limit, func() { s.silent.Store(true); cancel() })
-		conn, err := ep.kv.Watch(sctx, connect.NewRequest(w.req))
-		if err == nil {
-			s.ServerStreamForClient = conn
-			if s.receive() {
-				stream, rev = s, conn.Msg().GetRevision()
-				return nil
-			}
-			err = s.err()
-			conn.Close()
-		} else if s.silent.Load() {
-			err = s.err()
-		}
-		s.watchdog.Stop()
-		cancel()
-		return err
-	})
-	return stream, rev, err
-}
-
-func (w *Watch) run(ctx context.Context, stream *watchStream) {
-	defer close(w.done)
-	defer close(w.events)
-	for {
-		err := w.deliver(ctx, stream)
-		stream.close()
-		if ctx.Err() != nil {
-			w.err = ctx.Err()
-			return
-		}
-		if !errors.Is(err, fence.ErrUnavailable) {
-			w.err = err
-			return
-		}
-		if stream, _, err = w.open(ctx); err != nil {
-			w.err = err
-			return
-		}
-	}
-}
-
-// deliver passes the stream's events on until it ends, and returns why.
-func (w *Watch) deliver(ctx context.Context, stream *watchStream) error {
-	for stream.receive() {
-		for _, ev := range stream.Msg().GetEvents() {
-			select {
-			case w.events <- ev:
-				w.req.StartRevision = ev.GetKv().GetModRevision() + 1
-			case <-ctx.Done():
-				return ctx.Err()
-			}
-		}
-	}
-	if err := stream.err(); err != nil {
-		return err
-	}
-	// The server ended the stream without an error: as good as a break.
-	return fmt.Errorf("%w: the watch stream ended", fence.ErrUnavailable)
+	return &Watch{w: w}, nil
 }
 
 // Events delivers the changes; it is closed when the watch ends, after
 // which Err says why.
-func (w *Watch) Events() <-chan *Event { return w.events }
+func (w *Watch) Events() <-chan *Event { return w.w.events }
 
 // Err returns why the watch ended, once Events is closed.
-func (w *Watch) Err() error {
-	select {
-	case <-w.done:
-		return w.err
-	default:
-		return nil
-	}
-}
+func (w *Watch) Err() error { return w.w.Err() }
 
 // Close ends the watch and waits for its goroutine to exit.
-func (w *Watch) Close() {
-	w.cancel()
-	<-w.done
-}
+func (w *Watch) Close() { w.w.Close() }

@@ -203,7 +203,8 @@ func needOf(procedure string, msg any) need {
 		// A Lease is a session and an acquire: lock write covers both.
 		fencev1connect.LockServiceLeaseProcedure:
 		return lockNeed(fsm.Write, name())
-	case fencev1connect.LockServiceCheckProcedure, fencev1connect.LockServiceListLocksProcedure:
+	case fencev1connect.LockServiceCheckProcedure, fencev1connect.LockServiceListLocksProcedure,
+		fencev1connect.LockServiceWatchProcedure:
 		return lockNeed(fsm.Read, name())
 	case fencev1connect.KVServicePutProcedure, fencev1connect.KVServiceDeleteProcedure:
 		return kvNeed(fsm.Write, name())

@@ -112,7 +112,8 @@ type Config struct {
 	// own, and each client address with auth off. 0: no bound.
 	SessionRate  float64
 	SessionBurst int
-	// MaxWatchers bounds the KV watches open on this node; 0 means no limit.
+	// MaxWatchers bounds the watches open on this node, KV and lock
+	// watches together; 0 means no limit.
 	MaxWatchers int
 	// MaxStreamOps bounds the operations one API connection runs at once
 	// on its session streams, all of them together. A client learns it when
@@ -120,8 +121,9 @@ type Config struct {
 	// further operation from that connection until one ends, which holds
 	// the client back through HTTP/2's flow control and nobody else.
 	MaxStreamOps int
-	// WatchHistory is how many recent KV changes the node keeps for watches
-	// that start at a past revision (also bounded to 64 MiB); 0 keeps none.
+	// WatchHistory is how many recent KV changes, and how many recent lock
+	// events, the node keeps for watches that start at a past revision
+	// (each also bounded to 64 MiB); 0 keeps none.
 	WatchHistory int
 
 	// MaxConnections bounds the API connections open at once. The node

@@ -37,7 +37,7 @@ const (
 	// consoleRefresh is how often a view is pushed even if nothing was
 	// applied: keepalives renew TTLs in the leader's memory, not in the log.
 	consoleRefresh = time.Second
-	// consoleEventsKept is how many recent grants and session ends the
+	// consoleEventsKept is how many recent grants and ends of grants the
 	// console shows.
 	consoleEventsKept = 100
 	// consoleMaxItems bounds the sessions and the locks of one view.
@@ -57,9 +57,9 @@ var consoleSecurityHeaders = map[string]string{
 	"X-Frame-Options":         "DENY",
 }
 
-// console serves the page and keeps the recent grants and session ends.
-// Its methods are safe for concurrent use; record runs on raft's apply
-// goroutine and does not block.
+// console serves the page and keeps the recent grants and their ends, as
+// the lock watch's feed has them (lockwatch.go). Its methods are safe for
+// concurrent use; record runs on raft's apply goroutine and does not block.
 type console struct {
 	s       *Server
 	streams atomic.Int32
@@ -69,15 +69,22 @@ type console struct {
 	seq    uint64         // events recorded so far
 }
 
-// consoleEvent is a grant or a session's end, as the console lists it.
+// consoleEvent is a grant or its end, as the console lists it.
 type consoleEvent struct {
-	Seq   uint64    `json:"seq"`
-	Time  time.Time `json:"time"`
-	Index uint64    `json:"index"`
-	// Kind is "grant", or how the session ended: "closed" (by its own
-	// client), "expired", "revoked" (by an operator) or "abandoned" (by a
-	// client that could not renew it).
-	Kind    string `json:"kind"`
+	Seq  uint64    `json:"seq"`
+	Time time.Time `json:"time"`
+	// Revision is the lock event's (LockService.Watch), Index the raft
+	// index of the entry that made it.
+	Revision uint64 `json:"revision,string"`
+	Index    uint64 `json:"index"`
+	// Kind is "granted", or how the grant ended: "released" (by its
+	// holder), "expired", "revoked" (by an operator) or "abandoned" (by a
+	// client that could not renew its session).
+	Kind string `json:"kind"`
+	// End is how the holder's session ended, when that ended the grant:
+	// "closed" (by its own client: Kind is then "released"), "expired",
+	// "revoked" or "abandoned".
+	End     string `json:"end,omitempty"`
 	Session uint64 `json:"session,string"`
 	Lock    string `json:"lock,omitempty"`
 	Token   uint64 `json:"token,omitempty,string"`
@@ -88,19 +95,26 @@ func newConsole(s *Server) *console {
 	return &console{s: s, events: make([]consoleEvent, 0, consoleEventsKept)}
 }
 
-// record keeps the grants and session ends of one applied command.
-func (c *console) record(index uint64, res fsm.Result) {
-	if len(res.Grants) == 0 && len(res.Ended) == 0 {
+// record keeps the grants and ends of grants among one applied command's
+// lock events.
+func (c *console) record(events []lockEvent) {
+	if len(events) == 0 {
 		return
 	}
-	now := c.s.cfg.Clock.Now()
 	c.mu.Lock()
 	defer c.mu.Unlock()
-	for _, g := range res.Grants {
-		c.addLocked(consoleEvent{Time: now, Index: index, Kind: "grant", Session: g.Session, Lock: g.Lock, Token: g.Token, Mode: g.Mode.String()})
-	}
-	for _, id := range res.Ended {
-		c.addLocked(consoleEvent{Time: now, Index: index, Kind: res.EndedBy.String(), Session: id})
+	for _, ev := range events {
+		switch ev.Kind {
+		case fsm.LockGranted, fsm.LockReleased, fsm.LockExpired, fsm.LockRevoked, fsm.LockAbandoned:
+		default:
+			continue
+		}
+		e := consoleEvent{Time: ev.At, Revision: ev.Revision, Index: ev.Revision >> lockEventBits, Kind: ev.Kind.String(),
+			Session: ev.Session, Lock: ev.Lock, Token: ev.Token, Mode: ev.Mode.String()}
+		if ev.End != 0 {
+			e.End = ev.End.String()
+		}
+		c.addLocked(e)
 	}
 }
 

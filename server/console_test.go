@@ -188,7 +188,7 @@ func TestConsolePushesLocksHoldersTokensAndWaiters(t *testing.T) {
 	}
 	var grants []uint64
 	for _, e := range v.Events {
-		if e.Kind == "grant" && e.Lock == "orders" {
+		if e.Kind == "granted" && e.Lock == "orders" {
 			grants = append(grants, e.Token)
 		}
 	}
@@ -197,14 +197,21 @@ func TestConsolePushesLocksHoldersTokensAndWaiters(t *testing.T) {
 	}
 }
 
-// A session the leader expires shows as "expired" among the events.
+// A grant whose session the leader expires shows as "expired" among the
+// events, with the lock and token: the console's events are the lock
+// watch's.
 func TestConsoleListsExpiries(t *testing.T) {
 	s := startTestServer(t, func(c *Config) { c.UI = true })
 	stream := openConsoleStream(t, http.DefaultClient, "http://"+s.Addr())
-	id := newAPI(t, s).session(time.Second) // no keepalives: it expires
+	a := newAPI(t, s)
+	id := a.session(time.Second) // no keepalives: it expires
+	token := a.mustAcquire(id, "orders")
 	stream.await("the session's expiry", func(v consoleView) bool {
 		for _, e := range v.Events {
 			if e.Kind == "expired" && e.Session == id {
+				if e.Lock != "orders" || e.Token != token || e.End != "expired" || e.Revision == 0 {
+					t.Fatalf("the expiry is listed as %+v, want lock orders, token %d", e, token)
+				}
 				return true
 			}
 		}
@@ -315,7 +322,7 @@ func TestConsoleEventRing(t *testing.T) {
 	c := newConsole(s)
 	c.mu.Lock()
 	for i := 1; i <= consoleEventsKept+7; i++ {
-		c.addLocked(consoleEvent{Kind: "grant", Token: uint64(i)})
+		c.addLocked(consoleEvent{Kind: "granted", Token: uint64(i)})
 	}
 	c.mu.Unlock()
 	got := c.recent()

@@ -342,7 +342,7 @@ func (s *Server) giveUp(w *waiter, g *fsm.Grant) {
 		return
 	}
 	if g == nil {
-		granted, ok, err := s.cancelWait(w)
+		granted, ok, err := s.cancelWait(w, false)
 		if err != nil || !ok {
 			return
 		}
@@ -383,7 +383,7 @@ func (s *Server) wait(ctx context.Context, w *waiter, index uint64, timeout, pol
 				return o.grant, o.err
 			}
 		case <-expired:
-			g, granted, err := s.cancelWait(w)
+			g, granted, err := s.cancelWait(w, true)
 			if err != nil {
 				return fsm.Grant{}, err
 			}
@@ -404,13 +404,12 @@ func (s *Server) wait(ctx context.Context, w *waiter, index uint64, timeout, pol
 	}
 }
 
-// cancelWait takes a wait out of the lock's queue. If the lock had already
-// been granted, it returns that grant instead. With a request id it acts
-// only on that request at w's attempt.
-func (s *Server) cancelWait(w *waiter) (fsm.Grant, bool, error) {
-	res, err := s.apply(&fsmpb.Command{Op: &fsmpb.Command_CancelWait{CancelWait: &fsmpb.CancelWait{
-		SessionId: w.key.Session, Lock: w.key.Lock, RequestId: w.req.id, Attempt: w.req.attempt,
-	}}})
+// cancelWait takes a wait out of the lock's queue, because its timeout
+// passed or its caller went away. If the lock had already been granted, it
+// returns that grant instead. With a request id it acts only on that
+// request at w's attempt.
+func (s *Server) cancelWait(w *waiter, timedOut bool) (fsm.Grant, bool, error) {
+	res, err := s.apply(cancelWaitCommand(s.fsm.Protocol(), w, timedOut))
 	if err != nil {
 		return fsm.Grant{}, false, err
 	}
@@ -418,6 +417,16 @@ func (s *Server) cancelWait(w *waiter) (fsm.Grant, bool, error) {
 		return *res.Grant, true, nil
 	}
 	return fsm.Grant{}, false, nil
+}
+
+// cancelWaitCommand is the CancelWait of w for a group at protocol: that
+// it timed out goes in the log only from Protocol4 on, which every member
+// knows (below it, its lock event says cancelled).
+func cancelWaitCommand(protocol uint32, w *waiter, timedOut bool) *fsmpb.Command {
+	return &fsmpb.Command{Op: &fsmpb.Command_CancelWait{CancelWait: &fsmpb.CancelWait{
+		SessionId: w.key.Session, Lock: w.key.Lock, RequestId: w.req.id, Attempt: w.req.attempt,
+		TimedOut: timedOut && protocol >= fsm.Protocol4,
+	}}}
 }
 
 func (s *Server) releaseQuietly(g fsm.Grant) {

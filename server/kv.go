@@ -2,14 +2,9 @@ package server
 
 import (
 	"context"
-	"fmt"
-	"strings"
-	"sync"
-	"time"
 
 	"connectrpc.com/connect"
 
-	"github.com/fencelock/fence"
 	fencev1 "github.com/fencelock/fence/api/fence/v1"
 	"github.com/fencelock/fence/internal/fsm"
 	"github.com/fencelock/fence/internal/fsmpb"
@@ -169,18 +164,15 @@ func (s *Server) Watch(ctx context.Context, req *connect.Request[fencev1.WatchRe
 	if err := checkText("prefix", req.Msg.GetPrefix(), s.cfg.MaxKeyBytes, false); err != nil {
 		return err
 	}
-	interval, err := duration("progress_interval", req.Msg.GetProgressInterval(), 0)
+	interval, err := progressInterval(req.Msg.GetProgressInterval())
 	if err != nil {
 		return err
-	}
-	if interval != 0 && interval < 100*time.Millisecond {
-		return invalid("progress_interval %v is below 100ms", interval)
 	}
 	// A node that is still replaying its log would send old changes as new.
 	if err := s.read(ctx, false); err != nil {
 		return err
 	}
-	w, rev, err := s.watches.add(req.Msg.GetPrefix(), req.Msg.GetStartRevision(), s.cfg.MaxWatchers)
+	w, rev, err := s.watches.add(req.Msg.GetPrefix(), req.Msg.GetStartRevision())
 	if err != nil {
 		return err
 	}
@@ -189,60 +181,22 @@ func (s *Server) Watch(ctx context.Context, req *connect.Request[fencev1.WatchRe
 	if err := stream.Send(&fencev1.WatchResponse{Revision: rev}); err != nil {
 		return err
 	}
-	var progress <-chan time.Time
-	if interval > 0 {
-		t := time.NewTicker(interval)
-		defer t.Stop()
-		progress = t.C
-	}
-	// A watch lasts only as long as its caller may read: it ends once a
-	// check at an auth change or at its token's expiry fails (auth.Lost),
-	// and its caller is checked again before each send, so that nothing
-	// committed after a revocation is sent, whichever the select took
-	// first, and however long the send before it waited for the client.
-	auth := s.watchAuth(ctx)
-	defer auth.Stop()
-	for {
-		select {
-		case <-auth.Lost():
-			return fmt.Errorf("the watch ended: %w", auth.Err())
-		case <-progress:
-			if err := auth.Check(); err != nil {
-				return fmt.Errorf("the watch ended: %w", err)
-			}
-			if err := stream.Send(&fencev1.WatchResponse{Progress: true}); err != nil {
-				return err
-			}
-		case <-ctx.Done():
-			return ctx.Err()
-		case <-s.done:
-			return fmt.Errorf("%w: the node is shutting down", fence.ErrUnavailable)
-		case <-w.ended:
-			return w.endErr
-		case events := <-w.ch:
-			if err := auth.Check(); err != nil {
-				return fmt.Errorf("the watch ended: %w", err)
-			}
-			// A replay from the history can be large: send it in messages
-			// of about watchMessageBytes, below gRPC's usual 4 MiB limit.
-			resp, size := &fencev1.WatchResponse{}, 0
-			for i, ev := range events {
-				typ := fencev1.EventType_EVENT_TYPE_PUT
-				if ev.Deleted {
-					typ = fencev1.EventType_EVENT_TYPE_DELETE
+	return serveWatch(ctx, s, s.watches, w, interval, watchSender[fsm.KVEvent]{
+		events: func(events []fsm.KVEvent) error {
+			return inMessages(events, kvEvents.size, func(events []fsm.KVEvent) error {
+				resp := &fencev1.WatchResponse{}
+				for _, ev := range events {
+					typ := fencev1.EventType_EVENT_TYPE_PUT
+					if ev.Deleted {
+						typ = fencev1.EventType_EVENT_TYPE_DELETE
+					}
+					resp.Events = append(resp.Events, &fencev1.Event{Type: typ, Kv: apiKV(ev.KV)})
 				}
-				resp.Events = append(resp.Events, &fencev1.Event{Type: typ, Kv: apiKV(ev.KV)})
-				size += eventSize(ev)
-				if size < watchMessageBytes && i < len(events)-1 {
-					continue
-				}
-				if err := stream.Send(resp); err != nil {
-					return err
-				}
-				resp, size = &fencev1.WatchResponse{}, 0
-			}
-		}
-	}
+				return stream.Send(resp)
+			})
+		},
+		progress: func(uint64) error { return stream.Send(&fencev1.WatchResponse{Progress: true}) },
+	})
 }
 
 func apiKV(kv fsm.KeyValue) *fencev1.KeyValue {
@@ -253,195 +207,12 @@ func apiKV(kv fsm.KeyValue) *fencev1.KeyValue {
 	}
 }
 
-// watchBuffer is how many batches of changes a watcher may fall behind.
-const watchBuffer = 1024
-
-// watchHistoryBytes bounds the memory of the watch history.
-const watchHistoryBytes = 64 << 20
-
-// watchMessageBytes is about the most a watch message carries.
-const watchMessageBytes = 1 << 20
-
-type watcher struct {
-	prefix string
-	start  uint64 // the first revision it wants; 0 for any
-	ch     chan []fsm.KVEvent
-	ended  chan struct{} // closed, with endErr set, when the hub drops the watcher
-	endErr error
-}
-
-// watchHub fans committed KV changes out to watchers, in commit order,
-// without ever blocking the apply loop, and keeps the most recent changes
-// for watches that start at a past revision.
-type watchHub struct {
-	mu       sync.Mutex
-	watchers map[*watcher]struct{}
-	history  eventRing
-	// lastRev is the revision of the last change published: the store's
-	// revision, as far as watchers know.
-	lastRev uint64
-}
-
-func newWatchHub(historyEvents, historyBytes int) *watchHub {
-	return &watchHub{watchers: map[*watcher]struct{}{}, history: eventRing{maxEvents: historyEvents, maxBytes: historyBytes}}
-}
-
-// add registers a watcher of prefix. A non-zero start is the first
-// revision it wants: the changes from start to the last published one are
-// queued for it first, from the history, in the same step, so that none is
-// missed or sent twice. It returns the revision of the last change
-// published: the watcher gets every change after it.
-func (h *watchHub) add(prefix string, start uint64, limit int) (*watcher, uint64, error) {
-	h.mu.Lock()
-	defer h.mu.Unlock()
-	if limit > 0 && len(h.watchers) >= limit {
-		return nil, 0, fmt.Errorf("%w: the node already has %d watchers, its limit", fence.ErrLimit, len(h.watchers))
-	}
-	w := &watcher{prefix: prefix, start: start, ch: make(chan []fsm.KVEvent, watchBuffer), ended: make(chan struct{})}
-	var past []fsm.KVEvent
-	if start > 0 && start <= h.lastRev {
-		if oldest := h.history.oldestRevision(h.lastRev); start < oldest {
-			return nil, 0, fmt.Errorf("%w: revision %d is no longer kept; the oldest this node keeps is %d; list again and watch from the list's revision + 1", fence.ErrCompacted, start, oldest)
-		}
-		h.history.each(func(ev fsm.KVEvent) {
-			if w.wants(ev) {
-				past = append(past, ev)
-			}
-		})
-	}
-	if len(past) > 0 {
-		w.ch <- past
-	}
-	h.watchers[w] = struct{}{}
-	return w, h.lastRev, nil
-}
-
-// reset forgets the history after the state was replaced by a snapshot at
-// store revision rev.
-func (h *watchHub) reset(rev uint64) {
-	h.mu.Lock()
-	defer h.mu.Unlock()
-	h.history.clear()
-	h.lastRev = rev
-	// The watchers' streams would jump over the changes the snapshot
-	// stands for: end them, so that clients resume (and learn that the
-	// changes are compacted) rather than miss them unawares.
-	for w := range h.watchers {
-		w.end(fmt.Errorf("%w: the node's state was replaced by a snapshot; watch again from the last revision seen", fence.ErrUnavailable))
-	}
-}
-
-// wants reports whether the change is one the watcher asked for.
-func (w *watcher) wants(ev fsm.KVEvent) bool {
-	return strings.HasPrefix(ev.KV.Key, w.prefix) && ev.KV.ModRevision >= w.start
-}
-
-// end drops the watcher with err; the hub's mutex must be held.
-func (w *watcher) end(err error) {
-	if w.endErr == nil {
-		w.endErr = err
-		close(w.ended)
-	}
-}
-
-// count returns the number of watches open.
-func (h *watchHub) count() int {
-	h.mu.Lock()
-	defer h.mu.Unlock()
-	return len(h.watchers)
-}
-
-func (h *watchHub) remove(w *watcher) {
-	h.mu.Lock()
-	defer h.mu.Unlock()
-	delete(h.watchers, w)
-}
-
-func (h *watchHub) publish(events []fsm.KVEvent) {
-	if len(events) == 0 {
-		return
-	}
-	h.mu.Lock()
-	defer h.mu.Unlock()
-	for _, ev := range events {
-		h.history.push(ev)
-	}
-	h.lastRev = events[len(events)-1].KV.ModRevision
-	for w := range h.watchers {
-		if w.endErr != nil {
-			continue
-		}
-		var mine []fsm.KVEvent
-		for _, ev := range events {
-			if w.wants(ev) {
-				mine = append(mine, ev)
-			}
-		}
-		if len(mine) == 0 {
-			continue
-		}
-		select {
-		case w.ch <- mine:
-		default:
-			w.end(fmt.Errorf("%w: the watcher fell more than %d changes behind; read again and watch again", fence.ErrLimit, watchBuffer))
-		}
-	}
-}
-
-// eventRing keeps the most recent KV changes, at most maxEvents of them and
-// about maxBytes of keys and values. Every change has a revision of its
-// own, one above the one before, so the ring covers a contiguous range of
-// revisions that ends at the store's.
-type eventRing struct {
-	maxEvents, maxBytes int
-	events              []fsm.KVEvent // a circular buffer, oldest at head
-	head, n, bytes      int
-}
-
-func eventSize(ev fsm.KVEvent) int { return len(ev.KV.Key) + len(ev.KV.Value) + len(ev.KV.Lock) + 64 }
-
-func (r *eventRing) push(ev fsm.KVEvent) {
-	if r.maxEvents <= 0 {
-		return
-	}
-	if r.events == nil {
-		r.events = make([]fsm.KVEvent, r.maxEvents)
-	}
-	if r.n == r.maxEvents {
-		r.dropOldest()
-	}
-	r.events[(r.head+r.n)%r.maxEvents] = ev
-	r.n++
-	r.bytes += eventSize(ev)
-	for r.n > 1 && r.bytes > r.maxBytes {
-		r.dropOldest()
-	}
-}
-
-func (r *eventRing) dropOldest() {
-	r.bytes -= eventSize(r.events[r.head])
-	r.events[r.head] = fsm.KVEvent{}
-	r.head = (r.head + 1) % r.maxEvents
-	r.n--
-}
-
-func (r *eventRing) clear() {
-	clear(r.events)
-	r.head, r.n, r.bytes = 0, 0, 0
-}
-
-// oldestRevision is the oldest revision a watch may start at, given the
-// store's revision last: the oldest kept change, or last+1 when none is.
-func (r *eventRing) oldestRevision(last uint64) uint64 {
-	if r.n == 0 {
-		return last + 1
-	}
-	return r.events[r.head].KV.ModRevision
-}
-
-// each calls fn on the kept changes, oldest first.
-func (r *eventRing) each(fn func(fsm.KVEvent)) {
-	for i := range r.n {
-		fn(r.events[(r.head+i)%r.maxEvents])
-	}
+// kvEvents are the KV store's changes, as its watches follow them: every
+// change has a revision of its own, one above the one before.
+var kvEvents = eventKind[fsm.KVEvent]{
+	what:     "changes",
+	revision: func(ev fsm.KVEvent) uint64 { return ev.KV.ModRevision },
+	name:     func(ev fsm.KVEvent) string { return ev.KV.Key },
+	size:     func(ev fsm.KVEvent) int { return len(ev.KV.Key) + len(ev.KV.Value) + len(ev.KV.Lock) + 64 },
+	relist:   "list again and watch from the list's revision + 1",
 }

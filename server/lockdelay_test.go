@@ -132,14 +132,15 @@ func TestEndSessionCommandFollowsTheProtocol(t *testing.T) {
 	}
 }
 
-// mustRecord waits until the console lists the session's end as kind.
-func mustRecord(t *testing.T, s *Server, session uint64, kind string) {
+// mustRecord waits until the console lists the end of the session's grant
+// as the session's end, how.
+func mustRecord(t *testing.T, s *Server, session uint64, how string) {
 	t.Helper()
-	waitFor(t, "the console to list session "+kind, func() bool {
+	waitFor(t, "the console to list session "+how, func() bool {
 		for _, e := range s.console.recent() {
-			if e.Session == session && e.Kind != "grant" {
-				if e.Kind != kind {
-					t.Fatalf("the console lists session %d as %q, want %q", session, e.Kind, kind)
+			if e.Session == session && e.Kind != "granted" {
+				if e.End != how {
+					t.Fatalf("the console lists session %d's grant as ended by %q (%s), want %q", session, e.End, e.Kind, how)
 				}
 				return true
 			}

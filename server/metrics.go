@@ -104,6 +104,9 @@ func registerOpsMetrics(s *Server, m *metrics) {
 		prometheus.NewGaugeFunc(prometheus.GaugeOpts{Name: "fence_watchers", Help: "KV watches open on this node."}, func() float64 {
 			return float64(s.watches.count())
 		}),
+		prometheus.NewGaugeFunc(prometheus.GaugeOpts{Name: "fence_lock_watchers", Help: "Lock watches (LockService.Watch) open on this node."}, func() float64 {
+			return float64(s.lockWatches.count())
+		}),
 		waitersCollector{s},
 		collectors.NewGoCollector(),
 		collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}),

@@ -58,7 +58,9 @@ type node struct {
 
 // openNode opens the node's raft member; api is the address this node's
 // API is reached on, which it tells other nodes over node links.
-func openNode(cfg Config, api string, ident *identity, f *fsm.FSM, logger *slog.Logger, m *storageMetrics) (*node, error) {
+// snapshotOpened learns the raft index of every snapshot opened, the one
+// a restore reads included.
+func openNode(cfg Config, api string, ident *identity, f *fsm.FSM, snapshotOpened func(index uint64), logger *slog.Logger, m *storageMetrics) (*node, error) {
 	if err := os.MkdirAll(cfg.DataDir, 0o700); err != nil {
 		return nil, fmt.Errorf("creating data dir: %w", err)
 	}
@@ -118,7 +120,7 @@ func openNode(cfg Config, api string, ident *identity, f *fsm.FSM, logger *slog.
 	if err != nil {
 		return fail(fmt.Errorf("opening snapshot store: %w", err))
 	}
-	snaps := &tidySnapshots{FileSnapshotStore: fileSnaps, dir: filepath.Join(cfg.DataDir, "snapshots"), logger: logger}
+	snaps := &tidySnapshots{FileSnapshotStore: fileSnaps, dir: filepath.Join(cfg.DataDir, "snapshots"), logger: logger, opened: snapshotOpened}
 	if err := checkSnapshots(cfg.DataDir, snaps, checked, logger); err != nil {
 		return fail(err)
 	}

@@ -45,7 +45,14 @@ type Server struct {
 	fsm     *fsm.FSM
 	node    *node
 	hub     *waitHub
-	watches *watchHub
+	watches *eventHub[fsm.KVEvent]
+
+	// lockWatches numbers the lock events and serves LockService.Watch.
+	lockWatches *lockFeed
+	// snapshotOpened is the raft index of the snapshot last opened: the
+	// one a restore reads (tidySnapshots.Open).
+	snapshotOpened atomic.Uint64
+
 	tracker *sessionTracker
 	// limiter bounds how fast each identity creates sessions (ratelimit.go).
 	limiter *sessionLimiter
@@ -118,7 +125,10 @@ func Start(cfg Config) (*Server, error) {
 	if logger == nil {
 		logger = slog.New(slog.NewTextHandler(io.Discard, nil))
 	}
-	s := &Server{cfg: cfg, logger: logger, hub: newWaitHub(), watches: newWatchHub(cfg.WatchHistory, watchHistoryBytes), done: make(chan struct{}), failed: make(chan struct{})}
+	s := &Server{cfg: cfg, logger: logger, hub: newWaitHub(), done: make(chan struct{}), failed: make(chan struct{})}
+	slots := &watchSlots{limit: cfg.MaxWatchers}
+	s.watches = newEventHub(kvEvents, slots, cfg.WatchHistory, watchHistoryBytes)
+	s.lockWatches = newLockFeed(slots, cfg.Clock, cfg.WatchHistory)
 	s.workers = newWorkers(s.done)
 	s.framed.silence = framedSilence
 	s.fsm = fsm.New(observer{s})
@@ -173,7 +183,7 @@ func Start(cfg Config) (*Server, error) {
 	if s.ident, err = openIdentity(cfg.DataDir); err != nil {
 		return abort(err)
 	}
-	if s.node, err = openNode(cfg, s.advertise, s.ident, s.fsm, logger, s.metrics.storage); err != nil {
+	if s.node, err = openNode(cfg, s.advertise, s.ident, s.fsm, s.snapshotOpened.Store, logger, s.metrics.storage); err != nil {
 		return abort(err)
 	}
 	s.learnGroup()
@@ -315,7 +325,7 @@ func (s *Server) handler() http.Handler {
 	}
 	mux := http.NewServeMux()
 	mux.Handle(fencev1connect.NewSessionServiceHandler(s, opts...))
-	mux.Handle(fencev1connect.NewLockServiceHandler(s, opts...))
+	mux.Handle(fencev1connect.NewLockServiceHandler(lockService{s}, opts...))
 	mux.Handle(fencev1connect.NewKVServiceHandler(s, opts...))
 	mux.Handle(fencev1connect.NewClusterServiceHandler(s, opts...))
 	mux.Handle(fencev1connect.NewAuthServiceHandler(s, opts...))
@@ -579,7 +589,6 @@ func (o observer) Applied(seq fsm.Seq, res fsm.Result) {
 	if s.ident.groupID() == "" {
 		s.learnGroup()
 	}
-	s.console.record(seq.Index(), res)
 	if res.SessionID != 0 {
 		var ttl time.Duration
 		s.fsm.Read(func(st *fsm.State) {
@@ -592,7 +601,10 @@ func (o observer) Applied(seq fsm.Seq, res fsm.Result) {
 		s.tracker.ended(id)
 	}
 	s.hub.applied(uint64(seq), res)
-	s.watches.publish(res.Events)
+	if n := len(res.Events); n > 0 {
+		s.watches.publish(res.Events, res.Events[n-1].KV.ModRevision)
+	}
+	s.console.record(s.lockWatches.applied(seq, res.LockEvents))
 	s.delays.schedule(res.Delayed)
 	s.metrics.grants.Add(float64(len(res.Grants)))
 	if res.AuthChanged {
@@ -638,7 +650,11 @@ func (o observer) Restored() {
 	s.hub.restored(s.fsm.Read)
 	var rev uint64
 	s.fsm.Read(func(st *fsm.State) { rev = st.KVRevision() })
-	s.watches.reset(rev)
+	// The watchers' streams would jump over the changes the snapshot
+	// stands for: end them, so that clients resume (and learn that the
+	// changes are compacted) rather than miss them unawares.
+	s.watches.reset(rev, errReplaced)
+	s.lockWatches.restored(s.snapshotOpened.Load())
 	s.authChanges.notify()
 }
 

@@ -2,6 +2,7 @@ package server
 
 import (
 	"fmt"
+	"io"
 	"log/slog"
 	"os"
 	"path/filepath"
@@ -22,6 +23,21 @@ type tidySnapshots struct {
 	*raft.FileSnapshotStore
 	dir    string // the store's snapshots dir
 	logger *slog.Logger
+	// opened, if set, learns the index of each snapshot opened. raft
+	// opens the one it restores just before the FSM reads it, on the
+	// FSM's goroutine (at start, or from the leader), so the index last
+	// opened when the FSM reports a restore is the restored state's: the
+	// lock watch numbers its events from there. (A backup opens the
+	// leader's latest snapshot too, but a leader restores none.)
+	opened func(index uint64)
+}
+
+func (t *tidySnapshots) Open(id string) (*raft.SnapshotMeta, io.ReadCloser, error) {
+	meta, rc, err := t.FileSnapshotStore.Open(id)
+	if err == nil && t.opened != nil {
+		t.opened(meta.Index)
+	}
+	return meta, rc, err
 }
 
 func (t *tidySnapshots) Create(version raft.SnapshotVersion, index, term uint64, configuration raft.Configuration,

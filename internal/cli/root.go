@@ -124,7 +124,7 @@ func Run(ctx context.Context, args []string, stdin io.Reader, stdout, stderr io.
 	root.SetErr(stderr)
 	var cancelCommand context.CancelFunc = func() {}
 	root.PersistentPreRun = func(cmd *cobra.Command, _ []string) {
-		if hold, _ := cmd.Flags().GetBool("hold"); cmd.Annotations[boundedKey] != "" && !hold && g.commandTimeout > 0 {
+		if cmd.Annotations[boundedKey] != "" && !runsUntilInterrupted(cmd) && g.commandTimeout > 0 {
 			ctx, cancel := context.WithTimeout(cmd.Context(), g.commandTimeout)
 			cmd.SetContext(ctx)
 			cancelCommand = cancel
@@ -173,7 +173,7 @@ func rootCommand(g *globals) *cobra.Command {
 		lockCommand(g),
 		leaseCommand(g),
 		runOnceCommand(g),
-		locksCommand(g),
+		withLockWatch(g, locksCommand(g)),
 		statusCommand(g),
 		benchCommand(g),
 		kvCommand(g),

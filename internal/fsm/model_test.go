@@ -1307,6 +1307,7 @@ func runStreamFrom(tb testing.TB, data []byte, start *fsmpb.Snapshot) map[string
 		tb.Fatalf("step %d: %s\nlast commands:\n%s", step, fmt.Sprintf(format, args...), strings.Join(history[from:], "\n"))
 	}
 	outcomes := map[string]int{}
+	mirror := lockMirror{}
 	lastPermits := map[string]uint32{}
 	prologue := []*fsmpb.Command{newSession(), newSession(), newSession(), newSession()}
 	for step := 0; step < maxStreamSteps; step++ {
@@ -1336,6 +1337,14 @@ func runStreamFrom(tb testing.TB, data []byte, start *fsmpb.Snapshot) map[string
 		if err := check.observe(tb, cmd, ra, a, before); err != nil {
 			fail(step, "%v", err)
 		}
+		// The lock events alone tell a watcher every lock's holders,
+		// waiters and lock-delays.
+		if err := mirror.apply(ra); err != nil {
+			fail(step, "lock events: %v", err)
+		}
+		if d := mirror.differs(a); d != "" {
+			fail(step, "lock events: %s", d)
+		}
 		for _, o := range check.req.takeNotes() {
 			outcomes[o]++
 		}
@@ -1354,8 +1363,12 @@ func runStreamFrom(tb testing.TB, data []byte, start *fsmpb.Snapshot) map[string
 			lastPermits[l.Name] = l.Permits
 		}
 		for name, other := range map[string]*fsm.State{"second fresh state": b, "restored state": c} {
-			if ro := other.Apply(cmd); !sameAnswer(ro, ra) {
+			ro := other.Apply(cmd)
+			if !sameAnswer(ro, ra) {
 				fail(step, "invariant 7: %s answered %s, the first %s", name, describeAll(ro), describeAll(ra))
+			}
+			if !reflect.DeepEqual(allLockEvents(ro), allLockEvents(ra)) {
+				fail(step, "invariant 7: %s made lock events\n%s\nthe first\n%s", name, describeLockEvents(allLockEvents(ro)), describeLockEvents(allLockEvents(ra)))
 			}
 		}
 	}

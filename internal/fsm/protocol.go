@@ -29,9 +29,13 @@ const (
 	// revoke or an abandonment as ExpireSessions, which every version
 	// applies the same way.
 	Protocol3 uint32 = 3
+	// Protocol4 adds CancelWait's timed_out, which names a wait's end in
+	// its lock event. Below it a leader leaves it out, and a timed-out
+	// wait's event says it was cancelled.
+	Protocol4 uint32 = 4
 
 	// Protocol is the newest protocol this version speaks.
-	Protocol = Protocol3
+	Protocol = Protocol4
 )
 
 // notUnderstood says what in cmd this version cannot apply: a kind of

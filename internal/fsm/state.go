@@ -97,6 +97,9 @@ type Result struct {
 	Repeat *Repeat
 	// Events lists the KV changes this command made.
 	Events []KVEvent
+	// LockEvents lists the changes this command made to locks' holders,
+	// queues and lock-delays, in the order it made them.
+	LockEvents []LockEvent
 	// Batch answers a Batch command: the result of each of its commands,
 	// in order. A batch refused as a whole (Err) has none.
 	Batch []Result
@@ -355,6 +358,9 @@ type State struct {
 	// usage counts, per user, what the user's sessions and writes use,
 	// for the user's quotas: derived state, rebuilt on Restore (quota.go).
 	usage map[string]*Usage
+	// lockEvents gathers the lock events of the command being applied,
+	// for its Result: not state, empty between commands.
+	lockEvents []LockEvent
 }
 
 // NewState returns an empty state: no sessions, no locks, token counter 0.
@@ -424,7 +430,19 @@ func (s *State) remember(key string, r Repeat) {
 	s.appliedKeys = append(s.appliedKeys, key)
 }
 
+// apply applies one command that is not a Batch, and lists the lock
+// events it caused (none for a command that failed: it changed nothing).
 func (s *State) apply(cmd *fsmpb.Command) Result {
+	s.lockEvents = nil
+	res := s.applyOp(cmd)
+	if res.Err == nil {
+		res.LockEvents = s.lockEvents
+	}
+	s.lockEvents = nil
+	return res
+}
+
+func (s *State) applyOp(cmd *fsmpb.Command) Result {
 	switch op := cmd.GetOp().(type) {
 	case *fsmpb.Command_CreateSession:
 		return s.createSession(op.CreateSession)
@@ -575,6 +593,7 @@ func (s *State) acquire(c *fsmpb.Acquire) Result {
 	s.locks[name] = l
 	l.waiters = append(l.waiters, w)
 	s.addWait(sess, name)
+	s.emit(LockEvent{Kind: LockQueued, Lock: name, Session: sess.id, Owner: sess.owner, Mode: mode, Permits: l.permits})
 	return Result{Queued: true, Attempt: w.req.attempt}
 }
 
@@ -631,7 +650,9 @@ func (s *State) grant(l *lock, w waiter) Grant {
 	s.lastToken++
 	l.holders = append(l.holders, holder{session: w.session, token: s.lastToken, mode: w.mode, lockDelay: w.lockDelay, req: w.req})
 	s.addHold(s.sessions[w.session], l.name)
-	return Grant{Session: w.session, Lock: l.name, Token: s.lastToken, Mode: w.mode}
+	g := Grant{Session: w.session, Lock: l.name, Token: s.lastToken, Mode: w.mode}
+	s.emitGranted(l, g)
+	return g
 }
 
 // grantWaiters grants l to the waiters at the head of its queue for as long
@@ -682,6 +703,7 @@ func (s *State) release(c *fsmpb.Release) Result {
 // releaseAt removes the session's grant at index i of l's holders and hands
 // the lock on.
 func (s *State) releaseAt(sess *session, l *lock, i int) []Grant {
+	s.emitHolderEnd(l, l.holders[i], 0)
 	l.holders = append(l.holders[:i], l.holders[i+1:]...)
 	s.dropHold(sess, l.name)
 	grants := s.grantWaiters(l)
@@ -710,12 +732,17 @@ func (s *State) cancelWait(c *fsmpb.CancelWait) Result {
 	if i < 0 || (reqID != 0 && !l.waiters[i].req.matches(reqID, attempt)) {
 		return Result{}
 	}
-	return s.dropWaiter(sess, l, i)
+	why := GaveUpCancelled
+	if c.GetTimedOut() {
+		why = GaveUpTimedOut
+	}
+	return s.dropWaiter(sess, l, i, why)
 }
 
-// dropWaiter removes the session's wait at index i of l's queue and hands
-// the lock to the waiters it may have blocked.
-func (s *State) dropWaiter(sess *session, l *lock, i int) Result {
+// dropWaiter removes the session's wait at index i of l's queue, which it
+// gave up for why, and hands the lock to the waiters it may have blocked.
+func (s *State) dropWaiter(sess *session, l *lock, i int, why GiveUp) Result {
+	s.emitWaiterEnd(l, l.waiters[i], why, 0)
 	l.waiters = append(l.waiters[:i], l.waiters[i+1:]...)
 	s.dropWait(sess, l.name)
 	res := Result{Grants: s.grantWaiters(l), Dequeued: true, Dropped: &WaitRef{Session: sess.id, Lock: l.name}}
@@ -747,7 +774,7 @@ func (s *State) cancelAcquire(c *fsmpb.CancelAcquire) Result {
 		return Result{Grants: s.releaseAt(sess, l, i), Released: true}
 	}
 	if i := l.waiterIndex(sess.id); i >= 0 && l.waiters[i].req.matches(reqID, attempt) {
-		return s.dropWaiter(sess, l, i)
+		return s.dropWaiter(sess, l, i, GaveUpCancelled)
 	}
 	return Result{}
 }
@@ -787,12 +814,14 @@ func (s *State) endSessions(ids []uint64, how End) Result {
 		for _, name := range sortedKeys(sess.waits) {
 			l := s.locks[name]
 			i := l.waiterIndex(id)
+			s.emitWaiterEnd(l, l.waiters[i], GaveUpSessionEnded, how)
 			l.waiters = append(l.waiters[:i], l.waiters[i+1:]...)
 		}
 		for _, name := range sortedKeys(sess.holds) {
 			l := s.locks[name]
 			i := l.holderIndex(id)
 			h := l.holders[i]
+			s.emitHolderEnd(l, h, how)
 			l.holders = append(l.holders[:i], l.holders[i+1:]...)
 			if how.delays() && h.lockDelay > 0 {
 				// Each end's delay holds in full, whatever other
@@ -801,6 +830,7 @@ func (s *State) endSessions(ids []uint64, how End) Result {
 				d := Delay{Lock: name, Delay: h.lockDelay, ID: s.lastDelayID}
 				l.delays = append(l.delays, d)
 				res.Delayed = append(res.Delayed, d)
+				s.emit(LockEvent{Kind: LockDelayStarted, Lock: name, Session: id, Owner: sess.owner, Token: h.token, Mode: h.mode, Permits: l.permits, End: how, Delay: d.Delay, DelayID: d.ID})
 			}
 		}
 		for _, key := range sortedKeys(sess.keys) {
@@ -833,12 +863,16 @@ func (s *State) liftDelay(name string, id uint64) Result {
 		return Result{}
 	}
 	if id == 0 {
+		for _, d := range l.delays {
+			s.emit(LockEvent{Kind: LockDelayEnded, Lock: name, Permits: l.permits, DelayID: d.ID})
+		}
 		l.delays = nil
 	} else {
 		i := slices.IndexFunc(l.delays, func(d Delay) bool { return d.ID == id })
 		if i < 0 {
 			return Result{}
 		}
+		s.emit(LockEvent{Kind: LockDelayEnded, Lock: name, Permits: l.permits, DelayID: id})
 		l.delays = slices.Delete(l.delays, i, i+1)
 		if l.delayed() {
 			return Result{}

@@ -813,15 +813,18 @@ func (x *Acquire) GetMaxSessionLocks() uint64 {
 	return 0
 }
 
-// CancelWait ends a wait that timed out. With a request_id it acts only on
-// a wait or grant of that request at that attempt: a later retry of the
-// call has taken it over otherwise.
+// CancelWait ends a wait that timed out, or whose caller went away. With a
+// request_id it acts only on a wait or grant of that request at that
+// attempt: a later retry of the call has taken it over otherwise.
 type CancelWait struct {
-	state         protoimpl.MessageState `protogen:"open.v1"`
-	SessionId     uint64                 `protobuf:"varint,1,opt,name=session_id,json=sessionId,proto3" json:"session_id,omitempty"`
-	Lock          string                 `protobuf:"bytes,2,opt,name=lock,proto3" json:"lock,omitempty"`
-	RequestId     uint64                 `protobuf:"varint,3,opt,name=request_id,json=requestId,proto3" json:"request_id,omitempty"`
-	Attempt       uint64                 `protobuf:"varint,4,opt,name=attempt,proto3" json:"attempt,omitempty"`
+	state     protoimpl.MessageState `protogen:"open.v1"`
+	SessionId uint64                 `protobuf:"varint,1,opt,name=session_id,json=sessionId,proto3" json:"session_id,omitempty"`
+	Lock      string                 `protobuf:"bytes,2,opt,name=lock,proto3" json:"lock,omitempty"`
+	RequestId uint64                 `protobuf:"varint,3,opt,name=request_id,json=requestId,proto3" json:"request_id,omitempty"`
+	Attempt   uint64                 `protobuf:"varint,4,opt,name=attempt,proto3" json:"attempt,omitempty"`
+	// The wait's timeout passed (protocol 4): the lock event of the dropped
+	// wait says "timed out" rather than "cancelled". It changes nothing else.
+	TimedOut      bool `protobuf:"varint,5,opt,name=timed_out,json=timedOut,proto3" json:"timed_out,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -882,6 +885,13 @@ func (x *CancelWait) GetAttempt() uint64 {
 		return x.Attempt
 	}
 	return 0
+}
+
+func (x *CancelWait) GetTimedOut() bool {
+	if x != nil {
+		return x.TimedOut
+	}
+	return false
 }
 
 // CancelAcquire gives up an acquire by request: its wait is dropped, its
@@ -3011,7 +3021,7 @@ const file_fsmpb_fsm_proto_rawDesc = "" +
 	"request_id\x18\b \x01(\x04R\trequestId\x12\x1b\n" +
 	"\tmax_locks\x18\t \x01(\x04R\bmaxLocks\x12*\n" +
 	"\x11max_session_locks\x18\n" +
-	" \x01(\x04R\x0fmaxSessionLocks\"x\n" +
+	" \x01(\x04R\x0fmaxSessionLocks\"\x95\x01\n" +
 	"\n" +
 	"CancelWait\x12\x1d\n" +
 	"\n" +
@@ -3019,7 +3029,8 @@ const file_fsmpb_fsm_proto_rawDesc = "" +
 	"\x04lock\x18\x02 \x01(\tR\x04lock\x12\x1d\n" +
 	"\n" +
 	"request_id\x18\x03 \x01(\x04R\trequestId\x12\x18\n" +
-	"\aattempt\x18\x04 \x01(\x04R\aattempt\"{\n" +
+	"\aattempt\x18\x04 \x01(\x04R\aattempt\x12\x1b\n" +
+	"\ttimed_out\x18\x05 \x01(\bR\btimedOut\"{\n" +
 	"\rCancelAcquire\x12\x1d\n" +
 	"\n" +
 	"session_id\x18\x01 \x01(\x04R\tsessionId\x12\x12\n" +

@@ -89,12 +89,20 @@
     tickTTLs();
   }
 
+  // eventText says what happened: "granted" (with a mode other than
+  // exclusive), "released", or how the holder's session ended.
+  function eventText(e) {
+    if (e.kind === "granted") return "granted" + (e.mode && e.mode !== "exclusive" ? " (" + e.mode + ")" : "");
+    if (e.end) return "session " + e.end;
+    return e.kind;
+  }
+
   function renderEvents(v) {
     const rows = (v.events || []).map((e) => {
       const t = new Date(e.time);
       return el("tr", "event kind-" + e.kind,
         el("td", "", t.toLocaleTimeString()),
-        el("td", "", e.kind === "grant" ? "granted" + (e.mode && e.mode !== "exclusive" ? " (" + e.mode + ")" : "") : "session " + e.kind),
+        el("td", "", eventText(e)),
         el("td", "name", e.lock || ""),
         el("td", "", e.session),
         el("td", "token", e.token || ""));

@@ -358,6 +358,209 @@ func (Reason) EnumDescriptor() ([]byte, []int) {
 	return file_fence_v1_fence_proto_rawDescGZIP(), []int{4}
 }
 
+// LockEventType says what happened to a lock.
+type LockEventType int32
+
+const (
+	LockEventType_LOCK_EVENT_TYPE_UNSPECIFIED LockEventType = 0
+	// A session was granted the lock (token), at once or as a waiter it was
+	// handed to.
+	LockEventType_LOCK_EVENT_TYPE_GRANTED LockEventType = 1
+	// A holder let go: a Release, a CancelAcquire of its grant, or a
+	// CloseSession by its own client (session_end CLOSED).
+	LockEventType_LOCK_EVENT_TYPE_RELEASED LockEventType = 2
+	// The holder's session expired, was revoked by an operator, or was
+	// abandoned by its client, and the grant (token) ended with it. A
+	// lock-delay, if the holder asked for one, follows (DELAY_STARTED).
+	LockEventType_LOCK_EVENT_TYPE_EXPIRED   LockEventType = 3
+	LockEventType_LOCK_EVENT_TYPE_REVOKED   LockEventType = 4
+	LockEventType_LOCK_EVENT_TYPE_ABANDONED LockEventType = 5
+	// A session joined the lock's queue.
+	LockEventType_LOCK_EVENT_TYPE_QUEUED LockEventType = 6
+	// A waiter left the queue without being granted (reason).
+	LockEventType_LOCK_EVENT_TYPE_GAVE_UP LockEventType = 7
+	// A lock-delay (delay_id, lock_delay) began as the grant of session_id
+	// and token ended: nobody is granted the lock until every delay it is
+	// under has ended.
+	LockEventType_LOCK_EVENT_TYPE_DELAY_STARTED LockEventType = 8
+	// The lock-delay delay_id ended.
+	LockEventType_LOCK_EVENT_TYPE_DELAY_ENDED LockEventType = 9
+)
+
+// Enum value maps for LockEventType.
+var (
+	LockEventType_name = map[int32]string{
+		0: "LOCK_EVENT_TYPE_UNSPECIFIED",
+		1: "LOCK_EVENT_TYPE_GRANTED",
+		2: "LOCK_EVENT_TYPE_RELEASED",
+		3: "LOCK_EVENT_TYPE_EXPIRED",
+		4: "LOCK_EVENT_TYPE_REVOKED",
+		5: "LOCK_EVENT_TYPE_ABANDONED",
+		6: "LOCK_EVENT_TYPE_QUEUED",
+		7: "LOCK_EVENT_TYPE_GAVE_UP",
+		8: "LOCK_EVENT_TYPE_DELAY_STARTED",
+		9: "LOCK_EVENT_TYPE_DELAY_ENDED",
+	}
+	LockEventType_value = map[string]int32{
+		"LOCK_EVENT_TYPE_UNSPECIFIED":   0,
+		"LOCK_EVENT_TYPE_GRANTED":       1,
+		"LOCK_EVENT_TYPE_RELEASED":      2,
+		"LOCK_EVENT_TYPE_EXPIRED":       3,
+		"LOCK_EVENT_TYPE_REVOKED":       4,
+		"LOCK_EVENT_TYPE_ABANDONED":     5,
+		"LOCK_EVENT_TYPE_QUEUED":        6,
+		"LOCK_EVENT_TYPE_GAVE_UP":       7,
+		"LOCK_EVENT_TYPE_DELAY_STARTED": 8,
+		"LOCK_EVENT_TYPE_DELAY_ENDED":   9,
+	}
+)
+
+func (x LockEventType) Enum() *LockEventType {
+	p := new(LockEventType)
+	*p = x
+	return p
+}
+
+func (x LockEventType) String() string {
+	return protoimpl.X.EnumStringOf(x.Descriptor(), protoreflect.EnumNumber(x))
+}
+
+func (LockEventType) Descriptor() protoreflect.EnumDescriptor {
+	return file_fence_v1_fence_proto_enumTypes[5].Descriptor()
+}
+
+func (LockEventType) Type() protoreflect.EnumType {
+	return &file_fence_v1_fence_proto_enumTypes[5]
+}
+
+func (x LockEventType) Number() protoreflect.EnumNumber {
+	return protoreflect.EnumNumber(x)
+}
+
+// Deprecated: Use LockEventType.Descriptor instead.
+func (LockEventType) EnumDescriptor() ([]byte, []int) {
+	return file_fence_v1_fence_proto_rawDescGZIP(), []int{5}
+}
+
+// GiveUpReason says why a waiter left a lock's queue ungranted.
+type GiveUpReason int32
+
+const (
+	GiveUpReason_GIVE_UP_REASON_UNSPECIFIED GiveUpReason = 0
+	// Its Acquire was given up: CancelAcquire, or a call whose caller went
+	// away (or lost its permission) while it waited.
+	GiveUpReason_GIVE_UP_REASON_CANCELLED GiveUpReason = 1
+	// Its wait_timeout passed. (A group not yet at protocol 4, during a
+	// rolling upgrade, reports it as CANCELLED.)
+	GiveUpReason_GIVE_UP_REASON_TIMED_OUT GiveUpReason = 2
+	// Its session ended (session_end says how).
+	GiveUpReason_GIVE_UP_REASON_SESSION_ENDED GiveUpReason = 3
+)
+
+// Enum value maps for GiveUpReason.
+var (
+	GiveUpReason_name = map[int32]string{
+		0: "GIVE_UP_REASON_UNSPECIFIED",
+		1: "GIVE_UP_REASON_CANCELLED",
+		2: "GIVE_UP_REASON_TIMED_OUT",
+		3: "GIVE_UP_REASON_SESSION_ENDED",
+	}
+	GiveUpReason_value = map[string]int32{
+		"GIVE_UP_REASON_UNSPECIFIED":   0,
+		"GIVE_UP_REASON_CANCELLED":     1,
+		"GIVE_UP_REASON_TIMED_OUT":     2,
+		"GIVE_UP_REASON_SESSION_ENDED": 3,
+	}
+)
+
+func (x GiveUpReason) Enum() *GiveUpReason {
+	p := new(GiveUpReason)
+	*p = x
+	return p
+}
+
+func (x GiveUpReason) String() string {
+	return protoimpl.X.EnumStringOf(x.Descriptor(), protoreflect.EnumNumber(x))
+}
+
+func (GiveUpReason) Descriptor() protoreflect.EnumDescriptor {
+	return file_fence_v1_fence_proto_enumTypes[6].Descriptor()
+}
+
+func (GiveUpReason) Type() protoreflect.EnumType {
+	return &file_fence_v1_fence_proto_enumTypes[6]
+}
+
+func (x GiveUpReason) Number() protoreflect.EnumNumber {
+	return protoreflect.EnumNumber(x)
+}
+
+// Deprecated: Use GiveUpReason.Descriptor instead.
+func (GiveUpReason) EnumDescriptor() ([]byte, []int) {
+	return file_fence_v1_fence_proto_rawDescGZIP(), []int{6}
+}
+
+// SessionEnd is how a session ended.
+type SessionEnd int32
+
+const (
+	SessionEnd_SESSION_END_UNSPECIFIED SessionEnd = 0
+	// Closed by its own client.
+	SessionEnd_SESSION_END_CLOSED SessionEnd = 1
+	// Expired: no keepalive reached the leader within its TTL.
+	SessionEnd_SESSION_END_EXPIRED SessionEnd = 2
+	// Revoked by an operator (ClusterService.RevokeSession).
+	SessionEnd_SESSION_END_REVOKED SessionEnd = 3
+	// Given up by its client, which could not renew it in time
+	// (CloseSessionRequest.abandon).
+	SessionEnd_SESSION_END_ABANDONED SessionEnd = 4
+)
+
+// Enum value maps for SessionEnd.
+var (
+	SessionEnd_name = map[int32]string{
+		0: "SESSION_END_UNSPECIFIED",
+		1: "SESSION_END_CLOSED",
+		2: "SESSION_END_EXPIRED",
+		3: "SESSION_END_REVOKED",
+		4: "SESSION_END_ABANDONED",
+	}
+	SessionEnd_value = map[string]int32{
+		"SESSION_END_UNSPECIFIED": 0,
+		"SESSION_END_CLOSED":      1,
+		"SESSION_END_EXPIRED":     2,
+		"SESSION_END_REVOKED":     3,
+		"SESSION_END_ABANDONED":   4,
+	}
+)
+
+func (x SessionEnd) Enum() *SessionEnd {
+	p := new(SessionEnd)
+	*p = x
+	return p
+}
+
+func (x SessionEnd) String() string {
+	return protoimpl.X.EnumStringOf(x.Descriptor(), protoreflect.EnumNumber(x))
+}
+
+func (SessionEnd) Descriptor() protoreflect.EnumDescriptor {
+	return file_fence_v1_fence_proto_enumTypes[7].Descriptor()
+}
+
+func (SessionEnd) Type() protoreflect.EnumType {
+	return &file_fence_v1_fence_proto_enumTypes[7]
+}
+
+func (x SessionEnd) Number() protoreflect.EnumNumber {
+	return protoreflect.EnumNumber(x)
+}
+
+// Deprecated: Use SessionEnd.Descriptor instead.
+func (SessionEnd) EnumDescriptor() ([]byte, []int) {
+	return file_fence_v1_fence_proto_rawDescGZIP(), []int{7}
+}
+
 // Permission allows kind at access on every name that starts with prefix
 // ("" is every name).
 type Permission struct {
@@ -6599,6 +6802,287 @@ func (*StreamResponse_Delete) isStreamResponse_Result() {}
 
 func (*StreamResponse_Opened) isStreamResponse_Result() {}
 
+type LockWatchRequest struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// Only the locks whose names start with prefix; "" for every lock.
+	Prefix string `protobuf:"bytes,1,opt,name=prefix,proto3" json:"prefix,omitempty"`
+	// Deliver the events from this revision on, first those already applied
+	// (from the node's history of recent events), then new ones: resume a
+	// broken watch from the last revision seen + 1 (or a progress message's
+	// + 1), on any node. 0 starts after the last event applied. Older than
+	// the history: FailedPrecondition, reason REASON_COMPACTED.
+	StartRevision uint64 `protobuf:"varint,2,opt,name=start_revision,json=startRevision,proto3" json:"start_revision,omitempty"`
+	// While no event is sent for this long, send a message without events
+	// (progress set, with the revision the watch has reached), so that the
+	// client knows the stream and the node live. At least 100ms. Unset: no
+	// such messages.
+	ProgressInterval *durationpb.Duration `protobuf:"bytes,3,opt,name=progress_interval,json=progressInterval,proto3" json:"progress_interval,omitempty"`
+	unknownFields    protoimpl.UnknownFields
+	sizeCache        protoimpl.SizeCache
+}
+
+func (x *LockWatchRequest) Reset() {
+	*x = LockWatchRequest{}
+	mi := &file_fence_v1_fence_proto_msgTypes[102]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *LockWatchRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*LockWatchRequest) ProtoMessage() {}
+
+func (x *LockWatchRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_fence_v1_fence_proto_msgTypes[102]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use LockWatchRequest.ProtoReflect.Descriptor instead.
+func (*LockWatchRequest) Descriptor() ([]byte, []int) {
+	return file_fence_v1_fence_proto_rawDescGZIP(), []int{102}
+}
+
+func (x *LockWatchRequest) GetPrefix() string {
+	if x != nil {
+		return x.Prefix
+	}
+	return ""
+}
+
+func (x *LockWatchRequest) GetStartRevision() uint64 {
+	if x != nil {
+		return x.StartRevision
+	}
+	return 0
+}
+
+func (x *LockWatchRequest) GetProgressInterval() *durationpb.Duration {
+	if x != nil {
+		return x.ProgressInterval
+	}
+	return nil
+}
+
+type LockWatchResponse struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// The events, in the order they happened (increasing revision).
+	Events []*LockEvent `protobuf:"bytes,1,rep,name=events,proto3" json:"events,omitempty"`
+	// Set in the first message, which has no events and says that the watch
+	// is in place, and in progress messages: every event up to this
+	// revision has been delivered (and none after it is missed).
+	Revision uint64 `protobuf:"varint,2,opt,name=revision,proto3" json:"revision,omitempty"`
+	// A message sent for progress_interval, with no events.
+	Progress      bool `protobuf:"varint,3,opt,name=progress,proto3" json:"progress,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *LockWatchResponse) Reset() {
+	*x = LockWatchResponse{}
+	mi := &file_fence_v1_fence_proto_msgTypes[103]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *LockWatchResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*LockWatchResponse) ProtoMessage() {}
+
+func (x *LockWatchResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_fence_v1_fence_proto_msgTypes[103]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use LockWatchResponse.ProtoReflect.Descriptor instead.
+func (*LockWatchResponse) Descriptor() ([]byte, []int) {
+	return file_fence_v1_fence_proto_rawDescGZIP(), []int{103}
+}
+
+func (x *LockWatchResponse) GetEvents() []*LockEvent {
+	if x != nil {
+		return x.Events
+	}
+	return nil
+}
+
+func (x *LockWatchResponse) GetRevision() uint64 {
+	if x != nil {
+		return x.Revision
+	}
+	return 0
+}
+
+func (x *LockWatchResponse) GetProgress() bool {
+	if x != nil {
+		return x.Progress
+	}
+	return false
+}
+
+// LockEvent is one change to a lock's holders, queue or lock-delays.
+type LockEvent struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// The event's place in the log: the raft index of the entry that made
+	// it, times 2^20, plus its place among that entry's events. The same on
+	// every node; increasing, but not by one.
+	Revision uint64        `protobuf:"varint,1,opt,name=revision,proto3" json:"revision,omitempty"`
+	Type     LockEventType `protobuf:"varint,2,opt,name=type,proto3,enum=fence.v1.LockEventType" json:"type,omitempty"`
+	Lock     string        `protobuf:"bytes,3,opt,name=lock,proto3" json:"lock,omitempty"`
+	// The holder or waiter the event is about; for a lock-delay, the
+	// holder whose end started it (unset for DELAY_ENDED).
+	SessionId uint64 `protobuf:"varint,4,opt,name=session_id,json=sessionId,proto3" json:"session_id,omitempty"`
+	// That session's owner, as its client named it.
+	Owner string `protobuf:"bytes,5,opt,name=owner,proto3" json:"owner,omitempty"`
+	// The grant made (GRANTED), or the one that ended (RELEASED, EXPIRED,
+	// REVOKED, ABANDONED, DELAY_STARTED).
+	Token uint64 `protobuf:"varint,6,opt,name=token,proto3" json:"token,omitempty"`
+	Mode  Mode   `protobuf:"varint,7,opt,name=mode,proto3,enum=fence.v1.Mode" json:"mode,omitempty"`
+	// A semaphore's number of permits; 0 for a lock.
+	Permits uint32 `protobuf:"varint,8,opt,name=permits,proto3" json:"permits,omitempty"`
+	// For GAVE_UP: why.
+	Reason GiveUpReason `protobuf:"varint,9,opt,name=reason,proto3,enum=fence.v1.GiveUpReason" json:"reason,omitempty"`
+	// Set when the session's end caused the event: how it ended.
+	SessionEnd SessionEnd `protobuf:"varint,10,opt,name=session_end,json=sessionEnd,proto3,enum=fence.v1.SessionEnd" json:"session_end,omitempty"`
+	// For DELAY_STARTED: how long the lock is held back.
+	LockDelay *durationpb.Duration `protobuf:"bytes,11,opt,name=lock_delay,json=lockDelay,proto3" json:"lock_delay,omitempty"`
+	// For DELAY_STARTED and DELAY_ENDED: the delay's id.
+	DelayId       uint64 `protobuf:"varint,12,opt,name=delay_id,json=delayId,proto3" json:"delay_id,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *LockEvent) Reset() {
+	*x = LockEvent{}
+	mi := &file_fence_v1_fence_proto_msgTypes[104]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *LockEvent) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*LockEvent) ProtoMessage() {}
+
+func (x *LockEvent) ProtoReflect() protoreflect.Message {
+	mi := &file_fence_v1_fence_proto_msgTypes[104]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use LockEvent.ProtoReflect.Descriptor instead.
+func (*LockEvent) Descriptor() ([]byte, []int) {
+	return file_fence_v1_fence_proto_rawDescGZIP(), []int{104}
+}
+
+func (x *LockEvent) GetRevision() uint64 {
+	if x != nil {
+		return x.Revision
+	}
+	return 0
+}
+
+func (x *LockEvent) GetType() LockEventType {
+	if x != nil {
+		return x.Type
+	}
+	return LockEventType_LOCK_EVENT_TYPE_UNSPECIFIED
+}
+
+func (x *LockEvent) GetLock() string {
+	if x != nil {
+		return x.Lock
+	}
+	return ""
+}
+
+func (x *LockEvent) GetSessionId() uint64 {
+	if x != nil {
+		return x.SessionId
+	}
+	return 0
+}
+
+func (x *LockEvent) GetOwner() string {
+	if x != nil {
+		return x.Owner
+	}
+	return ""
+}
+
+func (x *LockEvent) GetToken() uint64 {
+	if x != nil {
+		return x.Token
+	}
+	return 0
+}
+
+func (x *LockEvent) GetMode() Mode {
+	if x != nil {
+		return x.Mode
+	}
+	return Mode_MODE_UNSPECIFIED
+}
+
+func (x *LockEvent) GetPermits() uint32 {
+	if x != nil {
+		return x.Permits
+	}
+	return 0
+}
+
+func (x *LockEvent) GetReason() GiveUpReason {
+	if x != nil {
+		return x.Reason
+	}
+	return GiveUpReason_GIVE_UP_REASON_UNSPECIFIED
+}
+
+func (x *LockEvent) GetSessionEnd() SessionEnd {
+	if x != nil {
+		return x.SessionEnd
+	}
+	return SessionEnd_SESSION_END_UNSPECIFIED
+}
+
+func (x *LockEvent) GetLockDelay() *durationpb.Duration {
+	if x != nil {
+		return x.LockDelay
+	}
+	return nil
+}
+
+func (x *LockEvent) GetDelayId() uint64 {
+	if x != nil {
+		return x.DelayId
+	}
+	return 0
+}
+
 var File_fence_v1_fence_proto protoreflect.FileDescriptor
 
 const file_fence_v1_fence_proto_rawDesc = "" +
@@ -7018,7 +7502,32 @@ const file_fence_v1_fence_proto_rawDesc = "" +
 	"\x03get\x18\x12 \x01(\v2\x15.fence.v1.GetResponseH\x00R\x03get\x122\n" +
 	"\x06delete\x18\x13 \x01(\v2\x18.fence.v1.DeleteResponseH\x00R\x06delete\x120\n" +
 	"\x06opened\x18\x14 \x01(\v2\x16.fence.v1.StreamOpenedH\x00R\x06openedB\b\n" +
-	"\x06result*~\n" +
+	"\x06result\"\x99\x01\n" +
+	"\x10LockWatchRequest\x12\x16\n" +
+	"\x06prefix\x18\x01 \x01(\tR\x06prefix\x12%\n" +
+	"\x0estart_revision\x18\x02 \x01(\x04R\rstartRevision\x12F\n" +
+	"\x11progress_interval\x18\x03 \x01(\v2\x19.google.protobuf.DurationR\x10progressInterval\"x\n" +
+	"\x11LockWatchResponse\x12+\n" +
+	"\x06events\x18\x01 \x03(\v2\x13.fence.v1.LockEventR\x06events\x12\x1a\n" +
+	"\brevision\x18\x02 \x01(\x04R\brevision\x12\x1a\n" +
+	"\bprogress\x18\x03 \x01(\bR\bprogress\"\xad\x03\n" +
+	"\tLockEvent\x12\x1a\n" +
+	"\brevision\x18\x01 \x01(\x04R\brevision\x12+\n" +
+	"\x04type\x18\x02 \x01(\x0e2\x17.fence.v1.LockEventTypeR\x04type\x12\x12\n" +
+	"\x04lock\x18\x03 \x01(\tR\x04lock\x12\x1d\n" +
+	"\n" +
+	"session_id\x18\x04 \x01(\x04R\tsessionId\x12\x14\n" +
+	"\x05owner\x18\x05 \x01(\tR\x05owner\x12\x14\n" +
+	"\x05token\x18\x06 \x01(\x04R\x05token\x12\"\n" +
+	"\x04mode\x18\a \x01(\x0e2\x0e.fence.v1.ModeR\x04mode\x12\x18\n" +
+	"\apermits\x18\b \x01(\rR\apermits\x12.\n" +
+	"\x06reason\x18\t \x01(\x0e2\x16.fence.v1.GiveUpReasonR\x06reason\x125\n" +
+	"\vsession_end\x18\n" +
+	" \x01(\x0e2\x14.fence.v1.SessionEndR\n" +
+	"sessionEnd\x128\n" +
+	"\n" +
+	"lock_delay\x18\v \x01(\v2\x19.google.protobuf.DurationR\tlockDelay\x12\x19\n" +
+	"\bdelay_id\x18\f \x01(\x04R\adelayId*~\n" +
 	"\x0ePermissionKind\x12\x1f\n" +
 	"\x1bPERMISSION_KIND_UNSPECIFIED\x10\x00\x12\x18\n" +
 	"\x14PERMISSION_KIND_LOCK\x10\x01\x12\x16\n" +
@@ -7056,13 +7565,37 @@ const file_fence_v1_fence_proto_rawDesc = "" +
 	"\x15REASON_SESSION_SECRET\x10\x0e\x12\x15\n" +
 	"\x11REASON_MEMBERSHIP\x10\x0f\x12\x1c\n" +
 	"\x18REASON_PERMISSION_DENIED\x10\x10\x12\x0f\n" +
-	"\vREASON_AUTH\x10\x112\xce\x02\n" +
+	"\vREASON_AUTH\x10\x11*\xc1\x02\n" +
+	"\rLockEventType\x12\x1f\n" +
+	"\x1bLOCK_EVENT_TYPE_UNSPECIFIED\x10\x00\x12\x1b\n" +
+	"\x17LOCK_EVENT_TYPE_GRANTED\x10\x01\x12\x1c\n" +
+	"\x18LOCK_EVENT_TYPE_RELEASED\x10\x02\x12\x1b\n" +
+	"\x17LOCK_EVENT_TYPE_EXPIRED\x10\x03\x12\x1b\n" +
+	"\x17LOCK_EVENT_TYPE_REVOKED\x10\x04\x12\x1d\n" +
+	"\x19LOCK_EVENT_TYPE_ABANDONED\x10\x05\x12\x1a\n" +
+	"\x16LOCK_EVENT_TYPE_QUEUED\x10\x06\x12\x1b\n" +
+	"\x17LOCK_EVENT_TYPE_GAVE_UP\x10\a\x12!\n" +
+	"\x1dLOCK_EVENT_TYPE_DELAY_STARTED\x10\b\x12\x1f\n" +
+	"\x1bLOCK_EVENT_TYPE_DELAY_ENDED\x10\t*\x8c\x01\n" +
+	"\fGiveUpReason\x12\x1e\n" +
+	"\x1aGIVE_UP_REASON_UNSPECIFIED\x10\x00\x12\x1c\n" +
+	"\x18GIVE_UP_REASON_CANCELLED\x10\x01\x12\x1c\n" +
+	"\x18GIVE_UP_REASON_TIMED_OUT\x10\x02\x12 \n" +
+	"\x1cGIVE_UP_REASON_SESSION_ENDED\x10\x03*\x8e\x01\n" +
+	"\n" +
+	"SessionEnd\x12\x1b\n" +
+	"\x17SESSION_END_UNSPECIFIED\x10\x00\x12\x16\n" +
+	"\x12SESSION_END_CLOSED\x10\x01\x12\x17\n" +
+	"\x13SESSION_END_EXPIRED\x10\x02\x12\x17\n" +
+	"\x13SESSION_END_REVOKED\x10\x03\x12\x19\n" +
+	"\x15SESSION_END_ABANDONED\x10\x042\xce\x02\n" +
 	"\x0eSessionService\x12R\n" +
 	"\rCreateSession\x12\x1e.fence.v1.CreateSessionRequest\x1a\x1f.fence.v1.CreateSessionResponse\"\x00\x12F\n" +
 	"\tKeepAlive\x12\x1a.fence.v1.KeepAliveRequest\x1a\x1b.fence.v1.KeepAliveResponse\"\x00\x12O\n" +
 	"\fCloseSession\x12\x1d.fence.v1.CloseSessionRequest\x1a\x1e.fence.v1.CloseSessionResponse\"\x00\x12O\n" +
-	"\fListSessions\x12\x1d.fence.v1.ListSessionsRequest\x1a\x1e.fence.v1.ListSessionsResponse\"\x002\xc1\x04\n" +
-	"\vLockService\x12@\n" +
+	"\fListSessions\x12\x1d.fence.v1.ListSessionsRequest\x1a\x1e.fence.v1.ListSessionsResponse\"\x002\x87\x05\n" +
+	"\vLockService\x12D\n" +
+	"\x05Watch\x12\x1a.fence.v1.LockWatchRequest\x1a\x1b.fence.v1.LockWatchResponse\"\x000\x01\x12@\n" +
 	"\aAcquire\x12\x18.fence.v1.AcquireRequest\x1a\x19.fence.v1.AcquireResponse\"\x00\x12@\n" +
 	"\aRelease\x12\x18.fence.v1.ReleaseRequest\x1a\x19.fence.v1.ReleaseResponse\"\x00\x12R\n" +
 	"\rCancelAcquire\x12\x1e.fence.v1.CancelAcquireRequest\x1a\x1f.fence.v1.CancelAcquireResponse\"\x00\x12:\n" +
@@ -7122,279 +7655,294 @@ func file_fence_v1_fence_proto_rawDescGZIP() []byte {
 	return file_fence_v1_fence_proto_rawDescData
 }
 
-var file_fence_v1_fence_proto_enumTypes = make([]protoimpl.EnumInfo, 5)
-var file_fence_v1_fence_proto_msgTypes = make([]protoimpl.MessageInfo, 102)
+var file_fence_v1_fence_proto_enumTypes = make([]protoimpl.EnumInfo, 8)
+var file_fence_v1_fence_proto_msgTypes = make([]protoimpl.MessageInfo, 105)
 var file_fence_v1_fence_proto_goTypes = []any{
 	(PermissionKind)(0),                  // 0: fence.v1.PermissionKind
 	(Access)(0),                          // 1: fence.v1.Access
 	(Mode)(0),                            // 2: fence.v1.Mode
 	(EventType)(0),                       // 3: fence.v1.EventType
 	(Reason)(0),                          // 4: fence.v1.Reason
-	(*Permission)(nil),                   // 5: fence.v1.Permission
-	(*AuthEnableRequest)(nil),            // 6: fence.v1.AuthEnableRequest
-	(*AuthEnableResponse)(nil),           // 7: fence.v1.AuthEnableResponse
-	(*AuthDisableRequest)(nil),           // 8: fence.v1.AuthDisableRequest
-	(*AuthDisableResponse)(nil),          // 9: fence.v1.AuthDisableResponse
-	(*AuthStatusRequest)(nil),            // 10: fence.v1.AuthStatusRequest
-	(*AuthStatusResponse)(nil),           // 11: fence.v1.AuthStatusResponse
-	(*User)(nil),                         // 12: fence.v1.User
-	(*Role)(nil),                         // 13: fence.v1.Role
-	(*UserAddRequest)(nil),               // 14: fence.v1.UserAddRequest
-	(*UserAddResponse)(nil),              // 15: fence.v1.UserAddResponse
-	(*UserRemoveRequest)(nil),            // 16: fence.v1.UserRemoveRequest
-	(*UserRemoveResponse)(nil),           // 17: fence.v1.UserRemoveResponse
-	(*UserListRequest)(nil),              // 18: fence.v1.UserListRequest
-	(*UserListResponse)(nil),             // 19: fence.v1.UserListResponse
-	(*UserSetQuotaRequest)(nil),          // 20: fence.v1.UserSetQuotaRequest
-	(*UserSetQuotaResponse)(nil),         // 21: fence.v1.UserSetQuotaResponse
-	(*UserGrantRoleRequest)(nil),         // 22: fence.v1.UserGrantRoleRequest
-	(*UserGrantRoleResponse)(nil),        // 23: fence.v1.UserGrantRoleResponse
-	(*UserRevokeRoleRequest)(nil),        // 24: fence.v1.UserRevokeRoleRequest
-	(*UserRevokeRoleResponse)(nil),       // 25: fence.v1.UserRevokeRoleResponse
-	(*RoleAddRequest)(nil),               // 26: fence.v1.RoleAddRequest
-	(*RoleAddResponse)(nil),              // 27: fence.v1.RoleAddResponse
-	(*RoleRemoveRequest)(nil),            // 28: fence.v1.RoleRemoveRequest
-	(*RoleRemoveResponse)(nil),           // 29: fence.v1.RoleRemoveResponse
-	(*RoleGrantPermissionRequest)(nil),   // 30: fence.v1.RoleGrantPermissionRequest
-	(*RoleGrantPermissionResponse)(nil),  // 31: fence.v1.RoleGrantPermissionResponse
-	(*RoleRevokePermissionRequest)(nil),  // 32: fence.v1.RoleRevokePermissionRequest
-	(*RoleRevokePermissionResponse)(nil), // 33: fence.v1.RoleRevokePermissionResponse
-	(*RoleListRequest)(nil),              // 34: fence.v1.RoleListRequest
-	(*RoleListResponse)(nil),             // 35: fence.v1.RoleListResponse
-	(*TokenCreateRequest)(nil),           // 36: fence.v1.TokenCreateRequest
-	(*TokenCreateResponse)(nil),          // 37: fence.v1.TokenCreateResponse
-	(*TokenRevokeRequest)(nil),           // 38: fence.v1.TokenRevokeRequest
-	(*TokenRevokeResponse)(nil),          // 39: fence.v1.TokenRevokeResponse
-	(*TokenListRequest)(nil),             // 40: fence.v1.TokenListRequest
-	(*TokenListResponse)(nil),            // 41: fence.v1.TokenListResponse
-	(*TokenInfo)(nil),                    // 42: fence.v1.TokenInfo
-	(*CreateSessionRequest)(nil),         // 43: fence.v1.CreateSessionRequest
-	(*CreateSessionResponse)(nil),        // 44: fence.v1.CreateSessionResponse
-	(*KeepAliveRequest)(nil),             // 45: fence.v1.KeepAliveRequest
-	(*KeepAliveResponse)(nil),            // 46: fence.v1.KeepAliveResponse
-	(*HeldGrants)(nil),                   // 47: fence.v1.HeldGrants
-	(*CloseSessionRequest)(nil),          // 48: fence.v1.CloseSessionRequest
-	(*CloseSessionResponse)(nil),         // 49: fence.v1.CloseSessionResponse
-	(*ListSessionsRequest)(nil),          // 50: fence.v1.ListSessionsRequest
-	(*ListSessionsResponse)(nil),         // 51: fence.v1.ListSessionsResponse
-	(*SessionInfo)(nil),                  // 52: fence.v1.SessionInfo
-	(*SessionGrant)(nil),                 // 53: fence.v1.SessionGrant
-	(*AcquireRequest)(nil),               // 54: fence.v1.AcquireRequest
-	(*AcquireResponse)(nil),              // 55: fence.v1.AcquireResponse
-	(*ReleaseRequest)(nil),               // 56: fence.v1.ReleaseRequest
-	(*ReleaseResponse)(nil),              // 57: fence.v1.ReleaseResponse
-	(*LeaseRequest)(nil),                 // 58: fence.v1.LeaseRequest
-	(*LeaseResponse)(nil),                // 59: fence.v1.LeaseResponse
-	(*RenewLeaseRequest)(nil),            // 60: fence.v1.RenewLeaseRequest
-	(*RenewLeaseResponse)(nil),           // 61: fence.v1.RenewLeaseResponse
-	(*ReleaseLeaseRequest)(nil),          // 62: fence.v1.ReleaseLeaseRequest
-	(*ReleaseLeaseResponse)(nil),         // 63: fence.v1.ReleaseLeaseResponse
-	(*CancelAcquireRequest)(nil),         // 64: fence.v1.CancelAcquireRequest
-	(*CancelAcquireResponse)(nil),        // 65: fence.v1.CancelAcquireResponse
-	(*CheckRequest)(nil),                 // 66: fence.v1.CheckRequest
-	(*CheckResponse)(nil),                // 67: fence.v1.CheckResponse
-	(*ListLocksRequest)(nil),             // 68: fence.v1.ListLocksRequest
-	(*Holder)(nil),                       // 69: fence.v1.Holder
-	(*Waiter)(nil),                       // 70: fence.v1.Waiter
-	(*LockInfo)(nil),                     // 71: fence.v1.LockInfo
-	(*ListLocksResponse)(nil),            // 72: fence.v1.ListLocksResponse
-	(*StatusRequest)(nil),                // 73: fence.v1.StatusRequest
-	(*StatusResponse)(nil),               // 74: fence.v1.StatusResponse
-	(*Member)(nil),                       // 75: fence.v1.Member
-	(*AddMemberRequest)(nil),             // 76: fence.v1.AddMemberRequest
-	(*AddMemberResponse)(nil),            // 77: fence.v1.AddMemberResponse
-	(*RemoveMemberRequest)(nil),          // 78: fence.v1.RemoveMemberRequest
-	(*RemoveMemberResponse)(nil),         // 79: fence.v1.RemoveMemberResponse
-	(*RevokeSessionRequest)(nil),         // 80: fence.v1.RevokeSessionRequest
-	(*RevokeSessionResponse)(nil),        // 81: fence.v1.RevokeSessionResponse
-	(*SnapshotRequest)(nil),              // 82: fence.v1.SnapshotRequest
-	(*SnapshotResponse)(nil),             // 83: fence.v1.SnapshotResponse
-	(*SnapshotHeader)(nil),               // 84: fence.v1.SnapshotHeader
-	(*Fence)(nil),                        // 85: fence.v1.Fence
-	(*PutRequest)(nil),                   // 86: fence.v1.PutRequest
-	(*PutResponse)(nil),                  // 87: fence.v1.PutResponse
-	(*KeyValue)(nil),                     // 88: fence.v1.KeyValue
-	(*GetRequest)(nil),                   // 89: fence.v1.GetRequest
-	(*GetResponse)(nil),                  // 90: fence.v1.GetResponse
-	(*DeleteRequest)(nil),                // 91: fence.v1.DeleteRequest
-	(*DeleteResponse)(nil),               // 92: fence.v1.DeleteResponse
-	(*ListRequest)(nil),                  // 93: fence.v1.ListRequest
-	(*ListResponse)(nil),                 // 94: fence.v1.ListResponse
-	(*WatchRequest)(nil),                 // 95: fence.v1.WatchRequest
-	(*Event)(nil),                        // 96: fence.v1.Event
-	(*WatchResponse)(nil),                // 97: fence.v1.WatchResponse
-	(*ErrorDetail)(nil),                  // 98: fence.v1.ErrorDetail
-	(*StreamRequest)(nil),                // 99: fence.v1.StreamRequest
-	(*StreamCancel)(nil),                 // 100: fence.v1.StreamCancel
-	(*KeepAliveManyRequest)(nil),         // 101: fence.v1.KeepAliveManyRequest
-	(*KeepAliveManyResponse)(nil),        // 102: fence.v1.KeepAliveManyResponse
-	(*KeepAliveResult)(nil),              // 103: fence.v1.KeepAliveResult
-	(*StreamError)(nil),                  // 104: fence.v1.StreamError
-	(*StreamOpened)(nil),                 // 105: fence.v1.StreamOpened
-	(*StreamResponse)(nil),               // 106: fence.v1.StreamResponse
-	(*durationpb.Duration)(nil),          // 107: google.protobuf.Duration
-	(*timestamppb.Timestamp)(nil),        // 108: google.protobuf.Timestamp
+	(LockEventType)(0),                   // 5: fence.v1.LockEventType
+	(GiveUpReason)(0),                    // 6: fence.v1.GiveUpReason
+	(SessionEnd)(0),                      // 7: fence.v1.SessionEnd
+	(*Permission)(nil),                   // 8: fence.v1.Permission
+	(*AuthEnableRequest)(nil),            // 9: fence.v1.AuthEnableRequest
+	(*AuthEnableResponse)(nil),           // 10: fence.v1.AuthEnableResponse
+	(*AuthDisableRequest)(nil),           // 11: fence.v1.AuthDisableRequest
+	(*AuthDisableResponse)(nil),          // 12: fence.v1.AuthDisableResponse
+	(*AuthStatusRequest)(nil),            // 13: fence.v1.AuthStatusRequest
+	(*AuthStatusResponse)(nil),           // 14: fence.v1.AuthStatusResponse
+	(*User)(nil),                         // 15: fence.v1.User
+	(*Role)(nil),                         // 16: fence.v1.Role
+	(*UserAddRequest)(nil),               // 17: fence.v1.UserAddRequest
+	(*UserAddResponse)(nil),              // 18: fence.v1.UserAddResponse
+	(*UserRemoveRequest)(nil),            // 19: fence.v1.UserRemoveRequest
+	(*UserRemoveResponse)(nil),           // 20: fence.v1.UserRemoveResponse
+	(*UserListRequest)(nil),              // 21: fence.v1.UserListRequest
+	(*UserListResponse)(nil),             // 22: fence.v1.UserListResponse
+	(*UserSetQuotaRequest)(nil),          // 23: fence.v1.UserSetQuotaRequest
+	(*UserSetQuotaResponse)(nil),         // 24: fence.v1.UserSetQuotaResponse
+	(*UserGrantRoleRequest)(nil),         // 25: fence.v1.UserGrantRoleRequest
+	(*UserGrantRoleResponse)(nil),        // 26: fence.v1.UserGrantRoleResponse
+	(*UserRevokeRoleRequest)(nil),        // 27: fence.v1.UserRevokeRoleRequest
+	(*UserRevokeRoleResponse)(nil),       // 28: fence.v1.UserRevokeRoleResponse
+	(*RoleAddRequest)(nil),               // 29: fence.v1.RoleAddRequest
+	(*RoleAddResponse)(nil),              // 30: fence.v1.RoleAddResponse
+	(*RoleRemoveRequest)(nil),            // 31: fence.v1.RoleRemoveRequest
+	(*RoleRemoveResponse)(nil),           // 32: fence.v1.RoleRemoveResponse
+	(*RoleGrantPermissionRequest)(nil),   // 33: fence.v1.RoleGrantPermissionRequest
+	(*RoleGrantPermissionResponse)(nil),  // 34: fence.v1.RoleGrantPermissionResponse
+	(*RoleRevokePermissionRequest)(nil),  // 35: fence.v1.RoleRevokePermissionRequest
+	(*RoleRevokePermissionResponse)(nil), // 36: fence.v1.RoleRevokePermissionResponse
+	(*RoleListRequest)(nil),              // 37: fence.v1.RoleListRequest
+	(*RoleListResponse)(nil),             // 38: fence.v1.RoleListResponse
+	(*TokenCreateRequest)(nil),           // 39: fence.v1.TokenCreateRequest
+	(*TokenCreateResponse)(nil),          // 40: fence.v1.TokenCreateResponse
+	(*TokenRevokeRequest)(nil),           // 41: fence.v1.TokenRevokeRequest
+	(*TokenRevokeResponse)(nil),          // 42: fence.v1.TokenRevokeResponse
+	(*TokenListRequest)(nil),             // 43: fence.v1.TokenListRequest
+	(*TokenListResponse)(nil),            // 44: fence.v1.TokenListResponse
+	(*TokenInfo)(nil),                    // 45: fence.v1.TokenInfo
+	(*CreateSessionRequest)(nil),         // 46: fence.v1.CreateSessionRequest
+	(*CreateSessionResponse)(nil),        // 47: fence.v1.CreateSessionResponse
+	(*KeepAliveRequest)(nil),             // 48: fence.v1.KeepAliveRequest
+	(*KeepAliveResponse)(nil),            // 49: fence.v1.KeepAliveResponse
+	(*HeldGrants)(nil),                   // 50: fence.v1.HeldGrants
+	(*CloseSessionRequest)(nil),          // 51: fence.v1.CloseSessionRequest
+	(*CloseSessionResponse)(nil),         // 52: fence.v1.CloseSessionResponse
+	(*ListSessionsRequest)(nil),          // 53: fence.v1.ListSessionsRequest
+	(*ListSessionsResponse)(nil),         // 54: fence.v1.ListSessionsResponse
+	(*SessionInfo)(nil),                  // 55: fence.v1.SessionInfo
+	(*SessionGrant)(nil),                 // 56: fence.v1.SessionGrant
+	(*AcquireRequest)(nil),               // 57: fence.v1.AcquireRequest
+	(*AcquireResponse)(nil),              // 58: fence.v1.AcquireResponse
+	(*ReleaseRequest)(nil),               // 59: fence.v1.ReleaseRequest
+	(*ReleaseResponse)(nil),              // 60: fence.v1.ReleaseResponse
+	(*LeaseRequest)(nil),                 // 61: fence.v1.LeaseRequest
+	(*LeaseResponse)(nil),                // 62: fence.v1.LeaseResponse
+	(*RenewLeaseRequest)(nil),            // 63: fence.v1.RenewLeaseRequest
+	(*RenewLeaseResponse)(nil),           // 64: fence.v1.RenewLeaseResponse
+	(*ReleaseLeaseRequest)(nil),          // 65: fence.v1.ReleaseLeaseRequest
+	(*ReleaseLeaseResponse)(nil),         // 66: fence.v1.ReleaseLeaseResponse
+	(*CancelAcquireRequest)(nil),         // 67: fence.v1.CancelAcquireRequest
+	(*CancelAcquireResponse)(nil),        // 68: fence.v1.CancelAcquireResponse
+	(*CheckRequest)(nil),                 // 69: fence.v1.CheckRequest
+	(*CheckResponse)(nil),                // 70: fence.v1.CheckResponse
+	(*ListLocksRequest)(nil),             // 71: fence.v1.ListLocksRequest
+	(*Holder)(nil),                       // 72: fence.v1.Holder
+	(*Waiter)(nil),                       // 73: fence.v1.Waiter
+	(*LockInfo)(nil),                     // 74: fence.v1.LockInfo
+	(*ListLocksResponse)(nil),            // 75: fence.v1.ListLocksResponse
+	(*StatusRequest)(nil),                // 76: fence.v1.StatusRequest
+	(*StatusResponse)(nil),               // 77: fence.v1.StatusResponse
+	(*Member)(nil),                       // 78: fence.v1.Member
+	(*AddMemberRequest)(nil),             // 79: fence.v1.AddMemberRequest
+	(*AddMemberResponse)(nil),            // 80: fence.v1.AddMemberResponse
+	(*RemoveMemberRequest)(nil),          // 81: fence.v1.RemoveMemberRequest
+	(*RemoveMemberResponse)(nil),         // 82: fence.v1.RemoveMemberResponse
+	(*RevokeSessionRequest)(nil),         // 83: fence.v1.RevokeSessionRequest
+	(*RevokeSessionResponse)(nil),        // 84: fence.v1.RevokeSessionResponse
+	(*SnapshotRequest)(nil),              // 85: fence.v1.SnapshotRequest
+	(*SnapshotResponse)(nil),             // 86: fence.v1.SnapshotResponse
+	(*SnapshotHeader)(nil),               // 87: fence.v1.SnapshotHeader
+	(*Fence)(nil),                        // 88: fence.v1.Fence
+	(*PutRequest)(nil),                   // 89: fence.v1.PutRequest
+	(*PutResponse)(nil),                  // 90: fence.v1.PutResponse
+	(*KeyValue)(nil),                     // 91: fence.v1.KeyValue
+	(*GetRequest)(nil),                   // 92: fence.v1.GetRequest
+	(*GetResponse)(nil),                  // 93: fence.v1.GetResponse
+	(*DeleteRequest)(nil),                // 94: fence.v1.DeleteRequest
+	(*DeleteResponse)(nil),               // 95: fence.v1.DeleteResponse
+	(*ListRequest)(nil),                  // 96: fence.v1.ListRequest
+	(*ListResponse)(nil),                 // 97: fence.v1.ListResponse
+	(*WatchRequest)(nil),                 // 98: fence.v1.WatchRequest
+	(*Event)(nil),                        // 99: fence.v1.Event
+	(*WatchResponse)(nil),                // 100: fence.v1.WatchResponse
+	(*ErrorDetail)(nil),                  // 101: fence.v1.ErrorDetail
+	(*StreamRequest)(nil),                // 102: fence.v1.StreamRequest
+	(*StreamCancel)(nil),                 // 103: fence.v1.StreamCancel
+	(*KeepAliveManyRequest)(nil),         // 104: fence.v1.KeepAliveManyRequest
+	(*KeepAliveManyResponse)(nil),        // 105: fence.v1.KeepAliveManyResponse
+	(*KeepAliveResult)(nil),              // 106: fence.v1.KeepAliveResult
+	(*StreamError)(nil),                  // 107: fence.v1.StreamError
+	(*StreamOpened)(nil),                 // 108: fence.v1.StreamOpened
+	(*StreamResponse)(nil),               // 109: fence.v1.StreamResponse
+	(*LockWatchRequest)(nil),             // 110: fence.v1.LockWatchRequest
+	(*LockWatchResponse)(nil),            // 111: fence.v1.LockWatchResponse
+	(*LockEvent)(nil),                    // 112: fence.v1.LockEvent
+	(*durationpb.Duration)(nil),          // 113: google.protobuf.Duration
+	(*timestamppb.Timestamp)(nil),        // 114: google.protobuf.Timestamp
 }
 var file_fence_v1_fence_proto_depIdxs = []int32{
 	0,   // 0: fence.v1.Permission.kind:type_name -> fence.v1.PermissionKind
 	1,   // 1: fence.v1.Permission.access:type_name -> fence.v1.Access
-	5,   // 2: fence.v1.Role.permissions:type_name -> fence.v1.Permission
-	12,  // 3: fence.v1.UserListResponse.users:type_name -> fence.v1.User
-	5,   // 4: fence.v1.RoleGrantPermissionRequest.permission:type_name -> fence.v1.Permission
-	5,   // 5: fence.v1.RoleRevokePermissionRequest.permission:type_name -> fence.v1.Permission
-	13,  // 6: fence.v1.RoleListResponse.roles:type_name -> fence.v1.Role
-	107, // 7: fence.v1.TokenCreateRequest.ttl:type_name -> google.protobuf.Duration
-	42,  // 8: fence.v1.TokenCreateResponse.info:type_name -> fence.v1.TokenInfo
-	42,  // 9: fence.v1.TokenListResponse.tokens:type_name -> fence.v1.TokenInfo
-	108, // 10: fence.v1.TokenInfo.created:type_name -> google.protobuf.Timestamp
-	108, // 11: fence.v1.TokenInfo.expires:type_name -> google.protobuf.Timestamp
-	107, // 12: fence.v1.CreateSessionRequest.ttl:type_name -> google.protobuf.Duration
-	107, // 13: fence.v1.CreateSessionResponse.ttl:type_name -> google.protobuf.Duration
-	107, // 14: fence.v1.KeepAliveResponse.ttl:type_name -> google.protobuf.Duration
-	47,  // 15: fence.v1.KeepAliveResponse.held:type_name -> fence.v1.HeldGrants
-	52,  // 16: fence.v1.ListSessionsResponse.sessions:type_name -> fence.v1.SessionInfo
-	107, // 17: fence.v1.SessionInfo.ttl:type_name -> google.protobuf.Duration
-	107, // 18: fence.v1.SessionInfo.expires_in:type_name -> google.protobuf.Duration
-	53,  // 19: fence.v1.SessionInfo.held:type_name -> fence.v1.SessionGrant
+	8,   // 2: fence.v1.Role.permissions:type_name -> fence.v1.Permission
+	15,  // 3: fence.v1.UserListResponse.users:type_name -> fence.v1.User
+	8,   // 4: fence.v1.RoleGrantPermissionRequest.permission:type_name -> fence.v1.Permission
+	8,   // 5: fence.v1.RoleRevokePermissionRequest.permission:type_name -> fence.v1.Permission
+	16,  // 6: fence.v1.RoleListResponse.roles:type_name -> fence.v1.Role
+	113, // 7: fence.v1.TokenCreateRequest.ttl:type_name -> google.protobuf.Duration
+	45,  // 8: fence.v1.TokenCreateResponse.info:type_name -> fence.v1.TokenInfo
+	45,  // 9: fence.v1.TokenListResponse.tokens:type_name -> fence.v1.TokenInfo
+	114, // 10: fence.v1.TokenInfo.created:type_name -> google.protobuf.Timestamp
+	114, // 11: fence.v1.TokenInfo.expires:type_name -> google.protobuf.Timestamp
+	113, // 12: fence.v1.CreateSessionRequest.ttl:type_name -> google.protobuf.Duration
+	113, // 13: fence.v1.CreateSessionResponse.ttl:type_name -> google.protobuf.Duration
+	113, // 14: fence.v1.KeepAliveResponse.ttl:type_name -> google.protobuf.Duration
+	50,  // 15: fence.v1.KeepAliveResponse.held:type_name -> fence.v1.HeldGrants
+	55,  // 16: fence.v1.ListSessionsResponse.sessions:type_name -> fence.v1.SessionInfo
+	113, // 17: fence.v1.SessionInfo.ttl:type_name -> google.protobuf.Duration
+	113, // 18: fence.v1.SessionInfo.expires_in:type_name -> google.protobuf.Duration
+	56,  // 19: fence.v1.SessionInfo.held:type_name -> fence.v1.SessionGrant
 	2,   // 20: fence.v1.SessionGrant.mode:type_name -> fence.v1.Mode
 	2,   // 21: fence.v1.AcquireRequest.mode:type_name -> fence.v1.Mode
-	107, // 22: fence.v1.AcquireRequest.wait_timeout:type_name -> google.protobuf.Duration
-	107, // 23: fence.v1.AcquireRequest.lock_delay:type_name -> google.protobuf.Duration
-	107, // 24: fence.v1.AcquireRequest.poll:type_name -> google.protobuf.Duration
+	113, // 22: fence.v1.AcquireRequest.wait_timeout:type_name -> google.protobuf.Duration
+	113, // 23: fence.v1.AcquireRequest.lock_delay:type_name -> google.protobuf.Duration
+	113, // 24: fence.v1.AcquireRequest.poll:type_name -> google.protobuf.Duration
 	2,   // 25: fence.v1.AcquireResponse.mode:type_name -> fence.v1.Mode
-	107, // 26: fence.v1.LeaseRequest.ttl:type_name -> google.protobuf.Duration
-	107, // 27: fence.v1.LeaseRequest.lock_delay:type_name -> google.protobuf.Duration
-	107, // 28: fence.v1.LeaseResponse.ttl:type_name -> google.protobuf.Duration
-	107, // 29: fence.v1.RenewLeaseResponse.ttl:type_name -> google.protobuf.Duration
+	113, // 26: fence.v1.LeaseRequest.ttl:type_name -> google.protobuf.Duration
+	113, // 27: fence.v1.LeaseRequest.lock_delay:type_name -> google.protobuf.Duration
+	113, // 28: fence.v1.LeaseResponse.ttl:type_name -> google.protobuf.Duration
+	113, // 29: fence.v1.RenewLeaseResponse.ttl:type_name -> google.protobuf.Duration
 	2,   // 30: fence.v1.Holder.mode:type_name -> fence.v1.Mode
 	2,   // 31: fence.v1.Waiter.mode:type_name -> fence.v1.Mode
-	69,  // 32: fence.v1.LockInfo.holders:type_name -> fence.v1.Holder
-	70,  // 33: fence.v1.LockInfo.waiters:type_name -> fence.v1.Waiter
-	71,  // 34: fence.v1.ListLocksResponse.locks:type_name -> fence.v1.LockInfo
-	75,  // 35: fence.v1.StatusResponse.members:type_name -> fence.v1.Member
-	84,  // 36: fence.v1.SnapshotResponse.header:type_name -> fence.v1.SnapshotHeader
-	85,  // 37: fence.v1.PutRequest.fence:type_name -> fence.v1.Fence
-	88,  // 38: fence.v1.GetResponse.kv:type_name -> fence.v1.KeyValue
-	85,  // 39: fence.v1.DeleteRequest.fence:type_name -> fence.v1.Fence
-	88,  // 40: fence.v1.ListResponse.kvs:type_name -> fence.v1.KeyValue
-	107, // 41: fence.v1.WatchRequest.progress_interval:type_name -> google.protobuf.Duration
+	72,  // 32: fence.v1.LockInfo.holders:type_name -> fence.v1.Holder
+	73,  // 33: fence.v1.LockInfo.waiters:type_name -> fence.v1.Waiter
+	74,  // 34: fence.v1.ListLocksResponse.locks:type_name -> fence.v1.LockInfo
+	78,  // 35: fence.v1.StatusResponse.members:type_name -> fence.v1.Member
+	87,  // 36: fence.v1.SnapshotResponse.header:type_name -> fence.v1.SnapshotHeader
+	88,  // 37: fence.v1.PutRequest.fence:type_name -> fence.v1.Fence
+	91,  // 38: fence.v1.GetResponse.kv:type_name -> fence.v1.KeyValue
+	88,  // 39: fence.v1.DeleteRequest.fence:type_name -> fence.v1.Fence
+	91,  // 40: fence.v1.ListResponse.kvs:type_name -> fence.v1.KeyValue
+	113, // 41: fence.v1.WatchRequest.progress_interval:type_name -> google.protobuf.Duration
 	3,   // 42: fence.v1.Event.type:type_name -> fence.v1.EventType
-	88,  // 43: fence.v1.Event.kv:type_name -> fence.v1.KeyValue
-	96,  // 44: fence.v1.WatchResponse.events:type_name -> fence.v1.Event
+	91,  // 43: fence.v1.Event.kv:type_name -> fence.v1.KeyValue
+	99,  // 44: fence.v1.WatchResponse.events:type_name -> fence.v1.Event
 	4,   // 45: fence.v1.ErrorDetail.reason:type_name -> fence.v1.Reason
-	43,  // 46: fence.v1.StreamRequest.create_session:type_name -> fence.v1.CreateSessionRequest
-	101, // 47: fence.v1.StreamRequest.keep_alive:type_name -> fence.v1.KeepAliveManyRequest
-	48,  // 48: fence.v1.StreamRequest.close_session:type_name -> fence.v1.CloseSessionRequest
-	54,  // 49: fence.v1.StreamRequest.acquire:type_name -> fence.v1.AcquireRequest
-	56,  // 50: fence.v1.StreamRequest.release:type_name -> fence.v1.ReleaseRequest
-	64,  // 51: fence.v1.StreamRequest.cancel_acquire:type_name -> fence.v1.CancelAcquireRequest
-	66,  // 52: fence.v1.StreamRequest.check:type_name -> fence.v1.CheckRequest
-	86,  // 53: fence.v1.StreamRequest.put:type_name -> fence.v1.PutRequest
-	89,  // 54: fence.v1.StreamRequest.get:type_name -> fence.v1.GetRequest
-	91,  // 55: fence.v1.StreamRequest.delete:type_name -> fence.v1.DeleteRequest
-	100, // 56: fence.v1.StreamRequest.cancel:type_name -> fence.v1.StreamCancel
-	45,  // 57: fence.v1.KeepAliveManyRequest.sessions:type_name -> fence.v1.KeepAliveRequest
-	103, // 58: fence.v1.KeepAliveManyResponse.results:type_name -> fence.v1.KeepAliveResult
-	46,  // 59: fence.v1.KeepAliveResult.ok:type_name -> fence.v1.KeepAliveResponse
-	104, // 60: fence.v1.KeepAliveResult.error:type_name -> fence.v1.StreamError
-	98,  // 61: fence.v1.StreamError.detail:type_name -> fence.v1.ErrorDetail
-	104, // 62: fence.v1.StreamResponse.error:type_name -> fence.v1.StreamError
-	44,  // 63: fence.v1.StreamResponse.create_session:type_name -> fence.v1.CreateSessionResponse
-	102, // 64: fence.v1.StreamResponse.keep_alive:type_name -> fence.v1.KeepAliveManyResponse
-	49,  // 65: fence.v1.StreamResponse.close_session:type_name -> fence.v1.CloseSessionResponse
-	55,  // 66: fence.v1.StreamResponse.acquire:type_name -> fence.v1.AcquireResponse
-	57,  // 67: fence.v1.StreamResponse.release:type_name -> fence.v1.ReleaseResponse
-	65,  // 68: fence.v1.StreamResponse.cancel_acquire:type_name -> fence.v1.CancelAcquireResponse
-	67,  // 69: fence.v1.StreamResponse.check:type_name -> fence.v1.CheckResponse
-	87,  // 70: fence.v1.StreamResponse.put:type_name -> fence.v1.PutResponse
-	90,  // 71: fence.v1.StreamResponse.get:type_name -> fence.v1.GetResponse
-	92,  // 72: fence.v1.StreamResponse.delete:type_name -> fence.v1.DeleteResponse
-	105, // 73: fence.v1.StreamResponse.opened:type_name -> fence.v1.StreamOpened
-	43,  // 74: fence.v1.SessionService.CreateSession:input_type -> fence.v1.CreateSessionRequest
-	45,  // 75: fence.v1.SessionService.KeepAlive:input_type -> fence.v1.KeepAliveRequest
-	48,  // 76: fence.v1.SessionService.CloseSession:input_type -> fence.v1.CloseSessionRequest
-	50,  // 77: fence.v1.SessionService.ListSessions:input_type -> fence.v1.ListSessionsRequest
-	54,  // 78: fence.v1.LockService.Acquire:input_type -> fence.v1.AcquireRequest
-	56,  // 79: fence.v1.LockService.Release:input_type -> fence.v1.ReleaseRequest
-	64,  // 80: fence.v1.LockService.CancelAcquire:input_type -> fence.v1.CancelAcquireRequest
-	66,  // 81: fence.v1.LockService.Check:input_type -> fence.v1.CheckRequest
-	68,  // 82: fence.v1.LockService.ListLocks:input_type -> fence.v1.ListLocksRequest
-	58,  // 83: fence.v1.LockService.Lease:input_type -> fence.v1.LeaseRequest
-	60,  // 84: fence.v1.LockService.RenewLease:input_type -> fence.v1.RenewLeaseRequest
-	62,  // 85: fence.v1.LockService.ReleaseLease:input_type -> fence.v1.ReleaseLeaseRequest
-	86,  // 86: fence.v1.KVService.Put:input_type -> fence.v1.PutRequest
-	89,  // 87: fence.v1.KVService.Get:input_type -> fence.v1.GetRequest
-	91,  // 88: fence.v1.KVService.Delete:input_type -> fence.v1.DeleteRequest
-	93,  // 89: fence.v1.KVService.List:input_type -> fence.v1.ListRequest
-	95,  // 90: fence.v1.KVService.Watch:input_type -> fence.v1.WatchRequest
-	73,  // 91: fence.v1.ClusterService.Status:input_type -> fence.v1.StatusRequest
-	76,  // 92: fence.v1.ClusterService.AddMember:input_type -> fence.v1.AddMemberRequest
-	78,  // 93: fence.v1.ClusterService.RemoveMember:input_type -> fence.v1.RemoveMemberRequest
-	82,  // 94: fence.v1.ClusterService.Snapshot:input_type -> fence.v1.SnapshotRequest
-	80,  // 95: fence.v1.ClusterService.RevokeSession:input_type -> fence.v1.RevokeSessionRequest
-	99,  // 96: fence.v1.StreamService.Session:input_type -> fence.v1.StreamRequest
-	6,   // 97: fence.v1.AuthService.AuthEnable:input_type -> fence.v1.AuthEnableRequest
-	8,   // 98: fence.v1.AuthService.AuthDisable:input_type -> fence.v1.AuthDisableRequest
-	10,  // 99: fence.v1.AuthService.AuthStatus:input_type -> fence.v1.AuthStatusRequest
-	14,  // 100: fence.v1.AuthService.UserAdd:input_type -> fence.v1.UserAddRequest
-	16,  // 101: fence.v1.AuthService.UserRemove:input_type -> fence.v1.UserRemoveRequest
-	18,  // 102: fence.v1.AuthService.UserList:input_type -> fence.v1.UserListRequest
-	20,  // 103: fence.v1.AuthService.UserSetQuota:input_type -> fence.v1.UserSetQuotaRequest
-	22,  // 104: fence.v1.AuthService.UserGrantRole:input_type -> fence.v1.UserGrantRoleRequest
-	24,  // 105: fence.v1.AuthService.UserRevokeRole:input_type -> fence.v1.UserRevokeRoleRequest
-	26,  // 106: fence.v1.AuthService.RoleAdd:input_type -> fence.v1.RoleAddRequest
-	28,  // 107: fence.v1.AuthService.RoleRemove:input_type -> fence.v1.RoleRemoveRequest
-	30,  // 108: fence.v1.AuthService.RoleGrantPermission:input_type -> fence.v1.RoleGrantPermissionRequest
-	32,  // 109: fence.v1.AuthService.RoleRevokePermission:input_type -> fence.v1.RoleRevokePermissionRequest
-	34,  // 110: fence.v1.AuthService.RoleList:input_type -> fence.v1.RoleListRequest
-	36,  // 111: fence.v1.AuthService.TokenCreate:input_type -> fence.v1.TokenCreateRequest
-	38,  // 112: fence.v1.AuthService.TokenRevoke:input_type -> fence.v1.TokenRevokeRequest
-	40,  // 113: fence.v1.AuthService.TokenList:input_type -> fence.v1.TokenListRequest
-	44,  // 114: fence.v1.SessionService.CreateSession:output_type -> fence.v1.CreateSessionResponse
-	46,  // 115: fence.v1.SessionService.KeepAlive:output_type -> fence.v1.KeepAliveResponse
-	49,  // 116: fence.v1.SessionService.CloseSession:output_type -> fence.v1.CloseSessionResponse
-	51,  // 117: fence.v1.SessionService.ListSessions:output_type -> fence.v1.ListSessionsResponse
-	55,  // 118: fence.v1.LockService.Acquire:output_type -> fence.v1.AcquireResponse
-	57,  // 119: fence.v1.LockService.Release:output_type -> fence.v1.ReleaseResponse
-	65,  // 120: fence.v1.LockService.CancelAcquire:output_type -> fence.v1.CancelAcquireResponse
-	67,  // 121: fence.v1.LockService.Check:output_type -> fence.v1.CheckResponse
-	72,  // 122: fence.v1.LockService.ListLocks:output_type -> fence.v1.ListLocksResponse
-	59,  // 123: fence.v1.LockService.Lease:output_type -> fence.v1.LeaseResponse
-	61,  // 124: fence.v1.LockService.RenewLease:output_type -> fence.v1.RenewLeaseResponse
-	63,  // 125: fence.v1.LockService.ReleaseLease:output_type -> fence.v1.ReleaseLeaseResponse
-	87,  // 126: fence.v1.KVService.Put:output_type -> fence.v1.PutResponse
-	90,  // 127: fence.v1.KVService.Get:output_type -> fence.v1.GetResponse
-	92,  // 128: fence.v1.KVService.Delete:output_type -> fence.v1.DeleteResponse
-	94,  // 129: fence.v1.KVService.List:output_type -> fence.v1.ListResponse
-	97,  // 130: fence.v1.KVService.Watch:output_type -> fence.v1.WatchResponse
-	74,  // 131: fence.v1.ClusterService.Status:output_type -> fence.v1.StatusResponse
-	77,  // 132: fence.v1.ClusterService.AddMember:output_type -> fence.v1.AddMemberResponse
-	79,  // 133: fence.v1.ClusterService.RemoveMember:output_type -> fence.v1.RemoveMemberResponse
-	83,  // 134: fence.v1.ClusterService.Snapshot:output_type -> fence.v1.SnapshotResponse
-	81,  // 135: fence.v1.ClusterService.RevokeSession:output_type -> fence.v1.RevokeSessionResponse
-	106, // 136: fence.v1.StreamService.Session:output_type -> fence.v1.StreamResponse
-	7,   // 137: fence.v1.AuthService.AuthEnable:output_type -> fence.v1.AuthEnableResponse
-	9,   // 138: fence.v1.AuthService.AuthDisable:output_type -> fence.v1.AuthDisableResponse
-	11,  // 139: fence.v1.AuthService.AuthStatus:output_type -> fence.v1.AuthStatusResponse
-	15,  // 140: fence.v1.AuthService.UserAdd:output_type -> fence.v1.UserAddResponse
-	17,  // 141: fence.v1.AuthService.UserRemove:output_type -> fence.v1.UserRemoveResponse
-	19,  // 142: fence.v1.AuthService.UserList:output_type -> fence.v1.UserListResponse
-	21,  // 143: fence.v1.AuthService.UserSetQuota:output_type -> fence.v1.UserSetQuotaResponse
-	23,  // 144: fence.v1.AuthService.UserGrantRole:output_type -> fence.v1.UserGrantRoleResponse
-	25,  // 145: fence.v1.AuthService.UserRevokeRole:output_type -> fence.v1.UserRevokeRoleResponse
-	27,  // 146: fence.v1.AuthService.RoleAdd:output_type -> fence.v1.RoleAddResponse
-	29,  // 147: fence.v1.AuthService.RoleRemove:output_type -> fence.v1.RoleRemoveResponse
-	31,  // 148: fence.v1.AuthService.RoleGrantPermission:output_type -> fence.v1.RoleGrantPermissionResponse
-	33,  // 149: fence.v1.AuthService.RoleRevokePermission:output_type -> fence.v1.RoleRevokePermissionResponse
-	35,  // 150: fence.v1.AuthService.RoleList:output_type -> fence.v1.RoleListResponse
-	37,  // 151: fence.v1.AuthService.TokenCreate:output_type -> fence.v1.TokenCreateResponse
-	39,  // 152: fence.v1.AuthService.TokenRevoke:output_type -> fence.v1.TokenRevokeResponse
-	41,  // 153: fence.v1.AuthService.TokenList:output_type -> fence.v1.TokenListResponse
-	114, // [114:154] is the sub-list for method output_type
-	74,  // [74:114] is the sub-list for method input_type
-	74,  // [74:74] is the sub-list for extension type_name
-	74,  // [74:74] is the sub-list for extension extendee
-	0,   // [0:74] is the sub-list for field type_name
+	46,  // 46: fence.v1.StreamRequest.create_session:type_name -> fence.v1.CreateSessionRequest
+	104, // 47: fence.v1.StreamRequest.keep_alive:type_name -> fence.v1.KeepAliveManyRequest
+	51,  // 48: fence.v1.StreamRequest.close_session:type_name -> fence.v1.CloseSessionRequest
+	57,  // 49: fence.v1.StreamRequest.acquire:type_name -> fence.v1.AcquireRequest
+	59,  // 50: fence.v1.StreamRequest.release:type_name -> fence.v1.ReleaseRequest
+	67,  // 51: fence.v1.StreamRequest.cancel_acquire:type_name -> fence.v1.CancelAcquireRequest
+	69,  // 52: fence.v1.StreamRequest.check:type_name -> fence.v1.CheckRequest
+	89,  // 53: fence.v1.StreamRequest.put:type_name -> fence.v1.PutRequest
+	92,  // 54: fence.v1.StreamRequest.get:type_name -> fence.v1.GetRequest
+	94,  // 55: fence.v1.StreamRequest.delete:type_name -> fence.v1.DeleteRequest
+	103, // 56: fence.v1.StreamRequest.cancel:type_name -> fence.v1.StreamCancel
+	48,  // 57: fence.v1.KeepAliveManyRequest.sessions:type_name -> fence.v1.KeepAliveRequest
+	106, // 58: fence.v1.KeepAliveManyResponse.results:type_name -> fence.v1.KeepAliveResult
+	49,  // 59: fence.v1.KeepAliveResult.ok:type_name -> fence.v1.KeepAliveResponse
+	107, // 60: fence.v1.KeepAliveResult.error:type_name -> fence.v1.StreamError
+	101, // 61: fence.v1.StreamError.detail:type_name -> fence.v1.ErrorDetail
+	107, // 62: fence.v1.StreamResponse.error:type_name -> fence.v1.StreamError
+	47,  // 63: fence.v1.StreamResponse.create_session:type_name -> fence.v1.CreateSessionResponse
+	105, // 64: fence.v1.StreamResponse.keep_alive:type_name -> fence.v1.KeepAliveManyResponse
+	52,  // 65: fence.v1.StreamResponse.close_session:type_name -> fence.v1.CloseSessionResponse
+	58,  // 66: fence.v1.StreamResponse.acquire:type_name -> fence.v1.AcquireResponse
+	60,  // 67: fence.v1.StreamResponse.release:type_name -> fence.v1.ReleaseResponse
+	68,  // 68: fence.v1.StreamResponse.cancel_acquire:type_name -> fence.v1.CancelAcquireResponse
+	70,  // 69: fence.v1.StreamResponse.check:type_name -> fence.v1.CheckResponse
+	90,  // 70: fence.v1.StreamResponse.put:type_name -> fence.v1.PutResponse
+	93,  // 71: fence.v1.StreamResponse.get:type_name -> fence.v1.GetResponse
+	95,  // 72: fence.v1.StreamResponse.delete:type_name -> fence.v1.DeleteResponse
+	108, // 73: fence.v1.StreamResponse.opened:type_name -> fence.v1.StreamOpened
+	113, // 74: fence.v1.LockWatchRequest.progress_interval:type_name -> google.protobuf.Duration
+	112, // 75: fence.v1.LockWatchResponse.events:type_name -> fence.v1.LockEvent
+	5,   // 76: fence.v1.LockEvent.type:type_name -> fence.v1.LockEventType
+	2,   // 77: fence.v1.LockEvent.mode:type_name -> fence.v1.Mode
+	6,   // 78: fence.v1.LockEvent.reason:type_name -> fence.v1.GiveUpReason
+	7,   // 79: fence.v1.LockEvent.session_end:type_name -> fence.v1.SessionEnd
+	113, // 80: fence.v1.LockEvent.lock_delay:type_name -> google.protobuf.Duration
+	46,  // 81: fence.v1.SessionService.CreateSession:input_type -> fence.v1.CreateSessionRequest
+	48,  // 82: fence.v1.SessionService.KeepAlive:input_type -> fence.v1.KeepAliveRequest
+	51,  // 83: fence.v1.SessionService.CloseSession:input_type -> fence.v1.CloseSessionRequest
+	53,  // 84: fence.v1.SessionService.ListSessions:input_type -> fence.v1.ListSessionsRequest
+	110, // 85: fence.v1.LockService.Watch:input_type -> fence.v1.LockWatchRequest
+	57,  // 86: fence.v1.LockService.Acquire:input_type -> fence.v1.AcquireRequest
+	59,  // 87: fence.v1.LockService.Release:input_type -> fence.v1.ReleaseRequest
+	67,  // 88: fence.v1.LockService.CancelAcquire:input_type -> fence.v1.CancelAcquireRequest
+	69,  // 89: fence.v1.LockService.Check:input_type -> fence.v1.CheckRequest
+	71,  // 90: fence.v1.LockService.ListLocks:input_type -> fence.v1.ListLocksRequest
+	61,  // 91: fence.v1.LockService.Lease:input_type -> fence.v1.LeaseRequest
+	63,  // 92: fence.v1.LockService.RenewLease:input_type -> fence.v1.RenewLeaseRequest
+	65,  // 93: fence.v1.LockService.ReleaseLease:input_type -> fence.v1.ReleaseLeaseRequest
+	89,  // 94: fence.v1.KVService.Put:input_type -> fence.v1.PutRequest
+	92,  // 95: fence.v1.KVService.Get:input_type -> fence.v1.GetRequest
+	94,  // 96: fence.v1.KVService.Delete:input_type -> fence.v1.DeleteRequest
+	96,  // 97: fence.v1.KVService.List:input_type -> fence.v1.ListRequest
+	98,  // 98: fence.v1.KVService.Watch:input_type -> fence.v1.WatchRequest
+	76,  // 99: fence.v1.ClusterService.Status:input_type -> fence.v1.StatusRequest
+	79,  // 100: fence.v1.ClusterService.AddMember:input_type -> fence.v1.AddMemberRequest
+	81,  // 101: fence.v1.ClusterService.RemoveMember:input_type -> fence.v1.RemoveMemberRequest
+	85,  // 102: fence.v1.ClusterService.Snapshot:input_type -> fence.v1.SnapshotRequest
+	83,  // 103: fence.v1.ClusterService.RevokeSession:input_type -> fence.v1.RevokeSessionRequest
+	102, // 104: fence.v1.StreamService.Session:input_type -> fence.v1.StreamRequest
+	9,   // 105: fence.v1.AuthService.AuthEnable:input_type -> fence.v1.AuthEnableRequest
+	11,  // 106: fence.v1.AuthService.AuthDisable:input_type -> fence.v1.AuthDisableRequest
+	13,  // 107: fence.v1.AuthService.AuthStatus:input_type -> fence.v1.AuthStatusRequest
+	17,  // 108: fence.v1.AuthService.UserAdd:input_type -> fence.v1.UserAddRequest
+	19,  // 109: fence.v1.AuthService.UserRemove:input_type -> fence.v1.UserRemoveRequest
+	21,  // 110: fence.v1.AuthService.UserList:input_type -> fence.v1.UserListRequest
+	23,  // 111: fence.v1.AuthService.UserSetQuota:input_type -> fence.v1.UserSetQuotaRequest
+	25,  // 112: fence.v1.AuthService.UserGrantRole:input_type -> fence.v1.UserGrantRoleRequest
+	27,  // 113: fence.v1.AuthService.UserRevokeRole:input_type -> fence.v1.UserRevokeRoleRequest
+	29,  // 114: fence.v1.AuthService.RoleAdd:input_type -> fence.v1.RoleAddRequest
+	31,  // 115: fence.v1.AuthService.RoleRemove:input_type -> fence.v1.RoleRemoveRequest
+	33,  // 116: fence.v1.AuthService.RoleGrantPermission:input_type -> fence.v1.RoleGrantPermissionRequest
+	35,  // 117: fence.v1.AuthService.RoleRevokePermission:input_type -> fence.v1.RoleRevokePermissionRequest
+	37,  // 118: fence.v1.AuthService.RoleList:input_type -> fence.v1.RoleListRequest
+	39,  // 119: fence.v1.AuthService.TokenCreate:input_type -> fence.v1.TokenCreateRequest
+	41,  // 120: fence.v1.AuthService.TokenRevoke:input_type -> fence.v1.TokenRevokeRequest
+	43,  // 121: fence.v1.AuthService.TokenList:input_type -> fence.v1.TokenListRequest
+	47,  // 122: fence.v1.SessionService.CreateSession:output_type -> fence.v1.CreateSessionResponse
+	49,  // 123: fence.v1.SessionService.KeepAlive:output_type -> fence.v1.KeepAliveResponse
+	52,  // 124: fence.v1.SessionService.CloseSession:output_type -> fence.v1.CloseSessionResponse
+	54,  // 125: fence.v1.SessionService.ListSessions:output_type -> fence.v1.ListSessionsResponse
+	111, // 126: fence.v1.LockService.Watch:output_type -> fence.v1.LockWatchResponse
+	58,  // 127: fence.v1.LockService.Acquire:output_type -> fence.v1.AcquireResponse
+	60,  // 128: fence.v1.LockService.Release:output_type -> fence.v1.ReleaseResponse
+	68,  // 129: fence.v1.LockService.CancelAcquire:output_type -> fence.v1.CancelAcquireResponse
+	70,  // 130: fence.v1.LockService.Check:output_type -> fence.v1.CheckResponse
+	75,  // 131: fence.v1.LockService.ListLocks:output_type -> fence.v1.ListLocksResponse
+	62,  // 132: fence.v1.LockService.Lease:output_type -> fence.v1.LeaseResponse
+	64,  // 133: fence.v1.LockService.RenewLease:output_type -> fence.v1.RenewLeaseResponse
+	66,  // 134: fence.v1.LockService.ReleaseLease:output_type -> fence.v1.ReleaseLeaseResponse
+	90,  // 135: fence.v1.KVService.Put:output_type -> fence.v1.PutResponse
+	93,  // 136: fence.v1.KVService.Get:output_type -> fence.v1.GetResponse
+	95,  // 137: fence.v1.KVService.Delete:output_type -> fence.v1.DeleteResponse
+	97,  // 138: fence.v1.KVService.List:output_type -> fence.v1.ListResponse
+	100, // 139: fence.v1.KVService.Watch:output_type -> fence.v1.WatchResponse
+	77,  // 140: fence.v1.ClusterService.Status:output_type -> fence.v1.StatusResponse
+	80,  // 141: fence.v1.ClusterService.AddMember:output_type -> fence.v1.AddMemberResponse
+	82,  // 142: fence.v1.ClusterService.RemoveMember:output_type -> fence.v1.RemoveMemberResponse
+	86,  // 143: fence.v1.ClusterService.Snapshot:output_type -> fence.v1.SnapshotResponse
+	84,  // 144: fence.v1.ClusterService.RevokeSession:output_type -> fence.v1.RevokeSessionResponse
+	109, // 145: fence.v1.StreamService.Session:output_type -> fence.v1.StreamResponse
+	10,  // 146: fence.v1.AuthService.AuthEnable:output_type -> fence.v1.AuthEnableResponse
+	12,  // 147: fence.v1.AuthService.AuthDisable:output_type -> fence.v1.AuthDisableResponse
+	14,  // 148: fence.v1.AuthService.AuthStatus:output_type -> fence.v1.AuthStatusResponse
+	18,  // 149: fence.v1.AuthService.UserAdd:output_type -> fence.v1.UserAddResponse
+	20,  // 150: fence.v1.AuthService.UserRemove:output_type -> fence.v1.UserRemoveResponse
+	22,  // 151: fence.v1.AuthService.UserList:output_type -> fence.v1.UserListResponse
+	24,  // 152: fence.v1.AuthService.UserSetQuota:output_type -> fence.v1.UserSetQuotaResponse
+	26,  // 153: fence.v1.AuthService.UserGrantRole:output_type -> fence.v1.UserGrantRoleResponse
+	28,  // 154: fence.v1.AuthService.UserRevokeRole:output_type -> fence.v1.UserRevokeRoleResponse
+	30,  // 155: fence.v1.AuthService.RoleAdd:output_type -> fence.v1.RoleAddResponse
+	32,  // 156: fence.v1.AuthService.RoleRemove:output_type -> fence.v1.RoleRemoveResponse
+	34,  // 157: fence.v1.AuthService.RoleGrantPermission:output_type -> fence.v1.RoleGrantPermissionResponse
+	36,  // 158: fence.v1.AuthService.RoleRevokePermission:output_type -> fence.v1.RoleRevokePermissionResponse
+	38,  // 159: fence.v1.AuthService.RoleList:output_type -> fence.v1.RoleListResponse
+	40,  // 160: fence.v1.AuthService.TokenCreate:output_type -> fence.v1.TokenCreateResponse
+	42,  // 161: fence.v1.AuthService.TokenRevoke:output_type -> fence.v1.TokenRevokeResponse
+	44,  // 162: fence.v1.AuthService.TokenList:output_type -> fence.v1.TokenListResponse
+	122, // [122:163] is the sub-list for method output_type
+	81,  // [81:122] is the sub-list for method input_type
+	81,  // [81:81] is the sub-list for extension type_name
+	81,  // [81:81] is the sub-list for extension extendee
+	0,   // [0:81] is the sub-list for field type_name
 }
 
 func init() { file_fence_v1_fence_proto_init() }
@@ -7434,8 +7982,8 @@ func file_fence_v1_fence_proto_init() {
 		File: protoimpl.DescBuilder{
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_fence_v1_fence_proto_rawDesc), len(file_fence_v1_fence_proto_rawDesc)),
-			NumEnums:      5,
-			NumMessages:   102,
+			NumEnums:      8,
+			NumMessages:   105,
 			NumExtensions: 0,
 			NumServices:   6,
 		},

@@ -64,6 +64,8 @@ const (
 	// SessionServiceListSessionsProcedure is the fully-qualified name of the SessionService's
 	// ListSessions RPC.
 	SessionServiceListSessionsProcedure = "/fence.v1.SessionService/ListSessions"
+	// LockServiceWatchProcedure is the fully-qualified name of the LockService's Watch RPC.
+	LockServiceWatchProcedure = "/fence.v1.LockService/Watch"
 	// LockServiceAcquireProcedure is the fully-qualified name of the LockService's Acquire RPC.
 	LockServiceAcquireProcedure = "/fence.v1.LockService/Acquire"
 	// LockServiceReleaseProcedure is the fully-qualified name of the LockService's Release RPC.
@@ -314,6 +316,17 @@ func (UnimplementedSessionServiceHandler) ListSessions(context.Context, *connect
 
 // LockServiceClient is a client for the fence.v1.LockService service.
 type LockServiceClient interface {
+	// Watch streams what happens to the locks whose names start with a
+	// prefix, as typed events (LockEvent): grants, releases, a holder's
+	// expiry, revoke or abandonment, waits queued and given up, lock-delays
+	// started and ended. Every node applies the same log, so it derives the
+	// same events with the same revisions: a client resumes a broken watch
+	// on any node from the last revision it saw + 1, missing nothing and
+	// seeing nothing twice. The first message says the watch is in place.
+	// With auth on it needs lock read on the prefix, and it ends once that
+	// is taken away (its caller is checked again before every message).
+	// Served by the leader, as a KV watch is.
+	Watch(context.Context, *connect.Request[v1.LockWatchRequest]) (*connect.ServerStreamForClient[v1.LockWatchResponse], error)
 	// Acquire takes a lock for a session, waiting in FIFO order until it is
 	// granted, the wait timeout passes (DeadlineExceeded), the call is cancelled,
 	// or the session ends (NotFound). Asking again for a lock the session holds
@@ -381,6 +394,12 @@ func NewLockServiceClient(httpClient connect.HTTPClient, baseURL string, opts ..
 	baseURL = strings.TrimRight(baseURL, "/")
 	lockServiceMethods := v1.File_fence_v1_fence_proto.Services().ByName("LockService").Methods()
 	return &lockServiceClient{
+		watch: connect.NewClient[v1.LockWatchRequest, v1.LockWatchResponse](
+			httpClient,
+			baseURL+LockServiceWatchProcedure,
+			connect.WithSchema(lockServiceMethods.ByName("Watch")),
+			connect.WithClientOptions(opts...),
+		),
 		acquire: connect.NewClient[v1.AcquireRequest, v1.AcquireResponse](
 			httpClient,
 			baseURL+LockServiceAcquireProcedure,
@@ -434,6 +453,7 @@ func NewLockServiceClient(httpClient connect.HTTPClient, baseURL string, opts ..
 
 // lockServiceClient implements LockServiceClient.
 type lockServiceClient struct {
+	watch         *connect.Client[v1.LockWatchRequest, v1.LockWatchResponse]
 	acquire       *connect.Client[v1.AcquireRequest, v1.AcquireResponse]
 	release       *connect.Client[v1.ReleaseRequest, v1.ReleaseResponse]
 	cancelAcquire *connect.Client[v1.CancelAcquireRequest, v1.CancelAcquireResponse]
@@ -442,6 +462,11 @@ type lockServiceClient struct {
 	lease         *connect.Client[v1.LeaseRequest, v1.LeaseResponse]
 	renewLease    *connect.Client[v1.RenewLeaseRequest, v1.RenewLeaseResponse]
 	releaseLease  *connect.Client[v1.ReleaseLeaseRequest, v1.ReleaseLeaseResponse]
+}
+
+// Watch calls fence.v1.LockService.Watch.
+func (c *lockServiceClient) Watch(ctx context.Context, req *connect.Request[v1.LockWatchRequest]) (*connect.ServerStreamForClient[v1.LockWatchResponse], error) {
+	return c.watch.CallServerStream(ctx, req)
 }
 
 // Acquire calls fence.v1.LockService.Acquire.
@@ -486,6 +511,17 @@ func (c *lockServiceClient) ReleaseLease(ctx context.Context, req *connect.Reque
 
 // LockServiceHandler is an implementation of the fence.v1.LockService service.
 type LockServiceHandler interface {
+	// Watch streams what happens to the locks whose names start with a
+	// prefix, as typed events (LockEvent): grants, releases, a holder's
+	// expiry, revoke or abandonment, waits queued and given up, lock-delays
+	// started and ended. Every node applies the same log, so it derives the
+	// same events with the same revisions: a client resumes a broken watch
+	// on any node from the last revision it saw + 1, missing nothing and
+	// seeing nothing twice. The first message says the watch is in place.
+	// With auth on it needs lock read on the prefix, and it ends once that
+	// is taken away (its caller is checked again before every message).
+	// Served by the leader, as a KV watch is.
+	Watch(context.Context, *connect.Request[v1.LockWatchRequest], *connect.ServerStream[v1.LockWatchResponse]) error
 	// Acquire takes a lock for a session, waiting in FIFO order until it is
 	// granted, the wait timeout passes (DeadlineExceeded), the call is cancelled,
 	// or the session ends (NotFound). Asking again for a lock the session holds
@@ -549,6 +585,12 @@ type LockServiceHandler interface {
 // and JSON codecs. They also support gzip compression.
 func NewLockServiceHandler(svc LockServiceHandler, opts ...connect.HandlerOption) (string, http.Handler) {
 	lockServiceMethods := v1.File_fence_v1_fence_proto.Services().ByName("LockService").Methods()
+	lockServiceWatchHandler := connect.NewServerStreamHandler(
+		LockServiceWatchProcedure,
+		svc.Watch,
+		connect.WithSchema(lockServiceMethods.ByName("Watch")),
+		connect.WithHandlerOptions(opts...),
+	)
 	lockServiceAcquireHandler := connect.NewUnaryHandler(
 		LockServiceAcquireProcedure,
 		svc.Acquire,
@@ -599,6 +641,8 @@ func NewLockServiceHandler(svc LockServiceHandler, opts ...connect.HandlerOption
 	)
 	return "/fence.v1.LockService/", http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		switch r.URL.Path {
+		case LockServiceWatchProcedure:
+			lockServiceWatchHandler.ServeHTTP(w, r)
 		case LockServiceAcquireProcedure:
 			lockServiceAcquireHandler.ServeHTTP(w, r)
 		case LockServiceReleaseProcedure:
@@ -623,6 +667,10 @@ func NewLockServiceHandler(svc LockServiceHandler, opts ...connect.HandlerOption
 
 // UnimplementedLockServiceHandler returns CodeUnimplemented from all methods.
 type UnimplementedLockServiceHandler struct{}
+
+func (UnimplementedLockServiceHandler) Watch(context.Context, *connect.Request[v1.LockWatchRequest], *connect.ServerStream[v1.LockWatchResponse]) error {
+	return connect.NewError(connect.CodeUnimplemented, errors.New("fence.v1.LockService.Watch is not implemented"))
+}
 
 func (UnimplementedLockServiceHandler) Acquire(context.Context, *connect.Request[v1.AcquireRequest]) (*connect.Response[v1.AcquireResponse], error) {
 	return nil, connect.NewError(connect.CodeUnimplemented, errors.New("fence.v1.LockService.Acquire is not implemented"))
