@@ -222,7 +222,7 @@ func (m *modelChecker) check(tb testing.TB, cmd *fsmpb.Command, res fsm.Result, 
 	if err := m.checkTokens(cmd, res, s); err != nil {
 		return err
 	}
-	if _, _, _, _, _, isKV := kvCommand(cmd); isKV {
+	if isKVWrite(cmd) {
 		if res.Attempt != 0 || res.Released || res.Dequeued {
 			return fmt.Errorf("%v answered %s", cmd, describeAll(res))
 		}
@@ -296,7 +296,7 @@ func (m *modelChecker) checkFailure(cmd *fsmpb.Command, err error) error {
 			return fmt.Errorf("command for live session %d failed with %v", sid, err)
 		}
 	}
-	if _, _, _, _, _, isKV := kvCommand(cmd); isKV {
+	if isKVWrite(cmd) {
 		return m.kv.observe(cmd, fsm.Result{Err: err}, m.holders, m.maxToken, m.live)
 	}
 	switch op := cmd.GetOp().(type) {
@@ -1349,6 +1349,9 @@ func runStreamFrom(tb testing.TB, data []byte, start *fsmpb.Snapshot) map[string
 			for _, o := range bindOutcomes(cmd, ra, kvPre) {
 				outcomes[o]++
 			}
+			for _, o := range txnOutcomes(cmd, ra) {
+				outcomes[o]++
+			}
 		}
 		for _, l := range a.Locks("") {
 			lastPermits[l.Name] = l.Permits
@@ -1561,6 +1564,15 @@ func TestRandomCommandStreams(t *testing.T) {
 			}
 		})
 	}
+	// Streams of txns.
+	for seed := range uint64(60) {
+		data := txnStream(rand.New(rand.NewPCG(seed, 0x7a9)), 40+int(seed)%100)
+		t.Run(fmt.Sprint("txns/", seed), func(t *testing.T) {
+			for o, c := range runStream(t, data) {
+				total[o] += c
+			}
+		})
+	}
 	// One short stream from a state that keeps as many keys as it may:
 	// every step takes snapshots of ten thousand keys, slow under -race.
 	t.Run("keys kept in full", func(t *testing.T) {
@@ -1606,7 +1618,8 @@ func TestRandomCommandStreams(t *testing.T) {
 	for _, o := range []string{"a keyed command applied", "a keyed command failed and left no key", "a retry of a failed keyed command applied",
 		"a keyed command repeated", "a retry of the same command repeated", "a key reused by another command", "a repeat of a CreateSession",
 		"a repeat of a write that changed keys", "a repeat of a write that changed nothing", "a repeat with nothing to report",
-		"a key over the limit refused", "a key of the longest length applied", "the oldest key forgotten", "a key forgotten applied again"} {
+		"a key over the limit refused", "a key of the longest length applied", "the oldest key forgotten", "a key forgotten applied again",
+		"a repeat of a txn that ran then"} {
 		if total["key: "+o] < 3 && !t.Failed() {
 			t.Errorf("the streams reached idempotency key path %q only %d times: %v", o, total["key: "+o], total)
 		}
@@ -1616,8 +1629,15 @@ func TestRandomCommandStreams(t *testing.T) {
 			t.Errorf("the streams reached batch path %q only %d times: %v", o, total["batch: "+o], total)
 		}
 	}
+	for _, o := range []string{"then ran", "else ran", "several writes at one revision", "changed nothing", "a get after a write of its key",
+		"a get found its key", "a bound put", "fenced no-op delete", "strict writes", "stale", "refused by a write after another", "invalid",
+		"not holder", "limit", "session not found", "never issued"} {
+		if total["txn: "+o] < 3 && !t.Failed() {
+			t.Errorf("the streams reached txn path %q only %d times: %v", o, total["txn: "+o], total)
+		}
+	}
 	for _, o := range []string{"sessions quota refused a session", "locks quota refused an acquire", "waits quota refused an acquire",
-		"kv bytes quota refused a put"} {
+		"kv bytes quota refused a put", "kv bytes quota refused a txn"} {
 		if total["quota: "+o] < 3 && !t.Failed() {
 			t.Errorf("the streams reached quota path %q only %d times: %v", o, total["quota: "+o], total)
 		}
@@ -1788,6 +1808,45 @@ func TestModelCheckerCatchesViolations(t *testing.T) {
 			res.Events[0].KV.Lock = "a"
 			return m.observe(t, cmd, res, s, before)
 		}, `Lock:"a"`},
+		{"a stale txn reported as applied (6)", func(t *testing.T, s *fsm.State, m *modelChecker) error {
+			cmd := txn(nil, ops(tPut("n", "x"), tPut("k", "old")), nil, fenced("a", 4))
+			before := snapshotBytes(t, s)
+			if res := s.Apply(cmd); !errors.Is(res.Err, fence.ErrStaleToken) {
+				t.Fatalf("setup: %s", describe(res))
+			}
+			return m.observe(t, cmd, txnDid(true, 4, []fsm.TxnOpResult{none, none},
+				put(kvAt("n", "x", "a", 4, 4, 4, 4, 1)), put(kvAt("k", "old", "a", 4, 5, 1, 4, 2))), s, before)
+		}, ""},
+		{"a txn applied in part by the state", func(t *testing.T, s *fsm.State, m *modelChecker) error {
+			cmd := txn(nil, ops(tPut("n", "x"), tPut("m", "y")), nil)
+			before := snapshotBytes(t, s)
+			res := s.Apply(cmd)
+			broken := restoreBroken(t, s, func(snap *fsmpb.Snapshot) {
+				snap.Kvs = slices.DeleteFunc(snap.Kvs, func(kv *fsmpb.KV) bool { return kv.GetKey() == "n" })
+			})
+			return m.observe(t, cmd, res, broken, before)
+		}, "snapshot keeps"},
+		{"a txn's writes at two revisions", func(t *testing.T, s *fsm.State, m *modelChecker) error {
+			cmd := txn(nil, ops(tPut("n", "x"), tPut("k", "new")), nil, fenced("a", 5))
+			before := snapshotBytes(t, s)
+			res := s.Apply(cmd)
+			res.Events[1].KV.ModRevision++
+			return m.observe(t, cmd, res, s, before)
+		}, "answered"},
+		{"a txn that ran the wrong list", func(t *testing.T, s *fsm.State, m *modelChecker) error {
+			cmd := txn(ifs(ifValue("k", eq, "v")), ops(tGet("k")), ops(tGet("k")))
+			before := snapshotBytes(t, s)
+			res := s.Apply(cmd)
+			res.Txn.Succeeded = false
+			return m.observe(t, cmd, res, s, before)
+		}, "answered"},
+		{"a txn's get that read another key", func(t *testing.T, s *fsm.State, m *modelChecker) error {
+			cmd := txn(nil, ops(tGet("k"), tGet("t")), nil)
+			before := snapshotBytes(t, s)
+			res := s.Apply(cmd)
+			res.Txn.Ops[1] = res.Txn.Ops[0]
+			return m.observe(t, cmd, res, s, before)
+		}, "answered"},
 	}
 	for _, tc := range kvCases {
 		t.Run(tc.name, func(t *testing.T) {

@@ -29,9 +29,13 @@ const (
 	// revoke or an abandonment as ExpireSessions, which every version
 	// applies the same way.
 	Protocol3 uint32 = 3
+	// Protocol4 adds KVTxn, the KV store's transactions. Below it the
+	// edge refuses a txn (fence.ErrUnsupported): a member that does not
+	// know the command would stop at it.
+	Protocol4 uint32 = 4
 
 	// Protocol is the newest protocol this version speaks.
-	Protocol = Protocol3
+	Protocol = Protocol4
 )
 
 // notUnderstood says what in cmd this version cannot apply: a kind of
@@ -64,6 +68,14 @@ func newerValue(cmd *fsmpb.Command) string {
 	}
 	if end := cmd.GetCloseSession().GetEnd(); fsmpb.SessionEnd_name[int32(end)] == "" {
 		return fmt.Sprintf("a session end (%d)", int32(end))
+	}
+	for _, c := range cmd.GetKvTxn().GetCompares() {
+		if t := c.GetTarget(); fsmpb.KVCompareTarget_name[int32(t)] == "" {
+			return fmt.Sprintf("a txn compare target (%d)", int32(t))
+		}
+		if op := c.GetOp(); fsmpb.KVCompareOp_name[int32(op)] == "" {
+			return fmt.Sprintf("a txn compare op (%d)", int32(op))
+		}
 	}
 	return ""
 }
