@@ -233,7 +233,10 @@ func (s *Server) Watch(ctx context.Context, req *connect.Request[fencev1.WatchRe
 				}
 				resp.Events = append(resp.Events, &fencev1.Event{Type: typ, Kv: apiKV(ev.KV)})
 				size += eventSize(ev)
-				if size < watchMessageBytes && i < len(events)-1 {
+				// A txn's changes share a revision: they go in one
+				// message, so that a client that resumes after the last
+				// revision it saw misses none of them.
+				if i < len(events)-1 && (size < watchMessageBytes || events[i+1].KV.ModRevision == ev.KV.ModRevision) {
 					continue
 				}
 				if err := stream.Send(resp); err != nil {
@@ -389,13 +392,16 @@ func (h *watchHub) publish(events []fsm.KVEvent) {
 }
 
 // eventRing keeps the most recent KV changes, at most maxEvents of them and
-// about maxBytes of keys and values. Every change has a revision of its
-// own, one above the one before, so the ring covers a contiguous range of
-// revisions that ends at the store's.
+// about maxBytes of keys and values. Revisions go up by one from a change
+// to the next but for a txn's changes, which share one; so the ring covers
+// a contiguous range of revisions that ends at the store's, and may begin
+// with part of a txn's changes, a revision it no longer keeps whole.
 type eventRing struct {
 	maxEvents, maxBytes int
 	events              []fsm.KVEvent // a circular buffer, oldest at head
 	head, n, bytes      int
+	// droppedRev is the revision of the last change dropped, 0 for none.
+	droppedRev uint64
 }
 
 func eventSize(ev fsm.KVEvent) int { return len(ev.KV.Key) + len(ev.KV.Value) + len(ev.KV.Lock) + 64 }
@@ -419,6 +425,7 @@ func (r *eventRing) push(ev fsm.KVEvent) {
 }
 
 func (r *eventRing) dropOldest() {
+	r.droppedRev = r.events[r.head].KV.ModRevision
 	r.bytes -= eventSize(r.events[r.head])
 	r.events[r.head] = fsm.KVEvent{}
 	r.head = (r.head + 1) % r.maxEvents
@@ -427,16 +434,20 @@ func (r *eventRing) dropOldest() {
 
 func (r *eventRing) clear() {
 	clear(r.events)
-	r.head, r.n, r.bytes = 0, 0, 0
+	r.head, r.n, r.bytes, r.droppedRev = 0, 0, 0, 0
 }
 
 // oldestRevision is the oldest revision a watch may start at, given the
-// store's revision last: the oldest kept change, or last+1 when none is.
+// store's revision last: that of the oldest kept change, or the one after
+// it if a change of that revision was dropped, or last+1 when none is kept.
 func (r *eventRing) oldestRevision(last uint64) uint64 {
 	if r.n == 0 {
 		return last + 1
 	}
-	return r.events[r.head].KV.ModRevision
+	if rev := r.events[r.head].KV.ModRevision; rev != r.droppedRev {
+		return rev
+	}
+	return min(r.events[r.head].KV.ModRevision+1, last+1)
 }
 
 // each calls fn on the kept changes, oldest first.

@@ -246,6 +246,58 @@ func (EventType) EnumDescriptor() ([]byte, []int) {
 	return file_fence_v1_fence_proto_rawDescGZIP(), []int{3}
 }
 
+type CompareOp int32
+
+const (
+	CompareOp_COMPARE_OP_EQUAL     CompareOp = 0
+	CompareOp_COMPARE_OP_NOT_EQUAL CompareOp = 1
+	CompareOp_COMPARE_OP_LESS      CompareOp = 2
+	CompareOp_COMPARE_OP_GREATER   CompareOp = 3
+)
+
+// Enum value maps for CompareOp.
+var (
+	CompareOp_name = map[int32]string{
+		0: "COMPARE_OP_EQUAL",
+		1: "COMPARE_OP_NOT_EQUAL",
+		2: "COMPARE_OP_LESS",
+		3: "COMPARE_OP_GREATER",
+	}
+	CompareOp_value = map[string]int32{
+		"COMPARE_OP_EQUAL":     0,
+		"COMPARE_OP_NOT_EQUAL": 1,
+		"COMPARE_OP_LESS":      2,
+		"COMPARE_OP_GREATER":   3,
+	}
+)
+
+func (x CompareOp) Enum() *CompareOp {
+	p := new(CompareOp)
+	*p = x
+	return p
+}
+
+func (x CompareOp) String() string {
+	return protoimpl.X.EnumStringOf(x.Descriptor(), protoreflect.EnumNumber(x))
+}
+
+func (CompareOp) Descriptor() protoreflect.EnumDescriptor {
+	return file_fence_v1_fence_proto_enumTypes[4].Descriptor()
+}
+
+func (CompareOp) Type() protoreflect.EnumType {
+	return &file_fence_v1_fence_proto_enumTypes[4]
+}
+
+func (x CompareOp) Number() protoreflect.EnumNumber {
+	return protoreflect.EnumNumber(x)
+}
+
+// Deprecated: Use CompareOp.Descriptor instead.
+func (CompareOp) EnumDescriptor() ([]byte, []int) {
+	return file_fence_v1_fence_proto_rawDescGZIP(), []int{4}
+}
+
 // Reason says precisely why a call failed. It travels as an error detail so
 // that clients map errors to sentinels without matching strings.
 type Reason int32
@@ -285,6 +337,9 @@ const (
 	// unknown, revoked or expired token; a certificate naming no user)
 	// (code Unauthenticated).
 	Reason_REASON_AUTH Reason = 17
+	// The call needs a newer group protocol than the group runs: some
+	// member runs an older version of fence (code FailedPrecondition).
+	Reason_REASON_UNSUPPORTED Reason = 18
 )
 
 // Enum value maps for Reason.
@@ -308,6 +363,7 @@ var (
 		15: "REASON_MEMBERSHIP",
 		16: "REASON_PERMISSION_DENIED",
 		17: "REASON_AUTH",
+		18: "REASON_UNSUPPORTED",
 	}
 	Reason_value = map[string]int32{
 		"REASON_UNSPECIFIED":       0,
@@ -328,6 +384,7 @@ var (
 		"REASON_MEMBERSHIP":        15,
 		"REASON_PERMISSION_DENIED": 16,
 		"REASON_AUTH":              17,
+		"REASON_UNSUPPORTED":       18,
 	}
 )
 
@@ -342,11 +399,11 @@ func (x Reason) String() string {
 }
 
 func (Reason) Descriptor() protoreflect.EnumDescriptor {
-	return file_fence_v1_fence_proto_enumTypes[4].Descriptor()
+	return file_fence_v1_fence_proto_enumTypes[5].Descriptor()
 }
 
 func (Reason) Type() protoreflect.EnumType {
-	return &file_fence_v1_fence_proto_enumTypes[4]
+	return &file_fence_v1_fence_proto_enumTypes[5]
 }
 
 func (x Reason) Number() protoreflect.EnumNumber {
@@ -355,7 +412,7 @@ func (x Reason) Number() protoreflect.EnumNumber {
 
 // Deprecated: Use Reason.Descriptor instead.
 func (Reason) EnumDescriptor() ([]byte, []int) {
-	return file_fence_v1_fence_proto_rawDescGZIP(), []int{4}
+	return file_fence_v1_fence_proto_rawDescGZIP(), []int{5}
 }
 
 // Permission allows kind at access on every name that starts with prefix
@@ -5319,6 +5376,671 @@ func (x *WatchResponse) GetProgress() bool {
 	return false
 }
 
+// TxnRequest is a transaction: compares, then the operations of then if
+// every compare holds, else those of else. Each list writes a key at most
+// once; its gets read their keys as the operations before them left them.
+// The server bounds the operations (compares included) and the bytes of
+// keys and values of one txn (fence serve --max-txn-ops, --max-txn-bytes).
+type TxnRequest struct {
+	state    protoimpl.MessageState `protogen:"open.v1"`
+	Compares []*Compare             `protobuf:"bytes,1,rep,name=compares,proto3" json:"compares,omitempty"`
+	Then     []*TxnOp               `protobuf:"bytes,2,rep,name=then,proto3" json:"then,omitempty"`
+	Else     []*TxnOp               `protobuf:"bytes,3,rep,name=else,proto3" json:"else,omitempty"`
+	// The fence every write of the txn is checked against, as a single
+	// write's: lock, token and strict. expect_revision is refused: compare
+	// the keys' mod_revision instead.
+	Fence         *Fence `protobuf:"bytes,4,opt,name=fence,proto3" json:"fence,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *TxnRequest) Reset() {
+	*x = TxnRequest{}
+	mi := &file_fence_v1_fence_proto_msgTypes[87]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *TxnRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*TxnRequest) ProtoMessage() {}
+
+func (x *TxnRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_fence_v1_fence_proto_msgTypes[87]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use TxnRequest.ProtoReflect.Descriptor instead.
+func (*TxnRequest) Descriptor() ([]byte, []int) {
+	return file_fence_v1_fence_proto_rawDescGZIP(), []int{87}
+}
+
+func (x *TxnRequest) GetCompares() []*Compare {
+	if x != nil {
+		return x.Compares
+	}
+	return nil
+}
+
+func (x *TxnRequest) GetThen() []*TxnOp {
+	if x != nil {
+		return x.Then
+	}
+	return nil
+}
+
+func (x *TxnRequest) GetElse() []*TxnOp {
+	if x != nil {
+		return x.Else
+	}
+	return nil
+}
+
+func (x *TxnRequest) GetFence() *Fence {
+	if x != nil {
+		return x.Fence
+	}
+	return nil
+}
+
+// Compare compares one key's value, version, create or mod revision with
+// an operand, or says whether the key exists. A missing key has version
+// and revisions 0 and no value: every value compare on it fails.
+type Compare struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	Key   string                 `protobuf:"bytes,1,opt,name=key,proto3" json:"key,omitempty"`
+	// How the key's side compares with the operand (key OP operand).
+	Op CompareOp `protobuf:"varint,2,opt,name=op,proto3,enum=fence.v1.CompareOp" json:"op,omitempty"`
+	// The operand, which says what of the key is compared; one is required.
+	//
+	// Types that are valid to be assigned to Target:
+	//
+	//	*Compare_Value
+	//	*Compare_Version
+	//	*Compare_CreateRevision
+	//	*Compare_ModRevision
+	//	*Compare_Absent
+	Target        isCompare_Target `protobuf_oneof:"target"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *Compare) Reset() {
+	*x = Compare{}
+	mi := &file_fence_v1_fence_proto_msgTypes[88]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *Compare) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*Compare) ProtoMessage() {}
+
+func (x *Compare) ProtoReflect() protoreflect.Message {
+	mi := &file_fence_v1_fence_proto_msgTypes[88]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use Compare.ProtoReflect.Descriptor instead.
+func (*Compare) Descriptor() ([]byte, []int) {
+	return file_fence_v1_fence_proto_rawDescGZIP(), []int{88}
+}
+
+func (x *Compare) GetKey() string {
+	if x != nil {
+		return x.Key
+	}
+	return ""
+}
+
+func (x *Compare) GetOp() CompareOp {
+	if x != nil {
+		return x.Op
+	}
+	return CompareOp_COMPARE_OP_EQUAL
+}
+
+func (x *Compare) GetTarget() isCompare_Target {
+	if x != nil {
+		return x.Target
+	}
+	return nil
+}
+
+func (x *Compare) GetValue() []byte {
+	if x != nil {
+		if x, ok := x.Target.(*Compare_Value); ok {
+			return x.Value
+		}
+	}
+	return nil
+}
+
+func (x *Compare) GetVersion() uint64 {
+	if x != nil {
+		if x, ok := x.Target.(*Compare_Version); ok {
+			return x.Version
+		}
+	}
+	return 0
+}
+
+func (x *Compare) GetCreateRevision() uint64 {
+	if x != nil {
+		if x, ok := x.Target.(*Compare_CreateRevision); ok {
+			return x.CreateRevision
+		}
+	}
+	return 0
+}
+
+func (x *Compare) GetModRevision() uint64 {
+	if x != nil {
+		if x, ok := x.Target.(*Compare_ModRevision); ok {
+			return x.ModRevision
+		}
+	}
+	return 0
+}
+
+func (x *Compare) GetAbsent() bool {
+	if x != nil {
+		if x, ok := x.Target.(*Compare_Absent); ok {
+			return x.Absent
+		}
+	}
+	return false
+}
+
+type isCompare_Target interface {
+	isCompare_Target()
+}
+
+type Compare_Value struct {
+	Value []byte `protobuf:"bytes,3,opt,name=value,proto3,oneof"`
+}
+
+type Compare_Version struct {
+	Version uint64 `protobuf:"varint,4,opt,name=version,proto3,oneof"`
+}
+
+type Compare_CreateRevision struct {
+	CreateRevision uint64 `protobuf:"varint,5,opt,name=create_revision,json=createRevision,proto3,oneof"`
+}
+
+type Compare_ModRevision struct {
+	ModRevision uint64 `protobuf:"varint,6,opt,name=mod_revision,json=modRevision,proto3,oneof"`
+}
+
+type Compare_Absent struct {
+	// true: holds when the key does not exist; false: when it does. Its
+	// op is EQUAL.
+	Absent bool `protobuf:"varint,7,opt,name=absent,proto3,oneof"`
+}
+
+func (*Compare_Value) isCompare_Target() {}
+
+func (*Compare_Version) isCompare_Target() {}
+
+func (*Compare_CreateRevision) isCompare_Target() {}
+
+func (*Compare_ModRevision) isCompare_Target() {}
+
+func (*Compare_Absent) isCompare_Target() {}
+
+// TxnOp is one operation of a txn.
+type TxnOp struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// Types that are valid to be assigned to Op:
+	//
+	//	*TxnOp_Put
+	//	*TxnOp_Delete
+	//	*TxnOp_Get
+	Op            isTxnOp_Op `protobuf_oneof:"op"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *TxnOp) Reset() {
+	*x = TxnOp{}
+	mi := &file_fence_v1_fence_proto_msgTypes[89]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *TxnOp) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*TxnOp) ProtoMessage() {}
+
+func (x *TxnOp) ProtoReflect() protoreflect.Message {
+	mi := &file_fence_v1_fence_proto_msgTypes[89]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use TxnOp.ProtoReflect.Descriptor instead.
+func (*TxnOp) Descriptor() ([]byte, []int) {
+	return file_fence_v1_fence_proto_rawDescGZIP(), []int{89}
+}
+
+func (x *TxnOp) GetOp() isTxnOp_Op {
+	if x != nil {
+		return x.Op
+	}
+	return nil
+}
+
+func (x *TxnOp) GetPut() *TxnPut {
+	if x != nil {
+		if x, ok := x.Op.(*TxnOp_Put); ok {
+			return x.Put
+		}
+	}
+	return nil
+}
+
+func (x *TxnOp) GetDelete() *TxnDelete {
+	if x != nil {
+		if x, ok := x.Op.(*TxnOp_Delete); ok {
+			return x.Delete
+		}
+	}
+	return nil
+}
+
+func (x *TxnOp) GetGet() *TxnGet {
+	if x != nil {
+		if x, ok := x.Op.(*TxnOp_Get); ok {
+			return x.Get
+		}
+	}
+	return nil
+}
+
+type isTxnOp_Op interface {
+	isTxnOp_Op()
+}
+
+type TxnOp_Put struct {
+	Put *TxnPut `protobuf:"bytes,1,opt,name=put,proto3,oneof"`
+}
+
+type TxnOp_Delete struct {
+	Delete *TxnDelete `protobuf:"bytes,2,opt,name=delete,proto3,oneof"`
+}
+
+type TxnOp_Get struct {
+	Get *TxnGet `protobuf:"bytes,3,opt,name=get,proto3,oneof"`
+}
+
+func (*TxnOp_Put) isTxnOp_Op() {}
+
+func (*TxnOp_Delete) isTxnOp_Op() {}
+
+func (*TxnOp_Get) isTxnOp_Op() {}
+
+// TxnPut writes a value, fenced by the txn's fence.
+type TxnPut struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	Key   string                 `protobuf:"bytes,1,opt,name=key,proto3" json:"key,omitempty"`
+	Value []byte                 `protobuf:"bytes,2,opt,name=value,proto3" json:"value,omitempty"`
+	// Bind the key to this session, as PutRequest.session_id does, with the
+	// secret CreateSession answered for it.
+	SessionId     uint64 `protobuf:"varint,3,opt,name=session_id,json=sessionId,proto3" json:"session_id,omitempty"`
+	SessionSecret string `protobuf:"bytes,4,opt,name=session_secret,json=sessionSecret,proto3" json:"session_secret,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *TxnPut) Reset() {
+	*x = TxnPut{}
+	mi := &file_fence_v1_fence_proto_msgTypes[90]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *TxnPut) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*TxnPut) ProtoMessage() {}
+
+func (x *TxnPut) ProtoReflect() protoreflect.Message {
+	mi := &file_fence_v1_fence_proto_msgTypes[90]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use TxnPut.ProtoReflect.Descriptor instead.
+func (*TxnPut) Descriptor() ([]byte, []int) {
+	return file_fence_v1_fence_proto_rawDescGZIP(), []int{90}
+}
+
+func (x *TxnPut) GetKey() string {
+	if x != nil {
+		return x.Key
+	}
+	return ""
+}
+
+func (x *TxnPut) GetValue() []byte {
+	if x != nil {
+		return x.Value
+	}
+	return nil
+}
+
+func (x *TxnPut) GetSessionId() uint64 {
+	if x != nil {
+		return x.SessionId
+	}
+	return 0
+}
+
+func (x *TxnPut) GetSessionSecret() string {
+	if x != nil {
+		return x.SessionSecret
+	}
+	return ""
+}
+
+// TxnDelete removes a key, fenced by the txn's fence.
+type TxnDelete struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Key           string                 `protobuf:"bytes,1,opt,name=key,proto3" json:"key,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *TxnDelete) Reset() {
+	*x = TxnDelete{}
+	mi := &file_fence_v1_fence_proto_msgTypes[91]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *TxnDelete) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*TxnDelete) ProtoMessage() {}
+
+func (x *TxnDelete) ProtoReflect() protoreflect.Message {
+	mi := &file_fence_v1_fence_proto_msgTypes[91]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use TxnDelete.ProtoReflect.Descriptor instead.
+func (*TxnDelete) Descriptor() ([]byte, []int) {
+	return file_fence_v1_fence_proto_rawDescGZIP(), []int{91}
+}
+
+func (x *TxnDelete) GetKey() string {
+	if x != nil {
+		return x.Key
+	}
+	return ""
+}
+
+// TxnGet reads a key in the txn.
+type TxnGet struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Key           string                 `protobuf:"bytes,1,opt,name=key,proto3" json:"key,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *TxnGet) Reset() {
+	*x = TxnGet{}
+	mi := &file_fence_v1_fence_proto_msgTypes[92]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *TxnGet) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*TxnGet) ProtoMessage() {}
+
+func (x *TxnGet) ProtoReflect() protoreflect.Message {
+	mi := &file_fence_v1_fence_proto_msgTypes[92]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use TxnGet.ProtoReflect.Descriptor instead.
+func (*TxnGet) Descriptor() ([]byte, []int) {
+	return file_fence_v1_fence_proto_rawDescGZIP(), []int{92}
+}
+
+func (x *TxnGet) GetKey() string {
+	if x != nil {
+		return x.Key
+	}
+	return ""
+}
+
+type TxnResponse struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// true when every compare held and then ran; false when else ran.
+	Succeeded bool `protobuf:"varint,1,opt,name=succeeded,proto3" json:"succeeded,omitempty"`
+	// The store's revision after the txn: the mod_revision of every key it
+	// wrote.
+	Revision uint64 `protobuf:"varint,2,opt,name=revision,proto3" json:"revision,omitempty"`
+	// One result per operation of the list that ran, in order: a put's
+	// revision, a delete's deleted and revision, a get's found, kv and
+	// revision.
+	Results []*TxnResult `protobuf:"bytes,3,rep,name=results,proto3" json:"results,omitempty"`
+	// Set when the call's idempotency key had been applied before (a retry
+	// whose first answer was lost): nothing was applied again, succeeded
+	// and revision are the first application's, and results is empty.
+	AlreadyApplied bool `protobuf:"varint,4,opt,name=already_applied,json=alreadyApplied,proto3" json:"already_applied,omitempty"`
+	unknownFields  protoimpl.UnknownFields
+	sizeCache      protoimpl.SizeCache
+}
+
+func (x *TxnResponse) Reset() {
+	*x = TxnResponse{}
+	mi := &file_fence_v1_fence_proto_msgTypes[93]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *TxnResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*TxnResponse) ProtoMessage() {}
+
+func (x *TxnResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_fence_v1_fence_proto_msgTypes[93]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use TxnResponse.ProtoReflect.Descriptor instead.
+func (*TxnResponse) Descriptor() ([]byte, []int) {
+	return file_fence_v1_fence_proto_rawDescGZIP(), []int{93}
+}
+
+func (x *TxnResponse) GetSucceeded() bool {
+	if x != nil {
+		return x.Succeeded
+	}
+	return false
+}
+
+func (x *TxnResponse) GetRevision() uint64 {
+	if x != nil {
+		return x.Revision
+	}
+	return 0
+}
+
+func (x *TxnResponse) GetResults() []*TxnResult {
+	if x != nil {
+		return x.Results
+	}
+	return nil
+}
+
+func (x *TxnResponse) GetAlreadyApplied() bool {
+	if x != nil {
+		return x.AlreadyApplied
+	}
+	return false
+}
+
+type TxnResult struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// Types that are valid to be assigned to Result:
+	//
+	//	*TxnResult_Put
+	//	*TxnResult_Delete
+	//	*TxnResult_Get
+	Result        isTxnResult_Result `protobuf_oneof:"result"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *TxnResult) Reset() {
+	*x = TxnResult{}
+	mi := &file_fence_v1_fence_proto_msgTypes[94]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *TxnResult) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*TxnResult) ProtoMessage() {}
+
+func (x *TxnResult) ProtoReflect() protoreflect.Message {
+	mi := &file_fence_v1_fence_proto_msgTypes[94]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use TxnResult.ProtoReflect.Descriptor instead.
+func (*TxnResult) Descriptor() ([]byte, []int) {
+	return file_fence_v1_fence_proto_rawDescGZIP(), []int{94}
+}
+
+func (x *TxnResult) GetResult() isTxnResult_Result {
+	if x != nil {
+		return x.Result
+	}
+	return nil
+}
+
+func (x *TxnResult) GetPut() *PutResponse {
+	if x != nil {
+		if x, ok := x.Result.(*TxnResult_Put); ok {
+			return x.Put
+		}
+	}
+	return nil
+}
+
+func (x *TxnResult) GetDelete() *DeleteResponse {
+	if x != nil {
+		if x, ok := x.Result.(*TxnResult_Delete); ok {
+			return x.Delete
+		}
+	}
+	return nil
+}
+
+func (x *TxnResult) GetGet() *GetResponse {
+	if x != nil {
+		if x, ok := x.Result.(*TxnResult_Get); ok {
+			return x.Get
+		}
+	}
+	return nil
+}
+
+type isTxnResult_Result interface {
+	isTxnResult_Result()
+}
+
+type TxnResult_Put struct {
+	Put *PutResponse `protobuf:"bytes,1,opt,name=put,proto3,oneof"`
+}
+
+type TxnResult_Delete struct {
+	Delete *DeleteResponse `protobuf:"bytes,2,opt,name=delete,proto3,oneof"`
+}
+
+type TxnResult_Get struct {
+	Get *GetResponse `protobuf:"bytes,3,opt,name=get,proto3,oneof"`
+}
+
+func (*TxnResult_Put) isTxnResult_Result() {}
+
+func (*TxnResult_Delete) isTxnResult_Result() {}
+
+func (*TxnResult_Get) isTxnResult_Result() {}
+
 // ErrorDetail is attached to every error fence returns.
 type ErrorDetail struct {
 	state     protoimpl.MessageState `protogen:"open.v1"`
@@ -5340,7 +6062,7 @@ type ErrorDetail struct {
 
 func (x *ErrorDetail) Reset() {
 	*x = ErrorDetail{}
-	mi := &file_fence_v1_fence_proto_msgTypes[87]
+	mi := &file_fence_v1_fence_proto_msgTypes[95]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -5352,7 +6074,7 @@ func (x *ErrorDetail) String() string {
 func (*ErrorDetail) ProtoMessage() {}
 
 func (x *ErrorDetail) ProtoReflect() protoreflect.Message {
-	mi := &file_fence_v1_fence_proto_msgTypes[87]
+	mi := &file_fence_v1_fence_proto_msgTypes[95]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -5365,7 +6087,7 @@ func (x *ErrorDetail) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ErrorDetail.ProtoReflect.Descriptor instead.
 func (*ErrorDetail) Descriptor() ([]byte, []int) {
-	return file_fence_v1_fence_proto_rawDescGZIP(), []int{87}
+	return file_fence_v1_fence_proto_rawDescGZIP(), []int{95}
 }
 
 func (x *ErrorDetail) GetReason() Reason {
@@ -5455,7 +6177,7 @@ type StreamRequest struct {
 
 func (x *StreamRequest) Reset() {
 	*x = StreamRequest{}
-	mi := &file_fence_v1_fence_proto_msgTypes[88]
+	mi := &file_fence_v1_fence_proto_msgTypes[96]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -5467,7 +6189,7 @@ func (x *StreamRequest) String() string {
 func (*StreamRequest) ProtoMessage() {}
 
 func (x *StreamRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_fence_v1_fence_proto_msgTypes[88]
+	mi := &file_fence_v1_fence_proto_msgTypes[96]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -5480,7 +6202,7 @@ func (x *StreamRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use StreamRequest.ProtoReflect.Descriptor instead.
 func (*StreamRequest) Descriptor() ([]byte, []int) {
-	return file_fence_v1_fence_proto_rawDescGZIP(), []int{88}
+	return file_fence_v1_fence_proto_rawDescGZIP(), []int{96}
 }
 
 func (x *StreamRequest) GetId() uint64 {
@@ -5687,7 +6409,7 @@ type StreamCancel struct {
 
 func (x *StreamCancel) Reset() {
 	*x = StreamCancel{}
-	mi := &file_fence_v1_fence_proto_msgTypes[89]
+	mi := &file_fence_v1_fence_proto_msgTypes[97]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -5699,7 +6421,7 @@ func (x *StreamCancel) String() string {
 func (*StreamCancel) ProtoMessage() {}
 
 func (x *StreamCancel) ProtoReflect() protoreflect.Message {
-	mi := &file_fence_v1_fence_proto_msgTypes[89]
+	mi := &file_fence_v1_fence_proto_msgTypes[97]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -5712,7 +6434,7 @@ func (x *StreamCancel) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use StreamCancel.ProtoReflect.Descriptor instead.
 func (*StreamCancel) Descriptor() ([]byte, []int) {
-	return file_fence_v1_fence_proto_rawDescGZIP(), []int{89}
+	return file_fence_v1_fence_proto_rawDescGZIP(), []int{97}
 }
 
 // KeepAliveManyRequest renews many sessions: each entry is what KeepAlive
@@ -5726,7 +6448,7 @@ type KeepAliveManyRequest struct {
 
 func (x *KeepAliveManyRequest) Reset() {
 	*x = KeepAliveManyRequest{}
-	mi := &file_fence_v1_fence_proto_msgTypes[90]
+	mi := &file_fence_v1_fence_proto_msgTypes[98]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -5738,7 +6460,7 @@ func (x *KeepAliveManyRequest) String() string {
 func (*KeepAliveManyRequest) ProtoMessage() {}
 
 func (x *KeepAliveManyRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_fence_v1_fence_proto_msgTypes[90]
+	mi := &file_fence_v1_fence_proto_msgTypes[98]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -5751,7 +6473,7 @@ func (x *KeepAliveManyRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use KeepAliveManyRequest.ProtoReflect.Descriptor instead.
 func (*KeepAliveManyRequest) Descriptor() ([]byte, []int) {
-	return file_fence_v1_fence_proto_rawDescGZIP(), []int{90}
+	return file_fence_v1_fence_proto_rawDescGZIP(), []int{98}
 }
 
 func (x *KeepAliveManyRequest) GetSessions() []*KeepAliveRequest {
@@ -5772,7 +6494,7 @@ type KeepAliveManyResponse struct {
 
 func (x *KeepAliveManyResponse) Reset() {
 	*x = KeepAliveManyResponse{}
-	mi := &file_fence_v1_fence_proto_msgTypes[91]
+	mi := &file_fence_v1_fence_proto_msgTypes[99]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -5784,7 +6506,7 @@ func (x *KeepAliveManyResponse) String() string {
 func (*KeepAliveManyResponse) ProtoMessage() {}
 
 func (x *KeepAliveManyResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_fence_v1_fence_proto_msgTypes[91]
+	mi := &file_fence_v1_fence_proto_msgTypes[99]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -5797,7 +6519,7 @@ func (x *KeepAliveManyResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use KeepAliveManyResponse.ProtoReflect.Descriptor instead.
 func (*KeepAliveManyResponse) Descriptor() ([]byte, []int) {
-	return file_fence_v1_fence_proto_rawDescGZIP(), []int{91}
+	return file_fence_v1_fence_proto_rawDescGZIP(), []int{99}
 }
 
 func (x *KeepAliveManyResponse) GetResults() []*KeepAliveResult {
@@ -5822,7 +6544,7 @@ type KeepAliveResult struct {
 
 func (x *KeepAliveResult) Reset() {
 	*x = KeepAliveResult{}
-	mi := &file_fence_v1_fence_proto_msgTypes[92]
+	mi := &file_fence_v1_fence_proto_msgTypes[100]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -5834,7 +6556,7 @@ func (x *KeepAliveResult) String() string {
 func (*KeepAliveResult) ProtoMessage() {}
 
 func (x *KeepAliveResult) ProtoReflect() protoreflect.Message {
-	mi := &file_fence_v1_fence_proto_msgTypes[92]
+	mi := &file_fence_v1_fence_proto_msgTypes[100]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -5847,7 +6569,7 @@ func (x *KeepAliveResult) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use KeepAliveResult.ProtoReflect.Descriptor instead.
 func (*KeepAliveResult) Descriptor() ([]byte, []int) {
-	return file_fence_v1_fence_proto_rawDescGZIP(), []int{92}
+	return file_fence_v1_fence_proto_rawDescGZIP(), []int{100}
 }
 
 func (x *KeepAliveResult) GetSessionId() uint64 {
@@ -5885,7 +6607,7 @@ type StreamError struct {
 
 func (x *StreamError) Reset() {
 	*x = StreamError{}
-	mi := &file_fence_v1_fence_proto_msgTypes[93]
+	mi := &file_fence_v1_fence_proto_msgTypes[101]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -5897,7 +6619,7 @@ func (x *StreamError) String() string {
 func (*StreamError) ProtoMessage() {}
 
 func (x *StreamError) ProtoReflect() protoreflect.Message {
-	mi := &file_fence_v1_fence_proto_msgTypes[93]
+	mi := &file_fence_v1_fence_proto_msgTypes[101]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -5910,7 +6632,7 @@ func (x *StreamError) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use StreamError.ProtoReflect.Descriptor instead.
 func (*StreamError) Descriptor() ([]byte, []int) {
-	return file_fence_v1_fence_proto_rawDescGZIP(), []int{93}
+	return file_fence_v1_fence_proto_rawDescGZIP(), []int{101}
 }
 
 func (x *StreamError) GetCode() uint32 {
@@ -5946,7 +6668,7 @@ type StreamOpened struct {
 
 func (x *StreamOpened) Reset() {
 	*x = StreamOpened{}
-	mi := &file_fence_v1_fence_proto_msgTypes[94]
+	mi := &file_fence_v1_fence_proto_msgTypes[102]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -5958,7 +6680,7 @@ func (x *StreamOpened) String() string {
 func (*StreamOpened) ProtoMessage() {}
 
 func (x *StreamOpened) ProtoReflect() protoreflect.Message {
-	mi := &file_fence_v1_fence_proto_msgTypes[94]
+	mi := &file_fence_v1_fence_proto_msgTypes[102]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -5971,7 +6693,7 @@ func (x *StreamOpened) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use StreamOpened.ProtoReflect.Descriptor instead.
 func (*StreamOpened) Descriptor() ([]byte, []int) {
-	return file_fence_v1_fence_proto_rawDescGZIP(), []int{94}
+	return file_fence_v1_fence_proto_rawDescGZIP(), []int{102}
 }
 
 func (x *StreamOpened) GetMaxInFlight() uint32 {
@@ -6007,7 +6729,7 @@ type StreamResponse struct {
 
 func (x *StreamResponse) Reset() {
 	*x = StreamResponse{}
-	mi := &file_fence_v1_fence_proto_msgTypes[95]
+	mi := &file_fence_v1_fence_proto_msgTypes[103]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -6019,7 +6741,7 @@ func (x *StreamResponse) String() string {
 func (*StreamResponse) ProtoMessage() {}
 
 func (x *StreamResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_fence_v1_fence_proto_msgTypes[95]
+	mi := &file_fence_v1_fence_proto_msgTypes[103]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -6032,7 +6754,7 @@ func (x *StreamResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use StreamResponse.ProtoReflect.Descriptor instead.
 func (*StreamResponse) Descriptor() ([]byte, []int) {
-	return file_fence_v1_fence_proto_rawDescGZIP(), []int{95}
+	return file_fence_v1_fence_proto_rawDescGZIP(), []int{103}
 }
 
 func (x *StreamResponse) GetId() uint64 {
@@ -6560,7 +7282,47 @@ const file_fence_v1_fence_proto_rawDesc = "" +
 	"\rWatchResponse\x12'\n" +
 	"\x06events\x18\x01 \x03(\v2\x0f.fence.v1.EventR\x06events\x12\x1a\n" +
 	"\brevision\x18\x02 \x01(\x04R\brevision\x12\x1a\n" +
-	"\bprogress\x18\x03 \x01(\bR\bprogress\"\x9b\x02\n" +
+	"\bprogress\x18\x03 \x01(\bR\bprogress\"\xac\x01\n" +
+	"\n" +
+	"TxnRequest\x12-\n" +
+	"\bcompares\x18\x01 \x03(\v2\x11.fence.v1.CompareR\bcompares\x12#\n" +
+	"\x04then\x18\x02 \x03(\v2\x0f.fence.v1.TxnOpR\x04then\x12#\n" +
+	"\x04else\x18\x03 \x03(\v2\x0f.fence.v1.TxnOpR\x04else\x12%\n" +
+	"\x05fence\x18\x04 \x01(\v2\x0f.fence.v1.FenceR\x05fence\"\xe8\x01\n" +
+	"\aCompare\x12\x10\n" +
+	"\x03key\x18\x01 \x01(\tR\x03key\x12#\n" +
+	"\x02op\x18\x02 \x01(\x0e2\x13.fence.v1.CompareOpR\x02op\x12\x16\n" +
+	"\x05value\x18\x03 \x01(\fH\x00R\x05value\x12\x1a\n" +
+	"\aversion\x18\x04 \x01(\x04H\x00R\aversion\x12)\n" +
+	"\x0fcreate_revision\x18\x05 \x01(\x04H\x00R\x0ecreateRevision\x12#\n" +
+	"\fmod_revision\x18\x06 \x01(\x04H\x00R\vmodRevision\x12\x18\n" +
+	"\x06absent\x18\a \x01(\bH\x00R\x06absentB\b\n" +
+	"\x06target\"\x88\x01\n" +
+	"\x05TxnOp\x12$\n" +
+	"\x03put\x18\x01 \x01(\v2\x10.fence.v1.TxnPutH\x00R\x03put\x12-\n" +
+	"\x06delete\x18\x02 \x01(\v2\x13.fence.v1.TxnDeleteH\x00R\x06delete\x12$\n" +
+	"\x03get\x18\x03 \x01(\v2\x10.fence.v1.TxnGetH\x00R\x03getB\x04\n" +
+	"\x02op\"v\n" +
+	"\x06TxnPut\x12\x10\n" +
+	"\x03key\x18\x01 \x01(\tR\x03key\x12\x14\n" +
+	"\x05value\x18\x02 \x01(\fR\x05value\x12\x1d\n" +
+	"\n" +
+	"session_id\x18\x03 \x01(\x04R\tsessionId\x12%\n" +
+	"\x0esession_secret\x18\x04 \x01(\tR\rsessionSecret\"\x1d\n" +
+	"\tTxnDelete\x12\x10\n" +
+	"\x03key\x18\x01 \x01(\tR\x03key\"\x1a\n" +
+	"\x06TxnGet\x12\x10\n" +
+	"\x03key\x18\x01 \x01(\tR\x03key\"\x9f\x01\n" +
+	"\vTxnResponse\x12\x1c\n" +
+	"\tsucceeded\x18\x01 \x01(\bR\tsucceeded\x12\x1a\n" +
+	"\brevision\x18\x02 \x01(\x04R\brevision\x12-\n" +
+	"\aresults\x18\x03 \x03(\v2\x13.fence.v1.TxnResultR\aresults\x12'\n" +
+	"\x0falready_applied\x18\x04 \x01(\bR\x0ealreadyApplied\"\x9f\x01\n" +
+	"\tTxnResult\x12)\n" +
+	"\x03put\x18\x01 \x01(\v2\x15.fence.v1.PutResponseH\x00R\x03put\x122\n" +
+	"\x06delete\x18\x02 \x01(\v2\x18.fence.v1.DeleteResponseH\x00R\x06delete\x12)\n" +
+	"\x03get\x18\x03 \x01(\v2\x15.fence.v1.GetResponseH\x00R\x03getB\b\n" +
+	"\x06result\"\x9b\x02\n" +
 	"\vErrorDetail\x12(\n" +
 	"\x06reason\x18\x01 \x01(\x0e2\x10.fence.v1.ReasonR\x06reason\x12\x12\n" +
 	"\x04lock\x18\x02 \x01(\tR\x04lock\x12\x1d\n" +
@@ -6638,7 +7400,12 @@ const file_fence_v1_fence_proto_rawDesc = "" +
 	"\tEventType\x12\x1a\n" +
 	"\x16EVENT_TYPE_UNSPECIFIED\x10\x00\x12\x12\n" +
 	"\x0eEVENT_TYPE_PUT\x10\x01\x12\x15\n" +
-	"\x11EVENT_TYPE_DELETE\x10\x02*\xba\x03\n" +
+	"\x11EVENT_TYPE_DELETE\x10\x02*h\n" +
+	"\tCompareOp\x12\x14\n" +
+	"\x10COMPARE_OP_EQUAL\x10\x00\x12\x18\n" +
+	"\x14COMPARE_OP_NOT_EQUAL\x10\x01\x12\x13\n" +
+	"\x0fCOMPARE_OP_LESS\x10\x02\x12\x16\n" +
+	"\x12COMPARE_OP_GREATER\x10\x03*\xd2\x03\n" +
 	"\x06Reason\x12\x16\n" +
 	"\x12REASON_UNSPECIFIED\x10\x00\x12\x1b\n" +
 	"\x17REASON_INVALID_ARGUMENT\x10\x01\x12\x1c\n" +
@@ -6658,7 +7425,8 @@ const file_fence_v1_fence_proto_rawDesc = "" +
 	"\x15REASON_SESSION_SECRET\x10\x0e\x12\x15\n" +
 	"\x11REASON_MEMBERSHIP\x10\x0f\x12\x1c\n" +
 	"\x18REASON_PERMISSION_DENIED\x10\x10\x12\x0f\n" +
-	"\vREASON_AUTH\x10\x112\xce\x02\n" +
+	"\vREASON_AUTH\x10\x11\x12\x16\n" +
+	"\x12REASON_UNSUPPORTED\x10\x122\xce\x02\n" +
 	"\x0eSessionService\x12R\n" +
 	"\rCreateSession\x12\x1e.fence.v1.CreateSessionRequest\x1a\x1f.fence.v1.CreateSessionResponse\"\x00\x12F\n" +
 	"\tKeepAlive\x12\x1a.fence.v1.KeepAliveRequest\x1a\x1b.fence.v1.KeepAliveResponse\"\x00\x12O\n" +
@@ -6669,13 +7437,14 @@ const file_fence_v1_fence_proto_rawDesc = "" +
 	"\aRelease\x12\x18.fence.v1.ReleaseRequest\x1a\x19.fence.v1.ReleaseResponse\"\x00\x12R\n" +
 	"\rCancelAcquire\x12\x1e.fence.v1.CancelAcquireRequest\x1a\x1f.fence.v1.CancelAcquireResponse\"\x00\x12:\n" +
 	"\x05Check\x12\x16.fence.v1.CheckRequest\x1a\x17.fence.v1.CheckResponse\"\x00\x12F\n" +
-	"\tListLocks\x12\x1a.fence.v1.ListLocksRequest\x1a\x1b.fence.v1.ListLocksResponse\"\x002\xad\x02\n" +
+	"\tListLocks\x12\x1a.fence.v1.ListLocksRequest\x1a\x1b.fence.v1.ListLocksResponse\"\x002\xe3\x02\n" +
 	"\tKVService\x124\n" +
 	"\x03Put\x12\x14.fence.v1.PutRequest\x1a\x15.fence.v1.PutResponse\"\x00\x124\n" +
 	"\x03Get\x12\x14.fence.v1.GetRequest\x1a\x15.fence.v1.GetResponse\"\x00\x12=\n" +
 	"\x06Delete\x12\x17.fence.v1.DeleteRequest\x1a\x18.fence.v1.DeleteResponse\"\x00\x127\n" +
 	"\x04List\x12\x15.fence.v1.ListRequest\x1a\x16.fence.v1.ListResponse\"\x00\x12<\n" +
-	"\x05Watch\x12\x16.fence.v1.WatchRequest\x1a\x17.fence.v1.WatchResponse\"\x000\x012\x83\x03\n" +
+	"\x05Watch\x12\x16.fence.v1.WatchRequest\x1a\x17.fence.v1.WatchResponse\"\x000\x01\x124\n" +
+	"\x03Txn\x12\x14.fence.v1.TxnRequest\x1a\x15.fence.v1.TxnResponse\"\x002\x83\x03\n" +
 	"\x0eClusterService\x12=\n" +
 	"\x06Status\x12\x17.fence.v1.StatusRequest\x1a\x18.fence.v1.StatusResponse\"\x00\x12F\n" +
 	"\tAddMember\x12\x1a.fence.v1.AddMemberRequest\x1a\x1b.fence.v1.AddMemberResponse\"\x00\x12O\n" +
@@ -6720,263 +7489,286 @@ func file_fence_v1_fence_proto_rawDescGZIP() []byte {
 	return file_fence_v1_fence_proto_rawDescData
 }
 
-var file_fence_v1_fence_proto_enumTypes = make([]protoimpl.EnumInfo, 5)
-var file_fence_v1_fence_proto_msgTypes = make([]protoimpl.MessageInfo, 96)
+var file_fence_v1_fence_proto_enumTypes = make([]protoimpl.EnumInfo, 6)
+var file_fence_v1_fence_proto_msgTypes = make([]protoimpl.MessageInfo, 104)
 var file_fence_v1_fence_proto_goTypes = []any{
 	(PermissionKind)(0),                  // 0: fence.v1.PermissionKind
 	(Access)(0),                          // 1: fence.v1.Access
 	(Mode)(0),                            // 2: fence.v1.Mode
 	(EventType)(0),                       // 3: fence.v1.EventType
-	(Reason)(0),                          // 4: fence.v1.Reason
-	(*Permission)(nil),                   // 5: fence.v1.Permission
-	(*AuthEnableRequest)(nil),            // 6: fence.v1.AuthEnableRequest
-	(*AuthEnableResponse)(nil),           // 7: fence.v1.AuthEnableResponse
-	(*AuthDisableRequest)(nil),           // 8: fence.v1.AuthDisableRequest
-	(*AuthDisableResponse)(nil),          // 9: fence.v1.AuthDisableResponse
-	(*AuthStatusRequest)(nil),            // 10: fence.v1.AuthStatusRequest
-	(*AuthStatusResponse)(nil),           // 11: fence.v1.AuthStatusResponse
-	(*User)(nil),                         // 12: fence.v1.User
-	(*Role)(nil),                         // 13: fence.v1.Role
-	(*UserAddRequest)(nil),               // 14: fence.v1.UserAddRequest
-	(*UserAddResponse)(nil),              // 15: fence.v1.UserAddResponse
-	(*UserRemoveRequest)(nil),            // 16: fence.v1.UserRemoveRequest
-	(*UserRemoveResponse)(nil),           // 17: fence.v1.UserRemoveResponse
-	(*UserListRequest)(nil),              // 18: fence.v1.UserListRequest
-	(*UserListResponse)(nil),             // 19: fence.v1.UserListResponse
-	(*UserSetQuotaRequest)(nil),          // 20: fence.v1.UserSetQuotaRequest
-	(*UserSetQuotaResponse)(nil),         // 21: fence.v1.UserSetQuotaResponse
-	(*UserGrantRoleRequest)(nil),         // 22: fence.v1.UserGrantRoleRequest
-	(*UserGrantRoleResponse)(nil),        // 23: fence.v1.UserGrantRoleResponse
-	(*UserRevokeRoleRequest)(nil),        // 24: fence.v1.UserRevokeRoleRequest
-	(*UserRevokeRoleResponse)(nil),       // 25: fence.v1.UserRevokeRoleResponse
-	(*RoleAddRequest)(nil),               // 26: fence.v1.RoleAddRequest
-	(*RoleAddResponse)(nil),              // 27: fence.v1.RoleAddResponse
-	(*RoleRemoveRequest)(nil),            // 28: fence.v1.RoleRemoveRequest
-	(*RoleRemoveResponse)(nil),           // 29: fence.v1.RoleRemoveResponse
-	(*RoleGrantPermissionRequest)(nil),   // 30: fence.v1.RoleGrantPermissionRequest
-	(*RoleGrantPermissionResponse)(nil),  // 31: fence.v1.RoleGrantPermissionResponse
-	(*RoleRevokePermissionRequest)(nil),  // 32: fence.v1.RoleRevokePermissionRequest
-	(*RoleRevokePermissionResponse)(nil), // 33: fence.v1.RoleRevokePermissionResponse
-	(*RoleListRequest)(nil),              // 34: fence.v1.RoleListRequest
-	(*RoleListResponse)(nil),             // 35: fence.v1.RoleListResponse
-	(*TokenCreateRequest)(nil),           // 36: fence.v1.TokenCreateRequest
-	(*TokenCreateResponse)(nil),          // 37: fence.v1.TokenCreateResponse
-	(*TokenRevokeRequest)(nil),           // 38: fence.v1.TokenRevokeRequest
-	(*TokenRevokeResponse)(nil),          // 39: fence.v1.TokenRevokeResponse
-	(*TokenListRequest)(nil),             // 40: fence.v1.TokenListRequest
-	(*TokenListResponse)(nil),            // 41: fence.v1.TokenListResponse
-	(*TokenInfo)(nil),                    // 42: fence.v1.TokenInfo
-	(*CreateSessionRequest)(nil),         // 43: fence.v1.CreateSessionRequest
-	(*CreateSessionResponse)(nil),        // 44: fence.v1.CreateSessionResponse
-	(*KeepAliveRequest)(nil),             // 45: fence.v1.KeepAliveRequest
-	(*KeepAliveResponse)(nil),            // 46: fence.v1.KeepAliveResponse
-	(*HeldGrants)(nil),                   // 47: fence.v1.HeldGrants
-	(*CloseSessionRequest)(nil),          // 48: fence.v1.CloseSessionRequest
-	(*CloseSessionResponse)(nil),         // 49: fence.v1.CloseSessionResponse
-	(*ListSessionsRequest)(nil),          // 50: fence.v1.ListSessionsRequest
-	(*ListSessionsResponse)(nil),         // 51: fence.v1.ListSessionsResponse
-	(*SessionInfo)(nil),                  // 52: fence.v1.SessionInfo
-	(*SessionGrant)(nil),                 // 53: fence.v1.SessionGrant
-	(*AcquireRequest)(nil),               // 54: fence.v1.AcquireRequest
-	(*AcquireResponse)(nil),              // 55: fence.v1.AcquireResponse
-	(*ReleaseRequest)(nil),               // 56: fence.v1.ReleaseRequest
-	(*ReleaseResponse)(nil),              // 57: fence.v1.ReleaseResponse
-	(*CancelAcquireRequest)(nil),         // 58: fence.v1.CancelAcquireRequest
-	(*CancelAcquireResponse)(nil),        // 59: fence.v1.CancelAcquireResponse
-	(*CheckRequest)(nil),                 // 60: fence.v1.CheckRequest
-	(*CheckResponse)(nil),                // 61: fence.v1.CheckResponse
-	(*ListLocksRequest)(nil),             // 62: fence.v1.ListLocksRequest
-	(*Holder)(nil),                       // 63: fence.v1.Holder
-	(*Waiter)(nil),                       // 64: fence.v1.Waiter
-	(*LockInfo)(nil),                     // 65: fence.v1.LockInfo
-	(*ListLocksResponse)(nil),            // 66: fence.v1.ListLocksResponse
-	(*StatusRequest)(nil),                // 67: fence.v1.StatusRequest
-	(*StatusResponse)(nil),               // 68: fence.v1.StatusResponse
-	(*Member)(nil),                       // 69: fence.v1.Member
-	(*AddMemberRequest)(nil),             // 70: fence.v1.AddMemberRequest
-	(*AddMemberResponse)(nil),            // 71: fence.v1.AddMemberResponse
-	(*RemoveMemberRequest)(nil),          // 72: fence.v1.RemoveMemberRequest
-	(*RemoveMemberResponse)(nil),         // 73: fence.v1.RemoveMemberResponse
-	(*RevokeSessionRequest)(nil),         // 74: fence.v1.RevokeSessionRequest
-	(*RevokeSessionResponse)(nil),        // 75: fence.v1.RevokeSessionResponse
-	(*SnapshotRequest)(nil),              // 76: fence.v1.SnapshotRequest
-	(*SnapshotResponse)(nil),             // 77: fence.v1.SnapshotResponse
-	(*SnapshotHeader)(nil),               // 78: fence.v1.SnapshotHeader
-	(*Fence)(nil),                        // 79: fence.v1.Fence
-	(*PutRequest)(nil),                   // 80: fence.v1.PutRequest
-	(*PutResponse)(nil),                  // 81: fence.v1.PutResponse
-	(*KeyValue)(nil),                     // 82: fence.v1.KeyValue
-	(*GetRequest)(nil),                   // 83: fence.v1.GetRequest
-	(*GetResponse)(nil),                  // 84: fence.v1.GetResponse
-	(*DeleteRequest)(nil),                // 85: fence.v1.DeleteRequest
-	(*DeleteResponse)(nil),               // 86: fence.v1.DeleteResponse
-	(*ListRequest)(nil),                  // 87: fence.v1.ListRequest
-	(*ListResponse)(nil),                 // 88: fence.v1.ListResponse
-	(*WatchRequest)(nil),                 // 89: fence.v1.WatchRequest
-	(*Event)(nil),                        // 90: fence.v1.Event
-	(*WatchResponse)(nil),                // 91: fence.v1.WatchResponse
-	(*ErrorDetail)(nil),                  // 92: fence.v1.ErrorDetail
-	(*StreamRequest)(nil),                // 93: fence.v1.StreamRequest
-	(*StreamCancel)(nil),                 // 94: fence.v1.StreamCancel
-	(*KeepAliveManyRequest)(nil),         // 95: fence.v1.KeepAliveManyRequest
-	(*KeepAliveManyResponse)(nil),        // 96: fence.v1.KeepAliveManyResponse
-	(*KeepAliveResult)(nil),              // 97: fence.v1.KeepAliveResult
-	(*StreamError)(nil),                  // 98: fence.v1.StreamError
-	(*StreamOpened)(nil),                 // 99: fence.v1.StreamOpened
-	(*StreamResponse)(nil),               // 100: fence.v1.StreamResponse
-	(*durationpb.Duration)(nil),          // 101: google.protobuf.Duration
-	(*timestamppb.Timestamp)(nil),        // 102: google.protobuf.Timestamp
+	(CompareOp)(0),                       // 4: fence.v1.CompareOp
+	(Reason)(0),                          // 5: fence.v1.Reason
+	(*Permission)(nil),                   // 6: fence.v1.Permission
+	(*AuthEnableRequest)(nil),            // 7: fence.v1.AuthEnableRequest
+	(*AuthEnableResponse)(nil),           // 8: fence.v1.AuthEnableResponse
+	(*AuthDisableRequest)(nil),           // 9: fence.v1.AuthDisableRequest
+	(*AuthDisableResponse)(nil),          // 10: fence.v1.AuthDisableResponse
+	(*AuthStatusRequest)(nil),            // 11: fence.v1.AuthStatusRequest
+	(*AuthStatusResponse)(nil),           // 12: fence.v1.AuthStatusResponse
+	(*User)(nil),                         // 13: fence.v1.User
+	(*Role)(nil),                         // 14: fence.v1.Role
+	(*UserAddRequest)(nil),               // 15: fence.v1.UserAddRequest
+	(*UserAddResponse)(nil),              // 16: fence.v1.UserAddResponse
+	(*UserRemoveRequest)(nil),            // 17: fence.v1.UserRemoveRequest
+	(*UserRemoveResponse)(nil),           // 18: fence.v1.UserRemoveResponse
+	(*UserListRequest)(nil),              // 19: fence.v1.UserListRequest
+	(*UserListResponse)(nil),             // 20: fence.v1.UserListResponse
+	(*UserSetQuotaRequest)(nil),          // 21: fence.v1.UserSetQuotaRequest
+	(*UserSetQuotaResponse)(nil),         // 22: fence.v1.UserSetQuotaResponse
+	(*UserGrantRoleRequest)(nil),         // 23: fence.v1.UserGrantRoleRequest
+	(*UserGrantRoleResponse)(nil),        // 24: fence.v1.UserGrantRoleResponse
+	(*UserRevokeRoleRequest)(nil),        // 25: fence.v1.UserRevokeRoleRequest
+	(*UserRevokeRoleResponse)(nil),       // 26: fence.v1.UserRevokeRoleResponse
+	(*RoleAddRequest)(nil),               // 27: fence.v1.RoleAddRequest
+	(*RoleAddResponse)(nil),              // 28: fence.v1.RoleAddResponse
+	(*RoleRemoveRequest)(nil),            // 29: fence.v1.RoleRemoveRequest
+	(*RoleRemoveResponse)(nil),           // 30: fence.v1.RoleRemoveResponse
+	(*RoleGrantPermissionRequest)(nil),   // 31: fence.v1.RoleGrantPermissionRequest
+	(*RoleGrantPermissionResponse)(nil),  // 32: fence.v1.RoleGrantPermissionResponse
+	(*RoleRevokePermissionRequest)(nil),  // 33: fence.v1.RoleRevokePermissionRequest
+	(*RoleRevokePermissionResponse)(nil), // 34: fence.v1.RoleRevokePermissionResponse
+	(*RoleListRequest)(nil),              // 35: fence.v1.RoleListRequest
+	(*RoleListResponse)(nil),             // 36: fence.v1.RoleListResponse
+	(*TokenCreateRequest)(nil),           // 37: fence.v1.TokenCreateRequest
+	(*TokenCreateResponse)(nil),          // 38: fence.v1.TokenCreateResponse
+	(*TokenRevokeRequest)(nil),           // 39: fence.v1.TokenRevokeRequest
+	(*TokenRevokeResponse)(nil),          // 40: fence.v1.TokenRevokeResponse
+	(*TokenListRequest)(nil),             // 41: fence.v1.TokenListRequest
+	(*TokenListResponse)(nil),            // 42: fence.v1.TokenListResponse
+	(*TokenInfo)(nil),                    // 43: fence.v1.TokenInfo
+	(*CreateSessionRequest)(nil),         // 44: fence.v1.CreateSessionRequest
+	(*CreateSessionResponse)(nil),        // 45: fence.v1.CreateSessionResponse
+	(*KeepAliveRequest)(nil),             // 46: fence.v1.KeepAliveRequest
+	(*KeepAliveResponse)(nil),            // 47: fence.v1.KeepAliveResponse
+	(*HeldGrants)(nil),                   // 48: fence.v1.HeldGrants
+	(*CloseSessionRequest)(nil),          // 49: fence.v1.CloseSessionRequest
+	(*CloseSessionResponse)(nil),         // 50: fence.v1.CloseSessionResponse
+	(*ListSessionsRequest)(nil),          // 51: fence.v1.ListSessionsRequest
+	(*ListSessionsResponse)(nil),         // 52: fence.v1.ListSessionsResponse
+	(*SessionInfo)(nil),                  // 53: fence.v1.SessionInfo
+	(*SessionGrant)(nil),                 // 54: fence.v1.SessionGrant
+	(*AcquireRequest)(nil),               // 55: fence.v1.AcquireRequest
+	(*AcquireResponse)(nil),              // 56: fence.v1.AcquireResponse
+	(*ReleaseRequest)(nil),               // 57: fence.v1.ReleaseRequest
+	(*ReleaseResponse)(nil),              // 58: fence.v1.ReleaseResponse
+	(*CancelAcquireRequest)(nil),         // 59: fence.v1.CancelAcquireRequest
+	(*CancelAcquireResponse)(nil),        // 60: fence.v1.CancelAcquireResponse
+	(*CheckRequest)(nil),                 // 61: fence.v1.CheckRequest
+	(*CheckResponse)(nil),                // 62: fence.v1.CheckResponse
+	(*ListLocksRequest)(nil),             // 63: fence.v1.ListLocksRequest
+	(*Holder)(nil),                       // 64: fence.v1.Holder
+	(*Waiter)(nil),                       // 65: fence.v1.Waiter
+	(*LockInfo)(nil),                     // 66: fence.v1.LockInfo
+	(*ListLocksResponse)(nil),            // 67: fence.v1.ListLocksResponse
+	(*StatusRequest)(nil),                // 68: fence.v1.StatusRequest
+	(*StatusResponse)(nil),               // 69: fence.v1.StatusResponse
+	(*Member)(nil),                       // 70: fence.v1.Member
+	(*AddMemberRequest)(nil),             // 71: fence.v1.AddMemberRequest
+	(*AddMemberResponse)(nil),            // 72: fence.v1.AddMemberResponse
+	(*RemoveMemberRequest)(nil),          // 73: fence.v1.RemoveMemberRequest
+	(*RemoveMemberResponse)(nil),         // 74: fence.v1.RemoveMemberResponse
+	(*RevokeSessionRequest)(nil),         // 75: fence.v1.RevokeSessionRequest
+	(*RevokeSessionResponse)(nil),        // 76: fence.v1.RevokeSessionResponse
+	(*SnapshotRequest)(nil),              // 77: fence.v1.SnapshotRequest
+	(*SnapshotResponse)(nil),             // 78: fence.v1.SnapshotResponse
+	(*SnapshotHeader)(nil),               // 79: fence.v1.SnapshotHeader
+	(*Fence)(nil),                        // 80: fence.v1.Fence
+	(*PutRequest)(nil),                   // 81: fence.v1.PutRequest
+	(*PutResponse)(nil),                  // 82: fence.v1.PutResponse
+	(*KeyValue)(nil),                     // 83: fence.v1.KeyValue
+	(*GetRequest)(nil),                   // 84: fence.v1.GetRequest
+	(*GetResponse)(nil),                  // 85: fence.v1.GetResponse
+	(*DeleteRequest)(nil),                // 86: fence.v1.DeleteRequest
+	(*DeleteResponse)(nil),               // 87: fence.v1.DeleteResponse
+	(*ListRequest)(nil),                  // 88: fence.v1.ListRequest
+	(*ListResponse)(nil),                 // 89: fence.v1.ListResponse
+	(*WatchRequest)(nil),                 // 90: fence.v1.WatchRequest
+	(*Event)(nil),                        // 91: fence.v1.Event
+	(*WatchResponse)(nil),                // 92: fence.v1.WatchResponse
+	(*TxnRequest)(nil),                   // 93: fence.v1.TxnRequest
+	(*Compare)(nil),                      // 94: fence.v1.Compare
+	(*TxnOp)(nil),                        // 95: fence.v1.TxnOp
+	(*TxnPut)(nil),                       // 96: fence.v1.TxnPut
+	(*TxnDelete)(nil),                    // 97: fence.v1.TxnDelete
+	(*TxnGet)(nil),                       // 98: fence.v1.TxnGet
+	(*TxnResponse)(nil),                  // 99: fence.v1.TxnResponse
+	(*TxnResult)(nil),                    // 100: fence.v1.TxnResult
+	(*ErrorDetail)(nil),                  // 101: fence.v1.ErrorDetail
+	(*StreamRequest)(nil),                // 102: fence.v1.StreamRequest
+	(*StreamCancel)(nil),                 // 103: fence.v1.StreamCancel
+	(*KeepAliveManyRequest)(nil),         // 104: fence.v1.KeepAliveManyRequest
+	(*KeepAliveManyResponse)(nil),        // 105: fence.v1.KeepAliveManyResponse
+	(*KeepAliveResult)(nil),              // 106: fence.v1.KeepAliveResult
+	(*StreamError)(nil),                  // 107: fence.v1.StreamError
+	(*StreamOpened)(nil),                 // 108: fence.v1.StreamOpened
+	(*StreamResponse)(nil),               // 109: fence.v1.StreamResponse
+	(*durationpb.Duration)(nil),          // 110: google.protobuf.Duration
+	(*timestamppb.Timestamp)(nil),        // 111: google.protobuf.Timestamp
 }
 var file_fence_v1_fence_proto_depIdxs = []int32{
 	0,   // 0: fence.v1.Permission.kind:type_name -> fence.v1.PermissionKind
 	1,   // 1: fence.v1.Permission.access:type_name -> fence.v1.Access
-	5,   // 2: fence.v1.Role.permissions:type_name -> fence.v1.Permission
-	12,  // 3: fence.v1.UserListResponse.users:type_name -> fence.v1.User
-	5,   // 4: fence.v1.RoleGrantPermissionRequest.permission:type_name -> fence.v1.Permission
-	5,   // 5: fence.v1.RoleRevokePermissionRequest.permission:type_name -> fence.v1.Permission
-	13,  // 6: fence.v1.RoleListResponse.roles:type_name -> fence.v1.Role
-	101, // 7: fence.v1.TokenCreateRequest.ttl:type_name -> google.protobuf.Duration
-	42,  // 8: fence.v1.TokenCreateResponse.info:type_name -> fence.v1.TokenInfo
-	42,  // 9: fence.v1.TokenListResponse.tokens:type_name -> fence.v1.TokenInfo
-	102, // 10: fence.v1.TokenInfo.created:type_name -> google.protobuf.Timestamp
-	102, // 11: fence.v1.TokenInfo.expires:type_name -> google.protobuf.Timestamp
-	101, // 12: fence.v1.CreateSessionRequest.ttl:type_name -> google.protobuf.Duration
-	101, // 13: fence.v1.CreateSessionResponse.ttl:type_name -> google.protobuf.Duration
-	101, // 14: fence.v1.KeepAliveResponse.ttl:type_name -> google.protobuf.Duration
-	47,  // 15: fence.v1.KeepAliveResponse.held:type_name -> fence.v1.HeldGrants
-	52,  // 16: fence.v1.ListSessionsResponse.sessions:type_name -> fence.v1.SessionInfo
-	101, // 17: fence.v1.SessionInfo.ttl:type_name -> google.protobuf.Duration
-	101, // 18: fence.v1.SessionInfo.expires_in:type_name -> google.protobuf.Duration
-	53,  // 19: fence.v1.SessionInfo.held:type_name -> fence.v1.SessionGrant
+	6,   // 2: fence.v1.Role.permissions:type_name -> fence.v1.Permission
+	13,  // 3: fence.v1.UserListResponse.users:type_name -> fence.v1.User
+	6,   // 4: fence.v1.RoleGrantPermissionRequest.permission:type_name -> fence.v1.Permission
+	6,   // 5: fence.v1.RoleRevokePermissionRequest.permission:type_name -> fence.v1.Permission
+	14,  // 6: fence.v1.RoleListResponse.roles:type_name -> fence.v1.Role
+	110, // 7: fence.v1.TokenCreateRequest.ttl:type_name -> google.protobuf.Duration
+	43,  // 8: fence.v1.TokenCreateResponse.info:type_name -> fence.v1.TokenInfo
+	43,  // 9: fence.v1.TokenListResponse.tokens:type_name -> fence.v1.TokenInfo
+	111, // 10: fence.v1.TokenInfo.created:type_name -> google.protobuf.Timestamp
+	111, // 11: fence.v1.TokenInfo.expires:type_name -> google.protobuf.Timestamp
+	110, // 12: fence.v1.CreateSessionRequest.ttl:type_name -> google.protobuf.Duration
+	110, // 13: fence.v1.CreateSessionResponse.ttl:type_name -> google.protobuf.Duration
+	110, // 14: fence.v1.KeepAliveResponse.ttl:type_name -> google.protobuf.Duration
+	48,  // 15: fence.v1.KeepAliveResponse.held:type_name -> fence.v1.HeldGrants
+	53,  // 16: fence.v1.ListSessionsResponse.sessions:type_name -> fence.v1.SessionInfo
+	110, // 17: fence.v1.SessionInfo.ttl:type_name -> google.protobuf.Duration
+	110, // 18: fence.v1.SessionInfo.expires_in:type_name -> google.protobuf.Duration
+	54,  // 19: fence.v1.SessionInfo.held:type_name -> fence.v1.SessionGrant
 	2,   // 20: fence.v1.SessionGrant.mode:type_name -> fence.v1.Mode
 	2,   // 21: fence.v1.AcquireRequest.mode:type_name -> fence.v1.Mode
-	101, // 22: fence.v1.AcquireRequest.wait_timeout:type_name -> google.protobuf.Duration
-	101, // 23: fence.v1.AcquireRequest.lock_delay:type_name -> google.protobuf.Duration
-	101, // 24: fence.v1.AcquireRequest.poll:type_name -> google.protobuf.Duration
+	110, // 22: fence.v1.AcquireRequest.wait_timeout:type_name -> google.protobuf.Duration
+	110, // 23: fence.v1.AcquireRequest.lock_delay:type_name -> google.protobuf.Duration
+	110, // 24: fence.v1.AcquireRequest.poll:type_name -> google.protobuf.Duration
 	2,   // 25: fence.v1.AcquireResponse.mode:type_name -> fence.v1.Mode
 	2,   // 26: fence.v1.Holder.mode:type_name -> fence.v1.Mode
 	2,   // 27: fence.v1.Waiter.mode:type_name -> fence.v1.Mode
-	63,  // 28: fence.v1.LockInfo.holders:type_name -> fence.v1.Holder
-	64,  // 29: fence.v1.LockInfo.waiters:type_name -> fence.v1.Waiter
-	65,  // 30: fence.v1.ListLocksResponse.locks:type_name -> fence.v1.LockInfo
-	69,  // 31: fence.v1.StatusResponse.members:type_name -> fence.v1.Member
-	78,  // 32: fence.v1.SnapshotResponse.header:type_name -> fence.v1.SnapshotHeader
-	79,  // 33: fence.v1.PutRequest.fence:type_name -> fence.v1.Fence
-	82,  // 34: fence.v1.GetResponse.kv:type_name -> fence.v1.KeyValue
-	79,  // 35: fence.v1.DeleteRequest.fence:type_name -> fence.v1.Fence
-	82,  // 36: fence.v1.ListResponse.kvs:type_name -> fence.v1.KeyValue
-	101, // 37: fence.v1.WatchRequest.progress_interval:type_name -> google.protobuf.Duration
+	64,  // 28: fence.v1.LockInfo.holders:type_name -> fence.v1.Holder
+	65,  // 29: fence.v1.LockInfo.waiters:type_name -> fence.v1.Waiter
+	66,  // 30: fence.v1.ListLocksResponse.locks:type_name -> fence.v1.LockInfo
+	70,  // 31: fence.v1.StatusResponse.members:type_name -> fence.v1.Member
+	79,  // 32: fence.v1.SnapshotResponse.header:type_name -> fence.v1.SnapshotHeader
+	80,  // 33: fence.v1.PutRequest.fence:type_name -> fence.v1.Fence
+	83,  // 34: fence.v1.GetResponse.kv:type_name -> fence.v1.KeyValue
+	80,  // 35: fence.v1.DeleteRequest.fence:type_name -> fence.v1.Fence
+	83,  // 36: fence.v1.ListResponse.kvs:type_name -> fence.v1.KeyValue
+	110, // 37: fence.v1.WatchRequest.progress_interval:type_name -> google.protobuf.Duration
 	3,   // 38: fence.v1.Event.type:type_name -> fence.v1.EventType
-	82,  // 39: fence.v1.Event.kv:type_name -> fence.v1.KeyValue
-	90,  // 40: fence.v1.WatchResponse.events:type_name -> fence.v1.Event
-	4,   // 41: fence.v1.ErrorDetail.reason:type_name -> fence.v1.Reason
-	43,  // 42: fence.v1.StreamRequest.create_session:type_name -> fence.v1.CreateSessionRequest
-	95,  // 43: fence.v1.StreamRequest.keep_alive:type_name -> fence.v1.KeepAliveManyRequest
-	48,  // 44: fence.v1.StreamRequest.close_session:type_name -> fence.v1.CloseSessionRequest
-	54,  // 45: fence.v1.StreamRequest.acquire:type_name -> fence.v1.AcquireRequest
-	56,  // 46: fence.v1.StreamRequest.release:type_name -> fence.v1.ReleaseRequest
-	58,  // 47: fence.v1.StreamRequest.cancel_acquire:type_name -> fence.v1.CancelAcquireRequest
-	60,  // 48: fence.v1.StreamRequest.check:type_name -> fence.v1.CheckRequest
-	80,  // 49: fence.v1.StreamRequest.put:type_name -> fence.v1.PutRequest
-	83,  // 50: fence.v1.StreamRequest.get:type_name -> fence.v1.GetRequest
-	85,  // 51: fence.v1.StreamRequest.delete:type_name -> fence.v1.DeleteRequest
-	94,  // 52: fence.v1.StreamRequest.cancel:type_name -> fence.v1.StreamCancel
-	45,  // 53: fence.v1.KeepAliveManyRequest.sessions:type_name -> fence.v1.KeepAliveRequest
-	97,  // 54: fence.v1.KeepAliveManyResponse.results:type_name -> fence.v1.KeepAliveResult
-	46,  // 55: fence.v1.KeepAliveResult.ok:type_name -> fence.v1.KeepAliveResponse
-	98,  // 56: fence.v1.KeepAliveResult.error:type_name -> fence.v1.StreamError
-	92,  // 57: fence.v1.StreamError.detail:type_name -> fence.v1.ErrorDetail
-	98,  // 58: fence.v1.StreamResponse.error:type_name -> fence.v1.StreamError
-	44,  // 59: fence.v1.StreamResponse.create_session:type_name -> fence.v1.CreateSessionResponse
-	96,  // 60: fence.v1.StreamResponse.keep_alive:type_name -> fence.v1.KeepAliveManyResponse
-	49,  // 61: fence.v1.StreamResponse.close_session:type_name -> fence.v1.CloseSessionResponse
-	55,  // 62: fence.v1.StreamResponse.acquire:type_name -> fence.v1.AcquireResponse
-	57,  // 63: fence.v1.StreamResponse.release:type_name -> fence.v1.ReleaseResponse
-	59,  // 64: fence.v1.StreamResponse.cancel_acquire:type_name -> fence.v1.CancelAcquireResponse
-	61,  // 65: fence.v1.StreamResponse.check:type_name -> fence.v1.CheckResponse
-	81,  // 66: fence.v1.StreamResponse.put:type_name -> fence.v1.PutResponse
-	84,  // 67: fence.v1.StreamResponse.get:type_name -> fence.v1.GetResponse
-	86,  // 68: fence.v1.StreamResponse.delete:type_name -> fence.v1.DeleteResponse
-	99,  // 69: fence.v1.StreamResponse.opened:type_name -> fence.v1.StreamOpened
-	43,  // 70: fence.v1.SessionService.CreateSession:input_type -> fence.v1.CreateSessionRequest
-	45,  // 71: fence.v1.SessionService.KeepAlive:input_type -> fence.v1.KeepAliveRequest
-	48,  // 72: fence.v1.SessionService.CloseSession:input_type -> fence.v1.CloseSessionRequest
-	50,  // 73: fence.v1.SessionService.ListSessions:input_type -> fence.v1.ListSessionsRequest
-	54,  // 74: fence.v1.LockService.Acquire:input_type -> fence.v1.AcquireRequest
-	56,  // 75: fence.v1.LockService.Release:input_type -> fence.v1.ReleaseRequest
-	58,  // 76: fence.v1.LockService.CancelAcquire:input_type -> fence.v1.CancelAcquireRequest
-	60,  // 77: fence.v1.LockService.Check:input_type -> fence.v1.CheckRequest
-	62,  // 78: fence.v1.LockService.ListLocks:input_type -> fence.v1.ListLocksRequest
-	80,  // 79: fence.v1.KVService.Put:input_type -> fence.v1.PutRequest
-	83,  // 80: fence.v1.KVService.Get:input_type -> fence.v1.GetRequest
-	85,  // 81: fence.v1.KVService.Delete:input_type -> fence.v1.DeleteRequest
-	87,  // 82: fence.v1.KVService.List:input_type -> fence.v1.ListRequest
-	89,  // 83: fence.v1.KVService.Watch:input_type -> fence.v1.WatchRequest
-	67,  // 84: fence.v1.ClusterService.Status:input_type -> fence.v1.StatusRequest
-	70,  // 85: fence.v1.ClusterService.AddMember:input_type -> fence.v1.AddMemberRequest
-	72,  // 86: fence.v1.ClusterService.RemoveMember:input_type -> fence.v1.RemoveMemberRequest
-	76,  // 87: fence.v1.ClusterService.Snapshot:input_type -> fence.v1.SnapshotRequest
-	74,  // 88: fence.v1.ClusterService.RevokeSession:input_type -> fence.v1.RevokeSessionRequest
-	93,  // 89: fence.v1.StreamService.Session:input_type -> fence.v1.StreamRequest
-	6,   // 90: fence.v1.AuthService.AuthEnable:input_type -> fence.v1.AuthEnableRequest
-	8,   // 91: fence.v1.AuthService.AuthDisable:input_type -> fence.v1.AuthDisableRequest
-	10,  // 92: fence.v1.AuthService.AuthStatus:input_type -> fence.v1.AuthStatusRequest
-	14,  // 93: fence.v1.AuthService.UserAdd:input_type -> fence.v1.UserAddRequest
-	16,  // 94: fence.v1.AuthService.UserRemove:input_type -> fence.v1.UserRemoveRequest
-	18,  // 95: fence.v1.AuthService.UserList:input_type -> fence.v1.UserListRequest
-	20,  // 96: fence.v1.AuthService.UserSetQuota:input_type -> fence.v1.UserSetQuotaRequest
-	22,  // 97: fence.v1.AuthService.UserGrantRole:input_type -> fence.v1.UserGrantRoleRequest
-	24,  // 98: fence.v1.AuthService.UserRevokeRole:input_type -> fence.v1.UserRevokeRoleRequest
-	26,  // 99: fence.v1.AuthService.RoleAdd:input_type -> fence.v1.RoleAddRequest
-	28,  // 100: fence.v1.AuthService.RoleRemove:input_type -> fence.v1.RoleRemoveRequest
-	30,  // 101: fence.v1.AuthService.RoleGrantPermission:input_type -> fence.v1.RoleGrantPermissionRequest
-	32,  // 102: fence.v1.AuthService.RoleRevokePermission:input_type -> fence.v1.RoleRevokePermissionRequest
-	34,  // 103: fence.v1.AuthService.RoleList:input_type -> fence.v1.RoleListRequest
-	36,  // 104: fence.v1.AuthService.TokenCreate:input_type -> fence.v1.TokenCreateRequest
-	38,  // 105: fence.v1.AuthService.TokenRevoke:input_type -> fence.v1.TokenRevokeRequest
-	40,  // 106: fence.v1.AuthService.TokenList:input_type -> fence.v1.TokenListRequest
-	44,  // 107: fence.v1.SessionService.CreateSession:output_type -> fence.v1.CreateSessionResponse
-	46,  // 108: fence.v1.SessionService.KeepAlive:output_type -> fence.v1.KeepAliveResponse
-	49,  // 109: fence.v1.SessionService.CloseSession:output_type -> fence.v1.CloseSessionResponse
-	51,  // 110: fence.v1.SessionService.ListSessions:output_type -> fence.v1.ListSessionsResponse
-	55,  // 111: fence.v1.LockService.Acquire:output_type -> fence.v1.AcquireResponse
-	57,  // 112: fence.v1.LockService.Release:output_type -> fence.v1.ReleaseResponse
-	59,  // 113: fence.v1.LockService.CancelAcquire:output_type -> fence.v1.CancelAcquireResponse
-	61,  // 114: fence.v1.LockService.Check:output_type -> fence.v1.CheckResponse
-	66,  // 115: fence.v1.LockService.ListLocks:output_type -> fence.v1.ListLocksResponse
-	81,  // 116: fence.v1.KVService.Put:output_type -> fence.v1.PutResponse
-	84,  // 117: fence.v1.KVService.Get:output_type -> fence.v1.GetResponse
-	86,  // 118: fence.v1.KVService.Delete:output_type -> fence.v1.DeleteResponse
-	88,  // 119: fence.v1.KVService.List:output_type -> fence.v1.ListResponse
-	91,  // 120: fence.v1.KVService.Watch:output_type -> fence.v1.WatchResponse
-	68,  // 121: fence.v1.ClusterService.Status:output_type -> fence.v1.StatusResponse
-	71,  // 122: fence.v1.ClusterService.AddMember:output_type -> fence.v1.AddMemberResponse
-	73,  // 123: fence.v1.ClusterService.RemoveMember:output_type -> fence.v1.RemoveMemberResponse
-	77,  // 124: fence.v1.ClusterService.Snapshot:output_type -> fence.v1.SnapshotResponse
-	75,  // 125: fence.v1.ClusterService.RevokeSession:output_type -> fence.v1.RevokeSessionResponse
-	100, // 126: fence.v1.StreamService.Session:output_type -> fence.v1.StreamResponse
-	7,   // 127: fence.v1.AuthService.AuthEnable:output_type -> fence.v1.AuthEnableResponse
-	9,   // 128: fence.v1.AuthService.AuthDisable:output_type -> fence.v1.AuthDisableResponse
-	11,  // 129: fence.v1.AuthService.AuthStatus:output_type -> fence.v1.AuthStatusResponse
-	15,  // 130: fence.v1.AuthService.UserAdd:output_type -> fence.v1.UserAddResponse
-	17,  // 131: fence.v1.AuthService.UserRemove:output_type -> fence.v1.UserRemoveResponse
-	19,  // 132: fence.v1.AuthService.UserList:output_type -> fence.v1.UserListResponse
-	21,  // 133: fence.v1.AuthService.UserSetQuota:output_type -> fence.v1.UserSetQuotaResponse
-	23,  // 134: fence.v1.AuthService.UserGrantRole:output_type -> fence.v1.UserGrantRoleResponse
-	25,  // 135: fence.v1.AuthService.UserRevokeRole:output_type -> fence.v1.UserRevokeRoleResponse
-	27,  // 136: fence.v1.AuthService.RoleAdd:output_type -> fence.v1.RoleAddResponse
-	29,  // 137: fence.v1.AuthService.RoleRemove:output_type -> fence.v1.RoleRemoveResponse
-	31,  // 138: fence.v1.AuthService.RoleGrantPermission:output_type -> fence.v1.RoleGrantPermissionResponse
-	33,  // 139: fence.v1.AuthService.RoleRevokePermission:output_type -> fence.v1.RoleRevokePermissionResponse
-	35,  // 140: fence.v1.AuthService.RoleList:output_type -> fence.v1.RoleListResponse
-	37,  // 141: fence.v1.AuthService.TokenCreate:output_type -> fence.v1.TokenCreateResponse
-	39,  // 142: fence.v1.AuthService.TokenRevoke:output_type -> fence.v1.TokenRevokeResponse
-	41,  // 143: fence.v1.AuthService.TokenList:output_type -> fence.v1.TokenListResponse
-	107, // [107:144] is the sub-list for method output_type
-	70,  // [70:107] is the sub-list for method input_type
-	70,  // [70:70] is the sub-list for extension type_name
-	70,  // [70:70] is the sub-list for extension extendee
-	0,   // [0:70] is the sub-list for field type_name
+	83,  // 39: fence.v1.Event.kv:type_name -> fence.v1.KeyValue
+	91,  // 40: fence.v1.WatchResponse.events:type_name -> fence.v1.Event
+	94,  // 41: fence.v1.TxnRequest.compares:type_name -> fence.v1.Compare
+	95,  // 42: fence.v1.TxnRequest.then:type_name -> fence.v1.TxnOp
+	95,  // 43: fence.v1.TxnRequest.else:type_name -> fence.v1.TxnOp
+	80,  // 44: fence.v1.TxnRequest.fence:type_name -> fence.v1.Fence
+	4,   // 45: fence.v1.Compare.op:type_name -> fence.v1.CompareOp
+	96,  // 46: fence.v1.TxnOp.put:type_name -> fence.v1.TxnPut
+	97,  // 47: fence.v1.TxnOp.delete:type_name -> fence.v1.TxnDelete
+	98,  // 48: fence.v1.TxnOp.get:type_name -> fence.v1.TxnGet
+	100, // 49: fence.v1.TxnResponse.results:type_name -> fence.v1.TxnResult
+	82,  // 50: fence.v1.TxnResult.put:type_name -> fence.v1.PutResponse
+	87,  // 51: fence.v1.TxnResult.delete:type_name -> fence.v1.DeleteResponse
+	85,  // 52: fence.v1.TxnResult.get:type_name -> fence.v1.GetResponse
+	5,   // 53: fence.v1.ErrorDetail.reason:type_name -> fence.v1.Reason
+	44,  // 54: fence.v1.StreamRequest.create_session:type_name -> fence.v1.CreateSessionRequest
+	104, // 55: fence.v1.StreamRequest.keep_alive:type_name -> fence.v1.KeepAliveManyRequest
+	49,  // 56: fence.v1.StreamRequest.close_session:type_name -> fence.v1.CloseSessionRequest
+	55,  // 57: fence.v1.StreamRequest.acquire:type_name -> fence.v1.AcquireRequest
+	57,  // 58: fence.v1.StreamRequest.release:type_name -> fence.v1.ReleaseRequest
+	59,  // 59: fence.v1.StreamRequest.cancel_acquire:type_name -> fence.v1.CancelAcquireRequest
+	61,  // 60: fence.v1.StreamRequest.check:type_name -> fence.v1.CheckRequest
+	81,  // 61: fence.v1.StreamRequest.put:type_name -> fence.v1.PutRequest
+	84,  // 62: fence.v1.StreamRequest.get:type_name -> fence.v1.GetRequest
+	86,  // 63: fence.v1.StreamRequest.delete:type_name -> fence.v1.DeleteRequest
+	103, // 64: fence.v1.StreamRequest.cancel:type_name -> fence.v1.StreamCancel
+	46,  // 65: fence.v1.KeepAliveManyRequest.sessions:type_name -> fence.v1.KeepAliveRequest
+	106, // 66: fence.v1.KeepAliveManyResponse.results:type_name -> fence.v1.KeepAliveResult
+	47,  // 67: fence.v1.KeepAliveResult.ok:type_name -> fence.v1.KeepAliveResponse
+	107, // 68: fence.v1.KeepAliveResult.error:type_name -> fence.v1.StreamError
+	101, // 69: fence.v1.StreamError.detail:type_name -> fence.v1.ErrorDetail
+	107, // 70: fence.v1.StreamResponse.error:type_name -> fence.v1.StreamError
+	45,  // 71: fence.v1.StreamResponse.create_session:type_name -> fence.v1.CreateSessionResponse
+	105, // 72: fence.v1.StreamResponse.keep_alive:type_name -> fence.v1.KeepAliveManyResponse
+	50,  // 73: fence.v1.StreamResponse.close_session:type_name -> fence.v1.CloseSessionResponse
+	56,  // 74: fence.v1.StreamResponse.acquire:type_name -> fence.v1.AcquireResponse
+	58,  // 75: fence.v1.StreamResponse.release:type_name -> fence.v1.ReleaseResponse
+	60,  // 76: fence.v1.StreamResponse.cancel_acquire:type_name -> fence.v1.CancelAcquireResponse
+	62,  // 77: fence.v1.StreamResponse.check:type_name -> fence.v1.CheckResponse
+	82,  // 78: fence.v1.StreamResponse.put:type_name -> fence.v1.PutResponse
+	85,  // 79: fence.v1.StreamResponse.get:type_name -> fence.v1.GetResponse
+	87,  // 80: fence.v1.StreamResponse.delete:type_name -> fence.v1.DeleteResponse
+	108, // 81: fence.v1.StreamResponse.opened:type_name -> fence.v1.StreamOpened
+	44,  // 82: fence.v1.SessionService.CreateSession:input_type -> fence.v1.CreateSessionRequest
+	46,  // 83: fence.v1.SessionService.KeepAlive:input_type -> fence.v1.KeepAliveRequest
+	49,  // 84: fence.v1.SessionService.CloseSession:input_type -> fence.v1.CloseSessionRequest
+	51,  // 85: fence.v1.SessionService.ListSessions:input_type -> fence.v1.ListSessionsRequest
+	55,  // 86: fence.v1.LockService.Acquire:input_type -> fence.v1.AcquireRequest
+	57,  // 87: fence.v1.LockService.Release:input_type -> fence.v1.ReleaseRequest
+	59,  // 88: fence.v1.LockService.CancelAcquire:input_type -> fence.v1.CancelAcquireRequest
+	61,  // 89: fence.v1.LockService.Check:input_type -> fence.v1.CheckRequest
+	63,  // 90: fence.v1.LockService.ListLocks:input_type -> fence.v1.ListLocksRequest
+	81,  // 91: fence.v1.KVService.Put:input_type -> fence.v1.PutRequest
+	84,  // 92: fence.v1.KVService.Get:input_type -> fence.v1.GetRequest
+	86,  // 93: fence.v1.KVService.Delete:input_type -> fence.v1.DeleteRequest
+	88,  // 94: fence.v1.KVService.List:input_type -> fence.v1.ListRequest
+	90,  // 95: fence.v1.KVService.Watch:input_type -> fence.v1.WatchRequest
+	93,  // 96: fence.v1.KVService.Txn:input_type -> fence.v1.TxnRequest
+	68,  // 97: fence.v1.ClusterService.Status:input_type -> fence.v1.StatusRequest
+	71,  // 98: fence.v1.ClusterService.AddMember:input_type -> fence.v1.AddMemberRequest
+	73,  // 99: fence.v1.ClusterService.RemoveMember:input_type -> fence.v1.RemoveMemberRequest
+	77,  // 100: fence.v1.ClusterService.Snapshot:input_type -> fence.v1.SnapshotRequest
+	75,  // 101: fence.v1.ClusterService.RevokeSession:input_type -> fence.v1.RevokeSessionRequest
+	102, // 102: fence.v1.StreamService.Session:input_type -> fence.v1.StreamRequest
+	7,   // 103: fence.v1.AuthService.AuthEnable:input_type -> fence.v1.AuthEnableRequest
+	9,   // 104: fence.v1.AuthService.AuthDisable:input_type -> fence.v1.AuthDisableRequest
+	11,  // 105: fence.v1.AuthService.AuthStatus:input_type -> fence.v1.AuthStatusRequest
+	15,  // 106: fence.v1.AuthService.UserAdd:input_type -> fence.v1.UserAddRequest
+	17,  // 107: fence.v1.AuthService.UserRemove:input_type -> fence.v1.UserRemoveRequest
+	19,  // 108: fence.v1.AuthService.UserList:input_type -> fence.v1.UserListRequest
+	21,  // 109: fence.v1.AuthService.UserSetQuota:input_type -> fence.v1.UserSetQuotaRequest
+	23,  // 110: fence.v1.AuthService.UserGrantRole:input_type -> fence.v1.UserGrantRoleRequest
+	25,  // 111: fence.v1.AuthService.UserRevokeRole:input_type -> fence.v1.UserRevokeRoleRequest
+	27,  // 112: fence.v1.AuthService.RoleAdd:input_type -> fence.v1.RoleAddRequest
+	29,  // 113: fence.v1.AuthService.RoleRemove:input_type -> fence.v1.RoleRemoveRequest
+	31,  // 114: fence.v1.AuthService.RoleGrantPermission:input_type -> fence.v1.RoleGrantPermissionRequest
+	33,  // 115: fence.v1.AuthService.RoleRevokePermission:input_type -> fence.v1.RoleRevokePermissionRequest
+	35,  // 116: fence.v1.AuthService.RoleList:input_type -> fence.v1.RoleListRequest
+	37,  // 117: fence.v1.AuthService.TokenCreate:input_type -> fence.v1.TokenCreateRequest
+	39,  // 118: fence.v1.AuthService.TokenRevoke:input_type -> fence.v1.TokenRevokeRequest
+	41,  // 119: fence.v1.AuthService.TokenList:input_type -> fence.v1.TokenListRequest
+	45,  // 120: fence.v1.SessionService.CreateSession:output_type -> fence.v1.CreateSessionResponse
+	47,  // 121: fence.v1.SessionService.KeepAlive:output_type -> fence.v1.KeepAliveResponse
+	50,  // 122: fence.v1.SessionService.CloseSession:output_type -> fence.v1.CloseSessionResponse
+	52,  // 123: fence.v1.SessionService.ListSessions:output_type -> fence.v1.ListSessionsResponse
+	56,  // 124: fence.v1.LockService.Acquire:output_type -> fence.v1.AcquireResponse
+	58,  // 125: fence.v1.LockService.Release:output_type -> fence.v1.ReleaseResponse
+	60,  // 126: fence.v1.LockService.CancelAcquire:output_type -> fence.v1.CancelAcquireResponse
+	62,  // 127: fence.v1.LockService.Check:output_type -> fence.v1.CheckResponse
+	67,  // 128: fence.v1.LockService.ListLocks:output_type -> fence.v1.ListLocksResponse
+	82,  // 129: fence.v1.KVService.Put:output_type -> fence.v1.PutResponse
+	85,  // 130: fence.v1.KVService.Get:output_type -> fence.v1.GetResponse
+	87,  // 131: fence.v1.KVService.Delete:output_type -> fence.v1.DeleteResponse
+	89,  // 132: fence.v1.KVService.List:output_type -> fence.v1.ListResponse
+	92,  // 133: fence.v1.KVService.Watch:output_type -> fence.v1.WatchResponse
+	99,  // 134: fence.v1.KVService.Txn:output_type -> fence.v1.TxnResponse
+	69,  // 135: fence.v1.ClusterService.Status:output_type -> fence.v1.StatusResponse
+	72,  // 136: fence.v1.ClusterService.AddMember:output_type -> fence.v1.AddMemberResponse
+	74,  // 137: fence.v1.ClusterService.RemoveMember:output_type -> fence.v1.RemoveMemberResponse
+	78,  // 138: fence.v1.ClusterService.Snapshot:output_type -> fence.v1.SnapshotResponse
+	76,  // 139: fence.v1.ClusterService.RevokeSession:output_type -> fence.v1.RevokeSessionResponse
+	109, // 140: fence.v1.StreamService.Session:output_type -> fence.v1.StreamResponse
+	8,   // 141: fence.v1.AuthService.AuthEnable:output_type -> fence.v1.AuthEnableResponse
+	10,  // 142: fence.v1.AuthService.AuthDisable:output_type -> fence.v1.AuthDisableResponse
+	12,  // 143: fence.v1.AuthService.AuthStatus:output_type -> fence.v1.AuthStatusResponse
+	16,  // 144: fence.v1.AuthService.UserAdd:output_type -> fence.v1.UserAddResponse
+	18,  // 145: fence.v1.AuthService.UserRemove:output_type -> fence.v1.UserRemoveResponse
+	20,  // 146: fence.v1.AuthService.UserList:output_type -> fence.v1.UserListResponse
+	22,  // 147: fence.v1.AuthService.UserSetQuota:output_type -> fence.v1.UserSetQuotaResponse
+	24,  // 148: fence.v1.AuthService.UserGrantRole:output_type -> fence.v1.UserGrantRoleResponse
+	26,  // 149: fence.v1.AuthService.UserRevokeRole:output_type -> fence.v1.UserRevokeRoleResponse
+	28,  // 150: fence.v1.AuthService.RoleAdd:output_type -> fence.v1.RoleAddResponse
+	30,  // 151: fence.v1.AuthService.RoleRemove:output_type -> fence.v1.RoleRemoveResponse
+	32,  // 152: fence.v1.AuthService.RoleGrantPermission:output_type -> fence.v1.RoleGrantPermissionResponse
+	34,  // 153: fence.v1.AuthService.RoleRevokePermission:output_type -> fence.v1.RoleRevokePermissionResponse
+	36,  // 154: fence.v1.AuthService.RoleList:output_type -> fence.v1.RoleListResponse
+	38,  // 155: fence.v1.AuthService.TokenCreate:output_type -> fence.v1.TokenCreateResponse
+	40,  // 156: fence.v1.AuthService.TokenRevoke:output_type -> fence.v1.TokenRevokeResponse
+	42,  // 157: fence.v1.AuthService.TokenList:output_type -> fence.v1.TokenListResponse
+	120, // [120:158] is the sub-list for method output_type
+	82,  // [82:120] is the sub-list for method input_type
+	82,  // [82:82] is the sub-list for extension type_name
+	82,  // [82:82] is the sub-list for extension extendee
+	0,   // [0:82] is the sub-list for field type_name
 }
 
 func init() { file_fence_v1_fence_proto_init() }
@@ -6986,6 +7778,23 @@ func file_fence_v1_fence_proto_init() {
 	}
 	file_fence_v1_fence_proto_msgTypes[74].OneofWrappers = []any{}
 	file_fence_v1_fence_proto_msgTypes[88].OneofWrappers = []any{
+		(*Compare_Value)(nil),
+		(*Compare_Version)(nil),
+		(*Compare_CreateRevision)(nil),
+		(*Compare_ModRevision)(nil),
+		(*Compare_Absent)(nil),
+	}
+	file_fence_v1_fence_proto_msgTypes[89].OneofWrappers = []any{
+		(*TxnOp_Put)(nil),
+		(*TxnOp_Delete)(nil),
+		(*TxnOp_Get)(nil),
+	}
+	file_fence_v1_fence_proto_msgTypes[94].OneofWrappers = []any{
+		(*TxnResult_Put)(nil),
+		(*TxnResult_Delete)(nil),
+		(*TxnResult_Get)(nil),
+	}
+	file_fence_v1_fence_proto_msgTypes[96].OneofWrappers = []any{
 		(*StreamRequest_CreateSession)(nil),
 		(*StreamRequest_KeepAlive)(nil),
 		(*StreamRequest_CloseSession)(nil),
@@ -6998,7 +7807,7 @@ func file_fence_v1_fence_proto_init() {
 		(*StreamRequest_Delete)(nil),
 		(*StreamRequest_Cancel)(nil),
 	}
-	file_fence_v1_fence_proto_msgTypes[95].OneofWrappers = []any{
+	file_fence_v1_fence_proto_msgTypes[103].OneofWrappers = []any{
 		(*StreamResponse_CreateSession)(nil),
 		(*StreamResponse_KeepAlive)(nil),
 		(*StreamResponse_CloseSession)(nil),
@@ -7016,8 +7825,8 @@ func file_fence_v1_fence_proto_init() {
 		File: protoimpl.DescBuilder{
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_fence_v1_fence_proto_rawDesc), len(file_fence_v1_fence_proto_rawDesc)),
-			NumEnums:      5,
-			NumMessages:   96,
+			NumEnums:      6,
+			NumMessages:   104,
 			NumExtensions: 0,
 			NumServices:   6,
 		},
