@@ -89,6 +89,8 @@ type modelChecker struct {
 	req *requestModel
 	// users are the live sessions' creating users (quotas).
 	users map[uint64]string
+	// protocol is the highest SetProtocol applied (0: none).
+	protocol uint32
 }
 
 func newModelChecker() *modelChecker {
@@ -302,6 +304,12 @@ func (m *modelChecker) checkFailure(cmd *fsmpb.Command, err error) error {
 	switch op := cmd.GetOp().(type) {
 	case *fsmpb.Command_CreateSession:
 		max := op.CreateSession.GetMaxSessions()
+		if n := len(op.CreateSession.GetSecretSha256()); n != 0 && n != fsm.SecretHashBytes && (max == 0 || uint64(len(m.live)) < max) {
+			if !errors.Is(err, fence.ErrInvalidArgument) {
+				return fmt.Errorf("create session with a secret hash of %d bytes failed with %v, want ErrInvalidArgument", n, err)
+			}
+			return nil
+		}
 		overQuota := m.sessionQuotaReached(op.CreateSession.GetUser())
 		if !errors.Is(err, fence.ErrLimit) || (!overQuota && (max == 0 || uint64(len(m.live)) < max)) {
 			return fmt.Errorf("create session with %d of max %d sessions (user %q, over quota %v) failed with %v", len(m.live), max, op.CreateSession.GetUser(), overQuota, err)
@@ -339,6 +347,10 @@ func (m *modelChecker) checkFailure(cmd *fsmpb.Command, err error) error {
 	case *fsmpb.Command_CloseSession:
 		if !errors.Is(err, fence.ErrInvalidArgument) || endOf(cmd) != 0 {
 			return fmt.Errorf("%v failed with %v; only one with an unknown end may, with ErrInvalidArgument", cmd, err)
+		}
+	case *fsmpb.Command_SetProtocol:
+		if !errors.Is(err, fence.ErrInvalidArgument) || op.SetProtocol.GetVersion() <= fsm.Protocol {
+			return fmt.Errorf("%v failed with %v; only a move past protocol %d may, with ErrInvalidArgument", cmd, err, fsm.Protocol)
 		}
 	default:
 		return fmt.Errorf("%T cannot fail, but failed with %v", op, err)
@@ -528,6 +540,12 @@ func (m *modelChecker) checkSuccess(cmd *fsmpb.Command, res fsm.Result) (immedia
 		default:
 			m.nodes[r.GetNodeId()] = r.GetApiAddress()
 		}
+	case *fsmpb.Command_SetProtocol:
+		// A protocol never goes back: an older one changes nothing.
+		if v := op.SetProtocol.GetVersion(); v > fsm.Protocol || len(res.Grants) > 0 {
+			return false, fmt.Errorf("%v succeeded with %+v", cmd, res)
+		}
+		m.protocol = max(m.protocol, op.SetProtocol.GetVersion())
 	default:
 		return false, fmt.Errorf("unknown command %v succeeded", cmd)
 	}
@@ -783,6 +801,9 @@ func (m *modelChecker) handOut(grants []fsm.Grant) error {
 func (m *modelChecker) compare(s *fsm.State, cmd *fsmpb.Command, res fsm.Result) error {
 	if s.ClusterID() != m.clusterID {
 		return fmt.Errorf("cluster id %q, model %q (the first valid one named)", s.ClusterID(), m.clusterID)
+	}
+	if want := max(m.protocol, fsm.Protocol1); s.Protocol() != want {
+		return fmt.Errorf("protocol %d, model %d (the highest moved to)", s.Protocol(), want)
 	}
 	now := map[string]fsm.LockInfo{}
 	for _, l := range s.Locks("") {
