@@ -95,6 +95,13 @@ var (
 	// was added.
 	ErrMembership = errors.New("fence: membership change refused")
 
+	// ErrUnsupported reports a call the group cannot serve yet: it needs a
+	// newer group protocol than the group runs, because some member runs
+	// an older version of fence (a rolling upgrade in progress), or the
+	// node answering is of an older version itself. Nothing was changed.
+	// The call succeeds once every member runs a version that speaks it.
+	ErrUnsupported = errors.New("fence: not supported by the group yet")
+
 	// ErrReleased is the cause of a grant's or a session's end by its own
 	// holder: the lock was released, the session closed.
 	ErrReleased = errors.New("fence: released by its holder")

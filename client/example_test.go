@@ -106,3 +106,52 @@ func ExampleClient_Lease() {
 	// a second lease: held by lease true
 	// renewed nightly with token 1
 }
+
+// Write two keys in one commit, fenced by a lock's token, only if the
+// first still holds what was read: a config rollout.
+func ExampleKV_Txn() {
+	dir, _ := os.MkdirTemp("", "fence-example")
+	defer os.RemoveAll(dir)
+	cfg := server.DefaultConfig()
+	cfg.DataDir, cfg.Listen, cfg.RaftListen = dir, "127.0.0.1:0", "127.0.0.1:0"
+	srv, err := server.Start(cfg)
+	if err != nil {
+		log.Fatal(err)
+	}
+	defer srv.Close()
+
+	ctx := context.Background()
+	c, err := client.New(client.WithEndpoints(srv.Addr()))
+	if err != nil {
+		log.Fatal(err)
+	}
+	defer c.Close()
+	s, err := c.NewSession(ctx)
+	if err != nil {
+		log.Fatal(err)
+	}
+	defer s.Close(ctx)
+	g, err := client.NewMutex(s, "rollout").Lock(ctx)
+	if err != nil {
+		log.Fatal(err)
+	}
+	kv := c.KV()
+	for range 2 {
+		resp, err := kv.Txn(ctx, client.WithGrant(g), client.Strict()).
+			If(client.Absent("cfg/version")).
+			Then(client.OpPut("cfg/version", []byte("2")), client.OpPut("cfg/payload", []byte("blue"))).
+			Else(client.OpGet("cfg/version")).
+			Commit()
+		if err != nil {
+			log.Fatal(err)
+		}
+		if resp.GetSucceeded() {
+			fmt.Println("rolled out at revision", resp.GetRevision())
+		} else {
+			fmt.Println("already at version", string(resp.GetResults()[0].GetGet().GetKv().GetValue()))
+		}
+	}
+	// Output:
+	// rolled out at revision 1
+	// already at version 2
+}

@@ -1,10 +1,12 @@
 package server
 
 import (
+	"cmp"
 	"context"
 	"crypto/sha256"
 	"fmt"
 	"net/http"
+	"slices"
 	"strings"
 	"sync"
 	"time"
@@ -145,6 +147,9 @@ func authenticateLocked(st *fsm.State, cred credential, now time.Time) (caller, 
 // need is the permission a call needs.
 type need struct {
 	perm fsm.Permission
+	// all, when set, are the permissions a call on several names needs,
+	// every one of them (a txn); perm is then unused.
+	all []fsm.Permission
 	// anyWrite: any lock or kv write permission will do (sessions, which
 	// exist to hold locks and bind keys).
 	anyWrite bool
@@ -158,8 +163,47 @@ func (n need) String() string {
 		return "any identity"
 	case n.anyWrite:
 		return "lock write or kv write on any prefix"
+	case n.all != nil:
+		parts := make([]string, len(n.all))
+		for i, p := range n.all {
+			parts[i] = p.String()
+		}
+		return strings.Join(parts, ", ")
 	}
 	return n.perm.String()
+}
+
+// txnNeed is what a txn needs: kv read on each key it compares or gets,
+// kv write on each key it puts or deletes. A txn of nothing needs only an
+// identity: it reads nothing but the store's revision.
+func txnNeed(m *fencev1.TxnRequest) need {
+	var perms []fsm.Permission
+	add := func(a fsm.Access, key string) {
+		perms = append(perms, fsm.Permission{Kind: fsm.PermKV, Access: a, Prefix: key})
+	}
+	for _, c := range m.GetCompares() {
+		add(fsm.Read, c.GetKey())
+	}
+	for _, op := range append(append([]*fencev1.TxnOp(nil), m.GetThen()...), m.GetElse()...) {
+		switch o := op.GetOp().(type) {
+		case *fencev1.TxnOp_Put:
+			add(fsm.Write, o.Put.GetKey())
+		case *fencev1.TxnOp_Delete:
+			add(fsm.Write, o.Delete.GetKey())
+		case *fencev1.TxnOp_Get:
+			add(fsm.Read, o.Get.GetKey())
+		}
+	}
+	if len(perms) == 0 {
+		return need{anyone: true}
+	}
+	slices.SortFunc(perms, func(a, b fsm.Permission) int {
+		return cmp.Or(cmp.Compare(a.Prefix, b.Prefix), cmp.Compare(b.Access, a.Access))
+	})
+	// A key's write covers its read: keep the first of each key, the
+	// strongest.
+	perms = slices.CompactFunc(perms, func(a, b fsm.Permission) bool { return a.Prefix == b.Prefix })
+	return need{all: perms}
 }
 
 func lockNeed(a fsm.Access, name string) need {
@@ -210,6 +254,11 @@ func needOf(procedure string, msg any) need {
 		return kvNeed(fsm.Write, name())
 	case fencev1connect.KVServiceGetProcedure, fencev1connect.KVServiceListProcedure, fencev1connect.KVServiceWatchProcedure:
 		return kvNeed(fsm.Read, name())
+	case fencev1connect.KVServiceTxnProcedure:
+		if m, ok := msg.(*fencev1.TxnRequest); ok {
+			return txnNeed(m)
+		}
+		return kvNeed(fsm.Write, "")
 	case fencev1connect.ClusterServiceStatusProcedure, fencev1connect.AuthServiceAuthStatusProcedure:
 		return need{anyone: true}
 	case fencev1connect.StreamServiceSessionProcedure:
@@ -229,6 +278,14 @@ func authorizeLocked(st *fsm.State, who caller, n need) error {
 			return nil
 		}
 		return fmt.Errorf("%w: user %q needs %s", fence.ErrPermissionDenied, who.user, n)
+	}
+	for _, p := range n.all {
+		if err := st.Authorize(who.user, p); err != nil {
+			return err
+		}
+	}
+	if n.all != nil {
+		return nil
 	}
 	return st.Authorize(who.user, n.perm)
 }

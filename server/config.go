@@ -106,6 +106,9 @@ type Config struct {
 	MaxKeyBytes, MaxValueBytes int
 	// MaxKeys bounds the live keys of the KV store; 0 means no limit.
 	MaxKeys int
+	// MaxTxnOps bounds the operations of one KV txn, its compares
+	// included, and MaxTxnBytes the bytes of its keys and values.
+	MaxTxnOps, MaxTxnBytes int
 	// SessionRate (sessions per second) and SessionBurst bound how fast
 	// each identity creates sessions, with a token bucket kept by the
 	// leader: each user with auth on, unless the user's quota sets its
@@ -198,6 +201,8 @@ func DefaultConfig() Config {
 		MaxKeyBytes:        1024,
 		MaxValueBytes:      256 << 10,
 		MaxKeys:            1_000_000,
+		MaxTxnOps:          128,
+		MaxTxnBytes:        1 << 20,
 		MaxWatchers:        10_000,
 		MaxStreamOps:       1024,
 		WatchHistory:       10_000,
@@ -259,6 +264,8 @@ func (c Config) Validate() error {
 	check(c.MaxKeyBytes > 0, "max key bytes must be positive")
 	check(c.MaxValueBytes >= 0, "max value bytes is negative")
 	check(c.MaxKeys >= 0, "max keys is negative")
+	check(c.MaxTxnOps > 0, "max txn ops must be positive")
+	check(c.MaxTxnBytes > 0, "max txn bytes must be positive")
 	check(c.SessionRate >= 0 && c.SessionRate <= fsm.MaxSessionRate, "session rate %v: want 0 (no bound) to %g sessions a second", c.SessionRate, fsm.MaxSessionRate)
 	check(c.SessionBurst >= 0 && uint64(c.SessionBurst) <= fsm.MaxQuotaCount, "session burst %d: want 0 to %d", c.SessionBurst, fsm.MaxQuotaCount)
 	check((c.SessionRate > 0) == (c.SessionBurst > 0), "session rate %v and burst %d: set both, or neither", c.SessionRate, c.SessionBurst)

@@ -183,7 +183,7 @@ func (s *Server) Watch(ctx context.Context, req *connect.Request[fencev1.WatchRe
 	}
 	return serveWatch(ctx, s, s.watches, w, interval, watchSender[fsm.KVEvent]{
 		events: func(events []fsm.KVEvent) error {
-			return inMessages(events, kvEvents.size, func(events []fsm.KVEvent) error {
+			return inMessages(events, &kvEvents, func(events []fsm.KVEvent) error {
 				resp := &fencev1.WatchResponse{}
 				for _, ev := range events {
 					typ := fencev1.EventType_EVENT_TYPE_PUT
@@ -208,7 +208,8 @@ func apiKV(kv fsm.KeyValue) *fencev1.KeyValue {
 }
 
 // kvEvents are the KV store's changes, as its watches follow them: every
-// change has a revision of its own, one above the one before.
+// change has a revision of its own, one above the one before, but for a
+// txn's changes, which share one.
 var kvEvents = eventKind[fsm.KVEvent]{
 	what:     "changes",
 	revision: func(ev fsm.KVEvent) uint64 { return ev.KV.ModRevision },

@@ -131,7 +131,7 @@ func (l lockService) Watch(ctx context.Context, req *connect.Request[fencev1.Loc
 	}
 	return serveWatch(ctx, s, s.lockWatches.eventHub, w, interval, watchSender[lockEvent]{
 		events: func(events []lockEvent) error {
-			return inMessages(events, lockEvents.size, func(events []lockEvent) error {
+			return inMessages(events, &lockEvents, func(events []lockEvent) error {
 				resp := &fencev1.LockWatchResponse{Events: make([]*fencev1.LockEvent, len(events))}
 				for i, ev := range events {
 					resp.Events[i] = apiLockEvent(ev)

@@ -351,12 +351,14 @@ func serveWatch[E any](ctx context.Context, s *Server, h *eventHub[E], w *watche
 }
 
 // inMessages sends events in chunks of about watchMessageBytes, below
-// gRPC's usual 4 MiB limit: a replay from the history can be large.
-func inMessages[E any](events []E, size func(E) int, send func([]E) error) error {
+// gRPC's usual 4 MiB limit: a replay from the history can be large. The
+// events of one revision (a txn's changes) go in one message, so that a
+// client that resumes after the last revision it saw misses none of them.
+func inMessages[E any](events []E, kind *eventKind[E], send func([]E) error) error {
 	from, bytes := 0, 0
 	for i, ev := range events {
-		bytes += size(ev)
-		if bytes < watchMessageBytes && i < len(events)-1 {
+		bytes += kind.size(ev)
+		if i < len(events)-1 && (bytes < watchMessageBytes || kind.revision(events[i+1]) == kind.revision(ev)) {
 			continue
 		}
 		if err := send(events[from : i+1]); err != nil {

@@ -61,16 +61,20 @@ const (
 
 // Final is the state read at the end of a run.
 type Final struct {
-	Counter    string
-	List       string
-	SQLCounter int64
-	HaveSQL    bool
+	Counter string
+	List    string
+	// MoveFrom and MoveTo are the txn workload's keys (see txn.go).
+	MoveFrom, MoveTo string
+	SQLCounter       int64
+	HaveSQL          bool
 }
 
 // Analysis is what the checker concluded from a history.
 type Analysis struct {
 	Ops, Acquires, Writes, Rejected, Unknown int
 	AckedIncrements, UnknownIncrements       int
+	// AckedMoves and UnknownMoves count the txn workload's moves.
+	AckedMoves, UnknownMoves int
 	// Holds counts the workers' beliefs that they held a grant; those of
 	// unknown end (the worker was killed) are checked against nothing.
 	Holds, HoldsUnknownEnd int
@@ -100,15 +104,16 @@ func Analyze(ops []Op, final Final, prefix string, timeout time.Duration) Analys
 		if op.Kind == "acquire" && op.Result == OK {
 			a.Acquires++
 		}
-		if op.Kind == "put" && op.Result == OK {
+		if (op.Kind == "put" || op.Kind == "txn") && op.Result == OK {
 			a.Writes++
 		}
 	}
 	a.checkTokenOrder(ops)
 	a.checkBeliefs(ops)
-	a.checkStaleWrites(ops)
+	a.checkStaleWrites(ops, prefix)
 	a.checkCounter(ops, final, prefix+"counter")
 	a.checkList(ops, final, prefix+"list")
+	a.checkMoves(ops, final)
 	if final.HaveSQL {
 		a.checkSQL(ops, final)
 	}
@@ -161,12 +166,17 @@ func sameGrant(x, y Op) bool { return x.Worker == y.Worker && x.Run == y.Run && 
 
 // checkStaleWrites: on each key, the writes that were accepted, in commit
 // (revision) order, carry non-decreasing tokens of the grants they were
-// made under.
-func (a *Analysis) checkStaleWrites(ops []Op) {
+// made under; a move's (txn's) writes are two, at its revision.
+func (a *Analysis) checkStaleWrites(ops []Op, prefix string) {
 	byKey := map[string][]Op{}
 	for _, op := range ops {
-		if op.Kind == "put" && op.Result == OK {
+		switch {
+		case op.Kind == "put" && op.Result == OK:
 			byKey[op.Key] = append(byKey[op.Key], op)
+		case op.Kind == "txn" && op.Result == OK:
+			for _, w := range txnWrites(op, prefix) {
+				byKey[w.Key] = append(byKey[w.Key], w)
+			}
 		}
 	}
 	keys := make([]string, 0, len(byKey))

@@ -97,7 +97,7 @@ func (a *Analysis) checkWritesAfterHold(ops, holds []Op) {
 		byGrant[k] = append(byGrant[k], h)
 	}
 	for _, op := range ops {
-		if op.Kind != "put" && op.Kind != "sql-incr" {
+		if op.Kind != "put" && op.Kind != "txn" && op.Kind != "sql-incr" {
 			continue
 		}
 		h, ok := holdOf(byGrant[holdKey{op.Worker, op.Run, op.Token}], op)

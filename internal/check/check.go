@@ -405,7 +405,8 @@ func (r *runner) stopAll() {
 	}
 }
 
-// readFinal reads the counter and the list once every worker has stopped.
+// readFinal reads the counter, the list and the txn workload's keys once
+// every worker has stopped.
 func (r *runner) readFinal(ctx context.Context, sql *sqlCounter) (Final, error) {
 	// A node the last fault killed may still be starting, and this client
 	// has not talked to the group yet: it waits for the nodes as long as
@@ -417,7 +418,8 @@ func (r *runner) readFinal(ctx context.Context, sql *sqlCounter) (Final, error) 
 	}
 	defer c.Close()
 	var f Final
-	for key, dst := range map[string]*string{r.prefix + "counter": &f.Counter, r.prefix + "list": &f.List} {
+	from, to := moveKeys(r.prefix)
+	for key, dst := range map[string]*string{r.prefix + "counter": &f.Counter, r.prefix + "list": &f.List, from: &f.MoveFrom, to: &f.MoveTo} {
 		kv, err := c.KV().Get(ctx, key)
 		if err != nil {
 			return Final{}, fmt.Errorf("reading %s at the end: %w", key, err)

@@ -36,7 +36,7 @@ func run(t *testing.T, cfg check.Config) *check.Result {
 }
 
 // With fencing, pauses past the TTL, worker kills and server kills break
-// nothing: zero violations.
+// nothing: zero violations, txns' moves included.
 func TestCheckFindsNoViolationWithFencing(t *testing.T) {
 	res := run(t, check.Config{Workers: 4, Duration: 20 * time.Second, Seed: 1, TTL: time.Second, FaultInterval: 1500 * time.Millisecond})
 	for _, v := range res.Analysis.Violations {
@@ -46,9 +46,17 @@ func TestCheckFindsNoViolationWithFencing(t *testing.T) {
 	for _, f := range res.Faults {
 		kinds[f.Kind]++
 	}
-	if len(res.Faults) < 5 || res.Analysis.Acquires < 50 || res.Analysis.Linearizability != "Ok" {
-		t.Errorf("the run proved little: faults %v, %d grants, linearizability %q", kinds, res.Analysis.Acquires, res.Analysis.Linearizability)
+	if len(res.Faults) < 5 || res.Analysis.Acquires < 50 || res.Analysis.AckedMoves < 20 || res.Analysis.Linearizability != "Ok" {
+		t.Errorf("the run proved little: faults %v, %d grants, %d txn moves, linearizability %q", kinds, res.Analysis.Acquires, res.Analysis.AckedMoves, res.Analysis.Linearizability)
 	}
+	refused := 0
+	for _, op := range res.Ops {
+		if op.Kind == "txn" && op.Result == check.Rejected {
+			refused++
+		}
+	}
+	t.Logf("txn moves: %d acknowledged, %d of unknown outcome, %d refused; the keys end at %s and %s",
+		res.Analysis.AckedMoves, res.Analysis.UnknownMoves, refused, res.Final.MoveFrom, res.Final.MoveTo)
 	var svg bytes.Buffer
 	if err := res.ReportSVG(&svg); err != nil {
 		t.Fatal(err)

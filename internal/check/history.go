@@ -37,7 +37,7 @@ type Op struct {
 	ID     int    `json:"id"`
 	Worker int    `json:"w"`
 	Run    int    `json:"run"` // which process of the worker (it is restarted after a kill)
-	Kind   string `json:"op"`  // acquire, hold, release, get, put, sql-incr
+	Kind   string `json:"op"`  // acquire, hold, release, get, put, sql-incr, txn-read, txn
 	Key    string `json:"key,omitempty"`
 	// Value is what a put wrote, or what a get read.
 	Value string `json:"value,omitempty"`

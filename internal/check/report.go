@@ -44,7 +44,7 @@ func (r *Result) page() *timeline.Page {
 		switch {
 		case op.Kind == "hold" && op.End != 0:
 			tl.Spans = append(tl.Spans, timeline.Span{Lane: lane(op.Worker), Start: at(op.Start), End: at(op.End), Kind: timeline.SpanLease, Label: "token " + strconv.FormatUint(op.Token, 10)})
-		case op.Kind == "put" && op.Result == Rejected:
+		case (op.Kind == "put" || op.Kind == "txn") && op.Result == Rejected:
 			tl.Marks = append(tl.Marks, timeline.Mark{Lane: lane(op.Worker), At: at(op.End), Kind: timeline.MarkWriteRejected, Label: "refused, token " + strconv.FormatUint(op.Token, 10)})
 		}
 	}
@@ -75,7 +75,8 @@ func (r *Result) page() *timeline.Page {
 	tl.Notes = append(tl.Notes,
 		fmt.Sprintf("%d operations: %d grants, %d accepted writes, %d refused, %d of unknown outcome; %d faults.", a.Ops, a.Acquires, a.Writes, a.Rejected, a.Unknown, len(r.Faults)),
 		fmt.Sprintf("%d holds (beliefs that a grant was held), %d of unknown end (their worker was killed), not checked for overlap.", a.Holds, a.HoldsUnknownEnd),
-		fmt.Sprintf("Counter %s after %d acknowledged increments (%d of unknown outcome). Linearizability: %s.", orZero(r.Final.Counter), a.AckedIncrements, a.UnknownIncrements, a.Linearizability))
+		fmt.Sprintf("Counter %s after %d acknowledged increments (%d of unknown outcome). Linearizability: %s.", orZero(r.Final.Counter), a.AckedIncrements, a.UnknownIncrements, a.Linearizability),
+		fmt.Sprintf("Txn keys %s and %s after %d acknowledged moves (%d of unknown outcome).", orZero(r.Final.MoveFrom), orZero(r.Final.MoveTo), a.AckedMoves, a.UnknownMoves))
 	if len(a.Violations) == 0 {
 		tl.Notes = append(tl.Notes, "No violations.")
 	}

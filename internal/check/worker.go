@@ -223,7 +223,7 @@ type worker struct {
 }
 
 // iteration is the protected work: read-modify-write of the counter, then
-// of the list. It stops at the first write the worker no longer holds the
+// of the list, then a move between the txn workload's keys (txn.go). It stops at the first write the worker no longer holds the
 // grant for.
 func (w *worker) iteration(ctx context.Context, h *hold, n int) {
 	token := h.g.Token()
@@ -241,6 +241,9 @@ func (w *worker) iteration(ctx context.Context, h *hold, n int) {
 		if !w.put(ctx, h, w.cfg.Prefix+"list", item) {
 			return
 		}
+	}
+	if !w.move(ctx, h) {
+		return
 	}
 	if w.cfg.SQL != nil {
 		w.sqlIncrement(ctx, h)
@@ -317,7 +320,8 @@ func (w *worker) put(ctx context.Context, h *hold, key, value string) bool {
 // classify tells a refusal, which had no effect, from a failure whose
 // outcome is unknown.
 func classify(err error) string {
-	for _, refused := range []error{fence.ErrStaleToken, fence.ErrNotHolder, fence.ErrRevisionMismatch, fence.ErrInvalidArgument, fence.ErrSessionNotFound, fence.ErrLimit} {
+	for _, refused := range []error{fence.ErrStaleToken, fence.ErrNotHolder, fence.ErrRevisionMismatch, fence.ErrInvalidArgument, fence.ErrSessionNotFound, fence.ErrLimit,
+		fence.ErrUnsupported} {
 		if errors.Is(err, refused) {
 			return Rejected
 		}

@@ -66,7 +66,7 @@ func kvCommand(g *globals) *cobra.Command {
 has already accepted. Under "fence lock", --lock and --token default to the
 lock's FENCE_LOCK and FENCE_TOKEN, so "fence lock L -- fence kv put k v" is fenced.`,
 	}
-	cmd.AddCommand(kvPutCommand(g), kvGetCommand(g), kvDelCommand(g), kvListCommand(g), kvWatchCommand(g))
+	cmd.AddCommand(kvPutCommand(g), kvGetCommand(g), kvDelCommand(g), kvListCommand(g), kvWatchCommand(g), kvTxnCommand(g))
 	return cmd
 }
 

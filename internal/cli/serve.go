@@ -114,6 +114,8 @@ func newServeSettings() (*serveOptions, *pflag.FlagSet) {
 	f.IntVar(&cfg.MaxKeyBytes, "max-key-bytes", cfg.MaxKeyBytes, "longest KV key, in bytes")
 	f.IntVar(&cfg.MaxValueBytes, "max-value-bytes", cfg.MaxValueBytes, "largest KV value, in bytes")
 	f.IntVar(&cfg.MaxKeys, "max-keys", cfg.MaxKeys, "most live KV keys (0: no limit)")
+	f.IntVar(&cfg.MaxTxnOps, "max-txn-ops", cfg.MaxTxnOps, "most operations of one KV txn, its compares included")
+	f.IntVar(&cfg.MaxTxnBytes, "max-txn-bytes", cfg.MaxTxnBytes, "most bytes of keys and values in one KV txn")
 	f.Var(newRate(&cfg.SessionRate), "session-rate", "sessions each user (auth on, unless its quota sets its own) or client address (auth off) may create on average, a rate: "+rateSyntax+" (0: no limit; needs --session-burst)")
 	f.IntVar(&cfg.SessionBurst, "session-burst", cfg.SessionBurst, "sessions each user or client address may create at once (with --session-rate)")
 	f.IntVar(&cfg.MaxWatchers, "max-watchers", cfg.MaxWatchers, "most open watches (KV and lock) per node (0: no limit)")

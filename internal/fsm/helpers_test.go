@@ -213,6 +213,7 @@ type comparableResult struct {
 	Delayed   []fsm.Delay
 	Revision  uint64
 	Events    []fsm.KVEvent
+	Txn       *fsm.TxnResult
 	// Batch and BatchRepeats are a Batch's results and their Repeats.
 	Batch        []comparableResult
 	BatchRepeats []*fsm.Repeat
@@ -220,7 +221,7 @@ type comparableResult struct {
 
 func cmpForm(r fsm.Result) comparableResult {
 	c := comparableResult{SessionID: r.SessionID, Grant: r.Grant, Queued: r.Queued, Revision: r.Revision,
-		Attempt: r.Attempt, Released: r.Released, Dequeued: r.Dequeued, EndedBy: r.EndedBy}
+		Attempt: r.Attempt, Released: r.Released, Dequeued: r.Dequeued, EndedBy: r.EndedBy, Txn: r.Txn}
 	if r.Err != nil {
 		c.Err = r.Err.Error()
 	}
@@ -314,6 +315,16 @@ func describe(r fsm.Result) string {
 			out += fmt.Sprintf("{Deleted:%v KV:%s}", ev.Deleted, describeKV(ev.KV))
 		}
 		out += "]"
+	}
+	if t := r.Txn; t != nil {
+		out += fmt.Sprintf(" Txn:{Succeeded:%v Ops:[", t.Succeeded)
+		for i, op := range t.Ops {
+			if i > 0 {
+				out += " "
+			}
+			out += fmt.Sprintf("{Deleted:%v Found:%v KV:%s}", op.Deleted, op.Found, describeKV(op.KV))
+		}
+		out += "]}"
 	}
 	if r.Batch != nil {
 		out += " Batch:["

@@ -87,6 +87,14 @@ func (s *State) kvPut(c *fsmpb.KVPut) Result {
 		return Result{Err: err}
 	}
 	s.kvRevision++
+	ev := s.putKey(key, e, c.GetValue(), f, owner, c.GetUser())
+	return Result{Revision: s.kvRevision, Events: []KVEvent{ev}}
+}
+
+// putKey stores value under key (whose entry is e, nil for none) at the
+// store's revision, with the write f, bound to owner (nil for none) and
+// charged to user, and returns the event. The write was checked.
+func (s *State) putKey(key string, e *kvEntry, value []byte, f *fsmpb.KVFence, owner *session, user string) KVEvent {
 	if e.live() {
 		s.liveBytes -= len(e.kv.Value)
 		s.chargeKey(e, -1)
@@ -101,9 +109,9 @@ func (s *State) kvPut(c *fsmpb.KVPut) Result {
 		e.kv.Version = 0
 		s.liveKeys++
 	}
-	e.kv.Value = append([]byte(nil), c.GetValue()...)
+	e.kv.Value = append([]byte(nil), value...)
 	s.liveBytes += len(e.kv.Value)
-	e.user = c.GetUser()
+	e.user = user
 	s.chargeKey(e, 1)
 	e.kv.Token, e.kv.Lock = writer(f)
 	e.kv.HighestToken = max(e.kv.HighestToken, f.GetToken())
@@ -114,7 +122,7 @@ func (s *State) kvPut(c *fsmpb.KVPut) Result {
 		e.kv.Session = owner.id
 		addName(&owner.keys, key)
 	}
-	return Result{Revision: s.kvRevision, Events: []KVEvent{{KV: copyKV(e.kv)}}}
+	return KVEvent{KV: copyKV(e.kv)}
 }
 
 // unbind ends a key's binding to its session, if any.
@@ -139,23 +147,38 @@ func (s *State) kvDelete(c *fsmpb.KVDelete) Result {
 		return Result{Err: err}
 	}
 	if !e.live() {
-		if token := f.GetToken(); token > 0 {
-			if e == nil {
-				e = &kvEntry{kv: KeyValue{Key: key}, deleted: true}
-				s.kv[key] = e
-			}
-			e.kv.HighestToken = max(e.kv.HighestToken, token)
-		}
+		s.recordToken(key, e, f.GetToken())
 		return Result{Revision: s.kvRevision}
 	}
 	ev := s.removeKey(e, f)
 	return Result{Revision: s.kvRevision, Events: []KVEvent{ev}}
 }
 
+// recordToken is a fenced delete of a missing key (e, nil for none): an
+// accepted write all the same, which raises the key's highest token to
+// its own, in a tombstone made for the purpose if need be. An unfenced
+// one (token 0) changes nothing.
+func (s *State) recordToken(key string, e *kvEntry, token uint64) {
+	if token == 0 {
+		return
+	}
+	if e == nil {
+		e = &kvEntry{kv: KeyValue{Key: key}, deleted: true}
+		s.kv[key] = e
+	}
+	e.kv.HighestToken = max(e.kv.HighestToken, token)
+}
+
 // removeKey deletes a live key with the write f (nil when its session
 // ended), at a new revision, and returns the event.
 func (s *State) removeKey(e *kvEntry, f *fsmpb.KVFence) KVEvent {
 	s.kvRevision++
+	return s.deleteKey(e, f)
+}
+
+// deleteKey deletes a live key with the write f at the store's revision,
+// and returns the event.
+func (s *State) deleteKey(e *kvEntry, f *fsmpb.KVFence) KVEvent {
 	s.unbind(e)
 	e.kv.HighestToken = max(e.kv.HighestToken, f.GetToken())
 	s.liveBytes -= len(e.kv.Key) + len(e.kv.Value)

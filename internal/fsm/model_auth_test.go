@@ -401,7 +401,8 @@ func (m *modelChecker) compareUsage(s *fsm.State) error {
 // users u1 (2 sessions, 2 locks, 1 wait, 12 KV bytes) and u2 (1 session,
 // 1 wait, 4 KV bytes, and a session rate the state only keeps), auth on;
 // then sessions created by u1, u2 or no user, acquires, releases, closes
-// and expiries, unfenced puts by u1, u2 or no user, now and then auth off
+// and expiries, unfenced puts by u1, u2 or no user (and txns of two
+// writes by u1 or u2), now and then auth off
 // and on again or a quota changed.
 func quotaStream(r *rand.Rand, n int) []byte {
 	data := []byte{
@@ -431,9 +432,14 @@ func quotaStream(r *rand.Rand, n int) []byte {
 			data = append(data, 0xfc, 0, byte(r.IntN(2)), 0)
 		case x < 97: // u1's quota changes
 			data = append(data, 0xfc, 11, []byte{0x04, 0x14, 0x24}[r.IntN(3)], byte(r.IntN(3))|[]byte{0, 0x10, 0x80, 0x40}[r.IntN(4)])
-		default: // an unfenced put by u1, u2 or no user, now and then bound to a session
+		case x < 99: // an unfenced put by u1, u2 or no user, now and then bound to a session
 			k := byte(r.IntN(3)) | []byte{0x00, 0x80, 0xc0, 0xc0, 0x80}[r.IntN(5)]
 			data = append(data, []byte{0xa0, 0xa4, 0xa8, 0xac, 0xa3, 0xb0}[r.IntN(6)], k, 0x08, 0)
+		default: // an unfenced txn by u1 or u2 of two puts or deletes of distinct keys (see txnOp)
+			data = append(data, 0xe3, 1<<2, []byte{0x80, 0xc0}[r.IntN(2)], 0x08, 0)
+			for _, key := range r.Perm(3)[:2] {
+				data = append(data, byte(key)|byte([]int{0, 0, 0, 2}[r.IntN(4)])<<2, byte(r.IntN(4)))
+			}
 		}
 	}
 	return data

@@ -152,26 +152,8 @@ func (k *kvModel) expect(cmd *fsmpb.Command, holders map[string][]fsm.HolderInfo
 		lock = "" // an unfenced write records no lock
 	}
 	nothing := func() {}
-	switch {
-	case token == 0 && highest > 0:
-		return fails(fence.ErrInvalidArgument), nothing
-	case token < highest:
-		return fsm.Result{Err: &fence.StaleTokenError{Key: key, Token: token, Highest: highest}}, nothing
-	case token > lastToken:
-		return fsm.Result{Err: fmt.Errorf("%w: token %d was never issued (the last token is %d); write key %s with the token of a grant",
-			fence.ErrInvalidArgument, token, lastToken, key)}, nothing
-	}
-	if f.GetStrict() {
-		if lock == "" || token == 0 {
-			return fails(fence.ErrInvalidArgument), nothing
-		}
-		current := false
-		for _, h := range holders[lock] {
-			current = current || h.Token == token
-		}
-		if !current {
-			return fails(fence.ErrNotHolder), nothing
-		}
+	if refusal := k.fenceRefusal(key, f, holders, lastToken); refusal.Err != nil {
+		return refusal, nothing
 	}
 	if f != nil && f.ExpectRevision != nil {
 		var rev uint64
@@ -241,10 +223,50 @@ func (k *kvModel) expect(cmd *fsmpb.Command, holders map[string][]fsm.HolderInfo
 	return removed(rev, kv), commit
 }
 
+// fenceRefusal is what a write of key fenced by f must fail with, as a
+// single write or in a txn, before any other check: the fenced write rule,
+// a token never issued, strict mode. An empty Result when it passes.
+func (k *kvModel) fenceRefusal(key string, f *fsmpb.KVFence, holders map[string][]fsm.HolderInfo, lastToken uint64) fsm.Result {
+	var highest uint64
+	if e := k.keys[key]; e != nil {
+		highest = e.kv.HighestToken
+	}
+	token, lock := f.GetToken(), f.GetLock()
+	switch {
+	case token == 0 && highest > 0:
+		return fails(fence.ErrInvalidArgument)
+	case token < highest:
+		return fsm.Result{Err: &fence.StaleTokenError{Key: key, Token: token, Highest: highest}}
+	case token > lastToken:
+		return fsm.Result{Err: fmt.Errorf("%w: token %d was never issued (the last token is %d); write key %s with the token of a grant",
+			fence.ErrInvalidArgument, token, lastToken, key)}
+	}
+	if f.GetStrict() {
+		if lock == "" || token == 0 {
+			return fails(fence.ErrInvalidArgument)
+		}
+		current := false
+		for _, h := range holders[lock] {
+			current = current || h.Token == token
+		}
+		if !current {
+			return fails(fence.ErrNotHolder)
+		}
+	}
+	return fsm.Result{}
+}
+
 // observe checks a KV command's answer against the model and commits it.
 func (k *kvModel) observe(cmd *fsmpb.Command, res fsm.Result, holders map[string][]fsm.HolderInfo, lastToken uint64, live map[uint64]bool) error {
 	key, _, f, _, _, _ := kvCommand(cmd)
-	want, commit := k.expect(cmd, holders, lastToken, live)
+	var want fsm.Result
+	var commit func()
+	if t := cmd.GetKvTxn(); t != nil {
+		f = t.GetFence()
+		want, commit = k.expectTxn(t, holders, lastToken, live)
+	} else {
+		want, commit = k.expect(cmd, holders, lastToken, live)
+	}
 	if want.Err != nil {
 		if res.Err == nil {
 			what := ""
@@ -282,11 +304,11 @@ func (k *kvModel) observe(cmd *fsmpb.Command, res fsm.Result, holders map[string
 		return fmt.Errorf("%v failed with %v; the model accepts it: %s", cmd, res.Err, describe(want))
 	}
 	for _, ev := range res.Events {
-		if ev.KV.Key != key || ev.KV.Token != f.GetToken() {
+		if (cmd.GetKvTxn() == nil && ev.KV.Key != key) || ev.KV.Token != f.GetToken() {
 			return fmt.Errorf("%v reported a change of %s", cmd, describeKV(ev.KV))
 		}
-		if ev.KV.Token < k.accepted[key] {
-			return fmt.Errorf("invariant 6: %v took effect with token %d after token %d was accepted", cmd, ev.KV.Token, k.accepted[key])
+		if ev.KV.Token < k.accepted[ev.KV.Key] {
+			return fmt.Errorf("invariant 6: %v took effect with token %d after token %d was accepted", cmd, ev.KV.Token, k.accepted[ev.KV.Key])
 		}
 	}
 	if !reflect.DeepEqual(cmpForm(res), cmpForm(want)) {
@@ -326,19 +348,28 @@ func neverIssued(err error) bool {
 	return errors.Is(err, fence.ErrInvalidArgument) && strings.Contains(err.Error(), "was never issued")
 }
 
-// eventsOwnValues checks that no event of res shares its value's bytes with
-// s: changing them leaves s's snapshot as it was.
+// eventsOwnValues checks that no event of res, nor a txn's get, shares its
+// value's bytes with s: changing them leaves s's snapshot as it was.
 func eventsOwnValues(tb testing.TB, s *fsm.State, res fsm.Result) error {
+	kvs := make([]fsm.KeyValue, 0, len(res.Events))
 	for _, ev := range res.Events {
-		if len(ev.KV.Value) == 0 {
+		kvs = append(kvs, ev.KV)
+	}
+	if res.Txn != nil {
+		for _, op := range res.Txn.Ops {
+			kvs = append(kvs, op.KV) // a get's
+		}
+	}
+	for _, kv := range kvs {
+		if len(kv.Value) == 0 {
 			continue
 		}
 		before := snapshotBytes(tb, s)
-		ev.KV.Value[0] ^= 0xff
+		kv.Value[0] ^= 0xff
 		shared := !bytes.Equal(before, snapshotBytes(tb, s))
-		ev.KV.Value[0] ^= 0xff
+		kv.Value[0] ^= 0xff
 		if shared {
-			return fmt.Errorf("the event for key %q shares its value with the state", ev.KV.Key)
+			return fmt.Errorf("an answer for key %q shares its value with the state", kv.Key)
 		}
 	}
 	return nil
@@ -433,8 +464,12 @@ func highestOf(s *fsm.State, key string) uint64 {
 // in 4 of 8; a max_keys of 0 to 3; and now and then no fence at all.
 // A put's high nibble, bits older inputs leave 0xa, binds it (see
 // putBinding): 0xa and 0xf to no session, 0xb and 0xe to a live one, 0xc to
-// the session holding the fencing lock, 0xd to one that is not live.
+// the session holding the fencing lock, 0xd to one that is not live. A
+// delete's high nibble of 0xe or 0xf makes it a txn instead (see txnOp).
 func (c *commandSource) kvOp(s *fsm.State, op byte) *fsmpb.Command {
+	if (op-0xa0)%4 == 3 && op>>4 >= 0xe {
+		return c.txnOp(s)
+	}
 	k, t, o := c.byte(), c.byte(), c.byte()
 	key, lock := kvKeys[int(k)%len(kvKeys)], lockName(k>>2)
 	highest := highestOf(s, key)

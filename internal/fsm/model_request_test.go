@@ -257,6 +257,9 @@ func (q *requestModel) checkKeyed(tb testing.TB, cmd *fsmpb.Command, res fsm.Res
 
 func (q *requestModel) noteRepeat(cmd *fsmpb.Command, r fsm.Repeat) {
 	q.note("key: a keyed command repeated")
+	if cmd.GetKvTxn() != nil && r.Succeeded {
+		q.note("key: a repeat of a txn that ran then")
+	}
 	switch {
 	case r.SessionID != 0:
 		q.note("key: a repeat of a CreateSession")
@@ -308,7 +311,7 @@ func (q *requestModel) keyApplied(cmd *fsmpb.Command, res fsm.Result) {
 		q.note("key: the oldest key forgotten")
 	}
 	q.keys = append(q.keys, key)
-	q.applied[key] = fsm.Repeat{SessionID: res.SessionID, Revision: res.Revision, Changed: len(res.Events) > 0}
+	q.applied[key] = fsm.Repeat{SessionID: res.SessionID, Revision: res.Revision, Changed: len(res.Events) > 0, Succeeded: res.Txn != nil && res.Txn.Succeeded}
 	q.first[key] = cmd
 }
 
@@ -370,7 +373,7 @@ func (q *requestModel) compare(snap *fsmpb.Snapshot) error {
 		return fmt.Errorf("the state remembers %d idempotency keys, model %d", len(applied), len(q.keys))
 	}
 	for i, a := range applied {
-		got := fsm.Repeat{SessionID: a.GetSessionId(), Revision: a.GetRevision(), Changed: a.GetChanged()}
+		got := fsm.Repeat{SessionID: a.GetSessionId(), Revision: a.GetRevision(), Changed: a.GetChanged(), Succeeded: a.GetSucceeded()}
 		if a.GetKey() != q.keys[i] || got != q.applied[q.keys[i]] {
 			return fmt.Errorf("idempotency key %d is %q reporting %+v, model %q reporting %+v", i, a.GetKey(), got, q.keys[i], q.applied[q.keys[i]])
 		}

@@ -89,6 +89,8 @@ type modelChecker struct {
 	req *requestModel
 	// users are the live sessions' creating users (quotas).
 	users map[uint64]string
+	// protocol is the highest SetProtocol applied (0: none).
+	protocol uint32
 }
 
 func newModelChecker() *modelChecker {
@@ -222,7 +224,7 @@ func (m *modelChecker) check(tb testing.TB, cmd *fsmpb.Command, res fsm.Result, 
 	if err := m.checkTokens(cmd, res, s); err != nil {
 		return err
 	}
-	if _, _, _, _, _, isKV := kvCommand(cmd); isKV {
+	if isKVWrite(cmd) {
 		if res.Attempt != 0 || res.Released || res.Dequeued {
 			return fmt.Errorf("%v answered %s", cmd, describeAll(res))
 		}
@@ -296,12 +298,18 @@ func (m *modelChecker) checkFailure(cmd *fsmpb.Command, err error) error {
 			return fmt.Errorf("command for live session %d failed with %v", sid, err)
 		}
 	}
-	if _, _, _, _, _, isKV := kvCommand(cmd); isKV {
+	if isKVWrite(cmd) {
 		return m.kv.observe(cmd, fsm.Result{Err: err}, m.holders, m.maxToken, m.live)
 	}
 	switch op := cmd.GetOp().(type) {
 	case *fsmpb.Command_CreateSession:
 		max := op.CreateSession.GetMaxSessions()
+		if n := len(op.CreateSession.GetSecretSha256()); n != 0 && n != fsm.SecretHashBytes && (max == 0 || uint64(len(m.live)) < max) {
+			if !errors.Is(err, fence.ErrInvalidArgument) {
+				return fmt.Errorf("create session with a secret hash of %d bytes failed with %v, want ErrInvalidArgument", n, err)
+			}
+			return nil
+		}
 		overQuota := m.sessionQuotaReached(op.CreateSession.GetUser())
 		if !errors.Is(err, fence.ErrLimit) || (!overQuota && (max == 0 || uint64(len(m.live)) < max)) {
 			return fmt.Errorf("create session with %d of max %d sessions (user %q, over quota %v) failed with %v", len(m.live), max, op.CreateSession.GetUser(), overQuota, err)
@@ -339,6 +347,10 @@ func (m *modelChecker) checkFailure(cmd *fsmpb.Command, err error) error {
 	case *fsmpb.Command_CloseSession:
 		if !errors.Is(err, fence.ErrInvalidArgument) || endOf(cmd) != 0 {
 			return fmt.Errorf("%v failed with %v; only one with an unknown end may, with ErrInvalidArgument", cmd, err)
+		}
+	case *fsmpb.Command_SetProtocol:
+		if !errors.Is(err, fence.ErrInvalidArgument) || op.SetProtocol.GetVersion() <= fsm.Protocol {
+			return fmt.Errorf("%v failed with %v; only a move past protocol %d may, with ErrInvalidArgument", cmd, err, fsm.Protocol)
 		}
 	default:
 		return fmt.Errorf("%T cannot fail, but failed with %v", op, err)
@@ -528,6 +540,12 @@ func (m *modelChecker) checkSuccess(cmd *fsmpb.Command, res fsm.Result) (immedia
 		default:
 			m.nodes[r.GetNodeId()] = r.GetApiAddress()
 		}
+	case *fsmpb.Command_SetProtocol:
+		// A protocol never goes back: an older one changes nothing.
+		if v := op.SetProtocol.GetVersion(); v > fsm.Protocol || len(res.Grants) > 0 {
+			return false, fmt.Errorf("%v succeeded with %+v", cmd, res)
+		}
+		m.protocol = max(m.protocol, op.SetProtocol.GetVersion())
 	default:
 		return false, fmt.Errorf("unknown command %v succeeded", cmd)
 	}
@@ -783,6 +801,9 @@ func (m *modelChecker) handOut(grants []fsm.Grant) error {
 func (m *modelChecker) compare(s *fsm.State, cmd *fsmpb.Command, res fsm.Result) error {
 	if s.ClusterID() != m.clusterID {
 		return fmt.Errorf("cluster id %q, model %q (the first valid one named)", s.ClusterID(), m.clusterID)
+	}
+	if want := max(m.protocol, fsm.Protocol1); s.Protocol() != want {
+		return fmt.Errorf("protocol %d, model %d (the highest moved to)", s.Protocol(), want)
 	}
 	now := map[string]fsm.LockInfo{}
 	for _, l := range s.Locks("") {
@@ -1358,6 +1379,9 @@ func runStreamFrom(tb testing.TB, data []byte, start *fsmpb.Snapshot) map[string
 			for _, o := range bindOutcomes(cmd, ra, kvPre) {
 				outcomes[o]++
 			}
+			for _, o := range txnOutcomes(cmd, ra) {
+				outcomes[o]++
+			}
 		}
 		for _, l := range a.Locks("") {
 			lastPermits[l.Name] = l.Permits
@@ -1574,6 +1598,15 @@ func TestRandomCommandStreams(t *testing.T) {
 			}
 		})
 	}
+	// Streams of txns.
+	for seed := range uint64(60) {
+		data := txnStream(rand.New(rand.NewPCG(seed, 0x7a9)), 40+int(seed)%100)
+		t.Run(fmt.Sprint("txns/", seed), func(t *testing.T) {
+			for o, c := range runStream(t, data) {
+				total[o] += c
+			}
+		})
+	}
 	// One short stream from a state that keeps as many keys as it may:
 	// every step takes snapshots of ten thousand keys, slow under -race.
 	t.Run("keys kept in full", func(t *testing.T) {
@@ -1619,7 +1652,8 @@ func TestRandomCommandStreams(t *testing.T) {
 	for _, o := range []string{"a keyed command applied", "a keyed command failed and left no key", "a retry of a failed keyed command applied",
 		"a keyed command repeated", "a retry of the same command repeated", "a key reused by another command", "a repeat of a CreateSession",
 		"a repeat of a write that changed keys", "a repeat of a write that changed nothing", "a repeat with nothing to report",
-		"a key over the limit refused", "a key of the longest length applied", "the oldest key forgotten", "a key forgotten applied again"} {
+		"a key over the limit refused", "a key of the longest length applied", "the oldest key forgotten", "a key forgotten applied again",
+		"a repeat of a txn that ran then"} {
 		if total["key: "+o] < 3 && !t.Failed() {
 			t.Errorf("the streams reached idempotency key path %q only %d times: %v", o, total["key: "+o], total)
 		}
@@ -1629,8 +1663,15 @@ func TestRandomCommandStreams(t *testing.T) {
 			t.Errorf("the streams reached batch path %q only %d times: %v", o, total["batch: "+o], total)
 		}
 	}
+	for _, o := range []string{"then ran", "else ran", "several writes at one revision", "changed nothing", "a get after a write of its key",
+		"a get found its key", "a bound put", "fenced no-op delete", "strict writes", "stale", "refused by a write after another", "invalid",
+		"not holder", "limit", "session not found", "never issued"} {
+		if total["txn: "+o] < 3 && !t.Failed() {
+			t.Errorf("the streams reached txn path %q only %d times: %v", o, total["txn: "+o], total)
+		}
+	}
 	for _, o := range []string{"sessions quota refused a session", "locks quota refused an acquire", "waits quota refused an acquire",
-		"kv bytes quota refused a put"} {
+		"kv bytes quota refused a put", "kv bytes quota refused a txn"} {
 		if total["quota: "+o] < 3 && !t.Failed() {
 			t.Errorf("the streams reached quota path %q only %d times: %v", o, total["quota: "+o], total)
 		}
@@ -1801,6 +1842,45 @@ func TestModelCheckerCatchesViolations(t *testing.T) {
 			res.Events[0].KV.Lock = "a"
 			return m.observe(t, cmd, res, s, before)
 		}, `Lock:"a"`},
+		{"a stale txn reported as applied (6)", func(t *testing.T, s *fsm.State, m *modelChecker) error {
+			cmd := txn(nil, ops(tPut("n", "x"), tPut("k", "old")), nil, fenced("a", 4))
+			before := snapshotBytes(t, s)
+			if res := s.Apply(cmd); !errors.Is(res.Err, fence.ErrStaleToken) {
+				t.Fatalf("setup: %s", describe(res))
+			}
+			return m.observe(t, cmd, txnDid(true, 4, []fsm.TxnOpResult{none, none},
+				put(kvAt("n", "x", "a", 4, 4, 4, 4, 1)), put(kvAt("k", "old", "a", 4, 5, 1, 4, 2))), s, before)
+		}, ""},
+		{"a txn applied in part by the state", func(t *testing.T, s *fsm.State, m *modelChecker) error {
+			cmd := txn(nil, ops(tPut("n", "x"), tPut("m", "y")), nil)
+			before := snapshotBytes(t, s)
+			res := s.Apply(cmd)
+			broken := restoreBroken(t, s, func(snap *fsmpb.Snapshot) {
+				snap.Kvs = slices.DeleteFunc(snap.Kvs, func(kv *fsmpb.KV) bool { return kv.GetKey() == "n" })
+			})
+			return m.observe(t, cmd, res, broken, before)
+		}, "snapshot keeps"},
+		{"a txn's writes at two revisions", func(t *testing.T, s *fsm.State, m *modelChecker) error {
+			cmd := txn(nil, ops(tPut("n", "x"), tPut("k", "new")), nil, fenced("a", 5))
+			before := snapshotBytes(t, s)
+			res := s.Apply(cmd)
+			res.Events[1].KV.ModRevision++
+			return m.observe(t, cmd, res, s, before)
+		}, "answered"},
+		{"a txn that ran the wrong list", func(t *testing.T, s *fsm.State, m *modelChecker) error {
+			cmd := txn(ifs(ifValue("k", eq, "v")), ops(tGet("k")), ops(tGet("k")))
+			before := snapshotBytes(t, s)
+			res := s.Apply(cmd)
+			res.Txn.Succeeded = false
+			return m.observe(t, cmd, res, s, before)
+		}, "answered"},
+		{"a txn's get that read another key", func(t *testing.T, s *fsm.State, m *modelChecker) error {
+			cmd := txn(nil, ops(tGet("k"), tGet("t")), nil)
+			before := snapshotBytes(t, s)
+			res := s.Apply(cmd)
+			res.Txn.Ops[1] = res.Txn.Ops[0]
+			return m.observe(t, cmd, res, s, before)
+		}, "answered"},
 	}
 	for _, tc := range kvCases {
 		t.Run(tc.name, func(t *testing.T) {

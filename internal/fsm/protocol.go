@@ -33,9 +33,13 @@ const (
 	// its lock event. Below it a leader leaves it out, and a timed-out
 	// wait's event says it was cancelled.
 	Protocol4 uint32 = 4
+	// Protocol5 adds KVTxn, the KV store's transactions. Below it the
+	// edge refuses a txn (fence.ErrUnsupported): a member that does not
+	// know the command would stop at it.
+	Protocol5 uint32 = 5
 
 	// Protocol is the newest protocol this version speaks.
-	Protocol = Protocol4
+	Protocol = Protocol5
 )
 
 // notUnderstood says what in cmd this version cannot apply: a kind of
@@ -68,6 +72,14 @@ func newerValue(cmd *fsmpb.Command) string {
 	}
 	if end := cmd.GetCloseSession().GetEnd(); fsmpb.SessionEnd_name[int32(end)] == "" {
 		return fmt.Sprintf("a session end (%d)", int32(end))
+	}
+	for _, c := range cmd.GetKvTxn().GetCompares() {
+		if t := c.GetTarget(); fsmpb.KVCompareTarget_name[int32(t)] == "" {
+			return fmt.Sprintf("a txn compare target (%d)", int32(t))
+		}
+		if op := c.GetOp(); fsmpb.KVCompareOp_name[int32(op)] == "" {
+			return fmt.Sprintf("a txn compare op (%d)", int32(op))
+		}
 	}
 	return ""
 }

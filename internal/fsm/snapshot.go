@@ -53,7 +53,7 @@ func (s *State) Snapshot() *fsmpb.Snapshot {
 	}
 	for _, key := range s.appliedKeys {
 		r := s.applied[key]
-		snap.Applied = append(snap.Applied, &fsmpb.Applied{Key: key, SessionId: r.SessionID, Revision: r.Revision, Changed: r.Changed})
+		snap.Applied = append(snap.Applied, &fsmpb.Applied{Key: key, SessionId: r.SessionID, Revision: r.Revision, Changed: r.Changed, Succeeded: r.Succeeded})
 	}
 	snap.Auth = s.auth.snapshot()
 	return snap
@@ -152,7 +152,7 @@ func Restore(snap *fsmpb.Snapshot) (*State, error) {
 		if _, dup := s.applied[a.GetKey()]; dup || a.GetKey() == "" {
 			return nil, fmt.Errorf("fsm: snapshot has idempotency key %q twice or empty", a.GetKey())
 		}
-		s.remember(a.GetKey(), Repeat{SessionID: a.GetSessionId(), Revision: a.GetRevision(), Changed: a.GetChanged()})
+		s.remember(a.GetKey(), Repeat{SessionID: a.GetSessionId(), Revision: a.GetRevision(), Changed: a.GetChanged(), Succeeded: a.GetSucceeded()})
 	}
 	auth, err := restoreAuth(snap.GetAuth())
 	if err != nil {

@@ -100,6 +100,8 @@ type Result struct {
 	// LockEvents lists the changes this command made to locks' holders,
 	// queues and lock-delays, in the order it made them.
 	LockEvents []LockEvent
+	// Txn answers a KVTxn: which list ran, and what its operations found.
+	Txn *TxnResult
 	// Batch answers a Batch command: the result of each of its commands,
 	// in order. A batch refused as a whole (Err) has none.
 	Batch []Result
@@ -163,6 +165,8 @@ type Repeat struct {
 	Revision uint64
 	// Changed is true when a KV write changed a key.
 	Changed bool
+	// Succeeded is true when a KVTxn ran its then list.
+	Succeeded bool
 }
 
 // MaxIdempotencyKeys is how many idempotency keys the state remembers, the
@@ -388,7 +392,7 @@ func (s *State) Apply(cmd *fsmpb.Command) Result {
 	}
 	res := s.apply(cmd)
 	if res.Err == nil {
-		s.remember(key, Repeat{SessionID: res.SessionID, Revision: res.Revision, Changed: len(res.Events) > 0})
+		s.remember(key, Repeat{SessionID: res.SessionID, Revision: res.Revision, Changed: len(res.Events) > 0, Succeeded: res.Txn != nil && res.Txn.Succeeded})
 	}
 	return res
 }
@@ -464,6 +468,8 @@ func (s *State) applyOp(cmd *fsmpb.Command) Result {
 		return s.kvPut(op.KvPut)
 	case *fsmpb.Command_KvDelete:
 		return s.kvDelete(op.KvDelete)
+	case *fsmpb.Command_KvTxn:
+		return s.kvTxn(op.KvTxn)
 	case *fsmpb.Command_RegisterNode:
 		return s.registerNode(op.RegisterNode)
 	case *fsmpb.Command_RaiseTokens:

@@ -85,6 +85,114 @@ func (SessionEnd) EnumDescriptor() ([]byte, []int) {
 	return file_fsmpb_fsm_proto_rawDescGZIP(), []int{0}
 }
 
+type KVCompareTarget int32
+
+const (
+	KVCompareTarget_KV_COMPARE_TARGET_VALUE           KVCompareTarget = 0
+	KVCompareTarget_KV_COMPARE_TARGET_VERSION         KVCompareTarget = 1
+	KVCompareTarget_KV_COMPARE_TARGET_CREATE_REVISION KVCompareTarget = 2
+	KVCompareTarget_KV_COMPARE_TARGET_MOD_REVISION    KVCompareTarget = 3
+	// Holds when the key does not exist (op equal) or exists (op not equal).
+	KVCompareTarget_KV_COMPARE_TARGET_ABSENT KVCompareTarget = 4
+)
+
+// Enum value maps for KVCompareTarget.
+var (
+	KVCompareTarget_name = map[int32]string{
+		0: "KV_COMPARE_TARGET_VALUE",
+		1: "KV_COMPARE_TARGET_VERSION",
+		2: "KV_COMPARE_TARGET_CREATE_REVISION",
+		3: "KV_COMPARE_TARGET_MOD_REVISION",
+		4: "KV_COMPARE_TARGET_ABSENT",
+	}
+	KVCompareTarget_value = map[string]int32{
+		"KV_COMPARE_TARGET_VALUE":           0,
+		"KV_COMPARE_TARGET_VERSION":         1,
+		"KV_COMPARE_TARGET_CREATE_REVISION": 2,
+		"KV_COMPARE_TARGET_MOD_REVISION":    3,
+		"KV_COMPARE_TARGET_ABSENT":          4,
+	}
+)
+
+func (x KVCompareTarget) Enum() *KVCompareTarget {
+	p := new(KVCompareTarget)
+	*p = x
+	return p
+}
+
+func (x KVCompareTarget) String() string {
+	return protoimpl.X.EnumStringOf(x.Descriptor(), protoreflect.EnumNumber(x))
+}
+
+func (KVCompareTarget) Descriptor() protoreflect.EnumDescriptor {
+	return file_fsmpb_fsm_proto_enumTypes[1].Descriptor()
+}
+
+func (KVCompareTarget) Type() protoreflect.EnumType {
+	return &file_fsmpb_fsm_proto_enumTypes[1]
+}
+
+func (x KVCompareTarget) Number() protoreflect.EnumNumber {
+	return protoreflect.EnumNumber(x)
+}
+
+// Deprecated: Use KVCompareTarget.Descriptor instead.
+func (KVCompareTarget) EnumDescriptor() ([]byte, []int) {
+	return file_fsmpb_fsm_proto_rawDescGZIP(), []int{1}
+}
+
+type KVCompareOp int32
+
+const (
+	KVCompareOp_KV_COMPARE_OP_EQUAL     KVCompareOp = 0
+	KVCompareOp_KV_COMPARE_OP_NOT_EQUAL KVCompareOp = 1
+	KVCompareOp_KV_COMPARE_OP_LESS      KVCompareOp = 2
+	KVCompareOp_KV_COMPARE_OP_GREATER   KVCompareOp = 3
+)
+
+// Enum value maps for KVCompareOp.
+var (
+	KVCompareOp_name = map[int32]string{
+		0: "KV_COMPARE_OP_EQUAL",
+		1: "KV_COMPARE_OP_NOT_EQUAL",
+		2: "KV_COMPARE_OP_LESS",
+		3: "KV_COMPARE_OP_GREATER",
+	}
+	KVCompareOp_value = map[string]int32{
+		"KV_COMPARE_OP_EQUAL":     0,
+		"KV_COMPARE_OP_NOT_EQUAL": 1,
+		"KV_COMPARE_OP_LESS":      2,
+		"KV_COMPARE_OP_GREATER":   3,
+	}
+)
+
+func (x KVCompareOp) Enum() *KVCompareOp {
+	p := new(KVCompareOp)
+	*p = x
+	return p
+}
+
+func (x KVCompareOp) String() string {
+	return protoimpl.X.EnumStringOf(x.Descriptor(), protoreflect.EnumNumber(x))
+}
+
+func (KVCompareOp) Descriptor() protoreflect.EnumDescriptor {
+	return file_fsmpb_fsm_proto_enumTypes[2].Descriptor()
+}
+
+func (KVCompareOp) Type() protoreflect.EnumType {
+	return &file_fsmpb_fsm_proto_enumTypes[2]
+}
+
+func (x KVCompareOp) Number() protoreflect.EnumNumber {
+	return protoreflect.EnumNumber(x)
+}
+
+// Deprecated: Use KVCompareOp.Descriptor instead.
+func (KVCompareOp) EnumDescriptor() ([]byte, []int) {
+	return file_fsmpb_fsm_proto_rawDescGZIP(), []int{2}
+}
+
 // Command is one raft log entry.
 type Command struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
@@ -106,6 +214,7 @@ type Command struct {
 	//	*Command_Batch
 	//	*Command_Auth
 	//	*Command_SetProtocol
+	//	*Command_KvTxn
 	Op isCommand_Op `protobuf_oneof:"op"`
 	// The client's key for this call, the same across its retries: a command
 	// whose key was applied before is not applied again, and answers what
@@ -296,6 +405,15 @@ func (x *Command) GetSetProtocol() *SetProtocol {
 	return nil
 }
 
+func (x *Command) GetKvTxn() *KVTxn {
+	if x != nil {
+		if x, ok := x.Op.(*Command_KvTxn); ok {
+			return x.KvTxn
+		}
+	}
+	return nil
+}
+
 func (x *Command) GetIdempotencyKey() string {
 	if x != nil {
 		return x.IdempotencyKey
@@ -372,6 +490,11 @@ type Command_SetProtocol struct {
 	SetProtocol *SetProtocol `protobuf:"bytes,15,opt,name=set_protocol,json=setProtocol,proto3,oneof"`
 }
 
+type Command_KvTxn struct {
+	// Protocol 5.
+	KvTxn *KVTxn `protobuf:"bytes,16,opt,name=kv_txn,json=kvTxn,proto3,oneof"`
+}
+
 func (*Command_CreateSession) isCommand_Op() {}
 
 func (*Command_CloseSession) isCommand_Op() {}
@@ -403,6 +526,8 @@ func (*Command_Batch) isCommand_Op() {}
 func (*Command_Auth) isCommand_Op() {}
 
 func (*Command_SetProtocol) isCommand_Op() {}
+
+func (*Command_KvTxn) isCommand_Op() {}
 
 // Batch is several commands committed as one raft log entry: the leader
 // groups the commands that arrive while an entry is being committed, so
@@ -1442,6 +1567,342 @@ func (x *KVDelete) GetFence() *KVFence {
 	return nil
 }
 
+// KVTxn (protocol 5) compares keys, then applies the operations of then
+// when every compare holds, else those of else, all in this one command:
+// its writes share one new revision (none when it changes nothing), and a
+// refused write (a stale token, a limit) refuses the whole command, which
+// then changes nothing. A failed compare is no error: it runs else. A key
+// is written at most once in each list.
+type KVTxn struct {
+	state    protoimpl.MessageState `protogen:"open.v1"`
+	Compares []*KVCompare           `protobuf:"bytes,1,rep,name=compares,proto3" json:"compares,omitempty"`
+	Then     []*KVTxnOp             `protobuf:"bytes,2,rep,name=then,proto3" json:"then,omitempty"`
+	Else     []*KVTxnOp             `protobuf:"bytes,3,rep,name=else,proto3" json:"else,omitempty"`
+	// The fence every write of the txn is checked against, as a single
+	// write's; expect_revision is refused (compares say what to expect).
+	Fence *KVFence `protobuf:"bytes,4,opt,name=fence,proto3" json:"fence,omitempty"`
+	// As KVPut's: the live key limit, and the user the puts are charged to.
+	MaxKeys       uint64 `protobuf:"varint,5,opt,name=max_keys,json=maxKeys,proto3" json:"max_keys,omitempty"`
+	User          string `protobuf:"bytes,6,opt,name=user,proto3" json:"user,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *KVTxn) Reset() {
+	*x = KVTxn{}
+	mi := &file_fsmpb_fsm_proto_msgTypes[17]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *KVTxn) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*KVTxn) ProtoMessage() {}
+
+func (x *KVTxn) ProtoReflect() protoreflect.Message {
+	mi := &file_fsmpb_fsm_proto_msgTypes[17]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use KVTxn.ProtoReflect.Descriptor instead.
+func (*KVTxn) Descriptor() ([]byte, []int) {
+	return file_fsmpb_fsm_proto_rawDescGZIP(), []int{17}
+}
+
+func (x *KVTxn) GetCompares() []*KVCompare {
+	if x != nil {
+		return x.Compares
+	}
+	return nil
+}
+
+func (x *KVTxn) GetThen() []*KVTxnOp {
+	if x != nil {
+		return x.Then
+	}
+	return nil
+}
+
+func (x *KVTxn) GetElse() []*KVTxnOp {
+	if x != nil {
+		return x.Else
+	}
+	return nil
+}
+
+func (x *KVTxn) GetFence() *KVFence {
+	if x != nil {
+		return x.Fence
+	}
+	return nil
+}
+
+func (x *KVTxn) GetMaxKeys() uint64 {
+	if x != nil {
+		return x.MaxKeys
+	}
+	return 0
+}
+
+func (x *KVTxn) GetUser() string {
+	if x != nil {
+		return x.User
+	}
+	return ""
+}
+
+// KVCompare compares one key's value, version, create or mod revision, or
+// existence. A missing key has version and revisions 0, and no value: a
+// value compare on it fails, whatever its op.
+type KVCompare struct {
+	state  protoimpl.MessageState `protogen:"open.v1"`
+	Key    string                 `protobuf:"bytes,1,opt,name=key,proto3" json:"key,omitempty"`
+	Target KVCompareTarget        `protobuf:"varint,2,opt,name=target,proto3,enum=fence.fsm.v1.KVCompareTarget" json:"target,omitempty"`
+	Op     KVCompareOp            `protobuf:"varint,3,opt,name=op,proto3,enum=fence.fsm.v1.KVCompareOp" json:"op,omitempty"`
+	// The operand of a value compare.
+	Value []byte `protobuf:"bytes,4,opt,name=value,proto3" json:"value,omitempty"`
+	// The operand of a version or revision compare.
+	Number        uint64 `protobuf:"varint,5,opt,name=number,proto3" json:"number,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *KVCompare) Reset() {
+	*x = KVCompare{}
+	mi := &file_fsmpb_fsm_proto_msgTypes[18]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *KVCompare) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*KVCompare) ProtoMessage() {}
+
+func (x *KVCompare) ProtoReflect() protoreflect.Message {
+	mi := &file_fsmpb_fsm_proto_msgTypes[18]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use KVCompare.ProtoReflect.Descriptor instead.
+func (*KVCompare) Descriptor() ([]byte, []int) {
+	return file_fsmpb_fsm_proto_rawDescGZIP(), []int{18}
+}
+
+func (x *KVCompare) GetKey() string {
+	if x != nil {
+		return x.Key
+	}
+	return ""
+}
+
+func (x *KVCompare) GetTarget() KVCompareTarget {
+	if x != nil {
+		return x.Target
+	}
+	return KVCompareTarget_KV_COMPARE_TARGET_VALUE
+}
+
+func (x *KVCompare) GetOp() KVCompareOp {
+	if x != nil {
+		return x.Op
+	}
+	return KVCompareOp_KV_COMPARE_OP_EQUAL
+}
+
+func (x *KVCompare) GetValue() []byte {
+	if x != nil {
+		return x.Value
+	}
+	return nil
+}
+
+func (x *KVCompare) GetNumber() uint64 {
+	if x != nil {
+		return x.Number
+	}
+	return 0
+}
+
+// KVTxnOp is one operation of a txn: a put, a delete of a key, or a get of
+// one, which reads the key as the operations before it in the txn left it.
+type KVTxnOp struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// Types that are valid to be assigned to Op:
+	//
+	//	*KVTxnOp_Put
+	//	*KVTxnOp_Delete
+	//	*KVTxnOp_Get
+	Op            isKVTxnOp_Op `protobuf_oneof:"op"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *KVTxnOp) Reset() {
+	*x = KVTxnOp{}
+	mi := &file_fsmpb_fsm_proto_msgTypes[19]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *KVTxnOp) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*KVTxnOp) ProtoMessage() {}
+
+func (x *KVTxnOp) ProtoReflect() protoreflect.Message {
+	mi := &file_fsmpb_fsm_proto_msgTypes[19]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use KVTxnOp.ProtoReflect.Descriptor instead.
+func (*KVTxnOp) Descriptor() ([]byte, []int) {
+	return file_fsmpb_fsm_proto_rawDescGZIP(), []int{19}
+}
+
+func (x *KVTxnOp) GetOp() isKVTxnOp_Op {
+	if x != nil {
+		return x.Op
+	}
+	return nil
+}
+
+func (x *KVTxnOp) GetPut() *KVTxnPut {
+	if x != nil {
+		if x, ok := x.Op.(*KVTxnOp_Put); ok {
+			return x.Put
+		}
+	}
+	return nil
+}
+
+func (x *KVTxnOp) GetDelete() string {
+	if x != nil {
+		if x, ok := x.Op.(*KVTxnOp_Delete); ok {
+			return x.Delete
+		}
+	}
+	return ""
+}
+
+func (x *KVTxnOp) GetGet() string {
+	if x != nil {
+		if x, ok := x.Op.(*KVTxnOp_Get); ok {
+			return x.Get
+		}
+	}
+	return ""
+}
+
+type isKVTxnOp_Op interface {
+	isKVTxnOp_Op()
+}
+
+type KVTxnOp_Put struct {
+	Put *KVTxnPut `protobuf:"bytes,1,opt,name=put,proto3,oneof"`
+}
+
+type KVTxnOp_Delete struct {
+	Delete string `protobuf:"bytes,2,opt,name=delete,proto3,oneof"`
+}
+
+type KVTxnOp_Get struct {
+	Get string `protobuf:"bytes,3,opt,name=get,proto3,oneof"`
+}
+
+func (*KVTxnOp_Put) isKVTxnOp_Op() {}
+
+func (*KVTxnOp_Delete) isKVTxnOp_Op() {}
+
+func (*KVTxnOp_Get) isKVTxnOp_Op() {}
+
+// KVTxnPut is a put in a txn: fenced by the txn's fence, charged to its
+// user, and bound to session_id as KVPut's key is (0: to none).
+type KVTxnPut struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Key           string                 `protobuf:"bytes,1,opt,name=key,proto3" json:"key,omitempty"`
+	Value         []byte                 `protobuf:"bytes,2,opt,name=value,proto3" json:"value,omitempty"`
+	SessionId     uint64                 `protobuf:"varint,3,opt,name=session_id,json=sessionId,proto3" json:"session_id,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *KVTxnPut) Reset() {
+	*x = KVTxnPut{}
+	mi := &file_fsmpb_fsm_proto_msgTypes[20]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *KVTxnPut) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*KVTxnPut) ProtoMessage() {}
+
+func (x *KVTxnPut) ProtoReflect() protoreflect.Message {
+	mi := &file_fsmpb_fsm_proto_msgTypes[20]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use KVTxnPut.ProtoReflect.Descriptor instead.
+func (*KVTxnPut) Descriptor() ([]byte, []int) {
+	return file_fsmpb_fsm_proto_rawDescGZIP(), []int{20}
+}
+
+func (x *KVTxnPut) GetKey() string {
+	if x != nil {
+		return x.Key
+	}
+	return ""
+}
+
+func (x *KVTxnPut) GetValue() []byte {
+	if x != nil {
+		return x.Value
+	}
+	return nil
+}
+
+func (x *KVTxnPut) GetSessionId() uint64 {
+	if x != nil {
+		return x.SessionId
+	}
+	return 0
+}
+
 type Snapshot struct {
 	state         protoimpl.MessageState `protogen:"open.v1"`
 	LastToken     uint64                 `protobuf:"varint,1,opt,name=last_token,json=lastToken,proto3" json:"last_token,omitempty"`
@@ -1469,7 +1930,7 @@ type Snapshot struct {
 
 func (x *Snapshot) Reset() {
 	*x = Snapshot{}
-	mi := &file_fsmpb_fsm_proto_msgTypes[17]
+	mi := &file_fsmpb_fsm_proto_msgTypes[21]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1481,7 +1942,7 @@ func (x *Snapshot) String() string {
 func (*Snapshot) ProtoMessage() {}
 
 func (x *Snapshot) ProtoReflect() protoreflect.Message {
-	mi := &file_fsmpb_fsm_proto_msgTypes[17]
+	mi := &file_fsmpb_fsm_proto_msgTypes[21]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1494,7 +1955,7 @@ func (x *Snapshot) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Snapshot.ProtoReflect.Descriptor instead.
 func (*Snapshot) Descriptor() ([]byte, []int) {
-	return file_fsmpb_fsm_proto_rawDescGZIP(), []int{17}
+	return file_fsmpb_fsm_proto_rawDescGZIP(), []int{21}
 }
 
 func (x *Snapshot) GetLastToken() uint64 {
@@ -1615,7 +2076,7 @@ type Auth struct {
 
 func (x *Auth) Reset() {
 	*x = Auth{}
-	mi := &file_fsmpb_fsm_proto_msgTypes[18]
+	mi := &file_fsmpb_fsm_proto_msgTypes[22]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1627,7 +2088,7 @@ func (x *Auth) String() string {
 func (*Auth) ProtoMessage() {}
 
 func (x *Auth) ProtoReflect() protoreflect.Message {
-	mi := &file_fsmpb_fsm_proto_msgTypes[18]
+	mi := &file_fsmpb_fsm_proto_msgTypes[22]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1640,7 +2101,7 @@ func (x *Auth) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Auth.ProtoReflect.Descriptor instead.
 func (*Auth) Descriptor() ([]byte, []int) {
-	return file_fsmpb_fsm_proto_rawDescGZIP(), []int{18}
+	return file_fsmpb_fsm_proto_rawDescGZIP(), []int{22}
 }
 
 func (x *Auth) GetOp() isAuth_Op {
@@ -1846,7 +2307,7 @@ type SetAuthEnabled struct {
 
 func (x *SetAuthEnabled) Reset() {
 	*x = SetAuthEnabled{}
-	mi := &file_fsmpb_fsm_proto_msgTypes[19]
+	mi := &file_fsmpb_fsm_proto_msgTypes[23]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1858,7 +2319,7 @@ func (x *SetAuthEnabled) String() string {
 func (*SetAuthEnabled) ProtoMessage() {}
 
 func (x *SetAuthEnabled) ProtoReflect() protoreflect.Message {
-	mi := &file_fsmpb_fsm_proto_msgTypes[19]
+	mi := &file_fsmpb_fsm_proto_msgTypes[23]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1871,7 +2332,7 @@ func (x *SetAuthEnabled) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use SetAuthEnabled.ProtoReflect.Descriptor instead.
 func (*SetAuthEnabled) Descriptor() ([]byte, []int) {
-	return file_fsmpb_fsm_proto_rawDescGZIP(), []int{19}
+	return file_fsmpb_fsm_proto_rawDescGZIP(), []int{23}
 }
 
 func (x *SetAuthEnabled) GetEnabled() bool {
@@ -1907,7 +2368,7 @@ type AuthUser struct {
 
 func (x *AuthUser) Reset() {
 	*x = AuthUser{}
-	mi := &file_fsmpb_fsm_proto_msgTypes[20]
+	mi := &file_fsmpb_fsm_proto_msgTypes[24]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1919,7 +2380,7 @@ func (x *AuthUser) String() string {
 func (*AuthUser) ProtoMessage() {}
 
 func (x *AuthUser) ProtoReflect() protoreflect.Message {
-	mi := &file_fsmpb_fsm_proto_msgTypes[20]
+	mi := &file_fsmpb_fsm_proto_msgTypes[24]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1932,7 +2393,7 @@ func (x *AuthUser) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use AuthUser.ProtoReflect.Descriptor instead.
 func (*AuthUser) Descriptor() ([]byte, []int) {
-	return file_fsmpb_fsm_proto_rawDescGZIP(), []int{20}
+	return file_fsmpb_fsm_proto_rawDescGZIP(), []int{24}
 }
 
 func (x *AuthUser) GetName() string {
@@ -2001,7 +2462,7 @@ type UserRole struct {
 
 func (x *UserRole) Reset() {
 	*x = UserRole{}
-	mi := &file_fsmpb_fsm_proto_msgTypes[21]
+	mi := &file_fsmpb_fsm_proto_msgTypes[25]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2013,7 +2474,7 @@ func (x *UserRole) String() string {
 func (*UserRole) ProtoMessage() {}
 
 func (x *UserRole) ProtoReflect() protoreflect.Message {
-	mi := &file_fsmpb_fsm_proto_msgTypes[21]
+	mi := &file_fsmpb_fsm_proto_msgTypes[25]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2026,7 +2487,7 @@ func (x *UserRole) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use UserRole.ProtoReflect.Descriptor instead.
 func (*UserRole) Descriptor() ([]byte, []int) {
-	return file_fsmpb_fsm_proto_rawDescGZIP(), []int{21}
+	return file_fsmpb_fsm_proto_rawDescGZIP(), []int{25}
 }
 
 func (x *UserRole) GetUser() string {
@@ -2054,7 +2515,7 @@ type AuthRole struct {
 
 func (x *AuthRole) Reset() {
 	*x = AuthRole{}
-	mi := &file_fsmpb_fsm_proto_msgTypes[22]
+	mi := &file_fsmpb_fsm_proto_msgTypes[26]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2066,7 +2527,7 @@ func (x *AuthRole) String() string {
 func (*AuthRole) ProtoMessage() {}
 
 func (x *AuthRole) ProtoReflect() protoreflect.Message {
-	mi := &file_fsmpb_fsm_proto_msgTypes[22]
+	mi := &file_fsmpb_fsm_proto_msgTypes[26]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2079,7 +2540,7 @@ func (x *AuthRole) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use AuthRole.ProtoReflect.Descriptor instead.
 func (*AuthRole) Descriptor() ([]byte, []int) {
-	return file_fsmpb_fsm_proto_rawDescGZIP(), []int{22}
+	return file_fsmpb_fsm_proto_rawDescGZIP(), []int{26}
 }
 
 func (x *AuthRole) GetName() string {
@@ -2109,7 +2570,7 @@ type AuthPermission struct {
 
 func (x *AuthPermission) Reset() {
 	*x = AuthPermission{}
-	mi := &file_fsmpb_fsm_proto_msgTypes[23]
+	mi := &file_fsmpb_fsm_proto_msgTypes[27]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2121,7 +2582,7 @@ func (x *AuthPermission) String() string {
 func (*AuthPermission) ProtoMessage() {}
 
 func (x *AuthPermission) ProtoReflect() protoreflect.Message {
-	mi := &file_fsmpb_fsm_proto_msgTypes[23]
+	mi := &file_fsmpb_fsm_proto_msgTypes[27]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2134,7 +2595,7 @@ func (x *AuthPermission) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use AuthPermission.ProtoReflect.Descriptor instead.
 func (*AuthPermission) Descriptor() ([]byte, []int) {
-	return file_fsmpb_fsm_proto_rawDescGZIP(), []int{23}
+	return file_fsmpb_fsm_proto_rawDescGZIP(), []int{27}
 }
 
 func (x *AuthPermission) GetKind() uint32 {
@@ -2168,7 +2629,7 @@ type RolePermission struct {
 
 func (x *RolePermission) Reset() {
 	*x = RolePermission{}
-	mi := &file_fsmpb_fsm_proto_msgTypes[24]
+	mi := &file_fsmpb_fsm_proto_msgTypes[28]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2180,7 +2641,7 @@ func (x *RolePermission) String() string {
 func (*RolePermission) ProtoMessage() {}
 
 func (x *RolePermission) ProtoReflect() protoreflect.Message {
-	mi := &file_fsmpb_fsm_proto_msgTypes[24]
+	mi := &file_fsmpb_fsm_proto_msgTypes[28]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2193,7 +2654,7 @@ func (x *RolePermission) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RolePermission.ProtoReflect.Descriptor instead.
 func (*RolePermission) Descriptor() ([]byte, []int) {
-	return file_fsmpb_fsm_proto_rawDescGZIP(), []int{24}
+	return file_fsmpb_fsm_proto_rawDescGZIP(), []int{28}
 }
 
 func (x *RolePermission) GetRole() string {
@@ -2229,7 +2690,7 @@ type AuthToken struct {
 
 func (x *AuthToken) Reset() {
 	*x = AuthToken{}
-	mi := &file_fsmpb_fsm_proto_msgTypes[25]
+	mi := &file_fsmpb_fsm_proto_msgTypes[29]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2241,7 +2702,7 @@ func (x *AuthToken) String() string {
 func (*AuthToken) ProtoMessage() {}
 
 func (x *AuthToken) ProtoReflect() protoreflect.Message {
-	mi := &file_fsmpb_fsm_proto_msgTypes[25]
+	mi := &file_fsmpb_fsm_proto_msgTypes[29]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2254,7 +2715,7 @@ func (x *AuthToken) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use AuthToken.ProtoReflect.Descriptor instead.
 func (*AuthToken) Descriptor() ([]byte, []int) {
-	return file_fsmpb_fsm_proto_rawDescGZIP(), []int{25}
+	return file_fsmpb_fsm_proto_rawDescGZIP(), []int{29}
 }
 
 func (x *AuthToken) GetId() uint64 {
@@ -2312,7 +2773,7 @@ type AuthState struct {
 
 func (x *AuthState) Reset() {
 	*x = AuthState{}
-	mi := &file_fsmpb_fsm_proto_msgTypes[26]
+	mi := &file_fsmpb_fsm_proto_msgTypes[30]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2324,7 +2785,7 @@ func (x *AuthState) String() string {
 func (*AuthState) ProtoMessage() {}
 
 func (x *AuthState) ProtoReflect() protoreflect.Message {
-	mi := &file_fsmpb_fsm_proto_msgTypes[26]
+	mi := &file_fsmpb_fsm_proto_msgTypes[30]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2337,7 +2798,7 @@ func (x *AuthState) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use AuthState.ProtoReflect.Descriptor instead.
 func (*AuthState) Descriptor() ([]byte, []int) {
-	return file_fsmpb_fsm_proto_rawDescGZIP(), []int{26}
+	return file_fsmpb_fsm_proto_rawDescGZIP(), []int{30}
 }
 
 func (x *AuthState) GetEnabled() bool {
@@ -2377,18 +2838,20 @@ func (x *AuthState) GetLastTokenId() uint64 {
 
 // Applied is what a command with an idempotency key did, for its retries.
 type Applied struct {
-	state         protoimpl.MessageState `protogen:"open.v1"`
-	Key           string                 `protobuf:"bytes,1,opt,name=key,proto3" json:"key,omitempty"`
-	SessionId     uint64                 `protobuf:"varint,2,opt,name=session_id,json=sessionId,proto3" json:"session_id,omitempty"`
-	Revision      uint64                 `protobuf:"varint,3,opt,name=revision,proto3" json:"revision,omitempty"`
-	Changed       bool                   `protobuf:"varint,4,opt,name=changed,proto3" json:"changed,omitempty"`
+	state     protoimpl.MessageState `protogen:"open.v1"`
+	Key       string                 `protobuf:"bytes,1,opt,name=key,proto3" json:"key,omitempty"`
+	SessionId uint64                 `protobuf:"varint,2,opt,name=session_id,json=sessionId,proto3" json:"session_id,omitempty"`
+	Revision  uint64                 `protobuf:"varint,3,opt,name=revision,proto3" json:"revision,omitempty"`
+	Changed   bool                   `protobuf:"varint,4,opt,name=changed,proto3" json:"changed,omitempty"`
+	// Which branch a KVTxn ran (true: then).
+	Succeeded     bool `protobuf:"varint,5,opt,name=succeeded,proto3" json:"succeeded,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
 
 func (x *Applied) Reset() {
 	*x = Applied{}
-	mi := &file_fsmpb_fsm_proto_msgTypes[27]
+	mi := &file_fsmpb_fsm_proto_msgTypes[31]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2400,7 +2863,7 @@ func (x *Applied) String() string {
 func (*Applied) ProtoMessage() {}
 
 func (x *Applied) ProtoReflect() protoreflect.Message {
-	mi := &file_fsmpb_fsm_proto_msgTypes[27]
+	mi := &file_fsmpb_fsm_proto_msgTypes[31]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2413,7 +2876,7 @@ func (x *Applied) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Applied.ProtoReflect.Descriptor instead.
 func (*Applied) Descriptor() ([]byte, []int) {
-	return file_fsmpb_fsm_proto_rawDescGZIP(), []int{27}
+	return file_fsmpb_fsm_proto_rawDescGZIP(), []int{31}
 }
 
 func (x *Applied) GetKey() string {
@@ -2444,6 +2907,13 @@ func (x *Applied) GetChanged() bool {
 	return false
 }
 
+func (x *Applied) GetSucceeded() bool {
+	if x != nil {
+		return x.Succeeded
+	}
+	return false
+}
+
 // KV is one key of the fenced KV store. A deleted key whose writes were
 // fenced is kept as a tombstone with its highest token, so that a stale
 // writer cannot bring it back.
@@ -2470,7 +2940,7 @@ type KV struct {
 
 func (x *KV) Reset() {
 	*x = KV{}
-	mi := &file_fsmpb_fsm_proto_msgTypes[28]
+	mi := &file_fsmpb_fsm_proto_msgTypes[32]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2482,7 +2952,7 @@ func (x *KV) String() string {
 func (*KV) ProtoMessage() {}
 
 func (x *KV) ProtoReflect() protoreflect.Message {
-	mi := &file_fsmpb_fsm_proto_msgTypes[28]
+	mi := &file_fsmpb_fsm_proto_msgTypes[32]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2495,7 +2965,7 @@ func (x *KV) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use KV.ProtoReflect.Descriptor instead.
 func (*KV) Descriptor() ([]byte, []int) {
-	return file_fsmpb_fsm_proto_rawDescGZIP(), []int{28}
+	return file_fsmpb_fsm_proto_rawDescGZIP(), []int{32}
 }
 
 func (x *KV) GetKey() string {
@@ -2592,7 +3062,7 @@ type Session struct {
 
 func (x *Session) Reset() {
 	*x = Session{}
-	mi := &file_fsmpb_fsm_proto_msgTypes[29]
+	mi := &file_fsmpb_fsm_proto_msgTypes[33]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2604,7 +3074,7 @@ func (x *Session) String() string {
 func (*Session) ProtoMessage() {}
 
 func (x *Session) ProtoReflect() protoreflect.Message {
-	mi := &file_fsmpb_fsm_proto_msgTypes[29]
+	mi := &file_fsmpb_fsm_proto_msgTypes[33]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2617,7 +3087,7 @@ func (x *Session) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Session.ProtoReflect.Descriptor instead.
 func (*Session) Descriptor() ([]byte, []int) {
-	return file_fsmpb_fsm_proto_rawDescGZIP(), []int{29}
+	return file_fsmpb_fsm_proto_rawDescGZIP(), []int{33}
 }
 
 func (x *Session) GetId() uint64 {
@@ -2679,7 +3149,7 @@ type Lock struct {
 
 func (x *Lock) Reset() {
 	*x = Lock{}
-	mi := &file_fsmpb_fsm_proto_msgTypes[30]
+	mi := &file_fsmpb_fsm_proto_msgTypes[34]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2691,7 +3161,7 @@ func (x *Lock) String() string {
 func (*Lock) ProtoMessage() {}
 
 func (x *Lock) ProtoReflect() protoreflect.Message {
-	mi := &file_fsmpb_fsm_proto_msgTypes[30]
+	mi := &file_fsmpb_fsm_proto_msgTypes[34]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2704,7 +3174,7 @@ func (x *Lock) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Lock.ProtoReflect.Descriptor instead.
 func (*Lock) Descriptor() ([]byte, []int) {
-	return file_fsmpb_fsm_proto_rawDescGZIP(), []int{30}
+	return file_fsmpb_fsm_proto_rawDescGZIP(), []int{34}
 }
 
 func (x *Lock) GetName() string {
@@ -2759,7 +3229,7 @@ type PendingDelay struct {
 
 func (x *PendingDelay) Reset() {
 	*x = PendingDelay{}
-	mi := &file_fsmpb_fsm_proto_msgTypes[31]
+	mi := &file_fsmpb_fsm_proto_msgTypes[35]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2771,7 +3241,7 @@ func (x *PendingDelay) String() string {
 func (*PendingDelay) ProtoMessage() {}
 
 func (x *PendingDelay) ProtoReflect() protoreflect.Message {
-	mi := &file_fsmpb_fsm_proto_msgTypes[31]
+	mi := &file_fsmpb_fsm_proto_msgTypes[35]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2784,7 +3254,7 @@ func (x *PendingDelay) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use PendingDelay.ProtoReflect.Descriptor instead.
 func (*PendingDelay) Descriptor() ([]byte, []int) {
-	return file_fsmpb_fsm_proto_rawDescGZIP(), []int{31}
+	return file_fsmpb_fsm_proto_rawDescGZIP(), []int{35}
 }
 
 func (x *PendingDelay) GetId() uint64 {
@@ -2815,7 +3285,7 @@ type Holder struct {
 
 func (x *Holder) Reset() {
 	*x = Holder{}
-	mi := &file_fsmpb_fsm_proto_msgTypes[32]
+	mi := &file_fsmpb_fsm_proto_msgTypes[36]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2827,7 +3297,7 @@ func (x *Holder) String() string {
 func (*Holder) ProtoMessage() {}
 
 func (x *Holder) ProtoReflect() protoreflect.Message {
-	mi := &file_fsmpb_fsm_proto_msgTypes[32]
+	mi := &file_fsmpb_fsm_proto_msgTypes[36]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2840,7 +3310,7 @@ func (x *Holder) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Holder.ProtoReflect.Descriptor instead.
 func (*Holder) Descriptor() ([]byte, []int) {
-	return file_fsmpb_fsm_proto_rawDescGZIP(), []int{32}
+	return file_fsmpb_fsm_proto_rawDescGZIP(), []int{36}
 }
 
 func (x *Holder) GetSessionId() uint64 {
@@ -2898,7 +3368,7 @@ type Waiter struct {
 
 func (x *Waiter) Reset() {
 	*x = Waiter{}
-	mi := &file_fsmpb_fsm_proto_msgTypes[33]
+	mi := &file_fsmpb_fsm_proto_msgTypes[37]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2910,7 +3380,7 @@ func (x *Waiter) String() string {
 func (*Waiter) ProtoMessage() {}
 
 func (x *Waiter) ProtoReflect() protoreflect.Message {
-	mi := &file_fsmpb_fsm_proto_msgTypes[33]
+	mi := &file_fsmpb_fsm_proto_msgTypes[37]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2923,7 +3393,7 @@ func (x *Waiter) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Waiter.ProtoReflect.Descriptor instead.
 func (*Waiter) Descriptor() ([]byte, []int) {
-	return file_fsmpb_fsm_proto_rawDescGZIP(), []int{33}
+	return file_fsmpb_fsm_proto_rawDescGZIP(), []int{37}
 }
 
 func (x *Waiter) GetSessionId() uint64 {
@@ -2965,7 +3435,7 @@ var File_fsmpb_fsm_proto protoreflect.FileDescriptor
 
 const file_fsmpb_fsm_proto_rawDesc = "" +
 	"\n" +
-	"\x0ffsmpb/fsm.proto\x12\ffence.fsm.v1\"\xf0\a\n" +
+	"\x0ffsmpb/fsm.proto\x12\ffence.fsm.v1\"\x9e\b\n" +
 	"\aCommand\x12D\n" +
 	"\x0ecreate_session\x18\x01 \x01(\v2\x1b.fence.fsm.v1.CreateSessionH\x00R\rcreateSession\x12A\n" +
 	"\rclose_session\x18\x02 \x01(\v2\x1a.fence.fsm.v1.CloseSessionH\x00R\fcloseSession\x12G\n" +
@@ -2985,7 +3455,8 @@ const file_fsmpb_fsm_proto_rawDesc = "" +
 	"\x0eset_cluster_id\x18\r \x01(\v2\x1a.fence.fsm.v1.SetClusterIDH\x00R\fsetClusterId\x12+\n" +
 	"\x05batch\x18\x1e \x01(\v2\x13.fence.fsm.v1.BatchH\x00R\x05batch\x12(\n" +
 	"\x04auth\x18\x0e \x01(\v2\x12.fence.fsm.v1.AuthH\x00R\x04auth\x12>\n" +
-	"\fset_protocol\x18\x0f \x01(\v2\x19.fence.fsm.v1.SetProtocolH\x00R\vsetProtocol\x12'\n" +
+	"\fset_protocol\x18\x0f \x01(\v2\x19.fence.fsm.v1.SetProtocolH\x00R\vsetProtocol\x12,\n" +
+	"\x06kv_txn\x18\x10 \x01(\v2\x13.fence.fsm.v1.KVTxnH\x00R\x05kvTxn\x12'\n" +
 	"\x0fidempotency_key\x18d \x01(\tR\x0eidempotencyKeyB\x04\n" +
 	"\x02op\":\n" +
 	"\x05Batch\x121\n" +
@@ -3068,7 +3539,30 @@ const file_fsmpb_fsm_proto_rawDesc = "" +
 	"\x04user\x18\x06 \x01(\tR\x04user\"I\n" +
 	"\bKVDelete\x12\x10\n" +
 	"\x03key\x18\x01 \x01(\tR\x03key\x12+\n" +
-	"\x05fence\x18\x02 \x01(\v2\x15.fence.fsm.v1.KVFenceR\x05fence\"\x85\x04\n" +
+	"\x05fence\x18\x02 \x01(\v2\x15.fence.fsm.v1.KVFenceR\x05fence\"\xee\x01\n" +
+	"\x05KVTxn\x123\n" +
+	"\bcompares\x18\x01 \x03(\v2\x17.fence.fsm.v1.KVCompareR\bcompares\x12)\n" +
+	"\x04then\x18\x02 \x03(\v2\x15.fence.fsm.v1.KVTxnOpR\x04then\x12)\n" +
+	"\x04else\x18\x03 \x03(\v2\x15.fence.fsm.v1.KVTxnOpR\x04else\x12+\n" +
+	"\x05fence\x18\x04 \x01(\v2\x15.fence.fsm.v1.KVFenceR\x05fence\x12\x19\n" +
+	"\bmax_keys\x18\x05 \x01(\x04R\amaxKeys\x12\x12\n" +
+	"\x04user\x18\x06 \x01(\tR\x04user\"\xad\x01\n" +
+	"\tKVCompare\x12\x10\n" +
+	"\x03key\x18\x01 \x01(\tR\x03key\x125\n" +
+	"\x06target\x18\x02 \x01(\x0e2\x1d.fence.fsm.v1.KVCompareTargetR\x06target\x12)\n" +
+	"\x02op\x18\x03 \x01(\x0e2\x19.fence.fsm.v1.KVCompareOpR\x02op\x12\x14\n" +
+	"\x05value\x18\x04 \x01(\fR\x05value\x12\x16\n" +
+	"\x06number\x18\x05 \x01(\x04R\x06number\"i\n" +
+	"\aKVTxnOp\x12*\n" +
+	"\x03put\x18\x01 \x01(\v2\x16.fence.fsm.v1.KVTxnPutH\x00R\x03put\x12\x18\n" +
+	"\x06delete\x18\x02 \x01(\tH\x00R\x06delete\x12\x12\n" +
+	"\x03get\x18\x03 \x01(\tH\x00R\x03getB\x04\n" +
+	"\x02op\"Q\n" +
+	"\bKVTxnPut\x12\x10\n" +
+	"\x03key\x18\x01 \x01(\tR\x03key\x12\x14\n" +
+	"\x05value\x18\x02 \x01(\fR\x05value\x12\x1d\n" +
+	"\n" +
+	"session_id\x18\x03 \x01(\x04R\tsessionId\"\x85\x04\n" +
 	"\bSnapshot\x12\x1d\n" +
 	"\n" +
 	"last_token\x18\x01 \x01(\x04R\tlastToken\x12&\n" +
@@ -3146,13 +3640,14 @@ const file_fsmpb_fsm_proto_rawDesc = "" +
 	"\x05users\x18\x02 \x03(\v2\x16.fence.fsm.v1.AuthUserR\x05users\x12,\n" +
 	"\x05roles\x18\x03 \x03(\v2\x16.fence.fsm.v1.AuthRoleR\x05roles\x12/\n" +
 	"\x06tokens\x18\x04 \x03(\v2\x17.fence.fsm.v1.AuthTokenR\x06tokens\x12\"\n" +
-	"\rlast_token_id\x18\x05 \x01(\x04R\vlastTokenId\"p\n" +
+	"\rlast_token_id\x18\x05 \x01(\x04R\vlastTokenId\"\x8e\x01\n" +
 	"\aApplied\x12\x10\n" +
 	"\x03key\x18\x01 \x01(\tR\x03key\x12\x1d\n" +
 	"\n" +
 	"session_id\x18\x02 \x01(\x04R\tsessionId\x12\x1a\n" +
 	"\brevision\x18\x03 \x01(\x04R\brevision\x12\x18\n" +
-	"\achanged\x18\x04 \x01(\bR\achanged\"\xae\x02\n" +
+	"\achanged\x18\x04 \x01(\bR\achanged\x12\x1c\n" +
+	"\tsucceeded\x18\x05 \x01(\bR\tsucceeded\"\xae\x02\n" +
 	"\x02KV\x12\x10\n" +
 	"\x03key\x18\x01 \x01(\tR\x03key\x12\x14\n" +
 	"\x05value\x18\x02 \x01(\fR\x05value\x12\x14\n" +
@@ -3205,7 +3700,18 @@ const file_fsmpb_fsm_proto_rawDesc = "" +
 	"SessionEnd\x12\x16\n" +
 	"\x12SESSION_END_CLOSED\x10\x00\x12\x17\n" +
 	"\x13SESSION_END_REVOKED\x10\x01\x12\x19\n" +
-	"\x15SESSION_END_ABANDONED\x10\x02B+Z)github.com/fencelock/fence/internal/fsmpbb\x06proto3"
+	"\x15SESSION_END_ABANDONED\x10\x02*\xb6\x01\n" +
+	"\x0fKVCompareTarget\x12\x1b\n" +
+	"\x17KV_COMPARE_TARGET_VALUE\x10\x00\x12\x1d\n" +
+	"\x19KV_COMPARE_TARGET_VERSION\x10\x01\x12%\n" +
+	"!KV_COMPARE_TARGET_CREATE_REVISION\x10\x02\x12\"\n" +
+	"\x1eKV_COMPARE_TARGET_MOD_REVISION\x10\x03\x12\x1c\n" +
+	"\x18KV_COMPARE_TARGET_ABSENT\x10\x04*v\n" +
+	"\vKVCompareOp\x12\x17\n" +
+	"\x13KV_COMPARE_OP_EQUAL\x10\x00\x12\x1b\n" +
+	"\x17KV_COMPARE_OP_NOT_EQUAL\x10\x01\x12\x16\n" +
+	"\x12KV_COMPARE_OP_LESS\x10\x02\x12\x19\n" +
+	"\x15KV_COMPARE_OP_GREATER\x10\x03B+Z)github.com/fencelock/fence/internal/fsmpbb\x06proto3"
 
 var (
 	file_fsmpb_fsm_proto_rawDescOnce sync.Once
@@ -3219,96 +3725,110 @@ func file_fsmpb_fsm_proto_rawDescGZIP() []byte {
 	return file_fsmpb_fsm_proto_rawDescData
 }
 
-var file_fsmpb_fsm_proto_enumTypes = make([]protoimpl.EnumInfo, 1)
-var file_fsmpb_fsm_proto_msgTypes = make([]protoimpl.MessageInfo, 34)
+var file_fsmpb_fsm_proto_enumTypes = make([]protoimpl.EnumInfo, 3)
+var file_fsmpb_fsm_proto_msgTypes = make([]protoimpl.MessageInfo, 38)
 var file_fsmpb_fsm_proto_goTypes = []any{
 	(SessionEnd)(0),        // 0: fence.fsm.v1.SessionEnd
-	(*Command)(nil),        // 1: fence.fsm.v1.Command
-	(*Batch)(nil),          // 2: fence.fsm.v1.Batch
-	(*RegisterNode)(nil),   // 3: fence.fsm.v1.RegisterNode
-	(*CreateSession)(nil),  // 4: fence.fsm.v1.CreateSession
-	(*CloseSession)(nil),   // 5: fence.fsm.v1.CloseSession
-	(*ExpireSessions)(nil), // 6: fence.fsm.v1.ExpireSessions
-	(*Acquire)(nil),        // 7: fence.fsm.v1.Acquire
-	(*CancelWait)(nil),     // 8: fence.fsm.v1.CancelWait
-	(*CancelAcquire)(nil),  // 9: fence.fsm.v1.CancelAcquire
-	(*RaiseTokens)(nil),    // 10: fence.fsm.v1.RaiseTokens
-	(*SetClusterID)(nil),   // 11: fence.fsm.v1.SetClusterID
-	(*SetProtocol)(nil),    // 12: fence.fsm.v1.SetProtocol
-	(*Release)(nil),        // 13: fence.fsm.v1.Release
-	(*LiftDelay)(nil),      // 14: fence.fsm.v1.LiftDelay
-	(*KVFence)(nil),        // 15: fence.fsm.v1.KVFence
-	(*KVPut)(nil),          // 16: fence.fsm.v1.KVPut
-	(*KVDelete)(nil),       // 17: fence.fsm.v1.KVDelete
-	(*Snapshot)(nil),       // 18: fence.fsm.v1.Snapshot
-	(*Auth)(nil),           // 19: fence.fsm.v1.Auth
-	(*SetAuthEnabled)(nil), // 20: fence.fsm.v1.SetAuthEnabled
-	(*AuthUser)(nil),       // 21: fence.fsm.v1.AuthUser
-	(*UserRole)(nil),       // 22: fence.fsm.v1.UserRole
-	(*AuthRole)(nil),       // 23: fence.fsm.v1.AuthRole
-	(*AuthPermission)(nil), // 24: fence.fsm.v1.AuthPermission
-	(*RolePermission)(nil), // 25: fence.fsm.v1.RolePermission
-	(*AuthToken)(nil),      // 26: fence.fsm.v1.AuthToken
-	(*AuthState)(nil),      // 27: fence.fsm.v1.AuthState
-	(*Applied)(nil),        // 28: fence.fsm.v1.Applied
-	(*KV)(nil),             // 29: fence.fsm.v1.KV
-	(*Session)(nil),        // 30: fence.fsm.v1.Session
-	(*Lock)(nil),           // 31: fence.fsm.v1.Lock
-	(*PendingDelay)(nil),   // 32: fence.fsm.v1.PendingDelay
-	(*Holder)(nil),         // 33: fence.fsm.v1.Holder
-	(*Waiter)(nil),         // 34: fence.fsm.v1.Waiter
+	(KVCompareTarget)(0),   // 1: fence.fsm.v1.KVCompareTarget
+	(KVCompareOp)(0),       // 2: fence.fsm.v1.KVCompareOp
+	(*Command)(nil),        // 3: fence.fsm.v1.Command
+	(*Batch)(nil),          // 4: fence.fsm.v1.Batch
+	(*RegisterNode)(nil),   // 5: fence.fsm.v1.RegisterNode
+	(*CreateSession)(nil),  // 6: fence.fsm.v1.CreateSession
+	(*CloseSession)(nil),   // 7: fence.fsm.v1.CloseSession
+	(*ExpireSessions)(nil), // 8: fence.fsm.v1.ExpireSessions
+	(*Acquire)(nil),        // 9: fence.fsm.v1.Acquire
+	(*CancelWait)(nil),     // 10: fence.fsm.v1.CancelWait
+	(*CancelAcquire)(nil),  // 11: fence.fsm.v1.CancelAcquire
+	(*RaiseTokens)(nil),    // 12: fence.fsm.v1.RaiseTokens
+	(*SetClusterID)(nil),   // 13: fence.fsm.v1.SetClusterID
+	(*SetProtocol)(nil),    // 14: fence.fsm.v1.SetProtocol
+	(*Release)(nil),        // 15: fence.fsm.v1.Release
+	(*LiftDelay)(nil),      // 16: fence.fsm.v1.LiftDelay
+	(*KVFence)(nil),        // 17: fence.fsm.v1.KVFence
+	(*KVPut)(nil),          // 18: fence.fsm.v1.KVPut
+	(*KVDelete)(nil),       // 19: fence.fsm.v1.KVDelete
+	(*KVTxn)(nil),          // 20: fence.fsm.v1.KVTxn
+	(*KVCompare)(nil),      // 21: fence.fsm.v1.KVCompare
+	(*KVTxnOp)(nil),        // 22: fence.fsm.v1.KVTxnOp
+	(*KVTxnPut)(nil),       // 23: fence.fsm.v1.KVTxnPut
+	(*Snapshot)(nil),       // 24: fence.fsm.v1.Snapshot
+	(*Auth)(nil),           // 25: fence.fsm.v1.Auth
+	(*SetAuthEnabled)(nil), // 26: fence.fsm.v1.SetAuthEnabled
+	(*AuthUser)(nil),       // 27: fence.fsm.v1.AuthUser
+	(*UserRole)(nil),       // 28: fence.fsm.v1.UserRole
+	(*AuthRole)(nil),       // 29: fence.fsm.v1.AuthRole
+	(*AuthPermission)(nil), // 30: fence.fsm.v1.AuthPermission
+	(*RolePermission)(nil), // 31: fence.fsm.v1.RolePermission
+	(*AuthToken)(nil),      // 32: fence.fsm.v1.AuthToken
+	(*AuthState)(nil),      // 33: fence.fsm.v1.AuthState
+	(*Applied)(nil),        // 34: fence.fsm.v1.Applied
+	(*KV)(nil),             // 35: fence.fsm.v1.KV
+	(*Session)(nil),        // 36: fence.fsm.v1.Session
+	(*Lock)(nil),           // 37: fence.fsm.v1.Lock
+	(*PendingDelay)(nil),   // 38: fence.fsm.v1.PendingDelay
+	(*Holder)(nil),         // 39: fence.fsm.v1.Holder
+	(*Waiter)(nil),         // 40: fence.fsm.v1.Waiter
 }
 var file_fsmpb_fsm_proto_depIdxs = []int32{
-	4,  // 0: fence.fsm.v1.Command.create_session:type_name -> fence.fsm.v1.CreateSession
-	5,  // 1: fence.fsm.v1.Command.close_session:type_name -> fence.fsm.v1.CloseSession
-	6,  // 2: fence.fsm.v1.Command.expire_sessions:type_name -> fence.fsm.v1.ExpireSessions
-	7,  // 3: fence.fsm.v1.Command.acquire:type_name -> fence.fsm.v1.Acquire
-	8,  // 4: fence.fsm.v1.Command.cancel_wait:type_name -> fence.fsm.v1.CancelWait
-	13, // 5: fence.fsm.v1.Command.release:type_name -> fence.fsm.v1.Release
-	14, // 6: fence.fsm.v1.Command.lift_delay:type_name -> fence.fsm.v1.LiftDelay
-	16, // 7: fence.fsm.v1.Command.kv_put:type_name -> fence.fsm.v1.KVPut
-	17, // 8: fence.fsm.v1.Command.kv_delete:type_name -> fence.fsm.v1.KVDelete
-	3,  // 9: fence.fsm.v1.Command.register_node:type_name -> fence.fsm.v1.RegisterNode
-	9,  // 10: fence.fsm.v1.Command.cancel_acquire:type_name -> fence.fsm.v1.CancelAcquire
-	10, // 11: fence.fsm.v1.Command.raise_tokens:type_name -> fence.fsm.v1.RaiseTokens
-	11, // 12: fence.fsm.v1.Command.set_cluster_id:type_name -> fence.fsm.v1.SetClusterID
-	2,  // 13: fence.fsm.v1.Command.batch:type_name -> fence.fsm.v1.Batch
-	19, // 14: fence.fsm.v1.Command.auth:type_name -> fence.fsm.v1.Auth
-	12, // 15: fence.fsm.v1.Command.set_protocol:type_name -> fence.fsm.v1.SetProtocol
-	1,  // 16: fence.fsm.v1.Batch.commands:type_name -> fence.fsm.v1.Command
-	0,  // 17: fence.fsm.v1.CloseSession.end:type_name -> fence.fsm.v1.SessionEnd
-	15, // 18: fence.fsm.v1.KVPut.fence:type_name -> fence.fsm.v1.KVFence
-	15, // 19: fence.fsm.v1.KVDelete.fence:type_name -> fence.fsm.v1.KVFence
-	30, // 20: fence.fsm.v1.Snapshot.sessions:type_name -> fence.fsm.v1.Session
-	31, // 21: fence.fsm.v1.Snapshot.locks:type_name -> fence.fsm.v1.Lock
-	29, // 22: fence.fsm.v1.Snapshot.kvs:type_name -> fence.fsm.v1.KV
-	3,  // 23: fence.fsm.v1.Snapshot.nodes:type_name -> fence.fsm.v1.RegisterNode
-	28, // 24: fence.fsm.v1.Snapshot.applied:type_name -> fence.fsm.v1.Applied
-	27, // 25: fence.fsm.v1.Snapshot.auth:type_name -> fence.fsm.v1.AuthState
-	20, // 26: fence.fsm.v1.Auth.set_enabled:type_name -> fence.fsm.v1.SetAuthEnabled
-	21, // 27: fence.fsm.v1.Auth.add_user:type_name -> fence.fsm.v1.AuthUser
-	21, // 28: fence.fsm.v1.Auth.remove_user:type_name -> fence.fsm.v1.AuthUser
-	22, // 29: fence.fsm.v1.Auth.grant_role:type_name -> fence.fsm.v1.UserRole
-	22, // 30: fence.fsm.v1.Auth.revoke_role:type_name -> fence.fsm.v1.UserRole
-	23, // 31: fence.fsm.v1.Auth.add_role:type_name -> fence.fsm.v1.AuthRole
-	23, // 32: fence.fsm.v1.Auth.remove_role:type_name -> fence.fsm.v1.AuthRole
-	25, // 33: fence.fsm.v1.Auth.grant_permission:type_name -> fence.fsm.v1.RolePermission
-	25, // 34: fence.fsm.v1.Auth.revoke_permission:type_name -> fence.fsm.v1.RolePermission
-	26, // 35: fence.fsm.v1.Auth.create_token:type_name -> fence.fsm.v1.AuthToken
-	21, // 36: fence.fsm.v1.Auth.set_quota:type_name -> fence.fsm.v1.AuthUser
-	24, // 37: fence.fsm.v1.AuthRole.permissions:type_name -> fence.fsm.v1.AuthPermission
-	24, // 38: fence.fsm.v1.RolePermission.permission:type_name -> fence.fsm.v1.AuthPermission
-	21, // 39: fence.fsm.v1.AuthState.users:type_name -> fence.fsm.v1.AuthUser
-	23, // 40: fence.fsm.v1.AuthState.roles:type_name -> fence.fsm.v1.AuthRole
-	26, // 41: fence.fsm.v1.AuthState.tokens:type_name -> fence.fsm.v1.AuthToken
-	33, // 42: fence.fsm.v1.Lock.holders:type_name -> fence.fsm.v1.Holder
-	34, // 43: fence.fsm.v1.Lock.waiters:type_name -> fence.fsm.v1.Waiter
-	32, // 44: fence.fsm.v1.Lock.delays:type_name -> fence.fsm.v1.PendingDelay
-	45, // [45:45] is the sub-list for method output_type
-	45, // [45:45] is the sub-list for method input_type
-	45, // [45:45] is the sub-list for extension type_name
-	45, // [45:45] is the sub-list for extension extendee
-	0,  // [0:45] is the sub-list for field type_name
+	6,  // 0: fence.fsm.v1.Command.create_session:type_name -> fence.fsm.v1.CreateSession
+	7,  // 1: fence.fsm.v1.Command.close_session:type_name -> fence.fsm.v1.CloseSession
+	8,  // 2: fence.fsm.v1.Command.expire_sessions:type_name -> fence.fsm.v1.ExpireSessions
+	9,  // 3: fence.fsm.v1.Command.acquire:type_name -> fence.fsm.v1.Acquire
+	10, // 4: fence.fsm.v1.Command.cancel_wait:type_name -> fence.fsm.v1.CancelWait
+	15, // 5: fence.fsm.v1.Command.release:type_name -> fence.fsm.v1.Release
+	16, // 6: fence.fsm.v1.Command.lift_delay:type_name -> fence.fsm.v1.LiftDelay
+	18, // 7: fence.fsm.v1.Command.kv_put:type_name -> fence.fsm.v1.KVPut
+	19, // 8: fence.fsm.v1.Command.kv_delete:type_name -> fence.fsm.v1.KVDelete
+	5,  // 9: fence.fsm.v1.Command.register_node:type_name -> fence.fsm.v1.RegisterNode
+	11, // 10: fence.fsm.v1.Command.cancel_acquire:type_name -> fence.fsm.v1.CancelAcquire
+	12, // 11: fence.fsm.v1.Command.raise_tokens:type_name -> fence.fsm.v1.RaiseTokens
+	13, // 12: fence.fsm.v1.Command.set_cluster_id:type_name -> fence.fsm.v1.SetClusterID
+	4,  // 13: fence.fsm.v1.Command.batch:type_name -> fence.fsm.v1.Batch
+	25, // 14: fence.fsm.v1.Command.auth:type_name -> fence.fsm.v1.Auth
+	14, // 15: fence.fsm.v1.Command.set_protocol:type_name -> fence.fsm.v1.SetProtocol
+	20, // 16: fence.fsm.v1.Command.kv_txn:type_name -> fence.fsm.v1.KVTxn
+	3,  // 17: fence.fsm.v1.Batch.commands:type_name -> fence.fsm.v1.Command
+	0,  // 18: fence.fsm.v1.CloseSession.end:type_name -> fence.fsm.v1.SessionEnd
+	17, // 19: fence.fsm.v1.KVPut.fence:type_name -> fence.fsm.v1.KVFence
+	17, // 20: fence.fsm.v1.KVDelete.fence:type_name -> fence.fsm.v1.KVFence
+	21, // 21: fence.fsm.v1.KVTxn.compares:type_name -> fence.fsm.v1.KVCompare
+	22, // 22: fence.fsm.v1.KVTxn.then:type_name -> fence.fsm.v1.KVTxnOp
+	22, // 23: fence.fsm.v1.KVTxn.else:type_name -> fence.fsm.v1.KVTxnOp
+	17, // 24: fence.fsm.v1.KVTxn.fence:type_name -> fence.fsm.v1.KVFence
+	1,  // 25: fence.fsm.v1.KVCompare.target:type_name -> fence.fsm.v1.KVCompareTarget
+	2,  // 26: fence.fsm.v1.KVCompare.op:type_name -> fence.fsm.v1.KVCompareOp
+	23, // 27: fence.fsm.v1.KVTxnOp.put:type_name -> fence.fsm.v1.KVTxnPut
+	36, // 28: fence.fsm.v1.Snapshot.sessions:type_name -> fence.fsm.v1.Session
+	37, // 29: fence.fsm.v1.Snapshot.locks:type_name -> fence.fsm.v1.Lock
+	35, // 30: fence.fsm.v1.Snapshot.kvs:type_name -> fence.fsm.v1.KV
+	5,  // 31: fence.fsm.v1.Snapshot.nodes:type_name -> fence.fsm.v1.RegisterNode
+	34, // 32: fence.fsm.v1.Snapshot.applied:type_name -> fence.fsm.v1.Applied
+	33, // 33: fence.fsm.v1.Snapshot.auth:type_name -> fence.fsm.v1.AuthState
+	26, // 34: fence.fsm.v1.Auth.set_enabled:type_name -> fence.fsm.v1.SetAuthEnabled
+	27, // 35: fence.fsm.v1.Auth.add_user:type_name -> fence.fsm.v1.AuthUser
+	27, // 36: fence.fsm.v1.Auth.remove_user:type_name -> fence.fsm.v1.AuthUser
+	28, // 37: fence.fsm.v1.Auth.grant_role:type_name -> fence.fsm.v1.UserRole
+	28, // 38: fence.fsm.v1.Auth.revoke_role:type_name -> fence.fsm.v1.UserRole
+	29, // 39: fence.fsm.v1.Auth.add_role:type_name -> fence.fsm.v1.AuthRole
+	29, // 40: fence.fsm.v1.Auth.remove_role:type_name -> fence.fsm.v1.AuthRole
+	31, // 41: fence.fsm.v1.Auth.grant_permission:type_name -> fence.fsm.v1.RolePermission
+	31, // 42: fence.fsm.v1.Auth.revoke_permission:type_name -> fence.fsm.v1.RolePermission
+	32, // 43: fence.fsm.v1.Auth.create_token:type_name -> fence.fsm.v1.AuthToken
+	27, // 44: fence.fsm.v1.Auth.set_quota:type_name -> fence.fsm.v1.AuthUser
+	30, // 45: fence.fsm.v1.AuthRole.permissions:type_name -> fence.fsm.v1.AuthPermission
+	30, // 46: fence.fsm.v1.RolePermission.permission:type_name -> fence.fsm.v1.AuthPermission
+	27, // 47: fence.fsm.v1.AuthState.users:type_name -> fence.fsm.v1.AuthUser
+	29, // 48: fence.fsm.v1.AuthState.roles:type_name -> fence.fsm.v1.AuthRole
+	32, // 49: fence.fsm.v1.AuthState.tokens:type_name -> fence.fsm.v1.AuthToken
+	39, // 50: fence.fsm.v1.Lock.holders:type_name -> fence.fsm.v1.Holder
+	40, // 51: fence.fsm.v1.Lock.waiters:type_name -> fence.fsm.v1.Waiter
+	38, // 52: fence.fsm.v1.Lock.delays:type_name -> fence.fsm.v1.PendingDelay
+	53, // [53:53] is the sub-list for method output_type
+	53, // [53:53] is the sub-list for method input_type
+	53, // [53:53] is the sub-list for extension type_name
+	53, // [53:53] is the sub-list for extension extendee
+	0,  // [0:53] is the sub-list for field type_name
 }
 
 func init() { file_fsmpb_fsm_proto_init() }
@@ -3333,9 +3853,15 @@ func file_fsmpb_fsm_proto_init() {
 		(*Command_Batch)(nil),
 		(*Command_Auth)(nil),
 		(*Command_SetProtocol)(nil),
+		(*Command_KvTxn)(nil),
 	}
 	file_fsmpb_fsm_proto_msgTypes[14].OneofWrappers = []any{}
-	file_fsmpb_fsm_proto_msgTypes[18].OneofWrappers = []any{
+	file_fsmpb_fsm_proto_msgTypes[19].OneofWrappers = []any{
+		(*KVTxnOp_Put)(nil),
+		(*KVTxnOp_Delete)(nil),
+		(*KVTxnOp_Get)(nil),
+	}
+	file_fsmpb_fsm_proto_msgTypes[22].OneofWrappers = []any{
 		(*Auth_SetEnabled)(nil),
 		(*Auth_AddUser)(nil),
 		(*Auth_RemoveUser)(nil),
@@ -3354,8 +3880,8 @@ func file_fsmpb_fsm_proto_init() {
 		File: protoimpl.DescBuilder{
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_fsmpb_fsm_proto_rawDesc), len(file_fsmpb_fsm_proto_rawDesc)),
-			NumEnums:      1,
-			NumMessages:   34,
+			NumEnums:      3,
+			NumMessages:   38,
 			NumExtensions: 0,
 			NumServices:   0,
 		},

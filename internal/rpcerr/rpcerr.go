@@ -43,6 +43,7 @@ var table = []struct {
 	{fence.ErrMembership, connect.CodeFailedPrecondition, fencev1.Reason_REASON_MEMBERSHIP},
 	{fence.ErrAuthFailed, connect.CodeUnauthenticated, fencev1.Reason_REASON_AUTH},
 	{fence.ErrPermissionDenied, connect.CodePermissionDenied, fencev1.Reason_REASON_PERMISSION_DENIED},
+	{fence.ErrUnsupported, connect.CodeFailedPrecondition, fencev1.Reason_REASON_UNSUPPORTED},
 }
 
 // Detail is the extra information an error may carry across the wire.
@@ -279,6 +280,9 @@ func sentinelForCode(code connect.Code) error {
 		return fence.ErrUnauthenticated
 	case connect.CodePermissionDenied:
 		return fence.ErrPermissionDenied
+	case connect.CodeUnimplemented:
+		// A node of a version without the call.
+		return fence.ErrUnsupported
 	}
 	return nil
 }

@@ -246,6 +246,58 @@ func (EventType) EnumDescriptor() ([]byte, []int) {
 	return file_fence_v1_fence_proto_rawDescGZIP(), []int{3}
 }
 
+type CompareOp int32
+
+const (
+	CompareOp_COMPARE_OP_EQUAL     CompareOp = 0
+	CompareOp_COMPARE_OP_NOT_EQUAL CompareOp = 1
+	CompareOp_COMPARE_OP_LESS      CompareOp = 2
+	CompareOp_COMPARE_OP_GREATER   CompareOp = 3
+)
+
+// Enum value maps for CompareOp.
+var (
+	CompareOp_name = map[int32]string{
+		0: "COMPARE_OP_EQUAL",
+		1: "COMPARE_OP_NOT_EQUAL",
+		2: "COMPARE_OP_LESS",
+		3: "COMPARE_OP_GREATER",
+	}
+	CompareOp_value = map[string]int32{
+		"COMPARE_OP_EQUAL":     0,
+		"COMPARE_OP_NOT_EQUAL": 1,
+		"COMPARE_OP_LESS":      2,
+		"COMPARE_OP_GREATER":   3,
+	}
+)
+
+func (x CompareOp) Enum() *CompareOp {
+	p := new(CompareOp)
+	*p = x
+	return p
+}
+
+func (x CompareOp) String() string {
+	return protoimpl.X.EnumStringOf(x.Descriptor(), protoreflect.EnumNumber(x))
+}
+
+func (CompareOp) Descriptor() protoreflect.EnumDescriptor {
+	return file_fence_v1_fence_proto_enumTypes[4].Descriptor()
+}
+
+func (CompareOp) Type() protoreflect.EnumType {
+	return &file_fence_v1_fence_proto_enumTypes[4]
+}
+
+func (x CompareOp) Number() protoreflect.EnumNumber {
+	return protoreflect.EnumNumber(x)
+}
+
+// Deprecated: Use CompareOp.Descriptor instead.
+func (CompareOp) EnumDescriptor() ([]byte, []int) {
+	return file_fence_v1_fence_proto_rawDescGZIP(), []int{4}
+}
+
 // Reason says precisely why a call failed. It travels as an error detail so
 // that clients map errors to sentinels without matching strings.
 type Reason int32
@@ -285,6 +337,9 @@ const (
 	// unknown, revoked or expired token; a certificate naming no user)
 	// (code Unauthenticated).
 	Reason_REASON_AUTH Reason = 17
+	// The call needs a newer group protocol than the group runs: some
+	// member runs an older version of fence (code FailedPrecondition).
+	Reason_REASON_UNSUPPORTED Reason = 18
 )
 
 // Enum value maps for Reason.
@@ -308,6 +363,7 @@ var (
 		15: "REASON_MEMBERSHIP",
 		16: "REASON_PERMISSION_DENIED",
 		17: "REASON_AUTH",
+		18: "REASON_UNSUPPORTED",
 	}
 	Reason_value = map[string]int32{
 		"REASON_UNSPECIFIED":       0,
@@ -328,6 +384,7 @@ var (
 		"REASON_MEMBERSHIP":        15,
 		"REASON_PERMISSION_DENIED": 16,
 		"REASON_AUTH":              17,
+		"REASON_UNSUPPORTED":       18,
 	}
 )
 
@@ -342,11 +399,11 @@ func (x Reason) String() string {
 }
 
 func (Reason) Descriptor() protoreflect.EnumDescriptor {
-	return file_fence_v1_fence_proto_enumTypes[4].Descriptor()
+	return file_fence_v1_fence_proto_enumTypes[5].Descriptor()
 }
 
 func (Reason) Type() protoreflect.EnumType {
-	return &file_fence_v1_fence_proto_enumTypes[4]
+	return &file_fence_v1_fence_proto_enumTypes[5]
 }
 
 func (x Reason) Number() protoreflect.EnumNumber {
@@ -355,7 +412,7 @@ func (x Reason) Number() protoreflect.EnumNumber {
 
 // Deprecated: Use Reason.Descriptor instead.
 func (Reason) EnumDescriptor() ([]byte, []int) {
-	return file_fence_v1_fence_proto_rawDescGZIP(), []int{4}
+	return file_fence_v1_fence_proto_rawDescGZIP(), []int{5}
 }
 
 // LockEventType says what happened to a lock.
@@ -426,11 +483,11 @@ func (x LockEventType) String() string {
 }
 
 func (LockEventType) Descriptor() protoreflect.EnumDescriptor {
-	return file_fence_v1_fence_proto_enumTypes[5].Descriptor()
+	return file_fence_v1_fence_proto_enumTypes[6].Descriptor()
 }
 
 func (LockEventType) Type() protoreflect.EnumType {
-	return &file_fence_v1_fence_proto_enumTypes[5]
+	return &file_fence_v1_fence_proto_enumTypes[6]
 }
 
 func (x LockEventType) Number() protoreflect.EnumNumber {
@@ -439,7 +496,7 @@ func (x LockEventType) Number() protoreflect.EnumNumber {
 
 // Deprecated: Use LockEventType.Descriptor instead.
 func (LockEventType) EnumDescriptor() ([]byte, []int) {
-	return file_fence_v1_fence_proto_rawDescGZIP(), []int{5}
+	return file_fence_v1_fence_proto_rawDescGZIP(), []int{6}
 }
 
 // GiveUpReason says why a waiter left a lock's queue ungranted.
@@ -484,11 +541,11 @@ func (x GiveUpReason) String() string {
 }
 
 func (GiveUpReason) Descriptor() protoreflect.EnumDescriptor {
-	return file_fence_v1_fence_proto_enumTypes[6].Descriptor()
+	return file_fence_v1_fence_proto_enumTypes[7].Descriptor()
 }
 
 func (GiveUpReason) Type() protoreflect.EnumType {
-	return &file_fence_v1_fence_proto_enumTypes[6]
+	return &file_fence_v1_fence_proto_enumTypes[7]
 }
 
 func (x GiveUpReason) Number() protoreflect.EnumNumber {
@@ -497,7 +554,7 @@ func (x GiveUpReason) Number() protoreflect.EnumNumber {
 
 // Deprecated: Use GiveUpReason.Descriptor instead.
 func (GiveUpReason) EnumDescriptor() ([]byte, []int) {
-	return file_fence_v1_fence_proto_rawDescGZIP(), []int{6}
+	return file_fence_v1_fence_proto_rawDescGZIP(), []int{7}
 }
 
 // SessionEnd is how a session ended.
@@ -545,11 +602,11 @@ func (x SessionEnd) String() string {
 }
 
 func (SessionEnd) Descriptor() protoreflect.EnumDescriptor {
-	return file_fence_v1_fence_proto_enumTypes[7].Descriptor()
+	return file_fence_v1_fence_proto_enumTypes[8].Descriptor()
 }
 
 func (SessionEnd) Type() protoreflect.EnumType {
-	return &file_fence_v1_fence_proto_enumTypes[7]
+	return &file_fence_v1_fence_proto_enumTypes[8]
 }
 
 func (x SessionEnd) Number() protoreflect.EnumNumber {
@@ -558,7 +615,7 @@ func (x SessionEnd) Number() protoreflect.EnumNumber {
 
 // Deprecated: Use SessionEnd.Descriptor instead.
 func (SessionEnd) EnumDescriptor() ([]byte, []int) {
-	return file_fence_v1_fence_proto_rawDescGZIP(), []int{7}
+	return file_fence_v1_fence_proto_rawDescGZIP(), []int{8}
 }
 
 // Permission allows kind at access on every name that starts with prefix
@@ -5896,6 +5953,671 @@ func (x *WatchResponse) GetProgress() bool {
 	return false
 }
 
+// TxnRequest is a transaction: compares, then the operations of then if
+// every compare holds, else those of else. Each list writes a key at most
+// once; its gets read their keys as the operations before them left them.
+// The server bounds the operations (compares included) and the bytes of
+// keys and values of one txn (fence serve --max-txn-ops, --max-txn-bytes).
+type TxnRequest struct {
+	state    protoimpl.MessageState `protogen:"open.v1"`
+	Compares []*Compare             `protobuf:"bytes,1,rep,name=compares,proto3" json:"compares,omitempty"`
+	Then     []*TxnOp               `protobuf:"bytes,2,rep,name=then,proto3" json:"then,omitempty"`
+	Else     []*TxnOp               `protobuf:"bytes,3,rep,name=else,proto3" json:"else,omitempty"`
+	// The fence every write of the txn is checked against, as a single
+	// write's: lock, token and strict. expect_revision is refused: compare
+	// the keys' mod_revision instead.
+	Fence         *Fence `protobuf:"bytes,4,opt,name=fence,proto3" json:"fence,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *TxnRequest) Reset() {
+	*x = TxnRequest{}
+	mi := &file_fence_v1_fence_proto_msgTypes[93]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *TxnRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*TxnRequest) ProtoMessage() {}
+
+func (x *TxnRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_fence_v1_fence_proto_msgTypes[93]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use TxnRequest.ProtoReflect.Descriptor instead.
+func (*TxnRequest) Descriptor() ([]byte, []int) {
+	return file_fence_v1_fence_proto_rawDescGZIP(), []int{93}
+}
+
+func (x *TxnRequest) GetCompares() []*Compare {
+	if x != nil {
+		return x.Compares
+	}
+	return nil
+}
+
+func (x *TxnRequest) GetThen() []*TxnOp {
+	if x != nil {
+		return x.Then
+	}
+	return nil
+}
+
+func (x *TxnRequest) GetElse() []*TxnOp {
+	if x != nil {
+		return x.Else
+	}
+	return nil
+}
+
+func (x *TxnRequest) GetFence() *Fence {
+	if x != nil {
+		return x.Fence
+	}
+	return nil
+}
+
+// Compare compares one key's value, version, create or mod revision with
+// an operand, or says whether the key exists. A missing key has version
+// and revisions 0 and no value: every value compare on it fails.
+type Compare struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	Key   string                 `protobuf:"bytes,1,opt,name=key,proto3" json:"key,omitempty"`
+	// How the key's side compares with the operand (key OP operand).
+	Op CompareOp `protobuf:"varint,2,opt,name=op,proto3,enum=fence.v1.CompareOp" json:"op,omitempty"`
+	// The operand, which says what of the key is compared; one is required.
+	//
+	// Types that are valid to be assigned to Target:
+	//
+	//	*Compare_Value
+	//	*Compare_Version
+	//	*Compare_CreateRevision
+	//	*Compare_ModRevision
+	//	*Compare_Absent
+	Target        isCompare_Target `protobuf_oneof:"target"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *Compare) Reset() {
+	*x = Compare{}
+	mi := &file_fence_v1_fence_proto_msgTypes[94]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *Compare) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*Compare) ProtoMessage() {}
+
+func (x *Compare) ProtoReflect() protoreflect.Message {
+	mi := &file_fence_v1_fence_proto_msgTypes[94]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use Compare.ProtoReflect.Descriptor instead.
+func (*Compare) Descriptor() ([]byte, []int) {
+	return file_fence_v1_fence_proto_rawDescGZIP(), []int{94}
+}
+
+func (x *Compare) GetKey() string {
+	if x != nil {
+		return x.Key
+	}
+	return ""
+}
+
+func (x *Compare) GetOp() CompareOp {
+	if x != nil {
+		return x.Op
+	}
+	return CompareOp_COMPARE_OP_EQUAL
+}
+
+func (x *Compare) GetTarget() isCompare_Target {
+	if x != nil {
+		return x.Target
+	}
+	return nil
+}
+
+func (x *Compare) GetValue() []byte {
+	if x != nil {
+		if x, ok := x.Target.(*Compare_Value); ok {
+			return x.Value
+		}
+	}
+	return nil
+}
+
+func (x *Compare) GetVersion() uint64 {
+	if x != nil {
+		if x, ok := x.Target.(*Compare_Version); ok {
+			return x.Version
+		}
+	}
+	return 0
+}
+
+func (x *Compare) GetCreateRevision() uint64 {
+	if x != nil {
+		if x, ok := x.Target.(*Compare_CreateRevision); ok {
+			return x.CreateRevision
+		}
+	}
+	return 0
+}
+
+func (x *Compare) GetModRevision() uint64 {
+	if x != nil {
+		if x, ok := x.Target.(*Compare_ModRevision); ok {
+			return x.ModRevision
+		}
+	}
+	return 0
+}
+
+func (x *Compare) GetAbsent() bool {
+	if x != nil {
+		if x, ok := x.Target.(*Compare_Absent); ok {
+			return x.Absent
+		}
+	}
+	return false
+}
+
+type isCompare_Target interface {
+	isCompare_Target()
+}
+
+type Compare_Value struct {
+	Value []byte `protobuf:"bytes,3,opt,name=value,proto3,oneof"`
+}
+
+type Compare_Version struct {
+	Version uint64 `protobuf:"varint,4,opt,name=version,proto3,oneof"`
+}
+
+type Compare_CreateRevision struct {
+	CreateRevision uint64 `protobuf:"varint,5,opt,name=create_revision,json=createRevision,proto3,oneof"`
+}
+
+type Compare_ModRevision struct {
+	ModRevision uint64 `protobuf:"varint,6,opt,name=mod_revision,json=modRevision,proto3,oneof"`
+}
+
+type Compare_Absent struct {
+	// true: holds when the key does not exist; false: when it does. Its
+	// op is EQUAL.
+	Absent bool `protobuf:"varint,7,opt,name=absent,proto3,oneof"`
+}
+
+func (*Compare_Value) isCompare_Target() {}
+
+func (*Compare_Version) isCompare_Target() {}
+
+func (*Compare_CreateRevision) isCompare_Target() {}
+
+func (*Compare_ModRevision) isCompare_Target() {}
+
+func (*Compare_Absent) isCompare_Target() {}
+
+// TxnOp is one operation of a txn.
+type TxnOp struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// Types that are valid to be assigned to Op:
+	//
+	//	*TxnOp_Put
+	//	*TxnOp_Delete
+	//	*TxnOp_Get
+	Op            isTxnOp_Op `protobuf_oneof:"op"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *TxnOp) Reset() {
+	*x = TxnOp{}
+	mi := &file_fence_v1_fence_proto_msgTypes[95]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *TxnOp) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*TxnOp) ProtoMessage() {}
+
+func (x *TxnOp) ProtoReflect() protoreflect.Message {
+	mi := &file_fence_v1_fence_proto_msgTypes[95]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use TxnOp.ProtoReflect.Descriptor instead.
+func (*TxnOp) Descriptor() ([]byte, []int) {
+	return file_fence_v1_fence_proto_rawDescGZIP(), []int{95}
+}
+
+func (x *TxnOp) GetOp() isTxnOp_Op {
+	if x != nil {
+		return x.Op
+	}
+	return nil
+}
+
+func (x *TxnOp) GetPut() *TxnPut {
+	if x != nil {
+		if x, ok := x.Op.(*TxnOp_Put); ok {
+			return x.Put
+		}
+	}
+	return nil
+}
+
+func (x *TxnOp) GetDelete() *TxnDelete {
+	if x != nil {
+		if x, ok := x.Op.(*TxnOp_Delete); ok {
+			return x.Delete
+		}
+	}
+	return nil
+}
+
+func (x *TxnOp) GetGet() *TxnGet {
+	if x != nil {
+		if x, ok := x.Op.(*TxnOp_Get); ok {
+			return x.Get
+		}
+	}
+	return nil
+}
+
+type isTxnOp_Op interface {
+	isTxnOp_Op()
+}
+
+type TxnOp_Put struct {
+	Put *TxnPut `protobuf:"bytes,1,opt,name=put,proto3,oneof"`
+}
+
+type TxnOp_Delete struct {
+	Delete *TxnDelete `protobuf:"bytes,2,opt,name=delete,proto3,oneof"`
+}
+
+type TxnOp_Get struct {
+	Get *TxnGet `protobuf:"bytes,3,opt,name=get,proto3,oneof"`
+}
+
+func (*TxnOp_Put) isTxnOp_Op() {}
+
+func (*TxnOp_Delete) isTxnOp_Op() {}
+
+func (*TxnOp_Get) isTxnOp_Op() {}
+
+// TxnPut writes a value, fenced by the txn's fence.
+type TxnPut struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	Key   string                 `protobuf:"bytes,1,opt,name=key,proto3" json:"key,omitempty"`
+	Value []byte                 `protobuf:"bytes,2,opt,name=value,proto3" json:"value,omitempty"`
+	// Bind the key to this session, as PutRequest.session_id does, with the
+	// secret CreateSession answered for it.
+	SessionId     uint64 `protobuf:"varint,3,opt,name=session_id,json=sessionId,proto3" json:"session_id,omitempty"`
+	SessionSecret string `protobuf:"bytes,4,opt,name=session_secret,json=sessionSecret,proto3" json:"session_secret,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *TxnPut) Reset() {
+	*x = TxnPut{}
+	mi := &file_fence_v1_fence_proto_msgTypes[96]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *TxnPut) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*TxnPut) ProtoMessage() {}
+
+func (x *TxnPut) ProtoReflect() protoreflect.Message {
+	mi := &file_fence_v1_fence_proto_msgTypes[96]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use TxnPut.ProtoReflect.Descriptor instead.
+func (*TxnPut) Descriptor() ([]byte, []int) {
+	return file_fence_v1_fence_proto_rawDescGZIP(), []int{96}
+}
+
+func (x *TxnPut) GetKey() string {
+	if x != nil {
+		return x.Key
+	}
+	return ""
+}
+
+func (x *TxnPut) GetValue() []byte {
+	if x != nil {
+		return x.Value
+	}
+	return nil
+}
+
+func (x *TxnPut) GetSessionId() uint64 {
+	if x != nil {
+		return x.SessionId
+	}
+	return 0
+}
+
+func (x *TxnPut) GetSessionSecret() string {
+	if x != nil {
+		return x.SessionSecret
+	}
+	return ""
+}
+
+// TxnDelete removes a key, fenced by the txn's fence.
+type TxnDelete struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Key           string                 `protobuf:"bytes,1,opt,name=key,proto3" json:"key,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *TxnDelete) Reset() {
+	*x = TxnDelete{}
+	mi := &file_fence_v1_fence_proto_msgTypes[97]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *TxnDelete) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*TxnDelete) ProtoMessage() {}
+
+func (x *TxnDelete) ProtoReflect() protoreflect.Message {
+	mi := &file_fence_v1_fence_proto_msgTypes[97]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use TxnDelete.ProtoReflect.Descriptor instead.
+func (*TxnDelete) Descriptor() ([]byte, []int) {
+	return file_fence_v1_fence_proto_rawDescGZIP(), []int{97}
+}
+
+func (x *TxnDelete) GetKey() string {
+	if x != nil {
+		return x.Key
+	}
+	return ""
+}
+
+// TxnGet reads a key in the txn.
+type TxnGet struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Key           string                 `protobuf:"bytes,1,opt,name=key,proto3" json:"key,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *TxnGet) Reset() {
+	*x = TxnGet{}
+	mi := &file_fence_v1_fence_proto_msgTypes[98]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *TxnGet) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*TxnGet) ProtoMessage() {}
+
+func (x *TxnGet) ProtoReflect() protoreflect.Message {
+	mi := &file_fence_v1_fence_proto_msgTypes[98]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use TxnGet.ProtoReflect.Descriptor instead.
+func (*TxnGet) Descriptor() ([]byte, []int) {
+	return file_fence_v1_fence_proto_rawDescGZIP(), []int{98}
+}
+
+func (x *TxnGet) GetKey() string {
+	if x != nil {
+		return x.Key
+	}
+	return ""
+}
+
+type TxnResponse struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// true when every compare held and then ran; false when else ran.
+	Succeeded bool `protobuf:"varint,1,opt,name=succeeded,proto3" json:"succeeded,omitempty"`
+	// The store's revision after the txn: the mod_revision of every key it
+	// wrote.
+	Revision uint64 `protobuf:"varint,2,opt,name=revision,proto3" json:"revision,omitempty"`
+	// One result per operation of the list that ran, in order: a put's
+	// revision, a delete's deleted and revision, a get's found, kv and
+	// revision.
+	Results []*TxnResult `protobuf:"bytes,3,rep,name=results,proto3" json:"results,omitempty"`
+	// Set when the call's idempotency key had been applied before (a retry
+	// whose first answer was lost): nothing was applied again, succeeded
+	// and revision are the first application's, and results is empty.
+	AlreadyApplied bool `protobuf:"varint,4,opt,name=already_applied,json=alreadyApplied,proto3" json:"already_applied,omitempty"`
+	unknownFields  protoimpl.UnknownFields
+	sizeCache      protoimpl.SizeCache
+}
+
+func (x *TxnResponse) Reset() {
+	*x = TxnResponse{}
+	mi := &file_fence_v1_fence_proto_msgTypes[99]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *TxnResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*TxnResponse) ProtoMessage() {}
+
+func (x *TxnResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_fence_v1_fence_proto_msgTypes[99]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use TxnResponse.ProtoReflect.Descriptor instead.
+func (*TxnResponse) Descriptor() ([]byte, []int) {
+	return file_fence_v1_fence_proto_rawDescGZIP(), []int{99}
+}
+
+func (x *TxnResponse) GetSucceeded() bool {
+	if x != nil {
+		return x.Succeeded
+	}
+	return false
+}
+
+func (x *TxnResponse) GetRevision() uint64 {
+	if x != nil {
+		return x.Revision
+	}
+	return 0
+}
+
+func (x *TxnResponse) GetResults() []*TxnResult {
+	if x != nil {
+		return x.Results
+	}
+	return nil
+}
+
+func (x *TxnResponse) GetAlreadyApplied() bool {
+	if x != nil {
+		return x.AlreadyApplied
+	}
+	return false
+}
+
+type TxnResult struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// Types that are valid to be assigned to Result:
+	//
+	//	*TxnResult_Put
+	//	*TxnResult_Delete
+	//	*TxnResult_Get
+	Result        isTxnResult_Result `protobuf_oneof:"result"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *TxnResult) Reset() {
+	*x = TxnResult{}
+	mi := &file_fence_v1_fence_proto_msgTypes[100]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *TxnResult) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*TxnResult) ProtoMessage() {}
+
+func (x *TxnResult) ProtoReflect() protoreflect.Message {
+	mi := &file_fence_v1_fence_proto_msgTypes[100]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use TxnResult.ProtoReflect.Descriptor instead.
+func (*TxnResult) Descriptor() ([]byte, []int) {
+	return file_fence_v1_fence_proto_rawDescGZIP(), []int{100}
+}
+
+func (x *TxnResult) GetResult() isTxnResult_Result {
+	if x != nil {
+		return x.Result
+	}
+	return nil
+}
+
+func (x *TxnResult) GetPut() *PutResponse {
+	if x != nil {
+		if x, ok := x.Result.(*TxnResult_Put); ok {
+			return x.Put
+		}
+	}
+	return nil
+}
+
+func (x *TxnResult) GetDelete() *DeleteResponse {
+	if x != nil {
+		if x, ok := x.Result.(*TxnResult_Delete); ok {
+			return x.Delete
+		}
+	}
+	return nil
+}
+
+func (x *TxnResult) GetGet() *GetResponse {
+	if x != nil {
+		if x, ok := x.Result.(*TxnResult_Get); ok {
+			return x.Get
+		}
+	}
+	return nil
+}
+
+type isTxnResult_Result interface {
+	isTxnResult_Result()
+}
+
+type TxnResult_Put struct {
+	Put *PutResponse `protobuf:"bytes,1,opt,name=put,proto3,oneof"`
+}
+
+type TxnResult_Delete struct {
+	Delete *DeleteResponse `protobuf:"bytes,2,opt,name=delete,proto3,oneof"`
+}
+
+type TxnResult_Get struct {
+	Get *GetResponse `protobuf:"bytes,3,opt,name=get,proto3,oneof"`
+}
+
+func (*TxnResult_Put) isTxnResult_Result() {}
+
+func (*TxnResult_Delete) isTxnResult_Result() {}
+
+func (*TxnResult_Get) isTxnResult_Result() {}
+
 // ErrorDetail is attached to every error fence returns.
 type ErrorDetail struct {
 	state     protoimpl.MessageState `protogen:"open.v1"`
@@ -5917,7 +6639,7 @@ type ErrorDetail struct {
 
 func (x *ErrorDetail) Reset() {
 	*x = ErrorDetail{}
-	mi := &file_fence_v1_fence_proto_msgTypes[93]
+	mi := &file_fence_v1_fence_proto_msgTypes[101]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -5929,7 +6651,7 @@ func (x *ErrorDetail) String() string {
 func (*ErrorDetail) ProtoMessage() {}
 
 func (x *ErrorDetail) ProtoReflect() protoreflect.Message {
-	mi := &file_fence_v1_fence_proto_msgTypes[93]
+	mi := &file_fence_v1_fence_proto_msgTypes[101]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -5942,7 +6664,7 @@ func (x *ErrorDetail) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ErrorDetail.ProtoReflect.Descriptor instead.
 func (*ErrorDetail) Descriptor() ([]byte, []int) {
-	return file_fence_v1_fence_proto_rawDescGZIP(), []int{93}
+	return file_fence_v1_fence_proto_rawDescGZIP(), []int{101}
 }
 
 func (x *ErrorDetail) GetReason() Reason {
@@ -6032,7 +6754,7 @@ type StreamRequest struct {
 
 func (x *StreamRequest) Reset() {
 	*x = StreamRequest{}
-	mi := &file_fence_v1_fence_proto_msgTypes[94]
+	mi := &file_fence_v1_fence_proto_msgTypes[102]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -6044,7 +6766,7 @@ func (x *StreamRequest) String() string {
 func (*StreamRequest) ProtoMessage() {}
 
 func (x *StreamRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_fence_v1_fence_proto_msgTypes[94]
+	mi := &file_fence_v1_fence_proto_msgTypes[102]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -6057,7 +6779,7 @@ func (x *StreamRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use StreamRequest.ProtoReflect.Descriptor instead.
 func (*StreamRequest) Descriptor() ([]byte, []int) {
-	return file_fence_v1_fence_proto_rawDescGZIP(), []int{94}
+	return file_fence_v1_fence_proto_rawDescGZIP(), []int{102}
 }
 
 func (x *StreamRequest) GetId() uint64 {
@@ -6264,7 +6986,7 @@ type StreamCancel struct {
 
 func (x *StreamCancel) Reset() {
 	*x = StreamCancel{}
-	mi := &file_fence_v1_fence_proto_msgTypes[95]
+	mi := &file_fence_v1_fence_proto_msgTypes[103]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -6276,7 +6998,7 @@ func (x *StreamCancel) String() string {
 func (*StreamCancel) ProtoMessage() {}
 
 func (x *StreamCancel) ProtoReflect() protoreflect.Message {
-	mi := &file_fence_v1_fence_proto_msgTypes[95]
+	mi := &file_fence_v1_fence_proto_msgTypes[103]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -6289,7 +7011,7 @@ func (x *StreamCancel) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use StreamCancel.ProtoReflect.Descriptor instead.
 func (*StreamCancel) Descriptor() ([]byte, []int) {
-	return file_fence_v1_fence_proto_rawDescGZIP(), []int{95}
+	return file_fence_v1_fence_proto_rawDescGZIP(), []int{103}
 }
 
 // KeepAliveManyRequest renews many sessions: each entry is what KeepAlive
@@ -6303,7 +7025,7 @@ type KeepAliveManyRequest struct {
 
 func (x *KeepAliveManyRequest) Reset() {
 	*x = KeepAliveManyRequest{}
-	mi := &file_fence_v1_fence_proto_msgTypes[96]
+	mi := &file_fence_v1_fence_proto_msgTypes[104]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -6315,7 +7037,7 @@ func (x *KeepAliveManyRequest) String() string {
 func (*KeepAliveManyRequest) ProtoMessage() {}
 
 func (x *KeepAliveManyRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_fence_v1_fence_proto_msgTypes[96]
+	mi := &file_fence_v1_fence_proto_msgTypes[104]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -6328,7 +7050,7 @@ func (x *KeepAliveManyRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use KeepAliveManyRequest.ProtoReflect.Descriptor instead.
 func (*KeepAliveManyRequest) Descriptor() ([]byte, []int) {
-	return file_fence_v1_fence_proto_rawDescGZIP(), []int{96}
+	return file_fence_v1_fence_proto_rawDescGZIP(), []int{104}
 }
 
 func (x *KeepAliveManyRequest) GetSessions() []*KeepAliveRequest {
@@ -6349,7 +7071,7 @@ type KeepAliveManyResponse struct {
 
 func (x *KeepAliveManyResponse) Reset() {
 	*x = KeepAliveManyResponse{}
-	mi := &file_fence_v1_fence_proto_msgTypes[97]
+	mi := &file_fence_v1_fence_proto_msgTypes[105]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -6361,7 +7083,7 @@ func (x *KeepAliveManyResponse) String() string {
 func (*KeepAliveManyResponse) ProtoMessage() {}
 
 func (x *KeepAliveManyResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_fence_v1_fence_proto_msgTypes[97]
+	mi := &file_fence_v1_fence_proto_msgTypes[105]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -6374,7 +7096,7 @@ func (x *KeepAliveManyResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use KeepAliveManyResponse.ProtoReflect.Descriptor instead.
 func (*KeepAliveManyResponse) Descriptor() ([]byte, []int) {
-	return file_fence_v1_fence_proto_rawDescGZIP(), []int{97}
+	return file_fence_v1_fence_proto_rawDescGZIP(), []int{105}
 }
 
 func (x *KeepAliveManyResponse) GetResults() []*KeepAliveResult {
@@ -6399,7 +7121,7 @@ type KeepAliveResult struct {
 
 func (x *KeepAliveResult) Reset() {
 	*x = KeepAliveResult{}
-	mi := &file_fence_v1_fence_proto_msgTypes[98]
+	mi := &file_fence_v1_fence_proto_msgTypes[106]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -6411,7 +7133,7 @@ func (x *KeepAliveResult) String() string {
 func (*KeepAliveResult) ProtoMessage() {}
 
 func (x *KeepAliveResult) ProtoReflect() protoreflect.Message {
-	mi := &file_fence_v1_fence_proto_msgTypes[98]
+	mi := &file_fence_v1_fence_proto_msgTypes[106]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -6424,7 +7146,7 @@ func (x *KeepAliveResult) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use KeepAliveResult.ProtoReflect.Descriptor instead.
 func (*KeepAliveResult) Descriptor() ([]byte, []int) {
-	return file_fence_v1_fence_proto_rawDescGZIP(), []int{98}
+	return file_fence_v1_fence_proto_rawDescGZIP(), []int{106}
 }
 
 func (x *KeepAliveResult) GetSessionId() uint64 {
@@ -6462,7 +7184,7 @@ type StreamError struct {
 
 func (x *StreamError) Reset() {
 	*x = StreamError{}
-	mi := &file_fence_v1_fence_proto_msgTypes[99]
+	mi := &file_fence_v1_fence_proto_msgTypes[107]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -6474,7 +7196,7 @@ func (x *StreamError) String() string {
 func (*StreamError) ProtoMessage() {}
 
 func (x *StreamError) ProtoReflect() protoreflect.Message {
-	mi := &file_fence_v1_fence_proto_msgTypes[99]
+	mi := &file_fence_v1_fence_proto_msgTypes[107]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -6487,7 +7209,7 @@ func (x *StreamError) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use StreamError.ProtoReflect.Descriptor instead.
 func (*StreamError) Descriptor() ([]byte, []int) {
-	return file_fence_v1_fence_proto_rawDescGZIP(), []int{99}
+	return file_fence_v1_fence_proto_rawDescGZIP(), []int{107}
 }
 
 func (x *StreamError) GetCode() uint32 {
@@ -6523,7 +7245,7 @@ type StreamOpened struct {
 
 func (x *StreamOpened) Reset() {
 	*x = StreamOpened{}
-	mi := &file_fence_v1_fence_proto_msgTypes[100]
+	mi := &file_fence_v1_fence_proto_msgTypes[108]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -6535,7 +7257,7 @@ func (x *StreamOpened) String() string {
 func (*StreamOpened) ProtoMessage() {}
 
 func (x *StreamOpened) ProtoReflect() protoreflect.Message {
-	mi := &file_fence_v1_fence_proto_msgTypes[100]
+	mi := &file_fence_v1_fence_proto_msgTypes[108]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -6548,7 +7270,7 @@ func (x *StreamOpened) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use StreamOpened.ProtoReflect.Descriptor instead.
 func (*StreamOpened) Descriptor() ([]byte, []int) {
-	return file_fence_v1_fence_proto_rawDescGZIP(), []int{100}
+	return file_fence_v1_fence_proto_rawDescGZIP(), []int{108}
 }
 
 func (x *StreamOpened) GetMaxInFlight() uint32 {
@@ -6584,7 +7306,7 @@ type StreamResponse struct {
 
 func (x *StreamResponse) Reset() {
 	*x = StreamResponse{}
-	mi := &file_fence_v1_fence_proto_msgTypes[101]
+	mi := &file_fence_v1_fence_proto_msgTypes[109]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -6596,7 +7318,7 @@ func (x *StreamResponse) String() string {
 func (*StreamResponse) ProtoMessage() {}
 
 func (x *StreamResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_fence_v1_fence_proto_msgTypes[101]
+	mi := &file_fence_v1_fence_proto_msgTypes[109]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -6609,7 +7331,7 @@ func (x *StreamResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use StreamResponse.ProtoReflect.Descriptor instead.
 func (*StreamResponse) Descriptor() ([]byte, []int) {
-	return file_fence_v1_fence_proto_rawDescGZIP(), []int{101}
+	return file_fence_v1_fence_proto_rawDescGZIP(), []int{109}
 }
 
 func (x *StreamResponse) GetId() uint64 {
@@ -6823,7 +7545,7 @@ type LockWatchRequest struct {
 
 func (x *LockWatchRequest) Reset() {
 	*x = LockWatchRequest{}
-	mi := &file_fence_v1_fence_proto_msgTypes[102]
+	mi := &file_fence_v1_fence_proto_msgTypes[110]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -6835,7 +7557,7 @@ func (x *LockWatchRequest) String() string {
 func (*LockWatchRequest) ProtoMessage() {}
 
 func (x *LockWatchRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_fence_v1_fence_proto_msgTypes[102]
+	mi := &file_fence_v1_fence_proto_msgTypes[110]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -6848,7 +7570,7 @@ func (x *LockWatchRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use LockWatchRequest.ProtoReflect.Descriptor instead.
 func (*LockWatchRequest) Descriptor() ([]byte, []int) {
-	return file_fence_v1_fence_proto_rawDescGZIP(), []int{102}
+	return file_fence_v1_fence_proto_rawDescGZIP(), []int{110}
 }
 
 func (x *LockWatchRequest) GetPrefix() string {
@@ -6888,7 +7610,7 @@ type LockWatchResponse struct {
 
 func (x *LockWatchResponse) Reset() {
 	*x = LockWatchResponse{}
-	mi := &file_fence_v1_fence_proto_msgTypes[103]
+	mi := &file_fence_v1_fence_proto_msgTypes[111]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -6900,7 +7622,7 @@ func (x *LockWatchResponse) String() string {
 func (*LockWatchResponse) ProtoMessage() {}
 
 func (x *LockWatchResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_fence_v1_fence_proto_msgTypes[103]
+	mi := &file_fence_v1_fence_proto_msgTypes[111]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -6913,7 +7635,7 @@ func (x *LockWatchResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use LockWatchResponse.ProtoReflect.Descriptor instead.
 func (*LockWatchResponse) Descriptor() ([]byte, []int) {
-	return file_fence_v1_fence_proto_rawDescGZIP(), []int{103}
+	return file_fence_v1_fence_proto_rawDescGZIP(), []int{111}
 }
 
 func (x *LockWatchResponse) GetEvents() []*LockEvent {
@@ -6971,7 +7693,7 @@ type LockEvent struct {
 
 func (x *LockEvent) Reset() {
 	*x = LockEvent{}
-	mi := &file_fence_v1_fence_proto_msgTypes[104]
+	mi := &file_fence_v1_fence_proto_msgTypes[112]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -6983,7 +7705,7 @@ func (x *LockEvent) String() string {
 func (*LockEvent) ProtoMessage() {}
 
 func (x *LockEvent) ProtoReflect() protoreflect.Message {
-	mi := &file_fence_v1_fence_proto_msgTypes[104]
+	mi := &file_fence_v1_fence_proto_msgTypes[112]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -6996,7 +7718,7 @@ func (x *LockEvent) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use LockEvent.ProtoReflect.Descriptor instead.
 func (*LockEvent) Descriptor() ([]byte, []int) {
-	return file_fence_v1_fence_proto_rawDescGZIP(), []int{104}
+	return file_fence_v1_fence_proto_rawDescGZIP(), []int{112}
 }
 
 func (x *LockEvent) GetRevision() uint64 {
@@ -7442,7 +8164,47 @@ const file_fence_v1_fence_proto_rawDesc = "" +
 	"\rWatchResponse\x12'\n" +
 	"\x06events\x18\x01 \x03(\v2\x0f.fence.v1.EventR\x06events\x12\x1a\n" +
 	"\brevision\x18\x02 \x01(\x04R\brevision\x12\x1a\n" +
-	"\bprogress\x18\x03 \x01(\bR\bprogress\"\x9b\x02\n" +
+	"\bprogress\x18\x03 \x01(\bR\bprogress\"\xac\x01\n" +
+	"\n" +
+	"TxnRequest\x12-\n" +
+	"\bcompares\x18\x01 \x03(\v2\x11.fence.v1.CompareR\bcompares\x12#\n" +
+	"\x04then\x18\x02 \x03(\v2\x0f.fence.v1.TxnOpR\x04then\x12#\n" +
+	"\x04else\x18\x03 \x03(\v2\x0f.fence.v1.TxnOpR\x04else\x12%\n" +
+	"\x05fence\x18\x04 \x01(\v2\x0f.fence.v1.FenceR\x05fence\"\xe8\x01\n" +
+	"\aCompare\x12\x10\n" +
+	"\x03key\x18\x01 \x01(\tR\x03key\x12#\n" +
+	"\x02op\x18\x02 \x01(\x0e2\x13.fence.v1.CompareOpR\x02op\x12\x16\n" +
+	"\x05value\x18\x03 \x01(\fH\x00R\x05value\x12\x1a\n" +
+	"\aversion\x18\x04 \x01(\x04H\x00R\aversion\x12)\n" +
+	"\x0fcreate_revision\x18\x05 \x01(\x04H\x00R\x0ecreateRevision\x12#\n" +
+	"\fmod_revision\x18\x06 \x01(\x04H\x00R\vmodRevision\x12\x18\n" +
+	"\x06absent\x18\a \x01(\bH\x00R\x06absentB\b\n" +
+	"\x06target\"\x88\x01\n" +
+	"\x05TxnOp\x12$\n" +
+	"\x03put\x18\x01 \x01(\v2\x10.fence.v1.TxnPutH\x00R\x03put\x12-\n" +
+	"\x06delete\x18\x02 \x01(\v2\x13.fence.v1.TxnDeleteH\x00R\x06delete\x12$\n" +
+	"\x03get\x18\x03 \x01(\v2\x10.fence.v1.TxnGetH\x00R\x03getB\x04\n" +
+	"\x02op\"v\n" +
+	"\x06TxnPut\x12\x10\n" +
+	"\x03key\x18\x01 \x01(\tR\x03key\x12\x14\n" +
+	"\x05value\x18\x02 \x01(\fR\x05value\x12\x1d\n" +
+	"\n" +
+	"session_id\x18\x03 \x01(\x04R\tsessionId\x12%\n" +
+	"\x0esession_secret\x18\x04 \x01(\tR\rsessionSecret\"\x1d\n" +
+	"\tTxnDelete\x12\x10\n" +
+	"\x03key\x18\x01 \x01(\tR\x03key\"\x1a\n" +
+	"\x06TxnGet\x12\x10\n" +
+	"\x03key\x18\x01 \x01(\tR\x03key\"\x9f\x01\n" +
+	"\vTxnResponse\x12\x1c\n" +
+	"\tsucceeded\x18\x01 \x01(\bR\tsucceeded\x12\x1a\n" +
+	"\brevision\x18\x02 \x01(\x04R\brevision\x12-\n" +
+	"\aresults\x18\x03 \x03(\v2\x13.fence.v1.TxnResultR\aresults\x12'\n" +
+	"\x0falready_applied\x18\x04 \x01(\bR\x0ealreadyApplied\"\x9f\x01\n" +
+	"\tTxnResult\x12)\n" +
+	"\x03put\x18\x01 \x01(\v2\x15.fence.v1.PutResponseH\x00R\x03put\x122\n" +
+	"\x06delete\x18\x02 \x01(\v2\x18.fence.v1.DeleteResponseH\x00R\x06delete\x12)\n" +
+	"\x03get\x18\x03 \x01(\v2\x15.fence.v1.GetResponseH\x00R\x03getB\b\n" +
+	"\x06result\"\x9b\x02\n" +
 	"\vErrorDetail\x12(\n" +
 	"\x06reason\x18\x01 \x01(\x0e2\x10.fence.v1.ReasonR\x06reason\x12\x12\n" +
 	"\x04lock\x18\x02 \x01(\tR\x04lock\x12\x1d\n" +
@@ -7545,7 +8307,12 @@ const file_fence_v1_fence_proto_rawDesc = "" +
 	"\tEventType\x12\x1a\n" +
 	"\x16EVENT_TYPE_UNSPECIFIED\x10\x00\x12\x12\n" +
 	"\x0eEVENT_TYPE_PUT\x10\x01\x12\x15\n" +
-	"\x11EVENT_TYPE_DELETE\x10\x02*\xba\x03\n" +
+	"\x11EVENT_TYPE_DELETE\x10\x02*h\n" +
+	"\tCompareOp\x12\x14\n" +
+	"\x10COMPARE_OP_EQUAL\x10\x00\x12\x18\n" +
+	"\x14COMPARE_OP_NOT_EQUAL\x10\x01\x12\x13\n" +
+	"\x0fCOMPARE_OP_LESS\x10\x02\x12\x16\n" +
+	"\x12COMPARE_OP_GREATER\x10\x03*\xd2\x03\n" +
 	"\x06Reason\x12\x16\n" +
 	"\x12REASON_UNSPECIFIED\x10\x00\x12\x1b\n" +
 	"\x17REASON_INVALID_ARGUMENT\x10\x01\x12\x1c\n" +
@@ -7565,7 +8332,8 @@ const file_fence_v1_fence_proto_rawDesc = "" +
 	"\x15REASON_SESSION_SECRET\x10\x0e\x12\x15\n" +
 	"\x11REASON_MEMBERSHIP\x10\x0f\x12\x1c\n" +
 	"\x18REASON_PERMISSION_DENIED\x10\x10\x12\x0f\n" +
-	"\vREASON_AUTH\x10\x11*\xc1\x02\n" +
+	"\vREASON_AUTH\x10\x11\x12\x16\n" +
+	"\x12REASON_UNSUPPORTED\x10\x12*\xc1\x02\n" +
 	"\rLockEventType\x12\x1f\n" +
 	"\x1bLOCK_EVENT_TYPE_UNSPECIFIED\x10\x00\x12\x1b\n" +
 	"\x17LOCK_EVENT_TYPE_GRANTED\x10\x01\x12\x1c\n" +
@@ -7604,13 +8372,14 @@ const file_fence_v1_fence_proto_rawDesc = "" +
 	"\x05Lease\x12\x16.fence.v1.LeaseRequest\x1a\x17.fence.v1.LeaseResponse\"\x00\x12I\n" +
 	"\n" +
 	"RenewLease\x12\x1b.fence.v1.RenewLeaseRequest\x1a\x1c.fence.v1.RenewLeaseResponse\"\x00\x12O\n" +
-	"\fReleaseLease\x12\x1d.fence.v1.ReleaseLeaseRequest\x1a\x1e.fence.v1.ReleaseLeaseResponse\"\x002\xad\x02\n" +
+	"\fReleaseLease\x12\x1d.fence.v1.ReleaseLeaseRequest\x1a\x1e.fence.v1.ReleaseLeaseResponse\"\x002\xe3\x02\n" +
 	"\tKVService\x124\n" +
 	"\x03Put\x12\x14.fence.v1.PutRequest\x1a\x15.fence.v1.PutResponse\"\x00\x124\n" +
 	"\x03Get\x12\x14.fence.v1.GetRequest\x1a\x15.fence.v1.GetResponse\"\x00\x12=\n" +
 	"\x06Delete\x12\x17.fence.v1.DeleteRequest\x1a\x18.fence.v1.DeleteResponse\"\x00\x127\n" +
 	"\x04List\x12\x15.fence.v1.ListRequest\x1a\x16.fence.v1.ListResponse\"\x00\x12<\n" +
-	"\x05Watch\x12\x16.fence.v1.WatchRequest\x1a\x17.fence.v1.WatchResponse\"\x000\x012\x83\x03\n" +
+	"\x05Watch\x12\x16.fence.v1.WatchRequest\x1a\x17.fence.v1.WatchResponse\"\x000\x01\x124\n" +
+	"\x03Txn\x12\x14.fence.v1.TxnRequest\x1a\x15.fence.v1.TxnResponse\"\x002\x83\x03\n" +
 	"\x0eClusterService\x12=\n" +
 	"\x06Status\x12\x17.fence.v1.StatusRequest\x1a\x18.fence.v1.StatusResponse\"\x00\x12F\n" +
 	"\tAddMember\x12\x1a.fence.v1.AddMemberRequest\x1a\x1b.fence.v1.AddMemberResponse\"\x00\x12O\n" +
@@ -7655,294 +8424,317 @@ func file_fence_v1_fence_proto_rawDescGZIP() []byte {
 	return file_fence_v1_fence_proto_rawDescData
 }
 
-var file_fence_v1_fence_proto_enumTypes = make([]protoimpl.EnumInfo, 8)
-var file_fence_v1_fence_proto_msgTypes = make([]protoimpl.MessageInfo, 105)
+var file_fence_v1_fence_proto_enumTypes = make([]protoimpl.EnumInfo, 9)
+var file_fence_v1_fence_proto_msgTypes = make([]protoimpl.MessageInfo, 113)
 var file_fence_v1_fence_proto_goTypes = []any{
 	(PermissionKind)(0),                  // 0: fence.v1.PermissionKind
 	(Access)(0),                          // 1: fence.v1.Access
 	(Mode)(0),                            // 2: fence.v1.Mode
 	(EventType)(0),                       // 3: fence.v1.EventType
-	(Reason)(0),                          // 4: fence.v1.Reason
-	(LockEventType)(0),                   // 5: fence.v1.LockEventType
-	(GiveUpReason)(0),                    // 6: fence.v1.GiveUpReason
-	(SessionEnd)(0),                      // 7: fence.v1.SessionEnd
-	(*Permission)(nil),                   // 8: fence.v1.Permission
-	(*AuthEnableRequest)(nil),            // 9: fence.v1.AuthEnableRequest
-	(*AuthEnableResponse)(nil),           // 10: fence.v1.AuthEnableResponse
-	(*AuthDisableRequest)(nil),           // 11: fence.v1.AuthDisableRequest
-	(*AuthDisableResponse)(nil),          // 12: fence.v1.AuthDisableResponse
-	(*AuthStatusRequest)(nil),            // 13: fence.v1.AuthStatusRequest
-	(*AuthStatusResponse)(nil),           // 14: fence.v1.AuthStatusResponse
-	(*User)(nil),                         // 15: fence.v1.User
-	(*Role)(nil),                         // 16: fence.v1.Role
-	(*UserAddRequest)(nil),               // 17: fence.v1.UserAddRequest
-	(*UserAddResponse)(nil),              // 18: fence.v1.UserAddResponse
-	(*UserRemoveRequest)(nil),            // 19: fence.v1.UserRemoveRequest
-	(*UserRemoveResponse)(nil),           // 20: fence.v1.UserRemoveResponse
-	(*UserListRequest)(nil),              // 21: fence.v1.UserListRequest
-	(*UserListResponse)(nil),             // 22: fence.v1.UserListResponse
-	(*UserSetQuotaRequest)(nil),          // 23: fence.v1.UserSetQuotaRequest
-	(*UserSetQuotaResponse)(nil),         // 24: fence.v1.UserSetQuotaResponse
-	(*UserGrantRoleRequest)(nil),         // 25: fence.v1.UserGrantRoleRequest
-	(*UserGrantRoleResponse)(nil),        // 26: fence.v1.UserGrantRoleResponse
-	(*UserRevokeRoleRequest)(nil),        // 27: fence.v1.UserRevokeRoleRequest
-	(*UserRevokeRoleResponse)(nil),       // 28: fence.v1.UserRevokeRoleResponse
-	(*RoleAddRequest)(nil),               // 29: fence.v1.RoleAddRequest
-	(*RoleAddResponse)(nil),              // 30: fence.v1.RoleAddResponse
-	(*RoleRemoveRequest)(nil),            // 31: fence.v1.RoleRemoveRequest
-	(*RoleRemoveResponse)(nil),           // 32: fence.v1.RoleRemoveResponse
-	(*RoleGrantPermissionRequest)(nil),   // 33: fence.v1.RoleGrantPermissionRequest
-	(*RoleGrantPermissionResponse)(nil),  // 34: fence.v1.RoleGrantPermissionResponse
-	(*RoleRevokePermissionRequest)(nil),  // 35: fence.v1.RoleRevokePermissionRequest
-	(*RoleRevokePermissionResponse)(nil), // 36: fence.v1.RoleRevokePermissionResponse
-	(*RoleListRequest)(nil),              // 37: fence.v1.RoleListRequest
-	(*RoleListResponse)(nil),             // 38: fence.v1.RoleListResponse
-	(*TokenCreateRequest)(nil),           // 39: fence.v1.TokenCreateRequest
-	(*TokenCreateResponse)(nil),          // 40: fence.v1.TokenCreateResponse
-	(*TokenRevokeRequest)(nil),           // 41: fence.v1.TokenRevokeRequest
-	(*TokenRevokeResponse)(nil),          // 42: fence.v1.TokenRevokeResponse
-	(*TokenListRequest)(nil),             // 43: fence.v1.TokenListRequest
-	(*TokenListResponse)(nil),            // 44: fence.v1.TokenListResponse
-	(*TokenInfo)(nil),                    // 45: fence.v1.TokenInfo
-	(*CreateSessionRequest)(nil),         // 46: fence.v1.CreateSessionRequest
-	(*CreateSessionResponse)(nil),        // 47: fence.v1.CreateSessionResponse
-	(*KeepAliveRequest)(nil),             // 48: fence.v1.KeepAliveRequest
-	(*KeepAliveResponse)(nil),            // 49: fence.v1.KeepAliveResponse
-	(*HeldGrants)(nil),                   // 50: fence.v1.HeldGrants
-	(*CloseSessionRequest)(nil),          // 51: fence.v1.CloseSessionRequest
-	(*CloseSessionResponse)(nil),         // 52: fence.v1.CloseSessionResponse
-	(*ListSessionsRequest)(nil),          // 53: fence.v1.ListSessionsRequest
-	(*ListSessionsResponse)(nil),         // 54: fence.v1.ListSessionsResponse
-	(*SessionInfo)(nil),                  // 55: fence.v1.SessionInfo
-	(*SessionGrant)(nil),                 // 56: fence.v1.SessionGrant
-	(*AcquireRequest)(nil),               // 57: fence.v1.AcquireRequest
-	(*AcquireResponse)(nil),              // 58: fence.v1.AcquireResponse
-	(*ReleaseRequest)(nil),               // 59: fence.v1.ReleaseRequest
-	(*ReleaseResponse)(nil),              // 60: fence.v1.ReleaseResponse
-	(*LeaseRequest)(nil),                 // 61: fence.v1.LeaseRequest
-	(*LeaseResponse)(nil),                // 62: fence.v1.LeaseResponse
-	(*RenewLeaseRequest)(nil),            // 63: fence.v1.RenewLeaseRequest
-	(*RenewLeaseResponse)(nil),           // 64: fence.v1.RenewLeaseResponse
-	(*ReleaseLeaseRequest)(nil),          // 65: fence.v1.ReleaseLeaseRequest
-	(*ReleaseLeaseResponse)(nil),         // 66: fence.v1.ReleaseLeaseResponse
-	(*CancelAcquireRequest)(nil),         // 67: fence.v1.CancelAcquireRequest
-	(*CancelAcquireResponse)(nil),        // 68: fence.v1.CancelAcquireResponse
-	(*CheckRequest)(nil),                 // 69: fence.v1.CheckRequest
-	(*CheckResponse)(nil),                // 70: fence.v1.CheckResponse
-	(*ListLocksRequest)(nil),             // 71: fence.v1.ListLocksRequest
-	(*Holder)(nil),                       // 72: fence.v1.Holder
-	(*Waiter)(nil),                       // 73: fence.v1.Waiter
-	(*LockInfo)(nil),                     // 74: fence.v1.LockInfo
-	(*ListLocksResponse)(nil),            // 75: fence.v1.ListLocksResponse
-	(*StatusRequest)(nil),                // 76: fence.v1.StatusRequest
-	(*StatusResponse)(nil),               // 77: fence.v1.StatusResponse
-	(*Member)(nil),                       // 78: fence.v1.Member
-	(*AddMemberRequest)(nil),             // 79: fence.v1.AddMemberRequest
-	(*AddMemberResponse)(nil),            // 80: fence.v1.AddMemberResponse
-	(*RemoveMemberRequest)(nil),          // 81: fence.v1.RemoveMemberRequest
-	(*RemoveMemberResponse)(nil),         // 82: fence.v1.RemoveMemberResponse
-	(*RevokeSessionRequest)(nil),         // 83: fence.v1.RevokeSessionRequest
-	(*RevokeSessionResponse)(nil),        // 84: fence.v1.RevokeSessionResponse
-	(*SnapshotRequest)(nil),              // 85: fence.v1.SnapshotRequest
-	(*SnapshotResponse)(nil),             // 86: fence.v1.SnapshotResponse
-	(*SnapshotHeader)(nil),               // 87: fence.v1.SnapshotHeader
-	(*Fence)(nil),                        // 88: fence.v1.Fence
-	(*PutRequest)(nil),                   // 89: fence.v1.PutRequest
-	(*PutResponse)(nil),                  // 90: fence.v1.PutResponse
-	(*KeyValue)(nil),                     // 91: fence.v1.KeyValue
-	(*GetRequest)(nil),                   // 92: fence.v1.GetRequest
-	(*GetResponse)(nil),                  // 93: fence.v1.GetResponse
-	(*DeleteRequest)(nil),                // 94: fence.v1.DeleteRequest
-	(*DeleteResponse)(nil),               // 95: fence.v1.DeleteResponse
-	(*ListRequest)(nil),                  // 96: fence.v1.ListRequest
-	(*ListResponse)(nil),                 // 97: fence.v1.ListResponse
-	(*WatchRequest)(nil),                 // 98: fence.v1.WatchRequest
-	(*Event)(nil),                        // 99: fence.v1.Event
-	(*WatchResponse)(nil),                // 100: fence.v1.WatchResponse
-	(*ErrorDetail)(nil),                  // 101: fence.v1.ErrorDetail
-	(*StreamRequest)(nil),                // 102: fence.v1.StreamRequest
-	(*StreamCancel)(nil),                 // 103: fence.v1.StreamCancel
-	(*KeepAliveManyRequest)(nil),         // 104: fence.v1.KeepAliveManyRequest
-	(*KeepAliveManyResponse)(nil),        // 105: fence.v1.KeepAliveManyResponse
-	(*KeepAliveResult)(nil),              // 106: fence.v1.KeepAliveResult
-	(*StreamError)(nil),                  // 107: fence.v1.StreamError
-	(*StreamOpened)(nil),                 // 108: fence.v1.StreamOpened
-	(*StreamResponse)(nil),               // 109: fence.v1.StreamResponse
-	(*LockWatchRequest)(nil),             // 110: fence.v1.LockWatchRequest
-	(*LockWatchResponse)(nil),            // 111: fence.v1.LockWatchResponse
-	(*LockEvent)(nil),                    // 112: fence.v1.LockEvent
-	(*durationpb.Duration)(nil),          // 113: google.protobuf.Duration
-	(*timestamppb.Timestamp)(nil),        // 114: google.protobuf.Timestamp
+	(CompareOp)(0),                       // 4: fence.v1.CompareOp
+	(Reason)(0),                          // 5: fence.v1.Reason
+	(LockEventType)(0),                   // 6: fence.v1.LockEventType
+	(GiveUpReason)(0),                    // 7: fence.v1.GiveUpReason
+	(SessionEnd)(0),                      // 8: fence.v1.SessionEnd
+	(*Permission)(nil),                   // 9: fence.v1.Permission
+	(*AuthEnableRequest)(nil),            // 10: fence.v1.AuthEnableRequest
+	(*AuthEnableResponse)(nil),           // 11: fence.v1.AuthEnableResponse
+	(*AuthDisableRequest)(nil),           // 12: fence.v1.AuthDisableRequest
+	(*AuthDisableResponse)(nil),          // 13: fence.v1.AuthDisableResponse
+	(*AuthStatusRequest)(nil),            // 14: fence.v1.AuthStatusRequest
+	(*AuthStatusResponse)(nil),           // 15: fence.v1.AuthStatusResponse
+	(*User)(nil),                         // 16: fence.v1.User
+	(*Role)(nil),                         // 17: fence.v1.Role
+	(*UserAddRequest)(nil),               // 18: fence.v1.UserAddRequest
+	(*UserAddResponse)(nil),              // 19: fence.v1.UserAddResponse
+	(*UserRemoveRequest)(nil),            // 20: fence.v1.UserRemoveRequest
+	(*UserRemoveResponse)(nil),           // 21: fence.v1.UserRemoveResponse
+	(*UserListRequest)(nil),              // 22: fence.v1.UserListRequest
+	(*UserListResponse)(nil),             // 23: fence.v1.UserListResponse
+	(*UserSetQuotaRequest)(nil),          // 24: fence.v1.UserSetQuotaRequest
+	(*UserSetQuotaResponse)(nil),         // 25: fence.v1.UserSetQuotaResponse
+	(*UserGrantRoleRequest)(nil),         // 26: fence.v1.UserGrantRoleRequest
+	(*UserGrantRoleResponse)(nil),        // 27: fence.v1.UserGrantRoleResponse
+	(*UserRevokeRoleRequest)(nil),        // 28: fence.v1.UserRevokeRoleRequest
+	(*UserRevokeRoleResponse)(nil),       // 29: fence.v1.UserRevokeRoleResponse
+	(*RoleAddRequest)(nil),               // 30: fence.v1.RoleAddRequest
+	(*RoleAddResponse)(nil),              // 31: fence.v1.RoleAddResponse
+	(*RoleRemoveRequest)(nil),            // 32: fence.v1.RoleRemoveRequest
+	(*RoleRemoveResponse)(nil),           // 33: fence.v1.RoleRemoveResponse
+	(*RoleGrantPermissionRequest)(nil),   // 34: fence.v1.RoleGrantPermissionRequest
+	(*RoleGrantPermissionResponse)(nil),  // 35: fence.v1.RoleGrantPermissionResponse
+	(*RoleRevokePermissionRequest)(nil),  // 36: fence.v1.RoleRevokePermissionRequest
+	(*RoleRevokePermissionResponse)(nil), // 37: fence.v1.RoleRevokePermissionResponse
+	(*RoleListRequest)(nil),              // 38: fence.v1.RoleListRequest
+	(*RoleListResponse)(nil),             // 39: fence.v1.RoleListResponse
+	(*TokenCreateRequest)(nil),           // 40: fence.v1.TokenCreateRequest
+	(*TokenCreateResponse)(nil),          // 41: fence.v1.TokenCreateResponse
+	(*TokenRevokeRequest)(nil),           // 42: fence.v1.TokenRevokeRequest
+	(*TokenRevokeResponse)(nil),          // 43: fence.v1.TokenRevokeResponse
+	(*TokenListRequest)(nil),             // 44: fence.v1.TokenListRequest
+	(*TokenListResponse)(nil),            // 45: fence.v1.TokenListResponse
+	(*TokenInfo)(nil),                    // 46: fence.v1.TokenInfo
+	(*CreateSessionRequest)(nil),         // 47: fence.v1.CreateSessionRequest
+	(*CreateSessionResponse)(nil),        // 48: fence.v1.CreateSessionResponse
+	(*KeepAliveRequest)(nil),             // 49: fence.v1.KeepAliveRequest
+	(*KeepAliveResponse)(nil),            // 50: fence.v1.KeepAliveResponse
+	(*HeldGrants)(nil),                   // 51: fence.v1.HeldGrants
+	(*CloseSessionRequest)(nil),          // 52: fence.v1.CloseSessionRequest
+	(*CloseSessionResponse)(nil),         // 53: fence.v1.CloseSessionResponse
+	(*ListSessionsRequest)(nil),          // 54: fence.v1.ListSessionsRequest
+	(*ListSessionsResponse)(nil),         // 55: fence.v1.ListSessionsResponse
+	(*SessionInfo)(nil),                  // 56: fence.v1.SessionInfo
+	(*SessionGrant)(nil),                 // 57: fence.v1.SessionGrant
+	(*AcquireRequest)(nil),               // 58: fence.v1.AcquireRequest
+	(*AcquireResponse)(nil),              // 59: fence.v1.AcquireResponse
+	(*ReleaseRequest)(nil),               // 60: fence.v1.ReleaseRequest
+	(*ReleaseResponse)(nil),              // 61: fence.v1.ReleaseResponse
+	(*LeaseRequest)(nil),                 // 62: fence.v1.LeaseRequest
+	(*LeaseResponse)(nil),                // 63: fence.v1.LeaseResponse
+	(*RenewLeaseRequest)(nil),            // 64: fence.v1.RenewLeaseRequest
+	(*RenewLeaseResponse)(nil),           // 65: fence.v1.RenewLeaseResponse
+	(*ReleaseLeaseRequest)(nil),          // 66: fence.v1.ReleaseLeaseRequest
+	(*ReleaseLeaseResponse)(nil),         // 67: fence.v1.ReleaseLeaseResponse
+	(*CancelAcquireRequest)(nil),         // 68: fence.v1.CancelAcquireRequest
+	(*CancelAcquireResponse)(nil),        // 69: fence.v1.CancelAcquireResponse
+	(*CheckRequest)(nil),                 // 70: fence.v1.CheckRequest
+	(*CheckResponse)(nil),                // 71: fence.v1.CheckResponse
+	(*ListLocksRequest)(nil),             // 72: fence.v1.ListLocksRequest
+	(*Holder)(nil),                       // 73: fence.v1.Holder
+	(*Waiter)(nil),                       // 74: fence.v1.Waiter
+	(*LockInfo)(nil),                     // 75: fence.v1.LockInfo
+	(*ListLocksResponse)(nil),            // 76: fence.v1.ListLocksResponse
+	(*StatusRequest)(nil),                // 77: fence.v1.StatusRequest
+	(*StatusResponse)(nil),               // 78: fence.v1.StatusResponse
+	(*Member)(nil),                       // 79: fence.v1.Member
+	(*AddMemberRequest)(nil),             // 80: fence.v1.AddMemberRequest
+	(*AddMemberResponse)(nil),            // 81: fence.v1.AddMemberResponse
+	(*RemoveMemberRequest)(nil),          // 82: fence.v1.RemoveMemberRequest
+	(*RemoveMemberResponse)(nil),         // 83: fence.v1.RemoveMemberResponse
+	(*RevokeSessionRequest)(nil),         // 84: fence.v1.RevokeSessionRequest
+	(*RevokeSessionResponse)(nil),        // 85: fence.v1.RevokeSessionResponse
+	(*SnapshotRequest)(nil),              // 86: fence.v1.SnapshotRequest
+	(*SnapshotResponse)(nil),             // 87: fence.v1.SnapshotResponse
+	(*SnapshotHeader)(nil),               // 88: fence.v1.SnapshotHeader
+	(*Fence)(nil),                        // 89: fence.v1.Fence
+	(*PutRequest)(nil),                   // 90: fence.v1.PutRequest
+	(*PutResponse)(nil),                  // 91: fence.v1.PutResponse
+	(*KeyValue)(nil),                     // 92: fence.v1.KeyValue
+	(*GetRequest)(nil),                   // 93: fence.v1.GetRequest
+	(*GetResponse)(nil),                  // 94: fence.v1.GetResponse
+	(*DeleteRequest)(nil),                // 95: fence.v1.DeleteRequest
+	(*DeleteResponse)(nil),               // 96: fence.v1.DeleteResponse
+	(*ListRequest)(nil),                  // 97: fence.v1.ListRequest
+	(*ListResponse)(nil),                 // 98: fence.v1.ListResponse
+	(*WatchRequest)(nil),                 // 99: fence.v1.WatchRequest
+	(*Event)(nil),                        // 100: fence.v1.Event
+	(*WatchResponse)(nil),                // 101: fence.v1.WatchResponse
+	(*TxnRequest)(nil),                   // 102: fence.v1.TxnRequest
+	(*Compare)(nil),                      // 103: fence.v1.Compare
+	(*TxnOp)(nil),                        // 104: fence.v1.TxnOp
+	(*TxnPut)(nil),                       // 105: fence.v1.TxnPut
+	(*TxnDelete)(nil),                    // 106: fence.v1.TxnDelete
+	(*TxnGet)(nil),                       // 107: fence.v1.TxnGet
+	(*TxnResponse)(nil),                  // 108: fence.v1.TxnResponse
+	(*TxnResult)(nil),                    // 109: fence.v1.TxnResult
+	(*ErrorDetail)(nil),                  // 110: fence.v1.ErrorDetail
+	(*StreamRequest)(nil),                // 111: fence.v1.StreamRequest
+	(*StreamCancel)(nil),                 // 112: fence.v1.StreamCancel
+	(*KeepAliveManyRequest)(nil),         // 113: fence.v1.KeepAliveManyRequest
+	(*KeepAliveManyResponse)(nil),        // 114: fence.v1.KeepAliveManyResponse
+	(*KeepAliveResult)(nil),              // 115: fence.v1.KeepAliveResult
+	(*StreamError)(nil),                  // 116: fence.v1.StreamError
+	(*StreamOpened)(nil),                 // 117: fence.v1.StreamOpened
+	(*StreamResponse)(nil),               // 118: fence.v1.StreamResponse
+	(*LockWatchRequest)(nil),             // 119: fence.v1.LockWatchRequest
+	(*LockWatchResponse)(nil),            // 120: fence.v1.LockWatchResponse
+	(*LockEvent)(nil),                    // 121: fence.v1.LockEvent
+	(*durationpb.Duration)(nil),          // 122: google.protobuf.Duration
+	(*timestamppb.Timestamp)(nil),        // 123: google.protobuf.Timestamp
 }
 var file_fence_v1_fence_proto_depIdxs = []int32{
 	0,   // 0: fence.v1.Permission.kind:type_name -> fence.v1.PermissionKind
 	1,   // 1: fence.v1.Permission.access:type_name -> fence.v1.Access
-	8,   // 2: fence.v1.Role.permissions:type_name -> fence.v1.Permission
-	15,  // 3: fence.v1.UserListResponse.users:type_name -> fence.v1.User
-	8,   // 4: fence.v1.RoleGrantPermissionRequest.permission:type_name -> fence.v1.Permission
-	8,   // 5: fence.v1.RoleRevokePermissionRequest.permission:type_name -> fence.v1.Permission
-	16,  // 6: fence.v1.RoleListResponse.roles:type_name -> fence.v1.Role
-	113, // 7: fence.v1.TokenCreateRequest.ttl:type_name -> google.protobuf.Duration
-	45,  // 8: fence.v1.TokenCreateResponse.info:type_name -> fence.v1.TokenInfo
-	45,  // 9: fence.v1.TokenListResponse.tokens:type_name -> fence.v1.TokenInfo
-	114, // 10: fence.v1.TokenInfo.created:type_name -> google.protobuf.Timestamp
-	114, // 11: fence.v1.TokenInfo.expires:type_name -> google.protobuf.Timestamp
-	113, // 12: fence.v1.CreateSessionRequest.ttl:type_name -> google.protobuf.Duration
-	113, // 13: fence.v1.CreateSessionResponse.ttl:type_name -> google.protobuf.Duration
-	113, // 14: fence.v1.KeepAliveResponse.ttl:type_name -> google.protobuf.Duration
-	50,  // 15: fence.v1.KeepAliveResponse.held:type_name -> fence.v1.HeldGrants
-	55,  // 16: fence.v1.ListSessionsResponse.sessions:type_name -> fence.v1.SessionInfo
-	113, // 17: fence.v1.SessionInfo.ttl:type_name -> google.protobuf.Duration
-	113, // 18: fence.v1.SessionInfo.expires_in:type_name -> google.protobuf.Duration
-	56,  // 19: fence.v1.SessionInfo.held:type_name -> fence.v1.SessionGrant
+	9,   // 2: fence.v1.Role.permissions:type_name -> fence.v1.Permission
+	16,  // 3: fence.v1.UserListResponse.users:type_name -> fence.v1.User
+	9,   // 4: fence.v1.RoleGrantPermissionRequest.permission:type_name -> fence.v1.Permission
+	9,   // 5: fence.v1.RoleRevokePermissionRequest.permission:type_name -> fence.v1.Permission
+	17,  // 6: fence.v1.RoleListResponse.roles:type_name -> fence.v1.Role
+	122, // 7: fence.v1.TokenCreateRequest.ttl:type_name -> google.protobuf.Duration
+	46,  // 8: fence.v1.TokenCreateResponse.info:type_name -> fence.v1.TokenInfo
+	46,  // 9: fence.v1.TokenListResponse.tokens:type_name -> fence.v1.TokenInfo
+	123, // 10: fence.v1.TokenInfo.created:type_name -> google.protobuf.Timestamp
+	123, // 11: fence.v1.TokenInfo.expires:type_name -> google.protobuf.Timestamp
+	122, // 12: fence.v1.CreateSessionRequest.ttl:type_name -> google.protobuf.Duration
+	122, // 13: fence.v1.CreateSessionResponse.ttl:type_name -> google.protobuf.Duration
+	122, // 14: fence.v1.KeepAliveResponse.ttl:type_name -> google.protobuf.Duration
+	51,  // 15: fence.v1.KeepAliveResponse.held:type_name -> fence.v1.HeldGrants
+	56,  // 16: fence.v1.ListSessionsResponse.sessions:type_name -> fence.v1.SessionInfo
+	122, // 17: fence.v1.SessionInfo.ttl:type_name -> google.protobuf.Duration
+	122, // 18: fence.v1.SessionInfo.expires_in:type_name -> google.protobuf.Duration
+	57,  // 19: fence.v1.SessionInfo.held:type_name -> fence.v1.SessionGrant
 	2,   // 20: fence.v1.SessionGrant.mode:type_name -> fence.v1.Mode
 	2,   // 21: fence.v1.AcquireRequest.mode:type_name -> fence.v1.Mode
-	113, // 22: fence.v1.AcquireRequest.wait_timeout:type_name -> google.protobuf.Duration
-	113, // 23: fence.v1.AcquireRequest.lock_delay:type_name -> google.protobuf.Duration
-	113, // 24: fence.v1.AcquireRequest.poll:type_name -> google.protobuf.Duration
+	122, // 22: fence.v1.AcquireRequest.wait_timeout:type_name -> google.protobuf.Duration
+	122, // 23: fence.v1.AcquireRequest.lock_delay:type_name -> google.protobuf.Duration
+	122, // 24: fence.v1.AcquireRequest.poll:type_name -> google.protobuf.Duration
 	2,   // 25: fence.v1.AcquireResponse.mode:type_name -> fence.v1.Mode
-	113, // 26: fence.v1.LeaseRequest.ttl:type_name -> google.protobuf.Duration
-	113, // 27: fence.v1.LeaseRequest.lock_delay:type_name -> google.protobuf.Duration
-	113, // 28: fence.v1.LeaseResponse.ttl:type_name -> google.protobuf.Duration
-	113, // 29: fence.v1.RenewLeaseResponse.ttl:type_name -> google.protobuf.Duration
+	122, // 26: fence.v1.LeaseRequest.ttl:type_name -> google.protobuf.Duration
+	122, // 27: fence.v1.LeaseRequest.lock_delay:type_name -> google.protobuf.Duration
+	122, // 28: fence.v1.LeaseResponse.ttl:type_name -> google.protobuf.Duration
+	122, // 29: fence.v1.RenewLeaseResponse.ttl:type_name -> google.protobuf.Duration
 	2,   // 30: fence.v1.Holder.mode:type_name -> fence.v1.Mode
 	2,   // 31: fence.v1.Waiter.mode:type_name -> fence.v1.Mode
-	72,  // 32: fence.v1.LockInfo.holders:type_name -> fence.v1.Holder
-	73,  // 33: fence.v1.LockInfo.waiters:type_name -> fence.v1.Waiter
-	74,  // 34: fence.v1.ListLocksResponse.locks:type_name -> fence.v1.LockInfo
-	78,  // 35: fence.v1.StatusResponse.members:type_name -> fence.v1.Member
-	87,  // 36: fence.v1.SnapshotResponse.header:type_name -> fence.v1.SnapshotHeader
-	88,  // 37: fence.v1.PutRequest.fence:type_name -> fence.v1.Fence
-	91,  // 38: fence.v1.GetResponse.kv:type_name -> fence.v1.KeyValue
-	88,  // 39: fence.v1.DeleteRequest.fence:type_name -> fence.v1.Fence
-	91,  // 40: fence.v1.ListResponse.kvs:type_name -> fence.v1.KeyValue
-	113, // 41: fence.v1.WatchRequest.progress_interval:type_name -> google.protobuf.Duration
+	73,  // 32: fence.v1.LockInfo.holders:type_name -> fence.v1.Holder
+	74,  // 33: fence.v1.LockInfo.waiters:type_name -> fence.v1.Waiter
+	75,  // 34: fence.v1.ListLocksResponse.locks:type_name -> fence.v1.LockInfo
+	79,  // 35: fence.v1.StatusResponse.members:type_name -> fence.v1.Member
+	88,  // 36: fence.v1.SnapshotResponse.header:type_name -> fence.v1.SnapshotHeader
+	89,  // 37: fence.v1.PutRequest.fence:type_name -> fence.v1.Fence
+	92,  // 38: fence.v1.GetResponse.kv:type_name -> fence.v1.KeyValue
+	89,  // 39: fence.v1.DeleteRequest.fence:type_name -> fence.v1.Fence
+	92,  // 40: fence.v1.ListResponse.kvs:type_name -> fence.v1.KeyValue
+	122, // 41: fence.v1.WatchRequest.progress_interval:type_name -> google.protobuf.Duration
 	3,   // 42: fence.v1.Event.type:type_name -> fence.v1.EventType
-	91,  // 43: fence.v1.Event.kv:type_name -> fence.v1.KeyValue
-	99,  // 44: fence.v1.WatchResponse.events:type_name -> fence.v1.Event
-	4,   // 45: fence.v1.ErrorDetail.reason:type_name -> fence.v1.Reason
-	46,  // 46: fence.v1.StreamRequest.create_session:type_name -> fence.v1.CreateSessionRequest
-	104, // 47: fence.v1.StreamRequest.keep_alive:type_name -> fence.v1.KeepAliveManyRequest
-	51,  // 48: fence.v1.StreamRequest.close_session:type_name -> fence.v1.CloseSessionRequest
-	57,  // 49: fence.v1.StreamRequest.acquire:type_name -> fence.v1.AcquireRequest
-	59,  // 50: fence.v1.StreamRequest.release:type_name -> fence.v1.ReleaseRequest
-	67,  // 51: fence.v1.StreamRequest.cancel_acquire:type_name -> fence.v1.CancelAcquireRequest
-	69,  // 52: fence.v1.StreamRequest.check:type_name -> fence.v1.CheckRequest
-	89,  // 53: fence.v1.StreamRequest.put:type_name -> fence.v1.PutRequest
-	92,  // 54: fence.v1.StreamRequest.get:type_name -> fence.v1.GetRequest
-	94,  // 55: fence.v1.StreamRequest.delete:type_name -> fence.v1.DeleteRequest
-	103, // 56: fence.v1.StreamRequest.cancel:type_name -> fence.v1.StreamCancel
-	48,  // 57: fence.v1.KeepAliveManyRequest.sessions:type_name -> fence.v1.KeepAliveRequest
-	106, // 58: fence.v1.KeepAliveManyResponse.results:type_name -> fence.v1.KeepAliveResult
-	49,  // 59: fence.v1.KeepAliveResult.ok:type_name -> fence.v1.KeepAliveResponse
-	107, // 60: fence.v1.KeepAliveResult.error:type_name -> fence.v1.StreamError
-	101, // 61: fence.v1.StreamError.detail:type_name -> fence.v1.ErrorDetail
-	107, // 62: fence.v1.StreamResponse.error:type_name -> fence.v1.StreamError
-	47,  // 63: fence.v1.StreamResponse.create_session:type_name -> fence.v1.CreateSessionResponse
-	105, // 64: fence.v1.StreamResponse.keep_alive:type_name -> fence.v1.KeepAliveManyResponse
-	52,  // 65: fence.v1.StreamResponse.close_session:type_name -> fence.v1.CloseSessionResponse
-	58,  // 66: fence.v1.StreamResponse.acquire:type_name -> fence.v1.AcquireResponse
-	60,  // 67: fence.v1.StreamResponse.release:type_name -> fence.v1.ReleaseResponse
-	68,  // 68: fence.v1.StreamResponse.cancel_acquire:type_name -> fence.v1.CancelAcquireResponse
-	70,  // 69: fence.v1.StreamResponse.check:type_name -> fence.v1.CheckResponse
-	90,  // 70: fence.v1.StreamResponse.put:type_name -> fence.v1.PutResponse
-	93,  // 71: fence.v1.StreamResponse.get:type_name -> fence.v1.GetResponse
-	95,  // 72: fence.v1.StreamResponse.delete:type_name -> fence.v1.DeleteResponse
-	108, // 73: fence.v1.StreamResponse.opened:type_name -> fence.v1.StreamOpened
-	113, // 74: fence.v1.LockWatchRequest.progress_interval:type_name -> google.protobuf.Duration
-	112, // 75: fence.v1.LockWatchResponse.events:type_name -> fence.v1.LockEvent
-	5,   // 76: fence.v1.LockEvent.type:type_name -> fence.v1.LockEventType
-	2,   // 77: fence.v1.LockEvent.mode:type_name -> fence.v1.Mode
-	6,   // 78: fence.v1.LockEvent.reason:type_name -> fence.v1.GiveUpReason
-	7,   // 79: fence.v1.LockEvent.session_end:type_name -> fence.v1.SessionEnd
-	113, // 80: fence.v1.LockEvent.lock_delay:type_name -> google.protobuf.Duration
-	46,  // 81: fence.v1.SessionService.CreateSession:input_type -> fence.v1.CreateSessionRequest
-	48,  // 82: fence.v1.SessionService.KeepAlive:input_type -> fence.v1.KeepAliveRequest
-	51,  // 83: fence.v1.SessionService.CloseSession:input_type -> fence.v1.CloseSessionRequest
-	53,  // 84: fence.v1.SessionService.ListSessions:input_type -> fence.v1.ListSessionsRequest
-	110, // 85: fence.v1.LockService.Watch:input_type -> fence.v1.LockWatchRequest
-	57,  // 86: fence.v1.LockService.Acquire:input_type -> fence.v1.AcquireRequest
-	59,  // 87: fence.v1.LockService.Release:input_type -> fence.v1.ReleaseRequest
-	67,  // 88: fence.v1.LockService.CancelAcquire:input_type -> fence.v1.CancelAcquireRequest
-	69,  // 89: fence.v1.LockService.Check:input_type -> fence.v1.CheckRequest
-	71,  // 90: fence.v1.LockService.ListLocks:input_type -> fence.v1.ListLocksRequest
-	61,  // 91: fence.v1.LockService.Lease:input_type -> fence.v1.LeaseRequest
-	63,  // 92: fence.v1.LockService.RenewLease:input_type -> fence.v1.RenewLeaseRequest
-	65,  // 93: fence.v1.LockService.ReleaseLease:input_type -> fence.v1.ReleaseLeaseRequest
-	89,  // 94: fence.v1.KVService.Put:input_type -> fence.v1.PutRequest
-	92,  // 95: fence.v1.KVService.Get:input_type -> fence.v1.GetRequest
-	94,  // 96: fence.v1.KVService.Delete:input_type -> fence.v1.DeleteRequest
-	96,  // 97: fence.v1.KVService.List:input_type -> fence.v1.ListRequest
-	98,  // 98: fence.v1.KVService.Watch:input_type -> fence.v1.WatchRequest
-	76,  // 99: fence.v1.ClusterService.Status:input_type -> fence.v1.StatusRequest
-	79,  // 100: fence.v1.ClusterService.AddMember:input_type -> fence.v1.AddMemberRequest
-	81,  // 101: fence.v1.ClusterService.RemoveMember:input_type -> fence.v1.RemoveMemberRequest
-	85,  // 102: fence.v1.ClusterService.Snapshot:input_type -> fence.v1.SnapshotRequest
-	83,  // 103: fence.v1.ClusterService.RevokeSession:input_type -> fence.v1.RevokeSessionRequest
-	102, // 104: fence.v1.StreamService.Session:input_type -> fence.v1.StreamRequest
-	9,   // 105: fence.v1.AuthService.AuthEnable:input_type -> fence.v1.AuthEnableRequest
-	11,  // 106: fence.v1.AuthService.AuthDisable:input_type -> fence.v1.AuthDisableRequest
-	13,  // 107: fence.v1.AuthService.AuthStatus:input_type -> fence.v1.AuthStatusRequest
-	17,  // 108: fence.v1.AuthService.UserAdd:input_type -> fence.v1.UserAddRequest
-	19,  // 109: fence.v1.AuthService.UserRemove:input_type -> fence.v1.UserRemoveRequest
-	21,  // 110: fence.v1.AuthService.UserList:input_type -> fence.v1.UserListRequest
-	23,  // 111: fence.v1.AuthService.UserSetQuota:input_type -> fence.v1.UserSetQuotaRequest
-	25,  // 112: fence.v1.AuthService.UserGrantRole:input_type -> fence.v1.UserGrantRoleRequest
-	27,  // 113: fence.v1.AuthService.UserRevokeRole:input_type -> fence.v1.UserRevokeRoleRequest
-	29,  // 114: fence.v1.AuthService.RoleAdd:input_type -> fence.v1.RoleAddRequest
-	31,  // 115: fence.v1.AuthService.RoleRemove:input_type -> fence.v1.RoleRemoveRequest
-	33,  // 116: fence.v1.AuthService.RoleGrantPermission:input_type -> fence.v1.RoleGrantPermissionRequest
-	35,  // 117: fence.v1.AuthService.RoleRevokePermission:input_type -> fence.v1.RoleRevokePermissionRequest
-	37,  // 118: fence.v1.AuthService.RoleList:input_type -> fence.v1.RoleListRequest
-	39,  // 119: fence.v1.AuthService.TokenCreate:input_type -> fence.v1.TokenCreateRequest
-	41,  // 120: fence.v1.AuthService.TokenRevoke:input_type -> fence.v1.TokenRevokeRequest
-	43,  // 121: fence.v1.AuthService.TokenList:input_type -> fence.v1.TokenListRequest
-	47,  // 122: fence.v1.SessionService.CreateSession:output_type -> fence.v1.CreateSessionResponse
-	49,  // 123: fence.v1.SessionService.KeepAlive:output_type -> fence.v1.KeepAliveResponse
-	52,  // 124: fence.v1.SessionService.CloseSession:output_type -> fence.v1.CloseSessionResponse
-	54,  // 125: fence.v1.SessionService.ListSessions:output_type -> fence.v1.ListSessionsResponse
-	111, // 126: fence.v1.LockService.Watch:output_type -> fence.v1.LockWatchResponse
-	58,  // 127: fence.v1.LockService.Acquire:output_type -> fence.v1.AcquireResponse
-	60,  // 128: fence.v1.LockService.Release:output_type -> fence.v1.ReleaseResponse
-	68,  // 129: fence.v1.LockService.CancelAcquire:output_type -> fence.v1.CancelAcquireResponse
-	70,  // 130: fence.v1.LockService.Check:output_type -> fence.v1.CheckResponse
-	75,  // 131: fence.v1.LockService.ListLocks:output_type -> fence.v1.ListLocksResponse
-	62,  // 132: fence.v1.LockService.Lease:output_type -> fence.v1.LeaseResponse
-	64,  // 133: fence.v1.LockService.RenewLease:output_type -> fence.v1.RenewLeaseResponse
-	66,  // 134: fence.v1.LockService.ReleaseLease:output_type -> fence.v1.ReleaseLeaseResponse
-	90,  // 135: fence.v1.KVService.Put:output_type -> fence.v1.PutResponse
-	93,  // 136: fence.v1.KVService.Get:output_type -> fence.v1.GetResponse
-	95,  // 137: fence.v1.KVService.Delete:output_type -> fence.v1.DeleteResponse
-	97,  // 138: fence.v1.KVService.List:output_type -> fence.v1.ListResponse
-	100, // 139: fence.v1.KVService.Watch:output_type -> fence.v1.WatchResponse
-	77,  // 140: fence.v1.ClusterService.Status:output_type -> fence.v1.StatusResponse
-	80,  // 141: fence.v1.ClusterService.AddMember:output_type -> fence.v1.AddMemberResponse
-	82,  // 142: fence.v1.ClusterService.RemoveMember:output_type -> fence.v1.RemoveMemberResponse
-	86,  // 143: fence.v1.ClusterService.Snapshot:output_type -> fence.v1.SnapshotResponse
-	84,  // 144: fence.v1.ClusterService.RevokeSession:output_type -> fence.v1.RevokeSessionResponse
-	109, // 145: fence.v1.StreamService.Session:output_type -> fence.v1.StreamResponse
-	10,  // 146: fence.v1.AuthService.AuthEnable:output_type -> fence.v1.AuthEnableResponse
-	12,  // 147: fence.v1.AuthService.AuthDisable:output_type -> fence.v1.AuthDisableResponse
-	14,  // 148: fence.v1.AuthService.AuthStatus:output_type -> fence.v1.AuthStatusResponse
-	18,  // 149: fence.v1.AuthService.UserAdd:output_type -> fence.v1.UserAddResponse
-	20,  // 150: fence.v1.AuthService.UserRemove:output_type -> fence.v1.UserRemoveResponse
-	22,  // 151: fence.v1.AuthService.UserList:output_type -> fence.v1.UserListResponse
-	24,  // 152: fence.v1.AuthService.UserSetQuota:output_type -> fence.v1.UserSetQuotaResponse
-	26,  // 153: fence.v1.AuthService.UserGrantRole:output_type -> fence.v1.UserGrantRoleResponse
-	28,  // 154: fence.v1.AuthService.UserRevokeRole:output_type -> fence.v1.UserRevokeRoleResponse
-	30,  // 155: fence.v1.AuthService.RoleAdd:output_type -> fence.v1.RoleAddResponse
-	32,  // 156: fence.v1.AuthService.RoleRemove:output_type -> fence.v1.RoleRemoveResponse
-	34,  // 157: fence.v1.AuthService.RoleGrantPermission:output_type -> fence.v1.RoleGrantPermissionResponse
-	36,  // 158: fence.v1.AuthService.RoleRevokePermission:output_type -> fence.v1.RoleRevokePermissionResponse
-	38,  // 159: fence.v1.AuthService.RoleList:output_type -> fence.v1.RoleListResponse
-	40,  // 160: fence.v1.AuthService.TokenCreate:output_type -> fence.v1.TokenCreateResponse
-	42,  // 161: fence.v1.AuthService.TokenRevoke:output_type -> fence.v1.TokenRevokeResponse
-	44,  // 162: fence.v1.AuthService.TokenList:output_type -> fence.v1.TokenListResponse
-	122, // [122:163] is the sub-list for method output_type
-	81,  // [81:122] is the sub-list for method input_type
-	81,  // [81:81] is the sub-list for extension type_name
-	81,  // [81:81] is the sub-list for extension extendee
-	0,   // [0:81] is the sub-list for field type_name
+	92,  // 43: fence.v1.Event.kv:type_name -> fence.v1.KeyValue
+	100, // 44: fence.v1.WatchResponse.events:type_name -> fence.v1.Event
+	103, // 45: fence.v1.TxnRequest.compares:type_name -> fence.v1.Compare
+	104, // 46: fence.v1.TxnRequest.then:type_name -> fence.v1.TxnOp
+	104, // 47: fence.v1.TxnRequest.else:type_name -> fence.v1.TxnOp
+	89,  // 48: fence.v1.TxnRequest.fence:type_name -> fence.v1.Fence
+	4,   // 49: fence.v1.Compare.op:type_name -> fence.v1.CompareOp
+	105, // 50: fence.v1.TxnOp.put:type_name -> fence.v1.TxnPut
+	106, // 51: fence.v1.TxnOp.delete:type_name -> fence.v1.TxnDelete
+	107, // 52: fence.v1.TxnOp.get:type_name -> fence.v1.TxnGet
+	109, // 53: fence.v1.TxnResponse.results:type_name -> fence.v1.TxnResult
+	91,  // 54: fence.v1.TxnResult.put:type_name -> fence.v1.PutResponse
+	96,  // 55: fence.v1.TxnResult.delete:type_name -> fence.v1.DeleteResponse
+	94,  // 56: fence.v1.TxnResult.get:type_name -> fence.v1.GetResponse
+	5,   // 57: fence.v1.ErrorDetail.reason:type_name -> fence.v1.Reason
+	47,  // 58: fence.v1.StreamRequest.create_session:type_name -> fence.v1.CreateSessionRequest
+	113, // 59: fence.v1.StreamRequest.keep_alive:type_name -> fence.v1.KeepAliveManyRequest
+	52,  // 60: fence.v1.StreamRequest.close_session:type_name -> fence.v1.CloseSessionRequest
+	58,  // 61: fence.v1.StreamRequest.acquire:type_name -> fence.v1.AcquireRequest
+	60,  // 62: fence.v1.StreamRequest.release:type_name -> fence.v1.ReleaseRequest
+	68,  // 63: fence.v1.StreamRequest.cancel_acquire:type_name -> fence.v1.CancelAcquireRequest
+	70,  // 64: fence.v1.StreamRequest.check:type_name -> fence.v1.CheckRequest
+	90,  // 65: fence.v1.StreamRequest.put:type_name -> fence.v1.PutRequest
+	93,  // 66: fence.v1.StreamRequest.get:type_name -> fence.v1.GetRequest
+	95,  // 67: fence.v1.StreamRequest.delete:type_name -> fence.v1.DeleteRequest
+	112, // 68: fence.v1.StreamRequest.cancel:type_name -> fence.v1.StreamCancel
+	49,  // 69: fence.v1.KeepAliveManyRequest.sessions:type_name -> fence.v1.KeepAliveRequest
+	115, // 70: fence.v1.KeepAliveManyResponse.results:type_name -> fence.v1.KeepAliveResult
+	50,  // 71: fence.v1.KeepAliveResult.ok:type_name -> fence.v1.KeepAliveResponse
+	116, // 72: fence.v1.KeepAliveResult.error:type_name -> fence.v1.StreamError
+	110, // 73: fence.v1.StreamError.detail:type_name -> fence.v1.ErrorDetail
+	116, // 74: fence.v1.StreamResponse.error:type_name -> fence.v1.StreamError
+	48,  // 75: fence.v1.StreamResponse.create_session:type_name -> fence.v1.CreateSessionResponse
+	114, // 76: fence.v1.StreamResponse.keep_alive:type_name -> fence.v1.KeepAliveManyResponse
+	53,  // 77: fence.v1.StreamResponse.close_session:type_name -> fence.v1.CloseSessionResponse
+	59,  // 78: fence.v1.StreamResponse.acquire:type_name -> fence.v1.AcquireResponse
+	61,  // 79: fence.v1.StreamResponse.release:type_name -> fence.v1.ReleaseResponse
+	69,  // 80: fence.v1.StreamResponse.cancel_acquire:type_name -> fence.v1.CancelAcquireResponse
+	71,  // 81: fence.v1.StreamResponse.check:type_name -> fence.v1.CheckResponse
+	91,  // 82: fence.v1.StreamResponse.put:type_name -> fence.v1.PutResponse
+	94,  // 83: fence.v1.StreamResponse.get:type_name -> fence.v1.GetResponse
+	96,  // 84: fence.v1.StreamResponse.delete:type_name -> fence.v1.DeleteResponse
+	117, // 85: fence.v1.StreamResponse.opened:type_name -> fence.v1.StreamOpened
+	122, // 86: fence.v1.LockWatchRequest.progress_interval:type_name -> google.protobuf.Duration
+	121, // 87: fence.v1.LockWatchResponse.events:type_name -> fence.v1.LockEvent
+	6,   // 88: fence.v1.LockEvent.type:type_name -> fence.v1.LockEventType
+	2,   // 89: fence.v1.LockEvent.mode:type_name -> fence.v1.Mode
+	7,   // 90: fence.v1.LockEvent.reason:type_name -> fence.v1.GiveUpReason
+	8,   // 91: fence.v1.LockEvent.session_end:type_name -> fence.v1.SessionEnd
+	122, // 92: fence.v1.LockEvent.lock_delay:type_name -> google.protobuf.Duration
+	47,  // 93: fence.v1.SessionService.CreateSession:input_type -> fence.v1.CreateSessionRequest
+	49,  // 94: fence.v1.SessionService.KeepAlive:input_type -> fence.v1.KeepAliveRequest
+	52,  // 95: fence.v1.SessionService.CloseSession:input_type -> fence.v1.CloseSessionRequest
+	54,  // 96: fence.v1.SessionService.ListSessions:input_type -> fence.v1.ListSessionsRequest
+	119, // 97: fence.v1.LockService.Watch:input_type -> fence.v1.LockWatchRequest
+	58,  // 98: fence.v1.LockService.Acquire:input_type -> fence.v1.AcquireRequest
+	60,  // 99: fence.v1.LockService.Release:input_type -> fence.v1.ReleaseRequest
+	68,  // 100: fence.v1.LockService.CancelAcquire:input_type -> fence.v1.CancelAcquireRequest
+	70,  // 101: fence.v1.LockService.Check:input_type -> fence.v1.CheckRequest
+	72,  // 102: fence.v1.LockService.ListLocks:input_type -> fence.v1.ListLocksRequest
+	62,  // 103: fence.v1.LockService.Lease:input_type -> fence.v1.LeaseRequest
+	64,  // 104: fence.v1.LockService.RenewLease:input_type -> fence.v1.RenewLeaseRequest
+	66,  // 105: fence.v1.LockService.ReleaseLease:input_type -> fence.v1.ReleaseLeaseRequest
+	90,  // 106: fence.v1.KVService.Put:input_type -> fence.v1.PutRequest
+	93,  // 107: fence.v1.KVService.Get:input_type -> fence.v1.GetRequest
+	95,  // 108: fence.v1.KVService.Delete:input_type -> fence.v1.DeleteRequest
+	97,  // 109: fence.v1.KVService.List:input_type -> fence.v1.ListRequest
+	99,  // 110: fence.v1.KVService.Watch:input_type -> fence.v1.WatchRequest
+	102, // 111: fence.v1.KVService.Txn:input_type -> fence.v1.TxnRequest
+	77,  // 112: fence.v1.ClusterService.Status:input_type -> fence.v1.StatusRequest
+	80,  // 113: fence.v1.ClusterService.AddMember:input_type -> fence.v1.AddMemberRequest
+	82,  // 114: fence.v1.ClusterService.RemoveMember:input_type -> fence.v1.RemoveMemberRequest
+	86,  // 115: fence.v1.ClusterService.Snapshot:input_type -> fence.v1.SnapshotRequest
+	84,  // 116: fence.v1.ClusterService.RevokeSession:input_type -> fence.v1.RevokeSessionRequest
+	111, // 117: fence.v1.StreamService.Session:input_type -> fence.v1.StreamRequest
+	10,  // 118: fence.v1.AuthService.AuthEnable:input_type -> fence.v1.AuthEnableRequest
+	12,  // 119: fence.v1.AuthService.AuthDisable:input_type -> fence.v1.AuthDisableRequest
+	14,  // 120: fence.v1.AuthService.AuthStatus:input_type -> fence.v1.AuthStatusRequest
+	18,  // 121: fence.v1.AuthService.UserAdd:input_type -> fence.v1.UserAddRequest
+	20,  // 122: fence.v1.AuthService.UserRemove:input_type -> fence.v1.UserRemoveRequest
+	22,  // 123: fence.v1.AuthService.UserList:input_type -> fence.v1.UserListRequest
+	24,  // 124: fence.v1.AuthService.UserSetQuota:input_type -> fence.v1.UserSetQuotaRequest
+	26,  // 125: fence.v1.AuthService.UserGrantRole:input_type -> fence.v1.UserGrantRoleRequest
+	28,  // 126: fence.v1.AuthService.UserRevokeRole:input_type -> fence.v1.UserRevokeRoleRequest
+	30,  // 127: fence.v1.AuthService.RoleAdd:input_type -> fence.v1.RoleAddRequest
+	32,  // 128: fence.v1.AuthService.RoleRemove:input_type -> fence.v1.RoleRemoveRequest
+	34,  // 129: fence.v1.AuthService.RoleGrantPermission:input_type -> fence.v1.RoleGrantPermissionRequest
+	36,  // 130: fence.v1.AuthService.RoleRevokePermission:input_type -> fence.v1.RoleRevokePermissionRequest
+	38,  // 131: fence.v1.AuthService.RoleList:input_type -> fence.v1.RoleListRequest
+	40,  // 132: fence.v1.AuthService.TokenCreate:input_type -> fence.v1.TokenCreateRequest
+	42,  // 133: fence.v1.AuthService.TokenRevoke:input_type -> fence.v1.TokenRevokeRequest
+	44,  // 134: fence.v1.AuthService.TokenList:input_type -> fence.v1.TokenListRequest
+	48,  // 135: fence.v1.SessionService.CreateSession:output_type -> fence.v1.CreateSessionResponse
+	50,  // 136: fence.v1.SessionService.KeepAlive:output_type -> fence.v1.KeepAliveResponse
+	53,  // 137: fence.v1.SessionService.CloseSession:output_type -> fence.v1.CloseSessionResponse
+	55,  // 138: fence.v1.SessionService.ListSessions:output_type -> fence.v1.ListSessionsResponse
+	120, // 139: fence.v1.LockService.Watch:output_type -> fence.v1.LockWatchResponse
+	59,  // 140: fence.v1.LockService.Acquire:output_type -> fence.v1.AcquireResponse
+	61,  // 141: fence.v1.LockService.Release:output_type -> fence.v1.ReleaseResponse
+	69,  // 142: fence.v1.LockService.CancelAcquire:output_type -> fence.v1.CancelAcquireResponse
+	71,  // 143: fence.v1.LockService.Check:output_type -> fence.v1.CheckResponse
+	76,  // 144: fence.v1.LockService.ListLocks:output_type -> fence.v1.ListLocksResponse
+	63,  // 145: fence.v1.LockService.Lease:output_type -> fence.v1.LeaseResponse
+	65,  // 146: fence.v1.LockService.RenewLease:output_type -> fence.v1.RenewLeaseResponse
+	67,  // 147: fence.v1.LockService.ReleaseLease:output_type -> fence.v1.ReleaseLeaseResponse
+	91,  // 148: fence.v1.KVService.Put:output_type -> fence.v1.PutResponse
+	94,  // 149: fence.v1.KVService.Get:output_type -> fence.v1.GetResponse
+	96,  // 150: fence.v1.KVService.Delete:output_type -> fence.v1.DeleteResponse
+	98,  // 151: fence.v1.KVService.List:output_type -> fence.v1.ListResponse
+	101, // 152: fence.v1.KVService.Watch:output_type -> fence.v1.WatchResponse
+	108, // 153: fence.v1.KVService.Txn:output_type -> fence.v1.TxnResponse
+	78,  // 154: fence.v1.ClusterService.Status:output_type -> fence.v1.StatusResponse
+	81,  // 155: fence.v1.ClusterService.AddMember:output_type -> fence.v1.AddMemberResponse
+	83,  // 156: fence.v1.ClusterService.RemoveMember:output_type -> fence.v1.RemoveMemberResponse
+	87,  // 157: fence.v1.ClusterService.Snapshot:output_type -> fence.v1.SnapshotResponse
+	85,  // 158: fence.v1.ClusterService.RevokeSession:output_type -> fence.v1.RevokeSessionResponse
+	118, // 159: fence.v1.StreamService.Session:output_type -> fence.v1.StreamResponse
+	11,  // 160: fence.v1.AuthService.AuthEnable:output_type -> fence.v1.AuthEnableResponse
+	13,  // 161: fence.v1.AuthService.AuthDisable:output_type -> fence.v1.AuthDisableResponse
+	15,  // 162: fence.v1.AuthService.AuthStatus:output_type -> fence.v1.AuthStatusResponse
+	19,  // 163: fence.v1.AuthService.UserAdd:output_type -> fence.v1.UserAddResponse
+	21,  // 164: fence.v1.AuthService.UserRemove:output_type -> fence.v1.UserRemoveResponse
+	23,  // 165: fence.v1.AuthService.UserList:output_type -> fence.v1.UserListResponse
+	25,  // 166: fence.v1.AuthService.UserSetQuota:output_type -> fence.v1.UserSetQuotaResponse
+	27,  // 167: fence.v1.AuthService.UserGrantRole:output_type -> fence.v1.UserGrantRoleResponse
+	29,  // 168: fence.v1.AuthService.UserRevokeRole:output_type -> fence.v1.UserRevokeRoleResponse
+	31,  // 169: fence.v1.AuthService.RoleAdd:output_type -> fence.v1.RoleAddResponse
+	33,  // 170: fence.v1.AuthService.RoleRemove:output_type -> fence.v1.RoleRemoveResponse
+	35,  // 171: fence.v1.AuthService.RoleGrantPermission:output_type -> fence.v1.RoleGrantPermissionResponse
+	37,  // 172: fence.v1.AuthService.RoleRevokePermission:output_type -> fence.v1.RoleRevokePermissionResponse
+	39,  // 173: fence.v1.AuthService.RoleList:output_type -> fence.v1.RoleListResponse
+	41,  // 174: fence.v1.AuthService.TokenCreate:output_type -> fence.v1.TokenCreateResponse
+	43,  // 175: fence.v1.AuthService.TokenRevoke:output_type -> fence.v1.TokenRevokeResponse
+	45,  // 176: fence.v1.AuthService.TokenList:output_type -> fence.v1.TokenListResponse
+	135, // [135:177] is the sub-list for method output_type
+	93,  // [93:135] is the sub-list for method input_type
+	93,  // [93:93] is the sub-list for extension type_name
+	93,  // [93:93] is the sub-list for extension extendee
+	0,   // [0:93] is the sub-list for field type_name
 }
 
 func init() { file_fence_v1_fence_proto_init() }
@@ -7952,6 +8744,23 @@ func file_fence_v1_fence_proto_init() {
 	}
 	file_fence_v1_fence_proto_msgTypes[80].OneofWrappers = []any{}
 	file_fence_v1_fence_proto_msgTypes[94].OneofWrappers = []any{
+		(*Compare_Value)(nil),
+		(*Compare_Version)(nil),
+		(*Compare_CreateRevision)(nil),
+		(*Compare_ModRevision)(nil),
+		(*Compare_Absent)(nil),
+	}
+	file_fence_v1_fence_proto_msgTypes[95].OneofWrappers = []any{
+		(*TxnOp_Put)(nil),
+		(*TxnOp_Delete)(nil),
+		(*TxnOp_Get)(nil),
+	}
+	file_fence_v1_fence_proto_msgTypes[100].OneofWrappers = []any{
+		(*TxnResult_Put)(nil),
+		(*TxnResult_Delete)(nil),
+		(*TxnResult_Get)(nil),
+	}
+	file_fence_v1_fence_proto_msgTypes[102].OneofWrappers = []any{
 		(*StreamRequest_CreateSession)(nil),
 		(*StreamRequest_KeepAlive)(nil),
 		(*StreamRequest_CloseSession)(nil),
@@ -7964,7 +8773,7 @@ func file_fence_v1_fence_proto_init() {
 		(*StreamRequest_Delete)(nil),
 		(*StreamRequest_Cancel)(nil),
 	}
-	file_fence_v1_fence_proto_msgTypes[101].OneofWrappers = []any{
+	file_fence_v1_fence_proto_msgTypes[109].OneofWrappers = []any{
 		(*StreamResponse_CreateSession)(nil),
 		(*StreamResponse_KeepAlive)(nil),
 		(*StreamResponse_CloseSession)(nil),
@@ -7982,8 +8791,8 @@ func file_fence_v1_fence_proto_init() {
 		File: protoimpl.DescBuilder{
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_fence_v1_fence_proto_rawDesc), len(file_fence_v1_fence_proto_rawDesc)),
-			NumEnums:      8,
-			NumMessages:   105,
+			NumEnums:      9,
+			NumMessages:   113,
 			NumExtensions: 0,
 			NumServices:   6,
 		},

@@ -12,7 +12,7 @@ const (
 	ForwardedByHeader = "Fence-Forwarded-By"
 
 	// IdempotencyKeyHeader names one write call across its retries: a
-	// CreateSession, Put or Delete whose key the service applied before is
+	// CreateSession, Put, Delete or Txn whose key the service applied before is
 	// not applied again, and answers as the first application did. Any
 	// printable text of 1 to 64 bytes, unique per call. The service
 	// remembers the last 10,000 keys.

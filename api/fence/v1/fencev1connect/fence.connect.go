@@ -94,6 +94,8 @@ const (
 	KVServiceListProcedure = "/fence.v1.KVService/List"
 	// KVServiceWatchProcedure is the fully-qualified name of the KVService's Watch RPC.
 	KVServiceWatchProcedure = "/fence.v1.KVService/Watch"
+	// KVServiceTxnProcedure is the fully-qualified name of the KVService's Txn RPC.
+	KVServiceTxnProcedure = "/fence.v1.KVService/Txn"
 	// ClusterServiceStatusProcedure is the fully-qualified name of the ClusterService's Status RPC.
 	ClusterServiceStatusProcedure = "/fence.v1.ClusterService/Status"
 	// ClusterServiceAddMemberProcedure is the fully-qualified name of the ClusterService's AddMember
@@ -718,6 +720,18 @@ type KVServiceClient interface {
 	// Watch streams the changes to keys that start with a prefix, in commit
 	// order, from the moment the watch starts.
 	Watch(context.Context, *connect.Request[v1.WatchRequest]) (*connect.ServerStreamForClient[v1.WatchResponse], error)
+	// Txn compares keys, then runs the operations of then if every compare
+	// holds, else those of else, in one commit (etcd's Txn): its writes
+	// share one revision, and watchers see them together at it. A failed
+	// compare is no error. A fenced txn's fence applies to each of its
+	// writes: one that the fenced write rule refuses (a stale token,
+	// strict mode, an unfenced write of a fenced key) refuses the whole
+	// txn, naming the key, and nothing of it applies; so do a session that
+	// does not exist and a limit. It takes the Idempotency-Key header, as
+	// Put does. A group still running an older version of fence on some
+	// member (a rolling upgrade) refuses it with FailedPrecondition, reason
+	// UNSUPPORTED, until every member runs one that speaks protocol 5.
+	Txn(context.Context, *connect.Request[v1.TxnRequest]) (*connect.Response[v1.TxnResponse], error)
 }
 
 // NewKVServiceClient constructs a client for the fence.v1.KVService service. By default, it uses
@@ -761,6 +775,12 @@ func NewKVServiceClient(httpClient connect.HTTPClient, baseURL string, opts ...c
 			connect.WithSchema(kVServiceMethods.ByName("Watch")),
 			connect.WithClientOptions(opts...),
 		),
+		txn: connect.NewClient[v1.TxnRequest, v1.TxnResponse](
+			httpClient,
+			baseURL+KVServiceTxnProcedure,
+			connect.WithSchema(kVServiceMethods.ByName("Txn")),
+			connect.WithClientOptions(opts...),
+		),
 	}
 }
 
@@ -771,6 +791,7 @@ type kVServiceClient struct {
 	delete *connect.Client[v1.DeleteRequest, v1.DeleteResponse]
 	list   *connect.Client[v1.ListRequest, v1.ListResponse]
 	watch  *connect.Client[v1.WatchRequest, v1.WatchResponse]
+	txn    *connect.Client[v1.TxnRequest, v1.TxnResponse]
 }
 
 // Put calls fence.v1.KVService.Put.
@@ -798,6 +819,11 @@ func (c *kVServiceClient) Watch(ctx context.Context, req *connect.Request[v1.Wat
 	return c.watch.CallServerStream(ctx, req)
 }
 
+// Txn calls fence.v1.KVService.Txn.
+func (c *kVServiceClient) Txn(ctx context.Context, req *connect.Request[v1.TxnRequest]) (*connect.Response[v1.TxnResponse], error) {
+	return c.txn.CallUnary(ctx, req)
+}
+
 // KVServiceHandler is an implementation of the fence.v1.KVService service.
 type KVServiceHandler interface {
 	// Put writes a value, fenced by a lock's token.
@@ -812,6 +838,18 @@ type KVServiceHandler interface {
 	// Watch streams the changes to keys that start with a prefix, in commit
 	// order, from the moment the watch starts.
 	Watch(context.Context, *connect.Request[v1.WatchRequest], *connect.ServerStream[v1.WatchResponse]) error
+	// Txn compares keys, then runs the operations of then if every compare
+	// holds, else those of else, in one commit (etcd's Txn): its writes
+	// share one revision, and watchers see them together at it. A failed
+	// compare is no error. A fenced txn's fence applies to each of its
+	// writes: one that the fenced write rule refuses (a stale token,
+	// strict mode, an unfenced write of a fenced key) refuses the whole
+	// txn, naming the key, and nothing of it applies; so do a session that
+	// does not exist and a limit. It takes the Idempotency-Key header, as
+	// Put does. A group still running an older version of fence on some
+	// member (a rolling upgrade) refuses it with FailedPrecondition, reason
+	// UNSUPPORTED, until every member runs one that speaks protocol 5.
+	Txn(context.Context, *connect.Request[v1.TxnRequest]) (*connect.Response[v1.TxnResponse], error)
 }
 
 // NewKVServiceHandler builds an HTTP handler from the service implementation. It returns the path
@@ -851,6 +889,12 @@ func NewKVServiceHandler(svc KVServiceHandler, opts ...connect.HandlerOption) (s
 		connect.WithSchema(kVServiceMethods.ByName("Watch")),
 		connect.WithHandlerOptions(opts...),
 	)
+	kVServiceTxnHandler := connect.NewUnaryHandler(
+		KVServiceTxnProcedure,
+		svc.Txn,
+		connect.WithSchema(kVServiceMethods.ByName("Txn")),
+		connect.WithHandlerOptions(opts...),
+	)
 	return "/fence.v1.KVService/", http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		switch r.URL.Path {
 		case KVServicePutProcedure:
@@ -863,6 +907,8 @@ func NewKVServiceHandler(svc KVServiceHandler, opts ...connect.HandlerOption) (s
 			kVServiceListHandler.ServeHTTP(w, r)
 		case KVServiceWatchProcedure:
 			kVServiceWatchHandler.ServeHTTP(w, r)
+		case KVServiceTxnProcedure:
+			kVServiceTxnHandler.ServeHTTP(w, r)
 		default:
 			http.NotFound(w, r)
 		}
@@ -890,6 +936,10 @@ func (UnimplementedKVServiceHandler) List(context.Context, *connect.Request[v1.L
 
 func (UnimplementedKVServiceHandler) Watch(context.Context, *connect.Request[v1.WatchRequest], *connect.ServerStream[v1.WatchResponse]) error {
 	return connect.NewError(connect.CodeUnimplemented, errors.New("fence.v1.KVService.Watch is not implemented"))
+}
+
+func (UnimplementedKVServiceHandler) Txn(context.Context, *connect.Request[v1.TxnRequest]) (*connect.Response[v1.TxnResponse], error) {
+	return nil, connect.NewError(connect.CodeUnimplemented, errors.New("fence.v1.KVService.Txn is not implemented"))
 }
 
 // ClusterServiceClient is a client for the fence.v1.ClusterService service.
