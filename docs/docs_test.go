@@ -1,40 +1,66 @@
 // Package docs_test runs the documentation: every shell block of README.md
 // and docs/**/*.md, as written, against real fence nodes, and every Go
 // program shown, so that a page cannot say what the program does not do.
+// This comment is the one description of the conventions; docs/README.md,
+// "Writing docs", points here.
 //
-// How a page is run (docs/README.md, "Pages are tests", says it for
-// writers):
+// How a page is run:
 //
 //   - A page's ```sh blocks run in order, in one bash (set -euo pipefail)
-//     whose working directory is a new empty one, with the fence command
-//     built from this checkout first on PATH. Variables and background
-//     processes carry from one block to the next; everything the page
-//     started is killed when it ends.
+//     whose working directory is a new empty one and whose HOME is that
+//     directory too. First on PATH are the fence command built from this
+//     checkout and the programs of examples/ (fenced-storage, election,
+//     job-once, ...), as "go install ./cmd/fence ./examples/..." would
+//     leave them. Variables and background processes carry from one block
+//     to the next; everything the page started is killed when it ends.
+//     Pages run one after another.
+//   - A command that is meant to fail is written so that the page goes on:
+//     "fence kv put ... || echo "exit $?"".
 //   - A line "#> text" after a command shows what that command prints
 //     (stdout and stderr as a terminal shows them): the lines are compared,
 //     "..." matching any run of characters within a line. Several "#>"
 //     lines are several lines of output, in order; others may come between.
-//   - ```sh serve: the block starts a node in the background (it ends with
-//     &); the page goes on once 127.0.0.1:7420 (or the address after
-//     "serve=") answers /readyz.
-//   - ```sh norun REASON: not run (a crontab line, a command for another
-//     machine); REASON says why and how it is checked instead. A block with
-//     neither is run.
-//   - ```go blocks are whole programs (package main), built against this
-//     checkout and run after the page's shell blocks so far (a node is
-//     up); ```go norun REASON marks a fragment shown for reading, checked
-//     elsewhere (an Example test, a file the page quotes).
+//     A printed line that is a whole JSON value is compared in its compact
+//     form (no spaces between tokens): the API's JSON encoder varies its
+//     spacing from build to build on purpose, so write such lines compact.
+//   - ```sh serve: the block starts nodes in the background (its commands
+//     end with &); the page goes on once 127.0.0.1:7420, or each address
+//     of "serve=ADDR,ADDR,...", answers /readyz over plain HTTP (for a TLS
+//     node, name its --listen-metrics address). Before the block runs, none
+//     of those addresses may answer already: a node left from elsewhere
+//     would be tested in the page's place. A page that starts more than the
+//     one default node gives its nodes fixed ports of its own in the range
+//     17400-17999, and says so.
+//   - ```sh norun REASON: not run (a crontab line, a manifest, a command for
+//     another machine); REASON says why and how it is checked instead. A
+//     block with neither is run.
+//   - ```go blocks are whole programs (package main). Each is built in a
+//     module of its own made as a user makes one before fence is published
+//     ("go mod init", then "go mod edit -require=github.com/fencelock/fence@v0.0.0
+//     -replace=github.com/fencelock/fence=CHECKOUT", then "go mod tidy"),
+//     and run in the page's directory after the page's shell blocks so far
+//     (a node is up). If the program ends with a comment "// Output:" and
+//     comment lines after it, what it prints is compared with them as with
+//     "#>".
+//   - ```go norun REASON marks a fragment shown for reading and checked
+//     elsewhere. When REASON starts with "quoted from PATH" (a file from the
+//     repository's root), the fragment must be in that file word for word,
+//     indentation aside, as recipetest.CheckSnippets checks docs/uses.
 //
 // The test logs how many blocks of each kind it ran, and fails for a page
-// whose blocks fail.
+// whose blocks fail. TestEveryBlockIsRunOrMarked is the fast half: every
+// block is run or marked, and every quote is the file's.
 package docs_test
 
 import (
 	"bufio"
+	"bytes"
 	"context"
+	"encoding/json"
 	"fmt"
 	"io"
 	"io/fs"
+	"net"
 	"net/http"
 	"os"
 	"os/exec"
@@ -50,9 +76,44 @@ import (
 	"github.com/fencelock/fence/internal/testbin"
 )
 
-var fenceBin string
+var (
+	fenceBin    string
+	examplesDir string // the examples' programs, built by the first page that runs
+	examplesErr error
+	examples    sync.Once
+)
 
-func TestMain(m *testing.M) { os.Exit(testbin.RunWithFence(m, &fenceBin)) }
+func TestMain(m *testing.M) {
+	dir, err := os.MkdirTemp("", "fence-docs-examples-")
+	if err != nil {
+		fmt.Fprintln(os.Stderr, err)
+		os.Exit(1)
+	}
+	examplesDir = dir
+	code := testbin.RunWithFence(m, &fenceBin)
+	os.RemoveAll(dir)
+	os.Exit(code)
+}
+
+// buildExamples builds every program of examples/ into examplesDir, once,
+// as "go install ./examples/..." would name them.
+func buildExamples(t *testing.T) {
+	t.Helper()
+	examples.Do(func() {
+		args := []string{"build", "-o", examplesDir + string(filepath.Separator)}
+		if testbin.Race() {
+			args = append(args, "-race")
+		}
+		cmd := exec.Command("go", append(args, "./examples/...")...)
+		cmd.Dir = ".."
+		if out, err := cmd.CombinedOutput(); err != nil {
+			examplesErr = fmt.Errorf("go %s: %v\n%s", strings.Join(args, " "), err, out)
+		}
+	})
+	if examplesErr != nil {
+		t.Fatal(examplesErr)
+	}
+}
 
 // block is a fenced code block of a page.
 type block struct {
@@ -70,6 +131,15 @@ func (b block) attr(name string) (string, bool) {
 		}
 	}
 	return "", false
+}
+
+// norun returns the reason of a block marked norun.
+func (b block) norun() (reason string, marked bool) {
+	f := strings.Fields(b.attrs)
+	if len(f) == 0 || f[0] != "norun" {
+		return "", false
+	}
+	return strings.TrimSpace(strings.TrimPrefix(strings.TrimSpace(b.attrs), "norun")), true
 }
 
 // blocks returns the fenced code blocks of a markdown page.
@@ -93,10 +163,11 @@ func blocks(page string) []block {
 	return out
 }
 
-// pages lists README.md and docs/**/*.md, relative to the repository.
+// pages lists README.md, CHANGELOG.md and docs/**/*.md, relative to the
+// repository.
 func pages(t *testing.T) []string {
 	t.Helper()
-	out := []string{"README.md"}
+	out := []string{"README.md", "CHANGELOG.md"}
 	err := filepath.WalkDir(".", func(path string, d fs.DirEntry, err error) error {
 		if err == nil && !d.IsDir() && strings.HasSuffix(path, ".md") {
 			out = append(out, filepath.Join("docs", path))
@@ -109,33 +180,36 @@ func pages(t *testing.T) []string {
 	return out
 }
 
+// tally counts a page's blocks.
+type tally struct{ sh, goProgs, marked int }
+
+func (a *tally) add(b tally) { a.sh += b.sh; a.goProgs += b.goProgs; a.marked += b.marked }
+
+func (a tally) String() string {
+	return fmt.Sprintf("ran %d shell blocks and %d Go programs; %d marked norun", a.sh, a.goProgs, a.marked)
+}
+
 // TestPagesRun runs every page.
 func TestPagesRun(t *testing.T) {
 	if testing.Short() {
 		t.Skip("runs every page against real nodes")
 	}
-	var ran, marked int
+	var all tally
 	for _, page := range pages(t) {
 		t.Run(page, func(t *testing.T) {
-			r, m := runPage(t, page)
-			ran += r
-			marked += m
+			start := time.Now()
+			n := runPage(t, page)
+			t.Logf("%s: %v (%.1fs)", page, n, time.Since(start).Seconds())
+			all.add(n)
 		})
 	}
-	t.Logf("ran %d blocks; %d marked norun", ran, marked)
+	t.Logf("all pages: %v", all)
 }
 
 // expectation is what a page shows a command printing.
 type expectation struct {
 	line  int // of the page
 	lines []string
-}
-
-// script is a page's shell blocks, made into one bash script with a
-// sentinel after each block and around each command whose output is shown.
-type script struct {
-	parts  []string // one per block
-	checks map[int]expectation
 }
 
 // shellPart rewrites block b (the page's n-th runnable block) for the
@@ -162,38 +236,54 @@ func shellPart(b block, n int, checks map[int]expectation) string {
 	return out.String()
 }
 
-// runPage runs one page and returns how many blocks it ran and how many
-// are marked norun.
-func runPage(t *testing.T, page string) (ran, marked int) {
+// runPage runs one page and counts its blocks.
+func runPage(t *testing.T, page string) (n tally) {
 	data, err := os.ReadFile(filepath.Join("..", page))
 	if err != nil {
 		t.Fatal(err)
 	}
+	bs := blocks(string(data))
+	if !slices.ContainsFunc(bs, func(b block) bool { _, m := b.norun(); return !m && (b.lang == "sh" || b.lang == "go") }) {
+		for _, b := range bs {
+			if _, m := b.norun(); m {
+				n.marked++
+			}
+		}
+		return n
+	}
+	buildExamples(t)
 	dir := t.TempDir()
 	sh := startShell(t, dir)
 	checks := map[int]expectation{}
-	for _, b := range blocks(string(data)) {
-		if _, ok := b.attr("norun"); ok {
-			if strings.TrimSpace(strings.TrimPrefix(b.attrs, "norun")) == "" {
+	for _, b := range bs {
+		if reason, ok := b.norun(); ok {
+			if reason == "" {
 				t.Errorf("%s:%d: a norun block says why it is not run, and how it is checked instead", page, b.line)
 			}
-			marked++
+			n.marked++
 			continue
 		}
 		switch b.lang {
 		case "sh", "bash":
-			n := ran
-			ran++
-			if err := sh.run(shellPart(b, n, checks), n); err != nil {
+			addrs, serve := serveAddrs(b)
+			if serve {
+				for _, a := range addrs {
+					if c, err := net.DialTimeout("tcp", a, time.Second); err == nil {
+						c.Close()
+						t.Fatalf("%s:%d: something already listens on %s, which the page's node needs: stop it (another fence?)", page, b.line, a)
+					}
+				}
+			}
+			if err := sh.run(shellPart(b, n.sh, checks), n.sh); err != nil {
 				t.Fatalf("%s:%d: the block fails: %v\noutput:\n%s", page, b.line, err, sh.output())
 			}
-			if _, ok := b.attr("serve"); ok {
-				addr, _ := b.attr("serve")
-				waitReady(t, page, b.line, cmpOr(addr, "127.0.0.1:7420"), sh)
+			n.sh++
+			for _, a := range addrs {
+				waitReady(t, page, b.line, a, sh)
 			}
 		case "go":
-			ran++
-			runGo(t, page, b, dir)
+			n.goProgs++
+			runGo(t, page, b, dir, sh)
 		}
 	}
 	sh.close()
@@ -208,22 +298,32 @@ func runPage(t *testing.T, page string) (ran, marked int) {
 				strings.Join(want.lines, "\n\t"), strings.ReplaceAll(strings.TrimRight(got, "\n"), "\n", "\n\t"))
 		}
 	}
-	return ran, marked
+	return n
 }
 
-func cmpOr(a, b string) string {
-	if a != "" {
-		return a
+// serveAddrs returns the addresses a serve block's nodes answer /readyz on.
+func serveAddrs(b block) ([]string, bool) {
+	v, ok := b.attr("serve")
+	if !ok {
+		return nil, false
 	}
-	return b
+	if v == "" {
+		return []string{"127.0.0.1:7420"}, true
+	}
+	return strings.Split(v, ","), true
 }
 
 // matches reports whether the lines of want appear in got in order, each
-// matching a whole line, "..." standing for any run of characters.
+// matching a whole line, "..." standing for any run of characters; a line
+// that is a whole JSON value is compared in its compact form.
 func matches(got string, want []string) bool {
 	lines := strings.Split(strings.TrimRight(got, "\n"), "\n")
+	for i := range lines {
+		lines[i] = compactJSON(lines[i])
+	}
 	i := 0
 	for _, w := range want {
+		w = compactJSON(w)
 		re := regexp.MustCompile("^" + strings.ReplaceAll(regexp.QuoteMeta(w), `\.\.\.`, ".*") + "$")
 		for i < len(lines) && !re.MatchString(lines[i]) {
 			i++
@@ -234,6 +334,19 @@ func matches(got string, want []string) bool {
 		i++
 	}
 	return true
+}
+
+// compactJSON returns line compacted if it is a JSON object or array.
+func compactJSON(line string) string {
+	trimmed := strings.TrimSpace(line)
+	if !strings.HasPrefix(trimmed, "{") && !strings.HasPrefix(trimmed, "[") {
+		return line
+	}
+	var buf bytes.Buffer
+	if json.Compact(&buf, []byte(trimmed)) != nil {
+		return line
+	}
+	return buf.String()
 }
 
 // shell is one bash that runs a page's blocks in turn.
@@ -336,8 +449,9 @@ func (s *shell) close() {
 	<-s.done
 }
 
-// pageEnv is a page's environment: the fence of this checkout first on
-// PATH, a home of its own, nothing of the caller's fence settings.
+// pageEnv is a page's environment: the fence of this checkout and the
+// examples' programs first on PATH, a home of its own, nothing of the
+// caller's fence settings.
 func pageEnv(dir string) []string {
 	var env []string
 	for _, kv := range os.Environ() {
@@ -347,7 +461,8 @@ func pageEnv(dir string) []string {
 		}
 		env = append(env, kv)
 	}
-	return append(env, "HOME="+dir, "PATH="+filepath.Dir(fenceBin)+":"+os.Getenv("PATH"))
+	path := filepath.Dir(fenceBin) + string(os.PathListSeparator) + examplesDir + string(os.PathListSeparator) + os.Getenv("PATH")
+	return append(env, "HOME="+dir, "PATH="+path)
 }
 
 // waitReady waits until the node a serve block started answers /readyz.
@@ -367,51 +482,77 @@ func waitReady(t *testing.T, page string, line int, addr string, sh *shell) {
 	t.Fatalf("%s:%d: the node at %s is not ready after 30s; output:\n%s", page, line, addr, sh.output())
 }
 
-// runGo builds the program of a go block against this checkout and runs
-// it in the page's directory.
-func runGo(t *testing.T, page string, b block, dir string) {
+// runGo builds the program of a go block against this checkout, in a
+// module made as a user makes one, and runs it in the page's directory.
+func runGo(t *testing.T, page string, b block, dir string, sh *shell) {
 	t.Helper()
 	if !strings.Contains(b.body, "package main") {
-		t.Errorf("%s:%d: a go block is a whole program (package main), or is marked norun with a reason", page, b.line)
-		return
+		t.Fatalf("%s:%d: a go block is a whole program (package main), or is marked norun with a reason", page, b.line)
 	}
 	repo, err := filepath.Abs("..")
 	if err != nil {
 		t.Fatal(err)
 	}
 	src := filepath.Join(t.TempDir(), "prog")
-	mod := "module docsprog\n\ngo 1.26\n\nrequire github.com/fencelock/fence v0.0.0\n\nreplace github.com/fencelock/fence => " + repo + "\n"
-	for name, data := range map[string]string{"go.mod": mod, "main.go": b.body} {
-		if err := os.MkdirAll(src, 0o700); err != nil {
-			t.Fatal(err)
-		}
-		if err := os.WriteFile(filepath.Join(src, name), []byte(data), 0o600); err != nil {
-			t.Fatal(err)
-		}
+	if err := os.MkdirAll(src, 0o700); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(filepath.Join(src, "main.go"), []byte(b.body), 0o600); err != nil {
+		t.Fatal(err)
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
 	defer cancel()
-	tidy := exec.CommandContext(ctx, "go", "mod", "tidy")
-	tidy.Dir = src
-	if out, err := tidy.CombinedOutput(); err != nil {
-		t.Fatalf("%s:%d: go mod tidy: %v\n%s", page, b.line, err, out)
+	for _, args := range [][]string{
+		{"mod", "init", "example.com/docsprog"},
+		{"mod", "edit", "-require=github.com/fencelock/fence@v0.0.0", "-replace=github.com/fencelock/fence=" + repo},
+		{"mod", "tidy"},
+		{"build", "-o", "prog", "."},
+	} {
+		cmd := exec.CommandContext(ctx, "go", args...)
+		cmd.Dir = src
+		if out, err := cmd.CombinedOutput(); err != nil {
+			t.Fatalf("%s:%d: go %s: %v\n%s", page, b.line, strings.Join(args, " "), err, out)
+		}
 	}
-	bin := filepath.Join(src, "prog")
-	build := exec.CommandContext(ctx, "go", "build", "-o", bin, ".")
-	build.Dir = src
-	if out, err := build.CombinedOutput(); err != nil {
-		t.Fatalf("%s:%d: the program does not build: %v\n%s", page, b.line, err, out)
-	}
-	run := exec.CommandContext(ctx, bin)
+	runCtx, cancelRun := context.WithTimeout(context.Background(), 2*time.Minute)
+	defer cancelRun()
+	run := exec.CommandContext(runCtx, filepath.Join(src, "prog"))
 	run.Dir = dir
 	run.Env = pageEnv(dir)
-	if out, err := run.CombinedOutput(); err != nil {
-		t.Fatalf("%s:%d: the program fails: %v\n%s", page, b.line, err, out)
+	out, err := run.CombinedOutput()
+	if err != nil {
+		t.Fatalf("%s:%d: the program fails: %v\n%s\nthe page's shell so far:\n%s", page, b.line, err, out, sh.output())
+	}
+	if want := programOutput(b.body); want != nil && !matches(string(out), want) {
+		t.Errorf("%s:%d: the program's // Output: comment shows\n\t%s\nthe program printed\n\t%s", page, b.line,
+			strings.Join(want, "\n\t"), strings.ReplaceAll(strings.TrimRight(string(out), "\n"), "\n", "\n\t"))
 	}
 }
 
+// programOutput returns the lines of a program's "// Output:" comment, or
+// nil if it has none.
+func programOutput(body string) []string {
+	lines := strings.Split(body, "\n")
+	for i, l := range lines {
+		if strings.TrimSpace(l) != "// Output:" {
+			continue
+		}
+		want := []string{}
+		for _, l := range lines[i+1:] {
+			l = strings.TrimSpace(l)
+			if !strings.HasPrefix(l, "//") {
+				break
+			}
+			want = append(want, strings.TrimPrefix(strings.TrimPrefix(l, "//"), " "))
+		}
+		return want
+	}
+	return nil
+}
+
 // TestEveryBlockIsRunOrMarked is the fast half: every shell and Go block
-// of every page is one the runner runs, or is marked norun with a reason.
+// of every page is one the runner runs, or is marked norun with a reason,
+// and a fragment "quoted from PATH" is in that file.
 func TestEveryBlockIsRunOrMarked(t *testing.T) {
 	for _, page := range pages(t) {
 		data, err := os.ReadFile(filepath.Join("..", page))
@@ -419,10 +560,12 @@ func TestEveryBlockIsRunOrMarked(t *testing.T) {
 			t.Fatal(err)
 		}
 		for _, b := range blocks(string(data)) {
-			_, marked := b.attr("norun")
+			reason, marked := b.norun()
 			switch {
-			case marked && strings.TrimSpace(strings.TrimPrefix(b.attrs, "norun")) == "":
+			case marked && reason == "":
 				t.Errorf("%s:%d: norun without a reason", page, b.line)
+			case marked && strings.HasPrefix(reason, "quoted from "):
+				checkQuote(t, page, b, reason)
 			case !marked && b.lang == "go" && !strings.Contains(b.body, "package main"):
 				t.Errorf("%s:%d: a go block that is not a whole program must be marked norun, with a reason", page, b.line)
 			case !marked && b.lang == "" && looksLikeShell(b.body):
@@ -432,11 +575,45 @@ func TestEveryBlockIsRunOrMarked(t *testing.T) {
 	}
 }
 
+// checkQuote checks that block b, marked "norun quoted from PATH ...", is
+// in the file PATH line for line, indentation and blank lines aside.
+func checkQuote(t *testing.T, page string, b block, reason string) {
+	t.Helper()
+	path := strings.TrimRight(strings.Fields(strings.TrimPrefix(reason, "quoted from "))[0], ",;:")
+	src, err := os.ReadFile(filepath.Join("..", path))
+	if err != nil {
+		t.Errorf("%s:%d: the block is quoted from %s: %v", page, b.line, path, err)
+		return
+	}
+	if !containsLines(trimLines(string(src)), trimLines(b.body)) {
+		t.Errorf("%s:%d: the block is not in %s word for word:\n%s", page, b.line, path, b.body)
+	}
+}
+
+func trimLines(s string) []string {
+	var out []string
+	for _, l := range strings.Split(s, "\n") {
+		if l = strings.TrimSpace(l); l != "" {
+			out = append(out, l)
+		}
+	}
+	return out
+}
+
+func containsLines(src, block []string) bool {
+	for i := 0; i+len(block) <= len(src); i++ {
+		if slices.Equal(src[i:i+len(block)], block) {
+			return true
+		}
+	}
+	return false
+}
+
 // looksLikeShell reports whether an unlabelled block holds commands.
 func looksLikeShell(body string) bool {
 	for _, line := range strings.Split(body, "\n") {
 		f := strings.Fields(line)
-		if len(f) > 0 && slices.Contains([]string{"fence", "curl", "go", "kubectl", "systemctl", "openssl"}, f[0]) {
+		if len(f) > 0 && slices.Contains([]string{"fence", "curl", "go", "kubectl", "systemctl", "openssl", "docker"}, f[0]) {
 			return true
 		}
 	}
