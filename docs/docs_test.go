@@ -77,10 +77,10 @@ import (
 )
 
 var (
-	fenceBin    string
-	examplesDir string // the examples' programs, built by the first page that runs
-	examplesErr error
-	examples    sync.Once
+	fenceBin      string
+	examplesDir   string          // the examples' programs that pages run
+	examplesMu    sync.Mutex      // guards examplesBuilt
+	examplesBuilt map[string]bool // by name, those built into examplesDir
 )
 
 func TestMain(m *testing.M) {
@@ -89,30 +89,59 @@ func TestMain(m *testing.M) {
 		fmt.Fprintln(os.Stderr, err)
 		os.Exit(1)
 	}
-	examplesDir = dir
+	examplesDir, examplesBuilt = dir, map[string]bool{}
 	code := testbin.RunWithFence(m, &fenceBin)
 	os.RemoveAll(dir)
 	os.Exit(code)
 }
 
-// buildExamples builds every program of examples/ into examplesDir, once,
-// as "go install ./examples/..." would name them.
-func buildExamples(t *testing.T) {
+// buildExamples builds the programs of examples/ that the page's shell
+// blocks run into examplesDir, as "go install ./examples/..." would name
+// them; each is built once.
+func buildExamples(t *testing.T, bs []block) {
 	t.Helper()
-	examples.Do(func() {
-		args := []string{"build", "-o", examplesDir + string(filepath.Separator)}
-		if testbin.Race() {
-			args = append(args, "-race")
-		}
-		cmd := exec.Command("go", append(args, "./examples/...")...)
-		cmd.Dir = ".."
-		if out, err := cmd.CombinedOutput(); err != nil {
-			examplesErr = fmt.Errorf("go %s: %v\n%s", strings.Join(args, " "), err, out)
-		}
-	})
-	if examplesErr != nil {
-		t.Fatal(examplesErr)
+	examplesMu.Lock()
+	defer examplesMu.Unlock()
+	dirs, err := os.ReadDir("../examples")
+	if err != nil {
+		t.Fatal(err)
 	}
+	var pkgs []string
+	for _, d := range dirs {
+		name := d.Name()
+		if !d.IsDir() || examplesBuilt[name] || !slices.ContainsFunc(bs, func(b block) bool { return runsCommand(b, name) }) {
+			continue
+		}
+		pkgs = append(pkgs, "./examples/"+name)
+		examplesBuilt[name] = true
+	}
+	if len(pkgs) == 0 {
+		return
+	}
+	args := []string{"build", "-o", examplesDir + string(filepath.Separator)}
+	if testbin.Race() {
+		args = append(args, "-race")
+	}
+	cmd := exec.Command("go", append(args, pkgs...)...)
+	cmd.Dir = ".."
+	if out, err := cmd.CombinedOutput(); err != nil {
+		t.Fatalf("go %s: %v\n%s", strings.Join(cmd.Args[1:], " "), err, out)
+	}
+}
+
+// runsCommand reports whether a runnable shell block runs the command
+// name: at the start of a line, or after ;, &, |, ( or $(.
+func runsCommand(b block, name string) bool {
+	if _, marked := b.norun(); marked || (b.lang != "sh" && b.lang != "bash") {
+		return false
+	}
+	re := regexp.MustCompile(`(^|[;&|(]|\$\()\s*` + regexp.QuoteMeta(name) + `(\s|$)`)
+	for _, line := range strings.Split(b.body, "\n") {
+		if re.MatchString(line) {
+			return true
+		}
+	}
+	return false
 }
 
 // block is a fenced code block of a page.
@@ -251,7 +280,7 @@ func runPage(t *testing.T, page string) (n tally) {
 		}
 		return n
 	}
-	buildExamples(t)
+	buildExamples(t, bs)
 	dir := t.TempDir()
 	sh := startShell(t, dir)
 	checks := map[int]expectation{}
@@ -274,6 +303,7 @@ func runPage(t *testing.T, page string) (n tally) {
 					}
 				}
 			}
+			start := time.Now()
 			if err := sh.run(shellPart(b, n.sh, checks), n.sh); err != nil {
 				t.Fatalf("%s:%d: the block fails: %v\noutput:\n%s", page, b.line, err, sh.output())
 			}
@@ -281,9 +311,12 @@ func runPage(t *testing.T, page string) (n tally) {
 			for _, a := range addrs {
 				waitReady(t, page, b.line, a, sh)
 			}
+			logSlow(t, page, b, start)
 		case "go":
+			start := time.Now()
 			n.goProgs++
 			runGo(t, page, b, dir, sh)
+			logSlow(t, page, b, start)
 		}
 	}
 	sh.close()
@@ -299,6 +332,14 @@ func runPage(t *testing.T, page string) (n tally) {
 		}
 	}
 	return n
+}
+
+// logSlow logs a block that took more than two seconds, to keep the
+// pages' time in view.
+func logSlow(t *testing.T, page string, b block, start time.Time) {
+	if d := time.Since(start); d > 2*time.Second {
+		t.Logf("%s:%d: %s block took %.1fs", page, b.line, b.lang, d.Seconds())
+	}
 }
 
 // serveAddrs returns the addresses a serve block's nodes answer /readyz on.
