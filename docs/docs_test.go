@@ -320,7 +320,8 @@ func runPage(t *testing.T, page string) (n tally) {
 		}
 	}
 	sh.close()
-	for id, want := range checks {
+	for id := range len(checks) {
+		want := checks[id]
 		got, ok := sh.region(id)
 		if !ok {
 			t.Errorf("%s:%d: the command did not run to its end", page, want.line)
