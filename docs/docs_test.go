@@ -20,6 +20,8 @@
 //     (stdout and stderr as a terminal shows them): the lines are compared,
 //     "..." matching any run of characters within a line. Several "#>"
 //     lines are several lines of output, in order; others may come between.
+//     A command continued with a backslash at the end of its lines is one
+//     command; a loop or an if whose output is shown goes on one line.
 //     A printed line that is a whole JSON value is compared in its compact
 //     form (no spaces between tokens): the API's JSON encoder varies its
 //     spacing from build to build on purpose, so write such lines compact.
@@ -243,22 +245,34 @@ type expectation struct {
 
 // shellPart rewrites block b (the page's n-th runnable block) for the
 // page's bash: sentinels around each command whose output the page shows.
+// A command continued with a backslash is one command.
 func shellPart(b block, n int, checks map[int]expectation) string {
+	type command struct {
+		line int // of the page
+		text string
+	}
+	var cmds []command
+	for i, l := range strings.Split(strings.TrimRight(b.body, "\n"), "\n") {
+		if k := len(cmds); k > 0 && strings.HasSuffix(cmds[k-1].text, "\\") {
+			cmds[k-1].text += "\n" + l
+			continue
+		}
+		cmds = append(cmds, command{line: b.line + 1 + i, text: l})
+	}
 	var out strings.Builder
-	lines := strings.Split(strings.TrimRight(b.body, "\n"), "\n")
-	for i := 0; i < len(lines); i++ {
+	for i := 0; i < len(cmds); i++ {
 		var shown []string
 		j := i + 1
-		for ; j < len(lines) && strings.HasPrefix(strings.TrimSpace(lines[j]), "#>"); j++ {
-			shown = append(shown, strings.TrimPrefix(strings.TrimPrefix(strings.TrimSpace(lines[j]), "#>"), " "))
+		for ; j < len(cmds) && strings.HasPrefix(strings.TrimSpace(cmds[j].text), "#>"); j++ {
+			shown = append(shown, strings.TrimPrefix(strings.TrimPrefix(strings.TrimSpace(cmds[j].text), "#>"), " "))
 		}
 		if len(shown) == 0 {
-			out.WriteString(lines[i] + "\n")
+			out.WriteString(cmds[i].text + "\n")
 			continue
 		}
 		id := len(checks)
-		checks[id] = expectation{line: b.line + 1 + i, lines: shown}
-		fmt.Fprintf(&out, "echo '<<<OUT %d>>>'\n%s\necho '<<<END %d>>>'\n", id, lines[i], id)
+		checks[id] = expectation{line: cmds[i].line, lines: shown}
+		fmt.Fprintf(&out, "echo '<<<OUT %d>>>'\n%s\necho '<<<END %d>>>'\n", id, cmds[i].text, id)
 		i = j - 1
 	}
 	fmt.Fprintf(&out, "echo '<<<BLOCK %d>>>'\n", n)
