@@ -462,7 +462,7 @@ func (s *shell) run(part string, n int) error {
 		return err
 	}
 	want := fmt.Sprintf("<<<BLOCK %d>>>", n)
-	timeout := time.After(5 * time.Minute)
+	timeout := time.After(2 * time.Minute)
 	for {
 		select {
 		case line := <-s.seen:
@@ -472,7 +472,7 @@ func (s *shell) run(part string, n int) error {
 		case <-s.done:
 			return fmt.Errorf("bash exited (%v)", s.cmd.ProcessState)
 		case <-timeout:
-			return fmt.Errorf("still running after 5 minutes")
+			return fmt.Errorf("still running after 2 minutes")
 		}
 	}
 }
