@@ -50,8 +50,10 @@
 //     indentation aside, as recipetest.CheckSnippets checks docs/uses.
 //
 // The test logs how many blocks of each kind it ran, and fails for a page
-// whose blocks fail. TestEveryBlockIsRunOrMarked is the fast half: every
-// block is run or marked, and every quote is the file's.
+// whose blocks fail. The fast half: TestEveryBlockIsRunOrMarked (every
+// block is run or marked, and every quote is the file's) and
+// TestLinksResolve (every relative link names a file, and an anchor a
+// heading of the page it names).
 package docs_test
 
 import (
@@ -74,6 +76,7 @@ import (
 	"syscall"
 	"testing"
 	"time"
+	"unicode"
 
 	"github.com/fencelock/fence/internal/testbin"
 )
@@ -674,4 +677,85 @@ func looksLikeShell(body string) bool {
 		}
 	}
 	return false
+}
+
+// TestLinksResolve checks that every relative link of every page names a
+// file of the repository, and a heading of it when it has an anchor.
+func TestLinksResolve(t *testing.T) {
+	link := regexp.MustCompile(`\]\(([^)\s]+)\)`)
+	for _, page := range pages(t) {
+		data, err := os.ReadFile(filepath.Join("..", page))
+		if err != nil {
+			t.Fatal(err)
+		}
+		for _, m := range link.FindAllStringSubmatch(prose(string(data)), -1) {
+			target := m[1]
+			if strings.Contains(target, "://") || strings.HasPrefix(target, "mailto:") {
+				continue
+			}
+			file, anchor, _ := strings.Cut(target, "#")
+			path := filepath.Join("..", filepath.Dir(page), file)
+			if file == "" {
+				path = filepath.Join("..", page)
+			}
+			info, err := os.Stat(path)
+			if err != nil {
+				t.Errorf("%s: the link %s names nothing: %v", page, target, err)
+				continue
+			}
+			if anchor == "" {
+				continue
+			}
+			if info.IsDir() || !strings.HasSuffix(path, ".md") {
+				t.Errorf("%s: the link %s has an anchor into what is not a page", page, target)
+				continue
+			}
+			linked, err := os.ReadFile(path)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if !slices.Contains(headingAnchors(string(linked)), anchor) {
+				t.Errorf("%s: the link %s names no heading of %s", page, m[1], file)
+			}
+		}
+	}
+}
+
+// prose returns a page without its fenced code blocks.
+func prose(page string) string {
+	var out strings.Builder
+	in := false
+	for _, line := range strings.Split(page, "\n") {
+		if strings.HasPrefix(strings.TrimSpace(line), "```") {
+			in = !in
+			continue
+		}
+		if !in {
+			out.WriteString(line + "\n")
+		}
+	}
+	return out.String()
+}
+
+// headingAnchors returns the anchors GitHub makes of a page's headings:
+// lower case, punctuation dropped, spaces as hyphens.
+func headingAnchors(page string) []string {
+	var out []string
+	for _, line := range strings.Split(prose(page), "\n") {
+		if !strings.HasPrefix(line, "#") {
+			continue
+		}
+		text := strings.TrimSpace(strings.TrimLeft(line, "#"))
+		var a strings.Builder
+		for _, r := range strings.ToLower(text) {
+			switch {
+			case r == ' ':
+				a.WriteRune('-')
+			case r == '-' || r == '_' || unicode.IsLetter(r) || unicode.IsDigit(r):
+				a.WriteRune(r)
+			}
+		}
+		out = append(out, a.String())
+	}
+	return out
 }
