@@ -410,12 +410,13 @@ func compactJSON(line string) string {
 
 // shell is one bash that runs a page's blocks in turn.
 type shell struct {
-	cmd   *exec.Cmd
-	stdin io.WriteCloser
-	mu    sync.Mutex
-	out   strings.Builder
-	seen  chan string // sentinel lines, as they come
-	done  chan struct{}
+	cmd    *exec.Cmd
+	stdin  io.WriteCloser
+	mu     sync.Mutex
+	out    strings.Builder
+	seen   chan string   // sentinel lines, as they come
+	exited chan struct{} // closed when bash has exited
+	done   chan struct{} // closed when no process of the page holds its output open
 }
 
 func startShell(t *testing.T, dir string) *shell {
@@ -428,19 +429,25 @@ func startShell(t *testing.T, dir string) *shell {
 	if err != nil {
 		t.Fatal(err)
 	}
-	r, w := io.Pipe()
+	// An os.Pipe, so that Wait returns when bash exits, even while the
+	// nodes it started in the background still write to it.
+	r, w, err := os.Pipe()
+	if err != nil {
+		t.Fatal(err)
+	}
 	cmd.Stdout, cmd.Stderr = w, w
-	s := &shell{cmd: cmd, stdin: stdin, seen: make(chan string, 64), done: make(chan struct{})}
+	s := &shell{cmd: cmd, stdin: stdin, seen: make(chan string, 64), exited: make(chan struct{}), done: make(chan struct{})}
 	if err := cmd.Start(); err != nil {
 		t.Fatal(err)
 	}
+	w.Close()
 	go func() {
 		cmd.Wait()
-		w.Close()
+		close(s.exited)
 	}()
 	go s.read(r)
 	t.Cleanup(s.close)
-	io.WriteString(stdin, "set -euo pipefail\nexec 2>&1\n")
+	io.WriteString(stdin, "set -euo pipefail\nexec 2>&1\ntrap 'echo \"stopped: $BASH_COMMAND failed with exit status $?\"' ERR\n")
 	return s
 }
 
@@ -472,7 +479,8 @@ func (s *shell) run(part string, n int) error {
 			if line == want {
 				return nil
 			}
-		case <-s.done:
+		case <-s.exited:
+			s.close() // and read what everything printed until then
 			return fmt.Errorf("bash exited (%v)", s.cmd.ProcessState)
 		case <-timeout:
 			return fmt.Errorf("still running after 2 minutes")
