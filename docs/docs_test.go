@@ -1,5 +1,5 @@
-// Package docs_test runs the documentation: every shell block of README.md
-// and docs/**/*.md, as written, against real fence nodes, and every Go
+// Package docs_test runs the documentation: every shell block of README.md,
+// CHANGELOG.md and docs/**/*.md, as written, against real fence nodes, and every Go
 // program shown, so that a page cannot say what the program does not do.
 // This comment is the one description of the conventions; docs/README.md,
 // "Writing docs", points here.
@@ -14,8 +14,14 @@
 //     leave them. Variables and background processes carry from one block
 //     to the next; everything the page started is killed when it ends.
 //     Pages run one after another.
-//   - A command that is meant to fail is written so that the page goes on:
+//   - A command that fails stops the page, and the output says which one.
+//     A command that is meant to fail is written so that the page goes on:
 //     "fence kv put ... || echo "exit $?"".
+//   - Timing is explicit, so that a page plays the same on a loaded machine
+//     and under -race: a page waits for what it needs with a loop on a
+//     state that lasts ("until [ -s a.log ]", "until fence kv get k"), not
+//     with a bare sleep, nor on a state that may come and go before the
+//     loop looks.
 //   - A line "#> text" after a command shows what that command prints
 //     (stdout and stderr as a terminal shows them): the lines are compared,
 //     "..." matching any run of characters within a line. Several "#>"
