@@ -62,16 +62,19 @@ func TestCitedDocumentsExist(t *testing.T) {
 	}
 }
 
-// The README's layout table names every folder of the repository that
-// holds code, so that a newcomer finds each one explained.
-func TestReadmeLayoutNamesEveryFolder(t *testing.T) {
-	readme, err := os.ReadFile("README.md")
+// The layout table of docs/architecture.md names every folder of the
+// repository that holds code, so that a newcomer finds each one explained.
+func TestLayoutNamesEveryFolder(t *testing.T) {
+	page, err := os.ReadFile("docs/architecture.md")
 	if err != nil {
 		t.Fatal(err)
 	}
-	layout := string(readme)
-	if i := strings.Index(layout, "## Layout"); i >= 0 {
-		layout = layout[i:]
+	_, layout, ok := strings.Cut(string(page), "\n## Layout\n")
+	if !ok {
+		t.Fatal(`docs/architecture.md has no "## Layout" section`)
+	}
+	if i := strings.Index(layout, "\n## "); i >= 0 {
+		layout = layout[:i]
 	}
 	err = filepath.WalkDir(".", func(path string, d fs.DirEntry, err error) error {
 		if err != nil || !d.IsDir() || path == "." {
@@ -81,7 +84,7 @@ func TestReadmeLayoutNamesEveryFolder(t *testing.T) {
 			return filepath.SkipDir
 		}
 		if !strings.Contains(layout, "`"+path+"/`") && !strings.Contains(layout, "`"+path+"`") {
-			t.Errorf("README's layout table does not name %s/", path)
+			t.Errorf("the layout table of docs/architecture.md does not name %s/", path)
 		}
 		return nil
 	})

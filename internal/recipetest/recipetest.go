@@ -222,7 +222,7 @@ func (p *Proc) Resume(t *testing.T) {
 }
 
 // fenced is a Go code block of a page.
-var fenced = regexp.MustCompile("(?s)```go\n(.*?)```")
+var fenced = regexp.MustCompile("(?s)```go[^\n]*\n(.*?)```")
 
 // CheckSnippets checks that every Go code block of the page (a path from
 // the repository's root, such as docs/uses/election.md) appears in one of
