@@ -13,7 +13,7 @@ import (
 
 // shellBlock is a shell code block of a page, and the text block that may
 // follow it: what the shell block prints.
-var shellBlock = regexp.MustCompile("(?s)```sh\n(.*?)```(?:\\s*```text\n(.*?)```)?")
+var shellBlock = regexp.MustCompile("(?s)```sh[^\\n]*\n(.*?)```(?:\\s*```text\n(.*?)```)?")
 
 // ShellBlock returns the shell code block of the page (a path from the
 // repository's root) that contains want, and the text block that follows
