@@ -6,5 +6,5 @@
 // fence is a consensus-backed lock service whose every grant carries a
 // fencing token that strictly increases. A lock alone cannot stop a holder
 // that pauses past its lease; a resource that rejects tokens lower than the
-// highest it has seen can. See the README for the guarantees and their limits.
+// highest it has seen can. See docs/guarantees.md for the guarantees and their limits.
 package fence

@@ -120,7 +120,7 @@ func checkFixtureState(t *testing.T, s *Server) {
 // made by scripts/upgrade-fixture.sh: a snapshot and log entries after
 // it, in either log store) opens in this one: its locks, tokens, sessions
 // and keys are served, tokens continue above every token it issued, and
-// the dir, once written by this fence, opens again (README, Upgrading).
+// the dir, once written by this fence, opens again (docs/upgrading.md).
 func TestUpgradeOpensOldDataDir(t *testing.T) {
 	fixtures, err := filepath.Glob("testdata/datadir-*.tar.gz")
 	if err != nil || len(fixtures) == 0 {

@@ -211,10 +211,10 @@ func newLogger(w io.Writer, format string, level slog.Level) (*slog.Logger, erro
 // without TLS, or without auth once its state is known (a leader is).
 func warnUnsecured(logger *slog.Logger, srv *server.Server, cfg server.Config) {
 	if cfg.TLS == nil {
-		logger.Warn("the API listens beyond loopback without TLS: anyone on the network can read and send calls; see README, Securing fence", "listen", cfg.Listen)
+		logger.Warn("the API listens beyond loopback without TLS: anyone on the network can read and send calls; see docs/security.md", "listen", cfg.Listen)
 	}
 	if err := srv.WaitLeader(time.Minute); err == nil && !srv.AuthEnabled() {
-		logger.Warn("the API listens beyond loopback with auth off: any client that reaches it may take every lock, write every key and change the membership; see README, Securing fence (fence auth enable)", "listen", cfg.Listen)
+		logger.Warn("the API listens beyond loopback with auth off: any client that reaches it may take every lock, write every key and change the membership; see docs/security.md (fence auth enable)", "listen", cfg.Listen)
 	}
 }
 
