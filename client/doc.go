@@ -7,21 +7,36 @@
 // released when it is closed or expires. A Mutex is a named exclusive lock
 // held through a session, and every Grant carries a fencing token:
 //
-//	c, _ := client.New(client.WithEndpoints("127.0.0.1:7420"))
-//	s, _ := c.NewSession(ctx, client.WithTTL(10*time.Second))
+//	c, err := client.New(client.WithEndpoints("127.0.0.1:7420"))
+//	if err != nil {
+//		return err
+//	}
+//	defer c.Close()
+//	s, err := c.NewSession(ctx, client.WithTTL(10*time.Second))
+//	if err != nil {
+//		return err
+//	}
 //	defer s.Close(ctx)
 //	m := client.NewMutex(s, "orders")
-//	g, _ := m.Lock(ctx)
-//	write(g.Context(), g.Token()) // the resource rejects stale tokens
-//	m.Unlock(ctx)
+//	g, err := m.Lock(ctx)
+//	if err != nil {
+//		return err
+//	}
+//	defer m.Unlock(ctx)
+//	// The fenced KV store refuses a write whose token is stale; a resource
+//	// of your own does the same with package fencing.
+//	_, err = c.KV().Put(g.Context(), "orders/17", []byte("paid"), client.WithGrant(g))
 //
 // A program that cannot keep a session alive (a cron job, a serverless
 // function) takes a Lease instead: one call that answers a token, or
 // fence.ErrLocked at once, and that nothing renews in the background:
 //
 //	l, err := c.Lease(ctx, "nightly", 30*time.Second)
-//	write(l.Token())   // before l.SafeUntil(); l.Renew(ctx) moves it on
-//	l.Release(ctx)
+//	if err != nil {
+//		return err // fence.ErrLocked: another holds it
+//	}
+//	// Send l.Token() with each write, before l.SafeUntil();
+//	// l.Renew(ctx) moves it on, l.Release(ctx) lets it go.
 //
 // # Caveats
 //
