@@ -205,7 +205,9 @@ func writeError(w http.ResponseWriter, key string, err error) {
 	}
 	w.Header().Set("Content-Type", "application/json")
 	w.WriteHeader(status)
-	_ = json.NewEncoder(w).Encode(body)
+	enc := json.NewEncoder(w)
+	enc.SetEscapeHTML(false) // the message's "<" is read by people and programs, not a browser
+	_ = enc.Encode(body)
 }
 
 type statusRecorder struct {

@@ -172,3 +172,26 @@ func TestStrictGuardAsksTheService(t *testing.T) {
 		t.Fatalf("stored %q, want the holder's value", got)
 	}
 }
+
+// The 409 body reads as people and programs expect: "<" as it is, not
+// escaped for a browser as \u003c.
+func TestMiddlewareStaleBodyIsPlainJSON(t *testing.T) {
+	srv, _ := newStorage(t, fencing.NewGuard(fencing.NewMemory()))
+	ctx := context.Background()
+	hc := &http.Client{Transport: &fencing.Transport{}}
+	for _, token := range []uint64{34, 33} {
+		req, err := http.NewRequestWithContext(fencing.WithToken(ctx, "orders", token), http.MethodPut, srv.URL+"/orders/17", strings.NewReader("v"))
+		if err != nil {
+			t.Fatal(err)
+		}
+		resp, err := hc.Do(req)
+		if err != nil {
+			t.Fatal(err)
+		}
+		body, _ := io.ReadAll(resp.Body)
+		resp.Body.Close()
+		if token == 33 && (resp.StatusCode != http.StatusConflict || !strings.Contains(string(body), `"stale fencing token 33 < 34 for key orders"`)) {
+			t.Fatalf("stale write: %s %s", resp.Status, body)
+		}
+	}
+}
