@@ -197,12 +197,14 @@ func Run(ctx context.Context, cfg Config) (*Result, error) {
 	if cfg.Nodes <= 0 {
 		r.cfg.Nodes = 1
 	}
+	// Stopped however the run ends, a failed start included: it may have
+	// started some nodes and mounted their disks.
+	defer r.stopAll()
 	if len(cfg.Endpoints) == 0 {
 		if err := r.startServers(ctx); err != nil {
 			return nil, err
 		}
 	}
-	defer r.stopAll()
 	if r.clusterID, err = groupOf(ctx, r.cfg.Endpoints); err != nil {
 		return nil, err
 	}
