@@ -396,7 +396,9 @@ func (r *runner) stopWorkers() {
 func (r *runner) stopAll() {
 	r.stopWorkers()
 	for _, n := range r.nodes {
-		n.stop()
+		if n != nil { // a failed start may leave some unmade
+			n.stop()
+		}
 	}
 	r.unmountDisks()
 	for _, l := range r.links {
