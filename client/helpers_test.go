@@ -34,7 +34,9 @@ func mustStartConfig(tb testing.TB, cfg server.Config) *server.Server {
 		tb.Fatal(err)
 	}
 	tb.Cleanup(func() { s.Close() })
-	if err := s.WaitLeader(10 * time.Second); err != nil {
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	if err := s.WaitLeader(ctx); err != nil {
 		tb.Fatal(err)
 	}
 	return s

@@ -13,6 +13,7 @@
 package fencetest
 
 import (
+	"context"
 	"testing"
 	"time"
 
@@ -55,7 +56,9 @@ func Start(tb testing.TB, opts ...Option) *Node {
 		tb.Fatalf("fencetest: starting a node: %v", err)
 	}
 	tb.Cleanup(func() { srv.Close() })
-	if err := srv.WaitLeader(10 * time.Second); err != nil {
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	if err := srv.WaitLeader(ctx); err != nil {
 		tb.Fatalf("fencetest: %v", err)
 	}
 	return &Node{Server: srv, tb: tb}

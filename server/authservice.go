@@ -62,7 +62,7 @@ func apiPermission(p fsm.Permission) *fencev1.Permission {
 }
 
 // AuthEnable implements fencev1connect.AuthServiceHandler.
-func (s *Server) AuthEnable(ctx context.Context, req *connect.Request[fencev1.AuthEnableRequest]) (*connect.Response[fencev1.AuthEnableResponse], error) {
+func (s handlers) AuthEnable(ctx context.Context, req *connect.Request[fencev1.AuthEnableRequest]) (*connect.Response[fencev1.AuthEnableResponse], error) {
 	// The caller must still be able to administer once auth is on.
 	cred := credentialOf(ctx, req.Header())
 	var err error
@@ -82,7 +82,7 @@ func (s *Server) AuthEnable(ctx context.Context, req *connect.Request[fencev1.Au
 }
 
 // AuthDisable implements fencev1connect.AuthServiceHandler.
-func (s *Server) AuthDisable(ctx context.Context, req *connect.Request[fencev1.AuthDisableRequest]) (*connect.Response[fencev1.AuthDisableResponse], error) {
+func (s handlers) AuthDisable(ctx context.Context, req *connect.Request[fencev1.AuthDisableRequest]) (*connect.Response[fencev1.AuthDisableResponse], error) {
 	if _, err := s.changeAuth(ctx, req, &fsmpb.Auth{Op: &fsmpb.Auth_SetEnabled{SetEnabled: &fsmpb.SetAuthEnabled{}}}, "change", "auth disabled"); err != nil {
 		return nil, err
 	}
@@ -91,7 +91,7 @@ func (s *Server) AuthDisable(ctx context.Context, req *connect.Request[fencev1.A
 
 // AuthStatus answers from this node's state: whether auth is on, and who
 // the caller is.
-func (s *Server) AuthStatus(ctx context.Context, req *connect.Request[fencev1.AuthStatusRequest]) (*connect.Response[fencev1.AuthStatusResponse], error) {
+func (s handlers) AuthStatus(ctx context.Context, req *connect.Request[fencev1.AuthStatusRequest]) (*connect.Response[fencev1.AuthStatusResponse], error) {
 	out := &fencev1.AuthStatusResponse{}
 	who := s.callerOf(ctx, req)
 	s.fsm.Read(func(st *fsm.State) {
@@ -104,7 +104,7 @@ func (s *Server) AuthStatus(ctx context.Context, req *connect.Request[fencev1.Au
 }
 
 // UserAdd implements fencev1connect.AuthServiceHandler.
-func (s *Server) UserAdd(ctx context.Context, req *connect.Request[fencev1.UserAddRequest]) (*connect.Response[fencev1.UserAddResponse], error) {
+func (s handlers) UserAdd(ctx context.Context, req *connect.Request[fencev1.UserAddRequest]) (*connect.Response[fencev1.UserAddResponse], error) {
 	name := req.Msg.GetName()
 	if _, err := s.changeAuth(ctx, req, &fsmpb.Auth{Op: &fsmpb.Auth_AddUser{AddUser: &fsmpb.AuthUser{Name: name}}}, "change", "user added", "name", name); err != nil {
 		return nil, err
@@ -113,7 +113,7 @@ func (s *Server) UserAdd(ctx context.Context, req *connect.Request[fencev1.UserA
 }
 
 // UserRemove implements fencev1connect.AuthServiceHandler.
-func (s *Server) UserRemove(ctx context.Context, req *connect.Request[fencev1.UserRemoveRequest]) (*connect.Response[fencev1.UserRemoveResponse], error) {
+func (s handlers) UserRemove(ctx context.Context, req *connect.Request[fencev1.UserRemoveRequest]) (*connect.Response[fencev1.UserRemoveResponse], error) {
 	name := req.Msg.GetName()
 	if _, err := s.changeAuth(ctx, req, &fsmpb.Auth{Op: &fsmpb.Auth_RemoveUser{RemoveUser: &fsmpb.AuthUser{Name: name}}}, "change", "user removed", "name", name); err != nil {
 		return nil, err
@@ -122,7 +122,7 @@ func (s *Server) UserRemove(ctx context.Context, req *connect.Request[fencev1.Us
 }
 
 // UserSetQuota implements fencev1connect.AuthServiceHandler.
-func (s *Server) UserSetQuota(ctx context.Context, req *connect.Request[fencev1.UserSetQuotaRequest]) (*connect.Response[fencev1.UserSetQuotaResponse], error) {
+func (s handlers) UserSetQuota(ctx context.Context, req *connect.Request[fencev1.UserSetQuotaRequest]) (*connect.Response[fencev1.UserSetQuotaResponse], error) {
 	m := req.Msg
 	q := fsm.Quota{MaxSessions: m.GetMaxSessions(), MaxLocks: m.GetMaxLocks(), MaxWaits: m.GetMaxWaits(),
 		MaxKVBytes: m.GetMaxKvBytes(), SessionRate: m.GetSessionRate(), SessionBurst: m.GetSessionBurst()}
@@ -139,7 +139,7 @@ func (s *Server) UserSetQuota(ctx context.Context, req *connect.Request[fencev1.
 }
 
 // UserGrantRole implements fencev1connect.AuthServiceHandler.
-func (s *Server) UserGrantRole(ctx context.Context, req *connect.Request[fencev1.UserGrantRoleRequest]) (*connect.Response[fencev1.UserGrantRoleResponse], error) {
+func (s handlers) UserGrantRole(ctx context.Context, req *connect.Request[fencev1.UserGrantRoleRequest]) (*connect.Response[fencev1.UserGrantRoleResponse], error) {
 	u, r := req.Msg.GetUser(), req.Msg.GetRole()
 	if _, err := s.changeAuth(ctx, req, &fsmpb.Auth{Op: &fsmpb.Auth_GrantRole{GrantRole: &fsmpb.UserRole{User: u, Role: r}}}, "change", "role granted", "name", u, "role", r); err != nil {
 		return nil, err
@@ -148,7 +148,7 @@ func (s *Server) UserGrantRole(ctx context.Context, req *connect.Request[fencev1
 }
 
 // UserRevokeRole implements fencev1connect.AuthServiceHandler.
-func (s *Server) UserRevokeRole(ctx context.Context, req *connect.Request[fencev1.UserRevokeRoleRequest]) (*connect.Response[fencev1.UserRevokeRoleResponse], error) {
+func (s handlers) UserRevokeRole(ctx context.Context, req *connect.Request[fencev1.UserRevokeRoleRequest]) (*connect.Response[fencev1.UserRevokeRoleResponse], error) {
 	u, r := req.Msg.GetUser(), req.Msg.GetRole()
 	if _, err := s.changeAuth(ctx, req, &fsmpb.Auth{Op: &fsmpb.Auth_RevokeRole{RevokeRole: &fsmpb.UserRole{User: u, Role: r}}}, "change", "role revoked", "name", u, "role", r); err != nil {
 		return nil, err
@@ -157,7 +157,7 @@ func (s *Server) UserRevokeRole(ctx context.Context, req *connect.Request[fencev
 }
 
 // RoleAdd implements fencev1connect.AuthServiceHandler.
-func (s *Server) RoleAdd(ctx context.Context, req *connect.Request[fencev1.RoleAddRequest]) (*connect.Response[fencev1.RoleAddResponse], error) {
+func (s handlers) RoleAdd(ctx context.Context, req *connect.Request[fencev1.RoleAddRequest]) (*connect.Response[fencev1.RoleAddResponse], error) {
 	name := req.Msg.GetName()
 	if _, err := s.changeAuth(ctx, req, &fsmpb.Auth{Op: &fsmpb.Auth_AddRole{AddRole: &fsmpb.AuthRole{Name: name}}}, "change", "role added", "role", name); err != nil {
 		return nil, err
@@ -166,7 +166,7 @@ func (s *Server) RoleAdd(ctx context.Context, req *connect.Request[fencev1.RoleA
 }
 
 // RoleRemove implements fencev1connect.AuthServiceHandler.
-func (s *Server) RoleRemove(ctx context.Context, req *connect.Request[fencev1.RoleRemoveRequest]) (*connect.Response[fencev1.RoleRemoveResponse], error) {
+func (s handlers) RoleRemove(ctx context.Context, req *connect.Request[fencev1.RoleRemoveRequest]) (*connect.Response[fencev1.RoleRemoveResponse], error) {
 	name := req.Msg.GetName()
 	if _, err := s.changeAuth(ctx, req, &fsmpb.Auth{Op: &fsmpb.Auth_RemoveRole{RemoveRole: &fsmpb.AuthRole{Name: name}}}, "change", "role removed", "role", name); err != nil {
 		return nil, err
@@ -175,7 +175,7 @@ func (s *Server) RoleRemove(ctx context.Context, req *connect.Request[fencev1.Ro
 }
 
 // RoleGrantPermission implements fencev1connect.AuthServiceHandler.
-func (s *Server) RoleGrantPermission(ctx context.Context, req *connect.Request[fencev1.RoleGrantPermissionRequest]) (*connect.Response[fencev1.RoleGrantPermissionResponse], error) {
+func (s handlers) RoleGrantPermission(ctx context.Context, req *connect.Request[fencev1.RoleGrantPermissionRequest]) (*connect.Response[fencev1.RoleGrantPermissionResponse], error) {
 	r, p := req.Msg.GetRole(), permissionFrom(req.Msg.GetPermission())
 	if err := fsm.CheckPermission(p); err != nil {
 		return nil, err
@@ -189,7 +189,7 @@ func (s *Server) RoleGrantPermission(ctx context.Context, req *connect.Request[f
 }
 
 // RoleRevokePermission implements fencev1connect.AuthServiceHandler.
-func (s *Server) RoleRevokePermission(ctx context.Context, req *connect.Request[fencev1.RoleRevokePermissionRequest]) (*connect.Response[fencev1.RoleRevokePermissionResponse], error) {
+func (s handlers) RoleRevokePermission(ctx context.Context, req *connect.Request[fencev1.RoleRevokePermissionRequest]) (*connect.Response[fencev1.RoleRevokePermissionResponse], error) {
 	r, p := req.Msg.GetRole(), permissionFrom(req.Msg.GetPermission())
 	c := &fsmpb.Auth{Op: &fsmpb.Auth_RevokePermission{RevokePermission: &fsmpb.RolePermission{Role: r,
 		Permission: &fsmpb.AuthPermission{Kind: uint32(p.Kind), Access: uint32(p.Access), Prefix: p.Prefix}}}}
@@ -200,7 +200,7 @@ func (s *Server) RoleRevokePermission(ctx context.Context, req *connect.Request[
 }
 
 // UserList implements fencev1connect.AuthServiceHandler.
-func (s *Server) UserList(ctx context.Context, req *connect.Request[fencev1.UserListRequest]) (*connect.Response[fencev1.UserListResponse], error) {
+func (s handlers) UserList(ctx context.Context, req *connect.Request[fencev1.UserListRequest]) (*connect.Response[fencev1.UserListResponse], error) {
 	if err := s.read(ctx, false); err != nil {
 		return nil, err
 	}
@@ -218,7 +218,7 @@ func (s *Server) UserList(ctx context.Context, req *connect.Request[fencev1.User
 }
 
 // RoleList implements fencev1connect.AuthServiceHandler.
-func (s *Server) RoleList(ctx context.Context, req *connect.Request[fencev1.RoleListRequest]) (*connect.Response[fencev1.RoleListResponse], error) {
+func (s handlers) RoleList(ctx context.Context, req *connect.Request[fencev1.RoleListRequest]) (*connect.Response[fencev1.RoleListResponse], error) {
 	if err := s.read(ctx, false); err != nil {
 		return nil, err
 	}
@@ -245,7 +245,7 @@ func apiToken(t fsm.TokenInfo) *fencev1.TokenInfo {
 
 // TokenCreate draws a token's secret here, on the leader (apply proposes
 // only there), and commits its hash with the leader's time.
-func (s *Server) TokenCreate(ctx context.Context, req *connect.Request[fencev1.TokenCreateRequest]) (*connect.Response[fencev1.TokenCreateResponse], error) {
+func (s handlers) TokenCreate(ctx context.Context, req *connect.Request[fencev1.TokenCreateRequest]) (*connect.Response[fencev1.TokenCreateResponse], error) {
 	ttl, err := duration("ttl", req.Msg.GetTtl(), 0)
 	if err != nil {
 		return nil, err
@@ -269,7 +269,7 @@ func (s *Server) TokenCreate(ctx context.Context, req *connect.Request[fencev1.T
 }
 
 // TokenRevoke implements fencev1connect.AuthServiceHandler.
-func (s *Server) TokenRevoke(ctx context.Context, req *connect.Request[fencev1.TokenRevokeRequest]) (*connect.Response[fencev1.TokenRevokeResponse], error) {
+func (s handlers) TokenRevoke(ctx context.Context, req *connect.Request[fencev1.TokenRevokeRequest]) (*connect.Response[fencev1.TokenRevokeResponse], error) {
 	id := req.Msg.GetId()
 	if _, err := s.changeAuth(ctx, req, &fsmpb.Auth{Op: &fsmpb.Auth_RevokeToken{RevokeToken: id}}, "change", "token revoked", "revoked_token", id); err != nil {
 		return nil, err
@@ -278,7 +278,7 @@ func (s *Server) TokenRevoke(ctx context.Context, req *connect.Request[fencev1.T
 }
 
 // TokenList implements fencev1connect.AuthServiceHandler.
-func (s *Server) TokenList(ctx context.Context, req *connect.Request[fencev1.TokenListRequest]) (*connect.Response[fencev1.TokenListResponse], error) {
+func (s handlers) TokenList(ctx context.Context, req *connect.Request[fencev1.TokenListRequest]) (*connect.Response[fencev1.TokenListResponse], error) {
 	if err := s.read(ctx, false); err != nil {
 		return nil, err
 	}

@@ -1,6 +1,7 @@
 package server_test
 
 import (
+	"context"
 	"fmt"
 	"os"
 	"time"
@@ -21,7 +22,9 @@ func ExampleStart() {
 		return
 	}
 	defer srv.Close()
-	if err := srv.WaitLeader(10 * time.Second); err != nil {
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	if err := srv.WaitLeader(ctx); err != nil {
 		fmt.Println(err)
 		return
 	}

@@ -30,7 +30,7 @@ import (
 // so that the stream (stream.go) runs exactly what the unary calls run.
 
 // CreateSession implements fencev1connect.SessionServiceHandler.
-func (s *Server) CreateSession(ctx context.Context, req *connect.Request[fencev1.CreateSessionRequest]) (*connect.Response[fencev1.CreateSessionResponse], error) {
+func (s handlers) CreateSession(ctx context.Context, req *connect.Request[fencev1.CreateSessionRequest]) (*connect.Response[fencev1.CreateSessionResponse], error) {
 	return respond(s.createSession(withClientAddr(ctx, req.Peer().Addr, req.Header()), req.Msg))
 }
 
@@ -73,7 +73,7 @@ func (s *Server) createSession(ctx context.Context, m *fencev1.CreateSessionRequ
 // KeepAlive implements fencev1connect.SessionServiceHandler. The leader
 // renews the session in memory, then confirms that it still leads (one
 // confirmation serves every keepalive and read that arrived before it).
-func (s *Server) KeepAlive(ctx context.Context, req *connect.Request[fencev1.KeepAliveRequest]) (*connect.Response[fencev1.KeepAliveResponse], error) {
+func (s handlers) KeepAlive(ctx context.Context, req *connect.Request[fencev1.KeepAliveRequest]) (*connect.Response[fencev1.KeepAliveResponse], error) {
 	res := s.keepAlive(ctx, []*fencev1.KeepAliveRequest{req.Msg})[0]
 	return respond(res.resp, res.err)
 }
@@ -137,7 +137,7 @@ func (s *Server) keepAlive(ctx context.Context, reqs []*fencev1.KeepAliveRequest
 // CloseSession implements fencev1connect.SessionServiceHandler. Closing a
 // session that does not exist succeeds: the call is idempotent. A session
 // its client abandons ends as an expiry ends it, under lock-delay.
-func (s *Server) CloseSession(ctx context.Context, req *connect.Request[fencev1.CloseSessionRequest]) (*connect.Response[fencev1.CloseSessionResponse], error) {
+func (s handlers) CloseSession(ctx context.Context, req *connect.Request[fencev1.CloseSessionRequest]) (*connect.Response[fencev1.CloseSessionResponse], error) {
 	return respond(s.closeSession(ctx, req.Msg))
 }
 
@@ -165,7 +165,7 @@ func (s *Server) closeSession(_ context.Context, m *fencev1.CloseSessionRequest)
 }
 
 // ListSessions implements fencev1connect.SessionServiceHandler.
-func (s *Server) ListSessions(ctx context.Context, req *connect.Request[fencev1.ListSessionsRequest]) (*connect.Response[fencev1.ListSessionsResponse], error) {
+func (s handlers) ListSessions(ctx context.Context, req *connect.Request[fencev1.ListSessionsRequest]) (*connect.Response[fencev1.ListSessionsResponse], error) {
 	if err := s.read(ctx, req.Msg.GetStale()); err != nil {
 		return nil, err
 	}
@@ -188,7 +188,7 @@ func (s *Server) ListSessions(ctx context.Context, req *connect.Request[fencev1.
 }
 
 // Acquire implements fencev1connect.LockServiceHandler.
-func (s *Server) Acquire(ctx context.Context, req *connect.Request[fencev1.AcquireRequest]) (*connect.Response[fencev1.AcquireResponse], error) {
+func (s handlers) Acquire(ctx context.Context, req *connect.Request[fencev1.AcquireRequest]) (*connect.Response[fencev1.AcquireResponse], error) {
 	return respond(s.acquire(ctx, req.Msg))
 }
 
@@ -441,7 +441,7 @@ func grantResponse(g fsm.Grant) *fencev1.AcquireResponse {
 }
 
 // Release implements fencev1connect.LockServiceHandler.
-func (s *Server) Release(ctx context.Context, req *connect.Request[fencev1.ReleaseRequest]) (*connect.Response[fencev1.ReleaseResponse], error) {
+func (s handlers) Release(ctx context.Context, req *connect.Request[fencev1.ReleaseRequest]) (*connect.Response[fencev1.ReleaseResponse], error) {
 	return respond(s.release(ctx, req.Msg))
 }
 
@@ -467,7 +467,7 @@ func (s *Server) release(_ context.Context, m *fencev1.ReleaseRequest) (*fencev1
 }
 
 // CancelAcquire implements fencev1connect.LockServiceHandler.
-func (s *Server) CancelAcquire(ctx context.Context, req *connect.Request[fencev1.CancelAcquireRequest]) (*connect.Response[fencev1.CancelAcquireResponse], error) {
+func (s handlers) CancelAcquire(ctx context.Context, req *connect.Request[fencev1.CancelAcquireRequest]) (*connect.Response[fencev1.CancelAcquireResponse], error) {
 	return respond(s.cancelAcquire(ctx, req.Msg))
 }
 
@@ -494,7 +494,7 @@ func (s *Server) cancelAcquire(_ context.Context, m *fencev1.CancelAcquireReques
 }
 
 // Check implements fencev1connect.LockServiceHandler.
-func (s *Server) Check(ctx context.Context, req *connect.Request[fencev1.CheckRequest]) (*connect.Response[fencev1.CheckResponse], error) {
+func (s handlers) Check(ctx context.Context, req *connect.Request[fencev1.CheckRequest]) (*connect.Response[fencev1.CheckResponse], error) {
 	return respond(s.check(ctx, req.Msg))
 }
 
@@ -523,7 +523,7 @@ func (s *Server) check(ctx context.Context, m *fencev1.CheckRequest) (*fencev1.C
 const maxLocksPage = 10_000
 
 // ListLocks implements fencev1connect.LockServiceHandler, a page at a time.
-func (s *Server) ListLocks(ctx context.Context, req *connect.Request[fencev1.ListLocksRequest]) (*connect.Response[fencev1.ListLocksResponse], error) {
+func (s handlers) ListLocks(ctx context.Context, req *connect.Request[fencev1.ListLocksRequest]) (*connect.Response[fencev1.ListLocksResponse], error) {
 	m := req.Msg
 	if err := checkText("prefix", m.GetPrefix(), s.cfg.MaxNameBytes, false); err != nil {
 		return nil, err
@@ -567,7 +567,7 @@ func (s *Server) ListLocks(ctx context.Context, req *connect.Request[fencev1.Lis
 
 // Status implements fencev1connect.ClusterServiceHandler. It answers from
 // this node's view and needs no leader.
-func (s *Server) Status(ctx context.Context, req *connect.Request[fencev1.StatusRequest]) (*connect.Response[fencev1.StatusResponse], error) {
+func (s handlers) Status(ctx context.Context, req *connect.Request[fencev1.StatusRequest]) (*connect.Response[fencev1.StatusResponse], error) {
 	r := s.node.raft
 	stats := r.Stats()
 	leaderAddr, leaderID := r.LeaderWithID()

@@ -38,7 +38,7 @@ func (s *Server) kvFence(f *fencev1.Fence) (*fsmpb.KVFence, error) {
 }
 
 // Put implements fencev1connect.KVServiceHandler.
-func (s *Server) Put(ctx context.Context, req *connect.Request[fencev1.PutRequest]) (*connect.Response[fencev1.PutResponse], error) {
+func (s handlers) Put(ctx context.Context, req *connect.Request[fencev1.PutRequest]) (*connect.Response[fencev1.PutResponse], error) {
 	return respond(s.put(ctx, req.Msg, req.Header().Get(fencev1.IdempotencyKeyHeader)))
 }
 
@@ -79,7 +79,7 @@ func (s *Server) put(ctx context.Context, m *fencev1.PutRequest, idempotencyKey 
 }
 
 // Delete implements fencev1connect.KVServiceHandler.
-func (s *Server) Delete(ctx context.Context, req *connect.Request[fencev1.DeleteRequest]) (*connect.Response[fencev1.DeleteResponse], error) {
+func (s handlers) Delete(ctx context.Context, req *connect.Request[fencev1.DeleteRequest]) (*connect.Response[fencev1.DeleteResponse], error) {
 	return respond(s.delete(ctx, req.Msg, req.Header().Get(fencev1.IdempotencyKeyHeader)))
 }
 
@@ -107,7 +107,7 @@ func (s *Server) delete(_ context.Context, m *fencev1.DeleteRequest, idempotency
 }
 
 // Get implements fencev1connect.KVServiceHandler.
-func (s *Server) Get(ctx context.Context, req *connect.Request[fencev1.GetRequest]) (*connect.Response[fencev1.GetResponse], error) {
+func (s handlers) Get(ctx context.Context, req *connect.Request[fencev1.GetRequest]) (*connect.Response[fencev1.GetResponse], error) {
 	return respond(s.get(ctx, req.Msg))
 }
 
@@ -129,7 +129,7 @@ func (s *Server) get(ctx context.Context, m *fencev1.GetRequest) (*fencev1.GetRe
 }
 
 // List implements fencev1connect.KVServiceHandler.
-func (s *Server) List(ctx context.Context, req *connect.Request[fencev1.ListRequest]) (*connect.Response[fencev1.ListResponse], error) {
+func (s handlers) List(ctx context.Context, req *connect.Request[fencev1.ListRequest]) (*connect.Response[fencev1.ListResponse], error) {
 	m := req.Msg
 	if err := checkText("prefix", m.GetPrefix(), s.cfg.MaxKeyBytes, false); err != nil {
 		return nil, err
@@ -160,7 +160,7 @@ func (s *Server) List(ctx context.Context, req *connect.Request[fencev1.ListRequ
 // the history is refused with FailedPrecondition (REVISION_COMPACTED). A
 // watcher that falls more than a buffer behind is ended with
 // ResourceExhausted; it should re-read and watch again.
-func (s *Server) Watch(ctx context.Context, req *connect.Request[fencev1.WatchRequest], stream *connect.ServerStream[fencev1.WatchResponse]) error {
+func (s handlers) Watch(ctx context.Context, req *connect.Request[fencev1.WatchRequest], stream *connect.ServerStream[fencev1.WatchResponse]) error {
 	if err := checkText("prefix", req.Msg.GetPrefix(), s.cfg.MaxKeyBytes, false); err != nil {
 		return err
 	}
@@ -181,7 +181,7 @@ func (s *Server) Watch(ctx context.Context, req *connect.Request[fencev1.WatchRe
 	if err := stream.Send(&fencev1.WatchResponse{Revision: rev}); err != nil {
 		return err
 	}
-	return serveWatch(ctx, s, s.watches, w, interval, watchSender[fsm.KVEvent]{
+	return serveWatch(ctx, s.Server, s.watches, w, interval, watchSender[fsm.KVEvent]{
 		events: func(events []fsm.KVEvent) error {
 			return inMessages(events, &kvEvents, func(events []fsm.KVEvent) error {
 				resp := &fencev1.WatchResponse{}

@@ -22,7 +22,7 @@ import (
 // state machine and the log know only the session and the grant.
 
 // Lease implements fencev1connect.LockServiceHandler.
-func (s *Server) Lease(ctx context.Context, req *connect.Request[fencev1.LeaseRequest]) (*connect.Response[fencev1.LeaseResponse], error) {
+func (s handlers) Lease(ctx context.Context, req *connect.Request[fencev1.LeaseRequest]) (*connect.Response[fencev1.LeaseResponse], error) {
 	return respond(s.lease(withClientAddr(ctx, req.Peer().Addr, req.Header()), req.Msg))
 }
 
@@ -112,7 +112,7 @@ func (s *Server) closeFailedLease(id uint64, lock string, why error) {
 }
 
 // RenewLease implements fencev1connect.LockServiceHandler.
-func (s *Server) RenewLease(ctx context.Context, req *connect.Request[fencev1.RenewLeaseRequest]) (*connect.Response[fencev1.RenewLeaseResponse], error) {
+func (s handlers) RenewLease(ctx context.Context, req *connect.Request[fencev1.RenewLeaseRequest]) (*connect.Response[fencev1.RenewLeaseResponse], error) {
 	return respond(s.renewLease(ctx, req.Msg))
 }
 
@@ -153,7 +153,7 @@ func (s *Server) renewLease(ctx context.Context, m *fencev1.RenewLeaseRequest) (
 }
 
 // ReleaseLease implements fencev1connect.LockServiceHandler.
-func (s *Server) ReleaseLease(ctx context.Context, req *connect.Request[fencev1.ReleaseLeaseRequest]) (*connect.Response[fencev1.ReleaseLeaseResponse], error) {
+func (s handlers) ReleaseLease(ctx context.Context, req *connect.Request[fencev1.ReleaseLeaseRequest]) (*connect.Response[fencev1.ReleaseLeaseResponse], error) {
 	return respond(s.releaseLease(ctx, req.Msg))
 }
 

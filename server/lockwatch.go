@@ -101,7 +101,7 @@ func (f *lockFeed) restored(index uint64) {
 
 // lockService is the LockService the server registers: the Server's
 // handlers, and Watch, which is not the KV service's.
-type lockService struct{ *Server }
+type lockService struct{ handlers }
 
 // Watch implements fencev1connect.LockServiceHandler: the lock events of
 // the locks under a prefix, from start_revision on (from the node's

@@ -33,7 +33,7 @@ const catchUpPoll = 50 * time.Millisecond
 const maxCatchUp = time.Minute
 
 // AddMember implements fencev1connect.ClusterServiceHandler.
-func (s *Server) AddMember(ctx context.Context, req *connect.Request[fencev1.AddMemberRequest]) (*connect.Response[fencev1.AddMemberResponse], error) {
+func (s handlers) AddMember(ctx context.Context, req *connect.Request[fencev1.AddMemberRequest]) (*connect.Response[fencev1.AddMemberResponse], error) {
 	m := req.Msg
 	if err := checkText("member id", m.GetId(), 128, true); err != nil {
 		return nil, err
@@ -83,7 +83,7 @@ func (s *Server) AddMember(ctx context.Context, req *connect.Request[fencev1.Add
 }
 
 // RemoveMember implements fencev1connect.ClusterServiceHandler.
-func (s *Server) RemoveMember(ctx context.Context, req *connect.Request[fencev1.RemoveMemberRequest]) (*connect.Response[fencev1.RemoveMemberResponse], error) {
+func (s handlers) RemoveMember(ctx context.Context, req *connect.Request[fencev1.RemoveMemberRequest]) (*connect.Response[fencev1.RemoveMemberResponse], error) {
 	id := req.Msg.GetId()
 	if err := checkText("member id", id, 128, true); err != nil {
 		return nil, err

@@ -15,7 +15,7 @@ import (
 // releasing its locks to their next waiters after the lock-delay their
 // holders asked for (fence sessions revoke). It is an admin call, like
 // the membership calls, and every one is logged.
-func (s *Server) RevokeSession(ctx context.Context, req *connect.Request[fencev1.RevokeSessionRequest]) (*connect.Response[fencev1.RevokeSessionResponse], error) {
+func (s handlers) RevokeSession(ctx context.Context, req *connect.Request[fencev1.RevokeSessionRequest]) (*connect.Response[fencev1.RevokeSessionResponse], error) {
 	id := req.Msg.GetSessionId()
 	res, err := s.apply(endSession(s.fsm.Protocol(), id, fsmpb.SessionEnd_SESSION_END_REVOKED))
 	if err != nil {

@@ -324,12 +324,13 @@ func (s *Server) handler() http.Handler {
 		}),
 	}
 	mux := http.NewServeMux()
-	mux.Handle(fencev1connect.NewSessionServiceHandler(s, opts...))
-	mux.Handle(fencev1connect.NewLockServiceHandler(lockService{s}, opts...))
-	mux.Handle(fencev1connect.NewKVServiceHandler(s, opts...))
-	mux.Handle(fencev1connect.NewClusterServiceHandler(s, opts...))
-	mux.Handle(fencev1connect.NewAuthServiceHandler(s, opts...))
-	streamPath, stream := fencev1connect.NewStreamServiceHandler(s, opts...)
+	a := handlers{s}
+	mux.Handle(fencev1connect.NewSessionServiceHandler(a, opts...))
+	mux.Handle(fencev1connect.NewLockServiceHandler(lockService{a}, opts...))
+	mux.Handle(fencev1connect.NewKVServiceHandler(a, opts...))
+	mux.Handle(fencev1connect.NewClusterServiceHandler(a, opts...))
+	mux.Handle(fencev1connect.NewAuthServiceHandler(a, opts...))
+	streamPath, stream := fencev1connect.NewStreamServiceHandler(a, opts...)
 	mux.Handle(streamPath, streamReads(stream))
 	// The standard gRPC health service (Kubernetes gRPC probes,
 	// grpc-health-probe) and server reflection (grpcurl, Postman).
@@ -793,9 +794,11 @@ func (m *metrics) observeN(procedure string, start time.Time, code connect.Code,
 }
 
 // WaitLeader blocks until this node can serve: it is the leader and has
-// applied its log, or it knows another node leads. It gives up after timeout.
-func (s *Server) WaitLeader(timeout time.Duration) error {
-	deadline := time.Now().Add(timeout)
+// applied its log, or it knows another node leads. It gives up when ctx
+// ends (fence.ErrUnavailable, wrapping ctx's cause) or the node fails (Err).
+func (s *Server) WaitLeader(ctx context.Context) error {
+	tick := time.NewTicker(5 * time.Millisecond)
+	defer tick.Stop()
 	for {
 		if s.leaderReady.Load() {
 			return nil
@@ -803,9 +806,12 @@ func (s *Server) WaitLeader(timeout time.Duration) error {
 		if _, id := s.node.raft.LeaderWithID(); id != "" && string(id) != s.cfg.NodeID {
 			return nil
 		}
-		if time.Now().After(deadline) {
-			return fmt.Errorf("%w: no leader ready within %v", fence.ErrUnavailable, timeout)
+		select {
+		case <-ctx.Done():
+			return fmt.Errorf("%w: no leader ready: %w", fence.ErrUnavailable, context.Cause(ctx))
+		case <-s.Failed():
+			return s.Err()
+		case <-tick.C:
 		}
-		time.Sleep(5 * time.Millisecond)
 	}
 }

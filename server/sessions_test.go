@@ -241,7 +241,7 @@ func TestKeepAliveOfManySessionsAnswersEachInItsPlace(t *testing.T) {
 	reqs[wrongSecret].SessionSecret = reqs[0].GetSessionSecret()
 	reqs[unknown].SessionId = last + 1000
 	reqs[noID].SessionId = 0
-	if _, err := s.CloseSession(context.Background(), connect.NewRequest(&fencev1.CloseSessionRequest{SessionId: reqs[2].GetSessionId(), SessionSecret: reqs[2].GetSessionSecret()})); err != nil {
+	if _, err := (handlers{s}).CloseSession(context.Background(), connect.NewRequest(&fencev1.CloseSessionRequest{SessionId: reqs[2].GetSessionId(), SessionSecret: reqs[2].GetSessionSecret()})); err != nil {
 		t.Fatal(err)
 	}
 

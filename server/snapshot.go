@@ -26,7 +26,7 @@ const snapshotChunk = 1 << 20
 // state machine between two applies, which gives the exact index and term
 // of the state; the snapshot is also kept in the leader's snapshot store,
 // as a scheduled one would be (consul snapshot save does the same).
-func (s *Server) Snapshot(ctx context.Context, _ *connect.Request[fencev1.SnapshotRequest], stream *connect.ServerStream[fencev1.SnapshotResponse]) error {
+func (s handlers) Snapshot(ctx context.Context, _ *connect.Request[fencev1.SnapshotRequest], stream *connect.ServerStream[fencev1.SnapshotResponse]) error {
 	if !s.leaderReady.Load() {
 		return s.notReady()
 	}

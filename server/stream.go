@@ -55,7 +55,7 @@ func (s *Server) slotsOf(ctx context.Context) streamSlots {
 // Session implements fencev1connect.StreamServiceHandler. Only a ready
 // leader serves a stream, and it ends its streams when it stops leading or
 // shuts down, and a stream whose credential no longer authenticates.
-func (s *Server) Session(ctx context.Context, stream *connect.BidiStream[fencev1.StreamRequest, fencev1.StreamResponse]) error {
+func (s handlers) Session(ctx context.Context, stream *connect.BidiStream[fencev1.StreamRequest, fencev1.StreamResponse]) error {
 	term := s.leaderTerm.current()
 	if !s.leaderReady.Load() {
 		return s.notReady()

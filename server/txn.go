@@ -13,7 +13,7 @@ import (
 )
 
 // Txn implements fencev1connect.KVServiceHandler.
-func (s *Server) Txn(ctx context.Context, req *connect.Request[fencev1.TxnRequest]) (*connect.Response[fencev1.TxnResponse], error) {
+func (s handlers) Txn(ctx context.Context, req *connect.Request[fencev1.TxnRequest]) (*connect.Response[fencev1.TxnResponse], error) {
 	return respond(s.txn(ctx, req.Msg, req.Header().Get(fencev1.IdempotencyKeyHeader)))
 }
 

@@ -24,7 +24,9 @@ func startNode(t *testing.T) *server.Server {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { s.Close() })
-	if err := s.WaitLeader(10 * time.Second); err != nil {
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	if err := s.WaitLeader(ctx); err != nil {
 		t.Fatal(err)
 	}
 	return s

@@ -209,7 +209,9 @@ func (d *demo) startService(ctx context.Context) error {
 	}
 	d.srv = srv
 	d.endpoints = srv.Addr()
-	return srv.WaitLeader(10 * time.Second)
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	return srv.WaitLeader(ctx)
 }
 
 // printSetup says what the demo runs, and where.

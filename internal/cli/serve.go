@@ -213,7 +213,9 @@ func warnUnsecured(logger *slog.Logger, srv *server.Server, cfg server.Config) {
 	if cfg.TLS == nil {
 		logger.Warn("the API listens beyond loopback without TLS: anyone on the network can read and send calls; see docs/security.md", "listen", cfg.Listen)
 	}
-	if err := srv.WaitLeader(time.Minute); err == nil && !srv.AuthEnabled() {
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	if err := srv.WaitLeader(ctx); err == nil && !srv.AuthEnabled() {
 		logger.Warn("the API listens beyond loopback with auth off: any client that reaches it may take every lock, write every key and change the membership; see docs/security.md (fence auth enable)", "listen", cfg.Listen)
 	}
 }
