@@ -16,11 +16,13 @@ import (
 	"time"
 
 	"connectrpc.com/connect"
+	"google.golang.org/protobuf/reflect/protoreflect"
 
 	"github.com/fencelock/fence"
 	fencev1 "github.com/fencelock/fence/api/fence/v1"
 	"github.com/fencelock/fence/api/fence/v1/fencev1connect"
 	"github.com/fencelock/fence/internal/clock"
+	"github.com/fencelock/fence/internal/ops"
 	"github.com/fencelock/fence/internal/rpcerr"
 )
 
@@ -83,6 +85,8 @@ type endpoint struct {
 	kv       fencev1connect.KVServiceClient
 	auth     fencev1connect.AuthServiceClient
 	stream   fencev1connect.StreamServiceClient
+	// unary runs the operations of internal/ops as their unary calls.
+	unary map[protoreflect.Name]ops.Caller
 	// unaryOnly is set once the node answered that it does not serve the
 	// session stream (an older version, or HTTP/1.1 on the way): its
 	// operations go as unary calls from then on. noStreamUntil (unix
@@ -247,7 +251,12 @@ func New(opts ...Option) (*Client, error) {
 }
 
 func (c *Client) newEndpoint(url string) *endpoint {
+	unary := make(map[protoreflect.Name]ops.Caller, len(ops.All))
+	for _, op := range ops.All {
+		unary[op.Name()] = op.Caller(c.http, url, c.copts...)
+	}
 	return &endpoint{
+		unary:    unary,
 		url:      url,
 		sessions: fencev1connect.NewSessionServiceClient(c.http, url, c.copts...),
 		locks:    fencev1connect.NewLockServiceClient(c.http, url, c.copts...),

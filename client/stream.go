@@ -14,6 +14,7 @@ import (
 
 	"github.com/fencelock/fence"
 	fencev1 "github.com/fencelock/fence/api/fence/v1"
+	"github.com/fencelock/fence/internal/ops"
 	"github.com/fencelock/fence/internal/rpcerr"
 	"github.com/fencelock/fence/internal/wire"
 )
@@ -600,64 +601,23 @@ func (st *opStream) broken() error {
 // unaryOp runs an operation as its unary call.
 func (c *Client) unaryOp(ctx context.Context, ep *endpoint, req *fencev1.StreamRequest) (*fencev1.StreamResponse, error) {
 	out := &fencev1.StreamResponse{Id: req.GetId()}
-	var err error
-	switch op := req.GetOp().(type) {
-	case *fencev1.StreamRequest_CreateSession:
-		var r *connect.Response[fencev1.CreateSessionResponse]
-		if r, err = ep.sessions.CreateSession(ctx, connect.NewRequest(op.CreateSession)); err == nil {
-			out.Result = &fencev1.StreamResponse_CreateSession{CreateSession: r.Msg}
+	if ka := req.GetKeepAlive(); ka != nil {
+		r, err := c.unaryKeepAlives(ctx, ep, ka)
+		if err != nil {
+			return nil, err
 		}
-	case *fencev1.StreamRequest_KeepAlive:
-		var r *fencev1.KeepAliveManyResponse
-		if r, err = c.unaryKeepAlives(ctx, ep, op.KeepAlive); err == nil {
-			out.Result = &fencev1.StreamResponse_KeepAlive{KeepAlive: r}
-		}
-	case *fencev1.StreamRequest_CloseSession:
-		var r *connect.Response[fencev1.CloseSessionResponse]
-		if r, err = ep.sessions.CloseSession(ctx, connect.NewRequest(op.CloseSession)); err == nil {
-			out.Result = &fencev1.StreamResponse_CloseSession{CloseSession: r.Msg}
-		}
-	case *fencev1.StreamRequest_Acquire:
-		var r *connect.Response[fencev1.AcquireResponse]
-		if r, err = ep.locks.Acquire(ctx, connect.NewRequest(op.Acquire)); err == nil {
-			out.Result = &fencev1.StreamResponse_Acquire{Acquire: r.Msg}
-		}
-	case *fencev1.StreamRequest_Release:
-		var r *connect.Response[fencev1.ReleaseResponse]
-		if r, err = ep.locks.Release(ctx, connect.NewRequest(op.Release)); err == nil {
-			out.Result = &fencev1.StreamResponse_Release{Release: r.Msg}
-		}
-	case *fencev1.StreamRequest_CancelAcquire:
-		var r *connect.Response[fencev1.CancelAcquireResponse]
-		if r, err = ep.locks.CancelAcquire(ctx, connect.NewRequest(op.CancelAcquire)); err == nil {
-			out.Result = &fencev1.StreamResponse_CancelAcquire{CancelAcquire: r.Msg}
-		}
-	case *fencev1.StreamRequest_Check:
-		var r *connect.Response[fencev1.CheckResponse]
-		if r, err = ep.locks.Check(ctx, connect.NewRequest(op.Check)); err == nil {
-			out.Result = &fencev1.StreamResponse_Check{Check: r.Msg}
-		}
-	case *fencev1.StreamRequest_Put:
-		var r *connect.Response[fencev1.PutResponse]
-		if r, err = ep.kv.Put(ctx, keyed(op.Put, req.GetIdempotencyKey())); err == nil {
-			out.Result = &fencev1.StreamResponse_Put{Put: r.Msg}
-		}
-	case *fencev1.StreamRequest_Get:
-		var r *connect.Response[fencev1.GetResponse]
-		if r, err = ep.kv.Get(ctx, connect.NewRequest(op.Get)); err == nil {
-			out.Result = &fencev1.StreamResponse_Get{Get: r.Msg}
-		}
-	case *fencev1.StreamRequest_Delete:
-		var r *connect.Response[fencev1.DeleteResponse]
-		if r, err = ep.kv.Delete(ctx, keyed(op.Delete, req.GetIdempotencyKey())); err == nil {
-			out.Result = &fencev1.StreamResponse_Delete{Delete: r.Msg}
-		}
-	default:
-		return nil, fmt.Errorf("%w: no unary call for operation %T", fence.ErrInvalidArgument, op)
+		out.Result = &fencev1.StreamResponse_KeepAlive{KeepAlive: r}
+		return out, nil
 	}
+	op, msg := ops.Of(req)
+	if op == nil {
+		return nil, fmt.Errorf("%w: no unary call for operation %T", fence.ErrInvalidArgument, req.GetOp())
+	}
+	r, err := ep.unary[op.Name()](ctx, msg, req.GetIdempotencyKey())
 	if err != nil {
 		return nil, err
 	}
+	op.Answer(out, r)
 	return out, nil
 }
 

@@ -8,4 +8,11 @@ package server
 // test given one by fencetest, calls the API through a client, as every
 // caller does, and the checks of the interceptors (auth, limits, metrics)
 // always run.
-type handlers struct{ *Server }
+type handlers struct {
+	*Server
+	// The operations of internal/ops are served from its table
+	// (operations.go); these stand in for them in the services' interfaces.
+	unservedSession
+	unservedLock
+	unservedKV
+}

@@ -82,7 +82,7 @@ func TestDiskFullIsReported(t *testing.T) {
 	if !strings.Contains(err.Error(), dataDir) {
 		t.Errorf("the error does not name the data dir %s: %v", dataDir, err)
 	}
-	st, err := handlers{s}.Status(context.Background(), connect.NewRequest(&fencev1.StatusRequest{}))
+	st, err := handlers{Server: s}.Status(context.Background(), connect.NewRequest(&fencev1.StatusRequest{}))
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -29,11 +29,6 @@ import (
 // checked identity, see callerUser), and, for writes, the idempotency key,
 // so that the stream (stream.go) runs exactly what the unary calls run.
 
-// CreateSession implements fencev1connect.SessionServiceHandler.
-func (s handlers) CreateSession(ctx context.Context, req *connect.Request[fencev1.CreateSessionRequest]) (*connect.Response[fencev1.CreateSessionResponse], error) {
-	return respond(s.createSession(withClientAddr(ctx, req.Peer().Addr, req.Header()), req.Msg))
-}
-
 // respond wraps an operation's answer for a unary call.
 func respond[T any](msg *T, err error) (*connect.Response[T], error) {
 	if err != nil {
@@ -134,13 +129,9 @@ func (s *Server) keepAlive(ctx context.Context, reqs []*fencev1.KeepAliveRequest
 	return out
 }
 
-// CloseSession implements fencev1connect.SessionServiceHandler. Closing a
-// session that does not exist succeeds: the call is idempotent. A session
-// its client abandons ends as an expiry ends it, under lock-delay.
-func (s handlers) CloseSession(ctx context.Context, req *connect.Request[fencev1.CloseSessionRequest]) (*connect.Response[fencev1.CloseSessionResponse], error) {
-	return respond(s.closeSession(ctx, req.Msg))
-}
-
+// closeSession serves CloseSession. Closing a session that does not exist
+// succeeds: the call is idempotent. A session its client abandons ends as
+// an expiry ends it, under lock-delay.
 func (s *Server) closeSession(_ context.Context, m *fencev1.CloseSessionRequest) (*fencev1.CloseSessionResponse, error) {
 	id := m.GetSessionId()
 	err := s.authorizeSession(id, m.GetSessionSecret())
@@ -185,11 +176,6 @@ func (s handlers) ListSessions(ctx context.Context, req *connect.Request[fencev1
 		}
 	}
 	return connect.NewResponse(out), nil
-}
-
-// Acquire implements fencev1connect.LockServiceHandler.
-func (s handlers) Acquire(ctx context.Context, req *connect.Request[fencev1.AcquireRequest]) (*connect.Response[fencev1.AcquireResponse], error) {
-	return respond(s.acquire(ctx, req.Msg))
 }
 
 func (s *Server) acquire(ctx context.Context, m *fencev1.AcquireRequest) (*fencev1.AcquireResponse, error) {
@@ -440,11 +426,6 @@ func grantResponse(g fsm.Grant) *fencev1.AcquireResponse {
 	return &fencev1.AcquireResponse{Lock: g.Lock, Token: g.Token, Mode: apiMode(g.Mode)}
 }
 
-// Release implements fencev1connect.LockServiceHandler.
-func (s handlers) Release(ctx context.Context, req *connect.Request[fencev1.ReleaseRequest]) (*connect.Response[fencev1.ReleaseResponse], error) {
-	return respond(s.release(ctx, req.Msg))
-}
-
 func (s *Server) release(_ context.Context, m *fencev1.ReleaseRequest) (*fencev1.ReleaseResponse, error) {
 	if err := checkSessionID(m.GetSessionId()); err != nil {
 		return nil, err
@@ -464,11 +445,6 @@ func (s *Server) release(_ context.Context, m *fencev1.ReleaseRequest) (*fencev1
 		return nil, err
 	}
 	return &fencev1.ReleaseResponse{}, nil
-}
-
-// CancelAcquire implements fencev1connect.LockServiceHandler.
-func (s handlers) CancelAcquire(ctx context.Context, req *connect.Request[fencev1.CancelAcquireRequest]) (*connect.Response[fencev1.CancelAcquireResponse], error) {
-	return respond(s.cancelAcquire(ctx, req.Msg))
 }
 
 func (s *Server) cancelAcquire(_ context.Context, m *fencev1.CancelAcquireRequest) (*fencev1.CancelAcquireResponse, error) {
@@ -491,11 +467,6 @@ func (s *Server) cancelAcquire(_ context.Context, m *fencev1.CancelAcquireReques
 		return nil, err
 	}
 	return &fencev1.CancelAcquireResponse{Released: res.Released, Dequeued: res.Dequeued}, nil
-}
-
-// Check implements fencev1connect.LockServiceHandler.
-func (s handlers) Check(ctx context.Context, req *connect.Request[fencev1.CheckRequest]) (*connect.Response[fencev1.CheckResponse], error) {
-	return respond(s.check(ctx, req.Msg))
 }
 
 func (s *Server) check(ctx context.Context, m *fencev1.CheckRequest) (*fencev1.CheckResponse, error) {

@@ -37,11 +37,6 @@ func (s *Server) kvFence(f *fencev1.Fence) (*fsmpb.KVFence, error) {
 	return out, nil
 }
 
-// Put implements fencev1connect.KVServiceHandler.
-func (s handlers) Put(ctx context.Context, req *connect.Request[fencev1.PutRequest]) (*connect.Response[fencev1.PutResponse], error) {
-	return respond(s.put(ctx, req.Msg, req.Header().Get(fencev1.IdempotencyKeyHeader)))
-}
-
 // put is Put with the call's idempotency key ("" for none).
 func (s *Server) put(ctx context.Context, m *fencev1.PutRequest, idempotencyKey string) (*fencev1.PutResponse, error) {
 	if err := s.checkKey(m.GetKey()); err != nil {
@@ -78,11 +73,6 @@ func (s *Server) put(ctx context.Context, m *fencev1.PutRequest, idempotencyKey 
 	return &fencev1.PutResponse{Revision: rev}, nil
 }
 
-// Delete implements fencev1connect.KVServiceHandler.
-func (s handlers) Delete(ctx context.Context, req *connect.Request[fencev1.DeleteRequest]) (*connect.Response[fencev1.DeleteResponse], error) {
-	return respond(s.delete(ctx, req.Msg, req.Header().Get(fencev1.IdempotencyKeyHeader)))
-}
-
 // delete is Delete with the call's idempotency key ("" for none).
 func (s *Server) delete(_ context.Context, m *fencev1.DeleteRequest, idempotencyKey string) (*fencev1.DeleteResponse, error) {
 	if err := s.checkKey(m.GetKey()); err != nil {
@@ -104,11 +94,6 @@ func (s *Server) delete(_ context.Context, m *fencev1.DeleteRequest, idempotency
 		return &fencev1.DeleteResponse{Deleted: r.Changed, Revision: r.Revision}, nil
 	}
 	return &fencev1.DeleteResponse{Deleted: len(res.Events) > 0, Revision: res.Revision}, nil
-}
-
-// Get implements fencev1connect.KVServiceHandler.
-func (s handlers) Get(ctx context.Context, req *connect.Request[fencev1.GetRequest]) (*connect.Response[fencev1.GetResponse], error) {
-	return respond(s.get(ctx, req.Msg))
 }
 
 func (s *Server) get(ctx context.Context, m *fencev1.GetRequest) (*fencev1.GetResponse, error) {

@@ -324,7 +324,10 @@ func (s *Server) handler() http.Handler {
 		}),
 	}
 	mux := http.NewServeMux()
-	a := handlers{s}
+	a := handlers{Server: s}
+	for _, o := range operations {
+		mux.Handle(o.unary(s, opts))
+	}
 	mux.Handle(fencev1connect.NewSessionServiceHandler(a, opts...))
 	mux.Handle(fencev1connect.NewLockServiceHandler(lockService{a}, opts...))
 	mux.Handle(fencev1connect.NewKVServiceHandler(a, opts...))

@@ -10,7 +10,6 @@ import (
 	"testing"
 	"time"
 
-	"connectrpc.com/connect"
 
 	"github.com/fencelock/fence"
 	fencev1 "github.com/fencelock/fence/api/fence/v1"
@@ -241,7 +240,7 @@ func TestKeepAliveOfManySessionsAnswersEachInItsPlace(t *testing.T) {
 	reqs[wrongSecret].SessionSecret = reqs[0].GetSessionSecret()
 	reqs[unknown].SessionId = last + 1000
 	reqs[noID].SessionId = 0
-	if _, err := (handlers{s}).CloseSession(context.Background(), connect.NewRequest(&fencev1.CloseSessionRequest{SessionId: reqs[2].GetSessionId(), SessionSecret: reqs[2].GetSessionSecret()})); err != nil {
+	if _, err := s.closeSession(context.Background(), &fencev1.CloseSessionRequest{SessionId: reqs[2].GetSessionId(), SessionSecret: reqs[2].GetSessionSecret()}); err != nil {
 		t.Fatal(err)
 	}
 

@@ -11,10 +11,12 @@ import (
 	"time"
 
 	"connectrpc.com/connect"
+	"google.golang.org/protobuf/proto"
 
 	"github.com/fencelock/fence"
 	fencev1 "github.com/fencelock/fence/api/fence/v1"
 	"github.com/fencelock/fence/api/fence/v1/fencev1connect"
+	"github.com/fencelock/fence/internal/ops"
 	"github.com/fencelock/fence/internal/rpcerr"
 )
 
@@ -209,8 +211,7 @@ func (st *serverStream) readFramed(ctx context.Context, cancel context.CancelCau
 // start readies one operation and returns the function that runs it and
 // answers it, or cancels one in flight (and returns no function).
 func (st *serverStream) start(ctx context.Context, req *fencev1.StreamRequest) (func(), error) {
-	_, _, name := streamOpOf(req)
-	st.s.metrics.streamRequests.WithLabelValues(name).Inc()
+	st.s.metrics.streamRequests.WithLabelValues(streamOpName(req)).Inc()
 	id := req.GetId()
 	if id == 0 {
 		return nil, fmt.Errorf("%w: a stream operation needs an id other than 0", fence.ErrInvalidArgument)
@@ -295,7 +296,14 @@ func (st *serverStream) watch(ctx context.Context, cancel context.CancelCauseFun
 // the metrics under its unary call's procedure.
 func (s *Server) runStreamOp(ctx context.Context, req *fencev1.StreamRequest) (resp *fencev1.StreamResponse) {
 	start := time.Now()
-	msg, procedure, _ := streamOpOf(req)
+	op, msg := ops.Of(req)
+	procedure := fencev1connect.StreamServiceSessionProcedure
+	switch {
+	case op != nil:
+		procedure = op.Procedure()
+	case req.GetKeepAlive() != nil:
+		procedure = fencev1connect.SessionServiceKeepAliveProcedure
+	}
 	resp = &fencev1.StreamResponse{Id: req.GetId()}
 	defer func() {
 		if p := recover(); p != nil {
@@ -304,10 +312,13 @@ func (s *Server) runStreamOp(ctx context.Context, req *fencev1.StreamRequest) (r
 		}
 	}()
 	var err error
-	if ka := req.GetKeepAlive(); ka != nil {
-		err = s.streamKeepAlive(ctx, ka, resp, start)
-	} else {
-		err = s.streamOp(ctx, msg, procedure, req, resp)
+	switch {
+	case op != nil:
+		err = s.streamOp(ctx, op, msg, req, resp)
+	case req.GetKeepAlive() != nil:
+		err = s.streamKeepAlive(ctx, req.GetKeepAlive(), resp, start)
+	default:
+		err = fmt.Errorf("%w: stream operation %d carries no operation this node knows", fence.ErrInvalidArgument, req.GetId())
 	}
 	if err != nil {
 		resp.Result = nil
@@ -319,13 +330,10 @@ func (s *Server) runStreamOp(ctx context.Context, req *fencev1.StreamRequest) (r
 	return resp
 }
 
-// streamOp checks an operation (msg, its unary call's procedure, as
-// streamOpOf says) as its unary call is checked and runs it.
-func (s *Server) streamOp(ctx context.Context, msg any, procedure string, req *fencev1.StreamRequest, resp *fencev1.StreamResponse) error {
-	if msg == nil {
-		return fmt.Errorf("%w: stream operation %d carries no operation this node knows", fence.ErrInvalidArgument, req.GetId())
-	}
-	ctx, err := s.checkStreamOp(ctx, procedure, msg)
+// streamOp checks an operation of the table as its unary call is checked,
+// runs it with the same handler, and sets its answer in resp.
+func (s *Server) streamOp(ctx context.Context, op ops.Any, msg proto.Message, req *fencev1.StreamRequest, resp *fencev1.StreamResponse) error {
+	ctx, err := s.checkStreamOp(ctx, op.Procedure(), msg)
 	if err != nil {
 		return err
 	}
@@ -333,45 +341,12 @@ func (s *Server) streamOp(ctx context.Context, msg any, procedure string, req *f
 	if err != nil {
 		return err
 	}
-	switch op := req.GetOp().(type) {
-	case *fencev1.StreamRequest_CreateSession:
-		r, err := s.createSession(ctx, op.CreateSession)
-		resp.Result = &fencev1.StreamResponse_CreateSession{CreateSession: r}
-		return err
-	case *fencev1.StreamRequest_CloseSession:
-		r, err := s.closeSession(ctx, op.CloseSession)
-		resp.Result = &fencev1.StreamResponse_CloseSession{CloseSession: r}
-		return err
-	case *fencev1.StreamRequest_Acquire:
-		r, err := s.acquire(ctx, op.Acquire)
-		resp.Result = &fencev1.StreamResponse_Acquire{Acquire: r}
-		return err
-	case *fencev1.StreamRequest_Release:
-		r, err := s.release(ctx, op.Release)
-		resp.Result = &fencev1.StreamResponse_Release{Release: r}
-		return err
-	case *fencev1.StreamRequest_CancelAcquire:
-		r, err := s.cancelAcquire(ctx, op.CancelAcquire)
-		resp.Result = &fencev1.StreamResponse_CancelAcquire{CancelAcquire: r}
-		return err
-	case *fencev1.StreamRequest_Check:
-		r, err := s.check(ctx, op.Check)
-		resp.Result = &fencev1.StreamResponse_Check{Check: r}
-		return err
-	case *fencev1.StreamRequest_Put:
-		r, err := s.put(ctx, op.Put, key)
-		resp.Result = &fencev1.StreamResponse_Put{Put: r}
-		return err
-	case *fencev1.StreamRequest_Get:
-		r, err := s.get(ctx, op.Get)
-		resp.Result = &fencev1.StreamResponse_Get{Get: r}
-		return err
-	case *fencev1.StreamRequest_Delete:
-		r, err := s.delete(ctx, op.Delete, key)
-		resp.Result = &fencev1.StreamResponse_Delete{Delete: r}
+	out, err := byOperation[op.Name()].run(s, ctx, msg, key)
+	if err != nil {
 		return err
 	}
-	return fmt.Errorf("%w: stream operation %d carries no operation this node knows", fence.ErrInvalidArgument, req.GetId())
+	op.Answer(resp, out)
+	return nil
 }
 
 // streamKeepAlive renews the sessions of one message, each answered on
@@ -400,38 +375,6 @@ func (s *Server) streamKeepAlive(ctx context.Context, m *fencev1.KeepAliveManyRe
 	s.metrics.observeN(procedure, start, 0, renewed)
 	resp.Result = &fencev1.StreamResponse_KeepAlive{KeepAlive: out}
 	return nil
-}
-
-// streamOpOf says what an operation is: the request message it carries
-// (nil for none), the unary call it stands for (its permission, metrics
-// and audit lines are that call's) and its label in
-// fence_stream_requests_total.
-func streamOpOf(req *fencev1.StreamRequest) (msg any, procedure, name string) {
-	switch op := req.GetOp().(type) {
-	case *fencev1.StreamRequest_CreateSession:
-		return op.CreateSession, fencev1connect.SessionServiceCreateSessionProcedure, "create_session"
-	case *fencev1.StreamRequest_KeepAlive:
-		return op.KeepAlive, fencev1connect.SessionServiceKeepAliveProcedure, "keep_alive"
-	case *fencev1.StreamRequest_CloseSession:
-		return op.CloseSession, fencev1connect.SessionServiceCloseSessionProcedure, "close_session"
-	case *fencev1.StreamRequest_Acquire:
-		return op.Acquire, fencev1connect.LockServiceAcquireProcedure, "acquire"
-	case *fencev1.StreamRequest_Release:
-		return op.Release, fencev1connect.LockServiceReleaseProcedure, "release"
-	case *fencev1.StreamRequest_CancelAcquire:
-		return op.CancelAcquire, fencev1connect.LockServiceCancelAcquireProcedure, "cancel_acquire"
-	case *fencev1.StreamRequest_Check:
-		return op.Check, fencev1connect.LockServiceCheckProcedure, "check"
-	case *fencev1.StreamRequest_Put:
-		return op.Put, fencev1connect.KVServicePutProcedure, "put"
-	case *fencev1.StreamRequest_Get:
-		return op.Get, fencev1connect.KVServiceGetProcedure, "get"
-	case *fencev1.StreamRequest_Delete:
-		return op.Delete, fencev1connect.KVServiceDeleteProcedure, "delete"
-	case *fencev1.StreamRequest_Cancel:
-		return nil, fencev1connect.StreamServiceSessionProcedure, "cancel"
-	}
-	return nil, fencev1connect.StreamServiceSessionProcedure, "unknown"
 }
 
 // leaderTerm tells streams that this node stopped leading: current's

@@ -87,7 +87,7 @@ func TestClusterOverPeerTLS(t *testing.T) {
 	waitFor(t, "every node to register its API address", func() bool {
 		ctx, cancel := context.WithTimeout(context.Background(), time.Second)
 		defer cancel()
-		resp, err := handlers{leader}.Status(ctx, connect.NewRequest(&fencev1.StatusRequest{}))
+		resp, err := handlers{Server: leader}.Status(ctx, connect.NewRequest(&fencev1.StatusRequest{}))
 		if err != nil {
 			return false
 		}
