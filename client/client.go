@@ -85,6 +85,8 @@ type endpoint struct {
 	kv       fencev1connect.KVServiceClient
 	auth     fencev1connect.AuthServiceClient
 	stream   fencev1connect.StreamServiceClient
+	// clk is the client's clock, for the instants below.
+	clk clock.Clock
 	// unary runs the operations of internal/ops as their unary calls.
 	unary map[protoreflect.Name]ops.Caller
 	// unaryOnly is set once the node answered that it does not serve the
@@ -111,7 +113,7 @@ type endpoint struct {
 const silentFor = 3 * time.Second
 
 func (ep *endpoint) silent() bool {
-	return ep.foreign.Load() || time.Now().UnixNano() < ep.silentUntil.Load()
+	return ep.foreign.Load() || ep.clk.Now().UnixNano() < ep.silentUntil.Load()
 }
 
 type options struct {
@@ -256,6 +258,7 @@ func (c *Client) newEndpoint(url string) *endpoint {
 		unary[op.Name()] = op.Caller(c.http, url, c.copts...)
 	}
 	return &endpoint{
+		clk:      c.opts.clock,
 		unary:    unary,
 		url:      url,
 		sessions: fencev1connect.NewSessionServiceClient(c.http, url, c.copts...),
@@ -548,7 +551,7 @@ func withAttemptDeadline(ctx context.Context, clk clock.Clock, d time.Duration, 
 	defer t.Stop()
 	err := fn(attemptCtx)
 	if err != nil && expired.Load() && ctx.Err() == nil {
-		ep.silentUntil.Store(time.Now().Add(silentFor).UnixNano())
+		ep.silentUntil.Store(clk.Now().Add(silentFor).UnixNano())
 		return connect.NewError(connect.CodeUnavailable, &noAnswerError{url: ep.url, after: d})
 	}
 	return err

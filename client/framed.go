@@ -46,7 +46,7 @@ var (
 // through a proxy or a tunnel this client cannot see), and not while ep
 // is given Connect's stream after it did not switch.
 func (c *Client) framedTo(ep *endpoint) bool {
-	return c.opts.httpClient == nil && !c.opts.noFramed && time.Now().UnixNano() >= ep.noFramedUntil.Load()
+	return c.opts.httpClient == nil && !c.opts.noFramed && ep.clk.Now().UnixNano() >= ep.noFramedUntil.Load()
 }
 
 // errNotSwitched is a node's answer to the upgrade other than switching.
@@ -186,7 +186,7 @@ func (c *Client) framedFailed(ep *endpoint, err error) (stands bool) {
 	case errors.As(err, &ns) && ns.refusal:
 		return false
 	}
-	ep.noFramedUntil.Store(time.Now().Add(streamRetry).UnixNano())
+	ep.noFramedUntil.Store(ep.clk.Now().Add(streamRetry).UnixNano())
 	return false
 }
 

@@ -163,7 +163,7 @@ func (c *Client) unaryInstead(ctx context.Context, ep *endpoint, req *fencev1.St
 	resp, err := c.unaryOp(ctx, ep, req)
 	var ce *connect.Error
 	if err == nil || errors.As(err, &ce) && hasDetail(ce) {
-		ep.noStreamUntil.Store(time.Now().Add(streamRetry).UnixNano())
+		ep.noStreamUntil.Store(ep.clk.Now().Add(streamRetry).UnixNano())
 	}
 	return resp, err
 }
@@ -177,7 +177,7 @@ func staleRead(req *fencev1.StreamRequest) bool {
 
 // streamTo reports whether operations to ep go on a stream.
 func (c *Client) streamTo(ep *endpoint) bool {
-	return !c.opts.noStream && !ep.unaryOnly.Load() && time.Now().UnixNano() >= ep.noStreamUntil.Load()
+	return !c.opts.noStream && !ep.unaryOnly.Load() && ep.clk.Now().UnixNano() >= ep.noStreamUntil.Load()
 }
 
 // streams holds the client's one stream. Opening one at another node
@@ -388,7 +388,7 @@ func (c *Client) streamRefused(ep *endpoint, err error) error {
 	case errors.As(err, &ce) && (ce.Code() == connect.CodeCanceled || ce.Code() == connect.CodeDeadlineExceeded):
 		return err // a node going away, or the call's end: as any call
 	}
-	ep.noStreamUntil.Store(time.Now().Add(streamRetry).UnixNano())
+	ep.noStreamUntil.Store(ep.clk.Now().Add(streamRetry).UnixNano())
 	return fmt.Errorf("%w: %v", errNoStream, err)
 }
 

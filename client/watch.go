@@ -91,7 +91,7 @@ func (s *watchStream[Resp]) receive() bool {
 // err says why the stream ended; a silent node's end is ErrUnavailable.
 func (s *watchStream[Resp]) err() error {
 	if s.silent.Load() {
-		s.ep.silentUntil.Store(time.Now().Add(silentFor).UnixNano())
+		s.ep.silentUntil.Store(s.ep.clk.Now().Add(silentFor).UnixNano())
 		return fmt.Errorf("%w: %s sent nothing on the watch for %v", fence.ErrUnavailable, s.ep.url, s.limit)
 	}
 	return rpcerr.FromConnect(s.Err())
