@@ -220,7 +220,8 @@ func DefaultConfig() Config {
 	}
 }
 
-// Validate reports the first setting that cannot work, in words that name it.
+// Validate reports every setting that cannot work, each in words that name
+// it, joined in one error (nil when all can).
 func (c Config) Validate() error {
 	var errs []error
 	check := func(ok bool, format string, args ...any) {

@@ -582,7 +582,8 @@ func (h healthChecker) Check(_ context.Context, req *grpchealth.CheckRequest) (*
 }
 
 // observer routes the FSM's effects to the parts of the server that act on
-// them. It runs on raft's apply goroutine and does not block.
+// them. It runs on raft's apply goroutine; it blocks that goroutine only in
+// coverTokens, until the token reserve on disk covers a new grant.
 type observer struct{ s *Server }
 
 func (o observer) Applied(seq fsm.Seq, res fsm.Result) {

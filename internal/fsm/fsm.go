@@ -14,8 +14,11 @@ import (
 )
 
 // Observer learns of every change to the state, in log order, on raft's
-// apply goroutine. It must not block and must not call back into the FSM's
-// Apply; it may call Read.
+// apply goroutine: while it runs, no later entry is applied. It must not
+// call back into the FSM's Apply; it may call Read. It should return
+// quickly, and block only for what must happen before anyone learns of the
+// change (the server's observer waits there until the token reserve covers
+// a grant's token, retrying a failed write).
 type Observer interface {
 	// Applied is called after the command at seq was applied: once for
 	// each command of a Batch, in order, and never for the batch itself.

@@ -2,6 +2,7 @@ package fsm
 
 import (
 	"fmt"
+	"iter"
 	"slices"
 	"sort"
 	"strings"
@@ -1012,19 +1013,29 @@ func (s *State) RequestState(session uint64, lock string, id uint64) (attempt ui
 	return 0, false, nil
 }
 
+// held yields the lock name and the holder entry of each grant session id
+// holds, in no order; nothing if it holds none or does not exist.
+func (s *State) held(id uint64) iter.Seq2[string, holder] {
+	return func(yield func(string, holder) bool) {
+		sess, ok := s.sessions[id]
+		if !ok {
+			return
+		}
+		for name := range sess.holds {
+			l := s.locks[name]
+			if i := l.holderIndex(id); i >= 0 && !yield(name, l.holders[i]) {
+				return
+			}
+		}
+	}
+}
+
 // HeldTokens returns the tokens of the grants session id holds, in order;
 // nil if it holds none or does not exist.
 func (s *State) HeldTokens(id uint64) []uint64 {
-	sess, ok := s.sessions[id]
-	if !ok {
-		return nil
-	}
 	var tokens []uint64
-	for name := range sess.holds {
-		l := s.locks[name]
-		if i := l.holderIndex(id); i >= 0 {
-			tokens = append(tokens, l.holders[i].token)
-		}
+	for _, h := range s.held(id) {
+		tokens = append(tokens, h.token)
 	}
 	slices.Sort(tokens)
 	return tokens
@@ -1040,18 +1051,11 @@ type SessionGrant struct {
 // HeldGrants returns the grants session id holds, by lock name; nil if it
 // holds none or does not exist.
 func (s *State) HeldGrants(id uint64) []SessionGrant {
-	sess, ok := s.sessions[id]
-	if !ok {
-		return nil
-	}
 	var out []SessionGrant
-	for name := range sess.holds {
-		l := s.locks[name]
-		if i := l.holderIndex(id); i >= 0 {
-			out = append(out, SessionGrant{Lock: name, Token: l.holders[i].token, Mode: l.holders[i].mode})
-		}
+	for name, h := range s.held(id) {
+		out = append(out, SessionGrant{Lock: name, Token: h.token, Mode: h.mode})
 	}
-	sort.Slice(out, func(i, j int) bool { return out[i].Lock < out[j].Lock })
+	slices.SortFunc(out, func(a, b SessionGrant) int { return strings.Compare(a.Lock, b.Lock) })
 	return out
 }
 
