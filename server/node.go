@@ -13,6 +13,7 @@ import (
 	"syscall"
 	"time"
 
+	"github.com/hashicorp/go-hclog"
 	"github.com/hashicorp/raft"
 	raftboltdb "github.com/hashicorp/raft-boltdb/v2"
 	wal "github.com/hashicorp/raft-wal"
@@ -65,25 +66,60 @@ func openNode(cfg Config, api string, ident *identity, f *fsm.FSM, snapshotOpene
 		return nil, fmt.Errorf("creating data dir: %w", err)
 	}
 	hlog, sink := newRaftLog(logger)
-	kind, err := logStoreKind(cfg.DataDir, cfg.LogStore)
-	if err != nil {
-		return nil, err
-	}
-	store, err := raftboltdb.New(raftboltdb.Options{Path: filepath.Join(cfg.DataDir, "raft.db")})
-	if err != nil {
-		return nil, fmt.Errorf("opening raft store in %s: %w", cfg.DataDir, err)
-	}
-	n := &node{fsm: f, metrics: m, store: store, timeout: cfg.ApplyTimeout, heartbeat: cfg.HeartbeatTimeout, dataDir: cfg.DataDir, id: raft.ServerID(cfg.NodeID),
+	n := &node{fsm: f, metrics: m, timeout: cfg.ApplyTimeout, heartbeat: cfg.HeartbeatTimeout, dataDir: cfg.DataDir, id: raft.ServerID(cfg.NodeID),
 		ident: ident, addrs: cfg.RaftAddressProvider, api: api, logger: logger, closed: make(chan struct{})}
 	fail := func(err error) (*node, error) {
 		n.close()
 		return nil, err
 	}
-	var logStore raft.LogStore = store
+	// The parts, as raft.NewRaft takes them: each is opened and checked
+	// here, so that a damaged data dir is refused before raft reads it.
+	logs, err := n.openLog(cfg, hlog)
+	if err != nil {
+		return fail(err)
+	}
+	snaps, err := openSnapshots(cfg.DataDir, n.log, hlog, logger, snapshotOpened)
+	if err != nil {
+		return fail(err)
+	}
+	if err := n.openTransport(cfg, hlog); err != nil {
+		return fail(err)
+	}
+	rc, err := raftConfig(cfg, hlog)
+	if err != nil {
+		return fail(err)
+	}
+	// A node with no data starts without a configuration: Server.Start
+	// bootstraps a new group only once it is sure the group is new
+	// (bootstrap.go), and a node that joins is added by the group.
+	n.raft, err = raft.NewRaft(rc, f, logs, n.store, snaps, n.transport)
+	if err != nil {
+		return fail(fmt.Errorf("starting raft: %w", err))
+	}
+	sink.members.Store(n.raft)
+	n.raftLog = sink
+	n.batcher = newBatcher(n)
+	n.links.serve(n)
+	return n, nil
+}
+
+// openLog opens the raft store (bbolt, which keeps raft's stable state,
+// and the log unless it is a WAL), verifies every entry of the log, and
+// returns the log raft reads, behind a cache of the newest entries.
+func (n *node) openLog(cfg Config, hlog hclog.Logger) (raft.LogStore, error) {
+	kind, err := logStoreKind(cfg.DataDir, cfg.LogStore)
+	if err != nil {
+		return nil, err
+	}
+	n.store, err = raftboltdb.New(raftboltdb.Options{Path: filepath.Join(cfg.DataDir, "raft.db")})
+	if err != nil {
+		return nil, fmt.Errorf("opening raft store in %s: %w", cfg.DataDir, err)
+	}
+	var logStore raft.LogStore = n.store
 	if kind == LogStoreWAL {
 		walDir := filepath.Join(cfg.DataDir, "wal")
 		if err := os.MkdirAll(walDir, 0o700); err != nil {
-			return fail(err)
+			return nil, err
 		}
 		// raft-wal v0.4.0's Close leaves its meta store open (and locked),
 		// so the node owns the meta store and closes it itself.
@@ -94,62 +130,76 @@ func openNode(cfg Config, api string, ident *identity, f *fsm.FSM, snapshotOpene
 		}
 		n.wal, err = wal.Open(walDir, wal.WithLogger(hlog), wal.WithMetaStore(n.walMeta), wal.WithSegmentSize(segment))
 		if err != nil {
-			return fail(fmt.Errorf("opening raft log in %s: %w", cfg.DataDir, err))
+			return nil, fmt.Errorf("opening raft log in %s: %w", cfg.DataDir, err)
 		}
 		if err := checkWALTail(walDir); err != nil {
-			return fail(corruptLogMessage(cfg.DataDir, err))
+			return nil, corruptLogMessage(cfg.DataDir, err)
 		}
 		logStore = truncatedWAL{n.wal}
 	}
-	checked, err := newCheckedLog(logStore, store)
+	checked, err := newCheckedLog(logStore, n.store)
 	if err != nil {
-		return fail(err)
+		return nil, err
 	}
-	checked.metrics = m
+	checked.metrics = n.metrics
 	n.log = checked
 	if err := checked.verify(); err != nil {
-		return fail(corruptLogMessage(cfg.DataDir, locateDamage(cfg.DataDir, kind, err)))
+		return nil, corruptLogMessage(cfg.DataDir, locateDamage(cfg.DataDir, kind, err))
 	}
 	cache, err := raft.NewLogCache(1024, checked)
 	if err != nil {
-		return fail(err)
+		return nil, err
 	}
-	logs := detachedLogs{cache}
-	removeUnfinishedSnapshots(cfg.DataDir, logger)
-	fileSnaps, err := raft.NewFileSnapshotStoreWithLogger(cfg.DataDir, 2, hlog)
+	return detachedLogs{cache}, nil
+}
+
+// openSnapshots opens the snapshot store, after removing snapshots that a
+// crash left unfinished, and checks the snapshots against the log.
+func openSnapshots(dataDir string, log *checkedLog, hlog hclog.Logger, logger *slog.Logger, opened func(index uint64)) (raft.SnapshotStore, error) {
+	removeUnfinishedSnapshots(dataDir, logger)
+	fileSnaps, err := raft.NewFileSnapshotStoreWithLogger(dataDir, 2, hlog)
 	if err != nil {
-		return fail(fmt.Errorf("opening snapshot store: %w", err))
+		return nil, fmt.Errorf("opening snapshot store: %w", err)
 	}
-	snaps := &tidySnapshots{FileSnapshotStore: fileSnaps, dir: filepath.Join(cfg.DataDir, "snapshots"), logger: logger, opened: snapshotOpened}
-	if err := checkSnapshots(cfg.DataDir, snaps, checked, logger); err != nil {
-		return fail(err)
+	snaps := &tidySnapshots{FileSnapshotStore: fileSnaps, dir: filepath.Join(dataDir, "snapshots"), logger: logger, opened: opened}
+	if err := checkSnapshots(dataDir, snaps, log, logger); err != nil {
+		return nil, err
 	}
+	return snaps, nil
+}
+
+// openTransport listens for peers on the raft address, behind the node
+// links' multiplexer (nodelink.go), which introduces every connection.
+func (n *node) openTransport(cfg Config, hlog hclog.Logger) error {
 	advertiseAddr := cfg.RaftAdvertise
 	if advertiseAddr == "" {
 		advertiseAddr = cfg.RaftListen
 	}
 	tcpAddr, err := net.ResolveTCPAddr("tcp", advertiseAddr)
 	if err != nil {
-		return fail(fmt.Errorf("raft advertise address: %w", err))
+		return fmt.Errorf("raft advertise address: %w", err)
 	}
 	var advertise net.Addr // nil: the transport advertises the port it bound
 	if tcpAddr.Port != 0 {
 		advertise = tcpAddr
 	}
-	tcfg := &raft.NetworkTransportConfig{
+	stream, err := listenPeerStream(cfg.RaftListen, advertise, cfg.PeerTLS)
+	if err != nil {
+		return fmt.Errorf("raft transport on %s: %w", cfg.RaftListen, err)
+	}
+	n.links = newNodeLinkMux(stream)
+	n.transport = raft.NewNetworkTransportWithConfig(&raft.NetworkTransportConfig{
 		ServerAddressProvider: cfg.RaftAddressProvider,
 		MaxPool:               3,
 		Timeout:               10 * time.Second,
 		Logger:                hlog,
-	}
-	stream, err := listenPeerStream(cfg.RaftListen, advertise, cfg.PeerTLS)
-	if err != nil {
-		return fail(fmt.Errorf("raft transport on %s: %w", cfg.RaftListen, err))
-	}
-	n.links = newNodeLinkMux(stream)
-	tcfg.Stream = n.links
-	n.transport = raft.NewNetworkTransportWithConfig(tcfg)
+		Stream:                n.links,
+	})
+	return nil
+}
 
+// raftConfig is raft's configuration of a node.
+func raftConfig(cfg Config, hlog hclog.Logger) (*raft.Config, error) {
 	rc := raft.DefaultConfig()
 	rc.LocalID = raft.ServerID(cfg.NodeID)
 	rc.Logger = hlog
@@ -162,21 +212,9 @@ func openNode(cfg Config, api string, ident *identity, f *fsm.FSM, snapshotOpene
 	rc.TrailingLogs = cfg.SnapshotThreshold
 	rc.NoLegacyTelemetry = true
 	if err := raft.ValidateConfig(rc); err != nil {
-		return fail(fmt.Errorf("raft config: %w", err))
+		return nil, fmt.Errorf("raft config: %w", err)
 	}
-
-	// A node with no data starts without a configuration: Server.Start
-	// bootstraps a new group only once it is sure the group is new
-	// (bootstrap.go), and a node that joins is added by the group.
-	n.raft, err = raft.NewRaft(rc, f, logs, store, snaps, n.transport)
-	if err != nil {
-		return fail(fmt.Errorf("starting raft: %w", err))
-	}
-	sink.members.Store(n.raft)
-	n.raftLog = sink
-	n.batcher = newBatcher(n)
-	n.links.serve(n)
-	return n, nil
+	return rc, nil
 }
 
 // truncatedWAL hides entries that raft-wal (v0.4.0 to v0.4.2) still returns after a
