@@ -203,113 +203,163 @@ func permissionOf(p *fsmpb.AuthPermission) Permission {
 
 func (s *State) applyAuth(c *fsmpb.Auth) Result {
 	a := &s.auth
+	var res Result
 	switch op := c.GetOp().(type) {
 	case *fsmpb.Auth_SetEnabled:
-		if op.SetEnabled.GetEnabled() && !a.hasRole(RootUser, RootRole) {
-			return authInvalid("auth needs a user %q with role %q before it is enabled (fence user add root; fence user grant-role root root)", RootUser, RootRole)
-		}
-		a.enabled = op.SetEnabled.GetEnabled()
+		res = a.setEnabled(op.SetEnabled.GetEnabled())
 	case *fsmpb.Auth_AddUser:
-		name := op.AddUser.GetName()
-		if err := checkAuthName("user", name); err != nil {
-			return Result{Err: err}
-		}
-		if _, ok := a.users[name]; ok {
-			return authInvalid("user %q already exists", name)
-		}
-		if err := checkQuotaApplied(quotaOf(op.AddUser), apiField); err != nil {
-			return Result{Err: err}
-		}
-		a.users[name] = map[string]struct{}{}
-		a.setQuota(name, quotaOf(op.AddUser))
+		res = a.addUser(op.AddUser)
 	case *fsmpb.Auth_SetQuota:
-		name := op.SetQuota.GetName()
-		if _, ok := a.users[name]; !ok {
-			return authInvalid("no user %q", name)
-		}
-		if err := checkQuotaApplied(quotaOf(op.SetQuota), apiField); err != nil {
-			return Result{Err: err}
-		}
-		a.setQuota(name, quotaOf(op.SetQuota))
+		res = a.setUserQuota(op.SetQuota)
 	case *fsmpb.Auth_RemoveUser:
-		name := op.RemoveUser.GetName()
-		if _, ok := a.users[name]; !ok {
-			return authInvalid("no user %q", name)
-		}
-		if a.enabled && name == RootUser {
-			return authInvalid("user %q cannot be removed while auth is enabled; disable auth first", RootUser)
-		}
-		delete(a.users, name)
-		delete(a.quotas, name)
-		for _, id := range a.tokenIDs("") {
-			if a.tokens[id].GetUser() == name {
-				a.dropToken(id)
-			}
-		}
+		res = a.removeUser(op.RemoveUser.GetName())
 	case *fsmpb.Auth_GrantRole:
-		user, role := op.GrantRole.GetUser(), op.GrantRole.GetRole()
-		roles, ok := a.users[user]
-		if !ok {
-			return authInvalid("no user %q", user)
-		}
-		if _, ok := a.roles[role]; !ok && role != RootRole {
-			return authInvalid("no role %q", role)
-		}
-		if _, ok := roles[role]; ok {
-			return authInvalid("user %q already has role %q", user, role)
-		}
-		roles[role] = struct{}{}
+		res = a.grantRole(op.GrantRole.GetUser(), op.GrantRole.GetRole())
 	case *fsmpb.Auth_RevokeRole:
-		user, role := op.RevokeRole.GetUser(), op.RevokeRole.GetRole()
-		if !a.hasRole(user, role) {
-			return authInvalid("user %q does not have role %q", user, role)
-		}
-		if a.enabled && user == RootUser && role == RootRole {
-			return authInvalid("role %q cannot be taken from user %q while auth is enabled; disable auth first", RootRole, RootUser)
-		}
-		delete(a.users[user], role)
+		res = a.revokeRole(op.RevokeRole.GetUser(), op.RevokeRole.GetRole())
 	case *fsmpb.Auth_AddRole:
-		name := op.AddRole.GetName()
-		if err := checkAuthName("role", name); err != nil {
-			return Result{Err: err}
-		}
-		if _, ok := a.roles[name]; ok || name == RootRole {
-			return authInvalid("role %q already exists", name)
-		}
-		a.roles[name] = nil
+		res = a.addRole(op.AddRole.GetName())
 	case *fsmpb.Auth_RemoveRole:
-		name := op.RemoveRole.GetName()
-		if name == RootRole {
-			return authInvalid("role %q is built in and cannot be removed", RootRole)
-		}
-		if _, ok := a.roles[name]; !ok {
-			return authInvalid("no role %q", name)
-		}
-		delete(a.roles, name)
-		for _, roles := range a.users {
-			delete(roles, name)
-		}
+		res = a.removeRole(op.RemoveRole.GetName())
 	case *fsmpb.Auth_GrantPermission:
 		return a.grantPermission(op.GrantPermission)
 	case *fsmpb.Auth_RevokePermission:
-		role, p := op.RevokePermission.GetRole(), permissionOf(op.RevokePermission.GetPermission())
-		i := slices.Index(a.roles[role], p)
-		if _, ok := a.roles[role]; !ok || i < 0 {
-			return authInvalid("role %q has no permission %s", role, p)
-		}
-		a.roles[role] = slices.Delete(slices.Clone(a.roles[role]), i, i+1)
+		res = a.revokePermission(op.RevokePermission)
 	case *fsmpb.Auth_CreateToken:
 		return a.createToken(op.CreateToken)
 	case *fsmpb.Auth_RevokeToken:
-		id := op.RevokeToken
-		if _, ok := a.tokens[id]; !ok {
-			return authInvalid("no token %d", id)
-		}
-		a.dropToken(id)
+		res = a.revokeToken(op.RevokeToken)
 	default:
 		return authInvalid("unknown auth command")
 	}
+	if res.Err != nil {
+		return res
+	}
 	return Result{AuthChanged: true}
+}
+
+func (a *authState) setEnabled(enabled bool) Result {
+	if enabled && !a.hasRole(RootUser, RootRole) {
+		return authInvalid("auth needs a user %q with role %q before it is enabled (fence user add root; fence user grant-role root root)", RootUser, RootRole)
+	}
+	a.enabled = enabled
+	return Result{}
+}
+
+func (a *authState) addUser(c *fsmpb.AuthUser) Result {
+	name := c.GetName()
+	if err := checkAuthName("user", name); err != nil {
+		return Result{Err: err}
+	}
+	if _, ok := a.users[name]; ok {
+		return authInvalid("user %q already exists", name)
+	}
+	if err := checkQuotaApplied(quotaOf(c), apiField); err != nil {
+		return Result{Err: err}
+	}
+	a.users[name] = map[string]struct{}{}
+	a.setQuota(name, quotaOf(c))
+	return Result{}
+}
+
+func (a *authState) setUserQuota(c *fsmpb.AuthUser) Result {
+	name := c.GetName()
+	if _, ok := a.users[name]; !ok {
+		return authInvalid("no user %q", name)
+	}
+	if err := checkQuotaApplied(quotaOf(c), apiField); err != nil {
+		return Result{Err: err}
+	}
+	a.setQuota(name, quotaOf(c))
+	return Result{}
+}
+
+// removeUser removes a user, its quota and its tokens.
+func (a *authState) removeUser(name string) Result {
+	if _, ok := a.users[name]; !ok {
+		return authInvalid("no user %q", name)
+	}
+	if a.enabled && name == RootUser {
+		return authInvalid("user %q cannot be removed while auth is enabled; disable auth first", RootUser)
+	}
+	delete(a.users, name)
+	delete(a.quotas, name)
+	for _, id := range a.tokenIDs("") {
+		if a.tokens[id].GetUser() == name {
+			a.dropToken(id)
+		}
+	}
+	return Result{}
+}
+
+func (a *authState) grantRole(user, role string) Result {
+	roles, ok := a.users[user]
+	if !ok {
+		return authInvalid("no user %q", user)
+	}
+	if _, ok := a.roles[role]; !ok && role != RootRole {
+		return authInvalid("no role %q", role)
+	}
+	if _, ok := roles[role]; ok {
+		return authInvalid("user %q already has role %q", user, role)
+	}
+	roles[role] = struct{}{}
+	return Result{}
+}
+
+func (a *authState) revokeRole(user, role string) Result {
+	if !a.hasRole(user, role) {
+		return authInvalid("user %q does not have role %q", user, role)
+	}
+	if a.enabled && user == RootUser && role == RootRole {
+		return authInvalid("role %q cannot be taken from user %q while auth is enabled; disable auth first", RootRole, RootUser)
+	}
+	delete(a.users[user], role)
+	return Result{}
+}
+
+func (a *authState) addRole(name string) Result {
+	if err := checkAuthName("role", name); err != nil {
+		return Result{Err: err}
+	}
+	if _, ok := a.roles[name]; ok || name == RootRole {
+		return authInvalid("role %q already exists", name)
+	}
+	a.roles[name] = nil
+	return Result{}
+}
+
+// removeRole removes a role, and takes it from every user.
+func (a *authState) removeRole(name string) Result {
+	if name == RootRole {
+		return authInvalid("role %q is built in and cannot be removed", RootRole)
+	}
+	if _, ok := a.roles[name]; !ok {
+		return authInvalid("no role %q", name)
+	}
+	delete(a.roles, name)
+	for _, roles := range a.users {
+		delete(roles, name)
+	}
+	return Result{}
+}
+
+func (a *authState) revokePermission(c *fsmpb.RolePermission) Result {
+	role, p := c.GetRole(), permissionOf(c.GetPermission())
+	i := slices.Index(a.roles[role], p)
+	if _, ok := a.roles[role]; !ok || i < 0 {
+		return authInvalid("role %q has no permission %s", role, p)
+	}
+	a.roles[role] = slices.Delete(slices.Clone(a.roles[role]), i, i+1)
+	return Result{}
+}
+
+func (a *authState) revokeToken(id uint64) Result {
+	if _, ok := a.tokens[id]; !ok {
+		return authInvalid("no token %d", id)
+	}
+	a.dropToken(id)
+	return Result{}
 }
 
 func (a *authState) grantPermission(c *fsmpb.RolePermission) Result {

@@ -72,78 +72,16 @@ func Restore(snap *fsmpb.Snapshot) (*State, error) {
 	if s.protocol > Protocol {
 		return nil, fmt.Errorf("fsm: the snapshot is of a group at protocol %d, newer than this node's %d: run a newer fence", s.protocol, Protocol)
 	}
-	for _, ps := range snap.GetSessions() {
-		if _, dup := s.sessions[ps.GetId()]; dup {
-			return nil, fmt.Errorf("fsm: snapshot has session %d twice", ps.GetId())
-		}
-		if h := ps.GetSecretSha256(); len(h) != 0 && len(h) != SecretHashBytes {
-			return nil, fmt.Errorf("fsm: snapshot session %d has a secret hash of %d bytes, not %d", ps.GetId(), len(h), SecretHashBytes)
-		}
-		s.sessions[ps.GetId()] = &session{
-			id:         ps.GetId(),
-			ttl:        time.Duration(ps.GetTtlNs()),
-			owner:      ps.GetOwner(),
-			user:       ps.GetUser(),
-			secretHash: nilIfEmpty(slices.Clone(ps.GetSecretSha256())),
-		}
-		for _, id := range ps.GetCancelled() {
-			s.sessions[ps.GetId()].cancel(id)
-		}
+	// Sessions first: locks and keys name them.
+	if err := s.restoreSessions(snap.GetSessions()); err != nil {
+		return nil, err
 	}
-	for _, pl := range snap.GetLocks() {
-		if _, dup := s.locks[pl.GetName()]; dup {
-			return nil, fmt.Errorf("fsm: snapshot has lock %q twice", pl.GetName())
-		}
-		l := &lock{name: pl.GetName(), permits: pl.GetPermits()}
-		for _, d := range pl.GetDelays() {
-			l.delays = append(l.delays, Delay{Lock: l.name, Delay: time.Duration(d.GetDelayNs()), ID: d.GetId()})
-		}
-		if len(l.delays) == 0 && pl.GetDelayNs() > 0 {
-			// A snapshot of an older version: one delay, without an id.
-			s.lastDelayID++
-			l.delays = []Delay{{Lock: l.name, Delay: time.Duration(pl.GetDelayNs()), ID: s.lastDelayID}}
-		}
-		for _, h := range pl.GetHolders() {
-			sess, ok := s.sessions[h.GetSessionId()]
-			if !ok {
-				return nil, fmt.Errorf("fsm: snapshot lock %q is held by unknown session %d", l.name, h.GetSessionId())
-			}
-			l.holders = append(l.holders, holder{session: sess.id, token: h.GetToken(), mode: Mode(h.GetMode()), lockDelay: time.Duration(h.GetLockDelayNs()),
-				req: request{id: h.GetRequestId(), attempt: h.GetAttempt()}})
-			addName(&sess.holds, l.name)
-		}
-		for _, w := range pl.GetWaiters() {
-			sess, ok := s.sessions[w.GetSessionId()]
-			if !ok {
-				return nil, fmt.Errorf("fsm: snapshot lock %q is awaited by unknown session %d", l.name, w.GetSessionId())
-			}
-			l.waiters = append(l.waiters, waiter{session: sess.id, mode: Mode(w.GetMode()), lockDelay: time.Duration(w.GetLockDelayNs()),
-				req: request{id: w.GetRequestId(), attempt: w.GetAttempt()}})
-			addName(&sess.waits, l.name)
-		}
-		s.locks[l.name] = l
+	if err := s.restoreLocks(snap.GetLocks()); err != nil {
+		return nil, err
 	}
 	s.kvRevision = snap.GetKvRevision()
-	for _, pk := range snap.GetKvs() {
-		if _, dup := s.kv[pk.GetKey()]; dup {
-			return nil, fmt.Errorf("fsm: snapshot has key %q twice", pk.GetKey())
-		}
-		s.kv[pk.GetKey()] = &kvEntry{deleted: pk.GetDeleted(), kv: KeyValue{
-			Key: pk.GetKey(), Value: pk.GetValue(), Token: pk.GetToken(), Lock: pk.GetLock(),
-			HighestToken: pk.GetHighestToken(), CreateRevision: pk.GetCreateRevision(),
-			ModRevision: pk.GetModRevision(), Version: pk.GetVersion(), Session: pk.GetSessionId(),
-		}, user: pk.GetUser()}
-		if !pk.GetDeleted() {
-			s.liveKeys++
-			s.liveBytes += len(pk.GetKey()) + len(pk.GetValue())
-		}
-		if id := pk.GetSessionId(); id != 0 {
-			sess, ok := s.sessions[id]
-			if !ok {
-				return nil, fmt.Errorf("fsm: snapshot key %q is bound to unknown session %d", pk.GetKey(), id)
-			}
-			addName(&sess.keys, pk.GetKey())
-		}
+	if err := s.restoreKV(snap.GetKvs()); err != nil {
+		return nil, err
 	}
 	for _, n := range snap.GetNodes() {
 		s.nodes[n.GetNodeId()] = n.GetApiAddress()
@@ -168,4 +106,88 @@ func Restore(snap *fsmpb.Snapshot) (*State, error) {
 		return nil, fmt.Errorf("fsm: snapshot is inconsistent: %w", err)
 	}
 	return s, nil
+}
+
+func (s *State) restoreSessions(sessions []*fsmpb.Session) error {
+	for _, ps := range sessions {
+		if _, dup := s.sessions[ps.GetId()]; dup {
+			return fmt.Errorf("fsm: snapshot has session %d twice", ps.GetId())
+		}
+		if h := ps.GetSecretSha256(); len(h) != 0 && len(h) != SecretHashBytes {
+			return fmt.Errorf("fsm: snapshot session %d has a secret hash of %d bytes, not %d", ps.GetId(), len(h), SecretHashBytes)
+		}
+		s.sessions[ps.GetId()] = &session{
+			id:         ps.GetId(),
+			ttl:        time.Duration(ps.GetTtlNs()),
+			owner:      ps.GetOwner(),
+			user:       ps.GetUser(),
+			secretHash: nilIfEmpty(slices.Clone(ps.GetSecretSha256())),
+		}
+		for _, id := range ps.GetCancelled() {
+			s.sessions[ps.GetId()].cancel(id)
+		}
+	}
+	return nil
+}
+
+func (s *State) restoreLocks(locks []*fsmpb.Lock) error {
+	for _, pl := range locks {
+		if _, dup := s.locks[pl.GetName()]; dup {
+			return fmt.Errorf("fsm: snapshot has lock %q twice", pl.GetName())
+		}
+		l := &lock{name: pl.GetName(), permits: pl.GetPermits()}
+		for _, d := range pl.GetDelays() {
+			l.delays = append(l.delays, Delay{Lock: l.name, Delay: time.Duration(d.GetDelayNs()), ID: d.GetId()})
+		}
+		if len(l.delays) == 0 && pl.GetDelayNs() > 0 {
+			// A snapshot of an older version: one delay, without an id.
+			s.lastDelayID++
+			l.delays = []Delay{{Lock: l.name, Delay: time.Duration(pl.GetDelayNs()), ID: s.lastDelayID}}
+		}
+		for _, h := range pl.GetHolders() {
+			sess, ok := s.sessions[h.GetSessionId()]
+			if !ok {
+				return fmt.Errorf("fsm: snapshot lock %q is held by unknown session %d", l.name, h.GetSessionId())
+			}
+			l.holders = append(l.holders, holder{session: sess.id, token: h.GetToken(), mode: Mode(h.GetMode()), lockDelay: time.Duration(h.GetLockDelayNs()),
+				req: request{id: h.GetRequestId(), attempt: h.GetAttempt()}})
+			addName(&sess.holds, l.name)
+		}
+		for _, w := range pl.GetWaiters() {
+			sess, ok := s.sessions[w.GetSessionId()]
+			if !ok {
+				return fmt.Errorf("fsm: snapshot lock %q is awaited by unknown session %d", l.name, w.GetSessionId())
+			}
+			l.waiters = append(l.waiters, waiter{session: sess.id, mode: Mode(w.GetMode()), lockDelay: time.Duration(w.GetLockDelayNs()),
+				req: request{id: w.GetRequestId(), attempt: w.GetAttempt()}})
+			addName(&sess.waits, l.name)
+		}
+		s.locks[l.name] = l
+	}
+	return nil
+}
+
+func (s *State) restoreKV(kvs []*fsmpb.KV) error {
+	for _, pk := range kvs {
+		if _, dup := s.kv[pk.GetKey()]; dup {
+			return fmt.Errorf("fsm: snapshot has key %q twice", pk.GetKey())
+		}
+		s.kv[pk.GetKey()] = &kvEntry{deleted: pk.GetDeleted(), kv: KeyValue{
+			Key: pk.GetKey(), Value: pk.GetValue(), Token: pk.GetToken(), Lock: pk.GetLock(),
+			HighestToken: pk.GetHighestToken(), CreateRevision: pk.GetCreateRevision(),
+			ModRevision: pk.GetModRevision(), Version: pk.GetVersion(), Session: pk.GetSessionId(),
+		}, user: pk.GetUser()}
+		if !pk.GetDeleted() {
+			s.liveKeys++
+			s.liveBytes += len(pk.GetKey()) + len(pk.GetValue())
+		}
+		if id := pk.GetSessionId(); id != 0 {
+			sess, ok := s.sessions[id]
+			if !ok {
+				return fmt.Errorf("fsm: snapshot key %q is bound to unknown session %d", pk.GetKey(), id)
+			}
+			addName(&sess.keys, pk.GetKey())
+		}
+	}
+	return nil
 }
