@@ -26,6 +26,24 @@ import "fmt"
 //     leaves: mod revision, version and token 0; the live-key count is right;
 //   - the auth state's (see checkAuth).
 func (s *State) CheckInvariants() error {
+	if err := s.checkLocks(); err != nil {
+		return err
+	}
+	if err := s.checkSessions(); err != nil {
+		return err
+	}
+	if err := s.checkKV(); err != nil {
+		return err
+	}
+	if err := s.auth.checkAuth(); err != nil {
+		return fmt.Errorf("auth: %w", err)
+	}
+	return s.checkUsage()
+}
+
+// checkLocks checks every lock: its holders fit its kind, their tokens
+// were issued and are held once, its members are indexed by their sessions.
+func (s *State) checkLocks() error {
 	tokens := map[uint64]string{}
 	for name, l := range s.locks {
 		if l.name != name {
@@ -68,6 +86,11 @@ func (s *State) CheckInvariants() error {
 			}
 		}
 	}
+	return nil
+}
+
+// checkSessions checks that what each session indexes is so.
+func (s *State) checkSessions() error {
 	for id, sess := range s.sessions {
 		if id == 0 || id > s.lastSessionID {
 			return fmt.Errorf("session id %d is outside 1..%d", id, s.lastSessionID)
@@ -88,46 +111,15 @@ func (s *State) CheckInvariants() error {
 			}
 		}
 	}
+	return nil
+}
+
+// checkKV checks every key, and the live keys' count and size.
+func (s *State) checkKV() error {
 	live, liveBytes := 0, 0
 	for key, e := range s.kv {
-		if e.kv.Key != key {
-			return fmt.Errorf("key %q is filed under %q", e.kv.Key, key)
-		}
-		if id := e.kv.Session; id != 0 {
-			sess, ok := s.sessions[id]
-			if !ok || e.deleted {
-				return fmt.Errorf("key %q (deleted %v) is bound to session %d, which exists: %v", key, e.deleted, id, ok)
-			}
-			if _, ok := sess.keys[key]; !ok {
-				return fmt.Errorf("key %q is bound to session %d, which does not index it", key, id)
-			}
-		}
-		if e.kv.Token > e.kv.HighestToken {
-			return fmt.Errorf("key %q was written with token %d above its highest %d", key, e.kv.Token, e.kv.HighestToken)
-		}
-		if e.kv.HighestToken > s.lastToken {
-			return fmt.Errorf("key %q has highest token %d, above the last token issued %d", key, e.kv.HighestToken, s.lastToken)
-		}
-		if e.kv.Token == 0 && e.kv.Lock != "" {
-			return fmt.Errorf("key %q names lock %q without a token", key, e.kv.Lock)
-		}
-		if e.kv.ModRevision > s.kvRevision || e.kv.CreateRevision > e.kv.ModRevision {
-			return fmt.Errorf("key %q has revisions create %d, mod %d beyond the store's %d", key, e.kv.CreateRevision, e.kv.ModRevision, s.kvRevision)
-		}
-		if !e.deleted && (e.kv.CreateRevision == 0 || e.kv.Version == 0) {
-			return fmt.Errorf("live key %q has create revision %d and version %d, but was never written", key, e.kv.CreateRevision, e.kv.Version)
-		}
-		if e.deleted && e.kv.HighestToken == 0 {
-			return fmt.Errorf("key %q is an unfenced tombstone", key)
-		}
-		if e.deleted && len(e.kv.Value) > 0 {
-			return fmt.Errorf("tombstone %q has a value", key)
-		}
-		if e.kv.CreateRevision == 0 && (e.kv.ModRevision != 0 || e.kv.Version != 0 || e.kv.Token != 0) {
-			return fmt.Errorf("key %q was never written (create revision 0) but has mod revision %d, version %d and token %d", key, e.kv.ModRevision, e.kv.Version, e.kv.Token)
-		}
-		if e.kv.CreateRevision != 0 && e.kv.Version == 0 {
-			return fmt.Errorf("key %q was created at revision %d but has version 0", key, e.kv.CreateRevision)
+		if err := s.checkKey(key, e); err != nil {
+			return err
 		}
 		if !e.deleted {
 			live++
@@ -140,10 +132,52 @@ func (s *State) CheckInvariants() error {
 	if liveBytes != s.liveBytes {
 		return fmt.Errorf("%d bytes of live keys counted as %d", liveBytes, s.liveBytes)
 	}
-	if err := s.auth.checkAuth(); err != nil {
-		return fmt.Errorf("auth: %w", err)
+	return nil
+}
+
+// checkKey checks one key: its binding, its tokens and revisions, and a
+// tombstone's fence.
+func (s *State) checkKey(key string, e *kvEntry) error {
+	if e.kv.Key != key {
+		return fmt.Errorf("key %q is filed under %q", e.kv.Key, key)
 	}
-	return s.checkUsage()
+	if id := e.kv.Session; id != 0 {
+		sess, ok := s.sessions[id]
+		if !ok || e.deleted {
+			return fmt.Errorf("key %q (deleted %v) is bound to session %d, which exists: %v", key, e.deleted, id, ok)
+		}
+		if _, ok := sess.keys[key]; !ok {
+			return fmt.Errorf("key %q is bound to session %d, which does not index it", key, id)
+		}
+	}
+	if e.kv.Token > e.kv.HighestToken {
+		return fmt.Errorf("key %q was written with token %d above its highest %d", key, e.kv.Token, e.kv.HighestToken)
+	}
+	if e.kv.HighestToken > s.lastToken {
+		return fmt.Errorf("key %q has highest token %d, above the last token issued %d", key, e.kv.HighestToken, s.lastToken)
+	}
+	if e.kv.Token == 0 && e.kv.Lock != "" {
+		return fmt.Errorf("key %q names lock %q without a token", key, e.kv.Lock)
+	}
+	if e.kv.ModRevision > s.kvRevision || e.kv.CreateRevision > e.kv.ModRevision {
+		return fmt.Errorf("key %q has revisions create %d, mod %d beyond the store's %d", key, e.kv.CreateRevision, e.kv.ModRevision, s.kvRevision)
+	}
+	if !e.deleted && (e.kv.CreateRevision == 0 || e.kv.Version == 0) {
+		return fmt.Errorf("live key %q has create revision %d and version %d, but was never written", key, e.kv.CreateRevision, e.kv.Version)
+	}
+	if e.deleted && e.kv.HighestToken == 0 {
+		return fmt.Errorf("key %q is an unfenced tombstone", key)
+	}
+	if e.deleted && len(e.kv.Value) > 0 {
+		return fmt.Errorf("tombstone %q has a value", key)
+	}
+	if e.kv.CreateRevision == 0 && (e.kv.ModRevision != 0 || e.kv.Version != 0 || e.kv.Token != 0) {
+		return fmt.Errorf("key %q was never written (create revision 0) but has mod revision %d, version %d and token %d", key, e.kv.ModRevision, e.kv.Version, e.kv.Token)
+	}
+	if e.kv.CreateRevision != 0 && e.kv.Version == 0 {
+		return fmt.Errorf("key %q was created at revision %d but has version 0", key, e.kv.CreateRevision)
+	}
+	return nil
 }
 
 // checkMode checks that a holder or waiter's mode fits the lock's kind.
