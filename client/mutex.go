@@ -149,6 +149,24 @@ func (m *Mutex) acquire(ctx context.Context, try bool) (*Grant, error) {
 	stop := context.AfterFunc(s.ctx, func() { cancel(context.Cause(s.ctx)) })
 	defer stop()
 
+	req := m.request(try)
+	resp, attempts, err := m.send(ctx, req)
+	if err != nil {
+		if !leftNothing(err, attempts) {
+			m.abandon(req.RequestId)
+		}
+		if cause := context.Cause(ctx); cause != nil && s.Err() != nil {
+			return nil, cause
+		}
+		return nil, err
+	}
+	return m.take(caller, req.RequestId, resp.GetToken())
+}
+
+// request is the Acquire of one call of Lock or TryLock: a new request id,
+// which every attempt of the call carries.
+func (m *Mutex) request(try bool) *fencev1.AcquireRequest {
+	s := m.s
 	req := &fencev1.AcquireRequest{
 		SessionId:     s.id,
 		SessionSecret: s.secret,
@@ -161,14 +179,21 @@ func (m *Mutex) acquire(ctx context.Context, try bool) (*Grant, error) {
 	if m.opts.lockDelay > 0 {
 		req.LockDelay = durationpb.New(m.opts.lockDelay)
 	}
-	// Each attempt is bounded, so that a node that stops answering is left
-	// for the next: a wait answers "still waiting" after poll and is taken
-	// up again where it stands. The first poll is short, so that a lock
-	// free at once is as quick to move on from a hung node as any call; the
-	// slack after a poll is for the answer to arrive.
+	return req
+}
+
+// send sends req until it is answered with a grant or a refusal, and
+// returns the grant and how many attempts it took. Each attempt is
+// bounded, so that a node that stops answering is left for the next: a
+// wait answers "still waiting" after poll and is taken up again where it
+// stands. The first poll is short, so that a lock free at once is as quick
+// to move on from a hung node as any call; the slack after a poll is for
+// the answer to arrive.
+func (m *Mutex) send(ctx context.Context, req *fencev1.AcquireRequest) (*fencev1.AcquireResponse, int, error) {
+	s := m.s
 	attempt := s.client.opts.attempt
 	limit := attempt
-	if !try {
+	if !req.GetTry() {
 		req.Poll = durationpb.New(attempt / 2)
 	}
 	clk := s.client.opts.clock
@@ -204,20 +229,17 @@ func (m *Mutex) acquire(ctx context.Context, try bool) (*Grant, error) {
 			req.Poll, limit = durationpb.New(attempt), attempt+attempt/2
 		}
 	})
-	if err != nil {
-		if !leftNothing(err, attempts) {
-			m.abandon(req.RequestId)
-		}
-		if cause := context.Cause(ctx); cause != nil && s.Err() != nil {
-			return nil, cause
-		}
-		return nil, err
-	}
+	return resp, attempts, err
+}
+
+// take makes the grant of token, answered to request id, the mutex's.
+func (m *Mutex) take(caller context.Context, id, token uint64) (*Grant, error) {
+	s := m.s
 	// A grant whose answer came as the caller's context ended is given up,
 	// not returned: the caller gave up on the lock, and would not release
-	// it. So a grant is returned only while ctx lives.
+	// it. So a grant is returned only while the caller's context lives.
 	if err := caller.Err(); err != nil {
-		m.abandon(req.RequestId)
+		m.abandon(id)
 		return nil, fmt.Errorf("%s %q was granted as the context ended, and given up again: %w", m.kind(), m.name, context.Cause(caller))
 	}
 	// A grant answered after the session's safe-until (the process was
@@ -229,10 +251,10 @@ func (m *Mutex) acquire(ctx context.Context, try bool) (*Grant, error) {
 	}
 	m.mu.Lock()
 	defer m.mu.Unlock()
-	if m.grant != nil && m.grant.token == resp.GetToken() && m.grant.Err() == nil {
+	if m.grant != nil && m.grant.token == token && m.grant.Err() == nil {
 		return m.grant, nil
 	}
-	g := &Grant{lock: m.name, token: resp.GetToken()}
+	g := &Grant{lock: m.name, token: token}
 	g.ctx, g.cancel = context.WithCancelCause(s.ctx)
 	m.grant = g
 	s.track(g)

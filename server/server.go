@@ -125,18 +125,7 @@ func Start(cfg Config) (*Server, error) {
 	if logger == nil {
 		logger = slog.New(slog.NewTextHandler(io.Discard, nil))
 	}
-	s := &Server{cfg: cfg, logger: logger, hub: newWaitHub(), done: make(chan struct{}), failed: make(chan struct{})}
-	slots := &watchSlots{limit: cfg.MaxWatchers}
-	s.watches = newEventHub(kvEvents, slots, cfg.WatchHistory, watchHistoryBytes)
-	s.lockWatches = newLockFeed(slots, cfg.Clock, cfg.WatchHistory)
-	s.workers = newWorkers(s.done)
-	s.framed.silence = framedSilence
-	s.fsm = fsm.New(observer{s})
-	s.console = newConsole(s)
-	s.metrics = newMetrics(s)
-	s.tracker = newSessionTracker(cfg.Clock, logger, s.expireSessions)
-	s.limiter = newSessionLimiter(cfg.Clock)
-	s.delays = newDelayScheduler(cfg.Clock, logger, s.liftDelay)
+	s := newServer(cfg, logger)
 
 	if err := os.MkdirAll(cfg.DataDir, 0o700); err != nil {
 		s.tracker.stop()
@@ -162,23 +151,8 @@ func Start(cfg Config) (*Server, error) {
 	if s.reserve, err = openTokenReserve(cfg.DataDir); err != nil {
 		return abort(err)
 	}
-	if s.ln, err = net.Listen("tcp", cfg.Listen); err != nil {
-		return abort(fmt.Errorf("listening on %s: %w", cfg.Listen, err))
-	}
-	s.ln = readAheadListener{s.ln}
-	if cfg.ListenMetrics != "" {
-		if s.metricsLn, err = net.Listen("tcp", cfg.ListenMetrics); err != nil {
-			return abort(fmt.Errorf("listening for metrics on %s: %w", cfg.ListenMetrics, err))
-		}
-	}
-	nofile, known := openFileLimit()
-	if limit := connLimit(cfg.MaxConnections, nofile, known); limit > 0 {
-		s.conns = newLimitListener(s.ln, limit)
-		s.ln = s.conns
-	}
-	s.advertise = cfg.Advertise
-	if s.advertise == "" {
-		s.advertise = s.ln.Addr().String()
+	if err := s.listen(); err != nil {
+		return abort(err)
 	}
 	if s.ident, err = openIdentity(cfg.DataDir); err != nil {
 		return abort(err)
@@ -196,6 +170,56 @@ func Start(cfg Config) (*Server, error) {
 		return abort(err)
 	}
 
+	s.serve()
+	logger.Info("fence node started", "node", cfg.NodeID, "version", cfg.Version, "listen", s.Addr(), "tls", cfg.TLS != nil, "metrics", s.MetricsAddr(), "raft", s.node.transport.LocalAddr(), "data", cfg.DataDir, "max_connections", s.maxConnections())
+	return s, nil
+}
+
+// newServer makes a node's parts that hold no file and no socket.
+func newServer(cfg Config, logger *slog.Logger) *Server {
+	s := &Server{cfg: cfg, logger: logger, hub: newWaitHub(), done: make(chan struct{}), failed: make(chan struct{})}
+	slots := &watchSlots{limit: cfg.MaxWatchers}
+	s.watches = newEventHub(kvEvents, slots, cfg.WatchHistory, watchHistoryBytes)
+	s.lockWatches = newLockFeed(slots, cfg.Clock, cfg.WatchHistory)
+	s.workers = newWorkers(s.done)
+	s.framed.silence = framedSilence
+	s.fsm = fsm.New(observer{s})
+	s.console = newConsole(s)
+	s.metrics = newMetrics(s)
+	s.tracker = newSessionTracker(cfg.Clock, logger, s.expireSessions)
+	s.limiter = newSessionLimiter(cfg.Clock)
+	s.delays = newDelayScheduler(cfg.Clock, logger, s.liftDelay)
+	return s
+}
+
+// listen opens the API's listener (and the metrics' one, with
+// --listen-metrics), bounded by the connection limit.
+func (s *Server) listen() error {
+	cfg := s.cfg
+	var err error
+	if s.ln, err = net.Listen("tcp", cfg.Listen); err != nil {
+		return fmt.Errorf("listening on %s: %w", cfg.Listen, err)
+	}
+	s.ln = readAheadListener{s.ln}
+	if cfg.ListenMetrics != "" {
+		if s.metricsLn, err = net.Listen("tcp", cfg.ListenMetrics); err != nil {
+			return fmt.Errorf("listening for metrics on %s: %w", cfg.ListenMetrics, err)
+		}
+	}
+	nofile, known := openFileLimit()
+	if limit := connLimit(cfg.MaxConnections, nofile, known); limit > 0 {
+		s.conns = newLimitListener(s.ln, limit)
+		s.ln = s.conns
+	}
+	s.advertise = cfg.Advertise
+	if s.advertise == "" {
+		s.advertise = s.ln.Addr().String()
+	}
+	return nil
+}
+
+// serve starts serving the API and the node's background loops.
+func (s *Server) serve() {
 	s.confirmer = newLeaseConfirmer(s.node.confirmLeadership)
 	s.live = &liveness{check: s.checkLoops}
 	s.forwarder = newForwarder(s, s.handler())
@@ -211,8 +235,6 @@ func Start(cfg Config) (*Server, error) {
 		go s.serveMetrics(s.metricsLn)
 	}
 	go s.registerLoop(500 * time.Millisecond)
-	logger.Info("fence node started", "node", cfg.NodeID, "version", cfg.Version, "listen", s.Addr(), "tls", cfg.TLS != nil, "metrics", s.MetricsAddr(), "raft", s.node.transport.LocalAddr(), "data", cfg.DataDir, "max_connections", s.maxConnections())
-	return s, nil
 }
 
 // maxConnections returns how many API connections may be open at once;

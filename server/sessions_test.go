@@ -10,7 +10,6 @@ import (
 	"testing"
 	"time"
 
-
 	"github.com/fencelock/fence"
 	fencev1 "github.com/fencelock/fence/api/fence/v1"
 	"github.com/fencelock/fence/internal/clock"

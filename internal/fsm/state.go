@@ -543,33 +543,7 @@ func (s *State) acquire(c *fsmpb.Acquire) Result {
 	if err := l.sameKind(permits); err != nil {
 		return Result{Err: err}
 	}
-	// A retry of the request that left a grant or a wait takes it over,
-	// under a new attempt number; another request is told of it, but the
-	// grant or wait stays its first request's to give up.
-	takeOver := func(r *request) Result {
-		if reqID == 0 || r.id != reqID {
-			return Result{}
-		}
-		s.lastAttempt++
-		r.attempt = s.lastAttempt
-		return Result{Attempt: r.attempt}
-	}
-	if i := l.holderIndex(sess.id); i >= 0 {
-		h := &l.holders[i]
-		if h.mode != mode {
-			return Result{Err: fmt.Errorf("%w: session %d holds lock %q in %s mode, not %s; release it first", fence.ErrInvalidArgument, sess.id, name, h.mode, mode)}
-		}
-		res := takeOver(&h.req)
-		res.Grant = &Grant{Session: sess.id, Lock: name, Token: h.token, Mode: h.mode}
-		return res
-	}
-	if i := l.waiterIndex(sess.id); i >= 0 {
-		w := &l.waiters[i]
-		if w.mode != mode {
-			return Result{Err: fmt.Errorf("%w: session %d already waits for lock %q in %s mode", fence.ErrInvalidArgument, sess.id, name, w.mode)}
-		}
-		res := takeOver(&w.req)
-		res.Queued = true
+	if res, ok := s.acquireAgain(l, sess, mode, reqID); ok {
 		return res
 	}
 	w := waiter{session: sess.id, mode: mode, lockDelay: time.Duration(c.GetLockDelayNs())}
@@ -602,6 +576,41 @@ func (s *State) acquire(c *fsmpb.Acquire) Result {
 	s.addWait(sess, name)
 	s.emit(LockEvent{Kind: LockQueued, Lock: name, Session: sess.id, Owner: sess.owner, Mode: mode, Permits: l.permits})
 	return Result{Queued: true, Attempt: w.req.attempt}
+}
+
+// acquireAgain answers an acquire by a session that already holds or
+// waits for l: a retry of the request that left the grant or the wait
+// takes it over, under a new attempt number; another request is told of
+// it, but the grant or wait stays its first request's to give up. It
+// reports false when the session neither holds nor waits for l.
+func (s *State) acquireAgain(l *lock, sess *session, mode Mode, reqID uint64) (Result, bool) {
+	takeOver := func(r *request) Result {
+		if reqID == 0 || r.id != reqID {
+			return Result{}
+		}
+		s.lastAttempt++
+		r.attempt = s.lastAttempt
+		return Result{Attempt: r.attempt}
+	}
+	if i := l.holderIndex(sess.id); i >= 0 {
+		h := &l.holders[i]
+		if h.mode != mode {
+			return Result{Err: fmt.Errorf("%w: session %d holds lock %q in %s mode, not %s; release it first", fence.ErrInvalidArgument, sess.id, l.name, h.mode, mode)}, true
+		}
+		res := takeOver(&h.req)
+		res.Grant = &Grant{Session: sess.id, Lock: l.name, Token: h.token, Mode: h.mode}
+		return res, true
+	}
+	if i := l.waiterIndex(sess.id); i >= 0 {
+		w := &l.waiters[i]
+		if w.mode != mode {
+			return Result{Err: fmt.Errorf("%w: session %d already waits for lock %q in %s mode", fence.ErrInvalidArgument, sess.id, l.name, w.mode)}, true
+		}
+		res := takeOver(&w.req)
+		res.Queued = true
+		return res, true
+	}
+	return Result{}, false
 }
 
 // checkLockLimits refuses an acquire that would make a session hold or
