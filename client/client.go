@@ -446,31 +446,11 @@ func (c *Client) call(ctx context.Context, fn func(ctx context.Context, ep *endp
 			c.answered.Store(true)
 			return nil
 		}
-		if errors.Is(err, fence.ErrWrongCluster) {
-			// Never act on this node again; fail once every node is of
-			// another group.
-			ep.foreign.Store(true)
-			if c.allForeign() {
-				return err
-			}
-			foreign = err
+		if next, final := c.passOver(ctx, ep, err, &refused, &foreign); final != nil {
+			return final
+		} else if next {
 			i++
 			continue
-		}
-		if errors.Is(err, rpcerr.ErrPlainToTLS) {
-			return fmt.Errorf("%w (is %s serving TLS? then use client.WithTLS, or fence --cacert)", err, ep.url)
-		}
-		if errors.Is(err, fence.ErrUnauthenticated) && ctx.Err() == nil {
-			// This node refused the TLS handshake (or we refused its
-			// certificate): another may not. Give up once every node has.
-			if refused++; refused < c.numEndpoints() {
-				i++
-				continue
-			}
-			return err
-		}
-		if !errors.Is(err, fence.ErrUnavailable) || ctx.Err() != nil {
-			return err
 		}
 		now := c.opts.clock.Now()
 		if failingSince.IsZero() {
@@ -501,6 +481,37 @@ func (c *Client) call(ctx context.Context, fn func(ctx context.Context, ep *endp
 		tried, hints, heard = 0, 0, false
 		backoff = min(2*backoff, 250*time.Millisecond)
 	}
+}
+
+// passOver says what an attempt at ep that failed with err, not
+// Unavailable while ctx lives, means for its call: try the next node
+// (next), or end with final. Neither means the node is unavailable, and the
+// call retries as for any. refused counts the nodes that refused the
+// client's credentials, foreign keeps the error of a node of another group.
+func (c *Client) passOver(ctx context.Context, ep *endpoint, err error, refused *int, foreign *error) (next bool, final error) {
+	switch {
+	case errors.Is(err, fence.ErrWrongCluster):
+		// Never act on this node again; fail once every node is of
+		// another group.
+		ep.foreign.Store(true)
+		if c.allForeign() {
+			return false, err
+		}
+		*foreign = err
+		return true, nil
+	case errors.Is(err, rpcerr.ErrPlainToTLS):
+		return false, fmt.Errorf("%w (is %s serving TLS? then use client.WithTLS, or fence --cacert)", err, ep.url)
+	case errors.Is(err, fence.ErrUnauthenticated) && ctx.Err() == nil:
+		// This node refused the TLS handshake (or we refused its
+		// certificate): another may not. Give up once every node has.
+		if *refused++; *refused < c.numEndpoints() {
+			return true, nil
+		}
+		return false, err
+	case !errors.Is(err, fence.ErrUnavailable) || ctx.Err() != nil:
+		return false, err
+	}
+	return false, nil
 }
 
 // unreachable is the error of a call that no node answered for d; last
