@@ -161,13 +161,19 @@ func (s *Server) dialAddress(id raft.ServerID, addr raft.ServerAddress) raft.Ser
 // that as a voter it can take part in commits at once. Its log must match
 // the leader's, not only reach as far: its last entry is of the leader's
 // term, which only this leader writes, so by raft's log matching every
-// entry before it is the leader's too.
+// entry before it is the leader's too. It ends as soon as this node no
+// longer leads that term: the member's last entry could then never be of
+// it, and the wait would hold up, for its full length, the next leader's
+// (or this node's next term's) promotion.
 func (s *Server) awaitCatchUp(ctx context.Context, id raft.ServerID, addr raft.ServerAddress) error {
 	target, term := s.node.raft.LastIndex(), s.node.raft.CurrentTerm()
 	ctx, cancel := context.WithTimeout(ctx, maxCatchUp)
 	defer cancel()
 	var have uint64
 	for {
+		if !s.node.isLeader() || s.node.raft.CurrentTerm() != term {
+			return s.membershipError(fmt.Errorf("%w: this node no longer leads term %d, in which %s was to catch up", raft.ErrLeadershipLost, term, id))
+		}
 		if h, err := s.helloFrom(id, addr); err == nil {
 			have = h.LastIndex
 			// A node from before terms were in hellos is caught up by index.
@@ -287,6 +293,7 @@ func (s *Server) registerMembers() {
 	}
 	wg.Wait()
 	s.agreeProtocol(hellos)
+	s.finishRejoins(members, hellos)
 }
 
 // registerAPI records where a member serves the API, if that changed.

@@ -60,6 +60,10 @@ type nodeHello struct {
 	// Protocol is the newest group protocol the node speaks (0: an older
 	// node, which speaks protocol 1).
 	Protocol uint32 `json:"protocol,omitempty"`
+	// Rejoining says the node lost its data dir and asked its group to add
+	// it again, and no leader has told it yet that it is a voter again: a
+	// leader that finds such a member takes its rejoin up (finishRejoins).
+	Rejoining bool `json:"rejoining,omitempty"`
 }
 
 // raftIntroMagic opens a raft connection on which the dialer introduces
@@ -95,9 +99,12 @@ type rejoinRequest struct {
 	Incarnation string `json:"incarnation"`
 }
 
-// rejoinAnswer says whether the leader is adding the member again.
+// rejoinAnswer says whether the leader is adding the member again, and
+// whether it is done: Voter says the leader counts the member as a voter,
+// and the node at its address (the one asking) holds data.
 type rejoinAnswer struct {
 	Accepted bool   `json:"accepted,omitempty"`
+	Voter    bool   `json:"voter,omitempty"`
 	Refused  string `json:"refused,omitempty"`
 }
 

@@ -10,6 +10,8 @@ import (
 	"time"
 
 	"github.com/hashicorp/raft"
+
+	"github.com/fencelock/fence"
 )
 
 // A member whose data dir was lost comes back with no data and a new
@@ -20,8 +22,10 @@ import (
 // to a non-voter in one configuration change (the member never leaves the
 // configuration), the node then catches up from the group, and the leader
 // makes it a voter again. The node keeps asking, across its restarts and
-// leader changes, until it is a voter (its identity records that it
-// asked), and each request takes up the step where it stands.
+// leader changes, until a leader says it is a voter (its identity records
+// that it asked, and its hello says so), and each request takes up the
+// step where it stands; a leader that finds such a member takes it up by
+// itself too.
 
 // rejoinPoll is how often a node that asked to be added again asks again.
 const rejoinPoll = time.Second
@@ -36,13 +40,13 @@ func (s *Server) serveRejoins() {
 // request only from the node at the member's address (same incarnation):
 // a voter that holds no data is demoted, once the group keeps a reachable
 // quorum without it; a non-voter is made a voter again once it has caught
-// up. The steps go on after the answer.
+// up; and a voter that holds data is told that it is one, which is the
+// only word by which the node stops asking (its own configuration may lag
+// the group's: it may not hold its demotion yet). The steps go on after
+// the answer.
 func (s *Server) rejoin(req rejoinRequest) rejoinAnswer {
 	refuse := func(format string, args ...any) rejoinAnswer {
 		return rejoinAnswer{Refused: fmt.Sprintf(format, args...)}
-	}
-	if !s.cfg.AutoRejoin {
-		return refuse("the group does not add members again by itself (--auto-rejoin=false): ask an operator to run fence members remove %s, then fence members add", req.ID)
 	}
 	if !s.leaderReady.Load() {
 		if s.node.isLeader() {
@@ -59,19 +63,25 @@ func (s *Server) rejoin(req rejoinRequest) rejoinAnswer {
 	if !s.rejoining.begin(req.ID) {
 		return rejoinAnswer{Accepted: true} // under way
 	}
+	taken := false
+	defer func() {
+		if !taken {
+			s.rejoining.end(req.ID)
+		}
+	}()
 	h, err := s.helloFrom(id, srv.Address)
-	var demote bool
 	switch {
 	case err != nil:
-		s.rejoining.end(req.ID)
 		return refuse("the member's address %s does not answer: %v", srv.Address, err)
 	case h.Incarnation != req.Incarnation:
-		s.rejoining.end(req.ID)
 		return refuse("the node at the member's address %s is not the one asking: another node may use id %s", srv.Address, req.ID)
 	case srv.Suffrage == raft.Voter && h.LastIndex > 0:
-		s.rejoining.end(req.ID)
-		return refuse("%s is a voter with data already", req.ID)
-	case srv.Suffrage == raft.Voter:
+		return rejoinAnswer{Accepted: true, Voter: true}
+	case !s.cfg.AutoRejoin:
+		return refuse("the group does not add members again by itself (--auto-rejoin=false): ask an operator to run fence members remove %s, then fence members add", req.ID)
+	}
+	demote := srv.Suffrage == raft.Voter
+	if demote {
 		var rest []raft.Server
 		for _, v := range s.voters() {
 			if v.ID != id {
@@ -79,11 +89,10 @@ func (s *Server) rejoin(req rejoinRequest) rejoinAnswer {
 			}
 		}
 		if err := s.checkQuorum(rest, ""); err != nil {
-			s.rejoining.end(req.ID)
 			return refuse("%v", err)
 		}
-		demote = true
 	}
+	taken = true
 	s.wg.Add(1)
 	go func() {
 		defer s.wg.Done()
@@ -95,14 +104,66 @@ func (s *Server) rejoin(req rejoinRequest) rejoinAnswer {
 	return rejoinAnswer{Accepted: true}
 }
 
+// finishRejoins takes up, on the leader, the rejoin of each member whose
+// hello (hellos[i] of members[i], nil: no answer) says that it lost its
+// data and asked to be added again, and that is no voter with data yet: a
+// leader that began it may be gone halfway, and the node's own requests
+// may not reach this leader (a member added by hand is none of its
+// --peers). So no operator is needed to finish what a lost leader began.
+func (s *Server) finishRejoins(members []raft.Server, hellos []*nodeHello) {
+	for i, srv := range members {
+		h := hellos[i]
+		if h == nil || !h.Rejoining || string(srv.ID) == s.cfg.NodeID || (srv.Suffrage == raft.Voter && h.LastIndex > 0) {
+			continue
+		}
+		if answer := s.rejoin(rejoinRequest{ID: h.ID, Incarnation: h.Incarnation}); answer.Refused != "" {
+			s.logger.Debug("a member asked to be added again, and is not being added", "member", h.ID, "why", answer.Refused)
+		}
+	}
+}
+
+// rejoinStep names a step of adding a member again: a test can stop the
+// leader at each (see rejoinFailpoint).
+type rejoinStep string
+
+const (
+	rejoinTaken    rejoinStep = "taken"     // the leader took the request
+	rejoinDemoted  rejoinStep = "demoted"   // the member is a non-voter
+	rejoinCaughtUp rejoinStep = "caught up" // its log matches the leader's
+	rejoinPromoted rejoinStep = "promoted"  // it is a voter again
+)
+
+// rejoinHook is called as a leader reaches a step of adding member again.
+type rejoinHook func(step rejoinStep, member raft.ServerID)
+
+// reachRejoinStep calls the failpoint set by a test, if any, at step, and
+// reports whether the leader goes on: not once it is shutting down.
+func (s *Server) reachRejoinStep(step rejoinStep, member raft.ServerID) error {
+	if f := s.rejoinFailpoint.Load(); f != nil {
+		(*f)(step, member)
+	}
+	select {
+	case <-s.done:
+		return fmt.Errorf("%w: the node is shutting down (after the step %q)", fence.ErrUnavailable, step)
+	default:
+		return nil
+	}
+}
+
 // addAgain demotes member srv to a non-voter if demote is set, then makes
 // it a voter once it has caught up.
 func (s *Server) addAgain(srv raft.Server, demote bool) error {
+	if err := s.reachRejoinStep(rejoinTaken, srv.ID); err != nil {
+		return err
+	}
 	if demote {
-		if err := s.node.raft.DemoteVoter(srv.ID, 0, s.cfg.ApplyTimeout).Error(); err != nil {
+		if err := s.node.await(s.node.raft.DemoteVoter(srv.ID, 0, s.cfg.ApplyTimeout)); err != nil {
 			return s.membershipError(err)
 		}
 		s.logger.Info("member whose data dir was lost is a non-voter until it has caught up", "member", srv.ID, "raft", srv.Address)
+	}
+	if err := s.reachRejoinStep(rejoinDemoted, srv.ID); err != nil {
+		return err
 	}
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
@@ -116,63 +177,110 @@ func (s *Server) addAgain(srv raft.Server, demote bool) error {
 	if err := s.awaitCatchUp(ctx, srv.ID, srv.Address); err != nil {
 		return err
 	}
+	if err := s.reachRejoinStep(rejoinCaughtUp, srv.ID); err != nil {
+		return err
+	}
 	if err := s.checkQuorum(s.votersWith(srv.ID, srv.Address), srv.ID); err != nil {
 		return err
 	}
-	if err := s.node.raft.AddVoter(srv.ID, srv.Address, 0, s.cfg.ApplyTimeout).Error(); err != nil {
+	if err := s.node.await(s.node.raft.AddVoter(srv.ID, srv.Address, 0, s.cfg.ApplyTimeout)); err != nil {
 		return s.membershipError(err)
 	}
 	s.logger.Info("member added again is a voter again", "member", srv.ID)
+	_ = s.reachRejoinStep(rejoinPromoted, srv.ID) // done: nothing is left to stop
 	return nil
 }
 
-// askToRejoin asks each peer holding the group's data to add this node
-// again; the leader among them takes it. It reports whether one did.
-func (s *Server) askToRejoin(holders []string) bool {
+// askToRejoin asks each of targets in turn to add this node again, until
+// one takes the request (the leader), and returns that one's answer; a
+// zero answer (not Accepted) when none took it.
+func (s *Server) askToRejoin(targets []raft.Server) rejoinAnswer {
 	req := rejoinRequest{ID: s.cfg.NodeID, Incarnation: s.ident.incarnation}
 	var refusals []string
-	for _, id := range holders {
-		addr := s.dialAddress(raft.ServerID(id), raft.ServerAddress(s.cfg.Peers[id]))
-		answer, err := s.node.links.askRejoin(addr, req, helloTimeout)
+	for _, t := range targets {
+		answer, err := s.node.links.askRejoin(s.dialAddress(t.ID, t.Address), req, helloTimeout)
 		switch {
 		case err == nil && answer.Accepted:
-			return true
+			return answer
 		case err == nil:
-			refusals = append(refusals, id+": "+answer.Refused)
+			refusals = append(refusals, string(t.ID)+": "+answer.Refused)
 		}
 	}
 	if len(refusals) > 0 {
 		s.bootstrapLogs.log(s.logger, slog.LevelWarn, "rejoin:"+strings.Join(refusals, ";"), "asked to be added again, and was not", "answers", strings.Join(refusals, "; "))
 	}
-	return false
+	return rejoinAnswer{}
 }
 
-// rejoinUntilVoter asks the peers to add this node again until the
-// group's configuration makes it a voter, then forgets that it asked.
-func (s *Server) rejoinUntilVoter() {
-	defer s.wg.Done()
-	var peers []string
-	for id := range s.cfg.Peers {
-		if id != s.cfg.NodeID {
-			peers = append(peers, id)
+// rejoinTargets are the nodes this node asks to add it again: the leader
+// it knows of first, then the other members of its configuration, then
+// its --peers (a member added by hand is no peer, and may lead).
+func (s *Server) rejoinTargets() []raft.Server {
+	var out []raft.Server
+	seen := map[raft.ServerID]bool{raft.ServerID(s.cfg.NodeID): true}
+	add := func(id raft.ServerID, addr raft.ServerAddress) {
+		if id != "" && addr != "" && !seen[id] {
+			seen[id] = true
+			out = append(out, raft.Server{ID: id, Address: addr})
 		}
 	}
+	if addr, id := s.node.leader(); id != "" {
+		add(id, addr)
+	}
+	for _, m := range s.members() {
+		add(m.ID, m.Address)
+	}
+	var peers []string
+	for id := range s.cfg.Peers {
+		peers = append(peers, id)
+	}
 	slices.Sort(peers)
+	for _, id := range peers {
+		add(raft.ServerID(id), raft.ServerAddress(s.cfg.Peers[id]))
+	}
+	return out
+}
+
+// peerServers returns the --peers named ids, with their raft addresses.
+func (s *Server) peerServers(ids []string) []raft.Server {
+	out := make([]raft.Server, 0, len(ids))
+	for _, id := range ids {
+		out = append(out, raft.Server{ID: raft.ServerID(id), Address: raft.ServerAddress(s.cfg.Peers[id])})
+	}
+	return out
+}
+
+// rejoinUntilVoter asks to be added again until the group's leader answers
+// that it counts this node as a voter holding data, then forgets that it
+// asked. The node's own configuration does not decide it, unless the node
+// leads: a node that holds only part of the group's log, not yet the
+// entry that made it a non-voter, finds itself a voter there, and a leader
+// lost before it promoted the node left nobody to finish (docs/design.md,
+// Rejoin). A leader's log holds every committed entry, so once it is a
+// ready leader, its configuration is the group's word.
+func (s *Server) rejoinUntilVoter() {
+	defer s.wg.Done()
 	for {
-		if srv, ok := s.member(raft.ServerID(s.cfg.NodeID)); ok && srv.Suffrage == raft.Voter && s.node.hasData() {
+		if s.leadsAsVoter() || s.askToRejoin(s.rejoinTargets()).Voter {
 			if err := s.ident.setRejoining(false); err != nil {
 				s.logger.Warn("recording that this node is a voter again", "err", err)
 			}
 			s.logger.Info("this node is a voter of its group again")
 			return
 		}
-		s.askToRejoin(peers)
 		select {
 		case <-s.done:
 			return
 		case <-time.After(rejoinPoll):
 		}
 	}
+}
+
+// leadsAsVoter reports whether this node is a ready leader whose
+// configuration counts it as a voter (a voter again, elected since).
+func (s *Server) leadsAsVoter() bool {
+	srv, ok := s.member(raft.ServerID(s.cfg.NodeID))
+	return s.leaderReady.Load() && ok && srv.Suffrage == raft.Voter
 }
 
 // startRejoin records that this node asked to be added again, and goes on

@@ -103,6 +103,9 @@ type Server struct {
 	rejoining rejoins
 	// rejoinStarted is set once this node asks to be added again.
 	rejoinStarted atomic.Bool
+	// rejoinFailpoint, set by tests only, is called as this node, leading,
+	// reaches each step of adding a member again (reachRejoinStep).
+	rejoinFailpoint atomic.Pointer[rejoinHook]
 	// failed is closed when the node stopped by itself, for failure.
 	failed     chan struct{}
 	failOnce   sync.Once

@@ -189,9 +189,11 @@ func TestCheckClusterDiskFull(t *testing.T) {
 
 // A three-node group whose followers, and leader, lose their data dirs and
 // are started again with their flags: each is added again and is a voter
-// again, no node answers for another group, and nothing is lost. Seed 40
-// draws a wipe of the leader, one of a follower, and one of a follower
-// whose leader is killed as it adds it again, first.
+// again by itself, even when the leader that adds it again is killed
+// halfway (a later leader finishes), no node answers for another group,
+// and nothing is lost. Seed 40 draws a wipe of the leader, one of a
+// follower, and one of a follower whose leader is killed as it adds it
+// again, first.
 func TestCheckClusterWipe(t *testing.T) {
 	res := run(t, check.Config{Nodes: 3, Workers: 3, Duration: 20 * time.Second, Seed: 40, TTL: time.Second, FaultInterval: time.Second,
 		Faults: []string{check.FaultWipe}})
@@ -207,15 +209,7 @@ func TestCheckClusterWipe(t *testing.T) {
 		case strings.HasSuffix(f.Target, "(leader)"):
 			leaders++
 		case strings.Contains(f.Note, "the leader, killed"):
-			// The group does not finish adding the member again once the
-			// leader that began it is lost: that is an outcome, logged, and
-			// the fault then adds it by hand.
 			interrupted++
-			t.Logf("%s %s: %s (%s)", f.Kind, f.Target, f.Outcome, f.Note)
-			if f.Outcome != check.OutcomeRejoined && !strings.Contains(f.Note, "fence members add made it a voter") {
-				t.Errorf("%s %s is no voter again, even by hand: %s", f.Kind, f.Target, f.Note)
-			}
-			continue
 		}
 		if f.Outcome == check.OutcomeRejoined {
 			back++

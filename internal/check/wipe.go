@@ -13,7 +13,8 @@ import (
 // rejoinWait bounds how long a wipe fault waits for its node to be a voter
 // again by itself (it takes a second or two); the fault then adds it as an
 // operator would, and the end of the run waits up to settleWait more for
-// each node that was still not one.
+// each node that was still not one, and adds by hand those that the run's
+// end kept their fault from adding.
 const (
 	rejoinWait = 10 * time.Second
 	settleWait = 15 * time.Second
@@ -80,22 +81,33 @@ func (r *runner) wipeNode(ctx context.Context, ev *FaultEvent) bool {
 	r.restartNode(n, func() error { return wipeDataDir(n) })
 	w := &rejoinWatch{n: n, wiped: ev.Start}
 	ev.Outcome, ev.Note = r.awaitRejoin(ctx, w, rejoinWait, catchingUp)
-	if ev.Outcome == OutcomeNotRejoined && ctx.Err() == nil {
-		ev.Note = join(ev.Note, r.addByHand(ctx, n))
+	if ev.Outcome != OutcomeNotRejoined {
+		return true
 	}
-	if ev.Outcome == OutcomeNotRejoined && !r.countsAsVoter(ctx, r.leaderAPI(), n.id) {
+	p := pendingRejoin{w: w, fault: len(r.faults)}
+	if ctx.Err() != nil {
+		// The run ended within the wait: the end of the run waits
+		// more, and adds it by hand then if it has to.
+		ev.Note = join(ev.Note, "the run ended before it was added by hand")
+	} else {
+		ev.Note = join(ev.Note, r.addByHand(ctx, n))
+		p.addedByHand = true
+	}
+	if !r.countsAsVoter(ctx, r.leaderAPI(), n.id) {
 		r.mu.Lock()
-		r.unrejoined = append(r.unrejoined, pendingRejoin{w: w, fault: len(r.faults)})
+		r.unrejoined = append(r.unrejoined, p)
 		r.mu.Unlock()
 	}
 	return true
 }
 
 // pendingRejoin is a wiped node that was not a voter again when its fault
-// ended; fault is the index of its FaultEvent.
+// ended; fault is the index of its FaultEvent, and addedByHand says whether
+// the fault ran fence members add for it.
 type pendingRejoin struct {
-	w     *rejoinWatch
-	fault int
+	w           *rejoinWatch
+	fault       int
+	addedByHand bool
 }
 
 // rejoinWatch is what the checker saw of a wiped node coming back: when it
@@ -220,14 +232,18 @@ func (r *runner) countsAsVoter(ctx context.Context, leaderAPI, id string) bool {
 }
 
 // settleRejoins waits, at the end of the run, for the wiped nodes that
-// were not voters again when their fault ended, and tells their faults
-// how it went.
+// were not voters again when their fault ended, adds by hand those that
+// are still not and that their fault did not add (the run ended first),
+// and tells their faults how it went.
 func (r *runner) settleRejoins(ctx context.Context) {
 	r.mu.Lock()
 	pending := r.unrejoined
 	r.mu.Unlock()
 	for _, p := range pending {
 		outcome, note := r.awaitRejoin(ctx, p.w, settleWait, nil)
+		if outcome == OutcomeNotRejoined && !p.addedByHand && ctx.Err() == nil {
+			note = join(note, r.addByHand(ctx, p.w.n))
+		}
 		ev := &r.faults[p.fault]
 		ev.Outcome = outcome
 		ev.Note += "; at the end of the run: " + note
@@ -246,22 +262,37 @@ func (r *runner) nodeAt(api string) *node {
 }
 
 // addByHand does what an operator does for a wiped node that the group did
-// not make a voter again by itself: fence members add, which adds it (or,
-// if it is a non-voter already, makes it a voter once it has caught up).
-// It says how that went.
+// not make a voter again by itself (docs/design.md, Rejoin): fence members
+// add, which makes a non-voter a voter once it has caught up; and, first,
+// fence members remove while the leader still counts the node as a voter
+// (add leaves a voter as it is, data or none). It says what it ran and
+// how that went, as the leader sees it afterwards.
 func (r *runner) addByHand(ctx context.Context, n *node) string {
 	c, err := client.New(client.WithEndpoints(r.cfg.Endpoints...), client.WithClusterID(r.clusterID))
 	if err != nil {
-		return ""
+		return "fence members add could not be run: " + err.Error()
 	}
 	defer c.Close()
 	ctx, cancel := context.WithTimeout(ctx, 30*time.Second)
 	defer cancel()
 	start := time.Now()
-	if err := c.AddMember(ctx, n.id, n.raft, true); err != nil {
-		return "fence members add did not make it a voter either: " + err.Error()
+	ran := "fence members add"
+	if r.countsAsVoter(ctx, r.leaderAPI(), n.id) {
+		if st, err := statusOf(ctx, n.api); err == nil && st.GetClusterId() == r.clusterID && st.GetAppliedIndex() > 0 {
+			return "it was a voter holding the group's data by the time it was to be added by hand"
+		}
+		if err := c.RemoveMember(ctx, n.id); err != nil {
+			return "fence members remove, to add it again by hand, failed: " + err.Error()
+		}
+		ran = "fence members remove and add"
 	}
-	return fmt.Sprintf("fence members add made it a voter in %v", time.Since(start).Round(time.Millisecond))
+	if err := c.AddMember(ctx, n.id, n.raft, true); err != nil {
+		return ran + " did not make it a voter either: " + err.Error()
+	}
+	if !r.countsAsVoter(ctx, r.leaderAPI(), n.id) {
+		return ran + " succeeded, and yet the leader does not count it as a voter"
+	}
+	return fmt.Sprintf("%s made it a voter in %v", ran, time.Since(start).Round(time.Millisecond))
 }
 
 // leaderAPI returns the API address of the node that leads, "" if none.

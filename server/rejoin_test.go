@@ -1,0 +1,139 @@
+package server
+
+import (
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/hashicorp/raft"
+)
+
+// halfRejoined leaves member id of c as a leader lost halfway through
+// adding it again leaves it: a non-voter in the group's configuration,
+// while the node holds only the log from before that change (whose
+// configuration names it a voter) and its identity records that it asked.
+// The leader that demoted it is stopped and started again, so that no
+// leader has a promotion of it under way. The node is left stopped.
+func halfRejoined(t *testing.T, c *testCluster, id string) {
+	t.Helper()
+	leader := c.leader()
+	victim := c.nodes[id]
+	waitFor(t, id+" to catch up", func() bool { return victim.node.raft.AppliedIndex() >= leader.node.raft.LastIndex() })
+	c.stop(id)
+	if err := leader.node.raft.DemoteVoter(raft.ServerID(id), 0, time.Second).Error(); err != nil {
+		t.Fatal(err)
+	}
+	lid := leader.cfg.NodeID
+	c.stop(lid)
+	c.start(lid)
+	ident, err := openIdentity(c.cfgs[id].DataDir)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := ident.setRejoining(true); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// cutLinks cuts (or heals) every raft link from the nodes of c other than
+// id to id, or, with out set, from id to the others.
+func cutLinks(c *testCluster, id string, out, cut bool) {
+	for _, other := range c.ids {
+		if other == id {
+			continue
+		}
+		from, to := other, id
+		if out {
+			from, to = id, other
+		}
+		c.link(from, to).SetCut(cut)
+	}
+}
+
+// votesAgain waits until the group's leader counts member id as a voter
+// and the node knows it (it no longer records that it asked).
+func votesAgain(t *testing.T, c *testCluster, id string) {
+	t.Helper()
+	waitForWithin(t, 20*time.Second, id+" to be a voter again, and to know it", func() bool {
+		srv, ok := c.leader().member(raft.ServerID(id))
+		s := c.nodes[id]
+		return ok && srv.Suffrage == raft.Voter && s.node.hasData() && !s.ident.rejoining.Load()
+	})
+}
+
+// TestRejoinEndsOnlyWhenTheLeaderSaysSo is the failure of the check's
+// wipe fault with the leader killed as it adds the member again: the
+// wiped member, demoted, held part of the group's log, not yet its
+// demotion, when the leader was killed. It found itself a voter in its
+// own configuration, stopped asking, and stayed a non-voter once the
+// demotion reached it: no later leader knew it owed a promotion. The
+// node now asks until a leader says it counts it as a voter.
+func TestRejoinEndsOnlyWhenTheLeaderSaysSo(t *testing.T) {
+	c := startCluster(t, 3, nil)
+	grantAndStore(t, c)
+	id := c.followers(c.leader())[0].cfg.NodeID
+	halfRejoined(t, c, id)
+	// The demotion does not reach the node for a while: long enough for
+	// it to look at its own configuration, in which it is a voter.
+	cutLinks(c, id, false, true)
+	c.start(id)
+	time.Sleep(2 * rejoinPoll)
+	cutLinks(c, id, false, false)
+	votesAgain(t, c, id)
+}
+
+// TestLeaderFinishesARejoinItFinds: a leader that finds a non-voter member
+// whose node says it lost its data and asked to be added again makes it a
+// voter, even when the node's requests do not reach it (here: every link
+// from the node is cut; in a group grown by hand, the leader may be none
+// of the node's --peers).
+func TestLeaderFinishesARejoinItFinds(t *testing.T) {
+	c := startCluster(t, 3, nil)
+	id := c.followers(c.leader())[0].cfg.NodeID
+	halfRejoined(t, c, id)
+	cutLinks(c, id, true, true)
+	c.start(id)
+	waitForWithin(t, 20*time.Second, "the leader to make "+id+" a voter again", func() bool {
+		srv, ok := c.leader().member(raft.ServerID(id))
+		return ok && srv.Suffrage == raft.Voter
+	})
+	if !c.nodes[id].ident.rejoining.Load() {
+		t.Fatal("the node stopped asking before any leader told it it is a voter")
+	}
+	cutLinks(c, id, true, false)
+	votesAgain(t, c, id)
+}
+
+// TestRejoinSurvivesItsLeaderAtEveryStep stops the leader that adds a
+// wiped member again at each of its steps (the request taken, the member
+// demoted, caught up, promoted), and starts it again on its data, as the
+// check's wipe fault kills it: the member becomes a voter again under the
+// next leader, without an operator, and knows it.
+func TestRejoinSurvivesItsLeaderAtEveryStep(t *testing.T) {
+	for _, step := range []rejoinStep{rejoinTaken, rejoinDemoted, rejoinCaughtUp, rejoinPromoted} {
+		t.Run(string(step), func(t *testing.T) {
+			c := startCluster(t, 3, nil)
+			grantAndStore(t, c)
+			leader := c.leader()
+			reached := make(chan struct{})
+			var once sync.Once
+			var hook rejoinHook = func(at rejoinStep, _ raft.ServerID) {
+				if at == step {
+					once.Do(func() { close(reached) })
+					<-leader.done // the leader stops here
+				}
+			}
+			leader.rejoinFailpoint.Store(&hook)
+			id, _ := c.wipeFollower(leader)
+			select {
+			case <-reached:
+			case <-time.After(20 * time.Second):
+				t.Fatalf("the leader did not reach the step %q", step)
+			}
+			lid := leader.cfg.NodeID
+			c.stop(lid)
+			c.start(lid)
+			votesAgain(t, c, id)
+		})
+	}
+}
