@@ -28,6 +28,10 @@ type Observer interface {
 	// Halted is called once, when the FSM met an entry it does not
 	// understand (a *HaltError) and stopped applying the log.
 	Halted(err error)
+	// Configured is called for each committed configuration entry, in
+	// log order with the commands: raft's membership, which the state
+	// does not keep.
+	Configured(index uint64, c raft.Configuration)
 }
 
 // FSM adapts State to hashicorp/raft. It implements raft.BatchingFSM, so a
@@ -124,6 +128,9 @@ func (f *FSM) ApplyBatch(logs []*raft.Log) []interface{} {
 	}
 	if f.observer != nil {
 		for i, l := range logs[:applied] {
+			if l.Type == raft.LogConfiguration {
+				f.observer.Configured(l.Index, raft.DecodeConfiguration(l.Data))
+			}
 			if l.Type != raft.LogCommand {
 				continue
 			}

@@ -54,6 +54,8 @@ func (r *recorder) Applied(seq fsm.Seq, res fsm.Result) {
 	r.lastToken = append(r.lastToken, token)
 }
 
+func (r *recorder) Configured(uint64, raft.Configuration) {}
+
 func (r *recorder) Restored() {
 	r.mu.Lock()
 	defer r.mu.Unlock()
