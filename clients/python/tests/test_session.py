@@ -64,3 +64,14 @@ class SessionTest(NodeTest):
         self.client._transport.unary("fence.v1.ClusterService/RevokeSession", {"sessionId": str(s.id)})
         self.assertTrue(g.lost.wait(3))
         self.assertIsInstance(s.error, fence.NotFound)
+
+    def test_a_grant_released_by_someone_else_is_revoked(self) -> None:
+        s = self.session(ttl=1.5)
+        g = s.lock("revoked-grant").acquire()
+        # Released with the session's own id and secret, behind its back
+        # (an operator's tool, another process of the holder's): the next
+        # keepalive's answer no longer lists the token.
+        self.client._transport.unary("fence.v1.LockService/Release", s._me(lock="revoked-grant", token=str(g.token)))
+        self.assertTrue(g.lost.wait(3))
+        self.assertIsInstance(g.error, fence.Revoked)
+        self.assertIsNone(s.error)

@@ -186,10 +186,9 @@ def _run(db: Any, sql: str, params: Tuple[Any, ...]) -> Optional[Any]:
         result = db.execute(sql, params)
         if result is None:  # psycopg2's cursor.execute returns None
             result = db
-    try:
-        return result.fetchone()
-    except Exception:  # a statement without rows (DDL): DB-API raises its own error types
-        return None
+    if getattr(result, "returns_rows", True) is False or getattr(result, "description", ()) is None:
+        return None  # a statement without rows (DDL): SQLAlchemy's and DB-API's ways of saying so
+    return result.fetchone()
 
 
 @contextlib.contextmanager

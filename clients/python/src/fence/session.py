@@ -17,7 +17,7 @@ import time
 from typing import TYPE_CHECKING, Any, Dict, List, Optional
 
 from . import _wire
-from ._errors import FenceError, NotFound, Released, Revoked, SessionLostError
+from ._errors import FenceError, InvalidArgument, NotFound, Released, Revoked, SessionLostError
 
 if TYPE_CHECKING:
     from .client import Client
@@ -59,6 +59,7 @@ class Grant:
         self.lock = lock
         self.token = token
         self.lost = LossEvent(session)
+        self._session = session
         self._error: Optional[FenceError] = None
 
     @property
@@ -66,7 +67,7 @@ class Grant:
         """None while the grant holds, then why it ended (Released,
         Revoked, SessionLostError, NotFound)."""
         self.lost.is_set()
-        return self._error if self._error is not None else self.lost._session.error
+        return self._error if self._error is not None else self._session.error
 
     def _end(self, cause: FenceError) -> None:
         if self._error is None:
@@ -94,7 +95,6 @@ class Session:
         """Create a session on the service and start keeping it alive.
         Raises InvalidArgument for a TTL out of the service's bounds
         (1 s to 1 h) or a drift outside [0, 1)."""
-        from ._errors import InvalidArgument
         if not 0 <= drift < 1 or margin < 0:
             raise InvalidArgument("drift must be in [0, 1) and margin not negative")
         self.client = client

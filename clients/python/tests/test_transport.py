@@ -1,0 +1,39 @@
+"""Failover: leader redirection, endpoints learned, nodes that hang."""
+
+from __future__ import annotations
+
+import time
+
+import fence
+
+from .support import Group, NodeTest
+
+
+class TransportTest(NodeTest):
+    def test_a_follower_names_the_leader(self) -> None:
+        g = Group(3)
+        leader = g.leader()["endpoint"]
+        follower = next(e for e in g.endpoints if e != leader)
+        c = fence.Client(endpoints=[follower])
+        self.addCleanup(c.close)
+        s = c.session(5)
+        self.addCleanup(s.close)
+        s.lock("redirected").acquire()
+        # The client followed the leader the follower named, and knows it now.
+        self.assertEqual(c.endpoints, ["http://" + follower, "http://" + leader])
+
+    def test_a_paused_node_is_left_for_the_next(self) -> None:
+        g = Group(3)
+        c = g.client(attempt_timeout=0.3)
+        self.addCleanup(c.close)
+        c.kv.put("paused/k", "v")
+        first = c._transport._endpoint_at(c._transport._current_index()).hostport
+        node = next(n for n, e in zip(g.nodes, g.endpoints) if e == first)
+        g.act("pause", node)
+        self.addCleanup(g.act, "resume", node)
+        start = time.monotonic()
+        c.kv.put("paused/k", "w")  # on the new leader, once the others elect one
+        self.assertLess(time.monotonic() - start, 10)
+        kv = c.kv.get("paused/k")
+        assert kv is not None
+        self.assertEqual(kv.value, b"w")
