@@ -37,3 +37,13 @@ class TransportTest(NodeTest):
         kv = c.kv.get("paused/k")
         assert kv is not None
         self.assertEqual(kv.value, b"w")
+
+    def test_a_node_of_another_group_is_never_acted_on(self) -> None:
+        mine = Group(1)
+        c = fence.Client(endpoints=mine.endpoints + self.group.endpoints, retry_budget=1)
+        self.addCleanup(c.close)
+        c.kv.put("foreign/k", "mine")  # pins the group of the node that answered
+        mine.act("kill", "all")
+        with self.assertRaises(fence.Unavailable):  # its own node is gone, the other is not of its group
+            c.kv.put("foreign/k", "astray")
+        self.assertIsNone(self.client.kv.get("foreign/k"))

@@ -68,6 +68,8 @@ class Endpoint:
         self.hostport = hostport
         self.tls = tls
         self.silent_until = 0.0
+        # Set once the node turned out to be of another group: never used again.
+        self.foreign = False
         self._idle: List[http.client.HTTPConnection] = []
         self._mu = threading.Lock()
 
@@ -76,11 +78,12 @@ class Endpoint:
         return ("https://" if self.tls else "http://") + self.hostport
 
     def silent(self) -> bool:
-        return time.monotonic() < self.silent_until
+        return self.foreign or time.monotonic() < self.silent_until
 
-    def connection(self, timeout: float) -> http.client.HTTPConnection:
+    def connection(self, timeout: float, fresh: bool = False) -> http.client.HTTPConnection:
+        """An idle connection to the node, or a new one (always, if fresh)."""
         with self._mu:
-            conn = self._idle.pop() if self._idle else None
+            conn = self._idle.pop() if self._idle and not fresh else None
         if conn is None:
             host, _, port = self.hostport.rpartition(":")
             if self.tls is not None:
@@ -142,30 +145,9 @@ class Transport:
         """POST one call to one node and return its JSON answer, or raise
         the error it answered (NoAnswer when it did not answer in time)."""
         data = json.dumps(body, separators=(",", ":")).encode()
-        conn = ep.connection(max(timeout, 0.001))
-        try:
-            conn.request("POST", "/" + method, body=data, headers=self._headers(headers))
-            resp = conn.getresponse()
-            raw = resp.read()
-        except (socket.timeout, TimeoutError) as e:
-            conn.close()
-            ep.silent_until = time.monotonic() + SILENT_FOR
-            raise NoAnswer(f"{ep.url} did not answer within {timeout:.3g}s") from e
-        except ssl.SSLError as e:
-            conn.close()
-            raise Unauthenticated(f"TLS with the node {ep.url} failed: {e}") from e
-        except (ConnectionRefusedError, socket.gaierror) as e:
-            conn.close()
-            raise NoAnswer(f"{ep.url}: {e}") from e
-        except (OSError, http.client.HTTPException) as e:
-            conn.close()
-            raise Unavailable(f"{ep.url}: the connection failed: {e!r}") from e
-        self._learn_cluster(resp.getheader("Fence-Cluster-Id", ""), ep)
-        if resp.will_close:
-            conn.close()
-        else:
-            ep.put_back(conn)
-        if resp.status == 200:
+        status, cluster, raw = self._post(ep, "/" + method, data, self._headers(headers), max(timeout, 0.001))
+        self._learn_cluster(cluster, ep)
+        if status == 200:
             return json.loads(raw) if raw else {}
         try:
             err = json.loads(raw)
@@ -173,9 +155,48 @@ class Transport:
             err = {}
         if not isinstance(err, dict):
             err = {}
-        if resp.status == 400 and raw.startswith(b"Client sent an HTTP request to an HTTPS server"):
+        if status == 400 and raw.startswith(b"Client sent an HTTP request to an HTTPS server"):
             raise Unauthenticated(f"{ep.url} serves TLS and the call was plain HTTP: pass tls= or cafile=")
-        raise from_connect(err, resp.status)
+        raise from_connect(err, status)
+
+    def _post(self, ep: Endpoint, path: str, data: bytes, headers: Dict[str, str],
+              timeout: float) -> "tuple[int, str, bytes]":
+        """One HTTP exchange: the status, the group id header and the body.
+        A pooled connection the node closed while idle (it is found out
+        only by using it) is replaced by a new one at once, as net/http
+        does; every call is safe to repeat."""
+        fresh = False
+        while True:
+            conn = ep.connection(timeout, fresh)
+            reused = conn.sock is not None
+            try:
+                conn.request("POST", path, body=data, headers=headers)
+                resp = conn.getresponse()
+                raw = resp.read()
+            except (socket.timeout, TimeoutError) as e:
+                conn.close()
+                ep.silent_until = time.monotonic() + SILENT_FOR
+                raise NoAnswer(f"{ep.url} did not answer within {timeout:.3g}s") from e
+            except ssl.SSLError as e:
+                conn.close()
+                raise Unauthenticated(f"TLS with the node {ep.url} failed: {e}") from e
+            except (ConnectionRefusedError, socket.gaierror) as e:
+                conn.close()
+                raise NoAnswer(f"{ep.url}: {e}") from e
+            except (http.client.RemoteDisconnected, BrokenPipeError, ConnectionResetError) as e:
+                conn.close()
+                if reused:
+                    fresh = True
+                    continue
+                raise Unavailable(f"{ep.url}: the connection failed: {e!r}") from e
+            except (OSError, http.client.HTTPException) as e:
+                conn.close()
+                raise Unavailable(f"{ep.url}: the connection failed: {e!r}") from e
+            if resp.will_close:
+                conn.close()
+            else:
+                ep.put_back(conn)
+            return resp.status, resp.getheader("Fence-Cluster-Id", ""), raw
 
     def _learn_cluster(self, cluster: str, ep: Endpoint) -> None:
         """Pin the group id the first answer names; a node that names
@@ -224,7 +245,11 @@ class Transport:
                 if not reached and self.dial_timeout > 0 and attempts >= self._n() and now - start >= self.dial_timeout:
                     raise self._unreachable(now - start, err) from err
                 if isinstance(err, WrongCluster):
-                    raise
+                    ep.foreign = True  # never act on it again; fail once every node is
+                    if all(e.foreign for e in self._snapshot()):
+                        raise
+                    i += 1
+                    continue
                 if isinstance(err, Unauthenticated) and refused + 1 < self._n() and err.reason == "":
                     refused += 1  # a TLS handshake one node refused: another may not
                     i += 1
