@@ -88,6 +88,10 @@ class Session:
     session's belief by its length; fencing tokens still refuse the stale
     writes. Use as a context manager to close it on exit. Safe for use by
     several threads.
+
+    ``lost`` is a threading.Event set when the session ends: closed, its
+    safe-until passed unrenewed, or gone on the service; ``error`` says
+    which. Every grant of the session ends with it.
     """
 
     def __init__(self, client: "Client", ttl: float = 10.0, owner: str = "",
@@ -163,12 +167,10 @@ class Session:
                 return
             self._stopped = True
             self._wake.notify_all()
-            ended = self._error is not None
         if threading.current_thread() is not self._thread:
-            self._thread.join()
-        if ended:
-            return
-        self._end(Released(f"session {self.id} closed"))
+            self._thread.join()  # a renewal in flight ends within its attempt
+        if not self._end(Released(f"session {self.id} closed")):
+            return  # lost or expired already: abandoned, or gone, on the service
         self.client._transport.unary("fence.v1.SessionService/CloseSession", self._me())
 
     def __enter__(self) -> "Session":
@@ -281,25 +283,30 @@ class Session:
         released now rather than at expiry (with their lock-delays)."""
         if not self._end(cause):
             return
-        threads = [threading.Thread(target=self._abandon_at, args=(url,), daemon=True)
-                   for url in self.client._transport.endpoints()]
+        threads = [threading.Thread(target=self._abandon_at, args=(ep,), daemon=True)
+                   for ep in self.client._transport._snapshot()]
         for t in threads:
             t.start()
         for t in threads:
             t.join()
 
-    def _abandon_at(self, url: str) -> None:
+    def _abandon_at(self, ep: Any) -> None:
+        """Ask one node to abandon the session, and the leader it names if
+        it is not the leader. A node of another group is not asked: the
+        request carries the session's secret."""
         tr = self.client._transport
         body = self._me(abandon=True)
-        try:
-            tr.attempt(tr._endpoint_at(tr._endpoint_for(url)), "fence.v1.SessionService/CloseSession", body, 1.0)
-        except FenceError as e:
-            leader = e.detail.get("leader_address")
-            if leader:
-                try:
-                    tr.attempt(tr._endpoint_at(tr._endpoint_for(leader)), "fence.v1.SessionService/CloseSession", body, 1.0)
-                except FenceError:
-                    pass
+        for _ in range(2):
+            if ep.foreign:
+                return
+            try:
+                tr.attempt(ep, "fence.v1.SessionService/CloseSession", body, 1.0)
+                return
+            except FenceError as e:
+                leader = e.detail.get("leader_address")
+                if not leader:
+                    return
+                ep = tr._endpoint_at(tr._endpoint_for(leader))
 
     def _give_up(self, what: str, err: FenceError) -> None:
         """End the session because what could not be given back (err):
