@@ -23,8 +23,8 @@ from .client import DEFAULT_ENDPOINT, Client, TokenStatus
 from .election import Election, LeaderState
 from .kv import KV, Compare, Event, KeyValue, Op, TxnResult, Watch
 from .lease import Lease
-from .locks import AcquireRequest, Grant, Mutex, RWMutex, Semaphore
-from .session import Session
+from .locks import AcquireRequest, Mutex, RWMutex, Semaphore
+from .session import Grant, Session
 
 __version__ = "0.1.0"
 

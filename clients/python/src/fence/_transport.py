@@ -148,7 +148,8 @@ class Transport:
         status, cluster, raw = self._post(ep, "/" + method, data, self._headers(headers), max(timeout, 0.001))
         self._learn_cluster(cluster, ep)
         if status == 200:
-            return json.loads(raw) if raw else {}
+            answer: Dict[str, Any] = json.loads(raw) if raw else {}
+            return answer
         try:
             err = json.loads(raw)
         except ValueError:
@@ -389,7 +390,7 @@ class ServerStream:
             if len(head) < 5:
                 raise Unavailable(f"{self._ep.url}: the stream ended without its end message")
             flags, n = struct.unpack(">BI", head)
-            msg = json.loads(self._resp.read(n)) if n else {}
+            msg: Dict[str, Any] = json.loads(self._resp.read(n)) if n else {}
         except (OSError, http.client.HTTPException, ValueError, AttributeError) as e:
             raise Unavailable(f"{self._ep.url}: the stream broke: {e!r}") from e
         if flags & 2:

@@ -20,8 +20,8 @@ from . import client as _client
 from .client import DEFAULT_ENDPOINT
 from ._errors import Cancelled, FenceError
 from .kv import KV
-from .locks import AcquireRequest, Grant, Mutex
-from .session import Session
+from .locks import AcquireRequest, Mutex
+from .session import Grant, Session
 
 T = TypeVar("T")
 

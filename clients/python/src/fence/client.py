@@ -12,8 +12,7 @@ from ._transport import Transport
 from .election import LeaderState, leader, observe
 from .kv import KV
 from .lease import Lease, take
-from .locks import Grant
-from .session import Session
+from .session import Grant, Session
 
 DEFAULT_ENDPOINT = "127.0.0.1:7420"
 

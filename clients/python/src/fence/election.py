@@ -14,7 +14,8 @@ from typing import TYPE_CHECKING, Iterator, Optional
 
 from ._errors import (FenceError, InvalidArgument, LimitError, NotFound, NotHolder, PermissionDenied,
                       RevisionMismatch, StaleTokenError, Unauthenticated, WrongCluster)
-from .locks import Grant, Mutex
+from .locks import Mutex
+from .session import Grant
 
 if TYPE_CHECKING:
     from .client import Client

@@ -251,7 +251,7 @@ class WSGIMiddleware:
     def __init__(self, app: Callable[..., Iterable[bytes]], guard: Guard,
                  key: Optional[Callable[[Dict[str, Any]], str]] = None) -> None:
         self.app, self.guard = app, guard
-        self.key = key or (lambda env: env.get("HTTP_FENCE_LOCK") or env.get("PATH_INFO", "/"))
+        self.key = key or (lambda env: str(env.get("HTTP_FENCE_LOCK") or env.get("PATH_INFO") or "/"))
 
     def __call__(self, environ: Dict[str, Any], start_response: Callable[..., Any]) -> Iterable[bytes]:
         if environ.get("REQUEST_METHOD", "GET") in _SAFE_METHODS:
@@ -325,7 +325,7 @@ class ASGIMiddleware:
 def _asgi_header(scope: Dict[str, Any], name: bytes) -> str:
     for k, v in scope.get("headers", []):
         if k.lower() == name:
-            return v.decode("latin-1")
+            return bytes(v).decode("latin-1")
     return ""
 
 

@@ -20,8 +20,7 @@ from ._errors import FenceError, InvalidArgument, Unavailable
 
 if TYPE_CHECKING:
     from ._transport import ServerStream, Transport
-    from .locks import Grant
-    from .session import Session
+    from .session import Grant, Session
 
 Value = Union[bytes, str]
 

@@ -80,13 +80,14 @@ class Mutex:
             raise NotHolder(f"{self._kind()} {self.name!r} is not held")
         g._end(Released(f"{self._kind()} {self.name!r} released"))
         s = self.session
+        token = str(g.token)
         attempts = [0]
 
         def release(ep: Any, t: float) -> Dict[str, Any]:
             attempts[0] += 1
             try:
                 return s.client._transport.attempt(ep, "fence.v1.LockService/Release",
-                                                   s._me(lock=self.name, token=str(g.token)), t)
+                                                   s._me(lock=self.name, token=token), t)
             except NotHolder:
                 if attempts[0] > 1:
                     return {}  # an earlier attempt, whose answer was lost, released it
@@ -120,8 +121,8 @@ class Mutex:
         held = self.grant
         if held is not None and not held.lost.is_set():
             return held
-        request = request or AcquireRequest(s)
-        req = self._request(try_, request.id)
+        acq: AcquireRequest = request or AcquireRequest(s)
+        req = self._request(try_, acq.id)
         tr = s.client._transport
         attempt = tr.attempt_timeout
         wait_until = None if timeout is None else time.monotonic() + timeout
@@ -137,7 +138,7 @@ class Mutex:
                 body["poll"] = _wire.duration(attempt / 2)
             while True:
                 attempts[0] += 1
-                if request.cancelled.is_set():
+                if acq.cancelled.is_set():
                     raise Cancelled(f"the acquire of {self.name!r} was cancelled")
                 s.check()
                 if wait_until is not None:
@@ -152,13 +153,13 @@ class Mutex:
             resp = tr.call(polls)
         except FenceError as err:
             if not _left_nothing(err, attempts[0]):
-                self._abandon(request.id)
+                self._abandon(acq.id)
             if s.error is not None and not isinstance(err, (InvalidArgument, LockedError)):
                 raise s.error from err
             raise
-        if request.cancelled.is_set():
+        if acq.cancelled.is_set():
             # Granted as the caller gave up: give it up, never return it.
-            self._abandon(request.id)
+            self._abandon(acq.id)
             raise Cancelled(f"{self._kind()} {self.name!r} was granted as the acquire was cancelled, and given up again")
         # A grant answered after the safe-until (the process was paused)
         # is no grant: losing the session gives it up.
