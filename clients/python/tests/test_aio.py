@@ -60,3 +60,19 @@ class AioTest(NodeTest):
             await asyncio.get_running_loop().run_in_executor(None, s.lock("aio/lost").release)
             await asyncio.wait_for(waiter, 5)
         asyncio.run(main())
+
+    def test_watch(self) -> None:
+        async def main() -> "list[tuple[str, str]]":
+            c = fence.aio.AsyncClient(endpoints=self.group.endpoints)
+            _, revision = await c.kv.list("aio/w/")
+            w = c.kv.watch("aio/w/", start_revision=revision + 1)
+            await c.kv.put("aio/w/a", b"1")
+            await c.kv.delete("aio/w/a")
+            seen = []
+            async for ev in w:
+                seen.append((ev.type, ev.kv.key))
+                if len(seen) == 2:
+                    w.close()
+            await c.close()
+            return seen
+        self.assertEqual(asyncio.run(main()), [("put", "aio/w/a"), ("delete", "aio/w/a")])

@@ -19,7 +19,7 @@ from typing import Any, Callable, Optional, Sequence, TypeVar
 from . import client as _client
 from .client import DEFAULT_ENDPOINT
 from ._errors import Cancelled, FenceError
-from .kv import KV
+from .kv import KV, Event, Watch
 from .locks import AcquireRequest, Mutex
 from .session import Grant, Session
 
@@ -37,7 +37,8 @@ async def wait_lost(grant: Grant) -> None:
 
 
 class AsyncKV:
-    """The fenced KV store; each method is KV's, awaited."""
+    """The fenced KV store: each method is KV's, with its arguments and
+    promises, awaited."""
 
     def __init__(self, kv: KV) -> None:
         self.sync = kv
@@ -56,6 +57,34 @@ class AsyncKV:
 
     async def txn(self, *args: Any, **kw: Any) -> Any:
         return await _run(self.sync.txn, *args, **kw)
+
+    def watch(self, prefix: str, *, start_revision: int = 0) -> "AsyncWatch":
+        """KV.watch as an async iterator: ``async for event in kv.watch(p)``."""
+        return AsyncWatch(self.sync.watch(prefix, start_revision=start_revision))
+
+
+class AsyncWatch:
+    """A Watch for asyncio: each event is read in the executor; close()
+    ends the iteration, as Watch.close does."""
+
+    def __init__(self, watch: Watch) -> None:
+        self.sync = watch
+        self._events = iter(watch)
+
+    def __aiter__(self) -> "AsyncWatch":
+        return self
+
+    def _next(self) -> Optional[Event]:
+        return next(self._events, None)
+
+    async def __anext__(self) -> Event:
+        event = await _run(self._next)
+        if event is None:
+            raise StopAsyncIteration
+        return event
+
+    def close(self) -> None:
+        self.sync.close()
 
 
 class AsyncClient:
