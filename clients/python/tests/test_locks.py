@@ -7,7 +7,7 @@ import time
 
 import fence
 
-from .support import NodeTest, wait_for
+from .support import Group, NodeTest, wait_for
 
 
 class MutexTest(NodeTest):
@@ -102,3 +102,20 @@ class MutexTest(NodeTest):
             again.renew()
             self.assertEqual(again.token, lease.token)
         self.assertEqual(self.client.locks("m/lease"), [])
+
+    def test_a_wait_through_an_outage_leaves_nothing(self) -> None:
+        # The node stops answering during the wait: the acquire ends with
+        # its timeout, not the retry budget, and since its request cannot
+        # be given up on the service, the session is given up instead.
+        g = Group(1)
+        c = g.client()
+        self.addCleanup(c.close)
+        s = c.session(2)
+        g.act("pause", "all")
+        self.addCleanup(g.act, "resume", "all")
+        start = time.monotonic()
+        with self.assertRaises(fence.SessionLostError):
+            s.lock("m/outage").acquire(timeout=0.5)
+        self.assertLess(time.monotonic() - start, 0.5 + 1.0 + 2 + 1.0)  # the wait, an attempt, the TTL, slack
+        g.act("resume", "all")
+        wait_for(lambda: c.locks("m/outage") == [], what="the lock left by nobody")

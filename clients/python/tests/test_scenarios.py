@@ -219,6 +219,7 @@ class ScenarioTest(unittest.TestCase):
         c.kv.put("tls/k", b"one", grant=first)
         m.release()
         leader = g.leader()
+        self.assertEqual(c._transport._endpoint_at(c._transport._current_index()).hostport, leader["endpoint"])
         g.act("kill", leader["node"])
         second = m.acquire()
         self.assertGreater(second.token, first.token)

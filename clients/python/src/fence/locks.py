@@ -61,7 +61,8 @@ class Mutex:
     def acquire(self, timeout: Optional[float] = None, *, request: Optional[AcquireRequest] = None) -> Grant:
         """Wait until the lock is granted and return the grant. timeout (in
         seconds; default the Mutex's) bounds the wait, which then fails
-        with WaitTimeout, a TimeoutError. Acquiring a held mutex returns the
+        with WaitTimeout, a TimeoutError (or, if no leader could be
+        reached meanwhile, Unavailable), leaving nothing held or queued. Acquiring a held mutex returns the
         same grant. A grant is returned only while the session's safe-until
         has not passed; after it, SessionLostError."""
         return self._acquire(False, self.timeout if timeout is None else timeout, request)
@@ -150,7 +151,9 @@ class Mutex:
                 body["poll"], limit = _wire.duration(attempt), attempt * 1.5
 
         try:
-            resp = tr.call(polls)
+            # With a timeout, retrying (no leader, no node answering) ends
+            # with the wait too, an attempt's length later.
+            resp = tr.call(polls, deadline=None if wait_until is None else wait_until + attempt)
         except FenceError as err:
             if not _left_nothing(err, attempts[0]):
                 self._abandon(acq.id)
