@@ -19,7 +19,7 @@ import threading
 import time
 from typing import Any, Callable, Dict, List, Optional, TypeVar
 
-from ._errors import FenceError, Unauthenticated, Unavailable, Unreachable, WrongCluster, from_connect
+from ._errors import FenceError, InvalidArgument, Unauthenticated, Unavailable, Unreachable, WrongCluster, from_connect
 
 T = TypeVar("T")
 
@@ -85,15 +85,19 @@ class Endpoint:
         with self._mu:
             conn = self._idle.pop() if self._idle and not fresh else None
         if conn is None:
-            host, _, port = self.hostport.rpartition(":")
-            if self.tls is not None:
-                conn = _HTTPS(host.strip("[]"), int(port), context=self.tls)
-            else:
-                conn = _HTTP(host.strip("[]"), int(port))
+            return self.dial(timeout)
         conn.timeout = timeout
         if conn.sock is not None:
             conn.sock.settimeout(timeout)
         return conn
+
+    def dial(self, timeout: Optional[float]) -> http.client.HTTPConnection:
+        """A new connection to the node (made on its first request);
+        timeout bounds the connect and each read, None not at all."""
+        host, _, port = self.hostport.rpartition(":")
+        if self.tls is not None:
+            return _HTTPS(host.strip("[]"), int(port), context=self.tls, timeout=timeout)
+        return _HTTP(host.strip("[]"), int(port), timeout=timeout)
 
     def put_back(self, conn: http.client.HTTPConnection) -> None:
         with self._mu:
@@ -116,7 +120,11 @@ class Transport:
                  token: Optional[str], attempt_timeout: float, dial_timeout: float,
                  retry_budget: float) -> None:
         if not endpoints:
-            raise FenceError("no endpoints")
+            raise InvalidArgument("no endpoints")
+        if attempt_timeout <= 0:
+            raise InvalidArgument(f"attempt timeout {attempt_timeout} must be positive")
+        if tls is None and any(e.strip().startswith("https://") for e in endpoints):
+            tls = ssl.create_default_context()  # an https:// endpoint: the system's CAs
         self.tls = tls
         self.token = token
         self.attempt_timeout = attempt_timeout
@@ -227,6 +235,7 @@ class Transport:
         tried = hints = refused = attempts = 0
         reached = self._answered
         heard = False
+        last: Optional[FenceError] = None
         while True:
             i = self._skip_silent(i)
             ep = self._endpoint_at(i)
@@ -234,10 +243,11 @@ class Transport:
             if deadline is not None:
                 t = min(t, deadline - time.monotonic())
                 if t <= 0:
-                    raise Unavailable("the call's deadline passed before a node answered")
+                    raise last or Unavailable("the call's deadline passed before a node answered")
             try:
                 out = fn(ep, t)
             except FenceError as err:
+                last = err
                 attempts += 1
                 unanswered = isinstance(err, NoAnswer)
                 if not unanswered:
@@ -349,12 +359,7 @@ class Transport:
                     timeout: Optional[float]) -> "ServerStream":
         """Open a Connect server stream (JSON codec) on ep. timeout bounds
         the connection and each read (None: no bound)."""
-        host, _, port = ep.hostport.rpartition(":")
-        conn: http.client.HTTPConnection
-        if ep.tls is not None:
-            conn = _HTTPS(host.strip("[]"), int(port), context=ep.tls, timeout=timeout)
-        else:
-            conn = _HTTP(host.strip("[]"), int(port), timeout=timeout)
+        conn = ep.dial(timeout)
         data = json.dumps(body).encode()
         headers = self._headers({"Content-Type": "application/connect+json", "Connect-Protocol-Version": "1"})
         try:
@@ -417,5 +422,5 @@ def _hostport(endpoint: str) -> str:
         e = e.split("://", 1)[1]
     e = e.rstrip("/")
     if ":" not in e:
-        raise FenceError(f"endpoint {endpoint!r}: want host:port or a URL")
+        raise InvalidArgument(f"endpoint {endpoint!r}: want host:port or a URL")
     return e
