@@ -2,11 +2,12 @@
 
 from __future__ import annotations
 
+import threading
 import time
 
 import fence
 
-from .support import Group, NodeTest
+from .support import Group, NodeTest, wait_for
 
 
 class TransportTest(NodeTest):
@@ -47,3 +48,24 @@ class TransportTest(NodeTest):
         with self.assertRaises(fence.Unavailable):  # its own node is gone, the other is not of its group
             c.kv.put("foreign/k", "astray")
         self.assertIsNone(self.client.kv.get("foreign/k"))
+
+    def test_a_watch_resumes_on_another_node(self) -> None:
+        g = Group(3)
+        c = g.client()
+        self.addCleanup(c.close)
+        _, revision = c.kv.list("resume/")
+        w = c.kv.watch("resume/", start_revision=revision + 1)
+        self.addCleanup(w.close)
+        seen: "list[str]" = []
+        reader = threading.Thread(target=lambda: [seen.append(ev.kv.key) for ev in w], daemon=True)
+        reader.start()
+        c.kv.put("resume/a", "1")
+        c.kv.put("resume/b", "2")
+        wait_for(lambda: len(seen) == 2, what="the events before the kill")
+        g.act("kill", "leader")
+        c.kv.put("resume/c", "3")
+        c.kv.put("resume/d", "4")
+        wait_for(lambda: len(seen) >= 4, what="the events after the kill")
+        w.close()
+        reader.join(5)
+        self.assertEqual(seen, ["resume/a", "resume/b", "resume/c", "resume/d"])  # nothing missed, nothing twice

@@ -231,9 +231,13 @@ class Watch:
 
         def open_(ep: Any, t: float) -> "ServerStream":
             st = self._tr.open_stream(ep, "fence.v1.KVService/Watch", body, max(t, 3.0))
-            first = st.next()  # the watch is in place: its revision
-            if first is None:
-                raise Unavailable("the watch ended before it began")
+            try:
+                first = st.next()  # the watch is in place: its revision
+                if first is None:
+                    raise Unavailable("the watch ended before it began")
+            except FenceError:
+                st.close()
+                raise
             if not self._next:
                 self._next = _wire.u64(first, "revision") + 1
             return st
