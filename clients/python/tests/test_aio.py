@@ -55,7 +55,7 @@ class AioTest(NodeTest):
 
         async def main() -> None:
             waiter = asyncio.ensure_future(fence.aio.wait_lost(g))
-            await asyncio.sleep(0.05)
+            await asyncio.sleep(0)
             self.assertFalse(waiter.done())
             await asyncio.get_running_loop().run_in_executor(None, s.lock("aio/lost").release)
             await asyncio.wait_for(waiter, 5)

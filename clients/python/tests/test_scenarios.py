@@ -20,7 +20,7 @@ import fence
 import fence.aio
 from fence import fencing
 
-from .support import CONTROL, Group, shared_group, wait_for
+from .support import CONTROL, Group, shared_group
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 
