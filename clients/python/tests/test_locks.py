@@ -119,3 +119,13 @@ class MutexTest(NodeTest):
         self.assertLess(time.monotonic() - start, 0.5 + 1.0 + 2 + 1.0)  # the wait, an attempt, the TTL, slack
         g.act("resume", "all")
         wait_for(lambda: c.locks("m/outage") == [], what="the lock left by nobody")
+
+    def test_lock_delay_holds_the_lock_after_an_expiry(self) -> None:
+        a = self.session()
+        a.lock("m/delay", lock_delay=30).acquire()
+        self.client._transport.unary("fence.v1.ClusterService/RevokeSession", {"sessionId": str(a.id)})
+        info = wait_for(lambda: self.client.locks("m/delay"), what="the lock under its delay")
+        self.assertTrue(info[0].get("delayed"))
+        self.assertEqual(info[0].get("holders", []), [])
+        with self.assertRaises(fence.LockedError):  # held back, though nobody holds it
+            self.session().lock("m/delay").try_acquire()

@@ -246,7 +246,8 @@ class WSGIMiddleware:
     is Fence-Lock, or the path. It runs inside guard.admit, so writers of
     one key run one at a time, and an app that answers below 400 records
     the token. A stale token gets 409 and the app is not called; a missing
-    or malformed one 400."""
+    or malformed one 400. A guarded request's answer is buffered until the
+    app has returned, since whether its token is recorded depends on it."""
 
     def __init__(self, app: Callable[..., Iterable[bytes]], guard: Guard,
                  key: Optional[Callable[[Dict[str, Any]], str]] = None) -> None:
