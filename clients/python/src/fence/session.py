@@ -161,7 +161,8 @@ class Session:
         """End the session and release everything it holds. A session that
         ended already (lost, expired) is not closed again. After a failed
         close the session still ends here and expires on the service after
-        its TTL. Calls after the first do nothing."""
+        its TTL. A renewal in flight is waited for, at most its attempt (a
+        quarter of the TTL). Calls after the first do nothing."""
         with self._mu:
             if self._stopped:
                 return
@@ -348,15 +349,16 @@ class Session:
             return tr.attempt(ep, "fence.v1.SessionService/KeepAlive", self._me(), t)
         try:
             resp = tr.call(keepalive, deadline=safe, attempt=self.ttl / 4)
+            held = resp.get("held")
+            tokens = None if held is None else [int(t) for t in held.get("tokens", [])]
         except NotFound as e:
             self._end(e)
             return
-        except FenceError:
+        except Exception:  # whatever failed, this thread must live on: it ends the session at its safe-until
             with self._mu:
                 self._due = time.monotonic() + min(self._interval, 0.25)
             return
-        held = resp.get("held")
-        self._renewed(sent[0], round_, None if held is None else [int(t) for t in held.get("tokens", [])])
+        self._renewed(sent[0], round_, tokens)
 
     def _renewed(self, sent: float, round_: int, held: Optional[List[int]]) -> None:
         """Take in a keepalive's success, sent at sent. One sent at or
