@@ -1,0 +1,131 @@
+"""Mutex, RWMutex, Semaphore and leases against a node."""
+
+from __future__ import annotations
+
+import threading
+import time
+
+import fence
+
+from .support import Group, NodeTest, wait_for
+
+
+class MutexTest(NodeTest):
+    def waiters(self, name: str) -> "set[str]":
+        return {w["sessionId"] for lock in self.client.locks(name) if lock["name"] == name
+                for w in lock.get("waiters", [])}
+
+    def test_exclusive_and_handed_on(self) -> None:
+        a, b = self.session(), self.session()
+        ma = a.lock("m/handoff")
+        g1 = ma.acquire()
+        self.assertIs(ma.acquire(), g1)  # held: the same grant
+        with self.assertRaises(fence.LockedError) as caught:
+            b.lock("m/handoff").try_acquire()
+        self.assertEqual((caught.exception.holder, caught.exception.holder_token), (a.id, g1.token))
+        got = []
+        t = threading.Thread(target=lambda: got.append(b.lock("m/handoff").acquire(timeout=10)))
+        t.start()
+        wait_for(lambda: str(b.id) in self.waiters("m/handoff"), what="b waits")
+        ma.release()
+        self.assertTrue(g1.lost.is_set())
+        self.assertIsInstance(g1.error, fence.Released)
+        t.join()
+        self.assertGreater(got[0].token, g1.token)
+        with self.assertRaises(fence.NotHolder):
+            ma.release()
+
+    def test_a_timed_out_acquire_leaves_nothing(self) -> None:
+        a, b = self.session(), self.session()
+        ma = a.lock("m/timeout")
+        ma.acquire()
+        start = time.monotonic()
+        with self.assertRaises(fence.WaitTimeout):
+            b.lock("m/timeout").acquire(timeout=0.2)
+        self.assertLess(time.monotonic() - start, 2)
+        self.assertEqual(self.waiters("m/timeout"), set())
+
+    def test_a_cancelled_acquire_leaves_nothing(self) -> None:
+        a, b = self.session(), self.session()
+        a.lock("m/cancel").acquire()
+        request = fence.AcquireRequest(b)
+        errors = []
+
+        def wait() -> None:
+            try:
+                b.lock("m/cancel").acquire(request=request)
+            except fence.FenceError as e:
+                errors.append(e)
+        t = threading.Thread(target=wait)
+        t.start()
+        wait_for(lambda: str(b.id) in self.waiters("m/cancel"), what="b waits")
+        request.cancelled.set()
+        b.lock("m/cancel")._abandon(request.id)
+        t.join(5)
+        self.assertFalse(t.is_alive())
+        self.assertIsInstance(errors[0], fence.Cancelled)
+        self.assertEqual(self.waiters("m/cancel"), set())
+
+    def test_rwmutex(self) -> None:
+        r1, r2, w = self.session(), self.session(), self.session()
+        g1 = r1.rwlock("m/rw").rlock()
+        g2 = r2.rwlock("m/rw").rlock()
+        self.assertNotEqual(g1.token, g2.token)
+        with self.assertRaises(fence.LockedError):
+            w.rwlock("m/rw").writer.try_acquire()
+        r1.rwlock("m/rw")  # a new handle holds nothing
+        for s in (r1, r2):
+            s.close()
+        wl = w.rwlock("m/rw")
+        self.assertGreater(wl.lock(timeout=2).token, g2.token)
+        wl.unlock()
+
+    def test_semaphore(self) -> None:
+        a, b, c = self.session(), self.session(), self.session()
+        a.semaphore("m/sem", 2).acquire()
+        b.semaphore("m/sem", 2).acquire()
+        with self.assertRaises(fence.LockedError):
+            c.semaphore("m/sem", 2).try_acquire()
+        with self.assertRaises(fence.InvalidArgument):
+            c.semaphore("m/sem", 0).acquire()
+
+    def test_lease(self) -> None:
+        before = time.monotonic()
+        with self.client.lease("m/lease", 5) as lease:
+            self.assertGreater(lease.token, 0)
+            self.assertGreater(lease.safe_until, before)
+            self.assertLessEqual(lease.safe_until, time.monotonic() + 5 * 0.99 - 0.1)
+            with self.assertRaises(fence.LockedError):
+                self.client.lease("m/lease", 5)
+            lease.renew()
+            again = self.client.resume_lease(lease.id, lease.secret)
+            again.renew()
+            self.assertEqual(again.token, lease.token)
+        self.assertEqual(self.client.locks("m/lease"), [])
+
+    def test_a_wait_through_an_outage_leaves_nothing(self) -> None:
+        # The node stops answering during the wait: the acquire ends with
+        # its timeout, not the retry budget, and since its request cannot
+        # be given up on the service, the session is given up instead.
+        g = Group(1)
+        c = g.client()
+        self.addCleanup(c.close)
+        s = c.session(2)
+        g.act("pause", "all")
+        self.addCleanup(g.act, "resume", "all")
+        start = time.monotonic()
+        with self.assertRaises(fence.SessionLostError):
+            s.lock("m/outage").acquire(timeout=0.5)
+        self.assertLess(time.monotonic() - start, 0.5 + 1.0 + 2 + 1.0)  # the wait, an attempt, the TTL, slack
+        g.act("resume", "all")
+        wait_for(lambda: c.locks("m/outage") == [], what="the lock left by nobody")
+
+    def test_lock_delay_holds_the_lock_after_an_expiry(self) -> None:
+        a = self.session()
+        a.lock("m/delay", lock_delay=30).acquire()
+        self.client._transport.unary("fence.v1.ClusterService/RevokeSession", {"sessionId": str(a.id)})
+        info = wait_for(lambda: self.client.locks("m/delay"), what="the lock under its delay")
+        self.assertTrue(info[0].get("delayed"))
+        self.assertEqual(info[0].get("holders", []), [])
+        with self.assertRaises(fence.LockedError):  # held back, though nobody holds it
+            self.session().lock("m/delay").try_acquire()
