@@ -141,6 +141,10 @@ func TestWipedFollowerRejoinsWhenAddedAgain(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
 	cl := c.client(c.endpoints(victim)...)
+	// Add alone does nothing for a voter, and says so.
+	if err := cl.AddMember(ctx, victim, c.cfgs[victim].RaftListen, true); !errors.Is(err, fence.ErrMembership) || !strings.Contains(err.Error(), "holds no data") {
+		t.Fatalf("adding the wiped voter without removing it: %v, want a refusal saying it holds no data", err)
+	}
 	if err := cl.RemoveMember(ctx, victim); err != nil {
 		t.Fatal(err)
 	}

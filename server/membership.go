@@ -50,6 +50,9 @@ func (s handlers) AddMember(ctx context.Context, req *connect.Request[fencev1.Ad
 		return nil, invalid("%s is a member at %s already; remove it first to move it to %s", id, current.Address, addr)
 	}
 	if known && (current.Suffrage == raft.Voter || m.GetNonvoter()) {
+		if err := s.checkVoterHoldsData(current); err != nil {
+			return nil, err
+		}
 		return connect.NewResponse(&fencev1.AddMemberResponse{}), nil // nothing to do
 	}
 	h, err := s.helloFrom(id, addr)
@@ -80,6 +83,27 @@ func (s handlers) AddMember(ctx context.Context, req *connect.Request[fencev1.Ad
 	}
 	s.logger.Info("member made a voter", "id", id, "raft", addr)
 	return connect.NewResponse(&fencev1.AddMemberResponse{}), nil
+}
+
+// checkVoterHoldsData refuses to report as done the adding of a voter
+// whose node answers that it holds no data (its data dir was lost): the
+// voter is in the configuration, but not the member it was, and an
+// operator who adds it by hand must hear that add alone does nothing.
+// A node that does not answer is taken at its word as it was.
+func (s *Server) checkVoterHoldsData(srv raft.Server) error {
+	if srv.Suffrage != raft.Voter {
+		return nil
+	}
+	h, err := s.helloFrom(srv.ID, srv.Address)
+	if err != nil || h.LastIndex > 0 {
+		return nil
+	}
+	how := fmt.Sprintf("run fence members remove %s, then fence members add %s %s", srv.ID, srv.ID, srv.Address)
+	if s.cfg.AutoRejoin {
+		how = "the group adds it again by itself once it asks (fence status shows it rejoining); to do it by hand, " + how
+	}
+	return fmt.Errorf("%w: %s is a voter already, but its node at %s holds no data (its data dir was lost), so it votes for nothing and stores nothing: %s",
+		fence.ErrMembership, srv.ID, srv.Address, how)
 }
 
 // RemoveMember implements fencev1connect.ClusterServiceHandler.
