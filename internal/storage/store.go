@@ -1,9 +1,9 @@
 // Package storage is the article's storage: a service that keeps one value
 // per key, read with GET /KEY and written with PUT /KEY, and that a fencing
 // guard may protect. `fence demo` serves it in its own process, once bare
-// and once behind fencing.Middleware; examples/fenced-storage serves it as
-// a program of its own. Put is its client: a write that carries the
-// fencing token of its context.
+// and once behind fencing.Middleware (examples/fenced-storage, which must
+// build outside this repository, carries a storage of its own). Put is its
+// client: a write that carries the fencing token of its context.
 package storage
 
 import (
