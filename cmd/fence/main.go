@@ -7,7 +7,7 @@ import (
 	"os/signal"
 	"syscall"
 
-	"github.com/fencelock/fence/internal/cli"
+	"github.com/fencelock/fence/cmd/fence/internal/cli"
 )
 
 func main() {

@@ -8,7 +8,7 @@ import (
 
 	"github.com/fencelock/fence"
 	"github.com/fencelock/fence/client"
-	"github.com/fencelock/fence/internal/timeline"
+	"github.com/fencelock/fence/cmd/fence/internal/timeline"
 )
 
 // electionKey is where the leader records its decisions, as in

@@ -9,8 +9,8 @@ import (
 	"testing"
 
 	"github.com/fencelock/fence"
+	"github.com/fencelock/fence/cmd/fence/internal/storage"
 	"github.com/fencelock/fence/fencing"
-	"github.com/fencelock/fence/internal/storage"
 )
 
 // serve serves h and stops it at cleanup.

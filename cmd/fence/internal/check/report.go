@@ -7,7 +7,7 @@ import (
 	"strconv"
 	"time"
 
-	"github.com/fencelock/fence/internal/timeline"
+	"github.com/fencelock/fence/cmd/fence/internal/timeline"
 )
 
 // Report writes the run as an HTML page: one lane per worker (leases,

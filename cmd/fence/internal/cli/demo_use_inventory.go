@@ -8,8 +8,8 @@ import (
 	"time"
 
 	"github.com/fencelock/fence"
+	"github.com/fencelock/fence/cmd/fence/internal/timeline"
 	"github.com/fencelock/fence/fencing/sqlitefence"
-	"github.com/fencelock/fence/internal/timeline"
 	"github.com/fencelock/fence/nolock"
 )
 

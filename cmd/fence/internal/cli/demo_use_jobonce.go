@@ -7,7 +7,7 @@ import (
 	"strings"
 	"time"
 
-	"github.com/fencelock/fence/internal/timeline"
+	"github.com/fencelock/fence/cmd/fence/internal/timeline"
 	"github.com/fencelock/fence/nolock"
 )
 

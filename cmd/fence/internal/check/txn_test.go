@@ -5,7 +5,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/fencelock/fence/internal/check"
+	"github.com/fencelock/fence/cmd/fence/internal/check"
 )
 
 // move is an accepted move of the txn workload, at revision rev with token.

@@ -15,7 +15,7 @@ import (
 
 	"github.com/spf13/cobra"
 
-	"github.com/fencelock/fence/internal/check"
+	"github.com/fencelock/fence/cmd/fence/internal/check"
 )
 
 func checkCommand(g *globals) *cobra.Command {

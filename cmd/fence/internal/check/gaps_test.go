@@ -4,7 +4,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/fencelock/fence/internal/check"
+	"github.com/fencelock/fence/cmd/fence/internal/check"
 )
 
 func TestGrantGaps(t *testing.T) {

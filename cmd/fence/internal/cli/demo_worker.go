@@ -14,8 +14,8 @@ import (
 
 	"github.com/fencelock/fence"
 	"github.com/fencelock/fence/client"
+	"github.com/fencelock/fence/cmd/fence/internal/storage"
 	"github.com/fencelock/fence/fencing"
-	"github.com/fencelock/fence/internal/storage"
 )
 
 // demoEvent is one line a demo worker reports on its stdout, as JSON.

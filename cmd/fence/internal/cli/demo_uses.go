@@ -11,8 +11,8 @@ import (
 	"text/tabwriter"
 	"time"
 
+	"github.com/fencelock/fence/cmd/fence/internal/timeline"
 	"github.com/fencelock/fence/internal/proc"
-	"github.com/fencelock/fence/internal/timeline"
 )
 
 // useStory is the failure-and-fix story of one recipe of docs/uses, played

@@ -6,7 +6,7 @@ import (
 	"strings"
 	"time"
 
-	"github.com/fencelock/fence/internal/timeline"
+	"github.com/fencelock/fence/cmd/fence/internal/timeline"
 )
 
 // demoRun is one play of the story and what came of it.

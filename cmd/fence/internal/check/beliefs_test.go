@@ -5,7 +5,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/fencelock/fence/internal/check"
+	"github.com/fencelock/fence/cmd/fence/internal/check"
 )
 
 // at is an instant of a constructed history, ms milliseconds into it.

@@ -10,7 +10,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/fencelock/fence/internal/check"
+	"github.com/fencelock/fence/cmd/fence/internal/check"
 	"github.com/fencelock/fence/internal/pgtest"
 	"github.com/fencelock/fence/internal/testbin"
 )

@@ -11,8 +11,8 @@ import (
 	"sync"
 	"time"
 
+	"github.com/fencelock/fence/cmd/fence/internal/timeline"
 	"github.com/fencelock/fence/internal/proc"
-	"github.com/fencelock/fence/internal/timeline"
 	"github.com/fencelock/fence/server"
 	"github.com/spf13/cobra"
 )

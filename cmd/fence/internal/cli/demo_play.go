@@ -6,9 +6,9 @@ import (
 	"net/http"
 	"time"
 
+	"github.com/fencelock/fence/cmd/fence/internal/storage"
+	"github.com/fencelock/fence/cmd/fence/internal/timeline"
 	"github.com/fencelock/fence/fencing"
-	"github.com/fencelock/fence/internal/storage"
-	"github.com/fencelock/fence/internal/timeline"
 )
 
 // play runs the story once, as a script of steps: A takes the lock; A is
