@@ -26,8 +26,8 @@ import (
 	"time"
 
 	"github.com/fencelock/fence/client"
-	"github.com/fencelock/fence/internal/netproxy"
 	"github.com/fencelock/fence/internal/proc"
+	"github.com/fencelock/fence/internal/testutil/netproxy"
 )
 
 // Config configures a run.

@@ -11,8 +11,8 @@ import (
 	"time"
 
 	"github.com/fencelock/fence/cmd/fence/internal/check"
-	"github.com/fencelock/fence/internal/pgtest"
-	"github.com/fencelock/fence/internal/testbin"
+	"github.com/fencelock/fence/internal/testutil/pgtest"
+	"github.com/fencelock/fence/internal/testutil/testbin"
 )
 
 var fenceBin string

@@ -14,8 +14,8 @@ import (
 
 	"github.com/fencelock/fence"
 	"github.com/fencelock/fence/client"
-	"github.com/fencelock/fence/internal/netproxy"
 	"github.com/fencelock/fence/internal/proc"
+	"github.com/fencelock/fence/internal/testutil/netproxy"
 )
 
 // node is a server process the checker runs and may kill and restart.

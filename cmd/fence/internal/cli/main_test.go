@@ -4,7 +4,7 @@ import (
 	"os"
 	"testing"
 
-	"github.com/fencelock/fence/internal/testbin"
+	"github.com/fencelock/fence/internal/testutil/testbin"
 )
 
 // fenceBin is the fence binary built by TestMain, for tests that run fence

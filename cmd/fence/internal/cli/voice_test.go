@@ -9,7 +9,7 @@ import (
 	"testing"
 
 	"github.com/fencelock/fence/fencetest"
-	"github.com/fencelock/fence/internal/testtls"
+	"github.com/fencelock/fence/internal/testutil/testtls"
 	"github.com/fencelock/fence/server"
 )
 

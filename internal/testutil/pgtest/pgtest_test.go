@@ -9,7 +9,7 @@ import (
 
 	"github.com/jackc/pgx/v5"
 
-	"github.com/fencelock/fence/internal/pgtest"
+	"github.com/fencelock/fence/internal/testutil/pgtest"
 )
 
 // TestMissingDSN runs TestDSNHelper in a child process, without a DSN, with

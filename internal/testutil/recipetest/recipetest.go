@@ -17,7 +17,7 @@ import (
 	"time"
 
 	"github.com/fencelock/fence/internal/proc"
-	"github.com/fencelock/fence/internal/testbin"
+	"github.com/fencelock/fence/internal/testutil/testbin"
 )
 
 var (
