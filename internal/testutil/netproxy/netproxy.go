@@ -3,6 +3,10 @@
 // or frozen (connections stay open, and nothing more passes), as a peer
 // stopped with SIGSTOP looks from outside.
 // The checker and the cluster tests put one on each raft link.
+//
+// It is test scaffolding (internal/testutil/), and the one production code
+// that imports it is the fence tool's checker: the client's and the
+// server's tests use it too, so it cannot live under cmd/fence/internal/.
 package netproxy
 
 import (

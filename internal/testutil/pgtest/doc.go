@@ -16,4 +16,7 @@
 //		pool, err := pgxpool.New(ctx, dsn)
 //		...
 //	}
+//
+// Like all of internal/testutil/, it is test scaffolding: only tests import
+// it.
 package pgtest

@@ -2,6 +2,8 @@
 // a real `fence serve` on loopback, the recipe's program as real processes
 // that tests pause with SIGSTOP and kill with SIGKILL, and a check that the
 // code a page shows is the program's own, word for word.
+// It is test scaffolding (internal/testutil/): the tests of examples/ import
+// it.
 package recipetest
 
 import (

@@ -15,4 +15,7 @@
 //			},
 //		})
 //	}
+//
+// It is test scaffolding (internal/testutil/): only the tests of pgfence and
+// sqlitefence import it.
 package rowtest

@@ -1,6 +1,7 @@
 // Package testbin builds the programs that tests run as real processes:
 // the fence binary (and the example), with the race detector when the test
 // binary itself has it, so that races in the child processes are caught too.
+// It is test scaffolding (internal/testutil/): only tests import it.
 package testbin
 
 import (

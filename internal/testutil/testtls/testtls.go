@@ -1,5 +1,6 @@
 // Package testtls makes a throwaway certificate authority and certificates
 // signed by it, for tests of TLS between fence's clients and nodes.
+// It is test scaffolding (internal/testutil/): only tests import it.
 package testtls
 
 import (

@@ -9,6 +9,10 @@
 // With Unsafe, the workers write without tokens, to a resource that does
 // not check them; the checker must then find lost updates, which shows
 // that it can fail.
+//
+// It is part of the fence tool (cmd/fence/internal/): `fence check` and the
+// workers it starts (`fence check-worker`) run it. It drives its processes
+// with internal/proc and cuts its links with internal/testutil/netproxy.
 package check
 
 import (

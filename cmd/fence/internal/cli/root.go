@@ -1,5 +1,11 @@
 // Package cli implements the fence command: the server (`fence serve`) and
 // the client commands. Run is the whole program; cmd/fence only calls it.
+//
+// Each subcommand is a file of its own (lock.go, kv.go, serve.go, ...);
+// `fence demo` and `fence bench` are files of this package too, since they
+// stand on the root command's flags and printing. Like everything under
+// cmd/fence/internal/, it is the fence tool's alone: it may import the
+// public packages and internal/, and nothing imports it but cmd/fence.
 package cli
 
 import (

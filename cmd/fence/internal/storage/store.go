@@ -3,7 +3,8 @@
 // guard may protect. `fence demo` serves it in its own process, once bare
 // and once behind fencing.Middleware (examples/fenced-storage, which must
 // build outside this repository, carries a storage of its own). Put is its
-// client: a write that carries the fencing token of its context.
+// client: a write that carries the fencing token of its context. It is part
+// of the fence tool (cmd/fence/internal/).
 package storage
 
 import (

@@ -2,7 +2,8 @@
 // who held a lock and when, who was paused or down, which writes the
 // resource accepted or rejected. It writes the same timeline as text for a
 // terminal, as a standalone SVG picture, and as a self-contained HTML page.
-// `fence demo` and `fence check` use it.
+// `fence demo` and `fence check` use it; it is part of the fence tool
+// (cmd/fence/internal/).
 //
 // # Basics
 //
