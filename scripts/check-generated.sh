@@ -12,9 +12,17 @@ if ! command -v protoc >/dev/null; then
     exit 0
   fi
 fi
+# The TypeScript client's code is generated with the protoc-gen-es its
+# lockfile pins, so its dependencies come first.
+if command -v npm >/dev/null; then
+  (cd clients/typescript && npm ci --no-audit --no-fund --loglevel=error)
+else
+  echo "npm is missing; the TypeScript client's generated code is not checked" >&2
+fi
 scripts/gen-proto.sh
-if ! git diff --quiet -- api internal; then
-  echo "generated code is stale; run: go generate ./api/..." >&2
-  git diff --stat -- api internal >&2
+generated=(api internal clients/typescript/src/gen)
+if ! git diff --quiet -- "${generated[@]}" || [ -n "$(git status --porcelain -- "${generated[@]}")" ]; then
+  echo "generated code is stale; run: scripts/gen-proto.sh" >&2
+  git status --short -- "${generated[@]}" >&2
   exit 1
 fi
