@@ -1,6 +1,5 @@
 import { createClient, type Client as ServiceClient, type Interceptor, type Transport } from "@connectrpc/connect";
 import { createConnectTransport } from "@connectrpc/connect-node";
-import { durationMs } from "@bufbuild/protobuf/wkt";
 import {
   ClusterService,
   KVService,
@@ -431,9 +430,4 @@ export class Client {
 /** Reports whether err is an attempt that no node answered: its connection failed, or nothing came back in time. */
 function unanswered(err: unknown): boolean {
   return err instanceof NoAnswerError || connectionFailed(err);
-}
-
-/** A protobuf Duration in milliseconds, 0 when unset. */
-export function ms(d: Parameters<typeof durationMs>[0] | undefined): number {
-  return d ? durationMs(d) : 0;
 }

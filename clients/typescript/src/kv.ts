@@ -1,5 +1,4 @@
 import type { MessageInitShape } from "@bufbuild/protobuf";
-import { durationFromMs } from "@bufbuild/protobuf/wkt";
 import type { Client, Endpoint } from "./client.js";
 import { UnavailableError, fromConnect } from "./errors.js";
 import {
@@ -14,7 +13,7 @@ import {
 } from "./gen/fence/v1/fence_pb.js";
 import type { Grant } from "./mutex.js";
 import type { Session } from "./session.js";
-import { abortable } from "./time.js";
+import { abortable, toDuration } from "./time.js";
 
 export type { Event, KeyValue, TxnResponse };
 
@@ -252,7 +251,7 @@ export class Watch implements AsyncIterable<Event>, AsyncDisposable {
     return this.#client.call(async (ep, signal) => {
       const stream = new WatchStream(ep, 3 * interval, signal);
       try {
-        stream.start(ep.kv.watch({ prefix: this.#prefix, startRevision: this.#next, progressInterval: durationFromMs(interval) }, { signal: stream.signal }));
+        stream.start(ep.kv.watch({ prefix: this.#prefix, startRevision: this.#next, progressInterval: toDuration(interval) }, { signal: stream.signal }));
         const first = await stream.receive();
         if (!first) {
           throw new UnavailableError("fence: the watch stream ended before it was in place");

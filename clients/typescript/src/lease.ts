@@ -1,8 +1,6 @@
-import { durationFromMs } from "@bufbuild/protobuf/wkt";
 import type { Client } from "./client.js";
-import { ms } from "./client.js";
 import { InvalidArgumentError, SessionNotFoundError } from "./errors.js";
-import { monotonicNow } from "./time.js";
+import { fromDuration, monotonicNow, toDuration } from "./time.js";
 
 /** How a lease is taken. */
 export interface LeaseOptions {
@@ -66,7 +64,7 @@ export class Lease {
       sent = monotonicNow();
       return ep.locks.renewLease({ leaseId: this.id, leaseSecret: this.secret }, { signal });
     }, options.signal);
-    this.renewed(sent, ms(r.ttl));
+    this.renewed(sent, fromDuration(r.ttl));
   }
 
   /**
@@ -106,9 +104,9 @@ export async function takeLease(c: Client, name: string, o: LeaseOptions): Promi
   }
   const req = {
     lock: name,
-    ttl: durationFromMs(o.ttlMs),
+    ttl: toDuration(o.ttlMs),
     owner: o.owner ?? "",
-    ...(o.lockDelayMs ? { lockDelay: durationFromMs(o.lockDelayMs) } : {}),
+    ...(o.lockDelayMs ? { lockDelay: toDuration(o.lockDelayMs) } : {}),
   };
   let sent = 0;
   const r = await c.unary((ep, signal) => {
@@ -116,6 +114,6 @@ export async function takeLease(c: Client, name: string, o: LeaseOptions): Promi
     return ep.locks.lease(req, { signal });
   }, o.signal);
   const l = new Lease(c, { id: r.leaseId, secret: r.leaseSecret, lock: r.lock, token: r.token }, drift, marginMs);
-  l.renewed(sent, ms(r.ttl));
+  l.renewed(sent, fromDuration(r.ttl));
   return l;
 }

@@ -1,5 +1,4 @@
 import type { MessageInitShape } from "@bufbuild/protobuf";
-import { durationFromMs } from "@bufbuild/protobuf/wkt";
 import {
   AuthFailedError,
   CancelledError,
@@ -15,7 +14,7 @@ import {
 } from "./errors.js";
 import { type AcquireRequestSchema, type AcquireResponse, Mode } from "./gen/fence/v1/fence_pb.js";
 import type { Session, TrackedGrant } from "./session.js";
-import { type Abortable, abortable, monotonicNow } from "./time.js";
+import { type Abortable, abortable, monotonicNow, toDuration } from "./time.js";
 
 /** How a lock is taken; every option has a default. */
 export interface LockOptions {
@@ -179,7 +178,7 @@ export class Mutex {
       requestId: s.nextRequestId(),
     };
     if (this.#lockDelayMs > 0) {
-      req.lockDelay = durationFromMs(this.#lockDelayMs);
+      req.lockDelay = toDuration(this.#lockDelayMs);
     }
     // The wait is given up as soon as the session ends.
     const wait = abortable(caller, s.signal);
@@ -231,10 +230,10 @@ export class Mutex {
       for (;;) {
         counted();
         if (!req.try) {
-          req.poll = durationFromMs(poll);
+          req.poll = toDuration(poll);
         }
         if (waitUntil > 0) {
-          req.waitTimeout = durationFromMs(Math.max(1, waitUntil - monotonicNow()));
+          req.waitTimeout = toDuration(Math.max(1, waitUntil - monotonicNow()));
         }
         const r = await client.withAttemptDeadline(ep, limit, sig, (s) => ep.locks.acquire(req, { signal: s }));
         if (!r.waiting) {

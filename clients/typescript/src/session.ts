@@ -1,6 +1,4 @@
-import { durationFromMs } from "@bufbuild/protobuf/wkt";
 import type { Client, Endpoint } from "./client.js";
-import { ms } from "./client.js";
 import {
   InvalidArgumentError,
   ReleasedError,
@@ -13,7 +11,7 @@ import {
 import type { HeldGrants } from "./gen/fence/v1/fence_pb.js";
 import { Election } from "./election.js";
 import { type Grant, type LockOptions, Mutex, RWMutex, Semaphore } from "./mutex.js";
-import { type Abortable, abortable, monotonicNow } from "./time.js";
+import { type Abortable, abortable, fromDuration, monotonicNow, toDuration } from "./time.js";
 
 /** The options of a session; every one has a default. */
 export interface SessionOptions {
@@ -103,7 +101,7 @@ export class Session implements AsyncDisposable {
     if (!(drift >= 0 && drift < 1) || !(marginMs >= 0)) {
       throw new InvalidArgumentError("fence: drift must be in [0, 1) and margin not negative");
     }
-    const req = { ttl: durationFromMs(options.ttlMs ?? 10_000), owner: options.owner ?? "" };
+    const req = { ttl: toDuration(options.ttlMs ?? 10_000), owner: options.owner ?? "" };
     let sent = 0;
     // No idempotency key: the service answers a session's secret once, so
     // a retry creates a session of its own, and one whose answer was lost
@@ -112,7 +110,7 @@ export class Session implements AsyncDisposable {
       sent = monotonicNow();
       return ep.sessions.createSession(req, { signal });
     }, options.signal);
-    return new Session(client, resp.sessionId, resp.sessionSecret, ms(resp.ttl), drift, marginMs, sent);
+    return new Session(client, resp.sessionId, resp.sessionSecret, fromDuration(resp.ttl), drift, marginMs, sent);
   }
 
   /** Aborts when the session ends: closed, lost or expired; its reason says which. */

@@ -3,6 +3,7 @@
 // a wall clock set back or forward moves none of them.
 
 import { setTimeout as delay } from "node:timers/promises";
+import { type Duration, durationFromMs, durationMs } from "@bufbuild/protobuf/wkt";
 
 /** Milliseconds on this process's monotonic clock (performance.now()). */
 export function monotonicNow(): number {
@@ -47,4 +48,14 @@ export function abortable(...parents: (AbortSignal | undefined)[]): Abortable {
       }
     },
   };
+}
+
+/** A protobuf Duration of ms, rounded up to a whole millisecond (the wire's nanos are integers). */
+export function toDuration(ms: number): Duration {
+  return durationFromMs(Math.ceil(ms));
+}
+
+/** A protobuf Duration in milliseconds, 0 when unset. */
+export function fromDuration(d: Duration | undefined): number {
+  return d ? durationMs(d) : 0;
 }
