@@ -192,6 +192,17 @@ export class Client {
     return { current: r.current, held: r.held, currentToken: r.currentToken };
   }
 
+  /**
+   * Closes the session id, whoever holds it, as if it had expired: its
+   * locks are released (each after the lock-delay its holder asked for) and
+   * its bound keys deleted. Revoking a session that does not exist
+   * succeeds. The session's own client learns of it at its next keepalive
+   * (its signal aborts with SessionNotFoundError).
+   */
+  async revokeSession(id: bigint, options: { signal?: AbortSignal } = {}): Promise<void> {
+    await this.unary((ep, signal) => ep.cluster.revokeSession({ sessionId: id }, { signal }), options.signal);
+  }
+
   /** The leader of the election name, as observeLeader reports it. */
   async leader(name: string, options: { signal?: AbortSignal } = {}): Promise<LeaderState> {
     return leaderOf(this, name, options.signal);

@@ -1,0 +1,122 @@
+// Sessions, mutexes, read-write mutexes and semaphores against a real node.
+
+import assert from "node:assert/strict";
+import { createServer } from "node:http";
+import type { AddressInfo } from "node:net";
+import { test } from "node:test";
+import { LockedError, ReleasedError, SessionNotFoundError } from "@fencelock/client";
+import { Group, aborted, closeAfter, waitFor } from "./control.js";
+
+const group = await Group.start();
+const c = group.client();
+
+test("a session is safe until the send of its last renewal plus its TTL's safe share, and renews on its own", async (t) => {
+  const before = performance.now();
+  const s = await c.session({ ttlMs: 1_500, drift: 0.01, marginMs: 100 });
+  const after = performance.now();
+  closeAfter(t, s);
+  const share = 1_500 * 0.99 - 100;
+  assert.ok(s.safeUntil >= before + share && s.safeUntil <= after + share, `safe-until ${s.safeUntil - before} ms after the call began`);
+  const first = s.safeUntil;
+  await waitFor("a renewal", () => s.safeUntil > first, 3_000);
+  assert.equal(s.signal.aborted, false);
+});
+
+test("close ends a session with ReleasedError and releases its locks", async () => {
+  const s = await c.session();
+  const g = await s.lock("closed");
+  await s.close();
+  assert.ok(s.signal.reason instanceof ReleasedError);
+  assert.ok(g.signal.aborted);
+  assert.deepEqual(await c.locks("closed"), []);
+  await assert.rejects(s.lock("closed"), ReleasedError);
+});
+
+test("tryLock of a held lock fails with LockedError naming the holder", async (t) => {
+  const [a, b] = [await c.session(), await c.session()];
+  closeAfter(t, a, b);
+  const g = await a.lock("held");
+  await assert.rejects(b.mutex("held").tryLock(), (err: unknown) => {
+    assert.ok(err instanceof LockedError, String(err));
+    assert.equal(err.holderSession, a.id);
+    assert.equal(err.holderToken, g.token);
+    return true;
+  });
+});
+
+test("locking a held mutex returns its grant, and await using releases it", async (t) => {
+  const s = await c.session();
+  closeAfter(t, s);
+  const m = s.mutex("disposed");
+  {
+    await using g = await m.lock();
+    assert.equal(await m.lock(), g);
+    assert.equal((await c.locks("disposed"))[0]?.holders[0]?.token, g.token);
+  }
+  assert.equal(m.grant, undefined);
+  assert.deepEqual(await c.locks("disposed"), []);
+});
+
+test("an acquire aborted while it waits leaves nothing held or queued", async (t) => {
+  const [a, b] = [await c.session(), await c.session()];
+  closeAfter(t, a, b);
+  const held = await a.lock("abort");
+  const ctl = new AbortController();
+  const refused = assert.rejects(b.lock("abort", { signal: ctl.signal }), /given up/);
+  await waitFor("B's wait", async () => (await c.locks("abort"))[0]?.waiters.some((w) => w.sessionId === b.id));
+  ctl.abort(new Error("given up"));
+  await refused;
+  assert.deepEqual((await c.locks("abort"))[0]?.waiters, []);
+  await held.release();
+  assert.deepEqual(await c.locks("abort"), [], "the lock went to the aborted acquire");
+  await assert.rejects(b.lock("abort", { signal: AbortSignal.abort(new Error("before")) }), /before/);
+});
+
+test("a grant's signal stops a fetch when the grant is released", async (t) => {
+  const server = createServer(() => {}); // never answers
+  await new Promise<void>((resolve) => server.listen(0, "127.0.0.1", resolve));
+  t.after(() => {
+    server.closeAllConnections();
+    server.close();
+  });
+  const s = await c.session();
+  closeAfter(t, s);
+  const g = await s.lock("fetch");
+  const stopped = assert.rejects(fetch(`http://127.0.0.1:${(server.address() as AddressInfo).port}/`, { signal: g.signal }), ReleasedError);
+  await g.release();
+  await stopped;
+});
+
+test("a grant's signal aborts when its session is revoked", async (t) => {
+  const s = await c.session({ ttlMs: 1_500 });
+  closeAfter(t, s);
+  const g = await s.lock("revoked");
+  await c.revokeSession(s.id);
+  assert.ok((await aborted(g.signal)) instanceof SessionNotFoundError);
+});
+
+test("an RWMutex admits readers together and a writer alone", async (t) => {
+  const [r1, r2, w] = [await c.session(), await c.session(), await c.session()];
+  closeAfter(t, r1, r2, w);
+  const [g1, g2] = [await r1.rwMutex("rw").rLock(), await r2.rwMutex("rw").rLock()];
+  assert.notEqual(g1.token, g2.token);
+  const writer = w.rwMutex("rw");
+  await assert.rejects(writer.tryLock(), LockedError);
+  const waiting = writer.lock();
+  await g1.release();
+  await g2.release();
+  const gw = await waiting;
+  assert.ok(gw.token > g2.token);
+});
+
+test("a semaphore admits as many holders as it has permits", async (t) => {
+  const sessions = [await c.session(), await c.session(), await c.session()];
+  closeAfter(t, ...sessions);
+  const [a, b, x] = sessions.map((s) => s.semaphore("pool", 2));
+  const ga = await a!.acquire();
+  await b!.acquire();
+  await assert.rejects(x!.tryAcquire(), LockedError);
+  const waiting = x!.acquire();
+  await ga.release();
+  assert.ok((await waiting).token > ga.token);
+});
