@@ -323,13 +323,13 @@ export class Client {
    * fails the attempt as unavailable, so that call moves on to the next.
    */
   async withAttemptDeadline<T>(ep: Endpoint, ms: number, signal: AbortSignal | undefined, fn: (signal: AbortSignal) => Promise<T>): Promise<T> {
-    const expired = new NoAnswerError(`${ep.url} did not answer within ${ms} ms`);
     const attempt = abortable(signal);
-    const timer = setTimeout(() => attempt.abort(expired), ms);
+    let expired: NoAnswerError | undefined; // made only when needed: an error's stack costs a call's worth of CPU
+    const timer = setTimeout(() => attempt.abort((expired = new NoAnswerError(`${ep.url} did not answer within ${ms} ms`))), ms);
     try {
       return await fn(attempt.signal);
     } catch (err) {
-      if (attempt.signal.reason === expired && !signal?.aborted) {
+      if (expired && attempt.signal.reason === expired && !signal?.aborted) {
         ep.silentUntil = Date.now() + silentForMs;
         throw expired;
       }
