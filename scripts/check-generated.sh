@@ -13,16 +13,20 @@ if ! command -v protoc >/dev/null; then
   fi
 fi
 # The TypeScript client's code is generated with the protoc-gen-es its
-# lockfile pins, so its dependencies come first.
+# lockfile pins, so its dependencies come first (unless installed already
+# from this lockfile).
+ts=clients/typescript
 if command -v npm >/dev/null; then
-  (cd clients/typescript && npm ci --no-audit --no-fund --loglevel=error)
+  if [ ! -e "$ts/node_modules/.package-lock.json" ] || [ "$ts/package-lock.json" -nt "$ts/node_modules/.package-lock.json" ]; then
+    (cd "$ts" && npm ci --no-audit --no-fund --loglevel=error)
+  fi
 else
   echo "npm is missing; the TypeScript client's generated code is not checked" >&2
 fi
 scripts/gen-proto.sh
-generated=(api internal clients/typescript/src/gen)
+generated=(api internal "$ts/src/gen")
 if ! git diff --quiet -- "${generated[@]}" || [ -n "$(git status --porcelain -- "${generated[@]}")" ]; then
-  echo "generated code is stale; run: scripts/gen-proto.sh" >&2
+  echo "generated code is stale; run: go generate ./api/..." >&2
   git status --short -- "${generated[@]}" >&2
   exit 1
 fi
