@@ -16,7 +16,7 @@ import {
   connectionFailed,
   fromConnect,
 } from "./errors.js";
-import { abortable, monotonicNow, sleep } from "./time.js";
+import { type Clock, abortable, monotonicNow, realClock, sleep } from "./time.js";
 import { KV } from "./kv.js";
 import { Session, type SessionOptions } from "./session.js";
 import { Lease, type LeaseOptions, takeLease } from "./lease.js";
@@ -52,6 +52,8 @@ export interface ClientOptions {
    * 1 000 ms, as `fence --dial-timeout`). 0 waits for the retry budget.
    */
   dialTimeoutMs?: number;
+  /** The clock of sessions' keepalives and safe-until deadlines (default: performance.now() and Node's timers); tests pass a fake. */
+  clock?: Clock;
 }
 
 /** The headers the client sends and reads (api/fence/v1/headers.go). */
@@ -115,6 +117,7 @@ export class Client {
   readonly retryBudgetMs: number;
   readonly attemptTimeoutMs: number;
   readonly dialTimeoutMs: number;
+  readonly clock: Clock;
 
   #endpoints: Endpoint[] = [];
   #current = 0;
@@ -131,6 +134,7 @@ export class Client {
     this.retryBudgetMs = options.retryBudgetMs ?? 15_000;
     this.attemptTimeoutMs = options.attemptTimeoutMs ?? 1_000;
     this.dialTimeoutMs = options.dialTimeoutMs ?? 1_000;
+    this.clock = options.clock ?? realClock;
     if (!(this.attemptTimeoutMs > 0)) {
       throw new TypeError(`fence: attempt timeout ${this.attemptTimeoutMs} must be positive`);
     }

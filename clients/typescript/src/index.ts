@@ -16,6 +16,7 @@
  */
 export { Client, DEFAULT_ENDPOINT, type ClientOptions, type TLSOptions } from "./client.js";
 export { Session, type SessionOptions } from "./session.js";
+export { type Clock, type ClockTimer } from "./time.js";
 export { Grant, Mutex, RWMutex, Semaphore, type LockOptions } from "./mutex.js";
 export { KV, Watch, type Event, type FenceOptions, type KeyValue, type Listing, type TxnCompare, type TxnOperation, type TxnResponse, type Value, type WriteOptions } from "./kv.js";
 export { Election, type LeaderState, type Leadership } from "./election.js";

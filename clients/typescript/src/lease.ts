@@ -1,6 +1,6 @@
 import type { Client } from "./client.js";
 import { InvalidArgumentError, SessionNotFoundError } from "./errors.js";
-import { fromDuration, monotonicNow, toDuration } from "./time.js";
+import { fromDuration, toDuration } from "./time.js";
 
 /** How a lease is taken. */
 export interface LeaseOptions {
@@ -61,7 +61,7 @@ export class Lease {
   async renew(options: { signal?: AbortSignal } = {}): Promise<void> {
     let sent = 0;
     const r = await this.client.unary((ep, signal) => {
-      sent = monotonicNow();
+      sent = this.client.clock.now();
       return ep.locks.renewLease({ leaseId: this.id, leaseSecret: this.secret }, { signal });
     }, options.signal);
     this.renewed(sent, fromDuration(r.ttl));
@@ -110,7 +110,7 @@ export async function takeLease(c: Client, name: string, o: LeaseOptions): Promi
   };
   let sent = 0;
   const r = await c.unary((ep, signal) => {
-    sent = monotonicNow();
+    sent = c.clock.now();
     return ep.locks.lease(req, { signal });
   }, o.signal);
   const l = new Lease(c, { id: r.leaseId, secret: r.leaseSecret, lock: r.lock, token: r.token }, drift, marginMs);

@@ -11,7 +11,7 @@ import {
 import type { HeldGrants } from "./gen/fence/v1/fence_pb.js";
 import { Election } from "./election.js";
 import { type Grant, type LockOptions, Mutex, RWMutex, Semaphore } from "./mutex.js";
-import { type Abortable, abortable, fromDuration, monotonicNow, toDuration } from "./time.js";
+import { type Abortable, type ClockTimer, abortable, fromDuration, toDuration } from "./time.js";
 
 /** The options of a session; every one has a default. */
 export interface SessionOptions {
@@ -78,8 +78,8 @@ export class Session implements AsyncDisposable {
   #renewals = 0;
   #requests = 0n;
   readonly #grants = new Map<TrackedGrant, number>();
-  #dueTimer: NodeJS.Timeout | undefined;
-  #lostTimer: NodeJS.Timeout | undefined;
+  #dueTimer: ClockTimer | undefined;
+  #lostTimer: ClockTimer | undefined;
 
   private constructor(client: Client, id: bigint, secret: string, ttlMs: number, drift: number, marginMs: number, sent: number) {
     this.client = client;
@@ -107,7 +107,7 @@ export class Session implements AsyncDisposable {
     // a retry creates a session of its own, and one whose answer was lost
     // expires after its TTL.
     const resp = await client.unary((ep, signal) => {
-      sent = monotonicNow();
+      sent = client.clock.now();
       return ep.sessions.createSession(req, { signal });
     }, options.signal);
     return new Session(client, resp.sessionId, resp.sessionSecret, fromDuration(resp.ttl), drift, marginMs, sent);
@@ -118,7 +118,7 @@ export class Session implements AsyncDisposable {
     return this.#ended.signal;
   }
 
-  /** Until when, on performance.now()'s clock, the session is known to be alive. */
+  /** Until when, on performance.now()'s clock (the client's clock), the session is known to be alive. */
   get safeUntil(): number {
     return this.#safeUntil;
   }
@@ -200,7 +200,7 @@ export class Session implements AsyncDisposable {
    */
   checkSafe(): void {
     this.signal.throwIfAborted();
-    if (this.#lapse(monotonicNow())) {
+    if (this.#lapse(this.client.clock.now())) {
       void this.lose(new SessionLostError(`fence: session ${this.id} passed its safe-until unrenewed (the process was paused); its locks may be held by others`));
     }
     this.signal.throwIfAborted();
@@ -274,17 +274,18 @@ export class Session implements AsyncDisposable {
     if (this.#stopped) {
       return;
     }
-    clearTimeout(this.#dueTimer);
-    clearTimeout(this.#lostTimer);
-    const now = monotonicNow();
-    this.#dueTimer = setTimeout(() => void this.#onDue(), Math.max(0, this.#due - now));
-    this.#lostTimer = setTimeout(() => this.#onLost(), Math.max(0, this.#safeUntil - now));
+    this.#dueTimer?.clear();
+    this.#lostTimer?.clear();
+    const clock = this.client.clock;
+    const now = clock.now();
+    this.#dueTimer = clock.setTimer(() => void this.#onDue(), Math.max(0, this.#due - now));
+    this.#lostTimer = clock.setTimer(() => this.#onLost(), Math.max(0, this.#safeUntil - now));
   }
 
   #stopKeepAlive(): void {
     this.#stopped = true;
-    clearTimeout(this.#dueTimer);
-    clearTimeout(this.#lostTimer);
+    this.#dueTimer?.clear();
+    this.#lostTimer?.clear();
   }
 
   /** Renews the session, every third of its TTL; a failed renewal is retried sooner. */
@@ -292,7 +293,7 @@ export class Session implements AsyncDisposable {
     if (this.#stopped || this.#renewing) {
       return;
     }
-    const now = monotonicNow();
+    const now = this.client.clock.now();
     if (this.#due > now) {
       this.#rearm();
       return;
@@ -311,7 +312,7 @@ export class Session implements AsyncDisposable {
         this.#end(err);
         return;
       }
-      this.#due = monotonicNow() + Math.min(this.#intervalMs, 250);
+      this.#due = this.client.clock.now() + Math.min(this.#intervalMs, 250);
     } finally {
       this.#renewing = false;
     }
@@ -323,7 +324,7 @@ export class Session implements AsyncDisposable {
     if (this.#stopped) {
       return;
     }
-    if (!this.#lapse(monotonicNow())) {
+    if (!this.#lapse(this.client.clock.now())) {
       this.#rearm(); // renewed as this fired
       return;
     }
@@ -337,19 +338,20 @@ export class Session implements AsyncDisposable {
    */
   async #renew(): Promise<void> {
     const call = abortable(this.#stopRenew.signal);
-    const timer = setTimeout(() => call.abort(new SessionLostError("fence: keepalive unanswered at safe-until")), Math.max(0, this.#safeUntil - monotonicNow()));
+    const clock = this.client.clock;
+    const timer = clock.setTimer(() => call.abort(new SessionLostError("fence: keepalive unanswered at safe-until")), Math.max(0, this.#safeUntil - clock.now()));
     const round = ++this.#renewals;
     let sent = 0;
     try {
       const resp = await this.client.call((ep, signal) => {
-        sent = monotonicNow();
+        sent = clock.now();
         return this.client.withAttemptDeadline(ep, this.ttlMs / 4, signal, (s) =>
           ep.sessions.keepAlive({ sessionId: this.id, sessionSecret: this.#secret }, { signal: s }),
         );
       }, call.signal);
       this.#renewed(sent, round, resp.held);
     } finally {
-      clearTimeout(timer);
+      timer.clear();
       call.dispose();
     }
   }

@@ -10,6 +10,30 @@ export function monotonicNow(): number {
   return performance.now();
 }
 
+/** A timer of a Clock. */
+export interface ClockTimer {
+  clear(): void;
+}
+
+/**
+ * The clock of sessions' schedules and safe-until deadlines: now() in
+ * milliseconds on a monotonic clock, and timers on it. Tests pass a fake
+ * that they advance by hand.
+ */
+export interface Clock {
+  now(): number;
+  setTimer(fn: () => void, ms: number): ClockTimer;
+}
+
+/** performance.now() and Node's timers. */
+export const realClock: Clock = {
+  now: monotonicNow,
+  setTimer(fn, ms) {
+    const t = setTimeout(fn, ms);
+    return { clear: () => clearTimeout(t) };
+  },
+};
+
 /** Resolves after ms, or rejects with the signal's reason when it aborts first. */
 export function sleep(ms: number, signal?: AbortSignal): Promise<void> {
   return delay(Math.max(0, ms), undefined, { signal });

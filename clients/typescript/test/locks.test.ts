@@ -3,8 +3,10 @@
 import assert from "node:assert/strict";
 import { createServer } from "node:http";
 import type { AddressInfo } from "node:net";
+import { setTimeout as delay } from "node:timers/promises";
 import { test } from "node:test";
-import { LockedError, ReleasedError, SessionNotFoundError } from "@fencelock/client";
+import { LockedError, ReleasedError, SessionLostError, SessionNotFoundError } from "@fencelock/client";
+import { FakeClock } from "./clock.js";
 import { Group, aborted, closeAfter, waitFor } from "./control.js";
 
 const group = await Group.start();
@@ -20,6 +22,34 @@ test("a session is safe until the send of its last renewal plus its TTL's safe s
   const first = s.safeUntil;
   await waitFor("a renewal", () => s.safeUntil > first, 3_000);
   assert.equal(s.signal.aborted, false);
+});
+
+test("a renewal makes the session safe until its send time plus the TTL's safe share", async (t) => {
+  const clock = new FakeClock();
+  const s = await group.client({ clock }).session({ ttlMs: 3_000 });
+  closeAfter(t, s);
+  const share = 3_000 * 0.99 - 100;
+  assert.equal(s.safeUntil, share);
+  clock.advance(1_000); // the renewal falls due, and is sent at 1 000
+  await waitFor("the renewal's answer", () => s.safeUntil > share);
+  assert.equal(s.safeUntil, 1_000 + share);
+});
+
+test("a session paused past its safe-until renews nothing, ends lost and lets its locks go", async (t) => {
+  const clock = new FakeClock();
+  const fake = group.client({ clock });
+  const s = await fake.session({ ttlMs: 3_000 });
+  closeAfter(t, s);
+  const g = await s.lock("wake");
+  const safe = s.safeUntil;
+  // Wakes past safe-until, and the renewal's timer runs before the one that
+  // ends the session at its safe-until: it must renew nothing.
+  clock.advance(3_000, 1);
+  const reason = await Promise.race([aborted(g.signal), delay(2_000)]);
+  assert.ok(reason instanceof SessionLostError, `the grant of a session past its safe-until lives on (${String(reason)})`);
+  assert.equal(s.safeUntil, safe, "a renewal moved the safe-until of a session past it");
+  await assert.rejects(s.lock("wake"), SessionLostError);
+  await waitFor("the lock abandoned on the service", async () => (await c.locks("wake")).length === 0, 3_000);
 });
 
 test("close ends a session with ReleasedError and releases its locks", async () => {
