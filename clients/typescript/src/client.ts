@@ -228,6 +228,7 @@ export class Client {
    * (counted from the first failure of the streak). fn must be safe to
    * repeat. A client that never reached its group gives up after the dial
    * timeout with UnreachableError.
+   * @internal
    */
   async call<T>(fn: Attempt<T>, signal?: AbortSignal): Promise<T> {
     const start = monotonicNow();
@@ -316,7 +317,7 @@ export class Client {
     }
   }
 
-  /** call for calls answered at once: each attempt on a node gets the attempt timeout. */
+  /** call for calls answered at once: each attempt on a node gets the attempt timeout. @internal */
   unary<T>(fn: Attempt<T>, signal?: AbortSignal): Promise<T> {
     return this.call((ep, s) => this.withAttemptDeadline(ep, this.attemptTimeoutMs, s, (a) => fn(ep, a)), signal);
   }
@@ -325,6 +326,7 @@ export class Client {
    * Runs one attempt of a call on ep, giving up on it after ms: a node
    * that accepts the connection but does not answer (paused, a stuck disk)
    * fails the attempt as unavailable, so that call moves on to the next.
+   * @internal
    */
   async withAttemptDeadline<T>(ep: Endpoint, ms: number, signal: AbortSignal | undefined, fn: (signal: AbortSignal) => Promise<T>): Promise<T> {
     const attempt = abortable(signal);
@@ -344,12 +346,12 @@ export class Client {
     }
   }
 
-  /** Calls fn on every node the client knows, at once, for what can go anywhere (abandoning a session). */
+  /** Calls fn on every node the client knows, at once, for what can go anywhere (abandoning a session). @internal */
   async everyNode(fn: (ep: Endpoint) => Promise<void>): Promise<void> {
     await Promise.allSettled(this.#endpoints.filter((ep) => !ep.foreign).map(fn));
   }
 
-  /** The index of the endpoint at addr, added when the client did not know it. */
+  /** The index of the endpoint at addr, added when the client did not know it. @internal */
   endpointFor(addr: string): Endpoint {
     return this.#endpointAt(this.#endpointFor(addr));
   }

@@ -200,7 +200,7 @@ const connectionCodes = new Set(["ECONNREFUSED", "ECONNRESET", "EPIPE", "EHOSTUN
 const tlsCodes = /^(ERR_TLS_|ERR_SSL_|UNABLE_TO_|DEPTH_ZERO_|SELF_SIGNED_|CERT_|EPROTO$)/;
 
 /** The `code` strings of err and its causes. */
-export function nodeCodes(err: unknown): string[] {
+function nodeCodes(err: unknown): string[] {
   const codes: string[] = [];
   for (let e = err; e instanceof Object && codes.length < 8; e = (e as { cause?: unknown }).cause) {
     const code = (e as { code?: unknown }).code;
@@ -211,7 +211,10 @@ export function nodeCodes(err: unknown): string[] {
   return codes;
 }
 
-/** Reports whether err is a connection that failed or broke: no node answered the call. */
+/**
+ * Reports whether err is a connection that failed or broke: no node answered the call.
+ * @internal
+ */
 export function connectionFailed(err: unknown): boolean {
   return nodeCodes(err).some((c) => connectionCodes.has(c));
 }

@@ -98,6 +98,7 @@ function fenceOf(o: FenceOptions): MessageInitShape<typeof FenceSchema> {
  * UnavailableError may or may not have been applied.
  */
 export class KV {
+  /** @internal */
   constructor(readonly client: Client) {}
 
   /** Writes value under key and returns the key's new mod revision. */
@@ -180,6 +181,7 @@ export class Watch implements AsyncIterable<Event>, AsyncDisposable {
   readonly #closed: ReturnType<typeof abortable>;
   #stream: WatchStream | undefined;
 
+  /** @internal */
   constructor(client: Client, prefix: string, from: bigint, signal: AbortSignal | undefined) {
     this.#client = client;
     this.#prefix = prefix;
@@ -187,7 +189,7 @@ export class Watch implements AsyncIterable<Event>, AsyncDisposable {
     this.#closed = abortable(signal);
   }
 
-  /** Opens the first stream and waits until it is in place. */
+  /** Opens the first stream and waits until it is in place. @internal */
   async start(): Promise<void> {
     const [stream, header] = await this.#open();
     if (this.#next === 0n) {

@@ -35,6 +35,7 @@ export class Lease {
   #safeUntil = 0;
   #ttlMs = 0;
 
+  /** @internal */
   constructor(
     readonly client: Client,
     init: { id: bigint; secret: string; lock: string; token: bigint },
@@ -88,7 +89,7 @@ export class Lease {
     this.#safeUntil = 0;
   }
 
-  /** Takes in a take or renewal sent at sent that granted ttlMs. */
+  /** Takes in a take or renewal sent at sent that granted ttlMs. @internal */
   renewed(sent: number, ttlMs: number): void {
     this.#ttlMs = ttlMs;
     this.#safeUntil = Math.max(this.#safeUntil, sent + ttlMs * (1 - this.drift) - this.marginMs);

@@ -13,7 +13,7 @@ import {
   fromConnect,
 } from "./errors.js";
 import { type AcquireRequestSchema, type AcquireResponse, Mode } from "./gen/fence/v1/fence_pb.js";
-import type { Session, TrackedGrant } from "./session.js";
+import type { Session } from "./session.js";
 import { type Abortable, abortable, monotonicNow, toDuration } from "./time.js";
 
 /** How a lock is taken; every option has a default. */
@@ -44,10 +44,10 @@ export interface LockOptions {
  * ReleasedError after close). Release with `release()`, `await using`, or
  * in a `finally`.
  */
-export class Grant implements TrackedGrant, AsyncDisposable {
+export class Grant implements AsyncDisposable {
   readonly #ended: Abortable;
 
-  /** @param release releases this grant on the service (its Mutex's unlock). */
+  /** Made by a Mutex; releaser releases the grant on the service. @internal */
   constructor(
     /** The lock's name. */
     readonly lock: string,
@@ -77,7 +77,7 @@ export class Grant implements TrackedGrant, AsyncDisposable {
     }
   }
 
-  /** Ends the grant here, with reason; the session calls it for a revoked grant. */
+  /** Ends the grant here, with reason; the session calls it for a revoked grant. @internal */
   end(reason: unknown): void {
     this.#ended.dispose();
     this.#ended.abort(reason);

@@ -26,7 +26,7 @@ export interface SessionOptions {
   signal?: AbortSignal;
 }
 
-/** What a session needs to know of a live grant: when it was received, and how to end it. */
+/** What a session needs to know of a live grant: when it was received, and how to end it. @internal */
 export interface TrackedGrant {
   readonly token: bigint;
   readonly signal: AbortSignal;
@@ -94,7 +94,7 @@ export class Session implements AsyncDisposable {
     this.#rearm();
   }
 
-  /** Creates a session on the service and starts keeping it alive. Use Client.session. */
+  /** Creates a session on the service and starts keeping it alive. Use Client.session. @internal */
   static async create(client: Client, options: SessionOptions): Promise<Session> {
     const drift = options.drift ?? 0.01;
     const marginMs = options.marginMs ?? 100;
@@ -172,22 +172,22 @@ export class Session implements AsyncDisposable {
     return this.close();
   }
 
-  /** The secret, for the calls that act as the session (locks, bound keys). */
+  /** The secret, for the calls that act as the session (locks, bound keys). @internal */
   get secret(): string {
     return this.#secret;
   }
 
-  /** Numbers the session's acquires (their request ids). */
+  /** Numbers the session's acquires (their request ids). @internal */
   nextRequestId(): bigint {
     return ++this.#requests;
   }
 
-  /** Counts g among the live grants, from now: a keepalive sent after this that does not list it means it was revoked. */
+  /** Counts g among the live grants, from now: a keepalive sent after this that does not list it means it was revoked. @internal */
   track(g: TrackedGrant): void {
     this.#grants.set(g, this.#renewals);
   }
 
-  /** Forgets a grant that ended. */
+  /** Forgets a grant that ended. @internal */
   untrack(g: TrackedGrant): void {
     this.#grants.delete(g);
   }
@@ -197,6 +197,7 @@ export class Session implements AsyncDisposable {
    * safe-until that passed unnoticed (the process was paused, and the
    * session's timers have not run since) ends the session as lost here, as
    * its timer would have.
+   * @internal
    */
   checkSafe(): void {
     this.signal.throwIfAborted();
@@ -206,7 +207,7 @@ export class Session implements AsyncDisposable {
     this.signal.throwIfAborted();
   }
 
-  /** A signal for giving back what a failed operation took: bounded by the TTL and the session's life. */
+  /** A signal for giving back what a failed operation took: bounded by the TTL and the session's life. @internal */
   undoSignal(): AbortSignal {
     return AbortSignal.any([this.signal, AbortSignal.timeout(this.ttlMs)]);
   }
@@ -215,6 +216,7 @@ export class Session implements AsyncDisposable {
    * Ends the session, unless it ended already, because what could not be
    * given back (err says why) would otherwise stay held for as long as it
    * lives: the session is lost, so that the service releases it all.
+   * @internal
    */
   giveUp(what: string, err: unknown): void {
     if (this.signal.aborted) {
@@ -232,6 +234,7 @@ export class Session implements AsyncDisposable {
    * there, best effort, so that the locks it held are released now rather
    * than at expiry (each after the lock-delay its holder asked for). The
    * call goes to every node the client knows at once, for a second.
+   * @internal
    */
   async lose(cause: SessionLostError): Promise<void> {
     this.#end(cause);
