@@ -5,7 +5,10 @@ import { createServer } from "node:http";
 import type { AddressInfo } from "node:net";
 import { setTimeout as delay } from "node:timers/promises";
 import { test } from "node:test";
-import { LockedError, ReleasedError, SessionLostError, SessionNotFoundError } from "@fencelock/client";
+import { createClient } from "@connectrpc/connect";
+import { createConnectTransport } from "@connectrpc/connect-node";
+import { LockedError, ReleasedError, RevokedError, SessionLostError, SessionNotFoundError } from "@fencelock/client";
+import { LockService } from "@fencelock/client/v1";
 import { FakeClock } from "./clock.js";
 import { Group, aborted, closeAfter, waitFor } from "./control.js";
 
@@ -123,6 +126,21 @@ test("a grant's signal aborts when its session is revoked", async (t) => {
   const g = await s.lock("revoked");
   await c.revokeSession(s.id);
   assert.ok((await aborted(g.signal)) instanceof SessionNotFoundError);
+});
+
+test("a grant released by someone else ends with RevokedError, and the session goes on", async (t) => {
+  const s = await c.session({ ttlMs: 1_500 });
+  closeAfter(t, s);
+  const [taken, kept] = [await s.lock("taken"), await s.lock("kept")];
+  // Another program that was given the session's secret.
+  const other = createClient(LockService, createConnectTransport({ baseUrl: `http://${group.endpoints[0]}`, httpVersion: "1.1" }));
+  const secret = (s as unknown as { secret: string }).secret;
+  await other.release({ sessionId: s.id, sessionSecret: secret, lock: "taken", token: taken.token });
+  const reason = await Promise.race([aborted(taken.signal), delay(1_500)]);
+  assert.ok(reason instanceof RevokedError, `the released grant ended with ${String(reason)}, not within a keepalive interval`);
+  const safe = s.safeUntil;
+  await waitFor("two more renewals", () => s.safeUntil > safe + 900, 3_000);
+  assert.equal(kept.signal.aborted, false);
 });
 
 test("an RWMutex admits readers together and a writer alone", async (t) => {
