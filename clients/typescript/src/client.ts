@@ -120,6 +120,7 @@ export class Client {
   readonly clock: Clock;
 
   #endpoints: Endpoint[] = [];
+  readonly #sessions = new Set<Session>();
   #current = 0;
   #answered = false;
   #clusterID = "";
@@ -147,8 +148,20 @@ export class Client {
   }
 
   /** Creates a session and starts keeping it alive; see Session. */
-  session(options: SessionOptions = {}): Promise<Session> {
-    return Session.create(this, options);
+  async session(options: SessionOptions = {}): Promise<Session> {
+    const s = await Session.create(this, options);
+    this.#sessions.add(s);
+    s.signal.addEventListener("abort", () => this.#sessions.delete(s), { once: true });
+    return s;
+  }
+
+  /**
+   * Closes every session of the client that still lives, releasing what
+   * they hold, as Session.close does each. The client can still be used
+   * afterwards; a program that closes its sessions need not call this.
+   */
+  async close(): Promise<void> {
+    await Promise.allSettled([...this.#sessions].map((s) => s.close()));
   }
 
   /**

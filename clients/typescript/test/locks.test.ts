@@ -65,6 +65,16 @@ test("close ends a session with ReleasedError and releases its locks", async () 
   await assert.rejects(s.lock("closed"), ReleasedError);
 });
 
+test("closing the client closes its sessions", async () => {
+  const own = group.client();
+  const [s1, s2] = [await own.session(), await own.session()];
+  const g = await s1.lock("client-close");
+  await own.close();
+  assert.ok(s1.signal.reason instanceof ReleasedError && s2.signal.reason instanceof ReleasedError);
+  assert.ok(g.signal.aborted);
+  assert.deepEqual(await c.locks("client-close"), []);
+});
+
 test("tryLock of a held lock fails with LockedError naming the holder", async (t) => {
   const [a, b] = [await c.session(), await c.session()];
   closeAfter(t, a, b);
