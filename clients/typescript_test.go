@@ -14,13 +14,7 @@ import (
 // service. It installs the dependencies from the committed lockfile when
 // node_modules is missing or older than the lockfile.
 func TestTypeScriptClient(t *testing.T) {
-	node := tool(t, "node", "install Node 20 or newer (Debian: apt-get install nodejs npm; scripts/test.sh does)")
-	npm := tool(t, "npm", "install npm (Debian: apt-get install npm; scripts/test.sh does)")
-	dir := filepath.Join("typescript")
-	if tsDepsStale(t, filepath.Join(dir, "package-lock.json"), filepath.Join(dir, "node_modules", ".package-lock.json")) {
-		tsRun(t, dir, npm, "ci", "--no-audit", "--no-fund")
-	}
-	tsRun(t, dir, npm, "run", "build")
+	node, dir := buildTypeScript(t)
 	tests, err := filepath.Glob(filepath.Join(dir, "build", "test", "*.test.js"))
 	if err != nil || len(tests) == 0 {
 		t.Fatalf("npm run build made no tests in %s/build/test (%v)", dir, err)
@@ -38,6 +32,20 @@ func TestTypeScriptClient(t *testing.T) {
 		// A TAP line of a passed test, not a skipped or todo one.
 		return regexp.MustCompile(`(?m)^\s*ok \d+ - scenario ` + regexp.QuoteMeta(id) + `\s*$`)
 	}, node, args...)
+}
+
+// buildTypeScript builds the TypeScript client, its tests and examples,
+// and returns node and the client's folder.
+func buildTypeScript(t *testing.T) (node, dir string) {
+	t.Helper()
+	node = tool(t, "node", "install Node 20 or newer (Debian: apt-get install nodejs npm; scripts/test.sh does)")
+	npm := tool(t, "npm", "install npm (Debian: apt-get install npm; scripts/test.sh does)")
+	dir = "typescript"
+	if tsDepsStale(t, filepath.Join(dir, "package-lock.json"), filepath.Join(dir, "node_modules", ".package-lock.json")) {
+		tsRun(t, dir, npm, "ci", "--no-audit", "--no-fund")
+	}
+	tsRun(t, dir, npm, "run", "build")
+	return node, dir
 }
 
 // tsDepsStale reports whether the installed tree (npm's record of it) is missing
