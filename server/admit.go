@@ -47,7 +47,7 @@ func (n *node) hasData() bool { return n.raft != nil && n.raft.LastIndex() > 0 }
 // introduce is what this node says on a raft connection it opens to addr:
 // who it is, its group, and whom its configuration expects at addr.
 func (n *node) introduce(addr raft.ServerAddress) raftIntro {
-	intro := raftIntro{From: string(n.id), Group: n.ident.groupID(), Protocol: fsm.Protocol, Voteless: n.ident.voteless.Load()}
+	intro := raftIntro{From: string(n.id), Group: n.ident.groupID(), Protocol: fsm.Protocol}
 	if n.raft == nil {
 		return intro
 	}
@@ -77,16 +77,7 @@ func (n *node) admit(intro raftIntro) error {
 		return fmt.Errorf("%w: this node (%s) belongs to group %s, and %s, which dialed it, to group %s; a node serves one group for life",
 			errWrongGroup, self, mine, intro.From, intro.Group)
 	}
-	if intro.Voteless {
-		// Only a candidate or a leader opens raft connections; a node
-		// that may not vote yet must be neither.
-		return fmt.Errorf("%s lost its data dir and is being added to the group again: until the group has committed it as a non-voter, it may not campaign or lead", intro.From)
-	}
 	if n.hasData() {
-		if intro.Role == roleVoter && n.ident.voteless.Load() {
-			return fmt.Errorf("this node (%s) lost its data dir and is being added to group %s again: until the group has committed it as a non-voter, it may hold only part of the group's log, "+
-				"and may not vote or count towards a commit, as %s's configuration would count it", self, groupName(intro.Group), intro.From)
-		}
 		return nil
 	}
 	switch intro.Role {

@@ -74,7 +74,7 @@ func (s *Server) bootstrapWhenAgreed() {
 			} else {
 				return
 			}
-		case len(c.holders) > 0 && s.askToRejoinVoteless(s.peerServers(c.holders)):
+		case len(c.holders) > 0 && s.askToRejoin(s.peerServers(c.holders)).Accepted:
 			// A peer holds data: whether this node lost its own, or is
 			// slow to found a group a peer founded, the leader adds it
 			// with a check of its own, and it catches up.

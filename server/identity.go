@@ -30,13 +30,6 @@ type identity struct {
 	mu        sync.Mutex // serializes writes of the file
 	group     atomic.Pointer[string]
 	rejoining atomic.Bool // asked its group to add it again, not a voter yet
-	// voteless is set while the node, having lost its data, may hold only
-	// part of the group's log: it may not vote, count towards a commit,
-	// campaign or lead until the group has committed a configuration that
-	// makes it a non-voter, which it holds then with every entry before
-	// it, so every entry committed before it lost its data (docs/design.md,
-	// Rejoin).
-	voteless atomic.Bool
 }
 
 // identityRecord is the file's form.
@@ -44,7 +37,6 @@ type identityRecord struct {
 	Incarnation string `json:"incarnation"`
 	Group       string `json:"group,omitempty"`
 	Rejoining   bool   `json:"rejoining,omitempty"`
-	Voteless    bool   `json:"voteless,omitempty"`
 }
 
 // openIdentity reads the data dir's identity, drawing and writing a new
@@ -56,7 +48,7 @@ func openIdentity(dataDir string) (*identity, error) {
 	switch {
 	case errors.Is(err, os.ErrNotExist):
 		id.incarnation = rand.Text()
-		if err := id.write("", false, false); err != nil {
+		if err := id.write("", false); err != nil {
 			return nil, fmt.Errorf("writing the data dir's identity: %w", err)
 		}
 		return id, nil
@@ -70,7 +62,6 @@ func openIdentity(dataDir string) (*identity, error) {
 	}
 	id.incarnation = rec.Incarnation
 	id.rejoining.Store(rec.Rejoining)
-	id.voteless.Store(rec.Voteless)
 	if rec.Group != "" {
 		id.group.Store(&rec.Group)
 	}
@@ -97,7 +88,7 @@ func (id *identity) adopt(group string) error {
 	case have != "":
 		return fmt.Errorf("%w: this node's data dir belongs to group %s, not %s", errWrongGroup, have, group)
 	}
-	if err := id.write(group, id.rejoining.Load(), id.voteless.Load()); err != nil {
+	if err := id.write(group, id.rejoining.Load()); err != nil {
 		return fmt.Errorf("recording group %s in %s: %w", group, id.path, err)
 	}
 	id.group.Store(&group)
@@ -105,44 +96,22 @@ func (id *identity) adopt(group string) error {
 }
 
 // setRejoining records, durably, whether the node asked its group to add
-// it again and is not a voter yet. A voter again is no longer voteless
-// either; the node is made voteless before it asks (setVoteless).
+// it again and is not a voter yet.
 func (id *identity) setRejoining(on bool) error {
 	id.mu.Lock()
 	defer id.mu.Unlock()
-	voteless := id.voteless.Load() && on
-	if id.rejoining.Load() == on && id.voteless.Load() == voteless {
+	if id.rejoining.Load() == on {
 		return nil
 	}
-	if err := id.write(id.groupID(), on, voteless); err != nil {
+	if err := id.write(id.groupID(), on); err != nil {
 		return err
 	}
-	id.voteless.Store(voteless)
 	id.rejoining.Store(on)
 	return nil
 }
 
-// setVoteless records, durably, whether the node may not vote yet (see
-// identity.voteless). It is set before it returns, and cleared after.
-func (id *identity) setVoteless(on bool) error {
-	id.mu.Lock()
-	defer id.mu.Unlock()
-	if id.voteless.Load() == on {
-		return nil
-	}
-	if on {
-		id.voteless.Store(true)
-	}
-	if err := id.write(id.groupID(), id.rejoining.Load(), on); err != nil {
-		id.voteless.Store(true) // unknown on disk: the safe side
-		return err
-	}
-	id.voteless.Store(on)
-	return nil
-}
-
-func (id *identity) write(group string, rejoining, voteless bool) error {
-	data, err := json.Marshal(identityRecord{Incarnation: id.incarnation, Group: group, Rejoining: rejoining, Voteless: voteless})
+func (id *identity) write(group string, rejoining bool) error {
+	data, err := json.Marshal(identityRecord{Incarnation: id.incarnation, Group: group, Rejoining: rejoining})
 	if err != nil {
 		return err
 	}

@@ -86,9 +86,6 @@ type raftIntro struct {
 	Role string `json:"role,omitempty"`
 	// Protocol is the newest group protocol the dialer speaks.
 	Protocol uint32 `json:"protocol"`
-	// Voteless is set while the dialer lost its data and may not vote,
-	// campaign or lead yet (identity.voteless).
-	Voteless bool `json:"voteless,omitempty"`
 }
 
 // rejoinMagic opens a node link on which a node whose data dir was lost

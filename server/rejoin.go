@@ -283,28 +283,6 @@ func (s *Server) leadsAsVoter() bool {
 	return s.leaderReady.Load() && ok && srv.Suffrage == raft.Voter
 }
 
-// askToRejoinVoteless asks targets to add this node again, as a node with
-// no data does, and reports whether one took the request. The node is
-// voteless before it asks: the leader sends it data as soon as it takes
-// the request, and a voter's introduction from a node that has not
-// committed its demotion must find it so (admit). It stays voteless
-// unless no one took the request and it still holds no data.
-func (s *Server) askToRejoinVoteless(targets []raft.Server) bool {
-	if err := s.ident.setVoteless(true); err != nil {
-		s.logger.Warn("recording that this node may not vote until it has caught up", "err", err)
-		return false
-	}
-	if s.askToRejoin(targets).Accepted {
-		return true
-	}
-	if !s.node.hasData() {
-		if err := s.ident.setVoteless(false); err != nil {
-			s.logger.Warn("recording that this node may vote", "err", err)
-		}
-	}
-	return false
-}
-
 // startRejoin records that this node asked to be added again, and goes on
 // asking until it is a voter; once per node.
 func (s *Server) startRejoin() {

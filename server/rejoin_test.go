@@ -30,9 +30,6 @@ func halfRejoined(t *testing.T, c *testCluster, id string) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if err := ident.setVoteless(true); err != nil {
-		t.Fatal(err)
-	}
 	if err := ident.setRejoining(true); err != nil {
 		t.Fatal(err)
 	}
@@ -138,63 +135,5 @@ func TestRejoinSurvivesItsLeaderAtEveryStep(t *testing.T) {
 			c.start(lid)
 			votesAgain(t, c, id)
 		})
-	}
-}
-
-// A node that lost its data and is being added again may hold only the
-// first part of the group's log, whose configuration still counts it a
-// voter; so may a peer that has not got its demotion yet. Until the group
-// has committed it as a non-voter, it takes no connection that counts it
-// a voter (its vote, or its acknowledgement, could elect a leader without
-// an entry it acknowledged before its data was lost), and no node takes a
-// connection it opens (it would campaign). A committed configuration that
-// names it a non-voter ends that.
-func TestVotelessNodeIsCountedByNoOne(t *testing.T) {
-	s := startTestServer(t, nil)
-	n := s.node
-	group := s.ident.groupID()
-	asVoter := raftIntro{From: "fence2", Group: group, To: s.cfg.NodeID, Role: roleVoter}
-	asNonvoter := raftIntro{From: "fence2", Group: group, To: s.cfg.NodeID, Role: roleNonvoter}
-	if err := n.admit(asVoter); err != nil {
-		t.Fatalf("a node with data refused a voter's introduction: %v", err)
-	}
-	if err := s.ident.setVoteless(true); err != nil {
-		t.Fatal(err)
-	}
-	if err := n.admit(asVoter); err == nil {
-		t.Error("a voteless node took a connection that counts it a voter")
-	}
-	if err := n.admit(asNonvoter); err != nil {
-		t.Errorf("a voteless node refused a connection that counts it a non-voter: %v", err)
-	}
-	if intro := n.introduce("127.0.0.1:1"); !intro.Voteless {
-		t.Error("a voteless node does not say so when it dials")
-	}
-	if err := n.admit(raftIntro{From: "fence2", Group: group, To: s.cfg.NodeID, Role: roleVoter, Voteless: true}); err == nil {
-		t.Error("a node took a connection opened by a voteless node")
-	}
-
-	// A configuration that counts it a voter proves nothing; one that the
-	// group committed with it a non-voter does.
-	self := raft.Server{ID: raft.ServerID(s.cfg.NodeID), Address: raft.ServerAddress(s.RaftAddr())}
-	observer{s}.Configured(1, raft.Configuration{Servers: []raft.Server{self}})
-	if !s.ident.voteless.Load() {
-		t.Fatal("a committed configuration naming the node a voter ended its being voteless")
-	}
-	self.Suffrage = raft.Nonvoter
-	observer{s}.Configured(2, raft.Configuration{Servers: []raft.Server{self}})
-	if s.ident.voteless.Load() {
-		t.Fatal("the committed configuration naming the node a non-voter did not end its being voteless")
-	}
-	if err := n.admit(asVoter); err != nil {
-		t.Errorf("the node refused a voter's introduction once it may vote: %v", err)
-	}
-	// It is recorded: the data dir says so after a restart.
-	ident, err := openIdentity(s.cfg.DataDir)
-	if err != nil {
-		t.Fatal(err)
-	}
-	if ident.voteless.Load() {
-		t.Error("the data dir still records the node as voteless")
 	}
 }

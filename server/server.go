@@ -31,8 +31,6 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/promhttp"
 
-	"github.com/hashicorp/raft"
-
 	"github.com/fencelock/fence"
 	"github.com/fencelock/fence/api/fence/v1/fencev1connect"
 	"github.com/fencelock/fence/internal/fsm"
@@ -660,28 +658,6 @@ func (s *Server) coverTokens(token uint64) bool {
 		case <-s.done:
 			return false
 		case <-time.After(time.Second):
-		}
-	}
-}
-
-// Configured ends this node's being voteless once the group has committed
-// a configuration that makes it a non-voter: its log holds that entry and
-// every one before, so every entry committed before it lost its data
-// (docs/design.md, Rejoin). A configuration that counts it a voter proves
-// nothing: its log may hold only the group's first entries.
-func (o observer) Configured(_ uint64, c raft.Configuration) {
-	s := o.s
-	if !s.ident.voteless.Load() {
-		return
-	}
-	for _, srv := range c.Servers {
-		if string(srv.ID) == s.cfg.NodeID && srv.Suffrage == raft.Nonvoter {
-			if err := s.ident.setVoteless(false); err != nil {
-				s.logger.Warn("recording that this node may vote again", "err", err)
-				return
-			}
-			s.logger.Info("the group committed this node as a non-voter: it holds every entry committed before it lost its data, and votes again once it is a voter")
-			return
 		}
 	}
 }

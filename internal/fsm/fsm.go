@@ -28,10 +28,6 @@ type Observer interface {
 	// Halted is called once, when the FSM met an entry it does not
 	// understand (a *HaltError) and stopped applying the log.
 	Halted(err error)
-	// Configured is called for each committed configuration entry, in
-	// log order with the commands: raft's membership, which the state
-	// does not keep.
-	Configured(index uint64, c raft.Configuration)
 }
 
 // FSM adapts State to hashicorp/raft. It implements raft.BatchingFSM, so a
@@ -128,11 +124,6 @@ func (f *FSM) ApplyBatch(logs []*raft.Log) []interface{} {
 	}
 	if f.observer != nil {
 		for i, l := range logs[:applied] {
-			if l.Type == raft.LogConfiguration {
-				if c, ok := decodeConfiguration(l.Data); ok {
-					f.observer.Configured(l.Index, c)
-				}
-			}
 			if l.Type != raft.LogCommand {
 				continue
 			}
@@ -149,17 +140,6 @@ func (f *FSM) ApplyBatch(logs []*raft.Log) []interface{} {
 		}
 	}
 	return out
-}
-
-// decodeConfiguration decodes a configuration entry; raft's decoder
-// panics on one it cannot read, which raft itself would have met first.
-func decodeConfiguration(data []byte) (c raft.Configuration, ok bool) {
-	defer func() {
-		if recover() != nil {
-			ok = false
-		}
-	}()
-	return raft.DecodeConfiguration(data), true
 }
 
 // Halted returns the entry that stopped the FSM, nil while it applies.
