@@ -46,7 +46,7 @@ type Lock struct {
 	recorder  resourcelock.EventRecorder
 	eventObj  runtime.Object
 	leaseOpts []client.LeaseOption
-	now       func() time.Time
+	now       func() time.Time // when a lost lease may be followed by a new one
 
 	op sync.Mutex // held through each Get, Create and Update: one at a time
 
@@ -159,8 +159,11 @@ func (l *Lock) Update(ctx context.Context, ler resourcelock.LeaderElectionRecord
 	l.mu.Lock()
 	rev, known := l.rev, l.known
 	l.mu.Unlock()
-	if !known {
+	switch {
+	case !known:
 		return fmt.Errorf("%w: Update before Get: the record's revision is unknown", fence.ErrInvalidArgument)
+	case rev == 0:
+		return apierrors.NewNotFound(recordResource, l.name) // Create makes it
 	}
 	switch ler.HolderIdentity {
 	case l.identity:
@@ -213,7 +216,7 @@ func (l *Lock) holdLease(ctx context.Context, ler resourcelock.LeaderElectionRec
 // renew renews t's lease. A lease past its SafeUntil, or that the service
 // no longer has, is lost.
 func (l *Lock) renew(ctx context.Context, t *term) error {
-	if !l.now().Before(t.lease.SafeUntil()) {
+	if !time.Now().Before(t.lease.SafeUntil()) { // the client's clock, as SafeUntil is
 		l.lose(ctx, t, "its safe-until passed before it was renewed")
 		return fmt.Errorf("%w: lease %d on %q: its safe-until passed before it was renewed", ErrLeaseLost, t.lease.ID(), l.name)
 	}
