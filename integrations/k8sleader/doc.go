@@ -87,5 +87,6 @@
 //
 // Each term renews its lease only when client-go renews the record
 // (every RetryPeriod while leading): nothing renews it in the background.
-// The lease's TTL is the record's whole seconds (at least 1 s).
+// The lease's TTL is the record's whole seconds (at least 1 s). See
+// docs/kubernetes-leader-election.md.
 package k8sleader
