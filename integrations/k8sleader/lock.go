@@ -352,7 +352,10 @@ func (l *Lock) Name() string { return l.name }
 // Token returns the fencing token of the current term: send it with every
 // write the leader makes. It is 0 when the Lock is not leading. Read it
 // once when leadership begins (OnStartedLeading) and use that value for
-// the term's writes: a later term has another.
+// the term's writes: a later term has another. A term whose Context has
+// ended is over, though Token still returns its token until the elector's
+// next call finds the lease lost: a stale token is refused where a
+// missing one might pass as an unfenced write.
 func (l *Lock) Token() uint64 {
 	l.mu.Lock()
 	defer l.mu.Unlock()
