@@ -20,7 +20,7 @@ type timing struct{ lease, renew, retry time.Duration }
 
 // fast is short enough that a test sees a takeover within seconds, and
 // long enough that renewals on a loaded machine under -race keep up.
-var fast = timing{lease: 3 * time.Second, renew: 2 * time.Second, retry: 300 * time.Millisecond}
+var fast = timing{lease: 4 * time.Second, renew: 3 * time.Second, retry: 400 * time.Millisecond}
 
 // elector is a real client-go LeaderElector over a Lock, run in this
 // process, with its callbacks recorded on channels.

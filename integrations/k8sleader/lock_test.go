@@ -157,7 +157,9 @@ func TestLostLease(t *testing.T) {
 	if _, _, err := a.Get(ctx); !apierrors.IsNotFound(err) {
 		t.Fatal(err)
 	}
-	if err := a.Create(ctx, record("a", 1)); err != nil {
+	// A TTL of 2s: short, and still long enough for Create's two calls
+	// (the lease, then the record written under it) on a loaded machine.
+	if err := a.Create(ctx, record("a", 2)); err != nil {
 		t.Fatal(err)
 	}
 	first := a.Token()
@@ -167,11 +169,11 @@ func TestLostLease(t *testing.T) {
 		t.Fatalf("WithTerm carries %q, %d, %v; want ctrl, %d", lock, token, ok, first)
 	}
 
-	// No renewal: the term's context ends at SafeUntil, within the 1s TTL.
+	// No renewal: the term's context ends at SafeUntil, within the TTL.
 	select {
 	case <-term.Done():
-	case <-time.After(5 * time.Second):
-		t.Fatal("the term's context outlived its lease's 1s TTL by 4s")
+	case <-time.After(6 * time.Second):
+		t.Fatal("the term's context outlived its lease's 2s TTL by 4s")
 	}
 	if !errors.Is(context.Cause(term), k8sleader.ErrLeaseLost) {
 		t.Fatalf("the term ended with %v, want ErrLeaseLost", context.Cause(term))
@@ -179,10 +181,10 @@ func TestLostLease(t *testing.T) {
 	mu.Lock()
 	now = time.Now()
 	mu.Unlock()
-	if err := a.Update(ctx, record("a", 1)); !errors.Is(err, k8sleader.ErrLeaseLost) {
+	if err := a.Update(ctx, record("a", 2)); !errors.Is(err, k8sleader.ErrLeaseLost) {
 		t.Fatalf("a's renewal after SafeUntil: %v, want ErrLeaseLost", err)
 	}
-	if err := a.Update(ctx, record("a", 1)); !errors.Is(err, k8sleader.ErrLeaseLost) {
+	if err := a.Update(ctx, record("a", 2)); !errors.Is(err, k8sleader.ErrLeaseLost) {
 		t.Fatalf("a's next Update, at once: %v, want ErrLeaseLost (no new lease yet)", err)
 	}
 	if a.Token() != 0 {
@@ -191,7 +193,7 @@ func TestLostLease(t *testing.T) {
 
 	// The lease was given up, so b takes over now, not a TTL later.
 	mustGet(t, b)
-	if err := b.Update(ctx, record("b", 1)); err != nil {
+	if err := b.Update(ctx, record("b", 2)); err != nil {
 		t.Fatalf("b's takeover: %v", err)
 	}
 	second := b.Token()
@@ -201,10 +203,10 @@ func TestLostLease(t *testing.T) {
 
 	// Past the TTL and a second, a may lead again, under a new token.
 	mu.Lock()
-	now = now.Add(2*time.Second + time.Millisecond)
+	now = now.Add(3*time.Second + time.Millisecond)
 	mu.Unlock()
 	mustGet(t, a)
-	if err := a.Update(ctx, record("a", 1)); err != nil {
+	if err := a.Update(ctx, record("a", 2)); err != nil {
 		t.Fatalf("a's Update after the wait: %v", err)
 	}
 	if a.Token() <= second {
