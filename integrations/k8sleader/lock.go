@@ -66,6 +66,13 @@ type term struct {
 	timer  *time.Timer // ends ctx once the lease's SafeUntil passes; guarded by Lock.mu
 }
 
+// over reports whether the term has ended or its SafeUntil has passed
+// (on the client's clock, as SafeUntil is), whether or not the timer that
+// ends its context has fired yet.
+func (t *term) over() bool {
+	return t.ctx.Err() != nil || !time.Now().Before(t.lease.SafeUntil())
+}
+
 // Option configures a Lock.
 type Option func(*Lock)
 
@@ -175,13 +182,20 @@ func (l *Lock) Update(ctx context.Context, ler resourcelock.LeaderElectionRecord
 }
 
 // lead takes or renews the lease, then writes ler fenced by it if the
-// record is at rev. A term begun here ends if the write fails.
+// record is at rev. A term begun here ends if the write fails. A term
+// whose context ended meanwhile (its SafeUntil passed while the calls were
+// on their way) is lost, even though the calls succeeded: its controller
+// has been told to stop, so the elector must not go on leading it.
 func (l *Lock) lead(ctx context.Context, ler resourcelock.LeaderElectionRecord, rev uint64) error {
 	t, fresh, err := l.holdLease(ctx, ler)
 	if err != nil {
 		return err
 	}
 	err = l.write(ctx, ler, t, rev)
+	if err == nil && t.over() {
+		l.lose(ctx, t, "its safe-until passed while it was renewed")
+		return fmt.Errorf("%w: lease %d on %q: its safe-until passed while it was renewed", ErrLeaseLost, t.lease.ID(), l.name)
+	}
 	if err != nil && fresh {
 		l.endTerm(t, fmt.Errorf("%w: the record could not be written: %v", ErrNotLeading, err))
 		_ = t.lease.Release(ctx) // nobody was told of this term
@@ -216,7 +230,7 @@ func (l *Lock) holdLease(ctx context.Context, ler resourcelock.LeaderElectionRec
 // renew renews t's lease. A lease past its SafeUntil, or that the service
 // no longer has, is lost.
 func (l *Lock) renew(ctx context.Context, t *term) error {
-	if !time.Now().Before(t.lease.SafeUntil()) { // the client's clock, as SafeUntil is
+	if t.over() {
 		l.lose(ctx, t, "its safe-until passed before it was renewed")
 		return fmt.Errorf("%w: lease %d on %q: its safe-until passed before it was renewed", ErrLeaseLost, t.lease.ID(), l.name)
 	}

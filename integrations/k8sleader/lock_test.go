@@ -256,6 +256,35 @@ func TestStaleRecordWriteRefused(t *testing.T) {
 	}
 }
 
+// A term whose SafeUntil passes while the calls that take or renew it
+// are on their way is lost when they return, even though they succeeded:
+// its context has ended (or is about to), so the elector must not lead it.
+// Here the lease's safety margin leaves it no safe time at all.
+func TestTermOverBeforeItsCallsReturn(t *testing.T) {
+	node := fencetest.Start(t)
+	ctx := context.Background()
+	a, err := k8sleader.New(node.Client(), "ctrl", "a", k8sleader.WithLeaseOptions(client.WithLeaseSafety(0.5, time.Second)))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, _, err := a.Get(ctx); !apierrors.IsNotFound(err) {
+		t.Fatal(err)
+	}
+	if err := a.Create(ctx, record("a", 2)); !errors.Is(err, k8sleader.ErrLeaseLost) {
+		t.Fatalf("Create of a term safe for no time: %v, want ErrLeaseLost", err)
+	}
+	if a.Token() != 0 || a.Context().Err() == nil {
+		t.Fatalf("after the lost Create: token %d, context %v", a.Token(), a.Context().Err())
+	}
+	b := newLock(t, node, "ctrl", "b")
+	if got := mustGet(t, b); got.HolderIdentity != "a" {
+		t.Fatalf("the record names %q, want a (its write went through)", got.HolderIdentity)
+	}
+	if err := b.Update(ctx, record("b", 2)); err != nil {
+		t.Fatalf("b's Update after a gave its lease up: %v", err)
+	}
+}
+
 func TestNewRefusesMissingParts(t *testing.T) {
 	c := fencetest.Start(t).Client()
 	for _, tc := range []struct {
