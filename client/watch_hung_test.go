@@ -5,7 +5,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/fencelock/fence/internal/netproxy"
+	"github.com/fencelock/fence/internal/testutil/netproxy"
 )
 
 // A watch whose node stops answering mid-stream (its sockets open, no byte

@@ -18,8 +18,8 @@ import (
 	"time"
 
 	"github.com/fencelock/fence/client"
-	"github.com/fencelock/fence/internal/testbin"
-	"github.com/fencelock/fence/internal/testtls"
+	"github.com/fencelock/fence/internal/testutil/testbin"
+	"github.com/fencelock/fence/internal/testutil/testtls"
 )
 
 // fenceBin is the fence command that TestMain builds; every node the

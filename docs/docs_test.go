@@ -84,7 +84,7 @@ import (
 	"time"
 	"unicode"
 
-	"github.com/fencelock/fence/internal/testbin"
+	"github.com/fencelock/fence/internal/testutil/testbin"
 )
 
 var (

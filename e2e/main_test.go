@@ -16,7 +16,7 @@ import (
 
 	"github.com/fencelock/fence/client"
 	"github.com/fencelock/fence/internal/proc"
-	"github.com/fencelock/fence/internal/testbin"
+	"github.com/fencelock/fence/internal/testutil/testbin"
 )
 
 // fenceBin is the fence binary built by TestMain.

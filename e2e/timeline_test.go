@@ -14,8 +14,8 @@ import (
 
 	"github.com/jackc/pgx/v5"
 
-	"github.com/fencelock/fence/internal/pgtest"
-	"github.com/fencelock/fence/internal/testbin"
+	"github.com/fencelock/fence/internal/testutil/pgtest"
+	"github.com/fencelock/fence/internal/testutil/testbin"
 )
 
 var (

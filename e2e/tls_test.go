@@ -7,7 +7,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/fencelock/fence/internal/testtls"
+	"github.com/fencelock/fence/internal/testutil/testtls"
 )
 
 // `fence serve` with TLS and client certificate authentication serves the

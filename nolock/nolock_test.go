@@ -15,7 +15,7 @@ import (
 	_ "modernc.org/sqlite"             // the "sqlite" driver
 
 	"github.com/fencelock/fence/fencing/sqlitefence"
-	"github.com/fencelock/fence/internal/pgtest"
+	"github.com/fencelock/fence/internal/testutil/pgtest"
 	"github.com/fencelock/fence/nolock"
 )
 

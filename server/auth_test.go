@@ -18,7 +18,7 @@ import (
 	fencev1 "github.com/fencelock/fence/api/fence/v1"
 	"github.com/fencelock/fence/api/fence/v1/fencev1connect"
 	"github.com/fencelock/fence/client"
-	"github.com/fencelock/fence/internal/testtls"
+	"github.com/fencelock/fence/internal/testutil/testtls"
 )
 
 func TestParseBearer(t *testing.T) {

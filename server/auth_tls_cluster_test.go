@@ -16,7 +16,7 @@ import (
 	"github.com/fencelock/fence/api/fence/v1/fencev1connect"
 	"github.com/fencelock/fence/client"
 	"github.com/fencelock/fence/internal/fsm"
-	"github.com/fencelock/fence/internal/testtls"
+	"github.com/fencelock/fence/internal/testutil/testtls"
 )
 
 // A 3-node group over TLS with client certificates and auth on

@@ -23,7 +23,7 @@ import (
 	"github.com/fencelock/fence/api/fence/v1/fencev1connect"
 	"github.com/fencelock/fence/client"
 	"github.com/fencelock/fence/internal/fsm"
-	"github.com/fencelock/fence/internal/netproxy"
+	"github.com/fencelock/fence/internal/testutil/netproxy"
 )
 
 // testCluster is a raft group of real nodes in this process, talking raft

@@ -13,7 +13,7 @@ import (
 	"time"
 
 	"github.com/fencelock/fence/client"
-	"github.com/fencelock/fence/internal/testtls"
+	"github.com/fencelock/fence/internal/testutil/testtls"
 )
 
 // startConsoleServer runs a real node with the console on, and a Go client

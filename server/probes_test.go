@@ -10,7 +10,7 @@ import (
 	"time"
 
 	"github.com/fencelock/fence/internal/fsm"
-	"github.com/fencelock/fence/internal/testtls"
+	"github.com/fencelock/fence/internal/testutil/testtls"
 )
 
 func get(t *testing.T, url string) (int, string) {

@@ -15,7 +15,7 @@ import (
 	"github.com/fencelock/fence/api/fence/v1/fencev1connect"
 	"github.com/fencelock/fence/internal/fsm"
 	"github.com/fencelock/fence/internal/fsmpb"
-	"github.com/fencelock/fence/internal/testtls"
+	"github.com/fencelock/fence/internal/testutil/testtls"
 )
 
 // With TLS and client certificates required, a client with a certificate

@@ -1,4 +1,6 @@
-// Command fence is the fence lock service and its command-line client.
+// Command fence is the fence lock service and its command-line client. Its
+// code is under cmd/fence/internal/ (package cli first), where only this
+// command can import it.
 package main
 
 import (
@@ -7,7 +9,7 @@ import (
 	"os/signal"
 	"syscall"
 
-	"github.com/fencelock/fence/internal/cli"
+	"github.com/fencelock/fence/cmd/fence/internal/cli"
 )
 
 func main() {

@@ -7,7 +7,7 @@ import (
 	"time"
 
 	"github.com/fencelock/fence/client"
-	"github.com/fencelock/fence/internal/recipetest"
+	"github.com/fencelock/fence/internal/testutil/recipetest"
 )
 
 func TestMain(m *testing.M) {

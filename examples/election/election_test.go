@@ -7,7 +7,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/fencelock/fence/internal/recipetest"
+	"github.com/fencelock/fence/internal/testutil/recipetest"
 )
 
 func TestMain(m *testing.M) {

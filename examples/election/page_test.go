@@ -5,7 +5,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/fencelock/fence/internal/recipetest"
+	"github.com/fencelock/fence/internal/testutil/recipetest"
 )
 
 const page = "docs/uses/election.md"

@@ -13,10 +13,11 @@
 // what a process does that wakes from a pause. The storage, not the lock,
 // refuses the stale write. Exit status: 0 written, 2 refused as stale, 1 error.
 //
-// The storage's plain key-value part and its HTTP client are
-// internal/storage, which `fence demo` serves too; what this program shows
-// is the fencing around them: the guard in front of the storage, and the
-// token that goes with each write.
+// The program imports only fence's public packages, so it can be copied out
+// of the repository as it is. The storage's plain key-value part and its
+// HTTP write are in storage.go; what this program shows is the fencing
+// around them: the guard in front of the storage, and the token that goes
+// with each write.
 package main
 
 import (
@@ -36,7 +37,6 @@ import (
 	"github.com/fencelock/fence/fencing"
 	"github.com/fencelock/fence/fencing/boltfence"
 	"github.com/fencelock/fence/fencing/pgfence"
-	"github.com/fencelock/fence/internal/storage"
 	"github.com/jackc/pgx/v5"
 )
 
@@ -81,17 +81,13 @@ func runStorage(ctx context.Context, args []string) error {
 		tokens = s
 	}
 	defer tokens.Close()
-	values := storage.New() // the last value per key: GET and PUT /KEY
-	values.OnPut = func(r *http.Request, key, value string) {
-		lock, token, _ := fencing.TokenFrom(r.Context())
-		fmt.Printf("%s storage: accepted %s=%q with token %d of lock %s\n", stamp(), key, value, token, lock)
-	}
+	data := &values{m: map[string]string{}} // the last value per key: GET and PUT /KEY
 	// The guard admits a write only with a token at least as high as any it
 	// accepted for the key before; a stale one gets 409 Conflict.
 	guard := fencing.NewGuard(tokens)
 	handler := fencing.Middleware(guard, fencing.WithKey(func(r *http.Request) string {
 		return strings.TrimPrefix(r.URL.Path, "/")
-	}))(values)
+	}))(data)
 	rejecting := http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		rec := &statusWriter{ResponseWriter: w}
 		handler.ServeHTTP(rec, r)
@@ -165,7 +161,7 @@ func runWorker(ctx context.Context, args []string) error {
 		err = putSQL(*target, *key, *value, g.Token())
 	default:
 		// The token goes with the write, in the request's headers.
-		_, err = storage.Put(fencing.WithToken(context.Background(), *lockName, g.Token()), *target+"/"+*key, *value)
+		err = put(fencing.WithToken(context.Background(), *lockName, g.Token()), *target+"/"+*key, *value)
 	}
 	if err != nil {
 		fmt.Printf("%s %s: write REJECTED: %v\n", stamp(), *name, err)

@@ -9,7 +9,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/fencelock/fence/internal/recipetest"
+	"github.com/fencelock/fence/internal/testutil/recipetest"
 )
 
 const page = "docs/uses/job-once.md"

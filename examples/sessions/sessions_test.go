@@ -8,8 +8,8 @@ import (
 	"testing"
 	"time"
 
-	"github.com/fencelock/fence/internal/pgtest"
-	"github.com/fencelock/fence/internal/recipetest"
+	"github.com/fencelock/fence/internal/testutil/pgtest"
+	"github.com/fencelock/fence/internal/testutil/recipetest"
 )
 
 func TestMain(m *testing.M) {

@@ -14,9 +14,9 @@ import (
 	"github.com/fencelock/fence/fencing"
 	"github.com/fencelock/fence/fencing/fencingtest"
 	"github.com/fencelock/fence/fencing/pgfence"
-	"github.com/fencelock/fence/internal/pgtest"
 	"github.com/fencelock/fence/internal/sqlgen"
-	"github.com/fencelock/fence/internal/sqlgen/rowtest"
+	"github.com/fencelock/fence/internal/testutil/pgtest"
+	"github.com/fencelock/fence/internal/testutil/rowtest"
 )
 
 var ctx = context.Background()

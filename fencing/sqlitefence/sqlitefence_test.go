@@ -20,7 +20,7 @@ import (
 	"github.com/fencelock/fence/fencing/fencingtest"
 	"github.com/fencelock/fence/fencing/sqlitefence"
 	"github.com/fencelock/fence/internal/sqlgen"
-	"github.com/fencelock/fence/internal/sqlgen/rowtest"
+	"github.com/fencelock/fence/internal/testutil/rowtest"
 )
 
 var ctx = context.Background()

@@ -2,6 +2,10 @@
 // version and the VCS revision the Go toolchain records in the binary
 // (runtime/debug.ReadBuildInfo), for `fence version`, Status and the
 // fence_build_info metric.
+//
+// It stands on the ground floor, shared by package server and the fence
+// command. Release builds set the version with
+// -ldflags "-X github.com/fencelock/fence/internal/buildinfo.version=...".
 package buildinfo
 
 import (

@@ -8,6 +8,9 @@
 // suspended, and so does every clock of a VM that is paused. Missed counts
 // what it missed, where the system can tell (see Real), and Aware adds it
 // to Now, for deadlines that must not outlive a suspend.
+//
+// It stands on the ground floor: the client's session deadlines and the
+// server's expiry and keepalive schedules take a Clock from it.
 package clock
 
 import (

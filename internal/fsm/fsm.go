@@ -129,7 +129,9 @@ func (f *FSM) ApplyBatch(logs []*raft.Log) []interface{} {
 	if f.observer != nil {
 		for i, l := range logs[:applied] {
 			if l.Type == raft.LogConfiguration {
-				f.observer.Configured(l.Index, raft.DecodeConfiguration(l.Data))
+				if c, ok := decodeConfiguration(l.Data); ok {
+					f.observer.Configured(l.Index, c)
+				}
 			}
 			if l.Type != raft.LogCommand {
 				continue
@@ -147,6 +149,17 @@ func (f *FSM) ApplyBatch(logs []*raft.Log) []interface{} {
 		}
 	}
 	return out
+}
+
+// decodeConfiguration decodes a configuration entry; raft's decoder
+// panics on one it cannot read, which raft itself would have met first.
+func decodeConfiguration(data []byte) (c raft.Configuration, ok bool) {
+	defer func() {
+		if recover() != nil {
+			ok = false
+		}
+	}()
+	return raft.DecodeConfiguration(data), true
 }
 
 // Halted returns the entry that stopped the FSM, nil while it applies.

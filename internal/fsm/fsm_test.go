@@ -41,6 +41,7 @@ type recorder struct {
 	lastToken []uint64
 	restored  int
 	halted    []error
+	configs   []uint64 // indexes of the configurations Configured was told of
 }
 
 func (r *recorder) Applied(seq fsm.Seq, res fsm.Result) {
@@ -54,7 +55,11 @@ func (r *recorder) Applied(seq fsm.Seq, res fsm.Result) {
 	r.lastToken = append(r.lastToken, token)
 }
 
-func (r *recorder) Configured(uint64, raft.Configuration) {}
+func (r *recorder) Configured(index uint64, _ raft.Configuration) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	r.configs = append(r.configs, index)
+}
 
 func (r *recorder) Restored() {
 	r.mu.Lock()
@@ -526,5 +531,20 @@ func TestFSMProtocolOnlyRises(t *testing.T) {
 	restored, err := fsm.Restore(fsmSnapshot(t, f))
 	if err != nil || restored.Protocol() != fsm.Protocol2 {
 		t.Fatalf("restored protocol %d (%v), want 2", restored.Protocol(), err)
+	}
+}
+
+// The observer is told of each committed configuration entry, in order
+// with the commands; one that does not decode is passed over, not a panic.
+func TestFSMTellsOfCommittedConfigurations(t *testing.T) {
+	f, rec := newRecordedFSM()
+	cfg := raft.EncodeConfiguration(raft.Configuration{Servers: []raft.Server{{ID: "n1", Address: "a:1", Suffrage: raft.Nonvoter}}})
+	f.ApplyBatch([]*raft.Log{
+		{Index: 1, Type: raft.LogConfiguration, Data: cfg},
+		{Index: 2, Type: raft.LogConfiguration, Data: []byte("not a configuration")},
+		{Index: 3, Type: raft.LogConfiguration, Data: cfg},
+	})
+	if len(rec.configs) != 2 || rec.configs[0] != 1 || rec.configs[1] != 3 {
+		t.Fatalf("the observer was told of configurations %v, want [1 3]", rec.configs)
 	}
 }

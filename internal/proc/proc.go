@@ -1,7 +1,7 @@
-// Package proc runs the child processes that fence's tools and tests start,
-// pause, kill and collect: the workers of `fence demo` and `fence check`,
-// the servers the checker kills and restarts, and the processes of the
-// end-to-end tests.
+// Package proc runs the child processes that fence's tool and tests start,
+// pause, kill and collect: the command that `fence lock` runs under a lock,
+// the workers of `fence demo` and `fence check`, the servers the checker
+// kills and restarts, and the processes of the end-to-end tests.
 //
 // A Process runs in its own process group, so that a Ctrl-C at the
 // terminal reaches only its parent, which then stops it in order, and so
@@ -10,6 +10,15 @@
 // SIGCONT; where the system lacks those signals they fail with an error
 // wrapping errors.ErrUnsupported (see CanPause). The package reaps every
 // process it starts; Done, Exited and Wait tell when that happened.
+//
+// Besides tests and their scaffolding, only the fence tool imports it:
+// `fence lock -- CMD` runs its command through OwnGroup, DieWithParent and
+// ForegroundTerminal, and the demo and the checker run their workers and
+// nodes as Processes. Tests outside cmd/fence use it as well (the end-to-end
+// tests, recipetest), so it lives in internal/ rather than
+// cmd/fence/internal/. It is process control, not test scaffolding: it
+// stands on a floor of its own, above the libraries, which never import
+// it, and below internal/testutil/ and the tool.
 package proc
 
 import (

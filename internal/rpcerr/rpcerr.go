@@ -2,6 +2,9 @@
 // turns a sentinel-wrapping error into a status code plus an ErrorDetail, and
 // the client turns that back into an error that wraps the same sentinel, so
 // errors.Is works on both sides of the wire.
+//
+// It stands on the ground floor, on package fence's sentinels and the API's
+// ErrorDetail: the server, the client and fencingconnect use it.
 package rpcerr
 
 import (

@@ -25,4 +25,11 @@
 // row only if its token is not higher than the write's; Fenced runs it and,
 // when nothing was written, reads the row's token to report a
 // *fence.StaleTokenError, or ErrNoRow.
+//
+// # Its place
+//
+// sqlgen stands on the ground floor, under pgfence, sqlitefence and
+// nolock, and imports only package fence: the resource side stays free of
+// the client, raft and Connect. Its conformance suite on real databases is
+// internal/testutil/rowtest.
 package sqlgen

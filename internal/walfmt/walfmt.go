@@ -5,6 +5,9 @@
 // payload's length, or for a commit frame the CRC-32C of everything written
 // since the previous commit frame. Each batch of entries ends in a commit
 // frame, written and fsynced with its entries.
+//
+// It stands on the ground floor: the server checks its log's tail with it,
+// and the fence command's checker corrupts segment files with it.
 package walfmt
 
 import (

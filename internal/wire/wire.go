@@ -16,6 +16,8 @@
 // the payload: a protobuf message (the stream's own StreamRequest or
 // StreamResponse), or a ping or its pong (eight opaque bytes echoed), by
 // which a side finds a far end that went silent while the stream idles.
+//
+// It stands on the ground floor, shared by the client and the server.
 package wire
 
 import (
