@@ -151,7 +151,7 @@ func checkCleanedUp(t *testing.T, stdout string) {
 	}
 }
 
-// demoWorkers returns the pids of running `fence demo worker` (and actor) processes of
+// demoWorkerStates returns the running `fence demo worker` processes of
 // this test's fence binary, and the state letter of each (R, S, T...).
 func demoWorkerStates(t *testing.T) map[int]string {
 	t.Helper()
@@ -170,7 +170,7 @@ func demoWorkerStates(t *testing.T) map[int]string {
 			continue
 		}
 		argv := strings.Split(string(cmdline), "\x00")
-		if len(argv) < 3 || argv[0] != fenceBin || argv[1] != "demo" || (argv[2] != "worker" && argv[2] != "actor") {
+		if len(argv) < 3 || argv[0] != fenceBin || argv[1] != "demo" || argv[2] != "worker" {
 			continue
 		}
 		stat, err := os.ReadFile(filepath.Join("/proc", e.Name(), "stat"))
