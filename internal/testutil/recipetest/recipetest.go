@@ -207,6 +207,18 @@ func (p *Proc) Output(t *testing.T, timeout time.Duration) ([]string, int) {
 	}
 }
 
+// WantExit waits for the process to exit, fails the test unless it exits
+// with code (or does not exit within timeout), and returns every line it
+// printed.
+func (p *Proc) WantExit(t *testing.T, code int, timeout time.Duration) []string {
+	t.Helper()
+	lines, got := p.Output(t, timeout)
+	if got != code {
+		t.Fatalf("%s exited %d, want %d; it printed:\n%s", p.Name(), got, code, strings.Join(lines, "\n"))
+	}
+	return lines
+}
+
 // Pause stops the process with SIGSTOP.
 func (p *Proc) Pause(t *testing.T) {
 	t.Helper()
