@@ -95,17 +95,25 @@ func (p *demoPlay) startWorker(name string) (*demoWorker, error) {
 	return w, nil
 }
 
+// startWaiting starts a worker and waits for its report that it has its
+// session and asks for the lock.
+func (p *demoPlay) startWaiting(ctx context.Context, name string) (*demoWorker, demoEvent, error) {
+	w, err := p.startWorker(name)
+	if err != nil {
+		return nil, demoEvent{}, err
+	}
+	waiting, err := w.expect(ctx, stepTimeout, "waiting")
+	return w, waiting, err
+}
+
 // holderTakesLock: A gets the lock (or is elected).
 func (p *demoPlay) holderTakesLock(ctx context.Context) error {
 	r := p.run
-	a, err := p.startWorker("A")
+	a, _, err := p.startWaiting(ctx, "A")
 	if err != nil {
 		return err
 	}
 	p.a = a
-	if _, err := a.expect(ctx, stepTimeout, "waiting"); err != nil {
-		return err
-	}
 	granted, err := a.expect(ctx, stepTimeout, "acquired")
 	if err != nil {
 		return err
@@ -147,15 +155,11 @@ func grantLabel(s *demoStory, ev demoEvent) string {
 // session expired; B does the step and releases.
 func (p *demoPlay) otherTakesOver(ctx context.Context) error {
 	r := p.run
-	b, err := p.startWorker("B")
+	b, waiting, err := p.startWaiting(ctx, "B")
 	if err != nil {
 		return err
 	}
 	p.b = b
-	waiting, err := b.expect(ctx, stepTimeout, "waiting")
-	if err != nil {
-		return err
-	}
 	granted, err := b.expect(ctx, p.demo.f.ttl+stepTimeout, "acquired")
 	if err != nil {
 		return fmt.Errorf("%w (is %q held by someone else? see fence locks)", err, p.story.lock)

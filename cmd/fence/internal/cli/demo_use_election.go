@@ -75,36 +75,36 @@ func electionWrite(ctx context.Context, a *demoActor) demoEvent {
 	return demoEvent{Event: "wrote", Message: fmt.Sprintf("wrote %q, no token: accepted", value)}
 }
 
-// serviceClient is a client of the demo's lock service.
-func (d *demo) serviceClient() (*client.Client, error) {
+// withServiceKV calls fn with the KV store of the demo's lock service,
+// within stepTimeout.
+func (d *demo) withServiceKV(ctx context.Context, fn func(ctx context.Context, kv *client.KV) error) error {
 	g := *d.g
 	g.endpoints = d.endpoints
-	return g.client()
+	c, err := g.client()
+	if err != nil {
+		return err
+	}
+	defer c.Close()
+	ctx, cancel := context.WithTimeout(ctx, stepTimeout)
+	defer cancel()
+	return fn(ctx, c.KV())
 }
 
 // prepareElection deletes the decision of an earlier run.
 func prepareElection(ctx context.Context, p *demoPlay) error {
-	c, err := p.demo.serviceClient()
-	if err != nil {
+	return p.demo.withServiceKV(ctx, func(ctx context.Context, kv *client.KV) error {
+		_, err := kv.Delete(ctx, electionKey)
 		return err
-	}
-	defer c.Close()
-	ctx, cancel := context.WithTimeout(ctx, stepTimeout)
-	defer cancel()
-	_, err = c.KV().Delete(ctx, electionKey)
-	return err
+	})
 }
 
 // inspectElection reads the decision the KV store holds in the end.
 func inspectElection(ctx context.Context, p *demoPlay) error {
-	c, err := p.demo.serviceClient()
-	if err != nil {
+	var kv *client.KeyValue
+	err := p.demo.withServiceKV(ctx, func(ctx context.Context, store *client.KV) (err error) {
+		kv, err = store.Get(ctx, electionKey)
 		return err
-	}
-	defer c.Close()
-	ctx, cancel := context.WithTimeout(ctx, stepTimeout)
-	defer cancel()
-	kv, err := c.KV().Get(ctx, electionKey)
+	})
 	if err != nil {
 		return err
 	}
