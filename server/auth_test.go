@@ -1,14 +1,12 @@
 package server
 
 import (
-	"bytes"
 	"context"
 	"crypto/tls"
 	"errors"
 	"log/slog"
 	"net/http"
 	"strings"
-	"sync"
 	"testing"
 	"time"
 
@@ -131,24 +129,6 @@ func addUser(tb testing.TB, c *client.Client, user string, perms ...*client.Perm
 
 func perm(kind fencev1.PermissionKind, access fencev1.Access, prefix string) *client.Permission {
 	return &client.Permission{Kind: kind, Access: access, Prefix: prefix}
-}
-
-// syncBuffer is a log destination tests read while the server writes.
-type syncBuffer struct {
-	mu  sync.Mutex
-	buf bytes.Buffer
-}
-
-func (b *syncBuffer) Write(p []byte) (int, error) {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	return b.buf.Write(p)
-}
-
-func (b *syncBuffer) String() string {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	return b.buf.String()
 }
 
 // A real server with auth on: a read-only client can read but not

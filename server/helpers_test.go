@@ -1,6 +1,7 @@
 package server
 
 import (
+	"bytes"
 	"context"
 	"errors"
 	"net/http"
@@ -15,7 +16,26 @@ import (
 
 	fencev1 "github.com/fencelock/fence/api/fence/v1"
 	"github.com/fencelock/fence/api/fence/v1/fencev1connect"
+	"github.com/fencelock/fence/client"
 )
+
+// syncBuffer is a log destination tests read while the server writes.
+type syncBuffer struct {
+	mu  sync.Mutex
+	buf bytes.Buffer
+}
+
+func (b *syncBuffer) Write(p []byte) (int, error) {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return b.buf.Write(p)
+}
+
+func (b *syncBuffer) String() string {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return b.buf.String()
+}
 
 // startTestServer runs a real node (raft on a temp dir, loopback ports) and
 // returns it once it is a ready leader.
@@ -42,6 +62,22 @@ func mustStart(tb testing.TB, cfg Config) *Server {
 	tb.Cleanup(func() { s.Close() })
 	waitFor(tb, "a ready leader", s.leaderReady.Load)
 	return s
+}
+
+// mustHoldLock creates a session of cl with ttl and takes lock in it.
+func mustHoldLock(tb testing.TB, cl *client.Client, ttl time.Duration, lock string) (*client.Session, *client.Mutex, *client.Grant) {
+	tb.Helper()
+	ctx := context.Background()
+	sess, err := cl.NewSession(ctx, client.WithTTL(ttl))
+	if err != nil {
+		tb.Fatal(err)
+	}
+	m := client.NewMutex(sess, lock)
+	g, err := m.Lock(ctx)
+	if err != nil {
+		tb.Fatal(err)
+	}
+	return sess, m, g
 }
 
 // waitFor polls cond until it holds, failing the test after 10 s.
