@@ -16,6 +16,7 @@ import (
 	fencev1 "github.com/fencelock/fence/api/fence/v1"
 	"github.com/fencelock/fence/api/fence/v1/fencev1connect"
 	"github.com/fencelock/fence/client"
+	"github.com/fencelock/fence/internal/testutil/syncbuf"
 	"github.com/fencelock/fence/internal/testutil/testtls"
 )
 
@@ -136,7 +137,7 @@ func perm(kind fencev1.PermissionKind, access fencev1.Access, prefix string) *cl
 // app confined to orders/ gets nothing outside it; refusals are audited,
 // change nothing, and a revoked token is refused at its next call.
 func TestAuthRealServer(t *testing.T) {
-	var logs syncBuffer
+	var logs syncbuf.Buffer
 	s := startTestServer(t, func(c *Config) { c.Logger = slog.New(slog.NewTextHandler(&logs, nil)) })
 	ctx := context.Background()
 	open := mustClient(t, s, "")

@@ -17,6 +17,7 @@ import (
 	fencev1 "github.com/fencelock/fence/api/fence/v1"
 	"github.com/fencelock/fence/api/fence/v1/fencev1connect"
 	"github.com/fencelock/fence/internal/rpcerr"
+	"github.com/fencelock/fence/internal/testutil/syncbuf"
 )
 
 // The issue 12 attack: a client that knows nothing lists the locks, takes
@@ -100,7 +101,7 @@ func TestSessionCallsNeedTheSecret(t *testing.T) {
 // never shown again: not in listings, status, watch events, errors or the
 // node's log.
 func TestSessionSecretIsNotShown(t *testing.T) {
-	var logs syncBuffer
+	var logs syncbuf.Buffer
 	s := startTestServer(t, func(c *Config) {
 		c.Logger = slog.New(slog.NewTextHandler(&logs, &slog.HandlerOptions{Level: slog.LevelDebug}))
 	})
