@@ -150,34 +150,17 @@ func TestSessionLostWhenRenewalsStop(t *testing.T) {
 func TestPausedPastSafeUntilLosesTheSession(t *testing.T) {
 	srv := startServer(t, nil)
 	clk := clock.NewFake()
-	c := mustClient(t, srv, clk)
-	s, err := c.NewSession(context.Background(), WithTTL(3*time.Second))
-	if err != nil {
-		t.Fatal(err)
-	}
+	s := mustSession(t, mustClient(t, srv, clk), 3*time.Second)
 	clk.WaitForTimers(2)
 	clk.Advance(5 * time.Second) // the renewal and the deadline pass at once
-	select {
-	case <-s.Done():
-	case <-time.After(10 * time.Second):
-		t.Fatal("the session lives on after a pause past its safe-until")
-	}
-	if !errors.Is(s.Err(), fence.ErrSessionLost) {
-		t.Fatalf("session err %v, want ErrSessionLost", s.Err())
-	}
+	mustEndWith(t, "the session, after a pause past its safe-until,", s.Done(), s.Err, fence.ErrSessionLost)
 }
 
 // Renewals keep a session alive well past its TTL.
 func TestKeepAliveRenews(t *testing.T) {
 	srv := startServer(t, nil)
 	clk := clock.NewFake()
-	c := mustClient(t, srv, clk)
-	ctx := context.Background()
-	s, err := c.NewSession(ctx, WithTTL(3*time.Second))
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer s.Close(ctx)
+	s := mustSession(t, mustClient(t, srv, clk), 3*time.Second)
 	for range 10 {
 		before := s.SafeUntil()
 		clk.WaitForTimers(2)
@@ -201,12 +184,8 @@ func TestSessionExpiredByServer(t *testing.T) {
 	srvClock := clock.NewFake()
 	srv := startServer(t, func(c *server.Config) { c.Clock = srvClock })
 	clk := clock.NewFake()
-	c := mustClient(t, srv, clk)
 	ctx := context.Background()
-	s, err := c.NewSession(ctx, WithTTL(3*time.Second))
-	if err != nil {
-		t.Fatal(err)
-	}
+	s := mustSession(t, mustClient(t, srv, clk), 3*time.Second)
 	srvClock.Advance(4 * time.Second)
 	// Wait until the server has expired it: a fresh client's Lock fails.
 	deadline := time.Now().Add(10 * time.Second)
@@ -222,14 +201,7 @@ func TestSessionExpiredByServer(t *testing.T) {
 	}
 	clk.WaitForTimers(2)
 	clk.Advance(time.Second) // the next renewal
-	select {
-	case <-s.Done():
-	case <-time.After(10 * time.Second):
-		t.Fatal("session still live after the server expired it")
-	}
-	if !errors.Is(s.Err(), fence.ErrSessionNotFound) {
-		t.Fatalf("session err %v, want ErrSessionNotFound", s.Err())
-	}
+	mustEndWith(t, "the session the server expired", s.Done(), s.Err, fence.ErrSessionNotFound)
 }
 
 // Close does not wait out the retry budget of a renewal in flight when the

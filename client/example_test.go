@@ -16,15 +16,8 @@ import (
 // Take a lock, write with its fencing token, release it. The example runs
 // its own single-node server in a temporary directory.
 func ExampleMutex() {
-	dir, _ := os.MkdirTemp("", "fence-example")
-	defer os.RemoveAll(dir)
-	cfg := server.DefaultConfig()
-	cfg.DataDir, cfg.Listen, cfg.RaftListen = dir, "127.0.0.1:0", "127.0.0.1:0"
-	srv, err := server.Start(cfg)
-	if err != nil {
-		log.Fatal(err)
-	}
-	defer srv.Close()
+	srv, stop := startExampleServer()
+	defer stop()
 
 	ctx := context.Background()
 	c, err := client.New(client.WithEndpoints(srv.Addr()))
@@ -59,15 +52,8 @@ func ExampleMutex() {
 // no session to keep alive. A second caller is told at once that the lock
 // is held, and by whom. The lease is renewed, then released.
 func ExampleClient_Lease() {
-	dir, _ := os.MkdirTemp("", "fence-example")
-	defer os.RemoveAll(dir)
-	cfg := server.DefaultConfig()
-	cfg.DataDir, cfg.Listen, cfg.RaftListen = dir, "127.0.0.1:0", "127.0.0.1:0"
-	srv, err := server.Start(cfg)
-	if err != nil {
-		log.Fatal(err)
-	}
-	defer srv.Close()
+	srv, stop := startExampleServer()
+	defer stop()
 
 	ctx := context.Background()
 	c, err := client.New(client.WithEndpoints(srv.Addr()))
@@ -110,15 +96,8 @@ func ExampleClient_Lease() {
 // Write two keys in one commit, fenced by a lock's token, only if the
 // first still holds what was read: a config rollout.
 func ExampleKV_Txn() {
-	dir, _ := os.MkdirTemp("", "fence-example")
-	defer os.RemoveAll(dir)
-	cfg := server.DefaultConfig()
-	cfg.DataDir, cfg.Listen, cfg.RaftListen = dir, "127.0.0.1:0", "127.0.0.1:0"
-	srv, err := server.Start(cfg)
-	if err != nil {
-		log.Fatal(err)
-	}
-	defer srv.Close()
+	srv, stop := startExampleServer()
+	defer stop()
 
 	ctx := context.Background()
 	c, err := client.New(client.WithEndpoints(srv.Addr()))
@@ -154,4 +133,23 @@ func ExampleKV_Txn() {
 	// Output:
 	// rolled out at revision 1
 	// already at version 2
+}
+
+// startExampleServer runs the single-node server an example talks to, on
+// loopback ports and a temporary directory; stop closes it and removes
+// the directory.
+func startExampleServer() (srv *server.Server, stop func()) {
+	dir, err := os.MkdirTemp("", "fence-example")
+	if err != nil {
+		log.Fatal(err)
+	}
+	cfg := server.DefaultConfig()
+	cfg.DataDir, cfg.Listen, cfg.RaftListen = dir, "127.0.0.1:0", "127.0.0.1:0"
+	if srv, err = server.Start(cfg); err != nil {
+		log.Fatal(err)
+	}
+	return srv, func() {
+		srv.Close()
+		os.RemoveAll(dir)
+	}
 }

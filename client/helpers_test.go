@@ -2,6 +2,7 @@ package client
 
 import (
 	"context"
+	"errors"
 	"testing"
 	"time"
 
@@ -66,4 +67,18 @@ func mustSession(tb testing.TB, c *Client, ttl time.Duration) *Session {
 	}
 	tb.Cleanup(func() { s.Close(context.Background()) })
 	return s
+}
+
+// mustEndWith waits up to 10 s for done (a session's or a grant's) to
+// close, and fails unless err then reports want.
+func mustEndWith(tb testing.TB, what string, done <-chan struct{}, err func() error, want error) {
+	tb.Helper()
+	select {
+	case <-done:
+	case <-time.After(10 * time.Second):
+		tb.Fatalf("%s lives on", what)
+	}
+	if !errors.Is(err(), want) {
+		tb.Fatalf("%s ended with %v, want %v", what, err(), want)
+	}
 }

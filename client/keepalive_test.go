@@ -176,14 +176,7 @@ func TestKeepAliveTakesNoSessionPastItsSafeUntil(t *testing.T) {
 		t.Fatalf("the short session, paused %v past its safe-until, was renewed to %v", clk.Now().Sub(safe), got.Sub(safe))
 	}
 	short.rearm()
-	select {
-	case <-short.Done():
-	case <-time.After(10 * time.Second):
-		t.Fatal("the short session lives on past its safe-until")
-	}
-	if !errors.Is(short.Err(), fence.ErrSessionLost) {
-		t.Fatalf("the short session ended with %v, want fence.ErrSessionLost", short.Err())
-	}
+	mustEndWith(t, "the short session, past its safe-until,", short.Done(), short.Err, fence.ErrSessionLost)
 }
 
 // An answer to a keepalive sent at or after the session's safe-until, or

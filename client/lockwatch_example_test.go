@@ -4,26 +4,17 @@ import (
 	"context"
 	"fmt"
 	"log"
-	"os"
 
 	fencev1 "github.com/fencelock/fence/api/fence/v1"
 	"github.com/fencelock/fence/client"
-	"github.com/fencelock/fence/server"
 )
 
 // Watch the locks under a prefix while a session takes one and gives it
 // back. The example runs its own single-node server in a temporary
 // directory.
 func ExampleClient_WatchLocks() {
-	dir, _ := os.MkdirTemp("", "fence-example")
-	defer os.RemoveAll(dir)
-	cfg := server.DefaultConfig()
-	cfg.DataDir, cfg.Listen, cfg.RaftListen = dir, "127.0.0.1:0", "127.0.0.1:0"
-	srv, err := server.Start(cfg)
-	if err != nil {
-		log.Fatal(err)
-	}
-	defer srv.Close()
+	srv, stop := startExampleServer()
+	defer stop()
 
 	ctx := context.Background()
 	c, err := client.New(client.WithEndpoints(srv.Addr()))

@@ -79,6 +79,21 @@ func streamOpsAs(t *testing.T, srv *server.Server, procedure string) float64 {
 }
 
 // lockCycle creates a session, locks, writes, checks, unlocks and closes.
+// lockCycleUnary runs lockCycle on c and checks that its acquire went
+// unary: no acquire on a stream, and at least unary acquires in all on
+// srv so far.
+func lockCycleUnary(t *testing.T, srv *server.Server, c *Client, unary float64, who string) {
+	t.Helper()
+	before := streamOps(t, srv, "acquire")
+	lockCycle(t, c)
+	if n := streamOps(t, srv, "acquire"); n != before {
+		t.Fatalf("%s sent %v acquires on a stream", who, n-before)
+	}
+	if n := unaryCalls(t, srv, fencev1connect.LockServiceAcquireProcedure); n < unary {
+		t.Fatalf("%s: %v unary acquires, want at least %v", who, n, unary)
+	}
+}
+
 func lockCycle(t *testing.T, c *Client) {
 	t.Helper()
 	ctx := context.Background()
@@ -151,14 +166,7 @@ func TestOperationsGoOnTheStream(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer c.Close()
-	before = streamOps(t, srv, "acquire")
-	lockCycle(t, c)
-	if n := streamOps(t, srv, "acquire"); n != before {
-		t.Errorf("WithoutStream sent %v acquires on the stream", n-before)
-	}
-	if n := unaryCalls(t, srv, fencev1connect.LockServiceAcquireProcedure); n < 2 {
-		t.Errorf("WithoutStream sent %v unary acquires", n)
-	}
+	lockCycleUnary(t, srv, c, 2, "WithoutStream")
 }
 
 // The keepalives of many sessions go in a few messages: 200 sessions with
@@ -398,13 +406,7 @@ func TestStreamFallsBackToUnary(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer h1.Close()
-	lockCycle(t, h1)
-	if n := streamOps(t, srv, "acquire"); n != 0 {
-		t.Fatalf("%v acquires on a stream from an HTTP/1.1 client", n)
-	}
-	if n := unaryCalls(t, srv, fencev1connect.LockServiceAcquireProcedure); n < 2 {
-		t.Fatalf("%v unary acquires", n)
-	}
+	lockCycleUnary(t, srv, h1, 2, "an HTTP/1.1 client")
 }
 
 // A blocked Lock on the stream does not hold up the session's other
@@ -554,13 +556,7 @@ func TestHTTP1ProxyGetsUnaryCalls(t *testing.T) {
 	if c.streamTo(c.endpointAt(0)) {
 		t.Error("the client still opens streams through the HTTP/1.1 proxy")
 	}
-	lockCycle(t, c)
-	if n := streamOps(t, srv, "acquire"); n != 0 {
-		t.Fatalf("%v acquires on a stream through an HTTP/1.1 proxy", n)
-	}
-	if n := unaryCalls(t, srv, fencev1connect.LockServiceAcquireProcedure); n < 1 {
-		t.Fatalf("%v unary acquires", n)
-	}
+	lockCycleUnary(t, srv, c, 1, "a client through an HTTP/1.1 proxy")
 }
 
 // Callers that give up (their contexts ending before, during and just

@@ -1,7 +1,6 @@
 package client
 
 import (
-	"context"
 	"errors"
 	"fmt"
 	"net"
@@ -51,21 +50,7 @@ func blackholeAddr(t *testing.T) string {
 // a node reached.
 func TestFirstCallToABlackholeFailsFast(t *testing.T) {
 	addr := blackholeAddr(t)
-	c, err := New(WithEndpoints(addr))
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer c.Close()
-	done := make(chan error, 1)
-	go func() {
-		_, err := c.NewSession(context.Background())
-		done <- err
-	}()
-	select {
-	case err = <-done:
-	case <-time.After(3 * time.Second):
-		t.Fatal("NewSession against an address that drops connections has not returned after 3s")
-	}
+	err := firstNewSession(t, 3*time.Second, "against an address that drops connections", addr)
 	if !errors.Is(err, ErrUnreachable) {
 		t.Fatalf("NewSession against an address that drops connections: %v, want ErrUnreachable", err)
 	}

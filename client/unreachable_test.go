@@ -57,21 +57,7 @@ func TestNothingListeningFailsAfterTheDialTimeout(t *testing.T) {
 // for the 15 s retry budget and then fail with a bare dial error.
 func TestFirstCallFailsFastByDefault(t *testing.T) {
 	a, b := freeAddr(t), freeAddr(t)
-	c, err := New(WithEndpoints(a, b))
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer c.Close()
-	done := make(chan error, 1)
-	go func() {
-		_, err := c.NewSession(context.Background())
-		done <- err
-	}()
-	select {
-	case err = <-done:
-	case <-time.After(2 * time.Second):
-		t.Fatal("NewSession with nothing listening has not returned after 2s")
-	}
+	err := firstNewSession(t, 2*time.Second, "with nothing listening", a, b)
 	if !errors.Is(err, ErrUnreachable) || !errors.Is(err, fence.ErrUnavailable) {
 		t.Fatalf("NewSession with nothing listening: %v, want ErrUnreachable", err)
 	}
@@ -139,4 +125,27 @@ func TestAGroupGoneForTheBudgetIsUnreachable(t *testing.T) {
 	if !errors.Is(err, ErrUnreachable) || !strings.Contains(err.Error(), srv.Addr()) {
 		t.Fatalf("Status with the group gone: %v, want ErrUnreachable naming %s", err, srv.Addr())
 	}
+}
+
+// firstNewSession is a new client's first call, NewSession, to endpoints
+// (described by what): it fails the test unless the call returns within
+// limit, and returns its error.
+func firstNewSession(t *testing.T, limit time.Duration, what string, endpoints ...string) error {
+	t.Helper()
+	c, err := New(WithEndpoints(endpoints...))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	done := make(chan error, 1)
+	go func() {
+		_, err := c.NewSession(context.Background())
+		done <- err
+	}()
+	select {
+	case err = <-done:
+	case <-time.After(limit):
+		t.Fatalf("NewSession %s has not returned after %v", what, limit)
+	}
+	return err
 }

@@ -24,6 +24,7 @@ import (
 	"go.yaml.in/yaml/v3"
 
 	"github.com/fencelock/fence/client"
+	"github.com/fencelock/fence/internal/testutil/syncbuf"
 )
 
 // The binary is built as the Dockerfile builds it, once for every test.
@@ -615,7 +616,7 @@ func TestDashboardMetricsExist(t *testing.T) {
 // its metrics and API addresses.
 func startNode(t *testing.T) (metrics, api string) {
 	t.Helper()
-	var log syncBuffer
+	var log syncbuf.Buffer
 	cmd := exec.Command(fenceBinary(t), "serve", "--data-dir", t.TempDir(), "--listen", "127.0.0.1:0", "--raft-listen", "127.0.0.1:0",
 		"--listen-metrics", "127.0.0.1:0", "--log-format", "json", "--snapshot-threshold", "1", "--snapshot-interval", "100ms")
 	cmd.Stderr = &log
@@ -683,21 +684,4 @@ func scrapeNames(t *testing.T, url string) map[string]bool {
 		names[name] = true
 	}
 	return names
-}
-
-type syncBuffer struct {
-	mu  sync.Mutex
-	buf bytes.Buffer
-}
-
-func (b *syncBuffer) Write(p []byte) (int, error) {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	return b.buf.Write(p)
-}
-
-func (b *syncBuffer) String() string {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	return b.buf.String()
 }

@@ -1,14 +1,12 @@
 package server
 
 import (
-	"bytes"
 	"context"
 	"crypto/tls"
 	"errors"
 	"log/slog"
 	"net/http"
 	"strings"
-	"sync"
 	"testing"
 	"time"
 
@@ -18,6 +16,7 @@ import (
 	fencev1 "github.com/fencelock/fence/api/fence/v1"
 	"github.com/fencelock/fence/api/fence/v1/fencev1connect"
 	"github.com/fencelock/fence/client"
+	"github.com/fencelock/fence/internal/testutil/syncbuf"
 	"github.com/fencelock/fence/internal/testutil/testtls"
 )
 
@@ -133,30 +132,12 @@ func perm(kind fencev1.PermissionKind, access fencev1.Access, prefix string) *cl
 	return &client.Permission{Kind: kind, Access: access, Prefix: prefix}
 }
 
-// syncBuffer is a log destination tests read while the server writes.
-type syncBuffer struct {
-	mu  sync.Mutex
-	buf bytes.Buffer
-}
-
-func (b *syncBuffer) Write(p []byte) (int, error) {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	return b.buf.Write(p)
-}
-
-func (b *syncBuffer) String() string {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	return b.buf.String()
-}
-
 // A real server with auth on: a read-only client can read but not
 // acquire, release or close another's session, write or administer; an
 // app confined to orders/ gets nothing outside it; refusals are audited,
 // change nothing, and a revoked token is refused at its next call.
 func TestAuthRealServer(t *testing.T) {
-	var logs syncBuffer
+	var logs syncbuf.Buffer
 	s := startTestServer(t, func(c *Config) { c.Logger = slog.New(slog.NewTextHandler(&logs, nil)) })
 	ctx := context.Background()
 	open := mustClient(t, s, "")

@@ -16,6 +16,7 @@ import (
 	"github.com/fencelock/fence/api/fence/v1/fencev1connect"
 	"github.com/fencelock/fence/client"
 	"github.com/fencelock/fence/internal/fsm"
+	"github.com/fencelock/fence/internal/testutil/syncbuf"
 	"github.com/fencelock/fence/internal/testutil/testtls"
 )
 
@@ -30,14 +31,14 @@ import (
 func TestAuthClusterTLSCertificateCallsStayOnTheFollower(t *testing.T) {
 	ca := testtls.NewCA(t, "fence test CA")
 	var mu sync.Mutex
-	logs := map[string]*syncBuffer{}
+	logs := map[string]*syncbuf.Buffer{}
 	c := startCluster(t, 3, func(cfg *Config) {
 		cfg.TLS = &tls.Config{Certificates: []tls.Certificate{ca.Cert(t, cfg.NodeID)}, ClientAuth: tls.RequireAndVerifyClientCert,
 			ClientCAs: ca.Pool(), RootCAs: ca.Pool(), MinVersion: tls.VersionTLS12}
 		mu.Lock()
 		defer mu.Unlock()
 		if logs[cfg.NodeID] == nil {
-			logs[cfg.NodeID] = &syncBuffer{}
+			logs[cfg.NodeID] = &syncbuf.Buffer{}
 		}
 		cfg.Logger = slog.New(slog.NewTextHandler(logs[cfg.NodeID], nil))
 	})

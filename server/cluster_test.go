@@ -5,7 +5,6 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
-	"io"
 	"net"
 	"net/http"
 	"strings"
@@ -153,6 +152,18 @@ func (c *testCluster) start(id string) *Server {
 	return s
 }
 
+// startJoiner starts a new node id with Join set, not yet a member of the
+// group: the test adds it. It returns the node and its config.
+func (c *testCluster) startJoiner(id string) (*Server, Config) {
+	cfg := c.baseConfig(id, c.reserve(id))
+	cfg.Join = true
+	c.mu.Lock()
+	c.cfgs[id] = cfg
+	c.mu.Unlock()
+	c.ids = append(c.ids, id)
+	return c.start(id), cfg
+}
+
 func (c *testCluster) stop(id string) {
 	if err := c.nodes[id].Close(); err != nil {
 		c.t.Logf("closing %s: %v", id, err)
@@ -258,15 +269,7 @@ func TestClusterLeaderFailover(t *testing.T) {
 	c := startCluster(t, 3, nil)
 	cl := c.client()
 	ctx := context.Background()
-	holder, err := cl.NewSession(ctx, client.WithTTL(5*time.Second))
-	if err != nil {
-		t.Fatal(err)
-	}
-	m := client.NewMutex(holder, "orders")
-	g1, err := m.Lock(ctx)
-	if err != nil {
-		t.Fatal(err)
-	}
+	holder, m, g1 := mustHoldLock(t, cl, 5*time.Second, "orders")
 	waiter, err := cl.NewSession(ctx, client.WithTTL(5*time.Second))
 	if err != nil {
 		t.Fatal(err)
@@ -432,13 +435,7 @@ func TestClusterMembership(t *testing.T) {
 		t.Fatal(err)
 	}
 
-	cfg4 := c.baseConfig("n4", c.reserve("n4"))
-	cfg4.Join = true
-	c.mu.Lock()
-	c.cfgs["n4"] = cfg4
-	c.mu.Unlock()
-	c.ids = append(c.ids, "n4")
-	n4 := c.start("n4")
+	n4, cfg4 := c.startJoiner("n4")
 	if err := cl.AddMember(ctx, "n4", cfg4.RaftListen, true); err != nil {
 		t.Fatalf("adding n4: %v", err)
 	}
@@ -568,21 +565,8 @@ func TestClusterFollowerForwardsToLeader(t *testing.T) {
 	})
 	post := func(procedure, body string, header ...string) (int, string) {
 		t.Helper()
-		req, err := http.NewRequest(http.MethodPost, "http://"+follower.Addr()+"/fence.v1."+procedure, strings.NewReader(body))
-		if err != nil {
-			t.Fatal(err)
-		}
-		req.Header.Set("Content-Type", "application/json")
-		for i := 0; i+1 < len(header); i += 2 {
-			req.Header.Set(header[i], header[i+1])
-		}
-		resp, err := http.DefaultClient.Do(req)
-		if err != nil {
-			t.Fatal(err)
-		}
-		defer resp.Body.Close()
-		data, _ := io.ReadAll(resp.Body)
-		return resp.StatusCode, string(data)
+		resp, data := postJSON(t, follower.Addr(), procedure, body, header...)
+		return resp.StatusCode, data
 	}
 	code, body := post("SessionService/CreateSession", `{"ttl":"30s"}`)
 	if code != http.StatusOK {

@@ -15,6 +15,7 @@ import (
 
 	fencev1 "github.com/fencelock/fence/api/fence/v1"
 	"github.com/fencelock/fence/api/fence/v1/fencev1connect"
+	"github.com/fencelock/fence/client"
 )
 
 // startTestServer runs a real node (raft on a temp dir, loopback ports) and
@@ -42,6 +43,22 @@ func mustStart(tb testing.TB, cfg Config) *Server {
 	tb.Cleanup(func() { s.Close() })
 	waitFor(tb, "a ready leader", s.leaderReady.Load)
 	return s
+}
+
+// mustHoldLock creates a session of cl with ttl and takes lock in it.
+func mustHoldLock(tb testing.TB, cl *client.Client, ttl time.Duration, lock string) (*client.Session, *client.Mutex, *client.Grant) {
+	tb.Helper()
+	ctx := context.Background()
+	sess, err := cl.NewSession(ctx, client.WithTTL(ttl))
+	if err != nil {
+		tb.Fatal(err)
+	}
+	m := client.NewMutex(sess, lock)
+	g, err := m.Lock(ctx)
+	if err != nil {
+		tb.Fatal(err)
+	}
+	return sess, m, g
 }
 
 // waitFor polls cond until it holds, failing the test after 10 s.

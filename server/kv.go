@@ -146,27 +146,9 @@ func (s handlers) List(ctx context.Context, req *connect.Request[fencev1.ListReq
 // watcher that falls more than a buffer behind is ended with
 // ResourceExhausted; it should re-read and watch again.
 func (s handlers) Watch(ctx context.Context, req *connect.Request[fencev1.WatchRequest], stream *connect.ServerStream[fencev1.WatchResponse]) error {
-	if err := checkText("prefix", req.Msg.GetPrefix(), s.cfg.MaxKeyBytes, false); err != nil {
-		return err
-	}
-	interval, err := progressInterval(req.Msg.GetProgressInterval())
-	if err != nil {
-		return err
-	}
-	// A node that is still replaying its log would send old changes as new.
-	if err := s.read(ctx, false); err != nil {
-		return err
-	}
-	w, rev, err := s.watches.add(req.Msg.GetPrefix(), req.Msg.GetStartRevision())
-	if err != nil {
-		return err
-	}
-	defer s.watches.remove(w)
-	// Tell the client at once that the watch is in place, and as of when.
-	if err := stream.Send(&fencev1.WatchResponse{Revision: rev}); err != nil {
-		return err
-	}
-	return serveWatch(ctx, s.Server, s.watches, w, interval, watchSender[fsm.KVEvent]{
+	m := req.Msg
+	return runWatch(ctx, s.Server, s.watches, watchRequest{m.GetPrefix(), s.cfg.MaxKeyBytes, m.GetStartRevision(), m.GetProgressInterval()}, watchSender[fsm.KVEvent]{
+		start: func(rev uint64) error { return stream.Send(&fencev1.WatchResponse{Revision: rev}) },
 		events: func(events []fsm.KVEvent) error {
 			return inMessages(events, &kvEvents, func(events []fsm.KVEvent) error {
 				resp := &fencev1.WatchResponse{}

@@ -22,6 +22,7 @@ import (
 	"github.com/fencelock/fence/internal/fsm"
 	"github.com/fencelock/fence/internal/fsmpb"
 	"github.com/fencelock/fence/internal/rpcerr"
+	"github.com/fencelock/fence/internal/testutil/syncbuf"
 )
 
 // delayedHandOff starts a server on a fake clock where session a holds
@@ -157,7 +158,7 @@ func mustRecord(t *testing.T, s *Server, session uint64, how string) {
 // the delay in full.
 func TestFailedLiftDelayIsRetried(t *testing.T) {
 	clk := clock.NewFake()
-	var logs syncBuffer
+	var logs syncbuf.Buffer
 	var failing atomic.Int32 // how many more lifts fail
 	var stepDown atomic.Bool // the next lift loses leadership as it fails
 	lifts := make(chan struct{}, 16)
@@ -238,7 +239,7 @@ func TestFailedLiftDelayIsRetried(t *testing.T) {
 // leadership transfer under way or a full disk) is proposed again once it
 // can, and the waiter gets the lock. It stayed delayed.
 func TestRefusedLiftDelayIsRetriedOnANode(t *testing.T) {
-	var logs syncBuffer
+	var logs syncbuf.Buffer
 	clk := clock.NewFake()
 	s := startTestServer(t, func(c *Config) { c.Clock = clk; c.Logger = slog.New(slog.NewTextHandler(&logs, nil)) })
 	a := newAPI(t, s)

@@ -109,27 +109,9 @@ type lockService struct{ handlers }
 // history is refused with FailedPrecondition (REASON_COMPACTED); a watcher
 // that falls more than a buffer behind is ended with ResourceExhausted.
 func (l lockService) Watch(ctx context.Context, req *connect.Request[fencev1.LockWatchRequest], stream *connect.ServerStream[fencev1.LockWatchResponse]) error {
-	s := l.Server
-	if err := checkText("prefix", req.Msg.GetPrefix(), s.cfg.MaxNameBytes, false); err != nil {
-		return err
-	}
-	interval, err := progressInterval(req.Msg.GetProgressInterval())
-	if err != nil {
-		return err
-	}
-	// A node that is still replaying its log would send old events as new.
-	if err := s.read(ctx, false); err != nil {
-		return err
-	}
-	w, rev, err := s.lockWatches.add(req.Msg.GetPrefix(), req.Msg.GetStartRevision())
-	if err != nil {
-		return err
-	}
-	defer s.lockWatches.remove(w)
-	if err := stream.Send(&fencev1.LockWatchResponse{Revision: rev}); err != nil {
-		return err
-	}
-	return serveWatch(ctx, s, s.lockWatches.eventHub, w, interval, watchSender[lockEvent]{
+	s, m := l.Server, req.Msg
+	return runWatch(ctx, s, s.lockWatches.eventHub, watchRequest{m.GetPrefix(), s.cfg.MaxNameBytes, m.GetStartRevision(), m.GetProgressInterval()}, watchSender[lockEvent]{
+		start: func(rev uint64) error { return stream.Send(&fencev1.LockWatchResponse{Revision: rev}) },
 		events: func(events []lockEvent) error {
 			return inMessages(events, &lockEvents, func(events []lockEvent) error {
 				resp := &fencev1.LockWatchResponse{Events: make([]*fencev1.LockEvent, len(events))}

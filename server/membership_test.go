@@ -123,13 +123,7 @@ func TestAddMemberJoinsAsNonVoterThenVotes(t *testing.T) {
 	cl := c.client()
 	ctx := context.Background()
 	mustServe(t, cl, "before")
-	cfg4 := c.baseConfig("n4", c.reserve("n4"))
-	cfg4.Join = true
-	c.mu.Lock()
-	c.cfgs["n4"] = cfg4
-	c.mu.Unlock()
-	c.ids = append(c.ids, "n4")
-	n4 := c.start("n4")
+	n4, cfg4 := c.startJoiner("n4")
 	if err := cl.AddMember(ctx, "n5", cfg4.RaftListen, true); !errors.Is(err, fence.ErrMembership) || !strings.Contains(err.Error(), `"n4"`) {
 		t.Fatalf("adding n5 at n4's address: %v, want ErrMembership naming n4", err)
 	}

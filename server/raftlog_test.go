@@ -161,13 +161,7 @@ func TestNormalStartsLogNoWarnings(t *testing.T) {
 
 	var logs nodeLogs
 	c := startCluster(t, 3, logs.edit)
-	cfg4 := c.baseConfig("n4", c.reserve("n4"))
-	cfg4.Join = true
-	c.mu.Lock()
-	c.cfgs["n4"] = cfg4
-	c.mu.Unlock()
-	c.ids = append(c.ids, "n4")
-	n4 := c.start("n4")
+	n4, cfg4 := c.startJoiner("n4")
 	if err := c.client(c.endpoints("n4")...).AddMember(ctx, "n4", cfg4.RaftListen, true); err != nil {
 		t.Fatal(err)
 	}

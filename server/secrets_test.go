@@ -1,13 +1,11 @@
 package server
 
 import (
-	"bytes"
 	"context"
 	"errors"
 	"log/slog"
 	"net/http"
 	"strings"
-	"sync"
 	"testing"
 	"time"
 
@@ -19,6 +17,7 @@ import (
 	fencev1 "github.com/fencelock/fence/api/fence/v1"
 	"github.com/fencelock/fence/api/fence/v1/fencev1connect"
 	"github.com/fencelock/fence/internal/rpcerr"
+	"github.com/fencelock/fence/internal/testutil/syncbuf"
 )
 
 // The issue 12 attack: a client that knows nothing lists the locks, takes
@@ -102,7 +101,7 @@ func TestSessionCallsNeedTheSecret(t *testing.T) {
 // never shown again: not in listings, status, watch events, errors or the
 // node's log.
 func TestSessionSecretIsNotShown(t *testing.T) {
-	var logs lockedBuffer
+	var logs syncbuf.Buffer
 	s := startTestServer(t, func(c *Config) {
 		c.Logger = slog.New(slog.NewTextHandler(&logs, &slog.HandlerOptions{Level: slog.LevelDebug}))
 	})
@@ -150,23 +149,6 @@ func TestSessionSecretIsNotShown(t *testing.T) {
 	if h := list.Msg.GetLocks()[0].GetHolders()[0]; h.GetLegacySession() {
 		t.Errorf("a new session is listed as legacy: %v", h)
 	}
-}
-
-type lockedBuffer struct {
-	mu sync.Mutex
-	b  bytes.Buffer
-}
-
-func (l *lockedBuffer) Write(p []byte) (int, error) {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	return l.b.Write(p)
-}
-
-func (l *lockedBuffer) String() string {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	return l.b.String()
 }
 
 // A data dir written before sessions had secrets (legacyFixture) opens

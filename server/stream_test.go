@@ -494,15 +494,7 @@ func TestClusterStreamFollowsLeader(t *testing.T) {
 	c := startCluster(t, 3, nil)
 	cl := c.client()
 	ctx := context.Background()
-	sess, err := cl.NewSession(ctx, client.WithTTL(5*time.Second))
-	if err != nil {
-		t.Fatal(err)
-	}
-	m := client.NewMutex(sess, "moving")
-	g, err := m.Lock(ctx)
-	if err != nil {
-		t.Fatal(err)
-	}
+	sess, m, g := mustHoldLock(t, cl, 5*time.Second, "moving")
 	streams := func(s *Server) float64 { return scrape(t, "http://"+s.Addr()+"/metrics")["fence_streams"] }
 	old := c.leader()
 	if n := streams(old); n != 1 {

@@ -277,8 +277,44 @@ func progressInterval(d *durationpb.Duration) (time.Duration, error) {
 	return interval, nil
 }
 
+// watchRequest is what a watch asks for, of the KV store or of locks.
+type watchRequest struct {
+	prefix    string
+	maxPrefix int    // the longest prefix allowed, in bytes
+	start     uint64 // the revision to replay from; 0 for now
+	progress  *durationpb.Duration
+}
+
+// runWatch serves one watch: it checks the request, waits until this node
+// has caught up (a node still replaying its log would send old events as
+// new), opens the watch on h, tells the client at once that it is in place
+// and as of when (out.start), and sends its events until it ends.
+func runWatch[E any](ctx context.Context, s *Server, h *eventHub[E], req watchRequest, out watchSender[E]) error {
+	if err := checkText("prefix", req.prefix, req.maxPrefix, false); err != nil {
+		return err
+	}
+	interval, err := progressInterval(req.progress)
+	if err != nil {
+		return err
+	}
+	if err := s.read(ctx, false); err != nil {
+		return err
+	}
+	w, rev, err := h.add(req.prefix, req.start)
+	if err != nil {
+		return err
+	}
+	defer h.remove(w)
+	if err := out.start(rev); err != nil {
+		return err
+	}
+	return serveWatch(ctx, s, h, w, interval, out)
+}
+
 // watchSender is what one kind of watch sends on its stream.
 type watchSender[E any] struct {
+	// start sends the first message: the watch is in place as of rev.
+	start func(rev uint64) error
 	// events sends events, as many messages as it takes.
 	events func([]E) error
 	// progress sends a message that says nothing was sent for the

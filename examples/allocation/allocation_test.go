@@ -37,14 +37,9 @@ func TestHoldersPausedAndKilled(t *testing.T) {
 	got := map[string]string{}
 	c, d := worker("C", "1s"), worker("D", "1s") // both at once, each needs a device of its own
 	for _, p := range []*recipetest.Proc{c, d} {
-		lines, code := p.Output(t, 20*time.Second)
-		name := p.Name()
-		if code != 0 {
-			t.Fatalf("%s exited %d: %v", name, code, lines)
-		}
-		for _, l := range lines {
+		for _, l := range p.WantExit(t, 0, 20*time.Second) {
 			if _, dev, ok := strings.Cut(l, ": wrote to "); ok {
-				got[dev] = name
+				got[dev] = p.Name()
 			}
 		}
 	}
@@ -52,7 +47,5 @@ func TestHoldersPausedAndKilled(t *testing.T) {
 		t.Fatalf("C and D used %v, want one device each", got)
 	}
 	a.Resume(t)
-	if lines, code := a.Output(t, 10*time.Second); code != 2 {
-		t.Fatalf("A, paused past its TTL, exited %d, want 2 (refused): %v", code, lines)
-	}
+	a.WantExit(t, 2, 10*time.Second) // refused: paused past its TTL
 }

@@ -33,16 +33,12 @@ func TestStaleCoordinatorIsRefused(t *testing.T) {
 	svc.WaitLine(t, "waiting for the rollout", 10*time.Second)
 	a.Pause(t)
 	b := rollout("B", "v3")
-	if lines, code := b.Output(t, 20*time.Second); code != 0 {
-		t.Fatalf("B exited %d: %v", code, lines)
-	}
+	b.WantExit(t, 0, 20*time.Second)
 	if l := svc.WaitLine(t, "readers: running", 10*time.Second); l[len("readers: running "):len("readers: running v3")] != "v3" {
 		t.Fatalf("the service started with %q, want v3", l)
 	}
 	a.Resume(t)
-	if lines, code := a.Output(t, 10*time.Second); code != 2 {
-		t.Fatalf("the stale coordinator exited %d, want 2 (refused): %v", code, lines)
-	}
+	a.WantExit(t, 2, 10*time.Second) // refused: the stale coordinator
 	c, err := client.New(client.WithEndpoints(addr))
 	if err != nil {
 		t.Fatal(err)

@@ -1,8 +1,6 @@
 package main
 
 import (
-	"context"
-	"database/sql"
 	"os"
 	"strings"
 	"testing"
@@ -22,23 +20,14 @@ func TestPageShowsTheProgram(t *testing.T) {
 
 func setupDB(t *testing.T, qty string) string {
 	dsn := pgtest.Schema(t)
-	if lines, code := recipetest.Run(t, "setup", "setup", "--dsn", dsn, "--qty", qty).Output(t, 20*time.Second); code != 0 {
-		t.Fatalf("setup exited %d: %v", code, lines)
-	}
+	recipetest.Run(t, "setup", "setup", "--dsn", dsn, "--qty", qty).WantExit(t, 0, 20*time.Second)
 	return dsn
 }
 
 func query(t *testing.T, dsn, q string) int64 {
 	t.Helper()
-	db, err := sql.Open("pgx", dsn)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer db.Close()
 	var n int64
-	if err := db.QueryRowContext(context.Background(), q).Scan(&n); err != nil {
-		t.Fatal(err)
-	}
+	pgtest.QueryRow(t, dsn, q, &n)
 	return n
 }
 
@@ -82,14 +71,9 @@ func TestTransfersConserveMoney(t *testing.T) {
 		t.Fatal(err)
 	}
 	other := recipetest.Run(t, "other", "transfer", "--dsn", dsn, "--from", "b", "--to", "a", "--amount", "30")
-	if lines, code := other.Output(t, 20*time.Second); code != 0 {
-		t.Fatalf("transfer exited %d: %v", code, lines)
-	}
+	other.WantExit(t, 0, 20*time.Second)
 	paused.Resume(t)
-	lines, code := paused.Output(t, 20*time.Second)
-	if code != 0 {
-		t.Fatalf("the paused transfer exited %d: %v", code, lines)
-	}
+	lines := paused.WantExit(t, 0, 20*time.Second)
 	if !strings.Contains(strings.Join(lines, "\n"), "read versions 1, 1") {
 		t.Fatalf("the paused transfer did not retry after the other wrote: %v", lines)
 	}
@@ -112,13 +96,9 @@ func TestLockedBuyerPausedIsRefused(t *testing.T) {
 	a.WaitLine(t, "A: locked", 10*time.Second)
 	a.Pause(t)
 	b := locked("B", "0s")
-	if lines, code := b.Output(t, 20*time.Second); code != 0 {
-		t.Fatalf("B exited %d: %v", code, lines)
-	}
+	b.WantExit(t, 0, 20*time.Second)
 	a.Resume(t)
-	if lines, code := a.Output(t, 20*time.Second); code != 2 {
-		t.Fatalf("the paused buyer exited %d, want 2 (refused): %v", code, lines)
-	}
+	a.WantExit(t, 2, 20*time.Second) // refused: the paused buyer
 	if left := query(t, dsn, `SELECT qty FROM stock`); left != 9 {
 		t.Fatalf("%d left, want 9: one sale", left)
 	}

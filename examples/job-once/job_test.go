@@ -1,8 +1,6 @@
 package main
 
 import (
-	"context"
-	"database/sql"
 	"os"
 	"path/filepath"
 	"strings"
@@ -34,19 +32,13 @@ func TestCronUnderLeaseLock(t *testing.T) {
 	}
 	a := cron("A", "1s")
 	a.WaitLine(t, "A: running", 10*time.Second)
-	if _, code := cron("B", "200ms").Output(t, 10*time.Second); code != 124 {
-		t.Fatalf("the second run exited %d while the first held the lock, want 124 (not granted)", code)
-	}
-	a.Pause(t) // fence lock stops renewing; its job runs on
+	cron("B", "200ms").WantExit(t, 124, 10*time.Second) // not granted: the first holds the lock
+	a.Pause(t)                                          // fence lock stops renewing; its job runs on
 	c := cron("C", "5s")
 	c.WaitLine(t, "C: running", 10*time.Second)
 	a.Resume(t)
-	if _, code := a.Output(t, 10*time.Second); code != 75 {
-		t.Fatalf("the paused run exited %d, want 75 (lock lost, job stopped)", code)
-	}
-	if _, code := c.Output(t, 10*time.Second); code != 0 {
-		t.Fatalf("the second holder exited %d", code)
-	}
+	a.WantExit(t, 75, 10*time.Second) // lock lost, job stopped
+	c.WantExit(t, 0, 10*time.Second)
 	data, err := os.ReadFile(out)
 	if err != nil {
 		t.Fatal(err)
@@ -67,10 +59,7 @@ func TestReportOnceRacing(t *testing.T) {
 	others := []*recipetest.Proc{runReport(t, dsn, "B", "0s"), runReport(t, dsn, "C", "0s")}
 	ran := 0
 	for _, p := range append(others, first) {
-		lines, code := p.Output(t, 20*time.Second)
-		if code != 0 {
-			t.Fatalf("%s exited %d: %v", p.Name(), code, lines)
-		}
+		lines := p.WantExit(t, 0, 20*time.Second)
 		if strings.HasSuffix(lines[len(lines)-1], ": ran") {
 			ran++
 		}
@@ -113,15 +102,8 @@ func runReport(t *testing.T, dsn, worker, work string) *recipetest.Proc {
 
 func wantReports(t *testing.T, dsn string, want int) {
 	t.Helper()
-	db, err := sql.Open("pgx", dsn)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer db.Close()
 	var n int
-	if err := db.QueryRowContext(context.Background(), `SELECT count(*) FROM reports`).Scan(&n); err != nil {
-		t.Fatal(err)
-	}
+	pgtest.QueryRow(t, dsn, `SELECT count(*) FROM reports`, &n)
 	if n != want {
 		t.Fatalf("%d report rows, want %d", n, want)
 	}

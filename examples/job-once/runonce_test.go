@@ -77,17 +77,13 @@ func TestRunOnceHolderPaused(t *testing.T) {
 			a.Pause(t) // fence run-once stops renewing; its job runs on
 			c := run("C", "300ms")
 			c.WaitLine(t, "C: running", 10*time.Second)
-			if _, code := c.Output(t, 20*time.Second); code != 0 {
-				t.Fatalf("the next run exited %d:\n%s", code, c.Stderr())
-			}
+			c.WantExit(t, 0, 20*time.Second)
 			cToken := tokenIn(t, c.Stderr())
 			if finished := strings.Contains(readFile(t, out), "done A"); finished != tc.finishA {
 				t.Fatalf("A's job finished during the pause: %v, want %v", finished, tc.finishA)
 			}
 			a.Resume(t)
-			if _, code := a.Output(t, 20*time.Second); code != 75 {
-				t.Fatalf("the paused run exited %d, want 75 (lock lost):\n%s", code, a.Stderr())
-			}
+			a.WantExit(t, 75, 20*time.Second) // lock lost
 			aToken := tokenIn(t, a.Stderr())
 			if tc.finishA && !strings.Contains(a.Stderr(), "succeeded, but recording nightly-2026-12-02 done was refused") {
 				t.Fatalf("the paused run's record was not refused:\n%s", a.Stderr())
@@ -99,9 +95,7 @@ func TestRunOnceHolderPaused(t *testing.T) {
 			if token := recordToken(t, addr); token != cToken || token == aToken {
 				t.Fatalf("the day is recorded with token %s; the next run had %s, the paused one %s", token, cToken, aToken)
 			}
-			if _, code := run("D", "0s").Output(t, 20*time.Second); code != 0 {
-				t.Fatalf("a later run exited %d", code)
-			}
+			run("D", "0s").WantExit(t, 0, 20*time.Second)
 			wantStarts(t, out, 2)
 		})
 	}

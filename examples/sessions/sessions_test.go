@@ -1,8 +1,6 @@
 package main
 
 import (
-	"context"
-	"database/sql"
 	"os"
 	"strings"
 	"testing"
@@ -26,9 +24,7 @@ func TestPageShowsTheProgram(t *testing.T) {
 // cart; the killed one wrote nothing.
 func TestPausedServerLosesNoUpdate(t *testing.T) {
 	dsn := pgtest.Schema(t)
-	if lines, code := recipetest.Run(t, "setup", "setup", "--dsn", dsn).Output(t, 20*time.Second); code != 0 {
-		t.Fatalf("setup: %d %v", code, lines)
-	}
+	recipetest.Run(t, "setup", "setup", "--dsn", dsn).WantExit(t, 0, 20*time.Second)
 	add := func(item, think string) *recipetest.Proc {
 		return recipetest.Run(t, "server adding "+item, "add", "--dsn", dsn, "--item", item, "--think", think)
 	}
@@ -40,23 +36,14 @@ func TestPausedServerLosesNoUpdate(t *testing.T) {
 	a := add("book", "300ms")
 	a.WaitLine(t, "book: read cart", 10*time.Second)
 	a.Pause(t)
-	if lines, code := add("pen", "0s").Output(t, 20*time.Second); code != 0 {
-		t.Fatalf("pen: %d %v", code, lines)
-	}
+	add("pen", "0s").WantExit(t, 0, 20*time.Second)
 	a.Resume(t)
 	lines, code := a.Output(t, 20*time.Second)
 	if code != 0 || !strings.Contains(strings.Join(lines, "\n"), `book: read cart "pen;" at version 1`) {
 		t.Fatalf("the paused server did not re-read the cart after the conflict (exit %d): %v", code, lines)
 	}
-	db, err := sql.Open("pgx", dsn)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer db.Close()
 	var items string
-	if err := db.QueryRowContext(context.Background(), `SELECT items FROM carts`).Scan(&items); err != nil {
-		t.Fatal(err)
-	}
+	pgtest.QueryRow(t, dsn, `SELECT items FROM carts`, &items)
 	if items != "pen;book;" {
 		t.Fatalf("cart %q, want \"pen;book;\"", items)
 	}

@@ -296,20 +296,12 @@ func (d pgDB) QueryRow(ctx context.Context, sql string, args ...any) rowtest.Row
 	return d.pool.QueryRow(ctx, sql, args...)
 }
 
-func cols(cs []sqlgen.Column) []pgfence.Column {
-	var out []pgfence.Column
-	for _, c := range cs {
-		out = append(out, pgfence.Column{Name: c.Name, Value: c.Value})
-	}
-	return out
-}
-
 func (d pgDB) Update(ctx context.Context, w rowtest.Write) error {
-	return pgfence.Update(ctx, d.pool, pgfence.UpdateRow{Table: w.Table, Set: cols(w.Set), Where: cols(w.Key), Token: w.Token, TokenColumn: w.TokenColumn})
+	return pgfence.Update(ctx, d.pool, w.UpdateRow())
 }
 
 func (d pgDB) Upsert(ctx context.Context, w rowtest.Write) error {
-	return pgfence.Upsert(ctx, d.pool, pgfence.UpsertRow{Table: w.Table, Key: cols(w.Key), Set: cols(w.Set), Token: w.Token, TokenColumn: w.TokenColumn})
+	return pgfence.Upsert(ctx, d.pool, w.UpsertRow())
 }
 
 func (d pgDB) AddTokenColumn(ctx context.Context, table, column string) error {

@@ -353,20 +353,12 @@ func (d liteDB) QueryRow(ctx context.Context, query string, args ...any) rowtest
 	return d.db.QueryRowContext(ctx, query, args...)
 }
 
-func cols(cs []sqlgen.Column) []sqlitefence.Column {
-	var out []sqlitefence.Column
-	for _, c := range cs {
-		out = append(out, sqlitefence.Column{Name: c.Name, Value: c.Value})
-	}
-	return out
-}
-
 func (d liteDB) Update(ctx context.Context, w rowtest.Write) error {
-	return sqlitefence.Update(ctx, d.db, sqlitefence.UpdateRow{Table: w.Table, Set: cols(w.Set), Where: cols(w.Key), Token: w.Token, TokenColumn: w.TokenColumn})
+	return sqlitefence.Update(ctx, d.db, w.UpdateRow())
 }
 
 func (d liteDB) Upsert(ctx context.Context, w rowtest.Write) error {
-	return sqlitefence.Upsert(ctx, d.db, sqlitefence.UpsertRow{Table: w.Table, Key: cols(w.Key), Set: cols(w.Set), Token: w.Token, TokenColumn: w.TokenColumn})
+	return sqlitefence.Upsert(ctx, d.db, w.UpsertRow())
 }
 
 func (d liteDB) AddTokenColumn(ctx context.Context, table, column string) error {

@@ -28,16 +28,12 @@ const (
 	PermAdmin PermKind = 3
 )
 
-func (k PermKind) String() string {
-	switch k {
-	case PermLock:
-		return "lock"
-	case PermKV:
-		return "kv"
-	case PermAdmin:
-		return "admin"
-	}
-	return fmt.Sprintf("kind(%d)", uint32(k))
+func (k PermKind) String() string { return enumName(k, "kind", permKindNames) }
+
+var permKindNames = map[PermKind]string{
+	PermLock:  "lock",
+	PermKV:    "kv",
+	PermAdmin: "admin",
 }
 
 // Access is read or write; write includes read.
@@ -49,14 +45,11 @@ const (
 	Write Access = 2
 )
 
-func (a Access) String() string {
-	switch a {
-	case Read:
-		return "read"
-	case Write:
-		return "write"
-	}
-	return fmt.Sprintf("access(%d)", uint32(a))
+func (a Access) String() string { return enumName(a, "access", accessNames) }
+
+var accessNames = map[Access]string{
+	Read:  "read",
+	Write: "write",
 }
 
 // Permission allows Kind at Access on every name that starts with Prefix.

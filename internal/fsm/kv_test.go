@@ -509,17 +509,7 @@ func TestApplyKV(t *testing.T) {
 			check: all(lastTokenIs(3), storeIs(3, 0)),
 		},
 	}
-	for _, tc := range cases {
-		t.Run(tc.name, func(t *testing.T) {
-			s := fsm.NewState()
-			runSteps(t, s, tc.steps)
-			locksAre(tc.locks...)(t, s)
-			if tc.check != nil {
-				tc.check(t, s)
-			}
-			mustRestore(t, s)
-		})
-	}
+	runApplyCases(t, cases, true)
 }
 
 // TestKVStaleTokenError proves a stale KV write fails with a

@@ -1,9 +1,6 @@
 package fsm
 
-import (
-	"fmt"
-	"time"
-)
+import "time"
 
 // LockEventKind says what happened to a lock (docs/design.md, "Watching
 // locks").
@@ -37,28 +34,18 @@ const (
 // String names the kind as the API and the console do: "granted",
 // "released", "expired", "revoked", "abandoned", "queued", "gave_up",
 // "delay_started" or "delay_ended".
-func (k LockEventKind) String() string {
-	switch k {
-	case LockGranted:
-		return "granted"
-	case LockReleased:
-		return "released"
-	case LockExpired:
-		return "expired"
-	case LockRevoked:
-		return "revoked"
-	case LockAbandoned:
-		return "abandoned"
-	case LockQueued:
-		return "queued"
-	case LockGaveUp:
-		return "gave_up"
-	case LockDelayStarted:
-		return "delay_started"
-	case LockDelayEnded:
-		return "delay_ended"
-	}
-	return fmt.Sprintf("lock_event(%d)", uint8(k))
+func (k LockEventKind) String() string { return enumName(k, "lock_event", lockEventKindNames) }
+
+var lockEventKindNames = map[LockEventKind]string{
+	LockGranted:      "granted",
+	LockReleased:     "released",
+	LockExpired:      "expired",
+	LockRevoked:      "revoked",
+	LockAbandoned:    "abandoned",
+	LockQueued:       "queued",
+	LockGaveUp:       "gave_up",
+	LockDelayStarted: "delay_started",
+	LockDelayEnded:   "delay_ended",
 }
 
 // GiveUp says why a waiter left a lock's queue ungranted.
@@ -76,16 +63,12 @@ const (
 )
 
 // String names the reason: "cancelled", "timed_out" or "session_ended".
-func (g GiveUp) String() string {
-	switch g {
-	case GaveUpCancelled:
-		return "cancelled"
-	case GaveUpTimedOut:
-		return "timed_out"
-	case GaveUpSessionEnded:
-		return "session_ended"
-	}
-	return fmt.Sprintf("give_up(%d)", uint8(g))
+func (g GiveUp) String() string { return enumName(g, "give_up", giveUpNames) }
+
+var giveUpNames = map[GiveUp]string{
+	GaveUpCancelled:    "cancelled",
+	GaveUpTimedOut:     "timed_out",
+	GaveUpSessionEnded: "session_ended",
 }
 
 // LockEvent is one change to one lock's holders, queue or lock-delays.

@@ -703,7 +703,7 @@ func TestFailedAcquireSpendsNoAttempt(t *testing.T) {
 			{cmd: acquire(3, "a", excl, withRequest(2)), want: withAttempt(queued(), 3)},
 		}),
 		locks: []fsm.LockInfo{{Name: "a", Holders: []fsm.HolderInfo{holding(1, 1, excl)}, Waiters: []fsm.WaiterInfo{waiting(2, excl), waiting(3, excl)}}},
-	}})
+	}}, false)
 }
 
 // TestModelCheckerCatchesRequestViolations shows that the request half of
@@ -719,15 +719,7 @@ func TestModelCheckerCatchesRequestViolations(t *testing.T) {
 			acquire(1, "a", excl, withRequest(7)), acquire(2, "a", excl, withRequest(7)), cancelAcquire(3, "a", 5, 0),
 			keyedCmd("p", kvPut("k", "v")))
 	}
-	cases := []struct {
-		name string
-		// cmd is applied to the state, then observed with the result
-		// changed by res on the state changed by state (each nil for none).
-		cmd   *fsmpb.Command
-		res   func(fsm.Result) fsm.Result
-		state func(*fsmpb.Snapshot)
-		why   string
-	}{
+	cases := []brokenCase{
 		{"a retry answered without its new attempt", acquire(1, "a", excl, withRequest(7)), func(r fsm.Result) fsm.Result {
 			r.Attempt = 0
 			return r
@@ -789,20 +781,5 @@ func TestModelCheckerCatchesRequestViolations(t *testing.T) {
 			return fsm.Result{Repeat: &fsm.Repeat{Revision: 1, Changed: true}}
 		}, nil, "not applied before"},
 	}
-	for _, tc := range cases {
-		t.Run(tc.name, func(t *testing.T) {
-			s, m := setup(t)
-			before := snapshotBytes(t, s)
-			res := s.Apply(tc.cmd)
-			if tc.res != nil {
-				res = tc.res(res)
-			}
-			if tc.state != nil {
-				s = restoreBroken(t, s, tc.state)
-			}
-			if err := m.observe(t, tc.cmd, res, s, before); err == nil || !strings.Contains(err.Error(), tc.why) {
-				t.Fatalf("observe = %v, want an error saying %q", err, tc.why)
-			}
-		})
-	}
+	runBrokenCases(t, setup, cases)
 }

@@ -1969,15 +1969,7 @@ func TestModelCheckerCatchesViolations(t *testing.T) {
 		return s, m
 	}
 	sessionGone := fmt.Errorf("%w: session 7 does not exist or has expired; create a new session", fence.ErrSessionNotFound)
-	bindCases := []struct {
-		name string
-		// cmd is applied to the state, then observed with the result
-		// broken by res on the state broken by state (each nil for none).
-		cmd   *fsmpb.Command
-		res   func(fsm.Result) fsm.Result
-		state func(*fsmpb.Snapshot)
-		why   string
-	}{
+	bindCases := []brokenCase{
 		{"a close that leaves its session's keys", closeSession(1), func(r fsm.Result) fsm.Result {
 			r.Events, r.Revision = nil, 0
 			return r
@@ -2030,9 +2022,36 @@ func TestModelCheckerCatchesViolations(t *testing.T) {
 			return r
 		}, nil, "the model"},
 	}
-	for _, tc := range bindCases {
+	runBrokenCases(t, bindSetup, bindCases)
+	t.Run("a grant to a session the same command ends (5)", func(t *testing.T) {
+		s, m := setup(t)
+		cmd := expireSessions(1, 2)
+		before := snapshotBytes(t, s)
+		res := s.Apply(cmd)
+		res.Grants = append([]fsm.Grant{grant(2, "a", 2, excl)}, res.Grants...)
+		if err := m.observe(t, cmd, res, s, before); err == nil || !strings.Contains(err.Error(), "invariant") {
+			t.Fatalf("observe = %v, want an invariant violation", err)
+		}
+	})
+}
+
+// brokenCase is a command applied to a state and observed by the model
+// checker with its result broken by res, on the state broken by state
+// (each nil for none): the checker must fail, saying why.
+type brokenCase struct {
+	name  string
+	cmd   *fsmpb.Command
+	res   func(fsm.Result) fsm.Result
+	state func(*fsmpb.Snapshot)
+	why   string
+}
+
+// runBrokenCases runs each case as a subtest, on a state and checker from
+// setup.
+func runBrokenCases(t *testing.T, setup func(t *testing.T) (*fsm.State, *modelChecker), cases []brokenCase) {
+	for _, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {
-			s, m := bindSetup(t)
+			s, m := setup(t)
 			before := snapshotBytes(t, s)
 			res := s.Apply(tc.cmd)
 			if tc.res != nil {
@@ -2046,14 +2065,4 @@ func TestModelCheckerCatchesViolations(t *testing.T) {
 			}
 		})
 	}
-	t.Run("a grant to a session the same command ends (5)", func(t *testing.T) {
-		s, m := setup(t)
-		cmd := expireSessions(1, 2)
-		before := snapshotBytes(t, s)
-		res := s.Apply(cmd)
-		res.Grants = append([]fsm.Grant{grant(2, "a", 2, excl)}, res.Grants...)
-		if err := m.observe(t, cmd, res, s, before); err == nil || !strings.Contains(err.Error(), "invariant") {
-			t.Fatalf("observe = %v, want an invariant violation", err)
-		}
-	})
 }

@@ -61,7 +61,7 @@ func TestEachExpiryDelaysInFull(t *testing.T) {
 			locks: []fsm.LockInfo{{Name: "a", Holders: []fsm.HolderInfo{holding(3, 3, excl)}}},
 		},
 	}
-	runApplyCases(t, cases)
+	runApplyCases(t, cases, false)
 }
 
 // Lock-delay holds for every end of a grant that is not its holder's own
@@ -146,7 +146,7 @@ func TestEveryEndButTheHoldersCloseDelays(t *testing.T) {
 			locks: []fsm.LockInfo{{Name: "a", Holders: []fsm.HolderInfo{holding(1, 1, excl)}, Waiters: []fsm.WaiterInfo{waiting(2, excl)}}},
 		},
 	}
-	runApplyCases(t, cases)
+	runApplyCases(t, cases, false)
 }
 
 // An acquire named by a request id can be given up exactly: its grant is
@@ -222,7 +222,7 @@ func TestCancelAcquire(t *testing.T) {
 			}),
 		},
 	}
-	runApplyCases(t, cases)
+	runApplyCases(t, cases, false)
 }
 
 func withAttempt(r fsm.Result, attempt uint64) fsm.Result {
@@ -231,20 +231,6 @@ func withAttempt(r fsm.Result, attempt uint64) fsm.Result {
 }
 
 func ptr[T any](v T) *T { return &v }
-
-func runApplyCases(t *testing.T, cases []applyCase) {
-	t.Helper()
-	for _, tc := range cases {
-		t.Run(tc.name, func(t *testing.T) {
-			s := fsm.NewState()
-			runSteps(t, s, tc.steps)
-			locksAre(tc.locks...)(t, s)
-			if err := s.CheckInvariants(); err != nil {
-				t.Fatal(err)
-			}
-		})
-	}
-}
 
 func keyedCmd(key string, cmd *fsmpb.Command) *fsmpb.Command {
 	cmd.IdempotencyKey = key

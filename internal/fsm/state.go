@@ -24,16 +24,12 @@ const (
 	Semaphore Mode = 3
 )
 
-func (m Mode) String() string {
-	switch m {
-	case Exclusive:
-		return "exclusive"
-	case Shared:
-		return "shared"
-	case Semaphore:
-		return "semaphore"
-	}
-	return fmt.Sprintf("mode(%d)", uint32(m))
+func (m Mode) String() string { return enumName(m, "mode", modeNames) }
+
+var modeNames = map[Mode]string{
+	Exclusive: "exclusive",
+	Shared:    "shared",
+	Semaphore: "semaphore",
 }
 
 // compatible reports whether a grant in mode m may coexist with a holder in
@@ -133,18 +129,13 @@ const (
 
 // String names the end as the console and logs say it: "closed",
 // "expired", "revoked" or "abandoned".
-func (e End) String() string {
-	switch e {
-	case Closed:
-		return "closed"
-	case Expired:
-		return "expired"
-	case Revoked:
-		return "revoked"
-	case Abandoned:
-		return "abandoned"
-	}
-	return fmt.Sprintf("end(%d)", uint8(e))
+func (e End) String() string { return enumName(e, "end", endNames) }
+
+var endNames = map[End]string{
+	Closed:    "closed",
+	Expired:   "expired",
+	Revoked:   "revoked",
+	Abandoned: "abandoned",
 }
 
 // delays reports whether the end puts locks under their holders'

@@ -73,6 +73,25 @@ func lastTokenIs(want uint64) func(t *testing.T, s *fsm.State) {
 	}
 }
 
+// runApplyCases runs each case as a subtest: its script on a fresh State,
+// then its final locks and its check; with restore, the state must also
+// survive a snapshot and a restore.
+func runApplyCases(t *testing.T, cases []applyCase, restore bool) {
+	for _, tc := range cases {
+		t.Run(tc.name, func(t *testing.T) {
+			s := fsm.NewState()
+			runSteps(t, s, tc.steps)
+			locksAre(tc.locks...)(t, s)
+			if tc.check != nil {
+				tc.check(t, s)
+			}
+			if restore {
+				mustRestore(t, s)
+			}
+		})
+	}
+}
+
 func runSteps(t *testing.T, s *fsm.State, steps []applyStep) {
 	t.Helper()
 	for i, st := range steps {
@@ -446,16 +465,7 @@ func TestApply(t *testing.T) {
 			}),
 		},
 	}
-	for _, tc := range cases {
-		t.Run(tc.name, func(t *testing.T) {
-			s := fsm.NewState()
-			runSteps(t, s, tc.steps)
-			locksAre(tc.locks...)(t, s)
-			if tc.check != nil {
-				tc.check(t, s)
-			}
-		})
-	}
+	runApplyCases(t, cases, false)
 }
 
 // sharedBehindExclusive builds a case where shared holder 1 is followed in

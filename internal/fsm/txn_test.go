@@ -161,17 +161,7 @@ func TestApplyTxn(t *testing.T) {
 			check: storeIs(3, 0),
 		},
 	}
-	for _, tc := range cases {
-		t.Run(tc.name, func(t *testing.T) {
-			s := fsm.NewState()
-			runSteps(t, s, tc.steps)
-			locksAre(tc.locks...)(t, s)
-			if tc.check != nil {
-				tc.check(t, s)
-			}
-			mustRestore(t, s)
-		})
-	}
+	runApplyCases(t, cases, true)
 }
 
 // TestTxnCompares: each target and op on a live key, a missing key and a

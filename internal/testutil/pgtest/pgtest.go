@@ -69,7 +69,27 @@ func WithSearchPath(t testing.TB, dsn, schema string) string {
 	return dsn + " search_path=" + schema
 }
 
+// QueryRow runs q, a query of one row, on dsn and scans the row into
+// dest, failing the test on any error.
+func QueryRow(t testing.TB, dsn, q string, dest ...any) {
+	t.Helper()
+	withConn(t, dsn, q, func(ctx context.Context, conn *pgx.Conn) error {
+		return conn.QueryRow(ctx, q).Scan(dest...)
+	})
+}
+
+// exec runs sql on dsn, failing the test on any error.
 func exec(t testing.TB, dsn, sql string) {
+	t.Helper()
+	withConn(t, dsn, sql, func(ctx context.Context, conn *pgx.Conn) error {
+		_, err := conn.Exec(ctx, sql)
+		return err
+	})
+}
+
+// withConn runs fn on a connection to dsn, failing the test with what
+// (the statement) if it fails.
+func withConn(t testing.TB, dsn, what string, fn func(ctx context.Context, conn *pgx.Conn) error) {
 	t.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
@@ -78,7 +98,7 @@ func exec(t testing.TB, dsn, sql string) {
 		t.Fatalf("connecting to the PostgreSQL of %s: %v", EnvDSN, err)
 	}
 	defer conn.Close(ctx)
-	if _, err := conn.Exec(ctx, sql); err != nil {
-		t.Fatalf("%s: %v", sql, err)
+	if err := fn(ctx, conn); err != nil {
+		t.Fatalf("%s: %v", what, err)
 	}
 }

@@ -165,31 +165,33 @@ func Run(t *testing.T, name string, args ...string) *Proc {
 // It fails the test if the process ends or timeout passes first.
 func (p *Proc) WaitLine(t *testing.T, want string, timeout time.Duration) string {
 	t.Helper()
-	seen := <-p.all
-	defer func() { p.all <- seen }()
-	timer := time.NewTimer(timeout)
-	defer timer.Stop()
-	for {
-		select {
-		case l, ok := <-p.lines:
-			if !ok {
-				t.Fatalf("%s ended without printing %q; it printed:\n%s\nstderr:\n%s", p.Name(), want, strings.Join(seen, "\n"), proc.LastLines(p.Stderr(), 20))
-			}
-			seen = append(seen, l)
-			if strings.Contains(l, want) {
-				return l
-			}
-		case <-timer.C:
-			t.Fatalf("%s did not print %q within %v; it printed:\n%s", p.Name(), want, timeout, strings.Join(seen, "\n"))
-		}
+	seen, found, ended := p.read(timeout, func(l string) bool { return strings.Contains(l, want) })
+	switch {
+	case ended:
+		t.Fatalf("%s ended without printing %q; it printed:\n%s\nstderr:\n%s", p.Name(), want, strings.Join(seen, "\n"), proc.LastLines(p.Stderr(), 20))
+	case !found:
+		t.Fatalf("%s did not print %q within %v; it printed:\n%s", p.Name(), want, timeout, strings.Join(seen, "\n"))
 	}
+	return seen[len(seen)-1]
 }
 
 // Output waits for the process to exit and returns every line it printed
 // and its exit code.
 func (p *Proc) Output(t *testing.T, timeout time.Duration) ([]string, int) {
 	t.Helper()
-	seen := <-p.all
+	seen, _, ended := p.read(timeout, func(string) bool { return false })
+	if !ended {
+		t.Fatalf("%s did not exit within %v; it printed:\n%s", p.Name(), timeout, strings.Join(seen, "\n"))
+	}
+	<-p.Done()
+	return seen, p.ExitCode()
+}
+
+// read reads output lines until one satisfies stop (found), the output
+// ends (ended) or timeout passes, and returns every line the process
+// printed so far.
+func (p *Proc) read(timeout time.Duration, stop func(line string) bool) (seen []string, found, ended bool) {
+	seen = <-p.all
 	defer func() { p.all <- seen }()
 	timer := time.NewTimer(timeout)
 	defer timer.Stop()
@@ -197,14 +199,28 @@ func (p *Proc) Output(t *testing.T, timeout time.Duration) ([]string, int) {
 		select {
 		case l, ok := <-p.lines:
 			if !ok {
-				<-p.Done()
-				return seen, p.ExitCode()
+				return seen, false, true
 			}
 			seen = append(seen, l)
+			if stop(l) {
+				return seen, true, false
+			}
 		case <-timer.C:
-			t.Fatalf("%s did not exit within %v; it printed:\n%s", p.Name(), timeout, strings.Join(seen, "\n"))
+			return seen, false, false
 		}
 	}
+}
+
+// WantExit waits for the process to exit, fails the test unless it exits
+// with code (or does not exit within timeout), and returns every line it
+// printed.
+func (p *Proc) WantExit(t *testing.T, code int, timeout time.Duration) []string {
+	t.Helper()
+	lines, got := p.Output(t, timeout)
+	if got != code {
+		t.Fatalf("%s exited %d, want %d; it printed:\n%s", p.Name(), got, code, strings.Join(lines, "\n"))
+	}
+	return lines
 }
 
 // Pause stops the process with SIGSTOP.

@@ -30,6 +30,16 @@ type Write struct {
 	TokenColumn string
 }
 
+// UpdateRow is w as an update of the row w.Key identifies.
+func (w Write) UpdateRow() sqlgen.UpdateRow {
+	return sqlgen.UpdateRow{Table: w.Table, Set: w.Set, Where: w.Key, Token: w.Token, TokenColumn: w.TokenColumn}
+}
+
+// UpsertRow is w as an insert-or-update.
+func (w Write) UpsertRow() sqlgen.UpsertRow {
+	return sqlgen.UpsertRow{Table: w.Table, Key: w.Key, Set: w.Set, Token: w.Token, TokenColumn: w.TokenColumn}
+}
+
 // DB is a database handle of the package under test: plain statements,
 // and its fenced helpers.
 type DB interface {

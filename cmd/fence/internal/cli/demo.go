@@ -9,6 +9,7 @@ import (
 	"path/filepath"
 	"strings"
 	"sync"
+	"text/tabwriter"
 	"time"
 
 	"github.com/fencelock/fence/cmd/fence/internal/timeline"
@@ -60,10 +61,7 @@ without its fix and with it: election (two leaders' writes), job-once (a
 job run twice), inventory (an item sold twice). --use list lists them.`,
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
-			if f.use != "" {
-				return runDemoUse(cmd.Context(), g, f, cmd.Flags().Changed("out"))
-			}
-			return runDemo(cmd.Context(), g, f)
+			return runDemo(cmd.Context(), g, f, cmd.Flags().Changed("out"))
 		},
 	}
 	fl := cmd.Flags()
@@ -72,7 +70,7 @@ job run twice), inventory (an item sold twice). --use list lists them.`,
 	fl.StringVar(&f.lock, "lock", "orders", "the lock the workers take")
 	fl.StringVar(&f.key, "storage-key", "orders/17", "the storage key the workers write")
 	fl.StringVar(&f.use, "use", "", "play a recipe's story of docs/uses instead (fence demo --use list); the picture goes to fence-demo-NAME.html unless --out")
-	cmd.AddCommand(demoWorkerCommand(g), demoActorCommand(g))
+	cmd.AddCommand(demoWorkerCommand(g))
 	return cmd
 }
 
@@ -90,7 +88,28 @@ type demo struct {
 	workers []*demoWorker
 }
 
-func runDemo(ctx context.Context, g *globals, f demoFlags) error {
+// runDemo is `fence demo`: the article's story, or with --use a recipe's.
+func runDemo(ctx context.Context, g *globals, f demoFlags, outSet bool) error {
+	story := articleStory(f)
+	if f.use != "" {
+		if f.use == "list" {
+			return listUseStories(tabwriter.NewWriter(g.stdout, 0, 0, 2, ' ', 0))
+		}
+		if story = findUseStory(f.use); story == nil {
+			var list strings.Builder
+			_ = listUseStories(tabwriter.NewWriter(&list, 0, 0, 2, ' ', 0))
+			return fmt.Errorf("no story for --use %q; these exist (%s):\n%s", f.use, useNames(), strings.TrimSuffix(list.String(), "\n"))
+		}
+		if !outSet {
+			f.out = "fence-demo-" + story.name + ".html"
+		}
+	}
+	return playStory(ctx, g, f, story)
+}
+
+// playStory starts the lock service, plays each run of the story with real
+// processes, and concludes.
+func playStory(ctx context.Context, g *globals, f demoFlags, story *demoStory) error {
 	began := time.Now()
 	if f.ttl <= 0 {
 		return fmt.Errorf("--ttl must be positive")
@@ -107,27 +126,31 @@ func runDemo(ctx context.Context, g *globals, f demoFlags) error {
 	if err := d.startService(ctx); err != nil {
 		return err
 	}
-	d.printSetup()
-
-	runs := []*demoRun{
-		{number: 1, fenced: false, tl: &timeline.Timeline{Title: "Run 1: lease lock, resource does not check tokens"}},
-		{number: 2, fenced: true, tl: &timeline.Timeline{Title: "Run 2: with fencing, the resource rejects stale tokens"}},
+	tmp, err := os.MkdirTemp("", "fence-demo-"+story.name+"-")
+	if err != nil {
+		return err
 	}
-	for _, r := range runs {
+	defer os.RemoveAll(tmp)
+	d.printSetup(story, tmp)
+
+	var runs []*demoRun
+	for i, spec := range story.runs {
+		r := &demoRun{number: i + 1, fenced: spec.fix != "", tl: &timeline.Timeline{Title: fmt.Sprintf("Run %d: %s", i+1, spec.title)}}
+		runs = append(runs, r)
 		fmt.Fprintf(g.stdout, "\n%s\n", r.tl.Title)
-		if err := d.play(ctx, r); err != nil {
+		p := &demoPlay{demo: d, story: story, spec: spec, run: r, dir: filepath.Join(tmp, fmt.Sprintf("run%d", r.number))}
+		if err := p.play(ctx); err != nil {
 			if ctx.Err() != nil {
 				return &ExitError{Code: exitFailure, Err: errors.New("demo interrupted; its workers and server were stopped")}
 			}
 			return fmt.Errorf("run %d: %w", r.number, err)
 		}
-		r.judge(f)
 		r.tl.Notes = append(r.tl.Notes, r.verdict)
 		if err := d.printRun(r); err != nil {
 			return err
 		}
 	}
-	return d.conclude(runs, began)
+	return d.conclude(story, runs, began)
 }
 
 // printRun prints a run's timeline and verdict.
@@ -143,27 +166,25 @@ func (d *demo) printRun(r *demoRun) error {
 	return nil
 }
 
-// conclude writes the picture of both runs, prints the summary, and fails
-// unless both runs went as the story says.
-func (d *demo) conclude(runs []*demoRun, began time.Time) error {
+// conclude writes the picture of the story's runs, prints the summary, and
+// fails unless every run went as the story says.
+func (d *demo) conclude(s *demoStory, runs []*demoRun, began time.Time) error {
 	var failed []string
+	var tls []*timeline.Timeline
 	for _, r := range runs {
+		tls = append(tls, r.tl)
 		if !r.ok {
 			failed = append(failed, fmt.Sprintf("run %d: %s", r.number, r.verdict))
 		}
 	}
-	summary := "Both runs went as expected: without fencing the paused holder's late write destroyed a newer one; with fencing the storage rejected it."
+	summary := s.summary
 	if len(failed) > 0 {
 		summary = "The demo did NOT go as expected; see the verdicts above."
 	}
 	page := &timeline.Page{
-		Title:     "fence demo: a lock holder paused past its lease, without and with fencing tokens",
-		Timelines: []*timeline.Timeline{runs[0].tl, runs[1].tl},
-		Notes: []string{
-			fmt.Sprintf("Workers A and B are separate processes, each with its own session (TTL %v) on lock %q; they write key %q of an HTTP storage. "+
-				"A is paused with SIGSTOP right after it gets the lock and resumed with SIGCONT once B has written and released.", d.f.ttl, d.f.lock, d.f.key),
-			summary,
-		},
+		Title:     s.title,
+		Timelines: tls,
+		Notes:     append(s.notes(d.f), summary),
 	}
 	if err := writeDemoPicture(d.f.out, page); err != nil {
 		return err
@@ -214,17 +235,19 @@ func (d *demo) startService(ctx context.Context) error {
 	return srv.WaitLeader(ctx)
 }
 
-// printSetup says what the demo runs, and where.
-func (d *demo) printSetup() {
+// printSetup says what the story runs, and what stands in for what.
+func (d *demo) printSetup(s *demoStory, tmp string) {
 	w := d.g.stdout
-	fmt.Fprintln(w, "fence demo: a lock holder paused past its lease, played twice with real processes")
+	fmt.Fprintln(w, s.heading)
 	if d.srv != nil {
 		fmt.Fprintf(w, "  lock service  embedded single node on %s (data in %s)\n", d.endpoints, d.dataDir)
 	} else {
 		fmt.Fprintf(w, "  lock service  %s\n", d.endpoints)
 	}
-	fmt.Fprintf(w, "  workers       A and B, each a process with its own session (TTL %v) on lock %q\n", d.f.ttl, d.f.lock)
-	fmt.Fprintf(w, "  storage       an HTTP server in this process holding key %q\n", d.f.key)
+	fmt.Fprintf(w, "  workers       A and B, each a process with its own session (TTL %v) on %s\n", d.f.ttl, s.on)
+	for _, line := range s.setup {
+		fmt.Fprintf(w, "  %s\n", strings.ReplaceAll(line, "$TMP", tmp))
+	}
 }
 
 // close stops the workers (resuming any that are paused), then the

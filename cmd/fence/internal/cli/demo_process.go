@@ -5,7 +5,6 @@ import (
 	"encoding/json"
 	"fmt"
 	"slices"
-	"strconv"
 	"strings"
 	"time"
 
@@ -16,40 +15,6 @@ import (
 type demoWorker struct {
 	name string // A or B
 	p    *proc.Process
-}
-
-// startWorker starts a worker process and registers it for cleanup. It
-// runs in its own process group, so that a Ctrl-C at the terminal reaches
-// only the demo, which then stops its workers in order; and dies with the
-// demo where the system can.
-func (d *demo) startWorker(name, storageURL string, fenced bool) (*demoWorker, error) {
-	p, err := proc.Start(proc.Spec{
-		Name: "worker " + name,
-		Path: d.exe,
-		Args: []string{"demo", "worker",
-			"--endpoints", d.endpoints,
-			"--name", name,
-			"--storage", storageURL,
-			"--lock", d.f.lock,
-			"--storage-key", d.f.key,
-			"--ttl", d.f.ttl.String(),
-			"--value", name,
-			"--fenced=" + strconv.FormatBool(fenced),
-		},
-		Stdin:         true,
-		Lines:         true,
-		Stderr:        proc.NewPrefixWriter(d.g.stderr, "fence demo: worker "+name+": "),
-		StderrBytes:   8 << 10,
-		DieWithParent: true,
-	})
-	if err != nil {
-		return nil, err
-	}
-	w := &demoWorker{name: name, p: p}
-	d.mu.Lock()
-	d.workers = append(d.workers, w)
-	d.mu.Unlock()
-	return w, nil
 }
 
 // parseEvent reads a worker's report line.
@@ -90,9 +55,10 @@ func (w *demoWorker) command(ctx context.Context, command string, want ...string
 	return w.expect(ctx, stepTimeout, want...)
 }
 
-// write tells the worker to write now, and returns how the storage answered.
-func (w *demoWorker) write(ctx context.Context) (demoEvent, error) {
-	return w.command(ctx, "write", "wrote", "rejected", "write-failed")
+// act tells the worker to do the story's step now (the write, the job,
+// the sale), and returns how the resource answered.
+func (w *demoWorker) act(ctx context.Context) (demoEvent, error) {
+	return w.command(ctx, "act", "wrote", "rejected", "write-failed")
 }
 
 // waitExit waits for a worker told to exit, and fails unless it exits 0.

@@ -13,12 +13,12 @@ import (
 	"regexp"
 	"strconv"
 	"strings"
-	"sync"
 	"syscall"
 	"testing"
 	"time"
 
 	"github.com/fencelock/fence/fencetest"
+	"github.com/fencelock/fence/internal/testutil/syncbuf"
 )
 
 // demoDeadline bounds a whole `fence demo`: the issue promises well under
@@ -151,7 +151,7 @@ func checkCleanedUp(t *testing.T, stdout string) {
 	}
 }
 
-// demoWorkers returns the pids of running `fence demo worker` (and actor) processes of
+// demoWorkerStates returns the running `fence demo worker` processes of
 // this test's fence binary, and the state letter of each (R, S, T...).
 func demoWorkerStates(t *testing.T) map[int]string {
 	t.Helper()
@@ -170,7 +170,7 @@ func demoWorkerStates(t *testing.T) map[int]string {
 			continue
 		}
 		argv := strings.Split(string(cmdline), "\x00")
-		if len(argv) < 3 || argv[0] != fenceBin || argv[1] != "demo" || (argv[2] != "worker" && argv[2] != "actor") {
+		if len(argv) < 3 || argv[0] != fenceBin || argv[1] != "demo" || argv[2] != "worker" {
 			continue
 		}
 		stat, err := os.ReadFile(filepath.Join("/proc", e.Name(), "stat"))
@@ -314,11 +314,11 @@ func TestDemoServiceDown(t *testing.T) {
 // the demo must resume and kill its workers, stop its server and remove its
 // data before it exits.
 func TestDemoInterrupted(t *testing.T) {
-	var stdout, stderr bytes.Buffer
+	var stdout, stderr syncbuf.Buffer // the test reads while exec copies
 	cmd := exec.Command(fenceBin, "demo", "--ttl", "5s", "--out", "demo.html")
 	cmd.Dir = t.TempDir()
 	cmd.Env = append(os.Environ(), "FENCE_ENDPOINTS=")
-	cmd.Stdout, cmd.Stderr = &syncWriter{w: &stdout}, &syncWriter{w: &stderr}
+	cmd.Stdout, cmd.Stderr = &stdout, &stderr
 	if err := cmd.Start(); err != nil {
 		t.Fatal(err)
 	}
@@ -358,18 +358,6 @@ func TestDemoInterrupted(t *testing.T) {
 		t.Errorf("stderr does not say the demo was interrupted:\n%s", stderr.String())
 	}
 	checkCleanedUp(t, stdout.String())
-}
-
-// syncWriter serializes writes, so the test can read while exec copies.
-type syncWriter struct {
-	mu sync.Mutex
-	w  io.Writer
-}
-
-func (s *syncWriter) Write(p []byte) (int, error) {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.w.Write(p)
 }
 
 func TestDemoJudge(t *testing.T) {

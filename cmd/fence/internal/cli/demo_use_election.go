@@ -18,7 +18,7 @@ const electionKey = "scheduler/last-run"
 // electionStory: leader A is paused past its TTL, B is elected and writes;
 // A wakes, still sure it leads, and writes too. Without its token the KV
 // store takes both writes; in strict mode it refuses A's.
-var electionStory = &useStory{
+var electionStory = &demoStory{
 	name:    "election",
 	about:   "a leader paused past its TTL, and a second leader",
 	page:    "docs/uses/election.md",
@@ -29,7 +29,7 @@ var electionStory = &useStory{
 		"leaders       A and B campaign in election \"scheduler\" (client.Election); the leader records its decision",
 		"resource      fence's fenced KV store, key \"" + electionKey + "\", stands in for what the leader controls",
 	},
-	runs: []useRunSpec{
+	runs: []demoRunSpec{
 		{title: "without the fix, the leader writes without its token"},
 		{fix: "strict", title: "with the fix, the leader writes with its leadership token (strict mode)"},
 	},
@@ -39,8 +39,8 @@ var electionStory = &useStory{
 		"A is resumed with SIGCONT and, still believing it leads, writes its own decision.",
 }
 
-var electionActor = useActorScript{
-	acquire: func(ctx context.Context, a *useActor) error {
+var electionActor = actorScript{
+	acquire: func(ctx context.Context, a *demoActor) error {
 		e := client.NewElection(a.s, a.f.lock)
 		l, err := e.Campaign(ctx, a.f.name)
 		if err != nil {
@@ -57,7 +57,7 @@ func electionDecision(name string) string { return "jobs assigned by " + name }
 
 // electionWrite records the leader's decision, with its leadership token
 // in strict mode when the fix is on.
-func electionWrite(ctx context.Context, a *useActor) demoEvent {
+func electionWrite(ctx context.Context, a *demoActor) demoEvent {
 	value := electionDecision(a.f.name)
 	var opts []client.WriteOption
 	if a.f.fix == "strict" {
@@ -75,36 +75,36 @@ func electionWrite(ctx context.Context, a *useActor) demoEvent {
 	return demoEvent{Event: "wrote", Message: fmt.Sprintf("wrote %q, no token: accepted", value)}
 }
 
-// serviceClient is a client of the demo's lock service.
-func (d *demo) serviceClient() (*client.Client, error) {
+// withServiceKV calls fn with the KV store of the demo's lock service,
+// within stepTimeout.
+func (d *demo) withServiceKV(ctx context.Context, fn func(ctx context.Context, kv *client.KV) error) error {
 	g := *d.g
 	g.endpoints = d.endpoints
-	return g.client()
+	c, err := g.client()
+	if err != nil {
+		return err
+	}
+	defer c.Close()
+	ctx, cancel := context.WithTimeout(ctx, stepTimeout)
+	defer cancel()
+	return fn(ctx, c.KV())
 }
 
 // prepareElection deletes the decision of an earlier run.
-func prepareElection(ctx context.Context, p *usePlay) error {
-	c, err := p.demo.serviceClient()
-	if err != nil {
+func prepareElection(ctx context.Context, p *demoPlay) error {
+	return p.demo.withServiceKV(ctx, func(ctx context.Context, kv *client.KV) error {
+		_, err := kv.Delete(ctx, electionKey)
 		return err
-	}
-	defer c.Close()
-	ctx, cancel := context.WithTimeout(ctx, stepTimeout)
-	defer cancel()
-	_, err = c.KV().Delete(ctx, electionKey)
-	return err
+	})
 }
 
 // inspectElection reads the decision the KV store holds in the end.
-func inspectElection(ctx context.Context, p *usePlay) error {
-	c, err := p.demo.serviceClient()
-	if err != nil {
+func inspectElection(ctx context.Context, p *demoPlay) error {
+	var kv *client.KeyValue
+	err := p.demo.withServiceKV(ctx, func(ctx context.Context, store *client.KV) (err error) {
+		kv, err = store.Get(ctx, electionKey)
 		return err
-	}
-	defer c.Close()
-	ctx, cancel := context.WithTimeout(ctx, stepTimeout)
-	defer cancel()
-	kv, err := c.KV().Get(ctx, electionKey)
+	})
 	if err != nil {
 		return err
 	}

@@ -20,7 +20,7 @@ const inventorySKU = "A1"
 // it; A wakes and sells it too. A fenced write (the token checked in the
 // database, as pgfence does on the page) refuses A's sale; so does the
 // article's conditional decrement, which needs no lock at all.
-var inventoryStory = &useStory{
+var inventoryStory = &demoStory{
 	name:  "inventory",
 	about: "a buyer paused between its read and its write, and an item sold twice",
 	page:  "docs/uses/inventory.md",
@@ -31,7 +31,7 @@ var inventoryStory = &useStory{
 		"database      $TMP/runN/" + useDBName + ", tables stock (1 of " + inventorySKU + ") and sales: SQLite through modernc.org/sqlite stands in for the page's PostgreSQL,",
 		"              sqlitefence for pgfence; nolock.Decrement is the same statement on both",
 	},
-	runs: []useRunSpec{
+	runs: []demoRunSpec{
 		{title: "without the fix, read-modify-write under a lease lock"},
 		{fix: "fenced", title: "with fencing, the database checks the lock's token (sqlitefence, as pgfence)"},
 		{fix: "decrement", title: "with the fix that needs no lock, one conditional decrement (nolock.Decrement)"},
@@ -42,8 +42,8 @@ var inventoryStory = &useStory{
 		"A is resumed with SIGCONT and, still believing it holds the lock, sells the item it read.",
 }
 
-var inventoryActor = useActorScript{
-	afterGrant: func(ctx context.Context, a *useActor) (string, error) {
+var inventoryActor = actorScript{
+	afterGrant: func(ctx context.Context, a *demoActor) (string, error) {
 		err := a.db.QueryRowContext(ctx, "SELECT qty FROM stock WHERE sku = ?", inventorySKU).Scan(&a.seen)
 		if err != nil {
 			return "", fmt.Errorf("reading the stock: %w", err)
@@ -56,7 +56,7 @@ var inventoryActor = useActorScript{
 // buy sells one item: without a fix it writes the stock it read less one;
 // fenced, it does so in sqlitefence's transaction that admits its token;
 // with the decrement it takes one only if one is left.
-func buy(ctx context.Context, a *useActor) demoEvent {
+func buy(ctx context.Context, a *demoActor) demoEvent {
 	var msg string
 	sell := func(tx *sql.Tx) error {
 		if a.f.fix == "decrement" {
@@ -114,7 +114,7 @@ func inTx(ctx context.Context, db *sql.DB, fn func(tx *sql.Tx) error) error {
 }
 
 // prepareInventory creates the run's database with one item in stock.
-func prepareInventory(ctx context.Context, p *usePlay) error {
+func prepareInventory(ctx context.Context, p *demoPlay) error {
 	db, err := openUseDB(p.dir)
 	if err != nil {
 		return err
@@ -128,7 +128,7 @@ func prepareInventory(ctx context.Context, p *usePlay) error {
 }
 
 // inspectInventory counts what was sold and what is left.
-func inspectInventory(ctx context.Context, p *usePlay) error {
+func inspectInventory(ctx context.Context, p *demoPlay) error {
 	db, err := openUseDB(p.dir)
 	if err != nil {
 		return err

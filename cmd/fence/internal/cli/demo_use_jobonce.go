@@ -21,7 +21,7 @@ const (
 // before it runs the job; B takes the lock and runs it; A wakes and runs it
 // too. With nolock.Once the job key recorded in B's transaction makes A's
 // run a no-op.
-var jobOnceStory = &useStory{
+var jobOnceStory = &demoStory{
 	name:  "job-once",
 	about: "a scheduled job's lock holder paused past its TTL, and the job run twice",
 	page:  "docs/uses/job-once.md",
@@ -32,7 +32,7 @@ var jobOnceStory = &useStory{
 		"the job       sends the report of " + jobOnceDay + ": a row in table report_runs of an SQLite file (standing in for the job's database)",
 		"database      $TMP/runN/" + useDBName + " (SQLite through modernc.org/sqlite; the page uses PostgreSQL)",
 	},
-	runs: []useRunSpec{
+	runs: []demoRunSpec{
 		{title: "without the fix, a lease lock alone (fine for efficiency, a rare duplicate)"},
 		{fix: "once", title: "with the fix, nolock.Once records the job key in the job's own transaction"},
 	},
@@ -42,12 +42,12 @@ var jobOnceStory = &useStory{
 		"A is resumed with SIGCONT and, still believing it holds the lock, runs the job too.",
 }
 
-var jobOnceActor = useActorScript{act: runNightlyJob}
+var jobOnceActor = actorScript{act: runNightlyJob}
 
 // runNightlyJob runs the job: it records that the report was sent. With
 // the fix it does so under nolock.Once, in the transaction that records the
 // job key.
-func runNightlyJob(ctx context.Context, a *useActor) demoEvent {
+func runNightlyJob(ctx context.Context, a *demoActor) demoEvent {
 	job := func(ctx context.Context, tx *sql.Tx) error {
 		_, err := tx.ExecContext(ctx, "INSERT INTO report_runs (day, worker) VALUES (?, ?)", jobOnceDay, a.f.name)
 		return err
@@ -78,7 +78,7 @@ func runNightlyJob(ctx context.Context, a *useActor) demoEvent {
 
 // prepareJobOnce creates the run's database: the job's table and the
 // table of job keys.
-func prepareJobOnce(ctx context.Context, p *usePlay) error {
+func prepareJobOnce(ctx context.Context, p *demoPlay) error {
 	db, err := openUseDB(p.dir)
 	if err != nil {
 		return err
@@ -91,7 +91,7 @@ func prepareJobOnce(ctx context.Context, p *usePlay) error {
 }
 
 // inspectJobOnce counts the job's runs.
-func inspectJobOnce(ctx context.Context, p *usePlay) error {
+func inspectJobOnce(ctx context.Context, p *demoPlay) error {
 	db, err := openUseDB(p.dir)
 	if err != nil {
 		return err

@@ -138,7 +138,7 @@ func TestDemoUseJudge(t *testing.T) {
 		{"tokens out of order", demoRun{tokenA: 5, tokenB: 4, writeB: wrote}, true, false, "UNEXPECTED: B's token 4 is not above A's 5"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			p := &usePlay{run: &tc.run}
+			p := &demoPlay{run: &tc.run}
 			p.judgeUse(tc.happened, "RAN TWICE: story", "ran once")
 			if tc.run.ok != tc.ok || !strings.Contains(tc.run.verdict, tc.want) {
 				t.Errorf("ok %v, verdict %q; want ok %v and a verdict with %q", tc.run.ok, tc.run.verdict, tc.ok, tc.want)

@@ -15,6 +15,7 @@ import (
 	fencev1 "github.com/fencelock/fence/api/fence/v1"
 	"github.com/fencelock/fence/client"
 	"github.com/fencelock/fence/fencetest"
+	"github.com/fencelock/fence/internal/testutil/syncbuf"
 )
 
 // camelCase is a key of the API's JSON: protojson's names of its fields.
@@ -96,7 +97,7 @@ func runFirstLine(t *testing.T, args ...string) (int, string, string) {
 	t.Helper()
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
-	var stdout, stderr lockedBuffer
+	var stdout, stderr syncbuf.Buffer
 	done := make(chan int, 1)
 	go func() { done <- Run(ctx, args, strings.NewReader(""), &stdout, &stderr) }()
 	deadline := time.Now().Add(10 * time.Second)

@@ -34,6 +34,21 @@ func (f *fenceFlags) register(cmd *cobra.Command) {
 // options are the write options of the flags. A fence that the service
 // would refuse is refused here, naming the flags rather than the API's
 // fields (fence.lock, fence.token).
+// withClient is g.withClient for a command that writes fenced by f: it
+// reads the fencing flags first, so that a mistake in them is reported
+// before anything connects, and passes fn their write options.
+func (f *fenceFlags) withClient(g *globals, fn func(cmd *cobra.Command, args []string, c *client.Client, opts []client.WriteOption) error) func(*cobra.Command, []string) error {
+	return func(cmd *cobra.Command, args []string) error {
+		opts, err := f.options()
+		if err != nil {
+			return err
+		}
+		return g.withClient(func(cmd *cobra.Command, args []string, c *client.Client) error {
+			return fn(cmd, args, c, opts)
+		})(cmd, args)
+	}
+}
+
 func (f *fenceFlags) options() ([]client.WriteOption, error) {
 	switch {
 	case f.strict && (f.lock == "" || f.token == ""):
@@ -89,19 +104,11 @@ its session ends, for example because the process was paused or killed
 (exit 75 if it notices). Registrations and presence, like an etcd lease key
 or a ZooKeeper ephemeral node.`,
 		Args: cobra.ExactArgs(2),
-		RunE: func(cmd *cobra.Command, args []string) error {
-			opts, err := f.options()
-			if err != nil {
-				return err
-			}
-			c, err := g.client()
-			if err != nil {
-				return err
-			}
-			defer c.Close()
+		RunE: f.withClient(g, func(cmd *cobra.Command, args []string, c *client.Client, opts []client.WriteOption) error {
 			ctx := cmd.Context()
 			var s *client.Session
 			if hold {
+				var err error
 				s, err = c.NewSession(ctx, client.WithTTL(ttl), client.WithOwner("fence kv put --hold "+args[0]))
 				if err != nil {
 					return err
@@ -130,7 +137,7 @@ or a ZooKeeper ephemeral node.`,
 			case <-s.Done():
 				return &ExitError{Code: exitLockLost, Err: fmt.Errorf("the session holding %s may be lost, and the key with it: %v", args[0], s.Err())}
 			}
-		},
+		}),
 	}
 	f.register(cmd)
 	cmd.Flags().BoolVar(&hold, "hold", false, "bind the key to this process's session and keep it until interrupted")
@@ -148,16 +155,7 @@ func kvDelCommand(g *globals) *cobra.Command {
 		Long: `Deletes KEY, fenced by --lock/--token when given, and prints "deleted KEY",
 or "KEY did not exist" when there was nothing to delete (exit 0 either way).`,
 		Args: cobra.ExactArgs(1),
-		RunE: func(cmd *cobra.Command, args []string) error {
-			opts, err := f.options()
-			if err != nil {
-				return err
-			}
-			c, err := g.client()
-			if err != nil {
-				return err
-			}
-			defer c.Close()
+		RunE: f.withClient(g, func(cmd *cobra.Command, args []string, c *client.Client, opts []client.WriteOption) error {
 			deleted, err := c.KV().Delete(cmd.Context(), args[0], opts...)
 			if err != nil {
 				return err
@@ -168,7 +166,7 @@ or "KEY did not exist" when there was nothing to delete (exit 0 either way).`,
 			}
 			_, err = fmt.Fprintf(g.stdout, "deleted %s\n", args[0])
 			return err
-		},
+		}),
 	}
 	f.register(cmd)
 	return cmd

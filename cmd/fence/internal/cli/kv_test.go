@@ -9,6 +9,7 @@ import (
 	"time"
 
 	"github.com/fencelock/fence/fencetest"
+	"github.com/fencelock/fence/internal/testutil/syncbuf"
 )
 
 // fence kv watch prints a line for people per change, the value as text
@@ -18,7 +19,7 @@ func TestKVWatchPrintsALineAChange(t *testing.T) {
 	ep := []string{"--endpoints", node.Endpoint()}
 	watch := func(args ...string) (stop func() string) {
 		ctx, cancel := context.WithCancel(context.Background())
-		var stdout, stderr lockedBuffer
+		var stdout, stderr syncbuf.Buffer
 		done := make(chan int)
 		go func() {
 			done <- Run(ctx, append(append(ep, "kv", "watch"), args...), strings.NewReader(""), &stdout, &stderr)

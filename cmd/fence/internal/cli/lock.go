@@ -36,17 +36,24 @@ const lockUsage = "usage: fence lock [flags] NAME -- CMD [ARGS...]"
 
 // lockArgs checks fence lock's arguments: NAME, then --, then a command.
 func lockArgs(cmd *cobra.Command, args []string) error {
+	return dashArgs(cmd, args, "lock", "lock NAME", lockUsage)
+}
+
+// dashArgs checks the arguments of a command that wraps another, fence lock
+// or fence run-once: one what (a lock NAME, a KEY), then --, then the
+// command to run.
+func dashArgs(cmd *cobra.Command, args []string, name, what, usage string) error {
 	switch dash := cmd.ArgsLenAtDash(); {
 	case dash == -1 && len(args) <= 1:
-		return fmt.Errorf("fence lock needs a lock NAME, then -- and the command to run\n%s", lockUsage)
+		return fmt.Errorf("fence %s needs a %s, then -- and the command to run\n%s", name, what, usage)
 	case dash == -1:
-		return fmt.Errorf("put -- between the lock NAME and the command (%q ...)\n%s", args[1], lockUsage)
+		return fmt.Errorf("put -- between the %s and the command (%q ...)\n%s", what, args[1], usage)
 	case dash == 0:
-		return fmt.Errorf("fence lock needs a lock NAME before --\n%s", lockUsage)
+		return fmt.Errorf("fence %s needs a %s before --\n%s", name, what, usage)
 	case dash > 1:
-		return fmt.Errorf("fence lock takes one lock NAME before --, not %d\n%s", dash, lockUsage)
+		return fmt.Errorf("fence %s takes one %s before --, not %d\n%s", name, what, dash, usage)
 	case len(args) == 1:
-		return fmt.Errorf("fence lock needs a command after --\n%s", lockUsage)
+		return fmt.Errorf("fence %s needs a command after --\n%s", name, usage)
 	}
 	return nil
 }

@@ -15,11 +15,12 @@ import (
 	fencev1 "github.com/fencelock/fence/api/fence/v1"
 	"github.com/fencelock/fence/client"
 	"github.com/fencelock/fence/fencetest"
+	"github.com/fencelock/fence/internal/testutil/syncbuf"
 )
 
 // runUntilCancelled runs fence with args until the returned cancel; its
 // exit code comes on the channel.
-func runUntilCancelled(args []string, stdout, stderr *lockedBuffer) (context.CancelFunc, <-chan int) {
+func runUntilCancelled(args []string, stdout, stderr *syncbuf.Buffer) (context.CancelFunc, <-chan int) {
 	ctx, cancel := context.WithCancel(context.Background())
 	code := make(chan int, 1)
 	go func() { code <- Run(ctx, args, strings.NewReader(""), stdout, stderr) }()
@@ -32,7 +33,7 @@ func runUntilCancelled(args []string, stdout, stderr *lockedBuffer) (context.Can
 func TestLocksWatch(t *testing.T) {
 	node := fencetest.Start(t)
 	ctx := context.Background()
-	var out, errs, jsonOut, jsonErrs lockedBuffer
+	var out, errs, jsonOut, jsonErrs syncbuf.Buffer
 	base := []string{"--endpoints", node.Endpoint(), "--command-timeout", "300ms", "locks", "--watch", "--prefix", "jobs/", "--from-revision", "1"}
 	stop, code := runUntilCancelled(base, &out, &errs)
 	stopJSON, codeJSON := runUntilCancelled(append(base, "--json"), &jsonOut, &jsonErrs)

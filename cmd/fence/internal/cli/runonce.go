@@ -32,18 +32,10 @@ func runOnceDoneKey(key string) string { return "run-once/" + key + "/done" }
 // runOnceArgs checks fence run-once's arguments: KEY, then --, then a
 // command.
 func runOnceArgs(cmd *cobra.Command, args []string) error {
-	switch dash := cmd.ArgsLenAtDash(); {
-	case dash == -1 && len(args) <= 1:
-		return fmt.Errorf("fence run-once needs a KEY, then -- and the command to run\n%s", runOnceUsage)
-	case dash == -1:
-		return fmt.Errorf("put -- between the KEY and the command (%q ...)\n%s", args[1], runOnceUsage)
-	case dash == 0:
-		return fmt.Errorf("fence run-once needs a KEY before --\n%s", runOnceUsage)
-	case dash > 1:
-		return fmt.Errorf("fence run-once takes one KEY before --, not %d\n%s", dash, runOnceUsage)
-	case len(args) == 1:
-		return fmt.Errorf("fence run-once needs a command after --\n%s", runOnceUsage)
-	case args[0] == "":
+	if err := dashArgs(cmd, args, "run-once", "KEY", runOnceUsage); err != nil {
+		return err
+	}
+	if args[0] == "" {
 		return fmt.Errorf("fence run-once needs a KEY that is not empty\n%s", runOnceUsage)
 	}
 	return nil

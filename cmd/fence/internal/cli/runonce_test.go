@@ -10,6 +10,7 @@ import (
 
 	"github.com/fencelock/fence/client"
 	"github.com/fencelock/fence/fencetest"
+	"github.com/fencelock/fence/internal/testutil/syncbuf"
 )
 
 // fence run-once exits as its help says, and records KEY done only when
@@ -126,11 +127,11 @@ func TestRunOnceExitStatus(t *testing.T) {
 }
 
 // runFenceWithCommand runs the fence command in this process, as runFence
-// does, with one standard error (a lockedBuffer) that fence and the command it runs both
+// does, with one standard error (a syncbuf.Buffer) that fence and the command it runs both
 // write to (exec copies the command's output from a goroutine of its own),
 // and returns the exit code and what fence and the command wrote there.
 func runFenceWithCommand(args ...string) (int, string) {
-	var stdout, stderr lockedBuffer
+	var stdout, stderr syncbuf.Buffer
 	code := Run(context.Background(), args, strings.NewReader(""), &stdout, &stderr)
 	return code, stderr.String()
 }

@@ -1,36 +1,17 @@
 package cli
 
 import (
-	"bytes"
 	"encoding/json"
 	"fmt"
 	"net"
 	"os/exec"
 	"strings"
-	"sync"
 	"syscall"
 	"testing"
 	"time"
+
+	"github.com/fencelock/fence/internal/testutil/syncbuf"
 )
-
-// lockedBuffer is a bytes.Buffer that a child process writes while the
-// test reads it.
-type lockedBuffer struct {
-	mu  sync.Mutex
-	buf bytes.Buffer
-}
-
-func (b *lockedBuffer) Write(p []byte) (int, error) {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	return b.buf.Write(p)
-}
-
-func (b *lockedBuffer) String() string {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	return b.buf.String()
-}
 
 // runServe starts `fence serve` on free ports with args, waits until it
 // leads, stops it with SIGTERM and returns its log.
@@ -43,7 +24,7 @@ func runServe(t *testing.T, args ...string) string {
 // args alone.
 func runServeEnv(t *testing.T, env []string, args ...string) string {
 	t.Helper()
-	var stderr lockedBuffer
+	var stderr syncbuf.Buffer
 	cmd := exec.Command(fenceBin, append([]string{"serve"}, args...)...)
 	cmd.Env = env
 	cmd.Stderr = &stderr
@@ -121,13 +102,13 @@ func TestServeSIGTERMHandOffLogsInfo(t *testing.T) {
 	}
 	type node struct {
 		cmd    *exec.Cmd
-		log    *lockedBuffer
+		log    *syncbuf.Buffer
 		exited chan error
 	}
 	var nodes []*node
 	for i, p := range peers {
 		_, raftAddr, _ := strings.Cut(p, "=")
-		n := &node{log: &lockedBuffer{}, exited: make(chan error, 1)}
+		n := &node{log: &syncbuf.Buffer{}, exited: make(chan error, 1)}
 		n.cmd = exec.Command(fenceBin, "serve", "--node-id", fmt.Sprintf("n%d", i+1), "--data-dir", t.TempDir(),
 			"--listen", "127.0.0.1:0", "--raft-listen", raftAddr, "--listen-metrics", "127.0.0.1:0", "--peers", strings.Join(peers, ","))
 		n.cmd.Stdout, n.cmd.Stderr = n.log, n.log
@@ -201,7 +182,7 @@ func TestServeRefusesUnknownLogFormat(t *testing.T) {
 
 // A node that listens beyond loopback warns that it has no TLS and no auth.
 func TestServeWarnsWhenUnsecured(t *testing.T) {
-	var stderr lockedBuffer
+	var stderr syncbuf.Buffer
 	cmd := exec.Command(fenceBin, "serve", "--data-dir", t.TempDir(), "--listen", "0.0.0.0:0", "--raft-listen", "127.0.0.1:0")
 	cmd.Stderr = &stderr
 	cmd.Stdout = &stderr
