@@ -21,18 +21,7 @@ import (
 )
 
 func benchCommand(g *globals) *cobra.Command {
-	var (
-		clients   []int
-		duration  time.Duration
-		workloads []string
-		asJSON    bool
-		idle      int
-		idleConns int
-		idleTTL   time.Duration
-		idleProcs int
-		expire    int
-		profile   string
-	)
+	b := &bench{g: g}
 	cmd := &cobra.Command{
 		Use:   "bench",
 		Short: "Measure lock+unlock throughput and latency against a running service",
@@ -69,153 +58,203 @@ With --json, prints {"results": [{"workload", "clients", "idleSessions",
 "bytesPerSession"}, and with --expire "storm": {"sessions", "expired",
 "expiredIn", "before", "during"}.`,
 		Args: cobra.NoArgs,
-		RunE: func(cmd *cobra.Command, _ []string) error {
-			for _, w := range workloads {
-				if w != "own" && w != "hot" {
-					return fmt.Errorf("unknown workload %q: want own or hot", w)
-				}
-			}
-			if len(clients) == 0 || slices.Min(clients) <= 0 {
-				return fmt.Errorf("--clients must name positive numbers of clients")
-			}
-			switch {
-			case idle < 0 || idleProcs < 0 || expire < 0:
-				return fmt.Errorf("--idle-sessions, --idle-procs and --expire cannot be negative")
-			case idleProcs > 0 && idle%idleProcs != 0:
-				return fmt.Errorf("--idle-sessions %d must be a multiple of --idle-procs %d", idle, idleProcs)
-			case expire > 0 && idleProcs == 0:
-				return fmt.Errorf("--expire needs --idle-procs: it kills the processes that hold the sessions")
-			case expire > idle || (expire > 0 && expire%(idle/idleProcs) != 0):
-				return fmt.Errorf("--expire %d must be a multiple of the %d sessions each of the --idle-procs holds, at most --idle-sessions", expire, idle/max(idleProcs, 1))
-			}
-			if profile != "" {
-				stop, err := startCPUProfile(profile)
-				if err != nil {
-					return err
-				}
-				defer stop()
-			}
-			if !asJSON {
-				fmt.Fprintf(g.stdout, "%-8s %8s %8s %12s %10s %10s\n", "workload", "clients", "idle", "cycles/s", "p50", "p99")
-			}
-			results := []benchJSON{}
-			runAll := func(idleSessions int) error {
-				for _, w := range workloads {
-					for _, n := range clients {
-						r, err := runBench(cmd.Context(), g, w, n, duration)
-						if err != nil {
-							return err
-						}
-						row := benchJSON{Workload: w, Clients: n, Idle: idleSessions, Rate: r.rate, P50: jsonDuration(r.p50), P99: jsonDuration(r.p99)}
-						results = append(results, row)
-						if asJSON {
-							continue
-						}
-						ratio := ""
-						if idleSessions > 0 {
-							for _, base := range results {
-								if base.Idle == 0 && base.Workload == w && base.Clients == n && base.Rate > 0 {
-									ratio = fmt.Sprintf("  (%.2fx without)", r.rate/base.Rate)
-								}
-							}
-						}
-						fmt.Fprintf(g.stdout, "%-8s %8d %8d %12.0f %10s %10s%s\n", w, n, idleSessions, r.rate, r.p50.Round(time.Microsecond), r.p99.Round(time.Microsecond), ratio)
-					}
-				}
-				return nil
-			}
-			if err := runAll(0); err != nil {
-				return err
-			}
-			var (
-				idleOut *idleJSON
-				hold    *holders
-			)
-			if idle > 0 {
-				before, beforeErr := serverRSS(cmd.Context(), g)
-				var release func()
-				if idleProcs > 0 {
-					procs, err := startHolders(cmd.Context(), g, idle, idleProcs, idleConns, idleTTL)
-					if err != nil {
-						return err
-					}
-					hold, release = procs, procs.close
-				} else {
-					held, err := holdIdleSessions(cmd.Context(), g, idle, idleConns, idleTTL)
-					release = held.close
-					if err != nil {
-						release()
-						return err
-					}
-				}
-				defer func() { release() }()
-				after, afterErr := serverRSS(cmd.Context(), g)
-				idleOut = &idleJSON{Sessions: idle}
-				if err := errors.Join(beforeErr, afterErr); err != nil {
-					fmt.Fprintf(g.stderr, "server memory not measured: %v\n", err)
-				} else {
-					idleOut.RSSBefore, idleOut.RSSAfter = before, after
-					idleOut.BytesPerSession = (float64(after) - float64(before)) / float64(idle)
-				}
-				if !asJSON {
-					by := fmt.Sprintf("over %d connections", idleConns)
-					if idleProcs > 0 {
-						by = fmt.Sprintf("by %d processes", idleProcs)
-					}
-					fmt.Fprintf(g.stdout, "# %d idle sessions held %s; server RSS %.1f -> %.1f MiB, %.0f B per idle session\n",
-						idle, by, float64(before)/(1<<20), float64(after)/(1<<20), idleOut.BytesPerSession)
-				}
-				if err := runAll(idle); err != nil {
-					return err
-				}
-			}
-			var storm *stormJSON
-			if expire > 0 {
-				n := slices.Max(clients)
-				r, err := runStorm(cmd.Context(), g, hold, expire, n, idleTTL)
-				if err != nil {
-					return err
-				}
-				storm = &r
-				if !asJSON {
-					fmt.Fprintf(g.stdout, "# expiry storm: %d of %d sessions expired in %s after their holders were killed (TTL %s)\n",
-						r.Expired, r.Sessions, cmp.Or(r.ExpiredIn, "more than TTL+10s"), idleTTL)
-					for _, row := range []struct {
-						when string
-						r    benchResult
-					}{{"before the kill", r.before}, {"until a second after the last expiry", r.during}} {
-						fmt.Fprintf(g.stdout, "#   %d workers %s: %.0f cycles/s, p50 %s, p99 %s\n",
-							n, row.when, row.r.rate, row.r.p50.Round(time.Microsecond), row.r.p99.Round(time.Microsecond))
-					}
-				}
-			}
-			if asJSON {
-				out := map[string]any{"results": results}
-				if idleOut != nil {
-					out["idle"] = idleOut
-				}
-				if storm != nil {
-					out["storm"] = storm
-				}
-				return printJSONValue(g, out)
-			}
-			return nil
-		},
+		RunE: func(cmd *cobra.Command, _ []string) error { return b.run(cmd.Context()) },
 	}
-	cmd.Flags().IntSliceVar(&clients, "clients", []int{1, 16}, "numbers of concurrent clients to run")
-	cmd.Flags().DurationVar(&duration, "duration", 5*time.Second, "how long each run lasts")
-	cmd.Flags().StringSliceVar(&workloads, "workload", []string{"own", "hot"}, "workloads: own, hot")
-	cmd.Flags().BoolVar(&asJSON, "json", false, "print JSON once every run is done: the runs' measurements")
-	cmd.Flags().IntVar(&idle, "idle-sessions", 0, "also run every workload while holding this many more sessions open and kept alive")
-	cmd.Flags().IntVar(&idleConns, "idle-conns", 4, "client connections the idle sessions share")
-	cmd.Flags().DurationVar(&idleTTL, "idle-ttl", 10*time.Second, "TTL of the idle sessions")
-	cmd.Flags().IntVar(&idleProcs, "idle-procs", 0, "hold the idle sessions in this many processes of their own (0: in this one)")
-	cmd.Flags().IntVar(&expire, "expire", 0, "then kill the processes holding this many idle sessions and measure their expiry (needs --idle-procs)")
-	cmd.Flags().StringVar(&profile, "cpuprofile", "", "write the bench process's CPU profile to this file (go tool pprof), to see the client's cost")
+	cmd.Flags().IntSliceVar(&b.clients, "clients", []int{1, 16}, "numbers of concurrent clients to run")
+	cmd.Flags().DurationVar(&b.duration, "duration", 5*time.Second, "how long each run lasts")
+	cmd.Flags().StringSliceVar(&b.workloads, "workload", []string{"own", "hot"}, "workloads: own, hot")
+	cmd.Flags().BoolVar(&b.asJSON, "json", false, "print JSON once every run is done: the runs' measurements")
+	cmd.Flags().IntVar(&b.idle, "idle-sessions", 0, "also run every workload while holding this many more sessions open and kept alive")
+	cmd.Flags().IntVar(&b.idleConns, "idle-conns", 4, "client connections the idle sessions share")
+	cmd.Flags().DurationVar(&b.idleTTL, "idle-ttl", 10*time.Second, "TTL of the idle sessions")
+	cmd.Flags().IntVar(&b.idleProcs, "idle-procs", 0, "hold the idle sessions in this many processes of their own (0: in this one)")
+	cmd.Flags().IntVar(&b.expire, "expire", 0, "then kill the processes holding this many idle sessions and measure their expiry (needs --idle-procs)")
+	cmd.Flags().StringVar(&b.profile, "cpuprofile", "", "write the bench process's CPU profile to this file (go tool pprof), to see the client's cost")
 	cmd.PersistentFlags().BoolVar(&g.noStream, "no-stream", false, "send each operation as a unary call, not on the session stream")
 	cmd.PersistentFlags().BoolVar(&g.http2Stream, "http2-stream", false, "carry the session stream over HTTP/2 (Connect), not framed on its connection")
 	cmd.AddCommand(benchHoldCommand(g))
 	return cmd
+}
+
+// bench is one fence bench: its flags, and the runs measured so far.
+type bench struct {
+	g         *globals
+	clients   []int
+	duration  time.Duration
+	workloads []string
+	asJSON    bool
+	idle      int
+	idleConns int
+	idleTTL   time.Duration
+	idleProcs int
+	expire    int
+	profile   string
+
+	results []benchJSON
+}
+
+func (b *bench) run(ctx context.Context) error {
+	if err := b.check(); err != nil {
+		return err
+	}
+	if b.profile != "" {
+		stop, err := startCPUProfile(b.profile)
+		if err != nil {
+			return err
+		}
+		defer stop()
+	}
+	if !b.asJSON {
+		fmt.Fprintf(b.g.stdout, "%-8s %8s %8s %12s %10s %10s\n", "workload", "clients", "idle", "cycles/s", "p50", "p99")
+	}
+	b.results = []benchJSON{}
+	if err := b.runAll(ctx, 0); err != nil {
+		return err
+	}
+	var (
+		idleOut *idleJSON
+		hold    *holders
+	)
+	if b.idle > 0 {
+		out, procs, release, err := b.holdIdle(ctx)
+		if err != nil {
+			return err
+		}
+		defer release()
+		idleOut, hold = out, procs
+		if err := b.runAll(ctx, b.idle); err != nil {
+			return err
+		}
+	}
+	var storm *stormJSON
+	if b.expire > 0 {
+		r, err := b.storm(ctx, hold)
+		if err != nil {
+			return err
+		}
+		storm = &r
+	}
+	if !b.asJSON {
+		return nil
+	}
+	out := map[string]any{"results": b.results}
+	if idleOut != nil {
+		out["idle"] = idleOut
+	}
+	if storm != nil {
+		out["storm"] = storm
+	}
+	return printJSONValue(b.g, out)
+}
+
+// check refuses flags that cannot make a run.
+func (b *bench) check() error {
+	for _, w := range b.workloads {
+		if w != "own" && w != "hot" {
+			return fmt.Errorf("unknown workload %q: want own or hot", w)
+		}
+	}
+	if len(b.clients) == 0 || slices.Min(b.clients) <= 0 {
+		return fmt.Errorf("--clients must name positive numbers of clients")
+	}
+	idle, idleProcs, expire := b.idle, b.idleProcs, b.expire
+	switch {
+	case idle < 0 || idleProcs < 0 || expire < 0:
+		return fmt.Errorf("--idle-sessions, --idle-procs and --expire cannot be negative")
+	case idleProcs > 0 && idle%idleProcs != 0:
+		return fmt.Errorf("--idle-sessions %d must be a multiple of --idle-procs %d", idle, idleProcs)
+	case expire > 0 && idleProcs == 0:
+		return fmt.Errorf("--expire needs --idle-procs: it kills the processes that hold the sessions")
+	case expire > idle || (expire > 0 && expire%(idle/idleProcs) != 0):
+		return fmt.Errorf("--expire %d must be a multiple of the %d sessions each of the --idle-procs holds, at most --idle-sessions", expire, idle/max(idleProcs, 1))
+	}
+	return nil
+}
+
+// runAll runs every workload with every number of clients, while
+// idleSessions more sessions are held, and prints each run.
+func (b *bench) runAll(ctx context.Context, idleSessions int) error {
+	for _, w := range b.workloads {
+		for _, n := range b.clients {
+			r, err := runBench(ctx, b.g, w, n, b.duration)
+			if err != nil {
+				return err
+			}
+			b.results = append(b.results, benchJSON{Workload: w, Clients: n, Idle: idleSessions, Rate: r.rate, P50: jsonDuration(r.p50), P99: jsonDuration(r.p99)})
+			if b.asJSON {
+				continue
+			}
+			ratio := ""
+			if idleSessions > 0 {
+				for _, base := range b.results {
+					if base.Idle == 0 && base.Workload == w && base.Clients == n && base.Rate > 0 {
+						ratio = fmt.Sprintf("  (%.2fx without)", r.rate/base.Rate)
+					}
+				}
+			}
+			fmt.Fprintf(b.g.stdout, "%-8s %8d %8d %12.0f %10s %10s%s\n", w, n, idleSessions, r.rate, r.p50.Round(time.Microsecond), r.p99.Round(time.Microsecond), ratio)
+		}
+	}
+	return nil
+}
+
+// holdIdle opens the idle sessions (in this process, or in --idle-procs
+// of their own) and measures the server's memory before and after; the
+// caller calls release when done with them.
+func (b *bench) holdIdle(ctx context.Context) (out *idleJSON, hold *holders, release func(), err error) {
+	g, idle := b.g, b.idle
+	before, beforeErr := serverRSS(ctx, g)
+	if b.idleProcs > 0 {
+		procs, err := startHolders(ctx, g, idle, b.idleProcs, b.idleConns, b.idleTTL)
+		if err != nil {
+			return nil, nil, nil, err
+		}
+		hold, release = procs, procs.close
+	} else {
+		held, err := holdIdleSessions(ctx, g, idle, b.idleConns, b.idleTTL)
+		if err != nil {
+			held.close()
+			return nil, nil, nil, err
+		}
+		release = held.close
+	}
+	after, afterErr := serverRSS(ctx, g)
+	out = &idleJSON{Sessions: idle}
+	if err := errors.Join(beforeErr, afterErr); err != nil {
+		fmt.Fprintf(g.stderr, "server memory not measured: %v\n", err)
+	} else {
+		out.RSSBefore, out.RSSAfter = before, after
+		out.BytesPerSession = (float64(after) - float64(before)) / float64(idle)
+	}
+	if !b.asJSON {
+		by := fmt.Sprintf("over %d connections", b.idleConns)
+		if b.idleProcs > 0 {
+			by = fmt.Sprintf("by %d processes", b.idleProcs)
+		}
+		fmt.Fprintf(g.stdout, "# %d idle sessions held %s; server RSS %.1f -> %.1f MiB, %.0f B per idle session\n",
+			idle, by, float64(before)/(1<<20), float64(after)/(1<<20), out.BytesPerSession)
+	}
+	return out, hold, release, nil
+}
+
+// storm kills the holders of --expire idle sessions while the largest
+// number of clients run, and prints how the service coped.
+func (b *bench) storm(ctx context.Context, hold *holders) (stormJSON, error) {
+	n := slices.Max(b.clients)
+	r, err := runStorm(ctx, b.g, hold, b.expire, n, b.idleTTL)
+	if err != nil || b.asJSON {
+		return r, err
+	}
+	fmt.Fprintf(b.g.stdout, "# expiry storm: %d of %d sessions expired in %s after their holders were killed (TTL %s)\n",
+		r.Expired, r.Sessions, cmp.Or(r.ExpiredIn, "more than TTL+10s"), b.idleTTL)
+	for _, row := range []struct {
+		when string
+		r    benchResult
+	}{{"before the kill", r.before}, {"until a second after the last expiry", r.during}} {
+		fmt.Fprintf(b.g.stdout, "#   %d workers %s: %.0f cycles/s, p50 %s, p99 %s\n",
+			n, row.when, row.r.rate, row.r.p50.Round(time.Microsecond), row.r.p99.Round(time.Microsecond))
+	}
+	return r, nil
 }
 
 // benchJSON is one run in bench's --json output.
