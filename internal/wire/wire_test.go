@@ -52,6 +52,14 @@ func TestConcurrentWritesArriveWhole(t *testing.T) {
 	a, b := pair(t)
 	counted := &countingConn{Conn: a}
 	w, r := NewConn(counted, nil, 1<<20, time.Second), NewConn(b, nil, 1<<20, time.Second)
+	// The first write waits until two callers wait behind it, so that
+	// the next carries both whatever the machine's load (else a loaded
+	// scheduler may run the writers one by one, each writing alone).
+	counted.gate = func() bool {
+		w.mu.Lock()
+		defer w.mu.Unlock()
+		return w.waiters >= 2
+	}
 	const writers, each = 8, 200
 	var wg sync.WaitGroup
 	for i := range writers {
@@ -99,12 +107,21 @@ type countingConn struct {
 	net.Conn
 	mu sync.Mutex
 	n  int
+	// gate, if set, holds the first write until it reports true (for ten
+	// seconds at most).
+	gate func() bool
 }
 
 func (c *countingConn) Write(b []byte) (int, error) {
 	c.mu.Lock()
 	c.n++
+	first, gate := c.n == 1, c.gate
 	c.mu.Unlock()
+	if first && gate != nil {
+		for deadline := time.Now().Add(10 * time.Second); !gate() && time.Now().Before(deadline); {
+			time.Sleep(time.Millisecond)
+		}
+	}
 	return c.Conn.Write(b)
 }
 
