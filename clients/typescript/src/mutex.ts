@@ -46,6 +46,7 @@ export interface LockOptions {
  */
 export class Grant implements AsyncDisposable {
   readonly #ended: Abortable;
+  readonly #session: Session;
 
   /** Made by a Mutex; releaser releases the grant on the service. @internal */
   constructor(
@@ -56,6 +57,7 @@ export class Grant implements AsyncDisposable {
     session: Session,
     private readonly releaser: (g: Grant, signal?: AbortSignal) => Promise<void>,
   ) {
+    this.#session = session;
     this.#ended = abortable(session.signal);
     session.track(this);
   }
@@ -63,6 +65,23 @@ export class Grant implements AsyncDisposable {
   /** Aborts when the grant ends; its reason says why. */
   get signal(): AbortSignal {
     return this.#ended.signal;
+  }
+
+  /**
+   * Whether the grant may be lost: it ended, or its session's safe-until
+   * has passed. It is read from the clock when asked, so a process that was
+   * paused (and whose timers have not run since it woke) learns it before
+   * it writes; the signal then aborts at once. Ask it before each write.
+   */
+  get lost(): boolean {
+    if (!this.signal.aborted) {
+      try {
+        this.#session.checkSafe();
+      } catch {
+        // the session ended: the signal has aborted with its reason
+      }
+    }
+    return this.signal.aborted;
   }
 
   /** Releases the lock. The signal aborts first, so work under it stops before the lock is handed on. */

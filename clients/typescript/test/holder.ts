@@ -18,8 +18,10 @@ for await (const line of createInterface({ input: process.stdin })) {
   if (line !== "write") {
     continue;
   }
-  // What the holder knows before it writes: read first, at once.
-  const lost = g.signal.aborted;
+  // What the holder knows before it writes: read first, at once. lost
+  // reads the clock: the signal's timer may not have run yet in a process
+  // that just woke.
+  const lost = g.lost;
   const reason = lost ? (g.signal.reason as Error).name : "";
   const answer = await fencedWrite(`${resource}/paused`, "paused", g.token, "from the paused holder");
   console.log(JSON.stringify({ lost, reason, ...answer }));
