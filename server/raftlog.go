@@ -209,8 +209,9 @@ func connectionFailed(err error) bool {
 // start (no leader was known yet: not a leader gone silent), a follower
 // behind the leader's log (a member that joined, or restarted: the leader
 // sends it older entries, or a snapshot) and the leader's side of it, and
-// a pre-vote refused because the voter still hears from a leader (pre-vote
-// keeping a node that lost touch from disrupting the group).
+// a pre-vote or a vote refused because the voter still hears from a leader
+// (a node that lost touch, or restarted slowly, kept from disrupting the
+// group: raft asks with a vote when it asks without pre-vote).
 func routineWarning(msg string, args []any) bool {
 	switch msg {
 	case "heartbeat timeout reached, starting election":
@@ -218,7 +219,8 @@ func routineWarning(msg string, args []any) bool {
 	case "failed to get previous log":
 		err, _ := arg(args, "error").(error)
 		return errors.Is(err, raft.ErrLogNotFound)
-	case "appendEntries rejected, sending older logs", "rejecting pre-vote request since we have a leader":
+	case "appendEntries rejected, sending older logs", "rejecting pre-vote request since we have a leader",
+		"rejecting vote request since we have a leader":
 		return true
 	}
 	return false

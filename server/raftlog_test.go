@@ -45,6 +45,7 @@ func TestRaftLogSinkLevels(t *testing.T) {
 	hlog.Warn("failed to get previous log", "previous-index", 8, "last-index", 0, "error", raft.ErrLogNotFound)
 	hlog.Warn("appendEntries rejected, sending older logs", "peer", n2, "next", 1)
 	hlog.Warn("rejecting pre-vote request since we have a leader", "from", n3.Address, "leader", n2.Address, "leader-id", n2.ID)
+	hlog.Warn("rejecting vote request since we have a leader", "from", n3.Address, "leader", n2.Address, "leader-id", n2.ID)
 	hlog.Warn("heartbeat timeout reached, starting election", "last-leader-addr", n2.Address, "last-leader-id", n2.ID)
 
 	want := []struct {
@@ -60,6 +61,7 @@ func TestRaftLogSinkLevels(t *testing.T) {
 		{slog.LevelInfo, "failed to get previous log"},
 		{slog.LevelInfo, "appendEntries rejected, sending older logs"},
 		{slog.LevelInfo, "rejecting pre-vote request since we have a leader"},
+		{slog.LevelInfo, "rejecting vote request since we have a leader"},
 		{slog.LevelWarn, "heartbeat timeout reached, starting election"},
 	}
 	got := rec.atLeast(slog.LevelDebug)
