@@ -8,7 +8,6 @@ import (
 	"google.golang.org/protobuf/proto"
 	"google.golang.org/protobuf/reflect/protoreflect"
 
-	fencev1 "github.com/fencelock/fence/api/fence/v1"
 	"github.com/fencelock/fence/api/fence/v1/fencev1connect"
 	"github.com/fencelock/fence/internal/ops"
 )
@@ -82,14 +81,3 @@ type (
 	unservedLock    = fencev1connect.UnimplementedLockServiceHandler
 	unservedKV      = fencev1connect.UnimplementedKVServiceHandler
 )
-
-// streamOpName is an operation's label in fence_stream_requests_total:
-// its oneof field's name, or "unknown" for a request that carries none
-// this build knows.
-func streamOpName(req *fencev1.StreamRequest) string {
-	m := req.ProtoReflect()
-	if f := m.WhichOneof(m.Descriptor().Oneofs().ByName("op")); f != nil {
-		return string(f.Name())
-	}
-	return "unknown"
-}

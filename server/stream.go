@@ -211,7 +211,7 @@ func (st *serverStream) readFramed(ctx context.Context, cancel context.CancelCau
 // start readies one operation and returns the function that runs it and
 // answers it, or cancels one in flight (and returns no function).
 func (st *serverStream) start(ctx context.Context, req *fencev1.StreamRequest) (func(), error) {
-	st.s.metrics.streamRequests.WithLabelValues(streamOpName(req)).Inc()
+	st.s.metrics.streamRequests.WithLabelValues(ops.Label(req)).Inc()
 	id := req.GetId()
 	if id == 0 {
 		return nil, fmt.Errorf("%w: a stream operation needs an id other than 0", fence.ErrInvalidArgument)

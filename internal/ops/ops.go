@@ -157,6 +157,16 @@ func Of(req *fencev1.StreamRequest) (Any, proto.Message) {
 	return op, m.Get(field).Message().Interface()
 }
 
+// Label is the name of the oneof field req carries, whether in the table
+// or not (keep_alive, cancel), or "unknown" for none this build knows: a
+// stream operation's label in fence_stream_requests_total.
+func Label(req *fencev1.StreamRequest) string {
+	if f := req.ProtoReflect().WhichOneof(requestOp); f != nil {
+		return string(f.Name())
+	}
+	return "unknown"
+}
+
 func (o *Op[Req, Resp]) Name() protoreflect.Name { return o.name }
 func (o *Op[Req, Resp]) Procedure() string       { return o.procedure }
 func (o *Op[Req, Resp]) Keyed() bool             { return o.keyed }
