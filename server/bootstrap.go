@@ -10,6 +10,8 @@ import (
 	"time"
 
 	"github.com/hashicorp/raft"
+
+	"github.com/fencelock/fence/internal/fsm"
 )
 
 // Bootstrapping is a one-time act in a group's life (docs/design.md, "A
@@ -36,17 +38,17 @@ func (s *Server) startBootstrap() error {
 		if group == "" {
 			group = rand.Text()
 		}
-		return s.bootstrapGroup(group)
+		return s.bootstrapGroup(group, map[string]uint32{s.cfg.NodeID: fsm.Protocol})
 	}
 	s.wg.Add(1)
 	go s.bootstrapWhenAgreed()
 	return nil
 }
 
-// bootstrapGroup records group as the data dir's, then writes the group's
-// first configuration.
-func (s *Server) bootstrapGroup(group string) error {
-	if err := s.ident.adopt(group); err != nil {
+// bootstrapGroup records group as the data dir's, and founders (each
+// peer's protocol), then writes the group's first configuration.
+func (s *Server) bootstrapGroup(group string, founders map[string]uint32) error {
+	if err := s.ident.found(group, founders); err != nil {
 		return err
 	}
 	err := s.node.raft.BootstrapCluster(bootConfiguration(s.cfg, s.node.transport.LocalAddr())).Error()
@@ -69,7 +71,7 @@ func (s *Server) bootstrapWhenAgreed() {
 		note, level := c.note, c.level
 		switch {
 		case note == "":
-			if err := s.bootstrapGroup(c.group); err != nil {
+			if err := s.bootstrapGroup(c.group, c.protocols); err != nil {
 				note, level = err.Error(), slog.LevelError
 			} else {
 				return
@@ -101,6 +103,9 @@ type census struct {
 	level       slog.Level
 	// holders are the peers that hold data.
 	holders []string
+	// protocols are, when the node may found the group, the protocol each
+	// peer speaks (this node's included).
+	protocols map[string]uint32
 }
 
 // censusOfPeers asks every peer for its hello.
@@ -147,8 +152,10 @@ func (s *Server) censusOfPeers() census {
 		return census{note: note, level: slog.LevelInfo, holders: holders}
 	}
 	incarnations := map[string]string{s.cfg.NodeID: s.ident.incarnation}
+	protocols := map[string]uint32{s.cfg.NodeID: fsm.Protocol}
 	for id, h := range hellos {
 		incarnations[id] = h.Incarnation
+		protocols[id] = helloProtocol(h)
 	}
 	group := bootstrapGroupID(incarnations)
 	for _, id := range holders {
@@ -164,7 +171,7 @@ func (s *Server) censusOfPeers() census {
 		return census{level: slog.LevelError, note: fmt.Sprintf("this data dir belongs to group %s, and its peers would found group %s: "+
 			"a peer's data dir was replaced since; it waits to be added to a group", mine, group)}
 	}
-	return census{group: group}
+	return census{group: group, protocols: protocols}
 }
 
 // dataHolders lists, in id order, the peers whose hello says they hold

@@ -309,7 +309,11 @@ func TestRejoinResumesAfterItsLeaderIsGone(t *testing.T) {
 
 // TestWipedMemberRejoinsWhileAPeerIsDown: with one peer down, a wiped
 // member of five used to wait for it before asking to be added again,
-// although the others had a quorum without it.
+// although the others had a quorum without it. And the peer, down since
+// just after the group was founded, used to hold the group at protocol 1
+// for good (a member that does not answer may run an older version), so
+// that nothing newer, rejoins included, was ever allowed: the founders
+// now record the protocol each of them spoke when they founded it.
 func TestWipedMemberRejoinsWhileAPeerIsDown(t *testing.T) {
 	c := startCluster(t, 5, nil)
 	leader := c.leader()

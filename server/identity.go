@@ -30,6 +30,10 @@ type identity struct {
 	mu        sync.Mutex // serializes writes of the file
 	group     atomic.Pointer[string]
 	rejoining atomic.Bool // asked its group to add it again, not a voter yet
+	// founders is, on a node that founded its group, the protocol each
+	// founder spoke then (nil elsewhere): the group's first protocol,
+	// agreed even while a founder is down (Server.agreeProtocol).
+	founders atomic.Pointer[map[string]uint32]
 }
 
 // identityRecord is the file's form.
@@ -37,6 +41,8 @@ type identityRecord struct {
 	Incarnation string `json:"incarnation"`
 	Group       string `json:"group,omitempty"`
 	Rejoining   bool   `json:"rejoining,omitempty"`
+	// Founders is identity.founders.
+	Founders map[string]uint32 `json:"founders,omitempty"`
 }
 
 // openIdentity reads the data dir's identity, drawing and writing a new
@@ -48,7 +54,7 @@ func openIdentity(dataDir string) (*identity, error) {
 	switch {
 	case errors.Is(err, os.ErrNotExist):
 		id.incarnation = rand.Text()
-		if err := id.write("", false); err != nil {
+		if err := id.write(identityRecord{}); err != nil {
 			return nil, fmt.Errorf("writing the data dir's identity: %w", err)
 		}
 		return id, nil
@@ -64,6 +70,9 @@ func openIdentity(dataDir string) (*identity, error) {
 	id.rejoining.Store(rec.Rejoining)
 	if rec.Group != "" {
 		id.group.Store(&rec.Group)
+	}
+	if rec.Founders != nil {
+		id.founders.Store(&rec.Founders)
 	}
 	return id, nil
 }
@@ -88,11 +97,39 @@ func (id *identity) adopt(group string) error {
 	case have != "":
 		return fmt.Errorf("%w: this node's data dir belongs to group %s, not %s", errWrongGroup, have, group)
 	}
-	if err := id.write(group, id.rejoining.Load()); err != nil {
+	rec := id.record()
+	rec.Group = group
+	if err := id.write(rec); err != nil {
 		return fmt.Errorf("recording group %s in %s: %w", group, id.path, err)
 	}
 	id.group.Store(&group)
 	return nil
+}
+
+// found records, durably, that this node founds group with founders, each
+// with the protocol it speaks.
+func (id *identity) found(group string, founders map[string]uint32) error {
+	if err := id.adopt(group); err != nil {
+		return err
+	}
+	id.mu.Lock()
+	defer id.mu.Unlock()
+	rec := id.record()
+	rec.Founders = founders
+	if err := id.write(rec); err != nil {
+		return fmt.Errorf("recording group %s's founders in %s: %w", group, id.path, err)
+	}
+	id.founders.Store(&founders)
+	return nil
+}
+
+// founderProtocol returns the protocol member spoke when it founded the
+// group with this node; 0 when it is no founder, or this node is none.
+func (id *identity) founderProtocol(member string) uint32 {
+	if f := id.founders.Load(); f != nil {
+		return (*f)[member]
+	}
+	return 0
 }
 
 // setRejoining records, durably, whether the node asked its group to add
@@ -103,15 +140,28 @@ func (id *identity) setRejoining(on bool) error {
 	if id.rejoining.Load() == on {
 		return nil
 	}
-	if err := id.write(id.groupID(), on); err != nil {
+	rec := id.record()
+	rec.Rejoining = on
+	if err := id.write(rec); err != nil {
 		return err
 	}
 	id.rejoining.Store(on)
 	return nil
 }
 
-func (id *identity) write(group string, rejoining bool) error {
-	data, err := json.Marshal(identityRecord{Incarnation: id.incarnation, Group: group, Rejoining: rejoining})
+// record is the identity as it stands, in the file's form.
+func (id *identity) record() identityRecord {
+	rec := identityRecord{Group: id.groupID(), Rejoining: id.rejoining.Load()}
+	if f := id.founders.Load(); f != nil {
+		rec.Founders = *f
+	}
+	return rec
+}
+
+// write writes rec, with the incarnation, as the data dir's identity.
+func (id *identity) write(rec identityRecord) error {
+	rec.Incarnation = id.incarnation
+	data, err := json.Marshal(rec)
 	if err != nil {
 		return err
 	}

@@ -115,7 +115,19 @@ func (s handlers) RemoveMember(ctx context.Context, req *connect.Request[fencev1
 	if !s.leaderReady.Load() {
 		return nil, s.notReady()
 	}
+	// An operator's removal ends a rejoin under way: the group does not
+	// add the member again behind it.
+	s.changing.Lock()
+	defer s.changing.Unlock()
+	rejoining, err := s.dropRejoinRecord(raft.ServerID(id))
+	if err != nil {
+		return nil, err
+	}
 	srv, known := s.member(raft.ServerID(id))
+	if !known && rejoining {
+		s.logger.Info("member being added again is no longer: an operator removed it", "id", id)
+		return connect.NewResponse(&fencev1.RemoveMemberResponse{}), nil
+	}
 	if !known {
 		return nil, invalid("%q is not a member of the group", id)
 	}
@@ -316,7 +328,7 @@ func (s *Server) registerMembers() {
 		})
 	}
 	wg.Wait()
-	s.agreeProtocol(hellos)
+	s.agreeProtocol(members, hellos)
 	s.finishRejoins(members, hellos)
 }
 
@@ -337,14 +349,20 @@ func (s *Server) registerAPI(h nodeHello) {
 
 // agreeProtocol moves the group to the newest protocol every member
 // speaks (docs/design.md, "Versions in a group"), when each answered its
-// hello (nil: no answer) and that protocol is newer than the group's.
-func (s *Server) agreeProtocol(hellos []*nodeHello) {
+// hello (hellos[i] of members[i], nil: no answer), or is a founder of the
+// group that this node founded with (it spoke its protocol then), and that
+// protocol is newer than the group's.
+func (s *Server) agreeProtocol(members []raft.Server, hellos []*nodeHello) {
 	common := fsm.Protocol
-	for _, h := range hellos {
-		if h == nil {
+	for i, h := range hellos {
+		switch founded := s.ident.founderProtocol(string(members[i].ID)); {
+		case h != nil:
+			common = min(common, helloProtocol(*h))
+		case founded > 0:
+			common = min(common, founded)
+		default:
 			return
 		}
-		common = min(common, helloProtocol(*h))
 	}
 	have := s.fsm.Protocol()
 	if common <= have {
@@ -359,3 +377,12 @@ func (s *Server) agreeProtocol(hellos []*nodeHello) {
 
 // helloProtocol is the newest protocol a hello's node speaks.
 func helloProtocol(h nodeHello) uint32 { return max(h.Protocol, fsm.Protocol1) }
+
+// configurationCommitted reports whether this node's latest configuration
+// is committed. raft acts on a configuration as soon as it is appended;
+// a leader vouches for one, to a member asking whether it votes, only once
+// it is committed (an uncommitted one may be lost with the leader).
+func (s *Server) configurationCommitted() bool {
+	st := s.node.raft.Stats()
+	return parseUint(st["commit_index"]) >= parseUint(st["latest_configuration_index"])
+}

@@ -12,20 +12,35 @@ import (
 	"github.com/hashicorp/raft"
 
 	"github.com/fencelock/fence"
+	"github.com/fencelock/fence/internal/fsm"
+	"github.com/fencelock/fence/internal/fsmpb"
 )
 
 // A member whose data dir was lost comes back with no data and a new
 // incarnation. It may not take part as the member it was (admit.go), nor
 // found a group of its own (bootstrap.go); with AutoRejoin on the group's
 // leader, it asks to be added again, and the leader does what an operator
-// would, in steps that any later leader can take up: it demotes the member
-// to a non-voter in one configuration change (the member never leaves the
-// configuration), the node then catches up from the group, and the leader
-// makes it a voter again. The node keeps asking, across its restarts and
-// leader changes, until a leader says it is a voter (its identity records
-// that it asked, and its hello says so), and each request takes up the
-// step where it stands; a leader that finds such a member takes it up by
-// itself too.
+// would (docs/design.md, Rejoin): it records in the replicated state that
+// it adds the member again (RejoinMember), removes it from the
+// configuration, adds it back as a new member, a non-voter, and makes it a
+// voter once it has caught up. The node keeps asking, across its restarts
+// and leader changes, until a leader says it counts it as a voter (its
+// identity records that it asked, and its hello says so); each request,
+// and each leader that finds a member asking or recorded, takes the work
+// up where it stands.
+//
+// Why remove first: the node must receive no part of the group's log
+// before a configuration in which it does not vote is committed. A node
+// that holds data takes raft connections that count it a voter (admit),
+// and raft replicates to a member as soon as a configuration naming it is
+// appended, committed or not. Demoted in place, the node could get a
+// prefix of the log while the demotion was not yet committed; were the
+// leader then lost, a peer lacking an entry the node had acknowledged
+// before it lost its data could be elected with the node's vote. Removed,
+// it gets nothing until the removal is committed (raft appends the next
+// configuration only then), and a removal committed by a majority of the
+// voters without it leaves its vote unable to make a quorum with anyone
+// who lacks an entry.
 
 // rejoinPoll is how often a node that asked to be added again asks again.
 const rejoinPoll = time.Second
@@ -37,13 +52,13 @@ func (s *Server) serveRejoins() {
 }
 
 // rejoin answers a member asking to be added again. The leader takes the
-// request only from the node at the member's address (same incarnation):
-// a voter that holds no data is demoted, once the group keeps a reachable
-// quorum without it; a non-voter is made a voter again once it has caught
-// up; and a voter that holds data is told that it is one, which is the
-// only word by which the node stops asking (its own configuration may lag
-// the group's: it may not hold its demotion yet). The steps go on after
-// the answer.
+// request only from the node at the member's address (same incarnation),
+// and from a node that is no member only while the replicated state
+// records that it is being added again. A voter that holds data is told
+// that it is one once the configuration that says so is committed: that
+// is the only word by which the node stops asking (its own configuration
+// may lag the group's). Otherwise the leader takes the steps where they
+// stand (addAgain), after the answer.
 func (s *Server) rejoin(req rejoinRequest) rejoinAnswer {
 	refuse := func(format string, args ...any) rejoinAnswer {
 		return rejoinAnswer{Refused: fmt.Sprintf(format, args...)}
@@ -58,7 +73,11 @@ func (s *Server) rejoin(req rejoinRequest) rejoinAnswer {
 	id := raft.ServerID(req.ID)
 	srv, known := s.member(id)
 	if !known {
-		return refuse("%s is not a member of group %s: add it with fence members add", req.ID, s.ident.groupID())
+		addr, recorded := s.rejoinRecord(id)
+		if !recorded {
+			return refuse("%s is not a member of group %s: add it with fence members add", req.ID, s.ident.groupID())
+		}
+		srv.ID, srv.Address = id, raft.ServerAddress(addr)
 	}
 	if !s.rejoining.begin(req.ID) {
 		return rejoinAnswer{Accepted: true} // under way
@@ -75,13 +94,23 @@ func (s *Server) rejoin(req rejoinRequest) rejoinAnswer {
 		return refuse("the member's address %s does not answer: %v", srv.Address, err)
 	case h.Incarnation != req.Incarnation:
 		return refuse("the node at the member's address %s is not the one asking: another node may use id %s", srv.Address, req.ID)
-	case srv.Suffrage == raft.Voter && h.LastIndex > 0:
+	case known && srv.Suffrage == raft.Voter && h.LastIndex > 0:
+		if !s.configurationCommitted() {
+			return rejoinAnswer{Accepted: true} // it asks again once the configuration that counts it is committed
+		}
+		s.rejoinDone(id)
 		return rejoinAnswer{Accepted: true, Voter: true}
 	case !s.cfg.AutoRejoin:
 		return refuse("the group does not add members again by itself (--auto-rejoin=false): ask an operator to run fence members remove %s, then fence members add", req.ID)
+	case s.fsm.Protocol() < fsm.Protocol6:
+		return refuse("the group runs protocol %d, and adds a member again by itself from protocol %d, once every member runs this version of fence: "+
+			"until then, ask an operator to run fence members remove %s, then fence members add", s.fsm.Protocol(), fsm.Protocol6, req.ID)
 	}
-	demote := srv.Suffrage == raft.Voter
-	if demote {
+	if err := s.checkJoiner(h, srv.Address, known); err != nil {
+		return refuse("%v", err)
+	}
+	remove := known && srv.Suffrage == raft.Voter
+	if remove {
 		var rest []raft.Server
 		for _, v := range s.voters() {
 			if v.ID != id {
@@ -97,28 +126,88 @@ func (s *Server) rejoin(req rejoinRequest) rejoinAnswer {
 	go func() {
 		defer s.wg.Done()
 		defer s.rejoining.end(req.ID)
-		if err := s.addAgain(srv, demote); err != nil {
+		if err := s.addAgain(srv, remove); err != nil {
 			s.logger.Warn("adding a member again: not done yet; it asks again", "member", req.ID, "err", err)
 		}
 	}()
 	return rejoinAnswer{Accepted: true}
 }
 
-// finishRejoins takes up, on the leader, the rejoin of each member whose
-// hello (hellos[i] of members[i], nil: no answer) says that it lost its
-// data and asked to be added again, and that is no voter with data yet: a
-// leader that began it may be gone halfway, and the node's own requests
-// may not reach this leader (a member added by hand is none of its
-// --peers). So no operator is needed to finish what a lost leader began.
+// finishRejoins takes up, on the leader, the rejoin of each node that
+// says it lost its data and asked to be added again: the members whose
+// hello (hellos[i] of members[i], nil: no answer) says so and that are no
+// voters with data yet, and the nodes the replicated state records as
+// being added again that are no members (a leader lost between removing
+// and adding one). A leader that began may be gone halfway, and the node's
+// own requests may not reach this leader (a member added by hand is none
+// of its --peers): no operator is needed to finish what it began. It also
+// drops the records of members that are voters with data again.
 func (s *Server) finishRejoins(members []raft.Server, hellos []*nodeHello) {
+	asking := map[raft.ServerID]*nodeHello{}
+	committed := s.configurationCommitted()
 	for i, srv := range members {
 		h := hellos[i]
-		if h == nil || !h.Rejoining || string(srv.ID) == s.cfg.NodeID || (srv.Suffrage == raft.Voter && h.LastIndex > 0) {
+		switch {
+		case h == nil || string(srv.ID) == s.cfg.NodeID:
+		case srv.Suffrage == raft.Voter && h.LastIndex > 0:
+			if committed {
+				s.rejoinDone(srv.ID)
+			}
+		case h.Rejoining:
+			asking[srv.ID] = h
+		}
+	}
+	for _, r := range s.rejoinRecords() {
+		id := raft.ServerID(r[0])
+		if _, known := s.member(id); known {
 			continue
 		}
+		if h, err := s.helloFrom(id, raft.ServerAddress(r[1])); err == nil && h.Rejoining {
+			asking[id] = &h
+		}
+	}
+	for _, h := range asking {
 		if answer := s.rejoin(rejoinRequest{ID: h.ID, Incarnation: h.Incarnation}); answer.Refused != "" {
 			s.logger.Debug("a member asked to be added again, and is not being added", "member", h.ID, "why", answer.Refused)
 		}
+	}
+}
+
+// rejoinRecord returns the raft address at which the replicated state
+// records that member id is being added again, if it does.
+func (s *Server) rejoinRecord(id raft.ServerID) (addr string, ok bool) {
+	s.fsm.Read(func(st *fsm.State) { addr, ok = st.Rejoin(string(id)) })
+	return addr, ok
+}
+
+// rejoinRecords returns every member the replicated state records as
+// being added again, with its raft address.
+func (s *Server) rejoinRecords() (out [][2]string) {
+	s.fsm.Read(func(st *fsm.State) { out = st.Rejoins() })
+	return out
+}
+
+// recordRejoin commits that member srv is being added again.
+func (s *Server) recordRejoin(srv raft.Server) error {
+	_, err := s.apply(&fsmpb.Command{Op: &fsmpb.Command_RejoinMember{RejoinMember: &fsmpb.RejoinMember{MemberId: string(srv.ID), RaftAddress: string(srv.Address)}}})
+	return err
+}
+
+// dropRejoinRecord commits that member id is no longer being added again,
+// if the replicated state records that it is, and reports whether it did.
+func (s *Server) dropRejoinRecord(id raft.ServerID) (bool, error) {
+	if _, ok := s.rejoinRecord(id); !ok {
+		return false, nil
+	}
+	_, err := s.apply(&fsmpb.Command{Op: &fsmpb.Command_RejoinMember{RejoinMember: &fsmpb.RejoinMember{MemberId: string(id), Done: true}}})
+	return err == nil, err
+}
+
+// rejoinDone drops the record of member id, which is a voter with data
+// again; a failure is logged, and the next round of hellos drops it.
+func (s *Server) rejoinDone(id raft.ServerID) {
+	if _, err := s.dropRejoinRecord(id); err != nil {
+		s.logger.Warn("dropping the record of a member added again", "member", id, "err", err)
 	}
 }
 
@@ -128,7 +217,9 @@ type rejoinStep string
 
 const (
 	rejoinTaken    rejoinStep = "taken"     // the leader took the request
-	rejoinDemoted  rejoinStep = "demoted"   // the member is a non-voter
+	rejoinRecorded rejoinStep = "recorded"  // the replicated state records the rejoin
+	rejoinRemoved  rejoinStep = "removed"   // the member is out of the configuration
+	rejoinAdded    rejoinStep = "added"     // it is a member again, a non-voter
 	rejoinCaughtUp rejoinStep = "caught up" // its log matches the leader's
 	rejoinPromoted rejoinStep = "promoted"  // it is a voter again
 )
@@ -150,20 +241,25 @@ func (s *Server) reachRejoinStep(step rejoinStep, member raft.ServerID) error {
 	}
 }
 
-// addAgain demotes member srv to a non-voter if demote is set, then makes
-// it a voter once it has caught up.
-func (s *Server) addAgain(srv raft.Server, demote bool) error {
+// addAgain adds member srv again: with remove set (a voter whose node
+// holds no data) it records the rejoin and removes the member first; a
+// member that is not in the configuration is added as a non-voter at the
+// address recorded, unless the record was dropped meanwhile (an operator
+// removed it); then the member is made a voter once it has caught up, and
+// the record is dropped.
+func (s *Server) addAgain(srv raft.Server, remove bool) error {
 	if err := s.reachRejoinStep(rejoinTaken, srv.ID); err != nil {
 		return err
 	}
-	if demote {
-		if err := s.node.await(s.node.raft.DemoteVoter(srv.ID, 0, s.cfg.ApplyTimeout)); err != nil {
-			return s.membershipError(err)
+	if remove {
+		if err := s.removeToAddAgain(srv); err != nil {
+			return err
 		}
-		s.logger.Info("member whose data dir was lost is a non-voter until it has caught up", "member", srv.ID, "raft", srv.Address)
 	}
-	if err := s.reachRejoinStep(rejoinDemoted, srv.ID); err != nil {
-		return err
+	if _, known := s.member(srv.ID); !known {
+		if err := s.addNonvoterAgain(srv); err != nil {
+			return err
+		}
 	}
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
@@ -183,12 +279,50 @@ func (s *Server) addAgain(srv raft.Server, demote bool) error {
 	if err := s.checkQuorum(s.votersWith(srv.ID, srv.Address), srv.ID); err != nil {
 		return err
 	}
-	if err := s.node.await(s.node.raft.AddVoter(srv.ID, srv.Address, 0, s.cfg.ApplyTimeout)); err != nil {
+	s.changing.Lock()
+	err := s.node.await(s.node.raft.AddVoter(srv.ID, srv.Address, 0, s.cfg.ApplyTimeout))
+	s.changing.Unlock()
+	if err != nil {
 		return s.membershipError(err)
 	}
 	s.logger.Info("member added again is a voter again", "member", srv.ID)
+	s.rejoinDone(srv.ID)
 	_ = s.reachRejoinStep(rejoinPromoted, srv.ID) // done: nothing is left to stop
 	return nil
+}
+
+// removeToAddAgain records that voter srv is being added again, then
+// removes it from the configuration.
+func (s *Server) removeToAddAgain(srv raft.Server) error {
+	if err := s.recordRejoin(srv); err != nil {
+		return err
+	}
+	if err := s.reachRejoinStep(rejoinRecorded, srv.ID); err != nil {
+		return err
+	}
+	s.changing.Lock()
+	err := s.node.await(s.node.raft.RemoveServer(srv.ID, 0, s.cfg.ApplyTimeout))
+	s.changing.Unlock()
+	if err != nil {
+		return s.membershipError(err)
+	}
+	s.logger.Info("member whose data dir was lost is removed, to be added again as a new member", "member", srv.ID, "raft", srv.Address)
+	return s.reachRejoinStep(rejoinRemoved, srv.ID)
+}
+
+// addNonvoterAgain adds srv, recorded as being added again and not a
+// member, as a non-voter.
+func (s *Server) addNonvoterAgain(srv raft.Server) error {
+	s.changing.Lock()
+	defer s.changing.Unlock()
+	if _, ok := s.rejoinRecord(srv.ID); !ok {
+		return fmt.Errorf("%w: %s was removed by an operator while it was being added again", fence.ErrMembership, srv.ID)
+	}
+	if err := s.node.await(s.node.raft.AddNonvoter(srv.ID, srv.Address, 0, s.cfg.ApplyTimeout)); err != nil {
+		return s.membershipError(err)
+	}
+	s.logger.Info("member whose data dir was lost is added again, a non-voter until it has caught up", "member", srv.ID, "raft", srv.Address)
+	return s.reachRejoinStep(rejoinAdded, srv.ID)
 }
 
 // askToRejoin asks each of targets in turn to add this node again, until

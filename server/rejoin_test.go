@@ -1,6 +1,7 @@
 package server
 
 import (
+	"context"
 	"sync"
 	"testing"
 	"time"
@@ -110,7 +111,7 @@ func TestLeaderFinishesARejoinItFinds(t *testing.T) {
 // check's wipe fault kills it: the member becomes a voter again under the
 // next leader, without an operator, and knows it.
 func TestRejoinSurvivesItsLeaderAtEveryStep(t *testing.T) {
-	for _, step := range []rejoinStep{rejoinTaken, rejoinDemoted, rejoinCaughtUp, rejoinPromoted} {
+	for _, step := range []rejoinStep{rejoinTaken, rejoinRecorded, rejoinRemoved, rejoinAdded, rejoinCaughtUp, rejoinPromoted} {
 		t.Run(string(step), func(t *testing.T) {
 			c := startCluster(t, 3, nil)
 			grantAndStore(t, c)
@@ -135,5 +136,101 @@ func TestRejoinSurvivesItsLeaderAtEveryStep(t *testing.T) {
 			c.start(lid)
 			votesAgain(t, c, id)
 		})
+	}
+}
+
+// cutBetween cuts (or heals) every link between nodes a and b, both ways.
+func cutBetween(c *testCluster, a, b string, cut bool) {
+	c.link(a, b).SetCut(cut)
+	c.link(b, a).SetCut(cut)
+}
+
+// TestAWipedMemberGetsNoDataBeforeItsRemovalIsCommitted: the leader that
+// adds a wiped member again used to demote it in place, and raft sends a
+// member the log as soon as a configuration naming it is appended. With
+// the demotion not committed (here: the other voter cut off as the leader
+// takes the request), the node held part of the group's log, and so took
+// raft connections that counted it a voter: had the leader been lost, a
+// peer lacking an entry the node had acknowledged before it lost its data
+// could have been elected with its vote. Now the leader commits the
+// member's removal first; until it is committed, the node gets nothing.
+func TestAWipedMemberGetsNoDataBeforeItsRemovalIsCommitted(t *testing.T) {
+	c := startCluster(t, 3, nil)
+	grantAndStore(t, c)
+	leader := c.leader()
+	lid := leader.cfg.NodeID
+	victim := c.followers(leader)[0].cfg.NodeID
+	var other string
+	for _, f := range c.followers(leader) {
+		if f.cfg.NodeID != victim {
+			other = f.cfg.NodeID
+		}
+	}
+	taken := make(chan struct{})
+	var once sync.Once
+	var hook rejoinHook = func(at rejoinStep, _ raft.ServerID) {
+		if at == rejoinTaken {
+			once.Do(func() {
+				cutBetween(c, lid, other, true) // nothing the leader appends can commit now
+				close(taken)
+			})
+		}
+	}
+	leader.rejoinFailpoint.Store(&hook)
+	c.stop(victim)
+	c.wipe(victim)
+	wiped := c.start(victim)
+	select {
+	case <-taken:
+	case <-time.After(20 * time.Second):
+		t.Fatal("the leader did not take the wiped member's request")
+	}
+	deadline := time.Now().Add(3 * time.Second)
+	for time.Now().Before(deadline) {
+		if wiped.node.hasData() {
+			t.Fatalf("the wiped member holds part of the group's log (to index %d) while nothing that takes away its vote is committed", wiped.node.raft.LastIndex())
+		}
+		time.Sleep(5 * time.Millisecond)
+	}
+	cutBetween(c, lid, other, false)
+	votesAgain(t, c, victim)
+}
+
+// TestAnOperatorsRemovalEndsARejoin: an operator who removes a member
+// while the group adds it again has the last word: the leader, between
+// the member's removal and its add, finds the record gone and adds
+// nothing, and the node's requests are refused from then on.
+func TestAnOperatorsRemovalEndsARejoin(t *testing.T) {
+	c := startCluster(t, 3, nil)
+	leader := c.leader()
+	removed, goOn := make(chan struct{}), make(chan struct{})
+	var once sync.Once
+	var hook rejoinHook = func(at rejoinStep, _ raft.ServerID) {
+		if at == rejoinRemoved {
+			once.Do(func() { close(removed); <-goOn })
+		}
+	}
+	leader.rejoinFailpoint.Store(&hook)
+	victim, _ := c.wipeFollower(leader)
+	select {
+	case <-removed:
+	case <-time.After(20 * time.Second):
+		t.Fatal("the leader did not remove the wiped member")
+	}
+	if _, ok := leader.rejoinRecord(raft.ServerID(victim)); !ok {
+		t.Fatal("the group removed a member to add it again, and keeps no record of it")
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	if err := c.client(c.endpoints(victim)...).RemoveMember(ctx, victim); err != nil {
+		t.Fatalf("removing a member being added again: %v", err)
+	}
+	close(goOn)
+	time.Sleep(3 * rejoinPoll) // the node asks, and the leader's hellos run
+	if _, ok := leader.member(raft.ServerID(victim)); ok {
+		t.Fatal("the group added again a member an operator removed")
+	}
+	if _, ok := leader.rejoinRecord(raft.ServerID(victim)); ok {
+		t.Fatal("the record of the rejoin outlived the operator's removal")
 	}
 }

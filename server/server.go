@@ -101,6 +101,10 @@ type Server struct {
 	bootstrapLogs logLimiter
 	// rejoining are the members being added again (rejoin.go).
 	rejoining rejoins
+	// changing serializes the configuration changes of members added
+	// again with an operator's removals, so that a removal by hand is
+	// never followed by the add of a rejoin under way.
+	changing sync.Mutex
 	// rejoinStarted is set once this node asks to be added again.
 	rejoinStarted atomic.Bool
 	// rejoinFailpoint, set by tests only, is called as this node, leading,
@@ -556,7 +560,7 @@ func (s *Server) problems() []string {
 	if note := s.bootstrapNote.Load(); note != nil {
 		out = append(out, "not bootstrapped: "+*note)
 	} else if s.ident.rejoining.Load() {
-		out = append(out, "rejoining its group: its data dir was lost; a non-voter until it has caught up")
+		out = append(out, "rejoining its group: its data dir was lost; it is removed and added again as a new member, and votes once it has caught up")
 	}
 	if s.node != nil {
 		if p := s.node.problem(); p != "" {

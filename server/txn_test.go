@@ -338,7 +338,7 @@ func TestTxnNeedsProtocol5(t *testing.T) {
 		t.Fatalf("a refused txn wrote %v", kv)
 	}
 	c.start("n3")
-	waitFor(t, "the group to move to protocol 5", func() bool { return leader.fsm.Protocol() == fsm.Protocol5 })
+	waitFor(t, "the group to move to protocol 5", func() bool { return leader.fsm.Protocol() >= fsm.Protocol5 })
 	if err := txn(); err != nil {
 		t.Fatal(err)
 	}

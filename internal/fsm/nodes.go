@@ -20,6 +20,33 @@ func (s *State) registerNode(c *fsmpb.RegisterNode) Result {
 	return Result{}
 }
 
+// rejoinMember records, or with done forgets, that the leader adds
+// member c.MemberId again at c.RaftAddress (fsmpb.RejoinMember).
+func (s *State) rejoinMember(c *fsmpb.RejoinMember) Result {
+	switch {
+	case c.GetMemberId() == "":
+		return Result{Err: fmt.Errorf("%w: member id is empty", fence.ErrInvalidArgument)}
+	case c.GetDone():
+		delete(s.rejoins, c.GetMemberId())
+	case c.GetRaftAddress() == "":
+		return Result{Err: fmt.Errorf("%w: member %s is added again at no raft address", fence.ErrInvalidArgument, c.GetMemberId())}
+	default:
+		s.rejoins[c.GetMemberId()] = c.GetRaftAddress()
+	}
+	return Result{}
+}
+
+// Rejoin returns the raft address at which member id is being added
+// again, if it is (fsmpb.RejoinMember).
+func (s *State) Rejoin(id string) (string, bool) {
+	addr, ok := s.rejoins[id]
+	return addr, ok
+}
+
+// Rejoins returns every member being added again with its raft address,
+// in id order.
+func (s *State) Rejoins() [][2]string { return pairs(s.rejoins) }
+
 // NodeAPI returns where the node with the given id serves its API, if it
 // has registered.
 func (s *State) NodeAPI(id string) (string, bool) {
@@ -28,10 +55,13 @@ func (s *State) NodeAPI(id string) (string, bool) {
 }
 
 // Nodes returns every registered node id with its API address, in id order.
-func (s *State) Nodes() [][2]string {
-	out := make([][2]string, 0, len(s.nodes))
-	for _, id := range sortedNodeIDs(s.nodes) {
-		out = append(out, [2]string{id, s.nodes[id]})
+func (s *State) Nodes() [][2]string { return pairs(s.nodes) }
+
+// pairs returns m's keys with their values, in key order.
+func pairs(m map[string]string) [][2]string {
+	out := make([][2]string, 0, len(m))
+	for _, id := range sortedNodeIDs(m) {
+		out = append(out, [2]string{id, m[id]})
 	}
 	return out
 }

@@ -37,9 +37,14 @@ const (
 	// edge refuses a txn (fence.ErrUnsupported): a member that does not
 	// know the command would stop at it.
 	Protocol5 uint32 = 5
+	// Protocol6 adds RejoinMember, the record by which any leader finishes
+	// adding again a member whose data dir was lost. Below it a member
+	// that lost its data is added again by hand (fence members remove,
+	// then add).
+	Protocol6 uint32 = 6
 
 	// Protocol is the newest protocol this version speaks.
-	Protocol = Protocol5
+	Protocol = Protocol6
 )
 
 // notUnderstood says what in cmd this version cannot apply: a kind of

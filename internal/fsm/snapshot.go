@@ -51,6 +51,9 @@ func (s *State) Snapshot() *fsmpb.Snapshot {
 	for _, id := range sortedNodeIDs(s.nodes) {
 		snap.Nodes = append(snap.Nodes, &fsmpb.RegisterNode{NodeId: id, ApiAddress: s.nodes[id]})
 	}
+	for _, r := range s.Rejoins() {
+		snap.Rejoins = append(snap.Rejoins, &fsmpb.RejoinMember{MemberId: r[0], RaftAddress: r[1]})
+	}
 	for _, key := range s.appliedKeys {
 		r := s.applied[key]
 		snap.Applied = append(snap.Applied, &fsmpb.Applied{Key: key, SessionId: r.SessionID, Revision: r.Revision, Changed: r.Changed, Succeeded: r.Succeeded})
@@ -85,6 +88,12 @@ func Restore(snap *fsmpb.Snapshot) (*State, error) {
 	}
 	for _, n := range snap.GetNodes() {
 		s.nodes[n.GetNodeId()] = n.GetApiAddress()
+	}
+	for _, r := range snap.GetRejoins() {
+		if r.GetMemberId() == "" || r.GetRaftAddress() == "" || r.GetDone() {
+			return nil, fmt.Errorf("fsm: snapshot has a member added again with no id or address, or done: %v", r)
+		}
+		s.rejoins[r.GetMemberId()] = r.GetRaftAddress()
 	}
 	for _, a := range snap.GetApplied() {
 		if _, dup := s.applied[a.GetKey()]; dup || a.GetKey() == "" {

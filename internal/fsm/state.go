@@ -342,6 +342,7 @@ type State struct {
 	liveKeys      int
 	liveBytes     int               // names and values of the live keys
 	nodes         map[string]string // node id -> API address
+	rejoins       map[string]string // member id -> raft address, of the members being added again
 	lastDelayID   uint64
 	lastAttempt   uint64
 	clusterID     string // empty until the group's first leader names it
@@ -361,7 +362,7 @@ type State struct {
 
 // NewState returns an empty state: no sessions, no locks, token counter 0.
 func NewState() *State {
-	return &State{sessions: map[uint64]*session{}, locks: map[string]*lock{}, kv: map[string]*kvEntry{}, nodes: map[string]string{}, applied: map[string]Repeat{}, auth: newAuthState(), usage: map[string]*Usage{}}
+	return &State{sessions: map[uint64]*session{}, locks: map[string]*lock{}, kv: map[string]*kvEntry{}, nodes: map[string]string{}, rejoins: map[string]string{}, applied: map[string]Repeat{}, auth: newAuthState(), usage: map[string]*Usage{}}
 }
 
 // Apply applies one command and reports what it did. It never panics on a
@@ -464,6 +465,8 @@ func (s *State) applyOp(cmd *fsmpb.Command) Result {
 		return s.kvTxn(op.KvTxn)
 	case *fsmpb.Command_RegisterNode:
 		return s.registerNode(op.RegisterNode)
+	case *fsmpb.Command_RejoinMember:
+		return s.rejoinMember(op.RejoinMember)
 	case *fsmpb.Command_RaiseTokens:
 		s.lastToken = max(s.lastToken, op.RaiseTokens.GetFloor())
 		return Result{}

@@ -215,6 +215,7 @@ type Command struct {
 	//	*Command_Auth
 	//	*Command_SetProtocol
 	//	*Command_KvTxn
+	//	*Command_RejoinMember
 	Op isCommand_Op `protobuf_oneof:"op"`
 	// The client's key for this call, the same across its retries: a command
 	// whose key was applied before is not applied again, and answers what
@@ -414,6 +415,15 @@ func (x *Command) GetKvTxn() *KVTxn {
 	return nil
 }
 
+func (x *Command) GetRejoinMember() *RejoinMember {
+	if x != nil {
+		if x, ok := x.Op.(*Command_RejoinMember); ok {
+			return x.RejoinMember
+		}
+	}
+	return nil
+}
+
 func (x *Command) GetIdempotencyKey() string {
 	if x != nil {
 		return x.IdempotencyKey
@@ -495,6 +505,11 @@ type Command_KvTxn struct {
 	KvTxn *KVTxn `protobuf:"bytes,16,opt,name=kv_txn,json=kvTxn,proto3,oneof"`
 }
 
+type Command_RejoinMember struct {
+	// Protocol 6.
+	RejoinMember *RejoinMember `protobuf:"bytes,17,opt,name=rejoin_member,json=rejoinMember,proto3,oneof"`
+}
+
 func (*Command_CreateSession) isCommand_Op() {}
 
 func (*Command_CloseSession) isCommand_Op() {}
@@ -528,6 +543,8 @@ func (*Command_Auth) isCommand_Op() {}
 func (*Command_SetProtocol) isCommand_Op() {}
 
 func (*Command_KvTxn) isCommand_Op() {}
+
+func (*Command_RejoinMember) isCommand_Op() {}
 
 // Batch is several commands committed as one raft log entry: the leader
 // groups the commands that arrive while an entry is being committed, so
@@ -634,6 +651,71 @@ func (x *RegisterNode) GetApiAddress() string {
 	return ""
 }
 
+// RejoinMember records that the leader adds member_id again, whose data
+// dir was lost (docs/design.md, Rejoin): the leader removes it from the
+// configuration, then adds it as a new member at raft_address. While the
+// record stands, any later leader finishes what an earlier one began. done
+// drops the record: the member is a voter again, or an operator removed it.
+type RejoinMember struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	MemberId      string                 `protobuf:"bytes,1,opt,name=member_id,json=memberId,proto3" json:"member_id,omitempty"`
+	RaftAddress   string                 `protobuf:"bytes,2,opt,name=raft_address,json=raftAddress,proto3" json:"raft_address,omitempty"`
+	Done          bool                   `protobuf:"varint,3,opt,name=done,proto3" json:"done,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *RejoinMember) Reset() {
+	*x = RejoinMember{}
+	mi := &file_fsmpb_fsm_proto_msgTypes[3]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *RejoinMember) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*RejoinMember) ProtoMessage() {}
+
+func (x *RejoinMember) ProtoReflect() protoreflect.Message {
+	mi := &file_fsmpb_fsm_proto_msgTypes[3]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use RejoinMember.ProtoReflect.Descriptor instead.
+func (*RejoinMember) Descriptor() ([]byte, []int) {
+	return file_fsmpb_fsm_proto_rawDescGZIP(), []int{3}
+}
+
+func (x *RejoinMember) GetMemberId() string {
+	if x != nil {
+		return x.MemberId
+	}
+	return ""
+}
+
+func (x *RejoinMember) GetRaftAddress() string {
+	if x != nil {
+		return x.RaftAddress
+	}
+	return ""
+}
+
+func (x *RejoinMember) GetDone() bool {
+	if x != nil {
+		return x.Done
+	}
+	return false
+}
+
 type CreateSession struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
 	TtlNs int64                  `protobuf:"varint,1,opt,name=ttl_ns,json=ttlNs,proto3" json:"ttl_ns,omitempty"`
@@ -655,7 +737,7 @@ type CreateSession struct {
 
 func (x *CreateSession) Reset() {
 	*x = CreateSession{}
-	mi := &file_fsmpb_fsm_proto_msgTypes[3]
+	mi := &file_fsmpb_fsm_proto_msgTypes[4]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -667,7 +749,7 @@ func (x *CreateSession) String() string {
 func (*CreateSession) ProtoMessage() {}
 
 func (x *CreateSession) ProtoReflect() protoreflect.Message {
-	mi := &file_fsmpb_fsm_proto_msgTypes[3]
+	mi := &file_fsmpb_fsm_proto_msgTypes[4]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -680,7 +762,7 @@ func (x *CreateSession) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CreateSession.ProtoReflect.Descriptor instead.
 func (*CreateSession) Descriptor() ([]byte, []int) {
-	return file_fsmpb_fsm_proto_rawDescGZIP(), []int{3}
+	return file_fsmpb_fsm_proto_rawDescGZIP(), []int{4}
 }
 
 func (x *CreateSession) GetTtlNs() int64 {
@@ -729,7 +811,7 @@ type CloseSession struct {
 
 func (x *CloseSession) Reset() {
 	*x = CloseSession{}
-	mi := &file_fsmpb_fsm_proto_msgTypes[4]
+	mi := &file_fsmpb_fsm_proto_msgTypes[5]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -741,7 +823,7 @@ func (x *CloseSession) String() string {
 func (*CloseSession) ProtoMessage() {}
 
 func (x *CloseSession) ProtoReflect() protoreflect.Message {
-	mi := &file_fsmpb_fsm_proto_msgTypes[4]
+	mi := &file_fsmpb_fsm_proto_msgTypes[5]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -754,7 +836,7 @@ func (x *CloseSession) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CloseSession.ProtoReflect.Descriptor instead.
 func (*CloseSession) Descriptor() ([]byte, []int) {
-	return file_fsmpb_fsm_proto_rawDescGZIP(), []int{4}
+	return file_fsmpb_fsm_proto_rawDescGZIP(), []int{5}
 }
 
 func (x *CloseSession) GetSessionId() uint64 {
@@ -781,7 +863,7 @@ type ExpireSessions struct {
 
 func (x *ExpireSessions) Reset() {
 	*x = ExpireSessions{}
-	mi := &file_fsmpb_fsm_proto_msgTypes[5]
+	mi := &file_fsmpb_fsm_proto_msgTypes[6]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -793,7 +875,7 @@ func (x *ExpireSessions) String() string {
 func (*ExpireSessions) ProtoMessage() {}
 
 func (x *ExpireSessions) ProtoReflect() protoreflect.Message {
-	mi := &file_fsmpb_fsm_proto_msgTypes[5]
+	mi := &file_fsmpb_fsm_proto_msgTypes[6]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -806,7 +888,7 @@ func (x *ExpireSessions) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ExpireSessions.ProtoReflect.Descriptor instead.
 func (*ExpireSessions) Descriptor() ([]byte, []int) {
-	return file_fsmpb_fsm_proto_rawDescGZIP(), []int{5}
+	return file_fsmpb_fsm_proto_rawDescGZIP(), []int{6}
 }
 
 func (x *ExpireSessions) GetSessionIds() []uint64 {
@@ -840,7 +922,7 @@ type Acquire struct {
 
 func (x *Acquire) Reset() {
 	*x = Acquire{}
-	mi := &file_fsmpb_fsm_proto_msgTypes[6]
+	mi := &file_fsmpb_fsm_proto_msgTypes[7]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -852,7 +934,7 @@ func (x *Acquire) String() string {
 func (*Acquire) ProtoMessage() {}
 
 func (x *Acquire) ProtoReflect() protoreflect.Message {
-	mi := &file_fsmpb_fsm_proto_msgTypes[6]
+	mi := &file_fsmpb_fsm_proto_msgTypes[7]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -865,7 +947,7 @@ func (x *Acquire) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Acquire.ProtoReflect.Descriptor instead.
 func (*Acquire) Descriptor() ([]byte, []int) {
-	return file_fsmpb_fsm_proto_rawDescGZIP(), []int{6}
+	return file_fsmpb_fsm_proto_rawDescGZIP(), []int{7}
 }
 
 func (x *Acquire) GetSessionId() uint64 {
@@ -956,7 +1038,7 @@ type CancelWait struct {
 
 func (x *CancelWait) Reset() {
 	*x = CancelWait{}
-	mi := &file_fsmpb_fsm_proto_msgTypes[7]
+	mi := &file_fsmpb_fsm_proto_msgTypes[8]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -968,7 +1050,7 @@ func (x *CancelWait) String() string {
 func (*CancelWait) ProtoMessage() {}
 
 func (x *CancelWait) ProtoReflect() protoreflect.Message {
-	mi := &file_fsmpb_fsm_proto_msgTypes[7]
+	mi := &file_fsmpb_fsm_proto_msgTypes[8]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -981,7 +1063,7 @@ func (x *CancelWait) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CancelWait.ProtoReflect.Descriptor instead.
 func (*CancelWait) Descriptor() ([]byte, []int) {
-	return file_fsmpb_fsm_proto_rawDescGZIP(), []int{7}
+	return file_fsmpb_fsm_proto_rawDescGZIP(), []int{8}
 }
 
 func (x *CancelWait) GetSessionId() uint64 {
@@ -1036,7 +1118,7 @@ type CancelAcquire struct {
 
 func (x *CancelAcquire) Reset() {
 	*x = CancelAcquire{}
-	mi := &file_fsmpb_fsm_proto_msgTypes[8]
+	mi := &file_fsmpb_fsm_proto_msgTypes[9]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1048,7 +1130,7 @@ func (x *CancelAcquire) String() string {
 func (*CancelAcquire) ProtoMessage() {}
 
 func (x *CancelAcquire) ProtoReflect() protoreflect.Message {
-	mi := &file_fsmpb_fsm_proto_msgTypes[8]
+	mi := &file_fsmpb_fsm_proto_msgTypes[9]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1061,7 +1143,7 @@ func (x *CancelAcquire) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CancelAcquire.ProtoReflect.Descriptor instead.
 func (*CancelAcquire) Descriptor() ([]byte, []int) {
-	return file_fsmpb_fsm_proto_rawDescGZIP(), []int{8}
+	return file_fsmpb_fsm_proto_rawDescGZIP(), []int{9}
 }
 
 func (x *CancelAcquire) GetSessionId() uint64 {
@@ -1105,7 +1187,7 @@ type RaiseTokens struct {
 
 func (x *RaiseTokens) Reset() {
 	*x = RaiseTokens{}
-	mi := &file_fsmpb_fsm_proto_msgTypes[9]
+	mi := &file_fsmpb_fsm_proto_msgTypes[10]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1117,7 +1199,7 @@ func (x *RaiseTokens) String() string {
 func (*RaiseTokens) ProtoMessage() {}
 
 func (x *RaiseTokens) ProtoReflect() protoreflect.Message {
-	mi := &file_fsmpb_fsm_proto_msgTypes[9]
+	mi := &file_fsmpb_fsm_proto_msgTypes[10]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1130,7 +1212,7 @@ func (x *RaiseTokens) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RaiseTokens.ProtoReflect.Descriptor instead.
 func (*RaiseTokens) Descriptor() ([]byte, []int) {
-	return file_fsmpb_fsm_proto_rawDescGZIP(), []int{9}
+	return file_fsmpb_fsm_proto_rawDescGZIP(), []int{10}
 }
 
 func (x *RaiseTokens) GetFloor() uint64 {
@@ -1155,7 +1237,7 @@ type SetClusterID struct {
 
 func (x *SetClusterID) Reset() {
 	*x = SetClusterID{}
-	mi := &file_fsmpb_fsm_proto_msgTypes[10]
+	mi := &file_fsmpb_fsm_proto_msgTypes[11]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1167,7 +1249,7 @@ func (x *SetClusterID) String() string {
 func (*SetClusterID) ProtoMessage() {}
 
 func (x *SetClusterID) ProtoReflect() protoreflect.Message {
-	mi := &file_fsmpb_fsm_proto_msgTypes[10]
+	mi := &file_fsmpb_fsm_proto_msgTypes[11]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1180,7 +1262,7 @@ func (x *SetClusterID) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use SetClusterID.ProtoReflect.Descriptor instead.
 func (*SetClusterID) Descriptor() ([]byte, []int) {
-	return file_fsmpb_fsm_proto_rawDescGZIP(), []int{10}
+	return file_fsmpb_fsm_proto_rawDescGZIP(), []int{11}
 }
 
 func (x *SetClusterID) GetId() string {
@@ -1202,7 +1284,7 @@ type SetProtocol struct {
 
 func (x *SetProtocol) Reset() {
 	*x = SetProtocol{}
-	mi := &file_fsmpb_fsm_proto_msgTypes[11]
+	mi := &file_fsmpb_fsm_proto_msgTypes[12]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1214,7 +1296,7 @@ func (x *SetProtocol) String() string {
 func (*SetProtocol) ProtoMessage() {}
 
 func (x *SetProtocol) ProtoReflect() protoreflect.Message {
-	mi := &file_fsmpb_fsm_proto_msgTypes[11]
+	mi := &file_fsmpb_fsm_proto_msgTypes[12]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1227,7 +1309,7 @@ func (x *SetProtocol) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use SetProtocol.ProtoReflect.Descriptor instead.
 func (*SetProtocol) Descriptor() ([]byte, []int) {
-	return file_fsmpb_fsm_proto_rawDescGZIP(), []int{11}
+	return file_fsmpb_fsm_proto_rawDescGZIP(), []int{12}
 }
 
 func (x *SetProtocol) GetVersion() uint32 {
@@ -1248,7 +1330,7 @@ type Release struct {
 
 func (x *Release) Reset() {
 	*x = Release{}
-	mi := &file_fsmpb_fsm_proto_msgTypes[12]
+	mi := &file_fsmpb_fsm_proto_msgTypes[13]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1260,7 +1342,7 @@ func (x *Release) String() string {
 func (*Release) ProtoMessage() {}
 
 func (x *Release) ProtoReflect() protoreflect.Message {
-	mi := &file_fsmpb_fsm_proto_msgTypes[12]
+	mi := &file_fsmpb_fsm_proto_msgTypes[13]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1273,7 +1355,7 @@ func (x *Release) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Release.ProtoReflect.Descriptor instead.
 func (*Release) Descriptor() ([]byte, []int) {
-	return file_fsmpb_fsm_proto_rawDescGZIP(), []int{12}
+	return file_fsmpb_fsm_proto_rawDescGZIP(), []int{13}
 }
 
 func (x *Release) GetSessionId() uint64 {
@@ -1310,7 +1392,7 @@ type LiftDelay struct {
 
 func (x *LiftDelay) Reset() {
 	*x = LiftDelay{}
-	mi := &file_fsmpb_fsm_proto_msgTypes[13]
+	mi := &file_fsmpb_fsm_proto_msgTypes[14]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1322,7 +1404,7 @@ func (x *LiftDelay) String() string {
 func (*LiftDelay) ProtoMessage() {}
 
 func (x *LiftDelay) ProtoReflect() protoreflect.Message {
-	mi := &file_fsmpb_fsm_proto_msgTypes[13]
+	mi := &file_fsmpb_fsm_proto_msgTypes[14]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1335,7 +1417,7 @@ func (x *LiftDelay) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use LiftDelay.ProtoReflect.Descriptor instead.
 func (*LiftDelay) Descriptor() ([]byte, []int) {
-	return file_fsmpb_fsm_proto_rawDescGZIP(), []int{13}
+	return file_fsmpb_fsm_proto_rawDescGZIP(), []int{14}
 }
 
 func (x *LiftDelay) GetLock() string {
@@ -1368,7 +1450,7 @@ type KVFence struct {
 
 func (x *KVFence) Reset() {
 	*x = KVFence{}
-	mi := &file_fsmpb_fsm_proto_msgTypes[14]
+	mi := &file_fsmpb_fsm_proto_msgTypes[15]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1380,7 +1462,7 @@ func (x *KVFence) String() string {
 func (*KVFence) ProtoMessage() {}
 
 func (x *KVFence) ProtoReflect() protoreflect.Message {
-	mi := &file_fsmpb_fsm_proto_msgTypes[14]
+	mi := &file_fsmpb_fsm_proto_msgTypes[15]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1393,7 +1475,7 @@ func (x *KVFence) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use KVFence.ProtoReflect.Descriptor instead.
 func (*KVFence) Descriptor() ([]byte, []int) {
-	return file_fsmpb_fsm_proto_rawDescGZIP(), []int{14}
+	return file_fsmpb_fsm_proto_rawDescGZIP(), []int{15}
 }
 
 func (x *KVFence) GetLock() string {
@@ -1445,7 +1527,7 @@ type KVPut struct {
 
 func (x *KVPut) Reset() {
 	*x = KVPut{}
-	mi := &file_fsmpb_fsm_proto_msgTypes[15]
+	mi := &file_fsmpb_fsm_proto_msgTypes[16]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1457,7 +1539,7 @@ func (x *KVPut) String() string {
 func (*KVPut) ProtoMessage() {}
 
 func (x *KVPut) ProtoReflect() protoreflect.Message {
-	mi := &file_fsmpb_fsm_proto_msgTypes[15]
+	mi := &file_fsmpb_fsm_proto_msgTypes[16]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1470,7 +1552,7 @@ func (x *KVPut) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use KVPut.ProtoReflect.Descriptor instead.
 func (*KVPut) Descriptor() ([]byte, []int) {
-	return file_fsmpb_fsm_proto_rawDescGZIP(), []int{15}
+	return file_fsmpb_fsm_proto_rawDescGZIP(), []int{16}
 }
 
 func (x *KVPut) GetKey() string {
@@ -1525,7 +1607,7 @@ type KVDelete struct {
 
 func (x *KVDelete) Reset() {
 	*x = KVDelete{}
-	mi := &file_fsmpb_fsm_proto_msgTypes[16]
+	mi := &file_fsmpb_fsm_proto_msgTypes[17]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1537,7 +1619,7 @@ func (x *KVDelete) String() string {
 func (*KVDelete) ProtoMessage() {}
 
 func (x *KVDelete) ProtoReflect() protoreflect.Message {
-	mi := &file_fsmpb_fsm_proto_msgTypes[16]
+	mi := &file_fsmpb_fsm_proto_msgTypes[17]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1550,7 +1632,7 @@ func (x *KVDelete) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use KVDelete.ProtoReflect.Descriptor instead.
 func (*KVDelete) Descriptor() ([]byte, []int) {
-	return file_fsmpb_fsm_proto_rawDescGZIP(), []int{16}
+	return file_fsmpb_fsm_proto_rawDescGZIP(), []int{17}
 }
 
 func (x *KVDelete) GetKey() string {
@@ -1590,7 +1672,7 @@ type KVTxn struct {
 
 func (x *KVTxn) Reset() {
 	*x = KVTxn{}
-	mi := &file_fsmpb_fsm_proto_msgTypes[17]
+	mi := &file_fsmpb_fsm_proto_msgTypes[18]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1602,7 +1684,7 @@ func (x *KVTxn) String() string {
 func (*KVTxn) ProtoMessage() {}
 
 func (x *KVTxn) ProtoReflect() protoreflect.Message {
-	mi := &file_fsmpb_fsm_proto_msgTypes[17]
+	mi := &file_fsmpb_fsm_proto_msgTypes[18]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1615,7 +1697,7 @@ func (x *KVTxn) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use KVTxn.ProtoReflect.Descriptor instead.
 func (*KVTxn) Descriptor() ([]byte, []int) {
-	return file_fsmpb_fsm_proto_rawDescGZIP(), []int{17}
+	return file_fsmpb_fsm_proto_rawDescGZIP(), []int{18}
 }
 
 func (x *KVTxn) GetCompares() []*KVCompare {
@@ -1678,7 +1760,7 @@ type KVCompare struct {
 
 func (x *KVCompare) Reset() {
 	*x = KVCompare{}
-	mi := &file_fsmpb_fsm_proto_msgTypes[18]
+	mi := &file_fsmpb_fsm_proto_msgTypes[19]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1690,7 +1772,7 @@ func (x *KVCompare) String() string {
 func (*KVCompare) ProtoMessage() {}
 
 func (x *KVCompare) ProtoReflect() protoreflect.Message {
-	mi := &file_fsmpb_fsm_proto_msgTypes[18]
+	mi := &file_fsmpb_fsm_proto_msgTypes[19]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1703,7 +1785,7 @@ func (x *KVCompare) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use KVCompare.ProtoReflect.Descriptor instead.
 func (*KVCompare) Descriptor() ([]byte, []int) {
-	return file_fsmpb_fsm_proto_rawDescGZIP(), []int{18}
+	return file_fsmpb_fsm_proto_rawDescGZIP(), []int{19}
 }
 
 func (x *KVCompare) GetKey() string {
@@ -1757,7 +1839,7 @@ type KVTxnOp struct {
 
 func (x *KVTxnOp) Reset() {
 	*x = KVTxnOp{}
-	mi := &file_fsmpb_fsm_proto_msgTypes[19]
+	mi := &file_fsmpb_fsm_proto_msgTypes[20]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1769,7 +1851,7 @@ func (x *KVTxnOp) String() string {
 func (*KVTxnOp) ProtoMessage() {}
 
 func (x *KVTxnOp) ProtoReflect() protoreflect.Message {
-	mi := &file_fsmpb_fsm_proto_msgTypes[19]
+	mi := &file_fsmpb_fsm_proto_msgTypes[20]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1782,7 +1864,7 @@ func (x *KVTxnOp) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use KVTxnOp.ProtoReflect.Descriptor instead.
 func (*KVTxnOp) Descriptor() ([]byte, []int) {
-	return file_fsmpb_fsm_proto_rawDescGZIP(), []int{19}
+	return file_fsmpb_fsm_proto_rawDescGZIP(), []int{20}
 }
 
 func (x *KVTxnOp) GetOp() isKVTxnOp_Op {
@@ -1854,7 +1936,7 @@ type KVTxnPut struct {
 
 func (x *KVTxnPut) Reset() {
 	*x = KVTxnPut{}
-	mi := &file_fsmpb_fsm_proto_msgTypes[20]
+	mi := &file_fsmpb_fsm_proto_msgTypes[21]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1866,7 +1948,7 @@ func (x *KVTxnPut) String() string {
 func (*KVTxnPut) ProtoMessage() {}
 
 func (x *KVTxnPut) ProtoReflect() protoreflect.Message {
-	mi := &file_fsmpb_fsm_proto_msgTypes[20]
+	mi := &file_fsmpb_fsm_proto_msgTypes[21]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1879,7 +1961,7 @@ func (x *KVTxnPut) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use KVTxnPut.ProtoReflect.Descriptor instead.
 func (*KVTxnPut) Descriptor() ([]byte, []int) {
-	return file_fsmpb_fsm_proto_rawDescGZIP(), []int{20}
+	return file_fsmpb_fsm_proto_rawDescGZIP(), []int{21}
 }
 
 func (x *KVTxnPut) GetKey() string {
@@ -1923,14 +2005,16 @@ type Snapshot struct {
 	// Users, roles, tokens and whether auth is on (docs/design.md, Auth).
 	Auth *AuthState `protobuf:"bytes,12,opt,name=auth,proto3" json:"auth,omitempty"`
 	// The group's protocol (SetProtocol); 0 for a group at protocol 1.
-	Protocol      uint32 `protobuf:"varint,13,opt,name=protocol,proto3" json:"protocol,omitempty"`
+	Protocol uint32 `protobuf:"varint,13,opt,name=protocol,proto3" json:"protocol,omitempty"`
+	// The members being added again (RejoinMember), in id order.
+	Rejoins       []*RejoinMember `protobuf:"bytes,14,rep,name=rejoins,proto3" json:"rejoins,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
 
 func (x *Snapshot) Reset() {
 	*x = Snapshot{}
-	mi := &file_fsmpb_fsm_proto_msgTypes[21]
+	mi := &file_fsmpb_fsm_proto_msgTypes[22]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1942,7 +2026,7 @@ func (x *Snapshot) String() string {
 func (*Snapshot) ProtoMessage() {}
 
 func (x *Snapshot) ProtoReflect() protoreflect.Message {
-	mi := &file_fsmpb_fsm_proto_msgTypes[21]
+	mi := &file_fsmpb_fsm_proto_msgTypes[22]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1955,7 +2039,7 @@ func (x *Snapshot) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Snapshot.ProtoReflect.Descriptor instead.
 func (*Snapshot) Descriptor() ([]byte, []int) {
-	return file_fsmpb_fsm_proto_rawDescGZIP(), []int{21}
+	return file_fsmpb_fsm_proto_rawDescGZIP(), []int{22}
 }
 
 func (x *Snapshot) GetLastToken() uint64 {
@@ -2049,6 +2133,13 @@ func (x *Snapshot) GetProtocol() uint32 {
 	return 0
 }
 
+func (x *Snapshot) GetRejoins() []*RejoinMember {
+	if x != nil {
+		return x.Rejoins
+	}
+	return nil
+}
+
 // Auth changes the auth state: users, roles and their permissions, bearer
 // tokens, and whether auth is enforced. Every change is one command, taken
 // by an admin (or by anyone while auth is off) and checked at the edge
@@ -2076,7 +2167,7 @@ type Auth struct {
 
 func (x *Auth) Reset() {
 	*x = Auth{}
-	mi := &file_fsmpb_fsm_proto_msgTypes[22]
+	mi := &file_fsmpb_fsm_proto_msgTypes[23]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2088,7 +2179,7 @@ func (x *Auth) String() string {
 func (*Auth) ProtoMessage() {}
 
 func (x *Auth) ProtoReflect() protoreflect.Message {
-	mi := &file_fsmpb_fsm_proto_msgTypes[22]
+	mi := &file_fsmpb_fsm_proto_msgTypes[23]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2101,7 +2192,7 @@ func (x *Auth) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Auth.ProtoReflect.Descriptor instead.
 func (*Auth) Descriptor() ([]byte, []int) {
-	return file_fsmpb_fsm_proto_rawDescGZIP(), []int{22}
+	return file_fsmpb_fsm_proto_rawDescGZIP(), []int{23}
 }
 
 func (x *Auth) GetOp() isAuth_Op {
@@ -2307,7 +2398,7 @@ type SetAuthEnabled struct {
 
 func (x *SetAuthEnabled) Reset() {
 	*x = SetAuthEnabled{}
-	mi := &file_fsmpb_fsm_proto_msgTypes[23]
+	mi := &file_fsmpb_fsm_proto_msgTypes[24]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2319,7 +2410,7 @@ func (x *SetAuthEnabled) String() string {
 func (*SetAuthEnabled) ProtoMessage() {}
 
 func (x *SetAuthEnabled) ProtoReflect() protoreflect.Message {
-	mi := &file_fsmpb_fsm_proto_msgTypes[23]
+	mi := &file_fsmpb_fsm_proto_msgTypes[24]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2332,7 +2423,7 @@ func (x *SetAuthEnabled) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use SetAuthEnabled.ProtoReflect.Descriptor instead.
 func (*SetAuthEnabled) Descriptor() ([]byte, []int) {
-	return file_fsmpb_fsm_proto_rawDescGZIP(), []int{23}
+	return file_fsmpb_fsm_proto_rawDescGZIP(), []int{24}
 }
 
 func (x *SetAuthEnabled) GetEnabled() bool {
@@ -2368,7 +2459,7 @@ type AuthUser struct {
 
 func (x *AuthUser) Reset() {
 	*x = AuthUser{}
-	mi := &file_fsmpb_fsm_proto_msgTypes[24]
+	mi := &file_fsmpb_fsm_proto_msgTypes[25]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2380,7 +2471,7 @@ func (x *AuthUser) String() string {
 func (*AuthUser) ProtoMessage() {}
 
 func (x *AuthUser) ProtoReflect() protoreflect.Message {
-	mi := &file_fsmpb_fsm_proto_msgTypes[24]
+	mi := &file_fsmpb_fsm_proto_msgTypes[25]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2393,7 +2484,7 @@ func (x *AuthUser) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use AuthUser.ProtoReflect.Descriptor instead.
 func (*AuthUser) Descriptor() ([]byte, []int) {
-	return file_fsmpb_fsm_proto_rawDescGZIP(), []int{24}
+	return file_fsmpb_fsm_proto_rawDescGZIP(), []int{25}
 }
 
 func (x *AuthUser) GetName() string {
@@ -2462,7 +2553,7 @@ type UserRole struct {
 
 func (x *UserRole) Reset() {
 	*x = UserRole{}
-	mi := &file_fsmpb_fsm_proto_msgTypes[25]
+	mi := &file_fsmpb_fsm_proto_msgTypes[26]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2474,7 +2565,7 @@ func (x *UserRole) String() string {
 func (*UserRole) ProtoMessage() {}
 
 func (x *UserRole) ProtoReflect() protoreflect.Message {
-	mi := &file_fsmpb_fsm_proto_msgTypes[25]
+	mi := &file_fsmpb_fsm_proto_msgTypes[26]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2487,7 +2578,7 @@ func (x *UserRole) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use UserRole.ProtoReflect.Descriptor instead.
 func (*UserRole) Descriptor() ([]byte, []int) {
-	return file_fsmpb_fsm_proto_rawDescGZIP(), []int{25}
+	return file_fsmpb_fsm_proto_rawDescGZIP(), []int{26}
 }
 
 func (x *UserRole) GetUser() string {
@@ -2515,7 +2606,7 @@ type AuthRole struct {
 
 func (x *AuthRole) Reset() {
 	*x = AuthRole{}
-	mi := &file_fsmpb_fsm_proto_msgTypes[26]
+	mi := &file_fsmpb_fsm_proto_msgTypes[27]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2527,7 +2618,7 @@ func (x *AuthRole) String() string {
 func (*AuthRole) ProtoMessage() {}
 
 func (x *AuthRole) ProtoReflect() protoreflect.Message {
-	mi := &file_fsmpb_fsm_proto_msgTypes[26]
+	mi := &file_fsmpb_fsm_proto_msgTypes[27]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2540,7 +2631,7 @@ func (x *AuthRole) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use AuthRole.ProtoReflect.Descriptor instead.
 func (*AuthRole) Descriptor() ([]byte, []int) {
-	return file_fsmpb_fsm_proto_rawDescGZIP(), []int{26}
+	return file_fsmpb_fsm_proto_rawDescGZIP(), []int{27}
 }
 
 func (x *AuthRole) GetName() string {
@@ -2570,7 +2661,7 @@ type AuthPermission struct {
 
 func (x *AuthPermission) Reset() {
 	*x = AuthPermission{}
-	mi := &file_fsmpb_fsm_proto_msgTypes[27]
+	mi := &file_fsmpb_fsm_proto_msgTypes[28]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2582,7 +2673,7 @@ func (x *AuthPermission) String() string {
 func (*AuthPermission) ProtoMessage() {}
 
 func (x *AuthPermission) ProtoReflect() protoreflect.Message {
-	mi := &file_fsmpb_fsm_proto_msgTypes[27]
+	mi := &file_fsmpb_fsm_proto_msgTypes[28]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2595,7 +2686,7 @@ func (x *AuthPermission) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use AuthPermission.ProtoReflect.Descriptor instead.
 func (*AuthPermission) Descriptor() ([]byte, []int) {
-	return file_fsmpb_fsm_proto_rawDescGZIP(), []int{27}
+	return file_fsmpb_fsm_proto_rawDescGZIP(), []int{28}
 }
 
 func (x *AuthPermission) GetKind() uint32 {
@@ -2629,7 +2720,7 @@ type RolePermission struct {
 
 func (x *RolePermission) Reset() {
 	*x = RolePermission{}
-	mi := &file_fsmpb_fsm_proto_msgTypes[28]
+	mi := &file_fsmpb_fsm_proto_msgTypes[29]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2641,7 +2732,7 @@ func (x *RolePermission) String() string {
 func (*RolePermission) ProtoMessage() {}
 
 func (x *RolePermission) ProtoReflect() protoreflect.Message {
-	mi := &file_fsmpb_fsm_proto_msgTypes[28]
+	mi := &file_fsmpb_fsm_proto_msgTypes[29]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2654,7 +2745,7 @@ func (x *RolePermission) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RolePermission.ProtoReflect.Descriptor instead.
 func (*RolePermission) Descriptor() ([]byte, []int) {
-	return file_fsmpb_fsm_proto_rawDescGZIP(), []int{28}
+	return file_fsmpb_fsm_proto_rawDescGZIP(), []int{29}
 }
 
 func (x *RolePermission) GetRole() string {
@@ -2690,7 +2781,7 @@ type AuthToken struct {
 
 func (x *AuthToken) Reset() {
 	*x = AuthToken{}
-	mi := &file_fsmpb_fsm_proto_msgTypes[29]
+	mi := &file_fsmpb_fsm_proto_msgTypes[30]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2702,7 +2793,7 @@ func (x *AuthToken) String() string {
 func (*AuthToken) ProtoMessage() {}
 
 func (x *AuthToken) ProtoReflect() protoreflect.Message {
-	mi := &file_fsmpb_fsm_proto_msgTypes[29]
+	mi := &file_fsmpb_fsm_proto_msgTypes[30]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2715,7 +2806,7 @@ func (x *AuthToken) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use AuthToken.ProtoReflect.Descriptor instead.
 func (*AuthToken) Descriptor() ([]byte, []int) {
-	return file_fsmpb_fsm_proto_rawDescGZIP(), []int{29}
+	return file_fsmpb_fsm_proto_rawDescGZIP(), []int{30}
 }
 
 func (x *AuthToken) GetId() uint64 {
@@ -2773,7 +2864,7 @@ type AuthState struct {
 
 func (x *AuthState) Reset() {
 	*x = AuthState{}
-	mi := &file_fsmpb_fsm_proto_msgTypes[30]
+	mi := &file_fsmpb_fsm_proto_msgTypes[31]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2785,7 +2876,7 @@ func (x *AuthState) String() string {
 func (*AuthState) ProtoMessage() {}
 
 func (x *AuthState) ProtoReflect() protoreflect.Message {
-	mi := &file_fsmpb_fsm_proto_msgTypes[30]
+	mi := &file_fsmpb_fsm_proto_msgTypes[31]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2798,7 +2889,7 @@ func (x *AuthState) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use AuthState.ProtoReflect.Descriptor instead.
 func (*AuthState) Descriptor() ([]byte, []int) {
-	return file_fsmpb_fsm_proto_rawDescGZIP(), []int{30}
+	return file_fsmpb_fsm_proto_rawDescGZIP(), []int{31}
 }
 
 func (x *AuthState) GetEnabled() bool {
@@ -2851,7 +2942,7 @@ type Applied struct {
 
 func (x *Applied) Reset() {
 	*x = Applied{}
-	mi := &file_fsmpb_fsm_proto_msgTypes[31]
+	mi := &file_fsmpb_fsm_proto_msgTypes[32]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2863,7 +2954,7 @@ func (x *Applied) String() string {
 func (*Applied) ProtoMessage() {}
 
 func (x *Applied) ProtoReflect() protoreflect.Message {
-	mi := &file_fsmpb_fsm_proto_msgTypes[31]
+	mi := &file_fsmpb_fsm_proto_msgTypes[32]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2876,7 +2967,7 @@ func (x *Applied) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Applied.ProtoReflect.Descriptor instead.
 func (*Applied) Descriptor() ([]byte, []int) {
-	return file_fsmpb_fsm_proto_rawDescGZIP(), []int{31}
+	return file_fsmpb_fsm_proto_rawDescGZIP(), []int{32}
 }
 
 func (x *Applied) GetKey() string {
@@ -2940,7 +3031,7 @@ type KV struct {
 
 func (x *KV) Reset() {
 	*x = KV{}
-	mi := &file_fsmpb_fsm_proto_msgTypes[32]
+	mi := &file_fsmpb_fsm_proto_msgTypes[33]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2952,7 +3043,7 @@ func (x *KV) String() string {
 func (*KV) ProtoMessage() {}
 
 func (x *KV) ProtoReflect() protoreflect.Message {
-	mi := &file_fsmpb_fsm_proto_msgTypes[32]
+	mi := &file_fsmpb_fsm_proto_msgTypes[33]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2965,7 +3056,7 @@ func (x *KV) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use KV.ProtoReflect.Descriptor instead.
 func (*KV) Descriptor() ([]byte, []int) {
-	return file_fsmpb_fsm_proto_rawDescGZIP(), []int{32}
+	return file_fsmpb_fsm_proto_rawDescGZIP(), []int{33}
 }
 
 func (x *KV) GetKey() string {
@@ -3062,7 +3153,7 @@ type Session struct {
 
 func (x *Session) Reset() {
 	*x = Session{}
-	mi := &file_fsmpb_fsm_proto_msgTypes[33]
+	mi := &file_fsmpb_fsm_proto_msgTypes[34]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3074,7 +3165,7 @@ func (x *Session) String() string {
 func (*Session) ProtoMessage() {}
 
 func (x *Session) ProtoReflect() protoreflect.Message {
-	mi := &file_fsmpb_fsm_proto_msgTypes[33]
+	mi := &file_fsmpb_fsm_proto_msgTypes[34]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3087,7 +3178,7 @@ func (x *Session) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Session.ProtoReflect.Descriptor instead.
 func (*Session) Descriptor() ([]byte, []int) {
-	return file_fsmpb_fsm_proto_rawDescGZIP(), []int{33}
+	return file_fsmpb_fsm_proto_rawDescGZIP(), []int{34}
 }
 
 func (x *Session) GetId() uint64 {
@@ -3149,7 +3240,7 @@ type Lock struct {
 
 func (x *Lock) Reset() {
 	*x = Lock{}
-	mi := &file_fsmpb_fsm_proto_msgTypes[34]
+	mi := &file_fsmpb_fsm_proto_msgTypes[35]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3161,7 +3252,7 @@ func (x *Lock) String() string {
 func (*Lock) ProtoMessage() {}
 
 func (x *Lock) ProtoReflect() protoreflect.Message {
-	mi := &file_fsmpb_fsm_proto_msgTypes[34]
+	mi := &file_fsmpb_fsm_proto_msgTypes[35]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3174,7 +3265,7 @@ func (x *Lock) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Lock.ProtoReflect.Descriptor instead.
 func (*Lock) Descriptor() ([]byte, []int) {
-	return file_fsmpb_fsm_proto_rawDescGZIP(), []int{34}
+	return file_fsmpb_fsm_proto_rawDescGZIP(), []int{35}
 }
 
 func (x *Lock) GetName() string {
@@ -3229,7 +3320,7 @@ type PendingDelay struct {
 
 func (x *PendingDelay) Reset() {
 	*x = PendingDelay{}
-	mi := &file_fsmpb_fsm_proto_msgTypes[35]
+	mi := &file_fsmpb_fsm_proto_msgTypes[36]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3241,7 +3332,7 @@ func (x *PendingDelay) String() string {
 func (*PendingDelay) ProtoMessage() {}
 
 func (x *PendingDelay) ProtoReflect() protoreflect.Message {
-	mi := &file_fsmpb_fsm_proto_msgTypes[35]
+	mi := &file_fsmpb_fsm_proto_msgTypes[36]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3254,7 +3345,7 @@ func (x *PendingDelay) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use PendingDelay.ProtoReflect.Descriptor instead.
 func (*PendingDelay) Descriptor() ([]byte, []int) {
-	return file_fsmpb_fsm_proto_rawDescGZIP(), []int{35}
+	return file_fsmpb_fsm_proto_rawDescGZIP(), []int{36}
 }
 
 func (x *PendingDelay) GetId() uint64 {
@@ -3285,7 +3376,7 @@ type Holder struct {
 
 func (x *Holder) Reset() {
 	*x = Holder{}
-	mi := &file_fsmpb_fsm_proto_msgTypes[36]
+	mi := &file_fsmpb_fsm_proto_msgTypes[37]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3297,7 +3388,7 @@ func (x *Holder) String() string {
 func (*Holder) ProtoMessage() {}
 
 func (x *Holder) ProtoReflect() protoreflect.Message {
-	mi := &file_fsmpb_fsm_proto_msgTypes[36]
+	mi := &file_fsmpb_fsm_proto_msgTypes[37]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3310,7 +3401,7 @@ func (x *Holder) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Holder.ProtoReflect.Descriptor instead.
 func (*Holder) Descriptor() ([]byte, []int) {
-	return file_fsmpb_fsm_proto_rawDescGZIP(), []int{36}
+	return file_fsmpb_fsm_proto_rawDescGZIP(), []int{37}
 }
 
 func (x *Holder) GetSessionId() uint64 {
@@ -3368,7 +3459,7 @@ type Waiter struct {
 
 func (x *Waiter) Reset() {
 	*x = Waiter{}
-	mi := &file_fsmpb_fsm_proto_msgTypes[37]
+	mi := &file_fsmpb_fsm_proto_msgTypes[38]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3380,7 +3471,7 @@ func (x *Waiter) String() string {
 func (*Waiter) ProtoMessage() {}
 
 func (x *Waiter) ProtoReflect() protoreflect.Message {
-	mi := &file_fsmpb_fsm_proto_msgTypes[37]
+	mi := &file_fsmpb_fsm_proto_msgTypes[38]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3393,7 +3484,7 @@ func (x *Waiter) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Waiter.ProtoReflect.Descriptor instead.
 func (*Waiter) Descriptor() ([]byte, []int) {
-	return file_fsmpb_fsm_proto_rawDescGZIP(), []int{37}
+	return file_fsmpb_fsm_proto_rawDescGZIP(), []int{38}
 }
 
 func (x *Waiter) GetSessionId() uint64 {
@@ -3435,7 +3526,7 @@ var File_fsmpb_fsm_proto protoreflect.FileDescriptor
 
 const file_fsmpb_fsm_proto_rawDesc = "" +
 	"\n" +
-	"\x0ffsmpb/fsm.proto\x12\ffence.fsm.v1\"\x9e\b\n" +
+	"\x0ffsmpb/fsm.proto\x12\ffence.fsm.v1\"\xe1\b\n" +
 	"\aCommand\x12D\n" +
 	"\x0ecreate_session\x18\x01 \x01(\v2\x1b.fence.fsm.v1.CreateSessionH\x00R\rcreateSession\x12A\n" +
 	"\rclose_session\x18\x02 \x01(\v2\x1a.fence.fsm.v1.CloseSessionH\x00R\fcloseSession\x12G\n" +
@@ -3456,7 +3547,8 @@ const file_fsmpb_fsm_proto_rawDesc = "" +
 	"\x05batch\x18\x1e \x01(\v2\x13.fence.fsm.v1.BatchH\x00R\x05batch\x12(\n" +
 	"\x04auth\x18\x0e \x01(\v2\x12.fence.fsm.v1.AuthH\x00R\x04auth\x12>\n" +
 	"\fset_protocol\x18\x0f \x01(\v2\x19.fence.fsm.v1.SetProtocolH\x00R\vsetProtocol\x12,\n" +
-	"\x06kv_txn\x18\x10 \x01(\v2\x13.fence.fsm.v1.KVTxnH\x00R\x05kvTxn\x12'\n" +
+	"\x06kv_txn\x18\x10 \x01(\v2\x13.fence.fsm.v1.KVTxnH\x00R\x05kvTxn\x12A\n" +
+	"\rrejoin_member\x18\x11 \x01(\v2\x1a.fence.fsm.v1.RejoinMemberH\x00R\frejoinMember\x12'\n" +
 	"\x0fidempotency_key\x18d \x01(\tR\x0eidempotencyKeyB\x04\n" +
 	"\x02op\":\n" +
 	"\x05Batch\x121\n" +
@@ -3464,7 +3556,11 @@ const file_fsmpb_fsm_proto_rawDesc = "" +
 	"\fRegisterNode\x12\x17\n" +
 	"\anode_id\x18\x01 \x01(\tR\x06nodeId\x12\x1f\n" +
 	"\vapi_address\x18\x02 \x01(\tR\n" +
-	"apiAddress\"\x98\x01\n" +
+	"apiAddress\"b\n" +
+	"\fRejoinMember\x12\x1b\n" +
+	"\tmember_id\x18\x01 \x01(\tR\bmemberId\x12!\n" +
+	"\fraft_address\x18\x02 \x01(\tR\vraftAddress\x12\x12\n" +
+	"\x04done\x18\x03 \x01(\bR\x04done\"\x98\x01\n" +
 	"\rCreateSession\x12\x15\n" +
 	"\x06ttl_ns\x18\x01 \x01(\x03R\x05ttlNs\x12\x14\n" +
 	"\x05owner\x18\x02 \x01(\tR\x05owner\x12!\n" +
@@ -3562,7 +3658,7 @@ const file_fsmpb_fsm_proto_rawDesc = "" +
 	"\x03key\x18\x01 \x01(\tR\x03key\x12\x14\n" +
 	"\x05value\x18\x02 \x01(\fR\x05value\x12\x1d\n" +
 	"\n" +
-	"session_id\x18\x03 \x01(\x04R\tsessionId\"\x85\x04\n" +
+	"session_id\x18\x03 \x01(\x04R\tsessionId\"\xbb\x04\n" +
 	"\bSnapshot\x12\x1d\n" +
 	"\n" +
 	"last_token\x18\x01 \x01(\x04R\tlastToken\x12&\n" +
@@ -3580,7 +3676,8 @@ const file_fsmpb_fsm_proto_rawDesc = "" +
 	"\n" +
 	"cluster_id\x18\v \x01(\tR\tclusterId\x12+\n" +
 	"\x04auth\x18\f \x01(\v2\x17.fence.fsm.v1.AuthStateR\x04auth\x12\x1a\n" +
-	"\bprotocol\x18\r \x01(\rR\bprotocol\"\xd3\x05\n" +
+	"\bprotocol\x18\r \x01(\rR\bprotocol\x124\n" +
+	"\arejoins\x18\x0e \x03(\v2\x1a.fence.fsm.v1.RejoinMemberR\arejoins\"\xd3\x05\n" +
 	"\x04Auth\x12?\n" +
 	"\vset_enabled\x18\x01 \x01(\v2\x1c.fence.fsm.v1.SetAuthEnabledH\x00R\n" +
 	"setEnabled\x123\n" +
@@ -3726,7 +3823,7 @@ func file_fsmpb_fsm_proto_rawDescGZIP() []byte {
 }
 
 var file_fsmpb_fsm_proto_enumTypes = make([]protoimpl.EnumInfo, 3)
-var file_fsmpb_fsm_proto_msgTypes = make([]protoimpl.MessageInfo, 38)
+var file_fsmpb_fsm_proto_msgTypes = make([]protoimpl.MessageInfo, 39)
 var file_fsmpb_fsm_proto_goTypes = []any{
 	(SessionEnd)(0),        // 0: fence.fsm.v1.SessionEnd
 	(KVCompareTarget)(0),   // 1: fence.fsm.v1.KVCompareTarget
@@ -3734,101 +3831,104 @@ var file_fsmpb_fsm_proto_goTypes = []any{
 	(*Command)(nil),        // 3: fence.fsm.v1.Command
 	(*Batch)(nil),          // 4: fence.fsm.v1.Batch
 	(*RegisterNode)(nil),   // 5: fence.fsm.v1.RegisterNode
-	(*CreateSession)(nil),  // 6: fence.fsm.v1.CreateSession
-	(*CloseSession)(nil),   // 7: fence.fsm.v1.CloseSession
-	(*ExpireSessions)(nil), // 8: fence.fsm.v1.ExpireSessions
-	(*Acquire)(nil),        // 9: fence.fsm.v1.Acquire
-	(*CancelWait)(nil),     // 10: fence.fsm.v1.CancelWait
-	(*CancelAcquire)(nil),  // 11: fence.fsm.v1.CancelAcquire
-	(*RaiseTokens)(nil),    // 12: fence.fsm.v1.RaiseTokens
-	(*SetClusterID)(nil),   // 13: fence.fsm.v1.SetClusterID
-	(*SetProtocol)(nil),    // 14: fence.fsm.v1.SetProtocol
-	(*Release)(nil),        // 15: fence.fsm.v1.Release
-	(*LiftDelay)(nil),      // 16: fence.fsm.v1.LiftDelay
-	(*KVFence)(nil),        // 17: fence.fsm.v1.KVFence
-	(*KVPut)(nil),          // 18: fence.fsm.v1.KVPut
-	(*KVDelete)(nil),       // 19: fence.fsm.v1.KVDelete
-	(*KVTxn)(nil),          // 20: fence.fsm.v1.KVTxn
-	(*KVCompare)(nil),      // 21: fence.fsm.v1.KVCompare
-	(*KVTxnOp)(nil),        // 22: fence.fsm.v1.KVTxnOp
-	(*KVTxnPut)(nil),       // 23: fence.fsm.v1.KVTxnPut
-	(*Snapshot)(nil),       // 24: fence.fsm.v1.Snapshot
-	(*Auth)(nil),           // 25: fence.fsm.v1.Auth
-	(*SetAuthEnabled)(nil), // 26: fence.fsm.v1.SetAuthEnabled
-	(*AuthUser)(nil),       // 27: fence.fsm.v1.AuthUser
-	(*UserRole)(nil),       // 28: fence.fsm.v1.UserRole
-	(*AuthRole)(nil),       // 29: fence.fsm.v1.AuthRole
-	(*AuthPermission)(nil), // 30: fence.fsm.v1.AuthPermission
-	(*RolePermission)(nil), // 31: fence.fsm.v1.RolePermission
-	(*AuthToken)(nil),      // 32: fence.fsm.v1.AuthToken
-	(*AuthState)(nil),      // 33: fence.fsm.v1.AuthState
-	(*Applied)(nil),        // 34: fence.fsm.v1.Applied
-	(*KV)(nil),             // 35: fence.fsm.v1.KV
-	(*Session)(nil),        // 36: fence.fsm.v1.Session
-	(*Lock)(nil),           // 37: fence.fsm.v1.Lock
-	(*PendingDelay)(nil),   // 38: fence.fsm.v1.PendingDelay
-	(*Holder)(nil),         // 39: fence.fsm.v1.Holder
-	(*Waiter)(nil),         // 40: fence.fsm.v1.Waiter
+	(*RejoinMember)(nil),   // 6: fence.fsm.v1.RejoinMember
+	(*CreateSession)(nil),  // 7: fence.fsm.v1.CreateSession
+	(*CloseSession)(nil),   // 8: fence.fsm.v1.CloseSession
+	(*ExpireSessions)(nil), // 9: fence.fsm.v1.ExpireSessions
+	(*Acquire)(nil),        // 10: fence.fsm.v1.Acquire
+	(*CancelWait)(nil),     // 11: fence.fsm.v1.CancelWait
+	(*CancelAcquire)(nil),  // 12: fence.fsm.v1.CancelAcquire
+	(*RaiseTokens)(nil),    // 13: fence.fsm.v1.RaiseTokens
+	(*SetClusterID)(nil),   // 14: fence.fsm.v1.SetClusterID
+	(*SetProtocol)(nil),    // 15: fence.fsm.v1.SetProtocol
+	(*Release)(nil),        // 16: fence.fsm.v1.Release
+	(*LiftDelay)(nil),      // 17: fence.fsm.v1.LiftDelay
+	(*KVFence)(nil),        // 18: fence.fsm.v1.KVFence
+	(*KVPut)(nil),          // 19: fence.fsm.v1.KVPut
+	(*KVDelete)(nil),       // 20: fence.fsm.v1.KVDelete
+	(*KVTxn)(nil),          // 21: fence.fsm.v1.KVTxn
+	(*KVCompare)(nil),      // 22: fence.fsm.v1.KVCompare
+	(*KVTxnOp)(nil),        // 23: fence.fsm.v1.KVTxnOp
+	(*KVTxnPut)(nil),       // 24: fence.fsm.v1.KVTxnPut
+	(*Snapshot)(nil),       // 25: fence.fsm.v1.Snapshot
+	(*Auth)(nil),           // 26: fence.fsm.v1.Auth
+	(*SetAuthEnabled)(nil), // 27: fence.fsm.v1.SetAuthEnabled
+	(*AuthUser)(nil),       // 28: fence.fsm.v1.AuthUser
+	(*UserRole)(nil),       // 29: fence.fsm.v1.UserRole
+	(*AuthRole)(nil),       // 30: fence.fsm.v1.AuthRole
+	(*AuthPermission)(nil), // 31: fence.fsm.v1.AuthPermission
+	(*RolePermission)(nil), // 32: fence.fsm.v1.RolePermission
+	(*AuthToken)(nil),      // 33: fence.fsm.v1.AuthToken
+	(*AuthState)(nil),      // 34: fence.fsm.v1.AuthState
+	(*Applied)(nil),        // 35: fence.fsm.v1.Applied
+	(*KV)(nil),             // 36: fence.fsm.v1.KV
+	(*Session)(nil),        // 37: fence.fsm.v1.Session
+	(*Lock)(nil),           // 38: fence.fsm.v1.Lock
+	(*PendingDelay)(nil),   // 39: fence.fsm.v1.PendingDelay
+	(*Holder)(nil),         // 40: fence.fsm.v1.Holder
+	(*Waiter)(nil),         // 41: fence.fsm.v1.Waiter
 }
 var file_fsmpb_fsm_proto_depIdxs = []int32{
-	6,  // 0: fence.fsm.v1.Command.create_session:type_name -> fence.fsm.v1.CreateSession
-	7,  // 1: fence.fsm.v1.Command.close_session:type_name -> fence.fsm.v1.CloseSession
-	8,  // 2: fence.fsm.v1.Command.expire_sessions:type_name -> fence.fsm.v1.ExpireSessions
-	9,  // 3: fence.fsm.v1.Command.acquire:type_name -> fence.fsm.v1.Acquire
-	10, // 4: fence.fsm.v1.Command.cancel_wait:type_name -> fence.fsm.v1.CancelWait
-	15, // 5: fence.fsm.v1.Command.release:type_name -> fence.fsm.v1.Release
-	16, // 6: fence.fsm.v1.Command.lift_delay:type_name -> fence.fsm.v1.LiftDelay
-	18, // 7: fence.fsm.v1.Command.kv_put:type_name -> fence.fsm.v1.KVPut
-	19, // 8: fence.fsm.v1.Command.kv_delete:type_name -> fence.fsm.v1.KVDelete
+	7,  // 0: fence.fsm.v1.Command.create_session:type_name -> fence.fsm.v1.CreateSession
+	8,  // 1: fence.fsm.v1.Command.close_session:type_name -> fence.fsm.v1.CloseSession
+	9,  // 2: fence.fsm.v1.Command.expire_sessions:type_name -> fence.fsm.v1.ExpireSessions
+	10, // 3: fence.fsm.v1.Command.acquire:type_name -> fence.fsm.v1.Acquire
+	11, // 4: fence.fsm.v1.Command.cancel_wait:type_name -> fence.fsm.v1.CancelWait
+	16, // 5: fence.fsm.v1.Command.release:type_name -> fence.fsm.v1.Release
+	17, // 6: fence.fsm.v1.Command.lift_delay:type_name -> fence.fsm.v1.LiftDelay
+	19, // 7: fence.fsm.v1.Command.kv_put:type_name -> fence.fsm.v1.KVPut
+	20, // 8: fence.fsm.v1.Command.kv_delete:type_name -> fence.fsm.v1.KVDelete
 	5,  // 9: fence.fsm.v1.Command.register_node:type_name -> fence.fsm.v1.RegisterNode
-	11, // 10: fence.fsm.v1.Command.cancel_acquire:type_name -> fence.fsm.v1.CancelAcquire
-	12, // 11: fence.fsm.v1.Command.raise_tokens:type_name -> fence.fsm.v1.RaiseTokens
-	13, // 12: fence.fsm.v1.Command.set_cluster_id:type_name -> fence.fsm.v1.SetClusterID
+	12, // 10: fence.fsm.v1.Command.cancel_acquire:type_name -> fence.fsm.v1.CancelAcquire
+	13, // 11: fence.fsm.v1.Command.raise_tokens:type_name -> fence.fsm.v1.RaiseTokens
+	14, // 12: fence.fsm.v1.Command.set_cluster_id:type_name -> fence.fsm.v1.SetClusterID
 	4,  // 13: fence.fsm.v1.Command.batch:type_name -> fence.fsm.v1.Batch
-	25, // 14: fence.fsm.v1.Command.auth:type_name -> fence.fsm.v1.Auth
-	14, // 15: fence.fsm.v1.Command.set_protocol:type_name -> fence.fsm.v1.SetProtocol
-	20, // 16: fence.fsm.v1.Command.kv_txn:type_name -> fence.fsm.v1.KVTxn
-	3,  // 17: fence.fsm.v1.Batch.commands:type_name -> fence.fsm.v1.Command
-	0,  // 18: fence.fsm.v1.CloseSession.end:type_name -> fence.fsm.v1.SessionEnd
-	17, // 19: fence.fsm.v1.KVPut.fence:type_name -> fence.fsm.v1.KVFence
-	17, // 20: fence.fsm.v1.KVDelete.fence:type_name -> fence.fsm.v1.KVFence
-	21, // 21: fence.fsm.v1.KVTxn.compares:type_name -> fence.fsm.v1.KVCompare
-	22, // 22: fence.fsm.v1.KVTxn.then:type_name -> fence.fsm.v1.KVTxnOp
-	22, // 23: fence.fsm.v1.KVTxn.else:type_name -> fence.fsm.v1.KVTxnOp
-	17, // 24: fence.fsm.v1.KVTxn.fence:type_name -> fence.fsm.v1.KVFence
-	1,  // 25: fence.fsm.v1.KVCompare.target:type_name -> fence.fsm.v1.KVCompareTarget
-	2,  // 26: fence.fsm.v1.KVCompare.op:type_name -> fence.fsm.v1.KVCompareOp
-	23, // 27: fence.fsm.v1.KVTxnOp.put:type_name -> fence.fsm.v1.KVTxnPut
-	36, // 28: fence.fsm.v1.Snapshot.sessions:type_name -> fence.fsm.v1.Session
-	37, // 29: fence.fsm.v1.Snapshot.locks:type_name -> fence.fsm.v1.Lock
-	35, // 30: fence.fsm.v1.Snapshot.kvs:type_name -> fence.fsm.v1.KV
-	5,  // 31: fence.fsm.v1.Snapshot.nodes:type_name -> fence.fsm.v1.RegisterNode
-	34, // 32: fence.fsm.v1.Snapshot.applied:type_name -> fence.fsm.v1.Applied
-	33, // 33: fence.fsm.v1.Snapshot.auth:type_name -> fence.fsm.v1.AuthState
-	26, // 34: fence.fsm.v1.Auth.set_enabled:type_name -> fence.fsm.v1.SetAuthEnabled
-	27, // 35: fence.fsm.v1.Auth.add_user:type_name -> fence.fsm.v1.AuthUser
-	27, // 36: fence.fsm.v1.Auth.remove_user:type_name -> fence.fsm.v1.AuthUser
-	28, // 37: fence.fsm.v1.Auth.grant_role:type_name -> fence.fsm.v1.UserRole
-	28, // 38: fence.fsm.v1.Auth.revoke_role:type_name -> fence.fsm.v1.UserRole
-	29, // 39: fence.fsm.v1.Auth.add_role:type_name -> fence.fsm.v1.AuthRole
-	29, // 40: fence.fsm.v1.Auth.remove_role:type_name -> fence.fsm.v1.AuthRole
-	31, // 41: fence.fsm.v1.Auth.grant_permission:type_name -> fence.fsm.v1.RolePermission
-	31, // 42: fence.fsm.v1.Auth.revoke_permission:type_name -> fence.fsm.v1.RolePermission
-	32, // 43: fence.fsm.v1.Auth.create_token:type_name -> fence.fsm.v1.AuthToken
-	27, // 44: fence.fsm.v1.Auth.set_quota:type_name -> fence.fsm.v1.AuthUser
-	30, // 45: fence.fsm.v1.AuthRole.permissions:type_name -> fence.fsm.v1.AuthPermission
-	30, // 46: fence.fsm.v1.RolePermission.permission:type_name -> fence.fsm.v1.AuthPermission
-	27, // 47: fence.fsm.v1.AuthState.users:type_name -> fence.fsm.v1.AuthUser
-	29, // 48: fence.fsm.v1.AuthState.roles:type_name -> fence.fsm.v1.AuthRole
-	32, // 49: fence.fsm.v1.AuthState.tokens:type_name -> fence.fsm.v1.AuthToken
-	39, // 50: fence.fsm.v1.Lock.holders:type_name -> fence.fsm.v1.Holder
-	40, // 51: fence.fsm.v1.Lock.waiters:type_name -> fence.fsm.v1.Waiter
-	38, // 52: fence.fsm.v1.Lock.delays:type_name -> fence.fsm.v1.PendingDelay
-	53, // [53:53] is the sub-list for method output_type
-	53, // [53:53] is the sub-list for method input_type
-	53, // [53:53] is the sub-list for extension type_name
-	53, // [53:53] is the sub-list for extension extendee
-	0,  // [0:53] is the sub-list for field type_name
+	26, // 14: fence.fsm.v1.Command.auth:type_name -> fence.fsm.v1.Auth
+	15, // 15: fence.fsm.v1.Command.set_protocol:type_name -> fence.fsm.v1.SetProtocol
+	21, // 16: fence.fsm.v1.Command.kv_txn:type_name -> fence.fsm.v1.KVTxn
+	6,  // 17: fence.fsm.v1.Command.rejoin_member:type_name -> fence.fsm.v1.RejoinMember
+	3,  // 18: fence.fsm.v1.Batch.commands:type_name -> fence.fsm.v1.Command
+	0,  // 19: fence.fsm.v1.CloseSession.end:type_name -> fence.fsm.v1.SessionEnd
+	18, // 20: fence.fsm.v1.KVPut.fence:type_name -> fence.fsm.v1.KVFence
+	18, // 21: fence.fsm.v1.KVDelete.fence:type_name -> fence.fsm.v1.KVFence
+	22, // 22: fence.fsm.v1.KVTxn.compares:type_name -> fence.fsm.v1.KVCompare
+	23, // 23: fence.fsm.v1.KVTxn.then:type_name -> fence.fsm.v1.KVTxnOp
+	23, // 24: fence.fsm.v1.KVTxn.else:type_name -> fence.fsm.v1.KVTxnOp
+	18, // 25: fence.fsm.v1.KVTxn.fence:type_name -> fence.fsm.v1.KVFence
+	1,  // 26: fence.fsm.v1.KVCompare.target:type_name -> fence.fsm.v1.KVCompareTarget
+	2,  // 27: fence.fsm.v1.KVCompare.op:type_name -> fence.fsm.v1.KVCompareOp
+	24, // 28: fence.fsm.v1.KVTxnOp.put:type_name -> fence.fsm.v1.KVTxnPut
+	37, // 29: fence.fsm.v1.Snapshot.sessions:type_name -> fence.fsm.v1.Session
+	38, // 30: fence.fsm.v1.Snapshot.locks:type_name -> fence.fsm.v1.Lock
+	36, // 31: fence.fsm.v1.Snapshot.kvs:type_name -> fence.fsm.v1.KV
+	5,  // 32: fence.fsm.v1.Snapshot.nodes:type_name -> fence.fsm.v1.RegisterNode
+	35, // 33: fence.fsm.v1.Snapshot.applied:type_name -> fence.fsm.v1.Applied
+	34, // 34: fence.fsm.v1.Snapshot.auth:type_name -> fence.fsm.v1.AuthState
+	6,  // 35: fence.fsm.v1.Snapshot.rejoins:type_name -> fence.fsm.v1.RejoinMember
+	27, // 36: fence.fsm.v1.Auth.set_enabled:type_name -> fence.fsm.v1.SetAuthEnabled
+	28, // 37: fence.fsm.v1.Auth.add_user:type_name -> fence.fsm.v1.AuthUser
+	28, // 38: fence.fsm.v1.Auth.remove_user:type_name -> fence.fsm.v1.AuthUser
+	29, // 39: fence.fsm.v1.Auth.grant_role:type_name -> fence.fsm.v1.UserRole
+	29, // 40: fence.fsm.v1.Auth.revoke_role:type_name -> fence.fsm.v1.UserRole
+	30, // 41: fence.fsm.v1.Auth.add_role:type_name -> fence.fsm.v1.AuthRole
+	30, // 42: fence.fsm.v1.Auth.remove_role:type_name -> fence.fsm.v1.AuthRole
+	32, // 43: fence.fsm.v1.Auth.grant_permission:type_name -> fence.fsm.v1.RolePermission
+	32, // 44: fence.fsm.v1.Auth.revoke_permission:type_name -> fence.fsm.v1.RolePermission
+	33, // 45: fence.fsm.v1.Auth.create_token:type_name -> fence.fsm.v1.AuthToken
+	28, // 46: fence.fsm.v1.Auth.set_quota:type_name -> fence.fsm.v1.AuthUser
+	31, // 47: fence.fsm.v1.AuthRole.permissions:type_name -> fence.fsm.v1.AuthPermission
+	31, // 48: fence.fsm.v1.RolePermission.permission:type_name -> fence.fsm.v1.AuthPermission
+	28, // 49: fence.fsm.v1.AuthState.users:type_name -> fence.fsm.v1.AuthUser
+	30, // 50: fence.fsm.v1.AuthState.roles:type_name -> fence.fsm.v1.AuthRole
+	33, // 51: fence.fsm.v1.AuthState.tokens:type_name -> fence.fsm.v1.AuthToken
+	40, // 52: fence.fsm.v1.Lock.holders:type_name -> fence.fsm.v1.Holder
+	41, // 53: fence.fsm.v1.Lock.waiters:type_name -> fence.fsm.v1.Waiter
+	39, // 54: fence.fsm.v1.Lock.delays:type_name -> fence.fsm.v1.PendingDelay
+	55, // [55:55] is the sub-list for method output_type
+	55, // [55:55] is the sub-list for method input_type
+	55, // [55:55] is the sub-list for extension type_name
+	55, // [55:55] is the sub-list for extension extendee
+	0,  // [0:55] is the sub-list for field type_name
 }
 
 func init() { file_fsmpb_fsm_proto_init() }
@@ -3854,14 +3954,15 @@ func file_fsmpb_fsm_proto_init() {
 		(*Command_Auth)(nil),
 		(*Command_SetProtocol)(nil),
 		(*Command_KvTxn)(nil),
+		(*Command_RejoinMember)(nil),
 	}
-	file_fsmpb_fsm_proto_msgTypes[14].OneofWrappers = []any{}
-	file_fsmpb_fsm_proto_msgTypes[19].OneofWrappers = []any{
+	file_fsmpb_fsm_proto_msgTypes[15].OneofWrappers = []any{}
+	file_fsmpb_fsm_proto_msgTypes[20].OneofWrappers = []any{
 		(*KVTxnOp_Put)(nil),
 		(*KVTxnOp_Delete)(nil),
 		(*KVTxnOp_Get)(nil),
 	}
-	file_fsmpb_fsm_proto_msgTypes[22].OneofWrappers = []any{
+	file_fsmpb_fsm_proto_msgTypes[23].OneofWrappers = []any{
 		(*Auth_SetEnabled)(nil),
 		(*Auth_AddUser)(nil),
 		(*Auth_RemoveUser)(nil),
@@ -3881,7 +3982,7 @@ func file_fsmpb_fsm_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_fsmpb_fsm_proto_rawDesc), len(file_fsmpb_fsm_proto_rawDesc)),
 			NumEnums:      3,
-			NumMessages:   38,
+			NumMessages:   39,
 			NumExtensions: 0,
 			NumServices:   0,
 		},

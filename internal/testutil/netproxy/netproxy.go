@@ -13,6 +13,7 @@ import (
 	"io"
 	"net"
 	"sync"
+	"time"
 )
 
 // Link forwards connections from its own address to a target address.
@@ -22,6 +23,7 @@ type Link struct {
 
 	mu     sync.Mutex
 	cut    bool
+	delay  time.Duration // each read is held this long before it is passed on
 	frozen chan struct{} // closed while the link is not frozen
 	conns  map[net.Conn]struct{}
 }
@@ -92,8 +94,9 @@ func (l *Link) copy(dst io.Writer, src io.Reader) {
 	for {
 		n, err := src.Read(buf)
 		l.mu.Lock()
-		gate := l.frozen
+		gate, delay := l.frozen, l.delay
 		l.mu.Unlock()
+		time.Sleep(delay)
 		<-gate
 		if n > 0 {
 			if _, werr := dst.Write(buf[:n]); werr != nil {
@@ -121,6 +124,14 @@ func (l *Link) SetFrozen(frozen bool) {
 			close(l.frozen)
 		}
 	}
+}
+
+// SetDelay holds every read on the link for d before passing it on, both
+// ways: a slow network (0: none).
+func (l *Link) SetDelay(d time.Duration) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	l.delay = d
 }
 
 // SetCut cuts the link (dropping every connection) or heals it.

@@ -7,6 +7,7 @@ import (
 	"path/filepath"
 	"time"
 
+	fencev1 "github.com/fencelock/fence/api/fence/v1"
 	"github.com/fencelock/fence/client"
 )
 
@@ -34,9 +35,12 @@ const (
 // for that, rejoinWait at most, and then adds it by hand as an operator
 // would, so that the run goes on with a whole group.
 //
-// One time in four it also kills the leader (and starts it again on its
-// data) once the wiped follower holds the group's data and is not a voter
-// yet: the leader that adds a member again may be lost halfway.
+// One time in four it also slows the link from the leader to the follower
+// and kills the leader (and starts it again on its data) once the leader
+// has removed the wiped follower to add it again, and has not made it a
+// voter yet: the leader that adds a member again
+// may be lost halfway, and a later one must finish from the group's
+// record of it.
 //
 // It hits only a group whose every node is up, a voter and of the run's
 // group: a wipe while another node is down or catching up could leave
@@ -62,25 +66,33 @@ func (r *runner) wipeNode(ctx context.Context, ev *FaultEvent) bool {
 		n = r.follower(leader)
 	}
 	ev.Target = n.name()
-	var catchingUp func(leaderAPI string) string
+	var halfway func(ctx context.Context) string
 	switch {
 	case ofLeader:
 		ev.Target += " (leader)"
 	case interrupt:
 		ev.Target += " (and the leader, as it adds it again)"
-		catchingUp = func(leaderAPI string) string {
-			l := r.nodeAt(leaderAPI)
-			if l == nil || l == n {
+		// The steps take milliseconds on loopback; a slow link from the
+		// leader to the node draws them out to where the check sees them.
+		slow := r.links[[2]int{leader.index, n.index}]
+		slow.SetDelay(20 * time.Millisecond)
+		defer slow.SetDelay(0)
+		halfway = func(ctx context.Context) string {
+			st, err := statusOf(ctx, leader.api)
+			if err != nil || st.GetState() != "Leader" {
 				return ""
 			}
-			r.restartNode(l, nil)
-			return fmt.Sprintf("%s, the leader, killed and started again as it caught up", l.name())
+			if known, voter := memberOf(st, n.id); known && voter {
+				return "" // not removed yet, or a voter again already
+			}
+			r.restartNode(leader, nil)
+			return fmt.Sprintf("%s, the leader, killed and started again with %s removed or a non-voter", leader.name(), n.name())
 		}
 	}
 	ev.Start = time.Now()
 	r.restartNode(n, func() error { return wipeDataDir(n) })
 	w := &rejoinWatch{n: n, wiped: ev.Start}
-	ev.Outcome, ev.Note = r.awaitRejoin(ctx, w, rejoinWait, catchingUp)
+	ev.Outcome, ev.Note = r.awaitRejoin(ctx, w, rejoinWait, halfway)
 	if ev.Outcome != OutcomeNotRejoined {
 		return true
 	}
@@ -167,21 +179,26 @@ func (r *runner) groupWhole(ctx context.Context) (*node, string) {
 }
 
 // awaitRejoin waits, up to bound or the end of ctx, until w's wiped node is
-// a voter of the run's group again, and says how that went. Once the node
-// holds the group's data and is not a voter yet, it calls catchingUp, if
-// any, with the leader's API address, which says what it did.
+// a voter of the run's group again, and says how that went. Until halfway,
+// if any, says what it did (it acts once it finds the rejoin under way),
+// it calls it every few milliseconds: the steps of a rejoin take that long.
 //
 // The wiped node holds nothing until the leader has removed its member and
 // added it back (the leader cannot replicate to it before: it refuses to be
 // dialed as a voter with no data), so once it has applied entries of the
 // run's group, the member was removed; a leader that then counts it as a
 // voter has made it one again.
-func (r *runner) awaitRejoin(ctx context.Context, w *rejoinWatch, bound time.Duration, catchingUp func(leaderAPI string) string) (outcome, note string) {
+func (r *runner) awaitRejoin(ctx context.Context, w *rejoinWatch, bound time.Duration, halfway func(context.Context) string) (outcome, note string) {
 	ctx, cancel := context.WithTimeout(ctx, bound)
 	defer cancel()
 	n, wiped := w.n, w.wiped
 	did := ""
 	for {
+		if halfway != nil {
+			if did = halfway(ctx); did != "" {
+				halfway = nil
+			}
+		}
 		if st, err := statusOf(ctx, n.api); err == nil {
 			group := st.GetClusterId()
 			if group != "" && group != r.clusterID {
@@ -195,11 +212,11 @@ func (r *runner) awaitRejoin(ctx context.Context, w *rejoinWatch, bound time.Dur
 					return OutcomeRejoined, join(did, fmt.Sprintf("holding the group's data after %v, a voter again after %v",
 						w.caughtUp.Round(time.Millisecond), time.Since(wiped).Round(time.Millisecond)))
 				}
-				if catchingUp != nil {
-					did = catchingUp(st.GetLeaderAddress())
-					catchingUp = nil
-				}
 			}
+		}
+		poll := 100 * time.Millisecond
+		if halfway != nil {
+			poll = 5 * time.Millisecond
 		}
 		select {
 		case <-ctx.Done():
@@ -208,7 +225,7 @@ func (r *runner) awaitRejoin(ctx context.Context, w *rejoinWatch, bound time.Dur
 				note += fmt.Sprintf(" (it held the group's data after %v)", w.caughtUp.Round(time.Millisecond))
 			}
 			return OutcomeNotRejoined, join(did, note)
-		case <-time.After(100 * time.Millisecond):
+		case <-time.After(poll):
 		}
 	}
 }
@@ -223,12 +240,18 @@ func (r *runner) countsAsVoter(ctx context.Context, leaderAPI, id string) bool {
 	if err != nil || st.GetState() != "Leader" || st.GetClusterId() != r.clusterID {
 		return false
 	}
+	_, voter := memberOf(st, id)
+	return voter
+}
+
+// memberOf says whether a node's status names member id, and as a voter.
+func memberOf(st *fencev1.StatusResponse, id string) (known, voter bool) {
 	for _, m := range st.GetMembers() {
 		if m.GetId() == id {
-			return m.GetVoter()
+			return true, m.GetVoter()
 		}
 	}
-	return false
+	return false, false
 }
 
 // settleRejoins waits, at the end of the run, for the wiped nodes that
