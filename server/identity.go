@@ -9,6 +9,7 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
+	"reflect"
 	"slices"
 	"sync"
 	"sync/atomic"
@@ -67,13 +68,7 @@ func openIdentity(dataDir string) (*identity, error) {
 			"If the rest of the data dir is intact, move the file aside: the node then learns its group from its log", id.path, data)
 	}
 	id.incarnation = rec.Incarnation
-	id.rejoining.Store(rec.Rejoining)
-	if rec.Group != "" {
-		id.group.Store(&rec.Group)
-	}
-	if rec.Founders != nil {
-		id.founders.Store(&rec.Founders)
-	}
+	id.load(rec)
 	return id, nil
 }
 
@@ -89,21 +84,16 @@ func (id *identity) groupID() string {
 // returns. A data dir belongs to one group for life: adopting another
 // fails with ErrWrongGroup.
 func (id *identity) adopt(group string) error {
-	id.mu.Lock()
-	defer id.mu.Unlock()
-	switch have := id.groupID(); {
-	case have == group:
+	return id.update(func(rec *identityRecord) error {
+		switch {
+		case rec.Group == group:
+			return nil
+		case rec.Group != "":
+			return fmt.Errorf("%w: this node's data dir belongs to group %s, not %s", errWrongGroup, rec.Group, group)
+		}
+		rec.Group = group
 		return nil
-	case have != "":
-		return fmt.Errorf("%w: this node's data dir belongs to group %s, not %s", errWrongGroup, have, group)
-	}
-	rec := id.record()
-	rec.Group = group
-	if err := id.write(rec); err != nil {
-		return fmt.Errorf("recording group %s in %s: %w", group, id.path, err)
-	}
-	id.group.Store(&group)
-	return nil
+	})
 }
 
 // found records, durably, that this node founds group with founders, each
@@ -112,15 +102,10 @@ func (id *identity) found(group string, founders map[string]uint32) error {
 	if err := id.adopt(group); err != nil {
 		return err
 	}
-	id.mu.Lock()
-	defer id.mu.Unlock()
-	rec := id.record()
-	rec.Founders = founders
-	if err := id.write(rec); err != nil {
-		return fmt.Errorf("recording group %s's founders in %s: %w", group, id.path, err)
-	}
-	id.founders.Store(&founders)
-	return nil
+	return id.update(func(rec *identityRecord) error {
+		rec.Founders = founders
+		return nil
+	})
 }
 
 // founderProtocol returns the protocol member spoke when it founded the
@@ -135,18 +120,42 @@ func (id *identity) founderProtocol(member string) uint32 {
 // setRejoining records, durably, whether the node asked its group to add
 // it again and is not a voter yet.
 func (id *identity) setRejoining(on bool) error {
+	return id.update(func(rec *identityRecord) error {
+		rec.Rejoining = on
+		return nil
+	})
+}
+
+// update changes the identity as change says, and writes it, durably,
+// before it returns; a change that fails, or changes nothing, writes
+// nothing.
+func (id *identity) update(change func(*identityRecord) error) error {
 	id.mu.Lock()
 	defer id.mu.Unlock()
-	if id.rejoining.Load() == on {
-		return nil
-	}
+	before := id.record()
 	rec := id.record()
-	rec.Rejoining = on
-	if err := id.write(rec); err != nil {
+	if err := change(&rec); err != nil {
 		return err
 	}
-	id.rejoining.Store(on)
+	if reflect.DeepEqual(rec, before) {
+		return nil
+	}
+	if err := id.write(rec); err != nil {
+		return fmt.Errorf("recording the data dir's identity in %s: %w", id.path, err)
+	}
+	id.load(rec)
 	return nil
+}
+
+// load takes rec as the identity as it stands.
+func (id *identity) load(rec identityRecord) {
+	id.rejoining.Store(rec.Rejoining)
+	if rec.Group != "" {
+		id.group.Store(&rec.Group)
+	}
+	if rec.Founders != nil {
+		id.founders.Store(&rec.Founders)
+	}
 }
 
 // record is the identity as it stands, in the file's form.
