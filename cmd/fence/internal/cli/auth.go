@@ -7,7 +7,6 @@ import (
 	"slices"
 	"strconv"
 	"strings"
-	"text/tabwriter"
 	"time"
 
 	"github.com/spf13/cobra"
@@ -125,14 +124,11 @@ func userCommand(g *globals) *cobra.Command {
 			if asJSON {
 				return printJSON(g, &fencev1.UserListResponse{Users: users})
 			}
-			w := tabwriter.NewWriter(g.stdout, 0, 4, 2, ' ', 0)
-			fmt.Fprintln(w, "USER\tROLES\tSESSIONS\tLOCKS\tWAITS\tKV BYTES\tSESSION RATE")
-			for _, u := range users {
-				fmt.Fprintf(w, "%s\t%s\t%s\t%s\t%s\t%s\t%s\n", u.GetName(), orDash(strings.Join(u.GetRoles(), ",")),
+			return printTable(g, "USER\tROLES\tSESSIONS\tLOCKS\tWAITS\tKV BYTES\tSESSION RATE", users, func(u *fencev1.User) string {
+				return fmt.Sprintf("%s\t%s\t%s\t%s\t%s\t%s\t%s", u.GetName(), orDash(strings.Join(u.GetRoles(), ",")),
 					usage(u.GetSessions(), u.GetMaxSessions()), usage(u.GetLocks(), u.GetMaxLocks()),
 					usage(u.GetWaits(), u.GetMaxWaits()), usage(u.GetKvBytes(), u.GetMaxKvBytes()), sessionRateText(client.QuotaOf(u)))
-			}
-			return w.Flush()
+			})
 		}),
 	}
 	list.Flags().BoolVar(&asJSON, "json", false, "print the API's UserListResponse")
@@ -367,16 +363,13 @@ none: every name); "orders/" allows "orders/17", not "orders".`,
 			if asJSON {
 				return printJSON(g, &fencev1.RoleListResponse{Roles: roles})
 			}
-			w := tabwriter.NewWriter(g.stdout, 0, 4, 2, ' ', 0)
-			fmt.Fprintln(w, "ROLE\tPERMISSIONS")
-			for _, r := range roles {
+			return printTable(g, "ROLE\tPERMISSIONS", roles, func(r *fencev1.Role) string {
 				var perms []string
 				for _, p := range r.GetPermissions() {
 					perms = append(perms, permissionText(p))
 				}
-				fmt.Fprintf(w, "%s\t%s\n", r.GetName(), orDash(strings.Join(perms, "; ")))
-			}
-			return w.Flush()
+				return fmt.Sprintf("%s\t%s", r.GetName(), orDash(strings.Join(perms, "; ")))
+			})
 		}),
 	}
 	list.Flags().BoolVar(&asJSON, "json", false, "print the API's RoleListResponse")
@@ -439,16 +432,13 @@ or curl -H "Authorization: Bearer TOKEN".`,
 			if asJSON {
 				return printJSON(g, &fencev1.TokenListResponse{Tokens: tokens})
 			}
-			w := tabwriter.NewWriter(g.stdout, 0, 4, 2, ' ', 0)
-			fmt.Fprintln(w, "ID\tUSER\tCREATED\tEXPIRES\tDESCRIPTION")
-			for _, t := range tokens {
+			return printTable(g, "ID\tUSER\tCREATED\tEXPIRES\tDESCRIPTION", tokens, func(t *fencev1.TokenInfo) string {
 				expires := "-"
 				if t.GetExpires() != nil {
 					expires = t.GetExpires().AsTime().UTC().Format(time.RFC3339)
 				}
-				fmt.Fprintf(w, "%d\t%s\t%s\t%s\t%s\n", t.GetId(), t.GetUser(), t.GetCreated().AsTime().UTC().Format(time.RFC3339), expires, orDash(t.GetDescription()))
-			}
-			return w.Flush()
+				return fmt.Sprintf("%d\t%s\t%s\t%s\t%s", t.GetId(), t.GetUser(), t.GetCreated().AsTime().UTC().Format(time.RFC3339), expires, orDash(t.GetDescription()))
+			})
 		}),
 	}
 	list.Flags().BoolVar(&asJSON, "json", false, "print the API's TokenListResponse")

@@ -54,16 +54,13 @@ With --json, prints the API's ListLocksResponse.`,
 			if asJSON {
 				return printJSON(g, &fencev1.ListLocksResponse{Locks: locks, NextPageToken: next})
 			}
-			w := tabwriter.NewWriter(g.stdout, 0, 4, 2, ' ', 0)
-			fmt.Fprintln(w, "LOCK\tTOKEN\tWAITERS\tHOLDER")
-			for _, l := range locks {
+			return printTable(g, "LOCK\tTOKEN\tWAITERS\tHOLDER", locks, func(l *fencev1.LockInfo) string {
 				name := l.GetName()
 				if n := l.GetPermits(); n > 0 {
 					name = fmt.Sprintf("%s (semaphore %d/%d)", name, len(l.GetHolders()), n)
 				}
-				fmt.Fprintf(w, "%s\t%s\t%d\t%s\n", name, holderTokens(l), len(l.GetWaiters()), holderText(l))
-			}
-			return w.Flush()
+				return fmt.Sprintf("%s\t%s\t%d\t%s", name, holderTokens(l), len(l.GetWaiters()), holderText(l))
+			})
 		}),
 	}
 	cmd.Flags().BoolVar(&asJSON, "json", false, "print the API's ListLocksResponse")

@@ -3,6 +3,7 @@ package cli
 import (
 	"encoding/json"
 	"fmt"
+	"text/tabwriter"
 	"time"
 
 	"google.golang.org/protobuf/encoding/protojson"
@@ -49,3 +50,14 @@ func jsonDuration(d time.Duration) string {
 
 // jsonUint is a 64-bit integer as the API's JSON writes it: a string.
 func jsonUint(n uint64) string { return fmt.Sprint(n) }
+
+// printTable writes a table with a header (columns separated by tabs) and
+// a line for each of items, as row writes it, the columns aligned.
+func printTable[T any](g *globals, header string, items []T, row func(T) string) error {
+	w := tabwriter.NewWriter(g.stdout, 0, 4, 2, ' ', 0)
+	fmt.Fprintln(w, header)
+	for _, it := range items {
+		fmt.Fprintln(w, row(it))
+	}
+	return w.Flush()
+}

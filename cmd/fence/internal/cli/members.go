@@ -3,7 +3,6 @@ package cli
 import (
 	"encoding/json"
 	"fmt"
-	"text/tabwriter"
 
 	"github.com/spf13/cobra"
 
@@ -30,9 +29,7 @@ func membersCommand(g *globals) *cobra.Command {
 			if asJSON {
 				return printMembersJSON(g, st)
 			}
-			w := tabwriter.NewWriter(g.stdout, 0, 4, 2, ' ', 0)
-			fmt.Fprintln(w, "ID\tRAFT\tAPI\tROLE")
-			for _, m := range st.GetMembers() {
+			return printTable(g, "ID\tRAFT\tAPI\tROLE", st.GetMembers(), func(m *fencev1.Member) string {
 				role := "voter"
 				if !m.GetVoter() {
 					role = "nonvoter"
@@ -40,9 +37,8 @@ func membersCommand(g *globals) *cobra.Command {
 				if m.GetId() == st.GetLeaderId() {
 					role += ", leader"
 				}
-				fmt.Fprintf(w, "%s\t%s\t%s\t%s\n", m.GetId(), m.GetRaftAddress(), orDash(m.GetApiAddress()), role)
-			}
-			return w.Flush()
+				return fmt.Sprintf("%s\t%s\t%s\t%s", m.GetId(), m.GetRaftAddress(), orDash(m.GetApiAddress()), role)
+			})
 		}),
 	}
 	list.Flags().BoolVar(&asJSON, "json", false, `print JSON: {"leaderId", "members": [the API's Member]}`)

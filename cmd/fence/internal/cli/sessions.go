@@ -4,7 +4,6 @@ import (
 	"fmt"
 	"strconv"
 	"strings"
-	"text/tabwriter"
 	"time"
 
 	"github.com/spf13/cobra"
@@ -44,16 +43,13 @@ it holds with their tokens.`,
 			if asJSON {
 				return printJSON(g, &fencev1.ListSessionsResponse{Sessions: sessions})
 			}
-			w := tabwriter.NewWriter(g.stdout, 0, 4, 2, ' ', 0)
-			fmt.Fprintln(w, "SESSION\tTTL\tEXPIRES\tLOCKS\tOWNER")
-			for _, s := range sessions {
+			return printTable(g, "SESSION\tTTL\tEXPIRES\tLOCKS\tOWNER", sessions, func(s *fencev1.SessionInfo) string {
 				expires := "-"
 				if s.GetExpiresIn() != nil {
 					expires = s.GetExpiresIn().AsDuration().Round(time.Millisecond).String()
 				}
-				fmt.Fprintf(w, "%d\t%s\t%s\t%s\t%s\n", s.GetSessionId(), s.GetTtl().AsDuration(), expires, heldLocks(s), s.GetOwner())
-			}
-			return w.Flush()
+				return fmt.Sprintf("%d\t%s\t%s\t%s\t%s", s.GetSessionId(), s.GetTtl().AsDuration(), expires, heldLocks(s), s.GetOwner())
+			})
 		}),
 	}
 	cmd.Flags().BoolVar(&asJSON, "json", false, "print the API's ListSessionsResponse")
