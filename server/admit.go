@@ -22,7 +22,7 @@ import (
 func (n *node) hello() nodeHello {
 	index, term := n.lastEntry()
 	return nodeHello{ID: string(n.id), API: n.api, LastIndex: index, LastTerm: term,
-		Group: n.ident.groupID(), Incarnation: n.ident.incarnation, Protocol: fsm.Protocol, Rejoining: n.ident.rejoining.Load()}
+		Group: n.ident.groupID(), Incarnation: n.ident.incarnation, Protocol: fsm.Protocol, Rejoining: n.ident.rejoining.Load(), LowDisk: n.lowDisk.Load()}
 }
 
 // lastEntry returns the index and term of the last entry of the node's

@@ -87,6 +87,11 @@ type Config struct {
 	MinTTL, MaxTTL time.Duration
 	// MaxLockDelay bounds the lock-delay an acquire may ask for.
 	MaxLockDelay time.Duration
+	// MinFreeDisk is the free space, in bytes, under which the data dir's
+	// disk counts as low: the node says so in Status, and a leader hands
+	// leadership to a voter with room (diskwatch.go). 0: only once a write
+	// found no space.
+	MinFreeDisk int64
 	// MaxNameBytes bounds lock names.
 	MaxNameBytes int
 	// MaxOwnerBytes bounds a session's owner text.
@@ -190,6 +195,7 @@ func DefaultConfig() Config {
 		MinTTL:             time.Second,
 		MaxTTL:             time.Hour,
 		MaxLockDelay:       time.Minute,
+		MinFreeDisk:        64 << 20,
 		MaxNameBytes:       512,
 		MaxOwnerBytes:      256,
 		MaxSessions:        100_000,
@@ -252,6 +258,7 @@ func (c Config) Validate() error {
 	check(c.MinTTL > 0, "min TTL %v must be positive", c.MinTTL)
 	check(c.MinTTL <= c.DefaultTTL && c.DefaultTTL <= c.MaxTTL, "default TTL %v must lie within %v..%v", c.DefaultTTL, c.MinTTL, c.MaxTTL)
 	check(c.MaxLockDelay >= 0, "max lock-delay %v is negative", c.MaxLockDelay)
+	check(c.MinFreeDisk >= 0, "min free disk is negative")
 	check(c.MaxNameBytes > 0, "max name bytes must be positive")
 	check(c.MaxOwnerBytes >= 0, "max owner bytes is negative")
 	check(c.MaxSessions >= 0, "max sessions is negative")

@@ -12,6 +12,16 @@ import (
 	"syscall"
 )
 
+// freeDiskBytes returns the free space, for an unprivileged writer, of
+// the disk that holds dir.
+func freeDiskBytes(dir string) (uint64, error) {
+	var st syscall.Statfs_t
+	if err := syscall.Statfs(dir, &st); err != nil {
+		return 0, err
+	}
+	return st.Bavail * uint64(st.Bsize), nil
+}
+
 // dataDirLock is the lock a node holds on its data dir while it runs, so
 // that a second node started on the same dir fails at once and names the
 // process that has it, rather than wait forever on bbolt's file lock.

@@ -7,9 +7,11 @@ import (
 	"net/http"
 	"os"
 	"path/filepath"
+	"slices"
 	"strings"
 	"syscall"
 	"testing"
+	"time"
 
 	"connectrpc.com/connect"
 	"github.com/hashicorp/go-hclog"
@@ -147,4 +149,30 @@ func TestFailedSnapshotsLeaveNoTemporaryDirs(t *testing.T) {
 		t.Fatal("starting a snapshot on a full disk succeeded")
 	}
 	leftovers("a snapshot that could not start on a full disk")
+}
+
+// TestALeaderWhoseDiskFillsHandsOver: a leader whose disk filled went on
+// leading (raft-wal's preallocated segment still took its writes) until a
+// write failed; raft then stepped it down without a word, and the group
+// answered no grant until the others' heartbeat timeout had passed. Now it
+// hands leadership to a voter with room while it can still write, and
+// says in Status that its disk is low. (Here nothing writes enough to fill
+// the leader's segment: without the hand-off, it would lead on.)
+func TestALeaderWhoseDiskFillsHandsOver(t *testing.T) {
+	c := startCluster(t, 3, func(cfg *Config) { cfg.DataDir = filepath.Join(smallDisk(t, "256m"), "data") })
+	grantAndStore(t, c)
+	leader := c.leader()
+	disk := filepath.Dir(leader.cfg.DataDir)
+	fill(t, disk)
+	waitForWithin(t, 10*time.Second, "another node to lead", func() bool {
+		return slices.ContainsFunc(c.followers(leader), func(s *Server) bool { return s.leaderReady.Load() })
+	})
+	if !slices.ContainsFunc(leader.problems(), func(p string) bool { return strings.HasPrefix(p, "disk nearly full") }) {
+		t.Fatalf("the node whose disk filled does not say so: %q", leader.problems())
+	}
+	grantAndStore(t, c)
+	if err := os.Remove(filepath.Join(disk, "filler")); err != nil {
+		t.Fatal(err)
+	}
+	waitFor(t, "the node to see its disk has room again", func() bool { return !leader.node.lowDisk.Load() })
 }

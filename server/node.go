@@ -40,7 +40,9 @@ type node struct {
 	addrs     raft.ServerAddressProvider
 	api       string // where this node serves the API, for hellos
 	// rejoins answers members asking to be added again (rejoin.go).
-	rejoins   atomic.Pointer[func(rejoinRequest) rejoinAnswer]
+	rejoins atomic.Pointer[func(rejoinRequest) rejoinAnswer]
+	// lowDisk says the data dir's disk is low on space (diskwatch.go).
+	lowDisk   atomic.Bool
 	logger    *slog.Logger
 	raftLog   *raftLogSink // raft's own lines, on their way to logger
 	log       *checkedLog

@@ -64,6 +64,9 @@ type nodeHello struct {
 	// it again, and no leader has told it yet that it is a voter again: a
 	// leader that finds such a member takes its rejoin up (finishRejoins).
 	Rejoining bool `json:"rejoining,omitempty"`
+	// LowDisk says the node's data dir has less free space than its
+	// --min-free-disk: a leader handing leadership over passes it by.
+	LowDisk bool `json:"low_disk,omitempty"`
 }
 
 // raftIntroMagic opens a raft connection on which the dialer introduces

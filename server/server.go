@@ -231,7 +231,8 @@ func (s *Server) serve() {
 	s.live = &liveness{check: s.checkLoops}
 	s.forwarder = newForwarder(s, s.handler())
 	s.http = s.newHTTPServer()
-	s.wg.Add(5)
+	s.wg.Add(6)
+	go s.watchDisk()
 	go s.watchLeadership()
 	go s.watchLeaderChanges()
 	go s.watchPeersBack()
@@ -572,6 +573,11 @@ func (s *Server) problems() []string {
 			out = append(out, p)
 		}
 	}
+	if s.node != nil {
+		if p := s.diskProblem(); p != "" {
+			out = append(out, p)
+		}
+	}
 	return out
 }
 
@@ -762,10 +768,10 @@ func newMetrics(s *Server) *metrics {
 		gauge("fence_locks", "Locks held, waited for or delayed.", func(st *fsm.State) float64 { return float64(st.NumLocks()) }),
 		gauge("fence_last_token", "The last fencing token issued.", func(st *fsm.State) float64 { return float64(st.LastToken()) }),
 		prometheus.NewGaugeFunc(prometheus.GaugeOpts{Name: "fence_disk_full", Help: "1 while the last write to the raft log or the token reserve found no space."}, func() float64 {
-			if len(s.problems()) > 0 {
-				return 1
-			}
-			return 0
+			return boolGauge(s.node.log != nil && s.node.log.full.Load() || s.reserve != nil && s.reserve.full.Load())
+		}),
+		prometheus.NewGaugeFunc(prometheus.GaugeOpts{Name: "fence_disk_low", Help: "1 while the data dir's disk has less free space than --min-free-disk, or is full."}, func() float64 {
+			return boolGauge(s.node.lowDisk.Load())
 		}),
 		prometheus.NewGaugeFunc(prometheus.GaugeOpts{Name: "fence_api_connections", Help: "API connections open; new ones wait while this is at fence_api_connections_max."}, func() float64 {
 			if s.conns == nil {
@@ -847,4 +853,12 @@ func (s *Server) WaitLeader(ctx context.Context) error {
 		case <-tick.C:
 		}
 	}
+}
+
+// boolGauge is a gauge's value for b: 1 for true.
+func boolGauge(b bool) float64 {
+	if b {
+		return 1
+	}
+	return 0
 }

@@ -113,6 +113,7 @@ func newServeSettings() (*serveOptions, *pflag.FlagSet) {
 	f.IntVar(&cfg.MaxRequestBytes, "max-request-bytes", cfg.MaxRequestBytes, "largest request message, in bytes")
 	f.IntVar(&cfg.MaxKeyBytes, "max-key-bytes", cfg.MaxKeyBytes, "longest KV key, in bytes")
 	f.IntVar(&cfg.MaxValueBytes, "max-value-bytes", cfg.MaxValueBytes, "largest KV value, in bytes")
+	f.Int64Var(&cfg.MinFreeDisk, "min-free-disk", cfg.MinFreeDisk, "free space of the data dir's disk, in bytes, under which a leader hands leadership to a voter with room (0: only once a write finds none)")
 	f.IntVar(&cfg.MaxKeys, "max-keys", cfg.MaxKeys, "most live KV keys (0: no limit)")
 	f.IntVar(&cfg.MaxTxnOps, "max-txn-ops", cfg.MaxTxnOps, "most operations of one KV txn, its compares included")
 	f.IntVar(&cfg.MaxTxnBytes, "max-txn-bytes", cfg.MaxTxnBytes, "most bytes of keys and values in one KV txn")

@@ -1,0 +1,96 @@
+package server
+
+import (
+	"fmt"
+	"time"
+
+	"github.com/hashicorp/raft"
+)
+
+// A leader whose disk fills hands leadership to a voter with room while it
+// can still write (docs/design.md, Disk full). raft steps a leader down
+// only once a log write has failed, and then says nothing to the others:
+// they elect a new leader when their heartbeat timeout has passed, and
+// until then no grant is answered. raft-wal preallocates its segment
+// files, so a leader whose disk has less room than one segment still
+// writes until that segment is full: the time a hand-off takes.
+
+// diskPoll is how often a node looks at the free space of its data dir.
+const diskPoll = 100 * time.Millisecond
+
+// diskHandOffPause is how long a leader that handed leadership over for
+// its disk waits before it tries again (it may be elected once more, when
+// every voter's disk is low).
+const diskHandOffPause = 2 * time.Second
+
+// watchDisk keeps the node's word on its disk (its hello says when the
+// disk is low) up to date, and, while the node leads with a low disk,
+// hands leadership to a voter with room.
+func (s *Server) watchDisk() {
+	defer s.wg.Done()
+	t := time.NewTicker(diskPoll)
+	defer t.Stop()
+	var handedOff time.Time
+	for {
+		select {
+		case <-s.done:
+			return
+		case <-t.C:
+		}
+		low := s.diskLow()
+		s.node.lowDisk.Store(low)
+		if low && s.node.isLeader() && time.Since(handedOff) >= diskHandOffPause {
+			handedOff = time.Now()
+			s.handOffForDisk()
+		}
+	}
+}
+
+// diskLow says whether the data dir's disk has less free space than
+// MinFreeDisk, or a write to it (the raft log, the token reserve) found
+// none.
+func (s *Server) diskLow() bool {
+	if s.node.log != nil && s.node.log.full.Load() || s.reserve.full.Load() {
+		return true
+	}
+	if s.cfg.MinFreeDisk <= 0 {
+		return false
+	}
+	free, err := freeDiskBytes(s.cfg.DataDir)
+	return err == nil && free < uint64(s.cfg.MinFreeDisk)
+}
+
+// diskProblem says that the data dir's disk is low, if it is, for Status.
+func (s *Server) diskProblem() string {
+	if !s.node.lowDisk.Load() {
+		return ""
+	}
+	free, _ := freeDiskBytes(s.cfg.DataDir)
+	return fmt.Sprintf("disk nearly full: %d MiB free in %s, under --min-free-disk (%d MiB): as the leader, it hands leadership to a voter with room",
+		free>>20, s.cfg.DataDir, s.cfg.MinFreeDisk>>20)
+}
+
+// handOffForDisk transfers leadership to the voter, of those whose disk
+// has room, with the longest log.
+func (s *Server) handOffForDisk() {
+	var to raft.Server
+	var longest uint64
+	for _, v := range s.voters() {
+		if string(v.ID) == s.cfg.NodeID {
+			continue
+		}
+		h, err := s.helloFrom(v.ID, v.Address)
+		if err != nil || h.LowDisk || h.LastIndex < longest || to.ID != "" && h.LastIndex == longest {
+			continue
+		}
+		to, longest = v, h.LastIndex
+	}
+	if to.ID == "" {
+		s.logger.Warn("the data dir's disk is nearly full, and no other voter with room answers to take leadership over", "data_dir", s.cfg.DataDir)
+		return
+	}
+	s.logger.Warn("the data dir's disk is nearly full: handing leadership to a voter with room", "data_dir", s.cfg.DataDir, "to", to.ID)
+	if err := s.node.raft.LeadershipTransferToServer(to.ID, to.Address).Error(); err != nil {
+		s.logger.Warn("handing leadership over", "to", to.ID, "err", err)
+	}
+}
