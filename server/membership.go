@@ -349,16 +349,20 @@ func (s *Server) registerAPI(h nodeHello) {
 
 // agreeProtocol moves the group to the newest protocol every member
 // speaks (docs/design.md, "Versions in a group"), when each answered its
-// hello (hellos[i] of members[i], nil: no answer), or is a founder of the
-// group that this node founded with (it spoke its protocol then), and that
-// protocol is newer than the group's.
+// hello (hellos[i] of members[i], nil: no answer) and that protocol is
+// newer than the group's. While the group has not yet left its first
+// protocol, a founder that does not answer counts with the protocol it
+// spoke when it founded the group with this node; once the group has
+// moved, a member may have been rolled back to the group's protocol since,
+// and only its answer counts.
 func (s *Server) agreeProtocol(members []raft.Server, hellos []*nodeHello) {
 	common := fsm.Protocol
+	first := s.fsm.Protocol() == fsm.Protocol1
 	for i, h := range hellos {
 		switch founded := s.ident.founderProtocol(string(members[i].ID)); {
 		case h != nil:
 			common = min(common, helloProtocol(*h))
-		case founded > 0:
+		case first && founded > 0:
 			common = min(common, founded)
 		default:
 			return
@@ -377,6 +381,17 @@ func (s *Server) agreeProtocol(members []raft.Server, hellos []*nodeHello) {
 
 // helloProtocol is the newest protocol a hello's node speaks.
 func helloProtocol(h nodeHello) uint32 { return max(h.Protocol, fsm.Protocol1) }
+
+// committedVoter reports whether this node leads, and its configuration
+// counts member id as a voter, and that configuration is committed: read
+// within one term of this node's leadership, in which its log only grows,
+// so that the configuration read is the one whose commit is checked.
+func (s *Server) committedVoter(id raft.ServerID) bool {
+	term := s.node.raft.CurrentTerm()
+	srv, known := s.member(id)
+	committed := s.configurationCommitted()
+	return known && srv.Suffrage == raft.Voter && committed && s.node.isLeader() && s.node.raft.CurrentTerm() == term
+}
 
 // configurationCommitted reports whether this node's latest configuration
 // is committed. raft acts on a configuration as soon as it is appended;

@@ -39,6 +39,7 @@ type node struct {
 	ident     *identity    // whom the data dir belongs to
 	addrs     raft.ServerAddressProvider
 	api       string // where this node serves the API, for hellos
+	join      bool   // started with --join: added by the group, never founds one
 	// rejoins answers members asking to be added again (rejoin.go).
 	rejoins atomic.Pointer[func(rejoinRequest) rejoinAnswer]
 	// lowDisk says the data dir's disk is low on space (diskwatch.go).
@@ -69,7 +70,7 @@ func openNode(cfg Config, api string, ident *identity, f *fsm.FSM, snapshotOpene
 	}
 	hlog, sink := newRaftLog(logger)
 	n := &node{fsm: f, metrics: m, timeout: cfg.ApplyTimeout, heartbeat: cfg.HeartbeatTimeout, dataDir: cfg.DataDir, id: raft.ServerID(cfg.NodeID),
-		ident: ident, addrs: cfg.RaftAddressProvider, api: api, logger: logger, closed: make(chan struct{})}
+		ident: ident, addrs: cfg.RaftAddressProvider, api: api, join: cfg.Join, logger: logger, closed: make(chan struct{})}
 	fail := func(err error) (*node, error) {
 		n.close()
 		return nil, err

@@ -95,8 +95,8 @@ func (s *Server) rejoin(req rejoinRequest) rejoinAnswer {
 	case h.Incarnation != req.Incarnation:
 		return refuse("the node at the member's address %s is not the one asking: another node may use id %s", srv.Address, req.ID)
 	case known && srv.Suffrage == raft.Voter && h.LastIndex > 0:
-		if !s.configurationCommitted() {
-			return rejoinAnswer{Accepted: true} // it asks again once the configuration that counts it is committed
+		if !s.committedVoter(id) {
+			return rejoinAnswer{Accepted: true} // it asks again once a configuration that counts it is committed
 		}
 		s.rejoinDone(id)
 		return rejoinAnswer{Accepted: true, Voter: true}
@@ -134,41 +134,52 @@ func (s *Server) rejoin(req rejoinRequest) rejoinAnswer {
 }
 
 // finishRejoins takes up, on the leader, the rejoin of each node that
-// says it lost its data and asked to be added again: the members whose
-// hello (hellos[i] of members[i], nil: no answer) says so and that are no
-// voters with data yet, and the nodes the replicated state records as
-// being added again that are no members (a leader lost between removing
-// and adding one). A leader that began may be gone halfway, and the node's
-// own requests may not reach this leader (a member added by hand is none
-// of its --peers): no operator is needed to finish what it began. It also
-// drops the records of members that are voters with data again.
+// lost its data: the members whose hello (hellos[i] of members[i], nil: no
+// answer) says it asked to be added again (or waits, with --join, holding
+// no data) or whom the replicated state records as being added again, and
+// that are no voters with data yet; and the nodes the record names that
+// are no members (a leader lost between removing and adding one). A
+// leader that began may be gone halfway, the node's own requests may not
+// reach this leader (a member added by hand is none of its --peers), and
+// a node wiped twice may not know it is rejoining: the record decides, so
+// no operator is needed to finish what a lost leader began. It also drops
+// the records of members that are voters with data again.
 func (s *Server) finishRejoins(members []raft.Server, hellos []*nodeHello) {
+	records := map[raft.ServerID]string{}
+	for _, r := range s.rejoinRecords() {
+		records[raft.ServerID(r[0])] = r[1]
+	}
 	asking := map[raft.ServerID]*nodeHello{}
 	committed := s.configurationCommitted()
 	for i, srv := range members {
 		h := hellos[i]
+		_, recorded := records[srv.ID]
+		delete(records, srv.ID)
 		switch {
 		case h == nil || string(srv.ID) == s.cfg.NodeID:
 		case srv.Suffrage == raft.Voter && h.LastIndex > 0:
 			if committed {
 				s.rejoinDone(srv.ID)
 			}
-		case h.Rejoining:
+		case h.Rejoining || recorded:
 			asking[srv.ID] = h
 		}
 	}
-	for _, r := range s.rejoinRecords() {
-		id := raft.ServerID(r[0])
-		if _, known := s.member(id); known {
-			continue
-		}
-		if h, err := s.helloFrom(id, raft.ServerAddress(r[1])); err == nil && h.Rejoining {
-			asking[id] = &h
-		}
+	var mu sync.Mutex
+	var wg sync.WaitGroup
+	for id, addr := range records { // recorded, and no members
+		wg.Go(func() {
+			if h, err := s.helloFrom(id, raft.ServerAddress(addr)); err == nil {
+				mu.Lock()
+				asking[id] = &h
+				mu.Unlock()
+			}
+		})
 	}
+	wg.Wait()
 	for _, h := range asking {
 		if answer := s.rejoin(rejoinRequest{ID: h.ID, Incarnation: h.Incarnation}); answer.Refused != "" {
-			s.logger.Debug("a member asked to be added again, and is not being added", "member", h.ID, "why", answer.Refused)
+			s.logger.Debug("a member that lost its data is not being added again", "member", h.ID, "why", answer.Refused)
 		}
 	}
 }
@@ -279,15 +290,28 @@ func (s *Server) addAgain(srv raft.Server, remove bool) error {
 	if err := s.checkQuorum(s.votersWith(srv.ID, srv.Address), srv.ID); err != nil {
 		return err
 	}
-	s.changing.Lock()
-	err := s.node.await(s.node.raft.AddVoter(srv.ID, srv.Address, 0, s.cfg.ApplyTimeout))
-	s.changing.Unlock()
-	if err != nil {
-		return s.membershipError(err)
+	if err := s.promoteAgain(srv); err != nil {
+		return err
 	}
 	s.logger.Info("member added again is a voter again", "member", srv.ID)
 	s.rejoinDone(srv.ID)
 	_ = s.reachRejoinStep(rejoinPromoted, srv.ID) // done: nothing is left to stop
+	return nil
+}
+
+// promoteAgain makes srv a voter, if it is still a non-voter member at its
+// address: an operator may have removed it meanwhile (raft's AddVoter would
+// add it back), or removed and added it elsewhere.
+func (s *Server) promoteAgain(srv raft.Server) error {
+	s.changing.Lock()
+	defer s.changing.Unlock()
+	now, known := s.member(srv.ID)
+	if !known || now.Address != srv.Address || now.Suffrage == raft.Voter {
+		return fmt.Errorf("%w: %s is no longer a non-voter at %s (an operator removed or moved it meanwhile)", fence.ErrMembership, srv.ID, srv.Address)
+	}
+	if err := s.node.await(s.node.raft.AddVoter(srv.ID, srv.Address, 0, s.cfg.ApplyTimeout)); err != nil {
+		return s.membershipError(err)
+	}
 	return nil
 }
 
