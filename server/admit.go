@@ -22,16 +22,7 @@ import (
 func (n *node) hello() nodeHello {
 	index, term := n.lastEntry()
 	return nodeHello{ID: string(n.id), API: n.api, LastIndex: index, LastTerm: term,
-		Group: n.ident.groupID(), Incarnation: n.ident.incarnation, Protocol: fsm.Protocol, Rejoining: n.rejoining(), LowDisk: n.lowDisk.Load()}
-}
-
-// rejoining says whether this node asked its group to add it again (its
-// identity records that it lost its data), or, started with --join, holds
-// no data: a member added by hand whose data dir was lost asks nobody (it
-// knows no peers), and a leader that finds it a voter without data takes
-// its rejoin up (finishRejoins); a new node that is no member is passed by.
-func (n *node) rejoining() bool {
-	return n.ident.rejoining.Load() || n.join && !n.hasData()
+		Group: n.ident.groupID(), Incarnation: n.ident.incarnation, Protocol: fsm.Protocol, Rejoining: n.ident.rejoining.Load(), Joining: n.join && !n.hasData(), LowDisk: n.lowDisk.Load()}
 }
 
 // lastEntry returns the index and term of the last entry of the node's

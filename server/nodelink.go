@@ -61,10 +61,13 @@ type nodeHello struct {
 	// node, which speaks protocol 1).
 	Protocol uint32 `json:"protocol,omitempty"`
 	// Rejoining says the node lost its data dir and asked its group to add
-	// it again, and no leader has told it yet that it is a voter again, or
-	// that it was started with --join and holds no data: a leader that
-	// finds such a member takes its rejoin up (finishRejoins).
+	// it again, and no leader has told it yet that it is a voter again: a
+	// leader that finds such a member takes its rejoin up (finishRejoins).
 	Rejoining bool `json:"rejoining,omitempty"`
+	// Joining says the node was started with --join and holds no data. A
+	// member added by hand whose data dir was lost knows no peers and asks
+	// nobody; a leader that finds it a voter adds it again (finishRejoins).
+	Joining bool `json:"joining,omitempty"`
 	// LowDisk says the node's data dir has less free space than its
 	// --min-free-disk: a leader handing leadership over passes it by.
 	LowDisk bool `json:"low_disk,omitempty"`

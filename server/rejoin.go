@@ -135,8 +135,8 @@ func (s *Server) rejoin(req rejoinRequest) rejoinAnswer {
 
 // finishRejoins takes up, on the leader, the rejoin of each node that
 // lost its data: the members whose hello (hellos[i] of members[i], nil: no
-// answer) says it asked to be added again (or waits, with --join, holding
-// no data) or whom the replicated state records as being added again, and
+// answer) says it asked to be added again (or, a voter, that it waits
+// with --join and no data) or whom the replicated state records as being added again, and
 // that are no voters with data yet; and the nodes the record names that
 // are no members (a leader lost between removing and adding one). A
 // leader that began may be gone halfway, the node's own requests may not
@@ -161,7 +161,8 @@ func (s *Server) finishRejoins(members []raft.Server, hellos []*nodeHello) {
 			if committed {
 				s.rejoinDone(srv.ID)
 			}
-		case h.Rejoining || recorded:
+		case h.Rejoining || recorded || h.Joining && srv.Suffrage == raft.Voter:
+			// A voter here holds no data: a joiner that is one lost it.
 			asking[srv.ID] = h
 		}
 	}
@@ -301,13 +302,17 @@ func (s *Server) addAgain(srv raft.Server, remove bool) error {
 
 // promoteAgain makes srv a voter, if it is still a non-voter member at its
 // address: an operator may have removed it meanwhile (raft's AddVoter would
-// add it back), or removed and added it elsewhere.
+// add it back), or removed and added it elsewhere. A voter there already
+// (an operator's add promoted it) is left as it is.
 func (s *Server) promoteAgain(srv raft.Server) error {
 	s.changing.Lock()
 	defer s.changing.Unlock()
 	now, known := s.member(srv.ID)
-	if !known || now.Address != srv.Address || now.Suffrage == raft.Voter {
-		return fmt.Errorf("%w: %s is no longer a non-voter at %s (an operator removed or moved it meanwhile)", fence.ErrMembership, srv.ID, srv.Address)
+	switch {
+	case !known || now.Address != srv.Address:
+		return fmt.Errorf("%w: %s is no longer a member at %s (an operator removed or moved it meanwhile)", fence.ErrMembership, srv.ID, srv.Address)
+	case now.Suffrage == raft.Voter:
+		return nil
 	}
 	if err := s.node.await(s.node.raft.AddVoter(srv.ID, srv.Address, 0, s.cfg.ApplyTimeout)); err != nil {
 		return s.membershipError(err)
