@@ -23,20 +23,10 @@ import (
 func TestAnOperatorsRemovalOfACaughtUpRejoinHolds(t *testing.T) {
 	c := startCluster(t, 3, nil)
 	leader := c.leader()
-	caught, goOn := make(chan struct{}), make(chan struct{})
-	var once sync.Once
-	var hook rejoinHook = func(at rejoinStep, _ raft.ServerID) {
-		if at == rejoinCaughtUp {
-			once.Do(func() { close(caught); <-goOn })
-		}
-	}
-	leader.rejoinFailpoint.Store(&hook)
+	goOn := make(chan struct{})
+	caught := atRejoinStep(leader, rejoinCaughtUp, func() { <-goOn })
 	victim, _ := c.wipeFollower(leader)
-	select {
-	case <-caught:
-	case <-time.After(20 * time.Second):
-		t.Fatal("the leader did not see the wiped member catch up")
-	}
+	awaitStep(t, caught, rejoinCaughtUp)
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
 	if err := c.client(c.endpoints(victim)...).RemoveMember(ctx, victim); err != nil {
@@ -69,21 +59,9 @@ func TestAMemberWipedAgainWhileANonvoterIsPromoted(t *testing.T) {
 	c := startCluster(t, 3, nil)
 	grantAndStore(t, c)
 	leader := c.leader()
-	reached := make(chan struct{})
-	var once sync.Once
-	var hook rejoinHook = func(at rejoinStep, _ raft.ServerID) {
-		if at == rejoinAdded {
-			once.Do(func() { close(reached) })
-			<-leader.done // the leader is lost here
-		}
-	}
-	leader.rejoinFailpoint.Store(&hook)
+	reached := atRejoinStep(leader, rejoinAdded, func() { <-leader.done }) // the leader is lost here
 	victim, _ := c.wipeFollower(leader)
-	select {
-	case <-reached:
-	case <-time.After(20 * time.Second):
-		t.Fatal("the leader did not add the wiped member back as a non-voter")
-	}
+	awaitStep(t, reached, rejoinAdded)
 	// Wiped again; its own hellos and asks are lost until it holds data.
 	c.stop(victim)
 	c.wipe(victim)

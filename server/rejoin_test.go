@@ -36,6 +36,31 @@ func halfRejoined(t *testing.T, c *testCluster, id string) {
 	}
 }
 
+// atRejoinStep runs do, once, as leader reaches step of adding a member
+// again, on the leader's own goroutine (do may hold it there), and returns
+// a channel closed as do begins.
+func atRejoinStep(leader *Server, step rejoinStep, do func()) <-chan struct{} {
+	reached := make(chan struct{})
+	var once sync.Once
+	var hook rejoinHook = func(at rejoinStep, _ raft.ServerID) {
+		if at == step {
+			once.Do(func() { close(reached); do() })
+		}
+	}
+	leader.rejoinFailpoint.Store(&hook)
+	return reached
+}
+
+// awaitStep waits until reached is closed (atRejoinStep), 20s at most.
+func awaitStep(t *testing.T, reached <-chan struct{}, step rejoinStep) {
+	t.Helper()
+	select {
+	case <-reached:
+	case <-time.After(20 * time.Second):
+		t.Fatalf("the leader did not reach the step %q of adding the wiped member again", step)
+	}
+}
+
 // cutLinks cuts (or heals) every raft link from the nodes of c other than
 // id to id, or, with out set, from id to the others.
 func cutLinks(c *testCluster, id string, out, cut bool) {
@@ -116,21 +141,9 @@ func TestRejoinSurvivesItsLeaderAtEveryStep(t *testing.T) {
 			c := startCluster(t, 3, nil)
 			grantAndStore(t, c)
 			leader := c.leader()
-			reached := make(chan struct{})
-			var once sync.Once
-			var hook rejoinHook = func(at rejoinStep, _ raft.ServerID) {
-				if at == step {
-					once.Do(func() { close(reached) })
-					<-leader.done // the leader stops here
-				}
-			}
-			leader.rejoinFailpoint.Store(&hook)
+			reached := atRejoinStep(leader, step, func() { <-leader.done }) // the leader stops here
 			id, _ := c.wipeFollower(leader)
-			select {
-			case <-reached:
-			case <-time.After(20 * time.Second):
-				t.Fatalf("the leader did not reach the step %q", step)
-			}
+			awaitStep(t, reached, step)
 			lid := leader.cfg.NodeID
 			c.stop(lid)
 			c.start(lid)
@@ -166,25 +179,12 @@ func TestAWipedMemberGetsNoDataBeforeItsRemovalIsCommitted(t *testing.T) {
 			other = f.cfg.NodeID
 		}
 	}
-	taken := make(chan struct{})
-	var once sync.Once
-	var hook rejoinHook = func(at rejoinStep, _ raft.ServerID) {
-		if at == rejoinTaken {
-			once.Do(func() {
-				cutBetween(c, lid, other, true) // nothing the leader appends can commit now
-				close(taken)
-			})
-		}
-	}
-	leader.rejoinFailpoint.Store(&hook)
+	// Nothing the leader appends can commit once it takes the request.
+	taken := atRejoinStep(leader, rejoinTaken, func() { cutBetween(c, lid, other, true) })
 	c.stop(victim)
 	c.wipe(victim)
 	wiped := c.start(victim)
-	select {
-	case <-taken:
-	case <-time.After(20 * time.Second):
-		t.Fatal("the leader did not take the wiped member's request")
-	}
+	awaitStep(t, taken, rejoinTaken)
 	deadline := time.Now().Add(3 * time.Second)
 	for time.Now().Before(deadline) {
 		if wiped.node.hasData() {
@@ -203,20 +203,10 @@ func TestAWipedMemberGetsNoDataBeforeItsRemovalIsCommitted(t *testing.T) {
 func TestAnOperatorsRemovalEndsARejoin(t *testing.T) {
 	c := startCluster(t, 3, nil)
 	leader := c.leader()
-	removed, goOn := make(chan struct{}), make(chan struct{})
-	var once sync.Once
-	var hook rejoinHook = func(at rejoinStep, _ raft.ServerID) {
-		if at == rejoinRemoved {
-			once.Do(func() { close(removed); <-goOn })
-		}
-	}
-	leader.rejoinFailpoint.Store(&hook)
+	goOn := make(chan struct{})
+	removed := atRejoinStep(leader, rejoinRemoved, func() { <-goOn })
 	victim, _ := c.wipeFollower(leader)
-	select {
-	case <-removed:
-	case <-time.After(20 * time.Second):
-		t.Fatal("the leader did not remove the wiped member")
-	}
+	awaitStep(t, removed, rejoinRemoved)
 	if _, ok := leader.rejoinRecord(raft.ServerID(victim)); !ok {
 		t.Fatal("the group removed a member to add it again, and keeps no record of it")
 	}
