@@ -59,7 +59,7 @@ func sampleValue(t *testing.T, f *pflag.Flag, variant int) string {
 		case "bool":
 			def, _ := strconv.ParseBool(f.DefValue)
 			return strconv.FormatBool(def != (variant%2 == 0))
-		case "int", "uint64":
+		case "int", "int64", "uint64":
 			def, _ := strconv.Atoi(f.DefValue)
 			return strconv.Itoa(def + 7*n)
 		case "float64":
