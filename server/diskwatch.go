@@ -31,6 +31,7 @@ func (s *Server) watchDisk() {
 	t := time.NewTicker(diskPoll)
 	defer t.Stop()
 	var handedOff time.Time
+	warned := false // that nobody can take over, once while the disk is low
 	for {
 		select {
 		case <-s.done:
@@ -38,10 +39,16 @@ func (s *Server) watchDisk() {
 		case <-t.C:
 		}
 		low := s.diskLow()
-		s.node.lowDisk.Store(low)
+		switch was := s.node.lowDisk.Swap(low); {
+		case low && !was:
+			s.logger.Warn("the data dir's disk is nearly full", "data_dir", s.cfg.DataDir, "min_free_disk", s.cfg.MinFreeDisk)
+		case was && !low:
+			s.logger.Info("the data dir's disk has room again", "data_dir", s.cfg.DataDir)
+		}
+		warned = warned && low
 		if low && s.node.isLeader() && time.Since(handedOff) >= diskHandOffPause {
 			handedOff = time.Now()
-			s.handOffForDisk()
+			warned = s.handOffForDisk(warned)
 		}
 	}
 }
@@ -66,31 +73,40 @@ func (s *Server) diskProblem() string {
 		return ""
 	}
 	free, _ := freeDiskBytes(s.cfg.DataDir)
-	return fmt.Sprintf("disk nearly full: %d MiB free in %s, under --min-free-disk (%d MiB): as the leader, it hands leadership to a voter with room",
+	return fmt.Sprintf("disk nearly full: %d MiB free in %s, under --min-free-disk (%d MiB); a leader hands leadership to a voter with room",
 		free>>20, s.cfg.DataDir, s.cfg.MinFreeDisk>>20)
 }
 
 // handOffForDisk transfers leadership to the voter, of those whose disk
-// has room, with the longest log.
-func (s *Server) handOffForDisk() {
+// has room, with the longest log. When none can take over it says so,
+// unless warned (it said so already), and reports whether it did.
+func (s *Server) handOffForDisk(warned bool) bool {
 	var to raft.Server
 	var longest uint64
+	others := 0
 	for _, v := range s.voters() {
 		if string(v.ID) == s.cfg.NodeID {
 			continue
 		}
+		others++
 		h, err := s.helloFrom(v.ID, v.Address)
 		if err != nil || h.LowDisk || h.LastIndex < longest || to.ID != "" && h.LastIndex == longest {
 			continue
 		}
 		to, longest = v, h.LastIndex
 	}
-	if to.ID == "" {
-		s.logger.Warn("the data dir's disk is nearly full, and no other voter with room answers to take leadership over", "data_dir", s.cfg.DataDir)
-		return
+	switch {
+	case others == 0: // a node alone: Status says its disk is low
+		return true
+	case to.ID == "":
+		if !warned {
+			s.logger.Warn("the data dir's disk is nearly full, and no other voter with room answers to take leadership over", "data_dir", s.cfg.DataDir)
+		}
+		return true
 	}
 	s.logger.Warn("the data dir's disk is nearly full: handing leadership to a voter with room", "data_dir", s.cfg.DataDir, "to", to.ID)
 	if err := s.node.raft.LeadershipTransferToServer(to.ID, to.Address).Error(); err != nil {
 		s.logger.Warn("handing leadership over", "to", to.ID, "err", err)
 	}
+	return false
 }
