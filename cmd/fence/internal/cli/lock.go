@@ -185,15 +185,8 @@ func runHolding(ctx context.Context, g *globals, f lockFlags, name string, argv 
 	}()
 
 	grant, unlock, err := acquireLock(waitCtx, s, f, name)
-	switch {
-	case errors.Is(err, fence.ErrWaitTimeout):
-		return &ExitError{Code: exitTimeout, Err: fmt.Errorf("lock %q was not granted within %v", name, f.timeout)}
-	case errors.Is(err, fence.ErrLocked) && f.try:
-		return &ExitError{Code: exitTimeout, Err: tryRefused(waitCtx, c, name, err)}
-	case err != nil && waitCtx.Err() != nil:
-		return interruptedWait(waitCtx, sigs, name)
-	case err != nil:
-		return fmt.Errorf("acquiring lock %q: %w", name, err)
+	if err != nil {
+		return notAcquired(waitCtx, c, f, name, sigs, err)
 	}
 	stopWaitSignals() // from here on, sigs alone sees SIGHUP
 	if h.held != nil {
@@ -205,65 +198,120 @@ func runHolding(ctx context.Context, g *globals, f lockFlags, name string, argv 
 		}
 	}
 
-	child := exec.Command(argv[0], argv[1:]...)
-	child.Stdin, child.Stdout, child.Stderr = g.stdin, g.stdout, g.stderr
-	proc.OwnGroup(child)      // so that a signal reaches whatever it starts
-	proc.DieWithParent(child) // it must never run on once nothing holds its lock
-	if tty, ok := g.stdin.(*os.File); ok {
-		// A command that reads the terminal (psql, a prompt) gets it.
-		giveBack := proc.ForegroundTerminal(child, tty)
-		defer giveBack()
-	}
-	child.Env = append(os.Environ(),
-		"FENCE_LOCK="+name,
-		"FENCE_TOKEN="+strconv.FormatUint(grant.Token(), 10),
-		"FENCE_SESSION="+strconv.FormatUint(s.ID(), 10),
-	)
-	if err := child.Start(); err != nil {
+	child, exited, giveBack, err := startHolder(g, argv, name, grant.Token(), s.ID())
+	if err != nil {
 		_ = unlock(context.Background())
-		return &ExitError{Code: execErrorCode(err), Err: fmt.Errorf("starting %s: %w", argv[0], err)}
+		return err
 	}
-	exited := make(chan error, 1)
-	go func() { exited <- child.Wait() }()
+	defer giveBack()
+	held := &heldRun{g: g, f: f, h: h, c: c, name: name, grant: grant, unlock: unlock, child: child, exited: exited}
+	return held.wait(ctx, sigs)
+}
 
-	release := func() {
-		unlockCtx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
-		defer cancel()
-		if uerr := unlock(unlockCtx); uerr != nil && grant.Err() == nil {
-			fmt.Fprintf(g.stderr, "%s: releasing %q: %s\n", h.command, name, errorText(uerr))
-		}
-	}
-	end := func(err error) error {
-		if h.ended != nil {
-			err = h.ended(ctx, c, grant, err)
-		}
-		release()
-		return exitStatus(err)
-	}
+// heldRun is a command running under a lock it holds (runHolding).
+type heldRun struct {
+	g      *globals
+	f      lockFlags
+	h      lockHooks
+	c      *client.Client
+	name   string
+	grant  *client.Grant
+	unlock func(context.Context) error
+	child  *exec.Cmd
+	exited <-chan error
+}
+
+// wait waits until the command exits, the lock may be lost (the command
+// is stopped), or fence is told to stop (the signal is passed on), and
+// releases the lock; it returns fence's exit.
+func (r *heldRun) wait(ctx context.Context, sigs <-chan os.Signal) error {
+	g, f, h, child, exited := r.g, r.f, r.h, r.child, r.exited
 	select {
 	case err := <-exited:
-		return end(err)
-	case <-grant.Done():
+		return r.end(ctx, err)
+	case <-r.grant.Done():
 		if h.ended != nil && proc.Ended(child) {
-			return end(<-exited)
+			return r.end(ctx, <-exited)
 		}
-		fmt.Fprintf(g.stderr, "%s: lock %q (token %d) may be lost: %s; stopping %s\n", h.command, name, grant.Token(), errorText(grant.Err()), argv[0])
+		fmt.Fprintf(g.stderr, "%s: lock %q (token %d) may be lost: %s; stopping %s\n", h.command, r.name, r.grant.Token(), errorText(r.grant.Err()), child.Args[0])
 		stopChild(child, exited, syscall.SIGTERM, f.grace, g, h.command)
 		return &ExitError{Code: exitLockLost}
 	case sig := <-sigs:
 		// fence itself was told to stop: pass it on, then release.
 		err := stopChild(child, exited, sig.(syscall.Signal), f.grace, g, h.command)
-		release()
+		r.release()
 		return exitStatus(err)
 	case <-ctx.Done():
 		sig := signalOf(ctx, sigs)
 		err := stopChild(child, exited, sig, f.grace, g, h.command)
-		release()
+		r.release()
 		if context.Cause(ctx) == ctx.Err() {
 			return &ExitError{Code: 128 + int(sig)}
 		}
 		return exitStatus(err)
 	}
+}
+
+// end is the exit of a command that ended by itself, as the hook says.
+func (r *heldRun) end(ctx context.Context, err error) error {
+	if r.h.ended != nil {
+		err = r.h.ended(ctx, r.c, r.grant, err)
+	}
+	r.release()
+	return exitStatus(err)
+}
+
+// release releases the lock, saying so if that fails while it is held.
+func (r *heldRun) release() {
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	if err := r.unlock(ctx); err != nil && r.grant.Err() == nil {
+		fmt.Fprintf(r.g.stderr, "%s: releasing %q: %s\n", r.h.command, r.name, errorText(err))
+	}
+}
+
+// notAcquired is fence lock's answer to err, the failure to acquire lock
+// name: a timeout or a --try refusal exit with exitTimeout, an interrupted
+// wait as the signal says.
+func notAcquired(waitCtx context.Context, c *client.Client, f lockFlags, name string, sigs <-chan os.Signal, err error) error {
+	switch {
+	case errors.Is(err, fence.ErrWaitTimeout):
+		return &ExitError{Code: exitTimeout, Err: fmt.Errorf("lock %q was not granted within %v", name, f.timeout)}
+	case errors.Is(err, fence.ErrLocked) && f.try:
+		return &ExitError{Code: exitTimeout, Err: tryRefused(waitCtx, c, name, err)}
+	case waitCtx.Err() != nil:
+		return interruptedWait(waitCtx, sigs, name)
+	}
+	return fmt.Errorf("acquiring lock %q: %w", name, err)
+}
+
+// startHolder starts argv as the holder of lock name: in a process group
+// of its own (a signal reaches whatever it starts), dying with fence (it
+// must never run on once nothing holds its lock), with the terminal if
+// fence has it (psql, a prompt), and the lock, its token and session in
+// its environment. It returns the child, its exit, and what gives the
+// terminal back.
+func startHolder(g *globals, argv []string, name string, token, session uint64) (*exec.Cmd, <-chan error, func(), error) {
+	child := exec.Command(argv[0], argv[1:]...)
+	child.Stdin, child.Stdout, child.Stderr = g.stdin, g.stdout, g.stderr
+	proc.OwnGroup(child)
+	proc.DieWithParent(child)
+	giveBack := func() {}
+	if tty, ok := g.stdin.(*os.File); ok {
+		giveBack = proc.ForegroundTerminal(child, tty)
+	}
+	child.Env = append(os.Environ(),
+		"FENCE_LOCK="+name,
+		"FENCE_TOKEN="+strconv.FormatUint(token, 10),
+		"FENCE_SESSION="+strconv.FormatUint(session, 10),
+	)
+	if err := child.Start(); err != nil {
+		giveBack()
+		return nil, nil, nil, &ExitError{Code: execErrorCode(err), Err: fmt.Errorf("starting %s: %w", argv[0], err)}
+	}
+	exited := make(chan error, 1)
+	go func() { exited <- child.Wait() }()
+	return child, exited, giveBack, nil
 }
 
 // acquireLock takes the lock as f says: shared, a semaphore's permit, or
