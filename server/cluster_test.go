@@ -40,10 +40,7 @@ type testCluster struct {
 
 // reserve picks a raft address for id and holds its port until id starts.
 func (c *testCluster) reserve(id string) string {
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		c.t.Fatal(err)
-	}
+	ln := listenBelowEphemeral(c.t)
 	c.reserved[id] = ln
 	return ln.Addr().String()
 }

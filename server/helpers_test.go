@@ -3,7 +3,12 @@ package server
 import (
 	"context"
 	"errors"
+	"math/rand/v2"
+	"net"
 	"net/http"
+	"os"
+	"strconv"
+	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -251,4 +256,33 @@ func codeOf(err error) connect.Code {
 		return ce.Code()
 	}
 	return 0
+}
+
+// listenBelowEphemeral listens on a loopback port below the kernel's
+// ephemeral range, for an address a node must bind again after a restart:
+// a port from the range (":0") may meanwhile be lent to any outgoing
+// connection, of this test or another, and held by it for seconds.
+func listenBelowEphemeral(tb testing.TB) net.Listener {
+	tb.Helper()
+	low := 32768
+	if data, err := os.ReadFile("/proc/sys/net/ipv4/ip_local_port_range"); err == nil {
+		if f := strings.Fields(string(data)); len(f) == 2 {
+			if n, err := strconv.Atoi(f[0]); err == nil {
+				low = n
+			}
+		}
+	}
+	if low > 11000 {
+		for range 200 {
+			port := 10000 + rand.IntN(low-10000)
+			if ln, err := net.Listen("tcp", "127.0.0.1:"+strconv.Itoa(port)); err == nil {
+				return ln
+			}
+		}
+	}
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		tb.Fatal(err)
+	}
+	return ln
 }

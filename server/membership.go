@@ -379,6 +379,33 @@ func (s *Server) agreeProtocol(members []raft.Server, hellos []*nodeHello) {
 	s.logger.Info("the group moved to a newer protocol: every member speaks it", "protocol", common, "was", have)
 }
 
+// agreeFoundingProtocol moves a group still at its first protocol to the
+// one its founders spoke when they founded it with this node, before this
+// leader is ready, when every member is a founder: so that a new group's
+// first calls find it (a txn needs protocol 5; the hellos would agree on
+// it only after the leader is ready). A member that is no founder is
+// heard first (agreeProtocol).
+func (s *Server) agreeFoundingProtocol() error {
+	if s.fsm.Protocol() != fsm.Protocol1 {
+		return nil
+	}
+	common := fsm.Protocol
+	for _, m := range s.members() {
+		founded := s.ident.founderProtocol(string(m.ID))
+		if founded == 0 {
+			return nil
+		}
+		common = min(common, founded)
+	}
+	if common <= fsm.Protocol1 {
+		return nil
+	}
+	if _, _, err := s.node.propose(&fsmpb.Command{Op: &fsmpb.Command_SetProtocol{SetProtocol: &fsmpb.SetProtocol{Version: common}}}); err != nil {
+		return fmt.Errorf("moving a new group to its founders' protocol: %w", err)
+	}
+	return nil
+}
+
 // helloProtocol is the newest protocol a hello's node speaks.
 func helloProtocol(h nodeHello) uint32 { return max(h.Protocol, fsm.Protocol1) }
 

@@ -233,3 +233,22 @@ func TestAWipedMemberAddedByHandRejoins(t *testing.T) {
 	}
 	votesAgain(t, c, "n2")
 }
+
+// TestANewGroupRunsItsProtocolOnceReady: a new node's leader was ready
+// before its group had agreed its protocol (the hellos agree it after),
+// so a txn sent as soon as it was ready could be refused as needing
+// protocol 5 (fence kv txn's test did so under load). The founders'
+// protocol is now committed before the leader is ready, for a node alone
+// and for a group whose members all founded it.
+func TestANewGroupRunsItsProtocolOnceReady(t *testing.T) {
+	for _, n := range []int{1, 3} {
+		c := newCluster(t, n, nil)
+		for _, id := range c.ids {
+			c.start(id)
+		}
+		leader := c.leader()
+		if p := leader.fsm.Protocol(); p != fsm.Protocol {
+			t.Fatalf("a new group of %d: its ready leader runs protocol %d, want %d", n, p, fsm.Protocol)
+		}
+	}
+}

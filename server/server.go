@@ -511,6 +511,9 @@ func (s *Server) prepareToLead() error {
 	if err := s.node.await(s.node.raft.Barrier(s.cfg.ApplyTimeout)); err != nil {
 		return fmt.Errorf("barrier: %w", err)
 	}
+	if err := s.agreeFoundingProtocol(); err != nil {
+		return err
+	}
 	if err := s.nameCluster(); err != nil {
 		return err
 	}

@@ -172,35 +172,12 @@ func Run(ctx context.Context, cfg Config) (*Result, error) {
 	if err := proc.CanPause(); err != nil {
 		return nil, fmt.Errorf("fence check pauses and resumes processes: %w", err)
 	}
-	if cfg.Workers <= 0 {
-		cfg.Workers = 5
-	}
-	if cfg.FaultInterval <= 0 {
-		cfg.FaultInterval = 2 * time.Second
-	}
-	if cfg.Log == nil {
-		cfg.Log = io.Discard
-	}
-	r := &runner{
-		cfg:    cfg,
-		rng:    rand.New(rand.NewPCG(cfg.Seed, 0x5eed)),
-		hist:   newHistory(),
-		prefix: fmt.Sprintf("check/%d-%d/", cfg.Seed, time.Now().UnixNano()),
-		log:    cfg.Log,
-	}
-	kinds, err := r.faultKinds()
+	r, kinds, err := newRunner(cfg)
 	if err != nil {
 		return nil, err
 	}
-	r.drawTTL = r.cfg.TTL <= 0 && slices.Contains(kinds, FaultPauseLeader)
-	r.smallDisks = slices.Contains(kinds, FaultDiskFull)
-	if r.cfg.TTL <= 0 {
-		r.cfg.TTL = time.Second
-	}
+	cfg = r.cfg
 	res := &Result{Seed: cfg.Seed, Started: time.Now()}
-	if cfg.Nodes <= 0 {
-		r.cfg.Nodes = 1
-	}
 	// Stopped however the run ends, a failed start included: it may have
 	// started some nodes and mounted their disks.
 	defer r.stopAll()
@@ -257,6 +234,40 @@ func Run(ctx context.Context, cfg Config) (*Result, error) {
 	res.Analysis.Violations = append(res.Analysis.Violations, r.found...)
 	r.mu.Unlock()
 	return res, nil
+}
+
+// newRunner makes the runner of a run of cfg, its defaults filled in, and
+// the kinds of fault it injects.
+func newRunner(cfg Config) (*runner, []string, error) {
+	if cfg.Workers <= 0 {
+		cfg.Workers = 5
+	}
+	if cfg.FaultInterval <= 0 {
+		cfg.FaultInterval = 2 * time.Second
+	}
+	if cfg.Log == nil {
+		cfg.Log = io.Discard
+	}
+	if cfg.Nodes <= 0 {
+		cfg.Nodes = 1
+	}
+	r := &runner{
+		cfg:    cfg,
+		rng:    rand.New(rand.NewPCG(cfg.Seed, 0x5eed)),
+		hist:   newHistory(),
+		prefix: fmt.Sprintf("check/%d-%d/", cfg.Seed, time.Now().UnixNano()),
+		log:    cfg.Log,
+	}
+	kinds, err := r.faultKinds()
+	if err != nil {
+		return nil, nil, err
+	}
+	r.drawTTL = r.cfg.TTL <= 0 && slices.Contains(kinds, FaultPauseLeader)
+	r.smallDisks = slices.Contains(kinds, FaultDiskFull)
+	if r.cfg.TTL <= 0 {
+		r.cfg.TTL = time.Second
+	}
+	return r, kinds, nil
 }
 
 func (r *runner) addViolation(v Violation) {

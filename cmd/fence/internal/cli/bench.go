@@ -309,41 +309,53 @@ func runBench(ctx context.Context, g *globals, workload string, n int, d time.Du
 	})
 }
 
-// runBenchWhile runs n clients, each with its own connection and session,
-// doing lock+unlock cycles while during runs; during's error is the run's.
-func runBenchWhile(ctx context.Context, g *globals, workload string, n int, during func(ctx context.Context) error) (benchResult, error) {
+// benchWorker is one client of a bench run: its own connection, session
+// and mutex.
+type benchWorker struct {
+	c *client.Client
+	s *client.Session
+	m *client.Mutex
+}
+
+// newBenchWorkers connects n workers, each on its own lock for workload
+// "own", all on one for "hot"; with an error, those made so far.
+func newBenchWorkers(ctx context.Context, g *globals, workload string, n int) ([]benchWorker, error) {
 	run := strings.ReplaceAll(time.Now().Format("150405.000000"), ".", "")
-	type worker struct {
-		c *client.Client
-		s *client.Session
-		m *client.Mutex
-	}
-	workers := make([]worker, n)
-	defer func() {
-		for _, w := range workers {
-			if w.s != nil {
-				_ = w.s.Close(context.Background())
-			}
-			if w.c != nil {
-				w.c.Close()
-			}
-		}
-	}()
-	for i := range workers {
+	var workers []benchWorker
+	for i := range n {
 		c, err := g.client()
 		if err != nil {
-			return benchResult{}, err
+			return workers, err
 		}
 		s, err := c.NewSession(ctx, client.WithOwner(fmt.Sprintf("fence bench %d", i)))
 		if err != nil {
 			c.Close()
-			return benchResult{}, err
+			return workers, err
 		}
 		name := "bench/" + run + "/hot"
 		if workload == "own" {
 			name = fmt.Sprintf("bench/%s/own-%d", run, i)
 		}
-		workers[i] = worker{c: c, s: s, m: client.NewMutex(s, name)}
+		workers = append(workers, benchWorker{c: c, s: s, m: client.NewMutex(s, name)})
+	}
+	return workers, nil
+}
+
+// closeBenchWorkers ends the workers' sessions and connections.
+func closeBenchWorkers(workers []benchWorker) {
+	for _, w := range workers {
+		_ = w.s.Close(context.Background())
+		w.c.Close()
+	}
+}
+
+// runBenchWhile runs n clients, each with its own connection and session,
+// doing lock+unlock cycles while during runs; during's error is the run's.
+func runBenchWhile(ctx context.Context, g *globals, workload string, n int, during func(ctx context.Context) error) (benchResult, error) {
+	workers, err := newBenchWorkers(ctx, g, workload, n)
+	defer closeBenchWorkers(workers)
+	if err != nil {
+		return benchResult{}, err
 	}
 
 	// Cancel rather than time out: a deadline would travel with every call

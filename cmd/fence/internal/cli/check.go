@@ -18,17 +18,8 @@ import (
 	"github.com/fencelock/fence/cmd/fence/internal/check"
 )
 
-func checkCommand(g *globals) *cobra.Command {
-	var (
-		cfg     check.Config
-		faults  []string
-		report  string
-		history string
-	)
-	cmd := &cobra.Command{
-		Use:   "check",
-		Short: "Prove, under pauses and crashes, that no stale write is accepted",
-		Long: `Runs worker processes that take a lock and read-modify-write a counter and a
+// checkLong is fence check's help.
+const checkLong = `Runs worker processes that take a lock and read-modify-write a counter and a
 list in the fenced KV store while a seeded schedule of faults pauses workers
 past their TTL (SIGSTOP/SIGCONT), kills them, and kills and restarts the
 server; with --nodes 3 or 5 it also kills the leader, partitions it from
@@ -54,8 +45,20 @@ none started a write after its belief ended.
 
 Without --endpoints it starts its own server (and may kill it). Exits 1 on
 any violation. --unsafe-resource writes without tokens, to show that the
-checker finds the lost updates that fencing prevents.`,
-		Args: cobra.NoArgs,
+checker finds the lost updates that fencing prevents.`
+
+func checkCommand(g *globals) *cobra.Command {
+	var (
+		cfg     check.Config
+		faults  []string
+		report  string
+		history string
+	)
+	cmd := &cobra.Command{
+		Use:   "check",
+		Short: "Prove, under pauses and crashes, that no stale write is accepted",
+		Long:  checkLong,
+		Args:  cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			bin, err := os.Executable()
 			if err != nil {
