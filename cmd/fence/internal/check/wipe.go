@@ -274,16 +274,6 @@ func (r *runner) settleRejoins(ctx context.Context) {
 	}
 }
 
-// nodeAt returns the node that serves the API at api, if any.
-func (r *runner) nodeAt(api string) *node {
-	for _, n := range r.nodes {
-		if n.api == api {
-			return n
-		}
-	}
-	return nil
-}
-
 // addByHand does what an operator does for a wiped node that the group did
 // not make a voter again by itself (docs/design.md, Rejoin): fence members
 // add, which makes a non-voter a voter once it has caught up; and, first,
