@@ -159,7 +159,8 @@ func (l *Lock) Create(ctx context.Context, ler resourcelock.LeaderElectionRecord
 // identity as the holder it takes or renews the fence lease first, and
 // fails as Create does while another identity's lease lives, or with
 // ErrLeaseLost when this Lock's lease was lost. With no holder (client-go's
-// release) it ends the term and releases the lease.
+// release) it ends the term, writes the record at its latest revision if
+// the term's own renewal moved it since, and releases the lease.
 func (l *Lock) Update(ctx context.Context, ler resourcelock.LeaderElectionRecord) error {
 	l.op.Lock()
 	defer l.op.Unlock()
@@ -265,8 +266,8 @@ func (l *Lock) write(ctx context.Context, ler resourcelock.LeaderElectionRecord,
 }
 
 // release ends the current term, writes ler (which names no holder) fenced
-// by its lease, and releases the lease, so that the next candidate takes
-// over at once.
+// by its lease, over the term's own late renewals (writeOver), and
+// releases the lease, so that the next candidate takes over at once.
 func (l *Lock) release(ctx context.Context, ler resourcelock.LeaderElectionRecord, rev uint64) error {
 	l.mu.Lock()
 	t := l.term
@@ -275,12 +276,39 @@ func (l *Lock) release(ctx context.Context, ler resourcelock.LeaderElectionRecor
 		return fmt.Errorf("%w: nothing to release; the record is left to its holder", ErrNotLeading)
 	}
 	l.endTerm(t, fmt.Errorf("%w: the term was released", ErrNotLeading))
-	werr := l.write(ctx, ler, t, rev)
+	werr := l.writeOver(ctx, ler, t, rev)
 	if errors.Is(werr, ErrLeaseLost) {
 		return werr
 	}
 	return errors.Join(werr, t.lease.Release(ctx))
 }
+
+// writeOver writes ler, fenced by t's token, at the record's latest
+// revision when the record moved since rev. While t's lease lives, strict
+// fencing refuses every other candidate's write, so a record that moved is
+// this Lock's own earlier write: a renewal whose caller gave up (client-go
+// cancels its context while the call is on its way) and that the service
+// applied after the release read the record. Failing the release on it
+// would leave the record naming this holder for its whole lease duration,
+// its term already ended here. A renewal sent before that one names an
+// older revision, and is refused once this write lands.
+func (l *Lock) writeOver(ctx context.Context, ler resourcelock.LeaderElectionRecord, t *term, rev uint64) error {
+	for tries := 1; ; tries++ {
+		err := l.write(ctx, ler, t, rev)
+		if !apierrors.IsConflict(err) || tries == maxReleaseWrites {
+			return err
+		}
+		kv, gerr := l.client.KV().Get(ctx, l.key)
+		if gerr != nil || kv == nil {
+			return errors.Join(err, gerr)
+		}
+		rev = kv.GetModRevision()
+	}
+}
+
+// maxReleaseWrites bounds writeOver: each conflict is one more renewal
+// that client-go abandoned, and it abandons one at a time.
+const maxReleaseWrites = 3
 
 // beginTerm makes lease the current term's, and arms the timer that ends
 // the term's context when its SafeUntil passes without a renewal.

@@ -2,6 +2,7 @@ package k8sleader_test
 
 import (
 	"context"
+	"encoding/json"
 	"errors"
 	"sync"
 	"testing"
@@ -294,5 +295,61 @@ func TestNewRefusesMissingParts(t *testing.T) {
 		if _, err := k8sleader.New(tc.c, tc.name, tc.identity); !errors.Is(err, fence.ErrInvalidArgument) {
 			t.Errorf("New(%v, %q, %q): %v, want ErrInvalidArgument", tc.c != nil, tc.name, tc.identity, err)
 		}
+	}
+}
+
+// A renewal whose caller gave up (client-go cancels the elector's context
+// while its renewal is on the way) may still be applied after the release
+// that follows has read the record: the release then finds the record
+// moved. client-go retries a release on Conflict, and the retry must still
+// release: the term must not be ended by the attempt that did not write,
+// or the record keeps naming the leader for its whole lease duration and
+// the next candidate waits it out (seen as TestReleaseOnCancelHandsOverAtOnce
+// failing under load).
+func TestReleaseAfterALateRenewalLands(t *testing.T) {
+	node := fencetest.Start(t)
+	ctx := context.Background()
+	c := node.Client()
+	a := newLock(t, node, "ctrl", "a")
+	if _, _, err := a.Get(ctx); !apierrors.IsNotFound(err) {
+		t.Fatal(err)
+	}
+	if err := a.Create(ctx, record("a", 30)); err != nil {
+		t.Fatal(err)
+	}
+	token := a.Token()
+	mustGet(t, a) // client-go's release reads the record first
+
+	// a's own renewal, abandoned by its caller, lands now: fenced by a's token.
+	late, err := json.Marshal(record("a", 30))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := c.KV().Put(ctx, "k8sleader/ctrl", late, client.FencedBy("ctrl", token), client.Strict()); err != nil {
+		t.Fatal(err)
+	}
+
+	// client-go's tryRelease: Update naming no holder; on Conflict, Get and again.
+	err = a.Update(ctx, record("", 1))
+	if apierrors.IsConflict(err) {
+		mustGet(t, a)
+		err = a.Update(ctx, record("", 1))
+	}
+	if err != nil {
+		t.Fatalf("release after a late renewal: %v", err)
+	}
+	if rec := readRecord(t, c, "ctrl"); rec.HolderIdentity != "" {
+		t.Fatalf("the record names %q after the release, want no holder", rec.HolderIdentity)
+	}
+	if a.Token() != 0 || !errors.Is(context.Cause(a.Context()), k8sleader.ErrNotLeading) {
+		t.Fatalf("after the release: token %d, context cause %v", a.Token(), context.Cause(a.Context()))
+	}
+	b := newLock(t, node, "ctrl", "b")
+	mustGet(t, b)
+	if err := b.Update(ctx, record("b", 30)); err != nil {
+		t.Fatalf("b taking over at once after a's release: %v", err)
+	}
+	if b.Token() <= token {
+		t.Fatalf("b's token %d, want more than a's %d", b.Token(), token)
 	}
 }
