@@ -22,6 +22,9 @@ import (
 	"github.com/fencelock/fence/internal/fsmpb"
 )
 
+// castagnoli is the CRC-32C table of a snapshot file's header.
+var castagnoli = crc32.MakeTable(crc32.Castagnoli)
+
 // A snapshot file (fence snapshot save) is three text lines and a body:
 //
 //	FENCE-SNAPSHOT 1                    the format and its version

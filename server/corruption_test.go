@@ -15,6 +15,7 @@ import (
 	"github.com/fencelock/fence/internal/fsm"
 	"github.com/fencelock/fence/internal/fsmpb"
 	"github.com/fencelock/fence/internal/walfmt"
+	"github.com/fencelock/fence/server/internal/durable"
 )
 
 // The tests here damage a stopped node's files the way a disk does (bytes
@@ -254,7 +255,7 @@ func rewriteWithoutChecksums(t *testing.T, dataDir string) {
 		if err := old.GetLog(i, &l); err != nil {
 			t.Fatal(err)
 		}
-		if data, sealed, ok := unwrapEntry(&l); sealed && ok {
+		if data, sealed, ok := durable.UnwrapEntry(&l); sealed && ok {
 			l.Data = data
 		}
 		bare = append(bare, &l)
@@ -281,7 +282,7 @@ func forgetChecksumStart(t *testing.T, dataDir string) {
 		t.Fatal(err)
 	}
 	defer store.Close()
-	if err := store.SetUint64(checkedFromKey, 0); err != nil {
+	if err := store.SetUint64(durable.CheckedFromKey, 0); err != nil {
 		t.Fatal(err)
 	}
 }

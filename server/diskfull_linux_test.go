@@ -21,6 +21,7 @@ import (
 	fencev1 "github.com/fencelock/fence/api/fence/v1"
 	"github.com/fencelock/fence/api/fence/v1/fencev1connect"
 	"github.com/fencelock/fence/internal/rpcerr"
+	"github.com/fencelock/fence/server/internal/durable"
 )
 
 // smallDisk mounts a tmpfs of size at a temp dir for the test: a real disk
@@ -97,19 +98,19 @@ func TestDiskFullIsReported(t *testing.T) {
 // the node reports (Status, fence_disk_full) until a write succeeds.
 func TestFullDiskUnderTheTokenReserveIsReported(t *testing.T) {
 	dir := smallDisk(t, "1m")
-	r, err := openTokenReserve(dir)
+	r, err := durable.OpenTokenReserve(dir)
 	if err != nil {
 		t.Fatal(err)
 	}
 	fill(t, dir)
-	if err := r.cover(5); !errors.Is(err, syscall.ENOSPC) || !strings.Contains(r.problem(), "disk full") {
-		t.Fatalf("cover on a full disk: %v, problem %q; want ENOSPC and a disk-full problem", err, r.problem())
+	if err := r.Cover(5); !errors.Is(err, syscall.ENOSPC) || !strings.Contains(r.Problem(), "disk full") {
+		t.Fatalf("cover on a full disk: %v, problem %q; want ENOSPC and a disk-full problem", err, r.Problem())
 	}
 	if err := os.Remove(filepath.Join(dir, "filler")); err != nil {
 		t.Fatal(err)
 	}
-	if err := r.cover(5); err != nil || r.problem() != "" || r.floor() < 5 {
-		t.Fatalf("cover once there is room: %v, problem %q, floor %d; want it written and no problem", err, r.problem(), r.floor())
+	if err := r.Cover(5); err != nil || r.Problem() != "" || r.Floor() < 5 {
+		t.Fatalf("cover once there is room: %v, problem %q, floor %d; want it written and no problem", err, r.Problem(), r.Floor())
 	}
 }
 
@@ -122,7 +123,7 @@ func TestFailedSnapshotsLeaveNoTemporaryDirs(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	store := &tidySnapshots{FileSnapshotStore: files, dir: filepath.Join(dir, "snapshots"), logger: slog.New(slog.DiscardHandler)}
+	store := durable.NewTidySnapshots(files, dir, slog.New(slog.DiscardHandler), nil)
 	leftovers := func(when string) {
 		t.Helper()
 		if tmps, _ := filepath.Glob(filepath.Join(dir, "snapshots", "*.tmp")); len(tmps) > 0 {

@@ -5,6 +5,8 @@ import (
 	"time"
 
 	"github.com/hashicorp/raft"
+
+	"github.com/fencelock/fence/server/internal/durable"
 )
 
 // A leader whose disk fills hands leadership to a voter with room while it
@@ -57,13 +59,13 @@ func (s *Server) watchDisk() {
 // MinFreeDisk, or a write to it (the raft log, the token reserve) found
 // none.
 func (s *Server) diskLow() bool {
-	if s.node.log != nil && s.node.log.full.Load() || s.reserve.full.Load() {
+	if s.node.log != nil && s.node.log.Full() || s.reserve.Full() {
 		return true
 	}
 	if s.cfg.MinFreeDisk <= 0 {
 		return false
 	}
-	free, err := freeDiskBytes(s.cfg.DataDir)
+	free, err := durable.FreeDiskBytes(s.cfg.DataDir)
 	return err == nil && free < uint64(s.cfg.MinFreeDisk)
 }
 
@@ -72,7 +74,7 @@ func (s *Server) diskProblem() string {
 	if !s.node.lowDisk.Load() {
 		return ""
 	}
-	free, _ := freeDiskBytes(s.cfg.DataDir)
+	free, _ := durable.FreeDiskBytes(s.cfg.DataDir)
 	return fmt.Sprintf("disk nearly full: %d MiB free in %s, under --min-free-disk (%d MiB); a leader hands leadership to a voter with room",
 		free>>20, s.cfg.DataDir, s.cfg.MinFreeDisk>>20)
 }

@@ -603,7 +603,7 @@ func (s *Server) applyAt(cmd *fsmpb.Command) (fsm.Result, uint64, error) {
 	if err != nil {
 		return fsm.Result{}, 0, err
 	}
-	if n := len(res.Grants); n > 0 && res.Grants[n-1].Token > s.reserve.floor() {
+	if n := len(res.Grants); n > 0 && res.Grants[n-1].Token > s.reserve.Floor() {
 		// Only when the node shut down before its token reserve was written.
 		return fsm.Result{}, 0, fmt.Errorf("%w: the node is shutting down", fence.ErrUnavailable)
 	}

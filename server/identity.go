@@ -13,6 +13,8 @@ import (
 	"slices"
 	"sync"
 	"sync/atomic"
+
+	"github.com/fencelock/fence/server/internal/durable"
 )
 
 // identityFile is where a data dir records whom it belongs to
@@ -174,7 +176,7 @@ func (id *identity) write(rec identityRecord) error {
 	if err != nil {
 		return err
 	}
-	return writeDurably(id.path, append(data, '\n'))
+	return durable.WriteDurably(id.path, append(data, '\n'))
 }
 
 // errWrongGroup marks a node or data dir of another group.

@@ -37,12 +37,6 @@ func (m *storageMetrics) proposed(start time.Time, err error) {
 	}
 }
 
-func (m *storageMetrics) appended(start time.Time) {
-	if m != nil {
-		m.logAppend.Observe(time.Since(start).Seconds())
-	}
-}
-
 // waiterBuckets bound the distribution of queue lengths: how many locks
 // have at most 0, 1, 2, ... waiters. A label per lock name would grow
 // without bound.

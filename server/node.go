@@ -22,6 +22,7 @@ import (
 	"github.com/fencelock/fence"
 	"github.com/fencelock/fence/internal/fsm"
 	"github.com/fencelock/fence/internal/fsmpb"
+	"github.com/fencelock/fence/server/internal/durable"
 )
 
 // node is this server's member of the raft group: the stable store in
@@ -46,7 +47,7 @@ type node struct {
 	lowDisk   atomic.Bool
 	logger    *slog.Logger
 	raftLog   *raftLogSink // raft's own lines, on their way to logger
-	log       *checkedLog
+	log       *durable.CheckedLog
 	dataDir   string
 	timeout   time.Duration
 	heartbeat time.Duration
@@ -81,7 +82,7 @@ func openNode(cfg Config, api string, ident *identity, f *fsm.FSM, snapshotOpene
 	if err != nil {
 		return fail(err)
 	}
-	snaps, err := openSnapshots(cfg.DataDir, n.log, hlog, logger, snapshotOpened)
+	snaps, err := durable.OpenSnapshots(cfg.DataDir, n.log, hlog, logger, snapshotOpened)
 	if err != nil {
 		return fail(err)
 	}
@@ -135,40 +136,27 @@ func (n *node) openLog(cfg Config, hlog hclog.Logger) (raft.LogStore, error) {
 		if err != nil {
 			return nil, fmt.Errorf("opening raft log in %s: %w", cfg.DataDir, err)
 		}
-		if err := checkWALTail(walDir); err != nil {
-			return nil, corruptLogMessage(cfg.DataDir, err)
+		if err := durable.CheckWALTail(walDir); err != nil {
+			return nil, durable.CorruptLogMessage(cfg.DataDir, err)
 		}
-		logStore = truncatedWAL{n.wal}
+		logStore = durable.TruncatedWAL{WAL: n.wal}
 	}
-	checked, err := newCheckedLog(logStore, n.store)
+	checked, err := durable.NewCheckedLog(logStore, n.store)
 	if err != nil {
 		return nil, err
 	}
-	checked.metrics = n.metrics
+	if n.metrics != nil {
+		checked.AppendSeconds = n.metrics.logAppend
+	}
 	n.log = checked
-	if err := checked.verify(); err != nil {
-		return nil, corruptLogMessage(cfg.DataDir, locateDamage(cfg.DataDir, kind, err))
+	if err := checked.Verify(); err != nil {
+		return nil, durable.CorruptLogMessage(cfg.DataDir, durable.LocateDamage(cfg.DataDir, kind == LogStoreWAL, err))
 	}
 	cache, err := raft.NewLogCache(1024, checked)
 	if err != nil {
 		return nil, err
 	}
-	return detachedLogs{cache}, nil
-}
-
-// openSnapshots opens the snapshot store, after removing snapshots that a
-// crash left unfinished, and checks the snapshots against the log.
-func openSnapshots(dataDir string, log *checkedLog, hlog hclog.Logger, logger *slog.Logger, opened func(index uint64)) (raft.SnapshotStore, error) {
-	removeUnfinishedSnapshots(dataDir, logger)
-	fileSnaps, err := raft.NewFileSnapshotStoreWithLogger(dataDir, 2, hlog)
-	if err != nil {
-		return nil, fmt.Errorf("opening snapshot store: %w", err)
-	}
-	snaps := &tidySnapshots{FileSnapshotStore: fileSnaps, dir: filepath.Join(dataDir, "snapshots"), logger: logger, opened: opened}
-	if err := checkSnapshots(dataDir, snaps, log, logger); err != nil {
-		return nil, err
-	}
-	return snaps, nil
+	return durable.DetachedLogs{LogCache: cache}, nil
 }
 
 // openTransport listens for peers on the raft address, behind the node
@@ -218,41 +206,6 @@ func raftConfig(cfg Config, hlog hclog.Logger) (*raft.Config, error) {
 		return nil, fmt.Errorf("raft config: %w", err)
 	}
 	return rc, nil
-}
-
-// truncatedWAL hides entries that raft-wal (v0.4.0 to v0.4.2) still returns after a
-// head truncation: its GetLog reads the tail segment before checking the
-// first index, so after compaction a leader was handed entries it had
-// deleted and replicated from a log with holes instead of sending its
-// snapshot. A node that came back after compaction never caught up.
-type truncatedWAL struct{ *wal.WAL }
-
-func (w truncatedWAL) GetLog(index uint64, log *raft.Log) error {
-	first, err := w.WAL.FirstIndex()
-	if err != nil {
-		return err
-	}
-	if index < first {
-		return raft.ErrLogNotFound
-	}
-	return w.WAL.GetLog(index, log)
-}
-
-// locateDamage names the file, and for raft-wal the offset, that holds a
-// log entry that did not read back intact.
-func locateDamage(dataDir, kind string, err error) error {
-	var bad *corruptLogError
-	if !errors.As(err, &bad) {
-		return err
-	}
-	file := filepath.Join(dataDir, "raft.db")
-	if kind == LogStoreWAL {
-		file = filepath.Join(dataDir, "wal")
-		if path, off, ok := walEntryOffset(file, bad.index); ok {
-			return &walDamage{path: path, offset: off, what: bad.Error()}
-		}
-	}
-	return fmt.Errorf("%s: %w", file, bad)
 }
 
 // bootConfiguration is the first configuration of a new group: the static
@@ -378,7 +331,7 @@ func (n *node) soleVoter() bool {
 
 // problems lists what is wrong with the node's storage, for Status.
 func (n *node) problem() string {
-	if n.log != nil && n.log.full.Load() {
+	if n.log != nil && n.log.Full() {
 		return fmt.Sprintf("disk full: the last write to the raft log in %s found no space", n.dataDir)
 	}
 	return ""
@@ -403,7 +356,7 @@ func (n *node) leader() (raft.ServerAddress, raft.ServerID) {
 func (n *node) raftError(err error) error {
 	addr, id := n.leader()
 	switch {
-	case errors.Is(err, syscall.ENOSPC), n.log != nil && n.log.full.Load():
+	case errors.Is(err, syscall.ENOSPC), n.log != nil && n.log.Full():
 		// raft reports a failed log write as text (%q), so the log store's
 		// own record of it counts.
 		return fmt.Errorf("%w: the data dir %s is out of space (%v); free space there or grow the volume", fence.ErrDiskFull, n.dataDir, err)

@@ -10,17 +10,19 @@ import (
 	"github.com/hashicorp/raft"
 	wal "github.com/hashicorp/raft-wal"
 	"github.com/hashicorp/raft-wal/metadb"
+
+	"github.com/fencelock/fence/server/internal/durable"
 )
 
 // openWAL opens the wal log store in dir the way openNode does.
-func openWAL(t *testing.T, dir string) (truncatedWAL, func()) {
+func openWAL(t *testing.T, dir string) (durable.TruncatedWAL, func()) {
 	t.Helper()
 	meta := &metadb.BoltMetaDB{}
 	w, err := wal.Open(dir, wal.WithMetaStore(meta))
 	if err != nil {
 		t.Fatalf("opening the wal: %v", err)
 	}
-	return truncatedWAL{w}, func() {
+	return durable.TruncatedWAL{WAL: w}, func() {
 		if err := w.Close(); err != nil {
 			t.Error(err)
 		}

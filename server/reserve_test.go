@@ -7,6 +7,8 @@ import (
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/fencelock/fence/server/internal/durable"
 )
 
 // A node whose log lost its last entries without anyone noticing (here:
@@ -42,12 +44,12 @@ func TestTheReserveIsWrittenAheadOfTheTokens(t *testing.T) {
 	s := startTestServer(t, nil)
 	a := newAPI(t, s)
 	token := a.mustAcquire(a.session(time.Minute), "x")
-	r, err := openTokenReserve(s.cfg.DataDir)
+	r, err := durable.OpenTokenReserve(s.cfg.DataDir)
 	if err != nil {
 		t.Fatal(err)
 	}
-	if r.floor() < token {
-		t.Fatalf("the reserve on disk is %d, below the token %d already answered", r.floor(), token)
+	if r.Floor() < token {
+		t.Fatalf("the reserve on disk is %d, below the token %d already answered", r.Floor(), token)
 	}
 }
 
@@ -57,7 +59,7 @@ func TestDamagedReserveStopsTheNode(t *testing.T) {
 		a := newAPI(t, s)
 		a.mustAcquire(a.session(time.Minute), "x")
 	})
-	path := filepath.Join(c.cfg.DataDir, reserveFile)
+	path := filepath.Join(c.cfg.DataDir, durable.ReserveFile)
 	data, err := os.ReadFile(path)
 	if err != nil {
 		t.Fatal(err)

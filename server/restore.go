@@ -14,6 +14,7 @@ import (
 
 	"github.com/fencelock/fence/internal/fsm"
 	"github.com/fencelock/fence/internal/fsmpb"
+	"github.com/fencelock/fence/server/internal/durable"
 )
 
 // DefaultRestoreBump is how far RestoreSnapshot raises the restored
@@ -164,11 +165,11 @@ func writeRestoredDir(cfg Config, h SnapshotHeader, state *fsmpb.Snapshot, body 
 	if err := checkRestoredSnapshot(snaps, body); err != nil {
 		return nil, err
 	}
-	reserve, err := openTokenReserve(dir)
+	reserve, err := durable.OpenTokenReserve(dir)
 	if err != nil {
 		return nil, err
 	}
-	if err := reserve.set(state.GetLastToken()); err != nil {
+	if err := reserve.Set(state.GetLastToken()); err != nil {
 		return nil, err
 	}
 	if err := syncDir(dir); err != nil {

@@ -36,6 +36,7 @@ import (
 	"github.com/fencelock/fence/internal/fsm"
 	"github.com/fencelock/fence/internal/fsmpb"
 	"github.com/fencelock/fence/internal/rpcerr"
+	"github.com/fencelock/fence/server/internal/durable"
 )
 
 // Server is a running fence node. Start returns one; Close stops it.
@@ -50,7 +51,7 @@ type Server struct {
 	// lockWatches numbers the lock events and serves LockService.Watch.
 	lockWatches *lockFeed
 	// snapshotOpened is the raft index of the snapshot last opened: the
-	// one a restore reads (tidySnapshots.Open).
+	// one a restore reads (durable.TidySnapshots.Open).
 	snapshotOpened atomic.Uint64
 
 	tracker *sessionTracker
@@ -63,7 +64,7 @@ type Server struct {
 	// and linearizable reads.
 	confirmer *leaseConfirmer
 
-	dirLock     *dataDirLock // held on cfg.DataDir while the node runs
+	dirLock     *durable.DataDirLock // held on cfg.DataDir while the node runs
 	ln          net.Listener
 	conns       *limitListener // ln, when API connections are bounded
 	http        *http.Server
@@ -83,7 +84,7 @@ type Server struct {
 	// ident is whom the data dir belongs to (identity.go).
 	ident *identity
 	// reserve bounds, on disk, every token this node has applied.
-	reserve *tokenReserve
+	reserve *durable.TokenReserve
 	// authChanges wakes open watches to check their caller again.
 	authChanges authChanges
 	// leaderTerm ends session streams when this node stops leading.
@@ -138,7 +139,7 @@ func Start(cfg Config) (*Server, error) {
 		s.tracker.stop()
 		return nil, fmt.Errorf("creating data dir: %w", err)
 	}
-	lock, err := lockDataDir(cfg.DataDir)
+	lock, err := durable.LockDataDir(cfg.DataDir)
 	if err != nil {
 		s.tracker.stop()
 		return nil, err
@@ -152,10 +153,10 @@ func Start(cfg Config) (*Server, error) {
 			s.metricsLn.Close()
 		}
 		s.tracker.stop()
-		lock.unlock()
+		lock.Unlock()
 		return nil, err
 	}
-	if s.reserve, err = openTokenReserve(cfg.DataDir); err != nil {
+	if s.reserve, err = durable.OpenTokenReserve(cfg.DataDir); err != nil {
 		return abort(err)
 	}
 	if err := s.listen(); err != nil {
@@ -334,7 +335,7 @@ func (s *Server) Close() error {
 		s.delays.becomeFollower()
 		errs = append(errs, s.node.close())
 		s.wg.Wait()
-		errs = append(errs, s.dirLock.unlock())
+		errs = append(errs, s.dirLock.Unlock())
 		s.closeErr = errors.Join(errs...)
 	})
 	return s.closeErr
@@ -519,7 +520,7 @@ func (s *Server) prepareToLead() error {
 	}
 	var last uint64
 	s.fsm.Read(func(st *fsm.State) { last = st.LastToken() })
-	floor := s.reserve.floor()
+	floor := s.reserve.Floor()
 	if last >= floor {
 		return nil
 	}
@@ -572,7 +573,7 @@ func (s *Server) problems() []string {
 		}
 	}
 	if s.reserve != nil {
-		if p := s.reserve.problem(); p != "" {
+		if p := s.reserve.Problem(); p != "" {
 			out = append(out, p)
 		}
 	}
@@ -662,7 +663,7 @@ func (o observer) Applied(seq fsm.Seq, res fsm.Result) {
 // shut down first.
 func (s *Server) coverTokens(token uint64) bool {
 	for {
-		err := s.reserve.cover(token)
+		err := s.reserve.Cover(token)
 		if err == nil {
 			return true
 		}
@@ -771,7 +772,7 @@ func newMetrics(s *Server) *metrics {
 		gauge("fence_locks", "Locks held, waited for or delayed.", func(st *fsm.State) float64 { return float64(st.NumLocks()) }),
 		gauge("fence_last_token", "The last fencing token issued.", func(st *fsm.State) float64 { return float64(st.LastToken()) }),
 		prometheus.NewGaugeFunc(prometheus.GaugeOpts{Name: "fence_disk_full", Help: "1 while the last write to the raft log or the token reserve found no space."}, func() float64 {
-			return boolGauge(s.node.log != nil && s.node.log.full.Load() || s.reserve != nil && s.reserve.full.Load())
+			return boolGauge(s.node.log != nil && s.node.log.Full() || s.reserve != nil && s.reserve.Full())
 		}),
 		prometheus.NewGaugeFunc(prometheus.GaugeOpts{Name: "fence_disk_low", Help: "1 while the data dir's disk has less free space than --min-free-disk, or is full."}, func() float64 {
 			return boolGauge(s.node.lowDisk.Load())

@@ -1,4 +1,4 @@
-package server
+package durable
 
 import (
 	"bytes"
@@ -11,18 +11,19 @@ import (
 	"time"
 
 	"github.com/hashicorp/raft"
+	"github.com/prometheus/client_golang/prometheus"
 )
 
 // Neither raft log store checks what it reads back: raft-boltdb's pages
 // carry no checksum, and raft-wal checks only the last batch it wrote, when
 // it reopens a segment. A flipped bit in an entry would be applied as data,
 // and a flipped frame header in the middle of raft-wal's open segment makes
-// it drop every entry after it, acknowledged ones included. checkedLog closes
+// it drop every entry after it, acknowledged ones included. CheckedLog closes
 // the first hole: every entry it stores carries a CRC-32C of its index, term,
-// type, extensions and data, checked on every read. checkWALTail closes the
+// type, extensions and data, checked on every read. CheckWALTail closes the
 // second (walcheck.go).
 
-// entryMagic starts the data of every entry checkedLog stores, followed by
+// entryMagic starts the data of every entry CheckedLog stores, followed by
 // the checksum (little endian) and the entry's own data.
 var entryMagic = [4]byte{0xfe, 'f', 'c', 1}
 
@@ -30,53 +31,57 @@ const entryHeaderLen = len(entryMagic) + 4
 
 var castagnoli = crc32.MakeTable(crc32.Castagnoli)
 
-// checkedFromKey names the stable-store value that holds the first index
+// CheckedFromKey names the stable-store value that holds the first index
 // stored with a checksum. A data dir written before checksums existed has
 // entries below it without one; they are read as they are.
-var checkedFromKey = []byte("fence-log-checksums-from")
+var CheckedFromKey = []byte("fence-log-checksums-from")
 
 // errLogCorrupt marks an entry whose checksum does not match.
 var errLogCorrupt = errors.New("raft log entry is corrupt")
 
-// checkedLog stores raft log entries with a checksum and verifies it on
+// CheckedLog stores raft log entries with a checksum and verifies it on
 // every read. It never changes the entries raft hands it: it stores copies.
-type checkedLog struct {
+type CheckedLog struct {
 	raft.LogStore
 	// from is the first index that must carry a checksum.
 	from uint64
 	// full is set while the last write failed for want of space.
 	full atomic.Bool
-	// metrics, when set, times each append.
-	metrics *storageMetrics
+	// AppendSeconds, when set, observes how long each append took, its
+	// fsync included.
+	AppendSeconds prometheus.Observer
 }
 
-// newCheckedLog wraps store. For a data dir whose log predates checksums,
+// Full reports whether the last write failed for want of space.
+func (c *CheckedLog) Full() bool { return c.full.Load() }
+
+// NewCheckedLog wraps store. For a data dir whose log predates checksums,
 // the first index stored from now on is recorded in stable, so that later
 // reads know which entries must carry one.
-func newCheckedLog(store raft.LogStore, stable raft.StableStore) (*checkedLog, error) {
-	from, err := stable.GetUint64(checkedFromKey)
+func NewCheckedLog(store raft.LogStore, stable raft.StableStore) (*CheckedLog, error) {
+	from, err := stable.GetUint64(CheckedFromKey)
 	if err != nil || from == 0 {
 		last, err := store.LastIndex()
 		if err != nil {
 			return nil, err
 		}
 		from = last + 1
-		if err := stable.SetUint64(checkedFromKey, from); err != nil {
+		if err := stable.SetUint64(CheckedFromKey, from); err != nil {
 			return nil, fmt.Errorf("recording where log checksums begin: %w", err)
 		}
 	}
-	return &checkedLog{LogStore: store, from: from}, nil
+	return &CheckedLog{LogStore: store, from: from}, nil
 }
 
 // GetLog reads the entry at index and verifies its checksum.
-func (c *checkedLog) GetLog(index uint64, log *raft.Log) error {
+func (c *CheckedLog) GetLog(index uint64, log *raft.Log) error {
 	if err := c.LogStore.GetLog(index, log); err != nil {
 		return err
 	}
 	if log.Index != index {
 		return fmt.Errorf("%w: asked for index %d, the store returned index %d", errLogCorrupt, index, log.Index)
 	}
-	data, sealed, ok := unwrapEntry(log)
+	data, sealed, ok := UnwrapEntry(log)
 	switch {
 	case ok:
 		log.Data = data
@@ -90,12 +95,12 @@ func (c *checkedLog) GetLog(index uint64, log *raft.Log) error {
 }
 
 // StoreLog stores one entry with its checksum.
-func (c *checkedLog) StoreLog(log *raft.Log) error {
+func (c *CheckedLog) StoreLog(log *raft.Log) error {
 	return c.StoreLogs([]*raft.Log{log})
 }
 
 // StoreLogs stores entries with their checksums.
-func (c *checkedLog) StoreLogs(logs []*raft.Log) error {
+func (c *CheckedLog) StoreLogs(logs []*raft.Log) error {
 	wrapped := make([]*raft.Log, len(logs))
 	copies := make([]raft.Log, len(logs))
 	for i, l := range logs {
@@ -105,20 +110,22 @@ func (c *checkedLog) StoreLogs(logs []*raft.Log) error {
 	}
 	start := time.Now()
 	err := c.LogStore.StoreLogs(wrapped)
-	c.metrics.appended(start)
+	if c.AppendSeconds != nil {
+		c.AppendSeconds.Observe(time.Since(start).Seconds())
+	}
 	c.full.Store(errors.Is(err, syscall.ENOSPC))
 	return err
 }
 
 // IsMonotonic passes on raft-wal's answer: it cannot store a log with gaps.
-func (c *checkedLog) IsMonotonic() bool {
+func (c *CheckedLog) IsMonotonic() bool {
 	m, ok := c.LogStore.(raft.MonotonicLogStore)
 	return ok && m.IsMonotonic()
 }
 
 // verify reads every entry in the log, so that a node finds corruption when
 // it starts rather than when it applies or replicates the entry.
-func (c *checkedLog) verify() error {
+func (c *CheckedLog) Verify() error {
 	first, last, err := logBounds(c)
 	if err != nil {
 		return err
@@ -129,23 +136,23 @@ func (c *checkedLog) verify() error {
 	var l raft.Log
 	for i := first; i <= last; i++ {
 		if err := c.GetLog(i, &l); err != nil {
-			return &corruptLogError{index: i, err: err}
+			return &CorruptLogError{index: i, err: err}
 		}
 	}
 	return nil
 }
 
-// corruptLogError is a log entry that could not be read back intact.
-type corruptLogError struct {
+// CorruptLogError is a log entry that could not be read back intact.
+type CorruptLogError struct {
 	index uint64
 	err   error
 }
 
-func (e *corruptLogError) Error() string {
+func (e *CorruptLogError) Error() string {
 	return fmt.Sprintf("log index %d: %v", e.index, e.err)
 }
 
-func (e *corruptLogError) Unwrap() error { return e.err }
+func (e *CorruptLogError) Unwrap() error { return e.err }
 
 func wrapEntry(l *raft.Log) []byte {
 	out := make([]byte, entryHeaderLen+len(l.Data))
@@ -155,11 +162,11 @@ func wrapEntry(l *raft.Log) []byte {
 	return out
 }
 
-// unwrapEntry returns the entry's own data and whether it was stored with
+// UnwrapEntry returns the entry's own data and whether it was stored with
 // a checksum (sealed) that matches (ok). No command, configuration or empty
 // entry raft or fence writes begins with entryMagic's first byte, so data
 // stored before checksums existed is never taken for sealed.
-func unwrapEntry(l *raft.Log) (data []byte, sealed, ok bool) {
+func UnwrapEntry(l *raft.Log) (data []byte, sealed, ok bool) {
 	if len(l.Data) < entryHeaderLen || !bytes.Equal(l.Data[:len(entryMagic)], entryMagic[:]) {
 		return nil, false, false
 	}

@@ -1,4 +1,4 @@
-package server
+package durable
 
 import (
 	"runtime"
@@ -24,7 +24,7 @@ func TestLogCacheKeepsNoFuture(t *testing.T) {
 			if err != nil {
 				t.Fatal(err)
 			}
-			logs := detachedLogs{cache}
+			logs := DetachedLogs{LogCache: cache}
 			type future struct {
 				log      raft.Log
 				response [4096]byte

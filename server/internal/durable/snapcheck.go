@@ -1,4 +1,4 @@
-package server
+package durable
 
 import (
 	"fmt"
@@ -10,12 +10,12 @@ import (
 	"github.com/hashicorp/raft"
 )
 
-// removeUnfinishedSnapshots deletes the directories of snapshots whose
+// RemoveUnfinishedSnapshots deletes the directories of snapshots whose
 // writing never finished (raft names them *.tmp until they are complete).
 // Nothing reads them, and a node that crashed while writing snapshots, or
 // failed to write them for want of disk or file descriptors, would keep
 // them forever. The data dir is locked, so no other process writes there.
-func removeUnfinishedSnapshots(dataDir string, logger *slog.Logger) {
+func RemoveUnfinishedSnapshots(dataDir string, logger *slog.Logger) {
 	tmps, _ := filepath.Glob(filepath.Join(dataDir, "snapshots", "*.tmp"))
 	for _, dir := range tmps {
 		if err := os.RemoveAll(dir); err != nil {
@@ -26,13 +26,13 @@ func removeUnfinishedSnapshots(dataDir string, logger *slog.Logger) {
 	}
 }
 
-// checkSnapshots makes sure raft can rebuild the state from what is on
+// CheckSnapshots makes sure raft can rebuild the state from what is on
 // disk: the newest snapshot that opens intact (raft checks its CRC on open,
 // and skips snapshots it cannot read, falling back to older ones) and the
 // log entries after it. Where a damaged snapshot leaves a gap between the
 // intact one and the log's first entry, raft would panic while starting
 // ("log not found"); this says what is wrong instead.
-func checkSnapshots(dataDir string, snaps raft.SnapshotStore, logs raft.LogStore, logger *slog.Logger) error {
+func CheckSnapshots(dataDir string, snaps raft.SnapshotStore, logs raft.LogStore, logger *slog.Logger) error {
 	metas, err := snaps.List()
 	if err != nil {
 		return fmt.Errorf("listing snapshots: %w", err)

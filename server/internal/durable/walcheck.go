@@ -1,11 +1,16 @@
-package server
+package durable
 
 import (
 	"bytes"
 	"encoding/binary"
+	"errors"
 	"fmt"
 	"hash/crc32"
+	"path/filepath"
 	"sort"
+
+	"github.com/hashicorp/raft"
+	wal "github.com/hashicorp/raft-wal"
 
 	"github.com/fencelock/fence/internal/walfmt"
 )
@@ -15,7 +20,7 @@ import (
 // that never completed. A header damaged in the middle of the segment looks
 // the same, and everything after it, batches that were fsynced and
 // acknowledged, is silently dropped: the node comes back at an older index
-// and would hand out tokens it has handed out before. checkWALTail tells the
+// and would hand out tokens it has handed out before. CheckWALTail tells the
 // two apart. A torn write can only damage the last batch, so a complete batch
 // (its frames intact and its commit checksum matching) after the point where
 // the reading stopped proves the damage is not a torn write. The format is
@@ -47,10 +52,10 @@ func committedBatch(data []byte, start int) (first uint64, ok bool) {
 	}
 }
 
-// checkWALTail returns an error if the tail segment in dir holds a complete
+// CheckWALTail returns an error if the tail segment in dir holds a complete
 // batch after the point where raft-wal stops reading it: entries that were
 // acknowledged and that raft-wal would drop without a word.
-func checkWALTail(dir string) error {
+func CheckWALTail(dir string) error {
 	segs, err := walfmt.Segments(dir)
 	if err != nil || len(segs) == 0 {
 		return err
@@ -72,7 +77,7 @@ func checkWALTail(dir string) error {
 			continue
 		}
 		if first, ok := committedBatch(data, off+walfmt.FrameHeaderLen); ok {
-			return &walDamage{path: tail.Path, offset: stop, what: fmt.Sprintf(
+			return &WALDamage{path: tail.Path, offset: stop, what: fmt.Sprintf(
 				"the frames break off here, yet a complete batch from log index %d follows at offset %d: entries that were written and acknowledged would be lost",
 				first, off+walfmt.FrameHeaderLen)}
 		}
@@ -105,14 +110,14 @@ func walEntryOffset(dir string, index uint64) (path string, off int, ok bool) {
 	return segs[i].Path, walfmt.Walk(data, func(int, walfmt.Frame) {}), true // the frames break off before it
 }
 
-// walDamage is damage found in a segment file.
-type walDamage struct {
+// WALDamage is damage found in a segment file.
+type WALDamage struct {
 	path   string
 	offset int
 	what   string
 }
 
-func (e *walDamage) Error() string {
+func (e *WALDamage) Error() string {
 	return fmt.Sprintf("%s, offset %d: %s", e.path, e.offset, e.what)
 }
 
@@ -122,10 +127,47 @@ const recoveryAdvice = "To recover: in a group whose other members are healthy, 
 	"move the data dir aside and start the node again with an empty data dir and --join: it copies the group's state. " +
 	"A single node: restore the data dir from a backup. Keep the damaged data dir for diagnosis."
 
-// corruptLogMessage is what a node that finds its log damaged says: where,
+// CorruptLogMessage is what a node that finds its log damaged says: where,
 // and what an operator can do about it.
-func corruptLogMessage(dataDir string, detail error) error {
+func CorruptLogMessage(dataDir string, detail error) error {
 	return fmt.Errorf("the raft log in %s is damaged and this node will not start: %w.\n"+
 		"Starting on it could undo acknowledged writes and hand out a fencing token twice; do not delete the damaged file and start again.\n%s",
 		dataDir, detail, recoveryAdvice)
+}
+
+// TruncatedWAL hides entries that raft-wal (v0.4.0 to v0.4.2) still returns after a
+// head truncation: its GetLog reads the tail segment before checking the
+// first index, so after compaction a leader was handed entries it had
+// deleted and replicated from a log with holes instead of sending its
+// snapshot. A node that came back after compaction never caught up.
+type TruncatedWAL struct{ *wal.WAL }
+
+// GetLog reads the entry at index, or raft.ErrLogNotFound below the
+// WAL's first index.
+func (w TruncatedWAL) GetLog(index uint64, log *raft.Log) error {
+	first, err := w.WAL.FirstIndex()
+	if err != nil {
+		return err
+	}
+	if index < first {
+		return raft.ErrLogNotFound
+	}
+	return w.WAL.GetLog(index, log)
+}
+
+// LocateDamage names the file, and for raft-wal the offset, that holds a
+// log entry that did not read back intact.
+func LocateDamage(dataDir string, isWAL bool, err error) error {
+	var bad *CorruptLogError
+	if !errors.As(err, &bad) {
+		return err
+	}
+	file := filepath.Join(dataDir, "raft.db")
+	if isWAL {
+		file = filepath.Join(dataDir, "wal")
+		if path, off, ok := walEntryOffset(file, bad.index); ok {
+			return &WALDamage{path: path, offset: off, what: bad.Error()}
+		}
+	}
+	return fmt.Errorf("%s: %w", file, bad)
 }

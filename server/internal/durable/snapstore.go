@@ -1,4 +1,4 @@
-package server
+package durable
 
 import (
 	"fmt"
@@ -7,19 +7,20 @@ import (
 	"os"
 	"path/filepath"
 
+	"github.com/hashicorp/go-hclog"
 	"github.com/hashicorp/raft"
 )
 
-// tidySnapshots is raft's file snapshot store, cleaned up after failures.
+// TidySnapshots is raft's file snapshot store, cleaned up after failures.
 // raft's store leaves a snapshot's temporary dir behind when it fails
 // while starting the snapshot (writing meta.json), or when the sink's last
 // flush fails on Close or Cancel: both what a full disk does. Each such
 // dir holds part of a snapshot, and with snapshots retried every few
 // seconds they would fill a disk that had just been freed, until the next
-// restart removed them (removeUnfinishedSnapshots). (hashicorp/raft#714;
+// restart removed them (RemoveUnfinishedSnapshots). (hashicorp/raft#714;
 // the state file such a sink leaves open is closed by its finalizer once
 // raft drops the sink, which the space of the removed file waits for.)
-type tidySnapshots struct {
+type TidySnapshots struct {
 	*raft.FileSnapshotStore
 	dir    string // the store's snapshots dir
 	logger *slog.Logger
@@ -32,7 +33,30 @@ type tidySnapshots struct {
 	opened func(index uint64)
 }
 
-func (t *tidySnapshots) Open(id string) (*raft.SnapshotMeta, io.ReadCloser, error) {
+// NewTidySnapshots wraps store, the file snapshot store of dataDir;
+// opened, if not nil, learns the index of each snapshot opened.
+func NewTidySnapshots(store *raft.FileSnapshotStore, dataDir string, logger *slog.Logger, opened func(index uint64)) *TidySnapshots {
+	return &TidySnapshots{FileSnapshotStore: store, dir: filepath.Join(dataDir, "snapshots"), logger: logger, opened: opened}
+}
+
+// OpenSnapshots opens the snapshot store, after removing snapshots that a
+// crash left unfinished, and checks the snapshots against the log.
+func OpenSnapshots(dataDir string, log *CheckedLog, hlog hclog.Logger, logger *slog.Logger, opened func(index uint64)) (raft.SnapshotStore, error) {
+	RemoveUnfinishedSnapshots(dataDir, logger)
+	fileSnaps, err := raft.NewFileSnapshotStoreWithLogger(dataDir, 2, hlog)
+	if err != nil {
+		return nil, fmt.Errorf("opening snapshot store: %w", err)
+	}
+	snaps := NewTidySnapshots(fileSnaps, dataDir, logger, opened)
+	if err := CheckSnapshots(dataDir, snaps, log, logger); err != nil {
+		return nil, err
+	}
+	return snaps, nil
+}
+
+// Open opens the snapshot id, and tells the index it opens to the
+// function NewTidySnapshots was given.
+func (t *TidySnapshots) Open(id string) (*raft.SnapshotMeta, io.ReadCloser, error) {
 	meta, rc, err := t.FileSnapshotStore.Open(id)
 	if err == nil && t.opened != nil {
 		t.opened(meta.Index)
@@ -40,7 +64,8 @@ func (t *tidySnapshots) Open(id string) (*raft.SnapshotMeta, io.ReadCloser, erro
 	return meta, rc, err
 }
 
-func (t *tidySnapshots) Create(version raft.SnapshotVersion, index, term uint64, configuration raft.Configuration,
+// Create starts a snapshot; a failure removes the dir it left.
+func (t *TidySnapshots) Create(version raft.SnapshotVersion, index, term uint64, configuration raft.Configuration,
 	configurationIndex uint64, trans raft.Transport) (raft.SnapshotSink, error) {
 	sink, err := t.FileSnapshotStore.Create(version, index, term, configuration, configurationIndex, trans)
 	if err != nil {
@@ -55,7 +80,7 @@ func (t *tidySnapshots) Create(version raft.SnapshotVersion, index, term uint64,
 	return &tidySink{SnapshotSink: sink, tmp: filepath.Join(t.dir, sink.ID()+".tmp"), store: t}, nil
 }
 
-func (t *tidySnapshots) remove(tmp string) {
+func (t *TidySnapshots) remove(tmp string) {
 	if err := os.RemoveAll(tmp); err != nil {
 		t.logger.Warn("could not remove a failed snapshot", "dir", tmp, "err", err)
 		return
@@ -67,7 +92,7 @@ func (t *tidySnapshots) remove(tmp string) {
 type tidySink struct {
 	raft.SnapshotSink
 	tmp   string
-	store *tidySnapshots
+	store *TidySnapshots
 }
 
 func (s *tidySink) Close() error {

@@ -1,6 +1,6 @@
 //go:build unix
 
-package server
+package durable
 
 import (
 	"errors"
@@ -12,9 +12,9 @@ import (
 	"syscall"
 )
 
-// freeDiskBytes returns the free space, for an unprivileged writer, of
+// FreeDiskBytes returns the free space, for an unprivileged writer, of
 // the disk that holds dir.
-func freeDiskBytes(dir string) (uint64, error) {
+func FreeDiskBytes(dir string) (uint64, error) {
 	var st syscall.Statfs_t
 	if err := syscall.Statfs(dir, &st); err != nil {
 		return 0, err
@@ -22,16 +22,18 @@ func freeDiskBytes(dir string) (uint64, error) {
 	return st.Bavail * uint64(st.Bsize), nil
 }
 
-// dataDirLock is the lock a node holds on its data dir while it runs, so
+// DataDirLock is the lock a node holds on its data dir while it runs, so
 // that a second node started on the same dir fails at once and names the
 // process that has it, rather than wait forever on bbolt's file lock.
-type dataDirLock struct{ f *os.File }
+type DataDirLock struct{ f *os.File }
 
 // lockFileName is the file in the data dir that is locked, and holds the
 // pid of the process that locked it.
 const lockFileName = "fence.pid"
 
-func lockDataDir(dir string) (*dataDirLock, error) {
+// LockDataDir locks dir for this process and writes its pid there, or
+// fails naming the process that holds it.
+func LockDataDir(dir string) (*DataDirLock, error) {
 	path := filepath.Join(dir, lockFileName)
 	f, err := os.OpenFile(path, os.O_RDWR|os.O_CREATE, 0o600)
 	if err != nil {
@@ -49,12 +51,12 @@ func lockDataDir(dir string) (*dataDirLock, error) {
 	if err := f.Truncate(0); err == nil {
 		_, _ = f.WriteAt([]byte(strconv.Itoa(os.Getpid())+"\n"), 0)
 	}
-	return &dataDirLock{f: f}, nil
+	return &DataDirLock{f: f}, nil
 }
 
-// unlock releases the data dir; the pid file stays, and names no one once
+// Unlock releases the data dir; the pid file stays, and names no one once
 // its lock is free.
-func (l *dataDirLock) unlock() error {
+func (l *DataDirLock) Unlock() error {
 	if l == nil {
 		return nil
 	}

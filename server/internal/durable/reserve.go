@@ -1,4 +1,4 @@
-package server
+package durable
 
 import (
 	"errors"
@@ -17,10 +17,10 @@ import (
 // jump by up to this much.
 const reserveBlock = 1000
 
-// reserveFile is the token reserve's file in the data dir.
-const reserveFile = "token-reserve"
+// ReserveFile is the token reserve's file in the data dir.
+const ReserveFile = "token-reserve"
 
-// tokenReserve is the second guard on fencing tokens (docs/design.md,
+// TokenReserve is the second guard on fencing tokens (docs/design.md,
 // "Tokens survive a damaged log"). The log is the first: tokens count up
 // in the replicated state. But a log that loses its tail to damage nobody
 // caught would bring a node back with a lower last token, and it would
@@ -30,7 +30,7 @@ const reserveFile = "token-reserve"
 // raised a block at a time. A leader commits that bound as the token floor
 // (RaiseTokens) before it serves, so its tokens start above it whatever its
 // log says.
-type tokenReserve struct {
+type TokenReserve struct {
 	path string
 	mu   sync.Mutex
 	upTo uint64 // every token this node applied is at most upTo, on disk
@@ -38,10 +38,13 @@ type tokenReserve struct {
 	full atomic.Bool
 }
 
-// openTokenReserve reads the reserve of a data dir; a new data dir, or one
+// Full reports whether the last write of the reserve found no space.
+func (r *TokenReserve) Full() bool { return r.full.Load() }
+
+// OpenTokenReserve reads the reserve of a data dir; a new data dir, or one
 // written before reserves existed, starts with none.
-func openTokenReserve(dataDir string) (*tokenReserve, error) {
-	r := &tokenReserve{path: filepath.Join(dataDir, reserveFile)}
+func OpenTokenReserve(dataDir string) (*TokenReserve, error) {
+	r := &TokenReserve{path: filepath.Join(dataDir, ReserveFile)}
 	data, err := os.ReadFile(r.path)
 	switch {
 	case os.IsNotExist(err):
@@ -58,7 +61,7 @@ func openTokenReserve(dataDir string) (*tokenReserve, error) {
 }
 
 // floor is the bound on every token this node has applied.
-func (r *tokenReserve) floor() uint64 {
+func (r *TokenReserve) Floor() uint64 {
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	return r.upTo
@@ -66,7 +69,7 @@ func (r *tokenReserve) floor() uint64 {
 
 // cover makes sure the reserve on disk is at least token, raising it a
 // block ahead when it is not. It returns once the new bound is durable.
-func (r *tokenReserve) cover(token uint64) error {
+func (r *TokenReserve) Cover(token uint64) error {
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	if token <= r.upTo {
@@ -77,14 +80,14 @@ func (r *tokenReserve) cover(token uint64) error {
 
 // set writes upTo as the reserve, raised or not: a restore sets the
 // reserve of a new data dir to the restored state's last token.
-func (r *tokenReserve) set(upTo uint64) error {
+func (r *TokenReserve) Set(upTo uint64) error {
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	return r.setLocked(upTo)
 }
 
-func (r *tokenReserve) setLocked(upTo uint64) error {
-	err := writeDurably(r.path, fmt.Appendf(nil, "up-to %d crc32c %08x\n", upTo, reserveSum(upTo)))
+func (r *TokenReserve) setLocked(upTo uint64) error {
+	err := WriteDurably(r.path, fmt.Appendf(nil, "up-to %d crc32c %08x\n", upTo, reserveSum(upTo)))
 	r.full.Store(errors.Is(err, syscall.ENOSPC))
 	if err != nil {
 		return fmt.Errorf("writing the token reserve: %w", err)
@@ -94,7 +97,7 @@ func (r *tokenReserve) setLocked(upTo uint64) error {
 }
 
 // problem says what is wrong with the reserve, if anything.
-func (r *tokenReserve) problem() string {
+func (r *TokenReserve) Problem() string {
 	if r.full.Load() {
 		return fmt.Sprintf("disk full: the token reserve %s could not be written; no grant past it is answered until it is", r.path)
 	}
@@ -105,10 +108,10 @@ func reserveSum(upTo uint64) uint32 {
 	return crc32.Checksum(fmt.Appendf(nil, "%d", upTo), castagnoli)
 }
 
-// writeDurably replaces the file at path with data: written to a temporary
+// WriteDurably replaces the file at path with data: written to a temporary
 // file, fsynced, renamed over path, and the directory fsynced, so that a
 // crash leaves the old contents or the new, never a mix.
-func writeDurably(path string, data []byte) error {
+func WriteDurably(path string, data []byte) error {
 	tmp := path + ".tmp"
 	f, err := os.OpenFile(tmp, os.O_WRONLY|os.O_CREATE|os.O_TRUNC, 0o600)
 	if err != nil {
