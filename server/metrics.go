@@ -6,7 +6,6 @@ import (
 	"time"
 
 	gometrics "github.com/hashicorp/go-metrics/compat"
-	gmprometheus "github.com/hashicorp/go-metrics/compat/prometheus"
 	"github.com/hashicorp/raft"
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/collectors"
@@ -149,39 +148,29 @@ func (c waitersCollector) Collect(ch chan<- prometheus.Metric) {
 }
 
 // raft and its stores report through hashicorp/go-metrics, a process-wide
-// global; one Prometheus sink receives them, and every server's registry
-// exports it (several nodes in one process, as in tests, share it). Names
-// are raft's keys under fence_: fence_raft_commitTime, timers in
-// milliseconds as summaries.
-var raftSink struct {
+// global; one raftSink receives them, and every server's registry exports
+// it (several nodes in one process, as in tests, share it). Names are
+// raft's keys under fence_: fence_raft_commitTime, timers in milliseconds
+// as histograms.
+var raftSinkOnce struct {
 	once sync.Once
-	sink prometheus.Collector
+	sink *raftSink
 	err  error
 }
 
 func raftMetricsSink() (prometheus.Collector, error) {
-	raftSink.once.Do(func() {
-		sink, err := gmprometheus.NewPrometheusSinkFrom(gmprometheus.PrometheusOpts{
-			Name: "fence_raft_metrics_sink",
-			// Kept until replaced: a snapshot taken once an hour is still
-			// worth seeing.
-			Expiration: 0,
-			Registerer: prometheus.NewRegistry(), // each server's registry adds it
-		})
-		if err != nil {
-			raftSink.err = fmt.Errorf("raft metrics sink: %w", err)
-			return
-		}
+	raftSinkOnce.once.Do(func() {
+		sink := newRaftSink()
 		conf := gometrics.DefaultConfig("fence")
 		conf.EnableHostname = false
 		conf.EnableRuntimeMetrics = false // the Go collector has them
 		if _, err := gometrics.NewGlobal(conf, sink); err != nil {
-			raftSink.err = fmt.Errorf("raft metrics: %w", err)
+			raftSinkOnce.err = fmt.Errorf("raft metrics: %w", err)
 			return
 		}
-		raftSink.sink = sink
+		raftSinkOnce.sink = sink
 	})
-	return raftSink.sink, raftSink.err
+	return raftSinkOnce.sink, raftSinkOnce.err
 }
 
 // watchLeaderChanges counts the leaders this node sees elected, until the
