@@ -96,6 +96,9 @@ type Mutex struct {
 
 	mu    sync.Mutex
 	grant *Grant
+	// releasing, while a release that Unlock's caller could not wait for
+	// is still on its way (finishRelease), is closed once it is done.
+	releasing chan struct{}
 }
 
 // NewMutex returns a mutex on the named lock, held through s.
@@ -141,6 +144,9 @@ func (m *Mutex) acquire(ctx context.Context, try bool) (*Grant, error) {
 	}
 	if g := m.Grant(); g != nil && g.Err() == nil {
 		return g, nil
+	}
+	if err := m.waitReleased(ctx); err != nil {
+		return nil, err
 	}
 	// Give up the wait as soon as the session ends.
 	caller := ctx
@@ -300,7 +306,13 @@ func (m *Mutex) abandon(id uint64) {
 }
 
 // Unlock releases the lock. The grant's context is cancelled first, so
-// work under it stops before the lock is handed on.
+// work under it stops before the lock is handed on. If the release cannot
+// be sent before ctx ends (no node reachable), Unlock returns the error,
+// and the client goes on sending it for up to the session's TTL; if the
+// service still cannot be told, the session is given up, and its end
+// releases the lock. A release is not left undone for as long as the
+// session lives (etcd's Mutex leaves it to the caller to try again). A
+// Lock of this mutex meanwhile waits for that release.
 func (m *Mutex) Unlock(ctx context.Context) error {
 	m.mu.Lock()
 	g := m.grant
@@ -311,16 +323,74 @@ func (m *Mutex) Unlock(ctx context.Context) error {
 	}
 	g.cancel(ErrLockReleased)
 	m.s.untrack(g)
-	attempts := 0
 	req := &fencev1.StreamRequest{Op: &fencev1.StreamRequest_Release{Release: &fencev1.ReleaseRequest{SessionId: m.s.id, SessionSecret: m.s.secret, Lock: m.name, Token: g.token}}}
+	err := m.release(ctx, req, false)
+	if err != nil && !errors.Is(err, fence.ErrNotHolder) && !errors.Is(err, fence.ErrSessionNotFound) && m.s.Err() == nil {
+		done := make(chan struct{})
+		m.mu.Lock()
+		m.releasing = done
+		m.mu.Unlock()
+		go m.finishRelease(req, err, done)
+	}
+	return err
+}
+
+// release sends req until a node answers it or ctx ends. A release refused
+// as not held after an attempt that may have been applied (sent, its
+// answer lost) succeeds: that attempt released it.
+func (m *Mutex) release(ctx context.Context, req *fencev1.StreamRequest, sentBefore bool) error {
 	return m.s.client.unary(ctx, func(ctx context.Context, ep *endpoint) error {
-		attempts++
 		_, err := m.s.client.op(ctx, ep, req)
-		if attempts > 1 && errors.Is(rpcerr.FromConnect(err), fence.ErrNotHolder) {
-			return nil // an earlier attempt, whose answer was lost, released it
+		if sentBefore && errors.Is(rpcerr.FromConnect(err), fence.ErrNotHolder) {
+			return nil
+		}
+		if err != nil && !dialFailed(err) {
+			sentBefore = true
 		}
 		return err
 	})
+}
+
+// finishRelease sends again, within the session's TTL, a release whose
+// Unlock failed with err, or gives the session up when it cannot: the
+// lock is held until one or the other, and a release refused outright
+// (permission denied, say) will not pass on a second try.
+func (m *Mutex) finishRelease(req *fencev1.StreamRequest, err error, done chan struct{}) {
+	defer func() {
+		m.mu.Lock()
+		if m.releasing == done {
+			m.releasing = nil
+		}
+		m.mu.Unlock()
+		close(done)
+	}()
+	s := m.s
+	if mayHaveApplied(err) {
+		ctx, cancel := s.undoContext()
+		defer cancel()
+		if err = m.release(ctx, req, true); err == nil || errors.Is(err, fence.ErrSessionNotFound) {
+			return
+		}
+	}
+	s.giveUp("the release of "+strconv.Quote(m.name), err)
+}
+
+// waitReleased waits until no release of this mutex is on its way.
+func (m *Mutex) waitReleased(ctx context.Context) error {
+	m.mu.Lock()
+	done := m.releasing
+	m.mu.Unlock()
+	if done == nil {
+		return nil
+	}
+	select {
+	case <-done:
+		return nil
+	case <-ctx.Done():
+		return context.Cause(ctx)
+	case <-m.s.ctx.Done():
+		return context.Cause(m.s.ctx)
+	}
 }
 
 // RWMutex is a lock held through a session either by one writer (Lock) or
