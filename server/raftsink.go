@@ -13,15 +13,16 @@ import (
 // fence_ (fence_raft_commitTime): gauges, counters, and timers (in
 // milliseconds) as histograms.
 //
-// It replaces go-metrics' own Prometheus sink, which cost a 3-node group
-// about a tenth of its CPU per operation (measured with fence bench, one
-// client: 1,314 against 1,196 µs of CPU per operation over the three
-// nodes): for each sample it joined and rewrote the key, copied and stored
-// an entry in a sync.Map, read the clock, and fed a summary whose quantiles
-// are kept over sliding windows, several samples per operation on every
-// node. Here a sample is a map lookup under a read lock, on a key built in
-// a buffer on the stack, and a histogram's atomic add. Histograms, unlike
-// summaries, also add up across nodes.
+// It replaces go-metrics' own Prometheus sink, which for each sample
+// joined and rewrote the key, copied and stored an entry in a sync.Map,
+// read the clock, and fed a summary whose quantiles are kept over sliding
+// windows: 591 ns and 4 allocations a sample (BenchmarkRaftSinkSample),
+// several samples an operation on every node, 5-10% of a follower's CPU
+// in profiles of a 3-node group under fence bench. Here a sample is a map
+// lookup under a read lock, on a key built in a buffer on the stack, and
+// a histogram's atomic add: 64 ns, no allocation, and each node's resident
+// memory about 4 MiB lower. Histograms, unlike summaries, also add up
+// across nodes.
 type raftSink struct {
 	mu      sync.RWMutex
 	metrics map[string]prometheus.Collector // by sinkKey
