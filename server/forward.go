@@ -11,6 +11,7 @@ import (
 	"net/http"
 	"net/http/httputil"
 	"net/url"
+	"slices"
 	"strings"
 	"time"
 
@@ -21,6 +22,7 @@ import (
 	"github.com/fencelock/fence"
 	fencev1 "github.com/fencelock/fence/api/fence/v1"
 	"github.com/fencelock/fence/api/fence/v1/fencev1connect"
+	"github.com/fencelock/fence/server/internal/apinet"
 )
 
 // forwarder sends calls that reach a follower on to the leader, so that
@@ -57,6 +59,9 @@ func newForwarder(s *Server, local http.Handler) *forwarder {
 
 // close drops the connections to the leader.
 func (f *forwarder) close() { f.client.CloseIdleConnections() }
+
+// fenceServices are the services whose calls carry one request message.
+var fenceServices = slices.Concat(forwardable, []string{"/" + fencev1connect.ClusterServiceName + "/"})
 
 // forwardable are the services whose calls a follower forwards; cluster
 // status and membership are each node's own.
@@ -110,7 +115,7 @@ func (f *forwarder) leaderAPI(r *http.Request) string {
 	if f.s.leaderReady.Load() || r.Header.Get(fencev1.ForwardedByHeader) != "" || r.Header.Get(fencev1.FollowLeaderHeader) != "" {
 		return ""
 	}
-	if !hasAnyPrefix(r.URL.Path, forwardable) {
+	if !apinet.HasAnyPrefix(r.URL.Path, forwardable) {
 		return ""
 	}
 	if r.Header.Get("Authorization") == "" && f.s.AuthEnabled() {

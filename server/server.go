@@ -36,6 +36,7 @@ import (
 	"github.com/fencelock/fence/internal/fsm"
 	"github.com/fencelock/fence/internal/fsmpb"
 	"github.com/fencelock/fence/internal/rpcerr"
+	"github.com/fencelock/fence/server/internal/apinet"
 	"github.com/fencelock/fence/server/internal/durable"
 )
 
@@ -66,7 +67,7 @@ type Server struct {
 
 	dirLock     *durable.DataDirLock // held on cfg.DataDir while the node runs
 	ln          net.Listener
-	conns       *limitListener // ln, when API connections are bounded
+	conns       *apinet.LimitListener // ln, when API connections are bounded
 	http        *http.Server
 	advertise   string       // the API address others reach this node on
 	forwarder   *forwarder   // the HTTP handler: forwards to the leader, or serves here
@@ -94,7 +95,7 @@ type Server struct {
 	framed framedStreams
 
 	// workers runs each stream operation.
-	workers *workers
+	workers *apinet.Workers
 
 	// bootstrapNote says why a node with no data has not bootstrapped
 	// its group yet, nil when it has or need not (bootstrap.go).
@@ -189,7 +190,7 @@ func newServer(cfg Config, logger *slog.Logger) *Server {
 	slots := &watchSlots{limit: cfg.MaxWatchers}
 	s.watches = newEventHub(kvEvents, slots, cfg.WatchHistory, watchHistoryBytes)
 	s.lockWatches = newLockFeed(slots, cfg.Clock, cfg.WatchHistory)
-	s.workers = newWorkers(s.done)
+	s.workers = apinet.NewWorkers(s.done)
 	s.framed.silence = framedSilence
 	s.fsm = fsm.New(observer{s})
 	s.console = newConsole(s)
@@ -208,15 +209,15 @@ func (s *Server) listen() error {
 	if s.ln, err = net.Listen("tcp", cfg.Listen); err != nil {
 		return fmt.Errorf("listening on %s: %w", cfg.Listen, err)
 	}
-	s.ln = readAheadListener{s.ln}
+	s.ln = apinet.ReadAheadListener{Listener: s.ln}
 	if cfg.ListenMetrics != "" {
 		if s.metricsLn, err = net.Listen("tcp", cfg.ListenMetrics); err != nil {
 			return fmt.Errorf("listening for metrics on %s: %w", cfg.ListenMetrics, err)
 		}
 	}
 	nofile, known := openFileLimit()
-	if limit := connLimit(cfg.MaxConnections, nofile, known); limit > 0 {
-		s.conns = newLimitListener(s.ln, limit)
+	if limit := apinet.ConnLimit(cfg.MaxConnections, nofile, known); limit > 0 {
+		s.conns = apinet.NewLimitListener(s.ln, limit)
 		s.ln = s.conns
 	}
 	s.advertise = cfg.Advertise
@@ -252,7 +253,7 @@ func (s *Server) maxConnections() int {
 	if s.conns == nil {
 		return 0
 	}
-	return s.conns.limit()
+	return s.conns.Limit()
 }
 
 // Addr returns the address the API listens on.
@@ -344,7 +345,7 @@ func (s *Server) Close() error {
 func (s *Server) handler() http.Handler {
 	opts := []connect.HandlerOption{
 		connect.WithReadMaxBytes(s.cfg.MaxRequestBytes),
-		connect.WithCodec(strictJSON{}),
+		connect.WithCodec(apinet.StrictJSON{}),
 		// Small messages cost more to gzip than to send: compressing every
 		// response took 15% of the CPU under load.
 		connect.WithCompressMinBytes(4096),
@@ -383,7 +384,7 @@ func (s *Server) handler() http.Handler {
 	if s.cfg.UI {
 		s.console.register(mux)
 	}
-	return withCertUser(s.framedStreams(explainRefusals(checkEnvelopes(mux, s.cfg.MaxRequestBytes))))
+	return withCertUser(s.framedStreams(explainRefusals(apinet.CheckEnvelopes(mux, s.cfg.MaxRequestBytes, fenceServices))))
 }
 
 func (s *Server) newHTTPServer() *http.Server {
@@ -395,7 +396,7 @@ func (s *Server) newHTTPServer() *http.Server {
 		protocols.SetUnencryptedHTTP2(true) // gRPC without TLS
 	}
 	return &http.Server{
-		Handler:     boundWrites(s.checkCluster(s.forwarder), s.cfg.WriteTimeout),
+		Handler:     apinet.BoundWrites(s.checkCluster(s.forwarder), s.cfg.WriteTimeout),
 		Protocols:   &protocols,
 		TLSConfig:   s.cfg.TLS,
 		ConnContext: s.withStreamSlots,
@@ -406,7 +407,7 @@ func (s *Server) newHTTPServer() *http.Server {
 		// the call, and an HTTP/1.1 connection is then closed, as the rest
 		// of the body cannot be told from a next request. Blocked acquires
 		// and watches are long answers, so there is no WriteTimeout: each
-		// write is bounded instead (boundWrites).
+		// write is bounded instead (apinet.BoundWrites).
 		ReadHeaderTimeout: s.cfg.ReadTimeout,
 		ReadTimeout:       s.cfg.ReadTimeout,
 		IdleTimeout:       s.cfg.IdleTimeout,
@@ -781,7 +782,7 @@ func newMetrics(s *Server) *metrics {
 			if s.conns == nil {
 				return 0
 			}
-			return float64(s.conns.open())
+			return float64(s.conns.Open())
 		}),
 		prometheus.NewGaugeFunc(prometheus.GaugeOpts{Name: "fence_api_connections_max", Help: "API connections that may be open at once (0: no limit)."}, func() float64 {
 			return float64(s.maxConnections())

@@ -25,7 +25,7 @@ func TestClientThatStopsReadingIsDropped(t *testing.T) {
 		c.WriteTimeout = 300 * time.Millisecond
 		c.MaxConnections = 8
 	})
-	base := s.conns.open() // the node's own, to itself
+	base := s.conns.Open() // the node's own, to itself
 	conn, err := net.Dial("tcp", s.Addr())
 	if err != nil {
 		t.Fatal(err)
@@ -38,7 +38,7 @@ func TestClientThatStopsReadingIsDropped(t *testing.T) {
 	body := append([]byte{0, 0, 0, 0, 0}, msg...)
 	binary.BigEndian.PutUint32(body[1:5], uint32(len(msg)))
 	fmt.Fprintf(conn, "POST /fence.v1.KVService/Watch HTTP/1.1\r\nHost: fence\r\nContent-Type: application/connect+json\r\nContent-Length: %d\r\n\r\n%s", len(body), body)
-	waitFor(t, "the watch to be open", func() bool { return s.conns.open() == base+1 })
+	waitFor(t, "the watch to be open", func() bool { return s.conns.Open() == base+1 })
 
 	// Changes the watcher never reads: far more than the sockets buffer.
 	tr := &http.Transport{}
@@ -50,7 +50,7 @@ func TestClientThatStopsReadingIsDropped(t *testing.T) {
 		}
 	}
 	tr.CloseIdleConnections()
-	waitFor(t, "the server to close the connection of a client that does not read", func() bool { return s.conns.open() <= base })
+	waitFor(t, "the server to close the connection of a client that does not read", func() bool { return s.conns.Open() <= base })
 }
 
 // A watch over HTTP/2 (gRPC) that is idle for longer than the write

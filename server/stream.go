@@ -132,7 +132,7 @@ func (st *serverStream) serve(ctx context.Context, cancel context.CancelCauseFun
 		stop := context.AfterFunc(ctx, f.InterruptRead)
 		defer stop()
 		ended := make(chan error, 1)
-		st.s.workers.run(func() { st.readFramed(ctx, cancel, f, ended) })
+		st.s.workers.Run(func() { st.readFramed(ctx, cancel, f, ended) })
 		return <-ended
 	}
 	reqs, readErr := make(chan *fencev1.StreamRequest), make(chan error, 1)
@@ -168,7 +168,7 @@ func (st *serverStream) serve(ctx context.Context, cancel context.CancelCauseFun
 				return err
 			}
 			if run != nil {
-				st.s.workers.run(run)
+				st.s.workers.Run(run)
 			}
 		}
 	}
@@ -201,7 +201,7 @@ func (st *serverStream) readFramed(ctx context.Context, cancel context.CancelCau
 			return
 		}
 		if run != nil {
-			st.s.workers.run(func() { st.readFramed(ctx, cancel, f, ended) })
+			st.s.workers.Run(func() { st.readFramed(ctx, cancel, f, ended) })
 			run()
 			return
 		}

@@ -1,4 +1,4 @@
-package server
+package apinet
 
 import (
 	"bytes"
@@ -6,26 +6,21 @@ import (
 	"fmt"
 	"io"
 	"net/http"
-	"slices"
 	"strings"
 
 	"connectrpc.com/connect"
-
-	"github.com/fencelock/fence/api/fence/v1/fencev1connect"
 )
 
-// fenceServices are the services whose calls carry one request message.
-var fenceServices = slices.Concat(forwardable, []string{"/" + fencev1connect.ClusterServiceName + "/"})
-
-// checkEnvelopes answers InvalidArgument to a gRPC call of fence's services
-// whose body is not one well-formed message envelope. connect-go answers
+// CheckEnvelopes answers InvalidArgument to a gRPC call of services (path
+// prefixes, "/fence.v1.LockService/") whose body is not one well-formed
+// message envelope. connect-go answers
 // Internal to a truncated envelope or to a compressed message without a
 // grpc-encoding, though the fault is the caller's and retrying it fails
 // again. Streams of other services (reflection's are bidirectional) pass.
-func checkEnvelopes(next http.Handler, maxBytes int) http.Handler {
+func CheckEnvelopes(next http.Handler, maxBytes int, services []string) http.Handler {
 	errs := connect.NewErrorWriter()
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		if !strings.HasPrefix(r.Header.Get("Content-Type"), "application/grpc") || !hasAnyPrefix(r.URL.Path, fenceServices) {
+		if !strings.HasPrefix(r.Header.Get("Content-Type"), "application/grpc") || !HasAnyPrefix(r.URL.Path, services) {
 			next.ServeHTTP(w, r)
 			return
 		}
@@ -61,7 +56,8 @@ func envelopeError(body []byte, encoding string) error {
 	return nil
 }
 
-func hasAnyPrefix(s string, prefixes []string) bool {
+// HasAnyPrefix reports whether s begins with one of prefixes.
+func HasAnyPrefix(s string, prefixes []string) bool {
 	for _, p := range prefixes {
 		if strings.HasPrefix(s, p) {
 			return true

@@ -1,4 +1,4 @@
-package server
+package apinet
 
 import (
 	"net"
@@ -15,11 +15,12 @@ var readAheadPool = sync.Pool{New: func() any {
 	return &b
 }}
 
-// readAheadListener reads each connection it accepts in blocks (see
+// ReadAheadListener reads each connection it accepts in blocks (see
 // readAheadConn).
-type readAheadListener struct{ net.Listener }
+type ReadAheadListener struct{ net.Listener }
 
-func (l readAheadListener) Accept() (net.Conn, error) {
+// Accept accepts the next connection, read in blocks.
+func (l ReadAheadListener) Accept() (net.Conn, error) {
 	c, err := l.Listener.Accept()
 	if err != nil {
 		return nil, err

@@ -1,4 +1,4 @@
-package server
+package apinet
 
 import (
 	"math"
@@ -13,12 +13,12 @@ import (
 // and the forwarder's and peer API clients' connections to other nodes.
 const fdReserve = 256
 
-// connLimit returns how many API connections a node keeps open at once:
+// ConnLimit returns how many API connections a node keeps open at once:
 // configured (0 for no bound of its own), lowered to leave fdReserve of
 // nofile, the open-file limit, free. With fewer than twice fdReserve files
 // the API gets half of them. 0 means no limit: none configured, and the
 // file limit unknown or unlimited.
-func connLimit(configured int, nofile uint64, known bool) int {
+func ConnLimit(configured int, nofile uint64, known bool) int {
 	if !known || nofile >= math.MaxInt32 {
 		return configured
 	}
@@ -32,23 +32,24 @@ func connLimit(configured int, nofile uint64, known bool) int {
 	return byFiles
 }
 
-// limitListener accepts at most cap(slots) connections open at once. At
+// LimitListener accepts at most cap(slots) connections open at once. At
 // the limit Accept waits, without polling, until one of them closes;
 // meanwhile the kernel queues new connections, up to the listen backlog,
 // without giving this process a descriptor for them.
-type limitListener struct {
+type LimitListener struct {
 	net.Listener
 	slots     chan struct{} // one element per open connection
 	closed    chan struct{}
 	closeOnce sync.Once
 }
 
-func newLimitListener(ln net.Listener, limit int) *limitListener {
-	return &limitListener{Listener: ln, slots: make(chan struct{}, limit), closed: make(chan struct{})}
+// NewLimitListener bounds ln to limit connections open at once.
+func NewLimitListener(ln net.Listener, limit int) *LimitListener {
+	return &LimitListener{Listener: ln, slots: make(chan struct{}, limit), closed: make(chan struct{})}
 }
 
 // Accept waits for a free slot, then for a connection.
-func (l *limitListener) Accept() (net.Conn, error) {
+func (l *LimitListener) Accept() (net.Conn, error) {
 	select {
 	case l.slots <- struct{}{}:
 	case <-l.closed:
@@ -63,16 +64,16 @@ func (l *limitListener) Accept() (net.Conn, error) {
 }
 
 // Close stops listening and ends an Accept waiting for a slot.
-func (l *limitListener) Close() error {
+func (l *LimitListener) Close() error {
 	l.closeOnce.Do(func() { close(l.closed) })
 	return l.Listener.Close()
 }
 
-// open returns how many accepted connections are open.
-func (l *limitListener) open() int { return len(l.slots) }
+// Open returns how many accepted connections are open.
+func (l *LimitListener) Open() int { return len(l.slots) }
 
-// limit returns how many connections may be open at once.
-func (l *limitListener) limit() int { return cap(l.slots) }
+// Limit returns how many connections may be open at once.
+func (l *LimitListener) Limit() int { return cap(l.slots) }
 
 // limitedConn frees its slot when closed, once.
 type limitedConn struct {

@@ -1,4 +1,4 @@
-package server
+package apinet
 
 import (
 	"runtime"
@@ -13,14 +13,14 @@ import (
 func TestWorkers(t *testing.T) {
 	base := runtime.NumGoroutine()
 	done := make(chan struct{})
-	w := newWorkers(done)
+	w := NewWorkers(done)
 	const n = 3 * maxIdleWorkers
 	var started, finished sync.WaitGroup
 	release := make(chan struct{})
 	started.Add(n)
 	finished.Add(n)
 	for range n {
-		w.run(func() {
+		w.Run(func() {
 			started.Done()
 			<-release // all n block at once: none may wait for another
 			finished.Done()
@@ -44,7 +44,7 @@ func TestWorkers(t *testing.T) {
 	}
 	// An idle goroutine takes the next function.
 	ran := make(chan struct{})
-	w.run(func() { close(ran) })
+	w.Run(func() { close(ran) })
 	<-ran
 	close(done)
 	if g := settle(func(g int) bool { return g <= 0 }); g > 0 {

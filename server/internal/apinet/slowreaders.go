@@ -1,18 +1,18 @@
-package server
+package apinet
 
 import (
 	"net/http"
 	"time"
 )
 
-// boundWrites ends a call whose client stops reading its answer: each
+// BoundWrites ends a call whose client stops reading its answer: each
 // write of the answer (and the server's own last flush, once the handler
 // returns) must complete within d, or it fails, the call ends and the
 // connection is closed. Waits and watches may still answer for as long as
 // they like: only a write that a client leaves blocked is bounded. Without
 // it, a watcher that stopped reading held its connection, a goroutine and
 // a connection slot (--max-connections) for as long as it stayed connected.
-func boundWrites(next http.Handler, d time.Duration) http.Handler {
+func BoundWrites(next http.Handler, d time.Duration) http.Handler {
 	if d <= 0 {
 		return next
 	}

@@ -1,4 +1,4 @@
-package server
+package apinet
 
 import (
 	"bytes"
@@ -14,7 +14,7 @@ import (
 	fencev1 "github.com/fencelock/fence/api/fence/v1"
 )
 
-// strictJSON is Connect's JSON codec without its tolerance of unknown
+// StrictJSON is Connect's JSON codec without its tolerance of unknown
 // fields: a request with a misspelt field ("tll") is refused with
 // InvalidArgument instead of silently taking defaults. It differs from
 // protojson in two more ways, both for people typing JSON by hand:
@@ -25,18 +25,20 @@ import (
 //     carry every field: Check says "current": false, not nothing.
 //
 // The protobuf binary codecs (gRPC, Connect) are not touched.
-type strictJSON struct{}
+type StrictJSON struct{}
 
-// explicitAnswers are the messages that strictJSON writes with every field,
+// explicitAnswers are the messages that StrictJSON writes with every field,
 // unset ones included.
 var explicitAnswers = map[protoreflect.FullName]bool{
 	(&fencev1.CheckResponse{}).ProtoReflect().Descriptor().FullName():        true,
 	(&fencev1.ReleaseLeaseResponse{}).ProtoReflect().Descriptor().FullName(): true,
 }
 
-func (strictJSON) Name() string { return "json" }
+// Name is the codec's name, "json", which it serves in place of Connect's.
+func (StrictJSON) Name() string { return "json" }
 
-func (strictJSON) Marshal(v any) ([]byte, error) {
+// Marshal writes v, a protobuf message, as protojson with the answers' fields.
+func (StrictJSON) Marshal(v any) ([]byte, error) {
 	m, ok := v.(proto.Message)
 	if !ok {
 		return nil, fmt.Errorf("cannot encode %T as JSON", v)
@@ -45,7 +47,8 @@ func (strictJSON) Marshal(v any) ([]byte, error) {
 	return protojson.MarshalOptions{EmitUnpopulated: explicit}.Marshal(m)
 }
 
-func (strictJSON) Unmarshal(data []byte, v any) error {
+// Unmarshal reads data into v, refusing unknown fields.
+func (StrictJSON) Unmarshal(data []byte, v any) error {
 	m, ok := v.(proto.Message)
 	if !ok {
 		return fmt.Errorf("cannot decode JSON into %T", v)
