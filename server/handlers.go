@@ -149,8 +149,8 @@ func (s *Server) closeSession(_ context.Context, m *fencev1.CloseSessionRequest)
 	if err != nil {
 		return nil, err
 	}
-	if len(res.Ended) > 0 && m.GetAbandon() {
-		s.logger.Info("session abandoned by its client", "session", id, "delayed", len(res.Delayed))
+	if len(res.Effects.Ended) > 0 && m.GetAbandon() {
+		s.logger.Info("session abandoned by its client", "session", id, "delayed", len(res.Effects.Delayed))
 	}
 	return &fencev1.CloseSessionResponse{}, nil
 }
@@ -242,7 +242,7 @@ func (s *Server) acquire(ctx context.Context, m *fencev1.AcquireRequest) (*fence
 			// The caller went away while the grant was committed: give
 			// up what this call left, unless a retry took it over. A call
 			// without a request id gives up only a grant it made itself.
-			if w.req.id != 0 || len(res.Grants) > 0 {
+			if w.req.id != 0 || len(res.Effects.Grants) > 0 {
 				s.giveUp(w, res.Grant)
 			}
 			return nil, ctx.Err()
@@ -603,7 +603,7 @@ func (s *Server) applyAt(cmd *fsmpb.Command) (fsm.Result, uint64, error) {
 	if err != nil {
 		return fsm.Result{}, 0, err
 	}
-	if n := len(res.Grants); n > 0 && res.Grants[n-1].Token > s.reserve.floor() {
+	if n := len(res.Effects.Grants); n > 0 && res.Effects.Grants[n-1].Token > s.reserve.floor() {
 		// Only when the node shut down before its token reserve was written.
 		return fsm.Result{}, 0, fmt.Errorf("%w: the node is shutting down", fence.ErrUnavailable)
 	}

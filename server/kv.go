@@ -93,7 +93,7 @@ func (s *Server) delete(_ context.Context, m *fencev1.DeleteRequest, idempotency
 	if r := res.Repeat; r != nil {
 		return &fencev1.DeleteResponse{Deleted: r.Changed, Revision: r.Revision}, nil
 	}
-	return &fencev1.DeleteResponse{Deleted: len(res.Events) > 0, Revision: res.Revision}, nil
+	return &fencev1.DeleteResponse{Deleted: len(res.Effects.Events) > 0, Revision: res.Revision}, nil
 }
 
 func (s *Server) get(ctx context.Context, m *fencev1.GetRequest) (*fencev1.GetResponse, error) {

@@ -50,7 +50,7 @@ func TestBatchAnswersEachCommand(t *testing.T) {
 		want = append(want, alone.Apply(commandLog(t, index+1+uint64(i), cmd)).(fsm.Result))
 	}
 	index++
-	rec.seqs, rec.results = nil, nil
+	rec.seqs, rec.effects = nil, nil
 	res := batched.Apply(commandLog(t, index, batchOf(cmds...))).(fsm.Result)
 	if res.Err != nil || len(res.Batch) != len(cmds) {
 		t.Fatalf("batch answered %s", describeAll(res))
@@ -64,7 +64,7 @@ func TestBatchAnswersEachCommand(t *testing.T) {
 			t.Errorf("command %d answered %s in a batch, %s alone", i, describeAll(res.Batch[i]), describeAll(want[i]))
 		}
 	}
-	if g := res.Batch[1].Grants; len(g) != 1 || g[0].Session != 2 {
+	if g := res.Batch[1].Effects.Grants; len(g) != 1 || g[0].Session != 2 {
 		t.Errorf("the release in the batch handed a on as %+v, want to session 2", g)
 	}
 	if res.Batch[3].Repeat == nil {
@@ -77,9 +77,9 @@ func TestBatchAnswersEachCommand(t *testing.T) {
 	if !reflect.DeepEqual(rec.seqs, wantSeqs) {
 		t.Fatalf("observer heard seqs %v, want %v", rec.seqs, wantSeqs)
 	}
-	for i, r := range rec.results {
-		if !sameAnswer(r, res.Batch[i]) {
-			t.Errorf("observer heard %s for command %d, the batch answered %s", describeAll(r), i, describeAll(res.Batch[i]))
+	for i, eff := range rec.effects {
+		if !reflect.DeepEqual(eff, res.Batch[i].Effects) {
+			t.Errorf("observer heard %+v for command %d, the batch answered %s", eff, i, describeAll(res.Batch[i]))
 		}
 	}
 	for i := 1; i < len(wantSeqs); i++ {

@@ -100,7 +100,7 @@ func grant(sess uint64, name string, token uint64, mode fsm.Mode) fsm.Grant {
 // granted is the result of an Acquire that made a new grant.
 func granted(sess uint64, name string, token uint64, mode fsm.Mode) fsm.Result {
 	g := grant(sess, name, token, mode)
-	return fsm.Result{Grant: &g, Grants: []fsm.Grant{g}}
+	return fsm.Result{Grant: &g, Effects: fsm.Effects{Grants: []fsm.Grant{g}}}
 }
 
 // alreadyHeld is the result of an Acquire or CancelWait for a lock the
@@ -112,7 +112,7 @@ func alreadyHeld(sess uint64, name string, token uint64, mode fsm.Mode) fsm.Resu
 
 func queued() fsm.Result { return fsm.Result{Queued: true} }
 
-func handedTo(gs ...fsm.Grant) fsm.Result { return fsm.Result{Grants: gs} }
+func handedTo(gs ...fsm.Grant) fsm.Result { return fsm.Result{Effects: fsm.Effects{Grants: gs}} }
 
 func fails(sentinel error) fsm.Result { return fsm.Result{Err: sentinel} }
 
@@ -183,13 +183,13 @@ func val(s string) []byte {
 
 // wrote is the result of a put that made the store's revision rev and left kv.
 func wrote(rev uint64, kv fsm.KeyValue) fsm.Result {
-	return fsm.Result{Revision: rev, Events: []fsm.KVEvent{{KV: kv}}}
+	return fsm.Result{Revision: rev, Effects: fsm.Effects{Events: []fsm.KVEvent{{KV: kv}}}}
 }
 
 // removed is the result of a delete that made the store's revision rev; kv
 // is the key as deleted (no value; the delete's token and lock).
 func removed(rev uint64, kv fsm.KeyValue) fsm.Result {
-	return fsm.Result{Revision: rev, Events: []fsm.KVEvent{{Deleted: true, KV: kv}}}
+	return fsm.Result{Revision: rev, Effects: fsm.Effects{Events: []fsm.KVEvent{{Deleted: true, KV: kv}}}}
 }
 
 // unchanged is the result of a delete of a missing key: the store's
@@ -221,21 +221,21 @@ type comparableResult struct {
 
 func cmpForm(r fsm.Result) comparableResult {
 	c := comparableResult{SessionID: r.SessionID, Grant: r.Grant, Queued: r.Queued, Revision: r.Revision,
-		Attempt: r.Attempt, Released: r.Released, Dequeued: r.Dequeued, EndedBy: r.EndedBy, Txn: r.Txn}
+		Attempt: r.Attempt, Released: r.Released, Dequeued: r.Dequeued, EndedBy: r.Effects.EndedBy, Txn: r.Txn}
 	if r.Err != nil {
 		c.Err = r.Err.Error()
 	}
-	if len(r.Events) > 0 {
-		c.Events = r.Events
+	if len(r.Effects.Events) > 0 {
+		c.Events = r.Effects.Events
 	}
-	if len(r.Grants) > 0 {
-		c.Grants = r.Grants
+	if len(r.Effects.Grants) > 0 {
+		c.Grants = r.Effects.Grants
 	}
-	if len(r.Ended) > 0 {
-		c.Ended = r.Ended
+	if len(r.Effects.Ended) > 0 {
+		c.Ended = r.Effects.Ended
 	}
-	if len(r.Delayed) > 0 {
-		c.Delayed = r.Delayed
+	if len(r.Effects.Delayed) > 0 {
+		c.Delayed = r.Effects.Delayed
 	}
 	if r.Batch != nil {
 		c.Batch, c.BatchRepeats = []comparableResult{}, []*fsm.Repeat{}

@@ -311,7 +311,7 @@ func (q *requestModel) keyApplied(cmd *fsmpb.Command, res fsm.Result) {
 		q.note("key: the oldest key forgotten")
 	}
 	q.keys = append(q.keys, key)
-	q.applied[key] = fsm.Repeat{SessionID: res.SessionID, Revision: res.Revision, Changed: len(res.Events) > 0, Succeeded: res.Txn != nil && res.Txn.Succeeded}
+	q.applied[key] = fsm.Repeat{SessionID: res.SessionID, Revision: res.Revision, Changed: len(res.Effects.Events) > 0, Succeeded: res.Txn != nil && res.Txn.Succeeded}
 	q.first[key] = cmd
 }
 

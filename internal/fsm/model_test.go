@@ -3,7 +3,7 @@
 // each lock's holders and FIFO queue (built only from the Results it sees)
 // and each name's kind, and after every step checks docs/design.md invariants:
 //
-//  1. every token in Result.Grants is above every token issued before, none
+//  1. every token in Result.Effects.Grants is above every token issued before, none
 //     is issued twice, and LastToken moves only by reported grants;
 //  2. an exclusive lock has at most one holder, and a semaphore no more
 //     holders than permits (CheckInvariants and a scan of Locks(""));
@@ -39,7 +39,7 @@
 // could be granted from (so that a command hands free permits to as many
 // head waiters as they allow), that lock-delays appear only when sessions
 // end otherwise than by their own close, and that a command that ends
-// sessions says how (Result.EndedBy).
+// sessions says how (Result.Effects.EndedBy).
 // runStream adds invariant 7 (determinism): the same stream applied to a
 // second fresh State and to a third State rebuilt from Snapshot/Restore at
 // intervals must give identical Results and identical snapshot bytes.
@@ -238,7 +238,7 @@ func (m *modelChecker) check(tb testing.TB, cmd *fsmpb.Command, res fsm.Result, 
 		return err
 	}
 	if !immediate {
-		return m.handOut(res.Grants)
+		return m.handOut(res.Effects.Grants)
 	}
 	return nil
 }
@@ -432,7 +432,7 @@ func (m *modelChecker) checkTokens(cmd *fsmpb.Command, res fsm.Result, s *fsm.St
 	if r, ok := cmd.GetOp().(*fsmpb.Command_RaiseTokens); ok {
 		m.maxToken = max(m.maxToken, r.RaiseTokens.GetFloor())
 	}
-	for _, g := range res.Grants {
+	for _, g := range res.Effects.Grants {
 		if m.issued[g.Token] {
 			return fmt.Errorf("invariant 1: token %d issued twice (%+v)", g.Token, g)
 		}
@@ -469,13 +469,13 @@ func (m *modelChecker) checkSuccess(cmd *fsmpb.Command, res fsm.Result) (immedia
 		return false, fmt.Errorf("%v answered Released", cmd)
 	case res.Dequeued && !isCancelAcquire && !isCancel:
 		return false, fmt.Errorf("%v answered Dequeued", cmd)
-	case len(res.Ended) > 0 && !isClose && !isExpire:
+	case len(res.Effects.Ended) > 0 && !isClose && !isExpire:
 		return false, fmt.Errorf("%v ended sessions", cmd)
-	case len(res.Delayed) > 0 && !isExpire && (!isClose || endOf(cmd) == fsm.Closed):
+	case len(res.Effects.Delayed) > 0 && !isExpire && (!isClose || endOf(cmd) == fsm.Closed):
 		return false, fmt.Errorf("%v put locks under delay; only an end other than the holder's close may", cmd)
-	case len(res.Ended) > 0 && res.EndedBy != endOf(cmd), len(res.Ended) == 0 && res.EndedBy != 0:
-		return false, fmt.Errorf("%v ended %v by %v", cmd, res.Ended, res.EndedBy)
-	case (res.Revision != 0 || len(res.Events) > 0) && !isClose && !isExpire:
+	case len(res.Effects.Ended) > 0 && res.Effects.EndedBy != endOf(cmd), len(res.Effects.Ended) == 0 && res.Effects.EndedBy != 0:
+		return false, fmt.Errorf("%v ended %v by %v", cmd, res.Effects.Ended, res.Effects.EndedBy)
+	case (res.Revision != 0 || len(res.Effects.Events) > 0) && !isClose && !isExpire:
 		return false, fmt.Errorf("%v answered a KV revision or events", cmd)
 	}
 	if sid, ok := targetSession(cmd); ok && !m.live[sid] {
@@ -514,16 +514,16 @@ func (m *modelChecker) checkSuccess(cmd *fsmpb.Command, res fsm.Result) (immedia
 	case *fsmpb.Command_ExpireSessions:
 		return false, m.endSessions(op.ExpireSessions.GetSessionIds(), res)
 	case *fsmpb.Command_LiftDelay:
-		if len(res.Grants) > 0 && m.before[op.LiftDelay.GetLock()].Delay == 0 {
-			return false, fmt.Errorf("LiftDelay(%q) of a lock not delayed granted %+v", op.LiftDelay.GetLock(), res.Grants)
+		if len(res.Effects.Grants) > 0 && m.before[op.LiftDelay.GetLock()].Delay == 0 {
+			return false, fmt.Errorf("LiftDelay(%q) of a lock not delayed granted %+v", op.LiftDelay.GetLock(), res.Effects.Grants)
 		}
 	case *fsmpb.Command_RaiseTokens:
-		if len(res.Grants) > 0 {
-			return false, fmt.Errorf("%v granted %+v", cmd, res.Grants)
+		if len(res.Effects.Grants) > 0 {
+			return false, fmt.Errorf("%v granted %+v", cmd, res.Effects.Grants)
 		}
 	case *fsmpb.Command_SetClusterId:
-		if len(res.Grants) > 0 {
-			return false, fmt.Errorf("%v granted %+v", cmd, res.Grants)
+		if len(res.Effects.Grants) > 0 {
+			return false, fmt.Errorf("%v granted %+v", cmd, res.Effects.Grants)
 		}
 		if m.clusterID == "" {
 			m.clusterID = op.SetClusterId.GetId() // the first name stays
@@ -533,8 +533,8 @@ func (m *modelChecker) checkSuccess(cmd *fsmpb.Command, res fsm.Result) (immedia
 		switch {
 		case r.GetNodeId() == "":
 			return false, fmt.Errorf("%v succeeded with an empty node id", cmd)
-		case len(res.Grants) > 0:
-			return false, fmt.Errorf("%v granted %+v", cmd, res.Grants)
+		case len(res.Effects.Grants) > 0:
+			return false, fmt.Errorf("%v granted %+v", cmd, res.Effects.Grants)
 		case r.GetApiAddress() == "":
 			delete(m.nodes, r.GetNodeId())
 		default:
@@ -542,7 +542,7 @@ func (m *modelChecker) checkSuccess(cmd *fsmpb.Command, res fsm.Result) (immedia
 		}
 	case *fsmpb.Command_SetProtocol:
 		// A protocol never goes back: an older one changes nothing.
-		if v := op.SetProtocol.GetVersion(); v > fsm.Protocol || len(res.Grants) > 0 {
+		if v := op.SetProtocol.GetVersion(); v > fsm.Protocol || len(res.Effects.Grants) > 0 {
 			return false, fmt.Errorf("%v succeeded with %+v", cmd, res)
 		}
 		m.protocol = max(m.protocol, op.SetProtocol.GetVersion())
@@ -559,7 +559,7 @@ func (m *modelChecker) acquired(a *fsmpb.Acquire, res fsm.Result) (immediate boo
 	}
 	held, waits := m.holdsIn(name, sid), m.waitsIn(name, sid)
 	switch {
-	case res.Queued && res.Grant == nil && len(res.Grants) == 0:
+	case res.Queued && res.Grant == nil && len(res.Effects.Grants) == 0:
 		if waits == mode {
 			return false, m.req.retried(a, res, "wait") // idempotent: already waiting
 		}
@@ -575,13 +575,13 @@ func (m *modelChecker) acquired(a *fsmpb.Acquire, res fsm.Result) (immediate boo
 		m.use(name, a.GetPermits())
 		m.queues[name] = append(m.queues[name], fsm.WaiterInfo{Session: sid, Mode: mode})
 		return false, m.req.tagged(a, res, "queued")
-	case res.Grant != nil && !res.Queued && len(res.Grants) == 0:
+	case res.Grant != nil && !res.Queued && len(res.Effects.Grants) == 0:
 		if m.holdsIn(name, sid) != mode || m.tokenOf(name, sid) != res.Grant.Token || *res.Grant != grant(sid, name, res.Grant.Token, mode) {
 			return false, fmt.Errorf("re-acquire answered %+v, which the session does not hold", *res.Grant)
 		}
 		return true, m.req.retried(a, res, "grant")
-	case res.Grant != nil && !res.Queued && len(res.Grants) == 1:
-		g := res.Grants[0]
+	case res.Grant != nil && !res.Queued && len(res.Effects.Grants) == 1:
+		g := res.Effects.Grants[0]
 		if *res.Grant != g || g != grant(sid, name, g.Token, mode) {
 			return false, fmt.Errorf("acquire(%d, %q, %s) answered %+v and made %+v", sid, name, mode, *res.Grant, g)
 		}
@@ -649,7 +649,7 @@ func (m *modelChecker) cancelled(c *fsmpb.CancelWait, res fsm.Result) error {
 	m.queues[name] = slices.Delete(m.queues[name], i, i+1)
 	m.req.drop(name, sid)
 	m.req.note("request: " + byRequest + " dropped the wait")
-	if len(res.Grants) > 0 {
+	if len(res.Effects.Grants) > 0 {
 		m.req.note("request: a wait dropped by cancel handed the lock on")
 	}
 	return nil
@@ -682,7 +682,7 @@ func (m *modelChecker) cancelledAcquire(c *fsmpb.CancelAcquire, res fsm.Result) 
 		}
 		m.holders[name] = slices.Delete(m.holders[name], i, i+1)
 		m.req.note("request: cancel released the grant" + byAttempt)
-		if len(res.Grants) > 0 {
+		if len(res.Effects.Grants) > 0 {
 			m.req.note("request: a grant released by cancel handed the lock on")
 		}
 	case tag.matches(id, attempt) && j >= 0:
@@ -691,7 +691,7 @@ func (m *modelChecker) cancelledAcquire(c *fsmpb.CancelAcquire, res fsm.Result) 
 		}
 		m.queues[name] = slices.Delete(m.queues[name], j, j+1)
 		m.req.note("request: cancel dropped the wait" + byAttempt)
-		if len(res.Grants) > 0 {
+		if len(res.Effects.Grants) > 0 {
 			m.req.note("request: a wait dropped by cancel handed the lock on")
 		}
 	default:
@@ -724,8 +724,8 @@ func (m *modelChecker) endSessions(ids []uint64, res fsm.Result) error {
 			want = append(want, id)
 		}
 	}
-	if !slices.Equal(res.Ended, want) {
-		return fmt.Errorf("ended %v, want the live sessions among %v: %v", res.Ended, ids, want)
+	if !slices.Equal(res.Effects.Ended, want) {
+		return fmt.Errorf("ended %v, want the live sessions among %v: %v", res.Effects.Ended, ids, want)
 	}
 	var events []fsm.KVEvent
 	var rev uint64
@@ -735,9 +735,9 @@ func (m *modelChecker) endSessions(ids []uint64, res fsm.Result) error {
 	if len(events) > 0 {
 		rev = m.kv.rev
 	}
-	if res.Revision != rev || !reflect.DeepEqual(cmpForm(fsm.Result{Events: res.Events}), cmpForm(fsm.Result{Events: events})) {
+	if res.Revision != rev || !reflect.DeepEqual(cmpForm(fsm.Result{Effects: fsm.Effects{Events: res.Effects.Events}}), cmpForm(fsm.Result{Effects: fsm.Effects{Events: events}})) {
 		return fmt.Errorf("ending sessions %v answered %s; the model deletes their keys: %s",
-			want, describe(res), describe(fsm.Result{Revision: rev, Events: events}))
+			want, describe(res), describe(fsm.Result{Revision: rev, Effects: fsm.Effects{Events: events}}))
 	}
 	heldByEnded := map[string]bool{}
 	for _, id := range want {
@@ -756,7 +756,7 @@ func (m *modelChecker) endSessions(ids []uint64, res fsm.Result) error {
 		m.ended[id] = true
 		m.req.endSession(id)
 	}
-	for _, d := range res.Delayed {
+	for _, d := range res.Effects.Delayed {
 		if !heldByEnded[d.Lock] || d.Delay <= 0 {
 			return fmt.Errorf("lock %q put under delay %v, but no ended session held it", d.Lock, d.Delay)
 		}
@@ -955,7 +955,7 @@ func (m *modelChecker) checkDelays(now map[string]fsm.LockInfo, cmd *fsmpb.Comma
 	}
 	before, after := pending(m.before), pending(now)
 	reported := map[fsm.Delay]bool{}
-	for _, d := range res.Delayed {
+	for _, d := range res.Effects.Delayed {
 		reported[d] = true
 		if before[d] || !after[d] {
 			return fmt.Errorf("delay %+v reported, but it was pending before (%v) or is not after (%v)", d, before[d], after[d])
@@ -963,7 +963,7 @@ func (m *modelChecker) checkDelays(now map[string]fsm.LockInfo, cmd *fsmpb.Comma
 	}
 	for d := range after {
 		if !before[d] && !reported[d] {
-			return fmt.Errorf("delay %+v appeared, but the result reports %+v", d, res.Delayed)
+			return fmt.Errorf("delay %+v appeared, but the result reports %+v", d, res.Effects.Delayed)
 		}
 	}
 	lift, isLift := cmd.GetOp().(*fsmpb.Command_LiftDelay)
@@ -978,7 +978,7 @@ func (m *modelChecker) checkDelays(now map[string]fsm.LockInfo, cmd *fsmpb.Comma
 			return fmt.Errorf("delay %+v vanished under %v", d, cmd)
 		}
 	}
-	for _, g := range res.Grants {
+	for _, g := range res.Effects.Grants {
 		if now[g.Lock].Delay != 0 {
 			return fmt.Errorf("%+v granted, but the lock is under delay %v after the command", g, now[g.Lock].Delay)
 		}
@@ -1477,18 +1477,18 @@ func semOutcomes(cmd *fsmpb.Command, res fsm.Result, pre fsm.LockInfo, inUse boo
 			out = append(out, "semaphore: waiter limit")
 		case res.Err != nil:
 			out = append(out, "semaphore: other error")
-		case len(res.Grants) == 1 && len(pre.Holders) > 0:
+		case len(res.Effects.Grants) == 1 && len(pre.Holders) > 0:
 			out = append(out, "semaphore: granted beside other holders")
-		case len(res.Grants) == 1 && !inUse && seen && lastPermits[a.GetLock()] == 0:
+		case len(res.Effects.Grants) == 1 && !inUse && seen && lastPermits[a.GetLock()] == 0:
 			out = append(out, "semaphore: name reused as a semaphore")
-		case res.Grant != nil && len(res.Grants) == 0:
+		case res.Grant != nil && len(res.Effects.Grants) == 0:
 			out = append(out, "semaphore: granted again")
 		case res.Queued && len(pre.Holders) >= int(n) && slices.IndexFunc(pre.Waiters, func(w fsm.WaiterInfo) bool { return w.Session == a.GetSessionId() }) < 0:
 			out = append(out, "semaphore: queued when full")
 		}
 	}
 	handedOff := map[string]int{}
-	for _, g := range res.Grants {
+	for _, g := range res.Effects.Grants {
 		if _, isAcquire := cmd.GetOp().(*fsmpb.Command_Acquire); g.Mode == sem && !isAcquire {
 			handedOff[g.Lock]++
 		}
@@ -1502,7 +1502,7 @@ func semOutcomes(cmd *fsmpb.Command, res fsm.Result, pre fsm.LockInfo, inUse boo
 			out = append(out, "semaphore: handed to waiters when the delay lifts")
 		}
 	}
-	for _, d := range res.Delayed {
+	for _, d := range res.Effects.Delayed {
 		if l, ok := s.Lock(d.Lock); ok && l.Permits > 0 {
 			out = append(out, "semaphore: put under delay")
 		}
@@ -1723,9 +1723,9 @@ func TestModelCheckerCatchesViolations(t *testing.T) {
 		name string
 		res  func(real fsm.Result) fsm.Result
 	}{
-		{"a token reused (1)", func(r fsm.Result) fsm.Result { r.Grants[0].Token = 1; return r }},
-		{"the grant skips the head of the queue (4)", func(r fsm.Result) fsm.Result { r.Grants[0].Session = 3; return r }},
-		{"a grant goes missing from the result (1)", func(r fsm.Result) fsm.Result { r.Grants = nil; return r }},
+		{"a token reused (1)", func(r fsm.Result) fsm.Result { r.Effects.Grants[0].Token = 1; return r }},
+		{"the grant skips the head of the queue (4)", func(r fsm.Result) fsm.Result { r.Effects.Grants[0].Session = 3; return r }},
+		{"a grant goes missing from the result (1)", func(r fsm.Result) fsm.Result { r.Effects.Grants = nil; return r }},
 	}
 	for _, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {
@@ -1745,7 +1745,7 @@ func TestModelCheckerCatchesViolations(t *testing.T) {
 	}{
 		{"two callers' results swapped", func(r fsm.Result) fsm.Result { r.Batch[0], r.Batch[1] = r.Batch[1], r.Batch[0]; return r }},
 		{"a result missing", func(r fsm.Result) fsm.Result { r.Batch = r.Batch[:1]; return r }},
-		{"a hand-off left out", func(r fsm.Result) fsm.Result { r.Batch[0].Grants = nil; return r }},
+		{"a hand-off left out", func(r fsm.Result) fsm.Result { r.Batch[0].Effects.Grants = nil; return r }},
 		{"the batch failed whole", func(fsm.Result) fsm.Result { return fsm.Result{Err: fence.ErrInvalidArgument} }},
 	}
 	for _, tc := range batchCases {
@@ -1839,7 +1839,7 @@ func TestModelCheckerCatchesViolations(t *testing.T) {
 			cmd := kvPut("p", "x", fenced("a", 0))
 			before := snapshotBytes(t, s)
 			res := s.Apply(cmd)
-			res.Events[0].KV.Lock = "a"
+			res.Effects.Events[0].KV.Lock = "a"
 			return m.observe(t, cmd, res, s, before)
 		}, `Lock:"a"`},
 		{"a stale txn reported as applied (6)", func(t *testing.T, s *fsm.State, m *modelChecker) error {
@@ -1864,7 +1864,7 @@ func TestModelCheckerCatchesViolations(t *testing.T) {
 			cmd := txn(nil, ops(tPut("n", "x"), tPut("k", "new")), nil, fenced("a", 5))
 			before := snapshotBytes(t, s)
 			res := s.Apply(cmd)
-			res.Events[1].KV.ModRevision++
+			res.Effects.Events[1].KV.ModRevision++
 			return m.observe(t, cmd, res, s, before)
 		}, "answered"},
 		{"a txn that ran the wrong list", func(t *testing.T, s *fsm.State, m *modelChecker) error {
@@ -1971,26 +1971,26 @@ func TestModelCheckerCatchesViolations(t *testing.T) {
 	sessionGone := fmt.Errorf("%w: session 7 does not exist or has expired; create a new session", fence.ErrSessionNotFound)
 	bindCases := []brokenCase{
 		{"a close that leaves its session's keys", closeSession(1), func(r fsm.Result) fsm.Result {
-			r.Events, r.Revision = nil, 0
+			r.Effects.Events, r.Revision = nil, 0
 			return r
 		}, nil, "the model deletes their keys"},
 		{"a close that deletes its session's keys out of key order", closeSession(1), func(r fsm.Result) fsm.Result {
-			r.Events[0], r.Events[1] = r.Events[1], r.Events[0]
+			r.Effects.Events[0], r.Effects.Events[1] = r.Effects.Events[1], r.Effects.Events[0]
 			return r
 		}, nil, "the model deletes their keys"},
 		{"a close that deletes its keys at one revision", closeSession(1), func(r fsm.Result) fsm.Result {
-			r.Events[1].KV.ModRevision = r.Events[0].KV.ModRevision
+			r.Effects.Events[1].KV.ModRevision = r.Effects.Events[0].KV.ModRevision
 			return r
 		}, nil, "the model deletes their keys"},
 		{"a key deleted with its session still reported bound", closeSession(1), func(r fsm.Result) fsm.Result {
-			r.Events[0].KV.Session = 1
+			r.Effects.Events[0].KV.Session = 1
 			return r
 		}, nil, "the model deletes their keys"},
 		{"a key deleted with its session leaves no tombstone", closeSession(1), nil, func(snap *fsmpb.Snapshot) {
 			snap.Kvs = slices.DeleteFunc(snap.Kvs, func(kv *fsmpb.KV) bool { return kv.GetKey() == "k" })
 		}, "invariant 6"},
 		{"a key bound to a closed session left live", closeSession(1), func(r fsm.Result) fsm.Result {
-			r.Events, r.Revision = r.Events[:1], r.Events[0].KV.ModRevision
+			r.Effects.Events, r.Revision = r.Effects.Events[:1], r.Effects.Events[0].KV.ModRevision
 			return r
 		}, func(snap *fsmpb.Snapshot) {
 			snap.KvRevision--
@@ -2007,7 +2007,7 @@ func TestModelCheckerCatchesViolations(t *testing.T) {
 			return fails(fence.ErrLimit)
 		}, nil, "session"},
 		{"a bound put reported unbound", kvPut("u", "w", boundTo(2)), func(r fsm.Result) fsm.Result {
-			r.Events[0].KV.Session = 0
+			r.Effects.Events[0].KV.Session = 0
 			return r
 		}, nil, "the model"},
 		{"a put that leaves its key bound to its old session", kvPut("j", "w"), nil, func(snap *fsmpb.Snapshot) {
@@ -2018,7 +2018,7 @@ func TestModelCheckerCatchesViolations(t *testing.T) {
 			}
 		}, "snapshot has"},
 		{"a delete that leaves its key bound", kvDel("k", fenced("a", 1)), func(r fsm.Result) fsm.Result {
-			r.Events[0].KV.Session = 1
+			r.Effects.Events[0].KV.Session = 1
 			return r
 		}, nil, "the model"},
 	}
@@ -2028,7 +2028,7 @@ func TestModelCheckerCatchesViolations(t *testing.T) {
 		cmd := expireSessions(1, 2)
 		before := snapshotBytes(t, s)
 		res := s.Apply(cmd)
-		res.Grants = append([]fsm.Grant{grant(2, "a", 2, excl)}, res.Grants...)
+		res.Effects.Grants = append([]fsm.Grant{grant(2, "a", 2, excl)}, res.Effects.Grants...)
 		if err := m.observe(t, cmd, res, s, before); err == nil || !strings.Contains(err.Error(), "invariant") {
 			t.Fatalf("observe = %v, want an invariant violation", err)
 		}

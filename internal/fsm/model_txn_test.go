@@ -248,7 +248,7 @@ func (k *kvModel) applyTxn(list []*fsmpb.KVTxnOp, f *fsmpb.KVFence, user string)
 			kv.Value, kv.Session = val(string(op.GetPut().GetValue())), op.GetPut().GetSessionId()
 			kv.Version++
 			k.keys[key] = &modelKey{kv: kv, user: user}
-			res.Events = append(res.Events, fsm.KVEvent{KV: kv})
+			res.Effects.Events = append(res.Effects.Events, fsm.KVEvent{KV: kv})
 			continue
 		}
 		kv.Value, kv.Session = nil, 0
@@ -256,7 +256,7 @@ func (k *kvModel) applyTxn(list []*fsmpb.KVTxnOp, f *fsmpb.KVFence, user string)
 		if kv.HighestToken == 0 {
 			delete(k.keys, key)
 		}
-		res.Events = append(res.Events, fsm.KVEvent{Deleted: true, KV: kv})
+		res.Effects.Events = append(res.Effects.Events, fsm.KVEvent{Deleted: true, KV: kv})
 		res.Txn.Ops[i].Deleted = true
 	}
 	res.Revision = k.rev
@@ -437,9 +437,9 @@ func txnOutcomes(cmd *fsmpb.Command, res fsm.Result) []string {
 		list = t.GetElse()
 	}
 	switch {
-	case len(res.Events) > 1:
+	case len(res.Effects.Events) > 1:
 		add("several writes at one revision")
-	case len(res.Events) == 0:
+	case len(res.Effects.Events) == 0:
 		add("changed nothing")
 	}
 	written := map[string]bool{}
@@ -457,7 +457,7 @@ func txnOutcomes(cmd *fsmpb.Command, res fsm.Result) []string {
 		}
 		written[key] = isWrite
 	}
-	if t.GetFence().GetStrict() && len(res.Events) > 0 {
+	if t.GetFence().GetStrict() && len(res.Effects.Events) > 0 {
 		add("strict writes")
 	}
 	return out

@@ -26,8 +26,8 @@ func TestEachExpiryDelaysInFull(t *testing.T) {
 			{cmd: acquire(1, "a", shared, withDelay(d1)), want: granted(1, "a", 1, shared)},
 			{cmd: acquire(2, "a", shared, withDelay(d2)), want: granted(2, "a", 2, shared)},
 			{cmd: acquire(3, "a", excl), want: queued()},
-			{cmd: expireSessions(1), want: fsm.Result{Ended: []uint64{1}, EndedBy: fsm.Expired, Delayed: []fsm.Delay{delayed(1, d1)}}},
-			{cmd: expireSessions(2), want: fsm.Result{Ended: []uint64{2}, EndedBy: fsm.Expired, Delayed: []fsm.Delay{delayed(2, d2)}}, after: func(t *testing.T, s *fsm.State) {
+			{cmd: expireSessions(1), want: fsm.Result{Effects: fsm.Effects{Ended: []uint64{1}, EndedBy: fsm.Expired, Delayed: []fsm.Delay{delayed(1, d1)}}}},
+			{cmd: expireSessions(2), want: fsm.Result{Effects: fsm.Effects{Ended: []uint64{2}, EndedBy: fsm.Expired, Delayed: []fsm.Delay{delayed(2, d2)}}}, after: func(t *testing.T, s *fsm.State) {
 				if got := s.DelayedLocks(); len(got) != 2 || got[0] != delayed(1, d1) || got[1] != delayed(2, d2) {
 					t.Fatalf("DelayedLocks() = %+v, want both delays", got)
 				}
@@ -77,10 +77,10 @@ func TestEveryEndButTheHoldersCloseDelays(t *testing.T) {
 		{cmd: acquire(2, "a", excl), want: queued()},
 	})
 	delayedBy := func(how fsm.End) fsm.Result {
-		return fsm.Result{Ended: []uint64{1}, EndedBy: how, Delayed: []fsm.Delay{{Lock: "a", Delay: 5 * sec, ID: 1}}}
+		return fsm.Result{Effects: fsm.Effects{Ended: []uint64{1}, EndedBy: how, Delayed: []fsm.Delay{{Lock: "a", Delay: 5 * sec, ID: 1}}}}
 	}
 	handedOnBy := func(how fsm.End) fsm.Result {
-		return fsm.Result{Ended: []uint64{1}, EndedBy: how, Grants: []fsm.Grant{grant(2, "a", 2, excl)}}
+		return fsm.Result{Effects: fsm.Effects{Ended: []uint64{1}, EndedBy: how, Grants: []fsm.Grant{grant(2, "a", 2, excl)}}}
 	}
 	held := []fsm.LockInfo{{Name: "a", Holders: []fsm.HolderInfo{holding(2, 2, excl)}}}
 	// An entry of a version before CloseSession.end: field 2 (close_session)
@@ -161,7 +161,7 @@ func TestCancelAcquire(t *testing.T) {
 			steps: script(sessions(2), []applyStep{
 				{cmd: acquire(1, "a", excl, withRequest(7)), want: withAttempt(granted(1, "a", 1, excl), 1)},
 				{cmd: acquire(2, "a", excl, withRequest(7)), want: withAttempt(queued(), 2)},
-				{cmd: cancelAcquire(1, "a", 7, 0), want: fsm.Result{Released: true, Grants: []fsm.Grant{grant(2, "a", 2, excl)}}},
+				{cmd: cancelAcquire(1, "a", 7, 0), want: fsm.Result{Released: true, Effects: fsm.Effects{Grants: []fsm.Grant{grant(2, "a", 2, excl)}}}},
 				{cmd: cancelAcquire(1, "a", 7, 0), want: fsm.Result{}},
 				{cmd: acquire(1, "a", excl, withRequest(7)), want: fails(fence.ErrCancelled)},
 				{cmd: acquire(1, "a", excl, withRequest(8)), want: withAttempt(queued(), 3)},
@@ -258,7 +258,7 @@ func TestIdempotencyKeys(t *testing.T) {
 		t.Fatalf("repeated CreateSession: %+v, %d sessions", res, s.NumSessions())
 	}
 	first := apply(keyedCmd("p1", kvPut("k", "v")))
-	if res := apply(keyedCmd("p1", kvPut("k", "v"))); res.Repeat == nil || res.Repeat.Revision != first.Revision || !res.Repeat.Changed || len(res.Events) != 0 || s.KVRevision() != first.Revision {
+	if res := apply(keyedCmd("p1", kvPut("k", "v"))); res.Repeat == nil || res.Repeat.Revision != first.Revision || !res.Repeat.Changed || len(res.Effects.Events) != 0 || s.KVRevision() != first.Revision {
 		t.Fatalf("repeated put: %+v (first %+v), revision now %d", res, first, s.KVRevision())
 	}
 	if res := apply(keyedCmd("bad", acquire(9, "a", excl))); res.Err == nil {

@@ -177,8 +177,8 @@ func TestSnapshotRestoreRoundTrip(t *testing.T) {
 		if want.Err != nil {
 			failures++
 		}
-		grants += len(want.Grants)
-		events += len(want.Events)
+		grants += len(want.Effects.Grants)
+		events += len(want.Effects.Events)
 	}
 	// The follow-up must have exercised both paths for the comparison to mean anything.
 	if failures < 8 || grants < 6 || events < 5 {

@@ -56,13 +56,15 @@ type Delay struct {
 	ID uint64
 }
 
-// Result is what applying one command did. Besides the command's own answer
-// it lists every side effect that waiting clients and the leader must learn
-// of: grants made (including hand-offs to waiters), sessions that ended and
-// locks put under lock-delay.
+// Result is what applying one command did: its failure (Err), or the
+// command's own answer to whoever proposed it and the effects that every
+// observer must learn of (Effects).
 type Result struct {
-	// Err is the command's failure; a failed command changes nothing.
+	// Err is the command's failure; a failed command changes nothing, and
+	// its result carries nothing else.
 	Err error
+	// Effects are what the command changed that others must learn of.
+	Effects Effects
 	// SessionID is the id of a session created by CreateSession.
 	SessionID uint64
 	// Grant answers Acquire when the lock is held by the session (newly or
@@ -76,37 +78,48 @@ type Result struct {
 	// Released and Dequeued answer CancelAcquire: the request's grant was
 	// released, or its wait dropped.
 	Released, Dequeued bool
-	// Dropped names the wait that a CancelAcquire or CancelWait dropped
-	// (Dequeued): whoever blocks on it will not be granted by it.
-	Dropped *WaitRef
-	// Grants lists every grant this command made, in token order.
-	Grants []Grant
-	// Ended lists the sessions this command closed or expired, and
-	// EndedBy says how they ended (zero when none did).
-	Ended   []uint64
-	EndedBy End
-	// Delayed lists the locks this command put under lock-delay.
-	Delayed []Delay
 	// Revision is the KV store's revision after a KV command.
 	Revision uint64
 	// Repeat is set, and nothing else, when the command's idempotency key
 	// was applied before: the command was not applied again.
 	Repeat *Repeat
-	// Events lists the KV changes this command made.
-	Events []KVEvent
-	// LockEvents lists the changes this command made to locks' holders,
-	// queues and lock-delays, in the order it made them.
-	LockEvents []LockEvent
 	// Txn answers a KVTxn: which list ran, and what its operations found.
 	Txn *TxnResult
 	// Batch answers a Batch command: the result of each of its commands,
 	// in order. A batch refused as a whole (Err) has none.
 	Batch []Result
+	// TokenID is the id of a bearer token an auth command created.
+	TokenID uint64
+}
+
+// Effects are what applying one command changed that the parts of a node
+// other than the command's proposer must learn of, whichever command it
+// was: waiting clients, session timers, lock-delay timers, watchers and
+// auth checks. Every node derives the same effects from the same log; an
+// Observer hears them in log order. A failed command has none.
+type Effects struct {
+	// Created is the id of the session the command created, 0 for none.
+	Created uint64
+	// Grants lists every grant the command made, hand-offs to waiters
+	// included, in token order.
+	Grants []Grant
+	// Dropped names the wait that a CancelAcquire or CancelWait dropped:
+	// whoever blocks on it will not be granted by it.
+	Dropped *WaitRef
+	// Ended lists the sessions the command closed or expired, and EndedBy
+	// says how they ended (zero when none did).
+	Ended   []uint64
+	EndedBy End
+	// Delayed lists the locks the command put under lock-delay.
+	Delayed []Delay
+	// Events lists the KV changes the command made, in revision order.
+	Events []KVEvent
+	// LockEvents lists the changes the command made to locks' holders,
+	// queues and lock-delays, in the order it made them.
+	LockEvents []LockEvent
 	// AuthChanged is set when an auth command changed users, roles,
 	// tokens or enforcement: open calls must be checked again.
 	AuthChanged bool
-	// TokenID is the id of a bearer token an auth command created.
-	TokenID uint64
 }
 
 // End is how a command ended sessions: by their own client's close,
@@ -385,7 +398,7 @@ func (s *State) Apply(cmd *fsmpb.Command) Result {
 	}
 	res := s.apply(cmd)
 	if res.Err == nil {
-		s.remember(key, Repeat{SessionID: res.SessionID, Revision: res.Revision, Changed: len(res.Events) > 0, Succeeded: res.Txn != nil && res.Txn.Succeeded})
+		s.remember(key, Repeat{SessionID: res.SessionID, Revision: res.Revision, Changed: len(res.Effects.Events) > 0, Succeeded: res.Txn != nil && res.Txn.Succeeded})
 	}
 	return res
 }
@@ -433,7 +446,7 @@ func (s *State) apply(cmd *fsmpb.Command) Result {
 	s.lockEvents = nil
 	res := s.applyOp(cmd)
 	if res.Err == nil {
-		res.LockEvents = s.lockEvents
+		res.Effects.LockEvents = s.lockEvents
 	}
 	s.lockEvents = nil
 	return res
@@ -501,7 +514,7 @@ func (s *State) createSession(c *fsmpb.CreateSession) Result {
 		secretHash: nilIfEmpty(hash),
 	}
 	s.countSession(s.sessions[id], 1)
-	return Result{SessionID: id}
+	return Result{SessionID: id, Effects: Effects{Created: id}}
 }
 
 func (s *State) session(id uint64) (*session, error) {
@@ -563,7 +576,7 @@ func (s *State) acquire(c *fsmpb.Acquire) Result {
 	if grantNow {
 		s.locks[name] = l
 		g := s.grant(l, w)
-		return Result{Grant: &g, Grants: []Grant{g}, Attempt: w.req.attempt}
+		return Result{Grant: &g, Attempt: w.req.attempt, Effects: Effects{Grants: []Grant{g}}}
 	}
 	s.locks[name] = l
 	l.waiters = append(l.waiters, w)
@@ -707,7 +720,7 @@ func (s *State) release(c *fsmpb.Release) Result {
 	if h := l.holders[i]; h.token != c.GetToken() {
 		return Result{Err: fmt.Errorf("%w: session %d holds lock %q with token %d, not %d", fence.ErrNotHolder, sess.id, name, h.token, c.GetToken())}
 	}
-	return Result{Grants: s.releaseAt(sess, l, i)}
+	return Result{Effects: Effects{Grants: s.releaseAt(sess, l, i)}}
 }
 
 // releaseAt removes the session's grant at index i of l's holders and hands
@@ -755,7 +768,7 @@ func (s *State) dropWaiter(sess *session, l *lock, i int, why GiveUp) Result {
 	s.emitWaiterEnd(l, l.waiters[i], why, 0)
 	l.waiters = append(l.waiters[:i], l.waiters[i+1:]...)
 	s.dropWait(sess, l.name)
-	res := Result{Grants: s.grantWaiters(l), Dequeued: true, Dropped: &WaitRef{Session: sess.id, Lock: l.name}}
+	res := Result{Dequeued: true, Effects: Effects{Grants: s.grantWaiters(l), Dropped: &WaitRef{Session: sess.id, Lock: l.name}}}
 	s.forget(l)
 	return res
 }
@@ -781,7 +794,7 @@ func (s *State) cancelAcquire(c *fsmpb.CancelAcquire) Result {
 		return Result{}
 	}
 	if i := l.holderIndex(sess.id); i >= 0 && l.holders[i].req.matches(reqID, attempt) {
-		return Result{Grants: s.releaseAt(sess, l, i), Released: true}
+		return Result{Released: true, Effects: Effects{Grants: s.releaseAt(sess, l, i)}}
 	}
 	if i := l.waiterIndex(sess.id); i >= 0 && l.waiters[i].req.matches(reqID, attempt) {
 		return s.dropWaiter(sess, l, i, GaveUpCancelled)
@@ -815,6 +828,7 @@ func (s *State) closeSession(c *fsmpb.CloseSession) Result {
 // decided.
 func (s *State) endSessions(ids []uint64, how End) Result {
 	var res Result
+	eff := &res.Effects
 	touched := map[string]struct{}{}
 	for _, id := range ids {
 		sess, ok := s.sessions[id]
@@ -839,17 +853,17 @@ func (s *State) endSessions(ids []uint64, how End) Result {
 				s.lastDelayID++
 				d := Delay{Lock: name, Delay: h.lockDelay, ID: s.lastDelayID}
 				l.delays = append(l.delays, d)
-				res.Delayed = append(res.Delayed, d)
+				eff.Delayed = append(eff.Delayed, d)
 				s.emit(LockEvent{Kind: LockDelayStarted, Lock: name, Session: id, Owner: sess.owner, Token: h.token, Mode: h.mode, Permits: l.permits, End: how, Delay: d.Delay, DelayID: d.ID})
 			}
 		}
 		for _, key := range sortedKeys(sess.keys) {
-			res.Events = append(res.Events, s.removeKey(s.kv[key], nil))
+			eff.Events = append(eff.Events, s.removeKey(s.kv[key], nil))
 			res.Revision = s.kvRevision
 		}
 		delete(s.sessions, id)
 		s.countSession(sess, -1)
-		res.Ended, res.EndedBy = append(res.Ended, id), how
+		eff.Ended, eff.EndedBy = append(eff.Ended, id), how
 		for name := range union(sess.holds, sess.waits) {
 			touched[name] = struct{}{}
 		}
@@ -859,7 +873,7 @@ func (s *State) endSessions(ids []uint64, how End) Result {
 	// waiter whose session expires is never granted.
 	for _, name := range sortedKeys(touched) {
 		l := s.locks[name]
-		res.Grants = append(res.Grants, s.grantWaiters(l)...)
+		eff.Grants = append(eff.Grants, s.grantWaiters(l)...)
 		s.forget(l)
 	}
 	return res
@@ -891,7 +905,7 @@ func (s *State) liftDelay(name string, id uint64) Result {
 	}
 	grants := s.grantWaiters(l)
 	s.forget(l)
-	return Result{Grants: grants}
+	return Result{Effects: Effects{Grants: grants}}
 }
 
 func sortedKeys(m map[string]struct{}) []string {

@@ -233,7 +233,7 @@ func (s *State) applyTxnOps(ops []*fsmpb.KVTxnOp, f *fsmpb.KVFence, user string)
 				owner = s.sessions[id]
 			}
 			write()
-			res.Events = append(res.Events, s.putKey(key, s.kv[key], o.Put.GetValue(), f, owner, user))
+			res.Effects.Events = append(res.Effects.Events, s.putKey(key, s.kv[key], o.Put.GetValue(), f, owner, user))
 		case *fsmpb.KVTxnOp_Delete:
 			e := s.kv[o.Delete]
 			if !e.live() {
@@ -241,7 +241,7 @@ func (s *State) applyTxnOps(ops []*fsmpb.KVTxnOp, f *fsmpb.KVFence, user string)
 				continue
 			}
 			write()
-			res.Events = append(res.Events, s.deleteKey(e, f))
+			res.Effects.Events = append(res.Effects.Events, s.deleteKey(e, f))
 			res.Txn.Ops[i].Deleted = true
 		case *fsmpb.KVTxnOp_Get:
 			if kv, ok := s.Get(o.Get); ok {

@@ -67,7 +67,7 @@ func ifs(c ...*fsmpb.KVCompare) []*fsmpb.KVCompare { return c }
 // txnDid is the result of a txn that ran its then list (succeeded) or its
 // else list, left the store at revision rev, answered ops and made events.
 func txnDid(succeeded bool, rev uint64, answers []fsm.TxnOpResult, events ...fsm.KVEvent) fsm.Result {
-	return fsm.Result{Revision: rev, Events: events, Txn: &fsm.TxnResult{Succeeded: succeeded, Ops: answers}}
+	return fsm.Result{Revision: rev, Txn: &fsm.TxnResult{Succeeded: succeeded, Ops: answers}, Effects: fsm.Effects{Events: events}}
 }
 
 func put(kv fsm.KeyValue) fsm.KVEvent { return fsm.KVEvent{KV: kv} }
@@ -115,7 +115,7 @@ func TestApplyTxn(t *testing.T) {
 				{cmd: acquire(1, "L", excl), want: granted(1, "L", 1, excl)},
 				{cmd: txn(nil, ops(tPut("x", "10"), tPut("y", "0")), nil, fenced("L", 1), strict),
 					want: txnDid(true, 1, []fsm.TxnOpResult{none, none}, put(kvAt("x", "10", "L", 1, 1, 1, 1, 1)), put(kvAt("y", "0", "L", 1, 1, 1, 1, 1)))},
-				{cmd: expireSessions(1), want: fsm.Result{Ended: []uint64{1}, EndedBy: fsm.Expired}},
+				{cmd: expireSessions(1), want: fsm.Result{Effects: fsm.Effects{Ended: []uint64{1}, EndedBy: fsm.Expired}}},
 				{cmd: acquire(2, "L", excl), want: granted(2, "L", 2, excl)},
 				{cmd: txn(nil, ops(tPut("y", "1")), nil, fenced("L", 2)),
 					want: txnDid(true, 2, []fsm.TxnOpResult{none}, put(kvAt("y", "1", "L", 2, 2, 1, 2, 2)))},
@@ -155,8 +155,8 @@ func TestApplyTxn(t *testing.T) {
 				{cmd: txn(nil, ops(tPutBound("b", "1", 1), tDel("a")), nil, maxKeys(1)),
 					want: txnDid(true, 2, []fsm.TxnOpResult{none, {Deleted: true}}, put(fsm.KeyValue{Key: "b", Value: val("1"), CreateRevision: 2, ModRevision: 2, Version: 1, Session: 1}), del(kvAt("a", "", "", 0, 0, 1, 2, 1)))},
 				{cmd: txn(nil, ops(tPut("a", "1"), tPutBound("c", "1", 7)), nil), want: fails(fence.ErrSessionNotFound)},
-				{cmd: closeSession(1), want: fsm.Result{Ended: []uint64{1}, EndedBy: fsm.Closed, Revision: 3,
-					Events: []fsm.KVEvent{del(kvAt("b", "", "", 0, 0, 2, 3, 1))}}},
+				{cmd: closeSession(1), want: fsm.Result{Revision: 3, Effects: fsm.Effects{Ended: []uint64{1}, EndedBy: fsm.Closed,
+					Events: []fsm.KVEvent{del(kvAt("b", "", "", 0, 0, 2, 3, 1))}}}},
 			}),
 			check: storeIs(3, 0),
 		},
