@@ -398,7 +398,7 @@ func (a *authState) createToken(t *fsmpb.AuthToken) Result {
 		CreatedUnixNs: t.GetCreatedUnixNs(), ExpiresUnixNs: t.GetExpiresUnixNs(), Description: t.GetDescription()}
 	a.tokens[tok.Id] = tok
 	a.byHash[hash] = tok.Id
-	return Result{TokenID: tok.Id, Effects: Effects{AuthChanged: true}}
+	return Result{Answer: CreateTokenAnswer{TokenID: tok.Id}, Effects: Effects{AuthChanged: true}}
 }
 
 func (a *authState) dropToken(id uint64) {

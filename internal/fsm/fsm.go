@@ -128,11 +128,12 @@ func (f *FSM) ApplyBatch(logs []*raft.Log) []interface{} {
 			if l.Type != raft.LogCommand {
 				continue
 			}
-			if results[i].Batch == nil {
+			batch := results[i].Batch()
+			if batch == nil {
 				f.observer.Applied(SeqOf(l.Index, 0), results[i].Effects)
 				continue
 			}
-			for j, r := range results[i].Batch {
+			for j, r := range batch {
 				f.observer.Applied(SeqOf(l.Index, j), r.Effects)
 			}
 		}

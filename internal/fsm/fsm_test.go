@@ -122,10 +122,10 @@ func TestFSMApplyBatch(t *testing.T) {
 		t.Fatalf("ApplyBatch returned %d results for %d entries", len(out), len(logs))
 	}
 	want := map[int]fsm.Result{
-		0: {SessionID: 1},
+		0: sessionMade(1),
 		2: fails(fence.ErrInvalidArgument),
 		3: granted(1, "a", 1, excl),
-		5: {SessionID: 2},
+		5: sessionMade(2),
 		6: queued(),
 		8: handedTo(grant(2, "a", 2, excl)),
 	}
@@ -223,7 +223,7 @@ func TestFSMObserverOrderAcrossBatches(t *testing.T) {
 // TestFSMWithoutObserver proves a nil observer is allowed.
 func TestFSMWithoutObserver(t *testing.T) {
 	f := fsm.New(nil)
-	if res := f.Apply(commandLog(t, 1, newSession())).(fsm.Result); res.SessionID != 1 {
+	if res := f.Apply(commandLog(t, 1, newSession())).(fsm.Result); res.CreateSession().SessionID != 1 {
 		t.Fatalf("Apply answered %s", describe(res))
 	}
 	if err := f.Restore(io.NopCloser(bytes.NewReader(nil))); err != nil {

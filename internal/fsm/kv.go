@@ -88,7 +88,7 @@ func (s *State) kvPut(c *fsmpb.KVPut) Result {
 	}
 	s.kvRevision++
 	ev := s.putKey(key, e, c.GetValue(), f, owner, c.GetUser())
-	return Result{Revision: s.kvRevision, Effects: Effects{Events: []KVEvent{ev}}}
+	return Result{Answer: KVAnswer{Revision: s.kvRevision, Changed: true}, Effects: Effects{Events: []KVEvent{ev}}}
 }
 
 // putKey stores value under key (whose entry is e, nil for none) at the
@@ -148,10 +148,10 @@ func (s *State) kvDelete(c *fsmpb.KVDelete) Result {
 	}
 	if !e.live() {
 		s.recordToken(key, e, f.GetToken())
-		return Result{Revision: s.kvRevision}
+		return Result{Answer: KVAnswer{Revision: s.kvRevision}}
 	}
 	ev := s.removeKey(e, f)
-	return Result{Revision: s.kvRevision, Effects: Effects{Events: []KVEvent{ev}}}
+	return Result{Answer: KVAnswer{Revision: s.kvRevision, Changed: true}, Effects: Effects{Events: []KVEvent{ev}}}
 }
 
 // recordToken is a fenced delete of a missing key (e, nil for none): an

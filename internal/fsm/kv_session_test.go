@@ -28,7 +28,7 @@ func TestKVBoundToSession(t *testing.T) {
 				{cmd: kvPut("other", "O"), want: wrote(3, kvAt("other", "O", "", 0, 0, 3, 3, 1))},
 				{cmd: acquire(1, "l", excl), want: granted(1, "l", 1, excl)},
 				{cmd: acquire(2, "l", excl), want: queued()},
-				{cmd: closeSession(1), want: fsm.Result{Revision: 5, Effects: fsm.Effects{
+				{cmd: closeSession(1), want: fsm.Result{Effects: fsm.Effects{
 					Ended:   []uint64{1},
 					EndedBy: fsm.Closed,
 					Grants:  []fsm.Grant{grant(2, "l", 2, excl)},
@@ -44,7 +44,7 @@ func TestKVBoundToSession(t *testing.T) {
 			name: "expiry deletes the keys too",
 			steps: script(sessions(1), []applyStep{
 				{cmd: kvPut("k", "v", boundTo(1)), want: wrote(1, bound(kvAt("k", "v", "", 0, 0, 1, 1, 1), 1))},
-				{cmd: expireSessions(1), want: fsm.Result{Revision: 2, Effects: fsm.Effects{Ended: []uint64{1}, EndedBy: fsm.Expired,
+				{cmd: expireSessions(1), want: fsm.Result{Effects: fsm.Effects{Ended: []uint64{1}, EndedBy: fsm.Expired,
 					Events: []fsm.KVEvent{{Deleted: true, KV: kvAt("k", "", "", 0, 0, 1, 2, 1)}}}},
 					after: notFound("k")},
 			}),
@@ -58,7 +58,7 @@ func TestKVBoundToSession(t *testing.T) {
 				{cmd: kvPut("k", "3", boundTo(2)), want: wrote(3, bound(kvAt("k", "3", "", 0, 0, 1, 3, 3), 2))},
 				{cmd: kvPut("k", "4", boundTo(3)), want: wrote(4, bound(kvAt("k", "4", "", 0, 0, 1, 4, 4), 3))},
 				{cmd: closeSession(2), want: fsm.Result{Effects: fsm.Effects{Ended: []uint64{2}, EndedBy: fsm.Closed}}},
-				{cmd: closeSession(3), want: fsm.Result{Revision: 5, Effects: fsm.Effects{Ended: []uint64{3}, EndedBy: fsm.Closed,
+				{cmd: closeSession(3), want: fsm.Result{Effects: fsm.Effects{Ended: []uint64{3}, EndedBy: fsm.Closed,
 					Events: []fsm.KVEvent{{Deleted: true, KV: kvAt("k", "", "", 0, 0, 1, 5, 4)}}}},
 					after: notFound("k")},
 			}),
@@ -78,7 +78,7 @@ func TestKVBoundToSession(t *testing.T) {
 			steps: script(sessions(2), []applyStep{
 				{cmd: acquire(1, "l", excl), want: granted(1, "l", 1, excl)},
 				{cmd: kvPut("k", "v", fenced("l", 1), boundTo(1)), want: wrote(1, bound(kvAt("k", "v", "l", 1, 1, 1, 1, 1), 1))},
-				{cmd: closeSession(1), want: fsm.Result{Revision: 2, Effects: fsm.Effects{Ended: []uint64{1}, EndedBy: fsm.Closed,
+				{cmd: closeSession(1), want: fsm.Result{Effects: fsm.Effects{Ended: []uint64{1}, EndedBy: fsm.Closed,
 					Events: []fsm.KVEvent{{Deleted: true, KV: kvAt("k", "", "", 0, 1, 1, 2, 1)}}}}},
 				{cmd: kvPut("k", "late"), want: fails(fence.ErrInvalidArgument)},
 				{cmd: acquire(2, "l", excl), want: granted(2, "l", 2, excl)},

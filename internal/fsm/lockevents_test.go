@@ -121,15 +121,15 @@ func TestLockEventsOfFailuresAndBatches(t *testing.T) {
 	res := mustApply(t, s, &fsmpb.Command{Op: &fsmpb.Command_Batch{Batch: &fsmpb.Batch{Commands: []*fsmpb.Command{
 		acquire(2, "a", excl), release(1, "a", 1), release(1, "a", 1),
 	}}}})
-	if res.Effects.LockEvents != nil || len(res.Batch) != 3 {
-		t.Fatalf("batch answered events %v and %d results", res.Effects.LockEvents, len(res.Batch))
+	if res.Effects.LockEvents != nil || len(res.Batch()) != 3 {
+		t.Fatalf("batch answered events %v and %d results", res.Effects.LockEvents, len(res.Batch()))
 	}
 	want := [][]fsm.LockEvent{
 		{evQueued(2, "a")},
 		{evHolderEnd(fsm.LockReleased, 0, 1, "a", 1), evGranted(2, "a", 2, excl)},
 		nil, // session 1 no longer holds a
 	}
-	for i, r := range res.Batch {
+	for i, r := range res.Batch() {
 		if !reflect.DeepEqual(r.Effects.LockEvents, want[i]) {
 			t.Errorf("command %d of the batch: events %s, want %s", i, describeLockEvents(r.Effects.LockEvents), describeLockEvents(want[i]))
 		}
@@ -142,7 +142,7 @@ type lockMirror map[string]*fsm.LockInfo
 
 // apply plays one result's events (a Batch's commands' in order).
 func (m lockMirror) apply(res fsm.Result) error {
-	for _, sub := range res.Batch {
+	for _, sub := range res.Batch() {
 		if err := m.apply(sub); err != nil {
 			return err
 		}
@@ -244,7 +244,7 @@ func (m lockMirror) differs(s *fsm.State) string {
 // allLockEvents is a result's events, a Batch's commands' in order.
 func allLockEvents(res fsm.Result) []fsm.LockEvent {
 	out := res.Effects.LockEvents
-	for _, sub := range res.Batch {
+	for _, sub := range res.Batch() {
 		out = append(out, allLockEvents(sub)...)
 	}
 	return out

@@ -355,10 +355,8 @@ func eventsOwnValues(tb testing.TB, s *fsm.State, res fsm.Result) error {
 	for _, ev := range res.Effects.Events {
 		kvs = append(kvs, ev.KV)
 	}
-	if res.Txn != nil {
-		for _, op := range res.Txn.Ops {
-			kvs = append(kvs, op.KV) // a get's
-		}
+	for _, op := range res.Txn().Ops {
+		kvs = append(kvs, op.KV) // a get's
 	}
 	for _, kv := range kvs {
 		if len(kv.Value) == 0 {

@@ -31,7 +31,7 @@ func TestSemaphore(t *testing.T) {
 					Holders: []fsm.HolderInfo{holding(3, 3, sem), holding(4, 4, sem)},
 					Waiters: []fsm.WaiterInfo{waiting(5, sem)},
 				})},
-				{cmd: cancelWait(5, "s"), want: fsm.Result{Dequeued: true}},
+				{cmd: cancelWait(5, "s"), want: dequeued()},
 				{cmd: release(3, "s", 3), want: fsm.Result{}},
 				{cmd: release(4, "s", 4), want: fsm.Result{}},
 			}),

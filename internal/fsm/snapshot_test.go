@@ -242,8 +242,8 @@ func TestRestoreEmpty(t *testing.T) {
 		if s.NumSessions() != 0 || s.NumLocks() != 0 || s.LastToken() != 0 || s.KVRevision() != 0 || s.NumKeys() != 0 {
 			t.Fatalf("Restore(%v) is not empty", snap)
 		}
-		if res := mustApply(t, s, newSession()); res.SessionID != 1 {
-			t.Fatalf("first session of a restored empty state is %d", res.SessionID)
+		if res := mustApply(t, s, newSession()); res.CreateSession().SessionID != 1 {
+			t.Fatalf("first session of a restored empty state is %d", res.CreateSession().SessionID)
 		}
 	}
 }

@@ -42,7 +42,7 @@ type applyCase struct {
 func sessions(n int) []applyStep {
 	steps := make([]applyStep, n)
 	for i := range steps {
-		steps[i] = applyStep{cmd: newSession(), want: fsm.Result{SessionID: uint64(i + 1)}}
+		steps[i] = applyStep{cmd: newSession(), want: sessionMade(uint64(i + 1))}
 	}
 	return steps
 }
@@ -123,11 +123,11 @@ func TestApply(t *testing.T) {
 		{
 			name: "create session ids increase and are never reused",
 			steps: []applyStep{
-				{cmd: createSession(5*sec, "alice", 0), want: fsm.Result{SessionID: 1}},
-				{cmd: newSession(), want: fsm.Result{SessionID: 2}},
-				{cmd: newSession(), want: fsm.Result{SessionID: 3}},
+				{cmd: createSession(5*sec, "alice", 0), want: sessionMade(1)},
+				{cmd: newSession(), want: sessionMade(2)},
+				{cmd: newSession(), want: sessionMade(3)},
 				{cmd: closeSession(2), want: fsm.Result{Effects: fsm.Effects{Ended: []uint64{2}, EndedBy: fsm.Closed}}},
-				{cmd: newSession(), want: fsm.Result{SessionID: 4}},
+				{cmd: newSession(), want: sessionMade(4)},
 			},
 			check: func(t *testing.T, s *fsm.State) {
 				// Created without a secret's hash, as older versions logged.
@@ -143,14 +143,14 @@ func TestApply(t *testing.T) {
 		{
 			name: "create session beyond max_sessions fails with ErrLimit",
 			steps: []applyStep{
-				{cmd: createSession(sec, "", 2), want: fsm.Result{SessionID: 1}},
-				{cmd: createSession(sec, "", 2), want: fsm.Result{SessionID: 2}},
+				{cmd: createSession(sec, "", 2), want: sessionMade(1)},
+				{cmd: createSession(sec, "", 2), want: sessionMade(2)},
 				{cmd: createSession(sec, "", 2), want: fails(fence.ErrLimit)},
-				{cmd: createSession(sec, "", 3), want: fsm.Result{SessionID: 3}},
+				{cmd: createSession(sec, "", 3), want: sessionMade(3)},
 				{cmd: createSession(sec, "", 3), want: fails(fence.ErrLimit)},
 				{cmd: expireSessions(1), want: fsm.Result{Effects: fsm.Effects{Ended: []uint64{1}, EndedBy: fsm.Expired}}},
-				{cmd: createSession(sec, "", 3), want: fsm.Result{SessionID: 4}},
-				{cmd: createSession(sec, "", 0), want: fsm.Result{SessionID: 5}},
+				{cmd: createSession(sec, "", 3), want: sessionMade(4)},
+				{cmd: createSession(sec, "", 0), want: sessionMade(5)},
 			},
 			check: func(t *testing.T, s *fsm.State) {
 				if n := s.NumSessions(); n != 4 {
@@ -294,12 +294,12 @@ func TestApply(t *testing.T) {
 				{cmd: acquire(1, "a", excl), want: granted(1, "a", 1, excl)},
 				{cmd: acquire(2, "a", excl), want: queued()},
 				{cmd: acquire(3, "a", excl), want: queued()},
-				{cmd: cancelWait(2, "a"), want: fsm.Result{Dequeued: true}, after: locksAre(
+				{cmd: cancelWait(2, "a"), want: dequeued(), after: locksAre(
 					fsm.LockInfo{Name: "a", Holders: []fsm.HolderInfo{holding(1, 1, excl)}, Waiters: []fsm.WaiterInfo{waiting(3, excl)}})},
 				{cmd: cancelWait(2, "a"), want: fsm.Result{}},
 				{cmd: cancelWait(3, "nosuch"), want: fsm.Result{}},
 				{cmd: release(1, "a", 1), want: handedTo(grant(3, "a", 2, excl))},
-				{cmd: cancelWait(3, "a"), want: alreadyHeld(3, "a", 2, excl)},
+				{cmd: cancelWait(3, "a"), want: grantedBefore(3, "a", 2, excl)},
 			}),
 			// Cancelling a wait that was granted does not release the lock.
 			locks: []fsm.LockInfo{{Name: "a", Holders: []fsm.HolderInfo{holding(3, 2, excl)}}},
@@ -452,7 +452,7 @@ func TestApply(t *testing.T) {
 			}},
 		},
 		sharedBehindExclusive("cancelling the exclusive waiter at the head lets the shared waiters behind it in",
-			cancelWait(2, "a"), fsm.Result{Dequeued: true}),
+			cancelWait(2, "a"), dequeued()),
 		sharedBehindExclusive("closing the session of the exclusive waiter at the head lets the shared waiters behind it in",
 			closeSession(2), fsm.Result{Effects: fsm.Effects{Ended: []uint64{2}, EndedBy: fsm.Closed}}),
 		sharedBehindExclusive("expiring the session of the exclusive waiter at the head lets the shared waiters behind it in",
