@@ -264,7 +264,7 @@ func (s handlers) TokenCreate(ctx context.Context, req *connect.Request[fencev1.
 	if err != nil {
 		return nil, err
 	}
-	info := fsm.TokenInfo{ID: res.TokenID, User: t.User, Description: t.Description, CreatedUnixNs: t.CreatedUnixNs, ExpiresUnixNs: t.ExpiresUnixNs}
+	info := fsm.TokenInfo{ID: res.CreateToken().TokenID, User: t.User, Description: t.Description, CreatedUnixNs: t.CreatedUnixNs, ExpiresUnixNs: t.ExpiresUnixNs}
 	return connect.NewResponse(&fencev1.TokenCreateResponse{Info: apiToken(info), Token: token}), nil
 }
 

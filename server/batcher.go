@@ -134,12 +134,13 @@ func (b *batcher) commit(batch []*proposal) {
 			err = fmt.Errorf("raft returned %T, not a result", f.Response())
 		}
 	}
+	results := res.Batch()
 	if err == nil && len(batch) > 1 {
 		switch {
 		case res.Err != nil:
 			err = fmt.Errorf("batch of %d commands refused: %w", len(batch), res.Err)
-		case len(res.Batch) != len(batch):
-			err = fmt.Errorf("batch of %d commands answered %d results", len(batch), len(res.Batch))
+		case len(results) != len(batch):
+			err = fmt.Errorf("batch of %d commands answered %d results", len(batch), len(results))
 		}
 	}
 	for i, p := range batch {
@@ -149,7 +150,7 @@ func (b *batcher) commit(batch []*proposal) {
 			r.seq = fsm.SeqOf(f.Index(), i)
 			r.res = res
 			if len(batch) > 1 {
-				r.res = res.Batch[i]
+				r.res = results[i]
 			}
 		}
 		p.done <- r

@@ -71,21 +71,21 @@ func TestBatcherGivesEachCallerItsResult(t *testing.T) {
 		}
 		seqs[a.seq] = true
 		if i%2 == 1 {
-			if !errors.Is(a.res.Err, fence.ErrNotHolder) && !errors.Is(a.res.Err, fence.ErrSessionNotFound) || a.res.SessionID != 0 {
+			if !errors.Is(a.res.Err, fence.ErrNotHolder) && !errors.Is(a.res.Err, fence.ErrSessionNotFound) || a.res.CreateSession().SessionID != 0 {
 				t.Fatalf("caller %d's release answered %+v", i, a.res)
 			}
 			continue
 		}
-		if a.res.Err != nil || a.res.SessionID == 0 {
+		if a.res.Err != nil || a.res.CreateSession().SessionID == 0 {
 			t.Fatalf("caller %d's create answered %+v", i, a.res)
 		}
 		var owner string
 		s.fsm.Read(func(st *fsm.State) {
-			info, _ := st.Session(a.res.SessionID)
+			info, _ := st.Session(a.res.CreateSession().SessionID)
 			owner = info.Owner
 		})
 		if want := fmt.Sprint("caller-", i); owner != want {
-			t.Fatalf("caller %d was answered session %d, created for %q", i, a.res.SessionID, owner)
+			t.Fatalf("caller %d was answered session %d, created for %q", i, a.res.CreateSession().SessionID, owner)
 		}
 		// The Seq names the command's place in its entry.
 		cmd := entryAt(t, s, fsm.Seq(a.seq).Index())
@@ -105,7 +105,7 @@ func TestBatcherGivesEachCallerItsResult(t *testing.T) {
 func TestBatcherLoneProposalGoesAlone(t *testing.T) {
 	s := startTestServer(t, nil)
 	res, seq, err := s.node.propose(createSessionCmd("alone"))
-	if err != nil || res.SessionID == 0 {
+	if err != nil || res.CreateSession().SessionID == 0 {
 		t.Fatalf("propose: %+v, %v", res, err)
 	}
 	cmd := entryAt(t, s, fsm.Seq(seq).Index())

@@ -62,7 +62,7 @@ func (s *Server) createSession(ctx context.Context, m *fencev1.CreateSessionRequ
 	if err != nil {
 		return nil, err
 	}
-	return &fencev1.CreateSessionResponse{SessionId: res.SessionID, Ttl: durationpb.New(ttl), SessionSecret: secret}, nil
+	return &fencev1.CreateSessionResponse{SessionId: res.CreateSession().SessionID, Ttl: durationpb.New(ttl), SessionSecret: secret}, nil
 }
 
 // KeepAlive implements fencev1connect.SessionServiceHandler. The leader
@@ -149,8 +149,8 @@ func (s *Server) closeSession(_ context.Context, m *fencev1.CloseSessionRequest)
 	if err != nil {
 		return nil, err
 	}
-	if len(res.Ended) > 0 && m.GetAbandon() {
-		s.logger.Info("session abandoned by its client", "session", id, "delayed", len(res.Delayed))
+	if len(res.Effects.Ended) > 0 && m.GetAbandon() {
+		s.logger.Info("session abandoned by its client", "session", id, "delayed", len(res.Effects.Delayed))
 	}
 	return &fencev1.CloseSessionResponse{}, nil
 }
@@ -236,18 +236,19 @@ func (s *Server) acquire(ctx context.Context, m *fencev1.AcquireRequest) (*fence
 	if err != nil {
 		return nil, err
 	}
-	w.req = request{id: m.GetRequestId(), attempt: res.Attempt, polls: poll > 0}
-	if res.Grant != nil {
+	a := res.Acquire()
+	w.req = request{id: m.GetRequestId(), attempt: a.Attempt, polls: poll > 0}
+	if a.Grant != nil {
 		if ctx.Err() != nil && !w.req.polls {
 			// The caller went away while the grant was committed: give
 			// up what this call left, unless a retry took it over. A call
 			// without a request id gives up only a grant it made itself.
-			if w.req.id != 0 || len(res.Grants) > 0 {
-				s.giveUp(w, res.Grant)
+			if w.req.id != 0 || len(res.Effects.Grants) > 0 {
+				s.giveUp(w, a.Grant)
 			}
 			return nil, ctx.Err()
 		}
-		return grantResponse(*res.Grant), nil
+		return grantResponse(*a.Grant), nil
 	}
 	return s.waitResponse(ctx, w, index, nil, waitTimeout, poll)
 }
@@ -399,8 +400,8 @@ func (s *Server) cancelWait(w *waiter, timedOut bool) (fsm.Grant, bool, error) {
 	if err != nil {
 		return fsm.Grant{}, false, err
 	}
-	if res.Grant != nil {
-		return *res.Grant, true, nil
+	if g := res.CancelWait().Grant; g != nil {
+		return *g, true, nil
 	}
 	return fsm.Grant{}, false, nil
 }
@@ -466,7 +467,8 @@ func (s *Server) cancelAcquire(_ context.Context, m *fencev1.CancelAcquireReques
 	if err != nil {
 		return nil, err
 	}
-	return &fencev1.CancelAcquireResponse{Released: res.Released, Dequeued: res.Dequeued}, nil
+	a := res.CancelAcquire()
+	return &fencev1.CancelAcquireResponse{Released: a.Released, Dequeued: a.Dequeued}, nil
 }
 
 func (s *Server) check(ctx context.Context, m *fencev1.CheckRequest) (*fencev1.CheckResponse, error) {
@@ -603,7 +605,7 @@ func (s *Server) applyAt(cmd *fsmpb.Command) (fsm.Result, uint64, error) {
 	if err != nil {
 		return fsm.Result{}, 0, err
 	}
-	if n := len(res.Grants); n > 0 && res.Grants[n-1].Token > s.reserve.Floor() {
+	if n := len(res.Effects.Grants); n > 0 && res.Effects.Grants[n-1].Token > s.reserve.Floor() {
 		// Only when the node shut down before its token reserve was written.
 		return fsm.Result{}, 0, fmt.Errorf("%w: the node is shutting down", fence.ErrUnavailable)
 	}

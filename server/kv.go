@@ -66,11 +66,10 @@ func (s *Server) put(ctx context.Context, m *fencev1.PutRequest, idempotencyKey 
 	if err != nil {
 		return nil, err
 	}
-	rev := res.Revision
-	if res.Repeat != nil {
-		rev = res.Repeat.Revision
+	if r, ok := res.Repeat(); ok {
+		return &fencev1.PutResponse{Revision: r.Revision}, nil
 	}
-	return &fencev1.PutResponse{Revision: rev}, nil
+	return &fencev1.PutResponse{Revision: res.KV().Revision}, nil
 }
 
 // delete is Delete with the call's idempotency key ("" for none).
@@ -90,10 +89,11 @@ func (s *Server) delete(_ context.Context, m *fencev1.DeleteRequest, idempotency
 	if err != nil {
 		return nil, err
 	}
-	if r := res.Repeat; r != nil {
+	if r, ok := res.Repeat(); ok {
 		return &fencev1.DeleteResponse{Deleted: r.Changed, Revision: r.Revision}, nil
 	}
-	return &fencev1.DeleteResponse{Deleted: len(res.Events) > 0, Revision: res.Revision}, nil
+	a := res.KV()
+	return &fencev1.DeleteResponse{Deleted: a.Changed, Revision: a.Revision}, nil
 }
 
 func (s *Server) get(ctx context.Context, m *fencev1.GetRequest) (*fencev1.GetResponse, error) {

@@ -175,7 +175,7 @@ func (s *Server) releaseLease(_ context.Context, m *fencev1.ReleaseLeaseRequest)
 	if err != nil {
 		return nil, err
 	}
-	return &fencev1.ReleaseLeaseResponse{Released: len(res.Ended) > 0}, nil
+	return &fencev1.ReleaseLeaseResponse{Released: len(res.Effects.Ended) > 0}, nil
 }
 
 func checkLeaseID(id uint64) error {

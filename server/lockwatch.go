@@ -15,7 +15,7 @@ import (
 )
 
 // Watching locks (docs/design.md, "Watching locks"). The state machine
-// lists the lock events each command causes (fsm.Result.LockEvents); the
+// lists the lock events each command causes (fsm.Effects.LockEvents); the
 // lock feed numbers them by their place in the log, so that every node,
 // applying the same log, gives each event the same revision, and fans
 // them out through an eventHub, as the KV watch does its changes.

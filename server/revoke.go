@@ -21,8 +21,8 @@ func (s handlers) RevokeSession(ctx context.Context, req *connect.Request[fencev
 	if err != nil {
 		return nil, err
 	}
-	if len(res.Ended) > 0 { // a retry, or a session gone already, ends none
-		s.logger.Warn("session revoked by an operator", "session", id, "delayed", len(res.Delayed), "from", req.Peer().Addr)
+	if len(res.Effects.Ended) > 0 { // a retry, or a session gone already, ends none
+		s.logger.Warn("session revoked by an operator", "session", id, "delayed", len(res.Effects.Delayed), "from", req.Peer().Addr)
 	}
 	return connect.NewResponse(&fencev1.RevokeSessionResponse{}), nil
 }

@@ -589,8 +589,8 @@ func (s *Server) problems() []string {
 func (s *Server) expireSessions(ids []uint64) error {
 	res, err := s.apply(&fsmpb.Command{Op: &fsmpb.Command_ExpireSessions{ExpireSessions: &fsmpb.ExpireSessions{SessionIds: ids}}})
 	if err == nil {
-		s.logger.Info("sessions expired", "sessions", res.Ended)
-		s.metrics.expired.Add(float64(len(res.Ended)))
+		s.logger.Info("sessions expired", "sessions", res.Effects.Ended)
+		s.metrics.expired.Add(float64(len(res.Effects.Ended)))
 	}
 	return err
 }
@@ -626,33 +626,33 @@ func (h healthChecker) Check(_ context.Context, req *grpchealth.CheckRequest) (*
 // coverTokens, until the token reserve on disk covers a new grant.
 type observer struct{ s *Server }
 
-func (o observer) Applied(seq fsm.Seq, res fsm.Result) {
+func (o observer) Applied(seq fsm.Seq, eff fsm.Effects) {
 	s := o.s
-	if n := len(res.Grants); n > 0 && !s.coverTokens(res.Grants[n-1].Token) {
+	if n := len(eff.Grants); n > 0 && !s.coverTokens(eff.Grants[n-1].Token) {
 		return
 	}
 	if s.ident.groupID() == "" {
 		s.learnGroup()
 	}
-	if res.SessionID != 0 {
+	if id := eff.Created; id != 0 {
 		var ttl time.Duration
 		s.fsm.Read(func(st *fsm.State) {
-			info, _ := st.Session(res.SessionID)
+			info, _ := st.Session(id)
 			ttl = info.TTL
 		})
-		s.tracker.created(res.SessionID, ttl)
+		s.tracker.created(id, ttl)
 	}
-	for _, id := range res.Ended {
+	for _, id := range eff.Ended {
 		s.tracker.ended(id)
 	}
-	s.hub.applied(uint64(seq), res)
-	if n := len(res.Events); n > 0 {
-		s.watches.publish(res.Events, res.Events[n-1].KV.ModRevision)
+	s.hub.applied(uint64(seq), eff)
+	if n := len(eff.Events); n > 0 {
+		s.watches.publish(eff.Events, eff.Events[n-1].KV.ModRevision)
 	}
-	s.console.record(s.lockWatches.applied(seq, res.LockEvents))
-	s.delays.schedule(res.Delayed)
-	s.metrics.grants.Add(float64(len(res.Grants)))
-	if res.AuthChanged {
+	s.console.record(s.lockWatches.applied(seq, eff.LockEvents))
+	s.delays.schedule(eff.Delayed)
+	s.metrics.grants.Add(float64(len(eff.Grants)))
+	if eff.AuthChanged {
 		s.authChanges.notify()
 	}
 }

@@ -38,10 +38,10 @@ func (s *Server) txn(ctx context.Context, m *fencev1.TxnRequest, idempotencyKey 
 	if err != nil {
 		return nil, err
 	}
-	if r := res.Repeat; r != nil {
+	if r, ok := res.Repeat(); ok {
 		return &fencev1.TxnResponse{Succeeded: r.Succeeded, Revision: r.Revision, AlreadyApplied: true}, nil
 	}
-	return txnResponse(cmd, res), nil
+	return txnResponse(cmd, res.Txn()), nil
 }
 
 // checkProtocol refuses, on a ready leader, what needs a newer group
@@ -194,23 +194,23 @@ func (s *Server) authorizeTxnSessions(m *fencev1.TxnRequest) error {
 	return nil
 }
 
-// txnResponse answers a txn the state machine applied.
-func txnResponse(cmd *fsmpb.KVTxn, res fsm.Result) *fencev1.TxnResponse {
-	out := &fencev1.TxnResponse{Succeeded: res.Txn.Succeeded, Revision: res.Revision}
+// txnResponse answers a txn the state machine applied as ans.
+func txnResponse(cmd *fsmpb.KVTxn, ans fsm.TxnAnswer) *fencev1.TxnResponse {
+	out := &fencev1.TxnResponse{Succeeded: ans.Succeeded, Revision: ans.Revision}
 	list := cmd.GetThen()
-	if !res.Txn.Succeeded {
+	if !ans.Succeeded {
 		list = cmd.GetElse()
 	}
 	for i, op := range list {
 		var r fencev1.TxnResult
-		answer := res.Txn.Ops[i]
+		answer := ans.Ops[i]
 		switch op.GetOp().(type) {
 		case *fsmpb.KVTxnOp_Put:
-			r.Result = &fencev1.TxnResult_Put{Put: &fencev1.PutResponse{Revision: res.Revision}}
+			r.Result = &fencev1.TxnResult_Put{Put: &fencev1.PutResponse{Revision: ans.Revision}}
 		case *fsmpb.KVTxnOp_Delete:
-			r.Result = &fencev1.TxnResult_Delete{Delete: &fencev1.DeleteResponse{Deleted: answer.Deleted, Revision: res.Revision}}
+			r.Result = &fencev1.TxnResult_Delete{Delete: &fencev1.DeleteResponse{Deleted: answer.Deleted, Revision: ans.Revision}}
 		case *fsmpb.KVTxnOp_Get:
-			get := &fencev1.GetResponse{Found: answer.Found, Revision: res.Revision}
+			get := &fencev1.GetResponse{Found: answer.Found, Revision: ans.Revision}
 			if answer.Found {
 				get.Kv = apiKV(answer.KV)
 			}

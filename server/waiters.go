@@ -104,31 +104,31 @@ func (h *waitHub) deliverLocked(key fsm.WaitRef, o outcome) {
 }
 
 // applied delivers the effects of the command at index.
-func (h *waitHub) applied(index uint64, res fsm.Result) {
-	if len(res.Grants) == 0 && len(res.Ended) == 0 && res.Dropped == nil {
+func (h *waitHub) applied(index uint64, eff fsm.Effects) {
+	if len(eff.Grants) == 0 && len(eff.Ended) == 0 && eff.Dropped == nil {
 		return
 	}
 	h.mu.Lock()
 	defer h.mu.Unlock()
-	if d := res.Dropped; d != nil {
+	if d := eff.Dropped; d != nil {
 		// A CancelAcquire from another call (a client giving up, curl with
 		// the request id) or the wait's own CancelWait: a call still
 		// blocked on it would otherwise wait for a grant that cannot come.
 		h.deliverLocked(*d, outcome{err: fmt.Errorf("%w: the wait of session %d for lock %q was cancelled", fence.ErrCancelled, d.Session, d.Lock), index: index})
 	}
-	for _, g := range res.Grants {
+	for _, g := range eff.Grants {
 		h.deliverLocked(fsm.WaitRef{Session: g.Session, Lock: g.Lock}, outcome{grant: g, index: index})
 	}
-	if len(res.Ended) == 0 {
+	if len(eff.Ended) == 0 {
 		return
 	}
 	ended := map[uint64]bool{}
-	for _, id := range res.Ended {
+	for _, id := range eff.Ended {
 		ended[id] = true
 	}
 	for key := range h.waits {
 		if ended[key.Session] {
-			h.deliverLocked(key, outcome{err: fmt.Errorf("%w: session %d ended (%s) while waiting for lock %q", fence.ErrSessionNotFound, key.Session, res.EndedBy, key.Lock), index: index})
+			h.deliverLocked(key, outcome{err: fmt.Errorf("%w: session %d ended (%s) while waiting for lock %q", fence.ErrSessionNotFound, key.Session, eff.EndedBy, key.Lock), index: index})
 		}
 	}
 }

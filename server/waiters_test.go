@@ -12,13 +12,13 @@ import (
 func TestWaitIgnoresOutcomesBeforeItsAcquire(t *testing.T) {
 	h := newWaitHub()
 	w := h.register(1, "l")
-	h.applied(5, fsm.Result{Grants: []fsm.Grant{{Session: 1, Lock: "l", Token: 3}}}) // replayed
+	h.applied(5, fsm.Effects{Grants: []fsm.Grant{{Session: 1, Lock: "l", Token: 3}}}) // replayed
 	const acquireIndex = 9
 	if o, ok := w.take(acquireIndex); ok {
 		t.Fatalf("wait at index %d took %+v from index 5", acquireIndex, o)
 	}
-	h.applied(12, fsm.Result{Grants: []fsm.Grant{{Session: 1, Lock: "l", Token: 30}}})
-	h.applied(7, fsm.Result{Grants: []fsm.Grant{{Session: 1, Lock: "l", Token: 2}}}) // out of order: ignored
+	h.applied(12, fsm.Effects{Grants: []fsm.Grant{{Session: 1, Lock: "l", Token: 30}}})
+	h.applied(7, fsm.Effects{Grants: []fsm.Grant{{Session: 1, Lock: "l", Token: 2}}}) // out of order: ignored
 	o, ok := w.take(acquireIndex)
 	if !ok || o.grant.Token != 30 {
 		t.Fatalf("take = %+v, %v; want the grant of index 12 (token 30)", o, ok)

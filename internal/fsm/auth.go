@@ -228,7 +228,7 @@ func (s *State) applyAuth(c *fsmpb.Auth) Result {
 	if res.Err != nil {
 		return res
 	}
-	return Result{AuthChanged: true}
+	return Result{Effects: Effects{AuthChanged: true}}
 }
 
 func (a *authState) setEnabled(enabled bool) Result {
@@ -373,7 +373,7 @@ func (a *authState) grantPermission(c *fsmpb.RolePermission) Result {
 	perms = append(slices.Clone(perms), p)
 	sort.Slice(perms, func(i, j int) bool { return perms[i].less(perms[j]) })
 	a.roles[role] = perms
-	return Result{AuthChanged: true}
+	return Result{Effects: Effects{AuthChanged: true}}
 }
 
 func (a *authState) createToken(t *fsmpb.AuthToken) Result {
@@ -398,7 +398,7 @@ func (a *authState) createToken(t *fsmpb.AuthToken) Result {
 		CreatedUnixNs: t.GetCreatedUnixNs(), ExpiresUnixNs: t.GetExpiresUnixNs(), Description: t.GetDescription()}
 	a.tokens[tok.Id] = tok
 	a.byHash[hash] = tok.Id
-	return Result{AuthChanged: true, TokenID: tok.Id}
+	return Result{Answer: CreateTokenAnswer{TokenID: tok.Id}, Effects: Effects{AuthChanged: true}}
 }
 
 func (a *authState) dropToken(id uint64) {

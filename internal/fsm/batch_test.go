@@ -50,25 +50,25 @@ func TestBatchAnswersEachCommand(t *testing.T) {
 		want = append(want, alone.Apply(commandLog(t, index+1+uint64(i), cmd)).(fsm.Result))
 	}
 	index++
-	rec.seqs, rec.results = nil, nil
+	rec.seqs, rec.effects = nil, nil
 	res := batched.Apply(commandLog(t, index, batchOf(cmds...))).(fsm.Result)
-	if res.Err != nil || len(res.Batch) != len(cmds) {
-		t.Fatalf("batch answered %s", describeAll(res))
+	if res.Err != nil || len(res.Batch()) != len(cmds) {
+		t.Fatalf("batch answered %s", describe(res))
 	}
 	for i := range cmds {
-		ok := sameAnswer(res.Batch[i], want[i])
+		ok := sameAnswer(res.Batch()[i], want[i])
 		if i == 4 {
-			ok = sameResult(res.Batch[i], want[i])
+			ok = sameResult(res.Batch()[i], want[i])
 		}
 		if !ok {
-			t.Errorf("command %d answered %s in a batch, %s alone", i, describeAll(res.Batch[i]), describeAll(want[i]))
+			t.Errorf("command %d answered %s in a batch, %s alone", i, describe(res.Batch()[i]), describe(want[i]))
 		}
 	}
-	if g := res.Batch[1].Grants; len(g) != 1 || g[0].Session != 2 {
+	if g := res.Batch()[1].Effects.Grants; len(g) != 1 || g[0].Session != 2 {
 		t.Errorf("the release in the batch handed a on as %+v, want to session 2", g)
 	}
-	if res.Batch[3].Repeat == nil {
-		t.Errorf("the key repeated within the batch was applied again: %s", describeAll(res.Batch[3]))
+	if _, repeat := res.Batch()[3].Repeat(); !repeat {
+		t.Errorf("the key repeated within the batch was applied again: %s", describe(res.Batch()[3]))
 	}
 	var wantSeqs []fsm.Seq
 	for i := range cmds {
@@ -77,9 +77,9 @@ func TestBatchAnswersEachCommand(t *testing.T) {
 	if !reflect.DeepEqual(rec.seqs, wantSeqs) {
 		t.Fatalf("observer heard seqs %v, want %v", rec.seqs, wantSeqs)
 	}
-	for i, r := range rec.results {
-		if !sameAnswer(r, res.Batch[i]) {
-			t.Errorf("observer heard %s for command %d, the batch answered %s", describeAll(r), i, describeAll(res.Batch[i]))
+	for i, eff := range rec.effects {
+		if !reflect.DeepEqual(eff, res.Batch()[i].Effects) {
+			t.Errorf("observer heard %+v for command %d, the batch answered %s", eff, i, describe(res.Batch()[i]))
 		}
 	}
 	for i := 1; i < len(wantSeqs); i++ {
@@ -108,8 +108,8 @@ func TestBatchRefusedWhole(t *testing.T) {
 			f.Apply(commandLog(t, 1, newSession()))
 			before := fsmSnapshotBytes(t, f)
 			res := f.ApplyBatch([]*raft.Log{commandLog(t, 2, cmd)})[0].(fsm.Result)
-			if !errors.Is(res.Err, fence.ErrInvalidArgument) || res.Batch != nil {
-				t.Fatalf("answered %s, want ErrInvalidArgument and no results", describeAll(res))
+			if !errors.Is(res.Err, fence.ErrInvalidArgument) || res.Batch() != nil {
+				t.Fatalf("answered %s, want ErrInvalidArgument and no results", describe(res))
 			}
 			if !bytes.Equal(before, fsmSnapshotBytes(t, f)) {
 				t.Fatal("a refused batch changed the state")

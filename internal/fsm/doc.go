@@ -17,6 +17,17 @@
 // rather than being skipped, since skipping it would make this node's state
 // differ from its group's.
 //
+// # Results
+//
+// Apply reports what a command did as a Result of two parts. Its Effects
+// are what every node must act on, whichever command caused them: grants
+// made, sessions created or ended, waits dropped, locks put under
+// lock-delay, KV and lock events, auth changes; an Observer hears only
+// these. Its Answer is the command's own answer to whoever proposed it, of
+// a type of its own (AcquireAnswer, KVAnswer, ...), read through the
+// accessor named after the command (Result.Acquire, Result.KV, ...); a
+// command whose idempotency key was applied before answers Repeat instead.
+//
 // Its tests hold it to that: tables of commands, a model checker
 // (model_*_test.go), CheckInvariants after every command, and fuzzers of the
 // command stream (FuzzStateMachine, FuzzApplyBytes).

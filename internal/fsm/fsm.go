@@ -20,9 +20,10 @@ import (
 // change (the server's observer waits there until the token reserve covers
 // a grant's token, retrying a failed write).
 type Observer interface {
-	// Applied is called after the command at seq was applied: once for
-	// each command of a Batch, in order, and never for the batch itself.
-	Applied(seq Seq, res Result)
+	// Applied is called after the command at seq was applied, with its
+	// effects (none for a failed command): once for each command of a
+	// Batch, in order, and never for the batch itself.
+	Applied(seq Seq, eff Effects)
 	// Restored is called after the state was replaced by a snapshot.
 	Restored()
 	// Halted is called once, when the FSM met an entry it does not
@@ -127,12 +128,13 @@ func (f *FSM) ApplyBatch(logs []*raft.Log) []interface{} {
 			if l.Type != raft.LogCommand {
 				continue
 			}
-			if results[i].Batch == nil {
-				f.observer.Applied(SeqOf(l.Index, 0), results[i])
+			batch := results[i].Batch()
+			if batch == nil {
+				f.observer.Applied(SeqOf(l.Index, 0), results[i].Effects)
 				continue
 			}
-			for j, r := range results[i].Batch {
-				f.observer.Applied(SeqOf(l.Index, j), r)
+			for j, r := range batch {
+				f.observer.Applied(SeqOf(l.Index, j), r.Effects)
 			}
 		}
 		if halted != nil {

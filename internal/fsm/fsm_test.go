@@ -37,20 +37,20 @@ type recorder struct {
 	mu        sync.Mutex
 	indexes   []uint64
 	seqs      []fsm.Seq
-	results   []fsm.Result
+	effects   []fsm.Effects
 	lastToken []uint64
 	restored  int
 	halted    []error
 }
 
-func (r *recorder) Applied(seq fsm.Seq, res fsm.Result) {
+func (r *recorder) Applied(seq fsm.Seq, eff fsm.Effects) {
 	var token uint64
 	r.fsm.Read(func(s *fsm.State) { token = s.LastToken() })
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	r.indexes = append(r.indexes, seq.Index())
 	r.seqs = append(r.seqs, seq)
-	r.results = append(r.results, res)
+	r.effects = append(r.effects, eff)
 	r.lastToken = append(r.lastToken, token)
 }
 
@@ -122,10 +122,10 @@ func TestFSMApplyBatch(t *testing.T) {
 		t.Fatalf("ApplyBatch returned %d results for %d entries", len(out), len(logs))
 	}
 	want := map[int]fsm.Result{
-		0: {SessionID: 1},
+		0: sessionMade(1),
 		2: fails(fence.ErrInvalidArgument),
 		3: granted(1, "a", 1, excl),
-		5: {SessionID: 2},
+		5: sessionMade(2),
 		6: queued(),
 		8: handedTo(grant(2, "a", 2, excl)),
 	}
@@ -151,12 +151,12 @@ func TestFSMApplyBatch(t *testing.T) {
 	}
 	var made uint64
 	for i, idx := range rec.indexes {
-		if !reflect.DeepEqual(cmpForm(rec.results[i]), cmpForm(out[idx-1].(fsm.Result))) {
-			t.Fatalf("observer heard %s for index %d, ApplyBatch answered %v", describe(rec.results[i]), idx, out[idx-1])
+		if !reflect.DeepEqual(rec.effects[i], out[idx-1].(fsm.Result).Effects) {
+			t.Fatalf("observer heard %+v for index %d, ApplyBatch answered %v", rec.effects[i], idx, out[idx-1])
 		}
 		// Applied comes after the entry was applied: a Read from inside it
 		// sees the entry's grants.
-		for _, g := range rec.results[i].Grants {
+		for _, g := range rec.effects[i].Grants {
 			made = max(made, g.Token)
 		}
 		if rec.lastToken[i] < made {
@@ -213,9 +213,9 @@ func TestFSMObserverOrderAcrossBatches(t *testing.T) {
 	if !reflect.DeepEqual(rec.seqs, want) {
 		t.Fatalf("observer heard %v, want %v", rec.seqs, want)
 	}
-	for i, res := range rec.results {
-		if res.SessionID != uint64(i+1) {
-			t.Fatalf("observer heard session %d at position %d", res.SessionID, i)
+	for i, eff := range rec.effects {
+		if eff.Created != uint64(i+1) {
+			t.Fatalf("observer heard session %d at position %d", eff.Created, i)
 		}
 	}
 }
@@ -223,7 +223,7 @@ func TestFSMObserverOrderAcrossBatches(t *testing.T) {
 // TestFSMWithoutObserver proves a nil observer is allowed.
 func TestFSMWithoutObserver(t *testing.T) {
 	f := fsm.New(nil)
-	if res := f.Apply(commandLog(t, 1, newSession())).(fsm.Result); res.SessionID != 1 {
+	if res := f.Apply(commandLog(t, 1, newSession())).(fsm.Result); res.CreateSession().SessionID != 1 {
 		t.Fatalf("Apply answered %s", describe(res))
 	}
 	if err := f.Restore(io.NopCloser(bytes.NewReader(nil))); err != nil {

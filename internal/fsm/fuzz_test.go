@@ -501,7 +501,7 @@ func FuzzApplyBytes(f *testing.F) {
 		out = append(out[:mid], out[mid+1:]...)
 		for i, o := range out {
 			if res, ok := o.(fsm.Result); !ok || !sameAnswer(res, want[i]) {
-				t.Fatalf("entry %d in a batch answered %v, alone %s", i, o, describeAll(want[i]))
+				t.Fatalf("entry %d in a batch answered %v, alone %s", i, o, describe(want[i]))
 			}
 		}
 		one.Read(func(a *fsm.State) {

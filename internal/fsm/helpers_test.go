@@ -97,22 +97,38 @@ func grant(sess uint64, name string, token uint64, mode fsm.Mode) fsm.Grant {
 	return fsm.Grant{Session: sess, Lock: name, Token: token, Mode: mode}
 }
 
+// sessionMade is the result of a CreateSession that made session id.
+func sessionMade(id uint64) fsm.Result {
+	return fsm.Result{Answer: fsm.CreateSessionAnswer{SessionID: id}, Effects: fsm.Effects{Created: id}}
+}
+
 // granted is the result of an Acquire that made a new grant.
 func granted(sess uint64, name string, token uint64, mode fsm.Mode) fsm.Result {
 	g := grant(sess, name, token, mode)
-	return fsm.Result{Grant: &g, Grants: []fsm.Grant{g}}
+	return fsm.Result{Answer: fsm.AcquireAnswer{Grant: &g}, Effects: fsm.Effects{Grants: []fsm.Grant{g}}}
 }
 
-// alreadyHeld is the result of an Acquire or CancelWait for a lock the
-// session already holds: the grant, and no new grant made.
+// alreadyHeld is the result of an Acquire for a lock the session already
+// holds: the grant, and no new grant made.
 func alreadyHeld(sess uint64, name string, token uint64, mode fsm.Mode) fsm.Result {
 	g := grant(sess, name, token, mode)
-	return fsm.Result{Grant: &g}
+	return fsm.Result{Answer: fsm.AcquireAnswer{Grant: &g}}
 }
 
-func queued() fsm.Result { return fsm.Result{Queued: true} }
+// grantedBefore is the result of a CancelWait whose wait was granted
+// already: the grant, which stays.
+func grantedBefore(sess uint64, name string, token uint64, mode fsm.Mode) fsm.Result {
+	g := grant(sess, name, token, mode)
+	return fsm.Result{Answer: fsm.CancelWaitAnswer{Grant: &g}}
+}
 
-func handedTo(gs ...fsm.Grant) fsm.Result { return fsm.Result{Grants: gs} }
+func queued() fsm.Result { return fsm.Result{Answer: fsm.AcquireAnswer{Queued: true}} }
+
+// dequeued is the result of a CancelWait that dropped the wait and handed
+// the lock to no one.
+func dequeued() fsm.Result { return fsm.Result{Answer: fsm.CancelWaitAnswer{Dequeued: true}} }
+
+func handedTo(gs ...fsm.Grant) fsm.Result { return fsm.Result{Effects: fsm.Effects{Grants: gs}} }
 
 func fails(sentinel error) fsm.Result { return fsm.Result{Err: sentinel} }
 
@@ -183,68 +199,75 @@ func val(s string) []byte {
 
 // wrote is the result of a put that made the store's revision rev and left kv.
 func wrote(rev uint64, kv fsm.KeyValue) fsm.Result {
-	return fsm.Result{Revision: rev, Events: []fsm.KVEvent{{KV: kv}}}
+	return fsm.Result{Answer: fsm.KVAnswer{Revision: rev, Changed: true}, Effects: fsm.Effects{Events: []fsm.KVEvent{{KV: kv}}}}
 }
 
 // removed is the result of a delete that made the store's revision rev; kv
 // is the key as deleted (no value; the delete's token and lock).
 func removed(rev uint64, kv fsm.KeyValue) fsm.Result {
-	return fsm.Result{Revision: rev, Events: []fsm.KVEvent{{Deleted: true, KV: kv}}}
+	return fsm.Result{Answer: fsm.KVAnswer{Revision: rev, Changed: true}, Effects: fsm.Effects{Events: []fsm.KVEvent{{Deleted: true, KV: kv}}}}
 }
 
 // unchanged is the result of a delete of a missing key: the store's
 // revision, no event.
-func unchanged(rev uint64) fsm.Result { return fsm.Result{Revision: rev} }
+func unchanged(rev uint64) fsm.Result { return fsm.Result{Answer: fsm.KVAnswer{Revision: rev}} }
 
 // comparableResult is a Result whose error is reduced to its message, so
 // that two results can be compared with reflect.DeepEqual; empty slices are
-// nil.
+// nil. The effects compared are the ones the tests state (Dropped,
+// LockEvents and AuthChanged have tests of their own).
 type comparableResult struct {
-	Err       string
-	SessionID uint64
-	Grant     *fsm.Grant
-	Queued    bool
-	Attempt   uint64
-	Released  bool
-	Dequeued  bool
-	Grants    []fsm.Grant
-	Ended     []uint64
-	EndedBy   fsm.End
-	Delayed   []fsm.Delay
-	Revision  uint64
-	Events    []fsm.KVEvent
-	Txn       *fsm.TxnResult
-	// Batch and BatchRepeats are a Batch's results and their Repeats.
-	Batch        []comparableResult
-	BatchRepeats []*fsm.Repeat
+	Err string
+	// Answer is the answer; nil for a zero one, but a Repeat, which says
+	// the command was not applied again. A Batch's is its results'
+	// comparable forms.
+	Answer  any
+	Created uint64
+	Grants  []fsm.Grant
+	Ended   []uint64
+	EndedBy fsm.End
+	Delayed []fsm.Delay
+	Events  []fsm.KVEvent
 }
 
 func cmpForm(r fsm.Result) comparableResult {
-	c := comparableResult{SessionID: r.SessionID, Grant: r.Grant, Queued: r.Queued, Revision: r.Revision,
-		Attempt: r.Attempt, Released: r.Released, Dequeued: r.Dequeued, EndedBy: r.EndedBy, Txn: r.Txn}
+	eff := r.Effects
+	c := comparableResult{Answer: r.Answer, Created: eff.Created, EndedBy: eff.EndedBy}
 	if r.Err != nil {
 		c.Err = r.Err.Error()
 	}
-	if len(r.Events) > 0 {
-		c.Events = r.Events
+	if _, repeat := r.Repeat(); !repeat && r.Answer != nil && reflect.ValueOf(r.Answer).IsZero() {
+		c.Answer = nil
 	}
-	if len(r.Grants) > 0 {
-		c.Grants = r.Grants
-	}
-	if len(r.Ended) > 0 {
-		c.Ended = r.Ended
-	}
-	if len(r.Delayed) > 0 {
-		c.Delayed = r.Delayed
-	}
-	if r.Batch != nil {
-		c.Batch, c.BatchRepeats = []comparableResult{}, []*fsm.Repeat{}
-		for _, sub := range r.Batch {
-			c.Batch = append(c.Batch, cmpForm(sub))
-			c.BatchRepeats = append(c.BatchRepeats, sub.Repeat)
+	if batch, ok := r.Answer.(fsm.BatchAnswer); ok {
+		results := []comparableResult{}
+		for _, sub := range batch.Results {
+			results = append(results, cmpForm(sub))
 		}
+		c.Answer = results
+	}
+	if len(eff.Events) > 0 {
+		c.Events = eff.Events
+	}
+	if len(eff.Grants) > 0 {
+		c.Grants = eff.Grants
+	}
+	if len(eff.Ended) > 0 {
+		c.Ended = eff.Ended
+	}
+	if len(eff.Delayed) > 0 {
+		c.Delayed = eff.Delayed
 	}
 	return c
+}
+
+// editAnswer returns r with its answer, of type A, changed by edit: a
+// result broken on purpose.
+func editAnswer[A fsm.Answer](r fsm.Result, edit func(*A)) fsm.Result {
+	a, _ := r.Answer.(A)
+	edit(&a)
+	r.Answer = a
+	return r
 }
 
 // sameResult reports whether got matches want. want.Err, if set, is a
@@ -296,18 +319,14 @@ func mustApply(tb testing.TB, s *fsm.State, cmd *fsmpb.Command) fsm.Result {
 	return res
 }
 
-// describe formats a result for a failure message, with the grant shown by
+// describe formats a result for a failure message, with grants shown by
 // value rather than by address.
 func describe(r fsm.Result) string {
 	c := cmpForm(r)
-	grant := "<nil>"
-	if c.Grant != nil {
-		grant = fmt.Sprintf("%+v", *c.Grant)
-	}
-	out := fmt.Sprintf("{Err:%q SessionID:%d Grant:%s Queued:%v Grants:%+v Ended:%v EndedBy:%v Delayed:%v",
-		c.Err, c.SessionID, grant, c.Queued, c.Grants, c.Ended, c.EndedBy, c.Delayed)
-	if c.Revision != 0 || len(c.Events) > 0 {
-		out += fmt.Sprintf(" Revision:%d Events:[", c.Revision)
+	out := fmt.Sprintf("{Err:%q Answer:%s Created:%d Grants:%+v Ended:%v EndedBy:%v Delayed:%v",
+		c.Err, describeAnswer(r.Answer), c.Created, c.Grants, c.Ended, c.EndedBy, c.Delayed)
+	if len(c.Events) > 0 {
+		out += " Events:["
 		for i, ev := range c.Events {
 			if i > 0 {
 				out += " "
@@ -316,27 +335,45 @@ func describe(r fsm.Result) string {
 		}
 		out += "]"
 	}
-	if t := r.Txn; t != nil {
-		out += fmt.Sprintf(" Txn:{Succeeded:%v Ops:[", t.Succeeded)
-		for i, op := range t.Ops {
+	return out + "}"
+}
+
+// describeAnswer formats an answer, with its grant by value and its keys
+// as describeKV does.
+func describeAnswer(a fsm.Answer) string {
+	grant := func(g *fsm.Grant) string {
+		if g == nil {
+			return "<nil>"
+		}
+		return fmt.Sprintf("%+v", *g)
+	}
+	switch a := a.(type) {
+	case fsm.AcquireAnswer:
+		return fmt.Sprintf("Acquire{Grant:%s Queued:%v Attempt:%d}", grant(a.Grant), a.Queued, a.Attempt)
+	case fsm.CancelWaitAnswer:
+		return fmt.Sprintf("CancelWait{Grant:%s Dequeued:%v}", grant(a.Grant), a.Dequeued)
+	case fsm.TxnAnswer:
+		out := fmt.Sprintf("Txn{Succeeded:%v Revision:%d Ops:[", a.Succeeded, a.Revision)
+		for i, op := range a.Ops {
 			if i > 0 {
 				out += " "
 			}
 			out += fmt.Sprintf("{Deleted:%v Found:%v KV:%s}", op.Deleted, op.Found, describeKV(op.KV))
 		}
-		out += "]}"
-	}
-	if r.Batch != nil {
-		out += " Batch:["
-		for i, sub := range r.Batch {
+		return out + "]}"
+	case fsm.BatchAnswer:
+		out := "Batch["
+		for i, sub := range a.Results {
 			if i > 0 {
 				out += " "
 			}
 			out += describe(sub)
 		}
-		out += "]"
+		return out + "]"
+	case nil:
+		return "<none>"
 	}
-	return out + "}"
+	return fmt.Sprintf("%T%+v", a, a)
 }
 
 // describeKV formats a key with its value as a string, and its session if

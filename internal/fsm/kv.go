@@ -88,7 +88,7 @@ func (s *State) kvPut(c *fsmpb.KVPut) Result {
 	}
 	s.kvRevision++
 	ev := s.putKey(key, e, c.GetValue(), f, owner, c.GetUser())
-	return Result{Revision: s.kvRevision, Events: []KVEvent{ev}}
+	return Result{Answer: KVAnswer{Revision: s.kvRevision, Changed: true}, Effects: Effects{Events: []KVEvent{ev}}}
 }
 
 // putKey stores value under key (whose entry is e, nil for none) at the
@@ -135,7 +135,7 @@ func (s *State) unbind(e *kvEntry) {
 
 // kvDelete applies the fenced write rule to a delete. Deleting a missing
 // key (absent, or a tombstone) is not an error and changes nothing anyone
-// can see: no revision, no event (Result.Events is empty). But a fenced one
+// can see: no revision, no event (Effects.Events is empty). But a fenced one
 // is an accepted write all the same, so it records its token: the key's
 // highest token rises to it, in a tombstone made for the purpose if the key
 // was never seen. Otherwise a writer with a lower token could come back
@@ -148,10 +148,10 @@ func (s *State) kvDelete(c *fsmpb.KVDelete) Result {
 	}
 	if !e.live() {
 		s.recordToken(key, e, f.GetToken())
-		return Result{Revision: s.kvRevision}
+		return Result{Answer: KVAnswer{Revision: s.kvRevision}}
 	}
 	ev := s.removeKey(e, f)
-	return Result{Revision: s.kvRevision, Events: []KVEvent{ev}}
+	return Result{Answer: KVAnswer{Revision: s.kvRevision, Changed: true}, Effects: Effects{Events: []KVEvent{ev}}}
 }
 
 // recordToken is a fenced delete of a missing key (e, nil for none): an

@@ -18,8 +18,8 @@ func maxSessionLocks(n uint64) acquireOpt { return func(a *fsmpb.Acquire) { a.Ma
 // already counted, passes.
 func TestLockLimits(t *testing.T) {
 	s := fsm.NewState()
-	a := mustApply(t, s, createSession(time.Minute, "a", 0)).SessionID
-	b := mustApply(t, s, createSession(time.Minute, "b", 0)).SessionID
+	a := mustApply(t, s, createSession(time.Minute, "a", 0)).CreateSession().SessionID
+	b := mustApply(t, s, createSession(time.Minute, "b", 0)).CreateSession().SessionID
 
 	mustApply(t, s, acquire(a, "x", excl, maxSessionLocks(2), maxLocks(3)))
 	mustApply(t, s, acquire(a, "y", excl, maxSessionLocks(2), maxLocks(3)))
@@ -30,7 +30,7 @@ func TestLockLimits(t *testing.T) {
 		t.Fatalf("acquiring a lock the session holds again: %v", err)
 	}
 	// b queues for x: x is counted already, b has room.
-	if res := mustApply(t, s, acquire(b, "x", excl, maxSessionLocks(2), maxLocks(2))); res.Err != nil || !res.Queued {
+	if res := mustApply(t, s, acquire(b, "x", excl, maxSessionLocks(2), maxLocks(2))); res.Err != nil || !res.Acquire().Queued {
 		t.Fatalf("queueing for an existing lock at the limit on all locks: %+v", res)
 	}
 	if err := mustApply(t, s, acquire(b, "w", excl, maxSessionLocks(2), maxLocks(2))).Err; !errors.Is(err, fence.ErrLimit) {

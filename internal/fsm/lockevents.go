@@ -72,7 +72,7 @@ var giveUpNames = map[GiveUp]string{
 }
 
 // LockEvent is one change to one lock's holders, queue or lock-delays.
-// Every command lists the events it caused in Result.LockEvents, in the
+// Every command lists the events it caused in Effects.LockEvents, in the
 // order they happened, so that every node, applying the same log, derives
 // the same events in the same order: a watcher numbers them by the
 // command's place in the log and theirs in its list.

@@ -101,8 +101,8 @@ func TestLockEvents(t *testing.T) {
 			if res.Err != nil {
 				t.Fatalf("%v: %v", c.cmd, res.Err)
 			}
-			if !reflect.DeepEqual(res.LockEvents, c.want) {
-				t.Fatalf("%v: events\n%s\nwant\n%s", c.cmd, describeLockEvents(res.LockEvents), describeLockEvents(c.want))
+			if !reflect.DeepEqual(res.Effects.LockEvents, c.want) {
+				t.Fatalf("%v: events\n%s\nwant\n%s", c.cmd, describeLockEvents(res.Effects.LockEvents), describeLockEvents(c.want))
 			}
 		})
 	}
@@ -115,23 +115,23 @@ func TestLockEventsOfFailuresAndBatches(t *testing.T) {
 	mustApply(t, s, newSession())
 	mustApply(t, s, newSession())
 	mustApply(t, s, acquire(1, "a", excl))
-	if res := mustApply(t, s, release(1, "a", 99)); res.Err == nil || res.LockEvents != nil {
-		t.Fatalf("a release with a wrong token: %v, events %v", res.Err, res.LockEvents)
+	if res := mustApply(t, s, release(1, "a", 99)); res.Err == nil || res.Effects.LockEvents != nil {
+		t.Fatalf("a release with a wrong token: %v, events %v", res.Err, res.Effects.LockEvents)
 	}
 	res := mustApply(t, s, &fsmpb.Command{Op: &fsmpb.Command_Batch{Batch: &fsmpb.Batch{Commands: []*fsmpb.Command{
 		acquire(2, "a", excl), release(1, "a", 1), release(1, "a", 1),
 	}}}})
-	if res.LockEvents != nil || len(res.Batch) != 3 {
-		t.Fatalf("batch answered events %v and %d results", res.LockEvents, len(res.Batch))
+	if res.Effects.LockEvents != nil || len(res.Batch()) != 3 {
+		t.Fatalf("batch answered events %v and %d results", res.Effects.LockEvents, len(res.Batch()))
 	}
 	want := [][]fsm.LockEvent{
 		{evQueued(2, "a")},
 		{evHolderEnd(fsm.LockReleased, 0, 1, "a", 1), evGranted(2, "a", 2, excl)},
 		nil, // session 1 no longer holds a
 	}
-	for i, r := range res.Batch {
-		if !reflect.DeepEqual(r.LockEvents, want[i]) {
-			t.Errorf("command %d of the batch: events %s, want %s", i, describeLockEvents(r.LockEvents), describeLockEvents(want[i]))
+	for i, r := range res.Batch() {
+		if !reflect.DeepEqual(r.Effects.LockEvents, want[i]) {
+			t.Errorf("command %d of the batch: events %s, want %s", i, describeLockEvents(r.Effects.LockEvents), describeLockEvents(want[i]))
 		}
 	}
 }
@@ -142,12 +142,12 @@ type lockMirror map[string]*fsm.LockInfo
 
 // apply plays one result's events (a Batch's commands' in order).
 func (m lockMirror) apply(res fsm.Result) error {
-	for _, sub := range res.Batch {
+	for _, sub := range res.Batch() {
 		if err := m.apply(sub); err != nil {
 			return err
 		}
 	}
-	for _, ev := range res.LockEvents {
+	for _, ev := range res.Effects.LockEvents {
 		if err := m.play(ev); err != nil {
 			return fmt.Errorf("%s: %w", describeLockEvent(ev), err)
 		}
@@ -243,8 +243,8 @@ func (m lockMirror) differs(s *fsm.State) string {
 
 // allLockEvents is a result's events, a Batch's commands' in order.
 func allLockEvents(res fsm.Result) []fsm.LockEvent {
-	out := res.LockEvents
-	for _, sub := range res.Batch {
+	out := res.Effects.LockEvents
+	for _, sub := range res.Batch() {
 		out = append(out, allLockEvents(sub)...)
 	}
 	return out

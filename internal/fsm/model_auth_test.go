@@ -225,8 +225,8 @@ func (m *authModel) observe(cmd *fsmpb.Command, c *fsmpb.Auth, res fsm.Result, s
 	if res.Err != nil && !errors.Is(res.Err, fence.ErrInvalidArgument) {
 		return fmt.Errorf("%v failed with %v, want ErrInvalidArgument", cmd, res.Err)
 	}
-	if want != res.AuthChanged {
-		return fmt.Errorf("%v: AuthChanged %v", cmd, res.AuthChanged)
+	if want != res.Effects.AuthChanged {
+		return fmt.Errorf("%v: AuthChanged %v", cmd, res.Effects.AuthChanged)
 	}
 	return m.compare(s)
 }

@@ -303,7 +303,7 @@ func (k *kvModel) observe(cmd *fsmpb.Command, res fsm.Result, holders map[string
 	if res.Err != nil {
 		return fmt.Errorf("%v failed with %v; the model accepts it: %s", cmd, res.Err, describe(want))
 	}
-	for _, ev := range res.Events {
+	for _, ev := range res.Effects.Events {
 		if (cmd.GetKvTxn() == nil && ev.KV.Key != key) || ev.KV.Token != f.GetToken() {
 			return fmt.Errorf("%v reported a change of %s", cmd, describeKV(ev.KV))
 		}
@@ -351,14 +351,12 @@ func neverIssued(err error) bool {
 // eventsOwnValues checks that no event of res, nor a txn's get, shares its
 // value's bytes with s: changing them leaves s's snapshot as it was.
 func eventsOwnValues(tb testing.TB, s *fsm.State, res fsm.Result) error {
-	kvs := make([]fsm.KeyValue, 0, len(res.Events))
-	for _, ev := range res.Events {
+	kvs := make([]fsm.KeyValue, 0, len(res.Effects.Events))
+	for _, ev := range res.Effects.Events {
 		kvs = append(kvs, ev.KV)
 	}
-	if res.Txn != nil {
-		for _, op := range res.Txn.Ops {
-			kvs = append(kvs, op.KV) // a get's
-		}
+	for _, op := range res.Txn().Ops {
+		kvs = append(kvs, op.KV) // a get's
 	}
 	for _, kv := range kvs {
 		if len(kv.Value) == 0 {
@@ -597,9 +595,9 @@ func kvOutcome(cmd *fsmpb.Command, res fsm.Result) string {
 	switch {
 	case res.Err != nil:
 		return "other error"
-	case len(res.Events) == 0 && f.GetToken() > 0:
+	case len(res.Effects.Events) == 0 && f.GetToken() > 0:
 		return "fenced no-op delete"
-	case len(res.Events) == 0:
+	case len(res.Effects.Events) == 0:
 		return "no-op delete"
 	case f.GetStrict():
 		return "strict write"
@@ -664,11 +662,11 @@ func bindOutcomes(cmd *fsmpb.Command, res fsm.Result, pre kvBefore) []string {
 			add("unbound by a put")
 		}
 	case *fsmpb.Command_KvDelete:
-		if res.Err == nil && len(res.Events) > 0 && pre.bound[op.KvDelete.GetKey()] != 0 {
+		if res.Err == nil && len(res.Effects.Events) > 0 && pre.bound[op.KvDelete.GetKey()] != 0 {
 			add("unbound by a delete")
 		}
 	case *fsmpb.Command_CloseSession, *fsmpb.Command_ExpireSessions:
-		if len(res.Events) == 0 {
+		if len(res.Effects.Events) == 0 {
 			break
 		}
 		if _, ok := op.(*fsmpb.Command_CloseSession); ok {
@@ -678,7 +676,7 @@ func bindOutcomes(cmd *fsmpb.Command, res fsm.Result, pre kvBefore) []string {
 		}
 		perSession := map[uint64]int{}
 		fenced := false
-		for _, ev := range res.Events {
+		for _, ev := range res.Effects.Events {
 			perSession[pre.bound[ev.KV.Key]]++
 			fenced = fenced || ev.KV.HighestToken > 0
 		}
@@ -694,7 +692,7 @@ func bindOutcomes(cmd *fsmpb.Command, res fsm.Result, pre kvBefore) []string {
 				break
 			}
 		}
-		if len(res.Grants) > 0 {
+		if len(res.Effects.Grants) > 0 {
 			add("locks handed on as keys are deleted")
 		}
 	}

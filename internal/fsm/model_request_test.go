@@ -195,8 +195,8 @@ func (q *requestModel) tagged(a *fsmpb.Acquire, res fsm.Result, what string) err
 			q.note("request: a request cancelled and since forgotten acquired again")
 		}
 	}
-	if res.Attempt != want {
-		return fmt.Errorf("acquire(%s) %s with attempt %d, want %d", describeAcquire(a), what, res.Attempt, want)
+	if got := res.Acquire().Attempt; got != want {
+		return fmt.Errorf("acquire(%s) %s with attempt %d, want %d", describeAcquire(a), what, got, want)
 	}
 	return nil
 }
@@ -217,8 +217,8 @@ func (q *requestModel) retried(a *fsmpb.Acquire, res fsm.Result, what string) er
 	case id != 0:
 		q.note("request: another request told of the " + what)
 	}
-	if res.Attempt != want {
-		return fmt.Errorf("acquire(%s) of a %s tagged %+v answered attempt %d, want %d", describeAcquire(a), what, t, res.Attempt, want)
+	if got := res.Acquire().Attempt; got != want {
+		return fmt.Errorf("acquire(%s) of a %s tagged %+v answered attempt %d, want %d", describeAcquire(a), what, t, got, want)
 	}
 	return nil
 }
@@ -239,18 +239,18 @@ func (q *requestModel) checkKeyed(tb testing.TB, cmd *fsmpb.Command, res fsm.Res
 		rest := res
 		rest.Err = nil
 		if !errors.Is(res.Err, fence.ErrInvalidArgument) || !sameAnswer(rest, fsm.Result{}) {
-			return true, fmt.Errorf("%v with a key of %d bytes answered %s, want ErrInvalidArgument", cmd, len(key), describeAll(res))
+			return true, fmt.Errorf("%v with a key of %d bytes answered %s, want ErrInvalidArgument", cmd, len(key), describe(res))
 		}
 	} else if r, ok := q.applied[key]; ok {
-		if !sameAnswer(res, fsm.Result{Repeat: &r}) {
-			return true, fmt.Errorf("%v, whose key was applied before, answered %s, want only Repeat %+v", cmd, describeAll(res), r)
+		if !sameAnswer(res, fsm.Result{Answer: r}) {
+			return true, fmt.Errorf("%v, whose key was applied before, answered %s, want only Repeat %+v", cmd, describe(res), r)
 		}
 		q.noteRepeat(cmd, r)
 	} else {
 		return false, nil
 	}
 	if !bytes.Equal(before, snapshotBytes(tb, s)) {
-		return true, fmt.Errorf("%v answered %s by its key alone, but changed the state", cmd, describeAll(res))
+		return true, fmt.Errorf("%v answered %s by its key alone, but changed the state", cmd, describe(res))
 	}
 	return true, nil
 }
@@ -311,7 +311,7 @@ func (q *requestModel) keyApplied(cmd *fsmpb.Command, res fsm.Result) {
 		q.note("key: the oldest key forgotten")
 	}
 	q.keys = append(q.keys, key)
-	q.applied[key] = fsm.Repeat{SessionID: res.SessionID, Revision: res.Revision, Changed: len(res.Events) > 0, Succeeded: res.Txn != nil && res.Txn.Succeeded}
+	q.applied[key] = modelRepeat(res)
 	q.first[key] = cmd
 }
 
@@ -385,25 +385,26 @@ func (q *requestModel) compare(snap *fsmpb.Snapshot) error {
 // (a key over the limit, or one applied before): the command itself was
 // not applied, and its outcomes are those of its key.
 func answeredByKey(cmd *fsmpb.Command, res fsm.Result) bool {
-	return res.Repeat != nil || len(cmd.GetIdempotencyKey()) > fsm.MaxIdempotencyKeyBytes
+	_, repeat := res.Repeat()
+	return repeat || len(cmd.GetIdempotencyKey()) > fsm.MaxIdempotencyKeyBytes
 }
 
-// sameAnswer reports whether two results are equal, Repeat included
-// (cmpForm leaves it out).
+// modelRepeat is what the model expects the state to remember of a keyed
+// command that applied as res: the session it created, the KV revision
+// after it (its answer's, or, for a session's end, its last event's),
+// whether it changed a key, and whether a txn ran its then list.
+func modelRepeat(res fsm.Result) fsm.Repeat {
+	r := fsm.Repeat{SessionID: res.Effects.Created, Changed: len(res.Effects.Events) > 0, Succeeded: res.Txn().Succeeded}
+	for _, ev := range res.Effects.Events {
+		r.Revision = ev.KV.ModRevision
+	}
+	r.Revision = max(r.Revision, res.KV().Revision, res.Txn().Revision)
+	return r
+}
+
+// sameAnswer reports whether two results are equal, Repeat included.
 func sameAnswer(a, b fsm.Result) bool {
-	return reflect.DeepEqual(cmpForm(a), cmpForm(b)) && reflect.DeepEqual(a.Repeat, b.Repeat)
-}
-
-// describeAll is describe with the fields of requests and keys.
-func describeAll(r fsm.Result) string {
-	out := describe(r)
-	if r.Attempt != 0 || r.Released || r.Dequeued {
-		out += fmt.Sprintf("{Attempt:%d Released:%v Dequeued:%v}", r.Attempt, r.Released, r.Dequeued)
-	}
-	if r.Repeat != nil {
-		out += fmt.Sprintf("{Repeat:%+v}", *r.Repeat)
-	}
-	return out
+	return reflect.DeepEqual(cmpForm(a), cmpForm(b))
 }
 
 // taggedEntry is a wait or grant of a lock, with its request, as the
@@ -721,33 +722,28 @@ func TestModelCheckerCatchesRequestViolations(t *testing.T) {
 	}
 	cases := []brokenCase{
 		{"a retry answered without its new attempt", acquire(1, "a", excl, withRequest(7)), func(r fsm.Result) fsm.Result {
-			r.Attempt = 0
-			return r
+			return editAnswer(r, func(a *fsm.AcquireAnswer) { a.Attempt = 0 })
 		}, nil, "want 3"},
 		{"another request answered as a take-over", acquire(1, "a", excl, withRequest(8)), func(r fsm.Result) fsm.Result {
-			r.Attempt = 3
-			return r
+			return editAnswer(r, func(a *fsm.AcquireAnswer) { a.Attempt = 3 })
 		}, nil, "want 0"},
 		{"a take-over the state did not tag", acquire(2, "a", excl, withRequest(7)), nil, func(snap *fsmpb.Snapshot) {
 			snap.Locks[0].Waiters[0].Attempt = 2
 		}, "model {id:7 attempt:3}"},
 		{"a release by cancel not reported", cancelAcquire(1, "a", 7, 1), func(r fsm.Result) fsm.Result {
-			r.Released = false
-			return r
+			return editAnswer(r, func(a *fsm.CancelAcquireAnswer) { a.Released = false })
 		}, nil, "want Released"},
 		{"a dropped wait not reported", cancelAcquire(2, "a", 7, 0), func(r fsm.Result) fsm.Result {
-			r.Dequeued = false
-			return r
+			return editAnswer(r, func(a *fsm.CancelAcquireAnswer) { a.Dequeued = false })
 		}, nil, "want Dequeued"},
 		{"a cancel of an attempt taken over acting", cancelAcquire(1, "a", 7, 2), func(fsm.Result) fsm.Result {
-			return fsm.Result{Released: true}
+			return fsm.Result{Answer: fsm.CancelAcquireAnswer{Released: true}}
 		}, nil, "matches no wait or grant"},
 		{"a cancel wait of another request answering the grant", cancelWaitOf(1, "a", 8, 0), func(fsm.Result) fsm.Result {
-			return alreadyHeld(1, "a", 1, excl)
+			return grantedBefore(1, "a", 1, excl)
 		}, nil, "want {Err"},
 		{"a cancel wait of a wait not reporting the drop", cancelWaitOf(2, "a", 7, 2), func(r fsm.Result) fsm.Result {
-			r.Dequeued = false
-			return r
+			return editAnswer(r, func(a *fsm.CancelWaitAnswer) { a.Dequeued = false })
 		}, nil, "want Dequeued"},
 		{"an acquire of a cancelled request queued", acquire(3, "a", excl, withRequest(5)), func(fsm.Result) fsm.Result {
 			return queued()
@@ -762,8 +758,7 @@ func TestModelCheckerCatchesRequestViolations(t *testing.T) {
 			return wrote(2, fsm.KeyValue{Key: "k", Value: val("v"), CreateRevision: 1, ModRevision: 2, Version: 2})
 		}, nil, "want only Repeat"},
 		{"a repeat with another revision", keyedCmd("p", kvPut("k", "w")), func(r fsm.Result) fsm.Result {
-			r.Repeat.Revision++
-			return r
+			return editAnswer(r, func(a *fsm.Repeat) { a.Revision++ })
 		}, nil, "want only Repeat"},
 		{"a repeat that changes the state", keyedCmd("p", kvPut("k", "v")), nil, func(snap *fsmpb.Snapshot) {
 			snap.KvRevision, snap.Kvs[0].ModRevision, snap.Kvs[0].Version = 2, 2, 2
@@ -778,7 +773,7 @@ func TestModelCheckerCatchesRequestViolations(t *testing.T) {
 			return wrote(2, fsm.KeyValue{Key: "k", Value: val("w"), CreateRevision: 1, ModRevision: 2, Version: 2})
 		}, nil, "want ErrInvalidArgument"},
 		{"a Repeat for a key never applied", keyedCmd("r", kvPut("k", "v")), func(fsm.Result) fsm.Result {
-			return fsm.Result{Repeat: &fsm.Repeat{Revision: 1, Changed: true}}
+			return fsm.Result{Answer: fsm.Repeat{Revision: 1, Changed: true}}
 		}, nil, "not applied before"},
 	}
 	runBrokenCases(t, setup, cases)

@@ -3,7 +3,7 @@
 // each lock's holders and FIFO queue (built only from the Results it sees)
 // and each name's kind, and after every step checks docs/design.md invariants:
 //
-//  1. every token in Result.Grants is above every token issued before, none
+//  1. every token in Result.Effects.Grants is above every token issued before, none
 //     is issued twice, and LastToken moves only by reported grants;
 //  2. an exclusive lock has at most one holder, and a semaphore no more
 //     holders than permits (CheckInvariants and a scan of Locks(""));
@@ -39,7 +39,7 @@
 // could be granted from (so that a command hands free permits to as many
 // head waiters as they allow), that lock-delays appear only when sessions
 // end otherwise than by their own close, and that a command that ends
-// sessions says how (Result.EndedBy).
+// sessions says how (Result.Effects.EndedBy).
 // runStream adds invariant 7 (determinism): the same stream applied to a
 // second fresh State and to a third State rebuilt from Snapshot/Restore at
 // intervals must give identical Results and identical snapshot bytes.
@@ -128,8 +128,8 @@ func (m *modelChecker) observe(tb testing.TB, cmd *fsmpb.Command, res fsm.Result
 		// The command was not applied: the state is as before it.
 		return m.compare(s, nil, fsm.Result{})
 	}
-	if res.Repeat != nil {
-		return fmt.Errorf("%v answered Repeat %+v, but its key was not applied before", cmd, *res.Repeat)
+	if r, ok := res.Repeat(); ok {
+		return fmt.Errorf("%v answered Repeat %+v, but its key was not applied before", cmd, r)
 	}
 	if err := m.check(tb, cmd, res, s, before); err != nil {
 		return err
@@ -147,14 +147,17 @@ func (m *modelChecker) observe(tb testing.TB, cmd *fsmpb.Command, res fsm.Result
 func (m *modelChecker) observeBatch(tb testing.TB, cmd *fsmpb.Command, cmds []*fsmpb.Command, res fsm.Result, s *fsm.State, before []byte) error {
 	refused := cmd.GetIdempotencyKey() != "" || len(cmds) > fsm.MaxBatchCommands
 	rest := res
-	rest.Err, rest.Batch = nil, nil
+	rest.Err = nil
+	if _, ok := rest.Answer.(fsm.BatchAnswer); ok {
+		rest.Answer = nil
+	}
 	switch {
 	case !sameAnswer(rest, fsm.Result{}):
-		return fmt.Errorf("batch answered %s for itself", describeAll(res))
+		return fmt.Errorf("batch answered %s for itself", describe(res))
 	case refused && !errors.Is(res.Err, fence.ErrInvalidArgument):
-		return fmt.Errorf("batch with key %q and %d commands answered %s, want ErrInvalidArgument", cmd.GetIdempotencyKey(), len(cmds), describeAll(res))
-	case refused && res.Batch != nil:
-		return fmt.Errorf("refused batch answered its commands: %s", describeAll(res))
+		return fmt.Errorf("batch with key %q and %d commands answered %s, want ErrInvalidArgument", cmd.GetIdempotencyKey(), len(cmds), describe(res))
+	case refused && res.Answer != nil:
+		return fmt.Errorf("refused batch answered its commands: %s", describe(res))
 	case refused && !bytes.Equal(snapshotBytes(tb, s), before):
 		return fmt.Errorf("refused batch changed the state")
 	case refused:
@@ -162,8 +165,8 @@ func (m *modelChecker) observeBatch(tb testing.TB, cmd *fsmpb.Command, cmds []*f
 		return nil
 	case res.Err != nil:
 		return fmt.Errorf("batch failed whole: %v", res.Err)
-	case len(res.Batch) != len(cmds):
-		return fmt.Errorf("batch of %d commands answered %d results", len(cmds), len(res.Batch))
+	case len(res.Batch()) != len(cmds):
+		return fmt.Errorf("batch of %d commands answered %d results", len(cmds), len(res.Batch()))
 	}
 	var snap fsmpb.Snapshot
 	if err := proto.Unmarshal(before, &snap); err != nil {
@@ -175,16 +178,16 @@ func (m *modelChecker) observeBatch(tb testing.TB, cmd *fsmpb.Command, cmds []*f
 	}
 	for i, sub := range cmds {
 		if _, nested := sub.GetOp().(*fsmpb.Command_Batch); nested {
-			if !sameResult(res.Batch[i], fsm.Result{Err: fence.ErrInvalidArgument}) {
-				return fmt.Errorf("batch inside a batch answered %s, want ErrInvalidArgument alone", describeAll(res.Batch[i]))
+			if !sameResult(res.Batch()[i], fsm.Result{Err: fence.ErrInvalidArgument}) {
+				return fmt.Errorf("batch inside a batch answered %s, want ErrInvalidArgument alone", describe(res.Batch()[i]))
 			}
 			m.req.note("batch: a batch inside refused")
 			continue
 		}
 		at := snapshotBytes(tb, one)
 		got := one.Apply(sub)
-		if !sameAnswer(got, res.Batch[i]) {
-			return fmt.Errorf("command %d of a batch (%v) answered %s, alone %s", i, sub, describeAll(res.Batch[i]), describeAll(got))
+		if !sameAnswer(got, res.Batch()[i]) {
+			return fmt.Errorf("command %d of a batch (%v) answered %s, alone %s", i, sub, describe(res.Batch()[i]), describe(got))
 		}
 		if err := m.observe(tb, sub, got, one, at); err != nil {
 			return fmt.Errorf("command %d of a batch: %w", i, err)
@@ -217,7 +220,7 @@ func (m *modelChecker) check(tb testing.TB, cmd *fsmpb.Command, res fsm.Result, 
 		rest := res
 		rest.Err = nil
 		if !sameAnswer(rest, fsm.Result{}) {
-			return fmt.Errorf("failed command (%v) reported effects: %s", res.Err, describeAll(res))
+			return fmt.Errorf("failed command (%v) reported effects: %s", res.Err, describe(res))
 		}
 		return m.checkFailure(cmd, res.Err)
 	}
@@ -225,8 +228,8 @@ func (m *modelChecker) check(tb testing.TB, cmd *fsmpb.Command, res fsm.Result, 
 		return err
 	}
 	if isKVWrite(cmd) {
-		if res.Attempt != 0 || res.Released || res.Dequeued {
-			return fmt.Errorf("%v answered %s", cmd, describeAll(res))
+		if !answerFits(cmd, res.Answer) {
+			return fmt.Errorf("%v answered %s", cmd, describe(res))
 		}
 		if err := m.kv.observe(cmd, res, m.holders, m.maxToken, m.live); err != nil {
 			return err
@@ -238,7 +241,7 @@ func (m *modelChecker) check(tb testing.TB, cmd *fsmpb.Command, res fsm.Result, 
 		return err
 	}
 	if !immediate {
-		return m.handOut(res.Grants)
+		return m.handOut(res.Effects.Grants)
 	}
 	return nil
 }
@@ -432,7 +435,7 @@ func (m *modelChecker) checkTokens(cmd *fsmpb.Command, res fsm.Result, s *fsm.St
 	if r, ok := cmd.GetOp().(*fsmpb.Command_RaiseTokens); ok {
 		m.maxToken = max(m.maxToken, r.RaiseTokens.GetFloor())
 	}
-	for _, g := range res.Grants {
+	for _, g := range res.Effects.Grants {
 		if m.issued[g.Token] {
 			return fmt.Errorf("invariant 1: token %d issued twice (%+v)", g.Token, g)
 		}
@@ -448,42 +451,64 @@ func (m *modelChecker) checkTokens(cmd *fsmpb.Command, res fsm.Result, s *fsm.St
 	return nil
 }
 
+// answerFits reports whether a is of the type of cmd's own answer, or
+// none: no command answers another's answer.
+func answerFits(cmd *fsmpb.Command, a fsm.Answer) bool {
+	switch a.(type) {
+	case nil:
+		return true
+	case fsm.CreateSessionAnswer:
+		return cmd.GetCreateSession() != nil
+	case fsm.AcquireAnswer:
+		return cmd.GetAcquire() != nil
+	case fsm.CancelWaitAnswer:
+		return cmd.GetCancelWait() != nil
+	case fsm.CancelAcquireAnswer:
+		return cmd.GetCancelAcquire() != nil
+	case fsm.KVAnswer:
+		return cmd.GetKvPut() != nil || cmd.GetKvDelete() != nil
+	case fsm.TxnAnswer:
+		return cmd.GetKvTxn() != nil
+	case fsm.CreateTokenAnswer:
+		return cmd.GetAuth().GetCreateToken() != nil
+	}
+	return false
+}
+
 // checkSuccess checks a successful command's own answer and updates the
 // model for everything but hand-offs to waiters. immediate reports an
 // Acquire granted at once, whose grant is already accounted for.
 func (m *modelChecker) checkSuccess(cmd *fsmpb.Command, res fsm.Result) (immediate bool, err error) {
-	_, isAcquire := cmd.GetOp().(*fsmpb.Command_Acquire)
 	_, isCancel := cmd.GetOp().(*fsmpb.Command_CancelWait)
 	_, isCancelAcquire := cmd.GetOp().(*fsmpb.Command_CancelAcquire)
 	_, isCreate := cmd.GetOp().(*fsmpb.Command_CreateSession)
 	_, isClose := cmd.GetOp().(*fsmpb.Command_CloseSession)
 	_, isExpire := cmd.GetOp().(*fsmpb.Command_ExpireSessions)
 	switch {
-	case res.SessionID != 0 && !isCreate:
-		return false, fmt.Errorf("%v answered a session id", cmd)
-	case (res.Grant != nil || res.Queued) && !isAcquire && !isCancel:
-		return false, fmt.Errorf("%v answered a grant or a queue place", cmd)
-	case res.Attempt != 0 && !isAcquire:
-		return false, fmt.Errorf("%v answered attempt %d", cmd, res.Attempt)
-	case res.Released && !isCancelAcquire:
-		return false, fmt.Errorf("%v answered Released", cmd)
-	case res.Dequeued && !isCancelAcquire && !isCancel:
-		return false, fmt.Errorf("%v answered Dequeued", cmd)
-	case len(res.Ended) > 0 && !isClose && !isExpire:
+	case !answerFits(cmd, res.Answer):
+		return false, fmt.Errorf("%v answered %s", cmd, describeAnswer(res.Answer))
+	case (res.Effects.Created != 0) != isCreate:
+		return false, fmt.Errorf("%v created session %d", cmd, res.Effects.Created)
+	case res.Effects.Dropped != nil && !isCancelAcquire && !isCancel:
+		return false, fmt.Errorf("%v dropped a wait", cmd)
+	case len(res.Effects.Ended) > 0 && !isClose && !isExpire:
 		return false, fmt.Errorf("%v ended sessions", cmd)
-	case len(res.Delayed) > 0 && !isExpire && (!isClose || endOf(cmd) == fsm.Closed):
+	case len(res.Effects.Delayed) > 0 && !isExpire && (!isClose || endOf(cmd) == fsm.Closed):
 		return false, fmt.Errorf("%v put locks under delay; only an end other than the holder's close may", cmd)
-	case len(res.Ended) > 0 && res.EndedBy != endOf(cmd), len(res.Ended) == 0 && res.EndedBy != 0:
-		return false, fmt.Errorf("%v ended %v by %v", cmd, res.Ended, res.EndedBy)
-	case (res.Revision != 0 || len(res.Events) > 0) && !isClose && !isExpire:
-		return false, fmt.Errorf("%v answered a KV revision or events", cmd)
+	case len(res.Effects.Ended) > 0 && res.Effects.EndedBy != endOf(cmd), len(res.Effects.Ended) == 0 && res.Effects.EndedBy != 0:
+		return false, fmt.Errorf("%v ended %v by %v", cmd, res.Effects.Ended, res.Effects.EndedBy)
+	case len(res.Effects.Events) > 0 && !isClose && !isExpire:
+		return false, fmt.Errorf("%v made KV events", cmd)
 	}
 	if sid, ok := targetSession(cmd); ok && !m.live[sid] {
 		return false, fmt.Errorf("invariant 5: %v succeeded for session %d, which is not live", cmd, sid)
 	}
 	switch op := cmd.GetOp().(type) {
 	case *fsmpb.Command_CreateSession:
-		id := res.SessionID
+		id := res.CreateSession().SessionID
+		if id != res.Effects.Created {
+			return false, fmt.Errorf("CreateSession answered session %d and created %d", id, res.Effects.Created)
+		}
 		if id <= m.lastSession {
 			return false, fmt.Errorf("session id %d created after %d", id, m.lastSession)
 		}
@@ -514,16 +539,16 @@ func (m *modelChecker) checkSuccess(cmd *fsmpb.Command, res fsm.Result) (immedia
 	case *fsmpb.Command_ExpireSessions:
 		return false, m.endSessions(op.ExpireSessions.GetSessionIds(), res)
 	case *fsmpb.Command_LiftDelay:
-		if len(res.Grants) > 0 && m.before[op.LiftDelay.GetLock()].Delay == 0 {
-			return false, fmt.Errorf("LiftDelay(%q) of a lock not delayed granted %+v", op.LiftDelay.GetLock(), res.Grants)
+		if len(res.Effects.Grants) > 0 && m.before[op.LiftDelay.GetLock()].Delay == 0 {
+			return false, fmt.Errorf("LiftDelay(%q) of a lock not delayed granted %+v", op.LiftDelay.GetLock(), res.Effects.Grants)
 		}
 	case *fsmpb.Command_RaiseTokens:
-		if len(res.Grants) > 0 {
-			return false, fmt.Errorf("%v granted %+v", cmd, res.Grants)
+		if len(res.Effects.Grants) > 0 {
+			return false, fmt.Errorf("%v granted %+v", cmd, res.Effects.Grants)
 		}
 	case *fsmpb.Command_SetClusterId:
-		if len(res.Grants) > 0 {
-			return false, fmt.Errorf("%v granted %+v", cmd, res.Grants)
+		if len(res.Effects.Grants) > 0 {
+			return false, fmt.Errorf("%v granted %+v", cmd, res.Effects.Grants)
 		}
 		if m.clusterID == "" {
 			m.clusterID = op.SetClusterId.GetId() // the first name stays
@@ -533,8 +558,8 @@ func (m *modelChecker) checkSuccess(cmd *fsmpb.Command, res fsm.Result) (immedia
 		switch {
 		case r.GetNodeId() == "":
 			return false, fmt.Errorf("%v succeeded with an empty node id", cmd)
-		case len(res.Grants) > 0:
-			return false, fmt.Errorf("%v granted %+v", cmd, res.Grants)
+		case len(res.Effects.Grants) > 0:
+			return false, fmt.Errorf("%v granted %+v", cmd, res.Effects.Grants)
 		case r.GetApiAddress() == "":
 			delete(m.nodes, r.GetNodeId())
 		default:
@@ -542,7 +567,7 @@ func (m *modelChecker) checkSuccess(cmd *fsmpb.Command, res fsm.Result) (immedia
 		}
 	case *fsmpb.Command_SetProtocol:
 		// A protocol never goes back: an older one changes nothing.
-		if v := op.SetProtocol.GetVersion(); v > fsm.Protocol || len(res.Grants) > 0 {
+		if v := op.SetProtocol.GetVersion(); v > fsm.Protocol || len(res.Effects.Grants) > 0 {
 			return false, fmt.Errorf("%v succeeded with %+v", cmd, res)
 		}
 		m.protocol = max(m.protocol, op.SetProtocol.GetVersion())
@@ -558,8 +583,9 @@ func (m *modelChecker) acquired(a *fsmpb.Acquire, res fsm.Result) (immediate boo
 		return false, fmt.Errorf("acquire(%s) answered %s, but the model says it fails with %v: %s", describeAcquire(a), describe(res), want, why)
 	}
 	held, waits := m.holdsIn(name, sid), m.waitsIn(name, sid)
+	ans := res.Acquire()
 	switch {
-	case res.Queued && res.Grant == nil && len(res.Grants) == 0:
+	case ans.Queued && ans.Grant == nil && len(res.Effects.Grants) == 0:
 		if waits == mode {
 			return false, m.req.retried(a, res, "wait") // idempotent: already waiting
 		}
@@ -575,15 +601,15 @@ func (m *modelChecker) acquired(a *fsmpb.Acquire, res fsm.Result) (immediate boo
 		m.use(name, a.GetPermits())
 		m.queues[name] = append(m.queues[name], fsm.WaiterInfo{Session: sid, Mode: mode})
 		return false, m.req.tagged(a, res, "queued")
-	case res.Grant != nil && !res.Queued && len(res.Grants) == 0:
-		if m.holdsIn(name, sid) != mode || m.tokenOf(name, sid) != res.Grant.Token || *res.Grant != grant(sid, name, res.Grant.Token, mode) {
-			return false, fmt.Errorf("re-acquire answered %+v, which the session does not hold", *res.Grant)
+	case ans.Grant != nil && !ans.Queued && len(res.Effects.Grants) == 0:
+		if m.holdsIn(name, sid) != mode || m.tokenOf(name, sid) != ans.Grant.Token || *ans.Grant != grant(sid, name, ans.Grant.Token, mode) {
+			return false, fmt.Errorf("re-acquire answered %+v, which the session does not hold", *ans.Grant)
 		}
 		return true, m.req.retried(a, res, "grant")
-	case res.Grant != nil && !res.Queued && len(res.Grants) == 1:
-		g := res.Grants[0]
-		if *res.Grant != g || g != grant(sid, name, g.Token, mode) {
-			return false, fmt.Errorf("acquire(%d, %q, %s) answered %+v and made %+v", sid, name, mode, *res.Grant, g)
+	case ans.Grant != nil && !ans.Queued && len(res.Effects.Grants) == 1:
+		g := res.Effects.Grants[0]
+		if *ans.Grant != g || g != grant(sid, name, g.Token, mode) {
+			return false, fmt.Errorf("acquire(%d, %q, %s) answered %+v and made %+v", sid, name, mode, *ans.Grant, g)
 		}
 		if held != 0 || waits != 0 {
 			return false, fmt.Errorf("acquire(%d, %q) made a second grant to a session that holds in %s or waits in %s", sid, name, held, waits)
@@ -595,7 +621,7 @@ func (m *modelChecker) acquired(a *fsmpb.Acquire, res fsm.Result) (immediate boo
 		m.holders[name] = append(m.holders[name], fsm.HolderInfo{Session: sid, Token: g.Token, Mode: mode})
 		return true, m.req.tagged(a, res, "granted")
 	}
-	return false, fmt.Errorf("acquire answered %s", describeAll(res))
+	return false, fmt.Errorf("acquire answered %s", describe(res))
 }
 
 // use records the kind of a name that a new holder or waiter puts in use;
@@ -620,36 +646,35 @@ func (m *modelChecker) cancelled(c *fsmpb.CancelWait, res fsm.Result) error {
 		byRequest = "cancel wait by request"
 	}
 	if held := m.holdsIn(name, sid); held != 0 {
-		var want fsm.Result
+		want := fsm.Result{Answer: fsm.CancelWaitAnswer{}}
 		if acts {
-			g := grant(sid, name, m.tokenOf(name, sid), held)
-			want.Grant = &g
+			want = grantedBefore(sid, name, m.tokenOf(name, sid), held)
 			m.req.note("request: " + byRequest + " answered the grant")
 		} else {
 			m.req.note("request: cancel wait by another request left the grant")
 		}
 		if !sameAnswer(res, want) {
-			return fmt.Errorf("cancel wait %v by holder %d of %q answered %s, want %s", c, sid, name, describeAll(res), describeAll(want))
+			return fmt.Errorf("cancel wait %v by holder %d of %q answered %s, want %s", c, sid, name, describe(res), describe(want))
 		}
 		return nil
 	}
 	i := m.queueIndex(name, sid)
 	if i < 0 || !acts {
 		if !sameAnswer(res, fsm.Result{}) {
-			return fmt.Errorf("cancel wait %v that matches no wait or grant answered %s", c, describeAll(res))
+			return fmt.Errorf("cancel wait %v that matches no wait or grant answered %s", c, describe(res))
 		}
 		if i >= 0 {
 			m.req.note("request: cancel wait by another request left the wait")
 		}
 		return nil
 	}
-	if res.Grant != nil || res.Queued || !res.Dequeued {
-		return fmt.Errorf("cancel wait %v of a wait answered %s, want Dequeued", c, describeAll(res))
+	if res.Answer != (fsm.CancelWaitAnswer{Dequeued: true}) || res.Effects.Dropped == nil || *res.Effects.Dropped != (fsm.WaitRef{Session: sid, Lock: name}) {
+		return fmt.Errorf("cancel wait %v of a wait answered %s, dropped %v, want Dequeued", c, describe(res), res.Effects.Dropped)
 	}
 	m.queues[name] = slices.Delete(m.queues[name], i, i+1)
 	m.req.drop(name, sid)
 	m.req.note("request: " + byRequest + " dropped the wait")
-	if len(res.Grants) > 0 {
+	if len(res.Effects.Grants) > 0 {
 		m.req.note("request: a wait dropped by cancel handed the lock on")
 	}
 	return nil
@@ -677,26 +702,26 @@ func (m *modelChecker) cancelledAcquire(c *fsmpb.CancelAcquire, res fsm.Result) 
 	i, j := slices.IndexFunc(m.holders[name], func(h fsm.HolderInfo) bool { return h.Session == sid }), m.queueIndex(name, sid)
 	switch {
 	case tag.matches(id, attempt) && i >= 0:
-		if res.Grant != nil || res.Queued || !res.Released || res.Dequeued {
-			return fmt.Errorf("%v of a grant answered %s, want Released", c, describeAll(res))
+		if res.Answer != (fsm.CancelAcquireAnswer{Released: true}) || res.Effects.Dropped != nil {
+			return fmt.Errorf("%v of a grant answered %s, want Released", c, describe(res))
 		}
 		m.holders[name] = slices.Delete(m.holders[name], i, i+1)
 		m.req.note("request: cancel released the grant" + byAttempt)
-		if len(res.Grants) > 0 {
+		if len(res.Effects.Grants) > 0 {
 			m.req.note("request: a grant released by cancel handed the lock on")
 		}
 	case tag.matches(id, attempt) && j >= 0:
-		if res.Grant != nil || res.Queued || res.Released || !res.Dequeued {
-			return fmt.Errorf("%v of a wait answered %s, want Dequeued", c, describeAll(res))
+		if res.Answer != (fsm.CancelAcquireAnswer{Dequeued: true}) || res.Effects.Dropped == nil || *res.Effects.Dropped != (fsm.WaitRef{Session: sid, Lock: name}) {
+			return fmt.Errorf("%v of a wait answered %s, dropped %v, want Dequeued", c, describe(res), res.Effects.Dropped)
 		}
 		m.queues[name] = slices.Delete(m.queues[name], j, j+1)
 		m.req.note("request: cancel dropped the wait" + byAttempt)
-		if len(res.Grants) > 0 {
+		if len(res.Effects.Grants) > 0 {
 			m.req.note("request: a wait dropped by cancel handed the lock on")
 		}
 	default:
 		if !sameAnswer(res, fsm.Result{}) {
-			return fmt.Errorf("%v that matches no wait or grant (the session's is %+v) answered %s", c, tag, describeAll(res))
+			return fmt.Errorf("%v that matches no wait or grant (the session's is %+v) answered %s", c, tag, describe(res))
 		}
 		switch {
 		case tag.id == id:
@@ -724,20 +749,19 @@ func (m *modelChecker) endSessions(ids []uint64, res fsm.Result) error {
 			want = append(want, id)
 		}
 	}
-	if !slices.Equal(res.Ended, want) {
-		return fmt.Errorf("ended %v, want the live sessions among %v: %v", res.Ended, ids, want)
+	if !slices.Equal(res.Effects.Ended, want) {
+		return fmt.Errorf("ended %v, want the live sessions among %v: %v", res.Effects.Ended, ids, want)
 	}
 	var events []fsm.KVEvent
-	var rev uint64
 	for _, id := range want {
 		events = append(events, m.kv.endSession(id)...)
 	}
-	if len(events) > 0 {
-		rev = m.kv.rev
+	if n := len(events); n > 0 && events[n-1].KV.ModRevision != m.kv.rev {
+		return fmt.Errorf("the model deleted the keys of sessions %v up to revision %d, but its store is at %d", want, events[n-1].KV.ModRevision, m.kv.rev)
 	}
-	if res.Revision != rev || !reflect.DeepEqual(cmpForm(fsm.Result{Events: res.Events}), cmpForm(fsm.Result{Events: events})) {
+	if !reflect.DeepEqual(cmpForm(fsm.Result{Effects: fsm.Effects{Events: res.Effects.Events}}), cmpForm(fsm.Result{Effects: fsm.Effects{Events: events}})) {
 		return fmt.Errorf("ending sessions %v answered %s; the model deletes their keys: %s",
-			want, describe(res), describe(fsm.Result{Revision: rev, Events: events}))
+			want, describe(res), describe(fsm.Result{Effects: fsm.Effects{Events: events}}))
 	}
 	heldByEnded := map[string]bool{}
 	for _, id := range want {
@@ -756,7 +780,7 @@ func (m *modelChecker) endSessions(ids []uint64, res fsm.Result) error {
 		m.ended[id] = true
 		m.req.endSession(id)
 	}
-	for _, d := range res.Delayed {
+	for _, d := range res.Effects.Delayed {
 		if !heldByEnded[d.Lock] || d.Delay <= 0 {
 			return fmt.Errorf("lock %q put under delay %v, but no ended session held it", d.Lock, d.Delay)
 		}
@@ -955,7 +979,7 @@ func (m *modelChecker) checkDelays(now map[string]fsm.LockInfo, cmd *fsmpb.Comma
 	}
 	before, after := pending(m.before), pending(now)
 	reported := map[fsm.Delay]bool{}
-	for _, d := range res.Delayed {
+	for _, d := range res.Effects.Delayed {
 		reported[d] = true
 		if before[d] || !after[d] {
 			return fmt.Errorf("delay %+v reported, but it was pending before (%v) or is not after (%v)", d, before[d], after[d])
@@ -963,7 +987,7 @@ func (m *modelChecker) checkDelays(now map[string]fsm.LockInfo, cmd *fsmpb.Comma
 	}
 	for d := range after {
 		if !before[d] && !reported[d] {
-			return fmt.Errorf("delay %+v appeared, but the result reports %+v", d, res.Delayed)
+			return fmt.Errorf("delay %+v appeared, but the result reports %+v", d, res.Effects.Delayed)
 		}
 	}
 	lift, isLift := cmd.GetOp().(*fsmpb.Command_LiftDelay)
@@ -978,7 +1002,7 @@ func (m *modelChecker) checkDelays(now map[string]fsm.LockInfo, cmd *fsmpb.Comma
 			return fmt.Errorf("delay %+v vanished under %v", d, cmd)
 		}
 	}
-	for _, g := range res.Grants {
+	for _, g := range res.Effects.Grants {
 		if now[g.Lock].Delay != 0 {
 			return fmt.Errorf("%+v granted, but the lock is under delay %v after the command", g, now[g.Lock].Delay)
 		}
@@ -1354,7 +1378,7 @@ func runStreamFrom(tb testing.TB, data []byte, start *fsmpb.Snapshot) map[string
 		}
 		kvPre := kvBeforeOf(a)
 		ra := a.Apply(cmd)
-		history = append(history, fmt.Sprintf("  %d: %v -> %s", step, cmd, describeAll(ra)))
+		history = append(history, fmt.Sprintf("  %d: %v -> %s", step, cmd, describe(ra)))
 		if err := check.observe(tb, cmd, ra, a, before); err != nil {
 			fail(step, "%v", err)
 		}
@@ -1389,7 +1413,7 @@ func runStreamFrom(tb testing.TB, data []byte, start *fsmpb.Snapshot) map[string
 		for name, other := range map[string]*fsm.State{"second fresh state": b, "restored state": c} {
 			ro := other.Apply(cmd)
 			if !sameAnswer(ro, ra) {
-				fail(step, "invariant 7: %s answered %s, the first %s", name, describeAll(ro), describeAll(ra))
+				fail(step, "invariant 7: %s answered %s, the first %s", name, describe(ro), describe(ra))
 			}
 			if !reflect.DeepEqual(allLockEvents(ro), allLockEvents(ra)) {
 				fail(step, "invariant 7: %s made lock events\n%s\nthe first\n%s", name, describeLockEvents(allLockEvents(ro)), describeLockEvents(allLockEvents(ra)))
@@ -1477,18 +1501,18 @@ func semOutcomes(cmd *fsmpb.Command, res fsm.Result, pre fsm.LockInfo, inUse boo
 			out = append(out, "semaphore: waiter limit")
 		case res.Err != nil:
 			out = append(out, "semaphore: other error")
-		case len(res.Grants) == 1 && len(pre.Holders) > 0:
+		case len(res.Effects.Grants) == 1 && len(pre.Holders) > 0:
 			out = append(out, "semaphore: granted beside other holders")
-		case len(res.Grants) == 1 && !inUse && seen && lastPermits[a.GetLock()] == 0:
+		case len(res.Effects.Grants) == 1 && !inUse && seen && lastPermits[a.GetLock()] == 0:
 			out = append(out, "semaphore: name reused as a semaphore")
-		case res.Grant != nil && len(res.Grants) == 0:
+		case res.Acquire().Grant != nil && len(res.Effects.Grants) == 0:
 			out = append(out, "semaphore: granted again")
-		case res.Queued && len(pre.Holders) >= int(n) && slices.IndexFunc(pre.Waiters, func(w fsm.WaiterInfo) bool { return w.Session == a.GetSessionId() }) < 0:
+		case res.Acquire().Queued && len(pre.Holders) >= int(n) && slices.IndexFunc(pre.Waiters, func(w fsm.WaiterInfo) bool { return w.Session == a.GetSessionId() }) < 0:
 			out = append(out, "semaphore: queued when full")
 		}
 	}
 	handedOff := map[string]int{}
-	for _, g := range res.Grants {
+	for _, g := range res.Effects.Grants {
 		if _, isAcquire := cmd.GetOp().(*fsmpb.Command_Acquire); g.Mode == sem && !isAcquire {
 			handedOff[g.Lock]++
 		}
@@ -1502,7 +1526,7 @@ func semOutcomes(cmd *fsmpb.Command, res fsm.Result, pre fsm.LockInfo, inUse boo
 			out = append(out, "semaphore: handed to waiters when the delay lifts")
 		}
 	}
-	for _, d := range res.Delayed {
+	for _, d := range res.Effects.Delayed {
 		if l, ok := s.Lock(d.Lock); ok && l.Permits > 0 {
 			out = append(out, "semaphore: put under delay")
 		}
@@ -1723,9 +1747,9 @@ func TestModelCheckerCatchesViolations(t *testing.T) {
 		name string
 		res  func(real fsm.Result) fsm.Result
 	}{
-		{"a token reused (1)", func(r fsm.Result) fsm.Result { r.Grants[0].Token = 1; return r }},
-		{"the grant skips the head of the queue (4)", func(r fsm.Result) fsm.Result { r.Grants[0].Session = 3; return r }},
-		{"a grant goes missing from the result (1)", func(r fsm.Result) fsm.Result { r.Grants = nil; return r }},
+		{"a token reused (1)", func(r fsm.Result) fsm.Result { r.Effects.Grants[0].Token = 1; return r }},
+		{"the grant skips the head of the queue (4)", func(r fsm.Result) fsm.Result { r.Effects.Grants[0].Session = 3; return r }},
+		{"a grant goes missing from the result (1)", func(r fsm.Result) fsm.Result { r.Effects.Grants = nil; return r }},
 	}
 	for _, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {
@@ -1743,9 +1767,15 @@ func TestModelCheckerCatchesViolations(t *testing.T) {
 		name string
 		res  func(real fsm.Result) fsm.Result
 	}{
-		{"two callers' results swapped", func(r fsm.Result) fsm.Result { r.Batch[0], r.Batch[1] = r.Batch[1], r.Batch[0]; return r }},
-		{"a result missing", func(r fsm.Result) fsm.Result { r.Batch = r.Batch[:1]; return r }},
-		{"a hand-off left out", func(r fsm.Result) fsm.Result { r.Batch[0].Grants = nil; return r }},
+		{"two callers' results swapped", func(r fsm.Result) fsm.Result {
+			return editAnswer(r, func(b *fsm.BatchAnswer) { b.Results[0], b.Results[1] = b.Results[1], b.Results[0] })
+		}},
+		{"a result missing", func(r fsm.Result) fsm.Result {
+			return editAnswer(r, func(b *fsm.BatchAnswer) { b.Results = b.Results[:1] })
+		}},
+		{"a hand-off left out", func(r fsm.Result) fsm.Result {
+			return editAnswer(r, func(b *fsm.BatchAnswer) { b.Results[0].Effects.Grants = nil })
+		}},
 		{"the batch failed whole", func(fsm.Result) fsm.Result { return fsm.Result{Err: fence.ErrInvalidArgument} }},
 	}
 	for _, tc := range batchCases {
@@ -1839,7 +1869,7 @@ func TestModelCheckerCatchesViolations(t *testing.T) {
 			cmd := kvPut("p", "x", fenced("a", 0))
 			before := snapshotBytes(t, s)
 			res := s.Apply(cmd)
-			res.Events[0].KV.Lock = "a"
+			res.Effects.Events[0].KV.Lock = "a"
 			return m.observe(t, cmd, res, s, before)
 		}, `Lock:"a"`},
 		{"a stale txn reported as applied (6)", func(t *testing.T, s *fsm.State, m *modelChecker) error {
@@ -1848,7 +1878,7 @@ func TestModelCheckerCatchesViolations(t *testing.T) {
 			if res := s.Apply(cmd); !errors.Is(res.Err, fence.ErrStaleToken) {
 				t.Fatalf("setup: %s", describe(res))
 			}
-			return m.observe(t, cmd, txnDid(true, 4, []fsm.TxnOpResult{none, none},
+			return m.observe(t, cmd, txnDid(true, 4, []fsm.TxnOpAnswer{none, none},
 				put(kvAt("n", "x", "a", 4, 4, 4, 4, 1)), put(kvAt("k", "old", "a", 4, 5, 1, 4, 2))), s, before)
 		}, ""},
 		{"a txn applied in part by the state", func(t *testing.T, s *fsm.State, m *modelChecker) error {
@@ -1864,21 +1894,21 @@ func TestModelCheckerCatchesViolations(t *testing.T) {
 			cmd := txn(nil, ops(tPut("n", "x"), tPut("k", "new")), nil, fenced("a", 5))
 			before := snapshotBytes(t, s)
 			res := s.Apply(cmd)
-			res.Events[1].KV.ModRevision++
+			res.Effects.Events[1].KV.ModRevision++
 			return m.observe(t, cmd, res, s, before)
 		}, "answered"},
 		{"a txn that ran the wrong list", func(t *testing.T, s *fsm.State, m *modelChecker) error {
 			cmd := txn(ifs(ifValue("k", eq, "v")), ops(tGet("k")), ops(tGet("k")))
 			before := snapshotBytes(t, s)
 			res := s.Apply(cmd)
-			res.Txn.Succeeded = false
+			res = editAnswer(res, func(a *fsm.TxnAnswer) { a.Succeeded = false })
 			return m.observe(t, cmd, res, s, before)
 		}, "answered"},
 		{"a txn's get that read another key", func(t *testing.T, s *fsm.State, m *modelChecker) error {
 			cmd := txn(nil, ops(tGet("k"), tGet("t")), nil)
 			before := snapshotBytes(t, s)
 			res := s.Apply(cmd)
-			res.Txn.Ops[1] = res.Txn.Ops[0]
+			res = editAnswer(res, func(a *fsm.TxnAnswer) { a.Ops[1] = a.Ops[0] })
 			return m.observe(t, cmd, res, s, before)
 		}, "answered"},
 	}
@@ -1971,26 +2001,26 @@ func TestModelCheckerCatchesViolations(t *testing.T) {
 	sessionGone := fmt.Errorf("%w: session 7 does not exist or has expired; create a new session", fence.ErrSessionNotFound)
 	bindCases := []brokenCase{
 		{"a close that leaves its session's keys", closeSession(1), func(r fsm.Result) fsm.Result {
-			r.Events, r.Revision = nil, 0
+			r.Effects.Events = nil
 			return r
 		}, nil, "the model deletes their keys"},
 		{"a close that deletes its session's keys out of key order", closeSession(1), func(r fsm.Result) fsm.Result {
-			r.Events[0], r.Events[1] = r.Events[1], r.Events[0]
+			r.Effects.Events[0], r.Effects.Events[1] = r.Effects.Events[1], r.Effects.Events[0]
 			return r
 		}, nil, "the model deletes their keys"},
 		{"a close that deletes its keys at one revision", closeSession(1), func(r fsm.Result) fsm.Result {
-			r.Events[1].KV.ModRevision = r.Events[0].KV.ModRevision
+			r.Effects.Events[1].KV.ModRevision = r.Effects.Events[0].KV.ModRevision
 			return r
 		}, nil, "the model deletes their keys"},
 		{"a key deleted with its session still reported bound", closeSession(1), func(r fsm.Result) fsm.Result {
-			r.Events[0].KV.Session = 1
+			r.Effects.Events[0].KV.Session = 1
 			return r
 		}, nil, "the model deletes their keys"},
 		{"a key deleted with its session leaves no tombstone", closeSession(1), nil, func(snap *fsmpb.Snapshot) {
 			snap.Kvs = slices.DeleteFunc(snap.Kvs, func(kv *fsmpb.KV) bool { return kv.GetKey() == "k" })
 		}, "invariant 6"},
 		{"a key bound to a closed session left live", closeSession(1), func(r fsm.Result) fsm.Result {
-			r.Events, r.Revision = r.Events[:1], r.Events[0].KV.ModRevision
+			r.Effects.Events = r.Effects.Events[:1]
 			return r
 		}, func(snap *fsmpb.Snapshot) {
 			snap.KvRevision--
@@ -2007,7 +2037,7 @@ func TestModelCheckerCatchesViolations(t *testing.T) {
 			return fails(fence.ErrLimit)
 		}, nil, "session"},
 		{"a bound put reported unbound", kvPut("u", "w", boundTo(2)), func(r fsm.Result) fsm.Result {
-			r.Events[0].KV.Session = 0
+			r.Effects.Events[0].KV.Session = 0
 			return r
 		}, nil, "the model"},
 		{"a put that leaves its key bound to its old session", kvPut("j", "w"), nil, func(snap *fsmpb.Snapshot) {
@@ -2018,7 +2048,7 @@ func TestModelCheckerCatchesViolations(t *testing.T) {
 			}
 		}, "snapshot has"},
 		{"a delete that leaves its key bound", kvDel("k", fenced("a", 1)), func(r fsm.Result) fsm.Result {
-			r.Events[0].KV.Session = 1
+			r.Effects.Events[0].KV.Session = 1
 			return r
 		}, nil, "the model"},
 	}
@@ -2028,7 +2058,7 @@ func TestModelCheckerCatchesViolations(t *testing.T) {
 		cmd := expireSessions(1, 2)
 		before := snapshotBytes(t, s)
 		res := s.Apply(cmd)
-		res.Grants = append([]fsm.Grant{grant(2, "a", 2, excl)}, res.Grants...)
+		res.Effects.Grants = append([]fsm.Grant{grant(2, "a", 2, excl)}, res.Effects.Grants...)
 		if err := m.observe(t, cmd, res, s, before); err == nil || !strings.Contains(err.Error(), "invariant") {
 			t.Fatalf("observe = %v, want an invariant violation", err)
 		}

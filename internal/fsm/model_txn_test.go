@@ -192,20 +192,21 @@ func (k *kvModel) expectTxn(t *fsmpb.KVTxn, holders map[string][]fsm.HolderInfo,
 	}
 	next := k.clone()
 	res := next.applyTxn(list, f, user)
-	res.Txn.Succeeded = succeeded
+	res = editAnswer(res, func(a *fsm.TxnAnswer) { a.Succeeded = succeeded })
 	return res, func() { k.rev, k.keys, k.accepted = next.rev, next.keys, next.accepted }
 }
 
 // applyTxn applies the checked operations of a txn's list to the model
-// and returns what the txn answers.
+// and returns what the txn answers (all but Succeeded) and its events.
 func (k *kvModel) applyTxn(list []*fsmpb.KVTxnOp, f *fsmpb.KVFence, user string) fsm.Result {
 	token, lock := f.GetToken(), f.GetLock()
 	if token == 0 {
 		lock = ""
 	}
-	res := fsm.Result{Txn: &fsm.TxnResult{}}
+	var res fsm.Result
+	var ans fsm.TxnAnswer
 	if len(list) > 0 {
-		res.Txn.Ops = make([]fsm.TxnOpResult, len(list))
+		ans.Ops = make([]fsm.TxnOpAnswer, len(list))
 	}
 	rev := k.rev + 1
 	for i, op := range list {
@@ -224,7 +225,7 @@ func (k *kvModel) applyTxn(list []*fsmpb.KVTxnOp, f *fsmpb.KVFence, user string)
 			if live {
 				kv := e.kv
 				kv.Value = val(string(kv.Value))
-				res.Txn.Ops[i] = fsm.TxnOpResult{Found: true, KV: kv}
+				ans.Ops[i] = fsm.TxnOpAnswer{Found: true, KV: kv}
 			}
 			continue
 		case !isPut && !live:
@@ -248,7 +249,7 @@ func (k *kvModel) applyTxn(list []*fsmpb.KVTxnOp, f *fsmpb.KVFence, user string)
 			kv.Value, kv.Session = val(string(op.GetPut().GetValue())), op.GetPut().GetSessionId()
 			kv.Version++
 			k.keys[key] = &modelKey{kv: kv, user: user}
-			res.Events = append(res.Events, fsm.KVEvent{KV: kv})
+			res.Effects.Events = append(res.Effects.Events, fsm.KVEvent{KV: kv})
 			continue
 		}
 		kv.Value, kv.Session = nil, 0
@@ -256,10 +257,11 @@ func (k *kvModel) applyTxn(list []*fsmpb.KVTxnOp, f *fsmpb.KVFence, user string)
 		if kv.HighestToken == 0 {
 			delete(k.keys, key)
 		}
-		res.Events = append(res.Events, fsm.KVEvent{Deleted: true, KV: kv})
-		res.Txn.Ops[i].Deleted = true
+		res.Effects.Events = append(res.Effects.Events, fsm.KVEvent{Deleted: true, KV: kv})
+		ans.Ops[i].Deleted = true
 	}
-	res.Revision = k.rev
+	ans.Revision = k.rev
+	res.Answer = ans
 	return res
 }
 
@@ -426,20 +428,21 @@ func txnOutcomes(cmd *fsmpb.Command, res fsm.Result) []string {
 	if neverIssued(res.Err) {
 		add("never issued")
 	}
-	if res.Err != nil || res.Txn == nil {
+	ans, ok := res.Answer.(fsm.TxnAnswer)
+	if res.Err != nil || !ok {
 		return out
 	}
 	list := t.GetThen()
-	if res.Txn.Succeeded {
+	if ans.Succeeded {
 		add("then ran")
 	} else {
 		add("else ran")
 		list = t.GetElse()
 	}
 	switch {
-	case len(res.Events) > 1:
+	case len(res.Effects.Events) > 1:
 		add("several writes at one revision")
-	case len(res.Events) == 0:
+	case len(res.Effects.Events) == 0:
 		add("changed nothing")
 	}
 	written := map[string]bool{}
@@ -448,16 +451,16 @@ func txnOutcomes(cmd *fsmpb.Command, res fsm.Result) []string {
 		switch {
 		case !isWrite && written[op.GetGet()]:
 			add("a get after a write of its key")
-		case !isWrite && res.Txn.Ops[i].Found:
+		case !isWrite && ans.Ops[i].Found:
 			add("a get found its key")
 		case isPut && op.GetPut().GetSessionId() != 0:
 			add("a bound put")
-		case !isPut && isWrite && !res.Txn.Ops[i].Deleted && t.GetFence().GetToken() > 0:
+		case !isPut && isWrite && !ans.Ops[i].Deleted && t.GetFence().GetToken() > 0:
 			add("fenced no-op delete")
 		}
 		written[key] = isWrite
 	}
-	if t.GetFence().GetStrict() && len(res.Events) > 0 {
+	if t.GetFence().GetStrict() && len(res.Effects.Events) > 0 {
 		add("strict writes")
 	}
 	return out

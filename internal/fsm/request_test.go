@@ -26,8 +26,8 @@ func TestEachExpiryDelaysInFull(t *testing.T) {
 			{cmd: acquire(1, "a", shared, withDelay(d1)), want: granted(1, "a", 1, shared)},
 			{cmd: acquire(2, "a", shared, withDelay(d2)), want: granted(2, "a", 2, shared)},
 			{cmd: acquire(3, "a", excl), want: queued()},
-			{cmd: expireSessions(1), want: fsm.Result{Ended: []uint64{1}, EndedBy: fsm.Expired, Delayed: []fsm.Delay{delayed(1, d1)}}},
-			{cmd: expireSessions(2), want: fsm.Result{Ended: []uint64{2}, EndedBy: fsm.Expired, Delayed: []fsm.Delay{delayed(2, d2)}}, after: func(t *testing.T, s *fsm.State) {
+			{cmd: expireSessions(1), want: fsm.Result{Effects: fsm.Effects{Ended: []uint64{1}, EndedBy: fsm.Expired, Delayed: []fsm.Delay{delayed(1, d1)}}}},
+			{cmd: expireSessions(2), want: fsm.Result{Effects: fsm.Effects{Ended: []uint64{2}, EndedBy: fsm.Expired, Delayed: []fsm.Delay{delayed(2, d2)}}}, after: func(t *testing.T, s *fsm.State) {
 				if got := s.DelayedLocks(); len(got) != 2 || got[0] != delayed(1, d1) || got[1] != delayed(2, d2) {
 					t.Fatalf("DelayedLocks() = %+v, want both delays", got)
 				}
@@ -77,10 +77,10 @@ func TestEveryEndButTheHoldersCloseDelays(t *testing.T) {
 		{cmd: acquire(2, "a", excl), want: queued()},
 	})
 	delayedBy := func(how fsm.End) fsm.Result {
-		return fsm.Result{Ended: []uint64{1}, EndedBy: how, Delayed: []fsm.Delay{{Lock: "a", Delay: 5 * sec, ID: 1}}}
+		return fsm.Result{Effects: fsm.Effects{Ended: []uint64{1}, EndedBy: how, Delayed: []fsm.Delay{{Lock: "a", Delay: 5 * sec, ID: 1}}}}
 	}
 	handedOnBy := func(how fsm.End) fsm.Result {
-		return fsm.Result{Ended: []uint64{1}, EndedBy: how, Grants: []fsm.Grant{grant(2, "a", 2, excl)}}
+		return fsm.Result{Effects: fsm.Effects{Ended: []uint64{1}, EndedBy: how, Grants: []fsm.Grant{grant(2, "a", 2, excl)}}}
 	}
 	held := []fsm.LockInfo{{Name: "a", Holders: []fsm.HolderInfo{holding(2, 2, excl)}}}
 	// An entry of a version before CloseSession.end: field 2 (close_session)
@@ -161,7 +161,7 @@ func TestCancelAcquire(t *testing.T) {
 			steps: script(sessions(2), []applyStep{
 				{cmd: acquire(1, "a", excl, withRequest(7)), want: withAttempt(granted(1, "a", 1, excl), 1)},
 				{cmd: acquire(2, "a", excl, withRequest(7)), want: withAttempt(queued(), 2)},
-				{cmd: cancelAcquire(1, "a", 7, 0), want: fsm.Result{Released: true, Grants: []fsm.Grant{grant(2, "a", 2, excl)}}},
+				{cmd: cancelAcquire(1, "a", 7, 0), want: fsm.Result{Answer: fsm.CancelAcquireAnswer{Released: true}, Effects: fsm.Effects{Grants: []fsm.Grant{grant(2, "a", 2, excl)}}}},
 				{cmd: cancelAcquire(1, "a", 7, 0), want: fsm.Result{}},
 				{cmd: acquire(1, "a", excl, withRequest(7)), want: fails(fence.ErrCancelled)},
 				{cmd: acquire(1, "a", excl, withRequest(8)), want: withAttempt(queued(), 3)},
@@ -174,7 +174,7 @@ func TestCancelAcquire(t *testing.T) {
 				{cmd: acquire(1, "a", excl), want: granted(1, "a", 1, excl)},
 				{cmd: acquire(2, "a", excl, withRequest(5)), want: withAttempt(queued(), 1)},
 				{cmd: acquire(3, "a", excl), want: queued()},
-				{cmd: cancelAcquire(2, "a", 5, 0), want: fsm.Result{Dequeued: true}},
+				{cmd: cancelAcquire(2, "a", 5, 0), want: fsm.Result{Answer: fsm.CancelAcquireAnswer{Dequeued: true}}},
 				{cmd: release(1, "a", 1), want: handedTo(grant(3, "a", 2, excl))},
 			}),
 			locks: []fsm.LockInfo{{Name: "a", Holders: []fsm.HolderInfo{holding(3, 2, excl)}}},
@@ -183,20 +183,20 @@ func TestCancelAcquire(t *testing.T) {
 			name: "a retry takes the grant over; giving up the earlier attempt leaves it",
 			steps: script(sessions(1), []applyStep{
 				{cmd: acquire(1, "a", excl, withRequest(7)), want: withAttempt(granted(1, "a", 1, excl), 1)},
-				{cmd: acquire(1, "a", excl, withRequest(7)), want: withAttempt(fsm.Result{Grant: ptr(grant(1, "a", 1, excl))}, 2)},
+				{cmd: acquire(1, "a", excl, withRequest(7)), want: withAttempt(alreadyHeld(1, "a", 1, excl), 2)},
 				{cmd: cancelAcquire(1, "a", 7, 1), want: fsm.Result{}},
 				{cmd: cancelWaitOf(1, "a", 7, 1), want: fsm.Result{}},
-				{cmd: cancelWaitOf(1, "a", 7, 2), want: fsm.Result{Grant: ptr(grant(1, "a", 1, excl))}},
-				{cmd: cancelAcquire(1, "a", 7, 2), want: fsm.Result{Released: true}},
+				{cmd: cancelWaitOf(1, "a", 7, 2), want: grantedBefore(1, "a", 1, excl)},
+				{cmd: cancelAcquire(1, "a", 7, 2), want: fsm.Result{Answer: fsm.CancelAcquireAnswer{Released: true}}},
 			}),
 		},
 		{
 			name: "another request of the session is told of the grant but cannot give it up",
 			steps: script(sessions(1), []applyStep{
 				{cmd: acquire(1, "a", excl, withRequest(7)), want: withAttempt(granted(1, "a", 1, excl), 1)},
-				{cmd: acquire(1, "a", excl, withRequest(8)), want: fsm.Result{Grant: ptr(grant(1, "a", 1, excl))}},
+				{cmd: acquire(1, "a", excl, withRequest(8)), want: alreadyHeld(1, "a", 1, excl)},
 				{cmd: cancelAcquire(1, "a", 8, 0), want: fsm.Result{}},
-				{cmd: acquire(1, "a", excl), want: fsm.Result{Grant: ptr(grant(1, "a", 1, excl))}},
+				{cmd: acquire(1, "a", excl), want: alreadyHeld(1, "a", 1, excl)},
 			}),
 			locks: []fsm.LockInfo{{Name: "a", Holders: []fsm.HolderInfo{holding(1, 1, excl)}}},
 		},
@@ -209,7 +209,7 @@ func TestCancelAcquire(t *testing.T) {
 				{cmd: cancelWaitOf(2, "a", 3, 1), want: fsm.Result{}},
 				{cmd: cancelAcquire(2, "a", 3, 1), want: fsm.Result{}},
 				{cmd: release(1, "a", 1), want: handedTo(grant(2, "a", 2, excl))},
-				{cmd: cancelAcquire(2, "a", 3, 2), want: fsm.Result{Released: true}},
+				{cmd: cancelAcquire(2, "a", 3, 2), want: fsm.Result{Answer: fsm.CancelAcquireAnswer{Released: true}}},
 			}),
 		},
 		{
@@ -226,11 +226,18 @@ func TestCancelAcquire(t *testing.T) {
 }
 
 func withAttempt(r fsm.Result, attempt uint64) fsm.Result {
-	r.Attempt = attempt
+	a := r.Acquire()
+	a.Attempt = attempt
+	r.Answer = a
 	return r
 }
 
-func ptr[T any](v T) *T { return &v }
+// isRepeat reports whether res answers Repeat: its command's idempotency
+// key was applied before.
+func isRepeat(res fsm.Result) bool {
+	_, ok := res.Repeat()
+	return ok
+}
 
 func keyedCmd(key string, cmd *fsmpb.Command) *fsmpb.Command {
 	cmd.IdempotencyKey = key
@@ -251,20 +258,21 @@ func TestIdempotencyKeys(t *testing.T) {
 		}
 		return res
 	}
-	if res := apply(keyedCmd("s1", newSession())); res.SessionID != 1 {
+	if res := apply(keyedCmd("s1", newSession())); res.CreateSession().SessionID != 1 {
 		t.Fatalf("first CreateSession: %+v", res)
 	}
-	if res := apply(keyedCmd("s1", newSession())); res.Repeat == nil || res.Repeat.SessionID != 1 || res.SessionID != 0 || s.NumSessions() != 1 {
+	if res := apply(keyedCmd("s1", newSession())); !sameResult(res, fsm.Result{Answer: fsm.Repeat{SessionID: 1}}) || s.NumSessions() != 1 {
 		t.Fatalf("repeated CreateSession: %+v, %d sessions", res, s.NumSessions())
 	}
 	first := apply(keyedCmd("p1", kvPut("k", "v")))
-	if res := apply(keyedCmd("p1", kvPut("k", "v"))); res.Repeat == nil || res.Repeat.Revision != first.Revision || !res.Repeat.Changed || len(res.Events) != 0 || s.KVRevision() != first.Revision {
+	rev := first.KV().Revision
+	if res := apply(keyedCmd("p1", kvPut("k", "v"))); !sameResult(res, fsm.Result{Answer: fsm.Repeat{Revision: rev, Changed: true}}) || s.KVRevision() != rev {
 		t.Fatalf("repeated put: %+v (first %+v), revision now %d", res, first, s.KVRevision())
 	}
 	if res := apply(keyedCmd("bad", acquire(9, "a", excl))); res.Err == nil {
 		t.Fatal("an acquire by an unknown session succeeded")
 	}
-	if res := apply(keyedCmd("bad", newSession())); res.Repeat != nil || res.SessionID != 2 {
+	if res := apply(keyedCmd("bad", newSession())); !sameResult(res, sessionMade(2)) {
 		t.Fatalf("a key whose first command failed: %+v, want it applied", res)
 	}
 	if res := apply(keyedCmd(strings.Repeat("k", fsm.MaxIdempotencyKeyBytes+1), newSession())); !errors.Is(res.Err, fence.ErrInvalidArgument) {
@@ -272,13 +280,13 @@ func TestIdempotencyKeys(t *testing.T) {
 	}
 
 	restored := mustRestore(t, s)
-	if res := restored.Apply(keyedCmd("p1", kvPut("k", "v"))); res.Repeat == nil {
+	if res := restored.Apply(keyedCmd("p1", kvPut("k", "v"))); !isRepeat(res) {
 		t.Fatalf("a key after a snapshot restore: %+v, want a repeat", res)
 	}
 	for i := range fsm.MaxIdempotencyKeys {
 		apply(keyedCmd(fmt.Sprintf("fill-%d", i), kvPut("fill", "x")))
 	}
-	if res := apply(keyedCmd("s1", newSession())); res.Repeat != nil {
+	if res := apply(keyedCmd("s1", newSession())); isRepeat(res) {
 		t.Fatalf("the oldest key is still remembered after %d newer ones: %+v", fsm.MaxIdempotencyKeys, res)
 	}
 }

@@ -22,8 +22,8 @@ func createSessionWithSecret(secret string) *fsmpb.Command {
 // The errors name the session, never the secret.
 func TestAuthorizeSession(t *testing.T) {
 	s := fsm.NewState()
-	id := mustApply(t, s, createSessionWithSecret("s3cret-of-one")).SessionID
-	legacy := mustApply(t, s, newSession()).SessionID
+	id := mustApply(t, s, createSessionWithSecret("s3cret-of-one")).CreateSession().SessionID
+	legacy := mustApply(t, s, newSession()).CreateSession().SessionID
 	tests := []struct {
 		name    string
 		session uint64
@@ -64,8 +64,8 @@ func TestAuthorizeSession(t *testing.T) {
 // (sessions without hashes) restores them as legacy sessions.
 func TestSessionSecretSurvivesSnapshot(t *testing.T) {
 	s := fsm.NewState()
-	id := mustApply(t, s, createSessionWithSecret("kept")).SessionID
-	legacy := mustApply(t, s, newSession()).SessionID
+	id := mustApply(t, s, createSessionWithSecret("kept")).CreateSession().SessionID
+	legacy := mustApply(t, s, newSession()).CreateSession().SessionID
 	r := mustRestore(t, s)
 	if err := r.AuthorizeSession(id, "kept"); err != nil {
 		t.Fatalf("after restore, the secret: %v", err)

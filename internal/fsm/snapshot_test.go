@@ -177,8 +177,8 @@ func TestSnapshotRestoreRoundTrip(t *testing.T) {
 		if want.Err != nil {
 			failures++
 		}
-		grants += len(want.Grants)
-		events += len(want.Events)
+		grants += len(want.Effects.Grants)
+		events += len(want.Effects.Events)
 	}
 	// The follow-up must have exercised both paths for the comparison to mean anything.
 	if failures < 8 || grants < 6 || events < 5 {
@@ -242,8 +242,8 @@ func TestRestoreEmpty(t *testing.T) {
 		if s.NumSessions() != 0 || s.NumLocks() != 0 || s.LastToken() != 0 || s.KVRevision() != 0 || s.NumKeys() != 0 {
 			t.Fatalf("Restore(%v) is not empty", snap)
 		}
-		if res := mustApply(t, s, newSession()); res.SessionID != 1 {
-			t.Fatalf("first session of a restored empty state is %d", res.SessionID)
+		if res := mustApply(t, s, newSession()); res.CreateSession().SessionID != 1 {
+			t.Fatalf("first session of a restored empty state is %d", res.CreateSession().SessionID)
 		}
 	}
 }

@@ -56,57 +56,193 @@ type Delay struct {
 	ID uint64
 }
 
-// Result is what applying one command did. Besides the command's own answer
-// it lists every side effect that waiting clients and the leader must learn
-// of: grants made (including hand-offs to waiters), sessions that ended and
-// locks put under lock-delay.
+// Result is what applying one command did: its failure, or the effects
+// that every observer must learn of and the command's own answer to
+// whoever proposed it.
 type Result struct {
-	// Err is the command's failure; a failed command changes nothing.
+	// Err is the command's failure; a failed command changes nothing, and
+	// its result has no effects and no answer.
 	Err error
-	// SessionID is the id of a session created by CreateSession.
+	// Effects are what the command changed that others must learn of.
+	Effects Effects
+	// Answer is the command's own answer, nil for a command that has none
+	// beyond its effects. Read it with the accessor of the command
+	// proposed (Acquire, KV, Repeat, ...), not by its dynamic type.
+	Answer Answer
+}
+
+// Answer is a command's own answer to its proposer: CreateSessionAnswer,
+// AcquireAnswer, CancelWaitAnswer, CancelAcquireAnswer, KVAnswer,
+// TxnAnswer, CreateTokenAnswer or BatchAnswer, as each command's accessor
+// on Result says; or Repeat, for a command whose idempotency key was
+// applied before. The other commands (CloseSession, ExpireSessions,
+// Release, LiftDelay, the auth commands but CreateToken, and the group's
+// own commands) answer nothing: their effects say what they did.
+type Answer interface{ isAnswer() }
+
+// CreateSessionAnswer answers a CreateSession.
+type CreateSessionAnswer struct {
+	// SessionID is the id of the session created.
 	SessionID uint64
-	// Grant answers Acquire when the lock is held by the session (newly or
-	// already), and CancelWait when the wait had already been granted.
+}
+
+// AcquireAnswer answers an Acquire: the session holds the lock (Grant) or
+// waits for it (Queued).
+type AcquireAnswer struct {
+	// Grant is the session's grant of the lock, new or held already; nil
+	// while it waits. Only a new one is also among Effects.Grants.
 	Grant *Grant
-	// Queued answers Acquire when the session now waits for the lock.
+	// Queued is true when the session now waits for the lock.
 	Queued bool
 	// Attempt numbers an Acquire that carries a request id: the wait or
-	// grant it left is now this attempt's (see CancelAcquire).
+	// grant it left is now this attempt's (see CancelAcquire). It is 0
+	// for an Acquire without one, or of another request than the one
+	// that left the session's grant or wait.
 	Attempt uint64
-	// Released and Dequeued answer CancelAcquire: the request's grant was
-	// released, or its wait dropped.
-	Released, Dequeued bool
-	// Dropped names the wait that a CancelAcquire or CancelWait dropped
-	// (Dequeued): whoever blocks on it will not be granted by it.
-	Dropped *WaitRef
-	// Grants lists every grant this command made, in token order.
+}
+
+// CancelWaitAnswer answers a CancelWait.
+type CancelWaitAnswer struct {
+	// Grant is the session's grant of the lock when the wait had already
+	// been granted: the grant stays, and the caller is told of it.
+	Grant *Grant
+	// Dequeued is true when the wait was dropped (Effects.Dropped).
+	Dequeued bool
+}
+
+// CancelAcquireAnswer answers a CancelAcquire. Both are false when the
+// request left nothing to give up.
+type CancelAcquireAnswer struct {
+	// Released is true when the request's grant was released.
+	Released bool
+	// Dequeued is true when the request's wait was dropped
+	// (Effects.Dropped).
+	Dequeued bool
+}
+
+// KVAnswer answers a KVPut or a KVDelete.
+type KVAnswer struct {
+	// Revision is the KV store's revision after the write: the key's mod
+	// revision when it changed the key, the store's unchanged one when a
+	// delete found no key.
+	Revision uint64
+	// Changed is true when the write changed a key: always for a put,
+	// for a delete when the key was live (its event is in Effects.Events).
+	Changed bool
+}
+
+// CreateTokenAnswer answers an Auth command that created a bearer token.
+type CreateTokenAnswer struct {
+	// TokenID is the id of the token created.
+	TokenID uint64
+}
+
+// BatchAnswer answers a Batch command: each of its commands' own result,
+// effects included, in order. A batch refused as a whole fails (Err) and
+// has no BatchAnswer.
+type BatchAnswer struct {
+	// Results are the results of the batch's commands, in order.
+	Results []Result
+}
+
+func (CreateSessionAnswer) isAnswer() {}
+func (AcquireAnswer) isAnswer()       {}
+func (CancelWaitAnswer) isAnswer()    {}
+func (CancelAcquireAnswer) isAnswer() {}
+func (KVAnswer) isAnswer()            {}
+func (TxnAnswer) isAnswer()           {}
+func (CreateTokenAnswer) isAnswer()   {}
+func (BatchAnswer) isAnswer()         {}
+func (Repeat) isAnswer()              {}
+
+// CreateSession returns r's answer to a CreateSession. Like every
+// accessor of an answer, it returns the zero answer when r is the result
+// of another command, a failure (Err) or a repeat (Repeat).
+func (r Result) CreateSession() CreateSessionAnswer {
+	a, _ := r.Answer.(CreateSessionAnswer)
+	return a
+}
+
+// Acquire returns r's answer to an Acquire.
+func (r Result) Acquire() AcquireAnswer {
+	a, _ := r.Answer.(AcquireAnswer)
+	return a
+}
+
+// CancelWait returns r's answer to a CancelWait.
+func (r Result) CancelWait() CancelWaitAnswer {
+	a, _ := r.Answer.(CancelWaitAnswer)
+	return a
+}
+
+// CancelAcquire returns r's answer to a CancelAcquire.
+func (r Result) CancelAcquire() CancelAcquireAnswer {
+	a, _ := r.Answer.(CancelAcquireAnswer)
+	return a
+}
+
+// KV returns r's answer to a KVPut or a KVDelete.
+func (r Result) KV() KVAnswer {
+	a, _ := r.Answer.(KVAnswer)
+	return a
+}
+
+// Txn returns r's answer to a KVTxn.
+func (r Result) Txn() TxnAnswer {
+	a, _ := r.Answer.(TxnAnswer)
+	return a
+}
+
+// CreateToken returns r's answer to an Auth command that created a token.
+func (r Result) CreateToken() CreateTokenAnswer {
+	a, _ := r.Answer.(CreateTokenAnswer)
+	return a
+}
+
+// Batch returns the results of a Batch's commands, in order; nil for the
+// result of another command, or of a batch refused as a whole.
+func (r Result) Batch() []Result {
+	a, _ := r.Answer.(BatchAnswer)
+	return a.Results
+}
+
+// Repeat returns what the first application of r's command reported, and
+// true, when the command's idempotency key was applied before and the
+// command was not applied again: r has then no effects and no other
+// answer.
+func (r Result) Repeat() (Repeat, bool) {
+	a, ok := r.Answer.(Repeat)
+	return a, ok
+}
+
+// Effects are what applying one command changed that the parts of a node
+// other than the command's proposer must learn of, whichever command it
+// was: waiting clients, session timers, lock-delay timers, watchers and
+// auth checks. Every node derives the same effects from the same log; an
+// Observer hears them in log order. A failed command has none.
+type Effects struct {
+	// Created is the id of the session the command created, 0 for none.
+	Created uint64
+	// Grants lists every grant the command made, hand-offs to waiters
+	// included, in token order.
 	Grants []Grant
-	// Ended lists the sessions this command closed or expired, and
-	// EndedBy says how they ended (zero when none did).
+	// Dropped names the wait that a CancelAcquire or CancelWait dropped:
+	// whoever blocks on it will not be granted by it.
+	Dropped *WaitRef
+	// Ended lists the sessions the command closed or expired, and EndedBy
+	// says how they ended (zero when none did).
 	Ended   []uint64
 	EndedBy End
-	// Delayed lists the locks this command put under lock-delay.
+	// Delayed lists the locks the command put under lock-delay.
 	Delayed []Delay
-	// Revision is the KV store's revision after a KV command.
-	Revision uint64
-	// Repeat is set, and nothing else, when the command's idempotency key
-	// was applied before: the command was not applied again.
-	Repeat *Repeat
-	// Events lists the KV changes this command made.
+	// Events lists the KV changes the command made, in revision order.
 	Events []KVEvent
-	// LockEvents lists the changes this command made to locks' holders,
+	// LockEvents lists the changes the command made to locks' holders,
 	// queues and lock-delays, in the order it made them.
 	LockEvents []LockEvent
-	// Txn answers a KVTxn: which list ran, and what its operations found.
-	Txn *TxnResult
-	// Batch answers a Batch command: the result of each of its commands,
-	// in order. A batch refused as a whole (Err) has none.
-	Batch []Result
 	// AuthChanged is set when an auth command changed users, roles,
 	// tokens or enforcement: open calls must be checked again.
 	AuthChanged bool
-	// TokenID is the id of a bearer token an auth command created.
-	TokenID uint64
 }
 
 // End is how a command ended sessions: by their own client's close,
@@ -149,13 +285,16 @@ type WaitRef struct {
 }
 
 // Repeat is what the first application of a command with an idempotency
-// key reported, for its retries.
+// key reported, kept in the state for its retries: each of them answers
+// it (Result.Repeat). See repeatOf.
 type Repeat struct {
 	// SessionID is the session a CreateSession made.
 	SessionID uint64
-	// Revision is the KV store's revision after a KV write.
+	// Revision is the KV store's revision after a command that wrote to
+	// it (a KV write, or a session's end that deleted its keys), or after
+	// a KV command that found nothing to change.
 	Revision uint64
-	// Changed is true when a KV write changed a key.
+	// Changed is true when the command changed a key.
 	Changed bool
 	// Succeeded is true when a KVTxn ran its then list.
 	Succeeded bool
@@ -367,8 +506,9 @@ func NewState() *State {
 
 // Apply applies one command and reports what it did. It never panics on a
 // well-formed protobuf message, whatever its field values. A command whose
-// idempotency key was applied before is not applied again: its Result has
-// only Repeat. A failed command changes nothing, and its key is not kept.
+// idempotency key was applied before is not applied again: its Result
+// answers Repeat and has no effects. A failed command changes nothing, and
+// its key is not kept.
 func (s *State) Apply(cmd *fsmpb.Command) Result {
 	if b, ok := cmd.GetOp().(*fsmpb.Command_Batch); ok {
 		return s.applyBatch(cmd, b.Batch.GetCommands())
@@ -381,13 +521,32 @@ func (s *State) Apply(cmd *fsmpb.Command) Result {
 		return Result{Err: fmt.Errorf("%w: idempotency key of %d bytes is over the limit of %d", fence.ErrInvalidArgument, len(key), MaxIdempotencyKeyBytes)}
 	}
 	if r, ok := s.applied[key]; ok {
-		return Result{Repeat: &r}
+		return Result{Answer: r}
 	}
 	res := s.apply(cmd)
 	if res.Err == nil {
-		s.remember(key, Repeat{SessionID: res.SessionID, Revision: res.Revision, Changed: len(res.Events) > 0, Succeeded: res.Txn != nil && res.Txn.Succeeded})
+		s.remember(key, repeatOf(res))
 	}
 	return res
+}
+
+// repeatOf is what the retries of a command that applied as res are
+// answered. Revision is the KV store's after the command, for a command
+// that wrote to it or a KV command that found nothing to change: a
+// session's end deletes its keys each at a revision of its own, the last
+// event's being the store's.
+func repeatOf(res Result) Repeat {
+	r := Repeat{SessionID: res.CreateSession().SessionID, Changed: len(res.Effects.Events) > 0}
+	if n := len(res.Effects.Events); n > 0 {
+		r.Revision = res.Effects.Events[n-1].KV.ModRevision
+	}
+	switch a := res.Answer.(type) {
+	case KVAnswer:
+		r.Revision = a.Revision
+	case TxnAnswer:
+		r.Revision, r.Succeeded = a.Revision, a.Succeeded
+	}
+	return r
 }
 
 // MaxBatchCommands bounds the commands of one Batch; a larger one is
@@ -413,7 +572,7 @@ func (s *State) applyBatch(cmd *fsmpb.Command, cmds []*fsmpb.Command) Result {
 		}
 		out[i] = s.Apply(c)
 	}
-	return Result{Batch: out}
+	return Result{Answer: BatchAnswer{Results: out}}
 }
 
 // remember keeps what a keyed command did, forgetting the oldest key
@@ -433,7 +592,7 @@ func (s *State) apply(cmd *fsmpb.Command) Result {
 	s.lockEvents = nil
 	res := s.applyOp(cmd)
 	if res.Err == nil {
-		res.LockEvents = s.lockEvents
+		res.Effects.LockEvents = s.lockEvents
 	}
 	s.lockEvents = nil
 	return res
@@ -501,7 +660,7 @@ func (s *State) createSession(c *fsmpb.CreateSession) Result {
 		secretHash: nilIfEmpty(hash),
 	}
 	s.countSession(s.sessions[id], 1)
-	return Result{SessionID: id}
+	return Result{Answer: CreateSessionAnswer{SessionID: id}, Effects: Effects{Created: id}}
 }
 
 func (s *State) session(id uint64) (*session, error) {
@@ -563,13 +722,13 @@ func (s *State) acquire(c *fsmpb.Acquire) Result {
 	if grantNow {
 		s.locks[name] = l
 		g := s.grant(l, w)
-		return Result{Grant: &g, Grants: []Grant{g}, Attempt: w.req.attempt}
+		return Result{Answer: AcquireAnswer{Grant: &g, Attempt: w.req.attempt}, Effects: Effects{Grants: []Grant{g}}}
 	}
 	s.locks[name] = l
 	l.waiters = append(l.waiters, w)
 	s.addWait(sess, name)
 	s.emit(LockEvent{Kind: LockQueued, Lock: name, Session: sess.id, Owner: sess.owner, Mode: mode, Permits: l.permits})
-	return Result{Queued: true, Attempt: w.req.attempt}
+	return Result{Answer: AcquireAnswer{Queued: true, Attempt: w.req.attempt}}
 }
 
 // acquireAgain answers an acquire by a session that already holds or
@@ -578,31 +737,29 @@ func (s *State) acquire(c *fsmpb.Acquire) Result {
 // it, but the grant or wait stays its first request's to give up. It
 // reports false when the session neither holds nor waits for l.
 func (s *State) acquireAgain(l *lock, sess *session, mode Mode, reqID uint64) (Result, bool) {
-	takeOver := func(r *request) Result {
+	// takeOver returns the attempt that took r over, 0 for none.
+	takeOver := func(r *request) uint64 {
 		if reqID == 0 || r.id != reqID {
-			return Result{}
+			return 0
 		}
 		s.lastAttempt++
 		r.attempt = s.lastAttempt
-		return Result{Attempt: r.attempt}
+		return r.attempt
 	}
 	if i := l.holderIndex(sess.id); i >= 0 {
 		h := &l.holders[i]
 		if h.mode != mode {
 			return Result{Err: fmt.Errorf("%w: session %d holds lock %q in %s mode, not %s; release it first", fence.ErrInvalidArgument, sess.id, l.name, h.mode, mode)}, true
 		}
-		res := takeOver(&h.req)
-		res.Grant = &Grant{Session: sess.id, Lock: l.name, Token: h.token, Mode: h.mode}
-		return res, true
+		g := Grant{Session: sess.id, Lock: l.name, Token: h.token, Mode: h.mode}
+		return Result{Answer: AcquireAnswer{Grant: &g, Attempt: takeOver(&h.req)}}, true
 	}
 	if i := l.waiterIndex(sess.id); i >= 0 {
 		w := &l.waiters[i]
 		if w.mode != mode {
 			return Result{Err: fmt.Errorf("%w: session %d already waits for lock %q in %s mode", fence.ErrInvalidArgument, sess.id, l.name, w.mode)}, true
 		}
-		res := takeOver(&w.req)
-		res.Queued = true
-		return res, true
+		return Result{Answer: AcquireAnswer{Queued: true, Attempt: takeOver(&w.req)}}, true
 	}
 	return Result{}, false
 }
@@ -707,7 +864,7 @@ func (s *State) release(c *fsmpb.Release) Result {
 	if h := l.holders[i]; h.token != c.GetToken() {
 		return Result{Err: fmt.Errorf("%w: session %d holds lock %q with token %d, not %d", fence.ErrNotHolder, sess.id, name, h.token, c.GetToken())}
 	}
-	return Result{Grants: s.releaseAt(sess, l, i)}
+	return Result{Effects: Effects{Grants: s.releaseAt(sess, l, i)}}
 }
 
 // releaseAt removes the session's grant at index i of l's holders and hands
@@ -728,36 +885,37 @@ func (s *State) cancelWait(c *fsmpb.CancelWait) Result {
 	}
 	l := s.locks[c.GetLock()]
 	if l == nil {
-		return Result{}
+		return Result{Answer: CancelWaitAnswer{}}
 	}
 	reqID, attempt := c.GetRequestId(), c.GetAttempt()
 	if i := l.holderIndex(sess.id); i >= 0 {
 		h := l.holders[i]
 		if reqID != 0 && !h.req.matches(reqID, attempt) {
-			return Result{}
+			return Result{Answer: CancelWaitAnswer{}}
 		}
-		return Result{Grant: &Grant{Session: sess.id, Lock: l.name, Token: h.token, Mode: h.mode}}
+		return Result{Answer: CancelWaitAnswer{Grant: &Grant{Session: sess.id, Lock: l.name, Token: h.token, Mode: h.mode}}}
 	}
 	i := l.waiterIndex(sess.id)
 	if i < 0 || (reqID != 0 && !l.waiters[i].req.matches(reqID, attempt)) {
-		return Result{}
+		return Result{Answer: CancelWaitAnswer{}}
 	}
 	why := GaveUpCancelled
 	if c.GetTimedOut() {
 		why = GaveUpTimedOut
 	}
-	return s.dropWaiter(sess, l, i, why)
+	return Result{Effects: s.dropWaiter(sess, l, i, why), Answer: CancelWaitAnswer{Dequeued: true}}
 }
 
 // dropWaiter removes the session's wait at index i of l's queue, which it
-// gave up for why, and hands the lock to the waiters it may have blocked.
-func (s *State) dropWaiter(sess *session, l *lock, i int, why GiveUp) Result {
+// gave up for why, hands the lock to the waiters it may have blocked, and
+// returns the effects.
+func (s *State) dropWaiter(sess *session, l *lock, i int, why GiveUp) Effects {
 	s.emitWaiterEnd(l, l.waiters[i], why, 0)
 	l.waiters = append(l.waiters[:i], l.waiters[i+1:]...)
 	s.dropWait(sess, l.name)
-	res := Result{Grants: s.grantWaiters(l), Dequeued: true, Dropped: &WaitRef{Session: sess.id, Lock: l.name}}
+	eff := Effects{Grants: s.grantWaiters(l), Dropped: &WaitRef{Session: sess.id, Lock: l.name}}
 	s.forget(l)
-	return res
+	return eff
 }
 
 // cancelAcquire gives up an acquire by request id: it drops the request's
@@ -778,15 +936,15 @@ func (s *State) cancelAcquire(c *fsmpb.CancelAcquire) Result {
 	}
 	l := s.locks[c.GetLock()]
 	if l == nil {
-		return Result{}
+		return Result{Answer: CancelAcquireAnswer{}}
 	}
 	if i := l.holderIndex(sess.id); i >= 0 && l.holders[i].req.matches(reqID, attempt) {
-		return Result{Grants: s.releaseAt(sess, l, i), Released: true}
+		return Result{Answer: CancelAcquireAnswer{Released: true}, Effects: Effects{Grants: s.releaseAt(sess, l, i)}}
 	}
 	if i := l.waiterIndex(sess.id); i >= 0 && l.waiters[i].req.matches(reqID, attempt) {
-		return s.dropWaiter(sess, l, i, GaveUpCancelled)
+		return Result{Answer: CancelAcquireAnswer{Dequeued: true}, Effects: s.dropWaiter(sess, l, i, GaveUpCancelled)}
 	}
-	return Result{}
+	return Result{Answer: CancelAcquireAnswer{}}
 }
 
 // closeSession ends one session as its command says: closed by its
@@ -814,7 +972,7 @@ func (s *State) closeSession(c *fsmpb.CloseSession) Result {
 // ids are skipped: the session may have been closed while the leader
 // decided.
 func (s *State) endSessions(ids []uint64, how End) Result {
-	var res Result
+	var eff Effects
 	touched := map[string]struct{}{}
 	for _, id := range ids {
 		sess, ok := s.sessions[id]
@@ -839,17 +997,16 @@ func (s *State) endSessions(ids []uint64, how End) Result {
 				s.lastDelayID++
 				d := Delay{Lock: name, Delay: h.lockDelay, ID: s.lastDelayID}
 				l.delays = append(l.delays, d)
-				res.Delayed = append(res.Delayed, d)
+				eff.Delayed = append(eff.Delayed, d)
 				s.emit(LockEvent{Kind: LockDelayStarted, Lock: name, Session: id, Owner: sess.owner, Token: h.token, Mode: h.mode, Permits: l.permits, End: how, Delay: d.Delay, DelayID: d.ID})
 			}
 		}
 		for _, key := range sortedKeys(sess.keys) {
-			res.Events = append(res.Events, s.removeKey(s.kv[key], nil))
-			res.Revision = s.kvRevision
+			eff.Events = append(eff.Events, s.removeKey(s.kv[key], nil))
 		}
 		delete(s.sessions, id)
 		s.countSession(sess, -1)
-		res.Ended, res.EndedBy = append(res.Ended, id), how
+		eff.Ended, eff.EndedBy = append(eff.Ended, id), how
 		for name := range union(sess.holds, sess.waits) {
 			touched[name] = struct{}{}
 		}
@@ -859,10 +1016,10 @@ func (s *State) endSessions(ids []uint64, how End) Result {
 	// waiter whose session expires is never granted.
 	for _, name := range sortedKeys(touched) {
 		l := s.locks[name]
-		res.Grants = append(res.Grants, s.grantWaiters(l)...)
+		eff.Grants = append(eff.Grants, s.grantWaiters(l)...)
 		s.forget(l)
 	}
-	return res
+	return Result{Effects: eff}
 }
 
 // liftDelay ends the lock's delay id (every delay for id 0, as older
@@ -891,7 +1048,7 @@ func (s *State) liftDelay(name string, id uint64) Result {
 	}
 	grants := s.grantWaiters(l)
 	s.forget(l)
-	return Result{Grants: grants}
+	return Result{Effects: Effects{Grants: grants}}
 }
 
 func sortedKeys(m map[string]struct{}) []string {

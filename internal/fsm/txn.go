@@ -22,18 +22,21 @@ import (
 	"github.com/fencelock/fence/internal/fsmpb"
 )
 
-// TxnResult answers a KVTxn.
-type TxnResult struct {
+// TxnAnswer answers a KVTxn.
+type TxnAnswer struct {
 	// Succeeded is true when every compare held and then ran, false when
 	// else ran.
 	Succeeded bool
+	// Revision is the KV store's revision after the txn: the one its
+	// writes made, or the unchanged one when it changed nothing.
+	Revision uint64
 	// Ops answers the operations of the list that ran, in order.
-	Ops []TxnOpResult
+	Ops []TxnOpAnswer
 }
 
-// TxnOpResult answers one operation of a txn. A put has nothing of its
+// TxnOpAnswer answers one operation of a txn. A put has nothing of its
 // own to answer: its key's mod revision is the txn's.
-type TxnOpResult struct {
+type TxnOpAnswer struct {
 	// Deleted is true for a delete that removed a live key.
 	Deleted bool
 	// Found and KV answer a get: whether the key exists, and the key (a
@@ -58,9 +61,9 @@ func (s *State) kvTxn(c *fsmpb.KVTxn) Result {
 	if err := s.checkTxnWrites(ops, c.GetFence(), c.GetMaxKeys(), c.GetUser()); err != nil {
 		return Result{Err: err}
 	}
-	res := s.applyTxnOps(ops, c.GetFence(), c.GetUser())
-	res.Txn.Succeeded = succeeded
-	return res
+	ans, eff := s.applyTxnOps(ops, c.GetFence(), c.GetUser())
+	ans.Succeeded = succeeded
+	return Result{Answer: ans, Effects: eff}
 }
 
 // checkTxnShape refuses a txn that no state could apply as asked: a fence
@@ -211,11 +214,13 @@ func (s *State) checkTxnQuota(ops []*fsmpb.KVTxnOp, user string) error {
 }
 
 // applyTxnOps applies the checked operations of a txn's list, its writes
-// at one new revision, and answers them.
-func (s *State) applyTxnOps(ops []*fsmpb.KVTxnOp, f *fsmpb.KVFence, user string) Result {
-	res := Result{Txn: &TxnResult{}}
+// at one new revision, and answers them (all but Succeeded) with the
+// events of the writes.
+func (s *State) applyTxnOps(ops []*fsmpb.KVTxnOp, f *fsmpb.KVFence, user string) (TxnAnswer, Effects) {
+	var ans TxnAnswer
+	var eff Effects
 	if len(ops) > 0 {
-		res.Txn.Ops = make([]TxnOpResult, len(ops))
+		ans.Ops = make([]TxnOpAnswer, len(ops))
 	}
 	bumped := false
 	write := func() {
@@ -233,7 +238,7 @@ func (s *State) applyTxnOps(ops []*fsmpb.KVTxnOp, f *fsmpb.KVFence, user string)
 				owner = s.sessions[id]
 			}
 			write()
-			res.Events = append(res.Events, s.putKey(key, s.kv[key], o.Put.GetValue(), f, owner, user))
+			eff.Events = append(eff.Events, s.putKey(key, s.kv[key], o.Put.GetValue(), f, owner, user))
 		case *fsmpb.KVTxnOp_Delete:
 			e := s.kv[o.Delete]
 			if !e.live() {
@@ -241,14 +246,14 @@ func (s *State) applyTxnOps(ops []*fsmpb.KVTxnOp, f *fsmpb.KVFence, user string)
 				continue
 			}
 			write()
-			res.Events = append(res.Events, s.deleteKey(e, f))
-			res.Txn.Ops[i].Deleted = true
+			eff.Events = append(eff.Events, s.deleteKey(e, f))
+			ans.Ops[i].Deleted = true
 		case *fsmpb.KVTxnOp_Get:
 			if kv, ok := s.Get(o.Get); ok {
-				res.Txn.Ops[i] = TxnOpResult{Found: true, KV: kv}
+				ans.Ops[i] = TxnOpAnswer{Found: true, KV: kv}
 			}
 		}
 	}
-	res.Revision = s.kvRevision
-	return res
+	ans.Revision = s.kvRevision
+	return ans, eff
 }

@@ -66,17 +66,17 @@ func ifs(c ...*fsmpb.KVCompare) []*fsmpb.KVCompare { return c }
 
 // txnDid is the result of a txn that ran its then list (succeeded) or its
 // else list, left the store at revision rev, answered ops and made events.
-func txnDid(succeeded bool, rev uint64, answers []fsm.TxnOpResult, events ...fsm.KVEvent) fsm.Result {
-	return fsm.Result{Revision: rev, Events: events, Txn: &fsm.TxnResult{Succeeded: succeeded, Ops: answers}}
+func txnDid(succeeded bool, rev uint64, answers []fsm.TxnOpAnswer, events ...fsm.KVEvent) fsm.Result {
+	return fsm.Result{Answer: fsm.TxnAnswer{Succeeded: succeeded, Revision: rev, Ops: answers}, Effects: fsm.Effects{Events: events}}
 }
 
 func put(kv fsm.KeyValue) fsm.KVEvent { return fsm.KVEvent{KV: kv} }
 func del(kv fsm.KeyValue) fsm.KVEvent { return fsm.KVEvent{Deleted: true, KV: kv} }
 
 // found is a get's answer; none a put's, or a get's of a missing key.
-func found(kv fsm.KeyValue) fsm.TxnOpResult { return fsm.TxnOpResult{Found: true, KV: kv} }
+func found(kv fsm.KeyValue) fsm.TxnOpAnswer { return fsm.TxnOpAnswer{Found: true, KV: kv} }
 
-var none fsm.TxnOpResult
+var none fsm.TxnOpAnswer
 
 // TestApplyTxn runs the txn cases like TestApplyKV: exact results,
 // invariants after every step, failed steps change nothing.
@@ -91,7 +91,7 @@ func TestApplyTxn(t *testing.T) {
 				{cmd: txn(ifs(ifValue("a", eq, "1"), ifNumber("b", onMod, eq, 2)),
 					ops(tGet("a"), tPut("a", "0"), tPut("b", "3"), tGet("a"), tDel("gone"), tPut("c", "new"), tGet("nope")),
 					ops(tPut("a", "else"))),
-					want: txnDid(true, 3, []fsm.TxnOpResult{found(kvAt("a", "1", "", 0, 0, 1, 1, 1)), none, none, found(kvAt("a", "0", "", 0, 0, 1, 3, 2)), none, none, none},
+					want: txnDid(true, 3, []fsm.TxnOpAnswer{found(kvAt("a", "1", "", 0, 0, 1, 1, 1)), none, none, found(kvAt("a", "0", "", 0, 0, 1, 3, 2)), none, none, none},
 						put(kvAt("a", "0", "", 0, 0, 1, 3, 2)), put(kvAt("b", "3", "", 0, 0, 2, 3, 2)), put(kvAt("c", "new", "", 0, 0, 3, 3, 1)))},
 			},
 			check: all(storeIs(3, 3), getIs("b", kvAt("b", "3", "", 0, 0, 2, 3, 2))),
@@ -101,11 +101,11 @@ func TestApplyTxn(t *testing.T) {
 			steps: []applyStep{
 				{cmd: kvPut("a", "1"), want: wrote(1, kvAt("a", "1", "", 0, 0, 1, 1, 1))},
 				{cmd: txn(ifs(ifValue("a", eq, "1"), ifValue("a", eq, "2")), ops(tPut("a", "then")), ops(tGet("a"), tDel("b"))),
-					want: txnDid(false, 1, []fsm.TxnOpResult{found(kvAt("a", "1", "", 0, 0, 1, 1, 1)), none})},
+					want: txnDid(false, 1, []fsm.TxnOpAnswer{found(kvAt("a", "1", "", 0, 0, 1, 1, 1)), none})},
 				{cmd: txn(ifs(ifAbsent("a")), ops(tPut("a", "then")), nil), want: txnDid(false, 1, nil)},
 				{cmd: txn(nil, nil, nil), want: txnDid(true, 1, nil)},
 				{cmd: txn(ifs(ifNumber("a", onVersion, gt, 0)), ops(tDel("a"), tGet("a")), nil),
-					want: txnDid(true, 2, []fsm.TxnOpResult{{Deleted: true}, none}, del(kvAt("a", "", "", 0, 0, 1, 2, 1)))},
+					want: txnDid(true, 2, []fsm.TxnOpAnswer{{Deleted: true}, none}, del(kvAt("a", "", "", 0, 0, 1, 2, 1)))},
 			},
 			check: all(storeIs(2, 0), noEntry("a")),
 		},
@@ -114,11 +114,11 @@ func TestApplyTxn(t *testing.T) {
 			steps: script(sessions(2), []applyStep{
 				{cmd: acquire(1, "L", excl), want: granted(1, "L", 1, excl)},
 				{cmd: txn(nil, ops(tPut("x", "10"), tPut("y", "0")), nil, fenced("L", 1), strict),
-					want: txnDid(true, 1, []fsm.TxnOpResult{none, none}, put(kvAt("x", "10", "L", 1, 1, 1, 1, 1)), put(kvAt("y", "0", "L", 1, 1, 1, 1, 1)))},
-				{cmd: expireSessions(1), want: fsm.Result{Ended: []uint64{1}, EndedBy: fsm.Expired}},
+					want: txnDid(true, 1, []fsm.TxnOpAnswer{none, none}, put(kvAt("x", "10", "L", 1, 1, 1, 1, 1)), put(kvAt("y", "0", "L", 1, 1, 1, 1, 1)))},
+				{cmd: expireSessions(1), want: fsm.Result{Effects: fsm.Effects{Ended: []uint64{1}, EndedBy: fsm.Expired}}},
 				{cmd: acquire(2, "L", excl), want: granted(2, "L", 2, excl)},
 				{cmd: txn(nil, ops(tPut("y", "1")), nil, fenced("L", 2)),
-					want: txnDid(true, 2, []fsm.TxnOpResult{none}, put(kvAt("y", "1", "L", 2, 2, 1, 2, 2)))},
+					want: txnDid(true, 2, []fsm.TxnOpAnswer{none}, put(kvAt("y", "1", "L", 2, 2, 1, 2, 2)))},
 				// The stale holder moves a unit from x to y: x alone would be accepted, y refuses the whole txn.
 				{cmd: txn(nil, ops(tPut("x", "9"), tPut("y", "1")), nil, fenced("L", 1)), want: fails(fence.ErrStaleToken),
 					errMsg: "stale fencing token 1 < 2 for key y", after: untouched.mark},
@@ -128,7 +128,7 @@ func TestApplyTxn(t *testing.T) {
 				// A compare that fails runs else, which writes nothing: not refused, whatever the token.
 				{cmd: txn(ifs(ifValue("x", eq, "nope")), ops(tPut("x", "9")), nil, fenced("L", 1)), want: txnDid(false, 2, nil), after: untouched.same},
 				{cmd: txn(nil, ops(tPut("x", "9"), tDel("y"), tDel("never")), nil, fenced("L", 2)),
-					want: txnDid(true, 3, []fsm.TxnOpResult{none, {Deleted: true}, none}, put(kvAt("x", "9", "L", 2, 2, 1, 3, 2)), del(kvAt("y", "", "L", 2, 2, 1, 3, 2)))},
+					want: txnDid(true, 3, []fsm.TxnOpAnswer{none, {Deleted: true}, none}, put(kvAt("x", "9", "L", 2, 2, 1, 3, 2)), del(kvAt("y", "", "L", 2, 2, 1, 3, 2)))},
 			}),
 			locks: []fsm.LockInfo{{Name: "L", Holders: []fsm.HolderInfo{holding(2, 2, excl)}}},
 			check: all(storeIs(3, 1), tombstoneIs("y", 2), tombstoneIs("never", 2)),
@@ -143,7 +143,7 @@ func TestApplyTxn(t *testing.T) {
 				{cmd: txn(ifs(&fsmpb.KVCompare{Key: "a", Target: 9}), nil, nil), want: fails(fence.ErrInvalidArgument)},
 				{cmd: txn(ifs(&fsmpb.KVCompare{Key: "a", Op: 9}), nil, nil), want: fails(fence.ErrInvalidArgument)},
 				{cmd: txn(nil, ops(&fsmpb.KVTxnOp{}), nil), want: fails(fence.ErrInvalidArgument)},
-				{cmd: txn(nil, ops(tGet("a"), tGet("a"), tPut("a", "1")), nil), want: txnDid(true, 1, []fsm.TxnOpResult{none, none, none}, put(kvAt("a", "1", "", 0, 0, 1, 1, 1)))},
+				{cmd: txn(nil, ops(tGet("a"), tGet("a"), tPut("a", "1")), nil), want: txnDid(true, 1, []fsm.TxnOpAnswer{none, none, none}, put(kvAt("a", "1", "", 0, 0, 1, 1, 1)))},
 			},
 		},
 		{
@@ -153,10 +153,10 @@ func TestApplyTxn(t *testing.T) {
 				{cmd: txn(nil, ops(tPut("b", "1"), tPut("c", "1")), nil, maxKeys(2)), want: fails(fence.ErrLimit),
 					errMsg: "fence: limit reached: the KV store has 1 keys and the txn would make 3, over its limit of 2"},
 				{cmd: txn(nil, ops(tPutBound("b", "1", 1), tDel("a")), nil, maxKeys(1)),
-					want: txnDid(true, 2, []fsm.TxnOpResult{none, {Deleted: true}}, put(fsm.KeyValue{Key: "b", Value: val("1"), CreateRevision: 2, ModRevision: 2, Version: 1, Session: 1}), del(kvAt("a", "", "", 0, 0, 1, 2, 1)))},
+					want: txnDid(true, 2, []fsm.TxnOpAnswer{none, {Deleted: true}}, put(fsm.KeyValue{Key: "b", Value: val("1"), CreateRevision: 2, ModRevision: 2, Version: 1, Session: 1}), del(kvAt("a", "", "", 0, 0, 1, 2, 1)))},
 				{cmd: txn(nil, ops(tPut("a", "1"), tPutBound("c", "1", 7)), nil), want: fails(fence.ErrSessionNotFound)},
-				{cmd: closeSession(1), want: fsm.Result{Ended: []uint64{1}, EndedBy: fsm.Closed, Revision: 3,
-					Events: []fsm.KVEvent{del(kvAt("b", "", "", 0, 0, 2, 3, 1))}}},
+				{cmd: closeSession(1), want: fsm.Result{Effects: fsm.Effects{Ended: []uint64{1}, EndedBy: fsm.Closed,
+					Events: []fsm.KVEvent{del(kvAt("b", "", "", 0, 0, 2, 3, 1))}}}},
 			}),
 			check: storeIs(3, 0),
 		},
@@ -191,7 +191,7 @@ func TestTxnCompares(t *testing.T) {
 		{&fsmpb.KVCompare{Key: "k", Target: onAbsent, Op: neq}, true}, {&fsmpb.KVCompare{Key: "t", Target: onAbsent, Op: neq}, false},
 	} {
 		res := mustApply(t, s, txn(ifs(tc.c), nil, nil))
-		if res.Err != nil || res.Txn == nil || res.Txn.Succeeded != tc.want {
+		if _, ok := res.Answer.(fsm.TxnAnswer); res.Err != nil || !ok || res.Txn().Succeeded != tc.want {
 			t.Errorf("compare %v: %s, want succeeded %v", tc.c, describe(res), tc.want)
 		}
 	}
@@ -234,19 +234,19 @@ func TestTxnIdempotencyKey(t *testing.T) {
 	s := fsm.NewState()
 	cmd := txn(ifs(ifAbsent("a")), ops(tPut("a", "1")), ops(tGet("a")))
 	cmd.IdempotencyKey = "k1"
-	if res := mustApply(t, s, cmd); res.Err != nil || !res.Txn.Succeeded || res.Revision != 1 {
+	if res := mustApply(t, s, cmd); res.Err != nil || !res.Txn().Succeeded || res.Txn().Revision != 1 {
 		t.Fatalf("first: %s", describe(res))
 	}
 	again := mustRestore(t, s).Apply(cmd)
-	if want := (fsm.Repeat{Revision: 1, Changed: true, Succeeded: true}); again.Repeat == nil || *again.Repeat != want || again.Txn != nil {
-		t.Fatalf("retry: %s, want only Repeat %+v", describeAll(again), want)
+	if want := (fsm.Repeat{Revision: 1, Changed: true, Succeeded: true}); !sameResult(again, fsm.Result{Answer: want}) {
+		t.Fatalf("retry: %s, want only Repeat %+v", describe(again), want)
 	}
 	other := txn(ifs(ifAbsent("a")), ops(tPut("a", "1")), ops(tGet("a")))
 	other.IdempotencyKey = "k2"
-	if res := mustApply(t, s, other); res.Err != nil || res.Txn.Succeeded {
+	if res := mustApply(t, s, other); res.Err != nil || res.Txn().Succeeded {
 		t.Fatalf("second key: %s", describe(res))
 	}
-	if res := s.Apply(other); res.Repeat == nil || *res.Repeat != (fsm.Repeat{Revision: 1}) {
-		t.Fatalf("retry of the else: %s", describeAll(res))
+	if res := s.Apply(other); !sameResult(res, fsm.Result{Answer: fsm.Repeat{Revision: 1}}) {
+		t.Fatalf("retry of the else: %s", describe(res))
 	}
 }
