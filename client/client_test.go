@@ -23,7 +23,7 @@ func TestMutexLifecycle(t *testing.T) {
 	srv := startServer(t, nil)
 	// The server runs in this process: its idle workers stay, by design,
 	// for its next operations; the client's own goroutines must all end.
-	defer goleak.VerifyNone(t, goleak.IgnoreCurrent(), goleak.IgnoreTopFunction("github.com/fencelock/fence/server.(*workers).serve"))
+	defer goleak.VerifyNone(t, goleak.IgnoreCurrent(), goleak.IgnoreTopFunction("github.com/fencelock/fence/server/internal/apinet.(*Workers).serve"))
 	c := mustClient(t, srv, nil)
 	ctx := context.Background()
 	s, err := c.NewSession(ctx, WithTTL(5*time.Second), WithOwner("test"))

@@ -63,7 +63,10 @@ func child(mode string) int {
 			return 1
 		}
 		fmt.Println(pid)
-		select {}
+		// A sleep, not select {}: with no goroutine left to wake it, the
+		// runtime takes a bare select for a deadlock and exits with
+		// status 2, sometimes before the test's SIGKILL arrives.
+		time.Sleep(time.Hour)
 	}
 	return 0
 }
