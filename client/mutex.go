@@ -96,9 +96,6 @@ type Mutex struct {
 
 	mu    sync.Mutex
 	grant *Grant
-	// releasing, while a release that Unlock's caller could not wait for
-	// is still on its way (finishRelease), is closed once it is done.
-	releasing chan struct{}
 }
 
 // NewMutex returns a mutex on the named lock, held through s.
@@ -145,7 +142,7 @@ func (m *Mutex) acquire(ctx context.Context, try bool) (*Grant, error) {
 	if g := m.Grant(); g != nil && g.Err() == nil {
 		return g, nil
 	}
-	if err := m.waitReleased(ctx); err != nil {
+	if err := s.waitReleased(ctx, m.name); err != nil {
 		return nil, err
 	}
 	// Give up the wait as soon as the session ends.
@@ -308,15 +305,22 @@ func (m *Mutex) abandon(id uint64) {
 // Unlock releases the lock. The grant's context is cancelled first, so
 // work under it stops before the lock is handed on. If the release cannot
 // be sent before ctx ends (no node reachable), Unlock returns the error,
-// and the client goes on sending it for up to the session's TTL; if the
-// service still cannot be told, the session is given up, and its end
-// releases the lock. A release is not left undone for as long as the
-// session lives (etcd's Mutex leaves it to the caller to try again). A
-// Lock of this mutex meanwhile waits for that release.
+// and the client goes on sending it, within the session's TTL and the
+// client's retry budget; if the service still cannot be told, the session
+// is given up, and its end releases the lock. A release is not left
+// undone for as long as the session lives (etcd's Mutex leaves it to the
+// caller to try again). Meanwhile an Acquire of the same lock name through
+// the session (this Mutex, another made for it, the other half of an
+// RWMutex) waits for the release: the service's grant is the session's,
+// and would be handed back as it is released.
 func (m *Mutex) Unlock(ctx context.Context) error {
 	m.mu.Lock()
 	g := m.grant
 	m.grant = nil
+	var end func()
+	if g != nil {
+		end = m.s.beginRelease(m.name) // before m.mu is let go: a Lock that finds no grant waits
+	}
 	m.mu.Unlock()
 	if g == nil {
 		return fmt.Errorf("%w: %s %q is not held", fence.ErrNotHolder, m.kind(), m.name)
@@ -326,12 +330,13 @@ func (m *Mutex) Unlock(ctx context.Context) error {
 	req := &fencev1.StreamRequest{Op: &fencev1.StreamRequest_Release{Release: &fencev1.ReleaseRequest{SessionId: m.s.id, SessionSecret: m.s.secret, Lock: m.name, Token: g.token}}}
 	err := m.release(ctx, req, false)
 	if err != nil && !errors.Is(err, fence.ErrNotHolder) && !errors.Is(err, fence.ErrSessionNotFound) && m.s.Err() == nil {
-		done := make(chan struct{})
-		m.mu.Lock()
-		m.releasing = done
-		m.mu.Unlock()
-		go m.finishRelease(req, err, done)
+		go func() {
+			defer end()
+			m.finishRelease(req, err)
+		}()
+		return err
 	}
+	end()
 	return err
 }
 
@@ -353,17 +358,10 @@ func (m *Mutex) release(ctx context.Context, req *fencev1.StreamRequest, sentBef
 
 // finishRelease sends again, within the session's TTL, a release whose
 // Unlock failed with err, or gives the session up when it cannot: the
-// lock is held until one or the other, and a release refused outright
-// (permission denied, say) will not pass on a second try.
-func (m *Mutex) finishRelease(req *fencev1.StreamRequest, err error, done chan struct{}) {
-	defer func() {
-		m.mu.Lock()
-		if m.releasing == done {
-			m.releasing = nil
-		}
-		m.mu.Unlock()
-		close(done)
-	}()
+// lock is held until one or the other. A release refused outright
+// (permission denied, say) will not pass on a second try: the session is
+// given up at once.
+func (m *Mutex) finishRelease(req *fencev1.StreamRequest, err error) {
 	s := m.s
 	if mayHaveApplied(err) {
 		ctx, cancel := s.undoContext()
@@ -373,24 +371,6 @@ func (m *Mutex) finishRelease(req *fencev1.StreamRequest, err error, done chan s
 		}
 	}
 	s.giveUp("the release of "+strconv.Quote(m.name), err)
-}
-
-// waitReleased waits until no release of this mutex is on its way.
-func (m *Mutex) waitReleased(ctx context.Context) error {
-	m.mu.Lock()
-	done := m.releasing
-	m.mu.Unlock()
-	if done == nil {
-		return nil
-	}
-	select {
-	case <-done:
-		return nil
-	case <-ctx.Done():
-		return context.Cause(ctx)
-	case <-m.s.ctx.Done():
-		return context.Cause(m.s.ctx)
-	}
 }
 
 // RWMutex is a lock held through a session either by one writer (Lock) or

@@ -63,6 +63,10 @@ type Session struct {
 	// the count when it was received (see checkHeld).
 	renewals uint64
 	grants   map[*Grant]uint64
+	// releases are the locks whose release is on its way (Mutex.Unlock),
+	// by name: the service's grant is the session's, whichever Mutex took
+	// it, so an Acquire of the name waits for them (waitReleased).
+	releases map[string]*pendingRelease
 
 	// requests numbers the session's Acquire calls (their request ids).
 	requests atomic.Uint64
@@ -507,6 +511,57 @@ func (s *Session) track(g *Grant) {
 }
 
 // untrack forgets a grant that ended.
+// pendingRelease counts the releases of one lock name on their way; done
+// is closed when the last of them is over.
+type pendingRelease struct {
+	n    int
+	done chan struct{}
+}
+
+// beginRelease records a release of the lock name on its way, until the
+// function it returns is called.
+func (s *Session) beginRelease(name string) (end func()) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.releases == nil {
+		s.releases = map[string]*pendingRelease{}
+	}
+	p := s.releases[name]
+	if p == nil {
+		p = &pendingRelease{done: make(chan struct{})}
+		s.releases[name] = p
+	}
+	p.n++
+	return func() {
+		s.mu.Lock()
+		defer s.mu.Unlock()
+		if p.n--; p.n == 0 {
+			delete(s.releases, name)
+			close(p.done)
+		}
+	}
+}
+
+// waitReleased waits until no release of the lock name is on its way, so
+// that an Acquire is not handed the grant being released, to see it
+// released under it.
+func (s *Session) waitReleased(ctx context.Context, name string) error {
+	s.mu.Lock()
+	p := s.releases[name]
+	s.mu.Unlock()
+	if p == nil {
+		return nil
+	}
+	select {
+	case <-p.done:
+		return nil
+	case <-ctx.Done():
+		return context.Cause(ctx)
+	case <-s.ctx.Done():
+		return context.Cause(s.ctx)
+	}
+}
+
 func (s *Session) untrack(g *Grant) {
 	s.mu.Lock()
 	defer s.mu.Unlock()

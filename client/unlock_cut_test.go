@@ -2,6 +2,7 @@ package client
 
 import (
 	"context"
+	"fmt"
 	"testing"
 	"time"
 
@@ -75,5 +76,120 @@ func TestAnUnlockThatTimedOutStillReleases(t *testing.T) {
 	}
 	if err := s.Err(); err != nil {
 		t.Errorf("the first session ended (%v), though its release could be sent again", err)
+	}
+}
+
+// The service's grant is the session's, per lock name, whichever Mutex
+// took it: a fresh Mutex of the same session and name (one per critical
+// section, a Queue's take, a new Election) must not be handed the grant
+// of a release still on its way, to see it released under it while
+// another session takes the lock. (Found in review.)
+func TestAFreshMutexWaitsForAReleaseOnItsWay(t *testing.T) {
+	srv := startServer(t, nil)
+	link, err := netproxy.Listen(srv.Addr())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer link.Close()
+	c, err := New(WithEndpoints(link.Addr()), WithAttemptTimeout(200*time.Millisecond))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	direct, err := New(WithEndpoints(srv.Addr()))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer direct.Close()
+	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+	defer cancel()
+	s, err := c.NewSession(ctx, WithTTL(10*time.Second))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer s.Close(context.Background())
+	s2, err := direct.NewSession(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer s2.Close(context.Background())
+
+	for round := range 3 {
+		name := fmt.Sprintf("l%d", round)
+		g1, err := NewMutex(s, name).Lock(ctx)
+		if err != nil {
+			t.Fatal(err)
+		}
+		m1 := NewMutex(s, name)
+		if _, err := m1.Lock(ctx); err != nil { // the same grant
+			t.Fatal(err)
+		}
+		link.SetCut(true)
+		unlockCtx, unlockCancel := context.WithTimeout(ctx, 300*time.Millisecond)
+		err = m1.Unlock(unlockCtx)
+		unlockCancel()
+		if err == nil {
+			t.Fatal("Unlock through a cut link succeeded")
+		}
+		time.Sleep(700 * time.Millisecond) // the background release backs off
+		link.SetCut(false)
+
+		lockCtx, lockCancel := context.WithTimeout(ctx, 5*time.Second)
+		g2, err := NewMutex(s, name).Lock(lockCtx)
+		lockCancel()
+		if err != nil {
+			t.Fatalf("round %d: Lock: %v", round, err)
+		}
+		if g2.Token() == g1.Token() {
+			t.Fatalf("round %d: a fresh Mutex was handed the grant being released (token %d)", round, g2.Token())
+		}
+		tryCtx, tryCancel := context.WithTimeout(ctx, time.Second)
+		if g3, err := NewMutex(s2, name).TryLock(tryCtx); err == nil {
+			t.Fatalf("round %d: another session took the lock (token %d) from the fresh Mutex's grant (token %d, err %v)", round, g3.Token(), g2.Token(), g2.Err())
+		}
+		tryCancel()
+	}
+}
+
+// An RWMutex's halves wait for each other's release on its way: after an
+// RUnlock that could not reach the service, Lock waits for the release
+// instead of failing as though the session still held the lock shared.
+// (Found in review.)
+func TestAnRWMutexLocksAfterAnRUnlockOnItsWay(t *testing.T) {
+	srv := startServer(t, nil)
+	link, err := netproxy.Listen(srv.Addr())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer link.Close()
+	c, err := New(WithEndpoints(link.Addr()), WithAttemptTimeout(200*time.Millisecond))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	s, err := c.NewSession(ctx, WithTTL(10*time.Second))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer s.Close(context.Background())
+	rw := NewRWMutex(s, "rw")
+	if _, err := rw.RLock(ctx); err != nil {
+		t.Fatal(err)
+	}
+	link.SetCut(true)
+	unlockCtx, unlockCancel := context.WithTimeout(ctx, 300*time.Millisecond)
+	err = rw.RUnlock(unlockCtx)
+	unlockCancel()
+	if err == nil {
+		t.Fatal("RUnlock through a cut link succeeded")
+	}
+	time.Sleep(700 * time.Millisecond)
+	link.SetCut(false)
+	lockCtx, lockCancel := context.WithTimeout(ctx, 5*time.Second)
+	defer lockCancel()
+	if _, err := rw.Lock(lockCtx); err != nil {
+		t.Fatalf("Lock after an RUnlock whose release went on in the background: %v", err)
 	}
 }
