@@ -1,7 +1,6 @@
 package server
 
 import (
-	"strings"
 	"sync"
 
 	gometrics "github.com/hashicorp/go-metrics/compat"
@@ -90,7 +89,7 @@ func (s *raftSink) metric(key []string, labels []gometrics.Label, newMetric func
 		return m
 	}
 	name := metricName(key)
-	opts := prometheus.Opts{Name: name, Help: "raft's measurement " + strings.Join(key, ".") + " (hashicorp/go-metrics)."}
+	opts := prometheus.Opts{Name: name, Help: "raft's measurement " + name + " (hashicorp/go-metrics)."}
 	if len(labels) > 0 {
 		opts.ConstLabels = prometheus.Labels{}
 		for _, l := range labels {
@@ -102,34 +101,48 @@ func (s *raftSink) metric(key []string, labels []gometrics.Label, newMetric func
 	return m
 }
 
-// sinkKey appends to b the key's parts and its labels, which together
-// name one metric.
+// sinkKey appends to b the metric's name and labels as Prometheus will
+// know them (sanitized): keys that differ only in characters a name may
+// not hold, as raft's per-peer keys for node ids "n-1" and "n.1" do, are
+// one metric, as they were to go-metrics' own sink. Two metrics of one
+// name would fail every scrape.
 func sinkKey(b []byte, key []string, labels []gometrics.Label) []byte {
 	for i, part := range key {
 		if i > 0 {
-			b = append(b, '.')
+			b = append(b, '_')
 		}
-		b = append(b, part...)
+		b = appendSanitized(b, part)
 	}
 	for _, l := range labels {
 		b = append(b, ';')
-		b = append(b, l.Name...)
+		b = appendSanitized(b, l.Name)
 		b = append(b, '=')
 		b = append(b, l.Value...)
 	}
 	return b
 }
 
+// appendSanitized appends s to b, each character Prometheus does not
+// allow in a name made '_'.
+func appendSanitized(b []byte, s string) []byte {
+	for i := 0; i < len(s); i++ {
+		if c := s[i]; nameChar(c) {
+			b = append(b, c)
+		} else {
+			b = append(b, '_')
+		}
+	}
+	return b
+}
+
+func nameChar(c byte) bool {
+	return c >= 'a' && c <= 'z' || c >= 'A' && c <= 'Z' || c >= '0' && c <= '9' || c == '_' || c == ':'
+}
+
 // metricName joins key with underscores, each character Prometheus does
 // not allow in a name made one: the names go-metrics' own sink gave.
 func metricName(key []string) string {
-	return strings.Map(func(r rune) rune {
-		switch {
-		case r >= 'a' && r <= 'z', r >= 'A' && r <= 'Z', r >= '0' && r <= '9', r == '_', r == ':':
-			return r
-		}
-		return '_'
-	}, strings.Join(key, "_"))
+	return string(sinkKey(nil, key, nil))
 }
 
 func newRaftGauge(o prometheus.Opts) prometheus.Collector {
@@ -152,11 +165,18 @@ func newRaftHistogram(o prometheus.Opts) prometheus.Collector {
 // collector).
 func (s *raftSink) Describe(chan<- *prometheus.Desc) {}
 
-// Collect sends every metric raft has measured so far.
+// Collect sends every metric raft has measured so far. It sends them
+// after letting the sink's lock go: a new key waiting for the lock would
+// otherwise hold up every sample, raft's hot paths included, until the
+// scrape had read them all.
 func (s *raftSink) Collect(ch chan<- prometheus.Metric) {
 	s.mu.RLock()
-	defer s.mu.RUnlock()
+	metrics := make([]prometheus.Collector, 0, len(s.metrics))
 	for _, m := range s.metrics {
+		metrics = append(metrics, m)
+	}
+	s.mu.RUnlock()
+	for _, m := range metrics {
 		m.Collect(ch)
 	}
 }

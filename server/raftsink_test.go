@@ -76,6 +76,34 @@ func TestRaftSinkKeepsEachMeasurement(t *testing.T) {
 	}
 }
 
+// Keys that differ only in characters a Prometheus name may not hold
+// (raft's per-peer keys for node ids "n-1" and "n.1") are one metric: two
+// of one name would fail every scrape of /metrics. (Found in review.)
+func TestRaftSinkKeysAreTheirPrometheusNames(t *testing.T) {
+	s := newRaftSink()
+	s.SetGauge([]string{"fence", "raft", "replication", "heartbeat", "node-1"}, 1)
+	s.SetGauge([]string{"fence", "raft", "replication", "heartbeat", "node.1"}, 2)
+	s.AddSampleWithLabels([]string{"fence", "raft", "x"}, 1, []gometrics.Label{{Name: "peer-id", Value: "n1"}})
+	s.AddSampleWithLabels([]string{"fence", "raft", "x"}, 1, []gometrics.Label{{Name: "peer_id", Value: "n1"}})
+	reg := prometheus.NewPedanticRegistry()
+	reg.MustRegister(s)
+	families, err := reg.Gather()
+	if err != nil {
+		t.Fatalf("gathering: %v", err)
+	}
+	for _, f := range families {
+		if n := len(f.GetMetric()); n != 1 {
+			t.Errorf("%s: %d metrics, want 1", f.GetName(), n)
+		}
+		if f.GetName() == "fence_raft_replication_heartbeat_node_1" && f.GetMetric()[0].GetGauge().GetValue() != 2 {
+			t.Errorf("%s = %v, want the last value set, 2", f.GetName(), f.GetMetric()[0].GetGauge().GetValue())
+		}
+	}
+	if len(families) != 2 {
+		t.Errorf("%d families, want 2", len(families))
+	}
+}
+
 // A sample of a metric seen before allocates nothing: raft measures
 // several per operation on every node.
 func TestRaftSinkSampleAllocatesNothing(t *testing.T) {
