@@ -143,3 +143,31 @@ func TestStatusListsANodeOnce(t *testing.T) {
 		t.Errorf("status --json lists nodes %v, want one", got["nodes"])
 	}
 }
+
+// fence sessions revoke says when a lock it released is held back by its
+// lock-delay, rather than "released" as though the next waiter had it:
+// nobody gets it until the delay passes.
+func TestRevokeSaysALockIsHeldBackByItsDelay(t *testing.T) {
+	node := fencetest.Start(t)
+	ctx := context.Background()
+	s, err := node.Client().NewSession(ctx, client.WithOwner("job"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	delayed, err := client.NewMutex(s, "orders", client.WithLockDelay(time.Minute)).Lock(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	plain, err := client.NewMutex(s, "reports").Lock(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	code, stdout, stderr := runFence(t, "--endpoints", node.Endpoint(), "sessions", "revoke", fmt.Sprint(s.ID()))
+	if code != 0 {
+		t.Fatalf("sessions revoke: exit %d, stderr %s", code, stderr)
+	}
+	want := fmt.Sprintf("revoked session %d (job), released orders(%d) (held back by its lock-delay), reports(%d)\n", s.ID(), delayed.Token(), plain.Token())
+	if stdout != want {
+		t.Errorf("sessions revoke said\n%q\nwant\n%q", stdout, want)
+	}
+}

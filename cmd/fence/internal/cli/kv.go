@@ -55,6 +55,8 @@ func (f *fenceFlags) options() ([]client.WriteOption, error) {
 		return nil, fmt.Errorf("--strict needs --lock and --token: the lock and its current grant's token (under fence lock, FENCE_LOCK and FENCE_TOKEN give them)")
 	case f.token != "" && f.lock == "":
 		return nil, fmt.Errorf("--token %s needs --lock: the lock the token was granted under (under fence lock, FENCE_LOCK gives it)", f.token)
+	case f.lock != "" && f.token == "":
+		return nil, fmt.Errorf("--lock %s needs --token: the token of the grant that fences the write (under fence lock, FENCE_TOKEN gives it); without either the write is not fenced", f.lock)
 	}
 	var opts []client.WriteOption
 	if f.token != "" {

@@ -103,3 +103,22 @@ func TestKVListQuotesValuesThatAreNotALineOfText(t *testing.T) {
 		t.Errorf("kv list printed %q, want %q", stdout, want)
 	}
 }
+
+// A write that names a lock without a token would go unfenced, though
+// whoever typed --lock meant it fenced: it is refused, and nothing is
+// written.
+func TestKVWriteWithALockAndNoTokenIsRefused(t *testing.T) {
+	node := fencetest.Start(t)
+	ep := []string{"--endpoints", node.Endpoint()}
+	t.Setenv("FENCE_LOCK", "")
+	t.Setenv("FENCE_TOKEN", "")
+	for _, args := range [][]string{{"kv", "put", "--lock", "orders", "k", "v"}, {"kv", "del", "--lock", "orders", "k"}} {
+		code, _, stderr := runFence(t, append(ep, args...)...)
+		if code == 0 || !strings.Contains(stderr, "--lock orders needs --token") {
+			t.Errorf("%v: exit %d, stderr %q; want a refusal naming --token", args, code, stderr)
+		}
+	}
+	if _, stdout, _ := runFence(t, append(ep, "kv", "get", "k")...); strings.Contains(stdout, "v") {
+		t.Errorf("kv get k after the refused put: %q, want nothing written", stdout)
+	}
+}

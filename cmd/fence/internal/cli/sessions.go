@@ -1,6 +1,7 @@
 package cli
 
 import (
+	"context"
 	"fmt"
 	"strconv"
 	"strings"
@@ -69,6 +70,28 @@ func heldLocks(s *client.SessionInfo) string {
 	return strings.Join(held, ",")
 }
 
+// releasedLocks lists the locks that revoking s released, each said to be
+// held back by its lock-delay where it is: the next waiter gets such a lock
+// only once the delay has passed.
+func releasedLocks(ctx context.Context, c *client.Client, s *client.SessionInfo) string {
+	var released []string
+	for _, h := range s.GetHeld() {
+		desc := fmt.Sprintf("%s(%d)", h.GetLock(), h.GetToken())
+		if locks, err := c.Locks(ctx, h.GetLock()); err == nil {
+			for _, l := range locks {
+				if l.GetName() == h.GetLock() && l.GetDelayed() {
+					desc += " (held back by its lock-delay)"
+				}
+			}
+		}
+		released = append(released, desc)
+	}
+	if len(released) == 0 {
+		return "-"
+	}
+	return strings.Join(released, ", ")
+}
+
 func sessionsRevokeCommand(g *globals) *cobra.Command {
 	return &cobra.Command{
 		Use:         "revoke SESSION...",
@@ -109,7 +132,7 @@ SESSION does not exist; the others are still revoked.`,
 				if err := c.RevokeSession(cmd.Context(), id); err != nil {
 					return fmt.Errorf("revoking session %d: %w", id, err)
 				}
-				fmt.Fprintf(g.stdout, "revoked session %d (%s), released %s\n", id, orDash(s.GetOwner()), heldLocks(s))
+				fmt.Fprintf(g.stdout, "revoked session %d (%s), released %s\n", id, orDash(s.GetOwner()), releasedLocks(cmd.Context(), c, s))
 			}
 			if len(missing) > 0 {
 				return &ExitError{Code: exitFailure, Err: fmt.Errorf("no session %s", strings.Join(missing, ", "))}
