@@ -4,6 +4,7 @@ import (
 	"encoding/hex"
 	"encoding/json"
 	"fmt"
+	"os"
 	"text/tabwriter"
 	"time"
 
@@ -132,8 +133,9 @@ func printSnapshotJSON(g *globals, h server.SnapshotHeader, n server.SnapshotCou
 func snapshotRestoreCommand(g *globals) *cobra.Command {
 	cfg := server.DefaultConfig()
 	var (
-		peers peerList
-		bump  uint64
+		peers      peerList
+		bump       uint64
+		configFile string
 	)
 	cmd := &cobra.Command{
 		Use:   "restore FILE --data-dir DIR",
@@ -141,7 +143,10 @@ func snapshotRestoreCommand(g *globals) *cobra.Command {
 		Long: `Make a new data dir from a snapshot file, for fence serve to start from.
 
 DIR must not exist or be empty. Give the same --node-id, --raft-listen
-(or --raft-advertise) and --peers that fence serve will be started with.
+(or --raft-advertise) and --peers that fence serve will be started with,
+or the same --config (or FENCE_CONFIG) and FENCE_* variables: what this
+command's flags leave unset is read from them as fence serve reads it,
+the data dir included.
 For a group, restore the same file on every member with the same --peers,
 each with its own --node-id and data dir, then start them all.
 
@@ -150,8 +155,11 @@ The token counter, session ids and the KV revision are raised by --bump
 was taken is handed out again; --bump 0 keeps them.`,
 		Args: cobra.ExactArgs(1),
 		RunE: func(cmd *cobra.Command, args []string) error {
-			if !cmd.Flags().Changed("data-dir") {
-				return fmt.Errorf("--data-dir is required: the new data dir to restore into")
+			if err := restoreSettingsFromServe(cmd, configFile, &cfg, &peers); err != nil {
+				return err
+			}
+			if cfg.DataDir == "" {
+				return fmt.Errorf("--data-dir is required: the new data dir to restore into (or data-dir in --config, or FENCE_DATA_DIR)")
 			}
 			if len(peers) > 0 {
 				cfg.Peers = peers.addresses()
@@ -174,5 +182,42 @@ was taken is handed out again; --bump 0 keeps them.`,
 	f.Var(&peers, "peers", "the restored group's members, `id=raft-host:port,...` (this node included); the same on every member")
 	f.StringVar(&cfg.LogStore, "log-store", "", "raft log of the new data dir: wal (default) or bolt")
 	f.Uint64Var(&bump, "bump", server.DefaultRestoreBump, "raise the token counter, session ids and KV revision by this much")
+	f.StringVar(&configFile, "config", "", "fence serve's YAML settings file (env "+configEnv+"): the node's settings this command's flags leave unset are read from it, and from FENCE_* variables, as fence serve will read them")
 	return cmd
+}
+
+// restoreSettingsFromServe fills in the node's settings that restore's
+// flags left unset (its id, raft addresses, peers, log store and data
+// dir) from what fence serve will read: the settings file and the FENCE_*
+// variables, so that the restored data dir names the node that serve then
+// starts. A data dir is taken only where one of them sets it: serve's
+// default is no choice for a restore.
+func restoreSettingsFromServe(cmd *cobra.Command, file string, cfg *server.Config, peers *peerList) error {
+	if !cmd.Flags().Changed("config") {
+		file = os.Getenv(configEnv)
+	}
+	o, settings := newServeSettings()
+	resolved, err := resolveSettings(settings, file, os.LookupEnv)
+	if err != nil {
+		return err
+	}
+	set := cmd.Flags().Changed
+	for _, s := range []struct {
+		name     string
+		own, its *string
+	}{
+		{"node-id", &cfg.NodeID, &o.cfg.NodeID},
+		{"raft-listen", &cfg.RaftListen, &o.cfg.RaftListen},
+		{"raft-advertise", &cfg.RaftAdvertise, &o.cfg.RaftAdvertise},
+		{"log-store", &cfg.LogStore, &o.cfg.LogStore},
+		{"data-dir", &cfg.DataDir, &o.cfg.DataDir},
+	} {
+		if !set(s.name) && resolved.source(s.name) != fromDefault {
+			*s.own = *s.its
+		}
+	}
+	if !set("peers") && resolved.source("peers") != fromDefault {
+		*peers = o.peers
+	}
+	return nil
 }
