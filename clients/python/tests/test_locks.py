@@ -120,6 +120,25 @@ class MutexTest(NodeTest):
         g.act("resume", "all")
         wait_for(lambda: c.locks("m/outage") == [], what="the lock left by nobody")
 
+    def test_a_release_through_an_outage_gives_the_session_up(self) -> None:
+        # The node stops answering as the lock is released: once the
+        # retry budget is spent, the session is given up, so that its end
+        # releases the lock, rather than the lock staying held for as long
+        # as the session lives (its keepalives resume with the node).
+        g = Group(1)
+        c = g.client(retry_budget=1.0)
+        self.addCleanup(c.close)
+        s = c.session(5)
+        m = s.lock("m/release-outage")
+        m.acquire()
+        g.act("pause", "all")
+        self.addCleanup(g.act, "resume", "all")
+        with self.assertRaises(fence.FenceError):
+            m.release()
+        g.act("resume", "all")
+        self.assertIsInstance(s.error, fence.SessionLostError)
+        wait_for(lambda: c.locks("m/release-outage") == [], timeout=10, what="the lock released by the session's end")
+
     def test_lock_delay_holds_the_lock_after_an_expiry(self) -> None:
         a = self.session()
         a.lock("m/delay", lock_delay=30).acquire()

@@ -158,6 +158,14 @@ export class Mutex {
     await this.#release(g, options.signal);
   }
 
+  /**
+   * Releases g. If no node can be told before signal aborts or the client's
+   * retry budget is spent, the error is thrown, and the release is not left
+   * undone for as long as the session lives: one the caller stopped waiting
+   * for goes on within the session's TTL, and when the service still cannot
+   * be told the session is given up, so that its end releases the lock.
+   * Meanwhile an acquire of the name through the session waits for it.
+   */
   async #release(g: Grant, signal?: AbortSignal): Promise<void> {
     if (this.#grant === g) {
       this.#grant = undefined;
@@ -165,19 +173,45 @@ export class Mutex {
     g.end(new ReleasedError(`fence: ${this.#kind()} ${JSON.stringify(this.name)} released`));
     const s = this.session;
     s.untrack(g);
-    let attempts = 0;
+    const end = s.beginRelease(this.name);
+    let sent = false; // an attempt may have reached a node, and released it
     const req = { sessionId: s.id, sessionSecret: s.secret, lock: this.name, token: g.token };
-    await s.client.unary(async (ep, sig) => {
-      attempts++;
-      try {
-        await ep.locks.release(req, { signal: sig });
-      } catch (err) {
-        if (attempts > 1 && fromConnect(err) instanceof NotHolderError) {
-          return; // an earlier attempt, whose answer was lost, released it
+    const send = (sig?: AbortSignal) =>
+      s.client.unary(async (ep, attemptSignal) => {
+        try {
+          await ep.locks.release(req, { signal: attemptSignal });
+        } catch (err) {
+          if (sent && fromConnect(err) instanceof NotHolderError) {
+            return; // an earlier attempt, whose answer was lost, released it
+          }
+          sent = true;
+          throw err;
         }
+      }, sig);
+    try {
+      await send(signal);
+      end();
+    } catch (err) {
+      if (err instanceof NotHolderError || err instanceof SessionNotFoundError || s.signal.aborted) {
+        end(); // nothing is held
         throw err;
       }
-    }, signal);
+      void (async () => {
+        try {
+          if (!signal?.aborted) {
+            throw err; // the retry budget is spent: another try would spend it again
+          }
+          await send(s.undoSignal());
+        } catch (again) {
+          if (!(again instanceof SessionNotFoundError)) {
+            s.giveUp(`the release of ${JSON.stringify(this.name)}`, again);
+          }
+        } finally {
+          end();
+        }
+      })();
+      throw err;
+    }
   }
 
   async #acquire(tryOnly: boolean, caller: AbortSignal | undefined): Promise<Grant> {
@@ -187,6 +221,7 @@ export class Mutex {
     if (this.#grant && !this.#grant.signal.aborted) {
       return this.#grant;
     }
+    await s.waitReleased(this.name, caller);
     const req: MessageInitShape<typeof AcquireRequestSchema> = {
       sessionId: s.id,
       sessionSecret: s.secret,

@@ -193,6 +193,55 @@ export class Session implements AsyncDisposable {
   }
 
   /**
+   * The releases of each lock name on their way: the service's grant is the
+   * session's, whichever Mutex took it, so an acquire of the name waits for
+   * them (waitReleased) rather than be handed the grant being released.
+   */
+  readonly #releases = new Map<string, { n: number; done: Promise<void>; resolve: () => void }>();
+
+  /** Records a release of the lock name on its way, until the function it returns is called. @internal */
+  beginRelease(name: string): () => void {
+    let p = this.#releases.get(name);
+    if (!p) {
+      let resolve!: () => void;
+      const done = new Promise<void>((r) => (resolve = r));
+      p = { n: 0, done, resolve };
+      this.#releases.set(name, p);
+    }
+    const pending = p;
+    pending.n++;
+    let ended = false;
+    return () => {
+      if (ended) {
+        return;
+      }
+      ended = true;
+      if (--pending.n === 0) {
+        this.#releases.delete(name);
+        pending.resolve();
+      }
+    };
+  }
+
+  /** Waits until no release of the lock name is on its way. @internal */
+  async waitReleased(name: string, signal?: AbortSignal): Promise<void> {
+    const p = this.#releases.get(name);
+    if (!p) {
+      return;
+    }
+    const stop = signal ? AbortSignal.any([signal, this.signal]) : this.signal;
+    stop.throwIfAborted();
+    await new Promise<void>((resolve, reject) => {
+      const onAbort = () => reject(stop.reason);
+      stop.addEventListener("abort", onAbort, { once: true });
+      void p.done.then(() => {
+        stop.removeEventListener("abort", onAbort);
+        resolve();
+      });
+    });
+  }
+
+  /**
    * Throws unless the session lives and its safe-until has not passed. A
    * safe-until that passed unnoticed (the process was paused, and the
    * session's timers have not run since) ends the session as lost here, as

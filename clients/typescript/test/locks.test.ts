@@ -178,3 +178,32 @@ test("a semaphore admits as many holders as it has permits", async (t) => {
   await ga.release();
   assert.ok((await waiting).token > ga.token);
 });
+
+test("a release the caller stopped waiting for while the node was down goes on, and the lock is free once it is back", async (t) => {
+  const g = await Group.start();
+  const own = g.client({ attemptTimeoutMs: 200 });
+  t.after(() => own.close());
+  const s = await own.session({ ttlMs: 15_000 });
+  closeAfter(t, s);
+  const grant = await s.lock("outage-release");
+  await g.act("kill", "all");
+  await assert.rejects(grant.release({ signal: AbortSignal.timeout(300) }));
+  await g.act("restart", "all");
+  await waitFor("the lock released on the service", async () => (await own.locks("outage-release")).length === 0, 10_000);
+  assert.equal(s.signal.aborted, false, `the session ended (${String(s.signal.reason)}), though its release could be sent again`);
+});
+
+test("a release that no node answers within the retry budget gives the session up, and its end releases the lock", async (t) => {
+  const g = await Group.start();
+  const own = g.client({ attemptTimeoutMs: 200, retryBudgetMs: 1_000 });
+  t.after(() => own.close());
+  const s = await own.session({ ttlMs: 3_000 });
+  closeAfter(t, s);
+  const grant = await s.lock("budget-release");
+  await g.act("pause", "all");
+  t.after(() => g.act("resume", "all"));
+  await assert.rejects(grant.release());
+  await g.act("resume", "all");
+  await waitFor("the session given up", () => s.signal.reason instanceof SessionLostError, 3_000);
+  await waitFor("the lock released by the session's end", async () => (await own.locks("budget-release")).length === 0, 8_000);
+});

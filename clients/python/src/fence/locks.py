@@ -75,7 +75,10 @@ class Mutex:
     def release(self) -> None:
         """Release the lock. The grant's ``lost`` is set first, so that work
         under it stops before the lock is handed on. Raises NotHolder when
-        the mutex is not held."""
+        the mutex is not held. If no node can be told within the client's
+        retry budget, the session is given up, so that its end releases the
+        lock, and the error is raised: the lock is not left held for as
+        long as the session lives."""
         g = self.session._drop_grant(self.name)
         if g is None:
             raise NotHolder(f"{self._kind()} {self.name!r} is not held")
@@ -93,7 +96,13 @@ class Mutex:
                 if attempts[0] > 1:
                     return {}  # an earlier attempt, whose answer was lost, released it
                 raise
-        s.client._transport.call(release)
+        try:
+            s.client._transport.call(release)
+        except (NotHolder, NotFound):
+            raise  # nothing is held: the grant, or the session, had ended
+        except FenceError as err:
+            s._give_up(f"the release of {self.name!r}", err)
+            raise
 
     def __enter__(self) -> Grant:
         return self.acquire()
