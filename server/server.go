@@ -8,6 +8,12 @@
 // led after the keepalive arrived (leaseConfirmer), and an expiry is
 // committed as a command. A node that is not the leader answers writes
 // with Unavailable (or forwards them; see forwarder).
+//
+// A program runs a node with Start(cfg), or with New(cfg) and then its
+// Start method; Shutdown (for SIGTERM: it hands leadership over first) or
+// Close stops it. The node is assembled from parts below this package:
+// what it keeps on disk (internal/durable) and its API port's plumbing
+// (internal/apinet).
 package server
 
 import (
@@ -121,12 +127,37 @@ type Server struct {
 	wg        sync.WaitGroup
 	closeOnce sync.Once
 	closeErr  error
+	// life is where the node is in its life (lifeNew, lifeStarted,
+	// lifeOver), under lifeMu: it starts once, and not once closed.
+	lifeMu sync.Mutex
+	life   int
 }
 
-// Start opens the node's data, joins (or bootstraps) its raft group and
-// serves the API on cfg.Listen. It returns once the port is open; a single
-// node becomes leader about one heartbeat timeout later.
+// The stages of a Server's life.
+const (
+	lifeNew     = iota // made by New, holding nothing
+	lifeStarted        // Start began: files, sockets and goroutines are the node's
+	lifeClosed         // closed after it started
+	lifeOver           // closed unstarted, or its Start failed: it held nothing
+)
+
+// Start makes a node with New and starts it: the one call most programs
+// need. It returns once the API's port is open; a single node becomes
+// leader about one heartbeat timeout later.
 func Start(cfg Config) (*Server, error) {
+	s, err := New(cfg)
+	if err != nil {
+		return nil, err
+	}
+	if err := s.Start(); err != nil {
+		return nil, err
+	}
+	return s, nil
+}
+
+// New checks cfg and makes a node that is not running: it holds no file,
+// no socket and no goroutine until Start, and Close lets it go unstarted.
+func New(cfg Config) (*Server, error) {
 	if err := cfg.Validate(); err != nil {
 		return nil, fmt.Errorf("invalid config: %w", err)
 	}
@@ -134,19 +165,46 @@ func Start(cfg Config) (*Server, error) {
 	if logger == nil {
 		logger = slog.New(slog.NewTextHandler(io.Discard, nil))
 	}
-	s := newServer(cfg, logger)
+	return newServer(cfg, logger), nil
+}
 
+// Start opens the node's data, joins (or bootstraps) its raft group and
+// serves the API on the config's Listen. It returns once the port is open;
+// a single node becomes leader about one heartbeat timeout later. A node
+// starts once: Start again, or after Close, fails. A failed Start leaves
+// nothing open, and the node cannot be started again.
+func (s *Server) Start() error {
+	s.lifeMu.Lock()
+	defer s.lifeMu.Unlock()
+	switch s.life {
+	case lifeStarted:
+		return errors.New("server: Start of a node started already")
+	case lifeClosed, lifeOver:
+		return errors.New("server: Start of a node closed, or whose Start failed")
+	}
+	s.life = lifeStarted
+	if err := s.start(); err != nil {
+		s.life = lifeOver
+		return err
+	}
+	return nil
+}
+
+// start is Start's work, once.
+func (s *Server) start() error {
+	cfg, logger := s.cfg, s.logger
+	s.tracker.start()
 	if err := os.MkdirAll(cfg.DataDir, 0o700); err != nil {
 		s.tracker.stop()
-		return nil, fmt.Errorf("creating data dir: %w", err)
+		return fmt.Errorf("creating data dir: %w", err)
 	}
 	lock, err := durable.LockDataDir(cfg.DataDir)
 	if err != nil {
 		s.tracker.stop()
-		return nil, err
+		return err
 	}
 	s.dirLock = lock
-	abort := func(err error) (*Server, error) {
+	abort := func(err error) error {
 		if s.ln != nil {
 			s.ln.Close()
 		}
@@ -155,7 +213,7 @@ func Start(cfg Config) (*Server, error) {
 		}
 		s.tracker.stop()
 		lock.Unlock()
-		return nil, err
+		return err
 	}
 	if s.reserve, err = durable.OpenTokenReserve(cfg.DataDir); err != nil {
 		return abort(err)
@@ -181,7 +239,7 @@ func Start(cfg Config) (*Server, error) {
 
 	s.serve()
 	logger.Info("fence node started", "node", cfg.NodeID, "version", cfg.Version, "listen", s.Addr(), "tls", cfg.TLS != nil, "metrics", s.MetricsAddr(), "raft", s.node.transport.LocalAddr(), "data", cfg.DataDir, "max_connections", s.maxConnections())
-	return s, nil
+	return nil
 }
 
 // newServer makes a node's parts that hold no file and no socket.
@@ -320,8 +378,18 @@ func (s *Server) handOffLeadership(ctx context.Context) {
 }
 
 // Close stops serving, fails blocked calls with Unavailable, shuts raft down
-// and closes the data files. It is safe to call more than once.
+// and closes the data files. It is safe to call more than once, and on a
+// node never started, or whose Start failed.
 func (s *Server) Close() error {
+	s.lifeMu.Lock()
+	switch s.life {
+	case lifeNew, lifeOver:
+		s.life = lifeOver
+		s.lifeMu.Unlock()
+		return nil // nothing was opened, or a failed Start closed it
+	}
+	s.life = lifeClosed
+	s.lifeMu.Unlock()
 	s.closeOnce.Do(func() {
 		close(s.done)
 		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)

@@ -70,9 +70,13 @@ func newSessionTracker(c clock.Clock, logger *slog.Logger, expire func(ids []uin
 		kick:     make(chan struct{}, 1),
 		done:     make(chan struct{}),
 	}
+	return t
+}
+
+// start runs the tracker's expiry loop, until stop.
+func (t *sessionTracker) start() {
 	t.wg.Add(1)
 	go t.run()
-	return t
 }
 
 func (t *sessionTracker) stop() {
