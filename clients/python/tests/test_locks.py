@@ -139,6 +139,37 @@ class MutexTest(NodeTest):
         self.assertIsInstance(s.error, fence.SessionLostError)
         wait_for(lambda: c.locks("m/release-outage") == [], timeout=10, what="the lock released by the session's end")
 
+    def test_an_acquire_during_a_release_is_not_handed_the_grant_being_released(self) -> None:
+        # As in the Go and TypeScript clients: an acquire of the name
+        # through the session while a release of it is on its way (here:
+        # about to be sent, as when it is being retried) waits for it,
+        # rather than be handed the grant being released, to see it
+        # released under it. (Found in review.)
+        s = self.session()
+        a, b = s.lock("m/release-race"), s.lock("m/release-race")
+        g1 = a.acquire()
+        tr = s.client._transport
+        real = tr.call
+        got = []
+        t = threading.Thread(target=lambda: got.append(b.acquire(timeout=10)), daemon=True)
+
+        def call(fn, *args, **kw):  # type: ignore[no-untyped-def]
+            if getattr(fn, "__name__", "") == "release" and not t.is_alive() and not got:
+                t.start()
+                t.join(1.0)  # an acquire that does not wait for the release is answered meanwhile
+            return real(fn, *args, **kw)
+        tr.call = call  # type: ignore[method-assign]
+        try:
+            a.release()
+        finally:
+            tr.call = real  # type: ignore[method-assign]
+        t.join(10)
+        g2 = got[0]
+        self.assertFalse(g2.lost.is_set())
+        held = [h["token"] for lock in self.client.locks("m/release-race") for h in lock.get("holders", [])]
+        self.assertIn(str(g2.token), held,
+                      f"b believes it holds token {g2.token} (g1's was {g1.token}); the service holds {held}")
+
     def test_lock_delay_holds_the_lock_after_an_expiry(self) -> None:
         a = self.session()
         a.lock("m/delay", lock_delay=30).acquire()

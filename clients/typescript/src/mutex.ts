@@ -164,7 +164,9 @@ export class Mutex {
    * undone for as long as the session lives: one the caller stopped waiting
    * for goes on within the session's TTL, and when the service still cannot
    * be told the session is given up, so that its end releases the lock.
-   * Meanwhile an acquire of the name through the session waits for it.
+   * A refusal that a retry would not pass (PermissionDeniedError, say)
+   * gives the session up too, and with it every lock it holds. Meanwhile
+   * an acquire of the name through the session waits for the release.
    */
   async #release(g: Grant, signal?: AbortSignal): Promise<void> {
     if (this.#grant === g) {

@@ -78,10 +78,19 @@ class Mutex:
         the mutex is not held. If no node can be told within the client's
         retry budget, the session is given up, so that its end releases the
         lock, and the error is raised: the lock is not left held for as
-        long as the session lives."""
-        g = self.session._drop_grant(self.name)
+        long as the session lives. A refusal that a retry would not pass
+        (PermissionDenied, say) gives the session up too, and with it every
+        lock it holds. Meanwhile an acquire of the name through the session
+        waits for the release."""
+        g = self.session._drop_grant(self.name, releasing=True)
         if g is None:
             raise NotHolder(f"{self._kind()} {self.name!r} is not held")
+        try:
+            self._release(g)
+        finally:
+            self.session._end_release(self.name)
+
+    def _release(self, g: Grant) -> None:
         g._end(Released(f"{self._kind()} {self.name!r} released"))
         s = self.session
         token = str(g.token)
@@ -131,11 +140,14 @@ class Mutex:
         held = self.grant
         if held is not None and not held.lost.is_set():
             return held
+        wait_until = None if timeout is None else time.monotonic() + timeout
+        if not s._wait_released(self.name, wait_until):
+            raise WaitTimeout(f"{self._kind()} {self.name!r}: a release of it by this session was still on its way")
+        s.check()
         acq: AcquireRequest = request or AcquireRequest(s)
         req = self._request(try_, acq.id)
         tr = s.client._transport
         attempt = tr.attempt_timeout
-        wait_until = None if timeout is None else time.monotonic() + timeout
         attempts = [0]
 
         def polls(ep: Any, _t: float) -> Dict[str, Any]:

@@ -118,6 +118,10 @@ class Session:
         self._interval = self.ttl / 3
         self._mu = threading.Lock()
         self._wake = threading.Condition(self._mu)
+        # The releases of each lock name on their way (Mutex.release): the
+        # service's grant is the session's, whichever Mutex took it, so an
+        # acquire of the name waits for them (_wait_released).
+        self._releasing: Dict[str, int] = {}
         self._safe_until = self._deadline_from(sent[0])
         self._due = sent[0] + self._interval
         self._lapsed = False
@@ -234,15 +238,40 @@ class Session:
             g._end(ended)
         return g
 
-    def _drop_grant(self, lock: str, g: Optional[Grant] = None) -> Optional[Grant]:
-        """Forget the grant of lock (only if it is g, when given)."""
+    def _drop_grant(self, lock: str, g: Optional[Grant] = None, releasing: bool = False) -> Optional[Grant]:
+        """Forget the grant of lock (only if it is g, when given). With
+        releasing, a release of it is on its way from now until
+        _end_release."""
         with self._mu:
             held = self._held.get(lock)
             if held is None or (g is not None and held is not g):
                 return None
             del self._held[lock]
             self._grants.pop(held, None)
+            if releasing:
+                self._releasing[lock] = self._releasing.get(lock, 0) + 1
             return held
+
+    def _end_release(self, lock: str) -> None:
+        """A release of lock, begun with _drop_grant, is over."""
+        with self._mu:
+            n = self._releasing.get(lock, 0) - 1
+            if n > 0:
+                self._releasing[lock] = n
+            else:
+                self._releasing.pop(lock, None)
+            self._wake.notify_all()
+
+    def _wait_released(self, lock: str, deadline: Optional[float]) -> bool:
+        """Wait until no release of lock is on its way, the session ends or
+        deadline (time.monotonic) passes; False for the last."""
+        with self._mu:
+            while self._releasing.get(lock) and self._error is None:
+                wait = None if deadline is None else deadline - time.monotonic()
+                if wait is not None and wait <= 0:
+                    return False
+                self._wake.wait(wait)
+            return True
 
     def _deadline_from(self, sent: float) -> float:
         return sent + self.ttl * (1 - self._drift) - self._margin
