@@ -67,6 +67,7 @@ func newTestTracker(t *testing.T) (*sessionTracker, *clock.Fake, *expiryRecorder
 	c := clock.NewFake()
 	rec := newExpiryRecorder()
 	tr := newSessionTracker(c, nil, rec.expire)
+	tr.start()
 	t.Cleanup(tr.stop)
 	tr.becomeLeader()
 	return tr, c, rec
@@ -163,6 +164,7 @@ func BenchmarkTrackerKeepAlive(b *testing.B) {
 	for _, n := range []int{1000, 100000} {
 		b.Run(fmt.Sprint("sessions=", n), func(b *testing.B) {
 			tr := newSessionTracker(clock.NewFake(), nil, func([]uint64) error { return nil })
+			tr.start()
 			defer tr.stop()
 			tr.becomeLeader()
 			for id := range uint64(n) {
