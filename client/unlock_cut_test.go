@@ -7,6 +7,7 @@ import (
 	"time"
 
 	"github.com/fencelock/fence/internal/testutil/netproxy"
+	"github.com/fencelock/fence/server"
 )
 
 // An Unlock whose caller cannot wait for it (the node unreachable until
@@ -17,17 +18,7 @@ import (
 // meanwhile waits for that release, so that it is not handed the grant on
 // its way out.
 func TestAnUnlockThatTimedOutStillReleases(t *testing.T) {
-	srv := startServer(t, nil)
-	link, err := netproxy.Listen(srv.Addr())
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer link.Close()
-	c, err := New(WithEndpoints(link.Addr()), WithAttemptTimeout(200*time.Millisecond))
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer c.Close()
+	srv, link, c := clientThroughALink(t)
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
 	s, err := c.NewSession(ctx, WithTTL(10*time.Second))
@@ -41,18 +32,10 @@ func TestAnUnlockThatTimedOutStillReleases(t *testing.T) {
 		t.Fatal(err)
 	}
 
-	link.SetCut(true)
-	unlockCtx, unlockCancel := context.WithTimeout(ctx, 300*time.Millisecond)
-	err = m.Unlock(unlockCtx)
-	unlockCancel()
-	if err == nil {
-		t.Fatal("Unlock through a cut link succeeded")
-	}
+	unlockThroughACutLink(t, ctx, link, m.Unlock)
 	if g.Err() == nil {
 		t.Error("the grant's context lives on after Unlock")
 	}
-	time.Sleep(300 * time.Millisecond)
-	link.SetCut(false)
 
 	direct, err := New(WithEndpoints(srv.Addr()))
 	if err != nil {
@@ -85,17 +68,7 @@ func TestAnUnlockThatTimedOutStillReleases(t *testing.T) {
 // of a release still on its way, to see it released under it while
 // another session takes the lock. (Found in review.)
 func TestAFreshMutexWaitsForAReleaseOnItsWay(t *testing.T) {
-	srv := startServer(t, nil)
-	link, err := netproxy.Listen(srv.Addr())
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer link.Close()
-	c, err := New(WithEndpoints(link.Addr()), WithAttemptTimeout(200*time.Millisecond))
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer c.Close()
+	srv, link, c := clientThroughALink(t)
 	direct, err := New(WithEndpoints(srv.Addr()))
 	if err != nil {
 		t.Fatal(err)
@@ -124,15 +97,7 @@ func TestAFreshMutexWaitsForAReleaseOnItsWay(t *testing.T) {
 		if _, err := m1.Lock(ctx); err != nil { // the same grant
 			t.Fatal(err)
 		}
-		link.SetCut(true)
-		unlockCtx, unlockCancel := context.WithTimeout(ctx, 300*time.Millisecond)
-		err = m1.Unlock(unlockCtx)
-		unlockCancel()
-		if err == nil {
-			t.Fatal("Unlock through a cut link succeeded")
-		}
-		time.Sleep(700 * time.Millisecond) // the background release backs off
-		link.SetCut(false)
+		unlockThroughACutLink(t, ctx, link, m1.Unlock)
 
 		lockCtx, lockCancel := context.WithTimeout(ctx, 5*time.Second)
 		g2, err := NewMutex(s, name).Lock(lockCtx)
@@ -156,17 +121,7 @@ func TestAFreshMutexWaitsForAReleaseOnItsWay(t *testing.T) {
 // instead of failing as though the session still held the lock shared.
 // (Found in review.)
 func TestAnRWMutexLocksAfterAnRUnlockOnItsWay(t *testing.T) {
-	srv := startServer(t, nil)
-	link, err := netproxy.Listen(srv.Addr())
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer link.Close()
-	c, err := New(WithEndpoints(link.Addr()), WithAttemptTimeout(200*time.Millisecond))
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer c.Close()
+	_, link, c := clientThroughALink(t)
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
 	s, err := c.NewSession(ctx, WithTTL(10*time.Second))
@@ -178,18 +133,43 @@ func TestAnRWMutexLocksAfterAnRUnlockOnItsWay(t *testing.T) {
 	if _, err := rw.RLock(ctx); err != nil {
 		t.Fatal(err)
 	}
-	link.SetCut(true)
-	unlockCtx, unlockCancel := context.WithTimeout(ctx, 300*time.Millisecond)
-	err = rw.RUnlock(unlockCtx)
-	unlockCancel()
-	if err == nil {
-		t.Fatal("RUnlock through a cut link succeeded")
-	}
-	time.Sleep(700 * time.Millisecond)
-	link.SetCut(false)
+	unlockThroughACutLink(t, ctx, link, rw.RUnlock)
 	lockCtx, lockCancel := context.WithTimeout(ctx, 5*time.Second)
 	defer lockCancel()
 	if _, err := rw.Lock(lockCtx); err != nil {
 		t.Fatalf("Lock after an RUnlock whose release went on in the background: %v", err)
 	}
+}
+
+// clientThroughALink starts a node and returns it, a link to it that a
+// test can cut, and a client that reaches the node only through the link.
+func clientThroughALink(t *testing.T) (*server.Server, *netproxy.Link, *Client) {
+	t.Helper()
+	srv := startServer(t, nil)
+	link, err := netproxy.Listen(srv.Addr())
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { link.Close() })
+	c, err := New(WithEndpoints(link.Addr()), WithAttemptTimeout(200*time.Millisecond))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { c.Close() })
+	return srv, link, c
+}
+
+// unlockThroughACutLink calls unlock with the link cut, which must fail, and
+// heals the link once the release has backed off.
+func unlockThroughACutLink(t *testing.T, ctx context.Context, link *netproxy.Link, unlock func(context.Context) error) {
+	t.Helper()
+	link.SetCut(true)
+	unlockCtx, unlockCancel := context.WithTimeout(ctx, 300*time.Millisecond)
+	err := unlock(unlockCtx)
+	unlockCancel()
+	if err == nil {
+		t.Fatal("an unlock through a cut link succeeded")
+	}
+	time.Sleep(700 * time.Millisecond) // the background release backs off
+	link.SetCut(false)
 }
