@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"io"
 	"net/http"
 
 	"connectrpc.com/connect"
@@ -99,11 +100,20 @@ type pinnedStream struct {
 
 func (s *pinnedStream) Receive(msg any) error {
 	err := s.StreamingClientConn.Receive(msg)
-	if !s.checked {
+	// The answer's headers are read only once the answer arrived: a
+	// Receive that failed on this side (its context ended) may return
+	// while connect is still writing them, as a late answer comes in.
+	if !s.checked && (err == nil || fromTheNode(err)) {
 		s.checked = true
 		if werr := s.c.learnCluster(s.ResponseHeader().Get(fencev1.ClusterIDHeader), s.Peer().Addr); werr != nil {
 			return werr
 		}
 	}
 	return err
+}
+
+// fromTheNode reports whether err ends a stream whose answer, headers
+// included, has arrived: an error the node answered, or the answer's end.
+func fromTheNode(err error) bool {
+	return connect.IsWireError(err) || errors.Is(err, io.EOF)
 }
