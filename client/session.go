@@ -510,7 +510,6 @@ func (s *Session) track(g *Grant) {
 	s.grants[g] = s.renewals
 }
 
-// untrack forgets a grant that ended.
 // pendingRelease counts the releases of one lock name on their way; done
 // is closed when the last of them is over.
 type pendingRelease struct {
@@ -562,6 +561,7 @@ func (s *Session) waitReleased(ctx context.Context, name string) error {
 	}
 }
 
+// untrack forgets a grant that ended.
 func (s *Session) untrack(g *Grant) {
 	s.mu.Lock()
 	defer s.mu.Unlock()

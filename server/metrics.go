@@ -170,7 +170,10 @@ func raftMetricsSink() (prometheus.Collector, error) {
 		}
 		raftSinkOnce.sink = sink
 	})
-	return raftSinkOnce.sink, raftSinkOnce.err
+	if raftSinkOnce.err != nil {
+		return nil, raftSinkOnce.err // not a nil *raftSink in a Collector
+	}
+	return raftSinkOnce.sink, nil
 }
 
 // watchLeaderChanges counts the leaders this node sees elected, until the

@@ -127,8 +127,8 @@ type Server struct {
 	wg        sync.WaitGroup
 	closeOnce sync.Once
 	closeErr  error
-	// life is where the node is in its life (lifeNew, lifeStarted,
-	// lifeOver), under lifeMu: it starts once, and not once closed.
+	// life is the stage of the node's life (lifeNew, ...), under lifeMu:
+	// it starts once, and not once closed.
 	lifeMu sync.Mutex
 	life   int
 }
