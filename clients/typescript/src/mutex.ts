@@ -198,20 +198,19 @@ export class Mutex {
         end(); // nothing is held
         throw err;
       }
-      void (async () => {
-        try {
-          if (!signal?.aborted) {
-            throw err; // the retry budget is spent: another try would spend it again
-          }
-          await send(s.undoSignal());
-        } catch (again) {
-          if (!(again instanceof SessionNotFoundError)) {
-            s.giveUp(`the release of ${JSON.stringify(this.name)}`, again);
-          }
-        } finally {
-          end();
+      const giveUp = (why: unknown) => {
+        if (!(why instanceof SessionNotFoundError)) {
+          s.giveUp(`the release of ${JSON.stringify(this.name)}`, why);
         }
-      })();
+      };
+      if (!signal?.aborted) {
+        giveUp(err); // the retry budget is spent: another try would spend it again
+        end();
+        throw err;
+      }
+      void send(s.undoSignal()) // the caller stopped waiting: it goes on within the TTL
+        .catch(giveUp)
+        .finally(end);
       throw err;
     }
   }
