@@ -48,10 +48,7 @@ setting and where it came from, as a file that --config reads back.
 See docs/configuration.md.`,
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
-			file := configFile
-			if !cmd.Flags().Changed("config") {
-				file = os.Getenv(configEnv)
-			}
+			file := settingsFile(cmd, configFile)
 			resolved, err := resolveSettings(settings, file, os.LookupEnv)
 			if err != nil {
 				return err

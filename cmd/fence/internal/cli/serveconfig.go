@@ -15,6 +15,7 @@ import (
 	"slices"
 	"strings"
 
+	"github.com/spf13/cobra"
 	"github.com/spf13/pflag"
 	"go.yaml.in/yaml/v3"
 )
@@ -68,6 +69,15 @@ func (r resolved) source(name string) source {
 // settingEnv is the environment variable of the setting of flag name.
 func settingEnv(name string) string {
 	return "FENCE_" + strings.ToUpper(strings.ReplaceAll(name, "-", "_"))
+}
+
+// settingsFile is the settings file a command's --config flag names, or
+// FENCE_CONFIG's when the flag was not given.
+func settingsFile(cmd *cobra.Command, configFlag string) string {
+	if cmd.Flags().Changed("config") {
+		return configFlag
+	}
+	return os.Getenv(configEnv)
 }
 
 // resolveSettings sets each flag of fs that the command line did not from

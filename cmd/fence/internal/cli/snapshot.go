@@ -192,12 +192,9 @@ was taken is handed out again; --bump 0 keeps them.`,
 // variables, so that the restored data dir names the node that serve then
 // starts. A data dir is taken only where one of them sets it: serve's
 // default is no choice for a restore.
-func restoreSettingsFromServe(cmd *cobra.Command, file string, cfg *server.Config, peers *peerList) error {
-	if !cmd.Flags().Changed("config") {
-		file = os.Getenv(configEnv)
-	}
+func restoreSettingsFromServe(cmd *cobra.Command, configFile string, cfg *server.Config, peers *peerList) error {
 	o, settings := newServeSettings()
-	resolved, err := resolveSettings(settings, file, os.LookupEnv)
+	resolved, err := resolveSettings(settings, settingsFile(cmd, configFile), os.LookupEnv)
 	if err != nil {
 		return err
 	}
