@@ -3,11 +3,16 @@ package check
 import (
 	"context"
 	"errors"
+	"net/http"
+	"net/http/httptest"
+	"net/http/httputil"
+	"net/url"
 	"strings"
 	"testing"
 	"time"
 
 	"github.com/fencelock/fence"
+	fencev1 "github.com/fencelock/fence/api/fence/v1"
 	"github.com/fencelock/fence/server"
 )
 
@@ -89,5 +94,45 @@ func TestLeadsAloneCanFail(t *testing.T) {
 	}
 	if why := r.leadsAlone(ctx, &node{id: "n4", api: s.Addr()}, group); !strings.Contains(why, "not itself alone") {
 		t.Fatalf("a group whose only member is another node: %q", why)
+	}
+}
+
+// headerless serves s's API through a reverse proxy on loopback that drops
+// the group's id from every answer's headers, as a node does on a Status
+// answered while its first leader names the group (the id is read for the
+// headers before it is known, and for the answer after), and as a proxy
+// that passes on only the headers it knows does.
+func headerless(t *testing.T, s *server.Server) string {
+	t.Helper()
+	target, err := url.Parse("http://" + s.Addr())
+	if err != nil {
+		t.Fatal(err)
+	}
+	proxy := httputil.NewSingleHostReverseProxy(target)
+	proxy.ModifyResponse = func(resp *http.Response) error {
+		resp.Header.Del(fencev1.ClusterIDHeader)
+		return nil
+	}
+	srv := httptest.NewServer(proxy)
+	t.Cleanup(srv.Close)
+	return strings.TrimPrefix(srv.URL, "http://")
+}
+
+// The group a run begins with is the one each node's answer names, not
+// the one its headers name: a Status answered without the header once made
+// a run begin with no group at all, so that its workers named none and its
+// end reported the node's own group as another one.
+func TestGroupOfReadsTheAnswerNotItsHeaders(t *testing.T) {
+	ctx := context.Background()
+	a, b := startNode(t), startNode(t)
+	want, err := groupOf(ctx, []string{a.Addr()})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got, err := groupOf(ctx, []string{headerless(t, a)}); got != want || err != nil {
+		t.Fatalf("groupOf a node whose answers carry no group header: %q, %v; want %q", got, err, want)
+	}
+	if got, err := groupOf(ctx, []string{headerless(t, a), headerless(t, b)}); !errors.Is(err, fence.ErrWrongCluster) {
+		t.Fatalf("groupOf nodes of two groups, without headers: %q, %v; want ErrWrongCluster", got, err)
 	}
 }

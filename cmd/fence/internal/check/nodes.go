@@ -211,9 +211,12 @@ func waitServing(ctx context.Context, nodes []*node) error {
 }
 
 // groupOf returns the id of the group every endpoint belongs to, once each
-// has answered with it. Endpoints of two groups are an error: a port of the
-// checker's own servers taken by another deployment, or a mistyped
-// --endpoints; the run would mix two histories and prove nothing.
+// has answered with one. Endpoints of two groups are an error: a port of
+// the checker's own servers taken by another deployment, or a mistyped
+// --endpoints; the run would mix two histories and prove nothing. The ids
+// are read from the nodes' answers, not from the client: an answer may
+// carry no group in its headers (a node names it there only once it knows
+// it, and a proxy may drop it), and a client learns its group from them.
 func groupOf(ctx context.Context, endpoints []string) (string, error) {
 	c, err := client.New(client.WithEndpoints(endpoints...))
 	if err != nil {
@@ -245,7 +248,13 @@ func groupOf(ctx context.Context, endpoints []string) (string, error) {
 		case <-time.After(50 * time.Millisecond):
 		}
 	}
-	return c.ClusterID(), nil // every node answered with it: the client refuses any other
+	for i, id := range ids {
+		if id != ids[0] {
+			return "", fmt.Errorf("%w: the node at %s is of group %s, and the node at %s of group %s; the run would mix two histories",
+				fence.ErrWrongCluster, endpoints[0], ids[0], endpoints[i], id)
+		}
+	}
+	return ids[0], nil
 }
 
 // restartNode kills a node with SIGKILL and starts it again with its
