@@ -211,7 +211,10 @@ func connectionFailed(err error) bool {
 // sends it older entries, or a snapshot) and the leader's side of it, and
 // a pre-vote or a vote refused because the voter still hears from a leader
 // (a node that lost touch, or restarted slowly, kept from disrupting the
-// group: raft asks with a vote when it asks without pre-vote).
+// group: raft asks with a vote when it asks without pre-vote), and one
+// refused because the candidate's log is behind the voter's (a node slow
+// to hear of the election that opened a group's start, or back from a
+// pause: the voter keeps raft's rule, and etcd logs the same at info).
 func routineWarning(msg string, args []any) bool {
 	switch msg {
 	case "heartbeat timeout reached, starting election":
@@ -220,7 +223,9 @@ func routineWarning(msg string, args []any) bool {
 		err, _ := arg(args, "error").(error)
 		return errors.Is(err, raft.ErrLogNotFound)
 	case "appendEntries rejected, sending older logs", "rejecting pre-vote request since we have a leader",
-		"rejecting vote request since we have a leader":
+		"rejecting vote request since we have a leader",
+		"rejecting pre-vote request since our last term is greater", "rejecting vote request since our last term is greater",
+		"rejecting pre-vote request since our last index is greater", "rejecting vote request since our last index is greater":
 		return true
 	}
 	return false

@@ -46,6 +46,10 @@ func TestRaftLogSinkLevels(t *testing.T) {
 	hlog.Warn("appendEntries rejected, sending older logs", "peer", n2, "next", 1)
 	hlog.Warn("rejecting pre-vote request since we have a leader", "from", n3.Address, "leader", n2.Address, "leader-id", n2.ID)
 	hlog.Warn("rejecting vote request since we have a leader", "from", n3.Address, "leader", n2.Address, "leader-id", n2.ID)
+	for _, kind := range []string{"pre-vote", "vote"} {
+		hlog.Warn("rejecting "+kind+" request since our last term is greater", "candidate", n3.Address, "last-term", 2, "last-candidate-term", 1)
+		hlog.Warn("rejecting "+kind+" request since our last index is greater", "candidate", n3.Address, "last-index", 5, "last-candidate-index", 3)
+	}
 	hlog.Warn("heartbeat timeout reached, starting election", "last-leader-addr", n2.Address, "last-leader-id", n2.ID)
 
 	want := []struct {
@@ -62,6 +66,10 @@ func TestRaftLogSinkLevels(t *testing.T) {
 		{slog.LevelInfo, "appendEntries rejected, sending older logs"},
 		{slog.LevelInfo, "rejecting pre-vote request since we have a leader"},
 		{slog.LevelInfo, "rejecting vote request since we have a leader"},
+		{slog.LevelInfo, "rejecting pre-vote request since our last term is greater"},
+		{slog.LevelInfo, "rejecting pre-vote request since our last index is greater"},
+		{slog.LevelInfo, "rejecting vote request since our last term is greater"},
+		{slog.LevelInfo, "rejecting vote request since our last index is greater"},
 		{slog.LevelWarn, "heartbeat timeout reached, starting election"},
 	}
 	got := rec.atLeast(slog.LevelDebug)
