@@ -2,8 +2,11 @@
 
 from __future__ import annotations
 
+import http.client
+import http.server
 import threading
 import time
+import urllib.parse
 
 import fence
 
@@ -169,6 +172,58 @@ class MutexTest(NodeTest):
         held = [h["token"] for lock in self.client.locks("m/release-race") for h in lock.get("holders", [])]
         self.assertIn(str(g2.token), held,
                       f"b believes it holds token {g2.token} (g1's was {g1.token}); the service holds {held}")
+
+    def test_a_release_answered_with_garbage_gives_the_session_up(self) -> None:
+        # A gateway in front of the node answers the release 200 with a page
+        # of its own. The client cannot tell whether the node released the
+        # lock: it raises a FenceError (not the JSON parser's ValueError)
+        # and gives the session up, so that its end releases the lock,
+        # rather than dropping the grant while the session keeps it.
+        g = Group(1)
+        node = urllib.parse.urlsplit(g.endpoints[0] if "://" in g.endpoints[0] else "http://" + g.endpoints[0])
+
+        class Gateway(http.server.BaseHTTPRequestHandler):
+            def do_POST(self) -> None:
+                body = self.rfile.read(int(self.headers.get("Content-Length", "0")))
+                if self.path.endswith(".LockService/Release"):
+                    page = b"<html>upstream busy</html>"
+                    self.send_response(200)
+                    self.send_header("Content-Type", "text/html")
+                    self.send_header("Content-Length", str(len(page)))
+                    self.end_headers()
+                    self.wfile.write(page)
+                    return
+                conn = http.client.HTTPConnection(node.hostname, node.port, timeout=10)
+                conn.request("POST", self.path, body=body, headers={k: v for k, v in self.headers.items() if k.lower() != "host"})
+                resp = conn.getresponse()
+                data = resp.read()
+                self.send_response(resp.status)
+                for k, v in resp.getheaders():
+                    if k.lower() not in ("content-length", "connection", "transfer-encoding", "date", "server"):
+                        self.send_header(k, v)
+                self.send_header("Content-Length", str(len(data)))
+                self.end_headers()
+                self.wfile.write(data)
+                conn.close()
+
+            def log_message(self, *args: object) -> None:
+                pass
+
+        gw = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Gateway)
+        threading.Thread(target=gw.serve_forever, daemon=True).start()
+        self.addCleanup(gw.server_close)
+        self.addCleanup(gw.shutdown)
+        c = fence.Client(endpoints=[f"127.0.0.1:{gw.server_address[1]}"], retry_budget=1.0)
+        self.addCleanup(c.close)
+        s = c.session(5)
+        m = s.lock("m/release-garbage")
+        m.acquire()
+        with self.assertRaises(fence.FenceError):
+            m.release()
+        self.assertIsInstance(s.error, fence.SessionLostError)
+        direct = g.client()
+        self.addCleanup(direct.close)
+        wait_for(lambda: direct.locks("m/release-garbage") == [], timeout=10, what="the lock released by the session's end")
 
     def test_lock_delay_holds_the_lock_after_an_expiry(self) -> None:
         a = self.session()

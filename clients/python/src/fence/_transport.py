@@ -156,7 +156,15 @@ class Transport:
         status, cluster, raw = self._post(ep, "/" + method, data, self._headers(headers), max(timeout, 0.001))
         self._learn_cluster(cluster, ep)
         if status == 200:
-            answer: Dict[str, Any] = json.loads(raw) if raw else {}
+            try:
+                answer = json.loads(raw) if raw else {}
+            except ValueError:
+                answer = None
+            if not isinstance(answer, dict):
+                # Something in front of the node (a gateway's page, say):
+                # whether the call was applied is unknown, as when no answer
+                # came, and a retry may reach the node.
+                raise Unavailable(f"{ep.url} answered {method} with a body that is not fence's: {raw[:80]!r}")
             return answer
         try:
             err = json.loads(raw)

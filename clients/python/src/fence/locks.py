@@ -109,7 +109,7 @@ class Mutex:
             s.client._transport.call(release)
         except (NotHolder, NotFound):
             raise  # nothing is held: the grant, or the session, had ended
-        except FenceError as err:
+        except BaseException as err:  # an interrupt too: whether the release landed is unknown
             s._give_up(f"the release of {self.name!r}", err)
             raise
 

@@ -338,7 +338,7 @@ class Session:
                     return
                 ep = tr._endpoint_at(tr._endpoint_for(leader))
 
-    def _give_up(self, what: str, err: FenceError) -> None:
+    def _give_up(self, what: str, err: BaseException) -> None:
         """End the session because what could not be given back (err):
         its end on the service releases it."""
         if isinstance(err, NotFound):
