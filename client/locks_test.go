@@ -56,3 +56,34 @@ func TestLocksPages(t *testing.T) {
 		t.Error("a page token the service never gave was accepted")
 	}
 }
+
+// Unlock ends the grant's context first, so that work under it stops: a
+// context that ends only for that (the grant's own, or one made from it)
+// is not the caller giving up, and the release is waited for.
+func TestUnlockWithTheGrantsOwnContext(t *testing.T) {
+	srv := startServer(t, nil)
+	c := mustClient(t, srv, nil)
+	s := mustSession(t, c, time.Minute)
+	m := NewMutex(s, "own-context")
+	for _, derive := range []func(context.Context) (context.Context, context.CancelFunc){
+		func(ctx context.Context) (context.Context, context.CancelFunc) { return ctx, func() {} },
+		func(ctx context.Context) (context.Context, context.CancelFunc) { return context.WithTimeout(ctx, time.Minute) },
+	} {
+		g, err := m.Lock(context.Background())
+		if err != nil {
+			t.Fatal(err)
+		}
+		ctx, cancel := derive(g.Context())
+		err = m.Unlock(ctx)
+		cancel()
+		if err != nil {
+			t.Fatalf("Unlock with a context that follows the grant's: %v", err)
+		}
+		if held, err := c.Locks(context.Background(), "own-context"); err != nil || len(held) != 0 {
+			t.Fatalf("after Unlock the service lists %v (%v), want the lock free", held, err)
+		}
+	}
+	if err := s.Err(); err != nil {
+		t.Fatalf("the session ended: %v", err)
+	}
+}

@@ -312,7 +312,9 @@ func (m *Mutex) abandon(id uint64) {
 // caller to try again). Meanwhile an Acquire of the same lock name through
 // the session (this Mutex, another made for it, the other half of an
 // RWMutex) waits for the release: the service's grant is the session's,
-// and would be handed back as it is released.
+// and would be handed back as it is released. A ctx that ends only because
+// the grant does (the grant's Context, or one made from it) does not cut
+// the release short.
 func (m *Mutex) Unlock(ctx context.Context) error {
 	m.mu.Lock()
 	g := m.grant
@@ -325,7 +327,14 @@ func (m *Mutex) Unlock(ctx context.Context) error {
 	if g == nil {
 		return fmt.Errorf("%w: %s %q is not held", fence.ErrNotHolder, m.kind(), m.name)
 	}
+	gaveUp := ctx.Err() != nil
 	g.cancel(ErrLockReleased)
+	if ctx.Err() != nil && !gaveUp {
+		// The grant's own context, or one made from it, ended because the
+		// grant did: that is not the caller giving up. The release goes on
+		// within the client's retry budget.
+		ctx = context.WithoutCancel(ctx)
+	}
 	m.s.untrack(g)
 	req := &fencev1.StreamRequest{Op: &fencev1.StreamRequest_Release{Release: &fencev1.ReleaseRequest{SessionId: m.s.id, SessionSecret: m.s.secret, Lock: m.name, Token: g.token}}}
 	err := m.release(ctx, req, false)

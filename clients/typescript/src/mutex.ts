@@ -84,7 +84,10 @@ export class Grant implements AsyncDisposable {
     return this.signal.aborted;
   }
 
-  /** Releases the lock. The signal aborts first, so work under it stops before the lock is handed on. */
+  /**
+   * Releases the lock. The signal aborts first, so work under it stops before the lock is handed on;
+   * a caller's signal that aborts only because of it (this signal, or one that follows it) does not cut the release short.
+   */
   release(options: { signal?: AbortSignal } = {}): Promise<void> {
     return this.releaser(this, options.signal);
   }
@@ -172,7 +175,13 @@ export class Mutex {
     if (this.#grant === g) {
       this.#grant = undefined;
     }
+    const gaveUp = signal?.aborted;
     g.end(new ReleasedError(`fence: ${this.#kind()} ${JSON.stringify(this.name)} released`));
+    if (signal?.aborted && !gaveUp) {
+      // The grant's own signal, or one that follows it, aborted because the
+      // release ended the grant: that is not the caller giving up.
+      signal = undefined;
+    }
     const s = this.session;
     s.untrack(g);
     const end = s.beginRelease(this.name);

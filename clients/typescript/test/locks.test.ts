@@ -179,6 +179,20 @@ test("a semaphore admits as many holders as it has permits", async (t) => {
   assert.ok((await waiting).token > ga.token);
 });
 
+test("a release given the grant's own signal, or one that follows it, waits for the release", async (t) => {
+  // The release aborts the grant's signal first, so that work under it
+  // stops: a signal that aborts only for that is not the caller giving up.
+  const s = await c.session();
+  closeAfter(t, s);
+  const own = await s.lock("own-signal");
+  await own.release({ signal: own.signal });
+  const caller = new AbortController();
+  const follows = await s.lock("own-signal");
+  await follows.release({ signal: AbortSignal.any([follows.signal, caller.signal]) });
+  assert.deepEqual(await c.locks("own-signal"), []);
+  assert.equal(s.signal.aborted, false);
+});
+
 test("a release the caller stopped waiting for while the node was down goes on, and the lock is free once it is back", async (t) => {
   const g = await Group.start();
   const own = g.client({ attemptTimeoutMs: 200 });
