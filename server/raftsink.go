@@ -1,6 +1,7 @@
 package server
 
 import (
+	"strings"
 	"sync"
 
 	gometrics "github.com/hashicorp/go-metrics/compat"
@@ -153,10 +154,27 @@ func newRaftCounter(o prometheus.Opts) prometheus.Collector {
 	return prometheus.NewCounter(prometheus.CounterOpts(o))
 }
 
+// raftShareBuckets bound the share of time one of raft's goroutines was
+// busy (raft.thread.*.saturation), 0 to 1.
+var raftShareBuckets = []float64{0.1, 0.2, 0.3, 0.4, 0.5, 0.6, 0.7, 0.8, 0.9, 1}
+
+// raftBatchBuckets bound the entries the FSM applies in one batch
+// (raft.fsm.applyBatchNum).
+var raftBatchBuckets = prometheus.ExponentialBuckets(1, 2, 11)
+
+// newRaftHistogram makes the histogram of one of raft's samples: most are
+// timers, in milliseconds; a saturation and an FSM batch size are not.
 func newRaftHistogram(o prometheus.Opts) prometheus.Collector {
+	buckets, unit := raftTimerBuckets, " A timer's samples are milliseconds."
+	switch {
+	case strings.HasSuffix(o.Name, "_saturation"):
+		buckets, unit = raftShareBuckets, " Its samples are the share of time the goroutine was busy, 0 to 1."
+	case strings.HasSuffix(o.Name, "_applyBatchNum"):
+		buckets, unit = raftBatchBuckets, " Its samples are the entries of a batch."
+	}
 	return prometheus.NewHistogram(prometheus.HistogramOpts{
-		Namespace: o.Namespace, Subsystem: o.Subsystem, Name: o.Name, Help: o.Help + " A timer's samples are milliseconds.",
-		ConstLabels: o.ConstLabels, Buckets: raftTimerBuckets,
+		Namespace: o.Namespace, Subsystem: o.Subsystem, Name: o.Name, Help: o.Help + unit,
+		ConstLabels: o.ConstLabels, Buckets: buckets,
 	})
 }
 

@@ -3,6 +3,8 @@ package server
 import (
 	"maps"
 	"math"
+	"slices"
+	"strings"
 	"testing"
 
 	gometrics "github.com/hashicorp/go-metrics/compat"
@@ -137,4 +139,55 @@ func BenchmarkRaftSinkSample(b *testing.B) {
 			s.AddSample(key, 0.3)
 		}
 	})
+}
+
+// raft's samples that are not timers get buckets of their own: a
+// goroutine's saturation is a share from 0 to 1, and an FSM batch a count
+// of entries; neither is said to be milliseconds.
+func TestRaftSinkBucketsFitWhatIsSampled(t *testing.T) {
+	s := newRaftSink()
+	s.AddSample([]string{"fence", "raft", "thread", "main", "saturation"}, 0.42)
+	s.AddSample([]string{"fence", "raft", "fsm", "applyBatchNum"}, 17)
+	s.AddSample([]string{"fence", "raft", "commitTime"}, 0.4)
+	reg := prometheus.NewPedanticRegistry()
+	reg.MustRegister(s)
+	families, err := reg.Gather()
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, want := range []struct {
+		name       string
+		top        float64 // the last finite bucket's bound
+		ms         bool    // whether the help says milliseconds
+		below, lte float64 // a bucket bound just below the sample, and the first at or above it
+	}{
+		{"fence_raft_thread_main_saturation", 1, false, 0.4, 0.5},
+		{"fence_raft_fsm_applyBatchNum", 1024, false, 16, 32},
+		{"fence_raft_commitTime", 10000, true, 0.3, 0.5},
+	} {
+		var found bool
+		for _, f := range families {
+			if f.GetName() != want.name {
+				continue
+			}
+			found = true
+			h := f.GetMetric()[0].GetHistogram()
+			bounds := []float64{}
+			for _, b := range h.GetBucket() {
+				bounds = append(bounds, b.GetUpperBound())
+			}
+			if top := bounds[len(bounds)-1]; top != want.top {
+				t.Errorf("%s: buckets %v, want the last at %v", want.name, bounds, want.top)
+			}
+			if !slices.Contains(bounds, want.below) || !slices.Contains(bounds, want.lte) {
+				t.Errorf("%s: buckets %v, want bounds %v and %v about its sample", want.name, bounds, want.below, want.lte)
+			}
+			if ms := strings.Contains(f.GetHelp(), "milliseconds"); ms != want.ms {
+				t.Errorf("%s: help %q, want it to say milliseconds: %v", want.name, f.GetHelp(), want.ms)
+			}
+		}
+		if !found {
+			t.Errorf("no metric %s", want.name)
+		}
+	}
 }
