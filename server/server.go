@@ -77,6 +77,9 @@ type Server struct {
 	http        *http.Server
 	advertise   string       // the API address others reach this node on
 	forwarder   *forwarder   // the HTTP handler: forwards to the leader, or serves here
+	// api is the API's whole handler while the node runs (Handler), nil
+	// before Start and after Close.
+	api atomic.Pointer[http.Handler]
 	metricsLn   net.Listener // cfg.ListenMetrics, when set
 	metricsHTTP *http.Server // /metrics and the probes on metricsLn
 	live        *liveness    // /livez's check of the main loops
@@ -290,7 +293,9 @@ func (s *Server) serve() {
 	s.confirmer = newLeaseConfirmer(s.node.confirmLeadership)
 	s.live = &liveness{check: s.checkLoops}
 	s.forwarder = newForwarder(s, s.handler())
-	s.http = s.newHTTPServer()
+	api := apinet.BoundWrites(s.checkCluster(s.forwarder), s.cfg.WriteTimeout)
+	s.api.Store(&api)
+	s.http = s.newHTTPServer(api)
 	s.wg.Add(6)
 	go s.watchDisk()
 	go s.watchLeadership()
@@ -391,6 +396,7 @@ func (s *Server) Close() error {
 	s.life = lifeClosed
 	s.lifeMu.Unlock()
 	s.closeOnce.Do(func() {
+		s.api.Store(nil)
 		close(s.done)
 		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 		defer cancel()
@@ -410,6 +416,35 @@ func (s *Server) Close() error {
 	return s.closeErr
 }
 
+// Handler returns the node's API as an http.Handler, for a program that
+// serves it on an HTTP server of its own, beside its own routes: every
+// service (gRPC, Connect, JSON over HTTP), the session stream, gRPC's
+// health and reflection services, /metrics, the probes and the console,
+// as the node serves them on its Listen port, which stays open. Mount it
+// at the root of the paths (gRPC's are /package.Service/Method). The
+// program's server must speak HTTP/2 for gRPC: over cleartext, set
+// http.Protocols' UnencryptedHTTP2. What fence sets on its own port is
+// then the program's to set: the connection limit, the timeouts (Config's
+// ReadTimeout and IdleTimeout), TLS and client certificates (the node
+// reads a verified client certificate's identity from the request, for
+// auth). Before Start and after Close the handler answers 503 (a client
+// takes it for Unavailable, and tries another node).
+func (s *Server) Handler() http.Handler { return apiHandler{s} }
+
+// apiHandler serves the node's API while it runs.
+type apiHandler struct{ s *Server }
+
+func (h apiHandler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
+	api := h.s.api.Load()
+	if api == nil {
+		http.Error(w, "fence: the node is not running (not started yet, or closed)", http.StatusServiceUnavailable)
+		return
+	}
+	(*api).ServeHTTP(w, r)
+}
+
+// handler is the API's mux and the checks in front of it, behind the
+// forwarder.
 func (s *Server) handler() http.Handler {
 	opts := []connect.HandlerOption{
 		connect.WithReadMaxBytes(s.cfg.MaxRequestBytes),
@@ -455,7 +490,8 @@ func (s *Server) handler() http.Handler {
 	return withCertUser(s.framedStreams(explainRefusals(apinet.CheckEnvelopes(mux, s.cfg.MaxRequestBytes, fenceServices))))
 }
 
-func (s *Server) newHTTPServer() *http.Server {
+// newHTTPServer makes the server of the node's API port, serving api.
+func (s *Server) newHTTPServer(api http.Handler) *http.Server {
 	var protocols http.Protocols
 	protocols.SetHTTP1(true)
 	if s.cfg.TLS != nil {
@@ -464,7 +500,7 @@ func (s *Server) newHTTPServer() *http.Server {
 		protocols.SetUnencryptedHTTP2(true) // gRPC without TLS
 	}
 	return &http.Server{
-		Handler:     apinet.BoundWrites(s.checkCluster(s.forwarder), s.cfg.WriteTimeout),
+		Handler:     api,
 		Protocols:   &protocols,
 		TLSConfig:   s.cfg.TLS,
 		ConnContext: s.withStreamSlots,
