@@ -59,10 +59,11 @@ import (
 	"testing"
 	"time"
 
+	"google.golang.org/protobuf/proto"
+
 	"github.com/fencelock/fence"
 	"github.com/fencelock/fence/internal/fsm"
 	"github.com/fencelock/fence/internal/fsmpb"
-	"google.golang.org/protobuf/proto"
 )
 
 // modelChecker is the model that observe checks a State against.
@@ -1545,57 +1546,47 @@ func TestRandomCommandStreams(t *testing.T) {
 	if testing.Short() {
 		n = 30
 	}
+	// total adds up the outcomes of every stream, which stream runs, from
+	// fresh States, as the subtest name.
 	total := map[string]int{}
+	add := func(outcomes map[string]int) {
+		for o, c := range outcomes {
+			total[o] += c
+		}
+	}
+	stream := func(name string, data []byte) {
+		t.Run(name, func(t *testing.T) { add(runStream(t, data)) })
+	}
 	for seed := range uint64(n) {
 		r := rand.New(rand.NewPCG(seed, 0x5eed))
 		data := make([]byte, 64+r.IntN(700))
 		for i := range data {
 			data[i] = byte(r.Uint32())
 		}
-		t.Run(fmt.Sprint(seed), func(t *testing.T) {
-			for o, c := range runStream(t, data) {
-				total[o] += c
-			}
-		})
+		stream(fmt.Sprint(seed), data)
 	}
 	// Random bytes keep few sessions alive and make few semaphore acquires,
 	// so that semaphores seldom fill up: these streams are mostly of them,
 	// as many under -short, as they are quick and some paths are rare.
 	for seed := range uint64(150) {
 		data := semaphoreStream(rand.New(rand.NewPCG(seed, 0x5e3a)), 60+int(seed)%120)
-		t.Run(fmt.Sprint("semaphores/", seed), func(t *testing.T) {
-			for o, c := range runStream(t, data) {
-				total[o] += c
-			}
-		})
+		stream(fmt.Sprint("semaphores/", seed), data)
 	}
 	// Streams of keys bound to sessions, and of those sessions ending.
 	for seed := range uint64(100) {
 		data := boundKeyStream(rand.New(rand.NewPCG(seed, 0xb0a7)), 40+int(seed)%120)
-		t.Run(fmt.Sprint("bindings/", seed), func(t *testing.T) {
-			for o, c := range runStream(t, data) {
-				total[o] += c
-			}
-		})
+		stream(fmt.Sprint("bindings/", seed), data)
 	}
 	// Streams of acquire requests, their cancels and keyed commands; of
 	// one session cancelling more requests than it remembers; and from
 	// a state that remembers as many idempotency keys as it keeps.
 	for seed := range uint64(60) {
 		data := requestStream(rand.New(rand.NewPCG(seed, 0x4e9)), 50+int(seed)%120, 0)
-		t.Run(fmt.Sprint("requests/", seed), func(t *testing.T) {
-			for o, c := range runStream(t, data) {
-				total[o] += c
-			}
-		})
+		stream(fmt.Sprint("requests/", seed), data)
 	}
 	for seed := range uint64(10) {
 		data := cancelStormStream(rand.New(rand.NewPCG(seed, 0xca7)))
-		t.Run(fmt.Sprint("cancel storms/", seed), func(t *testing.T) {
-			for o, c := range runStream(t, data) {
-				total[o] += c
-			}
-		})
+		stream(fmt.Sprint("cancel storms/", seed), data)
 	}
 	// Random streams in which every few commands are batched.
 	for seed := range uint64(40) {
@@ -1607,60 +1598,52 @@ func TestRandomCommandStreams(t *testing.T) {
 				data[i] = 0xfb
 			}
 		}
-		t.Run(fmt.Sprint("batches/", seed), func(t *testing.T) {
-			for o, c := range runStream(t, data) {
-				total[o] += c
-			}
-		})
+		stream(fmt.Sprint("batches/", seed), data)
 	}
 	// Streams under auth with small quotas per user.
 	for seed := range uint64(40) {
 		data := quotaStream(rand.New(rand.NewPCG(seed, 0x907a)), 60+int(seed)%100)
-		t.Run(fmt.Sprint("quotas/", seed), func(t *testing.T) {
-			for o, c := range runStream(t, data) {
-				total[o] += c
-			}
-		})
+		stream(fmt.Sprint("quotas/", seed), data)
 	}
 	// Streams of txns.
 	for seed := range uint64(60) {
 		data := txnStream(rand.New(rand.NewPCG(seed, 0x7a9)), 40+int(seed)%100)
-		t.Run(fmt.Sprint("txns/", seed), func(t *testing.T) {
-			for o, c := range runStream(t, data) {
-				total[o] += c
-			}
-		})
+		stream(fmt.Sprint("txns/", seed), data)
 	}
 	// One short stream from a state that keeps as many keys as it may:
 	// every step takes snapshots of ten thousand keys, slow under -race.
 	t.Run("keys kept in full", func(t *testing.T) {
 		data := keysInFullStream(rand.New(rand.NewPCG(0, 0x1d3)))
-		for o, c := range runStreamFrom(t, data, keyedStart()) {
-			total[o] += c
-		}
+		add(runStreamFrom(t, data, keyedStart()))
 	})
 	t.Logf("outcomes: %v", total)
-	for _, o := range []string{"fenced put", "fenced delete", "unfenced write", "strict write", "CAS write", "no-op delete",
-		"fenced no-op delete", "stale", "invalid", "never issued", "not holder", "revision mismatch", "limit", "session not found"} {
-		if total[o] < 3 && !t.Failed() {
-			t.Errorf("the streams made only %d KV commands with outcome %q: %v", total[o], o, total)
+
+	// reachedEach fails the test if the streams reached any of outcomes,
+	// each named prefix+outcome in total, fewer than three times: the model
+	// checks of that path would then pass without being tested. It reports
+	// only the first shortfall, as each message prints every count, and
+	// none once the test has failed, as a failed stream stopped short.
+	reachedEach := func(what, prefix string, outcomes ...string) {
+		t.Helper()
+		for _, o := range outcomes {
+			if total[prefix+o] < 3 && !t.Failed() {
+				t.Errorf("the streams reached %s %q only %d times: %v", what, o, total[prefix+o], total)
+			}
 		}
 	}
+	reachedEach("KV outcome", "", "fenced put", "fenced delete", "unfenced write", "strict write", "CAS write", "no-op delete",
+		"fenced no-op delete", "stale", "invalid", "never issued", "not holder", "revision mismatch", "limit", "session not found")
 	if total["other error"] > 0 {
 		t.Errorf("KV commands failed with unexpected errors: %v", total)
 	}
-	for _, o := range []string{"permits that do not fit the mode", "wrong number of permits", "taken as a lock", "lock taken as a semaphore",
+	reachedEach("semaphore path", "semaphore: ", "permits that do not fit the mode", "wrong number of permits", "taken as a lock", "lock taken as a semaphore",
 		"name reused as a lock", "name reused as a semaphore", "try under delay", "try when full", "waiter limit",
 		"granted beside other holders", "granted again", "queued when full", "handed to waiters", "handed to several waiters at once",
-		"handed to waiters when the delay lifts", "put under delay"} {
-		if total["semaphore: "+o] < 3 && !t.Failed() {
-			t.Errorf("the streams reached semaphore path %q only %d times: %v", o, total["semaphore: "+o], total)
-		}
-	}
+		"handed to waiters when the delay lifts", "put under delay")
 	if total["semaphore: other error"] > 0 {
 		t.Errorf("semaphore acquires failed with unexpected errors: %v", total)
 	}
-	for _, o := range []string{"granted with a request id", "queued with a request id", "a retry took the grant over", "a retry took the wait over",
+	reachedEach("request path", "request: ", "granted with a request id", "queued with a request id", "a retry took the grant over", "a retry took the wait over",
 		"another request told of the grant", "another request told of the wait", "acquire of a cancelled request refused",
 		"cancel released the grant", "cancel released the grant by its attempt", "cancel dropped the wait", "cancel dropped the wait by its attempt",
 		"a grant released by cancel handed the lock on", "a wait dropped by cancel handed the lock on",
@@ -1668,46 +1651,22 @@ func TestRandomCommandStreams(t *testing.T) {
 		"cancel without a request id refused", "a request cancelled again", "the oldest cancelled request forgotten",
 		"a request cancelled and since forgotten acquired again", "cancel wait by request answered the grant", "cancel wait by request dropped the wait",
 		"cancel wait by another request left the grant", "cancel wait by another request left the wait",
-		"legacy cancel wait answered the grant", "legacy cancel wait dropped the wait"} {
-		if total["request: "+o] < 3 && !t.Failed() {
-			t.Errorf("the streams reached request path %q only %d times: %v", o, total["request: "+o], total)
-		}
-	}
-	for _, o := range []string{"a keyed command applied", "a keyed command failed and left no key", "a retry of a failed keyed command applied",
+		"legacy cancel wait answered the grant", "legacy cancel wait dropped the wait")
+	reachedEach("idempotency key path", "key: ", "a keyed command applied", "a keyed command failed and left no key", "a retry of a failed keyed command applied",
 		"a keyed command repeated", "a retry of the same command repeated", "a key reused by another command", "a repeat of a CreateSession",
 		"a repeat of a write that changed keys", "a repeat of a write that changed nothing", "a repeat with nothing to report",
 		"a key over the limit refused", "a key of the longest length applied", "the oldest key forgotten", "a key forgotten applied again",
-		"a repeat of a txn that ran then"} {
-		if total["key: "+o] < 3 && !t.Failed() {
-			t.Errorf("the streams reached idempotency key path %q only %d times: %v", o, total["key: "+o], total)
-		}
-	}
-	for _, o := range []string{"applied", "refused whole", "a batch inside refused"} {
-		if total["batch: "+o] < 3 && !t.Failed() {
-			t.Errorf("the streams reached batch path %q only %d times: %v", o, total["batch: "+o], total)
-		}
-	}
-	for _, o := range []string{"then ran", "else ran", "several writes at one revision", "changed nothing", "a get after a write of its key",
+		"a repeat of a txn that ran then")
+	reachedEach("batch path", "batch: ", "applied", "refused whole", "a batch inside refused")
+	reachedEach("txn path", "txn: ", "then ran", "else ran", "several writes at one revision", "changed nothing", "a get after a write of its key",
 		"a get found its key", "a bound put", "fenced no-op delete", "strict writes", "stale", "refused by a write after another", "invalid",
-		"not holder", "limit", "session not found", "never issued"} {
-		if total["txn: "+o] < 3 && !t.Failed() {
-			t.Errorf("the streams reached txn path %q only %d times: %v", o, total["txn: "+o], total)
-		}
-	}
-	for _, o := range []string{"sessions quota refused a session", "locks quota refused an acquire", "waits quota refused an acquire",
-		"kv bytes quota refused a put", "kv bytes quota refused a txn"} {
-		if total["quota: "+o] < 3 && !t.Failed() {
-			t.Errorf("the streams reached quota path %q only %d times: %v", o, total["quota: "+o], total)
-		}
-	}
-	for _, o := range []string{"bound put", "bound again to its session", "rebound to another session", "unbound by a put",
+		"not holder", "limit", "session not found", "never issued")
+	reachedEach("quota path", "quota: ", "sessions quota refused a session", "locks quota refused an acquire", "waits quota refused an acquire",
+		"kv bytes quota refused a put", "kv bytes quota refused a txn")
+	reachedEach("binding path", "binding: ", "bound put", "bound again to its session", "rebound to another session", "unbound by a put",
 		"unbound by a delete", "put bound to a session not live", "session checked before max_keys", "fence checked before the session",
 		"keys deleted on close", "keys deleted on expiry", "a fenced key left as a tombstone by its session",
-		"keys of several sessions deleted in one command", "several keys of one session deleted", "locks handed on as keys are deleted"} {
-		if total["binding: "+o] < 3 && !t.Failed() {
-			t.Errorf("the streams reached binding path %q only %d times: %v", o, total["binding: "+o], total)
-		}
-	}
+		"keys of several sessions deleted in one command", "several keys of one session deleted", "locks handed on as keys are deleted")
 }
 
 // observedState applies cmds to a new state under a new model checker,
