@@ -1885,15 +1885,8 @@ func TestModelCheckerCatchesViolations(t *testing.T) {
 	}
 	// A semaphore of 2 permits held by sessions 1 and 2, session 3 waiting.
 	semSetup := func(t *testing.T) (*fsm.State, *modelChecker) {
-		s, m := fsm.NewState(), newModelChecker()
-		for _, cmd := range []*fsmpb.Command{newSession(), newSession(), newSession(), newSession(),
-			acquire(1, "s", sem, permits(2)), acquire(2, "s", sem, permits(2)), acquire(3, "s", sem, permits(2))} {
-			before := snapshotBytes(t, s)
-			if err := m.observe(t, cmd, s.Apply(cmd), s, before); err != nil {
-				t.Fatalf("setup %v: %v", cmd, err)
-			}
-		}
-		return s, m
+		return observedState(t, newSession(), newSession(), newSession(), newSession(),
+			acquire(1, "s", sem, permits(2)), acquire(2, "s", sem, permits(2)), acquire(3, "s", sem, permits(2)))
 	}
 	semCases := []struct {
 		name string
@@ -1947,15 +1940,8 @@ func TestModelCheckerCatchesViolations(t *testing.T) {
 	// Keys bound to sessions: k (fenced by a, token 1) and j bound to
 	// session 1, u to none; session 2 waits for a.
 	bindSetup := func(t *testing.T) (*fsm.State, *modelChecker) {
-		s, m := fsm.NewState(), newModelChecker()
-		for _, cmd := range []*fsmpb.Command{newSession(), newSession(), acquire(1, "a", excl), acquire(2, "a", excl),
-			kvPut("k", "v", fenced("a", 1), boundTo(1)), kvPut("j", "v", boundTo(1)), kvPut("u", "v")} {
-			before := snapshotBytes(t, s)
-			if err := m.observe(t, cmd, s.Apply(cmd), s, before); err != nil {
-				t.Fatalf("setup %v: %v", cmd, err)
-			}
-		}
-		return s, m
+		return observedState(t, newSession(), newSession(), acquire(1, "a", excl), acquire(2, "a", excl),
+			kvPut("k", "v", fenced("a", 1), boundTo(1)), kvPut("j", "v", boundTo(1)), kvPut("u", "v"))
 	}
 	sessionGone := fmt.Errorf("%w: session 7 does not exist or has expired; create a new session", fence.ErrSessionNotFound)
 	bindCases := []brokenCase{
