@@ -12,12 +12,24 @@ import (
 
 func authCmd(c *fsmpb.Auth) *fsmpb.Command { return &fsmpb.Command{Op: &fsmpb.Command_Auth{Auth: c}} }
 
+func setEnabled(on bool) *fsmpb.Command {
+	return authCmd(&fsmpb.Auth{Op: &fsmpb.Auth_SetEnabled{SetEnabled: &fsmpb.SetAuthEnabled{Enabled: on}}})
+}
+
 func addUser(name string) *fsmpb.Command {
 	return authCmd(&fsmpb.Auth{Op: &fsmpb.Auth_AddUser{AddUser: &fsmpb.AuthUser{Name: name}}})
 }
 
+func removeUser(name string) *fsmpb.Command {
+	return authCmd(&fsmpb.Auth{Op: &fsmpb.Auth_RemoveUser{RemoveUser: &fsmpb.AuthUser{Name: name}}})
+}
+
 func addRole(name string) *fsmpb.Command {
 	return authCmd(&fsmpb.Auth{Op: &fsmpb.Auth_AddRole{AddRole: &fsmpb.AuthRole{Name: name}}})
+}
+
+func removeRole(name string) *fsmpb.Command {
+	return authCmd(&fsmpb.Auth{Op: &fsmpb.Auth_RemoveRole{RemoveRole: &fsmpb.AuthRole{Name: name}}})
 }
 
 func grantRole(user, role string) *fsmpb.Command {
@@ -111,7 +123,7 @@ func TestAuthorize(t *testing.T) {
 	if err := s.Authorize("app", lock(fsm.Read, "jobs/1")); !errors.Is(err, fence.ErrPermissionDenied) {
 		t.Errorf("after revoking the role: %v", err)
 	}
-	applyAll(t, s, grantRole("app", "ops"), authCmd(&fsmpb.Auth{Op: &fsmpb.Auth_RemoveRole{RemoveRole: &fsmpb.AuthRole{Name: "ops"}}}))
+	applyAll(t, s, grantRole("app", "ops"), removeRole("ops"))
 	if err := s.Authorize("app", admin); !errors.Is(err, fence.ErrPermissionDenied) {
 		t.Errorf("after removing the role: %v", err)
 	}
@@ -124,7 +136,7 @@ func TestAuthorize(t *testing.T) {
 // user root has role root; then root cannot be removed or demoted.
 func TestAuthEnableNeedsRoot(t *testing.T) {
 	s := fsm.NewState()
-	enable := authCmd(&fsmpb.Auth{Op: &fsmpb.Auth_SetEnabled{SetEnabled: &fsmpb.SetAuthEnabled{Enabled: true}}})
+	enable := setEnabled(true)
 	for _, setup := range []*fsmpb.Command{nil, addUser("root")} {
 		if setup != nil {
 			applyAll(t, s, setup)
@@ -141,7 +153,7 @@ func TestAuthEnableNeedsRoot(t *testing.T) {
 	if !s.AuthEnabled() {
 		t.Fatal("not enabled")
 	}
-	for _, c := range []*fsmpb.Command{revokeRole("root", "root"), authCmd(&fsmpb.Auth{Op: &fsmpb.Auth_RemoveUser{RemoveUser: &fsmpb.AuthUser{Name: "root"}}})} {
+	for _, c := range []*fsmpb.Command{revokeRole("root", "root"), removeUser("root")} {
 		if res := s.Apply(c); !errors.Is(res.Err, fence.ErrInvalidArgument) {
 			t.Errorf("%v while enabled: %v", c, res.Err)
 		}
@@ -156,7 +168,7 @@ func TestAuthSnapshot(t *testing.T) {
 	applyAll(t, s, addUser("root"), grantRole("root", "root"), addRole("r"), grantPerm("r", fsm.PermKV, fsm.Read, "a/"),
 		addUser("u"), grantRole("u", "r"),
 		authCmd(&fsmpb.Auth{Op: &fsmpb.Auth_CreateToken{CreateToken: &fsmpb.AuthToken{SecretSha256: hash, User: "u", CreatedUnixNs: 5, ExpiresUnixNs: 9, Description: "ci"}}}),
-		authCmd(&fsmpb.Auth{Op: &fsmpb.Auth_SetEnabled{SetEnabled: &fsmpb.SetAuthEnabled{Enabled: true}}}))
+		setEnabled(true))
 	r, err := fsm.Restore(s.Snapshot())
 	if err != nil {
 		t.Fatal(err)

@@ -132,6 +132,31 @@ func handedTo(gs ...fsm.Grant) fsm.Result { return fsm.Result{Effects: fsm.Effec
 
 func fails(sentinel error) fsm.Result { return fsm.Result{Err: sentinel} }
 
+// ended is the result of a command that ended the sessions ids, how (a
+// close or an expiry), and did nothing else; withGrants, withDelays and
+// withEvents add what else it did.
+func ended(how fsm.End, ids ...uint64) fsm.Result {
+	return fsm.Result{Effects: fsm.Effects{Ended: ids, EndedBy: how}}
+}
+
+// withGrants is r with the grants it handed on to waiters.
+func withGrants(r fsm.Result, gs ...fsm.Grant) fsm.Result {
+	r.Effects.Grants = gs
+	return r
+}
+
+// withDelays is r with the lock-delays it started.
+func withDelays(r fsm.Result, ds ...fsm.Delay) fsm.Result {
+	r.Effects.Delayed = ds
+	return r
+}
+
+// withEvents is r with the KV events it made.
+func withEvents(r fsm.Result, evs ...fsm.KVEvent) fsm.Result {
+	r.Effects.Events = evs
+	return r
+}
+
 func holding(sess, token uint64, mode fsm.Mode) fsm.HolderInfo {
 	return fsm.HolderInfo{Session: sess, Token: token, Mode: mode}
 }

@@ -309,7 +309,7 @@ func TestApplyKV(t *testing.T) {
 				{cmd: kvPut("s", "y", fenced("S", 4), strict), want: wrote(5, kvAt("s", "y", "S", 4, 4, 4, 5, 2))},
 				{cmd: kvDel("s", fenced("S", 4), strict), want: removed(6, kvAt("s", "", "S", 4, 4, 4, 6, 2))},
 				// Expiry of the holder ends its grant.
-				{cmd: expireSessions(2), want: fsm.Result{Effects: fsm.Effects{Ended: []uint64{2}, EndedBy: fsm.Expired}}},
+				{cmd: expireSessions(2), want: ended(fsm.Expired, 2)},
 				{cmd: kvPut("k", "e", fenced("L", 2), strict), want: fails(fence.ErrNotHolder)},
 				{cmd: kvPut("s", "e", fenced("S", 4), strict), want: fails(fence.ErrNotHolder),
 					errMsg: `fence: not the lock's holder: token 4 is not the current grant of lock "S" (the current token is 3)`},

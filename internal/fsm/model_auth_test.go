@@ -44,52 +44,50 @@ func validAuthName(n string) bool { return n != "" && !strings.ContainsAny(n, " 
 // authOp decodes an auth command from three bytes: op, a, b.
 func authOp(op, a, b byte) *fsmpb.Command {
 	user, role := authUsers[int(a)%len(authUsers)], authRoles[int(b)%len(authRoles)]
-	perm := &fsmpb.AuthPermission{Kind: uint32(a>>4) % 4, Access: uint32(b>>4) % 3, Prefix: authPrefixes[int(a>>2)%len(authPrefixes)]}
-	var c fsmpb.Auth
+	kind, access, prefix := fsm.PermKind(a>>4)%4, fsm.Access(b>>4)%3, authPrefixes[int(a>>2)%len(authPrefixes)]
 	switch op % 12 {
 	case 0:
-		c.Op = &fsmpb.Auth_SetEnabled{SetEnabled: &fsmpb.SetAuthEnabled{Enabled: a%2 == 0}}
+		return setEnabled(a%2 == 0)
 	case 1:
-		c.Op = &fsmpb.Auth_AddUser{AddUser: &fsmpb.AuthUser{Name: user}}
+		return addUser(user)
 	case 2:
-		c.Op = &fsmpb.Auth_RemoveUser{RemoveUser: &fsmpb.AuthUser{Name: user}}
+		return removeUser(user)
 	case 3:
-		c.Op = &fsmpb.Auth_GrantRole{GrantRole: &fsmpb.UserRole{User: user, Role: role}}
+		return grantRole(user, role)
 	case 4:
-		c.Op = &fsmpb.Auth_RevokeRole{RevokeRole: &fsmpb.UserRole{User: user, Role: role}}
+		return revokeRole(user, role)
 	case 5:
-		c.Op = &fsmpb.Auth_AddRole{AddRole: &fsmpb.AuthRole{Name: role}}
+		return addRole(role)
 	case 6:
-		c.Op = &fsmpb.Auth_RemoveRole{RemoveRole: &fsmpb.AuthRole{Name: role}}
+		return removeRole(role)
 	case 7:
-		c.Op = &fsmpb.Auth_GrantPermission{GrantPermission: &fsmpb.RolePermission{Role: role, Permission: perm}}
+		return grantPerm(role, kind, access, prefix)
 	case 8:
-		c.Op = &fsmpb.Auth_RevokePermission{RevokePermission: &fsmpb.RolePermission{Role: role, Permission: perm}}
+		return revokePerm(role, kind, access, prefix)
 	case 9:
 		hash := bytes.Repeat([]byte{b % 4}, fsm.TokenHashBytes)
 		if b%8 == 7 {
 			hash = hash[1:]
 		}
-		c.Op = &fsmpb.Auth_CreateToken{CreateToken: &fsmpb.AuthToken{SecretSha256: hash, User: user, CreatedUnixNs: int64(b), ExpiresUnixNs: int64(a%3) - 1}}
+		return authCmd(&fsmpb.Auth{Op: &fsmpb.Auth_CreateToken{CreateToken: &fsmpb.AuthToken{SecretSha256: hash, User: user, CreatedUnixNs: int64(b), ExpiresUnixNs: int64(a%3) - 1}}})
 	case 10:
-		c.Op = &fsmpb.Auth_RevokeToken{RevokeToken: uint64(a % 6)}
-	case 11:
+		return authCmd(&fsmpb.Auth{Op: &fsmpb.Auth_RevokeToken{RevokeToken: uint64(a % 6)}})
+	default: // 11
 		// Sessions and locks from a>>4 and b, as older inputs had them;
 		// waits, kv bytes and a session rate from b's upper bits (0 in
 		// most older inputs); now and then a value out of bounds.
-		q := &fsmpb.AuthUser{Name: user, MaxSessions: uint64(a>>4) % 3, MaxLocks: uint64(b % 3),
-			MaxWaits: uint64(b>>4) % 3, MaxKvBytes: []uint64{0, 4, 12, 0}[(b>>6)%4]}
+		q := fsm.Quota{MaxSessions: uint64(a>>4) % 3, MaxLocks: uint64(b % 3),
+			MaxWaits: uint64(b>>4) % 3, MaxKVBytes: []uint64{0, 4, 12, 0}[(b>>6)%4]}
 		switch a & 3 {
 		case 1:
 			q.SessionRate, q.SessionBurst = 0.5, uint64(b>>2)%3 // burst 0: refused
 		case 2:
 			if b&0x0c == 0x0c {
-				q.MaxKvBytes = math.MaxUint64 // a -1 cast: refused
+				q.MaxKVBytes = math.MaxUint64 // a -1 cast: refused
 			}
 		}
-		c.Op = &fsmpb.Auth_SetQuota{SetQuota: q}
+		return setQuotaOf(user, q)
 	}
-	return &fsmpb.Command{Op: &fsmpb.Command_Auth{Auth: &c}}
 }
 
 // modelQuota reads the quota fields of an AuthUser.

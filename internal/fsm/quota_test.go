@@ -28,10 +28,6 @@ func userSession(user string) *fsmpb.Command {
 	return c
 }
 
-func setEnabled(on bool) *fsmpb.Command {
-	return authCmd(&fsmpb.Auth{Op: &fsmpb.Auth_SetEnabled{SetEnabled: &fsmpb.SetAuthEnabled{Enabled: on}}})
-}
-
 // TestQuotas: with auth on, a user's sessions and the locks they hold or
 // wait for are bounded by the user's quotas, counted over every session
 // the user created; a refusal is ErrLimit naming the user and the quota,
@@ -242,7 +238,7 @@ func TestQuotaState(t *testing.T) {
 	if u, _ := mustRestore(t, s).User("alice"); u.Quota != want {
 		t.Fatalf("restored: alice's quota %v, want %v", u.Quota, want)
 	}
-	applyAll(t, s, authCmd(&fsmpb.Auth{Op: &fsmpb.Auth_RemoveUser{RemoveUser: &fsmpb.AuthUser{Name: "alice"}}}), addUser("alice"))
+	applyAll(t, s, removeUser("alice"), addUser("alice"))
 	if u, _ := s.User("alice"); u.Quota != (fsm.Quota{}) {
 		t.Fatalf("a user added again kept the old quota %v", u.Quota)
 	}

@@ -26,8 +26,8 @@ func TestEachExpiryDelaysInFull(t *testing.T) {
 			{cmd: acquire(1, "a", shared, withDelay(d1)), want: granted(1, "a", 1, shared)},
 			{cmd: acquire(2, "a", shared, withDelay(d2)), want: granted(2, "a", 2, shared)},
 			{cmd: acquire(3, "a", excl), want: queued()},
-			{cmd: expireSessions(1), want: fsm.Result{Effects: fsm.Effects{Ended: []uint64{1}, EndedBy: fsm.Expired, Delayed: []fsm.Delay{delayed(1, d1)}}}},
-			{cmd: expireSessions(2), want: fsm.Result{Effects: fsm.Effects{Ended: []uint64{2}, EndedBy: fsm.Expired, Delayed: []fsm.Delay{delayed(2, d2)}}}, after: func(t *testing.T, s *fsm.State) {
+			{cmd: expireSessions(1), want: withDelays(ended(fsm.Expired, 1), delayed(1, d1))},
+			{cmd: expireSessions(2), want: withDelays(ended(fsm.Expired, 2), delayed(2, d2)), after: func(t *testing.T, s *fsm.State) {
 				if got := s.DelayedLocks(); len(got) != 2 || got[0] != delayed(1, d1) || got[1] != delayed(2, d2) {
 					t.Fatalf("DelayedLocks() = %+v, want both delays", got)
 				}
@@ -77,10 +77,10 @@ func TestEveryEndButTheHoldersCloseDelays(t *testing.T) {
 		{cmd: acquire(2, "a", excl), want: queued()},
 	})
 	delayedBy := func(how fsm.End) fsm.Result {
-		return fsm.Result{Effects: fsm.Effects{Ended: []uint64{1}, EndedBy: how, Delayed: []fsm.Delay{{Lock: "a", Delay: 5 * sec, ID: 1}}}}
+		return withDelays(ended(how, 1), fsm.Delay{Lock: "a", Delay: 5 * sec, ID: 1})
 	}
 	handedOnBy := func(how fsm.End) fsm.Result {
-		return fsm.Result{Effects: fsm.Effects{Ended: []uint64{1}, EndedBy: how, Grants: []fsm.Grant{grant(2, "a", 2, excl)}}}
+		return withGrants(ended(how, 1), grant(2, "a", 2, excl))
 	}
 	held := []fsm.LockInfo{{Name: "a", Holders: []fsm.HolderInfo{holding(2, 2, excl)}}}
 	// An entry of a version before CloseSession.end: field 2 (close_session)

@@ -25,7 +25,7 @@ func TestSemaphore(t *testing.T) {
 				{cmd: acquire(5, "s", sem, permits(2), try), want: fails(fence.ErrLocked), errMsg: `fence: lock is held: semaphore "s" has all 2 permits taken`},
 				{cmd: acquire(2, "s", sem, permits(2)), want: alreadyHeld(2, "s", 2, sem)},
 				{cmd: release(1, "s", 1), want: handedTo(grant(3, "s", 3, sem))},
-				{cmd: closeSession(2), want: fsm.Result{Effects: fsm.Effects{Ended: []uint64{2}, EndedBy: fsm.Closed, Grants: []fsm.Grant{grant(4, "s", 4, sem)}}}},
+				{cmd: closeSession(2), want: withGrants(ended(fsm.Closed, 2), grant(4, "s", 4, sem))},
 				{cmd: acquire(5, "s", sem, permits(2)), want: queued(), after: locksAre(fsm.LockInfo{
 					Name: "s", Permits: 2,
 					Holders: []fsm.HolderInfo{holding(3, 3, sem), holding(4, 4, sem)},
@@ -68,7 +68,7 @@ func TestSemaphore(t *testing.T) {
 				{cmd: acquire(2, "s", sem, permits(2)), want: granted(2, "s", 2, sem)},
 				{cmd: acquire(3, "s", sem, permits(2)), want: queued()},
 				{cmd: acquire(4, "s", sem, permits(2)), want: queued()},
-				{cmd: expireSessions(1), want: fsm.Result{Effects: fsm.Effects{Ended: []uint64{1}, EndedBy: fsm.Expired, Delayed: []fsm.Delay{{Lock: "s", Delay: time.Second, ID: 1}}}}},
+				{cmd: expireSessions(1), want: withDelays(ended(fsm.Expired, 1), fsm.Delay{Lock: "s", Delay: time.Second, ID: 1})},
 				{cmd: release(2, "s", 2), want: fsm.Result{}},
 				{cmd: liftDelay("s"), want: handedTo(grant(3, "s", 3, sem), grant(4, "s", 4, sem))},
 			}),

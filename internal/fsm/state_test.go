@@ -126,7 +126,7 @@ func TestApply(t *testing.T) {
 				{cmd: createSession(5*sec, "alice", 0), want: sessionMade(1)},
 				{cmd: newSession(), want: sessionMade(2)},
 				{cmd: newSession(), want: sessionMade(3)},
-				{cmd: closeSession(2), want: fsm.Result{Effects: fsm.Effects{Ended: []uint64{2}, EndedBy: fsm.Closed}}},
+				{cmd: closeSession(2), want: ended(fsm.Closed, 2)},
 				{cmd: newSession(), want: sessionMade(4)},
 			},
 			check: func(t *testing.T, s *fsm.State) {
@@ -148,7 +148,7 @@ func TestApply(t *testing.T) {
 				{cmd: createSession(sec, "", 2), want: fails(fence.ErrLimit)},
 				{cmd: createSession(sec, "", 3), want: sessionMade(3)},
 				{cmd: createSession(sec, "", 3), want: fails(fence.ErrLimit)},
-				{cmd: expireSessions(1), want: fsm.Result{Effects: fsm.Effects{Ended: []uint64{1}, EndedBy: fsm.Expired}}},
+				{cmd: expireSessions(1), want: ended(fsm.Expired, 1)},
 				{cmd: createSession(sec, "", 3), want: sessionMade(4)},
 				{cmd: createSession(sec, "", 0), want: sessionMade(5)},
 			},
@@ -217,7 +217,7 @@ func TestApply(t *testing.T) {
 				{cmd: acquire(7, "a", excl), want: fails(fence.ErrSessionNotFound)},
 				{cmd: acquire(0, "a", excl), want: fails(fence.ErrSessionNotFound)},
 				{cmd: acquire(1, "a", excl), want: granted(1, "a", 1, excl)},
-				{cmd: closeSession(1), want: fsm.Result{Effects: fsm.Effects{Ended: []uint64{1}, EndedBy: fsm.Closed}}},
+				{cmd: closeSession(1), want: ended(fsm.Closed, 1)},
 				{cmd: acquire(1, "a", excl), want: fails(fence.ErrSessionNotFound)},
 				{cmd: release(1, "a", 1), want: fails(fence.ErrSessionNotFound)},
 				{cmd: cancelWait(1, "a"), want: fails(fence.ErrSessionNotFound)},
@@ -313,7 +313,7 @@ func TestApply(t *testing.T) {
 				{cmd: acquire(1, "c", excl), want: queued()},
 				{cmd: acquire(2, "a", excl), want: queued()},
 				{cmd: acquire(3, "b", excl), want: queued()},
-				{cmd: closeSession(1), want: fsm.Result{Effects: fsm.Effects{Ended: []uint64{1}, EndedBy: fsm.Closed, Grants: []fsm.Grant{grant(2, "a", 4, excl), grant(3, "b", 5, excl)}}}},
+				{cmd: closeSession(1), want: withGrants(ended(fsm.Closed, 1), grant(2, "a", 4, excl), grant(3, "b", 5, excl))},
 				{cmd: closeSession(1), want: fsm.Result{}},
 				{cmd: acquire(1, "d", excl), want: fails(fence.ErrSessionNotFound)},
 			}),
@@ -328,7 +328,7 @@ func TestApply(t *testing.T) {
 			steps: script(sessions(3), []applyStep{
 				{cmd: acquire(1, "a", excl, withDelay(5*sec)), want: granted(1, "a", 1, excl)},
 				{cmd: acquire(2, "a", excl), want: queued()},
-				{cmd: expireSessions(1), want: fsm.Result{Effects: fsm.Effects{Ended: []uint64{1}, EndedBy: fsm.Expired, Delayed: []fsm.Delay{{Lock: "a", Delay: 5 * sec, ID: 1}}}}, after: locksAre(
+				{cmd: expireSessions(1), want: withDelays(ended(fsm.Expired, 1), fsm.Delay{Lock: "a", Delay: 5 * sec, ID: 1}), after: locksAre(
 					fsm.LockInfo{Name: "a", Waiters: []fsm.WaiterInfo{waiting(2, excl)}, Delay: 5 * sec, Delays: []fsm.Delay{{Lock: "a", Delay: 5 * sec, ID: 1}}})},
 				{cmd: acquire(3, "a", shared, try), want: fails(fence.ErrLocked)},
 				{cmd: acquire(3, "a", shared), want: queued()},
@@ -344,7 +344,7 @@ func TestApply(t *testing.T) {
 			name: "a delayed lock nobody waits for is kept until LiftDelay, then forgotten",
 			steps: script(sessions(2), []applyStep{
 				{cmd: acquire(1, "a", excl, withDelay(sec)), want: granted(1, "a", 1, excl)},
-				{cmd: expireSessions(1), want: fsm.Result{Effects: fsm.Effects{Ended: []uint64{1}, EndedBy: fsm.Expired, Delayed: []fsm.Delay{{Lock: "a", Delay: sec, ID: 1}}}}, after: func(t *testing.T, s *fsm.State) {
+				{cmd: expireSessions(1), want: withDelays(ended(fsm.Expired, 1), fsm.Delay{Lock: "a", Delay: sec, ID: 1}), after: func(t *testing.T, s *fsm.State) {
 					if got, want := s.DelayedLocks(), []fsm.Delay{{Lock: "a", Delay: sec, ID: 1}}; !reflect.DeepEqual(got, want) {
 						t.Fatalf("DelayedLocks() = %+v, want %+v", got, want)
 					}
@@ -360,7 +360,7 @@ func TestApply(t *testing.T) {
 			steps: script(sessions(2), []applyStep{
 				{cmd: acquire(1, "a", excl, withDelay(5*sec)), want: granted(1, "a", 1, excl)},
 				{cmd: acquire(2, "a", excl), want: queued()},
-				{cmd: closeSession(1), want: fsm.Result{Effects: fsm.Effects{Ended: []uint64{1}, EndedBy: fsm.Closed, Grants: []fsm.Grant{grant(2, "a", 2, excl)}}}},
+				{cmd: closeSession(1), want: withGrants(ended(fsm.Closed, 1), grant(2, "a", 2, excl))},
 			}),
 			locks: []fsm.LockInfo{{Name: "a", Holders: []fsm.HolderInfo{holding(2, 2, excl)}}},
 		},
@@ -378,7 +378,7 @@ func TestApply(t *testing.T) {
 			steps: script(sessions(2), []applyStep{
 				{cmd: acquire(1, "a", excl), want: granted(1, "a", 1, excl)},
 				{cmd: acquire(2, "a", excl), want: queued()},
-				{cmd: expireSessions(1), want: fsm.Result{Effects: fsm.Effects{Ended: []uint64{1}, EndedBy: fsm.Expired, Grants: []fsm.Grant{grant(2, "a", 2, excl)}}}},
+				{cmd: expireSessions(1), want: withGrants(ended(fsm.Expired, 1), grant(2, "a", 2, excl))},
 			}),
 			locks: []fsm.LockInfo{{Name: "a", Holders: []fsm.HolderInfo{holding(2, 2, excl)}}},
 		},
@@ -386,7 +386,7 @@ func TestApply(t *testing.T) {
 			name: "expire skips unknown and repeated ids",
 			steps: script(sessions(2), []applyStep{
 				{cmd: acquire(1, "a", excl), want: granted(1, "a", 1, excl)},
-				{cmd: expireSessions(9, 1, 1, 0), want: fsm.Result{Effects: fsm.Effects{Ended: []uint64{1}, EndedBy: fsm.Expired}}},
+				{cmd: expireSessions(9, 1, 1, 0), want: ended(fsm.Expired, 1)},
 			}),
 			check: func(t *testing.T, s *fsm.State) {
 				if got := s.Sessions(); len(got) != 1 || got[0].ID != 2 {
@@ -403,7 +403,7 @@ func TestApply(t *testing.T) {
 				{cmd: acquire(1, "a", excl), want: granted(1, "a", 1, excl)},
 				{cmd: acquire(2, "a", excl, withDelay(5*sec)), want: queued()},
 				{cmd: acquire(3, "a", excl), want: queued()},
-				{cmd: expireSessions(1, 2), want: fsm.Result{Effects: fsm.Effects{Ended: []uint64{1, 2}, EndedBy: fsm.Expired, Grants: []fsm.Grant{grant(3, "a", 2, excl)}}}},
+				{cmd: expireSessions(1, 2), want: withGrants(ended(fsm.Expired, 1, 2), grant(3, "a", 2, excl))},
 			}),
 			locks: []fsm.LockInfo{{Name: "a", Holders: []fsm.HolderInfo{holding(3, 2, excl)}}},
 		},
@@ -413,7 +413,7 @@ func TestApply(t *testing.T) {
 				{cmd: acquire(1, "a", excl), want: granted(1, "a", 1, excl)},
 				{cmd: acquire(2, "a", excl, withDelay(5*sec)), want: queued()},
 				{cmd: acquire(3, "a", excl), want: queued()},
-				{cmd: expireSessions(2, 1), want: fsm.Result{Effects: fsm.Effects{Ended: []uint64{2, 1}, EndedBy: fsm.Expired, Grants: []fsm.Grant{grant(3, "a", 2, excl)}}}},
+				{cmd: expireSessions(2, 1), want: withGrants(ended(fsm.Expired, 2, 1), grant(3, "a", 2, excl))},
 			}),
 			locks: []fsm.LockInfo{{Name: "a", Holders: []fsm.HolderInfo{holding(3, 2, excl)}}},
 		},
@@ -454,9 +454,9 @@ func TestApply(t *testing.T) {
 		sharedBehindExclusive("cancelling the exclusive waiter at the head lets the shared waiters behind it in",
 			cancelWait(2, "a"), dequeued()),
 		sharedBehindExclusive("closing the session of the exclusive waiter at the head lets the shared waiters behind it in",
-			closeSession(2), fsm.Result{Effects: fsm.Effects{Ended: []uint64{2}, EndedBy: fsm.Closed}}),
+			closeSession(2), ended(fsm.Closed, 2)),
 		sharedBehindExclusive("expiring the session of the exclusive waiter at the head lets the shared waiters behind it in",
-			expireSessions(2), fsm.Result{Effects: fsm.Effects{Ended: []uint64{2}, EndedBy: fsm.Expired}}),
+			expireSessions(2), ended(fsm.Expired, 2)),
 		{
 			name: "a command with no operation fails with ErrInvalidArgument",
 			steps: script(sessions(1), []applyStep{
