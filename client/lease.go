@@ -2,6 +2,7 @@ package client
 
 import (
 	"context"
+	"crypto/rand"
 	"errors"
 	"fmt"
 	"sync"
@@ -100,15 +101,16 @@ func leaseOpts(opts []LeaseOption) (leaseOptions, error) {
 //
 // The lease is safe until the time the call was sent plus ttl, less the
 // drift and margin (SafeUntil): the service counts the TTL from when it
-// received the call, later. A call whose answer was lost may have taken
-// the lease all the same; nobody can renew or release that one, and its
-// lock stays held until its TTL passes (a retry is told fence.ErrLocked).
+// received the call, later. The client draws the lease's secret and sends
+// it with the call, so that a retry after an attempt whose answer was lost
+// is answered the lease that attempt took (a service from before
+// caller-drawn secrets refuses that retry with fence.ErrLocked instead).
 func (c *Client) Lease(ctx context.Context, name string, ttl time.Duration, opts ...LeaseOption) (*Lease, error) {
 	o, err := leaseOpts(opts)
 	if err != nil {
 		return nil, err
 	}
-	req := &fencev1.LeaseRequest{Lock: name, Ttl: durationpb.New(ttl), Owner: o.owner}
+	req := &fencev1.LeaseRequest{Lock: name, Ttl: durationpb.New(ttl), Owner: o.owner, LeaseSecret: rand.Text() + rand.Text()}
 	if o.lockDelay > 0 {
 		req.LockDelay = durationpb.New(o.lockDelay)
 	}

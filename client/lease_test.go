@@ -3,6 +3,14 @@ package client
 import (
 	"context"
 	"errors"
+	"io"
+	"log"
+	"net/http"
+	"net/http/httptest"
+	"net/http/httputil"
+	"net/url"
+	"strings"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -152,5 +160,48 @@ func TestLeaseExpires(t *testing.T) {
 	}
 	if err := l.Release(ctx); !errors.Is(err, fence.ErrSessionNotFound) {
 		t.Errorf("Release of the expired lease: %v, want ErrSessionNotFound", err)
+	}
+}
+
+// A Lease whose answer a gateway lost is retried, and the retry answers
+// the lease the lost attempt took: the client draws the lease's secret and
+// sends it with each attempt. It was refused as locked by its own lease,
+// which then held the lock out of reach until its TTL passed.
+func TestLeaseAnswerLostIsRetried(t *testing.T) {
+	srv := startServer(t, nil)
+	target, err := url.Parse("http://" + srv.Addr())
+	if err != nil {
+		t.Fatal(err)
+	}
+	var lost atomic.Int32
+	proxy := httputil.NewSingleHostReverseProxy(target)
+	proxy.ModifyResponse = func(resp *http.Response) error {
+		if strings.HasSuffix(resp.Request.URL.Path, "/Lease") && lost.Add(1) == 1 {
+			return errors.New("the gateway lost the answer") // the client is answered 502
+		}
+		return nil
+	}
+	proxy.ErrorLog = log.New(io.Discard, "", 0)
+	gw := httptest.NewServer(proxy)
+	defer gw.Close()
+	c, err := New(WithEndpoints(strings.TrimPrefix(gw.URL, "http://")))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	ctx := context.Background()
+	l, err := c.Lease(ctx, "lost-answer", time.Minute)
+	if err != nil {
+		t.Fatalf("a lease whose first answer was lost: %v", err)
+	}
+	if lost.Load() != 2 {
+		t.Fatalf("%d Lease answers passed the gateway, want the lost one and the retry's", lost.Load())
+	}
+	locks, err := c.Locks(ctx, "lost-answer")
+	if err != nil || len(locks) != 1 || len(locks[0].GetHolders()) != 1 || locks[0].GetHolders()[0].GetSessionId() != l.ID() || locks[0].GetHolders()[0].GetToken() != l.Token() {
+		t.Fatalf("the lock is held by %v (%v), want the lease %d alone", locks, err, l.ID())
+	}
+	if err := l.Release(ctx); err != nil {
+		t.Fatalf("releasing the retried lease: %v", err)
 	}
 }

@@ -52,17 +52,32 @@ func (s *Server) createSession(ctx context.Context, m *fencev1.CreateSessionRequ
 	// hash, so a repeat could not answer it again. A session whose answer
 	// was lost holds nothing and expires after its TTL.
 	secret := newSessionSecret()
-	res, err := s.apply(&fsmpb.Command{Op: &fsmpb.Command_CreateSession{CreateSession: &fsmpb.CreateSession{
+	id, _, err := s.commitSession(ctx, ttl, m.GetOwner(), secret, "")
+	if err != nil {
+		return nil, err
+	}
+	return &fencev1.CreateSessionResponse{SessionId: id, Ttl: durationpb.New(ttl), SessionSecret: secret}, nil
+}
+
+// commitSession commits a new session of ttl and owner whose secret is
+// secret, checked and allowed by the caller. With an idempotency key (a
+// lease whose caller drew its secret), a retry answers the session the
+// first commit made, and repeated is true.
+func (s *Server) commitSession(ctx context.Context, ttl time.Duration, owner, secret, key string) (id uint64, repeated bool, err error) {
+	res, err := s.apply(&fsmpb.Command{IdempotencyKey: key, Op: &fsmpb.Command_CreateSession{CreateSession: &fsmpb.CreateSession{
 		TtlNs:        int64(ttl),
-		Owner:        m.GetOwner(),
+		Owner:        owner,
 		MaxSessions:  uint64(s.cfg.MaxSessions),
 		SecretSha256: fsm.SecretHash(secret),
 		User:         s.callerUser(ctx),
 	}}})
 	if err != nil {
-		return nil, err
+		return 0, false, err
 	}
-	return &fencev1.CreateSessionResponse{SessionId: res.CreateSession().SessionID, Ttl: durationpb.New(ttl), SessionSecret: secret}, nil
+	if r, ok := res.Repeat(); ok {
+		return r.SessionID, true, nil
+	}
+	return res.CreateSession().SessionID, false, nil
 }
 
 // KeepAlive implements fencev1connect.SessionServiceHandler. The leader

@@ -2,8 +2,12 @@ package server
 
 import (
 	"context"
+	"crypto/sha256"
+	"encoding/base64"
 	"errors"
 	"fmt"
+	"strings"
+	"time"
 
 	"connectrpc.com/connect"
 	"google.golang.org/protobuf/types/known/durationpb"
@@ -32,7 +36,10 @@ func (s handlers) Lease(ctx context.Context, req *connect.Request[fencev1.LeaseR
 // closed in the same call once the grant failed: a failed Lease leaves
 // nothing behind. Only a node that stops between the two commits, or
 // cannot commit the close, leaves a session; it holds nothing, and the
-// leader expires it after its TTL.
+// leader expires it after its TTL. A Lease whose caller drew the secret is
+// safe to retry: the session is committed under a key derived from the
+// secret, and a retry answers the lease the first attempt took
+// (leaseAgain).
 func (s *Server) lease(ctx context.Context, m *fencev1.LeaseRequest) (*fencev1.LeaseResponse, error) {
 	if err := s.checkLockName(m.GetLock()); err != nil {
 		return nil, err
@@ -47,21 +54,41 @@ func (s *Server) lease(ctx context.Context, m *fencev1.LeaseRequest) (*fencev1.L
 	if err := checkText("owner", m.GetOwner(), s.cfg.MaxOwnerBytes, false); err != nil {
 		return nil, err
 	}
+	secret, key := m.GetLeaseSecret(), ""
+	if secret != "" {
+		if err := checkLeaseSecret(secret); err != nil {
+			return nil, err
+		}
+		key = leaseKey(secret)
+		var first fsm.Repeat
+		var retry bool
+		s.fsm.Read(func(st *fsm.State) { first, retry = st.Repeated(key) })
+		if retry {
+			return s.leaseAgain(ctx, m, first.SessionID, secret)
+		}
+	} else {
+		secret = newSessionSecret()
+	}
 	if err := s.lockedNow(ctx, m.GetLock()); err != nil {
 		return nil, err
 	}
-	sess, err := s.createSession(ctx, &fencev1.CreateSessionRequest{Ttl: durationpb.New(ttl), Owner: m.GetOwner()})
+	if err := s.allowSession(ctx); err != nil {
+		return nil, err
+	}
+	id, repeated, err := s.commitSession(ctx, ttl, m.GetOwner(), secret, key)
 	if err != nil {
 		return nil, err
 	}
-	id := sess.GetSessionId()
+	if repeated { // an attempt of the same call, at once with this one
+		return s.leaseAgain(ctx, m, id, secret)
+	}
 	if err := ctx.Err(); err != nil {
 		s.closeFailedLease(id, m.GetLock(), err)
 		return nil, err
 	}
 	grant, err := s.acquire(ctx, &fencev1.AcquireRequest{
 		SessionId:     id,
-		SessionSecret: sess.GetSessionSecret(),
+		SessionSecret: secret,
 		Lock:          m.GetLock(),
 		Try:           true,
 		LockDelay:     m.GetLockDelay(),
@@ -74,9 +101,80 @@ func (s *Server) lease(ctx context.Context, m *fencev1.LeaseRequest) (*fencev1.L
 		Lock:        grant.GetLock(),
 		Token:       grant.GetToken(),
 		LeaseId:     id,
-		LeaseSecret: sess.GetSessionSecret(),
-		Ttl:         sess.GetTtl(),
+		LeaseSecret: secret,
+		Ttl:         durationpb.New(ttl),
 	}, nil
+}
+
+// leaseAgain answers a retry of a Lease whose first attempt made session
+// id: the grant that attempt took, which a try by its holder is answered
+// again. A session that has ended (the lease was released, expired, or
+// its first attempt was refused and closed it) is refused as the lock
+// stands: locked, or ended; a session whose grant was never committed is
+// closed, as a first attempt's would be.
+func (s *Server) leaseAgain(ctx context.Context, m *fencev1.LeaseRequest, id uint64, secret string) (*fencev1.LeaseResponse, error) {
+	grant, err := s.acquire(ctx, &fencev1.AcquireRequest{
+		SessionId:     id,
+		SessionSecret: secret,
+		Lock:          m.GetLock(),
+		Try:           true,
+		LockDelay:     m.GetLockDelay(),
+	})
+	switch {
+	case errors.Is(err, fence.ErrSessionNotFound):
+		if err := s.lockedNow(ctx, m.GetLock()); err != nil {
+			return nil, err
+		}
+		return nil, fmt.Errorf("%w: the lease taken with this secret has ended (it was released, it expired, or its first attempt was refused); take a new lease with a new secret", fence.ErrSessionNotFound)
+	case errors.Is(err, fence.ErrLocked):
+		s.closeFailedLease(id, m.GetLock(), err)
+		return nil, err
+	case err != nil:
+		return nil, err
+	}
+	var ttl time.Duration
+	s.fsm.Read(func(st *fsm.State) {
+		if info, ok := st.Session(id); ok {
+			ttl = info.TTL
+		}
+	})
+	return &fencev1.LeaseResponse{
+		Lock:        grant.GetLock(),
+		Token:       grant.GetToken(),
+		LeaseId:     id,
+		LeaseSecret: secret,
+		Ttl:         durationpb.New(ttl),
+	}, nil
+}
+
+// leaseSecretChars are the characters of a secret a Lease's caller draws
+// (base64url's), and leaseSecretMin and leaseSecretMax bound its length:
+// 22 characters carry 132 bits.
+const (
+	leaseSecretChars = "ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789-_"
+	leaseSecretMin   = 22
+	leaseSecretMax   = 128
+)
+
+// checkLeaseSecret refuses a caller's lease secret too short to be drawn
+// at random, too long, or of other characters than base64url's.
+func checkLeaseSecret(secret string) error {
+	if n := len(secret); n < leaseSecretMin || n > leaseSecretMax {
+		return invalid("lease_secret is %d characters; want %d to %d, drawn at random (base64url of 16 to 96 random bytes)", n, leaseSecretMin, leaseSecretMax)
+	}
+	if i := strings.IndexFunc(secret, func(r rune) bool { return !strings.ContainsRune(leaseSecretChars, r) }); i >= 0 {
+		return invalid("lease_secret has %q at byte %d; want only A-Z, a-z, 0-9, - and _", secret[i], i)
+	}
+	return nil
+}
+
+// leaseKey is the idempotency key of the session a Lease with the caller's
+// secret commits. It starts with a control character, which no caller's
+// key may hold (checkIdempotencyKey), so no other command can take it, and
+// it is a hash: the state keeps it, and it must not give the secret away.
+func leaseKey(secret string) string {
+	sum := sha256.Sum256([]byte("fence lease\x00" + secret))
+	return "\x00lease " + base64.RawURLEncoding.EncodeToString(sum[:])
 }
 
 // lockedNow refuses a Lease of a lock that a try could not take: held,

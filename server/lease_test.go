@@ -303,6 +303,9 @@ func TestLeaseRefusesBadArguments(t *testing.T) {
 		{"long name", &fencev1.LeaseRequest{Lock: strings.Repeat("x", 513)}, "lock name is 513 bytes, over the limit of 512"},
 		{"lock-delay too long", &fencev1.LeaseRequest{Lock: "l", LockDelay: durationpb.New(2 * time.Minute)}, "lock_delay 2m0s is over the limit"},
 		{"owner too long", &fencev1.LeaseRequest{Lock: "l", Owner: strings.Repeat("o", 257)}, "owner is 257 bytes"},
+		{"secret too short", &fencev1.LeaseRequest{Lock: "l", LeaseSecret: "short"}, "lease_secret is 5 characters; want 22 to 128"},
+		{"secret too long", &fencev1.LeaseRequest{Lock: "l", LeaseSecret: strings.Repeat("s", 129)}, "lease_secret is 129 characters"},
+		{"secret of other characters", &fencev1.LeaseRequest{Lock: "l", LeaseSecret: strings.Repeat("s", 21) + "+"}, `lease_secret has '+' at byte 21`},
 	} {
 		_, err := a.lease(tc.req)
 		if !errors.Is(err, fence.ErrInvalidArgument) || !strings.Contains(err.Error(), tc.want) {
@@ -368,4 +371,46 @@ func numSessions(s *Server) int {
 	var n int
 	s.fsm.Read(func(st *fsm.State) { n = st.NumSessions() })
 	return n
+}
+
+// A Lease whose caller drew its secret is safe to retry: a retry (an
+// attempt whose first answer was lost) answers the lease the first attempt
+// took, where one without a secret is refused as locked by its own lease.
+// Once the lease has ended, a retry says so, or that the lock is held.
+func TestLeaseWithTheCallersSecretIsSafeToRetry(t *testing.T) {
+	s := startTestServer(t, nil)
+	a := newAPI(t, s)
+	req := &fencev1.LeaseRequest{Lock: "retried", Ttl: durationpb.New(time.Minute), LeaseSecret: "c2VjcmV0IGRyYXduIGJ5IHRoZSBjYWxsZXI"}
+	first := a.mustLease(req)
+	before := sessionCount(t, s)
+	again := a.mustLease(req)
+	if again.GetLeaseId() != first.GetLeaseId() || again.GetToken() != first.GetToken() || again.GetLeaseSecret() != req.GetLeaseSecret() ||
+		again.GetTtl().AsDuration() != time.Minute {
+		t.Fatalf("a retry answered %v, want the first attempt's lease %v with the caller's secret", again, first)
+	}
+	mustHold(t, a, "retried", first.GetLeaseId(), first.GetToken())
+	if after := sessionCount(t, s); after != before {
+		t.Errorf("a retry made a session: %d before, %d after", before, after)
+	}
+	if _, err := a.renewLease(first.GetLeaseId(), req.GetLeaseSecret()); err != nil {
+		t.Fatalf("renewing with the caller's secret: %v", err)
+	}
+	if _, err := a.lease(&fencev1.LeaseRequest{Lock: "retried", LeaseSecret: "YW5vdGhlciBjYWxsZXIncyBzZWNyZXQ"}); !errors.Is(err, fence.ErrLocked) {
+		t.Fatalf("a lease with another secret: %v, want ErrLocked", err)
+	}
+	if _, err := a.lease(&fencev1.LeaseRequest{Lock: "retried"}); !errors.Is(err, fence.ErrLocked) {
+		t.Fatalf("a lease without a secret: %v, want ErrLocked", err)
+	}
+
+	if released, err := a.releaseLease(first.GetLeaseId(), req.GetLeaseSecret()); err != nil || !released {
+		t.Fatalf("releasing: %v, %v", released, err)
+	}
+	if _, err := a.lease(req); !errors.Is(err, fence.ErrSessionNotFound) || !strings.Contains(err.Error(), "has ended") {
+		t.Fatalf("a retry after the release: %v, want ErrSessionNotFound saying the lease ended", err)
+	}
+	other := a.mustLease(&fencev1.LeaseRequest{Lock: "retried"})
+	if _, err := a.lease(req); !errors.Is(err, fence.ErrLocked) {
+		t.Fatalf("a retry once another holds the lock: %v, want ErrLocked", err)
+	}
+	mustHold(t, a, "retried", other.GetLeaseId(), other.GetToken())
 }

@@ -1143,6 +1143,13 @@ func (s *State) setProtocol(v uint32) Result {
 // Protocol returns the group's protocol (see Protocol1).
 func (s *State) Protocol() uint32 { return max(s.protocol, Protocol1) }
 
+// Repeated returns what the command applied with idempotency key key
+// reported, while the state keeps it (the newest MaxIdempotencyKeys keys).
+func (s *State) Repeated(key string) (Repeat, bool) {
+	r, ok := s.applied[key]
+	return r, ok
+}
+
 // Session returns the session with the given id.
 func (s *State) Session(id uint64) (SessionInfo, bool) {
 	sess, ok := s.sessions[id]

@@ -3407,7 +3407,16 @@ type LeaseRequest struct {
 	// else until lock_delay has passed. At most 1 minute.
 	LockDelay *durationpb.Duration `protobuf:"bytes,3,opt,name=lock_delay,json=lockDelay,proto3" json:"lock_delay,omitempty"`
 	// Free text shown in listings, such as "backup.sh on db-2". At most 256 bytes.
-	Owner         string `protobuf:"bytes,4,opt,name=owner,proto3" json:"owner,omitempty"`
+	Owner string `protobuf:"bytes,4,opt,name=owner,proto3" json:"owner,omitempty"`
+	// Optional: the lease's secret, drawn by the caller (22 to 128
+	// characters from [A-Za-z0-9_-], at least 128 random bits). With it, the
+	// call is safe to retry: a retry with the same secret answers the lease
+	// its first attempt took (the same id and token), where without it a
+	// retry after a lost answer is refused as locked, and the lease it took
+	// holds the lock, out of its caller's reach, until its TTL passes. The
+	// caller knows its secret even when no answer came, as a redsync caller
+	// knows its value. Unset, the service draws the secret.
+	LeaseSecret   string `protobuf:"bytes,5,opt,name=lease_secret,json=leaseSecret,proto3" json:"lease_secret,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -3466,6 +3475,13 @@ func (x *LeaseRequest) GetLockDelay() *durationpb.Duration {
 func (x *LeaseRequest) GetOwner() string {
 	if x != nil {
 		return x.Owner
+	}
+	return ""
+}
+
+func (x *LeaseRequest) GetLeaseSecret() string {
+	if x != nil {
+		return x.LeaseSecret
 	}
 	return ""
 }
@@ -7979,13 +7995,14 @@ const file_fence_v1_fence_proto_rawDesc = "" +
 	"\x04lock\x18\x02 \x01(\tR\x04lock\x12\x14\n" +
 	"\x05token\x18\x03 \x01(\x04R\x05token\x12%\n" +
 	"\x0esession_secret\x18\x04 \x01(\tR\rsessionSecret\"\x11\n" +
-	"\x0fReleaseResponse\"\x9f\x01\n" +
+	"\x0fReleaseResponse\"\xc2\x01\n" +
 	"\fLeaseRequest\x12\x12\n" +
 	"\x04lock\x18\x01 \x01(\tR\x04lock\x12+\n" +
 	"\x03ttl\x18\x02 \x01(\v2\x19.google.protobuf.DurationR\x03ttl\x128\n" +
 	"\n" +
 	"lock_delay\x18\x03 \x01(\v2\x19.google.protobuf.DurationR\tlockDelay\x12\x14\n" +
-	"\x05owner\x18\x04 \x01(\tR\x05owner\"\xa4\x01\n" +
+	"\x05owner\x18\x04 \x01(\tR\x05owner\x12!\n" +
+	"\flease_secret\x18\x05 \x01(\tR\vleaseSecret\"\xa4\x01\n" +
 	"\rLeaseResponse\x12\x12\n" +
 	"\x04lock\x18\x01 \x01(\tR\x04lock\x12\x14\n" +
 	"\x05token\x18\x02 \x01(\x04R\x05token\x12\x19\n" +

@@ -7,6 +7,7 @@ import http.server
 import threading
 import time
 import urllib.parse
+from typing import Callable, Dict
 
 import fence
 
@@ -180,40 +181,10 @@ class MutexTest(NodeTest):
         # and gives the session up, so that its end releases the lock,
         # rather than dropping the grant while the session keeps it.
         g = Group(1)
-        node = urllib.parse.urlsplit(g.endpoints[0] if "://" in g.endpoints[0] else "http://" + g.endpoints[0])
 
-        class Gateway(http.server.BaseHTTPRequestHandler):
-            def do_POST(self) -> None:
-                body = self.rfile.read(int(self.headers.get("Content-Length", "0")))
-                if self.path.endswith(".LockService/Release"):
-                    page = b"<html>upstream busy</html>"
-                    self.send_response(200)
-                    self.send_header("Content-Type", "text/html")
-                    self.send_header("Content-Length", str(len(page)))
-                    self.end_headers()
-                    self.wfile.write(page)
-                    return
-                conn = http.client.HTTPConnection(node.hostname, node.port, timeout=10)
-                conn.request("POST", self.path, body=body, headers={k: v for k, v in self.headers.items() if k.lower() != "host"})
-                resp = conn.getresponse()
-                data = resp.read()
-                self.send_response(resp.status)
-                for k, v in resp.getheaders():
-                    if k.lower() not in ("content-length", "connection", "transfer-encoding", "date", "server"):
-                        self.send_header(k, v)
-                self.send_header("Content-Length", str(len(data)))
-                self.end_headers()
-                self.wfile.write(data)
-                conn.close()
-
-            def log_message(self, *args: object) -> None:
-                pass
-
-        gw = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Gateway)
-        threading.Thread(target=gw.serve_forever, daemon=True).start()
-        self.addCleanup(gw.server_close)
-        self.addCleanup(gw.shutdown)
-        c = fence.Client(endpoints=[f"127.0.0.1:{gw.server_address[1]}"], retry_budget=1.0)
+        def page(path: str, n: int) -> "tuple[int, bytes] | None":
+            return (200, b"<html>upstream busy</html>") if path.endswith(".LockService/Release") else None
+        c = fence.Client(endpoints=[self.gateway(g, page)], retry_budget=1.0)
         self.addCleanup(c.close)
         s = c.session(5)
         m = s.lock("m/release-garbage")
@@ -224,6 +195,80 @@ class MutexTest(NodeTest):
         direct = g.client()
         self.addCleanup(direct.close)
         wait_for(lambda: direct.locks("m/release-garbage") == [], timeout=10, what="the lock released by the session's end")
+
+    def test_a_lease_whose_answer_was_lost_is_retried(self) -> None:
+        # The gateway loses the first Lease answer (502). The client drew
+        # the lease's secret and sends it again: the retry is answered the
+        # lease the lost attempt took, not refused as held by it.
+        g = Group(1)
+
+        def lose_first(path: str, n: int) -> "tuple[int, bytes] | None":
+            return (502, b"") if path.endswith(".LockService/Lease") and n == 1 else None
+        c = fence.Client(endpoints=[self.gateway(g, lose_first)])
+        self.addCleanup(c.close)
+        lease = c.lease("m/lease-lost-answer", 30)
+        held = c.locks("m/lease-lost-answer")
+        self.assertEqual([(h["sessionId"], h["token"]) for h in held[0]["holders"]], [(str(lease.id), str(lease.token))])
+        self.assertTrue(lease.release())
+
+    def test_a_lease_from_a_node_that_knows_no_lease_secret(self) -> None:
+        # A node from before caller-drawn secrets refuses the field in JSON,
+        # as the gateway answers here for it: the client asks again without
+        # it, and the node draws the secret.
+        g = Group(1)
+        refusal = (b'{"code":"invalid_argument","message":"unmarshal message: the body is not a valid JSON '
+                   b'fence.v1.LeaseRequest: proto: (line 1:60): unknown field \\"leaseSecret\\""}')
+
+        def old_node(path: str, n: int) -> "tuple[int, bytes] | None":
+            return (400, refusal) if path.endswith(".LockService/Lease") and n == 1 else None
+        c = fence.Client(endpoints=[self.gateway(g, old_node)])
+        self.addCleanup(c.close)
+        lease = c.lease("m/lease-old-node", 30)
+        self.assertGreater(lease.token, 0)
+        self.assertTrue(lease.release())
+
+    def gateway(self, g: Group, answer: "Callable[[str, int], tuple[int, bytes] | None]") -> str:
+        """An HTTP gateway on loopback in front of g's first node: it
+        forwards each call, but answers the n-th call of a path as
+        answer(path, n) says, when that is not None (the node is then not
+        asked, or its answer is dropped for 502)."""
+        ep = g.endpoints[0]
+        node = urllib.parse.urlsplit(ep if "://" in ep else "http://" + ep)
+        counts: Dict[str, int] = {}
+        mu = threading.Lock()
+
+        class Gateway(http.server.BaseHTTPRequestHandler):
+            def do_POST(self) -> None:
+                body = self.rfile.read(int(self.headers.get("Content-Length", "0")))
+                with mu:
+                    counts[self.path] = counts.get(self.path, 0) + 1
+                    n = counts[self.path]
+                canned = answer(self.path, n)
+                if canned is None or canned[0] == 502:
+                    conn = http.client.HTTPConnection(node.hostname, node.port, timeout=10)
+                    conn.request("POST", self.path, body=body,
+                                 headers={k: v for k, v in self.headers.items() if k.lower() != "host"})
+                    resp = conn.getresponse()
+                    status, headers, data = resp.status, resp.getheaders(), resp.read()
+                    conn.close()
+                if canned is not None:
+                    status, headers, data = canned[0], [], canned[1]
+                self.send_response(status)
+                for k, v in headers:
+                    if k.lower() not in ("content-length", "connection", "transfer-encoding", "date", "server"):
+                        self.send_header(k, v)
+                self.send_header("Content-Length", str(len(data)))
+                self.end_headers()
+                self.wfile.write(data)
+
+            def log_message(self, *args: object) -> None:
+                pass
+
+        gw = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Gateway)
+        threading.Thread(target=gw.serve_forever, daemon=True).start()
+        self.addCleanup(gw.server_close)
+        self.addCleanup(gw.shutdown)
+        return f"127.0.0.1:{gw.server_address[1]}"
 
     def test_lock_delay_holds_the_lock_after_an_expiry(self) -> None:
         a = self.session()

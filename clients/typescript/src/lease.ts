@@ -1,3 +1,4 @@
+import { randomBytes } from "node:crypto";
 import type { Client } from "./client.js";
 import { InvalidArgumentError, SessionNotFoundError } from "./errors.js";
 import { fromDuration, toDuration } from "./time.js";
@@ -103,10 +104,14 @@ export async function takeLease(c: Client, name: string, o: LeaseOptions): Promi
   if (!(drift >= 0 && drift < 1) || !(marginMs >= 0)) {
     throw new InvalidArgumentError("fence: drift must be in [0, 1) and margin not negative");
   }
+  // The lease's secret is drawn here and sent with the call, so that a retry
+  // after an attempt whose answer was lost is answered the lease that
+  // attempt took.
   const req = {
     lock: name,
     ttl: toDuration(o.ttlMs),
     owner: o.owner ?? "",
+    leaseSecret: randomBytes(32).toString("base64url"),
     ...(o.lockDelayMs ? { lockDelay: toDuration(o.lockDelayMs) } : {}),
   };
   let sent = 0;

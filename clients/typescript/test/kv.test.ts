@@ -1,6 +1,8 @@
 // The fenced KV store, elections and leases against a real node.
 
 import assert from "node:assert/strict";
+import { createServer, request } from "node:http";
+import type { AddressInfo } from "node:net";
 import { test } from "node:test";
 import { type Event, InvalidArgumentError, LockedError, NotHolderError, RevisionMismatchError } from "@fencelock/client";
 import { EventType } from "@fencelock/client/v1";
@@ -119,6 +121,36 @@ test("a campaign whose value cannot be recorded gives leadership up", async (t) 
   await assert.rejects(s1.election("big").campaign("x".repeat(300 << 10)), InvalidArgumentError);
   const won = await s2.election("big").campaign("small", { signal: AbortSignal.timeout(2_000) });
   assert.equal((await c.leader("big")).token, won.grant.token);
+});
+
+test("a lease whose answer a gateway lost is retried, and the retry is answered the lease", async (t) => {
+  // The client draws the lease's secret and sends it with each attempt:
+  // the retry after the lost answer (502) is answered the lease the lost
+  // attempt took, not refused as held by it.
+  const node = new URL(group.endpoints[0]!.includes("://") ? group.endpoints[0]! : `http://${group.endpoints[0]}`);
+  let leases = 0;
+  const gateway = createServer((req, res) => {
+    const lose = req.url!.endsWith(".LockService/Lease") && ++leases === 1;
+    const out = request({ host: node.hostname, port: node.port, path: req.url, method: req.method, headers: req.headers }, (answer) => {
+      if (lose) {
+        answer.resume();
+        res.writeHead(502).end();
+        return;
+      }
+      res.writeHead(answer.statusCode!, answer.headers);
+      answer.pipe(res);
+    });
+    req.pipe(out);
+  });
+  await new Promise<void>((resolve) => gateway.listen(0, "127.0.0.1", resolve));
+  t.after(() => gateway.close());
+  const viaGateway = group.client({ endpoints: [`127.0.0.1:${(gateway.address() as AddressInfo).port}`] });
+  t.after(() => viaGateway.close());
+  const l = await viaGateway.lease("lost-answer", { ttlMs: 30_000 });
+  assert.equal(leases, 2);
+  const held = await c.locks("lost-answer");
+  assert.deepEqual(held[0]?.holders.map((h) => [h.sessionId, h.token]), [[l.id, l.token]]);
+  await l.release();
 });
 
 test("a lease holds its lock until released", async () => {

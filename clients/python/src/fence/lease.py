@@ -8,6 +8,7 @@ lock once it has passed. Send ``token`` with every write.
 
 from __future__ import annotations
 
+import secrets
 import threading
 import time
 from typing import TYPE_CHECKING, Any, Dict
@@ -87,14 +88,27 @@ class Lease:
 
 def take(client: "Client", lock: str, ttl: float, *, lock_delay: float = 0.0, owner: str = "",
          drift: float = 0.01, margin: float = 0.1) -> Lease:
-    """Take lock for ttl seconds in one call, or raise LockedError at once."""
-    req: Dict[str, Any] = {"lock": lock, "ttl": _wire.duration(ttl), "owner": owner}
+    """Take lock for ttl seconds in one call, or raise LockedError at once.
+    The lease's secret is drawn here and sent with the call, so that a retry
+    after an attempt whose answer was lost is answered the lease that
+    attempt took."""
+    req: Dict[str, Any] = {"lock": lock, "ttl": _wire.duration(ttl), "owner": owner,
+                           "leaseSecret": secrets.token_urlsafe(32)}
     if lock_delay > 0:
         req["lockDelay"] = _wire.duration(lock_delay)
     sent = [0.0]
     tr = client._transport
 
     def call(ep: Any, t: float) -> Dict[str, Any]:
+        sent[0] = time.monotonic()
+        try:
+            return tr.attempt(ep, "fence.v1.LockService/Lease", req, t)
+        except InvalidArgument as err:
+            if "leaseSecret" not in req or 'unknown field "leaseSecret"' not in str(err):
+                raise
+        # A node from before caller-drawn secrets (a group being upgraded)
+        # refuses the field in JSON: it draws the secret itself.
+        del req["leaseSecret"]
         sent[0] = time.monotonic()
         return tr.attempt(ep, "fence.v1.LockService/Lease", req, t)
     resp = tr.call(call)
