@@ -24,6 +24,34 @@ type Factory struct {
 	Reopen func(t *testing.T, s fencing.Store) fencing.Store
 }
 
+// Durable returns the Factory of a durable store kept at a place, such as
+// a file or a database schema: place makes a new, empty one for t, and
+// open opens the store kept at a place. Reopen closes a store and opens
+// the one at its place again.
+func Durable[S fencing.Store](place func(t testing.TB) string, open func(t testing.TB, place string) S) Factory {
+	var mu sync.Mutex
+	places := map[fencing.Store]string{}
+	opened := func(t *testing.T, at string) fencing.Store {
+		s := open(t, at)
+		mu.Lock()
+		defer mu.Unlock()
+		places[s] = at
+		return s
+	}
+	return Factory{
+		Open: func(t *testing.T) fencing.Store { return opened(t, place(t)) },
+		Reopen: func(t *testing.T, s fencing.Store) fencing.Store {
+			mu.Lock()
+			at := places[s]
+			mu.Unlock()
+			if err := s.Close(); err != nil {
+				t.Fatal(err)
+			}
+			return opened(t, at)
+		},
+	}
+}
+
 // Run runs the conformance suite as subtests of t.
 func Run(t *testing.T, f Factory) {
 	t.Run("RisingTokensAccepted", func(t *testing.T) { risingTokens(t, f) })

@@ -21,7 +21,7 @@ import (
 
 var ctx = context.Background()
 
-func mustOpen(t *testing.T, dsn string) *pgfence.Store {
+func mustOpen(t testing.TB, dsn string) *pgfence.Store {
 	t.Helper()
 	s, err := pgfence.Open(ctx, dsn)
 	if err != nil {
@@ -40,34 +40,12 @@ func mustPool(t *testing.T, dsn string) *pgxpool.Pool {
 	return pool
 }
 
+// TestConformance runs the suite on Stores from Open, each in a schema of
+// its own; reopening one opens a new pool, with new connections.
 func TestConformance(t *testing.T) {
 	t.Parallel()
 	pgtest.DSN(t)
-	var mu sync.Mutex
-	dsns := map[fencing.Store]string{}
-	fencingtest.Run(t, fencingtest.Factory{
-		Open: func(t *testing.T) fencing.Store {
-			dsn := pgtest.Schema(t)
-			s := mustOpen(t, dsn)
-			mu.Lock()
-			defer mu.Unlock()
-			dsns[s] = dsn
-			return s
-		},
-		Reopen: func(t *testing.T, s fencing.Store) fencing.Store {
-			mu.Lock()
-			dsn := dsns[s]
-			mu.Unlock()
-			if err := s.Close(); err != nil {
-				t.Fatal(err)
-			}
-			s2 := mustOpen(t, dsn) // a new pool, new connections
-			mu.Lock()
-			defer mu.Unlock()
-			dsns[s2] = dsn
-			return s2
-		},
-	})
+	fencingtest.Run(t, fencingtest.Durable(pgtest.Schema, mustOpen))
 }
 
 // TestConformanceOnConn runs the suite on a Store from New on one

@@ -16,7 +16,6 @@ import (
 	"time"
 
 	"github.com/fencelock/fence"
-	"github.com/fencelock/fence/fencing"
 	"github.com/fencelock/fence/fencing/fencingtest"
 	"github.com/fencelock/fence/fencing/sqlitefence"
 	"github.com/fencelock/fence/internal/sqlgen"
@@ -44,33 +43,12 @@ func mustDB(t testing.TB, path string) *sql.DB {
 	return db
 }
 
+// TestConformance runs the suite on Stores from Open, each on a file of its
+// own; reopening one opens a new *sql.DB on the same file.
 func TestConformance(t *testing.T) {
 	t.Parallel()
-	var mu sync.Mutex
-	paths := map[fencing.Store]string{}
-	fencingtest.Run(t, fencingtest.Factory{
-		Open: func(t *testing.T) fencing.Store {
-			path := filepath.Join(t.TempDir(), "tokens.db")
-			s := mustOpen(t, path)
-			mu.Lock()
-			defer mu.Unlock()
-			paths[s] = path
-			return s
-		},
-		Reopen: func(t *testing.T, s fencing.Store) fencing.Store {
-			mu.Lock()
-			path := paths[s]
-			mu.Unlock()
-			if err := s.Close(); err != nil {
-				t.Fatal(err)
-			}
-			s2 := mustOpen(t, path) // a new *sql.DB on the same file
-			mu.Lock()
-			defer mu.Unlock()
-			paths[s2] = path
-			return s2
-		},
-	})
+	tempFile := func(t testing.TB) string { return filepath.Join(t.TempDir(), "tokens.db") }
+	fencingtest.Run(t, fencingtest.Durable(tempFile, mustOpen))
 }
 
 // TestAdmitTxCommitsWithTheToken: the write's statements commit with the
