@@ -52,12 +52,11 @@ func TestConformance(t *testing.T) {
 }
 
 // TestAdmitTxCommitsWithTheToken: the write's statements commit with the
-// token, and roll back with it when the write fails, panics or the token is
-// stale.
+// token, and roll back with it when the write fails or panics or the token
+// is stale.
 func TestAdmitTxCommitsWithTheToken(t *testing.T) {
 	t.Parallel()
-	path := filepath.Join(t.TempDir(), "app.db")
-	db := mustDB(t, path)
+	db := mustDB(t, filepath.Join(t.TempDir(), "app.db"))
 	s, err := sqlitefence.New(ctx, db)
 	if err != nil {
 		t.Fatal(err)
@@ -66,67 +65,24 @@ func TestAdmitTxCommitsWithTheToken(t *testing.T) {
 	if _, err := db.Exec(`CREATE TABLE balances (id INTEGER PRIMARY KEY, amount INTEGER NOT NULL)`); err != nil {
 		t.Fatal(err)
 	}
-	setAmount := func(amount int) func(tx *sql.Tx) error {
-		return func(tx *sql.Tx) error {
+	fencingtest.RunTx(t, s, fencingtest.Balance[*sql.Tx]{
+		Set: func(tx *sql.Tx, amount int) error {
 			_, err := tx.Exec(`INSERT INTO balances VALUES (1, ?1) ON CONFLICT (id) DO UPDATE SET amount = excluded.amount`, amount)
 			return err
-		}
-	}
-	wantState := func(amount int, highest uint64) {
-		t.Helper()
-		var got int
-		if err := db.QueryRow(`SELECT amount FROM balances WHERE id = 1`).Scan(&got); err != nil || got != amount {
-			t.Fatalf("amount %d, %v; want %d", got, err, amount)
-		}
-		if h, err := s.Highest(ctx, "balances/1"); err != nil || h != highest {
-			t.Fatalf("highest %d, %v; want %d", h, err, highest)
-		}
-	}
-	if err := s.AdmitTx(ctx, "balances/1", 34, setAmount(100)); err != nil {
-		t.Fatal(err)
-	}
-	wantState(100, 34)
-
-	boom := errors.New("boom")
-	err = s.AdmitTx(ctx, "balances/1", 40, func(tx *sql.Tx) error {
-		if err := setAmount(666)(tx); err != nil {
-			return err
-		}
-		return boom
+		},
+		Get: func() (amount int, err error) {
+			err = db.QueryRow(`SELECT amount FROM balances WHERE id = 1`).Scan(&amount)
+			return amount, err
+		},
+		Tx: sqlitefence.Tx,
 	})
-	if !errors.Is(err, boom) {
-		t.Fatalf("failing write: %v", err)
-	}
-	wantState(100, 34)
+}
 
-	called := false
-	err = s.AdmitTx(ctx, "balances/1", 33, func(tx *sql.Tx) error { called = true; return nil })
-	if want := "stale fencing token 33 < 34 for key balances/1"; called || err == nil || err.Error() != want {
-		t.Fatalf("stale AdmitTx: called %v, %v; want %q", called, err, want)
-	}
-	wantState(100, 34)
-
-	func() {
-		defer func() { recover() }()
-		s.AdmitTx(ctx, "balances/1", 50, func(tx *sql.Tx) error {
-			setAmount(555)(tx)
-			panic("write panicked")
-		})
-	}()
-	wantState(100, 34)
-
-	err = s.Admit(ctx, "balances/1", 35, func(ctx context.Context) error {
-		tx := sqlitefence.Tx(ctx)
-		if tx == nil {
-			return errors.New("no transaction in the write's context")
-		}
-		return setAmount(200)(tx)
-	})
-	if err != nil {
-		t.Fatal(err)
-	}
-	wantState(200, 35)
-
+// TestTokenAboveMaxInt64: a token must fit SQLite's signed 64-bit integers.
+func TestTokenAboveMaxInt64(t *testing.T) {
+	t.Parallel()
+	s := mustOpen(t, filepath.Join(t.TempDir(), "tokens.db"))
+	defer s.Close()
 	if err := s.Admit(ctx, "k", math.MaxInt64+1, func(context.Context) error { return nil }); !errors.Is(err, fence.ErrInvalidArgument) {
 		t.Fatalf("token 2^63: %v, want ErrInvalidArgument", err)
 	}
