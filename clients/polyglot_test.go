@@ -77,8 +77,10 @@ func TestPythonAndNodeWorkersShareALock(t *testing.T) {
 	}
 }
 
-// ledger is the workers' fenced resource: an HTTP handler behind
-// fencing.Middleware that appends each admitted write, with its token.
+// ledger is a fenced resource (the workers' here, paused-holder's in
+// go_test.go): an HTTP handler behind fencing.Middleware that appends each
+// admitted write, with its token, and counts the writes it refused as
+// stale.
 type ledger struct {
 	mu      sync.Mutex
 	entries []ledgerEntry
