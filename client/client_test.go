@@ -77,16 +77,8 @@ func TestErrorsAreSentinels(t *testing.T) {
 	srv := startServer(t, nil)
 	c := mustClient(t, srv, nil)
 	ctx := context.Background()
-	a, err := c.NewSession(ctx)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer a.Close(ctx)
-	b, err := c.NewSession(ctx)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer b.Close(ctx)
+	a := mustSession(t, c, 10*time.Second)
+	b := mustSession(t, c, 10*time.Second)
 	if _, err := NewMutex(a, "l").Lock(ctx); err != nil {
 		t.Fatal(err)
 	}
@@ -235,14 +227,7 @@ func TestRWMutex(t *testing.T) {
 	srv := startServer(t, nil)
 	c := mustClient(t, srv, nil)
 	ctx := context.Background()
-	session := func() *Session {
-		s, err := c.NewSession(ctx)
-		if err != nil {
-			t.Fatal(err)
-		}
-		t.Cleanup(func() { s.Close(ctx) })
-		return s
-	}
+	session := func() *Session { return mustSession(t, c, 10*time.Second) }
 	r1, r2, w, r3 := NewRWMutex(session(), "rw"), NewRWMutex(session(), "rw"), NewRWMutex(session(), "rw"), NewRWMutex(session(), "rw")
 	g1, err := r1.RLock(ctx)
 	if err != nil {
