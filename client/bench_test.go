@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"sync/atomic"
 	"testing"
+	"time"
 
 	"github.com/fencelock/fence/server"
 )
@@ -35,11 +36,7 @@ func benchmarkLockUnlock(b *testing.B, opts ...Option) {
 	srv := startServer(b, nil)
 	c := benchClient(b, srv, opts...)
 	ctx := context.Background()
-	s, err := c.NewSession(ctx)
-	if err != nil {
-		b.Fatal(err)
-	}
-	defer s.Close(ctx)
+	s := mustSession(b, c, 10*time.Second)
 	m := NewMutex(s, "bench")
 	for b.Loop() {
 		if _, err := m.Lock(ctx); err != nil {

@@ -77,16 +77,8 @@ func TestErrorsAreSentinels(t *testing.T) {
 	srv := startServer(t, nil)
 	c := mustClient(t, srv, nil)
 	ctx := context.Background()
-	a, err := c.NewSession(ctx)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer a.Close(ctx)
-	b, err := c.NewSession(ctx)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer b.Close(ctx)
+	a := mustSession(t, c, 10*time.Second)
+	b := mustSession(t, c, 10*time.Second)
 	if _, err := NewMutex(a, "l").Lock(ctx); err != nil {
 		t.Fatal(err)
 	}
@@ -235,14 +227,7 @@ func TestRWMutex(t *testing.T) {
 	srv := startServer(t, nil)
 	c := mustClient(t, srv, nil)
 	ctx := context.Background()
-	session := func() *Session {
-		s, err := c.NewSession(ctx)
-		if err != nil {
-			t.Fatal(err)
-		}
-		t.Cleanup(func() { s.Close(ctx) })
-		return s
-	}
+	session := func() *Session { return mustSession(t, c, 10*time.Second) }
 	r1, r2, w, r3 := NewRWMutex(session(), "rw"), NewRWMutex(session(), "rw"), NewRWMutex(session(), "rw"), NewRWMutex(session(), "rw")
 	g1, err := r1.RLock(ctx)
 	if err != nil {
@@ -299,13 +284,7 @@ func TestRWMutex(t *testing.T) {
 // A session the client gives up on is closed on the service at once, even
 // when the node that answered last hangs: the close goes to every node.
 func TestLostSessionIsClosedPastAHungNode(t *testing.T) {
-	srv := startServer(t, nil)
-	hung := hungListener(t)
-	c, err := New(WithEndpoints(srv.Addr(), hung))
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer c.Close()
+	srv, c := clientWithAHungNode(t)
 	ctx := context.Background()
 	s, err := c.NewSession(ctx, WithTTL(time.Hour))
 	if err != nil {
@@ -327,13 +306,7 @@ func TestLostSessionIsClosedPastAHungNode(t *testing.T) {
 // within a quarter of the TTL goes to the next node, well before the
 // session's safe-until deadline.
 func TestKeepAlivePassesAHungNode(t *testing.T) {
-	srv := startServer(t, nil)
-	hung := hungListener(t)
-	c, err := New(WithEndpoints(srv.Addr(), hung))
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer c.Close()
+	_, c := clientWithAHungNode(t)
 	ctx := context.Background()
 	s, err := c.NewSession(ctx, WithTTL(2*time.Second))
 	if err != nil {
@@ -350,6 +323,19 @@ func TestKeepAlivePassesAHungNode(t *testing.T) {
 		t.Fatalf("the session was lost behind a hung node: %v", s.Err())
 	case <-time.After(5 * time.Second):
 	}
+}
+
+// clientWithAHungNode starts a node, and returns it and a client whose
+// endpoints are the node and, second, a hung one (see hungListener).
+func clientWithAHungNode(t *testing.T) (*server.Server, *Client) {
+	t.Helper()
+	srv := startServer(t, nil)
+	c, err := New(WithEndpoints(srv.Addr(), hungListener(t)))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { c.Close() })
+	return srv, c
 }
 
 // hungListener returns the address of a socket that accepts connections

@@ -17,14 +17,7 @@ func TestElection(t *testing.T) {
 	srv := startServer(t, nil)
 	c := mustClient(t, srv, nil)
 	ctx := context.Background()
-	newSession := func() *Session {
-		s, err := c.NewSession(ctx)
-		if err != nil {
-			t.Fatal(err)
-		}
-		t.Cleanup(func() { s.Close(ctx) })
-		return s
-	}
+	newSession := func() *Session { return mustSession(t, c, 10*time.Second) }
 	if st, err := c.Leader(ctx, "scheduler"); st.Elected || err != nil {
 		t.Fatalf("leader before any campaign: %+v, %v", st, err)
 	}
@@ -81,14 +74,7 @@ func TestObserveLeader(t *testing.T) {
 	c := mustClient(t, srv, nil)
 	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
 	defer cancel()
-	newSession := func() *Session {
-		s, err := c.NewSession(ctx)
-		if err != nil {
-			t.Fatal(err)
-		}
-		t.Cleanup(func() { s.Close(context.Background()) })
-		return s
-	}
+	newSession := func() *Session { return mustSession(t, c, 10*time.Second) }
 	states, err := c.ObserveLeader(ctx, "jobs")
 	if err != nil {
 		t.Fatal(err)

@@ -15,18 +15,19 @@ import (
 )
 
 // heldAnswers is a transport that delivers every request and its answer
-// to the node, but keeps back from the client the answers of the chosen
-// procedures, while hold is set, until the call's context ends: a put
-// that the node applied and whose answer never came back in time.
+// to the node, but keeps back from the client the answers of the
+// procedure whose path ends in path, while hold is set, until the call's
+// context ends: a put that the node applied and whose answer never came
+// back in time.
 type heldAnswers struct {
-	next  http.RoundTripper
-	paths []string
-	hold  atomic.Bool
+	next http.RoundTripper
+	path string
+	hold atomic.Bool
 }
 
 func (t *heldAnswers) RoundTrip(req *http.Request) (*http.Response, error) {
 	resp, err := t.next.RoundTrip(req)
-	if err != nil || !t.hold.Load() || !t.holds(req.URL.Path) {
+	if err != nil || !t.hold.Load() || !strings.HasSuffix(req.URL.Path, t.path) {
 		return resp, err
 	}
 	io.Copy(io.Discard, resp.Body)
@@ -35,26 +36,28 @@ func (t *heldAnswers) RoundTrip(req *http.Request) (*http.Response, error) {
 	return nil, req.Context().Err()
 }
 
-func (t *heldAnswers) holds(path string) bool {
-	for _, p := range t.paths {
-		if strings.HasSuffix(path, p) {
-			return true
+// answersHeld is the setup of a case whose call the node applies but
+// does not answer in time: it starts a node, and returns a client of it
+// whose answers to the unary calls of path are kept back (by heldAnswers)
+// once hold is called, and a plain client of the node.
+func answersHeld(path string) func(t *testing.T) (held, plain *Client, hold func()) {
+	return func(t *testing.T) (*Client, *Client, func()) {
+		t.Helper()
+		srv := startServer(t, nil)
+		tr := &heldAnswers{next: &http.Transport{}, path: path}
+		c, err := New(WithEndpoints(srv.Addr()), WithoutStream(), WithHTTPClient(&http.Client{Transport: inMemoryBodies{tr}}))
+		if err != nil {
+			t.Fatal(err)
 		}
+		t.Cleanup(func() { c.Close() })
+		return c, mustClient(t, srv, nil), func() { tr.hold.Store(true) }
 	}
-	return false
 }
 
-// heldAnswersClient returns a client of srv whose unary calls go through
-// a heldAnswers transport for paths, not yet holding.
-func heldAnswersClient(t *testing.T, srv *server.Server, paths ...string) (*Client, *heldAnswers) {
-	t.Helper()
-	tr := &heldAnswers{next: &http.Transport{}, paths: paths}
-	c, err := New(WithEndpoints(srv.Addr()), WithoutStream(), WithHTTPClient(&http.Client{Transport: inMemoryBodies{tr}}))
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { c.Close() })
-	return c, tr
+// failedWith reports whether a call that gave up failed with want, where
+// a deadline that passed may also show as the service being unavailable.
+func failedWith(err, want error) bool {
+	return errors.Is(err, want) || want == context.DeadlineExceeded && errors.Is(err, fence.ErrUnavailable)
 }
 
 // withAuth turns auth on at srv with a root user, after adding user with a
@@ -124,9 +127,8 @@ func TestCampaignGivesUpWhenProclaimFails(t *testing.T) {
 			return c, root, "a value past 16 bytes", nil
 		}, fence.ErrLimit},
 		{"deadline during an applied put", func(t *testing.T) (*Client, *Client, string, func()) {
-			srv := startServer(t, nil)
-			c, tr := heldAnswersClient(t, srv, "/Put")
-			return c, mustClient(t, srv, nil), "node-a", func() { tr.hold.Store(true) }
+			c, rival, hold := answersHeld("/Put")(t)
+			return c, rival, "node-a", hold
 		}, context.DeadlineExceeded},
 	}
 	for _, tc := range cases {
@@ -139,7 +141,7 @@ func TestCampaignGivesUpWhenProclaimFails(t *testing.T) {
 			ctx, cancel := context.WithTimeout(context.Background(), 3*time.Second)
 			defer cancel()
 			_, err := NewElection(s, "x").Campaign(ctx, value)
-			if !errors.Is(err, tc.want) && !(tc.want == context.DeadlineExceeded && errors.Is(err, fence.ErrUnavailable)) {
+			if !failedWith(err, tc.want) {
 				t.Fatalf("Campaign: %v, want %v", err, tc.want)
 			}
 			if st, err := rival.Leader(context.Background(), "x"); err != nil || st.Elected {
@@ -176,11 +178,7 @@ func TestDequeueGivesTheItemBackWhenItsClaimFails(t *testing.T) {
 		setup func(t *testing.T) (consumer, rival *Client, hold func())
 		want  error
 	}{
-		{"item read not answered", func(t *testing.T) (*Client, *Client, func()) {
-			srv := startServer(t, nil)
-			c, tr := heldAnswersClient(t, srv, "/Get")
-			return c, mustClient(t, srv, nil), func() { tr.hold.Store(true) }
-		}, context.DeadlineExceeded},
+		{"item read not answered", answersHeld("/Get"), context.DeadlineExceeded},
 		{"claim key over the node's limit", func(t *testing.T) (*Client, *Client, func()) {
 			// "queue/q/items/" and 20 digits is 34 bytes; its claim's key, 35.
 			srv := startServer(t, func(c *server.Config) { c.MaxKeyBytes = 34 })
@@ -197,11 +195,7 @@ func TestDequeueGivesTheItemBackWhenItsClaimFails(t *testing.T) {
 			root, c := withAuth(t, srv, "small", Quota{MaxKVBytes: 16}, queueLocks, &Permission{Kind: PermKV, Access: Write, Prefix: "queue/q/"})
 			return c, root, nil
 		}, fence.ErrLimit},
-		{"claim applied, not answered", func(t *testing.T) (*Client, *Client, func()) {
-			srv := startServer(t, nil)
-			c, tr := heldAnswersClient(t, srv, "/Put")
-			return c, mustClient(t, srv, nil), func() { tr.hold.Store(true) }
-		}, context.DeadlineExceeded},
+		{"claim applied, not answered", answersHeld("/Put"), context.DeadlineExceeded},
 	}
 	for _, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {
@@ -215,7 +209,7 @@ func TestDequeueGivesTheItemBackWhenItsClaimFails(t *testing.T) {
 			}
 			ctx, cancel := context.WithTimeout(context.Background(), 3*time.Second)
 			defer cancel()
-			if d, err := NewQueue(c, "q").Dequeue(ctx, s); !errors.Is(err, tc.want) && !(tc.want == context.DeadlineExceeded && errors.Is(err, fence.ErrUnavailable)) {
+			if d, err := NewQueue(c, "q").Dequeue(ctx, s); !failedWith(err, tc.want) {
 				t.Fatalf("Dequeue: %v, %v; want %v", d, err, tc.want)
 			}
 			q := NewQueue(rival, "q")
@@ -258,11 +252,7 @@ func TestDoubleBarrierEnterWithdrawsWhenItFails(t *testing.T) {
 				&Permission{Kind: PermKV, Access: Write, Prefix: "dbarrier/x/members/"})
 			return c, root, nil
 		}, fence.ErrPermissionDenied},
-		{"arrival applied, not answered", 1, func(t *testing.T) (*Client, *Client, func()) {
-			srv := startServer(t, nil)
-			c, tr := heldAnswersClient(t, srv, "/Put")
-			return c, mustClient(t, srv, nil), func() { tr.hold.Store(true) }
-		}, context.DeadlineExceeded},
+		{"arrival applied, not answered", 1, answersHeld("/Put"), context.DeadlineExceeded},
 	}
 	for _, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {
@@ -274,7 +264,7 @@ func TestDoubleBarrierEnterWithdrawsWhenItFails(t *testing.T) {
 			ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
 			defer cancel()
 			err := NewDoubleBarrier(s, "x", tc.count).Enter(ctx)
-			if !errors.Is(err, tc.want) && !(tc.want == context.DeadlineExceeded && errors.Is(err, fence.ErrUnavailable)) {
+			if !failedWith(err, tc.want) {
 				t.Fatalf("Enter: %v, want %v", err, tc.want)
 			}
 			members, err := other.KV().List(context.Background(), "dbarrier/x/members/")

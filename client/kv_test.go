@@ -37,11 +37,7 @@ func TestKVRejectsStaleWriter(t *testing.T) {
 	if err := a.Close(ctx); err != nil { // A's lease ends (as if it expired)
 		t.Fatal(err)
 	}
-	b, err := c.NewSession(ctx)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer b.Close(ctx)
+	b := mustSession(t, c, 10*time.Second)
 	gb, err := NewMutex(b, "orders").Lock(ctx)
 	if err != nil {
 		t.Fatal(err)
@@ -70,11 +66,7 @@ func TestKVStrictAndCompareAndSwap(t *testing.T) {
 	c := mustClient(t, srv, nil)
 	ctx := context.Background()
 	kv := c.KV()
-	s, err := c.NewSession(ctx)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer s.Close(ctx)
+	s := mustSession(t, c, 10*time.Second)
 	m := NewMutex(s, "l")
 	g, err := m.Lock(ctx)
 	if err != nil {
@@ -193,11 +185,7 @@ func TestKVBoundToSession(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	s2, err := c.NewSession(ctx)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer s2.Close(ctx)
+	s2 := mustSession(t, c, 10*time.Second)
 	if _, err := kv.Put(ctx, "svc/a", []byte("10.0.0.1"), BoundTo(s1)); err != nil {
 		t.Fatal(err)
 	}

@@ -17,14 +17,7 @@ func TestSemaphore(t *testing.T) {
 	c := mustClient(t, srv, nil)
 	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
 	defer cancel()
-	session := func() *Session {
-		s, err := c.NewSession(ctx)
-		if err != nil {
-			t.Fatal(err)
-		}
-		t.Cleanup(func() { s.Close(context.Background()) })
-		return s
-	}
+	session := func() *Session { return mustSession(t, c, 10*time.Second) }
 	var sems []*Semaphore
 	var tokens []uint64
 	for range 3 {

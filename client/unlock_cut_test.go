@@ -21,11 +21,7 @@ func TestAnUnlockThatTimedOutStillReleases(t *testing.T) {
 	srv, link, c := clientThroughALink(t)
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
-	s, err := c.NewSession(ctx, WithTTL(10*time.Second))
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer s.Close(context.Background())
+	s := mustSession(t, c, 10*time.Second)
 	m := NewMutex(s, "l")
 	g, err := m.Lock(ctx)
 	if err != nil {
@@ -37,16 +33,7 @@ func TestAnUnlockThatTimedOutStillReleases(t *testing.T) {
 		t.Error("the grant's context lives on after Unlock")
 	}
 
-	direct, err := New(WithEndpoints(srv.Addr()))
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer direct.Close()
-	s2, err := direct.NewSession(ctx)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer s2.Close(context.Background())
+	s2 := mustSession(t, mustClient(t, srv, nil), 10*time.Second)
 	// Well within the first session's TTL, which its keepalives renew.
 	lockCtx, lockCancel := context.WithTimeout(ctx, 5*time.Second)
 	defer lockCancel()
@@ -69,23 +56,10 @@ func TestAnUnlockThatTimedOutStillReleases(t *testing.T) {
 // another session takes the lock. (Found in review.)
 func TestAFreshMutexWaitsForAReleaseOnItsWay(t *testing.T) {
 	srv, link, c := clientThroughALink(t)
-	direct, err := New(WithEndpoints(srv.Addr()))
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer direct.Close()
 	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
 	defer cancel()
-	s, err := c.NewSession(ctx, WithTTL(10*time.Second))
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer s.Close(context.Background())
-	s2, err := direct.NewSession(ctx)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer s2.Close(context.Background())
+	s := mustSession(t, c, 10*time.Second)
+	s2 := mustSession(t, mustClient(t, srv, nil), 10*time.Second)
 
 	for round := range 3 {
 		name := fmt.Sprintf("l%d", round)
@@ -124,12 +98,7 @@ func TestAnRWMutexLocksAfterAnRUnlockOnItsWay(t *testing.T) {
 	_, link, c := clientThroughALink(t)
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
-	s, err := c.NewSession(ctx, WithTTL(10*time.Second))
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer s.Close(context.Background())
-	rw := NewRWMutex(s, "rw")
+	rw := NewRWMutex(mustSession(t, c, 10*time.Second), "rw")
 	if _, err := rw.RLock(ctx); err != nil {
 		t.Fatal(err)
 	}

@@ -7,12 +7,10 @@ import (
 	"fmt"
 	"io"
 	"net/http"
-	"net/http/httptest"
 	"os"
 	"os/exec"
 	"strconv"
 	"strings"
-	"sync"
 	"syscall"
 	"testing"
 	"time"
@@ -88,33 +86,6 @@ func smallestProgram(t *testing.T, ctl *control) {
 	if err != nil || string(kv.Value) != "shipped" {
 		t.Fatalf("orders/17 = %v, %v; want shipped", kv, err)
 	}
-}
-
-// resource is the fenced resource of paused-holder: an HTTP handler behind
-// fencing.Middleware that keeps the body of each admitted write.
-type resource struct {
-	mu     sync.Mutex
-	writes []string
-}
-
-func newResource(t *testing.T) (*resource, string) {
-	r := &resource{}
-	h := fencing.Middleware(fencing.NewGuard(fencing.NewMemory()))(http.HandlerFunc(func(w http.ResponseWriter, req *http.Request) {
-		body, _ := io.ReadAll(req.Body)
-		r.mu.Lock()
-		r.writes = append(r.writes, string(body))
-		r.mu.Unlock()
-		w.WriteHeader(http.StatusNoContent)
-	}))
-	srv := httptest.NewServer(h)
-	t.Cleanup(srv.Close)
-	return r, srv.URL + "/paused"
-}
-
-func (r *resource) all() []string {
-	r.mu.Lock()
-	defer r.mu.Unlock()
-	return append([]string(nil), r.writes...)
 }
 
 // write sends body to url as a write fenced by lock and token, and returns
@@ -193,7 +164,7 @@ func holder(endpoint string) error {
 func pausedHolder(t *testing.T, ctl *control) {
 	ctx := context.Background()
 	g := mustGroup(t, ctl, groupSpec{Nodes: 1})
-	res, url := newResource(t)
+	res, url := newLedger(t)
 
 	exe, err := os.Executable()
 	if err != nil {
@@ -259,8 +230,8 @@ func pausedHolder(t *testing.T, ctl *control) {
 	if !strings.HasPrefix(answer, "409 ") || !strings.Contains(answer, `"code":"stale_token"`) {
 		t.Errorf("the paused holder's late write was answered %q, want 409 with the stale-token body", answer)
 	}
-	if w := res.all(); len(w) != 1 || w[0] != "from the next holder" {
-		t.Errorf("the resource holds %q, want only the next holder's write", w)
+	if w := res.all(); len(w) != 1 || w[0].body != "from the next holder" || w[0].token != next.Token() {
+		t.Errorf("the resource holds %v, want only the next holder's write, with token %d", w, next.Token())
 	}
 }
 

@@ -25,7 +25,7 @@ import (
 // sequence of tokens whatever the language, so the ledger admits every
 // write, in token order, and refuses none.
 func TestPythonAndNodeWorkersShareALock(t *testing.T) {
-	python := tool(t, "python3", "install Python 3.9 or newer (Debian: apt-get install python3; scripts/test.sh does)")
+	python, pyDir := pythonClient(t)
 	node, tsDir := buildTypeScript(t)
 	g := mustGroup(t, newControl(t), groupSpec{Nodes: 1})
 	ledger, url := newLedger(t)
@@ -33,10 +33,6 @@ func TestPythonAndNodeWorkersShareALock(t *testing.T) {
 	const count = 15
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
 	defer cancel()
-	pyDir, err := filepath.Abs("python")
-	if err != nil {
-		t.Fatal(err)
-	}
 	workers := []*exec.Cmd{
 		exec.CommandContext(ctx, python, "-S", filepath.Join(pyDir, "examples", "worker.py"), g.nodes[0].api, url, "python", fmt.Sprint(count)),
 		exec.CommandContext(ctx, node, filepath.Join("build", "examples", "worker.js"), g.nodes[0].api, url, "node", fmt.Sprint(count)),
@@ -77,8 +73,10 @@ func TestPythonAndNodeWorkersShareALock(t *testing.T) {
 	}
 }
 
-// ledger is the workers' fenced resource: an HTTP handler behind
-// fencing.Middleware that appends each admitted write, with its token.
+// ledger is a fenced resource (the workers' here, paused-holder's in
+// go_test.go): an HTTP handler behind fencing.Middleware that appends each
+// admitted write, with its token, and counts the writes it refused as
+// stale.
 type ledger struct {
 	mu      sync.Mutex
 	entries []ledgerEntry

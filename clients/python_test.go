@@ -13,13 +13,21 @@ import (
 // package is imported from its source folder with python3 -S, which reads
 // no site-packages: the client needs nothing but the standard library.
 func TestPythonClient(t *testing.T) {
-	python := tool(t, "python3", "install Debian's python3 (apt-get install python3; scripts/test.sh does)")
-	src, err := filepath.Abs(filepath.Join("python", "src"))
+	python, dir := pythonClient(t)
+	t.Setenv("PYTHONPATH", filepath.Join(dir, "src"))
+	suite(t, "python", pythonPassed, python, "-S", "-m", "unittest", "discover", "-v", "-s", "tests", "-t", ".")
+}
+
+// pythonClient returns python3 and the Python client's folder,
+// clients/python, as an absolute path; its package is in src.
+func pythonClient(t *testing.T) (python, dir string) {
+	t.Helper()
+	python = tool(t, "python3", "install Python 3.9 or newer (Debian: apt-get install python3; scripts/test.sh does)")
+	dir, err := filepath.Abs("python")
 	if err != nil {
 		t.Fatal(err)
 	}
-	t.Setenv("PYTHONPATH", src)
-	suite(t, "python", pythonPassed, python, "-S", "-m", "unittest", "discover", "-v", "-s", "tests", "-t", ".")
+	return python, dir
 }
 
 // pythonPassed matches unittest's verbose report of a passed

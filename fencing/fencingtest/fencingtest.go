@@ -1,6 +1,8 @@
 // Package fencingtest is the conformance suite that every fencing.Store
 // must pass: ordering, equal tokens, stale tokens, failed writes,
 // independence of keys, concurrent writers and durability across reopen.
+// RunTx adds the cases of stores whose writes run in a transaction of
+// their database.
 package fencingtest
 
 import (
@@ -22,6 +24,34 @@ type Factory struct {
 	// Reopen closes s and opens the same store again; nil for stores that
 	// are not durable.
 	Reopen func(t *testing.T, s fencing.Store) fencing.Store
+}
+
+// Durable returns the Factory of a durable store kept at a place, such as
+// a file or a database schema: place makes a new, empty one for t, and
+// open opens the store kept at a place. Reopen closes a store and opens
+// the one at its place again.
+func Durable[S fencing.Store](place func(t testing.TB) string, open func(t testing.TB, place string) S) Factory {
+	var mu sync.Mutex
+	places := map[fencing.Store]string{}
+	opened := func(t *testing.T, at string) fencing.Store {
+		s := open(t, at)
+		mu.Lock()
+		defer mu.Unlock()
+		places[s] = at
+		return s
+	}
+	return Factory{
+		Open: func(t *testing.T) fencing.Store { return opened(t, place(t)) },
+		Reopen: func(t *testing.T, s fencing.Store) fencing.Store {
+			mu.Lock()
+			at := places[s]
+			mu.Unlock()
+			if err := s.Close(); err != nil {
+				t.Fatal(err)
+			}
+			return opened(t, at)
+		},
+	}
 }
 
 // Run runs the conformance suite as subtests of t.
@@ -200,5 +230,95 @@ func durable(t *testing.T, f Factory) {
 	}
 	if wrote, err := admit(t, s, "key/3", 99); wrote || !errors.Is(err, fence.ErrStaleToken) {
 		t.Fatalf("stale write after reopen: wrote %v, %v", wrote, err)
+	}
+}
+
+// TxStore is a Store that runs each write in a transaction of its
+// database, of type Tx, as pgfence's and sqlitefence's stores do.
+type TxStore[Tx comparable] interface {
+	fencing.Store
+	// AdmitTx is Admit with the write given the transaction, in which it
+	// changes rows of the store's database.
+	AdmitTx(ctx context.Context, key string, token uint64, write func(tx Tx) error) error
+}
+
+// Balance is a row in the database of a TxStore, which RunTx's writes
+// change.
+type Balance[Tx comparable] struct {
+	// Set sets the row's amount, in tx.
+	Set func(tx Tx, amount int) error
+	// Get reads the row's amount, as committed.
+	Get func() (int, error)
+	// Tx returns the transaction in the context that Admit gives its
+	// write, and the zero Tx in any other context.
+	Tx func(ctx context.Context) Tx
+}
+
+// RunTx checks that s commits the changes a write makes in its transaction
+// together with its token, and rolls both back when the write fails or
+// panics or the token is stale; and that Admit's write finds the
+// transaction in its context. The row of b must not exist yet.
+func RunTx[Tx comparable](t *testing.T, s TxStore[Tx], b Balance[Tx]) {
+	const key = "balances/1"
+	wantState := func(amount int, highest uint64) {
+		t.Helper()
+		if got, err := b.Get(); err != nil || got != amount {
+			t.Fatalf("amount %d, %v; want %d", got, err, amount)
+		}
+		wantHighest(t, s, key, highest)
+	}
+	if err := s.AdmitTx(context.Background(), key, 34, func(tx Tx) error { return b.Set(tx, 100) }); err != nil {
+		t.Fatal(err)
+	}
+	wantState(100, 34)
+
+	boom := errors.New("boom")
+	err := s.AdmitTx(context.Background(), key, 40, func(tx Tx) error {
+		if err := b.Set(tx, 666); err != nil {
+			return err
+		}
+		return boom // after writing: the write and the token roll back
+	})
+	if !errors.Is(err, boom) {
+		t.Fatalf("failing write: %v", err)
+	}
+	wantState(100, 34)
+
+	called := false
+	err = s.AdmitTx(context.Background(), key, 33, func(tx Tx) error { called = true; return b.Set(tx, 1) })
+	var stale *fence.StaleTokenError
+	if called || !errors.As(err, &stale) || stale.Token != 33 || stale.Highest != 34 {
+		t.Fatalf("stale AdmitTx: called %v, %v", called, err)
+	}
+	if want := "stale fencing token 33 < 34 for key balances/1"; err.Error() != want {
+		t.Fatalf("stale AdmitTx: %q, want %q", err.Error(), want)
+	}
+	wantState(100, 34)
+
+	// A panicking write rolls back too, and the store stays usable.
+	func() {
+		defer func() { recover() }()
+		s.AdmitTx(context.Background(), key, 50, func(tx Tx) error {
+			b.Set(tx, 555)
+			panic("write panicked")
+		})
+	}()
+	wantState(100, 34)
+
+	// Admit's write reaches the transaction through b.Tx(ctx).
+	var none Tx
+	err = s.Admit(context.Background(), key, 35, func(ctx context.Context) error {
+		tx := b.Tx(ctx)
+		if tx == none {
+			return errors.New("no transaction in the write's context")
+		}
+		return b.Set(tx, 200)
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	wantState(200, 35)
+	if b.Tx(context.Background()) != none {
+		t.Fatal("the transaction of a plain context is not the zero Tx")
 	}
 }

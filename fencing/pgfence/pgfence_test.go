@@ -21,7 +21,7 @@ import (
 
 var ctx = context.Background()
 
-func mustOpen(t *testing.T, dsn string) *pgfence.Store {
+func mustOpen(t testing.TB, dsn string) *pgfence.Store {
 	t.Helper()
 	s, err := pgfence.Open(ctx, dsn)
 	if err != nil {
@@ -40,34 +40,12 @@ func mustPool(t *testing.T, dsn string) *pgxpool.Pool {
 	return pool
 }
 
+// TestConformance runs the suite on Stores from Open, each in a schema of
+// its own; reopening one opens a new pool, with new connections.
 func TestConformance(t *testing.T) {
 	t.Parallel()
 	pgtest.DSN(t)
-	var mu sync.Mutex
-	dsns := map[fencing.Store]string{}
-	fencingtest.Run(t, fencingtest.Factory{
-		Open: func(t *testing.T) fencing.Store {
-			dsn := pgtest.Schema(t)
-			s := mustOpen(t, dsn)
-			mu.Lock()
-			defer mu.Unlock()
-			dsns[s] = dsn
-			return s
-		},
-		Reopen: func(t *testing.T, s fencing.Store) fencing.Store {
-			mu.Lock()
-			dsn := dsns[s]
-			mu.Unlock()
-			if err := s.Close(); err != nil {
-				t.Fatal(err)
-			}
-			s2 := mustOpen(t, dsn) // a new pool, new connections
-			mu.Lock()
-			defer mu.Unlock()
-			dsns[s2] = dsn
-			return s2
-		},
-	})
+	fencingtest.Run(t, fencingtest.Durable(pgtest.Schema, mustOpen))
 }
 
 // TestConformanceOnConn runs the suite on a Store from New on one
@@ -111,11 +89,11 @@ func (s *serialized) Highest(ctx context.Context, key string) (uint64, error) {
 func (s *serialized) Close() error { return s.s.Close() }
 
 // TestAdmitTxCommitsWithTheToken: the write's statements commit with the
-// token, and roll back with it when the write fails or the token is stale.
+// token, and roll back with it when the write fails or panics or the token
+// is stale.
 func TestAdmitTxCommitsWithTheToken(t *testing.T) {
 	t.Parallel()
-	dsn := pgtest.Schema(t)
-	pool := mustPool(t, dsn)
+	pool := mustPool(t, pgtest.Schema(t))
 	s, err := pgfence.New(ctx, pool)
 	if err != nil {
 		t.Fatal(err)
@@ -124,72 +102,17 @@ func TestAdmitTxCommitsWithTheToken(t *testing.T) {
 	if _, err := pool.Exec(ctx, `CREATE TABLE balances (id int PRIMARY KEY, amount int NOT NULL)`); err != nil {
 		t.Fatal(err)
 	}
-	setAmount := func(amount int) func(tx pgx.Tx) error {
-		return func(tx pgx.Tx) error {
+	fencingtest.RunTx(t, s, fencingtest.Balance[pgx.Tx]{
+		Set: func(tx pgx.Tx, amount int) error {
 			_, err := tx.Exec(ctx, `INSERT INTO balances VALUES (1, $1) ON CONFLICT (id) DO UPDATE SET amount = EXCLUDED.amount`, amount)
 			return err
-		}
-	}
-	wantState := func(amount int, highest uint64) {
-		t.Helper()
-		var got int
-		if err := pool.QueryRow(ctx, `SELECT amount FROM balances WHERE id = 1`).Scan(&got); err != nil || got != amount {
-			t.Fatalf("amount %d, %v; want %d", got, err, amount)
-		}
-		if h, err := s.Highest(ctx, "balances/1"); err != nil || h != highest {
-			t.Fatalf("highest %d, %v; want %d", h, err, highest)
-		}
-	}
-	if err := s.AdmitTx(ctx, "balances/1", 34, setAmount(100)); err != nil {
-		t.Fatal(err)
-	}
-	wantState(100, 34)
-
-	boom := errors.New("boom")
-	err = s.AdmitTx(ctx, "balances/1", 40, func(tx pgx.Tx) error {
-		if err := setAmount(666)(tx); err != nil {
-			return err
-		}
-		return boom // after writing: the write and the token roll back
+		},
+		Get: func() (amount int, err error) {
+			err = pool.QueryRow(ctx, `SELECT amount FROM balances WHERE id = 1`).Scan(&amount)
+			return amount, err
+		},
+		Tx: pgfence.Tx,
 	})
-	if !errors.Is(err, boom) {
-		t.Fatalf("failing write: %v", err)
-	}
-	wantState(100, 34)
-
-	called := false
-	err = s.AdmitTx(ctx, "balances/1", 33, func(tx pgx.Tx) error { called = true; return setAmount(1)(tx) })
-	var stale *fence.StaleTokenError
-	if called || !errors.As(err, &stale) || stale.Token != 33 || stale.Highest != 34 {
-		t.Fatalf("stale AdmitTx: called %v, %v", called, err)
-	}
-	wantState(100, 34)
-
-	// A panicking write rolls back too, and the pool stays usable.
-	func() {
-		defer func() { recover() }()
-		s.AdmitTx(ctx, "balances/1", 50, func(tx pgx.Tx) error {
-			setAmount(555)(tx)
-			panic("write panicked")
-		})
-	}()
-	wantState(100, 34)
-
-	// Admit's write reaches the transaction through Tx(ctx).
-	err = s.Admit(ctx, "balances/1", 35, func(ctx context.Context) error {
-		tx := pgfence.Tx(ctx)
-		if tx == nil {
-			return errors.New("no transaction in the write's context")
-		}
-		return setAmount(200)(tx)
-	})
-	if err != nil {
-		t.Fatal(err)
-	}
-	wantState(200, 35)
-	if pgfence.Tx(ctx) != nil {
-		t.Fatal("Tx of a plain context is not nil")
-	}
 }
 
 func TestTokenAboveMaxInt64(t *testing.T) {

@@ -16,7 +16,6 @@ import (
 	"time"
 
 	"github.com/fencelock/fence"
-	"github.com/fencelock/fence/fencing"
 	"github.com/fencelock/fence/fencing/fencingtest"
 	"github.com/fencelock/fence/fencing/sqlitefence"
 	"github.com/fencelock/fence/internal/sqlgen"
@@ -44,42 +43,20 @@ func mustDB(t testing.TB, path string) *sql.DB {
 	return db
 }
 
+// TestConformance runs the suite on Stores from Open, each on a file of its
+// own; reopening one opens a new *sql.DB on the same file.
 func TestConformance(t *testing.T) {
 	t.Parallel()
-	var mu sync.Mutex
-	paths := map[fencing.Store]string{}
-	fencingtest.Run(t, fencingtest.Factory{
-		Open: func(t *testing.T) fencing.Store {
-			path := filepath.Join(t.TempDir(), "tokens.db")
-			s := mustOpen(t, path)
-			mu.Lock()
-			defer mu.Unlock()
-			paths[s] = path
-			return s
-		},
-		Reopen: func(t *testing.T, s fencing.Store) fencing.Store {
-			mu.Lock()
-			path := paths[s]
-			mu.Unlock()
-			if err := s.Close(); err != nil {
-				t.Fatal(err)
-			}
-			s2 := mustOpen(t, path) // a new *sql.DB on the same file
-			mu.Lock()
-			defer mu.Unlock()
-			paths[s2] = path
-			return s2
-		},
-	})
+	tempFile := func(t testing.TB) string { return filepath.Join(t.TempDir(), "tokens.db") }
+	fencingtest.Run(t, fencingtest.Durable(tempFile, mustOpen))
 }
 
 // TestAdmitTxCommitsWithTheToken: the write's statements commit with the
-// token, and roll back with it when the write fails, panics or the token is
-// stale.
+// token, and roll back with it when the write fails or panics or the token
+// is stale.
 func TestAdmitTxCommitsWithTheToken(t *testing.T) {
 	t.Parallel()
-	path := filepath.Join(t.TempDir(), "app.db")
-	db := mustDB(t, path)
+	db := mustDB(t, filepath.Join(t.TempDir(), "app.db"))
 	s, err := sqlitefence.New(ctx, db)
 	if err != nil {
 		t.Fatal(err)
@@ -88,67 +65,24 @@ func TestAdmitTxCommitsWithTheToken(t *testing.T) {
 	if _, err := db.Exec(`CREATE TABLE balances (id INTEGER PRIMARY KEY, amount INTEGER NOT NULL)`); err != nil {
 		t.Fatal(err)
 	}
-	setAmount := func(amount int) func(tx *sql.Tx) error {
-		return func(tx *sql.Tx) error {
+	fencingtest.RunTx(t, s, fencingtest.Balance[*sql.Tx]{
+		Set: func(tx *sql.Tx, amount int) error {
 			_, err := tx.Exec(`INSERT INTO balances VALUES (1, ?1) ON CONFLICT (id) DO UPDATE SET amount = excluded.amount`, amount)
 			return err
-		}
-	}
-	wantState := func(amount int, highest uint64) {
-		t.Helper()
-		var got int
-		if err := db.QueryRow(`SELECT amount FROM balances WHERE id = 1`).Scan(&got); err != nil || got != amount {
-			t.Fatalf("amount %d, %v; want %d", got, err, amount)
-		}
-		if h, err := s.Highest(ctx, "balances/1"); err != nil || h != highest {
-			t.Fatalf("highest %d, %v; want %d", h, err, highest)
-		}
-	}
-	if err := s.AdmitTx(ctx, "balances/1", 34, setAmount(100)); err != nil {
-		t.Fatal(err)
-	}
-	wantState(100, 34)
-
-	boom := errors.New("boom")
-	err = s.AdmitTx(ctx, "balances/1", 40, func(tx *sql.Tx) error {
-		if err := setAmount(666)(tx); err != nil {
-			return err
-		}
-		return boom
+		},
+		Get: func() (amount int, err error) {
+			err = db.QueryRow(`SELECT amount FROM balances WHERE id = 1`).Scan(&amount)
+			return amount, err
+		},
+		Tx: sqlitefence.Tx,
 	})
-	if !errors.Is(err, boom) {
-		t.Fatalf("failing write: %v", err)
-	}
-	wantState(100, 34)
+}
 
-	called := false
-	err = s.AdmitTx(ctx, "balances/1", 33, func(tx *sql.Tx) error { called = true; return nil })
-	if want := "stale fencing token 33 < 34 for key balances/1"; called || err == nil || err.Error() != want {
-		t.Fatalf("stale AdmitTx: called %v, %v; want %q", called, err, want)
-	}
-	wantState(100, 34)
-
-	func() {
-		defer func() { recover() }()
-		s.AdmitTx(ctx, "balances/1", 50, func(tx *sql.Tx) error {
-			setAmount(555)(tx)
-			panic("write panicked")
-		})
-	}()
-	wantState(100, 34)
-
-	err = s.Admit(ctx, "balances/1", 35, func(ctx context.Context) error {
-		tx := sqlitefence.Tx(ctx)
-		if tx == nil {
-			return errors.New("no transaction in the write's context")
-		}
-		return setAmount(200)(tx)
-	})
-	if err != nil {
-		t.Fatal(err)
-	}
-	wantState(200, 35)
-
+// TestTokenAboveMaxInt64: a token must fit SQLite's signed 64-bit integers.
+func TestTokenAboveMaxInt64(t *testing.T) {
+	t.Parallel()
+	s := mustOpen(t, filepath.Join(t.TempDir(), "tokens.db"))
+	defer s.Close()
 	if err := s.Admit(ctx, "k", math.MaxInt64+1, func(context.Context) error { return nil }); !errors.Is(err, fence.ErrInvalidArgument) {
 		t.Fatalf("token 2^63: %v, want ErrInvalidArgument", err)
 	}

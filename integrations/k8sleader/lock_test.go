@@ -47,6 +47,18 @@ func mustGet(t *testing.T, l *k8sleader.Lock) *resourcelock.LeaderElectionRecord
 	return rec
 }
 
+// mustCreate makes l the first leader of its election, as client-go does:
+// a Get that finds no record, then a Create of l's record for seconds.
+func mustCreate(t *testing.T, l *k8sleader.Lock, seconds int) {
+	t.Helper()
+	if _, _, err := l.Get(context.Background()); !apierrors.IsNotFound(err) {
+		t.Fatalf("%s: Get of no record: %v, want NotFound", l.Identity(), err)
+	}
+	if err := l.Create(context.Background(), record(l.Identity(), seconds)); err != nil {
+		t.Fatalf("%s: Create: %v", l.Identity(), err)
+	}
+}
+
 // The record's life as client-go drives it, call by call: NotFound,
 // Create, a second candidate refused while the lease lives, a renewal
 // under the same token, a release that names no holder, a Conflict when
@@ -155,14 +167,9 @@ func TestLostLease(t *testing.T) {
 		defer mu.Unlock()
 		return now
 	})
-	if _, _, err := a.Get(ctx); !apierrors.IsNotFound(err) {
-		t.Fatal(err)
-	}
 	// A TTL of 2s: short, and still long enough for Create's two calls
 	// (the lease, then the record written under it) on a loaded machine.
-	if err := a.Create(ctx, record("a", 2)); err != nil {
-		t.Fatal(err)
-	}
+	mustCreate(t, a, 2)
 	first := a.Token()
 	term, stop := a.WithTerm(ctx)
 	defer stop()
@@ -224,12 +231,7 @@ func TestStaleRecordWriteRefused(t *testing.T) {
 	ctx := context.Background()
 	c := node.Client()
 	a := newLock(t, node, "ctrl", "a")
-	if _, _, err := a.Get(ctx); !apierrors.IsNotFound(err) {
-		t.Fatal(err)
-	}
-	if err := a.Create(ctx, record("a", 10)); err != nil {
-		t.Fatal(err)
-	}
+	mustCreate(t, a, 10)
 	sessions, err := c.Sessions(ctx)
 	if err != nil {
 		t.Fatal(err)
@@ -311,12 +313,7 @@ func TestReleaseAfterALateRenewalLands(t *testing.T) {
 	ctx := context.Background()
 	c := node.Client()
 	a := newLock(t, node, "ctrl", "a")
-	if _, _, err := a.Get(ctx); !apierrors.IsNotFound(err) {
-		t.Fatal(err)
-	}
-	if err := a.Create(ctx, record("a", 30)); err != nil {
-		t.Fatal(err)
-	}
+	mustCreate(t, a, 30)
 	token := a.Token()
 	mustGet(t, a) // client-go's release reads the record first
 
