@@ -17,7 +17,8 @@ import (
 )
 
 func locksCommand(g *globals) *cobra.Command {
-	var asJSON, stale bool
+	var asJSON bool
+	var rf readFlags
 	var prefix string
 	var limit uint32
 	cmd := &cobra.Command{
@@ -40,11 +41,7 @@ With --json, prints the API's ListLocksResponse.`,
 				}
 				prefix = args[0]
 			}
-			var opts []client.ReadOption
-			if stale {
-				opts = append(opts, client.Stale())
-			}
-			locks, next, err := listLocks(cmd.Context(), c, prefix, limit, opts)
+			locks, next, err := listLocks(cmd.Context(), c, prefix, limit, rf.options())
 			if err != nil {
 				return err
 			}
@@ -65,7 +62,7 @@ With --json, prints the API's ListLocksResponse.`,
 	}
 	cmd.Flags().BoolVar(&asJSON, "json", false, "print the API's ListLocksResponse")
 	cmd.Flags().StringVar(&prefix, "prefix", "", "only locks whose name starts with this (as PREFIX)")
-	cmd.Flags().BoolVar(&stale, "stale", false, "read from the node's own state, without the leader (may be behind)")
+	rf.register(cmd)
 	cmd.Flags().Uint32Var(&limit, "limit", 0, "list at most this many locks (0: all, read a page at a time)")
 	return cmd
 }

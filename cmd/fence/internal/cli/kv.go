@@ -75,6 +75,22 @@ func (f *fenceFlags) options() ([]client.WriteOption, error) {
 	return opts, nil
 }
 
+// readFlags are the flags of a command that reads the service's state:
+// --stale.
+type readFlags struct{ stale bool }
+
+func (f *readFlags) register(cmd *cobra.Command) {
+	cmd.Flags().BoolVar(&f.stale, "stale", false, "read from the node's own state, without the leader (may be behind)")
+}
+
+// options are the read options of the flags.
+func (f *readFlags) options() []client.ReadOption {
+	if f.stale {
+		return []client.ReadOption{client.Stale()}
+	}
+	return nil
+}
+
 func kvCommand(g *globals) *cobra.Command {
 	cmd := &cobra.Command{
 		Use:   "kv",
@@ -175,18 +191,15 @@ or "KEY did not exist" when there was nothing to delete (exit 0 either way).`,
 }
 
 func kvGetCommand(g *globals) *cobra.Command {
-	var asJSON, stale bool
+	var asJSON bool
+	var rf readFlags
 	cmd := &cobra.Command{
 		Use:         "get KEY",
 		Annotations: bounded,
 		Short:       "Print a key's value (exit 1 if it does not exist)",
 		Args:        cobra.ExactArgs(1),
 		RunE: g.withClient(func(cmd *cobra.Command, args []string, c *client.Client) error {
-			var opts []client.ReadOption
-			if stale {
-				opts = append(opts, client.Stale())
-			}
-			kv, err := c.KV().Get(cmd.Context(), args[0], opts...)
+			kv, err := c.KV().Get(cmd.Context(), args[0], rf.options()...)
 			if err != nil {
 				return err
 			}
@@ -201,7 +214,7 @@ func kvGetCommand(g *globals) *cobra.Command {
 		}),
 	}
 	cmd.Flags().BoolVar(&asJSON, "json", false, "print the API's KeyValue: the key with its token and revisions")
-	cmd.Flags().BoolVar(&stale, "stale", false, "read from the node's own state, without the leader (may be behind)")
+	rf.register(cmd)
 	return cmd
 }
 
