@@ -31,9 +31,6 @@ func (f *fenceFlags) register(cmd *cobra.Command) {
 	fl.Int64Var(&f.revision, "if-revision", -1, "write only if the key is at this revision (0: only if absent)")
 }
 
-// options are the write options of the flags. A fence that the service
-// would refuse is refused here, naming the flags rather than the API's
-// fields (fence.lock, fence.token).
 // withClient is g.withClient for a command that writes fenced by f: it
 // reads the fencing flags first, so that a mistake in them is reported
 // before anything connects, and passes fn their write options.
@@ -49,6 +46,9 @@ func (f *fenceFlags) withClient(g *globals, fn func(cmd *cobra.Command, args []s
 	}
 }
 
+// options are the write options of the flags. A fence that the service
+// would refuse is refused here, naming the flags rather than the API's
+// fields (fence.lock, fence.token).
 func (f *fenceFlags) options() ([]client.WriteOption, error) {
 	switch {
 	case f.strict && (f.lock == "" || f.token == ""):
