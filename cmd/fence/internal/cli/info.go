@@ -10,7 +10,6 @@ import (
 	"time"
 
 	"github.com/spf13/cobra"
-	"google.golang.org/protobuf/encoding/protojson"
 
 	fencev1 "github.com/fencelock/fence/api/fence/v1"
 	"github.com/fencelock/fence/client"
@@ -137,17 +136,7 @@ func statusCommand(g *globals) *cobra.Command {
 			fmt.Fprintf(w, "protocol\t%d\n", st.GetProtocol())
 			w.Flush()
 			fmt.Fprintln(g.stdout)
-			w = tabwriter.NewWriter(g.stdout, 0, 4, 2, ' ', 0)
-			fmt.Fprintln(w, "NODE\tAPI\tRAFT\tSTATE\tTERM\tLAST\tCOMMIT\tAPPLIED\tVERSION\tHEALTH")
-			for _, n := range nodes {
-				if n.err != nil {
-					fmt.Fprintf(w, "%s\t%s\t%s\t-\t-\t-\t-\t-\t-\tunreachable: %v\n", n.id, orDash(n.api), n.raft, n.err)
-					continue
-				}
-				s := n.status
-				fmt.Fprintf(w, "%s\t%s\t%s\t%s\t%d\t%d\t%d\t%d\t%s\t%s\n", s.GetNodeId(), orDash(n.api), n.raft, s.GetState(), s.GetTerm(), s.GetLastIndex(), s.GetCommitIndex(), s.GetAppliedIndex(), orDash(s.GetVersion()), n.health())
-			}
-			return w.Flush()
+			return printTable(g, "NODE\tAPI\tRAFT\tSTATE\tTERM\tLAST\tCOMMIT\tAPPLIED\tVERSION\tHEALTH", nodes, nodeStatus.row)
 		}),
 	}
 	cmd.Flags().BoolVar(&asJSON, "json", false, `print the API's StatusResponse of the node that answered, with "nodes": [{"id", "api", "health", "status": each node's own StatusResponse}]`)
@@ -158,6 +147,15 @@ type nodeStatus struct {
 	id, api, raft string
 	status        *fencev1.StatusResponse
 	err           error
+}
+
+// row is the node's line in fence status's table of nodes.
+func (n nodeStatus) row() string {
+	if n.err != nil {
+		return fmt.Sprintf("%s\t%s\t%s\t-\t-\t-\t-\t-\t-\tunreachable: %v", n.id, orDash(n.api), n.raft, n.err)
+	}
+	s := n.status
+	return fmt.Sprintf("%s\t%s\t%s\t%s\t%d\t%d\t%d\t%d\t%s\t%s", s.GetNodeId(), orDash(n.api), n.raft, s.GetState(), s.GetTerm(), s.GetLastIndex(), s.GetCommitIndex(), s.GetAppliedIndex(), orDash(s.GetVersion()), n.health())
 }
 
 // health is "ok", the node's own problems, or why it could not be asked.
@@ -247,7 +245,7 @@ func leaderAPI(st *fencev1.StatusResponse) string {
 // printStatusJSON prints the Status of the node that answered, with a
 // "nodes" list of every node's own status and health.
 func printStatusJSON(g *globals, st *fencev1.StatusResponse, nodes []nodeStatus) error {
-	leader, err := protojson.MarshalOptions{EmitUnpopulated: true}.Marshal(st)
+	leader, err := rawJSON(st)
 	if err != nil {
 		return err
 	}
@@ -261,7 +259,7 @@ func printStatusJSON(g *globals, st *fencev1.StatusResponse, nodes []nodeStatus)
 	for _, n := range nodes {
 		nj := nodeJSON{ID: n.id, API: n.api, Health: n.health()}
 		if n.err == nil {
-			if data, err := (protojson.MarshalOptions{EmitUnpopulated: true}).Marshal(n.status); err == nil {
+			if data, err := rawJSON(n.status); err == nil {
 				nj.Status = data
 			}
 		}
@@ -273,12 +271,7 @@ func printStatusJSON(g *globals, st *fencev1.StatusResponse, nodes []nodeStatus)
 		return err
 	}
 	out["nodes"] = list
-	data, err := json.MarshalIndent(out, "", "  ")
-	if err != nil {
-		return err
-	}
-	_, err = fmt.Fprintln(g.stdout, string(data))
-	return err
+	return printJSONValue(g, out)
 }
 
 // hostPort strips the scheme of an endpoint URL.
