@@ -18,7 +18,6 @@ import (
 func locksCommand(g *globals) *cobra.Command {
 	var asJSON bool
 	var rf readFlags
-	var prefix string
 	var limit uint32
 	cmd := &cobra.Command{
 		Use:         "locks [PREFIX]",
@@ -34,11 +33,9 @@ does keys.
 With --json, prints the API's ListLocksResponse.`,
 		Args: cobra.MaximumNArgs(1),
 		RunE: g.withClient(func(cmd *cobra.Command, args []string, c *client.Client) error {
-			if len(args) == 1 {
-				if cmd.Flags().Changed("prefix") && prefix != args[0] {
-					return fmt.Errorf("PREFIX %q and --prefix %q differ: give the prefix once", args[0], prefix)
-				}
-				prefix = args[0]
+			prefix, err := locksPrefix(cmd, args)
+			if err != nil {
+				return err
 			}
 			locks, next, err := listLocks(cmd.Context(), c, prefix, limit, rf.options())
 			if err != nil {
@@ -60,10 +57,24 @@ With --json, prints the API's ListLocksResponse.`,
 		}),
 	}
 	cmd.Flags().BoolVar(&asJSON, "json", false, "print the API's ListLocksResponse")
-	cmd.Flags().StringVar(&prefix, "prefix", "", "only locks whose name starts with this (as PREFIX)")
+	cmd.Flags().String("prefix", "", "only locks whose name starts with this (as PREFIX)")
 	rf.register(cmd)
 	cmd.Flags().Uint32Var(&limit, "limit", 0, "list at most this many locks (0: all, read a page at a time)")
 	return cmd
+}
+
+// locksPrefix is the prefix of the locks fence locks lists or watches:
+// PREFIX, which must then agree with --prefix if that is given too, or
+// else --prefix.
+func locksPrefix(cmd *cobra.Command, args []string) (string, error) {
+	prefix, _ := cmd.Flags().GetString("prefix")
+	if len(args) == 0 {
+		return prefix, nil
+	}
+	if cmd.Flags().Changed("prefix") && prefix != args[0] {
+		return "", fmt.Errorf("PREFIX %q and --prefix %q differ: give the prefix once", args[0], prefix)
+	}
+	return args[0], nil
 }
 
 // listLocks lists the locks under prefix: all of them, or the first limit
