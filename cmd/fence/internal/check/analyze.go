@@ -2,7 +2,9 @@ package check
 
 import (
 	"fmt"
+	"maps"
 	"math"
+	"slices"
 	"sort"
 	"strconv"
 	"time"
@@ -179,12 +181,7 @@ func (a *Analysis) checkStaleWrites(ops []Op, prefix string) {
 			}
 		}
 	}
-	keys := make([]string, 0, len(byKey))
-	for k := range byKey {
-		keys = append(keys, k)
-	}
-	sort.Strings(keys)
-	for _, key := range keys {
+	for _, key := range slices.Sorted(maps.Keys(byKey)) {
 		puts := byKey[key]
 		sort.Slice(puts, func(i, j int) bool { return puts[i].Rev < puts[j].Rev })
 		var highest Op
@@ -267,17 +264,12 @@ func (a *Analysis) checkSQL(ops []Op, final Final) {
 var register = porcupine.NondeterministicModel{
 	Partition: func(history []porcupine.Operation) [][]porcupine.Operation {
 		byKey := map[string][]porcupine.Operation{}
-		var keys []string
 		for _, op := range history {
 			k := op.Input.(regInput).key
-			if _, ok := byKey[k]; !ok {
-				keys = append(keys, k)
-			}
 			byKey[k] = append(byKey[k], op)
 		}
-		sort.Strings(keys)
-		out := make([][]porcupine.Operation, 0, len(keys))
-		for _, k := range keys {
+		out := make([][]porcupine.Operation, 0, len(byKey))
+		for _, k := range slices.Sorted(maps.Keys(byKey)) {
 			out = append(out, byKey[k])
 		}
 		return out

@@ -2,6 +2,8 @@ package check
 
 import (
 	"fmt"
+	"maps"
+	"slices"
 	"sort"
 	"time"
 )
@@ -49,12 +51,7 @@ func (a *Analysis) checkOverlaps(holds []Op) {
 			byLock[h.Key] = append(byLock[h.Key], h)
 		}
 	}
-	locks := make([]string, 0, len(byLock))
-	for l := range byLock {
-		locks = append(locks, l)
-	}
-	sort.Strings(locks)
-	for _, lock := range locks {
+	for _, lock := range slices.Sorted(maps.Keys(byLock)) {
 		hs := byLock[lock]
 		sort.Slice(hs, func(i, j int) bool { return hs[i].Start < hs[j].Start })
 		for i, x := range hs {

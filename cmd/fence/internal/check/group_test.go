@@ -9,32 +9,17 @@ import (
 	"net/url"
 	"strings"
 	"testing"
-	"time"
 
 	"github.com/fencelock/fence"
 	fencev1 "github.com/fencelock/fence/api/fence/v1"
+	"github.com/fencelock/fence/fencetest"
 	"github.com/fencelock/fence/server"
 )
 
+// startNode starts a node of a group of its own, stopped when t ends.
 func startNode(t *testing.T) *server.Server {
 	t.Helper()
-	cfg := server.DefaultConfig()
-	cfg.DataDir = t.TempDir()
-	cfg.Listen = "127.0.0.1:0"
-	cfg.RaftListen = "127.0.0.1:0"
-	cfg.HeartbeatTimeout = 50 * time.Millisecond
-	cfg.ElectionTimeout = 50 * time.Millisecond
-	s, err := server.Start(cfg)
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { s.Close() })
-	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
-	defer cancel()
-	if err := s.WaitLeader(ctx); err != nil {
-		t.Fatal(err)
-	}
-	return s
+	return fencetest.Start(t).Server
 }
 
 // A run whose endpoints name nodes of two groups would mix two histories,

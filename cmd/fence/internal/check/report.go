@@ -3,7 +3,8 @@ package check
 import (
 	"fmt"
 	"io"
-	"sort"
+	"maps"
+	"slices"
 	"strconv"
 	"time"
 
@@ -28,13 +29,8 @@ func (r *Result) page() *timeline.Page {
 	for _, op := range r.Ops {
 		workers[op.Worker] = true
 	}
-	ids := make([]int, 0, len(workers))
-	for id := range workers {
-		ids = append(ids, id)
-	}
-	sort.Ints(ids)
 	lane := func(id int) string { return "worker " + strconv.Itoa(id) }
-	for _, id := range ids {
+	for _, id := range slices.Sorted(maps.Keys(workers)) {
 		tl.Lanes = append(tl.Lanes, lane(id))
 	}
 	tl.Lanes = append(tl.Lanes, "server")

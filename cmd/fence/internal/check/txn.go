@@ -55,11 +55,7 @@ func (w *worker) move(ctx context.Context, h *hold) bool {
 	if !ok {
 		return false
 	}
-	var opts []client.WriteOption
-	if !w.cfg.Unsafe {
-		opts = append(opts, client.FencedBy(w.cfg.Lock, op.Token), client.Strict())
-	}
-	resp, err = w.kv.Txn(ctx, opts...).Then(client.OpPut(from, []byte(strconv.Itoa(a-1))), client.OpPut(to, []byte(strconv.Itoa(b+1)))).Commit()
+	resp, err = w.kv.Txn(ctx, w.fencing(op.Token)...).Then(client.OpPut(from, []byte(strconv.Itoa(a-1))), client.OpPut(to, []byte(strconv.Itoa(b+1)))).Commit()
 	op.Result, op.Rev = OK, resp.GetRevision()
 	if err != nil {
 		op.Result, op.Err = classify(err), err.Error()

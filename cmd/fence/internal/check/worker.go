@@ -297,6 +297,15 @@ func (w *worker) get(ctx context.Context, key string, token uint64) (string, boo
 	return op.Value, true
 }
 
+// fencing is the write options of a write under the grant of token: the
+// token, in strict mode, or none with Unsafe.
+func (w *worker) fencing(token uint64) []client.WriteOption {
+	if w.cfg.Unsafe {
+		return nil
+	}
+	return []client.WriteOption{client.FencedBy(w.cfg.Lock, token), client.Strict()}
+}
+
 // put writes under the grant, if the worker still holds it; it reports
 // whether it did.
 func (w *worker) put(ctx context.Context, h *hold, key, value string) bool {
@@ -304,11 +313,7 @@ func (w *worker) put(ctx context.Context, h *hold, key, value string) bool {
 	if !ok {
 		return false
 	}
-	var opts []client.WriteOption
-	if !w.cfg.Unsafe {
-		opts = append(opts, client.FencedBy(w.cfg.Lock, op.Token), client.Strict())
-	}
-	rev, err := w.kv.Put(ctx, key, []byte(value), opts...)
+	rev, err := w.kv.Put(ctx, key, []byte(value), w.fencing(op.Token)...)
 	op.Result, op.Rev = OK, rev
 	if err != nil {
 		op.Result, op.Err = classify(err), err.Error()

@@ -8,7 +8,6 @@ import (
 	"os"
 	"os/signal"
 	"slices"
-	"sort"
 	"strings"
 	"syscall"
 	"time"
@@ -126,13 +125,8 @@ func printCheck(g *globals, res *check.Result) {
 	for _, f := range res.Faults {
 		counts[f.Kind]++
 	}
-	kinds := make([]string, 0, len(counts))
-	for k := range counts {
-		kinds = append(kinds, k)
-	}
-	sort.Strings(kinds)
 	fmt.Fprintf(w, "faults: %d", len(res.Faults))
-	for _, k := range kinds {
+	for _, k := range slices.Sorted(maps.Keys(counts)) {
 		fmt.Fprintf(w, ", %s %d", k, counts[k])
 	}
 	fmt.Fprintln(w)
@@ -171,13 +165,8 @@ func printCheck(g *globals, res *check.Result) {
 	for _, v := range a.Violations {
 		byKind[v.Kind] = append(byKind[v.Kind], v)
 	}
-	kinds = kinds[:0]
-	for k := range byKind {
-		kinds = append(kinds, k)
-	}
-	sort.Strings(kinds)
 	fmt.Fprintf(w, "violations: %d\n", len(a.Violations))
-	for _, k := range kinds {
+	for _, k := range slices.Sorted(maps.Keys(byKind)) {
 		fmt.Fprintf(w, "  %s: %d\n", k, len(byKind[k]))
 		for i, v := range byKind[k] {
 			if i == 3 {

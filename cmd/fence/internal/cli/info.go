@@ -10,15 +10,14 @@ import (
 	"time"
 
 	"github.com/spf13/cobra"
-	"google.golang.org/protobuf/encoding/protojson"
 
 	fencev1 "github.com/fencelock/fence/api/fence/v1"
 	"github.com/fencelock/fence/client"
 )
 
 func locksCommand(g *globals) *cobra.Command {
-	var asJSON, stale bool
-	var prefix string
+	var asJSON bool
+	var rf readFlags
 	var limit uint32
 	cmd := &cobra.Command{
 		Use:         "locks [PREFIX]",
@@ -34,17 +33,11 @@ does keys.
 With --json, prints the API's ListLocksResponse.`,
 		Args: cobra.MaximumNArgs(1),
 		RunE: g.withClient(func(cmd *cobra.Command, args []string, c *client.Client) error {
-			if len(args) == 1 {
-				if cmd.Flags().Changed("prefix") && prefix != args[0] {
-					return fmt.Errorf("PREFIX %q and --prefix %q differ: give the prefix once", args[0], prefix)
-				}
-				prefix = args[0]
+			prefix, err := locksPrefix(cmd, args)
+			if err != nil {
+				return err
 			}
-			var opts []client.ReadOption
-			if stale {
-				opts = append(opts, client.Stale())
-			}
-			locks, next, err := listLocks(cmd.Context(), c, prefix, limit, opts)
+			locks, next, err := listLocks(cmd.Context(), c, prefix, limit, rf.options())
 			if err != nil {
 				return err
 			}
@@ -64,10 +57,24 @@ With --json, prints the API's ListLocksResponse.`,
 		}),
 	}
 	cmd.Flags().BoolVar(&asJSON, "json", false, "print the API's ListLocksResponse")
-	cmd.Flags().StringVar(&prefix, "prefix", "", "only locks whose name starts with this (as PREFIX)")
-	cmd.Flags().BoolVar(&stale, "stale", false, "read from the node's own state, without the leader (may be behind)")
+	cmd.Flags().String("prefix", "", "only locks whose name starts with this (as PREFIX)")
+	rf.register(cmd)
 	cmd.Flags().Uint32Var(&limit, "limit", 0, "list at most this many locks (0: all, read a page at a time)")
 	return cmd
+}
+
+// locksPrefix is the prefix of the locks fence locks lists or watches:
+// PREFIX, which must then agree with --prefix if that is given too, or
+// else --prefix.
+func locksPrefix(cmd *cobra.Command, args []string) (string, error) {
+	prefix, _ := cmd.Flags().GetString("prefix")
+	if len(args) == 0 {
+		return prefix, nil
+	}
+	if cmd.Flags().Changed("prefix") && prefix != args[0] {
+		return "", fmt.Errorf("PREFIX %q and --prefix %q differ: give the prefix once", args[0], prefix)
+	}
+	return args[0], nil
 }
 
 // listLocks lists the locks under prefix: all of them, or the first limit
@@ -140,17 +147,7 @@ func statusCommand(g *globals) *cobra.Command {
 			fmt.Fprintf(w, "protocol\t%d\n", st.GetProtocol())
 			w.Flush()
 			fmt.Fprintln(g.stdout)
-			w = tabwriter.NewWriter(g.stdout, 0, 4, 2, ' ', 0)
-			fmt.Fprintln(w, "NODE\tAPI\tRAFT\tSTATE\tTERM\tLAST\tCOMMIT\tAPPLIED\tVERSION\tHEALTH")
-			for _, n := range nodes {
-				if n.err != nil {
-					fmt.Fprintf(w, "%s\t%s\t%s\t-\t-\t-\t-\t-\t-\tunreachable: %v\n", n.id, orDash(n.api), n.raft, n.err)
-					continue
-				}
-				s := n.status
-				fmt.Fprintf(w, "%s\t%s\t%s\t%s\t%d\t%d\t%d\t%d\t%s\t%s\n", s.GetNodeId(), orDash(n.api), n.raft, s.GetState(), s.GetTerm(), s.GetLastIndex(), s.GetCommitIndex(), s.GetAppliedIndex(), orDash(s.GetVersion()), n.health())
-			}
-			return w.Flush()
+			return printTable(g, "NODE\tAPI\tRAFT\tSTATE\tTERM\tLAST\tCOMMIT\tAPPLIED\tVERSION\tHEALTH", nodes, nodeStatus.row)
 		}),
 	}
 	cmd.Flags().BoolVar(&asJSON, "json", false, `print the API's StatusResponse of the node that answered, with "nodes": [{"id", "api", "health", "status": each node's own StatusResponse}]`)
@@ -161,6 +158,15 @@ type nodeStatus struct {
 	id, api, raft string
 	status        *fencev1.StatusResponse
 	err           error
+}
+
+// row is the node's line in fence status's table of nodes.
+func (n nodeStatus) row() string {
+	if n.err != nil {
+		return fmt.Sprintf("%s\t%s\t%s\t-\t-\t-\t-\t-\t-\tunreachable: %v", n.id, orDash(n.api), n.raft, n.err)
+	}
+	s := n.status
+	return fmt.Sprintf("%s\t%s\t%s\t%s\t%d\t%d\t%d\t%d\t%s\t%s", s.GetNodeId(), orDash(n.api), n.raft, s.GetState(), s.GetTerm(), s.GetLastIndex(), s.GetCommitIndex(), s.GetAppliedIndex(), orDash(s.GetVersion()), n.health())
 }
 
 // health is "ok", the node's own problems, or why it could not be asked.
@@ -250,7 +256,7 @@ func leaderAPI(st *fencev1.StatusResponse) string {
 // printStatusJSON prints the Status of the node that answered, with a
 // "nodes" list of every node's own status and health.
 func printStatusJSON(g *globals, st *fencev1.StatusResponse, nodes []nodeStatus) error {
-	leader, err := protojson.MarshalOptions{EmitUnpopulated: true}.Marshal(st)
+	leader, err := rawJSON(st)
 	if err != nil {
 		return err
 	}
@@ -264,7 +270,7 @@ func printStatusJSON(g *globals, st *fencev1.StatusResponse, nodes []nodeStatus)
 	for _, n := range nodes {
 		nj := nodeJSON{ID: n.id, API: n.api, Health: n.health()}
 		if n.err == nil {
-			if data, err := (protojson.MarshalOptions{EmitUnpopulated: true}).Marshal(n.status); err == nil {
+			if data, err := rawJSON(n.status); err == nil {
 				nj.Status = data
 			}
 		}
@@ -276,12 +282,7 @@ func printStatusJSON(g *globals, st *fencev1.StatusResponse, nodes []nodeStatus)
 		return err
 	}
 	out["nodes"] = list
-	data, err := json.MarshalIndent(out, "", "  ")
-	if err != nil {
-		return err
-	}
-	_, err = fmt.Fprintln(g.stdout, string(data))
-	return err
+	return printJSONValue(g, out)
 }
 
 // hostPort strips the scheme of an endpoint URL.

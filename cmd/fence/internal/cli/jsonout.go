@@ -30,7 +30,8 @@ func rawJSON(m proto.Message) (json.RawMessage, error) {
 	return protojson.MarshalOptions{EmitUnpopulated: true}.Marshal(m)
 }
 
-// printJSONValue prints v, which holds API messages as rawJSON, indented.
+// printJSONValue prints v as JSON, indented; the API messages it holds
+// are rawJSON.
 func printJSONValue(g *globals, v any) error {
 	data, err := json.MarshalIndent(v, "", "  ")
 	if err != nil {

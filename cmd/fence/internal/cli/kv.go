@@ -31,9 +31,6 @@ func (f *fenceFlags) register(cmd *cobra.Command) {
 	fl.Int64Var(&f.revision, "if-revision", -1, "write only if the key is at this revision (0: only if absent)")
 }
 
-// options are the write options of the flags. A fence that the service
-// would refuse is refused here, naming the flags rather than the API's
-// fields (fence.lock, fence.token).
 // withClient is g.withClient for a command that writes fenced by f: it
 // reads the fencing flags first, so that a mistake in them is reported
 // before anything connects, and passes fn their write options.
@@ -49,6 +46,9 @@ func (f *fenceFlags) withClient(g *globals, fn func(cmd *cobra.Command, args []s
 	}
 }
 
+// options are the write options of the flags. A fence that the service
+// would refuse is refused here, naming the flags rather than the API's
+// fields (fence.lock, fence.token).
 func (f *fenceFlags) options() ([]client.WriteOption, error) {
 	switch {
 	case f.strict && (f.lock == "" || f.token == ""):
@@ -73,6 +73,22 @@ func (f *fenceFlags) options() ([]client.WriteOption, error) {
 		opts = append(opts, client.IfRevision(uint64(f.revision)))
 	}
 	return opts, nil
+}
+
+// readFlags are the flags of a command that reads the service's state:
+// --stale.
+type readFlags struct{ stale bool }
+
+func (f *readFlags) register(cmd *cobra.Command) {
+	cmd.Flags().BoolVar(&f.stale, "stale", false, "read from the node's own state, without the leader (may be behind)")
+}
+
+// options are the read options of the flags.
+func (f *readFlags) options() []client.ReadOption {
+	if f.stale {
+		return []client.ReadOption{client.Stale()}
+	}
+	return nil
 }
 
 func kvCommand(g *globals) *cobra.Command {
@@ -175,18 +191,15 @@ or "KEY did not exist" when there was nothing to delete (exit 0 either way).`,
 }
 
 func kvGetCommand(g *globals) *cobra.Command {
-	var asJSON, stale bool
+	var asJSON bool
+	var rf readFlags
 	cmd := &cobra.Command{
 		Use:         "get KEY",
 		Annotations: bounded,
 		Short:       "Print a key's value (exit 1 if it does not exist)",
 		Args:        cobra.ExactArgs(1),
 		RunE: g.withClient(func(cmd *cobra.Command, args []string, c *client.Client) error {
-			var opts []client.ReadOption
-			if stale {
-				opts = append(opts, client.Stale())
-			}
-			kv, err := c.KV().Get(cmd.Context(), args[0], opts...)
+			kv, err := c.KV().Get(cmd.Context(), args[0], rf.options()...)
 			if err != nil {
 				return err
 			}
@@ -201,7 +214,7 @@ func kvGetCommand(g *globals) *cobra.Command {
 		}),
 	}
 	cmd.Flags().BoolVar(&asJSON, "json", false, "print the API's KeyValue: the key with its token and revisions")
-	cmd.Flags().BoolVar(&stale, "stale", false, "read from the node's own state, without the leader (may be behind)")
+	rf.register(cmd)
 	return cmd
 }
 

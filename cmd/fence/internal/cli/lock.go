@@ -30,6 +30,18 @@ type lockFlags struct {
 	semaphore bool // --permits was given
 }
 
+// register adds the flags that fence lock and fence run-once share: how
+// the lock is waited for and held, and how CMD is stopped.
+func (f *lockFlags) register(cmd *cobra.Command) {
+	fl := cmd.Flags()
+	fl.DurationVar(&f.ttl, "ttl", 10*time.Second, "session TTL: how long the lock survives without renewals")
+	fl.DurationVar(&f.timeout, "timeout", 0, "give up waiting for the lock after this long, exit 124 (0: wait forever)")
+	fl.BoolVar(&f.try, "try", false, "do not wait: if the lock is held, exit 124 at once (flock -n)")
+	fl.DurationVar(&f.lockDelay, "lock-delay", 0, "if the session ends without releasing the lock (expired, revoked, given up), keep it from others this long")
+	fl.DurationVar(&f.grace, "grace", 5*time.Second, "time CMD has to exit after a signal, before SIGKILL")
+	cmd.MarkFlagsMutuallyExclusive("try", "timeout")
+}
+
 // lockUsage is the usage line of fence lock, printed with every mistake in
 // its arguments.
 const lockUsage = "usage: fence lock [flags] NAME -- CMD [ARGS...]"
@@ -94,16 +106,11 @@ run; 128+N if signal N stopped the wait; 1 on other errors.`,
 			return runLocked(cmd.Context(), g, f, args[0], args[1:])
 		},
 	}
+	f.register(cmd)
 	fl := cmd.Flags()
-	fl.DurationVar(&f.ttl, "ttl", 10*time.Second, "session TTL: how long the lock survives without renewals")
-	fl.DurationVar(&f.timeout, "timeout", 0, "give up waiting for the lock after this long, exit 124 (0: wait forever)")
-	fl.BoolVar(&f.try, "try", false, "do not wait: if the lock is held, exit 124 at once (flock -n)")
-	fl.DurationVar(&f.lockDelay, "lock-delay", 0, "if the session ends without releasing the lock (expired, revoked, given up), keep it from others this long")
-	fl.DurationVar(&f.grace, "grace", 5*time.Second, "time CMD has to exit after a signal, before SIGKILL")
 	fl.BoolVar(&f.shared, "shared", false, "take the lock in shared (read) mode, alongside other shared holders")
 	fl.IntVar(&f.permits, "permits", 0, "make NAME a semaphore of this many permits and hold one (every holder must pass the same number)")
 	cmd.MarkFlagsMutuallyExclusive("shared", "permits")
-	cmd.MarkFlagsMutuallyExclusive("try", "timeout")
 	return cmd
 }
 

@@ -52,9 +52,9 @@ func withLockWatch(g *globals, cmd *cobra.Command) *cobra.Command {
 				return fmt.Errorf("--%s does not go with --watch: a watch follows the leader, every event", flag)
 			}
 		}
-		prefix, _ := cmd.Flags().GetString("prefix")
-		if len(args) == 1 {
-			prefix = args[0]
+		prefix, err := locksPrefix(cmd, args)
+		if err != nil {
+			return err
 		}
 		asJSON, _ := cmd.Flags().GetBool("json")
 		return g.withClient(func(cmd *cobra.Command, _ []string, c *client.Client) error {

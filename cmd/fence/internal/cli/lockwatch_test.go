@@ -103,7 +103,8 @@ func TestLocksWatch(t *testing.T) {
 }
 
 // The flags of a watch go with --watch only, and those of a listing not
-// with it.
+// with it; a PREFIX and a --prefix that differ are refused with --watch
+// as without it.
 func TestLocksWatchFlags(t *testing.T) {
 	node := fencetest.Start(t)
 	for _, tc := range []struct {
@@ -113,9 +114,13 @@ func TestLocksWatchFlags(t *testing.T) {
 		{[]string{"locks", "--from-revision", "5"}, "--from-revision goes with --watch"},
 		{[]string{"locks", "--watch", "--stale"}, "--stale does not go with --watch"},
 		{[]string{"locks", "--watch", "--limit", "3"}, "--limit does not go with --watch"},
+		{[]string{"locks", "--watch", "--prefix", "jobs/", "orders/"}, `PREFIX "orders/" and --prefix "jobs/" differ`},
 	} {
 		var stdout, stderr bytes.Buffer
-		code := Run(context.Background(), append([]string{"--endpoints", node.Endpoint()}, tc.args...), strings.NewReader(""), &stdout, &stderr)
+		// A watch that should have been refused ends with the context.
+		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+		code := Run(ctx, append([]string{"--endpoints", node.Endpoint()}, tc.args...), strings.NewReader(""), &stdout, &stderr)
+		cancel()
 		if code == 0 || !strings.Contains(stderr.String(), tc.want) {
 			t.Errorf("fence %v: exit %d, stderr %q; want it to say %q", tc.args, code, stderr.String(), tc.want)
 		}

@@ -90,13 +90,7 @@ signal N stopped the wait; 1 on other errors.`,
 			return r.run(cmd.Context(), f)
 		},
 	}
-	fl := cmd.Flags()
-	fl.DurationVar(&f.ttl, "ttl", 10*time.Second, "session TTL: how long the lock survives without renewals")
-	fl.DurationVar(&f.timeout, "timeout", 0, "give up waiting for the lock after this long, exit 124 (0: wait forever)")
-	fl.BoolVar(&f.try, "try", false, "do not wait: if the lock is held, exit 124 at once (flock -n)")
-	fl.DurationVar(&f.lockDelay, "lock-delay", 0, "if the session ends without releasing the lock (expired, revoked, given up), keep it from others this long")
-	fl.DurationVar(&f.grace, "grace", 5*time.Second, "time CMD has to exit after a signal, before SIGKILL")
-	cmd.MarkFlagsMutuallyExclusive("try", "timeout")
+	f.register(cmd)
 	return cmd
 }
 

@@ -23,7 +23,8 @@ func sessionsCommand(g *globals) *cobra.Command {
 }
 
 func sessionsListCommand(g *globals) *cobra.Command {
-	var asJSON, stale bool
+	var asJSON bool
+	var rf readFlags
 	cmd := &cobra.Command{
 		Use:         "list",
 		Annotations: bounded,
@@ -33,11 +34,7 @@ keepalive (EXPIRES, on the leader's clock; "-" from --stale), and the locks
 it holds with their tokens.`,
 		Args: cobra.NoArgs,
 		RunE: g.withClient(func(cmd *cobra.Command, _ []string, c *client.Client) error {
-			var opts []client.ReadOption
-			if stale {
-				opts = append(opts, client.Stale())
-			}
-			sessions, err := c.Sessions(cmd.Context(), opts...)
+			sessions, err := c.Sessions(cmd.Context(), rf.options()...)
 			if err != nil {
 				return err
 			}
@@ -54,7 +51,7 @@ it holds with their tokens.`,
 		}),
 	}
 	cmd.Flags().BoolVar(&asJSON, "json", false, "print the API's ListSessionsResponse")
-	cmd.Flags().BoolVar(&stale, "stale", false, "read from the node's own state, without the leader (may be behind)")
+	rf.register(cmd)
 	return cmd
 }
 

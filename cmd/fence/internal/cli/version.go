@@ -1,7 +1,6 @@
 package cli
 
 import (
-	"encoding/json"
 	"fmt"
 
 	"github.com/spf13/cobra"
@@ -21,15 +20,10 @@ func versionCommand(g *globals) *cobra.Command {
 				_, err := fmt.Fprint(g.stdout, info.String())
 				return err
 			}
-			data, err := json.MarshalIndent(map[string]any{
+			return printJSONValue(g, map[string]any{
 				"version": info.Version, "revision": info.Revision, "modified": info.Modified,
 				"time": info.Time, "goVersion": info.GoVersion,
-			}, "", "  ")
-			if err != nil {
-				return err
-			}
-			_, err = fmt.Fprintln(g.stdout, string(data))
-			return err
+			})
 		},
 	}
 	cmd.Flags().BoolVar(&asJSON, "json", false, `print JSON: {"version", "revision", "modified", "time", "goVersion"}`)

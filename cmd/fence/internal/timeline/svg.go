@@ -5,6 +5,7 @@ import (
 	"encoding/xml"
 	"fmt"
 	"io"
+	"maps"
 	"math"
 	"slices"
 	"strings"
@@ -574,34 +575,35 @@ func wrap(s string, width int) []string {
 	return lines
 }
 
+// legendEntry is one kind of span or mark in the legend, with its text.
+type legendEntry struct {
+	span bool
+	kind string
+	text string
+}
+
+// legendEntries are the entries of the kinds used, spans if span, marks
+// otherwise: the kinds with a style first, in order, with their styles'
+// legends, then the others, sorted, each with its own name.
+func legendEntries(span bool, used map[string]bool, order []string, styles map[string]style) []legendEntry {
+	var entries []legendEntry
+	for _, k := range order {
+		if used[k] {
+			entries = append(entries, legendEntry{span, k, styles[k].legend})
+		}
+	}
+	for _, k := range slices.Sorted(maps.Keys(used)) {
+		if _, known := styles[k]; !known {
+			entries = append(entries, legendEntry{span, k, k})
+		}
+	}
+	return entries
+}
+
 // drawLegend explains the colours and symbols drawn, in a fixed order.
 func drawLegend(c *canvas, used usedKinds, y float64) float64 {
-	type entry struct {
-		span bool
-		kind string
-		text string
-	}
-	var entries []entry
-	for _, k := range spanOrder {
-		if used.spans[k] {
-			entries = append(entries, entry{true, k, spanStyles[k].legend})
-		}
-	}
-	for _, k := range sortedKeys(used.spans) {
-		if _, known := spanStyles[k]; !known {
-			entries = append(entries, entry{true, k, k})
-		}
-	}
-	for _, k := range markOrder {
-		if used.marks[k] {
-			entries = append(entries, entry{false, k, markStyles[k].legend})
-		}
-	}
-	for _, k := range sortedKeys(used.marks) {
-		if _, known := markStyles[k]; !known {
-			entries = append(entries, entry{false, k, k})
-		}
-	}
+	entries := legendEntries(true, used.spans, spanOrder, spanStyles)
+	entries = append(entries, legendEntries(false, used.marks, markOrder, markStyles)...)
 	if len(entries) == 0 {
 		return y
 	}
@@ -622,13 +624,4 @@ func drawLegend(c *canvas, used usedKinds, y float64) float64 {
 		x += w
 	}
 	return y + 4
-}
-
-func sortedKeys(m map[string]bool) []string {
-	keys := make([]string, 0, len(m))
-	for k := range m {
-		keys = append(keys, k)
-	}
-	slices.Sort(keys)
-	return keys
 }
