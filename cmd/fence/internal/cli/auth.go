@@ -402,12 +402,23 @@ Send it with --auth-token-file FILE (env ` + authTokenEnv + `), client.WithBeare
 or curl -H "Authorization: Bearer TOKEN".`,
 		Args: cobra.ExactArgs(1),
 		RunE: g.withClient(func(cmd *cobra.Command, args []string, c *client.Client) error {
+			var f *os.File
+			if out != "" {
+				var err error
+				if f, err = openPrivate(out); err != nil {
+					return fmt.Errorf("no token was made: %w", err)
+				}
+				defer f.Close()
+			}
 			token, info, err := c.TokenCreate(cmd.Context(), args[0], ttl, description)
 			if err != nil {
 				return err
 			}
-			if out != "" {
-				if err := os.WriteFile(out, []byte(token+"\n"), 0o600); err != nil {
+			if f != nil {
+				if _, err := f.WriteString(token + "\n"); err == nil {
+					err = f.Close()
+				}
+				if err != nil {
 					return fmt.Errorf("token %d was made, but writing it failed (revoke it): %w", info.GetId(), err)
 				}
 				fmt.Fprintf(g.stdout, "token %d for %s written to %s\n", info.GetId(), args[0], out)
@@ -453,4 +464,24 @@ or curl -H "Authorization: Bearer TOKEN".`,
 		}),
 	)
 	return cmd
+}
+
+// openPrivate opens the file at path for a secret, emptied, and readable
+// by its owner alone (mode 0600) before anything is written to it: one
+// that exists keeps its mode when opened, so a regular file is changed to
+// 0600 first. A device or a pipe (/dev/stdout) is left as it is.
+func openPrivate(path string) (*os.File, error) {
+	f, err := os.OpenFile(path, os.O_WRONLY|os.O_CREATE|os.O_TRUNC, 0o600)
+	if err != nil {
+		return nil, err
+	}
+	fi, err := f.Stat()
+	if err == nil && fi.Mode().IsRegular() && fi.Mode().Perm() != 0o600 {
+		err = f.Chmod(0o600)
+	}
+	if err != nil {
+		f.Close()
+		return nil, fmt.Errorf("making %s readable by its owner alone: %w", path, err)
+	}
+	return f, nil
 }

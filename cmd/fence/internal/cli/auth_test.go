@@ -28,7 +28,15 @@ func TestAuthCommands(t *testing.T) {
 	asRoot := []string{"--auth-token-file", rootFile}
 	run(0, "user", "add", "root")
 	run(0, "user", "grant-role", "root", "root")
+	// A file there already, readable by all, is made private before the
+	// token goes into it.
+	if err := os.WriteFile(rootFile, nil, 0o644); err != nil {
+		t.Fatal(err)
+	}
 	run(0, "token", "create", "root", "--out", rootFile, "--description", "bootstrap")
+	if fi, err := os.Stat(rootFile); err != nil || fi.Mode().Perm() != 0o600 {
+		t.Fatalf("the token file: %v, %v; want mode 0600", fi.Mode(), err)
+	}
 	if out := run(1, "auth", "enable"); !strings.Contains(out, "lock this caller out") {
 		t.Fatalf("enable without a credential: %s", out)
 	}
