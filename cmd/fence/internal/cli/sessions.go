@@ -3,6 +3,7 @@ package cli
 import (
 	"context"
 	"fmt"
+	"slices"
 	"strconv"
 	"strings"
 	"time"
@@ -103,13 +104,15 @@ keepalive; a "fence lock" holding one of its locks stops its command (exit
 SESSION does not exist; the others are still revoked.`,
 		Args: cobra.MinimumNArgs(1),
 		RunE: g.withClient(func(cmd *cobra.Command, args []string, c *client.Client) error {
-			ids := make([]uint64, len(args))
-			for i, a := range args {
+			var ids []uint64 // each once, in the order given
+			for _, a := range args {
 				id, err := strconv.ParseUint(a, 10, 64)
 				if err != nil || id == 0 {
 					return fmt.Errorf("%q is not a session id (a decimal number from 1 up, as fence sessions list shows)", a)
 				}
-				ids[i] = id
+				if !slices.Contains(ids, id) {
+					ids = append(ids, id)
+				}
 			}
 			sessions, err := c.Sessions(cmd.Context())
 			if err != nil {

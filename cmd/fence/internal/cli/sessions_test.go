@@ -68,9 +68,12 @@ func TestSessionsListAndRevoke(t *testing.T) {
 	default:
 	}
 
-	code, stdout, stderr = runFence(t, append(ep, "sessions", "revoke", fmt.Sprint(holder.ID()))...)
+	code, stdout, stderr = runFence(t, append(ep, "sessions", "revoke", fmt.Sprint(holder.ID()), fmt.Sprint(holder.ID()))...)
 	if code != 0 || !strings.Contains(stdout, fmt.Sprintf("revoked session %d (stuck job), released orders(%d)", holder.ID(), g.Token())) {
 		t.Fatalf("sessions revoke: exit %d, stdout %q, stderr %q", code, stdout, stderr)
+	}
+	if n := strings.Count(stdout, "revoked session"); n != 1 {
+		t.Fatalf("a session named twice was reported revoked %d times:\n%s", n, stdout)
 	}
 	if err := <-granted; err != nil {
 		t.Fatalf("after the holder's session was revoked, the waiter's Lock: %v", err)
