@@ -131,7 +131,7 @@ func (c *Client) Lease(ctx context.Context, name string, ttl time.Duration, opts
 	})
 	if err != nil {
 		if earlier != nil && errors.Is(err, fence.ErrLocked) {
-			return nil, fmt.Errorf("%w (an earlier attempt of this call failed: %v; if it took the lease, nobody can renew or release it, and it holds the lock until its TTL passes)", err, earlier)
+			return nil, fmt.Errorf("%w (an earlier attempt of this call failed: %v; if it took the lease on a node from before caller-drawn lease secrets, nobody can renew or release it, and it holds the lock until its TTL passes)", err, earlier)
 		}
 		return nil, err
 	}

@@ -67,7 +67,9 @@ func TestUnlockWithTheGrantsOwnContext(t *testing.T) {
 	m := NewMutex(s, "own-context")
 	for _, derive := range []func(context.Context) (context.Context, context.CancelFunc){
 		func(ctx context.Context) (context.Context, context.CancelFunc) { return ctx, func() {} },
-		func(ctx context.Context) (context.Context, context.CancelFunc) { return context.WithTimeout(ctx, time.Minute) },
+		func(ctx context.Context) (context.Context, context.CancelFunc) {
+			return context.WithTimeout(ctx, time.Minute)
+		},
 	} {
 		g, err := m.Lock(context.Background())
 		if err != nil {

@@ -7,7 +7,6 @@ import (
 	"errors"
 	"fmt"
 	"strings"
-	"time"
 
 	"connectrpc.com/connect"
 	"google.golang.org/protobuf/types/known/durationpb"
@@ -36,10 +35,15 @@ func (s handlers) Lease(ctx context.Context, req *connect.Request[fencev1.LeaseR
 // closed in the same call once the grant failed: a failed Lease leaves
 // nothing behind. Only a node that stops between the two commits, or
 // cannot commit the close, leaves a session; it holds nothing, and the
-// leader expires it after its TTL. A Lease whose caller drew the secret is
-// safe to retry: the session is committed under a key derived from the
-// secret, and a retry answers the lease the first attempt took
-// (leaseAgain).
+// leader expires it after its TTL.
+//
+// A Lease whose caller drew the secret is safe to retry. Its session is
+// committed under a key derived from the secret, and a retry is answered
+// the lease its first attempt took (leaseAgain): found by that key, or, if
+// the state no longer remembers it (it keeps the newest keys only) or the
+// first attempt committed meanwhile, as the holder that refuses the lock
+// and whose secret the caller's is. Such a Lease goes on when its caller
+// goes away: the caller knows the secret and will ask again.
 func (s *Server) lease(ctx context.Context, m *fencev1.LeaseRequest) (*fencev1.LeaseResponse, error) {
 	if err := s.checkLockName(m.GetLock()); err != nil {
 		return nil, err
@@ -60,6 +64,7 @@ func (s *Server) lease(ctx context.Context, m *fencev1.LeaseRequest) (*fencev1.L
 			return nil, err
 		}
 		key = leaseKey(secret)
+		ctx = context.WithoutCancel(ctx)
 		var first fsm.Repeat
 		var retry bool
 		s.fsm.Read(func(st *fsm.State) { first, retry = st.Repeated(key) })
@@ -70,6 +75,9 @@ func (s *Server) lease(ctx context.Context, m *fencev1.LeaseRequest) (*fencev1.L
 		secret = newSessionSecret()
 	}
 	if err := s.lockedNow(ctx, m.GetLock()); err != nil {
+		if holder, ok := s.heldWithSecret(err, key, secret); ok {
+			return s.leaseAgain(ctx, m, holder, secret)
+		}
 		return nil, err
 	}
 	if err := s.allowSession(ctx); err != nil {
@@ -106,13 +114,44 @@ func (s *Server) lease(ctx context.Context, m *fencev1.LeaseRequest) (*fencev1.L
 	}, nil
 }
 
+// heldWithSecret reports the session that refused a Lease (err is its
+// ErrLocked) when the Lease's caller drew the secret (key is set) and the
+// holder's secret is the caller's: the lease an earlier attempt took.
+func (s *Server) heldWithSecret(err error, key, secret string) (uint64, bool) {
+	var locked *fence.LockedError
+	if key == "" || !errors.As(err, &locked) || locked.HolderSession == 0 {
+		return 0, false
+	}
+	return locked.HolderSession, s.authorizeSession(locked.HolderSession, secret) == nil
+}
+
 // leaseAgain answers a retry of a Lease whose first attempt made session
-// id: the grant that attempt took, which a try by its holder is answered
-// again. A session that has ended (the lease was released, expired, or
-// its first attempt was refused and closed it) is refused as the lock
-// stands: locked, or ended; a session whose grant was never committed is
-// closed, as a first attempt's would be.
+// id: it renews the session, as RenewLease does, so that the TTL answered
+// counts from now, and answers the grant that attempt took, which a try by
+// its holder is answered again. A session that holds another lock is not
+// this Lease's (the same secret, another lock name) and is refused as it
+// is. One that has ended (the lease was released, or expired) is refused
+// as the lock stands: locked, or ended. One whose grant was never
+// committed (its first attempt stopped in between) takes the lock now, or
+// is closed if it cannot, as a first attempt's would be.
 func (s *Server) leaseAgain(ctx context.Context, m *fencev1.LeaseRequest, id uint64, secret string) (*fencev1.LeaseResponse, error) {
+	var held []fsm.SessionGrant
+	s.fsm.Read(func(st *fsm.State) { held = st.HeldGrants(id) })
+	for _, g := range held {
+		if g.Lock != m.GetLock() {
+			return nil, invalid("this lease_secret is the secret of lease %d, which holds lock %q, not %q: draw a new secret for each lease", id, g.Lock, m.GetLock())
+		}
+	}
+	renewed := s.keepAlive(ctx, []*fencev1.KeepAliveRequest{{SessionId: id, SessionSecret: secret}})[0]
+	if errors.Is(renewed.err, fence.ErrSessionNotFound) {
+		if err := s.lockedNow(ctx, m.GetLock()); err != nil {
+			return nil, err
+		}
+		return nil, fmt.Errorf("%w: the lease taken with this secret has ended (it was released, it expired, or its first attempt was refused); take a new lease with a new secret", fence.ErrSessionNotFound)
+	}
+	if renewed.err != nil {
+		return nil, renewed.err
+	}
 	grant, err := s.acquire(ctx, &fencev1.AcquireRequest{
 		SessionId:     id,
 		SessionSecret: secret,
@@ -120,30 +159,18 @@ func (s *Server) leaseAgain(ctx context.Context, m *fencev1.LeaseRequest, id uin
 		Try:           true,
 		LockDelay:     m.GetLockDelay(),
 	})
-	switch {
-	case errors.Is(err, fence.ErrSessionNotFound):
-		if err := s.lockedNow(ctx, m.GetLock()); err != nil {
-			return nil, err
+	if err != nil {
+		if len(held) == 0 && errors.Is(err, fence.ErrLocked) {
+			s.closeFailedLease(id, m.GetLock(), err)
 		}
-		return nil, fmt.Errorf("%w: the lease taken with this secret has ended (it was released, it expired, or its first attempt was refused); take a new lease with a new secret", fence.ErrSessionNotFound)
-	case errors.Is(err, fence.ErrLocked):
-		s.closeFailedLease(id, m.GetLock(), err)
-		return nil, err
-	case err != nil:
 		return nil, err
 	}
-	var ttl time.Duration
-	s.fsm.Read(func(st *fsm.State) {
-		if info, ok := st.Session(id); ok {
-			ttl = info.TTL
-		}
-	})
 	return &fencev1.LeaseResponse{
 		Lock:        grant.GetLock(),
 		Token:       grant.GetToken(),
 		LeaseId:     id,
 		LeaseSecret: secret,
-		Ttl:         durationpb.New(ttl),
+		Ttl:         renewed.resp.GetTtl(),
 	}, nil
 }
 

@@ -4,8 +4,10 @@ import (
 	"context"
 	"encoding/json"
 	"errors"
+	"fmt"
 	"net/http"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -413,4 +415,68 @@ func TestLeaseWithTheCallersSecretIsSafeToRetry(t *testing.T) {
 		t.Fatalf("a retry once another holds the lock: %v, want ErrLocked", err)
 	}
 	mustHold(t, a, "retried", other.GetLeaseId(), other.GetToken())
+}
+
+// A retry finds its lease when its first attempt's caller went away (the
+// attempt goes on: the caller knows the secret), when the state no longer
+// remembers the attempt's key, and it renews the lease, so that the TTL it
+// answers counts from the retry. The same secret on another lock is
+// refused, and the lease it names is left as it was.
+func TestLeaseRetriesFindTheirLease(t *testing.T) {
+	s := startTestServer(t, nil)
+	a := newAPI(t, s)
+	secret := func(n int) string { return fmt.Sprintf("c2VjcmV0LWRyYXduLWJ5LXRoZS1jYWxsZXI-%d", n) }
+
+	gone, cancel := context.WithCancel(context.Background())
+	cancel()
+	req := &fencev1.LeaseRequest{Lock: "caller-gone", Ttl: durationpb.New(time.Minute), LeaseSecret: secret(1)}
+	_, _ = s.lease(gone, req)
+	first := a.mustLease(req)
+	mustHold(t, a, "caller-gone", first.GetLeaseId(), first.GetToken())
+	_, err := a.lease(&fencev1.LeaseRequest{Lock: "another", LeaseSecret: secret(1)})
+	if !errors.Is(err, fence.ErrInvalidArgument) || !strings.Contains(err.Error(), `holds lock "caller-gone", not "another"`) {
+		t.Fatalf("a lease of another lock with a lease's secret: %v, want ErrInvalidArgument", err)
+	}
+	mustHold(t, a, "caller-gone", first.GetLeaseId(), first.GetToken())
+	if l := a.lock("another"); len(l.GetHolders()) != 0 {
+		t.Fatalf("the refused lease took the lock: %v", l)
+	}
+
+	req = &fencev1.LeaseRequest{Lock: "forgotten", Ttl: durationpb.New(time.Minute), LeaseSecret: secret(2)}
+	kept := a.mustLease(req)
+	var wg sync.WaitGroup
+	for w := range 16 {
+		wg.Go(func() {
+			for i := w; i < fsm.MaxIdempotencyKeys; i += 16 {
+				if _, err := s.put(context.Background(), &fencev1.PutRequest{Key: "k", Value: []byte("v")}, fmt.Sprintf("put-%d", i)); err != nil {
+					t.Error(err)
+					return
+				}
+			}
+		})
+	}
+	wg.Wait()
+	s.fsm.Read(func(st *fsm.State) {
+		if _, ok := st.Repeated(leaseKey(req.GetLeaseSecret())); ok {
+			t.Fatal("the state still remembers the lease's key")
+		}
+	})
+	if again := a.mustLease(req); again.GetLeaseId() != kept.GetLeaseId() || again.GetToken() != kept.GetToken() {
+		t.Fatalf("a retry after its key was forgotten answered %v, want lease %d", again, kept.GetLeaseId())
+	}
+
+	req = &fencev1.LeaseRequest{Lock: "renewed", Ttl: durationpb.New(time.Second), LeaseSecret: secret(3)}
+	short := a.mustLease(req)
+	time.Sleep(700 * time.Millisecond)
+	retried := time.Now()
+	if again := a.mustLease(req); again.GetLeaseId() != short.GetLeaseId() || again.GetTtl().AsDuration() != time.Second {
+		t.Fatalf("a retry answered %v, want lease %d for 1s", again, short.GetLeaseId())
+	}
+	time.Sleep(time.Until(retried.Add(900 * time.Millisecond)))
+	s.fsm.Read(func(st *fsm.State) {
+		if _, live := st.Session(short.GetLeaseId()); !live {
+			t.Fatal("the lease expired within the TTL its retry answered: the retry did not renew it")
+		}
+	})
+
 }

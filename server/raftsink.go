@@ -159,8 +159,18 @@ func newRaftCounter(o prometheus.Opts) prometheus.Collector {
 var raftShareBuckets = []float64{0.1, 0.2, 0.3, 0.4, 0.5, 0.6, 0.7, 0.8, 0.9, 1}
 
 // raftBatchBuckets bound the entries the FSM applies in one batch
-// (raft.fsm.applyBatchNum).
+// (raft.fsm.applyBatchNum), or bbolt's log store writes in one
+// (raft.boltdb.logsPerBatch).
 var raftBatchBuckets = prometheus.ExponentialBuckets(1, 2, 11)
+
+// raftByteBuckets bound the bytes of a log entry or a batch of them that
+// bbolt's log store writes (raft.boltdb.logSize, logBatchSize): 64 B to
+// 16 MiB.
+var raftByteBuckets = prometheus.ExponentialBuckets(64, 4, 10)
+
+// raftRateBuckets bound bbolt's log store's write capacity
+// (raft.boltdb.writeCapacity), in entries a second.
+var raftRateBuckets = prometheus.ExponentialBuckets(10, 4, 10)
 
 // newRaftHistogram makes the histogram of one of raft's samples: most are
 // timers, in milliseconds; a saturation and an FSM batch size are not.
@@ -169,8 +179,12 @@ func newRaftHistogram(o prometheus.Opts) prometheus.Collector {
 	switch {
 	case strings.HasSuffix(o.Name, "_saturation"):
 		buckets, unit = raftShareBuckets, " Its samples are the share of time the goroutine was busy, 0 to 1."
-	case strings.HasSuffix(o.Name, "_applyBatchNum"):
+	case strings.HasSuffix(o.Name, "_applyBatchNum"), strings.HasSuffix(o.Name, "_logsPerBatch"):
 		buckets, unit = raftBatchBuckets, " Its samples are the entries of a batch."
+	case strings.HasSuffix(o.Name, "_logSize"), strings.HasSuffix(o.Name, "_logBatchSize"):
+		buckets, unit = raftByteBuckets, " Its samples are bytes."
+	case strings.HasSuffix(o.Name, "_writeCapacity"):
+		buckets, unit = raftRateBuckets, " Its samples are log entries a second."
 	}
 	return prometheus.NewHistogram(prometheus.HistogramOpts{
 		Namespace: o.Namespace, Subsystem: o.Subsystem, Name: o.Name, Help: o.Help + unit,

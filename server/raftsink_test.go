@@ -149,6 +149,8 @@ func TestRaftSinkBucketsFitWhatIsSampled(t *testing.T) {
 	s.AddSample([]string{"fence", "raft", "thread", "main", "saturation"}, 0.42)
 	s.AddSample([]string{"fence", "raft", "fsm", "applyBatchNum"}, 17)
 	s.AddSample([]string{"fence", "raft", "commitTime"}, 0.4)
+	s.AddSample([]string{"fence", "raft", "boltdb", "logBatchSize"}, 3000)
+	s.AddSample([]string{"fence", "raft", "boltdb", "writeCapacity"}, 5000)
 	reg := prometheus.NewPedanticRegistry()
 	reg.MustRegister(s)
 	families, err := reg.Gather()
@@ -164,6 +166,8 @@ func TestRaftSinkBucketsFitWhatIsSampled(t *testing.T) {
 		{"fence_raft_thread_main_saturation", 1, false, 0.4, 0.5},
 		{"fence_raft_fsm_applyBatchNum", 1024, false, 16, 32},
 		{"fence_raft_commitTime", 10000, true, 0.3, 0.5},
+		{"fence_raft_boltdb_logBatchSize", 64 << 18, false, 1024, 4096},
+		{"fence_raft_boltdb_writeCapacity", 10 << 18, false, 2560, 10240},
 	} {
 		var found bool
 		for _, f := range families {

@@ -71,15 +71,15 @@ type Server struct {
 	// and linearizable reads.
 	confirmer *leaseConfirmer
 
-	dirLock     *durable.DataDirLock // held on cfg.DataDir while the node runs
-	ln          net.Listener
-	conns       *apinet.LimitListener // ln, when API connections are bounded
-	http        *http.Server
-	advertise   string       // the API address others reach this node on
-	forwarder   *forwarder   // the HTTP handler: forwards to the leader, or serves here
+	dirLock   *durable.DataDirLock // held on cfg.DataDir while the node runs
+	ln        net.Listener
+	conns     *apinet.LimitListener // ln, when API connections are bounded
+	http      *http.Server
+	advertise string     // the API address others reach this node on
+	forwarder *forwarder // the HTTP handler: forwards to the leader, or serves here
 	// api is the API's whole handler while the node runs (Handler), nil
 	// before Start and after Close.
-	api atomic.Pointer[http.Handler]
+	api         atomic.Pointer[http.Handler]
 	metricsLn   net.Listener // cfg.ListenMetrics, when set
 	metricsHTTP *http.Server // /metrics and the probes on metricsLn
 	live        *liveness    // /livez's check of the main loops
@@ -427,8 +427,12 @@ func (s *Server) Close() error {
 // then the program's to set: the connection limit, the timeouts (Config's
 // ReadTimeout and IdleTimeout), TLS and client certificates (the node
 // reads a verified client certificate's identity from the request, for
-// auth). Before Start and after Close the handler answers 503 (a client
-// takes it for Unavailable, and tries another node).
+// auth), and the bound on a connection's session-stream operations
+// (MaxStreamOps) holds per stream. Before Start and after Close the
+// handler answers 503 (a client takes it for Unavailable, and tries
+// another node). Close does not wait for calls in flight through the
+// handler, as it does for those on the node's port: they end Unavailable.
+// Shut your server down first for a clean stop.
 func (s *Server) Handler() http.Handler { return apiHandler{s} }
 
 // apiHandler serves the node's API while it runs.

@@ -415,7 +415,14 @@ or curl -H "Authorization: Bearer TOKEN".`,
 				return err
 			}
 			if f != nil {
-				if _, err := f.WriteString(token + "\n"); err == nil {
+				fi, err := f.Stat()
+				if err == nil && fi.Mode().IsRegular() {
+					err = f.Truncate(0)
+				}
+				if err == nil {
+					_, err = f.WriteString(token + "\n")
+				}
+				if err == nil {
 					err = f.Close()
 				}
 				if err != nil {
@@ -466,12 +473,13 @@ or curl -H "Authorization: Bearer TOKEN".`,
 	return cmd
 }
 
-// openPrivate opens the file at path for a secret, emptied, and readable
-// by its owner alone (mode 0600) before anything is written to it: one
-// that exists keeps its mode when opened, so a regular file is changed to
-// 0600 first. A device or a pipe (/dev/stdout) is left as it is.
+// openPrivate opens the file at path for a secret, readable by its owner
+// alone (mode 0600) before anything is written to it: one that exists
+// keeps its mode when opened, so a regular file is changed to 0600 first.
+// A device or a pipe (/dev/stdout) is left as it is. What the file holds
+// is left too, for the caller to replace once it has the secret.
 func openPrivate(path string) (*os.File, error) {
-	f, err := os.OpenFile(path, os.O_WRONLY|os.O_CREATE|os.O_TRUNC, 0o600)
+	f, err := os.OpenFile(path, os.O_WRONLY|os.O_CREATE, 0o600)
 	if err != nil {
 		return nil, err
 	}

@@ -29,9 +29,13 @@ func TestAuthCommands(t *testing.T) {
 	run(0, "user", "add", "root")
 	run(0, "user", "grant-role", "root", "root")
 	// A file there already, readable by all, is made private before the
-	// token goes into it.
-	if err := os.WriteFile(rootFile, nil, 0o644); err != nil {
+	// token goes into it; a create that fails leaves what it holds.
+	if err := os.WriteFile(rootFile, []byte("the-old-token\n"), 0o644); err != nil {
 		t.Fatal(err)
+	}
+	run(1, "token", "create", "nobody", "--out", rootFile)
+	if got, err := os.ReadFile(rootFile); err != nil || string(got) != "the-old-token\n" {
+		t.Fatalf("after a failed token create, the --out file holds %q (%v)", got, err)
 	}
 	run(0, "token", "create", "root", "--out", rootFile, "--description", "bootstrap")
 	if fi, err := os.Stat(rootFile); err != nil || fi.Mode().Perm() != 0o600 {

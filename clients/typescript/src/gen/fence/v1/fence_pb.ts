@@ -1329,7 +1329,8 @@ export type LeaseRequest = Message<"fence.v1.LeaseRequest"> & {
    * Optional: the lease's secret, drawn by the caller (22 to 128
    * characters from [A-Za-z0-9_-], at least 128 random bits). With it, the
    * call is safe to retry: a retry with the same secret answers the lease
-   * its first attempt took (the same id and token), where without it a
+   * its first attempt took (the same id and token) and renews it; a secret
+   * that names a lease of another lock is refused. Without it, a
    * retry after a lost answer is refused as locked, and the lease it took
    * holds the lock, out of its caller's reach, until its TTL passes. The
    * caller knows its secret even when no answer came, as a redsync caller
