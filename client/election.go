@@ -100,7 +100,7 @@ func electionKey(name string) string { return "election/" + name }
 // leaderOf is the state an election's record kv (nil: none) stands for:
 // its leader leads while the record's token is the lock's current grant.
 func (c *Client) leaderOf(ctx context.Context, key string, kv *KeyValue) (LeaderState, error) {
-	if kv == nil {
+	if !leaderRecord(key, kv) {
 		return LeaderState{}, nil
 	}
 	res, err := c.Check(ctx, key, kv.GetToken())
@@ -108,6 +108,14 @@ func (c *Client) leaderOf(ctx context.Context, key string, kv *KeyValue) (Leader
 		return LeaderState{}, err
 	}
 	return LeaderState{Elected: true, Value: string(kv.GetValue()), Token: kv.GetToken()}, nil
+}
+
+// leaderRecord reports whether kv, the election key's value, is a leader's
+// record: written under the election's lock (Campaign, Proclaim), and so,
+// strictly fenced, by its holder at the time. A write no leader made (no
+// fence, or another lock's) elects nobody.
+func leaderRecord(key string, kv *KeyValue) bool {
+	return kv != nil && kv.GetLock() == key && kv.GetToken() != 0
 }
 
 // LeaderState is an election's leader as Leader and ObserveLeader report it.
@@ -160,7 +168,7 @@ func (c *Client) ObserveLeader(ctx context.Context, name string) (<-chan LeaderS
 				continue
 			}
 			var st LeaderState
-			if ev.GetType() == fencev1.EventType_EVENT_TYPE_PUT {
+			if ev.GetType() == fencev1.EventType_EVENT_TYPE_PUT && leaderRecord(key, kv) {
 				st = LeaderState{Elected: true, Value: string(kv.GetValue()), Token: kv.GetToken()}
 			}
 			if st == last { // nothing an observer can see changed

@@ -91,6 +91,21 @@ func TestObserveLeader(t *testing.T) {
 		}
 	}
 	next(LeaderState{})
+	// A write to the election's key that no leader made (unfenced, or
+	// fenced by another lock) elects nobody, as Leader says too.
+	if _, err := c.KV().Put(ctx, "election/jobs", []byte("impostor")); err != nil {
+		t.Fatal(err)
+	}
+	other, err := NewMutex(newSession(), "other").Lock(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := c.KV().Put(ctx, "election/jobs", []byte("impostor 2"), WithGrant(other)); err != nil {
+		t.Fatal(err)
+	}
+	if st, err := c.Leader(ctx, "jobs"); err != nil || st.Elected {
+		t.Fatalf("Leader after writes no leader made: %+v, %v", st, err)
+	}
 	// Another election whose name starts with this one is not reported.
 	if _, err := NewElection(newSession(), "jobs-2").Campaign(ctx, "elsewhere"); err != nil {
 		t.Fatal(err)

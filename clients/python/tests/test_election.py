@@ -43,6 +43,9 @@ class ElectionTest(NodeTest):
         t = threading.Thread(target=watch, daemon=True)
         t.start()
         wait_for(lambda: states, what="the first state")
+        # A write to the election's key that no leader made elects nobody.
+        self.client.kv.put("election/e2", b"impostor")
+        self.assertFalse(self.client.leader("e2").elected)
         e = a.election("e2")
         g = e.campaign("x")
         e.resign()

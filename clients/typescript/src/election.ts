@@ -131,9 +131,18 @@ function mayHaveApplied(err: unknown): boolean {
   return !refused.some((cls) => err instanceof cls);
 }
 
+/**
+ * Whether kv, the election key's value, is a leader's record: written under the election's lock
+ * (campaign, proclaim), and so, strictly fenced, by its holder at the time. A write no leader made
+ * (no fence, or another lock's) elects nobody.
+ */
+function leaderRecord(key: string, kv: KeyValue | undefined): kv is KeyValue {
+  return kv !== undefined && kv.lock === key && kv.token !== 0n;
+}
+
 /** The state an election's record kv (undefined: none) stands for: its leader leads while the record's token is the lock's current grant. */
 async function stateOf(c: Client, key: string, kv: KeyValue | undefined, signal?: AbortSignal): Promise<LeaderState> {
-  if (!kv) {
+  if (!leaderRecord(key, kv)) {
     return nobody;
   }
   const res = await c.check(key, kv.token, { signal });
@@ -160,7 +169,7 @@ export async function* observeLeader(c: Client, name: string, signal?: AbortSign
       if (ev.kv?.key !== key) {
         continue; // another election whose name starts with this one
       }
-      const st = ev.type === EventType.PUT ? { elected: true, value: decoder.decode(ev.kv.value), token: ev.kv.token } : nobody;
+      const st = ev.type === EventType.PUT && leaderRecord(key, ev.kv) ? { elected: true, value: decoder.decode(ev.kv.value), token: ev.kv.token } : nobody;
       if (st.elected === last.elected && st.value === last.value && st.token === last.token) {
         continue;
       }

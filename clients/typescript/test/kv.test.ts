@@ -97,6 +97,9 @@ test("an election elects one leader at a time, and observers follow it", async (
   const observed = c.observeLeader("e1", { signal: ctl.signal })[Symbol.asyncIterator]();
   const next = async () => (await observed.next()).value;
   assert.deepEqual(await next(), { elected: false, value: "", token: 0n });
+  // A write to the election's key that no leader made elects nobody.
+  await c.kv.put("election/e1", "impostor");
+  assert.equal((await c.leader("e1")).elected, false);
 
   const e1 = s1.election("e1");
   const won = await e1.campaign("one");

@@ -118,8 +118,16 @@ def leader(client: "Client", name: str) -> LeaderState:
     return _leader_of(client, key, client.kv.get(key))
 
 
+def _leader_record(key: str, kv: "Optional[KeyValue]") -> bool:
+    """Whether kv, the election key's value, is a leader's record: written
+    under the election's lock (campaign, proclaim), and so, strictly
+    fenced, by its holder at the time. A write no leader made (no fence,
+    or another lock's) elects nobody."""
+    return kv is not None and kv.lock == key and kv.token != 0
+
+
 def _leader_of(client: "Client", key: str, kv: "Optional[KeyValue]") -> LeaderState:
-    if kv is None or not client.check(key, kv.token).current:
+    if kv is None or not _leader_record(key, kv) or not client.check(key, kv.token).current:
         return LeaderState()
     return LeaderState(True, kv.value.decode(), kv.token)
 
@@ -137,7 +145,9 @@ def observe(client: "Client", name: str) -> Iterator[LeaderState]:
         for ev in w:
             if ev.kv.key != key:  # another election whose name starts with this one
                 continue
-            st = LeaderState(True, ev.kv.value.decode(), ev.kv.token) if ev.type == "put" else LeaderState()
+            st = LeaderState()
+            if ev.type == "put" and _leader_record(key, ev.kv):
+                st = LeaderState(True, ev.kv.value.decode(), ev.kv.token)
             if st != last:
                 last = st
                 yield st
