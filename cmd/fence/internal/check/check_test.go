@@ -15,13 +15,11 @@ import (
 	"github.com/fencelock/fence/internal/testutil/testbin"
 )
 
-var fenceBin string
-
-func TestMain(m *testing.M) { os.Exit(testbin.RunWithFence(m, &fenceBin)) }
+func TestMain(m *testing.M) { os.Exit(testbin.RunWithFence(m, &check.FenceBinary)) }
 
 func run(t *testing.T, cfg check.Config) *check.Result {
 	t.Helper()
-	cfg.Binary = fenceBin
+	cfg.Binary = check.FenceBinary
 	cfg.DataDir = t.TempDir()
 	cfg.Log = testWriter{t}
 	ctx, cancel := context.WithTimeout(context.Background(), cfg.Duration+2*time.Minute)

@@ -17,8 +17,11 @@ import (
 // node refuse to start and say so; a write torn at the very end (the last
 // commit frame lost) must not, as that batch was never acknowledged by
 // this node's disk. A node that refused has its damage undone, as a restore
-// from a backup would, and is started again.
+// from a backup would, and is started again. Once begun, the fault runs
+// to its end even if the run's time is up meanwhile: waited for with the
+// run's context, an ended run would pass for a node that started.
 func (r *runner) corruptFollower(ctx context.Context, ev *FaultEvent) bool {
+	ctx = context.WithoutCancel(ctx)
 	n := r.pauseTarget(FaultPauseFollower)
 	if n == nil {
 		return false

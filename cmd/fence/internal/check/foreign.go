@@ -32,8 +32,12 @@ const foreignAddWait = 15 * time.Second
 // member id, the one it runs with (so that the leader's hello finds the id
 // it expects, and only the node's group can be the reason to refuse it). The group must refuse with
 // ErrMembership naming both groups and keep its members; the node must
-// still lead its own group afterwards. It is stopped at the end.
+// still lead its own group afterwards. It is stopped at the end. Once
+// begun, the fault runs to its end even if the run's time is up meanwhile
+// (each of its waits is bounded): checked with the run's context, an ended
+// run would pass for a node that does not answer.
 func (r *runner) addForeignNode(ctx context.Context, ev *FaultEvent) bool {
+	ctx = context.WithoutCancel(ctx)
 	voter := r.rng.IntN(2) == 0
 	r.foreign++
 	id := fmt.Sprintf("n%d", len(r.nodes)+1)

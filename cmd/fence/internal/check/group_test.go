@@ -3,6 +3,8 @@ package check
 import (
 	"context"
 	"errors"
+	"fmt"
+	"math/rand/v2"
 	"net/http"
 	"net/http/httptest"
 	"net/http/httputil"
@@ -12,6 +14,7 @@ import (
 
 	"github.com/fencelock/fence"
 	fencev1 "github.com/fencelock/fence/api/fence/v1"
+	"github.com/fencelock/fence/client"
 	"github.com/fencelock/fence/fencetest"
 	"github.com/fencelock/fence/server"
 )
@@ -119,5 +122,83 @@ func TestGroupOfReadsTheAnswerNotItsHeaders(t *testing.T) {
 	}
 	if got, err := groupOf(ctx, []string{headerless(t, a), headerless(t, b)}); !errors.Is(err, fence.ErrWrongCluster) {
 		t.Fatalf("groupOf nodes of two groups, without headers: %q, %v; want ErrWrongCluster", got, err)
+	}
+}
+
+// A foreign-add fault that the run's end overtakes still asks the group and
+// checks the foreign node, with a context of its own: its checks made with
+// the run's, once it had ended, failed and were reported as a foreign
+// node gone silent (a false foreign-member-accepted), or the fault was
+// dropped.
+func TestForeignAddOutlivesTheRunsEnd(t *testing.T) {
+	node := fencetest.Start(t)
+	r, _, err := newRunner(Config{Binary: FenceBinary, Endpoints: []string{node.Endpoint()}, Seed: 1})
+	if err != nil {
+		t.Fatal(err)
+	}
+	r.dataDir = t.TempDir()
+	if r.clusterID, err = groupOf(context.Background(), r.cfg.Endpoints); err != nil {
+		t.Fatal(err)
+	}
+	ended, cancel := context.WithCancel(context.Background())
+	cancel() // the run's time is up as the fault begins
+	ev := FaultEvent{Kind: FaultForeignAdd}
+	if !r.addForeignNode(ended, &ev) {
+		t.Fatal("the foreign-add fault was dropped")
+	}
+	if ev.Outcome != OutcomeRefused {
+		t.Fatalf("the foreign-add fault's outcome: %q (%s), want %q", ev.Outcome, ev.Note, OutcomeRefused)
+	}
+	for _, v := range r.found {
+		t.Errorf("%s: %s", v.Kind, v.Detail)
+	}
+}
+
+// A corrupt-follower fault that the run's end overtakes still waits for
+// the damaged node to refuse its log: with the run's context, once it had
+// ended, the wait gave up at once, and the refusal passed for a node that
+// started on a log damaged in the middle (a false corruption-missed).
+func TestCorruptFollowerOutlivesTheRunsEnd(t *testing.T) {
+	ctx := context.Background()
+	r, _, err := newRunner(Config{Binary: FenceBinary, Nodes: 3, DataDir: t.TempDir(), Seed: 1})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer r.stopAll()
+	if err := r.startServers(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if r.clusterID, err = groupOf(ctx, r.cfg.Endpoints); err != nil {
+		t.Fatal(err)
+	}
+	c, err := client.New(client.WithEndpoints(r.cfg.Endpoints...), client.WithClusterID(r.clusterID))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	for i := range 200 { // batches for the damage to stand before
+		if _, err := c.KV().Put(ctx, fmt.Sprintf("k%d", i), []byte("v")); err != nil {
+			t.Fatal(err)
+		}
+	}
+	// A seed whose draws pick a follower, then damage in the middle.
+	for seed := uint64(1); ; seed++ {
+		rng := rand.New(rand.NewPCG(seed, 0x5eed))
+		if rng.IntN(2); rng.IntN(2) == 0 {
+			r.rng = rand.New(rand.NewPCG(seed, 0x5eed))
+			break
+		}
+	}
+	ended, cancel := context.WithCancel(ctx)
+	cancel() // the run's time is up as the fault begins
+	ev := FaultEvent{Kind: FaultCorruptFollower}
+	if !r.corruptFollower(ended, &ev) {
+		t.Fatal("the corrupt-follower fault was dropped")
+	}
+	if !strings.HasSuffix(ev.Target, "(middle)") {
+		t.Fatalf("the fault hit %s, want damage in the middle", ev.Target)
+	}
+	for _, v := range r.found {
+		t.Errorf("%s: %s", v.Kind, v.Detail)
 	}
 }
