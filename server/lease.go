@@ -94,6 +94,16 @@ func (s *Server) lease(ctx context.Context, m *fencev1.LeaseRequest) (*fencev1.L
 		s.closeFailedLease(id, m.GetLock(), err)
 		return nil, err
 	}
+	resp, err := s.takeLeaseLock(ctx, m, id, secret, durationpb.New(ttl))
+	if err != nil {
+		s.closeFailedLease(id, m.GetLock(), err)
+	}
+	return resp, err
+}
+
+// takeLeaseLock takes the Lease m's lock, with try, for its session id,
+// and answers the lease with ttl.
+func (s *Server) takeLeaseLock(ctx context.Context, m *fencev1.LeaseRequest, id uint64, secret string, ttl *durationpb.Duration) (*fencev1.LeaseResponse, error) {
 	grant, err := s.acquire(ctx, &fencev1.AcquireRequest{
 		SessionId:     id,
 		SessionSecret: secret,
@@ -102,16 +112,9 @@ func (s *Server) lease(ctx context.Context, m *fencev1.LeaseRequest) (*fencev1.L
 		LockDelay:     m.GetLockDelay(),
 	})
 	if err != nil {
-		s.closeFailedLease(id, m.GetLock(), err)
 		return nil, err
 	}
-	return &fencev1.LeaseResponse{
-		Lock:        grant.GetLock(),
-		Token:       grant.GetToken(),
-		LeaseId:     id,
-		LeaseSecret: secret,
-		Ttl:         durationpb.New(ttl),
-	}, nil
+	return &fencev1.LeaseResponse{Lock: grant.GetLock(), Token: grant.GetToken(), LeaseId: id, LeaseSecret: secret, Ttl: ttl}, nil
 }
 
 // heldWithSecret reports the session that refused a Lease (err is its
@@ -152,26 +155,11 @@ func (s *Server) leaseAgain(ctx context.Context, m *fencev1.LeaseRequest, id uin
 	if renewed.err != nil {
 		return nil, renewed.err
 	}
-	grant, err := s.acquire(ctx, &fencev1.AcquireRequest{
-		SessionId:     id,
-		SessionSecret: secret,
-		Lock:          m.GetLock(),
-		Try:           true,
-		LockDelay:     m.GetLockDelay(),
-	})
-	if err != nil {
-		if len(held) == 0 && errors.Is(err, fence.ErrLocked) {
-			s.closeFailedLease(id, m.GetLock(), err)
-		}
-		return nil, err
+	resp, err := s.takeLeaseLock(ctx, m, id, secret, renewed.resp.GetTtl())
+	if len(held) == 0 && errors.Is(err, fence.ErrLocked) {
+		s.closeFailedLease(id, m.GetLock(), err)
 	}
-	return &fencev1.LeaseResponse{
-		Lock:        grant.GetLock(),
-		Token:       grant.GetToken(),
-		LeaseId:     id,
-		LeaseSecret: secret,
-		Ttl:         renewed.resp.GetTtl(),
-	}, nil
+	return resp, err
 }
 
 // leaseSecretChars are the characters of a secret a Lease's caller draws
