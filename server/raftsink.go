@@ -173,7 +173,8 @@ var raftByteBuckets = prometheus.ExponentialBuckets(64, 4, 10)
 var raftRateBuckets = prometheus.ExponentialBuckets(10, 4, 10)
 
 // newRaftHistogram makes the histogram of one of raft's samples: most are
-// timers, in milliseconds; a saturation and an FSM batch size are not.
+// timers, in milliseconds; a saturation, a batch's entries, bbolt's bytes
+// and its write rate are not, and get buckets of their own.
 func newRaftHistogram(o prometheus.Opts) prometheus.Collector {
 	buckets, unit := raftTimerBuckets, " A timer's samples are milliseconds."
 	switch {

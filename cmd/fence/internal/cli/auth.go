@@ -402,7 +402,7 @@ Send it with --auth-token-file FILE (env ` + authTokenEnv + `), client.WithBeare
 or curl -H "Authorization: Bearer TOKEN".`,
 		Args: cobra.ExactArgs(1),
 		RunE: g.withClient(func(cmd *cobra.Command, args []string, c *client.Client) error {
-			var f *os.File
+			var f *privateFile
 			if out != "" {
 				var err error
 				if f, err = openPrivate(out); err != nil {
@@ -415,17 +415,7 @@ or curl -H "Authorization: Bearer TOKEN".`,
 				return err
 			}
 			if f != nil {
-				fi, err := f.Stat()
-				if err == nil && fi.Mode().IsRegular() {
-					err = f.Truncate(0)
-				}
-				if err == nil {
-					_, err = f.WriteString(token + "\n")
-				}
-				if err == nil {
-					err = f.Close()
-				}
-				if err != nil {
+				if err := f.replace(token + "\n"); err != nil {
 					return fmt.Errorf("token %d was made, but writing it failed (revoke it): %w", info.GetId(), err)
 				}
 				fmt.Fprintf(g.stdout, "token %d for %s written to %s\n", info.GetId(), args[0], out)
@@ -473,23 +463,45 @@ or curl -H "Authorization: Bearer TOKEN".`,
 	return cmd
 }
 
+// privateFile is a file opened for a secret by openPrivate.
+type privateFile struct {
+	*os.File
+	regular bool // emptied before it is written; a device or a pipe is not
+}
+
 // openPrivate opens the file at path for a secret, readable by its owner
 // alone (mode 0600) before anything is written to it: one that exists
 // keeps its mode when opened, so a regular file is changed to 0600 first.
 // A device or a pipe (/dev/stdout) is left as it is. What the file holds
-// is left too, for the caller to replace once it has the secret.
-func openPrivate(path string) (*os.File, error) {
+// is left too, for replace once the caller has the secret.
+func openPrivate(path string) (*privateFile, error) {
 	f, err := os.OpenFile(path, os.O_WRONLY|os.O_CREATE, 0o600)
 	if err != nil {
 		return nil, err
 	}
 	fi, err := f.Stat()
-	if err == nil && fi.Mode().IsRegular() && fi.Mode().Perm() != 0o600 {
+	regular := err == nil && fi.Mode().IsRegular()
+	if regular && fi.Mode().Perm() != 0o600 {
 		err = f.Chmod(0o600)
 	}
 	if err != nil {
 		f.Close()
 		return nil, fmt.Errorf("making %s readable by its owner alone: %w", path, err)
 	}
-	return f, nil
+	return &privateFile{File: f, regular: regular}, nil
+}
+
+// replace writes text as all the file holds, and closes it.
+func (p *privateFile) replace(text string) error {
+	var err error
+	if p.regular {
+		err = p.Truncate(0)
+	}
+	if err == nil {
+		_, err = p.WriteString(text)
+	}
+	if err == nil {
+		err = p.Close()
+	}
+	return err
 }
