@@ -314,7 +314,7 @@ func (m *Mutex) abandon(id uint64) {
 // RWMutex) waits for the release: the service's grant is the session's,
 // and would be handed back as it is released. A ctx that ends only because
 // the grant does (the grant's Context, or one made from it) does not cut
-// the release short.
+// the release short; a deadline of its own still does.
 func (m *Mutex) Unlock(ctx context.Context) error {
 	m.mu.Lock()
 	g := m.grant
@@ -332,8 +332,14 @@ func (m *Mutex) Unlock(ctx context.Context) error {
 	if ctx.Err() != nil && !gaveUp {
 		// The grant's own context, or one made from it, ended because the
 		// grant did: that is not the caller giving up. The release goes on
-		// within the client's retry budget.
+		// within the client's retry budget, or a deadline ctx carries.
+		deadline, hasDeadline := ctx.Deadline()
 		ctx = context.WithoutCancel(ctx)
+		if hasDeadline {
+			var cancel context.CancelFunc
+			ctx, cancel = context.WithDeadline(ctx, deadline)
+			defer cancel()
+		}
 	}
 	m.s.untrack(g)
 	req := &fencev1.StreamRequest{Op: &fencev1.StreamRequest_Release{Release: &fencev1.ReleaseRequest{SessionId: m.s.id, SessionSecret: m.s.secret, Lock: m.name, Token: g.token}}}

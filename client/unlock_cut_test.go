@@ -142,3 +142,40 @@ func unlockThroughACutLink(t *testing.T, ctx context.Context, link *netproxy.Lin
 	time.Sleep(700 * time.Millisecond) // the background release backs off
 	link.SetCut(false)
 }
+
+// A context made from the grant's with a deadline of its own keeps that
+// deadline through Unlock: the grant's end, which Unlock causes, does not
+// cut the release short, and the deadline still does, as it would for any
+// other context. The release then goes on in the background.
+func TestUnlockKeepsTheDeadlineOfAContextMadeFromTheGrants(t *testing.T) {
+	srv, link, c := clientThroughALink(t)
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	s := mustSession(t, c, 10*time.Second)
+	m := NewMutex(s, "l")
+	g, err := m.Lock(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+
+	unlockThroughACutLink(t, ctx, link, func(context.Context) error {
+		unlockCtx, unlockCancel := context.WithTimeout(g.Context(), 300*time.Millisecond)
+		defer unlockCancel()
+		returned := make(chan error, 1)
+		go func() { returned <- m.Unlock(unlockCtx) }()
+		select {
+		case err := <-returned:
+			return err
+		case <-time.After(10 * time.Second):
+			t.Fatal("Unlock through a cut link was still waiting 10 s after its context's 300 ms deadline")
+			return nil
+		}
+	})
+
+	s2 := mustSession(t, mustClient(t, srv, nil), 10*time.Second)
+	lockCtx, lockCancel := context.WithTimeout(ctx, 5*time.Second)
+	defer lockCancel()
+	if _, err := NewMutex(s2, "l").Lock(lockCtx); err != nil {
+		t.Fatalf("another session locking after the Unlock: %v (the release was not sent on)", err)
+	}
+}

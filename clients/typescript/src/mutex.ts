@@ -87,6 +87,9 @@ export class Grant implements AsyncDisposable {
   /**
    * Releases the lock. The signal aborts first, so work under it stops before the lock is handed on;
    * a caller's signal that aborts only because of it (this signal, or one that follows it) does not cut the release short.
+   * Such a signal is then no bound at all: an AbortSignal cannot say what else it follows, so one made with
+   * `AbortSignal.any([grant.signal, AbortSignal.timeout(ms)])` loses its timeout. To bound the release, pass
+   * a signal that does not follow the grant's (`AbortSignal.timeout(ms)`).
    */
   release(options: { signal?: AbortSignal } = {}): Promise<void> {
     return this.releaser(this, options.signal);
