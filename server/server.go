@@ -44,6 +44,7 @@ import (
 	"github.com/fencelock/fence/internal/rpcerr"
 	"github.com/fencelock/fence/server/internal/apinet"
 	"github.com/fencelock/fence/server/internal/durable"
+	"github.com/fencelock/fence/server/internal/opstream"
 )
 
 // Server is a running fence node. Start returns one; Close stops it.
@@ -99,12 +100,11 @@ type Server struct {
 	authChanges authChanges
 	// leaderTerm ends session streams when this node stops leading.
 	leaderTerm leaderTerm
-	// framed holds the framed streams open: their connections are taken
+	// streams serves session streams, each operation through runStreamOp.
+	streams *opstream.Streams
+	// upgrades holds the framed streams open: their connections are taken
 	// from the HTTP server, whose Shutdown does not wait for them.
-	framed framedStreams
-
-	// workers runs each stream operation.
-	workers *apinet.Workers
+	upgrades opstream.Upgrades
 
 	// bootstrapNote says why a node with no data has not bootstrapped
 	// its group yet, nil when it has or need not (bootstrap.go).
@@ -251,11 +251,19 @@ func newServer(cfg Config, logger *slog.Logger) *Server {
 	slots := &watchSlots{limit: cfg.MaxWatchers}
 	s.watches = newEventHub(kvEvents, slots, cfg.WatchHistory, watchHistoryBytes)
 	s.lockWatches = newLockFeed(slots, cfg.Clock, cfg.WatchHistory)
-	s.workers = apinet.NewWorkers(s.done)
-	s.framed.silence = framedSilence
 	s.fsm = fsm.New(observer{s})
 	s.console = newConsole(s)
 	s.metrics = newMetrics(s)
+	s.streams = &opstream.Streams{
+		Run:      s.runStreamOp,
+		Workers:  apinet.NewWorkers(s.done),
+		Silence:  framedSilence,
+		MaxOps:   cfg.MaxStreamOps,
+		Opens:    s.metrics.streamOpens,
+		Open:     s.metrics.streams,
+		Requests: s.metrics.streamRequests,
+		Logger:   logger,
+	}
 	s.tracker = newSessionTracker(cfg.Clock, logger, s.expireSessions)
 	s.limiter = newSessionLimiter(cfg.Clock)
 	s.delays = newDelayScheduler(cfg.Clock, logger, s.liftDelay)
@@ -404,7 +412,7 @@ func (s *Server) Close() error {
 		if s.metricsHTTP != nil {
 			errs = append(errs, s.metricsHTTP.Shutdown(ctx))
 		}
-		s.framed.close(ctx)
+		s.upgrades.Close(ctx)
 		s.forwarder.close()
 		s.tracker.stop()
 		s.delays.becomeFollower()
@@ -473,7 +481,7 @@ func (s *Server) handler() http.Handler {
 	mux.Handle(fencev1connect.NewClusterServiceHandler(a, opts...))
 	mux.Handle(fencev1connect.NewAuthServiceHandler(a, opts...))
 	streamPath, stream := fencev1connect.NewStreamServiceHandler(a, opts...)
-	mux.Handle(streamPath, streamReads(stream))
+	mux.Handle(streamPath, opstream.LongReads(stream))
 	// The standard gRPC health service (Kubernetes gRPC probes,
 	// grpc-health-probe) and server reflection (grpcurl, Postman).
 	mux.Handle(grpchealth.NewHandler(healthChecker{s}))
@@ -507,7 +515,7 @@ func (s *Server) newHTTPServer(api http.Handler) *http.Server {
 		Handler:     api,
 		Protocols:   &protocols,
 		TLSConfig:   s.cfg.TLS,
-		ConnContext: s.withStreamSlots,
+		ConnContext: s.streams.ConnContext,
 		// ReadTimeout bounds the headers and the body, not the answer: over
 		// HTTP/1.1 net/http clears the connection's read deadline once the
 		// body has been read to its end, and over HTTP/2 the timeout ends

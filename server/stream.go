@@ -2,10 +2,7 @@ package server
 
 import (
 	"context"
-	"errors"
 	"fmt"
-	"io"
-	"net"
 	"net/http"
 	"sync"
 	"time"
@@ -18,6 +15,8 @@ import (
 	"github.com/fencelock/fence/api/fence/v1/fencev1connect"
 	"github.com/fencelock/fence/internal/ops"
 	"github.com/fencelock/fence/internal/rpcerr"
+	"github.com/fencelock/fence/internal/wire"
+	"github.com/fencelock/fence/server/internal/opstream"
 )
 
 // The session stream (docs/design.md, The session stream): one
@@ -30,30 +29,6 @@ import (
 // maxKeepAliveSessions bounds the sessions of one KeepAliveManyRequest.
 const maxKeepAliveSessions = 10_000
 
-// connOpsKey is the context key of a connection's streamSlots.
-type connOpsKey struct{}
-
-// streamSlots holds one element per stream operation in flight on one API
-// connection, all its streams together (Config.MaxStreamOps): a client
-// that opens many streams on one connection gets no more than one
-// stream's worth.
-type streamSlots chan struct{}
-
-// withStreamSlots is the http.Server's ConnContext: each connection gets
-// its own slots.
-func (s *Server) withStreamSlots(ctx context.Context, _ net.Conn) context.Context {
-	return context.WithValue(ctx, connOpsKey{}, make(streamSlots, s.cfg.MaxStreamOps))
-}
-
-// slotsOf returns the slots of the connection a call came on, or slots of
-// its own for a call that came another way (a handler tested alone).
-func (s *Server) slotsOf(ctx context.Context) streamSlots {
-	if slots, ok := ctx.Value(connOpsKey{}).(streamSlots); ok {
-		return slots
-	}
-	return make(streamSlots, s.cfg.MaxStreamOps)
-}
-
 // Session implements fencev1connect.StreamServiceHandler. Only a ready
 // leader serves a stream, and it ends its streams when it stops leading or
 // shuts down, and a stream whose credential no longer authenticates.
@@ -63,233 +38,91 @@ func (s handlers) Session(ctx context.Context, stream *connect.BidiStream[fencev
 		return s.notReady()
 	}
 	ctx = withClientAddr(ctx, stream.Peer().Addr, stream.RequestHeader())
-	return s.serveStream(ctx, term, &connectStream{BidiStream: stream})
+	return s.serveStream(ctx, term, opstream.NewConnect(stream))
 }
 
-// streamConn is what a stream's messages travel on: a Connect stream over
-// HTTP/2 (connectStream) or frames on the connection itself
-// (framedStream). Send may be called from many goroutines at once.
-type streamConn interface {
-	Receive() (*fencev1.StreamRequest, error)
-	Send(*fencev1.StreamResponse) error
-}
-
-// connectStream is a Connect (or gRPC) stream, its sends one at a time.
-type connectStream struct {
-	*connect.BidiStream[fencev1.StreamRequest, fencev1.StreamResponse]
-	mu sync.Mutex
-}
-
-func (c *connectStream) Send(resp *fencev1.StreamResponse) error {
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	return c.BidiStream.Send(resp)
-}
-
-// serveStream serves an open stream of a leader in term until it ends.
-func (s *Server) serveStream(ctx context.Context, term <-chan struct{}, conn streamConn) error {
+// serveStream serves an open stream of a leader in term until it ends,
+// and returns why. The stream ends when this node stops leading (term is
+// closed then) or shuts down, and when its caller's credential no longer
+// authenticates.
+func (s *Server) serveStream(ctx context.Context, term <-chan struct{}, conn opstream.Conn) error {
 	ctx, cancel := context.WithCancelCause(ctx)
 	defer cancel(nil)
-	st := &serverStream{s: s, conn: conn, slots: s.slotsOf(ctx), ops: map[uint64]context.CancelCauseFunc{}}
-	opened := &fencev1.StreamResponse{Result: &fencev1.StreamResponse_Opened{Opened: &fencev1.StreamOpened{MaxInFlight: uint32(cap(st.slots))}}}
-	if err := st.conn.Send(opened); err != nil {
-		return err
-	}
-	transport := "http2"
-	if _, ok := conn.(framedStream); ok {
-		transport = "framed"
-	}
-	s.metrics.streamOpens.WithLabelValues(transport).Inc()
-	s.metrics.streams.Inc()
-	defer s.metrics.streams.Dec()
-	go st.watch(ctx, cancel, term)
-	err := st.serve(ctx, cancel)
-	st.wg.Wait()
-	return err
-}
-
-// serverStream is one open stream.
-type serverStream struct {
-	s     *Server
-	conn  streamConn
-	slots streamSlots // its connection's: one per operation in flight
-	wg    sync.WaitGroup
-
-	mu  sync.Mutex
-	ops map[uint64]context.CancelCauseFunc // the operations in flight, by id
-}
-
-// errStreamEnded is the cause of the operations cancelled when their
-// stream ends under them.
-var errStreamEnded = fmt.Errorf("%w: the stream ended", fence.ErrUnavailable)
-
-// serve reads operations until the stream ends, and returns why: nil when
-// the client closed its side and every operation was answered.
-func (st *serverStream) serve(ctx context.Context, cancel context.CancelCauseFunc) error {
-	if f, ok := st.conn.(framedStream); ok {
-		// A read blocked when the stream ends is ended through the
-		// connection.
-		stop := context.AfterFunc(ctx, f.InterruptRead)
-		defer stop()
-		ended := make(chan error, 1)
-		st.s.workers.Run(func() { st.readFramed(ctx, cancel, f, ended) })
-		return <-ended
-	}
-	reqs, readErr := make(chan *fencev1.StreamRequest), make(chan error, 1)
 	go func() {
-		for {
-			req, err := st.conn.Receive()
-			if err != nil {
-				readErr <- err
-				return
-			}
-			select {
-			case reqs <- req:
-			case <-ctx.Done():
-				return
-			}
-		}
-	}()
-	for {
+		auth := s.watchAuth(ctx)
+		defer auth.Stop()
 		select {
 		case <-ctx.Done():
-			return context.Cause(ctx)
-		case err := <-readErr:
-			if errors.Is(err, io.EOF) {
-				st.wg.Wait() // the client is done sending: answer what it sent
-				return nil
-			}
-			cancel(errStreamEnded)
-			return err
-		case req := <-reqs:
-			run, err := st.start(ctx, req)
-			if err != nil {
-				cancel(err)
-				return err
-			}
-			if run != nil {
-				st.s.workers.Run(run)
-			}
-		}
-	}
-}
-
-// readFramed reads operations from a framed stream until one is to run:
-// it hands the reading on to another goroutine and runs that operation
-// itself, so that no hand-off stands between an operation's arrival and
-// its work (the next reader wakes meanwhile). It reports on ended why the
-// stream ended, once it did.
-func (st *serverStream) readFramed(ctx context.Context, cancel context.CancelCauseFunc, f framedStream, ended chan<- error) {
-	for {
-		req, err := f.Receive()
-		if ctx.Err() != nil {
-			ended <- context.Cause(ctx)
-			return
-		}
-		if errors.Is(err, io.EOF) {
-			st.wg.Wait() // the client is done sending: answer what it sent
-			ended <- nil
-			return
-		}
-		var run func()
-		if err == nil {
-			run, err = st.start(ctx, req)
-		}
-		if err != nil {
-			cancel(err)
-			ended <- err
-			return
-		}
-		if run != nil {
-			st.s.workers.Run(func() { st.readFramed(ctx, cancel, f, ended) })
-			run()
-			return
-		}
-	}
-}
-
-// start readies one operation and returns the function that runs it and
-// answers it, or cancels one in flight (and returns no function).
-func (st *serverStream) start(ctx context.Context, req *fencev1.StreamRequest) (func(), error) {
-	st.s.metrics.streamRequests.WithLabelValues(ops.Label(req)).Inc()
-	id := req.GetId()
-	if id == 0 {
-		return nil, fmt.Errorf("%w: a stream operation needs an id other than 0", fence.ErrInvalidArgument)
-	}
-	if _, ok := req.GetOp().(*fencev1.StreamRequest_Cancel); ok {
-		st.mu.Lock()
-		if stop := st.ops[id]; stop != nil {
-			stop(context.Canceled)
-		}
-		st.mu.Unlock()
-		return nil, nil
-	}
-	// A client keeps to MaxStreamOps (StreamOpened), and a slot is freed
-	// before its answer is sent: this waits only for a client that does
-	// not, or that runs several streams on one connection.
-	select {
-	case st.slots <- struct{}{}:
-	case <-ctx.Done():
-		return nil, context.Cause(ctx)
-	}
-	opCtx, stop := context.WithCancelCause(ctx)
-	st.mu.Lock()
-	if st.ops[id] != nil {
-		st.mu.Unlock()
-		stop(nil)
-		<-st.slots
-		return nil, fmt.Errorf("%w: operation id %d is already in flight on this stream", fence.ErrInvalidArgument, id)
-	}
-	st.ops[id] = stop
-	st.mu.Unlock()
-	st.wg.Add(1)
-	return func() {
-		defer st.wg.Done()
-		resp := st.s.runStreamOp(opCtx, req)
-		st.mu.Lock()
-		delete(st.ops, id)
-		st.mu.Unlock()
-		stop(nil)
-		<-st.slots
-		if err := st.conn.Send(resp); err != nil {
-			st.s.logger.Debug("answering a stream operation failed", "id", id, "err", err)
-		}
-	}, nil
-}
-
-// watch ends the stream when this node stops leading (term is closed then)
-// or shuts down, and when its caller's credential no longer authenticates.
-func (st *serverStream) watch(ctx context.Context, cancel context.CancelCauseFunc, term <-chan struct{}) {
-	s := st.s
-	auth := s.watchAuth(ctx)
-	defer auth.Stop()
-	var quiet <-chan time.Time // framed streams: HTTP/2 pings find Connect's silent clients
-	framed, isFramed := st.conn.(framedStream)
-	if isFramed {
-		t := time.NewTicker(s.framed.silence / 3)
-		defer t.Stop()
-		quiet = t.C
-	}
-	for {
-		select {
-		case <-ctx.Done():
-			return
-		case <-quiet:
-			if idle := framed.ReadIdle(); idle > s.framed.silence {
-				cancel(fmt.Errorf("%w: nothing came from the client for %v, not even a ping", fence.ErrUnavailable, idle.Round(time.Second)))
-				return
-			}
 		case <-term:
 			cancel(fmt.Errorf("%w: this node lost leadership; open the stream at the new leader", fence.ErrUnavailable))
-			return
 		case <-s.done:
 			cancel(fmt.Errorf("%w: the node is shutting down", fence.ErrUnavailable))
-			return
 		case <-auth.Lost():
 			cancel(fmt.Errorf("the stream ended: %w", auth.Err()))
+		}
+	}()
+	return s.streams.Serve(ctx, conn)
+}
+
+// The session stream framed on the connection (docs/design.md, The
+// session stream): a client asks for it with an HTTP/1.1 upgrade to
+// wire.Protocol on the stream's path, and the same operations then travel
+// as frames on the bare connection, each answered from the goroutine that
+// ran it. Everything but the transport is the Connect stream's
+// (serveStream).
+
+// framedSilence is how long a framed stream may go without a frame from
+// its client (which pings after 10 seconds of quiet) before the node
+// drops it (opstream.Streams.Silence). A variable for tests; a Server
+// reads it when made.
+var framedSilence = 45 * time.Second
+
+// framedStreams serves the framed session stream to the requests that ask
+// for it, and passes every other request to next.
+func (s *Server) framedStreams(next http.Handler) http.Handler {
+	errs := connect.NewErrorWriter()
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if r.URL.Path != "/"+fencev1connect.StreamServiceName+"/Session" || !wire.Asked(r.Header) {
+			next.ServeHTTP(w, r)
 			return
 		}
+		if err := s.serveFramed(w, r); err != nil {
+			errs.Write(w, r, rpcerr.ToConnect(s.leaderHint(err)))
+		}
+	})
+}
+
+// serveFramed serves one framed stream. It returns an error, for the
+// caller to answer, only while nothing was written: a refusal (not the
+// leader, no credential) is answered as the Connect stream's open would
+// be, with the connection still HTTP.
+func (s *Server) serveFramed(w http.ResponseWriter, r *http.Request) error {
+	term := s.leaderTerm.current()
+	if r.ProtoMajor != 1 {
+		return fmt.Errorf("%w: the framed session stream is an HTTP/1.1 upgrade; over HTTP/2 open %s", fence.ErrInvalidArgument, fencev1connect.StreamServiceSessionProcedure)
 	}
+	if !s.leaderReady.Load() {
+		return s.notReady()
+	}
+	ctx := withClientAddr(r.Context(), r.RemoteAddr, r.Header)
+	ctx, err := s.checkStreamOpen(ctx, r.RemoteAddr, r.Header)
+	if err != nil {
+		return err
+	}
+	// A stream's writes are bounded by the write timeout or, with none,
+	// by the silence after which a stream is dropped: a client that reads
+	// nothing for as long is as gone as one that says nothing.
+	writeTimeout := s.cfg.WriteTimeout
+	if writeTimeout == 0 {
+		writeTimeout = s.streams.Silence
+	}
+	return s.upgrades.Serve(w, s.cfg.MaxRequestBytes, writeTimeout, func(f opstream.Framed) {
+		if err := s.serveStream(ctx, term, f); err != nil {
+			// Why the stream ended, as the Connect stream's trailers say
+			// it, to a client that still reads.
+			_ = f.Finish(&fencev1.StreamResponse{Error: rpcerr.ToStream(s.leaderHint(err))}, time.Second)
+		}
+	})
 }
 
 // runStreamOp runs one operation and returns its answer, counting it in
@@ -416,15 +249,4 @@ func (t *leaderTerm) current() <-chan struct{} {
 		return closed
 	}
 	return t.end
-}
-
-// streamReads lets a stream live as long as its client keeps it open:
-// the server's ReadTimeout bounds a request body, and a stream's body is
-// every operation the client will send. Each message is still bounded in
-// size (MaxRequestBytes).
-func streamReads(next http.Handler) http.Handler {
-	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		_ = http.NewResponseController(w).SetReadDeadline(time.Time{})
-		next.ServeHTTP(w, r)
-	})
 }
