@@ -214,7 +214,10 @@ func connectionFailed(err error) bool {
 // group: raft asks with a vote when it asks without pre-vote), and one
 // refused because the candidate's log is behind the voter's (a node slow
 // to hear of the election that opened a group's start, or back from a
-// pause: the voter keeps raft's rule, and etcd logs the same at info).
+// pause: the voter keeps raft's rule, and etcd logs the same at info),
+// and a node with no configuration yet not standing for election (one
+// that waits to be bootstrapped with the founders, or added to a group:
+// the node says which in its own log, and in /status).
 func routineWarning(msg string, args []any) bool {
 	switch msg {
 	case "heartbeat timeout reached, starting election":
@@ -225,7 +228,8 @@ func routineWarning(msg string, args []any) bool {
 	case "appendEntries rejected, sending older logs", "rejecting pre-vote request since we have a leader",
 		"rejecting vote request since we have a leader",
 		"rejecting pre-vote request since our last term is greater", "rejecting vote request since our last term is greater",
-		"rejecting pre-vote request since our last index is greater", "rejecting vote request since our last index is greater":
+		"rejecting pre-vote request since our last index is greater", "rejecting vote request since our last index is greater",
+		"no known peers, aborting election":
 		return true
 	}
 	return false

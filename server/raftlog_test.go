@@ -50,6 +50,7 @@ func TestRaftLogSinkLevels(t *testing.T) {
 		hlog.Warn("rejecting "+kind+" request since our last term is greater", "candidate", n3.Address, "last-term", 2, "last-candidate-term", 1)
 		hlog.Warn("rejecting "+kind+" request since our last index is greater", "candidate", n3.Address, "last-index", 5, "last-candidate-index", 3)
 	}
+	hlog.Warn("no known peers, aborting election")
 	hlog.Warn("heartbeat timeout reached, starting election", "last-leader-addr", n2.Address, "last-leader-id", n2.ID)
 
 	want := []struct {
@@ -70,6 +71,7 @@ func TestRaftLogSinkLevels(t *testing.T) {
 		{slog.LevelInfo, "rejecting pre-vote request since our last index is greater"},
 		{slog.LevelInfo, "rejecting vote request since our last term is greater"},
 		{slog.LevelInfo, "rejecting vote request since our last index is greater"},
+		{slog.LevelInfo, "no known peers, aborting election"},
 		{slog.LevelWarn, "heartbeat timeout reached, starting election"},
 	}
 	got := rec.atLeast(slog.LevelDebug)
