@@ -2,8 +2,10 @@ package opstream
 
 import (
 	"bufio"
+	"bytes"
 	"context"
 	"fmt"
+	"io"
 	"net"
 	"net/http"
 	"sync"
@@ -52,8 +54,22 @@ func (u *Upgrades) Serve(w http.ResponseWriter, maxRead int, writeTimeout time.D
 	if err := writeSwitch(brw.Writer, w.Header()); err != nil {
 		return nil // the client went away
 	}
-	serve(Framed{wire.NewConn(conn, brw.Reader, maxRead, writeTimeout)})
+	serve(Framed{wire.NewConn(conn, takeReader(brw.Reader, conn), maxRead, writeTimeout)})
 	return nil
+}
+
+// takeReader returns a reader of conn that begins with what the HTTP
+// server's reader r holds already. r reads through the server's hold on
+// the connection, which ends the request's context at the first error a
+// read meets, EOF included: a client that closes its side of the stream
+// would have the operations it sent cancelled, not answered.
+func takeReader(r *bufio.Reader, conn net.Conn) *bufio.Reader {
+	n := r.Buffered()
+	if n == 0 {
+		return bufio.NewReader(conn)
+	}
+	held, _ := r.Peek(n)
+	return bufio.NewReader(io.MultiReader(bytes.NewReader(bytes.Clone(held)), conn))
 }
 
 // writeSwitch answers an upgrade to wire.Protocol, with the headers h.
