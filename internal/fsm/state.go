@@ -3,6 +3,7 @@ package fsm
 import (
 	"fmt"
 	"iter"
+	"maps"
 	"slices"
 	"sort"
 	"strings"
@@ -1051,14 +1052,10 @@ func (s *State) liftDelay(name string, id uint64) Result {
 	return Result{Effects: Effects{Grants: grants}}
 }
 
-func sortedKeys(m map[string]struct{}) []string {
-	keys := make([]string, 0, len(m))
-	for k := range m {
-		keys = append(keys, k)
-	}
-	sort.Strings(keys)
-	return keys
-}
+// sortedKeys returns m's keys in order: the state walks its maps in that
+// order wherever the order shows (answers, effects, snapshots), so that
+// every replica does the same.
+func sortedKeys[V any](m map[string]V) []string { return slices.Sorted(maps.Keys(m)) }
 
 func union(a, b map[string]struct{}) map[string]struct{} {
 	u := make(map[string]struct{}, len(a)+len(b))
