@@ -1565,25 +1565,35 @@ func TestRandomCommandStreams(t *testing.T) {
 		}
 		stream(fmt.Sprint(seed), data)
 	}
-	// Random bytes keep few sessions alive and make few semaphore acquires,
-	// so that semaphores seldom fill up: these streams are mostly of them,
-	// as many under -short, as they are quick and some paths are rare.
-	for seed := range uint64(150) {
-		data := semaphoreStream(rand.New(rand.NewPCG(seed, 0x5e3a)), 60+int(seed)%120)
-		stream(fmt.Sprint("semaphores/", seed), data)
+	// Streams from the generators: count of each (as many under -short),
+	// stream seed drawn from rand.NewPCG(seed, pcgStream) and about
+	// base+seed%spread commands long.
+	for _, g := range []struct {
+		name         string
+		count        uint64
+		pcgStream    uint64 // the second seed of the PCG
+		base, spread int
+		commands     func(r *rand.Rand, n int) []byte
+	}{
+		// Random bytes keep few sessions alive and make few semaphore
+		// acquires, so that semaphores seldom fill up: these streams are
+		// mostly of them, as they are quick and some paths are rare.
+		{"semaphores", 150, 0x5e3a, 60, 120, semaphoreStream},
+		// Keys bound to sessions, and those sessions ending.
+		{"bindings", 100, 0xb0a7, 40, 120, boundKeyStream},
+		// Acquire requests, their cancels and keyed commands.
+		{"requests", 60, 0x4e9, 50, 120, func(r *rand.Rand, n int) []byte { return requestStream(r, n, 0) }},
+		// Auth with small quotas per user.
+		{"quotas", 40, 0x907a, 60, 100, quotaStream},
+		{"txns", 60, 0x7a9, 40, 100, txnStream},
+	} {
+		for seed := range g.count {
+			data := g.commands(rand.New(rand.NewPCG(seed, g.pcgStream)), g.base+int(seed)%g.spread)
+			stream(fmt.Sprint(g.name, "/", seed), data)
+		}
 	}
-	// Streams of keys bound to sessions, and of those sessions ending.
-	for seed := range uint64(100) {
-		data := boundKeyStream(rand.New(rand.NewPCG(seed, 0xb0a7)), 40+int(seed)%120)
-		stream(fmt.Sprint("bindings/", seed), data)
-	}
-	// Streams of acquire requests, their cancels and keyed commands; of
-	// one session cancelling more requests than it remembers; and from
-	// a state that remembers as many idempotency keys as it keeps.
-	for seed := range uint64(60) {
-		data := requestStream(rand.New(rand.NewPCG(seed, 0x4e9)), 50+int(seed)%120, 0)
-		stream(fmt.Sprint("requests/", seed), data)
-	}
+	// Streams of one session cancelling more requests than it remembers;
+	// and from a state that remembers as many idempotency keys as it keeps.
 	for seed := range uint64(10) {
 		data := cancelStormStream(rand.New(rand.NewPCG(seed, 0xca7)))
 		stream(fmt.Sprint("cancel storms/", seed), data)
@@ -1599,16 +1609,6 @@ func TestRandomCommandStreams(t *testing.T) {
 			}
 		}
 		stream(fmt.Sprint("batches/", seed), data)
-	}
-	// Streams under auth with small quotas per user.
-	for seed := range uint64(40) {
-		data := quotaStream(rand.New(rand.NewPCG(seed, 0x907a)), 60+int(seed)%100)
-		stream(fmt.Sprint("quotas/", seed), data)
-	}
-	// Streams of txns.
-	for seed := range uint64(60) {
-		data := txnStream(rand.New(rand.NewPCG(seed, 0x7a9)), 40+int(seed)%100)
-		stream(fmt.Sprint("txns/", seed), data)
 	}
 	// One short stream from a state that keeps as many keys as it may:
 	// every step takes snapshots of ten thousand keys, slow under -race.
