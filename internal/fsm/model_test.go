@@ -1027,24 +1027,19 @@ func (m *modelChecker) queueIndex(name string, sid uint64) int {
 	return slices.IndexFunc(m.queues[name], func(w fsm.WaiterInfo) bool { return w.Session == sid })
 }
 
-// holdsIn returns the mode in which sid holds name, or 0.
-func (m *modelChecker) holdsIn(name string, sid uint64) fsm.Mode {
-	for _, h := range m.holders[name] {
-		if h.Session == sid {
-			return h.Mode
-		}
+// heldBy returns sid's first grant of name, or the zero HolderInfo.
+func (m *modelChecker) heldBy(name string, sid uint64) fsm.HolderInfo {
+	if i := slices.IndexFunc(m.holders[name], func(h fsm.HolderInfo) bool { return h.Session == sid }); i >= 0 {
+		return m.holders[name][i]
 	}
-	return 0
+	return fsm.HolderInfo{}
 }
 
-func (m *modelChecker) tokenOf(name string, sid uint64) uint64 {
-	for _, h := range m.holders[name] {
-		if h.Session == sid {
-			return h.Token
-		}
-	}
-	return 0
-}
+// holdsIn returns the mode in which sid holds name, or 0.
+func (m *modelChecker) holdsIn(name string, sid uint64) fsm.Mode { return m.heldBy(name, sid).Mode }
+
+// tokenOf returns the token of sid's grant of name, or 0.
+func (m *modelChecker) tokenOf(name string, sid uint64) uint64 { return m.heldBy(name, sid).Token }
 
 // waitsIn returns the mode in which sid waits for name, or 0.
 func (m *modelChecker) waitsIn(name string, sid uint64) fsm.Mode {
@@ -1054,14 +1049,8 @@ func (m *modelChecker) waitsIn(name string, sid uint64) fsm.Mode {
 	return 0
 }
 
-func (m *modelChecker) liveIDs() []uint64 {
-	var ids []uint64
-	for id := range m.live {
-		ids = append(ids, id)
-	}
-	slices.Sort(ids)
-	return ids
-}
+// liveIDs returns the ids of the live sessions, in order.
+func (m *modelChecker) liveIDs() []uint64 { return slices.Sorted(maps.Keys(m.live)) }
 
 // commandSource decodes bytes into commands over a small universe: live
 // sessions plus ids 1..6 (some unknown or ended), locks "a", "b", "c", the
