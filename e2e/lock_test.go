@@ -65,17 +65,9 @@ func TestConcurrentLockProcessesNeverOverlap(t *testing.T) {
 		t.Fatalf("gate unlock: %v", err)
 	}
 
-	for i, p := range procs {
-		if code := p.waitExit(t, 30*time.Second); code != 0 {
-			t.Errorf("fence lock #%d exited %d, want 0; stderr:\n%s", i, code, p.Stderr())
-		}
-	}
+	waitAllExitZero(t, procs, 30*time.Second)
 
-	data, err := os.ReadFile(filepath.Join(dir, "log"))
-	if err != nil {
-		t.Fatalf("reading the critical-section log: %v", err)
-	}
-	lines := strings.Split(strings.TrimSpace(string(data)), "\n")
+	lines, data := readLog(t, dir)
 	if len(lines) != 2*n {
 		t.Fatalf("log has %d lines, want %d:\n%s", len(lines), 2*n, data)
 	}
@@ -101,9 +93,7 @@ func TestConcurrentLockProcessesNeverOverlap(t *testing.T) {
 		}
 		prev = startTok
 	}
-	if l := lockInfo(t, c, name); len(l.GetHolders())+len(l.GetWaiters()) != 0 {
-		t.Errorf("after every process exited, lock is still listed: %v", l)
-	}
+	checkNotListed(t, c, name, "after every process exited")
 }
 
 func TestStoppedLockHolderLosesLock(t *testing.T) {
@@ -281,9 +271,7 @@ func TestLockPassesExitStatus(t *testing.T) {
 		if s, err := strconv.ParseUint(fields[2], 10, 64); err != nil || s == 0 {
 			t.Errorf("run %d: FENCE_SESSION = %q, want a positive number", run, fields[2])
 		}
-		if l := lockInfo(t, c, name); len(l.GetHolders())+len(l.GetWaiters()) != 0 {
-			t.Errorf("run %d: lock still listed after fence lock exited: %v", run, l)
-		}
+		checkNotListed(t, c, name, fmt.Sprintf("run %d: after fence lock exited", run))
 	}
 }
 

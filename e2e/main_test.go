@@ -8,6 +8,7 @@ import (
 	"net"
 	"net/http"
 	"os"
+	"path/filepath"
 	"strings"
 	"sync"
 	"syscall"
@@ -136,6 +137,28 @@ func (p *process) failIfExited(t *testing.T) {
 	if p.Exited() {
 		t.Fatalf("%s (pid %d) exited early with status %d; stderr:\n%s", p.Name(), p.Pid(), p.ExitCode(), tail(p.Stderr(), 3000))
 	}
+}
+
+// waitAllExitZero waits for each of procs to exit, and fails the test for
+// each that exited other than 0.
+func waitAllExitZero(t *testing.T, procs []*process, timeout time.Duration) {
+	t.Helper()
+	for _, p := range procs {
+		if code := p.waitExit(t, timeout); code != 0 {
+			t.Errorf("%s exited %d, want 0; stderr:\n%s", p.Name(), code, p.Stderr())
+		}
+	}
+}
+
+// readLog returns the lines of the file log in dir, which the commands of
+// a test append to, and the whole file for messages.
+func readLog(t *testing.T, dir string) (lines []string, data []byte) {
+	t.Helper()
+	data, err := os.ReadFile(filepath.Join(dir, "log"))
+	if err != nil {
+		t.Fatalf("reading the log of the commands: %v", err)
+	}
+	return strings.Split(strings.TrimSpace(string(data)), "\n"), data
 }
 
 // runFence runs a fence client command to completion.
@@ -387,6 +410,15 @@ func lockInfo(t *testing.T, c *client.Client, name string) *client.LockInfo {
 		}
 	}
 	return &client.LockInfo{Name: name}
+}
+
+// checkNotListed fails the test if the lock name still has holders or
+// waiters; when says when the test looks, for the message.
+func checkNotListed(t *testing.T, c *client.Client, name, when string) {
+	t.Helper()
+	if l := lockInfo(t, c, name); len(l.GetHolders())+len(l.GetWaiters()) != 0 {
+		t.Errorf("%s, lock %s is still listed: %v", when, name, l)
+	}
 }
 
 // ownerOf is the owner text `fence lock` gives its session.

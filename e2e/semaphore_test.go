@@ -3,9 +3,6 @@ package e2e
 import (
 	"context"
 	"fmt"
-	"os"
-	"path/filepath"
-	"strings"
 	"testing"
 	"time"
 
@@ -63,18 +60,11 @@ func TestSemaphoreProcesses(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
-	for i, p := range procs {
-		if code := p.waitExit(t, 30*time.Second); code != 0 {
-			t.Errorf("fence lock --permits 2 #%d exited %d, want 0; stderr:\n%s", i, code, p.Stderr())
-		}
-	}
-	data, err := os.ReadFile(filepath.Join(dir, "log"))
-	if err != nil {
-		t.Fatal(err)
-	}
+	waitAllExitZero(t, procs, 30*time.Second)
+	lines, data := readLog(t, dir)
 	tokens := map[uint64]bool{}
 	most := 0
-	for _, line := range strings.Split(strings.TrimSpace(string(data)), "\n") {
+	for _, line := range lines {
 		var token uint64
 		var inside int
 		if _, err := fmt.Sscanf(line, "%d %d", &token, &inside); err != nil {
@@ -92,7 +82,5 @@ func TestSemaphoreProcesses(t *testing.T) {
 	if most != 2 {
 		t.Errorf("at most %d holders were inside at once, want 2 (a semaphore of 2, not a mutex):\n%s", most, data)
 	}
-	if l := lockInfo(t, c, name); len(l.GetHolders())+len(l.GetWaiters()) != 0 {
-		t.Errorf("after every process exited, the semaphore is still listed: %v", l)
-	}
+	checkNotListed(t, c, name, "after every process exited")
 }

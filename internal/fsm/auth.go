@@ -473,11 +473,7 @@ func (s *State) User(name string) (UserInfo, bool) {
 
 // Users returns every user, in name order.
 func (s *State) Users() []UserInfo {
-	names := make([]string, 0, len(s.auth.users))
-	for n := range s.auth.users {
-		names = append(names, n)
-	}
-	sort.Strings(names)
+	names := sortedKeys(s.auth.users)
 	out := make([]UserInfo, 0, len(names))
 	for _, n := range names {
 		u, _ := s.User(n)
@@ -488,11 +484,7 @@ func (s *State) Users() []UserInfo {
 
 // Roles returns every role but the built-in root, in name order.
 func (s *State) Roles() []RoleInfo {
-	names := make([]string, 0, len(s.auth.roles))
-	for n := range s.auth.roles {
-		names = append(names, n)
-	}
-	sort.Strings(names)
+	names := sortedKeys(s.auth.roles)
 	out := make([]RoleInfo, 0, len(names))
 	for _, n := range names {
 		out = append(out, RoleInfo{Name: n, Permissions: slices.Clone(s.auth.roles[n])})
@@ -541,27 +533,13 @@ func (s *State) HasAny(user string, kind PermKind, access Access) bool {
 
 func (a *authState) snapshot() *fsmpb.AuthState {
 	st := &fsmpb.AuthState{Enabled: a.enabled, LastTokenId: a.lastTokenID}
-	users := make([]string, 0, len(a.users))
-	for u := range a.users {
-		users = append(users, u)
-	}
-	sort.Strings(users)
-	for _, u := range users {
+	for _, u := range sortedKeys(a.users) {
 		q := a.quotas[u]
 		pu := &fsmpb.AuthUser{Name: u, MaxSessions: q.MaxSessions, MaxLocks: q.MaxLocks, MaxWaits: q.MaxWaits,
-			MaxKvBytes: q.MaxKVBytes, SessionRate: q.SessionRate, SessionBurst: q.SessionBurst}
-		for r := range a.users[u] {
-			pu.Roles = append(pu.Roles, r)
-		}
-		sort.Strings(pu.Roles)
+			MaxKvBytes: q.MaxKVBytes, SessionRate: q.SessionRate, SessionBurst: q.SessionBurst, Roles: sortedKeys(a.users[u])}
 		st.Users = append(st.Users, pu)
 	}
-	roles := make([]string, 0, len(a.roles))
-	for r := range a.roles {
-		roles = append(roles, r)
-	}
-	sort.Strings(roles)
-	for _, r := range roles {
+	for _, r := range sortedKeys(a.roles) {
 		pr := &fsmpb.AuthRole{Name: r}
 		for _, p := range a.roles[r] {
 			pr.Permissions = append(pr.Permissions, &fsmpb.AuthPermission{Kind: uint32(p.Kind), Access: uint32(p.Access), Prefix: p.Prefix})

@@ -1027,24 +1027,19 @@ func (m *modelChecker) queueIndex(name string, sid uint64) int {
 	return slices.IndexFunc(m.queues[name], func(w fsm.WaiterInfo) bool { return w.Session == sid })
 }
 
-// holdsIn returns the mode in which sid holds name, or 0.
-func (m *modelChecker) holdsIn(name string, sid uint64) fsm.Mode {
-	for _, h := range m.holders[name] {
-		if h.Session == sid {
-			return h.Mode
-		}
+// heldBy returns sid's first grant of name, or the zero HolderInfo.
+func (m *modelChecker) heldBy(name string, sid uint64) fsm.HolderInfo {
+	if i := slices.IndexFunc(m.holders[name], func(h fsm.HolderInfo) bool { return h.Session == sid }); i >= 0 {
+		return m.holders[name][i]
 	}
-	return 0
+	return fsm.HolderInfo{}
 }
 
-func (m *modelChecker) tokenOf(name string, sid uint64) uint64 {
-	for _, h := range m.holders[name] {
-		if h.Session == sid {
-			return h.Token
-		}
-	}
-	return 0
-}
+// holdsIn returns the mode in which sid holds name, or 0.
+func (m *modelChecker) holdsIn(name string, sid uint64) fsm.Mode { return m.heldBy(name, sid).Mode }
+
+// tokenOf returns the token of sid's grant of name, or 0.
+func (m *modelChecker) tokenOf(name string, sid uint64) uint64 { return m.heldBy(name, sid).Token }
 
 // waitsIn returns the mode in which sid waits for name, or 0.
 func (m *modelChecker) waitsIn(name string, sid uint64) fsm.Mode {
@@ -1054,14 +1049,8 @@ func (m *modelChecker) waitsIn(name string, sid uint64) fsm.Mode {
 	return 0
 }
 
-func (m *modelChecker) liveIDs() []uint64 {
-	var ids []uint64
-	for id := range m.live {
-		ids = append(ids, id)
-	}
-	slices.Sort(ids)
-	return ids
-}
+// liveIDs returns the ids of the live sessions, in order.
+func (m *modelChecker) liveIDs() []uint64 { return slices.Sorted(maps.Keys(m.live)) }
 
 // commandSource decodes bytes into commands over a small universe: live
 // sessions plus ids 1..6 (some unknown or ended), locks "a", "b", "c", the
@@ -1565,25 +1554,35 @@ func TestRandomCommandStreams(t *testing.T) {
 		}
 		stream(fmt.Sprint(seed), data)
 	}
-	// Random bytes keep few sessions alive and make few semaphore acquires,
-	// so that semaphores seldom fill up: these streams are mostly of them,
-	// as many under -short, as they are quick and some paths are rare.
-	for seed := range uint64(150) {
-		data := semaphoreStream(rand.New(rand.NewPCG(seed, 0x5e3a)), 60+int(seed)%120)
-		stream(fmt.Sprint("semaphores/", seed), data)
+	// Streams from the generators: count of each (as many under -short),
+	// stream seed drawn from rand.NewPCG(seed, pcgStream) and about
+	// base+seed%spread commands long.
+	for _, g := range []struct {
+		name         string
+		count        uint64
+		pcgStream    uint64 // the second seed of the PCG
+		base, spread int
+		commands     func(r *rand.Rand, n int) []byte
+	}{
+		// Random bytes keep few sessions alive and make few semaphore
+		// acquires, so that semaphores seldom fill up: these streams are
+		// mostly of them, as they are quick and some paths are rare.
+		{"semaphores", 150, 0x5e3a, 60, 120, semaphoreStream},
+		// Keys bound to sessions, and those sessions ending.
+		{"bindings", 100, 0xb0a7, 40, 120, boundKeyStream},
+		// Acquire requests, their cancels and keyed commands.
+		{"requests", 60, 0x4e9, 50, 120, func(r *rand.Rand, n int) []byte { return requestStream(r, n, 0) }},
+		// Auth with small quotas per user.
+		{"quotas", 40, 0x907a, 60, 100, quotaStream},
+		{"txns", 60, 0x7a9, 40, 100, txnStream},
+	} {
+		for seed := range g.count {
+			data := g.commands(rand.New(rand.NewPCG(seed, g.pcgStream)), g.base+int(seed)%g.spread)
+			stream(fmt.Sprint(g.name, "/", seed), data)
+		}
 	}
-	// Streams of keys bound to sessions, and of those sessions ending.
-	for seed := range uint64(100) {
-		data := boundKeyStream(rand.New(rand.NewPCG(seed, 0xb0a7)), 40+int(seed)%120)
-		stream(fmt.Sprint("bindings/", seed), data)
-	}
-	// Streams of acquire requests, their cancels and keyed commands; of
-	// one session cancelling more requests than it remembers; and from
-	// a state that remembers as many idempotency keys as it keeps.
-	for seed := range uint64(60) {
-		data := requestStream(rand.New(rand.NewPCG(seed, 0x4e9)), 50+int(seed)%120, 0)
-		stream(fmt.Sprint("requests/", seed), data)
-	}
+	// Streams of one session cancelling more requests than it remembers;
+	// and from a state that remembers as many idempotency keys as it keeps.
 	for seed := range uint64(10) {
 		data := cancelStormStream(rand.New(rand.NewPCG(seed, 0xca7)))
 		stream(fmt.Sprint("cancel storms/", seed), data)
@@ -1599,16 +1598,6 @@ func TestRandomCommandStreams(t *testing.T) {
 			}
 		}
 		stream(fmt.Sprint("batches/", seed), data)
-	}
-	// Streams under auth with small quotas per user.
-	for seed := range uint64(40) {
-		data := quotaStream(rand.New(rand.NewPCG(seed, 0x907a)), 60+int(seed)%100)
-		stream(fmt.Sprint("quotas/", seed), data)
-	}
-	// Streams of txns.
-	for seed := range uint64(60) {
-		data := txnStream(rand.New(rand.NewPCG(seed, 0x7a9)), 40+int(seed)%100)
-		stream(fmt.Sprint("txns/", seed), data)
 	}
 	// One short stream from a state that keeps as many keys as it may:
 	// every step takes snapshots of ten thousand keys, slow under -race.

@@ -2,7 +2,6 @@ package fsm
 
 import (
 	"fmt"
-	"sort"
 
 	"github.com/fencelock/fence"
 	"github.com/fencelock/fence/internal/fsmpb"
@@ -60,17 +59,8 @@ func (s *State) Nodes() [][2]string { return pairs(s.nodes) }
 // pairs returns m's keys with their values, in key order.
 func pairs(m map[string]string) [][2]string {
 	out := make([][2]string, 0, len(m))
-	for _, id := range sortedNodeIDs(m) {
+	for _, id := range sortedKeys(m) {
 		out = append(out, [2]string{id, m[id]})
 	}
 	return out
-}
-
-func sortedNodeIDs(m map[string]string) []string {
-	ids := make([]string, 0, len(m))
-	for id := range m {
-		ids = append(ids, id)
-	}
-	sort.Strings(ids)
-	return ids
 }

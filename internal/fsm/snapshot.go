@@ -3,7 +3,6 @@ package fsm
 import (
 	"fmt"
 	"slices"
-	"sort"
 	"time"
 
 	"github.com/fencelock/fence/internal/fsmpb"
@@ -34,12 +33,7 @@ func (s *State) Snapshot() *fsmpb.Snapshot {
 		snap.Locks = append(snap.Locks, pl)
 	}
 	snap.KvRevision = s.kvRevision
-	keys := make([]string, 0, len(s.kv))
-	for k := range s.kv {
-		keys = append(keys, k)
-	}
-	sort.Strings(keys)
-	for _, k := range keys {
+	for _, k := range sortedKeys(s.kv) {
 		e := s.kv[k]
 		snap.Kvs = append(snap.Kvs, &fsmpb.KV{
 			Key: k, Value: append([]byte(nil), e.kv.Value...), Token: e.kv.Token, Lock: e.kv.Lock,
@@ -48,7 +42,7 @@ func (s *State) Snapshot() *fsmpb.Snapshot {
 			SessionId: e.kv.Session, User: e.user,
 		})
 	}
-	for _, id := range sortedNodeIDs(s.nodes) {
+	for _, id := range sortedKeys(s.nodes) {
 		snap.Nodes = append(snap.Nodes, &fsmpb.RegisterNode{NodeId: id, ApiAddress: s.nodes[id]})
 	}
 	for _, r := range s.Rejoins() {

@@ -3,6 +3,7 @@ package fsm
 import (
 	"fmt"
 	"iter"
+	"maps"
 	"slices"
 	"sort"
 	"strings"
@@ -155,56 +156,39 @@ func (CreateTokenAnswer) isAnswer()   {}
 func (BatchAnswer) isAnswer()         {}
 func (Repeat) isAnswer()              {}
 
+// answerOf returns r's answer if it is an A, and the zero A otherwise: the
+// body of every accessor of an answer.
+func answerOf[A Answer](r Result) A {
+	a, _ := r.Answer.(A)
+	return a
+}
+
 // CreateSession returns r's answer to a CreateSession. Like every
 // accessor of an answer, it returns the zero answer when r is the result
 // of another command, a failure (Err) or a repeat (Repeat).
-func (r Result) CreateSession() CreateSessionAnswer {
-	a, _ := r.Answer.(CreateSessionAnswer)
-	return a
-}
+func (r Result) CreateSession() CreateSessionAnswer { return answerOf[CreateSessionAnswer](r) }
 
 // Acquire returns r's answer to an Acquire.
-func (r Result) Acquire() AcquireAnswer {
-	a, _ := r.Answer.(AcquireAnswer)
-	return a
-}
+func (r Result) Acquire() AcquireAnswer { return answerOf[AcquireAnswer](r) }
 
 // CancelWait returns r's answer to a CancelWait.
-func (r Result) CancelWait() CancelWaitAnswer {
-	a, _ := r.Answer.(CancelWaitAnswer)
-	return a
-}
+func (r Result) CancelWait() CancelWaitAnswer { return answerOf[CancelWaitAnswer](r) }
 
 // CancelAcquire returns r's answer to a CancelAcquire.
-func (r Result) CancelAcquire() CancelAcquireAnswer {
-	a, _ := r.Answer.(CancelAcquireAnswer)
-	return a
-}
+func (r Result) CancelAcquire() CancelAcquireAnswer { return answerOf[CancelAcquireAnswer](r) }
 
 // KV returns r's answer to a KVPut or a KVDelete.
-func (r Result) KV() KVAnswer {
-	a, _ := r.Answer.(KVAnswer)
-	return a
-}
+func (r Result) KV() KVAnswer { return answerOf[KVAnswer](r) }
 
 // Txn returns r's answer to a KVTxn.
-func (r Result) Txn() TxnAnswer {
-	a, _ := r.Answer.(TxnAnswer)
-	return a
-}
+func (r Result) Txn() TxnAnswer { return answerOf[TxnAnswer](r) }
 
 // CreateToken returns r's answer to an Auth command that created a token.
-func (r Result) CreateToken() CreateTokenAnswer {
-	a, _ := r.Answer.(CreateTokenAnswer)
-	return a
-}
+func (r Result) CreateToken() CreateTokenAnswer { return answerOf[CreateTokenAnswer](r) }
 
 // Batch returns the results of a Batch's commands, in order; nil for the
 // result of another command, or of a batch refused as a whole.
-func (r Result) Batch() []Result {
-	a, _ := r.Answer.(BatchAnswer)
-	return a.Results
-}
+func (r Result) Batch() []Result { return answerOf[BatchAnswer](r).Results }
 
 // Repeat returns what the first application of r's command reported, and
 // true, when the command's idempotency key was applied before and the
@@ -1051,14 +1035,10 @@ func (s *State) liftDelay(name string, id uint64) Result {
 	return Result{Effects: Effects{Grants: grants}}
 }
 
-func sortedKeys(m map[string]struct{}) []string {
-	keys := make([]string, 0, len(m))
-	for k := range m {
-		keys = append(keys, k)
-	}
-	sort.Strings(keys)
-	return keys
-}
+// sortedKeys returns m's keys in order: the state walks its maps in that
+// order wherever the order shows (answers, effects, snapshots), so that
+// every replica does the same.
+func sortedKeys[V any](m map[string]V) []string { return slices.Sorted(maps.Keys(m)) }
 
 func union(a, b map[string]struct{}) map[string]struct{} {
 	u := make(map[string]struct{}, len(a)+len(b))

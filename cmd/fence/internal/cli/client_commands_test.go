@@ -67,14 +67,9 @@ func TestCommandTimeoutBoundsACommand(t *testing.T) {
 func TestLocksLimit(t *testing.T) {
 	node := fencetest.Start(t)
 	c := node.Client()
-	s, err := c.NewSession(context.Background())
-	if err != nil {
-		t.Fatal(err)
-	}
+	s := mustSession(t, c)
 	for _, name := range []string{"a", "b", "c"} {
-		if _, err := client.NewMutex(s, name).Lock(context.Background()); err != nil {
-			t.Fatal(err)
-		}
+		mustLock(t, s, name)
 	}
 	var stdout, stderr bytes.Buffer
 	code := Run(context.Background(), []string{"--endpoints", node.Endpoint(), "locks", "--limit", "2"}, strings.NewReader(""), &stdout, &stderr)
@@ -91,23 +86,10 @@ func TestLocksLimit(t *testing.T) {
 // holder's owner, with the session id that fence sessions revoke takes.
 func TestLocksShowsWhoHolds(t *testing.T) {
 	node := fencetest.Start(t)
-	ctx := context.Background()
-	job, err := node.Client().NewSession(ctx, client.WithOwner("nightly job on db1"))
-	if err != nil {
-		t.Fatal(err)
-	}
-	g, err := client.NewMutex(job, "orders").Lock(ctx)
-	if err != nil {
-		t.Fatal(err)
-	}
-	anonymous, err := node.Client().NewSession(ctx)
-	if err != nil {
-		t.Fatal(err)
-	}
-	h, err := client.NewMutex(anonymous, "reports").Lock(ctx)
-	if err != nil {
-		t.Fatal(err)
-	}
+	job := mustSession(t, node.Client(), client.WithOwner("nightly job on db1"))
+	g := mustLock(t, job, "orders")
+	anonymous := mustSession(t, node.Client())
+	h := mustLock(t, anonymous, "reports")
 	code, stdout, stderr := runFence(t, "--endpoints", node.Endpoint(), "locks")
 	lines := strings.Split(strings.TrimSpace(stdout), "\n")
 	if code != 0 || len(lines) != 3 {
@@ -149,19 +131,9 @@ func TestStatusListsANodeOnce(t *testing.T) {
 // nobody gets it until the delay passes.
 func TestRevokeSaysALockIsHeldBackByItsDelay(t *testing.T) {
 	node := fencetest.Start(t)
-	ctx := context.Background()
-	s, err := node.Client().NewSession(ctx, client.WithOwner("job"))
-	if err != nil {
-		t.Fatal(err)
-	}
-	delayed, err := client.NewMutex(s, "orders", client.WithLockDelay(time.Minute)).Lock(ctx)
-	if err != nil {
-		t.Fatal(err)
-	}
-	plain, err := client.NewMutex(s, "reports").Lock(ctx)
-	if err != nil {
-		t.Fatal(err)
-	}
+	s := mustSession(t, node.Client(), client.WithOwner("job"))
+	delayed := mustLock(t, s, "orders", client.WithLockDelay(time.Minute))
+	plain := mustLock(t, s, "reports")
 	code, stdout, stderr := runFence(t, "--endpoints", node.Endpoint(), "sessions", "revoke", fmt.Sprint(s.ID()))
 	if code != 0 {
 		t.Fatalf("sessions revoke: exit %d, stderr %s", code, stderr)

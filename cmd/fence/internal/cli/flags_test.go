@@ -1,12 +1,10 @@
 package cli
 
 import (
-	"context"
 	"regexp"
 	"strings"
 	"testing"
 
-	"github.com/fencelock/fence/client"
 	"github.com/fencelock/fence/fencetest"
 )
 
@@ -69,14 +67,9 @@ func TestNoFlagShadowsAGlobalOne(t *testing.T) {
 // fence locks takes a PREFIX as fence kv list does, and --prefix as before.
 func TestLocksTakesAPrefix(t *testing.T) {
 	node := fencetest.Start(t)
-	s, err := node.Client().NewSession(context.Background())
-	if err != nil {
-		t.Fatal(err)
-	}
+	s := mustSession(t, node.Client())
 	for _, name := range []string{"jobs/a", "orders/1"} {
-		if _, err := client.NewMutex(s, name).Lock(context.Background()); err != nil {
-			t.Fatal(err)
-		}
+		mustLock(t, s, name)
 	}
 	ep := []string{"--endpoints", node.Endpoint()}
 	for _, args := range [][]string{{"locks", "orders/"}, {"locks", "--prefix", "orders/"}, {"locks", "--prefix", "orders/", "orders/"}} {

@@ -119,18 +119,12 @@ func TestEveryJSONIsTheAPIs(t *testing.T) {
 	node := fencetest.Start(t)
 	ep := []string{"--endpoints", node.Endpoint()}
 	ctx := context.Background()
-	s, err := node.Client().NewSession(ctx, client.WithOwner("table job"))
-	if err != nil {
-		t.Fatal(err)
-	}
+	s := mustSession(t, node.Client(), client.WithOwner("table job"))
 	lead, err := client.NewElection(s, "sched").Campaign(ctx, "node-a")
 	if err != nil {
 		t.Fatal(err)
 	}
-	orders, err := client.NewMutex(s, "orders").Lock(ctx)
-	if err != nil {
-		t.Fatal(err)
-	}
+	orders := mustLock(t, s, "orders")
 	dir := t.TempDir()
 	snapshot, tokenFile := filepath.Join(dir, "backup.fsnap"), filepath.Join(dir, "app.token")
 	for _, args := range [][]string{

@@ -65,11 +65,7 @@ get cfg/mode
 func TestKVTxnCommandFenced(t *testing.T) {
 	node := fencetest.Start(t)
 	ctx := context.Background()
-	s, err := node.Client().NewSession(ctx)
-	if err != nil {
-		t.Fatal(err)
-	}
-	m := client.NewMutex(s, "acct")
+	m := client.NewMutex(mustSession(t, node.Client()), "acct")
 	old, err := m.Lock(ctx)
 	if err != nil {
 		t.Fatal(err)

@@ -331,32 +331,24 @@ func acquireLock(ctx context.Context, s *client.Session, f lockFlags, name strin
 	if f.lockDelay > 0 {
 		opts = append(opts, client.WithLockDelay(f.lockDelay))
 	}
+	var take, tryTake func(context.Context) (*client.Grant, error)
+	var release func(context.Context) error
 	switch {
 	case f.shared:
 		rw := client.NewRWMutex(s, name, opts...)
-		take := rw.RLock
-		if f.try {
-			take = rw.TryRLock
-		}
-		g, err := take(ctx)
-		return g, rw.RUnlock, err
+		take, tryTake, release = rw.RLock, rw.TryRLock, rw.RUnlock
 	case f.semaphore:
 		sm := client.NewSemaphore(s, name, f.permits, opts...)
-		take := sm.Acquire
-		if f.try {
-			take = sm.TryAcquire
-		}
-		g, err := take(ctx)
-		return g, sm.Release, err
+		take, tryTake, release = sm.Acquire, sm.TryAcquire, sm.Release
 	default:
 		m := client.NewMutex(s, name, opts...)
-		take := m.Lock
-		if f.try {
-			take = m.TryLock
-		}
-		g, err := take(ctx)
-		return g, m.Unlock, err
+		take, tryTake, release = m.Lock, m.TryLock, m.Unlock
 	}
+	if f.try {
+		take = tryTake
+	}
+	g, err := take(ctx)
+	return g, release, err
 }
 
 // tryRefused is the error of --try on a held lock: who holds it, when the

@@ -17,11 +17,7 @@ func TestLockTry(t *testing.T) {
 	node := fencetest.Start(t)
 	ep := []string{"--endpoints", node.Endpoint()}
 	ran := filepath.Join(t.TempDir(), "ran")
-	s, err := node.Client().NewSession(context.Background())
-	if err != nil {
-		t.Fatal(err)
-	}
-	m := client.NewMutex(s, "job")
+	m := client.NewMutex(mustSession(t, node.Client()), "job")
 	if _, err := m.Lock(context.Background()); err != nil {
 		t.Fatal(err)
 	}

@@ -40,22 +40,14 @@ func TestLocksWatch(t *testing.T) {
 	time.Sleep(500 * time.Millisecond) // past --command-timeout
 
 	c := node.Client()
-	holder, err := c.NewSession(ctx, client.WithOwner("nightly"))
-	if err != nil {
-		t.Fatal(err)
-	}
-	waiter, err := c.NewSession(ctx)
-	if err != nil {
-		t.Fatal(err)
-	}
+	holder := mustSession(t, c, client.WithOwner("nightly"))
+	waiter := mustSession(t, c)
 	m := client.NewMutex(holder, "jobs/a")
 	g, err := m.Lock(ctx)
 	if err != nil {
 		t.Fatal(err)
 	}
-	if _, err := client.NewMutex(holder, "other").Lock(ctx); err != nil {
-		t.Fatal(err)
-	}
+	mustLock(t, holder, "other")
 	wctx, cancel := context.WithTimeout(ctx, 300*time.Millisecond)
 	_, err = client.NewMutex(waiter, "jobs/a").Lock(wctx)
 	cancel()

@@ -8,7 +8,6 @@ import (
 	"strings"
 	"testing"
 
-	"github.com/fencelock/fence/client"
 	"github.com/fencelock/fence/fencetest"
 	"github.com/fencelock/fence/internal/testutil/syncbuf"
 )
@@ -139,11 +138,5 @@ func runFenceWithCommand(args ...string) (int, string) {
 // holdLock takes the lock name for the rest of the test.
 func holdLock(t *testing.T, node *fencetest.Node, name string) {
 	t.Helper()
-	s, err := node.Client().NewSession(context.Background())
-	if err != nil {
-		t.Fatal(err)
-	}
-	if _, err := client.NewMutex(s, name).Lock(context.Background()); err != nil {
-		t.Fatal(err)
-	}
+	mustLock(t, mustSession(t, node.Client()), name)
 }

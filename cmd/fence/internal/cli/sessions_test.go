@@ -18,18 +18,9 @@ func TestSessionsListAndRevoke(t *testing.T) {
 	node := fencetest.Start(t)
 	ep := []string{"--endpoints", node.Endpoint()}
 	ctx := context.Background()
-	holder, err := node.Client().NewSession(ctx, client.WithTTL(30*time.Second), client.WithOwner("stuck job"))
-	if err != nil {
-		t.Fatal(err)
-	}
-	g, err := client.NewMutex(holder, "orders").Lock(ctx)
-	if err != nil {
-		t.Fatal(err)
-	}
-	waiter, err := node.Client().NewSession(ctx, client.WithOwner("next job"))
-	if err != nil {
-		t.Fatal(err)
-	}
+	holder := mustSession(t, node.Client(), client.WithTTL(30*time.Second), client.WithOwner("stuck job"))
+	g := mustLock(t, holder, "orders")
+	waiter := mustSession(t, node.Client(), client.WithOwner("next job"))
 	granted := make(chan error, 1)
 	go func() {
 		_, err := client.NewMutex(waiter, "orders").Lock(ctx)
