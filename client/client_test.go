@@ -31,25 +31,17 @@ func TestMutexLifecycle(t *testing.T) {
 		t.Fatal(err)
 	}
 	m := NewMutex(s, "orders")
-	g1, err := m.Lock(ctx)
-	if err != nil {
-		t.Fatal(err)
-	}
+	g1 := mustLock(t, ctx, m)
 	if again, err := m.Lock(ctx); err != nil || again.Token() != g1.Token() {
 		t.Fatalf("re-lock = %v, %v; want the same grant %d", again, err, g1.Token())
 	}
-	if err := m.Unlock(ctx); err != nil {
-		t.Fatal(err)
-	}
+	mustUnlock(t, ctx, m)
 	select {
 	case <-g1.Done():
 	default:
 		t.Fatal("grant context still live after Unlock")
 	}
-	g2, err := m.Lock(ctx)
-	if err != nil {
-		t.Fatal(err)
-	}
+	g2 := mustLock(t, ctx, m)
 	if g2.Token() <= g1.Token() {
 		t.Fatalf("second token %d is not above %d", g2.Token(), g1.Token())
 	}
@@ -79,9 +71,7 @@ func TestErrorsAreSentinels(t *testing.T) {
 	ctx := context.Background()
 	a := mustSession(t, c, 10*time.Second)
 	b := mustSession(t, c, 10*time.Second)
-	if _, err := NewMutex(a, "l").Lock(ctx); err != nil {
-		t.Fatal(err)
-	}
+	mustLock(t, ctx, NewMutex(a, "l"))
 	if _, err := NewMutex(b, "l").TryLock(ctx); !errors.Is(err, fence.ErrLocked) {
 		t.Fatalf("TryLock on a held lock: %v, want ErrLocked", err)
 	}
@@ -111,10 +101,7 @@ func TestSessionLostWhenRenewalsStop(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	g, err := NewMutex(s, "l").Lock(ctx)
-	if err != nil {
-		t.Fatal(err)
-	}
+	g := mustLock(t, ctx, NewMutex(s, "l"))
 	want := clk.Now().Add(3*time.Second*99/100 - 100*time.Millisecond)
 	if got := s.SafeUntil(); got.After(want) {
 		t.Fatalf("safe until %v is later than sent+TTL*(1-drift)-margin = %v", got, want)
@@ -330,11 +317,7 @@ func TestKeepAlivePassesAHungNode(t *testing.T) {
 func clientWithAHungNode(t *testing.T) (*server.Server, *Client) {
 	t.Helper()
 	srv := startServer(t, nil)
-	c, err := New(WithEndpoints(srv.Addr(), hungListener(t)))
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { c.Close() })
+	c := mustNew(t, WithEndpoints(srv.Addr(), hungListener(t)))
 	return srv, c
 }
 
@@ -372,11 +355,8 @@ func TestTryLockNamesTheHolder(t *testing.T) {
 	ctx := context.Background()
 	a := mustSession(t, c, 10*time.Second)
 	b := mustSession(t, c, 10*time.Second)
-	g, err := NewMutex(a, "l").Lock(ctx)
-	if err != nil {
-		t.Fatal(err)
-	}
-	_, err = NewMutex(b, "l").TryLock(ctx)
+	g := mustLock(t, ctx, NewMutex(a, "l"))
+	_, err := NewMutex(b, "l").TryLock(ctx)
 	var locked *fence.LockedError
 	if !errors.As(err, &locked) || !errors.Is(err, fence.ErrLocked) {
 		t.Fatalf("TryLock on a held lock: %v (%T), want a *fence.LockedError", err, err)

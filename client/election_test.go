@@ -96,10 +96,7 @@ func TestObserveLeader(t *testing.T) {
 	if _, err := c.KV().Put(ctx, "election/jobs", []byte("impostor")); err != nil {
 		t.Fatal(err)
 	}
-	other, err := NewMutex(newSession(), "other").Lock(ctx)
-	if err != nil {
-		t.Fatal(err)
-	}
+	other := mustLock(t, ctx, NewMutex(newSession(), "other"))
 	if _, err := c.KV().Put(ctx, "election/jobs", []byte("impostor 2"), WithGrant(other)); err != nil {
 		t.Fatal(err)
 	}
@@ -192,11 +189,7 @@ func TestObserveLeaderNeverGoesBack(t *testing.T) {
 			t.Error(err)
 		}
 	}}
-	obs, err := New(WithEndpoints(srv.Addr()), WithHTTPClient(&http.Client{Transport: rt}))
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer obs.Close()
+	obs := mustNew(t, WithEndpoints(srv.Addr()), WithHTTPClient(&http.Client{Transport: rt}))
 	states, err := obs.ObserveLeader(ctx, "x")
 	if err != nil {
 		t.Fatal(err)

@@ -50,6 +50,12 @@ func mustClient(tb testing.TB, s *server.Server, clk clock.Clock) *Client {
 	if clk != nil {
 		opts = append(opts, withClock(clk))
 	}
+	return mustNew(tb, opts...)
+}
+
+// mustNew returns a client made with opts, closed at the test's end.
+func mustNew(tb testing.TB, opts ...Option) *Client {
+	tb.Helper()
 	c, err := New(opts...)
 	if err != nil {
 		tb.Fatal(err)
@@ -80,5 +86,24 @@ func mustEndWith(tb testing.TB, what string, done <-chan struct{}, err func() er
 	}
 	if !errors.Is(err(), want) {
 		tb.Fatalf("%s ended with %v, want %v", what, err(), want)
+	}
+}
+
+// mustLock locks m with ctx and returns the grant, failing the test if
+// Lock fails.
+func mustLock(tb testing.TB, ctx context.Context, m *Mutex) *Grant {
+	tb.Helper()
+	g, err := m.Lock(ctx)
+	if err != nil {
+		tb.Fatalf("locking %s: %v", m.name, err)
+	}
+	return g
+}
+
+// mustUnlock unlocks m with ctx, failing the test if Unlock fails.
+func mustUnlock(tb testing.TB, ctx context.Context, m *Mutex) {
+	tb.Helper()
+	if err := m.Unlock(ctx); err != nil {
+		tb.Fatalf("unlocking %s: %v", m.name, err)
 	}
 }

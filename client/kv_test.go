@@ -27,10 +27,7 @@ func TestKVRejectsStaleWriter(t *testing.T) {
 		t.Fatal(err)
 	}
 	ma := NewMutex(a, "orders")
-	ga, err := ma.Lock(ctx)
-	if err != nil {
-		t.Fatal(err)
-	}
+	ga := mustLock(t, ctx, ma)
 	if _, err := kv.Put(ctx, "orders/17", []byte("a1"), WithGrant(ga)); err != nil {
 		t.Fatal(err)
 	}
@@ -38,10 +35,7 @@ func TestKVRejectsStaleWriter(t *testing.T) {
 		t.Fatal(err)
 	}
 	b := mustSession(t, c, 10*time.Second)
-	gb, err := NewMutex(b, "orders").Lock(ctx)
-	if err != nil {
-		t.Fatal(err)
-	}
+	gb := mustLock(t, ctx, NewMutex(b, "orders"))
 	if _, err := kv.Put(ctx, "orders/17", []byte("b"), WithGrant(gb)); err != nil {
 		t.Fatal(err)
 	}
@@ -68,16 +62,11 @@ func TestKVStrictAndCompareAndSwap(t *testing.T) {
 	kv := c.KV()
 	s := mustSession(t, c, 10*time.Second)
 	m := NewMutex(s, "l")
-	g, err := m.Lock(ctx)
-	if err != nil {
-		t.Fatal(err)
-	}
+	g := mustLock(t, ctx, m)
 	if _, err := kv.Put(ctx, "k", []byte("1"), WithGrant(g), Strict()); err != nil {
 		t.Fatalf("strict write by the holder: %v", err)
 	}
-	if err := m.Unlock(ctx); err != nil {
-		t.Fatal(err)
-	}
+	mustUnlock(t, ctx, m)
 	if _, err := kv.Put(ctx, "k", []byte("2"), WithGrant(g), Strict()); !errors.Is(err, fence.ErrNotHolder) {
 		t.Fatalf("strict write after release: %v, want ErrNotHolder", err)
 	}

@@ -183,12 +183,8 @@ func TestLeaseAnswerLostIsRetried(t *testing.T) {
 	}
 	proxy.ErrorLog = log.New(io.Discard, "", 0)
 	gw := httptest.NewServer(proxy)
-	defer gw.Close()
-	c, err := New(WithEndpoints(strings.TrimPrefix(gw.URL, "http://")))
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer c.Close()
+	t.Cleanup(gw.Close)
+	c := mustNew(t, WithEndpoints(strings.TrimPrefix(gw.URL, "http://")))
 	ctx := context.Background()
 	l, err := c.Lease(ctx, "lost-answer", time.Minute)
 	if err != nil {

@@ -15,9 +15,7 @@ func TestLocksPages(t *testing.T) {
 	s := mustSession(t, c, time.Minute)
 	const n = 25
 	for i := range n {
-		if _, err := NewMutex(s, fmt.Sprintf("p/%02d", i)).Lock(ctx); err != nil {
-			t.Fatal(err)
-		}
+		mustLock(t, ctx, NewMutex(s, fmt.Sprintf("p/%02d", i)))
 	}
 	var names []string
 	token := ""

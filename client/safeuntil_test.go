@@ -35,9 +35,7 @@ func TestLockPastSafeUntilGrantsNothing(t *testing.T) {
 		s := mustSession(t, c, 3*time.Second)
 		others := mustClient(t, srv, nil)
 		holder := NewMutex(mustSession(t, others, 10*time.Second), "l")
-		if _, err := holder.Lock(ctx); err != nil {
-			t.Fatal(err)
-		}
+		mustLock(t, ctx, holder)
 		type result struct {
 			g   *Grant
 			err error
@@ -50,9 +48,7 @@ func TestLockPastSafeUntilGrantsNothing(t *testing.T) {
 		waitForLock(t, others, "l", func(holders, waiters int) bool { return waiters == 1 })
 		holdTimers(s)
 		clk.Advance(5 * time.Second) // past the safe-until, unnoticed
-		if err := holder.Unlock(ctx); err != nil {
-			t.Fatal(err)
-		}
+		mustUnlock(t, ctx, holder)
 		r := <-done
 		if !errors.Is(r.err, fence.ErrSessionLost) {
 			t.Fatalf("Lock granted past the safe-until: %v, %v; want fence.ErrSessionLost", r.g, r.err)
@@ -72,11 +68,7 @@ func TestLockPastSafeUntilGrantsNothing(t *testing.T) {
 			m := NewMutex(s, "l")
 			var held *Grant
 			if relock {
-				g, err := m.Lock(ctx)
-				if err != nil {
-					t.Fatal(err)
-				}
-				held = g
+				held = mustLock(t, ctx, m)
 			}
 			holdTimers(s)
 			clk.Advance(5 * time.Second) // past the safe-until, unnoticed
@@ -109,10 +101,7 @@ func TestSuspendPastSafeUntilEndsTheSession(t *testing.T) {
 	c := mustClient(t, srv, clk)
 	ctx := context.Background()
 	s := mustSession(t, c, 3*time.Second)
-	g, err := NewMutex(s, "l").Lock(ctx)
-	if err != nil {
-		t.Fatal(err)
-	}
+	g := mustLock(t, ctx, NewMutex(s, "l"))
 	clk.Suspend(5 * time.Second)
 	if safe := s.SafeUntil(); !safe.Before(clk.Now()) {
 		t.Fatalf("after a suspend of 5s, SafeUntil is %v from now, want it past", safe.Sub(clk.Now()))

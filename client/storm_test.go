@@ -31,9 +31,7 @@ func TestFailedLocksLeaveNothing(t *testing.T) {
 		var blocker *Mutex
 		if i%3 == 0 {
 			blocker = NewMutex(other, "storm")
-			if _, err := blocker.Lock(ctx); err != nil {
-				t.Fatal(err)
-			}
+			mustLock(t, ctx, blocker)
 		}
 		m := NewMutex(s, "storm")
 		d := 100*time.Microsecond + time.Duration(i%30)*100*time.Microsecond
@@ -41,9 +39,7 @@ func TestFailedLocksLeaveNothing(t *testing.T) {
 		g, err := m.Lock(lockCtx)
 		cancel()
 		if blocker != nil {
-			if err := blocker.Unlock(ctx); err != nil {
-				t.Fatal(err)
-			}
+			mustUnlock(t, ctx, blocker)
 		}
 		if err == nil {
 			if blocker != nil {

@@ -107,11 +107,7 @@ func TestTxnOnANodeWithoutIt(t *testing.T) {
 	hs := &http.Server{Handler: mux}
 	go hs.Serve(ln)
 	t.Cleanup(func() { hs.Close() })
-	c, err := New(WithEndpoints(ln.Addr().String()))
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer c.Close()
+	c := mustNew(t, WithEndpoints(ln.Addr().String()))
 	_, err = c.KV().Txn(context.Background()).Then(OpGet("k")).Commit()
 	if !errors.Is(err, fence.ErrUnsupported) {
 		t.Fatalf("txn on a node without Txn: %v, want ErrUnsupported", err)

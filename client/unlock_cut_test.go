@@ -23,10 +23,7 @@ func TestAnUnlockThatTimedOutStillReleases(t *testing.T) {
 	defer cancel()
 	s := mustSession(t, c, 10*time.Second)
 	m := NewMutex(s, "l")
-	g, err := m.Lock(ctx)
-	if err != nil {
-		t.Fatal(err)
-	}
+	g := mustLock(t, ctx, m)
 
 	unlockThroughACutLink(t, ctx, link, m.Unlock)
 	if g.Err() == nil {
@@ -63,10 +60,7 @@ func TestAFreshMutexWaitsForAReleaseOnItsWay(t *testing.T) {
 
 	for round := range 3 {
 		name := fmt.Sprintf("l%d", round)
-		g1, err := NewMutex(s, name).Lock(ctx)
-		if err != nil {
-			t.Fatal(err)
-		}
+		g1 := mustLock(t, ctx, NewMutex(s, name))
 		m1 := NewMutex(s, name)
 		if _, err := m1.Lock(ctx); err != nil { // the same grant
 			t.Fatal(err)
@@ -120,11 +114,7 @@ func clientThroughALink(t *testing.T) (*server.Server, *netproxy.Link, *Client) 
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { link.Close() })
-	c, err := New(WithEndpoints(link.Addr()), WithAttemptTimeout(200*time.Millisecond))
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { c.Close() })
+	c := mustNew(t, WithEndpoints(link.Addr()), WithAttemptTimeout(200*time.Millisecond))
 	return srv, link, c
 }
 
@@ -153,10 +143,7 @@ func TestUnlockKeepsTheDeadlineOfAContextMadeFromTheGrants(t *testing.T) {
 	defer cancel()
 	s := mustSession(t, c, 10*time.Second)
 	m := NewMutex(s, "l")
-	g, err := m.Lock(ctx)
-	if err != nil {
-		t.Fatal(err)
-	}
+	g := mustLock(t, ctx, m)
 
 	unlockThroughACutLink(t, ctx, link, func(context.Context) error {
 		unlockCtx, unlockCancel := context.WithTimeout(g.Context(), 300*time.Millisecond)

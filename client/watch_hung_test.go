@@ -16,13 +16,9 @@ func TestWatchPassesAHungNode(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	defer link.Close()
-	defer link.SetFrozen(false)
-	c, err := New(WithEndpoints(link.Addr(), srv.Addr()), WithAttemptTimeout(200*time.Millisecond))
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer c.Close()
+	t.Cleanup(func() { link.Close() })
+	t.Cleanup(func() { link.SetFrozen(false) })
+	c := mustNew(t, WithEndpoints(link.Addr(), srv.Addr()), WithAttemptTimeout(200*time.Millisecond))
 	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
 	defer cancel()
 	w, err := c.KV().Watch(ctx, "w/")
@@ -38,11 +34,7 @@ func TestWatchPassesAHungNode(t *testing.T) {
 	}
 
 	link.SetFrozen(true)
-	direct, err := New(WithEndpoints(srv.Addr()))
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer direct.Close()
+	direct := mustNew(t, WithEndpoints(srv.Addr()))
 	if _, err := direct.KV().Put(ctx, "w/2", []byte("b")); err != nil {
 		t.Fatal(err)
 	}
