@@ -66,8 +66,7 @@ func TestMutexLifecycle(t *testing.T) {
 
 // Errors keep their identity across the wire.
 func TestErrorsAreSentinels(t *testing.T) {
-	srv := startServer(t, nil)
-	c := mustClient(t, srv, nil)
+	c := clientOfNewServer(t)
 	ctx := context.Background()
 	a := mustSession(t, c, 10*time.Second)
 	b := mustSession(t, c, 10*time.Second)
@@ -211,8 +210,7 @@ func TestCloseDoesNotHangWhenServiceIsDown(t *testing.T) {
 // Readers share the lock, a writer waits for them, and readers that come
 // after a waiting writer wait behind it (FIFO, no writer starvation).
 func TestRWMutex(t *testing.T) {
-	srv := startServer(t, nil)
-	c := mustClient(t, srv, nil)
+	c := clientOfNewServer(t)
 	ctx := context.Background()
 	session := func() *Session { return mustSession(t, c, 10*time.Second) }
 	r1, r2, w, r3 := NewRWMutex(session(), "rw"), NewRWMutex(session(), "rw"), NewRWMutex(session(), "rw"), NewRWMutex(session(), "rw")
@@ -350,8 +348,7 @@ func hungListener(t *testing.T) string {
 
 // TryLock on a held lock fails with a *fence.LockedError naming the holder.
 func TestTryLockNamesTheHolder(t *testing.T) {
-	srv := startServer(t, nil)
-	c := mustClient(t, srv, nil)
+	c := clientOfNewServer(t)
 	ctx := context.Background()
 	a := mustSession(t, c, 10*time.Second)
 	b := mustSession(t, c, 10*time.Second)

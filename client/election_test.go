@@ -14,8 +14,7 @@ import (
 // One campaigner leads; the other waits and leads once the first resigns,
 // with a higher token; a deposed leader cannot overwrite the record.
 func TestElection(t *testing.T) {
-	srv := startServer(t, nil)
-	c := mustClient(t, srv, nil)
+	c := clientOfNewServer(t)
 	ctx := context.Background()
 	newSession := func() *Session { return mustSession(t, c, 10*time.Second) }
 	if st, err := c.Leader(ctx, "scheduler"); st.Elected || err != nil {
@@ -70,8 +69,7 @@ func TestElection(t *testing.T) {
 // leader, a Proclaim, and the end of a leader's session (its record goes
 // with it), followed by the next leader.
 func TestObserveLeader(t *testing.T) {
-	srv := startServer(t, nil)
-	c := mustClient(t, srv, nil)
+	c := clientOfNewServer(t)
 	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
 	defer cancel()
 	newSession := func() *Session { return mustSession(t, c, 10*time.Second) }

@@ -43,6 +43,13 @@ func mustStartConfig(tb testing.TB, cfg server.Config) *server.Server {
 	return s
 }
 
+// clientOfNewServer starts a single-node server (see startServer) and
+// returns a client of it, for tests that need nothing else of the server.
+func clientOfNewServer(tb testing.TB) *Client {
+	tb.Helper()
+	return mustClient(tb, startServer(tb, nil), nil)
+}
+
 // mustClient returns a client of s; a nil clk means the real clock.
 func mustClient(tb testing.TB, s *server.Server, clk clock.Clock) *Client {
 	tb.Helper()

@@ -17,8 +17,7 @@ import (
 // loses the lock, B takes it and writes, A's late write is refused and B's
 // value survives.
 func TestKVRejectsStaleWriter(t *testing.T) {
-	srv := startServer(t, nil)
-	c := mustClient(t, srv, nil)
+	c := clientOfNewServer(t)
 	ctx := context.Background()
 	kv := c.KV()
 
@@ -56,8 +55,7 @@ func TestKVRejectsStaleWriter(t *testing.T) {
 
 // Strict mode needs the lock's current grant; CAS needs the revision.
 func TestKVStrictAndCompareAndSwap(t *testing.T) {
-	srv := startServer(t, nil)
-	c := mustClient(t, srv, nil)
+	c := clientOfNewServer(t)
 	ctx := context.Background()
 	kv := c.KV()
 	s := mustSession(t, c, 10*time.Second)
@@ -88,8 +86,7 @@ func TestKVStrictAndCompareAndSwap(t *testing.T) {
 
 // A watch delivers every committed change under its prefix, in order.
 func TestKVWatch(t *testing.T) {
-	srv := startServer(t, nil)
-	c := mustClient(t, srv, nil)
+	c := clientOfNewServer(t)
 	ctx := context.Background()
 	kv := c.KV()
 	w, err := kv.Watch(ctx, "jobs/")
@@ -165,8 +162,7 @@ func TestKVRejectsBadInput(t *testing.T) {
 // A key bound to a session is deleted when the session ends, and watchers
 // see the delete; a put without BoundTo unbinds it.
 func TestKVBoundToSession(t *testing.T) {
-	srv := startServer(t, nil)
-	c := mustClient(t, srv, nil)
+	c := clientOfNewServer(t)
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
 	kv := c.KV()

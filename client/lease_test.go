@@ -24,8 +24,7 @@ import (
 // naming the first; Renew moves the safe-until on; Release frees the
 // lock, and a lease released or ended says so.
 func TestLeaseRenewRelease(t *testing.T) {
-	srv := startServer(t, nil)
-	c := mustClient(t, srv, nil)
+	c := clientOfNewServer(t)
 	ctx := context.Background()
 
 	before := time.Now()

@@ -9,8 +9,7 @@ import (
 
 // Locks pages through the service's answers: every lock once, in order.
 func TestLocksPages(t *testing.T) {
-	srv := startServer(t, nil)
-	c := mustClient(t, srv, nil)
+	c := clientOfNewServer(t)
 	ctx := context.Background()
 	s := mustSession(t, c, time.Minute)
 	const n = 25
@@ -59,8 +58,7 @@ func TestLocksPages(t *testing.T) {
 // context that ends only for that (the grant's own, or one made from it)
 // is not the caller giving up, and the release is waited for.
 func TestUnlockWithTheGrantsOwnContext(t *testing.T) {
-	srv := startServer(t, nil)
-	c := mustClient(t, srv, nil)
+	c := clientOfNewServer(t)
 	s := mustSession(t, c, time.Minute)
 	m := NewMutex(s, "own-context")
 	for _, derive := range []func(context.Context) (context.Context, context.CancelFunc){

@@ -17,8 +17,7 @@ import (
 // Items come out in the order they went in, and a Dequeue on an empty
 // queue waits for the next Enqueue.
 func TestQueueFIFO(t *testing.T) {
-	srv := startServer(t, nil)
-	c := mustClient(t, srv, nil)
+	c := clientOfNewServer(t)
 	ctx := context.Background()
 	s := mustSession(t, c, 5*time.Second)
 	q := NewQueue(c, "jobs")
@@ -179,8 +178,7 @@ func TestQueueConsumerDiesMidHandOut(t *testing.T) {
 
 // Return gives an item back for the next consumer.
 func TestQueueReturn(t *testing.T) {
-	srv := startServer(t, nil)
-	c := mustClient(t, srv, nil)
+	c := clientOfNewServer(t)
 	ctx := context.Background()
 	q := NewQueue(c, "q")
 	if _, err := q.Enqueue(ctx, []byte("x")); err != nil {

@@ -54,8 +54,7 @@ func TestGrantReleasedBySomeoneElseEnds(t *testing.T) {
 // Grants taken and released by their own holder while keepalives run are
 // never taken for revoked.
 func TestOwnGrantsAreNotTakenForRevoked(t *testing.T) {
-	srv := startServer(t, nil)
-	c := mustClient(t, srv, nil)
+	c := clientOfNewServer(t)
 	ctx := context.Background()
 	m := NewMutex(mustSession(t, c, time.Second), "churn")
 	deadline := time.Now().Add(2 * time.Second)

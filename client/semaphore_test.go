@@ -13,8 +13,7 @@ import (
 // of its own; a fourth waits and gets the permit the first one releases.
 // Naming another number of permits is refused while the name is in use.
 func TestSemaphore(t *testing.T) {
-	srv := startServer(t, nil)
-	c := mustClient(t, srv, nil)
+	c := clientOfNewServer(t)
 	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
 	defer cancel()
 	session := func() *Session { return mustSession(t, c, 10*time.Second) }

@@ -13,8 +13,7 @@ import (
 // acquires carried request ids, 84 of 85 such failures left the lock held
 // by the live session, with no grant to release it through.
 func TestFailedLocksLeaveNothing(t *testing.T) {
-	srv := startServer(t, nil)
-	c := mustClient(t, srv, nil)
+	c := clientOfNewServer(t)
 	ctx := context.Background()
 	s, err := c.NewSession(ctx)
 	if err != nil {

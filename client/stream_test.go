@@ -387,8 +387,7 @@ func TestStreamFallsBackToUnary(t *testing.T) {
 // A blocked Lock on the stream does not hold up the session's other
 // operations, and a cancelled one leaves nothing queued.
 func TestBlockedLockHoldsUpNothing(t *testing.T) {
-	srv := startServer(t, nil)
-	c := mustClient(t, srv, nil)
+	c := clientOfNewServer(t)
 	ctx := context.Background()
 	a, b := mustSession(t, c, 5*time.Second), mustSession(t, c, 5*time.Second)
 	ga := mustLock(t, ctx, NewMutex(a, "hot"))

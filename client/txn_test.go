@@ -17,8 +17,7 @@ import (
 // send, fails at Commit with ErrInvalidArgument saying what, and sends
 // nothing.
 func TestTxnBuilderRefusesMisuse(t *testing.T) {
-	srv := startServer(t, nil)
-	c := mustClient(t, srv, nil)
+	c := clientOfNewServer(t)
 	ctx := context.Background()
 	kv := c.KV()
 	s := mustSession(t, c, 10*time.Second)
@@ -54,8 +53,7 @@ func TestTxnBuilderRefusesMisuse(t *testing.T) {
 // BoundTo goes with its session, and the results answer the list that
 // ran.
 func TestTxnCommit(t *testing.T) {
-	srv := startServer(t, nil)
-	c := mustClient(t, srv, nil)
+	c := clientOfNewServer(t)
 	ctx := context.Background()
 	kv := c.KV()
 	if _, err := kv.Put(ctx, "k", []byte("b")); err != nil {
