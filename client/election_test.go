@@ -91,13 +91,9 @@ func TestObserveLeader(t *testing.T) {
 	next(LeaderState{})
 	// A write to the election's key that no leader made (unfenced, or
 	// fenced by another lock) elects nobody, as Leader says too.
-	if _, err := c.KV().Put(ctx, "election/jobs", []byte("impostor")); err != nil {
-		t.Fatal(err)
-	}
+	mustPut(t, ctx, c.KV(), "election/jobs", []byte("impostor"))
 	other := mustLock(t, ctx, NewMutex(newSession(), "other"))
-	if _, err := c.KV().Put(ctx, "election/jobs", []byte("impostor 2"), WithGrant(other)); err != nil {
-		t.Fatal(err)
-	}
+	mustPut(t, ctx, c.KV(), "election/jobs", []byte("impostor 2"), WithGrant(other))
 	if st, err := c.Leader(ctx, "jobs"); err != nil || st.Elected {
 		t.Fatalf("Leader after writes no leader made: %+v, %v", st, err)
 	}

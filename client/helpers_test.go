@@ -114,3 +114,26 @@ func mustUnlock(tb testing.TB, ctx context.Context, m *Mutex) {
 		tb.Fatalf("unlocking %s: %v", m.name, err)
 	}
 }
+
+// mustPut puts value at key through kv with ctx and opts, failing the test
+// if the put fails, and returns the revision it made.
+func mustPut(tb testing.TB, ctx context.Context, kv *KV, key string, value []byte, opts ...WriteOption) uint64 {
+	tb.Helper()
+	rev, err := kv.Put(ctx, key, value, opts...)
+	if err != nil {
+		tb.Fatalf("putting %s: %v", key, err)
+	}
+	return rev
+}
+
+// mustWatch opens a watch of prefix through kv with ctx and opts, failing
+// the test if it cannot, and closes it at the test's end.
+func mustWatch(tb testing.TB, ctx context.Context, kv *KV, prefix string, opts ...WatchOption) *Watch {
+	tb.Helper()
+	w, err := kv.Watch(ctx, prefix, opts...)
+	if err != nil {
+		tb.Fatalf("watching %q: %v", prefix, err)
+	}
+	tb.Cleanup(func() { w.Close() })
+	return w
+}

@@ -27,17 +27,13 @@ func TestKVRejectsStaleWriter(t *testing.T) {
 	}
 	ma := NewMutex(a, "orders")
 	ga := mustLock(t, ctx, ma)
-	if _, err := kv.Put(ctx, "orders/17", []byte("a1"), WithGrant(ga)); err != nil {
-		t.Fatal(err)
-	}
+	mustPut(t, ctx, kv, "orders/17", []byte("a1"), WithGrant(ga))
 	if err := a.Close(ctx); err != nil { // A's lease ends (as if it expired)
 		t.Fatal(err)
 	}
 	b := mustSession(t, c, 10*time.Second)
 	gb := mustLock(t, ctx, NewMutex(b, "orders"))
-	if _, err := kv.Put(ctx, "orders/17", []byte("b"), WithGrant(gb)); err != nil {
-		t.Fatal(err)
-	}
+	mustPut(t, ctx, kv, "orders/17", []byte("b"), WithGrant(gb))
 
 	_, err = kv.Put(ctx, "orders/17", []byte("a2"), FencedBy("orders", ga.Token()))
 	var stale *fence.StaleTokenError
@@ -89,15 +85,9 @@ func TestKVWatch(t *testing.T) {
 	c := clientOfNewServer(t)
 	ctx := context.Background()
 	kv := c.KV()
-	w, err := kv.Watch(ctx, "jobs/")
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer w.Close()
+	w := mustWatch(t, ctx, kv, "jobs/")
 	for _, key := range []string{"jobs/1", "other", "jobs/2"} {
-		if _, err := kv.Put(ctx, key, []byte(key)); err != nil {
-			t.Fatal(err)
-		}
+		mustPut(t, ctx, kv, key, []byte(key))
 	}
 	if _, err := kv.Delete(ctx, "jobs/1"); err != nil {
 		t.Fatal(err)
@@ -171,27 +161,15 @@ func TestKVBoundToSession(t *testing.T) {
 		t.Fatal(err)
 	}
 	s2 := mustSession(t, c, 10*time.Second)
-	if _, err := kv.Put(ctx, "svc/a", []byte("10.0.0.1"), BoundTo(s1)); err != nil {
-		t.Fatal(err)
-	}
-	if _, err := kv.Put(ctx, "svc/b", []byte("10.0.0.2"), BoundTo(s1)); err != nil {
-		t.Fatal(err)
-	}
-	if _, err := kv.Put(ctx, "svc/b", []byte("10.0.0.2")); err != nil { // unbound again
-		t.Fatal(err)
-	}
-	if _, err := kv.Put(ctx, "svc/c", []byte("10.0.0.3"), BoundTo(s2)); err != nil {
-		t.Fatal(err)
-	}
+	mustPut(t, ctx, kv, "svc/a", []byte("10.0.0.1"), BoundTo(s1))
+	mustPut(t, ctx, kv, "svc/b", []byte("10.0.0.2"), BoundTo(s1))
+	mustPut(t, ctx, kv, "svc/b", []byte("10.0.0.2")) // unbound again
+	mustPut(t, ctx, kv, "svc/c", []byte("10.0.0.3"), BoundTo(s2))
 	got, err := kv.Get(ctx, "svc/a")
 	if err != nil || got.GetSessionId() != s1.ID() {
 		t.Fatalf("Get svc/a: %v, %v; want it bound to session %d", got, err, s1.ID())
 	}
-	w, err := kv.Watch(ctx, "svc/")
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer w.Close()
+	w := mustWatch(t, ctx, kv, "svc/")
 	if err := s1.Close(ctx); err != nil {
 		t.Fatal(err)
 	}
@@ -227,11 +205,7 @@ func TestKVWatchFromRevision(t *testing.T) {
 	kv := c.KV()
 	put := func(key, value string) uint64 {
 		t.Helper()
-		rev, err := kv.Put(ctx, key, []byte(value))
-		if err != nil {
-			t.Fatal(err)
-		}
-		return rev
+		return mustPut(t, ctx, kv, key, []byte(value))
 	}
 	put("a", "1")
 	put("b", "1")
@@ -254,11 +228,7 @@ func TestKVWatchFromRevision(t *testing.T) {
 			}
 		}
 	}
-	w, err := kv.Watch(ctx, "", FromRevision(l.Revision+1))
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer w.Close()
+	w := mustWatch(t, ctx, kv, "", FromRevision(l.Revision+1))
 	put("d", "1")
 	expect(w, "c@4", "d@5")
 
@@ -266,22 +236,10 @@ func TestKVWatchFromRevision(t *testing.T) {
 	if _, err := kv.Watch(ctx, "", FromRevision(2)); !errors.Is(err, fence.ErrCompacted) {
 		t.Fatalf("watch from a revision no longer kept: %v, want ErrCompacted", err)
 	}
-	old, err := kv.Watch(ctx, "", FromRevision(3))
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer old.Close()
+	old := mustWatch(t, ctx, kv, "", FromRevision(3))
 	expect(old, "a@3", "c@4", "d@5")
-	future, err := kv.Watch(ctx, "", FromRevision(7)) // nothing before revision 7
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer future.Close()
-	next, err := kv.Watch(ctx, "b", FromRevision(6))
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer next.Close()
+	future := mustWatch(t, ctx, kv, "", FromRevision(7)) // nothing before revision 7
+	next := mustWatch(t, ctx, kv, "b", FromRevision(6))
 	put("a", "3")
 	put("b", "2")
 	expect(next, "b@7")

@@ -212,11 +212,7 @@ func TestDequeueWithoutAWatch(t *testing.T) {
 	ctx := context.Background()
 	wctx, cancel := context.WithCancel(ctx)
 	defer cancel()
-	hog, err := c.KV().Watch(wctx, "elsewhere/")
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer hog.Close()
+	mustWatch(t, wctx, c.KV(), "elsewhere/") // the node's one watch
 	q := NewQueue(c, "jobs")
 	q.Rescan = 200 * time.Millisecond
 	s := mustSession(t, c, 5*time.Second)

@@ -103,9 +103,7 @@ func lockCycle(t *testing.T, c *Client) {
 	}
 	m := NewMutex(s, "cycle")
 	g := mustLock(t, ctx, m)
-	if _, err := c.KV().Put(ctx, "cycle", []byte("v"), WithGrant(g)); err != nil {
-		t.Fatal(err)
-	}
+	mustPut(t, ctx, c.KV(), "cycle", []byte("v"), WithGrant(g))
 	if res, err := c.Check(ctx, "cycle", g.Token()); err != nil || !res.Current {
 		t.Fatalf("Check = %+v, %v", res, err)
 	}
@@ -402,9 +400,7 @@ func TestBlockedLockHoldsUpNothing(t *testing.T) {
 		return err == nil && len(locks) == 1 && len(locks[0].GetWaiters()) == 1
 	})
 	for i := range 20 {
-		if _, err := c.KV().Put(ctx, "k", []byte(strconv.Itoa(i))); err != nil {
-			t.Fatal(err)
-		}
+		mustPut(t, ctx, c.KV(), "k", []byte(strconv.Itoa(i)))
 	}
 	cancel()
 	if err := <-waited; !errors.Is(err, context.Canceled) {
@@ -526,9 +522,7 @@ func TestCallersGivingUpKeepTheStream(t *testing.T) {
 	srv := startServer(t, nil)
 	c := mustClient(t, srv, nil)
 	ctx := context.Background()
-	if _, err := c.KV().Put(ctx, "k", []byte("v")); err != nil {
-		t.Fatal(err)
-	}
+	mustPut(t, ctx, c.KV(), "k", []byte("v"))
 	var wg sync.WaitGroup
 	for i := range 8 {
 		wg.Go(func() {

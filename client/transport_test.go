@@ -67,14 +67,8 @@ func TestUnaryBodiesAreInMemory(t *testing.T) {
 	m := NewMutex(s, "in-memory")
 	mustLock(t, ctx, m)
 	mustUnlock(t, ctx, m)
-	w, err := c.KV().Watch(ctx, "in-memory/")
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer w.Close()
-	if _, err := c.KV().Put(ctx, "in-memory/k", []byte("v")); err != nil {
-		t.Fatal(err)
-	}
+	w := mustWatch(t, ctx, c.KV(), "in-memory/")
+	mustPut(t, ctx, c.KV(), "in-memory/k", []byte("v"))
 	if ev := <-w.Events(); ev == nil || ev.GetKv().GetKey() != "in-memory/k" {
 		t.Fatalf("watch delivered %v (%v)", ev, w.Err())
 	}

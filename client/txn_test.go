@@ -56,9 +56,7 @@ func TestTxnCommit(t *testing.T) {
 	c := clientOfNewServer(t)
 	ctx := context.Background()
 	kv := c.KV()
-	if _, err := kv.Put(ctx, "k", []byte("b")); err != nil {
-		t.Fatal(err)
-	}
+	mustPut(t, ctx, kv, "k", []byte("b"))
 	s := mustSession(t, c, 10*time.Second)
 	for _, tc := range []struct {
 		cmp  Cmp

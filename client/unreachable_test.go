@@ -78,9 +78,7 @@ func TestAClientThatTalkedToItsGroupRidesOutARestart(t *testing.T) {
 	srv := mustStartConfig(t, cfg)
 	c := mustClient(t, srv, nil)
 	ctx := context.Background()
-	if _, err := c.KV().Put(ctx, "k", []byte("v")); err != nil {
-		t.Fatal(err)
-	}
+	mustPut(t, ctx, c.KV(), "k", []byte("v"))
 	if err := srv.Close(); err != nil {
 		t.Fatal(err)
 	}
