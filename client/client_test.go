@@ -126,9 +126,7 @@ func TestSessionLostWhenRenewalsStop(t *testing.T) {
 // ends the session as lost, and does not renew it, though the service
 // answers and would renew it.
 func TestPausedPastSafeUntilLosesTheSession(t *testing.T) {
-	srv := startServer(t, nil)
-	clk := clock.NewFake()
-	s := mustSession(t, mustClient(t, srv, clk), 3*time.Second)
+	_, clk, s := fakeClockSession(t, 3*time.Second)
 	clk.WaitForTimers(2)
 	clk.Advance(5 * time.Second) // the renewal and the deadline pass at once
 	mustEndWith(t, "the session, after a pause past its safe-until,", s.Done(), s.Err, fence.ErrSessionLost)
@@ -136,9 +134,7 @@ func TestPausedPastSafeUntilLosesTheSession(t *testing.T) {
 
 // Renewals keep a session alive well past its TTL.
 func TestKeepAliveRenews(t *testing.T) {
-	srv := startServer(t, nil)
-	clk := clock.NewFake()
-	s := mustSession(t, mustClient(t, srv, clk), 3*time.Second)
+	_, clk, s := fakeClockSession(t, 3*time.Second)
 	for range 10 {
 		before := s.SafeUntil()
 		clk.WaitForTimers(2)
@@ -225,14 +221,7 @@ func TestRWMutex(t *testing.T) {
 	if _, err := w.TryLock(ctx); !errors.Is(err, fence.ErrLocked) {
 		t.Fatalf("writer while readers hold: %v, want ErrLocked", err)
 	}
-	wrote := make(chan *Grant, 1)
-	go func() {
-		g, err := w.Lock(ctx)
-		if err != nil {
-			t.Error(err)
-		}
-		wrote <- g
-	}()
+	wrote := inBackground(t, func() (*Grant, error) { return w.Lock(ctx) })
 	deadline := time.Now().Add(10 * time.Second)
 	for {
 		locks, err := c.Locks(ctx, "rw")

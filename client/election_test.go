@@ -28,14 +28,7 @@ func TestElection(t *testing.T) {
 	if st, err := c.Leader(ctx, "scheduler"); !st.Elected || err != nil || st.Value != "node-a" || st.Token != la.Token() {
 		t.Fatalf("Leader = %+v, %v; want node-a with token %d", st, err, la.Token())
 	}
-	won := make(chan *Leadership, 1)
-	go func() {
-		lb, err := b.Campaign(ctx, "node-b")
-		if err != nil {
-			t.Error(err)
-		}
-		won <- lb
-	}()
+	won := inBackground(t, func() (*Leadership, error) { return b.Campaign(ctx, "node-b") })
 	select {
 	case <-won:
 		t.Fatal("two leaders at once")
@@ -112,14 +105,7 @@ func TestObserveLeader(t *testing.T) {
 		t.Fatal(err)
 	}
 	next(LeaderState{Elected: true, Value: "node-a v2", Token: la.Token()})
-	won := make(chan *Leadership, 1)
-	go func() {
-		lb, err := NewElection(newSession(), "jobs").Campaign(ctx, "node-b")
-		if err != nil {
-			t.Error(err)
-		}
-		won <- lb
-	}()
+	won := inBackground(t, func() (*Leadership, error) { return NewElection(newSession(), "jobs").Campaign(ctx, "node-b") })
 	waitForLock(t, c, "election/jobs", func(holders, waiters int) bool { return waiters == 1 })
 	if err := sa.Close(ctx); err != nil {
 		t.Fatal(err)

@@ -71,6 +71,15 @@ func mustNew(tb testing.TB, opts ...Option) *Client {
 	return c
 }
 
+// fakeClockSession starts a node and returns it, a fake clock, and a
+// session with ttl of a client of the node that keeps time by that clock.
+func fakeClockSession(tb testing.TB, ttl time.Duration) (*server.Server, *clock.Fake, *Session) {
+	tb.Helper()
+	srv := startServer(tb, nil)
+	clk := clock.NewFake()
+	return srv, clk, mustSession(tb, mustClient(tb, srv, clk), ttl)
+}
+
 // mustSession returns a session of c with ttl, closed at the test's end.
 func mustSession(tb testing.TB, c *Client, ttl time.Duration) *Session {
 	tb.Helper()
@@ -136,4 +145,19 @@ func mustWatch(tb testing.TB, ctx context.Context, kv *KV, prefix string, opts .
 	}
 	tb.Cleanup(func() { w.Close() })
 	return w
+}
+
+// inBackground calls f in a goroutine and returns a channel that delivers
+// what f returns; an error f returns is reported with tb.Error, and the
+// value f returned with it (nil, as a rule) is delivered all the same.
+func inBackground[T any](tb testing.TB, f func() (T, error)) <-chan T {
+	done := make(chan T, 1)
+	go func() {
+		v, err := f()
+		if err != nil {
+			tb.Error(err)
+		}
+		done <- v
+	}()
+	return done
 }

@@ -38,14 +38,7 @@ func TestQueueFIFO(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
-	got := make(chan *Delivery, 1)
-	go func() {
-		d, err := q.Dequeue(ctx, s)
-		if err != nil {
-			t.Error(err)
-		}
-		got <- d
-	}()
+	got := inBackground(t, func() (*Delivery, error) { return q.Dequeue(ctx, s) })
 	time.Sleep(100 * time.Millisecond)
 	if _, err := q.Enqueue(ctx, []byte("late")); err != nil {
 		t.Fatal(err)
@@ -132,14 +125,7 @@ func TestQueueConsumerDiesMidHandOut(t *testing.T) {
 	}
 
 	other := mustSession(t, c, 5*time.Second)
-	got := make(chan *Delivery, 1)
-	go func() {
-		d, err := q.Dequeue(ctx, other)
-		if err != nil {
-			t.Error(err)
-		}
-		got <- d
-	}()
+	got := inBackground(t, func() (*Delivery, error) { return q.Dequeue(ctx, other) })
 	var second *Delivery
 	select {
 	case second = <-got:
