@@ -64,8 +64,7 @@ func TestBarrierHoldReleaseWait(t *testing.T) {
 
 // A Wait gives up when its context ends.
 func TestBarrierWaitCancelled(t *testing.T) {
-	srv := startServer(t, nil)
-	c := mustClient(t, srv, nil)
+	c := clientOfNewServer(t)
 	b := NewBarrier(c, "gate")
 	if err := b.Hold(context.Background()); err != nil {
 		t.Fatal(err)

@@ -31,25 +31,17 @@ func TestMutexLifecycle(t *testing.T) {
 		t.Fatal(err)
 	}
 	m := NewMutex(s, "orders")
-	g1, err := m.Lock(ctx)
-	if err != nil {
-		t.Fatal(err)
-	}
+	g1 := mustLock(t, ctx, m)
 	if again, err := m.Lock(ctx); err != nil || again.Token() != g1.Token() {
 		t.Fatalf("re-lock = %v, %v; want the same grant %d", again, err, g1.Token())
 	}
-	if err := m.Unlock(ctx); err != nil {
-		t.Fatal(err)
-	}
+	mustUnlock(t, ctx, m)
 	select {
 	case <-g1.Done():
 	default:
 		t.Fatal("grant context still live after Unlock")
 	}
-	g2, err := m.Lock(ctx)
-	if err != nil {
-		t.Fatal(err)
-	}
+	g2 := mustLock(t, ctx, m)
 	if g2.Token() <= g1.Token() {
 		t.Fatalf("second token %d is not above %d", g2.Token(), g1.Token())
 	}
@@ -74,14 +66,11 @@ func TestMutexLifecycle(t *testing.T) {
 
 // Errors keep their identity across the wire.
 func TestErrorsAreSentinels(t *testing.T) {
-	srv := startServer(t, nil)
-	c := mustClient(t, srv, nil)
+	c := clientOfNewServer(t)
 	ctx := context.Background()
 	a := mustSession(t, c, 10*time.Second)
 	b := mustSession(t, c, 10*time.Second)
-	if _, err := NewMutex(a, "l").Lock(ctx); err != nil {
-		t.Fatal(err)
-	}
+	mustLock(t, ctx, NewMutex(a, "l"))
 	if _, err := NewMutex(b, "l").TryLock(ctx); !errors.Is(err, fence.ErrLocked) {
 		t.Fatalf("TryLock on a held lock: %v, want ErrLocked", err)
 	}
@@ -111,10 +100,7 @@ func TestSessionLostWhenRenewalsStop(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	g, err := NewMutex(s, "l").Lock(ctx)
-	if err != nil {
-		t.Fatal(err)
-	}
+	g := mustLock(t, ctx, NewMutex(s, "l"))
 	want := clk.Now().Add(3*time.Second*99/100 - 100*time.Millisecond)
 	if got := s.SafeUntil(); got.After(want) {
 		t.Fatalf("safe until %v is later than sent+TTL*(1-drift)-margin = %v", got, want)
@@ -122,13 +108,9 @@ func TestSessionLostWhenRenewalsStop(t *testing.T) {
 	srv.Close() // no renewal can get through any more
 	clk.WaitForTimers(2)
 	clk.Advance(3 * time.Second)
-	select {
-	case <-g.Done():
-	case <-time.After(10 * time.Second):
-		t.Fatal("grant still live 10s after its safe-until deadline passed")
-	}
-	if !errors.Is(s.Err(), fence.ErrSessionLost) || !errors.Is(g.Err(), fence.ErrSessionLost) {
-		t.Fatalf("session err %v, grant err %v; want ErrSessionLost", s.Err(), g.Err())
+	mustEndWith(t, "the grant, past its safe-until deadline,", g.Done(), g.Err, fence.ErrSessionLost)
+	if !errors.Is(s.Err(), fence.ErrSessionLost) {
+		t.Fatalf("session err %v, want ErrSessionLost", s.Err())
 	}
 	if _, err := NewMutex(s, "l").Lock(ctx); !errors.Is(err, fence.ErrSessionLost) {
 		t.Fatalf("Lock on a lost session: %v", err)
@@ -140,9 +122,7 @@ func TestSessionLostWhenRenewalsStop(t *testing.T) {
 // ends the session as lost, and does not renew it, though the service
 // answers and would renew it.
 func TestPausedPastSafeUntilLosesTheSession(t *testing.T) {
-	srv := startServer(t, nil)
-	clk := clock.NewFake()
-	s := mustSession(t, mustClient(t, srv, clk), 3*time.Second)
+	_, clk, s := fakeClockSession(t, 3*time.Second)
 	clk.WaitForTimers(2)
 	clk.Advance(5 * time.Second) // the renewal and the deadline pass at once
 	mustEndWith(t, "the session, after a pause past its safe-until,", s.Done(), s.Err, fence.ErrSessionLost)
@@ -150,9 +130,7 @@ func TestPausedPastSafeUntilLosesTheSession(t *testing.T) {
 
 // Renewals keep a session alive well past its TTL.
 func TestKeepAliveRenews(t *testing.T) {
-	srv := startServer(t, nil)
-	clk := clock.NewFake()
-	s := mustSession(t, mustClient(t, srv, clk), 3*time.Second)
+	_, clk, s := fakeClockSession(t, 3*time.Second)
 	for range 10 {
 		before := s.SafeUntil()
 		clk.WaitForTimers(2)
@@ -224,8 +202,7 @@ func TestCloseDoesNotHangWhenServiceIsDown(t *testing.T) {
 // Readers share the lock, a writer waits for them, and readers that come
 // after a waiting writer wait behind it (FIFO, no writer starvation).
 func TestRWMutex(t *testing.T) {
-	srv := startServer(t, nil)
-	c := mustClient(t, srv, nil)
+	c := clientOfNewServer(t)
 	ctx := context.Background()
 	session := func() *Session { return mustSession(t, c, 10*time.Second) }
 	r1, r2, w, r3 := NewRWMutex(session(), "rw"), NewRWMutex(session(), "rw"), NewRWMutex(session(), "rw"), NewRWMutex(session(), "rw")
@@ -240,14 +217,7 @@ func TestRWMutex(t *testing.T) {
 	if _, err := w.TryLock(ctx); !errors.Is(err, fence.ErrLocked) {
 		t.Fatalf("writer while readers hold: %v, want ErrLocked", err)
 	}
-	wrote := make(chan *Grant, 1)
-	go func() {
-		g, err := w.Lock(ctx)
-		if err != nil {
-			t.Error(err)
-		}
-		wrote <- g
-	}()
+	wrote := inBackground(t, func() (*Grant, error) { return w.Lock(ctx) })
 	deadline := time.Now().Add(10 * time.Second)
 	for {
 		locks, err := c.Locks(ctx, "rw")
@@ -330,11 +300,7 @@ func TestKeepAlivePassesAHungNode(t *testing.T) {
 func clientWithAHungNode(t *testing.T) (*server.Server, *Client) {
 	t.Helper()
 	srv := startServer(t, nil)
-	c, err := New(WithEndpoints(srv.Addr(), hungListener(t)))
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { c.Close() })
+	c := mustNew(t, WithEndpoints(srv.Addr(), hungListener(t)))
 	return srv, c
 }
 
@@ -367,16 +333,12 @@ func hungListener(t *testing.T) string {
 
 // TryLock on a held lock fails with a *fence.LockedError naming the holder.
 func TestTryLockNamesTheHolder(t *testing.T) {
-	srv := startServer(t, nil)
-	c := mustClient(t, srv, nil)
+	c := clientOfNewServer(t)
 	ctx := context.Background()
 	a := mustSession(t, c, 10*time.Second)
 	b := mustSession(t, c, 10*time.Second)
-	g, err := NewMutex(a, "l").Lock(ctx)
-	if err != nil {
-		t.Fatal(err)
-	}
-	_, err = NewMutex(b, "l").TryLock(ctx)
+	g := mustLock(t, ctx, NewMutex(a, "l"))
+	_, err := NewMutex(b, "l").TryLock(ctx)
 	var locked *fence.LockedError
 	if !errors.As(err, &locked) || !errors.Is(err, fence.ErrLocked) {
 		t.Fatalf("TryLock on a held lock: %v (%T), want a *fence.LockedError", err, err)

@@ -18,11 +18,7 @@ import (
 func TestClientKeepsToOneCluster(t *testing.T) {
 	ctx := context.Background()
 	a, b := startServer(t, nil), startServer(t, nil)
-	c, err := New(WithEndpoints(a.Addr(), b.Addr()), WithRetryBudget(2*time.Second))
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer c.Close()
+	c := mustNew(t, WithEndpoints(a.Addr(), b.Addr()), WithRetryBudget(2*time.Second))
 	st, err := c.Status(ctx)
 	if err != nil {
 		t.Fatal(err)
@@ -59,15 +55,9 @@ func TestWithClusterIDSkipsOtherGroups(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	c, err := New(WithEndpoints(b.Addr(), a.Addr()), WithClusterID(want.ClusterId))
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer c.Close()
+	c := mustNew(t, WithEndpoints(b.Addr(), a.Addr()), WithClusterID(want.ClusterId))
 	m := NewMutex(mustSession(t, c, 5*time.Second), "x")
-	if _, err := m.Lock(ctx); err != nil {
-		t.Fatal(err)
-	}
+	mustLock(t, ctx, m)
 	for _, n := range []struct {
 		srv   *server.Server
 		locks uint64
@@ -80,9 +70,7 @@ func TestWithClusterIDSkipsOtherGroups(t *testing.T) {
 			t.Errorf("node %s has %d sessions and %d locks, want %d of each", n.srv.Addr(), st.Sessions, st.Locks, n.locks)
 		}
 	}
-	if err := m.Unlock(ctx); err != nil {
-		t.Fatal(err)
-	}
+	mustUnlock(t, ctx, m)
 }
 
 // A session given up is abandoned on every node the client knows, with its
@@ -93,12 +81,8 @@ func TestLostSessionIsNotSentToAnotherGroup(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	defer other.Close()
-	c, err := New(WithEndpoints(a.Addr(), other.Addr().String()))
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer c.Close()
+	t.Cleanup(func() { other.Close() })
+	c := mustNew(t, WithEndpoints(a.Addr(), other.Addr().String()))
 	s := mustSession(t, c, 5*time.Second)
 	c.endpointAt(1).foreign.Store(true) // as a call answered ErrWrongCluster would mark it
 	s.lose(errors.New("given up by the test"))

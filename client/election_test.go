@@ -14,8 +14,7 @@ import (
 // One campaigner leads; the other waits and leads once the first resigns,
 // with a higher token; a deposed leader cannot overwrite the record.
 func TestElection(t *testing.T) {
-	srv := startServer(t, nil)
-	c := mustClient(t, srv, nil)
+	c := clientOfNewServer(t)
 	ctx := context.Background()
 	newSession := func() *Session { return mustSession(t, c, 10*time.Second) }
 	if st, err := c.Leader(ctx, "scheduler"); st.Elected || err != nil {
@@ -29,14 +28,7 @@ func TestElection(t *testing.T) {
 	if st, err := c.Leader(ctx, "scheduler"); !st.Elected || err != nil || st.Value != "node-a" || st.Token != la.Token() {
 		t.Fatalf("Leader = %+v, %v; want node-a with token %d", st, err, la.Token())
 	}
-	won := make(chan *Leadership, 1)
-	go func() {
-		lb, err := b.Campaign(ctx, "node-b")
-		if err != nil {
-			t.Error(err)
-		}
-		won <- lb
-	}()
+	won := inBackground(t, func() (*Leadership, error) { return b.Campaign(ctx, "node-b") })
 	select {
 	case <-won:
 		t.Fatal("two leaders at once")
@@ -70,8 +62,7 @@ func TestElection(t *testing.T) {
 // leader, a Proclaim, and the end of a leader's session (its record goes
 // with it), followed by the next leader.
 func TestObserveLeader(t *testing.T) {
-	srv := startServer(t, nil)
-	c := mustClient(t, srv, nil)
+	c := clientOfNewServer(t)
 	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
 	defer cancel()
 	newSession := func() *Session { return mustSession(t, c, 10*time.Second) }
@@ -93,16 +84,9 @@ func TestObserveLeader(t *testing.T) {
 	next(LeaderState{})
 	// A write to the election's key that no leader made (unfenced, or
 	// fenced by another lock) elects nobody, as Leader says too.
-	if _, err := c.KV().Put(ctx, "election/jobs", []byte("impostor")); err != nil {
-		t.Fatal(err)
-	}
-	other, err := NewMutex(newSession(), "other").Lock(ctx)
-	if err != nil {
-		t.Fatal(err)
-	}
-	if _, err := c.KV().Put(ctx, "election/jobs", []byte("impostor 2"), WithGrant(other)); err != nil {
-		t.Fatal(err)
-	}
+	mustPut(t, ctx, c.KV(), "election/jobs", []byte("impostor"))
+	other := mustLock(t, ctx, NewMutex(newSession(), "other"))
+	mustPut(t, ctx, c.KV(), "election/jobs", []byte("impostor 2"), WithGrant(other))
 	if st, err := c.Leader(ctx, "jobs"); err != nil || st.Elected {
 		t.Fatalf("Leader after writes no leader made: %+v, %v", st, err)
 	}
@@ -121,14 +105,7 @@ func TestObserveLeader(t *testing.T) {
 		t.Fatal(err)
 	}
 	next(LeaderState{Elected: true, Value: "node-a v2", Token: la.Token()})
-	won := make(chan *Leadership, 1)
-	go func() {
-		lb, err := NewElection(newSession(), "jobs").Campaign(ctx, "node-b")
-		if err != nil {
-			t.Error(err)
-		}
-		won <- lb
-	}()
+	won := inBackground(t, func() (*Leadership, error) { return NewElection(newSession(), "jobs").Campaign(ctx, "node-b") })
 	waitForLock(t, c, "election/jobs", func(holders, waiters int) bool { return waiters == 1 })
 	if err := sa.Close(ctx); err != nil {
 		t.Fatal(err)
@@ -192,11 +169,7 @@ func TestObserveLeaderNeverGoesBack(t *testing.T) {
 			t.Error(err)
 		}
 	}}
-	obs, err := New(WithEndpoints(srv.Addr()), WithHTTPClient(&http.Client{Transport: rt}))
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer obs.Close()
+	obs := mustNew(t, WithEndpoints(srv.Addr()), WithHTTPClient(&http.Client{Transport: rt}))
 	states, err := obs.ObserveLeader(ctx, "x")
 	if err != nil {
 		t.Fatal(err)

@@ -45,11 +45,7 @@ func answersHeld(path string) func(t *testing.T) (held, plain *Client, hold func
 		t.Helper()
 		srv := startServer(t, nil)
 		tr := &heldAnswers{next: &http.Transport{}, path: path}
-		c, err := New(WithEndpoints(srv.Addr()), WithoutStream(), WithHTTPClient(&http.Client{Transport: inMemoryBodies{tr}}))
-		if err != nil {
-			t.Fatal(err)
-		}
-		t.Cleanup(func() { c.Close() })
+		c := mustNew(t, WithEndpoints(srv.Addr()), WithoutStream(), WithHTTPClient(&http.Client{Transport: inMemoryBodies{tr}}))
 		return c, mustClient(t, srv, nil), func() { tr.hold.Store(true) }
 	}
 }
@@ -86,12 +82,7 @@ func withAuth(t *testing.T, srv *server.Server, user string, quota Quota, perms 
 	must(open.UserSetQuota(ctx, user, quota))
 	userToken, _, err := open.TokenCreate(ctx, user, 0, "")
 	must(err)
-	client := func(token string) *Client {
-		c, err := New(WithEndpoints(srv.Addr()), WithBearerToken(token))
-		must(err)
-		t.Cleanup(func() { c.Close() })
-		return c
-	}
+	client := func(token string) *Client { return mustNew(t, WithEndpoints(srv.Addr()), WithBearerToken(token)) }
 	root, as = client(rootToken), client(userToken)
 	must(root.AuthEnable(ctx))
 	return root, as

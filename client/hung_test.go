@@ -11,11 +11,7 @@ import (
 func TestCallsPassAHungNode(t *testing.T) {
 	srv := startServer(t, nil)
 	hung := hungListener(t)
-	c, err := New(WithEndpoints(hung, srv.Addr()), WithAttemptTimeout(300*time.Millisecond))
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer c.Close()
+	c := mustNew(t, WithEndpoints(hung, srv.Addr()), WithAttemptTimeout(300*time.Millisecond))
 	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
 	defer cancel()
 	onHung := func() { c.setCurrent(c.endpointAt(0)) }
@@ -43,9 +39,7 @@ func TestCallsPassAHungNode(t *testing.T) {
 	}
 	defer other.Close(context.Background())
 	held := NewMutex(other, "busy")
-	if _, err := held.Lock(ctx); err != nil {
-		t.Fatal(err)
-	}
+	mustLock(t, ctx, held)
 	got := make(chan error, 1)
 	onHung()
 	go func() {
@@ -53,9 +47,7 @@ func TestCallsPassAHungNode(t *testing.T) {
 		got <- err
 	}()
 	time.Sleep(time.Second) // past the hung node, queued, polling
-	if err := held.Unlock(ctx); err != nil {
-		t.Fatal(err)
-	}
+	mustUnlock(t, ctx, held)
 	if err := <-got; err != nil {
 		t.Fatalf("a waiting Lock behind a hung node: %v", err)
 	}

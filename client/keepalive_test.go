@@ -42,11 +42,7 @@ func renewingSession(t *testing.T, c *Client, id uint64, ttl time.Duration, due,
 // at its own safe-until, as lost: the service expires it then, and may
 // grant its locks to others.
 func TestKeepAliveMemberEndsAtItsOwnSafeUntil(t *testing.T) {
-	c, err := New(WithEndpoints(freeAddr(t)))
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { c.Close() })
+	c := mustNew(t, WithEndpoints(freeAddr(t)))
 	now := time.Now()
 	shortSafe := now.Add(time.Second)
 	// short is due 100ms after long, within a quarter of its interval: it
@@ -125,11 +121,7 @@ func TestKeepAliveRefusedAsNotLeaderMovesToTheLeader(t *testing.T) {
 	node.Start()
 	t.Cleanup(node.Close)
 
-	c, err := New(WithEndpoints(srv.Addr(), node.Listener.Addr().String()))
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { c.Close() })
+	c := mustNew(t, WithEndpoints(srv.Addr(), node.Listener.Addr().String()))
 	s := mustSession(t, c, 2*time.Second)
 	c.setCurrent(c.endpointAt(1)) // the next keepalive goes to the deposed leader
 	select {
@@ -183,11 +175,7 @@ func TestKeepAliveTakesNoSessionPastItsSafeUntil(t *testing.T) {
 // one that comes after the session ended, extends nothing: the session
 // may have expired at the service meanwhile.
 func TestLateKeepAliveAnswerRenewsNothing(t *testing.T) {
-	c, err := New(WithEndpoints(freeAddr(t)))
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { c.Close() })
+	c := mustNew(t, WithEndpoints(freeAddr(t)))
 	now := time.Now()
 	safe := now.Add(time.Hour)
 	s := renewingSession(t, c, 1, 3*time.Second, safe, safe)

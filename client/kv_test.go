@@ -17,8 +17,7 @@ import (
 // loses the lock, B takes it and writes, A's late write is refused and B's
 // value survives.
 func TestKVRejectsStaleWriter(t *testing.T) {
-	srv := startServer(t, nil)
-	c := mustClient(t, srv, nil)
+	c := clientOfNewServer(t)
 	ctx := context.Background()
 	kv := c.KV()
 
@@ -27,24 +26,14 @@ func TestKVRejectsStaleWriter(t *testing.T) {
 		t.Fatal(err)
 	}
 	ma := NewMutex(a, "orders")
-	ga, err := ma.Lock(ctx)
-	if err != nil {
-		t.Fatal(err)
-	}
-	if _, err := kv.Put(ctx, "orders/17", []byte("a1"), WithGrant(ga)); err != nil {
-		t.Fatal(err)
-	}
+	ga := mustLock(t, ctx, ma)
+	mustPut(t, ctx, kv, "orders/17", []byte("a1"), WithGrant(ga))
 	if err := a.Close(ctx); err != nil { // A's lease ends (as if it expired)
 		t.Fatal(err)
 	}
 	b := mustSession(t, c, 10*time.Second)
-	gb, err := NewMutex(b, "orders").Lock(ctx)
-	if err != nil {
-		t.Fatal(err)
-	}
-	if _, err := kv.Put(ctx, "orders/17", []byte("b"), WithGrant(gb)); err != nil {
-		t.Fatal(err)
-	}
+	gb := mustLock(t, ctx, NewMutex(b, "orders"))
+	mustPut(t, ctx, kv, "orders/17", []byte("b"), WithGrant(gb))
 
 	_, err = kv.Put(ctx, "orders/17", []byte("a2"), FencedBy("orders", ga.Token()))
 	var stale *fence.StaleTokenError
@@ -62,22 +51,16 @@ func TestKVRejectsStaleWriter(t *testing.T) {
 
 // Strict mode needs the lock's current grant; CAS needs the revision.
 func TestKVStrictAndCompareAndSwap(t *testing.T) {
-	srv := startServer(t, nil)
-	c := mustClient(t, srv, nil)
+	c := clientOfNewServer(t)
 	ctx := context.Background()
 	kv := c.KV()
 	s := mustSession(t, c, 10*time.Second)
 	m := NewMutex(s, "l")
-	g, err := m.Lock(ctx)
-	if err != nil {
-		t.Fatal(err)
-	}
+	g := mustLock(t, ctx, m)
 	if _, err := kv.Put(ctx, "k", []byte("1"), WithGrant(g), Strict()); err != nil {
 		t.Fatalf("strict write by the holder: %v", err)
 	}
-	if err := m.Unlock(ctx); err != nil {
-		t.Fatal(err)
-	}
+	mustUnlock(t, ctx, m)
 	if _, err := kv.Put(ctx, "k", []byte("2"), WithGrant(g), Strict()); !errors.Is(err, fence.ErrNotHolder) {
 		t.Fatalf("strict write after release: %v, want ErrNotHolder", err)
 	}
@@ -99,19 +82,12 @@ func TestKVStrictAndCompareAndSwap(t *testing.T) {
 
 // A watch delivers every committed change under its prefix, in order.
 func TestKVWatch(t *testing.T) {
-	srv := startServer(t, nil)
-	c := mustClient(t, srv, nil)
+	c := clientOfNewServer(t)
 	ctx := context.Background()
 	kv := c.KV()
-	w, err := kv.Watch(ctx, "jobs/")
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer w.Close()
+	w := mustWatch(t, ctx, kv, "jobs/")
 	for _, key := range []string{"jobs/1", "other", "jobs/2"} {
-		if _, err := kv.Put(ctx, key, []byte(key)); err != nil {
-			t.Fatal(err)
-		}
+		mustPut(t, ctx, kv, key, []byte(key))
 	}
 	if _, err := kv.Delete(ctx, "jobs/1"); err != nil {
 		t.Fatal(err)
@@ -176,8 +152,7 @@ func TestKVRejectsBadInput(t *testing.T) {
 // A key bound to a session is deleted when the session ends, and watchers
 // see the delete; a put without BoundTo unbinds it.
 func TestKVBoundToSession(t *testing.T) {
-	srv := startServer(t, nil)
-	c := mustClient(t, srv, nil)
+	c := clientOfNewServer(t)
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
 	kv := c.KV()
@@ -186,27 +161,15 @@ func TestKVBoundToSession(t *testing.T) {
 		t.Fatal(err)
 	}
 	s2 := mustSession(t, c, 10*time.Second)
-	if _, err := kv.Put(ctx, "svc/a", []byte("10.0.0.1"), BoundTo(s1)); err != nil {
-		t.Fatal(err)
-	}
-	if _, err := kv.Put(ctx, "svc/b", []byte("10.0.0.2"), BoundTo(s1)); err != nil {
-		t.Fatal(err)
-	}
-	if _, err := kv.Put(ctx, "svc/b", []byte("10.0.0.2")); err != nil { // unbound again
-		t.Fatal(err)
-	}
-	if _, err := kv.Put(ctx, "svc/c", []byte("10.0.0.3"), BoundTo(s2)); err != nil {
-		t.Fatal(err)
-	}
+	mustPut(t, ctx, kv, "svc/a", []byte("10.0.0.1"), BoundTo(s1))
+	mustPut(t, ctx, kv, "svc/b", []byte("10.0.0.2"), BoundTo(s1))
+	mustPut(t, ctx, kv, "svc/b", []byte("10.0.0.2")) // unbound again
+	mustPut(t, ctx, kv, "svc/c", []byte("10.0.0.3"), BoundTo(s2))
 	got, err := kv.Get(ctx, "svc/a")
 	if err != nil || got.GetSessionId() != s1.ID() {
 		t.Fatalf("Get svc/a: %v, %v; want it bound to session %d", got, err, s1.ID())
 	}
-	w, err := kv.Watch(ctx, "svc/")
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer w.Close()
+	w := mustWatch(t, ctx, kv, "svc/")
 	if err := s1.Close(ctx); err != nil {
 		t.Fatal(err)
 	}
@@ -242,11 +205,7 @@ func TestKVWatchFromRevision(t *testing.T) {
 	kv := c.KV()
 	put := func(key, value string) uint64 {
 		t.Helper()
-		rev, err := kv.Put(ctx, key, []byte(value))
-		if err != nil {
-			t.Fatal(err)
-		}
-		return rev
+		return mustPut(t, ctx, kv, key, []byte(value))
 	}
 	put("a", "1")
 	put("b", "1")
@@ -269,11 +228,7 @@ func TestKVWatchFromRevision(t *testing.T) {
 			}
 		}
 	}
-	w, err := kv.Watch(ctx, "", FromRevision(l.Revision+1))
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer w.Close()
+	w := mustWatch(t, ctx, kv, "", FromRevision(l.Revision+1))
 	put("d", "1")
 	expect(w, "c@4", "d@5")
 
@@ -281,22 +236,10 @@ func TestKVWatchFromRevision(t *testing.T) {
 	if _, err := kv.Watch(ctx, "", FromRevision(2)); !errors.Is(err, fence.ErrCompacted) {
 		t.Fatalf("watch from a revision no longer kept: %v, want ErrCompacted", err)
 	}
-	old, err := kv.Watch(ctx, "", FromRevision(3))
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer old.Close()
+	old := mustWatch(t, ctx, kv, "", FromRevision(3))
 	expect(old, "a@3", "c@4", "d@5")
-	future, err := kv.Watch(ctx, "", FromRevision(7)) // nothing before revision 7
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer future.Close()
-	next, err := kv.Watch(ctx, "b", FromRevision(6))
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer next.Close()
+	future := mustWatch(t, ctx, kv, "", FromRevision(7)) // nothing before revision 7
+	next := mustWatch(t, ctx, kv, "b", FromRevision(6))
 	put("a", "3")
 	put("b", "2")
 	expect(next, "b@7")

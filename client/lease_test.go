@@ -24,8 +24,7 @@ import (
 // naming the first; Renew moves the safe-until on; Release frees the
 // lock, and a lease released or ended says so.
 func TestLeaseRenewRelease(t *testing.T) {
-	srv := startServer(t, nil)
-	c := mustClient(t, srv, nil)
+	c := clientOfNewServer(t)
 	ctx := context.Background()
 
 	before := time.Now()
@@ -70,11 +69,19 @@ func TestLeaseRenewRelease(t *testing.T) {
 	if !l.SafeUntil().IsZero() {
 		t.Errorf("a released lease is safe until %v", l.SafeUntil())
 	}
-	if err := l.Release(ctx); !errors.Is(err, fence.ErrSessionNotFound) {
-		t.Errorf("releasing a released lease: %v, want ErrSessionNotFound", err)
-	}
+	expectLeaseEnded(t, ctx, l, "a released lease")
+}
+
+// expectLeaseEnded reports an error unless Renew and Release of l both
+// fail with fence.ErrSessionNotFound, as for a lease that ended; what
+// names the lease in the report.
+func expectLeaseEnded(t *testing.T, ctx context.Context, l *Lease, what string) {
+	t.Helper()
 	if err := l.Renew(ctx); !errors.Is(err, fence.ErrSessionNotFound) {
-		t.Errorf("renewing a released lease: %v, want ErrSessionNotFound", err)
+		t.Errorf("Renew of %s: %v, want ErrSessionNotFound", what, err)
+	}
+	if err := l.Release(ctx); !errors.Is(err, fence.ErrSessionNotFound) {
+		t.Errorf("Release of %s: %v, want ErrSessionNotFound", what, err)
 	}
 }
 
@@ -155,12 +162,7 @@ func TestLeaseExpires(t *testing.T) {
 	if next.Token() <= l.Token() {
 		t.Errorf("the next lease's token %d is not above %d", next.Token(), l.Token())
 	}
-	if err := l.Renew(ctx); !errors.Is(err, fence.ErrSessionNotFound) {
-		t.Errorf("Renew of the expired lease: %v, want ErrSessionNotFound", err)
-	}
-	if err := l.Release(ctx); !errors.Is(err, fence.ErrSessionNotFound) {
-		t.Errorf("Release of the expired lease: %v, want ErrSessionNotFound", err)
-	}
+	expectLeaseEnded(t, ctx, l, "the expired lease")
 }
 
 // A Lease whose answer a gateway lost is retried, and the retry answers
@@ -183,12 +185,8 @@ func TestLeaseAnswerLostIsRetried(t *testing.T) {
 	}
 	proxy.ErrorLog = log.New(io.Discard, "", 0)
 	gw := httptest.NewServer(proxy)
-	defer gw.Close()
-	c, err := New(WithEndpoints(strings.TrimPrefix(gw.URL, "http://")))
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer c.Close()
+	t.Cleanup(gw.Close)
+	c := mustNew(t, WithEndpoints(strings.TrimPrefix(gw.URL, "http://")))
 	ctx := context.Background()
 	l, err := c.Lease(ctx, "lost-answer", time.Minute)
 	if err != nil {

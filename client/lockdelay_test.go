@@ -35,9 +35,7 @@ func TestGivenUpSessionKeepsLockDelay(t *testing.T) {
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			holder, waiter := mustSession(t, c, time.Hour), mustSession(t, c, time.Hour)
-			if _, err := NewMutex(holder, tc.name, WithLockDelay(10*time.Second)).Lock(ctx); err != nil {
-				t.Fatal(err)
-			}
+			mustLock(t, ctx, NewMutex(holder, tc.name, WithLockDelay(10*time.Second)))
 			granted := make(chan error, 1)
 			go func() {
 				_, err := NewMutex(waiter, tc.name).Lock(ctx)

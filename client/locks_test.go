@@ -9,15 +9,12 @@ import (
 
 // Locks pages through the service's answers: every lock once, in order.
 func TestLocksPages(t *testing.T) {
-	srv := startServer(t, nil)
-	c := mustClient(t, srv, nil)
+	c := clientOfNewServer(t)
 	ctx := context.Background()
 	s := mustSession(t, c, time.Minute)
 	const n = 25
 	for i := range n {
-		if _, err := NewMutex(s, fmt.Sprintf("p/%02d", i)).Lock(ctx); err != nil {
-			t.Fatal(err)
-		}
+		mustLock(t, ctx, NewMutex(s, fmt.Sprintf("p/%02d", i)))
 	}
 	var names []string
 	token := ""
@@ -61,8 +58,7 @@ func TestLocksPages(t *testing.T) {
 // context that ends only for that (the grant's own, or one made from it)
 // is not the caller giving up, and the release is waited for.
 func TestUnlockWithTheGrantsOwnContext(t *testing.T) {
-	srv := startServer(t, nil)
-	c := mustClient(t, srv, nil)
+	c := clientOfNewServer(t)
 	s := mustSession(t, c, time.Minute)
 	m := NewMutex(s, "own-context")
 	for _, derive := range []func(context.Context) (context.Context, context.CancelFunc){

@@ -17,8 +17,7 @@ import (
 // Items come out in the order they went in, and a Dequeue on an empty
 // queue waits for the next Enqueue.
 func TestQueueFIFO(t *testing.T) {
-	srv := startServer(t, nil)
-	c := mustClient(t, srv, nil)
+	c := clientOfNewServer(t)
 	ctx := context.Background()
 	s := mustSession(t, c, 5*time.Second)
 	q := NewQueue(c, "jobs")
@@ -39,14 +38,7 @@ func TestQueueFIFO(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
-	got := make(chan *Delivery, 1)
-	go func() {
-		d, err := q.Dequeue(ctx, s)
-		if err != nil {
-			t.Error(err)
-		}
-		got <- d
-	}()
+	got := inBackground(t, func() (*Delivery, error) { return q.Dequeue(ctx, s) })
 	time.Sleep(100 * time.Millisecond)
 	if _, err := q.Enqueue(ctx, []byte("late")); err != nil {
 		t.Fatal(err)
@@ -133,14 +125,7 @@ func TestQueueConsumerDiesMidHandOut(t *testing.T) {
 	}
 
 	other := mustSession(t, c, 5*time.Second)
-	got := make(chan *Delivery, 1)
-	go func() {
-		d, err := q.Dequeue(ctx, other)
-		if err != nil {
-			t.Error(err)
-		}
-		got <- d
-	}()
+	got := inBackground(t, func() (*Delivery, error) { return q.Dequeue(ctx, other) })
 	var second *Delivery
 	select {
 	case second = <-got:
@@ -179,8 +164,7 @@ func TestQueueConsumerDiesMidHandOut(t *testing.T) {
 
 // Return gives an item back for the next consumer.
 func TestQueueReturn(t *testing.T) {
-	srv := startServer(t, nil)
-	c := mustClient(t, srv, nil)
+	c := clientOfNewServer(t)
 	ctx := context.Background()
 	q := NewQueue(c, "q")
 	if _, err := q.Enqueue(ctx, []byte("x")); err != nil {
@@ -214,11 +198,7 @@ func TestDequeueWithoutAWatch(t *testing.T) {
 	ctx := context.Background()
 	wctx, cancel := context.WithCancel(ctx)
 	defer cancel()
-	hog, err := c.KV().Watch(wctx, "elsewhere/")
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer hog.Close()
+	mustWatch(t, wctx, c.KV(), "elsewhere/") // the node's one watch
 	q := NewQueue(c, "jobs")
 	q.Rescan = 200 * time.Millisecond
 	s := mustSession(t, c, 5*time.Second)

@@ -49,12 +49,7 @@ func (t *losingTransport) RoundTrip(req *http.Request) (*http.Response, error) {
 func losingClient(t *testing.T, srv *server.Server, paths ...string) *Client {
 	t.Helper()
 	tr := &losingTransport{next: &http.Transport{}, paths: paths, lost: map[string]bool{}}
-	c, err := New(WithEndpoints(srv.Addr()), WithHTTPClient(&http.Client{Transport: inMemoryBodies{tr}}))
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { c.Close() })
-	return c
+	return mustNew(t, WithEndpoints(srv.Addr()), WithHTTPClient(&http.Client{Transport: inMemoryBodies{tr}}))
 }
 
 // A write whose answer is lost after it applied is retried, and the retry

@@ -23,18 +23,12 @@ func TestGrantReleasedBySomeoneElseEnds(t *testing.T) {
 	ctx := context.Background()
 	const ttl = 3 * time.Second
 	s := mustSession(t, c, ttl)
-	taken, err := NewMutex(s, "taken").Lock(ctx)
-	if err != nil {
-		t.Fatal(err)
-	}
-	kept, err := NewMutex(s, "kept").Lock(ctx)
-	if err != nil {
-		t.Fatal(err)
-	}
+	taken := mustLock(t, ctx, NewMutex(s, "taken"))
+	kept := mustLock(t, ctx, NewMutex(s, "kept"))
 
 	// Another client that was given the session's secret.
 	other := fencev1connect.NewLockServiceClient(http.DefaultClient, "http://"+srv.Addr())
-	_, err = other.Release(ctx, connect.NewRequest(&fencev1.ReleaseRequest{SessionId: s.ID(), SessionSecret: s.secret, Lock: "taken", Token: taken.Token()}))
+	_, err := other.Release(ctx, connect.NewRequest(&fencev1.ReleaseRequest{SessionId: s.ID(), SessionSecret: s.secret, Lock: "taken", Token: taken.Token()}))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -60,22 +54,16 @@ func TestGrantReleasedBySomeoneElseEnds(t *testing.T) {
 // Grants taken and released by their own holder while keepalives run are
 // never taken for revoked.
 func TestOwnGrantsAreNotTakenForRevoked(t *testing.T) {
-	srv := startServer(t, nil)
-	c := mustClient(t, srv, nil)
+	c := clientOfNewServer(t)
 	ctx := context.Background()
 	m := NewMutex(mustSession(t, c, time.Second), "churn")
 	deadline := time.Now().Add(2 * time.Second)
 	for n := 0; time.Now().Before(deadline); n++ {
-		g, err := m.Lock(ctx)
-		if err != nil {
-			t.Fatal(err)
-		}
+		g := mustLock(t, ctx, m)
 		time.Sleep(time.Duration(n%5) * time.Millisecond)
 		if g.Err() != nil {
 			t.Fatalf("grant %d ended while held: %v", n, g.Err())
 		}
-		if err := m.Unlock(ctx); err != nil {
-			t.Fatal(err)
-		}
+		mustUnlock(t, ctx, m)
 	}
 }

@@ -7,7 +7,6 @@ import (
 	"time"
 
 	"github.com/fencelock/fence"
-	"github.com/fencelock/fence/internal/clock"
 )
 
 // holdTimers holds back s's keepalive timers, as if the process had been
@@ -28,16 +27,11 @@ func holdTimers(s *Session) {
 // the others.
 func TestLockPastSafeUntilGrantsNothing(t *testing.T) {
 	t.Run("granted after a wait through the pause", func(t *testing.T) {
-		srv := startServer(t, nil)
-		clk := clock.NewFake()
-		c := mustClient(t, srv, clk)
+		srv, clk, s := fakeClockSession(t, 3*time.Second)
 		ctx := context.Background()
-		s := mustSession(t, c, 3*time.Second)
 		others := mustClient(t, srv, nil)
 		holder := NewMutex(mustSession(t, others, 10*time.Second), "l")
-		if _, err := holder.Lock(ctx); err != nil {
-			t.Fatal(err)
-		}
+		mustLock(t, ctx, holder)
 		type result struct {
 			g   *Grant
 			err error
@@ -50,9 +44,7 @@ func TestLockPastSafeUntilGrantsNothing(t *testing.T) {
 		waitForLock(t, others, "l", func(holders, waiters int) bool { return waiters == 1 })
 		holdTimers(s)
 		clk.Advance(5 * time.Second) // past the safe-until, unnoticed
-		if err := holder.Unlock(ctx); err != nil {
-			t.Fatal(err)
-		}
+		mustUnlock(t, ctx, holder)
 		r := <-done
 		if !errors.Is(r.err, fence.ErrSessionLost) {
 			t.Fatalf("Lock granted past the safe-until: %v, %v; want fence.ErrSessionLost", r.g, r.err)
@@ -64,19 +56,12 @@ func TestLockPastSafeUntilGrantsNothing(t *testing.T) {
 	for _, relock := range []bool{false, true} {
 		name := map[bool]string{false: "a new lock", true: "a lock held already"}[relock]
 		t.Run(name, func(t *testing.T) {
-			srv := startServer(t, nil)
-			clk := clock.NewFake()
-			c := mustClient(t, srv, clk)
+			srv, clk, s := fakeClockSession(t, 3*time.Second)
 			ctx := context.Background()
-			s := mustSession(t, c, 3*time.Second)
 			m := NewMutex(s, "l")
 			var held *Grant
 			if relock {
-				g, err := m.Lock(ctx)
-				if err != nil {
-					t.Fatal(err)
-				}
-				held = g
+				held = mustLock(t, ctx, m)
 			}
 			holdTimers(s)
 			clk.Advance(5 * time.Second) // past the safe-until, unnoticed
@@ -104,15 +89,9 @@ func TestLockPastSafeUntilGrantsNothing(t *testing.T) {
 // renewal falls due on the monotonic clock (a third of the TTL later).
 // Its close gives its lock up.
 func TestSuspendPastSafeUntilEndsTheSession(t *testing.T) {
-	srv := startServer(t, nil)
-	clk := clock.NewFake()
-	c := mustClient(t, srv, clk)
+	srv, clk, s := fakeClockSession(t, 3*time.Second)
 	ctx := context.Background()
-	s := mustSession(t, c, 3*time.Second)
-	g, err := NewMutex(s, "l").Lock(ctx)
-	if err != nil {
-		t.Fatal(err)
-	}
+	g := mustLock(t, ctx, NewMutex(s, "l"))
 	clk.Suspend(5 * time.Second)
 	if safe := s.SafeUntil(); !safe.Before(clk.Now()) {
 		t.Fatalf("after a suspend of 5s, SafeUntil is %v from now, want it past", safe.Sub(clk.Now()))
@@ -147,10 +126,7 @@ func TestSuspendPastSafeUntilEndsTheSession(t *testing.T) {
 // A Lock right after a suspend past the safe-until, before anything else
 // noticed it, grants nothing.
 func TestLockAfterSuspendGrantsNothing(t *testing.T) {
-	srv := startServer(t, nil)
-	clk := clock.NewFake()
-	c := mustClient(t, srv, clk)
-	s := mustSession(t, c, 3*time.Second)
+	_, clk, s := fakeClockSession(t, 3*time.Second)
 	clk.Suspend(5 * time.Second)
 	if g, err := NewMutex(s, "l").Lock(context.Background()); !errors.Is(err, fence.ErrSessionLost) {
 		t.Fatalf("Lock after a suspend past the safe-until: %v, %v; want fence.ErrSessionLost", g, err)
@@ -161,10 +137,7 @@ func TestLockAfterSuspendGrantsNothing(t *testing.T) {
 // by the suspend's length, and the session renews at once (the service's
 // clock went on), not when its renewal falls due on the monotonic clock.
 func TestShortSuspendRenewsAtOnce(t *testing.T) {
-	srv := startServer(t, nil)
-	clk := clock.NewFake()
-	c := mustClient(t, srv, clk)
-	s := mustSession(t, c, 3*time.Second)
+	_, clk, s := fakeClockSession(t, 3*time.Second)
 	safe := s.SafeUntil()
 	clk.Suspend(time.Second)
 	if got := s.SafeUntil(); !got.Equal(safe.Add(-time.Second)) {

@@ -13,8 +13,7 @@ import (
 // of its own; a fourth waits and gets the permit the first one releases.
 // Naming another number of permits is refused while the name is in use.
 func TestSemaphore(t *testing.T) {
-	srv := startServer(t, nil)
-	c := mustClient(t, srv, nil)
+	c := clientOfNewServer(t)
 	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
 	defer cancel()
 	session := func() *Session { return mustSession(t, c, 10*time.Second) }
@@ -49,14 +48,7 @@ func TestSemaphore(t *testing.T) {
 		t.Fatalf("a semaphore of 0 permits: %v, want ErrInvalidArgument", err)
 	}
 
-	got := make(chan *Grant, 1)
-	go func() {
-		g, err := fourth.Acquire(ctx)
-		if err != nil {
-			t.Error(err)
-		}
-		got <- g
-	}()
+	got := inBackground(t, func() (*Grant, error) { return fourth.Acquire(ctx) })
 	waitForLock(t, c, "pool", func(holders, waiters int) bool { return holders == 3 && waiters == 1 })
 	locks, err := c.Locks(ctx, "pool")
 	if err != nil || len(locks) != 1 || locks[0].GetPermits() != 3 {

@@ -102,13 +102,8 @@ func lockCycle(t *testing.T, c *Client) {
 		t.Fatal(err)
 	}
 	m := NewMutex(s, "cycle")
-	g, err := m.Lock(ctx)
-	if err != nil {
-		t.Fatal(err)
-	}
-	if _, err := c.KV().Put(ctx, "cycle", []byte("v"), WithGrant(g)); err != nil {
-		t.Fatal(err)
-	}
+	g := mustLock(t, ctx, m)
+	mustPut(t, ctx, c.KV(), "cycle", []byte("v"), WithGrant(g))
 	if res, err := c.Check(ctx, "cycle", g.Token()); err != nil || !res.Current {
 		t.Fatalf("Check = %+v, %v", res, err)
 	}
@@ -121,9 +116,7 @@ func lockCycle(t *testing.T, c *Client) {
 	if _, err := c.KV().Delete(ctx, "cycle", WithGrant(g)); err != nil {
 		t.Fatal(err)
 	}
-	if err := m.Unlock(ctx); err != nil {
-		t.Fatal(err)
-	}
+	mustUnlock(t, ctx, m)
 	if err := s.Close(ctx); err != nil {
 		t.Fatal(err)
 	}
@@ -147,11 +140,7 @@ func TestOperationsGoOnTheStream(t *testing.T) {
 		t.Errorf("streams opened: %v framed, %v over HTTP/2; want one framed", framed, h2)
 	}
 
-	h2, err := New(WithEndpoints(srv.Addr()), WithoutFramedStream())
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer h2.Close()
+	h2 := mustNew(t, WithEndpoints(srv.Addr()), WithoutFramedStream())
 	before := streamOps(t, srv, "acquire")
 	lockCycle(t, h2)
 	if n := streamOps(t, srv, "acquire"); n <= before {
@@ -161,11 +150,7 @@ func TestOperationsGoOnTheStream(t *testing.T) {
 		t.Errorf("WithoutFramedStream opened %v streams over HTTP/2, want 1", n)
 	}
 
-	c, err := New(WithEndpoints(srv.Addr()), WithoutStream())
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer c.Close()
+	c := mustNew(t, WithEndpoints(srv.Addr()), WithoutStream())
 	lockCycleUnary(t, srv, c, 2, "WithoutStream")
 }
 
@@ -290,11 +275,7 @@ func (p *cutter) addr() string { return p.ln.Addr().String() }
 func TestStreamCutMidOperationAppliesOnce(t *testing.T) {
 	srv := startServer(t, nil)
 	p := newCutter(t, srv.Addr())
-	c, err := New(WithEndpoints(p.addr()))
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer c.Close()
+	c := mustNew(t, WithEndpoints(p.addr()))
 	observer := mustClient(t, srv, nil)
 	ctx := context.Background()
 	s, err := c.NewSession(ctx, WithTTL(10*time.Second))
@@ -388,11 +369,7 @@ func unaryOnly(t *testing.T, srv *server.Server) string {
 // that does not serve it, and a custom HTTP client that speaks HTTP/1.1.
 func TestStreamFallsBackToUnary(t *testing.T) {
 	srv := startServer(t, nil)
-	older, err := New(WithEndpoints(unaryOnly(t, srv)))
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer older.Close()
+	older := mustNew(t, WithEndpoints(unaryOnly(t, srv)))
 	lockCycle(t, older)
 	if n := streamOps(t, srv, "acquire"); n != 0 {
 		t.Fatalf("%v acquires on a stream", n)
@@ -401,25 +378,17 @@ func TestStreamFallsBackToUnary(t *testing.T) {
 		t.Fatal("the endpoint without the stream is not remembered")
 	}
 
-	h1, err := New(WithEndpoints(srv.Addr()), WithHTTPClient(&http.Client{Transport: &http.Transport{}}))
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer h1.Close()
+	h1 := mustNew(t, WithEndpoints(srv.Addr()), WithHTTPClient(&http.Client{Transport: &http.Transport{}}))
 	lockCycleUnary(t, srv, h1, 2, "an HTTP/1.1 client")
 }
 
 // A blocked Lock on the stream does not hold up the session's other
 // operations, and a cancelled one leaves nothing queued.
 func TestBlockedLockHoldsUpNothing(t *testing.T) {
-	srv := startServer(t, nil)
-	c := mustClient(t, srv, nil)
+	c := clientOfNewServer(t)
 	ctx := context.Background()
 	a, b := mustSession(t, c, 5*time.Second), mustSession(t, c, 5*time.Second)
-	ga, err := NewMutex(a, "hot").Lock(ctx)
-	if err != nil {
-		t.Fatal(err)
-	}
+	ga := mustLock(t, ctx, NewMutex(a, "hot"))
 	wctx, cancel := context.WithCancel(ctx)
 	waited := make(chan error, 1)
 	go func() {
@@ -431,9 +400,7 @@ func TestBlockedLockHoldsUpNothing(t *testing.T) {
 		return err == nil && len(locks) == 1 && len(locks[0].GetWaiters()) == 1
 	})
 	for i := range 20 {
-		if _, err := c.KV().Put(ctx, "k", []byte(strconv.Itoa(i))); err != nil {
-			t.Fatal(err)
-		}
+		mustPut(t, ctx, c.KV(), "k", []byte(strconv.Itoa(i)))
 	}
 	cancel()
 	if err := <-waited; !errors.Is(err, context.Canceled) {
@@ -480,11 +447,7 @@ func TestCallsAfterCloseGoUnary(t *testing.T) {
 // a call with a 1s attempt from moving on to a node that answers.
 func TestPausedNodeHoldsUpOnlyItsOwnAttempts(t *testing.T) {
 	srv := startServer(t, nil)
-	c, err := New(WithEndpoints(hungListener(t), srv.Addr()), WithAttemptTimeout(time.Second))
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { c.Close() })
+	c := mustNew(t, WithEndpoints(hungListener(t), srv.Addr()), WithAttemptTimeout(time.Second))
 	now := time.Now()
 	renewingSession(t, c, 1, 40*time.Second, now, now.Add(30*time.Second)) // opens at the paused node, for 10s
 	time.Sleep(50 * time.Millisecond)
@@ -510,11 +473,7 @@ func TestHTTP1ProxyCarriesTheFramedStream(t *testing.T) {
 	target, _ := url.Parse("http://" + srv.Addr())
 	proxy := httptest.NewServer(httputil.NewSingleHostReverseProxy(target)) // HTTP/1.1 only
 	t.Cleanup(proxy.Close)
-	c, err := New(WithEndpoints(proxy.Listener.Addr().String()))
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { c.Close() })
+	c := mustNew(t, WithEndpoints(proxy.Listener.Addr().String()))
 	lockCycle(t, c)
 	if n := streamOps(t, srv, "acquire"); n < 1 {
 		t.Fatalf("%v acquires on a stream through an HTTP/1.1 proxy that passes upgrades", n)
@@ -539,11 +498,7 @@ func TestHTTP1ProxyGetsUnaryCalls(t *testing.T) {
 		reverse.ServeHTTP(w, r)
 	})) // HTTP/1.1 only, no upgrades
 	t.Cleanup(proxy.Close)
-	c, err := New(WithEndpoints(proxy.Listener.Addr().String()))
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { c.Close() })
+	c := mustNew(t, WithEndpoints(proxy.Listener.Addr().String()))
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 	defer cancel()
 	s, err := c.NewSession(ctx, WithTTL(5*time.Second))
@@ -567,9 +522,7 @@ func TestCallersGivingUpKeepTheStream(t *testing.T) {
 	srv := startServer(t, nil)
 	c := mustClient(t, srv, nil)
 	ctx := context.Background()
-	if _, err := c.KV().Put(ctx, "k", []byte("v")); err != nil {
-		t.Fatal(err)
-	}
+	mustPut(t, ctx, c.KV(), "k", []byte("v"))
 	var wg sync.WaitGroup
 	for i := range 8 {
 		wg.Go(func() {
@@ -623,12 +576,8 @@ func TestFramedStreamPingsWhileOnlyReading(t *testing.T) {
 			time.Sleep(20 * time.Millisecond)
 		}
 	}))
-	defer srv.Close()
-	c, err := New(WithEndpoints(strings.TrimPrefix(srv.URL, "http://")))
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer c.Close()
+	t.Cleanup(srv.Close)
+	c := mustNew(t, WithEndpoints(strings.TrimPrefix(srv.URL, "http://")))
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 	defer cancel()
 	if _, err := c.KV().Get(ctx, "k"); err != nil {

@@ -41,12 +41,8 @@ func TestWithTLS(t *testing.T) {
 			t.Fatalf("session over TLS (gRPC %v): %v", grpc, err)
 		}
 		m := NewMutex(s, "tls")
-		if _, err := m.Lock(ctx); err != nil {
-			t.Fatal(err)
-		}
-		if err := m.Unlock(ctx); err != nil {
-			t.Fatal(err)
-		}
+		mustLock(t, ctx, m)
+		mustUnlock(t, ctx, m)
 		s.Close(ctx)
 		c.Close()
 	}
@@ -75,11 +71,7 @@ func TestTLSFailureMovesToTheNextEndpoint(t *testing.T) {
 	}
 	bad := serve(&tls.Config{Certificates: []tls.Certificate{other.Cert(t, "stale node")}})
 	good := serve(&tls.Config{Certificates: []tls.Certificate{ca.Cert(t, "node")}})
-	c, err := New(WithEndpoints(bad.Addr(), good.Addr()), WithTLS(&tls.Config{RootCAs: ca.Pool()}))
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer c.Close()
+	c := mustNew(t, WithEndpoints(bad.Addr(), good.Addr()), WithTLS(&tls.Config{RootCAs: ca.Pool()}))
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
 	st, err := c.Status(ctx)
@@ -109,11 +101,7 @@ func TestTLSStreamThenUnary(t *testing.T) {
 			ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 			defer cancel()
 			config := &tls.Config{RootCAs: ca.Pool()}
-			c, err := New(append([]Option{WithEndpoints(srv.Addr()), WithTLS(config)}, tc.opts...)...)
-			if err != nil {
-				t.Fatal(err)
-			}
-			defer c.Close()
+			c := mustNew(t, append([]Option{WithEndpoints(srv.Addr()), WithTLS(config)}, tc.opts...)...)
 			s, err := c.NewSession(ctx) // on the stream
 			if err != nil {
 				t.Fatal(err)

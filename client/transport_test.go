@@ -56,11 +56,7 @@ func (t *recordingTransport) RoundTrip(req *http.Request) (*http.Response, error
 func TestUnaryBodiesAreInMemory(t *testing.T) {
 	srv := startServer(t, nil)
 	rec := &recordingTransport{next: &http.Transport{}, bodies: map[string]reflect.Type{}, follow: map[string]bool{}}
-	c, err := New(WithEndpoints(srv.Addr()), WithHTTPClient(&http.Client{Transport: inMemoryBodies{rec}}))
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer c.Close()
+	c := mustNew(t, WithEndpoints(srv.Addr()), WithHTTPClient(&http.Client{Transport: inMemoryBodies{rec}}))
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
 	s, err := c.NewSession(ctx)
@@ -69,20 +65,10 @@ func TestUnaryBodiesAreInMemory(t *testing.T) {
 	}
 	defer s.Close(ctx)
 	m := NewMutex(s, "in-memory")
-	if _, err := m.Lock(ctx); err != nil {
-		t.Fatal(err)
-	}
-	if err := m.Unlock(ctx); err != nil {
-		t.Fatal(err)
-	}
-	w, err := c.KV().Watch(ctx, "in-memory/")
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer w.Close()
-	if _, err := c.KV().Put(ctx, "in-memory/k", []byte("v")); err != nil {
-		t.Fatal(err)
-	}
+	mustLock(t, ctx, m)
+	mustUnlock(t, ctx, m)
+	w := mustWatch(t, ctx, c.KV(), "in-memory/")
+	mustPut(t, ctx, c.KV(), "in-memory/k", []byte("v"))
 	if ev := <-w.Events(); ev == nil || ev.GetKv().GetKey() != "in-memory/k" {
 		t.Fatalf("watch delivered %v (%v)", ev, w.Err())
 	}

@@ -17,8 +17,7 @@ import (
 // send, fails at Commit with ErrInvalidArgument saying what, and sends
 // nothing.
 func TestTxnBuilderRefusesMisuse(t *testing.T) {
-	srv := startServer(t, nil)
-	c := mustClient(t, srv, nil)
+	c := clientOfNewServer(t)
 	ctx := context.Background()
 	kv := c.KV()
 	s := mustSession(t, c, 10*time.Second)
@@ -54,13 +53,10 @@ func TestTxnBuilderRefusesMisuse(t *testing.T) {
 // BoundTo goes with its session, and the results answer the list that
 // ran.
 func TestTxnCommit(t *testing.T) {
-	srv := startServer(t, nil)
-	c := mustClient(t, srv, nil)
+	c := clientOfNewServer(t)
 	ctx := context.Background()
 	kv := c.KV()
-	if _, err := kv.Put(ctx, "k", []byte("b")); err != nil {
-		t.Fatal(err)
-	}
+	mustPut(t, ctx, kv, "k", []byte("b"))
 	s := mustSession(t, c, 10*time.Second)
 	for _, tc := range []struct {
 		cmp  Cmp
@@ -107,11 +103,7 @@ func TestTxnOnANodeWithoutIt(t *testing.T) {
 	hs := &http.Server{Handler: mux}
 	go hs.Serve(ln)
 	t.Cleanup(func() { hs.Close() })
-	c, err := New(WithEndpoints(ln.Addr().String()))
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer c.Close()
+	c := mustNew(t, WithEndpoints(ln.Addr().String()))
 	_, err = c.KV().Txn(context.Background()).Then(OpGet("k")).Commit()
 	if !errors.Is(err, fence.ErrUnsupported) {
 		t.Fatalf("txn on a node without Txn: %v, want ErrUnsupported", err)

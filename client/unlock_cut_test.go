@@ -18,26 +18,19 @@ import (
 // meanwhile waits for that release, so that it is not handed the grant on
 // its way out.
 func TestAnUnlockThatTimedOutStillReleases(t *testing.T) {
-	srv, link, c := clientThroughALink(t)
+	srv, link, s := sessionThroughALink(t)
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
-	s := mustSession(t, c, 10*time.Second)
 	m := NewMutex(s, "l")
-	g, err := m.Lock(ctx)
-	if err != nil {
-		t.Fatal(err)
-	}
+	g := mustLock(t, ctx, m)
 
 	unlockThroughACutLink(t, ctx, link, m.Unlock)
 	if g.Err() == nil {
 		t.Error("the grant's context lives on after Unlock")
 	}
 
-	s2 := mustSession(t, mustClient(t, srv, nil), 10*time.Second)
 	// Well within the first session's TTL, which its keepalives renew.
-	lockCtx, lockCancel := context.WithTimeout(ctx, 5*time.Second)
-	defer lockCancel()
-	g2, err := NewMutex(s2, "l").Lock(lockCtx)
+	g2, err := lockFromAnotherSession(t, ctx, srv, "l")
 	if err != nil {
 		t.Fatalf("another session locking after the failed Unlock: %v (the lock stayed held by the first session)", err)
 	}
@@ -55,18 +48,14 @@ func TestAnUnlockThatTimedOutStillReleases(t *testing.T) {
 // of a release still on its way, to see it released under it while
 // another session takes the lock. (Found in review.)
 func TestAFreshMutexWaitsForAReleaseOnItsWay(t *testing.T) {
-	srv, link, c := clientThroughALink(t)
+	srv, link, s := sessionThroughALink(t)
 	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
 	defer cancel()
-	s := mustSession(t, c, 10*time.Second)
 	s2 := mustSession(t, mustClient(t, srv, nil), 10*time.Second)
 
 	for round := range 3 {
 		name := fmt.Sprintf("l%d", round)
-		g1, err := NewMutex(s, name).Lock(ctx)
-		if err != nil {
-			t.Fatal(err)
-		}
+		g1 := mustLock(t, ctx, NewMutex(s, name))
 		m1 := NewMutex(s, name)
 		if _, err := m1.Lock(ctx); err != nil { // the same grant
 			t.Fatal(err)
@@ -95,10 +84,10 @@ func TestAFreshMutexWaitsForAReleaseOnItsWay(t *testing.T) {
 // instead of failing as though the session still held the lock shared.
 // (Found in review.)
 func TestAnRWMutexLocksAfterAnRUnlockOnItsWay(t *testing.T) {
-	_, link, c := clientThroughALink(t)
+	_, link, s := sessionThroughALink(t)
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
-	rw := NewRWMutex(mustSession(t, c, 10*time.Second), "rw")
+	rw := NewRWMutex(s, "rw")
 	if _, err := rw.RLock(ctx); err != nil {
 		t.Fatal(err)
 	}
@@ -110,9 +99,10 @@ func TestAnRWMutexLocksAfterAnRUnlockOnItsWay(t *testing.T) {
 	}
 }
 
-// clientThroughALink starts a node and returns it, a link to it that a
-// test can cut, and a client that reaches the node only through the link.
-func clientThroughALink(t *testing.T) (*server.Server, *netproxy.Link, *Client) {
+// sessionThroughALink starts a node and returns it, a link to it that a
+// test can cut, and a session (TTL 10 s) of a client that reaches the node
+// only through the link.
+func sessionThroughALink(t *testing.T) (*server.Server, *netproxy.Link, *Session) {
 	t.Helper()
 	srv := startServer(t, nil)
 	link, err := netproxy.Listen(srv.Addr())
@@ -120,12 +110,18 @@ func clientThroughALink(t *testing.T) (*server.Server, *netproxy.Link, *Client) 
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { link.Close() })
-	c, err := New(WithEndpoints(link.Addr()), WithAttemptTimeout(200*time.Millisecond))
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { c.Close() })
-	return srv, link, c
+	c := mustNew(t, WithEndpoints(link.Addr()), WithAttemptTimeout(200*time.Millisecond))
+	return srv, link, mustSession(t, c, 10*time.Second)
+}
+
+// lockFromAnotherSession locks name through a new session of a client that
+// reaches srv directly, waiting at most 5 s, and returns what Lock returns.
+func lockFromAnotherSession(t *testing.T, ctx context.Context, srv *server.Server, name string) (*Grant, error) {
+	t.Helper()
+	s := mustSession(t, mustClient(t, srv, nil), 10*time.Second)
+	lockCtx, cancel := context.WithTimeout(ctx, 5*time.Second)
+	defer cancel()
+	return NewMutex(s, name).Lock(lockCtx)
 }
 
 // unlockThroughACutLink calls unlock with the link cut, which must fail, and
@@ -148,15 +144,11 @@ func unlockThroughACutLink(t *testing.T, ctx context.Context, link *netproxy.Lin
 // cut the release short, and the deadline still does, as it would for any
 // other context. The release then goes on in the background.
 func TestUnlockKeepsTheDeadlineOfAContextMadeFromTheGrants(t *testing.T) {
-	srv, link, c := clientThroughALink(t)
+	srv, link, s := sessionThroughALink(t)
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
-	s := mustSession(t, c, 10*time.Second)
 	m := NewMutex(s, "l")
-	g, err := m.Lock(ctx)
-	if err != nil {
-		t.Fatal(err)
-	}
+	g := mustLock(t, ctx, m)
 
 	unlockThroughACutLink(t, ctx, link, func(context.Context) error {
 		unlockCtx, unlockCancel := context.WithTimeout(g.Context(), 300*time.Millisecond)
@@ -172,10 +164,7 @@ func TestUnlockKeepsTheDeadlineOfAContextMadeFromTheGrants(t *testing.T) {
 		}
 	})
 
-	s2 := mustSession(t, mustClient(t, srv, nil), 10*time.Second)
-	lockCtx, lockCancel := context.WithTimeout(ctx, 5*time.Second)
-	defer lockCancel()
-	if _, err := NewMutex(s2, "l").Lock(lockCtx); err != nil {
+	if _, err := lockFromAnotherSession(t, ctx, srv, "l"); err != nil {
 		t.Fatalf("another session locking after the Unlock: %v (the release was not sent on)", err)
 	}
 }

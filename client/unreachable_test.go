@@ -28,15 +28,11 @@ func freeAddr(t *testing.T) string {
 // endpoints it tried, rather than after the whole retry budget.
 func TestNothingListeningFailsAfterTheDialTimeout(t *testing.T) {
 	a, b := freeAddr(t), freeAddr(t)
-	c, err := New(WithEndpoints(a, b), WithDialTimeout(300*time.Millisecond), WithRetryBudget(time.Minute))
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer c.Close()
+	c := mustNew(t, WithEndpoints(a, b), WithDialTimeout(300*time.Millisecond), WithRetryBudget(time.Minute))
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
 	start := time.Now()
-	_, err = c.NewSession(ctx)
+	_, err := c.NewSession(ctx)
 	took := time.Since(start)
 	if !errors.Is(err, ErrUnreachable) || !errors.Is(err, fence.ErrUnavailable) {
 		t.Fatalf("NewSession with nothing listening: %v, want ErrUnreachable", err)
@@ -82,9 +78,7 @@ func TestAClientThatTalkedToItsGroupRidesOutARestart(t *testing.T) {
 	srv := mustStartConfig(t, cfg)
 	c := mustClient(t, srv, nil)
 	ctx := context.Background()
-	if _, err := c.KV().Put(ctx, "k", []byte("v")); err != nil {
-		t.Fatal(err)
-	}
+	mustPut(t, ctx, c.KV(), "k", []byte("v"))
 	if err := srv.Close(); err != nil {
 		t.Fatal(err)
 	}
@@ -111,17 +105,13 @@ func TestAClientThatTalkedToItsGroupRidesOutARestart(t *testing.T) {
 // last dial error.
 func TestAGroupGoneForTheBudgetIsUnreachable(t *testing.T) {
 	srv := startServer(t, nil)
-	c, err := New(WithEndpoints(srv.Addr()), WithRetryBudget(500*time.Millisecond))
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer c.Close()
+	c := mustNew(t, WithEndpoints(srv.Addr()), WithRetryBudget(500*time.Millisecond))
 	ctx := context.Background()
 	if _, err := c.Status(ctx); err != nil {
 		t.Fatal(err)
 	}
 	srv.Close()
-	_, err = c.Status(ctx)
+	_, err := c.Status(ctx)
 	if !errors.Is(err, ErrUnreachable) || !strings.Contains(err.Error(), srv.Addr()) {
 		t.Fatalf("Status with the group gone: %v, want ErrUnreachable naming %s", err, srv.Addr())
 	}

@@ -16,36 +16,20 @@ func TestWatchPassesAHungNode(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	defer link.Close()
-	defer link.SetFrozen(false)
-	c, err := New(WithEndpoints(link.Addr(), srv.Addr()), WithAttemptTimeout(200*time.Millisecond))
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer c.Close()
+	t.Cleanup(func() { link.Close() })
+	t.Cleanup(func() { link.SetFrozen(false) })
+	c := mustNew(t, WithEndpoints(link.Addr(), srv.Addr()), WithAttemptTimeout(200*time.Millisecond))
 	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
 	defer cancel()
-	w, err := c.KV().Watch(ctx, "w/")
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer w.Close()
-	if _, err := c.KV().Put(ctx, "w/1", []byte("a")); err != nil {
-		t.Fatal(err)
-	}
+	w := mustWatch(t, ctx, c.KV(), "w/")
+	mustPut(t, ctx, c.KV(), "w/1", []byte("a"))
 	if ev := <-w.Events(); ev.GetKv().GetKey() != "w/1" {
 		t.Fatalf("first event %v", ev)
 	}
 
 	link.SetFrozen(true)
-	direct, err := New(WithEndpoints(srv.Addr()))
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer direct.Close()
-	if _, err := direct.KV().Put(ctx, "w/2", []byte("b")); err != nil {
-		t.Fatal(err)
-	}
+	direct := mustNew(t, WithEndpoints(srv.Addr()))
+	mustPut(t, ctx, direct.KV(), "w/2", []byte("b"))
 	select {
 	case ev, ok := <-w.Events():
 		if !ok || ev.GetKv().GetKey() != "w/2" {
