@@ -64,6 +64,13 @@ func (n *node) introduce(addr raft.ServerAddress) raftIntro {
 	return intro
 }
 
+// errFounding is the refusal of a voter's raft connection by a node that
+// holds no data while it finds out whether it founds the group with its
+// peers (bootstrapWhenAgreed): one of them founded it first, and this
+// node is slower to hear from all the others. It passes by itself, unlike
+// the refusal of a node whose data was lost.
+var errFounding = errors.New("not founded yet")
+
 // admit decides whether a raft connection introduced by intro may reach
 // raft. A node with no data that is asked to take part as a non-voter
 // joins the dialer's group here, durably, before it answers.
@@ -82,6 +89,10 @@ func (n *node) admit(intro raftIntro) error {
 	}
 	switch intro.Role {
 	case roleVoter:
+		if n.founding.Load() {
+			return fmt.Errorf("%w: this node (%s) holds no data yet, and is still asking its peers whether to found group %s with them (%s founded it already): "+
+				"it founds it once it hears from every peer, or finds its own data lost", errFounding, self, groupName(intro.Group), intro.From)
+		}
 		return fmt.Errorf("this node (%s) holds no data, and %s's group %s counts it as a voter: its data dir was lost or replaced, "+
 			"so it may not vote or count towards a commit. Remove it from the group (fence members remove %s) and add it again (fence members add %s ADDRESS)",
 			self, intro.From, groupName(intro.Group), self, self)

@@ -65,10 +65,18 @@ func (s *Server) bootstrapGroup(group string, founders map[string]uint32) error 
 func (s *Server) bootstrapWhenAgreed() {
 	defer s.wg.Done()
 	defer s.bootstrapNote.Store(nil)
+	defer s.node.founding.Store(false)
+	s.node.founding.Store(true)
 	wait := 20 * time.Millisecond
 	for !s.node.hasData() {
 		c := s.censusOfPeers()
 		note, level := c.note, c.level
+		// A census that found something wrong (this node's data lost, a
+		// peer of another version), or a peer holding data that this node
+		// cannot yet tell its own data's loss from a founder's head start
+		// by (a peer is silent), stops this node from counting as
+		// founding: a voter's connection is refused as it is for good.
+		s.node.founding.Store(level < slog.LevelError && len(c.holders) == 0)
 		switch {
 		case note == "":
 			if err := s.bootstrapGroup(c.group, c.protocols); err != nil {

@@ -44,7 +44,12 @@ type node struct {
 	// rejoins answers members asking to be added again (rejoin.go).
 	rejoins atomic.Pointer[func(rejoinRequest) rejoinAnswer]
 	// lowDisk says the data dir's disk is low on space (diskwatch.go).
-	lowDisk   atomic.Bool
+	lowDisk atomic.Bool
+	// founding is set while the node, holding no data, asks its peers
+	// whether it founds the group with them, and has not found its own
+	// data lost (bootstrapWhenAgreed): admit then refuses a voter's raft
+	// connection as errFounding.
+	founding  atomic.Bool
 	logger    *slog.Logger
 	raftLog   *raftLogSink // raft's own lines, on their way to logger
 	log       *durable.CheckedLog

@@ -126,6 +126,9 @@ type raftIntroAnswer struct {
 	ID      string `json:"id"`
 	Group   string `json:"group,omitempty"`
 	Refused string `json:"refused,omitempty"`
+	// Founding says the refusal will pass: the node holds no data yet,
+	// and is finding out whether it founds the group (errFounding).
+	Founding bool `json:"founding,omitempty"`
 }
 
 // maxIntroFrame bounds an introduction's frame.
@@ -366,8 +369,12 @@ func (m *nodeLinkMux) admitIntroduced(c net.Conn, n *node) bool {
 	answer := raftIntroAnswer{ID: string(n.id), Group: n.ident.groupID()}
 	err := n.admit(intro)
 	if err != nil {
-		answer.Refused = err.Error()
-		m.refusals.log(n.logger, slog.LevelWarn, intro.From+":"+answer.Refused, "refused a raft connection", "from", intro.From, "from_group", intro.Group, "err", err)
+		answer.Refused, answer.Founding = err.Error(), errors.Is(err, errFounding)
+		level := slog.LevelWarn
+		if answer.Founding {
+			level = slog.LevelInfo
+		}
+		m.refusals.log(n.logger, level, intro.From+":"+answer.Refused, "refused a raft connection", "from", intro.From, "from_group", intro.Group, "err", err)
 	}
 	if werr := writeFrame(c, answer); werr != nil || err != nil {
 		c.Close()
@@ -414,7 +421,7 @@ func (m *nodeLinkMux) Dial(addr raft.ServerAddress, timeout time.Duration) (net.
 		return m.StreamLayer.Dial(addr, timeout)
 	case answer.Refused != "":
 		c.Close()
-		return nil, &raftRefusedError{id: answer.ID, addr: addr, reason: answer.Refused}
+		return nil, &raftRefusedError{id: answer.ID, addr: addr, reason: answer.Refused, founding: answer.Founding}
 	}
 	return c, nil
 }
@@ -422,11 +429,12 @@ func (m *nodeLinkMux) Dial(addr raft.ServerAddress, timeout time.Duration) (net.
 // raftRefusedError is a peer's refusal of a raft connection this node
 // dialed, by the rules of admit.go: the peer is of another group, or
 // holds no data, or expects another node here. It does not pass by
-// itself, unlike a peer that is down.
+// itself, unlike a peer that is down, but for a founder's (founding).
 type raftRefusedError struct {
-	id     string // the peer's own id
-	addr   raft.ServerAddress
-	reason string
+	id       string // the peer's own id
+	addr     raft.ServerAddress
+	reason   string
+	founding bool // the peer holds no data yet, and will found the group or find its data lost
 }
 
 func (e *raftRefusedError) Error() string {

@@ -43,7 +43,9 @@ func newRaftLog(logger *slog.Logger) (hclog.Logger, *raftLogSink) {
 // the peer answers heartbeats again (peerBack). A peer that refuses this
 // node's raft connections by the group's identity rules (a wiped node, a
 // node of another group) stays an error, once a minute per peer: it does
-// not pass by itself. Warnings of the normal course of things are info
+// not pass by itself; one that holds no data while it finds out whether
+// it founds the group with this node is info, and so are this node's
+// elections that fail meanwhile. Warnings of the normal course of things are info
 // (routineWarning), and so is a leader's learning of a newer term while it
 // hands its leadership over (a warning otherwise); the error of the node's
 // own transport shutting down is debug.
@@ -57,6 +59,10 @@ type raftLogSink struct {
 	// (Server.Shutdown): the newer term a peer then answers with is the
 	// one asked for.
 	handingOff atomic.Bool
+	// foundingSeen is when a peer last refused this node's raft
+	// connection as not founded yet (UnixNano): this node's elections
+	// fail meanwhile for want of its voters, as a matter of course.
+	foundingSeen atomic.Int64
 }
 
 // peerLines are raft's lines about a peer it failed to reach, and the
@@ -82,7 +88,7 @@ func (s *raftLogSink) Accept(name string, level hclog.Level, msg string, args ..
 	err, _ := arg(args, "error").(error)
 	attrs := append([]any{"component", name}, args...)
 	switch {
-	case level == hclog.Warn && routineWarning(msg, args):
+	case level == hclog.Warn && (routineWarning(msg, args) || msg == "Election timeout reached, restarting election" && s.peerFounding()):
 		s.logger.Log(context.Background(), slog.LevelInfo, msg, attrs...)
 	case level == hclog.Warn:
 		s.logger.Log(context.Background(), slog.LevelWarn, msg, attrs...)
@@ -104,11 +110,23 @@ func (s *raftLogSink) Accept(name string, level hclog.Level, msg string, args ..
 	}
 }
 
+// peerFounding reports whether a peer refused this node's raft
+// connection as not founded yet within the last ten seconds.
+func (s *raftLogSink) peerFounding() bool {
+	seen := s.foundingSeen.Load()
+	return seen != 0 && time.Since(time.Unix(0, seen)) < 10*time.Second
+}
+
 // peerLine logs one of raft's lines about a peer it failed to reach.
 func (s *raftLogSink) peerLine(name, msg, peer string, args []any) {
 	attrs := append([]any{"component", name, "peer_id", peer, "raft", msg}, args...)
 	err, _ := arg(args, "error").(error)
 	var refused *raftRefusedError
+	if errors.As(err, &refused) && refused.founding {
+		s.foundingSeen.Store(time.Now().UnixNano())
+		s.peers.log(s.logger, slog.LevelInfo, "founding:"+peer, "peer has not founded the group yet", attrs...)
+		return
+	}
 	if errors.As(err, &refused) {
 		s.peers.log(s.logger, slog.LevelError, "refused:"+peer, "peer refuses this node's raft connections", attrs...)
 		return
