@@ -70,12 +70,8 @@ func FuzzAuthHeader(f *testing.F) {
 // newAuthState is a server with auth on, for tests of the check itself.
 func newAuthState(tb testing.TB) *Server {
 	s := startTestServer(tb, nil)
-	c := mustClient(tb, s, "")
-	ctx := context.Background()
-	rootToken := setupRoot(tb, c)
-	if err := mustClient(tb, s, rootToken).AuthEnable(ctx); err != nil {
-		tb.Fatal(err)
-	}
+	root, _ := mustRootClient(tb, s)
+	mustAuthEnable(tb, root)
 	return s
 }
 
@@ -155,9 +151,7 @@ func TestAuthRealServer(t *testing.T) {
 		t.Fatal("a refused enable enabled auth")
 	}
 	root := mustClient(t, s, rootToken)
-	if err := root.AuthEnable(ctx); err != nil {
-		t.Fatal(err)
-	}
+	mustAuthEnable(t, root)
 
 	if _, err := open.Status(ctx); !errors.Is(err, fence.ErrAuthFailed) {
 		t.Fatalf("status without a credential: %v", err)
@@ -278,12 +272,7 @@ func TestAuthWatchEndsOnRevoke(t *testing.T) {
 	// rather than hangs.
 	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
 	defer cancel()
-	open := mustClient(t, s, "")
-	root := mustClient(t, s, setupRoot(t, open))
-	readerToken := addUser(t, open, "reader", perm(client.PermKV, client.Read, "a/"))
-	if err := root.AuthEnable(ctx); err != nil {
-		t.Fatal(err)
-	}
+	root, _, readerToken := enableAuthWithUser(t, s, "reader", perm(client.PermKV, client.Read, "a/"))
 	watch := func(token string) *connect.ServerStreamForClient[fencev1.WatchResponse] {
 		hc := &http.Client{Transport: headerTransport{"Authorization": "Bearer " + token}}
 		stream, err := fencev1connect.NewKVServiceClient(hc, "http://"+s.Addr()).Watch(ctx, connect.NewRequest(&fencev1.WatchRequest{Prefix: "a/"}))
@@ -340,9 +329,7 @@ func TestAuthClientCertificate(t *testing.T) {
 	root := as("root")
 	setupRoot(t, root)
 	addUser(t, root, "app", perm(client.PermKV, client.Write, "app/"))
-	if err := root.AuthEnable(ctx); err != nil {
-		t.Fatal(err)
-	}
+	mustAuthEnable(t, root)
 	app := as("app")
 	if _, err := app.KV().Put(ctx, "app/x", nil); err != nil {
 		t.Fatal(err)

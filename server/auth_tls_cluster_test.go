@@ -55,9 +55,7 @@ func TestAuthClusterTLSCertificateCallsStayOnTheFollower(t *testing.T) {
 	rootToken := setupRoot(t, setup)
 	appToken := addUser(t, setup, "app", perm(client.PermKV, client.Write, ""), perm(client.PermLock, client.Write, ""))
 	readerToken := addUser(t, setup, "reader", perm(client.PermKV, client.Read, ""))
-	if err := goClient(leader, "root", rootToken).AuthEnable(ctx); err != nil {
-		t.Fatal(err)
-	}
+	mustAuthEnable(t, goClient(leader, "root", rootToken))
 	if _, err := goClient(leader, "root", rootToken).KV().Put(ctx, "k", []byte("v")); err != nil {
 		t.Fatal(err)
 	}
@@ -183,9 +181,7 @@ func TestQuotaCluster(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
-	if err := root.AuthEnable(ctx); err != nil {
-		t.Fatal(err)
-	}
+	mustAuthEnable(t, root)
 	refused := func(err error, quota string) {
 		t.Helper()
 		if connect.CodeOf(err) != connect.CodeResourceExhausted || !strings.Contains(err.Error(), quota) {

@@ -106,9 +106,7 @@ func TestBlockedAcquireEndsWhenAuthChanges(t *testing.T) {
 				}
 			}
 			if tc.change == nil {
-				if err := root.AuthEnable(ctx); err != nil {
-					t.Fatal(err)
-				}
+				mustAuthEnable(t, root)
 			} else {
 				tc.change(t, root)
 			}
@@ -146,9 +144,7 @@ func TestBearerTokenExpiresOnTheNodesClock(t *testing.T) {
 	s := startTestServer(t, func(c *Config) { c.Clock = clk })
 	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
 	defer cancel()
-	open := mustClient(t, s, "")
-	rootToken := setupRoot(t, open)
-	root := mustClient(t, s, rootToken)
+	root, rootToken := mustRootClient(t, s)
 	if err := root.RoleAdd(ctx, "app"); err != nil {
 		t.Fatal(err)
 	}
@@ -170,9 +166,7 @@ func TestBearerTokenExpiresOnTheNodesClock(t *testing.T) {
 	if got := info.GetExpires().AsTime(); !got.Equal(clk.Now().Add(time.Minute)) {
 		t.Fatalf("the token expires at %v, want a minute after the node's clock %v", got, clk.Now())
 	}
-	if err := root.AuthEnable(ctx); err != nil {
-		t.Fatal(err)
-	}
+	mustAuthEnable(t, root)
 	holder, app := apiWithToken(t, s, rootToken), apiWithToken(t, s, appToken)
 	hs, as := holder.session(time.Hour), app.session(time.Hour)
 	holder.mustAcquire(hs, "l")
@@ -229,13 +223,7 @@ func contains(err error, s string) bool {
 func TestPollingWaitOfARevokedCallerLeavesTheQueue(t *testing.T) {
 	ctx := context.Background()
 	s := startTestServer(t, nil)
-	open := mustClient(t, s, "")
-	rootToken := setupRoot(t, open)
-	root := mustClient(t, s, rootToken)
-	appToken := addUser(t, open, "app", perm(client.PermLock, client.Write, ""))
-	if err := root.AuthEnable(ctx); err != nil {
-		t.Fatal(err)
-	}
+	root, rootToken, appToken := enableAuthWithUser(t, s, "app", perm(client.PermLock, client.Write, ""))
 	holder := apiWithToken(t, s, rootToken)
 	holder.mustAcquire(holder.session(time.Hour), "m")
 	app := apiWithToken(t, s, appToken)
@@ -283,13 +271,7 @@ func TestPollingWaitOfARevokedCallerLeavesTheQueue(t *testing.T) {
 func TestCallChargedToTheUserItsCheckFound(t *testing.T) {
 	ctx := context.Background()
 	s := startTestServer(t, nil)
-	open := mustClient(t, s, "")
-	rootToken := setupRoot(t, open)
-	root := mustClient(t, s, rootToken)
-	appToken := addUser(t, open, "app", perm(client.PermKV, client.Write, ""))
-	if err := root.AuthEnable(ctx); err != nil {
-		t.Fatal(err)
-	}
+	root, _, appToken := enableAuthWithUser(t, s, "app", perm(client.PermKV, client.Write, ""))
 	tokens, err := root.Tokens(ctx, "app")
 	if err != nil || len(tokens) != 1 {
 		t.Fatalf("app's tokens: %v, %v", tokens, err)

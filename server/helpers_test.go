@@ -286,3 +286,30 @@ func listenBelowEphemeral(tb testing.TB) net.Listener {
 	}
 	return ln
 }
+
+// mustAuthEnable turns auth on through c, failing the test if it cannot.
+func mustAuthEnable(tb testing.TB, c *client.Client) {
+	tb.Helper()
+	if err := c.AuthEnable(context.Background()); err != nil {
+		tb.Fatal(err)
+	}
+}
+
+// mustRootClient sets up user root on s (setupRoot) while auth is off and
+// returns a client of root and root's token.
+func mustRootClient(tb testing.TB, s *Server) (root *client.Client, rootToken string) {
+	tb.Helper()
+	rootToken = setupRoot(tb, mustClient(tb, s, ""))
+	return mustClient(tb, s, rootToken), rootToken
+}
+
+// enableAuthWithUser sets up user root (setupRoot) and user with perms
+// (addUser) on s while auth is off, then turns auth on. It returns a
+// client of root, root's token and the user's token.
+func enableAuthWithUser(tb testing.TB, s *Server, user string, perms ...*client.Permission) (root *client.Client, rootToken, userToken string) {
+	tb.Helper()
+	root, rootToken = mustRootClient(tb, s)
+	userToken = addUser(tb, root, user, perms...)
+	mustAuthEnable(tb, root)
+	return root, rootToken, userToken
+}

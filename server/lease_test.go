@@ -16,6 +16,7 @@ import (
 
 	"github.com/fencelock/fence"
 	fencev1 "github.com/fencelock/fence/api/fence/v1"
+	"github.com/fencelock/fence/client"
 	"github.com/fencelock/fence/internal/clock"
 	"github.com/fencelock/fence/internal/fsm"
 	"github.com/fencelock/fence/internal/rpcerr"
@@ -333,12 +334,7 @@ func TestLeaseRefusesBadArguments(t *testing.T) {
 // release need what a keepalive and a close need, and its secret.
 func TestLeaseNeedsLockWrite(t *testing.T) {
 	s := startTestServer(t, nil)
-	open := mustClient(t, s, "")
-	rootToken := setupRoot(t, open)
-	token := addUser(t, open, "jobs", perm(fencev1.PermissionKind_PERMISSION_KIND_LOCK, fencev1.Access_ACCESS_WRITE, "jobs/"))
-	if err := mustClient(t, s, rootToken).AuthEnable(context.Background()); err != nil {
-		t.Fatal(err)
-	}
+	_, _, token := enableAuthWithUser(t, s, "jobs", perm(client.PermLock, client.Write, "jobs/"))
 	bearer := []string{"Authorization", "Bearer " + token}
 	before := numSessions(s)
 

@@ -426,12 +426,7 @@ func TestLockWatchAuth(t *testing.T) {
 	s := startTestServer(t, nil)
 	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
 	defer cancel()
-	open := mustClient(t, s, "")
-	root := mustClient(t, s, setupRoot(t, open))
-	token := addUser(t, open, "reader", perm(client.PermLock, client.Read, "a/"))
-	if err := root.AuthEnable(ctx); err != nil {
-		t.Fatal(err)
-	}
+	root, _, token := enableAuthWithUser(t, s, "reader", perm(client.PermLock, client.Read, "a/"))
 	reader := mustClient(t, s, token)
 	if _, err := reader.WatchLocks(ctx, "b/", 0); !errors.Is(err, fence.ErrPermissionDenied) {
 		t.Fatalf("watching b/ with lock read on a/: %v, want ErrPermissionDenied", err)

@@ -202,17 +202,13 @@ func TestTxnLimits(t *testing.T) {
 // kv write on each it puts or deletes; one missing refuses it whole.
 func TestTxnPermissions(t *testing.T) {
 	s := startTestServer(t, nil)
-	open := mustClient(t, s, "")
 	ctx := context.Background()
-	rootToken := setupRoot(t, open)
-	appToken := addUser(t, open, "app", perm(client.PermKV, client.Write, "orders/"), perm(client.PermKV, client.Read, "config/"))
-	root := mustClient(t, s, rootToken)
+	root, _ := mustRootClient(t, s)
+	appToken := addUser(t, root, "app", perm(client.PermKV, client.Write, "orders/"), perm(client.PermKV, client.Read, "config/"))
 	if _, err := root.KV().Put(ctx, "config/mode", []byte("on")); err != nil {
 		t.Fatal(err)
 	}
-	if err := root.AuthEnable(ctx); err != nil {
-		t.Fatal(err)
-	}
+	mustAuthEnable(t, root)
 	kv := mustClient(t, s, appToken).KV()
 	for _, tc := range []struct {
 		name string
