@@ -161,15 +161,9 @@ func TestAuthRealServer(t *testing.T) {
 	}
 
 	app := mustClient(t, s, appToken)
-	sess, err := app.NewSession(ctx)
-	if err != nil {
-		t.Fatal(err)
-	}
+	sess := mustNewSession(t, app)
 	defer sess.Close(ctx)
-	g, err := client.NewMutex(sess, "orders/1").Lock(ctx)
-	if err != nil {
-		t.Fatal(err)
-	}
+	g := mustLock(t, client.NewMutex(sess, "orders/1"))
 	if _, err := app.KV().Put(ctx, "orders/1", []byte("paid")); err != nil {
 		t.Fatal(err)
 	}
@@ -179,7 +173,7 @@ func TestAuthRealServer(t *testing.T) {
 			t.Errorf("%s: %v, want PermissionDenied naming %q", what, err, needs)
 		}
 	}
-	_, err = client.NewMutex(sess, "jobs/1").TryLock(ctx)
+	_, err := client.NewMutex(sess, "jobs/1").TryLock(ctx)
 	denied("app acquires jobs/1", err, `lock write on prefix "jobs/1"`)
 	_, err = app.KV().Put(ctx, "jobs/1", []byte("x"))
 	denied("app puts jobs/1", err, `kv write on prefix "jobs/1"`)

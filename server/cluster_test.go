@@ -267,10 +267,7 @@ func TestClusterLeaderFailover(t *testing.T) {
 	cl := c.client()
 	ctx := context.Background()
 	holder, m, g1 := mustHoldLock(t, cl, 5*time.Second, "orders")
-	waiter, err := cl.NewSession(ctx, client.WithTTL(5*time.Second))
-	if err != nil {
-		t.Fatal(err)
-	}
+	waiter := mustNewSession(t, cl, client.WithTTL(5*time.Second))
 	type result struct {
 		g   *client.Grant
 		err error
@@ -383,15 +380,10 @@ func TestClusterRestartedNodeCatchesUpFromSnapshot(t *testing.T) {
 	c.stop(down)
 	cl := c.client(c.endpoints(down)...)
 	ctx := context.Background()
-	s, err := cl.NewSession(ctx)
-	if err != nil {
-		t.Fatal(err)
-	}
+	s := mustNewSession(t, cl)
 	m := client.NewMutex(s, "churn")
 	for range 100 {
-		if _, err := m.Lock(ctx); err != nil {
-			t.Fatal(err)
-		}
+		mustLock(t, m)
 		if err := m.Unlock(ctx); err != nil {
 			t.Fatal(err)
 		}
@@ -424,13 +416,8 @@ func TestClusterMembership(t *testing.T) {
 	c := startCluster(t, 3, nil)
 	ctx := context.Background()
 	cl := c.client()
-	s, err := cl.NewSession(ctx)
-	if err != nil {
-		t.Fatal(err)
-	}
-	if _, err := client.NewMutex(s, "m").Lock(ctx); err != nil {
-		t.Fatal(err)
-	}
+	s := mustNewSession(t, cl)
+	mustLock(t, client.NewMutex(s, "m"))
 
 	n4, cfg4 := c.startJoiner("n4")
 	if err := cl.AddMember(ctx, "n4", cfg4.RaftListen, true); err != nil {
@@ -456,10 +443,7 @@ func TestClusterMembership(t *testing.T) {
 	if len(st.GetMembers()) != 3 {
 		t.Fatalf("members after add and remove: %v", st.GetMembers())
 	}
-	s2, err := cl.NewSession(ctx)
-	if err != nil {
-		t.Fatal(err)
-	}
+	s2 := mustNewSession(t, cl)
 	if _, err := client.NewMutex(s2, "after").Lock(ctx); err != nil {
 		t.Fatalf("the group stopped serving: %v", err)
 	}

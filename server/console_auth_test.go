@@ -87,14 +87,9 @@ func TestConsoleEventsEndWhenAuthChanges(t *testing.T) {
 	ctx := context.Background()
 	rc, _ := mustRootClient(t, s)
 	mustAuthEnable(t, rc)
-	holder, err := rc.NewSession(ctx, client.WithTTL(30*time.Second))
-	if err != nil {
-		t.Fatal(err)
-	}
+	holder := mustNewSession(t, rc, client.WithTTL(30*time.Second))
 	t.Cleanup(func() { holder.Close(context.Background()) })
-	if _, err := client.NewMutex(holder, "secret/a").Lock(ctx); err != nil {
-		t.Fatal(err)
-	}
+	mustLock(t, client.NewMutex(holder, "secret/a"))
 	readAll := perm(fencev1.PermissionKind_PERMISSION_KIND_LOCK, fencev1.Access_ACCESS_READ, "")
 	for _, tc := range []struct {
 		name   string
@@ -131,9 +126,7 @@ func TestConsoleEventsEndWhenAuthChanges(t *testing.T) {
 			// A lock taken after the change: a view showing it was made
 			// after the change.
 			marker := "marker/" + user
-			if _, err := client.NewMutex(holder, marker).Lock(ctx); err != nil {
-				t.Fatal(err)
-			}
+			mustLock(t, client.NewMutex(holder, marker))
 			// A bound for a stream that never ends, so that the test
 			// fails rather than hangs.
 			bound := time.After(20 * time.Second)

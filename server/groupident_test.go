@@ -20,18 +20,12 @@ func grantAndStore(t *testing.T, c *testCluster) uint64 {
 	t.Helper()
 	ctx := context.Background()
 	cl := c.client(c.endpoints()...)
-	s, err := cl.NewSession(ctx)
-	if err != nil {
-		t.Fatal(err)
-	}
+	s := mustNewSession(t, cl)
 	defer s.Close(ctx)
 	m := client.NewMutex(s, "orders")
 	var last uint64
 	for range 3 {
-		g, err := m.Lock(ctx)
-		if err != nil {
-			t.Fatal(err)
-		}
+		g := mustLock(t, m)
 		last = g.Token()
 		if err := m.Unlock(ctx); err != nil {
 			t.Fatal(err)

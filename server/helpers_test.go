@@ -313,3 +313,24 @@ func enableAuthWithUser(tb testing.TB, s *Server, user string, perms ...*client.
 	mustAuthEnable(tb, root)
 	return root, rootToken, userToken
 }
+
+// mustNewSession creates a session of cl with opts, failing the test if it
+// cannot. Closing it is the caller's.
+func mustNewSession(tb testing.TB, cl *client.Client, opts ...client.SessionOption) *client.Session {
+	tb.Helper()
+	sess, err := cl.NewSession(context.Background(), opts...)
+	if err != nil {
+		tb.Fatal(err)
+	}
+	return sess
+}
+
+// mustLock takes m, failing the test if it cannot, and returns the grant.
+func mustLock(tb testing.TB, m *client.Mutex) *client.Grant {
+	tb.Helper()
+	g, err := m.Lock(context.Background())
+	if err != nil {
+		tb.Fatal(err)
+	}
+	return g
+}

@@ -439,15 +439,9 @@ func TestLockWatchAuth(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer w.Close()
-	sess, err := root.NewSession(ctx)
-	if err != nil {
-		t.Fatal(err)
-	}
+	sess := mustNewSession(t, root)
 	m := client.NewMutex(sess, "a/x")
-	g, err := m.Lock(ctx)
-	if err != nil {
-		t.Fatal(err)
-	}
+	g := mustLock(t, m)
 	if ev := <-w.Events(); ev.GetType() != fencev1.LockEventType_LOCK_EVENT_TYPE_GRANTED || ev.GetToken() != g.Token() {
 		t.Fatalf("first event %v, want the grant of token %d", ev, g.Token())
 	}
@@ -479,9 +473,7 @@ func TestLockWatchAuth(t *testing.T) {
 	if err := root.TokenRevoke(ctx, tokens[0].GetId()); err != nil {
 		t.Fatal(err)
 	}
-	if _, err := client.NewMutex(sess, "a/y").Lock(ctx); err != nil {
-		t.Fatal(err)
-	}
+	mustLock(t, client.NewMutex(sess, "a/y"))
 	for ev := range w.Events() {
 		t.Errorf("the watch sent %s after its token was revoked", eventText(ev))
 	}

@@ -156,20 +156,14 @@ func TestQuotaWaitsAndKVBytesRealServer(t *testing.T) {
 	}
 
 	// Waits: bob holds w1 and w2; alice may wait for one of them.
-	bs, err := bob.NewSession(ctx, client.WithTTL(30*time.Second))
-	if err != nil {
-		t.Fatal(err)
-	}
+	bs := mustNewSession(t, bob, client.WithTTL(30*time.Second))
 	defer bs.Close(ctx)
 	for _, name := range []string{"w1", "w2"} {
 		if _, err := client.NewMutex(bs, name).TryLock(ctx); err != nil {
 			t.Fatal(err)
 		}
 	}
-	as, err := alice.NewSession(ctx, client.WithTTL(30*time.Second))
-	if err != nil {
-		t.Fatal(err)
-	}
+	as := mustNewSession(t, alice, client.WithTTL(30*time.Second))
 	defer as.Close(ctx)
 	waitCtx, cancel := context.WithCancel(ctx)
 	defer cancel()

@@ -107,14 +107,8 @@ func TestTxnFencedAllOrNothing(t *testing.T) {
 	c := mustClient(t, s, "")
 	ctx := context.Background()
 	kv := c.KV()
-	a, err := c.NewSession(ctx)
-	if err != nil {
-		t.Fatal(err)
-	}
-	ga, err := client.NewMutex(a, "acct").Lock(ctx)
-	if err != nil {
-		t.Fatal(err)
-	}
+	a := mustNewSession(t, c)
+	ga := mustLock(t, client.NewMutex(a, "acct"))
 	move := func(opts []client.WriteOption, from, to string) (*client.TxnResponse, error) {
 		return kv.Txn(ctx, opts...).Then(client.OpPut("acct/x", []byte(from)), client.OpPut("acct/y", []byte(to))).Commit()
 	}
@@ -124,20 +118,14 @@ func TestTxnFencedAllOrNothing(t *testing.T) {
 	if err := a.Close(ctx); err != nil {
 		t.Fatal(err)
 	}
-	b, err := c.NewSession(ctx)
-	if err != nil {
-		t.Fatal(err)
-	}
+	b := mustNewSession(t, c)
 	defer b.Close(ctx)
-	gb, err := client.NewMutex(b, "acct").Lock(ctx)
-	if err != nil {
-		t.Fatal(err)
-	}
+	gb := mustLock(t, client.NewMutex(b, "acct"))
 	// The new holder writes y alone; x still has only a's token.
 	if _, err := kv.Put(ctx, "acct/y", []byte("1"), client.WithGrant(gb)); err != nil {
 		t.Fatal(err)
 	}
-	_, err = move([]client.WriteOption{client.FencedBy("acct", ga.Token())}, "9", "2")
+	_, err := move([]client.WriteOption{client.FencedBy("acct", ga.Token())}, "9", "2")
 	var stale *fence.StaleTokenError
 	if !errors.As(err, &stale) || stale.Key != "acct/y" || stale.Token != ga.Token() || stale.Highest != gb.Token() {
 		t.Fatalf("a stale holder's txn: %v, want a StaleTokenError for acct/y", err)
