@@ -287,13 +287,7 @@ func TestRejoinResumesAfterItsLeaderIsGone(t *testing.T) {
 		t.Fatal(err)
 	}
 	c.stop(id)
-	ident, err := openIdentity(c.cfgs[id].DataDir)
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := ident.setRejoining(true); err != nil {
-		t.Fatal(err)
-	}
+	markRejoining(t, c, id)
 	restarted := c.start(id)
 	waitFor(t, id+" to be a voter again", func() bool {
 		srv, ok := c.leader().member(raft.ServerID(id))
