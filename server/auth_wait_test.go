@@ -13,7 +13,6 @@ import (
 	fencev1 "github.com/fencelock/fence/api/fence/v1"
 	"github.com/fencelock/fence/api/fence/v1/fencev1connect"
 	"github.com/fencelock/fence/client"
-	"github.com/fencelock/fence/internal/clock"
 	"github.com/fencelock/fence/internal/fsm"
 )
 
@@ -140,8 +139,7 @@ func TestBlockedAcquireEndsWhenAuthChanges(t *testing.T) {
 // passes it, the next call fails Unauthenticated naming the expiry, an
 // open watch ends, and a blocked Acquire ends and leaves the queue.
 func TestBearerTokenExpiresOnTheNodesClock(t *testing.T) {
-	clk := clock.NewFake()
-	s := startTestServer(t, func(c *Config) { c.Clock = clk })
+	s, clk := startOnFakeClock(t)
 	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
 	defer cancel()
 	root, rootToken := mustRootClient(t, s)

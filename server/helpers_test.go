@@ -21,6 +21,7 @@ import (
 	fencev1 "github.com/fencelock/fence/api/fence/v1"
 	"github.com/fencelock/fence/api/fence/v1/fencev1connect"
 	"github.com/fencelock/fence/client"
+	"github.com/fencelock/fence/internal/clock"
 )
 
 // startTestServer runs a real node (raft on a temp dir, loopback ports) and
@@ -229,6 +230,16 @@ func (a *api) acquireAsync(ctx context.Context, req *fencev1.AcquireRequest) *pe
 	return p
 }
 
+// acquireQueued runs req in the background, as acquireAsync does, and
+// waits until it is queued as the only waiter of its lock; who names the
+// caller in the failure if it never is.
+func (a *api) acquireQueued(ctx context.Context, who string, req *fencev1.AcquireRequest) *pending {
+	a.tb.Helper()
+	p := a.acquireAsync(ctx, req)
+	waitFor(a.tb, who+" to queue", func() bool { return len(a.lock(req.GetLock()).GetWaiters()) == 1 })
+	return p
+}
+
 // result waits for the Acquire to return, failing after 10 s.
 func (p *pending) result(tb testing.TB) (uint64, error) {
 	tb.Helper()
@@ -285,6 +296,14 @@ func listenBelowEphemeral(tb testing.TB) net.Listener {
 		tb.Fatal(err)
 	}
 	return ln
+}
+
+// startOnFakeClock is startTestServer with a fake clock, which it returns
+// with the server.
+func startOnFakeClock(tb testing.TB) (*Server, *clock.Fake) {
+	tb.Helper()
+	clk := clock.NewFake()
+	return startTestServer(tb, func(c *Config) { c.Clock = clk }), clk
 }
 
 // mustAuthEnable turns auth on through c, failing the test if it cannot.

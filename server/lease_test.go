@@ -17,7 +17,6 @@ import (
 	"github.com/fencelock/fence"
 	fencev1 "github.com/fencelock/fence/api/fence/v1"
 	"github.com/fencelock/fence/client"
-	"github.com/fencelock/fence/internal/clock"
 	"github.com/fencelock/fence/internal/fsm"
 	"github.com/fencelock/fence/internal/rpcerr"
 )
@@ -136,8 +135,7 @@ func TestLeaseOfHeldLockLeavesNothing(t *testing.T) {
 
 	// Waiters ahead refuse a lease too: a lease never jumps a queue.
 	waiter := a.session(time.Hour)
-	a.acquireAsync(context.Background(), &fencev1.AcquireRequest{SessionId: waiter, Lock: "held"})
-	waitFor(t, "the waiter to queue", func() bool { return len(a.lock("held").GetWaiters()) == 1 })
+	a.acquireQueued(context.Background(), "the waiter", &fencev1.AcquireRequest{SessionId: waiter, Lock: "held"})
 	before = sessionCount(t, s)
 	if _, err := a.lease(&fencev1.LeaseRequest{Lock: "held"}); !errors.Is(err, fence.ErrLocked) {
 		t.Fatalf("Lease of a lock with a waiter: %v, want ErrLocked", err)
@@ -193,12 +191,10 @@ func TestConcurrentLeasesLeaveOneSession(t *testing.T) {
 // its lock goes to the next waiter; a renewal gives it a full TTL from
 // the renewal. A renewal or release of the expired lease says it is gone.
 func TestLeaseExpiresUnlessRenewed(t *testing.T) {
-	clk := clock.NewFake()
-	s := startTestServer(t, func(c *Config) { c.Clock = clk })
+	s, clk := startOnFakeClock(t)
 	a := newAPI(t, s)
 	l := a.mustLease(&fencev1.LeaseRequest{Lock: "l", Ttl: durationpb.New(5 * time.Second)})
-	waiter := a.acquireAsync(context.Background(), &fencev1.AcquireRequest{SessionId: a.session(time.Hour), Lock: "l"})
-	waitFor(t, "the waiter to queue", func() bool { return len(a.lock("l").GetWaiters()) == 1 })
+	waiter := a.acquireQueued(context.Background(), "the waiter", &fencev1.AcquireRequest{SessionId: a.session(time.Hour), Lock: "l"})
 
 	clk.Advance(3 * time.Second)
 	r, err := a.renewLease(l.GetLeaseId(), l.GetLeaseSecret())
@@ -226,22 +222,19 @@ func TestLeaseExpiresUnlessRenewed(t *testing.T) {
 // A lease taken with a lock-delay that expires holds its lock back for
 // the delay, as any expired grant does; one released is handed on at once.
 func TestLeaseLockDelay(t *testing.T) {
-	clk := clock.NewFake()
-	s := startTestServer(t, func(c *Config) { c.Clock = clk })
+	s, clk := startOnFakeClock(t)
 	a := newAPI(t, s)
 	req := &fencev1.LeaseRequest{Lock: "l", Ttl: durationpb.New(5 * time.Second), LockDelay: durationpb.New(10 * time.Second)}
 
 	l := a.mustLease(req)
-	waiter := a.acquireAsync(context.Background(), &fencev1.AcquireRequest{SessionId: a.session(time.Hour), Lock: "l"})
-	waitFor(t, "the waiter to queue", func() bool { return len(a.lock("l").GetWaiters()) == 1 })
+	waiter := a.acquireQueued(context.Background(), "the waiter", &fencev1.AcquireRequest{SessionId: a.session(time.Hour), Lock: "l"})
 	clk.Advance(5 * time.Second)
 	mustHoldBack(t, clk, a, waiter) // 10 s of delay after the expiry
 	mustRecord(t, s, l.GetLeaseId(), "expired")
 
 	req.Lock = "m"
 	l = a.mustLease(req)
-	waiter = a.acquireAsync(context.Background(), &fencev1.AcquireRequest{SessionId: a.session(time.Hour), Lock: "m"})
-	waitFor(t, "the waiter to queue", func() bool { return len(a.lock("m").GetWaiters()) == 1 })
+	waiter = a.acquireQueued(context.Background(), "the waiter", &fencev1.AcquireRequest{SessionId: a.session(time.Hour), Lock: "m"})
 	if released, err := a.releaseLease(l.GetLeaseId(), l.GetLeaseSecret()); err != nil || !released {
 		t.Fatalf("ReleaseLease: %v, %v", released, err)
 	}
@@ -256,8 +249,7 @@ func TestLeaseLockDelay(t *testing.T) {
 // A wrong or missing secret renews and releases nothing, and is refused
 // with ErrSessionSecret in a lease's words.
 func TestLeaseWrongSecret(t *testing.T) {
-	clk := clock.NewFake()
-	s := startTestServer(t, func(c *Config) { c.Clock = clk })
+	s, clk := startOnFakeClock(t)
 	a := newAPI(t, s)
 	l := a.mustLease(&fencev1.LeaseRequest{Lock: "l", Ttl: durationpb.New(time.Minute)})
 	clk.Advance(20 * time.Second)

@@ -128,8 +128,7 @@ func texts(evs []*fencev1.LockEvent) string {
 // holder's expiry with its lock-delay started and ended, a revoke, an
 // abandonment and a close. Time passes on the leader's fake clock.
 func TestLockWatchEvents(t *testing.T) {
-	clk := clock.NewFake()
-	s := startTestServer(t, func(c *Config) { c.Clock = clk })
+	s, clk := startOnFakeClock(t)
 	waitFor(t, "the group to move to protocol 4", func() bool { return s.fsm.Protocol() >= fsm.Protocol4 })
 	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
 	defer cancel()
