@@ -71,10 +71,8 @@ func TestBlockedAcquireEndsWhenAuthChanges(t *testing.T) {
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			s := startTestServer(t, nil)
-			open := mustClient(t, s, "")
-			rootToken := setupRoot(t, open)
-			root := mustClient(t, s, rootToken)
-			appToken := addUser(t, open, "app", perm(client.PermLock, client.Write, ""))
+			root, rootToken := mustRootClient(t, s)
+			appToken := addUser(t, root, "app", perm(client.PermLock, client.Write, ""))
 			holder, waiter := apiWithToken(t, s, rootToken), apiWithToken(t, s, appToken)
 			if tc.change == nil {
 				waiter = apiWithToken(t, s, "") // no credential: fine while auth is off
@@ -115,9 +113,7 @@ func TestBlockedAcquireEndsWhenAuthChanges(t *testing.T) {
 				}
 			}
 			for _, name := range []string{"l", "m"} {
-				if w := holder.lock(name).GetWaiters(); len(w) != 0 {
-					t.Fatalf("a refused acquire left its wait for %s queued: %v", name, w)
-				}
+				holder.mustHaveNoWaiters(name, "a refused acquire left its wait for "+name+" queued")
 				if err := holder.release(hs, name, tokens[name]); err != nil {
 					t.Fatal(err)
 				}
@@ -190,9 +186,7 @@ func TestBearerTokenExpiresOnTheNodesClock(t *testing.T) {
 	if _, err := p.result(t); connect.CodeOf(err) != connect.CodeUnauthenticated {
 		t.Fatalf("the blocked acquire of an expired token ended with %v", err)
 	}
-	if w := holder.lock("l").GetWaiters(); len(w) != 0 {
-		t.Fatalf("the expired token's acquire left its wait queued: %v", w)
-	}
+	holder.mustHaveNoWaiters("l", "the expired token's acquire left its wait queued")
 	for watch.Receive() {
 	}
 	if connect.CodeOf(watch.Err()) != connect.CodeUnauthenticated {

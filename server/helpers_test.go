@@ -214,6 +214,15 @@ func (a *api) lock(name string) *fencev1.LockInfo {
 	return &fencev1.LockInfo{Name: name}
 }
 
+// mustHaveNoWaiters fails the test with why and the waiters if lock has
+// any.
+func (a *api) mustHaveNoWaiters(lock, why string) {
+	a.tb.Helper()
+	if w := a.lock(lock).GetWaiters(); len(w) != 0 {
+		a.tb.Fatalf("%s: %v", why, w)
+	}
+}
+
 // pending is an Acquire running in the background.
 type pending struct {
 	token uint64

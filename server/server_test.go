@@ -87,9 +87,7 @@ func TestWaiterWhoseSessionExpiresIsToldAtOnce(t *testing.T) {
 	if _, err := p.result(t); codeOf(err) != connect.CodeNotFound {
 		t.Fatalf("waiter whose session expired got %v, want NotFound", err)
 	}
-	if w := a.lock("l").GetWaiters(); len(w) != 0 {
-		t.Fatalf("expired waiter still queued: %v", w)
-	}
+	a.mustHaveNoWaiters("l", "expired waiter still queued")
 }
 
 // Lock-delay: after the holder's session expires, nobody gets the lock
@@ -163,9 +161,7 @@ func TestWaitTimeout(t *testing.T) {
 	if _, err := p.result(t); codeOf(err) != connect.CodeDeadlineExceeded {
 		t.Fatalf("timed-out wait: %v, want DeadlineExceeded", err)
 	}
-	if w := a.lock("l").GetWaiters(); len(w) != 0 {
-		t.Fatalf("timed-out waiter still queued: %v", w)
-	}
+	a.mustHaveNoWaiters("l", "timed-out waiter still queued")
 }
 
 // A caller that goes away while waiting leaves nothing behind: no waiter,
@@ -290,9 +286,7 @@ func TestTryOnHeldLock(t *testing.T) {
 	if _, err := a.acquire(context.Background(), &fencev1.AcquireRequest{SessionId: sb, Lock: "l", Try: true}); codeOf(err) != connect.CodeFailedPrecondition {
 		t.Fatalf("try on a held lock: %v, want FailedPrecondition", err)
 	}
-	if w := a.lock("l").GetWaiters(); len(w) != 0 {
-		t.Fatalf("try left a waiter: %v", w)
-	}
+	a.mustHaveNoWaiters("l", "try left a waiter")
 }
 
 // CancelAcquire gives up an Acquire by its request id, whatever became of
