@@ -269,14 +269,7 @@ func TestAuthWatchEndsOnRevoke(t *testing.T) {
 	root, _, readerToken := enableAuthWithUser(t, s, "reader", perm(client.PermKV, client.Read, "a/"))
 	watch := func(token string) *connect.ServerStreamForClient[fencev1.WatchResponse] {
 		hc := &http.Client{Transport: headerTransport{"Authorization": "Bearer " + token}}
-		stream, err := fencev1connect.NewKVServiceClient(hc, "http://"+s.Addr()).Watch(ctx, connect.NewRequest(&fencev1.WatchRequest{Prefix: "a/"}))
-		if err != nil {
-			t.Fatal(err)
-		}
-		if !stream.Receive() {
-			t.Fatalf("watch did not start: %v", stream.Err())
-		}
-		return stream
+		return mustOpenWatch(t, ctx, fencev1connect.NewKVServiceClient(hc, "http://"+s.Addr()), "a/", "watch did not start")
 	}
 	stream := watch(readerToken)
 	if _, err := root.KV().Put(ctx, "a/1", []byte("v")); err != nil {

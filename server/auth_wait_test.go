@@ -166,13 +166,7 @@ func TestBearerTokenExpiresOnTheNodesClock(t *testing.T) {
 	holder.mustAcquire(hs, "l")
 	p := app.acquireAsync(ctx, &fencev1.AcquireRequest{SessionId: as, Lock: "l", RequestId: 1})
 	waitFor(t, "the acquire to queue", func() bool { return len(holder.lock("l").GetWaiters()) == 1 })
-	watch, err := app.kv.Watch(ctx, connect.NewRequest(&fencev1.WatchRequest{Prefix: ""}))
-	if err != nil {
-		t.Fatal(err)
-	}
-	if !watch.Receive() {
-		t.Fatalf("the watch did not start: %v", watch.Err())
-	}
+	watch := mustOpenWatch(t, ctx, app.kv, "", "the watch did not start")
 
 	clk.Advance(59 * time.Second)
 	if _, err := app.kv.Put(ctx, connect.NewRequest(&fencev1.PutRequest{Key: "k"})); err != nil {

@@ -586,14 +586,8 @@ func TestClusterFollowerForwardsToLeader(t *testing.T) {
 	kv := fencev1connect.NewKVServiceClient(h2c, "http://"+follower.Addr(), connect.WithGRPC())
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
-	stream, err := kv.Watch(ctx, connect.NewRequest(&fencev1.WatchRequest{Prefix: "w/"}))
-	if err != nil {
-		t.Fatal(err)
-	}
+	stream := mustOpenWatch(t, ctx, kv, "w/", "gRPC watch through a follower")
 	defer stream.Close()
-	if !stream.Receive() {
-		t.Fatalf("gRPC watch through a follower: %v", stream.Err())
-	}
 	if _, err := kv.Put(ctx, connect.NewRequest(&fencev1.PutRequest{Key: "w/1", Value: []byte("x")})); err != nil {
 		t.Fatalf("gRPC put through a follower: %v", err)
 	}
@@ -604,14 +598,8 @@ func TestClusterFollowerForwardsToLeader(t *testing.T) {
 	// A follower closing ends the streams it forwards, promptly.
 	other := followers[1]
 	okv := fencev1connect.NewKVServiceClient(h2c, "http://"+other.Addr(), connect.WithGRPC())
-	ostream, err := okv.Watch(ctx, connect.NewRequest(&fencev1.WatchRequest{Prefix: "w/"}))
-	if err != nil {
-		t.Fatal(err)
-	}
+	ostream := mustOpenWatch(t, ctx, okv, "w/", "watch through the other follower")
 	defer ostream.Close()
-	if !ostream.Receive() {
-		t.Fatalf("watch through the other follower: %v", ostream.Err())
-	}
 	if err := other.Close(); err != nil {
 		t.Fatalf("closing a follower with a forwarded stream open: %v", err)
 	}

@@ -223,6 +223,23 @@ func (a *api) mustHaveNoWaiters(lock, why string) {
 	}
 }
 
+// mustOpenWatch opens a watch of prefix through kv and returns it once its
+// first answer came, which says that it started; if either fails, the
+// test fails with what and the error. Closing it is the caller's.
+func mustOpenWatch(tb testing.TB, ctx context.Context, kv fencev1connect.KVServiceClient, prefix, what string) *connect.ServerStreamForClient[fencev1.WatchResponse] {
+	tb.Helper()
+	stream, err := kv.Watch(ctx, connect.NewRequest(&fencev1.WatchRequest{Prefix: prefix}))
+	if err != nil {
+		tb.Fatal(err)
+	}
+	if !stream.Receive() {
+		err := stream.Err()
+		stream.Close()
+		tb.Fatalf("%s: %v", what, err)
+	}
+	return stream
+}
+
 // pending is an Acquire running in the background.
 type pending struct {
 	token uint64

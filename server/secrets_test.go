@@ -107,14 +107,8 @@ func TestSessionSecretIsNotShown(t *testing.T) {
 	})
 	a := newAPI(t, s)
 	ctx := context.Background()
-	w, err := a.kv.Watch(ctx, connect.NewRequest(&fencev1.WatchRequest{Prefix: ""}))
-	if err != nil {
-		t.Fatal(err)
-	}
+	w := mustOpenWatch(t, ctx, a.kv, "", "the watch did not start")
 	defer w.Close()
-	if !w.Receive() {
-		t.Fatal(w.Err())
-	}
 	id1, id2 := a.session(time.Minute), a.session(time.Minute)
 	secret := a.secrets.secret(id1)
 	if other := a.secrets.secret(id2); len(secret) < 22 || secret == other {
