@@ -300,9 +300,7 @@ func TestClusterLeaderFailover(t *testing.T) {
 	if holder.Err() != nil || g1.Err() != nil {
 		t.Fatalf("the holder lost its session across the failover: %v", holder.Err())
 	}
-	if err := m.Unlock(ctx); err != nil {
-		t.Fatal(err)
-	}
+	mustUnlock(t, m)
 	select {
 	case r := <-got:
 		if r.err != nil {
@@ -384,9 +382,7 @@ func TestClusterRestartedNodeCatchesUpFromSnapshot(t *testing.T) {
 	m := client.NewMutex(s, "churn")
 	for range 100 {
 		mustLock(t, m)
-		if err := m.Unlock(ctx); err != nil {
-			t.Fatal(err)
-		}
+		mustUnlock(t, m)
 	}
 	if _, err := cl.KV().Put(ctx, "k", []byte("v")); err != nil {
 		t.Fatal(err)

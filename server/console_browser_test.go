@@ -121,9 +121,7 @@ func TestConsoleInBrowser(t *testing.T) {
 	saveScreenshot(t, shot)
 
 	// Pushed, not reloaded: the hand-off shows up in the open page.
-	if err := orders.Unlock(ctx); err != nil {
-		t.Fatal(err)
-	}
+	mustUnlock(t, orders)
 	next := <-handedOff
 	if next == nil {
 		t.Fatal("the waiter did not get orders")

@@ -165,9 +165,7 @@ func TestConsolePushesLocksHoldersTokensAndWaiters(t *testing.T) {
 		}
 	}
 
-	if err := held.Unlock(ctx); err != nil {
-		t.Fatal(err)
-	}
+	mustUnlock(t, held)
 	next := <-second
 	if next == nil {
 		t.FailNow()

@@ -27,9 +27,7 @@ func grantAndStore(t *testing.T, c *testCluster) uint64 {
 	for range 3 {
 		g := mustLock(t, m)
 		last = g.Token()
-		if err := m.Unlock(ctx); err != nil {
-			t.Fatal(err)
-		}
+		mustUnlock(t, m)
 	}
 	if _, err := cl.KV().Put(ctx, "orders/17", []byte("paid")); err != nil {
 		t.Fatal(err)

@@ -379,3 +379,11 @@ func mustLock(tb testing.TB, m *client.Mutex) *client.Grant {
 	}
 	return g
 }
+
+// mustUnlock releases m, failing the test if it cannot.
+func mustUnlock(tb testing.TB, m *client.Mutex) {
+	tb.Helper()
+	if err := m.Unlock(context.Background()); err != nil {
+		tb.Fatal(err)
+	}
+}

@@ -447,9 +447,7 @@ func TestLockWatchAuth(t *testing.T) {
 	if err := root.RoleRevoke(ctx, "reader", perm(client.PermLock, client.Read, "a/")); err != nil {
 		t.Fatal(err)
 	}
-	if err := m.Unlock(ctx); err != nil {
-		t.Fatal(err)
-	}
+	mustUnlock(t, m)
 	for ev := range w.Events() {
 		t.Errorf("the watch sent %s after its permission was taken away", eventText(ev))
 	}
