@@ -2,7 +2,6 @@ package server
 
 import (
 	"context"
-	"crypto/tls"
 	"errors"
 	"log/slog"
 	"net/http"
@@ -306,12 +305,10 @@ func TestAuthWatchEndsOnRevoke(t *testing.T) {
 // With --client-cert-auth the certificate's common name is the user.
 func TestAuthClientCertificate(t *testing.T) {
 	ca := testtls.NewCA(t, "fence test CA")
-	s := startTestServer(t, func(c *Config) {
-		c.TLS = &tls.Config{Certificates: []tls.Certificate{ca.Cert(t, "node")}, ClientAuth: tls.RequireAndVerifyClientCert, ClientCAs: ca.Pool(), MinVersion: tls.VersionTLS12}
-	})
+	s := startTestServer(t, func(c *Config) { c.TLS = nodeTLS(t, ca, "node") })
 	ctx := context.Background()
 	as := func(cn string) *client.Client {
-		return mustClient(t, s, "", client.WithTLS(&tls.Config{RootCAs: ca.Pool(), Certificates: []tls.Certificate{ca.Cert(t, cn)}}))
+		return mustClient(t, s, "", client.WithTLS(clientTLS(t, ca, cn)))
 	}
 	root := as("root")
 	setupRoot(t, root)

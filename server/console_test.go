@@ -280,12 +280,7 @@ func TestConsoleOnlyWhenAskedAndBehindTLS(t *testing.T) {
 	ca := testtls.NewCA(t, "fence test CA")
 	s := startTestServer(t, func(c *Config) {
 		c.UI = true
-		c.TLS = &tls.Config{
-			Certificates: []tls.Certificate{ca.Cert(t, "node")},
-			ClientAuth:   tls.RequireAndVerifyClientCert,
-			ClientCAs:    ca.Pool(),
-			MinVersion:   tls.VersionTLS12,
-		}
+		c.TLS = nodeTLS(t, ca, "node")
 	})
 	get := func(cfg *tls.Config) (*http.Response, error) {
 		hc := &http.Client{Transport: &http.Transport{TLSClientConfig: cfg}}
@@ -295,7 +290,7 @@ func TestConsoleOnlyWhenAskedAndBehindTLS(t *testing.T) {
 	if _, err := get(&tls.Config{RootCAs: ca.Pool()}); err == nil {
 		t.Error("the console was served to a browser without a client certificate")
 	}
-	resp, err = get(&tls.Config{RootCAs: ca.Pool(), Certificates: []tls.Certificate{ca.Cert(t, "operator")}})
+	resp, err = get(clientTLS(t, ca, "operator"))
 	if err != nil {
 		t.Fatal(err)
 	}

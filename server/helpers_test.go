@@ -2,6 +2,7 @@ package server
 
 import (
 	"context"
+	"crypto/tls"
 	"errors"
 	"math/rand/v2"
 	"net"
@@ -22,6 +23,7 @@ import (
 	"github.com/fencelock/fence/api/fence/v1/fencev1connect"
 	"github.com/fencelock/fence/client"
 	"github.com/fencelock/fence/internal/clock"
+	"github.com/fencelock/fence/internal/testutil/testtls"
 )
 
 // startTestServer runs a real node (raft on a temp dir, loopback ports) and
@@ -386,4 +388,30 @@ func mustUnlock(tb testing.TB, m *client.Mutex) {
 	if err := m.Unlock(context.Background()); err != nil {
 		tb.Fatal(err)
 	}
+}
+
+// nodeTLS is the TLS configuration of a node serving as name with a
+// certificate from ca, that requires every caller to show a certificate
+// from ca.
+func nodeTLS(tb testing.TB, ca *testtls.CA, name string) *tls.Config {
+	return &tls.Config{
+		Certificates: []tls.Certificate{ca.Cert(tb, name)},
+		ClientAuth:   tls.RequireAndVerifyClientCert,
+		ClientCAs:    ca.Pool(),
+		MinVersion:   tls.VersionTLS12,
+	}
+}
+
+// peerTLS is nodeTLS for a node that also dials its peers, and trusts ca
+// for that.
+func peerTLS(tb testing.TB, ca *testtls.CA, name string) *tls.Config {
+	cfg := nodeTLS(tb, ca, name)
+	cfg.RootCAs = ca.Pool()
+	return cfg
+}
+
+// clientTLS is the TLS configuration of a client that trusts ca and shows
+// the certificate ca issues to name.
+func clientTLS(tb testing.TB, ca *testtls.CA, name string) *tls.Config {
+	return &tls.Config{RootCAs: ca.Pool(), Certificates: []tls.Certificate{ca.Cert(tb, name)}}
 }
