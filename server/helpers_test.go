@@ -42,6 +42,14 @@ func startTestServer(tb testing.TB, edit func(*Config)) *Server {
 	return mustStart(tb, cfg)
 }
 
+// startWithAPI is startTestServer that also returns a raw API client of
+// the server (newAPI).
+func startWithAPI(tb testing.TB, edit func(*Config)) (*Server, *api) {
+	tb.Helper()
+	s := startTestServer(tb, edit)
+	return s, newAPI(tb, s)
+}
+
 func mustStart(tb testing.TB, cfg Config) *Server {
 	tb.Helper()
 	s, err := Start(cfg)

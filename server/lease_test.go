@@ -68,8 +68,7 @@ func mustHold(t *testing.T, a *api, lock string, session, token uint64) {
 // its TTL; the renewal names the lock and token; the release frees the
 // lock at once, and a second release answers that there was nothing left.
 func TestLeaseOverHTTPJSON(t *testing.T) {
-	s := startTestServer(t, nil)
-	a := newAPI(t, s)
+	s, a := startWithAPI(t, nil)
 	post := func(procedure, body string) map[string]any {
 		t.Helper()
 		resp, text := postJSON(t, s.Addr(), "LockService/"+procedure, body)
@@ -114,8 +113,7 @@ func jsonUint64(n uint64) string { b, _ := json.Marshal(n); return string(b) }
 // and leaves no session behind. So does a lease whose acquire fails after
 // its session was made (here a limit on locks): the session is closed.
 func TestLeaseOfHeldLockLeavesNothing(t *testing.T) {
-	s := startTestServer(t, func(c *Config) { c.MaxLocks = 2 })
-	a := newAPI(t, s)
+	s, a := startWithAPI(t, func(c *Config) { c.MaxLocks = 2 })
 	holder := a.session(time.Hour)
 	token := a.mustAcquire(holder, "held")
 	before := sessionCount(t, s)
@@ -156,8 +154,7 @@ func TestLeaseOfHeldLockLeavesNothing(t *testing.T) {
 // fails with ErrLocked, and only the granted one's session is left (those
 // that passed the look before the grant made a session, and closed it).
 func TestConcurrentLeasesLeaveOneSession(t *testing.T) {
-	s := startTestServer(t, nil)
-	a := newAPI(t, s)
+	s, a := startWithAPI(t, nil)
 	before := numSessions(s)
 	const n = 8
 	errs := make(chan error, n)
@@ -281,8 +278,7 @@ func TestLeaseWrongSecret(t *testing.T) {
 // lock-delay or owner is refused with InvalidArgument naming it, and
 // leaves no session.
 func TestLeaseRefusesBadArguments(t *testing.T) {
-	s := startTestServer(t, nil)
-	a := newAPI(t, s)
+	s, a := startWithAPI(t, nil)
 	before := sessionCount(t, s)
 	for _, tc := range []struct {
 		name string
@@ -368,8 +364,7 @@ func numSessions(s *Server) int {
 // took, where one without a secret is refused as locked by its own lease.
 // Once the lease has ended, a retry says so, or that the lock is held.
 func TestLeaseWithTheCallersSecretIsSafeToRetry(t *testing.T) {
-	s := startTestServer(t, nil)
-	a := newAPI(t, s)
+	s, a := startWithAPI(t, nil)
 	req := &fencev1.LeaseRequest{Lock: "retried", Ttl: durationpb.New(time.Minute), LeaseSecret: "c2VjcmV0IGRyYXduIGJ5IHRoZSBjYWxsZXI"}
 	first := a.mustLease(req)
 	before := sessionCount(t, s)
@@ -411,8 +406,7 @@ func TestLeaseWithTheCallersSecretIsSafeToRetry(t *testing.T) {
 // answers counts from the retry. The same secret on another lock is
 // refused, and the lease it names is left as it was.
 func TestLeaseRetriesFindTheirLease(t *testing.T) {
-	s := startTestServer(t, nil)
-	a := newAPI(t, s)
+	s, a := startWithAPI(t, nil)
 	secret := func(n int) string { return fmt.Sprintf("c2VjcmV0LWRyYXduLWJ5LXRoZS1jYWxsZXI-%d", n) }
 
 	gone, cancel := context.WithCancel(context.Background())

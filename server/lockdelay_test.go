@@ -240,8 +240,7 @@ func TestFailedLiftDelayIsRetried(t *testing.T) {
 func TestRefusedLiftDelayIsRetriedOnANode(t *testing.T) {
 	var logs syncbuf.Buffer
 	clk := clock.NewFake()
-	s := startTestServer(t, func(c *Config) { c.Clock = clk; c.Logger = slog.New(slog.NewTextHandler(&logs, nil)) })
-	a := newAPI(t, s)
+	s, a := startWithAPI(t, func(c *Config) { c.Clock = clk; c.Logger = slog.New(slog.NewTextHandler(&logs, nil)) })
 	holder, other := a.session(time.Hour), a.session(time.Hour)
 	if _, err := a.acquire(context.Background(), &fencev1.AcquireRequest{SessionId: holder, Lock: "l", LockDelay: durationpb.New(10 * time.Second)}); err != nil {
 		t.Fatal(err)

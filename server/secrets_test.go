@@ -154,8 +154,7 @@ func TestLegacyDataDirKeepsWorking(t *testing.T) {
 	dir := t.TempDir()
 	untar(t, legacyFixture, dir)
 	edit := func(c *Config) { c.DataDir = dir }
-	s := startTestServer(t, edit)
-	a := newAPI(t, s)
+	s, a := startWithAPI(t, edit)
 	ctx := context.Background()
 	for _, want := range []struct {
 		lock    string

@@ -18,8 +18,7 @@ import (
 // A release hands the lock to the first waiter, whose blocked Acquire
 // returns a higher token; asking again for a held lock returns the same grant.
 func TestReleaseHandsLockToWaiter(t *testing.T) {
-	s := startTestServer(t, nil)
-	a := newAPI(t, s)
+	_, a := startWithAPI(t, nil)
 	sa, sb := a.session(time.Minute), a.session(time.Minute)
 
 	t1 := a.mustAcquire(sa, "orders")
@@ -167,8 +166,7 @@ func TestWaitTimeout(t *testing.T) {
 // A caller that goes away while waiting leaves nothing behind: no waiter,
 // and no grant nobody knows of.
 func TestCancelledWaitLeavesNothing(t *testing.T) {
-	s := startTestServer(t, nil)
-	a := newAPI(t, s)
+	_, a := startWithAPI(t, nil)
 	sa, sb := a.session(time.Hour), a.session(time.Hour)
 	token := a.mustAcquire(sa, "l")
 	ctx, cancel := context.WithCancel(context.Background())
@@ -195,8 +193,7 @@ func TestRestartKeepsGrantsAndTokens(t *testing.T) {
 func restartKeepsGrantsAndTokens(t *testing.T, store string) {
 	dir := t.TempDir()
 	edit := func(c *Config) { c.DataDir = dir; c.SnapshotThreshold = 16; c.LogStore = store }
-	s := startTestServer(t, edit)
-	a := newAPI(t, s)
+	s, a := startWithAPI(t, edit)
 	sess := a.session(time.Hour)
 	var last uint64
 	for range 40 { // enough entries for a snapshot or two
@@ -260,8 +257,7 @@ func TestLogStoreOfADataDir(t *testing.T) {
 
 // Configured limits are enforced with ResourceExhausted.
 func TestLimits(t *testing.T) {
-	s := startTestServer(t, func(c *Config) { c.MaxSessions = 3; c.MaxWaitersPerLock = 1 })
-	a := newAPI(t, s)
+	_, a := startWithAPI(t, func(c *Config) { c.MaxSessions = 3; c.MaxWaitersPerLock = 1 })
 	s1, s2, s3 := a.session(time.Minute), a.session(time.Minute), a.session(time.Minute)
 	_, err := a.sessions.CreateSession(context.Background(), connect.NewRequest(&fencev1.CreateSessionRequest{}))
 	if codeOf(err) != connect.CodeResourceExhausted {
@@ -279,8 +275,7 @@ func TestLimits(t *testing.T) {
 
 // TryLock on a held lock fails at once with FailedPrecondition.
 func TestTryOnHeldLock(t *testing.T) {
-	s := startTestServer(t, nil)
-	a := newAPI(t, s)
+	_, a := startWithAPI(t, nil)
 	sa, sb := a.session(time.Minute), a.session(time.Minute)
 	a.mustAcquire(sa, "l")
 	if _, err := a.acquire(context.Background(), &fencev1.AcquireRequest{SessionId: sb, Lock: "l", Try: true}); codeOf(err) != connect.CodeFailedPrecondition {
@@ -294,8 +289,7 @@ func TestTryOnHeldLock(t *testing.T) {
 // after a failed Acquire, and nothing is left held or queued; a retry of the
 // given-up Acquire that arrives later is refused.
 func TestCancelAcquire(t *testing.T) {
-	s := startTestServer(t, nil)
-	a := newAPI(t, s)
+	_, a := startWithAPI(t, nil)
 	sa, sb := a.session(time.Hour), a.session(time.Hour)
 	cancelAcquire := func(session uint64, lock string, id uint64) *fencev1.CancelAcquireResponse {
 		t.Helper()

@@ -226,8 +226,7 @@ func TestTxnPermissions(t *testing.T) {
 // A txn's puts bound to a session need its secret, and their keys go
 // with it; an idempotency key answers a retry without applying it again.
 func TestTxnSessionsAndRetries(t *testing.T) {
-	s := startTestServer(t, nil)
-	a := newAPI(t, s)
+	_, a := startWithAPI(t, nil)
 	ctx := context.Background()
 	sid := a.session(10 * time.Second)
 	txn := func(secret, key string) (*fencev1.TxnResponse, error) {
