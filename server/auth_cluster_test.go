@@ -29,9 +29,7 @@ func TestAuthCluster(t *testing.T) {
 	rootToken := setupRoot(t, open)
 	readerToken := addUser(t, open, "reader", perm(client.PermLock, client.Read, ""))
 	appToken := addUser(t, open, "app", perm(client.PermLock, client.Write, ""))
-	if err := mustClient(t, leader, rootToken).AuthEnable(ctx); err != nil {
-		t.Fatal(err)
-	}
+	mustAuthEnable(t, mustClient(t, leader, rootToken))
 	waitFor(t, "the follower to apply the enable", follower.AuthEnabled)
 
 	// The Go client, at the follower: checked there.

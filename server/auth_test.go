@@ -2,7 +2,6 @@ package server
 
 import (
 	"context"
-	"crypto/tls"
 	"errors"
 	"log/slog"
 	"net/http"
@@ -70,12 +69,8 @@ func FuzzAuthHeader(f *testing.F) {
 // newAuthState is a server with auth on, for tests of the check itself.
 func newAuthState(tb testing.TB) *Server {
 	s := startTestServer(tb, nil)
-	c := mustClient(tb, s, "")
-	ctx := context.Background()
-	rootToken := setupRoot(tb, c)
-	if err := mustClient(tb, s, rootToken).AuthEnable(ctx); err != nil {
-		tb.Fatal(err)
-	}
+	root, _ := mustRootClient(tb, s)
+	mustAuthEnable(tb, root)
 	return s
 }
 
@@ -155,9 +150,7 @@ func TestAuthRealServer(t *testing.T) {
 		t.Fatal("a refused enable enabled auth")
 	}
 	root := mustClient(t, s, rootToken)
-	if err := root.AuthEnable(ctx); err != nil {
-		t.Fatal(err)
-	}
+	mustAuthEnable(t, root)
 
 	if _, err := open.Status(ctx); !errors.Is(err, fence.ErrAuthFailed) {
 		t.Fatalf("status without a credential: %v", err)
@@ -167,15 +160,9 @@ func TestAuthRealServer(t *testing.T) {
 	}
 
 	app := mustClient(t, s, appToken)
-	sess, err := app.NewSession(ctx)
-	if err != nil {
-		t.Fatal(err)
-	}
+	sess := mustNewSession(t, app)
 	defer sess.Close(ctx)
-	g, err := client.NewMutex(sess, "orders/1").Lock(ctx)
-	if err != nil {
-		t.Fatal(err)
-	}
+	g := mustLock(t, client.NewMutex(sess, "orders/1"))
 	if _, err := app.KV().Put(ctx, "orders/1", []byte("paid")); err != nil {
 		t.Fatal(err)
 	}
@@ -185,7 +172,7 @@ func TestAuthRealServer(t *testing.T) {
 			t.Errorf("%s: %v, want PermissionDenied naming %q", what, err, needs)
 		}
 	}
-	_, err = client.NewMutex(sess, "jobs/1").TryLock(ctx)
+	_, err := client.NewMutex(sess, "jobs/1").TryLock(ctx)
 	denied("app acquires jobs/1", err, `lock write on prefix "jobs/1"`)
 	_, err = app.KV().Put(ctx, "jobs/1", []byte("x"))
 	denied("app puts jobs/1", err, `kv write on prefix "jobs/1"`)
@@ -278,22 +265,10 @@ func TestAuthWatchEndsOnRevoke(t *testing.T) {
 	// rather than hangs.
 	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
 	defer cancel()
-	open := mustClient(t, s, "")
-	root := mustClient(t, s, setupRoot(t, open))
-	readerToken := addUser(t, open, "reader", perm(client.PermKV, client.Read, "a/"))
-	if err := root.AuthEnable(ctx); err != nil {
-		t.Fatal(err)
-	}
+	root, _, readerToken := enableAuthWithUser(t, s, "reader", perm(client.PermKV, client.Read, "a/"))
 	watch := func(token string) *connect.ServerStreamForClient[fencev1.WatchResponse] {
 		hc := &http.Client{Transport: headerTransport{"Authorization": "Bearer " + token}}
-		stream, err := fencev1connect.NewKVServiceClient(hc, "http://"+s.Addr()).Watch(ctx, connect.NewRequest(&fencev1.WatchRequest{Prefix: "a/"}))
-		if err != nil {
-			t.Fatal(err)
-		}
-		if !stream.Receive() {
-			t.Fatalf("watch did not start: %v", stream.Err())
-		}
-		return stream
+		return mustOpenWatch(t, ctx, fencev1connect.NewKVServiceClient(hc, "http://"+s.Addr()), "a/", "watch did not start")
 	}
 	stream := watch(readerToken)
 	if _, err := root.KV().Put(ctx, "a/1", []byte("v")); err != nil {
@@ -330,19 +305,15 @@ func TestAuthWatchEndsOnRevoke(t *testing.T) {
 // With --client-cert-auth the certificate's common name is the user.
 func TestAuthClientCertificate(t *testing.T) {
 	ca := testtls.NewCA(t, "fence test CA")
-	s := startTestServer(t, func(c *Config) {
-		c.TLS = &tls.Config{Certificates: []tls.Certificate{ca.Cert(t, "node")}, ClientAuth: tls.RequireAndVerifyClientCert, ClientCAs: ca.Pool(), MinVersion: tls.VersionTLS12}
-	})
+	s := startTestServer(t, func(c *Config) { c.TLS = nodeTLS(t, ca, "node") })
 	ctx := context.Background()
 	as := func(cn string) *client.Client {
-		return mustClient(t, s, "", client.WithTLS(&tls.Config{RootCAs: ca.Pool(), Certificates: []tls.Certificate{ca.Cert(t, cn)}}))
+		return mustClient(t, s, "", client.WithTLS(clientTLS(t, ca, cn)))
 	}
 	root := as("root")
 	setupRoot(t, root)
 	addUser(t, root, "app", perm(client.PermKV, client.Write, "app/"))
-	if err := root.AuthEnable(ctx); err != nil {
-		t.Fatal(err)
-	}
+	mustAuthEnable(t, root)
 	app := as("app")
 	if _, err := app.KV().Put(ctx, "app/x", nil); err != nil {
 		t.Fatal(err)

@@ -2,7 +2,6 @@ package server
 
 import (
 	"context"
-	"crypto/tls"
 	"log/slog"
 	"net/http"
 	"strings"
@@ -33,8 +32,7 @@ func TestAuthClusterTLSCertificateCallsStayOnTheFollower(t *testing.T) {
 	var mu sync.Mutex
 	logs := map[string]*syncbuf.Buffer{}
 	c := startCluster(t, 3, func(cfg *Config) {
-		cfg.TLS = &tls.Config{Certificates: []tls.Certificate{ca.Cert(t, cfg.NodeID)}, ClientAuth: tls.RequireAndVerifyClientCert,
-			ClientCAs: ca.Pool(), RootCAs: ca.Pool(), MinVersion: tls.VersionTLS12}
+		cfg.TLS = peerTLS(t, ca, cfg.NodeID)
 		mu.Lock()
 		defer mu.Unlock()
 		if logs[cfg.NodeID] == nil {
@@ -49,15 +47,13 @@ func TestAuthClusterTLSCertificateCallsStayOnTheFollower(t *testing.T) {
 
 	// Set up on the leader, identified by certificate "root" while auth is off.
 	goClient := func(s *Server, cn, token string) *client.Client {
-		return mustClient(t, s, token, client.WithTLS(&tls.Config{RootCAs: ca.Pool(), Certificates: []tls.Certificate{ca.Cert(t, cn)}}))
+		return mustClient(t, s, token, client.WithTLS(clientTLS(t, ca, cn)))
 	}
 	setup := goClient(leader, "root", "")
 	rootToken := setupRoot(t, setup)
 	appToken := addUser(t, setup, "app", perm(client.PermKV, client.Write, ""), perm(client.PermLock, client.Write, ""))
 	readerToken := addUser(t, setup, "reader", perm(client.PermKV, client.Read, ""))
-	if err := goClient(leader, "root", rootToken).AuthEnable(ctx); err != nil {
-		t.Fatal(err)
-	}
+	mustAuthEnable(t, goClient(leader, "root", rootToken))
 	if _, err := goClient(leader, "root", rootToken).KV().Put(ctx, "k", []byte("v")); err != nil {
 		t.Fatal(err)
 	}
@@ -74,7 +70,7 @@ func TestAuthClusterTLSCertificateCallsStayOnTheFollower(t *testing.T) {
 		sessions fencev1connect.SessionServiceClient
 	}
 	raw := func(cn, token string) rawClient {
-		tr := &http.Transport{TLSClientConfig: &tls.Config{RootCAs: ca.Pool(), Certificates: []tls.Certificate{ca.Cert(t, cn)}}}
+		tr := &http.Transport{TLSClientConfig: clientTLS(t, ca, cn)}
 		t.Cleanup(tr.CloseIdleConnections)
 		var rt http.RoundTripper = tr
 		if token != "" {
@@ -183,9 +179,7 @@ func TestQuotaCluster(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
-	if err := root.AuthEnable(ctx); err != nil {
-		t.Fatal(err)
-	}
+	mustAuthEnable(t, root)
 	refused := func(err error, quota string) {
 		t.Helper()
 		if connect.CodeOf(err) != connect.CodeResourceExhausted || !strings.Contains(err.Error(), quota) {

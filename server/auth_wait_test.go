@@ -13,7 +13,6 @@ import (
 	fencev1 "github.com/fencelock/fence/api/fence/v1"
 	"github.com/fencelock/fence/api/fence/v1/fencev1connect"
 	"github.com/fencelock/fence/client"
-	"github.com/fencelock/fence/internal/clock"
 	"github.com/fencelock/fence/internal/fsm"
 )
 
@@ -72,10 +71,8 @@ func TestBlockedAcquireEndsWhenAuthChanges(t *testing.T) {
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			s := startTestServer(t, nil)
-			open := mustClient(t, s, "")
-			rootToken := setupRoot(t, open)
-			root := mustClient(t, s, rootToken)
-			appToken := addUser(t, open, "app", perm(client.PermLock, client.Write, ""))
+			root, rootToken := mustRootClient(t, s)
+			appToken := addUser(t, root, "app", perm(client.PermLock, client.Write, ""))
 			holder, waiter := apiWithToken(t, s, rootToken), apiWithToken(t, s, appToken)
 			if tc.change == nil {
 				waiter = apiWithToken(t, s, "") // no credential: fine while auth is off
@@ -106,9 +103,7 @@ func TestBlockedAcquireEndsWhenAuthChanges(t *testing.T) {
 				}
 			}
 			if tc.change == nil {
-				if err := root.AuthEnable(ctx); err != nil {
-					t.Fatal(err)
-				}
+				mustAuthEnable(t, root)
 			} else {
 				tc.change(t, root)
 			}
@@ -118,9 +113,7 @@ func TestBlockedAcquireEndsWhenAuthChanges(t *testing.T) {
 				}
 			}
 			for _, name := range []string{"l", "m"} {
-				if w := holder.lock(name).GetWaiters(); len(w) != 0 {
-					t.Fatalf("a refused acquire left its wait for %s queued: %v", name, w)
-				}
+				holder.mustHaveNoWaiters(name, "a refused acquire left its wait for "+name+" queued")
 				if err := holder.release(hs, name, tokens[name]); err != nil {
 					t.Fatal(err)
 				}
@@ -142,13 +135,10 @@ func TestBlockedAcquireEndsWhenAuthChanges(t *testing.T) {
 // passes it, the next call fails Unauthenticated naming the expiry, an
 // open watch ends, and a blocked Acquire ends and leaves the queue.
 func TestBearerTokenExpiresOnTheNodesClock(t *testing.T) {
-	clk := clock.NewFake()
-	s := startTestServer(t, func(c *Config) { c.Clock = clk })
+	s, clk := startOnFakeClock(t)
 	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
 	defer cancel()
-	open := mustClient(t, s, "")
-	rootToken := setupRoot(t, open)
-	root := mustClient(t, s, rootToken)
+	root, rootToken := mustRootClient(t, s)
 	if err := root.RoleAdd(ctx, "app"); err != nil {
 		t.Fatal(err)
 	}
@@ -170,21 +160,13 @@ func TestBearerTokenExpiresOnTheNodesClock(t *testing.T) {
 	if got := info.GetExpires().AsTime(); !got.Equal(clk.Now().Add(time.Minute)) {
 		t.Fatalf("the token expires at %v, want a minute after the node's clock %v", got, clk.Now())
 	}
-	if err := root.AuthEnable(ctx); err != nil {
-		t.Fatal(err)
-	}
+	mustAuthEnable(t, root)
 	holder, app := apiWithToken(t, s, rootToken), apiWithToken(t, s, appToken)
 	hs, as := holder.session(time.Hour), app.session(time.Hour)
 	holder.mustAcquire(hs, "l")
 	p := app.acquireAsync(ctx, &fencev1.AcquireRequest{SessionId: as, Lock: "l", RequestId: 1})
 	waitFor(t, "the acquire to queue", func() bool { return len(holder.lock("l").GetWaiters()) == 1 })
-	watch, err := app.kv.Watch(ctx, connect.NewRequest(&fencev1.WatchRequest{Prefix: ""}))
-	if err != nil {
-		t.Fatal(err)
-	}
-	if !watch.Receive() {
-		t.Fatalf("the watch did not start: %v", watch.Err())
-	}
+	watch := mustOpenWatch(t, ctx, app.kv, "", "the watch did not start")
 
 	clk.Advance(59 * time.Second)
 	if _, err := app.kv.Put(ctx, connect.NewRequest(&fencev1.PutRequest{Key: "k"})); err != nil {
@@ -198,9 +180,7 @@ func TestBearerTokenExpiresOnTheNodesClock(t *testing.T) {
 	if _, err := p.result(t); connect.CodeOf(err) != connect.CodeUnauthenticated {
 		t.Fatalf("the blocked acquire of an expired token ended with %v", err)
 	}
-	if w := holder.lock("l").GetWaiters(); len(w) != 0 {
-		t.Fatalf("the expired token's acquire left its wait queued: %v", w)
-	}
+	holder.mustHaveNoWaiters("l", "the expired token's acquire left its wait queued")
 	for watch.Receive() {
 	}
 	if connect.CodeOf(watch.Err()) != connect.CodeUnauthenticated {
@@ -229,13 +209,7 @@ func contains(err error, s string) bool {
 func TestPollingWaitOfARevokedCallerLeavesTheQueue(t *testing.T) {
 	ctx := context.Background()
 	s := startTestServer(t, nil)
-	open := mustClient(t, s, "")
-	rootToken := setupRoot(t, open)
-	root := mustClient(t, s, rootToken)
-	appToken := addUser(t, open, "app", perm(client.PermLock, client.Write, ""))
-	if err := root.AuthEnable(ctx); err != nil {
-		t.Fatal(err)
-	}
+	root, rootToken, appToken := enableAuthWithUser(t, s, "app", perm(client.PermLock, client.Write, ""))
 	holder := apiWithToken(t, s, rootToken)
 	holder.mustAcquire(holder.session(time.Hour), "m")
 	app := apiWithToken(t, s, appToken)
@@ -283,13 +257,7 @@ func TestPollingWaitOfARevokedCallerLeavesTheQueue(t *testing.T) {
 func TestCallChargedToTheUserItsCheckFound(t *testing.T) {
 	ctx := context.Background()
 	s := startTestServer(t, nil)
-	open := mustClient(t, s, "")
-	rootToken := setupRoot(t, open)
-	root := mustClient(t, s, rootToken)
-	appToken := addUser(t, open, "app", perm(client.PermKV, client.Write, ""))
-	if err := root.AuthEnable(ctx); err != nil {
-		t.Fatal(err)
-	}
+	root, _, appToken := enableAuthWithUser(t, s, "app", perm(client.PermKV, client.Write, ""))
 	tokens, err := root.Tokens(ctx, "app")
 	if err != nil || len(tokens) != 1 {
 		t.Fatalf("app's tokens: %v, %v", tokens, err)

@@ -152,12 +152,7 @@ func TestWatchSendsNothingAfterItsTokenIsRevoked(t *testing.T) {
 	s := startTestServer(t, nil)
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
-	open := mustClient(t, s, "")
-	root := mustClient(t, s, setupRoot(t, open))
-	token := addUser(t, open, "reader", perm(client.PermKV, client.Read, "a/"))
-	if err := root.AuthEnable(ctx); err != nil {
-		t.Fatal(err)
-	}
+	root, _, token := enableAuthWithUser(t, s, "reader", perm(client.PermKV, client.Read, "a/"))
 	watch := func(kv fencev1connect.KVServiceClient) *connect.ServerStreamForClient[fencev1.WatchResponse] {
 		req := connect.NewRequest(&fencev1.WatchRequest{Prefix: "a/"})
 		req.Header().Set("Authorization", "Bearer "+token)

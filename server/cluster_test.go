@@ -267,10 +267,7 @@ func TestClusterLeaderFailover(t *testing.T) {
 	cl := c.client()
 	ctx := context.Background()
 	holder, m, g1 := mustHoldLock(t, cl, 5*time.Second, "orders")
-	waiter, err := cl.NewSession(ctx, client.WithTTL(5*time.Second))
-	if err != nil {
-		t.Fatal(err)
-	}
+	waiter := mustNewSession(t, cl, client.WithTTL(5*time.Second))
 	type result struct {
 		g   *client.Grant
 		err error
@@ -303,9 +300,7 @@ func TestClusterLeaderFailover(t *testing.T) {
 	if holder.Err() != nil || g1.Err() != nil {
 		t.Fatalf("the holder lost its session across the failover: %v", holder.Err())
 	}
-	if err := m.Unlock(ctx); err != nil {
-		t.Fatal(err)
-	}
+	mustUnlock(t, m)
 	select {
 	case r := <-got:
 		if r.err != nil {
@@ -383,18 +378,11 @@ func TestClusterRestartedNodeCatchesUpFromSnapshot(t *testing.T) {
 	c.stop(down)
 	cl := c.client(c.endpoints(down)...)
 	ctx := context.Background()
-	s, err := cl.NewSession(ctx)
-	if err != nil {
-		t.Fatal(err)
-	}
+	s := mustNewSession(t, cl)
 	m := client.NewMutex(s, "churn")
 	for range 100 {
-		if _, err := m.Lock(ctx); err != nil {
-			t.Fatal(err)
-		}
-		if err := m.Unlock(ctx); err != nil {
-			t.Fatal(err)
-		}
+		mustLock(t, m)
+		mustUnlock(t, m)
 	}
 	if _, err := cl.KV().Put(ctx, "k", []byte("v")); err != nil {
 		t.Fatal(err)
@@ -424,13 +412,8 @@ func TestClusterMembership(t *testing.T) {
 	c := startCluster(t, 3, nil)
 	ctx := context.Background()
 	cl := c.client()
-	s, err := cl.NewSession(ctx)
-	if err != nil {
-		t.Fatal(err)
-	}
-	if _, err := client.NewMutex(s, "m").Lock(ctx); err != nil {
-		t.Fatal(err)
-	}
+	s := mustNewSession(t, cl)
+	mustLock(t, client.NewMutex(s, "m"))
 
 	n4, cfg4 := c.startJoiner("n4")
 	if err := cl.AddMember(ctx, "n4", cfg4.RaftListen, true); err != nil {
@@ -456,10 +439,7 @@ func TestClusterMembership(t *testing.T) {
 	if len(st.GetMembers()) != 3 {
 		t.Fatalf("members after add and remove: %v", st.GetMembers())
 	}
-	s2, err := cl.NewSession(ctx)
-	if err != nil {
-		t.Fatal(err)
-	}
+	s2 := mustNewSession(t, cl)
 	if _, err := client.NewMutex(s2, "after").Lock(ctx); err != nil {
 		t.Fatalf("the group stopped serving: %v", err)
 	}
@@ -602,14 +582,8 @@ func TestClusterFollowerForwardsToLeader(t *testing.T) {
 	kv := fencev1connect.NewKVServiceClient(h2c, "http://"+follower.Addr(), connect.WithGRPC())
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
-	stream, err := kv.Watch(ctx, connect.NewRequest(&fencev1.WatchRequest{Prefix: "w/"}))
-	if err != nil {
-		t.Fatal(err)
-	}
+	stream := mustOpenWatch(t, ctx, kv, "w/", "gRPC watch through a follower")
 	defer stream.Close()
-	if !stream.Receive() {
-		t.Fatalf("gRPC watch through a follower: %v", stream.Err())
-	}
 	if _, err := kv.Put(ctx, connect.NewRequest(&fencev1.PutRequest{Key: "w/1", Value: []byte("x")})); err != nil {
 		t.Fatalf("gRPC put through a follower: %v", err)
 	}
@@ -620,14 +594,8 @@ func TestClusterFollowerForwardsToLeader(t *testing.T) {
 	// A follower closing ends the streams it forwards, promptly.
 	other := followers[1]
 	okv := fencev1connect.NewKVServiceClient(h2c, "http://"+other.Addr(), connect.WithGRPC())
-	ostream, err := okv.Watch(ctx, connect.NewRequest(&fencev1.WatchRequest{Prefix: "w/"}))
-	if err != nil {
-		t.Fatal(err)
-	}
+	ostream := mustOpenWatch(t, ctx, okv, "w/", "watch through the other follower")
 	defer ostream.Close()
-	if !ostream.Receive() {
-		t.Fatalf("watch through the other follower: %v", ostream.Err())
-	}
 	if err := other.Close(); err != nil {
 		t.Fatalf("closing a follower with a forwarded stream open: %v", err)
 	}

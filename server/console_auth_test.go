@@ -44,14 +44,11 @@ func TestConsoleAuth(t *testing.T) {
 		}
 	}
 	ctx := context.Background()
-	root := setupRoot(t, mustClient(t, s, ""))
-	rc := mustClient(t, s, root)
+	rc, root := mustRootClient(t, s)
 	reader := addUser(t, rc, "reader", perm(fencev1.PermissionKind_PERMISSION_KIND_LOCK, fencev1.Access_ACCESS_READ, ""))
 	partial := addUser(t, rc, "partial", perm(fencev1.PermissionKind_PERMISSION_KIND_LOCK, fencev1.Access_ACCESS_READ, "orders/"))
 	kvOnly := addUser(t, rc, "kvonly", perm(fencev1.PermissionKind_PERMISSION_KIND_KV, fencev1.Access_ACCESS_WRITE, ""))
-	if err := rc.AuthEnable(ctx); err != nil {
-		t.Fatal(err)
-	}
+	mustAuthEnable(t, rc)
 	for _, p := range paths {
 		for _, tc := range []struct {
 			who, token string
@@ -88,19 +85,11 @@ func TestConsoleAuth(t *testing.T) {
 func TestConsoleEventsEndWhenAuthChanges(t *testing.T) {
 	s := startTestServer(t, func(c *Config) { c.UI = true })
 	ctx := context.Background()
-	rootToken := setupRoot(t, mustClient(t, s, ""))
-	rc := mustClient(t, s, rootToken)
-	if err := rc.AuthEnable(ctx); err != nil {
-		t.Fatal(err)
-	}
-	holder, err := rc.NewSession(ctx, client.WithTTL(30*time.Second))
-	if err != nil {
-		t.Fatal(err)
-	}
+	rc, _ := mustRootClient(t, s)
+	mustAuthEnable(t, rc)
+	holder := mustNewSession(t, rc, client.WithTTL(30*time.Second))
 	t.Cleanup(func() { holder.Close(context.Background()) })
-	if _, err := client.NewMutex(holder, "secret/a").Lock(ctx); err != nil {
-		t.Fatal(err)
-	}
+	mustLock(t, client.NewMutex(holder, "secret/a"))
 	readAll := perm(fencev1.PermissionKind_PERMISSION_KIND_LOCK, fencev1.Access_ACCESS_READ, "")
 	for _, tc := range []struct {
 		name   string
@@ -137,9 +126,7 @@ func TestConsoleEventsEndWhenAuthChanges(t *testing.T) {
 			// A lock taken after the change: a view showing it was made
 			// after the change.
 			marker := "marker/" + user
-			if _, err := client.NewMutex(holder, marker).Lock(ctx); err != nil {
-				t.Fatal(err)
-			}
+			mustLock(t, client.NewMutex(holder, marker))
 			// A bound for a stream that never ends, so that the test
 			// fails rather than hangs.
 			bound := time.After(20 * time.Second)

@@ -78,10 +78,7 @@ func TestConsoleInBrowser(t *testing.T) {
 	nightly := mustSession(t, cl, "nightly-cron")
 
 	orders := client.NewMutex(billing, "orders")
-	held, err := orders.Lock(ctx)
-	if err != nil {
-		t.Fatal(err)
-	}
+	held := mustLock(t, orders)
 	handedOff := make(chan *client.Grant, 1)
 	go func() {
 		g, _ := client.NewMutex(reports, "orders").Lock(ctx) // nil once its session closes
@@ -95,12 +92,10 @@ func TestConsoleInBrowser(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
-	if _, err := client.NewMutex(nightly, "invoices/2026-12").Lock(ctx); err != nil {
-		t.Fatal(err)
-	}
+	mustLock(t, client.NewMutex(nightly, "invoices/2026-12"))
 
 	ordersRow := `tr.lock[data-lock="orders"]`
-	err = chromedp.Do(browser,
+	err := chromedp.Do(browser,
 		chromedp.EmulateViewport(1200, 800),
 		chromedp.Navigate("http://"+s.Addr()+"/ui/"),
 		chromedp.WaitVisible(chromedp.CSS(ordersRow+` .holder`)),
@@ -126,9 +121,7 @@ func TestConsoleInBrowser(t *testing.T) {
 	saveScreenshot(t, shot)
 
 	// Pushed, not reloaded: the hand-off shows up in the open page.
-	if err := orders.Unlock(ctx); err != nil {
-		t.Fatal(err)
-	}
+	mustUnlock(t, orders)
 	next := <-handedOff
 	if next == nil {
 		t.Fatal("the waiter did not get orders")
@@ -144,9 +137,7 @@ func TestConsoleInBrowser(t *testing.T) {
 
 	// Markup in a lock name is shown as text and never run.
 	const markup = `<img src=x onerror="document.title='pwned'"><script>document.title='pwned'</script>`
-	if _, err := client.NewMutex(billing, markup).Lock(ctx); err != nil {
-		t.Fatal(err)
-	}
+	mustLock(t, client.NewMutex(billing, markup))
 	quoted, _ := json.Marshal(markup)
 	shown := fmt.Sprintf(`[...document.querySelectorAll("tr.lock")].some(tr => tr.dataset.lock === %s && tr.querySelector("td.name").textContent === %s)`, quoted, quoted)
 	if _, err := chromedp.Run(browser, chromedp.Poll[bool](shown, chromedp.WithPollingTimeout(30*time.Second))); err != nil {

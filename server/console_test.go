@@ -31,10 +31,7 @@ func startConsoleServer(t *testing.T) (*Server, *client.Client) {
 
 func mustSession(t *testing.T, cl *client.Client, owner string) *client.Session {
 	t.Helper()
-	sess, err := cl.NewSession(context.Background(), client.WithTTL(30*time.Second), client.WithOwner(owner))
-	if err != nil {
-		t.Fatal(err)
-	}
+	sess := mustNewSession(t, cl, client.WithTTL(30*time.Second), client.WithOwner(owner))
 	t.Cleanup(func() { sess.Close(context.Background()) })
 	return sess
 }
@@ -135,10 +132,7 @@ func TestConsolePushesLocksHoldersTokensAndWaiters(t *testing.T) {
 	stream := openConsoleStream(t, http.DefaultClient, "http://"+s.Addr())
 
 	held := client.NewMutex(holder, "orders")
-	first, err := held.Lock(ctx)
-	if err != nil {
-		t.Fatal(err)
-	}
+	first := mustLock(t, held)
 	second := make(chan *client.Grant, 1)
 	go func() {
 		g, err := client.NewMutex(waiter, "orders").Lock(ctx)
@@ -171,9 +165,7 @@ func TestConsolePushesLocksHoldersTokensAndWaiters(t *testing.T) {
 		}
 	}
 
-	if err := held.Unlock(ctx); err != nil {
-		t.Fatal(err)
-	}
+	mustUnlock(t, held)
 	next := <-second
 	if next == nil {
 		t.FailNow()
@@ -227,9 +219,7 @@ func TestConsoleKeepsUserTextAsData(t *testing.T) {
 	s, cl := startConsoleServer(t)
 	const name = `<script>alert("lock")</script>`
 	sess := mustSession(t, cl, `<img src=x onerror=alert(1)>`)
-	if _, err := client.NewMutex(sess, name).Lock(context.Background()); err != nil {
-		t.Fatal(err)
-	}
+	mustLock(t, client.NewMutex(sess, name))
 	resp, err := http.Get("http://" + s.Addr() + "/ui/state.json")
 	if err != nil {
 		t.Fatal(err)
@@ -290,12 +280,7 @@ func TestConsoleOnlyWhenAskedAndBehindTLS(t *testing.T) {
 	ca := testtls.NewCA(t, "fence test CA")
 	s := startTestServer(t, func(c *Config) {
 		c.UI = true
-		c.TLS = &tls.Config{
-			Certificates: []tls.Certificate{ca.Cert(t, "node")},
-			ClientAuth:   tls.RequireAndVerifyClientCert,
-			ClientCAs:    ca.Pool(),
-			MinVersion:   tls.VersionTLS12,
-		}
+		c.TLS = nodeTLS(t, ca, "node")
 	})
 	get := func(cfg *tls.Config) (*http.Response, error) {
 		hc := &http.Client{Transport: &http.Transport{TLSClientConfig: cfg}}
@@ -305,7 +290,7 @@ func TestConsoleOnlyWhenAskedAndBehindTLS(t *testing.T) {
 	if _, err := get(&tls.Config{RootCAs: ca.Pool()}); err == nil {
 		t.Error("the console was served to a browser without a client certificate")
 	}
-	resp, err = get(&tls.Config{RootCAs: ca.Pool(), Certificates: []tls.Certificate{ca.Cert(t, "operator")}})
+	resp, err = get(clientTLS(t, ca, "operator"))
 	if err != nil {
 		t.Fatal(err)
 	}

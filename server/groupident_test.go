@@ -20,22 +20,14 @@ func grantAndStore(t *testing.T, c *testCluster) uint64 {
 	t.Helper()
 	ctx := context.Background()
 	cl := c.client(c.endpoints()...)
-	s, err := cl.NewSession(ctx)
-	if err != nil {
-		t.Fatal(err)
-	}
+	s := mustNewSession(t, cl)
 	defer s.Close(ctx)
 	m := client.NewMutex(s, "orders")
 	var last uint64
 	for range 3 {
-		g, err := m.Lock(ctx)
-		if err != nil {
-			t.Fatal(err)
-		}
+		g := mustLock(t, m)
 		last = g.Token()
-		if err := m.Unlock(ctx); err != nil {
-			t.Fatal(err)
-		}
+		mustUnlock(t, m)
 	}
 	if _, err := cl.KV().Put(ctx, "orders/17", []byte("paid")); err != nil {
 		t.Fatal(err)
@@ -293,13 +285,7 @@ func TestRejoinResumesAfterItsLeaderIsGone(t *testing.T) {
 		t.Fatal(err)
 	}
 	c.stop(id)
-	ident, err := openIdentity(c.cfgs[id].DataDir)
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := ident.setRejoining(true); err != nil {
-		t.Fatal(err)
-	}
+	markRejoining(t, c, id)
 	restarted := c.start(id)
 	waitFor(t, id+" to be a voter again", func() bool {
 		srv, ok := c.leader().member(raft.ServerID(id))

@@ -73,9 +73,7 @@ func TestHandlerServesTheAPIOnAProgramsOwnServer(t *testing.T) {
 	if _, err := cl.KV().Put(ctx, "k", []byte("v"), client.WithGrant(g)); err != nil {
 		t.Fatalf("a fenced put through the program's server: %v", err)
 	}
-	if err := m.Unlock(ctx); err != nil {
-		t.Fatal(err)
-	}
+	mustUnlock(t, m)
 	if err := sess.Close(ctx); err != nil {
 		t.Fatal(err)
 	}

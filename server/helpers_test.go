@@ -2,6 +2,7 @@ package server
 
 import (
 	"context"
+	"crypto/tls"
 	"errors"
 	"math/rand/v2"
 	"net"
@@ -21,6 +22,8 @@ import (
 	fencev1 "github.com/fencelock/fence/api/fence/v1"
 	"github.com/fencelock/fence/api/fence/v1/fencev1connect"
 	"github.com/fencelock/fence/client"
+	"github.com/fencelock/fence/internal/clock"
+	"github.com/fencelock/fence/internal/testutil/testtls"
 )
 
 // startTestServer runs a real node (raft on a temp dir, loopback ports) and
@@ -37,6 +40,14 @@ func startTestServer(tb testing.TB, edit func(*Config)) *Server {
 		edit(&cfg)
 	}
 	return mustStart(tb, cfg)
+}
+
+// startWithAPI is startTestServer that also returns a raw API client of
+// the server (newAPI).
+func startWithAPI(tb testing.TB, edit func(*Config)) (*Server, *api) {
+	tb.Helper()
+	s := startTestServer(tb, edit)
+	return s, newAPI(tb, s)
 }
 
 func mustStart(tb testing.TB, cfg Config) *Server {
@@ -213,6 +224,32 @@ func (a *api) lock(name string) *fencev1.LockInfo {
 	return &fencev1.LockInfo{Name: name}
 }
 
+// mustHaveNoWaiters fails the test with why and the waiters if lock has
+// any.
+func (a *api) mustHaveNoWaiters(lock, why string) {
+	a.tb.Helper()
+	if w := a.lock(lock).GetWaiters(); len(w) != 0 {
+		a.tb.Fatalf("%s: %v", why, w)
+	}
+}
+
+// mustOpenWatch opens a watch of prefix through kv and returns it once its
+// first answer came, which says that it started; if either fails, the
+// test fails with what and the error. Closing it is the caller's.
+func mustOpenWatch(tb testing.TB, ctx context.Context, kv fencev1connect.KVServiceClient, prefix, what string) *connect.ServerStreamForClient[fencev1.WatchResponse] {
+	tb.Helper()
+	stream, err := kv.Watch(ctx, connect.NewRequest(&fencev1.WatchRequest{Prefix: prefix}))
+	if err != nil {
+		tb.Fatal(err)
+	}
+	if !stream.Receive() {
+		err := stream.Err()
+		stream.Close()
+		tb.Fatalf("%s: %v", what, err)
+	}
+	return stream
+}
+
 // pending is an Acquire running in the background.
 type pending struct {
 	token uint64
@@ -226,6 +263,16 @@ func (a *api) acquireAsync(ctx context.Context, req *fencev1.AcquireRequest) *pe
 		defer close(p.done)
 		p.token, p.err = a.acquire(ctx, req)
 	}()
+	return p
+}
+
+// acquireQueued runs req in the background, as acquireAsync does, and
+// waits until it is queued as the only waiter of its lock; who names the
+// caller in the failure if it never is.
+func (a *api) acquireQueued(ctx context.Context, who string, req *fencev1.AcquireRequest) *pending {
+	a.tb.Helper()
+	p := a.acquireAsync(ctx, req)
+	waitFor(a.tb, who+" to queue", func() bool { return len(a.lock(req.GetLock()).GetWaiters()) == 1 })
 	return p
 }
 
@@ -285,4 +332,94 @@ func listenBelowEphemeral(tb testing.TB) net.Listener {
 		tb.Fatal(err)
 	}
 	return ln
+}
+
+// startOnFakeClock is startTestServer with a fake clock, which it returns
+// with the server.
+func startOnFakeClock(tb testing.TB) (*Server, *clock.Fake) {
+	tb.Helper()
+	clk := clock.NewFake()
+	return startTestServer(tb, func(c *Config) { c.Clock = clk }), clk
+}
+
+// mustAuthEnable turns auth on through c, failing the test if it cannot.
+func mustAuthEnable(tb testing.TB, c *client.Client) {
+	tb.Helper()
+	if err := c.AuthEnable(context.Background()); err != nil {
+		tb.Fatal(err)
+	}
+}
+
+// mustRootClient sets up user root on s (setupRoot) while auth is off and
+// returns a client of root and root's token.
+func mustRootClient(tb testing.TB, s *Server) (root *client.Client, rootToken string) {
+	tb.Helper()
+	rootToken = setupRoot(tb, mustClient(tb, s, ""))
+	return mustClient(tb, s, rootToken), rootToken
+}
+
+// enableAuthWithUser sets up user root (setupRoot) and user with perms
+// (addUser) on s while auth is off, then turns auth on. It returns a
+// client of root, root's token and the user's token.
+func enableAuthWithUser(tb testing.TB, s *Server, user string, perms ...*client.Permission) (root *client.Client, rootToken, userToken string) {
+	tb.Helper()
+	root, rootToken = mustRootClient(tb, s)
+	userToken = addUser(tb, root, user, perms...)
+	mustAuthEnable(tb, root)
+	return root, rootToken, userToken
+}
+
+// mustNewSession creates a session of cl with opts, failing the test if it
+// cannot. Closing it is the caller's.
+func mustNewSession(tb testing.TB, cl *client.Client, opts ...client.SessionOption) *client.Session {
+	tb.Helper()
+	sess, err := cl.NewSession(context.Background(), opts...)
+	if err != nil {
+		tb.Fatal(err)
+	}
+	return sess
+}
+
+// mustLock takes m, failing the test if it cannot, and returns the grant.
+func mustLock(tb testing.TB, m *client.Mutex) *client.Grant {
+	tb.Helper()
+	g, err := m.Lock(context.Background())
+	if err != nil {
+		tb.Fatal(err)
+	}
+	return g
+}
+
+// mustUnlock releases m, failing the test if it cannot.
+func mustUnlock(tb testing.TB, m *client.Mutex) {
+	tb.Helper()
+	if err := m.Unlock(context.Background()); err != nil {
+		tb.Fatal(err)
+	}
+}
+
+// nodeTLS is the TLS configuration of a node serving as name with a
+// certificate from ca, that requires every caller to show a certificate
+// from ca.
+func nodeTLS(tb testing.TB, ca *testtls.CA, name string) *tls.Config {
+	return &tls.Config{
+		Certificates: []tls.Certificate{ca.Cert(tb, name)},
+		ClientAuth:   tls.RequireAndVerifyClientCert,
+		ClientCAs:    ca.Pool(),
+		MinVersion:   tls.VersionTLS12,
+	}
+}
+
+// peerTLS is nodeTLS for a node that also dials its peers, and trusts ca
+// for that.
+func peerTLS(tb testing.TB, ca *testtls.CA, name string) *tls.Config {
+	cfg := nodeTLS(tb, ca, name)
+	cfg.RootCAs = ca.Pool()
+	return cfg
+}
+
+// clientTLS is the TLS configuration of a client that trusts ca and shows
+// the certificate ca issues to name.
+func clientTLS(tb testing.TB, ca *testtls.CA, name string) *tls.Config {
+	return &tls.Config{RootCAs: ca.Pool(), Certificates: []tls.Certificate{ca.Cert(tb, name)}}
 }

@@ -86,8 +86,7 @@ func TestJSONCheckSaysFalse(t *testing.T) {
 // A lock taken without waiting that is held fails with REASON_LOCKED,
 // whose detail names the holder's session and token in fields.
 func TestLockedDetailNamesTheHolder(t *testing.T) {
-	s := startTestServer(t, nil)
-	a := newAPI(t, s)
+	_, a := startWithAPI(t, nil)
 	holder := a.session(10 * time.Second)
 	token := a.mustAcquire(holder, "busy")
 	other := a.session(10 * time.Second)

@@ -16,7 +16,7 @@ import (
 
 	"github.com/fencelock/fence"
 	fencev1 "github.com/fencelock/fence/api/fence/v1"
-	"github.com/fencelock/fence/internal/clock"
+	"github.com/fencelock/fence/client"
 	"github.com/fencelock/fence/internal/fsm"
 	"github.com/fencelock/fence/internal/rpcerr"
 )
@@ -68,8 +68,7 @@ func mustHold(t *testing.T, a *api, lock string, session, token uint64) {
 // its TTL; the renewal names the lock and token; the release frees the
 // lock at once, and a second release answers that there was nothing left.
 func TestLeaseOverHTTPJSON(t *testing.T) {
-	s := startTestServer(t, nil)
-	a := newAPI(t, s)
+	s, a := startWithAPI(t, nil)
 	post := func(procedure, body string) map[string]any {
 		t.Helper()
 		resp, text := postJSON(t, s.Addr(), "LockService/"+procedure, body)
@@ -114,8 +113,7 @@ func jsonUint64(n uint64) string { b, _ := json.Marshal(n); return string(b) }
 // and leaves no session behind. So does a lease whose acquire fails after
 // its session was made (here a limit on locks): the session is closed.
 func TestLeaseOfHeldLockLeavesNothing(t *testing.T) {
-	s := startTestServer(t, func(c *Config) { c.MaxLocks = 2 })
-	a := newAPI(t, s)
+	s, a := startWithAPI(t, func(c *Config) { c.MaxLocks = 2 })
 	holder := a.session(time.Hour)
 	token := a.mustAcquire(holder, "held")
 	before := sessionCount(t, s)
@@ -135,8 +133,7 @@ func TestLeaseOfHeldLockLeavesNothing(t *testing.T) {
 
 	// Waiters ahead refuse a lease too: a lease never jumps a queue.
 	waiter := a.session(time.Hour)
-	a.acquireAsync(context.Background(), &fencev1.AcquireRequest{SessionId: waiter, Lock: "held"})
-	waitFor(t, "the waiter to queue", func() bool { return len(a.lock("held").GetWaiters()) == 1 })
+	a.acquireQueued(context.Background(), "the waiter", &fencev1.AcquireRequest{SessionId: waiter, Lock: "held"})
 	before = sessionCount(t, s)
 	if _, err := a.lease(&fencev1.LeaseRequest{Lock: "held"}); !errors.Is(err, fence.ErrLocked) {
 		t.Fatalf("Lease of a lock with a waiter: %v, want ErrLocked", err)
@@ -157,8 +154,7 @@ func TestLeaseOfHeldLockLeavesNothing(t *testing.T) {
 // fails with ErrLocked, and only the granted one's session is left (those
 // that passed the look before the grant made a session, and closed it).
 func TestConcurrentLeasesLeaveOneSession(t *testing.T) {
-	s := startTestServer(t, nil)
-	a := newAPI(t, s)
+	s, a := startWithAPI(t, nil)
 	before := numSessions(s)
 	const n = 8
 	errs := make(chan error, n)
@@ -192,12 +188,10 @@ func TestConcurrentLeasesLeaveOneSession(t *testing.T) {
 // its lock goes to the next waiter; a renewal gives it a full TTL from
 // the renewal. A renewal or release of the expired lease says it is gone.
 func TestLeaseExpiresUnlessRenewed(t *testing.T) {
-	clk := clock.NewFake()
-	s := startTestServer(t, func(c *Config) { c.Clock = clk })
+	s, clk := startOnFakeClock(t)
 	a := newAPI(t, s)
 	l := a.mustLease(&fencev1.LeaseRequest{Lock: "l", Ttl: durationpb.New(5 * time.Second)})
-	waiter := a.acquireAsync(context.Background(), &fencev1.AcquireRequest{SessionId: a.session(time.Hour), Lock: "l"})
-	waitFor(t, "the waiter to queue", func() bool { return len(a.lock("l").GetWaiters()) == 1 })
+	waiter := a.acquireQueued(context.Background(), "the waiter", &fencev1.AcquireRequest{SessionId: a.session(time.Hour), Lock: "l"})
 
 	clk.Advance(3 * time.Second)
 	r, err := a.renewLease(l.GetLeaseId(), l.GetLeaseSecret())
@@ -225,22 +219,19 @@ func TestLeaseExpiresUnlessRenewed(t *testing.T) {
 // A lease taken with a lock-delay that expires holds its lock back for
 // the delay, as any expired grant does; one released is handed on at once.
 func TestLeaseLockDelay(t *testing.T) {
-	clk := clock.NewFake()
-	s := startTestServer(t, func(c *Config) { c.Clock = clk })
+	s, clk := startOnFakeClock(t)
 	a := newAPI(t, s)
 	req := &fencev1.LeaseRequest{Lock: "l", Ttl: durationpb.New(5 * time.Second), LockDelay: durationpb.New(10 * time.Second)}
 
 	l := a.mustLease(req)
-	waiter := a.acquireAsync(context.Background(), &fencev1.AcquireRequest{SessionId: a.session(time.Hour), Lock: "l"})
-	waitFor(t, "the waiter to queue", func() bool { return len(a.lock("l").GetWaiters()) == 1 })
+	waiter := a.acquireQueued(context.Background(), "the waiter", &fencev1.AcquireRequest{SessionId: a.session(time.Hour), Lock: "l"})
 	clk.Advance(5 * time.Second)
 	mustHoldBack(t, clk, a, waiter) // 10 s of delay after the expiry
 	mustRecord(t, s, l.GetLeaseId(), "expired")
 
 	req.Lock = "m"
 	l = a.mustLease(req)
-	waiter = a.acquireAsync(context.Background(), &fencev1.AcquireRequest{SessionId: a.session(time.Hour), Lock: "m"})
-	waitFor(t, "the waiter to queue", func() bool { return len(a.lock("m").GetWaiters()) == 1 })
+	waiter = a.acquireQueued(context.Background(), "the waiter", &fencev1.AcquireRequest{SessionId: a.session(time.Hour), Lock: "m"})
 	if released, err := a.releaseLease(l.GetLeaseId(), l.GetLeaseSecret()); err != nil || !released {
 		t.Fatalf("ReleaseLease: %v, %v", released, err)
 	}
@@ -255,8 +246,7 @@ func TestLeaseLockDelay(t *testing.T) {
 // A wrong or missing secret renews and releases nothing, and is refused
 // with ErrSessionSecret in a lease's words.
 func TestLeaseWrongSecret(t *testing.T) {
-	clk := clock.NewFake()
-	s := startTestServer(t, func(c *Config) { c.Clock = clk })
+	s, clk := startOnFakeClock(t)
 	a := newAPI(t, s)
 	l := a.mustLease(&fencev1.LeaseRequest{Lock: "l", Ttl: durationpb.New(time.Minute)})
 	clk.Advance(20 * time.Second)
@@ -288,8 +278,7 @@ func TestLeaseWrongSecret(t *testing.T) {
 // lock-delay or owner is refused with InvalidArgument naming it, and
 // leaves no session.
 func TestLeaseRefusesBadArguments(t *testing.T) {
-	s := startTestServer(t, nil)
-	a := newAPI(t, s)
+	s, a := startWithAPI(t, nil)
 	before := sessionCount(t, s)
 	for _, tc := range []struct {
 		name string
@@ -333,12 +322,7 @@ func TestLeaseRefusesBadArguments(t *testing.T) {
 // release need what a keepalive and a close need, and its secret.
 func TestLeaseNeedsLockWrite(t *testing.T) {
 	s := startTestServer(t, nil)
-	open := mustClient(t, s, "")
-	rootToken := setupRoot(t, open)
-	token := addUser(t, open, "jobs", perm(fencev1.PermissionKind_PERMISSION_KIND_LOCK, fencev1.Access_ACCESS_WRITE, "jobs/"))
-	if err := mustClient(t, s, rootToken).AuthEnable(context.Background()); err != nil {
-		t.Fatal(err)
-	}
+	_, _, token := enableAuthWithUser(t, s, "jobs", perm(client.PermLock, client.Write, "jobs/"))
 	bearer := []string{"Authorization", "Bearer " + token}
 	before := numSessions(s)
 
@@ -380,8 +364,7 @@ func numSessions(s *Server) int {
 // took, where one without a secret is refused as locked by its own lease.
 // Once the lease has ended, a retry says so, or that the lock is held.
 func TestLeaseWithTheCallersSecretIsSafeToRetry(t *testing.T) {
-	s := startTestServer(t, nil)
-	a := newAPI(t, s)
+	s, a := startWithAPI(t, nil)
 	req := &fencev1.LeaseRequest{Lock: "retried", Ttl: durationpb.New(time.Minute), LeaseSecret: "c2VjcmV0IGRyYXduIGJ5IHRoZSBjYWxsZXI"}
 	first := a.mustLease(req)
 	before := sessionCount(t, s)
@@ -423,8 +406,7 @@ func TestLeaseWithTheCallersSecretIsSafeToRetry(t *testing.T) {
 // answers counts from the retry. The same secret on another lock is
 // refused, and the lease it names is left as it was.
 func TestLeaseRetriesFindTheirLease(t *testing.T) {
-	s := startTestServer(t, nil)
-	a := newAPI(t, s)
+	s, a := startWithAPI(t, nil)
 	secret := func(n int) string { return fmt.Sprintf("c2VjcmV0LWRyYXduLWJ5LXRoZS1jYWxsZXI-%d", n) }
 
 	gone, cancel := context.WithCancel(context.Background())

@@ -38,8 +38,7 @@ func delayedHandOff(t *testing.T) (s *Server, clk *clock.Fake, a *api, holder ui
 	if _, err := a.acquire(context.Background(), &fencev1.AcquireRequest{SessionId: holder, Lock: "l", LockDelay: durationpb.New(10 * time.Second)}); err != nil {
 		t.Fatal(err)
 	}
-	waiter = a.acquireAsync(context.Background(), &fencev1.AcquireRequest{SessionId: other, Lock: "l"})
-	waitFor(t, "the waiter to queue", func() bool { return len(a.lock("l").GetWaiters()) == 1 })
+	waiter = a.acquireQueued(context.Background(), "the waiter", &fencev1.AcquireRequest{SessionId: other, Lock: "l"})
 	return s, clk, a, holder, waiter
 }
 
@@ -241,14 +240,12 @@ func TestFailedLiftDelayIsRetried(t *testing.T) {
 func TestRefusedLiftDelayIsRetriedOnANode(t *testing.T) {
 	var logs syncbuf.Buffer
 	clk := clock.NewFake()
-	s := startTestServer(t, func(c *Config) { c.Clock = clk; c.Logger = slog.New(slog.NewTextHandler(&logs, nil)) })
-	a := newAPI(t, s)
+	s, a := startWithAPI(t, func(c *Config) { c.Clock = clk; c.Logger = slog.New(slog.NewTextHandler(&logs, nil)) })
 	holder, other := a.session(time.Hour), a.session(time.Hour)
 	if _, err := a.acquire(context.Background(), &fencev1.AcquireRequest{SessionId: holder, Lock: "l", LockDelay: durationpb.New(10 * time.Second)}); err != nil {
 		t.Fatal(err)
 	}
-	waiter := a.acquireAsync(context.Background(), &fencev1.AcquireRequest{SessionId: other, Lock: "l"})
-	waitFor(t, "the waiter to queue", func() bool { return len(a.lock("l").GetWaiters()) == 1 })
+	waiter := a.acquireQueued(context.Background(), "the waiter", &fencev1.AcquireRequest{SessionId: other, Lock: "l"})
 	cluster := fencev1connect.NewClusterServiceClient(http.DefaultClient, "http://"+s.Addr())
 	if _, err := cluster.RevokeSession(context.Background(), connect.NewRequest(&fencev1.RevokeSessionRequest{SessionId: holder})); err != nil {
 		t.Fatal(err)

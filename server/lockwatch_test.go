@@ -128,8 +128,7 @@ func texts(evs []*fencev1.LockEvent) string {
 // holder's expiry with its lock-delay started and ended, a revoke, an
 // abandonment and a close. Time passes on the leader's fake clock.
 func TestLockWatchEvents(t *testing.T) {
-	clk := clock.NewFake()
-	s := startTestServer(t, func(c *Config) { c.Clock = clk })
+	s, clk := startOnFakeClock(t)
 	waitFor(t, "the group to move to protocol 4", func() bool { return s.fsm.Protocol() >= fsm.Protocol4 })
 	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
 	defer cancel()
@@ -426,12 +425,7 @@ func TestLockWatchAuth(t *testing.T) {
 	s := startTestServer(t, nil)
 	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
 	defer cancel()
-	open := mustClient(t, s, "")
-	root := mustClient(t, s, setupRoot(t, open))
-	token := addUser(t, open, "reader", perm(client.PermLock, client.Read, "a/"))
-	if err := root.AuthEnable(ctx); err != nil {
-		t.Fatal(err)
-	}
+	root, _, token := enableAuthWithUser(t, s, "reader", perm(client.PermLock, client.Read, "a/"))
 	reader := mustClient(t, s, token)
 	if _, err := reader.WatchLocks(ctx, "b/", 0); !errors.Is(err, fence.ErrPermissionDenied) {
 		t.Fatalf("watching b/ with lock read on a/: %v, want ErrPermissionDenied", err)
@@ -444,24 +438,16 @@ func TestLockWatchAuth(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer w.Close()
-	sess, err := root.NewSession(ctx)
-	if err != nil {
-		t.Fatal(err)
-	}
+	sess := mustNewSession(t, root)
 	m := client.NewMutex(sess, "a/x")
-	g, err := m.Lock(ctx)
-	if err != nil {
-		t.Fatal(err)
-	}
+	g := mustLock(t, m)
 	if ev := <-w.Events(); ev.GetType() != fencev1.LockEventType_LOCK_EVENT_TYPE_GRANTED || ev.GetToken() != g.Token() {
 		t.Fatalf("first event %v, want the grant of token %d", ev, g.Token())
 	}
 	if err := root.RoleRevoke(ctx, "reader", perm(client.PermLock, client.Read, "a/")); err != nil {
 		t.Fatal(err)
 	}
-	if err := m.Unlock(ctx); err != nil {
-		t.Fatal(err)
-	}
+	mustUnlock(t, m)
 	for ev := range w.Events() {
 		t.Errorf("the watch sent %s after its permission was taken away", eventText(ev))
 	}
@@ -484,9 +470,7 @@ func TestLockWatchAuth(t *testing.T) {
 	if err := root.TokenRevoke(ctx, tokens[0].GetId()); err != nil {
 		t.Fatal(err)
 	}
-	if _, err := client.NewMutex(sess, "a/y").Lock(ctx); err != nil {
-		t.Fatal(err)
-	}
+	mustLock(t, client.NewMutex(sess, "a/y"))
 	for ev := range w.Events() {
 		t.Errorf("the watch sent %s after its token was revoked", eventText(ev))
 	}

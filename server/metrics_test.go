@@ -53,8 +53,7 @@ func scrape(t *testing.T, url string) map[string]float64 {
 // and two waiters, a KV key, a watch, proposals, log appends, a
 // snapshot, the leader, and the build.
 func TestOperatorMetrics(t *testing.T) {
-	s := startTestServer(t, func(c *Config) { c.Version = "v1.2.3-test" })
-	a := newAPI(t, s)
+	s, a := startWithAPI(t, func(c *Config) { c.Version = "v1.2.3-test" })
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
 	holder := a.session(10 * time.Second)

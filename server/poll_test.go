@@ -15,8 +15,7 @@ import (
 // again with the attempt it was given, it keeps its place without a new
 // commit, and is granted when the holder lets go.
 func TestPollingAcquireKeepsItsPlace(t *testing.T) {
-	s := startTestServer(t, nil)
-	a := newAPI(t, s)
+	s, a := startWithAPI(t, nil)
 	ctx := context.Background()
 	holder, waiter, later := a.session(time.Minute), a.session(time.Minute), a.session(time.Minute)
 	token := a.mustAcquire(holder, "x")
@@ -60,8 +59,7 @@ func TestPollingAcquireKeepsItsPlace(t *testing.T) {
 }
 
 func TestPollNeedsARequestID(t *testing.T) {
-	s := startTestServer(t, nil)
-	a := newAPI(t, s)
+	_, a := startWithAPI(t, nil)
 	_, err := a.locks.Acquire(context.Background(), connect.NewRequest(&fencev1.AcquireRequest{
 		SessionId: a.session(time.Minute), Lock: "x", Poll: durationpb.New(time.Second),
 	}))
@@ -71,8 +69,7 @@ func TestPollNeedsARequestID(t *testing.T) {
 }
 
 func TestLockLimitsAreEnforced(t *testing.T) {
-	s := startTestServer(t, func(cfg *Config) { cfg.MaxLocksPerSession, cfg.MaxLocks = 2, 3 })
-	a := newAPI(t, s)
+	_, a := startWithAPI(t, func(cfg *Config) { cfg.MaxLocksPerSession, cfg.MaxLocks = 2, 3 })
 	one, two := a.session(time.Minute), a.session(time.Minute)
 	a.mustAcquire(one, "a")
 	a.mustAcquire(one, "b")

@@ -1,7 +1,6 @@
 package server
 
 import (
-	"crypto/tls"
 	"io"
 	"net"
 	"net/http"
@@ -31,12 +30,7 @@ func TestMetricsPortBesideClientCertAuth(t *testing.T) {
 	ca := testtls.NewCA(t, "fence test CA")
 	s := startTestServer(t, func(c *Config) {
 		c.ListenMetrics = "127.0.0.1:0"
-		c.TLS = &tls.Config{
-			Certificates: []tls.Certificate{ca.Cert(t, "node")},
-			ClientAuth:   tls.RequireAndVerifyClientCert,
-			ClientCAs:    ca.Pool(),
-			MinVersion:   tls.VersionTLS12,
-		}
+		c.TLS = nodeTLS(t, ca, "node")
 	})
 	if s.MetricsAddr() == "" {
 		t.Fatal("no metrics address")

@@ -9,11 +9,21 @@ import (
 	"time"
 
 	"github.com/fencelock/fence"
-	fencev1 "github.com/fencelock/fence/api/fence/v1"
 	"github.com/fencelock/fence/client"
 	"github.com/fencelock/fence/internal/clock"
 	"github.com/fencelock/fence/internal/fsm"
 )
+
+// rootAliceAndBob sets up on s, while auth is off, user root and users
+// alice and bob, each with a role of its own holding perms, and returns a
+// client of each.
+func rootAliceAndBob(tb testing.TB, s *Server, perms ...*client.Permission) (root, alice, bob *client.Client) {
+	tb.Helper()
+	root, _ = mustRootClient(tb, s)
+	alice = mustClient(tb, s, addUser(tb, root, "alice", perms...))
+	bob = mustClient(tb, s, addUser(tb, root, "bob", perms...))
+	return root, alice, bob
+}
 
 // A real server with auth on enforces a user's quotas on the sessions
 // created with the user's token and on the locks they take, counted over
@@ -23,20 +33,14 @@ import (
 func TestQuotaRealServer(t *testing.T) {
 	s := startTestServer(t, nil)
 	ctx := context.Background()
-	root := setupRoot(t, mustClient(t, s, ""))
-	rc := mustClient(t, s, root)
-	lockAll := perm(fencev1.PermissionKind_PERMISSION_KIND_LOCK, fencev1.Access_ACCESS_WRITE, "")
-	alice := mustClient(t, s, addUser(t, rc, "alice", lockAll))
-	bob := mustClient(t, s, addUser(t, rc, "bob", lockAll))
+	rc, alice, bob := rootAliceAndBob(t, s, perm(client.PermLock, client.Write, ""))
 	if err := rc.UserSetQuota(ctx, "alice", client.Quota{MaxSessions: 2, MaxLocks: 1}); err != nil {
 		t.Fatal(err)
 	}
 	if err := rc.UserSetQuota(ctx, "nobody", client.Quota{MaxSessions: 2, MaxLocks: 1}); !errors.Is(err, fence.ErrInvalidArgument) {
 		t.Fatalf("quota of a missing user: %v", err)
 	}
-	if err := rc.AuthEnable(ctx); err != nil {
-		t.Fatal(err)
-	}
+	mustAuthEnable(t, rc)
 	newSession := func(c *client.Client) (*client.Session, error) {
 		sess, err := c.NewSession(ctx, client.WithTTL(30*time.Second))
 		if err == nil {
@@ -104,19 +108,12 @@ func TestQuotaRealServer(t *testing.T) {
 func TestQuotaWaitsAndKVBytesRealServer(t *testing.T) {
 	s := startTestServer(t, nil)
 	ctx := context.Background()
-	root := setupRoot(t, mustClient(t, s, ""))
-	rc := mustClient(t, s, root)
-	lockAll := perm(fencev1.PermissionKind_PERMISSION_KIND_LOCK, fencev1.Access_ACCESS_WRITE, "")
-	kvAll := perm(fencev1.PermissionKind_PERMISSION_KIND_KV, fencev1.Access_ACCESS_WRITE, "")
-	alice := mustClient(t, s, addUser(t, rc, "alice", lockAll, kvAll))
-	bob := mustClient(t, s, addUser(t, rc, "bob", lockAll, kvAll))
+	rc, alice, bob := rootAliceAndBob(t, s, perm(client.PermLock, client.Write, ""), perm(client.PermKV, client.Write, ""))
 	quota := client.Quota{MaxWaits: 1, MaxKVBytes: 16}
 	if err := rc.UserSetQuota(ctx, "alice", quota); err != nil {
 		t.Fatal(err)
 	}
-	if err := rc.AuthEnable(ctx); err != nil {
-		t.Fatal(err)
-	}
+	mustAuthEnable(t, rc)
 	refused := func(err error, quota string) {
 		t.Helper()
 		if !errors.Is(err, fence.ErrLimit) || !strings.Contains(err.Error(), quota) {
@@ -159,20 +156,14 @@ func TestQuotaWaitsAndKVBytesRealServer(t *testing.T) {
 	}
 
 	// Waits: bob holds w1 and w2; alice may wait for one of them.
-	bs, err := bob.NewSession(ctx, client.WithTTL(30*time.Second))
-	if err != nil {
-		t.Fatal(err)
-	}
+	bs := mustNewSession(t, bob, client.WithTTL(30*time.Second))
 	defer bs.Close(ctx)
 	for _, name := range []string{"w1", "w2"} {
 		if _, err := client.NewMutex(bs, name).TryLock(ctx); err != nil {
 			t.Fatal(err)
 		}
 	}
-	as, err := alice.NewSession(ctx, client.WithTTL(30*time.Second))
-	if err != nil {
-		t.Fatal(err)
-	}
+	as := mustNewSession(t, alice, client.WithTTL(30*time.Second))
 	defer as.Close(ctx)
 	waitCtx, cancel := context.WithCancel(ctx)
 	defer cancel()
@@ -242,17 +233,11 @@ func TestSessionRateLimit(t *testing.T) {
 
 	// Auth on: per user; alice at her own rate, bob at the default.
 	clk.Advance(time.Hour)
-	rootToken := setupRoot(t, open)
-	rc := mustClient(t, s, rootToken)
-	lockAll := perm(fencev1.PermissionKind_PERMISSION_KIND_LOCK, fencev1.Access_ACCESS_WRITE, "")
-	alice := mustClient(t, s, addUser(t, rc, "alice", lockAll))
-	bob := mustClient(t, s, addUser(t, rc, "bob", lockAll))
+	rc, alice, bob := rootAliceAndBob(t, s, perm(client.PermLock, client.Write, ""))
 	if err := rc.UserSetQuota(ctx, "alice", client.Quota{SessionRate: 0.5, SessionBurst: 1}); err != nil {
 		t.Fatal(err)
 	}
-	if err := rc.AuthEnable(ctx); err != nil {
-		t.Fatal(err)
-	}
+	mustAuthEnable(t, rc)
 	if err := create(alice); err != nil {
 		t.Fatal(err)
 	}

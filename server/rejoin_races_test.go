@@ -23,19 +23,12 @@ import (
 func TestAnOperatorsRemovalOfACaughtUpRejoinHolds(t *testing.T) {
 	c := startCluster(t, 3, nil)
 	leader := c.leader()
-	goOn := make(chan struct{})
-	caught := atRejoinStep(leader, rejoinCaughtUp, func() { <-goOn })
-	victim, _ := c.wipeFollower(leader)
-	awaitStep(t, caught, rejoinCaughtUp)
-	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
-	defer cancel()
-	if err := c.client(c.endpoints(victim)...).RemoveMember(ctx, victim); err != nil {
-		t.Fatalf("removing a member being added again: %v", err)
-	}
+	victim, goOn := wipeAndHoldRejoinAt(t, c, leader, rejoinCaughtUp)
+	removeRejoining(t, c, victim)
 	if _, ok := leader.member(raft.ServerID(victim)); ok {
 		t.Fatal("the operator's removal did not remove the member")
 	}
-	close(goOn)
+	goOn()
 	deadline := time.Now().Add(3 * rejoinPoll)
 	for time.Now().Before(deadline) {
 		if srv, ok := leader.member(raft.ServerID(victim)); ok {

@@ -27,6 +27,13 @@ func halfRejoined(t *testing.T, c *testCluster, id string) {
 	lid := leader.cfg.NodeID
 	c.stop(lid)
 	c.start(lid)
+	markRejoining(t, c, id)
+}
+
+// markRejoining records in the identity of c's stopped node id that it
+// asked to be added again, as a node does before it asks.
+func markRejoining(t *testing.T, c *testCluster, id string) {
+	t.Helper()
 	ident, err := openIdentity(c.cfgs[id].DataDir)
 	if err != nil {
 		t.Fatal(err)
@@ -58,6 +65,29 @@ func awaitStep(t *testing.T, reached <-chan struct{}, step rejoinStep) {
 	case <-reached:
 	case <-time.After(20 * time.Second):
 		t.Fatalf("the leader did not reach the step %q of adding the wiped member again", step)
+	}
+}
+
+// wipeAndHoldRejoinAt wipes a follower of leader and returns once leader,
+// adding it again, has reached step and is held there. It returns the
+// follower's id and a func that lets the leader go on.
+func wipeAndHoldRejoinAt(t *testing.T, c *testCluster, leader *Server, step rejoinStep) (victim string, goOn func()) {
+	t.Helper()
+	held := make(chan struct{})
+	reached := atRejoinStep(leader, step, func() { <-held })
+	victim, _ = c.wipeFollower(leader)
+	awaitStep(t, reached, step)
+	return victim, func() { close(held) }
+}
+
+// removeRejoining removes member id, which the group is adding again,
+// through a client of c's other nodes, failing the test if it cannot.
+func removeRejoining(t *testing.T, c *testCluster, id string) {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	if err := c.client(c.endpoints(id)...).RemoveMember(ctx, id); err != nil {
+		t.Fatalf("removing a member being added again: %v", err)
 	}
 }
 
@@ -203,19 +233,12 @@ func TestAWipedMemberGetsNoDataBeforeItsRemovalIsCommitted(t *testing.T) {
 func TestAnOperatorsRemovalEndsARejoin(t *testing.T) {
 	c := startCluster(t, 3, nil)
 	leader := c.leader()
-	goOn := make(chan struct{})
-	removed := atRejoinStep(leader, rejoinRemoved, func() { <-goOn })
-	victim, _ := c.wipeFollower(leader)
-	awaitStep(t, removed, rejoinRemoved)
+	victim, goOn := wipeAndHoldRejoinAt(t, c, leader, rejoinRemoved)
 	if _, ok := leader.rejoinRecord(raft.ServerID(victim)); !ok {
 		t.Fatal("the group removed a member to add it again, and keeps no record of it")
 	}
-	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
-	defer cancel()
-	if err := c.client(c.endpoints(victim)...).RemoveMember(ctx, victim); err != nil {
-		t.Fatalf("removing a member being added again: %v", err)
-	}
-	close(goOn)
+	removeRejoining(t, c, victim)
+	goOn()
 	time.Sleep(3 * rejoinPoll) // the node asks, and the leader's hellos run
 	if _, ok := leader.member(raft.ServerID(victim)); ok {
 		t.Fatal("the group added again a member an operator removed")

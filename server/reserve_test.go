@@ -41,8 +41,7 @@ func TestTokensStayAboveTheReserveAfterALostLogTail(t *testing.T) {
 }
 
 func TestTheReserveIsWrittenAheadOfTheTokens(t *testing.T) {
-	s := startTestServer(t, nil)
-	a := newAPI(t, s)
+	s, a := startWithAPI(t, nil)
 	token := a.mustAcquire(a.session(time.Minute), "x")
 	r, err := durable.OpenTokenReserve(s.cfg.DataDir)
 	if err != nil {

@@ -107,14 +107,8 @@ func TestSessionSecretIsNotShown(t *testing.T) {
 	})
 	a := newAPI(t, s)
 	ctx := context.Background()
-	w, err := a.kv.Watch(ctx, connect.NewRequest(&fencev1.WatchRequest{Prefix: ""}))
-	if err != nil {
-		t.Fatal(err)
-	}
+	w := mustOpenWatch(t, ctx, a.kv, "", "the watch did not start")
 	defer w.Close()
-	if !w.Receive() {
-		t.Fatal(w.Err())
-	}
 	id1, id2 := a.session(time.Minute), a.session(time.Minute)
 	secret := a.secrets.secret(id1)
 	if other := a.secrets.secret(id2); len(secret) < 22 || secret == other {
@@ -160,8 +154,7 @@ func TestLegacyDataDirKeepsWorking(t *testing.T) {
 	dir := t.TempDir()
 	untar(t, legacyFixture, dir)
 	edit := func(c *Config) { c.DataDir = dir }
-	s := startTestServer(t, edit)
-	a := newAPI(t, s)
+	s, a := startWithAPI(t, edit)
 	ctx := context.Background()
 	for _, want := range []struct {
 		lock    string

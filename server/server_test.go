@@ -13,22 +13,19 @@ import (
 	"google.golang.org/protobuf/types/known/durationpb"
 
 	fencev1 "github.com/fencelock/fence/api/fence/v1"
-	"github.com/fencelock/fence/internal/clock"
 )
 
 // A release hands the lock to the first waiter, whose blocked Acquire
 // returns a higher token; asking again for a held lock returns the same grant.
 func TestReleaseHandsLockToWaiter(t *testing.T) {
-	s := startTestServer(t, nil)
-	a := newAPI(t, s)
+	_, a := startWithAPI(t, nil)
 	sa, sb := a.session(time.Minute), a.session(time.Minute)
 
 	t1 := a.mustAcquire(sa, "orders")
 	if again := a.mustAcquire(sa, "orders"); again != t1 {
 		t.Fatalf("re-acquire returned token %d, want the same grant %d", again, t1)
 	}
-	p := a.acquireAsync(context.Background(), &fencev1.AcquireRequest{SessionId: sb, Lock: "orders"})
-	waitFor(t, "b to queue", func() bool { return len(a.lock("orders").GetWaiters()) == 1 })
+	p := a.acquireQueued(context.Background(), "b", &fencev1.AcquireRequest{SessionId: sb, Lock: "orders"})
 	if p.returned() {
 		t.Fatal("b was granted while a holds the lock")
 	}
@@ -52,14 +49,12 @@ func TestReleaseHandsLockToWaiter(t *testing.T) {
 // not before the TTL has passed since the last keepalive, and then it
 // releases the session's locks to waiters and refuses further keepalives.
 func TestSessionExpiresOnLeaderClock(t *testing.T) {
-	clk := clock.NewFake()
-	s := startTestServer(t, func(c *Config) { c.Clock = clk })
+	s, clk := startOnFakeClock(t)
 	a := newAPI(t, s)
 	sa := a.session(5 * time.Second)
 	sb := a.session(time.Hour)
 	a.mustAcquire(sa, "job")
-	p := a.acquireAsync(context.Background(), &fencev1.AcquireRequest{SessionId: sb, Lock: "job"})
-	waitFor(t, "b to queue", func() bool { return len(a.lock("job").GetWaiters()) == 1 })
+	p := a.acquireQueued(context.Background(), "b", &fencev1.AcquireRequest{SessionId: sb, Lock: "job"})
 
 	clk.Advance(4 * time.Second)
 	if err := a.keepAlive(sa); err != nil {
@@ -81,35 +76,29 @@ func TestSessionExpiresOnLeaderClock(t *testing.T) {
 
 // A waiter whose own session expires is told so at once and never granted.
 func TestWaiterWhoseSessionExpiresIsToldAtOnce(t *testing.T) {
-	clk := clock.NewFake()
-	s := startTestServer(t, func(c *Config) { c.Clock = clk })
+	s, clk := startOnFakeClock(t)
 	a := newAPI(t, s)
 	holder := a.session(time.Hour)
 	waiter := a.session(2 * time.Second)
 	a.mustAcquire(holder, "l")
-	p := a.acquireAsync(context.Background(), &fencev1.AcquireRequest{SessionId: waiter, Lock: "l"})
-	waitFor(t, "the waiter to queue", func() bool { return len(a.lock("l").GetWaiters()) == 1 })
+	p := a.acquireQueued(context.Background(), "the waiter", &fencev1.AcquireRequest{SessionId: waiter, Lock: "l"})
 	clk.Advance(3 * time.Second)
 	if _, err := p.result(t); codeOf(err) != connect.CodeNotFound {
 		t.Fatalf("waiter whose session expired got %v, want NotFound", err)
 	}
-	if w := a.lock("l").GetWaiters(); len(w) != 0 {
-		t.Fatalf("expired waiter still queued: %v", w)
-	}
+	a.mustHaveNoWaiters("l", "expired waiter still queued")
 }
 
 // Lock-delay: after the holder's session expires, nobody gets the lock
 // until the delay has passed on the leader's clock.
 func TestLockDelayHoldsLockAfterExpiry(t *testing.T) {
-	clk := clock.NewFake()
-	s := startTestServer(t, func(c *Config) { c.Clock = clk })
+	s, clk := startOnFakeClock(t)
 	a := newAPI(t, s)
 	sa, sb := a.session(2*time.Second), a.session(time.Hour)
 	if _, err := a.acquire(context.Background(), &fencev1.AcquireRequest{SessionId: sa, Lock: "l", LockDelay: durationpb.New(10 * time.Second)}); err != nil {
 		t.Fatal(err)
 	}
-	p := a.acquireAsync(context.Background(), &fencev1.AcquireRequest{SessionId: sb, Lock: "l"})
-	waitFor(t, "b to queue", func() bool { return len(a.lock("l").GetWaiters()) == 1 })
+	p := a.acquireQueued(context.Background(), "b", &fencev1.AcquireRequest{SessionId: sb, Lock: "l"})
 	clk.Advance(3 * time.Second)
 	waitFor(t, "the lock to be delayed", func() bool { return a.lock("l").GetDelayed() })
 	clk.Advance(9 * time.Second)
@@ -128,8 +117,7 @@ func TestLockDelayHoldsLockAfterExpiry(t *testing.T) {
 // only once the delay after the second expiry has passed, not when the
 // first expiry's delay ends (docs/design.md, Lock-delay).
 func TestLockDelayOfEachExpiryHoldsInFull(t *testing.T) {
-	clk := clock.NewFake()
-	s := startTestServer(t, func(c *Config) { c.Clock = clk })
+	s, clk := startOnFakeClock(t)
 	a := newAPI(t, s)
 	r1, r2, w := a.session(2*time.Second), a.session(6*time.Second), a.session(time.Hour)
 	for _, r := range []uint64{r1, r2} {
@@ -137,8 +125,7 @@ func TestLockDelayOfEachExpiryHoldsInFull(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
-	p := a.acquireAsync(context.Background(), &fencev1.AcquireRequest{SessionId: w, Lock: "l"})
-	waitFor(t, "the writer to queue", func() bool { return len(a.lock("l").GetWaiters()) == 1 })
+	p := a.acquireQueued(context.Background(), "the writer", &fencev1.AcquireRequest{SessionId: w, Lock: "l"})
 
 	clk.Advance(3 * time.Second) // r1 expired at 2s: delayed until 3s+5s
 	waitFor(t, "r1 to expire", func() bool { return len(a.lock("l").GetHolders()) == 1 })
@@ -160,14 +147,12 @@ func TestLockDelayOfEachExpiryHoldsInFull(t *testing.T) {
 
 // A wait timeout ends in DeadlineExceeded and leaves no waiter behind.
 func TestWaitTimeout(t *testing.T) {
-	clk := clock.NewFake()
-	s := startTestServer(t, func(c *Config) { c.Clock = clk })
+	s, clk := startOnFakeClock(t)
 	a := newAPI(t, s)
 	sa, sb := a.session(time.Hour), a.session(time.Hour)
 	a.mustAcquire(sa, "l")
 	armed := clk.Timers()
-	p := a.acquireAsync(context.Background(), &fencev1.AcquireRequest{SessionId: sb, Lock: "l", WaitTimeout: durationpb.New(2 * time.Second)})
-	waitFor(t, "b to queue", func() bool { return len(a.lock("l").GetWaiters()) == 1 })
+	p := a.acquireQueued(context.Background(), "b", &fencev1.AcquireRequest{SessionId: sb, Lock: "l", WaitTimeout: durationpb.New(2 * time.Second)})
 	// The wait arms its timer after its Acquire is applied: advancing the
 	// clock before that would leave the timer due 2s after the advance.
 	clk.WaitForTimers(armed + 1)
@@ -175,21 +160,17 @@ func TestWaitTimeout(t *testing.T) {
 	if _, err := p.result(t); codeOf(err) != connect.CodeDeadlineExceeded {
 		t.Fatalf("timed-out wait: %v, want DeadlineExceeded", err)
 	}
-	if w := a.lock("l").GetWaiters(); len(w) != 0 {
-		t.Fatalf("timed-out waiter still queued: %v", w)
-	}
+	a.mustHaveNoWaiters("l", "timed-out waiter still queued")
 }
 
 // A caller that goes away while waiting leaves nothing behind: no waiter,
 // and no grant nobody knows of.
 func TestCancelledWaitLeavesNothing(t *testing.T) {
-	s := startTestServer(t, nil)
-	a := newAPI(t, s)
+	_, a := startWithAPI(t, nil)
 	sa, sb := a.session(time.Hour), a.session(time.Hour)
 	token := a.mustAcquire(sa, "l")
 	ctx, cancel := context.WithCancel(context.Background())
-	p := a.acquireAsync(ctx, &fencev1.AcquireRequest{SessionId: sb, Lock: "l"})
-	waitFor(t, "b to queue", func() bool { return len(a.lock("l").GetWaiters()) == 1 })
+	p := a.acquireQueued(ctx, "b", &fencev1.AcquireRequest{SessionId: sb, Lock: "l"})
 	cancel()
 	if _, err := p.result(t); err == nil {
 		t.Fatal("cancelled Acquire succeeded")
@@ -212,8 +193,7 @@ func TestRestartKeepsGrantsAndTokens(t *testing.T) {
 func restartKeepsGrantsAndTokens(t *testing.T, store string) {
 	dir := t.TempDir()
 	edit := func(c *Config) { c.DataDir = dir; c.SnapshotThreshold = 16; c.LogStore = store }
-	s := startTestServer(t, edit)
-	a := newAPI(t, s)
+	s, a := startWithAPI(t, edit)
 	sess := a.session(time.Hour)
 	var last uint64
 	for range 40 { // enough entries for a snapshot or two
@@ -277,8 +257,7 @@ func TestLogStoreOfADataDir(t *testing.T) {
 
 // Configured limits are enforced with ResourceExhausted.
 func TestLimits(t *testing.T) {
-	s := startTestServer(t, func(c *Config) { c.MaxSessions = 3; c.MaxWaitersPerLock = 1 })
-	a := newAPI(t, s)
+	_, a := startWithAPI(t, func(c *Config) { c.MaxSessions = 3; c.MaxWaitersPerLock = 1 })
 	s1, s2, s3 := a.session(time.Minute), a.session(time.Minute), a.session(time.Minute)
 	_, err := a.sessions.CreateSession(context.Background(), connect.NewRequest(&fencev1.CreateSessionRequest{}))
 	if codeOf(err) != connect.CodeResourceExhausted {
@@ -296,16 +275,13 @@ func TestLimits(t *testing.T) {
 
 // TryLock on a held lock fails at once with FailedPrecondition.
 func TestTryOnHeldLock(t *testing.T) {
-	s := startTestServer(t, nil)
-	a := newAPI(t, s)
+	_, a := startWithAPI(t, nil)
 	sa, sb := a.session(time.Minute), a.session(time.Minute)
 	a.mustAcquire(sa, "l")
 	if _, err := a.acquire(context.Background(), &fencev1.AcquireRequest{SessionId: sb, Lock: "l", Try: true}); codeOf(err) != connect.CodeFailedPrecondition {
 		t.Fatalf("try on a held lock: %v, want FailedPrecondition", err)
 	}
-	if w := a.lock("l").GetWaiters(); len(w) != 0 {
-		t.Fatalf("try left a waiter: %v", w)
-	}
+	a.mustHaveNoWaiters("l", "try left a waiter")
 }
 
 // CancelAcquire gives up an Acquire by its request id, whatever became of
@@ -313,8 +289,7 @@ func TestTryOnHeldLock(t *testing.T) {
 // after a failed Acquire, and nothing is left held or queued; a retry of the
 // given-up Acquire that arrives later is refused.
 func TestCancelAcquire(t *testing.T) {
-	s := startTestServer(t, nil)
-	a := newAPI(t, s)
+	_, a := startWithAPI(t, nil)
 	sa, sb := a.session(time.Hour), a.session(time.Hour)
 	cancelAcquire := func(session uint64, lock string, id uint64) *fencev1.CancelAcquireResponse {
 		t.Helper()
@@ -328,8 +303,7 @@ func TestCancelAcquire(t *testing.T) {
 	a.mustAcquire(sa, "l") // sa holds, without a request id
 	// The blocked call, still open, learns at once that its wait is gone:
 	// it must not wait on for a grant that can no longer come.
-	p := a.acquireAsync(context.Background(), &fencev1.AcquireRequest{SessionId: sb, Lock: "l", RequestId: 1})
-	waitFor(t, "b to queue", func() bool { return len(a.lock("l").GetWaiters()) == 1 })
+	p := a.acquireQueued(context.Background(), "b", &fencev1.AcquireRequest{SessionId: sb, Lock: "l", RequestId: 1})
 	if got := cancelAcquire(sb, "l", 1); !got.GetDequeued() || got.GetReleased() {
 		t.Fatalf("cancelling a queued acquire: %v, want dequeued", got)
 	}

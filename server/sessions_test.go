@@ -227,8 +227,7 @@ func TestTrackerStillAliveSeesSessionsThatEnded(t *testing.T) {
 // for at once answers each session in its place, across the chunks: the
 // renewed with their TTL and holdings, the others with their own error.
 func TestKeepAliveOfManySessionsAnswersEachInItsPlace(t *testing.T) {
-	s := startTestServer(t, nil)
-	a := newAPI(t, s)
+	s, a := startWithAPI(t, nil)
 	n := 2*renewalChunk + 3
 	reqs := make([]*fencev1.KeepAliveRequest, n)
 	for i := range reqs {

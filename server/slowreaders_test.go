@@ -62,13 +62,7 @@ func TestIdleHTTP2WatchOutlivesWriteTimeout(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
 	kv := fencev1connect.NewKVServiceClient(h2c(nil), "http://"+s.Addr(), connect.WithGRPC())
-	stream, err := kv.Watch(ctx, connect.NewRequest(&fencev1.WatchRequest{Prefix: "idle/"}))
-	if err != nil {
-		t.Fatal(err)
-	}
-	if !stream.Receive() {
-		t.Fatalf("the watch did not start: %v", stream.Err())
-	}
+	stream := mustOpenWatch(t, ctx, kv, "idle/", "the watch did not start")
 	time.Sleep(600 * time.Millisecond)
 	if _, err := newAPI(t, s).kv.Put(ctx, connect.NewRequest(&fencev1.PutRequest{Key: "idle/1", Value: []byte("v")})); err != nil {
 		t.Fatal(err)

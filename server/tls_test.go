@@ -23,14 +23,7 @@ import (
 // does not trust the node, and one speaking plain HTTP do not.
 func TestAPIOverMutualTLS(t *testing.T) {
 	ca := testtls.NewCA(t, "fence test CA")
-	s := startTestServer(t, func(c *Config) {
-		c.TLS = &tls.Config{
-			Certificates: []tls.Certificate{ca.Cert(t, "node")},
-			ClientAuth:   tls.RequireAndVerifyClientCert,
-			ClientCAs:    ca.Pool(),
-			MinVersion:   tls.VersionTLS12,
-		}
-	})
+	s := startTestServer(t, func(c *Config) { c.TLS = nodeTLS(t, ca, "node") })
 	status := func(hc *http.Client, url string) error {
 		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 		defer cancel()
@@ -43,7 +36,7 @@ func TestAPIOverMutualTLS(t *testing.T) {
 		p.SetHTTP2(http2)
 		return &http.Client{Transport: &http.Transport{TLSClientConfig: cfg, Protocols: &p}}
 	}
-	good := &tls.Config{RootCAs: ca.Pool(), Certificates: []tls.Certificate{ca.Cert(t, "app")}}
+	good := clientTLS(t, ca, "app")
 	for _, http2 := range []bool{false, true} {
 		if err := status(client(good, http2), "https://"+s.Addr()); err != nil {
 			t.Fatalf("client with a trusted certificate (HTTP/2 %v): %v", http2, err)
@@ -70,18 +63,9 @@ func TestAPIOverMutualTLS(t *testing.T) {
 // CA cannot take part.
 func TestClusterOverPeerTLS(t *testing.T) {
 	ca := testtls.NewCA(t, "fence test CA")
-	tlsFor := func(name string) *tls.Config {
-		return &tls.Config{
-			Certificates: []tls.Certificate{ca.Cert(t, name)},
-			ClientAuth:   tls.RequireAndVerifyClientCert,
-			ClientCAs:    ca.Pool(),
-			RootCAs:      ca.Pool(),
-			MinVersion:   tls.VersionTLS12,
-		}
-	}
 	c := startCluster(t, 3, func(cfg *Config) {
-		cfg.PeerTLS = tlsFor(cfg.NodeID)
-		cfg.TLS = tlsFor(cfg.NodeID)
+		cfg.PeerTLS = peerTLS(t, ca, cfg.NodeID)
+		cfg.TLS = peerTLS(t, ca, cfg.NodeID)
 	})
 	leader := c.leader()
 	waitFor(t, "every node to register its API address", func() bool {

@@ -107,14 +107,8 @@ func TestTxnFencedAllOrNothing(t *testing.T) {
 	c := mustClient(t, s, "")
 	ctx := context.Background()
 	kv := c.KV()
-	a, err := c.NewSession(ctx)
-	if err != nil {
-		t.Fatal(err)
-	}
-	ga, err := client.NewMutex(a, "acct").Lock(ctx)
-	if err != nil {
-		t.Fatal(err)
-	}
+	a := mustNewSession(t, c)
+	ga := mustLock(t, client.NewMutex(a, "acct"))
 	move := func(opts []client.WriteOption, from, to string) (*client.TxnResponse, error) {
 		return kv.Txn(ctx, opts...).Then(client.OpPut("acct/x", []byte(from)), client.OpPut("acct/y", []byte(to))).Commit()
 	}
@@ -124,20 +118,14 @@ func TestTxnFencedAllOrNothing(t *testing.T) {
 	if err := a.Close(ctx); err != nil {
 		t.Fatal(err)
 	}
-	b, err := c.NewSession(ctx)
-	if err != nil {
-		t.Fatal(err)
-	}
+	b := mustNewSession(t, c)
 	defer b.Close(ctx)
-	gb, err := client.NewMutex(b, "acct").Lock(ctx)
-	if err != nil {
-		t.Fatal(err)
-	}
+	gb := mustLock(t, client.NewMutex(b, "acct"))
 	// The new holder writes y alone; x still has only a's token.
 	if _, err := kv.Put(ctx, "acct/y", []byte("1"), client.WithGrant(gb)); err != nil {
 		t.Fatal(err)
 	}
-	_, err = move([]client.WriteOption{client.FencedBy("acct", ga.Token())}, "9", "2")
+	_, err := move([]client.WriteOption{client.FencedBy("acct", ga.Token())}, "9", "2")
 	var stale *fence.StaleTokenError
 	if !errors.As(err, &stale) || stale.Key != "acct/y" || stale.Token != ga.Token() || stale.Highest != gb.Token() {
 		t.Fatalf("a stale holder's txn: %v, want a StaleTokenError for acct/y", err)
@@ -202,17 +190,13 @@ func TestTxnLimits(t *testing.T) {
 // kv write on each it puts or deletes; one missing refuses it whole.
 func TestTxnPermissions(t *testing.T) {
 	s := startTestServer(t, nil)
-	open := mustClient(t, s, "")
 	ctx := context.Background()
-	rootToken := setupRoot(t, open)
-	appToken := addUser(t, open, "app", perm(client.PermKV, client.Write, "orders/"), perm(client.PermKV, client.Read, "config/"))
-	root := mustClient(t, s, rootToken)
+	root, _ := mustRootClient(t, s)
+	appToken := addUser(t, root, "app", perm(client.PermKV, client.Write, "orders/"), perm(client.PermKV, client.Read, "config/"))
 	if _, err := root.KV().Put(ctx, "config/mode", []byte("on")); err != nil {
 		t.Fatal(err)
 	}
-	if err := root.AuthEnable(ctx); err != nil {
-		t.Fatal(err)
-	}
+	mustAuthEnable(t, root)
 	kv := mustClient(t, s, appToken).KV()
 	for _, tc := range []struct {
 		name string
@@ -242,8 +226,7 @@ func TestTxnPermissions(t *testing.T) {
 // A txn's puts bound to a session need its secret, and their keys go
 // with it; an idempotency key answers a retry without applying it again.
 func TestTxnSessionsAndRetries(t *testing.T) {
-	s := startTestServer(t, nil)
-	a := newAPI(t, s)
+	_, a := startWithAPI(t, nil)
 	ctx := context.Background()
 	sid := a.session(10 * time.Second)
 	txn := func(secret, key string) (*fencev1.TxnResponse, error) {
