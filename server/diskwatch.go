@@ -79,13 +79,11 @@ func (s *Server) diskProblem() string {
 		free>>20, s.cfg.DataDir, s.cfg.MinFreeDisk>>20)
 }
 
-// handOffForDisk transfers leadership to the voter, of those whose disk
-// has room, with the longest log. When none can take over it says so,
-// unless warned (it said so already), and reports whether it did.
-func (s *Server) handOffForDisk(warned bool) bool {
-	var to raft.Server
+// successor returns the voter, of those whose disk has room and that
+// answer, with the longest log (to.ID is "" when none), and how many
+// voters there are besides this node.
+func (s *Server) successor() (to raft.Server, others int) {
 	var longest uint64
-	others := 0
 	for _, v := range s.voters() {
 		if string(v.ID) == s.cfg.NodeID {
 			continue
@@ -97,6 +95,14 @@ func (s *Server) handOffForDisk(warned bool) bool {
 		}
 		to, longest = v, h.LastIndex
 	}
+	return to, others
+}
+
+// handOffForDisk transfers leadership to the voter, of those whose disk
+// has room, with the longest log. When none can take over it says so,
+// unless warned (it said so already), and reports whether it did.
+func (s *Server) handOffForDisk(warned bool) bool {
+	to, others := s.successor()
 	switch {
 	case others == 0: // a node alone: Status says its disk is low
 		return true
@@ -111,4 +117,49 @@ func (s *Server) handOffForDisk(warned bool) bool {
 		s.logger.Warn("handing leadership over", "to", to.ID, "err", err)
 	}
 	return false
+}
+
+// leaderWriteFailed is called on raft's goroutine when an append to the
+// raft log failed (a disk that filled before watchDisk saw it, an I/O
+// error). On a leader, raft answers the append's callers with the error
+// and steps down, and tells the others nothing: they would elect a leader
+// once their heartbeat timeout passed, and until then no grant is
+// answered. This node knows why it stepped down, and asks its successor
+// to stand for election at once.
+func (s *Server) leaderWriteFailed(err error) {
+	if s.node.raft.State() != raft.Leader {
+		return // a follower's append: the leader sends it again
+	}
+	go s.standDown(err)
+}
+
+// standDown waits for raft to step this node down after its log write
+// failed with cause, and asks its successor to stand for election now:
+// raft's TimeoutNow, the message a leadership transfer ends with, which
+// has the successor campaign at once and its voters grant their votes
+// though they heard from a leader lately. The election is raft's, with
+// its rules: the successor wins only with a log as long as a majority's.
+func (s *Server) standDown(cause error) {
+	for s.node.raft.State() == raft.Leader {
+		select {
+		case <-s.done:
+			return
+		case <-time.After(5 * time.Millisecond):
+		}
+	}
+	to, _ := s.successor()
+	if to.ID == "" {
+		s.logger.Warn("a write to the raft log failed, and raft stepped this node down; no other voter with room answers to stand for election", "err", cause)
+		return
+	}
+	s.logger.Warn("a write to the raft log failed, and raft stepped this node down: asking the voter with the longest log to stand for election now", "err", cause, "to", to.ID)
+	trans := s.node.transport
+	req := &raft.TimeoutNowRequest{RPCHeader: raft.RPCHeader{
+		ProtocolVersion: raft.ProtocolVersionMax,
+		ID:              []byte(s.cfg.NodeID),
+		Addr:            trans.EncodePeer(raft.ServerID(s.cfg.NodeID), trans.LocalAddr()),
+	}}
+	if err := trans.TimeoutNow(to.ID, to.Address, req, &raft.TimeoutNowResponse{}); err != nil {
+		s.logger.Warn("asking a voter to stand for election", "to", to.ID, "err", err)
+	}
 }

@@ -230,6 +230,7 @@ func (s *Server) start() error {
 	if s.node, err = openNode(cfg, s.advertise, s.ident, s.fsm, s.snapshotOpened.Store, logger, s.metrics.storage); err != nil {
 		return abort(err)
 	}
+	s.node.log.OnWriteFailed(s.leaderWriteFailed)
 	s.learnGroup()
 	s.serveRejoins()
 	if s.ident.rejoining.Load() {

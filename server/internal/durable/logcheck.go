@@ -50,7 +50,15 @@ type CheckedLog struct {
 	// AppendSeconds, when set, observes how long each append took, its
 	// fsync included.
 	AppendSeconds prometheus.Observer
+	// writeFailed, when set, is called with the error of each append that
+	// failed (OnWriteFailed).
+	writeFailed atomic.Pointer[func(error)]
 }
+
+// OnWriteFailed has f called with the error of every append that fails,
+// on the goroutine that appended (raft's), before the error is returned:
+// f must not block.
+func (c *CheckedLog) OnWriteFailed(f func(error)) { c.writeFailed.Store(&f) }
 
 // Full reports whether the last write failed for want of space.
 func (c *CheckedLog) Full() bool { return c.full.Load() }
@@ -114,6 +122,9 @@ func (c *CheckedLog) StoreLogs(logs []*raft.Log) error {
 		c.AppendSeconds.Observe(time.Since(start).Seconds())
 	}
 	c.full.Store(errors.Is(err, syscall.ENOSPC))
+	if f := c.writeFailed.Load(); err != nil && f != nil {
+		(*f)(err)
+	}
 	return err
 }
 
