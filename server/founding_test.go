@@ -33,11 +33,13 @@ func TestASlowFounderIsNoAlarm(t *testing.T) {
 	for _, from := range []string{"n1", "n3"} {
 		c.link(from, "n2").SetCut(false)
 	}
-	c.leader()
+	leader := c.leader()
 	for _, id := range c.ids {
-		if got, want := c.nodes[id].clusterID(), n2.clusterID(); got != want {
-			t.Errorf("%s is of group %q, n2 of %q", id, got, want)
-		}
+		// A follower learns the group's id when it applies the leader's
+		// SetClusterID: wait for it rather than read it at once.
+		waitFor(t, id+" to be of the leader's group", func() bool {
+			return leader.clusterID() != "" && c.nodes[id].clusterID() == leader.clusterID()
+		})
 	}
 	if recs := logs.atLeast(slog.LevelWarn); len(recs) > 0 {
 		t.Errorf("a group whose founders start at their own pace logged:\n%s", recordsText(recs))
