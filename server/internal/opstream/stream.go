@@ -225,7 +225,13 @@ func (st *stream) readFramed(ctx context.Context, cancel context.CancelCauseFunc
 			return
 		}
 		if errors.Is(err, io.EOF) {
-			st.wg.Wait() // the client is done sending: answer what it sent
+			// A framed client never closes only its side (the Go client
+			// closes the connection when its stream ends, as a dead
+			// process's kernel does): the end of its frames is its end,
+			// and what it left running is given up, as a unary caller's
+			// call is when it goes away.
+			cancel(ErrEnded)
+			st.wg.Wait()
 			ended <- nil
 			return
 		}
