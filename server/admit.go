@@ -4,6 +4,7 @@ import (
 	"errors"
 	"fmt"
 	"strconv"
+	"time"
 
 	"github.com/hashicorp/raft"
 
@@ -71,6 +72,21 @@ func (n *node) introduce(addr raft.ServerAddress) raftIntro {
 // the refusal of a node whose data was lost.
 var errFounding = errors.New("not founded yet")
 
+// foundingGrace bounds how long a node counts as founding (errFounding):
+// a founder slower than its peers founds the group within seconds of
+// hearing from them all, and one that cannot hear from them for as long
+// (a network cut one way, a wiped node behind it) is a problem to say
+// loudly. A variable for tests.
+var foundingGrace = 30 * time.Second
+
+// founding reports whether the node, holding no data, has been asking its
+// peers whether to found the group with them for less than foundingGrace,
+// finding nothing wrong and no peer holding data.
+func (n *node) founding() bool {
+	since := n.foundingSince.Load()
+	return since != 0 && time.Since(time.Unix(0, since)) < foundingGrace
+}
+
 // admit decides whether a raft connection introduced by intro may reach
 // raft. A node with no data that is asked to take part as a non-voter
 // joins the dialer's group here, durably, before it answers.
@@ -89,9 +105,9 @@ func (n *node) admit(intro raftIntro) error {
 	}
 	switch intro.Role {
 	case roleVoter:
-		if n.founding.Load() {
-			return fmt.Errorf("%w: this node (%s) holds no data yet, and is still asking its peers whether to found group %s with them (%s founded it already): "+
-				"it founds it once it hears from every peer, or finds its own data lost", errFounding, self, groupName(intro.Group), intro.From)
+		if n.founding() {
+			return fmt.Errorf("%w: this node (%s) holds no data yet, and %s's group %s counts it as a voter: this node is still asking its peers whether to found a group with them, "+
+				"and founds that one once it hears from them all, or says its data dir was lost when it hears from one that holds the group's data", errFounding, self, intro.From, groupName(intro.Group))
 		}
 		return fmt.Errorf("this node (%s) holds no data, and %s's group %s counts it as a voter: its data dir was lost or replaced, "+
 			"so it may not vote or count towards a commit. Remove it from the group (fence members remove %s) and add it again (fence members add %s ADDRESS)",

@@ -65,22 +65,18 @@ func (s *Server) bootstrapGroup(group string, founders map[string]uint32) error 
 func (s *Server) bootstrapWhenAgreed() {
 	defer s.wg.Done()
 	defer s.bootstrapNote.Store(nil)
-	defer s.node.founding.Store(false)
-	s.node.founding.Store(true)
+	defer s.node.foundingSince.Store(0)
+	s.node.foundingSince.Store(time.Now().UnixNano())
 	wait := 20 * time.Millisecond
 	for !s.node.hasData() {
 		c := s.censusOfPeers()
 		note, level := c.note, c.level
-		// A census that found something wrong (this node's data lost, a
-		// peer of another version), or a peer holding data that this node
-		// cannot yet tell its own data's loss from a founder's head start
-		// by (a peer is silent), stops this node from counting as
-		// founding: a voter's connection is refused as it is for good.
-		s.node.founding.Store(level < slog.LevelError && len(c.holders) == 0)
+		s.noteFounding(c)
 		switch {
 		case note == "":
 			if err := s.bootstrapGroup(c.group, c.protocols); err != nil {
 				note, level = err.Error(), slog.LevelError
+				s.node.foundingSince.Store(0)
 			} else {
 				return
 			}
@@ -98,6 +94,21 @@ func (s *Server) bootstrapWhenAgreed() {
 		case <-time.After(wait):
 		}
 		wait = min(2*wait, bootstrapPoll)
+	}
+}
+
+// noteFounding keeps, after census c, when the node began counting as
+// founding (node.founding). A census that found something wrong (this
+// node's data lost, a peer of another version, a bootstrap that failed),
+// or a peer holding data while another is silent (this node cannot tell
+// its own data's loss from a founder's head start yet), ends it: a
+// voter's connection is then refused as for good.
+func (s *Server) noteFounding(c census) {
+	switch {
+	case c.level >= slog.LevelError || len(c.holders) > 0:
+		s.node.foundingSince.Store(0)
+	case s.node.foundingSince.Load() == 0:
+		s.node.foundingSince.Store(time.Now().UnixNano())
 	}
 }
 

@@ -240,3 +240,46 @@ func TestFramedStreamDropsClientsThatDoNotRead(t *testing.T) {
 		t.Fatalf("the stream was dropped after %v, before framedSilence (%v)", took, framedSilence)
 	}
 }
+
+// A framed client that closes its connection (the Go client does when its
+// stream ends, and a killed process's kernel does the same) while an
+// Acquire of it waits has that wait given up at once, as a unary caller
+// that goes away has. (Found in review: for a while the framed stream read
+// the connection past net/http, whose end of reading no longer cancelled
+// anything, and the wait stayed queued until the silent stream was
+// dropped, 45 to 60 s later, and could be granted the lock meanwhile.)
+func TestAFramedClientThatGoesAwayGivesUpItsWait(t *testing.T) {
+	s := startTestServer(t, nil)
+	holder := mustOpen(t, openFramedStream, s)
+	a := holder.session(30 * time.Second)
+	holder.mustDo(acquireOp(a, "L", false))
+
+	conn, br, err := upgradeAt(context.Background(), "http://"+s.Addr(), nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	fc := wire.NewConn(conn, br, 64<<20, 10*time.Second)
+	first := &fencev1.StreamResponse{}
+	if err := fc.Read(first); err != nil {
+		t.Fatal(err)
+	}
+	rs := newRawStream(t, first, func(r *fencev1.StreamRequest) error { return fc.Write(r) }, func() (*fencev1.StreamResponse, error) {
+		resp := &fencev1.StreamResponse{}
+		if err := fc.Read(resp); err != nil {
+			return nil, err
+		}
+		if resp.GetId() == 0 && resp.GetError() != nil {
+			return nil, rpcerr.FromStream(resp.GetError())
+		}
+		return resp, nil
+	})
+	b := rs.session(30 * time.Second)
+	wait := acquireOp(b, "L", false)
+	wait.GetAcquire().RequestId = 9
+	rs.start(wait)
+	waitFor(t, "b to queue", func() bool { return waitersOf(s, "L") == 1 })
+
+	_ = conn.Close() // the client goes away (FIN, no RST: nothing unread)
+
+	waitForWithin(t, 5*time.Second, "the vanished client's wait to be given up", func() bool { return waitersOf(s, "L") == 0 })
+}

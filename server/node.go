@@ -45,11 +45,12 @@ type node struct {
 	rejoins atomic.Pointer[func(rejoinRequest) rejoinAnswer]
 	// lowDisk says the data dir's disk is low on space (diskwatch.go).
 	lowDisk atomic.Bool
-	// founding is set while the node, holding no data, asks its peers
-	// whether it founds the group with them, and has not found its own
-	// data lost (bootstrapWhenAgreed): admit then refuses a voter's raft
-	// connection as errFounding.
-	founding  atomic.Bool
+	// foundingSince is when the node, holding no data, began asking its
+	// peers whether it founds the group with them, finding nothing wrong
+	// and no peer holding data (bootstrapWhenAgreed; UnixNano, 0 when it
+	// does not): for foundingGrace, admit refuses a voter's raft
+	// connection as errFounding (founding).
+	foundingSince atomic.Int64
 	logger    *slog.Logger
 	raftLog   *raftLogSink // raft's own lines, on their way to logger
 	log       *durable.CheckedLog

@@ -59,10 +59,11 @@ type raftLogSink struct {
 	// (Server.Shutdown): the newer term a peer then answers with is the
 	// one asked for.
 	handingOff atomic.Bool
-	// foundingSeen is when a peer last refused this node's raft
-	// connection as not founded yet (UnixNano): this node's elections
-	// fail meanwhile for want of its voters, as a matter of course.
-	foundingSeen atomic.Int64
+	// foundingFrom and foundingLast are when peers began, and last,
+	// refused this node's raft connections as not founded yet (UnixNano;
+	// a pause of founderPause begins a new spell): this node's elections
+	// fail meanwhile for want of their votes, as a matter of course.
+	foundingFrom, foundingLast atomic.Int64
 }
 
 // peerLines are raft's lines about a peer it failed to reach, and the
@@ -110,11 +111,26 @@ func (s *raftLogSink) Accept(name string, level hclog.Level, msg string, args ..
 	}
 }
 
-// peerFounding reports whether a peer refused this node's raft
-// connection as not founded yet within the last ten seconds.
+// founderPause is how long after a peer's last refusal as not founded
+// yet a spell of them ends.
+const founderPause = 10 * time.Second
+
+// founderSeen notes a peer's refusal as not founded yet.
+func (s *raftLogSink) founderSeen() {
+	now := time.Now().UnixNano()
+	if last := s.foundingLast.Swap(now); last == 0 || now-last > int64(founderPause) {
+		s.foundingFrom.Store(now)
+	}
+}
+
+// peerFounding reports whether peers refuse this node's raft connections
+// as not founded yet: one did within founderPause, in a spell that began
+// less than foundingGrace ago (a founder takes no longer, and a peer
+// refuses no longer as founding).
 func (s *raftLogSink) peerFounding() bool {
-	seen := s.foundingSeen.Load()
-	return seen != 0 && time.Since(time.Unix(0, seen)) < 10*time.Second
+	now := time.Now().UnixNano()
+	last, from := s.foundingLast.Load(), s.foundingFrom.Load()
+	return last != 0 && now-last < int64(founderPause) && now-from < int64(foundingGrace)
 }
 
 // peerLine logs one of raft's lines about a peer it failed to reach.
@@ -123,7 +139,7 @@ func (s *raftLogSink) peerLine(name, msg, peer string, args []any) {
 	err, _ := arg(args, "error").(error)
 	var refused *raftRefusedError
 	if errors.As(err, &refused) && refused.founding {
-		s.foundingSeen.Store(time.Now().UnixNano())
+		s.founderSeen()
 		s.peers.log(s.logger, slog.LevelInfo, "founding:"+peer, "peer has not founded the group yet", attrs...)
 		return
 	}
@@ -140,6 +156,7 @@ func (s *raftLogSink) peerLine(name, msg, peer string, args []any) {
 func (s *raftLogSink) peerBack(peer raft.ServerID) {
 	since, down, wasDown := s.peers.forget("unreachable:" + string(peer))
 	refusedSince, refused, wasRefused := s.peers.forget("refused:" + string(peer))
+	s.peers.forget("founding:" + string(peer))
 	if !wasDown && !wasRefused || s.logger == nil {
 		return
 	}

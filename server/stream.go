@@ -21,10 +21,10 @@ import (
 
 // The session stream (docs/design.md, The session stream): one
 // bidirectional stream per client carries every operation of its sessions.
-// Each operation runs in a goroutine of its own (one of s.workers), through the same function
-// its unary handler calls, checked as that call is checked, and is
-// answered by id when it completes, so that a blocked acquire holds up
-// nothing else on the stream.
+// opstream runs each in a goroutine of its own and answers it by id when
+// it completes, so that a blocked acquire holds up nothing else on the
+// stream; here each runs through the same function its unary handler
+// calls, checked as that call is checked (runStreamOp).
 
 // maxKeepAliveSessions bounds the sessions of one KeepAliveManyRequest.
 const maxKeepAliveSessions = 10_000
