@@ -51,13 +51,13 @@ type node struct {
 	// does not): for foundingGrace, admit refuses a voter's raft
 	// connection as errFounding (founding).
 	foundingSince atomic.Int64
-	logger    *slog.Logger
-	raftLog   *raftLogSink // raft's own lines, on their way to logger
-	log       *durable.CheckedLog
-	dataDir   string
-	timeout   time.Duration
-	heartbeat time.Duration
-	id        raft.ServerID
+	logger        *slog.Logger
+	raftLog       *raftLogSink // raft's own lines, on their way to logger
+	log           *durable.CheckedLog
+	dataDir       string
+	timeout       time.Duration
+	heartbeat     time.Duration
+	id            raft.ServerID
 	// closed is closed when the node starts to close: raft answers no
 	// future still queued when it shuts down, so waits end on this instead.
 	closed    chan struct{}
