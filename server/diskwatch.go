@@ -79,21 +79,36 @@ func (s *Server) diskProblem() string {
 		free>>20, s.cfg.DataDir, s.cfg.MinFreeDisk>>20)
 }
 
-// successor returns the voter, of those whose disk has room and that
-// answer, with the longest log (to.ID is "" when none), and how many
-// voters there are besides this node.
-func (s *Server) successor() (to raft.Server, others int) {
-	var longest uint64
+// successor returns the voter, of those whose disk has room, whose log
+// writes do not fail and that answer within timeout, with the longest log
+// (to.ID is "" when none), and how many voters there are besides this
+// node. It asks them all at once.
+func (s *Server) successor(timeout time.Duration) (to raft.Server, others int) {
+	type answer struct {
+		v raft.Server
+		h nodeHello
+	}
+	answers := make(chan answer)
 	for _, v := range s.voters() {
 		if string(v.ID) == s.cfg.NodeID {
 			continue
 		}
 		others++
-		h, err := s.helloFrom(v.ID, v.Address)
-		if err != nil || h.LowDisk || h.LastIndex < longest || to.ID != "" && h.LastIndex == longest {
+		go func() {
+			h, err := s.node.links.askHello(s.dialAddress(v.ID, v.Address), timeout)
+			if err != nil || h.ID != string(v.ID) || h.LowDisk || h.WriteFailing {
+				h = nodeHello{}
+			}
+			answers <- answer{v, h}
+		}()
+	}
+	var longest uint64
+	for range others {
+		a := <-answers
+		if a.h.ID == "" || a.h.LastIndex < longest || to.ID != "" && a.h.LastIndex == longest && a.v.ID > to.ID {
 			continue
 		}
-		to, longest = v, h.LastIndex
+		to, longest = a.v, a.h.LastIndex
 	}
 	return to, others
 }
@@ -102,7 +117,7 @@ func (s *Server) successor() (to raft.Server, others int) {
 // has room, with the longest log. When none can take over it says so,
 // unless warned (it said so already), and reports whether it did.
 func (s *Server) handOffForDisk(warned bool) bool {
-	to, others := s.successor()
+	to, others := s.successor(helloTimeout)
 	switch {
 	case others == 0: // a node alone: Status says its disk is low
 		return true
@@ -125,37 +140,66 @@ func (s *Server) handOffForDisk(warned bool) bool {
 // and steps down, and tells the others nothing: they would elect a leader
 // once their heartbeat timeout passed, and until then no grant is
 // answered. This node knows why it stepped down, and asks its successor
-// to stand for election at once.
+// to stand for election at once, unless it did within diskHandOffPause
+// (two voters whose writes fail would hand over to each other on end).
 func (s *Server) leaderWriteFailed(err error) {
-	if s.node.raft.State() != raft.Leader {
+	r := s.node.raft
+	if r.State() != raft.Leader {
 		return // a follower's append: the leader sends it again
 	}
-	go s.standDown(err)
+	now := time.Now().UnixNano()
+	if last := s.stoodDown.Load(); last != 0 && now-last < int64(diskHandOffPause) {
+		return
+	}
+	s.stoodDown.Store(now)
+	s.wg.Add(1) // raft, which calls this, is shut down before Close waits
+	go func() {
+		defer s.wg.Done()
+		s.standDown(err, r.CurrentTerm(), time.Now().Add(s.cfg.HeartbeatTimeout/2))
+	}()
 }
 
-// standDown waits for raft to step this node down after its log write
-// failed with cause, and asks its successor to stand for election now:
-// raft's TimeoutNow, the message a leadership transfer ends with, which
-// has the successor campaign at once and its voters grant their votes
-// though they heard from a leader lately. The election is raft's, with
-// its rules: the successor wins only with a log as long as a majority's.
-func (s *Server) standDown(cause error) {
-	for s.node.raft.State() == raft.Leader {
+// standDown waits for raft to step this node down in term after its log
+// write failed with cause, and asks its successor to stand for election
+// now: raft's TimeoutNow, the message a leadership transfer ends with,
+// which has the successor campaign at once and its voters grant their
+// votes though they heard from a leader lately. The election is raft's,
+// with its rules: the successor wins only with a log as long as a
+// majority's. raft obeys a TimeoutNow in any state and term, so none is
+// sent after deadline (by then the others' own election is near), nor
+// once this node knows of a newer term or of a leader: a late one would
+// depose the group's next leader.
+func (s *Server) standDown(cause error, term uint64, deadline time.Time) {
+	r := s.node.raft
+	for r.State() == raft.Leader {
+		if time.Now().After(deadline) {
+			return
+		}
 		select {
 		case <-s.done:
 			return
 		case <-time.After(5 * time.Millisecond):
 		}
 	}
-	to, _ := s.successor()
-	if to.ID == "" {
+	moved := func() bool {
+		addr, _ := r.LeaderWithID()
+		return r.State() == raft.Shutdown || r.CurrentTerm() != term || addr != "" || time.Now().After(deadline)
+	}
+	if moved() {
+		return
+	}
+	to, others := s.successor(time.Until(deadline))
+	switch {
+	case others == 0 || moved():
+		return
+	case to.ID == "":
 		s.logger.Warn("a write to the raft log failed, and raft stepped this node down; no other voter with room answers to stand for election", "err", cause)
 		return
 	}
 	s.logger.Warn("a write to the raft log failed, and raft stepped this node down: asking the voter with the longest log to stand for election now", "err", cause, "to", to.ID)
 	trans := s.node.transport
 	req := &raft.TimeoutNowRequest{RPCHeader: raft.RPCHeader{
-		ProtocolVersion: raft.ProtocolVersionMax,
+		ProtocolVersion: s.node.protocolVersion,
 		ID:              []byte(s.cfg.NodeID),
 		Addr:            trans.EncodePeer(raft.ServerID(s.cfg.NodeID), trans.LocalAddr()),
 	}}

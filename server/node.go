@@ -58,6 +58,9 @@ type node struct {
 	timeout       time.Duration
 	heartbeat     time.Duration
 	id            raft.ServerID
+	// protocolVersion is raft's protocol version of this node, which its
+	// own RPCs carry.
+	protocolVersion raft.ProtocolVersion
 	// closed is closed when the node starts to close: raft answers no
 	// future still queued when it shuts down, so waits end on this instead.
 	closed    chan struct{}
@@ -99,6 +102,7 @@ func openNode(cfg Config, api string, ident *identity, f *fsm.FSM, snapshotOpene
 	if err != nil {
 		return fail(err)
 	}
+	n.protocolVersion = rc.ProtocolVersion
 	// A node with no data starts without a configuration: Server.Start
 	// bootstraps a new group only once it is sure the group is new
 	// (bootstrap.go), and a node that joins is added by the group.
@@ -187,10 +191,20 @@ func (n *node) openTransport(cfg Config, hlog hclog.Logger) error {
 	n.links = newNodeLinkMux(stream)
 	n.transport = raft.NewNetworkTransportWithConfig(&raft.NetworkTransportConfig{
 		ServerAddressProvider: cfg.RaftAddressProvider,
-		MaxPool:               3,
-		Timeout:               10 * time.Second,
-		Logger:                hlog,
-		Stream:                n.links,
+		// One AppendEntries in flight to a follower: no pipeline. raft's
+		// pipeline deadlocks when a follower refuses an append (its log
+		// write failed, or its log is behind): the goroutine that decodes
+		// answers stops reading them, the next send waits for it forever,
+		// the follower gets no entry from then on, and raft's Shutdown
+		// hangs (seen here with failing disks; hashicorp/raft#612 reads
+		// the same). fence keeps one batch in flight, so the pipeline
+		// bought nothing measurable (hashicorp/raft#541 found it slows
+		// commits under batching).
+		MaxRPCsInFlight: 1,
+		MaxPool:         3,
+		Timeout:         10 * time.Second,
+		Logger:          hlog,
+		Stream:          n.links,
 	})
 	return nil
 }

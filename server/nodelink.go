@@ -71,6 +71,9 @@ type nodeHello struct {
 	// LowDisk says the node's data dir has less free space than its
 	// --min-free-disk: a leader handing leadership over passes it by.
 	LowDisk bool `json:"low_disk,omitempty"`
+	// WriteFailing says the node's last append to its raft log failed,
+	// for whatever reason: a leader handing leadership over passes it by.
+	WriteFailing bool `json:"write_failing,omitempty"`
 }
 
 // raftIntroMagic opens a raft connection on which the dialer introduces

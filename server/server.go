@@ -100,6 +100,9 @@ type Server struct {
 	authChanges authChanges
 	// leaderTerm ends session streams when this node stops leading.
 	leaderTerm leaderTerm
+	// stoodDown is when this node last asked a successor to stand for
+	// election after its log write failed (UnixNano; diskwatch.go).
+	stoodDown atomic.Int64
 	// streams serves session streams, each operation through runStreamOp.
 	streams *opstream.Streams
 	// upgrades holds the framed streams open: their connections are taken

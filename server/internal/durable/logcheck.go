@@ -45,8 +45,9 @@ type CheckedLog struct {
 	raft.LogStore
 	// from is the first index that must carry a checksum.
 	from uint64
-	// full is set while the last write failed for want of space.
-	full atomic.Bool
+	// full is set while the last write failed for want of space, and
+	// failing while it failed at all.
+	full, failing atomic.Bool
 	// AppendSeconds, when set, observes how long each append took, its
 	// fsync included.
 	AppendSeconds prometheus.Observer
@@ -62,6 +63,10 @@ func (c *CheckedLog) OnWriteFailed(f func(error)) { c.writeFailed.Store(&f) }
 
 // Full reports whether the last write failed for want of space.
 func (c *CheckedLog) Full() bool { return c.full.Load() }
+
+// Failing reports whether the last write failed, for whatever reason
+// (raft-wal reports a segment it could not make as "segment is sealed").
+func (c *CheckedLog) Failing() bool { return c.failing.Load() }
 
 // NewCheckedLog wraps store. For a data dir whose log predates checksums,
 // the first index stored from now on is recorded in stable, so that later
@@ -122,6 +127,7 @@ func (c *CheckedLog) StoreLogs(logs []*raft.Log) error {
 		c.AppendSeconds.Observe(time.Since(start).Seconds())
 	}
 	c.full.Store(errors.Is(err, syscall.ENOSPC))
+	c.failing.Store(err != nil)
 	if f := c.writeFailed.Load(); err != nil && f != nil {
 		(*f)(err)
 	}
