@@ -102,6 +102,18 @@ func startClusterOf(t *testing.T, bin string, n int, extra ...string) *cluster {
 		c.failed = append(c.failed, c.nodes...)
 	}
 	c.waitLeader(t, 30*time.Second)
+	// A founder slower than the others founds the group at its next look
+	// at its peers, which needs every peer to answer (docs/design.md,
+	// Bootstrap is a one-time act): a test's faults begin once every node
+	// holds the group's data.
+	waitFor(t, 30*time.Second, "every node to hold the group's data", func() bool {
+		for _, nd := range c.nodes {
+			if st, err := c.statusOf(nd); err != nil || st.GetClusterId() == "" || st.GetAppliedIndex() == 0 {
+				return false
+			}
+		}
+		return true
+	})
 	return c
 }
 
