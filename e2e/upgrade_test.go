@@ -78,7 +78,15 @@ func TestRollingUpgradeFromPreviousRelease(t *testing.T) {
 		nd.killed = true
 		nd.proc.signal(t, syscall.SIGTERM)
 		if code := nd.proc.waitExit(t, 30*time.Second); code != 0 {
-			t.Fatalf("%s exited with status %d on SIGTERM", nd.id, code)
+			// The previous release replicates through raft's pipeline,
+			// which deadlocks once a follower refuses an append (one
+			// restarted on today's fence, behind), and then cannot shut
+			// down within its deadline: its bug, which today's fence does
+			// not have (no pipeline). Anything else fails the test.
+			if nd.bin != old || !strings.Contains(nd.proc.Stderr(), "fence: context deadline exceeded") {
+				t.Fatalf("%s exited with status %d on SIGTERM", nd.id, code)
+			}
+			t.Logf("%s, on the previous release, did not shut down within its deadline (status %d): raft's pipeline deadlock, fixed since", nd.id, code)
 		}
 		nd.bin = fenceBin
 		nd.restart(t)

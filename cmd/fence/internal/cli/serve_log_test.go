@@ -151,9 +151,14 @@ func TestServeSIGTERMHandOffLogsInfo(t *testing.T) {
 		t.Errorf("the leader did not log the hand-off as info:\n%s", leader.log)
 	}
 	for _, n := range nodes {
-		warnings := 0
+		warnings, handedOver := 0, false
 		for _, line := range strings.Split(strings.TrimSpace(n.log.String()), "\n") {
+			handedOver = handedOver || strings.Contains(line, `msg="leadership handed over"`)
 			switch {
+			case n == leader && handedOver && strings.Contains(line, "level=WARN") && strings.Contains(line, "election"):
+				// Handed over, the old leader is a follower until it
+				// stops; on a loaded machine it may time out waiting for
+				// the new leader's first heartbeat, and stand itself.
 			case strings.Contains(line, "level=ERROR"), n == leader && strings.Contains(line, "level=WARN"):
 				t.Errorf("%s", line)
 			case strings.Contains(line, "level=WARN") && strings.Contains(line, `msg="peer unreachable"`):
