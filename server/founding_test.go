@@ -88,14 +88,7 @@ func TestAWipedFollowerCutOneWayIsAnAlarmAfterTheGrace(t *testing.T) {
 	})
 	leader := c.leader()
 	victim := c.followers(leader)[0].cfg.NodeID
-	for _, to := range c.ids {
-		if to != victim {
-			c.link(victim, to).SetCut(true)
-		}
-	}
-	c.stop(victim)
-	c.wipe(victim)
-	wiped := c.start(victim)
+	wiped := c.wipeCutOneWay(victim)
 	deadline := time.Now().Add(8 * time.Second)
 	for time.Now().Before(deadline) {
 		for _, rec := range logs.of(leader.cfg.NodeID).find(slog.LevelError, "peer refuses this node's raft connections") {
@@ -124,14 +117,7 @@ func TestFailedElectionsAreWarningsAfterTheFoundingGrace(t *testing.T) {
 	leader := c.leader()
 	fs := c.followers(leader)
 	victim, other := fs[0].cfg.NodeID, fs[1].cfg.NodeID
-	for _, to := range c.ids {
-		if to != victim {
-			c.link(victim, to).SetCut(true)
-		}
-	}
-	c.stop(victim)
-	c.wipe(victim)
-	c.start(victim)
+	c.wipeCutOneWay(victim)
 	c.stop(other)
 	time.Sleep(6 * time.Second)
 	var warned, infos int
@@ -155,4 +141,17 @@ func shortFoundingGrace(t *testing.T) {
 	saved := foundingGrace
 	foundingGrace = 2 * time.Second
 	t.Cleanup(func() { foundingGrace = saved })
+}
+
+// wipeCutOneWay cuts id's way to every other node (theirs to it stays),
+// wipes its data dir and starts it again.
+func (c *testCluster) wipeCutOneWay(id string) *Server {
+	for _, to := range c.ids {
+		if to != id {
+			c.link(id, to).SetCut(true)
+		}
+	}
+	c.stop(id)
+	c.wipe(id)
+	return c.start(id)
 }
