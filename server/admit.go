@@ -24,7 +24,7 @@ func (n *node) hello() nodeHello {
 	index, term := n.lastEntry()
 	return nodeHello{ID: string(n.id), API: n.api, LastIndex: index, LastTerm: term,
 		Group: n.ident.groupID(), Incarnation: n.ident.incarnation, Protocol: fsm.Protocol, Rejoining: n.ident.rejoining.Load(), Joining: n.join && !n.hasData(), LowDisk: n.lowDisk.Load(),
-		WriteFailing: n.log != nil && n.log.Failing()}
+		WriteFailing: n.log != nil && n.log.Failing(), Founders: n.ident.founding()}
 }
 
 // lastEntry returns the index and term of the last entry of the node's

@@ -38,16 +38,19 @@ func (s *Server) startBootstrap() error {
 		if group == "" {
 			group = rand.Text()
 		}
-		return s.bootstrapGroup(group, map[string]uint32{s.cfg.NodeID: fsm.Protocol})
+		return s.bootstrapGroup(group, founding{
+			Protocols:    map[string]uint32{s.cfg.NodeID: fsm.Protocol},
+			Incarnations: map[string]string{s.cfg.NodeID: s.ident.incarnation},
+		})
 	}
 	s.wg.Add(1)
 	go s.bootstrapWhenAgreed()
 	return nil
 }
 
-// bootstrapGroup records group as the data dir's, and founders (each
-// peer's protocol), then writes the group's first configuration.
-func (s *Server) bootstrapGroup(group string, founders map[string]uint32) error {
+// bootstrapGroup records group as the data dir's, and whom it is founded
+// with, then writes the group's first configuration.
+func (s *Server) bootstrapGroup(group string, founders founding) error {
 	if err := s.ident.found(group, founders); err != nil {
 		return err
 	}
@@ -74,7 +77,7 @@ func (s *Server) bootstrapWhenAgreed() {
 		s.noteFounding(c)
 		switch {
 		case note == "":
-			if err := s.bootstrapGroup(c.group, c.protocols); err != nil {
+			if err := s.bootstrapGroup(c.group, c.founders); err != nil {
 				note, level = err.Error(), slog.LevelError
 				s.node.foundingSince.Store(0)
 			} else {
@@ -122,9 +125,9 @@ type census struct {
 	level       slog.Level
 	// holders are the peers that hold data.
 	holders []string
-	// protocols are, when the node may found the group, the protocol each
-	// peer speaks (this node's included).
-	protocols map[string]uint32
+	// founders are, when the node may found the group, whom it founds it
+	// with (this node included).
+	founders founding
 }
 
 // censusOfPeers asks every peer for its hello.
@@ -164,6 +167,9 @@ func (s *Server) censusOfPeers() census {
 	}
 	holders := dataHolders(hellos)
 	if len(silent) > 0 {
+		if c, ok := s.fromFounders(hellos, holders); ok {
+			return c
+		}
 		note := fmt.Sprintf("this node holds no data, and waits for every peer to answer before it founds a group (no answer yet from %s)", strings.Join(silent, ", "))
 		if len(holders) > 0 {
 			note += fmt.Sprintf("; %s hold data already", strings.Join(holders, ", "))
@@ -177,6 +183,7 @@ func (s *Server) censusOfPeers() census {
 		protocols[id] = helloProtocol(h)
 	}
 	group := bootstrapGroupID(incarnations)
+	founders := founding{Protocols: protocols, Incarnations: incarnations}
 	for _, id := range holders {
 		if h := hellos[id]; h.Group != group {
 			return census{holders: holders, level: slog.LevelError, note: fmt.Sprintf("%s answers with group %s and holds its data (log index %d), while this node holds none: "+
@@ -190,7 +197,48 @@ func (s *Server) censusOfPeers() census {
 		return census{level: slog.LevelError, note: fmt.Sprintf("this data dir belongs to group %s, and its peers would found group %s: "+
 			"a peer's data dir was replaced since; it waits to be added to a group", mine, group)}
 	}
-	return census{group: group, protocols: protocols}
+	return census{group: group, founders: founders}
+}
+
+// fromFounders is the census of a founder slower than the others while a
+// peer is silent: a peer that founded the group says whom with, each by
+// its data dir's incarnation. A node whose own incarnation is among them
+// and that holds no data never held the group's data (a lost data dir
+// comes back with a new incarnation), so it founds the group as the others
+// did, and the group does not wait on a founder that may never come back.
+// It reports false when no holder's record says so: the peers of today's
+// configuration, this node by its incarnation, and the group every holder
+// answers with.
+func (s *Server) fromFounders(hellos map[string]nodeHello, holders []string) (census, bool) {
+	mine := s.ident.groupID()
+	for _, id := range holders {
+		h := hellos[id]
+		f := h.Founders
+		if f == nil || f.Incarnations[s.cfg.NodeID] != s.ident.incarnation || bootstrapGroupID(f.Incarnations) != h.Group ||
+			(mine != "" && mine != h.Group) || s.ident.rejoining.Load() || !samePeers(f.Incarnations, s.cfg.Peers) {
+			continue
+		}
+		for _, other := range holders {
+			if hellos[other].Group != h.Group {
+				return census{}, false
+			}
+		}
+		return census{group: h.Group, founders: *f}, true
+	}
+	return census{}, false
+}
+
+// samePeers reports whether founders names the peers of peers, no more.
+func samePeers(founders map[string]string, peers map[string]string) bool {
+	if len(founders) != len(peers) {
+		return false
+	}
+	for id := range peers {
+		if _, ok := founders[id]; !ok {
+			return false
+		}
+	}
+	return true
 }
 
 // dataHolders lists, in id order, the peers whose hello says they hold

@@ -155,3 +155,56 @@ func (c *testCluster) wipeCutOneWay(id string) *Server {
 	c.wipe(id)
 	return c.start(id)
 }
+
+// A founder that is slow to found (here it cannot reach its peers, which
+// reach it) while another founder is lost for good still founds the group
+// with the one left: the two are a majority of three, and the group must
+// not wait on a node that may never come back. The founder holding data
+// says whom the group was founded with, each peer's data dir by its
+// incarnation; the slow one finds its own among them, so it knows it never
+// held the group's data, and founds from that record. It used to wait for
+// the lost founder's answer for ever, and no leader could be elected.
+func TestASlowFounderFoundsWithOnePeerWhenAnotherIsLost(t *testing.T) {
+	c := newCluster(t, 3, nil)
+	for _, to := range []string{"n1", "n3"} {
+		c.link("n2", to).SetCut(true)
+	}
+	for _, id := range c.ids {
+		c.start(id)
+	}
+	first := c.leader()
+	if first.cfg.NodeID == "n2" || c.nodes["n2"].node.hasData() {
+		t.Fatal("n2 founded the group while it could reach no peer")
+	}
+	c.stop(first.cfg.NodeID)
+	for _, to := range []string{"n1", "n3"} {
+		c.link("n2", to).SetCut(false)
+	}
+	leader := c.leader()
+	n2 := c.nodes["n2"]
+	waitFor(t, "n2 to apply the group's id", func() bool {
+		return n2.clusterID() != "" && n2.clusterID() == leader.clusterID()
+	})
+}
+
+// A wiped founder is no slow founder, even while another is down: its
+// data dir has a new incarnation, which the founders' record does not
+// name, so it founds nothing (it may have acknowledged entries the group
+// counts on), and no leader is elected from the one intact node's data.
+func TestAWipedFounderDoesNotFoundWithOnePeer(t *testing.T) {
+	c := startCluster(t, 3, func(cfg *Config) { cfg.AutoRejoin = false })
+	leader := c.leader()
+	fs := c.followers(leader)
+	victim, other := fs[0].cfg.NodeID, fs[1].cfg.NodeID
+	c.stop(other)
+	c.stop(victim)
+	c.wipe(victim)
+	wiped := c.start(victim)
+	waitFor(t, "the wiped node to hear the leader hold data", func() bool {
+		return wiped.node.hasData() || strings.Contains(noteOf(wiped), leader.cfg.NodeID+" hold data already")
+	})
+	time.Sleep(2 * time.Second)
+	if wiped.node.hasData() {
+		t.Fatalf("the wiped %s founded the group again with %s while %s was down", victim, leader.cfg.NodeID, other)
+	}
+}

@@ -33,10 +33,20 @@ type identity struct {
 	mu        sync.Mutex // serializes writes of the file
 	group     atomic.Pointer[string]
 	rejoining atomic.Bool // asked its group to add it again, not a voter yet
-	// founders is, on a node that founded its group, the protocol each
-	// founder spoke then (nil elsewhere): the group's first protocol,
-	// agreed even while a founder is down (Server.agreeProtocol).
-	founders atomic.Pointer[map[string]uint32]
+	// founders is, on a node that founded its group, whom it founded the
+	// group with (nil elsewhere).
+	founders atomic.Pointer[founding]
+}
+
+// founding is whom a group was founded with: each founder's protocol then
+// (the group's first protocol, agreed even while a founder is down:
+// Server.agreeProtocol) and its data dir's incarnation (so that a founder
+// slower than the others can tell, while one is down, that it never held
+// the group's data: census.fromFounders). Incarnations is nil in a record
+// written before it was kept.
+type founding struct {
+	Protocols    map[string]uint32 `json:"protocols"`
+	Incarnations map[string]string `json:"incarnations,omitempty"`
 }
 
 // identityRecord is the file's form.
@@ -44,8 +54,9 @@ type identityRecord struct {
 	Incarnation string `json:"incarnation"`
 	Group       string `json:"group,omitempty"`
 	Rejoining   bool   `json:"rejoining,omitempty"`
-	// Founders is identity.founders.
-	Founders map[string]uint32 `json:"founders,omitempty"`
+	// Founders and FounderIncarnations are identity.founders.
+	Founders            map[string]uint32 `json:"founders,omitempty"`
+	FounderIncarnations map[string]string `json:"founder_incarnations,omitempty"`
 }
 
 // openIdentity reads the data dir's identity, drawing and writing a new
@@ -98,14 +109,13 @@ func (id *identity) adopt(group string) error {
 	})
 }
 
-// found records, durably, that this node founds group with founders, each
-// with the protocol it speaks.
-func (id *identity) found(group string, founders map[string]uint32) error {
+// found records, durably, that this node founds group with founders.
+func (id *identity) found(group string, founders founding) error {
 	if err := id.adopt(group); err != nil {
 		return err
 	}
 	return id.update(func(rec *identityRecord) error {
-		rec.Founders = founders
+		rec.Founders, rec.FounderIncarnations = founders.Protocols, founders.Incarnations
 		return nil
 	})
 }
@@ -114,9 +124,18 @@ func (id *identity) found(group string, founders map[string]uint32) error {
 // group with this node; 0 when it is no founder, or this node is none.
 func (id *identity) founderProtocol(member string) uint32 {
 	if f := id.founders.Load(); f != nil {
-		return (*f)[member]
+		return f.Protocols[member]
 	}
 	return 0
+}
+
+// founding returns whom this node founded its group with, nil when it
+// founded none or its record predates the founders' incarnations.
+func (id *identity) founding() *founding {
+	if f := id.founders.Load(); f != nil && f.Incarnations != nil {
+		return f
+	}
+	return nil
 }
 
 // setRejoining records, durably, whether the node asked its group to add
@@ -156,7 +175,7 @@ func (id *identity) load(rec identityRecord) {
 		id.group.Store(&rec.Group)
 	}
 	if rec.Founders != nil {
-		id.founders.Store(&rec.Founders)
+		id.founders.Store(&founding{Protocols: rec.Founders, Incarnations: rec.FounderIncarnations})
 	}
 }
 
@@ -164,7 +183,7 @@ func (id *identity) load(rec identityRecord) {
 func (id *identity) record() identityRecord {
 	rec := identityRecord{Group: id.groupID(), Rejoining: id.rejoining.Load()}
 	if f := id.founders.Load(); f != nil {
-		rec.Founders = *f
+		rec.Founders, rec.FounderIncarnations = f.Protocols, f.Incarnations
 	}
 	return rec
 }

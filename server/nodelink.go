@@ -74,6 +74,10 @@ type nodeHello struct {
 	// WriteFailing says the node's last append to its raft log failed,
 	// for whatever reason: a leader handing leadership over passes it by.
 	WriteFailing bool `json:"write_failing,omitempty"`
+	// Founders says, on a node that founded its group, whom it founded it
+	// with: a founder slower than the others, holding no data, finds its
+	// own incarnation there (census.fromFounders).
+	Founders *founding `json:"founders,omitempty"`
 }
 
 // raftIntroMagic opens a raft connection on which the dialer introduces
