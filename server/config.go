@@ -8,6 +8,7 @@ import (
 	"net"
 	"time"
 
+	"github.com/hashicorp/go-hclog"
 	"github.com/hashicorp/raft"
 
 	"github.com/fencelock/fence/internal/buildinfo"
@@ -180,6 +181,10 @@ type Config struct {
 	// UI serves the console, a read-only live page of the group, under
 	// /ui/ on the API port, with the API's TLS settings.
 	UI bool
+
+	// openParts, when set, opens the parts the node is assembled from in
+	// place of openParts: a test's own.
+	openParts func(cfg Config, hlog hclog.Logger, logger *slog.Logger, snapshotOpened func(index uint64)) (nodeParts, error)
 }
 
 // DefaultConfig returns the configuration `fence serve` runs with when given

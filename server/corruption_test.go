@@ -246,7 +246,7 @@ func TestLogWithoutChecksumsStillStarts(t *testing.T) {
 // checksums begin.
 func rewriteWithoutChecksums(t *testing.T, dataDir string) {
 	t.Helper()
-	old, done := openWAL(t, filepath.Join(dataDir, "wal"))
+	old, done := mustOpenWAL(t, filepath.Join(dataDir, "wal"))
 	first, _ := old.FirstIndex()
 	last, _ := old.LastIndex()
 	var bare []*raft.Log
@@ -267,7 +267,7 @@ func rewriteWithoutChecksums(t *testing.T, dataDir string) {
 	if err := os.Mkdir(filepath.Join(dataDir, "wal"), 0o700); err != nil {
 		t.Fatal(err)
 	}
-	w, done := openWAL(t, filepath.Join(dataDir, "wal"))
+	w, done := mustOpenWAL(t, filepath.Join(dataDir, "wal"))
 	if err := w.StoreLogs(bare); err != nil {
 		t.Fatal(err)
 	}

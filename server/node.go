@@ -4,9 +4,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
-	"net"
 	"os"
-	"path/filepath"
 	"sort"
 	"sync"
 	"sync/atomic"
@@ -15,9 +13,6 @@ import (
 
 	"github.com/hashicorp/go-hclog"
 	"github.com/hashicorp/raft"
-	raftboltdb "github.com/hashicorp/raft-boltdb/v2"
-	wal "github.com/hashicorp/raft-wal"
-	"github.com/hashicorp/raft-wal/metadb"
 
 	"github.com/fencelock/fence"
 	"github.com/fencelock/fence/internal/fsm"
@@ -31,10 +26,7 @@ import (
 type node struct {
 	raft      *raft.Raft
 	fsm       *fsm.FSM
-	metrics   *storageMetrics       // nil: not measured
-	store     *raftboltdb.BoltStore // the stable store (term, vote), and the log with LogStoreBolt
-	wal       *wal.WAL              // the log with LogStoreWAL
-	walMeta   *metadb.BoltMetaDB
+	metrics   *storageMetrics // nil: not measured
 	transport *raft.NetworkTransport
 	links     *nodeLinkMux // the raft port's stream layer, with node links
 	ident     *identity    // whom the data dir belongs to
@@ -65,50 +57,37 @@ type node struct {
 	// future still queued when it shuts down, so waits end on this instead.
 	closed    chan struct{}
 	closeOnce sync.Once
+	// closeParts closes the parts the node was assembled from, but the
+	// stream layer, which the transport closes (nodeParts.close).
+	closeParts func() error
 	// batcher groups the commands proposed while an entry is being
 	// committed into one entry.
 	batcher *batcher
 }
 
-// openNode opens the node's raft member; api is the address this node's
-// API is reached on, which it tells other nodes over node links.
-// snapshotOpened learns the raft index of every snapshot opened, the one
-// a restore reads included.
+// openNode opens the node's raft member from the data dir and the raft
+// address (or from the parts cfg.openParts opens, in a test); api is the
+// address this node's API is reached on, which it tells other nodes over
+// node links. snapshotOpened learns the raft index of every snapshot
+// opened, the one a restore reads included.
 func openNode(cfg Config, api string, ident *identity, f *fsm.FSM, snapshotOpened func(index uint64), logger *slog.Logger, m *storageMetrics) (*node, error) {
 	if err := os.MkdirAll(cfg.DataDir, 0o700); err != nil {
 		return nil, fmt.Errorf("creating data dir: %w", err)
 	}
 	hlog, sink := newRaftLog(logger)
-	n := &node{fsm: f, metrics: m, timeout: cfg.ApplyTimeout, heartbeat: cfg.HeartbeatTimeout, dataDir: cfg.DataDir, id: raft.ServerID(cfg.NodeID),
-		ident: ident, addrs: cfg.RaftAddressProvider, api: api, join: cfg.Join, logger: logger, closed: make(chan struct{})}
-	fail := func(err error) (*node, error) {
-		n.close()
+	open := openParts
+	if cfg.openParts != nil {
+		open = cfg.openParts
+	}
+	parts, err := open(cfg, hlog, logger, snapshotOpened)
+	if err != nil {
 		return nil, err
 	}
-	// The parts, as raft.NewRaft takes them: each is opened and checked
-	// here, so that a damaged data dir is refused before raft reads it.
-	logs, err := n.openLog(cfg, hlog)
-	if err != nil {
-		return fail(err)
-	}
-	snaps, err := durable.OpenSnapshots(cfg.DataDir, n.log, hlog, logger, snapshotOpened)
-	if err != nil {
-		return fail(err)
-	}
-	if err := n.openTransport(cfg, hlog); err != nil {
-		return fail(err)
-	}
-	rc, err := raftConfig(cfg, hlog)
-	if err != nil {
-		return fail(err)
-	}
-	n.protocolVersion = rc.ProtocolVersion
-	// A node with no data starts without a configuration: Server.Start
-	// bootstraps a new group only once it is sure the group is new
-	// (bootstrap.go), and a node that joins is added by the group.
-	n.raft, err = raft.NewRaft(rc, f, logs, n.store, snaps, n.transport)
-	if err != nil {
-		return fail(fmt.Errorf("starting raft: %w", err))
+	n := &node{fsm: f, metrics: m, timeout: cfg.ApplyTimeout, heartbeat: cfg.HeartbeatTimeout, dataDir: cfg.DataDir, id: raft.ServerID(cfg.NodeID),
+		ident: ident, addrs: cfg.RaftAddressProvider, api: api, join: cfg.Join, logger: logger, closed: make(chan struct{}), closeParts: parts.close}
+	if err := n.assemble(cfg, parts, hlog); err != nil {
+		n.close()
+		return nil, err
 	}
 	sink.members.Store(n.raft)
 	n.raftLog = sink
@@ -117,95 +96,45 @@ func openNode(cfg Config, api string, ident *identity, f *fsm.FSM, snapshotOpene
 	return n, nil
 }
 
-// openLog opens the raft store (bbolt, which keeps raft's stable state,
-// and the log unless it is a WAL), verifies every entry of the log, and
-// returns the log raft reads, behind a cache of the newest entries.
-func (n *node) openLog(cfg Config, hlog hclog.Logger) (raft.LogStore, error) {
-	kind, err := logStoreKind(cfg.DataDir, cfg.LogStore)
+// assemble builds the node from its parts, as raft.NewRaft takes them,
+// after checking them: every entry of the log, and the snapshots against
+// the log, so that a damaged data dir is refused before raft reads it.
+// raft reads the log through the checks, behind a cache of the newest
+// entries, and reaches its peers through node links (nodelink.go), which
+// introduce every connection.
+func (n *node) assemble(cfg Config, parts nodeParts, hlog hclog.Logger) error {
+	n.links = newNodeLinkMux(parts.stream)
+	n.transport = newTransport(cfg, n.links, hlog)
+	checked, err := durable.NewCheckedLog(parts.logs, parts.stable)
 	if err != nil {
-		return nil, err
-	}
-	n.store, err = raftboltdb.New(raftboltdb.Options{Path: filepath.Join(cfg.DataDir, "raft.db")})
-	if err != nil {
-		return nil, fmt.Errorf("opening raft store in %s: %w", cfg.DataDir, err)
-	}
-	var logStore raft.LogStore = n.store
-	if kind == LogStoreWAL {
-		walDir := filepath.Join(cfg.DataDir, "wal")
-		if err := os.MkdirAll(walDir, 0o700); err != nil {
-			return nil, err
-		}
-		// raft-wal v0.4.0's Close leaves its meta store open (and locked),
-		// so the node owns the meta store and closes it itself.
-		n.walMeta = &metadb.BoltMetaDB{}
-		segment := wal.DefaultSegmentSize
-		if cfg.WALSegmentMB > 0 {
-			segment = cfg.WALSegmentMB << 20
-		}
-		n.wal, err = wal.Open(walDir, wal.WithLogger(hlog), wal.WithMetaStore(n.walMeta), wal.WithSegmentSize(segment))
-		if err != nil {
-			return nil, fmt.Errorf("opening raft log in %s: %w", cfg.DataDir, err)
-		}
-		if err := durable.CheckWALTail(walDir); err != nil {
-			return nil, durable.CorruptLogMessage(cfg.DataDir, err)
-		}
-		logStore = durable.TruncatedWAL{WAL: n.wal}
-	}
-	checked, err := durable.NewCheckedLog(logStore, n.store)
-	if err != nil {
-		return nil, err
+		return err
 	}
 	if n.metrics != nil {
 		checked.AppendSeconds = n.metrics.logAppend
 	}
 	n.log = checked
 	if err := checked.Verify(); err != nil {
-		return nil, durable.CorruptLogMessage(cfg.DataDir, durable.LocateDamage(cfg.DataDir, kind == LogStoreWAL, err))
+		return durable.CorruptLogMessage(cfg.DataDir, durable.LocateDamage(cfg.DataDir, parts.wal, err))
+	}
+	if err := durable.CheckSnapshots(cfg.DataDir, parts.snaps, checked, n.logger); err != nil {
+		return err
 	}
 	cache, err := raft.NewLogCache(1024, checked)
 	if err != nil {
-		return nil, err
+		return err
 	}
-	return durable.DetachedLogs{LogCache: cache}, nil
-}
-
-// openTransport listens for peers on the raft address, behind the node
-// links' multiplexer (nodelink.go), which introduces every connection.
-func (n *node) openTransport(cfg Config, hlog hclog.Logger) error {
-	advertiseAddr := cfg.RaftAdvertise
-	if advertiseAddr == "" {
-		advertiseAddr = cfg.RaftListen
-	}
-	tcpAddr, err := net.ResolveTCPAddr("tcp", advertiseAddr)
+	rc, err := raftConfig(cfg, hlog)
 	if err != nil {
-		return fmt.Errorf("raft advertise address: %w", err)
+		return err
 	}
-	var advertise net.Addr // nil: the transport advertises the port it bound
-	if tcpAddr.Port != 0 {
-		advertise = tcpAddr
-	}
-	stream, err := listenPeerStream(cfg.RaftListen, advertise, cfg.PeerTLS)
+	n.protocolVersion = rc.ProtocolVersion
+	// A node with no data starts without a configuration: Server.Start
+	// bootstraps a new group only once it is sure the group is new
+	// (bootstrap.go), and a node that joins is added by the group.
+	n.raft, err = raft.NewRaft(rc, n.fsm, durable.DetachedLogs{LogCache: cache}, parts.stable, parts.snaps, n.transport)
 	if err != nil {
-		return fmt.Errorf("raft transport on %s: %w", cfg.RaftListen, err)
+		return fmt.Errorf("starting raft: %w", err)
 	}
-	n.links = newNodeLinkMux(stream)
-	n.transport = raft.NewNetworkTransportWithConfig(&raft.NetworkTransportConfig{
-		ServerAddressProvider: cfg.RaftAddressProvider,
-		// One AppendEntries in flight to a follower: no pipeline. raft's
-		// pipeline deadlocks when a follower refuses an append (its log
-		// write failed, or its log is behind): the goroutine that decodes
-		// answers stops reading them, the next send waits for it forever,
-		// the follower gets no entry from then on, and raft's Shutdown
-		// hangs (seen here with failing disks; hashicorp/raft#612 reads
-		// the same). fence keeps one batch in flight, so the pipeline
-		// bought nothing measurable (hashicorp/raft#541 found it slows
-		// commits under batching).
-		MaxRPCsInFlight: 1,
-		MaxPool:         3,
-		Timeout:         10 * time.Second,
-		Logger:          hlog,
-		Stream:          n.links,
-	})
 	return nil
 }
 
@@ -245,49 +174,6 @@ func bootConfiguration(cfg Config, self raft.ServerAddress) raft.Configuration {
 		conf.Servers = append(conf.Servers, raft.Server{Suffrage: raft.Voter, ID: raft.ServerID(id), Address: raft.ServerAddress(cfg.Peers[id])})
 	}
 	return conf
-}
-
-// Log stores. Both keep raft's term and vote in raft-boltdb's raft.db.
-const (
-	// LogStoreWAL keeps the raft log in hashicorp/raft-wal segment files,
-	// which append and fsync once per batch: commits take about two thirds
-	// of the time they take with LogStoreBolt. The default for new data
-	// dirs. It needs raft-wal v0.4.1 or newer: v0.4.0 sealed a segment
-	// without an index when raft truncated the log's tail, as a follower
-	// does after a leader change, and then could not reopen it
-	// (hashicorp/raft-wal#31; fence check --nodes 3 found a node panicking
-	// on restart, and TestWALReopensAfterTailAndHeadTruncation guards it).
-	LogStoreWAL = "wal"
-	// LogStoreBolt keeps the raft log in raft-boltdb's bbolt file, whose
-	// transactions fsync twice per batch.
-	LogStoreBolt = "bolt"
-)
-
-// logStoreKind returns the log store a data dir uses: the one it was
-// created with, recorded in the file log-store, or want for a new dir.
-func logStoreKind(dir, want string) (string, error) {
-	marker := filepath.Join(dir, "log-store")
-	data, err := os.ReadFile(marker)
-	switch {
-	case err == nil:
-		have := string(trimNewline(data))
-		if want != "" && have != want {
-			return "", fmt.Errorf("data dir %s keeps its raft log in %q, not %q; start with --log-store %s", dir, have, want, have)
-		}
-		return have, nil
-	case !errors.Is(err, os.ErrNotExist):
-		return "", err
-	}
-	if _, err := os.Stat(filepath.Join(dir, "raft.db")); err == nil {
-		return "", fmt.Errorf("data dir %s has a raft.db but no log-store file; it was not written by this version of fence", dir)
-	}
-	if want == "" {
-		want = LogStoreWAL
-	}
-	if err := os.WriteFile(marker, []byte(want+"\n"), 0o600); err != nil {
-		return "", err
-	}
-	return want, nil
 }
 
 // propose commits cmd and returns the result of applying it. It waits for
@@ -415,11 +301,8 @@ func (n *node) close() error {
 	if n.transport != nil {
 		errs = append(errs, n.transport.Close())
 	}
-	if n.wal != nil {
-		errs = append(errs, n.wal.Close(), n.walMeta.Close())
-	}
-	if n.store != nil {
-		errs = append(errs, n.store.Close())
+	if n.closeParts != nil {
+		errs = append(errs, n.closeParts())
 	}
 	return errors.Join(errs...)
 }

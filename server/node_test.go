@@ -7,27 +7,23 @@ import (
 	"strings"
 	"testing"
 
+	"github.com/hashicorp/go-hclog"
 	"github.com/hashicorp/raft"
-	wal "github.com/hashicorp/raft-wal"
-	"github.com/hashicorp/raft-wal/metadb"
-
-	"github.com/fencelock/fence/server/internal/durable"
 )
 
-// openWAL opens the wal log store in dir the way openNode does.
-func openWAL(t *testing.T, dir string) (durable.TruncatedWAL, func()) {
+// mustOpenWAL opens the wal log store in dir as a node does.
+func mustOpenWAL(t *testing.T, dir string) (raft.LogStore, func()) {
 	t.Helper()
-	meta := &metadb.BoltMetaDB{}
-	w, err := wal.Open(dir, wal.WithMetaStore(meta))
+	var closers []func() error
+	w, err := openWAL(dir, 0, hclog.NewNullLogger(), &closers)
 	if err != nil {
 		t.Fatalf("opening the wal: %v", err)
 	}
-	return durable.TruncatedWAL{WAL: w}, func() {
-		if err := w.Close(); err != nil {
-			t.Error(err)
-		}
-		if err := meta.Close(); err != nil {
-			t.Error(err)
+	return w, func() {
+		for i := len(closers) - 1; i >= 0; i-- {
+			if err := closers[i](); err != nil {
+				t.Error(err)
+			}
 		}
 	}
 }
@@ -48,7 +44,7 @@ func walEntries(from, to, term uint64) []*raft.Log {
 // on restart. The head truncation of compaction must hide old entries too.
 func TestWALReopensAfterTailAndHeadTruncation(t *testing.T) {
 	dir := t.TempDir()
-	w, closeWAL := openWAL(t, dir)
+	w, closeWAL := mustOpenWAL(t, dir)
 	if err := w.StoreLogs(walEntries(1, 100, 1)); err != nil {
 		t.Fatal(err)
 	}
@@ -60,7 +56,7 @@ func TestWALReopensAfterTailAndHeadTruncation(t *testing.T) {
 	}
 	closeWAL()
 
-	w, closeWAL = openWAL(t, dir)
+	w, closeWAL = mustOpenWAL(t, dir)
 	defer closeWAL()
 	want := func(first, last uint64) {
 		t.Helper()

@@ -24,7 +24,7 @@ func TestTokensStayAboveTheReserveAfterALostLogTail(t *testing.T) {
 			highest = a.mustAcquire(session, fmt.Sprintf("lock-%d", i))
 		}
 	})
-	w, done := openWAL(t, filepath.Join(c.cfg.DataDir, "wal"))
+	w, done := mustOpenWAL(t, filepath.Join(c.cfg.DataDir, "wal"))
 	last, _ := w.LastIndex()
 	if err := w.DeleteRange(last-9, last); err != nil {
 		t.Fatal(err)

@@ -1,8 +1,6 @@
 package server
 
 import (
-	"bytes"
-	"context"
 	"errors"
 	"log/slog"
 	"os"
@@ -40,34 +38,6 @@ func TestALeaderWhoseLogWriteFailsHandsOver(t *testing.T) {
 	t.Logf("another node led %v after the leader's write failed", took)
 	if took >= heartbeat {
 		t.Errorf("another node led %v after the leader's write failed: it waited for its heartbeat timeout (%v)", took, heartbeat)
-	}
-}
-
-// putUntilStepsDown puts 64 KiB values until leader is no longer raft's
-// leader, and returns when it saw that.
-func putUntilStepsDown(t *testing.T, c *testCluster, leader *Server) time.Time {
-	t.Helper()
-	stepped := make(chan time.Time, 1)
-	go func() {
-		for leader.node.raft.State() == raft.Leader {
-			time.Sleep(2 * time.Millisecond)
-		}
-		stepped <- time.Now()
-	}()
-	kv := c.client(c.endpoints()...).KV()
-	value := bytes.Repeat([]byte("x"), 64<<10)
-	for i := 0; ; i++ {
-		if i == 100 {
-			t.Fatal("100 puts of 64 KiB went into a 1 MiB segment")
-		}
-		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
-		_, _ = kv.Put(ctx, "big", value)
-		cancel()
-		select {
-		case at := <-stepped:
-			return at
-		default:
-		}
 	}
 }
 
