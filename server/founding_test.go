@@ -194,12 +194,7 @@ func TestASlowFounderFoundsWithOnePeerWhenAnotherIsLost(t *testing.T) {
 func TestAWipedFounderDoesNotFoundWithOnePeer(t *testing.T) {
 	c := startCluster(t, 3, func(cfg *Config) { cfg.AutoRejoin = false })
 	leader := c.leader()
-	fs := c.followers(leader)
-	victim, other := fs[0].cfg.NodeID, fs[1].cfg.NodeID
-	c.stop(other)
-	c.stop(victim)
-	c.wipe(victim)
-	wiped := c.start(victim)
+	other, victim, wiped := c.wipeWithOneDown(leader)
 	waitFor(t, "the wiped node to hear the leader hold data", func() bool {
 		return wiped.node.hasData() || strings.Contains(noteOf(wiped), leader.cfg.NodeID+" hold data already")
 	})

@@ -44,6 +44,17 @@ func (c *testCluster) wipe(id string) {
 	c.cfgs[id] = cfg
 }
 
+// wipeWithOneDown stops a follower of leader (down), and wipes another
+// (victim) and starts it again.
+func (c *testCluster) wipeWithOneDown(leader *Server) (down, victim string, wiped *Server) {
+	fs := c.followers(leader)
+	down, victim = fs[0].cfg.NodeID, fs[1].cfg.NodeID
+	c.stop(down)
+	c.stop(victim)
+	c.wipe(victim)
+	return down, victim, c.start(victim)
+}
+
 // wipeFollower stops a follower of leader, empties its data dir and
 // starts it again with its flags, as a pod restarted on an empty volume.
 func (c *testCluster) wipeFollower(leader *Server) (string, *Server) {
@@ -303,12 +314,7 @@ func TestRejoinResumesAfterItsLeaderIsGone(t *testing.T) {
 func TestWipedMemberRejoinsWhileAPeerIsDown(t *testing.T) {
 	c := startCluster(t, 5, nil)
 	leader := c.leader()
-	followers := c.followers(leader)
-	down, victim := followers[0].cfg.NodeID, followers[1].cfg.NodeID
-	c.stop(down)
-	c.stop(victim)
-	c.wipe(victim)
-	wiped := c.start(victim)
+	_, victim, wiped := c.wipeWithOneDown(leader)
 	waitFor(t, victim+" to be a voter again with one peer down", func() bool {
 		srv, ok := c.leader().member(raft.ServerID(victim))
 		return ok && srv.Suffrage == raft.Voter && wiped.node.hasData() && !wiped.ident.rejoining.Load()

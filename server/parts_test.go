@@ -72,6 +72,16 @@ func TestALeaderWhoseDiskFailsHandsOver(t *testing.T) {
 	})
 	leader := c.leader()
 	logOf(leader.cfg.NodeID).fail.Store(true)
+	wantHandOver(t, c, leader, heartbeat)
+	if h := leader.node.hello(); !h.WriteFailing || h.LowDisk {
+		t.Errorf("the old leader's hello says write failing %v, low disk %v; want true, false", h.WriteFailing, h.LowDisk)
+	}
+}
+
+// wantHandOver puts until leader steps down, and wants another node to
+// lead within its heartbeat timeout: the leader handed over.
+func wantHandOver(t *testing.T, c *testCluster, leader *Server, heartbeat time.Duration) {
+	t.Helper()
 	at := putUntilStepsDown(t, c, leader)
 	waitForWithin(t, 4*heartbeat, "another node to lead", func() bool {
 		return slices.ContainsFunc(c.followers(leader), func(s *Server) bool { return s.leaderReady.Load() })
@@ -80,9 +90,6 @@ func TestALeaderWhoseDiskFailsHandsOver(t *testing.T) {
 	t.Logf("another node led %v after the leader's write failed", took)
 	if took >= heartbeat {
 		t.Errorf("another node led %v after the leader's write failed: it waited for its heartbeat timeout (%v)", took, heartbeat)
-	}
-	if h := leader.node.hello(); !h.WriteFailing || h.LowDisk {
-		t.Errorf("the old leader's hello says write failing %v, low disk %v; want true, false", h.WriteFailing, h.LowDisk)
 	}
 }
 

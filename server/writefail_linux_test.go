@@ -6,7 +6,6 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
-	"slices"
 	"testing"
 	"time"
 
@@ -30,15 +29,7 @@ func TestALeaderWhoseLogWriteFailsHandsOver(t *testing.T) {
 	})
 	leader := c.leader()
 	fill(t, filepath.Dir(leader.cfg.DataDir))
-	at := putUntilStepsDown(t, c, leader)
-	waitForWithin(t, 4*heartbeat, "another node to lead", func() bool {
-		return slices.ContainsFunc(c.followers(leader), func(s *Server) bool { return s.leaderReady.Load() })
-	})
-	took := time.Since(at)
-	t.Logf("another node led %v after the leader's write failed", took)
-	if took >= heartbeat {
-		t.Errorf("another node led %v after the leader's write failed: it waited for its heartbeat timeout (%v)", took, heartbeat)
-	}
+	wantHandOver(t, c, leader, heartbeat)
 }
 
 // raft obeys a TimeoutNow in any state and term, and its candidate skips
