@@ -202,20 +202,28 @@ func (s *Server) censusOfPeers() census {
 
 // fromFounders is the census of a founder slower than the others while a
 // peer is silent: a peer that founded the group says whom with, each by
-// its data dir's incarnation. A node whose own incarnation is among them
-// and that holds no data never held the group's data (a lost data dir
-// comes back with a new incarnation), so it founds the group as the others
-// did, and the group does not wait on a founder that may never come back.
+// its data dir's incarnation. A node whose own incarnation is among them,
+// that holds no data and whose data dir names no group never held the
+// group's data (a lost data dir comes back with a new incarnation), so it
+// founds the group as the others did, and the group does not wait on a
+// founder that may never come back. A data dir that names a group does
+// not: it founded one, or was admitted to one as a non-voter (both write
+// the group down before raft sees a byte), so it may have voted and
+// acknowledged entries, and holding no data now it lost its raft files
+// but kept its identity; it waits for every peer, as before (and a crash
+// between writing the group down and founding it is one such wait).
 // It reports false when no holder's record says so: the peers of today's
 // configuration, this node by its incarnation, and the group every holder
 // answers with.
 func (s *Server) fromFounders(hellos map[string]nodeHello, holders []string) (census, bool) {
-	mine := s.ident.groupID()
+	if s.ident.groupID() != "" || s.ident.rejoining.Load() {
+		return census{}, false
+	}
 	for _, id := range holders {
 		h := hellos[id]
 		f := h.Founders
 		if f == nil || f.Incarnations[s.cfg.NodeID] != s.ident.incarnation || bootstrapGroupID(f.Incarnations) != h.Group ||
-			(mine != "" && mine != h.Group) || s.ident.rejoining.Load() || !samePeers(f.Incarnations, s.cfg.Peers) {
+			!samePeers(f.Incarnations, s.cfg.Peers) {
 			continue
 		}
 		for _, other := range holders {

@@ -2,6 +2,9 @@ package server
 
 import (
 	"log/slog"
+	"os"
+	"path/filepath"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -201,5 +204,53 @@ func TestAWipedFounderDoesNotFoundWithOnePeer(t *testing.T) {
 	time.Sleep(2 * time.Second)
 	if wiped.node.hasData() {
 		t.Fatalf("the wiped %s founded the group again with %s while %s was down", victim, leader.cfg.NodeID, other)
+	}
+}
+
+// A founder that lost its raft files but kept its identity file is no
+// slow founder either, even while another is down: its incarnation is in
+// the founders' record, but it voted and acknowledged entries before its
+// raft files went (its identity names the group it founded), so it founds
+// nothing from one peer's record. Founding again would make it a voter
+// with an empty log, whose vote could elect a peer that lacks entries the
+// group committed with it. Kept beside the identity: nothing (the log and
+// the term gone), or raft.db (the term kept, the raft-wal log gone), where
+// raft refuses to bootstrap and the node must go on saying why it waits.
+func TestAFounderWhoseRaftFilesAreLostDoesNotFoundWithOnePeer(t *testing.T) {
+	for name, keep := range map[string][]string{"all lost": {identityFile}, "wal lost": {identityFile, "raft.db", "log-store"}} {
+		t.Run(name, func(t *testing.T) {
+			c := startCluster(t, 3, func(cfg *Config) { cfg.AutoRejoin = false })
+			leader := c.leader()
+			fs := c.followers(leader)
+			down, victim := fs[0].cfg.NodeID, fs[1].cfg.NodeID
+			if f := leader.ident.founding(); f == nil || f.Incarnations[victim] != fs[1].ident.incarnation {
+				t.Fatalf("the leader's founders' record %+v does not name %s's incarnation %s", f, victim, fs[1].ident.incarnation)
+			}
+			c.stop(down)
+			c.stop(victim)
+			dir := c.cfgs[victim].DataDir
+			entries, err := os.ReadDir(dir)
+			if err != nil {
+				t.Fatal(err)
+			}
+			for _, e := range entries {
+				if !slices.Contains(keep, e.Name()) {
+					if err := os.RemoveAll(filepath.Join(dir, e.Name())); err != nil {
+						t.Fatal(err)
+					}
+				}
+			}
+			lost := c.start(victim)
+			waitFor(t, "the node to hear the leader hold data", func() bool {
+				return lost.node.hasData() || strings.Contains(noteOf(lost), leader.cfg.NodeID+" hold data already")
+			})
+			time.Sleep(2 * time.Second)
+			if lost.node.hasData() {
+				t.Fatalf("%s, its raft files lost, founded the group again with %s while %s was down", victim, leader.cfg.NodeID, down)
+			}
+			if !strings.Contains(noteOf(lost), "hold data already") {
+				t.Fatalf("%s no longer says why it waits (%q): it took raft's refusal to bootstrap for a founding", victim, noteOf(lost))
+			}
+		})
 	}
 }
