@@ -2,6 +2,7 @@ package server
 
 import (
 	"crypto/rand"
+	"errors"
 	"fmt"
 	"log/slog"
 	"slices"
@@ -49,14 +50,28 @@ func (s *Server) startBootstrap() error {
 }
 
 // bootstrapGroup records group as the data dir's, and whom it is founded
-// with, then writes the group's first configuration.
+// with, then writes the group's first configuration, and records that it
+// did.
 func (s *Server) bootstrapGroup(group string, founders founding) error {
 	if err := s.ident.found(group, founders); err != nil {
 		return err
 	}
 	err := s.node.raft.BootstrapCluster(bootConfiguration(s.cfg, s.node.transport.LocalAddr())).Error()
-	if err != nil && err != raft.ErrCantBootstrap { // ErrCantBootstrap: added to a group meanwhile
+	switch {
+	case errors.Is(err, raft.ErrCantBootstrap) && s.node.hasData():
+		s.logger.Info("added to the group while founding it", "cluster_id", group)
+		return nil
+	case errors.Is(err, raft.ErrCantBootstrap):
+		// raft keeps a term, and no entry: the log was lost, and raft's
+		// stable store (the term, the vote) kept.
+		return fmt.Errorf("this node's raft state keeps a term but no log entry: its raft log was lost, and it will not found the group again "+
+			"(it may have acknowledged entries the group counts on); remove it from the group (fence members remove %s) and add it again "+
+			"(fence members add %s ADDRESS) with an empty data dir", s.cfg.NodeID, s.cfg.NodeID)
+	case err != nil:
 		return fmt.Errorf("bootstrapping: %w", err)
+	}
+	if err := s.ident.setBootstrapped(); err != nil {
+		s.logger.Warn("recording that this node founded its group", "err", err)
 	}
 	s.logger.Info("bootstrapped a new group", "cluster_id", group, "members", len(s.cfg.Peers))
 	return nil
@@ -166,6 +181,13 @@ func (s *Server) censusOfPeers() census {
 		return census{note: strings.Join(strange, "; "), level: slog.LevelError}
 	}
 	holders := dataHolders(hellos)
+	if s.ident.bootstrapped.Load() {
+		return census{holders: holders, level: slog.LevelError, note: fmt.Sprintf("this node founded group %s, and holds none of its raft data now: "+
+			"its raft files were lost (its identity file kept), and it will not found the group again (it may have acknowledged entries the group counts on). "+
+			"it asks the group's leader to add it again (with --auto-rejoin on the group's nodes), or remove it from the group "+
+			"(fence members remove %s) and add it again (fence members add %s ADDRESS); it waits until then",
+			groupName(s.ident.groupID()), s.cfg.NodeID, s.cfg.NodeID)}
+	}
 	if len(silent) > 0 {
 		if c, ok := s.fromFounders(hellos, holders); ok {
 			return c

@@ -8,6 +8,8 @@ import (
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/hashicorp/raft"
 )
 
 // A founder slower than its peers to find every peer up (here it cannot
@@ -215,7 +217,8 @@ func TestAWipedFounderDoesNotFoundWithOnePeer(t *testing.T) {
 // with an empty log, whose vote could elect a peer that lacks entries the
 // group committed with it. Kept beside the identity: nothing (the log and
 // the term gone), or raft.db (the term kept, the raft-wal log gone), where
-// raft refuses to bootstrap and the node must go on saying why it waits.
+// raft refuses to bootstrap and the node must go on saying why it waits:
+// its identity says it founded the group, and it holds no data.
 func TestAFounderWhoseRaftFilesAreLostDoesNotFoundWithOnePeer(t *testing.T) {
 	for name, keep := range map[string][]string{"all lost": {identityFile}, "wal lost": {identityFile, "raft.db", "log-store"}} {
 		t.Run(name, func(t *testing.T) {
@@ -227,30 +230,66 @@ func TestAFounderWhoseRaftFilesAreLostDoesNotFoundWithOnePeer(t *testing.T) {
 				t.Fatalf("the leader's founders' record %+v does not name %s's incarnation %s", f, victim, fs[1].ident.incarnation)
 			}
 			c.stop(down)
-			c.stop(victim)
-			dir := c.cfgs[victim].DataDir
-			entries, err := os.ReadDir(dir)
-			if err != nil {
-				t.Fatal(err)
-			}
-			for _, e := range entries {
-				if !slices.Contains(keep, e.Name()) {
-					if err := os.RemoveAll(filepath.Join(dir, e.Name())); err != nil {
-						t.Fatal(err)
-					}
-				}
-			}
-			lost := c.start(victim)
-			waitFor(t, "the node to hear the leader hold data", func() bool {
-				return lost.node.hasData() || strings.Contains(noteOf(lost), leader.cfg.NodeID+" hold data already")
+			lost := c.loseRaftFiles(victim, keep...)
+			waitFor(t, "the node to say its raft files were lost", func() bool {
+				return lost.node.hasData() || strings.Contains(noteOf(lost), "raft files were lost")
 			})
 			time.Sleep(2 * time.Second)
 			if lost.node.hasData() {
 				t.Fatalf("%s, its raft files lost, founded the group again with %s while %s was down", victim, leader.cfg.NodeID, down)
 			}
-			if !strings.Contains(noteOf(lost), "hold data already") {
+			if !strings.Contains(noteOf(lost), "raft files were lost") {
 				t.Fatalf("%s no longer says why it waits (%q): it took raft's refusal to bootstrap for a founding", victim, noteOf(lost))
 			}
 		})
 	}
+}
+
+// The same with every peer up: the census of a node whose raft files were
+// lost, its identity file kept, finds the group it would found with its
+// peers to be its own (no incarnation changed), and it used to found it
+// again with an empty log, and vote (or, with raft.db kept, take raft's
+// refusal for a founding, and wait for ever). The identity now records
+// that the node founded its group once raft wrote the first entry: such a
+// node holding no data asks to be added again, and the leader adds it.
+func TestAFounderWhoseRaftFilesAreLostIsAddedAgain(t *testing.T) {
+	for name, keep := range map[string][]string{"all lost": {identityFile}, "wal lost": {identityFile, "raft.db", "log-store"}} {
+		t.Run(name, func(t *testing.T) {
+			var logs nodeLogs
+			c := startCluster(t, 3, logs.edit)
+			leader := c.leader()
+			victim := c.followers(leader)[0].cfg.NodeID
+			lost := c.loseRaftFiles(victim, keep...)
+			waitFor(t, victim+" to be a voter again", func() bool {
+				srv, ok := c.leader().member(raft.ServerID(victim))
+				return ok && srv.Suffrage == raft.Voter && lost.node.hasData() && !lost.ident.rejoining.Load()
+			})
+			if n := len(logs.of(victim).find(slog.LevelInfo, "bootstrapped a new group")); n != 1 {
+				t.Errorf("%s logged %d times that it bootstrapped the group; want once, before its raft files were lost", victim, n)
+			}
+			if len(logs.of(victim).find(slog.LevelInfo, "the group's leader adds this node again; it catches up from the group, then votes again")) == 0 {
+				t.Errorf("%s holds data again, but was not added again by the leader", victim)
+			}
+		})
+	}
+}
+
+// loseRaftFiles stops node id, removes what its data dir holds but the
+// files named in keep, and starts it again.
+func (c *testCluster) loseRaftFiles(id string, keep ...string) *Server {
+	c.t.Helper()
+	c.stop(id)
+	dir := c.cfgs[id].DataDir
+	entries, err := os.ReadDir(dir)
+	if err != nil {
+		c.t.Fatal(err)
+	}
+	for _, e := range entries {
+		if !slices.Contains(keep, e.Name()) {
+			if err := os.RemoveAll(filepath.Join(dir, e.Name())); err != nil {
+				c.t.Fatal(err)
+			}
+		}
+	}
+	return c.start(id)
 }

@@ -33,6 +33,10 @@ type identity struct {
 	mu        sync.Mutex // serializes writes of the file
 	group     atomic.Pointer[string]
 	rejoining atomic.Bool // asked its group to add it again, not a voter yet
+	// bootstrapped says the node founded its group and raft wrote the
+	// group's first entry: a node that says so and holds no data lost its
+	// raft files (census).
+	bootstrapped atomic.Bool
 	// founders is, on a node that founded its group, whom it founded the
 	// group with (nil elsewhere).
 	founders atomic.Pointer[founding]
@@ -54,6 +58,8 @@ type identityRecord struct {
 	Incarnation string `json:"incarnation"`
 	Group       string `json:"group,omitempty"`
 	Rejoining   bool   `json:"rejoining,omitempty"`
+	// Bootstrapped is identity.bootstrapped.
+	Bootstrapped bool `json:"bootstrapped,omitempty"`
 	// Founders and FounderIncarnations are identity.founders.
 	Founders            map[string]uint32 `json:"founders,omitempty"`
 	FounderIncarnations map[string]string `json:"founder_incarnations,omitempty"`
@@ -120,6 +126,15 @@ func (id *identity) found(group string, founders founding) error {
 	})
 }
 
+// setBootstrapped records, durably, that raft wrote the first entry of
+// the group this node founded.
+func (id *identity) setBootstrapped() error {
+	return id.update(func(rec *identityRecord) error {
+		rec.Bootstrapped = true
+		return nil
+	})
+}
+
 // founderProtocol returns the protocol member spoke when it founded the
 // group with this node; 0 when it is no founder, or this node is none.
 func (id *identity) founderProtocol(member string) uint32 {
@@ -171,6 +186,7 @@ func (id *identity) update(change func(*identityRecord) error) error {
 // load takes rec as the identity as it stands.
 func (id *identity) load(rec identityRecord) {
 	id.rejoining.Store(rec.Rejoining)
+	id.bootstrapped.Store(rec.Bootstrapped)
 	if rec.Group != "" {
 		id.group.Store(&rec.Group)
 	}
@@ -181,7 +197,7 @@ func (id *identity) load(rec identityRecord) {
 
 // record is the identity as it stands, in the file's form.
 func (id *identity) record() identityRecord {
-	rec := identityRecord{Group: id.groupID(), Rejoining: id.rejoining.Load()}
+	rec := identityRecord{Group: id.groupID(), Rejoining: id.rejoining.Load(), Bootstrapped: id.bootstrapped.Load()}
 	if f := id.founders.Load(); f != nil {
 		rec.Founders, rec.FounderIncarnations = f.Protocols, f.Incarnations
 	}

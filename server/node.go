@@ -103,8 +103,6 @@ func openNode(cfg Config, api string, ident *identity, f *fsm.FSM, snapshotOpene
 // entries, and reaches its peers through node links (nodelink.go), which
 // introduce every connection.
 func (n *node) assemble(cfg Config, parts nodeParts, hlog hclog.Logger) error {
-	n.links = newNodeLinkMux(parts.stream)
-	n.transport = newTransport(cfg, n.links, hlog)
 	checked, err := durable.NewCheckedLog(parts.logs, parts.stable)
 	if err != nil {
 		return err
@@ -128,6 +126,12 @@ func (n *node) assemble(cfg Config, parts nodeParts, hlog hclog.Logger) error {
 		return err
 	}
 	n.protocolVersion = rc.ProtocolVersion
+	stream, err := parts.listen()
+	if err != nil {
+		return err
+	}
+	n.links = newNodeLinkMux(stream)
+	n.transport = newTransport(cfg, n.links, hlog)
 	// A node with no data starts without a configuration: Server.Start
 	// bootstraps a new group only once it is sure the group is new
 	// (bootstrap.go), and a node that joins is added by the group.

@@ -22,14 +22,16 @@ import (
 // raft.NewRaft takes them: the log as its store keeps it (the node checks
 // it, and keeps a cache in front), raft's stable store, the snapshot store
 // (the node checks its snapshots against the log) and the raft port's
-// stream layer. openParts opens them from the data dir and the raft
-// address; a test may open its own (Config.openParts), a log that fails
-// its writes, say, around the real one.
+// stream layer, which listen opens once the checks passed (so that a node
+// refusing its data dir never answers a peer). openParts opens them from
+// the data dir and the raft address; a test may open its own
+// (Config.openParts), a log that fails its writes, say, around the real
+// one.
 type nodeParts struct {
 	logs   raft.LogStore
 	stable raft.StableStore
 	snaps  raft.SnapshotStore
-	stream raft.StreamLayer
+	listen func() (raft.StreamLayer, error)
 	// wal says logs is a raft-wal log, for the report of a damaged entry.
 	wal bool
 	// close closes the stores; the stream layer is the transport's to
@@ -79,9 +81,7 @@ func openParts(cfg Config, hlog hclog.Logger, logger *slog.Logger, snapshotOpene
 		return parts, fmt.Errorf("opening snapshot store: %w", err)
 	}
 	parts.snaps = durable.NewTidySnapshots(fileSnaps, cfg.DataDir, logger, snapshotOpened)
-	if parts.stream, err = listenRaft(cfg); err != nil {
-		return parts, err
-	}
+	parts.listen = func() (raft.StreamLayer, error) { return listenRaft(cfg) }
 	return parts, nil
 }
 

@@ -7,7 +7,6 @@ import (
 	"os"
 	"path/filepath"
 
-	"github.com/hashicorp/go-hclog"
 	"github.com/hashicorp/raft"
 )
 
@@ -37,21 +36,6 @@ type TidySnapshots struct {
 // opened, if not nil, learns the index of each snapshot opened.
 func NewTidySnapshots(store *raft.FileSnapshotStore, dataDir string, logger *slog.Logger, opened func(index uint64)) *TidySnapshots {
 	return &TidySnapshots{FileSnapshotStore: store, dir: filepath.Join(dataDir, "snapshots"), logger: logger, opened: opened}
-}
-
-// OpenSnapshots opens the snapshot store, after removing snapshots that a
-// crash left unfinished, and checks the snapshots against the log.
-func OpenSnapshots(dataDir string, log *CheckedLog, hlog hclog.Logger, logger *slog.Logger, opened func(index uint64)) (raft.SnapshotStore, error) {
-	RemoveUnfinishedSnapshots(dataDir, logger)
-	fileSnaps, err := raft.NewFileSnapshotStoreWithLogger(dataDir, 2, hlog)
-	if err != nil {
-		return nil, fmt.Errorf("opening snapshot store: %w", err)
-	}
-	snaps := NewTidySnapshots(fileSnaps, dataDir, logger, opened)
-	if err := CheckSnapshots(dataDir, snaps, log, logger); err != nil {
-		return nil, err
-	}
-	return snaps, nil
 }
 
 // Open opens the snapshot id, and tells the index it opens to the
