@@ -35,6 +35,13 @@ func (s *Server) startBootstrap() error {
 		return nil
 	}
 	if len(s.cfg.Peers) <= 1 {
+		if s.ident.bootstrapped.Load() {
+			return fmt.Errorf("this node founded group %s, and its data dir %s holds none of the group's raft data now: its raft files were lost, "+
+				"its identity file kept. It will not found the group again (its tokens would start over, and members added to it would find two groups of one id). "+
+				"Restore the group's data (fence snapshot restore, from a snapshot of it) into an empty data dir, "+
+				"or remove the node from its group and add it again with an empty data dir; to start a new group on purpose, empty the data dir",
+				groupName(s.ident.groupID()), s.cfg.DataDir)
+		}
 		group := s.ident.groupID()
 		if group == "" {
 			group = rand.Text()

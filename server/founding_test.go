@@ -279,17 +279,43 @@ func TestAFounderWhoseRaftFilesAreLostIsAddedAgain(t *testing.T) {
 func (c *testCluster) loseRaftFiles(id string, keep ...string) *Server {
 	c.t.Helper()
 	c.stop(id)
-	dir := c.cfgs[id].DataDir
+	removeAllBut(c.t, c.cfgs[id].DataDir, keep...)
+	return c.start(id)
+}
+
+// removeAllBut removes what dir holds but the files named in keep.
+func removeAllBut(tb testing.TB, dir string, keep ...string) {
+	tb.Helper()
 	entries, err := os.ReadDir(dir)
 	if err != nil {
-		c.t.Fatal(err)
+		tb.Fatal(err)
 	}
 	for _, e := range entries {
 		if !slices.Contains(keep, e.Name()) {
 			if err := os.RemoveAll(filepath.Join(dir, e.Name())); err != nil {
-				c.t.Fatal(err)
+				tb.Fatal(err)
 			}
 		}
 	}
-	return c.start(id)
+}
+
+// A node alone whose raft files were lost, its identity file kept, used to
+// found its group again under the same id, with an empty state: its tokens
+// started over at 1, and a node since grown into a group became a second
+// group of the same id. It now refuses to start, and says what to do.
+func TestANodeAloneWhoseRaftFilesAreLostRefusesToStart(t *testing.T) {
+	s := startTestServer(t, nil)
+	cfg := s.cfg
+	if err := s.Close(); err != nil {
+		t.Fatal(err)
+	}
+	removeAllBut(t, cfg.DataDir, identityFile)
+	again, err := Start(cfg)
+	if err == nil {
+		again.Close()
+		t.Fatal("a node alone whose raft files were lost started, with its group's id and an empty state")
+	}
+	if !strings.Contains(err.Error(), "raft files were lost") {
+		t.Fatalf("the refusal does not say the raft files were lost: %v", err)
+	}
 }
