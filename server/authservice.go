@@ -2,8 +2,6 @@ package server
 
 import (
 	"context"
-	"crypto/rand"
-	"encoding/base64"
 	"fmt"
 	"time"
 
@@ -19,16 +17,6 @@ import (
 // The AuthService: users, roles, tokens and enforcement, each change one
 // command. authInterceptor has checked the caller (admin, once auth is on)
 // before any of these runs; every change is logged as an audit line.
-
-// authTokenBytes is a bearer token's size: 256 bits from crypto/rand,
-// sent base64url-encoded (43 characters).
-const authTokenBytes = 32
-
-func newAuthToken() string {
-	b := make([]byte, authTokenBytes)
-	rand.Read(b) // never fails (crypto/rand panics rather than return short)
-	return base64.RawURLEncoding.EncodeToString(b)
-}
 
 // changeAuth commits one auth change and logs it with who made it.
 func (s *Server) changeAuth(ctx context.Context, req connect.AnyRequest, c *fsmpb.Auth, attrs ...any) (fsm.Result, error) {
@@ -253,7 +241,7 @@ func (s handlers) TokenCreate(ctx context.Context, req *connect.Request[fencev1.
 	if ttl < 0 {
 		return nil, fmt.Errorf("%w: ttl %v is negative", fence.ErrInvalidArgument, ttl)
 	}
-	token := newAuthToken()
+	token := newSecret()
 	hash := tokenHash(token)
 	now := s.cfg.Clock.Now()
 	t := &fsmpb.AuthToken{SecretSha256: hash[:], User: req.Msg.GetUser(), CreatedUnixNs: now.UnixNano(), Description: req.Msg.GetDescription()}
