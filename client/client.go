@@ -538,6 +538,21 @@ func (c *Client) unary(ctx context.Context, fn func(ctx context.Context, ep *end
 	})
 }
 
+// callOp runs one operation answered at once, as unary retries it, and
+// returns what answer reads from the response of the attempt that
+// succeeded.
+func callOp[T any](ctx context.Context, c *Client, req *fencev1.StreamRequest, answer func(*fencev1.StreamResponse) T) (T, error) {
+	var out T
+	err := c.unary(ctx, func(ctx context.Context, ep *endpoint) error {
+		resp, err := c.op(ctx, ep, req)
+		if err == nil {
+			out = answer(resp)
+		}
+		return err
+	})
+	return out, err
+}
+
 // newIdempotencyKey returns a key for one write call, sent with each of
 // its attempts, so that the service applies a retry of a write whose
 // answer was lost only once (fencev1.IdempotencyKeyHeader).
@@ -831,18 +846,12 @@ type CheckResult = fence.TokenStatus
 // Check asks whether token is the lock's current grant. A resource that can
 // reach the service uses it as the strongest fence.
 func (c *Client) Check(ctx context.Context, lock string, token uint64, opts ...ReadOption) (CheckResult, error) {
-	var out CheckResult
 	stale := readOpts(opts).stale
 	req := &fencev1.StreamRequest{Op: &fencev1.StreamRequest_Check{Check: &fencev1.CheckRequest{Lock: lock, Token: token, Stale: stale}}}
-	err := c.unary(ctx, func(ctx context.Context, ep *endpoint) error {
-		resp, err := c.op(ctx, ep, req)
-		if err == nil {
-			r := resp.GetCheck()
-			out = CheckResult{Current: r.GetCurrent(), Held: r.GetHeld(), CurrentToken: r.GetCurrentToken()}
-		}
-		return err
+	return callOp(ctx, c, req, func(resp *fencev1.StreamResponse) CheckResult {
+		r := resp.GetCheck()
+		return CheckResult{Current: r.GetCurrent(), Held: r.GetHeld(), CurrentToken: r.GetCurrentToken()}
 	})
-	return out, err
 }
 
 // TokenStatus is Check with default options (a linearizable answer); with

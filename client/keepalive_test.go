@@ -25,7 +25,7 @@ import (
 // points c at nodes that do not.
 func renewingSession(t *testing.T, c *Client, id uint64, ttl time.Duration, due, safe time.Time) *Session {
 	t.Helper()
-	s := &Session{client: c, id: id, secret: "secret", ttl: ttl, drift: 0.01, margin: 100 * time.Millisecond}
+	s := &Session{client: c, id: id, secret: "secret", ttl: ttl, safety: defaultSafety}
 	s.interval = ttl / 3
 	s.due, s.safeUntil = due, safe
 	s.startKeepAlive()

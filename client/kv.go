@@ -79,49 +79,30 @@ func writeOpts(opts []WriteOption) *writeOptions {
 func (k *KV) Put(ctx context.Context, key string, value []byte, opts ...WriteOption) (uint64, error) {
 	o := writeOpts(opts)
 	req := &fencev1.PutRequest{Key: key, Value: value, Fence: &o.fence, SessionId: o.session, SessionSecret: o.secret}
-	var rev uint64
 	once := newIdempotencyKey()
 	op := &fencev1.StreamRequest{IdempotencyKey: once, Op: &fencev1.StreamRequest_Put{Put: req}}
-	err := k.c.unary(ctx, func(ctx context.Context, ep *endpoint) error {
-		resp, err := k.c.op(ctx, ep, op)
-		if err == nil {
-			rev = resp.GetPut().GetRevision()
-		}
-		return err
-	})
-	return rev, err
+	return callOp(ctx, k.c, op, func(resp *fencev1.StreamResponse) uint64 { return resp.GetPut().GetRevision() })
 }
 
 // Get reads key, linearizably unless Stale is given. It returns nil and no
 // error when the key does not exist.
 func (k *KV) Get(ctx context.Context, key string, opts ...ReadOption) (*KeyValue, error) {
-	var kv *KeyValue
 	stale := readOpts(opts).stale
 	op := &fencev1.StreamRequest{Op: &fencev1.StreamRequest_Get{Get: &fencev1.GetRequest{Key: key, Stale: stale}}}
-	err := k.c.unary(ctx, func(ctx context.Context, ep *endpoint) error {
-		resp, err := k.c.op(ctx, ep, op)
-		if err == nil && resp.GetGet().GetFound() {
-			kv = resp.GetGet().GetKv()
+	return callOp(ctx, k.c, op, func(resp *fencev1.StreamResponse) *KeyValue {
+		if !resp.GetGet().GetFound() {
+			return nil
 		}
-		return err
+		return resp.GetGet().GetKv()
 	})
-	return kv, err
 }
 
 // Delete removes key, fenced like Put, and reports whether it existed.
 func (k *KV) Delete(ctx context.Context, key string, opts ...WriteOption) (bool, error) {
 	req := &fencev1.DeleteRequest{Key: key, Fence: &writeOpts(opts).fence}
-	var deleted bool
 	once := newIdempotencyKey()
 	op := &fencev1.StreamRequest{IdempotencyKey: once, Op: &fencev1.StreamRequest_Delete{Delete: req}}
-	err := k.c.unary(ctx, func(ctx context.Context, ep *endpoint) error {
-		resp, err := k.c.op(ctx, ep, op)
-		if err == nil {
-			deleted = resp.GetDelete().GetDeleted()
-		}
-		return err
-	})
-	return deleted, err
+	return callOp(ctx, k.c, op, func(resp *fencev1.StreamResponse) bool { return resp.GetDelete().GetDeleted() })
 }
 
 // Listing is what List read.

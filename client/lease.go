@@ -42,8 +42,7 @@ type Lease struct {
 	client *Client
 	id     uint64
 	secret string
-	drift  float64
-	margin time.Duration
+	safety safety
 
 	mu        sync.Mutex
 	lock      string
@@ -55,8 +54,7 @@ type Lease struct {
 type leaseOptions struct {
 	lockDelay time.Duration
 	owner     string
-	drift     float64
-	margin    time.Duration
+	safety    safety
 }
 
 // LeaseOption configures a Lease.
@@ -79,18 +77,15 @@ func WithLeaseOwner(owner string) LeaseOption {
 // (default 0.01, 1%) and the safety margin (default 100ms) that shorten
 // the lease's SafeUntil, as WithSafety does a session's.
 func WithLeaseSafety(drift float64, margin time.Duration) LeaseOption {
-	return func(o *leaseOptions) { o.drift, o.margin = drift, margin }
+	return func(o *leaseOptions) { o.safety = safety{drift: drift, margin: margin} }
 }
 
 func leaseOpts(opts []LeaseOption) (leaseOptions, error) {
-	o := leaseOptions{drift: 0.01, margin: 100 * time.Millisecond}
+	o := leaseOptions{safety: defaultSafety}
 	for _, opt := range opts {
 		opt(&o)
 	}
-	if o.drift < 0 || o.drift >= 1 || o.margin < 0 {
-		return o, fmt.Errorf("%w: drift must be in [0, 1) and margin not negative", fence.ErrInvalidArgument)
-	}
-	return o, nil
+	return o, o.safety.check()
 }
 
 // Lease takes the lock name, exclusively, for ttl (the service allows 1s
@@ -139,8 +134,7 @@ func (c *Client) Lease(ctx context.Context, name string, ttl time.Duration, opts
 		client: c,
 		id:     resp.GetLeaseId(),
 		secret: resp.GetLeaseSecret(),
-		drift:  o.drift,
-		margin: o.margin,
+		safety: o.safety,
 		lock:   resp.GetLock(),
 		token:  resp.GetToken(),
 	}
@@ -164,7 +158,7 @@ func (c *Client) ResumeLease(id uint64, secret string, opts ...LeaseOption) (*Le
 	if id == 0 || secret == "" {
 		return nil, fmt.Errorf("%w: a lease needs its id and secret, as Lease answered them", fence.ErrInvalidArgument)
 	}
-	return &Lease{client: c, id: id, secret: secret, drift: o.drift, margin: o.margin}, nil
+	return &Lease{client: c, id: id, secret: secret, safety: o.safety}, nil
 }
 
 // ID returns the lease's id: its session's id on the service, public (the
@@ -230,7 +224,7 @@ func (l *Lease) renewed(sent time.Time, ttl time.Duration) {
 	l.mu.Lock()
 	defer l.mu.Unlock()
 	l.ttl = ttl
-	if d := sent.Add(time.Duration(float64(ttl)*(1-l.drift)) - l.margin); d.After(l.safeUntil) {
+	if d := l.safety.safeUntil(sent, ttl); d.After(l.safeUntil) {
 		l.safeUntil = d
 	}
 }

@@ -49,8 +49,7 @@ type Session struct {
 	// the session; the service answered it to this client alone.
 	secret string
 	ttl    time.Duration
-	drift  float64
-	margin time.Duration
+	safety safety
 
 	ctx    context.Context
 	cancel context.CancelCauseFunc
@@ -96,8 +95,7 @@ type Session struct {
 type sessionOptions struct {
 	ttl    time.Duration
 	owner  string
-	drift  float64
-	margin time.Duration
+	safety safety
 }
 
 // SessionOption configures a Session.
@@ -117,17 +115,17 @@ func WithOwner(owner string) SessionOption {
 // (default 0.01, 1%) and the safety margin (default 100ms) that shorten
 // the client's "safe until" deadline.
 func WithSafety(drift float64, margin time.Duration) SessionOption {
-	return func(o *sessionOptions) { o.drift, o.margin = drift, margin }
+	return func(o *sessionOptions) { o.safety = safety{drift: drift, margin: margin} }
 }
 
 // NewSession creates a session on the service and starts keeping it alive.
 func (c *Client) NewSession(ctx context.Context, opts ...SessionOption) (*Session, error) {
-	o := sessionOptions{ttl: 10 * time.Second, drift: 0.01, margin: 100 * time.Millisecond}
+	o := sessionOptions{ttl: 10 * time.Second, safety: defaultSafety}
 	for _, opt := range opts {
 		opt(&o)
 	}
-	if o.drift < 0 || o.drift >= 1 || o.margin < 0 {
-		return nil, fmt.Errorf("%w: drift must be in [0, 1) and margin not negative", fence.ErrInvalidArgument)
+	if err := o.safety.check(); err != nil {
+		return nil, err
 	}
 	var resp *fencev1.CreateSessionResponse
 	var sent time.Time
@@ -154,8 +152,7 @@ func (c *Client) NewSession(ctx context.Context, opts ...SessionOption) (*Sessio
 		id:     resp.GetSessionId(),
 		secret: resp.GetSessionSecret(),
 		ttl:    resp.GetTtl().AsDuration(),
-		drift:  o.drift,
-		margin: o.margin,
+		safety: o.safety,
 	}
 	s.interval = s.ttl / 3
 	s.due = sent.Add(s.interval)
@@ -225,7 +222,7 @@ func (s *Session) deadline() time.Time {
 }
 
 func (s *Session) deadlineFrom(sent time.Time) time.Time {
-	return sent.Add(time.Duration(float64(s.ttl)*(1-s.drift)) - s.margin)
+	return s.safety.safeUntil(sent, s.ttl)
 }
 
 // Close ends the session and releases everything it holds. After a failed

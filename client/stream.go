@@ -162,7 +162,7 @@ func (e *openBroke) Unwrap() error { return e.err }
 func (c *Client) unaryInstead(ctx context.Context, ep *endpoint, req *fencev1.StreamRequest) (*fencev1.StreamResponse, error) {
 	resp, err := c.unaryOp(ctx, ep, req)
 	var ce *connect.Error
-	if err == nil || errors.As(err, &ce) && hasDetail(ce) {
+	if err == nil || errors.As(err, &ce) && rpcerr.ErrorDetailOf(ce) != nil {
 		ep.noStreamUntil.Store(ep.clk.Now().Add(streamRetry).UnixNano())
 	}
 	return resp, err
@@ -381,7 +381,7 @@ func (c *Client) streamRefused(ep *endpoint, err error) error {
 		return fmt.Errorf("%w: %v", errNoStream, err)
 	case errors.Is(err, fence.ErrWrongCluster), dialFailed(err), errors.Is(err, rpcerr.ErrPlainToTLS):
 		return err
-	case errors.As(err, &ce) && hasDetail(ce):
+	case errors.As(err, &ce) && rpcerr.ErrorDetailOf(ce) != nil:
 		return err
 	case errors.As(err, &ce) && ce.Code() == connect.CodeUnavailable:
 		return &openBroke{err}
@@ -390,17 +390,6 @@ func (c *Client) streamRefused(ep *endpoint, err error) error {
 	}
 	ep.noStreamUntil.Store(ep.clk.Now().Add(streamRetry).UnixNano())
 	return fmt.Errorf("%w: %v", errNoStream, err)
-}
-
-func hasDetail(ce *connect.Error) bool {
-	for _, d := range ce.Details() {
-		if v, err := d.Value(); err == nil {
-			if _, ok := v.(*fencev1.ErrorDetail); ok {
-				return true
-			}
-		}
-	}
-	return false
 }
 
 // do sends one operation and waits for its answer. When ctx ends first the

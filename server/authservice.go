@@ -2,8 +2,6 @@ package server
 
 import (
 	"context"
-	"crypto/rand"
-	"encoding/base64"
 	"fmt"
 	"time"
 
@@ -20,14 +18,10 @@ import (
 // command. authInterceptor has checked the caller (admin, once auth is on)
 // before any of these runs; every change is logged as an audit line.
 
-// authTokenBytes is a bearer token's size: 256 bits from crypto/rand,
-// sent base64url-encoded (43 characters).
-const authTokenBytes = 32
-
-func newAuthToken() string {
-	b := make([]byte, authTokenBytes)
-	rand.Read(b) // never fails (crypto/rand panics rather than return short)
-	return base64.RawURLEncoding.EncodeToString(b)
+// changed answers an auth change whose response, a T, is empty: the
+// change's error, or the empty T once the change is committed.
+func changed[T any](_ fsm.Result, err error) (*connect.Response[T], error) {
+	return respond(new(T), err)
 }
 
 // changeAuth commits one auth change and logs it with who made it.
@@ -75,18 +69,12 @@ func (s handlers) AuthEnable(ctx context.Context, req *connect.Request[fencev1.A
 	if err != nil {
 		return nil, fmt.Errorf("enabling auth would lock this caller out: %w; call with an admin's credential, such as a token of user root (fence --auth-token-file FILE auth enable)", err)
 	}
-	if _, err := s.changeAuth(ctx, req, &fsmpb.Auth{Op: &fsmpb.Auth_SetEnabled{SetEnabled: &fsmpb.SetAuthEnabled{Enabled: true}}}, "change", "auth enabled"); err != nil {
-		return nil, err
-	}
-	return connect.NewResponse(&fencev1.AuthEnableResponse{}), nil
+	return changed[fencev1.AuthEnableResponse](s.changeAuth(ctx, req, &fsmpb.Auth{Op: &fsmpb.Auth_SetEnabled{SetEnabled: &fsmpb.SetAuthEnabled{Enabled: true}}}, "change", "auth enabled"))
 }
 
 // AuthDisable implements fencev1connect.AuthServiceHandler.
 func (s handlers) AuthDisable(ctx context.Context, req *connect.Request[fencev1.AuthDisableRequest]) (*connect.Response[fencev1.AuthDisableResponse], error) {
-	if _, err := s.changeAuth(ctx, req, &fsmpb.Auth{Op: &fsmpb.Auth_SetEnabled{SetEnabled: &fsmpb.SetAuthEnabled{}}}, "change", "auth disabled"); err != nil {
-		return nil, err
-	}
-	return connect.NewResponse(&fencev1.AuthDisableResponse{}), nil
+	return changed[fencev1.AuthDisableResponse](s.changeAuth(ctx, req, &fsmpb.Auth{Op: &fsmpb.Auth_SetEnabled{SetEnabled: &fsmpb.SetAuthEnabled{}}}, "change", "auth disabled"))
 }
 
 // AuthStatus answers from this node's state: whether auth is on, and who
@@ -106,19 +94,13 @@ func (s handlers) AuthStatus(ctx context.Context, req *connect.Request[fencev1.A
 // UserAdd implements fencev1connect.AuthServiceHandler.
 func (s handlers) UserAdd(ctx context.Context, req *connect.Request[fencev1.UserAddRequest]) (*connect.Response[fencev1.UserAddResponse], error) {
 	name := req.Msg.GetName()
-	if _, err := s.changeAuth(ctx, req, &fsmpb.Auth{Op: &fsmpb.Auth_AddUser{AddUser: &fsmpb.AuthUser{Name: name}}}, "change", "user added", "name", name); err != nil {
-		return nil, err
-	}
-	return connect.NewResponse(&fencev1.UserAddResponse{}), nil
+	return changed[fencev1.UserAddResponse](s.changeAuth(ctx, req, &fsmpb.Auth{Op: &fsmpb.Auth_AddUser{AddUser: &fsmpb.AuthUser{Name: name}}}, "change", "user added", "name", name))
 }
 
 // UserRemove implements fencev1connect.AuthServiceHandler.
 func (s handlers) UserRemove(ctx context.Context, req *connect.Request[fencev1.UserRemoveRequest]) (*connect.Response[fencev1.UserRemoveResponse], error) {
 	name := req.Msg.GetName()
-	if _, err := s.changeAuth(ctx, req, &fsmpb.Auth{Op: &fsmpb.Auth_RemoveUser{RemoveUser: &fsmpb.AuthUser{Name: name}}}, "change", "user removed", "name", name); err != nil {
-		return nil, err
-	}
-	return connect.NewResponse(&fencev1.UserRemoveResponse{}), nil
+	return changed[fencev1.UserRemoveResponse](s.changeAuth(ctx, req, &fsmpb.Auth{Op: &fsmpb.Auth_RemoveUser{RemoveUser: &fsmpb.AuthUser{Name: name}}}, "change", "user removed", "name", name))
 }
 
 // UserSetQuota implements fencev1connect.AuthServiceHandler.
@@ -131,47 +113,32 @@ func (s handlers) UserSetQuota(ctx context.Context, req *connect.Request[fencev1
 	}
 	op := &fsmpb.AuthUser{Name: m.GetUser(), MaxSessions: q.MaxSessions, MaxLocks: q.MaxLocks, MaxWaits: q.MaxWaits,
 		MaxKvBytes: q.MaxKVBytes, SessionRate: q.SessionRate, SessionBurst: q.SessionBurst}
-	if _, err := s.changeAuth(ctx, req, &fsmpb.Auth{Op: &fsmpb.Auth_SetQuota{SetQuota: op}}, "change", "quota set",
-		"name", m.GetUser(), "quota", q.String()); err != nil {
-		return nil, err
-	}
-	return connect.NewResponse(&fencev1.UserSetQuotaResponse{}), nil
+	return changed[fencev1.UserSetQuotaResponse](s.changeAuth(ctx, req, &fsmpb.Auth{Op: &fsmpb.Auth_SetQuota{SetQuota: op}}, "change", "quota set",
+		"name", m.GetUser(), "quota", q.String()))
 }
 
 // UserGrantRole implements fencev1connect.AuthServiceHandler.
 func (s handlers) UserGrantRole(ctx context.Context, req *connect.Request[fencev1.UserGrantRoleRequest]) (*connect.Response[fencev1.UserGrantRoleResponse], error) {
 	u, r := req.Msg.GetUser(), req.Msg.GetRole()
-	if _, err := s.changeAuth(ctx, req, &fsmpb.Auth{Op: &fsmpb.Auth_GrantRole{GrantRole: &fsmpb.UserRole{User: u, Role: r}}}, "change", "role granted", "name", u, "role", r); err != nil {
-		return nil, err
-	}
-	return connect.NewResponse(&fencev1.UserGrantRoleResponse{}), nil
+	return changed[fencev1.UserGrantRoleResponse](s.changeAuth(ctx, req, &fsmpb.Auth{Op: &fsmpb.Auth_GrantRole{GrantRole: &fsmpb.UserRole{User: u, Role: r}}}, "change", "role granted", "name", u, "role", r))
 }
 
 // UserRevokeRole implements fencev1connect.AuthServiceHandler.
 func (s handlers) UserRevokeRole(ctx context.Context, req *connect.Request[fencev1.UserRevokeRoleRequest]) (*connect.Response[fencev1.UserRevokeRoleResponse], error) {
 	u, r := req.Msg.GetUser(), req.Msg.GetRole()
-	if _, err := s.changeAuth(ctx, req, &fsmpb.Auth{Op: &fsmpb.Auth_RevokeRole{RevokeRole: &fsmpb.UserRole{User: u, Role: r}}}, "change", "role revoked", "name", u, "role", r); err != nil {
-		return nil, err
-	}
-	return connect.NewResponse(&fencev1.UserRevokeRoleResponse{}), nil
+	return changed[fencev1.UserRevokeRoleResponse](s.changeAuth(ctx, req, &fsmpb.Auth{Op: &fsmpb.Auth_RevokeRole{RevokeRole: &fsmpb.UserRole{User: u, Role: r}}}, "change", "role revoked", "name", u, "role", r))
 }
 
 // RoleAdd implements fencev1connect.AuthServiceHandler.
 func (s handlers) RoleAdd(ctx context.Context, req *connect.Request[fencev1.RoleAddRequest]) (*connect.Response[fencev1.RoleAddResponse], error) {
 	name := req.Msg.GetName()
-	if _, err := s.changeAuth(ctx, req, &fsmpb.Auth{Op: &fsmpb.Auth_AddRole{AddRole: &fsmpb.AuthRole{Name: name}}}, "change", "role added", "role", name); err != nil {
-		return nil, err
-	}
-	return connect.NewResponse(&fencev1.RoleAddResponse{}), nil
+	return changed[fencev1.RoleAddResponse](s.changeAuth(ctx, req, &fsmpb.Auth{Op: &fsmpb.Auth_AddRole{AddRole: &fsmpb.AuthRole{Name: name}}}, "change", "role added", "role", name))
 }
 
 // RoleRemove implements fencev1connect.AuthServiceHandler.
 func (s handlers) RoleRemove(ctx context.Context, req *connect.Request[fencev1.RoleRemoveRequest]) (*connect.Response[fencev1.RoleRemoveResponse], error) {
 	name := req.Msg.GetName()
-	if _, err := s.changeAuth(ctx, req, &fsmpb.Auth{Op: &fsmpb.Auth_RemoveRole{RemoveRole: &fsmpb.AuthRole{Name: name}}}, "change", "role removed", "role", name); err != nil {
-		return nil, err
-	}
-	return connect.NewResponse(&fencev1.RoleRemoveResponse{}), nil
+	return changed[fencev1.RoleRemoveResponse](s.changeAuth(ctx, req, &fsmpb.Auth{Op: &fsmpb.Auth_RemoveRole{RemoveRole: &fsmpb.AuthRole{Name: name}}}, "change", "role removed", "role", name))
 }
 
 // RoleGrantPermission implements fencev1connect.AuthServiceHandler.
@@ -182,10 +149,7 @@ func (s handlers) RoleGrantPermission(ctx context.Context, req *connect.Request[
 	}
 	c := &fsmpb.Auth{Op: &fsmpb.Auth_GrantPermission{GrantPermission: &fsmpb.RolePermission{Role: r,
 		Permission: &fsmpb.AuthPermission{Kind: uint32(p.Kind), Access: uint32(p.Access), Prefix: p.Prefix}}}}
-	if _, err := s.changeAuth(ctx, req, c, "change", "permission granted", "role", r, "permission", p.String()); err != nil {
-		return nil, err
-	}
-	return connect.NewResponse(&fencev1.RoleGrantPermissionResponse{}), nil
+	return changed[fencev1.RoleGrantPermissionResponse](s.changeAuth(ctx, req, c, "change", "permission granted", "role", r, "permission", p.String()))
 }
 
 // RoleRevokePermission implements fencev1connect.AuthServiceHandler.
@@ -193,10 +157,7 @@ func (s handlers) RoleRevokePermission(ctx context.Context, req *connect.Request
 	r, p := req.Msg.GetRole(), permissionFrom(req.Msg.GetPermission())
 	c := &fsmpb.Auth{Op: &fsmpb.Auth_RevokePermission{RevokePermission: &fsmpb.RolePermission{Role: r,
 		Permission: &fsmpb.AuthPermission{Kind: uint32(p.Kind), Access: uint32(p.Access), Prefix: p.Prefix}}}}
-	if _, err := s.changeAuth(ctx, req, c, "change", "permission revoked", "role", r, "permission", p.String()); err != nil {
-		return nil, err
-	}
-	return connect.NewResponse(&fencev1.RoleRevokePermissionResponse{}), nil
+	return changed[fencev1.RoleRevokePermissionResponse](s.changeAuth(ctx, req, c, "change", "permission revoked", "role", r, "permission", p.String()))
 }
 
 // UserList implements fencev1connect.AuthServiceHandler.
@@ -253,7 +214,7 @@ func (s handlers) TokenCreate(ctx context.Context, req *connect.Request[fencev1.
 	if ttl < 0 {
 		return nil, fmt.Errorf("%w: ttl %v is negative", fence.ErrInvalidArgument, ttl)
 	}
-	token := newAuthToken()
+	token := newSecret()
 	hash := tokenHash(token)
 	now := s.cfg.Clock.Now()
 	t := &fsmpb.AuthToken{SecretSha256: hash[:], User: req.Msg.GetUser(), CreatedUnixNs: now.UnixNano(), Description: req.Msg.GetDescription()}
@@ -271,10 +232,7 @@ func (s handlers) TokenCreate(ctx context.Context, req *connect.Request[fencev1.
 // TokenRevoke implements fencev1connect.AuthServiceHandler.
 func (s handlers) TokenRevoke(ctx context.Context, req *connect.Request[fencev1.TokenRevokeRequest]) (*connect.Response[fencev1.TokenRevokeResponse], error) {
 	id := req.Msg.GetId()
-	if _, err := s.changeAuth(ctx, req, &fsmpb.Auth{Op: &fsmpb.Auth_RevokeToken{RevokeToken: id}}, "change", "token revoked", "revoked_token", id); err != nil {
-		return nil, err
-	}
-	return connect.NewResponse(&fencev1.TokenRevokeResponse{}), nil
+	return changed[fencev1.TokenRevokeResponse](s.changeAuth(ctx, req, &fsmpb.Auth{Op: &fsmpb.Auth_RevokeToken{RevokeToken: id}}, "change", "token revoked", "revoked_token", id))
 }
 
 // TokenList implements fencev1connect.AuthServiceHandler.

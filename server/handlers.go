@@ -51,7 +51,7 @@ func (s *Server) createSession(ctx context.Context, m *fencev1.CreateSessionRequ
 	// No idempotency key: the secret is answered once and kept only as a
 	// hash, so a repeat could not answer it again. A session whose answer
 	// was lost holds nothing and expires after its TTL.
-	secret := newSessionSecret()
+	secret := newSecret()
 	id, _, err := s.commitSession(ctx, ttl, m.GetOwner(), secret, "")
 	if err != nil {
 		return nil, err

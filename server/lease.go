@@ -72,7 +72,7 @@ func (s *Server) lease(ctx context.Context, m *fencev1.LeaseRequest) (*fencev1.L
 			return s.leaseAgain(ctx, m, first.SessionID, secret)
 		}
 	} else {
-		secret = newSessionSecret()
+		secret = newSecret()
 	}
 	if err := s.lockedNow(ctx, m.GetLock()); err != nil {
 		if holder, ok := s.heldWithSecret(err, key, secret); ok {

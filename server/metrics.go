@@ -180,13 +180,8 @@ func raftMetricsSink() (prometheus.Collector, error) {
 // server closes.
 func (s *Server) watchLeaderChanges() {
 	defer s.wg.Done()
-	ch := make(chan raft.Observation, 16)
-	obs := raft.NewObserver(ch, false, func(o *raft.Observation) bool {
-		_, ok := o.Data.(raft.LeaderObservation)
-		return ok
-	})
-	s.node.raft.RegisterObserver(obs)
-	defer s.node.raft.DeregisterObserver(obs)
+	ch, stop := observeRaft[raft.LeaderObservation](s.node.raft)
+	defer stop()
 	var lastID raft.ServerID
 	var lastTerm uint64
 	seen := func(id raft.ServerID) {

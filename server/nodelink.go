@@ -345,18 +345,30 @@ func (m *nodeLinkMux) answerRejoin(c net.Conn, n *node) {
 	writeFrame(c, answer)
 }
 
+// dialExchange dials the node at addr for one exchange that must end
+// within timeout, and opens it with magic, the byte that tells the node's
+// listener what the connection is for.
+func (m *nodeLinkMux) dialExchange(addr raft.ServerAddress, magic byte, timeout time.Duration) (net.Conn, error) {
+	c, err := m.StreamLayer.Dial(addr, timeout)
+	if err != nil {
+		return nil, err
+	}
+	c.SetDeadline(time.Now().Add(timeout))
+	if _, err := c.Write([]byte{magic}); err != nil {
+		c.Close()
+		return nil, err
+	}
+	return c, nil
+}
+
 // askRejoin asks the node at addr to add this node again.
 func (m *nodeLinkMux) askRejoin(addr raft.ServerAddress, req rejoinRequest, timeout time.Duration) (rejoinAnswer, error) {
 	var answer rejoinAnswer
-	c, err := m.StreamLayer.Dial(addr, timeout)
+	c, err := m.dialExchange(addr, rejoinMagic, timeout)
 	if err != nil {
 		return answer, err
 	}
 	defer c.Close()
-	c.SetDeadline(time.Now().Add(timeout))
-	if _, err := c.Write([]byte{rejoinMagic}); err != nil {
-		return answer, err
-	}
 	if err := writeFrame(c, req); err != nil {
 		return answer, err
 	}
@@ -451,15 +463,11 @@ func (e *raftRefusedError) Error() string {
 // askHello dials a node's raft address and reads its hello, within timeout.
 func (m *nodeLinkMux) askHello(addr raft.ServerAddress, timeout time.Duration) (nodeHello, error) {
 	var h nodeHello
-	c, err := m.StreamLayer.Dial(addr, timeout)
+	c, err := m.dialExchange(addr, nodeLinkMagic, timeout)
 	if err != nil {
 		return h, err
 	}
 	defer c.Close()
-	c.SetDeadline(time.Now().Add(timeout))
-	if _, err := c.Write([]byte{nodeLinkMagic}); err != nil {
-		return h, err
-	}
 	line, err := bufio.NewReader(c).ReadBytes('\n')
 	if err != nil {
 		return h, fmt.Errorf("no answer from a fence node: %w", err)

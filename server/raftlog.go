@@ -167,18 +167,27 @@ func (s *raftLogSink) peerBack(peer raft.ServerID) {
 		"after", s.peers.now().Sub(since).Round(time.Millisecond), "suppressed", down+refused)
 }
 
+// observeRaft registers an observer of r's observations whose data is a
+// T, and returns their channel and stop, which deregisters the observer.
+// The observer never blocks raft: observations that do not fit in the
+// channel's buffer of 16 are dropped.
+func observeRaft[T any](r *raft.Raft) (observations <-chan raft.Observation, stop func()) {
+	ch := make(chan raft.Observation, 16)
+	obs := raft.NewObserver(ch, false, func(o *raft.Observation) bool {
+		_, ok := o.Data.(T)
+		return ok
+	})
+	r.RegisterObserver(obs)
+	return ch, func() { r.DeregisterObserver(obs) }
+}
+
 // watchPeersBack tells the raft log sink of each peer that answers the
 // leader's heartbeats again after failing them (peerBack), until the
 // server closes.
 func (s *Server) watchPeersBack() {
 	defer s.wg.Done()
-	ch := make(chan raft.Observation, 16)
-	obs := raft.NewObserver(ch, false, func(o *raft.Observation) bool {
-		_, ok := o.Data.(raft.ResumedHeartbeatObservation)
-		return ok
-	})
-	s.node.raft.RegisterObserver(obs)
-	defer s.node.raft.DeregisterObserver(obs)
+	ch, stop := observeRaft[raft.ResumedHeartbeatObservation](s.node.raft)
+	defer stop()
 	for {
 		select {
 		case <-s.done:

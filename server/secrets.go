@@ -16,13 +16,13 @@ import (
 // calls to the leader (or answers Unavailable), so every call is checked
 // once, by the leader, against the replicated state.
 
-// sessionSecretBytes is the size of a session secret: 256 bits from
-// crypto/rand, sent base64url-encoded (43 characters).
-const sessionSecretBytes = 32
+// secretBytes is the size of a session's secret and of a bearer token:
+// 256 bits from crypto/rand, sent base64url-encoded (43 characters).
+const secretBytes = 32
 
-// newSessionSecret draws a session's secret.
-func newSessionSecret() string {
-	b := make([]byte, sessionSecretBytes)
+// newSecret draws a session's secret or a bearer token.
+func newSecret() string {
+	b := make([]byte, secretBytes)
 	rand.Read(b) // never fails (crypto/rand panics rather than return short)
 	return base64.RawURLEncoding.EncodeToString(b)
 }

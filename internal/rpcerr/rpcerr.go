@@ -92,15 +92,7 @@ func ToStream(err error) *fencev1.StreamError {
 	}
 	var ce *connect.Error
 	if errors.As(err, &ce) {
-		out := &fencev1.StreamError{Code: uint32(ce.Code()), Message: ce.Message()}
-		for _, d := range ce.Details() {
-			if v, derr := d.Value(); derr == nil {
-				if detail, ok := v.(*fencev1.ErrorDetail); ok {
-					out.Detail = detail
-				}
-			}
-		}
-		return out
+		return &fencev1.StreamError{Code: uint32(ce.Code()), Message: ce.Message(), Detail: ErrorDetailOf(ce)}
 	}
 	code, detail := classify(err)
 	return &fencev1.StreamError{Code: uint32(code), Message: err.Error(), Detail: detail}
@@ -217,14 +209,23 @@ func FromConnect(err error) error {
 			re.sentinel = fmt.Errorf("%w: %w", fence.ErrUnauthenticated, kind)
 		}
 	}
+	re.Detail = ErrorDetailOf(ce)
+	return re.withSentinel()
+}
+
+// ErrorDetailOf returns the ErrorDetail a Connect error carries (the last,
+// should a peer send several), or nil when it carries none: a peer that is
+// not a fence node, or a failure of the transport.
+func ErrorDetailOf(ce *connect.Error) *fencev1.ErrorDetail {
+	var found *fencev1.ErrorDetail
 	for _, d := range ce.Details() {
-		if v, derr := d.Value(); derr == nil {
+		if v, err := d.Value(); err == nil {
 			if detail, ok := v.(*fencev1.ErrorDetail); ok {
-				re.Detail = detail
+				found = detail
 			}
 		}
 	}
-	return re.withSentinel()
+	return found
 }
 
 // FromStream converts an operation's error answered on a stream, as
