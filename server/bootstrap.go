@@ -31,12 +31,16 @@ const bootstrapPoll = time.Second
 // join: at once for a node alone, and once its peers agree for a node with
 // static peers (in the background: they may start later than this one).
 func (s *Server) startBootstrap() error {
-	if s.cfg.Join || s.node.hasData() {
+	if s.node.hasData() {
+		s.noteHeldData()
+		return nil
+	}
+	if s.cfg.Join {
 		return nil
 	}
 	if len(s.cfg.Peers) <= 1 {
-		if s.ident.bootstrapped.Load() {
-			return fmt.Errorf("this node founded group %s, and its data dir %s holds none of the group's raft data now: its raft files were lost, "+
+		if s.ident.heldData.Load() {
+			return fmt.Errorf("this node's data dir %[2]s held group %[1]s's raft data, and holds none now: its raft files were lost, "+
 				"its identity file kept. It will not found the group again (its tokens would start over, and members added to it would find two groups of one id). "+
 				"Restore the group's data (fence snapshot restore, from a snapshot of it) into an empty data dir, "+
 				"or remove the node from its group and add it again with an empty data dir; to start a new group on purpose, empty the data dir",
@@ -77,11 +81,22 @@ func (s *Server) bootstrapGroup(group string, founders founding) error {
 	case err != nil:
 		return fmt.Errorf("bootstrapping: %w", err)
 	}
-	if err := s.ident.setBootstrapped(); err != nil {
-		s.logger.Warn("recording that this node founded its group", "err", err)
-	}
+	s.noteHeldData()
 	s.logger.Info("bootstrapped a new group", "cluster_id", group, "members", len(s.cfg.Peers))
 	return nil
+}
+
+// noteHeldData records in the data dir's identity, once, that it holds
+// raft data of its group: should its raft files be lost and its identity
+// kept, the node then knows it may have voted and acknowledged entries,
+// and founds nothing (census, startBootstrap).
+func (s *Server) noteHeldData() {
+	if s.ident.heldData.Load() {
+		return
+	}
+	if err := s.ident.setHeldData(); err != nil {
+		s.logger.Warn("recording that the data dir holds raft data", "err", err)
+	}
 }
 
 // bootstrapWhenAgreed asks the peers until they agree that the group is
@@ -188,8 +203,8 @@ func (s *Server) censusOfPeers() census {
 		return census{note: strings.Join(strange, "; "), level: slog.LevelError}
 	}
 	holders := dataHolders(hellos)
-	if s.ident.bootstrapped.Load() {
-		return census{holders: holders, level: slog.LevelError, note: fmt.Sprintf("this node founded group %s, and holds none of its raft data now: "+
+	if s.ident.heldData.Load() {
+		return census{holders: holders, level: slog.LevelError, note: fmt.Sprintf("this node's data dir held group %s's raft data, and holds none now: "+
 			"its raft files were lost (its identity file kept), and it will not found the group again (it may have acknowledged entries the group counts on). "+
 			"it asks the group's leader to add it again (with --auto-rejoin on the group's nodes), or remove it from the group "+
 			"(fence members remove %s) and add it again (fence members add %s ADDRESS); it waits until then",

@@ -80,7 +80,8 @@ func (s *Server) checkCluster(next http.Handler) http.Handler {
 
 // learnGroup records the group's id from the state in the data dir's
 // identity, when the identity has none yet: the node then refuses other
-// groups' nodes (admit.go). An identity that names another group than the
+// groups' nodes (admit.go); and that the data dir holds the group's raft
+// data (noteHeldData). An identity that names another group than the
 // state is a data dir mixed up with another group's, said loudly.
 func (s *Server) learnGroup() {
 	id := s.clusterID()
@@ -89,5 +90,7 @@ func (s *Server) learnGroup() {
 	}
 	if err := s.ident.adopt(id); err != nil {
 		s.bootstrapLogs.log(s.logger, slog.LevelError, "group mismatch", "the data dir's identity and its state name different groups", "err", err)
+		return
 	}
+	s.noteHeldData()
 }

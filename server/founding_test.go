@@ -1,6 +1,7 @@
 package server
 
 import (
+	"encoding/json"
 	"log/slog"
 	"os"
 	"path/filepath"
@@ -317,5 +318,45 @@ func TestANodeAloneWhoseRaftFilesAreLostRefusesToStart(t *testing.T) {
 	}
 	if !strings.Contains(err.Error(), "raft files were lost") {
 		t.Fatalf("the refusal does not say the raft files were lost: %v", err)
+	}
+}
+
+// A data dir written before nodes recorded that they hold raft data (an
+// identity without held_data) records it at the node's first start with
+// data, so the refusal above holds for it too once it is upgraded.
+func TestADataDirOfAnOlderVersionRecordsThatItHoldsData(t *testing.T) {
+	s := startTestServer(t, nil)
+	cfg := s.cfg
+	if err := s.Close(); err != nil {
+		t.Fatal(err)
+	}
+	path := filepath.Join(cfg.DataDir, identityFile)
+	data, err := os.ReadFile(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var rec map[string]any
+	if err := json.Unmarshal(data, &rec); err != nil {
+		t.Fatal(err)
+	}
+	if rec["held_data"] != true {
+		t.Fatalf("a node that founded its group did not record that it holds data: %s", data)
+	}
+	delete(rec, "held_data") // as an older version wrote it
+	old, err := json.Marshal(rec)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(path, old, 0o600); err != nil {
+		t.Fatal(err)
+	}
+	upgraded := mustStart(t, cfg)
+	if err := upgraded.Close(); err != nil {
+		t.Fatal(err)
+	}
+	removeAllBut(t, cfg.DataDir, identityFile)
+	if again, err := Start(cfg); err == nil {
+		again.Close()
+		t.Fatal("an upgraded node alone whose raft files were lost started, with its group's id and an empty state")
 	}
 }

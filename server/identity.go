@@ -33,10 +33,11 @@ type identity struct {
 	mu        sync.Mutex // serializes writes of the file
 	group     atomic.Pointer[string]
 	rejoining atomic.Bool // asked its group to add it again, not a voter yet
-	// bootstrapped says the node founded its group and raft wrote the
-	// group's first entry: a node that says so and holds no data lost its
-	// raft files (census).
-	bootstrapped atomic.Bool
+	// heldData says the data dir has held raft data of its group (the
+	// node founded it, or was added and caught up): a node that says so
+	// and holds no data lost its raft files, its identity kept, and may
+	// have voted and acknowledged entries (census, startBootstrap).
+	heldData atomic.Bool
 	// founders is, on a node that founded its group, whom it founded the
 	// group with (nil elsewhere).
 	founders atomic.Pointer[founding]
@@ -58,8 +59,8 @@ type identityRecord struct {
 	Incarnation string `json:"incarnation"`
 	Group       string `json:"group,omitempty"`
 	Rejoining   bool   `json:"rejoining,omitempty"`
-	// Bootstrapped is identity.bootstrapped.
-	Bootstrapped bool `json:"bootstrapped,omitempty"`
+	// HeldData is identity.heldData.
+	HeldData bool `json:"held_data,omitempty"`
 	// Founders and FounderIncarnations are identity.founders.
 	Founders            map[string]uint32 `json:"founders,omitempty"`
 	FounderIncarnations map[string]string `json:"founder_incarnations,omitempty"`
@@ -126,11 +127,11 @@ func (id *identity) found(group string, founders founding) error {
 	})
 }
 
-// setBootstrapped records, durably, that raft wrote the first entry of
-// the group this node founded.
-func (id *identity) setBootstrapped() error {
+// setHeldData records, durably, that the data dir holds raft data of its
+// group (once recorded, it writes nothing).
+func (id *identity) setHeldData() error {
 	return id.update(func(rec *identityRecord) error {
-		rec.Bootstrapped = true
+		rec.HeldData = true
 		return nil
 	})
 }
@@ -186,7 +187,7 @@ func (id *identity) update(change func(*identityRecord) error) error {
 // load takes rec as the identity as it stands.
 func (id *identity) load(rec identityRecord) {
 	id.rejoining.Store(rec.Rejoining)
-	id.bootstrapped.Store(rec.Bootstrapped)
+	id.heldData.Store(rec.HeldData)
 	if rec.Group != "" {
 		id.group.Store(&rec.Group)
 	}
@@ -197,7 +198,7 @@ func (id *identity) load(rec identityRecord) {
 
 // record is the identity as it stands, in the file's form.
 func (id *identity) record() identityRecord {
-	rec := identityRecord{Group: id.groupID(), Rejoining: id.rejoining.Load(), Bootstrapped: id.bootstrapped.Load()}
+	rec := identityRecord{Group: id.groupID(), Rejoining: id.rejoining.Load(), HeldData: id.heldData.Load()}
 	if f := id.founders.Load(); f != nil {
 		rec.Founders, rec.FounderIncarnations = f.Protocols, f.Incarnations
 	}
