@@ -360,3 +360,67 @@ func TestADataDirOfAnOlderVersionRecordsThatItHoldsData(t *testing.T) {
 		t.Fatal("an upgraded node alone whose raft files were lost started, with its group's id and an empty state")
 	}
 }
+
+// A founder can come to hold the group's data without founding it: one
+// that wrote the group down (identity.found) and stopped before raft wrote
+// the first entry comes back to a group its peers founded meanwhile; with
+// a peer silent it may not found from the founders' record (its data dir
+// names the group), so it asks to be added again, and the leader adds it
+// and it catches up from the log. Its incarnation is the one the group's
+// id was derived from, so should its raft files be lost later, its
+// identity file kept, its census finds the group its own again: only the
+// identity's record that it held data stops it from founding the group
+// again with an empty log and voting. That record was written at founding,
+// at a start with data and at a snapshot's install, not when the node
+// caught up from the log: until its next start it had none.
+func TestAFounderAddedByTheGroupRecordsThatItHoldsData(t *testing.T) {
+	var logs nodeLogs
+	c := newCluster(t, 3, logs.edit)
+	// n2 reaches no peer (they reach it): n1 and n3 found the group.
+	for _, to := range []string{"n1", "n3"} {
+		c.link("n2", to).SetCut(true)
+	}
+	for _, id := range c.ids {
+		c.start(id)
+	}
+	leader := c.leader()
+	if c.nodes["n2"].node.hasData() {
+		t.Fatal("n2 founded the group while it could reach no peer")
+	}
+	other := "n1"
+	if leader.cfg.NodeID == "n1" {
+		other = "n3"
+	}
+	f := leader.ident.founding()
+	if f == nil || f.Incarnations["n2"] != c.nodes["n2"].ident.incarnation {
+		t.Fatalf("the founders' record %+v does not name n2's incarnation", f)
+	}
+	// n2 stops after writing the group down, before raft wrote a byte
+	// (bootstrapGroup: identity.found, then BootstrapCluster).
+	c.stop("n2")
+	id, err := openIdentity(c.cfgs["n2"].DataDir)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := id.found(leader.ident.groupID(), *f); err != nil {
+		t.Fatal(err)
+	}
+	c.link("n2", leader.cfg.NodeID).SetCut(false) // other stays silent to n2
+	n2 := c.start("n2")
+	waitFor(t, "n2 to be added again and a voter", func() bool {
+		srv, ok := c.leader().member("n2")
+		return ok && srv.Suffrage == raft.Voter && n2.node.hasData() && !n2.ident.rejoining.Load()
+	})
+	if !n2.ident.heldData.Load() {
+		t.Errorf("n2, a voter holding the group's data, has not recorded that it holds data")
+	}
+	c.link("n2", other).SetCut(false)
+	lost := c.loseRaftFiles("n2", identityFile)
+	waitFor(t, "n2 to be a voter again", func() bool {
+		srv, ok := c.leader().member("n2")
+		return ok && srv.Suffrage == raft.Voter && lost.node.hasData() && !lost.ident.rejoining.Load()
+	})
+	if n := len(logs.of("n2").find(slog.LevelInfo, "bootstrapped a new group")); n != 0 {
+		t.Errorf("n2, its raft files lost, founded the group again (with an empty log, as a voter) %d times", n)
+	}
+}

@@ -754,6 +754,11 @@ func (o observer) Applied(seq fsm.Seq, eff fsm.Effects) {
 	if s.ident.groupID() == "" {
 		s.learnGroup()
 	}
+	// A node added to its group learned the group when it was admitted
+	// (admit.go), before it held a byte of its data: it records that it
+	// holds the group's data once it applies an entry of it (once; after
+	// that an atomic load).
+	s.noteHeldData()
 	if id := eff.Created; id != 0 {
 		var ttl time.Duration
 		s.fsm.Read(func(st *fsm.State) {
