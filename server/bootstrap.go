@@ -42,9 +42,11 @@ func (s *Server) startBootstrap() error {
 		if s.ident.heldData.Load() {
 			return fmt.Errorf("this node's data dir %[2]s held group %[1]s's raft data, and holds none now: its raft files were lost, "+
 				"its identity file kept. It will not found the group again (its tokens would start over, and members added to it would find two groups of one id). "+
-				"Restore the group's data (fence snapshot restore, from a snapshot of it) into an empty data dir, "+
-				"or remove the node from its group and add it again with an empty data dir; to start a new group on purpose, empty the data dir",
-				groupName(s.ident.groupID()), s.cfg.DataDir)
+				"If the group has other members: remove this one (fence members remove %[3]s), empty its data dir, start it with --join, "+
+				"and add it (fence members add %[3]s ADDRESS); without --join it would found a new group. "+
+				"If it was the group's only member: restore the group's data (fence snapshot restore, from a snapshot of it) into an empty data dir. "+
+				"To start a new group on purpose, empty the data dir",
+				groupName(s.ident.groupID()), s.cfg.DataDir, s.cfg.NodeID)
 		}
 		group := s.ident.groupID()
 		if group == "" {

@@ -319,6 +319,12 @@ func TestANodeAloneWhoseRaftFilesAreLostRefusesToStart(t *testing.T) {
 	if !strings.Contains(err.Error(), "raft files were lost") {
 		t.Fatalf("the refusal does not say the raft files were lost: %v", err)
 	}
+	// Emptied and started again with its flags (no --peers, no --join),
+	// the node would found a new group: the way back into a group it grew
+	// into is --join.
+	if !strings.Contains(err.Error(), "--join") || !strings.Contains(err.Error(), "fence members remove "+cfg.NodeID) {
+		t.Errorf("the refusal does not say how to add the node to its group again (remove it, then start it with --join): %v", err)
+	}
 }
 
 // A data dir written before nodes recorded that they hold raft data (an
