@@ -75,11 +75,13 @@ func (s *Server) bootstrapGroup(group string, founders founding) error {
 		s.logger.Info("added to the group while founding it", "cluster_id", group)
 		return nil
 	case errors.Is(err, raft.ErrCantBootstrap):
-		// raft keeps a term, and no entry: the log was lost, and raft's
-		// stable store (the term, the vote) kept.
-		return fmt.Errorf("this node's raft state keeps a term but no log entry: its raft log was lost, and it will not found the group again "+
-			"(it may have acknowledged entries the group counts on); remove it from the group (fence members remove %s) and add it again "+
-			"(fence members add %s ADDRESS) with an empty data dir", s.cfg.NodeID, s.cfg.NodeID)
+		// raft keeps a term, and no entry: the log was lost and raft's
+		// stable store (the term, the vote) kept, or a founding stopped
+		// half-way.
+		return fmt.Errorf("%w: its raft log was lost, or a founding stopped half-way, and it will not found the group again "+
+			"(it may have acknowledged entries the group counts on). it asks the group's leader to add it again (with --auto-rejoin on the group's nodes), "+
+			"or remove it from the group (fence members remove %s), empty its data dir, start it with --join, and add it again (fence members add %s ADDRESS)",
+			errTermWithoutLog, s.cfg.NodeID, s.cfg.NodeID)
 	case err != nil:
 		return fmt.Errorf("bootstrapping: %w", err)
 	}
@@ -114,19 +116,18 @@ func (s *Server) bootstrapWhenAgreed() {
 		c := s.censusOfPeers()
 		note, level := c.note, c.level
 		s.noteFounding(c)
-		switch {
-		case note == "":
-			if err := s.bootstrapGroup(c.group, c.founders); err != nil {
-				note, level = err.Error(), slog.LevelError
-				s.node.foundingSince.Store(0)
-			} else {
+		if note == "" {
+			err := s.bootstrapGroup(c.group, c.founders)
+			if err == nil {
 				return
 			}
-		case len(c.holders) > 0 && s.askToRejoin(s.peerServers(c.holders)).Accepted:
-			// A peer holds data: whether this node lost its own, or is
-			// slow to found a group a peer founded, the leader adds it
-			// with a check of its own, and it catches up.
-			s.startRejoin()
+			note, level = err.Error(), slog.LevelError
+			s.node.foundingSince.Store(0)
+			if errors.Is(err, errTermWithoutLog) {
+				s.rejoinFrom(c.holders)
+			}
+		} else {
+			s.rejoinFrom(c.holders)
 		}
 		s.bootstrapNote.Store(&note)
 		s.bootstrapLogs.log(s.logger, level, note, "not bootstrapping a group yet", "why", note)
@@ -139,15 +140,30 @@ func (s *Server) bootstrapWhenAgreed() {
 	}
 }
 
+// errTermWithoutLog marks a node whose raft state keeps a term but no log
+// entry: raft refuses to bootstrap it.
+var errTermWithoutLog = errors.New("this node's raft state keeps a term but no log entry")
+
+// rejoinFrom asks holders, the peers holding the group's data, to add
+// this node again, and if one agrees waits to be added: whether this node
+// lost its data, or is slow to found a group a peer founded, the leader
+// adds it with a check of its own, and it catches up.
+func (s *Server) rejoinFrom(holders []string) {
+	if len(holders) > 0 && s.askToRejoin(s.peerServers(holders)).Accepted {
+		s.startRejoin()
+	}
+}
+
 // noteFounding keeps, after census c, when the node began counting as
 // founding (node.founding). A census that found something wrong (this
 // node's data lost, a peer of another version, a bootstrap that failed),
-// or a peer holding data while another is silent (this node cannot tell
-// its own data's loss from a founder's head start yet), ends it: a
-// voter's connection is then refused as for good.
+// or a peer holding data while this node may not found the group (another
+// is silent: this node cannot tell its own data's loss from a founder's
+// head start yet), ends it: a voter's connection is then refused as for
+// good.
 func (s *Server) noteFounding(c census) {
 	switch {
-	case c.level >= slog.LevelError || len(c.holders) > 0:
+	case c.level >= slog.LevelError || len(c.holders) > 0 && c.note != "":
 		s.node.foundingSince.Store(0)
 	case s.node.foundingSince.Load() == 0:
 		s.node.foundingSince.Store(time.Now().UnixNano())
@@ -243,7 +259,7 @@ func (s *Server) censusOfPeers() census {
 		return census{level: slog.LevelError, note: fmt.Sprintf("this data dir belongs to group %s, and its peers would found group %s: "+
 			"a peer's data dir was replaced since; it waits to be added to a group", mine, group)}
 	}
-	return census{group: group, founders: founders}
+	return census{group: group, founders: founders, holders: holders}
 }
 
 // fromFounders is the census of a founder slower than the others while a
@@ -277,7 +293,7 @@ func (s *Server) fromFounders(hellos map[string]nodeHello, holders []string) (ce
 				return census{}, false
 			}
 		}
-		return census{group: h.Group, founders: *f}, true
+		return census{group: h.Group, founders: *f, holders: holders}, true
 	}
 	return census{}, false
 }

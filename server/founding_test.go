@@ -336,26 +336,7 @@ func TestADataDirOfAnOlderVersionRecordsThatItHoldsData(t *testing.T) {
 	if err := s.Close(); err != nil {
 		t.Fatal(err)
 	}
-	path := filepath.Join(cfg.DataDir, identityFile)
-	data, err := os.ReadFile(path)
-	if err != nil {
-		t.Fatal(err)
-	}
-	var rec map[string]any
-	if err := json.Unmarshal(data, &rec); err != nil {
-		t.Fatal(err)
-	}
-	if rec["held_data"] != true {
-		t.Fatalf("a node that founded its group did not record that it holds data: %s", data)
-	}
-	delete(rec, "held_data") // as an older version wrote it
-	old, err := json.Marshal(rec)
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := os.WriteFile(path, old, 0o600); err != nil {
-		t.Fatal(err)
-	}
+	asAnOlderVersionWroteIt(t, cfg.DataDir)
 	upgraded := mustStart(t, cfg)
 	if err := upgraded.Close(); err != nil {
 		t.Fatal(err)
@@ -428,5 +409,53 @@ func TestAFounderAddedByTheGroupRecordsThatItHoldsData(t *testing.T) {
 	})
 	if n := len(logs.of("n2").find(slog.LevelInfo, "bootstrapped a new group")); n != 0 {
 		t.Errorf("n2, its raft files lost, founded the group again (with an empty log, as a voter) %d times", n)
+	}
+}
+
+// asAnOlderVersionWroteIt takes held_data out of the identity in dir, as
+// an older version wrote it, after checking it was there.
+func asAnOlderVersionWroteIt(t *testing.T, dir string) {
+	t.Helper()
+	path := filepath.Join(dir, identityFile)
+	data, err := os.ReadFile(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var rec map[string]any
+	if err := json.Unmarshal(data, &rec); err != nil {
+		t.Fatal(err)
+	}
+	if rec["held_data"] != true {
+		t.Fatalf("a node that held its group's data did not record it: %s", data)
+	}
+	delete(rec, "held_data")
+	old, err := json.Marshal(rec)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(path, old, 0o600); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// A data dir of an older version (no held_data) whose raft-wal log was
+// lost, raft.db kept, is refused by raft's bootstrap (it keeps a term):
+// the node said so, and asked nobody to add it again, for ever. It now
+// asks, and the leader adds it again.
+func TestAnOlderDataDirWhoseLogIsLostIsAddedAgain(t *testing.T) {
+	var logs nodeLogs
+	c := startCluster(t, 3, logs.edit)
+	leader := c.leader()
+	victim := c.followers(leader)[0].cfg.NodeID
+	c.stop(victim)
+	asAnOlderVersionWroteIt(t, c.cfgs[victim].DataDir)
+	removeAllBut(t, c.cfgs[victim].DataDir, identityFile, "raft.db", "log-store")
+	lost := c.start(victim)
+	waitFor(t, victim+" to be a voter again", func() bool {
+		srv, ok := c.leader().member(raft.ServerID(victim))
+		return ok && srv.Suffrage == raft.Voter && lost.node.hasData() && !lost.ident.rejoining.Load()
+	})
+	if len(logs.of(victim).find(slog.LevelInfo, "the group's leader adds this node again; it catches up from the group, then votes again")) == 0 {
+		t.Errorf("%s holds data again, but was not added again by the leader", victim)
 	}
 }
