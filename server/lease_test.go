@@ -226,7 +226,7 @@ func TestLeaseLockDelay(t *testing.T) {
 	l := a.mustLease(req)
 	waiter := a.acquireQueued(context.Background(), "the waiter", &fencev1.AcquireRequest{SessionId: a.session(time.Hour), Lock: "l"})
 	clk.Advance(5 * time.Second)
-	mustHoldBack(t, clk, a, waiter) // 10 s of delay after the expiry
+	mustHoldBack(t, s, clk, a, waiter) // 10 s of delay after the expiry
 	mustRecord(t, s, l.GetLeaseId(), "expired")
 
 	req.Lock = "m"

@@ -44,9 +44,13 @@ func delayedHandOff(t *testing.T) (s *Server, clk *clock.Fake, a *api, holder ui
 
 // mustHoldBack checks that the lock is under its delay and nobody is
 // granted it until the delay has passed on the leader's clock.
-func mustHoldBack(t *testing.T, clk *clock.Fake, a *api, waiter *pending) {
+func mustHoldBack(t *testing.T, s *Server, clk *clock.Fake, a *api, waiter *pending) {
 	t.Helper()
 	waitFor(t, "the lock to be delayed", func() bool { return a.lock("l").GetDelayed() })
+	// The state says the lock is delayed before the leader's observer arms
+	// the delay's timer on the clock: advancing the clock in between would
+	// arm it 9 s late (a flake of CI under load).
+	waitFor(t, "the lock-delay's timer to be armed", func() bool { return s.delays.armed() > 0 })
 	clk.Advance(9 * time.Second)
 	if l := a.lock("l"); !l.GetDelayed() || len(l.GetHolders()) != 0 || waiter.returned() {
 		t.Fatalf("9 s into a 10 s lock-delay: %v, waiter returned %v; want the lock delayed and nobody granted", l, waiter.returned())
@@ -55,6 +59,14 @@ func mustHoldBack(t *testing.T, clk *clock.Fake, a *api, waiter *pending) {
 	if _, err := waiter.result(t); err != nil {
 		t.Fatalf("the waiter after the lock-delay: %v", err)
 	}
+}
+
+// armed returns how many delays have a timer armed: their own, or a
+// retry's.
+func (d *delayScheduler) armed() int {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	return len(d.timers)
 }
 
 // An operator's revoke ends the grant as an expiry does: the lock is held
@@ -66,7 +78,7 @@ func TestLockDelayHoldsLockAfterRevoke(t *testing.T) {
 	if _, err := cluster.RevokeSession(context.Background(), connect.NewRequest(&fencev1.RevokeSessionRequest{SessionId: holder})); err != nil {
 		t.Fatal(err)
 	}
-	mustHoldBack(t, clk, a, waiter)
+	mustHoldBack(t, s, clk, a, waiter)
 	mustRecord(t, s, holder, "revoked")
 }
 
@@ -86,7 +98,7 @@ func TestLockDelayHoldsLockAfterAbandon(t *testing.T) {
 	if _, err := a.sessions.CloseSession(ctx, connect.NewRequest(&fencev1.CloseSessionRequest{SessionId: holder, Abandon: true})); err != nil {
 		t.Fatal(err)
 	}
-	mustHoldBack(t, clk, a, waiter)
+	mustHoldBack(t, s, clk, a, waiter)
 	mustRecord(t, s, holder, "abandoned")
 }
 
