@@ -46,11 +46,7 @@ func delayedHandOff(t *testing.T) (s *Server, clk *clock.Fake, a *api, holder ui
 // granted it until the delay has passed on the leader's clock.
 func mustHoldBack(t *testing.T, s *Server, clk *clock.Fake, a *api, waiter *pending) {
 	t.Helper()
-	waitFor(t, "the lock to be delayed", func() bool { return a.lock("l").GetDelayed() })
-	// The state says the lock is delayed before the leader's observer arms
-	// the delay's timer on the clock: advancing the clock in between would
-	// arm it 9 s late (a flake of CI under load).
-	waitFor(t, "the lock-delay's timer to be armed", func() bool { return s.delays.armed() > 0 })
+	waitDelayed(t, s, a, 1)
 	clk.Advance(9 * time.Second)
 	if l := a.lock("l"); !l.GetDelayed() || len(l.GetHolders()) != 0 || waiter.returned() {
 		t.Fatalf("9 s into a 10 s lock-delay: %v, waiter returned %v; want the lock delayed and nobody granted", l, waiter.returned())
@@ -59,6 +55,16 @@ func mustHoldBack(t *testing.T, s *Server, clk *clock.Fake, a *api, waiter *pend
 	if _, err := waiter.result(t); err != nil {
 		t.Fatalf("the waiter after the lock-delay: %v", err)
 	}
+}
+
+// waitDelayed waits until lock "l" is delayed and the leader has armed
+// the timers of n delays. The state says a lock is delayed before the
+// leader's observer arms its timer on the clock: a fake clock advanced in
+// between armed it that much late (TestLeaseLockDelay failed so in CI).
+func waitDelayed(t *testing.T, s *Server, a *api, n int) {
+	t.Helper()
+	waitFor(t, "the lock to be delayed", func() bool { return a.lock("l").GetDelayed() })
+	waitFor(t, "the lock-delays' timers to be armed", func() bool { return s.delays.armed() >= n })
 }
 
 // armed returns how many delays have a timer armed: their own, or a
@@ -262,7 +268,7 @@ func TestRefusedLiftDelayIsRetriedOnANode(t *testing.T) {
 	if _, err := cluster.RevokeSession(context.Background(), connect.NewRequest(&fencev1.RevokeSessionRequest{SessionId: holder})); err != nil {
 		t.Fatal(err)
 	}
-	waitFor(t, "the lock to be delayed", func() bool { return a.lock("l").GetDelayed() })
+	waitDelayed(t, s, a, 1)
 
 	s.leaderReady.Store(false) // proposals are refused with Unavailable
 	clk.Advance(10 * time.Second)

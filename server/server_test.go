@@ -100,7 +100,7 @@ func TestLockDelayHoldsLockAfterExpiry(t *testing.T) {
 	}
 	p := a.acquireQueued(context.Background(), "b", &fencev1.AcquireRequest{SessionId: sb, Lock: "l"})
 	clk.Advance(3 * time.Second)
-	waitFor(t, "the lock to be delayed", func() bool { return a.lock("l").GetDelayed() })
+	waitDelayed(t, s, a, 1)
 	clk.Advance(9 * time.Second)
 	time.Sleep(50 * time.Millisecond)
 	if p.returned() {
@@ -129,8 +129,10 @@ func TestLockDelayOfEachExpiryHoldsInFull(t *testing.T) {
 
 	clk.Advance(3 * time.Second) // r1 expired at 2s: delayed until 3s+5s
 	waitFor(t, "r1 to expire", func() bool { return len(a.lock("l").GetHolders()) == 1 })
+	waitDelayed(t, s, a, 1)
 	clk.Advance(4 * time.Second) // r2 expired at 6s: delayed until 7s+5s
 	waitFor(t, "r2 to expire", func() bool { return len(a.lock("l").GetHolders()) == 0 })
+	waitDelayed(t, s, a, 2)
 	clk.Advance(2 * time.Second) // 9s: r1's delay is over, r2's is not
 	time.Sleep(100 * time.Millisecond)
 	if p.returned() {
